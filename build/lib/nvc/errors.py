@@ -1,0 +1,88 @@
+"""One exception hierarchy for nvc-py.
+
+Each error kind prints as ``nvc-py: <kind> error: <message>`` (the reference CLI's
+wording, which users grep for) and exits with a stable code, so scripts and runtimes
+can tell failures apart without parsing text.
+"""
+
+from __future__ import annotations
+
+
+class NvcError(Exception):
+    """Base of every error nvc-py reports to its user."""
+
+    kind = "internal"
+    exit_code = 1
+
+    def __str__(self) -> str:
+        return f"{self.kind} error: {super().__str__()}"
+
+
+class InputError(NvcError):
+    """A flag, argument, file or variable given by the user is malformed."""
+
+    kind = "input"
+    exit_code = 2
+
+
+class InitializationError(NvcError):
+    """The driver could not be loaded or initialised."""
+
+    kind = "initialization"
+    exit_code = 3
+
+
+class DriverError(NvcError):
+    """The driver answered with an error, or its helper died or timed out."""
+
+    kind = "driver"
+    exit_code = 4
+
+
+class DetectionError(NvcError):
+    """Driver files (ld cache, libraries, binaries) could not be detected."""
+
+    kind = "detection"
+    exit_code = 5
+
+
+class DeviceError(NvcError):
+    """A requested device does not exist or cannot be used."""
+
+    kind = "device"
+    exit_code = 6
+
+
+class RequirementError(NvcError):
+    """A container requirement (cuda>=…, brand=…) is not satisfied."""
+
+    kind = "requirement"
+    exit_code = 7
+
+
+class ContainerError(NvcError):
+    """The container (pid, rootfs, namespaces, cgroup) cannot be inspected or entered."""
+
+    kind = "container"
+    exit_code = 8
+
+
+class MountError(NvcError):
+    """A mount inside the container failed or was refused as unsafe."""
+
+    kind = "mount"
+    exit_code = 9
+
+
+class LdcacheError(NvcError):
+    """Updating the container's ld cache failed."""
+
+    kind = "ldcache"
+    exit_code = 10
+
+
+class PrivilegeError(NvcError):
+    """nvc-py lacks a privilege it needs (not root, capability missing)."""
+
+    kind = "permission"
+    exit_code = 11

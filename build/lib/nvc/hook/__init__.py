@@ -1,0 +1,4 @@
+"""OCI runtime hook and runtime integrations (Podman hooks.d, CDI, containerd).
+
+Installed as ``nvc.hook``.
+"""

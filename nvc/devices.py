@@ -1,0 +1,41 @@
+"""What nvc-py knows about one GPU and its MIG devices.
+
+Plain frozen dataclasses shared by discovery (NVML helper or /proc fast path),
+device selection, planning and the CLI's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a GPU instance + compute instance pair) of a MIG-enabled GPU."""
+
+    index: int  # position in NVML's MIG handle enumeration (the M of "G:M")
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str  # "MIG-…"
+    memory_total: int | None = None  # bytes
+    # Filled from /proc (not NVML): the access files and their nvidia-caps minors.
+    gi_caps_path: str | None = None  # /proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access
+    ci_caps_path: str | None = None  # …/gi<G>/ci<C>/access
+    gi_caps_minor: int | None = None
+    ci_caps_minor: int | None = None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU as the driver reports it."""
+
+    index: int  # NVML index
+    minor: int  # /dev/nvidia<minor>
+    model: str  # "NVIDIA H100 80GB HBM3"
+    brand: str  # reference brand name: "Nvidia", "Tesla", "GeForce", …
+    uuid: str  # "GPU-…"
+    bus_id: str  # normalised "%08x:%02x:%02x.0", upper-case hex as NVML prints it
+    architecture: str  # CUDA compute capability "major.minor"
+    memory_total: int | None = None  # bytes; None when read from /proc only
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = field(default_factory=tuple)
