@@ -1,0 +1,97 @@
+"""Activate a fake driver at the real paths, inside a private mount namespace of this process.
+
+Production code reads ``/proc/driver/nvidia``, ``/proc/devices`` and ``/dev/nvidia*`` at their
+real locations; this makes the fake's versions appear there for the pytest process and every
+child it starts, without changing anything the host sees. Leaving the context re-enters the
+original mount namespace, and the private one vanishes with its last user. Test double only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY = 0x1
+MS_BIND = 0x1000
+MS_MOVE = 0x2000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MS_REMOUNT = 0x20
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str | Path, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: None if s is None else os.fsencode(str(s))  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {source} on {target}")
+
+
+def _bind(source: Path, target: str | Path, readonly: bool = True) -> None:
+    _mount(str(source), target, None, MS_BIND | MS_REC)
+    if readonly:
+        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
+def _copy_nodes(src: Path, dst: Path) -> None:
+    """Recreate the fake root's device nodes (and their directories) under ``dst``."""
+    for entry in sorted(src.rglob("*")):
+        rel = entry.relative_to(src)
+        st = entry.lstat()
+        if stat.S_ISDIR(st.st_mode):
+            (dst / rel).mkdir(mode=stat.S_IMODE(st.st_mode), exist_ok=True)
+        elif stat.S_ISCHR(st.st_mode):
+            os.mknod(dst / rel, st.st_mode, st.st_rdev)
+
+
+def _overlay_dev(nodes: Path, staging: Path) -> None:
+    """Put the fake nodes over /dev: an overlay keeps every real node and adds the fake ones."""
+    _mount("tmpfs", staging, "tmpfs", 0, "mode=0755")
+    for name in ("upper", "work", "merged"):
+        (staging / name).mkdir()
+    _copy_nodes(nodes, staging / "upper")
+    merged = staging / "merged"
+    _mount("overlay", merged, "overlay", 0, f"lowerdir=/dev,upperdir={staging}/upper,workdir={staging}/work")
+    # Mounts below /dev are not part of the devtmpfs the overlay shows: carry them over.
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mountpoint = line.split()[4]
+        if mountpoint.startswith("/dev/") and mountpoint.count("/") == 2:
+            target = merged / mountpoint[len("/dev/"):]
+            if target.is_dir():
+                _mount(mountpoint, target, None, MS_BIND | MS_REC)
+    _mount(str(merged), "/dev", None, MS_MOVE)
+
+
+@contextmanager
+def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build.FakeDriver)
+    """Show ``fake``'s /proc/driver, /proc/devices and /dev nodes at the real paths until exit."""
+    original = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    cwd = os.getcwd()
+    staging = Path(tempfile.mkdtemp(prefix="nvc-fake-dev-"))
+    try:
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        try:
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            _bind(fake.proc / "driver", "/proc/driver")
+            _bind(fake.proc / "devices", "/proc/devices")
+            _overlay_dev(fake.root / "dev", staging)
+            yield fake
+        finally:
+            _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
+            os.chdir(cwd)
+    finally:
+        os.close(original)
+        shutil.rmtree(staging, ignore_errors=True)
