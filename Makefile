@@ -1,0 +1,54 @@
+# nvc-py build, test and demo entry points. `make demo` and `make test` work on a fresh
+# Debian 12 machine as root: both install what they need (apt and pip) through `deps`.
+
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+PYTEST_FLAGS ?=
+APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 \
+	runc crun podman containerd busybox-static iproute2 uidmap kmod
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_ROOT_USER_ACTION := ignore
+
+.PHONY: all deps apt-deps pip-deps build native install test test-gpu demo clean
+
+all: build
+
+## deps: everything a fresh Debian 12 needs (idempotent: installs only what is missing)
+deps: apt-deps pip-deps
+
+apt-deps:
+	@missing=$$(for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+pip-deps:
+	$(PIP) install -q --upgrade-strategy only-if-needed ".[test]"
+
+## build: native code, then the package (non-editable, as users get it)
+build: native install
+
+native:
+	$(MAKE) -C native
+
+install:
+	$(PIP) install -q --no-deps --no-index --no-build-isolation .
+
+## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
+test: deps build
+	$(PYTHON) -m pytest $(PYTEST_FLAGS)
+
+## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
+## (see README: carry wheels and .deb files there)
+test-gpu: build
+	$(PYTHON) -m pytest -m gpu -p no:cacheprovider $(PYTEST_FLAGS)
+
+## demo: build everything, then show the GPUs nvc-py sees (real driver if present, else the fake one)
+demo: deps build
+	$(PYTHON) demo/run.py
+
+clean:
+	$(MAKE) -C native clean
+	rm -rf build *.egg-info .pytest_cache
