@@ -1,4 +1,0 @@
-"""OCI runtime hook and runtime integrations (Podman hooks.d, CDI, containerd).
-
-Installed as ``nvc.hook``.
-"""
