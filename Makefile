@@ -4,6 +4,8 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 PYTEST_FLAGS ?=
+# From tests/, so the installed package (with nvc.rpc and nvc.hook) is imported, not the source tree.
+PYTEST := cd tests && $(PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 \
 	runc crun podman containerd busybox-static iproute2 uidmap kmod
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -38,12 +40,12 @@ install:
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build
-	$(PYTHON) -m pytest $(PYTEST_FLAGS)
+	$(PYTEST) $(PYTEST_FLAGS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
 ## (see README: carry wheels and .deb files there)
 test-gpu: build
-	$(PYTHON) -m pytest -m gpu -p no:cacheprovider $(PYTEST_FLAGS)
+	$(PYTEST) -m gpu -p no:cacheprovider $(PYTEST_FLAGS)
 
 ## demo: build everything, then show the GPUs nvc-py sees (real driver if present, else the fake one)
 demo: deps build

@@ -1,0 +1,171 @@
+"""What a container asks for, read from its OCI spec: the NVIDIA_* variables and device volume mounts.
+
+Pure: takes the spec's environment, mounts and privilege, plus the host's policy, and returns a
+:class:`GpuRequest` (or ``None`` for a container that wants no GPU). Existing images built for
+NVIDIA's toolkit must keep working, so the grammar follows the toolkit's (see the reference note).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nvc.errors import InputError
+
+ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
+DEFAULT_CAPABILITIES = ("compute", "utility")
+DEVICE_VOLUME_DIR = "/var/run/nvidia-container-devices/"
+IMEX_VOLUME_DIR = DEVICE_VOLUME_DIR + "imex/"
+_TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The host's choices about what containers may ask (from the configuration file)."""
+
+    accept_envvar_when_unprivileged: bool = True
+    accept_volume_mounts: bool = False
+    disable_require: bool = False
+    supported_capabilities: frozenset[str] = frozenset(ALL_CAPABILITIES)
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """The driver parts and devices a container gets; ``devices`` is ``None`` for driver only."""
+
+    devices: tuple[str, ...] | None
+    capabilities: tuple[str, ...]
+    requirements: tuple[str, ...] = ()
+    mig_config: tuple[str, ...] = ()
+    mig_monitor: tuple[str, ...] = ()
+    imex_channels: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _is_legacy(env: Mapping[str, str]) -> bool:
+    """An image built before NVIDIA_VISIBLE_DEVICES existed: CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA."""
+    return bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
+
+
+def _volume_ids(mounts: Iterable[Mapping[str, object]], prefix: str) -> tuple[str, ...]:
+    ids = []
+    for m in mounts:
+        dest = str(m.get("destination", ""))
+        if m.get("source") == "/dev/null" and dest.startswith(prefix):
+            name = dest[len(prefix):]
+            if name and "/" not in name:
+                ids.append(name)
+    return tuple(ids)
+
+
+def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool,
+                     policy: Policy, warnings: list[str]) -> tuple[str, ...] | None | bool:
+    """Devices asked for: a tuple, ``None`` for driver only, or ``False`` for no GPU at all."""
+    if policy.accept_volume_mounts:
+        from_volumes = _volume_ids(mounts, DEVICE_VOLUME_DIR)
+        if from_volumes:
+            return from_volumes
+    if "NVIDIA_VISIBLE_DEVICES" not in env:
+        return ("all",) if _is_legacy(env) else False
+    if not privileged and not policy.accept_envvar_when_unprivileged:
+        warnings.append("NVIDIA_VISIBLE_DEVICES ignored: unprivileged container and "
+                        "accept-envvar-when-unprivileged is false")
+        return False
+    devices = _split(env["NVIDIA_VISIBLE_DEVICES"])
+    if not devices or "void" in devices:
+        return False
+    if devices == ("none",):
+        return None
+    if "all" in devices:
+        return ("all",)
+    return devices
+
+
+def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
+    raw = env.get("NVIDIA_DRIVER_CAPABILITIES")
+    if raw is None:
+        wanted = ALL_CAPABILITIES if _is_legacy(env) else DEFAULT_CAPABILITIES
+    else:
+        names = _split(raw.lower())
+        if not names:
+            wanted = DEFAULT_CAPABILITIES
+        elif "all" in names:
+            wanted = ALL_CAPABILITIES
+        else:
+            unknown = sorted(set(names) - set(ALL_CAPABILITIES))
+            if unknown:
+                raise InputError(f"NVIDIA_DRIVER_CAPABILITIES: unknown capability {unknown[0]!r} "
+                                 f"(known: {', '.join(ALL_CAPABILITIES)})")
+            wanted = names
+    return tuple(sorted(set(wanted) & policy.supported_capabilities))
+
+
+def _requirements(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
+    if policy.disable_require or env.get("NVIDIA_DISABLE_REQUIRE", "").strip().lower() in _TRUE:
+        return ()
+    reqs = [value for name, value in sorted(env.items())
+            if name.startswith("NVIDIA_REQUIRE_") and name != "NVIDIA_REQUIRE_JETPACK" and value.strip()]
+    if _is_legacy(env):
+        parts = env["CUDA_VERSION"].split(".")
+        if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+            raise InputError(f"CUDA_VERSION: invalid version {env['CUDA_VERSION']!r}")
+        reqs.append(f"cuda>={parts[0]}.{parts[1]}")
+    return tuple(reqs)
+
+
+def _mig(env: Mapping[str, str], name: str, privileged: bool) -> tuple[str, ...]:
+    value = env.get(f"NVIDIA_{name}_DEVICES")
+    if not value:
+        return ()
+    if not privileged:
+        raise InputError(f"cannot set {name}_DEVICES in non privileged container")
+    return _split(value)
+
+
+def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], policy: Policy) -> tuple[int, ...]:
+    raw: tuple[str, ...] = ()
+    if policy.accept_volume_mounts:
+        raw = _volume_ids(mounts, IMEX_VOLUME_DIR)
+    if not raw:
+        raw = _split(env.get("NVIDIA_IMEX_CHANNELS", ""))
+        if raw == ("all",):  # a lone "all" from the variable is ignored, as the toolkit does
+            return ()
+    channels = []
+    for item in raw:
+        if not item.isdigit() or int(item) >= 1 << 20:
+            raise InputError(f"NVIDIA_IMEX_CHANNELS: unsupported IMEX channel value {item!r}")
+        channels.append(int(item))
+    return tuple(sorted(set(channels)))
+
+
+def parse_env(entries: Iterable[str]) -> dict[str, str]:
+    """OCI ``process.env`` (``NAME=value`` strings) to a mapping; the last duplicate wins, like execve users see."""
+    env: dict[str, str] = {}
+    for entry in entries:
+        name, sep, value = entry.partition("=")
+        if sep:
+            env[name] = value
+    return env
+
+
+def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | None = None,
+                privileged: bool = False, policy: Policy = Policy()) -> GpuRequest | None:
+    """Decide what the container gets; ``None`` means it is not a GPU container and nothing is done."""
+    mounts = mounts or []
+    warnings: list[str] = []
+    devices = _visible_devices(env, mounts, privileged, policy, warnings)
+    if devices is False:
+        return None
+    return GpuRequest(
+        devices=devices,
+        capabilities=_capabilities(env, policy),
+        requirements=_requirements(env, policy),
+        mig_config=_mig(env, "MIG_CONFIG", privileged),
+        mig_monitor=_mig(env, "MIG_MONITOR", privileged),
+        imex_channels=_imex_channels(env, mounts, policy),
+        warnings=tuple(warnings),
+    )
