@@ -1,0 +1,1 @@
+"""Container test harness: rootfs builder, OCI bundles, runc, podman and containerd drivers."""

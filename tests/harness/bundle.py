@@ -1,0 +1,140 @@
+"""OCI bundles (config.json, runtime spec 1.0.2) for driving runc directly.
+
+The config mirrors what `runc spec` and the container engines generate (same
+mounts, masked paths, device-cgroup default deny plus the standard allow
+list, Docker's default capabilities), so what nvc sees in a hook is what it
+would see under a real engine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+OCI_VERSION = "1.0.2"
+DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CAPABILITIES = [
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+]
+MOUNTS: list[dict[str, Any]] = [
+    {"destination": "/proc", "type": "proc", "source": "proc"},
+    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+     "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+    {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+     "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+    {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+     "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+    {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+    {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+    {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+     "options": ["nosuid", "noexec", "nodev", "relatime", "ro"]},
+]
+
+
+def _allow(kind: str, access: str, major: int | None = None, minor: int | None = None) -> dict[str, Any]:
+    """A device-cgroup allow rule; a missing major/minor means "any"."""
+    rule: dict[str, Any] = {"allow": True, "type": kind, "access": access}
+    if major is not None:
+        rule["major"] = major
+    if minor is not None:
+        rule["minor"] = minor
+    return rule
+
+
+# Device cgroup: deny everything, then the list containerd/Docker allow by default
+# (mknod of any node; null, zero, full, random, urandom, tty, console, ptmx, the pts).
+DEFAULT_DEVICE_RULES: list[dict[str, Any]] = [
+    {"allow": False, "access": "rwm"},
+    _allow("c", "m"),
+    _allow("b", "m"),
+    *(_allow("c", "rwm", major, minor)
+      for major, minor in ((1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 1), (5, 2), (136, None))),
+]
+MASKED_PATHS = [
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+def _root_path(bundle: Path, rootfs: Path) -> str:
+    """Relative like `runc spec` when the rootfs sits in the bundle, else absolute."""
+    rootfs = Path(rootfs).absolute()
+    return str(rootfs.relative_to(bundle)) if rootfs.parent == bundle else str(rootfs)
+
+
+def make_config(
+    bundle: Path,
+    rootfs: Path,
+    args: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    hooks: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    devices: Sequence[Mapping[str, Any]] | None = None,
+    readonly: bool = False,
+    cgroups_path: str | None = None,
+    network_ns: bool = True,
+) -> dict[str, Any]:
+    """The config.json document; see make_bundle."""
+    namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+    if network_ns:
+        namespaces.append({"type": "network"})
+    device_rules = [dict(rule) for rule in DEFAULT_DEVICE_RULES]
+    for dev in devices or ():
+        device_rules.append(_allow(dev["type"], "rwm", dev["major"], dev["minor"]))
+    linux: dict[str, Any] = {
+        "namespaces": namespaces,
+        "resources": {"devices": device_rules},
+        "devices": [dict(dev) for dev in devices or ()],
+        "maskedPaths": list(MASKED_PATHS),
+        "readonlyPaths": list(READONLY_PATHS),
+    }
+    if cgroups_path is not None:
+        linux["cgroupsPath"] = cgroups_path
+    config: dict[str, Any] = {
+        "ociVersion": OCI_VERSION,
+        "process": {
+            "terminal": False,
+            "user": {"uid": 0, "gid": 0},
+            "args": list(args),
+            "env": [DEFAULT_PATH, *(f"{k}={v}" for k, v in (env or {}).items())],
+            "cwd": "/",
+            "capabilities": {k: list(CAPABILITIES) for k in ("bounding", "effective", "permitted")},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": _root_path(Path(bundle).absolute(), rootfs), "readonly": readonly},
+        "hostname": "nvc-test",
+        "mounts": [dict(m) for m in MOUNTS],
+        "linux": linux,
+    }
+    if hooks:
+        config["hooks"] = {stage: [dict(h) for h in entries] for stage, entries in hooks.items()}
+    return config
+
+
+def make_bundle(
+    dir: Path,
+    rootfs: Path,
+    args: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    hooks: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    devices: Sequence[Mapping[str, Any]] | None = None,
+    readonly: bool = False,
+    cgroups_path: str | None = None,
+    network_ns: bool = True,
+) -> Path:
+    """Write `dir`/config.json and return the bundle dir.
+
+    `env` is added after PATH; `hooks` maps OCI stages ("prestart",
+    "createRuntime", …) to hook dicts ({"path", "args", "env", "timeout"});
+    `devices` are linux.devices entries (path, type, major, minor, …), each
+    also allowed rwm in the device cgroup.
+    """
+    bundle = Path(dir).absolute()
+    bundle.mkdir(parents=True, exist_ok=True)
+    config = make_config(bundle, rootfs, args, env, hooks, devices, readonly, cgroups_path, network_ns)
+    (bundle / "config.json").write_text(json.dumps(config, indent=2))
+    return bundle
