@@ -53,3 +53,7 @@ def active_local_nvidia(fake_local_nvidia) -> Iterator:
 
     with activate(fake_local_nvidia) as fake:
         yield fake
+
+
+# Container harness fixtures: rootfs_cache, make_rootfs, debian_rootfs, lib64_rootfs, runc, podman, containerd.
+from harness.fixtures import *  # noqa: E402,F401,F403
