@@ -1,4 +1,9 @@
 """Privileged helpers of nvc-py and the framed protocol they speak over a socketpair.
 
 Installed as ``nvc.rpc``: the parent plans, the forked helpers act with the least privilege.
+
+Modules: ``protocol`` (length-prefixed JSON frames, versioned schema), ``helper`` (fork a
+named helper, serve a dispatch table in it, call it with a deadline, reap it), ``confine``
+(chroot, unprivileged identity, no capabilities, NO_NEW_PRIVS) and ``driver_service`` (the
+``nvc:[driver]`` helper: NVML loaded from the driver root; ``open_driver(...).snapshot()``).
 """

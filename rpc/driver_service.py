@@ -1,0 +1,238 @@
+"""The driver helper (``nvc:[driver]``): NVML, loaded from the driver root, in a confined child.
+
+The reference talks to NVML through a helper process too: libnvidia-ml comes from the
+(possibly untrusted) driver root and first calls into the kernel driver can hang for
+seconds, so it runs chrooted into that root, unprivileged, behind a 10 s timeout.
+
+One ``snapshot`` call returns everything discovery needs (versions, GPUs, MIG devices) in a
+single round trip, instead of the reference's one procedure per NVML call. pynvml is
+imported only in the child: nvc-py's own start-up never pays for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from nvc.devices import Gpu, MigDevice
+from nvc.errors import DriverError, InitializationError
+from nvc.rpc.confine import confine, overflow_ids
+from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient
+
+NVML_SONAME = "libnvidia-ml.so.1"
+# Host libraries NVML needs, loaded before the chroot so a driver root that lacks them (or
+# ships other builds of them) still works: the reference preloads the same set.
+_HOST_PRELOADS = ("libm.so.6", "librt.so.1", "libpthread.so.0", "libdl.so.2")
+# nvmlBrandType_t names as the reference prints them, by pynvml constant name (values 17+,
+# added after the reference's list, print as Unknown).
+_BRAND_NAMES = {
+    "NVML_BRAND_UNKNOWN": "Unknown",
+    "NVML_BRAND_QUADRO": "Quadro",
+    "NVML_BRAND_TESLA": "Tesla",
+    "NVML_BRAND_NVS": "NVS",
+    "NVML_BRAND_GRID": "GRID",
+    "NVML_BRAND_GEFORCE": "GeForce",
+    "NVML_BRAND_TITAN": "TITAN",
+    "NVML_BRAND_NVIDIA_VAPPS": "VApps",
+    "NVML_BRAND_NVIDIA_VPC": "VPC",
+    "NVML_BRAND_NVIDIA_VCS": "VCS",
+    "NVML_BRAND_NVIDIA_VWS": "VWS",
+    "NVML_BRAND_NVIDIA_CLOUD_GAMING": "CloudGaming",
+    "NVML_BRAND_QUADRO_RTX": "QuadroRTX",
+    "NVML_BRAND_NVIDIA_RTX": "NvidiaRTX",
+    "NVML_BRAND_NVIDIA": "Nvidia",
+    "NVML_BRAND_GEFORCE_RTX": "GeForceRTX",
+    "NVML_BRAND_TITAN_RTX": "TitanRTX",
+}
+
+
+@dataclass(frozen=True)
+class DriverSnapshot:
+    """What NVML reported, in one piece: versions and every GPU with its MIG devices."""
+
+    driver_version: str  # "580.95.05"
+    cuda_version: int  # nvmlSystemGetCudaDriverVersion: 13000 means CUDA 13.0
+    gpus: tuple[Gpu, ...]
+
+
+# ---- child side: runs in the confined helper ----------------------------------------------
+
+
+def brand_name(pynvml: ModuleType, value: int) -> str:
+    """The reference's name of an nvmlBrandType_t value."""
+    names = {getattr(pynvml, const): name for const, name in _BRAND_NAMES.items()}
+    return names.get(value, "Unknown")
+
+
+def bus_id(domain: int, bus: int, device: int) -> str:
+    """The normalised PCI bus id, upper-case hex as NVML prints it: "00000000:3B:00.0"."""
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
+
+
+class _Nvml:
+    """NVML calls of one snapshot, with NVML errors turned into nvc-py errors."""
+
+    def __init__(self, pynvml: ModuleType) -> None:
+        self.nvml = pynvml
+
+    def error_text(self, err: Exception) -> str:
+        """NVML's own string for an error (the loaded library's, not pynvml's copy), lower case
+        as the reference prints it: "nvml error: driver/library version mismatch"."""
+        try:
+            text = self.nvml.nvmlErrorString(err.value)  # type: ignore[attr-defined]
+        except self.nvml.NVMLError:
+            text = str(err)
+        return f"nvml error: {text.lower()}"
+
+    def load(self) -> None:
+        """dlopen libnvidia-ml through the (chrooted) ld cache and initialise it."""
+        try:
+            ctypes.CDLL(NVML_SONAME)  # pynvml hides dlerror(); this keeps the reason
+        except OSError as err:
+            reason = str(err).removeprefix(f"{NVML_SONAME}: ")
+            raise InitializationError(f"load library failed: {NVML_SONAME}: {reason}") from None
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as err:
+            exc = InitializationError(self.error_text(err))
+            exc.code = err.value  # type: ignore[attr-defined]
+            raise exc from None
+
+    def shutdown(self) -> None:
+        self.call("nvmlShutdown")
+
+    def call(self, function: str, *args: Any) -> Any:
+        try:
+            return getattr(self.nvml, function)(*args)
+        except self.nvml.NVMLError as err:
+            exc = DriverError(f"{self.error_text(err)} ({function})")
+            exc.code = err.value  # type: ignore[attr-defined]
+            raise exc from None
+
+    def mig_mode(self, handle: Any) -> bool:
+        """Current MIG mode; a GPU without MIG support answers NOT_SUPPORTED: disabled."""
+        try:
+            current, _pending = self.nvml.nvmlDeviceGetMigMode(handle)
+        except self.nvml.NVMLError_NotSupported:
+            return False
+        except self.nvml.NVMLError as err:
+            exc = DriverError(f"{self.error_text(err)} (nvmlDeviceGetMigMode)")
+            exc.code = err.value  # type: ignore[attr-defined]
+            raise exc from None
+        return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
+
+    def mig_devices(self, handle: Any) -> list[dict[str, Any]]:
+        """MIG devices by position, up to the GPU's maximum, stopping at the first empty slot."""
+        found = []
+        for position in range(self.call("nvmlDeviceGetMaxMigDeviceCount", handle)):
+            try:
+                mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, position)
+            except (self.nvml.NVMLError_NotFound, self.nvml.NVMLError_InvalidArgument):
+                break
+            found.append(
+                {
+                    "index": position,
+                    "gpu_instance_id": self.call("nvmlDeviceGetGpuInstanceId", mig),
+                    "compute_instance_id": self.call("nvmlDeviceGetComputeInstanceId", mig),
+                    "uuid": self.call("nvmlDeviceGetUUID", mig),
+                    "memory_total": self.call("nvmlDeviceGetMemoryInfo", mig).total,
+                }
+            )
+        return found
+
+    def gpu(self, index: int) -> dict[str, Any]:
+        handle = self.call("nvmlDeviceGetHandleByIndex", index)
+        pci = self.call("nvmlDeviceGetPciInfo", handle)
+        major, minor = self.call("nvmlDeviceGetCudaComputeCapability", handle)
+        mig_enabled = self.mig_mode(handle)
+        return {
+            "index": index,
+            "minor": self.call("nvmlDeviceGetMinorNumber", handle),
+            "model": self.call("nvmlDeviceGetName", handle),
+            "brand": brand_name(self.nvml, self.call("nvmlDeviceGetBrand", handle)),
+            "uuid": self.call("nvmlDeviceGetUUID", handle),
+            "bus_id": bus_id(pci.domain, pci.bus, pci.device),
+            "architecture": f"{major}.{minor}",
+            "memory_total": self.call("nvmlDeviceGetMemoryInfo", handle).total,
+            "mig_enabled": mig_enabled,
+            "mig_devices": self.mig_devices(handle) if mig_enabled else [],
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "driver_version": self.call("nvmlSystemGetDriverVersion"),
+            "cuda_version": self.call("nvmlSystemGetCudaDriverVersion"),
+            "gpus": [self.gpu(i) for i in range(self.call("nvmlDeviceGetCount"))],
+        }
+
+
+def _preload_host_libraries() -> None:
+    for soname in _HOST_PRELOADS:
+        try:
+            ctypes.CDLL(soname)
+        except OSError:  # not every libc splits these out (musl): nothing to preload then
+            pass
+
+
+def serve_driver(root: str, uid: int, gid: int) -> Dispatch:
+    """Helper setup: confine, then load NVML from the driver root; return the methods."""
+    import pynvml  # here, before the chroot: the module's file lives on the host
+
+    if root != "/":
+        _preload_host_libraries()
+    confine(root, uid, gid)
+    nvml = _Nvml(pynvml)
+    nvml.load()
+    return {"snapshot": nvml.snapshot, "shutdown": nvml.shutdown}
+
+
+# ---- parent side --------------------------------------------------------------------------
+
+
+def snapshot_from_wire(data: dict[str, Any]) -> DriverSnapshot:
+    """Build the snapshot's dataclasses from the helper's JSON answer."""
+    gpus = tuple(
+        Gpu(
+            **{key: value for key, value in gpu.items() if key != "mig_devices"},
+            mig_devices=tuple(MigDevice(**mig) for mig in gpu["mig_devices"]),
+        )
+        for gpu in data["gpus"]
+    )
+    return DriverSnapshot(data["driver_version"], data["cuda_version"], gpus)
+
+
+class DriverClient:
+    """The parent's view of a running driver helper."""
+
+    def __init__(self, helper: HelperClient) -> None:
+        self.helper = helper
+
+    @property
+    def pid(self) -> int:
+        return self.helper.pid
+
+    def snapshot(self) -> DriverSnapshot:
+        """Versions, GPUs and MIG devices as NVML reports them (caps paths left to /proc)."""
+        return snapshot_from_wire(self.helper.call("snapshot"))
+
+
+@contextmanager
+def open_driver(
+    root: str = "/", user: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> Iterator[DriverClient]:
+    """Start the driver helper for ``root``; shut it down (and reap it) on exit.
+
+    ``user`` is the helper's uid/gid; by default the kernel's overflow ids when running as
+    root (as the reference), else the caller's own identity, the only one it can keep.
+    """
+    if user is None:
+        user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+    uid, gid = user
+    helper = HelperClient.spawn("driver", lambda: serve_driver(root, uid, gid), timeout=timeout)
+    with helper:
+        yield DriverClient(helper)

@@ -1,0 +1,262 @@
+"""A forked helper process that serves requests over a socketpair.
+
+Why a fork and not a thread: the helper confines itself (chroot, another uid, no
+capabilities) and loads foreign code (the driver's libnvidia-ml) that may hang or crash;
+only a separate process can do that without taking the parent down, and only a process
+can be killed when it stops answering.
+
+The child runs in the state ``os.fork`` leaves it: a copy of the parent with only the
+forking thread. Locks other threads held stay held, so the child keeps to simple code
+paths: no logging, no thread pools, nothing from the parent's event loops; it leaves only
+through ``os._exit`` so the parent's atexit handlers, finalizers and buffered output never
+run twice. Fork before starting threads where possible (Python 3.12 warns otherwise).
+
+Parent side: :class:`HelperClient`. Child side: a setup callable (run after the fork, in
+the child) returns the dispatch table: method name → callable taking the request's params
+as keyword arguments and returning a JSON-able result. A ``shutdown`` entry, if present,
+is the service's own cleanup, called when the parent closes the client.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, NoReturn
+
+import prctl
+
+from nvc import errors
+from nvc.rpc import protocol
+
+Dispatch = Mapping[str, Callable[..., Any]]
+Setup = Callable[[], Dispatch]
+
+DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded limit
+DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
+_READY_ID = 0  # id of the message the child sends once its setup finished (or failed)
+_SERVICE_FD = 3  # the child's socket is moved here; everything above is closed
+
+# kind → class, so an error raised in the child comes back as the same class.
+_ERROR_CLASSES: dict[str, type[errors.NvcError]] = {
+    cls.kind: cls for cls in (errors.NvcError, *errors.NvcError.__subclasses__())
+}
+
+
+def _remote_error(exc: BaseException, method: str) -> protocol.RemoteError:
+    """Describe an exception raised by the service for the trip back to the parent."""
+    if isinstance(exc, errors.NvcError):
+        message = str(exc.args[0]) if exc.args else ""
+        code = getattr(exc, "code", None)
+        return protocol.RemoteError(exc.kind, message, code if isinstance(code, int) else None)
+    return protocol.RemoteError(errors.DriverError.kind, f"{method} failed: {type(exc).__name__}: {exc}")
+
+
+def raise_remote(err: protocol.RemoteError) -> NoReturn:
+    """Re-raise a transported error as its nvc.errors class, keeping the service's code."""
+    exc = _ERROR_CLASSES.get(err.kind, errors.NvcError)(err.message)
+    exc.code = err.code  # type: ignore[attr-defined]
+    raise exc
+
+
+def describe_status(status: int) -> str:
+    """Turn a waitpid status into words: "exited with status 1", "killed by signal SIGKILL"."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"killed by signal {name}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def _isolate(name: str, sock: socket.socket, parent_pid: int) -> socket.socket:
+    """First steps of the child: name it, tie its life to the parent's, shed inherited fds."""
+    # Objects copied from the parent (its files, sockets) must never be finalised here: their
+    # fds are closed below and the numbers reused, so a late close() would hit our own fds.
+    gc.freeze()
+    prctl.set_name(f"nvc:[{name}]")
+    # SIGKILL rather than the reference's SIGTERM: the child inherited the parent's Python
+    # signal handlers, which must not run here; there is nothing to clean up on parent death.
+    prctl.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before PDEATHSIG was armed
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The socket moves first so that redirecting 0-2 cannot clobber it.
+    if sock.fileno() != _SERVICE_FD:
+        os.dup2(sock.fileno(), _SERVICE_FD, inheritable=False)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.closerange(_SERVICE_FD + 1, os.sysconf("SC_OPEN_MAX"))
+    # The old socket object's fd is closed or reused now; detach it so nothing closes it again.
+    sock.detach()
+    return socket.socket(fileno=_SERVICE_FD)
+
+
+def _serve(sock: socket.socket, dispatch: Dispatch) -> int:
+    """Answer requests until the parent says "shutdown" or goes away; return the exit status."""
+    handlers: Dispatch = {"shutdown": lambda: None, **dispatch}
+    while True:
+        try:
+            request = protocol.decode_request(protocol.recv_payload(sock))
+        except protocol.EndOfStream:
+            return 0
+        try:
+            if request.method not in handlers:
+                raise errors.DriverError(f"unknown rpc method: {request.method}")
+            result = handlers[request.method](**request.params)
+            frame = protocol.encode(protocol.Response(request.id, result=result))
+        except Exception as exc:  # every failure (an unencodable result too) goes back, typed
+            frame = protocol.encode(protocol.Response(request.id, error=_remote_error(exc, request.method)))
+        protocol.send_frame(sock, frame)
+        if request.method == "shutdown":
+            return 0
+
+
+def _child_main(name: str, sock: socket.socket, parent_pid: int, setup: Setup) -> int:
+    sock = _isolate(name, sock, parent_pid)
+    try:
+        dispatch = setup()
+    except Exception as exc:
+        protocol.send_message(sock, protocol.Response(_READY_ID, error=_remote_error(exc, "setup")))
+        return 1
+    protocol.send_message(sock, protocol.Response(_READY_ID, result=os.getpid()))
+    return _serve(sock, dispatch)
+
+
+class HelperClient:
+    """The parent's handle on one running helper: calls with a deadline, clean shutdown.
+
+    Any failure of the helper itself (death, timeout, broken protocol) kills and reaps it and
+    raises :class:`~nvc.errors.DriverError`; the client is unusable afterwards.
+    """
+
+    def __init__(self, name: str, pid: int, sock: socket.socket, timeout: float, grace: float) -> None:
+        self.name = name
+        self.pid = pid
+        self.timeout = timeout
+        self.grace = grace
+        self.status: int | None = None  # waitpid status, once reaped
+        self._sock: socket.socket | None = sock
+        # A pidfd, unlike the pid, cannot be recycled: signals and waits hit our child only.
+        self._pidfd = os.pidfd_open(pid)
+        self._next_id = _READY_ID + 1
+
+    @classmethod
+    def spawn(
+        cls, name: str, setup: Setup, *, timeout: float = DEFAULT_TIMEOUT, grace: float = DEFAULT_GRACE
+    ) -> HelperClient:
+        """Fork a helper named ``nvc:[name]`` that runs ``setup`` and then serves its table.
+
+        Returns once the child reported its setup done; a setup error is re-raised here.
+        """
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        parent_pid = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError as err:
+            parent_sock.close()
+            child_sock.close()
+            raise errors.DriverError(f"{name} rpc error: fork failed: {err.strerror}") from None
+        if pid == 0:  # child: never return into the caller's code
+            status = 1
+            try:
+                parent_sock.close()
+                status = _child_main(name, child_sock, parent_pid, setup)
+            finally:
+                os._exit(status)
+        child_sock.close()
+        client = cls(name, pid, parent_sock, timeout, grace)
+        try:
+            ready = client._receive(_READY_ID, "setup")
+            if ready.error is not None:
+                raise_remote(ready.error)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def call(self, method: str, **params: Any) -> Any:
+        """Run ``method`` in the helper and return its result, within the client's timeout."""
+        if self._sock is None:
+            raise errors.DriverError(f"{self.name} rpc error: helper is not running")
+        request = protocol.Request(self._next_id, method, params)
+        self._next_id += 1
+        try:
+            protocol.send_message(self._sock, request, time.monotonic() + self.timeout)
+        except TimeoutError:
+            raise self._fail(f"timed out after {self.timeout:.1f} s sending {method}") from None
+        except OSError:  # EPIPE / ECONNRESET: the helper is gone
+            raise self._fail(f"helper {self._reap(kill=False)} before {method}") from None
+        response = self._receive(request.id, method)
+        if response.error is not None:
+            raise_remote(response.error)
+        return response.result
+
+    def _receive(self, request_id: int, method: str) -> protocol.Response:
+        assert self._sock is not None
+        try:
+            payload = protocol.recv_payload(self._sock, time.monotonic() + self.timeout)
+        except TimeoutError:
+            raise self._fail(f"timed out after {self.timeout:.1f} s in {method}") from None
+        except (protocol.EndOfStream, protocol.TruncatedFrame, ConnectionError):
+            raise self._fail(f"helper {self._reap(kill=False)} in {method}") from None
+        except protocol.ProtocolError as err:
+            raise self._fail(f"{err} in {method}") from None
+        try:
+            response = protocol.decode_response(payload)
+        except protocol.ProtocolError as err:
+            raise self._fail(f"{err} in {method}") from None
+        if response.id != request_id:
+            raise self._fail(f"response id {response.id} does not answer request {request_id} ({method})")
+        return response
+
+    def _fail(self, what: str) -> errors.DriverError:
+        """Make sure the helper is gone and build the error that says what went wrong."""
+        self._reap(kill=True)
+        return errors.DriverError(f"{self.name} rpc error: {what}")
+
+    def _reap(self, kill: bool) -> str:
+        """Make sure the helper is gone and waited for (no zombie, no leaked fds); describe its end.
+
+        ``kill=False`` first gives it the grace period to exit by itself.
+        """
+        if self.status is None:
+            exited, _, _ = select.select([self._pidfd], [], [], 0 if kill else self.grace)
+            if not exited:
+                try:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                except ProcessLookupError:  # exited in the meantime
+                    pass
+            _, self.status = os.waitpid(self.pid, 0)
+            os.close(self._pidfd)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        return describe_status(self.status)
+
+    def close(self) -> None:
+        """Ask the helper to run its cleanup and exit; SIGKILL it after the grace period."""
+        if self._sock is not None:
+            try:
+                deadline = time.monotonic() + self.grace
+                protocol.send_message(self._sock, protocol.Request(self._next_id, "shutdown"), deadline)
+            except OSError:  # already gone, or not draining its socket: SIGKILL settles it
+                pass
+        self._reap(kill=False)
+
+    def __enter__(self) -> HelperClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

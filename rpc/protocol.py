@@ -1,0 +1,186 @@
+"""The framed wire protocol between nvc-py and its forked helpers.
+
+Each message is a 4-byte big-endian length followed by that many bytes of compact UTF-8
+JSON. Framing (rather than newline-delimited JSON) lets the reader know up front how much
+to expect, so a helper that dies mid-message is reported as a truncated frame instead of
+as a JSON syntax error, and a corrupted length is caught by the size guard before any
+allocation.
+
+Schema, version :data:`PROTOCOL_VERSION`::
+
+    request   {"v": 1, "id": n, "method": str, "params": {…}}
+    response  {"v": 1, "id": n, "result": …}
+              {"v": 1, "id": n, "error": {"kind": str, "message": str, "code": int | null}}
+
+``kind`` names an :mod:`nvc.errors` class (its ``kind`` attribute) so the parent can re-raise
+the error the helper hit; ``code`` carries a service-specific number (an NVML return value).
+
+Encoding and decoding are pure functions; the socket helpers on top of them take an absolute
+``time.monotonic()`` deadline so a caller's timeout covers the whole message, not each read.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">I")
+# Far above any real message (a 64-GPU snapshot is a few tens of KiB), far below anything
+# that would hurt to allocate when a length prefix is garbage.
+MAX_FRAME = 1 << 20
+
+
+class ProtocolError(Exception):
+    """A frame or message broke the protocol (bad length, bad JSON, wrong schema)."""
+
+
+class TruncatedFrame(ProtocolError):
+    """The stream ended, or the buffer stops, inside a frame."""
+
+
+class EndOfStream(ProtocolError):
+    """The peer closed the stream cleanly, between two frames."""
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    kind: str  # an nvc.errors kind: "driver", "initialization", …
+    message: str
+    code: int | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    id: int
+    result: Any = None
+    error: RemoteError | None = None
+
+
+def encode(message: Request | Response) -> bytes:
+    """Return the complete frame (length prefix + JSON payload) of one message."""
+    body: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": message.id}
+    if isinstance(message, Request):
+        body["method"] = message.method
+        body["params"] = message.params
+    elif message.error is not None:
+        err = message.error
+        body["error"] = {"kind": err.kind, "message": err.message, "code": err.code}
+    else:
+        body["result"] = message.result
+    payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(payload) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(payload)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return HEADER.pack(len(payload)) + payload
+
+
+def frame_length(header: bytes) -> int:
+    """Return the payload length announced by a 4-byte header, refusing oversized frames."""
+    (length,) = HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    return length
+
+
+def split_frame(data: bytes) -> tuple[bytes, bytes]:
+    """Split one frame off the front of ``data``: return (payload, rest)."""
+    if len(data) < HEADER.size:
+        raise TruncatedFrame(f"frame header truncated: {len(data)} of {HEADER.size} bytes")
+    length = frame_length(data[: HEADER.size])
+    end = HEADER.size + length
+    if len(data) < end:
+        raise TruncatedFrame(f"frame truncated: {len(data) - HEADER.size} of {length} payload bytes")
+    return data[HEADER.size : end], data[end:]
+
+
+def _load(payload: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProtocolError(f"malformed payload: {err}") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"payload is a {type(body).__name__}, not an object")
+    if body.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {body.get('v')!r} is not {PROTOCOL_VERSION}")
+    if not isinstance(body.get("id"), int):
+        raise ProtocolError(f"message id {body.get('id')!r} is not an integer")
+    return body
+
+
+def decode_request(payload: bytes) -> Request:
+    """Parse and validate a request payload (without its length prefix)."""
+    body = _load(payload)
+    method, params = body.get("method"), body.get("params", {})
+    if not isinstance(method, str) or not isinstance(params, dict):
+        raise ProtocolError(f"request {body['id']} needs a string method and object params")
+    return Request(body["id"], method, params)
+
+
+def decode_response(payload: bytes) -> Response:
+    """Parse and validate a response payload (without its length prefix)."""
+    body = _load(payload)
+    if ("result" in body) == ("error" in body):
+        raise ProtocolError(f"response {body['id']} must have exactly one of result and error")
+    if "result" in body:
+        return Response(body["id"], result=body["result"])
+    err = body["error"]
+    if (
+        not isinstance(err, dict)
+        or not isinstance(err.get("kind"), str)
+        or not isinstance(err.get("message"), str)
+        or not isinstance(err.get("code"), (int, type(None)))
+    ):
+        raise ProtocolError(f"response {body['id']} has a malformed error: {err!r}")
+    return Response(body["id"], error=RemoteError(err["kind"], err["message"], err["code"]))
+
+
+def _remaining(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    return left
+
+
+def send_frame(sock: socket.socket, frame: bytes, deadline: float | None = None) -> None:
+    """Write one encoded frame; raise TimeoutError if the peer does not drain it before ``deadline``."""
+    data = memoryview(frame)
+    while data:
+        sock.settimeout(_remaining(deadline))
+        data = data[sock.send(data) :]
+
+
+def send_message(sock: socket.socket, message: Request | Response, deadline: float | None = None) -> None:
+    """Encode and write one message (see :func:`send_frame`)."""
+    send_frame(sock, encode(message), deadline)
+
+
+def _recv_exactly(sock: socket.socket, size: int, deadline: float | None, at_boundary: bool) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        sock.settimeout(_remaining(deadline))
+        chunk = sock.recv(size - len(buf))
+        if not chunk:
+            if at_boundary and not buf:
+                raise EndOfStream("peer closed the connection")
+            raise TruncatedFrame(f"connection closed after {len(buf)} of {size} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_payload(sock: socket.socket, deadline: float | None = None) -> bytes:
+    """Read one frame's payload; EndOfStream on a clean close, TruncatedFrame mid-frame."""
+    length = frame_length(_recv_exactly(sock, HEADER.size, deadline, at_boundary=True))
+    return _recv_exactly(sock, length, deadline, at_boundary=False)

@@ -1,0 +1,391 @@
+"""The helper protocol, the generic forked helper and the NVML driver helper, as real processes.
+
+Hardening is read back from /proc while the helper serves, not assumed from the code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nvc import errors
+from nvc.rpc import protocol
+from nvc.rpc.confine import confine, overflow_ids
+from nvc.rpc.driver_service import DriverSnapshot, brand_name, bus_id, open_driver, snapshot_from_wire
+from nvc.rpc.helper import HelperClient
+
+TEST_UID, TEST_GID = 12345, 23456
+
+
+# ---- protocol -----------------------------------------------------------------------------
+
+
+def test_request_and_responses_round_trip() -> None:
+    messages = [
+        protocol.Request(7, "snapshot", {"a": [1, "ü"]}),
+        protocol.Response(7, result={"gpus": [], "v": None}),
+        protocol.Response(8, error=protocol.RemoteError("driver", "nvml error: gpu is lost", 15)),
+    ]
+    data = b"".join(protocol.encode(m) for m in messages)
+    request_payload, rest = protocol.split_frame(data)
+    assert protocol.decode_request(request_payload) == messages[0]
+    for expected in messages[1:]:
+        payload, rest = protocol.split_frame(rest)
+        assert protocol.decode_response(payload) == expected
+    assert rest == b""
+
+
+def test_frame_is_length_prefixed_compact_json() -> None:
+    frame = protocol.encode(protocol.Request(1, "m"))
+    payload = b'{"v":1,"id":1,"method":"m","params":{}}'
+    assert frame == len(payload).to_bytes(4, "big") + payload
+
+
+@pytest.mark.parametrize("cut", [0, 3, 4, 10])
+def test_truncated_frames_are_reported(cut: int) -> None:
+    frame = protocol.encode(protocol.Request(1, "snapshot"))
+    with pytest.raises(protocol.TruncatedFrame, match="truncated"):
+        protocol.split_frame(frame[:cut])
+
+
+def test_oversized_frames_are_refused_both_ways() -> None:
+    with pytest.raises(protocol.ProtocolError, match="exceeds"):
+        protocol.encode(protocol.Response(1, result="x" * protocol.MAX_FRAME))
+    with pytest.raises(protocol.ProtocolError, match="exceeds"):
+        protocol.split_frame((protocol.MAX_FRAME + 1).to_bytes(4, "big") + b"{}")
+
+
+@pytest.mark.parametrize(
+    ("payload", "complaint"),
+    [
+        (b"{not json", "malformed payload"),
+        (b"[1]", "not an object"),
+        (b'{"v":2,"id":1,"result":0}', "protocol version 2"),
+        (b'{"v":1,"id":"1","result":0}', "not an integer"),
+        (b'{"v":1,"id":1,"result":0,"error":{}}', "exactly one"),
+        (b'{"v":1,"id":1,"error":{"kind":"driver"}}', "malformed error"),
+    ],
+)
+def test_bad_responses_are_refused(payload: bytes, complaint: str) -> None:
+    with pytest.raises(protocol.ProtocolError, match=complaint):
+        protocol.decode_response(payload)
+
+
+def test_bad_requests_are_refused() -> None:
+    with pytest.raises(protocol.ProtocolError, match="string method"):
+        protocol.decode_request(b'{"v":1,"id":1,"method":3,"params":{}}')
+
+
+def test_socket_helpers_tell_clean_close_from_truncation_and_timeout() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send_message(a, protocol.Request(1, "x"), time.monotonic() + 1)
+        assert protocol.decode_request(protocol.recv_payload(b, time.monotonic() + 1)).method == "x"
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            protocol.recv_payload(b, start + 0.1)
+        assert 0.09 < time.monotonic() - start < 1
+        a.sendall(protocol.encode(protocol.Request(2, "y"))[:6])
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(protocol.TruncatedFrame, match="after 2 of"):
+            protocol.recv_payload(b, time.monotonic() + 1)
+    c, d = socket.socketpair()
+    with c, d:
+        c.close()
+        with pytest.raises(protocol.EndOfStream):
+            protocol.recv_payload(d, time.monotonic() + 1)
+
+
+# ---- generic helper -----------------------------------------------------------------------
+
+
+def _test_service(root: str) -> dict:
+    """A confined service with test-only methods; the production helpers have none of these."""
+    confine(root, TEST_UID, TEST_GID)
+
+    def fail(kind: str, message: str, code: int | None = None) -> None:
+        exc = next(c for c in (errors.NvcError, *errors.NvcError.__subclasses__()) if c.kind == kind)(message)
+        exc.code = code
+        raise exc
+
+    def shutdown() -> None:
+        Path("/shut-down").write_text("cleanup ran\n")
+
+    return {
+        "echo": lambda **params: params,
+        "sleep": lambda seconds: time.sleep(seconds),
+        "exit": lambda status: os._exit(status),
+        "fail": fail,
+        "crash": lambda: 1 / 0,
+        "unencodable": lambda: {1, 2},
+        "shutdown": shutdown,
+    }
+
+
+def _children() -> set[int]:
+    """Pids whose parent is this test process (running or zombie)."""
+    me, found = os.getpid(), set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(entry.name))
+    return found
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
+
+
+@pytest.fixture
+def jail(tmp_path: Path) -> Path:
+    """An empty directory the unprivileged helper can write to, as its root."""
+    root = tmp_path / "root"
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)
+    return root
+
+
+@pytest.fixture
+def spawn(jail: Path):
+    """Start test helpers; afterwards check that none is left behind, not even as a zombie."""
+    before = _children()
+    clients: list[HelperClient] = []
+
+    def start(**options) -> HelperClient:
+        client = HelperClient.spawn("test", lambda: _test_service(str(jail)), **options)
+        clients.append(client)
+        return client
+
+    yield start
+    for client in clients:
+        client.close()
+    assert _children() == before
+
+
+def test_helper_runs_confined(spawn, jail: Path) -> None:
+    client = spawn()
+    assert client.call("echo", a=1, b=["x"]) == {"a": 1, "b": ["x"]}
+    status = _status(client.pid)
+    assert status["CapEff"] == status["CapPrm"] == status["CapInh"] == "0000000000000000"
+    assert status["CapBnd"] == status["CapAmb"] == "0000000000000000"
+    assert status["NoNewPrivs"] == "1"
+    assert status["Uid"].split() == [str(TEST_UID)] * 4
+    assert status["Gid"].split() == [str(TEST_GID)] * 4
+    assert status["Groups"] == ""
+    assert status["PPid"] == str(os.getpid())
+    assert Path(f"/proc/{client.pid}/comm").read_text() == "nvc:[test]\n"
+    assert os.readlink(f"/proc/{client.pid}/root") == str(jail)
+    assert os.readlink(f"/proc/{client.pid}/cwd") == str(jail)
+    assert sorted(int(fd) for fd in os.listdir(f"/proc/{client.pid}/fd")) == [0, 1, 2, 3]
+    assert os.readlink(f"/proc/{client.pid}/fd/0") == "/dev/null"
+
+
+def test_errors_come_back_as_their_class(spawn) -> None:
+    client = spawn()
+    with pytest.raises(errors.DeviceError) as caught:
+        client.call("fail", kind="device", message="unknown device id: 7", code=42)
+    assert str(caught.value) == "device error: unknown device id: 7"
+    assert caught.value.code == 42
+    with pytest.raises(errors.DriverError, match=r"^driver error: crash failed: ZeroDivisionError"):
+        client.call("crash")
+    with pytest.raises(errors.DriverError, match="unknown rpc method: nope"):
+        client.call("nope")
+    with pytest.raises(errors.DriverError, match="unencodable failed: TypeError"):
+        client.call("unencodable")
+    with pytest.raises(errors.DriverError, match="sleep failed: TypeError"):
+        client.call("sleep", no_such_param=1)
+    assert client.call("echo", still="serving") == {"still": "serving"}
+
+
+def test_setup_errors_are_raised_by_spawn_and_leave_no_process() -> None:
+    before = _children()
+
+    def setup() -> dict:
+        raise errors.InitializationError("load library failed: libnvidia-ml.so.1: nope")
+
+    with pytest.raises(errors.InitializationError, match="^initialization error: load library failed"):
+        HelperClient.spawn("test", setup)
+    assert _children() == before
+
+
+def test_killed_mid_call_is_reported_with_the_signal(spawn) -> None:
+    client = spawn()
+    pid = client.pid
+    threading.Timer(0.2, os.kill, (pid, signal.SIGKILL)).start()
+    with pytest.raises(errors.DriverError, match=r"^driver error: test rpc error: helper killed by signal SIGKILL"):
+        client.call("sleep", seconds=30)
+    assert not Path(f"/proc/{pid}").exists()  # reaped: not even a zombie
+    with pytest.raises(errors.DriverError, match="helper is not running"):
+        client.call("echo")
+
+
+def test_helper_exit_status_is_reported(spawn) -> None:
+    client = spawn()
+    with pytest.raises(errors.DriverError, match="helper exited with status 3 in exit"):
+        client.call("exit", status=3)
+    assert not Path(f"/proc/{client.pid}").exists()
+
+
+def test_timeout_kills_the_helper(spawn) -> None:
+    client = spawn(timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(errors.DriverError, match=r"test rpc error: timed out after 0\.3 s in sleep"):
+        client.call("sleep", seconds=30)
+    assert time.monotonic() - start < 2
+    assert not Path(f"/proc/{client.pid}").exists()
+    assert client.status is not None and os.WTERMSIG(client.status) == signal.SIGKILL
+
+
+def test_shutdown_runs_cleanup_and_leaves_no_process(spawn, jail: Path) -> None:
+    with spawn() as client:
+        pid = client.pid
+    assert not Path(f"/proc/{pid}").exists()
+    assert os.WIFEXITED(client.status) and os.WEXITSTATUS(client.status) == 0
+    marker = jail / "shut-down"  # written at "/shut-down" inside the helper's root
+    assert marker.read_text() == "cleanup ran\n"
+    assert marker.stat().st_uid == TEST_UID
+
+
+def test_hung_shutdown_is_killed_after_grace(jail: Path) -> None:
+    def setup() -> dict:
+        return {"shutdown": lambda: time.sleep(30)}
+
+    client = HelperClient.spawn("test", setup, grace=0.05)
+    start = time.monotonic()
+    client.close()
+    assert time.monotonic() - start < 1
+    assert os.WTERMSIG(client.status) == signal.SIGKILL
+    assert not Path(f"/proc/{client.pid}").exists()
+
+
+def test_helper_dies_with_its_parent(tmp_path: Path) -> None:
+    """PDEATHSIG: a parent killed without any cleanup still takes its helper with it."""
+    script = textwrap.dedent(
+        """
+        import time
+        from nvc.rpc import protocol
+        from nvc.rpc.helper import HelperClient
+        client = HelperClient.spawn("orphan", lambda: {"sleep": lambda: time.sleep(60)})
+        # Queued before the parent dies, so the helper is busy, not reading: an EOF on its
+        # socket cannot be what ends it.
+        protocol.send_message(client._sock, protocol.Request(1, "sleep"))
+        print(client.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    helper = int(parent.stdout.readline())
+    assert Path(f"/proc/{helper}/comm").read_text() == "nvc:[orphan]\n"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{helper}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":  # dead; reaping is up to whoever adopted it
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(helper, signal.SIGKILL)
+        pytest.fail(f"helper {helper} outlived its parent")
+
+
+# ---- driver helper ------------------------------------------------------------------------
+
+
+def test_brand_names_follow_nvml_values() -> None:
+    import pynvml
+
+    assert brand_name(pynvml, pynvml.NVML_BRAND_NVIDIA) == "Nvidia"
+    assert brand_name(pynvml, 0) == "Unknown"
+    assert brand_name(pynvml, 2) == "Tesla"
+    assert brand_name(pynvml, 11) == "CloudGaming"
+    assert brand_name(pynvml, 16) == "TitanRTX"
+    assert brand_name(pynvml, pynvml.NVML_BRAND_NVIDIA_NPU) == "Unknown"
+
+
+def test_bus_id_is_normalised() -> None:
+    assert bus_id(0, 0x3B, 0) == "00000000:3B:00.0"
+    assert bus_id(0x10000, 0xA, 0x1F) == "00010000:0A:1F.0"
+
+
+def test_snapshot_from_wire_builds_dataclasses() -> None:
+    gpu = {
+        "index": 0, "minor": 3, "model": "M", "brand": "Tesla", "uuid": "GPU-1", "bus_id": "00000000:01:00.0",
+        "architecture": "8.0", "memory_total": 5, "mig_enabled": True,
+        "mig_devices": [{"index": 0, "gpu_instance_id": 1, "compute_instance_id": 0, "uuid": "MIG-1",
+                         "memory_total": 2}],
+    }  # fmt: skip
+    snap = snapshot_from_wire({"driver_version": "1.2", "cuda_version": 12040, "gpus": [gpu]})
+    assert isinstance(snap, DriverSnapshot) and snap.cuda_version == 12040
+    (only,) = snap.gpus
+    assert only.minor == 3 and only.mig_devices[0].uuid == "MIG-1" and only.mig_devices[0].gi_caps_path is None
+
+
+def test_overflow_ids_are_the_kernel_values() -> None:
+    assert overflow_ids() == (
+        int(Path("/proc/sys/kernel/overflowuid").read_text()),
+        int(Path("/proc/sys/kernel/overflowgid").read_text()),
+    )
+
+
+def test_root_without_nvml_is_an_initialization_error(jail: Path) -> None:
+    before = _children()
+    with pytest.raises(errors.InitializationError) as caught:
+        with open_driver(root=str(jail)):
+            pass
+    assert str(caught.value).startswith("initialization error: load library failed: libnvidia-ml.so.1: ")
+    assert "cannot open shared object file" in str(caught.value)
+    assert _children() == before
+
+
+def test_snapshot_of_the_two_gpu_mig_machine(active_2gpu) -> None:
+    root = str(active_2gpu.root)
+    with open_driver(root=root) as driver:
+        status = _status(driver.pid)
+        assert status["CapEff"] == status["CapPrm"] == status["CapBnd"] == "0000000000000000"
+        assert status["NoNewPrivs"] == "1"
+        assert status["Uid"].split() == [str(overflow_ids()[0])] * 4
+        assert Path(f"/proc/{driver.pid}/comm").read_text() == "nvc:[driver]\n"
+        assert os.readlink(f"/proc/{driver.pid}/root") == os.path.realpath(root)
+        snap = driver.snapshot()
+        pid = driver.pid
+    assert not Path(f"/proc/{pid}").exists()
+
+    machine = active_2gpu.machine
+    assert snap.driver_version == machine["driver_version"] == "580.95.05"
+    assert snap.cuda_version == 13000
+    assert [g.index for g in snap.gpus] == [0, 1]
+    for gpu, described in zip(snap.gpus, machine["gpus"]):
+        assert (gpu.minor, gpu.model, gpu.uuid, gpu.bus_id, gpu.architecture) == (
+            described["minor"],
+            described["name"],
+            described["uuid"],
+            described["pci_bus_id"],
+            described["compute_capability"],
+        )
+        assert gpu.brand == "Nvidia"
+    h100, a100 = snap.gpus
+    assert h100.memory_total == 80 << 30 and not h100.mig_enabled and h100.mig_devices == ()
+    assert a100.mig_enabled and a100.memory_total == 40 << 30
+    assert [(m.index, m.gpu_instance_id, m.compute_instance_id, m.memory_total) for m in a100.mig_devices] == [
+        (0, 1, 0, 10 << 30),
+        (1, 2, 0, 20 << 30),
+    ]
+    assert [m.uuid for m in a100.mig_devices] == [d["uuid"] for d in machine["gpus"][1]["mig"]["devices"]]
