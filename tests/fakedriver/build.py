@@ -392,7 +392,7 @@ def _build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[i
             soname = _soname(name, suffix, version)
             source = SRC / IMPLEMENTED[name] if name in IMPLEMENTED else None
             if source is not None and source.exists():
-                compiles.append(["gcc", *arch, *cflags, "-fPIC", "-shared", "-fvisibility=hidden", "-pthread",
+                compiles.append(["gcc", *arch, *cflags, "-fPIC", "-shared", "-pthread",
                                  f"-Wl,-soname,{soname}", str(source), "-o", str(target)])
                 continue
             stub = obj / (f"stub-abi{bits}.o" if name in ABI_NOTE_LIBRARIES else f"stub{bits}.o")
