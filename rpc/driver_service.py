@@ -233,6 +233,7 @@ def open_driver(
     if user is None:
         user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     uid, gid = user
+    root = os.path.abspath(root)
     helper = HelperClient.spawn("driver", lambda: serve_driver(root, uid, gid), timeout=timeout)
     with helper:
         yield DriverClient(helper)
