@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import prctl
 import pytest
 
 from nvc import errors
@@ -272,7 +273,7 @@ def test_hung_shutdown_is_killed_after_grace(jail: Path) -> None:
     assert not Path(f"/proc/{client.pid}").exists()
 
 
-def test_helper_dies_with_its_parent(tmp_path: Path) -> None:
+def test_helper_dies_with_its_parent() -> None:
     """PDEATHSIG: a parent killed without any cleanup still takes its helper with it."""
     script = textwrap.dedent(
         """
@@ -287,23 +288,22 @@ def test_helper_dies_with_its_parent(tmp_path: Path) -> None:
         time.sleep(60)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    helper = int(parent.stdout.readline())
-    assert Path(f"/proc/{helper}/comm").read_text() == "nvc:[orphan]\n"
-    parent.kill()
-    parent.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{helper}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            break
-        if state == "Z":  # dead; reaping is up to whoever adopted it
-            break
-        time.sleep(0.01)
-    else:
-        os.kill(helper, signal.SIGKILL)
-        pytest.fail(f"helper {helper} outlived its parent")
+    prctl.set_child_subreaper(1)  # the orphaned helper is re-parented to us: we can reap it
+    try:
+        with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:
+            helper = int(parent.stdout.readline())
+            assert Path(f"/proc/{helper}/comm").read_text() == "nvc:[orphan]\n"
+            parent.kill()
+        deadline = time.monotonic() + 5
+        while (reaped := os.waitpid(helper, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if reaped == (0, 0):
+            os.kill(helper, signal.SIGKILL)
+            os.waitpid(helper, 0)
+            pytest.fail(f"helper {helper} outlived its parent")
+        assert os.WTERMSIG(reaped[1]) == signal.SIGKILL
+    finally:
+        prctl.set_child_subreaper(0)
 
 
 # ---- driver helper ------------------------------------------------------------------------
