@@ -204,15 +204,11 @@ class HelperClient:
     def _receive(self, request_id: int, method: str) -> protocol.Response:
         assert self._sock is not None
         try:
-            payload = protocol.recv_payload(self._sock, time.monotonic() + self.timeout)
+            response = protocol.decode_response(protocol.recv_payload(self._sock, time.monotonic() + self.timeout))
         except TimeoutError:
             raise self._fail(f"timed out after {self.timeout:.1f} s in {method}") from None
         except (protocol.EndOfStream, protocol.TruncatedFrame, ConnectionError):
             raise self._fail(f"helper {self._reap(kill=False)} in {method}") from None
-        except protocol.ProtocolError as err:
-            raise self._fail(f"{err} in {method}") from None
-        try:
-            response = protocol.decode_response(payload)
         except protocol.ProtocolError as err:
             raise self._fail(f"{err} in {method}") from None
         if response.id != request_id:
