@@ -6,24 +6,199 @@ Every :class:`~nvc.errors.NvcError` becomes one line on stderr and its stable ex
 
 from __future__ import annotations
 
+import os
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
 from nvc import __version__
-from nvc.errors import NvcError
+from nvc.errors import InputError, NvcError
+
+if TYPE_CHECKING:
+    from nvc.listing import ListRequest, Listing
+
+OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")
+
+# Global options that take a separate value, and the one whose value is optional
+# (getopt's ``--user[=UID[:GID]]``: a value only when attached with '=').
+_GLOBAL_VALUE_OPTIONS = ("-r", "--root", "-l", "--ldcache", "-d", "--debug")
+_OPTIONAL_VALUE_OPTIONS = ("-u", "--user")
+
+
+@dataclass(frozen=True)
+class GlobalOptions:
+    """Options given before the command."""
+
+    root: str  # driver root, absolute
+    ldcache: str  # ld cache path inside the root
+    user: tuple[int, int]  # uid, gid the driver helper runs as
+    load_kmods: bool
+
+
+def _read_id(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65534
+
+
+def parse_user(value: str | None) -> tuple[int, int]:
+    """uid and gid of ``--user``.
+
+    Absent: the kernel's overflow ids when running as root (the helper drops to nobody),
+    else the caller's own ids (nothing to drop to). ``--user`` alone: the effective ids.
+    ``UID`` alone: that uid and the same number as gid.
+    """
+    if value is None:
+        if os.geteuid() != 0:
+            return os.geteuid(), os.getegid()
+        return _read_id(OVERFLOW_IDS[0]), _read_id(OVERFLOW_IDS[1])
+    if value == "":
+        return os.geteuid(), os.getegid()
+    uid, sep, gid = value.partition(":")
+    if not uid.isdigit() or (sep and not gid.isdigit()):
+        raise InputError(f"{value}: invalid user (expected UID[:GID])")
+    return int(uid), int(gid) if sep else int(uid)
+
+
+def _optional_user_value(argv: list[str]) -> list[str]:
+    """Rewrite a bare global ``-u``/``--user`` to ``--user=`` so the next word stays the command."""
+    out = list(argv)
+    i = 0
+    while i < len(out) and out[i].startswith("-"):
+        if out[i] in _OPTIONAL_VALUE_OPTIONS:
+            out[i] = "--user="
+        elif out[i] in _GLOBAL_VALUE_OPTIONS:
+            i += 1
+        i += 1
+    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="nvc-py", message="%(prog)s %(version)s")
-def cli() -> None:
+@click.option("-r", "--root", default="/", show_default=True, help="Driver root: where driver files and nodes are.")
+@click.option("-l", "--ldcache", default="/etc/ld.so.cache", show_default=True, help="ld cache, inside the root.")
+@click.option("-u", "--user", metavar="[=UID[:GID]]", default=None, help="Identity of the driver helper.")
+@click.option("-d", "--debug", metavar="FILE", default=None, help="Append a debug log to FILE.")
+@click.option("-k", "--load-kmods", is_flag=True, help="Create missing driver device nodes under <root>/dev.")
+@click.pass_context
+def cli(ctx: click.Context, root: str, ldcache: str, user: str | None, debug: str | None, load_kmods: bool) -> None:
     """Make NVIDIA GPUs appear inside containers."""
+    if debug is not None:
+        from nvc import debuglog
+
+        debuglog.enable(debug)
+    if not os.path.isabs(root) or not os.path.isdir(root):
+        raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
+    opts = GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), load_kmods)
+    if load_kmods:
+        from nvc import kmods
+
+        kmods.load(opts.root)
+    ctx.obj = opts
+
+
+@cli.command()
+@click.option("--csv", "fmt", flag_value="csv", help="Comma-separated output.")
+@click.option("--json", "fmt", flag_value="json", help="JSON output.")
+@click.pass_obj
+def info(opts: GlobalOptions, fmt: str | None) -> None:
+    """Print the driver version and every GPU and MIG device (queries NVML)."""
+    from nvc import infoformat, inventory
+
+    inv = inventory.from_nvml(opts.root, opts.user)
+    render = {None: infoformat.text, "csv": infoformat.csv_text, "json": infoformat.json_text}[fmt]
+    click.echo(render(inv, inv.cuda_version), nl=False)
+
+
+@cli.command("list")
+@click.option("-d", "--device", "devices", multiple=True, metavar="ID", help="GPUs/MIG devices to list (§ --device).")
+@click.option("-l", "--libraries", is_flag=True, help="List driver libraries.")
+@click.option("-b", "--binaries", is_flag=True, help="List driver binaries.")
+@click.option("-i", "--ipcs", is_flag=True, help="List IPC sockets and the MPS pipe directory.")
+@click.option("-f", "--firmwares", is_flag=True, help="List GSP firmware files.")
+@click.option("--compat32", is_flag=True, help="Also list 32-bit libraries (with -l).")
+@click.option("--mig-config", type=click.Choice(["all"]), help="List MIG configuration capability files.")
+@click.option("--mig-monitor", type=click.Choice(["all"]), help="List MIG monitoring capability files.")
+@click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="List IMEX channel nodes.")
+@click.option("--no-persistenced", is_flag=True, help="Leave out the persistenced socket.")
+@click.option("--no-fabricmanager", is_flag=True, help="Leave out the fabric manager socket.")
+@click.option("--no-gsp-firmware", is_flag=True, help="Leave out GSP firmware.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output, one list per section.")
+@click.pass_obj
+def list_(
+    opts: GlobalOptions,
+    devices: tuple[str, ...],
+    libraries: bool,
+    binaries: bool,
+    ipcs: bool,
+    firmwares: bool,
+    compat32: bool,
+    mig_config: str | None,
+    mig_monitor: str | None,
+    imex: tuple[str, ...],
+    no_persistenced: bool,
+    no_fabricmanager: bool,
+    no_gsp_firmware: bool,
+    as_json: bool,
+) -> None:
+    """Print the host paths a container would get (with no selection flags: -d all --compat32 -l -b -i -f)."""
+    from nvc import listing
+
+    chosen = bool(devices) or libraries or binaries or ipcs or firmwares or compat32 or bool(mig_config or mig_monitor)
+    if not chosen:
+        devices, libraries, binaries, ipcs, firmwares, compat32 = ("all",), True, True, True, True, True
+    request = listing.ListRequest(
+        devices=bool(devices),
+        libraries=libraries,
+        binaries=binaries,
+        ipcs=ipcs,
+        firmwares=firmwares,
+        compat32=compat32,
+        mig_config=mig_config is not None,
+        mig_monitor=mig_monitor is not None,
+        imex_channels=listing.parse_imex_channels(imex),
+        no_persistenced=no_persistenced,
+        no_fabricmanager=no_fabricmanager,
+        no_gsp_firmware=no_gsp_firmware,
+    )
+    result = run_list(opts, request, devices)
+    click.echo(result.json() if as_json else result.text(), nl=False)
+
+
+def run_list(
+    opts: GlobalOptions, request: ListRequest, devices: tuple[str, ...], use_nvml: bool | None = None
+) -> Listing:
+    """Discover what ``request`` needs and build the listing.
+
+    ``use_nvml`` None picks the cheapest source that can answer (see
+    :func:`nvc.inventory.needs_nvml`); True/False force one, which tests use to show
+    that both sources give the same listing.
+    """
+    from nvc import driver, inventory, listing, nodes, procfs, selection
+
+    selectors = selection.parse(devices)
+    mig_files = request.mig_config or request.mig_monitor
+    if mig_files and any(s.needs_mig for s in selectors):
+        raise InputError("cannot enable mig-config with specific MIG devices selected")
+    if use_nvml is None:
+        use_nvml = inventory.needs_nvml(selectors, mig_files)
+    inv = inventory.from_nvml(opts.root, opts.user) if use_nvml else inventory.from_procfs()
+    chosen = selection.select(inv.gpus, selectors) if request.devices else None
+    files = driver.discover(opts.root, inv.driver_version, opts.ldcache) if request.needs_driver_files else None
+    majors = nodes.read_majors() if request.needs_nodes else {}
+    mig_minors = procfs.read_mig_minors() if mig_files else {}
+    return listing.build(request, opts.root, files, chosen, majors, mig_minors)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn nvc-py errors into one line and an exit code."""
     try:
-        cli.main(args=argv, prog_name="nvc-py", standalone_mode=False)
+        args = _optional_user_value(sys.argv[1:] if argv is None else argv)
+        cli.main(args=args, prog_name="nvc-py", standalone_mode=False)
     except NvcError as err:
         click.echo(f"nvc-py: {err}", err=True)
         return err.exit_code

@@ -1,0 +1,60 @@
+"""The driver version and GPUs, from NVML or, when that is enough, from /proc alone.
+
+NVML (through the driver helper, see :mod:`nvc.rpc.driver_service`) knows everything
+but costs a helper process, a chroot and the library's initialisation. /proc knows
+GPU identities and the driver version; requests needing no more (no MIG devices, no
+CUDA version, brand or architecture) take that fast path. Both paths agree on what
+they both know; index order on the fast path is bus id order, NVML's default order.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvc import procfs
+from nvc.devices import Gpu
+from nvc.procfs import ProcGpu
+from nvc.selection import Selector
+
+log = logging.getLogger(__name__)
+
+NVML_TIMEOUT = 10.0  # seconds; the reference helper's fixed client timeout
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What the driver reports. ``cuda_version`` is None when NVML was not asked."""
+
+    driver_version: str
+    cuda_version: int | None
+    gpus: tuple[Gpu, ...] | tuple[ProcGpu, ...]
+
+
+def needs_nvml(selectors: tuple[Selector, ...], mig_files: bool, proc: Path = procfs.PROC) -> bool:
+    """Whether answering needs NVML: MIG selectors, MIG config/monitor, or ``all`` with MIG devices present."""
+    if mig_files or any(s.needs_mig for s in selectors):
+        return True
+    return any(s.kind == "all" for s in selectors) and procfs.any_mig_instances(proc)
+
+
+def from_procfs(proc: Path = procfs.PROC) -> Inventory:
+    """The fast path: /proc/driver/nvidia only, NVML never loaded."""
+    inventory = Inventory(procfs.read_version(proc), None, procfs.read_gpus(proc))
+    log.debug("inventory from %s: driver %s, %d GPUs", proc, inventory.driver_version, len(inventory.gpus))
+    return inventory
+
+
+def from_nvml(
+    root: str, user: tuple[int, int] | None, proc: Path = procfs.PROC, timeout: float = NVML_TIMEOUT
+) -> Inventory:
+    """Everything NVML reports, with each MIG device's /proc access files and nvidia-caps minors added."""
+    from nvc.rpc.driver_service import open_driver
+
+    with open_driver(root=root, user=user, timeout=timeout) as drv:
+        snap = drv.snapshot()
+    minors = procfs.read_mig_minors(proc)
+    gpus = tuple(procfs.with_mig_caps(gpu, minors, proc) for gpu in snap.gpus)
+    log.debug("inventory from NVML: driver %s, CUDA %d, %d GPUs", snap.driver_version, snap.cuda_version, len(gpus))
+    return Inventory(snap.driver_version, snap.cuda_version, gpus)

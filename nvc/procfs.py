@@ -1,0 +1,162 @@
+"""What the kernel driver publishes under ``/proc/driver``.
+
+Reading these files costs microseconds, while loading NVML costs milliseconds (seconds
+without persistence mode), so requests that only need GPU identities (minor, UUID, bus
+id, driver version) are answered from here. The files also hold what NVML does not
+tell: the MIG capability access files and their ``nvidia-caps`` minors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvc.devices import Gpu, MigDevice
+from nvc.errors import DetectionError, InitializationError
+
+PROC = Path("/proc")
+
+_VERSION = re.compile(r"^NVRM version:.*?\s(\d+(?:\.\d+)+)(?:\s|$)")
+_BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.0$")
+
+
+def normalize_bus_id(text: str) -> str | None:
+    """``%08X:%02X:%02X.0`` form of a PCI id as NVML prints it, or None if ``text`` is not one.
+
+    The driver writes 4-digit domains under /proc and NVML 8-digit ones; comparing the
+    normalised form avoids the mismatch users have hit.
+    """
+    m = _BUS_ID.match(text.strip())
+    if m is None:
+        return None
+    domain, bus, device = (int(g, 16) for g in m.groups())
+    return f"{domain:08X}:{bus:02X}:{device:02X}.0"
+
+
+@dataclass(frozen=True)
+class ProcGpu:
+    """A GPU as /proc/driver/nvidia/gpus describes it: identity only, no NVML facts."""
+
+    index: int  # position in bus id order, which is NVML's default (PCI) enumeration order
+    minor: int
+    model: str
+    uuid: str
+    bus_id: str  # normalised like Gpu.bus_id
+    mig_devices: tuple[MigDevice, ...] = ()  # never known here: MIG needs NVML
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise InitializationError(f"{path}: not found: the NVIDIA kernel driver is not loaded") from None
+    except OSError as err:
+        raise DetectionError(f"{path}: {err.strerror}") from None
+
+
+def read_version(proc: Path = PROC) -> str:
+    """The kernel driver (RM) version, e.g. ``580.95.05``."""
+    path = proc / "driver/nvidia/version"
+    m = _VERSION.match(_read_text(path))
+    if m is None:
+        raise DetectionError(f"{path}: no NVRM version line")
+    return m.group(1)
+
+
+def parse_information(text: str, path: str) -> dict[str, str]:
+    """``Key: value`` lines of a GPU's information file."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    for key in ("Model", "GPU UUID", "Bus Location", "Device Minor"):
+        if key not in fields:
+            raise DetectionError(f"{path}: no {key!r} line")
+    return fields
+
+
+def read_gpus(proc: Path = PROC) -> tuple[ProcGpu, ...]:
+    """GPUs the driver manages, in bus id order (assumed to be NVML's index order).
+
+    GPUs marked ``GPU Excluded: Yes`` are left out, as NVML leaves them out.
+    """
+    gpus_dir = proc / "driver/nvidia/gpus"
+    if not (proc / "driver/nvidia").is_dir():
+        raise InitializationError(f"{proc / 'driver/nvidia'}: not found: the NVIDIA kernel driver is not loaded")
+    found = []
+    for entry in sorted(gpus_dir.iterdir()) if gpus_dir.is_dir() else ():
+        path = entry / "information"
+        fields = parse_information(_read_text(path), str(path))
+        if fields.get("GPU Excluded", "No").lower() == "yes":
+            continue
+        bus_id = normalize_bus_id(fields["Bus Location"])
+        if bus_id is None or not fields["Device Minor"].isdigit():
+            raise DetectionError(f"{path}: malformed 'Bus Location' or 'Device Minor'")
+        found.append((bus_id, int(fields["Device Minor"]), fields["Model"], fields["GPU UUID"]))
+    found.sort()
+    return tuple(
+        ProcGpu(index=i, minor=minor, model=model, uuid=uuid, bus_id=bus_id)
+        for i, (bus_id, minor, model, uuid) in enumerate(found)
+    )
+
+
+def read_mig_minors(proc: Path = PROC) -> dict[str, int]:
+    """``/proc/driver/nvidia-caps/mig-minors``: capability name (``gpu0/gi1/access``) → minor.
+
+    Empty when the file is missing (drivers without MIG support).
+    """
+    path = proc / "driver/nvidia-caps/mig-minors"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as err:
+        raise DetectionError(f"{path}: {err.strerror}") from None
+    minors = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2 or not fields[1].isdigit():
+            raise DetectionError(f"{path}: line {number}: malformed: {line!r}")
+        minors[fields[0]] = int(fields[1])
+    return minors
+
+
+def caps_dir(proc: Path = PROC) -> Path:
+    """``/proc/driver/nvidia/capabilities``: the MIG capability tree."""
+    return proc / "driver/nvidia/capabilities"
+
+
+def any_mig_instances(proc: Path = PROC) -> bool:
+    """Whether some GPU has GPU instances: the driver adds ``gpu<N>/mig/gi<G>`` dirs as they are created.
+
+    (Inferred from the driver's behaviour, not documented by NVIDIA.) It lets ``all``
+    skip NVML on machines without MIG devices.
+    """
+    return any(caps_dir(proc).glob("gpu*/mig/gi*"))
+
+
+def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
+    """``gpu`` with each MIG device's access files (those that exist) and their minors filled in."""
+    migs = []
+    for mig in gpu.mig_devices:
+        gi = f"gpu{gpu.minor}/mig/gi{mig.gpu_instance_id}"
+        ci = f"{gi}/ci{mig.compute_instance_id}"
+        gi_path = caps_dir(proc) / gi / "access"
+        ci_path = caps_dir(proc) / ci / "access"
+        migs.append(
+            dataclasses.replace(
+                mig,
+                gi_caps_path=str(gi_path) if gi_path.is_file() else None,
+                ci_caps_path=str(ci_path) if ci_path.is_file() else None,
+                gi_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/access"),
+                ci_caps_minor=minors.get(
+                    f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access"
+                ),
+            )
+        )
+    return dataclasses.replace(gpu, mig_devices=tuple(migs))

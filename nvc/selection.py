@@ -1,0 +1,114 @@
+"""The ``--device`` grammar: which GPUs and MIG devices a request names.
+
+Comma-separated selectors (empty ones ignored): ``all``; ``GPU-…`` and ``MIG-…`` UUIDs
+(case-insensitive); a PCI id ``domain:bus:device.0`` (any domain width); a decimal GPU
+index; ``G:M`` (GPU index G, M the position in NVML's MIG handle enumeration). Selecting
+a MIG device also selects its parent GPU. Parsing is separate from resolution so that
+the caller can tell, before loading NVML, whether the request can be answered without it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from nvc.devices import MigDevice
+from nvc.errors import DeviceError
+from nvc.procfs import normalize_bus_id
+
+_MIG_INDEX = re.compile(r"^(\d+):(\d+)$")
+
+
+class GpuLike(Protocol):
+    """What selection reads of a GPU: both NVML's Gpu and the /proc-only ProcGpu have it."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def bus_id(self) -> str: ...
+    @property
+    def mig_devices(self) -> tuple[MigDevice, ...]: ...
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One parsed selector. ``kind``: all, uuid, bus_id, index, mig_uuid, mig_index."""
+
+    text: str  # as the user wrote it, for error messages
+    kind: str
+    value: str | int | tuple[int, int] | None = None
+
+    @property
+    def needs_mig(self) -> bool:
+        """Whether resolving it needs NVML's MIG enumeration (``all`` may, if MIG devices exist)."""
+        return self.kind in ("mig_uuid", "mig_index")
+
+
+def parse(spec: str | tuple[str, ...]) -> tuple[Selector, ...]:
+    """Selectors of a ``--device`` value (or of several, joined with commas)."""
+    text = spec if isinstance(spec, str) else ",".join(spec)
+    selectors = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        lower = token.lower()
+        mig = _MIG_INDEX.match(token)
+        if lower == "all":
+            selectors.append(Selector(token, "all"))
+        elif lower.startswith("gpu-"):
+            selectors.append(Selector(token, "uuid", lower))
+        elif lower.startswith("mig-"):
+            selectors.append(Selector(token, "mig_uuid", lower))
+        elif mig:
+            selectors.append(Selector(token, "mig_index", (int(mig.group(1)), int(mig.group(2)))))
+        elif token.isdigit():
+            selectors.append(Selector(token, "index", int(token)))
+        elif (bus_id := normalize_bus_id(token)) is not None:
+            selectors.append(Selector(token, "bus_id", bus_id))
+        else:
+            raise DeviceError(f"{token}: unknown device")
+    return tuple(selectors)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Selected GPUs (NVML index order) and MIG devices (parent, MIG index order)."""
+
+    gpus: tuple[GpuLike, ...]
+    migs: tuple[tuple[GpuLike, MigDevice], ...]
+
+
+def _match(gpus: tuple[GpuLike, ...], sel: Selector) -> tuple[set[int], set[tuple[int, int]]]:
+    """(GPU indexes, (GPU index, MIG index) pairs) that one selector names."""
+    if sel.kind == "all":
+        return {g.index for g in gpus}, {(g.index, m.index) for g in gpus for m in g.mig_devices}
+    for gpu in gpus:
+        if sel.kind == "uuid" and gpu.uuid.lower() == sel.value:
+            return {gpu.index}, set()
+        if sel.kind == "bus_id" and normalize_bus_id(gpu.bus_id) == sel.value:
+            return {gpu.index}, set()
+        if sel.kind == "index" and gpu.index == sel.value:
+            return {gpu.index}, set()
+        for mig in gpu.mig_devices:
+            if (sel.kind == "mig_uuid" and mig.uuid.lower() == sel.value) or (
+                sel.kind == "mig_index" and (gpu.index, mig.index) == sel.value
+            ):
+                return {gpu.index}, {(gpu.index, mig.index)}
+    raise DeviceError(f"{sel.text}: unknown device")
+
+
+def select(gpus: tuple[GpuLike, ...], selectors: tuple[Selector, ...]) -> Selection:
+    """Resolve ``selectors`` against ``gpus``; any selector naming nothing is an error."""
+    gpu_ids: set[int] = set()
+    mig_ids: set[tuple[int, int]] = set()
+    for sel in selectors:
+        g, m = _match(gpus, sel)
+        gpu_ids |= g
+        mig_ids |= m
+    return Selection(
+        gpus=tuple(g for g in gpus if g.index in gpu_ids),
+        migs=tuple((g, m) for g in gpus for m in g.mig_devices if (g.index, m.index) in mig_ids),
+    )

@@ -1,0 +1,152 @@
+"""``nvc-py info`` and ``nvc-py list`` end to end on the fake driver: golden outputs, global
+options, and one-line errors with stable exit codes.
+
+Goldens under tests/golden/ were generated once (NVC_UPDATE_GOLDEN=1) and checked by hand
+against the machine YAMLs; the driver root's temporary path is written as ``<root>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("NVC_UPDATE_GOLDEN") == "1"
+
+
+def nvc(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the installed CLI in a child (it inherits the active fake's mount namespace)."""
+    return subprocess.run([sys.executable, "-m", "nvc", *args], capture_output=True, text=True, timeout=60)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+GOLDEN_COMMANDS = {
+    "info": ["info"],
+    "info-csv": ["info", "--csv"],
+    "info-json": ["info", "--json"],
+    "list": ["list"],
+    "list-json": ["list", "--json"],
+}
+
+
+@pytest.mark.parametrize(("fixture", "prefix"), [("active_2gpu", "two-gpu-mig"), ("active_local_nvidia", "local-nvidia")])
+def test_golden_outputs(fixture: str, prefix: str, request: pytest.FixtureRequest) -> None:
+    fake = request.getfixturevalue(fixture)
+    for name, args in GOLDEN_COMMANDS.items():
+        done = nvc("--root", str(fake.root), *args)
+        assert done.returncode == 0 and done.stderr == "", (args, done.stderr)
+        check_golden(f"{prefix}-{name}.txt", done.stdout.replace(str(fake.root), "<root>"))
+
+
+def test_info_matches_the_machine(active_2gpu) -> None:
+    """The JSON schema, checked against the YAML rather than against itself."""
+    doc = json.loads(nvc("--root", str(active_2gpu.root), "info", "--json").stdout)
+    machine = active_2gpu.machine
+    assert doc["nvrm_version"] == machine["driver_version"]
+    assert doc["cuda_version"] == f"{machine['cuda_version'] // 1000}.{machine['cuda_version'] % 100 // 10}"
+    assert [d["uuid"] for d in doc["devices"]] == [g["uuid"] for g in machine["gpus"]]
+    assert [d["bus_id"] for d in doc["devices"]] == [g["pci_bus_id"].lower() for g in machine["gpus"]]
+    migs = [m["uuid"] for d in doc["devices"] for m in d["mig_devices"]]
+    assert migs == [m["uuid"] for g in machine["gpus"] for m in (g.get("mig") or {}).get("devices") or []]
+    assert len(migs) == 2
+
+
+def test_list_default_equals_explicit_flags(active_2gpu) -> None:
+    root = str(active_2gpu.root)
+    assert nvc("--root", root, "list").stdout == nvc(
+        "--root", root, "list", "--device=all", "--compat32", "-l", "-b", "-i", "-f").stdout
+    # Only --imex-channel keeps the defaults, and adds the channel.
+    default = json.loads(nvc("--root", root, "list", "--json").stdout)
+    with_channel = json.loads(nvc("--root", root, "list", "--json", "--imex-channel=1").stdout)
+    assert with_channel == {**default, "imex_channels": [f"{root}/dev/nvidia-caps-imex-channels/channel1"]}
+    assert list(default) == ["devices", "mig_devices", "imex_channels", "mig_config", "binaries", "libraries",
+                             "libraries32", "ipcs", "firmwares"]
+
+
+def test_list_sections_and_flags(active_2gpu) -> None:
+    root = str(active_2gpu.root)
+    out = nvc("--root", root, "list", "-d", "0", "--imex-channel", "1,0", "--mig-config=all",
+              "--mig-monitor=all").stdout.replace(root, "<root>").splitlines()
+    assert out == [
+        "<root>/dev/nvidiactl", "<root>/dev/nvidia-uvm", "<root>/dev/nvidia-uvm-tools", "<root>/dev/nvidia-modeset",
+        "<root>/dev/nvidia0",
+        "<root>/dev/nvidia-caps-imex-channels/channel1", "<root>/dev/nvidia-caps-imex-channels/channel0",
+        "/proc/driver/nvidia/capabilities/mig/config", "<root>/dev/nvidia-caps/nvidia-cap1",
+        "/proc/driver/nvidia/capabilities/mig/monitor", "<root>/dev/nvidia-caps/nvidia-cap2",
+    ]
+    assert nvc("--root", root, "list", "-f", "--no-gsp-firmware").stdout == ""
+    libs = nvc("--root", root, "list", "-l").stdout.splitlines()
+    assert libs and all("/x86_64-linux-gnu/" in p for p in libs)
+
+
+def test_global_options(active_local_nvidia, tmp_path: Path) -> None:
+    root = str(active_local_nvidia.root)
+    log = tmp_path / "debug.log"
+    log.write_text("earlier\n")
+    for user in ("--user", "-u", f"--user={os.geteuid()}:{os.getegid()}", f"-u{os.geteuid()}"):
+        done = nvc("--debug", str(log), user, "--root", root, "list", "-d", "0")
+        assert done.returncode == 0 and done.stdout.endswith("/dev/nvidia0\n"), (user, done.stderr)
+    lines = log.read_text().splitlines()
+    assert lines[0] == "earlier" and len(lines) > 4
+    assert all(re.match(r"^[DIWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \w+\.py:\d+\] ", ln) for ln in lines[1:])
+    # --ldcache is looked up inside the root.
+    done = nvc("--root", root, "--ldcache", "/etc/none.cache", "list", "-l")
+    assert (done.returncode, done.stderr) == (5, f"nvc-py: detection error: {root}/etc/none.cache: No such file or directory\n")
+
+
+def test_load_kmods_into_an_empty_root(active_2gpu, tmp_path: Path) -> None:
+    """The nodes come from /proc alone (the empty root has no NVML to ask)."""
+    done = nvc("--root", str(tmp_path), "--load-kmods", "list", "-d", "1,0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.replace(str(tmp_path), "<root>").splitlines() == [
+        "<root>/dev/nvidiactl", "<root>/dev/nvidia-uvm", "<root>/dev/nvidia-uvm-tools", "<root>/dev/nvidia-modeset",
+        "<root>/dev/nvidia0", "<root>/dev/nvidia1",
+    ]
+    assert (tmp_path / "dev/nvidia-caps/nvidia-cap157").is_char_device()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["list", "-d", "7"], 6, "device error: 7: unknown device"),
+        (["list", "-d", "0:5"], 6, "device error: 0:5: unknown device"),
+        (["list", "-d", "bogus"], 6, "device error: bogus: unknown device"),
+        (["list", "--imex-channel", "1048576"], 2, "input error: 1048576: unsupported IMEX channel value"),
+        (["list", "--imex-channel", "5"], 6, "device error: /dev/nvidia-caps-imex-channels/channel5: "
+                                             "no such device node under <root> (see --load-kmods)"),
+        (["list", "-d", "1:0", "--mig-config=all"], 2,
+         "input error: cannot enable mig-config with specific MIG devices selected"),
+        (["--user=abc", "list"], 2, "input error: abc: invalid user (expected UID[:GID])"),
+    ],
+)
+def test_errors_are_one_line(active_2gpu, args: list[str], code: int, message: str) -> None:
+    root = str(active_2gpu.root)
+    head, tail = (args[:1], args[1:]) if args[0].startswith("--user") else ([], args)
+    done = nvc(*head, "--root", root, *tail)
+    assert (done.returncode, done.stdout) == (code, "")
+    assert done.stderr.replace(root, "<root>") == f"nvc-py: {message}\n"
+
+
+def test_no_driver(tmp_path: Path) -> None:
+    """Without the fake active there is no NVIDIA driver on this machine."""
+    if Path("/proc/driver/nvidia").exists():
+        pytest.skip("a real NVIDIA driver is loaded")
+    done = nvc("--root", str(tmp_path), "info")
+    assert done.returncode == 3 and done.stderr.startswith("nvc-py: initialization error: load library failed: ")
+    done = nvc("--root", str(tmp_path), "list")
+    assert (done.returncode, done.stderr) == (
+        3, "nvc-py: initialization error: /proc/driver/nvidia/version: not found: the NVIDIA kernel driver is not loaded\n")
+    done = nvc("--root", "relative", "list")
+    assert done.returncode == 2 and "invalid driver root" in done.stderr

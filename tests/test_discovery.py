@@ -1,0 +1,482 @@
+"""Driver file and device discovery: root-confined resolution, library selection rules, binaries,
+firmware, IPC, device nodes, /proc parsing, the --device grammar, and fast path vs NVML agreement
+on the fake driver."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvc import driver, inventory, kmods, ldcache, nodes, procfs, rootpath, selection
+from nvc.cli import GlobalOptions, run_list
+from nvc.devices import Gpu, MigDevice
+from nvc.errors import DetectionError, DeviceError, InitializationError
+from nvc.listing import ListRequest
+
+VERSION = "999.12.34"
+X86_64, I386 = 0x0303, 0x0003
+
+
+# --- rootpath ---------------------------------------------------------------------------------
+
+
+def test_resolve_stays_inside_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "usr/lib/real.so").write_text("x")
+    (root / "lib").symlink_to("/usr/lib")  # absolute: re-rooted
+    (root / "usr/lib/up.so").symlink_to("../../../../../usr/lib/real.so")  # '..' stops at the root
+    (root / "usr/lib/host").symlink_to("/etc/passwd")  # exists on the host, not in the root
+    (root / "loop").symlink_to("loop")
+    r = str(root)
+    assert rootpath.resolve(r, "/lib/real.so") == "/usr/lib/real.so"
+    assert rootpath.resolve(r, "lib/./real.so") == "/usr/lib/real.so"
+    assert rootpath.resolve(r, "/usr/lib/up.so") == "/usr/lib/real.so"
+    assert rootpath.resolve(r, "/usr/lib/host") is None
+    assert rootpath.resolve(r, "/usr/lib/real.so/x") is None
+    assert rootpath.resolve("/", "/etc/../etc/passwd") == "/etc/passwd"
+    with pytest.raises(DetectionError, match="Too many levels of symbolic links"):
+        rootpath.resolve(r, "/loop")
+
+
+def test_makedirs_never_leaves_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "dev").symlink_to(outside)  # host-absolute target: inside the root it means <root>/<outside>
+    with pytest.raises(FileExistsError):  # dangling inside the root: refused, not followed to the host
+        rootpath.makedirs(str(root), "/dev/nvidia-caps")
+    (root / str(outside).lstrip("/")).mkdir(parents=True)
+    assert rootpath.makedirs(str(root), "/dev/nvidia-caps") == f"{outside}/nvidia-caps"
+    assert (root / str(outside).lstrip("/") / "nvidia-caps").is_dir()
+    assert list(outside.iterdir()) == []
+
+
+# --- library selection on compiled libraries ------------------------------------------------
+
+ABI_NOTE = """
+.section .note.ABI-tag,"a",@note
+.p2align 2
+.long 4, 16, 1
+.asciz "GNU"
+.long 0, {0}, {1}, {2}
+"""
+
+
+def _cc(out: Path, soname: str, *, m32: bool = False, abi: tuple[int, int, int] | None = None,
+        needs: Path | None = None) -> None:
+    work = out.parent / ".src"  # ldconfig does not descend into subdirectories
+    work.mkdir(exist_ok=True)
+    src = work / (out.name + ".c")
+    src.write_text("int nvc_test_symbol(void) { return 1; }\n")
+    cmd = ["gcc", "-shared", "-fPIC", "-nostdlib", f"-Wl,-soname,{soname}", "-o", str(out), str(src)]
+    if m32:
+        cmd.insert(1, "-m32")
+    if abi:
+        asm = work / (out.name + ".s")
+        asm.write_text(ABI_NOTE.format(*abi))
+        cmd.append(str(asm))
+    if needs:
+        cmd += ["-Wl,--no-as-needed", f"-L{needs.parent}", f"-l:{needs.name}"]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def libroot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A driver root with one library per selection rule, some passing, some not."""
+    root = tmp_path_factory.mktemp("libroot")
+    lib, lib32, other = root / "usr/lib/x86_64-linux-gnu", root / "usr/lib/i386-linux-gnu", root / "opt/b"
+    for d in (lib, lib32, other):
+        d.mkdir(parents=True)
+    _cc(lib / f"libnvidia-ml.so.{VERSION}", "libnvidia-ml.so.1")
+    (lib / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{VERSION}")
+    _cc(lib32 / f"libnvidia-ml.so.{VERSION}", "libnvidia-ml.so.1", m32=True)
+    _cc(lib / "libcuda.so.998.0.0", "libcuda.so.1")  # another driver version
+    _cc(lib / f"libnvidia-cfg.so.{VERSION}", "libnvidia-cfg.so.1")
+    _cc(other / f"libnvidia-cfg.so.{VERSION}", "libnvidia-cfg.so.1")
+    _cc(lib / f"libnvidia-tls.so.{VERSION}", f"libnvidia-tls.so.{VERSION}", abi=(2, 3, 99))
+    _cc(other / f"libnvidia-tls.so.{VERSION}", f"libnvidia-tls.so.{VERSION}", abi=(2, 2, 5))
+    _cc(lib / f"libnvidia-glcore.so.{VERSION}", f"libnvidia-glcore.so.{VERSION}")
+    _cc(lib / f"libGL.so.{VERSION}", "libGL.so.1", needs=lib / f"libnvidia-glcore.so.{VERSION}")
+    _cc(lib / f"libEGL.so.{VERSION}", "libEGL.so.1")  # no DT_NEEDED on the GL core: not the driver's
+    # A 32-bit file where the cache claims a 64-bit library.
+    _cc(lib / f"libnvidia-encode.so.{VERSION}", "libnvidia-encode.so.1", m32=True)
+    # A link leaving the root: its target exists on the host only.
+    (lib / "libnvidia-ngx.so.1").symlink_to(f"/../../..{lib}/libnvidia-ngx.so.{VERSION}")
+    (root / "usr/bin").mkdir()
+    return root
+
+
+def _entries(libroot: Path) -> tuple[ldcache.CacheEntry, ...]:
+    d, d32 = "/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"
+    rows = [
+        ("libnvidia-ml.so.1", f"{d}/libnvidia-ml.so.1", X86_64),
+        ("libnvidia-ml.so.1", f"{d32}/libnvidia-ml.so.{VERSION}", I386),
+        ("libcuda.so.1", f"{d}/libcuda.so.998.0.0", X86_64),
+        ("libnvidia-cfg.so.1", f"{d}/libnvidia-cfg.so.{VERSION}", X86_64),
+        ("libnvidia-cfg.so", f"/opt/b/libnvidia-cfg.so.{VERSION}", X86_64),  # later: replaces the first
+        ("libnvidia-tls.so", f"{d}/libnvidia-tls.so.{VERSION}", X86_64),
+        ("libnvidia-tls.so", f"/opt/b/libnvidia-tls.so.{VERSION}", X86_64),  # later but wrong ABI note
+        ("libnvidia-glcore.so", f"{d}/libnvidia-glcore.so.{VERSION}", X86_64),
+        ("libGL.so.1", f"{d}/libGL.so.{VERSION}", X86_64),
+        ("libEGL.so.1", f"{d}/libEGL.so.{VERSION}", X86_64),
+        ("libnvidia-encode.so.1", f"{d}/libnvidia-encode.so.{VERSION}", X86_64),
+        ("libnvidia-ngx.so.1", f"{d}/libnvidia-ngx.so.1", X86_64),
+        ("libnvidia-ml.so", f"{d}/libnvidia-ml.so.{VERSION}", X86_64),  # same file again: listed once
+    ]
+    return tuple(ldcache.CacheEntry(k, v, f) for k, v, f in rows)
+
+
+def test_library_selection_rules(libroot: Path) -> None:
+    entries = _entries(libroot)
+    d = "/usr/lib/x86_64-linux-gnu"
+    libs = driver.select_libraries(str(libroot), ldcache.select(entries, "x86_64"), "x86_64", VERSION)
+    assert libs == (
+        f"{d}/libnvidia-ml.so.{VERSION}",
+        f"/opt/b/libnvidia-cfg.so.{VERSION}",
+        f"{d}/libnvidia-glcore.so.{VERSION}",
+        f"{d}/libnvidia-tls.so.{VERSION}",
+        f"{d}/libGL.so.{VERSION}",
+    )
+    libs32 = driver.select_libraries(str(libroot), ldcache.select(entries, "i386"), "i386", VERSION)
+    assert libs32 == (f"/usr/lib/i386-linux-gnu/libnvidia-ml.so.{VERSION}",)
+
+
+def test_discover_with_real_ldconfig_cache(libroot: Path, tmp_path: Path) -> None:
+    """The whole discovery on a cache made by ldconfig itself, from a root that is not '/'."""
+    root = tmp_path / "root"
+    subprocess.run(["cp", "-a", str(libroot), str(root)], check=True)
+    (root / "etc").mkdir()
+    (root / "etc/ld.so.conf").write_text("/usr/lib/x86_64-linux-gnu\n/usr/lib/i386-linux-gnu\n")
+    subprocess.run(["ldconfig", "-r", str(root)], check=True)
+    files = driver.discover(str(root), VERSION, machine="x86_64", kernel_release="6.1.0",
+                            firmware_class_path="", mps_pipe_dir="/none")
+    assert f"{root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{VERSION}" in files.libraries
+    # ldconfig registers the 32-bit file in the 64-bit directory as i386: that is where it belongs.
+    assert files.libraries32 == (
+        f"{root}/usr/lib/i386-linux-gnu/libnvidia-ml.so.{VERSION}",
+        f"{root}/usr/lib/x86_64-linux-gnu/libnvidia-encode.so.{VERSION}",
+    )
+    assert all(p.startswith(f"{root}/") for p in files.libraries)
+    with pytest.raises(DetectionError, match=f"{root}/nowhere: No such file"):
+        driver.discover(str(root), VERSION, ldcache_path="/nowhere")
+
+
+def test_elf_facts_of_garbage(tmp_path: Path) -> None:
+    from nvc import elf
+
+    (tmp_path / "bad").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 20)
+    (tmp_path / "text").write_text("hello")
+    assert elf.read_facts(str(tmp_path / "bad")) is None
+    assert elf.read_facts(str(tmp_path / "text")) is None
+    assert elf.read_facts(str(tmp_path / "missing")) is None
+
+
+# --- binaries, firmware, IPC -----------------------------------------------------------------
+
+
+def _exe(path: Path, mode: int = 0o755) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(mode)
+
+
+def test_binaries_fixed_path_then_library_siblings(tmp_path: Path) -> None:
+    _exe(tmp_path / "usr/local/nvidia/bin/nvidia-smi")
+    _exe(tmp_path / "usr/local/nvidia/bin/nvidia-debugdump")
+    _exe(tmp_path / "usr/bin/nvidia-debugdump")  # the fixed PATH comes first
+    _exe(tmp_path / "usr/bin/nvidia-persistenced", 0o644)  # not executable
+    _exe(tmp_path / "usr/local/nvidia/bin/nvidia-persistenced")
+    os.symlink("/usr/local/nvidia/bin/nvidia-smi", tmp_path / "usr/bin/nv-fabricmanager")  # resolved in root
+    dirs = driver.binary_dirs(("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64"))
+    assert dirs == (*driver.BINARY_PATH, "/usr/local/nvidia/bin")
+    assert driver.find_binaries(str(tmp_path), dirs) == (
+        "/usr/local/nvidia/bin/nvidia-smi",
+        "/usr/bin/nvidia-debugdump",
+        "/usr/local/nvidia/bin/nvidia-persistenced",
+    )
+
+
+def test_firmware_search_order(tmp_path: Path) -> None:
+    def fw(d: str, name: str) -> None:
+        p = tmp_path / d.lstrip("/") / f"nvidia/{VERSION}/{name}"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(d)
+
+    fw("/lib/firmware", "gsp_ga10x.bin")
+    fw("/lib/firmware", "gsp_tu10x.bin")
+    fw("/lib/firmware", "other.bin")
+    fw("/lib/firmware/updates/6.1.0", "gsp_tu10x.bin")
+    fw("/srv/fw", "gsp_ga10x.bin")
+    dirs = driver.firmware_dirs("6.1.0", "/srv/fw")
+    assert dirs[0] == "/srv/fw" and dirs[-1] == "/lib/firmware"
+    assert driver.find_firmwares(str(tmp_path), VERSION, dirs) == (
+        f"/srv/fw/nvidia/{VERSION}/gsp_ga10x.bin",
+        f"/lib/firmware/updates/6.1.0/nvidia/{VERSION}/gsp_tu10x.bin",
+    )
+    assert driver.firmware_dirs("6.1.0", "")[0] == "/lib/firmware/updates/6.1.0"
+
+
+def test_ipc_sockets_and_mps_dir(libroot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    subprocess.run(["cp", "-a", str(libroot), str(root)], check=True)
+    (root / "etc").mkdir()
+    (root / "etc/ld.so.conf").write_text("/usr/lib/x86_64-linux-gnu\n")
+    subprocess.run(["ldconfig", "-r", str(root)], check=True)
+    (root / "run/nvidia-persistenced").mkdir(parents=True)
+    (root / "var").mkdir()
+    (root / "var/run").symlink_to("/run")
+    (root / "run/nvidia-fabricmanager").mkdir()
+    (root / "run/nvidia-fabricmanager/socket").write_text("not a socket")
+    (root / "mps").mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(root / "run/nvidia-persistenced/socket"))
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/mps")
+    try:
+        files = driver.discover(str(root), VERSION, machine="x86_64", kernel_release="6.1.0", firmware_class_path="")
+    finally:
+        sock.close()
+    assert files.persistenced_socket == f"{root}/run/nvidia-persistenced/socket"
+    assert files.fabricmanager_socket is None
+    assert files.mps_pipe_dir == f"{root}/mps"
+
+
+# --- /proc/devices and device nodes ----------------------------------------------------------
+
+PROC_DEVICES = """Character devices:
+  1 mem
+195 nvidia
+195 nvidiactl
+238 nvidia-uvm
+241 nvidia-caps
+
+Block devices:
+  7 loop
+238 nvidia-uvm-block
+"""
+
+
+def test_proc_devices_and_specs() -> None:
+    majors = nodes.parse_proc_devices(PROC_DEVICES)
+    assert majors == {"mem": 1, "nvidia": 195, "nvidiactl": 195, "nvidia-uvm": 238, "nvidia-caps": 241}
+    assert [(s.path, s.major, s.minor) for s in nodes.control_specs(majors)] == [
+        ("/dev/nvidiactl", 195, 255),
+        ("/dev/nvidia-uvm", 238, 0),
+        ("/dev/nvidia-uvm-tools", 238, 1),
+        ("/dev/nvidia-modeset", 195, 254),
+    ]
+    assert nodes.caps_spec(majors, 7).path == "/dev/nvidia-caps/nvidia-cap7"
+    assert nodes.caps_spec({"nvidia": 195}, 7) is None  # caps gated through /proc
+    with pytest.raises(DeviceError, match="nvidia-caps-imex-channels"):
+        nodes.imex_spec(majors, 0)
+    with pytest.raises(DeviceError, match="unsupported IMEX channel value"):
+        nodes.imex_spec(majors, 1 << 20)
+
+
+def test_nodes_created_then_checked(tmp_path: Path) -> None:
+    majors = nodes.parse_proc_devices(PROC_DEVICES)
+    specs = (*nodes.control_specs(majors), nodes.gpu_spec(majors, 3), nodes.caps_spec(majors, 9, 0o400))
+    created = nodes.create_missing(str(tmp_path), specs)
+    assert len(created) == 6 and nodes.create_missing(str(tmp_path), specs) == ()
+    st = os.stat(tmp_path / "dev/nvidia-caps/nvidia-cap9")
+    assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o400
+    assert os.major(st.st_rdev) == 241 and os.minor(st.st_rdev) == 9
+    assert nodes.find(str(tmp_path), nodes.gpu_spec(majors, 3)).path == f"{tmp_path}/dev/nvidia3"
+    assert nodes.find(str(tmp_path), nodes.gpu_spec(majors, 4)) is None
+    os.mknod(tmp_path / "dev/nvidia4", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's number
+    with pytest.raises(DeviceError, match=r"dev/nvidia4: device number 1:3, expected 195:4"):
+        nodes.find(str(tmp_path), nodes.gpu_spec(majors, 4))
+
+
+# --- /proc/driver/nvidia ---------------------------------------------------------------------
+
+
+def _information(model: str, uuid: str, bus: str, minor: int, excluded: str = "No") -> str:
+    return (f"Model: \t\t {model}\nIRQ:   \t\t 130\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {minor}\nGPU Excluded:\t {excluded}\n")
+
+
+def test_procfs_gpus_in_bus_order(tmp_path: Path) -> None:
+    gpus = tmp_path / "driver/nvidia/gpus"
+    for bus, minor, excluded in (("0000:86:00.0", 0, "No"), ("0000:3b:00.0", 1, "No"), ("0001:01:00.0", 2, "Yes")):
+        (gpus / bus).mkdir(parents=True)
+        (gpus / bus / "information").write_text(_information(f"M{minor}", f"GPU-{minor}", bus, minor, excluded))
+    (tmp_path / "driver/nvidia/version").write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    assert procfs.read_version(tmp_path) == "550.54.15"
+    assert procfs.read_gpus(tmp_path) == (
+        procfs.ProcGpu(0, 1, "M1", "GPU-1", "00000000:3B:00.0"),
+        procfs.ProcGpu(1, 0, "M0", "GPU-0", "00000000:86:00.0"),
+    )
+    (gpus / "0000:3b:00.0/information").write_text("Model: x\n")
+    with pytest.raises(DetectionError, match="information: no 'GPU UUID' line"):
+        procfs.read_gpus(tmp_path)
+    with pytest.raises(InitializationError, match="kernel driver is not loaded"):
+        procfs.read_version(tmp_path / "none")
+
+
+def test_open_module_version_line(tmp_path: Path) -> None:
+    (tmp_path / "driver/nvidia").mkdir(parents=True)
+    (tmp_path / "driver/nvidia/version").write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs@host)\n")
+    assert procfs.read_version(tmp_path) == "580.95.05"
+
+
+def test_mig_caps_filled_from_proc(tmp_path: Path) -> None:
+    caps = tmp_path / "driver/nvidia/capabilities/gpu1/mig/gi2"
+    (caps / "ci0").mkdir(parents=True)
+    (caps / "access").write_text("DeviceFileMinor: 156\nDeviceFileMode: 292\n")
+    (caps / "ci0/access").write_text("DeviceFileMinor: 157\nDeviceFileMode: 292\n")
+    (tmp_path / "driver/nvidia-caps").mkdir()
+    (tmp_path / "driver/nvidia-caps/mig-minors").write_text(
+        "config 1\nmonitor 2\ngpu1/gi2/access 156\ngpu1/gi2/ci0/access 157\n")
+    minors = procfs.read_mig_minors(tmp_path)
+    assert minors["config"] == 1 and minors["gpu1/gi2/ci0/access"] == 157
+    gpu = Gpu(1, 1, "A100", "Nvidia", "GPU-a", "00000000:86:00.0", "8.0", mig_enabled=True,
+              mig_devices=(MigDevice(0, 2, 0, "MIG-a"), MigDevice(1, 3, 0, "MIG-b")))
+    filled = procfs.with_mig_caps(gpu, minors, tmp_path)
+    a, b = filled.mig_devices
+    assert (a.gi_caps_path, a.ci_caps_path, a.gi_caps_minor, a.ci_caps_minor) == (
+        f"{caps}/access", f"{caps}/ci0/access", 156, 157)
+    assert (b.gi_caps_path, b.ci_caps_minor) == (None, None)
+    assert procfs.any_mig_instances(tmp_path)
+    assert kmods.caps_access_path("gpu1/gi2/ci0/access", tmp_path) == caps / "ci0/access"
+    assert kmods.read_file_mode(caps / "access") == 0o444
+    (tmp_path / "driver/nvidia-caps/mig-minors").write_text("config\n")
+    with pytest.raises(DetectionError, match="mig-minors: line 1: malformed"):
+        procfs.read_mig_minors(tmp_path)
+
+
+# --- the --device grammar -------------------------------------------------------------------
+
+GPUS = (
+    Gpu(0, 0, "H100", "Nvidia", "GPU-aaaa", "00000000:3B:00.0", "9.0"),
+    Gpu(1, 1, "A100", "Nvidia", "GPU-bbbb", "00000001:86:00.0", "8.0", mig_enabled=True,
+        mig_devices=(MigDevice(0, 1, 0, "MIG-cccc"), MigDevice(1, 2, 0, "MIG-dddd"))),
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus", "migs"),
+    [
+        ("all", [0, 1], [(1, 0), (1, 1)]),
+        ("0", [0], []),
+        (",,1,", [1], []),
+        ("gpu-AAAA", [0], []),
+        ("0000:3b:00.0", [0], []),
+        ("1:86:0.0", [1], []),
+        ("00000000:3B:00.0,0", [0], []),
+        ("MIG-DDDD", [1], [(1, 1)]),
+        ("1:0", [1], [(1, 0)]),
+        ("1:1,0", [0, 1], [(1, 1)]),
+        ("", [], []),
+    ],
+)
+def test_selection(spec: str, gpus: list[int], migs: list[tuple[int, int]]) -> None:
+    chosen = selection.select(GPUS, selection.parse(spec))
+    assert [g.index for g in chosen.gpus] == gpus
+    assert [(g.index, m.index) for g, m in chosen.migs] == migs
+
+
+@pytest.mark.parametrize("spec", ["2", "GPU-zzzz", "MIG-zzzz", "0:0", "1:2", "0000:99:00.0", "foo", "0:1:0",
+                                  "0000:3b:00.1"])
+def test_unknown_device(spec: str) -> None:
+    with pytest.raises(DeviceError, match=f"^device error: {spec}: unknown device$"):
+        selection.select(GPUS, selection.parse(spec))
+
+
+def test_which_selectors_need_nvml() -> None:
+    assert [s.needs_mig for s in selection.parse("all,0,GPU-a,0:0,MIG-a,0000:01:00.0")] == [
+        False, False, False, True, True, False]
+
+
+# --- fast path vs NVML on the fake driver ---------------------------------------------------
+
+
+def _identities(inv: inventory.Inventory) -> list[tuple]:
+    return [(g.index, g.minor, g.model, g.uuid, g.bus_id) for g in inv.gpus]
+
+
+def _opts(fake) -> GlobalOptions:
+    return GlobalOptions(str(fake.root), "/etc/ld.so.cache", (os.geteuid(), os.getegid()), False)
+
+
+ALL = ListRequest(devices=True, libraries=True, binaries=True, ipcs=True, firmwares=True, compat32=True)
+
+
+@pytest.mark.parametrize("machine", ["active_2gpu", "active_local_nvidia"])
+def test_fast_path_agrees_with_nvml(machine: str, request: pytest.FixtureRequest) -> None:
+    fake = request.getfixturevalue(machine)
+    fast = inventory.from_procfs()
+    nvml = inventory.from_nvml(str(fake.root), (os.geteuid(), os.getegid()))
+    assert fast.driver_version == nvml.driver_version == fake.driver_version
+    assert fast.cuda_version is None and nvml.cuda_version == fake.machine["cuda_version"]
+    assert _identities(fast) == _identities(nvml) and len(fast.gpus) == len(fake.machine["gpus"])
+    everything = ",".join(str(g.index) for g in fast.gpus)
+    assert run_list(_opts(fake), ALL, (everything,), use_nvml=False) == run_list(
+        _opts(fake), ALL, (everything,), use_nvml=True)
+
+
+def test_fast_path_never_loads_nvml(active_local_nvidia, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(**_: object) -> None:
+        raise AssertionError("NVML loaded on the fast path")
+
+    monkeypatch.setattr("nvc.rpc.driver_service.open_driver", refuse)
+    listing = run_list(_opts(active_local_nvidia), ALL, ("all",))
+    assert listing.devices[-1] == f"{active_local_nvidia.root}/dev/nvidia0"
+
+
+def test_mig_devices_take_the_nvml_path(active_2gpu) -> None:
+    assert procfs.any_mig_instances()
+    assert inventory.needs_nvml(selection.parse("all"), False)
+    assert not inventory.needs_nvml(selection.parse("0,GPU-x"), False)
+    assert inventory.needs_nvml(selection.parse("0"), True)
+    listing = run_list(_opts(active_2gpu), ListRequest(devices=True), ("1:1",))
+    root = active_2gpu.root
+    assert listing.mig_devices == (
+        "/proc/driver/nvidia/capabilities/gpu1/mig/gi2/access",
+        "/proc/driver/nvidia/capabilities/gpu1/mig/gi2/ci0/access",
+        f"{root}/dev/nvidia-caps/nvidia-cap156",
+        f"{root}/dev/nvidia-caps/nvidia-cap157",
+    )
+    assert listing.devices[-1] == f"{root}/dev/nvidia1"
+
+
+def test_load_kmods_creates_what_the_driver_reports(active_2gpu, tmp_path: Path) -> None:
+    created = kmods.load(str(tmp_path))
+    names = sorted(str(Path(p).relative_to(tmp_path)) for p in created)
+    assert names == sorted([
+        "dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia-uvm-tools", "dev/nvidia-modeset", "dev/nvidia0",
+        "dev/nvidia1", "dev/nvidia-caps/nvidia-cap1", "dev/nvidia-caps/nvidia-cap2",
+        "dev/nvidia-caps/nvidia-cap147", "dev/nvidia-caps/nvidia-cap148",
+        "dev/nvidia-caps/nvidia-cap156", "dev/nvidia-caps/nvidia-cap157",
+    ])
+    for rel in names:
+        assert os.stat(active_2gpu.root / rel).st_rdev == os.stat(tmp_path / rel).st_rdev, rel
+    assert kmods.load(str(tmp_path)) == ()
+
+
+# --- capability lists -----------------------------------------------------------------------
+
+
+def test_capability_lists() -> None:
+    from nvc import capabilities
+    from nvc.errors import InputError
+
+    every = capabilities.all_library_prefixes()
+    assert len(every) == len(set(every)), "a prefix listed twice"
+    video = capabilities.library_prefixes(["video"])
+    assert video[:4] == capabilities.LIBRARY_GROUPS["video"] and "libcuda.so" in video
+    assert capabilities.library_prefixes(["compute", "video"]) == capabilities.library_prefixes(["video"])
+    assert capabilities.library_prefixes(["utility"]) == ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so")
+    assert "libGL.so" in capabilities.library_prefixes(["display"]) and capabilities.is_compat_gl("libGL.so")
+    assert capabilities.library_prefixes(["compat32"]) == ()
+    assert capabilities.binary_names(["compute", "utility"]) == capabilities.all_binaries()
+    assert capabilities.binary_names(["graphics"]) == ()
+    with pytest.raises(InputError, match="unknown driver capability: gpu"):
+        capabilities.library_prefixes(["gpu"])
