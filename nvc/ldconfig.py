@@ -1,0 +1,278 @@
+"""Run ldconfig for a container, sandboxed, so that the image cannot turn it against the host.
+
+The cache must be built by ldconfig inside the container's view of its rootfs: running
+the host's ``ldconfig -r <rootfs>`` follows the image's symlinks on the host
+(CVE-2025-23267). So a child joins the container's mount namespace, makes its own
+private copy of it (plus fresh pid and ipc namespaces), pivots into the rootfs, hides
+/proc, /sys and /dev under empty read-only tmpfs, gives up every capability, becomes the
+container's owner, takes rlimits, NO_NEW_PRIVS and a seccomp allowlist, and execs
+ldconfig with an empty environment. A host ldconfig (``@/path``) is copied into a sealed
+memfd before the fork and executed from that fd: the process never maps the host inode,
+so nothing the container does to ``/proc/<pid>/exe`` reaches the host binary
+(CVE-2024-0135). Executing through execveat(AT_EMPTY_PATH) needs no /proc at all.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import resource
+import signal
+import stat
+from collections.abc import Sequence
+
+from nvc import syscalls
+from nvc.errors import LdcacheError
+
+# rlimits of the ldconfig process. FSIZE bounds the cache file ldconfig writes: 64 MiB is
+# far above any real cache (a few hundred KiB for thousands of libraries) yet still stops
+# a runaway write filling the container's disk.
+RLIMITS: dict[int, int] = {
+    resource.RLIMIT_CPU: 10,
+    resource.RLIMIT_AS: 2 << 30,
+    resource.RLIMIT_NOFILE: 64,
+    resource.RLIMIT_FSIZE: 64 << 20,
+}
+
+# Everything else fails with EPERM. The reference tool's list plus clock_gettime (new
+# glibc). Static glibc's start-up calls that are missing here (set_tid_address,
+# set_robust_list, rseq, prlimit64, getrandom, futex) fail harmlessly, which the tests
+# check by running the real ldconfig under this filter.
+SECCOMP_ALLOW: tuple[str, ...] = (
+    "access", "arch_prctl", "brk", "chdir", "chmod", "clock_gettime", "close", "execve",
+    "execveat", "exit", "exit_group", "fcntl", "fdatasync", "fstat", "fsync", "ftruncate",
+    "getcwd", "getdents", "getdents64", "getegid", "geteuid", "getgid", "getpgrp", "getpid",
+    "gettid", "gettimeofday", "getuid", "_llseek", "lseek", "lstat", "mkdir", "mmap",
+    "mprotect", "mremap", "munmap", "newfstatat", "open", "openat", "pread64", "read",
+    "readlink", "readv", "rename", "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "stat",
+    "symlink", "tgkill", "time", "uname", "unlink", "write", "writev",
+)  # fmt: skip
+
+_MISSING = "missing:"  # error-pipe prefix: the container has no ldconfig (not an error)
+_RO_TMPFS = syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
+
+
+def ldconfig_argv(path: str, dirs: Sequence[str]) -> list[str]:
+    """The command line: the container's own config and cache, plus the new library dirs."""
+    return [path, "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache", *dirs]
+
+
+def _is_script(fd: int) -> bool:
+    return os.pread(fd, 2, 0) == b"#!"
+
+
+def _open_program(path: str) -> tuple[int, str]:
+    """Open ldconfig for execution; a shell wrapper (Ubuntu's) is replaced by ``<path>.real``.
+
+    The wrapper only execs ``<path>.real``, and a script cannot run here anyway: its
+    interpreter would have to be found by path after exec, outside the seccomp-checked fd.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if not _is_script(fd):
+        return fd, path
+    os.close(fd)
+    real = path + ".real"
+    fd = os.open(real, os.O_RDONLY | os.O_CLOEXEC)
+    if _is_script(fd):
+        os.close(fd)
+        raise LdcacheError(f"{path} and {real} are both scripts, not ldconfig")
+    return fd, real
+
+
+def sealed_copy(path: str) -> tuple[int, str]:
+    """A sealed, close-on-exec memfd holding the (host) ldconfig at ``path``, and its real path."""
+    try:
+        src, real = _open_program(path)
+    except OSError as err:
+        raise LdcacheError(f"open failed: {err.filename}: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise LdcacheError(f"{real} is not a regular file")
+        mem = syscalls.memfd_create("nvc-ldconfig", syscalls.MFD_CLOEXEC | syscalls.MFD_ALLOW_SEALING)
+        while os.sendfile(mem, src, None, 1 << 20):
+            pass
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(mem, fcntl.F_ADD_SEALS, seals)
+        return mem, real
+    finally:
+        os.close(src)
+
+
+def run_ldconfig(
+    ldconfig: str,
+    rootfs: str,
+    dirs: Sequence[str],
+    *,
+    owner: tuple[int, int],
+    pid: int | None = None,
+    no_pivot: bool = False,
+    output_fd: int | None = None,
+) -> bool:
+    """Update the container's ld cache; return False when the container has no ldconfig.
+
+    ``ldconfig``: ``@/host/path`` (run from a sealed memfd copy) or a path inside the
+    container. ``rootfs``: the rootfs as seen in the mount namespace of ``pid`` (the
+    caller's own namespace when ``pid`` is None). ``dirs``: library dirs to add, as paths
+    inside the container. ``owner``: (uid, gid) ldconfig runs as. ``output_fd``: where
+    ldconfig's stdout and stderr go (default /dev/null).
+    Raises LdcacheError on any failure, including a non-zero exit of ldconfig.
+    """
+    host = ldconfig.startswith("@")
+    path = ldconfig[1:] if host else ldconfig
+    program_fd, shown = sealed_copy(path) if host else (-1, path)
+    ns_fd = _open_ns(pid) if pid is not None else -1
+    null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        child = os.fork()
+        if child == 0:
+            os.close(err_r)
+            _sandbox_child(err_w, ns_fd, rootfs, no_pivot, null_fd, output_fd, program_fd, shown, dirs, owner)
+        os.close(err_w)
+        err_w = -1
+        message = _read_all(err_r).decode(errors="replace")
+        _, status = os.waitpid(child, 0)
+    finally:
+        for fd in (err_r, err_w, null_fd, ns_fd, program_fd):
+            if fd >= 0:
+                os.close(fd)
+    if message.startswith(_MISSING):
+        return False
+    if message:
+        raise LdcacheError(message)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise LdcacheError(f"process {shown} failed with error code: {code}")
+    return True
+
+
+def _open_ns(pid: int) -> int:
+    ns = f"/proc/{pid}/ns/mnt"
+    try:
+        return os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise LdcacheError(f"open failed: {ns}: {err.strerror}") from None
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _sandbox_child(
+    err_w: int,
+    ns_fd: int,
+    rootfs: str,
+    no_pivot: bool,
+    null_fd: int,
+    output_fd: int | None,
+    program_fd: int,
+    path: str,
+    dirs: Sequence[str],
+    owner: tuple[int, int],
+) -> None:
+    """First child: build the mount sandbox, then fork ldconfig as pid 1 of a new pid ns.
+
+    Never returns: it exits with ldconfig's status, or writes why it failed to ``err_w``.
+    """
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        import prctl  # noqa: F401 - loaded now: after the pivot the host's modules are out of sight
+        import pyseccomp  # noqa: F401
+
+        if ns_fd >= 0:
+            syscalls.setns(ns_fd, syscalls.CLONE_NEWNS, "container mount namespace")
+        syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWPID | syscalls.CLONE_NEWIPC)
+        _enter_rootfs(rootfs, no_pivot)
+        os.dup2(null_fd, 0)
+        os.dup2(output_fd if output_fd is not None else null_fd, 1)
+        os.dup2(output_fd if output_fd is not None else null_fd, 2)
+        child = os.fork()
+        if child == 0:
+            _exec_ldconfig(err_w, program_fd, path, dirs, owner)
+        _, status = os.waitpid(child, 0)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+    except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
+        _fail(err_w, _describe(err, "sandbox set-up failed"))
+
+
+def _describe(err: BaseException, doing: str) -> str:
+    """The message the parent raises as LdcacheError for an exception in a child."""
+    if isinstance(err, LdcacheError):
+        return str(err.args[0])
+    if isinstance(err, OSError):
+        return f"{doing}: {err.filename or ''}: {err.strerror}"
+    return f"{doing}: {type(err).__name__}: {err}"
+
+
+def _fail(err_w: int, message: str) -> None:
+    try:
+        os.write(err_w, message.encode() or b"failed")
+    finally:
+        os._exit(1)
+
+
+def _enter_rootfs(rootfs: str, no_pivot: bool) -> None:
+    """Make the (private copy of the) rootfs our root, with /proc, /sys, /dev emptied."""
+    syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
+    syscalls.mount(rootfs, rootfs, None, syscalls.MS_BIND | syscalls.MS_REC)
+    os.chdir(rootfs)
+    if no_pivot:
+        syscalls.mount(".", "/", None, syscalls.MS_MOVE)
+        os.chroot(".")
+    else:
+        syscalls.pivot_root(".", ".")
+        syscalls.umount2(".", syscalls.MNT_DETACH)
+    os.chdir("/")
+    for hidden in ("/proc", "/sys", "/dev"):
+        if stat.S_ISDIR(_lstat_mode(hidden)):  # a symlink here stays a symlink into this root
+            syscalls.mount("tmpfs", hidden, "tmpfs", _RO_TMPFS, "size=4k")
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return 0
+
+
+def _exec_ldconfig(
+    err_w: int, program_fd: int, path: str, dirs: Sequence[str], owner: tuple[int, int]
+) -> None:
+    """Second child (pid 1 of its pid namespace): drop everything, then exec ldconfig."""
+    import prctl
+    import pyseccomp
+
+    try:
+        prctl.set_pdeathsig(signal.SIGKILL)
+        prctl.capbset.limit()
+        prctl.cap_inheritable.limit()  # also empties the ambient set
+        os.setgroups([])
+        os.setresgid(owner[1], owner[1], owner[1])
+        os.setresuid(owner[0], owner[0], owner[0])
+        prctl.cap_effective.limit()  # effective first: it must stay within permitted
+        prctl.cap_permitted.limit()  # (both already empty unless the owner is root)
+        if program_fd < 0:
+            try:
+                program_fd, path = _open_program(path)
+            except FileNotFoundError:
+                _fail(err_w, f"{_MISSING}{path}")
+        keep = sorted({program_fd, err_w})
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[-1])
+        os.closerange(keep[-1] + 1, os.sysconf("SC_OPEN_MAX"))
+        for limit, value in RLIMITS.items():
+            resource.setrlimit(limit, (value, value))
+        prctl.set_no_new_privs(True)
+        rules = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
+        for name in SECCOMP_ALLOW:
+            if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0:  # skip other arches' names
+                rules.add_rule(pyseccomp.ALLOW, name)
+        rules.load()
+        syscalls.execveat(program_fd, ldconfig_argv(path, dirs), [], path)
+    except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
+        _fail(err_w, _describe(err, f"cannot run {path}"))

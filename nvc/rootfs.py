@@ -1,0 +1,254 @@
+"""Path resolution and file creation inside a container rootfs that nvc-py does not trust.
+
+A hostile image controls every symlink in its rootfs: ``/usr/lib/x86_64-linux-gnu -> /etc``
+or ``lib -> ../../../..`` must never make nvc-py create or mount anything on the host
+(CVE-2024-0132/0133/0134, CVE-2025-23359). So everything here works on file descriptors
+relative to an fd of the rootfs, and symlinks are resolved as the container would see
+them: an absolute target or a ``..`` at the top lands back in the rootfs, never above it.
+The kernel does this for us with openat2(RESOLVE_IN_ROOT); where the kernel lacks openat2
+(ENOSYS) the same resolution is done by hand, one O_PATH|O_NOFOLLOW component at a time.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import secrets
+import stat
+from collections import deque
+from collections.abc import Callable
+
+from nvc import syscalls
+
+_MAX_SYMLINKS = 40  # the kernel's limit (ELOOP beyond it)
+
+_openat2_missing = False  # set once openat2 answered ENOSYS: do not ask again
+
+
+def _components(path: str) -> list[str]:
+    return [c for c in path.split("/") if c not in ("", ".")]
+
+
+def _walk(
+    root_fd: int, path: str, follow_last: bool, mkdir: Callable[[int, str], None] | None = None
+) -> tuple[int, str]:
+    """Resolve ``path`` inside the root by hand; return (fd of its parent dir, last name).
+
+    The parent fd is an O_PATH directory fd owned by the caller. The last name is "." when
+    the path ends at a directory reached through "..", "." or "/", and may not exist.
+    Symlinks met on the way (and the last one if ``follow_last``) are read and resolved
+    again from the root for an absolute target, or from the current directory for a
+    relative one; ".." never climbs above the root. With ``mkdir``, missing directories
+    (also those a dangling symlink points to) are made by ``mkdir(dir_fd, name)``.
+    """
+    stack = [os.dup(root_fd)]
+    todo = deque(_components(path))
+    links = 0
+    name = "."
+    made = ""
+    try:
+        while todo:
+            name = todo.popleft()
+            if name == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                name = "."
+                continue
+            last = not todo
+            try:
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
+            except FileNotFoundError:
+                if mkdir is not None and made != name:
+                    mkdir(stack[-1], name)
+                    made = name
+                    todo.appendleft(name)
+                    continue
+                if last:
+                    break  # the caller may be about to create it
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+            made = ""
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode) and (follow_last or not last):
+                target = os.readlink("", dir_fd=fd)
+                os.close(fd)
+                links += 1
+                if links > _MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                if target.startswith("/"):
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                todo.extendleft(reversed(_components(target)))
+                name = "."
+                continue
+            if last:
+                os.close(fd)
+                break
+            if not stat.S_ISDIR(mode):
+                os.close(fd)
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+            stack.append(fd)
+        return stack.pop(), name
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
+    """Open ``path`` (read as a path inside the root) relative to ``root_fd``; return the fd.
+
+    Symlinks are followed as the container would follow them, but never out of the root
+    and never through /proc magic links. O_NOFOLLOW in ``flags`` applies to the last
+    component as usual. The fd is close-on-exec.
+    """
+    global _openat2_missing
+    if not _openat2_missing:
+        try:
+            return syscalls.openat2(
+                root_fd,
+                path,
+                flags,
+                mode,
+                syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS,
+            )
+        except OSError as err:
+            if err.errno != errno.ENOSYS:
+                raise
+            _openat2_missing = True
+    return _open_walked(root_fd, path, flags, mode)
+
+
+def _open_walked(root_fd: int, path: str, flags: int, mode: int) -> int:
+    """open_in_root without openat2: walk to the parent, then open the last name no-follow.
+
+    If the last name turns out to be a symlink (it may have become one since the walk),
+    it is resolved inside the root like any other and the open retried.
+    """
+    follow = not flags & os.O_NOFOLLOW
+    for _ in range(_MAX_SYMLINKS):
+        dir_fd, name = _walk(root_fd, path, follow_last=follow)
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+        except OSError as err:
+            if not follow or err.errno != errno.ELOOP:
+                raise OSError(err.errno, err.strerror, path) from None
+            continue  # swapped for a symlink under our feet: resolve again
+        finally:
+            os.close(dir_fd)
+        if follow and flags & os.O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
+            os.close(fd)
+            continue
+        return fd
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+
+
+def open_parent_in_root(root_fd: int, path: str) -> tuple[int, str]:
+    """An O_PATH fd of the directory that holds ``path`` inside the root, and the last name.
+
+    The last name is not resolved: callers create, link or mount it relative to the fd,
+    where a symlink under that name can no longer redirect them.
+    """
+    parent, name = posixpath.split(path.rstrip("/") or "/")
+    if name in ("", ".", ".."):
+        raise OSError(errno.EINVAL, "path has no last name to create", path)
+    return open_in_root(root_fd, parent or "/", os.O_PATH | os.O_DIRECTORY), name
+
+
+def _chown(name: str, owner: tuple[int, int] | None, dir_fd: int) -> None:
+    if owner is not None:
+        os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
+
+
+def mkdir_in_root(root_fd: int, path: str, mode: int = 0o755, owner: tuple[int, int] | None = None) -> int:
+    """``mkdir -p`` inside the root; return an O_PATH fd of the directory.
+
+    Missing directories are created one at a time with mkdirat on the resolved parent fd
+    and given ``owner`` (uid, gid); a dangling symlink in the way gets its target made
+    inside the root, as the container would see it.
+    """
+
+    def make(dir_fd: int, name: str) -> None:
+        try:
+            os.mkdir(name, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            return  # made meanwhile: the walk looks at it again
+        _chown(name, owner, dir_fd)
+
+    dir_fd, name = _walk(root_fd, path, follow_last=True, mkdir=make)
+    try:
+        return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, path) from None
+    finally:
+        os.close(dir_fd)
+
+
+def create_file_in_root(
+    root_fd: int,
+    path: str,
+    mode: int = 0o644,
+    owner: tuple[int, int] | None = None,
+    access: int = os.O_RDONLY,
+) -> int:
+    """Create a new regular file inside the root (never an existing one); return its fd.
+
+    O_CREAT|O_EXCL|O_NOFOLLOW on the resolved parent: a symlink at ``path`` is not
+    followed, an existing file raises FileExistsError. Parents must exist.
+    """
+    dir_fd, name = open_parent_in_root(root_fd, path)
+    try:
+        fd = os.open(name, access | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, path) from None
+    finally:
+        os.close(dir_fd)
+    if owner is not None:
+        os.fchown(fd, *owner)
+    return fd
+
+
+def symlink_in_root(root_fd: int, path: str, target: str, owner: tuple[int, int] | None = None) -> bool:
+    """Create symlink ``path`` -> ``target`` inside the root, never replacing a file.
+
+    Returns False when ``path`` already is a symlink to ``target`` (nothing to do); any
+    other existing file raises FileExistsError. The link is made under a temporary name
+    in the resolved parent, owned, then renamed with RENAME_NOREPLACE, so it appears
+    complete or not at all and a file created meanwhile is never overwritten.
+    """
+    dir_fd, name = open_parent_in_root(root_fd, path)
+    try:
+        try:
+            if os.readlink(name, dir_fd=dir_fd) == target:
+                return False
+            raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+        except OSError as err:
+            if err.errno == errno.EINVAL:  # exists, not a symlink
+                raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+            if err.errno != errno.ENOENT:
+                raise
+        tmp = f".nvc-{secrets.token_hex(6)}"
+        os.symlink(target, tmp, dir_fd=dir_fd)
+        try:
+            _chown(tmp, owner, dir_fd)
+            syscalls.renameat2(dir_fd, tmp, dir_fd, name, syscalls.RENAME_NOREPLACE)
+        except OSError as err:
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise OSError(err.errno, err.strerror, path) from None
+        return True
+    finally:
+        os.close(dir_fd)
+
+
+def remove_in_root(root_fd: int, path: str) -> None:
+    """Remove a file, symlink or empty directory that nvc-py created (for rollback)."""
+    dir_fd, name = open_parent_in_root(root_fd, path)
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            os.rmdir(name, dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    except OSError as err:
+        raise OSError(err.errno, err.strerror, path) from None
+    finally:
+        os.close(dir_fd)

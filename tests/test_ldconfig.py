@@ -1,0 +1,184 @@
+"""The sandboxed ldconfig, run for real against throwaway rootfs dirs.
+
+The "container" is a ``sleep`` in its own mount namespace; the rootfs is a tmp dir holding
+the host's libc and ld-linux and a small libfoo built here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvc.errors import LdcacheError
+from nvc.ldconfig import run_ldconfig
+
+LIBDIR = Path("/lib/x86_64-linux-gnu")
+
+PROBE_C = r"""
+#include <errno.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    struct timespec t0, t;
+    errno = 0;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    printf("argv1=%s uid=%d gid=%d pid=%d socket=%d errno=%d\n",
+           argc > 1 ? argv[1] : "", (int)getuid(), (int)getgid(), (int)getpid(), s, errno);
+    fflush(stdout);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (access("/go", F_OK) != 0) {   /* wait, busy, until the test has looked at us */
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 5) return 9;
+    }
+    return 0;
+}
+"""
+
+
+def _gcc(tmp: Path, source: str, out: Path, *flags: str) -> Path:
+    c = tmp / (out.name + ".c")
+    c.write_text(source)
+    subprocess.run(["gcc", *flags, "-o", str(out), str(c)], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("programs")
+    return {
+        "probe": _gcc(tmp, PROBE_C, tmp / "probe", "-static", "-O1"),
+        "exit3": _gcc(tmp, "int main(void) { return 3; }\n", tmp / "exit3", "-static"),
+        "libfoo": _gcc(tmp, "int foo(void) { return 1; }\n", tmp / "libfoo.so.1.0", "-shared", "-fPIC",
+                       "-Wl,-soname,libfoo.so.1"),
+    }
+
+
+@pytest.fixture
+def root(tmp_path: Path, programs: dict[str, Path]) -> Path:
+    r = tmp_path / "rootfs"
+    for d in ("etc", "lib/x86_64-linux-gnu", "opt/foo", "proc", "sys", "dev", "sbin"):
+        (r / d).mkdir(parents=True)
+    for lib in ("libc.so.6", "ld-linux-x86-64.so.2"):
+        shutil.copy(LIBDIR / lib, r / "lib" / "x86_64-linux-gnu" / lib)
+    shutil.copy(programs["libfoo"], r / "opt" / "foo" / "libfoo.so.1.0")
+    return r
+
+
+@pytest.fixture
+def container() -> Iterator[int]:
+    """A process in a mount namespace of its own, standing in for the container."""
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "30"])
+    host_ns = os.readlink("/proc/self/ns/mnt")
+    while os.readlink(f"/proc/{proc.pid}/ns/mnt") == host_ns:
+        time.sleep(0.005)
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def _cache(root: Path) -> str:
+    return subprocess.run(["ldconfig", "-p", "-C", str(root / "etc" / "ld.so.cache")],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_host_ldconfig_builds_the_container_cache(root: Path, container: int) -> None:
+    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+    cache = _cache(root)
+    assert "libfoo.so.1 (libc6,x86-64) => /opt/foo/libfoo.so.1" in cache
+    assert os.readlink(root / "opt" / "foo" / "libfoo.so.1") == "libfoo.so.1.0"
+
+
+def test_no_pivot_and_own_namespace(root: Path) -> None:
+    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), no_pivot=True) is True
+    assert "libfoo.so.1" in _cache(root)
+
+
+def test_image_symlinks_to_host_files_are_harmless(root: Path, container: int, tmp_path: Path) -> None:
+    """CVE-2025-23267: ld.so.cache and ld.so.conf.d pointing at host paths."""
+    host_cache = tmp_path / "host-ld.so.cache"
+    host_cache.write_text("host cache\n")
+    host_conf = tmp_path / "host-ld.so.conf.d"
+    host_conf.mkdir()
+    (root / "etc" / "ld.so.cache").symlink_to(host_cache)
+    (root / "etc" / "ld.so.conf.d").symlink_to(host_conf)
+    (root / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    assert host_cache.read_text() == "host cache\n"
+    assert os.listdir(host_conf) == []
+    assert "libfoo.so.1" in _cache(root)
+
+
+def _find_memfd_process(deadline: float) -> int:
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/exe").startswith("/memfd:nvc-ldconfig"):
+                    return int(pid)
+            except OSError:
+                continue
+        time.sleep(0.01)
+    raise AssertionError("the sandboxed program never showed up")
+
+
+def test_sandbox_runs_a_memfd_copy_without_privileges(
+    root: Path, container: int, programs: dict[str, Path], tmp_path: Path
+) -> None:
+    """CVE-2024-0135: /proc/<pid>/exe is a memfd, not the host inode; privileges are gone."""
+    os.chown(root, 1000, 1000)
+    out = tmp_path / "out"
+    errors: list[BaseException] = []
+    with open(out, "w") as f:
+        def run() -> None:
+            try:
+                run_ldconfig(f"@{programs['probe']}", str(root), ["/opt/foo"], owner=(1000, 1001),
+                             pid=container, output_fd=f.fileno())
+            except BaseException as err:  # noqa: BLE001 - re-raised below in the test thread
+                errors.append(err)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        pid = _find_memfd_process(time.monotonic() + 5)
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        (root / "go").touch()
+        worker.join()
+    assert not errors, errors
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[cap], 16) == 0, cap
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Seccomp"].strip() == "2"
+    assert status["Uid"].split()[:2] == ["1000", "1000"] and status["Gid"].split()[:2] == ["1001", "1001"]
+    assert status["NSpid"].split()[-1] == "1"  # pid 1 of its own pid namespace
+    assert "Max cpu time              10" in limits
+    assert "Max open files            64" in limits
+    assert out.read_text() == "argv1=-f uid=1000 gid=1001 pid=1 socket=-1 errno=1\n"  # socket: EPERM
+
+
+def test_shell_wrapper_is_replaced_by_real_binary(root: Path, programs: dict[str, Path], tmp_path: Path) -> None:
+    wrapper = tmp_path / "ldconfig"
+    wrapper.write_text('#!/bin/sh\nexec /sbin/ldconfig.real "$@"\n')
+    wrapper.chmod(0o755)
+    shutil.copy(programs["exit3"], tmp_path / "ldconfig.real")
+    with pytest.raises(LdcacheError, match=rf"^ldcache error: process {tmp_path}/ldconfig.real failed with error code: 3$"):
+        run_ldconfig(f"@{wrapper}", str(root), [], owner=(0, 0))
+
+
+def test_container_ldconfig(root: Path, container: int) -> None:
+    assert run_ldconfig("/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is False
+    shutil.copy("/sbin/ldconfig", root / "sbin" / "ldconfig")
+    assert run_ldconfig("/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+    assert "libfoo.so.1" in _cache(root)
+
+
+def test_missing_host_ldconfig_is_an_error(root: Path, tmp_path: Path) -> None:
+    with pytest.raises(LdcacheError, match="open failed: .*nope"):
+        run_ldconfig(f"@{tmp_path}/nope", str(root), [], owner=(0, 0))
