@@ -47,14 +47,16 @@ class DriverFiles:
     mps_pipe_dir: str | None
 
 
-def _passes(prefix: str, facts: elf.ElfFacts | None, arch: str) -> bool:
-    """The ELF checks a resolved library must pass to be the driver's."""
-    if facts is None or not facts.matches(arch):
+def _passes(prefix: str, path: str, arch: str) -> bool:
+    """The ELF checks the library at host path ``path`` must pass to be the driver's."""
+    if not elf.matches(path, arch):
         return False
-    if prefix == capabilities.TLS_PREFIX and facts.abi_tag != capabilities.TLS_ABI:
-        return False
-    if capabilities.is_compat_gl(prefix) and not facts.needs_any(capabilities.GL_CORE_PREFIXES):
-        return False
+    if prefix == capabilities.TLS_PREFIX:
+        links = elf.read_links(path)
+        return links is not None and links.abi_tag == capabilities.TLS_ABI
+    if capabilities.is_compat_gl(prefix):
+        links = elf.read_links(path)
+        return links is not None and links.needs_any(capabilities.GL_CORE_PREFIXES)
     return True
 
 
@@ -68,17 +70,14 @@ def select_libraries(
     """
     prefixes = capabilities.all_library_prefixes()
     chosen: dict[str, str] = {}
-    facts_cache: dict[str, elf.ElfFacts | None] = {}
     for entry in entries:
-        for prefix in prefixes:
-            if not entry.key.startswith(prefix):
-                continue
+        if not entry.key.startswith(prefixes):
+            continue
+        for prefix in (p for p in prefixes if entry.key.startswith(p)):
             inner = rootpath.resolve(root, entry.value)
             if inner is None or not os.path.basename(inner).endswith(version):
                 continue
-            if inner not in facts_cache:
-                facts_cache[inner] = elf.read_facts(rootpath.host_path(root, inner))
-            if _passes(prefix, facts_cache[inner], arch):
+            if _passes(prefix, rootpath.host_path(root, inner), arch):
                 chosen[prefix] = inner
             else:
                 log.debug("%s (%s): rejected by the ELF checks for %s", entry.key, inner, arch)

@@ -5,47 +5,69 @@ must agree (a stale cache or a mixed multilib tree can point a 64-bit name at a 
 file). Two driver libraries need more: NVIDIA ships two builds of ``libnvidia-tls``
 told apart by their GNU ABI note, and the non-GLVND ``libGL``/``libEGL`` are only the
 driver's own when they link against ``libnvidia-glcore``/``libnvidia-eglcore``.
-pyelftools is imported lazily: most commands never open an ELF file.
+
+Class and machine sit in the first 20 bytes and are read with ``struct`` (every listed
+library needs them, and a full parse of ~80 files would dominate ``list``); notes and
+DT_NEEDED are read with pyelftools, imported lazily, for the few libraries that need them.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-# ld cache architecture → (ELF class, e_machine) of the files it may point at.
-ARCH_ELF: dict[str, tuple[int, str]] = {
-    "x86_64": (64, "EM_X86_64"),
-    "i386": (32, "EM_386"),
-    "x32": (32, "EM_X86_64"),
-    "aarch64": (64, "EM_AARCH64"),
-    "armhf": (32, "EM_ARM"),
-    "ppc64le": (64, "EM_PPC64"),
+EM_386, EM_PPC64, EM_ARM, EM_X86_64, EM_AARCH64 = 3, 21, 40, 62, 183
+
+# ld cache architecture → (ELF class in bits, e_machine) of the files it may point at.
+ARCH_ELF: dict[str, tuple[int, int]] = {
+    "x86_64": (64, EM_X86_64),
+    "i386": (32, EM_386),
+    "x32": (32, EM_X86_64),
+    "aarch64": (64, EM_AARCH64),
+    "armhf": (32, EM_ARM),
+    "ppc64le": (64, EM_PPC64),
 }
+
+_CLASSES = {1: 32, 2: 64}
+_BYTE_ORDERS = {1: "<", 2: ">"}
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """(class in bits, e_machine) of the ELF file at ``path``, or None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError as err:
+        log.debug("%s: %s", path, err.strerror)
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[4] not in _CLASSES or head[5] not in _BYTE_ORDERS:
+        return None
+    (machine,) = struct.unpack_from(_BYTE_ORDERS[head[5]] + "H", head, 18)
+    return _CLASSES[head[4]], machine
+
+
+def matches(path: str, arch: str) -> bool:
+    """Whether ``path`` is an ELF file built for the ld cache architecture ``arch``."""
+    return identity(path) == ARCH_ELF[arch]
 
 
 @dataclass(frozen=True)
-class ElfFacts:
-    """What selection needs to know about one shared object."""
+class Links:
+    """What a shared object says about its linking: dependencies and ABI note."""
 
-    elf_class: int  # 32 or 64
-    machine: str  # pyelftools' e_machine name, e.g. "EM_X86_64"
     needed: tuple[str, ...]  # DT_NEEDED entries
     abi_tag: tuple[int, int, int] | None  # GNU/Linux ABI note version, e.g. (2, 3, 99)
-
-    def matches(self, arch: str) -> bool:
-        """Whether the file is built for the ld cache architecture ``arch``."""
-        return (self.elf_class, self.machine) == ARCH_ELF[arch]
 
     def needs_any(self, prefixes: tuple[str, ...]) -> bool:
         """Whether some DT_NEEDED entry starts with one of ``prefixes``."""
         return any(n.startswith(prefixes) for n in self.needed)
 
 
-def read_facts(path: str) -> ElfFacts | None:
-    """Facts of the ELF file at ``path`` (a host path), or None if it is not a readable ELF file."""
+def read_links(path: str) -> Links | None:
+    """DT_NEEDED and ABI note of the ELF file at ``path``, or None if it cannot be parsed."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
@@ -62,7 +84,7 @@ def read_facts(path: str) -> ElfFacts | None:
                         desc = note["n_desc"]
                         if note["n_type"] == "NT_GNU_ABI_TAG" and desc["abi_os"] == "ELF_NOTE_OS_LINUX":
                             abi_tag = (desc["abi_major"], desc["abi_minor"], desc["abi_tiny"])
-            return ElfFacts(elf.elfclass, elf["e_machine"], tuple(needed), abi_tag)
-    except (OSError, ELFError, ValueError) as err:
-        log.debug("%s: not a usable ELF file: %s", path, err)
+            return Links(tuple(needed), abi_tag)
+    except (OSError, ELFError, ValueError, struct.error) as err:
+        log.debug("%s: not a parsable ELF file: %s", path, err)
         return None

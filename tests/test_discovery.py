@@ -167,14 +167,16 @@ def test_discover_with_real_ldconfig_cache(libroot: Path, tmp_path: Path) -> Non
         driver.discover(str(root), VERSION, ldcache_path="/nowhere")
 
 
-def test_elf_facts_of_garbage(tmp_path: Path) -> None:
+def test_elf_of_garbage(tmp_path: Path, libroot: Path) -> None:
     from nvc import elf
 
     (tmp_path / "bad").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 20)
     (tmp_path / "text").write_text("hello")
-    assert elf.read_facts(str(tmp_path / "bad")) is None
-    assert elf.read_facts(str(tmp_path / "text")) is None
-    assert elf.read_facts(str(tmp_path / "missing")) is None
+    for name in ("bad", "text", "missing"):
+        assert elf.read_links(str(tmp_path / name)) is None
+        assert not elf.matches(str(tmp_path / name), "x86_64")
+    lib = libroot / f"usr/lib/i386-linux-gnu/libnvidia-ml.so.{VERSION}"
+    assert elf.identity(str(lib)) == (32, elf.EM_386) and elf.matches(str(lib), "i386")
 
 
 # --- binaries, firmware, IPC -----------------------------------------------------------------
@@ -471,7 +473,7 @@ def test_capability_lists() -> None:
     every = capabilities.all_library_prefixes()
     assert len(every) == len(set(every)), "a prefix listed twice"
     video = capabilities.library_prefixes(["video"])
-    assert video[:4] == capabilities.LIBRARY_GROUPS["video"] and "libcuda.so" in video
+    assert video == capabilities.LIBRARY_GROUPS["compute"] + capabilities.LIBRARY_GROUPS["video"]  # listing order
     assert capabilities.library_prefixes(["compute", "video"]) == capabilities.library_prefixes(["video"])
     assert capabilities.library_prefixes(["utility"]) == ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so")
     assert "libGL.so" in capabilities.library_prefixes(["display"]) and capabilities.is_compat_gl("libGL.so")
