@@ -1,0 +1,233 @@
+"""The container's device cgroup: where it is, and granting it access to device nodes.
+
+Bind-mounting a GPU node into the container is not enough: the device cgroup the runtime set up
+denies every node it was not told about. cgroup v1 takes extra rules through ``devices.allow``;
+cgroup v2 decides with a BPF program, which is replaced by one that checks our rules first and
+then runs the runtime's own instructions.
+
+Finding the cgroup reads the container process's ``/proc/PID/cgroup`` (which cgroup, per
+hierarchy) and ``/proc/PID/mountinfo`` (where that hierarchy is mounted). Hybrid hosts mount
+both: if the devices controller sits on a v1 hierarchy, v1 is what the kernel enforces there.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nvc import bpf
+from nvc.devfilter import DeviceRule, build_filter
+from nvc.errors import ContainerError
+
+FILTER_LICENSE = "Apache-2.0"  # no GPL-only helpers are used, so any licence loads
+FILTER_NAME = "nvc_devices"
+
+
+@dataclass(frozen=True)
+class DeviceCgroup:
+    """A device cgroup: ``version`` 1 or 2, ``path`` of its directory."""
+
+    version: int
+    path: str
+
+
+@dataclass(frozen=True)
+class CgroupEntry:
+    """A line of /proc/PID/cgroup: hierarchy 0 with no controllers is the v2 hierarchy."""
+
+    hierarchy: int
+    controllers: tuple[str, ...]
+    path: str
+
+
+@dataclass(frozen=True)
+class CgroupMount:
+    """A cgroup filesystem mount from mountinfo: ``root`` is the cgroup shown at ``mountpoint``."""
+
+    root: str
+    mountpoint: str
+    fstype: str
+    options: tuple[str, ...]
+
+
+def parse_proc_cgroup(text: str) -> list[CgroupEntry]:
+    """Entries of /proc/PID/cgroup; lines that do not parse are skipped, not fatal.
+
+    Only the devices (or v2) line matters, and refusing a whole file over an unrelated odd line
+    is a failure users of the reference tool hit ("malformed cgroup entry").
+    """
+    entries = []
+    for line in text.splitlines():
+        fields = line.split(":", 2)  # the path itself may contain ':'
+        if len(fields) != 3 or not fields[0].isdigit() or not fields[2].startswith("/"):
+            continue
+        controllers = tuple(c for c in fields[1].split(",") if c)
+        entries.append(CgroupEntry(int(fields[0]), controllers, fields[2]))
+    return entries
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[CgroupMount]:
+    """The cgroup and cgroup2 mounts of a mountinfo file, in file order."""
+    mounts = []
+    for line in text.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 5 or len(rest) < 3 or rest[0] not in ("cgroup", "cgroup2"):
+            continue
+        mounts.append(CgroupMount(_unescape(fields[3]), _unescape(fields[4]), rest[0], tuple(rest[2].split(","))))
+    return mounts
+
+
+def _under(path: str, root: str) -> str | None:
+    """``path`` relative to ``root`` (both cgroup paths), or None if it is not inside it."""
+    if root == "/":
+        return path.lstrip("/")
+    if path == root:
+        return ""
+    if path.startswith(root + "/"):
+        return path[len(root) + 1 :]
+    return None
+
+
+def locate_device_cgroup(proc_cgroup: str, mountinfo: str) -> DeviceCgroup:
+    """The device cgroup directory, as a path in the process's own mount view."""
+    entries = parse_proc_cgroup(proc_cgroup)
+    mounts = parse_mountinfo(mountinfo)
+    v1 = [e for e in entries if e.hierarchy != 0 and "devices" in e.controllers]
+    if v1:
+        version, entry = 1, v1[0]
+        candidates = [m for m in mounts if m.fstype == "cgroup" and "devices" in m.options]
+    else:
+        v2 = [e for e in entries if e.hierarchy == 0 and not e.controllers]
+        if not v2:
+            raise ContainerError("cgroup subsystem devices not found")
+        version, entry = 2, v2[0]
+        candidates = [m for m in mounts if m.fstype == "cgroup2"]
+    if ".." in entry.path.split("/"):
+        # The kernel writes "/.." when the cgroup lies outside the reader's cgroup namespace.
+        raise ContainerError(f"cgroup path {entry.path} is outside the visible cgroup tree")
+    for mount in candidates:
+        relative = _under(entry.path, mount.root)
+        if relative is not None:
+            return DeviceCgroup(version, posixpath.join(mount.mountpoint, relative).rstrip("/") or "/")
+    kind = "devices cgroup v1" if version == 1 else "cgroup v2"
+    raise ContainerError(f"no {kind} mount shows cgroup {entry.path}")
+
+
+def find_device_cgroup(pid: int, proc: str = "/proc") -> DeviceCgroup:
+    """The device cgroup of process ``pid``, its path reachable from this process.
+
+    The mountinfo paths are in the process's own mount namespace and root, so the result is
+    reached through ``/proc/PID/root``.
+    """
+    texts = []
+    for name in ("cgroup", "mountinfo"):
+        path = f"{proc}/{pid}/{name}"
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                texts.append(f.read())
+        except OSError as err:
+            raise ContainerError(f"open failed: {path}: {err.strerror}") from None
+    try:
+        found = locate_device_cgroup(*texts)
+    except ContainerError as err:
+        raise ContainerError(f"{proc}/{pid}: {err.args[0]}") from None
+    return DeviceCgroup(found.version, f"{proc}/{pid}/root{found.path}")
+
+
+def allow_devices(cgroup: DeviceCgroup, rules: Sequence[DeviceRule]) -> None:
+    """Add allow ``rules`` to ``cgroup``, keeping every rule it already has."""
+    if cgroup.version == 1:
+        _allow_v1(cgroup.path, rules)
+    else:
+        _allow_v2(cgroup.path, rules)
+
+
+def _allow_v1(path: str, rules: Sequence[DeviceRule]) -> None:
+    target = posixpath.join(path, "devices.allow")
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ContainerError(f"open failed: {target}: {err.strerror}") from None
+    try:
+        for rule in rules:  # the kernel parses one rule per write
+            try:
+                os.write(fd, str(rule).encode())
+            except OSError as err:
+                raise ContainerError(f"write failed: {target}: {rule}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _raise_memlock() -> None:
+    """Kernels before 5.11 charge BPF programs to RLIMIT_MEMLOCK, whose default is tiny."""
+    import resource
+
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        pass  # newer kernels do not charge it; older ones will say EPERM at load, reported there
+
+
+def _allow_v2(path: str, rules: Sequence[DeviceRule]) -> None:
+    try:
+        cgroup_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ContainerError(f"open failed: {path}: {err.strerror}") from None
+    try:
+        try:
+            flags, ids = bpf.prog_query(cgroup_fd, bpf.ATTACH_CGROUP_DEVICE)
+        except OSError as err:
+            raise ContainerError(f"cannot query device filters of {path}: {err.strerror}") from None
+        _raise_memlock()
+        if not ids:
+            # Nothing to fall through to: the reference tool then denies all but our rules.
+            _attach(cgroup_fd, path, build_filter(rules), bpf.F_ALLOW_MULTI, None)
+        for prog_id in ids:  # with several programs each must allow, so each is extended
+            try:
+                old_fd = bpf.prog_get_fd_by_id(prog_id)
+            except OSError as err:
+                raise ContainerError(f"cannot open device filter {prog_id} of {path}: {err.strerror}") from None
+            try:
+                try:
+                    old = bpf.prog_xlated(old_fd)
+                except OSError as err:
+                    raise ContainerError(f"cannot read device filter {prog_id} of {path}: {err.strerror}") from None
+                _attach(cgroup_fd, path, build_filter(rules, old), flags, old_fd)
+            finally:
+                os.close(old_fd)
+    finally:
+        os.close(cgroup_fd)
+
+
+def _attach(cgroup_fd: int, path: str, program: bytes, flags: int, old_fd: int | None) -> None:
+    """Load ``program`` and put it in place of ``old_fd`` without a moment with no filter.
+
+    A multi-program attachment is replaced atomically with BPF_F_REPLACE; a single-program one
+    (flags 0 or ALLOW_OVERRIDE) is replaced by attaching with the same flags.
+    """
+    try:
+        new_fd = bpf.prog_load(bpf.PROG_TYPE_CGROUP_DEVICE, program, FILTER_LICENSE, FILTER_NAME)
+    except OSError as err:
+        raise ContainerError(f"cannot load device filter for {path}: {err.strerror}") from None
+    try:
+        replace = old_fd is not None and bool(flags & bpf.F_ALLOW_MULTI)
+        bpf.prog_attach(
+            cgroup_fd,
+            new_fd,
+            bpf.ATTACH_CGROUP_DEVICE,
+            flags | (bpf.F_REPLACE if replace else 0),
+            old_fd if replace else 0,
+        )
+    except OSError as err:
+        raise ContainerError(f"cannot attach device filter to {path}: {err.strerror}") from None
+    finally:
+        os.close(new_fd)
