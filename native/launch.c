@@ -1,0 +1,351 @@
+/* Compute share: a token bucket of GPU time per device, shared by the container's processes
+ * through the region. Credit accrues at share x wall-clock time; each launch is debited with its
+ * measured GPU time (CUDA events around the launch, harvested when complete) weighted by the
+ * fraction of the device's SMs its grid can occupy, so a 1-block kernel on a 132-SM GPU costs
+ * 1/132 of its duration. A launch waits while the bucket is in debt. Without a compute limit the
+ * wrappers add one branch. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+#include "nvc_share.h"
+
+void nvc_graph_memory_sync(void);
+
+#define MAX_PENDING 512
+#define MAX_FREE_EVENTS 1024
+#define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
+#define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
+
+struct pending {
+    CUevent start, end;
+    CUcontext ctx;
+    int d;
+    unsigned percent;
+    double factor;
+    int64_t estimate;                /* what was debited at launch time */
+};
+
+static struct pending pending[MAX_PENDING];
+static int npending;
+static struct {
+    CUevent ev;
+    CUcontext ctx;
+} free_events[MAX_FREE_EVENTS];
+static int nfree;
+static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
+static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static CUevent event_get(CUcontext ctx)
+{
+    for (int i = nfree - 1; i >= 0; i--)
+        if (free_events[i].ctx == ctx) {
+            CUevent ev = free_events[i].ev;
+            free_events[i] = free_events[--nfree];
+            return ev;
+        }
+    CUevent ev = NULL;
+    if (nvc_cuda.cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+        return NULL;
+    return ev;
+}
+
+static void event_put(CUevent ev, CUcontext ctx)
+{
+    if (nfree < MAX_FREE_EVENTS) {
+        free_events[nfree].ev = ev;
+        free_events[nfree++].ctx = ctx;
+    } else if (nvc_cuda.cuEventDestroy_v2) {
+        nvc_cuda.cuEventDestroy_v2(ev);
+    }
+}
+
+/* Settles completed launches of this context: replaces their estimate by the measured cost.
+ * Caller holds launch_mu. */
+static void harvest_locked(CUcontext ctx)
+{
+    for (int i = 0; i < npending;) {
+        struct pending *p = &pending[i];
+        if (p->ctx != ctx || nvc_cuda.cuEventQuery(p->end) != CUDA_SUCCESS) {
+            i++;
+            continue;
+        }
+        float ms = 0;
+        int64_t cost = p->estimate;
+        if (nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
+            int64_t full = (int64_t)((double)ms * 1e6);
+            cost = (int64_t)((double)full * p->factor);
+            /* running estimate of a full-device launch, weight 1/4 to the newest */
+            int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
+            estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
+        }
+        nvc_region_credit(p->d, p->percent, nvc_now_ns(), cost - p->estimate);
+        nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
+        event_put(p->start, p->ctx);
+        event_put(p->end, p->ctx);
+        *p = pending[--npending];
+    }
+}
+
+struct launch {
+    int ptsz;
+    CUstream stream;
+    double factor;
+};
+
+static void sleep_ns(int64_t ns)
+{
+    struct timespec ts = {.tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll};
+    nanosleep(&ts, NULL);
+}
+
+/* Estimated GPU time of this device's launches not yet measured; -1 when one of unknown cost is
+ * queued. Caller holds launch_mu. */
+static int64_t inflight_locked(int dev)
+{
+    int64_t total = 0;
+    for (int i = 0; i < npending; i++)
+        if (pending[i].d == dev) {
+            if (pending[i].estimate == 0 && pending[i].factor > 0)
+                return -1;
+            total += pending[i].estimate;
+        }
+    return total;
+}
+
+/* Waits for credit and debits the estimate; returns the pending entry to fill, or -1.
+ * Launches are asynchronous: without a bound on the queue a burst would run long before its cost
+ * is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
+ * unknown) may be queued ahead of measurement. */
+static int before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx)
+{
+    int dev = d->region_index;
+    uint64_t waited = 0;
+    for (;;) {
+        pthread_mutex_lock(&launch_mu);
+        harvest_locked(ctx);
+        int64_t inflight = inflight_locked(dev);
+        int64_t unit = estimate_ns[dev];
+        pthread_mutex_unlock(&launch_mu);
+        uint64_t now = nvc_now_ns();
+        int64_t credit = nvc_region_credit(dev, d->compute, now, 0);
+        int64_t step;
+        if (inflight < 0 || inflight > MAX_INFLIGHT_NS) {
+            step = unit / 4;             /* let the queue drain */
+        } else if (credit >= 0) {
+            break;
+        } else {
+            step = -credit * 100 / (int64_t)d->compute;
+        }
+        step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
+        sleep_ns(step);
+        waited += nvc_now_ns() - now;
+    }
+    if (waited)
+        nvc_region_account_launch(dev, 0, waited);
+    pthread_mutex_lock(&launch_mu);
+    int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
+    nvc_region_credit(dev, d->compute, nvc_now_ns(), estimate);
+    int slot = -1;
+    if (npending < MAX_PENDING) {
+        CUevent start = event_get(ctx), end = start ? event_get(ctx) : NULL;
+        if (end) {
+            slot = npending++;
+            pending[slot] = (struct pending){start, end, ctx, dev, d->compute, l->factor, estimate};
+        } else if (start) {
+            event_put(start, ctx);
+        }
+    }
+    pthread_mutex_unlock(&launch_mu);
+    return slot;
+}
+
+static void record(CUevent ev, const struct launch *l)
+{
+    if (l->ptsz && nvc_cuda.cuEventRecord_ptsz)
+        nvc_cuda.cuEventRecord_ptsz(ev, l->stream);
+    else
+        nvc_cuda.cuEventRecord(ev, l->stream);
+}
+
+typedef CUresult (*launch_fn)(const void *args);
+
+/* The throttled path: wait for credit, then launch between two events. */
+static CUresult throttled(const struct launch *l, launch_fn fn, const void *args)
+{
+    CUcontext ctx = NULL;
+    struct nvc_device *d = nvc_device_current(NULL);
+    if (!d || d->compute >= 100 || !nvc_cuda.cuCtxGetCurrent || nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+        !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime || !nvc_cuda.cuEventRecord)
+        return fn(args);
+    nvc_depth++;
+    int slot = before_launch(d, l, ctx);
+    CUevent start = slot >= 0 ? pending[slot].start : NULL, end = slot >= 0 ? pending[slot].end : NULL;
+    if (start)
+        record(start, l);
+    CUresult rc = fn(args);
+    if (end)
+        record(end, l);
+    if (rc != CUDA_SUCCESS && slot >= 0) {
+        /* nothing ran: the harvest refunds the estimate once the (empty) interval completes */
+        pthread_mutex_lock(&launch_mu);
+        for (int i = 0; i < npending; i++)
+            if (pending[i].start == start)
+                pending[i].factor = 0;
+        pthread_mutex_unlock(&launch_mu);
+    }
+    nvc_depth--;
+    return rc;
+}
+
+static double grid_factor(struct nvc_device *d, unsigned gx, unsigned gy, unsigned gz)
+{
+    double blocks = (double)gx * gy * gz;
+    return d && d->sm_count && blocks < d->sm_count ? blocks / d->sm_count : 1.0;
+}
+
+static int limited(void)
+{
+    return !nvc_depth && nvc_init() == NVC_ACTIVE && nvc_compute_limited;
+}
+
+/* ---- the entry points ---- */
+
+struct kernel_args {
+    CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                   void **, void **);
+    CUfunction f;
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    CUstream stream;
+    void **params, **extra;
+};
+
+static CUresult call_kernel(const void *a)
+{
+    const struct kernel_args *k = a;
+    return k->fn(k->f, k->gx, k->gy, k->gz, k->bx, k->by, k->bz, k->shmem, k->stream, k->params, k->extra);
+}
+
+#define KERNEL_WRAPPER(name, ptsz)                                                                           \
+    NVC_API CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,   \
+                          unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params, \
+                          void **extra)                                                                       \
+    {                                                                                                        \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
+        if (__builtin_expect(!limited(), 1))                                                                 \
+            return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);                   \
+        struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra};     \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz)};                 \
+        return throttled(&l, call_kernel, &a);                                                               \
+    }
+KERNEL_WRAPPER(cuLaunchKernel, 0)
+KERNEL_WRAPPER(cuLaunchKernel_ptsz, 1)
+
+struct coop_args {
+    CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                   void **);
+    CUfunction f;
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    CUstream stream;
+    void **params;
+};
+
+static CUresult call_coop(const void *a)
+{
+    const struct coop_args *k = a;
+    return k->fn(k->f, k->gx, k->gy, k->gz, k->bx, k->by, k->bz, k->shmem, k->stream, k->params);
+}
+
+#define COOP_WRAPPER(name, ptsz)                                                                             \
+    NVC_API CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,   \
+                          unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params) \
+    {                                                                                                        \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
+        if (__builtin_expect(!limited(), 1))                                                                 \
+            return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params);                          \
+        struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params};              \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz)};                 \
+        return throttled(&l, call_coop, &a);                                                                 \
+    }
+COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
+COOP_WRAPPER(cuLaunchCooperativeKernel_ptsz, 1)
+
+struct ex_args {
+    CUresult (*fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+    const CUlaunchConfig *config;
+    CUfunction f;
+    void **params, **extra;
+};
+
+static CUresult call_ex(const void *a)
+{
+    const struct ex_args *k = a;
+    return k->fn(k->config, k->f, k->params, k->extra);
+}
+
+#define EX_WRAPPER(name, ptsz)                                                                               \
+    NVC_API CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)           \
+    {                                                                                                        \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
+        if (__builtin_expect(!limited(), 1) || !config)                                                      \
+            return nvc_cuda.name(config, f, params, extra);                                                  \
+        struct ex_args a = {nvc_cuda.name, config, f, params, extra};                                        \
+        struct launch l = {ptsz, config->hStream,                                                            \
+                           grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY,         \
+                                       config->gridDimZ)};                                                   \
+        return throttled(&l, call_ex, &a);                                                                   \
+    }
+EX_WRAPPER(cuLaunchKernelEx, 0)
+EX_WRAPPER(cuLaunchKernelEx_ptsz, 1)
+
+struct graph_args {
+    CUresult (*fn)(CUgraphExec, CUstream);
+    CUgraphExec exec;
+    CUstream stream;
+};
+
+static CUresult call_graph(const void *a)
+{
+    const struct graph_args *g = a;
+    return g->fn(g->exec, g->stream);
+}
+
+/* A graph is charged as a whole-device launch for its measured duration. Graph memory nodes grow
+ * the device's graph reserve, which memory.c re-reads after each launch. */
+#define GRAPH_WRAPPER(name, ptsz)                                                                            \
+    NVC_API CUresult name(CUgraphExec exec, CUstream stream)                                                  \
+    {                                                                                                        \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
+        if (nvc_depth || nvc_init() != NVC_ACTIVE)                                                           \
+            return nvc_cuda.name(exec, stream);                                                              \
+        CUresult rc;                                                                                         \
+        if (nvc_compute_limited) {                                                                           \
+            struct graph_args a = {nvc_cuda.name, exec, stream};                                             \
+            struct launch l = {ptsz, stream, 1.0};                                                           \
+            rc = throttled(&l, call_graph, &a);                                                              \
+        } else {                                                                                             \
+            rc = nvc_cuda.name(exec, stream);                                                                \
+        }                                                                                                    \
+        if (rc == CUDA_SUCCESS && nvc_mem_limited)                                                           \
+            nvc_graph_memory_sync();                                                                         \
+        return rc;                                                                                           \
+    }
+GRAPH_WRAPPER(cuGraphLaunch, 0)
+GRAPH_WRAPPER(cuGraphLaunch_ptsz, 1)
+
+void nvc_launch_fork(enum nvc_fork_phase phase)
+{
+    if (phase == NVC_FORK_PREPARE) {
+        pthread_mutex_lock(&launch_mu);
+        return;
+    }
+    if (phase == NVC_FORK_CHILD) {
+        npending = 0;                /* the parent's events mean nothing in the child */
+        nfree = 0;
+    }
+    pthread_mutex_unlock(&launch_mu);
+}

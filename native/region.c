@@ -1,0 +1,366 @@
+/* The per-container shared region: one memory budget across the container's processes.
+ * Locking is an OFD lock on one byte of the file (the kernel drops it when the holder dies, so a
+ * SIGKILL cannot wedge it) plus a process mutex (OFD locks do not exclude threads sharing the fd).
+ * Every out-of-memory decision first reaps slots whose process is gone. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "nvc_share.h"
+#include "region.h"
+
+_Static_assert(sizeof(struct nvc_region_device) == 128, "device entry layout");
+_Static_assert(sizeof(struct nvc_region_slot) == 160, "slot layout");
+_Static_assert(offsetof(struct nvc_region, dev) == 128, "header layout");
+
+static struct nvc_region *region;
+static int region_fd = -1;
+static char region_path[300];
+static pthread_mutex_t region_mu = PTHREAD_MUTEX_INITIALIZER;
+static int my_slot = -1;
+static pid_t my_pid;
+static uint64_t my_start, my_pidns;
+static int lock_warned;
+
+static void lock_region(void)
+{
+    pthread_mutex_lock(&region_mu);
+    if (region_fd < 0)
+        return;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = NVC_REGION_LOCK_BYTE, .l_len = 1};
+    while (fcntl(region_fd, F_OFD_SETLKW, &fl) == -1) {
+        if (errno == EINTR)
+            continue;
+        if (!lock_warned++)
+            nvc_log(0, "cannot lock %s (%s): cross-process accounting is unsynchronised", region_path,
+                    strerror(errno));
+        break;
+    }
+}
+
+static void unlock_region(void)
+{
+    if (region_fd >= 0) {
+        struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = NVC_REGION_LOCK_BYTE, .l_len = 1};
+        fcntl(region_fd, F_OFD_SETLK, &fl);
+    }
+    pthread_mutex_unlock(&region_mu);
+}
+
+/* Start time (field 22) of /proc/<pid>/stat; 0 when the process is gone or a zombie. */
+static uint64_t proc_start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ')
+        return 0;
+    p += 2;
+    if (*p == 'Z' || *p == 'X')      /* exited: the driver has already released its memory */
+        return 0;
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return 0;
+        p++;
+    }
+    return strtoull(p, NULL, 10);
+}
+
+static uint64_t pidns_inode(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+static int slot_alive(const struct nvc_region_slot *s)
+{
+    if (s->pid <= 0)
+        return 0;
+    if (s->pidns_ino != my_pidns)
+        return 1;                    /* cannot judge another pid namespace: keep its charge */
+    if (kill(s->pid, 0) == -1 && errno == ESRCH)
+        return 0;
+    uint64_t start = proc_start_time(s->pid);
+    return start != 0 && start == s->start_time;
+}
+
+static int live_slots(void)
+{
+    int live = 0;
+    for (uint32_t i = 0; i < region->slot_hwm && i < NVC_REGION_SLOTS; i++)
+        live += slot_alive(&region->slots[i]);
+    return live;
+}
+
+static void reap(void)
+{
+    for (uint32_t i = 0; i < region->slot_hwm && i < NVC_REGION_SLOTS; i++) {
+        struct nvc_region_slot *s = &region->slots[i];
+        if (s->pid && (int)i != my_slot && !slot_alive(s))
+            memset(s, 0, sizeof *s);
+    }
+}
+
+static void init_header(const struct nvc_config *cfg)
+{
+    memset(region, 0, sizeof *region);
+    memcpy(region->magic, NVC_REGION_MAGIC, 8);
+    region->version = NVC_REGION_VERSION;
+    region->size = sizeof *region;
+    region->config_hash = cfg->hash;
+    region->nslots = NVC_REGION_SLOTS;
+    region->memory_default = cfg->memory_default;
+    region->compute_default = cfg->compute_default;
+}
+
+static void use_private_region(const struct nvc_config *cfg)
+{
+    void *mem = mmap(NULL, sizeof *region, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED)
+        return;
+    region = mem;
+    init_header(cfg);
+}
+
+static int open_file(void)
+{
+    return open(region_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+}
+
+int nvc_region_open(const char *dir, const struct nvc_config *cfg)
+{
+    my_pid = getpid();
+    my_start = proc_start_time(my_pid);
+    my_pidns = pidns_inode();
+    snprintf(region_path, sizeof region_path, "%s/region", dir);
+    region_fd = open_file();
+    if (region_fd < 0) {
+        nvc_log(0, "cannot open shared region %s (%s)", region_path, strerror(errno));
+        return -1;
+    }
+    lock_region();
+    struct stat st;
+    if (fstat(region_fd, &st) || (st.st_size < (off_t)sizeof *region && ftruncate(region_fd, sizeof *region))) {
+        nvc_log(0, "cannot size shared region %s (%s)", region_path, strerror(errno));
+        unlock_region();
+        close(region_fd);
+        region_fd = -1;
+        return -1;
+    }
+    void *mem = mmap(NULL, sizeof *region, PROT_READ | PROT_WRITE, MAP_SHARED, region_fd, 0);
+    if (mem == MAP_FAILED) {
+        nvc_log(0, "cannot map shared region %s (%s)", region_path, strerror(errno));
+        unlock_region();
+        close(region_fd);
+        region_fd = -1;
+        return -1;
+    }
+    region = mem;
+    int layout_ok = !memcmp(region->magic, NVC_REGION_MAGIC, 8) && region->version == NVC_REGION_VERSION &&
+                    region->size == sizeof *region;
+    if (!layout_ok) {
+        if (region->magic[0])
+            nvc_log(1, "re-initialising shared region %s (unknown layout or version)", region_path);
+        init_header(cfg);
+    } else if (region->config_hash != cfg->hash) {
+        if (live_slots() == 0) {
+            nvc_log(1, "re-initialising stale shared region %s (written under other limits)", region_path);
+            init_header(cfg);
+        } else {
+            /* Live processes run under other limits: do not corrupt their accounting, and do not
+             * drop ours either - keep a per-process budget with this process's limits. */
+            nvc_log(0, "shared region %s is in use under other limits; this process enforces its own limits "
+                       "alone (not shared with the others)", region_path);
+            unlock_region();
+            munmap(mem, sizeof *region);
+            close(region_fd);
+            region_fd = -1;
+            use_private_region(cfg);
+            return region ? 0 : -1;
+        }
+    }
+    unlock_region();
+    return 0;
+}
+
+int nvc_region_device(const char *key, uint64_t memory_limit, unsigned compute, unsigned sm_count)
+{
+    if (!region)
+        return -1;
+    int found = -1;
+    lock_region();
+    for (uint32_t i = 0; i < region->ndevices && i < NVC_REGION_DEVICES; i++)
+        if (!strncmp(region->dev[i].key, key, sizeof region->dev[i].key))
+            found = (int)i;
+    if (found < 0 && region->ndevices < NVC_REGION_DEVICES) {
+        found = (int)region->ndevices;
+        snprintf(region->dev[found].key, sizeof region->dev[found].key, "%s", key);
+        region->ndevices++;
+    }
+    if (found >= 0) {
+        region->dev[found].memory_limit = memory_limit;
+        region->dev[found].compute = compute;
+        if (sm_count)
+            region->dev[found].sm_count = sm_count;
+    }
+    unlock_region();
+    return found;
+}
+
+/* This process's slot, registered on first use (and again in a forked child). Caller holds the lock. */
+static struct nvc_region_slot *own_slot_locked(void)
+{
+    if (my_slot >= 0)
+        return &region->slots[my_slot];
+    reap();
+    for (int i = 0; i < NVC_REGION_SLOTS; i++) {
+        struct nvc_region_slot *s = &region->slots[i];
+        if (s->pid == 0) {
+            memset(s, 0, sizeof *s);
+            s->start_time = my_start;
+            s->pidns_ino = my_pidns;
+            s->pid = my_pid;
+            my_slot = i;
+            if ((uint32_t)i >= region->slot_hwm)
+                region->slot_hwm = (uint32_t)i + 1;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static uint64_t total_locked(int d)
+{
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < region->slot_hwm && i < NVC_REGION_SLOTS; i++)
+        if (region->slots[i].pid)
+            total += __atomic_load_n(&region->slots[i].used[d], __ATOMIC_RELAXED);
+    return total;
+}
+
+int nvc_region_charge(int d, uint64_t bytes, uint64_t limit)
+{
+    if (!region || d < 0 || d >= NVC_REGION_DEVICES)
+        return 0;
+    int rc = 0;
+    lock_region();
+    struct nvc_region_slot *s = own_slot_locked();
+    if (!s) {
+        unlock_region();
+        nvc_fail("no free process slot in the shared region");
+        return 0;
+    }
+    if (limit) {
+        uint64_t total = total_locked(d);
+        if (total + bytes > limit || total + bytes < total) {
+            reap();
+            total = total_locked(d);
+            rc = (total + bytes > limit || total + bytes < total) ? -1 : 0;
+        }
+    }
+    if (rc == 0)
+        __atomic_add_fetch(&s->used[d], bytes, __ATOMIC_RELAXED);
+    unlock_region();
+    return rc;
+}
+
+void nvc_region_uncharge(int d, uint64_t bytes)
+{
+    if (!region || d < 0 || d >= NVC_REGION_DEVICES || my_slot < 0)
+        return;
+    uint64_t *used = &region->slots[my_slot].used[d];
+    uint64_t cur = __atomic_load_n(used, __ATOMIC_RELAXED), next;
+    do
+        next = cur > bytes ? cur - bytes : 0;   /* never wraps, whatever happened before */
+    while (!__atomic_compare_exchange_n(used, &cur, next, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+uint64_t nvc_region_used(int d)
+{
+    if (!region || d < 0 || d >= NVC_REGION_DEVICES)
+        return 0;
+    lock_region();
+    reap();
+    uint64_t total = total_locked(d);
+    unlock_region();
+    return total;
+}
+
+#define BURST_NS 10000000ll          /* at most 10 ms of GPU time may be banked */
+
+int64_t nvc_region_credit(int d, unsigned percent, uint64_t now, int64_t debit)
+{
+    if (!region || d < 0 || d >= NVC_REGION_DEVICES)
+        return 0;
+    struct nvc_region_device *dev = &region->dev[d];
+    uint64_t last = __atomic_load_n(&dev->refill_ns, __ATOMIC_ACQUIRE);
+    if (now > last && __atomic_compare_exchange_n(&dev->refill_ns, &last, now, 0, __ATOMIC_ACQ_REL,
+                                                  __ATOMIC_RELAXED)) {
+        uint64_t gap = now - last;
+        int64_t cap = BURST_NS * (int64_t)percent / 100;
+        int64_t add = gap > (uint64_t)BURST_NS * 4 ? cap : (int64_t)(gap * percent / 100);
+        int64_t cur = __atomic_add_fetch(&dev->credit_ns, add, __ATOMIC_ACQ_REL);
+        while (cur > cap && !__atomic_compare_exchange_n(&dev->credit_ns, &cur, cap, 0, __ATOMIC_ACQ_REL,
+                                                         __ATOMIC_RELAXED))
+            ;
+    }
+    if (debit)
+        return __atomic_sub_fetch(&dev->credit_ns, debit, __ATOMIC_ACQ_REL);
+    return __atomic_load_n(&dev->credit_ns, __ATOMIC_ACQUIRE);
+}
+
+void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns)
+{
+    if (!region || d < 0 || d >= NVC_REGION_DEVICES)
+        return;
+    __atomic_add_fetch(&region->dev[d].busy_ns, busy_ns, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&region->dev[d].throttled_ns, waited_ns, __ATOMIC_RELAXED);
+    if (!busy_ns)
+        __atomic_add_fetch(&region->dev[d].launches, 1, __ATOMIC_RELAXED);
+}
+
+/* The child shares the parent's open file description, so it would share its OFD lock too:
+ * give it its own. It owns no allocation yet; it registers its own slot on first charge. */
+void nvc_region_fork(enum nvc_fork_phase phase)
+{
+    if (phase == NVC_FORK_PREPARE) {
+        pthread_mutex_lock(&region_mu);
+        return;
+    }
+    pthread_mutex_unlock(&region_mu);
+    if (phase == NVC_FORK_PARENT)
+        return;
+    my_slot = -1;
+    my_pid = getpid();
+    my_start = proc_start_time(my_pid);
+    if (region_fd >= 0) {
+        close(region_fd);
+        region_fd = open_file();
+    }
+}
+
+__attribute__((destructor)) static void release_slot(void)
+{
+    if (!region || my_slot < 0 || my_pid != getpid())
+        return;
+    lock_region();
+    memset(&region->slots[my_slot], 0, sizeof region->slots[my_slot]);
+    my_slot = -1;
+    unlock_region();
+}

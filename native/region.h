@@ -1,0 +1,54 @@
+/* On-disk layout of the shared region (<dir>/region), version 1. Read by `nvc-py share status`
+ * too, so every field has a fixed size and offset (little-endian, x86-64 alignment) and the
+ * layout only changes together with NVC_REGION_VERSION. See README.md. */
+#ifndef NVC_REGION_H
+#define NVC_REGION_H
+
+#include <stdint.h>
+
+#define NVC_REGION_MAGIC "NVCSHRG\0"
+#define NVC_REGION_VERSION 1u
+#define NVC_REGION_SLOTS 1024
+#define NVC_REGION_DEVICES 16
+#define NVC_REGION_LOCK_BYTE 0      /* F_OFD_SETLKW write lock on this one byte guards slots/devices */
+
+struct nvc_region_device {           /* 128 bytes */
+    char key[40];                    /* UUID without GPU-/MIG- prefix, lower case, NUL padded */
+    uint64_t memory_limit;           /* bytes, 0 = unlimited (informational: each process enforces its own) */
+    uint32_t compute;                /* percent, 100 = unthrottled */
+    uint32_t sm_count;
+    int64_t credit_ns;               /* compute bucket: GPU-time credit, shared by the container */
+    uint64_t refill_ns;              /* CLOCK_MONOTONIC of the last refill */
+    uint64_t busy_ns;                /* measured SM-weighted GPU time of launches, cumulative */
+    uint64_t throttled_ns;           /* time launches spent waiting for credit, cumulative */
+    uint64_t launches;               /* launches seen while throttling was active */
+    uint64_t reserved[4];
+};
+
+struct nvc_region_slot {             /* 160 bytes */
+    int32_t pid;                     /* in the pid namespace of pidns_ino; 0 = free */
+    uint32_t flags;
+    uint64_t start_time;             /* /proc/<pid>/stat field 22: guards against pid reuse */
+    uint64_t pidns_ino;              /* inode of /proc/self/ns/pid */
+    uint64_t used[NVC_REGION_DEVICES];  /* bytes charged per region device */
+    uint64_t reserved;
+};
+
+struct nvc_region {
+    char magic[8];
+    uint32_t version;
+    uint32_t size;                   /* sizeof(struct nvc_region) */
+    uint64_t config_hash;            /* FNV-1a of the limits that initialised it */
+    uint32_t ndevices;
+    uint32_t nslots;                 /* NVC_REGION_SLOTS */
+    uint32_t slot_hwm;               /* slots at or above this index have never been used */
+    uint32_t pad;
+    uint64_t memory_default;
+    uint32_t compute_default;
+    uint32_t pad2;
+    uint64_t reserved[9];            /* header is 128 bytes */
+    struct nvc_region_device dev[NVC_REGION_DEVICES];
+    struct nvc_region_slot slots[NVC_REGION_SLOTS];
+};
+
+#endif

@@ -1,0 +1,344 @@
+"""libnvc-share (native/) against the fake driver: limits parsing, accounting of every allocation
+path, one budget per container across processes, dead-process reclaim, lock robustness, stale
+regions, cuGetProcAddress interception, NVML virtualisation and the compute share.
+
+Programs run with LD_PRELOAD=native/libnvc-share.so and the fake driver's libraries; the fake
+libcuda charges every path against its own capacity, so the shim's numbers are checked against an
+independent implementation. Test double only: nothing here is a GPU result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+FAKE_SRC = TESTS / "fakedriver" / "src"
+PROGRAMS = TESTS / "share_programs"
+SHIM = REPO / "native" / "libnvc-share.so"
+MIB = 1 << 20
+GIB = 1 << 30
+GPU0 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
+GPU1_MEMORY = 40 * GIB
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The shim (built by its Makefile) and the test programs."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
+    out = tmp_path_factory.mktemp("share_programs")
+    built = {"cuda_probe": FAKE_SRC / "cuda_probe.c", "share_app": PROGRAMS / "share_app.c",
+             "hold_lock": PROGRAMS / "hold_lock.c"}
+    for name, source in built.items():
+        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{FAKE_SRC}", "-o", str(out / name), str(source),
+                        "-ldl"], check=True)
+    return {name: out / name for name in built}
+
+
+@pytest.fixture
+def share(programs, active_2gpu, tmp_path):
+    """Runs programs under the shim with a private region directory; env is the limits."""
+    libdir = active_2gpu.root / "usr" / "lib" / "x86_64-linux-gnu"
+
+    class Share:
+        dir = tmp_path / "share"
+        root = active_2gpu.root
+
+        def env(self, limits: dict[str, str]) -> dict[str, str]:
+            self.dir.mkdir(exist_ok=True)
+            return {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(libdir), "LD_PRELOAD": str(SHIM),
+                    "NVC_SHARE_DIR": str(self.dir), "FAKE_CUDA_CONTEXT_MIB": "0", **limits}
+
+        def run(self, program: str, *ops: object, limits: dict[str, str] | None = None,
+                timeout: float = 20) -> tuple[list[list[str]], str]:
+            result = subprocess.run([str(programs[program]), *map(str, ops)], env=self.env(limits or {}),
+                                    capture_output=True, text=True, timeout=timeout)
+            assert result.returncode == 0, result.stderr
+            return [line.split() for line in result.stdout.splitlines()], result.stderr
+
+        def probe(self, *ops: object, limits: dict[str, str] | None = None) -> list[list[str]]:
+            return self.run("cuda_probe", "init", "ctx", 0, *ops, limits=limits)[0][2:]
+
+        def holder(self, *ops: object, limits: dict[str, str]) -> subprocess.Popen:
+            """share_app doing ops, then holding its allocations until killed."""
+            proc = subprocess.Popen([str(programs["share_app"]), "init", *map(str, ops), "hold"],
+                                    env=self.env(limits), stdout=subprocess.PIPE, text=True)
+            for line in proc.stdout:
+                if line.startswith("holding"):
+                    return proc
+                assert line.split()[1] == "0", line
+            raise AssertionError("holder exited early")
+
+    return Share()
+
+
+def meminfo(line: list[str]) -> tuple[int, int]:
+    assert line[:2] == ["meminfo", "CUDA_SUCCESS"], line
+    return int(line[2]), int(line[3])
+
+
+# ---------------------------------------------------------------- limit parsing
+
+@pytest.mark.parametrize("text", ["1073741824", "1g", "1G", "1Gi", "1024m", "1024Mi", "1048576K", "1048576ki"])
+def test_sizes_all_mean_one_gib(share, text):
+    free, total = meminfo(share.probe("meminfo", limits={"NVC_SHARE_MEMORY_LIMIT": text})[0])
+    assert (free, total) == (GIB, GIB)
+
+
+@pytest.mark.parametrize("text", ["abc", "1.5G", "0x10", "010x", "1 G", "-1", "1GiB", "0", "", "99999999999999999999"])
+def test_junk_size_is_loud_and_passes_through(share, text):
+    out, err = share.run("cuda_probe", "init", "ctx", 0, "meminfo", limits={"NVC_SHARE_MEMORY_LIMIT": text})
+    assert "FAILED" in err and "NVC_SHARE_MEMORY_LIMIT" in err and "NOT enforced" in err
+    assert meminfo(out[2])[1] == 80 * GIB
+
+
+def test_junk_size_fails_closed_when_asked(share):
+    out, err = share.run("cuda_probe", "init", limits={"NVC_SHARE_MEMORY_LIMIT": "lots",
+                                                       "NVC_SHARE_ON_ERROR": "fail-closed"})
+    assert out == [["init", "CUDA_ERROR_NOT_INITIALIZED"]] and "fail-closed" in err
+
+
+def test_per_device_and_hami_names(share):
+    limits = {"CUDA_DEVICE_MEMORY_LIMIT": "3g", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m",
+              "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    out = share.probe("meminfo", "ctx", 1, "meminfo", limits=limits)
+    # NVC_SHARE_MEMORY_LIMIT beats HAMi's global; the per-index HAMi limit beats both globals.
+    assert meminfo(out[0])[1] == GIB
+    assert meminfo(out[2])[1] == 2 * GIB
+
+
+def test_without_limit_sizes_are_physical(share):
+    out = share.probe("meminfo", limits={"NVC_SHARE_COMPUTE": "50"})
+    assert meminfo(out[0]) == (80 * GIB, 80 * GIB)
+
+
+def test_limits_file_is_the_authority(share):
+    share.dir.mkdir()
+    (share.dir / "limits").write_text(f"# written by the hook\nversion=1\nmemory_limit=4Gi\n"
+                                      f"memory_limit.{GPU0}=512Mi\ncompute_percent=100\n")
+    out = share.probe("meminfo", "ctx", 1, "meminfo", limits={"NVC_SHARE_MEMORY_LIMIT": "60G"})
+    assert meminfo(out[0])[1] == 512 * MIB       # by UUID
+    assert meminfo(out[2])[1] == 4 * GIB         # default; the environment is ignored
+
+
+@pytest.mark.parametrize("text", ["memory_limit=1G\n", "version=2\nmemory_limit=1G\n", "version=1\nmemory=1G\n",
+                                  "version=1\nmemory_limit.GPU-zz!=1G\n", "version=1\ncompute_percent=101\n"])
+def test_junk_limits_file_is_loud(share, text):
+    share.dir.mkdir()
+    (share.dir / "limits").write_text(text)
+    out, err = share.run("cuda_probe", "init", "ctx", 0, "meminfo")
+    assert "FAILED" in err and "limits" in err
+    assert meminfo(out[2])[1] == 80 * GIB
+
+
+# ---------------------------------------------------------------- accounting
+
+# (operations allocating into slot 0, bytes the shim must charge, operations freeing slot 0)
+PATHS = {
+    "alloc": (["alloc", 600 * MIB], 600 * MIB, ["free", 0]),
+    "managed": (["managed", 600 * MIB], 600 * MIB, ["free", 0]),
+    "pitch": (["pitch", 513, 512 * 1024, 4], 512 * MIB, ["free", 0]),          # pitch 1024 x height
+    "vmm": (["vmm", 600 * MIB], 600 * MIB, ["vmmfree", 0]),
+    "async": (["async", 600 * MIB], 600 * MIB, ["freeasync", 0, "threshold", 0, "sync"]),
+    "array": (["array", 8192, 8192, 0x20, 2], 8192 * 8192 * 8, ["arrayfree", 0]),
+    "array3d": (["array3d", 1024, 1024, 100, 0x10, 4], 1024 * 1024 * 100 * 8, ["arrayfree", 0]),
+    "mipmap": (["mipmap", 8192, 8192, 0, 0x03, 1, 3], 4 * (8192**2 + 4096**2 + 2048**2), ["arrayfree", 0]),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_allocation_path_is_charged(share, path):
+    alloc, charged, release = PATHS[path]
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    out = share.probe(*alloc, "meminfo", "alloc", GIB - charged + MIB, "alloc", GIB - charged, "free", 1,
+                      *release, "meminfo", "alloc", GIB, limits=limits)
+    assert out[0][1] == "CUDA_SUCCESS", out
+    assert meminfo(out[1]) == (GIB - charged, GIB)
+    assert out[2] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]         # one MiB too many
+    assert out[3] == ["alloc", "CUDA_SUCCESS", "1"]                      # exactly the rest fits
+    assert meminfo(out[-2]) == (GIB, GIB)                                # everything refunded
+    assert out[-1] == ["alloc", "CUDA_SUCCESS", "2"]
+
+
+def test_pitch_is_refused_by_real_pitch_times_height(share):
+    # width x height = 513 MiB fits a 600 MiB budget, pitch (1024) x height = 1 GiB does not.
+    out = share.probe("pitch", 513, MIB, 4, "meminfo", limits={"NVC_SHARE_MEMORY_LIMIT": "600Mi"})
+    assert out[0][:2] == ["pitch", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert meminfo(out[1])[0] == 600 * MIB
+
+
+def test_async_pool_reuse_and_trim(share):
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    out, _ = share.run("share_app", "init", "frompool", 512 * MIB, "freeasync", 0, "meminfo",
+                       "frompool", 512 * MIB, "frompool", 600 * MIB, "freeasync", 1, "trim", 0, "meminfo",
+                       limits=limits)
+    assert out[1] == ["frompool", "0", "0"]
+    assert out[3] == ["meminfo", "0", str(GIB - 512 * MIB), str(GIB)]    # the pool keeps its reserve
+    assert out[4] == ["frompool", "0", "1"]                              # reused: no new charge
+    assert out[5] == ["frompool", "2", "-1"]                             # CUDA_ERROR_OUT_OF_MEMORY
+    assert out[8] == ["meminfo", "0", str(GIB), str(GIB)]                # trimmed: refunded
+
+
+def test_context_overhead_is_charged_once_per_device(share):
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi", "NVC_SHARE_CONTEXT_OVERHEAD": "256Mi"}
+    out = share.probe("meminfo", "alloc", 800 * MIB, "ctx", 0, "meminfo", limits=limits)
+    assert meminfo(out[0])[0] == 768 * MIB
+    assert out[1] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]
+    assert meminfo(out[3])[0] == 768 * MIB
+
+
+# ---------------------------------------------------------------- one budget per container
+
+def test_two_processes_share_one_budget(share):
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    holder = share.holder("alloc", 600 * MIB, limits=limits)
+    try:
+        out = share.probe("meminfo", "alloc", 600 * MIB, "alloc", 400 * MIB, limits=limits)
+        assert meminfo(out[0]) == (GIB - 600 * MIB, GIB)
+        assert out[1] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]
+        assert out[2] == ["alloc", "CUDA_SUCCESS", "0"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_sigkilled_process_memory_is_reclaimed_within_a_second(share):
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    holder = share.holder("alloc", 600 * MIB, limits=limits)
+    assert share.probe("alloc", 600 * MIB, limits=limits) == [["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]]
+    start = time.monotonic()
+    holder.kill()                     # not waited for yet: a zombie must not keep its charge either
+    out = share.probe("alloc", 600 * MIB, limits=limits)
+    elapsed = time.monotonic() - start
+    holder.wait()
+    assert out == [["alloc", "CUDA_SUCCESS", "0"]]
+    assert elapsed < 1.0
+
+
+def test_lock_holder_killed_does_not_wedge(share, programs):
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    share.probe("alloc", MIB, limits=limits)            # creates the region
+    locker = subprocess.Popen([str(programs["hold_lock"]), str(share.dir / "region")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        waiter = subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "alloc", str(MIB)],
+                                  env=share.env(limits), stdout=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiter.wait(timeout=0.5)  # the allocation really waits for the region lock
+        start = time.monotonic()
+        locker.send_signal(signal.SIGKILL)
+        waiter.wait(timeout=5)
+        assert time.monotonic() - start < 5
+        assert waiter.stdout.read().split("\n")[2] == "alloc CUDA_SUCCESS 0"
+    finally:
+        locker.kill()
+        locker.wait()
+
+
+def region_header(path: Path) -> tuple[bytes, int, int, int]:
+    """(magic, version, config hash, memory default) from the documented layout."""
+    data = path.read_bytes()[:48]
+    magic, version, _size, config_hash = struct.unpack_from("<8sIIQ", data, 0)
+    (memory_default,) = struct.unpack_from("<Q", data, 40)
+    return magic, version, config_hash, memory_default
+
+
+def test_stale_region_with_other_limits_is_reinitialised(share):
+    big = {"NVC_SHARE_MEMORY_LIMIT": "8Gi"}
+    holder = share.holder("alloc", 6 * GIB, limits=big)
+    holder.kill()
+    holder.wait()
+    magic, version, old_hash, default = region_header(share.dir / "region")
+    assert (magic, version, default) == (b"NVCSHRG\0", 1, 8 * GIB)
+    out, err = share.run("cuda_probe", "init", "ctx", 0, "meminfo", "alloc", 900 * MIB, "alloc", 200 * MIB,
+                         limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    assert "re-initialising stale shared region" in err
+    assert meminfo(out[2]) == (GIB, GIB)
+    assert out[3] == ["alloc", "CUDA_SUCCESS", "0"]
+    assert out[4] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]
+    _, _, new_hash, default = region_header(share.dir / "region")
+    assert new_hash != old_hash and default == GIB
+
+
+def test_region_in_use_under_other_limits_keeps_ours(share):
+    holder = share.holder("alloc", MIB, limits={"NVC_SHARE_MEMORY_LIMIT": "8Gi"})
+    try:
+        out, err = share.run("cuda_probe", "init", "ctx", 0, "alloc", 2 * GIB,
+                             limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+        assert "in use under other limits" in err
+        assert out[2] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# ---------------------------------------------------------------- interception
+
+def test_cuGetProcAddress_hands_out_the_wrappers(share):
+    out, _ = share.run("share_app", "which", "cuMemAlloc", "which", "cuCtxSetCurrent", "--ptds",
+                       "which", "cuLaunchKernel", "which", "cuMemAllocAsync", "which", "cuGetProcAddress",
+                       limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    where = {(line[1], line[3]): Path(line[2]).name for line in out}
+    assert where[("cuMemAlloc", "cuMemAlloc_v2")] == "libnvc-share.so"
+    assert Path(out[1][2]).name.startswith("libcuda.so")                 # not wrapped: the real one
+    assert where[("cuLaunchKernel", "cuLaunchKernel_ptsz")] == "libnvc-share.so"
+    assert where[("cuMemAllocAsync", "cuMemAllocAsync_ptsz")] == "libnvc-share.so"
+    assert where[("cuGetProcAddress", "cuGetProcAddress_v2")] == "libnvc-share.so"
+
+
+def test_cuGetProcAddress_allocations_are_limited(share):
+    out, _ = share.run("share_app", "init", "alloc", 700 * MIB, "alloc", 700 * MIB, "meminfo",
+                       limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    assert out[1] == ["alloc", "0", "0"]
+    assert out[2] == ["alloc", "2", "-1"]           # exactly CUDA_ERROR_OUT_OF_MEMORY
+    assert out[3] == ["meminfo", "0", str(GIB - 700 * MIB), str(GIB)]
+
+
+def test_nvidia_smi_reports_the_limit_as_total(share):
+    holder = share.holder("alloc", GIB, limits={"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
+    try:
+        result = subprocess.run([str(share.root / "usr" / "bin" / "nvidia-smi"),
+                                 "--query-gpu=memory.total,memory.used,memory.free", "--format=csv,noheader"],
+                                env=share.env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}), capture_output=True, text=True,
+                                timeout=20)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "4096 MiB, 1024 MiB, 3072 MiB"
+    assert lines[1] == "4096 MiB, 0 MiB, 4096 MiB"
+
+
+def test_nvidia_smi_keeps_working_with_a_broken_configuration(share):
+    result = subprocess.run([str(share.root / "usr" / "bin" / "nvidia-smi"), "-L"],
+                            env=share.env({"NVC_SHARE_MEMORY_LIMIT": "junk"}), capture_output=True, text=True,
+                            timeout=20)
+    assert result.returncode == 0 and "GPU 0" in result.stdout
+
+
+# ---------------------------------------------------------------- compute share
+
+def busy_fraction(share, percent: int, grid: int, launches: int = 60) -> float:
+    out, _ = share.run("cuda_probe", "init", "ctx", 0, "launch", launches, grid, 128, "sync",
+                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": "3000"})
+    wall_us = int(out[2][2]) + int(out[3][2])
+    return launches * 3000 / wall_us
+
+
+def test_compute_share_throttles_full_grids(share):
+    assert busy_fraction(share, 100, 264) > 0.9
+    assert 0.4 <= busy_fraction(share, 50, 264) <= 0.6
+
+
+def test_compute_share_weights_small_grids_by_sm_count(share):
+    # one block on a 132-SM GPU occupies 1/132 of it: a 50 % share does not slow it down
+    assert busy_fraction(share, 50, 1) > 0.9
