@@ -27,7 +27,7 @@ apt-deps:
 	fi
 
 pip-deps:
-	$(PIP) install -q --upgrade-strategy only-if-needed ".[test]"
+	$(PIP) install -q --upgrade-strategy only-if-needed wheel ".[test]"
 
 ## build: native code, then the package (non-editable, as users get it)
 build: native install
