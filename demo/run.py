@@ -6,6 +6,7 @@ of the test suite (a test double: two fake GPUs, one with MIG) and shows that, s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -14,9 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _show(args: list[str]) -> None:
-    print(f"$ {' '.join(args)}", flush=True)
-    subprocess.run(args, check=True)
+def _show(args: list[str], env: dict[str, str] | None = None) -> None:
+    shown = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+    print(f"$ {shown + ' ' if shown else ''}{' '.join(args)}", flush=True)
+    subprocess.run(args, check=True, env={**os.environ, **(env or {})})
     print(flush=True)
 
 
@@ -38,7 +40,9 @@ def main() -> int:
         with activate(fake):
             _show(["nvc-py", "--root", str(fake.root), "info"])
             _show(["nvc-py", "--root", str(fake.root), "list"])
-            _show([str(fake.root / "usr" / "bin" / "nvidia-smi"), "-L"])
+            # The fake nvidia-smi runs on the host here, so point the loader at the fake root.
+            _show([str(fake.root / "usr" / "bin" / "nvidia-smi"), "-L"],
+                  env={"LD_LIBRARY_PATH": str(fake.root / "usr" / "lib" / "x86_64-linux-gnu")})
     return 0
 
 
