@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
 
 from nvc import __version__
 from nvc.errors import InputError, NvcError
+from nvc.options import GlobalOptions
 
 if TYPE_CHECKING:
     from nvc.listing import ListRequest, Listing
@@ -25,16 +25,6 @@ OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")
 # (getopt's ``--user[=UID[:GID]]``: a value only when attached with '=').
 _GLOBAL_VALUE_OPTIONS = ("-r", "--root", "-l", "--ldcache", "-d", "--debug")
 _OPTIONAL_VALUE_OPTIONS = ("-u", "--user")
-
-
-@dataclass(frozen=True)
-class GlobalOptions:
-    """Options given before the command."""
-
-    root: str  # driver root, absolute
-    ldcache: str  # ld cache path inside the root
-    user: tuple[int, int]  # uid, gid the driver helper runs as
-    load_kmods: bool
 
 
 def _read_id(path: str) -> int:

@@ -1,0 +1,287 @@
+"""``configure``: make the selected GPUs usable inside one container.
+
+The single entry point of the CLI's ``nvc-py configure`` and of the OCI hook (which calls
+:func:`configure` in-process). The data path: validate the request (nothing changes before
+every input was checked) → select devices → check requirements → discover the driver's
+files → read container facts safely inside its rootfs → plan (:mod:`nvc.mountplan`, pure)
+→ apply (:mod:`nvc.apply`: a forked helper inside the container's mount namespace, then
+the sandboxed ldconfig and the device cgroup).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import posixpath
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvc import capabilities, procfs, requirements, selection
+from nvc.errors import ContainerError, InputError
+from nvc.mountplan import COMPAT_DIR, COMPAT_MODES, PROC_NVIDIA, ContainerFacts, HostFacts, HostMount, Options, Plan
+from nvc.options import GlobalOptions
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConfigureRequest", "GlobalOptions", "HostMount", "Plan", "configure"]
+
+MIG_FILE_VALUES = ("all",)
+DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
+# Requirement properties only NVML knows (the driver version is in /proc).
+_NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
+
+
+@dataclass(frozen=True)
+class ConfigureRequest:
+    """What to give one container (the CLI's flags, or the hook's reading of the OCI spec)."""
+
+    rootfs: str  # absolute, not "/"; with pid: resolved under /proc/PID/root
+    pid: int | None  # None = standalone mode
+    devices: str = ""  # the --device grammar (nvc/selection.py): "all", "none", "0,1", UUIDs...
+    capabilities: frozenset[str] = frozenset()  # names from nvc/capabilities.py
+    requirements: tuple[str, ...] = ()  # --require expressions (nvc/requirements.py)
+    ldconfig: str = "@/sbin/ldconfig"  # "@HOSTPATH" = host binary (run from a memfd copy), else in-image path
+    no_cgroups: bool = False
+    no_devbind: bool = False
+    mig_config: str | None = None
+    mig_monitor: str | None = None
+    imex_channels: tuple[str, ...] = ()
+    cuda_compat_mode: str = "ldconfig"  # disabled | mount | ldconfig
+    extra_mounts: tuple[HostMount, ...] = ()  # e.g. the sharing shim's files
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A request after validation: parsed selectors, requirements and options."""
+
+    selectors: tuple[selection.Selector, ...]
+    requirements: tuple[requirements.Requirement, ...]
+    options: Options
+
+
+def _check_rootfs(rootfs: str) -> None:
+    if not rootfs or not posixpath.isabs(rootfs) or posixpath.normpath(rootfs) == "/" or "\0" in rootfs:
+        raise InputError(f"{rootfs or '(empty)'}: invalid rootfs directory (must be absolute and not /)")
+
+
+def _check_ldconfig(value: str) -> None:
+    path = value[1:] if value.startswith("@") else value
+    if not posixpath.isabs(path):
+        raise InputError(f"{value}: invalid ldconfig path (absolute path, or @ and an absolute host path)")
+
+
+def _without_none(selectors: str) -> str:
+    """``none`` selects no GPU (driver and control nodes only)."""
+    return "" if selectors.strip().lower() == "none" else selectors
+
+
+def validate(req: ConfigureRequest) -> _Checked:
+    """Check every input of ``req``; raise InputError/DeviceError before anything is looked at."""
+    from nvc.listing import parse_imex_channels
+
+    _check_rootfs(req.rootfs)
+    if req.pid is not None and req.pid <= 0:
+        raise InputError(f"{req.pid}: invalid pid")
+    _check_ldconfig(req.ldconfig)
+    caps = capabilities.check(req.capabilities)
+    reqs = tuple(requirements.parse_requirement(text) for text in req.requirements)
+    selectors = selection.parse(_without_none(req.devices))
+    for name, value in (("mig-config", req.mig_config), ("mig-monitor", req.mig_monitor)):
+        if value is not None and value not in MIG_FILE_VALUES:
+            raise InputError(f"{value}: invalid --{name} value (only 'all' is supported)")
+        if value is not None and any(s.needs_mig for s in selectors):
+            raise InputError(f"cannot enable {name} with specific MIG devices selected")
+    if req.cuda_compat_mode not in COMPAT_MODES:
+        raise InputError(f"{req.cuda_compat_mode}: invalid cuda compat mode (one of {', '.join(COMPAT_MODES)})")
+    for mount in req.extra_mounts:
+        if not posixpath.isabs(mount.source) or not posixpath.isabs(mount.target):
+            raise InputError(f"invalid extra mount {mount.source} -> {mount.target}: paths must be absolute")
+    options = Options(
+        capabilities=caps,
+        ldconfig=req.ldconfig,
+        no_cgroups=req.no_cgroups or req.pid is None,  # standalone: no container process, no cgroup
+        no_devbind=req.no_devbind,
+        mig_config=req.mig_config is not None,
+        mig_monitor=req.mig_monitor is not None,
+        imex_channels=parse_imex_channels(req.imex_channels),
+        cuda_compat_mode=req.cuda_compat_mode,
+        extra_mounts=req.extra_mounts,
+    )
+    return _Checked(selectors, reqs, options)
+
+
+# ---- container facts ------------------------------------------------------------------------
+
+
+def open_rootfs(rootfs: str, pid: int | None) -> int:
+    """An O_PATH fd of the container's rootfs.
+
+    With ``pid`` the path is resolved inside the container's root (/proc/PID/root), where an
+    absolute symlink on the way means what it means to the container, not to the host.
+    """
+    from nvc import rootfs as inroot
+
+    flags = os.O_PATH | os.O_DIRECTORY
+    try:
+        if pid is None:
+            return os.open(rootfs, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+        root = os.open(f"/proc/{pid}/root", flags | os.O_CLOEXEC)
+        try:
+            return inroot.open_in_root(root, rootfs, flags)
+        finally:
+            os.close(root)
+    except OSError as err:
+        where = rootfs if pid is None else f"/proc/{pid}/root{rootfs}"
+        raise ContainerError(f"open failed: {where}: {err.strerror}") from None
+
+
+def _exists(root_fd: int, path: str, directory: bool = False) -> bool:
+    from nvc import rootfs as inroot
+
+    try:
+        fd = inroot.open_in_root(root_fd, path, os.O_PATH | (os.O_DIRECTORY if directory else 0))
+    except OSError as err:
+        if err.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV):
+            return False
+        raise ContainerError(f"cannot inspect the rootfs: {path}: {err.strerror}") from None
+    os.close(fd)
+    return True
+
+
+def _compat_libs(root_fd: int) -> tuple[str, ...]:
+    """Regular files ``lib*.so.*`` in the image's CUDA compat dir (symlinks and dirs ignored)."""
+    from nvc import rootfs as inroot
+
+    try:
+        fd = inroot.open_in_root(root_fd, COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return ()
+    try:
+        found = []
+        for name in sorted(os.listdir(fd)):
+            if not (name.startswith("lib") and ".so." in name):
+                continue
+            if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                found.append(f"{COMPAT_DIR}/{name}")
+        return tuple(found)
+    finally:
+        os.close(fd)
+
+
+def container_facts(root_fd: int, owner: tuple[int, int]) -> ContainerFacts:
+    """Library dirs, procfs state and compat libraries, read inside the rootfs at ``root_fd``."""
+    if _exists(root_fd, "/etc/debian_version"):
+        lib_dir, lib32_dir = DEBIAN_LIB_DIRS
+    else:
+        lib_dir = "/usr/lib64"
+        lib32_dir = "/usr/lib32" if _exists(root_fd, "/usr/lib32", directory=True) else "/usr/lib"
+    return ContainerFacts(
+        owner=owner,
+        lib_dir=lib_dir,
+        lib32_dir=lib32_dir,
+        proc_nvidia=_exists(root_fd, PROC_NVIDIA, directory=True),
+        compat_libs=_compat_libs(root_fd),
+    )
+
+
+def container_owner(pid: int | None, root_fd: int) -> tuple[int, int]:
+    """Who owns the container: its process (or, standalone, its rootfs)."""
+    try:
+        st = os.stat(f"/proc/{pid}") if pid is not None else os.fstat(root_fd)
+    except OSError as err:
+        raise ContainerError(f"stat failed: /proc/{pid}: {err.strerror}") from None
+    return st.st_uid, st.st_gid
+
+
+# ---- host facts ------------------------------------------------------------------------------
+
+
+def _read_proc_files(proc: Path) -> dict[str, str]:
+    files = {}
+    for name in ("params", "version", "registry"):
+        try:
+            files[name] = (proc / "driver/nvidia" / name).read_text()
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise ContainerError(f"{proc / 'driver/nvidia' / name}: {err.strerror}") from None
+    return files
+
+
+def _proc_gpu_dirs(proc: Path) -> dict[str, str]:
+    gpus = proc / "driver/nvidia/gpus"
+    found = {}
+    for entry in sorted(gpus.iterdir()) if gpus.is_dir() else ():
+        bus_id = procfs.normalize_bus_id(entry.name)
+        if bus_id is not None:
+            found[bus_id] = str(entry)
+    return found
+
+
+def _needs_nvml(checked: _Checked, proc: Path) -> bool:
+    from nvc import inventory
+
+    props = {f.name for r in checked.requirements for term in r.terms for f in term}
+    mig_files = checked.options.mig_config or checked.options.mig_monitor
+    return bool(props & _NVML_PROPERTIES) or inventory.needs_nvml(checked.selectors, mig_files, proc)
+
+
+def _check_requirements(checked: _Checked, inv, chosen: selection.Selection) -> None:  # noqa: ANN001
+    if not checked.requirements:
+        return
+    cuda = None if inv.cuda_version is None else f"{inv.cuda_version // 1000}.{(inv.cuda_version % 100) // 10}"
+    base = {"cuda": cuda, "driver": inv.driver_version}
+    per_gpu = [
+        {**base, "arch": getattr(g, "architecture", None), "brand": getattr(g, "brand", None)} for g in chosen.gpus
+    ]
+    requirements.check(checked.requirements, per_gpu or [base])
+
+
+def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -> Plan:
+    """Everything ``configure`` would do, without changing anything."""
+    from nvc import driver, inventory, mountplan, nodes
+
+    checked = validate(req)
+    root_fd = open_rootfs(req.rootfs, req.pid)
+    try:
+        owner = container_owner(req.pid, root_fd)
+        cfacts = container_facts(root_fd, owner)
+    finally:
+        os.close(root_fd)
+    inv = inventory.from_nvml(glob.root, glob.user, proc) if _needs_nvml(checked, proc) else inventory.from_procfs(proc)
+    chosen = selection.select(inv.gpus, checked.selectors)
+    _check_requirements(checked, inv, chosen)
+    files = driver.discover(glob.root, inv.driver_version, glob.ldcache)
+    majors = nodes.read_majors()
+    mig_minors = procfs.read_mig_minors(proc)
+    found = {}
+    for spec in mountplan.needed_nodes(chosen, majors, mig_minors, checked.options):
+        node = nodes.find(glob.root, spec)
+        if node is not None:
+            found[spec.path] = node.path
+    host = HostFacts(
+        root=glob.root,
+        files=files,
+        majors=majors,
+        nodes=found,
+        proc_files=_read_proc_files(proc),
+        proc_gpu_dirs=_proc_gpu_dirs(proc),
+        mig_minors=mig_minors,
+        caps_dir=str(procfs.caps_dir(proc)),
+    )
+    return mountplan.build(req.rootfs, req.pid, host, cfacts, chosen, checked.options)
+
+
+def configure(glob: GlobalOptions, req: ConfigureRequest, *, dry_run: bool = False) -> Plan:
+    """Plan, then (unless ``dry_run``) apply; return the plan. Raises NvcError subclasses.
+
+    On failure nothing stays mounted or created in the container.
+    """
+    the_plan = plan(glob, req)
+    if not dry_run:
+        from nvc import apply
+
+        apply.apply(the_plan)
+    return the_plan

@@ -1,0 +1,489 @@
+"""The mount plan of ``configure``: what a container gets, as a list of operations.
+
+Pure: host facts (driver files, device nodes, /proc/driver/nvidia contents), the selected
+devices, facts read safely from the container's rootfs and the request's options go in;
+an ordered :class:`Plan` comes out. Nothing here touches the system, so every rule (which
+capability brings which files, which nodes, which cgroup rules) is testable without root,
+and ``configure --dry-run`` prints exactly what the applier (:mod:`nvc.apply`) would do.
+
+Order matters and is the applier's order: driver files, device nodes, the tmpfs over
+/proc/driver/nvidia with its contents (then sealed read-only), symlinks, extra mounts.
+Paths named ``target`` are paths inside the container; ``source`` paths are host paths
+(or, for ``in_rootfs`` sources, paths inside the container's rootfs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nvc import capabilities as caps_mod
+from nvc import nodes
+from nvc.devfilter import DeviceRule
+from nvc.driver import DriverFiles
+from nvc.errors import DeviceError, InputError
+from nvc.procfs import normalize_bus_id
+from nvc.selection import Selection
+from nvc.syscalls import MountAttr
+
+RO = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV
+RO_NOEXEC = RO | MountAttr.NOEXEC
+IPC = MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
+DEVICE = MountAttr.NOSUID | MountAttr.NOEXEC
+
+PROC_NVIDIA = "/proc/driver/nvidia"
+CAPS_DIR = "/dev/nvidia-caps"
+BIN_DIR = "/usr/bin"
+COMPAT_DIR = "/usr/local/cuda/compat"
+COMPAT_MODES = ("disabled", "mount", "ldconfig")
+
+# Links applications expect but ldconfig does not make (it only makes SONAME links):
+# library prefix -> (link name, target; None = the mounted file itself).
+LIBRARY_LINKS: dict[str, tuple[str, str | None]] = {
+    "libcuda.so": ("libcuda.so", "libcuda.so.1"),
+    "libnvidia-opticalflow.so": ("libnvidia-opticalflow.so", "libnvidia-opticalflow.so.1"),
+    "libGLX_nvidia.so": ("libGLX_indirect.so.0", None),
+}
+
+_MODIFY_DEVICE_FILES = re.compile(r"^ModifyDeviceFiles:.*$", re.MULTILINE)
+_COMPAT_LIB = re.compile(r"^lib.*\.so\.(\d+)(\.\d+)*$")
+
+
+# ---- operations -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostMount:
+    """An extra host file or directory to show in the container (e.g. the sharing shim's files)."""
+
+    source: str  # host path (absolute): a file or a directory the caller prepared
+    target: str  # absolute path inside the container
+    readonly: bool = True
+    directory: bool = False  # target created as a dir (else as an empty file) safely in-root if missing
+
+
+@dataclass(frozen=True)
+class Bind:
+    """Bind ``source`` onto ``target`` with per-mount flags ``attrs``; the target is created if missing.
+
+    ``kind``: file, dir or device (a character device whose st_rdev must be ``rdev``).
+    ``in_rootfs``: the source is a path inside the container's rootfs (CUDA compat libraries
+    in mount mode), resolved there like every container path.
+    """
+
+    source: str
+    target: str
+    attrs: int
+    kind: str = "file"
+    what: str = "library"
+    rdev: int | None = None
+    in_rootfs: bool = False
+
+    def text(self) -> str:
+        flags = ",".join(f.name.lower() for f in MountAttr if f & self.attrs) or "rw"
+        if self.rdev is not None:
+            flags = f"c {os.major(self.rdev)}:{os.minor(self.rdev)}, {flags}"
+        where = " (in rootfs)" if self.in_rootfs else ""
+        return f"bind    {self.what:<9} {self.source}{where} -> {self.target} [{flags}]"
+
+
+@dataclass(frozen=True)
+class Tmpfs:
+    """A fresh tmpfs on ``target`` (an existing directory on procfs), filled by the operations after it."""
+
+    target: str
+
+    def text(self) -> str:
+        return f"tmpfs   {'proc':<9} {self.target}"
+
+
+@dataclass(frozen=True)
+class MakeDir:
+    """A directory inside a tmpfs of the plan."""
+
+    target: str
+
+    def text(self) -> str:
+        return f"mkdir   {'proc':<9} {self.target}"
+
+
+@dataclass(frozen=True)
+class WriteFile:
+    """A read-only file with ``content`` inside a tmpfs of the plan."""
+
+    target: str
+    content: str
+    mode: int = 0o444
+
+    def text(self) -> str:
+        first = self.content.splitlines()[0] if self.content else ""
+        return f"write   {'proc':<9} {self.target} ({len(self.content.encode())} bytes: {first[:40]!r}…)"
+
+
+@dataclass(frozen=True)
+class Seal:
+    """Make the tmpfs on ``target`` read-only (nosuid, nodev, noexec) once it is filled."""
+
+    target: str
+
+    def text(self) -> str:
+        return f"seal    {'proc':<9} {self.target} [rdonly,nosuid,nodev,noexec]"
+
+
+@dataclass(frozen=True)
+class Symlink:
+    """Symlink ``target`` -> ``link_to``, made only where nothing exists at ``target``."""
+
+    target: str
+    link_to: str
+
+    def text(self) -> str:
+        return f"symlink {'library':<9} {self.target} -> {self.link_to}"
+
+
+Operation = Bind | Tmpfs | MakeDir | WriteFile | Seal | Symlink
+_OPS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Bind, Tmpfs, MakeDir, WriteFile, Seal, Symlink)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``configure`` does to one container, in order."""
+
+    rootfs: str  # as given (absolute path; with pid, in the container's mount namespace)
+    pid: int | None
+    owner: tuple[int, int]  # uid, gid created files get and ldconfig runs as
+    operations: tuple[Operation, ...]
+    cgroup_rules: tuple[DeviceRule, ...] = ()
+    ldconfig: str | None = None  # None: no ldconfig run (no library mounted)
+    ldconfig_dirs: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        """The human-readable rendering ``configure --dry-run`` prints."""
+        pid = "standalone" if self.pid is None else f"pid {self.pid}"
+        lines = [f"rootfs  {self.rootfs} ({pid}, owner {self.owner[0]}:{self.owner[1]})"]
+        lines += [op.text() for op in self.operations]
+        lines += [f"cgroup  allow     {rule}" for rule in self.cgroup_rules]
+        if self.ldconfig is not None:
+            lines.append(f"ldconfig {self.ldconfig} {' '.join(self.ldconfig_dirs)}")
+        return "".join(f"{line}\n" for line in lines)
+
+    def to_wire(self) -> dict[str, Any]:
+        """A JSON-able form for the trip to the applier helper."""
+        return {
+            "rootfs": self.rootfs,
+            "pid": self.pid,
+            "owner": list(self.owner),
+            "operations": [{"op": type(op).__name__.lower(), **dataclasses.asdict(op)} for op in self.operations],
+            "cgroup_rules": [dataclasses.asdict(r) for r in self.cgroup_rules],
+            "ldconfig": self.ldconfig,
+            "ldconfig_dirs": list(self.ldconfig_dirs),
+        }
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Plan:
+        ops = []
+        for raw in data["operations"]:
+            fields = dict(raw)
+            ops.append(_OPS[fields.pop("op")](**fields))
+        return cls(
+            rootfs=data["rootfs"],
+            pid=data["pid"],
+            owner=(data["owner"][0], data["owner"][1]),
+            operations=tuple(ops),
+            cgroup_rules=tuple(DeviceRule(**r) for r in data["cgroup_rules"]),
+            ldconfig=data["ldconfig"],
+            ldconfig_dirs=tuple(data["ldconfig_dirs"]),
+        )
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """The request's options that shape the plan."""
+
+    capabilities: frozenset[str] = frozenset()
+    ldconfig: str = "@/sbin/ldconfig"
+    no_cgroups: bool = False
+    no_devbind: bool = False
+    mig_config: bool = False
+    mig_monitor: bool = False
+    imex_channels: tuple[int, ...] = ()
+    cuda_compat_mode: str = "ldconfig"
+    extra_mounts: tuple[HostMount, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What discovery found on the host."""
+
+    root: str  # driver root (absolute); files below are host paths under it
+    files: DriverFiles
+    majors: Mapping[str, int]  # /proc/devices
+    nodes: Mapping[str, str]  # node path as the container sees it -> host path, st_rdev checked
+    proc_files: Mapping[str, str]  # params/version/registry of /proc/driver/nvidia -> content
+    proc_gpu_dirs: Mapping[str, str]  # normalised bus id -> /proc/driver/nvidia/gpus/<dir> (host path)
+    mig_minors: Mapping[str, int]  # /proc/driver/nvidia-caps/mig-minors
+    caps_dir: str = f"{PROC_NVIDIA}/capabilities"  # host path of the MIG capability tree
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """What the container's rootfs says, read safely inside it (see :func:`nvc.configure.container_facts`)."""
+
+    owner: tuple[int, int]
+    lib_dir: str  # /usr/lib/x86_64-linux-gnu (Debian family) or /usr/lib64
+    lib32_dir: str  # /usr/lib/i386-linux-gnu, /usr/lib32 or /usr/lib
+    proc_nvidia: bool  # the container's procfs has /proc/driver/nvidia (the kernel driver is loaded)
+    compat_libs: tuple[str, ...] = ()  # regular files /usr/local/cuda/compat/lib*.so.* (container paths)
+
+
+# ---- planning -------------------------------------------------------------------------------
+
+
+def inner_path(root: str, host: str) -> str:
+    """The path of host file ``host`` inside driver root ``root`` (where the container gets it)."""
+    if root == "/":
+        return host
+    return "/" + os.path.relpath(host, root)
+
+
+def _has_prefix(path: str, prefixes: tuple[str, ...]) -> bool:
+    return posixpath.basename(path).startswith(prefixes)
+
+
+def library_prefixes(capabilities: frozenset[str]) -> tuple[str, ...]:
+    """Prefixes of the libraries the container gets (video brings compute's, see nvc.capabilities)."""
+    return caps_mod.library_prefixes(capabilities)
+
+
+def control_nodes(majors: Mapping[str, int], capabilities: frozenset[str]) -> tuple[nodes.NodeSpec, ...]:
+    """nvidiactl always; the uvm nodes only with compute; modeset only with display."""
+    keep = []
+    for spec in nodes.control_specs(dict(majors)):
+        if "uvm" in spec.path and "compute" not in capabilities:
+            continue
+        if spec.path.endswith("modeset") and "display" not in capabilities:
+            continue
+        keep.append(spec)
+    return tuple(keep)
+
+
+def _mig_caps_minors(selection: Selection, mig_minors: Mapping[str, int], whole: bool) -> list[int]:
+    """nvidia-caps minors the container may use: each MIG device's GI and CI, or with
+    mig-config/monitor every minor of each selected MIG-capable GPU."""
+    minors: list[int] = []
+    if whole:
+        for gpu in selection.gpus:
+            if getattr(gpu, "mig_enabled", False) or gpu.mig_devices:
+                minors += [m for name, m in mig_minors.items() if name.startswith(f"gpu{gpu.minor}/")]
+    for _, mig in selection.migs:
+        minors += [m for m in (mig.gi_caps_minor, mig.ci_caps_minor) if m is not None]
+    return list(dict.fromkeys(minors))
+
+
+def needed_nodes(
+    selection: Selection, majors: Mapping[str, int], mig_minors: Mapping[str, int], options: Options
+) -> tuple[nodes.NodeSpec, ...]:
+    """Every device node the plan may use, for the caller to look up (and check) on the host."""
+    specs = list(control_nodes(majors, options.capabilities))
+    specs += [nodes.gpu_spec(dict(majors), gpu.minor) for gpu in selection.gpus]
+    whole = options.mig_config or options.mig_monitor
+    minors = _mig_caps_minors(selection, mig_minors, whole)
+    if whole:
+        minors += [mig_minors[n] for n, on in (("config", options.mig_config), ("monitor", options.mig_monitor))
+                   if on and n in mig_minors]
+    specs += [s for s in (nodes.caps_spec(dict(majors), m) for m in dict.fromkeys(minors)) if s is not None]
+    specs += [nodes.imex_spec(dict(majors), c) for c in options.imex_channels]
+    return tuple(specs)
+
+
+def params_without_device_files(text: str) -> str:
+    """The driver's params with ``ModifyDeviceFiles: 0``: the container's driver must not mknod nodes."""
+    if _MODIFY_DEVICE_FILES.search(text):
+        return _MODIFY_DEVICE_FILES.sub("ModifyDeviceFiles: 0", text)
+    return text + ("" if text.endswith("\n") or not text else "\n") + "ModifyDeviceFiles: 0\n"
+
+
+def compat_libraries(libs: tuple[str, ...], driver_version: str, mode: str) -> tuple[str, ...]:
+    """The forward-compat libraries that apply (the reference's filter, by leading major).
+
+    ldconfig mode keeps libraries whose major is above the driver's; mount mode drops only
+    those whose major equals it.
+    """
+    driver_major = int(driver_version.split(".")[0])
+    keep = []
+    for lib in libs:
+        m = _COMPAT_LIB.match(posixpath.basename(lib))
+        if m is None:
+            continue
+        major = int(m.group(1))
+        if (mode == "ldconfig" and major > driver_major) or (mode == "mount" and major != driver_major):
+            keep.append(lib)
+    return tuple(keep)
+
+
+def _node_bind(spec: nodes.NodeSpec, host: HostFacts, what: str) -> Bind:
+    return Bind(host.nodes[spec.path], spec.path, int(DEVICE), "device", what, os.makedev(spec.major, spec.minor))
+
+
+def _driver_files(host: HostFacts, container: ContainerFacts, options: Options) -> list[Operation]:
+    caps = options.capabilities
+    prefixes = library_prefixes(caps)
+    files = host.files
+    ops: list[Operation] = []
+    bins = caps_mod.binary_names(caps)
+    ops += [Bind(b, f"{BIN_DIR}/{posixpath.basename(b)}", int(RO), what="binary")
+            for b in files.binaries if posixpath.basename(b) in bins]
+    ops += [Bind(lib, f"{container.lib_dir}/{posixpath.basename(lib)}", int(RO), what="library")
+            for lib in files.libraries if _has_prefix(lib, prefixes)]
+    if "compat32" in caps:
+        ops += [Bind(lib, f"{container.lib32_dir}/{posixpath.basename(lib)}", int(RO), what="library32")
+                for lib in files.libraries32 if _has_prefix(lib, prefixes)]
+    if options.cuda_compat_mode == "mount" and "compute" in caps:
+        ops += [Bind(lib, f"{container.lib_dir}/{posixpath.basename(lib)}", int(RO), what="compat", in_rootfs=True)
+                for lib in compat_libraries(container.compat_libs, files.version, "mount")]
+    ipcs = [
+        (files.persistenced_socket, bool(caps & {"utility", "compute"}), "file"),
+        (files.fabricmanager_socket, "compute" in caps, "file"),
+        (files.mps_pipe_dir, "compute" in caps, "dir"),
+    ]
+    ops += [Bind(path, inner_path(host.root, path), int(IPC), kind, "ipc") for path, on, kind in ipcs if path and on]
+    ops += [Bind(fw, inner_path(host.root, fw), int(RO_NOEXEC), what="firmware") for fw in files.firmwares]
+    return ops
+
+
+def _proc_ops(host: HostFacts, container: ContainerFacts, selection: Selection, options: Options) -> list[Operation]:
+    """The tmpfs over /proc/driver/nvidia: params (ModifyDeviceFiles: 0), version, registry, the
+    selected GPUs' directories and MIG access files. Where the container's procfs has no
+    /proc/driver/nvidia (no kernel driver: test doubles), the tmpfs goes on /proc/driver."""
+    mountpoint = PROC_NVIDIA if container.proc_nvidia else posixpath.dirname(PROC_NVIDIA)
+    ops: list[Operation] = [Tmpfs(mountpoint)]
+    if not container.proc_nvidia:
+        ops.append(MakeDir(PROC_NVIDIA))
+    for name in ("params", "version", "registry"):
+        if name in host.proc_files:
+            content = host.proc_files[name]
+            ops.append(WriteFile(f"{PROC_NVIDIA}/{name}", params_without_device_files(content)
+                                 if name == "params" else content))
+    if selection.gpus:
+        ops.append(MakeDir(f"{PROC_NVIDIA}/gpus"))
+    for gpu in selection.gpus:
+        src = host.proc_gpu_dirs.get(normalize_bus_id(gpu.bus_id) or gpu.bus_id)
+        if src is None:
+            raise DeviceError(f"{gpu.uuid}: no {PROC_NVIDIA}/gpus entry for bus id {gpu.bus_id}")
+        ops.append(Bind(src, f"{PROC_NVIDIA}/gpus/{posixpath.basename(src)}", int(RO_NOEXEC), "dir", "proc"))
+    caps_target = f"{PROC_NVIDIA}/capabilities"
+    if options.mig_config or options.mig_monitor:
+        ops.append(Bind(host.caps_dir, caps_target, int(RO_NOEXEC), "dir", "mig"))
+    else:
+        for _, mig in selection.migs:
+            for src in (mig.gi_caps_path, mig.ci_caps_path):
+                if src is None:
+                    raise DeviceError(f"{mig.uuid}: no MIG access files in {host.caps_dir}")
+                rel = posixpath.relpath(src, host.caps_dir)
+                ops.append(Bind(src, f"{caps_target}/{rel}", int(RO_NOEXEC), "file", "mig"))
+    ops.append(Seal(mountpoint))
+    return ops
+
+
+def _require(spec: nodes.NodeSpec, host: HostFacts) -> nodes.NodeSpec:
+    if spec.path not in host.nodes:
+        raise DeviceError(f"{spec.path}: no such device node under {host.root} (see --load-kmods)")
+    return spec
+
+
+def _device_ops(host: HostFacts, selection: Selection, options: Options) -> tuple[list[Operation], list[DeviceRule]]:
+    """Device node binds and their cgroup rules.
+
+    With mig-config/monitor the host's whole /dev/nvidia-caps is bound (caps of MIG devices
+    created later included) and every caps minor of the selected MIG-capable GPUs allowed;
+    otherwise each selected MIG device's GI and CI caps nodes are bound one by one.
+    """
+    majors = dict(host.majors)
+    specs = [s for s in control_nodes(majors, options.capabilities) if s.path in host.nodes]
+    specs += [_require(nodes.gpu_spec(majors, gpu.minor), host) for gpu in selection.gpus]
+    whole = options.mig_config or options.mig_monitor
+    caps_specs = [s for s in (nodes.caps_spec(majors, m) for m in _mig_caps_minors(selection, host.mig_minors, whole))
+                  if s is not None]
+    mig_file_specs = []
+    for name, on in (("config", options.mig_config), ("monitor", options.mig_monitor)):
+        if not on:
+            continue
+        if name not in host.mig_minors:
+            raise DeviceError(f"MIG {name} is not supported by this driver (no mig-minors entry)")
+        spec = nodes.caps_spec(majors, host.mig_minors[name])
+        if spec is not None:
+            mig_file_specs.append(_require(spec, host))
+    imex = [_require(nodes.imex_spec(majors, c), host) for c in options.imex_channels]
+    ops: list[Operation] = []
+    if not options.no_devbind:
+        ops += [_node_bind(s, host, "device") for s in specs]
+        if mig_file_specs:
+            caps_host = posixpath.dirname(host.nodes[mig_file_specs[0].path])
+            ops.append(Bind(caps_host, CAPS_DIR, int(MountAttr.NOSUID | MountAttr.NOEXEC), "dir", "mig"))
+        else:
+            ops += [_node_bind(_require(s, host), host, "mig") for s in caps_specs]
+        ops += [_node_bind(s, host, "imex") for s in imex]
+    allowed = dict.fromkeys([*specs, *caps_specs, *mig_file_specs, *imex])
+    rules = [] if options.no_cgroups else [DeviceRule("c", s.major, s.minor, "rw") for s in allowed]
+    return ops, rules
+
+
+def _links(binds: list[Operation]) -> list[Operation]:
+    links: list[Operation] = []
+    for op in binds:
+        if not isinstance(op, Bind) or op.what != "library":
+            continue
+        name = posixpath.basename(op.target)
+        for prefix, (link, target) in LIBRARY_LINKS.items():
+            if name.startswith(prefix + "."):
+                links.append(Symlink(f"{posixpath.dirname(op.target)}/{link}", target or name))
+    return links
+
+
+def _extra(mounts: tuple[HostMount, ...]) -> list[Operation]:
+    ops: list[Operation] = []
+    for m in mounts:
+        if not posixpath.isabs(m.source) or not posixpath.isabs(m.target) or posixpath.normpath(m.target) == "/":
+            raise InputError(f"invalid extra mount {m.source} -> {m.target}: paths must be absolute")
+        attrs = (MountAttr.RDONLY if m.readonly else 0) | MountAttr.NOSUID | MountAttr.NODEV
+        ops.append(Bind(m.source, posixpath.normpath(m.target), int(attrs), "dir" if m.directory else "file", "extra"))
+    return ops
+
+
+def build(
+    rootfs: str,
+    pid: int | None,
+    host: HostFacts,
+    container: ContainerFacts,
+    selection: Selection,
+    options: Options,
+) -> Plan:
+    """The plan for one container. Raises DeviceError for a selected device the host lacks."""
+    if options.cuda_compat_mode not in COMPAT_MODES:
+        raise InputError(f"{options.cuda_compat_mode}: invalid cuda compat mode (one of {', '.join(COMPAT_MODES)})")
+    files_ops = _driver_files(host, container, options)
+    device_ops, rules = _device_ops(host, selection, options)
+    ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, options), *_links(files_ops),
+           *_extra(options.extra_mounts)]
+    lib_dirs = [d for d, what in ((container.lib_dir, "library"), (container.lib32_dir, "library32"))
+                if any(isinstance(o, Bind) and o.what == what for o in ops)]
+    if options.cuda_compat_mode == "ldconfig" and "compute" in options.capabilities and lib_dirs:
+        if compat_libraries(container.compat_libs, host.files.version, "ldconfig"):
+            lib_dirs.insert(0, COMPAT_DIR)
+    return Plan(
+        rootfs=rootfs,
+        pid=pid,
+        owner=container.owner,
+        operations=tuple(ops),
+        cgroup_rules=tuple(rules),
+        ldconfig=options.ldconfig if lib_dirs else None,
+        ldconfig_dirs=tuple(lib_dirs),
+    )
