@@ -155,16 +155,48 @@ def bind_mount(
 
 
 def _bind_new_api(source_fd: int, dest_fd: int, attrs: MountAttr, dest_path: str, recursive: bool) -> Mount:
-    flags = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_EMPTY_PATH
-    tree = syscalls.open_tree(source_fd, "", flags | (syscalls.AT_RECURSIVE if recursive else 0))
+    tree = clone_tree(source_fd, attrs, dest_path, recursive)
     try:
-        at = syscalls.AT_EMPTY_PATH | (syscalls.AT_RECURSIVE if recursive else 0)
-        syscalls.mount_setattr(tree, "", at, attrs, name=dest_path)
         both_fds = syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH
         syscalls.move_mount(tree, "", dest_fd, "", both_fds)
     except OSError:
         os.close(tree)
         raise
+    return Mount(tree, dest_path)
+
+
+def clone_tree(source_fd: int, attrs: MountAttr, dest_path: str, recursive: bool = False) -> int:
+    """A detached bind of ``source_fd`` with flags ``attrs`` (new mount API; OSError on failure).
+
+    The kernel lets a bind be cloned only from the caller's own mount namespace but attached
+    in another one, so the applier clones host sources before it joins the container's
+    namespace and attaches them there (:func:`attach_tree`).
+    """
+    flags = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_EMPTY_PATH
+    tree = syscalls.open_tree(source_fd, "", flags | (syscalls.AT_RECURSIVE if recursive else 0))
+    try:
+        at = syscalls.AT_EMPTY_PATH | (syscalls.AT_RECURSIVE if recursive else 0)
+        syscalls.mount_setattr(tree, "", at, attrs, name=dest_path)
+    except OSError:
+        os.close(tree)
+        raise
+    return tree
+
+
+def attach_tree(tree: int, dest_dir_fd: int, dest_name: str, *, dest_path: str) -> Mount:
+    """Attach a detached mount ``tree`` (from :func:`clone_tree`) on ``dest_name`` in ``dest_dir_fd``.
+
+    The destination must exist, be of the tree's kind (file or directory) and not be a
+    symlink. The returned Mount owns ``tree``; on failure ``tree`` is left to the caller.
+    """
+    dest_fd = _open_dest(dest_dir_fd, dest_name, dest_path, stat.S_ISDIR(os.fstat(tree).st_mode))
+    try:
+        both_fds = syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH
+        syscalls.move_mount(tree, "", dest_fd, "", both_fds, names=("", dest_path))
+    except OSError as err:
+        raise MountError(f"mount failed: {dest_path}: {err.strerror}") from None
+    finally:
+        os.close(dest_fd)
     return Mount(tree, dest_path)
 
 
