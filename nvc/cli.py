@@ -118,6 +118,8 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
 @click.option("--no-fabricmanager", is_flag=True, help="Leave out the fabric manager socket.")
 @click.option("--no-gsp-firmware", is_flag=True, help="Leave out GSP firmware.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output, one list per section.")
+@click.option("--nvml", "force_nvml", is_flag=True,
+              help="Ask NVML even where /proc suffices (both sources must agree; bench/discovery times both).")
 @click.pass_obj
 def list_(
     opts: GlobalOptions,
@@ -134,6 +136,7 @@ def list_(
     no_fabricmanager: bool,
     no_gsp_firmware: bool,
     as_json: bool,
+    force_nvml: bool,
 ) -> None:
     """Print the host paths a container would get (with no selection flags: -d all --compat32 -l -b -i -f)."""
     from nvc import listing
@@ -155,7 +158,7 @@ def list_(
         no_fabricmanager=no_fabricmanager,
         no_gsp_firmware=no_gsp_firmware,
     )
-    result = run_list(opts, request, devices)
+    result = run_list(opts, request, devices, use_nvml=True if force_nvml else None)
     click.echo(result.json() if as_json else result.text(), nl=False)
 
 
