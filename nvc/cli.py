@@ -14,44 +14,15 @@ import click
 
 from nvc import __version__
 from nvc.errors import InputError, NvcError
-from nvc.options import GlobalOptions
+from nvc.options import GlobalOptions, parse_user
 
 if TYPE_CHECKING:
     from nvc.listing import ListRequest, Listing
-
-OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")
 
 # Global options that take a separate value, and the one whose value is optional
 # (getopt's ``--user[=UID[:GID]]``: a value only when attached with '=').
 _GLOBAL_VALUE_OPTIONS = ("-r", "--root", "-l", "--ldcache", "-d", "--debug")
 _OPTIONAL_VALUE_OPTIONS = ("-u", "--user")
-
-
-def _read_id(path: str) -> int:
-    try:
-        with open(path) as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 65534
-
-
-def parse_user(value: str | None) -> tuple[int, int]:
-    """uid and gid of ``--user``.
-
-    Absent: the kernel's overflow ids when running as root (the helper drops to nobody),
-    else the caller's own ids (nothing to drop to). ``--user`` alone: the effective ids.
-    ``UID`` alone: that uid and the same number as gid.
-    """
-    if value is None:
-        if os.geteuid() != 0:
-            return os.geteuid(), os.getegid()
-        return _read_id(OVERFLOW_IDS[0]), _read_id(OVERFLOW_IDS[1])
-    if value == "":
-        return os.geteuid(), os.getegid()
-    uid, sep, gid = value.partition(":")
-    if not uid.isdigit() or (sep and not gid.isdigit()):
-        raise InputError(f"{value}: invalid user (expected UID[:GID])")
-    return int(uid), int(gid) if sep else int(uid)
 
 
 def _optional_user_value(argv: list[str]) -> list[str]:

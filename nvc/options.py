@@ -6,7 +6,12 @@ for the CLI's imports at every container start.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+from nvc.errors import InputError
+
+OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")
 
 
 @dataclass(frozen=True)
@@ -17,3 +22,30 @@ class GlobalOptions:
     ldcache: str  # ld cache path inside the root
     user: tuple[int, int]  # uid, gid the driver helper runs as
     load_kmods: bool
+
+
+def _read_id(path: str) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65534
+
+
+def parse_user(value: str | None) -> tuple[int, int]:
+    """uid and gid of ``--user``.
+
+    Absent: the kernel's overflow ids when running as root (the helper drops to nobody),
+    else the caller's own ids (nothing to drop to). ``--user`` alone: the effective ids.
+    ``UID`` alone: that uid and the same number as gid.
+    """
+    if value is None:
+        if os.geteuid() != 0:
+            return os.geteuid(), os.getegid()
+        return _read_id(OVERFLOW_IDS[0]), _read_id(OVERFLOW_IDS[1])
+    if value == "":
+        return os.geteuid(), os.getegid()
+    uid, sep, gid = value.partition(":")
+    if not uid.isdigit() or (sep and not gid.isdigit()):
+        raise InputError(f"{value}: invalid user (expected UID[:GID])")
+    return int(uid), int(gid) if sep else int(uid)
