@@ -1,0 +1,147 @@
+// share_gpu: a CUDA 13 program (static cudart, nvcc's default) used by the real-GPU tests of
+// libnvc-share (tests/test_share_gpu.py) and by bench/share. Static cudart reaches the driver only
+// through dlopen("libcuda.so.1") + cuGetProcAddress, the path the shim must intercept.
+// One output line per operation, "op value...", so the callers parse without guessing.
+//
+//   fill MIB            cudaMalloc MIB-sized chunks until one fails: "fill <MiB allocated> <error name>"
+//   asyncfill MIB       the same through cudaMallocAsync (the device's default pool)
+//   alloc MIB           one cudaMalloc, kept: "alloc <error name>"
+//   freeall             cudaFree everything kept
+//   meminfo             "meminfo <free> <total>" from cudaMemGetInfo
+//   totalmem            "totalmem <bytes>" from cudaDeviceProp::totalGlobalMem (cuDeviceTotalMem)
+//   hold                "holding", then waits to be killed
+//   compute SEC ITERS   launches a compute-bound kernel for SEC seconds: "compute <kernels/s>"
+//   bench N             medians of N samples: "pair_us <µs>" (cudaMalloc+cudaFree 1 MiB), "launch_us <µs>"
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <unistd.h>
+#include <vector>
+
+static double now_us()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static double median(std::vector<double> v)
+{
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+__global__ void empty_kernel() {}
+
+// A dependent FMA chain per thread: bound by the SMs' arithmetic, not by memory.
+__global__ void fma_loop(float *sink, int iters)
+{
+    float a = threadIdx.x * 1e-3f, b = 0.999f, c = 1e-4f;
+    for (int i = 0; i < iters; i++) {
+        a = fmaf(a, b, c);
+        b = fmaf(b, a, -c);
+    }
+    if (a == 1234.5f)
+        sink[blockIdx.x] = b;
+}
+
+static std::vector<void *> kept;
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    for (int i = 1; i < argc; i++) {
+        const char *op = argv[i];
+        if (!strcmp(op, "fill") || !strcmp(op, "asyncfill")) {
+            size_t chunk = strtoull(argv[++i], nullptr, 10) << 20;
+            bool async = op[0] == 'a';
+            size_t total = 0;
+            cudaError_t err;
+            for (;;) {
+                void *p = nullptr;
+                err = async ? cudaMallocAsync(&p, chunk, 0) : cudaMalloc(&p, chunk);
+                if (async && err == cudaSuccess)
+                    err = cudaStreamSynchronize(0);
+                if (err != cudaSuccess)
+                    break;
+                kept.push_back(p);
+                total += chunk;
+                if (total > (size_t(200) << 30))
+                    break;
+            }
+            cudaGetLastError();
+            printf("%s %zu %s\n", op, total >> 20, cudaGetErrorName(err));
+        } else if (!strcmp(op, "alloc")) {
+            void *p = nullptr;
+            cudaError_t err = cudaMalloc(&p, strtoull(argv[++i], nullptr, 10) << 20);
+            if (err == cudaSuccess)
+                kept.push_back(p);
+            cudaGetLastError();
+            printf("alloc %s\n", cudaGetErrorName(err));
+        } else if (!strcmp(op, "freeall")) {
+            for (void *p : kept)
+                cudaFree(p);
+            kept.clear();
+            cudaDeviceSynchronize();
+            printf("freeall ok\n");
+        } else if (!strcmp(op, "meminfo")) {
+            size_t free_b = 0, total = 0;
+            cudaError_t err = cudaMemGetInfo(&free_b, &total);
+            printf("meminfo %zu %zu %s\n", free_b, total, cudaGetErrorName(err));
+        } else if (!strcmp(op, "totalmem")) {
+            cudaDeviceProp prop;
+            cudaGetDeviceProperties(&prop, 0);
+            printf("totalmem %zu\n", prop.totalGlobalMem);
+        } else if (!strcmp(op, "hold")) {
+            printf("holding\n");
+            pause();
+        } else if (!strcmp(op, "compute")) {
+            double seconds = atof(argv[++i]);
+            int iters = atoi(argv[++i]);
+            float *sink;
+            cudaMalloc(&sink, 4096 * sizeof(float));
+            fma_loop<<<1056, 256>>>(sink, iters);           // warm-up: module load, clocks
+            cudaDeviceSynchronize();
+            long n = 0;
+            double start = now_us(), end = start + seconds * 1e6;
+            while (now_us() < end) {
+                fma_loop<<<1056, 256>>>(sink, iters);
+                n++;
+            }
+            cudaError_t err = cudaDeviceSynchronize();
+            double elapsed = now_us() - start;
+            cudaFree(sink);
+            printf("compute %.1f %s\n", n / (elapsed / 1e6), cudaGetErrorName(err));
+        } else if (!strcmp(op, "bench")) {
+            int n = atoi(argv[++i]);
+            std::vector<double> pair, launch;
+            for (int k = 0; k < n + 20; k++) {
+                void *p;
+                double t = now_us();
+                cudaMalloc(&p, 1 << 20);
+                cudaFree(p);
+                if (k >= 20)
+                    pair.push_back(now_us() - t);
+            }
+            empty_kernel<<<1, 32>>>();
+            cudaDeviceSynchronize();
+            for (int k = 0; k < n; k++) {
+                double t = now_us();
+                empty_kernel<<<1, 32>>>();
+                launch.push_back(now_us() - t);
+                if (k % 256 == 255)
+                    cudaDeviceSynchronize();            // keep the launch queue short, untimed
+            }
+            cudaDeviceSynchronize();
+            printf("pair_us %.3f\nlaunch_us %.3f\n", median(pair), median(launch));
+        } else {
+            fprintf(stderr, "share_gpu: unknown operation %s\n", op);
+            return 2;
+        }
+    }
+    return 0;
+}

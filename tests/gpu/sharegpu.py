@@ -1,0 +1,66 @@
+"""Building and running the real-GPU programs of libnvc-share, for tests/test_share_gpu.py and
+bench/share. Plain standard library plus nvc.share (the hook's own limits writer), so it runs on
+the GPU machine with PYTHONPATH pointing at the source tree.
+
+Programs run with LD_PRELOAD=native/libnvc-share.so and NVC_SHARE_DIR=<a directory whose limits
+file nvc.share wrote>, the same file the hook mounts read-only in containers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+GPU_DIR = Path(__file__).resolve().parent
+REPO = GPU_DIR.parent.parent
+SHIM = REPO / "native" / "libnvc-share.so"
+COMPUTE_ITERS = 20000          # fma_loop iterations: ~200 µs per kernel on an H100
+
+
+def build(out: Path) -> Path:
+    """The shim (its Makefile) and share_gpu (nvcc, static cudart) built into out."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
+    program = out / "share_gpu"
+    subprocess.run(["nvcc", "-O2", "-arch=native", "-o", str(program), str(GPU_DIR / "share_gpu.cu")], check=True)
+    return program
+
+
+def limits_dir(path: Path, env: dict[str, str]) -> Path:
+    """A share directory prepared by nvc.share from a container env (e.g. NVC_SHARE_MEMORY_LIMIT)."""
+    sys.path.insert(0, str(REPO))
+    from nvc import share
+
+    request = share.parse_share_env(env)
+    assert request is not None, env
+    path.mkdir(parents=True, exist_ok=True)
+    share.write_share_dir(path, request)
+    return path
+
+
+def shim_env(share_dir: Path | None, **extra: str) -> dict[str, str]:
+    """Environment of a process under the shim (share_dir None: no shim at all, the native run)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NVC_SHARE", "CUDA_DEVICE_", "LD_PRELOAD"))}
+    env.update(extra)
+    if share_dir is not None:
+        env.update(LD_PRELOAD=str(SHIM), NVC_SHARE_DIR=str(share_dir / "shared"))
+    return env
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = 120) -> dict[str, list[str]]:
+    """Runs a program printing "op value..." lines; returns {op: values} (the last line of each op)."""
+    result = subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"{argv} exited {result.returncode}: {result.stderr.strip()}")
+    return {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.strip()}
+
+
+def holder(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """A program that allocates, prints "holding" and waits to be killed."""
+    proc = subprocess.Popen([str(a) for a in argv], env=env, stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("holding"):
+            return proc
+    proc.wait()
+    raise AssertionError(f"{argv} exited {proc.returncode} before holding")
