@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from nvc.capabilities import CAPABILITIES
 from nvc.errors import InputError
 
-ALL_CAPABILITIES = ("compat32", "compute", "display", "graphics", "ngx", "utility", "video")
 DEFAULT_CAPABILITIES = ("compute", "utility")
 DEVICE_VOLUME_DIR = "/var/run/nvidia-container-devices/"
 IMEX_VOLUME_DIR = DEVICE_VOLUME_DIR + "imex/"
@@ -26,7 +26,7 @@ class Policy:
     accept_envvar_when_unprivileged: bool = True
     accept_volume_mounts: bool = False
     disable_require: bool = False
-    supported_capabilities: frozenset[str] = frozenset(ALL_CAPABILITIES)
+    supported_capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
 
 @dataclass(frozen=True)
@@ -88,18 +88,18 @@ def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]],
 def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
     raw = env.get("NVIDIA_DRIVER_CAPABILITIES")
     if raw is None:
-        wanted = ALL_CAPABILITIES if _is_legacy(env) else DEFAULT_CAPABILITIES
+        wanted = CAPABILITIES if _is_legacy(env) else DEFAULT_CAPABILITIES
     else:
         names = _split(raw.lower())
         if not names:
             wanted = DEFAULT_CAPABILITIES
         elif "all" in names:
-            wanted = ALL_CAPABILITIES
+            wanted = CAPABILITIES
         else:
-            unknown = sorted(set(names) - set(ALL_CAPABILITIES))
+            unknown = sorted(set(names) - set(CAPABILITIES))
             if unknown:
                 raise InputError(f"NVIDIA_DRIVER_CAPABILITIES: unknown capability {unknown[0]!r} "
-                                 f"(known: {', '.join(ALL_CAPABILITIES)})")
+                                 f"(known: {', '.join(CAPABILITIES)})")
             wanted = names
     return tuple(sorted(set(wanted) & policy.supported_capabilities))
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from nvc.errors import InputError
-from nvc.hook.request import ALL_CAPABILITIES, GpuRequest, Policy, gpu_request, parse_env
+from nvc.capabilities import CAPABILITIES
+from nvc.hook.request import GpuRequest, Policy, gpu_request, parse_env
 
-ALL = ALL_CAPABILITIES
+ALL = CAPABILITIES
 DEFAULT = ("compute", "utility")
 VOL = Policy(accept_volume_mounts=True)
 STRICT = Policy(accept_envvar_when_unprivileged=False)
@@ -36,6 +37,13 @@ CASES = [
     ("list-trimmed", {"NVIDIA_VISIBLE_DEVICES": " 0 , 1 ,,"}, [], False, Policy(), ("0", "1"), DEFAULT, ()),
     ("uuid", {"NVIDIA_VISIBLE_DEVICES": "GPU-1234"}, [], False, Policy(), ("GPU-1234",), DEFAULT, ()),
     ("mig-uuid", {"NVIDIA_VISIBLE_DEVICES": "MIG-abcd"}, [], False, Policy(), ("MIG-abcd",), DEFAULT, ()),
+    ("mig-index", {"NVIDIA_VISIBLE_DEVICES": "1:0"}, [], False, Policy(), ("1:0",), DEFAULT, ()),
+    ("legacy-explicit-none", {"CUDA_VERSION": "12.4.1", "NVIDIA_VISIBLE_DEVICES": "none"}, [], False, Policy(),
+     None, ALL, ("cuda>=12.4",)),
+    ("legacy-explicit-caps", {"CUDA_VERSION": "12.4", "NVIDIA_DRIVER_CAPABILITIES": "utility"}, [], False,
+     Policy(), ("all",), ("utility",), ("cuda>=12.4",)),
+    ("legacy-disable-require", {"CUDA_VERSION": "12.4", "NVIDIA_DISABLE_REQUIRE": "1"}, [], False, Policy(),
+     ("all",), ALL, ()),
     ("caps-all", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all"}, [], False, Policy(),
      ("0",), ALL, ()),
     ("caps-list", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "video, graphics"}, [], False,

@@ -1,0 +1,266 @@
+"""The host's configuration file, ``/etc/nvc-py/config.yaml`` (``$NVC_PY_CONFIG`` overrides the path).
+
+The hook runs at every container start with no command line of its own, so everything an
+administrator would pass as flags lives here. The file is validated strictly: an unknown
+key or a bad value is an error naming the file, the key and the reason, because a typo
+silently ignored in a security setting (``accept-volume-mounts``, ``ldconfig``) is worse
+than a container that does not start. A missing file means all defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvc.capabilities import CAPABILITIES
+from nvc.errors import InputError
+
+DEFAULT_PATH = "/etc/nvc-py/config.yaml"
+ENV_VAR = "NVC_PY_CONFIG"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+CUDA_COMPAT_MODES = ("disabled", "mount", "ldconfig")
+DEFAULT_RUNTIMES = ("runc", "crun")
+
+
+def default_ldconfig(root: str = "/") -> str:
+    """The host ldconfig: ``ldconfig.real`` where the distribution wraps ldconfig in a script (Ubuntu)."""
+    real = os.path.join(root, "sbin/ldconfig.real")
+    return "@/sbin/ldconfig.real" if os.path.isfile(real) else "@/sbin/ldconfig"
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Defaults of GPU sharing (the shim, see nvc/share.py) for containers that do not set their own."""
+
+    enabled: bool = False  # inject the sharing shim into GPU containers
+    device_memory_limit: str | None = None  # CUDA_DEVICE_MEMORY_LIMIT grammar, e.g. "8g"
+    device_sm_limit: int | None = None  # percent, 1..100
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective configuration: the file's values over these defaults."""
+
+    root: str = "/"
+    ldcache: str = "/etc/ld.so.cache"
+    ldconfig: str = field(default_factory=default_ldconfig)
+    allow_ldconfig_from_container: bool = False
+    load_kmods: bool = True
+    no_cgroups: bool = False
+    user: str | None = None  # "UID[:GID]" of the driver helper; None: the kernel's overflow ids
+    log_file: str | None = "/var/log/nvc-py.log"
+    log_level: str = "info"
+    accept_envvar_when_unprivileged: bool = True
+    accept_volume_mounts: bool = False
+    disable_require: bool = False
+    supported_capabilities: tuple[str, ...] = CAPABILITIES
+    cuda_compat_mode: str = "ldconfig"
+    runtimes: tuple[str, ...] = DEFAULT_RUNTIMES
+    sharing: Sharing = Sharing()
+    path: str | None = field(default=None, compare=False)  # the file it came from, None for defaults
+
+    def as_dict(self) -> dict[str, Any]:
+        """The file's form (dashed keys), as ``config show`` prints it."""
+        return _to_file(dataclasses.asdict(self))
+
+
+def _to_file(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "path":
+            continue
+        if key == "log_file":
+            out.setdefault("log", {})["file"] = value
+        elif key == "log_level":
+            out.setdefault("log", {})["level"] = value
+        elif isinstance(value, dict):
+            out[key.replace("_", "-")] = _to_file(value)
+        else:
+            out[key.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+Check = Callable[[Any], Any]
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
+def _abs_path(value: Any) -> str:
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise ValueError("expected an absolute path")
+    return os.path.normpath(value)
+
+
+def _opt_abs_path(value: Any) -> str | None:
+    return None if value is None else _abs_path(value)
+
+
+def _choice(*choices: str) -> Check:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def _ldconfig(value: Any) -> str:
+    if not isinstance(value, str) or not os.path.isabs(value.removeprefix("@")):
+        raise ValueError("expected @HOSTPATH (a host ldconfig) or an absolute path inside the image")
+    return value
+
+
+def _user(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value)
+    uid, sep, gid = text.partition(":")
+    if not uid.isdigit() or (sep and not gid.isdigit()):
+        raise ValueError("expected UID or UID:GID")
+    return text
+
+
+def _capabilities(value: Any) -> tuple[str, ...]:
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError("expected a list of capability names")
+    names = [n.strip() for n in names if n.strip()]
+    if names == ["all"]:
+        return CAPABILITIES
+    unknown = sorted(set(names) - set(CAPABILITIES))
+    if unknown:
+        raise ValueError(f"unknown capability {unknown[0]!r} (known: {', '.join(CAPABILITIES)})")
+    return tuple(c for c in CAPABILITIES if c in names)
+
+
+def _runtimes(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(n, str) and n for n in value):
+        raise ValueError("expected a non-empty list of runtime names or absolute paths")
+    return tuple(value)
+
+
+def _memory_limit(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    number = text[:-1] if text[-1:].lower() in ("k", "m", "g") else text
+    if not number.isdigit():
+        raise ValueError("expected a byte count with an optional k, m or g suffix")
+    return text
+
+
+def _percent(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+        raise ValueError("expected an integer percent from 1 to 100")
+    return value
+
+
+_SHARING: dict[str, tuple[str, Check]] = {
+    "enabled": ("enabled", _bool),
+    "device-memory-limit": ("device_memory_limit", _memory_limit),
+    "device-sm-limit": ("device_sm_limit", _percent),
+}
+_LOG: dict[str, tuple[str, Check]] = {
+    "file": ("log_file", _opt_abs_path),
+    "level": ("log_level", _choice(*LOG_LEVELS)),
+}
+_TOP: dict[str, tuple[str, Check]] = {
+    "root": ("root", _abs_path),
+    "ldcache": ("ldcache", _abs_path),
+    "ldconfig": ("ldconfig", _ldconfig),
+    "allow-ldconfig-from-container": ("allow_ldconfig_from_container", _bool),
+    "load-kmods": ("load_kmods", _bool),
+    "no-cgroups": ("no_cgroups", _bool),
+    "user": ("user", _user),
+    "accept-envvar-when-unprivileged": ("accept_envvar_when_unprivileged", _bool),
+    "accept-volume-mounts": ("accept_volume_mounts", _bool),
+    "disable-require": ("disable_require", _bool),
+    "supported-capabilities": ("supported_capabilities", _capabilities),
+    "cuda-compat-mode": ("cuda_compat_mode", _choice(*CUDA_COMPAT_MODES)),
+    "runtimes": ("runtimes", _runtimes),
+}
+
+
+def _section(path: str, prefix: str, data: Any, keys: Mapping[str, tuple[str, Check]],
+             sections: tuple[str, ...] = ()) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: {prefix or 'top level'}: expected a mapping")
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        name = f"{prefix}{key}"
+        if key not in keys:
+            raise InputError(f"{path}: {name}: unknown key (known: {', '.join((*keys, *sections))})")
+        attr, check = keys[key]
+        try:
+            values[attr] = check(raw)
+        except ValueError as err:
+            raise InputError(f"{path}: {name}: {err} (got {raw!r})") from None
+    return values
+
+
+def parse(text: str, path: str) -> Config:
+    """The configuration in ``text`` (YAML), ``path`` naming it in errors."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise InputError(f"{path}: not valid YAML{where}") from None
+    data = {} if data is None else data
+    log: Any = {}
+    sharing: Any = {}
+    if isinstance(data, dict):
+        data = dict(data)
+        log = data.pop("log", None) or {}
+        sharing = data.pop("sharing", None) or {}
+    values = _section(path, "", data, _TOP, ("log", "sharing"))
+    values.update(_section(path, "log.", log, _LOG))
+    values["sharing"] = Sharing(**_section(path, "sharing.", sharing, _SHARING))
+    if "ldconfig" not in values:
+        values["ldconfig"] = default_ldconfig(values.get("root", "/"))
+    config = Config(**values, path=path)
+    if not config.ldconfig.startswith("@") and not config.allow_ldconfig_from_container:
+        raise InputError(f"{path}: ldconfig: {config.ldconfig} is a path in the container image, refused "
+                         "(an image binary must not run for the hook; set allow-ldconfig-from-container: true "
+                         "to accept it, or use @HOSTPATH)")
+    return config
+
+
+def config_path(env: Mapping[str, str] | None = None) -> str:
+    """The file to read: ``$NVC_PY_CONFIG`` if set, else the default path."""
+    return (os.environ if env is None else env).get(ENV_VAR) or DEFAULT_PATH
+
+
+def load(path: str | None = None) -> Config:
+    """The effective configuration from ``path`` (default: :func:`config_path`); no file means defaults."""
+    path = path or config_path()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return Config()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read configuration: {err.strerror}") from None
+    return parse(text, path)
+
+
+def show(config: Config) -> str:
+    """YAML text of the effective configuration, with a comment naming where it came from."""
+    import yaml
+
+    origin = config.path or "built-in defaults (no configuration file)"
+    body = yaml.safe_dump(config.as_dict(), sort_keys=False, default_flow_style=False)
+    return f"# effective nvc-py configuration from {origin}\n{body}"
