@@ -133,6 +133,75 @@ def list_(
     click.echo(result.json() if as_json else result.text(), nl=False)
 
 
+@cli.command()
+@click.option("-p", "--pid", type=int, default=None, help="Container process (supervised mode; else standalone).")
+@click.option("-d", "--device", "devices", multiple=True, metavar="ID", help="GPUs/MIG devices (all, none, 0,1, UUIDs…).")
+@click.option("-r", "--require", "requirements", multiple=True, metavar="EXPR", help="Requirement, e.g. cuda>=12.0.")
+@click.option("-l", "--ldconfig", default="@/sbin/ldconfig", show_default=True,
+              help="ldconfig to run: @HOSTPATH (host binary, from a memfd copy) or a path in the container.")
+@click.option("-c", "--compute", is_flag=True, help="Compute (CUDA, OpenCL) libraries and binaries.")
+@click.option("-u", "--utility", is_flag=True, help="NVML and nvidia-smi.")
+@click.option("-v", "--video", is_flag=True, help="Video codec libraries (with the compute ones).")
+@click.option("-g", "--graphics", is_flag=True, help="OpenGL/Vulkan libraries.")
+@click.option("-D", "--display", is_flag=True, help="Graphics libraries and the modeset node.")
+@click.option("-n", "--ngx", is_flag=True, help="NGX library.")
+@click.option("--compat32", is_flag=True, help="32-bit libraries of the chosen capabilities.")
+@click.option("--no-cgroups", is_flag=True, help="Leave the device cgroup alone.")
+@click.option("--no-devbind", is_flag=True, help="Do not bind-mount device nodes.")
+@click.option("--mig-config", metavar="all", default=None, help="MIG configuration capability (only 'all').")
+@click.option("--mig-monitor", metavar="all", default=None, help="MIG monitoring capability (only 'all').")
+@click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="IMEX channel nodes.")
+@click.option("--cuda-compat-mode", type=click.Choice(["disabled", "mount", "ldconfig"]), default="ldconfig",
+              show_default=True, help="CUDA forward-compat libraries of the image.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.argument("rootfs")
+@click.pass_obj
+def configure(
+    opts: GlobalOptions,
+    pid: int | None,
+    devices: tuple[str, ...],
+    requirements: tuple[str, ...],
+    ldconfig: str,
+    compute: bool,
+    utility: bool,
+    video: bool,
+    graphics: bool,
+    display: bool,
+    ngx: bool,
+    compat32: bool,
+    no_cgroups: bool,
+    no_devbind: bool,
+    mig_config: str | None,
+    mig_monitor: str | None,
+    imex: tuple[str, ...],
+    cuda_compat_mode: str,
+    dry_run: bool,
+    rootfs: str,
+) -> None:
+    """Make the selected GPUs usable in the container whose rootfs is ROOTFS (absolute, not /)."""
+    from nvc import configure as conf
+
+    flags = {"compute": compute, "utility": utility, "video": video, "graphics": graphics, "display": display,
+             "ngx": ngx, "compat32": compat32}
+    request = conf.ConfigureRequest(
+        rootfs=rootfs,
+        pid=pid,
+        devices=",".join(devices),
+        capabilities=frozenset(name for name, on in flags.items() if on),
+        requirements=requirements,
+        ldconfig=ldconfig,
+        no_cgroups=no_cgroups,
+        no_devbind=no_devbind,
+        mig_config=mig_config,
+        mig_monitor=mig_monitor,
+        imex_channels=imex,
+        cuda_compat_mode=cuda_compat_mode,
+    )
+    plan = conf.configure(opts, request, dry_run=dry_run)
+    if dry_run:
+        click.echo(plan.text(), nl=False)
+
+
 def run_list(
     opts: GlobalOptions, request: ListRequest, devices: tuple[str, ...], use_nvml: bool | None = None
 ) -> Listing:
@@ -156,6 +225,93 @@ def run_list(
     majors = nodes.read_majors() if request.needs_nodes else {}
     mig_minors = procfs.read_mig_minors() if mig_files else {}
     return listing.build(request, opts.root, files, chosen, majors, mig_minors)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def hook(args: tuple[str, ...]) -> None:
+    """The OCI hook (same as nvc-py-hook): prestart|poststart|poststop, OCI state on stdin."""
+    from nvc.hook import prestart
+
+    sys.exit(prestart.main(list(args)))
+
+
+@cli.group("config")
+def config_group() -> None:
+    """The configuration file (/etc/nvc-py/config.yaml, or $NVC_PY_CONFIG)."""
+
+
+@config_group.command("show")
+@click.option("--file", "path", metavar="PATH", default=None, help="Read PATH instead of the default file.")
+def config_show(path: str | None) -> None:
+    """Print the effective configuration, defaults included."""
+    from nvc import config
+
+    click.echo(config.show(config.load(path)), nl=False)
+
+
+@cli.group()
+def setup() -> None:
+    """Register nvc-py with a container engine."""
+
+
+@setup.command("podman")
+@click.option("--hooks-dir", default="/etc/containers/oci/hooks.d", show_default=True, help="hooks.d directory.")
+@click.option("--config", "config_path", metavar="PATH", default=None,
+              help="Configuration file the hook reads (default: /etc/nvc-py/config.yaml).")
+def setup_podman(hooks_dir: str, config_path: str | None) -> None:
+    """Install the hooks.d file that runs nvc-py-hook as a prestart hook."""
+    from nvc.hook import setup as engines
+
+    click.echo(f"wrote {engines.install_podman(hooks_dir, config_path)}")
+
+
+@setup.command("containerd")
+@click.option("--config", "config_path", default="/etc/containerd/config.toml", show_default=True,
+              help="containerd's main configuration (version 2); only its imports list is changed.")
+@click.option("--drop-in", default="/etc/containerd/conf.d/99-nvc-py.toml", show_default=True,
+              help="The drop-in file registering the runtime.")
+@click.option("--runtime-name", default="nvc-py", show_default=True, help="Name of the CRI runtime.")
+@click.option("--set-as-default", is_flag=True, help="Make it the CRI plugin's default runtime.")
+@click.option("--dry-run", is_flag=True, help="Print the files instead of writing them.")
+def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_default: bool, dry_run: bool) -> None:
+    """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName)."""
+    from nvc.hook import setup as engines
+
+    texts = engines.install_containerd(config_path, drop_in, runtime_name, set_as_default, dry_run)
+    for path, text in texts.items():
+        click.echo(f"# {path}\n{text}" if dry_run else f"wrote {path}")
+
+
+@cli.group()
+def cdi() -> None:
+    """Container Device Interface specs."""
+
+
+@cdi.command("generate")
+@click.option("--output", metavar="FILE", default=None, help="Write the spec to FILE (default: stdout).")
+@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
+              help="Output format (default: from the --output suffix, else yaml).")
+@click.option("--device-name-strategy", "strategy", type=click.Choice(["index", "uuid"]), default="index",
+              show_default=True, help="Name devices 0, 1, 1:0 or by their UUIDs.")
+@click.option("--config", "config_path", metavar="PATH", default=None,
+              help="Configuration file the spec's hooks read (default: /etc/nvc-py/config.yaml).")
+@click.pass_obj
+def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strategy: str,
+                 config_path: str | None) -> None:
+    """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
+    from nvc import cdi as cdi_spec
+    from nvc.hook import setup as engines
+
+    if fmt is None:
+        fmt = "json" if output is not None and output.endswith(".json") else "yaml"
+    spec = cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy, engines.hook_env(config_path))
+    text = cdi_spec.render(spec, fmt)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    engines.write_atomic(output, text)
+    click.echo(f"wrote {output}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,60 @@
+"""Device nodes of a GPU request, and their OCI spec form (``linux.devices`` + device cgroup rules).
+
+The runtime wrapper and the CDI generator put the nodes in the spec itself, so that the
+runtime creates them and owns their cgroup rules: rules added behind the runtime's back
+(by a hook) vanish on a systemd daemon-reload, the reference stack's best-known failure.
+Which nodes a request needs is the mount plan's rule (:func:`nvc.mountplan.needed_nodes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from nvc import inventory, mountplan, nodes, procfs, selection
+from nvc.nodes import DeviceNode
+
+
+def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:
+    """The nodes of ``specs`` present under ``root`` (a node with a wrong number is an error)."""
+    return [n for n in (nodes.find(root, s) for s in specs) if n is not None]
+
+
+def request_nodes(root: str, user: tuple[int, int] | None, devices: tuple[str, ...] | None,
+                  capabilities: frozenset[str], mig_config: bool = False,
+                  mig_monitor: bool = False) -> list[DeviceNode]:
+    """Every node a container asking for ``devices`` gets (``None``: driver only, control nodes)."""
+    majors = nodes.read_majors()
+    selectors = selection.parse(devices or ())
+    mig_files = mig_config or mig_monitor
+    use_nvml = bool(selectors) and inventory.needs_nvml(selectors, mig_files)
+    inv = inventory.from_nvml(root, user) if use_nvml else inventory.from_procfs()
+    chosen = selection.select(inv.gpus, selectors)
+    options = mountplan.Options(capabilities=capabilities, mig_config=mig_config, mig_monitor=mig_monitor)
+    mig_minors = procfs.read_mig_minors() if mig_files else {}
+    return find_all(root, mountplan.needed_nodes(chosen, majors, mig_minors, options))
+
+
+def spec_device(root: str, node: DeviceNode) -> dict[str, Any]:
+    """A CDI ``deviceNodes`` entry; without ``hostPath`` also an OCI ``linux.devices`` one."""
+    return {"path": mountplan.inner_path(root, node.path), "hostPath": node.path, "type": "c",
+            "major": node.major, "minor": node.minor, "fileMode": 0o666, "uid": 0, "gid": 0}
+
+
+def add_to_spec(spec: dict[str, Any], root: str, found: Iterable[DeviceNode]) -> bool:
+    """Add ``found`` to ``spec``'s devices and allow them rw in its device cgroup; False if nothing was new."""
+    linux = spec.setdefault("linux", {})
+    devices = linux.setdefault("devices", [])
+    rules = linux.setdefault("resources", {}).setdefault("devices", [])
+    have = {d.get("path") for d in devices}
+    changed = False
+    for node in found:
+        entry = spec_device(root, node)
+        del entry["hostPath"]
+        if entry["path"] in have:
+            continue
+        devices.append(entry)
+        rules.append({"allow": True, "type": "c", "major": node.major, "minor": node.minor, "access": "rw"})
+        have.add(entry["path"])
+        changed = True
+    return changed

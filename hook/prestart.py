@@ -1,0 +1,168 @@
+"""``nvc-py-hook``: the OCI hook that makes the GPUs a container asks for appear in it.
+
+Registered as a ``prestart`` hook (podman hooks.d, ``nvc-py-runtime``, or by hand in
+config.json). ``prestart`` reads the OCI state on stdin, loads the bundle's spec, decides
+devices and capabilities from it (:mod:`nvc.hook.request`) and runs the configure logic in
+this same process: a container start pays for one interpreter, not two. ``poststart`` and
+``poststop`` have nothing to do and succeed silently.
+
+A failure prints one line on stderr (the engine shows it to the user) and exits non-zero,
+which makes the runtime abort the start. Every invocation leaves one structured line in
+the configured log (:mod:`nvc.hook.log`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from nvc.errors import InputError, NvcError
+
+if TYPE_CHECKING:
+    from nvc.config import Config
+    from nvc.configure import ConfigureRequest, HostMount
+    from nvc.hook.request import GpuRequest, Policy
+    from nvc.hook.spec import Container, State
+    from nvc.options import GlobalOptions
+
+PROG = "nvc-py-hook"
+USAGE = (f"usage: {PROG} prestart|poststart|poststop  (OCI state on stdin)\n"
+         f"       {PROG} create-symlinks --link TARGET::LINK ... | update-ldcache --folder DIR ...  (CDI hooks)")
+CDI_STAGES = ("create-symlinks", "update-ldcache")
+
+
+def policy(config: Config) -> Policy:
+    """What containers may ask for, from the configuration file."""
+    from nvc.hook.request import Policy
+
+    return Policy(
+        accept_envvar_when_unprivileged=config.accept_envvar_when_unprivileged,
+        accept_volume_mounts=config.accept_volume_mounts,
+        disable_require=config.disable_require,
+        supported_capabilities=frozenset(config.supported_capabilities),
+    )
+
+
+def global_options(config: Config) -> GlobalOptions:
+    """The CLI's global options, as the configuration file sets them for the hook."""
+    from nvc.options import GlobalOptions, parse_user
+
+    return GlobalOptions(config.root, config.ldcache, parse_user(config.user), config.load_kmods)
+
+
+def _single(values: tuple[str, ...], name: str) -> str | None:
+    """MIG config/monitor take only ``all`` (the reference CLI's rule)."""
+    if not values:
+        return None
+    if values != ("all",):
+        raise InputError(f"NVIDIA_{name}_DEVICES: only 'all' is supported (got {','.join(values)!r})")
+    return "all"
+
+
+def configure_request(config: Config, state: State, ctr: Container, req: GpuRequest,
+                      extra_mounts: tuple[HostMount, ...] = ()) -> ConfigureRequest:
+    """The configure call for this container: its request mapped onto the host's configuration.
+
+    ``extra_mounts``: host files the container gets besides the driver's (the sharing shim).
+    """
+    from nvc.configure import ConfigureRequest
+
+    return ConfigureRequest(
+        rootfs=ctr.rootfs,
+        pid=state.pid,
+        devices=",".join(req.devices or ()),
+        capabilities=frozenset(req.capabilities),
+        requirements=req.requirements,
+        ldconfig=config.ldconfig,
+        no_cgroups=config.no_cgroups,
+        mig_config=_single(req.mig_config, "MIG_CONFIG"),
+        mig_monitor=_single(req.mig_monitor, "MIG_MONITOR"),
+        imex_channels=tuple(str(c) for c in req.imex_channels),
+        cuda_compat_mode=config.cuda_compat_mode,
+        extra_mounts=extra_mounts,
+    )
+
+
+def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
+    """Configure the container of the state in ``stdin``; ``record`` collects the log line's fields."""
+    from nvc.hook import request, spec
+
+    state = spec.parse_state(stdin)
+    record["container"] = state.id
+    ctr = spec.container(state.bundle, spec.load_config(state.bundle))
+    req = request.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
+    for warning in req.warnings if req is not None else ():
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    if req is None:
+        record["outcome"] = "no-gpu"
+        return
+    record["devices"] = list(req.devices) if req.devices is not None else "none"
+    record["capabilities"] = list(req.capabilities)
+    from nvc.configure import configure
+
+    glob = global_options(config)
+    if glob.load_kmods:
+        from nvc import kmods
+
+        kmods.load(glob.root)
+    configure(glob, configure_request(config, state, ctr, req))
+    record["outcome"] = "configured"
+
+
+def _cdi_hook(config: Config, stage: str, args: list[str], stdin: bytes, record: dict[str, Any]) -> None:
+    from nvc.hook import cdihooks
+
+    if stage == "create-symlinks":
+        cdihooks.create_symlinks(args, stdin)
+    else:
+        cdihooks.update_ldcache(args, stdin, config.ldconfig)
+    record["outcome"] = "done"
+
+
+def _enable_debug(config: Config) -> None:
+    if config.log_level == "debug" and config.log_file is not None:
+        from nvc import debuglog
+
+        debuglog.enable(config.log_file)
+
+
+def main(argv: list[str] | None = None, stdin: bytes | None = None) -> int:
+    """Entry point of ``nvc-py-hook`` (and ``nvc-py hook``)."""
+    args = sys.argv[1:] if argv is None else argv
+    stage = args[0] if args else ""
+    if stage in ("poststart", "poststop"):
+        return 0
+    if stage not in ("prestart", *CDI_STAGES):
+        print(USAGE, file=sys.stderr)
+        return InputError.exit_code
+    from nvc import config as config_file
+    from nvc.hook import log
+
+    started = time.monotonic()
+    record: dict[str, Any] = {"stage": stage, "container": None, "pid": os.getpid(), "outcome": "crashed"}
+    config = None
+    code = 0
+    try:
+        config = config_file.load()
+        _enable_debug(config)
+        data = sys.stdin.buffer.read() if stdin is None else stdin
+        if stage == "prestart":
+            prestart(config, data, record)
+        else:
+            _cdi_hook(config, stage, args[1:], data, record)
+    except NvcError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        record.update(outcome="error", error=str(err))
+        code = err.exit_code
+    finally:
+        record["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+        if config is not None:
+            log.write(config.log_file, config.log_level, code != 0, **record)
+    return code
+
+
+def run() -> None:
+    """Console script entry point."""
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""``nvc-py-runtime``: an OCI runtime that is runc (or crun) plus nvc-py for GPU containers.
+
+containerd (and anything else that only knows runtimes, not hooks) runs it in place of
+runc. On ``create`` it reads the bundle's ``config.json``; when the spec asks for GPUs
+it adds the ``nvc-py-hook`` prestart hook (unless one is there), the device nodes and
+their cgroup rules, writes the spec back atomically, and then execs the real runtime
+with the original arguments. Every other subcommand is passed straight through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import Any
+
+from nvc.errors import InputError, NvcError
+
+PROG = "nvc-py-runtime"
+# runc/crun global options that take a value (as a separate word) before the subcommand.
+_GLOBAL_VALUE_OPTIONS = {"--root", "--log", "--log-format", "--criu", "--rootless", "--cgroup-manager"}
+
+
+def find_create(args: list[str]) -> tuple[int, str] | None:
+    """(index of ``create``, bundle dir) when ``args`` is a create command, else None."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in _GLOBAL_VALUE_OPTIONS else 1
+    if i >= len(args) or args[i] != "create":
+        return None
+    bundle = "."
+    rest = args[i + 1:]
+    for j, word in enumerate(rest):
+        if word in ("--bundle", "-b") and j + 1 < len(rest):
+            bundle = rest[j + 1]
+        elif word.startswith("--bundle="):
+            bundle = word.split("=", 1)[1]
+    return i, os.path.abspath(bundle)
+
+
+def has_nvc_hook(spec: dict[str, Any]) -> bool:
+    hooks = (spec.get("hooks") or {}).get("prestart") or []
+    return any(os.path.basename(str(h.get("path", ""))) == "nvc-py-hook" for h in hooks)
+
+
+def rewrite(spec: dict[str, Any], bundle: str) -> bool:
+    """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
+    from nvc import config as config_file
+    from nvc.hook import devnodes, request, setup
+    from nvc.hook import spec as oci
+    from nvc.hook.prestart import policy
+
+    config = config_file.load()
+    ctr = oci.container(bundle, spec)
+    req = request.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
+    if req is None:
+        return False
+    changed = False
+    if not has_nvc_hook(spec):
+        spec.setdefault("hooks", {}).setdefault("prestart", []).append(setup.prestart_hook(config.path))
+        changed = True
+    from nvc.options import parse_user
+
+    found = devnodes.request_nodes(config.root, parse_user(config.user), req.devices,
+                                   frozenset(req.capabilities), bool(req.mig_config), bool(req.mig_monitor))
+    return devnodes.add_to_spec(spec, config.root, found) or changed
+
+
+def write_atomic(path: str, spec: dict[str, Any]) -> None:
+    """Replace ``path`` with ``spec``: a reader sees the old file or the new one, never a torn one."""
+    tmp = f"{path}.nvc-py.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+            f.flush()
+            os.fchmod(f.fileno(), os.stat(path).st_mode & 0o7777)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def real_runtime() -> str:
+    """The first of the configured runtimes found (names looked up in PATH), never this wrapper."""
+    from nvc import config as config_file
+
+    names = config_file.load().runtimes
+    for name in names:
+        path = name if os.path.isabs(name) else shutil.which(name)
+        if path and os.access(path, os.X_OK) and os.path.basename(path) != PROG:
+            return path
+    raise InputError(f"no OCI runtime found (tried {', '.join(names)}; see 'runtimes' in the configuration)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the spec on create, then become the real runtime."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        create = find_create(args)
+        if create is not None:
+            from nvc.hook import spec as oci
+
+            bundle = create[1]
+            spec = oci.load_config(bundle)
+            if rewrite(spec, bundle):
+                write_atomic(os.path.join(bundle, "config.json"), spec)
+        runtime = real_runtime()
+    except NvcError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return err.exit_code
+    os.execv(runtime, [runtime, *args])
+    return 0  # not reached
+
+
+def run() -> None:
+    """Console script entry point."""
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Register nvc-py with the container engines: podman's hooks.d and containerd's config.
+
+Generated files name the installed console scripts by absolute path (a pyenv shim or a
+PATH lookup would depend on the environment the engine gives its hooks) and give every
+hook an explicit environment: a fixed PATH and, where one was chosen, the configuration
+file. Nothing from the container's own environment may reach a hook (CVE-2025-23266).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sysconfig
+from collections.abc import Mapping
+from typing import Any
+
+from nvc.errors import InputError
+
+HOOK_SCRIPT = "nvc-py-hook"
+RUNTIME_SCRIPT = "nvc-py-runtime"
+FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
+PODMAN_HOOK_FILE = "oci-nvc-py-hook.json"
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+CONTAINERD_DROP_IN = "/etc/containerd/conf.d/99-nvc-py.toml"
+CRI_PLUGIN_NAME = "io.containerd.grpc.v1.cri"
+
+
+def script_path(name: str) -> str:
+    """Absolute path of one of nvc-py's console scripts, as installed next to this interpreter."""
+    return os.path.join(sysconfig.get_path("scripts"), name)
+
+
+def hook_env(config_path: str | None) -> list[str]:
+    """The whole environment a hook gets: fixed PATH, and the configuration file when not the default."""
+    return [FIXED_PATH] + ([f"NVC_PY_CONFIG={config_path}"] if config_path else [])
+
+
+def prestart_hook(config_path: str | None = None) -> dict[str, Any]:
+    """The OCI ``prestart`` hook entry that runs ``nvc-py-hook prestart``."""
+    return {"path": script_path(HOOK_SCRIPT), "args": [HOOK_SCRIPT, "prestart"], "env": hook_env(config_path)}
+
+
+def podman_hook(config_path: str | None = None) -> dict[str, Any]:
+    """The hooks.d document (schema 1.0.0).
+
+    hooks.d can match annotations, commands and bind mounts but not environment variables,
+    and most GPU requests are ``-e NVIDIA_VISIBLE_DEVICES=…``: so the hook is attached to
+    every container and itself returns at once for those that ask for no GPU (reading the
+    spec's env costs about a millisecond; see bench/hook_load).
+    """
+    hook = prestart_hook(config_path)
+    return {"version": "1.0.0", "hook": hook, "when": {"always": True}, "stages": ["prestart"]}
+
+
+def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fchmod(f.fileno(), mode)
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def install_podman(hooks_dir: str = PODMAN_HOOKS_DIR, config_path: str | None = None) -> str:
+    """Write the hooks.d file; returns its path."""
+    path = os.path.join(hooks_dir, PODMAN_HOOK_FILE)
+    write_atomic(path, json.dumps(podman_hook(config_path), indent=2) + "\n")
+    return path
+
+
+def _read_toml(path: str) -> Any:
+    import tomlkit
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return tomlkit.parse(f.read())
+    except FileNotFoundError:
+        return tomlkit.document()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    except tomlkit.exceptions.TOMLKitError as err:
+        raise InputError(f"{path}: not valid TOML ({err})") from None
+
+
+def _table(parent: Any, dotted: list[str]) -> Any:
+    """The nested table at ``dotted`` under ``parent``, created (as real tables) where missing."""
+    import tomlkit
+
+    for key in dotted:
+        if key not in parent:
+            parent[key] = tomlkit.table()
+        parent = parent[key]
+        if not isinstance(parent, Mapping):
+            raise InputError(f"containerd config: {key} is not a table")
+    return parent
+
+
+def _version(doc: Any, path: str) -> None:
+    version = doc.get("version", 2)
+    if version != 2:
+        raise InputError(f"{path}: containerd config version {version}: only version 2 "
+                         "(containerd 1.6/1.7) is supported")
+
+
+def containerd_drop_in(main: Any, runtime_name: str, set_default: bool) -> Any:
+    """The drop-in document registering runtime ``runtime_name`` (runc v2 shim, ``BinaryName``).
+
+    containerd 1.6 merges imported files key by key at the top of ``plugins`` and replaces
+    whole plugin tables: a drop-in holding only our runtime would wipe the user's CRI
+    settings. So the drop-in carries the main file's CRI table with the runtime added.
+    """
+    import tomlkit
+
+    drop_in = tomlkit.document()
+    drop_in["version"] = 2
+    existing = main.get("plugins", {}).get(CRI_PLUGIN_NAME)
+    cri = existing.unwrap() if existing is not None else {}
+    drop_in["plugins"] = {CRI_PLUGIN_NAME: cri}
+    runtimes = _table(drop_in, ["plugins", CRI_PLUGIN_NAME, "containerd", "runtimes"])
+    runtime = _table(runtimes, [runtime_name])
+    runtime["runtime_type"] = "io.containerd.runc.v2"
+    _table(runtime, ["options"])["BinaryName"] = script_path(RUNTIME_SCRIPT)
+    if set_default:
+        _table(drop_in, ["plugins", CRI_PLUGIN_NAME, "containerd"])["default_runtime_name"] = runtime_name
+    return drop_in
+
+
+def install_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD_DROP_IN,
+                       runtime_name: str = "nvc-py", set_default: bool = False,
+                       dry_run: bool = False) -> dict[str, str]:
+    """Write the drop-in and add it to ``imports`` of ``config`` (every other setting kept, comments too).
+
+    Returns the new text of each file by path; ``dry_run`` writes nothing.
+    """
+    import tomlkit
+
+    main = _read_toml(config)
+    _version(main, config)
+    texts = {drop_in: tomlkit.dumps(containerd_drop_in(main, runtime_name, set_default))}
+    imports = main.get("imports")
+    if imports is None:
+        main["version"] = 2
+        main["imports"] = [drop_in]
+    elif drop_in not in imports:
+        imports.append(drop_in)
+    texts[config] = tomlkit.dumps(main)
+    if not dry_run:
+        for path, text in texts.items():
+            write_atomic(path, text)
+    return texts
