@@ -245,38 +245,44 @@ static struct nvc_region_slot *own_slot_locked(void)
     return NULL;
 }
 
-static uint64_t total_locked(int d)
+static uint64_t total_all(int d)
 {
     uint64_t total = 0;
-    for (uint32_t i = 0; i < region->slot_hwm && i < NVC_REGION_SLOTS; i++)
-        if (region->slots[i].pid)
-            total += __atomic_load_n(&region->slots[i].used[d], __ATOMIC_RELAXED);
+    uint32_t hwm = __atomic_load_n(&region->slot_hwm, __ATOMIC_ACQUIRE);
+    for (uint32_t i = 0; i < hwm && i < NVC_REGION_SLOTS; i++)
+        total += __atomic_load_n(&region->slots[i].used[d], __ATOMIC_SEQ_CST);
     return total;
 }
 
+/* Charge first, then look at the container's total: with sequentially consistent adds and loads,
+ * of two processes racing for the last bytes at least one sees the other's charge, so the limit
+ * holds without a lock on the allocation path (a file lock costs microseconds per allocation).
+ * Only an over-limit total takes the lock, reaps dead processes and decides. A free slot's used[]
+ * is 0 (a slot is zeroed when freed or reaped), so summing every slot below the hwm is exact. */
 int nvc_region_charge(int d, uint64_t bytes, uint64_t limit)
 {
     if (!region || d < 0 || d >= NVC_REGION_DEVICES)
         return 0;
-    int rc = 0;
-    lock_region();
-    struct nvc_region_slot *s = own_slot_locked();
-    if (!s) {
+    if (my_slot < 0) {
+        lock_region();
+        struct nvc_region_slot *s = own_slot_locked();
         unlock_region();
-        nvc_fail("no free process slot in the shared region");
-        return 0;
-    }
-    if (limit) {
-        uint64_t total = total_locked(d);
-        if (total + bytes > limit || total + bytes < total) {
-            reap();
-            total = total_locked(d);
-            rc = (total + bytes > limit || total + bytes < total) ? -1 : 0;
+        if (!s) {
+            nvc_fail("no free process slot in the shared region");
+            return 0;
         }
     }
-    if (rc == 0)
-        __atomic_add_fetch(&s->used[d], bytes, __ATOMIC_RELAXED);
+    uint64_t *used = &region->slots[my_slot].used[d];
+    uint64_t mine = __atomic_add_fetch(used, bytes, __ATOMIC_SEQ_CST);
+    if (!limit || (mine >= bytes && total_all(d) <= limit))
+        return 0;
+    lock_region();
+    reap();
+    uint64_t total = total_all(d);
+    int rc = (mine < bytes || total > limit) ? -1 : 0;
     unlock_region();
+    if (rc)
+        nvc_region_uncharge(d, bytes);
     return rc;
 }
 
@@ -297,7 +303,7 @@ uint64_t nvc_region_used(int d)
         return 0;
     lock_region();
     reap();
-    uint64_t total = total_locked(d);
+    uint64_t total = total_all(d);
     unlock_region();
     return total;
 }
