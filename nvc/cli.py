@@ -314,6 +314,23 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
     click.echo(f"wrote {output}")
 
 
+@cli.group()
+def share() -> None:
+    """GPU sharing (memory budget and compute share per container, enforced by libnvc-share)."""
+
+
+@share.command("status")
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@click.option("--state-dir", default="/run/nvc-py/share", show_default=True, metavar="DIR",
+              help="Where the hook keeps the per-container sharing directories.")
+def share_status(as_json: bool, state_dir: str) -> None:
+    """Per container: limits, memory used per process, compute share and throttling."""
+    from nvc import sharestatus
+
+    containers = sharestatus.status(state_dir)
+    click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn nvc-py errors into one line and an exit code."""
     try:
