@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 __all__ = ["ConfigureRequest", "GlobalOptions", "HostMount", "Plan", "configure"]
 
 MIG_FILE_VALUES = ("all",)
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Variables that make the loader or libc load or read files the caller chose (LD_* too).
+_UNSAFE_VARIABLES = ("GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE",
+                     "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR")
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 # Requirement properties only NVML knows (the driver version is in /proc).
 _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
@@ -62,7 +66,7 @@ class _Checked:
 
 
 def _check_rootfs(rootfs: str) -> None:
-    if not rootfs or not posixpath.isabs(rootfs) or posixpath.normpath(rootfs) == "/" or "\0" in rootfs:
+    if not rootfs or not posixpath.isabs(rootfs) or not posixpath.normpath(rootfs).strip("/") or "\0" in rootfs:
         raise InputError(f"{rootfs or '(empty)'}: invalid rootfs directory (must be absolute and not /)")
 
 
@@ -181,7 +185,8 @@ def container_facts(root_fd: int, owner: tuple[int, int]) -> ContainerFacts:
         owner=owner,
         lib_dir=lib_dir,
         lib32_dir=lib32_dir,
-        proc_nvidia=_exists(root_fd, PROC_NVIDIA, directory=True),
+        proc_mountpoint=next((p for p in (PROC_NVIDIA, posixpath.dirname(PROC_NVIDIA))
+                              if _exists(root_fd, p, directory=True)), None),
         compat_libs=_compat_libs(root_fd),
     )
 
@@ -274,11 +279,26 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     return mountplan.build(req.rootfs, req.pid, host, cfacts, chosen, checked.options)
 
 
+def scrub_environment() -> None:
+    """Drop loader variables and fix PATH, for this process and every helper it forks.
+
+    A hook may inherit a container's environment (CVE-2025-23266: LD_PRELOAD into the
+    privileged hook); whatever this process already loaded, its children must not follow.
+    The working directory moves to / so no relative path can point into a rootfs.
+    """
+    for name in list(os.environ):
+        if name.startswith("LD_") or name in _UNSAFE_VARIABLES:
+            del os.environ[name]
+    os.environ["PATH"] = SAFE_PATH
+    os.chdir("/")
+
+
 def configure(glob: GlobalOptions, req: ConfigureRequest, *, dry_run: bool = False) -> Plan:
     """Plan, then (unless ``dry_run``) apply; return the plan. Raises NvcError subclasses.
 
     On failure nothing stays mounted or created in the container.
     """
+    scrub_environment()
     the_plan = plan(glob, req)
     if not dry_run:
         from nvc import apply

@@ -240,7 +240,10 @@ class ContainerFacts:
     owner: tuple[int, int]
     lib_dir: str  # /usr/lib/x86_64-linux-gnu (Debian family) or /usr/lib64
     lib32_dir: str  # /usr/lib/i386-linux-gnu, /usr/lib32 or /usr/lib
-    proc_nvidia: bool  # the container's procfs has /proc/driver/nvidia (the kernel driver is loaded)
+    # Where the tmpfs hiding the host's driver state goes: /proc/driver/nvidia; /proc/driver where
+    # the container's procfs lacks the nvidia dir (no kernel driver: test doubles); None without
+    # a /proc/driver at all (standalone rootfs with no procfs mounted): nothing to hide.
+    proc_mountpoint: str | None
     compat_libs: tuple[str, ...] = ()  # regular files /usr/local/cuda/compat/lib*.so.* (container paths)
 
 
@@ -361,11 +364,12 @@ def _driver_files(host: HostFacts, container: ContainerFacts, options: Options) 
 
 def _proc_ops(host: HostFacts, container: ContainerFacts, selection: Selection, options: Options) -> list[Operation]:
     """The tmpfs over /proc/driver/nvidia: params (ModifyDeviceFiles: 0), version, registry, the
-    selected GPUs' directories and MIG access files. Where the container's procfs has no
-    /proc/driver/nvidia (no kernel driver: test doubles), the tmpfs goes on /proc/driver."""
-    mountpoint = PROC_NVIDIA if container.proc_nvidia else posixpath.dirname(PROC_NVIDIA)
+    selected GPUs' directories and MIG access files (see ContainerFacts.proc_mountpoint)."""
+    mountpoint = container.proc_mountpoint
+    if mountpoint is None:
+        return []
     ops: list[Operation] = [Tmpfs(mountpoint)]
-    if not container.proc_nvidia:
+    if mountpoint != PROC_NVIDIA:
         ops.append(MakeDir(PROC_NVIDIA))
     for name in ("params", "version", "registry"):
         if name in host.proc_files:

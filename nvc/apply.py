@@ -1,0 +1,257 @@
+"""Execute a mount plan: the thin layer with the side effects.
+
+Mounts happen in a forked helper (``nvc:[container]``, see :mod:`nvc.rpc.container_service`)
+that clones every host source while still in the host's mount namespace, then joins the
+container's mount namespace and attaches them there, on destinations resolved inside the
+rootfs (:mod:`nvc.rootfs`) — the calling process never changes namespace. The helper keeps
+what it did (mounts, created files) until the caller says ``commit`` or ``rollback``, so a
+failure in a later step (ldconfig, device cgroup) still leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from nvc import fdmount
+from nvc import rootfs as inroot
+from nvc.errors import MountError, NvcError
+from nvc.mountplan import Bind, MakeDir, Plan, Seal, Symlink, Tmpfs, WriteFile
+from nvc.syscalls import MountAttr
+
+log = logging.getLogger(__name__)
+
+HELPER_TIMEOUT = 10.0  # seconds per helper call
+SEALED = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
+# The only capabilities the helper keeps (it drops the rest from all its sets at start):
+# mounts and setns (SYS_ADMIN, SYS_CHROOT), /proc/PID/ns of a more privileged process
+# (SYS_PTRACE), files it does not own (DAC_*, FOWNER), created files' owner (CHOWN).
+HELPER_CAPS = ("sys_admin", "sys_chroot", "sys_ptrace", "dac_override", "dac_read_search", "fowner", "chown")
+
+
+@contextmanager
+def raised(*names: str) -> Iterator[None]:
+    """Hold exactly the effective capabilities ``names`` for one step, none afterwards."""
+    import prctl
+
+    for name in names:
+        setattr(prctl.cap_effective, name, True)
+    try:
+        yield
+    finally:
+        prctl.cap_effective.limit()
+
+
+class Applier:
+    """One plan being applied (helper side). Steps: prepare (host namespace), enter, execute."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.trees: dict[int, int] = {}  # operation index -> detached mount of its host source
+        self.done: list[tuple[str, object]] = []  # ("mount", Mount) or ("file", container path)
+        self.tmpfs: dict[str, fdmount.Mount] = {}
+        self.root_fd = -1
+        self.ns_fd = -1
+
+    # -- host namespace ------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Open and check every host source and clone it, open the rootfs and the namespace."""
+        from nvc.configure import open_rootfs
+
+        with raised("sys_admin", "dac_read_search", "dac_override", "sys_ptrace"):
+            for index, op in enumerate(self.plan.operations):
+                if isinstance(op, Bind) and not op.in_rootfs:
+                    self.trees[index] = self._clone(op.source, op)
+            if self.plan.pid is not None:
+                ns = f"/proc/{self.plan.pid}/ns/mnt"
+                try:
+                    self.ns_fd = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as err:
+                    raise MountError(f"open failed: {ns}: {err.strerror}") from None
+            self.root_fd = open_rootfs(self.plan.rootfs, self.plan.pid)
+
+    def _clone(self, source: str, op: Bind, source_fd: int | None = None) -> int:
+        fd = source_fd if source_fd is not None else fdmount.open_source(
+            source, directory=op.kind == "dir", rdev=op.rdev)
+        try:
+            if source_fd is not None:
+                fdmount.check_source(fd, source, directory=op.kind == "dir", rdev=op.rdev)
+            return fdmount.clone_tree(fd, MountAttr(op.attrs), op.target, recursive=op.kind == "dir")
+        except OSError as err:
+            raise MountError(f"mount failed: {source} -> {op.target}: {err.strerror}") from None
+        finally:
+            os.close(fd)
+
+    # -- container namespace -----------------------------------------------------------------
+
+    def enter(self) -> None:
+        """Join the container's mount namespace (nothing to do in standalone mode)."""
+        if self.ns_fd < 0:
+            return
+        from nvc import syscalls
+
+        with raised("sys_admin", "sys_chroot"):
+            try:
+                syscalls.setns(self.ns_fd, syscalls.CLONE_NEWNS, f"/proc/{self.plan.pid}/ns/mnt")
+            except OSError as err:
+                raise MountError(f"cannot enter the mount namespace of {self.plan.pid}: {err.strerror}") from None
+        os.close(self.ns_fd)
+        self.ns_fd = -1
+
+    def execute(self) -> None:
+        """Run every operation in order; the caller rolls back on an exception."""
+        with raised("sys_admin", "dac_override", "dac_read_search", "fowner", "chown"):
+            for index, op in enumerate(self.plan.operations):
+                try:
+                    self._step(index, op)
+                except OSError as err:
+                    raise MountError(f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}") from None
+
+    def _step(self, index: int, op: object) -> None:
+        if isinstance(op, Bind):
+            tree = self.trees.pop(index, None)
+            if tree is None:  # a source inside the rootfs: resolved there, now that we are inside
+                src = inroot.open_in_root(self.root_fd, op.source, os.O_PATH | os.O_NOFOLLOW)
+                tree = self._clone(op.source, op, src)
+            try:
+                parent, name = self._parent(op.target)
+                try:
+                    self._create(parent, name, op.target, directory=op.kind == "dir")
+                    mount = fdmount.attach_tree(tree, parent, name, dest_path=op.target)
+                finally:
+                    os.close(parent)
+            except BaseException:
+                os.close(tree)
+                raise
+            self.done.append(("mount", mount))
+        elif isinstance(op, Tmpfs):
+            parent, name = self._parent(op.target)
+            try:
+                mount = fdmount.mount_tmpfs(parent, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
+                                            dest_path=op.target, mode=0o555)
+            finally:
+                os.close(parent)
+            self.done.append(("mount", mount))
+            self.tmpfs[op.target] = mount
+        elif isinstance(op, MakeDir):
+            parent, name = self._parent(op.target)
+            try:
+                self._create(parent, name, op.target, directory=True)
+            finally:
+                os.close(parent)
+        elif isinstance(op, WriteFile):
+            fd = inroot.create_file_in_root(self.root_fd, op.target, op.mode, access=os.O_WRONLY)
+            try:
+                os.write(fd, op.content.encode())
+                os.fchmod(fd, op.mode)
+            finally:
+                os.close(fd)
+        elif isinstance(op, Seal):
+            fdmount.set_attrs(self.tmpfs[op.target], SEALED)
+        elif isinstance(op, Symlink):
+            try:
+                if inroot.symlink_in_root(self.root_fd, op.target, op.link_to, self.plan.owner):
+                    self._created(op.target)
+            except FileExistsError:
+                log.debug("%s exists in the image: left alone", op.target)
+
+    def _in_tmpfs(self, path: str) -> bool:
+        return any(path.startswith(t.rstrip("/") + "/") for t in self.tmpfs)
+
+    def _created(self, path: str) -> None:
+        """Remember a file we made, unless it lives in our tmpfs (gone with it)."""
+        if not self._in_tmpfs(path):
+            self.done.append(("file", path))
+
+    def _parent(self, path: str) -> tuple[int, str]:
+        """The parent directory of ``path`` (made, owned by the container, where missing) and the name."""
+        self._makedirs(posixpath.dirname(path))
+        return inroot.open_parent_in_root(self.root_fd, path)
+
+    def _makedirs(self, path: str) -> None:
+        """``mkdir -p`` inside the rootfs, recording each directory made; a dangling symlink
+        or a non-directory in the way is refused rather than followed or replaced."""
+        current = ""
+        for part in (p for p in path.split("/") if p):
+            current += "/" + part
+            try:
+                os.close(inroot.open_in_root(self.root_fd, current, os.O_PATH | os.O_DIRECTORY))
+                continue
+            except FileNotFoundError:
+                pass
+            parent, name = inroot.open_parent_in_root(self.root_fd, current)
+            try:
+                self._create(parent, name, current, directory=True)
+            finally:
+                os.close(parent)
+
+    def _create(self, parent: int, name: str, path: str, directory: bool) -> None:
+        """Create ``name`` in ``parent`` (a directory or an empty file) unless it exists."""
+        try:
+            if directory:
+                os.mkdir(name, 0o755, dir_fd=parent)
+            else:
+                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                                 dir_fd=parent))
+        except FileExistsError:
+            return  # an existing target is checked by the mount itself (kind, not a symlink)
+        uid, gid = self.plan.owner
+        os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
+        self._created(path)
+
+    # -- end -------------------------------------------------------------------------------
+
+    def rollback(self) -> list[str]:
+        """Undo everything, newest first; return what could not be undone."""
+        problems = []
+        with raised("sys_admin", "dac_override", "fowner"):
+            for kind, what in reversed(self.done):
+                try:
+                    if kind == "mount":
+                        fdmount.unmount(what)  # type: ignore[arg-type]
+                    else:
+                        inroot.remove_in_root(self.root_fd, what)  # type: ignore[arg-type]
+                except (NvcError, OSError) as err:
+                    problems.append(str(err))
+        self.done.clear()
+        self._close()
+        return problems
+
+    def commit(self) -> None:
+        """Keep everything; drop the handles."""
+        for kind, what in self.done:
+            if kind == "mount":
+                what.close()  # type: ignore[attr-defined]
+        self.done.clear()
+        self._close()
+
+    def _close(self) -> None:
+        for fd in (*self.trees.values(), self.root_fd, self.ns_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.trees.clear()
+        self.root_fd = self.ns_fd = -1
+
+
+def apply(plan: Plan) -> None:
+    """Apply ``plan``: mounts (helper), then ldconfig and device cgroup; undo the mounts on failure."""
+    from nvc import cgroups, ldconfig
+    from nvc.rpc.container_service import open_container
+
+    with open_container(HELPER_TIMEOUT) as helper:
+        helper.mount(plan)
+        try:
+            if plan.ldconfig is not None:
+                ldconfig.run_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner, pid=plan.pid)
+            if plan.cgroup_rules and plan.pid is not None:
+                cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
+        except BaseException:
+            problems = helper.rollback()
+            if problems:
+                log.error("rollback incomplete: %s", "; ".join(problems))
+            raise
+        helper.commit()

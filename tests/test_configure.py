@@ -1,0 +1,198 @@
+"""``nvc-py configure`` end to end against the fake driver: runc containers with a prestart hook,
+real mount namespaces, real device cgroups (v1 and the v2 unified hierarchy), real ldconfig.
+
+Test double: the GPUs are the fake driver's; nothing here is a GPU result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+
+NVC = shutil.which("nvc-py") or "nvc-py"
+GPU0 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
+GPU1 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
+MIG_1_1 = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"  # GPU 1, GI 1 / CI 0
+V2_ROOT = "/sys/fs/cgroup/unified"
+
+# Reads the OCI state on stdin, then runs configure for the container's pid.
+HOOK = """#!/bin/sh
+pid=$(sed -n 's/.*"pid": *\\([0-9]*\\).*/\\1/p')
+{prefix} {nvc} --root {root} configure --pid "$pid" {args} {rootfs} 2>>{log}
+"""
+# Probes a device node: "open" when the kernel let us open it (the fake node then says ENXIO), "denied" on EPERM.
+PROBE = 'probe() { if (exec 3<"$1") 2>&1 | grep -q "not permitted"; then echo "$1 denied"; else echo "$1 open"; fi; }'
+
+
+def _hook(tmp_path: Path, fake, rootfs: Path, args: str, prefix: str = "") -> dict:
+    script = tmp_path / "hook.sh"
+    script.write_text(HOOK.format(prefix=prefix, nvc=NVC, root=fake.root, args=args, rootfs=rootfs,
+                                  log=tmp_path / "hook.log"))
+    script.chmod(0o755)
+    return {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+
+
+def _run(runc, tmp_path: Path, rootfs: Path, hook: dict, script: str, **bundle_args) -> subprocess.CompletedProcess:
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], hooks={"prestart": [hook]},
+                         **bundle_args)
+    result = runc.create_start(bundle)
+    log = tmp_path / "hook.log"
+    assert result.returncode == 0, result.stderr + (log.read_text() if log.exists() else "")
+    return result
+
+
+def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, tmp_path):
+    fake = active_2gpu
+    hook = _hook(tmp_path, fake, debian_rootfs, "--device=0 --compute --utility")
+    script = (f"{PROBE}; ls /usr/lib/x86_64-linux-gnu/ | grep -c 580.95.05; ldconfig -p | grep -E 'lib(cuda|nvidia-ml).so.1 '; "
+              "nvidia-smi -L; ls /proc/driver/nvidia/gpus; grep ModifyDeviceFiles /proc/driver/nvidia/params; "
+              "ls /dev | grep nvidia; probe /dev/nvidia0; readlink /usr/lib/x86_64-linux-gnu/libcuda.so")
+
+    out = [line.strip() for line in _run(runc, tmp_path, debian_rootfs, hook, script).stdout.splitlines()]
+
+    assert int(out[0]) == 15  # 3 utility + 12 compute libraries
+    assert "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in out[1:3]
+    assert "libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in out[1:3]
+    assert [line for line in out if line.startswith("GPU ")] == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {GPU0})"]
+    assert out[4:6] == ["0000:3b:00.0", "ModifyDeviceFiles: 0"]
+    assert out[6:10] == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"]
+    assert out[10:] == ["/dev/nvidia0 open", "libcuda.so.1"]  # the v1 rule nvc-py added lets it open
+
+
+def test_runc_container_gets_mig_device_and_its_caps(active_2gpu, lib64_rootfs, runc, tmp_path):
+    fake = active_2gpu
+    hook = _hook(tmp_path, fake, lib64_rootfs, f"--device={MIG_1_1} --utility")
+    script = ("nvidia-smi -L; ls /proc/driver/nvidia/gpus; find /proc/driver/nvidia/capabilities -type f; "
+              "ls /dev/nvidia-caps; ls /usr/lib64 | grep -c 580.95.05")
+
+    out = [line.strip() for line in _run(runc, tmp_path, lib64_rootfs, hook, script).stdout.splitlines()]
+
+    gi, ci = 1 * 135 + 1 * 9 + 3, 1 * 135 + 1 * 9 + 3 + 1  # the fake's mig-minors numbering for gpu1/gi1
+    assert out[0] == f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {GPU1})"
+    assert MIG_1_1 in out[1] and len([line for line in out if "MIG-" in line]) == 1
+    assert out[2] == "0000:86:00.0"
+    assert sorted(out[3:5]) == ["/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access",
+                                "/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access"]
+    assert out[5:7] == sorted([f"nvidia-cap{gi}", f"nvidia-cap{ci}"])
+    assert out[7] == "3"  # utility libraries only
+
+
+V2_HOOK_PY = """
+import json, os, subprocess, sys
+sys.path.insert(0, {tests!r})
+from nvc import bpf
+from nvc.devfilter import DeviceRule, build_filter
+pid = json.load(sys.stdin)["pid"]
+lines = open(f"/proc/{{pid}}/cgroup").read().splitlines()
+path = {v2!r} + next(l.split(":", 2)[2] for l in lines if l.startswith("0::"))
+# Stand in for a v2 runtime: its own filter (any mknod, /dev/null, /dev/zero), attached first.
+runtime = build_filter([DeviceRule("c", None, None, "m"), DeviceRule("c", 1, 3, "rwm"), DeviceRule("c", 1, 5, "rwm")])
+cgroup_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+prog = bpf.prog_load(bpf.PROG_TYPE_CGROUP_DEVICE, runtime, "Apache-2.0", "runtime")
+bpf.prog_attach(cgroup_fd, prog, bpf.ATTACH_CGROUP_DEVICE, bpf.F_ALLOW_MULTI)
+# Show nvc-py a v2-only host: /proc/PID/cgroup without the v1 lines, in a private mount namespace.
+fake = {tmp!r} + "/cgroup"
+open(fake, "w").write("".join(l + "\\n" for l in lines if l.startswith("0::")))
+cmd = f"mount --bind {{fake}} /proc/{{pid}}/cgroup && exec {nvc} --root {root} configure --pid {{pid}} --device=0 --utility {rootfs}"
+rc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd], stderr=open({log!r}, "a")).returncode
+_, ids = bpf.prog_query(cgroup_fd, bpf.ATTACH_CGROUP_DEVICE)
+open({tmp!r} + "/attached", "w").write(json.dumps(ids))
+sys.exit(rc)
+"""
+
+
+def test_v2_device_filter_lets_only_the_selected_gpu_open(active_2gpu, debian_rootfs, runc, tmp_path):
+    fake = active_2gpu
+    script = tmp_path / "hook.py"
+    script.write_text(V2_HOOK_PY.format(tests=str(Path(__file__).parent), v2=V2_ROOT, tmp=str(tmp_path), nvc=NVC,
+                                        root=fake.root, rootfs=debian_rootfs, log=str(tmp_path / "hook.log")))
+    hook = {"path": sys.executable, "args": [sys.executable, str(script)], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+    bundle_args = {"cgroups_path": f"/nvc-test-{os.getpid()}-{tmp_path.name}"}
+    # The v1 devices cgroup lets every NVIDIA node through: the v2 filter alone decides here.
+    probe = f"{PROBE}; mknod /dev/nvidia1 c 195 1; probe /dev/nvidia0; probe /dev/nvidia1; probe /dev/null"
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["sh", "-c", probe], hooks={"prestart": [hook]},
+                         **bundle_args)
+    config = json.loads((bundle / "config.json").read_text())
+    config["linux"]["resources"]["devices"].append({"allow": True, "type": "c", "major": 195, "access": "rwm"})
+    (bundle / "config.json").write_text(json.dumps(config))
+
+    result = runc.create_start(bundle)
+
+    log = tmp_path / "hook.log"
+    assert result.returncode == 0, result.stderr + (log.read_text() if log.exists() else "")
+    assert result.stdout.splitlines() == ["/dev/nvidia0 open", "/dev/nvidia1 denied", "/dev/null open"]
+    assert len(json.loads((tmp_path / "attached").read_text())) == 1  # nvc-py's filter replaced the runtime's
+
+
+@pytest.fixture
+def target_process(tmp_path: Path) -> Iterator[int]:
+    """A process in a private mount namespace of its own: the container stand-in for standalone checks."""
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "300"])
+    try:
+        for _ in range(200):  # until unshare has exec'd sleep in the new namespace
+            if os.readlink(f"/proc/{proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+                break
+            subprocess.run(["sleep", "0.01"])
+        yield proc.pid
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def test_failure_midway_leaves_nothing_mounted_or_created(active_2gpu, debian_rootfs, target_process, tmp_path):
+    before = _tree(debian_rootfs)
+    mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
+    shutil.rmtree(debian_rootfs / "usr/bin")  # made again by the mounts, then removed by the rollback
+
+    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
+                             "--device=all", "--compute", "--utility", "--ldconfig=@/nonexistent/ldconfig",
+                             str(debian_rootfs)], capture_output=True, text=True)
+
+    assert (result.returncode, result.stderr) == (
+        10, "nvc-py: ldcache error: open failed: /nonexistent/ldconfig: No such file or directory\n")
+    assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
+    assert _tree(debian_rootfs) == {p for p in before if p != "usr/bin" and not p.startswith("usr/bin/")}
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (["--device=7"], "device error: 7: unknown device", 6),
+        (["--device=GPU-nope"], "device error: GPU-nope: unknown device", 6),
+        (["--device=0", "--require=cuda>=14.0"], "requirement error: unsatisfied condition: cuda>=14.0, please "
+         "update your driver to a newer version, or use an earlier cuda container", 7),
+        (["--device=1:0", "--mig-config=all"], "input error: cannot enable mig-config with specific MIG devices "
+         "selected", 2),
+        (["--device=0", "--imex-channel=1048576"], "input error: 1048576: unsupported IMEX channel value", 2),
+    ],
+)
+def test_bad_requests_change_nothing(active_2gpu, debian_rootfs, target_process, args, message, code):
+    mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
+    before = _tree(debian_rootfs)
+
+    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}", *args,
+                             "--utility", str(debian_rootfs)], capture_output=True, text=True)
+
+    assert (result.returncode, result.stderr) == (code, f"nvc-py: {message}\n")
+    assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
+    assert _tree(debian_rootfs) == before
+
+
+@pytest.mark.parametrize("rootfs", ["relative/path", "/", "//"])
+def test_rootfs_must_be_absolute_and_not_slash(rootfs):
+    result = subprocess.run([NVC, "configure", "--dry-run", rootfs], capture_output=True, text=True)
+    assert result.returncode == 2 and "invalid rootfs directory" in result.stderr
