@@ -96,7 +96,7 @@ def build(root: str, files: DriverFiles, gpus: Sequence[Any], control: Sequence[
     for name, chosen in device_names(gpus, strategy):
         nodes = [spec_device(root, n) for n in nodes_of(chosen)]
         devices.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
-        every.update((n["path"], n) for n in nodes)
+        every.update((n["path"], dict(n)) for n in nodes)  # copies: no YAML anchors in the output
     devices.append({"name": "all", "containerEdits": {"deviceNodes": list(every.values())}})
     return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices,
             "containerEdits": common_edits(root, files, control, hook_path, hook_env)}

@@ -1,0 +1,210 @@
+"""The hook, CDI spec and runtime wrapper in real containers (podman, runc, containerd) on the fake driver.
+
+The fake driver (a test double) is activated in this process's private mount namespace;
+podman, runc and containerd started from here inherit it, so the hook they run sees the
+fake GPUs at the real /proc and /dev paths. The fake nvidia-smi inside a container lists
+exactly the GPUs whose device nodes it finds there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+from harness.containerd import Containerd
+
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+H100 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
+A100 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
+MIG_2G = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
+MIG_3G = "MIG-b1c2d3e4-f5a6-5b7c-9d8e-0f1a2b3c4d5e"
+SHOW = ["sh", "-c", "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || true"]
+
+
+@pytest.fixture(scope="module")
+def setup_dir(fake_2gpu, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A configuration for the fake driver, and the hooks.d dir `nvc-py setup podman` writes for it."""
+    work = tmp_path_factory.mktemp("hook")
+    (work / "config.yaml").write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n"
+                                      f"log: {{file: {work / 'hook.log'}}}\n")
+    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(work / "hooks.d"),
+                    "--config", str(work / "config.yaml")], check=True, capture_output=True)
+    return work
+
+
+def _uuids(stdout: str) -> list[str]:
+    return re.findall(r"UUID: ((?:GPU|MIG)-[0-9a-f-]+)\)", stdout)
+
+
+def _log_lines(setup_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (setup_dir / "hook.log").read_text().splitlines()]
+
+
+def test_hooks_d_file(setup_dir: Path) -> None:
+    doc = json.loads((setup_dir / "hooks.d" / "oci-nvc-py-hook.json").read_text())
+    assert doc["version"] == "1.0.0" and doc["stages"] == ["prestart"]
+    assert doc["hook"]["path"] == str(SCRIPTS / "nvc-py-hook")
+    assert doc["hook"]["args"] == ["nvc-py-hook", "prestart"]
+    assert doc["hook"]["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                  f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"]
+
+
+# NVIDIA_VISIBLE_DEVICES (None: unset) -> UUIDs nvidia-smi -L lists, GPU nodes; None: no driver at all.
+PODMAN_CASES = [
+    ("1", [A100], ["nvidia1"]),
+    (None, None, []),
+    ("void", None, []),
+    ("", None, []),
+    ("none", [], []),
+    ("all", [H100, A100, MIG_2G, MIG_3G], ["nvidia0", "nvidia1"]),
+    (MIG_3G, [A100, MIG_3G], ["nvidia1"]),
+]
+
+
+def test_podman_env_requests(active_2gpu, podman, setup_dir: Path) -> None:
+    """Each NVIDIA_VISIBLE_DEVICES form through `podman run --hooks-dir`; the cases share one image."""
+    image = podman.image()
+    for value, uuids, nodes in PODMAN_CASES:
+        env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}
+        result = podman.run(image, SHOW, env=env, hooks_dirs=[setup_dir / "hooks.d"])
+        assert result.returncode == 0, (value, result.stderr)
+        if uuids is None:
+            assert "nvidia-smi: not found" in result.stdout, value
+        else:
+            assert _uuids(result.stdout) == uuids, (value, result.stdout)
+        listed = [w for w in result.stdout.split() if w.startswith("nvidia") and w[6:].isdigit()]
+        assert listed == nodes, (value, result.stdout)
+    outcomes = [(line["outcome"], line.get("devices")) for line in _log_lines(setup_dir)[-len(PODMAN_CASES):]]
+    assert outcomes == [("configured", ["1"]), ("no-gpu", None), ("no-gpu", None), ("no-gpu", None),
+                        ("configured", "none"), ("configured", ["all"]), ("configured", [MIG_3G])]
+
+
+def test_podman_unsatisfied_requirement_fails_the_start(active_2gpu, podman, setup_dir: Path) -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=14.0"}
+    result = podman.run(podman.image(), ["true"], env=env, hooks_dirs=[setup_dir / "hooks.d"])
+    assert result.returncode != 0
+    assert ("nvc-py-hook: requirement error: unsatisfied condition: cuda>=14.0, please update your driver "
+            "to a newer version, or use an earlier cuda container") in result.stderr
+    last = _log_lines(setup_dir)[-1]
+    assert last["outcome"] == "error" and last["error"].startswith("requirement error: unsatisfied condition")
+
+
+def test_runc_hook_log_line_and_legacy_bundle_path(active_2gpu, runc, debian_rootfs: Path, setup_dir: Path,
+                                                   tmp_path: Path) -> None:
+    """runc with the hook in config.json; one structured line per invocation (also for poststop)."""
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"]}
+    post = {**hook, "args": ["nvc-py-hook", "poststop"]}
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                         hooks={"prestart": [hook], "poststop": [post]})
+    result = runc.create_start(bundle, container_id="nvc-hook-log")
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [H100]
+    last = _log_lines(setup_dir)[-1]
+    assert last["container"] == "nvc-hook-log" and last["devices"] == ["0"]
+    assert last["capabilities"] == ["compute", "utility"] and last["outcome"] == "configured"
+    assert 0 < last["duration_ms"] < 10_000
+    # The legacy state member and a bad request, straight through the console script.
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "pid": 1, "bundlePath": str(bundle)})
+    bad = json.loads((bundle / "config.json").read_text())
+    bad["process"]["env"].append("NVIDIA_DRIVER_CAPABILITIES=turbo")
+    (bundle / "config.json").write_text(json.dumps(bad))
+    run = subprocess.run([str(SCRIPTS / "nvc-py-hook"), "prestart"], input=state, capture_output=True, text=True,
+                         env={"NVC_PY_CONFIG": str(setup_dir / "config.yaml")})
+    assert run.returncode == 2
+    assert run.stderr == "nvc-py-hook: input error: NVIDIA_DRIVER_CAPABILITIES: unknown capability 'turbo' " \
+                         "(known: utility, compute, video, graphics, display, ngx, compat32)\n"
+
+
+def test_podman_cdi_device(active_2gpu, fake_2gpu, podman, setup_dir: Path, tmp_path: Path) -> None:
+    """`nvc-py cdi generate`, then `podman run --device nvidia.com/gpu=0` (podman applies the spec itself)."""
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    subprocess.run([str(SCRIPTS / "nvc-py"), "--root", str(fake_2gpu.root), "cdi", "generate", "--output",
+                    str(spec_dir / "nvidia.yaml"), "--config", str(setup_dir / "config.yaml")],
+                   check=True, capture_output=True)
+    import yaml
+
+    spec = yaml.safe_load((spec_dir / "nvidia.yaml").read_text())
+    assert spec["kind"] == "nvidia.com/gpu"
+    assert [d["name"] for d in spec["devices"]] == ["0", "1", "1:0", "1:1", "all"]
+    assert all(m["options"] == ["ro", "nosuid", "nodev", "rbind", "rprivate"]
+               for m in spec["containerEdits"]["mounts"] if "/lib" in m["containerPath"])
+    assert all(h["hookName"] == "createContainer" and h["env"][0].startswith("PATH=")
+               for h in spec["containerEdits"]["hooks"])
+    check = ["sh", "-c", "nvidia-smi -L; readlink /usr/lib/x86_64-linux-gnu/libcuda.so"]
+    result = podman.run(podman.image(), check, extra_args=["--device", "nvidia.com/gpu=0"], cdi_spec_dir=spec_dir)
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [H100]
+    assert result.stdout.split()[-1] == "libcuda.so.1"
+
+
+def test_containerd_runtime_wrapper(active_2gpu, rootfs_cache, setup_dir: Path, tmp_path: Path) -> None:
+    """A private containerd (started inside the fake driver's namespace) runs `ctr run` through nvc-py-runtime."""
+    wrapper = tmp_path / "runtime.sh"  # containerd hands shims no environment of our choosing
+    config = setup_dir / "config.yaml"
+    wrapper.write_text(f'#!/bin/sh\nNVC_PY_CONFIG={config} exec {SCRIPTS / "nvc-py-runtime"} "$@"\n')
+    wrapper.chmod(0o755)
+    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
+    try:
+        image = daemon.image()
+        result = daemon.run(image, "nvc-ctr-gpu", SHOW, env={"NVIDIA_VISIBLE_DEVICES": "1"},
+                            runc_binary=str(wrapper))
+        assert result.returncode == 0, result.stderr
+        assert _uuids(result.stdout) == [A100]
+        plain = daemon.run(image, "nvc-ctr-plain", SHOW, runc_binary=str(wrapper))
+        assert plain.returncode == 0 and "nvidia-smi: not found" in plain.stdout
+    finally:
+        daemon.stop()
+    assert _log_lines(setup_dir)[-1]["container"] == "nvc-ctr-gpu"
+
+
+def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup_dir: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On create: hook (once), device nodes and cgroup rules in the spec; other specs untouched."""
+    from nvc.hook import runtime
+
+    monkeypatch.setenv("NVC_PY_CONFIG", str(setup_dir / "config.yaml"))
+    assert runtime.find_create(["--root", "/r", "--log", "l", "--systemd-cgroup", "create", "--bundle", "/b", "id"]) \
+        == (5, "/b")
+    assert runtime.find_create(["--root", "/r", "start", "id"]) is None
+    bundle = make_bundle(tmp_path / "b", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "1"})
+    spec = json.loads((bundle / "config.json").read_text())
+    assert runtime.rewrite(spec, str(bundle))
+    assert [h["args"] for h in spec["hooks"]["prestart"]] == [["nvc-py-hook", "prestart"]]
+    paths = [d["path"] for d in spec["linux"]["devices"]]
+    assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
+    assert {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rw"} in \
+        spec["linux"]["resources"]["devices"]
+    assert not runtime.rewrite(spec, str(bundle))  # idempotent: nothing added twice
+    plain = json.loads(make_bundle(tmp_path / "p", debian_rootfs, ["true"]).joinpath("config.json").read_text())
+    assert not runtime.rewrite(plain, str(tmp_path / "p")) and "hooks" not in plain
+
+
+def test_setup_containerd_keeps_unrelated_settings(tmp_path: Path) -> None:
+    main = tmp_path / "config.toml"
+    original = ('# site settings\nversion = 2\nroot = "/var/lib/site-containerd"\noom_score = -999\n\n'
+                '[grpc]\n  address = "/run/site/containerd.sock"\n\n'
+                '[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "registry.k8s.io/pause:3.9"\n'
+                '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+                '    SystemdCgroup = true\n')
+    main.write_text(original)
+    drop_in = tmp_path / "conf.d" / "99-nvc-py.toml"
+    for _ in range(2):  # a second run changes nothing more
+        subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "containerd", "--config", str(main),
+                        "--drop-in", str(drop_in)], check=True, capture_output=True)
+    text = main.read_text()
+    assert text.replace(f'imports = ["{drop_in}"]\n', "") == original
+    dump = subprocess.run(["containerd", "--config", str(main), "config", "dump"], check=True,
+                          capture_output=True, text=True).stdout
+    for line in ('root = "/var/lib/site-containerd"', "oom_score = -999", 'address = "/run/site/containerd.sock"',
+                 'sandbox_image = "registry.k8s.io/pause:3.9"', "SystemdCgroup = true",
+                 '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvc-py]',
+                 'runtime_type = "io.containerd.runc.v2"', f'BinaryName = "{SCRIPTS / "nvc-py-runtime"}"'):
+        assert line in dump, line
