@@ -1,13 +1,26 @@
 """``python -m nvc`` and the ``nvc-py`` console script."""
 
+import os
 import sys
 
 from nvc.cli import main
 
 
 def run() -> None:
-    """Exit with the CLI's status (console-script entry point)."""
-    sys.exit(main())
+    """Exit with the CLI's status (console-script entry point).
+
+    Leaves through ``os._exit`` once the output is flushed: tearing down the interpreter
+    (every imported module) costs about as much as a whole ``nvc-py list`` on the fast
+    path, at every container start, and there is nothing left to clean up: helpers were
+    reaped, the debug log is flushed per record, and the kernel closes the rest.
+    """
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a closed pipe: the output is lost, say so in the status
+            code = code or 1
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -68,9 +68,13 @@ def cli(ctx: click.Context, root: str, ldcache: str, user: str | None, debug: st
 @click.pass_obj
 def info(opts: GlobalOptions, fmt: str | None) -> None:
     """Print the driver version and every GPU and MIG device (queries NVML)."""
-    from nvc import infoformat, inventory
+    from nvc.rpc.driver_service import open_driver
 
-    inv = inventory.from_nvml(opts.root, opts.user)
+    # The helper forks first: NVML loads in it while this process imports the rest.
+    with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
+        from nvc import infoformat, inventory
+
+        inv = inventory.from_driver(drv)
     render = {None: infoformat.text, "csv": infoformat.csv_text, "json": infoformat.json_text}[fmt]
     click.echo(render(inv, inv.cuda_version), nl=False)
 
@@ -131,75 +135,6 @@ def list_(
     )
     result = run_list(opts, request, devices, use_nvml=True if force_nvml else None)
     click.echo(result.json() if as_json else result.text(), nl=False)
-
-
-@cli.command()
-@click.option("-p", "--pid", type=int, default=None, help="Container process (supervised mode; else standalone).")
-@click.option("-d", "--device", "devices", multiple=True, metavar="ID", help="GPUs/MIG devices (all, none, 0,1, UUIDs…).")
-@click.option("-r", "--require", "requirements", multiple=True, metavar="EXPR", help="Requirement, e.g. cuda>=12.0.")
-@click.option("-l", "--ldconfig", default="@/sbin/ldconfig", show_default=True,
-              help="ldconfig to run: @HOSTPATH (host binary, from a memfd copy) or a path in the container.")
-@click.option("-c", "--compute", is_flag=True, help="Compute (CUDA, OpenCL) libraries and binaries.")
-@click.option("-u", "--utility", is_flag=True, help="NVML and nvidia-smi.")
-@click.option("-v", "--video", is_flag=True, help="Video codec libraries (with the compute ones).")
-@click.option("-g", "--graphics", is_flag=True, help="OpenGL/Vulkan libraries.")
-@click.option("-D", "--display", is_flag=True, help="Graphics libraries and the modeset node.")
-@click.option("-n", "--ngx", is_flag=True, help="NGX library.")
-@click.option("--compat32", is_flag=True, help="32-bit libraries of the chosen capabilities.")
-@click.option("--no-cgroups", is_flag=True, help="Leave the device cgroup alone.")
-@click.option("--no-devbind", is_flag=True, help="Do not bind-mount device nodes.")
-@click.option("--mig-config", metavar="all", default=None, help="MIG configuration capability (only 'all').")
-@click.option("--mig-monitor", metavar="all", default=None, help="MIG monitoring capability (only 'all').")
-@click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="IMEX channel nodes.")
-@click.option("--cuda-compat-mode", type=click.Choice(["disabled", "mount", "ldconfig"]), default="ldconfig",
-              show_default=True, help="CUDA forward-compat libraries of the image.")
-@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
-@click.argument("rootfs")
-@click.pass_obj
-def configure(
-    opts: GlobalOptions,
-    pid: int | None,
-    devices: tuple[str, ...],
-    requirements: tuple[str, ...],
-    ldconfig: str,
-    compute: bool,
-    utility: bool,
-    video: bool,
-    graphics: bool,
-    display: bool,
-    ngx: bool,
-    compat32: bool,
-    no_cgroups: bool,
-    no_devbind: bool,
-    mig_config: str | None,
-    mig_monitor: str | None,
-    imex: tuple[str, ...],
-    cuda_compat_mode: str,
-    dry_run: bool,
-    rootfs: str,
-) -> None:
-    """Make the selected GPUs usable in the container whose rootfs is ROOTFS (absolute, not /)."""
-    from nvc import configure as conf
-
-    flags = {"compute": compute, "utility": utility, "video": video, "graphics": graphics, "display": display,
-             "ngx": ngx, "compat32": compat32}
-    request = conf.ConfigureRequest(
-        rootfs=rootfs,
-        pid=pid,
-        devices=",".join(devices),
-        capabilities=frozenset(name for name, on in flags.items() if on),
-        requirements=requirements,
-        ldconfig=ldconfig,
-        no_cgroups=no_cgroups,
-        no_devbind=no_devbind,
-        mig_config=mig_config,
-        mig_monitor=mig_monitor,
-        imex_channels=imex,
-        cuda_compat_mode=cuda_compat_mode,
-    )
-    plan = conf.configure(opts, request, dry_run=dry_run)
-    if dry_run:
-        click.echo(plan.text(), nl=False)
 
 
 @cli.command()

@@ -12,11 +12,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvc import procfs
 from nvc.devices import Gpu
 from nvc.procfs import ProcGpu
 from nvc.selection import Selector
+
+if TYPE_CHECKING:
+    from nvc.rpc.driver_service import DriverClient
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +57,12 @@ def from_nvml(
     from nvc.rpc.driver_service import open_driver
 
     with open_driver(root=root, user=user, timeout=timeout) as drv:
-        snap = drv.snapshot()
+        return from_driver(drv, proc)
+
+
+def from_driver(drv: DriverClient, proc: Path = procfs.PROC) -> Inventory:
+    """:func:`from_nvml` over a driver helper the caller started (early, to overlap its start-up)."""
+    snap = drv.snapshot()
     minors = procfs.read_mig_minors(proc)
     gpus = tuple(procfs.with_mig_caps(gpu, minors, proc) for gpu in snap.gpus)
     log.debug("inventory from NVML: driver %s, CUDA %d, %d GPUs", snap.driver_version, snap.cuda_version, len(gpus))

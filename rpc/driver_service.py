@@ -223,17 +223,19 @@ class DriverClient:
 
 @contextmanager
 def open_driver(
-    root: str = "/", user: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT
+    root: str = "/", user: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT, wait: bool = True
 ) -> Iterator[DriverClient]:
     """Start the driver helper for ``root``; shut it down (and reap it) on exit.
 
     ``user`` is the helper's uid/gid; by default the kernel's overflow ids when running as
     root (as the reference), else the caller's own identity, the only one it can keep.
+    ``wait=False``: do not wait for NVML to load here; the first call does (and raises its
+    load error), so the caller can import what it needs meanwhile.
     """
     if user is None:
         user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     uid, gid = user
     root = os.path.abspath(root)
-    helper = HelperClient.spawn("driver", lambda: serve_driver(root, uid, gid), timeout=timeout)
+    helper = HelperClient.spawn("driver", lambda: serve_driver(root, uid, gid), timeout=timeout, wait=wait)
     with helper:
         yield DriverClient(helper)

@@ -149,14 +149,23 @@ class HelperClient:
         # A pidfd, unlike the pid, cannot be recycled: signals and waits hit our child only.
         self._pidfd = os.pidfd_open(pid)
         self._next_id = _READY_ID + 1
+        self._ready = False  # the child's setup report was received
 
     @classmethod
     def spawn(
-        cls, name: str, setup: Setup, *, timeout: float = DEFAULT_TIMEOUT, grace: float = DEFAULT_GRACE
+        cls,
+        name: str,
+        setup: Setup,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        grace: float = DEFAULT_GRACE,
+        wait: bool = True,
     ) -> HelperClient:
         """Fork a helper named ``nvc:[name]`` that runs ``setup`` and then serves its table.
 
-        Returns once the child reported its setup done; a setup error is re-raised here.
+        Returns once the child reported its setup done, and a setup error is re-raised here;
+        with ``wait=False`` it returns at once and the first :meth:`call` waits (and re-raises)
+        instead, so the caller's own work overlaps the child's setup (NVML's load, for one).
         """
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         parent_pid = os.getpid()
@@ -175,19 +184,28 @@ class HelperClient:
                 os._exit(status)
         child_sock.close()
         client = cls(name, pid, parent_sock, timeout, grace)
+        if wait:
+            client._wait_ready()
+        return client
+
+    def _wait_ready(self) -> None:
+        """Receive the child's setup report once; a setup failure ends the helper and is re-raised."""
+        if self._ready:
+            return
         try:
-            ready = client._receive(_READY_ID, "setup")
+            ready = self._receive(_READY_ID, "setup")
             if ready.error is not None:
                 raise_remote(ready.error)
         except BaseException:
-            client.close()
+            self.close()
             raise
-        return client
+        self._ready = True
 
     def call(self, method: str, **params: Any) -> Any:
         """Run ``method`` in the helper and return its result, within the client's timeout."""
         if self._sock is None:
             raise errors.DriverError(f"{self.name} rpc error: helper is not running")
+        self._wait_ready()
         request = protocol.Request(self._next_id, method, params)
         self._next_id += 1
         try:

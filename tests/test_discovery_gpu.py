@@ -109,7 +109,8 @@ def test_list_devices_are_the_gpus_nodes(nvml) -> None:
 
 
 def test_list_libraries_are_the_driver_directory(nvml) -> None:
-    """Exactly the driver's version-suffixed libraries of its library directory that nvc-py knows by name."""
+    """Exactly the driver's version-suffixed libraries of its library directory that nvc-py knows by name
+    (on the H100 every one passes the ELF checks, libnvidia-tls's ABI note included)."""
     from nvc import capabilities
 
     version = _text(nvml.nvmlSystemGetDriverVersion())
@@ -119,13 +120,8 @@ def test_list_libraries_are_the_driver_directory(nvml) -> None:
         if p.name.endswith(f".so.{version}") and not p.is_symlink() and p.is_file()
         and p.name.startswith(capabilities.all_library_prefixes())
     )
-    # libnvidia-tls and the non-GLVND libGL family also pass ELF checks; whatever is listed
-    # from the directory must be on disk, and only those checks may leave a file out.
     from_dir = sorted(p for p in listed if os.path.dirname(p) == str(DRIVER_LIB_DIR))
-    assert from_dir, f"no library listed from {DRIVER_LIB_DIR}: {listed}"
-    assert set(from_dir) <= set(on_disk)
-    left_out = set(on_disk) - set(from_dir)
-    assert all(Path(p).name.startswith(("libnvidia-tls.so", "libGL.so", "libEGL.so", "libGLES")) for p in left_out), left_out
+    assert from_dir == on_disk
     assert all(os.path.realpath(p) == p for p in listed), "listed paths are resolved files"
 
 

@@ -223,6 +223,30 @@ def test_setup_errors_are_raised_by_spawn_and_leave_no_process() -> None:
     assert _children() == before
 
 
+def test_unwaited_spawn_raises_setup_errors_at_the_first_call() -> None:
+    """``wait=False`` returns before the child's setup ends; its failure surfaces at the first call."""
+    before = _children()
+
+    def setup() -> dict:
+        time.sleep(0.2)  # the parent must not wait for this
+        raise errors.InitializationError("load library failed: libnvidia-ml.so.1: nope")
+
+    t0 = time.monotonic()
+    client = HelperClient.spawn("test", setup, wait=False)
+    assert time.monotonic() - t0 < 0.15
+    with pytest.raises(errors.InitializationError, match="^initialization error: load library failed"):
+        client.call("echo")
+    with pytest.raises(errors.DriverError, match="helper is not running"):
+        client.call("echo")
+    assert _children() == before
+
+
+def test_unwaited_spawn_serves_once_ready(spawn) -> None:
+    client = spawn(wait=False)
+    assert client.call("echo", a=1) == {"a": 1}
+    assert client.call("echo", b=2) == {"b": 2}
+
+
 def test_killed_mid_call_is_reported_with_the_signal(spawn) -> None:
     client = spawn()
     pid = client.pid
