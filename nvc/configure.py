@@ -99,9 +99,6 @@ def validate(req: ConfigureRequest) -> _Checked:
             raise InputError(f"cannot enable {name} with specific MIG devices selected")
     if req.cuda_compat_mode not in COMPAT_MODES:
         raise InputError(f"{req.cuda_compat_mode}: invalid cuda compat mode (one of {', '.join(COMPAT_MODES)})")
-    for mount in req.extra_mounts:
-        if not posixpath.isabs(mount.source) or not posixpath.isabs(mount.target):
-            raise InputError(f"invalid extra mount {mount.source} -> {mount.target}: paths must be absolute")
     options = Options(
         capabilities=caps,
         ldconfig=req.ldconfig,
@@ -127,11 +124,11 @@ def open_rootfs(rootfs: str, pid: int | None) -> int:
     """
     from nvc import rootfs as inroot
 
-    flags = os.O_PATH | os.O_DIRECTORY
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW  # a rootfs that is a symlink is refused
     try:
         if pid is None:
-            return os.open(rootfs, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
-        root = os.open(f"/proc/{pid}/root", flags | os.O_CLOEXEC)
+            return os.open(rootfs, flags | os.O_CLOEXEC)
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             return inroot.open_in_root(root, rootfs, flags)
         finally:

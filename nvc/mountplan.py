@@ -261,11 +261,6 @@ def _has_prefix(path: str, prefixes: tuple[str, ...]) -> bool:
     return posixpath.basename(path).startswith(prefixes)
 
 
-def library_prefixes(capabilities: frozenset[str]) -> tuple[str, ...]:
-    """Prefixes of the libraries the container gets (video brings compute's, see nvc.capabilities)."""
-    return caps_mod.library_prefixes(capabilities)
-
-
 def control_nodes(majors: Mapping[str, int], capabilities: frozenset[str]) -> tuple[nodes.NodeSpec, ...]:
     """nvidiactl always; the uvm nodes only with compute; modeset only with display."""
     keep = []
@@ -338,7 +333,7 @@ def _node_bind(spec: nodes.NodeSpec, host: HostFacts, what: str) -> Bind:
 
 def _driver_files(host: HostFacts, container: ContainerFacts, options: Options) -> list[Operation]:
     caps = options.capabilities
-    prefixes = library_prefixes(caps)
+    prefixes = caps_mod.library_prefixes(caps)  # video brings compute's, see nvc.capabilities
     files = host.files
     ops: list[Operation] = []
     bins = caps_mod.binary_names(caps)
@@ -471,8 +466,6 @@ def build(
     options: Options,
 ) -> Plan:
     """The plan for one container. Raises DeviceError for a selected device the host lacks."""
-    if options.cuda_compat_mode not in COMPAT_MODES:
-        raise InputError(f"{options.cuda_compat_mode}: invalid cuda compat mode (one of {', '.join(COMPAT_MODES)})")
     files_ops = _driver_files(host, container, options)
     device_ops, rules = _device_ops(host, selection, options)
     ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, options), *_links(files_ops),

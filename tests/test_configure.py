@@ -56,7 +56,9 @@ def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, 
     hook = _hook(tmp_path, fake, debian_rootfs, "--device=0 --compute --utility")
     script = (f"{PROBE}; ls /usr/lib/x86_64-linux-gnu/ | grep -c 580.95.05; ldconfig -p | grep -E 'lib(cuda|nvidia-ml).so.1 '; "
               "nvidia-smi -L; ls /proc/driver/nvidia/gpus; grep ModifyDeviceFiles /proc/driver/nvidia/params; "
-              "ls /dev | grep nvidia; probe /dev/nvidia0; readlink /usr/lib/x86_64-linux-gnu/libcuda.so")
+              "ls /dev | grep nvidia; probe /dev/nvidia0; readlink /usr/lib/x86_64-linux-gnu/libcuda.so; "
+              "touch /proc/driver/nvidia/x 2>&1 | grep -o 'Read-only file system'; "
+              "grep -E 'libcuda.so.580| /dev/nvidia0 ' /proc/self/mountinfo | cut -d' ' -f5,6")
 
     out = [line.strip() for line in _run(runc, tmp_path, debian_rootfs, hook, script).stdout.splitlines()]
 
@@ -66,7 +68,10 @@ def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, 
     assert [line for line in out if line.startswith("GPU ")] == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {GPU0})"]
     assert out[4:6] == ["0000:3b:00.0", "ModifyDeviceFiles: 0"]
     assert out[6:10] == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"]
-    assert out[10:] == ["/dev/nvidia0 open", "libcuda.so.1"]  # the v1 rule nvc-py added lets it open
+    assert out[10:12] == ["/dev/nvidia0 open", "libcuda.so.1"]  # the v1 rule nvc-py added lets it open
+    assert out[12] == "Read-only file system"  # the /proc/driver/nvidia tmpfs is sealed
+    assert sorted(out[13:]) == ["/dev/nvidia0 rw,nosuid,noexec,relatime",
+                                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 ro,nosuid,nodev,relatime"]
 
 
 def test_runc_container_gets_mig_device_and_its_caps(active_2gpu, lib64_rootfs, runc, tmp_path):
