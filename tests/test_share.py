@@ -1,0 +1,231 @@
+"""The Python side of GPU sharing (nvc/share.py, nvc-py share status) against the real shim and the
+fake driver: the env grammar, the limits file the hook writes as the shim reads it, the host-side
+directory and mounts, the image's ld.so.preload read in-root, and status from a live region.
+Test double only: nothing here is a GPU result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvc import share, sharestatus
+from nvc.errors import ContainerError, InputError
+from test_share_native import GIB, GPU0, MIB, meminfo, programs, share as shim  # noqa: F401  (fixtures)
+
+# ---------------------------------------------------------------- the env grammar
+
+SIZES = [("1073741824", GIB), ("1g", GIB), ("1G", GIB), ("1Gi", GIB), ("1024m", GIB), ("1024Mi", GIB),
+         ("1048576K", GIB), ("1048576Ki", GIB), ("4096", 4096), ("2T", 2 << 40), ("1ti", 1 << 40)]
+JUNK_SIZES = ["", "abc", "0", "00", "1.5G", "0x10", "1 G", " 1G", "-1", "1GiB", "1gb", "1B", "1iG", "G",
+              "1e9", "+5", "99999999999999999999", "16777216T", "١٢"]
+
+
+@pytest.mark.parametrize(("text", "value"), SIZES)
+def test_sizes(text, value):
+    assert share.parse_size("NVC_SHARE_MEMORY_LIMIT", text) == value
+
+
+@pytest.mark.parametrize("text", JUNK_SIZES)
+def test_junk_sizes_are_refused_naming_the_variable(text):
+    with pytest.raises(InputError, match=re.escape(f"NVC_SHARE_MEMORY_LIMIT={text!r}: not a size")):
+        share.parse_size("NVC_SHARE_MEMORY_LIMIT", text)
+
+
+@pytest.mark.parametrize(("env", "memory", "compute"), [
+    ({}, None, None),
+    ({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}, (("", 4 * GIB),), ()),
+    ({"NVC_SHARE_COMPUTE": "50"}, (), (("", 50),)),
+    # HAMi's names; NVC_SHARE_* win at the same scope; per-device entries are kept by index
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "3g", "NVC_SHARE_MEMORY_LIMIT": "1Gi", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m"},
+     (("", GIB), ("1", 2 * GIB)), ()),
+    ({"CUDA_DEVICE_SM_LIMIT": "0"}, (), (("", 100),)),                       # HAMi: 0 = unlimited
+    ({"CUDA_DEVICE_SM_LIMIT": "30", "NVC_SHARE_COMPUTE_0": "70"}, (), (("", 30), ("0", 70))),
+    ({"NVC_SHARE_MEMORY_LIMIT_007": "1M"}, (("7", MIB),), ()),
+    # other HAMi variables sharing a prefix are not limits
+    ({"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/x", "CUDA_DEVICE_SM_LIMIT_POLICY": "force"}, None, None),
+])
+def test_env_requests(env, memory, compute):
+    request = share.parse_share_env({"PATH": "/bin", **env})
+    if memory is None:
+        assert request is None
+    else:
+        assert (request.memory, request.compute) == (memory, compute)
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"NVC_SHARE_MEMORY_LIMIT": "lots"}, "NVC_SHARE_MEMORY_LIMIT='lots': not a size"),
+    ({"CUDA_DEVICE_MEMORY_LIMIT_0": "0x100"}, "CUDA_DEVICE_MEMORY_LIMIT_0='0x100': not a size"),
+    ({"NVC_SHARE_COMPUTE": "0"}, "NVC_SHARE_COMPUTE='0': not a percentage"),
+    ({"NVC_SHARE_COMPUTE": "101"}, "not a percentage"),
+    ({"CUDA_DEVICE_SM_LIMIT": "50%"}, "CUDA_DEVICE_SM_LIMIT='50%': not a percentage"),
+    ({"NVC_SHARE_MEMORY_LIMIT_GPU0": "1G"}, "NVC_SHARE_MEMORY_LIMIT_GPU0: unknown sharing variable"),
+    ({"NVC_SHARE_MEMORY_LIMIT_1234": "1G"}, "unknown sharing variable"),
+])
+def test_junk_env_is_refused(env, message):
+    with pytest.raises(InputError, match=message):
+        share.parse_share_env(env)
+
+
+# ---------------------------------------------------------------- the limits file, as the shim reads it
+
+def test_limits_file_round_trip_through_the_shim(shim, tmp_path):
+    request = share.parse_share_env({"CUDA_DEVICE_MEMORY_LIMIT_1": "2048m", "NVC_SHARE_MEMORY_LIMIT": "1536Mi",
+                                     "NVC_SHARE_COMPUTE": "50"})
+    shared = share.write_share_dir(tmp_path, request)
+    assert stat.S_IMODE(os.stat(shared / "limits").st_mode) == 0o444
+    assert stat.S_IMODE(os.stat(shared / "region").st_mode) == 0o666
+    shim.dir = shared
+    # The file is the authority: the environment's (larger) limit is ignored, junk in it too.
+    out, err = shim.run("cuda_probe", "init", "ctx", 0, "meminfo", "alloc", 1536 * MIB + 1, "ctx", 1, "meminfo",
+                        limits={"NVC_SHARE_MEMORY_LIMIT": "60G", "NVC_SHARE_COMPUTE": "junk"})
+    assert "FAILED" not in err
+    assert meminfo(out[2]) == (1536 * MIB, 1536 * MIB)
+    assert out[3] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]
+    assert meminfo(out[5])[1] == 2 * GIB            # memory_limit.1: by NVML index
+
+
+def test_fake_nvidia_smi_reports_the_written_limit(shim, tmp_path):
+    shim.dir = share.write_share_dir(tmp_path, share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}))
+    holder = shim.holder("alloc", GIB, limits={})
+    try:
+        result = subprocess.run([str(shim.root / "usr" / "bin" / "nvidia-smi"),
+                                 "--query-gpu=memory.total,memory.used", "--format=csv,noheader"],
+                                env=shim.env({}), capture_output=True, text=True, timeout=20)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.stdout.splitlines()[0] == "4096 MiB, 1024 MiB", result.stderr
+
+
+def test_concurrent_allocations_never_exceed_the_budget(shim, programs):
+    """Four processes race 4 MiB allocations into a 1 GiB budget (the lock-free charge path) and
+    hold them: together they get exactly 256, never more, and all of it once the budget is full."""
+    env = shim.env({"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    ops = ["init"] + ["alloc", str(4 * MIB)] * 200 + ["hold"]
+    procs = [subprocess.Popen([str(programs["share_app"]), *ops], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    results = []
+    try:
+        for proc in procs:
+            for line in proc.stdout:
+                if line.startswith("holding"):
+                    break
+                results.append(line.split()[:2])
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert results.count(["alloc", "0"]) == 256
+    assert results.count(["alloc", "2"]) == 4 * 200 - 256
+
+
+# ---------------------------------------------------------------- host side: directory, preload, mounts
+
+@pytest.fixture
+def rootfs(tmp_path: Path) -> Path:
+    root = tmp_path / "rootfs"
+    (root / "etc").mkdir(parents=True)
+    return root
+
+
+def test_preload_keeps_the_image_entries(rootfs):
+    assert share.read_image_preload(str(rootfs)) == ""
+    (rootfs / "etc" / "ld.so.preload").write_text("/usr/lib/libjemalloc.so.2 /opt/x.so")
+    image = share.read_image_preload(str(rootfs))
+    assert share.preload_text(image) == f"{share.CONTAINER_LIBRARY}\n/usr/lib/libjemalloc.so.2 /opt/x.so\n"
+
+
+def test_preload_is_read_inside_the_root(rootfs, tmp_path):
+    secret = tmp_path / "host-secret"
+    secret.write_text("/host/only.so\n")
+    (rootfs / "etc" / "ld.so.preload").symlink_to(secret)       # absolute: lands inside the rootfs
+    assert share.read_image_preload(str(rootfs)) == ""
+    (rootfs / "etc" / "ld.so.preload").unlink()
+    os.mkfifo(rootfs / "etc" / "ld.so.preload")                    # would block a naive read
+    with pytest.raises(ContainerError, match="not a regular file"):
+        share.read_image_preload(str(rootfs))
+
+
+def test_prepare_and_remove(rootfs, tmp_path):
+    library = tmp_path / "libnvc-share.so"
+    library.write_bytes(b"\x7fELF")
+    state = tmp_path / "state"
+    (rootfs / "etc" / "ld.so.preload").write_text("/usr/lib/libfoo.so\n")
+    request = share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
+    mounts = share.prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
+    shared = state / "ctr1" / "shared"
+    assert [(m.source, m.target, m.readonly, m.directory) for m in mounts] == [
+        (str(library), "/usr/lib/nvc-share/libnvc-share.so", True, False),
+        (str(shared), "/var/run/nvc-share", False, True),
+        (str(shared / "limits"), "/var/run/nvc-share/limits", True, False),
+        (str(state / "ctr1" / "ld.so.preload"), "/etc/ld.so.preload", True, False),
+    ]
+    assert (state / "ctr1" / "ld.so.preload").read_text() == \
+        "/usr/lib/nvc-share/libnvc-share.so\n/usr/lib/libfoo.so\n"
+    assert "memory_limit=4294967296\n" in (shared / "limits").read_text()
+    with pytest.raises(ContainerError, match="already exists"):
+        share.prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
+    share.remove("ctr1", str(state))
+    assert os.listdir(state) == []
+
+
+def test_prepare_refuses_before_changing_anything(rootfs, tmp_path):
+    state = tmp_path / "state"
+    request = share.parse_share_env({"NVC_SHARE_COMPUTE": "50"})
+    with pytest.raises(ContainerError, match="not installed"):
+        share.prepare(request, "ctr", str(rootfs), library=str(tmp_path / "missing.so"), state_dir=str(state))
+    with pytest.raises(InputError, match="cannot name a directory"):
+        share.prepare(request, "../x", str(rootfs), library=str(Path(share.__file__)), state_dir=str(state))
+    assert not state.exists() or os.listdir(state) == []
+
+
+# ---------------------------------------------------------------- share status
+
+def test_share_status_reads_the_live_region(shim, tmp_path):
+    request = share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50"})
+    state = tmp_path / "state"
+    (state / "ctr1").mkdir(parents=True)
+    (state / "idle").mkdir()
+    shim.dir = share.write_share_dir(state / "ctr1", request)
+    share.write_share_dir(state / "idle", request)
+    holder = shim.holder("alloc", 600 * MIB, limits={})
+    try:
+        result = subprocess.run(["nvc-py", "share", "status", "--json", "--state-dir", str(state)],
+                                capture_output=True, text=True, timeout=30)
+        text = subprocess.run(["nvc-py", "share", "status", "--state-dir", str(state)],
+                              capture_output=True, text=True, timeout=30).stdout
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 0, result.stderr
+    ctr, idle = json.loads(result.stdout)["containers"]
+    assert idle["id"] == "idle" and idle["region"].startswith("not initialised")
+    assert ctr["region"] == "ok"
+    assert ctr["limits"] == {"memory_limit": str(4 * GIB), "compute_percent": "50", "on_error": "pass-through",
+                             "context_overhead": "0"}
+    key = GPU0[4:]
+    (device,) = ctr["devices"]
+    assert (device["key"], device["memory_limit"], device["memory_used"], device["compute_percent"]) == \
+        (key, 4 * GIB, 600 * MIB, 50)
+    assert ctr["processes"] == [{"pid": holder.pid, "host_pid": holder.pid, "used": {key: 600 * MIB}}]
+    assert f"{key}: memory 600 MiB used of 4096 MiB; compute 50%" in text
+    assert f"pid {holder.pid} (host pid {holder.pid}): {key} 600 MiB" in text
+
+
+def test_share_status_marks_dead_processes(shim, tmp_path):
+    state = tmp_path / "state"
+    (state / "c").mkdir(parents=True)
+    shim.dir = share.write_share_dir(state / "c", share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "1Gi"}))
+    holder = shim.holder("alloc", 300 * MIB, limits={})
+    holder.kill()
+    holder.wait()
+    (ctr,) = sharestatus.status(str(state))
+    assert [(p.pid, p.host_pid, p.used) for p in ctr.processes] == [(holder.pid, None, {GPU0[4:]: 300 * MIB})]
+    assert f"pid {holder.pid} (gone)" in sharestatus.text([ctr])
