@@ -255,7 +255,8 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     inv = inventory.from_nvml(glob.root, glob.user, proc) if _needs_nvml(checked, proc) else inventory.from_procfs(proc)
     chosen = selection.select(inv.gpus, checked.selectors)
     _check_requirements(checked, inv, chosen)
-    files = driver.discover(glob.root, inv.driver_version, glob.ldcache)
+    prefixes = capabilities.library_prefixes(checked.options.capabilities)
+    files = driver.discover(glob.root, inv.driver_version, glob.ldcache, prefixes=prefixes)
     majors = nodes.read_majors()
     mig_minors = procfs.read_mig_minors(proc)
     found = {}

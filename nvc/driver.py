@@ -61,14 +61,18 @@ def _passes(prefix: str, path: str, arch: str) -> bool:
 
 
 def select_libraries(
-    root: str, entries: tuple[ldcache.CacheEntry, ...], arch: str, version: str
+    root: str,
+    entries: tuple[ldcache.CacheEntry, ...],
+    arch: str,
+    version: str,
+    prefixes: tuple[str, ...] | None = None,
 ) -> tuple[str, ...]:
     """Inner paths of the driver libraries ``entries`` (one architecture) lead to.
 
     Per prefix the last passing cache entry wins; the result follows the prefix lists'
-    order and holds each file once.
+    order and holds each file once. ``prefixes``: only these (default: every driver library).
     """
-    prefixes = capabilities.all_library_prefixes()
+    prefixes = capabilities.all_library_prefixes() if prefixes is None else prefixes
     chosen: dict[str, str] = {}
     for entry in entries:
         if not entry.key.startswith(prefixes):
@@ -163,20 +167,23 @@ def discover(
     kernel_release: str | None = None,
     firmware_class_path: str | None = None,
     mps_pipe_dir: str | None = None,
+    prefixes: tuple[str, ...] | None = None,
 ) -> DriverFiles:
     """All driver files of RM ``version`` under ``root``.
 
     ``ldcache_path`` is resolved inside the root. Defaults: the running machine's
     architecture and kernel release, the live firmware_class.path and
-    ``$CUDA_MPS_PIPE_DIRECTORY`` (else /tmp/nvidia-mps).
+    ``$CUDA_MPS_PIPE_DIRECTORY`` (else /tmp/nvidia-mps). ``prefixes`` limits the libraries
+    looked at (configure asks only for its capabilities' ones: checking the graphics
+    libraries' ELF notes costs more than everything else discovery does).
     """
     uname = os.uname()
     native, compat = ldcache.native_arches(machine or uname.machine)
     cache_inner = rootpath.resolve(root, ldcache_path)
     cache_path = Path(rootpath.host_path(root, cache_inner if cache_inner else ldcache_path))
     entries = ldcache.read(cache_path)
-    libs = select_libraries(root, ldcache.select(entries, native), native, version)
-    libs32 = select_libraries(root, ldcache.select(entries, compat), compat, version) if compat else ()
+    libs = select_libraries(root, ldcache.select(entries, native), native, version, prefixes)
+    libs32 = select_libraries(root, ldcache.select(entries, compat), compat, version, prefixes) if compat else ()
     bins = find_binaries(root, binary_dirs(tuple(dict.fromkeys(os.path.dirname(p) for p in libs))))
     fw_class = read_firmware_class_path() if firmware_class_path is None else firmware_class_path
     fws = find_firmwares(root, version, firmware_dirs(kernel_release or uname.release, fw_class))
