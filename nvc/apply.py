@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -237,18 +238,29 @@ class Applier:
         self.root_fd = self.ns_fd = -1
 
 
+def _timed(stage: str, start: float) -> float:
+    """Log how long ``stage`` took (``--debug``; bench/ reads these lines); return now."""
+    now = time.perf_counter()
+    log.debug("timing %s %.2f ms", stage, (now - start) * 1e3)
+    return now
+
+
 def apply(plan: Plan) -> None:
     """Apply ``plan``: mounts (helper), then ldconfig and device cgroup; undo the mounts on failure."""
     from nvc import cgroups, ldconfig
     from nvc.rpc.container_service import open_container
 
+    start = time.perf_counter()
     with open_container(HELPER_TIMEOUT) as helper:
         helper.mount(plan)
+        start = _timed("mounts", start)
         try:
             if plan.ldconfig is not None:
                 ldconfig.run_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner, pid=plan.pid)
+                start = _timed("ldconfig", start)
             if plan.cgroup_rules and plan.pid is not None:
                 cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
+                start = _timed("cgroup", start)
         except BaseException:
             problems = helper.rollback()
             if problems:

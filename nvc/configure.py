@@ -15,6 +15,7 @@ import logging
 import os
 import posixpath
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,6 +246,7 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     """Everything ``configure`` would do, without changing anything."""
     from nvc import driver, inventory, mountplan, nodes
 
+    start = time.perf_counter()
     checked = validate(req)
     root_fd = open_rootfs(req.rootfs, req.pid)
     try:
@@ -274,7 +276,9 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
         mig_minors=mig_minors,
         caps_dir=str(procfs.caps_dir(proc)),
     )
-    return mountplan.build(req.rootfs, req.pid, host, cfacts, chosen, checked.options)
+    result = mountplan.build(req.rootfs, req.pid, host, cfacts, chosen, checked.options)
+    log.debug("timing discovery+plan %.2f ms: %d operations", (time.perf_counter() - start) * 1e3, len(result.operations))
+    return result
 
 
 def scrub_environment() -> None:
