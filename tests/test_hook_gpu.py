@@ -1,0 +1,62 @@
+"""nvc-py-hook as the prestart hook of crun/runc containers on a real GPU (``make test-gpu``).
+
+The expected GPU comes from NVML queried in this test process through pynvml, not from
+nvc-py. The container output is printed (``pytest -rP`` shows it) so it can be quoted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+from harness.runtime import Runc
+
+pytestmark = pytest.mark.gpu
+
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+SHOW = ["sh", "-c", "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || echo 'no GPU device nodes'"]
+
+
+@pytest.fixture(scope="module")
+def gpu0_uuid() -> str:
+    pynvml = pytest.importorskip("pynvml")
+    if not Path("/proc/driver/nvidia/version").exists():
+        pytest.fail("no NVIDIA driver on this machine: GPU tests need one")
+    pynvml.nvmlInit()
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    return uuid.decode() if isinstance(uuid, bytes) else uuid
+
+
+@pytest.fixture(params=["crun", "runc"])
+def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Runc:
+    binary = shutil.which(request.param)
+    if binary is None:
+        pytest.skip(f"{request.param} is not installed")
+    return Runc(tmp_path / "state", binary)
+
+
+def test_prestart_hook_on_the_gpu(runtime: Runc, make_rootfs, gpu0_uuid: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    outputs = {}
+    for name, env in (("gpu0", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("unset", {})):
+        bundle = make_bundle(tmp_path / name, make_rootfs(name=f"rootfs-{name}"), SHOW, env=env,
+                             hooks={"prestart": [hook]})
+        result = runtime.create_start(bundle)
+        print(f"--- {Path(runtime.binary).name}, NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', '(unset)')}:")
+        print(result.stdout + result.stderr)
+        assert result.returncode == 0, result.stderr
+        outputs[name] = result.stdout
+    print((tmp_path / "hook.log").read_text())
+    assert outputs["gpu0"].splitlines()[0].startswith("GPU 0: ") and f"(UUID: {gpu0_uuid})" in outputs["gpu0"]
+    assert len([w for w in outputs["gpu0"].split() if w.startswith("nvidia") and w[6:].isdigit()]) == 1
+    assert "nvidia-smi: not found" in outputs["unset"] and "no GPU device nodes" in outputs["unset"]
