@@ -37,6 +37,7 @@ native:
 
 install:
 	$(PIP) install -q --no-deps --no-index --no-build-isolation .
+	install -D -m 0644 native/libnvc-share.so /usr/lib/nvc-py/libnvc-share.so
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build

@@ -3,8 +3,9 @@
 Registered as a ``prestart`` hook (podman hooks.d, ``nvc-py-runtime``, or by hand in
 config.json). ``prestart`` reads the OCI state on stdin, loads the bundle's spec, decides
 devices and capabilities from it (:mod:`nvc.hook.request`) and runs the configure logic in
-this same process: a container start pays for one interpreter, not two. ``poststart`` and
-``poststop`` have nothing to do and succeed silently.
+this same process: a container start pays for one interpreter, not two. A container asking
+for GPU sharing (``NVC_SHARE_*``, HAMi's ``CUDA_DEVICE_*`` env) also gets the sharing shim
+(:mod:`nvc.share`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
 
 A failure prints one line on stderr (the engine shows it to the user) and exits non-zero,
 which makes the runtime abort the start. Every invocation leaves one structured line in
@@ -100,14 +101,24 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
         return
     record["devices"] = list(req.devices) if req.devices is not None else "none"
     record["capabilities"] = list(req.capabilities)
+    from nvc import share
     from nvc.configure import configure
 
+    sharing = share.parse_share_env(ctr.env)  # junk limits refuse the container before anything changes
     glob = global_options(config)
     if glob.load_kmods:
         from nvc import kmods
 
         kmods.load(glob.root)
-    configure(glob, configure_request(config, state, ctr, req))
+    extra = share.prepare(sharing, state.id, ctr.rootfs) if sharing else ()
+    try:
+        configure(glob, configure_request(config, state, ctr, req, extra))
+    except BaseException:
+        if sharing:
+            share.remove(state.id)
+        raise
+    if sharing:
+        record["share"] = {"memory": dict(sharing.memory), "compute": dict(sharing.compute)}
     record["outcome"] = "configured"
 
 
@@ -121,6 +132,18 @@ def _cdi_hook(config: Config, stage: str, args: list[str], stdin: bytes, record:
     record["outcome"] = "done"
 
 
+def _poststop(stdin: bytes) -> int:
+    """Drop the container's GPU-sharing directory, if it had one; never fails the teardown."""
+    from nvc import share
+    from nvc.hook import spec
+
+    try:
+        share.remove(spec.parse_state(stdin).id)
+    except NvcError:
+        pass
+    return 0
+
+
 def _enable_debug(config: Config) -> None:
     if config.log_level == "debug" and config.log_file is not None:
         from nvc import debuglog
@@ -132,8 +155,10 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None) -> int:
     """Entry point of ``nvc-py-hook`` (and ``nvc-py hook``)."""
     args = sys.argv[1:] if argv is None else argv
     stage = args[0] if args else ""
-    if stage in ("poststart", "poststop"):
+    if stage == "poststart":
         return 0
+    if stage == "poststop":
+        return _poststop(sys.stdin.buffer.read() if stdin is None else stdin)
     if stage not in ("prestart", *CDI_STAGES):
         print(USAGE, file=sys.stderr)
         return InputError.exit_code

@@ -229,3 +229,37 @@ def test_share_status_marks_dead_processes(shim, tmp_path):
     (ctr,) = sharestatus.status(str(state))
     assert [(p.pid, p.host_pid, p.used) for p in ctr.processes] == [(holder.pid, None, {GPU0[4:]: 300 * MIB})]
     assert f"pid {holder.pid} (gone)" in sharestatus.text([ctr])
+
+
+# ---------------------------------------------------------------- through the hook, in a runc container
+
+def test_hook_injects_the_shim_into_a_runc_container(active_2gpu, fake_2gpu, runc, debian_rootfs, tmp_path):
+    """A container asking for 4 GiB gets the shim preloaded, a limits file it cannot change even as
+    root, and NVML (the fake nvidia-smi) reporting the limit; poststop removes its directory; junk
+    limits refuse the start and leave nothing behind."""
+    from harness.bundle import make_bundle
+    from test_hook_containers import SCRIPTS
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n")
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": [f"NVC_PY_CONFIG={config}"]}
+    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    script = ("head -1 /etc/ld.so.preload; cat /var/run/nvc-share/limits | grep memory_limit; "
+              "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
+              "nvidia-smi --query-gpu=memory.total --format=csv,noheader")
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
+    bundle = make_bundle(tmp_path / "ok", debian_rootfs, ["sh", "-c", script], env=env, hooks=hooks)
+    result = runc.create_start(bundle, container_id="nvc-share-ok")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [share.CONTAINER_LIBRARY, f"memory_limit={4 * GIB}", "read-only",
+                                          "4096 MiB"]
+    runc.delete("nvc-share-ok")
+    assert not (Path(share.STATE_DIR) / "nvc-share-ok").exists()
+
+    bad = make_bundle(tmp_path / "bad", debian_rootfs, ["true"], env={**env, "NVC_SHARE_MEMORY_LIMIT": "lots"},
+                      hooks=hooks)
+    result = runc.create_start(bad, container_id="nvc-share-bad")
+    assert result.returncode != 0
+    assert "NVC_SHARE_MEMORY_LIMIT='lots': not a size" in result.stderr
+    assert not (Path(share.STATE_DIR) / "nvc-share-bad").exists()
