@@ -208,3 +208,9 @@ def test_setup_containerd_keeps_unrelated_settings(tmp_path: Path) -> None:
                  '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvc-py]',
                  'runtime_type = "io.containerd.runc.v2"', f'BinaryName = "{SCRIPTS / "nvc-py-runtime"}"'):
         assert line in dump, line
+    legacy = tmp_path / "v1.toml"  # no version key: containerd reads it as version 1
+    legacy.write_text('root = "/var/lib/old"\n')
+    refused = subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "containerd", "--config", str(legacy),
+                              "--drop-in", str(drop_in)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "containerd config version 1: only version 2" in refused.stderr
+    assert legacy.read_text() == 'root = "/var/lib/old"\n'
