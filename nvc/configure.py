@@ -18,11 +18,15 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvc import capabilities, procfs, requirements, selection
 from nvc.errors import ContainerError, InputError
 from nvc.mountplan import COMPAT_DIR, COMPAT_MODES, PROC_NVIDIA, ContainerFacts, HostFacts, HostMount, Options, Plan
 from nvc.options import GlobalOptions
+
+if TYPE_CHECKING:
+    from nvc.inventory import Inventory
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +235,8 @@ def _needs_nvml(checked: _Checked, proc: Path) -> bool:
     return bool(props & _NVML_PROPERTIES) or inventory.needs_nvml(checked.selectors, mig_files, proc)
 
 
-def _check_requirements(checked: _Checked, inv, chosen: selection.Selection) -> None:  # noqa: ANN001
+def _check_requirements(checked: _Checked, inv: Inventory, chosen: selection.Selection) -> None:
+    """Each requirement, per selected GPU (a MIG device's parent is one), or once with no GPU."""
     if not checked.requirements:
         return
     cuda = None if inv.cuda_version is None else f"{inv.cuda_version // 1000}.{(inv.cuda_version % 100) // 10}"

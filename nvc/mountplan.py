@@ -20,7 +20,7 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from nvc import capabilities as caps_mod
 from nvc import nodes
@@ -93,57 +93,67 @@ class Bind:
 
 
 @dataclass(frozen=True)
-class Tmpfs:
+class _Step:
+    """An operation on one container path, printed as ``<verb> <what> <target><detail>``."""
+
+    target: str
+    verb: ClassVar[str] = ""
+    what: ClassVar[str] = "proc"
+
+    def detail(self) -> str:
+        return ""
+
+    def text(self) -> str:
+        return f"{self.verb:<7} {self.what:<9} {self.target}{self.detail()}"
+
+
+@dataclass(frozen=True)
+class Tmpfs(_Step):
     """A fresh tmpfs on ``target`` (an existing directory on procfs), filled by the operations after it."""
 
-    target: str
-
-    def text(self) -> str:
-        return f"tmpfs   {'proc':<9} {self.target}"
+    verb = "tmpfs"
 
 
 @dataclass(frozen=True)
-class MakeDir:
+class MakeDir(_Step):
     """A directory inside a tmpfs of the plan."""
 
-    target: str
-
-    def text(self) -> str:
-        return f"mkdir   {'proc':<9} {self.target}"
+    verb = "mkdir"
 
 
 @dataclass(frozen=True)
-class WriteFile:
+class WriteFile(_Step):
     """A read-only file with ``content`` inside a tmpfs of the plan."""
 
-    target: str
-    content: str
+    content: str = ""
     mode: int = 0o444
+    verb = "write"
 
-    def text(self) -> str:
+    def detail(self) -> str:
         first = self.content.splitlines()[0] if self.content else ""
-        return f"write   {'proc':<9} {self.target} ({len(self.content.encode())} bytes: {first[:40]!r}…)"
+        return f" ({len(self.content.encode())} bytes: {first[:40]!r}…)"
 
 
 @dataclass(frozen=True)
-class Seal:
+class Seal(_Step):
     """Make the tmpfs on ``target`` read-only (nosuid, nodev, noexec) once it is filled."""
 
-    target: str
+    verb = "seal"
 
-    def text(self) -> str:
-        return f"seal    {'proc':<9} {self.target} [rdonly,nosuid,nodev,noexec]"
+    def detail(self) -> str:
+        return " [rdonly,nosuid,nodev,noexec]"
 
 
 @dataclass(frozen=True)
-class Symlink:
+class Symlink(_Step):
     """Symlink ``target`` -> ``link_to``, made only where nothing exists at ``target``."""
 
-    target: str
-    link_to: str
+    link_to: str = ""
+    verb = "symlink"
+    what = "library"
 
-    def text(self) -> str:
-        return f"symlink {'library':<9} {self.target} -> {self.link_to}"
+    def detail(self) -> str:
+        return f" -> {self.link_to}"
 
 
 Operation = Bind | Tmpfs | MakeDir | WriteFile | Seal | Symlink

@@ -76,9 +76,9 @@ def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, 
 
 def test_runc_container_gets_mig_device_and_its_caps(active_2gpu, lib64_rootfs, runc, tmp_path):
     fake = active_2gpu
-    hook = _hook(tmp_path, fake, lib64_rootfs, f"--device={MIG_1_1} --utility")
+    hook = _hook(tmp_path, fake, lib64_rootfs, f"--device={MIG_1_1} --utility --imex-channel=1")
     script = ("nvidia-smi -L; ls /proc/driver/nvidia/gpus; find /proc/driver/nvidia/capabilities -type f; "
-              "ls /dev/nvidia-caps; ls /usr/lib64 | grep -c 580.95.05")
+              "ls /dev/nvidia-caps; ls /usr/lib64 | grep -c 580.95.05; ls /dev/nvidia-caps-imex-channels")
 
     out = [line.strip() for line in _run(runc, tmp_path, lib64_rootfs, hook, script).stdout.splitlines()]
 
@@ -89,7 +89,7 @@ def test_runc_container_gets_mig_device_and_its_caps(active_2gpu, lib64_rootfs, 
     assert sorted(out[3:5]) == ["/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access",
                                 "/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access"]
     assert out[5:7] == sorted([f"nvidia-cap{gi}", f"nvidia-cap{ci}"])
-    assert out[7] == "3"  # utility libraries only
+    assert out[7:] == ["3", "channel1"]  # utility libraries only; the IMEX channel asked for
 
 
 V2_HOOK_PY = """
