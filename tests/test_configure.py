@@ -201,3 +201,17 @@ def test_bad_requests_change_nothing(active_2gpu, debian_rootfs, target_process,
 def test_rootfs_must_be_absolute_and_not_slash(rootfs):
     result = subprocess.run([NVC, "configure", "--dry-run", rootfs], capture_output=True, text=True)
     assert result.returncode == 2 and "invalid rootfs directory" in result.stderr
+
+
+def test_container_helper_keeps_only_the_mount_capabilities():
+    from nvc.rpc.container_service import open_container
+
+    with open_container(5.0) as client:
+        status = Path(f"/proc/{client.helper.pid}/status").read_text()
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    # CHOWN 0, DAC_OVERRIDE 1, DAC_READ_SEARCH 2, FOWNER 3, SYS_CHROOT 18, SYS_PTRACE 19, SYS_ADMIN 21
+    kept = sum(1 << bit for bit in (0, 1, 2, 3, 18, 19, 21))
+    assert (int(fields["CapPrm"], 16), int(fields["CapBnd"], 16)) == (kept, kept)
+    assert (int(fields["CapEff"], 16), int(fields["CapInh"], 16)) == (0, 0)  # raised per step only
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Name"].strip() == "nvc:[container]"
