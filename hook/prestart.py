@@ -93,9 +93,12 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     state = spec.parse_state(stdin)
     record["container"] = state.id
     ctr = spec.container(state.bundle, spec.load_config(state.bundle))
-    req = request.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
-    for warning in req.warnings if req is not None else ():
+    warnings: list[str] = []
+    req = request.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config), warnings)
+    for warning in warnings:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    if warnings:
+        record["warnings"] = warnings
     if req is None:
         record["outcome"] = "no-gpu"
         return

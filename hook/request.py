@@ -8,7 +8,7 @@ NVIDIA's toolkit must keep working, so the grammar follows the toolkit's (see th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nvc.capabilities import CAPABILITIES
 from nvc.errors import InputError
@@ -39,7 +39,6 @@ class GpuRequest:
     mig_config: tuple[str, ...] = ()
     mig_monitor: tuple[str, ...] = ()
     imex_channels: tuple[int, ...] = ()
-    warnings: tuple[str, ...] = field(default=(), compare=False)
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -153,11 +152,14 @@ def parse_env(entries: Iterable[str]) -> dict[str, str]:
 
 
 def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | None = None,
-                privileged: bool = False, policy: Policy = Policy()) -> GpuRequest | None:
-    """Decide what the container gets; ``None`` means it is not a GPU container and nothing is done."""
+                privileged: bool = False, policy: Policy = Policy(),
+                warnings: list[str] | None = None) -> GpuRequest | None:
+    """Decide what the container gets; ``None`` means it is not a GPU container and nothing is done.
+
+    Requests the policy ignores are reported in ``warnings`` (when given) for the user to see.
+    """
     mounts = mounts or []
-    warnings: list[str] = []
-    devices = _visible_devices(env, mounts, privileged, policy, warnings)
+    devices = _visible_devices(env, mounts, privileged, policy, warnings if warnings is not None else [])
     if devices is False:
         return None
     return GpuRequest(
@@ -167,5 +169,4 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
         mig_config=_mig(env, "MIG_CONFIG", privileged),
         mig_monitor=_mig(env, "MIG_MONITOR", privileged),
         imex_channels=_imex_channels(env, mounts, policy),
-        warnings=tuple(warnings),
     )

@@ -96,6 +96,15 @@ def test_table_has_at_least_30_cases() -> None:
     assert len(CASES) >= 30
 
 
+def test_ignored_request_is_reported() -> None:
+    warnings: list[str] = []
+    assert gpu_request({"NVIDIA_VISIBLE_DEVICES": "0"}, [], False, STRICT, warnings) is None
+    assert warnings == ["NVIDIA_VISIBLE_DEVICES ignored: unprivileged container and "
+                        "accept-envvar-when-unprivileged is false"]
+    assert gpu_request({"NVIDIA_VISIBLE_DEVICES": "0"}, [], True, STRICT, warnings) is not None
+    assert len(warnings) == 1
+
+
 def test_unknown_capability_is_an_error_naming_it() -> None:
     with pytest.raises(InputError, match="NVIDIA_DRIVER_CAPABILITIES: unknown capability 'turbo'"):
         gpu_request({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,turbo"})
