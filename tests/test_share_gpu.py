@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.bundle import make_bundle
+from test_hook_gpu import SCRIPTS, runtime  # noqa: F401  (fixture)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import sharegpu  # noqa: E402
 
@@ -49,7 +52,7 @@ def test_total_memory_is_the_limit_and_physical_without_one(program, limited, tm
 @pytest.mark.parametrize("alloc_conf", ["", "expandable_segments:True"])
 def test_pytorch_sees_the_limit_and_gets_out_of_memory(limited, alloc_conf):
     env = dict(limited, PYTORCH_CUDA_ALLOC_CONF=alloc_conf)
-    out = sharegpu.run([sys.executable, TORCH_SCRIPT], env)
+    out = sharegpu.run([sharegpu.TORCH_PYTHON, TORCH_SCRIPT], env)
     assert int(out["mem_get_info"][1]) == 4 * GIB
     assert out["alloc3"] == ["ok"]
     assert out["alloc2"] == ["OutOfMemoryError"]
@@ -94,3 +97,38 @@ def test_hami_names_are_honoured(program, tmp_path):
                             NVC_SHARE_DIR=str(tmp_path))
     assert sharegpu.run([program, "fill", 256], env)["fill"] == ["2048", "cudaErrorMemoryAllocation"]
     assert os.path.exists(tmp_path / "region")
+
+
+def test_through_the_hook_in_a_container(runtime, make_rootfs, program, native_rate, tmp_path):
+    """nvc-py-hook as prestart hook: the container's env asks for 4 GiB and a 50 % share; inside, the
+    static-cudart program gets OOM at 4 GiB, two processes share the budget, nvidia-smi shows
+    4096 MiB, the compute share holds; the workload cannot raise its limits through its env."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    rootfs = make_rootfs(name="rootfs-share")
+    (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(program, rootfs / "usr/local/bin/share_gpu")
+    script = ("mkdir -p /tmp; share_gpu meminfo fill 256; "
+              "NVC_SHARE_MEMORY_LIMIT=80Gi share_gpu alloc 5120 alloc 3072 hold > /tmp/h & "
+              "while ! grep -q holding /tmp/h; do sleep 0.1; done; share_gpu fill 256; kill $!; head -2 /tmp/h; "
+              f"share_gpu compute 3 {sharegpu.COMPUTE_ITERS}; "
+              "nvidia-smi --query-gpu=memory.total --format=csv,noheader")
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+           "NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50"}
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], env=env, hooks=hooks)
+    result = runtime.create_start(bundle, timeout=120)
+    print(f"--- {Path(runtime.binary).name}, {env}:\n{result.stdout}{result.stderr}")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert int(lines[0].split()[2]) == 4 * GIB                                 # meminfo total
+    assert lines[1] == "fill 4096 cudaErrorMemoryAllocation"
+    assert lines[2] == "fill 1024 cudaErrorMemoryAllocation"                   # the holder has 3 GiB
+    # the holder's env asked for 80 GiB: the read-only limits file wins
+    assert lines[3:5] == ["alloc cudaErrorMemoryAllocation", "alloc cudaSuccess"]
+    achieved = 100 * float(lines[5].split()[1]) / native_rate
+    print(f"compute share in the container: {achieved:.1f}% of native (50% requested)")
+    assert abs(achieved - 50) <= 5
+    assert lines[6] == "4096 MiB"

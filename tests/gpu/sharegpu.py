@@ -17,13 +17,18 @@ GPU_DIR = Path(__file__).resolve().parent
 REPO = GPU_DIR.parent.parent
 SHIM = REPO / "native" / "libnvc-share.so"
 COMPUTE_ITERS = 20000          # fma_loop iterations: ~200 µs per kernel on an H100
+# PyTorch lives in the machine's big venv, not in the clean one bench/gpu-env.sh makes for nvc-py.
+TORCH_PYTHON = os.environ.get("NVC_TORCH_PYTHON", "/opt/torch/.venv/bin/python3"
+                              if os.path.exists("/opt/torch/.venv/bin/python3") else sys.executable)
 
 
 def build(out: Path) -> Path:
     """The shim (its Makefile) and share_gpu (nvcc, static cudart) built into out."""
     subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
     program = out / "share_gpu"
-    subprocess.run(["nvcc", "-O2", "-arch=native", "-o", str(program), str(GPU_DIR / "share_gpu.cu")], check=True)
+    # libstdc++ and libgcc linked in too: the program also runs in minimal container images.
+    subprocess.run(["nvcc", "-O2", "-arch=native", "-Xcompiler", "-static-libstdc++,-static-libgcc", "-o",
+                    str(program), str(GPU_DIR / "share_gpu.cu")], check=True)
     return program
 
 
