@@ -215,3 +215,15 @@ def test_container_helper_keeps_only_the_mount_capabilities():
     assert (int(fields["CapEff"], 16), int(fields["CapInh"], 16)) == (0, 0)  # raised per step only
     assert fields["NoNewPrivs"].strip() == "1"
     assert fields["Name"].strip() == "nvc:[container]"
+
+
+def test_mig_config_gives_the_whole_capability_trees(active_2gpu, debian_rootfs, runc, tmp_path):
+    hook = _hook(tmp_path, active_2gpu, debian_rootfs, "--device=1 --utility --mig-config=all --mig-monitor=all")
+    script = f"{PROBE}; nvidia-smi -L; ls /proc/driver/nvidia/capabilities/mig; ls /dev/nvidia-caps | wc -l; " \
+             "probe /dev/nvidia-caps/nvidia-cap1"
+
+    out = [line.strip() for line in _run(runc, tmp_path, debian_rootfs, hook, script).stdout.splitlines()]
+
+    assert out[0] == f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {GPU1})"
+    assert len([line for line in out if line.startswith("MIG ")]) == 2  # every MIG device of the GPU
+    assert out[3:] == ["config", "monitor", "6", "/dev/nvidia-caps/nvidia-cap1 open"]
