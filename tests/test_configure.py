@@ -158,19 +158,34 @@ def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-def test_failure_midway_leaves_nothing_mounted_or_created(active_2gpu, debian_rootfs, target_process, tmp_path):
+FIRMWARE = "usr/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin"  # mounted after every library and binary
+
+
+@pytest.mark.parametrize(
+    ("step", "args", "code", "message"),
+    [
+        ("ldconfig", ["--ldconfig=@/nonexistent/ldconfig"], 10,
+         "ldcache error: open failed: /nonexistent/ldconfig: No such file or directory"),
+        ("mount", [], 9, "mount error: refusing to mount over /lib/firmware/nvidia/580.95.05/gsp_ga10x.bin: "
+                         "it is a symbolic link"),
+    ],
+)
+def test_failure_midway_leaves_nothing_mounted_or_created(active_2gpu, debian_rootfs, target_process, step, args,
+                                                          code, message):
+    if step == "mount":  # the image has a symlink where the last driver file goes
+        (debian_rootfs / FIRMWARE).parent.mkdir(parents=True)
+        (debian_rootfs / FIRMWARE).symlink_to("/etc/passwd")
+    shutil.rmtree(debian_rootfs / "usr/bin")  # made again by the mounts, then removed by the rollback
     before = _tree(debian_rootfs)
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
-    shutil.rmtree(debian_rootfs / "usr/bin")  # made again by the mounts, then removed by the rollback
 
     result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             "--device=all", "--compute", "--utility", "--ldconfig=@/nonexistent/ldconfig",
-                             str(debian_rootfs)], capture_output=True, text=True)
+                             "--device=all", "--compute", "--utility", *args, str(debian_rootfs)],
+                            capture_output=True, text=True)
 
-    assert (result.returncode, result.stderr) == (
-        10, "nvc-py: ldcache error: open failed: /nonexistent/ldconfig: No such file or directory\n")
+    assert (result.returncode, result.stderr) == (code, f"nvc-py: {message}\n")
     assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
-    assert _tree(debian_rootfs) == {p for p in before if p != "usr/bin" and not p.startswith("usr/bin/")}
+    assert _tree(debian_rootfs) == before
 
 
 @pytest.mark.parametrize(
