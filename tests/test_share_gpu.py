@@ -115,7 +115,7 @@ def test_through_the_hook_in_a_container(runtime, make_rootfs, program, native_r
               "NVC_SHARE_MEMORY_LIMIT=80Gi share_gpu alloc 5120 alloc 3072 hold > /tmp/h & "
               "while ! grep -q holding /tmp/h; do sleep 0.1; done; share_gpu fill 256; kill $!; head -2 /tmp/h; "
               f"share_gpu compute 3 {sharegpu.COMPUTE_ITERS}; "
-              "nvidia-smi --query-gpu=memory.total --format=csv,noheader")
+              "nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>&1 || true")
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
            "NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50"}
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], env=env, hooks=hooks)
@@ -131,4 +131,4 @@ def test_through_the_hook_in_a_container(runtime, make_rootfs, program, native_r
     achieved = 100 * float(lines[5].split()[1]) / native_rate
     print(f"compute share in the container: {achieved:.1f}% of native (50% requested)")
     assert abs(achieved - 50) <= 5
-    assert lines[6] == "4096 MiB"
+    assert lines[6:] == ["4096 MiB"]
