@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from nvc import fdmount
 from nvc import rootfs as inroot
 from nvc.errors import MountError, NvcError
-from nvc.mountplan import Bind, MakeDir, Plan, Seal, Symlink, Tmpfs, WriteFile
+from nvc.mountplan import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.syscalls import MountAttr
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class Applier:
                 except OSError as err:
                     raise MountError(f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}") from None
 
-    def _step(self, index: int, op: object) -> None:
+    def _step(self, index: int, op: Operation) -> None:
         if isinstance(op, Bind):
             tree = self.trees.pop(index, None)
             if tree is None:  # a source inside the rootfs: resolved there, now that we are inside

@@ -36,7 +36,7 @@ MIG_FILE_VALUES = ("all",)
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Variables that make the loader or libc load or read files the caller chose (LD_* too).
 _UNSAFE_VARIABLES = ("GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE",
-                     "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR", "TZDIR")
+                     "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR")
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 # Requirement properties only NVML knows (the driver version is in /proc).
 _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
@@ -291,13 +291,13 @@ def scrub_environment() -> None:
 
     A hook may inherit a container's environment (CVE-2025-23266: LD_PRELOAD into the
     privileged hook); whatever this process already loaded, its children must not follow.
-    The working directory moves to / so no relative path can point into a rootfs.
+    (Every program nvc-py runs is exec'd with an empty environment after a pivot into the
+    rootfs anyway; this also covers what the caller runs after an in-process configure.)
     """
     for name in list(os.environ):
         if name.startswith("LD_") or name in _UNSAFE_VARIABLES:
             del os.environ[name]
     os.environ["PATH"] = SAFE_PATH
-    os.chdir("/")
 
 
 def configure(glob: GlobalOptions, req: ConfigureRequest, *, dry_run: bool = False) -> Plan:
