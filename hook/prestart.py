@@ -107,7 +107,10 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     from nvc import share
     from nvc.configure import configure
 
-    sharing = share.parse_share_env(ctr.env)  # junk limits refuse the container before anything changes
+    # junk limits refuse the container before anything changes
+    sharing = share.parse_share_env(ctr.env)
+    if config.sharing.enabled:
+        sharing = share.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
     glob = global_options(config)
     if glob.load_kmods:
         from nvc import kmods

@@ -53,8 +53,6 @@ class ShareRequest:
 
     memory: tuple[tuple[str, int], ...] = ()
     compute: tuple[tuple[str, int], ...] = ()
-    on_error: str = "pass-through"       # or "fail-closed": the shim blocks CUDA if it cannot enforce
-    context_overhead: int = 0            # bytes charged per process and device with a context
 
 
 def parse_size(name: str, text: str) -> int:
@@ -104,14 +102,24 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
                         compute=tuple(sorted(found["compute_percent"].items())))
 
 
+def with_defaults(request: ShareRequest | None, memory: str | None, compute: int | None) -> ShareRequest:
+    """With sharing enabled on the host (config file ``sharing``), every GPU container gets the shim:
+    its own request, with the host's defaults where it set no value for every device."""
+    request = request or ShareRequest()
+    memory_rules, compute_rules = dict(request.memory), dict(request.compute)
+    if memory is not None:
+        memory_rules.setdefault("", parse_size("sharing.device-memory-limit", memory))
+    if compute is not None:
+        compute_rules.setdefault("", parse_percent("sharing.device-sm-limit", str(compute), False))
+    return ShareRequest(memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())))
+
+
 def limits_text(request: ShareRequest, origin: str = "") -> str:
     """The limits file (native/README.md, version 1), sizes in bytes."""
     lines = [f"# written by nvc-py{' for ' + origin if origin else ''}; read-only in the container",
              f"version={LIMITS_VERSION}"]
     for key, values in (("memory_limit", request.memory), ("compute_percent", request.compute)):
         lines += [f"{key}{'.' + scope if scope else ''}={value}" for scope, value in values]
-    lines.append(f"on_error={request.on_error}")
-    lines.append(f"context_overhead={request.context_overhead}")
     return "\n".join(lines) + "\n"
 
 

@@ -73,6 +73,16 @@ def test_junk_env_is_refused(env, message):
         share.parse_share_env(env)
 
 
+def test_host_defaults_fill_in_what_the_container_left_out():
+    own = share.parse_share_env({"NVC_SHARE_COMPUTE": "30", "NVC_SHARE_MEMORY_LIMIT_1": "1G"})
+    merged = share.with_defaults(own, "8g", 50)
+    assert (merged.memory, merged.compute) == ((("", 8 * GIB), ("1", GIB)), (("", 30),))
+    assert share.with_defaults(None, None, 25) == share.ShareRequest(compute=(("", 25),))
+    assert share.with_defaults(None, None, None) == share.ShareRequest()          # the shim, unlimited
+    with pytest.raises(InputError, match="sharing.device-memory-limit='8 g'"):
+        share.with_defaults(None, "8 g", None)
+
+
 # ---------------------------------------------------------------- the limits file, as the shim reads it
 
 def test_limits_file_round_trip_through_the_shim(shim, tmp_path):
@@ -208,8 +218,7 @@ def test_share_status_reads_the_live_region(shim, tmp_path):
     ctr, idle = json.loads(result.stdout)["containers"]
     assert idle["id"] == "idle" and idle["region"].startswith("not initialised")
     assert ctr["region"] == "ok"
-    assert ctr["limits"] == {"memory_limit": str(4 * GIB), "compute_percent": "50", "on_error": "pass-through",
-                             "context_overhead": "0"}
+    assert ctr["limits"] == {"memory_limit": str(4 * GIB), "compute_percent": "50"}
     key = GPU0[4:]
     (device,) = ctr["devices"]
     assert (device["key"], device["memory_limit"], device["memory_used"], device["compute_percent"]) == \
@@ -256,6 +265,15 @@ def test_hook_injects_the_shim_into_a_runc_container(active_2gpu, fake_2gpu, run
                                           "4096 MiB"]
     runc.delete("nvc-share-ok")
     assert not (Path(share.STATE_DIR) / "nvc-share-ok").exists()
+
+    # Sharing enabled on the host: a container that asks for nothing gets the host's default.
+    enabled = tmp_path / "enabled.yaml"
+    enabled.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\nsharing: {{enabled: true, device-memory-limit: 2g}}\n")
+    host_hooks = {stage: [{**h, "env": [f"NVC_PY_CONFIG={enabled}"]} for h in hs] for stage, hs in hooks.items()}
+    plain = make_bundle(tmp_path / "plain", debian_rootfs, ["nvidia-smi", "--query-gpu=memory.total",
+                        "--format=csv,noheader"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=host_hooks)
+    result = runc.create_start(plain, container_id="nvc-share-default")
+    assert (result.returncode, result.stdout) == (0, "2048 MiB\n"), result.stderr
 
     bad = make_bundle(tmp_path / "bad", debian_rootfs, ["true"], env={**env, "NVC_SHARE_MEMORY_LIMIT": "lots"},
                       hooks=hooks)
