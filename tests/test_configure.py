@@ -242,3 +242,23 @@ def test_mig_config_gives_the_whole_capability_trees(active_2gpu, debian_rootfs,
     assert out[0] == f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {GPU1})"
     assert len([line for line in out if line.startswith("MIG ")]) == 2  # every MIG device of the GPU
     assert out[3:] == ["config", "monitor", "6", "/dev/nvidia-caps/nvidia-cap1 open"]
+
+
+def test_local_nvidia_layout_lands_in_the_container_lib_and_bin_dirs(active_local_nvidia, lib64_rootfs,
+                                                                    target_process):
+    """A driver under /usr/local/nvidia (the H100 machine's layout): libraries go to the container's
+    lib dir, binaries to /usr/bin, and the container's own ld cache learns them."""
+    rootfs = lib64_rootfs
+    result = subprocess.run([NVC, "--root", str(active_local_nvidia.root), "configure", f"--pid={target_process}",
+                             "--device=0", "--compute", "--utility", str(rootfs)], capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (0, "")
+
+    def inside(*cmd: str) -> str:
+        return subprocess.run(["nsenter", "-t", str(target_process), "-m", *cmd], check=True, capture_output=True,
+                              text=True).stdout
+
+    mounts = [line.split()[4] for line in inside("cat", "/proc/self/mountinfo").splitlines()]
+    assert f"{rootfs}/usr/lib64/libcuda.so.580.159.04" in mounts and f"{rootfs}/usr/bin/nvidia-smi" in mounts
+    cache = inside("ldconfig", "-p", "-C", f"{rootfs}/etc/ld.so.cache")
+    assert "libcuda.so.1 (libc6,x86-64) => /usr/lib64/libcuda.so.1" in cache
+    assert not (rootfs / "usr/local/nvidia").exists()
