@@ -13,9 +13,12 @@ import json
 import os
 import shutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, NvcError
+
+if TYPE_CHECKING:
+    from nvc.config import Config
 
 PROG = "nvc-py-runtime"
 # runc/crun global options that take a value (as a separate word) before the subcommand.
@@ -44,14 +47,13 @@ def has_nvc_hook(spec: dict[str, Any]) -> bool:
     return any(os.path.basename(str(h.get("path", ""))) == "nvc-py-hook" for h in hooks)
 
 
-def rewrite(spec: dict[str, Any], bundle: str) -> bool:
+def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
-    from nvc import config as config_file
     from nvc.hook import devnodes, request, setup
     from nvc.hook import spec as oci
     from nvc.hook.prestart import policy
+    from nvc.options import parse_user
 
-    config = config_file.load()
     ctr = oci.container(bundle, spec)
     req = request.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
     if req is None:
@@ -60,8 +62,6 @@ def rewrite(spec: dict[str, Any], bundle: str) -> bool:
     if not has_nvc_hook(spec):
         spec.setdefault("hooks", {}).setdefault("prestart", []).append(setup.prestart_hook(config.path))
         changed = True
-    from nvc.options import parse_user
-
     found = devnodes.request_nodes(config.root, parse_user(config.user), req.devices,
                                    frozenset(req.capabilities), bool(req.mig_config), bool(req.mig_monitor))
     return devnodes.add_to_spec(spec, config.root, found) or changed
@@ -84,11 +84,9 @@ def write_atomic(path: str, spec: dict[str, Any]) -> None:
         raise
 
 
-def real_runtime() -> str:
+def real_runtime(config: Config) -> str:
     """The first of the configured runtimes found (names looked up in PATH), never this wrapper."""
-    from nvc import config as config_file
-
-    names = config_file.load().runtimes
+    names = config.runtimes
     for name in names:
         path = name if os.path.isabs(name) else shutil.which(name)
         if path and os.access(path, os.X_OK) and os.path.basename(path) != PROG:
@@ -100,15 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     """Rewrite the spec on create, then become the real runtime."""
     args = sys.argv[1:] if argv is None else argv
     try:
+        from nvc import config as config_file
+
+        config = config_file.load()
         create = find_create(args)
         if create is not None:
             from nvc.hook import spec as oci
 
             bundle = create[1]
             spec = oci.load_config(bundle)
-            if rewrite(spec, bundle):
+            if rewrite(spec, bundle, config):
                 write_atomic(os.path.join(bundle, "config.json"), spec)
-        runtime = real_runtime()
+        runtime = real_runtime(config)
     except NvcError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return err.exit_code

@@ -165,26 +165,26 @@ def test_containerd_runtime_wrapper(active_2gpu, rootfs_cache, setup_dir: Path, 
     assert _log_lines(setup_dir)[-1]["container"] == "nvc-ctr-gpu"
 
 
-def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup_dir: Path, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup_dir: Path, tmp_path: Path) -> None:
     """On create: hook (once), device nodes and cgroup rules in the spec; other specs untouched."""
+    from nvc import config as config_file
     from nvc.hook import runtime
 
-    monkeypatch.setenv("NVC_PY_CONFIG", str(setup_dir / "config.yaml"))
+    config = config_file.load(str(setup_dir / "config.yaml"))
     assert runtime.find_create(["--root", "/r", "--log", "l", "--systemd-cgroup", "create", "--bundle", "/b", "id"]) \
         == (5, "/b")
     assert runtime.find_create(["--root", "/r", "start", "id"]) is None
     bundle = make_bundle(tmp_path / "b", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "1"})
     spec = json.loads((bundle / "config.json").read_text())
-    assert runtime.rewrite(spec, str(bundle))
+    assert runtime.rewrite(spec, str(bundle), config)
     assert [h["args"] for h in spec["hooks"]["prestart"]] == [["nvc-py-hook", "prestart"]]
     paths = [d["path"] for d in spec["linux"]["devices"]]
     assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
     assert {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rw"} in \
         spec["linux"]["resources"]["devices"]
-    assert not runtime.rewrite(spec, str(bundle))  # idempotent: nothing added twice
+    assert not runtime.rewrite(spec, str(bundle), config)  # idempotent: nothing added twice
     plain = json.loads(make_bundle(tmp_path / "p", debian_rootfs, ["true"]).joinpath("config.json").read_text())
-    assert not runtime.rewrite(plain, str(tmp_path / "p")) and "hooks" not in plain
+    assert not runtime.rewrite(plain, str(tmp_path / "p"), config) and "hooks" not in plain
 
 
 def test_setup_containerd_keeps_unrelated_settings(tmp_path: Path) -> None:
