@@ -56,6 +56,7 @@ class Applier:
         self.tmpfs: dict[str, fdmount.Mount] = {}
         self.root_fd = -1
         self.ns_fd = -1
+        self.shared: set[int] = set()  # ids of the container's shared mounts (see _refuse_shared)
 
     # -- host namespace ------------------------------------------------------------------
 
@@ -102,6 +103,7 @@ class Applier:
                 raise MountError(f"cannot enter the mount namespace of {self.plan.pid}: {err.strerror}") from None
         os.close(self.ns_fd)
         self.ns_fd = -1
+        self.shared = shared_mounts()
 
     def execute(self) -> None:
         """Run every operation in order; the caller rolls back on an exception."""
@@ -121,6 +123,7 @@ class Applier:
             try:
                 parent, name = self._parent(op.target)
                 try:
+                    self._refuse_shared(parent, op.target)
                     self._create(parent, name, op.target, directory=op.kind == "dir")
                     mount = fdmount.attach_tree(tree, parent, name, dest_path=op.target)
                 finally:
@@ -132,6 +135,7 @@ class Applier:
         elif isinstance(op, Tmpfs):
             parent, name = self._parent(op.target)
             try:
+                self._refuse_shared(parent, op.target)
                 mount = fdmount.mount_tmpfs(parent, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
                                             dest_path=op.target, mode=0o555)
             finally:
@@ -159,6 +163,13 @@ class Applier:
                     self._created(op.target)
             except FileExistsError:
                 log.debug("%s exists in the image: left alone", op.target)
+
+    def _refuse_shared(self, parent: int, path: str) -> None:
+        """A mount made on a shared mount propagates to its peers, which may be the host's own
+        mounts (a rootfs under an ``rshared`` propagation): that would leak into the host."""
+        if self.shared and mount_id(parent) in self.shared:
+            raise MountError(f"refusing to mount on {path}: its mount is shared, the mount would propagate "
+                             "out of the container (use private or slave rootfs propagation)")
 
     def _in_tmpfs(self, path: str) -> bool:
         return any(path.startswith(t.rstrip("/") + "/") for t in self.tmpfs)
@@ -236,6 +247,30 @@ class Applier:
                 os.close(fd)
         self.trees.clear()
         self.root_fd = self.ns_fd = -1
+
+
+def shared_mounts() -> set[int]:
+    """Ids of this process's mounts that have peers (``shared:N`` in mountinfo)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
+    except OSError as err:
+        raise MountError(f"open failed: /proc/self/mountinfo: {err.strerror}") from None
+    shared = set()
+    for line in lines:
+        fields = line.split(" - ", 1)[0].split()
+        if any(tag.startswith("shared:") for tag in fields[6:]):
+            shared.add(int(fields[0]))
+    return shared
+
+
+def mount_id(fd: int) -> int:
+    """The id of the mount ``fd`` lies on (as mountinfo numbers it)."""
+    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    raise MountError(f"no mnt_id in /proc/self/fdinfo/{fd}")
 
 
 def _timed(stage: str, start: float) -> float:

@@ -139,10 +139,9 @@ def test_v2_device_filter_lets_only_the_selected_gpu_open(active_2gpu, debian_ro
     assert len(json.loads((tmp_path / "attached").read_text())) == 1  # nvc-py's filter replaced the runtime's
 
 
-@pytest.fixture
-def target_process(tmp_path: Path) -> Iterator[int]:
-    """A process in a private mount namespace of its own: the container stand-in for standalone checks."""
-    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "300"])
+def _target(propagation: str) -> Iterator[int]:
+    """A process in a mount namespace of its own: the container stand-in where no runtime is needed."""
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", propagation, "sleep", "300"])
     try:
         for _ in range(200):  # until unshare has exec'd sleep in the new namespace
             if os.readlink(f"/proc/{proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
@@ -152,6 +151,16 @@ def target_process(tmp_path: Path) -> Iterator[int]:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture
+def target_process() -> Iterator[int]:
+    yield from _target("private")
+
+
+@pytest.fixture
+def shared_target_process() -> Iterator[int]:
+    yield from _target("shared")
 
 
 def _tree(root: Path) -> set[str]:
@@ -262,3 +271,16 @@ def test_local_nvidia_layout_lands_in_the_container_lib_and_bin_dirs(active_loca
     cache = inside("ldconfig", "-p", "-C", f"{rootfs}/etc/ld.so.cache")
     assert "libcuda.so.1 (libc6,x86-64) => /usr/lib64/libcuda.so.1" in cache
     assert not (rootfs / "usr/local/nvidia").exists()
+
+
+def test_mounts_on_a_shared_mount_are_refused(active_2gpu, debian_rootfs, shared_target_process):
+    """Under shared propagation each mount would also appear in the peers' namespaces (the host's)."""
+    mounts_before = Path(f"/proc/{shared_target_process}/mountinfo").read_text()
+    before = _tree(debian_rootfs)
+
+    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={shared_target_process}",
+                             "--device=0", "--utility", str(debian_rootfs)], capture_output=True, text=True)
+
+    assert result.returncode == 9 and "its mount is shared" in result.stderr, result.stderr
+    assert Path(f"/proc/{shared_target_process}/mountinfo").read_text() == mounts_before
+    assert _tree(debian_rootfs) == before
