@@ -139,13 +139,15 @@ def _cdi_hook(config: Config, stage: str, args: list[str], stdin: bytes, record:
 
 
 def _poststop(stdin: bytes) -> int:
-    """Drop the container's GPU-sharing directory, if it had one; never fails the teardown."""
+    """Drop the container's GPU-sharing directory, if it had one; never fails the teardown. Only the
+    id is read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
+    import json
+
     from nvc import share
-    from nvc.hook import spec
 
     try:
-        share.remove(spec.parse_state(stdin).id)
-    except NvcError:
+        share.remove(json.loads(stdin)["id"])
+    except (ValueError, KeyError, TypeError, NvcError):
         pass
     return 0
 
