@@ -284,3 +284,30 @@ def test_mounts_on_a_shared_mount_are_refused(active_2gpu, debian_rootfs, shared
     assert result.returncode == 9 and "its mount is shared" in result.stderr, result.stderr
     assert Path(f"/proc/{shared_target_process}/mountinfo").read_text() == mounts_before
     assert _tree(debian_rootfs) == before
+
+
+@pytest.mark.parametrize("mode", ["ldconfig", "mount"])
+def test_cuda_compat_libraries_of_the_image(active_2gpu, debian_rootfs, target_process, mode):
+    """A newer libcuda in the image's /usr/local/cuda/compat: put first in the ld cache (default), or
+    bind-mounted into the lib dir when asked (mount mode)."""
+    compat = debian_rootfs / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    shutil.copy(active_2gpu.lib_dir / "libcuda.so.580.95.05", compat / "libcuda.so.590.10.01")
+    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
+                             "--device=0", "--compute", f"--cuda-compat-mode={mode}", str(debian_rootfs)],
+                            capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (0, "")
+
+    def inside(*cmd: str) -> str:
+        return subprocess.run(["nsenter", "-t", str(target_process), "-m", *cmd], check=True, capture_output=True,
+                              text=True).stdout
+
+    mounts = {line.split()[4] for line in inside("cat", "/proc/self/mountinfo").splitlines()}
+    cache = [line.strip() for line in inside("ldconfig", "-p", "-C", f"{debian_rootfs}/etc/ld.so.cache").splitlines()
+             if line.strip().startswith("libcuda.so.1 ")]
+    mounted = f"{debian_rootfs}/usr/lib/x86_64-linux-gnu/libcuda.so.590.10.01"
+    if mode == "ldconfig":
+        assert mounted not in mounts
+        assert cache[0] == "libcuda.so.1 (libc6,x86-64) => /usr/local/cuda/compat/libcuda.so.1"
+    else:
+        assert mounted in mounts
