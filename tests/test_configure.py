@@ -311,3 +311,19 @@ def test_cuda_compat_libraries_of_the_image(active_2gpu, debian_rootfs, target_p
         assert cache[0] == "libcuda.so.1 (libc6,x86-64) => /usr/local/cuda/compat/libcuda.so.1"
     else:
         assert mounted in mounts
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(active_2gpu, debian_rootfs):
+    before = _tree(debian_rootfs)
+    mounts_before = Path("/proc/self/mountinfo").read_text()
+
+    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", "--dry-run", "--device=1",
+                             "--utility", str(debian_rootfs)], capture_output=True, text=True)
+
+    assert (result.returncode, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"rootfs  {debian_rootfs} (standalone, owner 0:0)"
+    assert f"bind    device    {active_2gpu.root}/dev/nvidia1 -> /dev/nvidia1 [c 195:1, nosuid,noexec]" in lines
+    assert lines[-1] == "ldconfig @/sbin/ldconfig /usr/lib/x86_64-linux-gnu"
+    assert not [line for line in lines if line.startswith("cgroup")]  # standalone: no container cgroup
+    assert _tree(debian_rootfs) == before and Path("/proc/self/mountinfo").read_text() == mounts_before
