@@ -259,6 +259,9 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
         cfacts = container_facts(root_fd, owner)
     finally:
         os.close(root_fd)
+    if cfacts.proc_mountpoint is None:
+        log.debug("%s has no /proc/driver (procfs not mounted yet?): the driver's /proc files stay unmasked",
+                  req.rootfs)
     inv = inventory.from_nvml(glob.root, glob.user, proc) if _needs_nvml(checked, proc) else inventory.from_procfs(proc)
     chosen = selection.select(inv.gpus, checked.selectors)
     _check_requirements(checked, inv, chosen)
