@@ -1,10 +1,11 @@
 """``nvc-py-runtime``: an OCI runtime that is runc (or crun) plus nvc-py for GPU containers.
 
 containerd (and anything else that only knows runtimes, not hooks) runs it in place of
-runc. On ``create`` it reads the bundle's ``config.json``; when the spec asks for GPUs
-it adds the ``nvc-py-hook`` prestart hook (unless one is there), the device nodes and
-their cgroup rules, writes the spec back atomically, and then execs the real runtime
-with the original arguments. Every other subcommand is passed straight through.
+runc. On ``create`` it reads the bundle's ``config.json``; when the spec asks for GPUs it
+adds the ``nvc-py-hook`` prestart hook and the poststop one (which cleans up after GPU
+sharing) unless they are there, the device nodes and their cgroup rules, writes the spec
+back atomically, and then execs the real runtime with the original arguments. Every other
+subcommand is passed straight through.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, NvcError
@@ -25,11 +27,23 @@ PROG = "nvc-py-runtime"
 _GLOBAL_VALUE_OPTIONS = {"--root", "--log", "--log-format", "--criu", "--rootless", "--cgroup-manager"}
 
 
-def find_create(args: list[str]) -> tuple[int, str] | None:
-    """(index of ``create``, bundle dir) when ``args`` is a create command, else None."""
+def global_options(args: list[str]) -> tuple[dict[str, str], int]:
+    """The runtime's global options (``--log PATH`` or ``--log=PATH``...) and the subcommand's index."""
+    found: dict[str, str] = {}
     i = 0
     while i < len(args) and args[i].startswith("-"):
-        i += 2 if args[i] in _GLOBAL_VALUE_OPTIONS else 1
+        name, sep, value = args[i].partition("=")
+        if not sep and name in _GLOBAL_VALUE_OPTIONS and i + 1 < len(args):
+            value = args[i + 1]
+            i += 1
+        found[name] = value
+        i += 1
+    return found, i
+
+
+def find_create(args: list[str]) -> tuple[int, str] | None:
+    """(index of ``create``, bundle dir) when ``args`` is a create command, else None."""
+    _, i = global_options(args)
     if i >= len(args) or args[i] != "create":
         return None
     bundle = "."
@@ -42,8 +56,8 @@ def find_create(args: list[str]) -> tuple[int, str] | None:
     return i, os.path.abspath(bundle)
 
 
-def has_nvc_hook(spec: dict[str, Any]) -> bool:
-    hooks = (spec.get("hooks") or {}).get("prestart") or []
+def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
+    hooks = (spec.get("hooks") or {}).get(stage) or []
     return any(os.path.basename(str(h.get("path", ""))) == "nvc-py-hook" for h in hooks)
 
 
@@ -59,9 +73,10 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     if req is None:
         return False
     changed = False
-    if not has_nvc_hook(spec):
-        spec.setdefault("hooks", {}).setdefault("prestart", []).append(setup.prestart_hook(config.path))
-        changed = True
+    for stage in ("prestart", "poststop"):
+        if not has_nvc_hook(spec, stage):
+            spec.setdefault("hooks", {}).setdefault(stage, []).append(setup.oci_hook(stage, config.path))
+            changed = True
     found = devnodes.request_nodes(config.root, parse_user(config.user), req.devices,
                                    frozenset(req.capabilities), bool(req.mig_config), bool(req.mig_monitor))
     return devnodes.add_to_spec(spec, config.root, found) or changed
@@ -94,6 +109,30 @@ def real_runtime(config: Config) -> str:
     raise InputError(f"no OCI runtime found (tried {', '.join(names)}; see 'runtimes' in the configuration)")
 
 
+def report(args: list[str], message: str) -> None:
+    """The error on stderr and, where the caller named one, in the runtime's log file.
+
+    containerd's shim shows the last error of runc's ``--log`` file (JSON with
+    ``--log-format json``), not the runtime's stderr: without this line the user would
+    read "unable to retrieve OCI runtime error" instead of the reason.
+    """
+    print(message, file=sys.stderr)
+    options, _ = global_options(args)
+    path = options.get("--log")
+    if not path:
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if options.get("--log-format") == "json":
+        line = json.dumps({"level": "error", "msg": message, "time": stamp})
+    else:
+        line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}"
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError:
+        pass  # stderr has it
+
+
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the spec on create, then become the real runtime."""
     args = sys.argv[1:] if argv is None else argv
@@ -111,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_atomic(os.path.join(bundle, "config.json"), spec)
         runtime = real_runtime(config)
     except NvcError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
+        report(args, f"{PROG}: {err}")
         return err.exit_code
     os.execv(runtime, [runtime, *args])
     return 0  # not reached

@@ -20,7 +20,7 @@ HOOK_SCRIPT = "nvc-py-hook"
 RUNTIME_SCRIPT = "nvc-py-runtime"
 FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
-PODMAN_HOOK_FILE = "oci-nvc-py-hook.json"
+PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py-poststop.json"}
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_DROP_IN = "/etc/containerd/conf.d/99-nvc-py.toml"
 CRI_PLUGIN_NAME = "io.containerd.grpc.v1.cri"
@@ -36,21 +36,21 @@ def hook_env(config_path: str | None) -> list[str]:
     return [FIXED_PATH] + ([f"NVC_PY_CONFIG={config_path}"] if config_path else [])
 
 
-def prestart_hook(config_path: str | None = None) -> dict[str, Any]:
-    """The OCI ``prestart`` hook entry that runs ``nvc-py-hook prestart``."""
-    return {"path": script_path(HOOK_SCRIPT), "args": [HOOK_SCRIPT, "prestart"], "env": hook_env(config_path)}
+def oci_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
+    """The OCI hook entry that runs ``nvc-py-hook STAGE`` (prestart configures; poststop drops
+    the GPU-sharing directory of a container that had one)."""
+    return {"path": script_path(HOOK_SCRIPT), "args": [HOOK_SCRIPT, stage], "env": hook_env(config_path)}
 
 
-def podman_hook(config_path: str | None = None) -> dict[str, Any]:
-    """The hooks.d document (schema 1.0.0).
+def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
+    """The hooks.d document (schema 1.0.0) of one stage (a hooks.d file has one argv for all its stages).
 
     hooks.d can match annotations, commands and bind mounts but not environment variables,
     and most GPU requests are ``-e NVIDIA_VISIBLE_DEVICES=…``: so the hook is attached to
     every container and itself returns at once for those that ask for no GPU (about 20 ms
     after the interpreter's start; see bench/hook_load).
     """
-    hook = prestart_hook(config_path)
-    return {"version": "1.0.0", "hook": hook, "when": {"always": True}, "stages": ["prestart"]}
+    return {"version": "1.0.0", "hook": oci_hook(stage, config_path), "when": {"always": True}, "stages": [stage]}
 
 
 def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
@@ -65,11 +65,13 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def install_podman(hooks_dir: str = PODMAN_HOOKS_DIR, config_path: str | None = None) -> str:
-    """Write the hooks.d file; returns its path."""
-    path = os.path.join(hooks_dir, PODMAN_HOOK_FILE)
-    write_atomic(path, json.dumps(podman_hook(config_path), indent=2) + "\n")
-    return path
+def install_podman(hooks_dir: str = PODMAN_HOOKS_DIR, config_path: str | None = None) -> list[str]:
+    """Write the hooks.d files (prestart and poststop); returns their paths."""
+    paths = []
+    for stage, name in PODMAN_HOOK_FILES.items():
+        paths.append(os.path.join(hooks_dir, name))
+        write_atomic(paths[-1], json.dumps(podman_hook(stage, config_path), indent=2) + "\n")
+    return paths
 
 
 def _read_toml(path: str) -> Any:

@@ -264,10 +264,11 @@ def setup() -> None:
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file the hook reads (default: /etc/nvc-py/config.yaml).")
 def setup_podman(hooks_dir: str, config_path: str | None) -> None:
-    """Install the hooks.d file that runs nvc-py-hook as a prestart hook."""
+    """Install the hooks.d files that run nvc-py-hook at prestart and poststop."""
     from nvc.hook import setup as engines
 
-    click.echo(f"wrote {engines.install_podman(hooks_dir, config_path)}")
+    for path in engines.install_podman(hooks_dir, config_path):
+        click.echo(f"wrote {path}")
 
 
 @setup.command("containerd")

@@ -46,11 +46,13 @@ def _log_lines(setup_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (setup_dir / "hook.log").read_text().splitlines()]
 
 
-def test_hooks_d_file(setup_dir: Path) -> None:
-    doc = json.loads((setup_dir / "hooks.d" / "oci-nvc-py-hook.json").read_text())
-    assert doc["version"] == "1.0.0" and doc["stages"] == ["prestart"]
+@pytest.mark.parametrize(("name", "stage"), [("oci-nvc-py-hook.json", "prestart"),
+                                             ("oci-nvc-py-poststop.json", "poststop")])
+def test_hooks_d_files(setup_dir: Path, name: str, stage: str) -> None:
+    doc = json.loads((setup_dir / "hooks.d" / name).read_text())
+    assert doc["version"] == "1.0.0" and doc["stages"] == [stage] and doc["when"] == {"always": True}
     assert doc["hook"]["path"] == str(SCRIPTS / "nvc-py-hook")
-    assert doc["hook"]["args"] == ["nvc-py-hook", "prestart"]
+    assert doc["hook"]["args"] == ["nvc-py-hook", stage]
     assert doc["hook"]["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                   f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"]
 
@@ -93,6 +95,19 @@ def test_podman_unsatisfied_requirement_fails_the_start(active_2gpu, podman, set
             "to a newer version, or use an earlier cuda container") in result.stderr
     last = _log_lines(setup_dir)[-1]
     assert last["outcome"] == "error" and last["error"].startswith("requirement error: unsatisfied condition")
+
+
+def test_podman_sharing_directory_removed_at_poststop(active_2gpu, podman, setup_dir: Path) -> None:
+    from nvc import share
+
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    result = podman.run(podman.image(), ["cat", f"{share.CONTAINER_DIR}/limits"], env=env,
+                        hooks_dirs=[setup_dir / "hooks.d"])
+    assert result.returncode == 0, result.stderr
+    assert "memory_limit=1073741824" in result.stdout.replace(" ", "") or "1Gi" in result.stdout, result.stdout
+    last = _log_lines(setup_dir)[-1]
+    assert last["outcome"] == "configured" and "share" in last
+    assert not share.container_dir(last["container"]).exists()
 
 
 def test_runc_hook_log_line_and_legacy_bundle_path(active_2gpu, runc, debian_rootfs: Path, setup_dir: Path,
@@ -160,6 +175,9 @@ def test_containerd_runtime_wrapper(active_2gpu, rootfs_cache, setup_dir: Path, 
         assert _uuids(result.stdout) == [A100]
         plain = daemon.run(image, "nvc-ctr-plain", SHOW, runc_binary=str(wrapper))
         assert plain.returncode == 0 and "nvidia-smi: not found" in plain.stdout
+        bad = daemon.run(image, "nvc-ctr-bad", ["true"], runc_binary=str(wrapper),
+                         env={"NVIDIA_VISIBLE_DEVICES": "7"})
+        assert bad.returncode != 0 and "nvc-py-runtime: device error: 7: unknown device" in bad.stderr, bad.stderr
     finally:
         daemon.stop()
     assert _log_lines(setup_dir)[-1]["container"] == "nvc-ctr-gpu"
@@ -174,10 +192,13 @@ def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup
     assert runtime.find_create(["--root", "/r", "--log", "l", "--systemd-cgroup", "create", "--bundle", "/b", "id"]) \
         == (5, "/b")
     assert runtime.find_create(["--root", "/r", "start", "id"]) is None
+    assert runtime.global_options(["--log=/l", "--log-format", "json", "--debug", "kill", "id"]) == (
+        {"--log": "/l", "--log-format": "json", "--debug": ""}, 4)
     bundle = make_bundle(tmp_path / "b", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "1"})
     spec = json.loads((bundle / "config.json").read_text())
     assert runtime.rewrite(spec, str(bundle), config)
     assert [h["args"] for h in spec["hooks"]["prestart"]] == [["nvc-py-hook", "prestart"]]
+    assert [h["args"] for h in spec["hooks"]["poststop"]] == [["nvc-py-hook", "poststop"]]
     paths = [d["path"] for d in spec["linux"]["devices"]]
     assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
     assert {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rw"} in \
