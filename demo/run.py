@@ -103,7 +103,7 @@ def main() -> int:
         hooks = work / "hooks.d"
         rootfs_cache = RootfsCache(work / "rootfs")
         with activation:
-            _show(["nvc-py", "--root", root, "info"])
+            _show([str(SCRIPTS / "nvc-py"), "--root", root, "info"], shown=f"nvc-py --root {root} info")
             if shutil.which("podman"):
                 _show([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(hooks), "--config",
                        str(config)], shown=f"nvc-py setup podman --hooks-dir {hooks} --config {config}")
