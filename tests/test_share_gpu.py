@@ -20,6 +20,7 @@ import sharegpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 GIB = 1 << 30
+MIB = 1 << 20
 TORCH_SCRIPT = sharegpu.GPU_DIR / "torch_share.py"
 
 
@@ -40,6 +41,19 @@ def test_cudamalloc_gets_oom_once_the_limit_is_allocated(program, limited):
     assert out["fill"] == ["4096", "cudaErrorMemoryAllocation"]
     assert int(out["meminfo"][0]) == 0
     assert out["asyncfill"] == ["4096", "cudaErrorMemoryAllocation"]
+
+
+def test_graph_memory_nodes_and_arrays_are_charged(program, limited):
+    """Paths PyTorch and cudaMalloc do not take: a graph's memory allocation node (charged from the
+    device's graph reserve after the launch) and a CUDA array (charged by its size)."""
+    out = sharegpu.run([program, "graphalloc", 3072, "meminfo", "alloc", 2048], limited)
+    assert out["graphalloc"] == ["cudaSuccess"]
+    assert 1 * GIB - 64 * MIB <= int(out["meminfo"][0]) <= 1 * GIB
+    assert out["alloc"] == ["cudaErrorMemoryAllocation"]
+    out = sharegpu.run([program, "array", 8192, 8192, "meminfo", "fill", 256], limited)   # 1 GiB of float4
+    assert out["array"] == ["cudaSuccess"]
+    assert 3 * GIB - 64 * MIB <= int(out["meminfo"][0]) <= 3 * GIB
+    assert out["fill"] == ["3072", "cudaErrorMemoryAllocation"]
 
 
 def test_total_memory_is_the_limit_and_physical_without_one(program, limited, tmp_path):

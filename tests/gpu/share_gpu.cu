@@ -6,6 +6,8 @@
 //   fill MIB            cudaMalloc MIB-sized chunks until one fails: "fill <MiB allocated> <error name>"
 //   asyncfill MIB       the same through cudaMallocAsync (the device's default pool)
 //   alloc MIB           one cudaMalloc, kept: "alloc <error name>"
+//   graphalloc MIB      a CUDA graph with one memory allocation node (not freed), launched
+//   array W H           cudaMallocArray of W x H float4 elements
 //   freeall             cudaFree everything kept
 //   meminfo             "meminfo <free> <total>" from cudaMemGetInfo
 //   totalmem            "totalmem <bytes>" from cudaDeviceProp::totalGlobalMem (cuDeviceTotalMem)
@@ -82,6 +84,33 @@ int main(int argc, char **argv)
                 kept.push_back(p);
             cudaGetLastError();
             printf("alloc %s\n", cudaGetErrorName(err));
+        } else if (!strcmp(op, "graphalloc")) {
+            cudaMemAllocNodeParams params = {};
+            params.poolProps.allocType = cudaMemAllocationTypePinned;
+            params.poolProps.location.type = cudaMemLocationTypeDevice;
+            params.poolProps.location.id = 0;
+            params.bytesize = strtoull(argv[++i], nullptr, 10) << 20;
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            cudaGraphNode_t node;
+            cudaError_t err = cudaGraphCreate(&graph, 0);
+            if (err == cudaSuccess)
+                err = cudaGraphAddMemAllocNode(&node, graph, nullptr, 0, &params);
+            if (err == cudaSuccess)
+                err = cudaGraphInstantiate(&exec, graph, 0);
+            if (err == cudaSuccess)
+                err = cudaGraphLaunch(exec, 0);
+            if (err == cudaSuccess)
+                err = cudaStreamSynchronize(0);
+            cudaGetLastError();
+            printf("graphalloc %s\n", cudaGetErrorName(err));
+        } else if (!strcmp(op, "array")) {
+            size_t w = strtoull(argv[++i], nullptr, 10), h = strtoull(argv[++i], nullptr, 10);
+            cudaChannelFormatDesc desc = cudaCreateChannelDesc<float4>();
+            cudaArray_t array;
+            cudaError_t err = cudaMallocArray(&array, &desc, w, h);
+            cudaGetLastError();
+            printf("array %s\n", cudaGetErrorName(err));
         } else if (!strcmp(op, "freeall")) {
             for (void *p : kept)
                 cudaFree(p);
