@@ -153,6 +153,9 @@ def test_podman_cdi_device(active_2gpu, fake_2gpu, podman, setup_dir: Path, tmp_
                for m in spec["containerEdits"]["mounts"] if "/lib" in m["containerPath"])
     assert all(h["hookName"] == "createContainer" and h["env"][0].startswith("PATH=")
                for h in spec["containerEdits"]["hooks"])
+    by_uuid = subprocess.run([str(SCRIPTS / "nvc-py"), "--root", str(fake_2gpu.root), "cdi", "generate", "--format",
+                              "json", "--device-name-strategy", "uuid"], check=True, capture_output=True, text=True)
+    assert [d["name"] for d in json.loads(by_uuid.stdout)["devices"]] == [H100, A100, MIG_2G, MIG_3G, "all"]
     check = ["sh", "-c", "nvidia-smi -L; readlink /usr/lib/x86_64-linux-gnu/libcuda.so"]
     result = podman.run(podman.image(), check, extra_args=["--device", "nvidia.com/gpu=0"], cdi_spec_dir=spec_dir)
     assert result.returncode == 0, result.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -73,6 +75,16 @@ def test_log_levels_and_concurrent_lines(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert sorted(line["container"] for line in lines[:-1]) == sorted(f"c{i}" for i in range(32))
     assert lines[-1]["container"] == "failed" and lines[-1]["time"].endswith("Z")
+
+
+def test_cli_hook_subcommand_is_the_hook(tmp_path: Path) -> None:
+    """`nvc-py hook` runs the same entry point, with its exit status."""
+    nvc_py = str(Path(sysconfig.get_path("scripts")) / "nvc-py")
+    (tmp_path / "c.yaml").write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
+    env = {"NVC_PY_CONFIG": str(tmp_path / "c.yaml")}
+    assert subprocess.run([nvc_py, "hook", "poststart"], capture_output=True, env=env).returncode == 0
+    bad = subprocess.run([nvc_py, "hook", "prestart"], input=b"{}", capture_output=True, env=env)
+    assert bad.returncode == 2 and bad.stderr == b"nvc-py-hook: input error: OCI state on stdin: no absolute 'bundle' path\n"
 
 
 def test_hook_stages_and_no_gpu_container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
