@@ -28,7 +28,7 @@ MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 IPC_OPTIONS = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
 NAME_STRATEGIES = ("index", "uuid")
 
-# (name, Selection) -> the device's nodes; given by the caller so build() stays pure.
+# A device's selection -> its device nodes; given by the caller so that build() stays pure.
 NodesOf = Callable[[Selection], Sequence[DeviceNode]]
 
 
