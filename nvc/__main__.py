@@ -3,7 +3,11 @@
 import os
 import sys
 
-from nvc.cli import main
+from nvc.loaderenv import restart_without_loader_variables
+
+restart_without_loader_variables()  # before any import that may load a shared library
+
+from nvc.cli import main  # noqa: E402
 
 
 def run() -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nvc import capabilities, procfs, requirements, selection
+from nvc import capabilities, loaderenv, procfs, requirements, selection
 from nvc.errors import ContainerError, InputError
 from nvc.mountplan import COMPAT_DIR, COMPAT_MODES, PROC_NVIDIA, ContainerFacts, HostFacts, HostMount, Options, Plan
 from nvc.options import GlobalOptions
@@ -34,9 +34,6 @@ __all__ = ["ConfigureRequest", "GlobalOptions", "HostMount", "Plan", "configure"
 
 MIG_FILE_VALUES = ("all",)
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Variables that make the loader or libc load or read files the caller chose (LD_* too).
-_UNSAFE_VARIABLES = ("GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "MALLOC_TRACE",
-                     "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR")
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 # Requirement properties only NVML knows (the driver version is in /proc).
 _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
@@ -298,7 +295,7 @@ def scrub_environment() -> None:
     rootfs anyway; this also covers what the caller runs after an in-process configure.)
     """
     for name in list(os.environ):
-        if name.startswith("LD_") or name in _UNSAFE_VARIABLES:
+        if loaderenv.is_unsafe(name):
             del os.environ[name]
     os.environ["PATH"] = SAFE_PATH
 
