@@ -150,3 +150,15 @@ def test_no_driver(tmp_path: Path) -> None:
         3, "nvc-py: initialization error: /proc/driver/nvidia/version: not found: the NVIDIA kernel driver is not loaded\n")
     done = nvc("--root", "relative", "list")
     assert done.returncode == 2 and "invalid driver root" in done.stderr
+
+
+def test_list_nvml_flag_asks_nvml_for_the_same_listing(active_local_nvidia, tmp_path: Path) -> None:
+    """``list --nvml`` (bench/discovery's forced NVML path) answers as the /proc fast path does."""
+    root = str(active_local_nvidia.root)
+    fast, forced = tmp_path / "fast.log", tmp_path / "forced.log"
+    plain = nvc("--root", root, "--debug", str(fast), "list")
+    with_nvml = nvc("--root", root, "--debug", str(forced), "list", "--nvml")
+    assert plain.returncode == with_nvml.returncode == 0
+    assert plain.stdout == with_nvml.stdout
+    assert "inventory from /proc" in fast.read_text() and "inventory from NVML" not in fast.read_text()
+    assert "inventory from NVML" in forced.read_text()
