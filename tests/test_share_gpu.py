@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -146,3 +147,59 @@ def test_through_the_hook_in_a_container(runtime, make_rootfs, program, native_r
     print(f"compute share in the container: {achieved:.1f}% of native (50% requested)")
     assert abs(achieved - 50) <= 5
     assert lines[6:] == ["4096 MiB"]
+
+
+@pytest.fixture
+def torch_rootfs(make_rootfs, tmp_path: Path):
+    """A container rootfs that runs the GPU machine's own PyTorch: the test image with the host's
+    /usr as an overlay (writes land in a tmpfs, never on the host) and /opt/torch bound read-only."""
+    if not Path("/opt/torch/.venv/bin/python3").exists():
+        pytest.skip("no /opt/torch PyTorch on this machine")
+    rootfs = make_rootfs(name="rootfs-torch")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    mounted: list[Path] = []
+
+    def mount(*args: str, target: Path) -> None:
+        subprocess.run(["mount", *args, str(target)], check=True)
+        mounted.append(target)
+
+    try:
+        mount("-t", "tmpfs", "tmpfs", target=scratch)
+        (scratch / "upper").mkdir()
+        (scratch / "work").mkdir()
+        mount("-t", "overlay", "overlay", "-o", f"lowerdir=/usr,upperdir={scratch}/upper,workdir={scratch}/work",
+              target=rootfs / "usr")
+        (rootfs / "opt/torch").mkdir(parents=True)
+        mount("--bind", "/opt/torch", target=rootfs / "opt/torch")
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(rootfs / "opt/torch")], check=True)
+        shutil.copy2(TORCH_SCRIPT, rootfs / "torch_share.py")
+        yield rootfs
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def test_pytorch_through_the_hook_in_a_container(torch_rootfs, tmp_path):
+    """PyTorch in a runc container started through nvc-py-hook with a 4 GiB budget in its env."""
+    from harness.runtime import Runc
+
+    runc = shutil.which("runc")
+    if runc is None:
+        pytest.skip("runc is not installed")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    python = "/opt/torch/.venv/bin/python3 /torch_share.py"
+    script = f"{python}; echo ---; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True {python}"
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi", "HOME": "/tmp"}
+    bundle = make_bundle(tmp_path / "bundle", torch_rootfs, ["sh", "-c", script], env=env, hooks=hooks)
+    result = Runc(tmp_path / "state", runc).create_start(bundle, timeout=300)
+    print(f"--- runc, {env}:\n{result.stdout}{result.stderr}")
+    assert result.returncode == 0, result.stderr
+    for run in result.stdout.split("---\n"):
+        lines = dict(line.split(" ", 1) for line in run.splitlines())
+        assert lines["mem_get_info"].split()[1] == str(4 * GIB)
+        assert (lines["alloc3"], lines["alloc2"]) == ("ok", "OutOfMemoryError")
