@@ -63,6 +63,10 @@ def _host_busybox() -> Path:
     for candidate in HOST_BUSYBOX_CANDIDATES:
         if candidate.is_file():
             return candidate
+    # The GPU machine has busybox-static only unpacked from a carried .deb, on PATH (bench/gpu-env.sh).
+    found = shutil.which("busybox")
+    if found is not None:
+        return Path(found)
     raise FileNotFoundError("busybox not found on the host (install busybox-static)")
 
 
@@ -104,7 +108,9 @@ def _install_glibc(root: Path, layout: Layout) -> None:
 
 def _install_ldconfig(root: Path, layout: Layout) -> None:
     ldconfig = root / "usr/sbin/ldconfig"
-    shutil.copy2(HOST_LDCONFIG.resolve(), ldconfig)
+    # Ubuntu's /sbin/ldconfig is a shell script exec'ing /sbin/ldconfig.real: copy the binary.
+    real = HOST_LDCONFIG.with_name("ldconfig.real")
+    shutil.copy2((real if real.is_file() else HOST_LDCONFIG).resolve(), ldconfig)
     conf = "include /etc/ld.so.conf.d/*.conf\n" + "".join(d + "\n" for d in layout.ld_so_conf_dirs)
     (root / "etc/ld.so.conf").write_text(conf)
     # The copied ldconfig is static, so it runs on the host against the rootfs.
