@@ -99,18 +99,27 @@ def binary_dirs(library_dirs: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*BINARY_PATH, *siblings)))
 
 
-def _is_executable_file(root: str, inner: str) -> bool:
-    st = os.stat(rootpath.host_path(root, inner))
-    return stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
+def _is_driver_binary(root: str, inner: str) -> bool:
+    """An executable ELF file. Hosts often put wrapper scripts on PATH that exec the real binary
+    by a host path (e.g. ``/usr/bin/nvidia-smi`` → ``/usr/local/nvidia/bin/nvidia-smi``): such a
+    script mounted alone fails in the container, so the search goes on to the binary itself."""
+    path = rootpath.host_path(root, inner)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+        return False
+    if elf.identity(path) is None:
+        log.debug("%s: not an ELF executable (a wrapper script?), skipped", inner)
+        return False
+    return True
 
 
 def find_binaries(root: str, dirs: tuple[str, ...]) -> tuple[str, ...]:
-    """Inner paths of the driver binaries: for each name the first executable found along ``dirs``."""
+    """Inner paths of the driver binaries: for each name the first ELF executable found along ``dirs``."""
     found = []
     for name in capabilities.all_binaries():
         for d in dirs:
             inner = rootpath.resolve(root, f"{d}/{name}")
-            if inner is not None and _is_executable_file(root, inner):
+            if inner is not None and _is_driver_binary(root, inner):
                 found.append(inner)
                 break
     return tuple(dict.fromkeys(found))

@@ -182,9 +182,13 @@ def test_elf_of_garbage(tmp_path: Path, libroot: Path) -> None:
 # --- binaries, firmware, IPC -----------------------------------------------------------------
 
 
-def _exe(path: Path, mode: int = 0o755) -> None:
+# The start of a 64-bit little-endian x86-64 ELF header: what discovery reads of a binary.
+ELF_HEAD = b"\x7fELF\x02\x01\x01" + bytes(9) + b"\x02\x00\x3e\x00" + bytes(44)
+
+
+def _exe(path: Path, mode: int = 0o755, content: bytes = ELF_HEAD) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("#!/bin/sh\n")
+    path.write_bytes(content)
     path.chmod(mode)
 
 
@@ -195,6 +199,8 @@ def test_binaries_fixed_path_then_library_siblings(tmp_path: Path) -> None:
     _exe(tmp_path / "usr/bin/nvidia-persistenced", 0o644)  # not executable
     _exe(tmp_path / "usr/local/nvidia/bin/nvidia-persistenced")
     os.symlink("/usr/local/nvidia/bin/nvidia-smi", tmp_path / "usr/bin/nv-fabricmanager")  # resolved in root
+    # A host wrapper script that execs the real binary by path would fail alone in a container.
+    _exe(tmp_path / "usr/bin/nvidia-smi", content=b"#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n")
     dirs = driver.binary_dirs(("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64"))
     assert dirs == (*driver.BINARY_PATH, "/usr/local/nvidia/bin")
     assert driver.find_binaries(str(tmp_path), dirs) == (
