@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,10 +35,16 @@ from nvc import syscalls
 DRIVER_VERSION = "580.95.05"  # the two-gpu-mig fake machine's
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 CANARY = "nvc-host-canary"
-# The installed console script itself (a pyenv shim would run bash and pyenv first, which
-# matters for the loader-variable cases: they must see what nvc-py's own process loads).
-NVC = str(Path(sys.executable).with_name("nvc-py")) if Path(sys.executable).with_name("nvc-py").exists() \
-    else shutil.which("nvc-py") or "nvc-py"
+
+
+def _console_script() -> str:
+    """The installed nvc-py itself, not a wrapper (a pyenv shim runs bash and pyenv first, which
+    the loader-variable cases would count as processes that nvc-py started)."""
+    beside = Path(sys.executable).with_name("nvc-py")
+    return str(beside) if beside.exists() else shutil.which("nvc-py") or "nvc-py"
+
+
+NVC = _console_script()
 HOOK = """#!/bin/sh
 pid=$(sed -n 's/.*"pid": *\\([0-9]*\\).*/\\1/p')
 {env} exec {nvc} --root {root} configure --pid "$pid" {args} {rootfs} 2>>{log}
