@@ -9,22 +9,24 @@ capability and cannot gain any back through a setuid or file-capability binary.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import prctl
 
 from nvc.errors import InitializationError, PrivilegeError
 
 
-def overflow_ids(proc: Path = Path("/proc")) -> tuple[int, int]:
+def overflow_ids(proc: str = "/proc") -> tuple[int, int]:
     """The kernel's overflow uid/gid (normally 65534): the reference's default helper identity.
 
     Read by the parent: once chrooted, the helper may have no /proc to read them from.
+    (Plain strings, not pathlib: this module is on ``info``'s start-up path before the
+    helper forks, where every import delays NVML's load.)
     """
-    return (
-        int((proc / "sys/kernel/overflowuid").read_text()),
-        int((proc / "sys/kernel/overflowgid").read_text()),
-    )
+    ids = []
+    for name in ("overflowuid", "overflowgid"):
+        with open(f"{proc}/sys/kernel/{name}") as f:
+            ids.append(int(f.read()))
+    return ids[0], ids[1]
 
 
 def confine(root: str, uid: int, gid: int) -> None:

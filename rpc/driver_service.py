@@ -11,18 +11,19 @@ imported only in the child: nvc-py's own start-up never pays for it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nvc.devices import Gpu, MigDevice
 from nvc.errors import DriverError, InitializationError
 from nvc.rpc.confine import confine, overflow_ids
 from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient
+
+if TYPE_CHECKING:  # imported where used: what this module loads delays the helper's fork (``info``)
+    from nvc.devices import Gpu
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Host libraries NVML needs, loaded before the chroot so a driver root that lacks them (or
@@ -91,6 +92,8 @@ class _Nvml:
 
     def load(self) -> None:
         """dlopen libnvidia-ml through the (chrooted) ld cache and initialise it."""
+        import ctypes
+
         try:
             ctypes.CDLL(NVML_SONAME)  # pynvml hides dlerror(); this keeps the reason
         except OSError as err:
@@ -172,6 +175,8 @@ class _Nvml:
 
 
 def _preload_host_libraries() -> None:
+    import ctypes
+
     for soname in _HOST_PRELOADS:
         try:
             ctypes.CDLL(soname)
@@ -196,6 +201,8 @@ def serve_driver(root: str, uid: int, gid: int) -> Dispatch:
 
 def snapshot_from_wire(data: dict[str, Any]) -> DriverSnapshot:
     """Build the snapshot's dataclasses from the helper's JSON answer."""
+    from nvc.devices import Gpu, MigDevice
+
     gpus = tuple(
         Gpu(
             **{key: value for key, value in gpu.items() if key != "mig_devices"},
