@@ -217,10 +217,20 @@ def _fail(err_w: int, message: str) -> None:
 
 
 def _enter_rootfs(rootfs: str, no_pivot: bool) -> None:
-    """Make the (private copy of the) rootfs our root, with /proc, /sys, /dev emptied."""
+    """Make (a private bind of) the rootfs our root, with /proc, /sys, /dev emptied.
+
+    The rootfs path is looked up once, its last component never followed (a rootfs that is
+    a symlink is refused, as configure refuses it); the bind, the working directory and the
+    pivot then go through file descriptors, so a path swapped meanwhile cannot redirect them.
+    """
     syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
-    syscalls.mount(rootfs, rootfs, None, syscalls.MS_BIND | syscalls.MS_REC)
-    os.chdir(rootfs)
+    fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        top = _bind_onto_itself(fd, rootfs)
+    finally:
+        os.close(fd)
+    os.fchdir(top)
+    os.close(top)
     if no_pivot:
         syscalls.mount(".", "/", None, syscalls.MS_MOVE)
         os.chroot(".")
@@ -231,6 +241,36 @@ def _enter_rootfs(rootfs: str, no_pivot: bool) -> None:
     for hidden in ("/proc", "/sys", "/dev"):
         if stat.S_ISDIR(_lstat_mode(hidden)):  # a symlink here stays a symlink into this root
             syscalls.mount("tmpfs", hidden, "tmpfs", _RO_TMPFS, "size=4k")
+
+
+def _bind_onto_itself(fd: int, rootfs: str) -> int:
+    """Bind the directory open on ``fd`` onto itself (recursively); return an fd of the new mount's root.
+
+    The new mount API names both ends by ``fd``. Without it, mount(2) is given
+    /proc/self/fd/N, which names the same directory, and the new mount is opened by path
+    (no-follow) and checked to show that directory.
+    """
+    clone = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE | syscalls.AT_EMPTY_PATH
+    try:
+        tree = syscalls.open_tree(fd, "", clone, name=rootfs)
+    except OSError as err:
+        if err.errno != errno.ENOSYS:
+            raise
+        expect = os.fstat(fd)
+        syscalls.mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{fd}", None, syscalls.MS_BIND | syscalls.MS_REC)
+        top = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(top)
+        if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
+            os.close(top)
+            raise LdcacheError(f"{rootfs} changed while ldconfig was being set up")
+        return top
+    try:
+        both = syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH
+        syscalls.move_mount(tree, "", fd, "", both, names=(rootfs, rootfs))
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
 
 
 def _lstat_mode(path: str) -> int:

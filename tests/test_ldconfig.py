@@ -102,6 +102,28 @@ def test_no_pivot_and_own_namespace(root: Path) -> None:
     assert "libfoo.so.1" in _cache(root)
 
 
+def test_rootfs_that_is_a_symlink_is_refused(root: Path, tmp_path: Path) -> None:
+    link = tmp_path / "rootfs-link"
+    link.symlink_to(root)
+    with pytest.raises(LdcacheError, match="Not a directory"):
+        run_ldconfig("@/sbin/ldconfig", str(link), ["/opt/foo"], owner=(0, 0))
+    assert not (root / "etc" / "ld.so.cache").exists()
+
+
+def test_without_the_new_mount_api(root: Path, container: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels without open_tree: the rootfs is bound through /proc/self/fd and checked."""
+    import errno
+
+    from nvc import syscalls
+
+    def enosys(*_args, **_kwargs) -> int:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    monkeypatch.setattr(syscalls, "open_tree", enosys)  # the forked sandbox inherits the patch
+    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+    assert "libfoo.so.1" in _cache(root)
+
+
 def test_image_symlinks_to_host_files_are_harmless(root: Path, container: int, tmp_path: Path) -> None:
     """CVE-2025-23267: ld.so.cache and ld.so.conf.d pointing at host paths."""
     host_cache = tmp_path / "host-ld.so.cache"
