@@ -70,7 +70,8 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
     """Print the driver version and every GPU and MIG device (queries NVML)."""
     from nvc.rpc.driver_service import open_driver
 
-    # The helper forks first: NVML loads in it while this process imports the rest.
+    # The helper (preforked at start-up, see nvc.__main__; else forked here) loads NVML while
+    # this process imports the rest.
     with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
         from nvc import infoformat, inventory
 

@@ -184,6 +184,12 @@ def _preload_host_libraries() -> None:
             pass
 
 
+def _warm() -> None:
+    """What a preforked driver helper does before it knows its driver root: the imports."""
+    import ctypes  # noqa: F401
+    import pynvml  # noqa: F401
+
+
 def serve_driver(root: str, uid: int, gid: int) -> Dispatch:
     """Helper setup: confine, then load NVML from the driver root; return the methods."""
     import pynvml  # here, before the chroot: the module's file lives on the host
@@ -228,6 +234,22 @@ class DriverClient:
         return snapshot_from_wire(self.helper.call("snapshot"))
 
 
+# The driver helper forked at start-up (see :func:`prefork`), until open_driver takes it.
+_preforked: HelperClient | None = None
+
+
+def prefork() -> None:
+    """Fork this process's driver helper now, before the command line is even parsed.
+
+    Importing pynvml and loading NVML take longer in the helper than everything the CLI
+    imports before it knows its options (``nvc-py info``); started this early, the helper
+    has done the imports by then. :func:`open_driver` takes it over with the real options;
+    one never taken exits with this process.
+    """
+    global _preforked
+    _preforked = HelperClient.prefork("driver", serve_driver, warm=_warm)
+
+
 @contextmanager
 def open_driver(
     root: str = "/", user: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT, wait: bool = True
@@ -241,8 +263,16 @@ def open_driver(
     """
     if user is None:
         user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+    global _preforked
     uid, gid = user
     root = os.path.abspath(root)
-    helper = HelperClient.spawn("driver", lambda: serve_driver(root, uid, gid), timeout=timeout, wait=wait)
+    helper, _preforked = _preforked, None
+    if helper is None:
+        helper = HelperClient.spawn("driver", lambda: serve_driver(root, uid, gid), timeout=timeout, wait=wait)
+    else:
+        helper.timeout = timeout
+        helper.start(root=root, uid=uid, gid=gid)
+        if wait:
+            helper.wait_ready()
     with helper:
         yield DriverClient(helper)

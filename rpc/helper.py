@@ -35,7 +35,7 @@ from nvc import errors
 from nvc.rpc import protocol
 
 Dispatch = Mapping[str, Callable[..., Any]]
-Setup = Callable[[], Dispatch]
+Setup = Callable[..., Dispatch]  # called with no arguments, or a preforked helper's parameters
 
 DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded limit
 DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
@@ -121,10 +121,31 @@ def _serve(sock: socket.socket, dispatch: Dispatch) -> int:
             return 0
 
 
-def _child_main(name: str, sock: socket.socket, parent_pid: int, setup: Setup) -> int:
+def _setup_params(sock: socket.socket) -> dict[str, Any] | None:
+    """A preforked child's first message: the ``setup`` request's parameters; None when the
+    parent shuts the helper down (or goes away) without starting it."""
+    try:
+        request = protocol.decode_request(protocol.recv_payload(sock))
+    except protocol.EndOfStream:
+        return None
+    if request.method == "shutdown":
+        return None
+    if request.method != "setup":
+        raise errors.DriverError(f"expected the setup request, got {request.method}")
+    return request.params
+
+
+def _child_main(
+    name: str, sock: socket.socket, parent_pid: int, setup: Setup, warm: Callable[[], None] | None, deferred: bool
+) -> int:
     sock = _isolate(name, sock, parent_pid)
     try:
-        dispatch = setup()
+        if warm is not None:
+            warm()
+        params = _setup_params(sock) if deferred else {}
+        if params is None:  # preforked, never started: nothing to do
+            return 0
+        dispatch = setup(**params)
     except Exception as exc:
         protocol.send_message(sock, protocol.Response(_READY_ID, error=_remote_error(exc, "setup")))
         return 1
@@ -167,6 +188,43 @@ class HelperClient:
         with ``wait=False`` it returns at once and the first :meth:`call` waits (and re-raises)
         instead, so the caller's own work overlaps the child's setup (NVML's load, for one).
         """
+        client = cls._fork(name, setup, None, False, timeout, grace)
+        if wait:
+            client.wait_ready()
+        return client
+
+    @classmethod
+    def prefork(
+        cls,
+        name: str,
+        setup: Setup,
+        *,
+        warm: Callable[[], None] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        grace: float = DEFAULT_GRACE,
+    ) -> HelperClient:
+        """Fork a helper before its parameters are known; :meth:`start` sends them.
+
+        The child runs ``warm`` (imports, say) at once, then ``setup(**params)`` when they
+        come. A process can so begin a helper's slow part before it has parsed its command
+        line. A helper never started exits when the client is closed or the parent dies.
+        """
+        return cls._fork(name, setup, warm, True, timeout, grace)
+
+    def start(self, **params: Any) -> None:
+        """Send a preforked helper its setup parameters; the first :meth:`call` waits for its report."""
+        if self._sock is None:
+            raise errors.DriverError(f"{self.name} rpc error: helper is not running")
+        try:
+            protocol.send_message(self._sock, protocol.Request(_READY_ID, "setup", params),
+                                  time.monotonic() + self.timeout)
+        except (TimeoutError, OSError):
+            raise self._fail("cannot send the setup parameters") from None
+
+    @classmethod
+    def _fork(
+        cls, name: str, setup: Setup, warm: Callable[[], None] | None, deferred: bool, timeout: float, grace: float
+    ) -> HelperClient:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         parent_pid = os.getpid()
         try:
@@ -179,16 +237,13 @@ class HelperClient:
             status = 1
             try:
                 parent_sock.close()
-                status = _child_main(name, child_sock, parent_pid, setup)
+                status = _child_main(name, child_sock, parent_pid, setup, warm, deferred)
             finally:
                 os._exit(status)
         child_sock.close()
-        client = cls(name, pid, parent_sock, timeout, grace)
-        if wait:
-            client._wait_ready()
-        return client
+        return cls(name, pid, parent_sock, timeout, grace)
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
         """Receive the child's setup report once; a setup failure ends the helper and is re-raised."""
         if self._ready:
             return
@@ -205,7 +260,7 @@ class HelperClient:
         """Run ``method`` in the helper and return its result, within the client's timeout."""
         if self._sock is None:
             raise errors.DriverError(f"{self.name} rpc error: helper is not running")
-        self._wait_ready()
+        self.wait_ready()
         request = protocol.Request(self._next_id, method, params)
         self._next_id += 1
         try:

@@ -247,6 +247,42 @@ def test_unwaited_spawn_serves_once_ready(spawn) -> None:
     assert client.call("echo", b=2) == {"b": 2}
 
 
+def test_preforked_helper_serves_after_start() -> None:
+    """prefork: ``warm`` runs before the parameters exist; ``setup(**params)`` once start() sends them."""
+    before = _children()
+
+    def setup(value: int) -> dict:
+        return {"get": lambda: {"value": value, "warm": sys.modules.get("colorsys") is not None}}
+
+    client = HelperClient.prefork("test", setup, warm=lambda: __import__("colorsys"))
+    client.start(value=7)
+    assert client.call("get") == {"value": 7, "warm": True}
+    client.close()
+    assert os.WIFEXITED(client.status) and os.WEXITSTATUS(client.status) == 0
+    assert _children() == before
+
+
+def test_preforked_helper_never_started_exits_cleanly() -> None:
+    before = _children()
+    client = HelperClient.prefork("test", lambda: {})
+    client.close()
+    assert os.WIFEXITED(client.status) and os.WEXITSTATUS(client.status) == 0
+    assert _children() == before
+
+
+def test_preforked_helper_setup_error_comes_back_at_the_first_call() -> None:
+    before = _children()
+
+    def setup(root: str) -> dict:
+        raise errors.InitializationError(f"load library failed: libnvidia-ml.so.1: not in {root}")
+
+    client = HelperClient.prefork("test", setup)
+    client.start(root="/nowhere")
+    with pytest.raises(errors.InitializationError, match="not in /nowhere"):
+        client.call("get")
+    assert _children() == before
+
+
 def test_killed_mid_call_is_reported_with_the_signal(spawn) -> None:
     client = spawn()
     pid = client.pid
