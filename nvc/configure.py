@@ -83,10 +83,17 @@ def _without_none(selectors: str) -> str:
     return "" if selectors.strip().lower() == "none" else selectors
 
 
-def validate(req: ConfigureRequest) -> _Checked:
-    """Check every input of ``req``; raise InputError/DeviceError before anything is looked at."""
+def _imex_channels(values: tuple[str, ...]) -> tuple[int, ...]:
+    """Parsed ``--imex-channel`` values; nvc.listing (json, pathlib) is imported only when there are some."""
+    if not values:
+        return ()
     from nvc.listing import parse_imex_channels
 
+    return parse_imex_channels(values)
+
+
+def validate(req: ConfigureRequest) -> _Checked:
+    """Check every input of ``req``; raise InputError/DeviceError before anything is looked at."""
     _check_rootfs(req.rootfs)
     if req.pid is not None and req.pid <= 0:
         raise InputError(f"{req.pid}: invalid pid")
@@ -108,7 +115,7 @@ def validate(req: ConfigureRequest) -> _Checked:
         no_devbind=req.no_devbind,
         mig_config=req.mig_config is not None,
         mig_monitor=req.mig_monitor is not None,
-        imex_channels=parse_imex_channels(req.imex_channels),
+        imex_channels=_imex_channels(req.imex_channels),
         cuda_compat_mode=req.cuda_compat_mode,
         extra_mounts=req.extra_mounts,
     )
@@ -265,7 +272,10 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     prefixes = capabilities.library_prefixes(checked.options.capabilities)
     files = driver.discover(glob.root, inv.driver_version, glob.ldcache, prefixes=prefixes)
     majors = nodes.read_majors()
-    mig_minors = procfs.read_mig_minors(proc)
+    # The whole mig-minors table (thousands of lines) serves only --mig-config/--mig-monitor: a MIG
+    # device's own caps minors come with it from the inventory.
+    whole_mig = checked.options.mig_config or checked.options.mig_monitor
+    mig_minors = procfs.read_mig_minors(proc) if whole_mig else {}
     found = {}
     for spec in mountplan.needed_nodes(chosen, majors, mig_minors, checked.options):
         node = nodes.find(glob.root, spec)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import secrets
 import stat
 from collections import deque
 from collections.abc import Callable
@@ -226,7 +225,7 @@ def symlink_in_root(root_fd: int, path: str, target: str, owner: tuple[int, int]
                 raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
             if err.errno != errno.ENOENT:
                 raise
-        tmp = f".nvc-{secrets.token_hex(6)}"
+        tmp = f".nvc-{os.urandom(6).hex()}"  # not secrets: it imports hashlib (OpenSSL), ms per start
         os.symlink(target, tmp, dir_fd=dir_fd)
         try:
             _chown(tmp, owner, dir_fd)
