@@ -286,19 +286,28 @@ def apply(plan: Plan) -> None:
     from nvc.rpc.container_service import open_container
 
     start = time.perf_counter()
-    with open_container(HELPER_TIMEOUT) as helper:
-        helper.mount(plan)
-        start = _timed("mounts", start)
-        try:
-            if plan.ldconfig is not None:
-                ldconfig.run_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner, pid=plan.pid)
-                start = _timed("ldconfig", start)
-            if plan.cgroup_rules and plan.pid is not None:
-                cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
-                start = _timed("cgroup", start)
-        except BaseException:
-            problems = helper.rollback()
-            if problems:
-                log.error("rollback incomplete: %s", "; ".join(problems))
-            raise
-        helper.commit()
+    # Forked first: the ldconfig child loads its modules while the helper mounts.
+    pending = None
+    if plan.ldconfig is not None:
+        pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
+                                          pid=plan.pid)
+    try:
+        with open_container(HELPER_TIMEOUT) as helper:
+            helper.mount(plan)
+            start = _timed("mounts", start)
+            try:
+                if pending is not None:
+                    pending.run()
+                    start = _timed("ldconfig", start)
+                if plan.cgroup_rules and plan.pid is not None:
+                    cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
+                    start = _timed("cgroup", start)
+            except BaseException:
+                problems = helper.rollback()
+                if problems:
+                    log.error("rollback incomplete: %s", "; ".join(problems))
+                raise
+            helper.commit()
+    finally:
+        if pending is not None:
+            pending.cancel()

@@ -118,33 +118,92 @@ def run_ldconfig(
     ldconfig's stdout and stderr go (default /dev/null).
     Raises LdcacheError on any failure, including a non-zero exit of ldconfig.
     """
+    return start_ldconfig(ldconfig, rootfs, dirs, owner=owner, pid=pid, no_pivot=no_pivot,
+                          output_fd=output_fd).run()
+
+
+class PendingLdconfig:
+    """An ldconfig run whose child is forked and loading, waiting for :meth:`run`.
+
+    The child's imports (prctl, pyseccomp and, through ctypes.util, subprocess and shutil)
+    take tens of milliseconds on a slow host; forked ahead, it does them while the caller
+    still mounts the driver files. It enters the container's namespaces only once told to
+    run, so its private copy of the mount namespace holds the finished mounts.
+    """
+
+    def __init__(self, child: int, go_w: int, err_r: int, shown: str) -> None:
+        self._child, self._go_w, self._err_r, self._shown = child, go_w, err_r, shown
+
+    def run(self) -> bool:
+        """Let the child build the sandbox and run ldconfig; as :func:`run_ldconfig`."""
+        if self._child < 0:
+            raise LdcacheError("ldconfig was already run or cancelled")
+        try:
+            os.write(self._go_w, b"g")
+        except BrokenPipeError:  # the child died early: its message or status says why
+            pass
+        os.close(self._go_w)
+        try:
+            message = _read_all(self._err_r).decode(errors="replace")
+        finally:
+            os.close(self._err_r)
+            _, status = os.waitpid(self._child, 0)
+            self._child = -1
+        if message.startswith(_MISSING):
+            return False
+        if message:
+            raise LdcacheError(message)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            raise LdcacheError(f"process {self._shown} failed with error code: {code}")
+        return True
+
+    def cancel(self) -> None:
+        """Reap the child without running ldconfig (it exits on end-of-file); no-op after :meth:`run`."""
+        if self._child < 0:
+            return
+        os.close(self._go_w)
+        os.close(self._err_r)
+        os.waitpid(self._child, 0)
+        self._child = -1
+
+
+def start_ldconfig(
+    ldconfig: str,
+    rootfs: str,
+    dirs: Sequence[str],
+    *,
+    owner: tuple[int, int],
+    pid: int | None = None,
+    no_pivot: bool = False,
+    output_fd: int | None = None,
+) -> PendingLdconfig:
+    """Fork the ldconfig child now (arguments as :func:`run_ldconfig`); it waits for ``run()``.
+
+    Bad arguments (a host ldconfig that cannot be opened, a gone container) raise here,
+    before the caller changes anything.
+    """
     host = ldconfig.startswith("@")
     path = ldconfig[1:] if host else ldconfig
     program_fd, shown = sealed_copy(path) if host else (-1, path)
-    ns_fd = _open_ns(pid) if pid is not None else -1
-    null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    ns_fd = null_fd = err_r = err_w = go_r = go_w = -1
     try:
+        ns_fd = _open_ns(pid) if pid is not None else -1
+        null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
         child = os.fork()
         if child == 0:
             os.close(err_r)
-            _sandbox_child(err_w, ns_fd, rootfs, no_pivot, null_fd, output_fd, program_fd, shown, dirs, owner)
-        os.close(err_w)
-        err_w = -1
-        message = _read_all(err_r).decode(errors="replace")
-        _, status = os.waitpid(child, 0)
+            os.close(go_w)
+            _sandbox_child(err_w, go_r, ns_fd, rootfs, no_pivot, null_fd, output_fd, program_fd, shown, dirs, owner)
+        pending = PendingLdconfig(child, go_w, err_r, shown)
+        err_r = go_w = -1
+        return pending
     finally:
-        for fd in (err_r, err_w, null_fd, ns_fd, program_fd):
+        for fd in (err_r, err_w, go_r, go_w, null_fd, ns_fd, program_fd):
             if fd >= 0:
                 os.close(fd)
-    if message.startswith(_MISSING):
-        return False
-    if message:
-        raise LdcacheError(message)
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise LdcacheError(f"process {shown} failed with error code: {code}")
-    return True
 
 
 def _open_ns(pid: int) -> int:
@@ -164,6 +223,7 @@ def _read_all(fd: int) -> bytes:
 
 def _sandbox_child(
     err_w: int,
+    go_r: int,
     ns_fd: int,
     rootfs: str,
     no_pivot: bool,
@@ -183,6 +243,9 @@ def _sandbox_child(
         import prctl  # noqa: F401 - loaded now: after the pivot the host's modules are out of sight
         import pyseccomp  # noqa: F401
 
+        if os.read(go_r, 1) != b"g":  # cancelled: the caller's mounts failed, or it is gone
+            os._exit(0)
+        os.close(go_r)
         if ns_fd >= 0:
             syscalls.setns(ns_fd, syscalls.CLONE_NEWNS, "container mount namespace")
         syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWPID | syscalls.CLONE_NEWIPC)

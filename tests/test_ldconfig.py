@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from nvc.errors import LdcacheError
-from nvc.ldconfig import run_ldconfig
+from nvc.ldconfig import run_ldconfig, start_ldconfig
 
 LIBDIR = Path("/lib/x86_64-linux-gnu")
 
@@ -204,3 +204,29 @@ def test_container_ldconfig(root: Path, container: int) -> None:
 def test_missing_host_ldconfig_is_an_error(root: Path, tmp_path: Path) -> None:
     with pytest.raises(LdcacheError, match="open failed: .*nope"):
         run_ldconfig(f"@{tmp_path}/nope", str(root), [], owner=(0, 0))
+
+
+def test_started_ahead_sees_mounts_made_before_run(root: Path, container: int, programs: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """configure forks the child before mounting: it must take its namespace copy only at run()."""
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/bar"], owner=(0, 0), pid=container)
+    (root / "opt" / "bar").mkdir()
+    src = tmp_path / "bar"
+    src.mkdir()
+    shutil.copy(programs["libfoo"], src / "libfoo.so.1.0")
+    subprocess.run(["nsenter", f"--mount=/proc/{container}/ns/mnt", "mount", "--bind", str(src), str(root / "opt/bar")],
+                   check=True)
+    assert pending.run() is True
+    assert "libfoo.so.1 (libc6,x86-64) => /opt/bar/libfoo.so.1" in _cache(root)
+    assert not any((root / "opt" / "bar").iterdir())  # the bind exists in the container's namespace only
+
+
+def test_cancelled_run_changes_nothing(root: Path, container: int) -> None:
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    child = pending._child
+    pending.cancel()
+    assert not (root / "etc" / "ld.so.cache").exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)
+    with pytest.raises(LdcacheError, match="already run or cancelled"):
+        pending.run()
