@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -216,4 +215,6 @@ def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: s
 
 def remove(container_id: str, state_dir: str = STATE_DIR) -> None:
     """Drop a container's directory (its region goes with it); a missing one is fine."""
+    import shutil  # here: prestart imports this module at every container start, poststop removes
+
     shutil.rmtree(container_dir(container_id, state_dir), ignore_errors=True)
