@@ -282,16 +282,20 @@ def _timed(stage: str, start: float) -> float:
 
 def apply(plan: Plan) -> None:
     """Apply ``plan``: mounts (helper), then ldconfig and device cgroup; undo the mounts on failure."""
-    from nvc import cgroups, ldconfig
-    from nvc.rpc.container_service import open_container
+    from nvc import ldconfig
 
     start = time.perf_counter()
-    # Forked first: the ldconfig child loads its modules while the helper mounts.
+    # Forked first: the ldconfig child loads its modules while this process imports the
+    # helper's and the helper mounts.
     pending = None
     if plan.ldconfig is not None:
         pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
                                           pid=plan.pid)
     try:
+        from nvc import cgroups
+        from nvc.rpc.container_service import open_container
+
+        start = _timed("setup", start)
         with open_container(HELPER_TIMEOUT) as helper:
             helper.mount(plan)
             start = _timed("mounts", start)
