@@ -197,5 +197,12 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None) -> int:
 
 
 def run() -> None:
-    """Console script entry point."""
+    """Console script entry point.
+
+    A hook or runtime may be handed a container's environment: restart without the loader
+    variables before anything loads a shared library (this module's own imports load none).
+    """
+    from nvc.loaderenv import restart_without_loader_variables
+
+    restart_without_loader_variables()
     sys.exit(main())

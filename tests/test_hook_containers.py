@@ -137,6 +137,26 @@ def test_runc_hook_log_line_and_legacy_bundle_path(active_2gpu, runc, debian_roo
                          "(known: utility, compute, video, graphics, display, ngx, compat32)\n"
 
 
+def test_hook_given_ld_library_path_loads_nothing_from_the_image(active_2gpu, runc, debian_rootfs: Path,
+                                                                  setup_dir: Path, tmp_path: Path) -> None:
+    """A hook handed LD_LIBRARY_PATH pointing into the image (CVE-2025-23266's shape) restarts
+    without it before loading any library: the image's libffi/libseccomp/NVML never run as root."""
+    from test_configure_hostile import build_marker_library
+
+    marker, evil = tmp_path / "marks", debian_rootfs / "evil"
+    evil.mkdir()
+    for soname in ("libffi.so.8", "libseccomp.so.2", "libnvidia-ml.so.1"):
+        build_marker_library(evil / soname, marker, soname)
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", f"LD_LIBRARY_PATH={evil}"]}
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"},
+                         hooks={"prestart": [hook]})
+    result = runc.create_start(bundle, container_id="nvc-hook-ldpath")
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [H100, A100, MIG_2G, MIG_3G]
+    assert not marker.exists(), marker.read_text()
+
+
 def test_podman_cdi_device(active_2gpu, fake_2gpu, podman, setup_dir: Path, tmp_path: Path) -> None:
     """`nvc-py cdi generate`, then `podman run --device nvidia.com/gpu=0` (podman applies the spec itself)."""
     spec_dir = tmp_path / "cdi"
