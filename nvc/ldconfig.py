@@ -21,6 +21,7 @@ import resource
 import signal
 import stat
 from collections.abc import Sequence
+from typing import Any
 
 from nvc import syscalls
 from nvc.errors import LdcacheError
@@ -99,27 +100,12 @@ def sealed_copy(path: str) -> tuple[int, str]:
         os.close(src)
 
 
-def run_ldconfig(
-    ldconfig: str,
-    rootfs: str,
-    dirs: Sequence[str],
-    *,
-    owner: tuple[int, int],
-    pid: int | None = None,
-    no_pivot: bool = False,
-    output_fd: int | None = None,
-) -> bool:
-    """Update the container's ld cache; return False when the container has no ldconfig.
+def run_ldconfig(ldconfig: str, rootfs: str, dirs: Sequence[str], **options: Any) -> bool:
+    """Update the container's ld cache now: :func:`start_ldconfig` (same arguments), then run it.
 
-    ``ldconfig``: ``@/host/path`` (run from a sealed memfd copy) or a path inside the
-    container. ``rootfs``: the rootfs as seen in the mount namespace of ``pid`` (the
-    caller's own namespace when ``pid`` is None). ``dirs``: library dirs to add, as paths
-    inside the container. ``owner``: (uid, gid) ldconfig runs as. ``output_fd``: where
-    ldconfig's stdout and stderr go (default /dev/null).
-    Raises LdcacheError on any failure, including a non-zero exit of ldconfig.
+    Returns False when the container has no ldconfig; raises LdcacheError on any failure.
     """
-    return start_ldconfig(ldconfig, rootfs, dirs, owner=owner, pid=pid, no_pivot=no_pivot,
-                          output_fd=output_fd).run()
+    return start_ldconfig(ldconfig, rootfs, dirs, **options).run()
 
 
 class PendingLdconfig:
@@ -178,10 +164,15 @@ def start_ldconfig(
     no_pivot: bool = False,
     output_fd: int | None = None,
 ) -> PendingLdconfig:
-    """Fork the ldconfig child now (arguments as :func:`run_ldconfig`); it waits for ``run()``.
+    """Fork the ldconfig child now; it builds the sandbox and runs ldconfig on ``run()``.
 
-    Bad arguments (a host ldconfig that cannot be opened, a gone container) raise here,
-    before the caller changes anything.
+    ``ldconfig``: ``@/host/path`` (run from a sealed memfd copy) or a path inside the
+    container. ``rootfs``: the rootfs as seen in the mount namespace of ``pid`` (the
+    caller's own namespace when ``pid`` is None). ``dirs``: library dirs to add, as paths
+    inside the container. ``owner``: (uid, gid) ldconfig runs as. ``output_fd``: where
+    ldconfig's stdout and stderr go (default /dev/null). Bad arguments (a host ldconfig
+    that cannot be opened, a gone container) raise LdcacheError here, before the caller
+    changes anything.
     """
     host = ldconfig.startswith("@")
     path = ldconfig[1:] if host else ldconfig
