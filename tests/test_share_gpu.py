@@ -25,6 +25,15 @@ MIB = 1 << 20
 TORCH_SCRIPT = sharegpu.GPU_DIR / "torch_share.py"
 
 
+def hook_with_log(tmp_path: Path) -> dict[str, list[dict]]:
+    """nvc-py-hook as prestart and poststop hook, with a configuration that logs under ``tmp_path``."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    return {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+
+
 @pytest.fixture(scope="module")
 def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sharegpu.build(tmp_path_factory.mktemp("share_gpu"))
@@ -118,11 +127,7 @@ def test_through_the_hook_in_a_container(runtime, make_rootfs, program, native_r
     """nvc-py-hook as prestart hook: the container's env asks for 4 GiB and a 50 % share; inside, the
     static-cudart program gets OOM at 4 GiB, two processes share the budget, nvidia-smi shows
     4096 MiB, the compute share holds; the workload cannot raise its limits through its env."""
-    config = tmp_path / "config.yaml"
-    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
-    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    hooks = hook_with_log(tmp_path)
     rootfs = make_rootfs(name="rootfs-share")
     (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
     shutil.copy2(program, rootfs / "usr/local/bin/share_gpu")
@@ -147,6 +152,23 @@ def test_through_the_hook_in_a_container(runtime, make_rootfs, program, native_r
     print(f"compute share in the container: {achieved:.1f}% of native (50% requested)")
     assert abs(achieved - 50) <= 5
     assert lines[6:] == ["4096 MiB"]
+
+
+@pytest.mark.parametrize("percent", [25, 75])
+def test_compute_share_through_the_hook_in_a_container(runtime, make_rootfs, program, native_rate, tmp_path, percent):
+    """The other shares of the compute-share acceptance (50 % is in the test above), in a container."""
+    rootfs = make_rootfs(name="rootfs-share")
+    (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(program, rootfs / "usr/local/bin/share_gpu")
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_COMPUTE": str(percent)}
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["share_gpu", "compute", "3", str(sharegpu.COMPUTE_ITERS)],
+                         env=env, hooks=hook_with_log(tmp_path))
+    result = runtime.create_start(bundle, timeout=120)
+    assert result.returncode == 0, result.stderr
+    achieved = 100 * float(result.stdout.split()[1]) / native_rate
+    print(f"--- {Path(runtime.binary).name}: compute share in the container {achieved:.1f}% of native "
+          f"({percent}% requested)")
+    assert abs(achieved - percent) <= 5
 
 
 @pytest.fixture
@@ -187,11 +209,7 @@ def test_pytorch_through_the_hook_in_a_container(torch_rootfs, tmp_path):
     runc = shutil.which("runc")
     if runc is None:
         pytest.skip("runc is not installed")
-    config = tmp_path / "config.yaml"
-    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
-    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    hooks = hook_with_log(tmp_path)
     python = "/opt/torch/.venv/bin/python3 /torch_share.py"
     script = f"{python}; echo ---; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True {python}"
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi", "HOME": "/tmp"}
