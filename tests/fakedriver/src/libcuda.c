@@ -233,6 +233,18 @@ static CUresult check_device_location(const CUmemLocation *loc)
     return loc->id >= 0 && loc->id < g_ndev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* After the init check, the object of kind k with this key (a handle's own address; a device address
+ * for K_MEM and K_VA; the handle value for K_VMM), or `missing`: the error the real driver gives for an
+ * unknown one of that kind. Called under the lock. */
+static CUresult find(enum kind k, uint64_t key, CUresult missing, struct obj **out)
+{
+    CUresult r = check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    *out = obj_find(k, key);
+    return *out ? CUDA_SUCCESS : missing;
+}
+
 /* ---------------------------------------------------------------- cuInit */
 
 static int parse_uuid(const char *text, unsigned char out[16])
@@ -377,6 +389,12 @@ CUresult cuDriverGetVersion(int *version)
 
 /* ---------------------------------------------------------------- device queries */
 
+/* The start of a device query, in the real driver's order of errors: missing outputs, then the device. */
+static CUresult device_query(int outputs_given, CUdevice dev)
+{
+    return outputs_given ? check_device(dev) : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult cuDeviceGetCount(int *count)
 {
     if (!count)
@@ -388,9 +406,7 @@ CUresult cuDeviceGetCount(int *count)
 
 CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(ordinal);
+    CUresult r = device_query(device != NULL, ordinal);
     if (r == CUDA_SUCCESS)
         *device = ordinal;
     return r;
@@ -398,9 +414,7 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal)
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    if (!name || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = device_query(name && len > 0, dev);
     if (r == CUDA_SUCCESS)
         snprintf(name, (size_t)len, "%s", g_dev[dev].gpu->name);
     return r;
@@ -408,9 +422,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    if (!uuid)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = device_query(uuid != NULL, dev);
     if (r == CUDA_SUCCESS)
         memcpy(uuid->bytes, g_dev[dev].uuid, 16);
     return r;
@@ -427,9 +439,7 @@ static int pci_fields(const struct fake_gpu *g, unsigned *domain, unsigned *bus,
 
 CUresult cuDeviceGetPCIBusId(char *busid, int len, CUdevice dev)
 {
-    if (!busid || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = device_query(busid && len > 0, dev);
     if (r != CUDA_SUCCESS)
         return r;
     unsigned domain, bus, device, function;
@@ -441,9 +451,7 @@ CUresult cuDeviceGetPCIBusId(char *busid, int len, CUdevice dev)
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = device_query(bytes != NULL, dev);
     if (r == CUDA_SUCCESS)
         *bytes = (size_t)g_dev[dev].gpu->memory_total;
     return r;
@@ -472,9 +480,7 @@ static int threads_per_sm(int major, int minor)
 
 CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice dev)
 {
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = device_query(value != NULL, dev);
     if (r != CUDA_SUCCESS)
         return r;
     const struct fake_gpu *g = g_dev[dev].gpu;
@@ -524,9 +530,7 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice de
 
 CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
-    if (!major || !minor)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = device_query(major && minor, dev);
     if (r == CUDA_SUCCESS) {
         *major = g_dev[dev].gpu->cc_major;
         *minor = g_dev[dev].gpu->cc_minor;
@@ -545,6 +549,16 @@ static struct fctx *ctx_lookup(CUcontext h)
             return &g_dev[i].primary;
     struct obj *o = handle_find(K_CTX, h);
     return o ? &o->cctx : NULL;
+}
+
+/* After the init check, the live context behind a handle. */
+static CUresult find_live_ctx(CUcontext h, struct fctx **out)
+{
+    CUresult r = check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    *out = ctx_lookup(h);
+    return *out && (*out)->live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* The calling thread's current context, or the error the real driver gives for it. */
@@ -716,10 +730,8 @@ CUresult cuCtxCreate_v4(CUcontext *pctx, void *create_params, unsigned int flags
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     lock();
-    CUresult r = check_init();
-    struct fctx *c = r == CUDA_SUCCESS ? ctx_lookup(ctx) : NULL;
-    if (r == CUDA_SUCCESS && (!c || !c->live))
-        r = CUDA_ERROR_INVALID_CONTEXT;
+    struct fctx *c;
+    CUresult r = find_live_ctx(ctx, &c);
     if (r == CUDA_SUCCESS && c == &g_dev[c->dev].primary)
         r = CUDA_ERROR_INVALID_CONTEXT;   /* primary contexts are released, not destroyed */
     if (r == CUDA_SUCCESS) {
@@ -779,10 +791,8 @@ CUresult cuCtxGetDevice(CUdevice *device)
 CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     lock();
-    CUresult r = check_init();
-    struct fctx *c = r == CUDA_SUCCESS ? ctx_lookup(ctx) : NULL;
-    if (r == CUDA_SUCCESS && (!c || !c->live))
-        r = CUDA_ERROR_INVALID_CONTEXT;
+    struct fctx *c;
+    CUresult r = find_live_ctx(ctx, &c);
     if (r == CUDA_SUCCESS && t_depth == CTX_STACK_MAX)
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS)
@@ -810,42 +820,101 @@ CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 
 CUresult cuCtxSynchronize(void);
 
+/* ---------------------------------------------------------------- objects owned by a context */
+
+/* A new object of kind k owned by context c, charged `bytes` on its device (0 but for arrays). Called
+ * under the lock. */
+static CUresult owned_new(struct fctx *c, enum kind k, uint64_t bytes, struct obj **out)
+{
+    CUresult r = charge(c->dev, bytes);
+    if (r == CUDA_SUCCESS && !(*out = obj_new(k, 0))) {
+        uncharge(c->dev, bytes);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == CUDA_SUCCESS) {
+        (*out)->ctx = c;
+        (*out)->dev = c->dev;
+        (*out)->size = bytes;
+    }
+    return r;
+}
+
+/* Creates an object of kind k in the calling thread's current context and hands it out as *handle. */
+static CUresult create_owned(enum kind k, uint64_t bytes, unsigned flags, void **handle)
+{
+    lock();
+    struct fctx *c;
+    struct obj *o;
+    CUresult r = current_ctx(&c);
+    if (r == CUDA_SUCCESS)
+        r = owned_new(c, k, bytes, &o);
+    if (r == CUDA_SUCCESS) {
+        o->flags = flags;
+        *handle = o;
+    }
+    unlock();
+    return r;
+}
+
+static void free_children(const struct obj *parent)
+{
+    for (struct obj *o = g_all, *next; o; o = next) {
+        next = o->next;
+        if (o->parent == parent)
+            obj_free(o);
+    }
+}
+
+/* Destroys the object of kind k behind handle, with a module's functions or a graph's nodes; an array
+ * gives its bytes back. `missing` is the real driver's error for an unknown handle of that kind. */
+static CUresult destroy(enum kind k, const void *handle, CUresult missing)
+{
+    lock();
+    struct obj *o;
+    CUresult r = find(k, (uintptr_t)handle, missing, &o);
+    if (r == CUDA_SUCCESS && (k == K_MODULE || k == K_GRAPH))
+        free_children(o);
+    if (r == CUDA_SUCCESS && (k == K_ARRAY || k == K_MIPMAP))
+        uncharge(o->dev, o->size);
+    if (r == CUDA_SUCCESS)
+        obj_free(o);
+    unlock();
+    return r;
+}
+
 /* ---------------------------------------------------------------- plain allocations */
 
-/* Charges bytes to the context's device and hands out a fresh fake address. */
-static CUresult mem_alloc(struct fctx *c, uint64_t bytes, CUdeviceptr *dptr)
+/* Charges bytes to the current context's device and hands out a fresh fake address. */
+static CUresult mem_alloc(uint64_t bytes, CUdeviceptr *dptr)
 {
-    if (bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    struct fctx *c;
+    CUresult r = current_ctx(&c);
+    if (r == CUDA_SUCCESS && bytes == 0)
+        r = CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr va;
-    CUresult r = reserve_va(bytes, 0, &va);
+    if (r == CUDA_SUCCESS)
+        r = reserve_va(bytes, 0, &va);
     if (r == CUDA_SUCCESS)
         r = charge(c->dev, bytes);
-    if (r != CUDA_SUCCESS)
-        return r;
-    struct obj *o = obj_new(K_MEM, va);
-    if (!o) {
+    struct obj *o = NULL;
+    if (r == CUDA_SUCCESS && !(o = obj_new(K_MEM, va))) {
         uncharge(c->dev, bytes);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        r = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    o->ctx = c;
-    o->dev = c->dev;
-    o->size = bytes;
-    *dptr = va;
-    return CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
+        o->ctx = c;
+        o->dev = c->dev;
+        o->size = bytes;
+        *dptr = va;
+    }
+    unlock();
+    return r;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
-    lock();
-    struct fctx *c;
-    CUresult r = current_ctx(&c);
-    if (r == CUDA_SUCCESS)
-        r = mem_alloc(c, bytesize, dptr);
-    unlock();
-    return r;
+    return dptr ? mem_alloc(bytesize, dptr) : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
@@ -857,14 +926,9 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
     uint64_t row = (width + PITCH_ALIGN - 1) & ~(PITCH_ALIGN - 1), bytes;
     if (row < width || __builtin_mul_overflow(row, (uint64_t)height, &bytes))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    lock();
-    struct fctx *c;
-    CUresult r = current_ctx(&c);
-    if (r == CUDA_SUCCESS)
-        r = mem_alloc(c, bytes, dptr);
+    CUresult r = mem_alloc(bytes, dptr);
     if (r == CUDA_SUCCESS)
         *pitch = (size_t)row;
-    unlock();
     return r;
 }
 
@@ -872,13 +936,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 {
     if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
-    lock();
-    struct fctx *c;
-    CUresult r = current_ctx(&c);
-    if (r == CUDA_SUCCESS)
-        r = mem_alloc(c, bytesize, dptr);
-    unlock();
-    return r;
+    return mem_alloc(bytesize, dptr);
 }
 
 /* Returns a pool allocation to its pool (the pool keeps the bytes reserved until trimmed). */
@@ -897,26 +955,27 @@ static void pool_free_mem(struct obj *mem)
     }
 }
 
-static void mem_free(struct obj *mem)
+/* Frees the allocation at dptr once the caller's context or stream checked out (r). Called under the
+ * lock. */
+static CUresult mem_free(CUresult r, CUdeviceptr dptr)
 {
-    if (mem->parent) {
+    struct obj *mem;
+    if (r == CUDA_SUCCESS)
+        r = find(K_MEM, dptr, CUDA_ERROR_INVALID_VALUE, &mem);
+    if (r == CUDA_SUCCESS && mem->parent) {
         pool_free_mem(mem);
-    } else {
+    } else if (r == CUDA_SUCCESS) {
         uncharge(mem->dev, mem->size);
         obj_free(mem);
     }
+    return r;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     lock();
     struct fctx *c;
-    CUresult r = current_ctx(&c);
-    struct obj *o = r == CUDA_SUCCESS ? obj_find(K_MEM, dptr) : NULL;
-    if (r == CUDA_SUCCESS && !o)
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS)
-        mem_free(o);
+    CUresult r = mem_free(current_ctx(&c), dptr);
     unlock();
     return r;
 }
@@ -978,6 +1037,13 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
     return r;
 }
 
+/* After the init check, the VMM allocation behind handle if it is not released yet, else `missing`. */
+static CUresult find_vmm(CUmemGenericAllocationHandle handle, CUresult missing, struct obj **out)
+{
+    CUresult r = find(K_VMM, handle, missing, out);
+    return r == CUDA_SUCCESS && (*out)->flags ? missing : r;
+}
+
 /* A released handle's memory goes back once its last mapping is gone. */
 static void vmm_drop_if_unused(struct obj *h)
 {
@@ -990,10 +1056,8 @@ static void vmm_drop_if_unused(struct obj *h)
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     lock();
-    CUresult r = check_init();
-    struct obj *h = r == CUDA_SUCCESS ? obj_find(K_VMM, handle) : NULL;
-    if (r == CUDA_SUCCESS && (!h || h->flags))
-        r = CUDA_ERROR_INVALID_VALUE;
+    struct obj *h;
+    CUresult r = find_vmm(handle, CUDA_ERROR_INVALID_VALUE, &h);
     if (r == CUDA_SUCCESS) {
         h->flags = 1;
         vmm_drop_if_unused(h);
@@ -1046,9 +1110,9 @@ static int range_has_mapping(uint64_t start, uint64_t size)
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
     lock();
-    CUresult r = check_init();
-    struct obj *va = r == CUDA_SUCCESS ? obj_find(K_VA, ptr) : NULL;
-    if (r == CUDA_SUCCESS && (!va || va->size != size || range_has_mapping(ptr, size)))
+    struct obj *va;
+    CUresult r = find(K_VA, ptr, CUDA_ERROR_INVALID_VALUE, &va);
+    if (r == CUDA_SUCCESS && (va->size != size || range_has_mapping(ptr, size)))
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS)
         obj_free(va);
@@ -1071,10 +1135,8 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
         ptr % GRANULARITY != 0)
         return CUDA_ERROR_INVALID_VALUE;
     lock();
-    CUresult r = check_init();
-    struct obj *h = r == CUDA_SUCCESS ? obj_find(K_VMM, handle) : NULL;
-    if (r == CUDA_SUCCESS && (!h || h->flags))
-        r = CUDA_ERROR_INVALID_HANDLE;
+    struct obj *h;
+    CUresult r = find_vmm(handle, CUDA_ERROR_INVALID_HANDLE, &h);
     if (r == CUDA_SUCCESS && (offset > h->size || size > h->size - offset ||
                               !inside_reservation(ptr, size) || range_has_mapping(ptr, size)))
         r = CUDA_ERROR_INVALID_VALUE;
@@ -1228,33 +1290,10 @@ CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
 {
     if (!stream || (flags & ~1u))
         return CUDA_ERROR_INVALID_VALUE;
-    lock();
-    struct fctx *c;
-    CUresult r = current_ctx(&c);
-    struct obj *o = NULL;
-    if (r == CUDA_SUCCESS && !(o = obj_new(K_STREAM, 0)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS) {
-        o->ctx = c;
-        o->dev = c->dev;
-        *stream = (CUstream)o;
-    }
-    unlock();
-    return r;
+    return create_owned(K_STREAM, 0, flags, (void **)stream);
 }
 
-CUresult cuStreamDestroy_v2(CUstream stream)
-{
-    lock();
-    CUresult r = check_init();
-    struct obj *o = r == CUDA_SUCCESS ? handle_find(K_STREAM, stream) : NULL;
-    if (r == CUDA_SUCCESS && !o)
-        r = CUDA_ERROR_INVALID_HANDLE;
-    if (r == CUDA_SUCCESS)
-        obj_free(o);
-    unlock();
-    return r;
-}
+CUresult cuStreamDestroy_v2(CUstream stream) { return destroy(K_STREAM, stream, CUDA_ERROR_INVALID_HANDLE); }
 
 CUresult cuStreamDestroy(CUstream stream) { return cuStreamDestroy_v2(stream); }
 
@@ -1292,20 +1331,7 @@ CUresult cuEventCreate(CUevent *event, unsigned int flags)
 {
     if (!event || (flags & ~7u))
         return CUDA_ERROR_INVALID_VALUE;
-    lock();
-    struct fctx *c;
-    CUresult r = current_ctx(&c);
-    struct obj *o = NULL;
-    if (r == CUDA_SUCCESS && !(o = obj_new(K_EVENT, 0)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS) {
-        o->ctx = c;
-        o->dev = c->dev;
-        o->flags = flags;
-        *event = (CUevent)o;
-    }
-    unlock();
-    return r;
+    return create_owned(K_EVENT, 0, flags, (void **)event);
 }
 
 CUresult cuEventRecord(CUevent event, CUstream stream)
@@ -1313,10 +1339,10 @@ CUresult cuEventRecord(CUevent event, CUstream stream)
     lock();
     struct fctx *c;
     uint64_t *done;
+    struct obj *e;
     CUresult r = stream_resolve(stream, &c, &done);
-    struct obj *e = r == CUDA_SUCCESS ? handle_find(K_EVENT, event) : NULL;
-    if (r == CUDA_SUCCESS && !e)
-        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS)
+        r = find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
     if (r == CUDA_SUCCESS) {
         e->done_ns = max_u64(now_ns(), completion_time(c, done));
         e->recorded = 1;
@@ -1330,10 +1356,8 @@ CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) { return cuEventReco
 CUresult cuEventSynchronize(CUevent event)
 {
     lock();
-    CUresult r = check_init();
-    struct obj *e = r == CUDA_SUCCESS ? handle_find(K_EVENT, event) : NULL;
-    if (r == CUDA_SUCCESS && !e)
-        r = CUDA_ERROR_INVALID_HANDLE;
+    struct obj *e;
+    CUresult r = find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
     if (r == CUDA_SUCCESS && e->recorded)
         wait_and_trim(e->dev, e->done_ns);
     unlock();
@@ -1343,10 +1367,8 @@ CUresult cuEventSynchronize(CUevent event)
 CUresult cuEventQuery(CUevent event)
 {
     lock();
-    CUresult r = check_init();
-    struct obj *e = r == CUDA_SUCCESS ? handle_find(K_EVENT, event) : NULL;
-    if (r == CUDA_SUCCESS && !e)
-        r = CUDA_ERROR_INVALID_HANDLE;
+    struct obj *e;
+    CUresult r = find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
     if (r == CUDA_SUCCESS && e->recorded && e->done_ns > now_ns())
         r = CUDA_ERROR_NOT_READY;
     unlock();
@@ -1373,18 +1395,7 @@ CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 
 CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) { return cuEventElapsedTime(ms, start, end); }
 
-CUresult cuEventDestroy_v2(CUevent event)
-{
-    lock();
-    CUresult r = check_init();
-    struct obj *e = r == CUDA_SUCCESS ? handle_find(K_EVENT, event) : NULL;
-    if (r == CUDA_SUCCESS && !e)
-        r = CUDA_ERROR_INVALID_HANDLE;
-    if (r == CUDA_SUCCESS)
-        obj_free(e);
-    unlock();
-    return r;
-}
+CUresult cuEventDestroy_v2(CUevent event) { return destroy(K_EVENT, event, CUDA_ERROR_INVALID_HANDLE); }
 
 CUresult cuEventDestroy(CUevent event) { return cuEventDestroy_v2(event); }
 
@@ -1486,12 +1497,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
     lock();
     struct fctx *c;
     uint64_t *done;
-    CUresult r = stream_resolve(stream, &c, &done);
-    struct obj *o = r == CUDA_SUCCESS ? obj_find(K_MEM, dptr) : NULL;
-    if (r == CUDA_SUCCESS && !o)
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS)
-        mem_free(o);
+    CUresult r = mem_free(stream_resolve(stream, &c, &done), dptr);
     unlock();
     return r;
 }
@@ -1513,19 +1519,18 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     return r;
 }
 
-static struct obj *pool_lookup(CUmemoryPool pool)
+/* After the init check, the pool behind handle unless it is destroyed. */
+static CUresult find_pool(CUmemoryPool pool, struct obj **out)
 {
-    struct obj *p = handle_find(K_POOL, pool);
-    return p && !p->destroyed ? p : NULL;
+    CUresult r = find(K_POOL, (uintptr_t)pool, CUDA_ERROR_INVALID_VALUE, out);
+    return r == CUDA_SUCCESS && (*out)->destroyed ? CUDA_ERROR_INVALID_VALUE : r;
 }
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
     lock();
-    CUresult r = check_init();
-    struct obj *p = r == CUDA_SUCCESS ? pool_lookup(pool) : NULL;
-    if (r == CUDA_SUCCESS && !p)
-        r = CUDA_ERROR_INVALID_VALUE;
+    struct obj *p;
+    CUresult r = find_pool(pool, &p);
     if (r == CUDA_SUCCESS) {
         uint64_t target = max_u64(p->used, keep);
         if (p->reserved > target) {
@@ -1541,9 +1546,9 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     lock();
-    CUresult r = check_init();
-    struct obj *p = r == CUDA_SUCCESS ? pool_lookup(pool) : NULL;
-    if (r == CUDA_SUCCESS && (!p || p->is_default))
+    struct obj *p;
+    CUresult r = find_pool(pool, &p);
+    if (r == CUDA_SUCCESS && p->is_default)
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
         uncharge(p->dev, p->reserved - p->used);
@@ -1561,68 +1566,76 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     return r;
 }
 
-CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+static int is_reuse_attribute(CUmemPool_attribute attr)
+{
+    return attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
+           attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+           attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+}
+
+static CUresult pool_set(struct obj *p, CUmemPool_attribute attr, void *value)
+{
+    if (is_reuse_attribute(attr)) {
+        p->reuse[attr] = *(int *)value != 0;
+        return CUDA_SUCCESS;
+    }
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        p->threshold = *(cuuint64_t *)value;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:   /* only resets to the current value are allowed */
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(cuuint64_t *)value != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            p->reserved_high = p->reserved;
+        else
+            p->used_high = p->used;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+static CUresult pool_get(struct obj *p, CUmemPool_attribute attr, void *value)
+{
+    if (is_reuse_attribute(attr)) {
+        *(int *)value = p->reuse[attr];
+        return CUDA_SUCCESS;
+    }
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = p->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = p->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = p->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = p->used_high; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value,
+                               CUresult (*access)(struct obj *p, CUmemPool_attribute attr, void *value))
 {
     if (!value)
         return CUDA_ERROR_INVALID_VALUE;
     lock();
-    CUresult r = check_init();
-    struct obj *p = r == CUDA_SUCCESS ? pool_lookup(pool) : NULL;
-    if (r == CUDA_SUCCESS && !p)
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS) {
-        switch (attr) {
-        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-            p->reuse[attr] = *(int *)value != 0;
-            break;
-        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-            p->threshold = *(cuuint64_t *)value;
-            break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:   /* only resets to the current value are allowed */
-        case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-            if (*(cuuint64_t *)value != 0)
-                r = CUDA_ERROR_INVALID_VALUE;
-            else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
-                p->reserved_high = p->reserved;
-            else
-                p->used_high = p->used;
-            break;
-        default:
-            r = CUDA_ERROR_INVALID_VALUE;
-        }
-    }
+    struct obj *p;
+    CUresult r = find_pool(pool, &p);
+    if (r == CUDA_SUCCESS)
+        r = access(p, attr, value);
     unlock();
     return r;
 }
 
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    return pool_attribute(pool, attr, value, pool_set);
+}
+
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
-    lock();
-    CUresult r = check_init();
-    struct obj *p = r == CUDA_SUCCESS ? pool_lookup(pool) : NULL;
-    if (r == CUDA_SUCCESS && !p)
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS) {
-        switch (attr) {
-        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-            *(int *)value = p->reuse[attr];
-            break;
-        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->threshold; break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = p->reserved; break;
-        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = p->reserved_high; break;
-        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = p->used; break;
-        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = p->used_high; break;
-        default: r = CUDA_ERROR_INVALID_VALUE;
-        }
-    }
-    unlock();
-    return r;
+    return pool_attribute(pool, attr, value, pool_get);
 }
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
@@ -1666,51 +1679,13 @@ static CUresult array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsi
     return CUDA_SUCCESS;
 }
 
-static CUresult array_create(enum kind k, uint64_t bytes, void **handle)
-{
-    lock();
-    struct fctx *c;
-    CUresult r = current_ctx(&c);
-    if (r == CUDA_SUCCESS)
-        r = charge(c->dev, bytes);
-    if (r == CUDA_SUCCESS) {
-        struct obj *o = obj_new(k, 0);
-        if (!o) {
-            uncharge(c->dev, bytes);
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-        } else {
-            o->ctx = c;
-            o->dev = c->dev;
-            o->size = bytes;
-            *handle = o;
-        }
-    }
-    unlock();
-    return r;
-}
-
-static CUresult array_destroy(enum kind k, void *handle)
-{
-    lock();
-    CUresult r = check_init();
-    struct obj *o = r == CUDA_SUCCESS ? handle_find(k, handle) : NULL;
-    if (r == CUDA_SUCCESS && !o)
-        r = CUDA_ERROR_INVALID_HANDLE;
-    if (r == CUDA_SUCCESS) {
-        uncharge(o->dev, o->size);
-        obj_free(o);
-    }
-    unlock();
-    return r;
-}
-
 CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
     uint64_t bytes;
     if (!array || !desc)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, &bytes);
-    return r == CUDA_SUCCESS ? array_create(K_ARRAY, bytes, (void **)array) : r;
+    return r == CUDA_SUCCESS ? create_owned(K_ARRAY, bytes, 0, (void **)array) : r;
 }
 
 CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
@@ -1719,10 +1694,10 @@ CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
     if (!array || !desc)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, &bytes);
-    return r == CUDA_SUCCESS ? array_create(K_ARRAY, bytes, (void **)array) : r;
+    return r == CUDA_SUCCESS ? create_owned(K_ARRAY, bytes, 0, (void **)array) : r;
 }
 
-CUresult cuArrayDestroy(CUarray array) { return array_destroy(K_ARRAY, array); }
+CUresult cuArrayDestroy(CUarray array) { return destroy(K_ARRAY, array, CUDA_ERROR_INVALID_HANDLE); }
 
 /* A mipmap level halves each non-zero extent, down to 1; levels beyond the 1x1x1 level are invalid. */
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
@@ -1746,29 +1721,15 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESC
         if (__builtin_add_overflow(total, bytes, &total))
             return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    return array_create(K_MIPMAP, total, (void **)array);
+    return create_owned(K_MIPMAP, total, 0, (void **)array);
 }
 
-CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) { return array_destroy(K_MIPMAP, array); }
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
+{
+    return destroy(K_MIPMAP, array, CUDA_ERROR_INVALID_HANDLE);
+}
 
 /* ---------------------------------------------------------------- modules */
-
-static CUresult module_new(CUmodule *module)
-{
-    lock();
-    struct fctx *c;
-    CUresult r = current_ctx(&c);
-    struct obj *o = NULL;
-    if (r == CUDA_SUCCESS && !(o = obj_new(K_MODULE, 0)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS) {
-        o->ctx = c;
-        o->dev = c->dev;
-        *module = (CUmodule)o;
-    }
-    unlock();
-    return r;
-}
 
 CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
@@ -1776,14 +1737,14 @@ CUresult cuModuleLoad(CUmodule *module, const char *fname)
         return CUDA_ERROR_INVALID_VALUE;
     if (access(fname, R_OK) != 0)
         return CUDA_ERROR_FILE_NOT_FOUND;
-    return module_new(module);
+    return create_owned(K_MODULE, 0, 0, (void **)module);
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    return module_new(module);
+    return create_owned(K_MODULE, 0, 0, (void **)module);
 }
 
 /* Every name resolves (there is no image to search); asking twice gives the same handle. */
@@ -1792,10 +1753,8 @@ CUresult cuModuleGetFunction(CUfunction *func, CUmodule module, const char *name
     if (!func || !name || !*name)
         return CUDA_ERROR_INVALID_VALUE;
     lock();
-    CUresult r = check_init();
-    struct obj *m = r == CUDA_SUCCESS ? handle_find(K_MODULE, module) : NULL, *f = NULL;
-    if (r == CUDA_SUCCESS && !m)
-        r = CUDA_ERROR_INVALID_HANDLE;
+    struct obj *m, *f = NULL;
+    CUresult r = find(K_MODULE, (uintptr_t)module, CUDA_ERROR_INVALID_HANDLE, &m);
     for (struct obj *o = g_all; r == CUDA_SUCCESS && o && !f; o = o->next)
         if (o->kind == K_FUNC && o->parent == m && strcmp(o->name, name) == 0)
             f = o;
@@ -1818,23 +1777,7 @@ CUresult cuModuleGetFunction(CUfunction *func, CUmodule module, const char *name
     return r;
 }
 
-CUresult cuModuleUnload(CUmodule module)
-{
-    lock();
-    CUresult r = check_init();
-    struct obj *m = r == CUDA_SUCCESS ? handle_find(K_MODULE, module) : NULL;
-    if (r == CUDA_SUCCESS && !m)
-        r = CUDA_ERROR_INVALID_HANDLE;
-    for (struct obj *o = g_all, *next; r == CUDA_SUCCESS && o; o = next) {
-        next = o->next;
-        if (o->kind == K_FUNC && o->parent == m)
-            obj_free(o);
-    }
-    if (r == CUDA_SUCCESS)
-        obj_free(m);
-    unlock();
-    return r;
-}
+CUresult cuModuleUnload(CUmodule module) { return destroy(K_MODULE, module, CUDA_ERROR_INVALID_HANDLE); }
 
 /* ---------------------------------------------------------------- launches */
 
@@ -1981,10 +1924,10 @@ CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraph
     if (!node || !params || (ndeps && !deps))
         return CUDA_ERROR_INVALID_VALUE;
     lock();
-    CUresult r = check_init();
-    struct obj *g = r == CUDA_SUCCESS ? handle_find(K_GRAPH, graph) : NULL, *f = handle_find(K_FUNC, params->func);
-    if (r == CUDA_SUCCESS && (!g || !f))
-        r = CUDA_ERROR_INVALID_VALUE;
+    struct obj *g, *f;
+    CUresult r = find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
+    if (r == CUDA_SUCCESS)
+        r = find(K_FUNC, (uintptr_t)params->func, CUDA_ERROR_INVALID_VALUE, &f);
     for (size_t i = 0; r == CUDA_SUCCESS && i < ndeps; i++) {
         struct obj *d = handle_find(K_NODE, deps[i]);
         if (!d || d->parent != g)
@@ -2020,15 +1963,13 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned 
         return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct fctx *c;
+    struct obj *g, *e;
     CUresult r = current_ctx(&c);
-    struct obj *g = r == CUDA_SUCCESS ? handle_find(K_GRAPH, graph) : NULL, *e = NULL;
-    if (r == CUDA_SUCCESS && !g)
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS && !(e = obj_new(K_EXEC, 0)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS)
+        r = find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
+    if (r == CUDA_SUCCESS)
+        r = owned_new(c, K_EXEC, 0, &e);
     if (r == CUDA_SUCCESS) {
-        e->ctx = c;
-        e->dev = c->dev;
         e->kernels = g->kernels;
         *exec = (CUgraphExec)e;
     }
@@ -2058,36 +1999,8 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
     return submit(NULL, NULL, stream ? stream : STREAM_PER_THREAD, exec);
 }
 
-CUresult cuGraphExecDestroy(CUgraphExec exec)
-{
-    lock();
-    CUresult r = check_init();
-    struct obj *e = r == CUDA_SUCCESS ? handle_find(K_EXEC, exec) : NULL;
-    if (r == CUDA_SUCCESS && !e)
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS)
-        obj_free(e);
-    unlock();
-    return r;
-}
-
-CUresult cuGraphDestroy(CUgraph graph)
-{
-    lock();
-    CUresult r = check_init();
-    struct obj *g = r == CUDA_SUCCESS ? handle_find(K_GRAPH, graph) : NULL;
-    if (r == CUDA_SUCCESS && !g)
-        r = CUDA_ERROR_INVALID_VALUE;
-    for (struct obj *o = g_all, *next; r == CUDA_SUCCESS && o; o = next) {
-        next = o->next;
-        if (o->kind == K_NODE && o->parent == g)
-            obj_free(o);
-    }
-    if (r == CUDA_SUCCESS)
-        obj_free(g);
-    unlock();
-    return r;
-}
+CUresult cuGraphExecDestroy(CUgraphExec exec) { return destroy(K_EXEC, exec, CUDA_ERROR_INVALID_VALUE); }
+CUresult cuGraphDestroy(CUgraph graph) { return destroy(K_GRAPH, graph, CUDA_ERROR_INVALID_VALUE); }
 
 /* ---------------------------------------------------------------- errors */
 

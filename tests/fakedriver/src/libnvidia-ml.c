@@ -127,6 +127,14 @@ static nvmlReturn_t copy_string(char *buf, unsigned length, const char *value)
     return NVML_SUCCESS;
 }
 
+/* The start of a system query: NVML reports an uninitialized library before a missing output. */
+static nvmlReturn_t system_query(int outputs_given)
+{
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    return outputs_given ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
 API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     if (flags & ~(NVML_INIT_FLAG_NO_GPUS | NVML_INIT_FLAG_NO_ATTACH))
@@ -204,12 +212,10 @@ API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 
 API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cuda_version)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (cuda_version == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *cuda_version = FAKE_CUDA_VERSION;
-    return NVML_SUCCESS;
+    nvmlReturn_t ret = system_query(cuda_version != NULL);
+    if (ret == NVML_SUCCESS)
+        *cuda_version = FAKE_CUDA_VERSION;
+    return ret;
 }
 
 API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cuda_version)
@@ -219,30 +225,25 @@ API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cuda_version)
 
 API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (count == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *count = visible_gpu_count;
-    return NVML_SUCCESS;
+    nvmlReturn_t ret = system_query(count != NULL);
+    if (ret == NVML_SUCCESS)
+        *count = visible_gpu_count;
+    return ret;
 }
 
 API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (device == NULL || index >= visible_gpu_count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *device = visible_gpus[index];
-    return NVML_SUCCESS;
+    nvmlReturn_t ret = system_query(device != NULL && index < visible_gpu_count);
+    if (ret == NVML_SUCCESS)
+        *device = visible_gpus[index];
+    return ret;
 }
 
 API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (uuid == NULL || device == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = system_query(uuid != NULL && device != NULL);
+    if (ret != NVML_SUCCESS)
+        return ret;
     for (unsigned g = 0; g < FAKE_GPU_COUNT; g++) {
         if (gpus[g].visible && strcmp(gpus[g].gpu->uuid, uuid) == 0) {
             *device = &gpus[g];
@@ -274,10 +275,11 @@ static int parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsig
 API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pci_bus_id, nvmlDevice_t *device)
 {
     unsigned domain, bus, dev;
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (pci_bus_id == NULL || device == NULL || !parse_bus_id(pci_bus_id, &domain, &bus, &dev))
-        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t ret = system_query(pci_bus_id != NULL && device != NULL);
+    if (ret == NVML_SUCCESS && !parse_bus_id(pci_bus_id, &domain, &bus, &dev))
+        ret = NVML_ERROR_INVALID_ARGUMENT;
+    if (ret != NVML_SUCCESS)
+        return ret;
     for (unsigned i = 0; i < visible_gpu_count; i++) {
         unsigned d, b, v;
         parse_bus_id(visible_gpus[i]->gpu->pci_bus_id, &d, &b, &v);
@@ -307,46 +309,119 @@ static nvmlReturn_t lookup_mig_capable(nvmlDevice_t handle, struct nvmlDevice_st
     return ret;
 }
 
-API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+/* Calls that only make sense on a MIG device handle. */
+static nvmlReturn_t lookup_mig(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_gpu(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (index == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *index = dev->index;
-    return NVML_SUCCESS;
+    nvmlReturn_t ret = lookup(handle, out);
+    if (ret == NVML_SUCCESS && (*out)->mig == NULL)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return ret;
 }
 
-API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor_number)
+typedef nvmlReturn_t (*lookup_fn)(nvmlDevice_t handle, struct nvmlDevice_st **out);
+
+/* The start of a device query, in NVML's order of errors: the handle as `check` wants it (uninitialized,
+ * invalid, not supported), then a NULL output pointer. */
+static nvmlReturn_t device_query(nvmlDevice_t handle, lookup_fn check, int outputs_given, struct nvmlDevice_st **dev)
 {
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_gpu(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (minor_number == NULL)
+    nvmlReturn_t ret = check(handle, dev);
+    if (ret == NVML_SUCCESS && !outputs_given)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *minor_number = dev->gpu->minor;
-    return NVML_SUCCESS;
+    return ret;
 }
+
+/* Defines the query `name(device, type *out)`: once the handle passed `check` and out is not NULL, the
+ * statement `fill` answers from dev into out (it may set ret to an error of its own). */
+#define DEVICE_QUERY(name, check, type, fill)                                    \
+    API nvmlReturn_t name(nvmlDevice_t device, type *out)                        \
+    {                                                                            \
+        struct nvmlDevice_st *dev;                                               \
+        nvmlReturn_t ret = device_query(device, check, out != NULL, &dev);       \
+        if (ret == NVML_SUCCESS)                                                 \
+            fill;                                                                \
+        return ret;                                                              \
+    }
+
+DEVICE_QUERY(nvmlDeviceGetIndex, lookup_gpu, unsigned int, *out = dev->index)
+DEVICE_QUERY(nvmlDeviceGetMinorNumber, lookup_gpu, unsigned int, *out = dev->gpu->minor)
+DEVICE_QUERY(nvmlDeviceGetMultiGpuBoard, lookup_gpu, unsigned int, *out = 0)
+DEVICE_QUERY(nvmlDeviceGetBrand, lookup, nvmlBrandType_t, *out = (nvmlBrandType_t)dev->gpu->brand)
+DEVICE_QUERY(nvmlDeviceIsMigDeviceHandle, lookup, unsigned int, *out = dev->mig != NULL)
+DEVICE_QUERY(nvmlDeviceGetMaxMigDeviceCount, lookup_mig_capable, unsigned int,
+             *out = dev->gpu->mig_enabled ? MAX_MIG_DEVICES : 0)
+DEVICE_QUERY(nvmlDeviceGetGpuInstanceId, lookup_mig, unsigned int, *out = dev->mig->gpu_instance_id)
+DEVICE_QUERY(nvmlDeviceGetComputeInstanceId, lookup_mig, unsigned int, *out = dev->mig->compute_instance_id)
 
 /* A MIG device reports its parent's PCI location, as in NVML. */
-API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+static void pci_info(const struct fake_gpu *gpu, nvmlPciInfo_t *pci)
 {
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (pci == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
     memset(pci, 0, sizeof *pci);
-    parse_bus_id(dev->gpu->pci_bus_id, &pci->domain, &pci->bus, &pci->device);
-    pci->pciDeviceId = dev->gpu->pci_device_id;
+    parse_bus_id(gpu->pci_bus_id, &pci->domain, &pci->bus, &pci->device);
+    pci->pciDeviceId = gpu->pci_device_id;
     snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0", pci->domain, pci->bus, pci->device);
+}
+
+DEVICE_QUERY(nvmlDeviceGetPciInfo_v3, lookup, nvmlPciInfo_t, pci_info(dev->gpu, out))
+
+static nvmlDeviceArchitecture_t architecture(const struct fake_gpu *gpu)
+{
+    int cc = gpu->cc_major * 10 + gpu->cc_minor;
+    if (cc >= 100)
+        return NVML_DEVICE_ARCH_BLACKWELL;
+    if (cc >= 90)
+        return NVML_DEVICE_ARCH_HOPPER;
+    if (cc == 89)
+        return NVML_DEVICE_ARCH_ADA;
+    if (cc >= 80)
+        return NVML_DEVICE_ARCH_AMPERE;
+    if (cc == 75)
+        return NVML_DEVICE_ARCH_TURING;
+    if (cc >= 70)
+        return NVML_DEVICE_ARCH_VOLTA;
+    if (cc >= 60)
+        return NVML_DEVICE_ARCH_PASCAL;
+    if (cc >= 50)
+        return NVML_DEVICE_ARCH_MAXWELL;
+    if (cc >= 30)
+        return NVML_DEVICE_ARCH_KEPLER;
+    return NVML_DEVICE_ARCH_UNKNOWN;
+}
+
+DEVICE_QUERY(nvmlDeviceGetArchitecture, lookup, nvmlDeviceArchitecture_t, *out = architecture(dev->gpu))
+
+/* Nothing runs on a fake GPU: all of its (or the MIG slice's) memory is free. */
+static unsigned long long memory_total(const struct nvmlDevice_st *dev)
+{
+    return dev->mig ? dev->mig->memory_total : dev->gpu->memory_total;
+}
+
+DEVICE_QUERY(nvmlDeviceGetMemoryInfo, lookup, nvmlMemory_t,
+             *out = ((nvmlMemory_t){.total = memory_total(dev), .free = memory_total(dev)}))
+
+static nvmlReturn_t memory_info_v2(const struct nvmlDevice_st *dev, nvmlMemory_v2_t *memory)
+{
+    if (memory->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = memory_total(dev);
+    memory->reserved = 0;
+    memory->free = memory->total;
+    memory->used = 0;
     return NVML_SUCCESS;
 }
+
+DEVICE_QUERY(nvmlDeviceGetMemoryInfo_v2, lookup, nvmlMemory_v2_t, ret = memory_info_v2(dev, out))
+
+static void attributes(const struct nvmlDevice_st *dev, nvmlDeviceAttributes_t *attributes)
+{
+    memset(attributes, 0, sizeof *attributes);
+    attributes->multiprocessorCount = dev->mig ? dev->mig->sm_count : dev->gpu->sm_count;
+    attributes->gpuInstanceSliceCount = dev->mig ? dev->mig->gpu_slices : 0;
+    attributes->computeInstanceSliceCount = dev->mig ? dev->mig->compute_slices : 0;
+    attributes->memorySizeMB = memory_total(dev) >> 20;
+}
+
+DEVICE_QUERY(nvmlDeviceGetAttributes_v2, lookup, nvmlDeviceAttributes_t, attributes(dev, out))
 
 API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
@@ -381,150 +456,24 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
     return copy_string(name, length, full);
 }
 
-API nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *brand)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (brand == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *brand = (nvmlBrandType_t)dev->gpu->brand;
-    return NVML_SUCCESS;
-}
-
 API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major_cc, int *minor_cc)
 {
     struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (major_cc == NULL || minor_cc == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *major_cc = dev->gpu->cc_major;
-    *minor_cc = dev->gpu->cc_minor;
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (arch == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    int cc = dev->gpu->cc_major * 10 + dev->gpu->cc_minor;
-    if (cc >= 100)
-        *arch = NVML_DEVICE_ARCH_BLACKWELL;
-    else if (cc >= 90)
-        *arch = NVML_DEVICE_ARCH_HOPPER;
-    else if (cc == 89)
-        *arch = NVML_DEVICE_ARCH_ADA;
-    else if (cc >= 80)
-        *arch = NVML_DEVICE_ARCH_AMPERE;
-    else if (cc == 75)
-        *arch = NVML_DEVICE_ARCH_TURING;
-    else if (cc >= 70)
-        *arch = NVML_DEVICE_ARCH_VOLTA;
-    else if (cc >= 60)
-        *arch = NVML_DEVICE_ARCH_PASCAL;
-    else if (cc >= 50)
-        *arch = NVML_DEVICE_ARCH_MAXWELL;
-    else if (cc >= 30)
-        *arch = NVML_DEVICE_ARCH_KEPLER;
-    else
-        *arch = NVML_DEVICE_ARCH_UNKNOWN;
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t device, unsigned int *multi_gpu)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_gpu(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (multi_gpu == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *multi_gpu = 0;
-    return NVML_SUCCESS;
-}
-
-/* Nothing runs on a fake GPU: all of its (or the MIG slice's) memory is free. */
-static unsigned long long memory_total(const struct nvmlDevice_st *dev)
-{
-    return dev->mig ? dev->mig->memory_total : dev->gpu->memory_total;
-}
-
-API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (memory == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    memory->total = memory_total(dev);
-    memory->free = memory->total;
-    memory->used = 0;
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (memory == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (memory->version != nvmlMemory_v2)
-        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    memory->total = memory_total(dev);
-    memory->reserved = 0;
-    memory->free = memory->total;
-    memory->used = 0;
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (attributes == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    memset(attributes, 0, sizeof *attributes);
-    attributes->multiprocessorCount = dev->mig ? dev->mig->sm_count : dev->gpu->sm_count;
-    attributes->gpuInstanceSliceCount = dev->mig ? dev->mig->gpu_slices : 0;
-    attributes->computeInstanceSliceCount = dev->mig ? dev->mig->compute_slices : 0;
-    attributes->memorySizeMB = memory_total(dev) >> 20;
-    return NVML_SUCCESS;
+    nvmlReturn_t ret = device_query(device, lookup, major_cc != NULL && minor_cc != NULL, &dev);
+    if (ret == NVML_SUCCESS) {
+        *major_cc = dev->gpu->cc_major;
+        *minor_cc = dev->gpu->cc_minor;
+    }
+    return ret;
 }
 
 API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current_mode, unsigned int *pending_mode)
 {
     struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_mig_capable(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (current_mode == NULL || pending_mode == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *current_mode = *pending_mode = dev->gpu->mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_mig_capable(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (count == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *count = dev->gpu->mig_enabled ? MAX_MIG_DEVICES : 0;
-    return NVML_SUCCESS;
+    nvmlReturn_t ret = device_query(device, lookup_mig_capable, current_mode != NULL && pending_mode != NULL, &dev);
+    if (ret == NVML_SUCCESS)
+        *current_mode = *pending_mode = dev->gpu->mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    return ret;
 }
 
 /* Visible MIG devices fill indices 0..k-1; the rest up to the maximum are NOT_FOUND. */
@@ -541,51 +490,6 @@ API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsign
     if (index >= visible_mig_count[g])
         return NVML_ERROR_NOT_FOUND;
     *mig_device = visible_migs[g][index];
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *is_mig_device)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (is_mig_device == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *is_mig_device = dev->mig != NULL;
-    return NVML_SUCCESS;
-}
-
-/* Calls that only make sense on a MIG device handle. */
-static nvmlReturn_t lookup_mig(nvmlDevice_t handle, struct nvmlDevice_st **out)
-{
-    nvmlReturn_t ret = lookup(handle, out);
-    if (ret == NVML_SUCCESS && (*out)->mig == NULL)
-        return NVML_ERROR_NOT_SUPPORTED;
-    return ret;
-}
-
-API nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_mig(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (id == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *id = dev->mig->gpu_instance_id;
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_mig(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (id == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *id = dev->mig->compute_instance_id;
     return NVML_SUCCESS;
 }
 
