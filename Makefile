@@ -7,7 +7,7 @@ PYTEST_FLAGS ?=
 # From tests/, so the installed package (with nvc.rpc and nvc.hook) is imported, not the source tree.
 PYTEST := cd tests && $(PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 \
-	runc crun podman containerd busybox-static iproute2 uidmap kmod
+	runc crun podman containerd busybox-static iproute2 uidmap kmod bpftool
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 
