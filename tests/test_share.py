@@ -250,7 +250,8 @@ def test_hook_injects_the_shim_into_a_runc_container(active_2gpu, fake_2gpu, run
     from test_hook_containers import SCRIPTS
 
     config = tmp_path / "config.yaml"
-    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n")
+    log = f"log: {{file: {tmp_path / 'hook.log'}}}\n"  # not the host's log
+    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n{log}")
     hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
             "env": [f"NVC_PY_CONFIG={config}"]}
     hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
@@ -268,7 +269,8 @@ def test_hook_injects_the_shim_into_a_runc_container(active_2gpu, fake_2gpu, run
 
     # Sharing enabled on the host: a container that asks for nothing gets the host's default.
     enabled = tmp_path / "enabled.yaml"
-    enabled.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\nsharing: {{enabled: true, device-memory-limit: 2g}}\n")
+    enabled.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n{log}"
+                       "sharing: {enabled: true, device-memory-limit: 2g}\n")
     host_hooks = {stage: [{**h, "env": [f"NVC_PY_CONFIG={enabled}"]} for h in hs] for stage, hs in hooks.items()}
     plain = make_bundle(tmp_path / "plain", debian_rootfs, ["nvidia-smi", "--query-gpu=memory.total",
                         "--format=csv,noheader"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=host_hooks)
