@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -71,3 +74,65 @@ def test_config_show_prints_effective_values_and_env_override(tmp_path: Path) ->
     result = subprocess.run(["nvc-py", "config", "show", "--file", str(bad)], capture_output=True, text=True)
     assert result.returncode == InputError.exit_code
     assert result.stderr == f"nvc-py: input error: {bad}: disable-require: expected true or false (got 'maybe')\n"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "run" / "config-cache.json"
+    monkeypatch.setattr(config, "CACHE_PATH", str(path))
+    return path
+
+
+def test_second_load_comes_from_the_cache_without_yaml(tmp_path: Path, cache: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("no-cgroups: true\nlog: {level: debug}\nsupported-capabilities: [compute, utility]\n")
+    first = config.load(str(path))
+    assert cache.stat().st_mode & 0o777 == 0o600 and cache.parent.stat().st_mode & 0o777 == 0o700
+    monkeypatch.setitem(sys.modules, "yaml", None)  # any `import yaml` now fails
+    assert config.load(str(path)) == first and first.no_cgroups and first.log_level == "debug"
+    path.write_text("no-cgroups: false\n")  # an edit is a miss: parsed again
+    with pytest.raises(ImportError):
+        config.load(str(path))
+    monkeypatch.delitem(sys.modules, "yaml")
+    assert config.load(str(path)).no_cgroups is False
+
+
+def test_cached_document_is_still_validated(tmp_path: Path, cache: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("load-kmods: 'yes'\n")
+    for _ in range(2):  # parsed, then from the cache: the same refusal
+        with pytest.raises(InputError, match="load-kmods: expected true or false"):
+            config.load(str(path))
+    assert cache.exists()
+
+
+@pytest.mark.parametrize("tamper", ["group-writable", "other-owner", "symlink", "junk"])
+def test_an_untrusted_cache_is_ignored(tmp_path: Path, cache: Path, tamper: str) -> None:
+    """A planted document for the very same text must not become the configuration."""
+    path = tmp_path / "c.yaml"
+    text = "accept-volume-mounts: false\n"
+    path.write_text(text)
+    config.load(str(path))
+    planted = json.dumps({"text": text, "document": {"accept-volume-mounts": True}})
+    if tamper == "symlink":
+        target = tmp_path / "elsewhere.json"
+        target.write_text(planted)
+        target.chmod(0o600)
+        cache.unlink()
+        cache.symlink_to(target)
+    else:
+        cache.write_text("{not json" if tamper == "junk" else planted)
+        if tamper == "group-writable":
+            cache.chmod(0o620)
+        elif tamper == "other-owner":
+            os.chown(cache, 1000, 1000)
+    assert config.load(str(path)).accept_volume_mounts is False
+
+
+def test_a_document_json_cannot_hold_is_not_cached(tmp_path: Path, cache: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("root: /\nuser: 2026-01-01\n")  # a YAML date: refused, and never cached as a string
+    with pytest.raises(InputError, match="user: expected UID or UID:GID"):
+        config.load(str(path))
+    assert not cache.exists()
