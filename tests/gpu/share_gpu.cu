@@ -13,7 +13,8 @@
 //   totalmem            "totalmem <bytes>" from cudaDeviceProp::totalGlobalMem (cuDeviceTotalMem)
 //   hold                "holding", then waits to be killed
 //   compute SEC ITERS   launches a compute-bound kernel for SEC seconds: "compute <kernels/s>"
-//   bench N             medians of N samples: "pair_us <µs>" (cudaMalloc+cudaFree 1 MiB), "launch_us <µs>"
+//   bench N             median and 10th percentile of N samples: "pair_us <µs> <µs>" (cudaMalloc+cudaFree
+//                       1 MiB), "launch_us <µs> <µs>"
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,10 +32,10 @@ static double now_us()
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-static double median(std::vector<double> v)
+static double percentile(std::vector<double> v, int pct)
 {
     std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return v[v.size() * pct / 100];
 }
 
 __global__ void empty_kernel() {}
@@ -166,7 +167,8 @@ int main(int argc, char **argv)
                     cudaDeviceSynchronize();            // keep the launch queue short, untimed
             }
             cudaDeviceSynchronize();
-            printf("pair_us %.3f\nlaunch_us %.3f\n", median(pair), median(launch));
+            printf("pair_us %.3f %.3f\nlaunch_us %.3f %.3f\n", percentile(pair, 50), percentile(pair, 10),
+                   percentile(launch, 50), percentile(launch, 10));
         } else {
             fprintf(stderr, "share_gpu: unknown operation %s\n", op);
             return 2;
