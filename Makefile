@@ -38,6 +38,7 @@ native:
 install:
 	$(PIP) install -q --no-deps --no-index --no-build-isolation .
 	install -D -m 0644 native/libnvc-share.so /usr/lib/nvc-py/libnvc-share.so
+	install -D -m 0755 native/nvc-py-hook-client /usr/lib/nvc-py/nvc-py-hook-client
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build

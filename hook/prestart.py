@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 
 PROG = "nvc-py-hook"
 USAGE = (f"usage: {PROG} prestart|poststart|poststop  (OCI state on stdin)\n"
-         f"       {PROG} create-symlinks --link TARGET::LINK ... | update-ldcache --folder DIR ...  (CDI hooks)")
+         f"       {PROG} create-symlinks --link TARGET::LINK ... | update-ldcache --folder DIR ...  (CDI hooks)\n"
+         f"       {PROG} serve [--socket PATH]  (answer nvc-py-hook-client's calls; default ${{NVC_PY_HOOK_SOCKET}} "
+         "or /run/nvc-py/hook.sock)")
 CDI_STAGES = ("create-symlinks", "update-ldcache")
 
 
@@ -159,12 +161,24 @@ def _enable_debug(config: Config) -> None:
         debuglog.enable(config.log_file)
 
 
-def main(argv: list[str] | None = None, stdin: bytes | None = None) -> int:
-    """Entry point of ``nvc-py-hook`` (and ``nvc-py hook``)."""
+def _serve(args: list[str]) -> int:
+    from nvc.hook import server
+
+    if args and (len(args) != 2 or args[0] != "--socket" or not args[1]):
+        print(USAGE, file=sys.stderr)
+        return InputError.exit_code
+    return server.serve(args[1] if args else os.environ.get(server.SOCKET_ENV) or server.DEFAULT_SOCKET)
+
+
+def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | None = None) -> int:
+    """Entry point of ``nvc-py-hook`` (and ``nvc-py hook``); ``via`` names a server that ran the call
+    (:mod:`nvc.hook.server`), for the log line."""
     args = sys.argv[1:] if argv is None else argv
     stage = args[0] if args else ""
     if stage == "poststart":
         return 0
+    if stage == "serve":
+        return _serve(args[1:])
     if stage == "poststop":
         return _poststop(sys.stdin.buffer.read() if stdin is None else stdin)
     if stage not in ("prestart", *CDI_STAGES):
@@ -175,6 +189,8 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None) -> int:
 
     started = time.monotonic()
     record: dict[str, Any] = {"stage": stage, "container": None, "pid": os.getpid(), "outcome": "crashed"}
+    if via is not None:
+        record["via"] = via
     config = None
     code = 0
     try:

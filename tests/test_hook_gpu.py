@@ -6,13 +6,16 @@ nvc-py. The container output is printed (``pytest -rP`` shows it) so it can be q
 
 from __future__ import annotations
 
+import json
 import shutil
 import sysconfig
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
 from harness.bundle import make_bundle
+from harness.hookserver import client_hook, hook_server
 from harness.runtime import Runc
 
 pytestmark = pytest.mark.gpu
@@ -42,11 +45,22 @@ def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Runc:
     return Runc(tmp_path / "state", binary)
 
 
-def test_prestart_hook_on_the_gpu(runtime: Runc, make_rootfs, gpu0_uuid: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("served", [False, True], ids=["nvc-py-hook", "client+server"])
+def test_prestart_hook_on_the_gpu(runtime: Runc, make_rootfs, gpu0_uuid: str, tmp_path: Path, served: bool) -> None:
+    """nvc-py-hook as the hook, and nvc-py-hook-client handing the call to ``nvc-py-hook serve``."""
     config = tmp_path / "config.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]
+    sock = tmp_path / "run" / "hook.sock"
+    hook = (client_hook(SCRIPTS / "nvc-py-hook", sock, env) if served else
+            {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"], "env": env})
+    with hook_server(SCRIPTS / "nvc-py-hook", sock) if served else nullcontext():
+        _show_gpu0_and_unset(runtime, make_rootfs, gpu0_uuid, tmp_path, hook)
+    if served:
+        assert all(json.loads(line)["via"] == "server" for line in (tmp_path / "hook.log").read_text().splitlines())
+
+
+def _show_gpu0_and_unset(runtime: Runc, make_rootfs, gpu0_uuid: str, tmp_path: Path, hook: dict) -> None:
     outputs = {}
     for name, env in (("gpu0", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("unset", {})):
         bundle = make_bundle(tmp_path / name, make_rootfs(name=f"rootfs-{name}"), SHOW, env=env,

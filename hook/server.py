@@ -1,0 +1,173 @@
+"""``nvc-py-hook serve``: run hook calls in workers forked from one warm interpreter.
+
+A Python hook started per container pays for the interpreter and its imports every time
+(about four fifths of its cost on the H100 host), while the work itself takes a few tens of
+milliseconds. The server imports everything the hook needs once; ``nvc-py-hook-client``
+(native/hook_client.c), registered as the hook, passes each call to it: arguments,
+environment and the three standard streams (SCM_RIGHTS) in one SOCK_SEQPACKET message. The
+server forks a worker per call, which takes those streams as its own, runs the hook's
+:func:`nvc.hook.prestart.main` exactly as the console script would, and answers ``exit N``.
+
+What stays the same as a direct hook run: the configuration file is read per call, nothing
+of one call survives into the next (each worker is a fresh fork of a process that never ran a
+call), the privileged helpers are forked per call. What differs: the worker runs in the
+server's namespaces and cgroup, so the server must run in the host's (a plain systemd service),
+and new code takes effect when the server restarts.
+
+Only callers with the server's own uid (root) are served; the socket is 0600 in a 0700
+directory, and the peer's credentials are checked again on every connection.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import socket
+import struct
+import sys
+from collections.abc import Callable
+
+from nvc.errors import InputError
+from nvc.loaderenv import is_unsafe
+
+DEFAULT_SOCKET = "/run/nvc-py/hook.sock"
+SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
+MAGIC = b"nvc-py-hook/1"
+MAX_MESSAGE = 64 * 1024  # as the client
+# What a prestart call imports, lazily or in its forked children: imported once, here.
+PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
+           "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
+           "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "prctl", "pyseccomp", "yaml", "json")
+
+
+class CallError(ValueError):
+    """A message that is not a hook call."""
+
+
+def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of a client's message: MAGIC, argc, envc, then the strings, each NUL-terminated."""
+    if not message.endswith(b"\0"):
+        raise CallError("message not NUL-terminated")
+    fields = [f.decode("utf-8", "surrogateescape") for f in message[:-1].split(b"\0")]
+    if len(fields) < 3 or fields[0] != MAGIC.decode():
+        raise CallError("not an nvc-py-hook call")
+    try:
+        argc, envc = int(fields[1]), int(fields[2])
+    except ValueError:
+        raise CallError("bad counts") from None
+    if argc < 1 or envc < 0 or len(fields) != 3 + argc + envc:
+        raise CallError("counts do not match the strings")
+    argv = fields[3:3 + argc]
+    env = {}
+    for entry in fields[3 + argc:]:
+        name, sep, value = entry.partition("=")
+        if sep and not is_unsafe(name):
+            env[name] = value
+    return argv, env
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The connecting process's uid, as the kernel saw it at connect time."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def listen(path: str) -> socket.socket:
+    """A SOCK_SEQPACKET socket at ``path``, reachable by root only (a stale socket is replaced)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    return sock
+
+
+def _run_call(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> int:
+    """Worker side: take over the caller's streams and environment, run the hook, return its status."""
+    if peer_uid(conn) != os.geteuid():
+        return 126
+    message, fds, flags, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+    try:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
+            raise CallError("truncated message or missing streams")
+        argv, env = parse_call(message)
+        if argv[1:2] == ["serve"]:
+            raise CallError("a worker does not serve")
+    except CallError as err:
+        print(f"nvc-py-hook serve: refused a call: {err}", file=sys.stderr, flush=True)
+        return InputError.exit_code
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = argv
+    os.chdir("/")
+    try:
+        code = hook_main(argv[1:])
+    except BaseException as err:  # noqa: BLE001 - the caller must get a status, whatever happened
+        print(f"nvc-py-hook: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            code = code or 1
+    return code
+
+
+def _worker(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> None:
+    """Forked per connection: run the call, answer its status, never return."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # helpers are waited for
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        code = _run_call(conn, hook_main)
+        conn.send(f"exit {code}".encode())
+    finally:
+        os._exit(code)
+
+
+def serve(path: str) -> int:
+    """Accept hook calls on ``path`` until SIGTERM; fork one worker per call."""
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from nvc.hook.prestart import main
+
+    def hook_main(args: list[str]) -> int:
+        return main(args, via="server")
+
+    sock = listen(path)
+    print(f"nvc-py-hook serve: listening on {path}", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    gc.freeze()  # keep the imported objects' pages shared with the workers
+    try:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except InterruptedError:
+                continue
+            try:
+                if os.fork() == 0:
+                    sock.close()
+                    _worker(conn, hook_main)
+            finally:
+                conn.close()
+    finally:
+        sock.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

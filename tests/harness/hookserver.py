@@ -1,0 +1,44 @@
+"""A running ``nvc-py-hook serve`` for tests and benchmarks, and the hook entry that reaches it."""
+
+from __future__ import annotations
+
+import select
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+INSTALLED_CLIENT = Path("/usr/lib/nvc-py/nvc-py-hook-client")
+BUILT_CLIENT = REPO / "native" / "nvc-py-hook-client"
+
+
+def client_path() -> Path:
+    """nvc-py-hook-client as installed (make install), else as built in native/."""
+    return INSTALLED_CLIENT if INSTALLED_CLIENT.is_file() else BUILT_CLIENT
+
+
+@contextmanager
+def hook_server(hook_script: str | Path, sock: Path) -> Iterator[subprocess.Popen[str]]:
+    """``nvc-py-hook serve --socket SOCK``, started in the caller's mount namespace (where a fake
+    driver may be active), until the block ends; then stopped with SIGTERM, as systemd does."""
+    proc = subprocess.Popen([str(hook_script), "serve", "--socket", str(sock)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        ready, _, _ = select.select([proc.stderr], [], [], 30)
+        line = proc.stderr.readline() if ready else ""
+        if "listening" not in line:
+            raise RuntimeError(f"nvc-py-hook serve did not start: {line.strip() or 'no answer in 30 s'}")
+        yield proc
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def client_hook(hook_script: str | Path, sock: Path, env: list[str], stage: str = "prestart") -> dict:
+    """An OCI hook entry running ``stage`` through nvc-py-hook-client and the server at ``sock``."""
+    return {"path": str(client_path()), "args": ["nvc-py-hook-client", str(hook_script), stage],
+            "env": [*env, f"NVC_PY_HOOK_SOCKET={sock}"]}

@@ -1,0 +1,167 @@
+"""``nvc-py-hook serve`` and ``nvc-py-hook-client``: hook calls run by workers of a warm server.
+
+The server is started inside the test's private mount namespace where the fake driver (a test
+double) is active, so its workers see the fake GPUs, as runc's hooks do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+from harness.hookserver import BUILT_CLIENT as CLIENT
+from harness.hookserver import client_hook, hook_server
+from nvc.hook import server
+from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SHOW, _uuids
+from test_hook_containers import setup_dir  # noqa: F401  (fixture)
+
+HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
+
+
+def message(argv: list[str], env: list[str], argc: int | None = None) -> bytes:
+    fields = [server.MAGIC.decode(), str(len(argv) if argc is None else argc), str(len(env)), *argv, *env]
+    return "".join(f"{f}\0" for f in fields).encode()
+
+
+def test_parse_call_reads_argv_and_drops_loader_variables() -> None:
+    argv, env = server.parse_call(message([str(HOOK), "prestart"],
+                                          ["PATH=/usr/bin", "LD_PRELOAD=/x.so", "GCONV_PATH=/g", "A=b=c", "junk"]))
+    assert argv == [str(HOOK), "prestart"]
+    assert env == {"PATH": "/usr/bin", "A": "b=c"}
+
+
+@pytest.mark.parametrize("raw", [
+    b"",
+    b"nvc-py-hook/1\x001\x000\x00/h",                  # not NUL-terminated
+    b"other/1\x001\x000\x00/h\x00",                    # another protocol
+    message(["/h", "prestart"], [], argc=3),           # counts do not match
+    message([], []),                                    # no argv
+    b"nvc-py-hook/1\x00x\x000\x00/h\x00",              # count not a number
+])
+def test_parse_call_refuses_malformed_messages(raw: bytes) -> None:
+    with pytest.raises(server.CallError):
+        server.parse_call(raw)
+
+
+@pytest.fixture
+def served(active_2gpu) -> Iterator[Path]:
+    """A running ``nvc-py-hook serve`` (in this test's mount namespace); yields its socket, in a
+    directory of its own under /tmp (which other users can reach, once it is opened to them)."""
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    sock = top / "run" / "hook.sock"
+    try:
+        with hook_server(HOOK, sock) as proc:
+            yield sock
+        assert proc.returncode == 0 and not sock.exists()
+    finally:
+        shutil.rmtree(top)
+
+
+def hook_entry(setup_dir: Path, sock: Path, stage: str = "prestart", *env: str) -> dict:
+    return client_hook(HOOK, sock, [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", *env], stage)
+
+
+def last_log_line(setup_dir: Path) -> dict:
+    return json.loads((setup_dir / "hook.log").read_text().splitlines()[-1])
+
+
+def test_socket_is_root_only(served: Path) -> None:
+    assert served.stat().st_mode & 0o777 == 0o600 and served.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_container_gets_its_gpu_through_the_server(served: Path, runc, debian_rootfs: Path, setup_dir: Path,
+                                                   tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "1"},
+                         hooks={"prestart": [hook_entry(setup_dir, served)]})
+    result = runc.create_start(bundle, container_id="nvc-served")
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [A100]
+    last = last_log_line(setup_dir)
+    assert (last["container"], last["devices"], last["outcome"], last["via"]) == ("nvc-served", ["1"], "configured",
+                                                                                  "server")
+
+
+def test_refusal_reaches_the_runtime_through_the_client(served: Path, runc, debian_rootfs: Path, setup_dir: Path,
+                                                        tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW,
+                         env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0"},
+                         hooks={"prestart": [hook_entry(setup_dir, served)]})
+    result = runc.create_start(bundle, container_id="nvc-served-refused")
+    assert result.returncode != 0
+    assert "requirement error: unsatisfied condition: cuda>=99.0" in result.stderr
+    last = last_log_line(setup_dir)
+    assert (last["outcome"], last["via"]) == ("error", "server")
+
+
+def test_loader_variables_of_the_hook_env_load_nothing(served: Path, runc, debian_rootfs: Path, setup_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """The client is static (no loader); the worker drops LD_* before anything it starts sees them."""
+    from test_configure_hostile import build_marker_library
+
+    marker, evil = tmp_path / "marks", debian_rootfs / "evil"
+    evil.mkdir()
+    for soname in ("libc.so.6", "libffi.so.8", "libseccomp.so.2", "libnvidia-ml.so.1"):
+        build_marker_library(evil / soname, marker, soname)
+    hook = hook_entry(setup_dir, served, "prestart", f"LD_LIBRARY_PATH={evil}", f"LD_PRELOAD={evil}/libffi.so.8")
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"},
+                         hooks={"prestart": [hook]})
+    result = runc.create_start(bundle, container_id="nvc-served-ldpath")
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [H100, A100, MIG_2G, MIG_3G]
+    assert not marker.exists(), marker.read_text()
+
+
+def test_without_a_server_the_client_runs_the_hook_itself(active_2gpu, runc, debian_rootfs: Path, setup_dir: Path,
+                                                          tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                         hooks={"prestart": [hook_entry(setup_dir, tmp_path / "absent.sock")]})
+    result = runc.create_start(bundle, container_id="nvc-unserved")
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [H100]
+    last = last_log_line(setup_dir)
+    assert last["container"] == "nvc-unserved" and "via" not in last
+
+
+def test_concurrent_calls_and_streams(served: Path) -> None:
+    """Each worker answers on its own caller's streams, with its own status."""
+    env = {server.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
+
+    def call(stage: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(CLIENT), str(HOOK), stage], capture_output=True, text=True, env=env,
+                              input="", timeout=30)
+
+    stages = ["poststart", "bogus"] * 8
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, stages))
+    for stage, result in zip(stages, results):
+        if stage == "poststart":
+            assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+        else:
+            assert result.returncode == 2 and result.stderr.startswith("usage: nvc-py-hook prestart")
+
+
+def test_other_users_are_refused(served: Path) -> None:
+    """Even given access to the socket, a caller without the server's uid gets no worker's help
+    (a worker would answer 0 for poststart, and so would the hook the client falls back to)."""
+    served.parent.parent.chmod(0o755)
+    served.parent.chmod(0o755)
+    served.chmod(0o666)
+    result = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, user=65534,
+                            env={server.SOCKET_ENV: str(served)}, timeout=30)
+    assert result.returncode == 126, result.stderr
+
+
+def test_client_usage() -> None:
+    result = subprocess.run([str(CLIENT), "nvc-py-hook", "prestart"], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.startswith("usage: nvc-py-hook-client /ABSOLUTE/PATH")
+    assert os.access(CLIENT, os.X_OK)
