@@ -15,6 +15,10 @@
 //   compute SEC ITERS   launches a compute-bound kernel for SEC seconds: "compute <kernels/s>"
 //   bench N             median and 10th percentile of N samples: "pair_us <µs> <µs>" (cudaMalloc+cudaFree
 //                       1 MiB), "launch_us <µs> <µs>"
+//   pairab N            cuMemAlloc_v2+cuMemFree_v2 (1 MiB) pairs through the pointers dlsym gives (the
+//                       shim's wrappers when it is preloaded) and through glibc's own dlsym (always the
+//                       driver's), alternating pair by pair in one process: "pairab <median µs> <median
+//                       µs> <median of the N paired differences µs>"
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <dlfcn.h>
 #include <unistd.h>
 #include <vector>
 
@@ -169,6 +174,42 @@ int main(int argc, char **argv)
             cudaDeviceSynchronize();
             printf("pair_us %.3f %.3f\nlaunch_us %.3f %.3f\n", percentile(pair, 50), percentile(pair, 10),
                    percentile(launch, 50), percentile(launch, 10));
+        } else if (!strcmp(op, "pairab")) {
+            int n = atoi(argv[++i]);
+            cudaFree(nullptr);                      // the primary context, current on this thread
+            typedef void *(*dlsym_fn)(void *, const char *);
+            typedef int (*alloc_fn)(unsigned long long *, size_t);
+            typedef int (*free_fn)(unsigned long long);
+            void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+            void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+            dlsym_fn glibc_dlsym = (dlsym_fn)dlvsym(libc, "dlsym", "GLIBC_2.34");
+            if (!glibc_dlsym)
+                glibc_dlsym = (dlsym_fn)dlvsym(libc, "dlsym", "GLIBC_2.2.5");
+            if (!cuda || !glibc_dlsym) {
+                fprintf(stderr, "share_gpu: pairab: no libcuda.so.1 or glibc dlsym\n");
+                return 1;
+            }
+            alloc_fn alloc[2] = {(alloc_fn)dlsym(cuda, "cuMemAlloc_v2"), (alloc_fn)glibc_dlsym(cuda, "cuMemAlloc_v2")};
+            free_fn release[2] = {(free_fn)dlsym(cuda, "cuMemFree_v2"), (free_fn)glibc_dlsym(cuda, "cuMemFree_v2")};
+            std::vector<double> t[2], delta;
+            for (int k = 0; k < n + 20; k++) {
+                double pair[2];
+                for (int side = 0; side < 2; side++) {
+                    unsigned long long p;
+                    double t0 = now_us();
+                    if (alloc[side](&p, 1 << 20) || release[side](p)) {
+                        fprintf(stderr, "share_gpu: pairab: allocation failed\n");
+                        return 1;
+                    }
+                    pair[side] = now_us() - t0;
+                }
+                if (k >= 20) {
+                    t[0].push_back(pair[0]);
+                    t[1].push_back(pair[1]);
+                    delta.push_back(pair[0] - pair[1]);
+                }
+            }
+            printf("pairab %.3f %.3f %.3f\n", percentile(t[0], 50), percentile(t[1], 50), percentile(delta, 50));
         } else {
             fprintf(stderr, "share_gpu: unknown operation %s\n", op);
             return 2;
