@@ -5,14 +5,18 @@ A Python hook started per container pays for the interpreter and its imports eve
 milliseconds. The server imports everything the hook needs once; ``nvc-py-hook-client``
 (native/hook_client.c), registered as the hook, passes each call to it: arguments,
 environment and the three standard streams (SCM_RIGHTS) in one SOCK_SEQPACKET message. The
-server forks a worker per call, which takes those streams as its own, runs the hook's
+server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a
+call makes the server fork the next, takes the caller's streams as its own, runs the hook's
 :func:`nvc.hook.prestart.main` exactly as the console script would, and answers ``exit N``.
+Before the first fork the server imports everything a call needs and plans once without a
+container (a dry run), so a worker starts with warm caches.
 
 What stays the same as a direct hook run: the configuration file is read per call, nothing
 of one call survives into the next (each worker is a fresh fork of a process that never ran a
 call), the privileged helpers are forked per call. What differs: the worker runs in the
-server's namespaces and cgroup, so the server must run in the host's (a plain systemd service),
-and new code takes effect when the server restarts.
+server's namespaces and cgroup, so the server must run in the host's (a plain systemd service,
+``KillMode=process`` so a restart lets running calls finish), and new code takes effect when
+the server restarts.
 
 Only callers with the server's own uid (root) are served; the socket is 0600 in a 0700
 directory, and the peer's credentials are checked again on every connection.
@@ -26,6 +30,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
@@ -35,6 +40,7 @@ DEFAULT_SOCKET = "/run/nvc-py/hook.sock"
 SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
 MAGIC = b"nvc-py-hook/1"
 MAX_MESSAGE = 64 * 1024  # as the client
+SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
@@ -93,9 +99,11 @@ def listen(path: str) -> socket.socket:
 
 def _run_call(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> int:
     """Worker side: take over the caller's streams and environment, run the hook, return its status."""
-    if peer_uid(conn) != os.geteuid():
-        return 126
     message, fds, flags, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+    if peer_uid(conn) != os.geteuid():
+        for fd in fds:
+            os.close(fd)
+        return 126
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
             raise CallError("truncated message or missing streams")
@@ -126,45 +134,98 @@ def _run_call(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> int
 
 
 def _worker(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> None:
-    """Forked per connection: run the call, answer its status, never return."""
+    """Run the call on ``conn``, answer its status, never return."""
     code = 1
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # helpers are waited for
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         code = _run_call(conn, hook_main)
         conn.send(f"exit {code}".encode())
     finally:
         os._exit(code)
 
 
+def _spare(sock: socket.socket, taken: int, hook_main: Callable[[list[str]], int]) -> None:
+    """A worker forked ahead of its call: waits for the next connection, tells the server it was
+    taken (so the server forks the next spare), then serves it. Never returns."""
+    import prctl
+
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its helpers are waited for
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by the server around fork
+        prctl.set_pdeathsig(signal.SIGKILL)  # an idle spare goes with the server...
+        if os.getppid() == 1:
+            os._exit(0)
+        gc.disable()  # a worker lives for one call: no collections during it
+        while True:
+            try:
+                conn, _ = sock.accept()
+                break
+            except InterruptedError:
+                continue
+        prctl.set_pdeathsig(0)  # ...a busy one finishes its call
+        os.write(taken, b"t")
+        os.close(taken)
+        sock.close()
+    except BaseException:  # noqa: BLE001 - the server forks another spare
+        os._exit(1)
+    _worker(conn, hook_main)
+
+
+def _warm_up() -> None:
+    """One dry plan on a scratch rootfs (no container, nothing changed), so what a first call
+    builds lazily (compiled patterns, tables, the ld cache's pages) is in the server's memory
+    before any worker is forked. Best effort: a host without a driver just skips it."""
+    import tempfile
+
+    from nvc import config as config_file
+    from nvc.configure import ConfigureRequest, plan
+    from nvc.errors import NvcError
+    from nvc.hook.prestart import global_options
+
+    try:
+        cfg = config_file.load()
+        with tempfile.TemporaryDirectory(prefix="nvc-py-warm-up-") as rootfs:
+            plan(global_options(cfg), ConfigureRequest(rootfs=rootfs, pid=None, devices="none",
+                                  capabilities=frozenset(cfg.supported_capabilities)))
+    except (NvcError, OSError) as err:
+        print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)
+
+
 def serve(path: str) -> int:
-    """Accept hook calls on ``path`` until SIGTERM; fork one worker per call."""
+    """Accept hook calls on ``path`` until SIGTERM, each in a worker forked ahead of it."""
     import importlib
 
     for name in PRELOAD:
         importlib.import_module(name)
     from nvc.hook.prestart import main
 
+    _warm_up()
+
     def hook_main(args: list[str]) -> int:
         return main(args, via="server")
 
-    sock = listen(path)
-    print(f"nvc-py-hook serve: listening on {path}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    gc.freeze()  # keep the imported objects' pages shared with the workers
+    sock = listen(path)
     try:
+        gc.collect()
+        gc.freeze()  # keep the imported objects' pages shared with the workers
+        print(f"nvc-py-hook serve: listening on {path}", file=sys.stderr, flush=True)
         while True:
+            taken_r, taken_w = os.pipe()
+            # SIGTERM's SystemExit must not be raised inside fork's callbacks (they swallow it).
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            if os.fork() == 0:
+                os.close(taken_r)
+                _spare(sock, taken_w, hook_main)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            os.close(taken_w)
             try:
-                conn, _ = sock.accept()
-            except InterruptedError:
-                continue
-            try:
-                if os.fork() == 0:
-                    sock.close()
-                    _worker(conn, hook_main)
+                # Until the spare takes a call (a byte) or dies before it (end of file).
+                if not os.read(taken_r, 1):
+                    time.sleep(SPARE_RESPAWN_DELAY)  # no tight loop of spares that cannot start
             finally:
-                conn.close()
+                os.close(taken_r)
     finally:
         sock.close()
         try:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -165,3 +166,24 @@ def test_client_usage() -> None:
     result = subprocess.run([str(CLIENT), "nvc-py-hook", "prestart"], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.startswith("usage: nvc-py-hook-client /ABSOLUTE/PATH")
     assert os.access(CLIENT, os.X_OK)
+
+
+def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
+    """The worker forked ahead of the next call must not outlive a server killed outright."""
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    try:
+        with hook_server(HOOK, top / "hook.sock") as proc:
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+            deadline = time.monotonic() + 10
+            while not children.read_text().split() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            spares = children.read_text().split()
+            assert len(spares) == 1
+            proc.kill()
+            proc.wait()
+            deadline = time.monotonic() + 5
+            while Path(f"/proc/{spares[0]}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not Path(f"/proc/{spares[0]}").exists()
+    finally:
+        shutil.rmtree(top)
