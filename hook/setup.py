@@ -1,6 +1,6 @@
 """Register nvc-py with the container engines: podman's hooks.d and containerd's config.
 
-Generated files name the installed console scripts by absolute path (a pyenv shim or a
+Generated files name the installed console scripts (and the hook client) by absolute path (a pyenv shim or a
 PATH lookup would depend on the environment the engine gives its hooks) and give every
 hook an explicit environment: a fixed PATH and, where one was chosen, the configuration
 file. Nothing from the container's own environment may reach a hook (CVE-2025-23266).
@@ -18,6 +18,9 @@ from nvc.errors import InputError
 
 HOOK_SCRIPT = "nvc-py-hook"
 RUNTIME_SCRIPT = "nvc-py-runtime"
+HOOK_CLIENT = "/usr/lib/nvc-py/nvc-py-hook-client"  # native/hook_client.c, installed by make install
+SYSTEMD_UNIT_DIR = "/etc/systemd/system"
+SERVER_UNIT = "nvc-py-hook.service"
 FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py-poststop.json"}
@@ -38,8 +41,17 @@ def hook_env(config_path: str | None) -> list[str]:
 
 def oci_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
     """The OCI hook entry that runs ``nvc-py-hook STAGE`` (prestart configures; poststop drops
-    the GPU-sharing directory of a container that had one)."""
-    return {"path": script_path(HOOK_SCRIPT), "args": [HOOK_SCRIPT, stage], "env": hook_env(config_path)}
+    the GPU-sharing directory of a container that had one).
+
+    Through nvc-py-hook-client where ``make install`` put it: it hands the call to a running
+    ``nvc-py-hook serve`` (no interpreter start on the container's start), and runs
+    nvc-py-hook itself when no server answers, so the entry is right with or without one.
+    """
+    script = script_path(HOOK_SCRIPT)
+    if os.access(HOOK_CLIENT, os.X_OK):
+        return {"path": HOOK_CLIENT, "args": [os.path.basename(HOOK_CLIENT), script, stage],
+                "env": hook_env(config_path)}
+    return {"path": script, "args": [HOOK_SCRIPT, stage], "env": hook_env(config_path)}
 
 
 def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
@@ -72,6 +84,32 @@ def install_podman(hooks_dir: str = PODMAN_HOOKS_DIR, config_path: str | None = 
         paths.append(os.path.join(hooks_dir, name))
         write_atomic(paths[-1], json.dumps(podman_hook(stage, config_path), indent=2) + "\n")
     return paths
+
+
+def server_unit(config_path: str | None = None) -> str:
+    """A systemd unit running ``nvc-py-hook serve`` in the host's namespaces.
+
+    KillMode=process: a stop or restart ends the server and its idle spare worker (which dies
+    with it), never a worker in the middle of a container's start.
+    """
+    env = "".join(f"Environment={entry}\n" for entry in hook_env(config_path))
+    return ("[Unit]\n"
+            "Description=nvc-py hook server: runs nvc-py-hook calls in pre-started workers\n"
+            "Documentation=man:nvc-py-hook(1)\n\n"
+            "[Service]\n"
+            f"ExecStart={script_path(HOOK_SCRIPT)} serve\n"
+            f"{env}"
+            "KillMode=process\n"
+            "Restart=always\n\n"
+            "[Install]\n"
+            "WantedBy=multi-user.target\n")
+
+
+def install_server(unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = None) -> str:
+    """Write the server's systemd unit; returns its path."""
+    path = os.path.join(unit_dir, SERVER_UNIT)
+    write_atomic(path, server_unit(config_path))
+    return path
 
 
 def _read_toml(path: str) -> Any:

@@ -312,6 +312,7 @@ def apply(plan: Plan) -> None:
                     log.error("rollback incomplete: %s", "; ".join(problems))
                 raise
             helper.commit()
+        _timed("finish", start)  # the helper's shutdown and exit
     finally:
         if pending is not None:
             pending.cancel()

@@ -272,6 +272,17 @@ def setup_podman(hooks_dir: str, config_path: str | None) -> None:
         click.echo(f"wrote {path}")
 
 
+@setup.command("server")
+@click.option("--unit-dir", default="/etc/systemd/system", show_default=True, help="systemd unit directory.")
+@click.option("--config", "config_path", metavar="PATH", default=None,
+              help="Configuration file the hook reads (default: /etc/nvc-py/config.yaml).")
+def setup_server(unit_dir: str, config_path: str | None) -> None:
+    """Install the systemd unit of `nvc-py-hook serve` (then: systemctl enable --now nvc-py-hook)."""
+    from nvc.hook import setup as engines
+
+    click.echo(f"wrote {engines.install_server(unit_dir, config_path)}")
+
+
 @setup.command("containerd")
 @click.option("--config", "config_path", default="/etc/containerd/config.toml", show_default=True,
               help="containerd's main configuration (version 2); only its imports list is changed.")

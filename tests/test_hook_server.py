@@ -187,3 +187,15 @@ def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
             assert not Path(f"/proc/{spares[0]}").exists()
     finally:
         shutil.rmtree(top)
+
+
+def test_setup_server_writes_the_systemd_unit(tmp_path: Path) -> None:
+    out = subprocess.run([str(HOOK.with_name("nvc-py")), "setup", "server", "--unit-dir", str(tmp_path),
+                          "--config", "/etc/nvc-py/other.yaml"], capture_output=True, text=True, check=True)
+    unit = tmp_path / "nvc-py-hook.service"
+    assert out.stdout == f"wrote {unit}\n"
+    lines = unit.read_text().splitlines()
+    assert f"ExecStart={HOOK} serve" in lines and "KillMode=process" in lines
+    assert [line for line in lines if line.startswith("Environment=")] == [
+        "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "Environment=NVC_PY_CONFIG=/etc/nvc-py/other.yaml"]
