@@ -300,12 +300,15 @@ def apply(plan: Plan) -> None:
             helper.mount(plan)
             start = _timed("mounts", start)
             try:
+                # ldconfig runs in its sandbox while this process programs the device cgroup.
                 if pending is not None:
-                    pending.run()
-                    start = _timed("ldconfig", start)
+                    pending.start()
                 if plan.cgroup_rules and plan.pid is not None:
                     cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
                     start = _timed("cgroup", start)
+                if pending is not None:
+                    pending.wait()
+                    start = _timed("ldconfig", start)  # what was left of it after the cgroup
             except BaseException:
                 problems = helper.rollback()
                 if problems:

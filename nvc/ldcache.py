@@ -120,13 +120,24 @@ def parse(data: bytes, path: str) -> tuple[CacheEntry, ...]:
     return tuple(entries)
 
 
+# The last file contents parsed and their entries: a process that discovers more than once (the
+# hook server plans once before forking its workers) parses an unchanged cache once. Keyed by the
+# contents themselves, so a rewritten cache is always parsed again.
+_last_parsed: tuple[bytes, tuple[CacheEntry, ...]] = (b"", ())
+
+
 def read(path: Path) -> tuple[CacheEntry, ...]:
     """Parse the cache file at ``path`` (a host path: callers resolve it inside the driver root)."""
+    global _last_parsed
     try:
         data = path.read_bytes()
     except OSError as err:
         raise DetectionError(f"{path}: {err.strerror or err}") from None
-    return parse(data, str(path))
+    if data and data == _last_parsed[0]:
+        return _last_parsed[1]
+    entries = parse(data, str(path))
+    _last_parsed = (data, entries)
+    return entries
 
 
 def select(entries: tuple[CacheEntry, ...], arch: str) -> tuple[CacheEntry, ...]:

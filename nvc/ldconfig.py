@@ -122,13 +122,24 @@ class PendingLdconfig:
 
     def run(self) -> bool:
         """Let the child build the sandbox and run ldconfig; as :func:`run_ldconfig`."""
-        if self._child < 0:
-            raise LdcacheError("ldconfig was already run or cancelled")
+        self.start()
+        return self.wait()
+
+    def start(self) -> None:
+        """Let the child build the sandbox and run ldconfig, without waiting (see :meth:`wait`)."""
+        if self._child < 0 or self._go_w < 0:
+            raise LdcacheError("ldconfig was already started or cancelled")
         try:
             os.write(self._go_w, b"g")
         except BrokenPipeError:  # the child died early: its message or status says why
             pass
         os.close(self._go_w)
+        self._go_w = -1
+
+    def wait(self) -> bool:
+        """The started run's outcome: False when the container has no ldconfig; LdcacheError on failure."""
+        if self._child < 0 or self._go_w >= 0:
+            raise LdcacheError("ldconfig was not started")
         try:
             message = _read_all(self._err_r).decode(errors="replace")
         finally:
@@ -145,10 +156,16 @@ class PendingLdconfig:
         return True
 
     def cancel(self) -> None:
-        """Reap the child without running ldconfig (it exits on end-of-file); no-op after :meth:`run`."""
+        """Reap the child without waiting for ldconfig: before :meth:`start` it exits on end-of-file,
+        after it is killed (ldconfig replaces the cache by a rename: never half-written); no-op after
+        :meth:`wait`."""
         if self._child < 0:
             return
-        os.close(self._go_w)
+        if self._go_w >= 0:
+            os.close(self._go_w)
+            self._go_w = -1
+        else:
+            os.kill(self._child, signal.SIGKILL)
         os.close(self._err_r)
         os.waitpid(self._child, 0)
         self._child = -1

@@ -136,3 +136,16 @@ def test_old_table_count_beyond_file() -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(DetectionError, match=f"{tmp_path}/none: No such file"):
         ldcache.read(tmp_path / "none")
+
+
+def test_reread_gives_the_same_entries_and_a_rewrite_is_parsed_again(tmp_path: Path) -> None:
+    """read() keeps the last parse (the hook server plans before forking); contents decide, not names."""
+    cache = tmp_path / "ld.so.cache"
+    cache.write_bytes(build_cache([("libfoo.so.1", "/lib/libfoo.so.1", 0x0303)]))
+    first = ldcache.read(cache)
+    assert ldcache.read(cache) is first
+    cache.write_bytes(build_cache([("libbar.so.2", "/lib/libbar.so.2", 0x0303)]))
+    assert [e.key for e in ldcache.read(cache)] == ["libbar.so.2"]
+    cache.write_bytes(b"junk")
+    with pytest.raises(DetectionError):
+        ldcache.read(cache)

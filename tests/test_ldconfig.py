@@ -228,5 +228,25 @@ def test_cancelled_run_changes_nothing(root: Path, container: int) -> None:
     assert not (root / "etc" / "ld.so.cache").exists()
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)
-    with pytest.raises(LdcacheError, match="already run or cancelled"):
+    with pytest.raises(LdcacheError, match="already started or cancelled"):
         pending.run()
+
+
+def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_it(root: Path,
+                                                                                  container: int) -> None:
+    """configure starts ldconfig, programs the device cgroup meanwhile, then waits; a failure in
+    between cancels the started run: the child is killed and reaped, never left behind."""
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    with pytest.raises(LdcacheError, match="not started"):
+        pending.wait()
+    pending.start()
+    with pytest.raises(LdcacheError, match="already started"):
+        pending.start()
+    assert pending.wait() is True and "libfoo.so.1" in _cache(root)
+    pending.cancel()  # after wait: nothing left to do
+    cancelled = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    child = cancelled._child
+    cancelled.start()
+    cancelled.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)
