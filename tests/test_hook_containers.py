@@ -142,17 +142,26 @@ def test_hook_given_ld_library_path_loads_nothing_from_the_image(active_2gpu, ru
                                                                   setup_dir: Path, tmp_path: Path) -> None:
     """A hook handed LD_LIBRARY_PATH pointing into the image (CVE-2025-23266's shape) restarts
     without it before loading any library: the image's libffi/libseccomp/NVML never run as root."""
+    def hook(evil: Path) -> dict:
+        return {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+                "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", f"LD_LIBRARY_PATH={evil}"]}
+
+    assert_image_libraries_never_load(runc, debian_rootfs, tmp_path, hook, ("libffi.so.8", "libseccomp.so.2",
+                                                                           "libnvidia-ml.so.1"))
+
+
+def assert_image_libraries_never_load(runc, rootfs: Path, tmp_path: Path, make_hook, sonames: tuple[str, ...]) -> None:
+    """Marker libraries named ``sonames`` in the image's /evil; the hook ``make_hook(/evil)`` gives the
+    container all GPUs and none of the markers runs (each would write the marker file)."""
     from test_configure_hostile import build_marker_library
 
-    marker, evil = tmp_path / "marks", debian_rootfs / "evil"
+    marker, evil = tmp_path / "marks", rootfs / "evil"
     evil.mkdir()
-    for soname in ("libffi.so.8", "libseccomp.so.2", "libnvidia-ml.so.1"):
+    for soname in sonames:
         build_marker_library(evil / soname, marker, soname)
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", f"LD_LIBRARY_PATH={evil}"]}
-    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"},
-                         hooks={"prestart": [hook]})
-    result = runc.create_start(bundle, container_id="nvc-hook-ldpath")
+    bundle = make_bundle(tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"},
+                         hooks={"prestart": [make_hook(evil)]})
+    result = runc.create_start(bundle)
     assert result.returncode == 0, result.stderr
     assert _uuids(result.stdout) == [H100, A100, MIG_2G, MIG_3G]
     assert not marker.exists(), marker.read_text()

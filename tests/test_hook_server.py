@@ -23,7 +23,7 @@ from harness.bundle import make_bundle
 from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.hookserver import client_hook, hook_server
 from nvc.hook import server
-from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SHOW, _uuids
+from test_hook_containers import A100, H100, SHOW, _uuids, assert_image_libraries_never_load
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
 
 HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
@@ -107,19 +107,11 @@ def test_refusal_reaches_the_runtime_through_the_client(served: Path, runc, debi
 def test_loader_variables_of_the_hook_env_load_nothing(served: Path, runc, debian_rootfs: Path, setup_dir: Path,
                                                        tmp_path: Path) -> None:
     """The client is static (no loader); the worker drops LD_* before anything it starts sees them."""
-    from test_configure_hostile import build_marker_library
+    def hook(evil: Path) -> dict:
+        return hook_entry(setup_dir, served, "prestart", f"LD_LIBRARY_PATH={evil}", f"LD_PRELOAD={evil}/libffi.so.8")
 
-    marker, evil = tmp_path / "marks", debian_rootfs / "evil"
-    evil.mkdir()
-    for soname in ("libc.so.6", "libffi.so.8", "libseccomp.so.2", "libnvidia-ml.so.1"):
-        build_marker_library(evil / soname, marker, soname)
-    hook = hook_entry(setup_dir, served, "prestart", f"LD_LIBRARY_PATH={evil}", f"LD_PRELOAD={evil}/libffi.so.8")
-    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"},
-                         hooks={"prestart": [hook]})
-    result = runc.create_start(bundle, container_id="nvc-served-ldpath")
-    assert result.returncode == 0, result.stderr
-    assert _uuids(result.stdout) == [H100, A100, MIG_2G, MIG_3G]
-    assert not marker.exists(), marker.read_text()
+    assert_image_libraries_never_load(runc, debian_rootfs, tmp_path, hook,
+                                      ("libc.so.6", "libffi.so.8", "libseccomp.so.2", "libnvidia-ml.so.1"))
 
 
 def test_without_a_server_the_client_runs_the_hook_itself(active_2gpu, runc, debian_rootfs: Path, setup_dir: Path,
