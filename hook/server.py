@@ -1,13 +1,15 @@
-"""``nvc-py-hook serve``: run hook calls in workers forked from one warm interpreter.
+"""``nvc-py-hook serve``: run hook (and CLI) calls in workers forked from one warm interpreter.
 
 A Python hook started per container pays for the interpreter and its imports every time
 (about four fifths of its cost on the H100 host), while the work itself takes a few tens of
 milliseconds. The server imports everything the hook needs once; ``nvc-py-hook-client``
 (native/hook_client.c), registered as the hook, passes each call to it: arguments,
-environment and the three standard streams (SCM_RIGHTS) in one SOCK_SEQPACKET message. The
+environment, the three standard streams and the working directory (SCM_RIGHTS) in one
+SOCK_SEQPACKET message; a hook script may hand ``nvc-py configure`` over the same way. The
 server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a
-call makes the server fork the next, takes the caller's streams as its own, runs the hook's
-:func:`nvc.hook.prestart.main` exactly as the console script would, and answers ``exit N``.
+call makes the server fork the next, takes the caller's streams and directory as its own, runs
+:func:`nvc.hook.prestart.main` (or :func:`nvc.cli.main` for ``nvc-py``) exactly as the console
+script would, and answers ``exit N``.
 Before the first fork the server imports everything a call needs and plans once without a
 container (a dry run), so a worker starts with warm caches.
 
@@ -44,7 +46,10 @@ SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without 
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
-           "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "prctl", "pyseccomp", "yaml", "json")
+           "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "prctl", "pyseccomp", "yaml",
+           "json")
+PROGRAMS = ("nvc-py-hook", "nvc-py")  # what a call may run: the basename of its argv[0]
+STREAMS = 4  # stdin, stdout, stderr, working directory
 
 
 class CallError(ValueError):
@@ -97,31 +102,43 @@ def listen(path: str) -> socket.socket:
     return sock
 
 
-def _run_call(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> int:
-    """Worker side: take over the caller's streams and environment, run the hook, return its status."""
-    message, fds, flags, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+Programs = dict[str, Callable[[list[str]], int]]
+
+
+def _run_call(conn: socket.socket, programs: Programs) -> int:
+    """Worker side: take over the caller's streams, directory and environment, run the call, return
+    its status."""
+    message, fds, flags, _ = socket.recv_fds(conn, MAX_MESSAGE, STREAMS)
     if peer_uid(conn) != os.geteuid():
         for fd in fds:
             os.close(fd)
         return 126
     try:
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != 3:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != STREAMS:
             raise CallError("truncated message or missing streams")
         argv, env = parse_call(message)
-        if argv[1:2] == ["serve"]:
+        program = os.path.basename(argv[0])
+        if program not in PROGRAMS:
+            raise CallError(f"{argv[0]}: not one of {', '.join(PROGRAMS)}")
+        if program == "nvc-py-hook" and argv[1:2] == ["serve"]:
             raise CallError("a worker does not serve")
     except CallError as err:
-        print(f"nvc-py-hook serve: refused a call: {err}", file=sys.stderr, flush=True)
+        line = f"nvc-py-hook serve: refused a call: {err}\n".encode()
+        os.write(fds[2] if len(fds) > 2 else 2, line)  # the caller's stderr where it came along
+        for fd in fds:
+            os.close(fd)
         return InputError.exit_code
-    for target, fd in enumerate(fds):
+    *streams, cwd = fds
+    for target, fd in enumerate(streams):
         os.dup2(fd, target)
         os.close(fd)
+    os.fchdir(cwd)
+    os.close(cwd)
     os.environ.clear()
     os.environ.update(env)
     sys.argv = argv
-    os.chdir("/")
     try:
-        code = hook_main(argv[1:])
+        code = programs[program](argv[1:])
     except BaseException as err:  # noqa: BLE001 - the caller must get a status, whatever happened
         print(f"nvc-py-hook: internal error: {type(err).__name__}: {err}", file=sys.stderr)
         code = 1
@@ -133,17 +150,17 @@ def _run_call(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> int
     return code
 
 
-def _worker(conn: socket.socket, hook_main: Callable[[list[str]], int]) -> None:
+def _worker(conn: socket.socket, programs: Programs) -> None:
     """Run the call on ``conn``, answer its status, never return."""
     code = 1
     try:
-        code = _run_call(conn, hook_main)
+        code = _run_call(conn, programs)
         conn.send(f"exit {code}".encode())
     finally:
         os._exit(code)
 
 
-def _spare(sock: socket.socket, taken: int, hook_main: Callable[[list[str]], int]) -> None:
+def _spare(sock: socket.socket, taken: int, programs: Programs) -> None:
     """A worker forked ahead of its call: waits for the next connection, tells the server it was
     taken (so the server forks the next spare), then serves it. Never returns."""
     import prctl
@@ -168,7 +185,7 @@ def _spare(sock: socket.socket, taken: int, hook_main: Callable[[list[str]], int
         sock.close()
     except BaseException:  # noqa: BLE001 - the server forks another spare
         os._exit(1)
-    _worker(conn, hook_main)
+    _worker(conn, programs)
 
 
 def _warm_up() -> None:
@@ -197,12 +214,11 @@ def serve(path: str) -> int:
 
     for name in PRELOAD:
         importlib.import_module(name)
-    from nvc.hook.prestart import main
+    from nvc.cli import main as cli_main
+    from nvc.hook.prestart import main as hook_main
 
     _warm_up()
-
-    def hook_main(args: list[str]) -> int:
-        return main(args, via="server")
+    programs: Programs = {"nvc-py-hook": lambda args: hook_main(args, via="server"), "nvc-py": cli_main}
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -217,7 +233,7 @@ def serve(path: str) -> int:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             if os.fork() == 0:
                 os.close(taken_r)
-                _spare(sock, taken_w, hook_main)
+                _spare(sock, taken_w, programs)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             os.close(taken_w)
             try:

@@ -1,11 +1,14 @@
-/* nvc-py-hook-client: hands one OCI hook call to a running `nvc-py-hook serve`.
+/* nvc-py-hook-client: hands one call of nvc-py-hook (or nvc-py) to a running `nvc-py-hook serve`.
  *
  * Registered as the hook instead of nvc-py-hook itself:
  *     nvc-py-hook-client /usr/local/bin/nvc-py-hook prestart
+ * or in a hook script, for the CLI:
+ *     nvc-py-hook-client /usr/local/bin/nvc-py configure --pid PID ... ROOTFS
  * A Python hook pays for an interpreter start and its imports at every container start (most of
  * its cost); the server has imported everything once and forks a worker per call. This client
- * sends its arguments, its environment and its standard streams (the OCI state arrives on stdin;
- * errors go to the runtime's stderr) over the server's socket and exits with the worker's status.
+ * sends its arguments, its environment, its standard streams (the OCI state arrives on stdin;
+ * errors go to the runtime's stderr) and its working directory over the server's socket and
+ * exits with the worker's status.
  *
  * Where no server answers (not running, no socket) it executes the hook given as its first
  * argument, with the remaining arguments: the same result, only slower. Once the call was handed
@@ -71,10 +74,10 @@ static int build_message(char *buf, size_t *len, int argc, char **argv)
     return 1;
 }
 
-/* Sends the message with descriptors 0, 1 and 2 attached. */
-static int send_call(int sock, const char *buf, size_t len)
+/* Sends the message with descriptors 0, 1, 2 and the working directory attached. */
+static int send_call(int sock, const char *buf, size_t len, int cwd)
 {
-    int fds[3] = {0, 1, 2};
+    int fds[4] = {0, 1, 2, cwd};
     char control[CMSG_SPACE(sizeof fds)];
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
@@ -94,7 +97,8 @@ static int send_call(int sock, const char *buf, size_t len)
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] != '/') {
-        fprintf(stderr, "usage: nvc-py-hook-client /ABSOLUTE/PATH/nvc-py-hook STAGE [ARG...]\n");
+        fprintf(stderr, "usage: nvc-py-hook-client /ABSOLUTE/PATH/nvc-py-hook STAGE [ARG...]\n"
+                        "       nvc-py-hook-client /ABSOLUTE/PATH/nvc-py [ARG...]\n");
         return 2;
     }
     /* A stream the runtime left closed is passed as /dev/null, never as another open file. */
@@ -114,8 +118,11 @@ int main(int argc, char **argv)
     size_t len = 0;
     if (!build_message(buf, &len, argc, argv))
         fall_back(argv);
+    int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (cwd < 0)
+        fall_back(argv);
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0 || !send_call(sock, buf, len))
+    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0 || !send_call(sock, buf, len, cwd))
         fall_back(argv); /* nothing was handed over yet */
 
     char reply[64];

@@ -191,3 +191,36 @@ def test_setup_server_writes_the_systemd_unit(tmp_path: Path) -> None:
     assert [line for line in lines if line.startswith("Environment=")] == [
         "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "Environment=NVC_PY_CONFIG=/etc/nvc-py/other.yaml"]
+
+
+def test_nvc_py_configure_through_the_server_in_a_prestart_hook(active_2gpu, served: Path, runc, debian_rootfs: Path,
+                                                                tmp_path: Path) -> None:
+    """A hook script may hand ``nvc-py configure`` to the server too. The server runs its own nvc-py
+    whatever path the call names: a fallback would have to exec /nonexistent/nvc-py and fail."""
+    from test_configure import GPU0, HOOK, _run
+
+    script = tmp_path / "hook.sh"
+    script.write_text(HOOK.format(prefix=f"NVC_PY_HOOK_SOCKET={served} {CLIENT}", nvc="/nonexistent/nvc-py",
+                                  root=active_2gpu.root, args="--device=0 --compute --utility", rootfs=debian_rootfs,
+                                  log=tmp_path / "hook.log"))
+    script.chmod(0o755)
+    hook = {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+    out = _run(runc, tmp_path, debian_rootfs, hook, "nvidia-smi -L").stdout
+    assert out.splitlines() == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {GPU0})"]
+
+
+def test_cli_call_runs_in_the_callers_directory_and_streams(served: Path, tmp_path: Path) -> None:
+    (tmp_path / "relative.yaml").write_text("disable-require: true\n")
+    result = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "config", "show", "--file", "relative.yaml"],
+                            capture_output=True, text=True, cwd=tmp_path, env={server.SOCKET_ENV: str(served)},
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("# effective nvc-py configuration from relative.yaml\n")
+    assert "disable-require: true" in result.stdout
+
+
+def test_only_nvc_py_programs_are_run(served: Path) -> None:
+    result = subprocess.run([str(CLIENT), "/bin/true"], capture_output=True, text=True,
+                            env={server.SOCKET_ENV: str(served)}, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr == "nvc-py-hook serve: refused a call: /bin/true: not one of nvc-py-hook, nvc-py\n"
