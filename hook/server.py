@@ -21,7 +21,9 @@ server's namespaces and cgroup, so the server must run in the host's (a plain sy
 the server restarts.
 
 Only callers with the server's own uid (root) are served; the socket is 0600 in a 0700
-directory, and the peer's credentials are checked again on every connection.
+directory, and the peer's credentials are checked again on every connection. A caller in other
+mount, pid or user namespaces than the server's (a runtime inside a container, say) is told to
+fall back: its paths and process ids would mean something else to a worker.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.l
            "json")
 PROGRAMS = ("nvc-py-hook", "nvc-py")  # what a call may run: the basename of its argv[0]
 STREAMS = 4  # stdin, stdout, stderr, working directory
+NAMESPACES = ("mnt", "pid", "user")
+FALL_BACK = -1  # _run_call's answer when the caller must run the program itself
 
 
 class CallError(ValueError):
@@ -78,10 +82,24 @@ def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
-def peer_uid(conn: socket.socket) -> int:
-    """The connecting process's uid, as the kernel saw it at connect time."""
+def peer_credentials(conn: socket.socket) -> tuple[int, int]:
+    """The connecting process's (pid, uid), as the kernel saw them at connect time."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _ = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def same_namespaces(pid: int) -> bool:
+    """Whether process ``pid`` shares this process's mount, pid and user namespaces: paths,
+    process ids (a hook's ``--pid``) and privileges then mean the same to a worker as to the caller."""
+    try:
+        for ns in NAMESPACES:
+            theirs, ours = os.stat(f"/proc/{pid}/ns/{ns}"), os.stat(f"/proc/self/ns/{ns}")
+            if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+                return False
+    except OSError:
+        return False
+    return True
 
 
 def listen(path: str) -> socket.socket:
@@ -109,10 +127,12 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
     """Worker side: take over the caller's streams, directory and environment, run the call, return
     its status."""
     message, fds, flags, _ = socket.recv_fds(conn, MAX_MESSAGE, STREAMS)
-    if peer_uid(conn) != os.geteuid():
+    pid, uid = peer_credentials(conn)
+    if uid != os.geteuid() or not same_namespaces(pid):
         for fd in fds:
             os.close(fd)
-        return 126
+        # Another user gets no help; a caller in other namespaces runs the program itself.
+        return 126 if uid != os.geteuid() else FALL_BACK
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != STREAMS:
             raise CallError("truncated message or missing streams")
@@ -155,7 +175,8 @@ def _worker(conn: socket.socket, programs: Programs) -> None:
     code = 1
     try:
         code = _run_call(conn, programs)
-        conn.send(f"exit {code}".encode())
+        conn.send(b"fall back" if code == FALL_BACK else f"exit {code}".encode())
+        code = max(code, 0)
     finally:
         os._exit(code)
 

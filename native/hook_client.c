@@ -10,10 +10,11 @@
  * errors go to the runtime's stderr) and its working directory over the server's socket and
  * exits with the worker's status.
  *
- * Where no server answers (not running, no socket) it executes the hook given as its first
- * argument, with the remaining arguments: the same result, only slower. Once the call was handed
- * over it never falls back (the worker may have changed the container already): a worker that
- * ends without a status is an error.
+ * Where no server answers (not running, no socket), or the server says so (this process is in
+ * other namespaces than the server's), it executes the program given as its first argument,
+ * with the remaining arguments: the same result, only slower. Once a worker took the call it
+ * never falls back (the worker may have changed the container already): a worker that ends
+ * without a status is an error.
  *
  * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock.
  */
@@ -135,6 +136,8 @@ int main(int argc, char **argv)
         reply[n] = '\0';
         if (sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)
             return status;
+        if (!strcmp(reply, "fall back")) /* other namespaces than the server's: nothing was done */
+            fall_back(argv);
     }
     fprintf(stderr, "nvc-py-hook-client: the hook server's worker ended without a status (%s)\n",
             n < 0 ? strerror(errno) : "no answer");

@@ -224,3 +224,16 @@ def test_only_nvc_py_programs_are_run(served: Path) -> None:
                             env={server.SOCKET_ENV: str(served)}, timeout=30)
     assert result.returncode == 2
     assert result.stderr == "nvc-py-hook serve: refused a call: /bin/true: not one of nvc-py-hook, nvc-py\n"
+
+
+def test_a_caller_in_another_mount_namespace_runs_the_program_itself(served: Path) -> None:
+    """Paths and process ids would mean something else to a worker: the server tells such a caller
+    to fall back, and the client executes the path it was given (here: one that does not exist)."""
+    env = {server.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
+    here = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "--version"], capture_output=True, text=True,
+                          env=env, timeout=30)
+    assert here.returncode == 0 and here.stdout.startswith("nvc-py")
+    elsewhere = subprocess.run(["unshare", "--mount", str(CLIENT), "/nonexistent/nvc-py", "--version"],
+                               capture_output=True, text=True, env=env, timeout=30)
+    assert elsewhere.returncode == 127
+    assert elsewhere.stderr == "nvc-py-hook-client: cannot execute /nonexistent/nvc-py: No such file or directory\n"
