@@ -66,6 +66,13 @@ def _podman_demo(work: Path, rootfs_cache, hooks: Path) -> int:  # noqa: ANN001 
     print("Importing a small image made from host parts (busybox + glibc) into a private podman store ...\n",
           flush=True)
     podman = Podman(work / "podman", rootfs_cache)
+    try:
+        return _podman_runs(podman, hooks)
+    finally:
+        podman.remove_containers()
+
+
+def _podman_runs(podman, hooks: Path) -> int:  # noqa: ANN001 (harness.podman.Podman)
     image = podman.image()
     for value in ("0", "1", "all", None):
         env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}

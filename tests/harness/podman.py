@@ -77,6 +77,13 @@ class Podman:
             cmd += ["--hooks-dir", str(hooks_dir)]
         return cmd
 
+    def remove_containers(self) -> None:
+        """Remove every container of the private store, waiting for podman's own cleanup (a
+        container's removal may still run in its cleanup process when `run --rm` returns), so the
+        work dir can be deleted. (Not `system reset`: that also drops the host's podman networks.)"""
+        subprocess.run([*self.command(), "rm", "--all", "--force", "--time", "0"], capture_output=True,
+                       env=self.env, timeout=120, stdin=subprocess.DEVNULL)
+
     def import_tarball(self, tarball: Path, ref: str) -> str:
         """`podman import` a rootfs tarball as `ref`; returns `ref`."""
         subprocess.run([*self.command(), "import", "--quiet", "--change", "CMD=/bin/sh", str(tarball), ref],
