@@ -167,7 +167,9 @@ def _serve(args: list[str]) -> int:
     if args and (len(args) != 2 or args[0] != "--socket" or not args[1]):
         print(USAGE, file=sys.stderr)
         return InputError.exit_code
-    return server.serve(args[1] if args else os.environ.get(server.SOCKET_ENV) or server.DEFAULT_SOCKET)
+    from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
+
+    return server.serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
 
 
 def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | None = None) -> int:
@@ -218,7 +220,9 @@ def run() -> None:
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
     """
+    from nvc.hook.handover import hand_over
     from nvc.loaderenv import restart_without_loader_variables
 
     restart_without_loader_variables()
+    hand_over(sys.argv)  # to a running server's warm worker, when there is one
     sys.exit(main())

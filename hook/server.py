@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import os
+import select
 import signal
 import socket
 import struct
@@ -38,48 +39,19 @@ import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.loaderenv import is_unsafe
+from nvc.hook.handover import FALL_BACK, MAX_MESSAGE, PROGRAMS, CallError, parse_call
 
-DEFAULT_SOCKET = "/run/nvc-py/hook.sock"
-SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
-MAGIC = b"nvc-py-hook/1"
-MAX_MESSAGE = 64 * 1024  # as the client
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
+IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an NVML helper
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
-           "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "prctl", "pyseccomp", "yaml",
-           "json")
-PROGRAMS = ("nvc-py-hook", "nvc-py")  # what a call may run: the basename of its argv[0]
+           "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "nvc.rpc.driver_service",
+           "nvc.infoformat", "nvc.listing", "nvc.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
+           "pyseccomp", "pynvml", "yaml", "json")
 STREAMS = 4  # stdin, stdout, stderr, working directory
 NAMESPACES = ("mnt", "pid", "user")
-FALL_BACK = -1  # _run_call's answer when the caller must run the program itself
-
-
-class CallError(ValueError):
-    """A message that is not a hook call."""
-
-
-def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) of a client's message: MAGIC, argc, envc, then the strings, each NUL-terminated."""
-    if not message.endswith(b"\0"):
-        raise CallError("message not NUL-terminated")
-    fields = [f.decode("utf-8", "surrogateescape") for f in message[:-1].split(b"\0")]
-    if len(fields) < 3 or fields[0] != MAGIC.decode():
-        raise CallError("not an nvc-py-hook call")
-    try:
-        argc, envc = int(fields[1]), int(fields[2])
-    except ValueError:
-        raise CallError("bad counts") from None
-    if argc < 1 or envc < 0 or len(fields) != 3 + argc + envc:
-        raise CallError("counts do not match the strings")
-    argv = fields[3:3 + argc]
-    env = {}
-    for entry in fields[3 + argc:]:
-        name, sep, value = entry.partition("=")
-        if sep and not is_unsafe(name):
-            env[name] = value
-    return argv, env
+FALLING_BACK = -1  # _run_call's answer when the caller must run the program itself
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int]:
@@ -132,7 +104,7 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
         for fd in fds:
             os.close(fd)
         # Another user gets no help; a caller in other namespaces runs the program itself.
-        return 126 if uid != os.geteuid() else FALL_BACK
+        return 126 if uid != os.geteuid() else FALLING_BACK
     try:
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != STREAMS:
             raise CallError("truncated message or missing streams")
@@ -175,7 +147,7 @@ def _worker(conn: socket.socket, programs: Programs) -> None:
     code = 1
     try:
         code = _run_call(conn, programs)
-        conn.send(b"fall back" if code == FALL_BACK else f"exit {code}".encode())
+        conn.send(FALL_BACK if code == FALLING_BACK else f"exit {code}".encode())
         code = max(code, 0)
     finally:
         os._exit(code)
@@ -194,6 +166,9 @@ def _spare(sock: socket.socket, taken: int, programs: Programs) -> None:
         if os.getppid() == 1:
             os._exit(0)
         gc.disable()  # a worker lives for one call: no collections during it
+        ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_NVML)
+        if not ready:  # idle: have NVML loaded for a call that needs it (nvc-py info, MIG)
+            _prestart_driver()
         while True:
             try:
                 conn, _ = sock.accept()
@@ -207,6 +182,19 @@ def _spare(sock: socket.socket, taken: int, programs: Programs) -> None:
     except BaseException:  # noqa: BLE001 - the server forks another spare
         os._exit(1)
     _worker(conn, programs)
+
+
+def _prestart_driver() -> None:
+    """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken
+    over by a call that asks for the same (see driver_service.open_driver); killed with the
+    worker otherwise. Best effort: without NVML a call finds out itself."""
+    from nvc.errors import NvcError
+    from nvc.rpc import driver_service
+
+    try:
+        driver_service.prestart()
+    except (NvcError, OSError):
+        pass
 
 
 def _warm_up() -> None:
@@ -241,7 +229,10 @@ def serve(path: str) -> int:
     _warm_up()
     programs: Programs = {"nvc-py-hook": lambda args: hook_main(args, via="server"), "nvc-py": cli_main}
 
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers
+    import prctl
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers...
+    prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     sock = listen(path)
     try:

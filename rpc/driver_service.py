@@ -234,8 +234,10 @@ class DriverClient:
         return snapshot_from_wire(self.helper.call("snapshot"))
 
 
-# The driver helper forked at start-up (see :func:`prefork`), until open_driver takes it.
+# The driver helper forked ahead (see :func:`prefork`, :func:`prestart`) until open_driver takes
+# it, and the setup it was already started with (None: not yet started).
 _preforked: HelperClient | None = None
+_preforked_setup: dict[str, Any] | None = None
 
 
 def prefork() -> None:
@@ -246,8 +248,28 @@ def prefork() -> None:
     has done the imports by then. :func:`open_driver` takes it over with the real options;
     one never taken exits with this process.
     """
-    global _preforked
-    _preforked = HelperClient.prefork("driver", serve_driver, warm=_warm)
+    global _preforked, _preforked_setup
+    _preforked, _preforked_setup = HelperClient.prefork("driver", serve_driver, warm=_warm), None
+
+
+def prestart(root: str = "/", user: tuple[int, int] | None = None) -> None:
+    """Fork the driver helper and start it for ``root`` and ``user`` now: NVML loads before any
+    call needs it. The hook server's idle workers keep one so; :func:`open_driver` takes it
+    when asked for the same, and closes it otherwise. One never taken exits with this process."""
+    global _preforked, _preforked_setup
+    setup = _setup(root, user)
+    helper = HelperClient.prefork("driver", serve_driver, warm=_warm)
+    helper.start(**setup)
+    _preforked, _preforked_setup = helper, setup
+
+
+def _setup(root: str, user: tuple[int, int] | None) -> dict[str, Any]:
+    """serve_driver's parameters; ``user`` None: the kernel's overflow ids as root (as the
+    reference), else the caller's own identity, the only one it can keep."""
+    if user is None:
+        user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+    uid, gid = user
+    return {"root": os.path.abspath(root), "uid": uid, "gid": gid}
 
 
 @contextmanager
@@ -256,22 +278,23 @@ def open_driver(
 ) -> Iterator[DriverClient]:
     """Start the driver helper for ``root``; shut it down (and reap it) on exit.
 
-    ``user`` is the helper's uid/gid; by default the kernel's overflow ids when running as
-    root (as the reference), else the caller's own identity, the only one it can keep.
-    ``wait=False``: do not wait for NVML to load here; the first call does (and raises its
-    load error), so the caller can import what it needs meanwhile.
+    ``user`` is the helper's uid/gid (see :func:`_setup`). ``wait=False``: do not wait for
+    NVML to load here; the first call does (and raises its load error), so the caller can
+    import what it needs meanwhile.
     """
-    if user is None:
-        user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
-    global _preforked
-    uid, gid = user
-    root = os.path.abspath(root)
-    helper, _preforked = _preforked, None
+    global _preforked, _preforked_setup
+    setup = _setup(root, user)
+    helper, started = _preforked, _preforked_setup
+    _preforked = _preforked_setup = None
+    if helper is not None and started is not None and started != setup:
+        helper.close()  # started for another root or user
+        helper = None
     if helper is None:
-        helper = HelperClient.spawn("driver", lambda: serve_driver(root, uid, gid), timeout=timeout, wait=wait)
+        helper = HelperClient.spawn("driver", lambda: serve_driver(**setup), timeout=timeout, wait=wait)
     else:
         helper.timeout = timeout
-        helper.start(root=root, uid=uid, gid=gid)
+        if started is None:
+            helper.start(**setup)
         if wait:
             helper.wait_ready()
     with helper:

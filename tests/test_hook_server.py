@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -22,7 +23,7 @@ import pytest
 from harness.bundle import make_bundle
 from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.hookserver import client_hook, hook_server
-from nvc.hook import server
+from nvc.hook import handover
 from test_hook_containers import A100, H100, SHOW, _uuids, assert_image_libraries_never_load
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
 
@@ -30,12 +31,12 @@ HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
 
 
 def message(argv: list[str], env: list[str], argc: int | None = None) -> bytes:
-    fields = [server.MAGIC.decode(), str(len(argv) if argc is None else argc), str(len(env)), *argv, *env]
+    fields = [handover.MAGIC.decode(), str(len(argv) if argc is None else argc), str(len(env)), *argv, *env]
     return "".join(f"{f}\0" for f in fields).encode()
 
 
 def test_parse_call_reads_argv_and_drops_loader_variables() -> None:
-    argv, env = server.parse_call(message([str(HOOK), "prestart"],
+    argv, env = handover.parse_call(message([str(HOOK), "prestart"],
                                           ["PATH=/usr/bin", "LD_PRELOAD=/x.so", "GCONV_PATH=/g", "A=b=c", "junk"]))
     assert argv == [str(HOOK), "prestart"]
     assert env == {"PATH": "/usr/bin", "A": "b=c"}
@@ -50,8 +51,8 @@ def test_parse_call_reads_argv_and_drops_loader_variables() -> None:
     b"nvc-py-hook/1\x00x\x000\x00/h\x00",              # count not a number
 ])
 def test_parse_call_refuses_malformed_messages(raw: bytes) -> None:
-    with pytest.raises(server.CallError):
-        server.parse_call(raw)
+    with pytest.raises(handover.CallError):
+        handover.parse_call(raw)
 
 
 @pytest.fixture
@@ -127,7 +128,7 @@ def test_without_a_server_the_client_runs_the_hook_itself(active_2gpu, runc, deb
 
 def test_concurrent_calls_and_streams(served: Path) -> None:
     """Each worker answers on its own caller's streams, with its own status."""
-    env = {server.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
+    env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
 
     def call(stage: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(CLIENT), str(HOOK), stage], capture_output=True, text=True, env=env,
@@ -150,7 +151,7 @@ def test_other_users_are_refused(served: Path) -> None:
     served.parent.chmod(0o755)
     served.chmod(0o666)
     result = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, user=65534,
-                            env={server.SOCKET_ENV: str(served)}, timeout=30)
+                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
     assert result.returncode == 126, result.stderr
 
 
@@ -212,7 +213,7 @@ def test_nvc_py_configure_through_the_server_in_a_prestart_hook(active_2gpu, ser
 def test_cli_call_runs_in_the_callers_directory_and_streams(served: Path, tmp_path: Path) -> None:
     (tmp_path / "relative.yaml").write_text("disable-require: true\n")
     result = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "config", "show", "--file", "relative.yaml"],
-                            capture_output=True, text=True, cwd=tmp_path, env={server.SOCKET_ENV: str(served)},
+                            capture_output=True, text=True, cwd=tmp_path, env={handover.SOCKET_ENV: str(served)},
                             timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("# effective nvc-py configuration from relative.yaml\n")
@@ -221,7 +222,7 @@ def test_cli_call_runs_in_the_callers_directory_and_streams(served: Path, tmp_pa
 
 def test_only_nvc_py_programs_are_run(served: Path) -> None:
     result = subprocess.run([str(CLIENT), "/bin/true"], capture_output=True, text=True,
-                            env={server.SOCKET_ENV: str(served)}, timeout=30)
+                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
     assert result.returncode == 2
     assert result.stderr == "nvc-py-hook serve: refused a call: /bin/true: not one of nvc-py-hook, nvc-py\n"
 
@@ -229,7 +230,7 @@ def test_only_nvc_py_programs_are_run(served: Path) -> None:
 def test_a_caller_in_another_mount_namespace_runs_the_program_itself(served: Path) -> None:
     """Paths and process ids would mean something else to a worker: the server tells such a caller
     to fall back, and the client executes the path it was given (here: one that does not exist)."""
-    env = {server.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
+    env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
     here = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "--version"], capture_output=True, text=True,
                           env=env, timeout=30)
     assert here.returncode == 0 and here.stdout.startswith("nvc-py")
@@ -237,3 +238,20 @@ def test_a_caller_in_another_mount_namespace_runs_the_program_itself(served: Pat
                                capture_output=True, text=True, env=env, timeout=30)
     assert elsewhere.returncode == 127
     assert elsewhere.stderr == "nvc-py-hook-client: cannot execute /nonexistent/nvc-py: No such file or directory\n"
+
+
+def test_the_console_scripts_hand_their_call_to_the_server(active_2gpu, served: Path, tmp_path: Path) -> None:
+    """nvc-py itself (not only the C client) hands a call over when root's server answers; its
+    output is the direct run's. The debug log's pid tells where it ran."""
+    root = str(active_2gpu.root)
+    env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
+    for argv, here in (([str(HOOK.with_name("nvc-py"))], False), ([sys.executable, "-m", "nvc"], True)):
+        log = tmp_path / f"debug-{here}.log"
+        proc = subprocess.Popen([*argv, "--root", root, "--debug", str(log), "info"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and err == ""
+        golden = (Path(__file__).parent / "golden" / "two-gpu-mig-info.txt").read_text()
+        assert out.replace(root, "<root>") == golden
+        pids = {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"}
+        assert (pids == {proc.pid}) is here  # python -m nvc is not a program the server runs

@@ -449,3 +449,21 @@ def test_snapshot_of_the_two_gpu_mig_machine(active_2gpu) -> None:
         (1, 2, 0, 20 << 30),
     ]
     assert [m.uuid for m in a100.mig_devices] == [d["uuid"] for d in machine["gpus"][1]["mig"]["devices"]]
+
+
+def test_a_prestarted_helper_is_taken_for_the_same_options_only(active_2gpu) -> None:
+    """The hook server's idle workers start NVML ahead (driver_service.prestart); a call asking for
+    the same root and user takes that helper, any other gets a new one and the first is closed."""
+    from nvc.rpc import driver_service
+
+    root = str(active_2gpu.root)
+    driver_service.prestart(root=root)
+    ahead = driver_service._preforked.pid
+    with open_driver(root=root) as driver:
+        assert driver.pid == ahead and len(driver.snapshot().gpus) == 2
+    assert not Path(f"/proc/{ahead}").exists()
+    driver_service.prestart(root=root, user=(12345, 12345))
+    other = driver_service._preforked.pid
+    with open_driver(root=root) as driver:
+        assert driver.pid != other and len(driver.snapshot().gpus) == 2
+        assert not Path(f"/proc/{other}").exists()  # closed and reaped
