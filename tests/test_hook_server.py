@@ -255,3 +255,17 @@ def test_the_console_scripts_hand_their_call_to_the_server(active_2gpu, served: 
         assert out.replace(root, "<root>") == golden
         pids = {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"}
         assert (pids == {proc.pid}) is here  # python -m nvc is not a program the server runs
+
+
+def test_the_python_hook_hands_a_container_start_to_the_server(served: Path, runc, debian_rootfs: Path,
+                                                                setup_dir: Path, tmp_path: Path) -> None:
+    """nvc-py-hook registered directly (a CDI hook, an older hooks.d file) is served too."""
+    hook = {"path": str(HOOK), "args": ["nvc-py-hook", "prestart"],
+            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", f"{handover.SOCKET_ENV}={served}"]}
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                         hooks={"prestart": [hook]})
+    result = runc.create_start(bundle, container_id="nvc-python-served")
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [H100]
+    last = last_log_line(setup_dir)
+    assert (last["container"], last["outcome"], last["via"]) == ("nvc-python-served", "configured", "server")
