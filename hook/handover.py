@@ -65,9 +65,10 @@ def hand_over(argv: list[str]) -> None:
     """Run ``argv`` in a worker of root's running server and exit with its status.
 
     Returns, having done nothing, where that cannot be: not root, no server, a program the
-    server does not run (``python -m nvc``), ``serve`` itself, or the server's word to fall back.
+    server does not run (``python -m nvc``), ``serve`` itself (``nvc-py-hook serve``, ``nvc-py
+    hook serve``), or the server's word to fall back.
     """
-    if os.geteuid() != 0 or os.path.basename(argv[0]) not in PROGRAMS or argv[1:2] == ["serve"]:
+    if os.geteuid() != 0 or os.path.basename(argv[0]) not in PROGRAMS or "serve" in argv[1:]:
         return
     message = encode_call(argv, dict(os.environ))
     if len(message) > MAX_MESSAGE:

@@ -169,7 +169,11 @@ def _serve(args: list[str]) -> int:
         return InputError.exit_code
     from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
 
-    return server.serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    try:
+        return server.serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    except NvcError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return err.exit_code
 
 
 def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | None = None) -> int:

@@ -52,6 +52,7 @@ PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.l
 STREAMS = 4  # stdin, stdout, stderr, working directory
 NAMESPACES = ("mnt", "pid", "user")
 FALLING_BACK = -1  # _run_call's answer when the caller must run the program itself
+_in_worker = False  # set in a worker once it runs a call
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int]:
@@ -112,14 +113,14 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
         program = os.path.basename(argv[0])
         if program not in PROGRAMS:
             raise CallError(f"{argv[0]}: not one of {', '.join(PROGRAMS)}")
-        if program == "nvc-py-hook" and argv[1:2] == ["serve"]:
-            raise CallError("a worker does not serve")
     except CallError as err:
         line = f"nvc-py-hook serve: refused a call: {err}\n".encode()
         os.write(fds[2] if len(fds) > 2 else 2, line)  # the caller's stderr where it came along
         for fd in fds:
             os.close(fd)
         return InputError.exit_code
+    global _in_worker
+    _in_worker = True  # serve() refuses to run here (``nvc-py hook serve`` would take the socket over)
     *streams, cwd = fds
     for target, fd in enumerate(streams):
         os.dup2(fd, target)
@@ -131,6 +132,10 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
     sys.argv = argv
     try:
         code = programs[program](argv[1:])
+    except SystemExit as done:  # sys.exit() as the console script would end (``nvc-py hook``)
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if not isinstance(done.code, (int, type(None))):
+            print(done.code, file=sys.stderr)
     except BaseException as err:  # noqa: BLE001 - the caller must get a status, whatever happened
         print(f"nvc-py-hook: internal error: {type(err).__name__}: {err}", file=sys.stderr)
         code = 1
@@ -220,6 +225,9 @@ def _warm_up() -> None:
 def serve(path: str) -> int:
     """Accept hook calls on ``path`` until SIGTERM, each in a worker forked ahead of it."""
     import importlib
+
+    if _in_worker:
+        raise InputError("serve: refused inside a worker of a running server")
 
     for name in PRELOAD:
         importlib.import_module(name)

@@ -269,3 +269,12 @@ def test_the_python_hook_hands_a_container_start_to_the_server(served: Path, run
     assert _uuids(result.stdout) == [H100]
     last = last_log_line(setup_dir)
     assert (last["container"], last["outcome"], last["via"]) == ("nvc-python-served", "configured", "server")
+
+
+@pytest.mark.parametrize("argv", [["/x/nvc-py-hook", "serve"], ["/x/nvc-py", "hook", "serve"],
+                                  ["/x/nvc-py", "--root", "/", "hook", "serve", "--socket", "/tmp/other.sock"]])
+def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
+    result = subprocess.run([str(CLIENT), *argv], capture_output=True, text=True,
+                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    assert result.returncode == 2 and "serve: refused inside a worker of a running server" in result.stderr
+    assert served.exists()
