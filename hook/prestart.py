@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, NvcError
+from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV, hand_over
 
 if TYPE_CHECKING:
     from nvc.config import Config
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 PROG = "nvc-py-hook"
 USAGE = (f"usage: {PROG} prestart|poststart|poststop  (OCI state on stdin)\n"
          f"       {PROG} create-symlinks --link TARGET::LINK ... | update-ldcache --folder DIR ...  (CDI hooks)\n"
-         f"       {PROG} serve [--socket PATH]  (answer nvc-py-hook-client's calls; default ${{NVC_PY_HOOK_SOCKET}} "
-         "or /run/nvc-py/hook.sock)")
+         f"       {PROG} serve [--socket PATH]  (answer nvc-py-hook-client's calls; default ${SOCKET_ENV} "
+         f"or {DEFAULT_SOCKET})")
 CDI_STAGES = ("create-symlinks", "update-ldcache")
 
 
@@ -167,8 +168,6 @@ def _serve(args: list[str]) -> int:
     if args and (len(args) != 2 or args[0] != "--socket" or not args[1]):
         print(USAGE, file=sys.stderr)
         return InputError.exit_code
-    from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
-
     try:
         return server.serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
     except NvcError as err:
@@ -224,7 +223,6 @@ def run() -> None:
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
     """
-    from nvc.hook.handover import hand_over
     from nvc.loaderenv import restart_without_loader_variables
 
     restart_without_loader_variables()

@@ -115,7 +115,10 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
             raise CallError(f"{argv[0]}: not one of {', '.join(PROGRAMS)}")
     except CallError as err:
         line = f"nvc-py-hook serve: refused a call: {err}\n".encode()
-        os.write(fds[2] if len(fds) > 2 else 2, line)  # the caller's stderr where it came along
+        try:
+            os.write(fds[2] if len(fds) > 2 else 2, line)  # the caller's stderr where it came along
+        except OSError:
+            pass  # a closed stderr: the status still says it
         for fd in fds:
             os.close(fd)
         return InputError.exit_code

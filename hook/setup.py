@@ -1,8 +1,8 @@
 """Register nvc-py with the container engines: podman's hooks.d and containerd's config.
 
-Generated files name the installed console scripts (and the hook client) by absolute path (a pyenv shim or a
-PATH lookup would depend on the environment the engine gives its hooks) and give every
-hook an explicit environment: a fixed PATH and, where one was chosen, the configuration
+Generated files name the installed console scripts and the hook client by absolute path (a
+pyenv shim or a PATH lookup would depend on the environment the engine gives its hooks) and
+give every hook an explicit environment: a fixed PATH and, where one was chosen, the configuration
 file. Nothing from the container's own environment may reach a hook (CVE-2025-23266).
 """
 
