@@ -3,6 +3,8 @@
 
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
+# As native/hook_client.c's PROGRAM_DIR and hook/setup.py's HOOK_CLIENT.
+LIBDIR := /usr/lib/nvc-py
 PYTEST_FLAGS ?=
 # From tests/, so the installed package (with nvc.rpc and nvc.hook) is imported, not the source tree.
 PYTEST := cd tests && $(PYTHON) -m pytest -c ../setup.cfg --rootdir ..
@@ -35,10 +37,16 @@ build: native install
 native:
 	$(MAKE) -C native
 
+# The nvc-py console script is then replaced by the native front (native/hook_client.c), which hands
+# each call to a running hook server and otherwise runs $(LIBDIR)/nvc-py-python, the Python program.
 install:
 	$(PIP) install -q --no-deps --no-index --no-build-isolation .
-	install -D -m 0644 native/libnvc-share.so /usr/lib/nvc-py/libnvc-share.so
-	install -D -m 0755 native/nvc-py-hook-client /usr/lib/nvc-py/nvc-py-hook-client
+	install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
+	install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
+	printf '#!%s\nfrom nvc.__main__ import run\nrun()\n' "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
+		> $(LIBDIR)/nvc-py-python.new
+	chmod 0755 $(LIBDIR)/nvc-py-python.new && mv $(LIBDIR)/nvc-py-python.new $(LIBDIR)/nvc-py-python
+	install -m 0755 native/nvc-py-hook-client "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nvc-py"
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build

@@ -150,13 +150,30 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
     return code
 
 
+def _release_streams() -> None:
+    """Point 0-2 at /dev/null, so that the caller's pipes end when it gets its answer, not when this
+    worker has waited for its helpers."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in range(3):
+        os.dup2(null, fd)
+    os.close(null)
+
+
 def _worker(conn: socket.socket, programs: Programs) -> None:
-    """Run the call on ``conn``, answer its status, never return."""
+    """Run the call on ``conn``, answer its status, never return.
+
+    The helpers the call closed are waited for after the answer (their cleanup is nothing the
+    caller sees: see nvc.rpc.helper.defer_reaping)."""
+    from nvc.rpc import helper
+
     code = 1
     try:
+        helper.defer_reaping()
         code = _run_call(conn, programs)
+        _release_streams()
         conn.send(FALL_BACK if code == FALLING_BACK else f"exit {code}".encode())
         code = max(code, 0)
+        helper.reap_deferred()
     finally:
         os._exit(code)
 

@@ -1,20 +1,26 @@
-/* nvc-py-hook-client: hands one call of nvc-py-hook (or nvc-py) to a running `nvc-py-hook serve`.
+/* nvc-py-hook-client, and the native front of nvc-py: hands one call of nvc-py-hook or nvc-py to a
+ * running `nvc-py-hook serve`.
  *
- * Registered as the hook instead of nvc-py-hook itself:
+ * As nvc-py-hook-client (argv[0]'s basename), it is registered as the hook instead of nvc-py-hook:
  *     nvc-py-hook-client /usr/local/bin/nvc-py-hook prestart
- * or in a hook script, for the CLI:
+ * or runs in a hook script, for the CLI:
  *     nvc-py-hook-client /usr/local/bin/nvc-py configure --pid PID ... ROOTFS
- * A Python hook pays for an interpreter start and its imports at every container start (most of
- * its cost); the server has imported everything once and forks a worker per call. This client
- * sends its arguments, its environment, its standard streams (the OCI state arrives on stdin;
- * errors go to the runtime's stderr) and its working directory over the server's socket and
- * exits with the worker's status.
+ * Under any other name it is that program's front: `make install` puts it where the nvc-py console
+ * script was, and `nvc-py info` is handed over as it is typed. The Python program it stands for is
+ * then /usr/lib/nvc-py/NAME-python (a launcher make install writes).
  *
- * Where no server answers (not running, no socket), or the server says so (this process is in
- * other namespaces than the server's), it executes the program given as its first argument,
- * with the remaining arguments: the same result, only slower. Once a worker took the call it
- * never falls back (the worker may have changed the container already): a worker that ends
- * without a status is an error.
+ * A Python program pays for an interpreter start and its imports at every run (most of its cost:
+ * ~100 ms of a hook's ~130 ms on the H100 host, ~100 ms of `nvc-py info`'s ~120); the server has
+ * imported everything once and keeps a worker forked ahead of each call (an idle one even has
+ * NVML loaded). This client sends its arguments, its environment, its standard streams (the OCI
+ * state arrives on stdin; errors go to the runtime's stderr) and its working directory over the
+ * server's socket and exits with the worker's status.
+ *
+ * Where no server answers (not running, no socket, not root: the socket is root's alone), or the
+ * server says so (this process is in other namespaces than the server's), or the call is `serve`
+ * itself, it executes the Python program with the same arguments: the same result, only slower.
+ * Once a worker took the call it never falls back (the worker may have changed the container
+ * already): a worker that ends without a status is an error.
  *
  * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock.
  */
@@ -31,13 +37,21 @@
 #define DEFAULT_SOCKET "/run/nvc-py/hook.sock"
 #define MAGIC "nvc-py-hook/1"
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
+#define CLIENT_NAME "nvc-py-hook-client"
+#ifndef PROGRAM_DIR
+#define PROGRAM_DIR "/usr/lib/nvc-py" /* where make install writes the Python programs' launchers */
+#endif
 
 extern char **environ;
 
+static const char *self;   /* this program's name in messages */
+static const char *target; /* the Python program: what runs when no server does */
+
+/* Runs the call here, in the Python program (never this front again). */
 static void fall_back(char **argv)
 {
-    execv(argv[1], argv + 1);
-    fprintf(stderr, "nvc-py-hook-client: cannot execute %s: %s\n", argv[1], strerror(errno));
+    execv(target, argv);
+    fprintf(stderr, "%s: cannot execute %s: %s\n", self, target, strerror(errno));
     exit(127);
 }
 
@@ -52,6 +66,7 @@ static int put(char *buf, size_t *len, const char *s)
     return 1;
 }
 
+/* The message for argv (argc strings) and this process's environment. */
 static int build_message(char *buf, size_t *len, int argc, char **argv)
 {
     char count[32];
@@ -60,13 +75,13 @@ static int build_message(char *buf, size_t *len, int argc, char **argv)
         envc++;
     if (!put(buf, len, MAGIC))
         return 0;
-    snprintf(count, sizeof count, "%d", argc - 1);
+    snprintf(count, sizeof count, "%d", argc);
     if (!put(buf, len, count))
         return 0;
     snprintf(count, sizeof count, "%d", envc);
     if (!put(buf, len, count))
         return 0;
-    for (int i = 1; i < argc; i++)
+    for (int i = 0; i < argc; i++)
         if (!put(buf, len, argv[i]))
             return 0;
     for (int i = 0; i < envc; i++)
@@ -95,13 +110,40 @@ static int send_call(int sock, const char *buf, size_t len, int cwd)
     return sent == (ssize_t)len;
 }
 
+/* `serve` is the server's own command: a worker refuses it, so it always runs here. */
+static int is_serve(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "serve"))
+            return 1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2 || argv[1][0] != '/') {
-        fprintf(stderr, "usage: nvc-py-hook-client /ABSOLUTE/PATH/nvc-py-hook STAGE [ARG...]\n"
-                        "       nvc-py-hook-client /ABSOLUTE/PATH/nvc-py [ARG...]\n");
-        return 2;
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    self = base;
+    char program[4096];
+    if (!strcmp(base, CLIENT_NAME)) { /* the program's path comes first */
+        if (argc < 2 || argv[1][0] != '/') {
+            fprintf(stderr, "usage: " CLIENT_NAME " /ABSOLUTE/PATH/nvc-py-hook STAGE [ARG...]\n"
+                            "       " CLIENT_NAME " /ABSOLUTE/PATH/nvc-py [ARG...]\n");
+            return 2;
+        }
+        argc--;
+        argv++;
+        target = argv[0];
+    } else { /* the front of the program named like this one */
+        if ((size_t)snprintf(program, sizeof program, PROGRAM_DIR "/%s-python", base) >= sizeof program) {
+            fprintf(stderr, "%s: name too long\n", base);
+            return 2;
+        }
+        target = program;
     }
+    /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
+    if (is_serve(argc, argv))
+        fall_back(argv);
     /* A stream the runtime left closed is passed as /dev/null, never as another open file. */
     for (int fd = 0; fd < 3; fd++)
         if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)
@@ -139,7 +181,7 @@ int main(int argc, char **argv)
         if (!strcmp(reply, "fall back")) /* other namespaces than the server's: nothing was done */
             fall_back(argv);
     }
-    fprintf(stderr, "nvc-py-hook-client: the hook server's worker ended without a status (%s)\n",
+    fprintf(stderr, "%s: the hook server's worker ended without a status (%s)\n", self,
             n < 0 ? strerror(errno) : "no answer");
     return 1;
 }

@@ -40,6 +40,8 @@ Setup = Callable[..., Dispatch]  # called with no arguments, or a preforked help
 DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded limit
 DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
 _READY_ID = 0  # id of the message the child sends once its setup finished (or failed)
+# Helpers told to exit whose reaping waits for reap_deferred() (None: close() reaps at once).
+_deferred: list[HelperClient] | None = None
 _SERVICE_FD = 3  # the child's socket is moved here; everything above is closed
 
 # kind → class, so an error raised in the child comes back as the same class.
@@ -313,14 +315,18 @@ class HelperClient:
         return describe_status(self.status)
 
     def close(self) -> None:
-        """Ask the helper to run its cleanup and exit; SIGKILL it after the grace period."""
+        """Ask the helper to run its cleanup and exit; SIGKILL it after the grace period (after
+        :func:`reap_deferred`, once :func:`defer_reaping` was called)."""
         if self._sock is not None:
             try:
                 deadline = time.monotonic() + self.grace
                 protocol.send_message(self._sock, protocol.Request(self._next_id, "shutdown"), deadline)
             except OSError:  # already gone, or not draining its socket: SIGKILL settles it
                 pass
-        self._reap(kill=False)
+        if _deferred is not None and self.status is None:
+            _deferred.append(self)
+        else:
+            self._reap(kill=False)
 
     def __enter__(self) -> HelperClient:
         return self
@@ -329,3 +335,24 @@ class HelperClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def defer_reaping() -> None:
+    """From now on, :meth:`HelperClient.close` only tells a helper to exit; :func:`reap_deferred`
+    waits for it (and kills it after its grace period).
+
+    For a hook server's worker: it answers its caller first, then waits for the helpers. Their
+    cleanup changes nothing the caller sees (NVML's shutdown, an applier that already committed)
+    but takes ~5 ms on the H100 host, a sixth of an ``nvc-py info``.
+    """
+    global _deferred
+    _deferred = []
+
+
+def reap_deferred() -> None:
+    """Wait for every helper closed since :func:`defer_reaping` (no zombie, no leaked fd); later
+    closes reap at once again."""
+    global _deferred
+    pending, _deferred = _deferred or [], None
+    for client in pending:
+        client._reap(kill=False)

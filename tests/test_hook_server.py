@@ -28,6 +28,8 @@ from test_hook_containers import A100, H100, SHOW, _uuids, assert_image_librarie
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
 
 HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
+FRONT = HOOK.with_name("nvc-py")  # the native front, once make install replaced the console script
+PYTHON_PROGRAM = Path("/usr/lib/nvc-py/nvc-py-python")  # what the front runs without a server
 
 
 def message(argv: list[str], env: list[str], argc: int | None = None) -> bytes:
@@ -240,21 +242,66 @@ def test_a_caller_in_another_mount_namespace_runs_the_program_itself(served: Pat
     assert elsewhere.stderr == "nvc-py-hook-client: cannot execute /nonexistent/nvc-py: No such file or directory\n"
 
 
-def test_the_console_scripts_hand_their_call_to_the_server(active_2gpu, served: Path, tmp_path: Path) -> None:
-    """nvc-py itself (not only the C client) hands a call over when root's server answers; its
-    output is the direct run's. The debug log's pid tells where it ran."""
+def console_script(tmp_path: Path) -> list[str]:
+    """nvc-py as pip alone installs it: the Python console script (make install replaces it)."""
+    script = tmp_path / "nvc-py"
+    script.write_text(f"#!{sys.executable}\nfrom nvc.__main__ import run\nrun()\n")
+    script.chmod(0o755)
+    return [str(script)]
+
+
+@pytest.mark.parametrize("command, served_there", [
+    (lambda _: [str(FRONT)], True),                 # what make install leaves as nvc-py
+    (console_script, True),                          # pip's console script
+    (lambda _: [str(PYTHON_PROGRAM)], False),        # the front's fallback: never hands over again
+    (lambda _: [sys.executable, "-m", "nvc"], False),  # not a program the server runs
+], ids=["native-front", "console-script", "python-program", "python-m"])
+def test_nvc_py_hands_its_call_to_the_server(active_2gpu, served: Path, tmp_path: Path, command,
+                                            served_there: bool) -> None:
+    """nvc-py hands a call over when root's server answers; its output is the direct run's. The
+    debug log's pid tells where it ran."""
     root = str(active_2gpu.root)
+    log = tmp_path / "debug.log"
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
-    for argv, here in (([str(HOOK.with_name("nvc-py"))], False), ([sys.executable, "-m", "nvc"], True)):
-        log = tmp_path / f"debug-{here}.log"
-        proc = subprocess.Popen([*argv, "--root", root, "--debug", str(log), "info"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0 and err == ""
-        golden = (Path(__file__).parent / "golden" / "two-gpu-mig-info.txt").read_text()
-        assert out.replace(root, "<root>") == golden
-        pids = {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"}
-        assert (pids == {proc.pid}) is here  # python -m nvc is not a program the server runs
+    proc = subprocess.Popen([*command(tmp_path), "--root", root, "--debug", str(log), "info"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == ""
+    golden = (Path(__file__).parent / "golden" / "two-gpu-mig-info.txt").read_text()
+    assert out.replace(root, "<root>") == golden
+    pids = {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"}
+    assert (pids != {proc.pid}) is served_there
+
+
+def test_the_native_front_without_a_server_runs_the_python_program(active_2gpu, tmp_path: Path) -> None:
+    """No server (or a caller in other namespaces than the server's): the front executes the Python
+    program in its own process, with its arguments, environment and streams."""
+    assert FRONT.read_bytes()[:4] == b"\x7fELF"
+    root = str(active_2gpu.root)
+    log = tmp_path / "debug.log"
+    proc = subprocess.Popen([str(FRONT), "--root", root, "--debug", str(log), "info", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={handover.SOCKET_ENV: str(tmp_path / "absent.sock"), "PATH": "/usr/bin:/bin"})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == ""
+    assert out.replace(root, "<root>") == (Path(__file__).parent / "golden" / "two-gpu-mig-info-json.txt").read_text()
+    assert {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"} == {proc.pid}
+    bad = subprocess.run([str(FRONT), "--root", "relative", "info"], capture_output=True, text=True,
+                         env={handover.SOCKET_ENV: str(tmp_path / "absent.sock")})
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr == "nvc-py: input error: relative: invalid driver root (must be an absolute path to a directory)\n"
+
+
+def test_the_native_front_runs_serve_and_foreign_callers_itself(served: Path) -> None:
+    """``serve`` is never handed over (a worker would refuse it), and a caller in another mount
+    namespace is told to fall back: both run the Python program here."""
+    env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
+    serve = subprocess.run([str(FRONT), "hook", "serve", "--socket"], capture_output=True, text=True, env=env,
+                           timeout=30)
+    assert serve.returncode == 2 and serve.stderr.startswith("usage: nvc-py-hook prestart")
+    elsewhere = subprocess.run(["unshare", "--mount", str(FRONT), "--version"], capture_output=True, text=True,
+                               env=env, timeout=30)
+    assert (elsewhere.returncode, elsewhere.stdout, elsewhere.stderr) == (0, "nvc-py 0.1.0\n", "")
 
 
 def test_the_python_hook_hands_a_container_start_to_the_server(served: Path, runc, debian_rootfs: Path,
@@ -271,10 +318,26 @@ def test_the_python_hook_hands_a_container_start_to_the_server(served: Path, run
     assert (last["container"], last["outcome"], last["via"]) == ("nvc-python-served", "configured", "server")
 
 
+def call_directly(sock: Path, argv: list[str]) -> tuple[bytes, str]:
+    """Hand ``argv`` to the server as the clients do, without their checks: (answer, stderr)."""
+    import socket
+
+    err_r, err_w = os.pipe()
+    null, cwd = os.open(os.devnull, os.O_RDWR), os.open("/", os.O_PATH)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        conn.connect(str(sock))
+        socket.send_fds(conn, [handover.encode_call(argv, {})], [null, null, err_w, cwd])
+        for fd in (null, err_w, cwd):
+            os.close(fd)
+        answer = conn.recv(64)
+    with os.fdopen(err_r) as err:
+        return answer, err.read()
+
+
 @pytest.mark.parametrize("argv", [["/x/nvc-py-hook", "serve"], ["/x/nvc-py", "hook", "serve"],
                                   ["/x/nvc-py", "--root", "/", "hook", "serve", "--socket", "/tmp/other.sock"]])
 def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
-    result = subprocess.run([str(CLIENT), *argv], capture_output=True, text=True,
-                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
-    assert result.returncode == 2 and "serve: refused inside a worker of a running server" in result.stderr
+    """The clients never hand ``serve`` over; a worker refuses it all the same."""
+    answer, err = call_directly(served, argv)
+    assert answer == b"exit 2" and "serve: refused inside a worker of a running server" in err
     assert served.exists()

@@ -19,7 +19,7 @@ import prctl
 import pytest
 
 from nvc import errors
-from nvc.rpc import protocol
+from nvc.rpc import helper, protocol
 from nvc.rpc.confine import confine, overflow_ids
 from nvc.rpc.driver_service import DriverSnapshot, brand_name, bus_id, open_driver, snapshot_from_wire
 from nvc.rpc.helper import HelperClient
@@ -321,6 +321,24 @@ def test_shutdown_runs_cleanup_and_leaves_no_process(spawn, jail: Path) -> None:
     assert marker.stat().st_uid == TEST_UID
 
 
+def test_deferred_reaping_waits_until_asked(jail: Path) -> None:
+    """A hook server's worker answers its caller before it waits for the helpers it closed: close()
+    then only says "shutdown"; reap_deferred() waits for the clean exit; later closes reap at once."""
+    before = _children()
+    first = HelperClient.spawn("test", lambda: _test_service(str(jail)))
+    second = HelperClient.spawn("test", lambda: _test_service(str(jail)))
+    helper.defer_reaping()
+    try:
+        first.close()
+        assert first.status is None
+    finally:
+        helper.reap_deferred()
+    assert os.WIFEXITED(first.status) and os.WEXITSTATUS(first.status) == 0  # its cleanup ran, no SIGKILL
+    assert (jail / "shut-down").read_text() == "cleanup ran\n"
+    second.close()
+    assert second.status is not None and _children() == before
+
+
 def test_hung_shutdown_is_killed_after_grace(jail: Path) -> None:
     def setup() -> dict:
         return {"shutdown": lambda: time.sleep(30)}
@@ -338,7 +356,7 @@ def test_helper_dies_with_its_parent() -> None:
     script = textwrap.dedent(
         """
         import time
-        from nvc.rpc import protocol
+        from nvc.rpc import helper, protocol
         from nvc.rpc.helper import HelperClient
         client = HelperClient.spawn("orphan", lambda: {"sleep": lambda: time.sleep(60)})
         # Queued before the parent dies, so the helper is busy, not reading: an EOF on its
