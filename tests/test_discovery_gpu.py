@@ -143,3 +143,29 @@ def test_list_binaries_include_nvidia_smi(nvml) -> None:
 def test_fast_path_and_nvml_agree() -> None:
     assert nvc("list") == nvc("list", "--nvml")
     assert nvc("list", "--json") == nvc("list", "--json", "--nvml")
+
+
+def test_installed_nvc_py_through_the_server_answers_as_the_python_program(tmp_path: Path) -> None:
+    """``nvc-py`` as installed (the native front) hands ``info`` and ``list`` to a running server, whose
+    worker had NVML loaded and the GPU attached ahead of the call: the answers are the Python
+    program's own. The debug log's pid shows the call ran in a worker."""
+    import sysconfig
+
+    from harness.hookserver import hook_server
+
+    scripts = Path(sysconfig.get_path("scripts"))
+    sock, log = tmp_path / "hook.sock", tmp_path / "debug.log"
+    callers, answers = set(), {}
+    with hook_server(scripts / "nvc-py-hook", sock):
+        for args in (("info",), ("info", "--json"), ("list",)):
+            proc = subprocess.Popen([str(scripts / "nvc-py"), "--debug", str(log), *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env={**os.environ, "NVC_PY_HOOK_SOCKET": str(sock)})
+            out, err = proc.communicate(timeout=60)
+            assert (proc.returncode, err) == (0, ""), args
+            callers.add(proc.pid)
+            answers[args] = out
+    for args, out in answers.items():
+        assert out == nvc(*args), args
+    workers = {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"}
+    assert workers and not workers & callers
+    print(f"--- nvc-py info, handed to the server by the installed nvc-py:\n{answers[('info',)]}")
