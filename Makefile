@@ -37,16 +37,22 @@ build: native install
 native:
 	$(MAKE) -C native
 
-# The nvc-py console script is then replaced by the native front (native/hook_client.c), which hands
-# each call to a running hook server and otherwise runs $(LIBDIR)/nvc-py-python, the Python program.
+# $(call front,NAME,MODULE): the NAME console script is replaced by the native front
+# (native/hook_client.c), which hands each call to a running hook server and otherwise runs
+# $(LIBDIR)/NAME-python, the Python program (MODULE's run()).
+define front
+	printf '#!%s\nfrom $(2) import run\nrun()\n' "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
+		> $(LIBDIR)/$(1)-python.new
+	chmod 0755 $(LIBDIR)/$(1)-python.new && mv $(LIBDIR)/$(1)-python.new $(LIBDIR)/$(1)-python
+	install -m 0755 native/nvc-py-hook-client "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/$(1)"
+endef
+
 install:
 	$(PIP) install -q --no-deps --no-index --no-build-isolation .
 	install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
 	install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
-	printf '#!%s\nfrom nvc.__main__ import run\nrun()\n' "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
-		> $(LIBDIR)/nvc-py-python.new
-	chmod 0755 $(LIBDIR)/nvc-py-python.new && mv $(LIBDIR)/nvc-py-python.new $(LIBDIR)/nvc-py-python
-	install -m 0755 native/nvc-py-hook-client "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nvc-py"
+	$(call front,nvc-py,nvc.__main__)
+	$(call front,nvc-py-hook,nvc.hook.prestart)
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build

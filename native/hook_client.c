@@ -5,9 +5,11 @@
  *     nvc-py-hook-client /usr/local/bin/nvc-py-hook prestart
  * or runs in a hook script, for the CLI:
  *     nvc-py-hook-client /usr/local/bin/nvc-py configure --pid PID ... ROOTFS
- * Under any other name it is that program's front: `make install` puts it where the nvc-py console
- * script was, and `nvc-py info` is handed over as it is typed. The Python program it stands for is
- * then /usr/lib/nvc-py/NAME-python (a launcher make install writes).
+ * Installed under another name, it is that program's front: `make install` puts it where the nvc-py
+ * and nvc-py-hook console scripts were, so `nvc-py info` is handed over as it is typed, and so are
+ * hooks that name nvc-py-hook (CDI's). The Python program it stands for is then
+ * /usr/lib/nvc-py/NAME-python (a launcher make install writes). The name is the installed file's
+ * (/proc/self/exe), not argv[0]'s.
  *
  * A Python program pays for an interpreter start and its imports at every run (most of its cost:
  * ~100 ms of a hook's ~130 ms on the H100 host, ~100 ms of `nvc-py info`'s ~120); the server has
@@ -119,10 +121,24 @@ static int is_serve(int argc, char **argv)
     return 0;
 }
 
+/* The name this binary was installed under: the file's, not the caller's argv[0] (a hook's args[0] is
+ * whatever its configuration says). */
+static const char *own_name(const char *argv0, char *buf, size_t size)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, size - 1);
+    const char *path = argv0;
+    if (n > 0) {
+        buf[n] = '\0';
+        path = buf;
+    }
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
 int main(int argc, char **argv)
 {
-    const char *base = strrchr(argv[0], '/');
-    base = base ? base + 1 : argv[0];
+    static char exe[4096];
+    const char *base = own_name(argv[0], exe, sizeof exe);
     self = base;
     char program[4096];
     if (!strcmp(base, CLIENT_NAME)) { /* the program's path comes first */
@@ -140,6 +156,7 @@ int main(int argc, char **argv)
             return 2;
         }
         target = program;
+        argv[0] = (char *)base; /* what the server runs */
     }
     /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
     if (is_serve(argc, argv))

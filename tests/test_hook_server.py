@@ -28,7 +28,7 @@ from test_hook_containers import A100, H100, SHOW, _uuids, assert_image_librarie
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
 
 HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
-FRONT = HOOK.with_name("nvc-py")  # the native front, once make install replaced the console script
+FRONT = HOOK.with_name("nvc-py")  # the native front, once make install replaced the console script (so is HOOK)
 PYTHON_PROGRAM = Path("/usr/lib/nvc-py/nvc-py-python")  # what the front runs without a server
 
 
@@ -304,10 +304,12 @@ def test_the_native_front_runs_serve_and_foreign_callers_itself(served: Path) ->
     assert (elsewhere.returncode, elsewhere.stdout, elsewhere.stderr) == (0, "nvc-py 0.1.0\n", "")
 
 
-def test_the_python_hook_hands_a_container_start_to_the_server(served: Path, runc, debian_rootfs: Path,
-                                                                setup_dir: Path, tmp_path: Path) -> None:
-    """nvc-py-hook registered directly (a CDI hook, an older hooks.d file) is served too."""
-    hook = {"path": str(HOOK), "args": ["nvc-py-hook", "prestart"],
+def test_nvc_py_hook_registered_directly_hands_a_container_start_to_the_server(
+        served: Path, runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path) -> None:
+    """nvc-py-hook registered directly (a CDI hook, an older hooks.d file) is served too, whatever
+    the hook's args[0] (the front knows its name from its file)."""
+    assert HOOK.read_bytes()[:4] == b"\x7fELF"
+    hook = {"path": str(HOOK), "args": ["oci-hook", "prestart"],
             "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", f"{handover.SOCKET_ENV}={served}"]}
     bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
                          hooks={"prestart": [hook]})
