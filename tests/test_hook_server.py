@@ -95,6 +95,35 @@ def test_container_gets_its_gpu_through_the_server(served: Path, runc, debian_ro
                                                                                   "server")
 
 
+@pytest.fixture
+def default_run_dir(active_2gpu) -> Iterator[Path]:
+    """/run/nvc-py, where the registered client looks for the server by default, as a tmpfs seen only
+    in this test's private mount namespace (a server of the host's own stays out of sight)."""
+    run_dir = Path(handover.DEFAULT_SOCKET).parent
+    created = not run_dir.exists()
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(run_dir)], check=True)
+    try:
+        yield run_dir
+    finally:
+        subprocess.run(["umount", str(run_dir)], check=True)
+        if created:
+            run_dir.rmdir()
+
+
+def test_podman_with_setup_podman_hooks_reaches_the_server_at_its_default_socket(
+        default_run_dir: Path, podman, setup_dir: Path) -> None:
+    """The recommended set-up end to end: `nvc-py setup podman`'s hooks.d file (no socket named) and
+    a server on the default socket."""
+    with hook_server(HOOK, Path(handover.DEFAULT_SOCKET)):
+        result = podman.run(podman.image(), SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                            hooks_dirs=[setup_dir / "hooks.d"])
+    assert result.returncode == 0, result.stderr
+    assert _uuids(result.stdout) == [H100]
+    last = last_log_line(setup_dir)
+    assert (last["outcome"], last["devices"], last["via"]) == ("configured", ["0"], "server")
+
+
 def test_refusal_reaches_the_runtime_through_the_client(served: Path, runc, debian_rootfs: Path, setup_dir: Path,
                                                         tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW,
