@@ -168,4 +168,5 @@ def test_installed_nvc_py_through_the_server_answers_as_the_python_program(tmp_p
         assert out == nvc(*args), args
     workers = {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"}
     assert workers and not workers & callers
-    print(f"--- nvc-py info, handed to the server by the installed nvc-py:\n{answers[('info',)]}")
+    for args in (("info",), ("list",)):
+        print(f"--- nvc-py {' '.join(args)}, handed to the server by the installed nvc-py:\n{answers[args]}")
