@@ -40,9 +40,9 @@ Setup = Callable[..., Dispatch]  # called with no arguments, or a preforked help
 DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded limit
 DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
 _READY_ID = 0  # id of the message the child sends once its setup finished (or failed)
+_SERVICE_FD = 3  # the child's socket is moved here; everything above is closed
 # Helpers told to exit whose reaping waits for reap_deferred() (None: close() reaps at once).
 _deferred: list[HelperClient] | None = None
-_SERVICE_FD = 3  # the child's socket is moved here; everything above is closed
 
 # kind → class, so an error raised in the child comes back as the same class.
 _ERROR_CLASSES: dict[str, type[errors.NvcError]] = {

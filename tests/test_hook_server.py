@@ -22,14 +22,14 @@ import pytest
 
 from harness.bundle import make_bundle
 from harness.hookserver import BUILT_CLIENT as CLIENT
-from harness.hookserver import client_hook, hook_server
+from harness.hookserver import LIBDIR, client_hook, hook_server
 from nvc.hook import handover
 from test_hook_containers import A100, H100, SHOW, _uuids, assert_image_libraries_never_load
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
 
 HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
 FRONT = HOOK.with_name("nvc-py")  # the native front, once make install replaced the console script (so is HOOK)
-PYTHON_PROGRAM = Path("/usr/lib/nvc-py/nvc-py-python")  # what the front runs without a server
+PYTHON_PROGRAM = LIBDIR / "nvc-py-python"  # what the front runs without a server
 
 
 def message(argv: list[str], env: list[str], argc: int | None = None) -> bytes:

@@ -1,4 +1,5 @@
-"""A running ``nvc-py-hook serve`` for tests and benchmarks, and the hook entry that reaches it."""
+"""A running ``nvc-py-hook serve`` for tests and benchmarks, the hook entry that reaches it, and the
+interpreter of an installed command (make install replaces the console scripts by the native front)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,31 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
-INSTALLED_CLIENT = Path("/usr/lib/nvc-py/nvc-py-hook-client")
+LIBDIR = Path("/usr/lib/nvc-py")  # as the Makefile's
+INSTALLED_CLIENT = LIBDIR / "nvc-py-hook-client"
 BUILT_CLIENT = REPO / "native" / "nvc-py-hook-client"
 
 
 def client_path() -> Path:
     """nvc-py-hook-client as installed (make install), else as built in native/."""
     return INSTALLED_CLIENT if INSTALLED_CLIENT.is_file() else BUILT_CLIENT
+
+
+def program_interpreter(command: str | Path) -> str | None:
+    """The interpreter in the ``#!`` line of the Python program behind an installed ``nvc-py`` or
+    ``nvc-py-hook`` (None: none found), so a benchmark measures its floor with the same one. The
+    program is the command itself where it is pip's console script, else what the native front
+    runs without a server (LIBDIR/NAME-python)."""
+    command = Path(command)
+    for program in (command, LIBDIR / f"{command.name}-python"):
+        try:
+            with open(program, "rb") as f:
+                first = f.readline().decode(errors="replace").strip()
+        except OSError:
+            continue
+        if first.startswith("#!") and "python" in first:
+            return first[2:].split()[0]
+    return None
 
 
 @contextmanager
