@@ -6,10 +6,24 @@ workers and this interpreter exits with the worker's status, having imported not
 interpreter start costs ~15 ms, nvc-py's imports ~100 ms more); anywhere else it returns and
 the call runs here. ``native/hook_client.c`` is the same client without the interpreter.
 
-A message is SOCK_SEQPACKET, one datagram: MAGIC, argc, envc, then argv and ``NAME=VALUE``
-strings, each NUL-terminated, with the caller's stdin, stdout, stderr and working directory
-attached (SCM_RIGHTS). The answer is ``exit N``, or ``fall back`` when the caller must run the
-program itself (nothing was done).
+A call is SOCK_SEQPACKET messages. The caller's first: MAGIC, argc, envc, then argv and
+``NAME=VALUE`` strings, each NUL-terminated, with its working directory attached (SCM_RIGHTS).
+The server answers ``ready`` with the worker's pidfd attached (the call is accepted), ``fall
+back`` (the caller must run the program itself: nothing was done) or ``exit N``, maybe followed
+by a newline and a line for the caller's stderr (refused). After ``ready`` the caller sends
+``go`` with its stdin, stdout and stderr attached, and the server answers ``exit N`` when the
+call is done. An environment entry without ``=`` or with an empty name is ignored, as the
+program's own interpreter would ignore it, and of a name given twice the first counts (as for
+the interpreter's ``os.environ``).
+
+Before it sends anything, a client makes sure root answers: the socket's directory is root's,
+not a symlink and not writable by group or others, the socket is root's, and the listening
+peer's credentials (SO_PEERCRED) are uid 0; otherwise it runs the program itself, saying so in
+one line. It waits at most ``$NVC_PY_HOOK_TIMEOUT`` seconds (default 60) for each answer, and
+at most ACK_TIMEOUT for ``ready``: without it the caller runs the program itself (no worker ran
+or will run anything: a worker runs only after ``go``, and holds none of the caller's streams
+before it); once it sent ``go`` it kills the worker and fails with one line instead (the call
+may have done part of its work). ``NVC_PY_HOOK_SOCKET=none`` hands nothing over.
 """
 
 from __future__ import annotations
@@ -19,10 +33,16 @@ import sys
 
 DEFAULT_SOCKET = "/run/nvc-py/hook.sock"
 SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
-MAGIC = b"nvc-py-hook/1"
+NO_SERVER = "none"  # $NVC_PY_HOOK_SOCKET's value for "hand nothing over" (as native/hook_client.c)
+TIMEOUT_ENV = "NVC_PY_HOOK_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0  # seconds for a served call's status (as native/hook_client.c)
+ACK_TIMEOUT = 2.0  # seconds at most for the server's ``ready`` (as native/hook_client.c)
+MAGIC = b"nvc-py-hook/2"
 MAX_MESSAGE = 64 * 1024  # as native/hook_client.c
 PROGRAMS = ("nvc-py-hook", "nvc-py")  # what a call may run: the basename of its argv[0]
 FALL_BACK = b"fall back"
+READY = b"ready"
+GO = b"go"
 
 
 class CallError(ValueError):
@@ -56,49 +76,138 @@ def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
     env = {}
     for entry in fields[3 + argc:]:
         name, sep, value = entry.partition("=")
-        if sep and not is_unsafe(name):
-            env[name] = value
+        if sep and name and not is_unsafe(name):
+            env.setdefault(name, value)
     return argv, env
+
+
+def call_timeout() -> float:
+    """Seconds to wait for a served call's status: $NVC_PY_HOOK_TIMEOUT, else DEFAULT_TIMEOUT (a
+    value that is not a positive number counts as unset)."""
+    try:
+        timeout = float(os.environ.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return timeout if 0 < timeout < 1e9 else DEFAULT_TIMEOUT
+
+
+def not_roots(path: str) -> str | None:
+    """Why the socket at ``path`` may not be root's server's (None: it is root's, so far as the
+    files tell; the peer's credentials are checked once connected). A socket absent reads as
+    None: connecting fails and the caller runs the program itself."""
+    import stat
+
+    directory = os.path.dirname(path) or "."
+    try:
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return f"{directory}: not a directory of root's that only root can write"
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"{path}: {err.strerror}"
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != 0:
+        return f"{path}: not a socket of root's"
+    return None
 
 
 def hand_over(argv: list[str]) -> None:
     """Run ``argv`` in a worker of root's running server and exit with its status.
 
-    Returns, having done nothing, where that cannot be: not root, no server, a program the
-    server does not run (``python -m nvc``), ``serve`` itself (``nvc-py-hook serve``, ``nvc-py
-    hook serve``), or the server's word to fall back.
+    Returns, having done nothing, where that cannot be: not root, no server, a server that is not
+    root's (one line says so), a program the server does not run (``python -m nvc``), ``serve``
+    itself (``nvc-py-hook serve``, ``nvc-py hook serve``), no answer in time, or the server's
+    word to fall back.
     """
     if os.geteuid() != 0 or os.path.basename(argv[0]) not in PROGRAMS or "serve" in argv[1:]:
         return
     message = encode_call(argv, dict(os.environ))
     if len(message) > MAX_MESSAGE:
         return
+    path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+    if path == NO_SERVER:
+        return
+    prog = os.path.basename(argv[0])
+    why = not_roots(path)
+    if why is not None:
+        os.write(2, f"{prog}: not handing over to the hook server ({why}); running here\n".encode())
+        return
     import _socket  # not socket: its imports cost more than the rest of this path
 
+    timeout = call_timeout()
     try:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     except OSError:
         return
+    worker = -1
     try:
         try:
-            sock.connect(os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+            sock.settimeout(min(ACK_TIMEOUT, timeout))
+            sock.connect(path)
+            peer_uid = int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[4:8],
+                                      sys.byteorder)
+            if peer_uid != 0:
+                os.write(2, f"{prog}: not handing over to the hook server ({path}: served by uid {peer_uid}, "
+                            "not root); running here\n".encode())
+                return
             cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2, cwd))
-                sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+                _send_fds(sock, message, (cwd,))
             finally:
                 os.close(cwd)
+            reply, worker = _receive(sock)
+            if reply == READY:
+                _send_fds(sock, GO, (0, 1, 2))
+        except TimeoutError:
+            os.write(2, f"{prog}: the hook server did not answer in {min(ACK_TIMEOUT, timeout):g} s; "
+                        "running here\n".encode())
+            return
         except OSError:
-            return  # nothing was handed over: run here
+            return  # no worker runs the call (none before ``go``): run here
+        if reply != READY:  # a refusal, or the server's word or silence: nothing was done
+            status, _, line = reply.partition(b"\n")
+            if status.startswith(b"exit ") and status[5:].isdigit():
+                os.write(2, line)
+                os._exit(int(status[5:]))
+            return
+        sock.settimeout(timeout)
         try:
             reply = sock.recv(64)
+        except TimeoutError:
+            import signal
+
+            signal.pidfd_send_signal(worker, signal.SIGKILL)
+            os.write(2, f"{prog}: the hook server's worker gave no status in {timeout:g} s (killed)\n".encode())
+            os._exit(1)
         except OSError:
             reply = b""
     finally:
         sock.close()
-    if reply == FALL_BACK:
-        return
+        if worker >= 0:
+            os.close(worker)
     if reply.startswith(b"exit ") and reply[5:].isdigit():
         os._exit(int(reply[5:]))
-    os.write(2, f"{os.path.basename(argv[0])}: the hook server's worker ended without a status\n".encode())
+    os.write(2, f"{prog}: the hook server's worker ended without a status\n".encode())
     os._exit(1)
+
+
+def _send_fds(sock, data: bytes, fds: tuple[int, ...]) -> None:  # noqa: ANN001 - a _socket.socket
+    """Send ``data`` with ``fds`` attached (SCM_RIGHTS)."""
+    import _socket
+
+    raw = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, raw)])
+
+
+def _receive(sock) -> tuple[bytes, int]:  # noqa: ANN001 - a _socket.socket
+    """One answer and the descriptor attached to it (-1: none; any further one is closed)."""
+    import _socket
+
+    data, ancillary, _, _ = sock.recvmsg(1024, _socket.CMSG_SPACE(4 * 4), _socket.MSG_CMSG_CLOEXEC)
+    fds = [int.from_bytes(cmsg[2][i:i + 4], sys.byteorder, signed=True)
+           for cmsg in ancillary if cmsg[:2] == (_socket.SOL_SOCKET, _socket.SCM_RIGHTS)
+           for i in range(0, len(cmsg[2]) - 3, 4)]
+    for fd in fds[1:]:
+        os.close(fd)
+    return data, fds[0] if fds else -1

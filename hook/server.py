@@ -4,8 +4,8 @@ A Python hook started per container pays for the interpreter and its imports eve
 (about four fifths of its cost on the H100 host), while the work itself takes a few tens of
 milliseconds. The server imports everything the hook needs once; ``nvc-py-hook-client``
 (native/hook_client.c), registered as the hook, passes each call to it: arguments,
-environment, the three standard streams and the working directory (SCM_RIGHTS) in one
-SOCK_SEQPACKET message; a hook script may hand ``nvc-py configure`` over the same way. The
+environment, the three standard streams and the working directory (SCM_RIGHTS) over a
+SOCK_SEQPACKET connection (the exchange is below); a hook script may hand ``nvc-py configure`` over the same way. The
 server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a
 call makes the server fork the next, takes the caller's streams and directory as its own, runs
 :func:`nvc.hook.prestart.main` (or :func:`nvc.cli.main` for ``nvc-py``) exactly as the console
@@ -20,10 +20,24 @@ server's namespaces and cgroup, so the server must run in the host's (a plain sy
 ``KillMode=process`` so a restart lets running calls finish), and new code takes effect when
 the server restarts.
 
-Only callers with the server's own uid (root) are served; the socket is 0600 in a 0700
-directory, and the peer's credentials are checked again on every connection. A caller in other
-mount, pid or user namespaces than the server's (a runtime inside a container, say) is told to
-fall back: its paths and process ids would mean something else to a worker.
+Only callers with the server's own uid (root) are served; the socket is 0600 in a directory of
+the server's own with mode 0700 (the server refuses to start in any other, or through a
+symlink, and never changes one it did not create), and the peer's credentials are checked again
+on every connection. A root caller weaker than the server (fewer capabilities, under seccomp,
+chrooted) or in other mount, pid, user or cgroup namespaces (a runtime inside a container) is
+told to fall back and runs the program itself: :mod:`nvc.hook.peer` says why, and how the peer
+is pinned against pid reuse.
+
+A call is a short exchange, so that a caller can give up on a wedged server without the call
+running twice, and without its streams held by a worker that never ran it: the caller sends its
+message with its working directory; the worker checks the caller and the message and answers
+``ready`` with its own pidfd (or a refusal: ``fall back``, or ``exit N`` and one line the
+caller writes on its stderr); the caller answers ``go`` with its stdin, stdout and stderr; only
+then does the worker run the call, and it answers ``exit N``. A malformed message (bad counts,
+missing or extra descriptors, a truncated message, a working-directory descriptor that is not a
+directory, an unknown program) is refused so, with status 2. A caller that gets no status in
+time kills the worker through its pidfd, as a runtime kills a hook past its timeout (so that
+the caller's streams, which the runtime may wait on, are closed).
 """
 
 from __future__ import annotations
@@ -33,13 +47,15 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.hook.handover import FALL_BACK, MAX_MESSAGE, PROGRAMS, CallError, parse_call
+from nvc.hook.handover import FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, CallError, parse_call
+from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an NVML helper
@@ -49,9 +65,7 @@ PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.l
            "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "nvc.rpc.driver_service",
            "nvc.infoformat", "nvc.listing", "nvc.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pyseccomp", "pynvml", "yaml", "json")
-STREAMS = 4  # stdin, stdout, stderr, working directory
-NAMESPACES = ("mnt", "pid", "user")
-FALLING_BACK = -1  # _run_call's answer when the caller must run the program itself
+GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 _in_worker = False  # set in a worker once it runs a call
 
 
@@ -62,33 +76,54 @@ def peer_credentials(conn: socket.socket) -> tuple[int, int]:
     return pid, uid
 
 
-def same_namespaces(pid: int) -> bool:
-    """Whether process ``pid`` shares this process's mount, pid and user namespaces: paths,
-    process ids (a hook's ``--pid``) and privileges then mean the same to a worker as to the caller."""
+def _peer_pidfd(conn: socket.socket) -> int | None:
+    """A pidfd of the connecting process (Linux 6.5+), None where the kernel has none."""
     try:
-        for ns in NAMESPACES:
-            theirs, ours = os.stat(f"/proc/{pid}/ns/{ns}"), os.stat(f"/proc/self/ns/{ns}")
-            if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
-                return False
+        return conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
     except OSError:
-        return False
-    return True
+        return None
 
 
-def listen(path: str) -> socket.socket:
-    """A SOCK_SEQPACKET socket at ``path``, reachable by root only (a stale socket is replaced)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+def socket_directory(directory: str) -> int:
+    """A descriptor of ``directory``, created 0700 if absent; InputError unless it is a real
+    directory (not a symlink) of this process's uid with no access for group or others: whoever
+    else could write there could answer root's hook calls in the server's place."""
     try:
-        os.unlink(path)
-    except FileNotFoundError:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
         pass
-    old = os.umask(0o177)
+    except OSError as err:
+        raise InputError(f"{directory}: cannot create the socket directory: {err.strerror}") from None
     try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        what = "a symlink" if os.path.islink(directory) else err.strerror
+        raise InputError(f"{directory}: socket directory is {what}; refusing to serve there") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise InputError(f"{directory}: socket directory must belong to uid {os.geteuid()} with mode 0700 "
+                         f"(it is uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}); refusing to serve there")
+    return fd
+
+
+def listen(directory_fd: int, name: str, path: str) -> socket.socket:
+    """A SOCK_SEQPACKET socket named ``name`` in the directory ``directory_fd`` (checked by
+    :func:`socket_directory`, and bound through its descriptor, so the directory checked is the
+    one used), reachable by root only; a stale socket is replaced. ``path``: its name for messages."""
+    try:
+        try:
+            os.unlink(name, dir_fd=directory_fd)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        old = os.umask(0o177)
+        try:
+            sock.bind(f"/proc/self/fd/{directory_fd}/{name}")
+        finally:
+            os.umask(old)
+    except OSError as err:
+        raise InputError(f"{path}: cannot listen there: {err.strerror}") from None
     sock.listen(128)
     return sock
 
@@ -96,35 +131,96 @@ def listen(path: str) -> socket.socket:
 Programs = dict[str, Callable[[list[str]], int]]
 
 
-def _run_call(conn: socket.socket, programs: Programs) -> int:
-    """Worker side: take over the caller's streams, directory and environment, run the call, return
-    its status."""
-    message, fds, flags, _ = socket.recv_fds(conn, MAX_MESSAGE, STREAMS)
-    pid, uid = peer_credentials(conn)
-    if uid != os.geteuid() or not same_namespaces(pid):
+class _Refused(Exception):
+    """A call not run; ``answer`` is what the caller is told (None: nothing, it is gone)."""
+
+    def __init__(self, answer: bytes | None) -> None:
+        super().__init__(answer)
+        self.answer = answer
+
+
+def _malformed(what: str) -> _Refused:
+    """The refusal of a malformed call: status 2 and the line the client writes on its stderr."""
+    return _Refused(f"exit {InputError.exit_code}\nnvc-py-hook serve: refused a call: {what[:200]}\n".encode())
+
+
+def _received(conn: socket.socket, size: int, count: int) -> tuple[bytes, list[int]]:
+    """One message of at most ``size`` bytes with exactly ``count`` descriptors, or a _Refused
+    naming what is wrong (the descriptors that came are closed)."""
+    data, fds, flags, _ = socket.recv_fds(conn, size, count + 1)
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != count:
         for fd in fds:
             os.close(fd)
-        # Another user gets no help; a caller in other namespaces runs the program itself.
-        return 126 if uid != os.geteuid() else FALLING_BACK
+        raise _malformed(f"truncated message or not {count} descriptor{'s' if count > 1 else ''}")
+    return data, fds
+
+
+def _checked_call(conn: socket.socket, ours: Standing) -> tuple[list[str], dict[str, str], int]:
+    """(argv, env, working directory's descriptor) of the call on ``conn``, or _Refused: a caller
+    that must run the program itself (weaker than the server, or elsewhere: see nvc.hook.peer),
+    another user, or a malformed call. The message is read first: a connection closed on unread
+    data would reach the caller as a reset, not as the answer."""
+    message, (cwd,) = _received(conn, MAX_MESSAGE, 1)
     try:
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != STREAMS:
-            raise CallError("truncated message or missing streams")
-        argv, env = parse_call(message)
-        program = os.path.basename(argv[0])
-        if program not in PROGRAMS:
-            raise CallError(f"{argv[0]}: not one of {', '.join(PROGRAMS)}")
-    except CallError as err:
-        line = f"nvc-py-hook serve: refused a call: {err}\n".encode()
+        pid, uid = peer_credentials(conn)
+        if uid != os.geteuid():
+            raise _Refused(b"exit 126")
+        pidfd = _peer_pidfd(conn)
         try:
-            os.write(fds[2] if len(fds) > 2 else 2, line)  # the caller's stderr where it came along
-        except OSError:
-            pass  # a closed stderr: the status still says it
-        for fd in fds:
+            if caller_shortfall(pid, pidfd, ours) is not None:
+                raise _Refused(FALL_BACK)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+        argv, env = parse_call(message)
+        if not stat.S_ISDIR(os.fstat(cwd).st_mode):
+            raise CallError("the working directory's descriptor is not a directory")
+        if os.path.basename(argv[0]) not in PROGRAMS:
+            raise CallError(f"{argv[0]}: not one of {', '.join(PROGRAMS)}")
+    except (CallError, _Refused) as err:
+        os.close(cwd)
+        raise _malformed(str(err)) if isinstance(err, CallError) else err from None
+    return argv, env, cwd
+
+
+def _streams_on_go(conn: socket.socket) -> list[int]:
+    """After ``ready`` (with this worker's pidfd, so that a caller that gets no status in time can
+    end it): the caller's ``go`` with its stdin, stdout and stderr, or _Refused."""
+    pidfd = os.pidfd_open(os.getpid())
+    try:
+        socket.send_fds(conn, [READY], [pidfd])
+    finally:
+        os.close(pidfd)
+    conn.settimeout(GO_TIMEOUT)
+    try:
+        go, streams = _received(conn, 64, 3)
+    except OSError:  # the caller gave up, and runs the program itself: nothing was done
+        raise _Refused(None) from None
+    if go != GO:
+        for fd in streams:
             os.close(fd)
-        return InputError.exit_code
+        raise _Refused(None if not go else _malformed("no go").answer)
+    conn.settimeout(None)
+    return streams
+
+
+def _run_call(conn: socket.socket, programs: Programs, ours: Standing) -> bytes | None:
+    """Worker side: check the caller and its call, take over the caller's streams, directory and
+    environment once the caller says ``go``, run the call; the answer (None: none, the caller is
+    gone; it runs the program itself)."""
+    try:
+        argv, env, cwd = _checked_call(conn, ours)
+    except _Refused as refused:
+        return refused.answer
+    try:
+        streams = _streams_on_go(conn)
+    except BaseException as err:
+        os.close(cwd)
+        if isinstance(err, _Refused):
+            return err.answer
+        raise
     global _in_worker
     _in_worker = True  # serve() refuses to run here (``nvc-py hook serve`` would take the socket over)
-    *streams, cwd = fds
     for target, fd in enumerate(streams):
         os.dup2(fd, target)
         os.close(fd)
@@ -134,20 +230,28 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
     os.environ.update(env)
     sys.argv = argv
     try:
-        code = programs[program](argv[1:])
+        code = programs[os.path.basename(argv[0])](argv[1:])
     except SystemExit as done:  # sys.exit() as the console script would end (``nvc-py hook``)
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         if not isinstance(done.code, (int, type(None))):
-            print(done.code, file=sys.stderr)
+            _say(str(done.code))
     except BaseException as err:  # noqa: BLE001 - the caller must get a status, whatever happened
-        print(f"nvc-py-hook: internal error: {type(err).__name__}: {err}", file=sys.stderr)
+        _say(f"nvc-py-hook: internal error: {type(err).__name__}: {err}")
         code = 1
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except OSError:
             code = code or 1
-    return code
+    return f"exit {code & 0xFF}".encode()  # as the process's status would be
+
+
+def _say(line: str) -> None:
+    """One line on the caller's stderr, if it takes one (a closed or read-only stderr does not)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _release_streams() -> None:
@@ -159,26 +263,29 @@ def _release_streams() -> None:
     os.close(null)
 
 
-def _worker(conn: socket.socket, programs: Programs) -> None:
+def _worker(conn: socket.socket, programs: Programs, ours: Standing) -> None:
     """Run the call on ``conn``, answer its status, never return.
 
     The helpers the call closed are waited for after the answer (their cleanup is nothing the
     caller sees: see nvc.rpc.helper.defer_reaping)."""
     from nvc.rpc import helper
 
-    code = 1
+    answer: bytes | None = b"exit 1"
     try:
         helper.defer_reaping()
-        code = _run_call(conn, programs)
-        _release_streams()
-        conn.send(FALL_BACK if code == FALLING_BACK else f"exit {code}".encode())
-        code = max(code, 0)
-        helper.reap_deferred()
+        try:
+            answer = _run_call(conn, programs, ours)
+        except BaseException as err:  # noqa: BLE001 - the caller must get a status, whatever happened
+            _say(f"nvc-py-hook serve: worker failed: {type(err).__name__}: {err}")
+        if answer is not None:
+            _release_streams()
+            conn.send(answer)
+            helper.reap_deferred()
     finally:
-        os._exit(code)
+        os._exit(0)
 
 
-def _spare(sock: socket.socket, taken: int, programs: Programs) -> None:
+def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing) -> None:
     """A worker forked ahead of its call: waits for the next connection, tells the server it was
     taken (so the server forks the next spare), then serves it. Never returns."""
     import prctl
@@ -206,7 +313,7 @@ def _spare(sock: socket.socket, taken: int, programs: Programs) -> None:
         sock.close()
     except BaseException:  # noqa: BLE001 - the server forks another spare
         os._exit(1)
-    _worker(conn, programs)
+    _worker(conn, programs, ours)
 
 
 def _prestart_driver() -> None:
@@ -244,13 +351,22 @@ def _warm_up() -> None:
 
 def serve(path: str) -> int:
     """Accept hook calls on ``path`` until SIGTERM, each in a worker forked ahead of it."""
-    import importlib
-
     if _in_worker:
         raise InputError("serve: refused inside a worker of a running server")
+    directory, name = os.path.split(path)
+    directory_fd = socket_directory(directory or ".")  # before the warm-up: a refusal is quick
+    try:
+        return _serve_in(directory_fd, path, name)
+    finally:
+        os.close(directory_fd)
 
-    for name in PRELOAD:
-        importlib.import_module(name)
+
+def _serve_in(directory_fd: int, path: str, name: str) -> int:
+    """serve() once its socket directory is checked."""
+    import importlib
+
+    for module in PRELOAD:
+        importlib.import_module(module)
     from nvc.cli import main as cli_main
     from nvc.hook.prestart import main as hook_main
 
@@ -262,7 +378,8 @@ def serve(path: str) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers...
     prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    sock = listen(path)
+    ours = own_standing()
+    sock = listen(directory_fd, name, path)
     try:
         gc.collect()
         gc.freeze()  # keep the imported objects' pages shared with the workers
@@ -273,7 +390,7 @@ def serve(path: str) -> int:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             if os.fork() == 0:
                 os.close(taken_r)
-                _spare(sock, taken_w, programs)
+                _spare(sock, taken_w, programs, ours)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             os.close(taken_w)
             try:
@@ -285,6 +402,6 @@ def serve(path: str) -> int:
     finally:
         sock.close()
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=directory_fd)
         except OSError:
             pass

@@ -19,25 +19,44 @@
  * server's socket and exits with the worker's status.
  *
  * Where no server answers (not running, no socket, not root: the socket is root's alone), or the
- * server says so (this process is in other namespaces than the server's), or the call is `serve`
- * itself, it executes the Python program with the same arguments: the same result, only slower.
- * Once a worker took the call it never falls back (the worker may have changed the container
- * already): a worker that ends without a status is an error.
+ * server says so (this process is weaker than the server or in other namespaces), or the call is
+ * `serve` itself, it executes the Python program with the same arguments: the same result, only
+ * slower. Before it sends anything it makes sure root answers: the socket's directory is root's,
+ * not a symlink, not writable by group or others; the socket is root's; the listening peer's
+ * credentials (SO_PEERCRED) are uid 0. Otherwise it says so in one line and runs the program itself.
  *
- * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock.
+ * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready` with
+ * the worker's pidfd (or a refusal: `fall back`, or `exit N` and a line this client writes on stderr);
+ * `go` with the three standard streams; `exit N`. No worker runs anything, or holds a stream, before
+ * `go`: without `ready` within ACK_TIMEOUT seconds (a wedged or stopped server), or with the connection
+ * closed before it, the client runs the program itself. Once it sent `go` it never falls back (the
+ * worker may have changed the container already): no status within $NVC_PY_HOOK_TIMEOUT seconds
+ * (default 60) kills the worker (as a runtime kills a hook past its timeout; its end closes the
+ * streams a runtime may be waiting on) and fails with one line, as does a worker that ends without a
+ * status. Connecting and sending are bounded by ACK_TIMEOUT too (SO_SNDTIMEO).
+ *
+ * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock; `none` hands nothing over. A program run
+ * after trying the server gets NVC_PY_HOOK_SOCKET=none, so that a front behind it does not try again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #define DEFAULT_SOCKET "/run/nvc-py/hook.sock"
-#define MAGIC "nvc-py-hook/1"
+#define NO_SERVER "none" /* $NVC_PY_HOOK_SOCKET's value for "hand nothing over" */
+#define MAGIC "nvc-py-hook/2"
+#define DEFAULT_TIMEOUT 60.0 /* seconds for a served call's status; $NVC_PY_HOOK_TIMEOUT */
+#define ACK_TIMEOUT 2.0      /* seconds at most to connect, send and get `ready` */
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
 #ifndef PROGRAM_DIR
@@ -55,6 +74,14 @@ static void fall_back(char **argv)
     execv(target, argv);
     fprintf(stderr, "%s: cannot execute %s: %s\n", self, target, strerror(errno));
     exit(127);
+}
+
+/* Runs the call here after trying the server: with $NVC_PY_HOOK_SOCKET set to NO_SERVER, so that a front
+ * of nvc-py behind the target (or pip's console script) does not try, wait or warn again. */
+static void give_up(char **argv)
+{
+    setenv("NVC_PY_HOOK_SOCKET", NO_SERVER, 1);
+    fall_back(argv);
 }
 
 /* Appends s and its NUL; 0 when the message would outgrow MAX_MESSAGE. */
@@ -92,24 +119,85 @@ static int build_message(char *buf, size_t *len, int argc, char **argv)
     return 1;
 }
 
-/* Sends the message with descriptors 0, 1, 2 and the working directory attached. */
-static int send_call(int sock, const char *buf, size_t len, int cwd)
+/* Sends len bytes of buf with n (at most 3) descriptors attached (SCM_RIGHTS); 1 when all went. */
+static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, size_t n)
 {
-    int fds[4] = {0, 1, 2, cwd};
-    char control[CMSG_SPACE(sizeof fds)];
+    char control[CMSG_SPACE(3 * sizeof(int))];
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                         .msg_controllen = sizeof control};
+                         .msg_controllen = CMSG_SPACE(n * sizeof(int))};
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(cmsg), fds, sizeof fds);
+    cmsg->cmsg_len = CMSG_LEN(n * sizeof(int));
+    memcpy(CMSG_DATA(cmsg), fds, n * sizeof(int));
     ssize_t sent;
     do
         sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
     while (sent < 0 && errno == EINTR);
     return sent == (ssize_t)len;
+}
+
+/* Why the socket at path may not be root's server's (NULL: root's, so far as the files tell; an absent
+ * socket reads as NULL, and connecting fails). */
+static const char *not_roots(const char *path)
+{
+    char directory[sizeof ((struct sockaddr_un *)0)->sun_path];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        strcpy(directory, ".");
+    else if (slash == path)
+        strcpy(directory, "/");
+    else
+        snprintf(directory, sizeof directory, "%.*s", (int)(slash - path), path);
+    struct stat st;
+    if (lstat(directory, &st) < 0)
+        return errno == ENOENT ? NULL : "its directory cannot be examined";
+    if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
+        return "its directory is not root's, or others can write there";
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? NULL : "it cannot be examined";
+    if (!S_ISSOCK(st.st_mode) || st.st_uid != 0)
+        return "it is not a socket of root's";
+    return NULL;
+}
+
+/* Sets the socket's send and receive timeouts (seconds). */
+static void set_timeouts(int sock, double seconds)
+{
+    struct timeval tv = {.tv_sec = (time_t)seconds, .tv_usec = (suseconds_t)((seconds - (time_t)seconds) * 1e6)};
+    setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/* One answer of the server, NUL-terminated; its length, 0 at end of file, -1 on error (errno). *fd: the
+ * descriptor attached to it (close-on-exec), -1 if none. */
+static ssize_t answer(int sock, char *reply, size_t size, int *fd)
+{
+    char control[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {.iov_base = reply, .iov_len = size - 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    *fd = -1;
+    struct cmsghdr *cmsg = n >= 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+    if (cmsg && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
+        cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
+        memcpy(fd, CMSG_DATA(cmsg), sizeof(int));
+    reply[n > 0 ? n : 0] = '\0';
+    return n;
+}
+
+/* $NVC_PY_HOOK_TIMEOUT: seconds for a served call's status (DEFAULT_TIMEOUT where unset or not a
+ * positive number). */
+static double call_timeout(void)
+{
+    const char *value = getenv("NVC_PY_HOOK_TIMEOUT");
+    char *end;
+    double seconds = value ? strtod(value, &end) : 0;
+    return value && *value && !*end && seconds > 0 && seconds < 1e9 ? seconds : DEFAULT_TIMEOUT;
 }
 
 /* `serve` is the server's own command: a worker refuses it, so it always runs here. */
@@ -169,36 +257,74 @@ int main(int argc, char **argv)
     const char *path = getenv("NVC_PY_HOOK_SOCKET");
     if (!path || !*path)
         path = DEFAULT_SOCKET;
+    if (!strcmp(path, NO_SERVER))
+        fall_back(argv);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
-        fall_back(argv);
+        give_up(argv);
     strcpy(addr.sun_path, path);
+
+    const char *why = not_roots(path);
+    if (why) {
+        fprintf(stderr, "%s: not handing over to the hook server (%s: %s); running %s\n", self, path, why, target);
+        give_up(argv);
+    }
 
     static char buf[MAX_MESSAGE];
     size_t len = 0;
     if (!build_message(buf, &len, argc, argv))
-        fall_back(argv);
+        give_up(argv);
     int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (cwd < 0)
-        fall_back(argv);
+        give_up(argv);
+    double timeout = call_timeout();
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0 || !send_call(sock, buf, len, cwd))
-        fall_back(argv); /* nothing was handed over yet */
-
-    char reply[64];
-    ssize_t n;
-    do
-        n = recv(sock, reply, sizeof reply - 1, 0);
-    while (n < 0 && errno == EINTR);
-    int status;
-    if (n > 0) {
-        reply[n] = '\0';
-        if (sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)
-            return status;
-        if (!strcmp(reply, "fall back")) /* other namespaces than the server's: nothing was done */
-            fall_back(argv);
+    if (sock < 0)
+        give_up(argv);
+    set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
+    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0)
+        give_up(argv); /* nothing was handed over */
+    struct ucred peer = {.uid = (uid_t)-1};
+    socklen_t peer_len = sizeof peer;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != 0) {
+        fprintf(stderr, "%s: not handing over to the hook server (%s: served by uid %d, not root); running %s\n",
+                self, path, (int)peer.uid, target);
+        give_up(argv);
     }
-    fprintf(stderr, "%s: the hook server's worker ended without a status (%s)\n", self,
-            n < 0 ? strerror(errno) : "no answer");
-    return 1;
+    char reply[1024];
+    int worker;
+    const int streams[3] = {0, 1, 2};
+    ssize_t got = send_with_fds(sock, buf, len, &cwd, 1) ? answer(sock, reply, sizeof reply, &worker) : -1;
+    if (got <= 0) {
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self,
+                    timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT, target);
+        give_up(argv); /* no worker runs anything before `go` */
+    }
+    int status;
+    if (!strcmp(reply, "ready")) {
+        if (!send_with_fds(sock, "go", 2, streams, 3))
+            give_up(argv); /* the worker did not get it: it runs nothing */
+        set_timeouts(sock, timeout);
+        int none;
+        ssize_t n = answer(sock, reply, sizeof reply, &none);
+        if (n > 0 && sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)
+            return status;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            /* As a runtime kills a hook past its timeout: the worker's end closes the streams it holds. */
+            syscall(SYS_pidfd_send_signal, worker, SIGKILL, NULL, 0);
+            fprintf(stderr, "%s: the hook server's worker gave no status in %g s (killed)\n", self, timeout);
+        } else {
+            fprintf(stderr, "%s: the hook server's worker ended without a status (%s)\n", self,
+                    n < 0 ? strerror(errno) : "no answer");
+        }
+        return 1;
+    }
+    char *line = strchr(reply, '\n');
+    if (sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255) {
+        if (line) /* refused: the line says why */
+            fputs(line + 1, stderr);
+        return status;
+    }
+    give_up(argv); /* `fall back` (weaker caller, other namespaces), or an answer this client does not know */
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -349,26 +350,336 @@ def test_nvc_py_hook_registered_directly_hands_a_container_start_to_the_server(
     assert (last["container"], last["outcome"], last["via"]) == ("nvc-python-served", "configured", "server")
 
 
-def call_directly(sock: Path, argv: list[str]) -> tuple[bytes, str]:
-    """Hand ``argv`` to the server as the clients do, without their checks: (answer, stderr)."""
+def call_raw(sock: Path, data: bytes, fds: list[int], go: bytes = handover.GO,
+             go_fds: list[int] | None = None) -> list[bytes]:
+    """Send ``data`` with ``fds`` to the server, as the clients do but without their checks, and
+    answer ``ready`` with ``go`` and ``go_fds``: the server's answers."""
     import socket
 
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        conn.settimeout(30)
+        conn.connect(str(sock))
+        socket.send_fds(conn, [data], fds)
+        answers = []
+        for _ in range(2):
+            answer, worker, _, _ = socket.recv_fds(conn, 1024, 1)
+            answers.append(answer)
+            for fd in worker:
+                os.close(fd)
+            if answer != handover.READY:
+                break
+            socket.send_fds(conn, [go], go_fds or [])
+    return answers
+
+
+def call_directly(sock: Path, argv: list[str], env: list[str] | None = None) -> tuple[list[bytes], str]:
+    """Hand ``argv`` to the server with /dev/null as stdin and stdout: (answers, stderr)."""
     err_r, err_w = os.pipe()
     null, cwd = os.open(os.devnull, os.O_RDWR), os.open("/", os.O_PATH)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
-        conn.connect(str(sock))
-        socket.send_fds(conn, [handover.encode_call(argv, {})], [null, null, err_w, cwd])
+    try:
+        answers = call_raw(sock, message(argv, env or []), [cwd], go_fds=[null, null, err_w])
+    finally:
         for fd in (null, err_w, cwd):
             os.close(fd)
-        answer = conn.recv(64)
     with os.fdopen(err_r) as err:
-        return answer, err.read()
+        return answers, err.read()
 
 
 @pytest.mark.parametrize("argv", [["/x/nvc-py-hook", "serve"], ["/x/nvc-py", "hook", "serve"],
                                   ["/x/nvc-py", "--root", "/", "hook", "serve", "--socket", "/tmp/other.sock"]])
 def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
     """The clients never hand ``serve`` over; a worker refuses it all the same."""
-    answer, err = call_directly(served, argv)
-    assert answer == b"exit 2" and "serve: refused inside a worker of a running server" in err
+    answers, err = call_directly(served, argv)
+    assert answers == [b"ready", b"exit 2"] and "serve: refused inside a worker of a running server" in err
     assert served.exists()
+
+
+# Issue 17: the server lends root's full power only to callers that have it, and only root answers.
+
+SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
+MISSING = "/nonexistent/nvc-py"  # a fallback target that says so: exit 127, "cannot execute"
+CANNOT_EXECUTE = f"nvc-py-hook-client: cannot execute {MISSING}: No such file or directory\n"
+
+
+@pytest.mark.parametrize("drop", ["all", "cap_sys_admin"])
+def test_a_root_caller_lacking_capabilities_runs_the_program_itself(served: Path, drop: str) -> None:
+    """A uid-0 caller without the server's capabilities is told to fall back (here: to a path that
+    does not exist, so the fallback shows); with them it is served."""
+    env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
+    full = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True, env=env, timeout=30)
+    assert (full.returncode, full.stdout) == (0, "nvc-py 0.1.0\n")
+    weak = subprocess.run([shutil.which("capsh", path=SBIN), f"--drop={drop}", "--", "-c", f"exec {CLIENT} {MISSING} --version"],
+                          capture_output=True, text=True, env=env, timeout=30)
+    assert (weak.returncode, weak.stdout, weak.stderr) == (127, "", CANNOT_EXECUTE)
+
+
+def capless_hook(setup_dir: Path, sock: Path) -> dict:
+    """The registered client run by a uid-0 process that dropped every capability."""
+    return {"path": shutil.which("capsh", path=SBIN),
+            "args": ["capsh", "--drop=all", "--", "-c", f"exec {CLIENT} {HOOK} prestart"],
+            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", f"{handover.SOCKET_ENV}={sock}",
+                    "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+
+
+def test_a_capless_root_hook_fails_as_it_would_without_the_server(served: Path, runc, debian_rootfs: Path,
+                                                                   setup_dir: Path, tmp_path: Path) -> None:
+    """The issue's case: a capability-less root hook got a container configured through the server.
+    Now it runs the hook itself and fails with EPERM, exactly as with no server at all."""
+    results = {}
+    for name, sock in (("served", served), ("direct", tmp_path / "absent.sock")):
+        bundle = make_bundle(tmp_path / name, debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                             hooks={"prestart": [capless_hook(setup_dir, sock)]})
+        results[name] = runc.create_start(bundle, container_id=f"nvc-capless-{name}")
+        last = last_log_line(setup_dir)
+        assert (last["container"], last["outcome"]) == (f"nvc-capless-{name}", "error") and "via" not in last
+        results[name + " error"] = re.sub(r"/proc/[0-9]+/", "/proc/PID/", last["error"])
+    assert results["served"].returncode != 0 and results["direct"].returncode != 0
+    assert results["served error"] == results["direct error"]
+    assert "Permission denied" in results["served error"] or "not permitted" in results["served error"]
+
+
+def test_a_chrooted_root_caller_cannot_read_outside_its_chroot(served: Path, tmp_path: Path) -> None:
+    """Through the server, a chrooted caller would read a file outside its chroot (here: a
+    configuration `config show` prints). It is told to fall back, and its fallback cannot."""
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("disable-require: true\n")
+    argv = [MISSING, "config", "show", "--file", str(secret)]
+    outside = subprocess.run([str(CLIENT), *argv], capture_output=True, text=True,
+                             env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    assert outside.returncode == 0 and "disable-require: true" in outside.stdout  # served: the worker reads it
+    jail = tmp_path / "jail"
+    (jail / "bin").mkdir(parents=True)
+    (jail / "run").mkdir()
+    shutil.copy(CLIENT, jail / "bin" / CLIENT.name)
+    subprocess.run(["mount", "--bind", str(served.parent), str(jail / "run")], check=True)
+    try:
+        inside = subprocess.run([shutil.which("chroot", path=SBIN), str(jail), f"/bin/{CLIENT.name}", *argv], capture_output=True, text=True,
+                                env={handover.SOCKET_ENV: f"/run/{served.name}"}, timeout=30)
+    finally:
+        subprocess.run(["umount", str(jail / "run")], check=True)
+    assert (inside.returncode, inside.stdout, inside.stderr) == (127, "", CANNOT_EXECUTE)
+
+
+@pytest.mark.parametrize("kind", ["another-users", "mode-0755", "symlink-to-another-users"])
+def test_the_server_refuses_a_socket_directory_it_does_not_own_alone(tmp_path: Path, kind: str) -> None:
+    """Whoever can write the socket's directory could answer root's calls: the server refuses to
+    start there, with one line and status 2, and changes nothing of it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    other.chmod(0o755 if kind == "mode-0755" else 0o700)
+    if kind != "mode-0755":
+        os.chown(other, 1000, 1000)
+    directory = other
+    if kind.startswith("symlink"):
+        directory = tmp_path / "run"
+        directory.symlink_to(other)
+    before = other.stat()
+    result = subprocess.run([str(HOOK), "serve", "--socket", str(directory / "hook.sock")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.endswith("; refusing to serve there\n")
+    assert f"nvc-py-hook: input error: {directory}: socket directory " in result.stderr
+    after = other.stat()
+    assert list(other.iterdir()) == [] and (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid)
+
+
+FAKE_SERVER = r"""
+import json, os, select, socket, sys
+path, uid = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(path)  # as root: the socket file is root's
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+s.listen(8)  # the credentials a client reads (SO_PEERCRED) are the listener's now: uid's
+print("listening", flush=True)
+got = []
+while select.select([s, sys.stdin], [], [])[0] != [sys.stdin]:
+    conn, _ = s.accept()
+    conn.settimeout(5)
+    try:
+        got.append(len(conn.recv(1 << 17)))
+    except OSError:
+        got.append(-1)
+    conn.close()
+print(json.dumps(got), flush=True)
+"""
+
+
+@pytest.fixture(params=["listener-of-uid-1000", "socket-of-uid-1000", "directory-of-uid-1000",
+                        "directory-others-write"])
+def fake_server(request, tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """A "server" listening as uid 1000 on a socket a root client might use: (socket, process);
+    it prints how many bytes each connection brought when its stdin closes."""
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    sock = directory / "hook.sock"
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock), "1000"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "listening\n"
+        if request.param == "socket-of-uid-1000":
+            os.chown(sock, 1000, 1000)
+        elif request.param == "directory-of-uid-1000":
+            os.chown(directory, 1000, 1000)
+        elif request.param == "directory-others-write":
+            directory.chmod(0o1777)
+        yield sock, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def fake_server_got(proc: subprocess.Popen[str]) -> list[int]:
+    out, _ = proc.communicate("", timeout=30)
+    return json.loads(out)
+
+
+def test_the_client_sends_nothing_to_a_server_that_is_not_roots(fake_server) -> None:
+    sock, proc = fake_server
+    result = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True,
+                            env={handover.SOCKET_ENV: str(sock)}, timeout=30)
+    assert result.returncode == 127
+    first, second = result.stderr.splitlines(keepends=True)
+    assert first.startswith(f"nvc-py-hook-client: not handing over to the hook server ({sock}: ")
+    assert first.endswith(f"; running {MISSING}\n") and second == CANNOT_EXECUTE
+    assert set(fake_server_got(proc)) <= {0}  # a connection (to read its credentials), never a byte
+
+
+def test_the_python_client_sends_nothing_to_a_server_that_is_not_roots(fake_server) -> None:
+    sock, proc = fake_server
+    code = "from nvc.hook.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={handover.SOCKET_ENV: str(sock)}, timeout=30)
+    assert (result.returncode, result.stdout) == (0, "ran here\n")
+    assert result.stderr.startswith("nvc-py: not handing over to the hook server (") and \
+        result.stderr.endswith("); running here\n") and result.stderr.count("\n") == 1
+    assert set(fake_server_got(proc)) <= {0}
+
+
+def raw_fields(argv: list[bytes], env: list[bytes]) -> bytes:
+    return b"".join(f + b"\0" for f in [handover.MAGIC, str(len(argv)).encode(), str(len(env)).encode(), *argv, *env])
+
+
+REFUSED = b"exit 2\nnvc-py-hook serve: refused a call: "
+CONFIG_SHOW = [b"/x/nvc-py", b"config", b"show"]
+POSTSTART = raw_fields([b"/x/nvc-py-hook", b"poststart"], [])
+BOGUS = raw_fields([b"/x/nvc-py-hook", b"bogus"], [])
+
+
+@pytest.mark.parametrize("data, fds, go, go_fds, answers", [
+    (POSTSTART, "file", b"go", "streams", [REFUSED + b"the working directory's descriptor is not a directory\n"]),
+    (POSTSTART, "none", b"go", "streams", [REFUSED + b"truncated message or not 1 descriptor\n"]),
+    (POSTSTART, "two", b"go", "streams", [REFUSED + b"truncated message or not 1 descriptor\n"]),
+    (raw_fields([b"/x/nvc-py-hook", b"poststart"], [b"X=" + b"x" * handover.MAX_MESSAGE]), "cwd", b"go", "streams",
+     [REFUSED + b"truncated message or not 1 descriptor\n"]),
+    (POSTSTART[:-1], "cwd", b"go", "streams", [REFUSED + b"message not NUL-terminated\n"]),
+    (raw_fields([b"/x/nvc-py-hook", b"poststart"], [b"A=b"])[:-4], "cwd", b"go", "streams",
+     [REFUSED + b"counts do not match the strings\n"]),
+    (raw_fields([b"/bin/true"], []), "cwd", b"go", "streams", [REFUSED + b"/bin/true: not one of nvc-py-hook, nvc-py\n"]),
+    (POSTSTART, "cwd", b"go", "two", [b"ready", REFUSED + b"truncated message or not 3 descriptors\n"]),
+    (POSTSTART, "cwd", b"went", "streams", [b"ready", REFUSED + b"no go\n"]),
+    (BOGUS, "cwd", b"go", "read-only-stderr", [b"ready", b"exit 1"]),
+    (BOGUS, "cwd", b"go", "closed-stderr", [b"ready", b"exit 1"]),
+    (POSTSTART, "cwd", b"go", "streams", [b"ready", b"exit 0"]),
+], ids=["file-as-cwd", "no-descriptor", "two-descriptors", "truncated", "unterminated", "bad-counts", "not-nvc-py",
+        "two-streams", "no-go", "read-only-stderr", "closed-stderr", "well-formed"])
+def test_a_malformed_call_gets_one_line_and_a_status(served: Path, tmp_path: Path, data: bytes, fds: str, go: bytes,
+                                                    go_fds: str, answers: list[bytes]) -> None:
+    """Raw messages to a real server: each answered with a status (and one line the client writes
+    on its stderr), never a worker ending in silence."""
+    null = os.open(os.devnull, os.O_RDWR)
+    read_only = os.open(os.devnull, os.O_RDONLY)
+    regular = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT)
+    cwd = os.open("/", os.O_PATH)
+    closed_r, closed_w = os.pipe()
+    os.close(closed_r)  # writing there: EPIPE
+    first = {"file": [regular], "none": [], "two": [cwd, cwd], "cwd": [cwd]}[fds]
+    streams = {"streams": [null, null, null], "two": [null, null], "read-only-stderr": [null, null, read_only],
+               "closed-stderr": [null, null, closed_w]}[go_fds]
+    try:
+        assert call_raw(served, data, first, go, streams) == answers
+    finally:
+        for fd in (null, read_only, regular, cwd, closed_w):
+            os.close(fd)
+
+
+def test_a_call_with_odd_environment_entries_is_served_as_the_program_would_run(served: Path,
+                                                                                tmp_path: Path) -> None:
+    """Entries the program's own interpreter ignores (no `=`, an empty name) are ignored, not
+    refused; a value that is not UTF-8 is kept; of a name given twice the first counts."""
+    config = tmp_path / "first.yaml"
+    config.write_text("disable-require: true\n")
+    env = [b"=x", b"junk", b"", b"==y", b"BYTES=\xff\xfe", f"NVC_PY_CONFIG={config}".encode(),
+           b"NVC_PY_CONFIG=/nonexistent/second.yaml"]
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null, cwd = os.open(os.devnull, os.O_RDWR), os.open("/", os.O_PATH)
+    try:
+        got = call_raw(served, raw_fields(CONFIG_SHOW, env), [cwd], go_fds=[null, out_w, err_w])
+    finally:
+        for fd in (null, out_w, err_w, cwd):
+            os.close(fd)
+    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
+        assert (got, err.read()) == ([b"ready", b"exit 0"], "")
+        assert out.read().startswith(f"# effective nvc-py configuration from {config}\n")
+
+
+def spare_pids(server: subprocess.Popen[str]) -> list[int]:
+    children = Path(f"/proc/{server.pid}/task/{server.pid}/children")
+    deadline = time.monotonic() + 10
+    while not children.read_text().split() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [int(pid) for pid in children.read_text().split()]
+
+
+def test_a_stopped_server_costs_a_call_at_most_the_acknowledgment_timeout(active_2gpu, setup_dir: Path) -> None:
+    """Server and spare worker stopped (SIGSTOP): the client gets no `ready`, runs the hook itself
+    after ACK_TIMEOUT, and the worker, once continued, runs nothing of that call."""
+    import signal
+
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    env = {handover.SOCKET_ENV: str(top / "run" / "hook.sock"), "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
+           "PATH": "/usr/bin:/bin"}
+    try:
+        with hook_server(HOOK, top / "run" / "hook.sock") as server:
+            stopped = [server.pid, *spare_pids(server)]
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            lines = len((setup_dir / "hook.log").read_text().splitlines()) if (setup_dir / "hook.log").exists() else 0
+            started = time.monotonic()
+            result = subprocess.run([str(CLIENT), str(HOOK), "prestart"], capture_output=True, text=True, env=env,
+                                    input="", timeout=60)
+            took = time.monotonic() - started
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+            print(f"stopped server: the call fell back after {took:.2f} s")
+            assert result.stderr.startswith(f"nvc-py-hook-client: the hook server did not answer in "
+                                            f"{handover.ACK_TIMEOUT:g} s; running {HOOK}\n")
+            assert result.returncode == 2  # the hook's own answer to an empty state
+            again = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, env=env,
+                                   timeout=30)
+            assert (again.returncode, again.stderr) == (0, "")
+            time.sleep(0.5)  # the continued worker had its chance to run the abandoned call
+        new = (setup_dir / "hook.log").read_text().splitlines()[lines:]
+        assert len(new) == 1 and "via" not in json.loads(new[0])
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_wedged_worker_fails_the_call_after_the_timeout(served: Path, setup_dir: Path) -> None:
+    """Once the worker has the call (`go` sent), the client never falls back: a worker that gives
+    no status in $NVC_PY_HOOK_TIMEOUT seconds (here: waiting on a stdin nobody writes) fails the
+    call with one line."""
+    stdin_r, stdin_w = os.pipe()
+    env = {handover.SOCKET_ENV: str(served), handover.TIMEOUT_ENV: "1",
+           "NVC_PY_CONFIG": str(setup_dir / "config.yaml")}
+    try:
+        started = time.monotonic()
+        result = subprocess.run([str(CLIENT), str(HOOK), "prestart"], capture_output=True, text=True, env=env,
+                                stdin=stdin_r, timeout=60)
+        print(f"wedged worker: the call failed after {time.monotonic() - started:.2f} s")
+    finally:
+        os.close(stdin_r)
+        os.close(stdin_w)
+    assert (result.returncode, result.stderr) == (1, "nvc-py-hook-client: the hook server's worker gave no status "
+                                                     "in 1 s (killed)\n")
