@@ -90,7 +90,9 @@ def server_unit(config_path: str | None = None) -> str:
     """A systemd unit running ``nvc-py-hook serve`` in the host's namespaces.
 
     KillMode=process: a stop or restart ends the server and its idle spare worker (which dies
-    with it), never a worker in the middle of a container's start.
+    with it), never a worker in the middle of a container's start. RestartPreventExitStatus=2:
+    a refusal to start (a socket directory others control, see nvc.hook.server) is no failure a
+    restart mends; the clients run the hook themselves meanwhile.
     """
     env = "".join(f"Environment={entry}\n" for entry in hook_env(config_path))
     return ("[Unit]\n"
@@ -100,7 +102,8 @@ def server_unit(config_path: str | None = None) -> str:
             f"ExecStart={script_path(HOOK_SCRIPT)} serve\n"
             f"{env}"
             "KillMode=process\n"
-            "Restart=always\n\n"
+            "Restart=always\n"
+            "RestartPreventExitStatus=2\n\n"
             "[Install]\n"
             "WantedBy=multi-user.target\n")
 

@@ -221,6 +221,7 @@ def test_setup_server_writes_the_systemd_unit(tmp_path: Path) -> None:
     assert out.stdout == f"wrote {unit}\n"
     lines = unit.read_text().splitlines()
     assert f"ExecStart={HOOK} serve" in lines and "KillMode=process" in lines
+    assert "RestartPreventExitStatus=2" in lines  # a refused socket directory: no restart loop
     assert [line for line in lines if line.startswith("Environment=")] == [
         "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "Environment=NVC_PY_CONFIG=/etc/nvc-py/other.yaml"]
@@ -411,6 +412,33 @@ def test_a_root_caller_lacking_capabilities_runs_the_program_itself(served: Path
     weak = subprocess.run([shutil.which("capsh", path=SBIN), f"--drop={drop}", "--", "-c", f"exec {CLIENT} {MISSING} --version"],
                           capture_output=True, text=True, env=env, timeout=30)
     assert (weak.returncode, weak.stdout, weak.stderr) == (127, "", CANNOT_EXECUTE)
+
+
+def test_a_root_caller_under_seccomp_runs_the_program_itself(served: Path) -> None:
+    """A seccomp filter may forbid what a call does (here: mount); the server, under none, lends
+    its power only to callers under none."""
+    code = (f"import errno, os, pyseccomp\n"
+            f"f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)\n"
+            f"f.add_rule(pyseccomp.ERRNO(errno.EPERM), 'mount')\n"
+            f"f.load()\n"
+            f"os.execv({str(CLIENT)!r}, [{str(CLIENT)!r}, {MISSING!r}, '--version'])\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    assert (result.returncode, result.stdout, result.stderr) == (127, "", CANNOT_EXECUTE)
+
+
+def test_the_peer_check_without_a_pidfd_reads_a_live_process_and_refuses_a_gone_one() -> None:
+    """Kernels without SO_PEERPIDFD: /proc/PID read through one descriptor, the process checked
+    alive after; a status without capability lines reads as nothing held."""
+    from nvc.hook import peer
+
+    ours = peer.own_standing()
+    assert peer.caller_shortfall(os.getpid(), None, ours) is None
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert peer.caller_shortfall(child.pid, None, ours) is not None
+    weak = peer.Standing(*peer.parse_status("Name:\tx\n"), ours.root, ours.namespaces)
+    assert peer.shortfall(weak, ours) == f"CapPrm lacks {ours.capabilities[0]:#x}"
 
 
 def capless_hook(setup_dir: Path, sock: Path) -> dict:
@@ -632,7 +660,20 @@ def spare_pids(server: subprocess.Popen[str]) -> list[int]:
     return [int(pid) for pid in children.read_text().split()]
 
 
-def test_a_stopped_server_costs_a_call_at_most_the_acknowledgment_timeout(active_2gpu, setup_dir: Path) -> None:
+def hook_command(client: str, tmp_path: Path) -> tuple[list[str], str]:
+    """nvc-py-hook run through the native client or as pip's console script (the Python client):
+    (command, the name its lines begin with)."""
+    if client == "native":
+        return [str(CLIENT), str(HOOK)], CLIENT.name
+    script = tmp_path / "nvc-py-hook"
+    script.write_text(f"#!{sys.executable}\nfrom nvc.hook.prestart import run\nrun()\n")
+    script.chmod(0o755)
+    return [str(script)], "nvc-py-hook"
+
+
+@pytest.mark.parametrize("client", ["native", "python"])
+def test_a_stopped_server_costs_a_call_at_most_the_acknowledgment_timeout(active_2gpu, setup_dir: Path,
+                                                                           tmp_path: Path, client: str) -> None:
     """Server and spare worker stopped (SIGSTOP): the client gets no `ready`, runs the hook itself
     after ACK_TIMEOUT, and the worker, once continued, runs nothing of that call."""
     import signal
@@ -647,14 +688,16 @@ def test_a_stopped_server_costs_a_call_at_most_the_acknowledgment_timeout(active
                 os.kill(pid, signal.SIGSTOP)
             lines = len((setup_dir / "hook.log").read_text().splitlines()) if (setup_dir / "hook.log").exists() else 0
             started = time.monotonic()
-            result = subprocess.run([str(CLIENT), str(HOOK), "prestart"], capture_output=True, text=True, env=env,
-                                    input="", timeout=60)
+            command, name = hook_command(client, tmp_path)
+            result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="",
+                                    timeout=60)
             took = time.monotonic() - started
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
             print(f"stopped server: the call fell back after {took:.2f} s")
-            assert result.stderr.startswith(f"nvc-py-hook-client: the hook server did not answer in "
-                                            f"{handover.ACK_TIMEOUT:g} s; running {HOOK}\n")
+            running = HOOK if client == "native" else "here"
+            assert result.stderr.startswith(f"{name}: the hook server did not answer in "
+                                            f"{handover.ACK_TIMEOUT:g} s; running {running}\n")
             assert result.returncode == 2  # the hook's own answer to an empty state
             again = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, env=env,
                                    timeout=30)
@@ -666,20 +709,35 @@ def test_a_stopped_server_costs_a_call_at_most_the_acknowledgment_timeout(active
         shutil.rmtree(top)
 
 
-def test_a_wedged_worker_fails_the_call_after_the_timeout(served: Path, setup_dir: Path) -> None:
+@pytest.mark.parametrize("client", ["native", "python"])
+def test_a_wedged_worker_fails_the_call_after_the_timeout(served: Path, setup_dir: Path, tmp_path: Path,
+                                                          client: str) -> None:
     """Once the worker has the call (`go` sent), the client never falls back: a worker that gives
-    no status in $NVC_PY_HOOK_TIMEOUT seconds (here: waiting on a stdin nobody writes) fails the
-    call with one line."""
+    no status in $NVC_PY_HOOK_TIMEOUT seconds (here: waiting on a stdin nobody writes) is killed
+    (the caller's streams it held close: capture_output returns) and the call fails with one line."""
     stdin_r, stdin_w = os.pipe()
     env = {handover.SOCKET_ENV: str(served), handover.TIMEOUT_ENV: "1",
            "NVC_PY_CONFIG": str(setup_dir / "config.yaml")}
     try:
         started = time.monotonic()
-        result = subprocess.run([str(CLIENT), str(HOOK), "prestart"], capture_output=True, text=True, env=env,
-                                stdin=stdin_r, timeout=60)
+        command, name = hook_command(client, tmp_path)
+        result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, stdin=stdin_r,
+                                timeout=60)
         print(f"wedged worker: the call failed after {time.monotonic() - started:.2f} s")
     finally:
         os.close(stdin_r)
         os.close(stdin_w)
-    assert (result.returncode, result.stderr) == (1, "nvc-py-hook-client: the hook server's worker gave no status "
-                                                     "in 1 s (killed)\n")
+    assert (result.returncode, result.stderr) == (1, f"{name}: the hook server's worker gave no status in 1 s "
+                                                     "(killed)\n")
+
+
+def test_served_call_time(served: Path) -> None:
+    """Not an assertion: what a served call costs end to end with the checks (printed with -s)."""
+    env = {handover.SOCKET_ENV: str(served)}
+    times = []
+    for _ in range(20):
+        started = time.monotonic()
+        subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, env=env, timeout=30, check=True)
+        times.append(time.monotonic() - started)
+    times.sort()
+    print(f"served nvc-py --version: median {times[10] * 1000:.1f} ms, best {times[0] * 1000:.1f} ms")
