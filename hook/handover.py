@@ -177,7 +177,8 @@ def hand_over(argv: list[str]) -> None:
         except TimeoutError:
             import signal
 
-            signal.pidfd_send_signal(worker, signal.SIGKILL)
+            if worker >= 0:
+                signal.pidfd_send_signal(worker, signal.SIGKILL)
             os.write(2, f"{prog}: the hook server's worker gave no status in {timeout:g} s (killed)\n".encode())
             os._exit(1)
         except OSError:

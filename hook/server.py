@@ -5,8 +5,8 @@ A Python hook started per container pays for the interpreter and its imports eve
 milliseconds. The server imports everything the hook needs once; ``nvc-py-hook-client``
 (native/hook_client.c), registered as the hook, passes each call to it: arguments,
 environment, the three standard streams and the working directory (SCM_RIGHTS) over a
-SOCK_SEQPACKET connection (the exchange is below); a hook script may hand ``nvc-py configure`` over the same way. The
-server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a
+SOCK_SEQPACKET connection (the exchange is below); a hook script may hand ``nvc-py configure``
+over the same way. The server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a
 call makes the server fork the next, takes the caller's streams and directory as its own, runs
 :func:`nvc.hook.prestart.main` (or :func:`nvc.cli.main` for ``nvc-py``) exactly as the console
 script would, and answers ``exit N``.
@@ -42,6 +42,7 @@ the caller's streams, which the runtime may wait on, are closed).
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import select
@@ -97,7 +98,7 @@ def socket_directory(directory: str) -> int:
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
-        what = "a symlink" if os.path.islink(directory) else err.strerror
+        what = "a symlink" if err.errno == errno.ELOOP else err.strerror
         raise InputError(f"{directory}: socket directory is {what}; refusing to serve there") from None
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
@@ -146,8 +147,11 @@ def _malformed(what: str) -> _Refused:
 
 def _received(conn: socket.socket, size: int, count: int) -> tuple[bytes, list[int]]:
     """One message of at most ``size`` bytes with exactly ``count`` descriptors, or a _Refused
-    naming what is wrong (the descriptors that came are closed)."""
+    naming what is wrong (the descriptors that came are closed); _Refused(None) at end of file
+    (the caller is gone)."""
     data, fds, flags, _ = socket.recv_fds(conn, size, count + 1)
+    if not data and not fds:
+        raise _Refused(None)
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != count:
         for fd in fds:
             os.close(fd)
@@ -177,20 +181,28 @@ def _checked_call(conn: socket.socket, ours: Standing) -> tuple[list[str], dict[
             raise CallError("the working directory's descriptor is not a directory")
         if os.path.basename(argv[0]) not in PROGRAMS:
             raise CallError(f"{argv[0]}: not one of {', '.join(PROGRAMS)}")
-    except (CallError, _Refused) as err:
+    except CallError as err:
         os.close(cwd)
-        raise _malformed(str(err)) if isinstance(err, CallError) else err from None
+        raise _malformed(str(err)) from None
+    except _Refused:
+        os.close(cwd)
+        raise
     return argv, env, cwd
 
 
 def _streams_on_go(conn: socket.socket) -> list[int]:
     """After ``ready`` (with this worker's pidfd, so that a caller that gets no status in time can
-    end it): the caller's ``go`` with its stdin, stdout and stderr, or _Refused."""
-    pidfd = os.pidfd_open(os.getpid())
+    end it; none where the kernel has no pidfd_open): the caller's ``go`` with its stdin, stdout
+    and stderr, or _Refused."""
     try:
-        socket.send_fds(conn, [READY], [pidfd])
+        pidfd = [os.pidfd_open(os.getpid())]
+    except OSError:
+        pidfd = []
+    try:
+        socket.send_fds(conn, [READY], pidfd)
     finally:
-        os.close(pidfd)
+        for fd in pidfd:
+            os.close(fd)
     conn.settimeout(GO_TIMEOUT)
     try:
         go, streams = _received(conn, 64, 3)
@@ -199,7 +211,7 @@ def _streams_on_go(conn: socket.socket) -> list[int]:
     if go != GO:
         for fd in streams:
             os.close(fd)
-        raise _Refused(None if not go else _malformed("no go").answer)
+        raise _malformed("no go")
     conn.settimeout(None)
     return streams
 
@@ -214,11 +226,9 @@ def _run_call(conn: socket.socket, programs: Programs, ours: Standing) -> bytes 
         return refused.answer
     try:
         streams = _streams_on_go(conn)
-    except BaseException as err:
+    except _Refused as refused:
         os.close(cwd)
-        if isinstance(err, _Refused):
-            return err.answer
-        raise
+        return refused.answer
     global _in_worker
     _in_worker = True  # serve() refuses to run here (``nvc-py hook serve`` would take the socket over)
     for target, fd in enumerate(streams):
