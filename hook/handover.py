@@ -99,15 +99,15 @@ def not_roots(path: str) -> str | None:
 
     directory = os.path.dirname(path) or "."
     try:
+        sock = os.lstat(path)
         st = os.lstat(directory)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-            return f"{directory}: not a directory of root's that only root can write"
-        st = os.lstat(path)
     except FileNotFoundError:
         return None
     except OSError as err:
         return f"{path}: {err.strerror}"
-    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != 0:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        return f"{directory}: not a directory of root's that only root can write"
+    if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != 0:
         return f"{path}: not a socket of root's"
     return None
 

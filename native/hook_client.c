@@ -139,7 +139,8 @@ static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, 
 }
 
 /* Why the socket at path may not be root's server's (NULL: root's, so far as the files tell; an absent
- * socket reads as NULL, and connecting fails). */
+ * socket, or one this caller may not reach (not root), reads as NULL: connecting fails, silently, as where no
+ * server runs. */
 static const char *not_roots(const char *path)
 {
     char directory[sizeof ((struct sockaddr_un *)0)->sun_path];
@@ -150,14 +151,12 @@ static const char *not_roots(const char *path)
         strcpy(directory, "/");
     else
         snprintf(directory, sizeof directory, "%.*s", (int)(slash - path), path);
-    struct stat st;
-    if (lstat(directory, &st) < 0)
-        return errno == ENOENT ? NULL : "its directory cannot be examined";
+    struct stat sock, st;
+    if (lstat(path, &sock) < 0 || lstat(directory, &st) < 0)
+        return errno == ENOENT || errno == EACCES ? NULL : "it cannot be examined"; /* not there, or not ours */
     if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
         return "its directory is not root's, or others can write there";
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? NULL : "it cannot be examined";
-    if (!S_ISSOCK(st.st_mode) || st.st_uid != 0)
+    if (!S_ISSOCK(sock.st_mode) || sock.st_uid != 0)
         return "it is not a socket of root's";
     return NULL;
 }

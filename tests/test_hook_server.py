@@ -584,6 +584,14 @@ def test_the_python_client_sends_nothing_to_a_server_that_is_not_roots(fake_serv
     assert set(fake_server_got(proc)) <= {0}
 
 
+def test_a_caller_that_cannot_reach_roots_socket_runs_the_program_silently(served: Path) -> None:
+    """A user other than root (nvc-py's front, run by anyone) cannot even look into root's socket
+    directory: that is no server of another user's, so no line, just the program."""
+    result = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True, user=65534,
+                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    assert (result.returncode, result.stderr) == (127, CANNOT_EXECUTE)
+
+
 def raw_fields(argv: list[bytes], env: list[bytes]) -> bytes:
     return b"".join(f + b"\0" for f in [handover.MAGIC, str(len(argv)).encode(), str(len(env)).encode(), *argv, *env])
 
@@ -698,6 +706,7 @@ def test_a_stopped_server_costs_a_call_at_most_the_acknowledgment_timeout(active
             running = HOOK if client == "native" else "here"
             assert result.stderr.startswith(f"{name}: the hook server did not answer in "
                                             f"{handover.ACK_TIMEOUT:g} s; running {running}\n")
+            assert result.stderr.count("did not answer") == 1  # the program run after it did not try again
             assert result.returncode == 2  # the hook's own answer to an empty state
             again = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, env=env,
                                    timeout=30)
