@@ -534,14 +534,21 @@ print(json.dumps(got), flush=True)
 
 
 @pytest.fixture(params=["listener-of-uid-1000", "socket-of-uid-1000", "directory-of-uid-1000",
-                        "directory-others-write"])
+                        "directory-others-write", "directory-a-symlink"])
 def fake_server(request, tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
-    """A "server" listening as uid 1000 on a socket a root client might use: (socket, process);
+    """A "server" a root client might use, though another user could stand behind it: listening as
+    uid 1000, or (each file case) as root but on a socket or in a directory that is not root's
+    alone, so that only the client's checks of the files keep it from sending. (socket, process);
     it prints how many bytes each connection brought when its stdin closes."""
     directory = tmp_path / "run"
-    directory.mkdir(mode=0o700)
+    if request.param == "directory-a-symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        directory.symlink_to(tmp_path / "elsewhere")
+    else:
+        directory.mkdir(mode=0o700)
     sock = directory / "hook.sock"
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock), "1000"], stdin=subprocess.PIPE,
+    uid = 1000 if request.param == "listener-of-uid-1000" else 0
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock), str(uid)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "listening\n"
