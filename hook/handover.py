@@ -9,8 +9,9 @@ the call runs here. ``native/hook_client.c`` is the same client without the inte
 A call is SOCK_SEQPACKET messages. The caller's first: MAGIC, argc, envc, then argv and
 ``NAME=VALUE`` strings, each NUL-terminated, with its working directory attached (SCM_RIGHTS).
 The server answers ``ready`` with the worker's pidfd attached (the call is accepted), ``fall
-back`` (the caller must run the program itself: nothing was done) or ``exit N``, maybe followed
-by a newline and a line for the caller's stderr (refused). After ``ready`` the caller sends
+back`` (the caller must run the program itself: nothing was done) or ``refused N``, a newline
+and a line for the caller's stderr (N: the caller's status). Any other answer before ``ready``
+(an older server's) means nothing was done either: the caller runs the program itself. After ``ready`` the caller sends
 ``go`` with its stdin, stdout and stderr attached, and the server answers ``exit N`` when the
 call is done. An environment entry without ``=`` or with an empty name is ignored, as the
 program's own interpreter would ignore it, and of a name given twice the first counts (as for
@@ -42,6 +43,7 @@ MAX_MESSAGE = 64 * 1024  # as native/hook_client.c
 PROGRAMS = ("nvc-py-hook", "nvc-py")  # what a call may run: the basename of its argv[0]
 FALL_BACK = b"fall back"
 READY = b"ready"
+REFUSED = b"refused"
 GO = b"go"
 
 
@@ -167,9 +169,10 @@ def hand_over(argv: list[str]) -> None:
             return  # no worker runs the call (none before ``go``): run here
         if reply != READY:  # a refusal, or the server's word or silence: nothing was done
             status, _, line = reply.partition(b"\n")
-            if status.startswith(b"exit ") and status[5:].isdigit():
+            word, _, code = status.partition(b" ")
+            if word == REFUSED and code.isdigit():
                 os.write(2, line)
-                os._exit(int(status[5:]))
+                os._exit(int(code))
             return
         sock.settimeout(timeout)
         try:

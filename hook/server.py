@@ -31,7 +31,7 @@ is pinned against pid reuse.
 A call is a short exchange, so that a caller can give up on a wedged server without the call
 running twice, and without its streams held by a worker that never ran it: the caller sends its
 message with its working directory; the worker checks the caller and the message and answers
-``ready`` with its own pidfd (or a refusal: ``fall back``, or ``exit N`` and one line the
+``ready`` with its own pidfd (or a refusal: ``fall back``, or ``refused N`` and one line the
 caller writes on its stderr); the caller answers ``go`` with its stdin, stdout and stderr; only
 then does the worker run the call, and it answers ``exit N``. A malformed message (bad counts,
 missing or extra descriptors, a truncated message, a working-directory descriptor that is not a
@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.hook.handover import FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, CallError, parse_call
+from nvc.hook.handover import FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError, parse_call
 from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
@@ -142,7 +142,8 @@ class _Refused(Exception):
 
 def _malformed(what: str) -> _Refused:
     """The refusal of a malformed call: status 2 and the line the client writes on its stderr."""
-    return _Refused(f"exit {InputError.exit_code}\nnvc-py-hook serve: refused a call: {what[:200]}\n".encode())
+    return _Refused(f"{REFUSED.decode()} {InputError.exit_code}\nnvc-py-hook serve: refused a call: "
+                    f"{what[:200]}\n".encode())
 
 
 def _received(conn: socket.socket, size: int, count: int) -> tuple[bytes, list[int]]:
@@ -168,7 +169,7 @@ def _checked_call(conn: socket.socket, ours: Standing) -> tuple[list[str], dict[
     try:
         pid, uid = peer_credentials(conn)
         if uid != os.geteuid():
-            raise _Refused(b"exit 126")
+            raise _Refused(REFUSED + b" 126\n")
         pidfd = _peer_pidfd(conn)
         try:
             if caller_shortfall(pid, pidfd, ours) is not None:

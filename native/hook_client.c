@@ -26,7 +26,7 @@
  * credentials (SO_PEERCRED) are uid 0. Otherwise it says so in one line and runs the program itself.
  *
  * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready` with
- * the worker's pidfd (or a refusal: `fall back`, or `exit N` and a line this client writes on stderr);
+ * the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on stderr);
  * `go` with the three standard streams; `exit N`. No worker runs anything, or holds a stream, before
  * `go`: without `ready` within ACK_TIMEOUT seconds (a wedged or stopped server), or with the connection
  * closed before it, the client runs the program itself. Once it sent `go` it never falls back (the
@@ -320,10 +320,11 @@ int main(int argc, char **argv)
         return 1;
     }
     char *line = strchr(reply, '\n');
-    if (sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255) {
-        if (line) /* refused: the line says why */
-            fputs(line + 1, stderr);
+    if (sscanf(reply, "refused %d", &status) == 1 && status >= 0 && status <= 255 && line) {
+        fputs(line + 1, stderr); /* why */
         return status;
     }
-    give_up(argv); /* `fall back` (weaker caller, other namespaces), or an answer this client does not know */
+    /* `fall back` (weaker caller, other namespaces), or an answer this client does not know (an older server's
+     * refusal of this newer exchange): nothing was done. */
+    give_up(argv);
 }

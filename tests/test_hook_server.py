@@ -599,11 +599,43 @@ def test_a_caller_that_cannot_reach_roots_socket_runs_the_program_silently(serve
     assert (result.returncode, result.stderr) == (127, CANNOT_EXECUTE)
 
 
+def test_an_older_servers_refusal_of_the_exchange_makes_the_client_run_the_program(tmp_path: Path) -> None:
+    """A server of the previous exchange (one message, ``exit N`` at once; still running after an
+    upgrade until it restarts) refuses the new message without running anything: the client runs
+    the program itself rather than failing every container's start."""
+    import socket
+    import threading
+
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(directory / "hook.sock"))
+    listener.listen(1)
+
+    def old_server() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            _, fds, _, _ = socket.recv_fds(conn, handover.MAX_MESSAGE, 4)
+            for fd in fds:
+                os.close(fd)
+            conn.send(b"exit 2")  # what it answered a message with too few descriptors
+
+    thread = threading.Thread(target=old_server)
+    thread.start()
+    try:
+        result = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True,
+                                env={handover.SOCKET_ENV: str(directory / "hook.sock")}, timeout=30)
+    finally:
+        thread.join(timeout=30)
+        listener.close()
+    assert (result.returncode, result.stderr) == (127, CANNOT_EXECUTE)
+
+
 def raw_fields(argv: list[bytes], env: list[bytes]) -> bytes:
     return b"".join(f + b"\0" for f in [handover.MAGIC, str(len(argv)).encode(), str(len(env)).encode(), *argv, *env])
 
 
-REFUSED = b"exit 2\nnvc-py-hook serve: refused a call: "
+REFUSED = b"refused 2\nnvc-py-hook serve: refused a call: "
 CONFIG_SHOW = [b"/x/nvc-py", b"config", b"show"]
 POSTSTART = raw_fields([b"/x/nvc-py-hook", b"poststart"], [])
 BOGUS = raw_fields([b"/x/nvc-py-hook", b"bogus"], [])
