@@ -22,6 +22,13 @@ def _cut(text: str, limit: int) -> tuple[str, str]:
     return text[:limit], f"... (+{len(text) - limit} more characters)"
 
 
+def cut(value: str, limit: int = SHOWN_LIMIT) -> str:
+    """``value``'s first ``limit`` characters, with a marker when it was longer (unquoted, for
+    messages whose wording has the value bare; the whole message is escaped when printed)."""
+    head, marker = _cut(value, limit)
+    return head + marker
+
+
 def shown(value: str, limit: int = SHOWN_LIMIT) -> str:
     """``repr`` of ``value``'s first ``limit`` characters, with a marker when it was longer.
 

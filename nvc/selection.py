@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nvc.devices import MigDevice
-from nvc.errors import DeviceError
+from nvc.errors import DeviceError, cut
 from nvc.procfs import normalize_bus_id
 from nvc.untrusted import decimal
 
@@ -71,7 +71,7 @@ def parse(spec: str | tuple[str, ...]) -> tuple[Selector, ...]:
         elif (bus_id := normalize_bus_id(token)) is not None:
             selectors.append(Selector(token, "bus_id", bus_id))
         else:
-            raise DeviceError(f"{token}: unknown device")
+            raise DeviceError(f"{cut(token)}: unknown device")
     return tuple(selectors)
 
 

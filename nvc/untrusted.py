@@ -35,6 +35,8 @@ def read_file(path: str, limit: int, *, follow: bool = True) -> tuple[bytes, os.
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise InputError(f"{path}: larger than {limit} bytes")
         chunks = []
         left = limit + 1
         while left > 0:
@@ -46,6 +48,6 @@ def read_file(path: str, limit: int, *, follow: bool = True) -> tuple[bytes, os.
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    if len(data) > limit:
+    if len(data) > limit:  # grew while read
         raise InputError(f"{path}: larger than {limit} bytes")
     return data, st
