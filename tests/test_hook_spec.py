@@ -137,11 +137,8 @@ def test_null_optional_members_mean_absent(tmp_path: Path) -> None:
     assert (ctr.env, ctr.mounts, ctr.privileged, ctr.annotations) == ({}, (), False, {})
 
 
-def test_spec_file_that_is_not_a_small_regular_json_file(tmp_path: Path) -> None:
-    os.mkfifo(tmp_path / "config.json")  # opened non-blocking: refused, not waited for
-    with pytest.raises(InputError, match="config.json: not a regular file"):
-        spec.load_config(str(tmp_path))
-    (tmp_path / "config.json").unlink()
+def test_spec_file_that_is_not_a_small_json_file(tmp_path: Path) -> None:
+    """(A FIFO: test_fifo_as_config_json_does_not_hang_the_hook, in a process that a timeout can end.)"""
     with open(tmp_path / "config.json", "wb") as f:
         f.truncate(spec.MAX_SPEC_SIZE + 1)  # sparse: refused by its size, nothing read
     with pytest.raises(InputError, match="config.json: larger than"):
