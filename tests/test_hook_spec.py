@@ -151,6 +151,24 @@ def test_spec_file_that_is_not_a_small_json_file(tmp_path: Path) -> None:
         spec.load_config(str(tmp_path))
 
 
+@pytest.mark.parametrize(("member", "value", "message"), [
+    ("linux", [], "linux: expected an object, got an array"),
+    ("hooks", {"prestart": "nvc-py-hook"}, "hooks['prestart']: expected an array, got 'nvc-py-hook'"),
+    ("linux", {"resources": {"devices": {}}}, "linux.resources.devices: expected an array, got an object"),
+])
+def test_runtime_wrapper_refuses_a_spec_of_the_wrong_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str], member: str,
+                                                           value: object, message: str) -> None:
+    """nvc-py-runtime edits hooks and linux of a GPU spec: a wrong type there is one line, not a traceback."""
+    from nvc.hook import runtime
+
+    (tmp_path / "c.yaml").write_text("load-kmods: false\n")
+    monkeypatch.setenv("NVC_PY_CONFIG", str(tmp_path / "c.yaml"))
+    bundle = _bundle(tmp_path, {**SPEC, member: value})
+    assert runtime.main(["create", "--bundle", bundle, "ctr"]) == InputError.exit_code
+    assert capsys.readouterr().err == f"nvc-py-runtime: input error: {bundle}/config.json: {message}\n"
+
+
 def test_spec_missing_members(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no 'root' in the OCI spec"):
         spec.load_config(_bundle(tmp_path, {"ociVersion": "1.0.2", "process": {}}))
