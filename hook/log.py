@@ -4,6 +4,11 @@ A JSON object per line (time, container id, stage, devices, capabilities, durati
 outcome, error) so that start storms can be audited with ``jq`` and nothing has to parse
 free text. Each line goes out in a single ``write`` to an ``O_APPEND`` descriptor, so
 concurrent hooks (32 containers starting at once) never interleave their lines.
+
+Fields carry what images asked for (devices, errors quoting env values), so a line is bounded:
+strings are cut at :data:`MAX_STRING` characters and arrays at :data:`MAX_ITEMS` entries, each
+with a marker, and their unprintable characters escaped (JSON alone would let ``jq -r`` print an
+image's terminal escapes raw).
 """
 
 from __future__ import annotations
@@ -13,13 +18,33 @@ import os
 import time
 from typing import Any
 
+from nvc.errors import one_line
+
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # logging's numbers, without importing it
+MAX_STRING = 1000  # characters of one string field (an error message is cut at as many)
+MAX_ITEMS = 16  # entries of one array or object field
+
+
+def bounded(value: Any) -> Any:
+    """``value`` with long strings, arrays and objects cut, the cuts marked."""
+    if isinstance(value, str):
+        return one_line(value, MAX_STRING)
+    if isinstance(value, (list, tuple)):
+        more = [f"... (+{len(value) - MAX_ITEMS} more)"] if len(value) > MAX_ITEMS else []
+        return [bounded(v) for v in value[:MAX_ITEMS]] + more
+    if isinstance(value, dict):
+        items = list(value.items())
+        kept = {bounded(str(k)): bounded(v) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            kept["..."] = f"+{len(items) - MAX_ITEMS} more"
+        return kept
+    return value
 
 
 def line(**fields: Any) -> str:
     """The JSON line for ``fields``, with the current UTC time first."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    return json.dumps({"time": f"{stamp}Z", **fields}, separators=(",", ":"), sort_keys=False) + "\n"
+    return json.dumps({"time": f"{stamp}Z", **{k: bounded(v) for k, v in fields.items()}}, separators=(",", ":"), sort_keys=False) + "\n"
 
 
 def write(path: str | None, level: str, failed: bool, **fields: Any) -> None:

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from nvc.errors import InputError, NvcError
+from nvc.errors import InputError, NvcError, shown
 from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV, hand_over
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def _single(values: tuple[str, ...], name: str) -> str | None:
     if not values:
         return None
     if values != ("all",):
-        raise InputError(f"NVIDIA_{name}_DEVICES: only 'all' is supported (got {','.join(values)!r})")
+        raise InputError(f"NVIDIA_{name}_DEVICES: only 'all' is supported (got {shown(','.join(values))})")
     return "all"
 
 
@@ -141,16 +141,23 @@ def _cdi_hook(config: Config, stage: str, args: list[str], stdin: bytes, record:
     record["outcome"] = "done"
 
 
+def _stdin(given: bytes | None) -> bytes:
+    """The OCI state: ``given`` (a server's call), else stdin, read up to one byte past the bound
+    that :mod:`nvc.hook.spec` checks, so a runtime (or anyone) streaming more cannot fill memory."""
+    from nvc.hook.spec import MAX_STATE_SIZE
+
+    return sys.stdin.buffer.read(MAX_STATE_SIZE + 1) if given is None else given
+
+
 def _poststop(stdin: bytes) -> int:
     """Drop the container's GPU-sharing directory, if it had one; never fails the teardown. Only the
     id is read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
-    import json
-
     from nvc import share
+    from nvc.hook import spec
 
     try:
-        share.remove(json.loads(stdin)["id"])
-    except (ValueError, KeyError, TypeError, NvcError):
+        share.remove(spec.container_id(stdin))
+    except NvcError:
         pass
     return 0
 
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | N
     if stage == "serve":
         return _serve(args[1:])
     if stage == "poststop":
-        return _poststop(sys.stdin.buffer.read() if stdin is None else stdin)
+        return _poststop(_stdin(stdin))
     if stage not in ("prestart", *CDI_STAGES):
         print(USAGE, file=sys.stderr)
         return InputError.exit_code
@@ -201,7 +208,7 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | N
     try:
         config = config_file.load()
         _enable_debug(config)
-        data = sys.stdin.buffer.read() if stdin is None else stdin
+        data = _stdin(stdin)
         if stage == "prestart":
             prestart(config, data, record)
         else:

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from nvc.capabilities import CAPABILITIES
-from nvc.errors import InputError
+from nvc.errors import InputError, shown
+from nvc.untrusted import decimal
 
 DEFAULT_CAPABILITIES = ("compute", "utility")
 DEVICE_VOLUME_DIR = "/var/run/nvidia-container-devices/"
@@ -97,7 +98,7 @@ def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
         else:
             unknown = sorted(set(names) - set(CAPABILITIES))
             if unknown:
-                raise InputError(f"NVIDIA_DRIVER_CAPABILITIES: unknown capability {unknown[0]!r} "
+                raise InputError(f"NVIDIA_DRIVER_CAPABILITIES: unknown capability {shown(unknown[0])} "
                                  f"(known: {', '.join(CAPABILITIES)})")
             wanted = names
     return tuple(sorted(set(wanted) & policy.supported_capabilities))
@@ -110,8 +111,8 @@ def _requirements(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
             if name.startswith("NVIDIA_REQUIRE_") and name != "NVIDIA_REQUIRE_JETPACK" and value.strip()]
     if _is_legacy(env):
         parts = env["CUDA_VERSION"].split(".")
-        if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
-            raise InputError(f"CUDA_VERSION: invalid version {env['CUDA_VERSION']!r}")
+        if len(parts) < 2 or not all(decimal(p, 9) is not None for p in parts[:2]):
+            raise InputError(f"CUDA_VERSION: invalid version {shown(env['CUDA_VERSION'])}")
         reqs.append(f"cuda>={parts[0]}.{parts[1]}")
     return tuple(reqs)
 
@@ -135,9 +136,10 @@ def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], p
             return ()
     channels = []
     for item in raw:
-        if not item.isdigit() or int(item) >= 1 << 20:
-            raise InputError(f"NVIDIA_IMEX_CHANNELS: unsupported IMEX channel value {item!r}")
-        channels.append(int(item))
+        channel = decimal(item, 7)
+        if channel is None or channel >= 1 << 20:
+            raise InputError(f"NVIDIA_IMEX_CHANNELS: unsupported IMEX channel value {shown(item)}")
+        channels.append(channel)
     return tuple(sorted(set(channels)))
 
 

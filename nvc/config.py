@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvc.capabilities import CAPABILITIES
-from nvc.errors import InputError
+from nvc.errors import SHOWN_LIMIT, InputError, one_line
+from nvc.untrusted import decimal, read_file
 
 DEFAULT_PATH = "/etc/nvc-py/config.yaml"
 ENV_VAR = "NVC_PY_CONFIG"
@@ -25,6 +26,8 @@ ENV_VAR = "NVC_PY_CONFIG"
 # every container start, and importing PyYAML costs more than the rest of reading it (~15 ms on
 # the H100 host). Root's own tmpfs; the text is compared whole, so an edit is seen at once.
 CACHE_PATH = "/run/nvc-py/config-cache.json"
+MAX_SIZE = 1 << 20  # bytes of configuration text: a real file is a few hundred
+MAX_CACHE_SIZE = 4 * MAX_SIZE  # the text, and its document as JSON
 LOG_LEVELS = ("debug", "info", "warning", "error")
 CUDA_COMPAT_MODES = ("disabled", "mount", "ldconfig")
 DEFAULT_RUNTIMES = ("runc", "crun")
@@ -129,7 +132,7 @@ def _user(value: Any) -> str | None:
         return None
     text = str(value)
     uid, sep, gid = text.partition(":")
-    if not uid.isdigit() or (sep and not gid.isdigit()):
+    if decimal(uid, 10) is None or (sep and decimal(gid, 10) is None):
         raise ValueError("expected UID or UID:GID")
     return text
 
@@ -158,7 +161,7 @@ def _memory_limit(value: Any) -> str | None:
         return None
     text = str(value).strip()
     number = text[:-1] if text[-1:].lower() in ("k", "m", "g") else text
-    if not number.isdigit():
+    if decimal(number) is None:
         raise ValueError("expected a byte count with an optional k, m or g suffix")
     return text
 
@@ -210,30 +213,28 @@ def _section(path: str, prefix: str, data: Any, keys: Mapping[str, tuple[str, Ch
         try:
             values[attr] = check(raw)
         except ValueError as err:
-            raise InputError(f"{path}: {name}: {err} (got {raw!r})") from None
+            raise InputError(f"{path}: {name}: {err} (got {one_line(repr(raw), SHOWN_LIMIT)})") from None
     return values
 
 
 def _cached_document(text: str) -> tuple[bool, Any]:
     """(True, document) when the cache holds ``text``'s document; (False, None) otherwise.
 
-    Only a regular file owned by this user and writable by no one else is believed: another
-    user must not be able to plant a configuration.
+    Only a regular file (not a symlink) owned by this user and readable by no one else is
+    believed: another user must not be able to plant a configuration. Anything else there (a
+    FIFO, a device, a huge file) is a miss, read without blocking and within bounds.
     """
     try:
-        fd = os.open(CACHE_PATH, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        raw, st = read_file(CACHE_PATH, MAX_CACHE_SIZE, follow=False)
+    except (OSError, InputError):
         return False, None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            return False, None
-        raw = f.read()
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return False, None
     import json
 
     try:
         cached = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False, None
     if not isinstance(cached, dict) or cached.get("text") != text or "document" not in cached:
         return False, None
@@ -250,6 +251,9 @@ def _store_document(text: str, document: Any) -> None:
             return  # e.g. a YAML date or a tuple: parse such a file every time
         directory = os.path.dirname(CACHE_PATH)
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return  # another user's directory, or a symlink to one: never write root's cache there
         tmp = f"{CACHE_PATH}.{os.getpid()}.{os.urandom(4).hex()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -263,6 +267,25 @@ def _store_document(text: str, document: Any) -> None:
         pass  # a read-only /run or a non-root caller: the next start parses again
 
 
+def _safe_load(text: str, path: str) -> Any:
+    """``yaml.safe_load`` refusing anchors and aliases as it meets them, before any node is built.
+
+    A configuration has no use for them, and ten nested aliases (450 bytes) expand to a
+    billion nodes for whatever walks the document (validation, the JSON cache).
+    """
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise InputError(f"{path}: line {event.start_mark.line + 1}: YAML anchors and aliases "
+                                 "are not accepted")
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader
+
+
 def _yaml_document(text: str, path: str) -> Any:
     """The YAML document in ``text``, from the cache when it holds this very text."""
     hit, document = _cached_document(text)
@@ -271,11 +294,13 @@ def _yaml_document(text: str, path: str) -> Any:
     import yaml
 
     try:
-        document = yaml.safe_load(text)
+        document = _safe_load(text, path)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise InputError(f"{path}: not valid YAML{where}") from None
+    except RecursionError:
+        raise InputError(f"{path}: not valid YAML: nested too deeply") from None
     _store_document(text, document)
     return document
 
@@ -312,12 +337,18 @@ def load(path: str | None = None) -> Config:
     """The effective configuration from ``path`` (default: :func:`config_path`); no file means defaults."""
     path = path or config_path()
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        raw, _ = read_file(path, MAX_SIZE)
     except FileNotFoundError:
         return Config()
     except OSError as err:
         raise InputError(f"{path}: cannot read configuration: {err.strerror}") from None
+    except InputError as err:
+        raise InputError(f"{err.args[0]} (a configuration file must be a regular file of at most "
+                         f"{MAX_SIZE} bytes)") from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text") from None
     return parse(text, path)
 
 

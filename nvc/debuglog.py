@@ -2,7 +2,7 @@
 
 Lines read ``I1122 08:56:01.123456 4242 driver.py:97] message`` (level letter, month
 and day, time with microseconds, process id, source location), the reference tool's
-format, so existing log tooling can read both.
+format, so existing log tooling can read both. A message is one line, escaped and bounded.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import time
 
-from nvc.errors import InputError
+from nvc.errors import InputError, one_line
+
+MAX_MESSAGE = 4000  # characters of one message: messages quote what images asked for
 
 
 class GlogFormatter(logging.Formatter):
@@ -21,7 +23,7 @@ class GlogFormatter(logging.Formatter):
         usec = int((record.created % 1) * 1_000_000)
         line = (
             f"{record.levelname[0]}{stamp}.{usec:06d} {record.process} "
-            f"{record.filename}:{record.lineno}] {record.getMessage()}"
+            f"{record.filename}:{record.lineno}] {one_line(record.getMessage(), MAX_MESSAGE)}"
         )
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)

@@ -3,9 +3,48 @@
 Each error kind prints as ``nvc-py: <kind> error: <message>`` (the reference CLI's
 wording, which users grep for) and exits with a stable code, so scripts and runtimes
 can tell failures apart without parsing text.
+
+Messages quote what a container image, a spec or a file said, so they are untrusted text: a
+message prints as one line (control characters, terminal escapes and newlines escaped, the
+whole cut at :data:`MESSAGE_LIMIT`), and a quoted value goes through :func:`shown`.
 """
 
 from __future__ import annotations
+
+SHOWN_LIMIT = 200  # characters of one quoted value
+MESSAGE_LIMIT = 1000  # characters of one whole message
+
+
+def _cut(text: str, limit: int) -> tuple[str, str]:
+    """(the first ``limit`` characters, a marker naming how many were left off, or "")."""
+    if len(text) <= limit:
+        return text, ""
+    return text[:limit], f"... (+{len(text) - limit} more characters)"
+
+
+def cut(value: str, limit: int = SHOWN_LIMIT) -> str:
+    """``value``'s first ``limit`` characters, with a marker when it was longer (unquoted, for
+    messages whose wording has the value bare; the whole message is escaped when printed)."""
+    head, marker = _cut(value, limit)
+    return head + marker
+
+
+def shown(value: str, limit: int = SHOWN_LIMIT) -> str:
+    """``repr`` of ``value``'s first ``limit`` characters, with a marker when it was longer.
+
+    repr escapes newlines, escape sequences and every other unprintable character, so an
+    image's value can neither forge a second line nor drive the user's terminal.
+    """
+    head, marker = _cut(value, limit)
+    return repr(head) + marker
+
+
+def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` with its unprintable characters escaped as repr escapes them, cut at ``limit``."""
+    head, marker = _cut(text, limit)
+    if not head.isprintable():
+        head = "".join(c if c.isprintable() else repr(c)[1:-1] for c in head)
+    return head + marker
 
 
 class NvcError(Exception):
@@ -15,7 +54,7 @@ class NvcError(Exception):
     exit_code = 1
 
     def __str__(self) -> str:
-        return f"{self.kind} error: {super().__str__()}"
+        return f"{self.kind} error: {one_line(super().__str__())}"
 
 
 class InputError(NvcError):

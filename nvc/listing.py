@@ -18,6 +18,7 @@ from nvc import nodes, procfs
 from nvc.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
 from nvc.selection import Selection
+from nvc.untrusted import decimal
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,10 @@ def parse_imex_channels(values: tuple[str, ...]) -> tuple[int, ...]:
     for token in (t.strip() for v in values for t in v.split(",")):
         if not token:
             continue
-        if not token.isdigit() or int(token) >= nodes.IMEX_CHANNEL_LIMIT:
+        channel = decimal(token, 7)
+        if channel is None or channel >= nodes.IMEX_CHANNEL_LIMIT:
             raise InputError(f"{token}: unsupported IMEX channel value")
-        channels.append(int(token))
+        channels.append(channel)
     return tuple(dict.fromkeys(channels))
 
 

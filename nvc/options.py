@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from nvc.errors import InputError
+from nvc.untrusted import decimal
 
 OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")
 
@@ -46,6 +47,6 @@ def parse_user(value: str | None) -> tuple[int, int]:
     if value == "":
         return os.geteuid(), os.getegid()
     uid, sep, gid = value.partition(":")
-    if not uid.isdigit() or (sep and not gid.isdigit()):
+    if decimal(uid, 10) is None or (sep and decimal(gid, 10) is None):
         raise InputError(f"{value}: invalid user (expected UID[:GID])")
     return int(uid), int(gid) if sep else int(uid)

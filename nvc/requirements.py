@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nvc.errors import InputError, RequirementError
+from nvc.errors import InputError, RequirementError, shown
 
 VERSION_PROPERTIES = frozenset({"cuda", "driver", "arch"})
 PROPERTIES = VERSION_PROPERTIES | {"brand"}
@@ -22,14 +22,14 @@ _OPS: dict[str, Callable[[object, object], bool]] = {
     "=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
 }
 _FACTOR = re.compile(r"^([A-Za-z_]+)(!=|<=|>=|=|<|>)(.+)$")
-_VERSION = re.compile(r"^\d+(\.\d+)*$")
+_VERSION = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})*")  # ASCII: int() takes 4300 digits at most
 _DRIVER_HINT = ", please update your driver to a newer version, or use an earlier cuda container"
 
 
 def version_key(text: str) -> tuple[int, ...]:
     """Numeric components with trailing zeros dropped, so ``12.4 == 12.4.0`` and ``12.10 > 12.9``."""
-    if not _VERSION.match(text):
-        raise InputError(f"invalid version: {text!r}")
+    if not _VERSION.fullmatch(text):
+        raise InputError(f"invalid version: {shown(text)}")
     parts = [int(p) for p in text.split(".")]
     while len(parts) > 1 and parts[-1] == 0:
         parts.pop()
@@ -74,13 +74,13 @@ class Requirement:
 def parse_factor(text: str) -> Factor:
     match = _FACTOR.match(text)
     if not match:
-        raise InputError(f"invalid requirement factor: {text!r}")
+        raise InputError(f"invalid requirement factor: {shown(text)}")
     name, op, value = match.group(1).lower(), match.group(2), match.group(3)
     if name not in PROPERTIES:
-        raise InputError(f"unknown requirement property: {name!r} in {text!r}")
+        raise InputError(f"unknown requirement property: {shown(name)} in {shown(text)}")
     if name == "brand":
         if op not in ("=", "!="):
-            raise InputError(f"invalid operator for brand: {text!r}")
+            raise InputError(f"invalid operator for brand: {shown(text)}")
     else:
         version_key(value)
     return Factor(name, op, value)
@@ -94,7 +94,7 @@ def parse_requirement(text: str) -> Requirement:
     )
     terms = tuple(t for t in terms if t)
     if not terms:
-        raise InputError(f"empty requirement: {text!r}")
+        raise InputError(f"empty requirement: {shown(text)}")
     return Requirement(text.strip(), terms)
 
 

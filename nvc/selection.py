@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nvc.devices import MigDevice
-from nvc.errors import DeviceError
+from nvc.errors import DeviceError, cut
 from nvc.procfs import normalize_bus_id
+from nvc.untrusted import decimal
 
-_MIG_INDEX = re.compile(r"^(\d+):(\d+)$")
+_MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")
 
 
 class GpuLike(Protocol):
@@ -55,7 +56,8 @@ def parse(spec: str | tuple[str, ...]) -> tuple[Selector, ...]:
         if not token:
             continue
         lower = token.lower()
-        mig = _MIG_INDEX.match(token)
+        mig = _MIG_INDEX.fullmatch(token)
+        index = decimal(token, 9)
         if lower == "all":
             selectors.append(Selector(token, "all"))
         elif lower.startswith("gpu-"):
@@ -64,12 +66,12 @@ def parse(spec: str | tuple[str, ...]) -> tuple[Selector, ...]:
             selectors.append(Selector(token, "mig_uuid", lower))
         elif mig:
             selectors.append(Selector(token, "mig_index", (int(mig.group(1)), int(mig.group(2)))))
-        elif token.isdigit():
-            selectors.append(Selector(token, "index", int(token)))
+        elif index is not None:
+            selectors.append(Selector(token, "index", index))
         elif (bus_id := normalize_bus_id(token)) is not None:
             selectors.append(Selector(token, "bus_id", bus_id))
         else:
-            raise DeviceError(f"{token}: unknown device")
+            raise DeviceError(f"{cut(token)}: unknown device")
     return tuple(selectors)
 
 

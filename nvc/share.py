@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvc.errors import ContainerError, InputError
+from nvc.errors import ContainerError, InputError, shown
 
 # Where the shim looks inside a container (native/nvc_share.h NVC_FIXED_DIR) and its files.
 CONTAINER_DIR = "/var/run/nvc-share"
@@ -32,7 +32,7 @@ STATE_DIR = "/run/nvc-py/share"
 LIMITS_VERSION = 1
 _MAX_PRELOAD = 64 * 1024
 
-_SIZE = re.compile(r"([0-9]+)(?:([kKmMgGtT])(i?))?")
+_SIZE = re.compile(r"([0-9]{1,20})(?:([kKmMgGtT])(i?))?")  # int() takes 4300 digits at most
 _SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
 # (env prefix, limits-file key, HAMi semantics). HAMi's names come first so that NVC_SHARE_* win
 # at the same scope, as in the shim; a per-device value beats a global one whatever its name.
@@ -62,7 +62,7 @@ def parse_size(name: str, text: str) -> int:
         unit = (match.group(2) or "").lower()
         value = int(match.group(1)) << _SHIFT.get(unit, 0)
     if not match or value == 0 or value >= 1 << 64:
-        raise InputError(f"{name}={text!r}: not a size (positive decimal bytes, optionally with K, M, G, T, "
+        raise InputError(f"{name}={shown(text)}: not a size (positive decimal bytes, optionally with K, M, G, T, "
                          f"Ki, Mi, Gi or Ti)")
     return value
 
@@ -73,7 +73,7 @@ def parse_percent(name: str, text: str, hami: bool) -> int:
     if value == 0 and hami:
         value = 100
     if not 1 <= value <= 100:
-        raise InputError(f"{name}={text!r}: not a percentage (an integer from 1 to 100)")
+        raise InputError(f"{name}={shown(text)}: not a percentage (an integer from 1 to 100)")
     return value
 
 

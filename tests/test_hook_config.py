@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -136,3 +137,107 @@ def test_a_document_json_cannot_hold_is_not_cached(tmp_path: Path, cache: Path) 
     with pytest.raises(InputError, match="user: expected UID or UID:GID"):
         config.load(str(path))
     assert not cache.exists()
+
+
+# --- hostile configuration files and caches -----------------------------------------------------
+
+ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+NVC_PY = str(Path(sysconfig.get_path("scripts")) / "nvc-py")
+HOOK = str(Path(sysconfig.get_path("scripts")) / "nvc-py-hook")
+
+
+def test_alias_bomb_is_refused_before_it_expands(tmp_path: Path, cache: Path) -> None:
+    """Nine levels of nine aliases (about 450 bytes) would expand to 9^9 nodes for whoever walks the document."""
+    assert len(ALIAS_BOMB) < 500
+    path = tmp_path / "c.yaml"
+    path.write_text(ALIAS_BOMB)
+    with pytest.raises(InputError, match=f"^input error: {path}: line 1: YAML anchors and aliases are not accepted$"):
+        config.load(str(path))
+    path.write_text("root: &r /\nldcache: /etc/ld.so.cache\n")  # even a harmless anchor: a config needs none
+    with pytest.raises(InputError, match="line 1: YAML anchors and aliases are not accepted"):
+        config.load(str(path))
+    assert not cache.exists()
+    (tmp_path / "bomb.yaml").write_text(ALIAS_BOMB)
+    result = subprocess.run([NVC_PY, "config", "show"], capture_output=True, text=True, timeout=60,
+                            env={"NVC_PY_CONFIG": str(tmp_path / "bomb.yaml")})
+    assert result.returncode == InputError.exit_code
+    assert result.stderr == (f"nvc-py: input error: {tmp_path / 'bomb.yaml'}: line 1: YAML anchors and aliases "
+                             "are not accepted\n")
+
+
+def test_deeply_nested_yaml_is_one_error(tmp_path: Path, cache: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("root: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(InputError, match="not valid YAML: nested too deeply"):
+        config.load(str(path))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "huge", "not-utf8"])
+def test_config_file_that_is_not_a_small_text_file(tmp_path: Path, kind: str) -> None:
+    """Through the real program, with a timeout only as a safety net: one line, never a hang."""
+    path = tmp_path / "c.yaml"
+    message = "not a regular file (a configuration file must be a regular file of at most 1048576 bytes)"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")  # would be read forever
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "huge":
+        with open(path, "wb") as f:
+            f.truncate(config.MAX_SIZE + 1)
+        message = "larger than 1048576 bytes (a configuration file must be"
+    else:
+        path.write_bytes(b"root: /\xff\n")
+        message = "not UTF-8 text"
+    for argv in ([NVC_PY, "config", "show"], [HOOK, "prestart"]):
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, input="{}",
+                                env={"NVC_PY_CONFIG": str(path)})
+        assert result.returncode == InputError.exit_code
+        prog = os.path.basename(argv[0])
+        assert result.stderr.startswith(f"{prog}: input error: {path}: {message}")
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("plant", ["huge", "nested"])
+def test_a_cache_that_is_not_a_small_json_file_is_a_miss(tmp_path: Path, cache: Path, plant: str) -> None:
+    """(A FIFO or a device: test_fifo_or_device_as_the_real_cache_..., in processes a timeout can end.)"""
+    path = tmp_path / "c.yaml"
+    path.write_text("no-cgroups: true\n")
+    cache.parent.mkdir(mode=0o700)
+    if plant == "huge":
+        with open(cache, "wb") as f:
+            f.truncate(config.MAX_CACHE_SIZE + 1)
+        cache.chmod(0o600)
+    else:
+        cache.write_text("[" * 100_000 + "]" * 100_000)
+        cache.chmod(0o600)
+    assert config.load(str(path)).no_cgroups is True
+    assert stat.S_ISREG(cache.lstat().st_mode) and json.loads(cache.read_text())["text"] == "no-cgroups: true\n"
+
+
+@pytest.mark.parametrize("plant", ["mkfifo -m 0600 {}", "mknod -m 0600 {} c 1 5"])
+def test_fifo_or_device_as_the_real_cache_does_not_hang_config_show_or_the_hook(tmp_path: Path, plant: str) -> None:
+    """The real /run/nvc-py (a private tmpfs over it): a FIFO or /dev/zero's node as config-cache.json
+    is a miss, replaced by a good cache."""
+    path = tmp_path / "c.yaml"
+    path.write_text("no-cgroups: true\n")
+    make = plant.replace("{}", config.CACHE_PATH)
+    script = (f"set -e; mkdir -p -m 0700 /run/nvc-py; mount -t tmpfs -o mode=0700 tmpfs /run/nvc-py; "
+              f"{make}; {NVC_PY} config show; rm {config.CACHE_PATH}; {make}; "
+              f"echo '{{}}' | {HOOK} prestart || echo hook=$?; test -f {config.CACHE_PATH} && echo replaced")
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                            capture_output=True, text=True, timeout=60, env={"NVC_PY_CONFIG": str(path),
+                                                                            "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})
+    assert result.returncode == 0, result.stderr
+    assert "no-cgroups: true" in result.stdout and "hook=2\nreplaced\n" in result.stdout
+    assert result.stderr == "nvc-py-hook: input error: OCI state on stdin: no absolute 'bundle' path\n"
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "1:\u00b2", "9" * 4400])
+def test_user_digits_are_ascii(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"user: '{value}'\n")
+    with pytest.raises(InputError, match="user: expected UID or UID:GID"):
+        config.load(str(path))

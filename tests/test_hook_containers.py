@@ -138,6 +138,34 @@ def test_runc_hook_log_line_and_legacy_bundle_path(active_2gpu, runc, debian_roo
                          "(known: utility, compute, video, graphics, display, ngx, compat32)\n"
 
 
+def test_runc_hostile_env_gives_one_escaped_bounded_line(active_2gpu, runc, debian_rootfs: Path, setup_dir: Path,
+                                                        tmp_path: Path) -> None:
+    """An image env value with a newline, terminal escapes and a megabyte of padding, through a real
+    runc start: the start fails with the hook's one escaped, cut line; the log grows by one short line."""
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"]}
+    forged = "compute\nlevel=info msg=\"forged\"\x1b]0;pwned\x07\x1b[2J" + "z" * (1 << 20)
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, SHOW, hooks={"prestart": [hook]},
+                         env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": forged})
+    log = setup_dir / "hook.log"
+    before = log.stat().st_size if log.exists() else 0
+    result = runc.create_start(bundle, container_id="nvc-hostile-env")
+    assert result.returncode != 0 and "/dev/nvidia" not in result.stdout
+    hook_lines = [line for line in result.stderr.splitlines() if "nvc-py-hook: input error" in line]
+    assert len(hook_lines) == 1, result.stderr[:3000]
+    # runc quotes the hook's stderr once more (Go's %q): backslashes doubled
+    assert "unknown capability 'compute\\\\nlevel=info msg=\\\"forged\\\"\\\\x1b]0;pwned\\\\x07" in hook_lines[0]
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr and len(result.stderr) < 8192
+    assert not any(line.startswith("level=info msg=\"forged\"") for line in result.stderr.splitlines())
+    added = log.read_bytes()[before:]
+    assert added.count(b"\n") == 1 and b"\x1b" not in added and len(added) < 4096
+    line = json.loads(added)
+    assert (line["container"], line["outcome"]) == ("nvc-hostile-env", "error")
+    assert line["error"].startswith("input error: NVIDIA_DRIVER_CAPABILITIES: unknown capability "
+                                    "'compute\\nlevel=info msg=\"forged\"\\x1b]0;pwned\\x07\\x1b[2jzzz")  # lowercased
+    assert "more characters)" in line["error"]
+
+
 def test_hook_given_ld_library_path_loads_nothing_from_the_image(active_2gpu, runc, debian_rootfs: Path,
                                                                   setup_dir: Path, tmp_path: Path) -> None:
     """A hook handed LD_LIBRARY_PATH pointing into the image (CVE-2025-23266's shape) restarts

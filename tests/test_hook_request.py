@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nvc.errors import InputError
@@ -136,3 +138,32 @@ def test_parse_env_last_wins_and_keeps_equals_in_values() -> None:
 def test_bad_legacy_cuda_version() -> None:
     with pytest.raises(InputError, match="CUDA_VERSION"):
         gpu_request({"CUDA_VERSION": "latest"})
+
+
+UNICODE_DIGITS = ["\u00b2", "\u0663", "\uff13", "1\u00b2"]  # superscript two, Arabic-Indic three, fullwidth three
+
+
+@pytest.mark.parametrize("digits", [*UNICODE_DIGITS, "9" * 4400], ids=["sup2", "arabic3", "fullwidth3", "1sup2", "4400"])
+def test_numbers_are_ascii_and_bounded(digits: str) -> None:
+    """str.isdigit() takes these; int() refuses some (``²``, 4400 digits) and reads others as
+    numbers no one meant: all are refused with one InputError or DeviceError, never a ValueError."""
+    from nvc import requirements, selection
+    from nvc.errors import DeviceError, shown
+
+    base = {"NVIDIA_VISIBLE_DEVICES": "0"}
+    with pytest.raises(InputError, match=f"unsupported IMEX channel value {re.escape(shown(digits))}$"):
+        gpu_request({**base, "NVIDIA_IMEX_CHANNELS": digits})
+    with pytest.raises(InputError, match="CUDA_VERSION: invalid version"):
+        gpu_request({"CUDA_VERSION": f"{digits}.0"})
+    for text in (digits, f"0:{digits}", f"{digits}:0"):
+        with pytest.raises(DeviceError, match="unknown device"):
+            selection.parse(text)
+    with pytest.raises(InputError, match="invalid version"):
+        requirements.parse_requirement(f"cuda>={digits}")
+
+
+def test_long_values_are_cut_in_messages() -> None:
+    with pytest.raises(InputError) as err:
+        gpu_request({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "\x1b[31m" + "q" * 10_000})
+    message = str(err.value)
+    assert "'\\x1b[31mqqq" in message and "... (+9805 more characters)" in message and len(message) < 500
