@@ -160,6 +160,20 @@ def write_share_files(dir_fd: int, limits: bytes) -> None:
         os.close(fd)
 
 
+def write_share_dir(path: Path, request: ShareRequest, origin: str = "") -> Path:
+    """A plain ``path/shared`` directory with the shim's files, for plain LD_PRELOAD use through
+    NVC_SHARE_DIR (bench/share, the GPU tests); containers get ``prepare``'s tmpfs. Returns it."""
+    shared = path / "shared"
+    os.mkdir(shared, 0o755)
+    os.chmod(shared, 0o755)
+    fd = os.open(shared, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        write_share_files(fd, limits_text(request, origin).encode())
+    finally:
+        os.close(fd)
+    return shared
+
+
 def preload_text(image_preload: str, library: str = CONTAINER_LIBRARY) -> str:
     """The container's /etc/ld.so.preload: the shim first (its dlsym must come before any other
     preloaded library's), then the image's own entries, kept as they were."""

@@ -122,7 +122,9 @@ def test_limits_file_round_trip_through_the_shim(shim, tmp_path):
 
 
 def test_fake_nvidia_smi_reports_the_written_limit(shim, tmp_path):
-    shim.dir = prepared(tmp_path / "state", "ctr", {"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
+    # a plain directory, as bench/share and the GPU tests use through NVC_SHARE_DIR
+    shim.dir = share.write_share_dir(tmp_path, share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}))
+    assert os.stat(shim.dir / "region").st_size == REGION_SIZE
     holder = shim.holder("alloc", GIB, limits={})
     try:
         result = subprocess.run([str(shim.root / "usr" / "bin" / "nvidia-smi"),
