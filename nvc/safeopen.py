@@ -1,4 +1,4 @@
-"""Opening a file that a less trusted party (an image, a container) may have replaced.
+"""Reading a file that a less trusted party (an image, a container) may have replaced.
 
 Such a file is first opened with O_PATH (which opens no FIFO or device: no driver open, no
 blocking), checked from its fstat (type, owner, size) and only then reopened for reading through
@@ -14,11 +14,14 @@ _KINDS = {stat.S_IFLNK: "a symbolic link (not followed)", stat.S_IFIFO: "a FIFO"
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
 
 
-def file_problem(st: os.stat_result, *, max_size: int, size: int | None = None, owner: int | None = None) -> str | None:
-    """Why ``st`` is not a regular file as expected (phrased to follow the file's name), or None.
+class UnexpectedFile(Exception):
+    """The file is not what the caller expects; the message says what it is, phrased to follow the
+    file's name ("is a FIFO, not a regular file"). Callers turn it into their own error or report."""
 
-    ``size``: the exact size wanted; ``owner``: the uid that must own it.
-    """
+
+def file_problem(st: os.stat_result, *, max_size: int, size: int | None = None, owner: int | None = None) -> str | None:
+    """Why ``st`` is not a regular file as expected, or None. ``size``: the exact size wanted;
+    ``owner``: the uid that must own it."""
     kind = stat.S_IFMT(st.st_mode)
     if kind != stat.S_IFREG:
         return f"is {_KINDS.get(kind, 'of an unknown type')}, not a regular file"
@@ -31,19 +34,22 @@ def file_problem(st: os.stat_result, *, max_size: int, size: int | None = None, 
     return None
 
 
-def reopen(path_fd: int, flags: int = os.O_RDONLY) -> int:
-    """Open for I/O the inode an O_PATH fd names (checked by the caller); never blocks."""
-    return os.open(f"/proc/self/fd/{path_fd}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-
-
-def read_at_most(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``fd`` (a file that may have grown since its size was checked)."""
+def read_checked(path_fd: int, *, max_size: int, size: int | None = None, owner: int | None = None) -> bytes:
+    """The content (at most ``max_size`` bytes) of the file an O_PATH fd names, once ``file_problem``
+    finds nothing wrong with it; raises UnexpectedFile otherwise. Never blocks."""
+    problem = file_problem(os.fstat(path_fd), max_size=max_size, size=size, owner=owner)
+    if problem:
+        raise UnexpectedFile(problem)
+    fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     chunks: list[bytes] = []
-    left = limit
-    while left > 0:
-        chunk = os.read(fd, left)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
+    left = max_size
+    try:
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
     return b"".join(chunks)

@@ -198,18 +198,11 @@ def read_image_preload(rootfs: str) -> str:
     finally:
         os.close(root_fd)
     try:
-        problem = safeopen.file_problem(os.fstat(path_fd), max_size=_MAX_PRELOAD)
-        if problem:
-            raise ContainerError(f"{PRELOAD} in {rootfs} {problem}")
-        fd = safeopen.reopen(path_fd)
+        data = safeopen.read_checked(path_fd, max_size=_MAX_PRELOAD)
+    except safeopen.UnexpectedFile as err:
+        raise ContainerError(f"{PRELOAD} in {rootfs} {err}") from None
     finally:
         os.close(path_fd)
-    try:
-        data = safeopen.read_at_most(fd, _MAX_PRELOAD + 1)
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_PRELOAD:
-        raise ContainerError(f"{PRELOAD} in {rootfs} grew over {_MAX_PRELOAD} bytes")
     try:
         return data.decode()
     except UnicodeDecodeError:

@@ -89,16 +89,11 @@ def _read(dir_fd: int, name: str, label: str, *, max_size: int, size: int | None
     except OSError as err:
         raise _Refused(f"{label}: {err.strerror}") from None
     try:
-        problem = safeopen.file_problem(os.fstat(path_fd), max_size=max_size, size=size, owner=0)
-        if problem:
-            raise _Refused(f"{label} {problem}")
-        fd = safeopen.reopen(path_fd)
+        return safeopen.read_checked(path_fd, max_size=max_size, size=size, owner=0)
+    except safeopen.UnexpectedFile as err:
+        raise _Refused(f"{label} {err}") from None
     finally:
         os.close(path_fd)
-    try:
-        return safeopen.read_at_most(fd, max_size)
-    finally:
-        os.close(fd)
 
 
 def _open_dir(dir_fd: int, name: str, label: str) -> int:

@@ -21,6 +21,7 @@ from fakedriver.activate import private_mounts as private_mount_namespace
 from nvc import share, sharestatus
 from nvc.errors import ContainerError, InputError
 from nvc.shareregion import SIZE as REGION_SIZE
+from test_hook_server import default_run_dir  # noqa: F401  (fixture: /run/nvc-py, a tmpfs of this test's own)
 from test_share_native import GIB, GPU0, MIB, SHIM, meminfo, programs, share as shim  # noqa: F401  (fixtures)
 
 # ---------------------------------------------------------------- the env grammar
@@ -428,23 +429,7 @@ def test_share_status_reports_what_the_container_planted(private_mounts, tmp_pat
 
 # ---------------------------------------------------------------- through the hook, in a runc container
 
-@pytest.fixture
-def run_dir(active_2gpu) -> Iterator[Path]:
-    """/run/nvc-py, where the hook keeps its sharing directories, as a tmpfs seen only in this test's
-    private mount namespace: nothing of the test lands in the host's /run."""
-    path = Path(share.STATE_DIR).parent
-    created = not path.exists()
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0700,size=1m", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-        if created:
-            path.rmdir()
-
-
-def test_hook_injects_the_shim_into_a_runc_container(run_dir, fake_2gpu, runc, debian_rootfs, make_rootfs,
+def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu, runc, debian_rootfs, make_rootfs,
                                                      tmp_path):
     """A container asking for 4 GiB gets the shim preloaded, a limits file it cannot change even as
     root, a full tmpfs of its own as shared directory (root and uid 1000 alike write nothing more
