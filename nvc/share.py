@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvc.errors import ContainerError, InputError
+from nvc.errors import ContainerError, InputError, MountError
 
 # Where the shim looks inside a container (native/nvc_share.h NVC_FIXED_DIR) and its files.
 CONTAINER_DIR = "/var/run/nvc-share"
@@ -323,7 +323,6 @@ def _unmount_shared(state_fd: int, name: str, path: str) -> bool:
     """Detach whatever is mounted on ``<name>/shared`` (the tmpfs; mounts stacked there too); True
     when the container directory exists and nothing is mounted in it any more."""
     from nvc import fdmount
-    from nvc.errors import MountError
 
     try:
         dir_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)

@@ -429,12 +429,12 @@ def test_share_status_reports_what_the_container_planted(private_mounts, tmp_pat
 
 # ---------------------------------------------------------------- through the hook, in a runc container
 
-def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu, runc, debian_rootfs, make_rootfs,
-                                                     tmp_path):
+def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu, runc, debian_rootfs,
+                                                     make_rootfs, tmp_path):
     """A container asking for 4 GiB gets the shim preloaded, a limits file it cannot change even as
     root, a full tmpfs of its own as shared directory (root and uid 1000 alike write nothing more
     there), and NVML (the fake nvidia-smi) reporting the limit; poststop unmounts and removes its
-    directory; junk limits, or a FIFO as the image's ld.so.preload, refuse the start and leave
+    directory, following nothing the container planted; junk limits, or a FIFO as the image's ld.so.preload, refuse the start and leave
     nothing behind (the FIFO never opened)."""
     from harness.bundle import make_bundle
     from test_hook_containers import SCRIPTS
@@ -450,17 +450,20 @@ def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu,
             "touch /var/run/nvc-share/x 2>&1 | grep -o -e 'No space left on device' -e 'Permission denied'")
     script = ("head -1 /etc/ld.so.preload; cat /var/run/nvc-share/limits | grep memory_limit; "
               "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
-              f"nvidia-smi --query-gpu=memory.total --format=csv,noheader; {fill}")
+              f"nvidia-smi --query-gpu=memory.total --format=csv,noheader; {fill}; "
+              "rm /var/run/nvc-share/region && ln -s /etc /var/run/nvc-share/region && echo planted")
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
     bundle = make_bundle(tmp_path / "ok", debian_rootfs, ["sh", "-c", script], env=env, hooks=hooks)
     result = runc.create_start(bundle, container_id="nvc-share-ok")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [share.CONTAINER_LIBRARY, f"memory_limit={4 * GIB}", "read-only",
                                           "4096 MiB", "free 0", "No space left on device",
-                                          "No space left on device"]
-    runc.delete("nvc-share-ok")
+                                          "No space left on device", "planted"]
+    assert "nvc-share" not in result.stderr              # the shim used the hook's region as it is
+    runc.delete("nvc-share-ok")                        # poststop: the planted symlink is not followed
     assert not (Path(share.STATE_DIR) / "nvc-share-ok").exists()
     assert not any(m.startswith(share.STATE_DIR) for m in _mountpoints())
+    assert Path("/etc/passwd").exists()
 
     # The same as uid 1000, the workload's usual user.
     user = make_bundle(tmp_path / "user", debian_rootfs, ["sh", "-c", fill], env=env, hooks=hooks)
