@@ -138,9 +138,27 @@ static void use_private_region(const struct nvc_config *cfg)
     init_header(cfg);
 }
 
+/* The hook's region (NVC_FIXED_DIR) is made by nvc-py at its final size in a tmpfs of fixed size:
+ * it is never created, resized or anything but a regular file here. Elsewhere (plain LD_PRELOAD
+ * use, our own 0700 directory) the first process creates and sizes it. */
+static int region_fixed;
+
 static int open_file(void)
 {
+    if (region_fixed)
+        return open(region_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     return open(region_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+}
+
+/* A hook region that is missing, not a regular file or not of the right size was changed by
+ * someone in the container: keep this process's limits in a region of its own, and say so. */
+static void refuse_fixed_region(const char *why)
+{
+    nvc_log(0, "shared region %s %s: this process enforces its own limits alone (not shared with the others)",
+            region_path, why);
+    if (region_fd >= 0)
+        close(region_fd);
+    region_fd = -1;
 }
 
 int nvc_region_open(const char *dir, const struct nvc_config *cfg)
@@ -149,13 +167,30 @@ int nvc_region_open(const char *dir, const struct nvc_config *cfg)
     my_start = proc_start_time(my_pid);
     my_pidns = pidns_inode();
     snprintf(region_path, sizeof region_path, "%s/region", dir);
+    region_fixed = !strcmp(dir, NVC_FIXED_DIR);
     region_fd = open_file();
+    struct stat st;
+    if (region_fixed) {
+        char why[96];
+        if (region_fd < 0)
+            snprintf(why, sizeof why, "cannot be opened (%s)", strerror(errno));
+        else if (fstat(region_fd, &st) || !S_ISREG(st.st_mode))
+            snprintf(why, sizeof why, "is not a regular file");
+        else if (st.st_size != (off_t)sizeof *region)
+            snprintf(why, sizeof why, "is %lld bytes, not %zu", (long long)st.st_size, sizeof *region);
+        else
+            why[0] = '\0';
+        if (why[0]) {
+            refuse_fixed_region(why);
+            use_private_region(cfg);
+            return region ? 0 : -1;
+        }
+    }
     if (region_fd < 0) {
         nvc_log(0, "cannot open shared region %s (%s)", region_path, strerror(errno));
         return -1;
     }
     lock_region();
-    struct stat st;
     if (fstat(region_fd, &st) || (st.st_size < (off_t)sizeof *region && ftruncate(region_fd, sizeof *region))) {
         nvc_log(0, "cannot size shared region %s (%s)", region_path, strerror(errno));
         unlock_region();

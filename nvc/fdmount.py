@@ -200,16 +200,20 @@ def attach_tree(tree: int, dest_dir_fd: int, dest_name: str, *, dest_path: str) 
     return Mount(tree, dest_path)
 
 
-def mount_tmpfs(dest_dir_fd: int, dest_name: str, attrs: MountAttr, *, dest_path: str, mode: int = 0o555) -> Mount:
-    """Mount a fresh tmpfs (root directory mode ``mode``) on directory ``dest_name``."""
+def mount_tmpfs(dest_dir_fd: int, dest_name: str, attrs: MountAttr, *, dest_path: str, mode: int = 0o555,
+                options: tuple[tuple[str, str], ...] = ()) -> Mount:
+    """Mount a fresh tmpfs (root directory mode ``mode``, more tmpfs ``options`` such as its size)
+    on directory ``dest_name``."""
     dest_fd = _open_dest(dest_dir_fd, dest_name, dest_path, directory=True)
+    options = (("mode", f"{mode:o}"), *options)
     try:
         try:
-            return _tmpfs_new_api(dest_fd, attrs, dest_path, mode)
+            return _tmpfs_new_api(dest_fd, attrs, dest_path, options)
         except OSError as err:
             if not _new_api_missing(err):
                 raise
-        syscalls.mount("tmpfs", _procfd(dest_fd), "tmpfs", attrs.ms_flags(), f"mode={mode:o}")
+        data = ",".join(f"{key}={value}" for key, value in options)
+        syscalls.mount("tmpfs", _procfd(dest_fd), "tmpfs", attrs.ms_flags(), data)
         fd = os.open(dest_name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dest_dir_fd)
     except OSError as err:
         raise MountError(f"mount failed: tmpfs -> {dest_path}: {err.strerror}") from None
@@ -221,10 +225,11 @@ def mount_tmpfs(dest_dir_fd: int, dest_name: str, attrs: MountAttr, *, dest_path
     return Mount(fd, dest_path)
 
 
-def _tmpfs_new_api(dest_fd: int, attrs: MountAttr, dest_path: str, mode: int) -> Mount:
+def _tmpfs_new_api(dest_fd: int, attrs: MountAttr, dest_path: str, options: tuple[tuple[str, str], ...]) -> Mount:
     fs = syscalls.fsopen("tmpfs")
     try:
-        syscalls.fsconfig_string(fs, "mode", f"{mode:o}")
+        for key, value in options:
+            syscalls.fsconfig_string(fs, key, value)
         syscalls.fsconfig_create(fs, dest_path)
         mnt = syscalls.fsmount(fs, attrs, dest_path)
     finally:

@@ -4,7 +4,9 @@ A container asks for a memory budget and a compute share through its env (``NVC_
 HAMi's ``CUDA_DEVICE_*`` names, for drop-in compatibility). The hook turns that into a
 per-container host directory holding a read-only limits file (the only authority the shim
 trusts in a container, so the workload cannot raise its own limits through its env) and the
-shared region, plus a generated ``/etc/ld.so.preload``; ``share_mounts`` says where they go.
+shared region, plus a generated ``/etc/ld.so.preload``; ``prepare`` returns where they go.
+The part the container can write is a small tmpfs of fixed size mounted for it alone, so a
+workload cannot fill the host's /run; root's tools treat everything in it as hostile.
 The grammar is the shim's (native/config.c), checked here first so junk stops the container
 from starting instead of leaving it unlimited.
 """
@@ -19,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvc.errors import ContainerError, InputError, shown
+from nvc.errors import ContainerError, InputError, MountError, shown
 
 # Where the shim looks inside a container (native/nvc_share.h NVC_FIXED_DIR) and its files.
 CONTAINER_DIR = "/var/run/nvc-share"
@@ -31,6 +33,8 @@ STATE_DIR = "/run/nvc-py/share"
 
 LIMITS_VERSION = 1
 _MAX_PRELOAD = 64 * 1024
+_TMPFS_INODES = 3         # the shared tmpfs's root directory, limits and region
+_MAX_STACKED = 8          # mounts on a container's shared directory that remove() detaches
 
 _SIZE = re.compile(r"([0-9]{1,20})(?:([kKmMgGtT])(i?))?")  # int() takes 4300 digits at most
 _SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
@@ -122,9 +126,9 @@ def limits_text(request: ShareRequest, origin: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_new(path: Path, data: bytes, mode: int) -> None:
+def _write_new(dir_fd: int, name: str, data: bytes, mode: int) -> None:
     """A new file with exactly this mode (umask ignored); an existing one is an error."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         os.fchmod(fd, mode)
         os.write(fd, data)
@@ -132,14 +136,41 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
         os.close(fd)
 
 
+def tmpfs_options(limits_size: int, page_size: int) -> tuple[tuple[str, str], ...]:
+    """The shared tmpfs's size and inode count: exactly the limits file and the region (preallocated),
+    so once filled it has no room left for anything a container process would write."""
+    from nvc.shareregion import SIZE
+
+    pages = -(-SIZE // page_size) + max(1, -(-limits_size // page_size))
+    return (("size", str(pages * page_size)), ("nr_inodes", str(_TMPFS_INODES)), ("huge", "never"))
+
+
+def write_share_files(dir_fd: int, limits: bytes) -> None:
+    """The shim's two files in the directory open on ``dir_fd``: limits (0444) and the region (0666,
+    so a non-root workload can open it) at its final size, its blocks allocated now: the shim never
+    grows it (native/README.md), and a full tmpfs cannot fail its first writes."""
+    from nvc.shareregion import SIZE
+
+    _write_new(dir_fd, "limits", limits, 0o444)
+    fd = os.open("region", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o666)
+        os.posix_fallocate(fd, 0, SIZE)
+    finally:
+        os.close(fd)
+
+
 def write_share_dir(path: Path, request: ShareRequest, origin: str = "") -> Path:
-    """Fill the per-container directory: shared/limits (0444) and an empty shared/region (0666, so a
-    non-root workload can open it; the shim initialises it). Returns the shared/ directory."""
+    """A plain ``path/shared`` directory with the shim's files, for plain LD_PRELOAD use through
+    NVC_SHARE_DIR (bench/share, the GPU tests); containers get ``prepare``'s tmpfs. Returns it."""
     shared = path / "shared"
     os.mkdir(shared, 0o755)
     os.chmod(shared, 0o755)
-    _write_new(shared / "limits", limits_text(request, origin).encode(), 0o444)
-    _write_new(shared / "region", b"", 0o666)
+    fd = os.open(shared, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        write_share_files(fd, limits_text(request, origin).encode())
+    finally:
+        os.close(fd)
     return shared
 
 
@@ -151,13 +182,15 @@ def preload_text(image_preload: str, library: str = CONTAINER_LIBRARY) -> str:
 
 
 def read_image_preload(rootfs: str) -> str:
-    """The image's /etc/ld.so.preload ("" if none), resolved inside the rootfs: a symlink there
-    must not make us read a host file."""
+    """The image's /etc/ld.so.preload ("" if none), resolved inside the rootfs (a symlink there must
+    not make us read a host file) and opened O_PATH first: a FIFO or device node there is refused
+    without ever being opened (no blocking, no driver open outside the container's device cgroup)."""
     from nvc import rootfs as inroot
+    from nvc import safeopen
 
     root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = inroot.open_in_root(root_fd, PRELOAD, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        path_fd = inroot.open_in_root(root_fd, PRELOAD, os.O_PATH)
     except OSError as err:
         if err.errno == errno.ENOENT:
             return ""
@@ -165,12 +198,11 @@ def read_image_preload(rootfs: str) -> str:
     finally:
         os.close(root_fd)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_PRELOAD:
-            raise ContainerError(f"{PRELOAD} in {rootfs} is not a regular file under {_MAX_PRELOAD} bytes")
-        data = os.read(fd, _MAX_PRELOAD + 1)
+        data = safeopen.read_checked(path_fd, max_size=_MAX_PRELOAD)
+    except safeopen.UnexpectedFile as err:
+        raise ContainerError(f"{PRELOAD} in {rootfs} {err}") from None
     finally:
-        os.close(fd)
+        os.close(path_fd)
     try:
         return data.decode()
     except UnicodeDecodeError:
@@ -184,27 +216,58 @@ def container_dir(container_id: str, state_dir: str = STATE_DIR) -> Path:
     return Path(state_dir) / container_id
 
 
+def _open_state_dir(state_dir: str) -> int:
+    """An O_PATH fd of the state directory, made (0700, parents too) if missing. Every container's
+    limits live below it, so it must be a directory of ours that no one else can write, and not a
+    symlink to someone else's."""
+    old = os.umask(0o077)
+    try:
+        os.makedirs(state_dir, 0o700, exist_ok=True)
+        fd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise ContainerError(f"cannot use sharing directory {state_dir}: {err.strerror}") from None
+    finally:
+        os.umask(old)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        os.close(fd)
+        raise ContainerError(f"sharing directory {state_dir} belongs to uid {info.st_uid} or others can write it "
+                             f"(mode {stat.S_IMODE(info.st_mode):o})")
+    return fd
+
+
 def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: str = HOST_LIBRARY,
             state_dir: str = STATE_DIR) -> tuple:
     """Host-side preparation for one container; returns the HostMounts the hook passes to configure
-    as extra_mounts. On failure nothing is left on the host."""
+    as extra_mounts.
+
+    In the mount namespace the hook runs in (the host's, where the runtime runs hooks), it mounts a
+    tmpfs of fixed size (``tmpfs_options``: the limits file and the preallocated region, nothing
+    more) on ``<state_dir>/<id>/shared`` and fills it: what the container may write is that tmpfs,
+    never the host's /run. On failure at any step, what was made is unmounted and removed again
+    (``remove``): nothing is left on the host.
+    """
     from nvc.mountplan import HostMount
 
     if not os.path.isfile(library):
         raise ContainerError(f"GPU sharing requested but the shim {library} is not installed")
     image_preload = read_image_preload(rootfs)
     path = container_dir(container_id, state_dir)
-    os.makedirs(path.parent, 0o755, exist_ok=True)
+    limits = limits_text(request, origin=f"container {container_id}").encode()
+    state_fd = _open_state_dir(state_dir)
     try:
-        os.mkdir(path, 0o755)
-    except FileExistsError:
-        raise ContainerError(f"sharing directory {path} already exists (stale container {container_id}?)") from None
-    try:
-        shared = write_share_dir(path, request, origin=f"container {container_id}")
-        _write_new(path / "ld.so.preload", preload_text(image_preload).encode(), 0o444)
-    except BaseException:
-        remove(container_id, state_dir)
-        raise
+        try:
+            os.mkdir(container_id, 0o755, dir_fd=state_fd)
+        except FileExistsError:
+            raise ContainerError(f"sharing directory {path} already exists (stale container {container_id}?)") from None
+        try:
+            _fill(state_fd, path, limits, preload_text(image_preload).encode())
+        except BaseException:
+            remove(container_id, state_dir)
+            raise
+    finally:
+        os.close(state_fd)
+    shared = path / "shared"
     return (
         HostMount(source=library, target=CONTAINER_LIBRARY, readonly=True),
         HostMount(source=str(shared), target=CONTAINER_DIR, readonly=False, directory=True),
@@ -213,8 +276,70 @@ def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: s
     )
 
 
+def _fill(state_fd: int, path: Path, limits: bytes, preload: bytes) -> None:
+    """The new container directory: the shared tmpfs with its files, and ld.so.preload beside it
+    (outside the tmpfs: the container sees it only as a read-only bind)."""
+    from nvc import fdmount
+    from nvc.syscalls import MountAttr
+
+    dir_fd = os.open(path.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)
+    try:
+        os.mkdir("shared", 0o755, dir_fd=dir_fd)
+        mount = fdmount.mount_tmpfs(dir_fd, "shared", MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
+                                    dest_path=str(path / "shared"), mode=0o755,
+                                    options=tmpfs_options(len(limits), os.sysconf("SC_PAGE_SIZE")))
+        try:
+            write_share_files(mount.fd, limits)
+        finally:
+            mount.close()
+        _write_new(dir_fd, "ld.so.preload", preload, 0o444)
+    finally:
+        os.close(dir_fd)
+
+
 def remove(container_id: str, state_dir: str = STATE_DIR) -> None:
-    """Drop a container's directory (its region goes with it); a missing one is fine."""
+    """Unmount a container's shared tmpfs and drop its directory; a missing one is fine.
+
+    Nothing the container planted is followed or even walked: the tmpfs is detached (MNT_DETACH)
+    before anything is removed, and the rest of the directory, the hook's own, is removed relative
+    to directory fds without following symlinks. Best effort (the teardown must not fail): a tmpfs
+    that cannot be unmounted is left in place, directory and all, rather than walked.
+    """
     import shutil  # here: prestart imports this module at every container start, poststop removes
 
-    shutil.rmtree(container_dir(container_id, state_dir), ignore_errors=True)
+    container_dir(container_id, state_dir)
+    try:
+        state_fd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if _unmount_shared(state_fd, container_id, str(Path(state_dir) / container_id / "shared")):
+            shutil.rmtree(container_id, ignore_errors=True, dir_fd=state_fd)
+    finally:
+        os.close(state_fd)
+
+
+def _unmount_shared(state_fd: int, name: str, path: str) -> bool:
+    """Detach whatever is mounted on ``<name>/shared`` (the tmpfs; mounts stacked there too); True
+    when the container directory exists and nothing is mounted in it any more."""
+    from nvc import fdmount
+
+    try:
+        dir_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)
+    except OSError:
+        return False
+    try:
+        own_dev = os.fstat(dir_fd).st_dev
+        for _ in range(_MAX_STACKED):
+            try:
+                if os.stat("shared", dir_fd=dir_fd, follow_symlinks=False).st_dev == own_dev:
+                    return True
+                fd = os.open("shared", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except FileNotFoundError:
+                return True
+            fdmount.unmount(fdmount.Mount(fd, path))
+    except (OSError, MountError):
+        return False
+    finally:
+        os.close(dir_fd)
+    return False

@@ -50,13 +50,15 @@ class Region:
 
 
 class RegionFormatError(ValueError):
-    """Not (or not yet) a version-1 region: e.g. still empty because no CUDA process ran."""
+    """Not (or not yet) a version-1 region: e.g. still all zeros because no CUDA process ran."""
 
 
 def parse_region(data: bytes) -> Region:
     if len(data) < SIZE:
         raise RegionFormatError(f"{len(data)} bytes (no CUDA process has initialised it yet)"
                                 if not data else f"{len(data)} bytes, want {SIZE}")
+    if not data[:len(MAGIC)].strip(b"\0"):
+        raise RegionFormatError("no CUDA process has initialised it yet")   # as the hook made it: zeros
     magic, version, size, config_hash, ndevices, nslots, hwm, _, memory_default, compute_default, _ = \
         _HEADER.unpack_from(data, 0)
     if magic != MAGIC or version != VERSION or size != SIZE:

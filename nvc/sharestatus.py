@@ -5,17 +5,24 @@ hook prepared (nvc/share.py) and the regions the shim keeps there (nvc/shareregi
 Processes are listed with their pid inside the container and, where it can be found, on the host
 (matched by pid namespace inode and NSpid); a registered process that no longer runs is shown as
 gone: the shim reclaims its memory at the next out-of-memory decision.
+
+A container's shared directory is its own to write: root reads nothing there without checking it
+first (no symlink followed, no FIFO or device opened, the region read only at its exact size), and
+reports what it found instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from nvc import share
-from nvc.shareregion import Region, RegionFormatError, parse_region
+from nvc import safeopen, share
+from nvc.shareregion import SIZE, Region, RegionFormatError, parse_region
+
+_MAX_LIMITS = 16384               # what the shim reads of a limits file (native/shim.c)
 
 
 @dataclass(frozen=True)
@@ -70,17 +77,52 @@ def _host_pids(proc: str = "/proc") -> dict[tuple[int, int, int], int]:
     return found
 
 
-def container_share(directory: str, host_pids: dict[tuple[int, int, int], int]) -> ContainerShare:
-    """The status of one per-container directory."""
-    shared = os.path.join(directory, "shared")
-    cid = os.path.basename(directory)
+class _Refused(Exception):
+    """A file in a container's directory is not what the hook put there (the message says what)."""
+
+
+def _read(dir_fd: int, name: str, label: str, *, max_size: int, size: int | None = None) -> bytes:
+    """A root-owned regular file of the container's tmpfs, checked before it is opened for reading:
+    the container may have put a symlink, FIFO, device node or huge file in its place."""
     try:
-        with open(os.path.join(shared, "limits")) as f:
-            limits = _limits(f.read())
-        with open(os.path.join(shared, "region"), "rb") as f:
-            region: Region = parse_region(f.read())
+        path_fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as err:
-        return ContainerShare(cid, directory, {}, f"unreadable: {err.strerror}")
+        raise _Refused(f"{label}: {err.strerror}") from None
+    try:
+        return safeopen.read_checked(path_fd, max_size=max_size, size=size, owner=0)
+    except safeopen.UnexpectedFile as err:
+        raise _Refused(f"{label} {err}") from None
+    finally:
+        os.close(path_fd)
+
+
+def _open_dir(dir_fd: int, name: str, label: str) -> int:
+    try:
+        return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as err:
+        raise _Refused(f"{label}: {err.strerror} (a directory expected, symlinks not followed)") from None
+
+
+def container_share(state_fd: int, cid: str, directory: str,
+                    host_pids: dict[tuple[int, int, int], int]) -> ContainerShare:
+    """The status of one per-container directory (``cid`` in the state directory open on ``state_fd``)."""
+    limits: dict[str, str] = {}
+    try:
+        dir_fd = _open_dir(state_fd, cid, directory)
+        try:
+            shared_fd = _open_dir(dir_fd, "shared", f"{directory}/shared")
+        finally:
+            os.close(dir_fd)
+        try:
+            limits = _limits(_read(shared_fd, "limits", f"{directory}/shared/limits", max_size=_MAX_LIMITS)
+                             .decode("utf-8", "replace"))
+            data = _read(shared_fd, "region", f"{directory}/shared/region", max_size=SIZE, size=SIZE)
+        finally:
+            os.close(shared_fd)
+    except _Refused as err:
+        return ContainerShare(cid, directory, limits, f"unreadable: {err}")
+    try:
+        region: Region = parse_region(data)
     except RegionFormatError as err:
         return ContainerShare(cid, directory, limits, f"not initialised: {err}")
     processes = tuple(
@@ -94,14 +136,26 @@ def container_share(directory: str, host_pids: dict[tuple[int, int, int], int]) 
     return ContainerShare(cid, directory, limits, "ok", devices, processes)
 
 
-def status(state_dir: str = share.STATE_DIR) -> list[ContainerShare]:
-    """Every container with a sharing directory under state_dir, by id."""
+def _is_dir(dir_fd: int, name: str) -> bool:
     try:
-        names = sorted(n for n in os.listdir(state_dir) if os.path.isdir(os.path.join(state_dir, n)))
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False                  # gone meanwhile
+
+
+def status(state_dir: str = share.STATE_DIR) -> list[ContainerShare]:
+    """Every container with a sharing directory under state_dir, by id. Only directories are
+    considered, and nothing there is followed (see _read)."""
+    try:
+        state_fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return []
-    host_pids = _host_pids() if names else {}
-    return [container_share(os.path.join(state_dir, n), host_pids) for n in names]
+    try:
+        names = sorted(n for n in os.listdir(state_fd) if _is_dir(state_fd, n))
+        host_pids = _host_pids() if names else {}
+        return [container_share(state_fd, n, os.path.join(state_dir, n), host_pids) for n in names]
+    finally:
+        os.close(state_fd)
 
 
 def _size(n: int) -> str:

@@ -11,13 +11,18 @@ import os
 import re
 import stat
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fakedriver.activate import private_mounts as private_mount_namespace
 from nvc import share, sharestatus
 from nvc.errors import ContainerError, InputError
-from test_share_native import GIB, GPU0, MIB, meminfo, programs, share as shim  # noqa: F401  (fixtures)
+from nvc.shareregion import SIZE as REGION_SIZE
+from test_hook_server import default_run_dir  # noqa: F401  (fixture: /run/nvc-py, a tmpfs of this test's own)
+from test_share_native import GIB, GPU0, MIB, SHIM, meminfo, programs, share as shim  # noqa: F401  (fixtures)
 
 # ---------------------------------------------------------------- the env grammar
 
@@ -83,14 +88,30 @@ def test_host_defaults_fill_in_what_the_container_left_out():
         share.with_defaults(None, "8 g", None)
 
 
+def prepared(state: Path, container_id: str, env: dict[str, str]) -> Path:
+    """share.prepare for a container with this env (an empty image) under the state dir ``state``;
+    returns its shared directory (a tmpfs: callers run in a private mount namespace)."""
+    rootfs = state.parent / f"rootfs-{container_id}"
+    rootfs.mkdir(exist_ok=True)
+    share.prepare(share.parse_share_env(env), container_id, str(rootfs), library=str(SHIM), state_dir=str(state))
+    return state / container_id / "shared"
+
+
+@pytest.fixture
+def private_mounts() -> Iterator[None]:
+    """This test's tmpfs mounts in a private mount namespace: never on the host."""
+    with private_mount_namespace():
+        yield
+
+
 # ---------------------------------------------------------------- the limits file, as the shim reads it
 
 def test_limits_file_round_trip_through_the_shim(shim, tmp_path):
-    request = share.parse_share_env({"CUDA_DEVICE_MEMORY_LIMIT_1": "2048m", "NVC_SHARE_MEMORY_LIMIT": "1536Mi",
-                                     "NVC_SHARE_COMPUTE": "50"})
-    shared = share.write_share_dir(tmp_path, request)
+    shared = prepared(tmp_path / "state", "ctr", {"CUDA_DEVICE_MEMORY_LIMIT_1": "2048m",
+                                                   "NVC_SHARE_MEMORY_LIMIT": "1536Mi", "NVC_SHARE_COMPUTE": "50"})
     assert stat.S_IMODE(os.stat(shared / "limits").st_mode) == 0o444
     assert stat.S_IMODE(os.stat(shared / "region").st_mode) == 0o666
+    assert os.stat(shared / "region").st_size == REGION_SIZE
     shim.dir = shared
     # The file is the authority: the environment's (larger) limit is ignored, junk in it too.
     out, err = shim.run("cuda_probe", "init", "ctx", 0, "meminfo", "alloc", 1536 * MIB + 1, "ctx", 1, "meminfo",
@@ -102,7 +123,9 @@ def test_limits_file_round_trip_through_the_shim(shim, tmp_path):
 
 
 def test_fake_nvidia_smi_reports_the_written_limit(shim, tmp_path):
+    # a plain directory, as bench/share and the GPU tests use through NVC_SHARE_DIR
     shim.dir = share.write_share_dir(tmp_path, share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}))
+    assert os.stat(shim.dir / "region").st_size == REGION_SIZE
     holder = shim.holder("alloc", GIB, limits={})
     try:
         result = subprocess.run([str(shim.root / "usr" / "bin" / "nvidia-smi"),
@@ -158,12 +181,40 @@ def test_preload_is_read_inside_the_root(rootfs, tmp_path):
     (rootfs / "etc" / "ld.so.preload").symlink_to(secret)       # absolute: lands inside the rootfs
     assert share.read_image_preload(str(rootfs)) == ""
     (rootfs / "etc" / "ld.so.preload").unlink()
-    os.mkfifo(rootfs / "etc" / "ld.so.preload")                    # would block a naive read
-    with pytest.raises(ContainerError, match="not a regular file"):
+    os.mknod(rootfs / "etc" / "ld.so.preload", stat.S_IFCHR | 0o644, os.makedev(1, 5))   # /dev/zero
+    with pytest.raises(ContainerError, match="ld.so.preload in .* is a character device, not a regular file"):
         share.read_image_preload(str(rootfs))
 
 
-def test_prepare_and_remove(rootfs, tmp_path):
+def test_preload_fifo_is_refused_without_being_opened(rootfs, tmp_path):
+    """Finding 2: a FIFO (as a device node) in the image is refused from its type alone. A writer
+    blocked opening the FIFO is released by any open for reading: it must still be blocked after
+    prepare refused, and is released only by the test's own open afterwards."""
+    fifo = rootfs / "etc" / "ld.so.preload"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"exec 3>'{fifo}'; echo opened"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.2)                                       # the writer now waits in open()
+        with pytest.raises(ContainerError) as refused:
+            share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM),
+                          state_dir=str(tmp_path / "state"))
+        with pytest.raises(subprocess.TimeoutExpired):
+            writer.wait(timeout=1)                            # nobody opened the FIFO
+        assert "ld.so.preload in " in str(refused.value) and "is a FIFO, not a regular file" in str(refused.value)
+        assert not (tmp_path / "state").exists()
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)       # now one open for reading...
+        os.close(fd)
+        assert writer.communicate(timeout=10)[0] == "opened\n"   # ...releases it: the check could see one
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def _mountpoints() -> set[str]:
+    return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+
+
+def test_prepare_and_remove(private_mounts, rootfs, tmp_path):
     library = tmp_path / "libnvc-share.so"
     library.write_bytes(b"\x7fELF")
     state = tmp_path / "state"
@@ -180,10 +231,18 @@ def test_prepare_and_remove(rootfs, tmp_path):
     assert (state / "ctr1" / "ld.so.preload").read_text() == \
         "/usr/lib/nvc-share/libnvc-share.so\n/usr/lib/libfoo.so\n"
     assert "memory_limit=4294967296\n" in (shared / "limits").read_text()
+    # the shared directory is a tmpfs of its own, exactly full: the region's blocks are allocated
+    assert str(shared) in _mountpoints()
+    assert stat.S_IMODE(os.stat(state).st_mode) == 0o700
+    fs = os.statvfs(shared)
+    assert (fs.f_bfree, fs.f_ffree) == (0, 0)
+    assert fs.f_blocks * fs.f_frsize <= REGION_SIZE + 2 * os.sysconf("SC_PAGE_SIZE")
+    assert os.stat(shared / "region").st_blocks * 512 >= REGION_SIZE
     with pytest.raises(ContainerError, match="already exists"):
         share.prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
     share.remove("ctr1", str(state))
     assert os.listdir(state) == []
+    assert str(shared) not in _mountpoints()
 
 
 def test_prepare_refuses_before_changing_anything(rootfs, tmp_path):
@@ -196,15 +255,91 @@ def test_prepare_refuses_before_changing_anything(rootfs, tmp_path):
     assert not state.exists() or os.listdir(state) == []
 
 
+def test_prepare_refuses_a_state_dir_others_can_write(private_mounts, rootfs, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o777)
+    os.chmod(state, 0o777)
+    with pytest.raises(ContainerError, match="others can write it"):
+        share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
+    os.chmod(state, 0o700)
+    (tmp_path / "link").symlink_to(state)
+    with pytest.raises(ContainerError, match="cannot use sharing directory"):
+        share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(tmp_path / "link"))
+    assert os.listdir(state) == []
+
+
+def test_failure_midway_leaves_nothing(private_mounts, rootfs, tmp_path, monkeypatch):
+    """The tmpfs is mounted and filled, then writing ld.so.preload fails: the tmpfs is unmounted and
+    the directory gone."""
+    state = tmp_path / "state"
+    original = share._write_new
+
+    def full_on_preload(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+        if name == "ld.so.preload":
+            assert any(m.startswith(str(state)) for m in _mountpoints())       # midway indeed
+            raise OSError(28, "No space left on device")
+        original(dir_fd, name, data, mode)
+
+    monkeypatch.setattr(share, "_write_new", full_on_preload)
+    with pytest.raises(OSError, match="No space left"):
+        share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
+    assert os.listdir(state) == []
+    assert not any(m.startswith(str(state)) for m in _mountpoints())
+
+
+def test_a_uid_1000_process_fills_only_the_small_tmpfs(private_mounts, tmp_path):
+    """Finding 3: a workload process (uid 1000) writing all it can into the shared directory gets
+    ENOSPC at once; it cannot create files there; the state dir's own filesystem is not touched."""
+    state = tmp_path / "state"
+    shared = prepared(state, "ctr", {"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    before = os.statvfs(state).f_bfree
+    # in the shared directory as its cwd: the container reaches it through its bind mount alone
+    as_1000 = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"]
+    grow = subprocess.run([*as_1000, "dd", "if=/dev/zero", "of=region", "bs=64K", "count=16384", "oflag=append",
+                           "conv=notrunc"], cwd=shared, capture_output=True, text=True, timeout=30)
+    assert grow.returncode != 0 and "No space left on device" in grow.stderr, grow.stderr
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert os.stat(shared / "region").st_size <= -(-REGION_SIZE // page) * page     # the region's last page
+    new = subprocess.run([*as_1000, "dd", "if=/dev/zero", "of=more", "bs=64K", "count=16"], cwd=shared,
+                         capture_output=True, text=True, timeout=30)
+    assert new.returncode != 0 and "Permission denied" in new.stderr, new.stderr
+    # and root in the container makes no new file either: the inodes are counted too
+    with pytest.raises(OSError, match="No space left on device"):
+        (shared / "more").touch()
+    assert os.statvfs(shared).f_bfree == 0
+    assert abs(os.statvfs(state).f_bfree - before) < 256      # nothing of 1 GiB landed beside it
+    share.remove("ctr", str(state))
+
+
+def test_remove_follows_nothing_the_container_planted(private_mounts, tmp_path):
+    """Poststop: symlinks to a host directory planted in the tmpfs (in place of the region) and in a
+    directory of the old layout (no tmpfs) remove nothing outside."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "keep").write_text("host file\n")
+    state = tmp_path / "state"
+    shared = prepared(state, "new", {"NVC_SHARE_COMPUTE": "50"})
+    (shared / "region").unlink()
+    (shared / "region").symlink_to(host)
+    old = state / "old" / "shared"                     # a directory as an earlier nvc-py left it
+    old.mkdir(parents=True)
+    (old / "link").symlink_to(host)
+    (old / "sub").mkdir()
+    (old / "sub" / "link").symlink_to(host / "keep")
+    for cid in ("new", "old"):
+        share.remove(cid, str(state))
+    assert os.listdir(state) == []
+    assert (host / "keep").read_text() == "host file\n"
+    assert not any(m.startswith(str(state)) for m in _mountpoints())
+
+
 # ---------------------------------------------------------------- share status
 
 def test_share_status_reads_the_live_region(shim, tmp_path):
-    request = share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50"})
     state = tmp_path / "state"
-    (state / "ctr1").mkdir(parents=True)
-    (state / "idle").mkdir()
-    shim.dir = share.write_share_dir(state / "ctr1", request)
-    share.write_share_dir(state / "idle", request)
+    env = {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50"}
+    shim.dir = prepared(state, "ctr1", env)
+    prepared(state, "idle", env)
     holder = shim.holder("alloc", 600 * MIB, limits={})
     try:
         result = subprocess.run(["nvc-py", "share", "status", "--json", "--state-dir", str(state)],
@@ -230,8 +365,7 @@ def test_share_status_reads_the_live_region(shim, tmp_path):
 
 def test_share_status_marks_dead_processes(shim, tmp_path):
     state = tmp_path / "state"
-    (state / "c").mkdir(parents=True)
-    shim.dir = share.write_share_dir(state / "c", share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "1Gi"}))
+    shim.dir = prepared(state, "c", {"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
     holder = shim.holder("alloc", 300 * MIB, limits={})
     holder.kill()
     holder.wait()
@@ -240,12 +374,68 @@ def test_share_status_marks_dead_processes(shim, tmp_path):
     assert f"pid {holder.pid} (gone)" in sharestatus.text([ctr])
 
 
+def _plant(shared: Path, name: str, what: str, host: Path) -> None:
+    """What a container (root in it) can put in place of one of its shared files."""
+    path = shared / name
+    path.unlink()
+    if what == "symlink":
+        path.symlink_to(host)
+    elif what == "fifo":
+        os.mkfifo(path, 0o666)
+    elif what == "device":
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 5))      # /dev/zero: endless
+    elif what == "huge":
+        path.write_bytes(b"")
+        os.truncate(path, 1 << 40)                                  # sparse: fits any tmpfs
+    elif what == "not-root":
+        path.write_bytes(bytes(REGION_SIZE))
+        os.chown(path, 1000, 1000)
+
+
+@pytest.mark.parametrize(("name", "what", "message"), [
+    ("region", "symlink", "region is a symbolic link (not followed), not a regular file"),
+    ("limits", "symlink", "limits is a symbolic link (not followed), not a regular file"),
+    ("region", "fifo", "region is a FIFO, not a regular file"),
+    ("region", "device", "region is a character device, not a regular file"),
+    ("region", "huge", f"region is {1 << 40} bytes, not {REGION_SIZE} (not read)"),
+    ("region", "not-root", "region is owned by uid 1000, not 0"),
+])
+def test_share_status_reports_what_the_container_planted(private_mounts, tmp_path, name, what, message):
+    """Finding 3: root's `share status` opens nothing the container put in place of its files: a
+    symlink to a host file is not followed, a FIFO does not hang it, a device or a huge file is not
+    read. It ends promptly and says what it found; the other containers are shown as usual."""
+    state = tmp_path / "state"
+    host = tmp_path / "host-limits"             # would read as limits (and a region) if followed
+    host.write_text("version=1\nmemory_limit=12345\n" + "#" * REGION_SIZE)
+    os.truncate(host, REGION_SIZE)
+    _plant(prepared(state, "bad", {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}), name, what, host)
+    prepared(state, "good", {"NVC_SHARE_MEMORY_LIMIT": "2Gi"})
+    result = subprocess.run(["nvc-py", "share", "status", "--json", "--state-dir", str(state)],
+                            capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0, result.stderr
+    bad, good = json.loads(result.stdout)["containers"]
+    assert bad["region"] == f"unreadable: {state}/bad/shared/{message}"
+    assert "12345" not in result.stdout
+    assert bad["limits"] == ({} if name == "limits" else {"memory_limit": str(GIB)})
+    assert good["region"].startswith("not initialised: no CUDA process") and good["limits"] == \
+        {"memory_limit": str(2 * GIB)}
+    text = subprocess.run(["nvc-py", "share", "status", "--state-dir", str(state)],
+                          capture_output=True, text=True, timeout=20).stdout
+    assert f"  region: unreadable: {state}/bad/shared/{message}\n" in text
+    for cid in ("bad", "good"):
+        share.remove(cid, str(state))
+    assert os.listdir(state) == [] and host.exists()
+
+
 # ---------------------------------------------------------------- through the hook, in a runc container
 
-def test_hook_injects_the_shim_into_a_runc_container(active_2gpu, fake_2gpu, runc, debian_rootfs, tmp_path):
+def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu, runc, debian_rootfs,
+                                                     make_rootfs, tmp_path):
     """A container asking for 4 GiB gets the shim preloaded, a limits file it cannot change even as
-    root, and NVML (the fake nvidia-smi) reporting the limit; poststop removes its directory; junk
-    limits refuse the start and leave nothing behind."""
+    root, a full tmpfs of its own as shared directory (root and uid 1000 alike write nothing more
+    there), and NVML (the fake nvidia-smi) reporting the limit; poststop unmounts and removes its
+    directory, following nothing the container planted; junk limits, or a FIFO as the image's ld.so.preload, refuse the start and leave
+    nothing behind (the FIFO never opened)."""
     from harness.bundle import make_bundle
     from test_hook_containers import SCRIPTS
 
@@ -255,17 +445,35 @@ def test_hook_injects_the_shim_into_a_runc_container(active_2gpu, fake_2gpu, run
     hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
             "env": [f"NVC_PY_CONFIG={config}"]}
     hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    fill = ("stat -f -c 'free %f' /var/run/nvc-share; dd if=/dev/zero of=/var/run/nvc-share/region bs=64k "
+            "count=1000 oflag=append conv=notrunc 2>&1 | grep -o 'No space left on device'; "
+            "touch /var/run/nvc-share/x 2>&1 | grep -o -e 'No space left on device' -e 'Permission denied'")
     script = ("head -1 /etc/ld.so.preload; cat /var/run/nvc-share/limits | grep memory_limit; "
               "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
-              "nvidia-smi --query-gpu=memory.total --format=csv,noheader")
+              f"nvidia-smi --query-gpu=memory.total --format=csv,noheader; {fill}; "
+              "rm /var/run/nvc-share/region && ln -s /etc /var/run/nvc-share/region && echo planted")
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
     bundle = make_bundle(tmp_path / "ok", debian_rootfs, ["sh", "-c", script], env=env, hooks=hooks)
     result = runc.create_start(bundle, container_id="nvc-share-ok")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [share.CONTAINER_LIBRARY, f"memory_limit={4 * GIB}", "read-only",
-                                          "4096 MiB"]
-    runc.delete("nvc-share-ok")
+                                          "4096 MiB", "free 0", "No space left on device",
+                                          "No space left on device", "planted"]
+    assert "nvc-share" not in result.stderr              # the shim used the hook's region as it is
+    runc.delete("nvc-share-ok")                        # poststop: the planted symlink is not followed
     assert not (Path(share.STATE_DIR) / "nvc-share-ok").exists()
+    assert not any(m.startswith(share.STATE_DIR) for m in _mountpoints())
+    assert Path("/etc/passwd").exists()
+
+    # The same as uid 1000, the workload's usual user.
+    user = make_bundle(tmp_path / "user", debian_rootfs, ["sh", "-c", fill], env=env, hooks=hooks)
+    spec = json.loads((user / "config.json").read_text())
+    spec["process"]["user"] = {"uid": 1000, "gid": 1000}
+    (user / "config.json").write_text(json.dumps(spec))
+    result = runc.create_start(user, container_id="nvc-share-user")
+    assert result.stdout.splitlines() == ["free 0", "No space left on device", "Permission denied"], result.stderr
+    runc.delete("nvc-share-user")
+    assert os.listdir(share.STATE_DIR) == []
 
     # Sharing enabled on the host: a container that asks for nothing gets the host's default.
     enabled = tmp_path / "enabled.yaml"
@@ -283,3 +491,18 @@ def test_hook_injects_the_shim_into_a_runc_container(active_2gpu, fake_2gpu, run
     assert result.returncode != 0
     assert "NVC_SHARE_MEMORY_LIMIT='lots': not a size" in result.stderr
     assert not (Path(share.STATE_DIR) / "nvc-share-bad").exists()
+
+    fifo_rootfs = make_rootfs("debian", name="fifo-rootfs")
+    fifo = fifo_rootfs / "etc" / "ld.so.preload"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"exec 3>'{fifo}'; echo opened"], stdout=subprocess.PIPE, text=True)
+    try:
+        image = make_bundle(tmp_path / "fifo", fifo_rootfs, ["true"], env=env, hooks=hooks)
+        result = runc.create_start(image, container_id="nvc-share-fifo")
+        assert result.returncode != 0
+        assert writer.poll() is None                          # the hook never opened it
+        assert "/etc/ld.so.preload in " in result.stderr and "is a FIFO, not a regular file" in result.stderr
+    finally:
+        writer.kill()
+        writer.wait()
+    assert os.listdir(share.STATE_DIR) == []

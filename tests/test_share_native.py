@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from nvc.shareregion import SIZE as REGION_SIZE
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 FAKE_SRC = TESTS / "fakedriver" / "src"
@@ -278,6 +280,40 @@ def test_region_in_use_under_other_limits_keeps_ours(share):
     finally:
         holder.kill()
         holder.wait()
+
+
+def in_hook_dir(shared: Path, argv: list[str]) -> list[str]:
+    """``argv`` run with ``shared`` at /var/run/nvc-share, where the hook mounts a container's shared
+    directory (the fixed path: its limits file is the authority), in a mount namespace of its own."""
+    script = 'mount -t tmpfs -o size=1m tmpfs /run && mkdir /run/nvc-share && mount --bind "$0" /run/nvc-share ' \
+             '&& exec "$@"'
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(shared), *argv]
+
+
+@pytest.mark.parametrize("size", [0, REGION_SIZE - 8, REGION_SIZE, REGION_SIZE + 4096])
+def test_hook_region_of_a_wrong_size_is_never_resized(share, programs, tmp_path, size):
+    """nvc-py makes the hook's region at its final size in a tmpfs of fixed size. One the container
+    truncated or grew is neither resized nor shared: the process enforces its own limits alone, and
+    says so; one of the right size is used as is."""
+    shared = tmp_path / "hook"
+    shared.mkdir()
+    (shared / "limits").write_text("version=1\nmemory_limit=1Gi\n")
+    region = shared / "region"
+    region.write_bytes(b"")
+    os.truncate(region, size)
+    argv = [str(programs["cuda_probe"]), "init", "ctx", "0", "meminfo", "alloc", str(GIB + MIB)]
+    result = subprocess.run(in_hook_dir(shared, argv), env=share.env({"NVC_SHARE_MEMORY_LIMIT": "60G"}),
+                            capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0, result.stderr
+    out = [line.split() for line in result.stdout.splitlines()]
+    assert meminfo(out[2])[1] == GIB
+    assert out[3] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]
+    assert region.stat().st_size == size
+    alone = f"is {size} bytes, not {REGION_SIZE}: this process enforces its own limits alone"
+    if size == REGION_SIZE:
+        assert "alone" not in result.stderr and region_header(region)[0] == b"NVCSHRG\0"
+    else:
+        assert alone in result.stderr
 
 
 # ---------------------------------------------------------------- interception

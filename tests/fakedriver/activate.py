@@ -76,22 +76,32 @@ def _overlay_dev(nodes: Path, staging: Path) -> None:
 
 
 @contextmanager
-def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build.FakeDriver)
-    """Show ``fake``'s /proc/driver, /proc/devices and /dev nodes at the real paths until exit."""
+def private_mounts() -> Iterator[None]:
+    """Run the body in a private mount namespace of this process (every mount made in it vanishes
+    with it); the body's children inherit it."""
     original = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     cwd = os.getcwd()
-    staging = Path(tempfile.mkdtemp(prefix="nvc-fake-dev-"))
     try:
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
-            _bind(fake.proc / "driver", "/proc/driver")
-            _bind(fake.proc / "devices", "/proc/devices")
-            _overlay_dev(fake.root / "dev", staging)
-            yield fake
+            yield
         finally:
             _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
             os.chdir(cwd)
     finally:
         os.close(original)
+
+
+@contextmanager
+def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build.FakeDriver)
+    """Show ``fake``'s /proc/driver, /proc/devices and /dev nodes at the real paths until exit."""
+    staging = Path(tempfile.mkdtemp(prefix="nvc-fake-dev-"))
+    try:
+        with private_mounts():
+            _bind(fake.proc / "driver", "/proc/driver")
+            _bind(fake.proc / "devices", "/proc/devices")
+            _overlay_dev(fake.root / "dev", staging)
+            yield fake
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
