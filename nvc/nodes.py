@@ -29,6 +29,7 @@ NVIDIA_IMEX = "nvidia-caps-imex-channels"
 
 CTL_MINOR = 255
 MODESET_MINOR = 254
+MODESET_PATH = "/dev/nvidia-modeset"
 IMEX_CHANNEL_LIMIT = 1 << 20
 
 
@@ -81,7 +82,7 @@ def control_specs(majors: dict[str, int]) -> tuple[NodeSpec, ...]:
         specs.append(NodeSpec("/dev/nvidia-uvm", majors[NVIDIA_UVM], 0))
         specs.append(NodeSpec("/dev/nvidia-uvm-tools", majors[NVIDIA_UVM], 1))
     if NVIDIA in majors:
-        specs.append(NodeSpec("/dev/nvidia-modeset", majors[NVIDIA], MODESET_MINOR))
+        specs.append(NodeSpec(MODESET_PATH, majors[NVIDIA], MODESET_MINOR))
     return tuple(specs)
 
 

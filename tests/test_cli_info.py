@@ -107,13 +107,15 @@ def test_global_options(active_local_nvidia, tmp_path: Path) -> None:
 
 
 def test_load_kmods_into_an_empty_root(active_2gpu, tmp_path: Path) -> None:
-    """The nodes come from /proc alone (the empty root has no NVML to ask)."""
+    """The nodes come from /proc alone (the empty root has no NVML to ask). No nvidia_modeset module is
+    loaded on this host (/sys/module), so no nvidia-modeset node is made, though its major is there."""
     done = nvc("--root", str(tmp_path), "--load-kmods", "list", "-d", "1,0")
     assert done.returncode == 0, done.stderr
     assert done.stdout.replace(str(tmp_path), "<root>").splitlines() == [
-        "<root>/dev/nvidiactl", "<root>/dev/nvidia-uvm", "<root>/dev/nvidia-uvm-tools", "<root>/dev/nvidia-modeset",
+        "<root>/dev/nvidiactl", "<root>/dev/nvidia-uvm", "<root>/dev/nvidia-uvm-tools",
         "<root>/dev/nvidia0", "<root>/dev/nvidia1",
     ]
+    assert not (tmp_path / "dev/nvidia-modeset").exists()
     assert (tmp_path / "dev/nvidia-caps/nvidia-cap157").is_char_device()
 
 

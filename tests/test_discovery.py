@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -455,9 +456,21 @@ def test_mig_devices_take_the_nvml_path(active_2gpu) -> None:
     assert listing.devices[-1] == f"{root}/dev/nvidia1"
 
 
+def _modules(tmp_path: Path, *loaded: str) -> Path:
+    """A stand-in for /sys/module listing ``loaded`` (this host loads no NVIDIA module)."""
+    sys_module = tmp_path / "sys-module"
+    for name in loaded:
+        (sys_module / name).mkdir(parents=True)
+    sys_module.mkdir(exist_ok=True)
+    return sys_module
+
+
 def test_load_kmods_creates_what_the_driver_reports(active_2gpu, tmp_path: Path) -> None:
-    created = kmods.load(str(tmp_path))
-    names = sorted(str(Path(p).relative_to(tmp_path)) for p in created)
+    root = tmp_path / "root"
+    root.mkdir()
+    loaded = _modules(tmp_path, "nvidia", "nvidia_uvm", "nvidia_modeset")
+    created = kmods.load(str(root), sys_module=loaded)
+    names = sorted(str(Path(p).relative_to(root)) for p in created)
     assert names == sorted([
         "dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia-uvm-tools", "dev/nvidia-modeset", "dev/nvidia0",
         "dev/nvidia1", "dev/nvidia-caps/nvidia-cap1", "dev/nvidia-caps/nvidia-cap2",
@@ -465,8 +478,66 @@ def test_load_kmods_creates_what_the_driver_reports(active_2gpu, tmp_path: Path)
         "dev/nvidia-caps/nvidia-cap156", "dev/nvidia-caps/nvidia-cap157",
     ])
     for rel in names:
-        assert os.stat(active_2gpu.root / rel).st_rdev == os.stat(tmp_path / rel).st_rdev, rel
-    assert kmods.load(str(tmp_path)) == ()
+        real, made = os.stat(active_2gpu.root / rel), os.stat(root / rel)
+        assert (made.st_rdev, stat.S_IMODE(made.st_mode)) == (real.st_rdev, stat.S_IMODE(real.st_mode)), rel
+    assert kmods.load(str(root), sys_module=loaded) == ()
+
+
+def test_load_kmods_makes_no_node_for_a_module_that_is_not_loaded(active_2gpu, tmp_path: Path) -> None:
+    """nvidia-modeset has the nvidia major, so /proc/devices cannot say whether its module is loaded:
+    /sys/module can. Without it no node is made (the reference makes none either)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    created = kmods.load(str(root), sys_module=_modules(tmp_path, "nvidia", "nvidia_uvm"))
+    assert f"{root}/dev/nvidia-modeset" not in created and f"{root}/dev/nvidiactl" in created
+    assert not (root / "dev/nvidia-modeset").exists()
+
+
+def test_load_kmods_without_the_uvm_and_caps_majors_makes_only_the_nvidia_nodes(active_2gpu, tmp_path: Path) -> None:
+    devices = tmp_path / "devices"
+    devices.write_text("Character devices:\n195 nvidia\n195 nvidiactl\n\nBlock devices:\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    created = kmods.load(str(root), proc_devices=devices, sys_module=_modules(tmp_path))
+    assert sorted(str(Path(p).relative_to(root)) for p in created) == ["dev/nvidia0", "dev/nvidia1", "dev/nvidiactl"]
+    assert not (root / "dev/nvidia-caps").exists()
+
+
+def test_load_kmods_with_every_node_present_creates_nothing_and_is_quick(active_2gpu) -> None:
+    """The default configuration loads kmods at every container start, nearly always with every node
+    in place, against a driver's full-size mig-minors (4,322 lines, as the fake writes it). The bound
+    is loose (the target is 1 ms); the best of several runs is taken so a busy CI core cannot fail it."""
+    root = str(active_2gpu.root)
+    minors = (active_2gpu.proc / "driver/nvidia-caps/mig-minors").read_text().count("\n")
+    assert minors == 4322
+    loaded = kmods.SYS_MODULE
+    before = sorted(os.listdir(active_2gpu.root / "dev"))
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        assert kmods.load(root, sys_module=loaded) == ()
+        times.append(time.perf_counter() - start)
+    assert sorted(os.listdir(active_2gpu.root / "dev")) == before
+    assert min(times) <= 0.005, f"load-kmods took {min(times) * 1e3:.2f} ms at best"
+
+
+def test_load_kmods_refuses_a_planted_node_with_another_number(active_2gpu, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    os.mknod(root / "dev/nvidiactl", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    with pytest.raises(DeviceError, match="nvidiactl: device number 1:3, expected 195:255"):
+        kmods.load(str(root), sys_module=_modules(tmp_path))
+
+
+def test_mig_minors_are_looked_up_by_name(tmp_path: Path) -> None:
+    (tmp_path / "driver/nvidia-caps").mkdir(parents=True)
+    (tmp_path / "driver/nvidia-caps/mig-minors").write_text(
+        "config 1\nmonitor 2\ngpu1/gi2/access 156\ngpu1/gi2/ci0/access 157\ngpu1/gi2/ci0/access9 9\nbad x\n")
+    assert procfs.lookup_mig_minors(["gpu1/gi2/ci0/access", "config", "gpu9/gi0/access"], tmp_path) == {
+        "gpu1/gi2/ci0/access": 157, "config": 1}
+    with pytest.raises(DetectionError, match="mig-minors: line 6: malformed: 'bad x'"):
+        procfs.lookup_mig_minors(["bad"], tmp_path)
+    assert procfs.lookup_mig_minors(["config"], tmp_path / "none") == {}
 
 
 # --- capability lists -----------------------------------------------------------------------

@@ -101,7 +101,7 @@ def test_proc_mig_capabilities(fake_2gpu):
     minors = (fake_2gpu.proc / "driver/nvidia-caps/mig-minors").read_text().splitlines()
     assert minors[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]
     assert "gpu1/gi2/ci0/access 157" in minors and "gpu1/gi14/ci7/access 272" in minors
-    assert len(minors) == 2 + 2 * 15 * 9
+    assert len(minors) == 2 + 32 * 15 * 9 == 4322  # full size, as a real driver writes it
 
 
 def test_proc_devices_has_the_nvidia_majors(fake_2gpu):

@@ -31,6 +31,7 @@ IMEX_MAJOR = 242
 MAX_MIG_DEVICES = 7          # per GPU, as on A100/H100
 MIG_MINORS_PER_GPU = 135     # 15 GPU instances x (1 access + 8 compute instances)
 MIG_MINORS_PER_GI = 9
+MIG_MINORS_GPUS = 32          # a real driver's mig-minors lists 32 GPUs, whatever the machine has
 MAX_IMEX_CHANNELS = 256      # the driver allows 2^20; a fake needs a few nodes, not a million
 
 # Library groups of NVIDIA's capability lists. Value: the SONAME's version suffix
@@ -514,10 +515,9 @@ def _access_file(minor: int, mode: int) -> str:
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
 
 
-def _mig_minors(machine: dict[str, Any]) -> str:
+def _mig_minors() -> str:
     lines = ["config 1", "monitor 2"]
-    for gpu in machine["gpus"]:
-        n = gpu["minor"]
+    for n in range(MIG_MINORS_GPUS):
         for gi in range(15):
             lines.append(f"gpu{n}/gi{gi}/access {_mig_minor(n, gi)}")
             lines.extend(f"gpu{n}/gi{gi}/ci{ci}/access {_mig_minor(n, gi, ci)}" for ci in range(8))
@@ -562,7 +562,7 @@ def _make_proc(machine: dict[str, Any], proc: Path) -> None:
             (gi_dir / "access").write_text(_access_file(_mig_minor(gpu["minor"], gi), 292))
             (gi_dir / f"ci{ci}/access").write_text(_access_file(_mig_minor(gpu["minor"], gi, ci), 292))
     (proc / "driver/nvidia-caps").mkdir(parents=True)
-    (proc / "driver/nvidia-caps/mig-minors").write_text(_mig_minors(machine))
+    (proc / "driver/nvidia-caps/mig-minors").write_text(_mig_minors())
     (proc / "devices").write_text(_proc_devices(Path("/proc/devices").read_text()))
 
 
