@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
+from nvc.untrusted import directory_problem
 from nvc.hook.handover import FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError, parse_call
 from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing
 
@@ -100,11 +101,11 @@ def socket_directory(directory: str) -> int:
     except OSError as err:
         what = "a symlink" if err.errno == errno.ELOOP else err.strerror
         raise InputError(f"{directory}: socket directory is {what}; refusing to serve there") from None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    problem = directory_problem(fd, 0o077)
+    if problem:
         os.close(fd)
         raise InputError(f"{directory}: socket directory must belong to uid {os.geteuid()} with mode 0700 "
-                         f"(it is uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}); refusing to serve there")
+                         f"({problem}); refusing to serve there")
     return fd
 
 

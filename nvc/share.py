@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +185,7 @@ def read_image_preload(rootfs: str) -> str:
     not make us read a host file) and opened O_PATH first: a FIFO or device node there is refused
     without ever being opened (no blocking, no driver open outside the container's device cgroup)."""
     from nvc import rootfs as inroot
-    from nvc import safeopen
+    from nvc import untrusted
 
     root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -198,8 +197,8 @@ def read_image_preload(rootfs: str) -> str:
     finally:
         os.close(root_fd)
     try:
-        data = safeopen.read_checked(path_fd, max_size=_MAX_PRELOAD)
-    except safeopen.UnexpectedFile as err:
+        data = untrusted.read_checked(path_fd, max_size=_MAX_PRELOAD)
+    except untrusted.UnexpectedFile as err:
         raise ContainerError(f"{PRELOAD} in {rootfs} {err}") from None
     finally:
         os.close(path_fd)
@@ -228,11 +227,12 @@ def _open_state_dir(state_dir: str) -> int:
         raise ContainerError(f"cannot use sharing directory {state_dir}: {err.strerror}") from None
     finally:
         os.umask(old)
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+    from nvc.untrusted import directory_problem
+
+    problem = directory_problem(fd, 0o022)
+    if problem:
         os.close(fd)
-        raise ContainerError(f"sharing directory {state_dir} belongs to uid {info.st_uid} or others can write it "
-                             f"(mode {stat.S_IMODE(info.st_mode):o})")
+        raise ContainerError(f"sharing directory {state_dir} must be ours and not writable by others ({problem})")
     return fd
 
 

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from nvc import safeopen, share
+from nvc import share, untrusted
 from nvc.shareregion import SIZE, Region, RegionFormatError, parse_region
 
 _MAX_LIMITS = 16384               # what the shim reads of a limits file (native/shim.c)
@@ -89,8 +89,8 @@ def _read(dir_fd: int, name: str, label: str, *, max_size: int, size: int | None
     except OSError as err:
         raise _Refused(f"{label}: {err.strerror}") from None
     try:
-        return safeopen.read_checked(path_fd, max_size=max_size, size=size, owner=0)
-    except safeopen.UnexpectedFile as err:
+        return untrusted.read_checked(path_fd, max_size=max_size, size=size, owner=0)
+    except untrusted.UnexpectedFile as err:
         raise _Refused(f"{label} {err}") from None
     finally:
         os.close(path_fd)

@@ -259,7 +259,7 @@ def test_prepare_refuses_a_state_dir_others_can_write(private_mounts, rootfs, tm
     state = tmp_path / "state"
     state.mkdir(mode=0o777)
     os.chmod(state, 0o777)
-    with pytest.raises(ContainerError, match="others can write it"):
+    with pytest.raises(ContainerError, match="must be ours and not writable by others"):
         share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
     os.chmod(state, 0o700)
     (tmp_path / "link").symlink_to(state)
