@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import (CASES, alive, descendants, device_digest, nvc_processes, plant, plant_fifo_include,
-                             scratch_block_device, tree)
+from harness.hostile import (CASES, alive, device_digest, nvc_processes, plant, plant_fifo_include,
+                             scratch_block_device, tree, wait_for_ldconfig)
 from harness.runtime import Runc
 from test_configure import target_process  # noqa: F401 - fixture
-from test_ldconfig_hostile import PARTIAL_LDCONFIG, _wait_for_ldconfig
+from test_ldconfig_hostile import PARTIAL_LDCONFIG
 
 pytestmark = pytest.mark.gpu
 
@@ -114,7 +114,7 @@ def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, target_proc
     proc = subprocess.Popen([NVC, "configure", f"--pid={target_process}", "--device=0", "--compute", "--utility",
                              str(rootfs)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        below = _wait_for_ldconfig(proc.pid, time.monotonic() + 20)
+        below = wait_for_ldconfig(proc.pid, time.monotonic() + 20)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import (CASES, Case, alive, descendants, device_digest, nvc_processes, plant,
-                             plant_fifo_include, scratch_block_device, tree)
+from harness.hostile import (CASES, Case, alive, device_digest, nvc_processes, plant, plant_fifo_include,
+                             scratch_block_device, tree, wait_for_ldconfig)
 from harness.rootfs import tar_rootfs
 from test_configure import target_process  # noqa: F401 - fixture
 from test_configure_hostile import NVC
@@ -115,20 +115,6 @@ def test_cdi_update_ldcache_hook_refuses_hostile_ldconfig_files(debian_rootfs, t
     assert nvc_processes() == []
 
 
-def _wait_for_ldconfig(pid: int, deadline: float) -> set[int]:
-    """The descendants of ``pid`` once its sandboxed ldconfig runs (blocked on the FIFO)."""
-    while time.monotonic() < deadline:
-        below = descendants(pid)
-        for child in below:
-            try:
-                if os.readlink(f"/proc/{child}/exe").startswith("/memfd:nvc-ldconfig"):
-                    return below
-            except OSError:
-                continue
-        time.sleep(0.02)
-    raise AssertionError(f"ldconfig never ran below {pid}")
-
-
 def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, target_process):
     """The runtime's hook timeout kills nvc-py (SIGKILL) while ldconfig blocks on an image FIFO:
     the ldconfig sandbox, ldconfig itself and the container helper die with it."""
@@ -137,7 +123,7 @@ def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, target_p
                              "--device=0", "--compute", "--utility", str(debian_rootfs)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        tree_below = _wait_for_ldconfig(proc.pid, time.monotonic() + 10)
+        tree_below = wait_for_ldconfig(proc.pid, time.monotonic() + 10)
         assert len(tree_below) >= 3, tree_below  # the container helper, the sandbox, ldconfig
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -11,6 +11,7 @@ import hashlib
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -152,3 +153,17 @@ def nvc_processes() -> list[str]:
         if comm.startswith("nvc:[") or exe.startswith("/memfd:nvc-ldconfig"):
             found.append(f"{pid} {comm} {exe}")
     return found
+
+
+def wait_for_ldconfig(pid: int, deadline: float) -> set[int]:
+    """The descendants of ``pid`` once its sandboxed ldconfig runs (blocked on the FIFO)."""
+    while time.monotonic() < deadline:
+        below = descendants(pid)
+        for child in below:
+            try:
+                if os.readlink(f"/proc/{child}/exe").startswith("/memfd:nvc-ldconfig"):
+                    return below
+            except OSError:
+                continue
+        time.sleep(0.02)
+    raise AssertionError(f"ldconfig never ran below {pid}")
