@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sysconfig
 import time
@@ -22,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import (CASES, alive, device_digest, nvc_processes, plant, plant_fifo_include,
-                             scratch_block_device, tree, wait_for_ldconfig)
+from harness.hostile import (CASES, device_digest, kill_during_ldconfig, nvc_processes, plant,
+                             plant_fifo_include, scratch_block_device, tree)
 from harness.runtime import Runc
 from test_configure import target_process  # noqa: F401 - fixture
 from test_ldconfig_hostile import PARTIAL_LDCONFIG
@@ -111,20 +110,12 @@ def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, target_proc
     rootfs = make_rootfs(name="hostile")
     plant_fifo_include(rootfs)
     started = time.monotonic()
-    proc = subprocess.Popen([NVC, "configure", f"--pid={target_process}", "--device=0", "--compute", "--utility",
-                             str(rootfs)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        below = wait_for_ldconfig(proc.pid, time.monotonic() + 20)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    deadline = time.monotonic() + 3
-    while alive(below) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    below, still = kill_during_ldconfig([NVC, "configure", f"--pid={target_process}", "--device=0", "--compute",
+                                         "--utility", str(rootfs)], 20)
     left = nvc_processes()
-    _summary("kill-9", f"killed-with-{len(below)}-below", None, left + [str(p) for p in alive(below)],
+    _summary("kill-9", f"killed-with-{len(below)}-below", None, left + [str(p) for p in still],
              time.monotonic() - started)
-    assert not alive(below) and not left
+    assert not still and not left
 
 
 def test_late_failure_leaves_the_rootfs_as_before(gpu_driver, make_rootfs, target_process, tmp_path):

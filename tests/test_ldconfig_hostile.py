@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sysconfig
 import time
@@ -21,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import (CASES, Case, alive, device_digest, nvc_processes, plant, plant_fifo_include,
-                             scratch_block_device, tree, wait_for_ldconfig)
+from harness.hostile import (CASES, Case, device_digest, kill_during_ldconfig, nvc_processes, plant,
+                             plant_fifo_include, scratch_block_device, tree)
 from harness.rootfs import tar_rootfs
 from test_configure import target_process  # noqa: F401 - fixture
 from test_configure_hostile import NVC
@@ -119,19 +118,10 @@ def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, target_p
     """The runtime's hook timeout kills nvc-py (SIGKILL) while ldconfig blocks on an image FIFO:
     the ldconfig sandbox, ldconfig itself and the container helper die with it."""
     plant_fifo_include(debian_rootfs)
-    proc = subprocess.Popen([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             "--device=0", "--compute", "--utility", str(debian_rootfs)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        tree_below = wait_for_ldconfig(proc.pid, time.monotonic() + 10)
-        assert len(tree_below) >= 3, tree_below  # the container helper, the sandbox, ldconfig
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    deadline = time.monotonic() + 3
-    while alive(tree_below) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not alive(tree_below), [Path(f"/proc/{p}/cmdline").read_bytes() for p in alive(tree_below)]
+    below, left = kill_during_ldconfig([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
+                                        "--device=0", "--compute", "--utility", str(debian_rootfs)], 10)
+    assert len(below) >= 3, below  # the container helper, the sandbox, ldconfig
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
     assert nvc_processes() == []
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import stat
 import subprocess
 import time
@@ -86,9 +87,10 @@ def plant_fifo_include(rootfs: Path) -> Path:
     return fifo
 
 
-def tree(top: Path) -> dict[str, tuple]:
-    """Every entry under ``top``: type, mode, owner, size and content hash or link target (not
-    times). FIFOs and device nodes are never opened."""
+def tree(top: Path, times: bool = False) -> dict[str, tuple]:
+    """Every entry under ``top`` (by path relative to it): type, mode, owner, size, mtime (with
+    ``times``, else 0) and content hash, link target or device number. FIFOs and device nodes
+    are never opened."""
     entries = {}
     for path in [top, *sorted(top.rglob("*"))]:
         st = path.lstat()
@@ -101,7 +103,9 @@ def tree(top: Path) -> dict[str, tuple]:
         else:
             extra = ""
         size = st.st_size if not stat.S_ISDIR(st.st_mode) else 0
-        entries[str(path.relative_to(top))] = (stat.S_IFMT(st.st_mode), st.st_mode, st.st_uid, st.st_gid, size, extra)
+        mtime = st.st_mtime_ns if times else 0
+        entries[str(path.relative_to(top))] = (stat.S_IFMT(st.st_mode), st.st_mode, st.st_uid, st.st_gid, size, mtime,
+                                               extra)
     return entries
 
 
@@ -167,3 +171,19 @@ def wait_for_ldconfig(pid: int, deadline: float) -> set[int]:
                 continue
         time.sleep(0.02)
     raise AssertionError(f"ldconfig never ran below {pid}")
+
+
+def kill_during_ldconfig(argv: list[str], seconds: float) -> tuple[set[int], set[int]]:
+    """Start ``argv`` (nvc-py configure on an image with a FIFO include), SIGKILL it once its
+    sandboxed ldconfig runs, as a runtime's hook timeout would; return the processes that were
+    below it and those of them still alive 3 s later."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        below = wait_for_ldconfig(proc.pid, time.monotonic() + seconds)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 3
+    while alive(below) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return below, alive(below)
