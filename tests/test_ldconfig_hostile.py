@@ -179,3 +179,24 @@ def test_late_failure_leaves_the_rootfs_as_before(active_2gpu, debian_rootfs, ta
     assert {k: v for k, v in after.items() if v != before.get(k)} == {}
     assert after == before
     assert nvc_processes() == []
+
+
+@pytest.mark.parametrize("path", ["usr/local/cuda/compat", "usr/local/cuda/compat/libcuda.so.999.1.1",
+                                  "etc/debian_version", "usr/lib32"])
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_configure_opens_no_fifo_or_device_of_the_image(active_2gpu, debian_rootfs, target_process, path, kind):
+    """What configure itself inspects in the rootfs (compat dir and libraries, distribution
+    markers, library dirs) is looked at through O_PATH or O_DIRECTORY: a FIFO or device node
+    there neither blocks it nor is opened."""
+    where = debian_rootfs / path
+    where.parent.mkdir(parents=True, exist_ok=True)
+    if where.exists():
+        where.unlink()
+    plant(debian_rootfs, Case("", "/" + path, kind, ""), None)
+
+    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
+                             "--device=0", "--compute", "--utility", str(debian_rootfs)],
+                            capture_output=True, text=True, timeout=QUICK)
+
+    assert result.returncode == 0, result.stderr
+    assert nvc_processes() == []
