@@ -15,6 +15,7 @@ import os
 import subprocess
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -114,11 +115,31 @@ def test_cdi_update_ldcache_hook_refuses_hostile_ldconfig_files(debian_rootfs, t
     assert nvc_processes() == []
 
 
-def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, target_process):
+@pytest.fixture
+def user_process() -> Iterator[int]:
+    """A container stand-in (own mount namespace) whose process runs as uid 1000: configure runs
+    ldconfig as that user, and a uid switch clears PDEATHSIG."""
+    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "setpriv", "--reuid=1000", "--regid=1000",
+                             "--clear-groups", "sleep", "300"])
+    try:
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{proc.pid}/status").read_text().split("Uid:")[1].split()[0] != "1000":
+            assert time.monotonic() < deadline, "the stand-in never became uid 1000"
+            time.sleep(0.01)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("owner", ["root", "user"])
+def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request, owner):
     """The runtime's hook timeout kills nvc-py (SIGKILL) while ldconfig blocks on an image FIFO:
-    the ldconfig sandbox, ldconfig itself and the container helper die with it."""
+    the ldconfig sandbox, ldconfig itself (also when it runs as the container's user) and the
+    container helper die with it."""
+    target = request.getfixturevalue("target_process" if owner == "root" else "user_process")
     plant_fifo_include(debian_rootfs)
-    below, left = kill_during_ldconfig([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
+    below, left = kill_during_ldconfig([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target}",
                                         "--device=0", "--compute", "--utility", str(debian_rootfs)], 10)
     assert len(below) >= 3, below  # the container helper, the sandbox, ldconfig
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
