@@ -25,7 +25,7 @@ from harness.hostile import (CASES, device_digest, kill_during_ldconfig, nvc_pro
                              plant_fifo_include, scratch_block_device, tree)
 from harness.runtime import Runc
 from test_configure import target_process  # noqa: F401 - fixture
-from test_ldconfig_hostile import PARTIAL_LDCONFIG
+from test_ldconfig_hostile import PARTIAL_LDCONFIG, user_process  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -105,15 +105,18 @@ def test_crun_hook_fifo_read_through_an_include_times_out(crun, make_rootfs, tmp
     assert not left and seconds < 40
 
 
-def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, target_process):
-    """kill -9 of nvc-py configure (as a runtime's hook timeout does) while ldconfig blocks."""
+@pytest.mark.parametrize("owner", ["root", "user"])
+def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, request, owner):
+    """kill -9 of nvc-py configure (as a runtime's hook timeout does) while ldconfig blocks, run
+    as root or (a container of uid 1000) as that user."""
+    target_process = request.getfixturevalue("target_process" if owner == "root" else "user_process")
     rootfs = make_rootfs(name="hostile")
     plant_fifo_include(rootfs)
     started = time.monotonic()
     below, still = kill_during_ldconfig([NVC, "configure", f"--pid={target_process}", "--device=0", "--compute",
                                          "--utility", str(rootfs)], 20)
     left = nvc_processes()
-    _summary("kill-9", f"killed-with-{len(below)}-below", None, left + [str(p) for p in still],
+    _summary(f"kill-9-{owner}", f"killed-with-{len(below)}-below", None, left + [str(p) for p in still],
              time.monotonic() - started)
     assert not still and not left
 
