@@ -54,7 +54,10 @@ def create_symlinks(args: Sequence[str], stdin: bytes) -> None:
         links.append((target, link))
     root, pid = _rootfs(stdin)
     owner = _owner(pid)
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:  # a rootfs that is a symlink is refused, as configure refuses it
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise ContainerError(f"open failed: {root}: {err.strerror}") from None
     try:
         for target, link in links:
             try:

@@ -5,7 +5,11 @@ that clones every host source while still in the host's mount namespace, then jo
 container's mount namespace and attaches them there, on destinations resolved inside the
 rootfs (:mod:`nvc.rootfs`) — the calling process never changes namespace. The helper keeps
 what it did (mounts, created files) until the caller says ``commit`` or ``rollback``, so a
-failure in a later step (ldconfig, device cgroup) still leaves nothing behind.
+failure in a later step (ldconfig, device cgroup) still leaves nothing behind: every mount,
+every file and directory it made, and what ldconfig changes (the cache, replaced by rename, is
+put back as it was; links ldconfig added in the plan's library dirs are removed). Not undone:
+SONAME links ldconfig adds for the image's own libraries in dirs outside the plan (the same
+links the image's ldconfig would make).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,7 +57,8 @@ class Applier:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.trees: dict[int, int] = {}  # operation index -> detached mount of its host source
-        self.done: list[tuple[str, object]] = []  # ("mount", Mount) or ("file", container path)
+        # ("mount", Mount), ("file", container path) or ("ldconfig", (saved files, dir -> names before))
+        self.done: list[tuple[str, object]] = []
         self.tmpfs: dict[str, fdmount.Mount] = {}
         self.root_fd = -1
         self.ns_fd = -1
@@ -113,6 +119,29 @@ class Applier:
                     self._step(index, op)
                 except OSError as err:
                     raise MountError(f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}") from None
+            if self.plan.ldconfig is not None:
+                self._save_for_ldconfig()
+
+    def _save_for_ldconfig(self) -> None:
+        """What the ldconfig that follows may replace (its cache) or add (links in the plan's
+        library dirs), so that a rollback after it ran puts the rootfs back as it was."""
+        from nvc.ldconfig import CACHE
+
+        try:
+            saved = [inroot.save_file(self.root_fd, path) for path in (CACHE, CACHE + "~")]
+        except OSError as err:
+            raise MountError(f"cannot save {err.filename} for a rollback: {err.strerror}") from None
+        names = {}
+        for folder in self.plan.ldconfig_dirs:
+            try:
+                fd = inroot.open_in_root(self.root_fd, folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+            except OSError:
+                continue  # not a directory ldconfig can scan either
+            try:
+                names[folder] = set(os.listdir(fd))
+            finally:
+                os.close(fd)
+        self.done.append(("ldconfig", (saved, names)))
 
     def _step(self, index: int, op: Operation) -> None:
         if isinstance(op, Bind):
@@ -150,6 +179,7 @@ class Applier:
                 os.close(parent)
         elif isinstance(op, WriteFile):
             fd = inroot.create_file_in_root(self.root_fd, op.target, op.mode, access=os.O_WRONLY)
+            self._created(op.target)
             try:
                 os.write(fd, op.content.encode())
                 os.fchmod(fd, op.mode)
@@ -225,6 +255,8 @@ class Applier:
                 try:
                     if kind == "mount":
                         fdmount.unmount(what)  # type: ignore[arg-type]
+                    elif kind == "ldconfig":
+                        problems += self._undo_ldconfig(*what)  # type: ignore[misc]
                     else:
                         inroot.remove_in_root(self.root_fd, what)  # type: ignore[arg-type]
                 except (NvcError, OSError) as err:
@@ -233,11 +265,35 @@ class Applier:
         self._close()
         return problems
 
+    def _undo_ldconfig(self, saved: list[inroot.SavedFile], names: dict[str, set[str]]) -> list[str]:
+        """Put ldconfig's cache back and remove the links it added; return what failed."""
+        problems = []
+        for folder, before in names.items():
+            try:
+                fd = inroot.open_in_root(self.root_fd, folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+                try:
+                    for name in sorted(set(os.listdir(fd)) - before):  # ldconfig makes only links
+                        if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                            os.unlink(name, dir_fd=fd)
+                finally:
+                    os.close(fd)
+            except OSError as err:
+                problems.append(f"{folder}: {err.strerror}")
+        for file in saved:
+            try:
+                inroot.restore_file(self.root_fd, file)
+            except OSError as err:
+                problems.append(f"cannot restore {file.path}: {err.strerror}")
+        return problems
+
     def commit(self) -> None:
         """Keep everything; drop the handles."""
         for kind, what in self.done:
             if kind == "mount":
                 what.close()  # type: ignore[attr-defined]
+            elif kind == "ldconfig":
+                for file in what[0]:  # type: ignore[index]
+                    inroot.close_saved(file)
         self.done.clear()
         self._close()
 
@@ -310,6 +366,8 @@ def apply(plan: Plan) -> None:
                     pending.wait()
                     start = _timed("ldconfig", start)  # what was left of it after the cgroup
             except BaseException:
+                if pending is not None:
+                    pending.cancel()  # ldconfig is dead before its changes are undone
                 problems = helper.rollback()
                 if problems:
                     log.error("rollback incomplete: %s", "; ".join(problems))

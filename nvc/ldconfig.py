@@ -6,7 +6,15 @@ the host's ``ldconfig -r <rootfs>`` follows the image's symlinks on the host
 private copy of it (plus fresh pid and ipc namespaces), pivots into the rootfs, hides
 /proc, /sys and /dev under empty read-only tmpfs, gives up every capability, becomes the
 container's owner, takes rlimits, NO_NEW_PRIVS and a seccomp allowlist, and execs
-ldconfig with an empty environment. A host ldconfig (``@/path``) is copied into a sealed
+ldconfig with an empty environment. The private copy of the rootfs is nodev and nosuid
+(recursively): whatever device node an image ships, ldconfig cannot open it, nor can a
+setuid file gain anything. Its fixed inputs and output (``/etc/ld.so.conf``,
+``ld.so.conf.d/*.conf``, ``/etc/ld.so.cache``, ``/etc/ld.so.cache~``) are checked, in
+ldconfig's own view, to be regular files before it runs, so that an image's FIFO or device
+there is refused with one line naming it rather than blocking or failing obscurely; a FIFO
+elsewhere (an ``include``d file) is bounded by the wall-time limit, after which everything
+the run started is killed. Every process of the run dies with its parent (PDEATHSIG,
+armed after the last credential change, which clears it). A host ldconfig (``@/path``) is copied into a sealed
 memfd before the fork and executed from that fd: the process never maps the host inode,
 so nothing the container does to ``/proc/<pid>/exe`` reaches the host binary
 (CVE-2024-0135). Executing through execveat(AT_EMPTY_PATH) needs no /proc at all.
@@ -18,19 +26,26 @@ import errno
 import fcntl
 import os
 import resource
+import select
 import signal
 import stat
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from nvc import syscalls
 from nvc.errors import LdcacheError
 
-# rlimits of the ldconfig process. FSIZE bounds the cache file ldconfig writes: 64 MiB is
-# far above any real cache (a few hundred KiB for thousands of libraries) yet still stops
-# a runaway write filling the container's disk.
+# rlimits of the ldconfig process. DATA bounds its memory (heap and private writable maps):
+# the host's ldconfig needs under 0.5 MiB for 620 libraries, so 64 MiB leaves room for
+# images with tens of thousands while an endless ld.so.conf line stops there, not at 1 GiB.
+# AS only bounds address space: ldconfig maps each library whole, read-only (page cache,
+# not counted in DATA), and CUDA images ship single libraries near 1 GiB. FSIZE bounds the
+# cache file ldconfig writes: 64 MiB is far above any real cache (a few hundred KiB for
+# thousands of libraries) yet still stops a runaway write filling the container's disk.
 RLIMITS: dict[int, int] = {
     resource.RLIMIT_CPU: 10,
+    resource.RLIMIT_DATA: 64 << 20,
     resource.RLIMIT_AS: 2 << 30,
     resource.RLIMIT_NOFILE: 64,
     resource.RLIMIT_FSIZE: 64 << 20,
@@ -50,13 +65,58 @@ SECCOMP_ALLOW: tuple[str, ...] = (
     "symlink", "tgkill", "time", "uname", "unlink", "write", "writev",
 )  # fmt: skip
 
+# Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
+# is bounded at 10 s by RLIMIT_CPU): a FIFO or a stopped filesystem cannot hang configure.
+TIMEOUT = 20.0
+CACHE = "/etc/ld.so.cache"  # written as CACHE~, then renamed (nvc.apply saves both for a rollback)
+# ldconfig's fixed files, as it sees them: (path, follow symlinks, types allowed besides a
+# regular file). The cache and its temporary are replaced by rename, so a link there is
+# fine for the cache (replaced) and refused for the temporary (ldconfig opens it O_NOFOLLOW).
+_FILES: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
+    ("/etc/ld.so.conf", True, ()),
+    (CACHE, False, ("a symbolic link",)),
+    (CACHE + "~", False, ()),
+)
+_CONF_DIR = "/etc/ld.so.conf.d"
 _MISSING = "missing:"  # error-pipe prefix: the container has no ldconfig (not an error)
 _RO_TMPFS = syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
+_TYPES = {stat.S_IFBLK: "a block device", stat.S_IFCHR: "a character device", stat.S_IFIFO: "a FIFO",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
+          stat.S_IFREG: "a regular file"}
+
+
+def file_type(mode: int) -> str:
+    """What a stat mode is, in words ("a block device")."""
+    return _TYPES.get(stat.S_IFMT(mode), "an unknown file type")
+
+
+def check_files(conf_dir: str = _CONF_DIR) -> None:
+    """Refuse an image whose ldconfig files (:data:`_FILES`, ``conf_dir/*.conf``) are not regular.
+
+    Runs in the sandbox, after the pivot: paths and links resolve as ldconfig will resolve
+    them. Missing files (a dangling link too) are fine: ldconfig does without them.
+    """
+    names = []
+    try:
+        names = sorted(n for n in os.listdir(conf_dir) if n.endswith(".conf"))
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    wanted = [*_FILES, *((f"{conf_dir}/{n}", True, ()) for n in names)]
+    for path, follow, allowed in wanted:
+        try:
+            mode = os.stat(path, follow_symlinks=follow).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as err:
+            raise LdcacheError(f"{path} in the image cannot be checked: {err.strerror}") from None
+        kind = file_type(mode)
+        if not stat.S_ISREG(mode) and kind not in allowed:
+            raise LdcacheError(f"{path} in the image is {kind}, not a regular file")
 
 
 def ldconfig_argv(path: str, dirs: Sequence[str]) -> list[str]:
     """The command line: the container's own config and cache, plus the new library dirs."""
-    return [path, "-f", "/etc/ld.so.conf", "-C", "/etc/ld.so.cache", *dirs]
+    return [path, "-f", "/etc/ld.so.conf", "-C", CACHE, *dirs]
 
 
 def _is_script(fd: int) -> bool:
@@ -117,8 +177,10 @@ class PendingLdconfig:
     run, so its private copy of the mount namespace holds the finished mounts.
     """
 
-    def __init__(self, child: int, go_w: int, err_r: int, shown: str) -> None:
+    def __init__(self, child: int, go_w: int, err_r: int, shown: str, timeout: float) -> None:
         self._child, self._go_w, self._err_r, self._shown = child, go_w, err_r, shown
+        self._timeout = timeout
+        self._deadline = 0.0
 
     def run(self) -> bool:
         """Let the child build the sandbox and run ldconfig; as :func:`run_ldconfig`."""
@@ -135,17 +197,23 @@ class PendingLdconfig:
             pass
         os.close(self._go_w)
         self._go_w = -1
+        self._deadline = time.monotonic() + self._timeout
 
     def wait(self) -> bool:
         """The started run's outcome: False when the container has no ldconfig; LdcacheError on failure."""
         if self._child < 0 or self._go_w >= 0:
             raise LdcacheError("ldconfig was not started")
+        message: str | None = None
         try:
-            message = _read_all(self._err_r).decode(errors="replace")
+            message = _read_all(self._err_r, self._deadline)
         finally:
+            if message is None:  # the child and, through PDEATHSIG, its ldconfig
+                os.kill(self._child, signal.SIGKILL)
             os.close(self._err_r)
             _, status = os.waitpid(self._child, 0)
             self._child = -1
+        if message is None:
+            raise LdcacheError(f"process {self._shown} timed out after {self._timeout:g} s (killed)")
         if message.startswith(_MISSING):
             return False
         if message:
@@ -180,6 +248,7 @@ def start_ldconfig(
     pid: int | None = None,
     no_pivot: bool = False,
     output_fd: int | None = None,
+    timeout: float = TIMEOUT,
 ) -> PendingLdconfig:
     """Fork the ldconfig child now; it builds the sandbox and runs ldconfig on ``run()``.
 
@@ -187,7 +256,8 @@ def start_ldconfig(
     container. ``rootfs``: the rootfs as seen in the mount namespace of ``pid`` (the
     caller's own namespace when ``pid`` is None). ``dirs``: library dirs to add, as paths
     inside the container. ``owner``: (uid, gid) ldconfig runs as. ``output_fd``: where
-    ldconfig's stdout and stderr go (default /dev/null). Bad arguments (a host ldconfig
+    ldconfig's stdout and stderr go (default /dev/null). ``timeout``: seconds from
+    ``start()`` after which the run is killed and fails. Bad arguments (a host ldconfig
     that cannot be opened, a gone container) raise LdcacheError here, before the caller
     changes anything.
     """
@@ -200,12 +270,14 @@ def start_ldconfig(
         null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        parent = os.getpid()
         child = os.fork()
         if child == 0:
+            syscalls.die_with_parent(parent)
             os.close(err_r)
             os.close(go_w)
             _sandbox_child(err_w, go_r, ns_fd, rootfs, no_pivot, null_fd, output_fd, program_fd, shown, dirs, owner)
-        pending = PendingLdconfig(child, go_w, err_r, shown)
+        pending = PendingLdconfig(child, go_w, err_r, shown, timeout)
         err_r = go_w = -1
         return pending
     finally:
@@ -222,11 +294,17 @@ def _open_ns(pid: int) -> int:
         raise LdcacheError(f"open failed: {ns}: {err.strerror}") from None
 
 
-def _read_all(fd: int) -> bytes:
+def _read_all(fd: int, deadline: float) -> str | None:
+    """Everything written to ``fd`` until end-of-file, decoded; None if the deadline passed first."""
     chunks = []
-    while chunk := os.read(fd, 4096):
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return b"".join(chunks).decode(errors="replace")
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _sandbox_child(
@@ -258,12 +336,15 @@ def _sandbox_child(
             syscalls.setns(ns_fd, syscalls.CLONE_NEWNS, "container mount namespace")
         syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWPID | syscalls.CLONE_NEWIPC)
         _enter_rootfs(rootfs, no_pivot)
+        check_files()
         os.dup2(null_fd, 0)
         os.dup2(output_fd if output_fd is not None else null_fd, 1)
         os.dup2(output_fd if output_fd is not None else null_fd, 2)
+        me = os.pidfd_open(os.getpid())  # the grandchild's check that we still live (see _exec_ldconfig)
         child = os.fork()
         if child == 0:
-            _exec_ldconfig(err_w, program_fd, path, dirs, owner)
+            _exec_ldconfig(err_w, me, program_fd, path, dirs, owner)
+        os.close(me)
         _, status = os.waitpid(child, 0)
         code = os.waitstatus_to_exitcode(status)
         os._exit(code if code >= 0 else 128 - code)
@@ -300,8 +381,11 @@ def _enter_rootfs(rootfs: str, no_pivot: bool) -> None:
         top = _bind_onto_itself(fd, rootfs)
     finally:
         os.close(fd)
-    os.fchdir(top)
-    os.close(top)
+    try:
+        _nodev(top)
+        os.fchdir(top)
+    finally:
+        os.close(top)
     if no_pivot:
         syscalls.mount(".", "/", None, syscalls.MS_MOVE)
         os.chroot(".")
@@ -344,6 +428,24 @@ def _bind_onto_itself(fd: int, rootfs: str) -> int:
     return tree
 
 
+def _nodev(top: int) -> None:
+    """Make the private tree under the mount at ``top`` nodev and nosuid, every mount of it.
+
+    Kernels without mount_setattr (before 5.12) get the classic remount of the top mount only:
+    the image's own filesystem, where its nodes live (the flags it has, read-only, noexec,
+    are kept); mounts under it are the runtime's and the user's, and check_files still runs.
+    """
+    flags = syscalls.MountAttr.NODEV | syscalls.MountAttr.NOSUID
+    try:
+        syscalls.mount_setattr(top, "", syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, flags)
+    except OSError as err:
+        if err.errno != errno.ENOSYS:
+            raise
+        keep = os.fstatvfs(top).f_flag & (syscalls.MS_RDONLY | syscalls.MS_NOEXEC)
+        remount = syscalls.MS_REMOUNT | syscalls.MS_BIND | flags.ms_flags() | keep
+        syscalls.mount(None, f"/proc/self/fd/{top}", None, remount)
+
+
 def _lstat_mode(path: str) -> int:
     try:
         return os.lstat(path).st_mode
@@ -352,19 +454,25 @@ def _lstat_mode(path: str) -> int:
 
 
 def _exec_ldconfig(
-    err_w: int, program_fd: int, path: str, dirs: Sequence[str], owner: tuple[int, int]
+    err_w: int, parent: int, program_fd: int, path: str, dirs: Sequence[str], owner: tuple[int, int]
 ) -> None:
-    """Second child (pid 1 of its pid namespace): drop everything, then exec ldconfig."""
+    """Second child (pid 1 of its pid namespace): drop everything, then exec ldconfig.
+
+    ``parent``: a pidfd of the sandbox child. PDEATHSIG is armed after the uid switch (which
+    clears it) and the parent checked through the pidfd, since getppid() is 0 here.
+    """
     import prctl
     import pyseccomp
 
     try:
-        prctl.set_pdeathsig(signal.SIGKILL)
         prctl.capbset.limit()
         prctl.cap_inheritable.limit()  # also empties the ambient set
         os.setgroups([])
         os.setresgid(owner[1], owner[1], owner[1])
         os.setresuid(owner[0], owner[0], owner[0])
+        syscalls.set_pdeathsig(signal.SIGKILL)
+        if select.select([parent], [], [], 0)[0]:  # the sandbox child died before it was armed
+            os._exit(1)
         prctl.cap_effective.limit()  # effective first: it must stay within permitted
         prctl.cap_permitted.limit()  # (both already empty unless the owner is root)
         if program_fd < 0:

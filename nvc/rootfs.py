@@ -17,6 +17,7 @@ import posixpath
 import stat
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from nvc import syscalls
 
@@ -251,3 +252,110 @@ def remove_in_root(root_fd: int, path: str) -> None:
         raise OSError(err.errno, err.strerror, path) from None
     finally:
         os.close(dir_fd)
+
+
+@dataclass
+class SavedFile:
+    """What ``path`` inside a root was before a tool (ldconfig) replaced it, for :func:`restore_file`.
+
+    ``kind``: "absent", "link" (``link`` its target) or "file" (``fd`` open for reading on the
+    old inode: a tool that replaces by rename leaves it intact); anything else is "other",
+    which the tool refuses to touch, so there is nothing to restore.
+    """
+
+    path: str
+    kind: str
+    link: str = ""
+    fd: int = -1
+    stat: os.stat_result | None = None
+
+
+def save_file(root_fd: int, path: str) -> SavedFile:
+    """Remember ``path`` (never opened through a device or FIFO: checked on an O_PATH fd first)."""
+    try:
+        dir_fd, name = open_parent_in_root(root_fd, path)
+    except (FileNotFoundError, NotADirectoryError):
+        return SavedFile(path, "absent")
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return SavedFile(path, "absent")
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):
+            return SavedFile(path, "link", link=os.readlink("", dir_fd=fd), stat=st)
+        if not stat.S_ISREG(st.st_mode):
+            return SavedFile(path, "other", stat=st)
+        # A regular file, checked: reopened through the fd, no path looked up again.
+        return SavedFile(path, "file", fd=os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC), stat=st)
+    finally:
+        os.close(fd)
+
+
+def restore_file(root_fd: int, saved: SavedFile) -> None:
+    """Put ``saved`` back as it was (same type, content, mode, owner, times); closes its fd.
+
+    A replacement is built under a temporary name in the same directory, then renamed over
+    whatever is there now, so the path is never missing or half-written.
+    """
+    try:
+        try:
+            dir_fd, name = open_parent_in_root(root_fd, saved.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            _restore_at(dir_fd, name, saved)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, saved.path) from None
+        finally:
+            os.close(dir_fd)
+    finally:
+        close_saved(saved)
+
+
+def close_saved(saved: SavedFile) -> None:
+    """Drop a saved file's fd (kept: nothing to restore)."""
+    if saved.fd >= 0:
+        os.close(saved.fd)
+        saved.fd = -1
+
+
+def _restore_at(dir_fd: int, name: str, saved: SavedFile) -> None:
+    try:
+        now: os.stat_result | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        now = None
+    if saved.kind == "absent":
+        if now is not None and not stat.S_ISDIR(now.st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+        return
+    if saved.kind == "other" or saved.stat is None:
+        return
+    old = saved.stat
+    if now is not None and (now.st_dev, now.st_ino) == (old.st_dev, old.st_ino):
+        return  # untouched
+    tmp = f".nvc-{os.urandom(6).hex()}"
+    if saved.kind == "link":
+        os.symlink(saved.link, tmp, dir_fd=dir_fd)
+    else:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=dir_fd)
+        try:
+            offset = 0
+            while sent := os.sendfile(out, saved.fd, offset, 1 << 20):
+                offset += sent
+            os.fchmod(out, stat.S_IMODE(old.st_mode))
+        except BaseException:
+            os.close(out)
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        os.close(out)
+    try:
+        os.chown(tmp, old.st_uid, old.st_gid, dir_fd=dir_fd, follow_symlinks=False)
+        os.utime(tmp, ns=(old.st_atime_ns, old.st_mtime_ns), dir_fd=dir_fd, follow_symlinks=False)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise

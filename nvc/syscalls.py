@@ -134,6 +134,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+PR_SET_PDEATHSIG = 1
 
 
 def _nr(name: str) -> int:
@@ -245,6 +247,24 @@ def memfd_create(name: str, flags: int) -> int:
 
 def renameat2(old_dirfd: int, old: str, new_dirfd: int, new: str, flags: int) -> None:
     _check(_syscall("renameat2", old_dirfd, _enc(old), new_dirfd, _enc(new), flags), old, new)
+
+
+def set_pdeathsig(sig: int) -> None:
+    """prctl(PR_SET_PDEATHSIG, sig): ``sig`` when the parent (thread) dies; see :func:`die_with_parent`."""
+    _check(_libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies; exit now if the parent is already gone.
+
+    PR_SET_PDEATHSIG fires only for a death after it is armed, so the parent is checked
+    afterwards (a process reparented to init or a subreaper has another ppid). The kernel clears
+    the setting when the process changes its uid or gid: arm it again after such a change.
+    Plain libc, no prctl module: a forked child calls this first, before any slow import.
+    """
+    set_pdeathsig(9)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def execveat(fd: int, argv: Sequence[str], envp: Sequence[str], name: str) -> NoReturn:

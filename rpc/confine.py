@@ -57,3 +57,6 @@ def confine(root: str, uid: int, gid: int) -> None:
     prctl.cap_inheritable.limit()
     prctl.cap_permitted.limit()
     prctl.set_no_new_privs(1)
+    from nvc.rpc.helper import die_with_parent  # loaded already: confine runs in a helper child
+
+    die_with_parent()  # the uid switch cleared PDEATHSIG

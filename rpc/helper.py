@@ -41,6 +41,7 @@ DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded
 DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
 _READY_ID = 0  # id of the message the child sends once its setup finished (or failed)
 _SERVICE_FD = 3  # the child's socket is moved here; everything above is closed
+_parent_pid = 0  # in a helper child: the pid of the process that forked it (see die_with_parent)
 # Helpers told to exit whose reaping waits for reap_deferred() (None: close() reaps at once).
 _deferred: list[HelperClient] | None = None
 
@@ -84,11 +85,9 @@ def _isolate(name: str, sock: socket.socket, parent_pid: int) -> socket.socket:
     # fds are closed below and the numbers reused, so a late close() would hit our own fds.
     gc.freeze()
     prctl.set_name(f"nvc:[{name}]")
-    # SIGKILL rather than the reference's SIGTERM: the child inherited the parent's Python
-    # signal handlers, which must not run here; there is nothing to clean up on parent death.
-    prctl.set_pdeathsig(signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before PDEATHSIG was armed
-        os._exit(1)
+    global _parent_pid
+    _parent_pid = parent_pid
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # The socket moves first so that redirecting 0-2 cannot clobber it.
@@ -101,6 +100,19 @@ def _isolate(name: str, sock: socket.socket, parent_pid: int) -> socket.socket:
     # The old socket object's fd is closed or reused now; detach it so nothing closes it again.
     sock.detach()
     return socket.socket(fileno=_SERVICE_FD)
+
+
+def die_with_parent() -> None:
+    """In a helper child: SIGKILL when the parent dies; exit now if it already has.
+
+    SIGKILL rather than the reference's SIGTERM: the child inherited the parent's Python
+    signal handlers, which must not run here; there is nothing to clean up on parent death.
+    The kernel clears the setting at a uid or gid change, so a helper that switches identity
+    (:func:`nvc.rpc.confine.confine`) calls this again afterwards.
+    """
+    prctl.set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != _parent_pid:  # the parent died before PDEATHSIG was armed
+        os._exit(1)
 
 
 def _serve(sock: socket.socket, dispatch: Dispatch) -> int:

@@ -16,10 +16,8 @@ Test double: the GPUs and driver files are the fake driver's; nothing here is a 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import threading
@@ -29,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
+from harness.hostile import tree
 from test_configure import target_process  # noqa: F401 - fixture
 from nvc import syscalls
 
@@ -73,22 +72,12 @@ def canary(tmp_path: Path) -> Path:
 
 def snapshot(top: Path) -> dict[str, tuple]:
     """Every entry under ``top`` (itself included): type, mode, owner, size, mtime, content hash / link."""
-    entries = {}
-    for path in [top, *sorted(top.rglob("*"))]:
-        st = path.lstat()
-        if stat.S_ISREG(st.st_mode):
-            extra = hashlib.sha256(path.read_bytes()).hexdigest()
-        elif stat.S_ISLNK(st.st_mode):
-            extra = os.readlink(path)
-        else:
-            extra = ""
-        entries[str(path)] = (stat.S_IFMT(st.st_mode), st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, extra)
-    return entries
+    return tree(top, times=True)
 
 
 def entries(top: Path) -> dict[str, tuple]:
     """What exists under ``top``: each entry's type and link target (not times: a rollback touches them)."""
-    return {path: (kind, extra) for path, (kind, _, _, _, _, extra) in snapshot(top).items()}
+    return {path: (entry[0], entry[-1]) for path, entry in snapshot(top).items()}
 
 
 # Real host places the classic attacks aim at (CVE-2024-0133: lib dir -> /etc). Other tests may

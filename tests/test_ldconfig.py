@@ -6,8 +6,10 @@ the host's libc and ld-linux and a small libfoo built here.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -44,6 +46,20 @@ int main(int argc, char **argv) {
 """
 
 
+# Opens the image's /etc/node for writing as ldconfig would its cache, and says what happened.
+OPENER_C = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+int main(void) {
+    errno = 0;
+    int fd = open("/etc/node", O_WRONLY | O_NONBLOCK);
+    printf("fd=%d errno=%d\n", fd, errno);
+    return 0;
+}
+"""
+
+
 def _gcc(tmp: Path, source: str, out: Path, *flags: str) -> Path:
     c = tmp / (out.name + ".c")
     c.write_text(source)
@@ -57,6 +73,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {
         "probe": _gcc(tmp, PROBE_C, tmp / "probe", "-static", "-O1"),
         "exit3": _gcc(tmp, "int main(void) { return 3; }\n", tmp / "exit3", "-static"),
+        "opener": _gcc(tmp, OPENER_C, tmp / "opener", "-static"),
         "libfoo": _gcc(tmp, "int foo(void) { return 1; }\n", tmp / "libfoo.so.1.0", "-shared", "-fPIC",
                        "-Wl,-soname,libfoo.so.1"),
     }
@@ -182,6 +199,7 @@ def test_sandbox_runs_a_memfd_copy_without_privileges(
     assert status["NSpid"].split()[-1] == "1"  # pid 1 of its own pid namespace
     assert "Max cpu time              10" in limits
     assert "Max open files            64" in limits
+    assert "Max data size             67108864" in limits
     assert out.read_text() == "argv1=-f uid=1000 gid=1001 pid=1 socket=-1 errno=1\n"  # socket: EPERM
 
 
@@ -250,3 +268,72 @@ def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_
     cancelled.cancel()
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)
+
+
+@pytest.mark.parametrize("api", ["mount_setattr", "remount"])
+def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, container: int, programs: dict[str, Path],
+                                                             tmp_path: Path, api: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its view of the rootfs is nodev: a node of the image (here /dev/null's 1:3) cannot be opened,
+    even by root; whatever ldconfig reads or writes there, it cannot reach a device. Kernels
+    without mount_setattr get a classic remount of the rootfs mount."""
+    if api == "remount":
+        from nvc import syscalls
+
+        def enosys(*_args, **_kwargs) -> None:
+            raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+        monkeypatch.setattr(syscalls, "mount_setattr", enosys)  # the forked sandbox inherits the patch
+    os.mknod(root / "etc" / "node", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        run_ldconfig(f"@{programs['opener']}", str(root), [], owner=(0, 0), pid=container, output_fd=f.fileno())
+    assert out.read_text() == f"fd=-1 errno={errno.EACCES}\n"
+
+
+@pytest.mark.parametrize(("name", "make", "what"), [
+    ("ld.so.cache~", lambda p: os.mknod(p, 0o600 | stat.S_IFBLK, os.makedev(7, 255)), "a block device"),
+    ("ld.so.conf", lambda p: os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 5)), "a character device"),
+    ("ld.so.conf", os.mkfifo, "a FIFO"),
+    ("ld.so.cache", os.mkfifo, "a FIFO"),
+    ("ld.so.conf.d/x.conf", os.mkfifo, "a FIFO"),
+])
+def test_ldconfig_files_that_are_not_regular_are_refused(root: Path, container: int, name: str, make, what: str
+                                                         ) -> None:
+    (root / "etc" / "ld.so.conf.d").mkdir()
+    make(root / "etc" / name)
+    with pytest.raises(LdcacheError, match=rf"^ldcache error: /etc/{name} in the image is {what}, not a regular "
+                                           "file$"):
+        run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    assert not (root / "etc" / "ld.so.cache").exists() or name == "ld.so.cache"
+
+
+def test_a_run_that_blocks_is_killed_at_its_time_limit(root: Path, container: int) -> None:
+    """A FIFO ldconfig reads (through an include its checks cannot follow) ends in the wall-time
+    limit, with ldconfig and its sandbox killed."""
+    (root / "etc" / "fifo.d").mkdir()
+    os.mkfifo(root / "etc" / "fifo.d" / "evil.conf")
+    (root / "etc" / "ld.so.conf").write_text("include /etc/fifo.d/*.conf\n")
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container, timeout=1)
+    started = time.monotonic()
+    pending.start()
+    with pytest.raises(LdcacheError, match=r"^ldcache error: process /sbin/ldconfig(.real)? timed out after 1 s "
+                                           r"\(killed\)$"):
+        pending.wait()
+    assert time.monotonic() - started < 3
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and _ldconfig_processes():
+        time.sleep(0.02)
+    assert _ldconfig_processes() == []
+
+
+def _ldconfig_processes() -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/exe").startswith("/memfd:nvc-ldconfig"):
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found

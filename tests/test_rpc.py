@@ -351,14 +351,18 @@ def test_hung_shutdown_is_killed_after_grace(jail: Path) -> None:
     assert not Path(f"/proc/{client.pid}").exists()
 
 
-def test_helper_dies_with_its_parent() -> None:
-    """PDEATHSIG: a parent killed without any cleanup still takes its helper with it."""
+@pytest.mark.parametrize("confined", [False, True], ids=["plain", "confined"])
+def test_helper_dies_with_its_parent(confined: bool) -> None:
+    """PDEATHSIG: a parent killed without any cleanup still takes its helper with it; also a
+    helper that switched to another uid (NVML's), which clears PDEATHSIG until armed again."""
+    become = f"confine('/', {TEST_UID}, {TEST_GID})" if confined else "None"
     script = textwrap.dedent(
-        """
+        f"""
         import time
         from nvc.rpc import helper, protocol
+        from nvc.rpc.confine import confine
         from nvc.rpc.helper import HelperClient
-        client = HelperClient.spawn("orphan", lambda: {"sleep": lambda: time.sleep(60)})
+        client = HelperClient.spawn("orphan", lambda: ({become}, {{"sleep": lambda: time.sleep(60)}})[1])
         # Queued before the parent dies, so the helper is busy, not reading: an EOF on its
         # socket cannot be what ends it.
         protocol.send_message(client._sock, protocol.Request(1, "sleep"))
