@@ -11,7 +11,7 @@ The block device is a loop device over a scratch file, never a disk of the machi
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
 import subprocess
 import sysconfig
@@ -60,6 +60,8 @@ def _summary(case: str, outcome: str, unchanged: bool | None, left: list[str], s
 
 
 def _crun_start(crun: Runc, rootfs: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Start the image through nvc-py-hook; the result's stderr also holds the hook log's error
+    (crun, unlike runc, does not pass a failing hook's stderr on)."""
     config = tmp_path / "config.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
     hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
@@ -68,7 +70,11 @@ def _crun_start(crun: Runc, rootfs: Path, tmp_path: Path) -> tuple[subprocess.Co
                          hooks={"prestart": [hook]})
     started = time.monotonic()
     result = crun.create_start(bundle, timeout=60)
-    return result, time.monotonic() - started
+    seconds = time.monotonic() - started
+    log = tmp_path / "hook.log"
+    errors = [json.loads(line).get("error") or "" for line in log.read_text().splitlines()] if log.exists() else []
+    result.stderr += "".join(f"hook log: {error}\n" for error in errors if error)
+    return result, seconds
 
 
 def _outcome(result: subprocess.CompletedProcess[str], expect: str) -> str:
@@ -113,8 +119,9 @@ def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, request, ow
     rootfs = make_rootfs(name="hostile")
     plant_fifo_include(rootfs)
     started = time.monotonic()
-    below, still = kill_during_ldconfig([NVC, "configure", f"--pid={target_process}", "--device=0", "--compute",
-                                         "--utility", str(rootfs)], 20)
+    # --no-cgroups: the stand-in shares pytest's cgroup, which a device filter would lock out of /dev.
+    below, still = kill_during_ldconfig([NVC, "configure", f"--pid={target_process}", "--no-cgroups", "--device=0",
+                                         "--compute", "--utility", str(rootfs)], 20)
     left = nvc_processes()
     _summary(f"kill-9-{owner}", f"killed-with-{len(below)}-below", None, left + [str(p) for p in still],
              time.monotonic() - started)
@@ -131,8 +138,9 @@ def test_late_failure_leaves_the_rootfs_as_before(gpu_driver, make_rootfs, targe
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
     started = time.monotonic()
 
-    result = subprocess.run([NVC, "configure", f"--pid={target_process}", f"--ldconfig=@{tmp_path / 'ldconfig'}",
-                             "--device=0", "--compute", "--utility", str(rootfs)], capture_output=True, text=True)
+    result = subprocess.run([NVC, "configure", f"--pid={target_process}", "--no-cgroups",
+                             f"--ldconfig=@{tmp_path / 'ldconfig'}", "--device=0", "--compute", "--utility",
+                             str(rootfs)], capture_output=True, text=True)
 
     same = tree(rootfs) == before and Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
     left = nvc_processes()

@@ -139,8 +139,10 @@ def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request,
     container helper die with it."""
     target = request.getfixturevalue("target_process" if owner == "root" else "user_process")
     plant_fifo_include(debian_rootfs)
+    # --no-cgroups: the stand-in shares pytest's cgroup, which a v2 device filter would lock out of /dev.
     below, left = kill_during_ldconfig([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target}",
-                                        "--device=0", "--compute", "--utility", str(debian_rootfs)], 10)
+                                        "--no-cgroups", "--device=0", "--compute", "--utility",
+                                        str(debian_rootfs)], 10)
     assert len(below) >= 3, below  # the container helper, the sandbox, ldconfig
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
     assert nvc_processes() == []
@@ -190,7 +192,7 @@ def test_late_failure_leaves_the_rootfs_as_before(active_2gpu, debian_rootfs, ta
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
 
     result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             f"--ldconfig=@{partial_ldconfig}", "--device=all", "--compute", "--utility",
+                             "--no-cgroups", f"--ldconfig=@{partial_ldconfig}", "--device=all", "--compute", "--utility",
                              str(debian_rootfs)], capture_output=True, text=True)
 
     assert (result.returncode, result.stderr) == (
@@ -216,7 +218,7 @@ def test_configure_opens_no_fifo_or_device_of_the_image(active_2gpu, debian_root
     plant(debian_rootfs, Case("", "/" + path, kind, ""), None)
 
     result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             "--device=0", "--compute", "--utility", str(debian_rootfs)],
+                             "--no-cgroups", "--device=0", "--compute", "--utility", str(debian_rootfs)],
                             capture_output=True, text=True, timeout=QUICK)
 
     assert result.returncode == 0, result.stderr
