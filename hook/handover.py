@@ -92,6 +92,8 @@ def hand_over(argv: list[str]) -> None:
             return  # nothing was handed over: run here
         try:
             reply = sock.recv(64)
+        except ConnectionResetError:
+            return  # queued, never read by a worker (the server went): nothing was done
         except OSError:
             reply = b""
     finally:

@@ -20,6 +20,10 @@ server's namespaces and cgroup, so the server must run in the host's (a plain sy
 ``KillMode=process`` so a restart lets running calls finish), and new code takes effect when
 the server restarts.
 
+It runs the hook's stages and ``nvc-py configure``/``info``/``list`` (:mod:`nvc.hook.scope`);
+anything else is answered "fall back" and runs in the caller. It is started by systemd's socket
+unit or on demand by a hook client (:mod:`nvc.hook.activation`); an on-demand one exits when idle.
+
 Only callers with the server's own uid (root) are served; the socket is 0600 in a 0700
 directory, and the peer's credentials are checked again on every connection. A caller in other
 mount, pid or user namespaces than the server's (a runtime inside a container, say) is told to
@@ -28,6 +32,7 @@ fall back: its paths and process ids would mean something else to a worker.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import select
@@ -39,10 +44,12 @@ import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
+from nvc.hook import activation, scope
 from nvc.hook.handover import FALL_BACK, MAX_MESSAGE, PROGRAMS, CallError, parse_call
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an NVML helper
+DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
@@ -122,6 +129,10 @@ def _run_call(conn: socket.socket, programs: Programs) -> int:
         for fd in fds:
             os.close(fd)
         return InputError.exit_code
+    if not scope.served(argv):  # not the server's business: the caller runs it as itself
+        for fd in fds:
+            os.close(fd)
+        return FALLING_BACK
     global _in_worker
     _in_worker = True  # serve() refuses to run here (``nvc-py hook serve`` would take the socket over)
     *streams, cwd = fds
@@ -262,11 +273,17 @@ def serve(path: str) -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers...
     prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    sock = listen(path)
+    inherited = activation.inherited_socket()
+    sock = inherited if inherited is not None else listen(path)
+    owned = inherited is None  # a path this server bound: unlinked when it stops
+    idle = activation.idle_exit() if owned else None  # systemd's socket is not this server's to unlink
+    draining = False
     try:
         gc.collect()
         gc.freeze()  # keep the imported objects' pages shared with the workers
-        print(f"nvc-py-hook serve: listening on {path}", file=sys.stderr, flush=True)
+        print(f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}", file=sys.stderr,
+              flush=True)
+        activation.release_start_lock()
         while True:
             taken_r, taken_w = os.pipe()
             # SIGTERM's SystemExit must not be raised inside fork's callbacks (they swallow it).
@@ -278,13 +295,22 @@ def serve(path: str) -> int:
             os.close(taken_w)
             try:
                 # Until the spare takes a call (a byte) or dies before it (end of file).
+                while not select.select([taken_r], [], [], DRAIN_QUIET if draining else idle)[0]:
+                    if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
+                        print(f"nvc-py-hook serve: no call for {idle:g} s: stopping", file=sys.stderr, flush=True)
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(path)
+                        owned, draining = False, True
+                    elif not select.select([sock], [], [], 0)[0]:
+                        return 0  # nothing queued, nothing can come: the spare goes with this process
                 if not os.read(taken_r, 1):
                     time.sleep(SPARE_RESPAWN_DELAY)  # no tight loop of spares that cannot start
             finally:
                 os.close(taken_r)
     finally:
         sock.close()
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        if owned:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

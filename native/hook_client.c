@@ -22,7 +22,12 @@
  * server says so (this process is in other namespaces than the server's), or the call is `serve`
  * itself, it executes the Python program with the same arguments: the same result, only slower.
  * Once a worker took the call it never falls back (the worker may have changed the container
- * already): a worker that ends without a status is an error.
+ * already): a worker that ends without a status is an error. A call no worker read (the server was
+ * killed with it queued) is reset by the kernel (ECONNRESET, where a worker that read it and ended
+ * gives end of file): that one falls back.
+ *
+ * A hook call that finds no server at all starts one where the host runs none (server_start.c):
+ * a host is served without setting a daemon up.
  *
  * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock.
  */
@@ -40,9 +45,8 @@
 #define MAGIC "nvc-py-hook/1"
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
-#ifndef PROGRAM_DIR
-#define PROGRAM_DIR "/usr/lib/nvc-py" /* where make install writes the Python programs' launchers */
-#endif
+
+#include "server_start.h"
 
 extern char **environ;
 
@@ -182,7 +186,18 @@ int main(int argc, char **argv)
     if (cwd < 0)
         fall_back(argv);
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0 || !send_call(sock, buf, len, cwd))
+    if (sock < 0)
+        fall_back(argv);
+    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        int failed = errno;
+        close(sock);
+        /* no server: a container start's hook call starts one (server_start.c) */
+        sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(argc, argv)
+                   ? server_start_and_connect(&addr) : -1;
+        if (sock < 0)
+            fall_back(argv);
+    }
+    if (!send_call(sock, buf, len, cwd))
         fall_back(argv); /* nothing was handed over yet */
 
     char reply[64];
@@ -191,6 +206,8 @@ int main(int argc, char **argv)
         n = recv(sock, reply, sizeof reply - 1, 0);
     while (n < 0 && errno == EINTR);
     int status;
+    if (n < 0 && errno == ECONNRESET) /* the message was never read: the server went before a worker took it */
+        fall_back(argv);
     if (n > 0) {
         reply[n] = '\0';
         if (sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)

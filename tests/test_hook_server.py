@@ -213,13 +213,14 @@ def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
         shutil.rmtree(top)
 
 
-def test_setup_server_writes_the_systemd_unit(tmp_path: Path) -> None:
+def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     out = subprocess.run([str(HOOK.with_name("nvc-py")), "setup", "server", "--unit-dir", str(tmp_path),
                           "--config", "/etc/nvc-py/other.yaml"], capture_output=True, text=True, check=True)
     unit = tmp_path / "nvc-py-hook.service"
-    assert out.stdout == f"wrote {unit}\n"
+    assert out.stdout.splitlines()[:2] == [f"wrote {tmp_path / 'nvc-py-hook.socket'}", f"wrote {unit}"]
     lines = unit.read_text().splitlines()
-    assert f"ExecStart={HOOK} serve" in lines and "KillMode=process" in lines
+    assert f"ExecStart={LIBDIR / 'nvc-py-hook-python'} serve" in lines and "KillMode=process" in lines
+    assert "Requires=nvc-py-hook.socket" in lines
     assert [line for line in lines if line.startswith("Environment=")] == [
         "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "Environment=NVC_PY_CONFIG=/etc/nvc-py/other.yaml"]
@@ -241,14 +242,13 @@ def test_nvc_py_configure_through_the_server_in_a_prestart_hook(active_2gpu, ser
     assert out.splitlines() == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {GPU0})"]
 
 
-def test_cli_call_runs_in_the_callers_directory_and_streams(served: Path, tmp_path: Path) -> None:
-    (tmp_path / "relative.yaml").write_text("disable-require: true\n")
-    result = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "config", "show", "--file", "relative.yaml"],
-                            capture_output=True, text=True, cwd=tmp_path, env={handover.SOCKET_ENV: str(served)},
-                            timeout=30)
+def test_cli_call_runs_in_the_callers_directory_and_streams(active_2gpu, served: Path, tmp_path: Path) -> None:
+    result = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "--root", str(active_2gpu.root), "--debug",
+                             "relative.log", "list"], capture_output=True, text=True, cwd=tmp_path,
+                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("# effective nvc-py configuration from relative.yaml\n")
-    assert "disable-require: true" in result.stdout
+    assert f"{active_2gpu.root}/dev/nvidiactl" in result.stdout.splitlines()
+    assert (tmp_path / "relative.log").stat().st_size > 0
 
 
 def test_only_nvc_py_programs_are_run(served: Path) -> None:
@@ -258,14 +258,14 @@ def test_only_nvc_py_programs_are_run(served: Path) -> None:
     assert result.stderr == "nvc-py-hook serve: refused a call: /bin/true: not one of nvc-py-hook, nvc-py\n"
 
 
-def test_a_caller_in_another_mount_namespace_runs_the_program_itself(served: Path) -> None:
+def test_a_caller_in_another_mount_namespace_runs_the_program_itself(active_2gpu, served: Path) -> None:
     """Paths and process ids would mean something else to a worker: the server tells such a caller
     to fall back, and the client executes the path it was given (here: one that does not exist)."""
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
-    here = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "--version"], capture_output=True, text=True,
-                          env=env, timeout=30)
-    assert here.returncode == 0 and here.stdout.startswith("nvc-py")
-    elsewhere = subprocess.run(["unshare", "--mount", str(CLIENT), "/nonexistent/nvc-py", "--version"],
+    call = [str(CLIENT), "/nonexistent/nvc-py", "--root", str(active_2gpu.root), "list"]
+    here = subprocess.run(call, capture_output=True, text=True, env=env, timeout=30)
+    assert here.returncode == 0 and f"{active_2gpu.root}/dev/nvidiactl\n" in here.stdout
+    elsewhere = subprocess.run(["unshare", "--mount", *call],
                                capture_output=True, text=True, env=env, timeout=30)
     assert elsewhere.returncode == 127
     assert elsewhere.stderr == "nvc-py-hook-client: cannot execute /nonexistent/nvc-py: No such file or directory\n"
@@ -368,7 +368,7 @@ def call_directly(sock: Path, argv: list[str]) -> tuple[bytes, str]:
 @pytest.mark.parametrize("argv", [["/x/nvc-py-hook", "serve"], ["/x/nvc-py", "hook", "serve"],
                                   ["/x/nvc-py", "--root", "/", "hook", "serve", "--socket", "/tmp/other.sock"]])
 def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
-    """The clients never hand ``serve`` over; a worker refuses it all the same."""
+    """The clients never hand ``serve`` over; the server tells a caller that does to run it itself."""
     answer, err = call_directly(served, argv)
-    assert answer == b"exit 2" and "serve: refused inside a worker of a running server" in err
+    assert (answer, err) == (b"fall back", "")
     assert served.exists()
