@@ -95,3 +95,21 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
     finally:
         os.close(original)
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def private_tmpfs(path: str) -> Iterator[None]:
+    """This process (and what it starts) in a private mount namespace with an empty tmpfs at ``path``,
+    until exit; the host keeps its own ``path`` untouched (created empty where it was missing)."""
+    original = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        try:
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            _mount("tmpfs", path, "tmpfs", 0, "mode=0700")
+            yield
+        finally:
+            _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
+    finally:
+        os.close(original)
