@@ -120,21 +120,23 @@ def test_killing_the_server_mid_storm_loses_no_call(no_gpu_state) -> None:
     env, bundle = no_gpu_state
     sock = Path(env[handover.SOCKET_ENV])
     assert prestart(env, bundle, "first").returncode == 0
-    killed = []
-    calls = 3 * STORM
+    calls = 4 * STORM
+    done_at_kill = []
 
-    def killer() -> None:
-        time.sleep(0.3)
+    def killer() -> None:  # once a third of the calls are done
+        deadline = time.monotonic() + 60
+        while len(log_lines(env)) < 1 + calls // 3 and time.monotonic() < deadline:
+            time.sleep(0.002)
         for pid in servers(sock):
             os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+        done_at_kill.append(len(log_lines(env)) - 1)
 
     thread = threading.Thread(target=killer)
     with ThreadPoolExecutor(STORM) as pool:
         thread.start()
         results = list(pool.map(lambda i: prestart(env, bundle, f"kill-{i}"), range(calls)))
     thread.join()
-    assert killed
+    assert 0 < done_at_kill[0] < calls  # killed mid-storm
     assert [(r.returncode, r.stderr) for r in results] == [(0, "")] * calls
     lines = [line for line in log_lines(env) if line["container"].startswith("kill-")]
     assert sorted(line["container"] for line in lines) == sorted(f"kill-{i}" for i in range(calls))

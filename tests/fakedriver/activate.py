@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +76,15 @@ def _overlay_dev(nodes: Path, staging: Path) -> None:
     _mount(str(merged), "/dev", None, MS_MOVE)
 
 
+def _setns_back(original: int) -> None:
+    """Re-enter mount namespace ``original``. setns refuses a process with several threads: a thread
+    a test joined may not have left the kernel yet, so wait for it (bounded)."""
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
+
+
 @contextmanager
 def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build.FakeDriver)
     """Show ``fake``'s /proc/driver, /proc/devices and /dev nodes at the real paths until exit."""
@@ -90,7 +100,7 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
             _overlay_dev(fake.root / "dev", staging)
             yield fake
         finally:
-            _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
+            _setns_back(original)
             os.chdir(cwd)
     finally:
         os.close(original)
@@ -110,6 +120,6 @@ def private_tmpfs(path: str) -> Iterator[None]:
             _mount("tmpfs", path, "tmpfs", 0, "mode=0700")
             yield
         finally:
-            _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
+            _setns_back(original)
     finally:
         os.close(original)
