@@ -41,7 +41,8 @@ native:
 # and systemd entries name it there (hook/setup.py): a later `pip install -U` rewrites its console
 # scripts in the scripts directory, which only makes a typed `nvc-py` start an interpreter again.
 # $(call launcher,NAME,MODULE): $(LIBDIR)/NAME runs MODULE's run() in an isolated interpreter (-I:
-# no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment).
+# no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment; not -S, as
+# nvc-py and its dependencies are found through site-packages).
 define launcher
 	printf '#!%s -I\nfrom $(2) import run\nrun()\n' "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
 		> $(LIBDIR)/$(1).new
@@ -68,6 +69,7 @@ fronts:
 	$(call front,nvc-py,nvc.__main__)
 	$(call front,nvc-py-hook,nvc.hook.prestart)
 	$(call launcher,nvc-py-runtime,nvc.hook.runtime)
+	ln -sfn $(LIBDIR)/nvc-py-runtime "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nvc-py-runtime"
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build

@@ -310,10 +310,11 @@ def test_pythonpath_reaches_neither_the_hook_nor_the_runtime(no_gpu_state, hosti
     (env, bundle), (hostile, marker) = no_gpu_state, hostile_python_env
     hook = prestart({**env, **hostile, "NVC_PY_HOST_PID": "0"}, bundle, "hostile")  # no server: the Python hook
     assert (hook.returncode, hook.stderr) == (0, "") and "via" not in log_lines(env)[-1]
-    runtime = subprocess.run([str(LIBDIR / "nvc-py-runtime"), "--version"], capture_output=True, text=True,
-                             env={**hostile, "NVC_PY_CONFIG": env["NVC_PY_CONFIG"]}, timeout=60)
-    assert runtime.returncode == 0 and "version" in runtime.stdout, runtime.stderr
-    assert (LIBDIR / "nvc-py-runtime").read_text().splitlines()[0].endswith(" -I")
+    for program in (LIBDIR / "nvc-py-runtime", HOOK.with_name("nvc-py-runtime")):  # the console script links to it
+        runtime = subprocess.run([str(program), "--version"], capture_output=True, text=True,
+                                 env={**hostile, "NVC_PY_CONFIG": env["NVC_PY_CONFIG"]}, timeout=60)
+        assert runtime.returncode == 0 and "version" in runtime.stdout, runtime.stderr
+        assert program.read_text().splitlines()[0].endswith(" -I")
     assert not marker.exists(), marker.read_text()
 
 
