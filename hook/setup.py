@@ -144,8 +144,9 @@ def install_server(unit_dir: str | None = None, config_path: str | None = None,
     """Set up the hook server; returns what was done, a line each.
 
     Where systemd runs: the socket and service units in ``unit_dir`` (default: the system's), and
-    where that is the system's, the socket enabled and started. Where it does not and no
-    ``unit_dir`` was asked for: nothing (the native front starts a server on demand).
+    where that is the system's, the socket enabled and started (and a running server restarted on
+    it). Where it does not and no ``unit_dir`` was asked for: nothing (the native front starts a
+    server on demand).
     """
     running = os.path.isdir(SYSTEMD_RUNNING)
     if unit_dir is None:
@@ -159,7 +160,8 @@ def install_server(unit_dir: str | None = None, config_path: str | None = None,
     if not running or os.path.realpath(unit_dir) != os.path.realpath(SYSTEMD_UNIT_DIR):
         why = "systemd is not running" if not running else f"{unit_dir} is not {SYSTEMD_UNIT_DIR}"
         return [*done, f"not enabled ({why}): systemctl enable --now {SOCKET_UNIT}"]
-    for args in (["daemon-reload"], ["enable", "--now", SOCKET_UNIT]):
+    # try-restart: a server already running (an older unit's, or older code) takes the socket over
+    for args in (["daemon-reload"], ["enable", "--now", SOCKET_UNIT], ["try-restart", SERVER_UNIT]):
         try:
             subprocess.run([systemctl, *args], check=True, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         except (OSError, subprocess.CalledProcessError) as err:

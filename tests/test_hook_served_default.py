@@ -266,7 +266,7 @@ def test_setup_podman_where_systemd_runs_enables_the_socket(tmp_path: Path) -> N
     assert "wrote /etc/systemd/system/nvc-py-hook.socket\nwrote /etc/systemd/system/nvc-py-hook.service\n" \
            "enabled and started nvc-py-hook.socket\n" in out
     assert "ListenSequentialPacket=/run/nvc-py/hook.sock\n" in out
-    assert record.read_text() == "daemon-reload\nenable --now nvc-py-hook.socket\n"
+    assert record.read_text() == "daemon-reload\nenable --now nvc-py-hook.socket\ntry-restart nvc-py-hook.service\n"
     assert not Path("/etc/systemd/system/nvc-py-hook.socket").exists()
 
 
