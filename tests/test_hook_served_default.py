@@ -76,8 +76,8 @@ def prestart(env: dict[str, str], bundle: Path, name: str, *wrapper: str, **pope
     """``nvc-py-hook prestart`` through the installed front, as a runtime runs it (through ``wrapper``)."""
     state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle),
                         "status": "creating"})
-    return subprocess.run([*wrapper, str(LIBDIR / "nvc-py-hook"), "prestart"], input=state, capture_output=True, text=True,
-                          env=env, timeout=60, **popen)
+    return subprocess.run([*wrapper, str(LIBDIR / "nvc-py-hook"), "prestart"], input=state, capture_output=True,
+                          text=True, env=env, timeout=60, **popen)
 
 
 def log_lines(env: dict[str, str]) -> list[dict]:
@@ -342,3 +342,21 @@ def test_pip_reinstall_leaves_the_registered_hook_served(default_run_dir: Path, 
     finally:
         subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "fronts"], check=True, capture_output=True)
     assert HOOK.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_setup_containerd_sets_up_the_server_for_the_runtimes_configuration(tmp_path: Path) -> None:
+    """The runtime's hooks read $NVC_PY_CONFIG (else the default file): the no-server file goes beside it."""
+    env = {**os.environ, "NVC_PY_CONFIG": str(tmp_path / "nvc" / "config.yaml")}
+
+    def setup(*args: str) -> list[str]:
+        return subprocess.run([str(FRONT), "setup", "containerd", "--config", str(tmp_path / "config.toml"),
+                               "--drop-in", str(tmp_path / "drop-in.toml"), *args], capture_output=True, text=True,
+                              check=True, env=env, timeout=60).stdout.splitlines()[2:]
+
+    assert setup("--no-server") == [f"wrote {tmp_path / 'nvc' / 'no-server'}"]
+    units = tmp_path / "units"
+    assert setup("--unit-dir", str(units)) == [
+        f"wrote {units / 'nvc-py-hook.socket'}", f"wrote {units / 'nvc-py-hook.service'}",
+        "not enabled (systemd is not running): systemctl enable --now nvc-py-hook.socket",
+        f"removed {tmp_path / 'nvc' / 'no-server'}"]
+    assert f"Environment=NVC_PY_CONFIG={tmp_path / 'nvc' / 'config.yaml'}" in (units / "nvc-py-hook.service").read_text()
