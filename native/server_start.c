@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +156,13 @@ static void exec_server(int lock, const char *socket_path, const char *dir)
     join_host_cgroups();
     if (chdir("/")) {
     }
+    /* nothing of the first caller's process state either: its umask, blocked or ignored signals */
+    umask(022);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    for (int sig = 1; sig < NSIG; sig++)
+        signal(sig, SIG_DFL);
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     char log[PATH_MAX];
     snprintf(log, sizeof log, "%s/server.log", dir);
