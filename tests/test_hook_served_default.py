@@ -99,7 +99,8 @@ def test_a_storm_of_first_calls_starts_exactly_one_server(no_gpu_state) -> None:
         lines = log_lines(env)
         assert sorted(line["container"] for line in lines) == sorted(f"storm-{i}" for i in range(STORM))
         assert {line["outcome"] for line in lines} == {"no-gpu"}
-        assert sum(line.get("via") == "server" for line in lines) >= STORM // 2  # the others waited for it
+        # the others waited for it (up to 1 s each; a call that waited longer ran directly, as it may)
+        assert any(line.get("via") == "server" for line in lines)
         for ns in ("mnt", "pid", "user", "net"):  # the "host's" (this process's), not a caller's
             assert os.readlink(f"/proc/{server}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}")
         assert Path(f"/proc/{server}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
