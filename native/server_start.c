@@ -5,10 +5,9 @@
  * - One server per host: the starting client holds an exclusive flock on server.lock beside the
  *   socket and passes it to the server, which closes it once it listens. A client that connects
  *   while the lock is held waits for it to be released (at most START_WAIT_MS) and connects then;
- *   where that fails it runs the program itself. Waiting, measured on the CPU test host: a first
- *   no-GPU prestart that starts the server takes 127 ms against 42 ms direct (a GPU hook: 150-270 ms
- *   direct on the H100 host), and a storm's clients are all served by one start instead of each
- *   starting an interpreter (README: served by default).
+ *   where that fails it runs the program itself. Waiting, measured on the CPU test host (no-GPU
+ *   prestarts): 32 first calls at once p50 154-179 ms, all served, against 543-643 ms each run
+ *   directly; a lone first call 127 ms against 42 ms direct (README: served by default).
  * - The host's server: only a client in the mount, pid, user and network namespaces of PID 1 starts
  *   one (a runtime inside a container would start it in the container's), and the server joins PID
  *   1's cgroups (best effort: every v1 hierarchy and the v2 one mounted under /sys/fs/cgroup), not
