@@ -7,7 +7,9 @@ path: systemd owns it, and a connection that arrives while no server runs waits 
 
 On demand (native/server_start.c): the first hook client that finds no server starts one and
 passes it the start lock (``NVC_PY_SERVE_LOCK_FD``), held until the server listens, so clients
-of a start storm wait for this server instead of starting their own.
+of a start storm wait for this server instead of starting their own, and an idle time
+(``NVC_PY_SERVE_IDLE_EXIT``, seconds) after which the server unlinks its socket, serves what was
+queued and exits.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from nvc.errors import InputError
 
 LISTEN_FD = 3  # SD_LISTEN_FDS_START
 LOCK_FD_ENV = "NVC_PY_SERVE_LOCK_FD"
+IDLE_EXIT_ENV = "NVC_PY_SERVE_IDLE_EXIT"
 ACTIVATION_ENV = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 
@@ -57,9 +60,6 @@ def release_start_lock() -> None:
             os.close(int(fd))
         except OSError:
             pass
-
-
-IDLE_EXIT_ENV = "NVC_PY_SERVE_IDLE_EXIT"
 
 
 def idle_exit() -> float | None:
