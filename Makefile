@@ -13,7 +13,7 @@ APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccom
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 
-.PHONY: all deps apt-deps pip-deps build native install test test-gpu demo clean
+.PHONY: all deps apt-deps pip-deps build native install fronts test test-gpu demo clean
 
 all: build
 
@@ -37,22 +37,39 @@ build: native install
 native:
 	$(MAKE) -C native
 
-# $(call front,NAME,MODULE): the NAME console script is replaced by the native front
-# (native/hook_client.c), which hands each call to a running hook server and otherwise runs
-# $(LIBDIR)/NAME-python, the Python program (MODULE's run()).
+# Every installed program lives in $(LIBDIR), which pip never writes, and the hooks.d, CDI, runtime
+# and systemd entries name it there (hook/setup.py): a later `pip install -U` rewrites its console
+# scripts in the scripts directory, which only makes a typed `nvc-py` start an interpreter again.
+# $(call launcher,NAME,MODULE): $(LIBDIR)/NAME runs MODULE's run() in an isolated interpreter (-I:
+# no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment; not -S, as
+# nvc-py and its dependencies are found through site-packages).
+define launcher
+	printf '#!%s -I\nfrom $(2) import run\nrun()\n' "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
+		> $(LIBDIR)/$(1).new
+	chmod 0755 $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
+endef
+
+# $(call front,NAME,MODULE): $(LIBDIR)/NAME is the native front (native/hook_client.c), which hands each
+# call to the hook server (starting one for a hook call where none runs) and otherwise runs
+# $(LIBDIR)/NAME-python, the Python program; the NAME console script becomes a link to the front.
 define front
-	printf '#!%s\nfrom $(2) import run\nrun()\n' "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
-		> $(LIBDIR)/$(1)-python.new
-	chmod 0755 $(LIBDIR)/$(1)-python.new && mv $(LIBDIR)/$(1)-python.new $(LIBDIR)/$(1)-python
-	install -m 0755 native/nvc-py-hook-client "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/$(1)"
+	$(call launcher,$(1)-python,$(2))
+	install -m 0755 native/nvc-py-hook-client $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
+	ln -sfn $(LIBDIR)/$(1) "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/$(1)"
 endef
 
 install:
 	$(PIP) install -q --no-deps --no-index --no-build-isolation .
 	install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
 	install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
+	$(MAKE) --no-print-directory fronts
+
+## fronts: the programs in $(LIBDIR) and the console-script links (part of install)
+fronts:
 	$(call front,nvc-py,nvc.__main__)
 	$(call front,nvc-py-hook,nvc.hook.prestart)
+	$(call launcher,nvc-py-runtime,nvc.hook.runtime)
+	ln -sfn $(LIBDIR)/nvc-py-runtime "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nvc-py-runtime"
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build

@@ -112,8 +112,10 @@ def main() -> int:
         with activation:
             _show([str(SCRIPTS / "nvc-py"), "--root", root, "info"], shown=f"nvc-py --root {root} info")
             if shutil.which("podman"):
+                # --no-server: a demo leaves no systemd units and no server behind on the host
                 _show([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(hooks), "--config",
-                       str(config)], shown=f"nvc-py setup podman --hooks-dir {hooks} --config {config}")
+                       str(config), "--no-server"],
+                      shown=f"nvc-py setup podman --hooks-dir {hooks} --config {config} --no-server")
                 code = _podman_demo(work, rootfs_cache, hooks)
             else:
                 code = _runc_demo(work, rootfs_cache, config)

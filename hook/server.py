@@ -20,6 +20,10 @@ server's namespaces and cgroup, so the server must run in the host's (a plain sy
 ``KillMode=process`` so a restart lets running calls finish), and new code takes effect when
 the server restarts.
 
+It runs the hook's stages and ``nvc-py configure``/``info``/``list`` (:mod:`nvc.hook.scope`);
+anything else is answered "fall back" and runs in the caller. It is started by systemd's socket
+unit or on demand by a hook client (:mod:`nvc.hook.activation`); an on-demand one exits when idle.
+
 Only callers with the server's own uid (root) are served; the socket is 0600 in a directory of
 the server's own with mode 0700 (the server refuses to start in any other, or through a
 symlink, and never changes one it did not create), and the peer's credentials are checked again
@@ -42,6 +46,7 @@ the caller's streams, which the runtime may wait on, are closed).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
@@ -55,11 +60,13 @@ import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.untrusted import directory_problem
+from nvc.hook import activation, scope
 from nvc.hook.handover import FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError, parse_call
 from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing
+from nvc.untrusted import directory_problem
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
+DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
 IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an NVML helper
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
@@ -226,6 +233,9 @@ def _run_call(conn: socket.socket, programs: Programs, ours: Standing) -> bytes 
         argv, env, cwd = _checked_call(conn, ours)
     except _Refused as refused:
         return refused.answer
+    if not scope.served(argv):  # not the server's business: the caller runs it as itself
+        os.close(cwd)
+        return FALL_BACK
     try:
         streams = _streams_on_go(conn)
     except _Refused as refused:
@@ -391,11 +401,17 @@ def _serve_in(directory_fd: int, path: str, name: str) -> int:
     prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ours = own_standing()
-    sock = listen(directory_fd, name, path)
+    inherited = activation.inherited_socket()
+    sock = inherited if inherited is not None else listen(directory_fd, name, path)
+    owned = inherited is None  # a name this server bound: unlinked when it stops
+    idle = activation.idle_exit() if owned else None  # systemd's socket is not this server's to unlink
+    draining = False
     try:
         gc.collect()
         gc.freeze()  # keep the imported objects' pages shared with the workers
-        print(f"nvc-py-hook serve: listening on {path}", file=sys.stderr, flush=True)
+        print(f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}", file=sys.stderr,
+              flush=True)
+        activation.release_start_lock()
         while True:
             taken_r, taken_w = os.pipe()
             # SIGTERM's SystemExit must not be raised inside fork's callbacks (they swallow it).
@@ -407,13 +423,22 @@ def _serve_in(directory_fd: int, path: str, name: str) -> int:
             os.close(taken_w)
             try:
                 # Until the spare takes a call (a byte) or dies before it (end of file).
+                while not select.select([taken_r], [], [], DRAIN_QUIET if draining else idle)[0]:
+                    if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
+                        print(f"nvc-py-hook serve: no call for {idle:g} s: stopping", file=sys.stderr, flush=True)
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name, dir_fd=directory_fd)
+                        owned, draining = False, True
+                    elif not select.select([sock], [], [], 0)[0]:
+                        return 0  # nothing queued, nothing can come: the spare goes with this process
                 if not os.read(taken_r, 1):
                     time.sleep(SPARE_RESPAWN_DELAY)  # no tight loop of spares that cannot start
             finally:
                 os.close(taken_r)
     finally:
         sock.close()
-        try:
-            os.unlink(name, dir_fd=directory_fd)
-        except OSError:
-            pass
+        if owned:
+            try:
+                os.unlink(name, dir_fd=directory_fd)
+            except OSError:
+                pass

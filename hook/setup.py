@@ -1,15 +1,19 @@
-"""Register nvc-py with the container engines: podman's hooks.d and containerd's config.
+"""Register nvc-py with the container engines (podman's hooks.d, containerd's config) and set up
+its hook server (systemd socket activation where systemd runs).
 
-Generated files name the installed console scripts and the hook client by absolute path (a
-pyenv shim or a PATH lookup would depend on the environment the engine gives its hooks) and
-give every hook an explicit environment: a fixed PATH and, where one was chosen, the configuration
-file. Nothing from the container's own environment may reach a hook (CVE-2025-23266).
+Generated files name the installed programs by absolute path (a pyenv shim or a PATH lookup would
+depend on the environment the engine gives its hooks): those ``make install`` put in
+/usr/lib/nvc-py (the native fronts, the isolated launchers), which a later ``pip install`` leaves
+alone, where they are; pip's console scripts otherwise. Every hook gets an explicit environment:
+a fixed PATH and, where one was chosen, the configuration file. Nothing from the container's own
+environment may reach a hook (CVE-2025-23266).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sysconfig
 from collections.abc import Mapping
 from typing import Any
@@ -18,9 +22,13 @@ from nvc.errors import InputError
 
 HOOK_SCRIPT = "nvc-py-hook"
 RUNTIME_SCRIPT = "nvc-py-runtime"
-HOOK_CLIENT = "/usr/lib/nvc-py/nvc-py-hook-client"  # native/hook_client.c, installed by make install
+LIBDIR = "/usr/lib/nvc-py"  # as the Makefile's: make install's fronts and launchers
+SERVER_PROGRAM = "nvc-py-hook-python"  # the Python nvc-py-hook, in LIBDIR: what serves
 SYSTEMD_UNIT_DIR = "/etc/systemd/system"
+SYSTEMD_RUNNING = "/run/systemd/system"  # exists where systemd is PID 1 (sd_booted)
 SERVER_UNIT = "nvc-py-hook.service"
+SOCKET_UNIT = "nvc-py-hook.socket"
+NO_SERVER_FILE = "no-server"  # beside the configuration file: no server started on demand (server_start.c)
 FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py-poststop.json"}
@@ -34,6 +42,14 @@ def script_path(name: str) -> str:
     return os.path.join(sysconfig.get_path("scripts"), name)
 
 
+def installed_program(name: str) -> str:
+    """``name`` as make install put it in LIBDIR (the native front of nvc-py-hook, the isolated
+    launcher of nvc-py-runtime), else pip's console script. Registered entries name LIBDIR's: pip
+    rewrites its console scripts at every install, and would silently undo a front put there."""
+    path = os.path.join(LIBDIR, name)
+    return path if os.access(path, os.X_OK) else script_path(name)
+
+
 def hook_env(config_path: str | None) -> list[str]:
     """The whole environment a hook gets: fixed PATH, and the configuration file when not the default."""
     return [FIXED_PATH] + ([f"NVC_PY_CONFIG={config_path}"] if config_path else [])
@@ -43,15 +59,12 @@ def oci_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
     """The OCI hook entry that runs ``nvc-py-hook STAGE`` (prestart configures; poststop drops
     the GPU-sharing directory of a container that had one).
 
-    Through nvc-py-hook-client where ``make install`` put it: it hands the call to a running
-    ``nvc-py-hook serve`` (no interpreter start on the container's start), and runs
-    nvc-py-hook itself when no server answers, so the entry is right with or without one.
+    Where ``make install`` put it, nvc-py-hook is the native front: it hands the call to the hook
+    server (no interpreter start on the container's start; where none runs it starts one, see
+    native/server_start.c) and runs the Python hook itself when none answers, so the entry is
+    right with or without a server.
     """
-    script = script_path(HOOK_SCRIPT)
-    if os.access(HOOK_CLIENT, os.X_OK):
-        return {"path": HOOK_CLIENT, "args": [os.path.basename(HOOK_CLIENT), script, stage],
-                "env": hook_env(config_path)}
-    return {"path": script, "args": [HOOK_SCRIPT, stage], "env": hook_env(config_path)}
+    return {"path": installed_program(HOOK_SCRIPT), "args": [HOOK_SCRIPT, stage], "env": hook_env(config_path)}
 
 
 def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
@@ -87,7 +100,8 @@ def install_podman(hooks_dir: str = PODMAN_HOOKS_DIR, config_path: str | None = 
 
 
 def server_unit(config_path: str | None = None) -> str:
-    """A systemd unit running ``nvc-py-hook serve`` in the host's namespaces.
+    """The systemd service running ``nvc-py-hook serve`` in the host's namespaces, started by its
+    socket unit on the first connection.
 
     KillMode=process: a stop or restart ends the server and its idle spare worker (which dies
     with it), never a worker in the middle of a container's start. RestartPreventExitStatus=2:
@@ -95,24 +109,85 @@ def server_unit(config_path: str | None = None) -> str:
     restart mends; the clients run the hook themselves meanwhile.
     """
     env = "".join(f"Environment={entry}\n" for entry in hook_env(config_path))
+    program = os.path.join(LIBDIR, SERVER_PROGRAM)
+    if not os.access(program, os.X_OK):
+        program = script_path(HOOK_SCRIPT)
     return ("[Unit]\n"
             "Description=nvc-py hook server: runs nvc-py-hook calls in pre-started workers\n"
-            "Documentation=man:nvc-py-hook(1)\n\n"
+            "Documentation=man:nvc-py-hook(1)\n"
+            f"Requires={SOCKET_UNIT}\n"
+            f"After={SOCKET_UNIT}\n\n"
             "[Service]\n"
-            f"ExecStart={script_path(HOOK_SCRIPT)} serve\n"
+            f"ExecStart={program} serve\n"
             f"{env}"
             "KillMode=process\n"
-            "Restart=always\n"
-            "RestartPreventExitStatus=2\n\n"
+            "Restart=on-failure\n"
+            "RestartPreventExitStatus=2\n")  # a refused socket directory: restarting cannot help
+
+
+def socket_unit() -> str:
+    """The socket unit: systemd binds the server's socket (root's alone) and starts the service on
+    the first connection; calls that arrive while the server (re)starts wait in its queue."""
+    from nvc.hook.handover import DEFAULT_SOCKET
+
+    return ("[Unit]\n"
+            "Description=nvc-py hook server socket\n\n"
+            "[Socket]\n"
+            f"ListenSequentialPacket={DEFAULT_SOCKET}\n"
+            "SocketMode=0600\n"
+            "DirectoryMode=0700\n"
+            "SocketUser=root\n"
+            "SocketGroup=root\n\n"
             "[Install]\n"
-            "WantedBy=multi-user.target\n")
+            "WantedBy=sockets.target\n")
 
 
-def install_server(unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = None) -> str:
-    """Write the server's systemd unit; returns its path."""
-    path = os.path.join(unit_dir, SERVER_UNIT)
-    write_atomic(path, server_unit(config_path))
-    return path
+def install_server(unit_dir: str | None = None, config_path: str | None = None,
+                   systemctl: str = "systemctl") -> list[str]:
+    """Set up the hook server; returns what was done, a line each.
+
+    Where systemd runs: the socket and service units in ``unit_dir`` (default: the system's), and
+    where that is the system's, the socket enabled and started (and a running server restarted on
+    it). Where it does not and no ``unit_dir`` was asked for: nothing (the native front starts a
+    server on demand).
+    """
+    running = os.path.isdir(SYSTEMD_RUNNING)
+    if unit_dir is None:
+        if not running:
+            return ["systemd is not running: no units written (the hook client starts the server on demand)"]
+        unit_dir = SYSTEMD_UNIT_DIR
+    done = []
+    for name, text in ((SOCKET_UNIT, socket_unit()), (SERVER_UNIT, server_unit(config_path))):
+        write_atomic(os.path.join(unit_dir, name), text)
+        done.append(f"wrote {os.path.join(unit_dir, name)}")
+    if not running or os.path.realpath(unit_dir) != os.path.realpath(SYSTEMD_UNIT_DIR):
+        why = "systemd is not running" if not running else f"{unit_dir} is not {SYSTEMD_UNIT_DIR}"
+        return [*done, f"not enabled ({why}): systemctl enable --now {SOCKET_UNIT}"]
+    # try-restart: a server already running (an older unit's, or older code) takes the socket over
+    for args in (["daemon-reload"], ["enable", "--now", SOCKET_UNIT], ["try-restart", SERVER_UNIT]):
+        try:
+            subprocess.run([systemctl, *args], check=True, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError) as err:
+            detail = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else err.strerror
+            raise InputError(f"{systemctl} {' '.join(args)}: failed ({detail})") from None
+    return [*done, f"enabled and started {SOCKET_UNIT}"]
+
+
+def set_server_start(config_path: str | None, enabled: bool) -> str | None:
+    """Allow or forbid the on-demand start of a server (``setup ... --no-server``): the no-server
+    file beside the configuration file the hooks read, which the native front checks before it
+    starts one. Returns what changed, if anything."""
+    from nvc import config as config_file
+
+    path = os.path.join(os.path.dirname(config_path or config_file.DEFAULT_PATH), NO_SERVER_FILE)
+    if not enabled:
+        write_atomic(path, "# nvc-py setup --no-server: hook clients start no nvc-py-hook server\n")
+        return f"wrote {path}"
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return None
+    return f"removed {path}"
 
 
 def _read_toml(path: str) -> Any:
@@ -167,7 +242,7 @@ def containerd_drop_in(main: Any, runtime_name: str, set_default: bool) -> Any:
     runtimes = _table(drop_in, ["plugins", CRI_PLUGIN_NAME, "containerd", "runtimes"])
     runtime = _table(runtimes, [runtime_name])
     runtime["runtime_type"] = "io.containerd.runc.v2"
-    _table(runtime, ["options"])["BinaryName"] = script_path(RUNTIME_SCRIPT)
+    _table(runtime, ["options"])["BinaryName"] = installed_program(RUNTIME_SCRIPT)
     if set_default:
         _table(drop_in, ["plugins", CRI_PLUGIN_NAME, "containerd"])["default_runtime_name"] = runtime_name
     return drop_in

@@ -25,6 +25,10 @@
  * not a symlink, not writable by group or others; the socket is root's; the listening peer's
  * credentials (SO_PEERCRED) are uid 0. Otherwise it says so in one line and runs the program itself.
  *
+ * A hook call that finds no server at all starts one where the host runs none (server_start.c): a
+ * host is served without setting a daemon up. A call no worker read (the server was killed with it
+ * queued) is reset by the kernel (ECONNRESET) before `ready`: that one falls back too.
+ *
  * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready` with
  * the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on stderr);
  * `go` with the three standard streams; `exit N`. No worker runs anything, or holds a stream, before
@@ -59,9 +63,8 @@
 #define ACK_TIMEOUT 2.0      /* seconds at most to connect, send and get `ready` */
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
-#ifndef PROGRAM_DIR
-#define PROGRAM_DIR "/usr/lib/nvc-py" /* where make install writes the Python programs' launchers */
-#endif
+
+#include "server_start.h"
 
 extern char **environ;
 
@@ -281,8 +284,16 @@ int main(int argc, char **argv)
     if (sock < 0)
         give_up(argv);
     set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
-    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0)
-        give_up(argv); /* nothing was handed over */
+    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        int failed = errno;
+        close(sock);
+        /* no server: a container start's hook call starts one (server_start.c) */
+        sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(argc, argv)
+                   ? server_start_and_connect(&addr) : -1;
+        if (sock < 0)
+            give_up(argv); /* nothing was handed over */
+        set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
+    }
     struct ucred peer = {.uid = (uid_t)-1};
     socklen_t peer_len = sizeof peer;
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != 0) {

@@ -127,4 +127,4 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
         specs = mountplan.needed_nodes(chosen, majors, mig_minors, mountplan.Options())
         return [n for n in devnodes.find_all(root, specs) if n.path not in ctl_paths]
 
-    return build(root, files, inv.gpus, control, nodes_of, setup.script_path(setup.HOOK_SCRIPT), hook_env, strategy)
+    return build(root, files, inv.gpus, control, nodes_of, setup.installed_program(setup.HOOK_SCRIPT), hook_env, strategy)

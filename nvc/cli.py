@@ -17,6 +17,8 @@ from nvc.errors import InputError, NvcError
 from nvc.options import GlobalOptions, parse_user
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nvc.listing import ListRequest, Listing
 
 # Global options that take a separate value, and the one whose value is optional
@@ -260,27 +262,52 @@ def setup() -> None:
     """Register nvc-py with a container engine."""
 
 
+def _server_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options every setup command shares for the hook server."""
+    for option in reversed((
+            click.option("--no-server", is_flag=True,
+                         help="No hook server: no systemd units, and no server started on demand by the hooks."),
+            click.option("--unit-dir", default=None, metavar="DIR",
+                         help="Write the systemd units here (default: /etc/systemd/system where systemd runs)."),
+            click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run."))):
+        command = option(command)
+    return command
+
+
+def _setup_server(no_server: bool, unit_dir: str | None, config_path: str | None, systemctl: str) -> None:
+    """Served by default: socket-activated units where systemd runs, else the hooks' on-demand start
+    (see README, hook server); ``--no-server``: neither."""
+    from nvc.hook import setup as engines
+
+    lines = [] if no_server else engines.install_server(unit_dir, config_path, systemctl)
+    changed = engines.set_server_start(config_path, not no_server)
+    for line in (*lines, *([changed] if changed else [])):
+        click.echo(line)
+
+
 @setup.command("podman")
 @click.option("--hooks-dir", default="/etc/containers/oci/hooks.d", show_default=True, help="hooks.d directory.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file the hook reads (default: /etc/nvc-py/config.yaml).")
-def setup_podman(hooks_dir: str, config_path: str | None) -> None:
-    """Install the hooks.d files that run nvc-py-hook at prestart and poststop."""
+@_server_options
+def setup_podman(hooks_dir: str, config_path: str | None, no_server: bool, unit_dir: str | None,
+                 systemctl: str) -> None:
+    """Install the hooks.d files that run nvc-py-hook at prestart and poststop, and the hook server."""
     from nvc.hook import setup as engines
 
     for path in engines.install_podman(hooks_dir, config_path):
         click.echo(f"wrote {path}")
+    _setup_server(no_server, unit_dir, config_path, systemctl)
 
 
 @setup.command("server")
 @click.option("--unit-dir", default="/etc/systemd/system", show_default=True, help="systemd unit directory.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file the hook reads (default: /etc/nvc-py/config.yaml).")
-def setup_server(unit_dir: str, config_path: str | None) -> None:
-    """Install the systemd unit of `nvc-py-hook serve` (then: systemctl enable --now nvc-py-hook)."""
-    from nvc.hook import setup as engines
-
-    click.echo(f"wrote {engines.install_server(unit_dir, config_path)}")
+@click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run.")
+def setup_server(unit_dir: str, config_path: str | None, systemctl: str) -> None:
+    """Install the systemd socket and service units of `nvc-py-hook serve` (enabled where systemd runs)."""
+    _setup_server(False, unit_dir, config_path, systemctl)
 
 
 @setup.command("containerd")
@@ -291,13 +318,17 @@ def setup_server(unit_dir: str, config_path: str | None) -> None:
 @click.option("--runtime-name", default="nvc-py", show_default=True, help="Name of the CRI runtime.")
 @click.option("--set-as-default", is_flag=True, help="Make it the CRI plugin's default runtime.")
 @click.option("--dry-run", is_flag=True, help="Print the files instead of writing them.")
-def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_default: bool, dry_run: bool) -> None:
-    """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName)."""
+@_server_options
+def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_default: bool, dry_run: bool,
+                     no_server: bool, unit_dir: str | None, systemctl: str) -> None:
+    """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName), and the hook server."""
     from nvc.hook import setup as engines
 
     texts = engines.install_containerd(config_path, drop_in, runtime_name, set_as_default, dry_run)
     for path, text in texts.items():
         click.echo(f"# {path}\n{text}" if dry_run else f"wrote {path}")
+    if not dry_run:  # the runtime's hooks read the default configuration file (or $NVC_PY_CONFIG)
+        _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
 
 
 @cli.group()

@@ -55,5 +55,17 @@ def active_local_nvidia(fake_local_nvidia) -> Iterator:
         yield fake
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_run_dir() -> Iterator[None]:
+    """The suite in a mount namespace of its own with a tmpfs on /run/nvc-py: no hook it runs reaches
+    a hook server of the host's or starts one (the native front starts servers only from PID 1's
+    namespaces; tests that want one say which process stands for the host), and nothing it leaves
+    there outlives it."""
+    from fakedriver.activate import private_tmpfs
+
+    with private_tmpfs("/run/nvc-py"):
+        yield
+
+
 # Container harness fixtures: rootfs_cache, make_rootfs, debian_rootfs, lib64_rootfs, runc, podman, containerd.
 from harness.fixtures import *  # noqa: E402,F401,F403

@@ -51,9 +51,9 @@ def _log_lines(setup_dir: Path) -> list[dict]:
 def test_hooks_d_files(setup_dir: Path, name: str, stage: str) -> None:
     doc = json.loads((setup_dir / "hooks.d" / name).read_text())
     assert doc["version"] == "1.0.0" and doc["stages"] == [stage] and doc["when"] == {"always": True}
-    # make install put the hook client in place: it runs the hook (or hands it to a server)
-    assert doc["hook"]["path"] == "/usr/lib/nvc-py/nvc-py-hook-client"
-    assert doc["hook"]["args"] == ["nvc-py-hook-client", str(SCRIPTS / "nvc-py-hook"), stage]
+    # make install's native front, where pip never writes: it hands the hook to a server (or runs it)
+    assert doc["hook"]["path"] == "/usr/lib/nvc-py/nvc-py-hook"
+    assert doc["hook"]["args"] == ["nvc-py-hook", stage]
     assert doc["hook"]["env"] == ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                   f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"]
 
@@ -258,9 +258,9 @@ def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup
     bundle = make_bundle(tmp_path / "b", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "1"})
     spec = json.loads((bundle / "config.json").read_text())
     assert runtime.rewrite(spec, str(bundle), config)
-    hook = str(SCRIPTS / "nvc-py-hook")
-    assert [h["args"] for h in spec["hooks"]["prestart"]] == [["nvc-py-hook-client", hook, "prestart"]]
-    assert [h["args"] for h in spec["hooks"]["poststop"]] == [["nvc-py-hook-client", hook, "poststop"]]
+    for stage in ("prestart", "poststop"):
+        assert [(h["path"], h["args"]) for h in spec["hooks"][stage]] == [("/usr/lib/nvc-py/nvc-py-hook",
+                                                                           ["nvc-py-hook", stage])]
     paths = [d["path"] for d in spec["linux"]["devices"]]
     assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
     assert {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rw"} in \
@@ -289,7 +289,7 @@ def test_setup_containerd_keeps_unrelated_settings(tmp_path: Path) -> None:
     for line in ('root = "/var/lib/site-containerd"', "oom_score = -999", 'address = "/run/site/containerd.sock"',
                  'sandbox_image = "registry.k8s.io/pause:3.9"', "SystemdCgroup = true",
                  '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvc-py]',
-                 'runtime_type = "io.containerd.runc.v2"', f'BinaryName = "{SCRIPTS / "nvc-py-runtime"}"'):
+                 'runtime_type = "io.containerd.runc.v2"', 'BinaryName = "/usr/lib/nvc-py/nvc-py-runtime"'):
         assert line in dump, line
     legacy = tmp_path / "v1.toml"  # no version key: containerd reads it as version 1
     legacy.write_text('root = "/var/lib/old"\n')

@@ -214,13 +214,14 @@ def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
         shutil.rmtree(top)
 
 
-def test_setup_server_writes_the_systemd_unit(tmp_path: Path) -> None:
+def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     out = subprocess.run([str(HOOK.with_name("nvc-py")), "setup", "server", "--unit-dir", str(tmp_path),
                           "--config", "/etc/nvc-py/other.yaml"], capture_output=True, text=True, check=True)
     unit = tmp_path / "nvc-py-hook.service"
-    assert out.stdout == f"wrote {unit}\n"
+    assert out.stdout.splitlines()[:2] == [f"wrote {tmp_path / 'nvc-py-hook.socket'}", f"wrote {unit}"]
     lines = unit.read_text().splitlines()
-    assert f"ExecStart={HOOK} serve" in lines and "KillMode=process" in lines
+    assert f"ExecStart={LIBDIR / 'nvc-py-hook-python'} serve" in lines and "KillMode=process" in lines
+    assert "Requires=nvc-py-hook.socket" in lines
     assert "RestartPreventExitStatus=2" in lines  # a refused socket directory: no restart loop
     assert [line for line in lines if line.startswith("Environment=")] == [
         "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -243,14 +244,13 @@ def test_nvc_py_configure_through_the_server_in_a_prestart_hook(active_2gpu, ser
     assert out.splitlines() == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {GPU0})"]
 
 
-def test_cli_call_runs_in_the_callers_directory_and_streams(served: Path, tmp_path: Path) -> None:
-    (tmp_path / "relative.yaml").write_text("disable-require: true\n")
-    result = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "config", "show", "--file", "relative.yaml"],
-                            capture_output=True, text=True, cwd=tmp_path, env={handover.SOCKET_ENV: str(served)},
-                            timeout=30)
+def test_cli_call_runs_in_the_callers_directory_and_streams(active_2gpu, served: Path, tmp_path: Path) -> None:
+    result = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "--root", str(active_2gpu.root), "--debug",
+                             "relative.log", "list"], capture_output=True, text=True, cwd=tmp_path,
+                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("# effective nvc-py configuration from relative.yaml\n")
-    assert "disable-require: true" in result.stdout
+    assert f"{active_2gpu.root}/dev/nvidiactl" in result.stdout.splitlines()
+    assert (tmp_path / "relative.log").stat().st_size > 0
 
 
 def test_only_nvc_py_programs_are_run(served: Path) -> None:
@@ -260,14 +260,14 @@ def test_only_nvc_py_programs_are_run(served: Path) -> None:
     assert result.stderr == "nvc-py-hook serve: refused a call: /bin/true: not one of nvc-py-hook, nvc-py\n"
 
 
-def test_a_caller_in_another_mount_namespace_runs_the_program_itself(served: Path) -> None:
+def test_a_caller_in_another_mount_namespace_runs_the_program_itself(active_2gpu, served: Path) -> None:
     """Paths and process ids would mean something else to a worker: the server tells such a caller
     to fall back, and the client executes the path it was given (here: one that does not exist)."""
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
-    here = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "--version"], capture_output=True, text=True,
-                          env=env, timeout=30)
-    assert here.returncode == 0 and here.stdout.startswith("nvc-py")
-    elsewhere = subprocess.run(["unshare", "--mount", str(CLIENT), "/nonexistent/nvc-py", "--version"],
+    call = [str(CLIENT), "/nonexistent/nvc-py", "--root", str(active_2gpu.root), "list"]
+    here = subprocess.run(call, capture_output=True, text=True, env=env, timeout=30)
+    assert here.returncode == 0 and f"{active_2gpu.root}/dev/nvidiactl\n" in here.stdout
+    elsewhere = subprocess.run(["unshare", "--mount", *call],
                                capture_output=True, text=True, env=env, timeout=30)
     assert elsewhere.returncode == 127
     assert elsewhere.stderr == "nvc-py-hook-client: cannot execute /nonexistent/nvc-py: No such file or directory\n"
@@ -389,9 +389,9 @@ def call_directly(sock: Path, argv: list[str], env: list[str] | None = None) -> 
 @pytest.mark.parametrize("argv", [["/x/nvc-py-hook", "serve"], ["/x/nvc-py", "hook", "serve"],
                                   ["/x/nvc-py", "--root", "/", "hook", "serve", "--socket", "/tmp/other.sock"]])
 def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
-    """The clients never hand ``serve`` over; a worker refuses it all the same."""
+    """The clients never hand ``serve`` over; the server tells a caller that does to run it itself."""
     answers, err = call_directly(served, argv)
-    assert answers == [b"ready", b"exit 2"] and "serve: refused inside a worker of a running server" in err
+    assert (answers, err) == ([b"fall back"], "")
     assert served.exists()
 
 
@@ -400,6 +400,7 @@ def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
 SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
 MISSING = "/nonexistent/nvc-py"  # a fallback target that says so: exit 127, "cannot execute"
 CANNOT_EXECUTE = f"nvc-py-hook-client: cannot execute {MISSING}: No such file or directory\n"
+SERVED_HELP = ["info", "--help"]  # a command the server runs (nvc.hook.scope) that needs no driver
 
 
 @pytest.mark.parametrize("drop", ["all", "cap_sys_admin"])
@@ -407,9 +408,10 @@ def test_a_root_caller_lacking_capabilities_runs_the_program_itself(served: Path
     """A uid-0 caller without the server's capabilities is told to fall back (here: to a path that
     does not exist, so the fallback shows); with them it is served."""
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
-    full = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True, env=env, timeout=30)
-    assert (full.returncode, full.stdout) == (0, "nvc-py 0.1.0\n")
-    weak = subprocess.run([shutil.which("capsh", path=SBIN), f"--drop={drop}", "--", "-c", f"exec {CLIENT} {MISSING} --version"],
+    full = subprocess.run([str(CLIENT), MISSING, *SERVED_HELP], capture_output=True, text=True, env=env, timeout=30)
+    assert full.returncode == 0 and full.stdout.startswith("Usage: nvc-py info")
+    weak = subprocess.run([shutil.which("capsh", path=SBIN), f"--drop={drop}", "--", "-c",
+                           f"exec {CLIENT} {MISSING} {' '.join(SERVED_HELP)}"],
                           capture_output=True, text=True, env=env, timeout=30)
     assert (weak.returncode, weak.stdout, weak.stderr) == (127, "", CANNOT_EXECUTE)
 
@@ -467,14 +469,13 @@ def test_a_capless_root_hook_fails_as_it_would_without_the_server(served: Path, 
 
 
 def test_a_chrooted_root_caller_cannot_read_outside_its_chroot(served: Path, tmp_path: Path) -> None:
-    """Through the server, a chrooted caller would read a file outside its chroot (here: a
-    configuration `config show` prints). It is told to fall back, and its fallback cannot."""
-    secret = tmp_path / "secret.yaml"
-    secret.write_text("disable-require: true\n")
-    argv = [MISSING, "config", "show", "--file", str(secret)]
+    """Through the server, a chrooted caller's call would run with the server's root directory (and
+    read files outside its chroot). It is told to fall back, and its fallback cannot run: the same
+    command is served for the caller outside."""
+    argv = [MISSING, *SERVED_HELP]
     outside = subprocess.run([str(CLIENT), *argv], capture_output=True, text=True,
                              env={handover.SOCKET_ENV: str(served)}, timeout=30)
-    assert outside.returncode == 0 and "disable-require: true" in outside.stdout  # served: the worker reads it
+    assert outside.returncode == 0 and outside.stdout.startswith("Usage: nvc-py info")  # served
     jail = tmp_path / "jail"
     (jail / "bin").mkdir(parents=True)
     (jail / "run").mkdir()
@@ -636,9 +637,8 @@ def raw_fields(argv: list[bytes], env: list[bytes]) -> bytes:
 
 
 REFUSED = b"refused 2\nnvc-py-hook serve: refused a call: "
-CONFIG_SHOW = [b"/x/nvc-py", b"config", b"show"]
 POSTSTART = raw_fields([b"/x/nvc-py-hook", b"poststart"], [])
-BOGUS = raw_fields([b"/x/nvc-py-hook", b"bogus"], [])
+BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.scope); click refuses it on stderr
 
 
 @pytest.mark.parametrize("data, fds, go, go_fds, answers", [
@@ -653,8 +653,8 @@ BOGUS = raw_fields([b"/x/nvc-py-hook", b"bogus"], [])
     (raw_fields([b"/bin/true"], []), "cwd", b"go", "streams", [REFUSED + b"/bin/true: not one of nvc-py-hook, nvc-py\n"]),
     (POSTSTART, "cwd", b"go", "two", [b"ready", REFUSED + b"truncated message or not 3 descriptors\n"]),
     (POSTSTART, "cwd", b"went", "streams", [b"ready", REFUSED + b"no go\n"]),
-    (BOGUS, "cwd", b"go", "read-only-stderr", [b"ready", b"exit 1"]),
-    (BOGUS, "cwd", b"go", "closed-stderr", [b"ready", b"exit 1"]),
+    (BOGUS, "cwd", b"go", "read-only-stderr", [b"ready", b"exit 2"]),
+    (BOGUS, "cwd", b"go", "closed-stderr", [b"ready", b"exit 2"]),
     (POSTSTART, "cwd", b"go", "streams", [b"ready", b"exit 0"]),
 ], ids=["file-as-cwd", "no-descriptor", "two-descriptors", "truncated", "unterminated", "bad-counts", "not-nvc-py",
         "two-streams", "no-go", "read-only-stderr", "closed-stderr", "well-formed"])
@@ -681,22 +681,33 @@ def test_a_malformed_call_gets_one_line_and_a_status(served: Path, tmp_path: Pat
 def test_a_call_with_odd_environment_entries_is_served_as_the_program_would_run(served: Path,
                                                                                 tmp_path: Path) -> None:
     """Entries the program's own interpreter ignores (no `=`, an empty name) are ignored, not
-    refused; a value that is not UTF-8 is kept; of a name given twice the first counts."""
+    refused; a value that is not UTF-8 is kept; of a name given twice the first counts (the hook's
+    log line goes to the first configuration's log)."""
+    log = tmp_path / "first.log"
     config = tmp_path / "first.yaml"
-    config.write_text("disable-require: true\n")
+    config.write_text(f"log: {{file: {log}}}\n")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "process": {"args": ["true"], "env": []},
+                                                    "root": {"path": "rootfs"}}))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "odd-env", "status": "creating", "pid": os.getpid(),
+                        "bundle": str(bundle)}).encode()
     env = [b"=x", b"junk", b"", b"==y", b"BYTES=\xff\xfe", f"NVC_PY_CONFIG={config}".encode(),
            b"NVC_PY_CONFIG=/nonexistent/second.yaml"]
-    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    os.write(in_w, state)
+    os.close(in_w)
     err_r, err_w = os.pipe()
     null, cwd = os.open(os.devnull, os.O_RDWR), os.open("/", os.O_PATH)
     try:
-        got = call_raw(served, raw_fields(CONFIG_SHOW, env), [cwd], go_fds=[null, out_w, err_w])
+        got = call_raw(served, raw_fields([b"/x/nvc-py-hook", b"prestart"], env), [cwd], go_fds=[in_r, null, err_w])
     finally:
-        for fd in (null, out_w, err_w, cwd):
+        for fd in (in_r, null, err_w, cwd):
             os.close(fd)
-    with os.fdopen(out_r) as out, os.fdopen(err_r) as err:
+    with os.fdopen(err_r) as err:
         assert (got, err.read()) == ([b"ready", b"exit 0"], "")
-        assert out.read().startswith(f"# effective nvc-py configuration from {config}\n")
+    record = json.loads(log.read_text())
+    assert (record["container"], record["outcome"], record["via"]) == ("odd-env", "no-gpu", "server")
 
 
 def spare_pids(server: subprocess.Popen[str]) -> list[int]:
@@ -785,7 +796,7 @@ def test_served_call_time(served: Path) -> None:
     times = []
     for _ in range(20):
         started = time.monotonic()
-        subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, env=env, timeout=30, check=True)
+        subprocess.run([str(CLIENT), MISSING, *SERVED_HELP], capture_output=True, env=env, timeout=30, check=True)
         times.append(time.monotonic() - started)
     times.sort()
-    print(f"served nvc-py --version: median {times[10] * 1000:.1f} ms, best {times[0] * 1000:.1f} ms")
+    print(f"served nvc-py info --help: median {times[10] * 1000:.1f} ms, best {times[0] * 1000:.1f} ms")

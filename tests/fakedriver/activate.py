@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,6 +76,15 @@ def _overlay_dev(nodes: Path, staging: Path) -> None:
     _mount(str(merged), "/dev", None, MS_MOVE)
 
 
+def _setns_back(original: int) -> None:
+    """Re-enter mount namespace ``original``. setns refuses a process with several threads: a thread
+    a test joined may not have left the kernel yet, so wait for it (bounded)."""
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
+
+
 @contextmanager
 def private_mounts() -> Iterator[None]:
     """Run the body in a private mount namespace of this process (every mount made in it vanishes
@@ -87,7 +97,7 @@ def private_mounts() -> Iterator[None]:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
             yield
         finally:
-            _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
+            _setns_back(original)
             os.chdir(cwd)
     finally:
         os.close(original)
@@ -105,3 +115,21 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
             yield fake
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def private_tmpfs(path: str) -> Iterator[None]:
+    """This process (and what it starts) in a private mount namespace with an empty tmpfs at ``path``,
+    until exit; the host keeps its own ``path`` untouched (created empty where it was missing)."""
+    original = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        try:
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            _mount("tmpfs", path, "tmpfs", 0, "mode=0700")
+            yield
+        finally:
+            _setns_back(original)
+    finally:
+        os.close(original)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import select
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,10 +39,13 @@ def program_interpreter(command: str | Path) -> str | None:
 
 
 @contextmanager
-def hook_server(hook_script: str | Path, sock: Path) -> Iterator[subprocess.Popen[str]]:
+def hook_server(hook_script: str | Path, sock: Path, wrapper: Sequence[str] = (),
+                pass_fds: Sequence[int] = ()) -> Iterator[subprocess.Popen[str]]:
     """``nvc-py-hook serve --socket SOCK``, started in the caller's mount namespace (where a fake
-    driver may be active), until the block ends; then stopped with SIGTERM, as systemd does."""
-    proc = subprocess.Popen([str(hook_script), "serve", "--socket", str(sock)], stderr=subprocess.PIPE, text=True)
+    driver may be active), until the block ends; then stopped with SIGTERM, as systemd does.
+    ``wrapper``: a command that executes the server's command line it is given (systemd's part)."""
+    proc = subprocess.Popen([*wrapper, str(hook_script), "serve", "--socket", str(sock)], stderr=subprocess.PIPE,
+                            text=True, pass_fds=pass_fds)
     try:
         assert proc.stderr is not None
         ready, _, _ = select.select([proc.stderr], [], [], 30)

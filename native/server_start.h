@@ -1,0 +1,18 @@
+/* Starting `nvc-py-hook serve` on demand from the hook client (server_start.c). */
+#ifndef NVC_SERVER_START_H
+#define NVC_SERVER_START_H
+
+#include <sys/un.h>
+
+#ifndef PROGRAM_DIR
+#define PROGRAM_DIR "/usr/lib/nvc-py" /* where make install writes the Python programs' launchers */
+#endif
+
+/* Whether this call (argv[0] the program's name) is a container start's hook call: those start a server. */
+int server_start_wanted(int argc, char **argv);
+
+/* A connection to a server at addr that this call started, or that another client started and this
+ * one waited for (bounded); -1 when there is none: the caller runs the program itself. */
+int server_start_and_connect(const struct sockaddr_un *addr);
+
+#endif
