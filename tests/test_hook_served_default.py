@@ -202,7 +202,7 @@ def test_a_socket_activated_server_serves_the_inherited_socket(active_2gpu, tmp_
 def test_a_socket_activated_server_refuses_another_kind_of_socket(active_2gpu, tmp_path: Path, kind: int) -> None:
     path = tmp_path / "run" / "hook.sock"
     sock = socket.socket(socket.AF_UNIX, kind)
-    path.parent.mkdir()
+    path.parent.mkdir(mode=0o700)
     sock.bind(str(path))
     with sock:
         result = subprocess.run([*activated(sock.fileno()), str(HOOK), "serve", "--socket", str(path)],
@@ -222,8 +222,8 @@ def test_a_socket_activated_server_refuses_another_kind_of_socket(active_2gpu, t
 ], ids=["setup", "config", "share", "version", "unknown-option", "cli-hook", "hook-usage"])
 def test_the_server_runs_only_the_hook_and_read_only_commands(served: Path, tmp_path: Path, argv: list[str]) -> None:
     """Anything but the hook's stages and configure/info/list is the caller's to run, as itself."""
-    answer, err = call_directly(served, [word.format(tmp=tmp_path) for word in argv])
-    assert (answer, err) == (b"fall back", "")
+    answers, err = call_directly(served, [word.format(tmp=tmp_path) for word in argv])
+    assert (answers, err) == ([b"fall back"], "")
     assert not (tmp_path / "hooks.d").exists()
 
 
@@ -231,7 +231,7 @@ def test_the_server_runs_list_info_and_the_hook(active_2gpu, served: Path) -> No
     root = str(active_2gpu.root)
     for argv in (["/x/nvc-py", "-r", root, "list"], ["/x/nvc-py", f"--root={root}", "info", "--csv"],
                  ["/x/nvc-py-hook", "poststart"]):
-        assert call_directly(served, argv) == (b"exit 0", ""), argv
+        assert call_directly(served, argv) == ([b"ready", b"exit 0"], ""), argv
 
 
 def setup_podman(tmp_path: Path, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
