@@ -5,6 +5,8 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 # As native/hook_client.c's PROGRAM_DIR and hook/setup.py's HOOK_CLIENT.
 LIBDIR := /usr/lib/nvc-py
+# sys.path entries the site module adds for an isolated interpreter (-I without -S), as a Python list.
+SITE_PATH = $(shell $(PYTHON) -I -c 'import subprocess, sys; bare = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; print(sys.path)"], capture_output=True, text=True, check=True).stdout; print([p for p in sys.path if repr(p) not in bare])')
 PYTEST_FLAGS ?=
 # From tests/, so the installed package (with nvc.rpc and nvc.hook) is imported, not the source tree.
 PYTEST := cd tests && $(PYTHON) -m pytest -c ../setup.cfg --rootdir ..
@@ -41,11 +43,13 @@ native:
 # and systemd entries name it there (hook/setup.py): a later `pip install -U` rewrites its console
 # scripts in the scripts directory, which only makes a typed `nvc-py` start an interpreter again.
 # $(call launcher,NAME,MODULE): $(LIBDIR)/NAME runs MODULE's run() in an isolated interpreter (-I:
-# no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment; not -S, as
-# nvc-py and its dependencies are found through site-packages).
+# no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment) that skips
+# the site module (-S: it costs every start several ms, more with .pth files that run code); the
+# launcher puts back the directories site would have added (SITE_PATH, taken at install time),
+# so nvc-py and its dependencies are found as under plain -I.
 define launcher
-	printf '#!%s -I\nfrom $(2) import run\nrun()\n' "$$($(PYTHON) -c 'import sys; print(sys.executable)')" \
-		> $(LIBDIR)/$(1).new
+	printf '#!%s -IS\nimport sys\nsys.path.extend(%s)\nfrom $(2) import run\nrun()\n' \
+		"$$($(PYTHON) -c 'import sys; print(sys.executable)')" "$(SITE_PATH)" > $(LIBDIR)/$(1).new
 	chmod 0755 $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
 endef
 

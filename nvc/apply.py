@@ -14,7 +14,6 @@ links the image's ldconfig would make).
 
 from __future__ import annotations
 
-import logging
 import os
 import posixpath
 import stat
@@ -25,10 +24,11 @@ from contextlib import contextmanager
 from nvc import fdmount
 from nvc import rootfs as inroot
 from nvc.errors import MountError, NvcError
+from nvc.logger import Logger
 from nvc.mountplan import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.syscalls import MountAttr
 
-log = logging.getLogger(__name__)
+log = Logger(__name__)
 
 HELPER_TIMEOUT = 10.0  # seconds per helper call
 SEALED = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC

@@ -11,7 +11,6 @@ the sandboxed ldconfig and the device cgroup).
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import posixpath
 import stat
@@ -22,13 +21,14 @@ from typing import TYPE_CHECKING
 
 from nvc import capabilities, loaderenv, procfs, requirements, selection
 from nvc.errors import ContainerError, InputError
+from nvc.logger import Logger
 from nvc.mountplan import COMPAT_DIR, COMPAT_MODES, PROC_NVIDIA, ContainerFacts, HostFacts, HostMount, Options, Plan
 from nvc.options import GlobalOptions
 
 if TYPE_CHECKING:
     from nvc.inventory import Inventory
 
-log = logging.getLogger(__name__)
+log = Logger(__name__)
 
 __all__ = ["ConfigureRequest", "GlobalOptions", "HostMount", "Plan", "configure"]
 

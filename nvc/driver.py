@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import logging
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from nvc import capabilities, elf, ldcache, rootpath
+from nvc.logger import Logger
 
-log = logging.getLogger(__name__)
+log = Logger(__name__)
 
 DEFAULT_LDCACHE = "/etc/ld.so.cache"
 

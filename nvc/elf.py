@@ -13,11 +13,12 @@ DT_NEEDED are read with pyelftools, imported lazily, for the few libraries that 
 
 from __future__ import annotations
 
-import logging
 import struct
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+from nvc.logger import Logger
+
+log = Logger(__name__)
 
 EM_386, EM_PPC64, EM_ARM, EM_X86_64, EM_AARCH64 = 3, 21, 40, 62, 183
 

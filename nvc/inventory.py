@@ -9,20 +9,20 @@ they both know; index order on the fast path is bus id order, NVML's default ord
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvc import procfs
 from nvc.devices import Gpu
+from nvc.logger import Logger
 from nvc.procfs import ProcGpu
 from nvc.selection import Selector
 
 if TYPE_CHECKING:
     from nvc.rpc.driver_service import DriverClient
 
-log = logging.getLogger(__name__)
+log = Logger(__name__)
 
 NVML_TIMEOUT = 10.0  # seconds; the reference helper's fixed client timeout
 

@@ -21,16 +21,16 @@ and creation of :mod:`nvc.nodes`.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from nvc import nodes, procfs, rootpath
+from nvc.logger import Logger
 from nvc.nodes import NodeSpec
 
-log = logging.getLogger(__name__)
+log = Logger(__name__)
 
 SYS_MODULE = Path("/sys/module")
 MODESET_MODULE = "nvidia_modeset"

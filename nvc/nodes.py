@@ -8,7 +8,6 @@ with another number must not be handed to a container.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from collections.abc import Iterable
@@ -17,8 +16,9 @@ from pathlib import Path
 
 from nvc import rootpath
 from nvc.errors import DetectionError, DeviceError
+from nvc.logger import Logger
 
-log = logging.getLogger(__name__)
+log = Logger(__name__)
 
 PROC_DEVICES = Path("/proc/devices")
 

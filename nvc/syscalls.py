@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import enum
 import os
-import platform
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -141,9 +140,9 @@ PR_SET_PDEATHSIG = 1
 def _nr(name: str) -> int:
     """Syscall number on this machine; ENOSYS where nvc-py does not know the arch."""
     try:
-        return _NUMBERS[platform.machine()][name]
+        return _NUMBERS[os.uname().machine][name]
     except KeyError:
-        raise OSError(38, f"{name}: unsupported architecture {platform.machine()}") from None
+        raise OSError(38, f"{name}: unsupported architecture {os.uname().machine}") from None
 
 
 def _enc(path: str | bytes | None) -> bytes | None:
