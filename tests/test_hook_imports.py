@@ -1,0 +1,54 @@
+"""The direct hook (no server) imports only what its call needs, on the fake driver.
+
+Where no server answers, every container start pays for the hook's interpreter start and
+imports; these tests keep out what the direct path once paid for without needing it. The
+installed launcher runs under ``-X importtime`` as runc's prestart hook of a real container
+(GPU 0, and a container asking for none), so the modules its forked helpers import count too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+from harness.hookserver import LIBDIR
+
+LAUNCHER = LIBDIR / "nvc-py-hook-python"
+# Never on the direct hook's path: the CLI's parser, YAML, ELF parsing, NVML, logging's set-up,
+# pyseccomp (whose find_library ran ``ldconfig -p`` through subprocess), and site's .pth files.
+NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "pyseccomp", "ctypes.util", "subprocess",
+                   "shutil", "tempfile", "site"})
+# A container asking for no GPU is answered before any of configure's machinery loads.
+NEVER_WITHOUT_GPU = NEVER | {"nvc.configure", "nvc.mountplan", "nvc.rpc.helper", "ctypes", "socket", "pathlib"}
+
+
+def _imported(stderr: str) -> set[str]:
+    return {m[1] for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", stderr, re.MULTILINE)}
+
+
+@pytest.mark.parametrize(("env", "outcome", "never"), [({"NVIDIA_VISIBLE_DEVICES": "0"}, "configured", NEVER),
+                                                       ({}, "no-gpu", NEVER_WITHOUT_GPU)], ids=["gpu", "no-gpu"])
+def test_direct_hook_imports_only_what_the_call_needs(active_2gpu, runc, debian_rootfs: Path, tmp_path: Path,
+                                                      env: dict[str, str], outcome: str, never: frozenset[str]) -> None:
+    interpreter, flags = LAUNCHER.read_text().splitlines()[0][2:].split(" ", 1)
+    assert flags == "-IS"  # isolated, without site
+    config, log, err = tmp_path / "config.yaml", tmp_path / "hook.log", tmp_path / "hook.err"
+    config.write_text(f"root: {active_2gpu.root}\nlog: {{file: {log}}}\n")  # otherwise the defaults
+    wrapper = tmp_path / "hook.sh"  # runc shows a hook's stderr only when it fails
+    wrapper.write_text(f'#!/bin/sh\nexec {interpreter} {flags} -X importtime {LAUNCHER} "$@" 2>{err}\n')
+    wrapper.chmod(0o755)
+    hook = {"path": str(wrapper), "args": ["hook.sh", "prestart"],
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}", "NVC_PY_HOOK_SOCKET=none"]}
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"], env=env, hooks={"prestart": [hook]})
+    for _ in range(2):  # the first start after a configuration change parses its YAML (then cached by text)
+        result = runc.run(bundle)
+        assert result.returncode == 0, (result.stderr, err.read_text())
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(line["outcome"], "via" in line) for line in lines] == [(outcome, False)] * 2
+    imported = _imported(err.read_text())
+    assert "nvc.hook.prestart" in imported  # the profile is the hook's
+    assert imported & never == set()
