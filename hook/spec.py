@@ -11,9 +11,12 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from nvc.errors import SHOWN_LIMIT, InputError, one_line, shown
+
+TYPE_CHECKING = False  # as typing's, which the hook's direct path does not import (milliseconds a start)
+if TYPE_CHECKING:
+    from typing import Any
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 MAX_STATE_SIZE = 4 << 20  # bytes: a state is an id, a pid, paths and the annotations

@@ -14,11 +14,16 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from nvc.capabilities import CAPABILITIES
 from nvc.errors import SHOWN_LIMIT, InputError, one_line
 from nvc.untrusted import decimal, read_file
+
+TYPE_CHECKING = False  # as typing's, which the hook's direct path does not import (milliseconds a start)
+if TYPE_CHECKING:
+    from typing import Any
+
+    Check = Callable[[Any], Any]  # a validator of one setting
 
 DEFAULT_PATH = "/etc/nvc-py/config.yaml"
 ENV_VAR = "NVC_PY_CONFIG"
@@ -92,8 +97,6 @@ def _to_file(values: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- validation ---------------------------------------------------------------------------------
-
-Check = Callable[[Any], Any]
 
 
 def _bool(value: Any) -> bool:

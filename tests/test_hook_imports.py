@@ -23,7 +23,8 @@ LAUNCHER = LIBDIR / "nvc-py-hook-python"
 NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "pyseccomp", "ctypes.util", "subprocess",
                    "shutil", "tempfile", "site"})
 # A container asking for no GPU is answered before any of configure's machinery loads.
-NEVER_WITHOUT_GPU = NEVER | {"nvc.configure", "nvc.mountplan", "nvc.rpc.helper", "ctypes", "socket", "pathlib"}
+NEVER_WITHOUT_GPU = NEVER | {"nvc.configure", "nvc.mountplan", "nvc.rpc.helper", "ctypes", "socket", "pathlib",
+                                     "typing"}
 
 
 def _imported(stderr: str) -> set[str]:
