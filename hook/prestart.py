@@ -227,13 +227,14 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | N
 
 
 def run() -> None:
-    """Console script entry point.
+    """Console script entry point; exits without the interpreter's teardown (:mod:`nvc.quickexit`).
 
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
     """
     from nvc.loaderenv import restart_without_loader_variables
+    from nvc.quickexit import exit_now
 
     restart_without_loader_variables()
     hand_over(sys.argv)  # to a running server's warm worker, when there is one
-    sys.exit(main())
+    exit_now(main())  # without the interpreter's teardown (a server's SIGTERM ends it as sys.exit does)

@@ -1,6 +1,5 @@
 """``python -m nvc`` and the ``nvc-py`` console script."""
 
-import os
 import sys
 
 from nvc.hook.handover import hand_over
@@ -18,21 +17,11 @@ from nvc.cli import main  # noqa: E402
 
 
 def run() -> None:
-    """Exit with the CLI's status (console-script entry point).
+    """Exit with the CLI's status (console-script entry point), without the interpreter's
+    teardown (:mod:`nvc.quickexit` says why)."""
+    from nvc.quickexit import exit_now
 
-    Leaves through ``os._exit`` once the output is flushed: tearing down the interpreter
-    (every imported module) costs about as much as a whole ``nvc-py list`` on the fast
-    path, at every container start, and there is nothing left to clean up: helpers were
-    reaped (a preforked one never used dies with this process, by its parent-death signal),
-    the debug log is flushed per record, and the kernel closes the rest.
-    """
-    code = main()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except OSError:  # a closed pipe: the output is lost, say so in the status
-            code = code or 1
-    os._exit(code)
+    exit_now(main())
 
 
 if __name__ == "__main__":
