@@ -18,7 +18,8 @@ of one call survives into the next (each worker is a fresh fork of a process tha
 call), the privileged helpers are forked per call. What differs: the worker runs in the
 server's namespaces and cgroup, so the server must run in the host's (a plain systemd service,
 ``KillMode=process`` so a restart lets running calls finish), and new code takes effect when
-the server restarts.
+the server restarts: a worker that finds the installed code changed (:func:`code_stamp`) answers
+"fall back" and stops the server.
 
 It runs the hook's stages and ``nvc-py configure``/``info``/``list`` (:mod:`nvc.hook.scope`);
 anything else is answered "fall back" and runs in the caller. It is started by systemd's socket
@@ -75,6 +76,36 @@ PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.l
            "nvc.infoformat", "nvc.listing", "nvc.elf", "prctl", "nvc.seccomp", "pynvml", "yaml", "json")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 _in_worker = False  # set in a worker once it runs a call
+_started_code: tuple[tuple[int, int], ...] = ()  # code_stamp() when the server started
+
+
+def code_stamp() -> tuple[tuple[int, int], ...]:
+    """Inode and modification time of each installed package directory (nvc, nvc.hook, nvc.rpc).
+
+    An upgrade (pip, make install) replaces the files there, which changes the directories; a
+    server running the code it imported before would serve stale code. Three stats per call."""
+    import nvc
+    import nvc.hook
+    import nvc.rpc
+
+    stamps = []
+    for package in (nvc, nvc.hook, nvc.rpc):
+        st = os.stat(os.path.dirname(package.__file__ or "."))
+        stamps.append((st.st_ino, st.st_mtime_ns))
+    return tuple(stamps)
+
+
+def _stale() -> bool:
+    """Whether nvc-py's installed code changed since the server started; if so the server is told
+    to stop (SIGTERM): an on-demand one unlinks its socket and the next hook call starts a server
+    of the new code, a socket-activated one is started again by systemd at the next connection."""
+    try:
+        changed = code_stamp() != _started_code
+    except OSError:
+        changed = True
+    if changed:
+        os.kill(os.getppid(), signal.SIGTERM)
+    return changed
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int]:
@@ -232,7 +263,7 @@ def _run_call(conn: socket.socket, programs: Programs, ours: Standing) -> bytes 
         argv, env, cwd = _checked_call(conn, ours)
     except _Refused as refused:
         return refused.answer
-    if not scope.served(argv):  # not the server's business: the caller runs it as itself
+    if not scope.served(argv) or _stale():  # not the server's business, or new code: the caller runs it
         os.close(cwd)
         return FALL_BACK
     try:
@@ -400,6 +431,8 @@ def _serve_in(directory_fd: int, path: str, name: str) -> int:
     prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     ours = own_standing()
+    global _started_code
+    _started_code = code_stamp()
     inherited = activation.inherited_socket()
     sock = inherited if inherited is not None else listen(directory_fd, name, path)
     owned = inherited is None  # a name this server bound: unlinked when it stops

@@ -386,6 +386,23 @@ def call_directly(sock: Path, argv: list[str], env: list[str] | None = None) -> 
         return answers, err.read()
 
 
+def test_a_server_whose_installed_code_changed_stops_serving_it(active_2gpu, tmp_path: Path) -> None:
+    """An upgrade replaces files in the installed package: the next call is told to fall back (its
+    caller runs the new code itself) and the server stops (an on-demand one's socket goes with it,
+    so the next hook call starts a server of the new code; systemd restarts a socket-activated one)."""
+    import nvc.hook
+
+    sock = tmp_path / "run" / "hook.sock"
+    with hook_server(HOOK, sock) as proc:
+        assert call_directly(sock, ["/x/nvc-py-hook", "poststart"]) == ([b"ready", b"exit 0"], "")
+        marker = Path(nvc.hook.__file__).with_name(f".upgrade-{os.getpid()}")
+        marker.touch()  # what an upgrade does to the package's directory: it changes
+        marker.unlink()
+        assert call_directly(sock, ["/x/nvc-py-hook", "poststart"]) == ([b"fall back"], "")
+        assert proc.wait(timeout=10) == 0
+    assert not sock.exists()
+
+
 @pytest.mark.parametrize("argv", [["/x/nvc-py-hook", "serve"], ["/x/nvc-py", "hook", "serve"],
                                   ["/x/nvc-py", "--root", "/", "hook", "serve", "--socket", "/tmp/other.sock"]])
 def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
