@@ -73,7 +73,8 @@ IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an 
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
            "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "nvc.rpc.driver_service",
-           "nvc.infoformat", "nvc.listing", "nvc.elf", "prctl", "nvc.seccomp", "pynvml", "yaml", "json")
+           "nvc.infoformat", "nvc.listing", "nvc.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
+           "pyseccomp", "pynvml", "yaml", "json")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 _in_worker = False  # set in a worker once it runs a call
 _started_code: tuple[tuple[int, int], ...] = ()  # code_stamp() when the server started

@@ -8,12 +8,11 @@ driver's own when they link against ``libnvidia-glcore``/``libnvidia-eglcore``.
 
 Class and machine sit in the first 20 bytes and are read with ``struct`` (every listed
 library needs them, and a full parse of ~80 files would dominate ``list``); notes and
-DT_NEEDED are read from the program headers, for the few libraries that need them.
+DT_NEEDED are read with pyelftools, imported lazily, for the few libraries that need them.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 
@@ -68,101 +67,25 @@ class Links:
         return any(n.startswith(prefixes) for n in self.needed)
 
 
-PT_LOAD, PT_DYNAMIC, PT_NOTE = 1, 2, 4
-DT_NULL, DT_NEEDED, DT_STRTAB = 0, 1, 5
-NT_GNU_ABI_TAG, ELF_NOTE_OS_LINUX = 1, 0
-MAX_TABLE = 1 << 20  # bytes of one dynamic table or note segment read (real ones are a few KiB)
-# Per ELF class: e_phoff's format and offset, e_phentsize's offset (e_phnum follows), the program
-# header's leading fields up to p_filesz, and a dynamic entry's format.
-_LAYOUT = {32: ("I", 28, 42, "IIIII", "iI"), 64: ("Q", 32, 54, "IIQQQQ", "qQ")}
-
-
-class _Reader:
-    """Reads of one open ELF file at file offsets, failing with struct.error when short."""
-
-    def __init__(self, fd: int, order: str) -> None:
-        self.fd, self.order = fd, order
-
-    def unpack(self, fmt: str, offset: int) -> tuple[int, ...]:
-        fmt = self.order + fmt
-        return struct.unpack(fmt, os.pread(self.fd, struct.calcsize(fmt), offset))
-
-    def read(self, size: int, offset: int) -> bytes:
-        return os.pread(self.fd, min(size, MAX_TABLE), offset)
-
-
-def _segments(r: _Reader, bits: int) -> list[tuple[int, int, int, int]]:
-    """(p_type, p_offset, p_vaddr, p_filesz) of each program header."""
-    off_fmt, off_at, count_at, header, _ = _LAYOUT[bits]
-    (phoff,) = r.unpack(off_fmt, off_at)
-    entsize, count = r.unpack("HH", count_at)
-    out = []
-    for i in range(count):
-        fields = r.unpack(header, phoff + i * entsize)
-        if bits == 64:  # p_flags comes second here, last in 32-bit headers
-            fields = fields[:1] + fields[2:]
-        p_type, p_offset, p_vaddr, _paddr, p_filesz = fields
-        out.append((p_type, p_offset, p_vaddr, p_filesz))
-    return out
-
-
-def _needed(r: _Reader, bits: int, segments: list[tuple[int, int, int, int]], offset: int, size: int) -> list[str]:
-    """DT_NEEDED names of the dynamic table at ``offset``; DT_STRTAB's address is mapped to a file
-    offset through the PT_LOAD segments, as the dynamic loader sees the file."""
-    fmt = r.order + _LAYOUT[bits][4]
-    entries = []
-    for tag, value in struct.iter_unpack(fmt, r.read(size - size % struct.calcsize(fmt), offset)):
-        if tag == DT_NULL:
-            break
-        entries.append((tag, value))
-    strtab = next((v for t, v in entries if t == DT_STRTAB), None)
-    names = [v for t, v in entries if t == DT_NEEDED]
-    if not names:
-        return []
-    base = next((strtab - vaddr + off for t, off, vaddr, filesz in segments
-                 if strtab is not None and t == PT_LOAD and vaddr <= strtab < vaddr + filesz), None)
-    if base is None:
-        raise ValueError("DT_STRTAB outside the loaded segments")
-    return [r.read(4096, base + name).split(b"\0", 1)[0].decode() for name in names]
-
-
-def _abi_tag(r: _Reader, offset: int, size: int) -> tuple[int, int, int] | None:
-    """The GNU/Linux ABI note in the note segment at ``offset``, if it holds one."""
-    data, at = r.read(size, offset), 0
-    while at + 12 < len(data):
-        namesz, descsz, kind = struct.unpack_from(r.order + "III", data, at)
-        name = data[at + 12:at + 12 + namesz].split(b"\0", 1)[0]
-        desc = at + 12 + (namesz + 3) // 4 * 4
-        if kind == NT_GNU_ABI_TAG and name == b"GNU":
-            abi_os, major, minor, tiny = struct.unpack_from(r.order + "IIII", data, desc)
-            return (major, minor, tiny) if abi_os == ELF_NOTE_OS_LINUX else None
-        at = desc + (descsz + 3) // 4 * 4
-    return None
-
-
 def read_links(path: str) -> Links | None:
     """DT_NEEDED and ABI note of the ELF file at ``path``, or None if it cannot be parsed."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as err:
+        with open(path, "rb") as stream:
+            elf = ELFFile(stream)
+            needed: list[str] = []
+            abi_tag = None
+            for segment in elf.iter_segments():
+                if segment["p_type"] == "PT_DYNAMIC":
+                    needed.extend(t.needed for t in segment.iter_tags() if t.entry.d_tag == "DT_NEEDED")
+                elif segment["p_type"] == "PT_NOTE":
+                    for note in segment.iter_notes():
+                        desc = note["n_desc"]
+                        if note["n_type"] == "NT_GNU_ABI_TAG" and desc["abi_os"] == "ELF_NOTE_OS_LINUX":
+                            abi_tag = (desc["abi_major"], desc["abi_minor"], desc["abi_tiny"])
+            return Links(tuple(needed), abi_tag)
+    except (OSError, ELFError, ValueError, struct.error) as err:
         log.debug("%s: not a parsable ELF file: %s", path, err)
         return None
-    try:
-        head = os.pread(fd, 16, 0)
-        if len(head) < 16 or head[:4] != b"\x7fELF" or head[4] not in _CLASSES or head[5] not in _BYTE_ORDERS:
-            raise ValueError("not an ELF file")
-        r, bits = _Reader(fd, _BYTE_ORDERS[head[5]]), _CLASSES[head[4]]
-        segments = _segments(r, bits)
-        needed: list[str] = []
-        abi_tag = None
-        for p_type, p_offset, _vaddr, p_filesz in segments:
-            if p_type == PT_DYNAMIC:
-                needed.extend(_needed(r, bits, segments, p_offset, p_filesz))
-            elif p_type == PT_NOTE:
-                abi_tag = _abi_tag(r, p_offset, p_filesz) or abi_tag
-        return Links(tuple(needed), abi_tag)
-    except (OSError, ValueError, struct.error) as err:  # UnicodeDecodeError is a ValueError
-        log.debug("%s: not a parsable ELF file: %s", path, err)
-        return None
-    finally:
-        os.close(fd)

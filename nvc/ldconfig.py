@@ -171,8 +171,9 @@ def run_ldconfig(ldconfig: str, rootfs: str, dirs: Sequence[str], **options: Any
 class PendingLdconfig:
     """An ldconfig run whose child is forked and loading, waiting for :meth:`run`.
 
-    The child's imports (prctl, :mod:`nvc.seccomp` with libseccomp) take milliseconds on a slow
-    host; forked ahead, it does them while the caller still mounts the driver files. It enters the container's namespaces only once told to
+    The child's imports (prctl, pyseccomp and, through ctypes.util, subprocess and shutil)
+    take tens of milliseconds on a slow host; forked ahead, it does them while the caller
+    still mounts the driver files. It enters the container's namespaces only once told to
     run, so its private copy of the mount namespace holds the finished mounts.
     """
 
@@ -326,8 +327,7 @@ def _sandbox_child(
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         import prctl  # noqa: F401 - loaded now: after the pivot the host's modules are out of sight
-
-        from nvc import seccomp  # noqa: F401 - and libseccomp with it
+        import pyseccomp  # noqa: F401
 
         if os.read(go_r, 1) != b"g":  # cancelled: the caller's mounts failed, or it is gone
             os._exit(0)
@@ -462,8 +462,7 @@ def _exec_ldconfig(
     clears it) and the parent checked through the pidfd, since getppid() is 0 here.
     """
     import prctl
-
-    from nvc import seccomp
+    import pyseccomp
 
     try:
         prctl.capbset.limit()
@@ -488,7 +487,11 @@ def _exec_ldconfig(
         for limit, value in RLIMITS.items():
             resource.setrlimit(limit, (value, value))
         prctl.set_no_new_privs(True)
-        seccomp.load_allow_list(seccomp.errno_action(errno.EPERM), SECCOMP_ALLOW)
+        rules = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
+        for name in SECCOMP_ALLOW:
+            if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0:  # skip other arches' names
+                rules.add_rule(pyseccomp.ALLOW, name)
+        rules.load()
         syscalls.execveat(program_fd, ldconfig_argv(path, dirs), [], path)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, f"cannot run {path}"))

@@ -180,38 +180,6 @@ def test_elf_of_garbage(tmp_path: Path, libroot: Path) -> None:
     assert elf.identity(str(lib)) == (32, elf.EM_386) and elf.matches(str(lib), "i386")
 
 
-def _pyelftools_links(path: Path) -> tuple[tuple[str, ...], tuple[int, int, int] | None]:
-    """DT_NEEDED and the GNU/Linux ABI note as pyelftools (a full ELF parser) reads them."""
-    from elftools.elf.elffile import ELFFile
-
-    needed: list[str] = []
-    abi_tag = None
-    with path.open("rb") as stream:
-        for segment in ELFFile(stream).iter_segments():
-            if segment["p_type"] == "PT_DYNAMIC":
-                needed.extend(t.needed for t in segment.iter_tags() if t.entry.d_tag == "DT_NEEDED")
-            elif segment["p_type"] == "PT_NOTE":
-                for note in segment.iter_notes():
-                    desc = note["n_desc"]
-                    if note["n_type"] == "NT_GNU_ABI_TAG" and desc["abi_os"] == "ELF_NOTE_OS_LINUX":
-                        abi_tag = (desc["abi_major"], desc["abi_minor"], desc["abi_tiny"])
-    return tuple(needed), abi_tag
-
-
-def test_elf_links_agree_with_pyelftools(libroot: Path, fake_2gpu) -> None:
-    """read_links' own program-header reader against pyelftools, on the test libraries, the fake
-    driver's (32- and 64-bit, with and without ABI notes) and the host's C library and loader."""
-    from nvc import elf
-
-    paths = [p for root in (libroot, fake_2gpu.root) for p in sorted(root.rglob("*.so*"))
-             if not p.is_symlink() and elf.identity(str(p))]
-    paths += [Path(p) for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2") if Path(p).exists()]
-    assert any(elf.identity(str(p))[0] == 32 for p in paths)
-    links = {p: elf.read_links(str(p)) for p in paths}
-    assert any(link.abi_tag for link in links.values()) and any(link.needed for link in links.values())
-    assert {p: (link.needed, link.abi_tag) for p, link in links.items()} == {p: _pyelftools_links(p) for p in paths}
-
-
 # --- binaries, firmware, IPC -----------------------------------------------------------------
 
 

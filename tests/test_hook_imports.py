@@ -18,13 +18,13 @@ from harness.bundle import make_bundle
 from harness.hookserver import LIBDIR
 
 LAUNCHER = LIBDIR / "nvc-py-hook-python"
-# Never on the direct hook's path: the CLI's parser, YAML, ELF parsing, NVML, logging's set-up,
-# pyseccomp (whose find_library ran ``ldconfig -p`` through subprocess), and site's .pth files.
-NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "pyseccomp", "ctypes.util", "subprocess",
-                   "shutil", "tempfile", "site"})
-# A container asking for no GPU is answered before any of configure's machinery loads.
+# Never on the direct hook's path: the CLI's parser, YAML, ELF parsing, NVML, logging's set-up and
+# site's .pth files.
+NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "site"})
+# A container asking for no GPU is answered before any of configure's machinery loads (the ldconfig
+# sandbox's pyseccomp, with ctypes.util and subprocess, included).
 NEVER_WITHOUT_GPU = NEVER | {"nvc.configure", "nvc.mountplan", "nvc.rpc.helper", "ctypes", "socket", "pathlib",
-                                     "typing"}
+                                     "typing", "pyseccomp", "ctypes.util", "subprocess", "shutil", "tempfile"}
 
 
 def _imported(stderr: str) -> set[str]:
