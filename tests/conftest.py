@@ -61,10 +61,10 @@ def private_run_dir() -> Iterator[None]:
     a hook server of the host's or starts one (the native front starts servers only from PID 1's
     namespaces; tests that want one say which process stands for the host), and nothing it leaves
     there outlives it."""
-    from fakedriver.activate import private_tmpfs
+    from fakedriver.activate import enter_private_tmpfs
 
-    with private_tmpfs("/run/nvc-py"):
-        yield
+    enter_private_tmpfs("/run/nvc-py")
+    yield
 
 
 # Container harness fixtures: rootfs_cache, make_rootfs, debian_rootfs, lib64_rootfs, runc, podman, containerd.

@@ -85,6 +85,12 @@ def _setns_back(original: int) -> None:
     _check(_libc.setns(original, CLONE_NEWNS), "setns back to the original mount namespace")
 
 
+def _unshare_private() -> None:
+    """This process into a mount namespace of its own, every mount private to it."""
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
 @contextmanager
 def private_mounts() -> Iterator[None]:
     """Run the body in a private mount namespace of this process (every mount made in it vanishes
@@ -92,9 +98,8 @@ def private_mounts() -> Iterator[None]:
     original = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     cwd = os.getcwd()
     try:
-        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _unshare_private()
         try:
-            _mount(None, "/", None, MS_REC | MS_PRIVATE)
             yield
         finally:
             _setns_back(original)
@@ -117,19 +122,11 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
         shutil.rmtree(staging, ignore_errors=True)
 
 
-@contextmanager
-def private_tmpfs(path: str) -> Iterator[None]:
-    """This process (and what it starts) in a private mount namespace with an empty tmpfs at ``path``,
-    until exit; the host keeps its own ``path`` untouched (created empty where it was missing)."""
-    original = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        try:
-            _mount(None, "/", None, MS_REC | MS_PRIVATE)
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            _mount("tmpfs", path, "tmpfs", 0, "mode=0700")
-            yield
-        finally:
-            _setns_back(original)
-    finally:
-        os.close(original)
+def enter_private_tmpfs(path: str) -> None:
+    """This process (and what it starts), from now on, in a private mount namespace with an empty
+    tmpfs at ``path``; the host keeps its own ``path`` untouched (created empty where it was
+    missing). There is no way back: it is for a whole test session, whose namespace ends with its
+    process (which may have threads by then, and setns refuses a process with several)."""
+    _unshare_private()
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    _mount("tmpfs", path, "tmpfs", 0, "mode=0700")
