@@ -54,10 +54,23 @@ def hook_server(hook_script: str | Path, sock: Path, wrapper: Sequence[str] = ()
             raise RuntimeError(f"nvc-py-hook serve did not start: {line.strip() or 'no answer in 30 s'}")
         yield proc
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"nvc-py-hook serve did not stop on SIGTERM in 30 s: {_where(proc.pid)}") from None
     finally:
         proc.kill()
         proc.wait()
+
+
+def _where(pid: int) -> str:
+    """What a process is doing, for a failure message: its state, kernel wait channel and threads."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        state = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("State:"))
+        return f"{state}, wchan {(proc / 'wchan').read_text()!r}, {len(list((proc / 'task').iterdir()))} thread(s)"
+    except (OSError, StopIteration) as err:
+        return f"unknown ({err})"
 
 
 def client_hook(hook_script: str | Path, sock: Path, env: list[str], stage: str = "prestart") -> dict:
