@@ -16,12 +16,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 from nvc.errors import one_line
-
-TYPE_CHECKING = False  # as typing's, which the hook's direct path does not import (milliseconds a start)
-if TYPE_CHECKING:
-    from typing import Any
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # logging's numbers, without importing it
 MAX_STRING = 1000  # characters of one string field (an error message is cut at as many)

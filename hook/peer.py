@@ -33,15 +33,14 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SO_PEERPIDFD = 77  # Linux's value; Python's socket module lacks the name before 3.13
 CHECKED_NAMESPACES = ("mnt", "pid", "user", "cgroup")
 CAPABILITY_SETS = ("CapPrm", "CapEff", "CapBnd")
 
 
-@dataclass(frozen=True)
-class Standing:
+class Standing(NamedTuple):
     """What a process can do and where: read from its /proc directory."""
 
     capabilities: tuple[int, ...]  # CAPABILITY_SETS, as bit masks

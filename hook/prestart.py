@@ -17,14 +17,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, NvcError, shown
 from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV, hand_over
 
-TYPE_CHECKING = False  # as typing's, which the hook's direct path does not import (milliseconds a start)
 if TYPE_CHECKING:
-    from typing import Any
-
     from nvc.config import Config
     from nvc.configure import ConfigureRequest, HostMount
     from nvc.hook.request import GpuRequest, Policy

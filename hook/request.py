@@ -8,7 +8,7 @@ NVIDIA's toolkit must keep working, so the grammar follows the toolkit's (see th
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvc.capabilities import CAPABILITIES
 from nvc.errors import InputError, shown
@@ -20,8 +20,7 @@ IMEX_VOLUME_DIR = DEVICE_VOLUME_DIR + "imex/"
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(NamedTuple):
     """The host's choices about what containers may ask (from the configuration file)."""
 
     accept_envvar_when_unprivileged: bool = True
@@ -30,8 +29,7 @@ class Policy:
     supported_capabilities: frozenset[str] = frozenset(CAPABILITIES)
 
 
-@dataclass(frozen=True)
-class GpuRequest:
+class GpuRequest(NamedTuple):
     """The driver parts and devices a container gets; ``devices`` is ``None`` for driver only."""
 
     devices: tuple[str, ...] | None

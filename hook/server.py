@@ -346,7 +346,6 @@ def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing) 
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its helpers are waited for
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by the server around fork
         prctl.set_pdeathsig(signal.SIGKILL)  # an idle spare goes with the server...
         if os.getppid() == 1:
             os._exit(0)
@@ -430,7 +429,12 @@ def _serve_in(directory_fd: int, path: str, name: str) -> int:
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers...
     prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # SIGTERM is seen by the accept loop's select through the wakeup pipe, never raised as
+    # SystemExit: raised where Python runs a finalizer or a fork callback it would be swallowed,
+    # and the server would go on serving (seen once in 400+ stops as a 30 s stop timeout).
+    stop_r, stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(stop_w)
+    signal.signal(signal.SIGTERM, lambda *_: None)
     ours = own_standing()
     global _started_code
     _started_code = code_stamp()
@@ -447,16 +451,22 @@ def _serve_in(directory_fd: int, path: str, name: str) -> int:
         activation.release_start_lock()
         while True:
             taken_r, taken_w = os.pipe()
-            # SIGTERM's SystemExit must not be raised inside fork's callbacks (they swallow it).
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
             if os.fork() == 0:
-                os.close(taken_r)
+                signal.set_wakeup_fd(-1)
+                for fd in (taken_r, stop_r, stop_w):
+                    os.close(fd)
                 _spare(sock, taken_w, programs, ours)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
             os.close(taken_w)
             try:
-                # Until the spare takes a call (a byte) or dies before it (end of file).
-                while not select.select([taken_r], [], [], DRAIN_QUIET if draining else idle)[0]:
+                # Until the spare takes a call (a byte) or dies before it (end of file), or SIGTERM.
+                while True:
+                    ready = select.select([taken_r, stop_r], [], [], DRAIN_QUIET if draining else idle)[0]
+                    if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
+                        return 0
+                    if taken_r in ready:
+                        break
+                    if ready:  # another signal's byte
+                        continue
                     if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
                         print(f"nvc-py-hook serve: no call for {idle:g} s: stopping", file=sys.stderr, flush=True)
                         with contextlib.suppress(FileNotFoundError):

@@ -10,13 +10,10 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from nvc.errors import SHOWN_LIMIT, InputError, one_line, shown
-
-TYPE_CHECKING = False  # as typing's, which the hook's direct path does not import (milliseconds a start)
-if TYPE_CHECKING:
-    from typing import Any
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 MAX_STATE_SIZE = 4 << 20  # bytes: a state is an id, a pid, paths and the annotations
@@ -49,8 +46,9 @@ _SHAPE: tuple[tuple[str, type, type | None], ...] = (
 )
 _REQUIRED = ("ociVersion", "process", "root")
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string"}
-@dataclass(frozen=True)
-class State:
+
+
+class State(NamedTuple):
     """The OCI state of a container being created (runtime spec "State")."""
 
     id: str
@@ -58,15 +56,14 @@ class State:
     bundle: str
 
 
-@dataclass(frozen=True)
-class Container:
+class Container(NamedTuple):
     """What the hook reads of a container's spec."""
 
     rootfs: str  # absolute host path (before pivot_root, as seen by a prestart hook)
     env: Mapping[str, str]
     mounts: tuple[Mapping[str, Any], ...]
     privileged: bool  # CAP_SYS_ADMIN in the bounding set, the toolkit's definition
-    annotations: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = MappingProxyType({})
 
 
 def _described(value: Any) -> str:

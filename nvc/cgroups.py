@@ -16,7 +16,7 @@ import os
 import posixpath
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvc import bpf
 from nvc.devfilter import DeviceRule, build_filter
@@ -26,16 +26,14 @@ FILTER_LICENSE = "Apache-2.0"  # no GPL-only helpers are used, so any licence lo
 FILTER_NAME = "nvc_devices"
 
 
-@dataclass(frozen=True)
-class DeviceCgroup:
+class DeviceCgroup(NamedTuple):
     """A device cgroup: ``version`` 1 or 2, ``path`` of its directory."""
 
     version: int
     path: str
 
 
-@dataclass(frozen=True)
-class CgroupEntry:
+class CgroupEntry(NamedTuple):
     """A line of /proc/PID/cgroup: hierarchy 0 with no controllers is the v2 hierarchy."""
 
     hierarchy: int
@@ -43,8 +41,7 @@ class CgroupEntry:
     path: str
 
 
-@dataclass(frozen=True)
-class CgroupMount:
+class CgroupMount(NamedTuple):
     """A cgroup filesystem mount from mountinfo: ``root`` is the cgroup shown at ``mountpoint``."""
 
     root: str

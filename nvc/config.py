@@ -9,21 +9,16 @@ than a container that does not start. A missing file means all defaults.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from nvc.capabilities import CAPABILITIES
 from nvc.errors import SHOWN_LIMIT, InputError, one_line
 from nvc.untrusted import decimal, read_file
 
-TYPE_CHECKING = False  # as typing's, which the hook's direct path does not import (milliseconds a start)
-if TYPE_CHECKING:
-    from typing import Any
-
-    Check = Callable[[Any], Any]  # a validator of one setting
+Check = Callable[[Any], Any]  # a validator of one setting
 
 DEFAULT_PATH = "/etc/nvc-py/config.yaml"
 ENV_VAR = "NVC_PY_CONFIG"
@@ -44,8 +39,7 @@ def default_ldconfig(root: str = "/") -> str:
     return "@/sbin/ldconfig.real" if os.path.isfile(real) else "@/sbin/ldconfig"
 
 
-@dataclass(frozen=True)
-class Sharing:
+class Sharing(NamedTuple):
     """Defaults of GPU sharing (the shim, see nvc/share.py) for containers that do not set their own."""
 
     enabled: bool = False  # inject the sharing shim into GPU containers
@@ -53,13 +47,12 @@ class Sharing:
     device_sm_limit: int | None = None  # percent, 1..100
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     """The effective configuration: the file's values over these defaults."""
 
     root: str = "/"
     ldcache: str = "/etc/ld.so.cache"
-    ldconfig: str = field(default_factory=default_ldconfig)
+    ldconfig: str = "@/sbin/ldconfig"  # the loader puts ldconfig.real where the host has one: defaults()
     allow_ldconfig_from_container: bool = False
     load_kmods: bool = True
     no_cgroups: bool = False
@@ -73,11 +66,11 @@ class Config:
     cuda_compat_mode: str = "ldconfig"
     runtimes: tuple[str, ...] = DEFAULT_RUNTIMES
     sharing: Sharing = Sharing()
-    path: str | None = field(default=None, compare=False)  # the file it came from, None for defaults
+    path: str | None = None  # the file it came from, None for defaults
 
     def as_dict(self) -> dict[str, Any]:
         """The file's form (dashed keys), as ``config show`` prints it."""
-        return _to_file(dataclasses.asdict(self))
+        return _to_file({**self._asdict(), "sharing": self.sharing._asdict()})
 
 
 def _to_file(values: dict[str, Any]) -> dict[str, Any]:
@@ -331,6 +324,11 @@ def parse(text: str, path: str) -> Config:
     return config
 
 
+def defaults() -> Config:
+    """The configuration without a file: the class's defaults, with this host's ldconfig."""
+    return Config(ldconfig=default_ldconfig())
+
+
 def config_path(env: Mapping[str, str] | None = None) -> str:
     """The file to read: ``$NVC_PY_CONFIG`` if set, else the default path."""
     return (os.environ if env is None else env).get(ENV_VAR) or DEFAULT_PATH
@@ -342,7 +340,7 @@ def load(path: str | None = None) -> Config:
     try:
         raw, _ = read_file(path, MAX_SIZE)
     except FileNotFoundError:
-        return Config()
+        return defaults()
     except OSError as err:
         raise InputError(f"{path}: cannot read configuration: {err.strerror}") from None
     except InputError as err:

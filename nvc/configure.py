@@ -15,9 +15,8 @@ import os
 import posixpath
 import stat
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import NamedTuple, TYPE_CHECKING
 
 from nvc import capabilities, loaderenv, procfs, requirements, selection
 from nvc.errors import ContainerError, InputError
@@ -39,8 +38,7 @@ DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
 
 
-@dataclass(frozen=True)
-class ConfigureRequest:
+class ConfigureRequest(NamedTuple):
     """What to give one container (the CLI's flags, or the hook's reading of the OCI spec)."""
 
     rootfs: str  # absolute, not "/"; with pid: resolved under /proc/PID/root
@@ -58,8 +56,7 @@ class ConfigureRequest:
     extra_mounts: tuple[HostMount, ...] = ()  # e.g. the sharing shim's files
 
 
-@dataclass(frozen=True)
-class _Checked:
+class _Checked(NamedTuple):
     """A request after validation: parsed selectors, requirements and options."""
 
     selectors: tuple[selection.Selector, ...]

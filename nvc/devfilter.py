@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvc.errors import ContainerError, InputError
 
@@ -48,16 +48,27 @@ R0, R1, R_TYPE, R_ACCESS, R_MAJOR, R_MINOR = 0, 1, 2, 3, 4, 5
 _INSN = struct.Struct("=BBhi")
 
 
-@dataclass(frozen=True)
-class DeviceRule:
-    """One allow rule: ``type`` c, b or a (any), ``major``/``minor`` None for any, ``access`` ⊆ "rwm"."""
-
+class _RuleFields(NamedTuple):
     type: str
     major: int | None
     minor: int | None
     access: str
 
-    def __post_init__(self) -> None:
+
+class DeviceRule(_RuleFields):
+    """One allow rule: ``type`` c, b or a (any), ``major``/``minor`` None for any, ``access`` ⊆ "rwm".
+
+    Checked when made, so no rule the kernel would misread reaches a cgroup or a BPF program.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, type: str, major: int | None, minor: int | None, access: str) -> DeviceRule:  # noqa: A002
+        rule = super().__new__(cls, type, major, minor, access)
+        rule._check()
+        return rule
+
+    def _check(self) -> None:
         if self.type not in ("a", "b", "c"):
             raise InputError(f"invalid device type in rule {self}: {self.type!r}")
         if self.major is not None and not 0 <= self.major <= MAX_MAJOR:
@@ -76,8 +87,7 @@ class DeviceRule:
         return f"{self.type} {major}:{minor} {self.access}"
 
 
-@dataclass(frozen=True)
-class Insn:
+class Insn(NamedTuple):
     """One eBPF instruction (struct bpf_insn)."""
 
     code: int

@@ -1,16 +1,16 @@
 """What nvc-py knows about one GPU and its MIG devices.
 
-Plain frozen dataclasses shared by discovery (NVML helper or /proc fast path),
+Immutable records (named tuples: created at import far more cheaply than dataclasses, which
+the hook pays for at every container start) shared by discovery (NVML helper or /proc fast path),
 device selection, planning and the CLI's output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class MigDevice:
+class MigDevice(NamedTuple):
     """One MIG device (a GPU instance + compute instance pair) of a MIG-enabled GPU."""
 
     index: int  # position in NVML's MIG handle enumeration (the M of "G:M")
@@ -25,8 +25,7 @@ class MigDevice:
     ci_caps_minor: int | None = None
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     """One physical GPU as the driver reports it."""
 
     index: int  # NVML index
@@ -38,4 +37,4 @@ class Gpu:
     architecture: str  # CUDA compute capability "major.minor"
     memory_total: int | None = None  # bytes; None when read from /proc only
     mig_enabled: bool = False
-    mig_devices: tuple[MigDevice, ...] = field(default_factory=tuple)
+    mig_devices: tuple[MigDevice, ...] = ()

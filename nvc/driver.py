@@ -12,8 +12,8 @@ import fnmatch
 import functools
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nvc import capabilities, elf, ldcache, rootpath
 from nvc.logger import Logger
@@ -33,8 +33,7 @@ FABRICMANAGER_SOCKET = "/var/run/nvidia-fabricmanager/socket"
 MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 
 
-@dataclass(frozen=True)
-class DriverFiles:
+class DriverFiles(NamedTuple):
     """The driver's files, as host paths, each list in listing order."""
 
     version: str

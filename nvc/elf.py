@@ -14,7 +14,7 @@ DT_NEEDED are read with pyelftools, imported lazily, for the few libraries that 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvc.logger import Logger
 
@@ -55,8 +55,7 @@ def matches(path: str, arch: str) -> bool:
     return identity(path) == ARCH_ELF[arch]
 
 
-@dataclass(frozen=True)
-class Links:
+class Links(NamedTuple):
     """What a shared object says about its linking: dependencies and ABI note."""
 
     needed: tuple[str, ...]  # DT_NEEDED entries

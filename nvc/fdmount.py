@@ -16,15 +16,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvc import syscalls
 from nvc.errors import MountError
 from nvc.syscalls import MountAttr
 
 
-@dataclass
-class Mount:
+class Mount(NamedTuple):
     """A mount nvc-py made: ``fd`` is an O_PATH fd of its root, ``path`` names it in messages."""
 
     fd: int

@@ -9,9 +9,8 @@ they both know; index order on the fast path is bus id order, NVML's default ord
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import NamedTuple, TYPE_CHECKING
 
 from nvc import procfs
 from nvc.devices import Gpu
@@ -27,8 +26,7 @@ log = Logger(__name__)
 NVML_TIMEOUT = 10.0  # seconds; the reference helper's fixed client timeout
 
 
-@dataclass(frozen=True)
-class Inventory:
+class Inventory(NamedTuple):
     """What the driver reports. ``cuda_version`` is None when NVML was not asked."""
 
     driver_version: str

@@ -13,8 +13,8 @@ offset. String offsets of new-format entries are relative to the new header.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nvc.errors import DetectionError
 
@@ -51,8 +51,7 @@ _MACHINE_ARCHES: dict[str, tuple[str, str | None]] = {
 }
 
 
-@dataclass(frozen=True)
-class CacheEntry:
+class CacheEntry(NamedTuple):
     """One library the cache maps from a name (usually a SONAME) to a path."""
 
     key: str  # "libcuda.so.1"

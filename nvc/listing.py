@@ -9,10 +9,9 @@ pure over already discovered facts, apart from checking that device nodes exist.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nvc import nodes, procfs
 from nvc.driver import DriverFiles
@@ -21,8 +20,7 @@ from nvc.selection import Selection
 from nvc.untrusted import decimal
 
 
-@dataclass(frozen=True)
-class ListRequest:
+class ListRequest(NamedTuple):
     """The ``list`` flags, after defaults were applied."""
 
     devices: bool = False
@@ -47,8 +45,7 @@ class ListRequest:
         return self.devices or self.mig_config or self.mig_monitor or bool(self.imex_channels)
 
 
-@dataclass(frozen=True)
-class Listing:
+class Listing(NamedTuple):
     """The paths, by section, in output order."""
 
     devices: tuple[str, ...] = ()
@@ -63,11 +60,11 @@ class Listing:
 
     def text(self) -> str:
         """One path per line."""
-        return "".join(f"{p}\n" for section in dataclasses.astuple(self) for p in section)
+        return "".join(f"{p}\n" for section in self for p in section)
 
     def json(self) -> str:
         """A JSON object with every section as a (possibly empty) list, keys in output order."""
-        return json.dumps({k: list(v) for k, v in dataclasses.asdict(self).items()}, indent=2) + "\n"
+        return json.dumps({k: list(v) for k, v in self._asdict().items()}, indent=2) + "\n"
 
 
 def parse_imex_channels(values: tuple[str, ...]) -> tuple[int, ...]:
@@ -150,8 +147,7 @@ def build(
         )
         if path is not None and not skip
     ]
-    return dataclasses.replace(
-        listing,
+    return listing._replace(
         binaries=files.binaries if request.binaries else (),
         libraries=files.libraries if request.libraries else (),
         libraries32=files.libraries32 if request.libraries and request.compat32 else (),

@@ -14,13 +14,11 @@ Paths named ``target`` are paths inside the container; ``source`` paths are host
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, NamedTuple
 
 from nvc import capabilities as caps_mod
 from nvc import nodes
@@ -57,8 +55,7 @@ _COMPAT_LIB = re.compile(r"^lib.*\.so\.(\d+)(\.\d+)*$")
 # ---- operations -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class HostMount:
+class HostMount(NamedTuple):
     """An extra host file or directory to show in the container (e.g. the sharing shim's files)."""
 
     source: str  # host path (absolute): a file or a directory the caller prepared
@@ -67,8 +64,7 @@ class HostMount:
     directory: bool = False  # target created as a dir (else as an empty file) safely in-root if missing
 
 
-@dataclass(frozen=True)
-class Bind:
+class Bind(NamedTuple):
     """Bind ``source`` onto ``target`` with per-mount flags ``attrs``; the target is created if missing.
 
     ``kind``: file, dir or device (a character device whose st_rdev must be ``rdev``).
@@ -92,76 +88,65 @@ class Bind:
         return f"bind    {self.what:<9} {self.source}{where} -> {self.target} [{flags}]"
 
 
-@dataclass(frozen=True)
-class _Step:
-    """An operation on one container path, printed as ``<verb> <what> <target><detail>``."""
-
-    target: str
-    verb: ClassVar[str] = ""
-    what: ClassVar[str] = "proc"
-
-    def detail(self) -> str:
-        return ""
-
-    def text(self) -> str:
-        return f"{self.verb:<7} {self.what:<9} {self.target}{self.detail()}"
+def _line(verb: str, target: str, detail: str = "", what: str = "proc") -> str:
+    """An operation on one container path as ``--dry-run`` prints it."""
+    return f"{verb:<7} {what:<9} {target}{detail}"
 
 
-@dataclass(frozen=True)
-class Tmpfs(_Step):
+class Tmpfs(NamedTuple):
     """A fresh tmpfs on ``target`` (an existing directory on procfs), filled by the operations after it."""
 
-    verb = "tmpfs"
+    target: str
+
+    def text(self) -> str:
+        return _line("tmpfs", self.target)
 
 
-@dataclass(frozen=True)
-class MakeDir(_Step):
+class MakeDir(NamedTuple):
     """A directory inside a tmpfs of the plan."""
 
-    verb = "mkdir"
+    target: str
+
+    def text(self) -> str:
+        return _line("mkdir", self.target)
 
 
-@dataclass(frozen=True)
-class WriteFile(_Step):
+class WriteFile(NamedTuple):
     """A read-only file with ``content`` inside a tmpfs of the plan."""
 
+    target: str
     content: str = ""
     mode: int = 0o444
-    verb = "write"
 
-    def detail(self) -> str:
+    def text(self) -> str:
         first = self.content.splitlines()[0] if self.content else ""
-        return f" ({len(self.content.encode())} bytes: {first[:40]!r}…)"
+        return _line("write", self.target, f" ({len(self.content.encode())} bytes: {first[:40]!r}…)")
 
 
-@dataclass(frozen=True)
-class Seal(_Step):
+class Seal(NamedTuple):
     """Make the tmpfs on ``target`` read-only (nosuid, nodev, noexec) once it is filled."""
 
-    verb = "seal"
+    target: str
 
-    def detail(self) -> str:
-        return " [rdonly,nosuid,nodev,noexec]"
+    def text(self) -> str:
+        return _line("seal", self.target, " [rdonly,nosuid,nodev,noexec]")
 
 
-@dataclass(frozen=True)
-class Symlink(_Step):
+class Symlink(NamedTuple):
     """Symlink ``target`` -> ``link_to``, made only where nothing exists at ``target``."""
 
+    target: str
     link_to: str = ""
-    verb = "symlink"
-    what = "library"
 
-    def detail(self) -> str:
-        return f" -> {self.link_to}"
+    def text(self) -> str:
+        return _line("symlink", self.target, f" -> {self.link_to}", what="library")
 
 
 Operation = Bind | Tmpfs | MakeDir | WriteFile | Seal | Symlink
 _OPS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Bind, Tmpfs, MakeDir, WriteFile, Seal, Symlink)}
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """Everything ``configure`` does to one container, in order."""
 
     rootfs: str  # as given (absolute path; with pid, in the container's mount namespace)
@@ -188,8 +173,8 @@ class Plan:
             "rootfs": self.rootfs,
             "pid": self.pid,
             "owner": list(self.owner),
-            "operations": [{"op": type(op).__name__.lower(), **dataclasses.asdict(op)} for op in self.operations],
-            "cgroup_rules": [dataclasses.asdict(r) for r in self.cgroup_rules],
+            "operations": [{"op": type(op).__name__.lower(), **op._asdict()} for op in self.operations],
+            "cgroup_rules": [r._asdict() for r in self.cgroup_rules],
             "ldconfig": self.ldconfig,
             "ldconfig_dirs": list(self.ldconfig_dirs),
         }
@@ -214,8 +199,7 @@ class Plan:
 # ---- inputs ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     """The request's options that shape the plan."""
 
     capabilities: frozenset[str] = frozenset()
@@ -229,8 +213,7 @@ class Options:
     extra_mounts: tuple[HostMount, ...] = ()
 
 
-@dataclass(frozen=True)
-class HostFacts:
+class HostFacts(NamedTuple):
     """What discovery found on the host."""
 
     root: str  # driver root (absolute); files below are host paths under it
@@ -243,8 +226,7 @@ class HostFacts:
     caps_dir: str = f"{PROC_NVIDIA}/capabilities"  # host path of the MIG capability tree
 
 
-@dataclass(frozen=True)
-class ContainerFacts:
+class ContainerFacts(NamedTuple):
     """What the container's rootfs says, read safely inside it (see :func:`nvc.configure.container_facts`)."""
 
     owner: tuple[int, int]

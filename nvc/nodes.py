@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nvc import rootpath
 from nvc.errors import DetectionError, DeviceError
@@ -33,8 +33,7 @@ MODESET_PATH = "/dev/nvidia-modeset"
 IMEX_CHANNEL_LIMIT = 1 << 20
 
 
-@dataclass(frozen=True)
-class NodeSpec:
+class NodeSpec(NamedTuple):
     """A device node nvc-py expects: its path inside the root and its device number."""
 
     path: str  # "/dev/nvidiactl"
@@ -43,8 +42,7 @@ class NodeSpec:
     mode: int = 0o666  # used only when the node is created
 
 
-@dataclass(frozen=True)
-class DeviceNode:
+class DeviceNode(NamedTuple):
     """A device node found on the host: host path plus device number."""
 
     path: str

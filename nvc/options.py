@@ -7,7 +7,7 @@ for the CLI's imports at every container start.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvc.errors import InputError
 from nvc.untrusted import decimal
@@ -15,8 +15,7 @@ from nvc.untrusted import decimal
 OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")
 
 
-@dataclass(frozen=True)
-class GlobalOptions:
+class GlobalOptions(NamedTuple):
     """Options given before the command."""
 
     root: str  # driver root, absolute

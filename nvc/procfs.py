@@ -8,11 +8,10 @@ tell: the MIG capability access files and their ``nvidia-caps`` minors.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nvc.devices import Gpu, MigDevice
 from nvc.errors import DetectionError, InitializationError
@@ -36,8 +35,7 @@ def normalize_bus_id(text: str) -> str | None:
     return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
-@dataclass(frozen=True)
-class ProcGpu:
+class ProcGpu(NamedTuple):
     """A GPU as /proc/driver/nvidia/gpus describes it: identity only, no NVML facts."""
 
     index: int  # position in bus id order, which is NVML's default (PCI) enumeration order
@@ -173,8 +171,7 @@ def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
         gi_path = caps_dir(proc) / gi / "access"
         ci_path = caps_dir(proc) / ci / "access"
         migs.append(
-            dataclasses.replace(
-                mig,
+            mig._replace(
                 gi_caps_path=str(gi_path) if gi_path.is_file() else None,
                 ci_caps_path=str(ci_path) if ci_path.is_file() else None,
                 gi_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/access"),
@@ -183,4 +180,4 @@ def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
                 ),
             )
         )
-    return dataclasses.replace(gpu, mig_devices=tuple(migs))
+    return gpu._replace(mig_devices=tuple(migs))

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-
-TYPE_CHECKING = False  # as typing's, which the hook's direct path does not import
-if TYPE_CHECKING:
-    from typing import NoReturn
+from typing import NoReturn
 
 
 def exit_now(code: int) -> NoReturn:

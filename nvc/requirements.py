@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvc.errors import InputError, RequirementError, shown
 
@@ -36,8 +36,7 @@ def version_key(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-@dataclass(frozen=True)
-class Factor:
+class Factor(NamedTuple):
     """One ``name op value`` comparison."""
 
     name: str
@@ -54,8 +53,7 @@ class Factor:
         return _OPS[self.op](version_key(actual), version_key(self.value))
 
 
-@dataclass(frozen=True)
-class Requirement:
+class Requirement(NamedTuple):
     """One requirement expression: OR of terms, each an AND of factors."""
 
     text: str

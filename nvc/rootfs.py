@@ -17,7 +17,6 @@ import posixpath
 import stat
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nvc import syscalls
 
@@ -254,7 +253,6 @@ def remove_in_root(root_fd: int, path: str) -> None:
         os.close(dir_fd)
 
 
-@dataclass
 class SavedFile:
     """What ``path`` inside a root was before a tool (ldconfig) replaced it, for :func:`restore_file`.
 
@@ -263,11 +261,11 @@ class SavedFile:
     which the tool refuses to touch, so there is nothing to restore.
     """
 
-    path: str
-    kind: str
-    link: str = ""
-    fd: int = -1
-    stat: os.stat_result | None = None
+    __slots__ = ("path", "kind", "link", "fd", "stat")
+
+    def __init__(self, path: str, kind: str, link: str = "", fd: int = -1, stat: os.stat_result | None = None) -> None:
+        self.path, self.kind, self.link, self.stat = path, kind, link, stat
+        self.fd = fd  # -1 once closed (close_saved)
 
 
 def save_file(root_fd: int, path: str) -> SavedFile:

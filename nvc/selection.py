@@ -10,8 +10,7 @@ the caller can tell, before loading NVML, whether the request can be answered wi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from nvc.devices import MigDevice
 from nvc.errors import DeviceError, cut
@@ -34,8 +33,7 @@ class GpuLike(Protocol):
     def mig_devices(self) -> tuple[MigDevice, ...]: ...
 
 
-@dataclass(frozen=True)
-class Selector:
+class Selector(NamedTuple):
     """One parsed selector. ``kind``: all, uuid, bus_id, index, mig_uuid, mig_index."""
 
     text: str  # as the user wrote it, for error messages
@@ -75,8 +73,7 @@ def parse(spec: str | tuple[str, ...]) -> tuple[Selector, ...]:
     return tuple(selectors)
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(NamedTuple):
     """Selected GPUs (NVML index order) and MIG devices (parent, MIG index order)."""
 
     gpus: tuple[GpuLike, ...]

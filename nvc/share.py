@@ -17,8 +17,8 @@ import errno
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from nvc.errors import ContainerError, InputError, MountError, shown
 
@@ -48,8 +48,7 @@ _NAMES = (
 _SCOPE = re.compile(r"_([0-9]{1,3})")
 
 
-@dataclass(frozen=True)
-class ShareRequest:
+class ShareRequest(NamedTuple):
     """What a container asked for. Scope "" means every device, else an NVML index (as the
     container numbers its GPUs). Sizes in bytes; percents 1..100 (100 = unthrottled)."""
 

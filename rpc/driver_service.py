@@ -14,9 +14,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 from nvc.errors import DriverError, InitializationError
 from nvc.rpc.confine import confine, overflow_ids
@@ -52,8 +51,7 @@ _BRAND_NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class DriverSnapshot:
+class DriverSnapshot(NamedTuple):
     """What NVML reported, in one piece: versions and every GPU with its MIG devices."""
 
     driver_version: str  # "580.95.05"
@@ -217,7 +215,7 @@ def serve_driver(root: str, uid: int, gid: int) -> Dispatch:
 
 
 def snapshot_from_wire(data: dict[str, Any]) -> DriverSnapshot:
-    """Build the snapshot's dataclasses from the helper's JSON answer."""
+    """Build the snapshot's records from the helper's JSON answer."""
     from nvc.devices import Gpu, MigDevice
 
     gpus = tuple(

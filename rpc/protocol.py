@@ -25,8 +25,9 @@ import json
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
@@ -47,22 +48,19 @@ class EndOfStream(ProtocolError):
     """The peer closed the stream cleanly, between two frames."""
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     id: int
     method: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class RemoteError:
+class RemoteError(NamedTuple):
     kind: str  # an nvc.errors kind: "driver", "initialization", …
     message: str
     code: int | None = None
 
 
-@dataclass(frozen=True)
-class Response:
+class Response(NamedTuple):
     id: int
     result: Any = None
     error: RemoteError | None = None
@@ -73,7 +71,7 @@ def encode(message: Request | Response) -> bytes:
     body: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": message.id}
     if isinstance(message, Request):
         body["method"] = message.method
-        body["params"] = message.params
+        body["params"] = dict(message.params)
     elif message.error is not None:
         err = message.error
         body["error"] = {"kind": err.kind, "message": err.message, "code": err.code}

@@ -20,7 +20,7 @@ from nvc.errors import InputError
 
 def test_missing_file_means_defaults(tmp_path: Path) -> None:
     cfg = config.load(str(tmp_path / "absent.yaml"))
-    assert cfg == config.Config()
+    assert cfg == config.defaults() == config.Config(ldconfig=config.default_ldconfig())
     assert cfg.accept_envvar_when_unprivileged and not cfg.accept_volume_mounts and not cfg.disable_require
     assert cfg.supported_capabilities == CAPABILITIES and cfg.ldconfig.startswith("@")
 

@@ -1,11 +1,10 @@
 """The mount planner (pure): which files, nodes, /proc contents and cgroup rules a container gets.
 
-No root and no driver needed: host and container facts are plain dataclasses here.
+No root and no driver needed: host and container facts are plain records here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -132,7 +131,7 @@ def test_library_symlinks():
 
 
 def test_compat32_goes_to_the_32_bit_dir_and_into_ldconfig():
-    lib64 = dataclasses.replace(DEBIAN, lib_dir="/usr/lib64", lib32_dir="/usr/lib")
+    lib64 = DEBIAN._replace(lib_dir="/usr/lib64", lib32_dir="/usr/lib")
     plan = _plan(caps=("compute", "compat32"), container=lib64)
     assert [b.target for b in _binds(plan, "library32")] == [f"/usr/lib/libcuda.so.{V}"]
     assert plan.ldconfig_dirs == ("/usr/lib64", "/usr/lib")
@@ -153,10 +152,10 @@ def test_proc_tmpfs_holds_params_version_and_selected_gpus_only():
 
 
 def test_proc_tmpfs_where_the_container_lacks_the_driver_dir():
-    on_driver = _plan(container=dataclasses.replace(DEBIAN, proc_mountpoint="/proc/driver"))
+    on_driver = _plan(container=DEBIAN._replace(proc_mountpoint="/proc/driver"))
     assert on_driver.operations[[type(op) for op in on_driver.operations].index(Tmpfs) + 1] == MakeDir(
         "/proc/driver/nvidia")
-    none = _plan(container=dataclasses.replace(DEBIAN, proc_mountpoint=None))
+    none = _plan(container=DEBIAN._replace(proc_mountpoint=None))
     assert not [op for op in none.operations if isinstance(op, (Tmpfs, WriteFile, Seal))]
 
 
@@ -195,7 +194,7 @@ def test_imex_channels():
 
 
 def test_missing_gpu_node_is_a_device_error():
-    host = dataclasses.replace(HOST, nodes={k: v for k, v in NODES.items() if k != "/dev/nvidia0"})
+    host = HOST._replace(nodes={k: v for k, v in NODES.items() if k != "/dev/nvidia0"})
     with pytest.raises(DeviceError, match=r"/dev/nvidia0: no such device node under /drv"):
         _plan(host=host)
 
@@ -224,7 +223,7 @@ def test_cuda_compat_filter(lib, ldconfig_mode, mount_mode):  # the reference's 
 
 
 def test_cuda_compat_modes():
-    container = dataclasses.replace(DEBIAN, compat_libs=("/usr/local/cuda/compat/libcuda.so.590.1.2",))
+    container = DEBIAN._replace(compat_libs=("/usr/local/cuda/compat/libcuda.so.590.1.2",))
     assert _plan(container=container).ldconfig_dirs == ("/usr/local/cuda/compat", "/usr/lib/x86_64-linux-gnu")
     assert _plan(container=container, cuda_compat_mode="disabled").ldconfig_dirs == ("/usr/lib/x86_64-linux-gnu",)
     mounted = _plan(container=container, cuda_compat_mode="mount")
@@ -276,7 +275,7 @@ def test_wire_round_trip_and_text():
 )
 def test_validate_refuses_bad_requests(changes, error, message):
     with pytest.raises(error, match=message):
-        validate(dataclasses.replace(ConfigureRequest(rootfs="/rootfs", pid=1, devices="all"), **changes))
+        validate(ConfigureRequest(rootfs="/rootfs", pid=1, devices="all")._replace(**changes))
 
 
 def test_validate_none_selects_nothing_and_standalone_skips_cgroups():

@@ -407,7 +407,7 @@ def test_bus_id_is_normalised() -> None:
     assert bus_id(0x10000, 0xA, 0x1F) == "00010000:0A:1F.0"
 
 
-def test_snapshot_from_wire_builds_dataclasses() -> None:
+def test_snapshot_from_wire_builds_records() -> None:
     gpu = {
         "index": 0, "minor": 3, "model": "M", "brand": "Tesla", "uuid": "GPU-1", "bus_id": "00000000:01:00.0",
         "architecture": "8.0", "memory_total": 5, "mig_enabled": True,
