@@ -69,6 +69,10 @@ from nvc.untrusted import directory_problem
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
 IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an NVML helper
+# Workers forked ahead and waiting in accept(): a storm of calls is taken by as many at once while
+# the server forks their replacements, instead of each call waiting for the fork of the one before.
+# One of them keeps an NVML helper ready (nvc-py info), not every one.
+SPARES = max(2, min(8, (os.cpu_count() or 1) // 2))
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
@@ -338,9 +342,10 @@ def _worker(conn: socket.socket, programs: Programs, ours: Standing) -> None:
         os._exit(0)
 
 
-def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing) -> None:
+def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, nvml: bool) -> None:
     """A worker forked ahead of its call: waits for the next connection, tells the server it was
-    taken (so the server forks the next spare), then serves it. Never returns."""
+    taken (so the server forks another spare), then serves it. Never returns. ``nvml``: starts an
+    NVML helper while idle."""
     import prctl
 
     try:
@@ -350,7 +355,7 @@ def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing) 
         if os.getppid() == 1:
             os._exit(0)
         gc.disable()  # a worker lives for one call: no collections during it
-        ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_NVML)
+        ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_NVML) if nvml else ([sock], [], [])
         if not ready:  # idle: have NVML loaded for a call that needs it (nvc-py info, MIG)
             _prestart_driver()
         while True:
@@ -449,35 +454,42 @@ def _serve_in(directory_fd: int, path: str, name: str) -> int:
         print(f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}", file=sys.stderr,
               flush=True)
         activation.release_start_lock()
-        while True:
-            taken_r, taken_w = os.pipe()
-            if os.fork() == 0:
-                signal.set_wakeup_fd(-1)
-                for fd in (taken_r, stop_r, stop_w):
+        spares: dict[int, bool] = {}  # each waiting spare's taken pipe -> whether it keeps NVML ready
+        try:
+            while True:
+                while len(spares) < SPARES:
+                    nvml = not any(spares.values())
+                    taken_r, taken_w = os.pipe()
+                    if os.fork() == 0:
+                        signal.set_wakeup_fd(-1)
+                        for fd in (*spares, taken_r, stop_r, stop_w):
+                            os.close(fd)
+                        _spare(sock, taken_w, programs, ours, nvml)
+                    os.close(taken_w)
+                    spares[taken_r] = nvml
+                # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM.
+                ready = select.select([*spares, stop_r], [], [], DRAIN_QUIET if draining else idle)[0]
+                if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
+                    return 0
+                died = False
+                for fd in set(ready) & spares.keys():
+                    died |= not os.read(fd, 1)
                     os.close(fd)
-                _spare(sock, taken_w, programs, ours)
-            os.close(taken_w)
-            try:
-                # Until the spare takes a call (a byte) or dies before it (end of file), or SIGTERM.
-                while True:
-                    ready = select.select([taken_r, stop_r], [], [], DRAIN_QUIET if draining else idle)[0]
-                    if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
-                        return 0
-                    if taken_r in ready:
-                        break
-                    if ready:  # another signal's byte
-                        continue
-                    if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
-                        print(f"nvc-py-hook serve: no call for {idle:g} s: stopping", file=sys.stderr, flush=True)
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(name, dir_fd=directory_fd)
-                        owned, draining = False, True
-                    elif not select.select([sock], [], [], 0)[0]:
-                        return 0  # nothing queued, nothing can come: the spare goes with this process
-                if not os.read(taken_r, 1):
+                    del spares[fd]
+                if died:
                     time.sleep(SPARE_RESPAWN_DELAY)  # no tight loop of spares that cannot start
-            finally:
-                os.close(taken_r)
+                if ready:  # a call, a dead spare or another signal's byte
+                    continue
+                if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
+                    print(f"nvc-py-hook serve: no call for {idle:g} s: stopping", file=sys.stderr, flush=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=directory_fd)
+                    owned, draining = False, True
+                elif not select.select([sock], [], [], 0)[0]:
+                    return 0  # nothing queued, nothing can come: the spares go with this process
+        finally:
+            for fd in spares:
+                os.close(fd)
     finally:
         sock.close()
         if owned:
