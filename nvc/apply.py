@@ -150,10 +150,10 @@ class Applier:
                 src = inroot.open_in_root(self.root_fd, op.source, os.O_PATH | os.O_NOFOLLOW)
                 tree = self._clone(op.source, op, src)
             try:
-                parent, name = self._parent(op.target)
+                parent, name = self._target(op.target, "dir" if op.kind == "dir" else "file",
+                                            stat.S_IMODE(os.fstat(tree).st_mode))
                 try:
                     self._refuse_shared(parent, op.target)
-                    self._create(parent, name, op.target, directory=op.kind == "dir")
                     mount = fdmount.attach_tree(tree, parent, name, dest_path=op.target)
                 finally:
                     os.close(parent)
@@ -162,7 +162,7 @@ class Applier:
                 raise
             self.done.append(("mount", mount))
         elif isinstance(op, Tmpfs):
-            parent, name = self._parent(op.target)
+            parent, name = self._target(op.target, None, 0)
             try:
                 self._refuse_shared(parent, op.target)
                 mount = fdmount.mount_tmpfs(parent, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
@@ -172,11 +172,7 @@ class Applier:
             self.done.append(("mount", mount))
             self.tmpfs[op.target] = mount
         elif isinstance(op, MakeDir):
-            parent, name = self._parent(op.target)
-            try:
-                self._create(parent, name, op.target, directory=True)
-            finally:
-                os.close(parent)
+            os.close(self._target(op.target, "dir", 0o755)[0])
         elif isinstance(op, WriteFile):
             fd = inroot.create_file_in_root(self.root_fd, op.target, op.mode, access=os.O_WRONLY)
             self._created(op.target)
@@ -209,41 +205,39 @@ class Applier:
         if not self._in_tmpfs(path):
             self.done.append(("file", path))
 
-    def _parent(self, path: str) -> tuple[int, str]:
-        """The parent directory of ``path`` (made, owned by the container, where missing) and the name."""
-        self._makedirs(posixpath.dirname(path))
-        return inroot.open_parent_in_root(self.root_fd, path)
-
-    def _makedirs(self, path: str) -> None:
-        """``mkdir -p`` inside the rootfs, recording each directory made; a dangling symlink
-        or a non-directory in the way is refused rather than followed or replaced."""
-        current = ""
-        for part in (p for p in path.split("/") if p):
-            current += "/" + part
-            try:
-                os.close(inroot.open_in_root(self.root_fd, current, os.O_PATH | os.O_DIRECTORY))
-                continue
-            except FileNotFoundError:
-                pass
-            parent, name = inroot.open_parent_in_root(self.root_fd, current)
-            try:
-                self._create(parent, name, current, directory=True)
-            finally:
-                os.close(parent)
-
-    def _create(self, parent: int, name: str, path: str, directory: bool) -> None:
-        """Create ``name`` in ``parent`` (a directory or an empty file) unless it exists."""
-        try:
-            if directory:
-                os.mkdir(name, 0o755, dir_fd=parent)
+    def _target(self, path: str, make: str | None, mode: int) -> tuple[int, str]:
+        """Where ``path`` leads inside the rootfs, as the container resolves it: the parent's fd
+        and the name there. Missing directories on the way are made (0755), and with ``make``
+        ("dir" or "file") the last name too (``mode`` less the group and other write bits),
+        owned by the container's owner, as the reference makes them."""
+        def last(dir_fd: int, name: str, where: str) -> None:
+            if make == "dir":
+                os.mkdir(name, mode & 0o755, dir_fd=dir_fd)
             else:
-                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                                 dir_fd=parent))
-        except FileExistsError:
-            return  # an existing target is checked by the mount itself (kind, not a symlink)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                os.close(os.open(name, flags, mode & 0o755, dir_fd=dir_fd))
+            self._made(dir_fd, name, where)
+
+        def mkdir(dir_fd: int, name: str, where: str) -> None:
+            os.mkdir(name, 0o755, dir_fd=dir_fd)
+            self._made(dir_fd, name, where)
+
+        try:
+            parent, name, where = inroot.resolve_in_root(self.root_fd, path, mkdir, last if make else None)
+        except inroot.InRootError as err:
+            raise MountError(f"cannot mount on {path}: {err.why}") from None
+        if name == ".":
+            os.close(parent)
+            raise MountError(f"refusing to mount over {path}: it leads to the root of the image")
+        return parent, name
+
+    def _made(self, dir_fd: int, name: str, where: str) -> None:
+        """Give what was just made as ``name`` in ``dir_fd`` to the container's owner and remember
+        it (by that fd: a rollback removes exactly it, whatever the image's links say by then)."""
         uid, gid = self.plan.owner
-        os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
-        self._created(path)
+        os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+        if not self._in_tmpfs(where):
+            self.done.append(("made", (os.dup(dir_fd), name, where)))
 
     # -- end -------------------------------------------------------------------------------
 
@@ -257,6 +251,12 @@ class Applier:
                         fdmount.unmount(what)  # type: ignore[arg-type]
                     elif kind == "ldconfig":
                         problems += self._undo_ldconfig(*what)  # type: ignore[misc]
+                    elif kind == "made":
+                        dir_fd, name, where = what  # type: ignore[misc]
+                        try:
+                            inroot.remove_at(dir_fd, name, where)
+                        finally:
+                            os.close(dir_fd)
                     else:
                         inroot.remove_in_root(self.root_fd, what)  # type: ignore[arg-type]
                 except (NvcError, OSError) as err:
@@ -294,6 +294,8 @@ class Applier:
             elif kind == "ldconfig":
                 for file in what[0]:  # type: ignore[index]
                     inroot.close_saved(file)
+            elif kind == "made":
+                os.close(what[0])  # type: ignore[index]
         self.done.clear()
         self._close()
 

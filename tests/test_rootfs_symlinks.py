@@ -1,0 +1,113 @@
+"""Images whose directories are symbolic links, through ``nvc-py-hook prestart`` in runc (issue 14).
+
+Every variant of tests/harness/symlinks.py on the fake driver (a test double: nothing here is a GPU
+result): an absolute link is resolved as the container sees it (the rootfs as ``/``), what is
+missing is made inside the rootfs (0755, the container's owner), and the container starts and
+lists its GPU with ``nvidia-smi -L``; where a component cannot be used (a loop, a file where a
+directory is needed, a dangling link into a read-only place, a read-only rootfs) the start fails
+with one line naming the path inside the image and why, and the rollback leaves the image as it
+was. In every case the host (a canary directory the links point at, driver-named files in host
+directories, the host's ld cache) is unchanged and the container's mount table shows no host path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+from harness.symlinks import SHOW, VARIANTS, Variant, mount_points, summary, unmerge
+from test_configure_hostile import DRIVER_VERSION, HostWatch, canary, entries, host_paths_in  # noqa: F401
+
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+H100 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"  # the fake machine's GPU 0
+
+
+@pytest.fixture
+def hook_config(active_2gpu, tmp_path: Path) -> Path:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
+    return config
+
+
+@contextmanager
+def read_only_mount(path: Path) -> Iterator[None]:
+    """``path`` bound read-only onto itself (this test's private mount namespace) for the duration."""
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def start(runc, tmp_path: Path, rootfs: Path, config: Path, variant: Variant) -> tuple[subprocess.CompletedProcess,
+                                                                                          str]:
+    """runc create + start with nvc-py-hook as the prestart hook; (result, the hook's error or "")."""
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    bundle = make_bundle(tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                         hooks={"prestart": [hook]}, readonly=variant.readonly)
+    if variant.ro_mount:
+        with read_only_mount(rootfs):
+            result = runc.create_start(bundle)
+    else:
+        result = runc.create_start(bundle)
+    log = tmp_path / "hook.log"
+    errors = [json.loads(line).get("error") or "" for line in log.read_text().splitlines()] if log.exists() else []
+    return result, "".join(errors)
+
+
+def gpu_listed(stdout: str, uuid: str) -> bool:
+    return re.search(rf"^GPU 0: .*\(UUID: {uuid}\)$", stdout, re.MULTILINE) is not None
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
+def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, canary, variant):  # noqa: F811
+    rootfs = make_rootfs()
+    unmerge(rootfs)
+    away = canary / "away"  # a host path the image does not have
+    variant.plant(rootfs, away, DRIVER_VERSION)
+    watch = HostWatch(canary)
+    before = entries(rootfs)
+
+    result, error = start(runc, tmp_path, rootfs, hook_config, variant)
+
+    listed = gpu_listed(result.stdout, H100)
+    print(summary(variant, "started" if result.returncode == 0 else f"refused: {error}", listed, True))
+    watch.assert_unchanged()
+    if variant.refusal is not None:
+        assert result.returncode != 0 and not listed
+        # the errno's text may follow where the kernel gave one (it differs between sysfs and overlayfs)
+        assert re.fullmatch(rf"mount error: cannot mount on /\S+: {re.escape(variant.refusal)}(: [^:]+)?", error), error
+        assert f"nvc-py-hook: {error}" in result.stderr, result.stderr  # runc passes the hook's line on
+        assert entries(rootfs) == before  # rolled back: every directory and mount point made is gone
+        return
+    assert result.returncode == 0, result.stderr + error
+    assert listed, result.stdout
+    mountinfo = result.stdout.partition("--- mountinfo\n")[2]
+    assert not host_paths_in(mountinfo, (rootfs, active_2gpu.root, active_2gpu.proc))
+    under = variant.mounted_under(away)
+    assert any(point.startswith(under + "/") for point in mount_points(mountinfo)), (under, mountinfo)
+    made = [path for path in entries(rootfs) if path not in before]
+    for path in made:  # what nvc-py made: mount points, their directories, links, ldconfig's files
+        st = (rootfs / path).lstat()
+        assert (st.st_uid, st.st_gid) == (0, 0), path
+        if stat.S_ISDIR(st.st_mode):
+            assert stat.S_IMODE(st.st_mode) == 0o755, path
+    if variant.readonly:  # only what the reference writes into an image too
+        unexpected = [path for path in made if not REFERENCE_WRITES.match(path)]
+        assert not unexpected, unexpected
+
+
+# Mount points of driver files (firmware with its directories) and the library links next to
+# them (ldconfig's SONAME links, libcuda.so); ldconfig rewrites /etc/ld.so.cache, which exists already.
+REFERENCE_WRITES = re.compile(r"^usr/bin/nv|^usr/lib/x86_64-linux-gnu/lib(nvidia|cuda)|^usr/lib/firmware(/|$)")
