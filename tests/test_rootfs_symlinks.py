@@ -13,6 +13,7 @@ directories, the host's ld cache) is unchanged and the container's mount table s
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 from harness.bundle import make_bundle
 from harness.symlinks import SHOW, VARIANTS, Variant, mount_points, summary, unmerge
 from test_configure_hostile import DRIVER_VERSION, HostWatch, canary, entries, host_paths_in  # noqa: F401
+from test_ldconfig_hostile import user_process  # noqa: F401 - fixture
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 H100 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"  # the fake machine's GPU 0
@@ -111,3 +113,36 @@ def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, 
 # Mount points of driver files (firmware with its directories) and the library links next to
 # them (ldconfig's SONAME links, libcuda.so); ldconfig rewrites /etc/ld.so.cache, which exists already.
 REFERENCE_WRITES = re.compile(r"^usr/bin/nv|^usr/lib/x86_64-linux-gnu/lib(nvidia|cuda)|^usr/lib/firmware(/|$)")
+
+
+def test_made_directories_and_mount_points_belong_to_the_container(active_2gpu, make_rootfs, user_process,
+                                                                    canary, tmp_path):  # noqa: F811
+    """As the reference makes them: the directories a dangling absolute lib dir link needs, 0755,
+    and the mount points, with their source's mode less group/other write, owned by the
+    container's user (uid 1000 here: a stand-in process in a mount namespace of its own)."""
+    rootfs = make_rootfs()
+    unmerge(rootfs)
+    away = canary / "away"
+    next(v for v in VARIANTS if v.name == "libdir-abs-absent").plant(rootfs, away, DRIVER_VERSION)
+    for path in (rootfs / "etc", rootfs / "etc/ld.so.cache"):  # ldconfig runs as the user too
+        os.chown(path, 1000, 1000)
+    watch = HostWatch(canary)
+
+    done = subprocess.run([str(SCRIPTS / "nvc-py"), "--root", str(active_2gpu.root), "configure",
+                           f"--pid={user_process}", "--no-cgroups", "--device=0", "--compute", "--utility",
+                           str(rootfs)], capture_output=True, text=True)
+
+    assert done.returncode == 0, done.stderr
+    inside = rootfs / str(away / "lib").lstrip("/")
+    made_dirs = [inside, *[p for p in inside.parents if p not in rootfs.parents and p != rootfs
+                           and not (rootfs / "tmp").is_relative_to(p)]]
+    for path in made_dirs:
+        st = path.lstat()
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755, path
+        assert (st.st_uid, st.st_gid) == (1000, 1000), path
+    lib = inside / f"libnvidia-ml.so.{DRIVER_VERSION}"
+    source = active_2gpu.root / "usr/lib/x86_64-linux-gnu" / lib.name
+    st = lib.lstat()  # the mount point under the mount (this namespace does not see the mount)
+    assert stat.S_ISREG(st.st_mode) and (st.st_uid, st.st_gid) == (1000, 1000)
+    assert stat.S_IMODE(st.st_mode) == stat.S_IMODE(source.stat().st_mode) & 0o755
+    watch.assert_unchanged()
