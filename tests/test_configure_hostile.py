@@ -109,11 +109,19 @@ class HostWatch:
         self.canary = canary
         self.before = (snapshot(canary), driver_named_host_files(), host_cache_state())
 
-    def assert_unchanged(self) -> None:
+    def changes(self) -> list[str]:
+        """What differs from before (nothing: an empty list)."""
         after = (snapshot(self.canary), driver_named_host_files(), host_cache_state())
-        assert after[0] == self.before[0], "host canary changed"
-        assert after[1] == self.before[1], f"driver files appeared on the host: {after[1] - self.before[1]}"
-        assert after[2] == self.before[2], "host /etc/ld.so.cache changed"
+        found = ["host canary changed"] if after[0] != self.before[0] else []
+        if after[1] != self.before[1]:
+            found.append(f"driver files appeared on the host: {after[1] - self.before[1]}")
+        if after[2] != self.before[2]:
+            found.append("host /etc/ld.so.cache changed")
+        return found
+
+    def assert_unchanged(self) -> None:
+        changes = self.changes()
+        assert not changes, "; ".join(changes)
 
 
 @pytest.fixture

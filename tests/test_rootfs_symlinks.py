@@ -12,20 +12,16 @@ directories, the host's ld cache) is unchanged and the container's mount table s
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
 import subprocess
 import sysconfig
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from harness.bundle import make_bundle
-from harness.symlinks import SHOW, VARIANTS, Variant, mount_points, summary, unmerge
+from harness.symlinks import VARIANTS, gpu_listed, mount_points, start, summary, unmerge
 from test_configure_hostile import DRIVER_VERSION, HostWatch, canary, entries, host_paths_in  # noqa: F401
 from test_ldconfig_hostile import user_process  # noqa: F401 - fixture
 
@@ -40,38 +36,6 @@ def hook_config(active_2gpu, tmp_path: Path) -> Path:
     return config
 
 
-@contextmanager
-def read_only_mount(path: Path) -> Iterator[None]:
-    """``path`` bound read-only onto itself (this test's private mount namespace) for the duration."""
-    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-def start(runc, tmp_path: Path, rootfs: Path, config: Path, variant: Variant) -> tuple[subprocess.CompletedProcess,
-                                                                                          str]:
-    """runc create + start with nvc-py-hook as the prestart hook; (result, the hook's error or "")."""
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
-    bundle = make_bundle(tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         hooks={"prestart": [hook]}, readonly=variant.readonly)
-    if variant.ro_mount:
-        with read_only_mount(rootfs):
-            result = runc.create_start(bundle)
-    else:
-        result = runc.create_start(bundle)
-    log = tmp_path / "hook.log"
-    errors = [json.loads(line).get("error") or "" for line in log.read_text().splitlines()] if log.exists() else []
-    return result, "".join(errors)
-
-
-def gpu_listed(stdout: str, uuid: str) -> bool:
-    return re.search(rf"^GPU 0: .*\(UUID: {uuid}\)$", stdout, re.MULTILINE) is not None
-
-
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, canary, variant):  # noqa: F811
     rootfs = make_rootfs()
@@ -84,7 +48,7 @@ def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, 
     result, error = start(runc, tmp_path, rootfs, hook_config, variant)
 
     listed = gpu_listed(result.stdout, H100)
-    print(summary(variant, "started" if result.returncode == 0 else f"refused: {error}", listed, True))
+    print(summary(variant, "started" if result.returncode == 0 else f"refused: {error}", listed, not watch.changes()))
     watch.assert_unchanged()
     if variant.refusal is not None:
         assert result.returncode != 0 and not listed

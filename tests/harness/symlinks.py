@@ -14,12 +14,19 @@ owner); the README's parity table repeats it.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Callable
+import sysconfig
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from .bundle import make_bundle
+from .runtime import Runc
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 APPLETS = ("sh", "cat", "ls", "grep", "readlink", "stat", "true", "echo")
@@ -138,13 +145,61 @@ VARIANTS = (
 )
 
 
+HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
+
+
+@contextmanager
+def read_only_mount(path: Path) -> Iterator[None]:
+    """``path`` bound read-only onto itself (in the caller's mount namespace) for the duration."""
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def start(runtime: Runc, tmp_path: Path, rootfs: Path, config: Path, variant: Variant,
+          timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Create and start ``rootfs`` (running :data:`SHOW`) with ``nvc-py-hook prestart`` as its
+    prestart hook, configured by ``config`` whose log goes to ``tmp_path/hook.log``; return the
+    result and the errors of the hook's log lines (crun, unlike runc, does not pass a failing
+    hook's stderr on)."""
+    hook = {"path": str(HOOK), "args": ["nvc-py-hook", "prestart"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    result = start_with(runtime, tmp_path, rootfs, hook, variant, timeout)
+    log = tmp_path / "hook.log"
+    errors = [json.loads(line).get("error") or "" for line in log.read_text().splitlines()] if log.exists() else []
+    return result, "".join(errors)
+
+
+def start_with(runtime: Runc, tmp_path: Path, rootfs: Path, hook: dict[str, object], variant: Variant,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Create and start ``rootfs`` (running :data:`SHOW`, GPU 0 requested) with ``hook`` as its
+    prestart hook, the variant's read-only settings applied."""
+    bundle = make_bundle(tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                         hooks={"prestart": [hook]}, readonly=variant.readonly)
+    if variant.ro_mount:
+        with read_only_mount(rootfs):
+            return runtime.create_start(bundle, timeout=timeout)
+    return runtime.create_start(bundle, timeout=timeout)
+
+
+def gpu_listed(stdout: str, uuid: str = r"GPU-[0-9a-f-]+") -> bool:
+    """``nvidia-smi -L`` in the container listed GPU 0 (with ``uuid``, a regular expression)."""
+    return re.search(rf"^GPU 0: .*\(UUID: {uuid}\)$", stdout, re.MULTILINE) is not None
+
+
 def mount_points(mountinfo: str) -> list[str]:
     """The mount points (field 5) of a mountinfo text."""
     return [line.split()[4] for line in mountinfo.splitlines() if len(line.split()) > 4]
 
 
-def summary(variant: Variant, outcome: str, gpu_listed: bool | None, host_unchanged: bool) -> str:
-    """The one line per case that the GPU run's closing note quotes."""
+def summary(variant: Variant, outcome: str, gpu_listed: bool | None, host_unchanged: bool,
+            observed: str | None = None) -> str:
+    """The one line per case that the GPU run's closing note quotes (``observed``: what the
+    reference did with the same image on that machine, where it is installed)."""
     listed = "n/a" if gpu_listed is None else "yes" if gpu_listed else "no"
-    return (f"SYMLINK {variant.name} reference-behaviour={variant.reference!r} nvc-py={outcome} "
+    seen = "" if observed is None else f" reference-observed={observed!r}"
+    return (f"SYMLINK {variant.name} reference-behaviour={variant.reference!r}{seen} nvc-py={outcome} "
             f"gpu-listed={listed} host-unchanged={'yes' if host_unchanged else 'no'}")
