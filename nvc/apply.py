@@ -15,7 +15,6 @@ links the image's ldconfig would make).
 from __future__ import annotations
 
 import os
-import posixpath
 import stat
 import time
 from collections.abc import Iterator

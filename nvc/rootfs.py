@@ -76,7 +76,7 @@ def _walk(
     stack = [(os.dup(root_fd), "")]  # (O_PATH fd, canonical path inside the root) of each dir
     todo = deque(_components(path))
     links: list[_Link] = []  # every link followed, in order: the first names a loop, the last a dead end
-    retries = 0
+    retries = 0  # times the current name was made and not found again
     try:
         while todo:
             name = todo.popleft()
@@ -103,6 +103,7 @@ def _walk(
                 continue
             except OSError as err:
                 raise _dead_end(err.errno or errno.EIO, path, here, links, f"cannot be opened: {err.strerror}") from None
+            retries = 0
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode) and (follow_last or not last):
                 target = os.readlink("", dir_fd=fd)

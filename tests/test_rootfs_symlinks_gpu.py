@@ -33,6 +33,7 @@ import pytest
 from harness.runtime import Runc
 from harness.symlinks import VARIANTS, Variant, gpu_listed, mount_points, start, start_with, summary, unmerge
 from test_configure_hostile import HostWatch, canary, entries  # noqa: F401 - canary: fixture
+from test_hostile_gpu import crun, gpu_driver  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.gpu
 
@@ -40,22 +41,12 @@ VERSION_FILE = Path("/proc/driver/nvidia/version")
 
 
 @pytest.fixture(scope="module")
-def driver_version() -> str:
+def driver_version(gpu_driver) -> str:
     """The loaded driver's version (580.159.04 on the H100 machine): the libraries' suffix."""
-    if not VERSION_FILE.exists():
-        pytest.fail("no NVIDIA driver on this machine: GPU tests need one")
     found = re.search(r"Kernel Module(?: for x86_64)?\s+(\d+\.\d+(?:\.\d+)?)", VERSION_FILE.read_text())
     if found is None:
         pytest.fail(f"no driver version in {VERSION_FILE}: {VERSION_FILE.read_text()!r}")
     return found.group(1)
-
-
-@pytest.fixture
-def crun(driver_version, tmp_path: Path) -> Runc:
-    binary = shutil.which("crun")
-    if binary is None:
-        pytest.skip("crun is not installed")
-    return Runc(tmp_path / "state", binary)
 
 
 REFERENCE_HOOK = """#!/bin/sh
