@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from nvc import fdmount
+from nvc import fdmount, syscalls
 from nvc import rootfs as inroot
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
@@ -31,6 +31,7 @@ log = Logger(__name__)
 
 HELPER_TIMEOUT = 10.0  # seconds per helper call
 SEALED = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
+PSEUDO_FS = {syscalls.PROC_SUPER_MAGIC: "procfs", syscalls.SYSFS_MAGIC: "sysfs"}  # no bind lands there
 # The only capabilities the helper keeps (it drops the rest from all its sets at start):
 # mounts and setns (SYS_ADMIN, SYS_CHROOT), /proc/PID/ns of a more privileged process
 # (SYS_PTRACE), files it does not own (DAC_*, FOWNER), created files' owner (CHOWN).
@@ -99,8 +100,6 @@ class Applier:
         """Join the container's mount namespace (nothing to do in standalone mode)."""
         if self.ns_fd < 0:
             return
-        from nvc import syscalls
-
         with raised("sys_admin", "sys_chroot"):
             try:
                 syscalls.setns(self.ns_fd, syscalls.CLONE_NEWNS, f"/proc/{self.plan.pid}/ns/mnt")
@@ -150,7 +149,7 @@ class Applier:
                 tree = self._clone(op.source, op, src)
             try:
                 parent, name = self._target(op.target, "dir" if op.kind == "dir" else "file",
-                                            stat.S_IMODE(os.fstat(tree).st_mode))
+                                            stat.S_IMODE(os.fstat(tree).st_mode), onto_pseudo=False)
                 try:
                     self._refuse_shared(parent, op.target)
                     mount = fdmount.attach_tree(tree, parent, name, dest_path=op.target)
@@ -204,11 +203,16 @@ class Applier:
         if not self._in_tmpfs(path):
             self.done.append(("file", path))
 
-    def _target(self, path: str, make: str | None, mode: int) -> tuple[int, str]:
+    def _target(self, path: str, make: str | None, mode: int, onto_pseudo: bool = True) -> tuple[int, str]:
         """Where ``path`` leads inside the rootfs, as the container resolves it: the parent's fd
         and the name there. Missing directories on the way are made (0755), and with ``make``
         ("dir" or "file") the last name too (``mode`` less the group and other write bits),
-        owned by the container's owner, as the reference makes them."""
+        owned by the container's owner, as the reference makes them.
+
+        Without ``onto_pseudo`` a path that an image's link leads into the container's procfs or
+        sysfs is refused (the reference would mount there): a driver file or socket over a
+        /proc/sys or /proc/self/attr entry would take the writes the runtime makes there after
+        the hook (sysctls, LSM labels), and the host's IPC sockets and MPS directory are writable."""
         def last(dir_fd: int, name: str, where: str) -> None:
             if make == "dir":
                 os.mkdir(name, mode & 0o755, dir_fd=dir_fd)
@@ -228,6 +232,10 @@ class Applier:
         if name == ".":
             os.close(parent)
             raise MountError(f"refusing to mount over {path}: it leads to the root of the image")
+        pseudo = None if onto_pseudo else PSEUDO_FS.get(syscalls.fs_type(parent, where))
+        if pseudo is not None:
+            os.close(parent)
+            raise MountError(f"refusing to mount over {path}: it leads to {where}, on the container's {pseudo}")
         return parent, name
 
     def _made(self, dir_fd: int, name: str, where: str) -> None:

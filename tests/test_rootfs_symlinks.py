@@ -53,7 +53,8 @@ def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, 
     if variant.refusal is not None:
         assert result.returncode != 0 and not listed
         # the errno's text may follow where the kernel gave one (it differs between sysfs and overlayfs)
-        assert re.fullmatch(rf"mount error: cannot mount on /\S+: {re.escape(variant.refusal)}(: [^:]+)?", error), error
+        assert re.fullmatch(rf"mount error: (cannot mount on|refusing to mount over) /\S+: {re.escape(variant.refusal)}"
+                            r"(: [^:]+)?", error), error
         assert f"nvc-py-hook: {error}" in result.stderr, result.stderr  # runc passes the hook's line on
         assert entries(rootfs) == before  # rolled back: every directory and mount point made is gone
         return

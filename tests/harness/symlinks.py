@@ -131,6 +131,9 @@ VARIANTS = (
     Variant("dangling-lib-name", "started (the library mounted where the link leads, made inside the rootfs)",
             lambda r, away, v: _replace(r / LIBDIR / f"libnvidia-ml.so.{v}", str(away / f"libnvidia-ml.so.{v}")),
             lambda away: str(away)),
+    Variant("lib-name-into-proc", "started (the library mounted over the container's /proc/sys/kernel/core_pattern)",
+            lambda r, away, v: _replace(r / LIBDIR / f"libnvidia-ml.so.{v}", "/proc/sys/kernel/core_pattern"),
+            refusal="it leads to /proc/sys/kernel/core_pattern, on the container's procfs"),
     Variant("dangling-into-readonly", "refused (file creation failed: <rootfs>/sys/nvidia-libs: Read-only file system)",
             lambda r, away, v: _replace(r / LIBDIR, "/sys/nvidia-libs"),
             refusal="/usr/lib/x86_64-linux-gnu is a symbolic link to /sys/nvidia-libs: /sys/nvidia-libs does not "
