@@ -4,7 +4,8 @@ Every variant of tests/harness/symlinks.py on the fake driver (a test double: no
 result): an absolute link is resolved as the container sees it (the rootfs as ``/``), what is
 missing is made inside the rootfs (0755, the container's owner), and the container starts and
 lists its GPU with ``nvidia-smi -L``; where a component cannot be used (a loop, a file where a
-directory is needed, a dangling link into a read-only place, a read-only rootfs) the start fails
+directory is needed, a dangling link into a read-only place, a link into procfs, a read-only
+rootfs) the start fails
 with one line naming the path inside the image and why, and the rollback leaves the image as it
 was. In every case the host (a canary directory the links point at, driver-named files in host
 directories, the host's ld cache) is unchanged and the container's mount table shows no host path.

@@ -43,7 +43,9 @@ VERSION_FILE = Path("/proc/driver/nvidia/version")
 @pytest.fixture(scope="module")
 def driver_version(gpu_driver) -> str:
     """The loaded driver's version (580.159.04 on the H100 machine): the libraries' suffix."""
-    found = re.search(r"Kernel Module(?: for x86_64)?\s+(\d+\.\d+(?:\.\d+)?)", VERSION_FILE.read_text())
+    text = VERSION_FILE.read_text()
+    found = (re.search(r"Kernel Module(?: for x86_64)?\s+(\d+\.\d+(?:\.\d+)?)\s", text)
+             or re.search(r"\s(\d{3}\.\d+(?:\.\d+)?)\s", text.splitlines()[0] + " " if text else ""))
     if found is None:
         pytest.fail(f"no driver version in {VERSION_FILE}: {VERSION_FILE.read_text()!r}")
     return found.group(1)
