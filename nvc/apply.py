@@ -215,15 +215,22 @@ class Applier:
         the hook (sysctls, LSM labels), and the host's IPC sockets and MPS directory are writable."""
         def last(dir_fd: int, name: str, where: str) -> None:
             if make == "dir":
-                os.mkdir(name, mode & 0o755, dir_fd=dir_fd)
-            else:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                os.close(os.open(name, flags, mode & 0o755, dir_fd=dir_fd))
-            self._made(dir_fd, name, where)
+                mkdir(dir_fd, name, where, mode & 0o755)
+                return
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+            try:
+                self._made(dir_fd, name, where, fd, mode & 0o755)
+            finally:
+                os.close(fd)
 
-        def mkdir(dir_fd: int, name: str, where: str) -> None:
-            os.mkdir(name, 0o755, dir_fd=dir_fd)
-            self._made(dir_fd, name, where)
+        def mkdir(dir_fd: int, name: str, where: str, dir_mode: int = 0o755) -> None:
+            os.mkdir(name, 0o700, dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                self._made(dir_fd, name, where, fd, dir_mode)
+            finally:
+                os.close(fd)
 
         try:
             parent, name, where = inroot.resolve_in_root(self.root_fd, path, mkdir, last if make else None)
@@ -238,13 +245,14 @@ class Applier:
             raise MountError(f"refusing to mount over {path}: it leads to {where}, on the container's {pseudo}")
         return parent, name
 
-    def _made(self, dir_fd: int, name: str, where: str) -> None:
-        """Give what was just made as ``name`` in ``dir_fd`` to the container's owner and remember
-        it (by that fd: a rollback removes exactly it, whatever the image's links say by then)."""
-        uid, gid = self.plan.owner
-        os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+    def _made(self, dir_fd: int, name: str, where: str, fd: int, mode: int) -> None:
+        """Remember what was just made as ``name`` in ``dir_fd`` (by that fd: a rollback removes
+        exactly it, whatever the image's links say by then), then give it, open on ``fd``, its
+        mode (whatever the umask) and the container's owner."""
         if not self._in_tmpfs(where):
             self.done.append(("made", (os.dup(dir_fd), name, where)))
+        os.fchown(fd, *self.plan.owner)
+        os.fchmod(fd, mode)
 
     # -- end -------------------------------------------------------------------------------
 

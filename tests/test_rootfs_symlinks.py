@@ -83,9 +83,10 @@ REFERENCE_WRITES = re.compile(r"^usr/bin/nv|^usr/lib/x86_64-linux-gnu/lib(nvidia
 
 def test_made_directories_and_mount_points_belong_to_the_container(active_2gpu, make_rootfs, user_process,
                                                                     canary, tmp_path):  # noqa: F811
-    """As the reference makes them: the directories a dangling absolute lib dir link needs, 0755,
-    and the mount points, with their source's mode less group/other write, owned by the
-    container's user (uid 1000 here: a stand-in process in a mount namespace of its own)."""
+    """As the reference makes them (under the usual umask 022): the directories a dangling absolute
+    lib dir link needs, 0755, and the mount points, with their source's mode less group/other
+    write, owned by the container's user (uid 1000 here: a stand-in process in a mount namespace
+    of its own), whatever the caller's umask (077 here)."""
     rootfs = make_rootfs()
     unmerge(rootfs)
     away = canary / "away"
@@ -96,7 +97,7 @@ def test_made_directories_and_mount_points_belong_to_the_container(active_2gpu, 
 
     done = subprocess.run([str(SCRIPTS / "nvc-py"), "--root", str(active_2gpu.root), "configure",
                            f"--pid={user_process}", "--no-cgroups", "--device=0", "--compute", "--utility",
-                           str(rootfs)], capture_output=True, text=True)
+                           str(rootfs)], capture_output=True, text=True, preexec_fn=lambda: os.umask(0o077))
 
     assert done.returncode == 0, done.stderr
     inside = rootfs / str(away / "lib").lstrip("/")
