@@ -15,13 +15,12 @@ links the image's ldconfig would make).
 from __future__ import annotations
 
 import os
-import posixpath
 import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from nvc import fdmount
+from nvc import fdmount, syscalls
 from nvc import rootfs as inroot
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
@@ -32,6 +31,7 @@ log = Logger(__name__)
 
 HELPER_TIMEOUT = 10.0  # seconds per helper call
 SEALED = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
+PSEUDO_FS = {syscalls.PROC_SUPER_MAGIC: "procfs", syscalls.SYSFS_MAGIC: "sysfs"}  # no bind lands there
 # The only capabilities the helper keeps (it drops the rest from all its sets at start):
 # mounts and setns (SYS_ADMIN, SYS_CHROOT), /proc/PID/ns of a more privileged process
 # (SYS_PTRACE), files it does not own (DAC_*, FOWNER), created files' owner (CHOWN).
@@ -100,8 +100,6 @@ class Applier:
         """Join the container's mount namespace (nothing to do in standalone mode)."""
         if self.ns_fd < 0:
             return
-        from nvc import syscalls
-
         with raised("sys_admin", "sys_chroot"):
             try:
                 syscalls.setns(self.ns_fd, syscalls.CLONE_NEWNS, f"/proc/{self.plan.pid}/ns/mnt")
@@ -150,10 +148,10 @@ class Applier:
                 src = inroot.open_in_root(self.root_fd, op.source, os.O_PATH | os.O_NOFOLLOW)
                 tree = self._clone(op.source, op, src)
             try:
-                parent, name = self._parent(op.target)
+                parent, name = self._target(op.target, "dir" if op.kind == "dir" else "file",
+                                            stat.S_IMODE(os.fstat(tree).st_mode), onto_pseudo=False)
                 try:
                     self._refuse_shared(parent, op.target)
-                    self._create(parent, name, op.target, directory=op.kind == "dir")
                     mount = fdmount.attach_tree(tree, parent, name, dest_path=op.target)
                 finally:
                     os.close(parent)
@@ -162,7 +160,7 @@ class Applier:
                 raise
             self.done.append(("mount", mount))
         elif isinstance(op, Tmpfs):
-            parent, name = self._parent(op.target)
+            parent, name = self._target(op.target, None, 0)
             try:
                 self._refuse_shared(parent, op.target)
                 mount = fdmount.mount_tmpfs(parent, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
@@ -172,11 +170,7 @@ class Applier:
             self.done.append(("mount", mount))
             self.tmpfs[op.target] = mount
         elif isinstance(op, MakeDir):
-            parent, name = self._parent(op.target)
-            try:
-                self._create(parent, name, op.target, directory=True)
-            finally:
-                os.close(parent)
+            os.close(self._target(op.target, "dir", 0o755)[0])
         elif isinstance(op, WriteFile):
             fd = inroot.create_file_in_root(self.root_fd, op.target, op.mode, access=os.O_WRONLY)
             self._created(op.target)
@@ -209,41 +203,56 @@ class Applier:
         if not self._in_tmpfs(path):
             self.done.append(("file", path))
 
-    def _parent(self, path: str) -> tuple[int, str]:
-        """The parent directory of ``path`` (made, owned by the container, where missing) and the name."""
-        self._makedirs(posixpath.dirname(path))
-        return inroot.open_parent_in_root(self.root_fd, path)
+    def _target(self, path: str, make: str | None, mode: int, onto_pseudo: bool = True) -> tuple[int, str]:
+        """Where ``path`` leads inside the rootfs, as the container resolves it: the parent's fd
+        and the name there. Missing directories on the way are made (0755), and with ``make``
+        ("dir" or "file") the last name too (``mode`` less the group and other write bits),
+        owned by the container's owner, as the reference makes them.
 
-    def _makedirs(self, path: str) -> None:
-        """``mkdir -p`` inside the rootfs, recording each directory made; a dangling symlink
-        or a non-directory in the way is refused rather than followed or replaced."""
-        current = ""
-        for part in (p for p in path.split("/") if p):
-            current += "/" + part
+        Without ``onto_pseudo`` a path that an image's link leads into the container's procfs or
+        sysfs is refused (the reference would mount there): a driver file or socket over a
+        /proc/sys or /proc/self/attr entry would take the writes the runtime makes there after
+        the hook (sysctls, LSM labels), and the host's IPC sockets and MPS directory are writable."""
+        def last(dir_fd: int, name: str, where: str) -> None:
+            if make == "dir":
+                mkdir(dir_fd, name, where, mode & 0o755)
+                return
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
             try:
-                os.close(inroot.open_in_root(self.root_fd, current, os.O_PATH | os.O_DIRECTORY))
-                continue
-            except FileNotFoundError:
-                pass
-            parent, name = inroot.open_parent_in_root(self.root_fd, current)
-            try:
-                self._create(parent, name, current, directory=True)
+                self._made(dir_fd, name, where, fd, mode & 0o755)
             finally:
-                os.close(parent)
+                os.close(fd)
 
-    def _create(self, parent: int, name: str, path: str, directory: bool) -> None:
-        """Create ``name`` in ``parent`` (a directory or an empty file) unless it exists."""
+        def mkdir(dir_fd: int, name: str, where: str, dir_mode: int = 0o755) -> None:
+            os.mkdir(name, 0o700, dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                self._made(dir_fd, name, where, fd, dir_mode)
+            finally:
+                os.close(fd)
+
         try:
-            if directory:
-                os.mkdir(name, 0o755, dir_fd=parent)
-            else:
-                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                                 dir_fd=parent))
-        except FileExistsError:
-            return  # an existing target is checked by the mount itself (kind, not a symlink)
-        uid, gid = self.plan.owner
-        os.chown(name, uid, gid, dir_fd=parent, follow_symlinks=False)
-        self._created(path)
+            parent, name, where = inroot.resolve_in_root(self.root_fd, path, mkdir, last if make else None)
+        except inroot.InRootError as err:
+            raise MountError(f"cannot mount on {path}: {err.why}") from None
+        if name == ".":
+            os.close(parent)
+            raise MountError(f"refusing to mount over {path}: it leads to the root of the image")
+        pseudo = None if onto_pseudo else PSEUDO_FS.get(syscalls.fs_type(parent, where))
+        if pseudo is not None:
+            os.close(parent)
+            raise MountError(f"refusing to mount over {path}: it leads to {where}, on the container's {pseudo}")
+        return parent, name
+
+    def _made(self, dir_fd: int, name: str, where: str, fd: int, mode: int) -> None:
+        """Remember what was just made as ``name`` in ``dir_fd`` (by that fd: a rollback removes
+        exactly it, whatever the image's links say by then), then give it, open on ``fd``, its
+        mode (whatever the umask) and the container's owner."""
+        if not self._in_tmpfs(where):
+            self.done.append(("made", (os.dup(dir_fd), name, where)))
+        os.fchown(fd, *self.plan.owner)
+        os.fchmod(fd, mode)
 
     # -- end -------------------------------------------------------------------------------
 
@@ -257,6 +266,12 @@ class Applier:
                         fdmount.unmount(what)  # type: ignore[arg-type]
                     elif kind == "ldconfig":
                         problems += self._undo_ldconfig(*what)  # type: ignore[misc]
+                    elif kind == "made":
+                        dir_fd, name, where = what  # type: ignore[misc]
+                        try:
+                            inroot.remove_at(dir_fd, name, where)
+                        finally:
+                            os.close(dir_fd)
                     else:
                         inroot.remove_in_root(self.root_fd, what)  # type: ignore[arg-type]
                 except (NvcError, OSError) as err:
@@ -294,6 +309,8 @@ class Applier:
             elif kind == "ldconfig":
                 for file in what[0]:  # type: ignore[index]
                     inroot.close_saved(file)
+            elif kind == "made":
+                os.close(what[0])  # type: ignore[index]
         self.done.clear()
         self._close()
 

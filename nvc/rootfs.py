@@ -29,68 +29,131 @@ def _components(path: str) -> list[str]:
     return [c for c in path.split("/") if c not in ("", ".")]
 
 
-def _walk(
-    root_fd: int, path: str, follow_last: bool, mkdir: Callable[[int, str], None] | None = None
-) -> tuple[int, str]:
-    """Resolve ``path`` inside the root by hand; return (fd of its parent dir, last name).
+class InRootError(OSError):
+    """A path inside the root that cannot be resolved or made, with ``why`` in the image's terms.
 
-    The parent fd is an O_PATH directory fd owned by the caller. The last name is "." when
-    the path ends at a directory reached through "..", "." or "/", and may not exist.
-    Symlinks met on the way (and the last one if ``follow_last``) are read and resolved
-    again from the root for an absolute target, or from the current directory for a
-    relative one; ".." never climbs above the root. With ``mkdir``, missing directories
-    (also those a dangling symlink points to) are made by ``mkdir(dir_fd, name)``.
+    ``why`` names the path inside the image that is in the way and what it is (a symbolic
+    link that loops, a file where a directory is needed, a link leading where nothing can be
+    made), because the bare errno would point at the wrong thing: the component the user has
+    to fix is rarely the path that was asked for.
     """
-    stack = [os.dup(root_fd)]
+
+    def __init__(self, code: int, path: str, why: str) -> None:
+        super().__init__(code, os.strerror(code), path)
+        self.why = why
+
+
+_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+@dataclass
+class _Link:
+    """A symbolic link followed on the way, as the image names it (for messages)."""
+
+    path: str
+    target: str
+
+
+Maker = Callable[[int, str, str], None]  # (dir fd, name, path as resolved): makes name in dir fd
+
+
+def _walk(
+    root_fd: int, path: str, follow_last: bool, mkdir: Maker | None = None, make_last: Maker | None = None
+) -> tuple[int, str, str]:
+    """Resolve ``path`` inside the root by hand: (fd of its parent dir, last name, canonical path).
+
+    chroot semantics, as openat2(RESOLVE_IN_ROOT) and runc's securejoin have them: symlinks
+    met on the way (and the last one if ``follow_last``) are read and resolved again from the
+    root for an absolute target, or from the current directory for a relative one; ".." never
+    climbs above the root. The parent fd is an O_PATH directory fd owned by the caller; the
+    last name may not exist, and is "." only where the path is the root itself. With
+    ``mkdir``, missing directories (also those a dangling symlink points to) are made by
+    ``mkdir(dir_fd, name, canonical path)``, and a missing last name by ``make_last``.
+    Failures raise :class:`InRootError`.
+    """
+    stack = [(os.dup(root_fd), "")]  # (O_PATH fd, canonical path inside the root) of each dir
     todo = deque(_components(path))
-    links = 0
-    name = "."
-    made = ""
+    links: list[_Link] = []  # every link followed, in order: the first names a loop, the last a dead end
+    retries = 0  # times the current name was made and not found again
     try:
         while todo:
             name = todo.popleft()
             if name == "..":
                 if len(stack) > 1:
-                    os.close(stack.pop())
-                name = "."
+                    os.close(stack.pop()[0])
                 continue
             last = not todo
+            dir_fd, dir_path = stack[-1]
+            here = f"{dir_path}/{name}"
             try:
-                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=stack[-1])
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             except FileNotFoundError:
-                if mkdir is not None and made != name:
-                    mkdir(stack[-1], name)
-                    made = name
-                    todo.appendleft(name)
-                    continue
                 if last:
-                    break  # the caller may be about to create it
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
-            made = ""
+                    _make(make_last, dir_fd, name, path, here, links)
+                    return os.dup(dir_fd), name, here
+                if mkdir is None:
+                    raise _dead_end(errno.ENOENT, path, here, links, "does not exist") from None
+                retries += 1
+                if retries > _MAX_SYMLINKS:  # made and gone again, over and over: a racing image
+                    raise _dead_end(errno.ENOENT, path, here, links, "keeps disappearing") from None
+                _make(mkdir, dir_fd, name, path, here, links)
+                todo.appendleft(name)  # looked at again: what was made, or what was made meanwhile
+                continue
+            except OSError as err:
+                raise _dead_end(err.errno or errno.EIO, path, here, links, f"cannot be opened: {err.strerror}") from None
+            retries = 0
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode) and (follow_last or not last):
                 target = os.readlink("", dir_fd=fd)
                 os.close(fd)
-                links += 1
-                if links > _MAX_SYMLINKS:
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                links.append(_Link(here, target))
+                if len(links) > _MAX_SYMLINKS:
+                    raise InRootError(errno.ELOOP, path, f"{links[0].path} is a symbolic link to {links[0].target} "
+                                      "that loops")
                 if target.startswith("/"):
                     while len(stack) > 1:
-                        os.close(stack.pop())
+                        os.close(stack.pop()[0])
                 todo.extendleft(reversed(_components(target)))
-                name = "."
                 continue
             if last:
                 os.close(fd)
-                break
+                return os.dup(dir_fd), name, here
             if not stat.S_ISDIR(mode):
                 os.close(fd)
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-            stack.append(fd)
-        return stack.pop(), name
+                raise _dead_end(errno.ENOTDIR, path, here, links,
+                                f"is {_KINDS.get(stat.S_IFMT(mode), 'not a directory')} where a directory is needed")
+            stack.append((fd, here))
+        # The path ended on a directory reached through "..", "/" or a link: name it in its parent.
+        if len(stack) == 1:
+            return os.dup(stack[0][0]), ".", "/"
+        fd, here = stack.pop()
+        os.close(fd)
+        return os.dup(stack[-1][0]), posixpath.basename(here), here
     finally:
-        for fd in stack:
+        for fd, _ in stack:
             os.close(fd)
+
+
+def _make(maker: Maker | None, dir_fd: int, name: str, path: str, here: str, links: list[_Link]) -> None:
+    """``maker(dir_fd, name, here)``; an existing file is fine (its kind is checked by its user)."""
+    if maker is None:
+        return
+    try:
+        maker(dir_fd, name, here)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise _dead_end(err.errno or errno.EIO, path, here, links,
+                        f"does not exist and cannot be created: {err.strerror}") from None
+
+
+def _dead_end(code: int, path: str, here: str, links: list[_Link], what: str) -> InRootError:
+    """The error for ``here`` (canonical, inside the root), which ``what`` says is unusable, told
+    through the last link followed, the one that most likely led there."""
+    if not links:
+        return InRootError(code, path, f"{here} {what}")
+    return InRootError(code, path, f"{links[-1].path} is a symbolic link to {links[-1].target}: {here} {what}")
 
 
 def open_in_root(root_fd: int, path: str, flags: int, mode: int = 0o644) -> int:
@@ -125,7 +188,10 @@ def _open_walked(root_fd: int, path: str, flags: int, mode: int) -> int:
     """
     follow = not flags & os.O_NOFOLLOW
     for _ in range(_MAX_SYMLINKS):
-        dir_fd, name = _walk(root_fd, path, follow_last=follow)
+        try:
+            dir_fd, name, _ = _walk(root_fd, path, follow_last=follow)
+        except InRootError as err:
+            raise OSError(err.errno, err.strerror, path) from None
         try:
             fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
         except OSError as err:
@@ -158,6 +224,36 @@ def _chown(name: str, owner: tuple[int, int] | None, dir_fd: int) -> None:
         os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
 
 
+def resolve_in_root(root_fd: int, path: str, mkdir: Maker, make_last: Maker | None = None) -> tuple[int, str, str]:
+    """Where ``path`` leads inside the root, for creating or mounting something there.
+
+    Returns an O_PATH fd of the directory that holds it, the last name there (anything but a
+    symlink: the last component is followed too, as runc and the reference follow a mount
+    destination; absent unless ``make_last`` made it) and the path as resolved (for
+    messages). Missing directories on the way, also those a dangling symlink points to, are
+    made by ``mkdir(dir_fd, name, path)``. The common case (the parent exists) costs one
+    openat2; anything else is walked by hand, which makes what is missing and explains what
+    is in the way (:class:`InRootError`).
+    """
+    parent, name = posixpath.split(path.rstrip("/") or "/")
+    if not _openat2_missing and name not in ("", ".", ".."):
+        try:
+            dir_fd = open_in_root(root_fd, parent or "/", os.O_PATH | os.O_DIRECTORY)
+        except OSError:
+            pass  # missing, a loop, a file on the way: the walk makes or explains it
+        else:
+            try:
+                try:
+                    if not stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                        return os.dup(dir_fd), name, path
+                except FileNotFoundError:
+                    _make(make_last, dir_fd, name, path, path, [])
+                    return os.dup(dir_fd), name, path
+            finally:
+                os.close(dir_fd)
+    return _walk(root_fd, path, follow_last=True, mkdir=mkdir, make_last=make_last)
+
+
 def mkdir_in_root(root_fd: int, path: str, mode: int = 0o755, owner: tuple[int, int] | None = None) -> int:
     """``mkdir -p`` inside the root; return an O_PATH fd of the directory.
 
@@ -166,14 +262,11 @@ def mkdir_in_root(root_fd: int, path: str, mode: int = 0o755, owner: tuple[int, 
     inside the root, as the container would see it.
     """
 
-    def make(dir_fd: int, name: str) -> None:
-        try:
-            os.mkdir(name, mode, dir_fd=dir_fd)
-        except FileExistsError:
-            return  # made meanwhile: the walk looks at it again
+    def make(dir_fd: int, name: str, _path: str) -> None:
+        os.mkdir(name, mode, dir_fd=dir_fd)
         _chown(name, owner, dir_fd)
 
-    dir_fd, name = _walk(root_fd, path, follow_last=True, mkdir=make)
+    dir_fd, name, _ = resolve_in_root(root_fd, path, make, make)
     try:
         return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as err:
@@ -242,6 +335,14 @@ def remove_in_root(root_fd: int, path: str) -> None:
     """Remove a file, symlink or empty directory that nvc-py created (for rollback)."""
     dir_fd, name = open_parent_in_root(root_fd, path)
     try:
+        remove_at(dir_fd, name, path)
+    finally:
+        os.close(dir_fd)
+
+
+def remove_at(dir_fd: int, name: str, path: str) -> None:
+    """Remove ``name`` in ``dir_fd`` (a file, symlink or empty directory; ``path`` names it in errors)."""
+    try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
             os.rmdir(name, dir_fd=dir_fd)
@@ -249,8 +350,6 @@ def remove_in_root(root_fd: int, path: str) -> None:
             os.unlink(name, dir_fd=dir_fd)
     except OSError as err:
         raise OSError(err.errno, err.strerror, path) from None
-    finally:
-        os.close(dir_fd)
 
 
 class SavedFile:

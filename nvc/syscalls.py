@@ -96,6 +96,10 @@ MFD_EXEC = 0x10
 
 RENAME_NOREPLACE = 0x1
 
+# statfs f_type of the kernel's pseudo filesystems a container sees at /proc and /sys.
+PROC_SUPER_MAGIC = 0x9FA0
+SYSFS_MAGIC = 0x62656572
+
 
 class MountAttr(enum.IntFlag):
     """Per-mount flags, as mount_setattr(2) names them."""
@@ -242,6 +246,13 @@ def memfd_create(name: str, flags: int) -> int:
     if ret < 0 and ctypes.get_errno() == 22:  # EINVAL: a kernel older than MFD_EXEC
         ret = _syscall("memfd_create", _enc(name), flags)
     return _check(ret, f"memfd {name}")
+
+
+def fs_type(fd: int, name: str = "") -> int:
+    """fstatfs(2)'s f_type of the filesystem ``fd`` lies on (os.fstatvfs does not give it)."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes; f_type comes first, a long
+    _check(_libc.fstatfs(fd, buf), name or f"fd {fd}")
+    return ctypes.c_long.from_buffer(buf).value
 
 
 def renameat2(old_dirfd: int, old: str, new_dirfd: int, new: str, flags: int) -> None:

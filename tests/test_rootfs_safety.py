@@ -146,3 +146,83 @@ def test_remove_in_root(root: Path, root_fd: int, tmp_path: Path) -> None:
     rootfs.remove_in_root(root_fd, "/etc/os-release")
     rootfs.remove_in_root(root_fd, "/etc/host")  # removes the link, not what it points to
     assert os.listdir(root / "etc") == [] and (tmp_path / "host" / "secret").exists()
+
+
+def _resolve(root_fd: int, path: str, made: list[str]) -> tuple[str, str]:
+    """resolve_in_root with directories and the last name made (and listed in ``made``)."""
+
+    def mkdir(dir_fd: int, name: str, where: str) -> None:
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+        made.append(where)
+
+    def touch(dir_fd: int, name: str, where: str) -> None:
+        os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd))
+        made.append(where)
+
+    dir_fd, name, where = rootfs.resolve_in_root(root_fd, path, mkdir, touch)
+    os.close(dir_fd)
+    return name, where
+
+
+@pytest.mark.parametrize("link", ["/abs/dir", "../../../../../../../../abs/dir"], ids=["absolute", "climbing"])
+def test_resolve_makes_what_a_dangling_link_names_inside(root: Path, root_fd: int, tmp_path: Path, link: str) -> None:
+    """chroot semantics: an absolute target and a ``..`` above the top both land in the root."""
+    (root / "usr" / "lib" / "x86_64-linux-gnu").symlink_to(link)
+    made: list[str] = []
+    name, where = _resolve(root_fd, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", made)
+    assert name == "libcuda.so.1" and (root / "abs" / "dir" / "libcuda.so.1").is_file()
+    assert made == ["/abs", "/abs/dir", "/abs/dir/libcuda.so.1"] and where == made[-1]
+    assert not (tmp_path / "abs").exists()
+
+
+def test_resolve_follows_the_last_link(root: Path, root_fd: int, tmp_path: Path) -> None:
+    """A library name that is a dangling link: what it names is made, inside the root."""
+    (root / "usr" / "lib" / "libnvidia-ml.so.1").symlink_to(tmp_path / "host" / "gone" / "libnvidia-ml.so.1")
+    made: list[str] = []
+    name, where = _resolve(root_fd, "/usr/lib/libnvidia-ml.so.1", made)
+    inner = f"{tmp_path}/host/gone/libnvidia-ml.so.1"
+    assert (name, where) == ("libnvidia-ml.so.1", inner) and made[-1] == inner
+    assert (root / inner.lstrip("/")).is_file() and not (tmp_path / "host" / "gone").exists()
+
+
+def test_resolve_explains_a_loop(root: Path, root_fd: int) -> None:
+    (root / "usr" / "lib" / "x86_64-linux-gnu").symlink_to("/opt/x")
+    (root / "opt").mkdir()
+    (root / "opt" / "x").symlink_to("/usr/lib/x86_64-linux-gnu")
+    with pytest.raises(rootfs.InRootError) as err:
+        _resolve(root_fd, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", [])
+    assert err.value.errno == 40
+    assert err.value.why == "/usr/lib/x86_64-linux-gnu is a symbolic link to /opt/x that loops"
+
+
+def test_resolve_explains_a_file_where_a_directory_is_needed(root: Path, root_fd: int) -> None:
+    (root / "usr" / "bin").write_text("")
+    (root / "usr" / "lib" / "x86_64-linux-gnu").symlink_to("/etc/os-release")
+    with pytest.raises(rootfs.InRootError) as err:
+        _resolve(root_fd, "/usr/bin/nvidia-smi", [])
+    assert err.value.why == "/usr/bin is a regular file where a directory is needed"
+    with pytest.raises(rootfs.InRootError) as err:
+        _resolve(root_fd, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", [])
+    assert err.value.why == ("/usr/lib/x86_64-linux-gnu is a symbolic link to /etc/os-release: /etc/os-release is "
+                             "a regular file where a directory is needed")
+
+
+def test_resolve_explains_what_cannot_be_made(root: Path, root_fd: int) -> None:
+    (root / "ro").mkdir()
+    (root / "usr" / "lib" / "x86_64-linux-gnu").symlink_to("/ro/libs")
+    os.chmod(root / "ro", 0o555)
+
+    def refuse(dir_fd: int, name: str, where: str) -> None:
+        raise OSError(30, os.strerror(30))  # EROFS, as a read-only mount answers
+
+    with pytest.raises(rootfs.InRootError) as err:
+        rootfs.resolve_in_root(root_fd, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", refuse)
+    assert err.value.why == ("/usr/lib/x86_64-linux-gnu is a symbolic link to /ro/libs: /ro/libs does not exist "
+                             "and cannot be created: Read-only file system")
+
+
+def test_resolve_to_the_root_itself(root: Path, root_fd: int) -> None:
+    (root / "top").symlink_to("..")
+    dir_fd, name, where = rootfs.resolve_in_root(root_fd, "/top", lambda *_: None)
+    os.close(dir_fd)
+    assert (name, where) == (".", "/")
