@@ -17,6 +17,7 @@ import posixpath
 import stat
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 
 from nvc import syscalls
 
@@ -47,8 +48,7 @@ _KINDS = {stat.S_IFREG: "a regular file", stat.S_IFCHR: "a character device", st
           stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
 
-@dataclass
-class _Link:
+class _Link(NamedTuple):
     """A symbolic link followed on the way, as the image names it (for messages)."""
 
     path: str
