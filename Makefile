@@ -71,7 +71,7 @@ install:
 ## fronts: the programs in $(LIBDIR) and the console-script links (part of install)
 fronts:
 	$(call front,nvc-py,nvc.__main__)
-	$(call front,nvc-py-hook,nvc.hook.prestart)
+	$(call front,nvc-py-hook,nvc.hook.program)
 	$(call launcher,nvc-py-runtime,nvc.hook.runtime)
 	ln -sfn $(LIBDIR)/nvc-py-runtime "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nvc-py-runtime"
 

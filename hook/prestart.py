@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, NvcError, shown
-from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV, hand_over
+from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
     from nvc.config import Config
@@ -169,28 +169,13 @@ def _enable_debug(config: Config) -> None:
         debuglog.enable(config.log_file)
 
 
-def _serve(args: list[str]) -> int:
-    from nvc.hook import server
-
-    if args and (len(args) != 2 or args[0] != "--socket" or not args[1]):
-        print(USAGE, file=sys.stderr)
-        return InputError.exit_code
-    try:
-        return server.serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
-    except NvcError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
-        return err.exit_code
-
-
 def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | None = None) -> int:
-    """Entry point of ``nvc-py-hook`` (and ``nvc-py hook``); ``via`` names a server that ran the call
-    (:mod:`nvc.hook.server`), for the log line."""
+    """The hook's stages, for ``nvc-py-hook`` (:mod:`nvc.hook.program`), ``nvc-py hook`` and the
+    server's workers; ``via`` names a server that ran the call (:mod:`nvc.hook.server`), for the log line."""
     args = sys.argv[1:] if argv is None else argv
     stage = args[0] if args else ""
     if stage == "poststart":
         return 0
-    if stage == "serve":
-        return _serve(args[1:])
     if stage == "poststop":
         return _poststop(_stdin(stdin))
     if stage not in ("prestart", *CDI_STAGES):
@@ -222,17 +207,3 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | N
         if config is not None:
             log.write(config.log_file, config.log_level, code != 0, **record)
     return code
-
-
-def run() -> None:
-    """Console script entry point; exits without the interpreter's teardown (:mod:`nvc.quickexit`).
-
-    A hook or runtime may be handed a container's environment: restart without the loader
-    variables before anything loads a shared library (this module's own imports load none).
-    """
-    from nvc.loaderenv import restart_without_loader_variables
-    from nvc.quickexit import exit_now
-
-    restart_without_loader_variables()
-    hand_over(sys.argv)  # to a running server's warm worker, when there is one
-    exit_now(main())  # without the interpreter's teardown (a server's SIGTERM ends it as sys.exit does)

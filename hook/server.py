@@ -80,7 +80,6 @@ PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.l
            "nvc.infoformat", "nvc.listing", "nvc.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pyseccomp", "pynvml", "yaml", "json")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
-_in_worker = False  # set in a worker once it runs a call
 _started_code: tuple[tuple[int, int], ...] = ()  # code_stamp() when the server started
 
 
@@ -276,8 +275,6 @@ def _run_call(conn: socket.socket, programs: Programs, ours: Standing) -> bytes 
     except _Refused as refused:
         os.close(cwd)
         return refused.answer
-    global _in_worker
-    _in_worker = True  # serve() refuses to run here (``nvc-py hook serve`` would take the socket over)
     for target, fd in enumerate(streams):
         os.dup2(fd, target)
         os.close(fd)
@@ -408,8 +405,6 @@ def _warm_up() -> None:
 
 def serve(path: str) -> int:
     """Accept hook calls on ``path`` until SIGTERM, each in a worker forked ahead of it."""
-    if _in_worker:
-        raise InputError("serve: refused inside a worker of a running server")
     directory, name = os.path.split(path)
     directory_fd = socket_directory(directory or ".")  # before the warm-up: a refusal is quick
     try:

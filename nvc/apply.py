@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,7 +28,6 @@ from nvc.syscalls import MountAttr
 
 log = Logger(__name__)
 
-HELPER_TIMEOUT = 10.0  # seconds per helper call
 SEALED = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
 PSEUDO_FS = {syscalls.PROC_SUPER_MAGIC: "procfs", syscalls.SYSFS_MAGIC: "sysfs"}  # no bind lands there
 # The only capabilities the helper keeps (it drops the rest from all its sets at start):
@@ -68,7 +66,6 @@ class Applier:
 
     def prepare(self) -> None:
         """Open and check every host source and clone it, open the rootfs and the namespace."""
-        from nvc.configure import open_rootfs
 
         with raised("sys_admin", "dac_read_search", "dac_override", "sys_ptrace"):
             for index, op in enumerate(self.plan.operations):
@@ -80,7 +77,7 @@ class Applier:
                     self.ns_fd = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
                 except OSError as err:
                     raise MountError(f"open failed: {ns}: {err.strerror}") from None
-            self.root_fd = open_rootfs(self.plan.rootfs, self.plan.pid)
+            self.root_fd = inroot.open_rootfs(self.plan.rootfs, self.plan.pid)
 
     def _clone(self, source: str, op: Bind, source_fd: int | None = None) -> int:
         fd = source_fd if source_fd is not None else fdmount.open_source(
@@ -344,53 +341,3 @@ def mount_id(fd: int) -> int:
             if line.startswith("mnt_id:"):
                 return int(line.split()[1])
     raise MountError(f"no mnt_id in /proc/self/fdinfo/{fd}")
-
-
-def _timed(stage: str, start: float) -> float:
-    """Log how long ``stage`` took (``--debug``; bench/ reads these lines); return now."""
-    now = time.perf_counter()
-    log.debug("timing %s %.2f ms", stage, (now - start) * 1e3)
-    return now
-
-
-def apply(plan: Plan) -> None:
-    """Apply ``plan``: mounts (helper), then ldconfig and device cgroup; undo the mounts on failure."""
-    from nvc import ldconfig
-
-    start = time.perf_counter()
-    # Forked first: the ldconfig child loads its modules while this process imports the
-    # helper's and the helper mounts.
-    pending = None
-    if plan.ldconfig is not None:
-        pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
-                                          pid=plan.pid)
-    try:
-        from nvc import cgroups
-        from nvc.rpc.container_service import open_container
-
-        start = _timed("setup", start)
-        with open_container(HELPER_TIMEOUT) as helper:
-            helper.mount(plan)
-            start = _timed("mounts", start)
-            try:
-                # ldconfig runs in its sandbox while this process programs the device cgroup.
-                if pending is not None:
-                    pending.start()
-                if plan.cgroup_rules and plan.pid is not None:
-                    cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
-                    start = _timed("cgroup", start)
-                if pending is not None:
-                    pending.wait()
-                    start = _timed("ldconfig", start)  # what was left of it after the cgroup
-            except BaseException:
-                if pending is not None:
-                    pending.cancel()  # ldconfig is dead before its changes are undone
-                problems = helper.rollback()
-                if problems:
-                    log.error("rollback incomplete: %s", "; ".join(problems))
-                raise
-            helper.commit()
-        _timed("finish", start)  # the helper's shutdown and exit
-    finally:
-        if pending is not None:
-            pending.cancel()

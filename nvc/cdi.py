@@ -54,7 +54,7 @@ def _links(libraries: Sequence[str]) -> list[str]:
 def common_edits(root: str, files: DriverFiles, control: Sequence[DeviceNode], hook_path: str,
                  hook_env: list[str]) -> dict[str, Any]:
     """Edits every device brings: control nodes, driver files, the link and ld cache hooks."""
-    from nvc.hook.devnodes import spec_device
+    from nvc.devnodes import spec_device
 
     libraries = [mountplan.inner_path(root, lib) for lib in files.libraries]
     mounts = [_mount(root, p, MOUNT_OPTIONS) for p in (*files.libraries, *files.binaries, *files.firmwares)]
@@ -89,7 +89,7 @@ def device_names(gpus: Sequence[Any], strategy: str) -> list[tuple[str, Selectio
 def build(root: str, files: DriverFiles, gpus: Sequence[Any], control: Sequence[DeviceNode], nodes_of: NodesOf,
           hook_path: str, hook_env: list[str], strategy: str = "index") -> dict[str, Any]:
     """The CDI spec document."""
-    from nvc.hook.devnodes import spec_device
+    from nvc.devnodes import spec_device
 
     devices = []
     every: dict[str, dict[str, Any]] = {}
@@ -110,13 +110,14 @@ def render(spec: dict[str, Any], fmt: str) -> str:
     return yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
 
 
-def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: str,
+def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: str, hook: str,
              hook_env: list[str]) -> dict[str, Any]:
-    """Discover the driver under ``root`` and build its spec (NVML is asked: MIG devices need it)."""
-    from nvc import driver, inventory, nodes, procfs
-    from nvc.hook import devnodes, setup
+    """Discover the driver under ``root`` and build its spec (NVML is asked: MIG devices need it);
+    ``hook``: the installed program the spec's createContainer hooks run."""
+    from nvc import devnodes, driver, nodes, procfs
+    from nvc.rpc import driver_service
 
-    inv = inventory.from_nvml(root, user)
+    inv = driver_service.inventory(root, user)
     files = driver.discover(root, inv.driver_version, ldcache)
     majors = nodes.read_majors()
     control = devnodes.find_all(root, mountplan.control_nodes(majors, frozenset(CAPABILITIES)))
@@ -127,4 +128,4 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
         specs = mountplan.needed_nodes(chosen, majors, mig_minors, mountplan.Options())
         return [n for n in devnodes.find_all(root, specs) if n.path not in ctl_paths]
 
-    return build(root, files, inv.gpus, control, nodes_of, setup.installed_program(setup.HOOK_SCRIPT), hook_env, strategy)
+    return build(root, files, inv.gpus, control, nodes_of, hook, hook_env, strategy)

@@ -77,7 +77,7 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
     with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
         from nvc import infoformat, inventory
 
-        inv = inventory.from_driver(drv)
+        inv = inventory.from_snapshot(drv.snapshot())
     render = {None: infoformat.text, "csv": infoformat.csv_text, "json": infoformat.json_text}[fmt]
     click.echo(render(inv, inv.cuda_version), nl=False)
 
@@ -219,6 +219,7 @@ def run_list(
     that both sources give the same listing.
     """
     from nvc import driver, inventory, listing, nodes, procfs, selection
+    from nvc.rpc import driver_service
 
     selectors = selection.parse(devices)
     mig_files = request.mig_config or request.mig_monitor
@@ -226,7 +227,7 @@ def run_list(
         raise InputError("cannot enable mig-config with specific MIG devices selected")
     if use_nvml is None:
         use_nvml = inventory.needs_nvml(selectors, mig_files)
-    inv = inventory.from_nvml(opts.root, opts.user) if use_nvml else inventory.from_procfs()
+    inv = driver_service.inventory(opts.root, opts.user) if use_nvml else inventory.from_procfs()
     chosen = selection.select(inv.gpus, selectors) if request.devices else None
     files = driver.discover(opts.root, inv.driver_version, opts.ldcache) if request.needs_driver_files else None
     majors = nodes.read_majors() if request.needs_nodes else {}
@@ -353,7 +354,8 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
 
     if fmt is None:
         fmt = "json" if output is not None and output.endswith(".json") else "yaml"
-    spec = cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy, engines.hook_env(config_path))
+    spec = cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy,
+                             engines.installed_program(engines.HOOK_SCRIPT), engines.hook_env(config_path))
     text = cdi_spec.render(spec, fmt)
     if output is None:
         click.echo(text, nl=False)

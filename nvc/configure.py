@@ -4,7 +4,7 @@ The single entry point of the CLI's ``nvc-py configure`` and of the OCI hook (wh
 :func:`configure` in-process). The data path: validate the request (nothing changes before
 every input was checked) → select devices → check requirements → discover the driver's
 files → read container facts safely inside its rootfs → plan (:mod:`nvc.mountplan`, pure)
-→ apply (:mod:`nvc.apply`: a forked helper inside the container's mount namespace, then
+→ apply (:func:`nvc.rpc.container_service.apply`: a forked helper running :mod:`nvc.apply` inside the container's mount namespace, then
 the sandboxed ldconfig and the device cgroup).
 """
 
@@ -122,28 +122,6 @@ def validate(req: ConfigureRequest) -> _Checked:
 # ---- container facts ------------------------------------------------------------------------
 
 
-def open_rootfs(rootfs: str, pid: int | None) -> int:
-    """An O_PATH fd of the container's rootfs.
-
-    With ``pid`` the path is resolved inside the container's root (/proc/PID/root), where an
-    absolute symlink on the way means what it means to the container, not to the host.
-    """
-    from nvc import rootfs as inroot
-
-    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW  # a rootfs that is a symlink is refused
-    try:
-        if pid is None:
-            return os.open(rootfs, flags | os.O_CLOEXEC)
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            return inroot.open_in_root(root, rootfs, flags)
-        finally:
-            os.close(root)
-    except OSError as err:
-        where = rootfs if pid is None else f"/proc/{pid}/root{rootfs}"
-        raise ContainerError(f"open failed: {where}: {err.strerror}") from None
-
-
 def _exists(root_fd: int, path: str, directory: bool = False) -> bool:
     from nvc import rootfs as inroot
 
@@ -251,10 +229,12 @@ def _check_requirements(checked: _Checked, inv: Inventory, chosen: selection.Sel
 def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -> Plan:
     """Everything ``configure`` would do, without changing anything."""
     from nvc import driver, inventory, mountplan, nodes
+    from nvc import rootfs as inroot
+    from nvc.rpc import driver_service
 
     start = time.perf_counter()
     checked = validate(req)
-    root_fd = open_rootfs(req.rootfs, req.pid)
+    root_fd = inroot.open_rootfs(req.rootfs, req.pid)
     try:
         owner = container_owner(req.pid, root_fd)
         cfacts = container_facts(root_fd, owner)
@@ -263,7 +243,7 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     if cfacts.proc_mountpoint is None:
         log.debug("%s has no /proc/driver (procfs not mounted yet?): the driver's /proc files stay unmasked",
                   req.rootfs)
-    inv = inventory.from_nvml(glob.root, glob.user, proc) if _needs_nvml(checked, proc) else inventory.from_procfs(proc)
+    inv = driver_service.inventory(glob.root, glob.user, proc) if _needs_nvml(checked, proc) else inventory.from_procfs(proc)
     chosen = selection.select(inv.gpus, checked.selectors)
     _check_requirements(checked, inv, chosen)
     prefixes = capabilities.library_prefixes(checked.options.capabilities)
@@ -315,7 +295,7 @@ def configure(glob: GlobalOptions, req: ConfigureRequest, *, dry_run: bool = Fal
     scrub_environment()
     the_plan = plan(glob, req)
     if not dry_run:
-        from nvc import apply
+        from nvc.rpc import container_service
 
-        apply.apply(the_plan)
+        container_service.apply(the_plan)
     return the_plan

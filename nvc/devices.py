@@ -38,3 +38,11 @@ class Gpu(NamedTuple):
     memory_total: int | None = None  # bytes; None when read from /proc only
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+
+
+class DriverSnapshot(NamedTuple):
+    """What NVML reported, in one piece: versions and every GPU with its MIG devices."""
+
+    driver_version: str  # "580.95.05"
+    cuda_version: int  # nvmlSystemGetCudaDriverVersion: 13000 means CUDA 13.0
+    gpus: tuple[Gpu, ...]

@@ -1,6 +1,6 @@
 """The driver version and GPUs, from NVML or, when that is enough, from /proc alone.
 
-NVML (through the driver helper, see :mod:`nvc.rpc.driver_service`) knows everything
+NVML (through the driver helper: :func:`nvc.rpc.driver_service.inventory`) knows everything
 but costs a helper process, a chroot and the library's initialisation. /proc knows
 GPU identities and the driver version; requests needing no more (no MIG devices, no
 CUDA version, brand or architecture) take that fast path. Both paths agree on what
@@ -19,12 +19,9 @@ from nvc.procfs import ProcGpu
 from nvc.selection import Selector
 
 if TYPE_CHECKING:
-    from nvc.rpc.driver_service import DriverClient
+    from nvc.devices import DriverSnapshot
 
 log = Logger(__name__)
-
-NVML_TIMEOUT = 10.0  # seconds; the reference helper's fixed client timeout
-
 
 class Inventory(NamedTuple):
     """What the driver reports. ``cuda_version`` is None when NVML was not asked."""
@@ -48,19 +45,9 @@ def from_procfs(proc: Path = procfs.PROC) -> Inventory:
     return inventory
 
 
-def from_nvml(
-    root: str, user: tuple[int, int] | None, proc: Path = procfs.PROC, timeout: float = NVML_TIMEOUT
-) -> Inventory:
-    """Everything NVML reports, with each MIG device's /proc access files and nvidia-caps minors added."""
-    from nvc.rpc.driver_service import open_driver
-
-    with open_driver(root=root, user=user, timeout=timeout) as drv:
-        return from_driver(drv, proc)
-
-
-def from_driver(drv: DriverClient, proc: Path = procfs.PROC) -> Inventory:
-    """:func:`from_nvml` over a driver helper the caller started (early, to overlap its start-up)."""
-    snap = drv.snapshot()
+def from_snapshot(snap: DriverSnapshot, proc: Path = procfs.PROC) -> Inventory:
+    """What NVML reported (:func:`nvc.rpc.driver_service.inventory`), with each MIG device's
+    /proc access files and nvidia-caps minors added."""
     minors = procfs.read_mig_minors(proc)
     gpus = tuple(procfs.with_mig_caps(gpu, minors, proc) for gpu in snap.gpus)
     log.debug("inventory from NVML: driver %s, CUDA %d, %d GPUs", snap.driver_version, snap.cuda_version, len(gpus))

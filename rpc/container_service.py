@@ -1,5 +1,8 @@
 """The container helper (``nvc:[container]``): applies a mount plan inside a container.
 
+:func:`apply` is the caller's side of a whole plan: it starts the helper, which mounts, then
+runs ldconfig's sandbox and programs the device cgroup, and has the helper commit or roll back.
+
 Joining a mount namespace is a one-way trip for a process, and the caller (the CLI or the
 OCI hook) must stay in the host's. So a forked helper does it, holding only the
 capabilities mounting needs (:data:`nvc.apply.HELPER_CAPS`), each raised only for the step
@@ -8,11 +11,20 @@ that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nvc.logger import Logger
 from nvc.rpc.helper import Dispatch, HelperClient
+
+if TYPE_CHECKING:
+    from nvc.mountplan import Plan
+
+log = Logger(__name__)
+
+HELPER_TIMEOUT = 10.0  # seconds per helper call
 
 
 def _confine() -> None:
@@ -83,3 +95,52 @@ def open_container(timeout: float) -> Iterator[ContainerClient]:
     helper = HelperClient.spawn("container", serve_container, timeout=timeout)
     with helper:
         yield ContainerClient(helper)
+
+
+def _timed(stage: str, start: float) -> float:
+    """Log how long ``stage`` took (``--debug``; bench/ reads these lines); return now."""
+    now = time.perf_counter()
+    log.debug("timing %s %.2f ms", stage, (now - start) * 1e3)
+    return now
+
+
+def apply(plan: Plan) -> None:
+    """Apply ``plan``: mounts (this helper), then ldconfig and device cgroup; undo the mounts on failure."""
+    from nvc import ldconfig
+
+    start = time.perf_counter()
+    # Forked first: the ldconfig child loads its modules while this process imports the
+    # helper's and the helper mounts.
+    pending = None
+    if plan.ldconfig is not None:
+        pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
+                                          pid=plan.pid)
+    try:
+        from nvc import cgroups
+
+        start = _timed("setup", start)
+        with open_container(HELPER_TIMEOUT) as helper:
+            helper.mount(plan)
+            start = _timed("mounts", start)
+            try:
+                # ldconfig runs in its sandbox while this process programs the device cgroup.
+                if pending is not None:
+                    pending.start()
+                if plan.cgroup_rules and plan.pid is not None:
+                    cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
+                    start = _timed("cgroup", start)
+                if pending is not None:
+                    pending.wait()
+                    start = _timed("ldconfig", start)  # what was left of it after the cgroup
+            except BaseException:
+                if pending is not None:
+                    pending.cancel()  # ldconfig is dead before its changes are undone
+                problems = helper.rollback()
+                if problems:
+                    log.error("rollback incomplete: %s", "; ".join(problems))
+                raise
+            helper.commit()
+        _timed("finish", start)  # the helper's shutdown and exit
+    finally:
+        if pending is not None:
+            pending.cancel()

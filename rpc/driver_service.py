@@ -15,14 +15,17 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, NamedTuple, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nvc.errors import DriverError, InitializationError
 from nvc.rpc.confine import confine, overflow_ids
 from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient
 
 if TYPE_CHECKING:  # imported where used: what this module loads delays the helper's fork (``info``)
-    from nvc.devices import Gpu
+    from pathlib import Path
+
+    from nvc.devices import DriverSnapshot
+    from nvc.inventory import Inventory
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Host libraries NVML needs, loaded before the chroot so a driver root that lacks them (or
@@ -49,14 +52,6 @@ _BRAND_NAMES = {
     "NVML_BRAND_GEFORCE_RTX": "GeForceRTX",
     "NVML_BRAND_TITAN_RTX": "TitanRTX",
 }
-
-
-class DriverSnapshot(NamedTuple):
-    """What NVML reported, in one piece: versions and every GPU with its MIG devices."""
-
-    driver_version: str  # "580.95.05"
-    cuda_version: int  # nvmlSystemGetCudaDriverVersion: 13000 means CUDA 13.0
-    gpus: tuple[Gpu, ...]
 
 
 # ---- child side: runs in the confined helper ----------------------------------------------
@@ -216,7 +211,7 @@ def serve_driver(root: str, uid: int, gid: int) -> Dispatch:
 
 def snapshot_from_wire(data: dict[str, Any]) -> DriverSnapshot:
     """Build the snapshot's records from the helper's JSON answer."""
-    from nvc.devices import Gpu, MigDevice
+    from nvc.devices import DriverSnapshot, Gpu, MigDevice
 
     gpus = tuple(
         Gpu(
@@ -308,3 +303,13 @@ def open_driver(
             helper.wait_ready()
     with helper:
         yield DriverClient(helper)
+
+
+def inventory(root: str, user: tuple[int, int] | None, proc: Path | None = None,
+              timeout: float = DEFAULT_TIMEOUT) -> Inventory:
+    """Everything NVML reports (through a driver helper for ``root``), with each MIG device's /proc
+    access files and nvidia-caps minors added (:func:`nvc.inventory.from_snapshot`)."""
+    from nvc import inventory as inv
+
+    with open_driver(root=root, user=user, timeout=timeout) as drv:
+        return inv.from_snapshot(drv.snapshot(), *(() if proc is None else (proc,)))

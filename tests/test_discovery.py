@@ -17,6 +17,7 @@ from nvc import driver, inventory, kmods, ldcache, nodes, procfs, rootpath, sele
 from nvc.cli import GlobalOptions, run_list
 from nvc.devices import Gpu, MigDevice
 from nvc.errors import DetectionError, DeviceError, InitializationError
+from nvc.rpc import driver_service
 from nvc.listing import ListRequest
 
 VERSION = "999.12.34"
@@ -422,7 +423,7 @@ ALL = ListRequest(devices=True, libraries=True, binaries=True, ipcs=True, firmwa
 def test_fast_path_agrees_with_nvml(machine: str, request: pytest.FixtureRequest) -> None:
     fake = request.getfixturevalue(machine)
     fast = inventory.from_procfs()
-    nvml = inventory.from_nvml(str(fake.root), (os.geteuid(), os.getegid()))
+    nvml = driver_service.inventory(str(fake.root), (os.geteuid(), os.getegid()))
     assert fast.driver_version == nvml.driver_version == fake.driver_version
     assert fast.cuda_version is None and nvml.cuda_version == fake.machine["cuda_version"]
     assert _identities(fast) == _identities(nvml) and len(fast.gpus) == len(fake.machine["gpus"])

@@ -743,7 +743,7 @@ def hook_command(client: str, tmp_path: Path) -> tuple[list[str], str]:
     if client == "native":
         return [str(CLIENT), str(HOOK)], CLIENT.name
     script = tmp_path / "nvc-py-hook"
-    script.write_text(f"#!{sys.executable}\nfrom nvc.hook.prestart import run\nrun()\n")
+    script.write_text(f"#!{sys.executable}\nfrom nvc.hook.program import run\nrun()\n")
     script.chmod(0o755)
     return [str(script)], "nvc-py-hook"
 

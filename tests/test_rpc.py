@@ -21,7 +21,8 @@ import pytest
 from nvc import errors
 from nvc.rpc import helper, protocol
 from nvc.rpc.confine import confine, overflow_ids
-from nvc.rpc.driver_service import DriverSnapshot, brand_name, bus_id, open_driver, snapshot_from_wire
+from nvc.devices import DriverSnapshot
+from nvc.rpc.driver_service import brand_name, bus_id, open_driver, snapshot_from_wire
 from nvc.rpc.helper import HelperClient
 
 TEST_UID, TEST_GID = 12345, 23456

@@ -24,11 +24,13 @@ def request_nodes(root: str, user: tuple[int, int] | None, devices: tuple[str, .
                   capabilities: frozenset[str], mig_config: bool = False,
                   mig_monitor: bool = False) -> list[DeviceNode]:
     """Every node a container asking for ``devices`` gets (``None``: driver only, control nodes)."""
+    from nvc.rpc import driver_service
+
     majors = nodes.read_majors()
     selectors = selection.parse(devices or ())
     mig_files = mig_config or mig_monitor
     use_nvml = bool(selectors) and inventory.needs_nvml(selectors, mig_files)
-    inv = inventory.from_nvml(root, user) if use_nvml else inventory.from_procfs()
+    inv = driver_service.inventory(root, user) if use_nvml else inventory.from_procfs()
     chosen = selection.select(inv.gpus, selectors)
     options = mountplan.Options(capabilities=capabilities, mig_config=mig_config, mig_monitor=mig_monitor)
     mig_minors = procfs.read_mig_minors() if mig_files else {}

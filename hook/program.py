@@ -1,0 +1,50 @@
+"""``nvc-py-hook``, the program: the hook's stages (:mod:`nvc.hook.prestart`) or ``serve``.
+
+The entry point sits above both the stages and the hook server (:mod:`nvc.hook.server`), since the
+server runs the stages, and nvc-py's CLI, for its callers: neither imports this module back.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from nvc.errors import InputError, NvcError
+from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV, hand_over
+from nvc.hook.prestart import PROG, USAGE
+from nvc.hook.prestart import main as stages
+
+
+def _serve(args: list[str]) -> int:
+    from nvc.hook import server
+
+    if args and (len(args) != 2 or args[0] != "--socket" or not args[1]):
+        print(USAGE, file=sys.stderr)
+        return InputError.exit_code
+    try:
+        return server.serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    except NvcError as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``nvc-py-hook STAGE …`` or ``nvc-py-hook serve [--socket PATH]``."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["serve"]:
+        return _serve(args[1:])
+    return stages(args)
+
+
+def run() -> None:
+    """Console script entry point; exits without the interpreter's teardown (:mod:`nvc.quickexit`).
+
+    A hook or runtime may be handed a container's environment: restart without the loader
+    variables before anything loads a shared library (this module's own imports load none).
+    """
+    from nvc.loaderenv import restart_without_loader_variables
+    from nvc.quickexit import exit_now
+
+    restart_without_loader_variables()
+    hand_over(sys.argv)  # to a running server's warm worker, when there is one
+    exit_now(main())  # without the interpreter's teardown (a server's SIGTERM ends it as sys.exit does)
