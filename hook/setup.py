@@ -99,6 +99,8 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
     try:
         for path, text in texts.items():
             _directory(path)
+            if os.path.isdir(path) and not os.path.islink(path):  # the one rename that would fail
+                raise InputError(f"{path}: cannot write: Is a directory")
             tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
