@@ -35,8 +35,9 @@ def main() -> int:
     parser.add_argument("--command", help="run this shell command there instead of an interactive shell")
     args = parser.parse_args()
 
-    from fakedriver.activate import activate, enter_private_tmpfs
+    from fakedriver.activate import activate
     from fakedriver.build import build
+    from hostcheck import PrivateRun
 
     if os.geteuid() != 0:
         print("make try: needs root (mount namespaces, device nodes)", file=sys.stderr)
@@ -49,13 +50,16 @@ def main() -> int:
         rootfs = work / "rootfs"
         for sub in ("etc", "usr/lib", "usr/bin", "dev", "proc"):
             (rootfs / sub).mkdir(parents=True)
-        enter_private_tmpfs("/run/nvc-py")
+        private = PrivateRun(("/run/nvc-py",))
         env = {**os.environ, "NVC_PY_CONFIG": str(config), "NVC_PY_HOOK_SOCKET": "none", "ROOTFS": str(rootfs),
                "PS1": "(nvc-py try: FAKE driver) \\w# "}
-        with activate(fake):
-            print(BANNER.format(root=fake.root), flush=True)
-            shell = ["sh", "-c", args.command] if args.command else [os.environ.get("SHELL", "/bin/sh"), "-i"]
-            return subprocess.run(shell, env=env, cwd=tmp).returncode
+        try:
+            with activate(fake):
+                print(BANNER.format(root=fake.root), flush=True)
+                shell = ["sh", "-c", args.command] if args.command else [os.environ.get("SHELL", "/bin/sh"), "-i"]
+                return subprocess.run(shell, env=env, cwd=tmp).returncode
+        finally:
+            private.leave()
 
 
 if __name__ == "__main__":
