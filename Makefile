@@ -128,14 +128,14 @@ demo: deps build
 
 ## try: a shell (or CMD) in a private mount namespace where nvc-py answers from the fake driver (test double)
 try: build
-	$(ENV_PYTHON) demo/try.py $(if $(CMD),--command '$(CMD)')
+	$(ENV_PYTHON) demo/try.py $(if $(CMD),--command '$(value CMD)')
 
 ## uninstall: what make install and `nvc-py setup ...` put on the host (PURGE=1: the log and /etc/nvc-py too)
 uninstall:
 	-[ -x $(LIBDIR)/nvc-py-python ] && for what in "podman" "containerd" "server"; do \
 		$(LIBDIR)/nvc-py-python setup $$what --remove; done
 	for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do \
-		[ -f "$$f" ] && grep -q '"*$(LIBDIR)/nvc-py-hook' "$$f" && rm -v "$$f"; done; true
+		[ -f "$$f" ] && grep -qF '$(LIBDIR)/nvc-py-hook' "$$f" && rm -v "$$f"; done; true
 	for name in nvc-py nvc-py-hook nvc-py-runtime; do \
 		for link in $(BINDIR)/$$name "$(SCRIPTS_DIR)/$$name"; do \
 			[ "$$(readlink "$$link")" = $(LIBDIR)/$$name ] && rm -v "$$link"; done; done; true

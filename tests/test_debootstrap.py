@@ -26,10 +26,12 @@ MIRROR = "http://deb.debian.org/debian"
 # What a user has before the README's commands: make, and a clone (the tree is copied in here).
 INCLUDE = "make,ca-certificates"
 TARBALL = CACHE / f"debootstrap-{SUITE}-minbase-{hashlib.sha256(INCLUDE.encode()).hexdigest()[:12]}.tar"
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CHROOT_ENV = ["env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
               "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive"]
 # In the chroot, from the copy of the tree: the README's install steps, then what a user would type.
 SCRIPT = """set -eu
+update-ca-certificates > /dev/null
 cd /src/nvc-py
 make deps build
 test "$(head -n1 /usr/lib/nvc-py/nvc-py-python)" = "#!/usr/lib/nvc-py/venv/bin/python -IS"
@@ -84,6 +86,9 @@ def test_readme_install_on_a_stock_debian_12(tmp_path: Path, summary_line) -> No
     root = tmp_path / "root"
     hit = _base_root(root)
     shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
+    # The test machine's certificate authorities, added the Debian way (a network that inspects TLS
+    # has its own; PyPI is reached over it): Debian's pip trusts the system's bundle.
+    shutil.copy2(HOST_CA_BUNDLE, root / "usr/local/share/ca-certificates/nvc-test-host.crt")
     _copy_tree(root / "src/nvc-py")
     mounts = (f"mount -t proc proc {root}/proc && mount --rbind /dev {root}/dev && "
               f"mount --rbind /sys {root}/sys && exec {' '.join(CHROOT_ENV)} chroot {root} /bin/sh -c \"$0\"")
