@@ -35,9 +35,8 @@ def main() -> int:
     parser.add_argument("--command", help="run this shell command there instead of an interactive shell")
     args = parser.parse_args()
 
-    from fakedriver.activate import activate
+    from fakedriver.activate import enter_private_tmpfs, show
     from fakedriver.build import build
-    from hostcheck import PrivateRun
 
     if os.geteuid() != 0:
         print("make try: needs root (mount namespaces, device nodes)", file=sys.stderr)
@@ -50,16 +49,24 @@ def main() -> int:
         rootfs = work / "rootfs"
         for sub in ("etc", "usr/lib", "usr/bin", "dev", "proc"):
             (rootfs / sub).mkdir(parents=True)
-        private = PrivateRun(("/run/nvc-py",))
+        (work / "staging").mkdir()
         env = {**os.environ, "NVC_PY_CONFIG": str(config), "NVC_PY_HOOK_SOCKET": "none", "ROOTFS": str(rootfs),
                "PS1": "(nvc-py try: FAKE driver) \\w# "}
+
+        def private_fake() -> None:
+            """In the shell's process before it starts: its own mount namespace (gone with it; this
+            process never leaves its own, so a chroot stays a chroot) with the fake driver shown."""
+            enter_private_tmpfs("/run/nvc-py")
+            show(fake, work / "staging")
+
+        created = not os.path.isdir("/run/nvc-py")
+        print(BANNER.format(root=fake.root), flush=True)
+        shell = ["sh", "-c", args.command] if args.command else [os.environ.get("SHELL", "/bin/sh"), "-i"]
         try:
-            with activate(fake):
-                print(BANNER.format(root=fake.root), flush=True)
-                shell = ["sh", "-c", args.command] if args.command else [os.environ.get("SHELL", "/bin/sh"), "-i"]
-                return subprocess.run(shell, env=env, cwd=tmp).returncode
+            return subprocess.run(shell, env=env, cwd=tmp, preexec_fn=private_fake).returncode  # noqa: PLW1509
         finally:
-            private.leave()
+            if created:  # made empty for the shell's tmpfs: not the host's to keep
+                os.rmdir("/run/nvc-py")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ The session runs in a mount namespace of its own with an empty tmpfs on each of
 sharing directories, containerd's shim sockets, runc's state), so nothing written there reaches
 the host's. A directory that was missing is created for the mount and removed at the end. At the
 end the mounts are detached, so the host's own directories show again, and compared with what was
-there at the start, together with /tmp's entries named as nvc-py, its tests and the tools they
+there at the start, together with the directories ``nvc-py setup`` and ``cdi generate`` write to on
+a host (:data:`SETUP_DIRS`: tests name their own) and /tmp's entries named as nvc-py, its tests and the tools they
 run name theirs (:data:`TMP_PREFIXES`: on a shared machine others write to /tmp meanwhile), the
 session's pytest directory aside (pytest removes it after a passing run and keeps the last failing
 run's; pytest_sessionfinish checks that).
@@ -19,6 +20,9 @@ from dataclasses import dataclass, field
 from fakedriver.activate import MNT_DETACH, enter_private_tmpfs, umount
 
 PRIVATE_RUN_DIRS = ("/run/nvc-py", "/run/containerd", "/run/runc")
+# Where `nvc-py setup`, `cdi generate` and the configuration live on a host: tests write their own
+# (--hooks-dir, --unit-dir, --drop-in, $NVC_PY_CONFIG...), never these; compared, not mounted over.
+SETUP_DIRS = ("/etc/nvc-py", "/etc/containers/oci/hooks.d", "/etc/containerd", "/etc/cdi", "/var/run/cdi")
 TMP = "/tmp"
 DEPTH = 4  # levels under each run directory compared: enough for /run/nvc-py/share/<id>/shared
 PYTEST_TMP = f"pytest-of-{os.environ.get('USER') or 'root'}"
@@ -59,7 +63,7 @@ class HostState:
     tmp_dir: str = TMP
 
 
-def snapshot(run_dirs: tuple[str, ...] = PRIVATE_RUN_DIRS, tmp: str = TMP) -> HostState:
+def snapshot(run_dirs: tuple[str, ...] = PRIVATE_RUN_DIRS + SETUP_DIRS, tmp: str = TMP) -> HostState:
     return HostState({path: entries(path, DEPTH) for path in run_dirs},
                      frozenset(name for name in entries(tmp, 1) or () if name.startswith(TMP_PREFIXES)) - {PYTEST_TMP},
                      tmp)

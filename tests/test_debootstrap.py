@@ -1,7 +1,7 @@
 """The README's promise on a stock Debian 12: in a minimal Debian root made by debootstrap (Debian's
 own /usr/bin/python3, PEP 668 in force), the install steps `make demo` and `make test` start with
 (`make deps build`) succeed, `nvc-py --version` and a fake-driver `info` (`make try`) answer, and
-`make uninstall` removes the installation again.
+after `setup podman|server|containerd` and a CDI spec, `make uninstall` removes all of it again.
 
 The root is made from the network (deb.debian.org, and PyPI for the Python dependencies); the
 bare debootstrap result is cached as a tarball under /var/cache/nvc-py-test (not /tmp: the suite
@@ -40,8 +40,17 @@ test "$(readlink /usr/local/bin/nvc-py)" = /usr/lib/nvc-py/nvc-py
 echo "== version"; nvc-py --version
 echo "== runtime"; nvc-py-runtime --version | head -n1
 echo "== try"; make -s try CMD="nvc-py info"
-make -s uninstall
-test ! -e /usr/lib/nvc-py && test ! -e /usr/local/bin/nvc-py && echo "== uninstalled"
+cp /etc/containerd/config.toml /tmp/containerd.toml
+nvc-py setup podman && nvc-py setup server && nvc-py setup containerd
+make -s try CMD="nvc-py cdi generate --output /etc/cdi/nvidia.yaml"
+for f in /etc/containers/oci/hooks.d/oci-nvc-py-hook.json /etc/systemd/system/nvc-py-hook.socket \
+         /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml; do test -f $f; done
+echo "== uninstall"; make -s uninstall
+for f in /usr/lib/nvc-py /usr/local/bin/nvc-py /usr/local/bin/nvc-py-hook /usr/local/bin/nvc-py-runtime \
+         /etc/containers/oci/hooks.d/oci-nvc-py-hook.json /etc/containers/oci/hooks.d/oci-nvc-py-poststop.json \
+         /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service \
+         /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml; do ! test -e $f || { echo "left: $f"; exit 1; }; done
+cmp /etc/containerd/config.toml /tmp/containerd.toml && echo "== uninstalled"
 """
 
 
@@ -90,7 +99,8 @@ def test_readme_install_on_a_stock_debian_12(tmp_path: Path, summary_line) -> No
     # has its own; PyPI is reached over it): Debian's pip trusts the system's bundle.
     shutil.copy2(HOST_CA_BUNDLE, root / "usr/local/share/ca-certificates/nvc-test-host.crt")
     _copy_tree(root / "src/nvc-py")
-    mounts = (f"mount -t proc proc {root}/proc && mount --rbind /dev {root}/dev && "
+    # The root bound onto itself: a chroot whose / is a mount point, as make try's unshare wants.
+    mounts = (f"mount --bind {root} {root} && mount -t proc proc {root}/proc && mount --rbind /dev {root}/dev && "
               f"mount --rbind /sys {root}/sys && exec {' '.join(CHROOT_ENV)} chroot {root} /bin/sh -c \"$0\"")
     result = _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts, SCRIPT], 1200)
     out = result.stdout

@@ -83,7 +83,7 @@ def test_containerd_drop_in_that_cannot_be_written(tmp_path: Path) -> None:
     main = tmp_path / "config.toml"
     main.write_text("version = 2\n")
     result = run("setup", "containerd", "--config", str(main), "--drop-in", "/proc/nope/99-nvc-py.toml",
-                 "--no-server")
+                 "--no-server", env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})
     assert_refused(result, "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory")
     assert main.read_text() == "version = 2\n" and tree(tmp_path) == ["config.toml"]
 
@@ -198,7 +198,8 @@ def test_setup_containerd_remove(tmp_path: Path) -> None:
     original = '# site\nversion = 2\nimports = ["/etc/site/other.toml"]\n\n[grpc]\n  address = "/run/s.sock"\n'
     main.write_text(original)
     drop_in = tmp_path / "conf.d" / "99-nvc-py.toml"
-    run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--no-server", check=True)
+    run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--no-server", check=True,
+        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})  # the no-server file goes beside it
     assert drop_in.exists() and str(drop_in) in main.read_text()
     removed = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove",
                   check=True).stdout.splitlines()

@@ -114,12 +114,18 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
     staging = Path(tempfile.mkdtemp(prefix="nvc-fake-dev-"))
     try:
         with private_mounts():
-            _bind(fake.proc / "driver", "/proc/driver")
-            _bind(fake.proc / "devices", "/proc/devices")
-            _overlay_dev(fake.root / "dev", staging)
+            show(fake, staging)
             yield fake
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def show(fake: "FakeDriver", staging: Path) -> None:  # noqa: F821 (build.FakeDriver)
+    """Show ``fake`` at the real paths in this process's mount namespace, which must be a private
+    one (:func:`activate`, or a child's that ends with it: demo/try.py); ``staging`` holds /dev's overlay."""
+    _bind(fake.proc / "driver", "/proc/driver")
+    _bind(fake.proc / "devices", "/proc/devices")
+    _overlay_dev(fake.root / "dev", staging)
 
 
 def enter_private_tmpfs(*paths: str) -> None:
