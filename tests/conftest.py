@@ -83,7 +83,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     changed = hostcheck.changes(_HOST["before"], hostcheck.snapshot())
     factory = session.config._tmp_path_factory  # noqa: SLF001 - where this session's tmp_path lives
     basetemp = factory._basetemp  # noqa: SLF001
-    if exitstatus == 0 and basetemp is not None and basetemp.exists():
+    if exitstatus == 0 and basetemp is not None and basetemp.exists() and factory._given_basetemp is None:  # noqa: SLF001
         changed.append(f"{basetemp}: left behind by a passing run")
     if changed:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
