@@ -451,6 +451,8 @@ def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
     from nvc import sharestatus
 
+    if os.path.lexists(state_dir) and not os.path.isdir(state_dir):  # missing: no container shares a GPU
+        raise InputError(f"{state_dir}: not a directory")
     containers = sharestatus.status(state_dir)
     click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
 

@@ -97,16 +97,41 @@ def test_cdi_output_that_cannot_be_written(active_2gpu, tmp_path: Path) -> None:
     assert tree(tmp_path) == ["x.yaml"]
 
 
+@pytest.mark.parametrize(("argv", "line"), [
+    (["-d", "/proc/nope/debug.log", "config", "show"],
+     "/proc/nope/debug.log: cannot open debug log: No such file or directory"),
+    (["share", "status", "--state-dir", "/etc/hostname"], "/etc/hostname: not a directory"),
+    (["setup", "containerd", "--config", "/etc", "--drop-in", "{tmp}/99-nvc-py.toml"],
+     "/etc: cannot read: Is a directory"),
+    (["setup", "containerd", "--config", "{tmp}/new/config.toml", "--drop-in", "/proc/nope/99-nvc-py.toml"],
+     "/proc/nope: cannot create directory: No such file or directory"),
+    (["config", "show", "--file", "relative-missing.yaml"], "relative-missing.yaml: no such configuration file"),
+    (["config", "show", "--file", "/etc"],
+     "/etc: not a regular file (a configuration file must be a regular file of at most 1048576 bytes)"),
+    (["--root", "/nonexistent", "info"], "/nonexistent: invalid driver root (must be an absolute path to a directory)"),
+], ids=["debug-log", "share-state-dir", "containerd-config-dir", "containerd-drop-in", "config-relative",
+        "config-dir", "root"])
+def test_other_bad_paths(tmp_path: Path, argv: list[str], line: str) -> None:
+    result = run(*(word.format(tmp=tmp_path) for word in argv), cwd=tmp_path,
+                 env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})
+    assert_refused(result, f"nvc-py: input error: {line.format(tmp=tmp_path)}")
+    assert tree(tmp_path) == []
+
+
 # --- configuration files given by the user ---------------------------------------------------------
 
 
 def test_config_show_of_a_missing_file_is_an_error(tmp_path: Path) -> None:
     assert_refused(run("config", "show", "--file", str(tmp_path / "missing.yaml")),
                    f"nvc-py: input error: {tmp_path / 'missing.yaml'}: no such configuration file")
+    assert run("config", "show", env={"NVC_PY_CONFIG": str(tmp_path / "missing.yaml")}).stdout.startswith(
+        "# effective nvc-py configuration from built-in defaults")  # the default file may be absent
 
 
 @pytest.mark.parametrize("command", [["setup", "podman", "--hooks-dir", "{tmp}/hooks.d", "--no-server"],
-                                     ["setup", "server", "--unit-dir", "{tmp}/units"]], ids=["podman", "server"])
+                                     ["setup", "server", "--unit-dir", "{tmp}/units"],
+                                     ["--root", "/", "cdi", "generate", "--output", "{tmp}/cdi.yaml"]],
+                         ids=["podman", "server", "cdi"])
 @pytest.mark.parametrize(("given", "reason"), [
     ("config.yaml", "--config must be an absolute path (the hooks read it from elsewhere)"),
     ("{tmp}/missing.yaml", "no such configuration file"),
