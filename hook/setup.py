@@ -225,6 +225,7 @@ def _systemd_manages(unit_dir: str) -> bool:
 
 
 def _systemctl(systemctl: str, *calls: list[str]) -> None:
+    """Run ``systemctl`` once per argument list, in order; the first failure is one InputError."""
     for args in calls:
         try:
             subprocess.run([systemctl, *args], check=True, stdin=subprocess.DEVNULL, capture_output=True, text=True)

@@ -339,6 +339,7 @@ _REMOVE = click.option("--remove", is_flag=True, help="Remove what this command 
 
 
 def _echo_lines(lines: list[str]) -> None:
+    """What a setup command did, a line each."""
     for line in lines:
         click.echo(line)
 
