@@ -24,7 +24,10 @@ PYTEST_FLAGS ?=
 PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
-	runc crun podman containerd busybox-static iproute2 uidmap kmod bpftool debootstrap
+	runc crun podman containerd busybox-static iproute2 uidmap kmod debootstrap
+# Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it
+# only in its kernel-versioned linux-tools): the tests that use them skip without them.
+APT_OPTIONAL := bpftool
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
 # `make try CMD="nvc-py list"` runs CMD in the try shell instead of an interactive shell.
@@ -37,15 +40,18 @@ PURGE ?=
 
 all: build
 
-## deps: everything a fresh Debian 12 needs (idempotent: installs only what is missing)
+## deps: everything a stock Debian 12 or Ubuntu 24.04 needs (idempotent: installs only what is missing)
 deps: apt-deps pip-deps
 
 apt-deps:
-	@missing=$$(for p in $(APT_PACKAGES); do \
-		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
+	@installed() { dpkg-query -W -f='$${Status}\n' "$$1" 2>/dev/null | grep -q '^install ok installed'; }; \
+	missing=$$(for p in $(APT_PACKAGES); do installed $$p || echo $$p; done); \
+	if [ -n "$$missing" ]; then apt-get update -qq || exit 1; fi; \
+	missing="$$missing $$(for p in $(APT_OPTIONAL); do \
+		installed $$p || ! apt-cache show $$p 2>/dev/null | grep -q '^Version:' || echo $$p; done)"; \
+	if [ -n "$$(echo $$missing)" ]; then \
 		echo "installing:" $$missing; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 ## env: nvc-py's virtual environment, made from $(PYTHON) where missing (not for a given venv)
