@@ -349,7 +349,8 @@ def install_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINER
 
 def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD_DROP_IN) -> list[str]:
     """Undo :func:`install_containerd`: ``drop_in`` out of ``config``'s imports (every other setting
-    kept), then the drop-in removed. Returns what was done, a line each."""
+    kept; the file removed where nothing else is left, as when install_containerd made it), then the
+    drop-in removed. Returns what was done, a line each."""
     import tomlkit
 
     done = []
@@ -360,6 +361,9 @@ def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD
             imports.remove(drop_in)
             if not imports:
                 del main["imports"]
-            write_files({config: tomlkit.dumps(main)})
-            done.append(f"removed {drop_in} from the imports of {config}")
+            if main.unwrap() == {"version": 2}:  # what install_containerd made where there was no file
+                done += remove_files([config])
+            else:
+                write_files({config: tomlkit.dumps(main)})
+                done.append(f"removed {drop_in} from the imports of {config}")
     return done + remove_files([drop_in])

@@ -230,6 +230,13 @@ def test_setup_containerd_remove(tmp_path: Path) -> None:
                   check=True).stdout.splitlines()
     assert removed == [f"removed {drop_in} from the imports of {main}", f"removed {drop_in}"]
     assert main.read_text() == original and not drop_in.exists()
+    main.unlink()  # no containerd configuration: setup makes one, --remove removes it again
+    run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--no-server", check=True,
+        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})
+    assert main.exists()
+    removed = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove",
+                  check=True).stdout.splitlines()
+    assert removed == [f"removed {main}", f"removed {drop_in}"] and not main.exists()
 
 
 # --- --help and --version ------------------------------------------------------------------------------
