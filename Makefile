@@ -1,37 +1,75 @@
-# nvc-py build, test and demo entry points. `make demo` and `make test` work on a fresh
-# Debian 12 machine as root: both install what they need (apt and pip) through `deps`.
+# nvc-py build, test and demo entry points. `make demo` and `make test` work on a stock Debian 12
+# or Ubuntu 24.04 machine as root: both install what they need (apt, then pip into nvc-py's own
+# virtual environment) through `deps`.
 
-PYTHON ?= python3
-PIP := $(PYTHON) -m pip
-# As native/hook_client.c's PROGRAM_DIR and hook/setup.py's HOOK_CLIENT.
+# The interpreter nvc-py's environment is made from: the distribution's own (PEP 668 forbids pip
+# installs into it, so nvc-py and its dependencies live in $(VENV), made from it). A PYTHON that
+# already is a virtual environment's interpreter (bench/gpu-env.sh's /tmp/site) is used as the
+# environment itself: no new one is made and pip-deps installs nothing into it, it only checks.
+PYTHON ?= /usr/bin/python3
+# As native/hook_client.c's PROGRAM_DIR and hook/setup.py's LIBDIR.
 LIBDIR := /usr/lib/nvc-py
+VENV := $(LIBDIR)/venv
+# Where users find the commands (links to the programs in $(LIBDIR)).
+BINDIR ?= /usr/local/bin
+GIVEN_VENV := $(shell $(PYTHON) -c 'import sys; print(int(sys.prefix != sys.base_prefix))' 2>/dev/null)
+# The interpreter nvc-py runs with, installs into and tests with.
+ENV_PYTHON := $(if $(filter 1,$(GIVEN_VENV)),$(PYTHON),$(VENV)/bin/python)
+PIP := $(ENV_PYTHON) -m pip
 # sys.path entries the site module adds for an isolated interpreter (-I without -S), as a Python list.
-SITE_PATH = $(shell $(PYTHON) -I -c 'import subprocess, sys; bare = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; print(sys.path)"], capture_output=True, text=True, check=True).stdout; print([p for p in sys.path if repr(p) not in bare])')
+SITE_PATH = $(shell $(ENV_PYTHON) -I -c 'import subprocess, sys; bare = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; print(sys.path)"], capture_output=True, text=True, check=True).stdout; print([p for p in sys.path if repr(p) not in bare])')
+SCRIPTS_DIR = $(shell $(ENV_PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 PYTEST_FLAGS ?=
 # From tests/, so the installed package (with nvc.rpc and nvc.hook) is imported, not the source tree.
-PYTEST := cd tests && $(PYTHON) -m pytest -c ../setup.cfg --rootdir ..
-APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 \
-	runc crun podman containerd busybox-static iproute2 uidmap kmod bpftool
+PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
+# python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
+APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
+	runc crun podman containerd busybox-static iproute2 uidmap kmod debootstrap
+# Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it
+# only in its kernel-versioned linux-tools): the tests that use them skip without them.
+APT_OPTIONAL := bpftool
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
+# `make try CMD="nvc-py list"` runs CMD in the try shell instead of an interactive shell.
+CMD ?=
+# `make uninstall PURGE=1` also removes the log and /etc/nvc-py.
+PURGE ?=
 
-.PHONY: all deps apt-deps pip-deps build native install fronts test test-gpu demo clean
+.PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu demo try uninstall \
+	print-test-python clean
 
 all: build
 
-## deps: everything a fresh Debian 12 needs (idempotent: installs only what is missing)
+## deps: everything a stock Debian 12 or Ubuntu 24.04 needs (idempotent: installs only what is missing)
 deps: apt-deps pip-deps
 
 apt-deps:
-	@missing=$$(for p in $(APT_PACKAGES); do \
-		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
+	@installed() { dpkg-query -W -f='$${Status}\n' "$$1" 2>/dev/null | grep -q '^install ok installed'; }; \
+	missing=$$(for p in $(APT_PACKAGES); do installed $$p || echo $$p; done); \
+	if [ -n "$$missing" ]; then apt-get update -qq || exit 1; fi; \
+	missing="$$missing $$(for p in $(APT_OPTIONAL); do \
+		installed $$p || ! apt-cache show $$p 2>/dev/null | grep -q '^Version:' || echo $$p; done)"; \
+	if [ -n "$$(echo $$missing)" ]; then \
 		echo "installing:" $$missing; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-pip-deps:
-	$(PIP) install -q --upgrade-strategy only-if-needed wheel ".[test]"
+## env: nvc-py's virtual environment, made from $(PYTHON) where missing (not for a given venv)
+env:
+	@[ -x $(ENV_PYTHON) ] || { echo "making $(VENV) from $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+
+## pip-deps: the requirements the environment lacks (tools/missing_deps.py; nothing built to find out)
+pip-deps: env
+	@missing=$$($(ENV_PYTHON) tools/missing_deps.py) || exit 1; \
+	if [ -n "$$missing" ] && [ "$(GIVEN_VENV)" = 1 ]; then \
+		echo "$(PYTHON)'s environment lacks: $$missing (install them there; this make installs nothing into it)" >&2; exit 1; \
+	elif [ -n "$$missing" ]; then \
+		echo "installing into $(VENV):" $$missing; $(PIP) install -q $$missing; \
+	fi
+
+## print-test-python: the interpreter the tests run with (/work/bin/nvc-test asks)
+print-test-python:
+	@echo $(ENV_PYTHON)
 
 ## build: native code, then the package (non-editable, as users get it)
 build: native install
@@ -49,20 +87,26 @@ native:
 # so nvc-py and its dependencies are found as under plain -I.
 define launcher
 	printf '#!%s -IS\nimport sys\nsys.path.extend(%s)\nfrom $(2) import run\nrun()\n' \
-		"$$($(PYTHON) -c 'import sys; print(sys.executable)')" "$(SITE_PATH)" > $(LIBDIR)/$(1).new
+		"$$($(ENV_PYTHON) -c 'import sys; print(sys.executable)')" "$(SITE_PATH)" > $(LIBDIR)/$(1).new
 	chmod 0755 $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
 endef
 
 # $(call front,NAME,MODULE): $(LIBDIR)/NAME is the native front (native/hook_client.c), which hands each
 # call to the hook server (starting one for a hook call where none runs) and otherwise runs
-# $(LIBDIR)/NAME-python, the Python program; the NAME console script becomes a link to the front.
+# $(LIBDIR)/NAME-python, the Python program; the NAME console script and $(BINDIR)/NAME become links to the front.
 define front
 	$(call launcher,$(1)-python,$(2))
 	install -m 0755 native/nvc-py-hook-client $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
-	ln -sfn $(LIBDIR)/$(1) "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/$(1)"
+	$(call link,$(1))
 endef
 
-install:
+# $(call link,NAME): the console script NAME in the environment, and $(BINDIR)/NAME, link to $(LIBDIR)/NAME.
+define link
+	ln -sfn $(LIBDIR)/$(1) "$(SCRIPTS_DIR)/$(1)"
+	mkdir -p $(BINDIR) && ln -sfn $(LIBDIR)/$(1) $(BINDIR)/$(1)
+endef
+
+install: pip-deps
 	$(PIP) install -q --no-deps --no-index --no-build-isolation .
 	install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
 	install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
@@ -73,7 +117,7 @@ fronts:
 	$(call front,nvc-py,nvc.__main__)
 	$(call front,nvc-py-hook,nvc.hook.program)
 	$(call launcher,nvc-py-runtime,nvc.hook.runtime)
-	ln -sfn $(LIBDIR)/nvc-py-runtime "$$($(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nvc-py-runtime"
+	$(call link,nvc-py-runtime)
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build
@@ -86,7 +130,24 @@ test-gpu: build
 
 ## demo: build everything, then show the GPUs nvc-py sees (real driver if present, else the fake one)
 demo: deps build
-	$(PYTHON) demo/run.py
+	$(ENV_PYTHON) demo/run.py
+
+## try: a shell (or CMD) in a private mount namespace where nvc-py answers from the fake driver (test double)
+try: build
+	$(ENV_PYTHON) demo/try.py $(if $(CMD),--command '$(value CMD)')
+
+## uninstall: what make install and `nvc-py setup ...` put on the host (PURGE=1: the log and /etc/nvc-py too)
+uninstall:
+	-[ -x $(LIBDIR)/nvc-py-python ] && for what in "podman" "containerd" "server"; do \
+		$(LIBDIR)/nvc-py-python setup $$what --remove; done
+	for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do \
+		[ -f "$$f" ] && grep -qF '$(LIBDIR)/nvc-py-hook' "$$f" && rm -v "$$f"; done; true
+	for name in nvc-py nvc-py-hook nvc-py-runtime; do \
+		for link in $(BINDIR)/$$name "$(SCRIPTS_DIR)/$$name"; do \
+			[ "$$(readlink "$$link")" = $(LIBDIR)/$$name ] && rm -v "$$link"; done; done; true
+	$(if $(filter 1,$(GIVEN_VENV)),-$(PIP) uninstall -y -q nvc-py)
+	rm -rf $(LIBDIR) /run/nvc-py/config-cache.json
+	$(if $(PURGE),rm -rf /var/log/nvc-py.log /etc/nvc-py)
 
 clean:
 	$(MAKE) -C native clean

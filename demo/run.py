@@ -6,7 +6,8 @@ real /proc and /dev paths in a private mount namespace of this process, and says
 containers list then are fake GPUs, seen through the fake nvidia-smi.
 
 Nothing on the host is reconfigured: podman gets a private store and hooks dir, the hook a
-private configuration file, and the image is assembled from host parts (no network needed).
+private configuration file, /run/nvc-py, /run/containerd and /run/runc are private tmpfs (the
+hook's config cache, runtime state), and the image is assembled from host parts (no network needed).
 """
 
 from __future__ import annotations
@@ -89,6 +90,18 @@ def _podman_runs(podman, hooks: Path) -> int:  # noqa: ANN001 (harness.podman.Po
 
 
 def main() -> int:
+    from hostcheck import PrivateRun
+
+    # The hook's config cache, runc's state, containerd's shim sockets: in tmpfs of this process's
+    # own mount namespace (and its containers'), not the host's /run.
+    private = PrivateRun()
+    try:
+        return _demo()
+    finally:
+        private.leave()
+
+
+def _demo() -> int:
     from harness.rootfs import RootfsCache
 
     real = Path("/proc/driver/nvidia/version").exists()
@@ -121,6 +134,9 @@ def main() -> int:
                 code = _runc_demo(work, rootfs_cache, config)
         print("The hook's log (one line per container start):")
         print((work / "hook.log").read_text(), flush=True)
+    if not real:
+        print("This demo's fake driver is removed with it: `make try` opens a shell where nvc-py info, list, "
+              "cdi generate and configure --dry-run answer from one.")
     return code
 
 

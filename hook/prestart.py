@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | N
     server's workers; ``via`` names a server that ran the call (:mod:`nvc.hook.server`), for the log line."""
     args = sys.argv[1:] if argv is None else argv
     stage = args[0] if args else ""
+    if any(arg in ("--help", "-h") for arg in args[:2]):  # before stdin or the log are touched
+        print(USAGE)
+        return 0
     if stage == "poststart":
         return 0
     if stage == "poststop":

@@ -135,6 +135,21 @@ def report(args: list[str], message: str) -> None:
         pass  # stderr has it
 
 
+# runc's and crun's own: nvc-py-runtime says what it is, then the runtime it execs answers too.
+_ABOUT_OPTIONS = ("--help", "-h", "--version", "-v")
+
+
+def about(config: Config, runtime: str | None) -> str:
+    """What ``--help``/``--version`` print before the real runtime's own answer."""
+    from nvc import __version__
+
+    execs = runtime or f"no runtime found (tried {', '.join(config.runtimes)})"
+    return (f"{PROG} {__version__} (nvc-py): an OCI runtime that is runc or crun plus nvc-py's hooks for GPU\n"
+            f"containers (on create it adds the nvc-py-hook prestart and poststop hooks, the device nodes\n"
+            f"and their cgroup rules to a spec asking for GPUs); every command is then run by\n"
+            f"{execs} (configuration: {config.path or 'built-in defaults'}, its 'runtimes' key).\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the spec on create, then become the real runtime."""
     args = sys.argv[1:] if argv is None else argv
@@ -142,6 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         from nvc import config as config_file
 
         config = config_file.load()
+        if len(args) == 1 and args[0] in _ABOUT_OPTIONS:
+            try:
+                runtime = real_runtime(config)
+            except InputError:
+                runtime = None
+            print(about(config, runtime), flush=True)
+            if runtime is None:
+                return 0
+            os.execv(runtime, [runtime, *args])
         create = find_create(args)
         if create is not None:
             from nvc.hook import spec as oci

@@ -78,25 +78,76 @@ def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
     return {"version": "1.0.0", "hook": oci_hook(stage, config_path), "when": {"always": True}, "stages": [stage]}
 
 
-def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fchmod(f.fileno(), mode)
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _directory(path: str) -> None:
+    """``path``'s directory, created where missing; a one-line InputError where it cannot be."""
+    directory = os.path.dirname(path) or "."
+    if os.path.isdir(directory):
+        return
+    if os.path.lexists(directory):
+        raise InputError(f"{directory}: not a directory (cannot write {path})")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{directory}: cannot create directory: {err.strerror}") from None
+
+
+def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
+    """Write every file of ``texts`` (path: text) or none: each is staged beside its place and
+    renamed over it only once all are staged, so a bad path leaves nothing half-written. A failure
+    is one InputError naming the path and the reason."""
+    staged: list[tuple[str, str]] = []
+    try:
+        for path, text in texts.items():
+            _directory(path)
+            if os.path.isdir(path) and not os.path.islink(path):  # the one rename that would fail
+                raise InputError(f"{path}: cannot write: Is a directory")
+            tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+                staged.append((tmp, path))
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fchmod(f.fileno(), mode)
+                    os.fsync(f.fileno())
+            except OSError as err:
+                raise InputError(f"{path}: cannot write: {err.strerror}") from None
+        for tmp, path in staged:
+            try:
+                os.replace(tmp, path)
+            except OSError as err:
+                raise InputError(f"{path}: cannot write: {err.strerror}") from None
+    finally:
+        for tmp, _ in staged:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+
+
+def remove_files(paths: list[str]) -> list[str]:
+    """Remove those of ``paths`` that exist; returns a "removed PATH" line each."""
+    done = []
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise InputError(f"{path}: cannot remove: {err.strerror}") from None
+        done.append(f"removed {path}")
+    return done
 
 
 def install_podman(hooks_dir: str = PODMAN_HOOKS_DIR, config_path: str | None = None) -> list[str]:
     """Write the hooks.d files (prestart and poststop); returns their paths."""
-    paths = []
-    for stage, name in PODMAN_HOOK_FILES.items():
-        paths.append(os.path.join(hooks_dir, name))
-        write_atomic(paths[-1], json.dumps(podman_hook(stage, config_path), indent=2) + "\n")
-    return paths
+    texts = {os.path.join(hooks_dir, name): json.dumps(podman_hook(stage, config_path), indent=2) + "\n"
+             for stage, name in PODMAN_HOOK_FILES.items()}
+    write_files(texts)
+    return list(texts)
+
+
+def remove_podman(hooks_dir: str = PODMAN_HOOKS_DIR) -> list[str]:
+    """Remove the hooks.d files :func:`install_podman` writes; returns what was done, a line each."""
+    return remove_files([os.path.join(hooks_dir, name) for name in PODMAN_HOOK_FILES.values()])
 
 
 def server_unit(config_path: str | None = None) -> str:
@@ -114,7 +165,6 @@ def server_unit(config_path: str | None = None) -> str:
         program = script_path(HOOK_SCRIPT)
     return ("[Unit]\n"
             "Description=nvc-py hook server: runs nvc-py-hook calls in pre-started workers\n"
-            "Documentation=man:nvc-py-hook(1)\n"
             f"Requires={SOCKET_UNIT}\n"
             f"After={SOCKET_UNIT}\n\n"
             "[Service]\n"
@@ -156,21 +206,49 @@ def install_server(unit_dir: str | None = None, config_path: str | None = None,
         if not running:
             return ["systemd is not running: no units written (the hook client starts the server on demand)"]
         unit_dir = SYSTEMD_UNIT_DIR
-    done = []
-    for name, text in ((SOCKET_UNIT, socket_unit()), (SERVER_UNIT, server_unit(config_path))):
-        write_atomic(os.path.join(unit_dir, name), text)
-        done.append(f"wrote {os.path.join(unit_dir, name)}")
-    if not running or os.path.realpath(unit_dir) != os.path.realpath(SYSTEMD_UNIT_DIR):
+    texts = {os.path.join(unit_dir, SOCKET_UNIT): socket_unit(),
+             os.path.join(unit_dir, SERVER_UNIT): server_unit(config_path)}
+    write_files(texts)
+    done = [f"wrote {path}" for path in texts]
+    if not _systemd_manages(unit_dir):
         why = "systemd is not running" if not running else f"{unit_dir} is not {SYSTEMD_UNIT_DIR}"
         return [*done, f"not enabled ({why}): systemctl enable --now {SOCKET_UNIT}"]
     # try-restart: a server already running (an older unit's, or older code) takes the socket over
-    for args in (["daemon-reload"], ["enable", "--now", SOCKET_UNIT], ["try-restart", SERVER_UNIT]):
+    _systemctl(systemctl, ["daemon-reload"], ["enable", "--now", SOCKET_UNIT], ["try-restart", SERVER_UNIT])
+    return [*done, f"enabled and started {SOCKET_UNIT}"]
+
+
+def _systemd_manages(unit_dir: str) -> bool:
+    """Whether systemd runs and ``unit_dir`` is its system unit directory (what it loads units from)."""
+    return (os.path.isdir(SYSTEMD_RUNNING)
+            and os.path.realpath(unit_dir) == os.path.realpath(SYSTEMD_UNIT_DIR))
+
+
+def _systemctl(systemctl: str, *calls: list[str]) -> None:
+    """Run ``systemctl`` once per argument list, in order; the first failure is one InputError."""
+    for args in calls:
         try:
             subprocess.run([systemctl, *args], check=True, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         except (OSError, subprocess.CalledProcessError) as err:
             detail = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) else err.strerror
             raise InputError(f"{systemctl} {' '.join(args)}: failed ({detail})") from None
-    return [*done, f"enabled and started {SOCKET_UNIT}"]
+
+
+def remove_server(unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = None,
+                  systemctl: str = "systemctl") -> list[str]:
+    """Undo :func:`install_server` and ``--no-server``: the units stopped and disabled (where systemd
+    manages ``unit_dir``), removed, and the no-server file beside the configuration file removed.
+    Returns what was done, a line each."""
+    units = [os.path.join(unit_dir, name) for name in (SOCKET_UNIT, SERVER_UNIT)]
+    managed = _systemd_manages(unit_dir) and any(os.path.lexists(path) for path in units)
+    if managed:
+        _systemctl(systemctl, ["disable", "--now", SOCKET_UNIT], ["stop", SERVER_UNIT])
+    done = remove_files(units)
+    if managed:
+        _systemctl(systemctl, ["daemon-reload"])
+        done.insert(0, f"stopped and disabled {SOCKET_UNIT} and {SERVER_UNIT}")
+    changed = set_server_start(config_path, True)
+    return done + ([changed] if changed else [])
 
 
 def set_server_start(config_path: str | None, enabled: bool) -> str | None:
@@ -181,13 +259,10 @@ def set_server_start(config_path: str | None, enabled: bool) -> str | None:
 
     path = os.path.join(os.path.dirname(config_path or config_file.DEFAULT_PATH), NO_SERVER_FILE)
     if not enabled:
-        write_atomic(path, "# nvc-py setup --no-server: hook clients start no nvc-py-hook server\n")
+        write_files({path: "# nvc-py setup --no-server: hook clients start no nvc-py-hook server\n"})
         return f"wrote {path}"
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return None
-    return f"removed {path}"
+    removed = remove_files([path])
+    return removed[0] if removed else None
 
 
 def _read_toml(path: str) -> Any:
@@ -268,6 +343,27 @@ def install_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINER
         imports.append(drop_in)
     texts[config] = tomlkit.dumps(main)
     if not dry_run:
-        for path, text in texts.items():
-            write_atomic(path, text)
+        write_files(texts)
     return texts
+
+
+def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD_DROP_IN) -> list[str]:
+    """Undo :func:`install_containerd`: ``drop_in`` out of ``config``'s imports (every other setting
+    kept; the file removed where nothing else is left, as when install_containerd made it), then the
+    drop-in removed. Returns what was done, a line each."""
+    import tomlkit
+
+    done = []
+    if os.path.exists(config):
+        main = _read_toml(config)
+        imports = main.get("imports")
+        if imports is not None and drop_in in imports:
+            imports.remove(drop_in)
+            if not imports:
+                del main["imports"]
+            if main.unwrap() == {"version": 2}:  # what install_containerd made where there was no file
+                done += remove_files([config])
+            else:
+                write_files({config: tomlkit.dumps(main)})
+                done.append(f"removed {drop_in} from the imports of {config}")
+    return done + remove_files([drop_in])

@@ -42,32 +42,69 @@ def _optional_user_value(argv: list[str]) -> list[str]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="nvc-py", message="%(prog)s %(version)s")
-@click.option("-r", "--root", default="/", show_default=True, help="Driver root: where driver files and nodes are.")
-@click.option("-l", "--ldcache", default="/etc/ld.so.cache", show_default=True, help="ld cache, inside the root.")
-@click.option("-u", "--user", metavar="[=UID[:GID]]", default=None, help="Identity of the driver helper.")
+@click.option("-r", "--root", default=None,
+              help="Driver root: where driver files and nodes are.  [default: the configuration's root, /]")
+@click.option("-l", "--ldcache", default=None,
+              help="ld cache, inside the root.  [default: the configuration's ldcache, /etc/ld.so.cache]")
+@click.option("-u", "--user", metavar="[=UID[:GID]]", default=None,
+              help="Identity of the driver helper.  [default: the configuration's user]")
 @click.option("-d", "--debug", metavar="FILE", default=None, help="Append a debug log to FILE.")
 @click.option("-k", "--load-kmods", is_flag=True, help="Create missing driver device nodes under <root>/dev.")
 @click.pass_context
-def cli(ctx: click.Context, root: str, ldcache: str, user: str | None, debug: str | None, load_kmods: bool) -> None:
+def cli(ctx: click.Context, root: str | None, ldcache: str | None, user: str | None, debug: str | None,
+        load_kmods: bool) -> None:
     """Make NVIDIA GPUs appear inside containers."""
     if debug is not None:
         from nvc import debuglog
 
         debuglog.enable(debug)
-    if not os.path.isabs(root) or not os.path.isdir(root):
-        raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
-    opts = GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), load_kmods)
-    if load_kmods:
-        from nvc import kmods
+    ctx.obj = _Given(root, ldcache, user, load_kmods)
 
-        kmods.load(opts.root)
-    ctx.obj = opts
+
+class _Given:
+    """The global options as given; the driver commands resolve them (:func:`_pass_options`), so the
+    configuration file is read only by commands that use it, after their own ``--help``."""
+
+    def __init__(self, root: str | None, ldcache: str | None, user: str | None, load_kmods: bool) -> None:
+        self.root, self.ldcache, self.user, self.load_kmods = root, ldcache, user, load_kmods
+
+    def resolve(self) -> GlobalOptions:
+        """The options, the configuration file's ``root``, ``ldcache`` and ``user`` standing in for
+        those not given (as the hook and the runtime wrapper read them)."""
+        root, ldcache, user = self.root, self.ldcache, self.user
+        if root is None or ldcache is None or user is None:
+            from nvc import config
+
+            conf = config.load()
+            root = conf.root if root is None else root
+            ldcache = conf.ldcache if ldcache is None else ldcache
+            user = conf.user if user is None else user
+        if not os.path.isabs(root) or not os.path.isdir(root):
+            raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
+        opts = GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), self.load_kmods)
+        if self.load_kmods:
+            from nvc import kmods
+
+            kmods.load(opts.root)
+        return opts
+
+
+def _pass_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Pass the resolved global options as the command's first argument."""
+    import functools
+
+    @functools.wraps(command)
+    def with_options(*args: object, **kwargs: object) -> None:
+        given = click.get_current_context().find_object(_Given)
+        command(given.resolve(), *args, **kwargs)
+
+    return with_options
 
 
 @cli.command()
 @click.option("--csv", "fmt", flag_value="csv", help="Comma-separated output.")
 @click.option("--json", "fmt", flag_value="json", help="JSON output.")
-@click.pass_obj
+@_pass_options
 def info(opts: GlobalOptions, fmt: str | None) -> None:
     """Print the driver version and every GPU and MIG device (queries NVML)."""
     from nvc.rpc.driver_service import open_driver
@@ -98,7 +135,7 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON output, one list per section.")
 @click.option("--nvml", "force_nvml", is_flag=True,
               help="Ask NVML even where /proc suffices (both sources must agree; bench/discovery times both).")
-@click.pass_obj
+@_pass_options
 def list_(
     opts: GlobalOptions,
     devices: tuple[str, ...],
@@ -162,7 +199,7 @@ def list_(
               show_default=True, help="CUDA forward-compat libraries of the image.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.argument("rootfs")
-@click.pass_obj
+@_pass_options
 def configure(
     opts: GlobalOptions,
     pid: int | None,
@@ -255,7 +292,20 @@ def config_show(path: str | None) -> None:
     """Print the effective configuration, defaults included."""
     from nvc import config
 
-    click.echo(config.show(config.load(path)), nl=False)
+    click.echo(config.show(config.load(path, must_exist=path is not None)), nl=False)
+
+
+def _config_file(path: str | None) -> str | None:
+    """A ``--config`` that hooks will read: absolute (they run from another working directory) and
+    a valid configuration file now (else every container start would fail on it)."""
+    if path is None:
+        return None
+    if not os.path.isabs(path):
+        raise InputError(f"{path}: --config must be an absolute path (the hooks read it from elsewhere)")
+    from nvc import config
+
+    config.load(path, must_exist=True)
+    return os.path.normpath(path)
 
 
 @cli.group()
@@ -286,29 +336,50 @@ def _setup_server(no_server: bool, unit_dir: str | None, config_path: str | None
         click.echo(line)
 
 
+_REMOVE = click.option("--remove", is_flag=True, help="Remove what this command installs instead.")
+
+
+def _echo_lines(lines: list[str]) -> None:
+    """What a setup command did, a line each."""
+    for line in lines:
+        click.echo(line)
+
+
 @setup.command("podman")
 @click.option("--hooks-dir", default="/etc/containers/oci/hooks.d", show_default=True, help="hooks.d directory.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file the hook reads (default: /etc/nvc-py/config.yaml).")
+              help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
 @_server_options
+@_REMOVE
 def setup_podman(hooks_dir: str, config_path: str | None, no_server: bool, unit_dir: str | None,
-                 systemctl: str) -> None:
-    """Install the hooks.d files that run nvc-py-hook at prestart and poststop, and the hook server."""
+                 systemctl: str, remove: bool) -> None:
+    """Install the hooks.d files that run nvc-py-hook at prestart and poststop, and the hook server
+    (--remove: the hooks.d files only; `setup server --remove` removes the server)."""
     from nvc.hook import setup as engines
 
-    for path in engines.install_podman(hooks_dir, config_path):
-        click.echo(f"wrote {path}")
+    if remove:
+        _echo_lines(engines.remove_podman(hooks_dir))
+        return
+    config_path = _config_file(config_path)
+    _echo_lines([f"wrote {path}" for path in engines.install_podman(hooks_dir, config_path)])
     _setup_server(no_server, unit_dir, config_path, systemctl)
 
 
 @setup.command("server")
 @click.option("--unit-dir", default="/etc/systemd/system", show_default=True, help="systemd unit directory.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file the hook reads (default: /etc/nvc-py/config.yaml).")
+              help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
 @click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run.")
-def setup_server(unit_dir: str, config_path: str | None, systemctl: str) -> None:
-    """Install the systemd socket and service units of `nvc-py-hook serve` (enabled where systemd runs)."""
-    _setup_server(False, unit_dir, config_path, systemctl)
+@_REMOVE
+def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove: bool) -> None:
+    """Install the systemd socket and service units of `nvc-py-hook serve` (enabled where systemd runs;
+    --remove: stopped, disabled and removed, with the no-server file beside the configuration)."""
+    from nvc.hook import setup as engines
+
+    if remove:
+        _echo_lines(engines.remove_server(unit_dir, config_path, systemctl))
+        return
+    _setup_server(False, unit_dir, _config_file(config_path), systemctl)
 
 
 @setup.command("containerd")
@@ -320,11 +391,16 @@ def setup_server(unit_dir: str, config_path: str | None, systemctl: str) -> None
 @click.option("--set-as-default", is_flag=True, help="Make it the CRI plugin's default runtime.")
 @click.option("--dry-run", is_flag=True, help="Print the files instead of writing them.")
 @_server_options
+@_REMOVE
 def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_default: bool, dry_run: bool,
-                     no_server: bool, unit_dir: str | None, systemctl: str) -> None:
-    """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName), and the hook server."""
+                     no_server: bool, unit_dir: str | None, systemctl: str, remove: bool) -> None:
+    """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName), and the hook server
+    (--remove: the drop-in and its imports entry; `setup server --remove` removes the server)."""
     from nvc.hook import setup as engines
 
+    if remove:
+        _echo_lines(engines.remove_containerd(config_path, drop_in))
+        return
     texts = engines.install_containerd(config_path, drop_in, runtime_name, set_as_default, dry_run)
     for path, text in texts.items():
         click.echo(f"# {path}\n{text}" if dry_run else f"wrote {path}")
@@ -345,7 +421,7 @@ def cdi() -> None:
               show_default=True, help="Name devices 0, 1, 1:0 or by their UUIDs.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file the spec's hooks read (default: /etc/nvc-py/config.yaml).")
-@click.pass_obj
+@_pass_options
 def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strategy: str,
                  config_path: str | None) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
@@ -354,13 +430,14 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
 
     if fmt is None:
         fmt = "json" if output is not None and output.endswith(".json") else "yaml"
+    config_path = _config_file(config_path)
     spec = cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy,
                              engines.installed_program(engines.HOOK_SCRIPT), engines.hook_env(config_path))
     text = cdi_spec.render(spec, fmt)
     if output is None:
         click.echo(text, nl=False)
         return
-    engines.write_atomic(output, text)
+    engines.write_files({output: text})
     click.echo(f"wrote {output}")
 
 
@@ -377,6 +454,8 @@ def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
     from nvc import sharestatus
 
+    if os.path.lexists(state_dir) and not os.path.isdir(state_dir):  # missing: no container shares a GPU
+        raise InputError(f"{state_dir}: not a directory")
     containers = sharestatus.status(state_dir)
     click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
 

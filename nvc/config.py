@@ -334,12 +334,15 @@ def config_path(env: Mapping[str, str] | None = None) -> str:
     return (os.environ if env is None else env).get(ENV_VAR) or DEFAULT_PATH
 
 
-def load(path: str | None = None) -> Config:
-    """The effective configuration from ``path`` (default: :func:`config_path`); no file means defaults."""
+def load(path: str | None = None, must_exist: bool = False) -> Config:
+    """The effective configuration from ``path`` (default: :func:`config_path`); no file means
+    defaults, unless ``must_exist`` (a file the user named: a typo must not pass as defaults)."""
     path = path or config_path()
     try:
         raw, _ = read_file(path, MAX_SIZE)
     except FileNotFoundError:
+        if must_exist:
+            raise InputError(f"{path}: no such configuration file") from None
         return defaults()
     except OSError as err:
         raise InputError(f"{path}: cannot read configuration: {err.strerror}") from None

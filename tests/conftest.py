@@ -55,16 +55,55 @@ def active_local_nvidia(fake_local_nvidia) -> Iterator:
         yield fake
 
 
+_HOST: dict[str, object] = {}  # the host's state at the start, and the session's private mounts
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_run_dir() -> Iterator[None]:
-    """The suite in a mount namespace of its own with a tmpfs on /run/nvc-py: no hook it runs reaches
-    a hook server of the host's or starts one (the native front starts servers only from PID 1's
-    namespaces; tests that want one say which process stands for the host), and nothing it leaves
-    there outlives it."""
-    from fakedriver.activate import enter_private_tmpfs
+    """The suite in a mount namespace of its own with a tmpfs on /run/nvc-py, /run/containerd and
+    /run/runc (tests/hostcheck.py): no hook it runs reaches a hook server of the host's or starts one
+    (the native front starts servers only from PID 1's namespaces; tests that want one say which
+    process stands for the host), and nothing written there outlives it. What the host held is
+    noted first: :func:`pytest_sessionfinish` compares."""
+    import hostcheck
 
-    enter_private_tmpfs("/run/nvc-py")
+    _HOST["before"] = hostcheck.snapshot()
+    _HOST["private"] = hostcheck.PrivateRun()
     yield
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own removal of the session's temporary directory
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if the host's watched directories or /tmp changed (tests/hostcheck.py)."""
+    if "private" not in _HOST:
+        return
+    import hostcheck
+
+    _HOST["private"].leave()
+    changed = hostcheck.changes(_HOST["before"], hostcheck.snapshot())
+    factory = session.config._tmp_path_factory  # noqa: SLF001 - where this session's tmp_path lives
+    basetemp = factory._basetemp  # noqa: SLF001
+    if exitstatus == 0 and basetemp is not None and basetemp.exists() and factory._given_basetemp is None:  # noqa: SLF001
+        changed.append(f"{basetemp}: left behind by a passing run")
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("the test suite changed the host:\n  " + "\n  ".join(changed), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def summary_line(request: pytest.FixtureRequest):  # noqa: ANN201
+    """A function adding a line to the run's terminal summary (shown however pytest is called)."""
+    return request.config.stash.setdefault(_SUMMARY, []).append
+
+
+_SUMMARY = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  # noqa: ANN001
+    for line in config.stash.get(_SUMMARY, []):
+        terminalreporter.write_line(line)
 
 
 # Container harness fixtures: rootfs_cache, make_rootfs, debian_rootfs, lib64_rootfs, runc, podman, containerd.

@@ -235,6 +235,7 @@ def test_the_server_runs_list_info_and_the_hook(active_2gpu, served: Path) -> No
 
 
 def setup_podman(tmp_path: Path, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "config.yaml").touch()  # setup refuses a configuration file the hooks could not read
     command = [*wrap, str(FRONT), "setup", "podman", "--hooks-dir", str(tmp_path / "hooks.d"),
                "--config", str(tmp_path / "config.yaml"), *args]
     return subprocess.run(command, capture_output=True, text=True, check=True, timeout=60)

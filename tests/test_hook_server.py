@@ -217,8 +217,10 @@ def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
 
 
 def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
+    config = tmp_path / "other.yaml"  # setup refuses a configuration file the hooks could not read
+    config.write_text("load-kmods: false\n")
     out = subprocess.run([str(HOOK.with_name("nvc-py")), "setup", "server", "--unit-dir", str(tmp_path),
-                          "--config", "/etc/nvc-py/other.yaml"], capture_output=True, text=True, check=True)
+                          "--config", str(config)], capture_output=True, text=True, check=True)
     unit = tmp_path / "nvc-py-hook.service"
     assert out.stdout.splitlines()[:2] == [f"wrote {tmp_path / 'nvc-py-hook.socket'}", f"wrote {unit}"]
     lines = unit.read_text().splitlines()
@@ -227,7 +229,7 @@ def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     assert "RestartPreventExitStatus=2" in lines  # a refused socket directory: no restart loop
     assert [line for line in lines if line.startswith("Environment=")] == [
         "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "Environment=NVC_PY_CONFIG=/etc/nvc-py/other.yaml"]
+        f"Environment=NVC_PY_CONFIG={config}"]
 
 
 def test_nvc_py_configure_through_the_server_in_a_prestart_hook(active_2gpu, served: Path, runc, debian_rootfs: Path,

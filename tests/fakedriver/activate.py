@@ -114,19 +114,35 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
     staging = Path(tempfile.mkdtemp(prefix="nvc-fake-dev-"))
     try:
         with private_mounts():
-            _bind(fake.proc / "driver", "/proc/driver")
-            _bind(fake.proc / "devices", "/proc/devices")
-            _overlay_dev(fake.root / "dev", staging)
+            show(fake, staging)
             yield fake
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def enter_private_tmpfs(path: str) -> None:
+def show(fake: "FakeDriver", staging: Path) -> None:  # noqa: F821 (build.FakeDriver)
+    """Show ``fake`` at the real paths in this process's mount namespace, which must be a private
+    one (:func:`activate`, or a child's that ends with it: demo/try.py); ``staging`` holds /dev's overlay."""
+    _bind(fake.proc / "driver", "/proc/driver")
+    _bind(fake.proc / "devices", "/proc/devices")
+    _overlay_dev(fake.root / "dev", staging)
+
+
+def enter_private_tmpfs(*paths: str) -> None:
     """This process (and what it starts), from now on, in a private mount namespace with an empty
-    tmpfs at ``path``; the host keeps its own ``path`` untouched (created empty where it was
-    missing). There is no way back: it is for a whole test session, whose namespace ends with its
-    process (which may have threads by then, and setns refuses a process with several)."""
+    tmpfs at each of ``paths``; the host keeps its own directories untouched (a missing one is
+    created empty for the mount: :class:`hostcheck.PrivateRun` removes it again). There is no way
+    back: it is for a whole test session, whose namespace ends with its process (which may have
+    threads by then, and setns refuses a process with several)."""
     _unshare_private()
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    _mount("tmpfs", path, "tmpfs", 0, "mode=0700")
+    for path in paths:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        _mount("tmpfs", path, "tmpfs", 0, "mode=0700")
+
+
+MNT_DETACH = 2
+
+
+def umount(path: str, flags: int = 0) -> None:
+    """umount2(``path``, ``flags``)."""
+    _check(_libc.umount2(os.fsencode(path), flags), f"umount {path}")
