@@ -252,7 +252,7 @@ def run_list(
     """Discover what ``request`` needs and build the listing.
 
     ``use_nvml`` None picks the cheapest source that can answer (see
-    :func:`nvc.inventory.needs_nvml`); True/False force one, which tests use to show
+    :func:`nvc.selection.needs_nvml`); True/False force one, which tests use to show
     that both sources give the same listing.
     """
     from nvc import driver, inventory, listing, nodes, procfs, selection
@@ -263,7 +263,7 @@ def run_list(
     if mig_files and any(s.needs_mig for s in selectors):
         raise InputError("cannot enable mig-config with specific MIG devices selected")
     if use_nvml is None:
-        use_nvml = inventory.needs_nvml(selectors, mig_files)
+        use_nvml = selection.needs_nvml(selectors, mig_files)
     inv = driver_service.inventory(opts.root, opts.user) if use_nvml else inventory.from_procfs()
     chosen = selection.select(inv.gpus, selectors) if request.devices else None
     files = driver.discover(opts.root, inv.driver_version, opts.ldcache) if request.needs_driver_files else None

@@ -207,11 +207,9 @@ def _proc_gpu_dirs(proc: Path) -> dict[str, str]:
 
 
 def _needs_nvml(checked: _Checked, proc: Path) -> bool:
-    from nvc import inventory
-
     props = {f.name for r in checked.requirements for term in r.terms for f in term}
     mig_files = checked.options.mig_config or checked.options.mig_monitor
-    return bool(props & _NVML_PROPERTIES) or inventory.needs_nvml(checked.selectors, mig_files, proc)
+    return bool(props & _NVML_PROPERTIES) or selection.needs_nvml(checked.selectors, mig_files, proc)
 
 
 def _check_requirements(checked: _Checked, inv: Inventory, chosen: selection.Selection) -> None:

@@ -29,7 +29,7 @@ def request_nodes(root: str, user: tuple[int, int] | None, devices: tuple[str, .
     majors = nodes.read_majors()
     selectors = selection.parse(devices or ())
     mig_files = mig_config or mig_monitor
-    use_nvml = bool(selectors) and inventory.needs_nvml(selectors, mig_files)
+    use_nvml = bool(selectors) and selection.needs_nvml(selectors, mig_files)
     inv = driver_service.inventory(root, user) if use_nvml else inventory.from_procfs()
     chosen = selection.select(inv.gpus, selectors)
     options = mountplan.Options(capabilities=capabilities, mig_config=mig_config, mig_monitor=mig_monitor)

@@ -16,7 +16,6 @@ from nvc import procfs
 from nvc.devices import Gpu
 from nvc.logger import Logger
 from nvc.procfs import ProcGpu
-from nvc.selection import Selector
 
 if TYPE_CHECKING:
     from nvc.devices import DriverSnapshot
@@ -29,13 +28,6 @@ class Inventory(NamedTuple):
     driver_version: str
     cuda_version: int | None
     gpus: tuple[Gpu, ...] | tuple[ProcGpu, ...]
-
-
-def needs_nvml(selectors: tuple[Selector, ...], mig_files: bool, proc: Path = procfs.PROC) -> bool:
-    """Whether answering needs NVML: MIG selectors, MIG config/monitor, or ``all`` with MIG devices present."""
-    if mig_files or any(s.needs_mig for s in selectors):
-        return True
-    return any(s.kind == "all" for s in selectors) and procfs.any_mig_instances(proc)
 
 
 def from_procfs(proc: Path = procfs.PROC) -> Inventory:

@@ -10,12 +10,16 @@ the caller can tell, before loading NVML, whether the request can be answered wi
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from nvc import procfs
 from nvc.devices import MigDevice
 from nvc.errors import DeviceError, cut
 from nvc.procfs import normalize_bus_id
 from nvc.untrusted import decimal
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")
 
@@ -111,3 +115,10 @@ def select(gpus: tuple[GpuLike, ...], selectors: tuple[Selector, ...]) -> Select
         gpus=tuple(g for g in gpus if g.index in gpu_ids),
         migs=tuple((g, m) for g in gpus for m in g.mig_devices if (g.index, m.index) in mig_ids),
     )
+
+
+def needs_nvml(selectors: tuple[Selector, ...], mig_files: bool, proc: Path = procfs.PROC) -> bool:
+    """Whether answering needs NVML: MIG selectors, MIG config/monitor, or ``all`` with MIG devices present."""
+    if mig_files or any(s.needs_mig for s in selectors):
+        return True
+    return any(s.kind == "all" for s in selectors) and procfs.any_mig_instances(proc)

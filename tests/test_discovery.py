@@ -443,9 +443,9 @@ def test_fast_path_never_loads_nvml(active_local_nvidia, monkeypatch: pytest.Mon
 
 def test_mig_devices_take_the_nvml_path(active_2gpu) -> None:
     assert procfs.any_mig_instances()
-    assert inventory.needs_nvml(selection.parse("all"), False)
-    assert not inventory.needs_nvml(selection.parse("0,GPU-x"), False)
-    assert inventory.needs_nvml(selection.parse("0"), True)
+    assert selection.needs_nvml(selection.parse("all"), False)
+    assert not selection.needs_nvml(selection.parse("0,GPU-x"), False)
+    assert selection.needs_nvml(selection.parse("0"), True)
     listing = run_list(_opts(active_2gpu), ListRequest(devices=True), ("1:1",))
     root = active_2gpu.root
     assert listing.mig_devices == (
