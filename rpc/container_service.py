@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from nvc.errors import MountError
 from nvc.logger import Logger
 from nvc.rpc.helper import Dispatch, HelperClient
 
@@ -92,7 +93,7 @@ class ContainerClient:
 @contextmanager
 def open_container(timeout: float) -> Iterator[ContainerClient]:
     """Start the container helper; shut it down (and reap it) on exit."""
-    helper = HelperClient.spawn("container", serve_container, timeout=timeout)
+    helper = HelperClient.spawn("container", serve_container, timeout=timeout, failure=MountError)
     with helper:
         yield ContainerClient(helper)
 

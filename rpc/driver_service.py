@@ -253,7 +253,7 @@ def prefork() -> None:
     one never taken exits with this process.
     """
     global _preforked, _preforked_setup
-    _preforked, _preforked_setup = HelperClient.prefork("driver", serve_driver, warm=_warm), None
+    _preforked, _preforked_setup = HelperClient.prefork("driver", serve_driver, warm=_warm, failure=DriverError), None
 
 
 def prestart(root: str = "/", user: tuple[int, int] | None = None) -> None:
@@ -262,7 +262,7 @@ def prestart(root: str = "/", user: tuple[int, int] | None = None) -> None:
     when asked for the same, and closes it otherwise. One never taken exits with this process."""
     global _preforked, _preforked_setup
     setup = _setup(root, user)
-    helper = HelperClient.prefork("driver", serve_driver, warm=_warm)
+    helper = HelperClient.prefork("driver", serve_driver, warm=_warm, failure=DriverError)
     helper.start(**setup)
     _preforked, _preforked_setup = helper, setup
 
@@ -294,7 +294,8 @@ def open_driver(
         helper.close()  # started for another root or user
         helper = None
     if helper is None:
-        helper = HelperClient.spawn("driver", lambda: serve_driver(**setup), timeout=timeout, wait=wait)
+        helper = HelperClient.spawn("driver", lambda: serve_driver(**setup), timeout=timeout, wait=wait,
+                                    failure=DriverError)
     else:
         helper.timeout = timeout
         if started is None:

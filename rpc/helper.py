@@ -51,13 +51,15 @@ _ERROR_CLASSES: dict[str, type[errors.NvcError]] = {
 }
 
 
-def _remote_error(exc: BaseException, method: str) -> protocol.RemoteError:
-    """Describe an exception raised by the service for the trip back to the parent."""
+def _remote_error(exc: BaseException, method: str, failure: type[errors.NvcError]) -> protocol.RemoteError:
+    """Describe an exception raised by the service for the trip back to the parent; one that is no
+    :class:`~nvc.errors.NvcError` (a bug, an unexpected OSError) comes back as the service's own
+    ``failure`` kind: a mount helper's bug is a mount error, not a driver error."""
     if isinstance(exc, errors.NvcError):
         message = str(exc.args[0]) if exc.args else ""
         code = getattr(exc, "code", None)
         return protocol.RemoteError(exc.kind, message, code if isinstance(code, int) else None)
-    return protocol.RemoteError(errors.DriverError.kind, f"{method} failed: {type(exc).__name__}: {exc}")
+    return protocol.RemoteError(failure.kind, f"{method} failed: {type(exc).__name__}: {exc}")
 
 
 def raise_remote(err: protocol.RemoteError) -> NoReturn:
@@ -115,7 +117,7 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def _serve(sock: socket.socket, dispatch: Dispatch) -> int:
+def _serve(sock: socket.socket, dispatch: Dispatch, failure: type[errors.NvcError]) -> int:
     """Answer requests until the parent says "shutdown" or goes away; return the exit status."""
     handlers: Dispatch = {"shutdown": lambda: None, **dispatch}
     while True:
@@ -125,11 +127,11 @@ def _serve(sock: socket.socket, dispatch: Dispatch) -> int:
             return 0
         try:
             if request.method not in handlers:
-                raise errors.DriverError(f"unknown rpc method: {request.method}")
+                raise failure(f"unknown rpc method: {request.method}")
             result = handlers[request.method](**request.params)
             frame = protocol.encode(protocol.Response(request.id, result=result))
         except Exception as exc:  # every failure (an unencodable result too) goes back, typed
-            frame = protocol.encode(protocol.Response(request.id, error=_remote_error(exc, request.method)))
+            frame = protocol.encode(protocol.Response(request.id, error=_remote_error(exc, request.method, failure)))
         protocol.send_frame(sock, frame)
         if request.method == "shutdown":
             return 0
@@ -145,12 +147,13 @@ def _setup_params(sock: socket.socket) -> dict[str, Any] | None:
     if request.method == "shutdown":
         return None
     if request.method != "setup":
-        raise errors.DriverError(f"expected the setup request, got {request.method}")
+        raise errors.NvcError(f"expected the setup request, got {request.method}")
     return request.params
 
 
 def _child_main(
-    name: str, sock: socket.socket, parent_pid: int, setup: Setup, warm: Callable[[], None] | None, deferred: bool
+    name: str, sock: socket.socket, parent_pid: int, setup: Setup, warm: Callable[[], None] | None, deferred: bool,
+    failure: type[errors.NvcError],
 ) -> int:
     sock = _isolate(name, sock, parent_pid)
     try:
@@ -161,21 +164,24 @@ def _child_main(
             return 0
         dispatch = setup(**params)
     except Exception as exc:
-        protocol.send_message(sock, protocol.Response(_READY_ID, error=_remote_error(exc, "setup")))
+        protocol.send_message(sock, protocol.Response(_READY_ID, error=_remote_error(exc, "setup", failure)))
         return 1
     protocol.send_message(sock, protocol.Response(_READY_ID, result=os.getpid()))
-    return _serve(sock, dispatch)
+    return _serve(sock, dispatch, failure)
 
 
 class HelperClient:
     """The parent's handle on one running helper: calls with a deadline, clean shutdown.
 
     Any failure of the helper itself (death, timeout, broken protocol) kills and reaps it and
-    raises :class:`~nvc.errors.DriverError`; the client is unusable afterwards.
+    raises the service's ``failure`` kind (:class:`~nvc.errors.DriverError` for the NVML helper,
+    :class:`~nvc.errors.MountError` for the container helper); the client is unusable afterwards.
     """
 
-    def __init__(self, name: str, pid: int, sock: socket.socket, timeout: float, grace: float) -> None:
+    def __init__(self, name: str, pid: int, sock: socket.socket, timeout: float, grace: float,
+                 failure: type[errors.NvcError]) -> None:
         self.name = name
+        self.failure = failure
         self.pid = pid
         self.timeout = timeout
         self.grace = grace
@@ -195,6 +201,7 @@ class HelperClient:
         timeout: float = DEFAULT_TIMEOUT,
         grace: float = DEFAULT_GRACE,
         wait: bool = True,
+        failure: type[errors.NvcError],
     ) -> HelperClient:
         """Fork a helper named ``nvc:[name]`` that runs ``setup`` and then serves its table.
 
@@ -202,7 +209,7 @@ class HelperClient:
         with ``wait=False`` it returns at once and the first :meth:`call` waits (and re-raises)
         instead, so the caller's own work overlaps the child's setup (NVML's load, for one).
         """
-        client = cls._fork(name, setup, None, False, timeout, grace)
+        client = cls._fork(name, setup, None, False, timeout, grace, failure)
         if wait:
             client.wait_ready()
         return client
@@ -216,6 +223,7 @@ class HelperClient:
         warm: Callable[[], None] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         grace: float = DEFAULT_GRACE,
+        failure: type[errors.NvcError],
     ) -> HelperClient:
         """Fork a helper before its parameters are known; :meth:`start` sends them.
 
@@ -223,12 +231,12 @@ class HelperClient:
         come. A process can so begin a helper's slow part before it has parsed its command
         line. A helper never started exits when the client is closed or the parent dies.
         """
-        return cls._fork(name, setup, warm, True, timeout, grace)
+        return cls._fork(name, setup, warm, True, timeout, grace, failure)
 
     def start(self, **params: Any) -> None:
         """Send a preforked helper its setup parameters; the first :meth:`call` waits for its report."""
         if self._sock is None:
-            raise errors.DriverError(f"{self.name} rpc error: helper is not running")
+            raise self.failure(f"{self.name} rpc error: helper is not running")
         try:
             protocol.send_message(self._sock, protocol.Request(_READY_ID, "setup", params),
                                   time.monotonic() + self.timeout)
@@ -237,7 +245,8 @@ class HelperClient:
 
     @classmethod
     def _fork(
-        cls, name: str, setup: Setup, warm: Callable[[], None] | None, deferred: bool, timeout: float, grace: float
+        cls, name: str, setup: Setup, warm: Callable[[], None] | None, deferred: bool, timeout: float, grace: float,
+        failure: type[errors.NvcError],
     ) -> HelperClient:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         parent_pid = os.getpid()
@@ -246,16 +255,16 @@ class HelperClient:
         except OSError as err:
             parent_sock.close()
             child_sock.close()
-            raise errors.DriverError(f"{name} rpc error: fork failed: {err.strerror}") from None
+            raise failure(f"{name} rpc error: fork failed: {err.strerror}") from None
         if pid == 0:  # child: never return into the caller's code
             status = 1
             try:
                 parent_sock.close()
-                status = _child_main(name, child_sock, parent_pid, setup, warm, deferred)
+                status = _child_main(name, child_sock, parent_pid, setup, warm, deferred, failure)
             finally:
                 os._exit(status)
         child_sock.close()
-        return cls(name, pid, parent_sock, timeout, grace)
+        return cls(name, pid, parent_sock, timeout, grace, failure)
 
     def wait_ready(self) -> None:
         """Receive the child's setup report once; a setup failure ends the helper and is re-raised."""
@@ -273,7 +282,7 @@ class HelperClient:
     def call(self, method: str, **params: Any) -> Any:
         """Run ``method`` in the helper and return its result, within the client's timeout."""
         if self._sock is None:
-            raise errors.DriverError(f"{self.name} rpc error: helper is not running")
+            raise self.failure(f"{self.name} rpc error: helper is not running")
         self.wait_ready()
         request = protocol.Request(self._next_id, method, params)
         self._next_id += 1
@@ -302,10 +311,10 @@ class HelperClient:
             raise self._fail(f"response id {response.id} does not answer request {request_id} ({method})")
         return response
 
-    def _fail(self, what: str) -> errors.DriverError:
+    def _fail(self, what: str) -> errors.NvcError:
         """Make sure the helper is gone and build the error that says what went wrong."""
         self._reap(kill=True)
-        return errors.DriverError(f"{self.name} rpc error: {what}")
+        return self.failure(f"{self.name} rpc error: {what}")
 
     def _reap(self, kill: bool) -> str:
         """Make sure the helper is gone and waited for (no zombie, no leaked fds); describe its end.

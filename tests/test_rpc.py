@@ -168,7 +168,7 @@ def spawn(jail: Path):
     clients: list[HelperClient] = []
 
     def start(**options) -> HelperClient:
-        client = HelperClient.spawn("test", lambda: _test_service(str(jail)), **options)
+        client = HelperClient.spawn("test", lambda: _test_service(str(jail)), failure=errors.DriverError, **options)
         clients.append(client)
         return client
 
@@ -213,6 +213,16 @@ def test_errors_come_back_as_their_class(spawn) -> None:
     assert client.call("echo", still="serving") == {"still": "serving"}
 
 
+def test_a_helper_bug_keeps_its_service_kind() -> None:
+    """An exception that is no NvcError comes back as the service's own kind: a bug in the
+    container (mount) helper is a mount error, never a driver error."""
+    from nvc.rpc.container_service import open_container
+
+    with open_container(5.0) as container:
+        with pytest.raises(errors.MountError, match=r"^mount error: mount failed: KeyError: 'operations'"):
+            container.helper.call("mount", plan={"rootfs": "/", "pid": None, "owner": [0, 0]})
+
+
 def test_setup_errors_are_raised_by_spawn_and_leave_no_process() -> None:
     before = _children()
 
@@ -220,7 +230,7 @@ def test_setup_errors_are_raised_by_spawn_and_leave_no_process() -> None:
         raise errors.InitializationError("load library failed: libnvidia-ml.so.1: nope")
 
     with pytest.raises(errors.InitializationError, match="^initialization error: load library failed"):
-        HelperClient.spawn("test", setup)
+        HelperClient.spawn("test", setup, failure=errors.DriverError)
     assert _children() == before
 
 
@@ -233,7 +243,7 @@ def test_unwaited_spawn_raises_setup_errors_at_the_first_call() -> None:
         raise errors.InitializationError("load library failed: libnvidia-ml.so.1: nope")
 
     t0 = time.monotonic()
-    client = HelperClient.spawn("test", setup, wait=False)
+    client = HelperClient.spawn("test", setup, wait=False, failure=errors.DriverError)
     assert time.monotonic() - t0 < 0.15
     with pytest.raises(errors.InitializationError, match="^initialization error: load library failed"):
         client.call("echo")
@@ -255,7 +265,7 @@ def test_preforked_helper_serves_after_start() -> None:
     def setup(value: int) -> dict:
         return {"get": lambda: {"value": value, "warm": sys.modules.get("colorsys") is not None}}
 
-    client = HelperClient.prefork("test", setup, warm=lambda: __import__("colorsys"))
+    client = HelperClient.prefork("test", setup, warm=lambda: __import__("colorsys"), failure=errors.DriverError)
     client.start(value=7)
     assert client.call("get") == {"value": 7, "warm": True}
     client.close()
@@ -265,7 +275,7 @@ def test_preforked_helper_serves_after_start() -> None:
 
 def test_preforked_helper_never_started_exits_cleanly() -> None:
     before = _children()
-    client = HelperClient.prefork("test", lambda: {})
+    client = HelperClient.prefork("test", lambda: {}, failure=errors.DriverError)
     client.close()
     assert os.WIFEXITED(client.status) and os.WEXITSTATUS(client.status) == 0
     assert _children() == before
@@ -277,7 +287,7 @@ def test_preforked_helper_setup_error_comes_back_at_the_first_call() -> None:
     def setup(root: str) -> dict:
         raise errors.InitializationError(f"load library failed: libnvidia-ml.so.1: not in {root}")
 
-    client = HelperClient.prefork("test", setup)
+    client = HelperClient.prefork("test", setup, failure=errors.DriverError)
     client.start(root="/nowhere")
     with pytest.raises(errors.InitializationError, match="not in /nowhere"):
         client.call("get")
@@ -326,8 +336,8 @@ def test_deferred_reaping_waits_until_asked(jail: Path) -> None:
     """A hook server's worker answers its caller before it waits for the helpers it closed: close()
     then only says "shutdown"; reap_deferred() waits for the clean exit; later closes reap at once."""
     before = _children()
-    first = HelperClient.spawn("test", lambda: _test_service(str(jail)))
-    second = HelperClient.spawn("test", lambda: _test_service(str(jail)))
+    first = HelperClient.spawn("test", lambda: _test_service(str(jail)), failure=errors.DriverError)
+    second = HelperClient.spawn("test", lambda: _test_service(str(jail)), failure=errors.DriverError)
     helper.defer_reaping()
     try:
         first.close()
@@ -344,7 +354,7 @@ def test_hung_shutdown_is_killed_after_grace(jail: Path) -> None:
     def setup() -> dict:
         return {"shutdown": lambda: time.sleep(30)}
 
-    client = HelperClient.spawn("test", setup, grace=0.05)
+    client = HelperClient.spawn("test", setup, grace=0.05, failure=errors.DriverError)
     start = time.monotonic()
     client.close()
     assert time.monotonic() - start < 1
@@ -360,10 +370,11 @@ def test_helper_dies_with_its_parent(confined: bool) -> None:
     script = textwrap.dedent(
         f"""
         import time
+        from nvc import errors
         from nvc.rpc import helper, protocol
         from nvc.rpc.confine import confine
         from nvc.rpc.helper import HelperClient
-        client = HelperClient.spawn("orphan", lambda: ({become}, {{"sleep": lambda: time.sleep(60)}})[1])
+        client = HelperClient.spawn("orphan", lambda: ({become}, {{"sleep": lambda: time.sleep(60)}})[1], failure=errors.DriverError)
         # Queued before the parent dies, so the helper is busy, not reading: an EOF on its
         # socket cannot be what ends it.
         protocol.send_message(client._sock, protocol.Request(1, "sleep"))
