@@ -10,7 +10,6 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from nvc.errors import SHOWN_LIMIT, InputError, one_line, shown
@@ -35,7 +34,6 @@ _SHAPE: tuple[tuple[str, type, type | None], ...] = (
     ("root", dict, None),
     ("root.path", str, None),
     ("mounts", list, dict),
-    ("annotations", dict, str),
     ("hooks", dict, list),
     ("hooks.prestart", list, dict),
     ("hooks.poststop", list, dict),
@@ -63,7 +61,6 @@ class Container(NamedTuple):
     env: Mapping[str, str]
     mounts: tuple[Mapping[str, Any], ...]
     privileged: bool  # CAP_SYS_ADMIN in the bounding set, the toolkit's definition
-    annotations: Mapping[str, str] = MappingProxyType({})
 
 
 def _described(value: Any) -> str:
@@ -193,5 +190,4 @@ def container(bundle: str, config: Mapping[str, Any]) -> Container:
         env=parse_env(process.get("env", ())),
         mounts=tuple(config.get("mounts", ())),
         privileged=CAP_SYS_ADMIN in bounding,
-        annotations=dict(config.get("annotations", {})),
     )

@@ -26,7 +26,6 @@ CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"
 MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
 IPC_OPTIONS = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
-NAME_STRATEGIES = ("index", "uuid")
 
 # A device's selection -> its device nodes; given by the caller so that build() stays pure.
 NodesOf = Callable[[Selection], Sequence[DeviceNode]]

@@ -90,20 +90,6 @@ def _open_dest(dir_fd: int, name: str, path: str, directory: bool) -> int:
     return fd
 
 
-def _reopen_top(dir_fd: int, name: str, path: str, expect: os.stat_result) -> int:
-    """After a classic mount on /proc/self/fd/N: an fd of the mount now covering ``name``.
-
-    The fd the mount was made on still names the covered file (magic links do not cross
-    mount points), so the name is looked up again and must show the mounted object.
-    """
-    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
-        os.close(fd)
-        raise MountError(f"mount of {path} was raced: the path no longer shows the mount")
-    return fd
-
-
 def set_attrs(mount: Mount, attrs: MountAttr) -> None:
     """Set the per-mount flags of ``mount`` to exactly ``attrs`` (e.g. read-only once filled)."""
     clear = ~attrs & (MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC)
@@ -117,51 +103,6 @@ def set_attrs(mount: Mount, attrs: MountAttr) -> None:
             syscalls.mount(None, _procfd(mount.fd), None, flags)
     except OSError as err:
         raise MountError(f"mount failed: {mount.path}: {err.strerror}") from None
-
-
-def bind_mount(
-    source_fd: int,
-    dest_dir_fd: int,
-    dest_name: str,
-    attrs: MountAttr,
-    *,
-    source_path: str,
-    dest_path: str,
-    recursive: bool = False,
-) -> Mount:
-    """Bind the checked source ``source_fd`` onto ``dest_name`` in ``dest_dir_fd``.
-
-    The destination must already exist, be of the same kind (file or directory) as the
-    source and not be a symlink. ``attrs`` become the new mount's flags.
-    """
-    src = os.fstat(source_fd)
-    dest_fd = _open_dest(dest_dir_fd, dest_name, dest_path, stat.S_ISDIR(src.st_mode))
-    try:
-        try:
-            return _bind_new_api(source_fd, dest_fd, attrs, dest_path, recursive)
-        except OSError as err:
-            if not _new_api_missing(err):
-                raise
-        flags = syscalls.MS_BIND | (syscalls.MS_REC if recursive else 0)
-        syscalls.mount(_procfd(source_fd), _procfd(dest_fd), None, flags)
-        mount = Mount(_reopen_top(dest_dir_fd, dest_name, dest_path, src), dest_path)
-    except OSError as err:
-        raise MountError(f"mount failed: {source_path} -> {dest_path}: {err.strerror}") from None
-    finally:
-        os.close(dest_fd)
-    set_attrs(mount, attrs)
-    return mount
-
-
-def _bind_new_api(source_fd: int, dest_fd: int, attrs: MountAttr, dest_path: str, recursive: bool) -> Mount:
-    tree = clone_tree(source_fd, attrs, dest_path, recursive)
-    try:
-        both_fds = syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH
-        syscalls.move_mount(tree, "", dest_fd, "", both_fds)
-    except OSError:
-        os.close(tree)
-        raise
-    return Mount(tree, dest_path)
 
 
 def clone_tree(source_fd: int, attrs: MountAttr, dest_path: str, recursive: bool = False) -> int:

@@ -255,27 +255,6 @@ def resolve_in_root(root_fd: int, path: str, mkdir: Maker, make_last: Maker | No
     return _walk(root_fd, path, follow_last=True, mkdir=mkdir, make_last=make_last)
 
 
-def mkdir_in_root(root_fd: int, path: str, mode: int = 0o755, owner: tuple[int, int] | None = None) -> int:
-    """``mkdir -p`` inside the root; return an O_PATH fd of the directory.
-
-    Missing directories are created one at a time with mkdirat on the resolved parent fd
-    and given ``owner`` (uid, gid); a dangling symlink in the way gets its target made
-    inside the root, as the container would see it.
-    """
-
-    def make(dir_fd: int, name: str, _path: str) -> None:
-        os.mkdir(name, mode, dir_fd=dir_fd)
-        _chown(name, owner, dir_fd)
-
-    dir_fd, name, _ = resolve_in_root(root_fd, path, make, make)
-    try:
-        return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as err:
-        raise OSError(err.errno, err.strerror, path) from None
-    finally:
-        os.close(dir_fd)
-
-
 def create_file_in_root(
     root_fd: int,
     path: str,

@@ -91,17 +91,6 @@ def frame_length(header: bytes) -> int:
     return length
 
 
-def split_frame(data: bytes) -> tuple[bytes, bytes]:
-    """Split one frame off the front of ``data``: return (payload, rest)."""
-    if len(data) < HEADER.size:
-        raise TruncatedFrame(f"frame header truncated: {len(data)} of {HEADER.size} bytes")
-    length = frame_length(data[: HEADER.size])
-    end = HEADER.size + length
-    if len(data) < end:
-        raise TruncatedFrame(f"frame truncated: {len(data) - HEADER.size} of {length} payload bytes")
-    return data[HEADER.size : end], data[end:]
-
-
 def _load(payload: bytes) -> dict[str, Any]:
     try:
         body = json.loads(payload.decode("utf-8"))

@@ -1,8 +1,9 @@
 """nvc.fdmount: binds and tmpfs mounts through fds, checked sources, rollback.
 
 Mounting happens in a forked child that unshared its mount namespace, so the test process
-and the host never see the mounts. Each mount test runs with the new mount API and with
-the classic mount(2)-on-/proc/self/fd fallback.
+and the host never see the mounts. Binds are cloned and attached as the applier does (new
+mount API); tmpfs mounts run with the new API and with the classic mount(2)-on-/proc/self/fd
+fallback.
 """
 
 from __future__ import annotations
@@ -74,7 +75,17 @@ def layout(tmp_path: Path) -> tuple[Path, Path]:
     return root, src
 
 
-def test_bind_file_read_only_then_rollback(layout: tuple[Path, Path], classic: bool) -> None:
+def _bind(source: int, dir_fd: int, name: str, attrs: MountAttr, dest_path: str) -> fdmount.Mount:
+    """A bind as the applier makes one: a detached clone of the source, attached on the target."""
+    tree = fdmount.clone_tree(source, attrs, dest_path, recursive=os.path.isdir(f"/proc/self/fd/{source}"))
+    try:
+        return fdmount.attach_tree(tree, dir_fd, name, dest_path=dest_path)
+    except MountError:
+        os.close(tree)
+        raise
+
+
+def test_bind_file_read_only_then_rollback(layout: tuple[Path, Path]) -> None:
     root, src = layout
     dest = root / "usr" / "lib" / src.name
 
@@ -84,7 +95,7 @@ def test_bind_file_read_only_then_rollback(layout: tuple[Path, Path], classic: b
         dir_fd, name = rootfs.open_parent_in_root(root_fd, f"/usr/lib/{src.name}")
         source = fdmount.open_source(str(src))
         attrs = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV
-        m = fdmount.bind_mount(source, dir_fd, name, attrs, source_path=str(src), dest_path=f"/usr/lib/{name}")
+        m = _bind(source, dir_fd, name, attrs, f"/usr/lib/{name}")
         seen = {"opts": _mountinfo(dest), "content": dest.read_text()}
         try:
             dest.write_text("x")
@@ -94,7 +105,7 @@ def test_bind_file_read_only_then_rollback(layout: tuple[Path, Path], classic: b
         seen["after"] = _mountinfo(dest)
         return seen
 
-    seen = in_private_ns(work, classic)
+    seen = in_private_ns(work, classic=False)
     assert len(seen["opts"]) == 1
     assert {"ro", "nosuid", "nodev"} <= set(seen["opts"][0].split(","))
     assert seen["content"] == "\x7fELF fake library"
@@ -132,23 +143,21 @@ def test_tmpfs_fill_then_read_only(layout: tuple[Path, Path], classic: bool) -> 
     assert seen["write"] == 30 and seen["after"] == []
 
 
-def test_bind_directory_source(layout: tuple[Path, Path], classic: bool, tmp_path: Path) -> None:
+def test_bind_directory_source(layout: tuple[Path, Path], tmp_path: Path) -> None:
     root, _ = layout
     mps = tmp_path / "nvidia-mps"
     mps.mkdir()
     (mps / "control").write_text("pipe")
 
     def work() -> list[str]:
+        (root / "tmp" / "nvidia-mps").mkdir(parents=True)
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
-        dir_fd = rootfs.mkdir_in_root(root_fd, "/tmp/nvidia-mps")
         parent = rootfs.open_in_root(root_fd, "/tmp", os.O_PATH | os.O_DIRECTORY)
         source = fdmount.open_source(str(mps), directory=True)
-        os.close(dir_fd)
-        fdmount.bind_mount(source, parent, "nvidia-mps", MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
-                           source_path=str(mps), dest_path="/tmp/nvidia-mps")
+        _bind(source, parent, "nvidia-mps", MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC, "/tmp/nvidia-mps")
         return os.listdir(root / "tmp" / "nvidia-mps")
 
-    assert in_private_ns(work, classic) == ["control"]
+    assert in_private_ns(work, classic=False) == ["control"]
 
 
 def test_refused_sources(tmp_path: Path) -> None:
@@ -195,8 +204,7 @@ def test_destination_symlink_refused(layout: tuple[Path, Path], tmp_path: Path) 
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
         dir_fd, name = rootfs.open_parent_in_root(root_fd, f"/usr/lib/{src.name}")
         try:
-            fdmount.bind_mount(fdmount.open_source(str(src)), dir_fd, name, MountAttr.RDONLY,
-                               source_path=str(src), dest_path=name)
+            _bind(fdmount.open_source(str(src)), dir_fd, name, MountAttr.RDONLY, name)
         except MountError as err:
             return str(err)
         return "mounted"

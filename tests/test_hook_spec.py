@@ -78,12 +78,11 @@ def test_container_from_spec(tmp_path: Path) -> None:
     doc = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
            "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0", "X=a=b"],
                        "capabilities": {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]}},
-           "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
-           "annotations": {"a": "b"}}
+           "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]}
     ctr = spec.container(str(tmp_path), spec.load_config(_bundle(tmp_path, doc)))
     assert ctr.rootfs == str(tmp_path / "rootfs") and ctr.privileged
     assert ctr.env == {"PATH": "/bin", "NVIDIA_VISIBLE_DEVICES": "0", "X": "a=b"}
-    assert ctr.mounts[0]["destination"] == "/proc" and ctr.annotations == {"a": "b"}
+    assert ctr.mounts[0]["destination"] == "/proc"
     doc["root"]["path"] = "/abs/rootfs"
     doc["process"]["capabilities"]["bounding"] = ["CAP_CHOWN"]
     ctr = spec.container(str(tmp_path), doc)
@@ -101,8 +100,6 @@ WRONG_SHAPES = [
     ("ociVersion", 1, "ociVersion: expected a string, got 1"),
     ("mounts", "x", "mounts: expected an array, got 'x'"),
     ("mounts", ["x"], r"mounts\[0\]: expected an object, got 'x'"),
-    ("annotations", ["a"], "annotations: expected an object, got an array"),
-    ("annotations", {"a": 1}, r"annotations\['a'\]: expected a string, got 1"),
     ("hooks", {"prestart": {}}, r"hooks\['prestart'\]: expected an array, got an object"),
     ("hooks", {"prestart": ["x"]}, r"hooks.prestart\[0\]: expected an object, got 'x'"),
     ("linux", [], "linux: expected an object, got an array"),
@@ -129,12 +126,12 @@ def test_process_members_of_the_wrong_type_are_named(tmp_path: Path, process: di
 
 
 def test_null_optional_members_mean_absent(tmp_path: Path) -> None:
-    doc = {**SPEC, "mounts": None, "annotations": None, "hooks": None, "linux": None,
+    doc = {**SPEC, "mounts": None, "hooks": None, "linux": None,
            "process": {"env": None, "capabilities": None}}
     loaded = spec.load_config(_bundle(tmp_path, doc))
     assert "hooks" not in loaded and "linux" not in loaded
     ctr = spec.container(str(tmp_path), loaded)
-    assert (ctr.env, ctr.mounts, ctr.privileged, ctr.annotations) == ({}, (), False, {})
+    assert (ctr.env, ctr.mounts, ctr.privileged) == ({}, (), False)
 
 
 def test_spec_file_that_is_not_a_small_json_file(tmp_path: Path) -> None:

@@ -114,19 +114,10 @@ def test_create_file_never_reuses_or_follows(root: Path, root_fd: int, tmp_path:
     assert (tmp_path / "host" / "secret").read_text() == "host\n"
 
 
-def test_mkdir_follows_dangling_links_inside(root: Path, root_fd: int, tmp_path: Path) -> None:
-    (root / "usr" / "lib" / "x86_64-linux-gnu").symlink_to(tmp_path / "nowhere")
-    fd = rootfs.mkdir_in_root(root_fd, "/usr/lib/x86_64-linux-gnu/vdpau", owner=(7, 8))
-    made = root / str(tmp_path / "nowhere")[1:] / "vdpau"
-    assert _same(fd, made) and made.stat().st_uid == 7
-    os.close(fd)
-    assert not (tmp_path / "nowhere").exists()
-
-
 def test_symlink_in_root(root: Path, root_fd: int, tmp_path: Path) -> None:
     """CVE-2024-0134: a link whose parent is a symlink to a host dir lands in the root."""
     (root / "usr" / "lib" / "x86_64-linux-gnu").symlink_to(tmp_path / "host")
-    rootfs.mkdir_in_root(root_fd, str(tmp_path / "host"))
+    (root / str(tmp_path / "host")[1:]).mkdir(parents=True)
     link = "/usr/lib/x86_64-linux-gnu/libcuda.so"
     assert rootfs.symlink_in_root(root_fd, link, "libcuda.so.1", owner=(1000, 1000)) is True
     inside = root / str(tmp_path / "host")[1:] / "libcuda.so"
