@@ -10,8 +10,6 @@
 #include <time.h>
 #include "nvc_share.h"
 
-void nvc_graph_memory_sync(void);
-
 #define MAX_PENDING 512
 #define MAX_FREE_EVENTS 1024
 #define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
@@ -313,8 +311,8 @@ static CUresult call_graph(const void *a)
     return g->fn(g->exec, g->stream);
 }
 
-/* A graph is charged as a whole-device launch for its measured duration. Graph memory nodes grow
- * the device's graph reserve, which memory.c re-reads after each launch. */
+/* A graph is charged as a whole-device launch for its measured duration. Its memory allocation
+ * nodes were charged when created; graphmem.c notes which are live now. */
 #define GRAPH_WRAPPER(name, ptsz)                                                                            \
     NVC_API CUresult name(CUgraphExec exec, CUstream stream)                                                  \
     {                                                                                                        \
@@ -331,7 +329,7 @@ static CUresult call_graph(const void *a)
             rc = nvc_cuda.name(exec, stream);                                                                \
         }                                                                                                    \
         if (rc == CUDA_SUCCESS && nvc_mem_limited)                                                           \
-            nvc_graph_memory_sync();                                                                         \
+            nvc_graph_launched(exec);                                                                        \
         return rc;                                                                                           \
     }
 GRAPH_WRAPPER(cuGraphLaunch, 0)

@@ -43,6 +43,28 @@
     X(cuMipmappedArrayCreate, (CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)) \
     X(cuMipmappedArrayDestroy, (CUmipmappedArray array)) \
     X(cuDeviceGraphMemTrim, (CUdevice dev)) \
+    X(cuGraphAddMemAllocNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                               CUDA_MEM_ALLOC_NODE_PARAMS *params)) \
+    X(cuGraphAddMemFreeNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                              CUdeviceptr dptr)) \
+    X(cuGraphAddNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                       CUgraphNodeParams *params)) \
+    X(cuGraphAddNode_v2, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, const void *edges, \
+                          size_t ndeps, CUgraphNodeParams *params)) \
+    X(cuGraphNodeSetParams, (CUgraphNode node, CUgraphNodeParams *params)) \
+    X(cuGraphExecNodeSetParams, (CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *params)) \
+    X(cuGraphInstantiate, (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t size)) \
+    X(cuGraphInstantiate_v2, (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, \
+                              size_t size)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *exec, CUgraph graph, unsigned long long flags)) \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *exec, CUgraph graph, \
+                                          CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
+    X(cuGraphExecUpdate, (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, int *result)) \
+    X(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, void *result_info)) \
+    X(cuGraphExecDestroy, (CUgraphExec exec)) \
+    X(cuGraphDestroyNode, (CUgraphNode node)) \
+    X(cuGraphDestroy, (CUgraph graph)) \
     X(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes)) \
     X(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev)) \
     X(cuLaunchKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
@@ -73,6 +95,10 @@
     X(cuDeviceGetDefaultMemPool, (CUmemoryPool *pool, CUdevice dev)) \
     X(cuMemPoolGetAttribute, (CUmemoryPool pool, int attr, void *value)) \
     X(cuDeviceGetGraphMemAttribute, (CUdevice dev, int attr, void *value)) \
+    X(cuStreamGetCaptureInfo_v2, (CUstream stream, int *status, cuuint64_t *id, CUgraph *graph, \
+                                  const CUgraphNode **deps, size_t *ndeps)) \
+    X(cuStreamGetCaptureInfo_v2_ptsz, (CUstream stream, int *status, cuuint64_t *id, CUgraph *graph, \
+                                       const CUgraphNode **deps, size_t *ndeps)) \
     X(cuEventCreate, (CUevent *event, unsigned int flags)) \
     X(cuEventRecord, (CUevent event, CUstream stream)) \
     X(cuEventRecord_ptsz, (CUevent event, CUstream stream)) \
@@ -166,6 +192,7 @@ struct nvc_device {
     uint64_t memory_limit;           /* 0 = unlimited */
     unsigned compute;                /* percent; 100 = unthrottled */
     unsigned sm_count;
+    int ordinal;                     /* CUDA ordinal; -1 when found by NVML handle */
 };
 struct nvc_device *nvc_device_by_ordinal(CUdevice dev);
 struct nvc_device *nvc_device_current(CUdevice *ordinal);
@@ -191,5 +218,43 @@ void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns);
 
 /* Re-entrancy guard: a driver that calls its own exported entry points must not be charged twice. */
 extern __thread int nvc_depth __attribute__((tls_model("initial-exec")));
+
+/* ---- memory accounting shared by memory.c and graphmem.c ---- */
+/* Charges bytes to device d before the driver grants them: 0, or -1 = over the limit (after bringing
+ * pools and the graph reserve up to date). */
+int nvc_mem_charge(struct nvc_device *d, uint64_t bytes);
+/* graphmem.c: graph memory nodes (node creation, stream capture, launches, frees, destruction). */
+int nvc_graph_free_ptr(CUdeviceptr dptr, CUstream stream, int ptsz);   /* 1: it was graph memory */
+CUgraph nvc_capture_graph(CUstream stream, int ptsz);                 /* NULL unless capturing */
+void nvc_graph_record_alloc(CUgraph graph, CUgraphNode node, CUdeviceptr dptr, int region_dev, uint64_t bytes);
+void nvc_graph_launched(CUgraphExec exec);
+void nvc_graph_reserve_sync(struct nvc_device *d);
+void nvc_graph_fork(enum nvc_fork_phase phase);
+
+/* Common prologue of the memory wrappers: real entry point present, shim state, re-entrancy. */
+enum nvc_path { NVC_PASS, NVC_ACCOUNT, NVC_PATH_CLOSED };
+static inline enum nvc_path nvc_path_for(void *real)
+{
+    if (!real)
+        return NVC_PATH_CLOSED;
+    if (nvc_depth)
+        return NVC_PASS;
+    switch (nvc_init()) {
+    case NVC_ACTIVE: return nvc_mem_limited ? NVC_ACCOUNT : NVC_PASS;
+    case NVC_CLOSED: return NVC_PATH_CLOSED;
+    default: return NVC_PASS;
+    }
+}
+
+#define NVC_PROLOGUE(fn, ...)                                               \
+    nvc_load_cuda();                                                        \
+    enum nvc_path path_ = nvc_path_for((void *)nvc_cuda.fn);                \
+    if (path_ == NVC_PATH_CLOSED)                                           \
+        return CUDA_ERROR_NOT_INITIALIZED;                                  \
+    if (path_ == NVC_PASS)                                                  \
+        return nvc_cuda.fn(__VA_ARGS__);
+
+/* The real call with the depth guard held; needs a CUresult rc_ in scope. */
+#define NVC_REAL(fn, ...) (nvc_depth++, rc_ = nvc_cuda.fn(__VA_ARGS__), nvc_depth--, rc_)
 
 #endif

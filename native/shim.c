@@ -249,6 +249,7 @@ struct nvc_device *nvc_device_by_ordinal(CUdevice ordinal)
             int sm = 0;
             if (nvc_cuda.cuDeviceGetAttribute)
                 nvc_cuda.cuDeviceGetAttribute(&sm, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal);
+            d->ordinal = ordinal;
             fill_device(d, key, nvml_index_of(key), sm > 0 ? (unsigned)sm : 0);
         }
     }
@@ -275,6 +276,7 @@ struct nvc_device *nvc_device_by_key(const char *key, int nvml_index)
             found = &by_key[i].dev;
     if (!found && nkeys < MAX_ORDINALS) {
         snprintf(by_key[nkeys].key, sizeof by_key[nkeys].key, "%s", key);
+        by_key[nkeys].dev.ordinal = -1;
         fill_device(&by_key[nkeys].dev, key, nvml_index, 0);
         if (by_key[nkeys].dev.valid)
             found = &by_key[nkeys++].dev;
