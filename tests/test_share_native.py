@@ -37,11 +37,12 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The shim (built by its Makefile) and the test programs."""
     subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
     out = tmp_path_factory.mktemp("share_programs")
-    built = {"cuda_probe": FAKE_SRC / "cuda_probe.c", "share_app": PROGRAMS / "share_app.c",
-             "hold_lock": PROGRAMS / "hold_lock.c"}
-    for name, source in built.items():
-        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{FAKE_SRC}", "-o", str(out / name), str(source),
-                        "-ldl"], check=True)
+    built = {"cuda_probe": [FAKE_SRC / "cuda_probe.c"], "share_app": [PROGRAMS / "share_app.c"],
+             "hold_lock": [PROGRAMS / "hold_lock.c"],
+             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"]}
+    for name, sources in built.items():
+        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{FAKE_SRC}", f"-I{REPO / 'native'}", "-o",
+                        str(out / name), *map(str, sources), "-ldl"], check=True)
     return {name: out / name for name in built}
 
 
@@ -513,3 +514,37 @@ def test_compute_share_throttles_full_grids(share):
 def test_compute_share_weights_small_grids_by_sm_count(share):
     # one block on a 132-SM GPU occupies 1/132 of it: a 50 % share does not slow it down
     assert busy_fraction(share, 50, 1) > 0.9
+
+
+# ---------------------------------------------------------------- weighted scheduler (fake clock)
+
+def simulate(programs, *tenants: str, ms: int = 2000) -> list[tuple[float, float]]:
+    """GPU shares (percent, first and second half of the run) of simulated tenants
+    WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS under the shim's scheduler decision."""
+    out = subprocess.run([str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    return [(int(line.split()[2]) / 10, int(line.split()[3]) / 10) for line in out.splitlines()]
+
+
+@pytest.mark.parametrize(("tenants", "want"), [
+    (["1:100:1600:0:2000", "1:100:1600:0:2000"], [50, 50]),
+    (["1:100:1600:0:2000", "3:100:1600:0:2000"], [25, 75]),
+    (["1:100:1600:0:2000", "3:100:200:0:2000"], [25, 75]),               # short and long kernels
+    (["1:100:1600:0:2000", "1:100:30000:0:2000", "2:100:200:0:2000"], [25, 25, 50]),
+    (["1:100:1600:0:2000"], [100]),                                      # alone: the whole GPU
+    (["1:75:1600:0:2000"], [75]),                                        # alone, capped
+    (["1:25:1600:0:2000", "1:100:1600:0:2000"], [25, 75]),               # a capped one leaves the rest
+])
+def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
+    shares = simulate(programs, *tenants)
+    for (first, second), expected in zip(shares, want):
+        assert abs(first - expected) <= 3 and abs(second - expected) <= 3, shares
+
+
+def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
+    (a_first, a_second), (b_first, b_second) = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
+    assert abs(a_first - 25) <= 3 and abs(b_first - 75) <= 3
+    assert a_second >= 97 and b_second <= 1
+    # and one coming back after idling gets its weight at once, not the time it idled
+    (a_first, a_second), (b_first, b_second) = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
+    assert a_first >= 97 and abs(a_second - 50) <= 3 and abs(b_second - 50) <= 3
