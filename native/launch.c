@@ -14,11 +14,13 @@
 #define MAX_FREE_EVENTS 1024
 #define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
 #define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
+#define SCHED_WAIT_STEP_NS 100000ll  /* re-ask for the turn every 100 us */
 
 struct pending {
     CUevent start, end;
     CUcontext ctx;
     int d;
+    struct nvc_sched_entry *sched;
     unsigned percent;
     double factor;
     int64_t estimate;                /* what was debited at launch time */
@@ -77,11 +79,20 @@ static void harvest_locked(CUcontext ctx)
             int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
         }
-        nvc_region_credit(p->d, p->percent, nvc_now_ns(), cost - p->estimate);
+        uint64_t now = nvc_now_ns();
+        if (p->percent < 100)
+            nvc_region_credit(p->d, p->percent, now, cost - p->estimate);
         nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
         event_put(p->start, p->ctx);
         event_put(p->end, p->ctx);
+        struct pending done = *p;
         *p = pending[--npending];
+        if (done.sched) {
+            int drained = 1;
+            for (int j = 0; j < npending && drained; j++)
+                drained = pending[j].d != done.d;
+            nvc_sched_measured(done.sched, now, cost - done.estimate, (uint64_t)(cost > 0 ? cost : 0), drained);
+        }
     }
 }
 
@@ -126,14 +137,18 @@ static int before_launch(struct nvc_device *d, const struct launch *l, CUcontext
         int64_t unit = estimate_ns[dev];
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
-        int64_t credit = nvc_region_credit(dev, d->compute, now, 0);
+        int64_t credit = d->compute < 100 ? nvc_region_credit(dev, d->compute, now, 0) : 0;
         int64_t step;
         if (inflight < 0 || inflight > MAX_INFLIGHT_NS) {
             step = unit / 4;             /* let the queue drain */
-        } else if (credit >= 0) {
-            break;
-        } else {
+        } else if (credit < 0) {
             step = -credit * 100 / (int64_t)d->compute;
+            if (d->sched)
+                nvc_sched_ready(d->sched, now, 1);
+        } else if (d->sched && !nvc_sched_ready(d->sched, now, 0)) {
+            step = SCHED_WAIT_STEP_NS;   /* another container holds the turn */
+        } else {
+            break;
         }
         step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
         sleep_ns(step);
@@ -143,13 +158,17 @@ static int before_launch(struct nvc_device *d, const struct launch *l, CUcontext
         nvc_region_account_launch(dev, 0, waited);
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
-    nvc_region_credit(dev, d->compute, nvc_now_ns(), estimate);
+    uint64_t now = nvc_now_ns();
+    if (d->compute < 100)
+        nvc_region_credit(dev, d->compute, now, estimate);
+    if (d->sched)
+        nvc_sched_launched(d->sched, now, estimate);
     int slot = -1;
     if (npending < MAX_PENDING) {
         CUevent start = event_get(ctx), end = start ? event_get(ctx) : NULL;
         if (end) {
             slot = npending++;
-            pending[slot] = (struct pending){start, end, ctx, dev, d->compute, l->factor, estimate};
+            pending[slot] = (struct pending){start, end, ctx, dev, d->sched, d->compute, l->factor, estimate};
         } else if (start) {
             event_put(start, ctx);
         }
@@ -173,7 +192,7 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
 {
     CUcontext ctx = NULL;
     struct nvc_device *d = nvc_device_current(NULL);
-    if (!d || d->compute >= 100 || !nvc_cuda.cuCtxGetCurrent || nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+    if (!d || (d->compute >= 100 && !d->sched) || !nvc_cuda.cuCtxGetCurrent || nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
         !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime || !nvc_cuda.cuEventRecord)
         return fn(args);
     nvc_depth++;
@@ -196,9 +215,12 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
     return rc;
 }
 
+/* The fraction of the device a grid occupies: min(1, 2 x blocks / SMs). A grid of half the SMs or more
+ * counts as the whole device: persistent GEMM kernels (cuBLAS on Hopper) launch fewer blocks than SMs,
+ * one per SM and using all of it, and were undercharged by blocks / SMs (a 25 % share gave 29 %). */
 static double grid_factor(struct nvc_device *d, unsigned gx, unsigned gy, unsigned gz)
 {
-    double blocks = (double)gx * gy * gz;
+    double blocks = 2.0 * gx * gy * gz;
     return d && d->sm_count && blocks < d->sm_count ? blocks / d->sm_count : 1.0;
 }
 

@@ -148,6 +148,7 @@ struct nvc_limit_rule {
     int index;                       /* NVML index, or -1 when by UUID */
     uint64_t memory;                 /* bytes; 0 = not given */
     unsigned compute;                /* percent 1..100; 0 = not given */
+    unsigned weight;                 /* 1..1000; 0 = not given */
 };
 
 struct nvc_config {
@@ -156,6 +157,7 @@ struct nvc_config {
     enum nvc_on_error on_error;
     uint64_t memory_default;         /* 0 = unlimited */
     unsigned compute_default;        /* 100 = unthrottled */
+    unsigned weight_default;         /* 0 = not weighted */
     uint64_t context_overhead;       /* bytes charged per process per device with a context */
     int nrules;
     struct nvc_limit_rule rules[2 * NVC_MAX_DEVICES];
@@ -172,6 +174,7 @@ void nvc_config_finish(struct nvc_config *cfg);
 /* Limits for one device: key = UUID key, index = NVML index or -1 when unknown. */
 uint64_t nvc_config_memory(const struct nvc_config *cfg, const char *key, int index);
 unsigned nvc_config_compute(const struct nvc_config *cfg, const char *key, int index);
+unsigned nvc_config_weight(const struct nvc_config *cfg, const char *key, int index);
 int nvc_config_has_index_rules(const struct nvc_config *cfg);
 void nvc_uuid_key(const char *uuid, char key[NVC_UUID_KEY_LEN]);
 
@@ -179,7 +182,7 @@ void nvc_uuid_key(const char *uuid, char key[NVC_UUID_KEY_LEN]);
 enum nvc_state { NVC_OFF = 0, NVC_ACTIVE = 1, NVC_CLOSED = 2 };
 extern struct nvc_config nvc_cfg;
 extern int nvc_mem_limited;          /* some device has a memory limit */
-extern int nvc_compute_limited;      /* some device has a compute share below 100 */
+extern int nvc_compute_limited;      /* some device has a compute share below 100 or a weight */
 enum nvc_state nvc_init(void);       /* idempotent */
 void nvc_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void nvc_fail(const char *what);     /* loud one-time failure line; switches to on_error mode */
@@ -191,7 +194,9 @@ struct nvc_device {
     int region_index;                /* index in the region's device table */
     uint64_t memory_limit;           /* 0 = unlimited */
     unsigned compute;                /* percent; 100 = unthrottled */
+    unsigned weight;                 /* share of the GPU among busy containers; 0 = not weighted */
     unsigned sm_count;
+    struct nvc_sched_entry *sched;   /* this container's scheduler entry, NULL when not scheduled */
     int ordinal;                     /* CUDA ordinal; -1 when found by NVML handle */
 };
 struct nvc_device *nvc_device_by_ordinal(CUdevice dev);
@@ -215,6 +220,19 @@ void nvc_region_fork(enum nvc_fork_phase phase);
 /* Compute share bucket on region device d (launch.c drives it). */
 int64_t nvc_region_credit(int d, unsigned percent, uint64_t now, int64_t debit);
 void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns);
+
+/* ---- weighted scheduling between containers (sched.c, decisions in schedpolicy.c) ---- */
+struct nvc_sched_entry;
+/* Opens this container's scheduler file and its peers' directory (fixed paths in a container,
+ * NVC_SHARE_SCHED_DIR/NVC_SHARE_TENANT otherwise); 0 when there is none (no cross-container
+ * scheduling: the cap alone applies). */
+int nvc_sched_open(const struct nvc_config *cfg);
+struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap);
+/* Before a launch: 1 = may launch now, 0 = wait for the turn. capped: held back by its own cap. */
+int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns);
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns,
+                        int drained);
 
 /* Re-entrancy guard: a driver that calls its own exported entry points must not be charged twice. */
 extern __thread int nvc_depth __attribute__((tls_model("initial-exec")));

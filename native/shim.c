@@ -152,8 +152,10 @@ static void do_init(void)
     nvc_compute_limited = nvc_cfg.compute_default < 100;
     for (int i = 0; i < nvc_cfg.nrules; i++) {
         nvc_mem_limited |= nvc_cfg.rules[i].memory != 0;
-        nvc_compute_limited |= nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100;
+        nvc_compute_limited |= (nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100) ||
+                               nvc_cfg.rules[i].weight != 0;
     }
+    nvc_compute_limited |= nvc_cfg.weight_default != 0;
     if (!nvc_mem_limited && !nvc_compute_limited) {
         nvc_log(2, "no limits configured");
         return;
@@ -164,6 +166,8 @@ static void do_init(void)
         nvc_fail("cannot use the shared region");
         return;
     }
+    if (nvc_compute_limited)
+        nvc_sched_open(&nvc_cfg);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     state = NVC_ACTIVE;
     nvc_log(2, "active: memory default %llu, compute default %u%%, %d device rules, region %s/region",
@@ -218,7 +222,10 @@ static void fill_device(struct nvc_device *d, const char *key, int nvml_index, u
 {
     d->memory_limit = nvc_config_memory(&nvc_cfg, key, nvml_index);
     d->compute = nvc_config_compute(&nvc_cfg, key, nvml_index);
+    d->weight = nvc_config_weight(&nvc_cfg, key, nvml_index);
     d->sm_count = sm_count ? sm_count : 1;
+    if (d->compute < 100 || d->weight)
+        d->sched = nvc_sched_device(key, d->weight ? d->weight : 1, d->compute);
     d->region_index = nvc_region_device(key, d->memory_limit, d->compute, sm_count);
     if (d->region_index < 0) {
         nvc_fail("shared region device table is full");

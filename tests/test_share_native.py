@@ -548,3 +548,26 @@ def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
     # and one coming back after idling gets its weight at once, not the time it idled
     (a_first, a_second), (b_first, b_second) = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
     assert a_first >= 97 and abs(a_second - 50) <= 3 and abs(b_second - 50) <= 3
+
+
+def test_two_weighted_tenants_take_turns(share, programs, tmp_path):
+    """Two tenants (each its own share directory, one scheduler directory) with weights 1 and 3 both
+    busy with 1 ms kernels: the scheduler serialises them in a 1:3 ratio, so 300 and 900 kernels end
+    together (~1.2 s) instead of the lighter one finishing first. (The fake GPU of each process is its
+    own, so only the scheduler can make them wait for each other.)"""
+    sched = tmp_path / "sched"
+    sched.mkdir()
+    procs = []
+    for name, weight, launches in (("a", 1, 300), ("b", 3, 900)):
+        env = dict(share.env({"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000",
+                              "NVC_SHARE_SCHED_DIR": str(sched), "NVC_SHARE_TENANT": name}),
+                   NVC_SHARE_DIR=str(tmp_path / name))
+        procs.append(subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "launch", str(launches),
+                                       "264", "128", "sync"], env=env, stdout=subprocess.PIPE, text=True))
+    walls = []
+    for proc in procs:
+        out = proc.communicate(timeout=30)[0].split("\n")
+        assert proc.returncode == 0
+        walls.append((int(out[2].split()[2]) + int(out[3].split()[2])) / 1e6)
+    assert sorted(p.name for p in sched.iterdir()) == ["a", "b"]
+    assert all(1.0 <= wall <= 1.5 for wall in walls), walls
