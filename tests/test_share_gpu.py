@@ -53,9 +53,24 @@ def test_cudamalloc_gets_oom_once_the_limit_is_allocated(program, limited):
     assert out["asyncfill"] == ["4096", "cudaErrorMemoryAllocation"]
 
 
+ESCAPE_PATHS = ["malloc", "managed", "pitch", "malloc3d", "async", "frompool", "vmm", "driver", "array", "array3d",
+                "mipmap", "graph", "graphnode", "graphparams", "capture"]
+
+
+@pytest.mark.parametrize("path", ESCAPE_PATHS)
+def test_no_allocation_path_passes_the_limit(program, limited, path):
+    """512 MiB at a time through each allocation path (native/README.md's table), kept, until one
+    fails: each stops at the 4 GiB budget with an out-of-memory error (arrays: the shim's estimate
+    is the element size x extents, the driver's padding is not seen)."""
+    out = sharegpu.run([program, "escape", path], limited)["escape"]
+    print(f"escape {path}: {out[1]} MiB held, then {out[2]}")
+    assert out[2] == "cudaErrorMemoryAllocation"
+    assert 3584 <= int(out[1]) <= 4096
+
+
 def test_graph_memory_nodes_and_arrays_are_charged(program, limited):
-    """Paths PyTorch and cudaMalloc do not take: a graph's memory allocation node (charged from the
-    device's graph reserve after the launch) and a CUDA array (charged by its size)."""
+    """Paths PyTorch and cudaMalloc do not take: a graph's memory allocation node (charged when the
+    node is created) and a CUDA array (charged by its size)."""
     out = sharegpu.run([program, "graphalloc", 3072, "meminfo", "alloc", 2048], limited)
     assert out["graphalloc"] == ["cudaSuccess"]
     assert 1 * GIB - 64 * MIB <= int(out["meminfo"][0]) <= 1 * GIB
