@@ -387,15 +387,8 @@ NVC_API CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CU
 
 /* ---- executables ---- */
 
-#define INSTANTIATE(name, params, ...)                                                                      \
-    NVC_API CUresult name params                                                                           \
-    {                                                                                                      \
-        NVC_PROLOGUE(name, __VA_ARGS__)                                                                    \
-        CUresult rc_ = NVC_REAL(name, __VA_ARGS__);                                                        \
-        if (rc_ == CUDA_SUCCESS && exec)                                                                   \
-            set_exec(*exec, graph);                                                                        \
-        return rc_;                                                                                        \
-    }
+#define INSTANTIATE(name, params, ...) \
+    NVC_WRAP_THEN(name, params, if (exec) set_exec(*exec, graph), __VA_ARGS__)
 INSTANTIATE(cuGraphInstantiate, (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t size),
             exec, graph, error_node, log, size)
 INSTANTIATE(cuGraphInstantiate_v2,
@@ -409,32 +402,11 @@ INSTANTIATE(cuGraphInstantiateWithParams_ptsz,
             (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params), exec, graph, params)
 
 /* An updated executable runs the new graph's topology from now on. */
-NVC_API CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, int *result)
-{
-    NVC_PROLOGUE(cuGraphExecUpdate, exec, graph, error_node, result)
-    CUresult rc_ = NVC_REAL(cuGraphExecUpdate, exec, graph, error_node, result);
-    if (rc_ == CUDA_SUCCESS)
-        set_exec(exec, graph);
-    return rc_;
-}
-
-NVC_API CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, void *result_info)
-{
-    NVC_PROLOGUE(cuGraphExecUpdate_v2, exec, graph, result_info)
-    CUresult rc_ = NVC_REAL(cuGraphExecUpdate_v2, exec, graph, result_info);
-    if (rc_ == CUDA_SUCCESS)
-        set_exec(exec, graph);
-    return rc_;
-}
-
-NVC_API CUresult cuGraphExecDestroy(CUgraphExec exec)
-{
-    NVC_PROLOGUE(cuGraphExecDestroy, exec)
-    CUresult rc_ = NVC_REAL(cuGraphExecDestroy, exec);
-    if (rc_ == CUDA_SUCCESS)
-        set_exec(exec, NULL);
-    return rc_;
-}
+NVC_WRAP_THEN(cuGraphExecUpdate, (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, int *result),
+              set_exec(exec, graph), exec, graph, error_node, result)
+NVC_WRAP_THEN(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, void *result_info), set_exec(exec, graph),
+              exec, graph, result_info)
+NVC_WRAP_THEN(cuGraphExecDestroy, (CUgraphExec exec), set_exec(exec, NULL), exec)
 
 /* ---- destruction: the nodes go; allocations that are not live are refunded ---- */
 
@@ -465,23 +437,8 @@ static void nodes_gone(CUgraph graph, CUgraphNode node)
     pthread_mutex_unlock(&graph_mu);
 }
 
-NVC_API CUresult cuGraphDestroyNode(CUgraphNode node)
-{
-    NVC_PROLOGUE(cuGraphDestroyNode, node)
-    CUresult rc_ = NVC_REAL(cuGraphDestroyNode, node);
-    if (rc_ == CUDA_SUCCESS)
-        nodes_gone(NULL, node);
-    return rc_;
-}
-
-NVC_API CUresult cuGraphDestroy(CUgraph graph)
-{
-    NVC_PROLOGUE(cuGraphDestroy, graph)
-    CUresult rc_ = NVC_REAL(cuGraphDestroy, graph);
-    if (rc_ == CUDA_SUCCESS)
-        nodes_gone(graph, NULL);
-    return rc_;
-}
+NVC_WRAP_THEN(cuGraphDestroyNode, (CUgraphNode node), nodes_gone(NULL, node), node)
+NVC_WRAP_THEN(cuGraphDestroy, (CUgraph graph), nodes_gone(graph, NULL), graph)
 
 void nvc_graph_fork(enum nvc_fork_phase phase)
 {

@@ -295,14 +295,7 @@ NVC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     return rc_;
 }
 
-NVC_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    NVC_PROLOGUE(cuMemRelease, handle)
-    CUresult rc_ = NVC_REAL(cuMemRelease, handle);
-    if (rc_ == CUDA_SUCCESS)
-        release_record(K_HANDLE, handle);
-    return rc_;
-}
+NVC_WRAP_THEN(cuMemRelease, (CUmemGenericAllocationHandle handle), release_record(K_HANDLE, handle), handle)
 
 /* ---- stream-ordered allocation ---- */
 
@@ -588,23 +581,9 @@ NVC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRA
     return array_common((void **)array, bytes, K_MIPMAP, create_mipmap, &args);
 }
 
-NVC_API CUresult cuArrayDestroy(CUarray array)
-{
-    NVC_PROLOGUE(cuArrayDestroy, array)
-    CUresult rc_ = NVC_REAL(cuArrayDestroy, array);
-    if (rc_ == CUDA_SUCCESS)
-        release_record(K_ARRAY, (uint64_t)(uintptr_t)array);
-    return rc_;
-}
-
-NVC_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
-{
-    NVC_PROLOGUE(cuMipmappedArrayDestroy, array)
-    CUresult rc_ = NVC_REAL(cuMipmappedArrayDestroy, array);
-    if (rc_ == CUDA_SUCCESS)
-        release_record(K_MIPMAP, (uint64_t)(uintptr_t)array);
-    return rc_;
-}
+NVC_WRAP_THEN(cuArrayDestroy, (CUarray array), release_record(K_ARRAY, (uint64_t)(uintptr_t)array), array)
+NVC_WRAP_THEN(cuMipmappedArrayDestroy, (CUmipmappedArray array),
+              release_record(K_MIPMAP, (uint64_t)(uintptr_t)array), array)
 
 /* ---- context overhead: charged once per process and device, at its first context ---- */
 
@@ -619,41 +598,13 @@ static void charge_context(CUdevice dev)
         nvc_region_charge(d->region_index, nvc_cfg.context_overhead, 0);
 }
 
-NVC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
-{
-    NVC_PROLOGUE(cuDevicePrimaryCtxRetain, pctx, dev)
-    CUresult rc_ = NVC_REAL(cuDevicePrimaryCtxRetain, pctx, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
-
-NVC_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
-{
-    NVC_PROLOGUE(cuCtxCreate_v2, pctx, flags, dev)
-    CUresult rc_ = NVC_REAL(cuCtxCreate_v2, pctx, flags, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
-
-NVC_API CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int nparams, unsigned int flags, CUdevice dev)
-{
-    NVC_PROLOGUE(cuCtxCreate_v3, pctx, params, nparams, flags, dev)
-    CUresult rc_ = NVC_REAL(cuCtxCreate_v3, pctx, params, nparams, flags, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
-
-NVC_API CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
-{
-    NVC_PROLOGUE(cuCtxCreate_v4, pctx, params, flags, dev)
-    CUresult rc_ = NVC_REAL(cuCtxCreate_v4, pctx, params, flags, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
+NVC_WRAP_THEN(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), charge_context(dev), pctx, dev)
+NVC_WRAP_THEN(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), charge_context(dev), pctx, flags,
+              dev)
+NVC_WRAP_THEN(cuCtxCreate_v3, (CUcontext *pctx, void *params, int nparams, unsigned int flags, CUdevice dev),
+              charge_context(dev), pctx, params, nparams, flags, dev)
+NVC_WRAP_THEN(cuCtxCreate_v4, (CUcontext *pctx, void *params, unsigned int flags, CUdevice dev),
+              charge_context(dev), pctx, params, flags, dev)
 
 /* ---- memory info: total = min(limit, physical), free = total - container usage, never wrapping ---- */
 

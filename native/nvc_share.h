@@ -275,4 +275,16 @@ static inline enum nvc_path nvc_path_for(void *real)
 /* The real call with the depth guard held; needs a CUresult rc_ in scope. */
 #define NVC_REAL(fn, ...) (nvc_depth++, rc_ = nvc_cuda.fn(__VA_ARGS__), nvc_depth--, rc_)
 
+/* A wrapper that calls the driver and, when it succeeded, does `then` (bookkeeping only). */
+#define NVC_WRAP_THEN(fn, params, then, ...)                                \
+    NVC_API CUresult fn params                                              \
+    {                                                                       \
+        NVC_PROLOGUE(fn, __VA_ARGS__)                                       \
+        CUresult rc_ = NVC_REAL(fn, __VA_ARGS__);                           \
+        if (rc_ == CUDA_SUCCESS) {                                          \
+            then;                                                           \
+        }                                                                   \
+        return rc_;                                                         \
+    }
+
 #endif

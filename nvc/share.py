@@ -219,7 +219,6 @@ def _open_sched_dir(sched_dir: str) -> int:
 
     from nvc import fdmount
     from nvc.syscalls import MountAttr
-    from nvc.untrusted import directory_problem
 
     parent, name = os.path.split(sched_dir.rstrip("/"))
     try:
@@ -242,10 +241,17 @@ def _open_sched_dir(sched_dir: str) -> int:
             os.close(parent_fd)
     finally:
         os.close(lock_fd)
+    return _ours(fd, "scheduler directory", sched_dir)
+
+
+def _ours(fd: int, what: str, path: str) -> int:
+    """fd, once the directory it names is root's and not writable by others (else closed, refused)."""
+    from nvc.untrusted import directory_problem
+
     problem = directory_problem(fd, 0o022)
     if problem:
         os.close(fd)
-        raise ContainerError(f"scheduler directory {sched_dir} must be ours and not writable by others ({problem})")
+        raise ContainerError(f"{what} {path} must be ours and not writable by others ({problem})")
     return fd
 
 
@@ -324,13 +330,7 @@ def _open_state_dir(state_dir: str) -> int:
         raise ContainerError(f"cannot use sharing directory {state_dir}: {err.strerror}") from None
     finally:
         os.umask(old)
-    from nvc.untrusted import directory_problem
-
-    problem = directory_problem(fd, 0o022)
-    if problem:
-        os.close(fd)
-        raise ContainerError(f"sharing directory {state_dir} must be ours and not writable by others ({problem})")
-    return fd
+    return _ours(fd, "sharing directory", state_dir)
 
 
 def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: str = HOST_LIBRARY,
