@@ -221,11 +221,7 @@ def _open_sched_dir(sched_dir: str) -> int:
     from nvc.syscalls import MountAttr
 
     parent, name = os.path.split(sched_dir.rstrip("/"))
-    try:
-        os.makedirs(sched_dir, 0o755, exist_ok=True)
-        lock_fd = os.open(sched_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as err:
-        raise ContainerError(f"cannot use scheduler directory {sched_dir}: {err.strerror}") from None
+    lock_fd = _make_dir(sched_dir, 0o755, os.O_RDONLY, "scheduler directory")
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -324,13 +320,19 @@ def _open_state_dir(state_dir: str) -> int:
     symlink to someone else's."""
     old = os.umask(0o077)
     try:
-        os.makedirs(state_dir, 0o700, exist_ok=True)
-        fd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as err:
-        raise ContainerError(f"cannot use sharing directory {state_dir}: {err.strerror}") from None
+        fd = _make_dir(state_dir, 0o700, os.O_PATH, "sharing directory")
     finally:
         os.umask(old)
     return _ours(fd, "sharing directory", state_dir)
+
+
+def _make_dir(path: str, mode: int, flags: int, what: str) -> int:
+    """An fd (``flags``) of directory ``path``, made with ``mode`` (parents too) if missing; no symlink."""
+    try:
+        os.makedirs(path, mode, exist_ok=True)
+        return os.open(path, flags | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise ContainerError(f"cannot use {what} {path}: {err.strerror}") from None
 
 
 def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: str = HOST_LIBRARY,
