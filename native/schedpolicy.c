@@ -20,18 +20,20 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
     uint64_t min_vtime = UINT64_MAX;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
+        if (now < o->busy_until_ns)
+            occupied = 1;             /* its work is still on the GPU, capped or not: let it drain */
         if (!nvc_sched_active(o, now))
             continue;
         any = 1;
         if (o->vtime < min_vtime)
             min_vtime = o->vtime;
-        if (o->running || now < o->busy_until_ns)
+        if (o->running)
             occupied = 1;
         if (before(o->vtime, o->id, self->vtime, self->id))
             lowest = 0;
     }
     if (!any)
-        return NVC_SCHED_RUN;
+        return occupied && !self->running ? NVC_SCHED_WAIT : NVC_SCHED_RUN;
     if (self->running)
         return self->vtime <= min_vtime + NVC_SCHED_SLICE_NS ? NVC_SCHED_RUN : NVC_SCHED_WAIT;
     return !occupied && lowest ? NVC_SCHED_RUN : NVC_SCHED_WAIT;

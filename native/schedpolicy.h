@@ -26,8 +26,8 @@ enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1 };
 /* Busy (wants the GPU or still has work queued) and not held back by its own cap. */
 int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now);
 
-/* May `self` launch now? Alone (no other active tenant) always. Otherwise one tenant holds the turn at
- * a time: the holder keeps it while its vtime stays within NVC_SCHED_SLICE_NS of the lowest other
+/* May `self` launch now? Alone (no other active tenant) always, once work another left queued has
+ * drained (a capped tenant's last kernels, say). Otherwise one tenant holds the turn at a time: the holder keeps it while its vtime stays within NVC_SCHED_SLICE_NS of the lowest other
  * active vtime; a waiting tenant takes it once no other holds it or has work draining and its
  * (vtime, id) is the lowest of the active ones. Each busy tenant thus gets GPU time in proportion to
  * its weight, and an idle one's share goes to the others. */

@@ -550,18 +550,30 @@ def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
     assert a_first >= 97 and abs(a_second - 50) <= 3 and abs(b_second - 50) <= 3
 
 
-def test_two_weighted_tenants_take_turns(share, programs, tmp_path):
-    """Two tenants (each its own share directory, one scheduler directory) with weights 1 and 3 both
-    busy with 1 ms kernels: the scheduler serialises them in a 1:3 ratio, so 300 and 900 kernels end
-    together (~1.2 s) instead of the lighter one finishing first. (The fake GPU of each process is its
-    own, so only the scheduler can make them wait for each other.)"""
+# (weight, cap or None, 1 ms kernels) per tenant -> (lowest, highest) wall time in seconds of each
+TENANT_CASES = {
+    "1:3, both busy throughout": ([(1, None, 300), (3, None, 900)], [(1.0, 1.5), (1.0, 1.5)]),
+    "1:3, the 3 done early": ([(1, None, 600), (3, None, 300)], [(0.8, 1.1), (0.35, 0.55)]),
+    "1 capped at 25 % : 1": ([(1, 25, 250), (1, None, 750)], [(0.9, 1.25), (0.9, 1.25)]),
+}
+
+
+@pytest.mark.parametrize("case", TENANT_CASES)
+def test_weighted_tenants_take_turns(share, programs, tmp_path, case):
+    """Tenants (each its own share directory, one scheduler directory) busy with 1 ms kernels at once:
+    the scheduler serialises them by weight, an idle or capped one leaving the rest to the others.
+    1:3 with 300 and 900 kernels end together (~1.2 s, not the lighter one first); when the weight-3
+    one is done (~0.4 s) the other takes the whole GPU (600 kernels in ~0.9 s, not 1.2 s); one capped
+    at 25 % leaves 75 % to the other (250 and 750 kernels in ~1 s, not 1.5 s). (The fake GPU of each
+    process is its own, so only the scheduler can make them wait for each other.)"""
+    tenants, want = TENANT_CASES[case]
     sched = tmp_path / "sched"
     sched.mkdir()
     procs = []
-    for name, weight, launches in (("a", 1, 300), ("b", 3, 900)):
-        env = dict(share.env({"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000",
-                              "NVC_SHARE_SCHED_DIR": str(sched), "NVC_SHARE_TENANT": name}),
-                   NVC_SHARE_DIR=str(tmp_path / name))
+    for i, (weight, cap, launches) in enumerate(tenants):
+        limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_SCHED_DIR": str(sched),
+                  "NVC_SHARE_TENANT": f"t{i}", **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {})}
+        env = dict(share.env(limits), NVC_SHARE_DIR=str(tmp_path / f"t{i}"))
         procs.append(subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "launch", str(launches),
                                        "264", "128", "sync"], env=env, stdout=subprocess.PIPE, text=True))
     walls = []
@@ -569,5 +581,5 @@ def test_two_weighted_tenants_take_turns(share, programs, tmp_path):
         out = proc.communicate(timeout=30)[0].split("\n")
         assert proc.returncode == 0
         walls.append((int(out[2].split()[2]) + int(out[3].split()[2])) / 1e6)
-    assert sorted(p.name for p in sched.iterdir()) == ["a", "b"]
-    assert all(1.0 <= wall <= 1.5 for wall in walls), walls
+    assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
+    assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls
