@@ -233,6 +233,7 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
 void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns);
 void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns,
                         int drained);
+void nvc_sched_fork(enum nvc_fork_phase phase);
 
 /* Re-entrancy guard: a driver that calls its own exported entry points must not be charged twice. */
 extern __thread int nvc_depth __attribute__((tls_model("initial-exec")));

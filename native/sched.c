@@ -270,3 +270,12 @@ void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correct
         __atomic_sub_fetch(&e->window_busy_ns, busy, __ATOMIC_ACQ_REL);
     }
 }
+
+/* The mappings survive fork (MAP_SHARED): the child is the same tenant. */
+void nvc_sched_fork(enum nvc_fork_phase phase)
+{
+    if (phase == NVC_FORK_PREPARE)
+        pthread_mutex_lock(&sched_mu);
+    else
+        pthread_mutex_unlock(&sched_mu);
+}

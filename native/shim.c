@@ -85,16 +85,18 @@ static int read_file(const char *path, char *buf, size_t size)
 
 void nvc_devices_fork(enum nvc_fork_phase phase);
 
-/* Lock order: devices, memory (pools, records), launches, region. */
+/* Lock order: devices, memory (pools, records, graphs), launches, scheduler, region. */
 static void fork_all(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE) {
         nvc_devices_fork(phase);
         nvc_memory_fork(phase);
         nvc_launch_fork(phase);
+        nvc_sched_fork(phase);
         nvc_region_fork(phase);
     } else {
         nvc_region_fork(phase);
+        nvc_sched_fork(phase);
         nvc_launch_fork(phase);
         nvc_memory_fork(phase);
         nvc_devices_fork(phase);
