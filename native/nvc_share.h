@@ -231,8 +231,8 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
 /* Before a launch: 1 = may launch now, 0 = wait for the turn. capped: held back by its own cap. */
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
 void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns);
-void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns,
-                        int drained);
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns);
+void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now);   /* none of its launches queued */
 void nvc_sched_fork(enum nvc_fork_phase phase);
 
 /* Re-entrancy guard: a driver that calls its own exported entry points must not be charged twice. */

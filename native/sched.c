@@ -245,7 +245,12 @@ void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimat
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
 }
 
-void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns, int drained)
+void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now)
+{
+    __atomic_store_n(&e->busy_until_ns, now, __ATOMIC_RELEASE);
+}
+
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns)
 {
     if (correction_ns > 0) {
         __atomic_add_fetch(&e->vtime, weighted(correction_ns, e->weight), __ATOMIC_ACQ_REL);
@@ -256,8 +261,6 @@ void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correct
             ;
     }
     __atomic_add_fetch(&e->busy_ns, cost_ns, __ATOMIC_RELAXED);
-    if (drained)
-        __atomic_store_n(&e->busy_until_ns, now, __ATOMIC_RELEASE);
     /* the share over the last window, for `share status` (approximate across processes) */
     uint64_t start = __atomic_load_n(&e->window_start_ns, __ATOMIC_ACQUIRE);
     uint64_t busy = __atomic_add_fetch(&e->window_busy_ns, cost_ns, __ATOMIC_ACQ_REL);

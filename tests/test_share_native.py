@@ -499,16 +499,24 @@ def test_nvidia_smi_keeps_working_with_a_broken_configuration(share):
 
 # ---------------------------------------------------------------- compute share
 
-def busy_fraction(share, percent: int, grid: int, launches: int = 60) -> float:
+def busy_fraction(share, percent: int, grid: int, launches: int = 60, kernel_us: int = 3000) -> float:
     out, _ = share.run("cuda_probe", "init", "ctx", 0, "launch", launches, grid, 128, "sync",
-                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": "3000"})
+                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)})
     wall_us = int(out[2][2]) + int(out[3][2])
-    return launches * 3000 / wall_us
+    return launches * kernel_us / wall_us
 
 
 def test_compute_share_throttles_full_grids(share):
     assert busy_fraction(share, 100, 264) > 0.9
     assert 0.4 <= busy_fraction(share, 50, 264) <= 0.6
+
+
+def test_compute_share_holds_for_microsecond_kernels(share):
+    """20 us kernels, thousands queued: each launch still settles in one event query (the harvest stops
+    at the first kernel still running), so the share is the requested one, not the launch cost's."""
+    # 0.4 s of GPU work: the 10 ms of credit a bucket may bank at the start moves it by ~1 point
+    assert 0.47 <= busy_fraction(share, 50, 264, launches=20000, kernel_us=20) <= 0.53
+    assert 0.72 <= busy_fraction(share, 75, 264, launches=20000, kernel_us=20) <= 0.78
 
 
 def test_compute_share_weights_small_grids_by_sm_count(share):
