@@ -141,6 +141,21 @@ static int apply(struct nvc_config *cfg, const char *key, const char *value, int
         rule->compute = percent;
         return 0;
     }
+    if (base == 14 && !strncmp(key, "compute_weight", base)) {
+        char *end = "";
+        unsigned long weight = isdigit((unsigned char)*value) ? strtoul(value, &end, 10) : 0;
+        if (!weight || *end || weight > 1000)
+            return -1;
+        if (!dot) {
+            cfg->weight_default = (unsigned)weight;
+            return 0;
+        }
+        struct nvc_limit_rule *rule = rule_for(cfg, dot + 1);
+        if (!rule)
+            return -1;
+        rule->weight = (unsigned)weight;
+        return 0;
+    }
     if (dot)
         return -1;
     if (!strcmp(key, "on_error")) {
@@ -233,6 +248,7 @@ static const struct {
     {"CUDA_DEVICE_SM_LIMIT", "compute_percent", 1},
     {"NVC_SHARE_MEMORY_LIMIT", "memory_limit", 0},
     {"NVC_SHARE_COMPUTE", "compute_percent", 0},
+    {"NVC_SHARE_WEIGHT", "compute_weight", 0},
 };
 
 int nvc_config_from_env(char *const *envp, struct nvc_config *cfg, char *err, size_t errlen)
@@ -305,22 +321,26 @@ void nvc_config_finish(struct nvc_config *cfg)
     h = fnv(h, &cfg->memory_default, sizeof cfg->memory_default);
     h = fnv(h, &cfg->compute_default, sizeof cfg->compute_default);
     h = fnv(h, &cfg->context_overhead, sizeof cfg->context_overhead);
+    h = fnv(h, &cfg->weight_default, sizeof cfg->weight_default);
     for (int i = 0; i < cfg->nrules; i++) {
         const struct nvc_limit_rule *r = &cfg->rules[i];
         h = fnv(h, r->key, strlen(r->key) + 1);
         h = fnv(h, &r->index, sizeof r->index);
         h = fnv(h, &r->memory, sizeof r->memory);
         h = fnv(h, &r->compute, sizeof r->compute);
+        h = fnv(h, &r->weight, sizeof r->weight);
     }
     cfg->hash = h;
 }
 
-static const struct nvc_limit_rule *find(const struct nvc_config *cfg, const char *key, int index, int memory)
+enum field { F_MEMORY, F_COMPUTE, F_WEIGHT };
+
+static const struct nvc_limit_rule *find(const struct nvc_config *cfg, const char *key, int index, enum field f)
 {
     const struct nvc_limit_rule *by_index = NULL;
     for (int i = 0; i < cfg->nrules; i++) {
         const struct nvc_limit_rule *r = &cfg->rules[i];
-        if (memory ? !r->memory : !r->compute)
+        if (f == F_MEMORY ? !r->memory : f == F_COMPUTE ? !r->compute : !r->weight)
             continue;
         if (r->key[0] && key && !strcmp(r->key, key))
             return r;                /* a UUID rule beats an index rule */
@@ -332,14 +352,20 @@ static const struct nvc_limit_rule *find(const struct nvc_config *cfg, const cha
 
 uint64_t nvc_config_memory(const struct nvc_config *cfg, const char *key, int index)
 {
-    const struct nvc_limit_rule *r = find(cfg, key, index, 1);
+    const struct nvc_limit_rule *r = find(cfg, key, index, F_MEMORY);
     return r ? r->memory : cfg->memory_default;
 }
 
 unsigned nvc_config_compute(const struct nvc_config *cfg, const char *key, int index)
 {
-    const struct nvc_limit_rule *r = find(cfg, key, index, 0);
+    const struct nvc_limit_rule *r = find(cfg, key, index, F_COMPUTE);
     return r ? r->compute : cfg->compute_default;
+}
+
+unsigned nvc_config_weight(const struct nvc_config *cfg, const char *key, int index)
+{
+    const struct nvc_limit_rule *r = find(cfg, key, index, F_WEIGHT);
+    return r ? r->weight : cfg->weight_default;
 }
 
 int nvc_config_has_index_rules(const struct nvc_config *cfg)

@@ -24,6 +24,7 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
@@ -36,6 +37,12 @@ typedef struct { char bytes[16]; } CUuuid;
 #define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
 #define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CU_GRAPH_NODE_TYPE_GRAPH 4
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+#define CU_GRAPH_NODE_TYPE_MEM_FREE 11
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE 1
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
 
 /* CUarray_format values that matter for the element size; anything else is counted as 4 bytes. */
 #define CU_AD_FORMAT_UNSIGNED_INT8 0x01
@@ -80,8 +87,39 @@ typedef struct {
     int allocType;
     int handleTypes;
     CUmemLocation location;
-    /* further fields are not read */
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
 } CUmemPoolProps;
+
+/* Graph memory nodes (CUDA 11.4+) and the generic node parameters (12.2+). */
+typedef struct {
+    CUmemPoolProps poolProps;
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;                /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+typedef struct {
+    int type;                        /* CU_GRAPH_NODE_TYPE_* */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+        struct { CUdeviceptr dptr; } free;
+        struct { CUgraph graph; int ownership; } graph;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 typedef struct {
     unsigned int gridDimX, gridDimY, gridDimZ;

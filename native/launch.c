@@ -10,20 +10,21 @@
 #include <time.h>
 #include "nvc_share.h"
 
-void nvc_graph_memory_sync(void);
-
 #define MAX_PENDING 512
 #define MAX_FREE_EVENTS 1024
 #define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
 #define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
+#define SCHED_WAIT_STEP_NS 100000ll  /* re-ask for the turn every 100 us */
 
 struct pending {
     CUevent start, end;
     CUcontext ctx;
     int d;
+    struct nvc_sched_entry *sched;
     unsigned percent;
     double factor;
     int64_t estimate;                /* what was debited at launch time */
+    int recorded;                    /* both events recorded (an unrecorded event queries as done) */
 };
 
 static struct pending pending[MAX_PENDING];
@@ -61,13 +62,20 @@ static void event_put(CUevent ev, CUcontext ctx)
 }
 
 /* Settles completed launches of this context: replaces their estimate by the measured cost.
- * Caller holds launch_mu. */
+ * pending[] stays in launch order, and a context's work completes in order (one stream; across
+ * streams a later one just waits for the next harvest), so the scan stops at its first launch still
+ * running: one event query per launch, however many microsecond kernels are queued. Caller holds
+ * launch_mu. */
 static void harvest_locked(CUcontext ctx)
 {
-    for (int i = 0; i < npending;) {
+    struct nvc_sched_entry *settled[NVC_MAX_DEVICES] = {0};
+    uint64_t now = 0;
+    int kept = 0, running = 0;
+    for (int i = 0; i < npending; i++) {
         struct pending *p = &pending[i];
-        if (p->ctx != ctx || nvc_cuda.cuEventQuery(p->end) != CUDA_SUCCESS) {
-            i++;
+        if (p->ctx != ctx || running || !p->recorded || nvc_cuda.cuEventQuery(p->end) != CUDA_SUCCESS) {
+            running |= p->ctx == ctx;
+            pending[kept++] = *p;
             continue;
         }
         float ms = 0;
@@ -79,12 +87,23 @@ static void harvest_locked(CUcontext ctx)
             int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
         }
-        nvc_region_credit(p->d, p->percent, nvc_now_ns(), cost - p->estimate);
+        now = nvc_now_ns();
+        if (p->percent < 100)
+            nvc_region_credit(p->d, p->percent, now, cost - p->estimate);
         nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
+        if (p->sched) {
+            nvc_sched_measured(p->sched, now, cost - p->estimate, (uint64_t)(cost > 0 ? cost : 0));
+            settled[p->d] = p->sched;
+        }
         event_put(p->start, p->ctx);
         event_put(p->end, p->ctx);
-        *p = pending[--npending];
     }
+    npending = kept;
+    for (int i = 0; i < npending; i++)
+        settled[pending[i].d] = NULL;      /* work of that device is still queued */
+    for (int d = 0; d < NVC_MAX_DEVICES; d++)
+        if (settled[d])
+            nvc_sched_drained(settled[d], now);
 }
 
 struct launch {
@@ -113,11 +132,11 @@ static int64_t inflight_locked(int dev)
     return total;
 }
 
-/* Waits for credit and debits the estimate; returns the pending entry to fill, or -1.
- * Launches are asynchronous: without a bound on the queue a burst would run long before its cost
- * is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
+/* Waits for credit and debits the estimate; returns the pending entry's events to record, or
+ * NULLs. Launches are asynchronous: without a bound on the queue a burst would run long before its
+ * cost is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
  * unknown) may be queued ahead of measurement. */
-static int before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx)
+static void before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx, CUevent *start, CUevent *end)
 {
     int dev = d->region_index;
     uint64_t waited = 0;
@@ -128,14 +147,18 @@ static int before_launch(struct nvc_device *d, const struct launch *l, CUcontext
         int64_t unit = estimate_ns[dev];
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
-        int64_t credit = nvc_region_credit(dev, d->compute, now, 0);
+        int64_t credit = d->compute < 100 ? nvc_region_credit(dev, d->compute, now, 0) : 0;
         int64_t step;
         if (inflight < 0 || inflight > MAX_INFLIGHT_NS) {
             step = unit / 4;             /* let the queue drain */
-        } else if (credit >= 0) {
-            break;
-        } else {
+        } else if (credit < 0) {
             step = -credit * 100 / (int64_t)d->compute;
+            if (d->sched)
+                nvc_sched_ready(d->sched, now, 1);
+        } else if (d->sched && !nvc_sched_ready(d->sched, now, 0)) {
+            step = SCHED_WAIT_STEP_NS;   /* another container holds the turn */
+        } else {
+            break;
         }
         step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
         sleep_ns(step);
@@ -145,19 +168,24 @@ static int before_launch(struct nvc_device *d, const struct launch *l, CUcontext
         nvc_region_account_launch(dev, 0, waited);
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
-    nvc_region_credit(dev, d->compute, nvc_now_ns(), estimate);
-    int slot = -1;
+    uint64_t now = nvc_now_ns();
+    if (d->compute < 100)
+        nvc_region_credit(dev, d->compute, now, estimate);
+    if (d->sched)
+        nvc_sched_launched(d->sched, now, estimate);
+    *start = *end = NULL;
     if (npending < MAX_PENDING) {
-        CUevent start = event_get(ctx), end = start ? event_get(ctx) : NULL;
-        if (end) {
-            slot = npending++;
-            pending[slot] = (struct pending){start, end, ctx, dev, d->compute, l->factor, estimate};
-        } else if (start) {
-            event_put(start, ctx);
+        *start = event_get(ctx);
+        *end = *start ? event_get(ctx) : NULL;
+        if (*end) {
+            pending[npending++] = (struct pending){*start, *end, ctx, dev, d->sched, d->compute, l->factor,
+                                                   estimate, 0};
+        } else if (*start) {
+            event_put(*start, ctx);
+            *start = NULL;
         }
     }
     pthread_mutex_unlock(&launch_mu);
-    return slot;
 }
 
 static void record(CUevent ev, const struct launch *l)
@@ -175,32 +203,37 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
 {
     CUcontext ctx = NULL;
     struct nvc_device *d = nvc_device_current(NULL);
-    if (!d || d->compute >= 100 || !nvc_cuda.cuCtxGetCurrent || nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+    if (!d || (d->compute >= 100 && !d->sched) || !nvc_cuda.cuCtxGetCurrent || nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
         !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime || !nvc_cuda.cuEventRecord)
         return fn(args);
     nvc_depth++;
-    int slot = before_launch(d, l, ctx);
-    CUevent start = slot >= 0 ? pending[slot].start : NULL, end = slot >= 0 ? pending[slot].end : NULL;
+    CUevent start, end;
+    before_launch(d, l, ctx, &start, &end);
     if (start)
         record(start, l);
     CUresult rc = fn(args);
-    if (end)
+    if (end) {
         record(end, l);
-    if (rc != CUDA_SUCCESS && slot >= 0) {
-        /* nothing ran: the harvest refunds the estimate once the (empty) interval completes */
         pthread_mutex_lock(&launch_mu);
-        for (int i = 0; i < npending; i++)
-            if (pending[i].start == start)
-                pending[i].factor = 0;
+        for (int i = npending - 1; i >= 0; i--)
+            if (pending[i].start == start) {
+                pending[i].recorded = 1;
+                if (rc != CUDA_SUCCESS)
+                    pending[i].factor = 0;   /* nothing ran: the harvest refunds the estimate */
+                break;
+            }
         pthread_mutex_unlock(&launch_mu);
     }
     nvc_depth--;
     return rc;
 }
 
+/* The fraction of the device a grid occupies: min(1, 2 x blocks / SMs). A grid of half the SMs or more
+ * counts as the whole device: persistent GEMM kernels (cuBLAS on Hopper) launch fewer blocks than SMs,
+ * one per SM and using all of it, and were undercharged by blocks / SMs (a 25 % share gave 29 %). */
 static double grid_factor(struct nvc_device *d, unsigned gx, unsigned gy, unsigned gz)
 {
-    double blocks = (double)gx * gy * gz;
+    double blocks = 2.0 * gx * gy * gz;
     return d && d->sm_count && blocks < d->sm_count ? blocks / d->sm_count : 1.0;
 }
 
@@ -313,8 +346,8 @@ static CUresult call_graph(const void *a)
     return g->fn(g->exec, g->stream);
 }
 
-/* A graph is charged as a whole-device launch for its measured duration. Graph memory nodes grow
- * the device's graph reserve, which memory.c re-reads after each launch. */
+/* A graph is charged as a whole-device launch for its measured duration. Its memory allocation
+ * nodes were charged when created; graphmem.c notes which are live now. */
 #define GRAPH_WRAPPER(name, ptsz)                                                                            \
     NVC_API CUresult name(CUgraphExec exec, CUstream stream)                                                  \
     {                                                                                                        \
@@ -331,7 +364,7 @@ static CUresult call_graph(const void *a)
             rc = nvc_cuda.name(exec, stream);                                                                \
         }                                                                                                    \
         if (rc == CUDA_SUCCESS && nvc_mem_limited)                                                           \
-            nvc_graph_memory_sync();                                                                         \
+            nvc_graph_launched(exec);                                                                        \
         return rc;                                                                                           \
     }
 GRAPH_WRAPPER(cuGraphLaunch, 0)

@@ -95,9 +95,6 @@ struct pool_state {
 static struct pool_state pools[MAX_POOLS];
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Graph memory (cuGraphAddMemAllocNode) lives in a per-device reserve the driver reports. */
-static uint64_t graph_charged[64];
-
 static int pool_reserved(CUmemoryPool pool, uint64_t *reserved, uint64_t *used)
 {
     cuuint64_t r = 0, u = 0;
@@ -146,31 +143,6 @@ static void pool_sync_locked(struct pool_state *ps)
     ps->charged = reserved;
 }
 
-static void graph_sync(CUdevice ordinal, struct nvc_device *d)
-{
-    cuuint64_t reserved;
-    if (!nvc_cuda.cuDeviceGetGraphMemAttribute || ordinal < 0 || ordinal >= 64 ||
-        nvc_cuda.cuDeviceGetGraphMemAttribute(ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
-            CUDA_SUCCESS)
-        return;
-    pthread_mutex_lock(&pool_mu);
-    if (reserved > graph_charged[ordinal])
-        nvc_region_charge(d->region_index, reserved - graph_charged[ordinal], 0);
-    else
-        nvc_region_uncharge(d->region_index, graph_charged[ordinal] - reserved);
-    graph_charged[ordinal] = reserved;
-    pthread_mutex_unlock(&pool_mu);
-}
-
-/* Called by launch.c after cuGraphLaunch: graph memory nodes grow the device's graph reserve. */
-void nvc_graph_memory_sync(void)
-{
-    CUdevice ordinal;
-    struct nvc_device *d = nvc_device_current(&ordinal);
-    if (d)
-        graph_sync(ordinal, d);
-}
-
 static void sync_device_pools(struct nvc_device *d)
 {
     pthread_mutex_lock(&pool_mu);
@@ -182,13 +154,14 @@ static void sync_device_pools(struct nvc_device *d)
 
 /* ---- charging ---- */
 
-static int charge(struct nvc_device *d, uint64_t bytes)
+int nvc_mem_charge(struct nvc_device *d, uint64_t bytes)
 {
     if (nvc_region_charge(d->region_index, bytes, d->memory_limit) == 0)
         return 0;
-    /* The out-of-memory decision: first bring every pool of the device up to date (a trim or a
-     * synchronisation may have returned memory), then ask again. */
+    /* The out-of-memory decision: first bring every pool and the graph reserve of the device up to
+     * date (a trim or a synchronisation may have returned memory), then ask again. */
     sync_device_pools(d);
+    nvc_graph_reserve_sync(d);
     if (nvc_region_charge(d->region_index, bytes, d->memory_limit) == 0)
         return 0;
     nvc_log(2, "out of memory: %llu bytes over the limit of %llu", (unsigned long long)bytes,
@@ -197,31 +170,6 @@ static int charge(struct nvc_device *d, uint64_t bytes)
 }
 
 static void uncharge(int region_dev, uint64_t bytes) { nvc_region_uncharge(region_dev, bytes); }
-
-/* Common prologue: real entry point present, shim state, re-entrancy. Evaluates to the action. */
-enum path { PASS, ACCOUNT, CLOSED };
-static enum path path_for(void *real)
-{
-    if (!real)
-        return CLOSED;
-    if (nvc_depth)
-        return PASS;
-    switch (nvc_init()) {
-    case NVC_ACTIVE: return nvc_mem_limited ? ACCOUNT : PASS;
-    case NVC_CLOSED: return CLOSED;
-    default: return PASS;
-    }
-}
-
-#define PROLOGUE(fn, ...)                                                   \
-    nvc_load_cuda();                                                        \
-    enum path path_ = path_for((void *)nvc_cuda.fn);                        \
-    if (path_ == CLOSED)                                                    \
-        return CUDA_ERROR_NOT_INITIALIZED;                                  \
-    if (path_ == PASS)                                                      \
-        return nvc_cuda.fn(__VA_ARGS__);
-
-#define REAL(fn, ...) (nvc_depth++, rc_ = nvc_cuda.fn(__VA_ARGS__), nvc_depth--, rc_)
 
 NVC_API CUresult cuInit(unsigned int flags)
 {
@@ -237,10 +185,10 @@ static CUresult alloc_plain(CUdeviceptr *dptr, size_t bytes, int managed, unsign
     CUresult rc_;
     struct nvc_device *d = nvc_device_current(NULL);
     if (!d || !dptr)
-        return managed ? REAL(cuMemAllocManaged, dptr, bytes, flags) : REAL(cuMemAlloc_v2, dptr, bytes);
-    if (charge(d, bytes))
+        return managed ? NVC_REAL(cuMemAllocManaged, dptr, bytes, flags) : NVC_REAL(cuMemAlloc_v2, dptr, bytes);
+    if (nvc_mem_charge(d, bytes))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    rc_ = managed ? REAL(cuMemAllocManaged, dptr, bytes, flags) : REAL(cuMemAlloc_v2, dptr, bytes);
+    rc_ = managed ? NVC_REAL(cuMemAllocManaged, dptr, bytes, flags) : NVC_REAL(cuMemAlloc_v2, dptr, bytes);
     if (rc_ == CUDA_SUCCESS)
         rec_put(K_PTR, *dptr, d->region_index, bytes, NULL);
     else
@@ -250,14 +198,14 @@ static CUresult alloc_plain(CUdeviceptr *dptr, size_t bytes, int managed, unsign
 
 NVC_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
-    PROLOGUE(cuMemAlloc_v2, dptr, size)
+    NVC_PROLOGUE(cuMemAlloc_v2, dptr, size)
     return alloc_plain(dptr, size, 0, 0);
 }
 
 /* Managed memory can all end up resident on the device: charged in full to the current device. */
 NVC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
-    PROLOGUE(cuMemAllocManaged, dptr, size, flags)
+    NVC_PROLOGUE(cuMemAllocManaged, dptr, size, flags)
     return alloc_plain(dptr, size, 1, flags);
 }
 
@@ -265,23 +213,23 @@ NVC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int 
 NVC_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                     unsigned int elsize)
 {
-    PROLOGUE(cuMemAllocPitch_v2, dptr, pitch, width, height, elsize)
+    NVC_PROLOGUE(cuMemAllocPitch_v2, dptr, pitch, width, height, elsize)
     CUresult rc_;
     struct nvc_device *d = nvc_device_current(NULL);
     uint64_t first = (uint64_t)width * height;
     if (!d || !dptr || !pitch || (height && first / height != width))
-        return REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elsize);
-    if (charge(d, first))
+        return NVC_REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elsize);
+    if (nvc_mem_charge(d, first))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    rc_ = REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elsize);
+    rc_ = NVC_REAL(cuMemAllocPitch_v2, dptr, pitch, width, height, elsize);
     if (rc_ != CUDA_SUCCESS) {
         uncharge(d->region_index, first);
         return rc_;
     }
     uint64_t real_bytes = (uint64_t)*pitch * height;
-    if (real_bytes > first && charge(d, real_bytes - first)) {
+    if (real_bytes > first && nvc_mem_charge(d, real_bytes - first)) {
         uncharge(d->region_index, first);
-        (void)REAL(cuMemFree_v2, *dptr);
+        (void)NVC_REAL(cuMemFree_v2, *dptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (real_bytes < first)
@@ -320,9 +268,9 @@ static void release_record(enum kind kind, uint64_t key)
 
 NVC_API CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    PROLOGUE(cuMemFree_v2, dptr)
-    CUresult rc_ = REAL(cuMemFree_v2, dptr);
-    if (rc_ == CUDA_SUCCESS)
+    NVC_PROLOGUE(cuMemFree_v2, dptr)
+    CUresult rc_ = NVC_REAL(cuMemFree_v2, dptr);
+    if (rc_ == CUDA_SUCCESS && !nvc_graph_free_ptr(dptr, NULL, -1))
         release_record(K_PTR, dptr);
     return rc_;
 }
@@ -331,15 +279,15 @@ NVC_API CUresult cuMemFree_v2(CUdeviceptr dptr)
 NVC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                              unsigned long long flags)
 {
-    PROLOGUE(cuMemCreate, handle, size, prop, flags)
+    NVC_PROLOGUE(cuMemCreate, handle, size, prop, flags)
     CUresult rc_;
     struct nvc_device *d = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                                ? nvc_device_by_ordinal(prop->location.id) : NULL;
     if (!d || !handle)
-        return REAL(cuMemCreate, handle, size, prop, flags);
-    if (charge(d, size))
+        return NVC_REAL(cuMemCreate, handle, size, prop, flags);
+    if (nvc_mem_charge(d, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    rc_ = REAL(cuMemCreate, handle, size, prop, flags);
+    rc_ = NVC_REAL(cuMemCreate, handle, size, prop, flags);
     if (rc_ == CUDA_SUCCESS)
         rec_put(K_HANDLE, *handle, d->region_index, size, NULL);
     else
@@ -347,14 +295,7 @@ NVC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
     return rc_;
 }
 
-NVC_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    PROLOGUE(cuMemRelease, handle)
-    CUresult rc_ = REAL(cuMemRelease, handle);
-    if (rc_ == CUDA_SUCCESS)
-        release_record(K_HANDLE, handle);
-    return rc_;
-}
+NVC_WRAP_THEN(cuMemRelease, (CUmemGenericAllocationHandle handle), release_record(K_HANDLE, handle), handle)
 
 /* ---- stream-ordered allocation ---- */
 
@@ -380,15 +321,28 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
           nvc_cuda.cuDeviceGetDefaultMemPool(&account_pool, ordinal) == CUDA_SUCCESS))
         account_pool = NULL;
 #define CALL_ASYNC()                                                                                       \
-    (pool ? (ptsz ? REAL(cuMemAllocFromPoolAsync_ptsz, dptr, size, pool, stream)                           \
-                  : REAL(cuMemAllocFromPoolAsync, dptr, size, pool, stream))                               \
-          : (ptsz ? REAL(cuMemAllocAsync_ptsz, dptr, size, stream) : REAL(cuMemAllocAsync, dptr, size, stream)))
+    (pool ? (ptsz ? NVC_REAL(cuMemAllocFromPoolAsync_ptsz, dptr, size, pool, stream)                           \
+                  : NVC_REAL(cuMemAllocFromPoolAsync, dptr, size, pool, stream))                               \
+          : (ptsz ? NVC_REAL(cuMemAllocAsync_ptsz, dptr, size, stream) : NVC_REAL(cuMemAllocAsync, dptr, size, stream)))
     uint64_t reserved, used;
     if (!d || !dptr)
         return CALL_ASYNC();
+    CUgraph captured = nvc_capture_graph(stream, ptsz);
+    if (captured) {
+        /* Under stream capture this adds a memory allocation node to the graph being captured: charged
+         * now, like one added by cuGraphAddMemAllocNode (graphmem.c owns it from here). */
+        if (nvc_mem_charge(d, size))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        rc_ = CALL_ASYNC();
+        if (rc_ == CUDA_SUCCESS)
+            nvc_graph_record_alloc(captured, NULL, *dptr, d->region_index, size);
+        else
+            uncharge(d->region_index, size);
+        return rc_;
+    }
     if (!account_pool || pool_reserved(account_pool, &reserved, &used)) {
         /* No pool statistics: charge the request itself. */
-        if (charge(d, size))
+        if (nvc_mem_charge(d, size))
             return CUDA_ERROR_OUT_OF_MEMORY;
         rc_ = CALL_ASYNC();
         if (rc_ == CUDA_SUCCESS)
@@ -399,7 +353,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
     }
     uint64_t spare = reserved > used ? reserved - used : 0;
     uint64_t grow = size > spare ? size - spare : 0;   /* what the pool must reserve anew */
-    if (grow && charge(d, grow))
+    if (grow && nvc_mem_charge(d, grow))
         return CUDA_ERROR_OUT_OF_MEMORY;
     rc_ = CALL_ASYNC();
     pthread_mutex_lock(&pool_mu);
@@ -420,19 +374,19 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
 
 NVC_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
 {
-    PROLOGUE(cuMemAllocAsync, dptr, size, stream)
+    NVC_PROLOGUE(cuMemAllocAsync, dptr, size, stream)
     return alloc_async(dptr, size, NULL, stream, 0);
 }
 
 NVC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream)
 {
-    PROLOGUE(cuMemAllocAsync_ptsz, dptr, size, stream)
+    NVC_PROLOGUE(cuMemAllocAsync_ptsz, dptr, size, stream)
     return alloc_async(dptr, size, NULL, stream, 1);
 }
 
 NVC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream)
 {
-    PROLOGUE(cuMemAllocFromPoolAsync, dptr, size, pool, stream)
+    NVC_PROLOGUE(cuMemAllocFromPoolAsync, dptr, size, pool, stream)
     if (!pool)
         return nvc_cuda.cuMemAllocFromPoolAsync(dptr, size, pool, stream);
     return alloc_async(dptr, size, pool, stream, 0);
@@ -440,7 +394,7 @@ NVC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemor
 
 NVC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream)
 {
-    PROLOGUE(cuMemAllocFromPoolAsync_ptsz, dptr, size, pool, stream)
+    NVC_PROLOGUE(cuMemAllocFromPoolAsync_ptsz, dptr, size, pool, stream)
     if (!pool)
         return nvc_cuda.cuMemAllocFromPoolAsync_ptsz(dptr, size, pool, stream);
     return alloc_async(dptr, size, pool, stream, 1);
@@ -448,26 +402,26 @@ NVC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CU
 
 NVC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
-    PROLOGUE(cuMemFreeAsync, dptr, stream)
-    CUresult rc_ = REAL(cuMemFreeAsync, dptr, stream);
-    if (rc_ == CUDA_SUCCESS)
+    NVC_PROLOGUE(cuMemFreeAsync, dptr, stream)
+    CUresult rc_ = NVC_REAL(cuMemFreeAsync, dptr, stream);
+    if (rc_ == CUDA_SUCCESS && !nvc_graph_free_ptr(dptr, stream, 0))
         release_record(K_PTR, dptr);
     return rc_;
 }
 
 NVC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
-    PROLOGUE(cuMemFreeAsync_ptsz, dptr, stream)
-    CUresult rc_ = REAL(cuMemFreeAsync_ptsz, dptr, stream);
-    if (rc_ == CUDA_SUCCESS)
+    NVC_PROLOGUE(cuMemFreeAsync_ptsz, dptr, stream)
+    CUresult rc_ = NVC_REAL(cuMemFreeAsync_ptsz, dptr, stream);
+    if (rc_ == CUDA_SUCCESS && !nvc_graph_free_ptr(dptr, stream, 1))
         release_record(K_PTR, dptr);
     return rc_;
 }
 
 NVC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-    PROLOGUE(cuMemPoolCreate, pool, props)
-    CUresult rc_ = REAL(cuMemPoolCreate, pool, props);
+    NVC_PROLOGUE(cuMemPoolCreate, pool, props)
+    CUresult rc_ = NVC_REAL(cuMemPoolCreate, pool, props);
     if (rc_ == CUDA_SUCCESS && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         struct nvc_device *d = nvc_device_by_ordinal(props->location.id);
         pthread_mutex_lock(&pool_mu);
@@ -480,8 +434,8 @@ NVC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
 
 NVC_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
-    PROLOGUE(cuMemPoolTrimTo, pool, keep)
-    CUresult rc_ = REAL(cuMemPoolTrimTo, pool, keep);
+    NVC_PROLOGUE(cuMemPoolTrimTo, pool, keep)
+    CUresult rc_ = NVC_REAL(cuMemPoolTrimTo, pool, keep);
     pthread_mutex_lock(&pool_mu);
     struct pool_state *ps = pool_find_locked(pool);
     if (ps)
@@ -493,13 +447,13 @@ NVC_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 /* A pool destroyed while allocations are live keeps its reserve until the last one is freed. */
 NVC_API CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-    PROLOGUE(cuMemPoolDestroy, pool)
+    NVC_PROLOGUE(cuMemPoolDestroy, pool)
     pthread_mutex_lock(&pool_mu);
     struct pool_state *ps = pool_find_locked(pool);
     if (ps)
         pool_sync_locked(ps);
     pthread_mutex_unlock(&pool_mu);
-    CUresult rc_ = REAL(cuMemPoolDestroy, pool);
+    CUresult rc_ = NVC_REAL(cuMemPoolDestroy, pool);
     pthread_mutex_lock(&pool_mu);
     ps = rc_ == CUDA_SUCCESS ? pool_find_locked(pool) : NULL;
     if (ps) {
@@ -516,11 +470,11 @@ NVC_API CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 NVC_API CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {
-    PROLOGUE(cuDeviceGraphMemTrim, dev)
-    CUresult rc_ = REAL(cuDeviceGraphMemTrim, dev);
+    NVC_PROLOGUE(cuDeviceGraphMemTrim, dev)
+    CUresult rc_ = NVC_REAL(cuDeviceGraphMemTrim, dev);
     struct nvc_device *d = nvc_device_by_ordinal(dev);
     if (d)
-        graph_sync(dev, d);
+        nvc_graph_reserve_sync(d);
     return rc_;
 }
 
@@ -553,7 +507,7 @@ static CUresult array_common(void **out, uint64_t bytes, enum kind kind, CUresul
         nvc_depth--;
         return rc_;
     }
-    if (charge(d, bytes))
+    if (nvc_mem_charge(d, bytes))
         return CUDA_ERROR_OUT_OF_MEMORY;
     nvc_depth++;
     rc_ = create(ctx, out);
@@ -588,7 +542,7 @@ static CUresult create_mipmap(const void *a, void **out)
 
 NVC_API CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
-    PROLOGUE(cuArrayCreate_v2, array, desc)
+    NVC_PROLOGUE(cuArrayCreate_v2, array, desc)
     if (!desc)
         return nvc_cuda.cuArrayCreate_v2(array, desc);
     struct array_args args = {desc, 0};
@@ -598,7 +552,7 @@ NVC_API CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *d
 
 NVC_API CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
-    PROLOGUE(cuArray3DCreate_v2, array, desc)
+    NVC_PROLOGUE(cuArray3DCreate_v2, array, desc)
     if (!desc)
         return nvc_cuda.cuArray3DCreate_v2(array, desc);
     struct array_args args = {desc, 0};
@@ -610,7 +564,7 @@ NVC_API CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTO
 NVC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc,
                                         unsigned int levels)
 {
-    PROLOGUE(cuMipmappedArrayCreate, array, desc, levels)
+    NVC_PROLOGUE(cuMipmappedArrayCreate, array, desc, levels)
     if (!desc)
         return nvc_cuda.cuMipmappedArrayCreate(array, desc, levels);
     struct array_args args = {desc, levels};
@@ -627,23 +581,9 @@ NVC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRA
     return array_common((void **)array, bytes, K_MIPMAP, create_mipmap, &args);
 }
 
-NVC_API CUresult cuArrayDestroy(CUarray array)
-{
-    PROLOGUE(cuArrayDestroy, array)
-    CUresult rc_ = REAL(cuArrayDestroy, array);
-    if (rc_ == CUDA_SUCCESS)
-        release_record(K_ARRAY, (uint64_t)(uintptr_t)array);
-    return rc_;
-}
-
-NVC_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
-{
-    PROLOGUE(cuMipmappedArrayDestroy, array)
-    CUresult rc_ = REAL(cuMipmappedArrayDestroy, array);
-    if (rc_ == CUDA_SUCCESS)
-        release_record(K_MIPMAP, (uint64_t)(uintptr_t)array);
-    return rc_;
-}
+NVC_WRAP_THEN(cuArrayDestroy, (CUarray array), release_record(K_ARRAY, (uint64_t)(uintptr_t)array), array)
+NVC_WRAP_THEN(cuMipmappedArrayDestroy, (CUmipmappedArray array),
+              release_record(K_MIPMAP, (uint64_t)(uintptr_t)array), array)
 
 /* ---- context overhead: charged once per process and device, at its first context ---- */
 
@@ -658,41 +598,13 @@ static void charge_context(CUdevice dev)
         nvc_region_charge(d->region_index, nvc_cfg.context_overhead, 0);
 }
 
-NVC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
-{
-    PROLOGUE(cuDevicePrimaryCtxRetain, pctx, dev)
-    CUresult rc_ = REAL(cuDevicePrimaryCtxRetain, pctx, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
-
-NVC_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
-{
-    PROLOGUE(cuCtxCreate_v2, pctx, flags, dev)
-    CUresult rc_ = REAL(cuCtxCreate_v2, pctx, flags, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
-
-NVC_API CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int nparams, unsigned int flags, CUdevice dev)
-{
-    PROLOGUE(cuCtxCreate_v3, pctx, params, nparams, flags, dev)
-    CUresult rc_ = REAL(cuCtxCreate_v3, pctx, params, nparams, flags, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
-
-NVC_API CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
-{
-    PROLOGUE(cuCtxCreate_v4, pctx, params, flags, dev)
-    CUresult rc_ = REAL(cuCtxCreate_v4, pctx, params, flags, dev);
-    if (rc_ == CUDA_SUCCESS)
-        charge_context(dev);
-    return rc_;
-}
+NVC_WRAP_THEN(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), charge_context(dev), pctx, dev)
+NVC_WRAP_THEN(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), charge_context(dev), pctx, flags,
+              dev)
+NVC_WRAP_THEN(cuCtxCreate_v3, (CUcontext *pctx, void *params, int nparams, unsigned int flags, CUdevice dev),
+              charge_context(dev), pctx, params, nparams, flags, dev)
+NVC_WRAP_THEN(cuCtxCreate_v4, (CUcontext *pctx, void *params, unsigned int flags, CUdevice dev),
+              charge_context(dev), pctx, params, flags, dev)
 
 /* ---- memory info: total = min(limit, physical), free = total - container usage, never wrapping ---- */
 
@@ -709,8 +621,8 @@ static void clamp(struct nvc_device *d, uint64_t *free_bytes, uint64_t *total_by
 
 NVC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    PROLOGUE(cuMemGetInfo_v2, free_bytes, total_bytes)
-    CUresult rc_ = REAL(cuMemGetInfo_v2, free_bytes, total_bytes);
+    NVC_PROLOGUE(cuMemGetInfo_v2, free_bytes, total_bytes)
+    CUresult rc_ = NVC_REAL(cuMemGetInfo_v2, free_bytes, total_bytes);
     struct nvc_device *d;
     if (rc_ == CUDA_SUCCESS && free_bytes && total_bytes && (d = nvc_device_current(NULL))) {
         sync_device_pools(d);        /* a synchronisation may have released pool memory */
@@ -724,8 +636,8 @@ NVC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 NVC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    PROLOGUE(cuDeviceTotalMem_v2, bytes, dev)
-    CUresult rc_ = REAL(cuDeviceTotalMem_v2, bytes, dev);
+    NVC_PROLOGUE(cuDeviceTotalMem_v2, bytes, dev)
+    CUresult rc_ = NVC_REAL(cuDeviceTotalMem_v2, bytes, dev);
     struct nvc_device *d;
     if (rc_ == CUDA_SUCCESS && bytes && (d = nvc_device_by_ordinal(dev)) && d->memory_limit &&
         d->memory_limit < *bytes)
@@ -744,15 +656,16 @@ void nvc_memory_fork(enum nvc_fork_phase phase)
     if (phase == NVC_FORK_PREPARE) {
         pthread_mutex_lock(&pool_mu);
         pthread_mutex_lock(&rec_mu);
+        nvc_graph_fork(phase);
         return;
     }
+    nvc_graph_fork(phase);
     if (phase == NVC_FORK_CHILD) {
         /* The child holds none of the parent's allocations (CUDA state does not survive fork). */
         if (recs)
             memset(recs, 0, rec_cap * sizeof *recs);
         rec_fill = 0;
         memset(pools, 0, sizeof pools);
-        memset(graph_charged, 0, sizeof graph_charged);
         memset(ctx_charged, 0, sizeof ctx_charged);
     }
     pthread_mutex_unlock(&rec_mu);

@@ -85,16 +85,18 @@ static int read_file(const char *path, char *buf, size_t size)
 
 void nvc_devices_fork(enum nvc_fork_phase phase);
 
-/* Lock order: devices, memory (pools, records), launches, region. */
+/* Lock order: devices, memory (pools, records, graphs), launches, scheduler, region. */
 static void fork_all(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE) {
         nvc_devices_fork(phase);
         nvc_memory_fork(phase);
         nvc_launch_fork(phase);
+        nvc_sched_fork(phase);
         nvc_region_fork(phase);
     } else {
         nvc_region_fork(phase);
+        nvc_sched_fork(phase);
         nvc_launch_fork(phase);
         nvc_memory_fork(phase);
         nvc_devices_fork(phase);
@@ -152,8 +154,10 @@ static void do_init(void)
     nvc_compute_limited = nvc_cfg.compute_default < 100;
     for (int i = 0; i < nvc_cfg.nrules; i++) {
         nvc_mem_limited |= nvc_cfg.rules[i].memory != 0;
-        nvc_compute_limited |= nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100;
+        nvc_compute_limited |= (nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100) ||
+                               nvc_cfg.rules[i].weight != 0;
     }
+    nvc_compute_limited |= nvc_cfg.weight_default != 0;
     if (!nvc_mem_limited && !nvc_compute_limited) {
         nvc_log(2, "no limits configured");
         return;
@@ -164,6 +168,8 @@ static void do_init(void)
         nvc_fail("cannot use the shared region");
         return;
     }
+    if (nvc_compute_limited)
+        nvc_sched_open(&nvc_cfg);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
     state = NVC_ACTIVE;
     nvc_log(2, "active: memory default %llu, compute default %u%%, %d device rules, region %s/region",
@@ -218,7 +224,10 @@ static void fill_device(struct nvc_device *d, const char *key, int nvml_index, u
 {
     d->memory_limit = nvc_config_memory(&nvc_cfg, key, nvml_index);
     d->compute = nvc_config_compute(&nvc_cfg, key, nvml_index);
+    d->weight = nvc_config_weight(&nvc_cfg, key, nvml_index);
     d->sm_count = sm_count ? sm_count : 1;
+    if (d->compute < 100 || d->weight)
+        d->sched = nvc_sched_device(key, d->weight ? d->weight : 1, d->compute);
     d->region_index = nvc_region_device(key, d->memory_limit, d->compute, sm_count);
     if (d->region_index < 0) {
         nvc_fail("shared region device table is full");
@@ -249,6 +258,7 @@ struct nvc_device *nvc_device_by_ordinal(CUdevice ordinal)
             int sm = 0;
             if (nvc_cuda.cuDeviceGetAttribute)
                 nvc_cuda.cuDeviceGetAttribute(&sm, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal);
+            d->ordinal = ordinal;
             fill_device(d, key, nvml_index_of(key), sm > 0 ? (unsigned)sm : 0);
         }
     }
@@ -275,6 +285,7 @@ struct nvc_device *nvc_device_by_key(const char *key, int nvml_index)
             found = &by_key[i].dev;
     if (!found && nkeys < MAX_ORDINALS) {
         snprintf(by_key[nkeys].key, sizeof by_key[nkeys].key, "%s", key);
+        by_key[nkeys].dev.ordinal = -1;
         fill_device(&by_key[nkeys].dev, key, nvml_index, 0);
         if (by_key[nkeys].dev.valid)
             found = &by_key[nkeys++].dev;

@@ -29,6 +29,13 @@ PRELOAD = "/etc/ld.so.preload"
 # Host side: the installed shim and the per-container directories (`share status` reads them).
 HOST_LIBRARY = "/usr/lib/nvc-py/libnvc-share.so"
 STATE_DIR = "/run/nvc-py/share"
+# Weighted scheduling between containers (native/sched.c): every scheduled container's file lives in
+# one small tmpfs, ``gpu-sched`` beside the state dir (/run/nvc-py/gpu-sched); a container sees its own file read-write, all of them
+# read-only (so it writes its own entry only, and reads the others').
+CONTAINER_SCHED = "/var/run/nvc-share-sched"
+CONTAINER_PEERS = "/var/run/nvc-share-peers"
+SCHED_FILE_SIZE = 4096
+_SCHED_TENANTS = 1024
 
 LIMITS_VERSION = 1
 _MAX_PRELOAD = 64 * 1024
@@ -44,16 +51,20 @@ _NAMES = (
     ("CUDA_DEVICE_SM_LIMIT", "compute_percent", True),
     ("NVC_SHARE_MEMORY_LIMIT", "memory_limit", False),
     ("NVC_SHARE_COMPUTE", "compute_percent", False),
+    ("NVC_SHARE_WEIGHT", "compute_weight", False),
 )
+_MAX_WEIGHT = 1000
 _SCOPE = re.compile(r"_([0-9]{1,3})")
 
 
 class ShareRequest(NamedTuple):
     """What a container asked for. Scope "" means every device, else an NVML index (as the
-    container numbers its GPUs). Sizes in bytes; percents 1..100 (100 = unthrottled)."""
+    container numbers its GPUs). Sizes in bytes; percents 1..100 (100 = unthrottled, the cap);
+    weights 1..1000 (its share of the GPU among busy weighted containers)."""
 
     memory: tuple[tuple[str, int], ...] = ()
     compute: tuple[tuple[str, int], ...] = ()
+    weight: tuple[tuple[str, int], ...] = ()
 
 
 def parse_size(name: str, text: str) -> int:
@@ -79,9 +90,25 @@ def parse_percent(name: str, text: str, hami: bool) -> int:
     return value
 
 
+def parse_weight(name: str, text: str) -> int:
+    """A scheduling weight, 1..1000."""
+    value = int(text) if text.isascii() and text.isdigit() else 0
+    if not 1 <= value <= _MAX_WEIGHT:
+        raise InputError(f"{name}={shown(text)}: not a weight (an integer from 1 to {_MAX_WEIGHT})")
+    return value
+
+
+def _parse_value(name: str, key: str, text: str, hami: bool) -> int:
+    if key == "memory_limit":
+        return parse_size(name, text)
+    if key == "compute_weight":
+        return parse_weight(name, text)
+    return parse_percent(name, text, hami)
+
+
 def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
     """The sharing request in a container's env; None when it asks for no sharing."""
-    found: dict[str, dict[str, int]] = {"memory_limit": {}, "compute_percent": {}}
+    found: dict[str, dict[str, int]] = {"memory_limit": {}, "compute_percent": {}, "compute_weight": {}}
     asked = False
     for prefix, key, hami in _NAMES:
         for name in sorted(env):
@@ -93,14 +120,14 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
                 if hami:
                     continue             # another HAMi variable sharing the prefix
                 raise InputError(f"{name}: unknown sharing variable (want {prefix} or {prefix}_<index>)")
-            value = env[name]
-            parsed = parse_size(name, value) if key == "memory_limit" else parse_percent(name, value, hami)
+            parsed = _parse_value(name, key, env[name], hami)
             found[key][str(int(scope.group(1))) if scope else ""] = parsed
             asked = True
     if not asked:
         return None
     return ShareRequest(memory=tuple(sorted(found["memory_limit"].items())),
-                        compute=tuple(sorted(found["compute_percent"].items())))
+                        compute=tuple(sorted(found["compute_percent"].items())),
+                        weight=tuple(sorted(found["compute_weight"].items())))
 
 
 def with_defaults(request: ShareRequest | None, memory: str | None, compute: int | None) -> ShareRequest:
@@ -112,14 +139,16 @@ def with_defaults(request: ShareRequest | None, memory: str | None, compute: int
         memory_rules.setdefault("", parse_size("sharing.device-memory-limit", memory))
     if compute is not None:
         compute_rules.setdefault("", parse_percent("sharing.device-sm-limit", str(compute), False))
-    return ShareRequest(memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())))
+    return ShareRequest(memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())),
+                        weight=request.weight)
 
 
 def limits_text(request: ShareRequest, origin: str = "") -> str:
     """The limits file (native/README.md, version 1), sizes in bytes."""
     lines = [f"# written by nvc-py{' for ' + origin if origin else ''}; read-only in the container",
              f"version={LIMITS_VERSION}"]
-    for key, values in (("memory_limit", request.memory), ("compute_percent", request.compute)):
+    for key, values in (("memory_limit", request.memory), ("compute_percent", request.compute),
+                        ("compute_weight", request.weight)):
         lines += [f"{key}{'.' + scope if scope else ''}={value}" for scope, value in values]
     return "\n".join(lines) + "\n"
 
@@ -172,6 +201,76 @@ def write_share_dir(path: Path, request: ShareRequest, origin: str = "") -> Path
     return shared
 
 
+def scheduled(request: ShareRequest) -> bool:
+    """Whether the container takes part in the GPU-time scheduler: a weight or a cap below 100 %."""
+    return bool(request.weight) or any(value < 100 for _, value in request.compute)
+
+
+def sched_dir_for(state_dir: str) -> str:
+    return os.path.join(os.path.dirname(state_dir.rstrip("/")), "gpu-sched")
+
+
+def _open_sched_dir(sched_dir: str) -> int:
+    """An O_PATH fd of the scheduler tmpfs, mounted (once, under a lock: hooks run concurrently) on
+    first use: ``_SCHED_TENANTS`` files of ``SCHED_FILE_SIZE`` and no more, so a container growing
+    its own file fills that tmpfs, never the host's /run."""
+    import fcntl
+
+    from nvc import fdmount
+    from nvc.syscalls import MountAttr
+
+    parent, name = os.path.split(sched_dir.rstrip("/"))
+    lock_fd = _make_dir(sched_dir, 0o755, os.O_RDONLY, "scheduler directory")
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_dev == os.fstat(parent_fd).st_dev:
+                pages = _SCHED_TENANTS * SCHED_FILE_SIZE
+                fdmount.mount_tmpfs(parent_fd, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
+                                    dest_path=sched_dir, mode=0o755,
+                                    options=(("size", str(pages)), ("nr_inodes", str(_SCHED_TENANTS + 1)),
+                                             ("huge", "never"))).close()
+            fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        finally:
+            os.close(parent_fd)
+    finally:
+        os.close(lock_fd)
+    return _ours(fd, "scheduler directory", sched_dir)
+
+
+def _ours(fd: int, what: str, path: str) -> int:
+    """fd, once the directory it names is root's and not writable by others (else closed, refused)."""
+    from nvc.untrusted import directory_problem
+
+    problem = directory_problem(fd, 0o022)
+    if problem:
+        os.close(fd)
+        raise ContainerError(f"{what} {path} must be ours and not writable by others ({problem})")
+    return fd
+
+
+def _write_sched_file(sched_dir: str, container_id: str) -> None:
+    """The container's scheduler file (0666: the workload may be any uid; only its own bind mount of
+    it is writable), allocated now so the shim's writes never need a block."""
+    fd = _open_sched_dir(sched_dir)
+    try:
+        try:
+            file_fd = os.open(container_id, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                              0o666, dir_fd=fd)
+        except FileExistsError:
+            raise ContainerError(f"scheduler file {sched_dir}/{container_id} already exists") from None
+        try:
+            os.fchmod(file_fd, 0o666)
+            os.posix_fallocate(file_fd, 0, SCHED_FILE_SIZE)
+        except OSError as err:
+            raise ContainerError(f"cannot make scheduler file {sched_dir}/{container_id}: {err.strerror}") from None
+        finally:
+            os.close(file_fd)
+    finally:
+        os.close(fd)
+
+
 def preload_text(image_preload: str, library: str = CONTAINER_LIBRARY) -> str:
     """The container's /etc/ld.so.preload: the shim first (its dlsym must come before any other
     preloaded library's), then the image's own entries, kept as they were."""
@@ -220,31 +319,32 @@ def _open_state_dir(state_dir: str) -> int:
     symlink to someone else's."""
     old = os.umask(0o077)
     try:
-        os.makedirs(state_dir, 0o700, exist_ok=True)
-        fd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as err:
-        raise ContainerError(f"cannot use sharing directory {state_dir}: {err.strerror}") from None
+        fd = _make_dir(state_dir, 0o700, os.O_PATH, "sharing directory")
     finally:
         os.umask(old)
-    from nvc.untrusted import directory_problem
+    return _ours(fd, "sharing directory", state_dir)
 
-    problem = directory_problem(fd, 0o022)
-    if problem:
-        os.close(fd)
-        raise ContainerError(f"sharing directory {state_dir} must be ours and not writable by others ({problem})")
-    return fd
+
+def _make_dir(path: str, mode: int, flags: int, what: str) -> int:
+    """An fd (``flags``) of directory ``path``, made with ``mode`` (parents too) if missing; no symlink."""
+    try:
+        os.makedirs(path, mode, exist_ok=True)
+        return os.open(path, flags | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise ContainerError(f"cannot use {what} {path}: {err.strerror}") from None
 
 
 def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: str = HOST_LIBRARY,
-            state_dir: str = STATE_DIR) -> tuple:
+            state_dir: str = STATE_DIR, sched_dir: str | None = None) -> tuple:
     """Host-side preparation for one container; returns the HostMounts the hook passes to configure
     as extra_mounts.
 
     In the mount namespace the hook runs in (the host's, where the runtime runs hooks), it mounts a
     tmpfs of fixed size (``tmpfs_options``: the limits file and the preallocated region, nothing
     more) on ``<state_dir>/<id>/shared`` and fills it: what the container may write is that tmpfs,
-    never the host's /run. On failure at any step, what was made is unmounted and removed again
-    (``remove``): nothing is left on the host.
+    never the host's /run. A container with a weight or a cap also gets a scheduler file in
+    ``sched_dir`` (``_open_sched_dir``). On failure at any step, what was made is unmounted and
+    removed again (``remove``): nothing is left on the host.
     """
     from nvc.mountplan import HostMount
 
@@ -259,20 +359,27 @@ def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: s
             os.mkdir(container_id, 0o755, dir_fd=state_fd)
         except FileExistsError:
             raise ContainerError(f"sharing directory {path} already exists (stale container {container_id}?)") from None
+        sched_dir = sched_dir or sched_dir_for(state_dir)
         try:
             _fill(state_fd, path, limits, preload_text(image_preload).encode())
+            if scheduled(request):
+                _write_sched_file(sched_dir, container_id)
         except BaseException:
-            remove(container_id, state_dir)
+            remove(container_id, state_dir, sched_dir)
             raise
     finally:
         os.close(state_fd)
     shared = path / "shared"
-    return (
+    mounts = (
         HostMount(source=library, target=CONTAINER_LIBRARY, readonly=True),
         HostMount(source=str(shared), target=CONTAINER_DIR, readonly=False, directory=True),
         HostMount(source=str(shared / "limits"), target=f"{CONTAINER_DIR}/limits", readonly=True),
         HostMount(source=str(path / "ld.so.preload"), target=PRELOAD, readonly=True),
     )
+    if not scheduled(request):
+        return mounts
+    return (*mounts, HostMount(source=sched_dir, target=CONTAINER_PEERS, readonly=True, directory=True),
+            HostMount(source=f"{sched_dir}/{container_id}", target=CONTAINER_SCHED, readonly=False))
 
 
 def _fill(state_fd: int, path: Path, limits: bytes, preload: bytes) -> None:
@@ -296,8 +403,8 @@ def _fill(state_fd: int, path: Path, limits: bytes, preload: bytes) -> None:
         os.close(dir_fd)
 
 
-def remove(container_id: str, state_dir: str = STATE_DIR) -> None:
-    """Unmount a container's shared tmpfs and drop its directory; a missing one is fine.
+def remove(container_id: str, state_dir: str = STATE_DIR, sched_dir: str | None = None) -> None:
+    """Unmount a container's shared tmpfs and drop its directory and scheduler file; missing ones are fine.
 
     Nothing the container planted is followed or even walked: the tmpfs is detached (MNT_DETACH)
     before anything is removed, and the rest of the directory, the hook's own, is removed relative
@@ -307,6 +414,18 @@ def remove(container_id: str, state_dir: str = STATE_DIR) -> None:
     import shutil  # here: prestart imports this module at every container start, poststop removes
 
     container_dir(container_id, state_dir)
+    try:
+        sched_fd = os.open(sched_dir or sched_dir_for(state_dir), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW |
+                           os.O_CLOEXEC)
+    except OSError:
+        pass
+    else:
+        try:
+            os.unlink(container_id, dir_fd=sched_fd)
+        except OSError:
+            pass                      # none (not scheduled) or gone already
+        finally:
+            os.close(sched_fd)
     try:
         state_fd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:

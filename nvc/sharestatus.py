@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from nvc import share, untrusted
 from nvc.shareregion import SIZE, Region, RegionFormatError, parse_region
+from nvc.sharesched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
+from nvc.sharesched import SIZE as SCHED_SIZE
 
 _MAX_LIMITS = 16384               # what the shim reads of a limits file (native/shim.c)
 
@@ -42,6 +45,8 @@ class Device:
     busy_s: float                 # GPU time of throttled launches (SM-weighted)
     throttled_s: float            # time launches waited for their share
     launches: int
+    weight: int | None = None     # None: not weighted
+    share_percent: float | None = None   # measured share of the GPU while busy; None: idle or unknown
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,28 @@ def _open_dir(dir_fd: int, name: str, label: str) -> int:
         raise _Refused(f"{label}: {err.strerror} (a directory expected, symlinks not followed)") from None
 
 
+def _sched(sched_dir: str, cid: str) -> dict[str, SchedDevice]:
+    """The container's scheduler entries by device key; none when it has no (readable) file."""
+    try:
+        dir_fd = os.open(sched_dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        data = _read(dir_fd, cid, f"{sched_dir}/{cid}", max_size=SCHED_SIZE, size=SCHED_SIZE)
+        return {d.key: d for d in parse_sched(data)}
+    except (_Refused, SchedFormatError):
+        return {}
+    finally:
+        os.close(dir_fd)
+
+
+def _weight(limits: dict[str, str], key: str) -> int | None:
+    value = limits.get(f"compute_weight.GPU-{key}") or limits.get("compute_weight")
+    return int(value) if value and value.isdigit() else None
+
+
 def container_share(state_fd: int, cid: str, directory: str,
-                    host_pids: dict[tuple[int, int, int], int]) -> ContainerShare:
+                    host_pids: dict[tuple[int, int, int], int], sched_dir: str = "") -> ContainerShare:
     """The status of one per-container directory (``cid`` in the state directory open on ``state_fd``)."""
     limits: dict[str, str] = {}
     try:
@@ -129,9 +154,16 @@ def container_share(state_fd: int, cid: str, directory: str,
         Process(s.pid, host_pids.get((s.pidns_ino, s.pid, s.start_time)),
                 {d.key: used for d, used in zip(region.devices, s.used) if used})
         for s in region.slots)
+    sched = _sched(sched_dir, cid) if sched_dir else {}
+    now = time.monotonic_ns()
+
+    def share_of(key: str) -> float | None:
+        entry = sched.get(key)
+        return entry.share_permille / 10 if entry and now - entry.seen_ns < IDLE_NS else None
+
     devices = tuple(
         Device(d.key, d.memory_limit, sum(s.used[i] for s in region.slots), d.compute, d.sm_count,
-               d.busy_ns / 1e9, d.throttled_ns / 1e9, d.launches)
+               d.busy_ns / 1e9, d.throttled_ns / 1e9, d.launches, _weight(limits, d.key), share_of(d.key))
         for i, d in enumerate(region.devices))
     return ContainerShare(cid, directory, limits, "ok", devices, processes)
 
@@ -143,7 +175,7 @@ def _is_dir(dir_fd: int, name: str) -> bool:
         return False                  # gone meanwhile
 
 
-def status(state_dir: str = share.STATE_DIR) -> list[ContainerShare]:
+def status(state_dir: str = share.STATE_DIR, sched_dir: str | None = None) -> list[ContainerShare]:
     """Every container with a sharing directory under state_dir, by id. Only directories are
     considered, and nothing there is followed (see _read)."""
     try:
@@ -153,7 +185,8 @@ def status(state_dir: str = share.STATE_DIR) -> list[ContainerShare]:
     try:
         names = sorted(n for n in os.listdir(state_fd) if _is_dir(state_fd, n))
         host_pids = _host_pids() if names else {}
-        return [container_share(state_fd, n, os.path.join(state_dir, n), host_pids) for n in names]
+        sched_dir = sched_dir or share.sched_dir_for(state_dir)
+        return [container_share(state_fd, n, os.path.join(state_dir, n), host_pids, sched_dir) for n in names]
     finally:
         os.close(state_fd)
 
@@ -174,8 +207,11 @@ def _lines(c: ContainerShare) -> Iterator[str]:
     if c.region != "ok":
         yield f"  region: {c.region}"
     for d in c.devices:
+        weight = f", weight {d.weight}" if d.weight else ""
+        measured = (f", measured share {d.share_percent:.1f}%" if d.share_percent is not None
+                    else ", idle" if d.weight else "")
         yield (f"  {d.key}: memory {_size(d.memory_used) if d.memory_used else '0 MiB'} used of "
-               f"{_size(d.memory_limit)}; compute {d.compute_percent}%, busy {d.busy_s:.1f} s, "
+               f"{_size(d.memory_limit)}; compute cap {d.compute_percent}%{weight}{measured}, busy {d.busy_s:.1f} s, "
                f"throttled {d.throttled_s:.1f} s over {d.launches} launches")
     for p in c.processes:
         host = f"host pid {p.host_pid}" if p.host_pid else "gone"

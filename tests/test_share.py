@@ -21,6 +21,7 @@ from fakedriver.activate import private_mounts as private_mount_namespace
 from nvc import share, sharestatus
 from nvc.errors import ContainerError, InputError
 from nvc.shareregion import SIZE as REGION_SIZE
+from test_hook_containers import setup_dir  # noqa: F401  (fixture: the fake driver's config and hooks.d)
 from test_hook_server import default_run_dir  # noqa: F401  (fixture: /run/nvc-py, a tmpfs of this test's own)
 from test_share_native import GIB, GPU0, MIB, SHIM, meminfo, programs, share as shim  # noqa: F401  (fixtures)
 
@@ -337,7 +338,7 @@ def test_remove_follows_nothing_the_container_planted(private_mounts, tmp_path):
 
 def test_share_status_reads_the_live_region(shim, tmp_path):
     state = tmp_path / "state"
-    env = {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50"}
+    env = {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_WEIGHT": "3"}
     shim.dir = prepared(state, "ctr1", env)
     prepared(state, "idle", env)
     holder = shim.holder("alloc", 600 * MIB, limits={})
@@ -353,13 +354,13 @@ def test_share_status_reads_the_live_region(shim, tmp_path):
     ctr, idle = json.loads(result.stdout)["containers"]
     assert idle["id"] == "idle" and idle["region"].startswith("not initialised")
     assert ctr["region"] == "ok"
-    assert ctr["limits"] == {"memory_limit": str(4 * GIB), "compute_percent": "50"}
+    assert ctr["limits"] == {"memory_limit": str(4 * GIB), "compute_percent": "50", "compute_weight": "3"}
     key = GPU0[4:]
     (device,) = ctr["devices"]
-    assert (device["key"], device["memory_limit"], device["memory_used"], device["compute_percent"]) == \
-        (key, 4 * GIB, 600 * MIB, 50)
+    assert (device["key"], device["memory_limit"], device["memory_used"], device["compute_percent"],
+            device["weight"], device["share_percent"]) == (key, 4 * GIB, 600 * MIB, 50, 3, None)
     assert ctr["processes"] == [{"pid": holder.pid, "host_pid": holder.pid, "used": {key: 600 * MIB}}]
-    assert f"{key}: memory 600 MiB used of 4096 MiB; compute 50%" in text
+    assert f"{key}: memory 600 MiB used of 4096 MiB; compute cap 50%, weight 3, idle" in text
     assert f"pid {holder.pid} (host pid {holder.pid}): {key} 600 MiB" in text
 
 
@@ -506,3 +507,64 @@ def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu,
         writer.kill()
         writer.wait()
     assert os.listdir(share.STATE_DIR) == []
+
+
+# ---------------------------------------------------------------- two weighted containers, through the hook
+
+def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active_2gpu, podman, setup_dir, programs,
+                                                         tmp_path):
+    """Two podman containers through the hook, weights 1 and 3 (and each its own 2 GiB budget), busy
+    with 1 ms kernels of the fake GPU at the same time: the scheduler gives them the GPU 1:3, so 300
+    and 900 kernels end together. Each sees every scheduled container's file read-only and writes
+    only its own; neither can change its limits file; nvc-py share status shows weight, cap and share.
+    (Each process's fake GPU is its own: only the scheduler can make one container wait for the other.)"""
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    script = ("for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
+              "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
+              "touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.02; done; "
+              "cuda_probe init ctx 0 launch $N 264 128 sync")
+    image = podman.image()
+    results: dict[int, subprocess.CompletedProcess[str]] = {}
+    status: list[sharestatus.ContainerShare] = []
+
+    def run(weight: int, launches: int) -> None:
+        env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_WEIGHT": str(weight), "NVC_SHARE_MEMORY_LIMIT": "2Gi",
+               "FAKE_CUDA_KERNEL_US": "1000", "FAKE_CUDA_CONTEXT_MIB": "0", "N": str(launches)}
+        results[weight] = podman.run(image, ["sh", "-c", script], env=env, hooks_dirs=[setup_dir / "hooks.d"],
+                                     extra_args=["-v", f"{programs['cuda_probe']}:/usr/local/bin/cuda_probe:ro",
+                                                 "-v", f"{barrier}:/barrier"], timeout=120)
+
+    import threading
+
+    threads = [threading.Thread(target=run, args=args) for args in ((1, 300), (3, 900))]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)                                   # both busy for a while: the share is measured
+        status = sharestatus.status()
+        for thread in threads:
+            thread.join(timeout=120)
+    finally:
+        sched = default_run_dir / "gpu-sched"
+        if os.path.ismount(sched):
+            subprocess.run(["umount", "-l", str(sched)], check=True)
+    walls = {}
+    for weight, result in results.items():
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[:3] == ["Read-only file system"] * 3, lines   # both scheduler files, the limits file
+        probe = [line.split() for line in lines[3:]]
+        walls[weight] = (int(probe[2][2]) + int(probe[3][2])) / 1e6
+    print(f"walls {walls}")
+    assert all(1.0 <= wall <= 1.6 for wall in walls.values()), walls
+    by_weight = {d.weight: d for c in status for d in c.devices}
+    assert set(by_weight) == {1, 3}, status
+    assert all(d.compute_percent == 100 for d in by_weight.values())
+    shares = {w: d.share_percent for w, d in by_weight.items()}
+    print(f"measured shares {shares}")
+    assert shares[1] is not None and shares[3] is not None and shares[3] > shares[1], shares
+    assert not os.listdir(share.STATE_DIR)                  # poststop removed both

@@ -10,6 +10,7 @@ independent implementation. Test double only: nothing here is a GPU result.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -36,11 +37,12 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The shim (built by its Makefile) and the test programs."""
     subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
     out = tmp_path_factory.mktemp("share_programs")
-    built = {"cuda_probe": FAKE_SRC / "cuda_probe.c", "share_app": PROGRAMS / "share_app.c",
-             "hold_lock": PROGRAMS / "hold_lock.c"}
-    for name, source in built.items():
-        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{FAKE_SRC}", "-o", str(out / name), str(source),
-                        "-ldl"], check=True)
+    built = {"cuda_probe": [FAKE_SRC / "cuda_probe.c"], "share_app": [PROGRAMS / "share_app.c"],
+             "hold_lock": [PROGRAMS / "hold_lock.c"],
+             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"]}
+    for name, sources in built.items():
+        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{FAKE_SRC}", f"-I{REPO / 'native'}", "-o",
+                        str(out / name), *map(str, sources), "-ldl"], check=True)
     return {name: out / name for name in built}
 
 
@@ -142,31 +144,165 @@ def test_junk_limits_file_is_loud(share, text):
 
 # ---------------------------------------------------------------- accounting
 
-# (operations allocating into slot 0, bytes the shim must charge, operations freeing slot 0)
-PATHS = {
-    "alloc": (["alloc", 600 * MIB], 600 * MIB, ["free", 0]),
-    "managed": (["managed", 600 * MIB], 600 * MIB, ["free", 0]),
-    "pitch": (["pitch", 513, 512 * 1024, 4], 512 * MIB, ["free", 0]),          # pitch 1024 x height
-    "vmm": (["vmm", 600 * MIB], 600 * MIB, ["vmmfree", 0]),
-    "async": (["async", 600 * MIB], 600 * MIB, ["freeasync", 0, "threshold", 0, "sync"]),
-    "array": (["array", 8192, 8192, 0x20, 2], 8192 * 8192 * 8, ["arrayfree", 0]),
-    "array3d": (["array3d", 1024, 1024, 100, 0x10, 4], 1024 * 1024 * 100 * 8, ["arrayfree", 0]),
-    "mipmap": (["mipmap", 8192, 8192, 0, 0x03, 1, 3], 4 * (8192**2 + 4096**2 + 2048**2), ["arrayfree", 0]),
+ANCHOR = 100 * MIB
+# native/README.md's table of allocation entry points -> (program, its flags, operations allocating,
+# bytes the shim must charge, operations freeing SLOT). Slots count successful allocations.
+SLOT = "{slot}"
+ENTRY_POINTS: dict[str, tuple[str, tuple[str, ...], list[object], int, list[object]]] = {
+    "cuMemAlloc_v2": ("cuda_probe", (), ["alloc", 600 * MIB], 600 * MIB, ["free", SLOT]),
+    "cuMemAllocManaged": ("cuda_probe", (), ["managed", 600 * MIB], 600 * MIB, ["free", SLOT]),
+    "cuMemAllocPitch_v2": ("cuda_probe", (), ["pitch", 513, 512 * 1024, 4], 512 * MIB, ["free", SLOT]),  # pitch 1024
+    "cuMemCreate": ("cuda_probe", (), ["vmm", 600 * MIB], 600 * MIB, ["vmmfree", SLOT]),
+    "cuMemAllocAsync": ("cuda_probe", (), ["async", 600 * MIB], 600 * MIB,
+                        ["freeasync", SLOT, "threshold", 0, "sync"]),
+    "cuMemAllocAsync_ptsz": ("share_app", ("--ptds",), ["async", 600 * MIB], 600 * MIB,
+                             ["freeasync", SLOT, "defaulttrim"]),
+    "cuMemAllocFromPoolAsync": ("share_app", (), ["frompool", 600 * MIB], 600 * MIB, ["freeasync", SLOT, "trim", 0]),
+    "cuMemAllocFromPoolAsync_ptsz": ("share_app", ("--ptds",), ["frompool", 600 * MIB], 600 * MIB,
+                                     ["freeasync", SLOT, "trim", 0]),
+    "cuArrayCreate_v2": ("cuda_probe", (), ["array", 8192, 8192, 0x20, 2], 8192 * 8192 * 8, ["arrayfree", SLOT]),
+    "cuArray3DCreate_v2": ("cuda_probe", (), ["array3d", 1024, 1024, 100, 0x10, 4], 1024 * 1024 * 100 * 8,
+                           ["arrayfree", SLOT]),
+    "cuMipmappedArrayCreate": ("cuda_probe", (), ["mipmap", 8192, 8192, 0, 0x03, 1, 3],
+                               4 * (8192**2 + 4096**2 + 2048**2), ["arrayfree", SLOT]),
+    "cuGraphAddMemAllocNode": ("cuda_probe", (), ["gnode", "memalloc", 600 * MIB], 600 * MIB, ["gdestroy", SLOT]),
+    "cuGraphAddNode": ("cuda_probe", (), ["gnode", "addnode", 600 * MIB], 600 * MIB, ["gdestroy", SLOT]),
+    "cuGraphAddNode_v2": ("cuda_probe", (), ["gnode", "addnode2", 600 * MIB], 600 * MIB, ["gdestroy", SLOT]),
+    "cuMemAllocAsync under stream capture": ("cuda_probe", (), ["gnode", "capture", 600 * MIB], 600 * MIB,
+                                             ["gdestroy", SLOT]),
 }
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_every_allocation_path_is_charged(share, path):
-    alloc, charged, release = PATHS[path]
-    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
-    out = share.probe(*alloc, "meminfo", "alloc", GIB - charged + MIB, "alloc", GIB - charged, "free", 1,
-                      *release, "meminfo", "alloc", GIB, limits=limits)
-    assert out[0][1] == "CUDA_SUCCESS", out
-    assert meminfo(out[1]) == (GIB - charged, GIB)
-    assert out[2] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]         # one MiB too many
-    assert out[3] == ["alloc", "CUDA_SUCCESS", "1"]                      # exactly the rest fits
-    assert meminfo(out[-2]) == (GIB, GIB)                                # everything refunded
-    assert out[-1] == ["alloc", "CUDA_SUCCESS", "2"]
+def readme_entry_points() -> list[str]:
+    """The first column of native/README.md's allocation table: entry points, with their qualifier."""
+    text = (REPO / "native" / "README.md").read_text()
+    table = text.split("| Allocated by |", 1)[1].split("\n\n", 1)[0]
+    names = []
+    for row in table.splitlines()[2:]:
+        for cell in row.split("|")[1].split(", "):
+            match = re.fullmatch(r"`(\w+)`( under stream capture)?( \(.*\))?", cell.strip())
+            assert match, cell
+            names.append(match[1] + (match[2] or ""))
+    return names
+
+
+def test_every_listed_entry_point_is_tested():
+    assert sorted(readme_entry_points()) == sorted(ENTRY_POINTS)
+
+
+def codes(line: list[str]) -> list[str]:
+    """A result line with share_app's numeric results named as cuda_probe names them."""
+    names = {"0": "CUDA_SUCCESS", "2": "CUDA_ERROR_OUT_OF_MEMORY"}
+    return [line[0], names.get(line[1], line[1]), *line[2:]]
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_entry_point_is_charged_before_granted_and_released_once(share, entry):
+    """Refused when it does not fit (nothing granted), charged exactly its size when it does, refunded
+    exactly once when released (a second release refunds nothing: the anchor's charge stays)."""
+    program, flags, alloc, charged, release = ENTRY_POINTS[entry]
+    release = [str(2) if op == SLOT else op for op in release]
+    ops = ["alloc", GIB - charged + MIB, *alloc, "free", 0, "alloc", ANCHOR, *alloc, "meminfo",
+           "alloc", GIB - ANCHOR - charged + MIB, *release, "meminfo", *release, "meminfo"]
+    if program == "cuda_probe":
+        out = [codes(line) for line in share.probe(*ops, limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})]
+    else:
+        out = [codes(line) for line in share.run(program, *flags, "init", *ops,
+                                                  limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})[0][1:]]
+        out = [["meminfo", "CUDA_SUCCESS", *line[2:]] if line[0] == "meminfo" else line for line in out]
+    assert out[0][1] == "CUDA_SUCCESS"
+    assert out[1][1] == "CUDA_ERROR_OUT_OF_MEMORY", out       # refused: it does not fit
+    assert out[4][1] == "CUDA_SUCCESS", out
+    assert meminfo(out[5]) == (GIB - ANCHOR - charged, GIB)
+    assert out[6][1] == "CUDA_ERROR_OUT_OF_MEMORY"            # one MiB more than what is left
+    rest = out[7:]
+    first = next(i for i, line in enumerate(rest) if line[0] == "meminfo")
+    assert all(line[1] == "CUDA_SUCCESS" for line in rest[:first]), rest
+    assert meminfo(rest[first]) == (GIB - ANCHOR, GIB)       # refunded
+    assert meminfo(rest[-1]) == (GIB - ANCHOR, GIB)          # and only once
+
+
+def graph_run(share, *ops: object, limit: str = "1Gi") -> list[list[str]]:
+    return share.probe(*ops, limits={"NVC_SHARE_MEMORY_LIMIT": limit})
+
+
+@pytest.mark.parametrize("how", ["memalloc", "addnode", "addnode2", "capture"])
+def test_graph_allocations_cannot_pass_the_limit(share, how):
+    """The escape seen on the H100: graphs with one allocation node each, instantiated and launched, kept:
+    8 x 512 MiB fit a 4 GiB budget, the ninth node is refused when it is created."""
+    ops: list[object] = []
+    for slot in range(8):
+        ops += ["gnode", how, 512 * MIB, "ginst", slot, "flags", "glaunch", slot]
+    out = graph_run(share, *ops, "gnode", how, 512 * MIB, "meminfo", limit="4Gi")
+    assert [line[:2] for line in out[0:24]] == [["gnode", "CUDA_SUCCESS"], ["ginst", "CUDA_SUCCESS"],
+                                                ["glaunch", "CUDA_SUCCESS"]] * 8
+    assert out[24][:2] == ["gnode", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert meminfo(out[-1])[0] == 0
+
+
+def test_launched_graph_memory_stays_charged_until_freed(share):
+    """A launched allocation outlives its graph and executable until it is freed; freed, it still
+    holds its charge while its graph could launch it again. (gtrim: the driver's reserve of freed graph
+    memory is charged until trimmed, test_graph_reserve_beyond_the_nodes_is_charged_until_trimmed.)"""
+    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "params", "glaunch", 0, "gexecdestroy", 0,
+                    "gdestroy", 0, "meminfo", "gmemfree", 0, "gtrim", "meminfo",
+                    "gnode", "addnode2", 300 * MIB, "ginst", 1, "flags", "glaunch", 1, "gfreeasync", 1, "gtrim",
+                    "meminfo", "gexecdestroy", 1, "meminfo", "gdestroy", 1, "meminfo")
+    assert all(line[1] == "CUDA_SUCCESS" for line in out), out
+    assert meminfo(out[5])[0] == GIB - 600 * MIB          # graph and executable gone, memory live
+    assert meminfo(out[8])[0] == GIB                      # cuMemFree
+    assert meminfo(out[14])[0] == GIB - 300 * MIB         # freed, but its graph can launch it again
+    assert meminfo(out[16])[0] == GIB - 300 * MIB
+    assert meminfo(out[18])[0] == GIB
+
+
+@pytest.mark.parametrize("how", ["memalloc", "addnode", "capture"])
+def test_free_nodes_release_graph_memory(share, how):
+    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "autofree", "glaunch", 0, "glaunch", 0,
+                    "gexecdestroy", 0, "gdestroy", 0, "meminfo", "gfreenode", 0, how, "gtrim", "meminfo",
+                    "gmemfree", 0, "meminfo")
+    assert [line[1] for line in out[:6]] == ["CUDA_SUCCESS"] * 6
+    assert meminfo(out[6])[0] == GIB - 600 * MIB
+    assert out[7] == ["gfreenode", "CUDA_SUCCESS"]
+    assert meminfo(out[9])[0] == GIB                      # freed by the other graph's free node
+    assert out[10][1] != "CUDA_SUCCESS"                   # already freed: the driver refuses
+    assert meminfo(out[11])[0] == GIB                     # and nothing is refunded twice
+
+
+def test_executable_keeps_graph_memory_after_its_graph(share):
+    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "flags", "gdestroy", 0, "meminfo",
+                    "gexecdestroy", 0, "meminfo")
+    assert meminfo(out[3])[0] == GIB - 600 * MIB
+    assert meminfo(out[5])[0] == GIB
+
+
+def test_memory_node_parameters_cannot_change(share):
+    out = graph_run(share, "gnode", "memalloc", 100 * MIB, "ginst", 0, "flags", "gset", 0, 900 * MIB,
+                    "gexecset", 0, 900 * MIB, "meminfo")
+    assert out[2] == ["gset", "CUDA_ERROR_NOT_SUPPORTED"]
+    assert out[3] == ["gexecset", "CUDA_ERROR_NOT_SUPPORTED"]
+    assert meminfo(out[4])[0] == GIB - 100 * MIB
+
+
+def test_exec_update_follows_the_new_graph(share):
+    """After cuGraphExecUpdate the executable launches the other graph's allocation."""
+    out = graph_run(share, "gnode", "memalloc", 100 * MIB, "ginst", 0, "flags", "gnode", "memalloc", 200 * MIB,
+                    "gupdate", 0, 1, "gdestroy", 1, "meminfo", "glaunch", 0, "gexecdestroy", 0, "meminfo")
+    assert all(line[1] == "CUDA_SUCCESS" for line in out), out
+    assert meminfo(out[5])[0] == GIB - 300 * MIB          # graph 1 gone, but the executable runs it
+    assert meminfo(out[8])[0] == GIB - 300 * MIB          # launched: live until freed; graph 0 still there
+
+
+def test_graph_reserve_beyond_the_nodes_is_charged_until_trimmed(share):
+    """Freed graph memory the driver keeps in its reserve counts until cuDeviceGraphMemTrim."""
+    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "flags", "glaunch", 0, "gexecdestroy", 0,
+                    "gdestroy", 0, "gmemfree", 0, "greserve", "meminfo", "alloc", 600 * MIB, "gtrim", "meminfo",
+                    "alloc", 600 * MIB)
+    assert out[6] == ["greserve", "CUDA_SUCCESS", str(600 * MIB)]
+    assert meminfo(out[7])[0] == GIB - 600 * MIB
+    assert out[8][:2] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert meminfo(out[10])[0] == GIB
+    assert out[11][:2] == ["alloc", "CUDA_SUCCESS"]
 
 
 def test_pitch_is_refused_by_real_pitch_times_height(share):
@@ -363,11 +499,11 @@ def test_nvidia_smi_keeps_working_with_a_broken_configuration(share):
 
 # ---------------------------------------------------------------- compute share
 
-def busy_fraction(share, percent: int, grid: int, launches: int = 60) -> float:
+def busy_fraction(share, percent: int, grid: int, launches: int = 60, kernel_us: int = 3000) -> float:
     out, _ = share.run("cuda_probe", "init", "ctx", 0, "launch", launches, grid, 128, "sync",
-                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": "3000"})
+                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)})
     wall_us = int(out[2][2]) + int(out[3][2])
-    return launches * 3000 / wall_us
+    return launches * kernel_us / wall_us
 
 
 def test_compute_share_throttles_full_grids(share):
@@ -375,6 +511,83 @@ def test_compute_share_throttles_full_grids(share):
     assert 0.4 <= busy_fraction(share, 50, 264) <= 0.6
 
 
+def test_compute_share_holds_for_microsecond_kernels(share):
+    """20 us kernels, thousands queued: each launch still settles in one event query (the harvest stops
+    at the first kernel still running), so the share is the requested one, not the launch cost's."""
+    # 0.4 s of GPU work: the 10 ms of credit a bucket may bank at the start moves it by ~1 point
+    assert 0.47 <= busy_fraction(share, 50, 264, launches=20000, kernel_us=20) <= 0.53
+    assert 0.72 <= busy_fraction(share, 75, 264, launches=20000, kernel_us=20) <= 0.78
+
+
 def test_compute_share_weights_small_grids_by_sm_count(share):
     # one block on a 132-SM GPU occupies 1/132 of it: a 50 % share does not slow it down
     assert busy_fraction(share, 50, 1) > 0.9
+
+
+# ---------------------------------------------------------------- weighted scheduler (fake clock)
+
+def simulate(programs, *tenants: str, ms: int = 2000) -> list[tuple[float, float]]:
+    """GPU shares (percent, first and second half of the run) of simulated tenants
+    WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS under the shim's scheduler decision."""
+    out = subprocess.run([str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    return [(int(line.split()[2]) / 10, int(line.split()[3]) / 10) for line in out.splitlines()]
+
+
+@pytest.mark.parametrize(("tenants", "want"), [
+    (["1:100:1600:0:2000", "1:100:1600:0:2000"], [50, 50]),
+    (["1:100:1600:0:2000", "3:100:1600:0:2000"], [25, 75]),
+    (["1:100:1600:0:2000", "3:100:200:0:2000"], [25, 75]),               # short and long kernels
+    (["1:100:1600:0:2000", "1:100:30000:0:2000", "2:100:200:0:2000"], [25, 25, 50]),
+    (["1:100:1600:0:2000"], [100]),                                      # alone: the whole GPU
+    (["1:75:1600:0:2000"], [75]),                                        # alone, capped
+    (["1:25:1600:0:2000", "1:100:1600:0:2000"], [25, 75]),               # a capped one leaves the rest
+])
+def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
+    shares = simulate(programs, *tenants)
+    for (first, second), expected in zip(shares, want):
+        assert abs(first - expected) <= 3 and abs(second - expected) <= 3, shares
+
+
+def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
+    (a_first, a_second), (b_first, b_second) = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
+    assert abs(a_first - 25) <= 3 and abs(b_first - 75) <= 3
+    assert a_second >= 97 and b_second <= 1
+    # and one coming back after idling gets its weight at once, not the time it idled
+    (a_first, a_second), (b_first, b_second) = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
+    assert a_first >= 97 and abs(a_second - 50) <= 3 and abs(b_second - 50) <= 3
+
+
+# (weight, cap or None, 1 ms kernels) per tenant -> (lowest, highest) wall time in seconds of each
+TENANT_CASES = {
+    "1:3, both busy throughout": ([(1, None, 300), (3, None, 900)], [(1.0, 1.5), (1.0, 1.5)]),
+    "1:3, the 3 done early": ([(1, None, 600), (3, None, 300)], [(0.8, 1.1), (0.35, 0.55)]),
+    "1 capped at 25 % : 1": ([(1, 25, 250), (1, None, 750)], [(0.9, 1.25), (0.9, 1.25)]),
+}
+
+
+@pytest.mark.parametrize("case", TENANT_CASES)
+def test_weighted_tenants_take_turns(share, programs, tmp_path, case):
+    """Tenants (each its own share directory, one scheduler directory) busy with 1 ms kernels at once:
+    the scheduler serialises them by weight, an idle or capped one leaving the rest to the others.
+    1:3 with 300 and 900 kernels end together (~1.2 s, not the lighter one first); when the weight-3
+    one is done (~0.4 s) the other takes the whole GPU (600 kernels in ~0.9 s, not 1.2 s); one capped
+    at 25 % leaves 75 % to the other (250 and 750 kernels in ~1 s, not 1.5 s). (The fake GPU of each
+    process is its own, so only the scheduler can make them wait for each other.)"""
+    tenants, want = TENANT_CASES[case]
+    sched = tmp_path / "sched"
+    sched.mkdir()
+    procs = []
+    for i, (weight, cap, launches) in enumerate(tenants):
+        limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_SCHED_DIR": str(sched),
+                  "NVC_SHARE_TENANT": f"t{i}", **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {})}
+        env = dict(share.env(limits), NVC_SHARE_DIR=str(tmp_path / f"t{i}"))
+        procs.append(subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "launch", str(launches),
+                                       "264", "128", "sync"], env=env, stdout=subprocess.PIPE, text=True))
+    walls = []
+    for proc in procs:
+        out = proc.communicate(timeout=30)[0].split("\n")
+        assert proc.returncode == 0
+        walls.append((int(out[2].split()[2]) + int(out[3].split()[2])) / 1e6)
+    assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
+    assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls

@@ -7,6 +7,9 @@
 //   asyncfill MIB       the same through cudaMallocAsync (the device's default pool)
 //   alloc MIB           one cudaMalloc, kept: "alloc <error name>"
 //   graphalloc MIB      a CUDA graph with one memory allocation node (not freed), launched
+//   escape PATH         512 MiB at a time through PATH, kept, until one fails or 12 GiB are held:
+//                       "escape <PATH> <MiB held> <error name>". PATH: malloc managed pitch malloc3d async
+//                       frompool vmm driver array array3d mipmap graph graphnode graphparams capture
 //   array W H           cudaMallocArray of W x H float4 elements
 //   freeall             cudaFree everything kept
 //   meminfo             "meminfo <free> <total>" from cudaMemGetInfo
@@ -59,6 +62,119 @@ __global__ void fma_loop(float *sink, int iters)
 
 static std::vector<void *> kept;
 
+typedef int (*drv_fn)(...);
+
+// The driver's entry point through dlsym (the shim's wrapper when it is preloaded), as a program
+// calling the driver API directly gets it.
+static drv_fn driver(const char *name)
+{
+    static void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    return lib ? (drv_fn)dlsym(lib, name) : nullptr;
+}
+
+// A graph with one allocation node of `bytes`, made by `how`, instantiated and launched; kept.
+static cudaError_t graph_alloc(const char *how, size_t bytes)
+{
+    static cudaStream_t stream;
+    if (!stream && cudaStreamCreate(&stream) != cudaSuccess)
+        return cudaErrorUnknown;
+    cudaMemAllocNodeParams params = {};
+    params.poolProps.allocType = cudaMemAllocationTypePinned;
+    params.poolProps.location.type = cudaMemLocationTypeDevice;
+    params.poolProps.location.id = 0;
+    params.bytesize = bytes;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec;
+    cudaGraphNode_t node;
+    cudaError_t err = cudaSuccess;
+    if (!strcmp(how, "capture")) {
+        void *p;
+        err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+        if (err == cudaSuccess) {
+            err = cudaMallocAsync(&p, bytes, stream);
+            cudaError_t end = cudaStreamEndCapture(stream, &graph);
+            if (err == cudaSuccess)
+                err = end;
+        }
+    } else {
+        err = cudaGraphCreate(&graph, 0);
+        if (err == cudaSuccess && !strcmp(how, "graphnode")) {
+            cudaGraphNodeParams np = {};
+            np.type = cudaGraphNodeTypeMemAlloc;
+            np.alloc.poolProps = params.poolProps;
+            np.alloc.bytesize = bytes;
+            err = cudaGraphAddNode(&node, graph, nullptr, nullptr, 0, &np);
+        } else if (err == cudaSuccess) {
+            err = cudaGraphAddMemAllocNode(&node, graph, nullptr, 0, &params);
+        }
+    }
+    if (err == cudaSuccess && !strcmp(how, "graphparams")) {
+        cudaGraphInstantiateParams ip = {};
+        err = cudaGraphInstantiateWithParams(&exec, graph, &ip);
+    } else if (err == cudaSuccess) {
+        err = cudaGraphInstantiate(&exec, graph, 0);
+    }
+    if (err == cudaSuccess)
+        err = cudaGraphLaunch(exec, stream);
+    if (err == cudaSuccess)
+        err = cudaStreamSynchronize(stream);
+    return err;
+}
+
+// One 512 MiB allocation through `path` (a name of the escape operation).
+static cudaError_t escape_step(const char *path, size_t chunk)
+{
+    void *p = nullptr;
+    if (!strcmp(path, "malloc"))
+        return cudaMalloc(&p, chunk);
+    if (!strcmp(path, "managed"))
+        return cudaMallocManaged(&p, chunk);
+    if (!strcmp(path, "pitch")) {
+        size_t pitch;
+        return cudaMallocPitch(&p, &pitch, 1 << 16, chunk >> 16);
+    }
+    if (!strcmp(path, "malloc3d")) {
+        cudaPitchedPtr pp;
+        return cudaMalloc3D(&pp, make_cudaExtent(1 << 12, 1 << 10, chunk >> 22));
+    }
+    if (!strcmp(path, "async") || !strcmp(path, "frompool")) {
+        static cudaMemPool_t pool;
+        if (path[0] == 'f' && !pool) {
+            cudaMemPoolProps props = {};
+            props.allocType = cudaMemAllocationTypePinned;
+            props.location.type = cudaMemLocationTypeDevice;
+            cudaError_t err = cudaMemPoolCreate(&pool, &props);
+            if (err != cudaSuccess)
+                return err;
+        }
+        cudaError_t err = path[0] == 'f' ? cudaMallocFromPoolAsync(&p, chunk, pool, 0) : cudaMallocAsync(&p, chunk, 0);
+        return err == cudaSuccess ? cudaStreamSynchronize(0) : err;
+    }
+    if (!strcmp(path, "vmm")) {            // cuMemCreate, as PyTorch's expandable segments and NCCL use it
+        unsigned long long handle;
+        struct { int type, handle_types, loc_type, loc_id; void *win32; unsigned char flags[8]; } prop = {1, 0, 1, 0};
+        int rc = driver("cuMemCreate")(&handle, chunk, &prop, 0ull);
+        return rc == 0 ? cudaSuccess : rc == 2 ? cudaErrorMemoryAllocation : cudaErrorUnknown;
+    }
+    if (!strcmp(path, "driver")) {
+        unsigned long long dptr;
+        int rc = driver("cuMemAlloc_v2")(&dptr, chunk);
+        return rc == 0 ? cudaSuccess : rc == 2 ? cudaErrorMemoryAllocation : cudaErrorUnknown;
+    }
+    if (!strcmp(path, "array") || !strcmp(path, "array3d") || !strcmp(path, "mipmap")) {
+        cudaChannelFormatDesc desc = cudaCreateChannelDesc<float4>();       // 16 bytes an element
+        if (path[0] == 'm') {
+            cudaMipmappedArray_t m;                                          // one level
+            return cudaMallocMipmappedArray(&m, &desc, make_cudaExtent(8192, chunk / 16 / 8192, 0), 1);
+        }
+        cudaArray_t a;
+        if (path[5] == '3')
+            return cudaMalloc3DArray(&a, &desc, make_cudaExtent(1024, 1024, chunk / 16 / (1 << 20)));
+        return cudaMallocArray(&a, &desc, 8192, chunk / 16 / 8192);
+    }
+    return graph_alloc(path, chunk);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -83,6 +199,14 @@ int main(int argc, char **argv)
             }
             cudaGetLastError();
             printf("%s %zu %s\n", op, total >> 20, cudaGetErrorName(err));
+        } else if (!strcmp(op, "escape")) {
+            const char *path = argv[++i];
+            size_t chunk = size_t(512) << 20, held = 0;
+            cudaError_t err;
+            while ((err = escape_step(path, chunk)) == cudaSuccess && (held += chunk) < (size_t(12) << 30))
+                ;
+            cudaGetLastError();
+            printf("escape %s %zu %s\n", path, held >> 20, cudaGetErrorName(err));
         } else if (!strcmp(op, "alloc")) {
             void *p = nullptr;
             cudaError_t err = cudaMalloc(&p, strtoull(argv[++i], nullptr, 10) << 20);

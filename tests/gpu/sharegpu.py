@@ -69,3 +69,21 @@ def holder(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
             return proc
     proc.wait()
     raise AssertionError(f"{argv} exited {proc.returncode} before holding")
+
+
+TORCH_LOAD = GPU_DIR / "torch_load.py"
+
+
+def torch_run(workload: str, env: dict[str, str], seconds: float, start_at: float = 0.0) -> subprocess.Popen:
+    """torch_load.py WORKLOAD SECONDS START_AT, started (several run together with one START_AT)."""
+    return subprocess.Popen([TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
+    """(iterations per second, iterations in each second) of a finished torch_load run."""
+    out = proc.communicate(timeout=300)[0]
+    if proc.returncode != 0:
+        raise AssertionError(f"torch_load exited {proc.returncode}")
+    lines = [line.split() for line in out.splitlines()]
+    return float(next(line[1] for line in lines if line[0] == "rate")), [int(l[2]) for l in lines if l[0] == "sec"]

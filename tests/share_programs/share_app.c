@@ -2,8 +2,9 @@
  * only cuGetProcAddress_v2 from dlsym, and resolves every other entry point through it (CUDA 13.0,
  * default or per-thread stream). Test program for libnvc-share; one output line per operation.
  *
- *   [--ptds] init | alloc BYTES | free SLOT | meminfo | which NAME | pool | frompool BYTES |
- *   freeasync SLOT | trim KEEP | hold
+ *   [--ptds] init | alloc BYTES | async BYTES | free SLOT | meminfo | which NAME | pool | frompool BYTES |
+ *   freeasync SLOT | trim KEEP | defaulttrim | hold
+ * (async: the device's default pool; trim: the pool frompool made; defaulttrim: the default pool to 0)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -54,10 +55,12 @@ int main(int argc, char **argv)
             if (r == CUDA_SUCCESS)
                 r = CALL(cuCtxSetCurrent, "cuCtxSetCurrent")(ctx);
             printf("init %d\n", r);
-        } else if (!strcmp(op, "alloc") || !strcmp(op, "frompool")) {
+        } else if (!strcmp(op, "alloc") || !strcmp(op, "frompool") || !strcmp(op, "async")) {
             size_t bytes = strtoull(argv[++i], NULL, 0);
             CUdeviceptr p = 0;
-            if (op[0] == 'a') {
+            if (op[1] == 's') {
+                r = CALL(cuMemAllocAsync, "cuMemAllocAsync")(&p, bytes, NULL);
+            } else if (op[0] == 'a') {
                 r = CALL(cuMemAlloc_v2, "cuMemAlloc")(&p, bytes);
             } else {
                 CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -76,6 +79,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "trim")) {
             r = CALL(cuMemPoolTrimTo, "cuMemPoolTrimTo")(pool, strtoull(argv[++i], NULL, 0));
             printf("trim %d\n", r);
+        } else if (!strcmp(op, "defaulttrim")) {
+            CUmemoryPool def;
+            r = CALL(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")(&def, 0);
+            if (r == CUDA_SUCCESS)
+                r = CALL(cuMemPoolTrimTo, "cuMemPoolTrimTo")(def, 0);
+            printf("defaulttrim %d\n", r);
         } else if (!strcmp(op, "meminfo")) {
             size_t free_b = 0, total = 0;
             r = CALL(cuMemGetInfo_v2, "cuMemGetInfo")(&free_b, &total);

@@ -9,6 +9,12 @@
  *   array W H FMT CH | array3d W H D FMT CH | mipmap W H D FMT CH LEVELS | arrayfree SLOT
  *   procaddr NAME VERSION FLAGS
  *   launch N GRID BLOCK | coop GRID BLOCK | graph NODES LAUNCHES | events N | stats I
+ *   gnode HOW BYTES (a graph with one memory allocation node, made by HOW: memalloc = cuGraphAddMemAllocNode,
+ *     addnode / addnode2 = cuGraphAddNode / _v2, capture = cuMemAllocAsync under stream capture)
+ *   ginst SLOT HOW (flags | autofree | params) | glaunch SLOT | gexecdestroy SLOT | gdestroy SLOT |
+ *   gdestroynode SLOT | gfreenode SLOT HOW (memfree | addnode | capture: a second graph freeing the
+ *   allocation, instantiated, launched and destroyed) | gmemfree SLOT | gfreeasync SLOT |
+ *   gset SLOT BYTES | gexecset SLOT BYTES | gupdate SLOT FROM | gtrim | greserve
  *
  * Lines start with the operation and the CUresult name; allocations add the slot they were stored in
  * (-1 when they failed). A SLOT that was never handed out stands for an address no one allocated. */
@@ -27,13 +33,16 @@ FAKE_CUDA_API(FN)
 
 static int (*p_stats)(int, unsigned long long *, unsigned long long *, unsigned long long *);
 
-enum slot_kind { S_FREE, S_MEM, S_VMM, S_ARRAY, S_MIPMAP };
+enum slot_kind { S_FREE, S_MEM, S_VMM, S_ARRAY, S_MIPMAP, S_GRAPH };
 static struct slot {
     enum slot_kind kind;
     CUdeviceptr ptr;
     size_t size;
     CUmemGenericAllocationHandle handle;
     void *array;
+    CUgraph graph;                   /* S_GRAPH: a graph with one allocation node at ptr */
+    CUgraphNode node;
+    CUgraphExec exec;
 } slots[4096];
 static int nslots;
 static CUmodule module;
@@ -116,6 +125,127 @@ static CUresult pool_attr(CUmemPool_attribute attr, cuuint64_t *value)
     if (r == CUDA_SUCCESS)
         r = p_cuDeviceGetDefaultMemPool(&pool, dev);
     return r == CUDA_SUCCESS ? p_cuMemPoolGetAttribute(pool, attr, value) : r;
+}
+
+/* A graph holding one memory node (allocation of bytes, or free of dptr), made the way `how` says. */
+static CUresult memory_graph(const char *how, size_t bytes, CUdeviceptr dptr, struct slot *s)
+{
+    CUdevice dev;
+    CUresult r = p_cuCtxGetDevice(&dev);
+    CUgraphNodeParams p = { .type = bytes ? CU_GRAPH_NODE_TYPE_MEM_ALLOC : CU_GRAPH_NODE_TYPE_MEM_FREE };
+    if (bytes)
+        p.alloc = (CUDA_MEM_ALLOC_NODE_PARAMS){ .poolProps = { .allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                                               .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev } },
+                                                .bytesize = bytes };
+    else
+        p.free.dptr = dptr;
+    if (r == CUDA_SUCCESS && !strcmp(how, "capture")) {
+        CUstream stream;
+        r = p_cuStreamCreate(&stream, 0);
+        if (r == CUDA_SUCCESS) r = p_cuStreamBeginCapture_v2(stream, 0);
+        if (r == CUDA_SUCCESS)
+            r = bytes ? p_cuMemAllocAsync(&p.alloc.dptr, bytes, stream) : p_cuMemFreeAsync(dptr, stream);
+        CUresult end = r == CUDA_SUCCESS ? p_cuStreamEndCapture(stream, &s->graph) : CUDA_SUCCESS;
+        if (r == CUDA_SUCCESS) r = end;
+    } else if (r == CUDA_SUCCESS) {
+        r = p_cuGraphCreate(&s->graph, 0);
+        if (r != CUDA_SUCCESS)
+            return r;
+        if (!strcmp(how, "memalloc"))
+            r = bytes ? p_cuGraphAddMemAllocNode(&s->node, s->graph, NULL, 0, &p.alloc)
+                      : p_cuGraphAddMemFreeNode(&s->node, s->graph, NULL, 0, dptr);
+        else if (!strcmp(how, "addnode"))
+            r = p_cuGraphAddNode(&s->node, s->graph, NULL, 0, &p);
+        else if (!strcmp(how, "addnode2"))
+            r = p_cuGraphAddNode_v2(&s->node, s->graph, NULL, NULL, 0, &p);
+        else
+            r = CUDA_ERROR_INVALID_VALUE;
+    }
+    s->ptr = bytes ? p.alloc.dptr : dptr;
+    s->size = bytes;
+    return r;
+}
+
+static CUresult instantiate(const char *how, struct slot *s)
+{
+    if (!strcmp(how, "params")) {
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip = { 0 };
+        return p_cuGraphInstantiateWithParams(&s->exec, s->graph, &ip);
+    }
+    return p_cuGraphInstantiateWithFlags(&s->exec, s->graph,
+                                         !strcmp(how, "autofree") ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0);
+}
+
+static int graph_ops(char **argv, int argc)
+{
+    const char *op = argv[0];
+    CUresult r;
+    if (!strcmp(op, "gnode") && argc > 2) {
+        struct slot s = { .kind = S_GRAPH };
+        r = memory_graph(argv[1], num(argv[2]), 0, &s);
+        alloc_line(op, r, s);
+        return 3;
+    }
+    if (!strcmp(op, "gtrim") || !strcmp(op, "greserve")) {
+        CUdevice dev;
+        cuuint64_t reserved = 0;
+        r = p_cuCtxGetDevice(&dev);
+        if (r == CUDA_SUCCESS)
+            r = op[1] == 't' ? p_cuDeviceGraphMemTrim(dev)
+                             : p_cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved);
+        printf("%s %s %llu\n", op, ename(r), reserved);
+        return 1;
+    }
+    if (argc < 2)
+        return 0;
+    struct slot *s = get(argv[1], S_GRAPH);
+    if (!s) {
+        fprintf(stderr, "cuda_probe: %s: slot %s holds no graph\n", op, argv[1]);
+        exit(2);
+    }
+    int used = 2;
+    if (!strcmp(op, "ginst") && argc > 2) {
+        r = instantiate(argv[2], s);
+        used = 3;
+    } else if (!strcmp(op, "glaunch")) {
+        r = p_cuGraphLaunch(s->exec, NULL);
+        if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
+    } else if (!strcmp(op, "gexecdestroy")) {
+        r = p_cuGraphExecDestroy(s->exec);
+    } else if (!strcmp(op, "gdestroy")) {
+        r = p_cuGraphDestroy(s->graph);
+    } else if (!strcmp(op, "gdestroynode")) {
+        r = p_cuGraphDestroyNode(s->node);
+    } else if (!strcmp(op, "gmemfree")) {
+        r = p_cuMemFree_v2(s->ptr);
+    } else if (!strcmp(op, "gfreeasync")) {
+        r = p_cuMemFreeAsync(s->ptr, NULL);
+        if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
+    } else if (!strcmp(op, "gfreenode") && argc > 2) {
+        struct slot f = { .kind = S_GRAPH };
+        r = memory_graph(argv[2], 0, s->ptr, &f);
+        if (r == CUDA_SUCCESS) r = instantiate("flags", &f);
+        if (r == CUDA_SUCCESS) r = p_cuGraphLaunch(f.exec, NULL);
+        if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
+        if (r == CUDA_SUCCESS) r = p_cuGraphExecDestroy(f.exec);
+        if (r == CUDA_SUCCESS) r = p_cuGraphDestroy(f.graph);
+        used = 3;
+    } else if ((!strcmp(op, "gset") || !strcmp(op, "gexecset")) && argc > 2) {
+        CUgraphNodeParams p = { .type = CU_GRAPH_NODE_TYPE_MEM_ALLOC };
+        p.alloc.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.alloc.poolProps.location = (CUmemLocation){ CU_MEM_LOCATION_TYPE_DEVICE, 0 };
+        p.alloc.bytesize = num(argv[2]);
+        r = op[1] == 's' ? p_cuGraphNodeSetParams(s->node, &p) : p_cuGraphExecNodeSetParams(s->exec, s->node, &p);
+        used = 3;
+    } else if (!strcmp(op, "gupdate") && argc > 2) {
+        struct slot *from = get(argv[2], S_GRAPH);
+        r = from ? p_cuGraphExecUpdate_v2(s->exec, from->graph, NULL) : CUDA_ERROR_INVALID_VALUE;
+        used = 3;
+    } else {
+        return 0;
+    }
+    printf("%s %s\n", op, ename(r));
+    return used;
 }
 
 /* Runs the operation at argv[0]; returns how many arguments it used, or 0 when it is unknown. */
@@ -354,6 +484,8 @@ static int run(char **argv, int argc)
         printf("events %s %.3f\n", ename(r), ms);
         return 2;
     }
+    if (op[0] == 'g' && strcmp(op, "graph"))
+        return graph_ops(argv, argc);
     if (!strcmp(op, "stats")) {
         NEED(1);
         unsigned long long launches = 0, busy = 0, used = 0;

@@ -182,6 +182,59 @@ typedef struct {
     void **extra;
 } CUDA_KERNEL_NODE_PARAMS;
 
+/* Graph memory nodes, generic node parameters (CUDA 12.2+), stream capture. */
+typedef enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+} CUgraphNodeType;
+
+typedef enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+} CUgraphMem_attribute;
+
+typedef enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+} CUstreamCaptureStatus;
+
+enum { CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1 };
+
+typedef struct {
+    CUmemPoolProps poolProps;        /* in: location; handleTypes must be 0 */
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;                 /* in */
+    CUdeviceptr dptr;                /* out: the allocation's address, fixed for the graph's lifetime */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+typedef struct {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;
+        struct { CUdeviceptr dptr; } free;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+typedef struct CUgraphExecUpdateResultInfo_st CUgraphExecUpdateResultInfo;
+
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;                  /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
 /* Entry-point lookup. */
 enum {
     CU_GET_PROC_ADDRESS_DEFAULT = 0,
@@ -299,6 +352,29 @@ typedef enum {
     X(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream)) \
     X(cuGraphExecDestroy, (CUgraphExec exec)) \
     X(cuGraphDestroy, (CUgraph graph)) \
+    X(cuGraphAddMemAllocNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                               CUDA_MEM_ALLOC_NODE_PARAMS *params)) \
+    X(cuGraphAddMemFreeNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                              CUdeviceptr dptr)) \
+    X(cuGraphAddNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+                       CUgraphNodeParams *params)) \
+    X(cuGraphAddNode_v2, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, \
+                          const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params)) \
+    X(cuGraphNodeSetParams, (CUgraphNode node, CUgraphNodeParams *params)) \
+    X(cuGraphExecNodeSetParams, (CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *params)) \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *exec, CUgraph graph, \
+                                          CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
+    X(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info)) \
+    X(cuGraphDestroyNode, (CUgraphNode node)) \
+    X(cuDeviceGetGraphMemAttribute, (CUdevice dev, CUgraphMem_attribute attr, void *value)) \
+    X(cuDeviceGraphMemTrim, (CUdevice dev)) \
+    X(cuStreamBeginCapture_v2, (CUstream stream, int mode)) \
+    X(cuStreamEndCapture, (CUstream stream, CUgraph *graph)) \
+    X(cuStreamGetCaptureInfo_v2, (CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, \
+                                  CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)) \
+    X(cuStreamGetCaptureInfo_v2_ptsz, (CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, \
+                                       CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)) \
     X(cuStreamCreate, (CUstream *stream, unsigned int flags)) \
     X(cuStreamDestroy, (CUstream stream)) \
     X(cuStreamDestroy_v2, (CUstream stream)) \

@@ -51,7 +51,7 @@ struct fctx {
 
 enum kind {
     K_MEM = 1, K_VMM, K_VA, K_MAP, K_ARRAY, K_MIPMAP, K_CTX, K_STREAM, K_EVENT, K_MODULE, K_FUNC,
-    K_GRAPH, K_NODE, K_EXEC, K_POOL
+    K_GRAPH, K_NODE, K_EXEC, K_POOL, K_GMEM
 };
 
 /* One tracked thing. key is the device address (K_MEM, K_VA, K_MAP) or the handle value (the object's
@@ -77,6 +77,17 @@ struct obj {
     int reuse[4];
     int is_default, destroyed;
     struct obj *pool_next;
+    /* graphs: K_STREAM the graph it captures into; K_NODE its type and (memory nodes) allocation;
+     * K_GMEM a graph allocation (key: its address), live between the launch reaching it and its free;
+     * K_GRAPH has_exec (a graph with memory nodes has at most one executable); K_EXEC its graph and a
+     * snapshot of that graph's memory nodes */
+    struct obj *capture;
+    CUgraphNodeType ntype;
+    struct obj *gmem;
+    int live, has_exec, autofree;
+    struct obj *graph;
+    struct obj **gallocs, **gfrees;
+    size_t ngallocs, ngfrees;
 };
 
 struct fdev {
@@ -88,6 +99,7 @@ struct fdev {
     int primary_refs;
     struct obj *default_pool;
     uint64_t busy_until_ns, busy_ns, launches;
+    uint64_t graph_used, graph_reserved, graph_used_high, graph_reserved_high;   /* graph memory */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -175,6 +187,8 @@ static void obj_free(struct obj *o)
     if (o->next)
         o->next->prev = o->prev;
     free(o->name);
+    free(o->gallocs);
+    free(o->gfrees);
     free(o);
 }
 
@@ -874,6 +888,11 @@ static CUresult destroy(enum kind k, const void *handle, CUresult missing)
     CUresult r = find(k, (uintptr_t)handle, missing, &o);
     if (r == CUDA_SUCCESS && (k == K_MODULE || k == K_GRAPH))
         free_children(o);
+    for (struct obj *e = g_all; r == CUDA_SUCCESS && k == K_GRAPH && e; e = e->next)
+        if (e->kind == K_EXEC && e->graph == o)
+            e->graph = NULL;           /* an executable outlives its graph */
+    if (r == CUDA_SUCCESS && k == K_EXEC && o->graph)
+        o->graph->has_exec = 0;
     if (r == CUDA_SUCCESS && (k == K_ARRAY || k == K_MIPMAP))
         uncharge(o->dev, o->size);
     if (r == CUDA_SUCCESS)
@@ -881,6 +900,10 @@ static CUresult destroy(enum kind k, const void *handle, CUresult missing)
     unlock();
     return r;
 }
+
+static struct obj *capture_of(CUstream stream);
+static CUresult gmem_node(struct obj *g, CUgraphNode *node, CUDA_MEM_ALLOC_NODE_PARAMS *p);
+static CUresult gfree_node(struct obj *g, CUgraphNode *node, CUdeviceptr dptr);
 
 /* ---------------------------------------------------------------- plain allocations */
 
@@ -957,9 +980,13 @@ static void pool_free_mem(struct obj *mem)
 
 /* Frees the allocation at dptr once the caller's context or stream checked out (r). Called under the
  * lock. */
+static int gmem_free(CUdeviceptr dptr);
+
 static CUresult mem_free(CUresult r, CUdeviceptr dptr)
 {
     struct obj *mem;
+    if (r == CUDA_SUCCESS && !obj_find(K_MEM, dptr) && obj_find(K_GMEM, dptr))
+        return gmem_free(dptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS)
         r = find(K_MEM, dptr, CUDA_ERROR_INVALID_VALUE, &mem);
     if (r == CUDA_SUCCESS && mem->parent) {
@@ -1460,7 +1487,18 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool
     struct fctx *c;
     uint64_t *done;
     CUresult r = stream_resolve(stream, &c, &done);
-    struct obj *p = NULL;
+    struct obj *p = NULL, *captured = r == CUDA_SUCCESS ? capture_of(stream) : NULL;
+    if (captured) {                    /* under capture: a memory allocation node, nothing allocated now */
+        CUDA_MEM_ALLOC_NODE_PARAMS params = {.poolProps = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                                           .location = {CU_MEM_LOCATION_TYPE_DEVICE, c->dev}},
+                                             .bytesize = bytesize};
+        CUgraphNode node;
+        r = gmem_node(captured, &node, &params);
+        if (r == CUDA_SUCCESS)
+            *dptr = params.dptr;
+        unlock();
+        return r;
+    }
     if (r == CUDA_SUCCESS) {
         p = pool ? handle_find(K_POOL, pool) : default_pool(c->dev);
         if (!p || p->destroyed)
@@ -1497,7 +1535,14 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
     lock();
     struct fctx *c;
     uint64_t *done;
-    CUresult r = mem_free(stream_resolve(stream, &c, &done), dptr);
+    CUresult r = stream_resolve(stream, &c, &done);
+    struct obj *captured = r == CUDA_SUCCESS ? capture_of(stream) : NULL;
+    if (captured) {                    /* under capture: a memory free node */
+        CUgraphNode node;
+        r = gfree_node(captured, &node, dptr);
+    } else {
+        r = mem_free(r, dptr);
+    }
     unlock();
     return r;
 }
@@ -1811,8 +1856,11 @@ static CUresult check_launch(const struct obj *f, const struct launch *l)
 
 /* Queues `kernels` kernels of function f (NULL for a graph) on a stream, waiting while the device's
  * queue is full. */
+static CUresult graph_memory_launch(struct obj *e);
+
 static CUresult submit(CUfunction func, const struct launch *l, CUstream stream, CUgraphExec exec)
 {
+    int memory_done = 0;
     for (;;) {
         lock();
         struct fctx *c;
@@ -1834,6 +1882,9 @@ static CUresult submit(CUfunction func, const struct launch *l, CUstream stream,
                 r = CUDA_ERROR_INVALID_HANDLE;
             else
                 kernels = e->kernels;
+            if (r == CUDA_SUCCESS && !memory_done)
+                r = graph_memory_launch(e);
+            memory_done = 1;
         }
         uint64_t wait = r == CUDA_SUCCESS ? enqueue(c->dev, done, kernels) : 0;
         unlock();
@@ -1956,22 +2007,65 @@ CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNod
     return cuGraphAddKernelNode_v2(node, graph, deps, ndeps, params);
 }
 
+/* Points executable e at graph g: its kernels and a snapshot of g's memory nodes. A graph with memory
+ * nodes may have one executable at a time. Called under the lock. */
+static CUresult exec_snapshot(struct obj *e, struct obj *g)
+{
+    size_t na = 0, nf = 0;
+    for (struct obj *o = g_all; o; o = o->next)
+        if (o->kind == K_NODE && o->parent == g && o->gmem) {
+            na += o->ntype == CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+            nf += o->ntype == CU_GRAPH_NODE_TYPE_MEM_FREE;
+        }
+    if ((na || nf) && g->has_exec && e->graph != g)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct obj **allocs = calloc(na + 1, sizeof(*allocs)), **frees = calloc(nf + 1, sizeof(*frees));
+    if (!allocs || !frees) {
+        free(allocs);
+        free(frees);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    na = nf = 0;
+    for (struct obj *o = g_all; o; o = o->next)
+        if (o->kind == K_NODE && o->parent == g && o->gmem) {
+            if (o->ntype == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+                allocs[na++] = o->gmem;
+            else
+                frees[nf++] = o->gmem;
+        }
+    if (e->graph)
+        e->graph->has_exec = 0;
+    free(e->gallocs);
+    free(e->gfrees);
+    e->gallocs = allocs;
+    e->gfrees = frees;
+    e->ngallocs = na;
+    e->ngfrees = nf;
+    e->kernels = g->kernels;
+    e->graph = g;
+    g->has_exec = na || nf;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
 {
-    (void)flags;
     if (!exec)
         return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct fctx *c;
-    struct obj *g, *e;
+    struct obj *g, *e = NULL;
     CUresult r = current_ctx(&c);
     if (r == CUDA_SUCCESS)
         r = find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
     if (r == CUDA_SUCCESS)
         r = owned_new(c, K_EXEC, 0, &e);
+    if (r == CUDA_SUCCESS)
+        r = exec_snapshot(e, g);
     if (r == CUDA_SUCCESS) {
-        e->kernels = g->kernels;
+        e->autofree = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
         *exec = (CUgraphExec)e;
+    } else if (e) {
+        obj_free(e);
     }
     unlock();
     return r;
@@ -2001,6 +2095,323 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 
 CUresult cuGraphExecDestroy(CUgraphExec exec) { return destroy(K_EXEC, exec, CUDA_ERROR_INVALID_VALUE); }
 CUresult cuGraphDestroy(CUgraph graph) { return destroy(K_GRAPH, graph, CUDA_ERROR_INVALID_VALUE); }
+
+/* ---------------------------------------------------------------- graph memory */
+
+/* A memory allocation node: its address now (reserved for the graph's lifetime), its memory only when a
+ * launch reaches it, from the device's graph reserve (grown, and charged, as needed). Under the lock. */
+static CUresult gmem_node(struct obj *g, CUgraphNode *node, CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    if (!node || !p || p->bytesize == 0 || p->poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        p->poolProps.handleTypes != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device_location(&p->poolProps.location);
+    CUdeviceptr va;
+    if (r == CUDA_SUCCESS)
+        r = reserve_va(p->bytesize, 0, &va);
+    struct obj *m = NULL, *n = NULL;
+    if (r == CUDA_SUCCESS && (!(m = obj_new(K_GMEM, va)) || !(n = obj_new(K_NODE, 0)))) {
+        if (m)
+            obj_free(m);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == CUDA_SUCCESS) {
+        m->dev = p->poolProps.location.id;
+        m->size = p->bytesize;
+        n->parent = g;
+        n->ntype = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+        n->gmem = m;
+        p->dptr = va;
+        *node = (CUgraphNode)n;
+    }
+    return r;
+}
+
+static CUresult gfree_node(struct obj *g, CUgraphNode *node, CUdeviceptr dptr)
+{
+    struct obj *m = obj_find(K_GMEM, dptr), *n = NULL;
+    if (!node || !m)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!(n = obj_new(K_NODE, 0)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    n->parent = g;
+    n->ntype = CU_GRAPH_NODE_TYPE_MEM_FREE;
+    n->gmem = m;
+    *node = (CUgraphNode)n;
+    return CUDA_SUCCESS;
+}
+
+static void gmem_release(struct obj *m)
+{
+    struct fdev *d = &g_dev[m->dev];
+    d->graph_used -= m->size < d->graph_used ? m->size : d->graph_used;
+    m->live = 0;
+}
+
+/* cuMemFree(Async) of a graph allocation: 1 when it was live. Under the lock. */
+static int gmem_free(CUdeviceptr dptr)
+{
+    struct obj *m = obj_find(K_GMEM, dptr);
+    if (!m || !m->live)
+        return 0;
+    gmem_release(m);
+    return 1;
+}
+
+/* A launch reaching the executable's memory nodes: its allocations become live (the reserve grows and is
+ * charged by what is missing), then its free nodes release theirs. Under the lock. */
+static CUresult graph_memory_launch(struct obj *e)
+{
+    for (size_t i = 0; e->autofree && i < e->ngallocs; i++)
+        if (e->gallocs[i]->live)
+            gmem_release(e->gallocs[i]);
+    for (size_t i = 0; i < e->ngallocs; i++) {
+        struct obj *m = e->gallocs[i];
+        struct fdev *d = &g_dev[m->dev];
+        if (m->live)
+            continue;
+        if (d->graph_used + m->size > d->graph_reserved) {
+            uint64_t need = d->graph_used + m->size - d->graph_reserved;
+            if (charge(m->dev, need) != CUDA_SUCCESS) {
+                for (size_t j = 0; j < i; j++)       /* this launch's allocations are undone */
+                    if (e->gallocs[j]->live)
+                        gmem_release(e->gallocs[j]);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            d->graph_reserved += need;
+            d->graph_reserved_high = max_u64(d->graph_reserved_high, d->graph_reserved);
+        }
+        d->graph_used += m->size;
+        d->graph_used_high = max_u64(d->graph_used_high, d->graph_used);
+        m->live = 1;
+    }
+    for (size_t i = 0; i < e->ngfrees; i++)
+        if (e->gfrees[i]->live)
+            gmem_release(e->gfrees[i]);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_memory_node(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                CUgraphNodeParams *p)
+{
+    if (!p || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    struct obj *g;
+    CUresult r = find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
+    for (size_t i = 0; r == CUDA_SUCCESS && i < ndeps; i++) {
+        struct obj *d = handle_find(K_NODE, deps[i]);
+        if (!d || d->parent != g)
+            r = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (r == CUDA_SUCCESS) {
+        if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+            r = gmem_node(g, node, &p->alloc);
+        else if (p->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+            r = gfree_node(g, node, p->free.dptr);
+        else
+            r = CUDA_ERROR_NOT_SUPPORTED;   /* the fake builds other nodes with their own calls only */
+    }
+    unlock();
+    return r;
+}
+
+CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+    if (!params)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .alloc = *params};
+    CUresult r = add_memory_node(node, graph, deps, ndeps, &p);
+    params->dptr = p.alloc.dptr;
+    return r;
+}
+
+CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                               CUdeviceptr dptr)
+{
+    CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE, .free = {dptr}};
+    return add_memory_node(node, graph, deps, ndeps, &p);
+}
+
+CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                        CUgraphNodeParams *params)
+{
+    return add_memory_node(node, graph, deps, ndeps, params);
+}
+
+CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                           size_t ndeps, CUgraphNodeParams *params)
+{
+    (void)edges;
+    return add_memory_node(node, graph, deps, ndeps, params);
+}
+
+/* Changing the parameters of memory nodes is not supported (CUDA documents it so); nor, in the fake,
+ * of anything else. */
+static CUresult set_params(CUgraphNode node, CUgraphNodeParams *params)
+{
+    lock();
+    struct obj *n;
+    CUresult r = find(K_NODE, (uintptr_t)node, CUDA_ERROR_INVALID_VALUE, &n);
+    if (r == CUDA_SUCCESS && (!params || params->type != n->ntype))
+        r = CUDA_ERROR_INVALID_VALUE;
+    unlock();
+    return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_SUPPORTED : r;
+}
+
+CUresult cuGraphNodeSetParams(CUgraphNode node, CUgraphNodeParams *params) { return set_params(node, params); }
+
+CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *params)
+{
+    lock();
+    struct obj *e;
+    CUresult r = find(K_EXEC, (uintptr_t)exec, CUDA_ERROR_INVALID_VALUE, &e);
+    unlock();
+    return r == CUDA_SUCCESS ? set_params(node, params) : r;
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (!params)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuGraphInstantiateWithFlags(exec, graph, params->flags);
+    params->hErrNode_out = NULL;
+    params->result_out = r == CUDA_SUCCESS ? 0 : 1;   /* CUDA_GRAPH_INSTANTIATE_SUCCESS / _ERROR */
+    return r;
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return cuGraphInstantiateWithParams(exec, graph, params);
+}
+
+/* The executable takes the topology of graph (the fake does not check that it matches). */
+CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info)
+{
+    (void)info;
+    lock();
+    struct obj *e, *g;
+    CUresult r = find(K_EXEC, (uintptr_t)exec, CUDA_ERROR_INVALID_VALUE, &e);
+    if (r == CUDA_SUCCESS)
+        r = find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
+    if (r == CUDA_SUCCESS)
+        r = exec_snapshot(e, g);
+    unlock();
+    return r;
+}
+
+CUresult cuGraphDestroyNode(CUgraphNode node) { return destroy(K_NODE, node, CUDA_ERROR_INVALID_VALUE); }
+
+CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
+{
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = check_device(dev);
+    if (r == CUDA_SUCCESS) {
+        const struct fdev *d = &g_dev[dev];
+        switch (attr) {
+        case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = d->graph_used; break;
+        case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = d->graph_used_high; break;
+        case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = d->graph_reserved; break;
+        case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = d->graph_reserved_high; break;
+        default: r = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    unlock();
+    return r;
+}
+
+/* Gives back the reserve no live graph allocation uses. */
+CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    lock();
+    CUresult r = check_device(dev);
+    if (r == CUDA_SUCCESS) {
+        struct fdev *d = &g_dev[dev];
+        uncharge(dev, d->graph_reserved - d->graph_used);
+        d->graph_reserved = d->graph_used;
+    }
+    unlock();
+    return r;
+}
+
+/* ---------------------------------------------------------------- stream capture */
+
+/* The graph a created stream captures into, or NULL. Under the lock. */
+static struct obj *capture_of(CUstream stream)
+{
+    struct obj *s = stream && stream != STREAM_LEGACY && stream != STREAM_PER_THREAD ? handle_find(K_STREAM, stream)
+                                                                                      : NULL;
+    return s ? s->capture : NULL;
+}
+
+/* Only created streams capture here (capturing the legacy stream is an error in CUDA too). */
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
+{
+    if (mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    struct obj *s, *g = NULL;
+    CUresult r = find(K_STREAM, (uintptr_t)stream, CUDA_ERROR_INVALID_HANDLE, &s);
+    if (r == CUDA_SUCCESS && s->capture)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !(g = obj_new(K_GRAPH, 0)))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS)
+        s->capture = g;
+    unlock();
+    return r;
+}
+
+CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
+{
+    if (!graph)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    struct obj *s;
+    CUresult r = find(K_STREAM, (uintptr_t)stream, CUDA_ERROR_INVALID_HANDLE, &s);
+    if (r == CUDA_SUCCESS && !s->capture)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        *graph = (CUgraph)s->capture;
+        s->capture = NULL;
+    }
+    unlock();
+    return r;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                                   const CUgraphNode **deps, size_t *ndeps)
+{
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    struct fctx *c;
+    uint64_t *done;
+    CUresult r = stream_resolve(stream, &c, &done);
+    struct obj *g = r == CUDA_SUCCESS ? capture_of(stream) : NULL;
+    if (r == CUDA_SUCCESS) {
+        *status = g ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+        if (id)
+            *id = (cuuint64_t)(uintptr_t)g;
+        if (graph && g)
+            *graph = (CUgraph)g;
+        if (deps && g)
+            *deps = NULL;
+        if (ndeps && g)
+            *ndeps = 0;
+    }
+    unlock();
+    return r;
+}
+
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
+                                        CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)
+{
+    return cuStreamGetCaptureInfo_v2(stream ? stream : STREAM_PER_THREAD, status, id, graph, deps, ndeps);
+}
 
 /* ---------------------------------------------------------------- errors */
 
@@ -2134,6 +2545,20 @@ static const struct proc {
     PT("cuGraphLaunch", 10000, cuGraphLaunch)
     P("cuGraphExecDestroy", 10000, cuGraphExecDestroy)
     P("cuGraphDestroy", 10000, cuGraphDestroy)
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode)
+    P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode)
+    P("cuGraphAddNode", 12020, cuGraphAddNode)
+    P("cuGraphAddNode", 12030, cuGraphAddNode_v2)
+    P("cuGraphNodeSetParams", 12020, cuGraphNodeSetParams)
+    P("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams)
+    PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams)
+    P("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2)
+    P("cuGraphDestroyNode", 10000, cuGraphDestroyNode)
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute)
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim)
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2)
+    P("cuStreamEndCapture", 10000, cuStreamEndCapture)
+    PT("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2)
     P("cuStreamCreate", 2000, cuStreamCreate)
     P("cuStreamDestroy", 2000, cuStreamDestroy)
     P("cuStreamDestroy", 4000, cuStreamDestroy_v2)

@@ -1,0 +1,50 @@
+"""Reader of a container's scheduler file (native/sched.c, version 1) for `nvc-py share status`.
+
+Fixed layout (little-endian): a 64-byte header, then one 128-byte entry per device the container
+has used with a weight or a cap. The container writes this file itself, so what it says about its
+own share is the container's word; the weight and cap that bind it are in its limits file.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"NVCSCHD\0"
+VERSION = 1
+SIZE = 4096
+DEVICES = 16
+IDLE_NS = 1_000_000_000          # not seen launching for a second: idle, no current share
+
+_HEADER = struct.Struct("<8sII48x")                      # 64 bytes
+_ENTRY = struct.Struct("<40sQQQQQQIIIIII16x")            # 128 bytes
+
+
+@dataclass(frozen=True)
+class SchedDevice:
+    key: str                     # the device's UUID without its GPU-/MIG- prefix
+    weight: int
+    cap: int                     # percent, 100 = none
+    busy_ns: int                 # measured GPU time, cumulative
+    share_permille: int          # of the GPU over the last half second the container was busy
+    seen_ns: int                 # CLOCK_MONOTONIC of its last launch
+
+
+class SchedFormatError(ValueError):
+    """Not (or not yet) a version-1 scheduler file: e.g. zeros because no CUDA process ran."""
+
+
+def parse_sched(data: bytes) -> tuple[SchedDevice, ...]:
+    if len(data) != SIZE:
+        raise SchedFormatError(f"{len(data)} bytes, want {SIZE}")
+    magic, version, ndevices = _HEADER.unpack_from(data, 0)
+    if not magic.strip(b"\0"):
+        raise SchedFormatError("no CUDA process has used it yet")
+    if magic != MAGIC or version != VERSION:
+        raise SchedFormatError(f"magic {magic!r} version {version}, want version {VERSION}")
+    devices = []
+    for i in range(min(ndevices, DEVICES)):
+        key, _vtime, seen, _until, busy, _wstart, _wbusy, weight, cap, _running, _capped, permille, _ = \
+            _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
+        devices.append(SchedDevice(key.rstrip(b"\0").decode("ascii", "replace"), weight, cap, busy, permille, seen))
+    return tuple(devices)

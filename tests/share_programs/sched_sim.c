@@ -1,0 +1,118 @@
+/* sched_sim: the shim's scheduler decision (native/schedpolicy.c) driving simulated tenants on a fake
+ * clock and a simulated GPU that runs one kernel at a time in submission order. Deterministic test
+ * program for tests/test_share_native.py; nothing here is a GPU result.
+ *
+ *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS
+ *
+ * Each tenant launches kernels of KERNEL_US while busy, keeping at most 2 ms of its work queued (as the
+ * shim does), asking nvc_sched_decide before each launch, its own cap (percent, 100 = none) enforced
+ * by a credit bucket like the shim's. Prints per tenant "tenant I <GPU share in ‰ in the first half>
+ * <in the second half>" of the MS simulated milliseconds. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "schedpolicy.h"
+
+#define MAX_T 8
+#define STEP_NS 10000ull               /* the tenants' wait step (the shim sleeps 50-200 us) */
+#define MAX_INFLIGHT_NS 2000000ull
+#define BURST_NS 10000000ll
+
+struct kernel { int tenant; uint64_t dur, submitted; };
+
+static struct tenant {
+    struct nvc_sched_view v;
+    unsigned weight, cap;
+    uint64_t kernel_ns, from_ns, until_ns, inflight_ns, last_end;
+    int64_t credit;
+    uint64_t busy[2];
+} t[MAX_T];
+static int nt;
+static struct kernel queue[4096];
+static int qhead, qtail;
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2;
+    for (int i = 2; i < argc && nt < MAX_T; i++, nt++) {
+        unsigned long long w, cap, us, from, until;
+        if (sscanf(argv[i], "%llu:%llu:%llu:%llu:%llu", &w, &cap, &us, &from, &until) != 5)
+            return 2;
+        t[nt] = (struct tenant){.v = {.id = (uint64_t)nt + 1}, .weight = (unsigned)w, .cap = (unsigned)cap,
+                                .kernel_ns = us * 1000, .from_ns = from * 1000000, .until_ns = until * 1000000};
+    }
+    uint64_t gpu_free_at = 0, now = 0, refill = 0;
+    struct nvc_sched_view others[MAX_T];
+    for (now = 0; now < end_ns; now += STEP_NS) {
+        /* the GPU: completes the kernel at the head when its time is up, starts the next */
+        while (qhead != qtail && gpu_free_at <= now) {
+            struct kernel *k = &queue[qhead % 4096];
+            uint64_t start = gpu_free_at > k->submitted ? gpu_free_at : k->submitted;
+            uint64_t done = start + k->dur;
+            if (done > now)
+                break;
+            struct tenant *x = &t[k->tenant];
+            /* what the shim measures: from when its stream could start it to completion */
+            uint64_t began = k->submitted > x->last_end ? k->submitted : x->last_end;
+            uint64_t measured = done - began;
+            x->v.vtime += (measured - k->dur) * NVC_WEIGHT_UNIT / x->weight;   /* estimate was k->dur */
+            x->credit -= (int64_t)(measured - k->dur);
+            x->inflight_ns -= k->dur;
+            x->last_end = done;
+            for (uint64_t a = start; a < done; a += 1000)      /* GPU time by half, at 1 us */
+                x->busy[a >= half] += a + 1000 <= done ? 1000 : done - a;
+            gpu_free_at = done;
+            qhead++;
+        }
+        if (qhead == qtail && gpu_free_at < now)
+            gpu_free_at = now;
+        for (int i = 0; i < nt; i++) {                          /* the shims' credit refill */
+            int64_t cap = BURST_NS * t[i].cap / 100;
+            t[i].credit += (int64_t)((now - refill) * t[i].cap / 100);
+            if (t[i].credit > cap)
+                t[i].credit = cap;
+        }
+        refill = now;
+        for (int i = 0; i < nt; i++) {
+            struct tenant *x = &t[i];
+            if (now < x->from_ns || now >= x->until_ns)
+                continue;                                       /* idle */
+            if (x->inflight_ns + x->kernel_ns > MAX_INFLIGHT_NS && x->inflight_ns)
+                continue;                                       /* its queue is full: waits, still seen */
+            int n = 0;
+            for (int j = 0; j < nt; j++)
+                if (j != i)
+                    others[n++] = t[j].v;
+            if (x->cap < 100 && x->credit < 0) {
+                x->v.capped = 1;
+                x->v.running = 0;
+                continue;
+            }
+            if (!nvc_sched_active(&x->v, now) || x->v.capped)
+                x->v.vtime = nvc_sched_catch_up(x->v.vtime, others, n, now);
+            x->v.capped = 0;
+            x->v.seen_ns = now;
+            if (nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
+                x->v.running = 0;
+                continue;
+            }
+            x->v.running = 1;
+            queue[qtail++ % 4096] = (struct kernel){i, x->kernel_ns, now};
+            x->inflight_ns += x->kernel_ns;
+            x->v.vtime += x->kernel_ns * NVC_WEIGHT_UNIT / x->weight;
+            x->credit -= (int64_t)x->kernel_ns;
+            uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
+            x->v.busy_until_ns = base + x->kernel_ns;
+        }
+        for (int i = 0; i < nt; i++)                             /* seen every step while queued work waits */
+            if (now >= t[i].from_ns && now < t[i].until_ns && t[i].inflight_ns && !t[i].v.capped)
+                t[i].v.seen_ns = now;
+    }
+    for (int i = 0; i < nt; i++)
+        printf("tenant %d %llu %llu\n", i, (unsigned long long)(t[i].busy[0] * 1000 / half),
+               (unsigned long long)(t[i].busy[1] * 1000 / (end_ns - half)));
+    return 0;
+}
