@@ -8,7 +8,7 @@ no lock (native/README.md).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC = b"NVCSHRG\0"
 VERSION = 1
@@ -21,8 +21,7 @@ _SLOT = struct.Struct(f"<iIQQ{DEVICES}Q8x")              # 160 bytes
 SIZE = _HEADER.size + DEVICES * _DEVICE.size + SLOTS * _SLOT.size
 
 
-@dataclass(frozen=True)
-class RegionDevice:
+class RegionDevice(NamedTuple):
     key: str                  # the device's UUID without its GPU-/MIG- prefix, lower case
     memory_limit: int         # bytes, 0 = unlimited
     compute: int              # percent, 100 = unthrottled
@@ -32,16 +31,14 @@ class RegionDevice:
     launches: int             # launches seen while throttling was active
 
 
-@dataclass(frozen=True)
-class RegionSlot:
+class RegionSlot(NamedTuple):
     pid: int                  # in the container's pid namespace
     start_time: int           # /proc/<pid>/stat field 22 (clock ticks since boot)
     pidns_ino: int
     used: tuple[int, ...]     # bytes per region device
 
 
-@dataclass(frozen=True)
-class Region:
+class Region(NamedTuple):
     config_hash: int
     memory_default: int
     compute_default: int

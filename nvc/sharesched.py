@@ -8,7 +8,7 @@ own share is the container's word; the weight and cap that bind it are in its li
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 MAGIC = b"NVCSCHD\0"
 VERSION = 1
@@ -20,8 +20,7 @@ _HEADER = struct.Struct("<8sII48x")                      # 64 bytes
 _ENTRY = struct.Struct("<40sQQQQQQIIIIII16x")            # 128 bytes
 
 
-@dataclass(frozen=True)
-class SchedDevice:
+class SchedDevice(NamedTuple):
     key: str                     # the device's UUID without its GPU-/MIG- prefix
     weight: int
     cap: int                     # percent, 100 = none

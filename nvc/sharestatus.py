@@ -18,7 +18,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from nvc import share, untrusted
 from nvc.shareregion import SIZE, Region, RegionFormatError, parse_region
@@ -28,15 +28,13 @@ from nvc.sharesched import SIZE as SCHED_SIZE
 _MAX_LIMITS = 16384               # what the shim reads of a limits file (native/shim.c)
 
 
-@dataclass(frozen=True)
-class Process:
+class Process(NamedTuple):
     pid: int                      # inside the container
     host_pid: int | None          # None: not running any more (or not visible from here)
     used: dict[str, int]          # device key -> bytes
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(NamedTuple):
     key: str
     memory_limit: int             # bytes, 0 = unlimited
     memory_used: int              # the container's total over its processes
@@ -49,8 +47,7 @@ class Device:
     share_percent: float | None = None   # measured share of the GPU while busy; None: idle or unknown
 
 
-@dataclass(frozen=True)
-class ContainerShare:
+class ContainerShare(NamedTuple):
     id: str
     directory: str
     limits: dict[str, str]        # the limits file's key=value entries, as the hook wrote them
@@ -219,5 +216,14 @@ def _lines(c: ContainerShare) -> Iterator[str]:
         yield f"  pid {p.pid} ({host}): {used}"
 
 
+def _plain(value: object) -> object:
+    """Records as JSON objects, all the way down (a named tuple would print as an array)."""
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {key: _plain(item) for key, item in value._asdict().items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
 def as_json(containers: list[ContainerShare]) -> str:
-    return json.dumps({"containers": [asdict(c) for c in containers]}, indent=2) + "\n"
+    return json.dumps({"containers": [_plain(c) for c in containers]}, indent=2) + "\n"

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                             "nvc.kmods"})),
     ("plan", frozenset({"nvc.selection", "nvc.requirements", "nvc.devfilter", "nvc.mountplan"})),
     ("apply", frozenset({"nvc.bpf", "nvc.cgroups", "nvc.fdmount", "nvc.rootfs", "nvc.ldconfig", "nvc.apply",
-                         "nvc.share", "nvc.shareregion"})),
+                         "nvc.share", "nvc.shareregion", "nvc.sharesched"})),
     ("rpc", frozenset({"nvc.rpc", "nvc.rpc.protocol", "nvc.rpc.helper", "nvc.rpc.confine", "nvc.rpc.driver_service",
                        "nvc.rpc.container_service"})),
     ("commands", frozenset({"nvc.configure", "nvc.listing", "nvc.cdi", "nvc.devnodes", "nvc.infoformat",
