@@ -150,6 +150,8 @@ static cudaError_t escape_step(const char *path, size_t chunk)
         cudaError_t err = path[0] == 'f' ? cudaMallocFromPoolAsync(&p, chunk, pool, 0) : cudaMallocAsync(&p, chunk, 0);
         return err == cudaSuccess ? cudaStreamSynchronize(0) : err;
     }
+    if (!strcmp(path, "vmm") || !strcmp(path, "driver"))
+        cudaFree(nullptr);                 // the runtime's primary context, current for the driver calls below
     if (!strcmp(path, "vmm")) {            // cuMemCreate, as PyTorch's expandable segments and NCCL use it
         unsigned long long handle;
         struct { int type, handle_types, loc_type, loc_id; void *win32; unsigned char flags[8]; } prop = {1, 0, 1, 0};
