@@ -106,7 +106,9 @@ define link
 	mkdir -p $(BINDIR) && ln -sfn $(LIBDIR)/$(1) $(BINDIR)/$(1)
 endef
 
+# build/ goes first: setuptools would copy what an earlier build left there (a moved module) again.
 install: pip-deps
+	rm -rf build
 	$(PIP) install -q --no-deps --no-index --no-build-isolation .
 	install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
 	install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client

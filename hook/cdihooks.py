@@ -4,8 +4,8 @@
 (``libcuda.so -> libcuda.so.1``); ``update-ldcache --folder DIR`` adds the mounted driver
 libraries to the container's ld cache. Both run in the container's mount namespace before
 pivot_root (runc and crun run createContainer hooks there), take the rootfs from the
-bundle's spec, and work only through :mod:`nvc.rootfs` (links, resolved in the root) and
-the sandboxed ldconfig of :mod:`nvc.ldconfig` (never the image's binaries).
+bundle's spec, and work only through :mod:`nvc.apply.rootfs` (links, resolved in the root) and
+the sandboxed ldconfig of :mod:`nvc.apply.ldconfig` (never the image's binaries).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _owner(pid: int | None) -> tuple[int, int]:
 
 
 def create_symlinks(args: Sequence[str], stdin: bytes) -> None:
-    from nvc import rootfs as inroot
+    from nvc.apply import rootfs as inroot
 
     links = []
     for pair in _options(args, "link"):
@@ -71,7 +71,7 @@ def create_symlinks(args: Sequence[str], stdin: bytes) -> None:
 
 
 def update_ldcache(args: Sequence[str], stdin: bytes, ldconfig: str) -> None:
-    from nvc.ldconfig import run_ldconfig
+    from nvc.apply.ldconfig import run_ldconfig
 
     folders = _options(args, "folder")
     if not all(os.path.isabs(f) for f in folders):

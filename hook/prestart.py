@@ -5,7 +5,7 @@ config.json). ``prestart`` reads the OCI state on stdin, loads the bundle's spec
 devices and capabilities from it (:mod:`nvc.hook.request`) and runs the configure logic in
 this same process: a container start pays for one interpreter, not two. A container asking
 for GPU sharing (``NVC_SHARE_*``, HAMi's ``CUDA_DEVICE_*`` env) also gets the sharing shim
-(:mod:`nvc.share`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
+(:mod:`nvc.share.limits`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
 
 A failure prints one line on stderr (the engine shows it to the user) and exits non-zero,
 which makes the runtime abort the start. Every invocation leaves one structured line in
@@ -107,7 +107,7 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
         return
     record["devices"] = list(req.devices) if req.devices is not None else "none"
     record["capabilities"] = list(req.capabilities)
-    from nvc import share
+    from nvc.share import limits as share
     from nvc.configure import configure
 
     # junk limits refuse the container before anything changes
@@ -116,7 +116,7 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
         sharing = share.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
     glob = global_options(config)
     if glob.load_kmods:
-        from nvc import kmods
+        from nvc.discover import kmods
 
         kmods.load(glob.root)
     extra = share.prepare(sharing, state.id, ctr.rootfs) if sharing else ()
@@ -152,7 +152,7 @@ def _stdin(given: bytes | None) -> bytes:
 def _poststop(stdin: bytes) -> int:
     """Drop the container's GPU-sharing directory, if it had one; never fails the teardown. Only the
     id is read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
-    from nvc import share
+    from nvc.share import limits as share
     from nvc.hook import spec
 
     try:

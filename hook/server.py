@@ -76,9 +76,9 @@ IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an 
 SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
-           "nvc.configure", "nvc.apply", "nvc.ldconfig", "nvc.cgroups", "nvc.rpc.container_service",
-           "nvc.share", "nvc.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "nvc.rpc.driver_service",
-           "nvc.infoformat", "nvc.listing", "nvc.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
+           "nvc.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups", "nvc.rpc.container_service",
+           "nvc.share.limits", "nvc.discover.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "nvc.rpc.driver_service",
+           "nvc.infoformat", "nvc.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pyseccomp", "pynvml", "yaml", "json")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 _started_code: tuple[tuple[int, int], ...] = ()  # code_stamp() when the server started

@@ -16,11 +16,11 @@ import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nvc import mountplan
+from nvc.plan import mountplan
 from nvc.capabilities import CAPABILITIES
-from nvc.driver import DriverFiles
-from nvc.nodes import DeviceNode
-from nvc.selection import Selection
+from nvc.discover.driver import DriverFiles
+from nvc.discover.nodes import DeviceNode
+from nvc.plan.selection import Selection
 
 CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"
@@ -113,7 +113,8 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
              hook_env: list[str]) -> dict[str, Any]:
     """Discover the driver under ``root`` and build its spec (NVML is asked: MIG devices need it);
     ``hook``: the installed program the spec's createContainer hooks run."""
-    from nvc import devnodes, driver, nodes, procfs
+    from nvc import devnodes
+    from nvc.discover import driver, nodes, procfs
     from nvc.rpc import driver_service
 
     inv = driver_service.inventory(root, user)

@@ -83,7 +83,7 @@ class _Given:
             raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
         opts = GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), self.load_kmods)
         if self.load_kmods:
-            from nvc import kmods
+            from nvc.discover import kmods
 
             kmods.load(opts.root)
         return opts
@@ -112,7 +112,8 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
     # The helper (preforked at start-up, see nvc.__main__; else forked here) loads NVML while
     # this process imports the rest.
     with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
-        from nvc import infoformat, inventory
+        from nvc import infoformat
+        from nvc.discover import inventory
 
         inv = inventory.from_snapshot(drv.snapshot())
     render = {None: infoformat.text, "csv": infoformat.csv_text, "json": infoformat.json_text}[fmt]
@@ -252,10 +253,12 @@ def run_list(
     """Discover what ``request`` needs and build the listing.
 
     ``use_nvml`` None picks the cheapest source that can answer (see
-    :func:`nvc.selection.needs_nvml`); True/False force one, which tests use to show
+    :func:`nvc.plan.selection.needs_nvml`); True/False force one, which tests use to show
     that both sources give the same listing.
     """
-    from nvc import driver, inventory, listing, nodes, procfs, selection
+    from nvc.discover import driver, inventory, nodes, procfs
+    from nvc import listing
+    from nvc.plan import selection
     from nvc.rpc import driver_service
 
     selectors = selection.parse(devices)
@@ -452,7 +455,7 @@ def share() -> None:
               help="Where the hook keeps the per-container sharing directories.")
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
-    from nvc import sharestatus
+    from nvc.share import status as sharestatus
 
     if os.path.lexists(state_dir) and not os.path.isdir(state_dir):  # missing: no container shares a GPU
         raise InputError(f"{state_dir}: not a directory")

@@ -3,8 +3,8 @@
 The single entry point of the CLI's ``nvc-py configure`` and of the OCI hook (which calls
 :func:`configure` in-process). The data path: validate the request (nothing changes before
 every input was checked) → select devices → check requirements → discover the driver's
-files → read container facts safely inside its rootfs → plan (:mod:`nvc.mountplan`, pure)
-→ apply (:func:`nvc.rpc.container_service.apply`: a forked helper running :mod:`nvc.apply` inside the container's mount namespace, then
+files → read container facts safely inside its rootfs → plan (:mod:`nvc.plan.mountplan`, pure)
+→ apply (:func:`nvc.rpc.container_service.apply`: a forked helper running :mod:`nvc.apply.applier` inside the container's mount namespace, then
 the sandboxed ldconfig and the device cgroup).
 """
 
@@ -18,14 +18,16 @@ import time
 from pathlib import Path
 from typing import NamedTuple, TYPE_CHECKING
 
-from nvc import capabilities, loaderenv, procfs, requirements, selection
+from nvc import capabilities, loaderenv
+from nvc.discover import procfs
+from nvc.plan import requirements, selection
 from nvc.errors import ContainerError, InputError
 from nvc.logger import Logger
-from nvc.mountplan import COMPAT_DIR, COMPAT_MODES, PROC_NVIDIA, ContainerFacts, HostFacts, HostMount, Options, Plan
+from nvc.plan.mountplan import COMPAT_DIR, COMPAT_MODES, PROC_NVIDIA, ContainerFacts, HostFacts, HostMount, Options, Plan
 from nvc.options import GlobalOptions
 
 if TYPE_CHECKING:
-    from nvc.inventory import Inventory
+    from nvc.discover.inventory import Inventory
 
 log = Logger(__name__)
 
@@ -123,7 +125,7 @@ def validate(req: ConfigureRequest) -> _Checked:
 
 
 def _exists(root_fd: int, path: str, directory: bool = False) -> bool:
-    from nvc import rootfs as inroot
+    from nvc.apply import rootfs as inroot
 
     try:
         fd = inroot.open_in_root(root_fd, path, os.O_PATH | (os.O_DIRECTORY if directory else 0))
@@ -137,7 +139,7 @@ def _exists(root_fd: int, path: str, directory: bool = False) -> bool:
 
 def _compat_libs(root_fd: int) -> tuple[str, ...]:
     """Regular files ``lib*.so.*`` in the image's CUDA compat dir (symlinks and dirs ignored)."""
-    from nvc import rootfs as inroot
+    from nvc.apply import rootfs as inroot
 
     try:
         fd = inroot.open_in_root(root_fd, COMPAT_DIR, os.O_RDONLY | os.O_DIRECTORY)
@@ -226,8 +228,9 @@ def _check_requirements(checked: _Checked, inv: Inventory, chosen: selection.Sel
 
 def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -> Plan:
     """Everything ``configure`` would do, without changing anything."""
-    from nvc import driver, inventory, mountplan, nodes
-    from nvc import rootfs as inroot
+    from nvc.discover import driver, inventory, nodes
+    from nvc.plan import mountplan
+    from nvc.apply import rootfs as inroot
     from nvc.rpc import driver_service
 
     start = time.perf_counter()

@@ -3,7 +3,7 @@
 The runtime wrapper and the CDI generator put the nodes in the spec itself, so that the
 runtime creates them and owns their cgroup rules: rules added behind the runtime's back
 (by a hook) vanish on a systemd daemon-reload, the reference stack's best-known failure.
-Which nodes a request needs is the mount plan's rule (:func:`nvc.mountplan.needed_nodes`).
+Which nodes a request needs is the mount plan's rule (:func:`nvc.plan.mountplan.needed_nodes`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from nvc import inventory, mountplan, nodes, procfs, selection
-from nvc.nodes import DeviceNode
+from nvc.discover import inventory, nodes, procfs
+from nvc.plan import mountplan, selection
+from nvc.discover.nodes import DeviceNode
 
 
 def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:

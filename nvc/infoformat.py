@@ -13,8 +13,8 @@ import io
 import json
 
 from nvc.devices import Gpu, MigDevice
-from nvc.inventory import Inventory
-from nvc.procfs import normalize_bus_id
+from nvc.discover.inventory import Inventory
+from nvc.discover.procfs import normalize_bus_id
 
 INFO_SCHEMA_VERSION = 1
 

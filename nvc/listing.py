@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from nvc import nodes, procfs
-from nvc.driver import DriverFiles
+from nvc.discover import nodes, procfs
+from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
-from nvc.selection import Selection
+from nvc.plan.selection import Selection
 from nvc.untrusted import decimal
 
 

@@ -5,7 +5,7 @@ runs ldconfig's sandbox and programs the device cgroup, and has the helper commi
 
 Joining a mount namespace is a one-way trip for a process, and the caller (the CLI or the
 OCI hook) must stay in the host's. So a forked helper does it, holding only the
-capabilities mounting needs (:data:`nvc.apply.HELPER_CAPS`), each raised only for the step
+capabilities mounting needs (:data:`nvc.apply.applier.HELPER_CAPS`), each raised only for the step
 that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits or rolls back.
 """
 
@@ -21,7 +21,7 @@ from nvc.logger import Logger
 from nvc.rpc.helper import Dispatch, HelperClient
 
 if TYPE_CHECKING:
-    from nvc.mountplan import Plan
+    from nvc.plan.mountplan import Plan
 
 log = Logger(__name__)
 
@@ -32,7 +32,7 @@ def _confine() -> None:
     """Keep only the helper's capabilities (bounding and permitted), none effective."""
     import prctl
 
-    from nvc.apply import HELPER_CAPS
+    from nvc.apply.applier import HELPER_CAPS
 
     keep = [getattr(prctl, f"CAP_{name.upper()}") for name in HELPER_CAPS]
     prctl.capbset.limit(*keep)
@@ -44,8 +44,8 @@ def _confine() -> None:
 
 def serve_container() -> Dispatch:
     """Helper setup: confine, then serve mount / rollback / commit for one plan."""
-    from nvc.apply import Applier
-    from nvc.mountplan import Plan
+    from nvc.apply.applier import Applier
+    from nvc.plan.mountplan import Plan
 
     _confine()
     state: dict[str, Applier] = {}
@@ -78,7 +78,7 @@ class ContainerClient:
     def __init__(self, helper: HelperClient) -> None:
         self.helper = helper
 
-    def mount(self, plan: Any) -> int:  # Plan; Any keeps nvc.mountplan out of this import
+    def mount(self, plan: Any) -> int:  # Plan; Any keeps nvc.plan.mountplan out of this import
         """Apply the plan's operations; on failure the helper has already undone them."""
         return self.helper.call("mount", plan=plan.to_wire())
 
@@ -107,7 +107,7 @@ def _timed(stage: str, start: float) -> float:
 
 def apply(plan: Plan) -> None:
     """Apply ``plan``: mounts (this helper), then ldconfig and device cgroup; undo the mounts on failure."""
-    from nvc import ldconfig
+    from nvc.apply import ldconfig
 
     start = time.perf_counter()
     # Forked first: the ldconfig child loads its modules while this process imports the
@@ -117,7 +117,7 @@ def apply(plan: Plan) -> None:
         pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
                                           pid=plan.pid)
     try:
-        from nvc import cgroups
+        from nvc.apply import cgroups
 
         start = _timed("setup", start)
         with open_container(HELPER_TIMEOUT) as helper:

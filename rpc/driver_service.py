@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported where used: what this module loads delays the help
     from pathlib import Path
 
     from nvc.devices import DriverSnapshot
-    from nvc.inventory import Inventory
+    from nvc.discover.inventory import Inventory
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Host libraries NVML needs, loaded before the chroot so a driver root that lacks them (or
@@ -309,8 +309,8 @@ def open_driver(
 def inventory(root: str, user: tuple[int, int] | None, proc: Path | None = None,
               timeout: float = DEFAULT_TIMEOUT) -> Inventory:
     """Everything NVML reports (through a driver helper for ``root``), with each MIG device's /proc
-    access files and nvidia-caps minors added (:func:`nvc.inventory.from_snapshot`)."""
-    from nvc import inventory as inv
+    access files and nvidia-caps minors added (:func:`nvc.discover.inventory.from_snapshot`)."""
+    from nvc.discover import inventory as inv
 
     with open_driver(root=root, user=user, timeout=timeout) as drv:
         return inv.from_snapshot(drv.snapshot(), *(() if proc is None else (proc,)))

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from nvc import bpf
-from nvc.cgroups import DeviceCgroup, allow_devices, find_device_cgroup, locate_device_cgroup, parse_proc_cgroup
-from nvc.devfilter import ALU64_MOV_K, JMP_CALL, JMP_EXIT, DeviceRule, Insn, build_filter, encode
+from nvc.apply import bpf
+from nvc.apply.cgroups import DeviceCgroup, allow_devices, find_device_cgroup, locate_device_cgroup, parse_proc_cgroup
+from nvc.plan.devfilter import ALU64_MOV_K, JMP_CALL, JMP_EXIT, DeviceRule, Insn, build_filter, encode
 from nvc.errors import ContainerError
 
 V1_ROOT = "/sys/fs/cgroup/devices"

@@ -95,8 +95,8 @@ def test_runc_container_gets_mig_device_and_its_caps(active_2gpu, lib64_rootfs, 
 V2_HOOK_PY = """
 import json, os, subprocess, sys
 sys.path.insert(0, {tests!r})
-from nvc import bpf
-from nvc.devfilter import DeviceRule, build_filter
+from nvc.apply import bpf
+from nvc.plan.devfilter import DeviceRule, build_filter
 pid = json.load(sys.stdin)["pid"]
 lines = open(f"/proc/{{pid}}/cgroup").read().splitlines()
 path = {v2!r} + next(l.split(":", 2)[2] for l in lines if l.startswith("0::"))

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from nvc import bpf
-from nvc.devfilter import (
+from nvc.apply import bpf
+from nvc.plan.devfilter import (
     ACCESS_BIT,
     ALU32_AND_K,
     ALU32_RSH_K,

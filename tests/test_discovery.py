@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from nvc import driver, inventory, kmods, ldcache, nodes, procfs, rootpath, selection
+from nvc.discover import driver, inventory, kmods, ldcache, nodes, procfs, rootpath
+from nvc.plan import selection
 from nvc.cli import GlobalOptions, run_list
 from nvc.devices import Gpu, MigDevice
 from nvc.errors import DetectionError, DeviceError, InitializationError
@@ -170,7 +171,7 @@ def test_discover_with_real_ldconfig_cache(libroot: Path, tmp_path: Path) -> Non
 
 
 def test_elf_of_garbage(tmp_path: Path, libroot: Path) -> None:
-    from nvc import elf
+    from nvc.discover import elf
 
     (tmp_path / "bad").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 20)
     (tmp_path / "text").write_text("hello")

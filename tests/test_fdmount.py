@@ -1,4 +1,4 @@
-"""nvc.fdmount: binds and tmpfs mounts through fds, checked sources, rollback.
+"""nvc.apply.fdmount: binds and tmpfs mounts through fds, checked sources, rollback.
 
 Mounting happens in a forked child that unshared its mount namespace, so the test process
 and the host never see the mounts. Binds are cloned and attached as the applier does (new
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from nvc import fdmount, rootfs, syscalls
+from nvc.apply import fdmount, rootfs
+from nvc import syscalls
 from nvc.errors import MountError
 from nvc.syscalls import MountAttr
 

@@ -99,7 +99,7 @@ def test_podman_unsatisfied_requirement_fails_the_start(active_2gpu, podman, set
 
 
 def test_podman_sharing_directory_removed_at_poststop(active_2gpu, podman, setup_dir: Path) -> None:
-    from nvc import share
+    from nvc.share import limits as share
 
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
     result = podman.run(podman.image(), ["cat", f"{share.CONTAINER_DIR}/limits"], env=env,

@@ -147,7 +147,7 @@ UNICODE_DIGITS = ["\u00b2", "\u0663", "\uff13", "1\u00b2"]  # superscript two, A
 def test_numbers_are_ascii_and_bounded(digits: str) -> None:
     """str.isdigit() takes these; int() refuses some (``²``, 4400 digits) and reads others as
     numbers no one meant: all are refused with one InputError or DeviceError, never a ValueError."""
-    from nvc import requirements, selection
+    from nvc.plan import requirements, selection
     from nvc.errors import DeviceError, shown
 
     base = {"NVIDIA_VISIBLE_DEVICES": "0"}

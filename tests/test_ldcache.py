@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nvc import ldcache
+from nvc.discover import ldcache
 from nvc.errors import DetectionError
 
 HOST_CACHE = Path("/etc/ld.so.cache")

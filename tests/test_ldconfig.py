@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nvc.errors import LdcacheError
-from nvc.ldconfig import run_ldconfig, start_ldconfig
+from nvc.apply.ldconfig import run_ldconfig, start_ldconfig
 
 LIBDIR = Path("/lib/x86_64-linux-gnu")
 

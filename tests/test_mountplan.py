@@ -9,14 +9,14 @@ import os
 
 import pytest
 
-from nvc import mountplan
+from nvc.plan import mountplan
 from nvc.configure import ConfigureRequest, validate
-from nvc.devfilter import DeviceRule
+from nvc.plan.devfilter import DeviceRule
 from nvc.devices import Gpu, MigDevice
-from nvc.driver import DriverFiles
+from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
-from nvc.mountplan import Bind, ContainerFacts, HostFacts, HostMount, MakeDir, Options, Seal, Symlink, Tmpfs, WriteFile
-from nvc.selection import Selection
+from nvc.plan.mountplan import Bind, ContainerFacts, HostFacts, HostMount, MakeDir, Options, Seal, Symlink, Tmpfs, WriteFile
+from nvc.plan.selection import Selection
 
 R = "/drv"  # driver root
 V = "580.95.05"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nvc.errors import InputError, RequirementError
-from nvc.requirements import check, parse_requirement, version_key
+from nvc.plan.requirements import check, parse_requirement, version_key
 
 # Reference vectors: driver 550.54.15, CUDA 12.4, brand Tesla, arch 9.0.
 FACTS = {"cuda": "12.4", "driver": "550.54.15", "arch": "9.0", "brand": "Tesla"}

@@ -1,4 +1,4 @@
-"""nvc.rootfs against hostile rootfs layouts: nothing may be opened or created outside the root.
+"""nvc.apply.rootfs against hostile rootfs layouts: nothing may be opened or created outside the root.
 
 Each test runs twice: with openat2(RESOLVE_IN_ROOT) and with the hand-walked fallback used
 on kernels without openat2.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nvc import rootfs
+from nvc.apply import rootfs
 
 
 @pytest.fixture(params=["openat2", "walk"])

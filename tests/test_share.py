@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from fakedriver.activate import private_mounts as private_mount_namespace
-from nvc import share, sharestatus
+from nvc.share import limits as share, status as sharestatus
 from nvc.errors import ContainerError, InputError
-from nvc.shareregion import SIZE as REGION_SIZE
+from nvc.share.region import SIZE as REGION_SIZE
 from test_hook_containers import setup_dir  # noqa: F401  (fixture: the fake driver's config and hooks.d)
 from test_hook_server import default_run_dir  # noqa: F401  (fixture: /run/nvc-py, a tmpfs of this test's own)
 from test_share_native import GIB, GPU0, MIB, SHIM, meminfo, programs, share as shim  # noqa: F401  (fixtures)

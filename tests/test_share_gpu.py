@@ -1,5 +1,5 @@
 """libnvc-share on a real GPU (H100, driver 580, CUDA 13): the acceptance checks of issue 6 with
-LD_PRELOAD and a share directory written by nvc.share (the hook's limits writer). Run by
+LD_PRELOAD and a share directory written by nvc.share.limits (the hook's limits writer). Run by
 `make test-gpu` on the GPU machine; deselected elsewhere.
 """
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nvc.shareregion import SIZE as REGION_SIZE
+from nvc.share.region import SIZE as REGION_SIZE
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

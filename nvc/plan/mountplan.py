@@ -4,7 +4,7 @@ Pure: host facts (driver files, device nodes, /proc/driver/nvidia contents), the
 devices, facts read safely from the container's rootfs and the request's options go in;
 an ordered :class:`Plan` comes out. Nothing here touches the system, so every rule (which
 capability brings which files, which nodes, which cgroup rules) is testable without root,
-and ``configure --dry-run`` prints exactly what the applier (:mod:`nvc.apply`) would do.
+and ``configure --dry-run`` prints exactly what the applier (:mod:`nvc.apply.applier`) would do.
 
 Order matters and is the applier's order: driver files, device nodes, the tmpfs over
 /proc/driver/nvidia with its contents (then sealed read-only), symlinks, extra mounts.
@@ -21,12 +21,12 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from nvc import capabilities as caps_mod
-from nvc import nodes
-from nvc.devfilter import DeviceRule
-from nvc.driver import DriverFiles
+from nvc.discover import nodes
+from nvc.plan.devfilter import DeviceRule
+from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
-from nvc.procfs import normalize_bus_id
-from nvc.selection import Selection
+from nvc.discover.procfs import normalize_bus_id
+from nvc.plan.selection import Selection
 from nvc.syscalls import MountAttr
 
 RO = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from nvc import rootpath
+from nvc.discover import rootpath
 from nvc.errors import DetectionError, DeviceError
 from nvc.logger import Logger
 

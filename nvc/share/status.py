@@ -20,10 +20,11 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from nvc import share, untrusted
-from nvc.shareregion import SIZE, Region, RegionFormatError, parse_region
-from nvc.sharesched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
-from nvc.sharesched import SIZE as SCHED_SIZE
+from nvc.share import limits as share
+from nvc import untrusted
+from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
+from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
+from nvc.share.sched import SIZE as SCHED_SIZE
 
 _MAX_LIMITS = 16384               # what the shim reads of a limits file (native/shim.c)
 

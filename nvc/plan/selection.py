@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from nvc import procfs
+from nvc.discover import procfs
 from nvc.devices import MigDevice
 from nvc.errors import DeviceError, cut
-from nvc.procfs import normalize_bus_id
+from nvc.discover.procfs import normalize_bus_id
 from nvc.untrusted import decimal
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ whatever the links say. Resolution is manual (no ``realpath``) for exactly that 
 
 This module names files (discovery reports paths and opens them to read ELF headers).
 Creating or mounting files in an untrusted container rootfs, where check/use races
-matter, goes through the fd-based :mod:`nvc.rootfs` instead.
+matter, goes through the fd-based :mod:`nvc.apply.rootfs` instead.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from nvc import bpf
-from nvc.devfilter import DeviceRule, build_filter
+from nvc.apply import bpf
+from nvc.plan.devfilter import DeviceRule, build_filter
 from nvc.errors import ContainerError
 
 FILTER_LICENSE = "Apache-2.0"  # no GPL-only helpers are used, so any licence loads

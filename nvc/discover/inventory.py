@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple, TYPE_CHECKING
 
-from nvc import procfs
+from nvc.discover import procfs
 from nvc.devices import Gpu
 from nvc.logger import Logger
-from nvc.procfs import ProcGpu
+from nvc.discover.procfs import ProcGpu
 
 if TYPE_CHECKING:
     from nvc.devices import DriverSnapshot

@@ -3,7 +3,7 @@
 Libraries come from the root's ld cache (§ ld.so.cache in the reference), binaries from
 a fixed PATH, GSP firmware from the kernel's firmware search path, IPC endpoints from
 their well-known locations. Every lookup is resolved inside the root (see
-:mod:`nvc.rootpath`) and reported as a host path of the resolved file.
+:mod:`nvc.discover.rootpath`) and reported as a host path of the resolved file.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from nvc import capabilities, elf, ldcache, rootpath
+from nvc import capabilities
+from nvc.discover import elf, ldcache, rootpath
 from nvc.logger import Logger
 
 log = Logger(__name__)

@@ -3,7 +3,7 @@
 Mounts happen in a forked helper (``nvc:[container]``, see :mod:`nvc.rpc.container_service`)
 that clones every host source while still in the host's mount namespace, then joins the
 container's mount namespace and attaches them there, on destinations resolved inside the
-rootfs (:mod:`nvc.rootfs`) — the calling process never changes namespace. The helper keeps
+rootfs (:mod:`nvc.apply.rootfs`) — the calling process never changes namespace. The helper keeps
 what it did (mounts, created files) until the caller says ``commit`` or ``rollback``, so a
 failure in a later step (ldconfig, device cgroup) still leaves nothing behind: every mount,
 every file and directory it made, and what ldconfig changes (the cache, replaced by rename, is
@@ -19,11 +19,12 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from nvc import fdmount, syscalls
-from nvc import rootfs as inroot
+from nvc.apply import fdmount
+from nvc import syscalls
+from nvc.apply import rootfs as inroot
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
-from nvc.mountplan import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
+from nvc.plan.mountplan import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.syscalls import MountAttr
 
 log = Logger(__name__)
@@ -120,7 +121,7 @@ class Applier:
     def _save_for_ldconfig(self) -> None:
         """What the ldconfig that follows may replace (its cache) or add (links in the plan's
         library dirs), so that a rollback after it ran puts the rootfs back as it was."""
-        from nvc.ldconfig import CACHE
+        from nvc.apply.ldconfig import CACHE
 
         try:
             saved = [inroot.save_file(self.root_fd, path) for path in (CACHE, CACHE + "~")]

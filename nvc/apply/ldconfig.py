@@ -68,7 +68,7 @@ SECCOMP_ALLOW: tuple[str, ...] = (
 # Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
 # is bounded at 10 s by RLIMIT_CPU): a FIFO or a stopped filesystem cannot hang configure.
 TIMEOUT = 20.0
-CACHE = "/etc/ld.so.cache"  # written as CACHE~, then renamed (nvc.apply saves both for a rollback)
+CACHE = "/etc/ld.so.cache"  # written as CACHE~, then renamed (nvc.apply.applier saves both for a rollback)
 # ldconfig's fixed files, as it sees them: (path, follow symlinks, types allowed besides a
 # regular file). The cache and its temporary are replaced by rename, so a link there is
 # fine for the cache (replaced) and refused for the temporary (ldconfig opens it O_NOFOLLOW).

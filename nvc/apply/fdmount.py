@@ -2,7 +2,7 @@
 
 The source is opened once with O_PATH|O_NOFOLLOW and checked (a symlink, or a directory
 where a file is expected, is refused: CVE-2024-0132); the destination is an fd resolved
-inside the rootfs (nvc.rootfs). What gets mounted is then exactly what was checked, with
+inside the rootfs (nvc.apply.rootfs). What gets mounted is then exactly what was checked, with
 no path looked up again in between (CVE-2025-23359). The new mount API does this
 natively (open_tree/fsmount + mount_setattr + move_mount); on kernels without it the
 classic mount(2) is given /proc/self/fd/N paths, which name the same objects.

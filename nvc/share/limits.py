@@ -166,7 +166,7 @@ def _write_new(dir_fd: int, name: str, data: bytes, mode: int) -> None:
 def tmpfs_options(limits_size: int, page_size: int) -> tuple[tuple[str, str], ...]:
     """The shared tmpfs's size and inode count: exactly the limits file and the region (preallocated),
     so once filled it has no room left for anything a container process would write."""
-    from nvc.shareregion import SIZE
+    from nvc.share.region import SIZE
 
     pages = -(-SIZE // page_size) + max(1, -(-limits_size // page_size))
     return (("size", str(pages * page_size)), ("nr_inodes", str(_TMPFS_INODES)), ("huge", "never"))
@@ -176,7 +176,7 @@ def write_share_files(dir_fd: int, limits: bytes) -> None:
     """The shim's two files in the directory open on ``dir_fd``: limits (0444) and the region (0666,
     so a non-root workload can open it) at its final size, its blocks allocated now: the shim never
     grows it (native/README.md), and a full tmpfs cannot fail its first writes."""
-    from nvc.shareregion import SIZE
+    from nvc.share.region import SIZE
 
     _write_new(dir_fd, "limits", limits, 0o444)
     fd = os.open("region", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
@@ -216,7 +216,7 @@ def _open_sched_dir(sched_dir: str) -> int:
     its own file fills that tmpfs, never the host's /run."""
     import fcntl
 
-    from nvc import fdmount
+    from nvc.apply import fdmount
     from nvc.syscalls import MountAttr
 
     parent, name = os.path.split(sched_dir.rstrip("/"))
@@ -282,7 +282,7 @@ def read_image_preload(rootfs: str) -> str:
     """The image's /etc/ld.so.preload ("" if none), resolved inside the rootfs (a symlink there must
     not make us read a host file) and opened O_PATH first: a FIFO or device node there is refused
     without ever being opened (no blocking, no driver open outside the container's device cgroup)."""
-    from nvc import rootfs as inroot
+    from nvc.apply import rootfs as inroot
     from nvc import untrusted
 
     root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -346,7 +346,7 @@ def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: s
     ``sched_dir`` (``_open_sched_dir``). On failure at any step, what was made is unmounted and
     removed again (``remove``): nothing is left on the host.
     """
-    from nvc.mountplan import HostMount
+    from nvc.plan.mountplan import HostMount
 
     if not os.path.isfile(library):
         raise ContainerError(f"GPU sharing requested but the shim {library} is not installed")
@@ -385,7 +385,7 @@ def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: s
 def _fill(state_fd: int, path: Path, limits: bytes, preload: bytes) -> None:
     """The new container directory: the shared tmpfs with its files, and ld.so.preload beside it
     (outside the tmpfs: the container sees it only as a read-only bind)."""
-    from nvc import fdmount
+    from nvc.apply import fdmount
     from nvc.syscalls import MountAttr
 
     dir_fd = os.open(path.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)
@@ -440,7 +440,7 @@ def remove(container_id: str, state_dir: str = STATE_DIR, sched_dir: str | None 
 def _unmount_shared(state_fd: int, name: str, path: str) -> bool:
     """Detach whatever is mounted on ``<name>/shared`` (the tmpfs; mounts stacked there too); True
     when the container directory exists and nothing is mounted in it any more."""
-    from nvc import fdmount
+    from nvc.apply import fdmount
 
     try:
         dir_fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)

@@ -16,7 +16,7 @@ a host whose nodes already exist, so that case is the fast path: the capability 
 walked (a few entries with MIG off) instead of testing each of mig-minors' thousands of
 names, only the wanted minors are looked up in that file, and each wanted node is checked
 with one lstat. Only a node missing from that check goes through the root-confined lookup
-and creation of :mod:`nvc.nodes`.
+and creation of :mod:`nvc.discover.nodes`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from nvc import nodes, procfs, rootpath
+from nvc.discover import nodes, procfs, rootpath
 from nvc.logger import Logger
-from nvc.nodes import NodeSpec
+from nvc.discover.nodes import NodeSpec
 
 log = Logger(__name__)
 

@@ -1,0 +1,7 @@
+"""Discovery: what the host has. The driver's version and GPUs (/proc, or NVML through
+:mod:`nvc.rpc.driver_service`), its files (ld cache, ELF, the driver root), device nodes and
+their majors, and the kernel modules' nodes (``load-kmods``).
+
+Reads the host and touches no container. May import nvc's basics (errors, logging, records
+such as :mod:`nvc.devices`), nothing above.
+"""
