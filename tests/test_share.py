@@ -520,9 +520,10 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
     (Each process's fake GPU is its own: only the scheduler can make one container wait for the other.)"""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    script = ("for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
+    # Both started (each one's scheduler file made by its hook) before either looks at the peers.
+    script = ("touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.02; done; "
+              "for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
               "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
-              "touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.02; done; "
               "cuda_probe init ctx 0 launch $N 264 128 sync")
     image = podman.image()
     results: dict[int, subprocess.CompletedProcess[str]] = {}
