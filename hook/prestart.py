@@ -115,10 +115,6 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     if config.sharing.enabled:
         sharing = share.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
     glob = global_options(config)
-    if glob.load_kmods:
-        from nvc.discover import kmods
-
-        kmods.load(glob.root)
     extra = share.prepare(sharing, state.id, ctr.rootfs) if sharing else ()
     try:
         configure(glob, configure_request(config, state, ctr, req, extra))

@@ -81,22 +81,34 @@ class _Given:
             user = conf.user if user is None else user
         if not os.path.isabs(root) or not os.path.isdir(root):
             raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
-        opts = GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), self.load_kmods)
-        if self.load_kmods:
-            from nvc.discover import kmods
-
-            kmods.load(opts.root)
-        return opts
+        return GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), self.load_kmods)
 
 
 def _pass_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Pass the resolved global options as the command's first argument."""
+    """Pass the resolved global options as the command's first argument, after ``--load-kmods``
+    made the missing nodes (``configure`` plans that instead: :func:`_pass_planned_options`)."""
+    def load_now(opts: GlobalOptions) -> None:
+        if opts.load_kmods:
+            from nvc.discover import kmods
+
+            kmods.load(opts.root)
+
+    return _with_options(command, load_now)
+
+
+def _pass_planned_options(command: Callable[..., None]) -> Callable[..., None]:
+    """As :func:`_pass_options` for a command whose plan makes the nodes (``--dry-run`` shows them)."""
+    return _with_options(command, lambda opts: None)
+
+
+def _with_options(command: Callable[..., None], before: Callable[[GlobalOptions], None]) -> Callable[..., None]:
     import functools
 
     @functools.wraps(command)
     def with_options(*args: object, **kwargs: object) -> None:
-        given = click.get_current_context().find_object(_Given)
-        command(given.resolve(), *args, **kwargs)
+        opts = click.get_current_context().find_object(_Given).resolve()
+        before(opts)
+        command(opts, *args, **kwargs)
 
     return with_options
 
@@ -200,7 +212,7 @@ def list_(
               show_default=True, help="CUDA forward-compat libraries of the image.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.argument("rootfs")
-@_pass_options
+@_pass_planned_options
 def configure(
     opts: GlobalOptions,
     pid: int | None,

@@ -228,7 +228,7 @@ def _check_requirements(checked: _Checked, inv: Inventory, chosen: selection.Sel
 
 def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -> Plan:
     """Everything ``configure`` would do, without changing anything."""
-    from nvc.discover import driver, inventory, nodes
+    from nvc.discover import driver, inventory, kmods, nodes, rootpath
     from nvc.plan import mountplan
     from nvc.apply import rootfs as inroot
     from nvc.rpc import driver_service
@@ -254,11 +254,15 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     # device's own caps minors come with it from the inventory.
     whole_mig = checked.options.mig_config or checked.options.mig_monitor
     mig_minors = procfs.read_mig_minors(proc) if whole_mig else {}
+    # --load-kmods: the nodes the driver provides but the root lacks are made first (Plan.host_nodes)
+    to_make = kmods.missing(glob.root, proc) if glob.load_kmods else ()
     found = {}
     for spec in mountplan.needed_nodes(chosen, majors, mig_minors, checked.options):
         node = nodes.find(glob.root, spec)
         if node is not None:
             found[spec.path] = node.path
+        elif any(made[:3] == spec[:3] for made in to_make):
+            found[spec.path] = rootpath.host_path(glob.root, spec.path)
     host = HostFacts(
         root=glob.root,
         files=files,
@@ -268,6 +272,7 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
         proc_gpu_dirs=_proc_gpu_dirs(proc),
         mig_minors=mig_minors,
         caps_dir=str(procfs.caps_dir(proc)),
+        missing_nodes=to_make,
     )
     result = mountplan.build(req.rootfs, req.pid, host, cfacts, chosen, checked.options)
     log.debug("timing discovery+plan %.2f ms: %d operations", (time.perf_counter() - start) * 1e3, len(result.operations))

@@ -106,10 +106,16 @@ def _timed(stage: str, start: float) -> float:
 
 
 def apply(plan: Plan) -> None:
-    """Apply ``plan``: mounts (this helper), then ldconfig and device cgroup; undo the mounts on failure."""
+    """Apply ``plan``: the driver nodes ``--load-kmods`` found missing (on the host, like udev: they
+    stay), mounts (this helper), then ldconfig and device cgroup; undo the mounts on failure."""
     from nvc.apply import ldconfig
 
     start = time.perf_counter()
+    if plan.host_nodes:
+        from nvc.discover import nodes
+
+        nodes.create_missing(plan.host_root, plan.host_nodes)
+        log.debug("--load-kmods created %d device nodes under %s", len(plan.host_nodes), plan.host_root)
     # Forked first: the ldconfig child loads its modules while this process imports the
     # helper's and the helper mounts.
     pending = None

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -326,3 +327,29 @@ def test_dry_run_prints_the_plan_and_changes_nothing(active_2gpu, debian_rootfs)
     assert lines[-1] == "ldconfig @/sbin/ldconfig /usr/lib/x86_64-linux-gnu"
     assert not [line for line in lines if line.startswith("cgroup")]  # standalone: no container cgroup
     assert _tree(debian_rootfs) == before and Path("/proc/self/mountinfo").read_text() == mounts_before
+
+
+def test_load_kmods_is_a_step_of_the_plan(active_2gpu, debian_rootfs, target_process):
+    """--load-kmods makes the nodes the driver root lacks as the plan's first step: --dry-run shows
+    them and makes nothing; the real run makes them before the container gets them."""
+    node = active_2gpu.root / "dev/nvidia-uvm-tools"
+    st = node.stat()
+    node.unlink()
+    try:
+        argv = [NVC, "--root", str(active_2gpu.root), "--load-kmods", "configure", "--device=0", "--compute",
+                "--no-cgroups"]
+        result = subprocess.run([*argv, "--dry-run", str(debian_rootfs)], capture_output=True, text=True)
+        assert (result.returncode, result.stderr) == (0, "")
+        lines = result.stdout.splitlines()
+        made = (f"mknod   host      {node} c {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} "
+                f"mode {stat.S_IMODE(st.st_mode):o}")
+        assert lines[0] == made, lines
+        assert f"bind    device    {node} -> /dev/nvidia-uvm-tools [c {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, nosuid,noexec]" in lines
+        assert not node.exists()
+        result = subprocess.run([*argv, f"--pid={target_process}", str(debian_rootfs)], capture_output=True, text=True)
+        assert (result.returncode, result.stderr) == (0, "")
+        assert node.is_char_device() and node.stat().st_rdev == st.st_rdev
+        assert f" {debian_rootfs}/dev/nvidia-uvm-tools " in Path(f"/proc/{target_process}/mountinfo").read_text()
+    finally:
+        if not node.exists():
+            os.mknod(node, stat.S_IFCHR | stat.S_IMODE(st.st_mode), st.st_rdev)

@@ -108,9 +108,10 @@ def _present(root: str, spec: NodeSpec) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(spec.major, spec.minor)
 
 
-def load(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
-         sys_module: Path = SYS_MODULE) -> tuple[str, ...]:
-    """Create the missing nodes under ``root``; host paths of those created."""
+def missing(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
+            sys_module: Path = SYS_MODULE) -> tuple[NodeSpec, ...]:
+    """The nodes the loaded driver provides but ``root`` lacks (changes nothing): ``configure``
+    plans their creation (:attr:`nvc.plan.mountplan.Plan.host_nodes`), so ``--dry-run`` shows it."""
     majors = nodes.read_majors(proc_devices)
     if nodes.NVIDIA not in majors:
         log.debug("no '%s' major in %s: driver not loaded, no nodes to create", nodes.NVIDIA, proc_devices)
@@ -118,13 +119,19 @@ def load(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DE
     gpus = tuple(g.minor for g in procfs.read_gpus(proc))
     caps_minors = procfs.lookup_mig_minors(present_capabilities(proc), proc) if nodes.NVIDIA_CAPS in majors else {}
     caps = caps_specs(majors, caps_minors)
-    missing = [s for s in (*node_specs(majors, gpus, module_loaded(MODESET_MODULE, sys_module)), *caps)
+    absent = [s for s in (*node_specs(majors, gpus, module_loaded(MODESET_MODULE, sys_module)), *caps)
                if not _present(root, s)]
-    if not missing:
-        return ()
     # A capability node takes the mode its access file asks for; read only for nodes to create.
-    missing = [NodeSpec(s.path, s.major, s.minor, read_file_mode(caps_access_path(caps[s], proc)) or 0o444)
-               if s in caps else s for s in missing]
-    created = nodes.create_missing(root, missing)
+    return tuple(NodeSpec(s.path, s.major, s.minor, read_file_mode(caps_access_path(caps[s], proc)) or 0o444)
+                 if s in caps else s for s in absent)
+
+
+def load(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
+         sys_module: Path = SYS_MODULE) -> tuple[str, ...]:
+    """Create the missing nodes under ``root`` now (``info``, ``list``); host paths of those created."""
+    wanted = missing(root, proc, proc_devices, sys_module)
+    if not wanted:
+        return ()
+    created = nodes.create_missing(root, wanted)
     log.debug("--load-kmods created %d device nodes under %s", len(created), root)
     return created

@@ -24,6 +24,7 @@ from nvc import capabilities as caps_mod
 from nvc.discover import nodes
 from nvc.plan.devfilter import DeviceRule
 from nvc.discover.driver import DriverFiles
+from nvc.discover.nodes import NodeSpec
 from nvc.errors import DeviceError, InputError
 from nvc.discover.procfs import normalize_bus_id
 from nvc.plan.selection import Selection
@@ -156,11 +157,17 @@ class Plan(NamedTuple):
     cgroup_rules: tuple[DeviceRule, ...] = ()
     ldconfig: str | None = None  # None: no ldconfig run (no library mounted)
     ldconfig_dirs: tuple[str, ...] = ()
+    # --load-kmods: driver nodes the loaded modules provide but the driver root lacks, made on the
+    # host (under host_root) before anything in the container
+    host_nodes: tuple[NodeSpec, ...] = ()
+    host_root: str = "/"
 
     def text(self) -> str:
         """The human-readable rendering ``configure --dry-run`` prints."""
         pid = "standalone" if self.pid is None else f"pid {self.pid}"
-        lines = [f"rootfs  {self.rootfs} ({pid}, owner {self.owner[0]}:{self.owner[1]})"]
+        root = self.host_root.rstrip("/")
+        lines = [f"mknod   host      {root}{n.path} c {n.major}:{n.minor} mode {n.mode:o}" for n in self.host_nodes]
+        lines.append(f"rootfs  {self.rootfs} ({pid}, owner {self.owner[0]}:{self.owner[1]})")
         lines += [op.text() for op in self.operations]
         lines += [f"cgroup  allow     {rule}" for rule in self.cgroup_rules]
         if self.ldconfig is not None:
@@ -177,6 +184,8 @@ class Plan(NamedTuple):
             "cgroup_rules": [r._asdict() for r in self.cgroup_rules],
             "ldconfig": self.ldconfig,
             "ldconfig_dirs": list(self.ldconfig_dirs),
+            "host_nodes": [list(n) for n in self.host_nodes],
+            "host_root": self.host_root,
         }
 
     @classmethod
@@ -193,6 +202,8 @@ class Plan(NamedTuple):
             cgroup_rules=tuple(DeviceRule(**r) for r in data["cgroup_rules"]),
             ldconfig=data["ldconfig"],
             ldconfig_dirs=tuple(data["ldconfig_dirs"]),
+            host_nodes=tuple(NodeSpec(*n) for n in data["host_nodes"]),
+            host_root=data["host_root"],
         )
 
 
@@ -224,6 +235,7 @@ class HostFacts(NamedTuple):
     proc_gpu_dirs: Mapping[str, str]  # normalised bus id -> /proc/driver/nvidia/gpus/<dir> (host path)
     mig_minors: Mapping[str, int]  # /proc/driver/nvidia-caps/mig-minors
     caps_dir: str = f"{PROC_NVIDIA}/capabilities"  # host path of the MIG capability tree
+    missing_nodes: tuple[NodeSpec, ...] = ()  # --load-kmods: to make under root first (found in ``nodes`` too)
 
 
 class ContainerFacts(NamedTuple):
@@ -475,4 +487,6 @@ def build(
         cgroup_rules=tuple(rules),
         ldconfig=options.ldconfig if lib_dirs else None,
         ldconfig_dirs=tuple(lib_dirs),
+        host_nodes=host.missing_nodes,
+        host_root=host.root,
     )
