@@ -7,7 +7,7 @@
 # already is a virtual environment's interpreter (bench/gpu-env.sh's /tmp/site) is used as the
 # environment itself: no new one is made and pip-deps installs nothing into it, it only checks.
 PYTHON ?= /usr/bin/python3
-# As native/hook_client.c's PROGRAM_DIR and hook/setup.py's LIBDIR.
+# As native/client/hook_client.c's PROGRAM_DIR and hook/setup.py's LIBDIR.
 LIBDIR := /usr/lib/nvc-py
 VENV := $(LIBDIR)/venv
 # Where users find the commands (links to the programs in $(LIBDIR)).
@@ -91,7 +91,7 @@ define launcher
 	chmod 0755 $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
 endef
 
-# $(call front,NAME,MODULE): $(LIBDIR)/NAME is the native front (native/hook_client.c), which hands each
+# $(call front,NAME,MODULE): $(LIBDIR)/NAME is the native front (native/client/hook_client.c), which hands each
 # call to the hook server (starting one for a hook call where none runs) and otherwise runs
 # $(LIBDIR)/NAME-python, the Python program; the NAME console script and $(BINDIR)/NAME become links to the front.
 define front

@@ -5,7 +5,7 @@ the listening socket over as fd 3 (the sd_listen_fds protocol: ``LISTEN_PID`` is
 ``LISTEN_FDS=1``). The server then serves that socket as it is, never unlinking or binding the
 path: systemd owns it, and a connection that arrives while no server runs waits in its queue.
 
-On demand (native/server_start.c): the first hook client that finds no server starts one and
+On demand (native/client/server_start.c): the first hook client that finds no server starts one and
 passes it the start lock (``NVC_PY_SERVE_LOCK_FD``), held until the server listens, so clients
 of a start storm wait for this server instead of starting their own, and an idle time
 (``NVC_PY_SERVE_IDLE_EXIT``, seconds) after which the server unlinks its socket, serves what was

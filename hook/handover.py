@@ -4,7 +4,7 @@ The wire format the server reads, and its Python client. The console scripts cal
 :func:`hand_over` first thing: where root's server answers, the call runs in one of its warm
 workers and this interpreter exits with the worker's status, having imported nothing else (an
 interpreter start costs ~15 ms, nvc-py's imports ~100 ms more); anywhere else it returns and
-the call runs here. ``native/hook_client.c`` is the same client without the interpreter.
+the call runs here. ``native/client/hook_client.c`` is the same client without the interpreter.
 
 A call is SOCK_SEQPACKET messages. The caller's first: MAGIC, argc, envc, then argv and
 ``NAME=VALUE`` strings, each NUL-terminated, with its working directory attached (SCM_RIGHTS).
@@ -34,12 +34,12 @@ import sys
 
 DEFAULT_SOCKET = "/run/nvc-py/hook.sock"
 SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
-NO_SERVER = "none"  # $NVC_PY_HOOK_SOCKET's value for "hand nothing over" (as native/hook_client.c)
+NO_SERVER = "none"  # $NVC_PY_HOOK_SOCKET's value for "hand nothing over" (as native/client/hook_client.c)
 TIMEOUT_ENV = "NVC_PY_HOOK_TIMEOUT"
-DEFAULT_TIMEOUT = 60.0  # seconds for a served call's status (as native/hook_client.c)
-ACK_TIMEOUT = 2.0  # seconds at most for the server's ``ready`` (as native/hook_client.c)
+DEFAULT_TIMEOUT = 60.0  # seconds for a served call's status (as native/client/hook_client.c)
+ACK_TIMEOUT = 2.0  # seconds at most for the server's ``ready`` (as native/client/hook_client.c)
 MAGIC = b"nvc-py-hook/2"
-MAX_MESSAGE = 64 * 1024  # as native/hook_client.c
+MAX_MESSAGE = 64 * 1024  # as native/client/hook_client.c
 PROGRAMS = ("nvc-py-hook", "nvc-py")  # what a call may run: the basename of its argv[0]
 FALL_BACK = b"fall back"
 READY = b"ready"

@@ -3,7 +3,7 @@
 A Python hook started per container pays for the interpreter and its imports every time
 (about four fifths of its cost on the H100 host), while the work itself takes a few tens of
 milliseconds. The server imports everything the hook needs once; ``nvc-py-hook-client``
-(native/hook_client.c), registered as the hook, passes each call to it: arguments,
+(native/client/hook_client.c), registered as the hook, passes each call to it: arguments,
 environment, the three standard streams and the working directory (SCM_RIGHTS) over a
 SOCK_SEQPACKET connection (the exchange is below); a hook script may hand ``nvc-py configure``
 over the same way. The server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a

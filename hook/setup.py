@@ -28,7 +28,7 @@ SYSTEMD_UNIT_DIR = "/etc/systemd/system"
 SYSTEMD_RUNNING = "/run/systemd/system"  # exists where systemd is PID 1 (sd_booted)
 SERVER_UNIT = "nvc-py-hook.service"
 SOCKET_UNIT = "nvc-py-hook.socket"
-NO_SERVER_FILE = "no-server"  # beside the configuration file: no server started on demand (server_start.c)
+NO_SERVER_FILE = "no-server"  # beside the configuration file: no server started on demand (client/server_start.c)
 FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py-poststop.json"}
@@ -61,7 +61,7 @@ def oci_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
 
     Where ``make install`` put it, nvc-py-hook is the native front: it hands the call to the hook
     server (no interpreter start on the container's start; where none runs it starts one, see
-    native/server_start.c) and runs the Python hook itself when none answers, so the entry is
+    native/client/server_start.c) and runs the Python hook itself when none answers, so the entry is
     right with or without a server.
     """
     return {"path": installed_program(HOOK_SCRIPT), "args": [HOOK_SCRIPT, stage], "env": hook_env(config_path)}
