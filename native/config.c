@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "nvc_share.h"
+#include "config.h"
 
 int nvc_parse_size(const char *text, uint64_t *out)
 {

@@ -16,7 +16,8 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include "nvc_share.h"
+#include "memory.h"
+#include "region.h"
 
 struct galloc {                      /* one graph memory allocation */
     CUdeviceptr dptr;

@@ -8,7 +8,10 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
-#include "nvc_share.h"
+#include "launch.h"
+#include "memory.h"
+#include "region.h"
+#include "sched.h"
 
 #define MAX_PENDING 512
 #define MAX_FREE_EVENTS 1024

@@ -6,7 +6,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include "nvc_share.h"
+#include "memory.h"
+#include "region.h"
 
 /* ---- allocation records: (kind, key) -> device and bytes ---- */
 

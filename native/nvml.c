@@ -1,9 +1,7 @@
 /* NVML: memory queries report the container's view (total = min(limit, physical), used = the
  * container's charges, free never below zero). Everything else passes through untouched, so
  * NVML-only tools keep working even where the shim cannot initialise. */
-#include "nvc_share.h"
-
-void nvc_memory_clamp(struct nvc_device *d, uint64_t *free_bytes, uint64_t *total_bytes);
+#include "memory.h"
 
 static struct nvc_device *device_for(nvmlDevice_t dev)
 {

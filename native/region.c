@@ -13,7 +13,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "nvc_share.h"
 #include "region.h"
 
 _Static_assert(sizeof(struct nvc_region_device) == 128, "device entry layout");

@@ -5,6 +5,8 @@
 #define NVC_REGION_H
 
 #include <stdint.h>
+#include "config.h"
+#include "shim.h"
 
 #define NVC_REGION_MAGIC "NVCSHRG\0"
 #define NVC_REGION_VERSION 1u
@@ -50,5 +52,18 @@ struct nvc_region {
     struct nvc_region_device dev[NVC_REGION_DEVICES];
     struct nvc_region_slot slots[NVC_REGION_SLOTS];
 };
+
+
+/* ---- the region's API (region.c) ---- */
+int nvc_region_open(const char *dir, const struct nvc_config *cfg);
+int nvc_region_device(const char *key, uint64_t memory_limit, unsigned compute, unsigned sm_count);
+/* Charge bytes to this process on region device d; fails (returns -1) when over limit. */
+int nvc_region_charge(int d, uint64_t bytes, uint64_t limit);
+void nvc_region_uncharge(int d, uint64_t bytes);
+uint64_t nvc_region_used(int d);        /* container total on device d, dead processes reaped */
+void nvc_region_fork(enum nvc_fork_phase phase);
+/* Compute share bucket on region device d (launch.c drives it). */
+int64_t nvc_region_credit(int d, unsigned percent, uint64_t now, int64_t debit);
+void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns);
 
 #endif

@@ -6,7 +6,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <string.h>
-#include "nvc_share.h"
+#include "real.h"
 
 struct nvc_real_cuda nvc_cuda;
 struct nvc_real_nvml nvc_nvml;

@@ -15,7 +15,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "nvc_share.h"
+#include "sched.h"
 #include "schedpolicy.h"
 
 #define NVC_SCHED_SELF "/var/run/nvc-share-sched"

@@ -12,7 +12,10 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include "nvc_share.h"
+#include "launch.h"
+#include "memory.h"
+#include "region.h"
+#include "sched.h"
 
 extern char **environ;
 

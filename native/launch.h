@@ -1,0 +1,9 @@
+/* Launch throttling (launch.c): what the rest of the shim calls of it. */
+#ifndef NVC_LAUNCH_H
+#define NVC_LAUNCH_H
+
+#include "shim.h"
+
+void nvc_launch_fork(enum nvc_fork_phase phase);
+
+#endif

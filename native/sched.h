@@ -1,0 +1,22 @@
+/* Weighted scheduling between containers (sched.c; the decisions are schedpolicy.c's). */
+#ifndef NVC_SCHED_H
+#define NVC_SCHED_H
+
+#include <stdint.h>
+#include "config.h"
+#include "shim.h"
+
+struct nvc_sched_entry;
+/* Opens this container's scheduler file and its peers' directory (fixed paths in a container,
+ * NVC_SHARE_SCHED_DIR/NVC_SHARE_TENANT otherwise); 0 when there is none (no cross-container
+ * scheduling: the cap alone applies). */
+int nvc_sched_open(const struct nvc_config *cfg);
+struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap);
+/* Before a launch: 1 = may launch now, 0 = wait for the turn. capped: held back by its own cap. */
+int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns);
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns);
+void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now);   /* none of its launches queued */
+void nvc_sched_fork(enum nvc_fork_phase phase);
+
+#endif
