@@ -112,10 +112,9 @@ def apply(plan: Plan) -> None:
 
     start = time.perf_counter()
     if plan.host_nodes:
-        from nvc.discover import nodes
+        from nvc.discover import kmods
 
-        nodes.create_missing(plan.host_root, plan.host_nodes)
-        log.debug("--load-kmods created %d device nodes under %s", len(plan.host_nodes), plan.host_root)
+        kmods.make(plan.host_root, plan.host_nodes)
     # Forked first: the ldconfig child loads its modules while this process imports the
     # helper's and the helper mounts.
     pending = None

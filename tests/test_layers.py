@@ -50,11 +50,16 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _placements(module: str) -> list[tuple[int, int]]:
+    """(length of the matching entry, layer) for each LAYERS entry naming ``module`` or a package
+    holding it (``nvc`` itself only as a module)."""
+    return [(len(entry), i) for i, (_, entries) in enumerate(LAYERS) for entry in entries
+            if module == entry or (entry != "nvc" and module.startswith(entry + "."))]
+
+
 def _rank(module: str) -> int:
-    """The layer of ``module``: its own entry, else its innermost package's (``nvc`` itself only as a module)."""
-    matches = [(len(entry), i) for i, (_, entries) in enumerate(LAYERS) for entry in entries
-               if module == entry or (entry != "nvc" and module.startswith(entry + "."))]
-    return max(matches)[1]
+    """The layer of ``module``: its own entry, else its innermost package's."""
+    return max(_placements(module))[1]
 
 
 def _type_checking(node: ast.AST) -> bool:
@@ -88,8 +93,7 @@ GRAPH = {module: imports(path) - {module} for module, path in MODULES.items()}
 
 
 def test_every_module_has_a_layer() -> None:
-    unplaced = [m for m in MODULES if not any(m == e or (e != "nvc" and m.startswith(e + ".")) for _, es in LAYERS for e in es)]
-    assert unplaced == []
+    assert [m for m in MODULES if not _placements(m)] == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

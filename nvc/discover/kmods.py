@@ -126,12 +126,16 @@ def missing(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC
                  if s in caps else s for s in absent)
 
 
+def make(root: str, specs: tuple[NodeSpec, ...]) -> tuple[str, ...]:
+    """Create the nodes :func:`missing` found under ``root``; host paths of those created."""
+    if not specs:
+        return ()
+    created = nodes.create_missing(root, specs)
+    log.debug("--load-kmods created %d device nodes under %s", len(created), root)
+    return created
+
+
 def load(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
          sys_module: Path = SYS_MODULE) -> tuple[str, ...]:
     """Create the missing nodes under ``root`` now (``info``, ``list``); host paths of those created."""
-    wanted = missing(root, proc, proc_devices, sys_module)
-    if not wanted:
-        return ()
-    created = nodes.create_missing(root, wanted)
-    log.debug("--load-kmods created %d device nodes under %s", len(created), root)
-    return created
+    return make(root, missing(root, proc, proc_devices, sys_module))
