@@ -1,9 +1,11 @@
-/* Compute share: a token bucket of GPU time per device, shared by the container's processes
- * through the region. Credit accrues at share x wall-clock time; each launch is debited with its
- * measured GPU time (CUDA events around the launch, harvested when complete) weighted by the
- * fraction of the device's SMs its grid can occupy, so a 1-block kernel on a 132-SM GPU costs
- * 1/132 of its duration. A launch waits while the bucket is in debt. Without a compute limit the
- * wrappers add one branch. */
+/* Compute share. A cap (percent < 100) is a share of wall time, sliced (region.c): the container's
+ * processes launch freely during their slice and wait outside it; each launch is bracketed by CUDA
+ * events, and when they complete the launch's end on the GPU is reconstructed (it started when it was
+ * launched or when this process's previous work ended, whichever is later, and ran its measured
+ * time), so work that ran past its slice's end is charged too. Weights (sched.c) divide measured GPU
+ * time, weighted by the fraction of the device's SMs a grid can occupy. At most MAX_INFLIGHT_NS of
+ * estimated work may be queued ahead of measurement, so a burst of asynchronous launches cannot run
+ * far past a slice or a turn. Without a compute limit the wrappers add one branch. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
@@ -26,7 +28,8 @@ struct pending {
     struct nvc_sched_entry *sched;
     unsigned percent;
     double factor;
-    int64_t estimate;                /* what was debited at launch time */
+    int64_t estimate;                /* what the scheduler was charged at launch time */
+    uint64_t launched_ns;
     int recorded;                    /* both events recorded (an unrecorded event queries as done) */
 };
 
@@ -38,6 +41,7 @@ static struct {
 } free_events[MAX_FREE_EVENTS];
 static int nfree;
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
+static uint64_t gpu_done_ns[NVC_MAX_DEVICES];  /* when this process's measured work ended on the GPU */
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static CUevent event_get(CUcontext ctx)
@@ -64,7 +68,8 @@ static void event_put(CUevent ev, CUcontext ctx)
     }
 }
 
-/* Settles completed launches of this context: replaces their estimate by the measured cost.
+/* Settles completed launches of this context: replaces their estimate by the measured cost and
+ * tells a cap when the work ended.
  * pending[] stays in launch order, and a context's work completes in order (one stream; across
  * streams a later one just waits for the next harvest), so the scan stops at its first launch still
  * running: one event query per launch, however many microsecond kernels are queued. Caller holds
@@ -89,10 +94,12 @@ static void harvest_locked(CUcontext ctx)
             /* running estimate of a full-device launch, weight 1/4 to the newest */
             int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
+            uint64_t began = p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d];
+            gpu_done_ns[p->d] = began + (uint64_t)full;
+            if (p->percent < 100)
+                nvc_region_done(p->d, gpu_done_ns[p->d]);
         }
         now = nvc_now_ns();
-        if (p->percent < 100)
-            nvc_region_credit(p->d, p->percent, now, cost - p->estimate);
         nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
         if (p->sched) {
             nvc_sched_measured(p->sched, now, cost - p->estimate, (uint64_t)(cost > 0 ? cost : 0));
@@ -122,44 +129,54 @@ static void sleep_ns(int64_t ns)
 }
 
 /* Estimated GPU time of this device's launches not yet measured; -1 when one of unknown cost is
- * queued. Caller holds launch_mu. */
-static int64_t inflight_locked(int dev)
+ * queued. *queued: how many are. Caller holds launch_mu. */
+static int64_t inflight_locked(int dev, int *queued)
 {
     int64_t total = 0;
+    *queued = 0;
     for (int i = 0; i < npending; i++)
         if (pending[i].d == dev) {
+            ++*queued;
             if (pending[i].estimate == 0 && pending[i].factor > 0)
-                return -1;
-            total += pending[i].estimate;
+                total = -1;
+            else if (total >= 0)
+                total += pending[i].estimate;
         }
     return total;
 }
 
-/* Waits for credit and debits the estimate; returns the pending entry's events to record, or
- * NULLs. Launches are asynchronous: without a bound on the queue a burst would run long before its
+/* Waits for the cap's slice and the scheduler's turn; returns the pending entry's events to record,
+ * or NULLs. Launches are asynchronous: without a bound on the queue a burst would run long before its
  * cost is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
  * unknown) may be queued ahead of measurement. */
 static void before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx, CUevent *start, CUevent *end)
 {
     int dev = d->region_index;
-    uint64_t waited = 0;
+    uint64_t waited = 0, turn_from = 0, turn_end = 0;
     for (;;) {
         pthread_mutex_lock(&launch_mu);
         harvest_locked(ctx);
-        int64_t inflight = inflight_locked(dev);
+        int queued;
+        int64_t inflight = inflight_locked(dev, &queued);
         int64_t unit = estimate_ns[dev];
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
-        int64_t credit = d->compute < 100 ? nvc_region_credit(dev, d->compute, now, 0) : 0;
-        int64_t step;
+        int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !queued) : 0;
         if (inflight < 0 || inflight > MAX_INFLIGHT_NS) {
             step = unit / 4;             /* let the queue drain */
-        } else if (credit < 0) {
-            step = -credit * 100 / (int64_t)d->compute;
+        } else if (wait > 0) {
+            step = wait;
             if (d->sched)
                 nvc_sched_ready(d->sched, now, 1);
         } else if (d->sched && !nvc_sched_ready(d->sched, now, 0)) {
-            step = SCHED_WAIT_STEP_NS;   /* another container holds the turn */
+            step = SCHED_WAIT_STEP_NS;   /* another container holds the turn: the cap's slice waits too */
+            if (d->compute < 100) {
+                if (!turn_from) {
+                    turn_from = now;
+                    turn_end = nvc_region_slice_end(dev);
+                }
+                nvc_region_slice_extend(dev, turn_end + (now - turn_from) + (uint64_t)step);
+            }
         } else {
             break;
         }
@@ -172,8 +189,6 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
     uint64_t now = nvc_now_ns();
-    if (d->compute < 100)
-        nvc_region_credit(dev, d->compute, now, estimate);
     if (d->sched)
         nvc_sched_launched(d->sched, now, estimate);
     *start = *end = NULL;
@@ -182,7 +197,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         *end = *start ? event_get(ctx) : NULL;
         if (*end) {
             pending[npending++] = (struct pending){*start, *end, ctx, dev, d->sched, d->compute, l->factor,
-                                                   estimate, 0};
+                                                   estimate, now, 0};
         } else if (*start) {
             event_put(*start, ctx);
             *start = NULL;
@@ -201,7 +216,7 @@ static void record(CUevent ev, const struct launch *l)
 
 typedef CUresult (*launch_fn)(const void *args);
 
-/* The throttled path: wait for credit, then launch between two events. */
+/* The throttled path: wait for the slice and the turn, then launch between two events. */
 static CUresult throttled(const struct launch *l, launch_fn fn, const void *args)
 {
     CUcontext ctx = NULL;
@@ -382,6 +397,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
     if (phase == NVC_FORK_CHILD) {
         npending = 0;                /* the parent's events mean nothing in the child */
         nfree = 0;
+        memset(gpu_done_ns, 0, sizeof gpu_done_ns);
     }
     pthread_mutex_unlock(&launch_mu);
 }

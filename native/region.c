@@ -342,27 +342,87 @@ uint64_t nvc_region_used(int d)
     return total;
 }
 
-#define BURST_NS 10000000ll          /* at most 10 ms of GPU time may be banked */
+#define SLICE_PERIOD_NS 50000000ull   /* a cap of p % is a slice of p % of every 50 ms */
+#define SLICE_POLL_NS 100000ll         /* while its own last work drains */
 
-int64_t nvc_region_credit(int d, unsigned percent, uint64_t now, int64_t debit)
+static uint64_t slice_length(unsigned percent)
+{
+    return SLICE_PERIOD_NS * percent / 100;
+}
+
+/* Credit accrues at percent x wall time and is never banked above 0: idling saves nothing. */
+static int64_t refill(struct nvc_region_device *dev, unsigned percent, uint64_t now)
+{
+    uint64_t last = __atomic_load_n(&dev->refill_ns, __ATOMIC_ACQUIRE);
+    if (now > last && __atomic_compare_exchange_n(&dev->refill_ns, &last, now, 0, __ATOMIC_ACQ_REL,
+                                                  __ATOMIC_RELAXED)) {
+        int64_t cur = __atomic_add_fetch(&dev->credit_ns, (int64_t)((now - last) * percent / 100), __ATOMIC_ACQ_REL);
+        while (cur > 0 && !__atomic_compare_exchange_n(&dev->credit_ns, &cur, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            ;
+    }
+    return __atomic_load_n(&dev->credit_ns, __ATOMIC_ACQUIRE);
+}
+
+/* Work that ran past the slice's end (the queue a slice's last launches left) is charged once,
+ * whichever of the container's processes notices it. */
+static void charge_overrun(struct nvc_region_device *dev, uint64_t end, uint64_t now)
+{
+    uint64_t done = __atomic_load_n(&dev->done_ns, __ATOMIC_ACQUIRE);
+    uint64_t charged = __atomic_load_n(&dev->charged_until_ns, __ATOMIC_ACQUIRE);
+    done = done < now ? done : now;
+    uint64_t from = charged > end ? charged : end;
+    if (done > from && __atomic_compare_exchange_n(&dev->charged_until_ns, &charged, done, 0, __ATOMIC_ACQ_REL,
+                                                   __ATOMIC_RELAXED))
+        __atomic_sub_fetch(&dev->credit_ns, (int64_t)(done - from), __ATOMIC_ACQ_REL);
+}
+
+/* The cap is a share of wall time, not of measured kernel time: the container's processes launch
+ * freely during a slice of percent x 50 ms, then wait until the credit the slice (and any work that
+ * ran past its end) cost has accrued again. Charging wall time makes the share one of the workload's
+ * own throughput, whatever it does between kernels (a training step's host work, small grids, clocks
+ * that rise while the GPU idles), as kernel-time accounting could not. */
+int64_t nvc_region_slice(int d, unsigned percent, uint64_t now, int drained)
 {
     if (!region || d < 0 || d >= NVC_REGION_DEVICES)
         return 0;
     struct nvc_region_device *dev = &region->dev[d];
-    uint64_t last = __atomic_load_n(&dev->refill_ns, __ATOMIC_ACQUIRE);
-    if (now > last && __atomic_compare_exchange_n(&dev->refill_ns, &last, now, 0, __ATOMIC_ACQ_REL,
-                                                  __ATOMIC_RELAXED)) {
-        uint64_t gap = now - last;
-        int64_t cap = BURST_NS * (int64_t)percent / 100;
-        int64_t add = gap > (uint64_t)BURST_NS * 4 ? cap : (int64_t)(gap * percent / 100);
-        int64_t cur = __atomic_add_fetch(&dev->credit_ns, add, __ATOMIC_ACQ_REL);
-        while (cur > cap && !__atomic_compare_exchange_n(&dev->credit_ns, &cur, cap, 0, __ATOMIC_ACQ_REL,
-                                                         __ATOMIC_RELAXED))
-            ;
-    }
-    if (debit)
-        return __atomic_sub_fetch(&dev->credit_ns, debit, __ATOMIC_ACQ_REL);
-    return __atomic_load_n(&dev->credit_ns, __ATOMIC_ACQUIRE);
+    uint64_t end = __atomic_load_n(&dev->slice_end_ns, __ATOMIC_ACQUIRE);
+    if (now < end)
+        return 0;
+    if (!drained)
+        return SLICE_POLL_NS;
+    charge_overrun(dev, end, now);
+    int64_t credit = refill(dev, percent, now);
+    if (credit < 0)
+        return -credit * 100 / (int64_t)percent;
+    if (__atomic_compare_exchange_n(&dev->slice_end_ns, &end, now + slice_length(percent), 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED))
+        __atomic_sub_fetch(&dev->credit_ns, (int64_t)slice_length(percent), __ATOMIC_ACQ_REL);
+    return 0;                          /* its slice, or one another process started just now */
+}
+
+static void atomic_max(uint64_t *p, uint64_t v)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        ;
+}
+
+uint64_t nvc_region_slice_end(int d)
+{
+    return region && d >= 0 && d < NVC_REGION_DEVICES ? __atomic_load_n(&region->dev[d].slice_end_ns, __ATOMIC_ACQUIRE) : 0;
+}
+
+void nvc_region_done(int d, uint64_t done)
+{
+    if (region && d >= 0 && d < NVC_REGION_DEVICES)
+        atomic_max(&region->dev[d].done_ns, done);
+}
+
+void nvc_region_slice_extend(int d, uint64_t until)
+{
+    if (region && d >= 0 && d < NVC_REGION_DEVICES)
+        atomic_max(&region->dev[d].slice_end_ns, until);
 }
 
 void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns)

@@ -19,12 +19,15 @@ struct nvc_region_device {           /* 128 bytes */
     uint64_t memory_limit;           /* bytes, 0 = unlimited (informational: each process enforces its own) */
     uint32_t compute;                /* percent, 100 = unthrottled */
     uint32_t sm_count;
-    int64_t credit_ns;               /* compute bucket: GPU-time credit, shared by the container */
+    int64_t credit_ns;               /* compute cap: wall-time credit, shared by the container (<= 0) */
     uint64_t refill_ns;              /* CLOCK_MONOTONIC of the last refill */
     uint64_t busy_ns;                /* measured SM-weighted GPU time of launches, cumulative */
     uint64_t throttled_ns;           /* time launches spent waiting for credit, cumulative */
     uint64_t launches;               /* launches seen while throttling was active */
-    uint64_t reserved[4];
+    uint64_t slice_end_ns;           /* compute cap: the container's current slice ends (CLOCK_MONOTONIC) */
+    uint64_t done_ns;                /* compute cap: when the container's measured work last ended */
+    uint64_t charged_until_ns;       /* compute cap: work past a slice's end is charged up to here */
+    uint64_t reserved[1];
 };
 
 struct nvc_region_slot {             /* 160 bytes */
@@ -62,8 +65,13 @@ int nvc_region_charge(int d, uint64_t bytes, uint64_t limit);
 void nvc_region_uncharge(int d, uint64_t bytes);
 uint64_t nvc_region_used(int d);        /* container total on device d, dead processes reaped */
 void nvc_region_fork(enum nvc_fork_phase phase);
-/* Compute share bucket on region device d (launch.c drives it). */
-int64_t nvc_region_credit(int d, unsigned percent, uint64_t now, int64_t debit);
+/* Compute cap on region device d (launch.c drives it): 0 when the container's processes may launch
+ * now (inside its slice of wall time, or one starts), else how long to wait (ns). drained: this
+ * process has no launch of d still running, so when its work ended is known (nvc_region_done). */
+int64_t nvc_region_slice(int d, unsigned percent, uint64_t now, int drained);
+uint64_t nvc_region_slice_end(int d);
+void nvc_region_done(int d, uint64_t done);           /* measured work ran on the GPU until done */
+void nvc_region_slice_extend(int d, uint64_t until);  /* the slice does not run while another holds the turn */
 void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns);
 
 #endif

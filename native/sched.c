@@ -185,6 +185,7 @@ static void view_of(const struct nvc_sched_entry *e, uint64_t id, struct nvc_sch
     v->busy_until_ns = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
     v->running = __atomic_load_n(&e->running, __ATOMIC_ACQUIRE);
     v->capped = __atomic_load_n(&e->capped, __ATOMIC_ACQUIRE);
+    v->weight = __atomic_load_n(&e->weight, __ATOMIC_ACQUIRE);
 }
 
 /* The other tenants' views of this device. Caller holds sched_mu. */

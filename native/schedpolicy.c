@@ -20,7 +20,7 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
     uint64_t min_vtime = UINT64_MAX;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
-        if (now < o->busy_until_ns)
+        if (now + NVC_SCHED_HANDOVER_NS < o->busy_until_ns)
             occupied = 1;             /* its work is still on the GPU, capped or not: let it drain */
         if (!nvc_sched_active(o, now))
             continue;
@@ -35,7 +35,8 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
     if (!any)
         return occupied && !self->running ? NVC_SCHED_WAIT : NVC_SCHED_RUN;
     if (self->running)
-        return self->vtime <= min_vtime + NVC_SCHED_SLICE_NS ? NVC_SCHED_RUN : NVC_SCHED_WAIT;
+        return self->vtime <= min_vtime + NVC_SCHED_SLICE_NS * NVC_WEIGHT_UNIT / (self->weight ? self->weight : 1)
+                   ? NVC_SCHED_RUN : NVC_SCHED_WAIT;
     return !occupied && lowest ? NVC_SCHED_RUN : NVC_SCHED_WAIT;
 }
 

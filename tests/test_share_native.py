@@ -519,9 +519,26 @@ def test_compute_share_holds_for_microsecond_kernels(share):
     assert 0.72 <= busy_fraction(share, 75, 264, launches=20000, kernel_us=20) <= 0.78
 
 
-def test_compute_share_weights_small_grids_by_sm_count(share):
-    # one block on a 132-SM GPU occupies 1/132 of it: a 50 % share does not slow it down
-    assert busy_fraction(share, 50, 1) > 0.9
+def steps_per_second(share, percent: int, grid: int, host_us: int, kernel_us: int = 1000) -> float:
+    """Rate of a loop of about 0.4 s uncapped: 8 of the cap's 50 ms periods, so the part slice at its
+    end moves a ratio by about a point."""
+    steps = 400_000 // (kernel_us + host_us)
+    out, _ = share.run("cuda_probe", "init", "ctx", 0, "steps", steps, grid, 128, host_us,
+                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)})
+    assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
+    return steps / int(out[2][2]) * 1e6
+
+
+@pytest.mark.parametrize(("grid", "host_us"), [(1, 0), (264, 1000), (1, 500)])
+def test_a_cap_is_a_share_of_the_workloads_own_throughput(share, grid, host_us):
+    """A cap is a share of wall time: a one-block grid, or a loop that waits for each kernel and then
+    works on the host (a training step), runs at the cap's fraction of its own uncapped rate, not
+    faster because its kernels keep the GPU busy for less than all of the time. (Launches are where
+    the shim can hold a process: host work after a slice's last launch runs on, which adds up to one
+    host segment per 50 ms period; here at most 1 ms, 2 points.)"""
+    native = steps_per_second(share, 100, grid, host_us)
+    assert 0.45 <= steps_per_second(share, 50, grid, host_us) / native <= 0.55
+    assert 0.2 <= steps_per_second(share, 25, grid, host_us) / native <= 0.3
 
 
 # ---------------------------------------------------------------- weighted scheduler (fake clock)

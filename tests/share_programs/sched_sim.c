@@ -6,7 +6,8 @@
  *
  * Each tenant launches kernels of KERNEL_US while busy, keeping at most 2 ms of its work queued (as the
  * shim does), asking nvc_sched_decide before each launch, its own cap (percent, 100 = none) enforced
- * by a credit bucket like the shim's. Prints per tenant "tenant I <GPU share in ‰ in the first half>
+ * as the shim's region.c does: slices of cap % of every 50 ms of wall time, paused while another
+ * tenant holds the turn; work past a slice's end is charged to the next. Prints per tenant "tenant I <GPU share in ‰ in the first half>
  * <in the second half>" of the MS simulated milliseconds. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,14 +18,14 @@
 #define MAX_T 8
 #define STEP_NS 10000ull               /* the tenants' wait step (the shim sleeps 50-200 us) */
 #define MAX_INFLIGHT_NS 2000000ull
-#define BURST_NS 10000000ll
+#define SLICE_PERIOD_NS 50000000ull
 
 struct kernel { int tenant; uint64_t dur, submitted; };
 
 static struct tenant {
     struct nvc_sched_view v;
     unsigned weight, cap;
-    uint64_t kernel_ns, from_ns, until_ns, inflight_ns, last_end;
+    uint64_t kernel_ns, from_ns, until_ns, inflight_ns, last_end, slice_end;
     int64_t credit;
     uint64_t busy[2];
 } t[MAX_T];
@@ -41,7 +42,7 @@ int main(int argc, char **argv)
         unsigned long long w, cap, us, from, until;
         if (sscanf(argv[i], "%llu:%llu:%llu:%llu:%llu", &w, &cap, &us, &from, &until) != 5)
             return 2;
-        t[nt] = (struct tenant){.v = {.id = (uint64_t)nt + 1}, .weight = (unsigned)w, .cap = (unsigned)cap,
+        t[nt] = (struct tenant){.v = {.id = (uint64_t)nt + 1, .weight = (uint32_t)w}, .weight = (unsigned)w, .cap = (unsigned)cap,
                                 .kernel_ns = us * 1000, .from_ns = from * 1000000, .until_ns = until * 1000000};
     }
     uint64_t gpu_free_at = 0, now = 0, refill = 0;
@@ -59,7 +60,6 @@ int main(int argc, char **argv)
             uint64_t began = k->submitted > x->last_end ? k->submitted : x->last_end;
             uint64_t measured = done - began;
             x->v.vtime += (measured - k->dur) * NVC_WEIGHT_UNIT / x->weight;   /* estimate was k->dur */
-            x->credit -= (int64_t)(measured - k->dur);
             x->inflight_ns -= k->dur;
             x->last_end = done;
             for (uint64_t a = start; a < done; a += 1000)      /* GPU time by half, at 1 us */
@@ -69,11 +69,10 @@ int main(int argc, char **argv)
         }
         if (qhead == qtail && gpu_free_at < now)
             gpu_free_at = now;
-        for (int i = 0; i < nt; i++) {                          /* the shims' credit refill */
-            int64_t cap = BURST_NS * t[i].cap / 100;
+        for (int i = 0; i < nt; i++) {                          /* the shims' credit refill, never above 0 */
             t[i].credit += (int64_t)((now - refill) * t[i].cap / 100);
-            if (t[i].credit > cap)
-                t[i].credit = cap;
+            if (t[i].credit > 0)
+                t[i].credit = 0;
         }
         refill = now;
         for (int i = 0; i < nt; i++) {
@@ -86,10 +85,20 @@ int main(int argc, char **argv)
             for (int j = 0; j < nt; j++)
                 if (j != i)
                     others[n++] = t[j].v;
-            if (x->cap < 100 && x->credit < 0) {
-                x->v.capped = 1;
-                x->v.running = 0;
-                continue;
+            if (x->cap < 100 && now >= x->slice_end) {         /* outside its slice */
+                if (x->inflight_ns)
+                    continue;                                   /* its last slice's work drains first */
+                if (x->last_end > x->slice_end) {               /* and what ran past the slice is charged */
+                    x->credit -= (int64_t)(x->last_end - x->slice_end);
+                    x->slice_end = x->last_end;
+                }
+                if (x->credit < 0) {
+                    x->v.capped = 1;
+                    x->v.running = 0;
+                    continue;
+                }
+                x->slice_end = now + SLICE_PERIOD_NS * x->cap / 100;
+                x->credit -= (int64_t)(SLICE_PERIOD_NS * x->cap / 100);
             }
             if (!nvc_sched_active(&x->v, now) || x->v.capped)
                 x->v.vtime = nvc_sched_catch_up(x->v.vtime, others, n, now);
@@ -97,13 +106,14 @@ int main(int argc, char **argv)
             x->v.seen_ns = now;
             if (nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
                 x->v.running = 0;
+                if (x->cap < 100)
+                    x->slice_end += STEP_NS;                    /* its slice waits for the turn too */
                 continue;
             }
             x->v.running = 1;
             queue[qtail++ % 4096] = (struct kernel){i, x->kernel_ns, now};
             x->inflight_ns += x->kernel_ns;
             x->v.vtime += x->kernel_ns * NVC_WEIGHT_UNIT / x->weight;
-            x->credit -= (int64_t)x->kernel_ns;
             uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
             x->v.busy_until_ns = base + x->kernel_ns;
         }

@@ -440,6 +440,23 @@ static int run(char **argv, int argc)
         printf("%s %s %.0f\n", op, ename(r), now_us() - t0);
         return coop ? 3 : 4;
     }
+    if (!strcmp(op, "steps")) {      /* a training-like loop: a kernel, wait for it, host work */
+        NEED(4);
+        int n = atoi(argv[1]);
+        unsigned grid = (unsigned)num(argv[2]), block = (unsigned)num(argv[3]);
+        double host_us = (double)num(argv[4]), t0 = now_us();
+        CUfunction f;
+        r = load_function(&f);
+        for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
+            r = p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, NULL, NULL, NULL);
+            if (r == CUDA_SUCCESS)
+                r = p_cuCtxSynchronize();
+            for (double until = now_us() + host_us; now_us() < until;)
+                ;
+        }
+        printf("steps %s %.0f\n", ename(r), now_us() - t0);
+        return 5;
+    }
     if (!strcmp(op, "graph")) {
         NEED(2);
         int nodes = atoi(argv[1]), launches = atoi(argv[2]);
