@@ -31,10 +31,17 @@ struct pending {
     int64_t estimate;                /* what the scheduler was charged at launch time */
     uint64_t launched_ns;
     int recorded;                    /* both events recorded (an unrecorded event queries as done) */
+    int settled;                     /* measured, waiting for older launches of other contexts */
 };
 
-static struct pending pending[MAX_PENDING];
-static int npending;
+/* Launches not yet measured, oldest first: a ring, so settling the oldest and queueing the newest
+ * cost the same however many microsecond kernels are queued (a training step's launch rate is
+ * bounded by what each launch costs on the CPU). */
+static struct pending ring[MAX_PENDING];
+static unsigned head, tail;
+#define AT(i) (&ring[(i) % MAX_PENDING])
+static int queued_of[NVC_MAX_DEVICES], unknown_of[NVC_MAX_DEVICES];   /* queued; of unknown cost */
+static int64_t inflight_of[NVC_MAX_DEVICES];                          /* their estimated GPU time */
 static struct {
     CUevent ev;
     CUcontext ctx;
@@ -68,52 +75,58 @@ static void event_put(CUevent ev, CUcontext ctx)
     }
 }
 
-/* Settles completed launches of this context: replaces their estimate by the measured cost and
- * tells a cap when the work ended.
- * pending[] stays in launch order, and a context's work completes in order (one stream; across
- * streams a later one just waits for the next harvest), so the scan stops at its first launch still
- * running: one event query per launch, however many microsecond kernels are queued. Caller holds
- * launch_mu. */
+/* Replaces a completed launch's estimate by its measured cost and tells a cap when the work ended.
+ * Caller holds launch_mu. */
+static void settle_locked(struct pending *p)
+{
+    float ms = 0;
+    int64_t cost = p->estimate;
+    if (nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
+        int64_t full = (int64_t)((double)ms * 1e6);
+        cost = (int64_t)((double)full * p->factor);
+        /* running estimate of a full-device launch, weight 1/4 to the newest */
+        int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
+        estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
+        uint64_t began = p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d];
+        gpu_done_ns[p->d] = began + (uint64_t)full;
+        if (p->percent < 100)
+            nvc_region_done(p->d, gpu_done_ns[p->d]);
+    }
+    nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
+    if (p->sched)
+        nvc_sched_measured(p->sched, nvc_now_ns(), cost - p->estimate, (uint64_t)(cost > 0 ? cost : 0));
+    queued_of[p->d]--;
+    if (p->estimate == 0 && p->factor > 0)
+        unknown_of[p->d]--;
+    inflight_of[p->d] -= p->estimate;
+    event_put(p->start, p->ctx);
+    event_put(p->end, p->ctx);
+    p->settled = 1;
+}
+
+/* Settles this context's completed launches in launch order, stopping at its first one still
+ * running (a context's work completes in order; across streams a later one just waits for the next
+ * harvest): one event query per launch, however many are queued. Another context's older launches
+ * are left for its own thread. Caller holds launch_mu. */
 static void harvest_locked(CUcontext ctx)
 {
     struct nvc_sched_entry *settled[NVC_MAX_DEVICES] = {0};
-    uint64_t now = 0;
-    int kept = 0, running = 0;
-    for (int i = 0; i < npending; i++) {
-        struct pending *p = &pending[i];
-        if (p->ctx != ctx || running || !p->recorded || nvc_cuda.cuEventQuery(p->end) != CUDA_SUCCESS) {
-            running |= p->ctx == ctx;
-            pending[kept++] = *p;
+    for (unsigned i = head; i != tail; i++) {
+        struct pending *p = AT(i);
+        if (p->settled || p->ctx != ctx)
             continue;
-        }
-        float ms = 0;
-        int64_t cost = p->estimate;
-        if (nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
-            int64_t full = (int64_t)((double)ms * 1e6);
-            cost = (int64_t)((double)full * p->factor);
-            /* running estimate of a full-device launch, weight 1/4 to the newest */
-            int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
-            estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
-            uint64_t began = p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d];
-            gpu_done_ns[p->d] = began + (uint64_t)full;
-            if (p->percent < 100)
-                nvc_region_done(p->d, gpu_done_ns[p->d]);
-        }
-        now = nvc_now_ns();
-        nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
-        if (p->sched) {
-            nvc_sched_measured(p->sched, now, cost - p->estimate, (uint64_t)(cost > 0 ? cost : 0));
-            settled[p->d] = p->sched;
-        }
-        event_put(p->start, p->ctx);
-        event_put(p->end, p->ctx);
+        if (!p->recorded || nvc_cuda.cuEventQuery(p->end) != CUDA_SUCCESS)
+            break;
+        settle_locked(p);
+        settled[p->d] = p->sched;
+        if (i == head)
+            head++;
     }
-    npending = kept;
-    for (int i = 0; i < npending; i++)
-        settled[pending[i].d] = NULL;      /* work of that device is still queued */
+    while (head != tail && AT(head)->settled)
+        head++;
     for (int d = 0; d < NVC_MAX_DEVICES; d++)
-        if (settled[d])
-            nvc_sched_drained(settled[d], now);
+        if (settled[d] && !queued_of[d])
+            nvc_sched_drained(settled[d], nvc_now_ns());     /* none of its work is queued */
 }
 
 struct launch {
@@ -129,20 +142,10 @@ static void sleep_ns(int64_t ns)
 }
 
 /* Estimated GPU time of this device's launches not yet measured; -1 when one of unknown cost is
- * queued. *queued: how many are. Caller holds launch_mu. */
-static int64_t inflight_locked(int dev, int *queued)
+ * queued. Caller holds launch_mu. */
+static int64_t inflight_locked(int dev)
 {
-    int64_t total = 0;
-    *queued = 0;
-    for (int i = 0; i < npending; i++)
-        if (pending[i].d == dev) {
-            ++*queued;
-            if (pending[i].estimate == 0 && pending[i].factor > 0)
-                total = -1;
-            else if (total >= 0)
-                total += pending[i].estimate;
-        }
-    return total;
+    return unknown_of[dev] ? -1 : inflight_of[dev];
 }
 
 /* Waits for the cap's slice and the scheduler's turn; returns the pending entry's events to record,
@@ -156,8 +159,8 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     for (;;) {
         pthread_mutex_lock(&launch_mu);
         harvest_locked(ctx);
-        int queued;
-        int64_t inflight = inflight_locked(dev, &queued);
+        int64_t inflight = inflight_locked(dev);
+        int queued = queued_of[dev];
         int64_t unit = estimate_ns[dev];
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
@@ -192,12 +195,14 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     if (d->sched)
         nvc_sched_launched(d->sched, now, estimate);
     *start = *end = NULL;
-    if (npending < MAX_PENDING) {
+    if (tail - head < MAX_PENDING) {
         *start = event_get(ctx);
         *end = *start ? event_get(ctx) : NULL;
         if (*end) {
-            pending[npending++] = (struct pending){*start, *end, ctx, dev, d->sched, d->compute, l->factor,
-                                                   estimate, now, 0};
+            *AT(tail++) = (struct pending){*start, *end, ctx, dev, d->sched, d->compute, l->factor, estimate, now, 0, 0};
+            queued_of[dev]++;
+            unknown_of[dev] += estimate == 0 && l->factor > 0;
+            inflight_of[dev] += estimate;
         } else if (*start) {
             event_put(*start, ctx);
             *start = NULL;
@@ -233,11 +238,14 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
     if (end) {
         record(end, l);
         pthread_mutex_lock(&launch_mu);
-        for (int i = npending - 1; i >= 0; i--)
-            if (pending[i].start == start) {
-                pending[i].recorded = 1;
-                if (rc != CUDA_SUCCESS)
-                    pending[i].factor = 0;   /* nothing ran: the harvest refunds the estimate */
+        for (unsigned i = tail; i != head; i--)
+            if (AT(i - 1)->start == start) {
+                struct pending *p = AT(i - 1);
+                p->recorded = 1;
+                if (rc != CUDA_SUCCESS && p->factor > 0) {
+                    p->factor = 0;           /* nothing ran: the harvest refunds the estimate */
+                    unknown_of[p->d] -= p->estimate == 0;
+                }
                 break;
             }
         pthread_mutex_unlock(&launch_mu);
@@ -395,9 +403,12 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         return;
     }
     if (phase == NVC_FORK_CHILD) {
-        npending = 0;                /* the parent's events mean nothing in the child */
+        head = tail = 0;             /* the parent's events mean nothing in the child */
         nfree = 0;
         memset(gpu_done_ns, 0, sizeof gpu_done_ns);
+        memset(queued_of, 0, sizeof queued_of);
+        memset(unknown_of, 0, sizeof unknown_of);
+        memset(inflight_of, 0, sizeof inflight_of);
     }
     pthread_mutex_unlock(&launch_mu);
 }
