@@ -13,10 +13,11 @@ back`` (the caller must run the program itself: nothing was done) or ``refused N
 and a line for the caller's stderr (N: the caller's status). Any other answer before ``ready``
 (an older server's) means nothing was done either: the caller runs the program itself. After ``ready`` the caller sends
 ``go`` with its stdin, stdout and stderr attached, and the server answers ``exit N`` when the
-call is done. The last environment entry a client sends is ``CONNECTED_ENV``, its CLOCK_MONOTONIC
-as it connects, in nanoseconds (20 digits, written just before connecting), which the server takes out of the
-environment to tell how long the call waited for a worker. An environment entry without ``=`` or with an empty name is ignored, as the
-program's own interpreter would ignore it, and of a name given twice the first counts (as for
+call is done. The last environment entry a client sends is ``CONNECTED_ENV``, its
+CLOCK_MONOTONIC as it connects, in nanoseconds (20 digits, written just before connecting),
+which the server takes out of the environment to tell how long the call waited for a worker.
+An environment entry without ``=`` or with an empty name is ignored, as the program's own
+interpreter would ignore it, and of a name given twice the first counts (as for
 the interpreter's ``os.environ``).
 
 Before it sends anything, a client makes sure root answers: the socket's directory is root's,

@@ -69,7 +69,8 @@ from collections.abc import Callable
 
 from nvc.errors import InputError
 from nvc.hook import activation, scope
-from nvc.hook.handover import CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError, parse_call
+from nvc.hook.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError,
+                               parse_call)
 from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing
 from nvc.untrusted import directory_problem
 
