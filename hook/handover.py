@@ -13,8 +13,11 @@ back`` (the caller must run the program itself: nothing was done) or ``refused N
 and a line for the caller's stderr (N: the caller's status). Any other answer before ``ready``
 (an older server's) means nothing was done either: the caller runs the program itself. After ``ready`` the caller sends
 ``go`` with its stdin, stdout and stderr attached, and the server answers ``exit N`` when the
-call is done. An environment entry without ``=`` or with an empty name is ignored, as the
-program's own interpreter would ignore it, and of a name given twice the first counts (as for
+call is done. The last environment entry a client sends is ``CONNECTED_ENV``, its
+CLOCK_MONOTONIC as it connects, in nanoseconds (20 digits, written just before connecting),
+which the server takes out of the environment to tell how long the call waited for a worker.
+An environment entry without ``=`` or with an empty name is ignored, as the program's own
+interpreter would ignore it, and of a name given twice the first counts (as for
 the interpreter's ``os.environ``).
 
 Before it sends anything, a client makes sure root answers: the socket's directory is root's,
@@ -45,6 +48,8 @@ FALL_BACK = b"fall back"
 READY = b"ready"
 REFUSED = b"refused"
 GO = b"go"
+CONNECTED_ENV = "NVC_PY_HOOK_CONNECTED"  # as native/client/hook_client.c's
+STAMP_DIGITS = 20
 
 
 class CallError(ValueError):
@@ -124,7 +129,10 @@ def hand_over(argv: list[str]) -> None:
     """
     if os.geteuid() != 0 or os.path.basename(argv[0]) not in PROGRAMS or "serve" in argv[1:]:
         return
-    message = encode_call(argv, dict(os.environ))
+    env = dict(os.environ)
+    env.pop(CONNECTED_ENV, None)  # one the caller inherited would stand first, for the server
+    env[CONNECTED_ENV] = "0" * STAMP_DIGITS
+    message = encode_call(argv, env)
     if len(message) > MAX_MESSAGE:
         return
     path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
@@ -136,6 +144,7 @@ def hand_over(argv: list[str]) -> None:
         os.write(2, f"{prog}: not handing over to the hook server ({why}); running here\n".encode())
         return
     import _socket  # not socket: its imports cost more than the rest of this path
+    import time
 
     timeout = call_timeout()
     try:
@@ -146,7 +155,8 @@ def hand_over(argv: list[str]) -> None:
     try:
         try:
             sock.settimeout(min(ACK_TIMEOUT, timeout))
-            sock.connect(path)
+            message = message[:-STAMP_DIGITS - 1] + b"%0*d\0" % (STAMP_DIGITS, time.monotonic_ns())
+            sock.connect(path)  # after the stamp: a spare may accept before connect returns
             peer_uid = int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[4:8],
                                       sys.byteorder)
             if peer_uid != 0:

@@ -21,6 +21,13 @@ server's namespaces and cgroup, so the server must run in the host's (a plain sy
 the server restarts: a worker that finds the installed code changed (:func:`code_stamp`) answers
 "fall back" and stops the server.
 
+Per-call figures, for benchmarks: with ``$NVC_PY_SERVE_STATS`` set to a file when the server
+starts, each worker appends one JSON line once its call is done: ``queue_ms``, how long the call
+waited between the client's connect (the stamp the client sends, :data:`CONNECTED_ENV`) and a worker's
+accept (null for a client that sends none); ``worker_ms``, from that accept to the answer sent;
+``cpu_ms``, the worker's user+system CPU since it was forked as a spare, its helpers' included.
+So a storm's p99 shows whether calls queue for a worker or run slowly once taken.
+
 It runs the hook's stages and ``nvc-py configure``/``info``/``list`` (:mod:`nvc.hook.scope`);
 anything else is answered "fall back" and runs in the caller. It is started by systemd's socket
 unit or on demand by a hook client (:mod:`nvc.hook.activation`); an on-demand one exits when idle.
@@ -62,7 +69,8 @@ from collections.abc import Callable
 
 from nvc.errors import InputError
 from nvc.hook import activation, scope
-from nvc.hook.handover import FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError, parse_call
+from nvc.hook.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError,
+                               parse_call)
 from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing
 from nvc.untrusted import directory_problem
 
@@ -79,8 +87,9 @@ PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.l
            "nvc.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups", "nvc.rpc.container_service",
            "nvc.share.limits", "nvc.discover.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "nvc.rpc.driver_service",
            "nvc.infoformat", "nvc.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
-           "pyseccomp", "pynvml", "yaml", "json")
+           "pyseccomp", "pynvml", "yaml", "json", "resource")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
+STATS_ENV = "NVC_PY_SERVE_STATS"  # a file each worker appends its call's figures to (JSON lines)
 _started_code: tuple[tuple[int, int], ...] = ()  # code_stamp() when the server started
 
 
@@ -260,14 +269,27 @@ def _streams_on_go(conn: socket.socket) -> list[int]:
     return streams
 
 
-def _run_call(conn: socket.socket, programs: Programs, ours: Standing) -> bytes | None:
+def queue_wait_ms(env: dict[str, str], accepted_ns: int) -> float | None:
+    """How long a call waited for a worker: from the client's connect (its CLOCK_MONOTONIC stamp,
+    which is removed from ``env``: the program never sees it) to ``accepted_ns``; None without a
+    stamp, or with one that cannot be a wait (another clock: a caller in a time namespace)."""
+    stamp = env.pop(CONNECTED_ENV, "")
+    if not stamp.isdigit():
+        return None
+    wait = (accepted_ns - int(stamp)) / 1e6
+    return wait if 0 <= wait < 3_600_000 else None
+
+
+def _run_call(conn: socket.socket, programs: Programs, ours: Standing, accepted_ns: int,
+              figures: dict[str, float | None]) -> bytes | None:
     """Worker side: check the caller and its call, take over the caller's streams, directory and
     environment once the caller says ``go``, run the call; the answer (None: none, the caller is
-    gone; it runs the program itself)."""
+    gone; it runs the program itself). ``figures`` gets the call's queue wait."""
     try:
         argv, env, cwd = _checked_call(conn, ours)
     except _Refused as refused:
         return refused.answer
+    figures["queue_ms"] = queue_wait_ms(env, accepted_ns)
     if not scope.served(argv) or _stale():  # not the server's business, or new code: the caller runs it
         os.close(cwd)
         return FALL_BACK
@@ -318,29 +340,52 @@ def _release_streams() -> None:
     os.close(null)
 
 
-def _worker(conn: socket.socket, programs: Programs, ours: Standing) -> None:
-    """Run the call on ``conn``, answer its status, never return.
+def _worker(conn: socket.socket, programs: Programs, ours: Standing, accepted_ns: int, stats: int) -> None:
+    """Run the call on ``conn``, answer its status, append its figures to ``stats`` (a descriptor;
+    -1: none kept), never return.
 
     The helpers the call closed are waited for after the answer (their cleanup is nothing the
     caller sees: see nvc.rpc.helper.defer_reaping)."""
     from nvc.rpc import helper
 
     answer: bytes | None = b"exit 1"
+    figures: dict[str, float | None] = {"queue_ms": None}
     try:
         helper.defer_reaping()
         try:
-            answer = _run_call(conn, programs, ours)
+            answer = _run_call(conn, programs, ours, accepted_ns, figures)
         except BaseException as err:  # noqa: BLE001 - the caller must get a status, whatever happened
             _say(f"nvc-py-hook serve: worker failed: {type(err).__name__}: {err}")
         if answer is not None:
             _release_streams()
             conn.send(answer)
+            figures["worker_ms"] = (time.monotonic_ns() - accepted_ns) / 1e6
             helper.reap_deferred()
+        if stats >= 0:
+            _record(stats, answer, figures)
     finally:
         os._exit(0)
 
 
-def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing) -> None:
+def _record(stats: int, answer: bytes | None, figures: dict[str, float | None]) -> None:
+    """One JSON line of this worker's call (see the module's docstring), in one write to a file
+    opened for appending, so that lines of workers finishing at once never interleave."""
+    import json
+    import resource
+
+    cpu = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):  # the helpers are reaped by now
+        usage = resource.getrusage(who)
+        cpu += usage.ru_utime + usage.ru_stime
+    line = {"pid": os.getpid(), "answer": answer.decode(errors="replace").split("\n")[0] if answer else None,
+            **figures, "cpu_ms": round(cpu * 1000, 3)}
+    try:
+        os.write(stats, (json.dumps(line) + "\n").encode())
+    except OSError:
+        pass  # figures are for benchmarks: a full disk costs no call
+
+
+def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int) -> None:
     """A worker forked ahead of its call: waits for the next connection, tells the server it was
     taken (so the server forks another spare), then serves it. Never returns."""
     import prctl
@@ -358,6 +403,7 @@ def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing) 
         while True:
             try:
                 conn, _ = sock.accept()
+                accepted_ns = time.monotonic_ns()
                 break
             except InterruptedError:
                 continue
@@ -367,7 +413,7 @@ def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing) 
         sock.close()
     except BaseException:  # noqa: BLE001 - the server forks another spare
         os._exit(1)
-    _worker(conn, programs, ours)
+    _worker(conn, programs, ours, accepted_ns, stats)
 
 
 def _prestart_driver() -> None:
@@ -407,13 +453,26 @@ def serve(path: str) -> int:
     """Accept hook calls on ``path`` until SIGTERM, each in a worker forked ahead of it."""
     directory, name = os.path.split(path)
     directory_fd = socket_directory(directory or ".")  # before the warm-up: a refusal is quick
+    stats = _open_stats(os.environ.pop(STATS_ENV, ""))
     try:
-        return _serve_in(directory_fd, path, name)
+        return _serve_in(directory_fd, path, name, stats)
     finally:
         os.close(directory_fd)
+        if stats >= 0:
+            os.close(stats)
 
 
-def _serve_in(directory_fd: int, path: str, name: str) -> int:
+def _open_stats(path: str) -> int:
+    """A descriptor appending to ``path`` (created 0600), -1 for none; InputError naming the file."""
+    if not path:
+        return -1
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise InputError(f"{path}: cannot open ${STATS_ENV}: {err.strerror}") from None
+
+
+def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
     """serve() once its socket directory is checked."""
     import importlib
 
@@ -458,7 +517,7 @@ def _serve_in(directory_fd: int, path: str, name: str) -> int:
                         signal.set_wakeup_fd(-1)
                         for fd in (*spares, taken_r, stop_r, stop_w):
                             os.close(fd)
-                        _spare(sock, taken_w, programs, ours)
+                        _spare(sock, taken_w, programs, ours, stats)
                     os.close(taken_w)
                     spares.add(taken_r)
                 # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM.

@@ -152,9 +152,9 @@ static int freed_locked(CUdeviceptr dptr)
 
 CUgraph nvc_capture_graph(CUstream stream, int ptsz)
 {
-    int status = 0;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     CUgraph graph = NULL;
-    CUresult (*info)(CUstream, int *, cuuint64_t *, CUgraph *, const CUgraphNode **, size_t *) =
+    __typeof__(cuStreamGetCaptureInfo_v2) *info =
         ptsz ? nvc_cuda.cuStreamGetCaptureInfo_v2_ptsz : nvc_cuda.cuStreamGetCaptureInfo_v2;
     if (!info || info(stream, &status, NULL, &graph, NULL, NULL) != CUDA_SUCCESS ||
         status != CU_STREAM_CAPTURE_STATUS_ACTIVE)
@@ -276,7 +276,7 @@ struct add_args {
     CUgraphNode *node;
     CUgraph graph;
     const CUgraphNode *deps;
-    const void *edges;
+    const CUgraphEdgeData *edges;
     size_t ndeps;
     void *params;
     int kind;                        /* 0 cuGraphAddMemAllocNode, 1 cuGraphAddNode, 2 cuGraphAddNode_v2 */
@@ -355,8 +355,8 @@ NVC_API CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphN
     return add_node(&a);
 }
 
-NVC_API CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, const void *edges,
-                                   size_t ndeps, CUgraphNodeParams *params)
+NVC_API CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                   const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params)
 {
     NVC_PROLOGUE(cuGraphAddNode_v2, node, graph, deps, edges, ndeps, params)
     struct add_args a = {node, graph, deps, edges, ndeps, params, 2};
@@ -403,10 +403,11 @@ INSTANTIATE(cuGraphInstantiateWithParams_ptsz,
             (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params), exec, graph, params)
 
 /* An updated executable runs the new graph's topology from now on. */
-NVC_WRAP_THEN(cuGraphExecUpdate, (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, int *result),
+NVC_WRAP_THEN(cuGraphExecUpdate, (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
+                                 CUgraphExecUpdateResult *result),
               set_exec(exec, graph), exec, graph, error_node, result)
-NVC_WRAP_THEN(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, void *result_info), set_exec(exec, graph),
-              exec, graph, result_info)
+NVC_WRAP_THEN(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *result_info),
+              set_exec(exec, graph), exec, graph, result_info)
 NVC_WRAP_THEN(cuGraphExecDestroy, (CUgraphExec exec), set_exec(exec, NULL), exec)
 
 /* ---- destruction: the nodes go; allocations that are not live are refunded ---- */

@@ -17,10 +17,10 @@ struct entry {
     void *wrapper;
 };
 
-#define CUDA_ENTRY(name, params) {#name, (void **)&nvc_cuda.name, (void *)name},
-#define NVML_ENTRY(name, params) {#name, (void **)&nvc_nvml.name, (void *)name},
-#define CALLED_CUDA(name, params) {#name, (void **)&nvc_cuda.name, NULL},
-#define CALLED_NVML(name, params) {#name, (void **)&nvc_nvml.name, NULL},
+#define CUDA_ENTRY(name) {#name, (void **)&nvc_cuda.name, (void *)name},
+#define NVML_ENTRY(name) {#name, (void **)&nvc_nvml.name, (void *)name},
+#define CALLED_CUDA(name) {#name, (void **)&nvc_cuda.name, NULL},
+#define CALLED_NVML(name) {#name, (void **)&nvc_nvml.name, NULL},
 static const struct entry cuda_entries[] = {NVC_CUDA_WRAPPED(CUDA_ENTRY) NVC_CUDA_CALLED(CALLED_CUDA)};
 static const struct entry nvml_entries[] = {NVC_NVML_WRAPPED(NVML_ENTRY) NVC_NVML_CALLED(CALLED_NVML)};
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -104,7 +104,8 @@ NVC_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, c
     return rc;
 }
 
-NVC_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status)
+NVC_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                     CUdriverProcAddressQueryResult *status)
 {
     if (!nvc_load_cuda() || !nvc_cuda.cuGetProcAddress_v2)
         return CUDA_ERROR_NOT_INITIALIZED;

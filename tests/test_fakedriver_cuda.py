@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fakedriver.build import INCLUDES
 
 SRC = Path(__file__).resolve().parent / "fakedriver" / "src"
 MIB = 1 << 20
@@ -41,7 +42,7 @@ def compile_libcuda(machine_yaml: Path, out: Path) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "fake_machine.h").write_text(machine_header(load_machine(machine_yaml), machine_yaml.name))
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{out}", f"-I{SRC}",
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{out}", *INCLUDES,
                     "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"), str(SRC / "libcuda.c"),
                     "-lpthread"], check=True)
     return out
@@ -54,7 +55,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     (tmp / "machine.yaml").write_text(MACHINE)
     lib_dir = compile_libcuda(tmp / "machine.yaml", tmp / "lib")
     probe = tmp / "cuda_probe"
-    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{SRC}", "-o", str(probe), str(SRC / "cuda_probe.c"),
+    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o", str(probe), str(SRC / "cuda_probe.c"),
                     "-ldl"], check=True)
     return lib_dir, probe
 

@@ -821,3 +821,45 @@ def test_served_call_time(served: Path) -> None:
         times.append(time.monotonic() - started)
     times.sort()
     print(f"served nvc-py info --help: median {times[10] * 1000:.1f} ms, best {times[0] * 1000:.1f} ms")
+
+
+def test_queue_wait_is_read_from_the_clients_stamp_which_the_program_never_sees() -> None:
+    from nvc.hook.server import queue_wait_ms
+
+    env = {"PATH": "/bin", handover.CONNECTED_ENV: "00000000000001000000"}
+    assert queue_wait_ms(env, 3_500_000) == 2.5 and env == {"PATH": "/bin"}
+    assert queue_wait_ms(env, 3_500_000) is None  # no stamp (an older client)
+    assert queue_wait_ms({handover.CONNECTED_ENV: "junk"}, 1) is None
+    assert queue_wait_ms({handover.CONNECTED_ENV: "9" * 20}, 1) is None  # another clock (a time namespace)
+
+
+def test_the_server_records_each_calls_queue_wait_worker_time_and_cpu(active_2gpu, tmp_path: Path) -> None:
+    """With $NVC_PY_SERVE_STATS each served call leaves one JSON line, from both clients (native and
+    Python), an inherited stamp replaced by the caller's own. Plausible, not timed: each call's
+    queue wait and worker time fit in the wall time its caller saw, and its worker used CPU."""
+    sock, stats = tmp_path / "run" / "hook.sock", tmp_path / "stats.jsonl"
+    env = {handover.SOCKET_ENV: str(sock), "PATH": "/usr/bin:/bin"}
+    calls = [[str(CLIENT), str(HOOK), "poststart"]] * 6 + [[*console_script(tmp_path), "--root",
+                                                            str(active_2gpu.root), "info"]]
+
+    def call(argv: list[str]) -> float:
+        t0 = time.monotonic()
+        result = subprocess.run(argv, capture_output=True, text=True, input="", timeout=60,
+                                env={**env, handover.CONNECTED_ENV: "1"})  # a stale stamp, inherited
+        assert result.returncode == 0, result.stderr
+        return (time.monotonic() - t0) * 1000
+
+    with hook_server(HOOK, sock, stats=stats):
+        with ThreadPoolExecutor(len(calls)) as pool:
+            walls = list(pool.map(call, calls))
+        deadline = time.monotonic() + 30  # a worker writes its line after answering and reaping its helpers
+        while (len(stats.read_text().splitlines()) if stats.exists() else 0) < len(calls):
+            assert time.monotonic() < deadline, "not every call left its line"
+            time.sleep(0.05)
+    lines = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert len(lines) == len(calls) and len({line["pid"] for line in lines}) == len(calls)
+    for line in lines:
+        assert line["answer"] == "exit 0"
+        assert line["queue_ms"] is not None and line["queue_ms"] >= 0
+        assert 0 < line["worker_ms"] and line["queue_ms"] + line["worker_ms"] < max(walls)
+        assert line["cpu_ms"] > 0

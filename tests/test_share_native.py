@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fakedriver.build import INCLUDES
 
 from nvc.share.region import SIZE as REGION_SIZE
 
@@ -41,7 +42,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              "hold_lock": [PROGRAMS / "hold_lock.c"],
              "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"]}
     for name, sources in built.items():
-        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", f"-I{FAKE_SRC}", f"-I{REPO / 'native'}", "-o",
+        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o",
                         str(out / name), *map(str, sources), "-ldl"], check=True)
     return {name: out / name for name in built}
 

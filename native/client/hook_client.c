@@ -54,6 +54,7 @@
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_SOCKET "/run/nvc-py/hook.sock"
@@ -63,6 +64,10 @@
 #define ACK_TIMEOUT 2.0      /* seconds at most to connect, send and get `ready` */
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
+/* The last environment entry sent: CLOCK_MONOTONIC as it connects, ns, STAMP_DIGITS digits written just
+ * before connecting (the server's queue wait; it removes the entry). As nvc/hook/handover.py's. */
+#define CONNECTED_ENV "NVC_PY_HOOK_CONNECTED="
+#define STAMP_DIGITS 20
 
 #include "server_start.h"
 
@@ -98,13 +103,19 @@ static int put(char *buf, size_t *len, const char *s)
     return 1;
 }
 
-/* The message for argv (argc strings) and this process's environment. */
+static int is_stamp(const char *entry)
+{
+    return !strncmp(entry, CONNECTED_ENV, sizeof CONNECTED_ENV - 1);
+}
+
+/* The message for argv (argc strings) and this process's environment, its connect stamp last (zeros until
+ * stamp() writes it; one the caller inherited is left out). */
 static int build_message(char *buf, size_t *len, int argc, char **argv)
 {
-    char count[32];
-    int envc = 0;
-    while (environ[envc])
-        envc++;
+    char count[32], stamp[sizeof CONNECTED_ENV + STAMP_DIGITS];
+    int envc = 1;
+    for (int i = 0; environ[i]; i++)
+        envc += !is_stamp(environ[i]);
     if (!put(buf, len, MAGIC))
         return 0;
     snprintf(count, sizeof count, "%d", argc);
@@ -116,10 +127,22 @@ static int build_message(char *buf, size_t *len, int argc, char **argv)
     for (int i = 0; i < argc; i++)
         if (!put(buf, len, argv[i]))
             return 0;
-    for (int i = 0; i < envc; i++)
-        if (!put(buf, len, environ[i]))
+    for (int i = 0; environ[i]; i++)
+        if (!is_stamp(environ[i]) && !put(buf, len, environ[i]))
             return 0;
-    return 1;
+    snprintf(stamp, sizeof stamp, CONNECTED_ENV "%0*d", STAMP_DIGITS, 0);
+    return put(buf, len, stamp);
+}
+
+/* Writes the connect stamp into the message build_message made. */
+static void stamp(char *buf, size_t len)
+{
+    struct timespec now;
+    char digits[STAMP_DIGITS + 1];
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    snprintf(digits, sizeof digits, "%0*llu", STAMP_DIGITS,
+             (unsigned long long)now.tv_sec * 1000000000ull + (unsigned long long)now.tv_nsec);
+    memcpy(buf + len - 1 - STAMP_DIGITS, digits, STAMP_DIGITS);
 }
 
 /* Sends len bytes of buf with n (at most 3) descriptors attached (SCM_RIGHTS); 1 when all went. */
@@ -284,10 +307,12 @@ int main(int argc, char **argv)
     if (sock < 0)
         give_up(argv);
     set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
+    stamp(buf, len); /* before connect: a spare may accept before connect returns */
     if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
         int failed = errno;
         close(sock);
-        /* no server: a container start's hook call starts one (server_start.c) */
+        /* no server: a container start's hook call starts one (server_start.c); its wait counts as queueing */
+        stamp(buf, len);
         sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(argc, argv)
                    ? server_start_and_connect(&addr) : -1;
         if (sock < 0)

@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 SRC = Path(__file__).resolve().parent / "src"
+# The CUDA and NVML C ABIs are declared once, in the sharing shim's headers (cuda_abi.h, nvml_abi.h):
+# the fake implements the same declarations the shim passes through. -iquote: native/sched.h must not
+# stand in for the system's <sched.h>.
+ABI_HEADERS = Path(__file__).resolve().parents[2] / "native"
+INCLUDES = [f"-I{SRC}", f"-iquote{ABI_HEADERS}"]
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
 
 NVIDIA_MAJOR = 195
@@ -377,7 +382,7 @@ def _soname(name: str, suffix: str | None, version: str) -> str:
 
 def _build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[int, Path]) -> None:
     version = machine["driver_version"]
-    cflags = ["-O1", "-Wall", "-Werror", f"-I{gen}", f"-I{SRC}"]
+    cflags = ["-O1", "-Wall", "-Werror", f"-I{gen}", *INCLUDES]
     libraries = {name: suffix for group in LIBRARY_GROUPS.values() for name, suffix in group.items()}
     compiles, stub_links, glcore_links = [], [], []
     for bits, libdir in dirs.items():

@@ -3,6 +3,7 @@ interpreter of an installed command (make install replaces the console scripts b
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import subprocess
@@ -40,12 +41,14 @@ def program_interpreter(command: str | Path) -> str | None:
 
 @contextmanager
 def hook_server(hook_script: str | Path, sock: Path, wrapper: Sequence[str] = (),
-                pass_fds: Sequence[int] = ()) -> Iterator[subprocess.Popen[str]]:
+                pass_fds: Sequence[int] = (), stats: Path | None = None) -> Iterator[subprocess.Popen[str]]:
     """``nvc-py-hook serve --socket SOCK``, started in the caller's mount namespace (where a fake
     driver may be active), until the block ends; then stopped with SIGTERM, as systemd does.
-    ``wrapper``: a command that executes the server's command line it is given (systemd's part)."""
+    ``wrapper``: a command that executes the server's command line it is given (systemd's part);
+    ``stats``: the file its workers append their calls' figures to ($NVC_PY_SERVE_STATS)."""
+    env = {**os.environ, "NVC_PY_SERVE_STATS": str(stats)} if stats is not None else None
     proc = subprocess.Popen([*wrapper, str(hook_script), "serve", "--socket", str(sock)], stderr=subprocess.PIPE,
-                            text=True, pass_fds=pass_fds)
+                            text=True, pass_fds=pass_fds, env=env)
     try:
         assert proc.stderr is not None
         ready, _, _ = select.select([proc.stderr], [], [], 30)

@@ -28,7 +28,7 @@
 #include "fake_cuda.h"
 
 #define FN(name, params) static __typeof__(name) *p_##name;
-FAKE_CUDA_API(FN)
+CUDA_ABI_ENTRY_POINTS(FN)
 #undef FN
 
 static int (*p_stats)(int, unsigned long long *, unsigned long long *, unsigned long long *);
@@ -522,7 +522,7 @@ int main(int argc, char **argv)
         return 2;
     }
 #define FN(name, params) p_##name = (__typeof__(p_##name))dlsym(lib, #name);
-    FAKE_CUDA_API(FN)
+    CUDA_ABI_ENTRY_POINTS(FN)
 #undef FN
     p_stats = (__typeof__(p_stats))dlsym(lib, "fakeCudaDeviceStats");
     if (!p_cuGetErrorName) {

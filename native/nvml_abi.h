@@ -1,6 +1,8 @@
-/* The slice of NVML's C ABI (nvml.h, values as in NVIDIA's headers and pynvml) that the fake
- * libnvidia-ml implements and the fake nvidia-smi calls. Written from the documented values, so
- * both sides agree on layouts without a real nvml.h on the build machine. Test double only. */
+/* The slice of NVML's C ABI (nvml.h, values as in NVIDIA's headers and pynvml) that nvc-py touches,
+ * declared once: libnvc-share wraps or calls the entry points declared at the end (real.h picks
+ * which); the fake libnvidia-ml in tests/fakedriver implements them and more, and its nvidia-smi
+ * calls them. Written from the documented values, so every side agrees on layouts without a real
+ * nvml.h on the build machine. */
 #ifndef NVML_ABI_H
 #define NVML_ABI_H
 
@@ -103,5 +105,12 @@ typedef unsigned int nvmlDeviceArchitecture_t;
 #define NVML_DEVICE_ARCH_HOPPER 9u
 #define NVML_DEVICE_ARCH_BLACKWELL 10u
 #define NVML_DEVICE_ARCH_UNKNOWN 0xffffffffu
+
+nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device);
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length);
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 
 #endif
