@@ -24,7 +24,7 @@ from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
     from nvc.config import Config
-    from nvc.configure import ConfigureRequest, HostMount
+    from nvc.commands.configure import ConfigureRequest, HostMount
     from nvc.hook.request import GpuRequest, Policy
     from nvc.hook.spec import Container, State
     from nvc.options import GlobalOptions
@@ -71,7 +71,7 @@ def configure_request(config: Config, state: State, ctr: Container, req: GpuRequ
 
     ``extra_mounts``: host files the container gets besides the driver's (the sharing shim).
     """
-    from nvc.configure import ConfigureRequest
+    from nvc.commands.configure import ConfigureRequest
 
     return ConfigureRequest(
         rootfs=ctr.rootfs,
@@ -108,7 +108,7 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     record["devices"] = list(req.devices) if req.devices is not None else "none"
     record["capabilities"] = list(req.capabilities)
     from nvc.share import limits as share
-    from nvc.configure import configure
+    from nvc.commands.configure import configure
 
     # junk limits refuse the container before anything changes
     sharing = share.parse_share_env(ctr.env)

@@ -64,7 +64,7 @@ def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
 
 def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
-    from nvc import devnodes
+    from nvc.commands import devnodes
     from nvc.hook import request, setup
     from nvc.hook import spec as oci
     from nvc.hook.prestart import policy

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from nvc.plan import mountplan
-from nvc.configure import ConfigureRequest, validate
+from nvc.commands.configure import ConfigureRequest, validate
 from nvc.plan.devfilter import DeviceRule
 from nvc.devices import Gpu, MigDevice
 from nvc.discover.driver import DriverFiles

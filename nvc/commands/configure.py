@@ -83,10 +83,10 @@ def _without_none(selectors: str) -> str:
 
 
 def _imex_channels(values: tuple[str, ...]) -> tuple[int, ...]:
-    """Parsed ``--imex-channel`` values; nvc.listing (json, pathlib) is imported only when there are some."""
+    """Parsed ``--imex-channel`` values; nvc.commands.listing (json, pathlib) is imported only when there are some."""
     if not values:
         return ()
-    from nvc.listing import parse_imex_channels
+    from nvc.commands.listing import parse_imex_channels
 
     return parse_imex_channels(values)
 

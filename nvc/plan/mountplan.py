@@ -239,7 +239,7 @@ class HostFacts(NamedTuple):
 
 
 class ContainerFacts(NamedTuple):
-    """What the container's rootfs says, read safely inside it (see :func:`nvc.configure.container_facts`)."""
+    """What the container's rootfs says, read safely inside it (see :func:`nvc.commands.configure.container_facts`)."""
 
     owner: tuple[int, int]
     lib_dir: str  # /usr/lib/x86_64-linux-gnu (Debian family) or /usr/lib64
