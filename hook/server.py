@@ -391,15 +391,15 @@ def _warm_up() -> None:
     import tempfile
 
     from nvc import config as config_file
-    from nvc.commands.configure import ConfigureRequest, plan
+    from nvc.commands.configure import plan
     from nvc.errors import NvcError
     from nvc.hook.prestart import global_options
+    from nvc.plan.request import Request
 
     try:
         cfg = config_file.load()
         with tempfile.TemporaryDirectory(prefix="nvc-py-warm-up-") as rootfs:
-            plan(global_options(cfg), ConfigureRequest(rootfs=rootfs, pid=None, devices="none",
-                                  capabilities=frozenset(cfg.supported_capabilities)))
+            plan(global_options(cfg), Request(rootfs=rootfs, capabilities=frozenset(cfg.supported_capabilities)))
     except (NvcError, OSError) as err:
         print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)
 

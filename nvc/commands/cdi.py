@@ -115,6 +115,7 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
     ``hook``: the installed program the spec's createContainer hooks run."""
     from nvc.commands import devnodes
     from nvc.discover import driver, nodes, procfs
+    from nvc.plan.request import Request
     from nvc.rpc import driver_service
 
     inv = driver_service.inventory(root, user)
@@ -125,7 +126,7 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
     ctl_paths = {n.path for n in control}
 
     def nodes_of(chosen: Selection) -> list[DeviceNode]:
-        specs = mountplan.needed_nodes(chosen, majors, mig_minors, mountplan.Options())
+        specs = mountplan.needed_nodes(chosen, majors, mig_minors, Request())
         return [n for n in devnodes.find_all(root, specs) if n.path not in ctl_paths]
 
     return build(root, files, inv.gpus, control, nodes_of, hook, hook_env, strategy)

@@ -168,6 +168,7 @@ def list_(
 ) -> None:
     """Print the host paths a container would get (with no selection flags: -d all --compat32 -l -b -i -f)."""
     from nvc.commands import listing
+    from nvc.plan.request import parse_imex_channels
 
     chosen = bool(devices) or libraries or binaries or ipcs or firmwares or compat32 or bool(mig_config or mig_monitor)
     if not chosen:
@@ -181,7 +182,7 @@ def list_(
         compat32=compat32,
         mig_config=mig_config is not None,
         mig_monitor=mig_monitor is not None,
-        imex_channels=listing.parse_imex_channels(imex),
+        imex_channels=parse_imex_channels(imex),
         no_persistenced=no_persistenced,
         no_fabricmanager=no_fabricmanager,
         no_gsp_firmware=no_gsp_firmware,
@@ -237,14 +238,15 @@ def configure(
 ) -> None:
     """Make the selected GPUs usable in the container whose rootfs is ROOTFS (absolute, not /)."""
     from nvc.commands import configure as conf
+    from nvc.plan.request import from_flags
 
     flags = {"compute": compute, "utility": utility, "video": video, "graphics": graphics, "display": display,
              "ngx": ngx, "compat32": compat32}
-    request = conf.ConfigureRequest(
+    request = from_flags(
         rootfs=rootfs,
         pid=pid,
-        devices=",".join(devices),
-        capabilities=frozenset(name for name, on in flags.items() if on),
+        devices=devices,
+        capabilities=(name for name, on in flags.items() if on),
         requirements=requirements,
         ldconfig=ldconfig,
         no_cgroups=no_cgroups,
