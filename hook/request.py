@@ -10,12 +10,14 @@ grammar follows the toolkit's (see the reference note).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from nvc.capabilities import CAPABILITIES
 from nvc.errors import InputError, shown
-from nvc.plan.request import Request
 from nvc.untrusted import decimal
+
+if TYPE_CHECKING:
+    from nvc.plan.request import Request
 
 DEFAULT_CAPABILITIES = ("compute", "utility")
 DEVICE_VOLUME_DIR = "/var/run/nvidia-container-devices/"
@@ -158,7 +160,8 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
     devices = _visible_devices(env, mounts, privileged, policy, warnings if warnings is not None else [])
     if devices is False:
         return None
-    from nvc.plan import requirements, selection  # a GPU container's: its parsers
+    from nvc.plan import requirements, selection  # a GPU container's: its record and parsers
+    from nvc.plan.request import Request
 
     capabilities = frozenset(_capabilities(env, policy))
     wanted = _requirements(env, policy)
