@@ -464,7 +464,8 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     assert lines[:3] == [f"mkdir   host      {where}", f"tmpfs   host      {where}/shared (limits, region)",
                          f"write   host      {where}/shared/limits ({len(plan.share.limits)} bytes: "
                          "'# written by nvc-py for container ctr-pl'…)"]
-    assert lines[3].startswith(f"write   host      {where}/ld.so.preload (") and "'/usr/lib/nvc-share/libnvc" in lines[3]
+    assert lines[3].startswith(f"write   host      {where}/ld.so.preload (")
+    assert "bytes: '/usr/lib/nvc-share/libnvc-share.so'…)" in lines[3]
     assert lines[4:6] == [f"write   host      {sched} (scheduler file)",
                           f"rootfs  {debian_rootfs} (pid {target_process}, owner 0:0)"]
     assert f"bind    extra     {share.HOST_LIBRARY} -> {share.CONTAINER_LIBRARY} [rdonly,nosuid,nodev]" in lines
