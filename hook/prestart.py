@@ -19,15 +19,15 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from nvc.errors import InputError, NvcError, shown
+from nvc.errors import InputError, NvcError
 from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
     from nvc.config import Config
-    from nvc.configure import ConfigureRequest, HostMount
-    from nvc.hook.request import GpuRequest, Policy
+    from nvc.hook.request import Policy
     from nvc.hook.spec import Container, State
     from nvc.options import GlobalOptions
+    from nvc.plan.request import Request, ShareRequest
 
 PROG = "nvc-py-hook"
 USAGE = (f"usage: {PROG} prestart|poststart|poststop  (OCI state on stdin)\n"
@@ -56,37 +56,12 @@ def global_options(config: Config) -> GlobalOptions:
     return GlobalOptions(config.root, config.ldcache, parse_user(config.user), config.load_kmods)
 
 
-def _single(values: tuple[str, ...], name: str) -> str | None:
-    """MIG config/monitor take only ``all`` (the reference CLI's rule)."""
-    if not values:
-        return None
-    if values != ("all",):
-        raise InputError(f"NVIDIA_{name}_DEVICES: only 'all' is supported (got {shown(','.join(values))})")
-    return "all"
-
-
-def configure_request(config: Config, state: State, ctr: Container, req: GpuRequest,
-                      extra_mounts: tuple[HostMount, ...] = ()) -> ConfigureRequest:
-    """The configure call for this container: its request mapped onto the host's configuration.
-
-    ``extra_mounts``: host files the container gets besides the driver's (the sharing shim).
-    """
-    from nvc.configure import ConfigureRequest
-
-    return ConfigureRequest(
-        rootfs=ctr.rootfs,
-        pid=state.pid,
-        devices=",".join(req.devices or ()),
-        capabilities=frozenset(req.capabilities),
-        requirements=req.requirements,
-        ldconfig=config.ldconfig,
-        no_cgroups=config.no_cgroups,
-        mig_config=_single(req.mig_config, "MIG_CONFIG"),
-        mig_monitor=_single(req.mig_monitor, "MIG_MONITOR"),
-        imex_channels=tuple(str(c) for c in req.imex_channels),
-        cuda_compat_mode=config.cuda_compat_mode,
-        extra_mounts=extra_mounts,
-    )
+def container_request(config: Config, state: State, ctr: Container, req: Request,
+                      sharing: ShareRequest | None = None) -> Request:
+    """What the spec asks for (``req``, parsed from its env), for this container (its rootfs and
+    pid; its id names the sharing files) and with the host's configuration."""
+    return req._replace(rootfs=ctr.rootfs, pid=state.pid, ldconfig=config.ldconfig, no_cgroups=config.no_cgroups,
+                        cuda_compat_mode=config.cuda_compat_mode, sharing=sharing, container_id=state.id)
 
 
 def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
@@ -105,23 +80,16 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     if req is None:
         record["outcome"] = "no-gpu"
         return
-    record["devices"] = list(req.devices) if req.devices is not None else "none"
-    record["capabilities"] = list(req.capabilities)
+    record["devices"] = [s.text for s in req.selectors] or "none"
+    record["capabilities"] = sorted(req.capabilities)
     from nvc.share import limits as share
-    from nvc.configure import configure
+    from nvc.commands.configure import configure
 
-    # junk limits refuse the container before anything changes
+    # junk limits refuse the container before anything changes; its sharing files are steps of the plan
     sharing = share.parse_share_env(ctr.env)
     if config.sharing.enabled:
         sharing = share.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
-    glob = global_options(config)
-    extra = share.prepare(sharing, state.id, ctr.rootfs) if sharing else ()
-    try:
-        configure(glob, configure_request(config, state, ctr, req, extra))
-    except BaseException:
-        if sharing:
-            share.remove(state.id)
-        raise
+    configure(global_options(config), container_request(config, state, ctr, req, sharing))
     if sharing:
         record["share"] = {"memory": dict(sharing.memory), "compute": dict(sharing.compute)}
     record["outcome"] = "configured"

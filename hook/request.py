@@ -1,18 +1,23 @@
 """What a container asks for, read from its OCI spec: the NVIDIA_* variables and device volume mounts.
 
-Pure: takes the spec's environment, mounts and privilege, plus the host's policy, and returns a
-:class:`GpuRequest` (or ``None`` for a container that wants no GPU). Existing images built for
-NVIDIA's toolkit must keep working, so the grammar follows the toolkit's (see the reference note).
+Pure: takes the spec's environment, mounts and privilege, plus the host's policy, and returns the
+parsed :class:`~nvc.plan.request.Request` of its devices, capabilities, requirements, MIG files and
+IMEX channels (or ``None`` for a container that wants no GPU); the hook adds where it goes (rootfs,
+pid) and the host's choices. Existing images built for NVIDIA's toolkit must keep working, so the
+grammar follows the toolkit's (see the reference note).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from nvc.capabilities import CAPABILITIES
 from nvc.errors import InputError, shown
 from nvc.untrusted import decimal
+
+if TYPE_CHECKING:
+    from nvc.plan.request import Request
 
 DEFAULT_CAPABILITIES = ("compute", "utility")
 DEVICE_VOLUME_DIR = "/var/run/nvidia-container-devices/"
@@ -27,17 +32,6 @@ class Policy(NamedTuple):
     accept_volume_mounts: bool = False
     disable_require: bool = False
     supported_capabilities: frozenset[str] = frozenset(CAPABILITIES)
-
-
-class GpuRequest(NamedTuple):
-    """The driver parts and devices a container gets; ``devices`` is ``None`` for driver only."""
-
-    devices: tuple[str, ...] | None
-    capabilities: tuple[str, ...]
-    requirements: tuple[str, ...] = ()
-    mig_config: tuple[str, ...] = ()
-    mig_monitor: tuple[str, ...] = ()
-    imex_channels: tuple[int, ...] = ()
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -115,13 +109,17 @@ def _requirements(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
     return tuple(reqs)
 
 
-def _mig(env: Mapping[str, str], name: str, privileged: bool) -> tuple[str, ...]:
+def _mig(env: Mapping[str, str], name: str, privileged: bool) -> bool:
+    """Whether the container gets the MIG configuration or monitoring files: only ``all`` may be
+    asked for (the reference CLI's rule), and only by a privileged container."""
     value = env.get(f"NVIDIA_{name}_DEVICES")
     if not value:
-        return ()
+        return False
     if not privileged:
         raise InputError(f"cannot set {name}_DEVICES in non privileged container")
-    return _split(value)
+    if _split(value) != ("all",):
+        raise InputError(f"NVIDIA_{name}_DEVICES: only 'all' is supported (got {shown(','.join(_split(value)))})")
+    return True
 
 
 def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], policy: Policy) -> tuple[int, ...]:
@@ -153,7 +151,7 @@ def parse_env(entries: Iterable[str]) -> dict[str, str]:
 
 def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | None = None,
                 privileged: bool = False, policy: Policy = Policy(),
-                warnings: list[str] | None = None) -> GpuRequest | None:
+                warnings: list[str] | None = None) -> Request | None:
     """Decide what the container gets; ``None`` means it is not a GPU container and nothing is done.
 
     Requests the policy ignores are reported in ``warnings`` (when given) for the user to see.
@@ -162,11 +160,18 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
     devices = _visible_devices(env, mounts, privileged, policy, warnings if warnings is not None else [])
     if devices is False:
         return None
-    return GpuRequest(
-        devices=devices,
-        capabilities=_capabilities(env, policy),
-        requirements=_requirements(env, policy),
-        mig_config=_mig(env, "MIG_CONFIG", privileged),
-        mig_monitor=_mig(env, "MIG_MONITOR", privileged),
-        imex_channels=_imex_channels(env, mounts, policy),
+    from nvc.plan import requirements, selection  # a GPU container's: its record and parsers
+    from nvc.plan.request import Request
+
+    capabilities = frozenset(_capabilities(env, policy))
+    wanted = _requirements(env, policy)
+    mig_config, mig_monitor = _mig(env, "MIG_CONFIG", privileged), _mig(env, "MIG_MONITOR", privileged)
+    imex_channels = _imex_channels(env, mounts, policy)
+    return Request(
+        capabilities=capabilities,
+        requirements=tuple(requirements.parse_requirement(text) for text in wanted),
+        selectors=selection.parse(devices or ()),
+        mig_config=mig_config,
+        mig_monitor=mig_monitor,
+        imex_channels=imex_channels,
     )

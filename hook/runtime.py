@@ -64,7 +64,7 @@ def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
 
 def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
-    from nvc import devnodes
+    from nvc.commands import devnodes
     from nvc.hook import request, setup
     from nvc.hook import spec as oci
     from nvc.hook.prestart import policy
@@ -79,8 +79,7 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
         if not has_nvc_hook(spec, stage):
             spec.setdefault("hooks", {}).setdefault(stage, []).append(setup.oci_hook(stage, config.path))
             changed = True
-    found = devnodes.request_nodes(config.root, parse_user(config.user), req.devices,
-                                   frozenset(req.capabilities), bool(req.mig_config), bool(req.mig_monitor))
+    found = devnodes.request_nodes(config.root, parse_user(config.user), req)
     return devnodes.add_to_spec(spec, config.root, found) or changed
 
 

@@ -27,7 +27,7 @@ def cli_command(args: list[str]) -> str | None:
     none, or an option nvc-py does not know, which the CLI itself will have to explain)."""
     import click
 
-    from nvc.cli import _optional_user_value, cli
+    from nvc.commands.cli import _optional_user_value, cli
 
     args = _optional_user_value(args)  # as the CLI reads them: a bare --user takes no value
     takes_value = {name: not (param.is_flag or param.count)

@@ -8,7 +8,7 @@ environment, the three standard streams and the working directory (SCM_RIGHTS) o
 SOCK_SEQPACKET connection (the exchange is below); a hook script may hand ``nvc-py configure``
 over the same way. The server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a
 call makes the server fork the next, takes the caller's streams and directory as its own, runs
-:func:`nvc.hook.prestart.main` (or :func:`nvc.cli.main` for ``nvc-py``) exactly as the console
+:func:`nvc.hook.prestart.main` (or :func:`nvc.commands.cli.main` for ``nvc-py``) exactly as the console
 script would, and answers ``exit N``.
 Before the first fork the server imports everything a call needs and plans once without a
 container (a dry run), so a worker starts with warm caches.
@@ -84,9 +84,10 @@ IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an 
 SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
-           "nvc.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups", "nvc.rpc.container_service",
-           "nvc.share.limits", "nvc.discover.kmods", "nvc.debuglog", "nvc.hook.cdihooks", "nvc.cli", "nvc.rpc.driver_service",
-           "nvc.infoformat", "nvc.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
+           "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
+           "nvc.rpc.container_service", "nvc.share.limits", "nvc.discover.kmods", "nvc.debuglog",
+           "nvc.hook.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
+           "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pyseccomp", "pynvml", "yaml", "json", "resource")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 STATS_ENV = "NVC_PY_SERVE_STATS"  # a file each worker appends its call's figures to (JSON lines)
@@ -436,15 +437,15 @@ def _warm_up() -> None:
     import tempfile
 
     from nvc import config as config_file
-    from nvc.configure import ConfigureRequest, plan
+    from nvc.commands.configure import plan
     from nvc.errors import NvcError
     from nvc.hook.prestart import global_options
+    from nvc.plan.request import Request
 
     try:
         cfg = config_file.load()
         with tempfile.TemporaryDirectory(prefix="nvc-py-warm-up-") as rootfs:
-            plan(global_options(cfg), ConfigureRequest(rootfs=rootfs, pid=None, devices="none",
-                                  capabilities=frozenset(cfg.supported_capabilities)))
+            plan(global_options(cfg), Request(rootfs=rootfs, capabilities=frozenset(cfg.supported_capabilities)))
     except (NvcError, OSError) as err:
         print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)
 
@@ -478,7 +479,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
 
     for module in PRELOAD:
         importlib.import_module(module)
-    from nvc.cli import main as cli_main
+    from nvc.commands.cli import main as cli_main
     from nvc.hook.prestart import main as hook_main
 
     _warm_up()

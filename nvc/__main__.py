@@ -13,7 +13,7 @@ if "info" in sys.argv[1:]:  # a guess that only affects speed: a wrong one costs
 
     driver_service.prefork()  # pynvml imports in the helper while the CLI imports click
 
-from nvc.cli import main  # noqa: E402
+from nvc.commands.cli import main  # noqa: E402
 
 
 def run() -> None:

@@ -107,14 +107,31 @@ def _timed(stage: str, start: float) -> float:
 
 def apply(plan: Plan) -> None:
     """Apply ``plan``: the driver nodes ``--load-kmods`` found missing (on the host, like udev: they
-    stay), mounts (this helper), then ldconfig and device cgroup; undo the mounts on failure."""
-    from nvc.apply import ldconfig
-
+    stay), the sharing files (on the host, in this process's mount namespace), mounts (this helper),
+    then ldconfig and device cgroup; undo the mounts and the sharing files on failure."""
     start = time.perf_counter()
     if plan.host_nodes:
         from nvc.discover import kmods
 
         kmods.make(plan.host_root, plan.host_nodes)
+    if plan.share is None:
+        _apply_in_container(plan, start)
+        return
+    from nvc.share import limits as share
+
+    share.make(plan.share)  # undoes itself on failure (and leaves a stale container's files alone)
+    try:
+        _apply_in_container(plan, start)
+    except BaseException:
+        share.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
+        raise
+
+
+def _apply_in_container(plan: Plan, start: float) -> None:
+    """The plan's steps in the container: mounts (this helper), then ldconfig and device cgroup;
+    the mounts undone on failure."""
+    from nvc.apply import ldconfig
+
     # Forked first: the ldconfig child loads its modules while this process imports the
     # helper's and the helper mounts.
     pending = None

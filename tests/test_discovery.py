@@ -15,11 +15,11 @@ import pytest
 
 from nvc.discover import driver, inventory, kmods, ldcache, nodes, procfs, rootpath
 from nvc.plan import selection
-from nvc.cli import GlobalOptions, run_list
+from nvc.commands.cli import GlobalOptions, run_list
 from nvc.devices import Gpu, MigDevice
 from nvc.errors import DetectionError, DeviceError, InitializationError
 from nvc.rpc import driver_service
-from nvc.listing import ListRequest
+from nvc.commands.listing import ListRequest
 
 VERSION = "999.12.34"
 X86_64, I386 = 0x0303, 0x0003

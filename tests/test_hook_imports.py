@@ -24,8 +24,8 @@ LAUNCHER = LIBDIR / "nvc-py-hook-python"
 NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "site", "dataclasses", "inspect"})
 # A container asking for no GPU is answered before any of configure's machinery loads (the ldconfig
 # sandbox's pyseccomp, with ctypes.util and subprocess, included).
-NEVER_WITHOUT_GPU = NEVER | {"nvc.configure", "nvc.plan.mountplan", "nvc.rpc.helper", "ctypes", "socket", "pathlib",
-                                     "pyseccomp", "ctypes.util", "subprocess", "shutil", "tempfile"}
+NEVER_WITHOUT_GPU = NEVER | {"nvc.commands.configure", "nvc.plan.mountplan", "nvc.rpc.helper", "ctypes", "socket",
+                             "pathlib", "pyseccomp", "ctypes.util", "subprocess", "shutil", "tempfile"}
 
 
 def _imported(stderr: str) -> set[str]:

@@ -8,7 +8,8 @@ import pytest
 
 from nvc.errors import InputError
 from nvc.capabilities import CAPABILITIES
-from nvc.hook.request import GpuRequest, Policy, gpu_request, parse_env
+from nvc.hook.request import Policy, gpu_request, parse_env
+from nvc.plan.request import Request
 
 ALL = CAPABILITIES
 DEFAULT = ("compute", "utility")
@@ -88,10 +89,10 @@ def test_env_grammar(env, mounts, privileged, policy, devices, caps, reqs) -> No
     if devices == "NOGPU":
         assert req is None
         return
-    assert isinstance(req, GpuRequest)
-    assert req.devices == devices
-    assert req.capabilities == tuple(sorted(caps))
-    assert req.requirements == reqs
+    assert isinstance(req, Request)
+    assert (tuple(s.text for s in req.selectors) or None) == devices  # None: driver only
+    assert req.capabilities == frozenset(caps)
+    assert tuple(r.text for r in req.requirements) == reqs
 
 
 def test_table_has_at_least_30_cases() -> None:
@@ -118,7 +119,9 @@ def test_mig_variables_only_for_privileged(name: str) -> None:
     with pytest.raises(InputError, match=f"cannot set {name}_DEVICES in non privileged container"):
         gpu_request(env)
     req = gpu_request(env, privileged=True)
-    assert req is not None and getattr(req, name.lower()) == ("all",)
+    assert req is not None and getattr(req, name.lower()) is True
+    with pytest.raises(InputError, match=f"NVIDIA_{name}_DEVICES: only 'all' is supported \\(got '0'\\)"):
+        gpu_request({**env, f"NVIDIA_{name}_DEVICES": "0"}, privileged=True)
 
 
 def test_imex_channels() -> None:

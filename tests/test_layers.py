@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hook"}
 
 # Each layer: modules, or packages standing for every module in them; the longest match wins
-# (nvc.share.status, the status command, sits above the rest of nvc.share).
+# (nvc.share.status, the status command, sits above the rest of nvc.share; nvc.commands.cli, the
+# program, above the commands it runs).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.untrusted", "nvc.quickexit",
                         "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
@@ -29,9 +30,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("plan", frozenset({"nvc.plan"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
-    ("commands", frozenset({"nvc.configure", "nvc.listing", "nvc.cdi", "nvc.devnodes", "nvc.infoformat",
-                            "nvc.share.status"})),
-    ("programs", frozenset({"nvc.__main__", "nvc.cli", "nvc.hook"})),
+    ("commands", frozenset({"nvc.commands", "nvc.share.status"})),
+    ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.hook"})),
 )
 
 
@@ -145,9 +145,9 @@ def test_the_check_sees_lazy_imports_and_circles(tmp_path: Path) -> None:
     """The checker itself: an import inside a function counts, a TYPE_CHECKING one does not."""
     source = tmp_path / "sample.py"
     source.write_text("from typing import TYPE_CHECKING\nfrom nvc import errors\nif TYPE_CHECKING:\n"
-                      "    from nvc.configure import plan\nelse:\n    import nvc.cli\n"
+                      "    from nvc.commands.configure import plan\nelse:\n    import nvc.commands.cli\n"
                       "def f():\n    from nvc.rpc import helper\n    import nvc.apply.applier\n")
-    assert imports(source) == {"nvc.errors", "nvc.cli", "nvc.rpc.helper", "nvc.apply.applier"}
+    assert imports(source) == {"nvc.errors", "nvc.commands.cli", "nvc.rpc.helper", "nvc.apply.applier"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
@@ -160,3 +160,13 @@ def test_the_installed_package_is_the_source_tree() -> None:
     names = {".".join(("nvc", *p.relative_to(installed).with_suffix("").parts)).removesuffix(".__init__")
              for p in installed.rglob("*.py")}
     assert names == set(MODULES)
+
+
+def test_the_core_never_imports_the_helpers_or_the_programs() -> None:
+    """nvc's basics, discover, plan, apply and share name nothing of nvc.rpc, nvc.commands or
+    nvc.hook (the helpers run the core; the commands and the programs drive it)."""
+    outer = ("nvc.rpc", "nvc.commands", "nvc.hook")
+    core = [m for m in MODULES if LAYERS[_rank(m)][0] in ("base", "discover", "plan", "apply")]
+    assert "nvc.share.limits" in core and "nvc.plan.mountplan" in core
+    assert sorted(f"{m} -> {dep}" for m in core for dep in GRAPH[m]
+                  if any(dep == o or dep.startswith(o + ".") for o in outer)) == []

@@ -10,12 +10,12 @@ import os
 import pytest
 
 from nvc.plan import mountplan
-from nvc.configure import ConfigureRequest, validate
 from nvc.plan.devfilter import DeviceRule
 from nvc.devices import Gpu, MigDevice
 from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
-from nvc.plan.mountplan import Bind, ContainerFacts, HostFacts, HostMount, MakeDir, Options, Seal, Symlink, Tmpfs, WriteFile
+from nvc.plan.mountplan import Bind, ContainerFacts, HostFacts, HostMount, MakeDir, Seal, Symlink, Tmpfs, WriteFile
+from nvc.plan.request import Request, check, from_flags
 from nvc.plan.selection import Selection
 
 R = "/drv"  # driver root
@@ -66,8 +66,8 @@ DEBIAN = ContainerFacts((1000, 1000), "/usr/lib/x86_64-linux-gnu", "/usr/lib/i38
 
 
 def _plan(caps=("compute", "utility"), gpus=(GPU0,), migs=(), container=DEBIAN, host=HOST, **opts):
-    options = Options(capabilities=frozenset(caps), **opts)
-    return mountplan.build("/rootfs", 42, host, container, Selection(tuple(gpus), tuple(migs)), options)
+    request = Request(rootfs="/rootfs", pid=42, capabilities=frozenset(caps), **opts)
+    return mountplan.build(host, container, Selection(tuple(gpus), tuple(migs)), request)
 
 
 def _binds(plan, what):
@@ -264,8 +264,8 @@ def test_wire_round_trip_and_text():
         ({"rootfs": "rel"}, InputError, "invalid rootfs directory"),
         ({"rootfs": "/"}, InputError, "invalid rootfs directory"),
         ({"capabilities": frozenset({"compute", "gpu"})}, InputError, "unknown driver capability: gpu"),
-        ({"devices": "0,bogus"}, DeviceError, "bogus: unknown device"),
-        ({"devices": "MIG-x", "mig_monitor": "all"}, InputError, "cannot enable mig-monitor with specific MIG"),
+        ({"devices": ("0,bogus",)}, DeviceError, "bogus: unknown device"),
+        ({"devices": ("MIG-x",), "mig_monitor": "all"}, InputError, "cannot enable mig-monitor with specific MIG"),
         ({"mig_config": "0"}, InputError, "only 'all'"),
         ({"requirements": ("cuda>=x",)}, InputError, "invalid"),
         ({"cuda_compat_mode": "sometimes"}, InputError, "invalid cuda compat mode"),
@@ -275,9 +275,21 @@ def test_wire_round_trip_and_text():
 )
 def test_validate_refuses_bad_requests(changes, error, message):
     with pytest.raises(error, match=message):
-        validate(ConfigureRequest(rootfs="/rootfs", pid=1, devices="all")._replace(**changes))
+        from_flags(**{"rootfs": "/rootfs", "pid": 1, "devices": ("all",), **changes})
 
 
 def test_validate_none_selects_nothing_and_standalone_skips_cgroups():
-    checked = validate(ConfigureRequest(rootfs="/rootfs", pid=None, devices="none"))
-    assert checked.selectors == () and checked.options.no_cgroups
+    checked = from_flags(rootfs="/rootfs", pid=None, devices=("none",))
+    assert checked.selectors == () and checked.no_cgroups
+
+
+def test_a_request_made_elsewhere_is_held_to_the_same_rules():
+    """The hook's request (parsed from a spec, its rootfs and pid added) passes the flags' checks too."""
+    with pytest.raises(InputError, match=r"^input error: \(empty\): invalid rootfs directory"):
+        check(Request())
+    mig = from_flags(rootfs="/rootfs", pid=1, devices=("MIG-x",))
+    with pytest.raises(InputError, match="cannot enable mig-config with specific MIG"):
+        check(mig._replace(mig_config=True))
+    with pytest.raises(InputError, match="invalid cuda compat mode"):
+        check(mig._replace(cuda_compat_mode="never"))
+    assert check(Request(rootfs="/rootfs")).no_cgroups and not check(Request(rootfs="/rootfs", pid=3)).no_cgroups

@@ -23,7 +23,17 @@ from nvc.errors import ContainerError, InputError
 from nvc.share.region import SIZE as REGION_SIZE
 from test_hook_containers import setup_dir  # noqa: F401  (fixture: the fake driver's config and hooks.d)
 from test_hook_server import default_run_dir  # noqa: F401  (fixture: /run/nvc-py, a tmpfs of this test's own)
+from test_configure import target_process  # noqa: F401  (fixture: a process in a mount namespace of its own)
 from test_share_native import GIB, GPU0, MIB, SHIM, meminfo, programs, share as shim  # noqa: F401  (fixtures)
+
+
+def prepare(request: share.ShareRequest, container_id: str, rootfs: str, **where: str) -> tuple:
+    """The sharing files as a container start has them: planned (share.plan, a step of its plan),
+    then made (share.make); returns where the container gets them (share.mounts)."""
+    files = share.plan(request, container_id, rootfs, **where)
+    share.make(files)
+    return share.mounts(files)
+
 
 # ---------------------------------------------------------------- the env grammar
 
@@ -90,11 +100,11 @@ def test_host_defaults_fill_in_what_the_container_left_out():
 
 
 def prepared(state: Path, container_id: str, env: dict[str, str]) -> Path:
-    """share.prepare for a container with this env (an empty image) under the state dir ``state``;
+    """prepare for a container with this env (an empty image) under the state dir ``state``;
     returns its shared directory (a tmpfs: callers run in a private mount namespace)."""
     rootfs = state.parent / f"rootfs-{container_id}"
     rootfs.mkdir(exist_ok=True)
-    share.prepare(share.parse_share_env(env), container_id, str(rootfs), library=str(SHIM), state_dir=str(state))
+    prepare(share.parse_share_env(env), container_id, str(rootfs), library=str(SHIM), state_dir=str(state))
     return state / container_id / "shared"
 
 
@@ -197,7 +207,7 @@ def test_preload_fifo_is_refused_without_being_opened(rootfs, tmp_path):
     try:
         time.sleep(0.2)                                       # the writer now waits in open()
         with pytest.raises(ContainerError) as refused:
-            share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM),
+            prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM),
                           state_dir=str(tmp_path / "state"))
         with pytest.raises(subprocess.TimeoutExpired):
             writer.wait(timeout=1)                            # nobody opened the FIFO
@@ -221,7 +231,7 @@ def test_prepare_and_remove(private_mounts, rootfs, tmp_path):
     state = tmp_path / "state"
     (rootfs / "etc" / "ld.so.preload").write_text("/usr/lib/libfoo.so\n")
     request = share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
-    mounts = share.prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
+    mounts = prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
     shared = state / "ctr1" / "shared"
     assert [(m.source, m.target, m.readonly, m.directory) for m in mounts] == [
         (str(library), "/usr/lib/nvc-share/libnvc-share.so", True, False),
@@ -240,7 +250,7 @@ def test_prepare_and_remove(private_mounts, rootfs, tmp_path):
     assert fs.f_blocks * fs.f_frsize <= REGION_SIZE + 2 * os.sysconf("SC_PAGE_SIZE")
     assert os.stat(shared / "region").st_blocks * 512 >= REGION_SIZE
     with pytest.raises(ContainerError, match="already exists"):
-        share.prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
+        prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
     share.remove("ctr1", str(state))
     assert os.listdir(state) == []
     assert str(shared) not in _mountpoints()
@@ -250,9 +260,9 @@ def test_prepare_refuses_before_changing_anything(rootfs, tmp_path):
     state = tmp_path / "state"
     request = share.parse_share_env({"NVC_SHARE_COMPUTE": "50"})
     with pytest.raises(ContainerError, match="not installed"):
-        share.prepare(request, "ctr", str(rootfs), library=str(tmp_path / "missing.so"), state_dir=str(state))
+        prepare(request, "ctr", str(rootfs), library=str(tmp_path / "missing.so"), state_dir=str(state))
     with pytest.raises(InputError, match="cannot name a directory"):
-        share.prepare(request, "../x", str(rootfs), library=str(Path(share.__file__)), state_dir=str(state))
+        prepare(request, "../x", str(rootfs), library=str(Path(share.__file__)), state_dir=str(state))
     assert not state.exists() or os.listdir(state) == []
 
 
@@ -261,11 +271,11 @@ def test_prepare_refuses_a_state_dir_others_can_write(private_mounts, rootfs, tm
     state.mkdir(mode=0o777)
     os.chmod(state, 0o777)
     with pytest.raises(ContainerError, match="must be ours and not writable by others"):
-        share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
+        prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
     os.chmod(state, 0o700)
     (tmp_path / "link").symlink_to(state)
     with pytest.raises(ContainerError, match="cannot use sharing directory"):
-        share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(tmp_path / "link"))
+        prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(tmp_path / "link"))
     assert os.listdir(state) == []
 
 
@@ -283,7 +293,7 @@ def test_failure_midway_leaves_nothing(private_mounts, rootfs, tmp_path, monkeyp
 
     monkeypatch.setattr(share, "_write_new", full_on_preload)
     with pytest.raises(OSError, match="No space left"):
-        share.prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
+        prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
     assert os.listdir(state) == []
     assert not any(m.startswith(str(state)) for m in _mountpoints())
 
@@ -426,6 +436,62 @@ def test_share_status_reports_what_the_container_planted(private_mounts, tmp_pat
     for cid in ("bad", "good"):
         share.remove(cid, str(state))
     assert os.listdir(state) == [] and host.exists()
+
+
+# ---------------------------------------------------------------- steps of the container's plan
+
+def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_rootfs, target_process):
+    """configure's plan has the sharing files as host steps, before the container's: the dry run
+    prints them and makes nothing; applying makes them, then the mounts that show them in the
+    container; a later step failing removes them again."""
+    from nvc.commands import configure
+    from nvc.options import GlobalOptions
+    from nvc.errors import MountError
+    from nvc.plan.request import HostMount, from_flags
+    from nvc.rpc import container_service
+
+    debian_rootfs = make_rootfs("debian", name="share-plan-rootfs")  # its own: the mount targets stay in it
+    glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
+    sharing = share.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "1Gi", "NVC_SHARE_COMPUTE": "50"})
+    req = from_flags(str(debian_rootfs), target_process, devices=("0",), capabilities=("compute", "utility"),
+                     no_cgroups=True)._replace(sharing=sharing, container_id="ctr-plan")
+    where, sched = f"{share.STATE_DIR}/ctr-plan", f"{share.sched_dir_for(share.STATE_DIR)}/ctr-plan"
+    host_mounts = Path("/proc/self/mountinfo").read_text()
+    listing_before = sorted(str(p) for p in default_run_dir.rglob("*"))
+
+    plan = configure.plan(glob, req)
+    lines = plan.text().splitlines()
+    assert lines[:3] == [f"mkdir   host      {where}", f"tmpfs   host      {where}/shared (limits, region)",
+                         f"write   host      {where}/shared/limits ({len(plan.share.limits)} bytes: "
+                         "'# written by nvc-py for container ctr-pl'…)"]
+    assert lines[3].startswith(f"write   host      {where}/ld.so.preload (")
+    assert "bytes: '/usr/lib/nvc-share/libnvc-share.so'…)" in lines[3]
+    assert lines[4:6] == [f"write   host      {sched} (scheduler file)",
+                          f"rootfs  {debian_rootfs} (pid {target_process}, owner 0:0)"]
+    assert f"bind    extra     {share.HOST_LIBRARY} -> {share.CONTAINER_LIBRARY} [rdonly,nosuid,nodev]" in lines
+    assert f"bind    extra     {where}/shared -> {share.CONTAINER_DIR} [nosuid,nodev]" in lines
+    assert "memory_limit=1073741824\ncompute_percent=50\n" in plan.share.limits
+    # the dry run changed nothing on the host
+    assert sorted(str(p) for p in default_run_dir.rglob("*")) == listing_before
+    assert Path("/proc/self/mountinfo").read_text() == host_mounts
+
+    missing = HostMount(str(default_run_dir / "no-such-file"), "/opt/missing")
+    try:
+        with pytest.raises(MountError, match="no-such-file"):  # a mount in the container fails: all undone
+            container_service.apply(configure.plan(glob, req._replace(extra_mounts=(missing,))))
+        assert not os.path.lexists(where) and not os.path.lexists(sched)
+        assert not any(m.startswith(share.STATE_DIR) for m in _mountpoints())
+
+        container_service.apply(plan)
+        assert "memory_limit=1073741824\n" in Path(f"{where}/shared/limits").read_text()
+        assert os.path.exists(sched) and str(Path(where) / "shared") in _mountpoints()
+        # (the image's /var/run links to /run)
+        assert f" {debian_rootfs}/run/nvc-share " in Path(f"/proc/{target_process}/mountinfo").read_text()
+    finally:
+        share.remove("ctr-plan")
+        if os.path.ismount(default_run_dir / "gpu-sched"):  # the scheduler's tmpfs, mounted on first use
+            subprocess.run(["umount", "-l", str(default_run_dir / "gpu-sched")], check=True)
+    assert not os.path.lexists(where) and not os.path.lexists(sched)
 
 
 # ---------------------------------------------------------------- through the hook, in a runc container

@@ -1,7 +1,7 @@
 """The mount plan of ``configure``: what a container gets, as a list of operations.
 
 Pure: host facts (driver files, device nodes, /proc/driver/nvidia contents), the selected
-devices, facts read safely from the container's rootfs and the request's options go in;
+devices, facts read safely from the container's rootfs and the request (:mod:`nvc.plan.request`) go in;
 an ordered :class:`Plan` comes out. Nothing here touches the system, so every rule (which
 capability brings which files, which nodes, which cgroup rules) is testable without root,
 and ``configure --dry-run`` prints exactly what the applier (:mod:`nvc.apply.applier`) would do.
@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from nvc import capabilities as caps_mod
 from nvc.discover import nodes
 from nvc.plan.devfilter import DeviceRule
+from nvc.plan.request import HostMount, Request
 from nvc.discover.driver import DriverFiles
 from nvc.discover.nodes import NodeSpec
 from nvc.errors import DeviceError, InputError
@@ -39,7 +40,6 @@ PROC_NVIDIA = "/proc/driver/nvidia"
 CAPS_DIR = "/dev/nvidia-caps"
 BIN_DIR = "/usr/bin"
 COMPAT_DIR = "/usr/local/cuda/compat"
-COMPAT_MODES = ("disabled", "mount", "ldconfig")
 
 # Links applications expect but ldconfig does not make (it only makes SONAME links):
 # library prefix -> (link name, target; None = the mounted file itself).
@@ -54,15 +54,6 @@ _COMPAT_LIB = re.compile(r"^lib.*\.so\.(\d+)(\.\d+)*$")
 
 
 # ---- operations -------------------------------------------------------------------------
-
-
-class HostMount(NamedTuple):
-    """An extra host file or directory to show in the container (e.g. the sharing shim's files)."""
-
-    source: str  # host path (absolute): a file or a directory the caller prepared
-    target: str  # absolute path inside the container
-    readonly: bool = True
-    directory: bool = False  # target created as a dir (else as an empty file) safely in-root if missing
 
 
 class Bind(NamedTuple):
@@ -120,8 +111,13 @@ class WriteFile(NamedTuple):
     mode: int = 0o444
 
     def text(self) -> str:
-        first = self.content.splitlines()[0] if self.content else ""
-        return _line("write", self.target, f" ({len(self.content.encode())} bytes: {first[:40]!r}…)")
+        return _written(self.target, self.content)
+
+
+def _written(target: str, content: str, what: str = "proc") -> str:
+    """A file written with ``content``, as ``--dry-run`` prints it: its size and first line."""
+    first = content.splitlines()[0] if content else ""
+    return _line("write", target, f" ({len(content.encode())} bytes: {first[:40]!r}…)", what)
 
 
 class Seal(NamedTuple):
@@ -143,6 +139,33 @@ class Symlink(NamedTuple):
         return _line("symlink", self.target, f" -> {self.link_to}", what="library")
 
 
+class ShareFiles(NamedTuple):
+    """GPU sharing's host side of one container, made before its mounts (:func:`nvc.share.limits.make`):
+    ``<state_dir>/<id>/shared``, a tmpfs of fixed size holding the ``limits`` file and the shim's
+    region; ``<state_dir>/<id>/ld.so.preload`` beside it; with ``scheduled``, the container's file
+    in the scheduler's directory ``sched_dir``. The container gets them through extra mounts."""
+
+    container_id: str
+    state_dir: str
+    sched_dir: str
+    library: str  # the shim on the host (the container gets it by an extra mount)
+    limits: str  # the limits file's text
+    preload: str  # the container's /etc/ld.so.preload
+    scheduled: bool = False
+
+    def lines(self) -> list[str]:
+        """What ``--dry-run`` prints of it."""
+        where = f"{self.state_dir.rstrip('/')}/{self.container_id}"
+        lines = [_line("mkdir", where, what="host"),
+                 _line("tmpfs", f"{where}/shared", " (limits, region)", what="host"),
+                 _written(f"{where}/shared/limits", self.limits, "host"),
+                 _written(f"{where}/ld.so.preload", self.preload, "host")]
+        if self.scheduled:
+            lines.append(_line("write", f"{self.sched_dir.rstrip('/')}/{self.container_id}", " (scheduler file)",
+                               what="host"))
+        return lines
+
+
 Operation = Bind | Tmpfs | MakeDir | WriteFile | Seal | Symlink
 _OPS: dict[str, type] = {cls.__name__.lower(): cls for cls in (Bind, Tmpfs, MakeDir, WriteFile, Seal, Symlink)}
 
@@ -161,12 +184,14 @@ class Plan(NamedTuple):
     # host (under host_root) before anything in the container
     host_nodes: tuple[NodeSpec, ...] = ()
     host_root: str = "/"
+    share: ShareFiles | None = None  # GPU sharing's host files, made next (removed if a later step fails)
 
     def text(self) -> str:
         """The human-readable rendering ``configure --dry-run`` prints."""
         pid = "standalone" if self.pid is None else f"pid {self.pid}"
         root = self.host_root.rstrip("/")
         lines = [f"mknod   host      {root}{n.path} c {n.major}:{n.minor} mode {n.mode:o}" for n in self.host_nodes]
+        lines += self.share.lines() if self.share is not None else []
         lines.append(f"rootfs  {self.rootfs} ({pid}, owner {self.owner[0]}:{self.owner[1]})")
         lines += [op.text() for op in self.operations]
         lines += [f"cgroup  allow     {rule}" for rule in self.cgroup_rules]
@@ -186,6 +211,7 @@ class Plan(NamedTuple):
             "ldconfig_dirs": list(self.ldconfig_dirs),
             "host_nodes": [list(n) for n in self.host_nodes],
             "host_root": self.host_root,
+            "share": None if self.share is None else self.share._asdict(),
         }
 
     @classmethod
@@ -204,24 +230,11 @@ class Plan(NamedTuple):
             ldconfig_dirs=tuple(data["ldconfig_dirs"]),
             host_nodes=tuple(NodeSpec(*n) for n in data["host_nodes"]),
             host_root=data["host_root"],
+            share=None if data["share"] is None else ShareFiles(**data["share"]),
         )
 
 
 # ---- inputs ---------------------------------------------------------------------------------
-
-
-class Options(NamedTuple):
-    """The request's options that shape the plan."""
-
-    capabilities: frozenset[str] = frozenset()
-    ldconfig: str = "@/sbin/ldconfig"
-    no_cgroups: bool = False
-    no_devbind: bool = False
-    mig_config: bool = False
-    mig_monitor: bool = False
-    imex_channels: tuple[int, ...] = ()
-    cuda_compat_mode: str = "ldconfig"
-    extra_mounts: tuple[HostMount, ...] = ()
 
 
 class HostFacts(NamedTuple):
@@ -239,7 +252,7 @@ class HostFacts(NamedTuple):
 
 
 class ContainerFacts(NamedTuple):
-    """What the container's rootfs says, read safely inside it (see :func:`nvc.configure.container_facts`)."""
+    """What the container's rootfs says, read safely inside it (see :func:`nvc.commands.configure.container_facts`)."""
 
     owner: tuple[int, int]
     lib_dir: str  # /usr/lib/x86_64-linux-gnu (Debian family) or /usr/lib64
@@ -291,18 +304,18 @@ def _mig_caps_minors(selection: Selection, mig_minors: Mapping[str, int], whole:
 
 
 def needed_nodes(
-    selection: Selection, majors: Mapping[str, int], mig_minors: Mapping[str, int], options: Options
+    selection: Selection, majors: Mapping[str, int], mig_minors: Mapping[str, int], request: Request
 ) -> tuple[nodes.NodeSpec, ...]:
     """Every device node the plan may use, for the caller to look up (and check) on the host."""
-    specs = list(control_nodes(majors, options.capabilities))
+    specs = list(control_nodes(majors, request.capabilities))
     specs += [nodes.gpu_spec(dict(majors), gpu.minor) for gpu in selection.gpus]
-    whole = options.mig_config or options.mig_monitor
+    whole = request.mig_config or request.mig_monitor
     minors = _mig_caps_minors(selection, mig_minors, whole)
     if whole:
-        minors += [mig_minors[n] for n, on in (("config", options.mig_config), ("monitor", options.mig_monitor))
+        minors += [mig_minors[n] for n, on in (("config", request.mig_config), ("monitor", request.mig_monitor))
                    if on and n in mig_minors]
     specs += [s for s in (nodes.caps_spec(dict(majors), m) for m in dict.fromkeys(minors)) if s is not None]
-    specs += [nodes.imex_spec(dict(majors), c) for c in options.imex_channels]
+    specs += [nodes.imex_spec(dict(majors), c) for c in request.imex_channels]
     return tuple(specs)
 
 
@@ -335,8 +348,8 @@ def _node_bind(spec: nodes.NodeSpec, host: HostFacts, what: str) -> Bind:
     return Bind(host.nodes[spec.path], spec.path, int(DEVICE), "device", what, os.makedev(spec.major, spec.minor))
 
 
-def _driver_files(host: HostFacts, container: ContainerFacts, options: Options) -> list[Operation]:
-    caps = options.capabilities
+def _driver_files(host: HostFacts, container: ContainerFacts, request: Request) -> list[Operation]:
+    caps = request.capabilities
     prefixes = caps_mod.library_prefixes(caps)  # video brings compute's, see nvc.capabilities
     files = host.files
     ops: list[Operation] = []
@@ -348,7 +361,7 @@ def _driver_files(host: HostFacts, container: ContainerFacts, options: Options) 
     if "compat32" in caps:
         ops += [Bind(lib, f"{container.lib32_dir}/{posixpath.basename(lib)}", int(RO), what="library32")
                 for lib in files.libraries32 if _has_prefix(lib, prefixes)]
-    if options.cuda_compat_mode == "mount" and "compute" in caps:
+    if request.cuda_compat_mode == "mount" and "compute" in caps:
         ops += [Bind(lib, f"{container.lib_dir}/{posixpath.basename(lib)}", int(RO), what="compat", in_rootfs=True)
                 for lib in compat_libraries(container.compat_libs, files.version, "mount")]
     ipcs = [
@@ -361,7 +374,7 @@ def _driver_files(host: HostFacts, container: ContainerFacts, options: Options) 
     return ops
 
 
-def _proc_ops(host: HostFacts, container: ContainerFacts, selection: Selection, options: Options) -> list[Operation]:
+def _proc_ops(host: HostFacts, container: ContainerFacts, selection: Selection, request: Request) -> list[Operation]:
     """The tmpfs over /proc/driver/nvidia: params (ModifyDeviceFiles: 0), version, registry, the
     selected GPUs' directories and MIG access files (see ContainerFacts.proc_mountpoint)."""
     mountpoint = container.proc_mountpoint
@@ -383,7 +396,7 @@ def _proc_ops(host: HostFacts, container: ContainerFacts, selection: Selection, 
             raise DeviceError(f"{gpu.uuid}: no {PROC_NVIDIA}/gpus entry for bus id {gpu.bus_id}")
         ops.append(Bind(src, f"{PROC_NVIDIA}/gpus/{posixpath.basename(src)}", int(RO_NOEXEC), "dir", "proc"))
     caps_target = f"{PROC_NVIDIA}/capabilities"
-    if options.mig_config or options.mig_monitor:
+    if request.mig_config or request.mig_monitor:
         ops.append(Bind(host.caps_dir, caps_target, int(RO_NOEXEC), "dir", "mig"))
     else:
         for _, mig in selection.migs:
@@ -402,7 +415,7 @@ def _require(spec: nodes.NodeSpec, host: HostFacts) -> nodes.NodeSpec:
     return spec
 
 
-def _device_ops(host: HostFacts, selection: Selection, options: Options) -> tuple[list[Operation], list[DeviceRule]]:
+def _device_ops(host: HostFacts, selection: Selection, request: Request) -> tuple[list[Operation], list[DeviceRule]]:
     """Device node binds and their cgroup rules.
 
     With mig-config/monitor the host's whole /dev/nvidia-caps is bound (caps of MIG devices
@@ -410,13 +423,13 @@ def _device_ops(host: HostFacts, selection: Selection, options: Options) -> tupl
     otherwise each selected MIG device's GI and CI caps nodes are bound one by one.
     """
     majors = dict(host.majors)
-    specs = [s for s in control_nodes(majors, options.capabilities) if s.path in host.nodes]
+    specs = [s for s in control_nodes(majors, request.capabilities) if s.path in host.nodes]
     specs += [_require(nodes.gpu_spec(majors, gpu.minor), host) for gpu in selection.gpus]
-    whole = options.mig_config or options.mig_monitor
+    whole = request.mig_config or request.mig_monitor
     caps_specs = [s for s in (nodes.caps_spec(majors, m) for m in _mig_caps_minors(selection, host.mig_minors, whole))
                   if s is not None]
     mig_file_specs = []
-    for name, on in (("config", options.mig_config), ("monitor", options.mig_monitor)):
+    for name, on in (("config", request.mig_config), ("monitor", request.mig_monitor)):
         if not on:
             continue
         if name not in host.mig_minors:
@@ -424,9 +437,9 @@ def _device_ops(host: HostFacts, selection: Selection, options: Options) -> tupl
         spec = nodes.caps_spec(majors, host.mig_minors[name])
         if spec is not None:
             mig_file_specs.append(_require(spec, host))
-    imex = [_require(nodes.imex_spec(majors, c), host) for c in options.imex_channels]
+    imex = [_require(nodes.imex_spec(majors, c), host) for c in request.imex_channels]
     ops: list[Operation] = []
-    if not options.no_devbind:
+    if not request.no_devbind:
         ops += [_node_bind(s, host, "device") for s in specs]
         if mig_file_specs:
             caps_host = posixpath.dirname(host.nodes[mig_file_specs[0].path])
@@ -435,7 +448,7 @@ def _device_ops(host: HostFacts, selection: Selection, options: Options) -> tupl
             ops += [_node_bind(_require(s, host), host, "mig") for s in caps_specs]
         ops += [_node_bind(s, host, "imex") for s in imex]
     allowed = dict.fromkeys([*specs, *caps_specs, *mig_file_specs, *imex])
-    rules = [] if options.no_cgroups else [DeviceRule("c", s.major, s.minor, "rw") for s in allowed]
+    rules = [] if request.no_cgroups else [DeviceRule("c", s.major, s.minor, "rw") for s in allowed]
     return ops, rules
 
 
@@ -461,32 +474,28 @@ def _extra(mounts: tuple[HostMount, ...]) -> list[Operation]:
     return ops
 
 
-def build(
-    rootfs: str,
-    pid: int | None,
-    host: HostFacts,
-    container: ContainerFacts,
-    selection: Selection,
-    options: Options,
-) -> Plan:
-    """The plan for one container. Raises DeviceError for a selected device the host lacks."""
-    files_ops = _driver_files(host, container, options)
-    device_ops, rules = _device_ops(host, selection, options)
-    ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, options), *_links(files_ops),
-           *_extra(options.extra_mounts)]
+def build(host: HostFacts, container: ContainerFacts, selection: Selection, request: Request,
+          share: ShareFiles | None = None) -> Plan:
+    """The plan for one container (``share``: its sharing files, their mounts among the request's
+    extra mounts). Raises DeviceError for a selected device the host lacks."""
+    files_ops = _driver_files(host, container, request)
+    device_ops, rules = _device_ops(host, selection, request)
+    ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, request), *_links(files_ops),
+           *_extra(request.extra_mounts)]
     lib_dirs = [d for d, what in ((container.lib_dir, "library"), (container.lib32_dir, "library32"))
                 if any(isinstance(o, Bind) and o.what == what for o in ops)]
-    if options.cuda_compat_mode == "ldconfig" and "compute" in options.capabilities and lib_dirs:
+    if request.cuda_compat_mode == "ldconfig" and "compute" in request.capabilities and lib_dirs:
         if compat_libraries(container.compat_libs, host.files.version, "ldconfig"):
             lib_dirs.insert(0, COMPAT_DIR)
     return Plan(
-        rootfs=rootfs,
-        pid=pid,
+        rootfs=request.rootfs,
+        pid=request.pid,
         owner=container.owner,
         operations=tuple(ops),
         cgroup_rules=tuple(rules),
-        ldconfig=options.ldconfig if lib_dirs else None,
+        ldconfig=request.ldconfig if lib_dirs else None,
         ldconfig_dirs=tuple(lib_dirs),
         host_nodes=host.missing_nodes,
         host_root=host.root,
+        share=share,
     )

@@ -51,10 +51,10 @@ class Selector(NamedTuple):
 
 
 def parse(spec: str | tuple[str, ...]) -> tuple[Selector, ...]:
-    """Selectors of a ``--device`` value (or of several, joined with commas)."""
-    text = spec if isinstance(spec, str) else ",".join(spec)
+    """Selectors of a ``--device`` value, or of several (each a comma list, or one word of one)."""
+    values = (spec,) if isinstance(spec, str) else spec
     selectors = []
-    for token in (t.strip() for t in text.split(",")):
+    for token in (t.strip() for value in values for t in value.split(",")):
         if not token:
             continue
         lower = token.lower()

@@ -4,7 +4,9 @@ A container asks for a memory budget and a compute share through its env (``NVC_
 HAMi's ``CUDA_DEVICE_*`` names, for drop-in compatibility). The hook turns that into a
 per-container host directory holding a read-only limits file (the only authority the shim
 trusts in a container, so the workload cannot raise its own limits through its env) and the
-shared region, plus a generated ``/etc/ld.so.preload``; ``prepare`` returns where they go.
+shared region, plus a generated ``/etc/ld.so.preload``. ``plan`` decides them (a step of the
+container's plan, which ``configure --dry-run`` prints), ``make`` makes them when the plan is
+applied, ``mounts`` says where the container gets them.
 The part the container can write is a small tmpfs of fixed size mounted for it alone, so a
 workload cannot fill the host's /run; root's tools treat everything in it as hostile.
 The grammar is the shim's (native/config.c), checked here first so junk stops the container
@@ -18,9 +20,13 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 from nvc.errors import ContainerError, InputError, MountError, shown
+from nvc.plan.request import HostMount, ShareRequest
+
+if TYPE_CHECKING:
+    from nvc.plan.mountplan import ShareFiles
 
 # Where the shim looks inside a container (native/nvc_share.h NVC_FIXED_DIR) and its files.
 CONTAINER_DIR = "/var/run/nvc-share"
@@ -55,16 +61,6 @@ _NAMES = (
 )
 _MAX_WEIGHT = 1000
 _SCOPE = re.compile(r"_([0-9]{1,3})")
-
-
-class ShareRequest(NamedTuple):
-    """What a container asked for. Scope "" means every device, else an NVML index (as the
-    container numbers its GPUs). Sizes in bytes; percents 1..100 (100 = unthrottled, the cap);
-    weights 1..1000 (its share of the GPU among busy weighted containers)."""
-
-    memory: tuple[tuple[str, int], ...] = ()
-    compute: tuple[tuple[str, int], ...] = ()
-    weight: tuple[tuple[str, int], ...] = ()
 
 
 def parse_size(name: str, text: str) -> int:
@@ -334,52 +330,62 @@ def _make_dir(path: str, mode: int, flags: int, what: str) -> int:
         raise ContainerError(f"cannot use {what} {path}: {err.strerror}") from None
 
 
-def prepare(request: ShareRequest, container_id: str, rootfs: str, *, library: str = HOST_LIBRARY,
-            state_dir: str = STATE_DIR, sched_dir: str | None = None) -> tuple:
-    """Host-side preparation for one container; returns the HostMounts the hook passes to configure
-    as extra_mounts.
-
-    In the mount namespace the hook runs in (the host's, where the runtime runs hooks), it mounts a
-    tmpfs of fixed size (``tmpfs_options``: the limits file and the preallocated region, nothing
-    more) on ``<state_dir>/<id>/shared`` and fills it: what the container may write is that tmpfs,
-    never the host's /run. A container with a weight or a cap also gets a scheduler file in
-    ``sched_dir`` (``_open_sched_dir``). On failure at any step, what was made is unmounted and
-    removed again (``remove``): nothing is left on the host.
-    """
-    from nvc.plan.mountplan import HostMount
+def plan(request: ShareRequest, container_id: str, rootfs: str, *, library: str = HOST_LIBRARY,
+         state_dir: str = STATE_DIR, sched_dir: str | None = None) -> ShareFiles:
+    """The host files of one container, decided (the image's ld.so.preload read inside its rootfs),
+    not made: a refused request (no shim installed, an id that cannot name a directory) changes nothing."""
+    from nvc.plan.mountplan import ShareFiles
 
     if not os.path.isfile(library):
         raise ContainerError(f"GPU sharing requested but the shim {library} is not installed")
     image_preload = read_image_preload(rootfs)
-    path = container_dir(container_id, state_dir)
-    limits = limits_text(request, origin=f"container {container_id}").encode()
-    state_fd = _open_state_dir(state_dir)
+    container_dir(container_id, state_dir)
+    return ShareFiles(container_id=container_id, state_dir=state_dir, sched_dir=sched_dir or sched_dir_for(state_dir),
+                      library=library, limits=limits_text(request, origin=f"container {container_id}"),
+                      preload=preload_text(image_preload), scheduled=scheduled(request))
+
+
+def make(files: ShareFiles) -> None:
+    """Make what :func:`plan` decided, in the mount namespace the hook runs in (the host's, where the
+    runtime runs hooks): a tmpfs of fixed size (``tmpfs_options``: the limits file and the preallocated
+    region, nothing more) on ``<state_dir>/<id>/shared``, filled, so what the container may write is
+    that tmpfs, never the host's /run; a scheduled container's file in ``sched_dir``
+    (``_open_sched_dir``). On failure at any step, what was made is unmounted and removed again
+    (``remove``): nothing is left on the host. A directory that exists already (a stale container's)
+    is refused and left alone."""
+    path = container_dir(files.container_id, files.state_dir)
+    state_fd = _open_state_dir(files.state_dir)
     try:
         try:
-            os.mkdir(container_id, 0o755, dir_fd=state_fd)
+            os.mkdir(files.container_id, 0o755, dir_fd=state_fd)
         except FileExistsError:
-            raise ContainerError(f"sharing directory {path} already exists (stale container {container_id}?)") from None
-        sched_dir = sched_dir or sched_dir_for(state_dir)
+            raise ContainerError(f"sharing directory {path} already exists (stale container {files.container_id}?)") \
+                from None
         try:
-            _fill(state_fd, path, limits, preload_text(image_preload).encode())
-            if scheduled(request):
-                _write_sched_file(sched_dir, container_id)
+            _fill(state_fd, path, files.limits.encode(), files.preload.encode())
+            if files.scheduled:
+                _write_sched_file(files.sched_dir, files.container_id)
         except BaseException:
-            remove(container_id, state_dir, sched_dir)
+            remove(files.container_id, files.state_dir, files.sched_dir)
             raise
     finally:
         os.close(state_fd)
+
+
+def mounts(files: ShareFiles) -> tuple[HostMount, ...]:
+    """Where the container gets the files :func:`make` makes (its extra mounts)."""
+    path = container_dir(files.container_id, files.state_dir)
     shared = path / "shared"
-    mounts = (
-        HostMount(source=library, target=CONTAINER_LIBRARY, readonly=True),
+    found = (
+        HostMount(source=files.library, target=CONTAINER_LIBRARY, readonly=True),
         HostMount(source=str(shared), target=CONTAINER_DIR, readonly=False, directory=True),
         HostMount(source=str(shared / "limits"), target=f"{CONTAINER_DIR}/limits", readonly=True),
         HostMount(source=str(path / "ld.so.preload"), target=PRELOAD, readonly=True),
     )
-    if not scheduled(request):
-        return mounts
-    return (*mounts, HostMount(source=sched_dir, target=CONTAINER_PEERS, readonly=True, directory=True),
-            HostMount(source=f"{sched_dir}/{container_id}", target=CONTAINER_SCHED, readonly=False))
+    if not files.scheduled:
+        return found
+    return (*found, HostMount(source=files.sched_dir, target=CONTAINER_PEERS, readonly=True, directory=True),
+            HostMount(source=f"{files.sched_dir}/{files.container_id}", target=CONTAINER_SCHED, readonly=False))
 
 
 def _fill(state_fd: int, path: Path, limits: bytes, preload: bytes) -> None:

@@ -19,7 +19,7 @@ from nvc.options import GlobalOptions, parse_user
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nvc.listing import ListRequest, Listing
+    from nvc.commands.listing import ListRequest, Listing
 
 # Global options that take a separate value, and the one whose value is optional
 # (getopt's ``--user[=UID[:GID]]``: a value only when attached with '=').
@@ -124,7 +124,7 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
     # The helper (preforked at start-up, see nvc.__main__; else forked here) loads NVML while
     # this process imports the rest.
     with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
-        from nvc import infoformat
+        from nvc.commands import infoformat
         from nvc.discover import inventory
 
         inv = inventory.from_snapshot(drv.snapshot())
@@ -167,7 +167,8 @@ def list_(
     force_nvml: bool,
 ) -> None:
     """Print the host paths a container would get (with no selection flags: -d all --compat32 -l -b -i -f)."""
-    from nvc import listing
+    from nvc.commands import listing
+    from nvc.plan.request import parse_imex_channels
 
     chosen = bool(devices) or libraries or binaries or ipcs or firmwares or compat32 or bool(mig_config or mig_monitor)
     if not chosen:
@@ -181,7 +182,7 @@ def list_(
         compat32=compat32,
         mig_config=mig_config is not None,
         mig_monitor=mig_monitor is not None,
-        imex_channels=listing.parse_imex_channels(imex),
+        imex_channels=parse_imex_channels(imex),
         no_persistenced=no_persistenced,
         no_fabricmanager=no_fabricmanager,
         no_gsp_firmware=no_gsp_firmware,
@@ -236,15 +237,16 @@ def configure(
     rootfs: str,
 ) -> None:
     """Make the selected GPUs usable in the container whose rootfs is ROOTFS (absolute, not /)."""
-    from nvc import configure as conf
+    from nvc.commands import configure as conf
+    from nvc.plan.request import from_flags
 
     flags = {"compute": compute, "utility": utility, "video": video, "graphics": graphics, "display": display,
              "ngx": ngx, "compat32": compat32}
-    request = conf.ConfigureRequest(
+    request = from_flags(
         rootfs=rootfs,
         pid=pid,
-        devices=",".join(devices),
-        capabilities=frozenset(name for name, on in flags.items() if on),
+        devices=devices,
+        capabilities=(name for name, on in flags.items() if on),
         requirements=requirements,
         ldconfig=ldconfig,
         no_cgroups=no_cgroups,
@@ -269,7 +271,7 @@ def run_list(
     that both sources give the same listing.
     """
     from nvc.discover import driver, inventory, nodes, procfs
-    from nvc import listing
+    from nvc.commands import listing
     from nvc.plan import selection
     from nvc.rpc import driver_service
 
@@ -440,7 +442,7 @@ def cdi() -> None:
 def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strategy: str,
                  config_path: str | None) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
-    from nvc import cdi as cdi_spec
+    from nvc.commands import cdi as cdi_spec
     from nvc.hook import setup as engines
 
     if fmt is None:

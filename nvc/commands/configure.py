@@ -1,11 +1,13 @@
 """``configure``: make the selected GPUs usable inside one container.
 
 The single entry point of the CLI's ``nvc-py configure`` and of the OCI hook (which calls
-:func:`configure` in-process). The data path: validate the request (nothing changes before
-every input was checked) → select devices → check requirements → discover the driver's
-files → read container facts safely inside its rootfs → plan (:mod:`nvc.plan.mountplan`, pure)
-→ apply (:func:`nvc.rpc.container_service.apply`: a forked helper running :mod:`nvc.apply.applier` inside the container's mount namespace, then
-the sandboxed ldconfig and the device cgroup).
+:func:`configure` in-process), both with a parsed :class:`~nvc.plan.request.Request`. The data
+path: check the request (nothing changes before every input was checked) → select devices →
+check requirements → discover the driver's files → read container facts safely inside its rootfs
+→ plan (:mod:`nvc.plan.mountplan`, pure; with GPU sharing, its host files as steps of the plan)
+→ apply (:func:`nvc.rpc.container_service.apply`: the host steps, then a forked helper running
+:mod:`nvc.apply.applier` inside the container's mount namespace, then the sandboxed ldconfig and
+the device cgroup).
 """
 
 from __future__ import annotations
@@ -16,109 +18,29 @@ import posixpath
 import stat
 import time
 from pathlib import Path
-from typing import NamedTuple, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from nvc import capabilities, loaderenv
 from nvc.discover import procfs
 from nvc.plan import requirements, selection
-from nvc.errors import ContainerError, InputError
+from nvc.plan.request import Request, check
+from nvc.errors import ContainerError
 from nvc.logger import Logger
-from nvc.plan.mountplan import COMPAT_DIR, COMPAT_MODES, PROC_NVIDIA, ContainerFacts, HostFacts, HostMount, Options, Plan
+from nvc.plan.mountplan import COMPAT_DIR, PROC_NVIDIA, ContainerFacts, HostFacts, Plan
 from nvc.options import GlobalOptions
 
 if TYPE_CHECKING:
     from nvc.discover.inventory import Inventory
+    from nvc.plan.mountplan import ShareFiles
 
 log = Logger(__name__)
 
-__all__ = ["ConfigureRequest", "GlobalOptions", "HostMount", "Plan", "configure"]
+__all__ = ["GlobalOptions", "Plan", "Request", "configure"]
 
-MIG_FILE_VALUES = ("all",)
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 # Requirement properties only NVML knows (the driver version is in /proc).
 _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
-
-
-class ConfigureRequest(NamedTuple):
-    """What to give one container (the CLI's flags, or the hook's reading of the OCI spec)."""
-
-    rootfs: str  # absolute, not "/"; with pid: resolved under /proc/PID/root
-    pid: int | None  # None = standalone mode
-    devices: str = ""  # the --device grammar (nvc/selection.py): "all", "none", "0,1", UUIDs...
-    capabilities: frozenset[str] = frozenset()  # names from nvc/capabilities.py
-    requirements: tuple[str, ...] = ()  # --require expressions (nvc/requirements.py)
-    ldconfig: str = "@/sbin/ldconfig"  # "@HOSTPATH" = host binary (run from a memfd copy), else in-image path
-    no_cgroups: bool = False
-    no_devbind: bool = False
-    mig_config: str | None = None
-    mig_monitor: str | None = None
-    imex_channels: tuple[str, ...] = ()
-    cuda_compat_mode: str = "ldconfig"  # disabled | mount | ldconfig
-    extra_mounts: tuple[HostMount, ...] = ()  # e.g. the sharing shim's files
-
-
-class _Checked(NamedTuple):
-    """A request after validation: parsed selectors, requirements and options."""
-
-    selectors: tuple[selection.Selector, ...]
-    requirements: tuple[requirements.Requirement, ...]
-    options: Options
-
-
-def _check_rootfs(rootfs: str) -> None:
-    if not rootfs or not posixpath.isabs(rootfs) or not posixpath.normpath(rootfs).strip("/") or "\0" in rootfs:
-        raise InputError(f"{rootfs or '(empty)'}: invalid rootfs directory (must be absolute and not /)")
-
-
-def _check_ldconfig(value: str) -> None:
-    path = value[1:] if value.startswith("@") else value
-    if not posixpath.isabs(path):
-        raise InputError(f"{value}: invalid ldconfig path (absolute path, or @ and an absolute host path)")
-
-
-def _without_none(selectors: str) -> str:
-    """``none`` selects no GPU (driver and control nodes only)."""
-    return "" if selectors.strip().lower() == "none" else selectors
-
-
-def _imex_channels(values: tuple[str, ...]) -> tuple[int, ...]:
-    """Parsed ``--imex-channel`` values; nvc.listing (json, pathlib) is imported only when there are some."""
-    if not values:
-        return ()
-    from nvc.listing import parse_imex_channels
-
-    return parse_imex_channels(values)
-
-
-def validate(req: ConfigureRequest) -> _Checked:
-    """Check every input of ``req``; raise InputError/DeviceError before anything is looked at."""
-    _check_rootfs(req.rootfs)
-    if req.pid is not None and req.pid <= 0:
-        raise InputError(f"{req.pid}: invalid pid")
-    _check_ldconfig(req.ldconfig)
-    caps = capabilities.check(req.capabilities)
-    reqs = tuple(requirements.parse_requirement(text) for text in req.requirements)
-    selectors = selection.parse(_without_none(req.devices))
-    for name, value in (("mig-config", req.mig_config), ("mig-monitor", req.mig_monitor)):
-        if value is not None and value not in MIG_FILE_VALUES:
-            raise InputError(f"{value}: invalid --{name} value (only 'all' is supported)")
-        if value is not None and any(s.needs_mig for s in selectors):
-            raise InputError(f"cannot enable {name} with specific MIG devices selected")
-    if req.cuda_compat_mode not in COMPAT_MODES:
-        raise InputError(f"{req.cuda_compat_mode}: invalid cuda compat mode (one of {', '.join(COMPAT_MODES)})")
-    options = Options(
-        capabilities=caps,
-        ldconfig=req.ldconfig,
-        no_cgroups=req.no_cgroups or req.pid is None,  # standalone: no container process, no cgroup
-        no_devbind=req.no_devbind,
-        mig_config=req.mig_config is not None,
-        mig_monitor=req.mig_monitor is not None,
-        imex_channels=_imex_channels(req.imex_channels),
-        cuda_compat_mode=req.cuda_compat_mode,
-        extra_mounts=req.extra_mounts,
-    )
-    return _Checked(selectors, reqs, options)
 
 
 # ---- container facts ------------------------------------------------------------------------
@@ -208,25 +130,35 @@ def _proc_gpu_dirs(proc: Path) -> dict[str, str]:
     return found
 
 
-def _needs_nvml(checked: _Checked, proc: Path) -> bool:
-    props = {f.name for r in checked.requirements for term in r.terms for f in term}
-    mig_files = checked.options.mig_config or checked.options.mig_monitor
-    return bool(props & _NVML_PROPERTIES) or selection.needs_nvml(checked.selectors, mig_files, proc)
+def _needs_nvml(req: Request, proc: Path) -> bool:
+    props = {f.name for r in req.requirements for term in r.terms for f in term}
+    return bool(props & _NVML_PROPERTIES) or selection.needs_nvml(req.selectors, req.mig_config or req.mig_monitor,
+                                                                  proc)
 
 
-def _check_requirements(checked: _Checked, inv: Inventory, chosen: selection.Selection) -> None:
+def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selection) -> None:
     """Each requirement, per selected GPU (a MIG device's parent is one), or once with no GPU."""
-    if not checked.requirements:
+    if not req.requirements:
         return
     cuda = None if inv.cuda_version is None else f"{inv.cuda_version // 1000}.{(inv.cuda_version % 100) // 10}"
     base = {"cuda": cuda, "driver": inv.driver_version}
     per_gpu = [
         {**base, "arch": getattr(g, "architecture", None), "brand": getattr(g, "brand", None)} for g in chosen.gpus
     ]
-    requirements.check(checked.requirements, per_gpu or [base])
+    requirements.check(req.requirements, per_gpu or [base])
 
 
-def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -> Plan:
+def _share_files(req: Request) -> tuple[Request, ShareFiles | None]:
+    """With GPU sharing: its host files (planned, not made) and their mounts among the extra ones."""
+    if req.sharing is None:
+        return req, None
+    from nvc.share import limits as share
+
+    files = share.plan(req.sharing, req.container_id, req.rootfs)
+    return req._replace(extra_mounts=(*req.extra_mounts, *share.mounts(files))), files
+
+
+def plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Plan:
     """Everything ``configure`` would do, without changing anything."""
     from nvc.discover import driver, inventory, kmods, nodes, rootpath
     from nvc.plan import mountplan
@@ -234,7 +166,7 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     from nvc.rpc import driver_service
 
     start = time.perf_counter()
-    checked = validate(req)
+    req = check(req)
     root_fd = inroot.open_rootfs(req.rootfs, req.pid)
     try:
         owner = container_owner(req.pid, root_fd)
@@ -244,20 +176,20 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
     if cfacts.proc_mountpoint is None:
         log.debug("%s has no /proc/driver (procfs not mounted yet?): the driver's /proc files stay unmasked",
                   req.rootfs)
-    inv = driver_service.inventory(glob.root, glob.user, proc) if _needs_nvml(checked, proc) else inventory.from_procfs(proc)
-    chosen = selection.select(inv.gpus, checked.selectors)
-    _check_requirements(checked, inv, chosen)
-    prefixes = capabilities.library_prefixes(checked.options.capabilities)
+    inv = driver_service.inventory(glob.root, glob.user, proc) if _needs_nvml(req, proc) else inventory.from_procfs(proc)
+    chosen = selection.select(inv.gpus, req.selectors)
+    _check_requirements(req, inv, chosen)
+    prefixes = capabilities.library_prefixes(req.capabilities)
     files = driver.discover(glob.root, inv.driver_version, glob.ldcache, prefixes=prefixes)
     majors = nodes.read_majors()
     # The whole mig-minors table (thousands of lines) serves only --mig-config/--mig-monitor: a MIG
     # device's own caps minors come with it from the inventory.
-    whole_mig = checked.options.mig_config or checked.options.mig_monitor
+    whole_mig = req.mig_config or req.mig_monitor
     mig_minors = procfs.read_mig_minors(proc) if whole_mig else {}
     # --load-kmods: the nodes the driver provides but the root lacks are made first (Plan.host_nodes)
     to_make = kmods.missing(glob.root, proc) if glob.load_kmods else ()
     found = {}
-    for spec in mountplan.needed_nodes(chosen, majors, mig_minors, checked.options):
+    for spec in mountplan.needed_nodes(chosen, majors, mig_minors, req):
         node = nodes.find(glob.root, spec)
         if node is not None:
             found[spec.path] = node.path
@@ -274,7 +206,8 @@ def plan(glob: GlobalOptions, req: ConfigureRequest, proc: Path = procfs.PROC) -
         caps_dir=str(procfs.caps_dir(proc)),
         missing_nodes=to_make,
     )
-    result = mountplan.build(req.rootfs, req.pid, host, cfacts, chosen, checked.options)
+    req, share_files = _share_files(req)
+    result = mountplan.build(host, cfacts, chosen, req, share_files)
     log.debug("timing discovery+plan %.2f ms: %d operations", (time.perf_counter() - start) * 1e3, len(result.operations))
     return result
 
@@ -293,7 +226,7 @@ def scrub_environment() -> None:
     os.environ["PATH"] = SAFE_PATH
 
 
-def configure(glob: GlobalOptions, req: ConfigureRequest, *, dry_run: bool = False) -> Plan:
+def configure(glob: GlobalOptions, req: Request, *, dry_run: bool = False) -> Plan:
     """Plan, then (unless ``dry_run``) apply; return the plan. Raises NvcError subclasses.
 
     On failure nothing stays mounted or created in the container.

@@ -53,7 +53,7 @@ def _links(libraries: Sequence[str]) -> list[str]:
 def common_edits(root: str, files: DriverFiles, control: Sequence[DeviceNode], hook_path: str,
                  hook_env: list[str]) -> dict[str, Any]:
     """Edits every device brings: control nodes, driver files, the link and ld cache hooks."""
-    from nvc.devnodes import spec_device
+    from nvc.commands.devnodes import spec_device
 
     libraries = [mountplan.inner_path(root, lib) for lib in files.libraries]
     mounts = [_mount(root, p, MOUNT_OPTIONS) for p in (*files.libraries, *files.binaries, *files.firmwares)]
@@ -88,7 +88,7 @@ def device_names(gpus: Sequence[Any], strategy: str) -> list[tuple[str, Selectio
 def build(root: str, files: DriverFiles, gpus: Sequence[Any], control: Sequence[DeviceNode], nodes_of: NodesOf,
           hook_path: str, hook_env: list[str], strategy: str = "index") -> dict[str, Any]:
     """The CDI spec document."""
-    from nvc.devnodes import spec_device
+    from nvc.commands.devnodes import spec_device
 
     devices = []
     every: dict[str, dict[str, Any]] = {}
@@ -113,8 +113,9 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
              hook_env: list[str]) -> dict[str, Any]:
     """Discover the driver under ``root`` and build its spec (NVML is asked: MIG devices need it);
     ``hook``: the installed program the spec's createContainer hooks run."""
-    from nvc import devnodes
+    from nvc.commands import devnodes
     from nvc.discover import driver, nodes, procfs
+    from nvc.plan.request import Request
     from nvc.rpc import driver_service
 
     inv = driver_service.inventory(root, user)
@@ -125,7 +126,7 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
     ctl_paths = {n.path for n in control}
 
     def nodes_of(chosen: Selection) -> list[DeviceNode]:
-        specs = mountplan.needed_nodes(chosen, majors, mig_minors, mountplan.Options())
+        specs = mountplan.needed_nodes(chosen, majors, mig_minors, Request())
         return [n for n in devnodes.find_all(root, specs) if n.path not in ctl_paths]
 
     return build(root, files, inv.gpus, control, nodes_of, hook, hook_env, strategy)

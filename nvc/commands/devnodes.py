@@ -9,11 +9,14 @@ Which nodes a request needs is the mount plan's rule (:func:`nvc.plan.mountplan.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvc.discover import inventory, nodes, procfs
 from nvc.plan import mountplan, selection
 from nvc.discover.nodes import DeviceNode
+
+if TYPE_CHECKING:
+    from nvc.plan.request import Request
 
 
 def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:
@@ -21,21 +24,17 @@ def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:
     return [n for n in (nodes.find(root, s) for s in specs) if n is not None]
 
 
-def request_nodes(root: str, user: tuple[int, int] | None, devices: tuple[str, ...] | None,
-                  capabilities: frozenset[str], mig_config: bool = False,
-                  mig_monitor: bool = False) -> list[DeviceNode]:
-    """Every node a container asking for ``devices`` gets (``None``: driver only, control nodes)."""
+def request_nodes(root: str, user: tuple[int, int] | None, request: Request) -> list[DeviceNode]:
+    """Every node a container asking for ``request`` gets (no selectors: driver only, control nodes)."""
     from nvc.rpc import driver_service
 
     majors = nodes.read_majors()
-    selectors = selection.parse(devices or ())
-    mig_files = mig_config or mig_monitor
-    use_nvml = bool(selectors) and selection.needs_nvml(selectors, mig_files)
+    mig_files = request.mig_config or request.mig_monitor
+    use_nvml = bool(request.selectors) and selection.needs_nvml(request.selectors, mig_files)
     inv = driver_service.inventory(root, user) if use_nvml else inventory.from_procfs()
-    chosen = selection.select(inv.gpus, selectors)
-    options = mountplan.Options(capabilities=capabilities, mig_config=mig_config, mig_monitor=mig_monitor)
+    chosen = selection.select(inv.gpus, request.selectors)
     mig_minors = procfs.read_mig_minors() if mig_files else {}
-    return find_all(root, mountplan.needed_nodes(chosen, majors, mig_minors, options))
+    return find_all(root, mountplan.needed_nodes(chosen, majors, mig_minors, request))
 
 
 def spec_device(root: str, node: DeviceNode) -> dict[str, Any]:

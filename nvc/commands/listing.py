@@ -15,9 +15,8 @@ from typing import NamedTuple
 
 from nvc.discover import nodes, procfs
 from nvc.discover.driver import DriverFiles
-from nvc.errors import DeviceError, InputError
+from nvc.errors import DeviceError
 from nvc.plan.selection import Selection
-from nvc.untrusted import decimal
 
 
 class ListRequest(NamedTuple):
@@ -65,19 +64,6 @@ class Listing(NamedTuple):
     def json(self) -> str:
         """A JSON object with every section as a (possibly empty) list, keys in output order."""
         return json.dumps({k: list(v) for k, v in self._asdict().items()}, indent=2) + "\n"
-
-
-def parse_imex_channels(values: tuple[str, ...]) -> tuple[int, ...]:
-    """Channel numbers of ``--imex-channel`` values (comma lists of integers below 2^20)."""
-    channels: list[int] = []
-    for token in (t.strip() for v in values for t in v.split(",")):
-        if not token:
-            continue
-        channel = decimal(token, 7)
-        if channel is None or channel >= nodes.IMEX_CHANNEL_LIMIT:
-            raise InputError(f"{token}: unsupported IMEX channel value")
-        channels.append(channel)
-    return tuple(dict.fromkeys(channels))
 
 
 def _node(root: str, spec: nodes.NodeSpec) -> str:
