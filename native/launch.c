@@ -49,6 +49,10 @@ static struct {
 static int nfree;
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
 static uint64_t gpu_done_ns[NVC_MAX_DEVICES];  /* when this process's measured work ended on the GPU */
+static struct {
+    CUevent ev;
+    CUcontext ctx;
+} last_end[NVC_MAX_DEVICES];                    /* the end event of the last launch settled */
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static CUevent event_get(CUcontext ctx)
@@ -87,8 +91,15 @@ static void settle_locked(struct pending *p)
         /* running estimate of a full-device launch, weight 1/4 to the newest */
         int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
         estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
-        uint64_t began = p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d];
-        gpu_done_ns[p->d] = began + (uint64_t)full;
+        /* When it ended: launched behind queued work, the previous end plus the time between the
+         * two ends (the gap between kernels included: thousands of microsecond kernels add up);
+         * launched to an idle queue, its launch plus its duration. */
+        float between = 0;
+        if (p->launched_ns < gpu_done_ns[p->d] && last_end[p->d].ev && last_end[p->d].ctx == p->ctx &&
+            nvc_cuda.cuEventElapsedTime(&between, last_end[p->d].ev, p->end) == CUDA_SUCCESS && between >= 0)
+            gpu_done_ns[p->d] += (uint64_t)((double)between * 1e6);
+        else
+            gpu_done_ns[p->d] = (p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d]) + (uint64_t)full;
         if (p->percent < 100)
             nvc_region_done(p->d, gpu_done_ns[p->d]);
     }
@@ -100,7 +111,10 @@ static void settle_locked(struct pending *p)
         unknown_of[p->d]--;
     inflight_of[p->d] -= p->estimate;
     event_put(p->start, p->ctx);
-    event_put(p->end, p->ctx);
+    if (last_end[p->d].ev)
+        event_put(last_end[p->d].ev, last_end[p->d].ctx);
+    last_end[p->d].ev = p->end;
+    last_end[p->d].ctx = p->ctx;
     p->settled = 1;
 }
 
@@ -165,7 +179,12 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
         int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !queued) : 0;
-        if (inflight < 0 || inflight > MAX_INFLIGHT_NS) {
+        /* inside a cap's slice the queue may hold what fits in the rest of it: PyTorch runs ahead of
+         * the GPU, and a queue kept short leaves gaps between its small kernels */
+        int64_t room = MAX_INFLIGHT_NS;
+        if (d->compute < 100 && !wait && nvc_region_slice_end(dev) > now + (uint64_t)room)
+            room = (int64_t)(nvc_region_slice_end(dev) - now);
+        if (inflight < 0 || inflight > room) {
             step = unit / 4;             /* let the queue drain */
         } else if (wait > 0) {
             step = wait;
@@ -406,6 +425,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         head = tail = 0;             /* the parent's events mean nothing in the child */
         nfree = 0;
         memset(gpu_done_ns, 0, sizeof gpu_done_ns);
+        memset(last_end, 0, sizeof last_end);
         memset(queued_of, 0, sizeof queued_of);
         memset(unknown_of, 0, sizeof unknown_of);
         memset(inflight_of, 0, sizeof inflight_of);

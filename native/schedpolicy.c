@@ -16,7 +16,7 @@ static int before(uint64_t vtime_a, uint64_t id_a, uint64_t vtime_b, uint64_t id
 enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others,
                                          int n, uint64_t now)
 {
-    int any = 0, occupied = 0, lowest = 1;
+    int any = 0, occupied = 0, lowest = 1, outranked = 0;
     uint64_t min_vtime = UINT64_MAX;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
@@ -27,13 +27,17 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
         any = 1;
         if (o->vtime < min_vtime)
             min_vtime = o->vtime;
+        if (before(o->vtime, o->id, self->vtime, self->id)) {
+            lowest = 0;
+            outranked |= o->running;
+        }
         if (o->running)
             occupied = 1;
-        if (before(o->vtime, o->id, self->vtime, self->id))
-            lowest = 0;
     }
     if (!any)
         return occupied && !self->running ? NVC_SCHED_WAIT : NVC_SCHED_RUN;
+    if (self->running && outranked)
+        return NVC_SCHED_WAIT;        /* two took the turn at once (each found itself alone): one yields */
     if (self->running)
         return self->vtime <= min_vtime + NVC_SCHED_SLICE_NS * NVC_WEIGHT_UNIT / (self->weight ? self->weight : 1)
                    ? NVC_SCHED_RUN : NVC_SCHED_WAIT;

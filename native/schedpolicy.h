@@ -33,7 +33,8 @@ int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now);
  * holder keeps it until its vtime passes the lowest other active one by NVC_SCHED_SLICE_NS of its own
  * GPU time (turns of tens of milliseconds, so hand-overs cost little); a waiting tenant takes it once
  * no other holds it or has more than NVC_SCHED_HANDOVER_NS of work left to drain (the GPU does not
- * idle while the turn changes hands) and its (vtime, id) is the lowest of the active ones. Each busy
+ * idle while the turn changes hands) and its (vtime, id) is the lowest of the active ones; of two
+ * holders at once (both found themselves alone) the one with the higher (vtime, id) yields. Each busy
  * tenant thus gets GPU time in proportion to its weight, and an idle one's share goes to the others. */
 enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others,
                                          int n, uint64_t now);

@@ -75,6 +75,9 @@ int main(int argc, char **argv)
                 t[i].credit = 0;
         }
         refill = now;
+        struct nvc_sched_view seen[MAX_T];        /* decisions of one step are simultaneous, as processes' are */
+        for (int j = 0; j < nt; j++)
+            seen[j] = t[j].v;
         for (int i = 0; i < nt; i++) {
             struct tenant *x = &t[i];
             if (now < x->from_ns || now >= x->until_ns)
@@ -84,7 +87,7 @@ int main(int argc, char **argv)
             int n = 0;
             for (int j = 0; j < nt; j++)
                 if (j != i)
-                    others[n++] = t[j].v;
+                    others[n++] = seen[j];
             if (x->cap < 100 && now >= x->slice_end) {         /* outside its slice */
                 if (x->inflight_ns)
                     continue;                                   /* its last slice's work drains first */
