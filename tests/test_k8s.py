@@ -1,0 +1,118 @@
+"""The Kubernetes device plugin (``nvc-py k8s device-plugin``) against a kubelet stand-in, on the fake driver.
+
+The stand-in (tests/harness/kubelet.py) speaks the kubelet's side of the v1beta1 gRPC API on a
+temporary kubelet.sock; the plugin runs as the installed ``nvc-py`` in this test's private mount
+namespace, where the fake driver (a test double: 2 GPUs, the A100 with 2 MIG devices) is shown at
+the real /proc and /dev paths. XIDs are injected through the fake NVML's event file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.kubelet import Kubelet
+from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SCRIPTS
+
+GIB = 1 << 30
+XID_FILE = "var/lib/fake-nvml/xid-events"  # in the driver root (tests/fakedriver/src/libnvidia-ml.c)
+
+
+class PluginRun:
+    """A running ``nvc-py k8s device-plugin`` and its log."""
+
+    def __init__(self, config: Path, directory: Path, log: Path) -> None:
+        self.log = log
+        env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
+        with log.open("wb") as out:
+            self.process = subprocess.Popen([str(SCRIPTS / "nvc-py"), "k8s", "device-plugin", "--config", str(config),
+                                             "--device-plugin-dir", str(directory)], stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_log(self, pattern: str, timeout: float = 20) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.text())
+            if found:
+                return found.group(0)
+            assert self.process.poll() is None, f"the plugin exited ({self.process.returncode}):\n{self.text()}"
+            time.sleep(0.05)
+        raise AssertionError(f"no {pattern!r} in the plugin's log:\n{self.text()}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+
+def _config(tmp_path: Path, root: Path, k8s: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"root: {root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\nk8s: {k8s}\n")
+    return path
+
+
+@pytest.fixture
+def node() -> Iterator[Kubelet]:
+    """The stand-in on a short directory (a socket's path has at most 107 bytes; pytest's are long)."""
+    directory = Path(tempfile.mkdtemp(prefix="nvc-k8s-"))
+    kubelet = Kubelet(directory)
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def run_plugin(node: Kubelet, tmp_path: Path) -> Iterator:
+    runs: list[PluginRun] = []
+
+    def start(root: Path, k8s: str = "{}") -> PluginRun:
+        run = PluginRun(_config(tmp_path, root, k8s), node.directory, tmp_path / f"plugin{len(runs)}.log")
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        assert run.stop() == 0, run.text()
+
+
+def test_whole_gpus_and_mig_devices(active_2gpu, node: Kubelet, run_plugin) -> None:
+    """Registration, capacity and Allocate answers: the H100 as nvidia.com/gpu by UUID, each MIG profile of
+    the A100 as a resource of its own (the MIG-enabled A100 is no whole GPU), no share units."""
+    run = run_plugin(active_2gpu.root, "{cdi-devices: true}")
+    gpu = node.plugin("nvidia.com/gpu")
+    assert gpu.options.get_preferred_allocation_available and not gpu.options.pre_start_required
+    assert gpu.devices() == {H100: "Healthy"}
+    assert node.plugin("nvidia.com/mig-2g.10gb").devices() == {MIG_2G: "Healthy"}
+    assert node.plugin("nvidia.com/mig-3g.20gb").devices() == {MIG_3G: "Healthy"}
+    assert node.plugin("nvc-py.io/gpu-share").devices() == {}
+    assert {r.version for r in node.registrations} == {"v1beta1"}
+    assert {r.endpoint for r in node.registrations} == {
+        "nvc-py-nvidia.com_gpu.sock", "nvc-py-nvidia.com_mig-2g.10gb.sock", "nvc-py-nvidia.com_mig-3g.20gb.sock",
+        "nvc-py-nvc-py.io_gpu-share.sock"}
+    (answer,) = gpu.allocate([H100])
+    assert dict(answer.envs) == {"NVIDIA_VISIBLE_DEVICES": H100}
+    assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={H100}"]
+    (mig,) = node.plugin("nvidia.com/mig-3g.20gb").allocate([MIG_3G])
+    assert dict(mig.envs) == {"NVIDIA_VISIBLE_DEVICES": MIG_3G}
+    with pytest.raises(Exception, match="unknown device ID 'GPU-nope'"):
+        gpu.allocate(["GPU-nope"])
+    run.wait_log(r"registered nvidia\.com/gpu \(1 devices\)")
