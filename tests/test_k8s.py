@@ -9,18 +9,21 @@ the real /proc and /dev paths. XIDs are injected through the fake NVML's event f
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness.kubelet import Kubelet
 from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SCRIPTS
 
 GIB = 1 << 30
@@ -52,7 +55,9 @@ class PluginRun:
         raise AssertionError(f"no {pattern!r} in the plugin's log:\n{self.text()}")
 
     def stop(self) -> int:
+        """SIGTERM once it logged its first line (its handler is set by then); its exit status."""
         if self.process.poll() is None:
+            self.wait_log("device-plugin: ")
             self.process.send_signal(signal.SIGTERM)
         try:
             return self.process.wait(15)
@@ -68,24 +73,60 @@ def _config(tmp_path: Path, root: Path, k8s: str) -> Path:
     return path
 
 
-@pytest.fixture
-def node() -> Iterator[Kubelet]:
-    """The stand-in on a short directory (a socket's path has at most 107 bytes; pytest's are long)."""
-    directory = Path(tempfile.mkdtemp(prefix="nvc-k8s-"))
-    kubelet = Kubelet(directory)
+def in_child(body: Callable[..., Any], *args: Any) -> Any:
+    """``body(*args)`` in a forked child, its result back (pickled), or the test failed with its traceback.
+
+    gRPC's threads must never live in the pytest process: they outlive every test, and a process with
+    threads cannot setns back out of a fake driver's namespace (tests/fakedriver/activate.py). So the
+    stand-in, and every gRPC call, runs in a child; the plugin and containerd run from the parent.
+    """
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            out = ("ok", body(*args))
+        except BaseException:  # noqa: BLE001 - everything goes back to the parent
+            out = ("error", traceback.format_exc())
+        with os.fdopen(write, "wb") as f:
+            pickle.dump(out, f)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    status, value = pickle.loads(data) if data else ("error", "the child died without an answer")
+    if status != "ok":
+        pytest.fail(f"in the kubelet stand-in's process:\n{value}", pytrace=False)
+    return value
+
+
+@contextmanager
+def kubelet(directory: Path) -> Iterator[Any]:
+    """The stand-in serving on ``directory`` (in a child of :func:`in_child` only)."""
+    from harness.kubelet import Kubelet
+
+    node = Kubelet(directory)
     try:
-        yield kubelet
+        yield node
     finally:
-        kubelet.stop()
-        shutil.rmtree(directory)
+        node.stop()
 
 
 @pytest.fixture
-def run_plugin(node: Kubelet, tmp_path: Path) -> Iterator:
+def plugin_dir() -> Iterator[Path]:
+    """A short device plugin directory (a socket's path has at most 107 bytes; pytest's are long)."""
+    directory = Path(tempfile.mkdtemp(prefix="nvc-k8s-"))
+    yield directory
+    shutil.rmtree(directory)
+
+
+@pytest.fixture
+def run_plugin(plugin_dir: Path, tmp_path: Path) -> Iterator[Callable[..., PluginRun]]:
     runs: list[PluginRun] = []
 
     def start(root: Path, k8s: str = "{}") -> PluginRun:
-        run = PluginRun(_config(tmp_path, root, k8s), node.directory, tmp_path / f"plugin{len(runs)}.log")
+        run = PluginRun(_config(tmp_path, root, k8s), plugin_dir, tmp_path / f"plugin{len(runs)}.log")
         runs.append(run)
         return run
 
@@ -94,25 +135,30 @@ def run_plugin(node: Kubelet, tmp_path: Path) -> Iterator:
         assert run.stop() == 0, run.text()
 
 
-def test_whole_gpus_and_mig_devices(active_2gpu, node: Kubelet, run_plugin) -> None:
+def _whole_and_mig(directory: Path) -> None:
+    with kubelet(directory) as node:
+        gpu = node.plugin("nvidia.com/gpu")
+        assert gpu.options.get_preferred_allocation_available and not gpu.options.pre_start_required
+        assert gpu.devices() == {H100: "Healthy"}
+        assert node.plugin("nvidia.com/mig-2g.10gb").devices() == {MIG_2G: "Healthy"}
+        assert node.plugin("nvidia.com/mig-3g.20gb").devices() == {MIG_3G: "Healthy"}
+        assert node.plugin("nvc-py.io/gpu-share").devices() == {}
+        assert {r.version for r in node.registrations} == {"v1beta1"}
+        assert {r.endpoint for r in node.registrations} == {
+            "nvc-py-nvidia.com_gpu.sock", "nvc-py-nvidia.com_mig-2g.10gb.sock", "nvc-py-nvidia.com_mig-3g.20gb.sock",
+            "nvc-py-nvc-py.io_gpu-share.sock"}
+        (answer,) = gpu.allocate([H100])
+        assert dict(answer.envs) == {"NVIDIA_VISIBLE_DEVICES": H100}
+        assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={H100}"]
+        (mig,) = node.plugin("nvidia.com/mig-3g.20gb").allocate([MIG_3G])
+        assert dict(mig.envs) == {"NVIDIA_VISIBLE_DEVICES": MIG_3G}
+        with pytest.raises(Exception, match="unknown device ID 'GPU-nope'"):
+            gpu.allocate(["GPU-nope"])
+
+
+def test_whole_gpus_and_mig_devices(active_2gpu, plugin_dir: Path, run_plugin) -> None:
     """Registration, capacity and Allocate answers: the H100 as nvidia.com/gpu by UUID, each MIG profile of
     the A100 as a resource of its own (the MIG-enabled A100 is no whole GPU), no share units."""
     run = run_plugin(active_2gpu.root, "{cdi-devices: true}")
-    gpu = node.plugin("nvidia.com/gpu")
-    assert gpu.options.get_preferred_allocation_available and not gpu.options.pre_start_required
-    assert gpu.devices() == {H100: "Healthy"}
-    assert node.plugin("nvidia.com/mig-2g.10gb").devices() == {MIG_2G: "Healthy"}
-    assert node.plugin("nvidia.com/mig-3g.20gb").devices() == {MIG_3G: "Healthy"}
-    assert node.plugin("nvc-py.io/gpu-share").devices() == {}
-    assert {r.version for r in node.registrations} == {"v1beta1"}
-    assert {r.endpoint for r in node.registrations} == {
-        "nvc-py-nvidia.com_gpu.sock", "nvc-py-nvidia.com_mig-2g.10gb.sock", "nvc-py-nvidia.com_mig-3g.20gb.sock",
-        "nvc-py-nvc-py.io_gpu-share.sock"}
-    (answer,) = gpu.allocate([H100])
-    assert dict(answer.envs) == {"NVIDIA_VISIBLE_DEVICES": H100}
-    assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={H100}"]
-    (mig,) = node.plugin("nvidia.com/mig-3g.20gb").allocate([MIG_3G])
-    assert dict(mig.envs) == {"NVIDIA_VISIBLE_DEVICES": MIG_3G}
-    with pytest.raises(Exception, match="unknown device ID 'GPU-nope'"):
-        gpu.allocate(["GPU-nope"])
+    in_child(_whole_and_mig, plugin_dir)
     run.wait_log(r"registered nvidia\.com/gpu \(1 devices\)")
