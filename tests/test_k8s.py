@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SCRIPTS
+from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SCRIPTS, _uuids
 
 GIB = 1 << 30
 XID_FILE = "var/lib/fake-nvml/xid-events"  # in the driver root (tests/fakedriver/src/libnvidia-ml.c)
@@ -162,3 +162,91 @@ def test_whole_gpus_and_mig_devices(active_2gpu, plugin_dir: Path, run_plugin) -
     run = run_plugin(active_2gpu.root, "{cdi-devices: true}")
     in_child(_whole_and_mig, plugin_dir)
     run.wait_log(r"registered nvidia\.com/gpu \(1 devices\)")
+
+
+# ---------------------------------------------------------------- shares, through containerd and nvc-py-runtime
+
+def _shares(directory: Path) -> dict[str, str]:
+    with kubelet(directory) as node:
+        share = node.plugin("nvc-py.io/gpu-share")
+        units = sorted(share.devices(), key=lambda unit: int(unit.rpartition("::")[2]))
+        assert units == [f"{H100}::{k}" for k in range(10)]  # 80 GiB in 8 GiB slices
+        assert node.plugin("nvidia.com/gpu").devices() == {}  # a shared GPU is not also a whole one
+        assert share.preferred(units[::-1], 3, must=[units[4]]) [0] == units[4]
+        first, second, third = share.allocate(units[:2], units[2:9], units[9:])
+        limits = [int(answer.envs["NVC_SHARE_MEMORY_LIMIT"]) for answer in (first, second, third)]
+        assert limits == [16 * GIB, 56 * GIB, 8 * GIB] and sum(limits) == 80 * GIB  # never more than the GPU has
+        assert [answer.envs["NVC_SHARE_COMPUTE"] for answer in (first, second, third)] == ["20", "70", "10"]
+        assert [answer.envs["NVC_SHARE_WEIGHT"] for answer in (first, second, third)] == ["2", "7", "1"]
+        with pytest.raises(Exception, match="unknown device ID"):
+            share.allocate([H100])
+        return dict(first.envs)
+
+
+def _ctr_wrapper(tmp_path: Path, config: Path) -> Path:
+    wrapper = tmp_path / "runtime.sh"  # containerd hands shims no environment of our choosing
+    wrapper.write_text(f'#!/bin/sh\nNVC_PY_CONFIG={config} exec {SCRIPTS / "nvc-py-runtime"} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+SEE = ["sh", "-c", "nvidia-smi -L 2>&1; grep -h -e memory_limit -e compute_ /var/run/nvc-share/limits 2>/dev/null; "
+       "nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>/dev/null; true"]
+
+
+def test_shares_accounting_and_a_container_with_the_allocated_share(active_2gpu, plugin_dir: Path, run_plugin,
+                                                                     rootfs_cache, tmp_path: Path) -> None:
+    """The H100 shared in 8 GiB units: the units of all containers add up to its memory; one container's
+    Allocate env, given to a real container (containerd, `ctr`, nvc-py-runtime), shows it exactly that GPU,
+    the memory budget (the fake nvidia-smi through the shim reports it), compute cap and weight."""
+    from harness.containerd import Containerd
+
+    run = run_plugin(active_2gpu.root, "{share-gpus: [0], share-slice: 8Gi}")
+    envs = in_child(_shares, plugin_dir)
+    assert envs == {"NVIDIA_VISIBLE_DEVICES": H100, "NVC_SHARE_MEMORY_LIMIT": str(16 * GIB),
+                    "NVC_SHARE_COMPUTE": "20", "NVC_SHARE_WEIGHT": "2"}
+    wrapper = _ctr_wrapper(tmp_path, tmp_path / "config.yaml")
+    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
+    try:
+        image = daemon.image()
+        result = daemon.run(image, "nvc-k8s-share", SEE, env=envs, runc_binary=str(wrapper))
+        assert result.returncode == 0, result.stderr
+        assert _uuids(result.stdout) == [H100]
+        assert result.stdout.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20",
+                                                  "compute_weight=2", "16384 MiB"]
+    finally:
+        daemon.stop()
+    run.wait_log(r"Allocate nvc-py\.io/gpu-share \[.*\]: NVC_SHARE_COMPUTE=20")
+
+
+def _volume_mounts(directory: Path) -> list:
+    with kubelet(directory) as node:
+        (answer,) = node.plugin("nvidia.com/mig-3g.20gb").allocate([MIG_3G])
+        return [dict(answer.envs), [(m.container_path, m.host_path, m.read_only) for m in answer.mounts]]
+
+
+def test_volume_mounts_strategy_and_a_pod_asking_for_no_gpu(active_2gpu, plugin_dir: Path, run_plugin,
+                                                             rootfs_cache, tmp_path: Path) -> None:
+    """The void policy: with device-list-strategy volume-mounts the plugin answers /dev/null mounts and
+    NVIDIA_VISIBLE_DEVICES=void; a hook that accepts volume mounts and ignores the variable in
+    unprivileged containers gives the allocated MIG device, and nothing to a pod that asked for no GPU
+    although its image says NVIDIA_VISIBLE_DEVICES=all."""
+    from harness.containerd import Containerd
+
+    run_plugin(active_2gpu.root, "{device-list-strategy: volume-mounts}\n"
+                                 "accept-volume-mounts: true\naccept-envvar-when-unprivileged: false")
+    envs, mounts = in_child(_volume_mounts, plugin_dir)
+    assert envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert mounts == [(f"/var/run/nvidia-container-devices/{MIG_3G}", "/dev/null", True)]
+    wrapper = _ctr_wrapper(tmp_path, tmp_path / "config.yaml")
+    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
+    try:
+        image = daemon.image()
+        binds = [f"--mount=type=bind,src={host},dst={ctr},options=rbind:ro" for ctr, host, _ in mounts]
+        result = daemon.run(image, "nvc-k8s-mig", SEE, env=envs, extra_args=binds, runc_binary=str(wrapper))
+        assert result.returncode == 0, result.stderr
+        assert _uuids(result.stdout) == [A100, MIG_3G]
+        none = daemon.run(image, "nvc-k8s-none", SEE, env={"NVIDIA_VISIBLE_DEVICES": "all"}, runc_binary=str(wrapper))
+        assert none.returncode == 0 and "nvidia-smi: not found" in none.stdout, none.stdout
+    finally:
+        daemon.stop()
