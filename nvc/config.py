@@ -70,6 +70,7 @@ class K8s(NamedTuple):
     cdi_devices: bool = False  # also answer CDI device names (nvidia.com/gpu=<UUID>)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS  # critical XIDs that leave a device healthy
     xid_recovery: int = 300  # seconds without a new XID after which a device that NVML still finds is healthy again; 0: never
+    nvml_retry: int = 30  # seconds between tries while NVML cannot be loaded or fails
 
 
 class Config(NamedTuple):
@@ -242,6 +243,12 @@ def _seconds(value: Any) -> int:
     return value
 
 
+def _positive_seconds(value: Any) -> int:
+    if _seconds(value) == 0:
+        raise ValueError("expected a whole number of seconds (1 or more)")
+    return value
+
+
 _K8S: dict[str, tuple[str, Check]] = {
     "device-plugin-dir": ("device_plugin_dir", _abs_path),
     "gpu-resource": ("gpu_resource", _resource),
@@ -255,6 +262,7 @@ _K8S: dict[str, tuple[str, Check]] = {
     "cdi-devices": ("cdi_devices", _bool),
     "ignored-xids": ("ignored_xids", _xids),
     "xid-recovery": ("xid_recovery", _seconds),
+    "nvml-retry": ("nvml_retry", _positive_seconds),
 }
 _SHARING: dict[str, tuple[str, Check]] = {
     "enabled": ("enabled", _bool),

@@ -250,3 +250,91 @@ def test_volume_mounts_strategy_and_a_pod_asking_for_no_gpu(active_2gpu, plugin_
         assert none.returncode == 0 and "nvidia-smi: not found" in none.stdout, none.stdout
     finally:
         daemon.stop()
+
+
+# ---------------------------------------------------------------- kubelet restarts, health, no NVML
+
+def _reregister(directory: Path) -> None:
+    with kubelet(directory) as node:
+        before = node.plugin("nvidia.com/gpu")
+        assert before.devices() == {H100: "Healthy"}
+        node.plugin("nvidia.com/mig-3g.20gb")  # the last one registered: the first registration is complete
+        node.restart()  # a new kubelet.sock, the plugin's sockets removed
+        after = node.plugin("nvidia.com/gpu", registrations=2)
+        assert after is not before and after.devices() == {H100: "Healthy"}
+        (answer,) = after.allocate([H100])
+        assert dict(answer.envs) == {"NVIDIA_VISIBLE_DEVICES": H100}
+        assert node.plugin("nvidia.com/mig-2g.10gb", registrations=2).devices() == {MIG_2G: "Healthy"}
+
+
+def test_reregisters_when_the_kubelet_restarts(active_2gpu, plugin_dir: Path, run_plugin) -> None:
+    run = run_plugin(active_2gpu.root)
+    in_child(_reregister, plugin_dir)
+    run.wait_log("kubelet restarted or our sockets removed: registering again")
+
+
+def _health(directory: Path, xids: Path, log: Path) -> None:
+    def wait_for(text: str) -> None:
+        deadline = time.monotonic() + 20
+        while text not in log.read_text():
+            assert time.monotonic() < deadline, f"no {text!r} in the plugin's log:\n{log.read_text()}"
+            time.sleep(0.05)
+
+    def inject(uuid: str, xid: int) -> None:
+        with xids.open("a") as f:
+            f.write(f"{uuid} {xid}\n")
+
+    with kubelet(directory) as node:
+        gpu, mig_2g, mig_3g = (node.plugin(name) for name in ("nvidia.com/gpu", "nvidia.com/mig-2g.10gb",
+                                                                "nvidia.com/mig-3g.20gb"))
+        assert gpu.devices() == {H100: "Healthy"}
+        wait_for(f"health: watching critical XIDs of {H100}, {A100}")
+        inject(H100, 43)  # an application's own fault (k8s.ignored-xids): the GPU stays healthy
+        wait_for(f"health: XID 43 on {H100} ignored")
+        inject(H100, 79)
+        assert gpu.devices(lambda d: d[H100] == "Unhealthy") == {H100: "Unhealthy"}
+        inject(MIG_2G, 48)  # a MIG device's XID: that MIG device only
+        assert mig_2g.devices(lambda d: d[MIG_2G] == "Unhealthy") == {MIG_2G: "Unhealthy"}
+        assert mig_3g.devices() == {MIG_3G: "Healthy"}
+        # xid-recovery (2 s) without another XID, and NVML still finds them: healthy again
+        assert gpu.devices(lambda d: d[H100] == "Healthy") == {H100: "Healthy"}
+        assert mig_2g.devices(lambda d: d[MIG_2G] == "Healthy") == {MIG_2G: "Healthy"}
+        inject(A100, 94)  # a GPU-wide XID on the MIG-enabled A100: every MIG device on it
+        assert mig_3g.devices(lambda d: d[MIG_3G] == "Unhealthy") == {MIG_3G: "Unhealthy"}
+        assert mig_2g.devices(lambda d: d[MIG_2G] == "Unhealthy") == {MIG_2G: "Unhealthy"}
+
+
+def test_health_follows_critical_xids(active_2gpu, plugin_dir: Path, run_plugin, tmp_path: Path) -> None:
+    """XIDs injected through the fake NVML's events (nvmlEventSetWait_v2): unhealthy on a critical one,
+    not on an ignored one, a MIG device alone on its own XID, healthy again after xid-recovery."""
+    xids = active_2gpu.root / XID_FILE
+    xids.parent.mkdir(parents=True, exist_ok=True)
+    xids.write_text("")
+    xids.chmod(0o644)  # read by the driver helper, which runs as nobody
+    try:
+        run = run_plugin(active_2gpu.root, "{xid-recovery: 2}")
+        in_child(_health, plugin_dir, xids, run.log)
+    finally:
+        shutil.rmtree(xids.parent)
+    assert f"health: XID 79 on {H100}: unhealthy" in run.text()
+    assert f"health: {H100} healthy again" in run.text()
+
+
+def _no_devices(directory: Path) -> None:
+    with kubelet(directory) as node:
+        assert node.plugin("nvidia.com/gpu").devices() == {}
+        assert node.plugin("nvc-py.io/gpu-share").devices() == {}
+
+
+def test_no_nvml_is_one_line_and_no_crash(plugin_dir: Path, run_plugin, tmp_path: Path) -> None:
+    """A driver root without libnvidia-ml: one log line, the plugin keeps running (trying again each
+    nvml-retry), registered with no devices (the kubelet shows a capacity of 0)."""
+    empty = tmp_path / "no-driver"
+    empty.mkdir()
+    run = run_plugin(empty, "{share-gpus: [0], nvml-retry: 1}")
+    in_child(_no_devices, plugin_dir)
+    time.sleep(3)  # three more tries
+    assert run.process.poll() is None
+    lines = [line for line in run.text().splitlines() if "NVML unavailable" in line]
+    assert len(lines) == 1 and lines[0].endswith("libnvidia-ml.so.1: cannot open shared object file: No such file or "
+                                                  "directory): advertising no devices; trying again every 1 s"), lines

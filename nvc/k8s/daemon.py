@@ -6,7 +6,7 @@ for NVML's XID events in the driver helper:
 - NVML: one driver helper (nvc.rpc.driver_service) for the plugin's life; discovery reuses
   nvc-py's inventory. NVML that cannot load or fails is one log line: the plugin keeps running,
   advertising no devices (or its devices as unhealthy, once NVML fails later), and tries again every
-  ``RETRY_S``; it never exits for it, so a node without a working driver has no crash loop.
+  ``k8s.nvml-retry`` seconds; it never exits for it, so a node without a working driver has no crash loop.
 - The kubelet: a restarted kubelet makes a new ``kubelet.sock`` and empties the directory. A
   socket with a new inode, or an endpoint socket gone, starts every endpoint anew and registers
   it again, so the node's capacity comes back without restarting the plugin.
@@ -28,7 +28,6 @@ from nvc.k8s import resources
 from nvc.k8s.health import Health
 from nvc.options import GlobalOptions
 
-RETRY_S = 30.0  # NVML unavailable or failed: the next try
 REGISTER_RETRY_S = 5.0  # the kubelet refused or did not answer a Register
 TICK_MS = 1000  # one loop: the longest wait for XID events, and for noticing a new kubelet.sock
 
@@ -63,6 +62,7 @@ class Plugin:
         self.endpoints: list[Any] = []
         self.kubelet: tuple[int, int] | None = None  # identity of the kubelet.sock registered with
         self.register_at = 0.0
+        self.failed: tuple[int, int] | None = None  # the kubelet.sock a registration last failed on
         self.watched: list[str] | None = None
 
     def say(self, topic: str, line: str, level: int = logging.WARNING) -> None:
@@ -85,8 +85,8 @@ class Plugin:
             topology = driver.topology()
         except NvcError as err:
             self.stack.close()
-            self.retry_at = time.monotonic() + RETRY_S
-            self.say("nvml", f"NVML unavailable ({err}): advertising no devices; trying again every {RETRY_S:.0f} s")
+            self.retry_at = time.monotonic() + self.k8s.nvml_retry
+            self.say("nvml", f"NVML unavailable ({err}): advertising no devices; trying again every {self.k8s.nvml_retry} s")
             if not self.board.resources:
                 self.board.publish(resources=resources.plan((), self.k8s._replace(share_gpus=())))
             else:
@@ -131,7 +131,7 @@ class Plugin:
             self.stack.close()
             self.driver = None
             self.watched = None
-            self.retry_at = time.monotonic() + RETRY_S
+            self.retry_at = time.monotonic() + self.k8s.nvml_retry
             self.board.publish(all_unhealthy=True)
 
     # ---- the kubelet ---------------------------------------------------------------------------
@@ -143,8 +143,8 @@ class Plugin:
             self.say("kubelet", f"waiting for {self.directory}/{self.service.KUBELET_SOCKET}", logging.INFO)
             return
         fresh = kubelet == self.kubelet and self.endpoints and not any(e.gone() for e in self.endpoints)
-        if fresh or time.monotonic() < self.register_at:
-            return
+        if fresh or (kubelet == self.failed and time.monotonic() < self.register_at):
+            return  # registered, or refused by this very kubelet a moment ago (a new one is tried at once)
         if self.kubelet is not None:
             log.info("kubelet restarted or our sockets removed: registering again")
         self.stop_endpoints()
@@ -158,6 +158,7 @@ class Plugin:
         except Exception as err:  # grpc.RpcError, or a socket that cannot be made: try again shortly
             self.stop_endpoints()
             self.register_at = time.monotonic() + REGISTER_RETRY_S
+            self.failed = kubelet
             self.say("kubelet", f"registration failed ({_rpc_text(err)}); trying again in {REGISTER_RETRY_S:.0f} s")
             return
         self.kubelet = kubelet

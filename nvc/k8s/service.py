@@ -14,7 +14,12 @@ from collections.abc import Iterator, Mapping
 from concurrent import futures
 from typing import Any
 
-import grpc
+# The plugin forks driver helpers (nvc.rpc.helper) while gRPC's threads run; the child touches
+# nothing of gRPC. gRPC's own fork handlers, which expect the child to use gRPC, then abort
+# helpers now and again: they are not installed at all with this, read when grpc loads.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
+
+import grpc  # noqa: E402
 
 from nvc.config import K8s
 from nvc.errors import InputError, NvcError
