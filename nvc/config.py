@@ -221,13 +221,11 @@ def _gpu_list(value: Any) -> tuple[str, ...]:
 
 
 def _slice(value: Any) -> str:
-    from nvc.share.limits import parse_size
-
-    try:
-        parse_size("share-slice", str(value))
-    except InputError:
-        raise ValueError("expected a size: bytes with an optional K, M, G, T, Ki, Mi, Gi or Ti") from None
-    return str(value)
+    """Its grammar is the sharing variables' (nvc.share.limits.parse_size, a layer above this one):
+    the plugin checks it as it starts."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise ValueError("expected a size: bytes with an optional K, M, G, T, Ki, Mi, Gi or Ti")
+    return str(value).strip()
 
 
 def _xids(value: Any) -> tuple[int, ...]:

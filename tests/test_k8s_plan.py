@@ -211,7 +211,7 @@ def test_k8s_section_is_validated_and_shown(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("k8s: {share-slice: lots}", "k8s.share-slice: expected a size"),
+    ("k8s: {share-slice: [1]}", "k8s.share-slice: expected a size"),
     ("k8s: {gpu-resource: gpu}", "k8s.gpu-resource: expected an extended resource name"),
     ("k8s: {ignored-xids: [x]}", "k8s.ignored-xids: expected a list of XID numbers"),
     ("k8s: {nvml-retry: 0}", "k8s.nvml-retry: expected a whole number of seconds \\(1 or more\\)"),
@@ -220,6 +220,16 @@ def test_k8s_section_is_validated_and_shown(tmp_path: Path) -> None:
 def test_k8s_section_errors_name_the_key(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         config.parse(text + "\n", "/etc/nvc-py/config.yaml")
+
+
+def test_a_bad_share_slice_stops_the_plugin_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("k8s: {share-slice: lots}\n")
+    result = subprocess.run([str(SCRIPTS / "nvc-py"), "k8s", "device-plugin", "--config", str(path),
+                             "--device-plugin-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stderr) == (2, "nvc-py: input error: k8s.share-slice='lots': not a size "
+                                                     "(positive decimal bytes, optionally with K, M, G, T, Ki, Mi, "
+                                                     "Gi or Ti)\n")
 
 
 def _help() -> str:

@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
     ("commands", frozenset({"nvc.configure", "nvc.listing", "nvc.cdi", "nvc.devnodes", "nvc.infoformat",
-                            "nvc.share.status"})),
+                            "nvc.share.status", "nvc.k8s"})),
     ("programs", frozenset({"nvc.__main__", "nvc.cli", "nvc.hook"})),
 )
 
