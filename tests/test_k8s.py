@@ -308,14 +308,15 @@ def test_health_follows_critical_xids(active_2gpu, plugin_dir: Path, run_plugin,
     """XIDs injected through the fake NVML's events (nvmlEventSetWait_v2): unhealthy on a critical one,
     not on an ignored one, a MIG device alone on its own XID, healthy again after xid-recovery."""
     xids = active_2gpu.root / XID_FILE
-    xids.parent.mkdir(parents=True, exist_ok=True)
+    made = next(p for p in reversed(xids.parents) if not p.exists())  # the first directory made here
+    xids.parent.mkdir(parents=True)
     xids.write_text("")
     xids.chmod(0o644)  # read by the driver helper, which runs as nobody
     try:
         run = run_plugin(active_2gpu.root, "{xid-recovery: 2}")
         in_child(_health, plugin_dir, xids, run.log)
     finally:
-        shutil.rmtree(xids.parent)
+        shutil.rmtree(made)  # the fake driver is the session's: leave it as it was
     assert f"health: XID 79 on {H100}: unhealthy" in run.text()
     assert f"health: {H100} healthy again" in run.text()
 
