@@ -101,6 +101,7 @@ class Kubelet:
         self.plugins: dict[str, Plugin] = {}
         self.changed = threading.Condition()
         self.server: Any = None
+        self.stopped = False
         self.start()
 
     def start(self) -> None:
@@ -114,12 +115,13 @@ class Kubelet:
         def connect() -> None:
             plugin = Plugin(self.directory, request)
             with self.changed:
-                old = self.plugins.get(request.resource_name)
-                self.plugins[request.resource_name] = plugin
-                self.registrations.append(request)
-                self.changed.notify_all()
-            if old is not None:
-                old.close()
+                old = None if self.stopped else self.plugins.get(request.resource_name)
+                if not self.stopped:
+                    self.plugins[request.resource_name] = plugin
+                    self.registrations.append(request)
+                    self.changed.notify_all()
+            if old is not None or self.stopped:
+                (old or plugin).close()
 
         threading.Thread(target=connect, daemon=True).start()
 
@@ -144,6 +146,9 @@ class Kubelet:
         self.start()
 
     def stop(self) -> None:
-        for plugin in self.plugins.values():
+        with self.changed:
+            self.stopped = True
+            plugins = list(self.plugins.values())
+        for plugin in plugins:
             plugin.close()
         self.server.stop(grace=0).wait()
