@@ -69,18 +69,45 @@ class XidWatch:
 
 
 def topology(nvml: Any) -> dict[str, dict[str, int]]:
-    """NVML's common-ancestor level (10 same board … 50 across CPUs) of every pair of GPUs, by
-    UUID; empty where the driver cannot say (the plugin then prefers GPUs by index)."""
-    lib = nvml.nvml
+    """How close each pair of GPUs is, by UUID, lower is closer: NVML's common PCI ancestor level
+    (10 same board … 50 across CPUs), and for GPUs joined by NVLink minus the number of links (closer
+    than any PCI path). A pair the driver says nothing about is left out (the plugin then prefers GPUs
+    by index)."""
     handles = [nvml.call("nvmlDeviceGetHandleByIndex", i) for i in range(nvml.call("nvmlDeviceGetCount"))]
     uuids = [nvml.call("nvmlDeviceGetUUID", h) for h in handles]
     levels: dict[str, dict[str, int]] = {}
-    try:
-        for i, first in enumerate(handles):
-            for j in range(i + 1, len(handles)):
-                level = int(lib.nvmlDeviceGetTopologyCommonAncestor(first, handles[j]))
-                levels.setdefault(uuids[i], {})[uuids[j]] = level
-                levels.setdefault(uuids[j], {})[uuids[i]] = level
-    except lib.NVMLError:
-        return {}
+    for (i, j), level in {**_pci_levels(nvml, handles), **_nvlinks(nvml, handles)}.items():
+        levels.setdefault(uuids[i], {})[uuids[j]] = level
+        levels.setdefault(uuids[j], {})[uuids[i]] = level
     return levels
+
+
+def _pci_levels(nvml: Any, handles: list[Any]) -> dict[tuple[int, int], int]:
+    lib = nvml.nvml
+    try:
+        return {(i, j): int(lib.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
+                for i in range(len(handles)) for j in range(i + 1, len(handles))}
+    except lib.NVMLError:  # no topology from this driver (or the fake one)
+        return {}
+
+
+def _nvlinks(nvml: Any, handles: list[Any]) -> dict[tuple[int, int], int]:
+    """Minus the number of active NVLinks between each pair of GPUs joined by any."""
+    lib = nvml.nvml
+    by_bus = {}
+    for index, handle in enumerate(handles):
+        pci = nvml.call("nvmlDeviceGetPciInfo", handle)
+        by_bus[pci.domain, pci.bus, pci.device] = index
+    links: dict[tuple[int, int], int] = {}
+    for index, handle in enumerate(handles):
+        for link in range(lib.NVML_NVLINK_MAX_LINKS):
+            try:
+                if lib.nvmlDeviceGetNvLinkState(handle, link) != lib.NVML_FEATURE_ENABLED:
+                    continue
+                remote = lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+            except lib.NVMLError:
+                break  # no NVLink (NOT_SUPPORTED), or no link with this number
+            peer = by_bus.get((remote.domain, remote.bus, remote.device))
+            if peer is not None and peer > index:  # each link counted from its lower GPU (an NVSwitch: none)
+                links[index, peer] = links.get((index, peer), 0) - 1
+    return links

@@ -308,3 +308,47 @@ def test_the_cli_loads_no_grpc_until_the_plugin_runs() -> None:
     assert "nvc.k8s.command" in imported
     assert not {name for name in imported if name.split(".")[0] in ("grpc", "google") or name in
                 ("nvc.k8s.service", "nvc.k8s.daemon", "nvc.k8s.resources")}
+
+
+class _Nvml:
+    """Just the NVML calls topology() makes, answering for 3 GPUs: 0 and 1 joined by 2 NVLinks, and
+    PCI levels 20 (0-1), 50 (0-2, 1-2). Only what a fake driver cannot show here (it has no NVLink)."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_NVLINK_MAX_LINKS = 4
+    NVML_FEATURE_ENABLED = 1
+    LINKS = {(0, 0): 1, (0, 1): 1, (1, 0): 0, (1, 1): 0}  # (GPU, link) -> peer
+
+    class Pci:
+        def __init__(self, bus: int) -> None:
+            self.domain, self.bus, self.device = 0, bus, 0
+
+    def __init__(self) -> None:
+        self.nvml = self
+
+    def call(self, name: str, *args: object) -> object:
+        return {"nvmlDeviceGetCount": lambda: 3, "nvmlDeviceGetHandleByIndex": lambda i: i,
+                "nvmlDeviceGetUUID": lambda h: f"GPU-{h}", "nvmlDeviceGetPciInfo": lambda h: self.Pci(h + 1)}[name](*args)
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
+        return 20 if {a, b} == {0, 1} else 50
+
+    def nvmlDeviceGetNvLinkState(self, gpu: int, link: int) -> int:
+        if (gpu, link) not in self.LINKS:
+            raise self.NVMLError("no such link")
+        return 1
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, gpu: int, link: int) -> object:
+        return self.Pci(self.LINKS[gpu, link] + 1)
+
+
+def test_topology_counts_nvlinks_before_pci_levels() -> None:
+    from nvc.rpc.nvml_events import topology
+
+    levels = topology(_Nvml())
+    assert levels == {"GPU-0": {"GPU-1": -2, "GPU-2": 50}, "GPU-1": {"GPU-0": -2, "GPU-2": 50},
+                      "GPU-2": {"GPU-0": 50, "GPU-1": 50}}
+    gpus = resources.plan(tuple(_gpu(i) for i in range(3)), K8S)[0]
+    assert resources.preferred(gpus, ["GPU-2", "GPU-1", "GPU-0"], [], 2, levels) == ["GPU-0", "GPU-1"]

@@ -137,7 +137,8 @@ def preferred(resource: Resource, available: Sequence[str], must: Sequence[str],
     Shares: every unit from one GPU (the GPU already holding ``must``'s units, else the one whose
     free units fit most tightly, keeping whole GPUs free for large requests), spilling to the GPUs
     with most free units only when no single GPU can hold the request. Whole GPUs: the set with the
-    closest PCI/NVLink ancestors (NVML's topology levels), by index where the topology is unknown.
+    lowest sum of pairwise distances (nvc.rpc.nvml_events.topology: NVLinks, else the common PCI
+    ancestor), by index where the topology is unknown.
     """
     units = resource.by_id([*must, *(i for i in available if i not in must)])
     chosen = units[:len(must)]
