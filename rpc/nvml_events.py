@@ -9,6 +9,7 @@ never by the hook's or the CLI's.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from nvc.errors import DriverError
@@ -53,6 +54,8 @@ class XidWatch:
         lib = self.nvml.nvml
         if self.event_set is None:
             self._start()
+        if not self.watched:  # no GPU reports XIDs: wait all the same, the caller calls in a loop
+            time.sleep(timeout_ms / 1000)
         events = []
         wait = timeout_ms
         while self.watched:
