@@ -339,3 +339,34 @@ def test_no_nvml_is_one_line_and_no_crash(plugin_dir: Path, run_plugin, tmp_path
     lines = [line for line in run.text().splitlines() if "NVML unavailable" in line]
     assert len(lines) == 1 and lines[0].endswith("libnvidia-ml.so.1: cannot open shared object file: No such file or "
                                                   "directory): advertising no devices; trying again every 1 s"), lines
+
+
+def _driver_helper(plugin: int) -> int:
+    """The plugin's NVML helper: its child named nvc:[driver]."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "nvc:[driver]" and \
+                    int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == plugin:
+                return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no nvc:[driver] below {plugin}")
+
+
+def _nvml_dies(directory: Path, plugin: int) -> None:
+    with kubelet(directory) as node:
+        gpu = node.plugin("nvidia.com/gpu")
+        assert gpu.devices() == {H100: "Healthy"}
+        node.plugin("nvidia.com/mig-3g.20gb")  # every resource registered
+        os.kill(_driver_helper(plugin), signal.SIGKILL)
+        assert gpu.devices(lambda d: d[H100] == "Unhealthy") == {H100: "Unhealthy"}
+        again = node.plugin("nvidia.com/gpu", registrations=2)  # NVML back: discovered and registered anew
+        assert again.devices(lambda d: d[H100] == "Healthy") == {H100: "Healthy"}
+
+
+def test_nvml_failing_later_makes_devices_unhealthy_until_it_answers(active_2gpu, plugin_dir: Path,
+                                                                      run_plugin) -> None:
+    run = run_plugin(active_2gpu.root, "{nvml-retry: 1}")
+    in_child(_nvml_dies, plugin_dir, run.process.pid)
+    run.wait_log("NVML failed .*: every device unhealthy until it answers again")
+    assert run.process.poll() is None
