@@ -36,7 +36,7 @@ CMD ?=
 PURGE ?=
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu demo try uninstall \
-	print-test-python clean
+	print-test-python clean k8s-api
 
 all: build
 
@@ -150,6 +150,10 @@ uninstall:
 	$(if $(filter 1,$(GIVEN_VENV)),-$(PIP) uninstall -y -q nvc-py)
 	rm -rf $(LIBDIR) /run/nvc-py/config-cache.json
 	$(if $(PURGE),rm -rf /var/log/nvc-py.log /etc/nvc-py)
+
+## k8s-api: regenerate nvc/k8s/api_pb2.py and api_pb2_grpc.py from api.proto (grpcio-tools, a test requirement)
+k8s-api:
+	$(ENV_PYTHON) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. nvc/k8s/api.proto
 
 clean:
 	$(MAKE) -C native clean

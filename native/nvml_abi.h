@@ -106,6 +106,23 @@ typedef unsigned int nvmlDeviceArchitecture_t;
 #define NVML_DEVICE_ARCH_BLACKWELL 10u
 #define NVML_DEVICE_ARCH_UNKNOWN 0xffffffffu
 
+/* Events (nvmlEventSetCreate … nvmlEventSetWait_v2). */
+typedef struct nvmlEventSet_st *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;    /* the XID, for nvmlEventTypeXidCriticalError */
+    unsigned int gpuInstanceId;      /* of the MIG device it concerns; 0xFFFFFFFF: the whole GPU */
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+#define nvmlEventTypeSingleBitEccError 0x0000000000000001ull
+#define nvmlEventTypeDoubleBitEccError 0x0000000000000002ull
+#define nvmlEventTypePState 0x0000000000000004ull
+#define nvmlEventTypeXidCriticalError 0x0000000000000008ull
+#define NVML_EVENT_ALL_INSTANCES 0xFFFFFFFFu
+
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device);
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);

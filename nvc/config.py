@@ -10,6 +10,7 @@ than a container that does not start. A missing file means all defaults.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -47,6 +48,31 @@ class Sharing(NamedTuple):
     device_sm_limit: int | None = None  # percent, 1..100
 
 
+# The XIDs NVIDIA's device plugin also leaves out: errors of one application (its own illegal
+# access, a page fault, a killed channel), not of the GPU. Any other critical XID marks it unhealthy.
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts")
+SHARE_COMPUTE = ("proportional", "none")
+
+
+class K8s(NamedTuple):
+    """The Kubernetes device plugin (``nvc-py k8s device-plugin``, nvc/k8s/); README, Kubernetes."""
+
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"  # the kubelet's kubelet.sock is here
+    gpu_resource: str = "nvidia.com/gpu"  # whole GPUs (not shared, MIG disabled)
+    mig_resource_prefix: str = "nvidia.com/mig-"  # + the MIG profile: nvidia.com/mig-2g.10gb
+    share_resource: str = "nvc-py.io/gpu-share"  # units of share_slice bytes of one shared GPU
+    share_gpus: tuple[str, ...] = ()  # GPUs (UUIDs or NVML indices, or "all") offered as shares only
+    share_slice: str = "1Gi"  # the memory of one share unit
+    share_compute: str = "proportional"  # compute cap: the unit's fraction of the GPU's memory, or none
+    share_weight: bool = True  # a scheduling weight of one per unit
+    device_list_strategy: str = "envvar"  # how Allocate names the devices to the hook
+    cdi_devices: bool = False  # also answer CDI device names (nvidia.com/gpu=<UUID>)
+    ignored_xids: tuple[int, ...] = APPLICATION_XIDS  # critical XIDs that leave a device healthy
+    xid_recovery: int = 300  # seconds without a new XID after which a device that NVML still finds is healthy again; 0: never
+    nvml_retry: int = 30  # seconds between tries while NVML cannot be loaded or fails
+
+
 class Config(NamedTuple):
     """The effective configuration: the file's values over these defaults."""
 
@@ -66,11 +92,12 @@ class Config(NamedTuple):
     cuda_compat_mode: str = "ldconfig"
     runtimes: tuple[str, ...] = DEFAULT_RUNTIMES
     sharing: Sharing = Sharing()
+    k8s: K8s = K8s()
     path: str | None = None  # the file it came from, None for defaults
 
     def as_dict(self) -> dict[str, Any]:
         """The file's form (dashed keys), as ``config show`` prints it."""
-        return _to_file({**self._asdict(), "sharing": self.sharing._asdict()})
+        return _to_file({**self._asdict(), "sharing": self.sharing._asdict(), "k8s": self.k8s._asdict()})
 
 
 def _to_file(values: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +197,71 @@ def _percent(value: Any) -> int | None:
     return value
 
 
+_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def _resource(value: Any) -> str:
+    """An extended resource name as the kubelet accepts it: ``domain/name``."""
+    if not isinstance(value, str) or not _RESOURCE.fullmatch(value) or len(value) > 253:
+        raise ValueError("expected an extended resource name, DOMAIN/NAME (e.g. nvidia.com/gpu)")
+    return value
+
+
+def _resource_prefix(value: Any) -> str:
+    if not isinstance(value, str) or not _RESOURCE.fullmatch(value + "x"):
+        raise ValueError("expected the start of an extended resource name, DOMAIN/PREFIX (e.g. nvidia.com/mig-)")
+    return value
+
+
+def _gpu_list(value: Any) -> tuple[str, ...]:
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, (str, int)) and not isinstance(n, bool) for n in names):
+        raise ValueError("expected a list of GPU UUIDs or indices, or all")
+    return tuple(str(n).strip() for n in names if str(n).strip())
+
+
+def _slice(value: Any) -> str:
+    """Its grammar is the sharing variables' (nvc.share.limits.parse_size, a layer above this one):
+    the plugin checks it as it starts."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise ValueError("expected a size: bytes with an optional K, M, G, T, Ki, Mi, Gi or Ti")
+    return str(value).strip()
+
+
+def _xids(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                              for n in value):
+        raise ValueError("expected a list of XID numbers")
+    return tuple(sorted(set(value)))
+
+
+def _seconds(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("expected a whole number of seconds (0 or more)")
+    return value
+
+
+def _positive_seconds(value: Any) -> int:
+    if _seconds(value) == 0:
+        raise ValueError("expected a whole number of seconds (1 or more)")
+    return value
+
+
+_K8S: dict[str, tuple[str, Check]] = {
+    "device-plugin-dir": ("device_plugin_dir", _abs_path),
+    "gpu-resource": ("gpu_resource", _resource),
+    "mig-resource-prefix": ("mig_resource_prefix", _resource_prefix),
+    "share-resource": ("share_resource", _resource),
+    "share-gpus": ("share_gpus", _gpu_list),
+    "share-slice": ("share_slice", _slice),
+    "share-compute": ("share_compute", _choice(*SHARE_COMPUTE)),
+    "share-weight": ("share_weight", _bool),
+    "device-list-strategy": ("device_list_strategy", _choice(*DEVICE_LIST_STRATEGIES)),
+    "cdi-devices": ("cdi_devices", _bool),
+    "ignored-xids": ("ignored_xids", _xids),
+    "xid-recovery": ("xid_recovery", _seconds),
+    "nvml-retry": ("nvml_retry", _positive_seconds),
+}
 _SHARING: dict[str, tuple[str, Check]] = {
     "enabled": ("enabled", _bool),
     "device-memory-limit": ("device_memory_limit", _memory_limit),
@@ -307,13 +399,16 @@ def parse(text: str, path: str) -> Config:
     data = {} if data is None else data
     log: Any = {}
     sharing: Any = {}
+    k8s: Any = {}
     if isinstance(data, dict):
         data = dict(data)
         log = data.pop("log", None) or {}
         sharing = data.pop("sharing", None) or {}
-    values = _section(path, "", data, _TOP, ("log", "sharing"))
+        k8s = data.pop("k8s", None) or {}
+    values = _section(path, "", data, _TOP, ("log", "sharing", "k8s"))
     values.update(_section(path, "log.", log, _LOG))
     values["sharing"] = Sharing(**_section(path, "sharing.", sharing, _SHARING))
+    values["k8s"] = K8s(**_section(path, "k8s.", k8s, _K8S))
     if "ldconfig" not in values:
         values["ldconfig"] = default_ldconfig(values.get("root", "/"))
     config = Config(**values, path=path)

@@ -23,6 +23,7 @@ class MigDevice(NamedTuple):
     ci_caps_path: str | None = None  # …/gi<G>/ci<C>/access
     gi_caps_minor: int | None = None
     ci_caps_minor: int | None = None
+    name: str | None = None  # NVML's name, "<GPU model> MIG <profile>" ("… MIG 2g.10gb")
 
 
 class Gpu(NamedTuple):

@@ -147,6 +147,7 @@ class _Nvml:
                     "compute_instance_id": self.call("nvmlDeviceGetComputeInstanceId", mig),
                     "uuid": self.call("nvmlDeviceGetUUID", mig),
                     "memory_total": self.call("nvmlDeviceGetMemoryInfo", mig).total,
+                    "name": self.call("nvmlDeviceGetName", mig),
                 }
             )
         return found
@@ -193,17 +194,24 @@ def _warm() -> None:
     import pynvml  # noqa: F401
 
 
-def serve_driver(root: str, uid: int, gid: int) -> Dispatch:
-    """Helper setup: confine, then load NVML from the driver root; return the methods."""
+def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatch:
+    """Helper setup: confine, then load NVML from the driver root; return the methods (``events``:
+    also the Kubernetes device plugin's XID events and topology, nvc.rpc.nvml_events)."""
     import pynvml  # here, before the chroot: the module's file lives on the host
 
+    if events:
+        from nvc.rpc import nvml_events
     if root != "/":
         _preload_host_libraries()
     confine(root, uid, gid)
     nvml = _Nvml(pynvml)
     nvml.load()
     nvml.attach()
-    return {"snapshot": nvml.snapshot, "shutdown": nvml.shutdown}
+    if not events:
+        return {"snapshot": nvml.snapshot, "shutdown": nvml.shutdown}
+    watch = nvml_events.XidWatch(nvml)
+    return {"snapshot": nvml.snapshot, "shutdown": nvml.shutdown, "xid_events": watch.wait,
+            "topology": lambda: nvml_events.topology(nvml)}
 
 
 # ---- parent side --------------------------------------------------------------------------
@@ -237,6 +245,14 @@ class DriverClient:
         """Versions, GPUs and MIG devices as NVML reports them (caps paths left to /proc)."""
         return snapshot_from_wire(self.helper.call("snapshot"))
 
+    def xid_events(self, timeout_ms: int) -> dict[str, Any]:
+        """Critical XIDs within ``timeout_ms``: ``{"watched": [UUID…], "events": [{"uuid", "xid"}…]}``."""
+        return self.helper.call("xid_events", timeout_ms=timeout_ms)
+
+    def topology(self) -> dict[str, dict[str, int]]:
+        """NVML's common-ancestor level of each pair of GPUs, by UUID ({} where unknown)."""
+        return self.helper.call("topology")
+
 
 # The driver helper forked ahead (see :func:`prefork`, :func:`prestart`) until open_driver takes
 # it, and the setup it was already started with (None: not yet started).
@@ -267,27 +283,29 @@ def prestart(root: str = "/", user: tuple[int, int] | None = None) -> None:
     _preforked, _preforked_setup = helper, setup
 
 
-def _setup(root: str, user: tuple[int, int] | None) -> dict[str, Any]:
+def _setup(root: str, user: tuple[int, int] | None, events: bool = False) -> dict[str, Any]:
     """serve_driver's parameters; ``user`` None: the kernel's overflow ids as root (as the
     reference), else the caller's own identity, the only one it can keep."""
     if user is None:
         user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     uid, gid = user
-    return {"root": os.path.abspath(root), "uid": uid, "gid": gid}
+    return {"root": os.path.abspath(root), "uid": uid, "gid": gid, **({"events": True} if events else {})}
 
 
 @contextmanager
 def open_driver(
-    root: str = "/", user: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT, wait: bool = True
+    root: str = "/", user: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT, wait: bool = True,
+    events: bool = False,
 ) -> Iterator[DriverClient]:
     """Start the driver helper for ``root``; shut it down (and reap it) on exit.
 
     ``user`` is the helper's uid/gid (see :func:`_setup`). ``wait=False``: do not wait for
     NVML to load here; the first call does (and raises its load error), so the caller can
-    import what it needs meanwhile.
+    import what it needs meanwhile. ``events``: the helper also serves :meth:`DriverClient.xid_events`
+    and :meth:`DriverClient.topology` (the Kubernetes device plugin).
     """
     global _preforked, _preforked_setup
-    setup = _setup(root, user)
+    setup = _setup(root, user, events)
     helper, started = _preforked, _preforked_setup
     _preforked = _preforked_setup = None
     if helper is not None and started is not None and started != setup:

@@ -20,8 +20,10 @@ from harness.hookserver import LIBDIR
 LAUNCHER = LIBDIR / "nvc-py-hook-python"
 # Never on the direct hook's path: the CLI's parser, YAML, ELF parsing, NVML, logging's set-up,
 # site's .pth files, and dataclasses (with inspect, ast and dis it imports; the hook's records are
-# named tuples: making ~50 dataclasses at import cost the direct hook ~30 ms on the CPU host).
-NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "site", "dataclasses", "inspect"})
+# named tuples: making ~50 dataclasses at import cost the direct hook ~30 ms on the CPU host), and the
+# Kubernetes device plugin's gRPC, protobuf and modules.
+NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "site", "dataclasses", "inspect", "grpc",
+                   "google.protobuf", "nvc.k8s", "nvc.rpc.nvml_events"})
 # A container asking for no GPU is answered before any of configure's machinery loads (the ldconfig
 # sandbox's pyseccomp, with ctypes.util and subprocess, included).
 NEVER_WITHOUT_GPU = NEVER | {"nvc.commands.configure", "nvc.plan.mountplan", "nvc.rpc.helper", "ctypes", "socket",

@@ -477,6 +477,11 @@ def share_status(as_json: bool, state_dir: str) -> None:
     click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
 
 
+from nvc.k8s.command import k8s as _k8s  # noqa: E402 - its own module (nvc/k8s/), registered here
+
+cli.add_command(_k8s)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn nvc-py errors into one line and an exit code."""
     try:
