@@ -29,6 +29,8 @@ struct pending {
     unsigned percent;
     double factor;
     int64_t estimate;                /* what the scheduler was charged at launch time */
+    int64_t queued_ns;               /* its expected duration: what it adds to the queue */
+    const void *key;                 /* the kernel (or graph) it ran */
     uint64_t launched_ns;
     int recorded;                    /* both events recorded (an unrecorded event queries as done) */
     int settled;                     /* measured, waiting for older launches of other contexts */
@@ -48,6 +50,28 @@ static struct {
 } free_events[MAX_FREE_EVENTS];
 static int nfree;
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
+
+/* Each kernel's own running duration: a training step mixes millisecond GEMMs with microsecond
+ * element-wise kernels, and one device-wide average would count the queue as full with a few of
+ * them (the GPU then idles between the small ones while the launching thread sleeps). */
+#define KERNEL_SLOTS 4096
+static struct {
+    const void *key;
+    int64_t ns;
+} kernel_ns[KERNEL_SLOTS];
+
+static int64_t *kernel_slot(const void *key)
+{
+    unsigned h = (unsigned)(((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 52);
+    for (unsigned i = 0; i < 8; i++) {
+        unsigned at = (h + i) % KERNEL_SLOTS;
+        if (kernel_ns[at].key == key || !kernel_ns[at].key) {
+            kernel_ns[at].key = key;
+            return &kernel_ns[at].ns;
+        }
+    }
+    return NULL;                     /* a full neighbourhood: the device-wide estimate serves */
+}
 static uint64_t gpu_done_ns[NVC_MAX_DEVICES];  /* when this process's measured work ended on the GPU */
 static struct {
     CUevent ev;
@@ -91,6 +115,9 @@ static void settle_locked(struct pending *p)
         /* running estimate of a full-device launch, weight 1/4 to the newest */
         int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
         estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
+        int64_t *own = p->key ? kernel_slot(p->key) : NULL;
+        if (own)
+            *own = *own ? (*own + full) / 2 : full;
         /* When it ended: launched behind queued work, the previous end plus the time between the
          * two ends (the gap between kernels included: thousands of microsecond kernels add up);
          * launched to an idle queue, its launch plus its duration. */
@@ -107,9 +134,9 @@ static void settle_locked(struct pending *p)
     if (p->sched)
         nvc_sched_measured(p->sched, nvc_now_ns(), cost - p->estimate, (uint64_t)(cost > 0 ? cost : 0));
     queued_of[p->d]--;
-    if (p->estimate == 0 && p->factor > 0)
+    if (p->queued_ns == 0 && p->factor > 0)
         unknown_of[p->d]--;
-    inflight_of[p->d] -= p->estimate;
+    inflight_of[p->d] -= p->queued_ns;
     event_put(p->start, p->ctx);
     if (last_end[p->d].ev)
         event_put(last_end[p->d].ev, last_end[p->d].ctx);
@@ -147,6 +174,7 @@ struct launch {
     int ptsz;
     CUstream stream;
     double factor;
+    const void *key;                 /* the CUfunction or CUgraphExec */
 };
 
 static void sleep_ns(int64_t ns)
@@ -210,6 +238,8 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         nvc_region_account_launch(dev, 0, waited);
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
+    int64_t *own = kernel_slot(l->key);
+    int64_t queued = own && *own ? *own : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
         nvc_sched_launched(d->sched, now, estimate);
@@ -218,10 +248,11 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         *start = event_get(ctx);
         *end = *start ? event_get(ctx) : NULL;
         if (*end) {
-            *AT(tail++) = (struct pending){*start, *end, ctx, dev, d->sched, d->compute, l->factor, estimate, now, 0, 0};
+            *AT(tail++) = (struct pending){*start, *end, ctx, dev, d->sched, d->compute, l->factor, estimate, queued,
+                                           l->key, now, 0, 0};
             queued_of[dev]++;
-            unknown_of[dev] += estimate == 0 && l->factor > 0;
-            inflight_of[dev] += estimate;
+            unknown_of[dev] += queued == 0 && l->factor > 0;
+            inflight_of[dev] += queued;
         } else if (*start) {
             event_put(*start, ctx);
             *start = NULL;
@@ -263,7 +294,7 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
                 p->recorded = 1;
                 if (rc != CUDA_SUCCESS && p->factor > 0) {
                     p->factor = 0;           /* nothing ran: the harvest refunds the estimate */
-                    unknown_of[p->d] -= p->estimate == 0;
+                    unknown_of[p->d] -= p->queued_ns == 0;
                 }
                 break;
             }
@@ -314,7 +345,7 @@ static CUresult call_kernel(const void *a)
         if (__builtin_expect(!limited(), 1))                                                                 \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);                   \
         struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra};     \
-        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz)};                 \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), f};              \
         return throttled(&l, call_kernel, &a);                                                               \
     }
 KERNEL_WRAPPER(cuLaunchKernel, 0)
@@ -344,7 +375,7 @@ static CUresult call_coop(const void *a)
         if (__builtin_expect(!limited(), 1))                                                                 \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params);                          \
         struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params};              \
-        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz)};                 \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), f};              \
         return throttled(&l, call_coop, &a);                                                                 \
     }
 COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
@@ -373,7 +404,7 @@ static CUresult call_ex(const void *a)
         struct ex_args a = {nvc_cuda.name, config, f, params, extra};                                        \
         struct launch l = {ptsz, config->hStream,                                                            \
                            grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY,         \
-                                       config->gridDimZ)};                                                   \
+                                       config->gridDimZ), f};                                                \
         return throttled(&l, call_ex, &a);                                                                   \
     }
 EX_WRAPPER(cuLaunchKernelEx, 0)
@@ -403,7 +434,7 @@ static CUresult call_graph(const void *a)
         CUresult rc;                                                                                         \
         if (nvc_compute_limited) {                                                                           \
             struct graph_args a = {nvc_cuda.name, exec, stream};                                             \
-            struct launch l = {ptsz, stream, 1.0};                                                           \
+            struct launch l = {ptsz, stream, 1.0, exec};                                                     \
             rc = throttled(&l, call_graph, &a);                                                              \
         } else {                                                                                             \
             rc = nvc_cuda.name(exec, stream);                                                                \
