@@ -21,18 +21,21 @@
 #define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
 #define SCHED_WAIT_STEP_NS 100000ll  /* re-ask for the turn every 100 us */
 
-struct pending {
+struct pending {                     /* one launch, or a group of short ones on one stream */
     CUevent start, end;
     CUcontext ctx;
+    CUstream stream;
+    int ptsz;
     int d;
     struct nvc_sched_entry *sched;
     unsigned percent;
-    double factor;
+    int count;                       /* launches in it */
+    double factors;                  /* their grid factors, summed */
     int64_t estimate;                /* what the scheduler was charged at launch time */
     int64_t queued_ns;               /* its expected duration: what it adds to the queue */
-    const void *key;                 /* the kernel (or graph) it ran */
-    uint64_t launched_ns;
-    int recorded;                    /* both events recorded (an unrecorded event queries as done) */
+    const void *key;                 /* the kernel (or graph) of a launch measured alone */
+    uint64_t launched_ns, last_ns;   /* its first and last launch */
+    int recorded;                    /* end event recorded (an unrecorded event queries as done) */
     int settled;                     /* measured, waiting for older launches of other contexts */
 };
 
@@ -44,6 +47,12 @@ static unsigned head, tail;
 #define AT(i) (&ring[(i) % MAX_PENDING])
 static int queued_of[NVC_MAX_DEVICES], unknown_of[NVC_MAX_DEVICES];   /* queued; of unknown cost */
 static int64_t inflight_of[NVC_MAX_DEVICES];                          /* their estimated GPU time */
+/* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
+ * event records per launch cost a launch-bound loop (a training step's) as much as the launches. */
+#define GROUP_NS 100000ll
+#define GROUP_MAX 64
+static unsigned open_at[NVC_MAX_DEVICES];                             /* the group still taking launches */
+static int has_open[NVC_MAX_DEVICES];
 static struct {
     CUevent ev;
     CUcontext ctx;
@@ -109,12 +118,15 @@ static void settle_locked(struct pending *p)
 {
     float ms = 0;
     int64_t cost = p->estimate;
-    if (nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
+    double factor = p->count > 0 ? p->factors / p->count : 0;
+    if (p->count > 0 && nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
         int64_t full = (int64_t)((double)ms * 1e6);
-        cost = (int64_t)((double)full * p->factor);
-        /* running estimate of a full-device launch, weight 1/4 to the newest */
-        int64_t per_full = p->factor > 0 ? (int64_t)((double)cost / p->factor) : full;
-        estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
+        cost = (int64_t)((double)full * factor);
+        if (p->count == 1) {
+            /* running estimate of a full-device launch, weight 1/4 to the newest */
+            int64_t per_full = factor > 0 ? (int64_t)((double)cost / factor) : full;
+            estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
+        }
         int64_t *own = p->key ? kernel_slot(p->key) : NULL;
         if (own)
             *own = *own ? (*own + full) / 2 : full;
@@ -132,10 +144,10 @@ static void settle_locked(struct pending *p)
     }
     nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
     if (p->sched)
-        nvc_sched_measured(p->sched, nvc_now_ns(), cost - p->estimate, (uint64_t)(cost > 0 ? cost : 0));
+        nvc_sched_measured(p->sched, nvc_now_ns(), p->count > 0 ? cost - p->estimate : -p->estimate,
+                           (uint64_t)(p->count > 0 && cost > 0 ? cost : 0));
     queued_of[p->d]--;
-    if (p->queued_ns == 0 && p->factor > 0)
-        unknown_of[p->d]--;
+    unknown_of[p->d] -= p->count > 0 && p->queued_ns == 0;
     inflight_of[p->d] -= p->queued_ns;
     event_put(p->start, p->ctx);
     if (last_end[p->d].ev)
@@ -194,7 +206,46 @@ static int64_t inflight_locked(int dev)
  * or NULLs. Launches are asynchronous: without a bound on the queue a burst would run long before its
  * cost is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
  * unknown) may be queued ahead of measurement. */
-static void before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx, CUevent *start, CUevent *end)
+static void record(CUevent ev, CUstream stream, int ptsz)
+{
+    if (ptsz && nvc_cuda.cuEventRecord_ptsz)
+        nvc_cuda.cuEventRecord_ptsz(ev, stream);
+    else
+        nvc_cuda.cuEventRecord(ev, stream);
+}
+
+/* Adds launches (or takes back a failed one) to a pending entry. Caller holds launch_mu. */
+static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued)
+{
+    int was = p->count > 0 && p->queued_ns == 0;
+    p->count += count;
+    p->factors += factor;
+    p->estimate += estimate;
+    p->queued_ns += queued;
+    unknown_of[p->d] += (p->count > 0 && p->queued_ns == 0) - was;
+    inflight_of[p->d] += queued;
+}
+
+/* Records the end of the device's open group, so that it can complete and be measured. Only the
+ * group's own context can (its stream may be that context's NULL stream). Caller holds launch_mu. */
+static void close_locked(int dev, CUcontext ctx)
+{
+    struct pending *p = AT(open_at[dev]);
+    if (!has_open[dev] || p->ctx != ctx)
+        return;
+    record(p->end, p->stream, p->ptsz);
+    p->recorded = 1;
+    has_open[dev] = 0;
+}
+
+struct slot {                         /* where before_launch put a launch */
+    int pending;                      /* it has a pending entry, at ring index at */
+    unsigned at;
+    int alone;                        /* measured alone: its entry closes right after it */
+    int64_t estimate, queued;
+};
+
+static void before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx, struct slot *slot)
 {
     int dev = d->region_index;
     uint64_t waited = 0, turn_from = 0, turn_end = 0;
@@ -230,6 +281,9 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         } else {
             break;
         }
+        pthread_mutex_lock(&launch_mu);
+        close_locked(dev, ctx);          /* what it waits for must be able to complete */
+        pthread_mutex_unlock(&launch_mu);
         step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
         sleep_ns(step);
         waited += nvc_now_ns() - now;
@@ -243,30 +297,42 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     uint64_t now = nvc_now_ns();
     if (d->sched)
         nvc_sched_launched(d->sched, now, estimate);
-    *start = *end = NULL;
-    if (tail - head < MAX_PENDING) {
-        *start = event_get(ctx);
-        *end = *start ? event_get(ctx) : NULL;
-        if (*end) {
-            *AT(tail++) = (struct pending){*start, *end, ctx, dev, d->sched, d->compute, l->factor, estimate, queued,
-                                           l->key, now, 0, 0};
+    /* a kernel of unknown or long duration is measured alone; short ones join the open group */
+    struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
+    int alone = !own || !*own || *own >= GROUP_NS / 4;
+    if (g && (alone || g->ctx != ctx || g->stream != l->stream || g->ptsz != l->ptsz || g->count >= GROUP_MAX ||
+              g->queued_ns >= GROUP_NS || now - g->last_ns > (uint64_t)GROUP_NS)) {   /* an idle gap is not its work */
+        close_locked(dev, ctx);
+        alone |= has_open[dev];          /* another context's group stays open: this one goes alone */
+        g = NULL;
+    }
+    *slot = (struct slot){0, 0, alone, estimate, queued};
+    unsigned at = open_at[dev];
+    if (!g && tail - head < MAX_PENDING) {
+        CUevent start = event_get(ctx), end = start ? event_get(ctx) : NULL;
+        if (end) {
+            record(start, l->stream, l->ptsz);
+            *AT(tail) = (struct pending){.start = start, .end = end, .ctx = ctx, .stream = l->stream, .ptsz = l->ptsz,
+                                         .d = dev, .sched = d->sched, .percent = d->compute, .launched_ns = now};
             queued_of[dev]++;
-            unknown_of[dev] += queued == 0 && l->factor > 0;
-            inflight_of[dev] += queued;
-        } else if (*start) {
-            event_put(*start, ctx);
-            *start = NULL;
+            if (!alone) {
+                open_at[dev] = tail;
+                has_open[dev] = 1;
+            }
+            at = tail;
+            g = AT(tail++);
+        } else if (start) {
+            event_put(start, ctx);
         }
     }
+    if (g) {
+        add_locked(g, 1, l->factor, estimate, queued);
+        g->key = g->count == 1 ? l->key : NULL;
+        g->last_ns = now;
+        slot->pending = 1;
+        slot->at = at;
+    }
     pthread_mutex_unlock(&launch_mu);
-}
-
-static void record(CUevent ev, const struct launch *l)
-{
-    if (l->ptsz && nvc_cuda.cuEventRecord_ptsz)
-        nvc_cuda.cuEventRecord_ptsz(ev, l->stream);
-    else
-        nvc_cuda.cuEventRecord(ev, l->stream);
 }
 
 typedef CUresult (*launch_fn)(const void *args);
@@ -280,24 +346,22 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
         !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime || !nvc_cuda.cuEventRecord)
         return fn(args);
     nvc_depth++;
-    CUevent start, end;
-    before_launch(d, l, ctx, &start, &end);
-    if (start)
-        record(start, l);
+    struct slot slot;
+    before_launch(d, l, ctx, &slot);
     CUresult rc = fn(args);
-    if (end) {
-        record(end, l);
+    if (slot.pending) {
         pthread_mutex_lock(&launch_mu);
-        for (unsigned i = tail; i != head; i--)
-            if (AT(i - 1)->start == start) {
-                struct pending *p = AT(i - 1);
+        struct pending *p = AT(slot.at);
+        if (slot.at - head < tail - head && !p->settled) {   /* still queued (another thread may have settled it) */
+            if (rc != CUDA_SUCCESS)
+                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued);   /* nothing ran */
+            if (slot.alone && !p->recorded) {
+                record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
-                if (rc != CUDA_SUCCESS && p->factor > 0) {
-                    p->factor = 0;           /* nothing ran: the harvest refunds the estimate */
-                    unknown_of[p->d] -= p->queued_ns == 0;
-                }
-                break;
+            } else if (has_open[p->d] && open_at[p->d] == slot.at && (p->queued_ns >= GROUP_NS || p->count >= GROUP_MAX)) {
+                close_locked(p->d, ctx);
             }
+        }
         pthread_mutex_unlock(&launch_mu);
     }
     nvc_depth--;
@@ -454,6 +518,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
     }
     if (phase == NVC_FORK_CHILD) {
         head = tail = 0;             /* the parent's events mean nothing in the child */
+        memset(has_open, 0, sizeof has_open);
         nfree = 0;
         memset(gpu_done_ns, 0, sizeof gpu_done_ns);
         memset(last_end, 0, sizeof last_end);
