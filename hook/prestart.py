@@ -86,7 +86,7 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     from nvc.commands.configure import configure
 
     # junk limits refuse the container before anything changes; its sharing files are steps of the plan
-    sharing = share.parse_share_env(ctr.env)
+    sharing = share.parse_share_env(request.share_env(ctr.env, ctr.mounts, policy(config)))
     if config.sharing.enabled:
         sharing = share.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
     configure(global_options(config), container_request(config, state, ctr, req, sharing))

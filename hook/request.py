@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 DEFAULT_CAPABILITIES = ("compute", "utility")
 DEVICE_VOLUME_DIR = "/var/run/nvidia-container-devices/"
 IMEX_VOLUME_DIR = DEVICE_VOLUME_DIR + "imex/"
+SHARE_VOLUME_DIR = DEVICE_VOLUME_DIR + "share/"   # <NAME>=<value>: a device plugin's sharing limits
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 
 
@@ -52,6 +53,18 @@ def _volume_ids(mounts: Iterable[Mapping[str, object]], prefix: str) -> tuple[st
             if name and "/" not in name:
                 ids.append(name)
     return tuple(ids)
+
+
+def share_env(env: Mapping[str, str], mounts: Iterable[Mapping[str, object]], policy: Policy) -> Mapping[str, str]:
+    """Where a container's sharing limits are read: a device plugin's /dev/null mounts at
+    ``SHARE_VOLUME_DIR<NAME>=<value>`` when volume mounts are accepted and there are any, else the
+    env. With such mounts the env is not read at all: the kubelet puts a plugin's env first and the
+    pod's own after it, and the runtime keeps the last, so a pod's variable would replace its limit."""
+    if policy.accept_volume_mounts:
+        given = [name.partition("=") for name in _volume_ids(mounts, SHARE_VOLUME_DIR)]
+        if given:
+            return {name: value for name, sep, value in given if sep}
+    return env
 
 
 def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool,

@@ -219,6 +219,46 @@ def test_shares_accounting_and_a_container_with_the_allocated_share(active_2gpu,
     run.wait_log(r"Allocate nvc-py\.io/gpu-share \[.*\]: NVC_SHARE_COMPUTE=20")
 
 
+def _share_mounts(directory: Path) -> list:
+    with kubelet(directory) as node:
+        share = node.plugin("nvc-py.io/gpu-share")
+        (answer,) = share.allocate(sorted(share.devices(), key=lambda unit: int(unit.rpartition("::")[2]))[:2])
+        return [dict(answer.envs), [(m.container_path, m.host_path, m.read_only) for m in answer.mounts]]
+
+
+def test_a_pods_own_env_cannot_replace_its_share_limits(active_2gpu, plugin_dir: Path, run_plugin,
+                                                        rootfs_cache, tmp_path: Path) -> None:
+    """The kubelet puts a device plugin's env before the pod's own and the runtime keeps the last, so
+    limits passed as env are the pod's to replace. With volume mounts the limits travel as /dev/null
+    mounts the hook reads instead of the env: a pod setting NVC_SHARE_MEMORY_LIMIT=1Ti and a 100 %
+    compute share for itself still gets its 16 GiB, 20 % and weight 2."""
+    from harness.containerd import Containerd
+
+    run_plugin(active_2gpu.root, "{share-gpus: [0], share-slice: 8Gi, device-list-strategy: volume-mounts}\n"
+                                 "accept-volume-mounts: true\naccept-envvar-when-unprivileged: false")
+    envs, mounts = in_child(_share_mounts, plugin_dir)
+    assert envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    share_dir = "/var/run/nvidia-container-devices/share/"
+    assert sorted(mounts) == [(f"/var/run/nvidia-container-devices/{H100}", "/dev/null", True),
+                              (f"{share_dir}NVC_SHARE_COMPUTE=20", "/dev/null", True),
+                              (f"{share_dir}NVC_SHARE_MEMORY_LIMIT={16 * GIB}", "/dev/null", True),
+                              (f"{share_dir}NVC_SHARE_WEIGHT=2", "/dev/null", True)]
+    wrapper = _ctr_wrapper(tmp_path, tmp_path / "config.yaml")
+    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
+    try:
+        image = daemon.image()
+        binds = [f"--mount=type=bind,src={host},dst={ctr},options=rbind:ro" for ctr, host, _ in mounts]
+        hostile = dict(envs, NVC_SHARE_MEMORY_LIMIT="1Ti", NVC_SHARE_COMPUTE="100")
+        result = daemon.run(image, "nvc-k8s-share-mounts", SEE, env=hostile, extra_args=binds,
+                            runc_binary=str(wrapper))
+        assert result.returncode == 0, result.stderr
+        assert _uuids(result.stdout) == [H100]
+        assert result.stdout.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20",
+                                                  "compute_weight=2", "16384 MiB"]
+    finally:
+        daemon.stop()
+
+
 def _volume_mounts(directory: Path) -> list:
     with kubelet(directory) as node:
         (answer,) = node.plugin("nvidia.com/mig-3g.20gb").allocate([MIG_3G])

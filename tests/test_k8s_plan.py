@@ -178,6 +178,24 @@ def test_allocate_strategies_and_cdi() -> None:
     assert resources.VOLUME_DIR + "/" == hook_request.DEVICE_VOLUME_DIR
 
 
+def test_share_limits_travel_as_mounts_the_hook_believes_over_the_env() -> None:
+    from nvc.hook import request as hook_request
+
+    share = resources.plan((_gpu(0, 8),), K8S._replace(share_gpus=("all",), share_slice="2Gi"))[1]
+    answer = resources.allocate(share, ["GPU-0::0", "GPU-0::1"], K8S._replace(device_list_strategy="volume-mounts"))
+    assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    mounts = [{"destination": dest, "source": src} for dest, src, _ in answer.mounts]
+    pod_env = {"NVC_SHARE_MEMORY_LIMIT": "1Ti", "NVC_SHARE_WEIGHT": "1000"}  # the pod's own, after the plugin's
+    accepting = hook_request.Policy(accept_volume_mounts=True)
+    request = parse_share_env(hook_request.share_env(pod_env, mounts, accepting))
+    assert request.memory == (("", 4 * GIB),) and request.weight == (("", 2),)
+    # a hook that does not accept volume mounts reads the env, as without a plugin
+    assert parse_share_env(hook_request.share_env(pod_env, mounts, hook_request.Policy())).memory == (("", 1024 * GIB),)
+    # only /dev/null mounts count: a volume the pod mounts there itself is not a plugin's answer
+    own = [{"destination": hook_request.SHARE_VOLUME_DIR + "NVC_SHARE_MEMORY_LIMIT=1Ti", "source": "/tmp/x"}]
+    assert hook_request.share_env(pod_env, own, accepting) is pod_env
+
+
 # ---------------------------------------------------------------- health
 
 def test_health_marks_clears_and_waits_for_nvml() -> None:

@@ -200,7 +200,8 @@ def _closest(chosen: list[Unit], rest: list[Unit], need: int, topology: Mapping[
 def allocate(resource: Resource, ids: Sequence[str], k8s: K8s) -> Answer:
     """What the hook needs for one container given ``ids``: the devices by UUID (env, or /dev/null
     volume mounts with the env set to ``void`` so an image's own value selects nothing), for shares
-    the memory budget (the units' bytes per GPU), compute cap and weight, CDI names when asked."""
+    the memory budget (the units' bytes per GPU), compute cap and weight (env, or with volume mounts
+    mounts too: hook/request.py share_env), CDI names when asked."""
     units = resource.by_id(ids)
     uuids = sorted({u.uuid for u in units}, key=lambda uuid: (_index_of(units, uuid), uuid))
     envs: dict[str, str] = {}
@@ -211,7 +212,11 @@ def allocate(resource: Resource, ids: Sequence[str], k8s: K8s) -> Answer:
     else:
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
     if resource.kind == "share":
-        envs.update(_share_env(units, uuids, k8s))
+        limits = _share_env(units, uuids, k8s)
+        if k8s.device_list_strategy == "volume-mounts":   # a pod's own env cannot replace them
+            mounts += tuple((f"{VOLUME_DIR}/share/{name}={value}", "/dev/null", True) for name, value in limits.items())
+        else:
+            envs.update(limits)
     cdi = tuple(f"nvidia.com/gpu={uuid}" for uuid in uuids) if k8s.cdi_devices else ()
     return Answer(envs, mounts, cdi)
 
