@@ -228,6 +228,23 @@ def test_k8s_section_is_validated_and_shown(tmp_path: Path) -> None:
                    "ignored-xids": [13, 43], "xid-recovery": 0, "nvml-retry": 30}
 
 
+def test_the_deployed_node_config_gives_no_gpu_to_a_pod_that_asked_for_none() -> None:
+    """deploy/config.yaml: the plugin answers by volume mounts and the hook believes only those for
+    unprivileged containers, so a CUDA image's NVIDIA_VISIBLE_DEVICES=all selects nothing."""
+    from nvc.hook import prestart
+    from nvc.hook import request as hook_request
+
+    node = config.parse((DEPLOY / "config.yaml").read_text(), str(DEPLOY / "config.yaml"))
+    assert node.k8s.device_list_strategy == "volume-mounts"
+    policy = prestart.policy(node)
+    assert hook_request.gpu_request({"NVIDIA_VISIBLE_DEVICES": "all"}, [], False, policy, []) is None
+    gpu = resources.plan((_gpu(0),), node.k8s)[0]
+    answer = resources.allocate(gpu, ["GPU-0"], node.k8s)
+    mounts = [{"destination": dest, "source": src} for dest, src, _ in answer.mounts]
+    asked = hook_request.gpu_request({**answer.envs, "NVIDIA_VISIBLE_DEVICES": "all"}, mounts, False, policy, [])
+    assert [s.text for s in asked.selectors] == ["GPU-0"]
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("k8s: {share-slice: [1]}", "k8s.share-slice: expected a size"),
     ("k8s: {gpu-resource: gpu}", "k8s.gpu-resource: expected an extended resource name"),
