@@ -307,6 +307,24 @@ def _reregister(directory: Path) -> None:
         assert node.plugin("nvidia.com/mig-2g.10gb", registrations=2).devices() == {MIG_2G: "Healthy"}
 
 
+def _dropped(directory: Path) -> None:
+    with kubelet(directory) as node:
+        first = node.plugin("nvidia.com/gpu")
+        assert first.devices() == {H100: "Healthy"}
+        first.close()  # the kubelet ends the stream, as it does when an older plugin's stream ends
+        again = node.plugin("nvidia.com/gpu", registrations=2)
+        assert again is not first and again.devices() == {H100: "Healthy"}
+
+
+def test_registers_again_when_the_kubelet_drops_a_stream(active_2gpu, plugin_dir: Path, run_plugin) -> None:
+    """An older instance of the plugin stopping (a restart that overlaps the new one) removes the new
+    one's socket by its path and makes the kubelet drop its stream: seen on a real kubelet as a
+    flap until the socket's absence was noticed. A stream the kubelet ends is reason enough to register."""
+    run = run_plugin(active_2gpu.root)
+    in_child(_dropped, plugin_dir)
+    run.wait_log("kubelet restarted or our sockets removed: registering again")
+
+
 def test_reregisters_when_the_kubelet_restarts(active_2gpu, plugin_dir: Path, run_plugin) -> None:
     run = run_plugin(active_2gpu.root)
     in_child(_reregister, plugin_dir)

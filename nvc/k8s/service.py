@@ -85,20 +85,24 @@ def _numa(unit: resources.Unit) -> Any:
 class DevicePlugin(api.DevicePluginServicer):
     """The DevicePlugin service of one resource."""
 
-    def __init__(self, board: Board, name: str, stopping: threading.Event, log: Any) -> None:
-        self.board, self.name, self.stopping, self.log = board, name, stopping, log
+    def __init__(self, board: Board, name: str, stopping: threading.Event, lost: threading.Event, log: Any) -> None:
+        self.board, self.name, self.stopping, self.lost, self.log = board, name, stopping, lost, log
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:  # noqa: N802 - the API's names
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
         sent = -1
-        while not self.stopping.is_set() and context.is_active():
-            version, devices = self.board.devices(self.name)
-            if version != sent:
-                yield pb.ListAndWatchResponse(devices=devices)
-                sent = version
-            self.board.wait(version, _WAKE_S)
+        try:
+            while not self.stopping.is_set() and context.is_active():
+                version, devices = self.board.devices(self.name)
+                if version != sent:
+                    yield pb.ListAndWatchResponse(devices=devices)
+                    sent = version
+                self.board.wait(version, _WAKE_S)
+        finally:   # ended here, or closed by gRPC at the yield when the kubelet went
+            if not self.stopping.is_set():
+                self.lost.set()   # the kubelet dropped us (say, as an older instance of ours stopped): register again
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
         resource = self.board.resource(self.name)
@@ -140,8 +144,10 @@ class Endpoint:
         self.name = resource.name
         self.path = os.path.join(directory, resource.socket)
         self.stopping = threading.Event()
+        self.lost = threading.Event()  # the kubelet ended a ListAndWatch stream while we serve
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="k8s"))
-        api.add_DevicePluginServicer_to_server(DevicePlugin(board, self.name, self.stopping, log), self.server)
+        api.add_DevicePluginServicer_to_server(DevicePlugin(board, self.name, self.stopping, self.lost, log),
+                                               self.server)
         self.identity: tuple[int, int] | None = None
 
     def start(self) -> None:
@@ -157,13 +163,18 @@ class Endpoint:
         self.identity = identity(self.path)
 
     def gone(self) -> bool:
-        """Whether the socket was removed or replaced (a restarting kubelet empties its directory)."""
+        """Whether the socket was removed or replaced (a restarting kubelet empties its directory), or
+        the kubelet ended our stream: an older instance of the plugin stopping removes our socket by its
+        path and makes the kubelet drop us, whatever the socket is called."""
+        return self.replaced() or self.lost.is_set()
+
+    def replaced(self) -> bool:
         return self.identity is None or identity(self.path) != self.identity
 
     def stop(self) -> None:
         self.stopping.set()
         self.server.stop(grace=1).wait()
-        if not self.gone():
+        if not self.replaced():
             os.unlink(self.path)
 
 
