@@ -143,10 +143,12 @@ def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], p
         raw = _split(env.get("NVIDIA_IMEX_CHANNELS", ""))
         if raw == ("all",):  # a lone "all" from the variable is ignored, as the toolkit does
             return ()
+    from nvc.plan.request import imex_channel
+
     channels = []
     for item in raw:
-        channel = decimal(item, 7)
-        if channel is None or channel >= 1 << 20:
+        channel = imex_channel(item)
+        if channel is None:
             raise InputError(f"NVIDIA_IMEX_CHANNELS: unsupported IMEX channel value {shown(item)}")
         channels.append(channel)
     return tuple(sorted(set(channels)))

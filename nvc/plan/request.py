@@ -97,17 +97,23 @@ def check(req: Request) -> Request:
     return req if req.pid is not None or req.no_cgroups else req._replace(no_cgroups=True)
 
 
-def parse_imex_channels(values: Iterable[str]) -> tuple[int, ...]:
-    """Channel numbers of ``--imex-channel`` values (comma lists of integers below 2^20)."""
+def imex_channel(token: str) -> int | None:
+    """An IMEX channel number (decimal, below 2^20: the driver's channel minors), or None."""
     from nvc.discover.nodes import IMEX_CHANNEL_LIMIT
     from nvc.untrusted import decimal
 
+    channel = decimal(token, 7)
+    return channel if channel is not None and channel < IMEX_CHANNEL_LIMIT else None
+
+
+def parse_imex_channels(values: Iterable[str]) -> tuple[int, ...]:
+    """Channel numbers of ``--imex-channel`` values (comma lists of integers below 2^20)."""
     channels: list[int] = []
     for token in (t.strip() for v in values for t in v.split(",")):
         if not token:
             continue
-        channel = decimal(token, 7)
-        if channel is None or channel >= IMEX_CHANNEL_LIMIT:
+        channel = imex_channel(token)
+        if channel is None:
             raise InputError(f"{token}: unsupported IMEX channel value")
         channels.append(channel)
     return tuple(dict.fromkeys(channels))
