@@ -194,28 +194,43 @@ SEE = ["sh", "-c", "nvidia-smi -L 2>&1; grep -h -e memory_limit -e compute_ /var
        "nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>/dev/null; true"]
 
 
+def _in_containers(tmp_path: Path, rootfs_cache, *runs: tuple[str, dict[str, str], list]) -> list:
+    """SEE's output in a real container (containerd, `ctr`, nvc-py-runtime with tmp_path's config) per
+    (name, env, mounts as an Allocate answers them) of ``runs``."""
+    from harness.containerd import Containerd
+
+    wrapper = _ctr_wrapper(tmp_path, tmp_path / "config.yaml")
+    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
+    try:
+        image = daemon.image()
+        results = []
+        for name, env, mounts in runs:
+            binds = [f"--mount=type=bind,src={host},dst={ctr},options=rbind:ro" for ctr, host, _ in mounts]
+            result = daemon.run(image, name, SEE, env=env, extra_args=binds, runc_binary=str(wrapper))
+            assert result.returncode == 0, result.stderr
+            results.append(result.stdout)
+        return results
+    finally:
+        daemon.stop()
+
+
+def _answered(answer) -> list:
+    """An Allocate answer's env and mounts, as plain values a forked child can return."""
+    return [dict(answer.envs), [(m.container_path, m.host_path, m.read_only) for m in answer.mounts]]
+
+
 def test_shares_accounting_and_a_container_with_the_allocated_share(active_2gpu, plugin_dir: Path, run_plugin,
                                                                      rootfs_cache, tmp_path: Path) -> None:
     """The H100 shared in 8 GiB units: the units of all containers add up to its memory; one container's
     Allocate env, given to a real container (containerd, `ctr`, nvc-py-runtime), shows it exactly that GPU,
     the memory budget (the fake nvidia-smi through the shim reports it), compute cap and weight."""
-    from harness.containerd import Containerd
-
     run = run_plugin(active_2gpu.root, "{share-gpus: [0], share-slice: 8Gi}")
     envs = in_child(_shares, plugin_dir)
     assert envs == {"NVIDIA_VISIBLE_DEVICES": H100, "NVC_SHARE_MEMORY_LIMIT": str(16 * GIB),
                     "NVC_SHARE_COMPUTE": "20", "NVC_SHARE_WEIGHT": "2"}
-    wrapper = _ctr_wrapper(tmp_path, tmp_path / "config.yaml")
-    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
-    try:
-        image = daemon.image()
-        result = daemon.run(image, "nvc-k8s-share", SEE, env=envs, runc_binary=str(wrapper))
-        assert result.returncode == 0, result.stderr
-        assert _uuids(result.stdout) == [H100]
-        assert result.stdout.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20",
-                                                  "compute_weight=2", "16384 MiB"]
-    finally:
-        daemon.stop()
+    (seen,) = _in_containers(tmp_path, rootfs_cache, ("nvc-k8s-share", envs, []))
+    assert _uuids(seen) == [H100]
+    assert seen.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20", "compute_weight=2", "16384 MiB"]
     run.wait_log(r"Allocate nvc-py\.io/gpu-share \[.*\]: NVC_SHARE_COMPUTE=20")
 
 
@@ -223,7 +238,7 @@ def _share_mounts(directory: Path) -> list:
     with kubelet(directory) as node:
         share = node.plugin("nvc-py.io/gpu-share")
         (answer,) = share.allocate(sorted(share.devices(), key=lambda unit: int(unit.rpartition("::")[2]))[:2])
-        return [dict(answer.envs), [(m.container_path, m.host_path, m.read_only) for m in answer.mounts]]
+        return _answered(answer)
 
 
 def test_a_pods_own_env_cannot_replace_its_share_limits(active_2gpu, plugin_dir: Path, run_plugin,
@@ -232,8 +247,6 @@ def test_a_pods_own_env_cannot_replace_its_share_limits(active_2gpu, plugin_dir:
     limits passed as env are the pod's to replace. With volume mounts the limits travel as /dev/null
     mounts the hook reads instead of the env: a pod setting NVC_SHARE_MEMORY_LIMIT=1Ti and a 100 %
     compute share for itself still gets its 16 GiB, 20 % and weight 2."""
-    from harness.containerd import Containerd
-
     run_plugin(active_2gpu.root, "{share-gpus: [0], share-slice: 8Gi, device-list-strategy: volume-mounts}\n"
                                  "accept-volume-mounts: true\naccept-envvar-when-unprivileged: false")
     envs, mounts = in_child(_share_mounts, plugin_dir)
@@ -243,26 +256,16 @@ def test_a_pods_own_env_cannot_replace_its_share_limits(active_2gpu, plugin_dir:
                               (f"{share_dir}NVC_SHARE_COMPUTE=20", "/dev/null", True),
                               (f"{share_dir}NVC_SHARE_MEMORY_LIMIT={16 * GIB}", "/dev/null", True),
                               (f"{share_dir}NVC_SHARE_WEIGHT=2", "/dev/null", True)]
-    wrapper = _ctr_wrapper(tmp_path, tmp_path / "config.yaml")
-    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
-    try:
-        image = daemon.image()
-        binds = [f"--mount=type=bind,src={host},dst={ctr},options=rbind:ro" for ctr, host, _ in mounts]
-        hostile = dict(envs, NVC_SHARE_MEMORY_LIMIT="1Ti", NVC_SHARE_COMPUTE="100")
-        result = daemon.run(image, "nvc-k8s-share-mounts", SEE, env=hostile, extra_args=binds,
-                            runc_binary=str(wrapper))
-        assert result.returncode == 0, result.stderr
-        assert _uuids(result.stdout) == [H100]
-        assert result.stdout.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20",
-                                                  "compute_weight=2", "16384 MiB"]
-    finally:
-        daemon.stop()
+    hostile = dict(envs, NVC_SHARE_MEMORY_LIMIT="1Ti", NVC_SHARE_COMPUTE="100")
+    (seen,) = _in_containers(tmp_path, rootfs_cache, ("nvc-k8s-share-mounts", hostile, mounts))
+    assert _uuids(seen) == [H100]
+    assert seen.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20", "compute_weight=2", "16384 MiB"]
 
 
 def _volume_mounts(directory: Path) -> list:
     with kubelet(directory) as node:
         (answer,) = node.plugin("nvidia.com/mig-3g.20gb").allocate([MIG_3G])
-        return [dict(answer.envs), [(m.container_path, m.host_path, m.read_only) for m in answer.mounts]]
+        return _answered(answer)
 
 
 def test_volume_mounts_strategy_and_a_pod_asking_for_no_gpu(active_2gpu, plugin_dir: Path, run_plugin,
@@ -271,25 +274,15 @@ def test_volume_mounts_strategy_and_a_pod_asking_for_no_gpu(active_2gpu, plugin_
     NVIDIA_VISIBLE_DEVICES=void; a hook that accepts volume mounts and ignores the variable in
     unprivileged containers gives the allocated MIG device, and nothing to a pod that asked for no GPU
     although its image says NVIDIA_VISIBLE_DEVICES=all."""
-    from harness.containerd import Containerd
-
     run_plugin(active_2gpu.root, "{device-list-strategy: volume-mounts}\n"
                                  "accept-volume-mounts: true\naccept-envvar-when-unprivileged: false")
     envs, mounts = in_child(_volume_mounts, plugin_dir)
     assert envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert mounts == [(f"/var/run/nvidia-container-devices/{MIG_3G}", "/dev/null", True)]
-    wrapper = _ctr_wrapper(tmp_path, tmp_path / "config.yaml")
-    daemon = Containerd(tmp_path / "containerd", rootfs_cache)
-    try:
-        image = daemon.image()
-        binds = [f"--mount=type=bind,src={host},dst={ctr},options=rbind:ro" for ctr, host, _ in mounts]
-        result = daemon.run(image, "nvc-k8s-mig", SEE, env=envs, extra_args=binds, runc_binary=str(wrapper))
-        assert result.returncode == 0, result.stderr
-        assert _uuids(result.stdout) == [A100, MIG_3G]
-        none = daemon.run(image, "nvc-k8s-none", SEE, env={"NVIDIA_VISIBLE_DEVICES": "all"}, runc_binary=str(wrapper))
-        assert none.returncode == 0 and "nvidia-smi: not found" in none.stdout, none.stdout
-    finally:
-        daemon.stop()
+    mig, none = _in_containers(tmp_path, rootfs_cache, ("nvc-k8s-mig", envs, mounts),
+                               ("nvc-k8s-none", {"NVIDIA_VISIBLE_DEVICES": "all"}, []))
+    assert _uuids(mig) == [A100, MIG_3G]
+    assert "nvidia-smi: not found" in none, none
 
 
 # ---------------------------------------------------------------- kubelet restarts, health, no NVML

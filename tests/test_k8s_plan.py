@@ -288,27 +288,86 @@ def _flags(argv: list[str]) -> list[str]:
     return [arg.partition("=")[0] for arg in argv if arg.startswith("--")]
 
 
-def test_daemonset_manifest_validates_with_kubectl() -> None:
-    """kubectl decodes the DaemonSet into its typed object (no API server: `set env --local`): a field
-    it does not know, or of the wrong type, is missing from its output or fails; the plugin's command
+# The part of the Kubernetes API the DaemonSet uses (apps/v1 DaemonSet, core/v1 PodSpec), as its
+# reference documents it: a dict lists the fields allowed, a list holds items of one shape, a tuple
+# the values allowed, a type the type.
+_LABELS = {str: str}
+_META = {"name": str, "namespace": str, "labels": _LABELS}
+_CONTAINER = {
+    "name": str, "image": str, "command": [str], "args": [str], "securityContext": {"privileged": bool},
+    "resources": {"requests": {"cpu": str, "memory": str}, "limits": {"cpu": str, "memory": str}},
+    "volumeMounts": [{"name": str, "mountPath": str, "readOnly": bool,
+                      "mountPropagation": ("None", "HostToContainer", "Bidirectional")}],
+}
+_POD = {
+    "priorityClassName": str, "containers": [_CONTAINER],
+    "tolerations": [{"key": str, "operator": ("Exists", "Equal"), "value": str,
+                     "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute")}],
+    "volumes": [{"name": str, "hostPath": {"path": str, "type": ("", "Directory", "DirectoryOrCreate", "File",
+                                                                 "FileOrCreate", "Socket")}}],
+}
+_DAEMONSET = {
+    "apiVersion": ("apps/v1",), "kind": ("DaemonSet",), "metadata": _META,
+    "spec": {"selector": {"matchLabels": _LABELS}, "updateStrategy": {"type": ("RollingUpdate", "OnDelete")},
+             "template": {"metadata": _META, "spec": _POD}},
+}
+
+
+def _schema_problems(value: object, schema: object, path: str = "") -> list[str]:
+    if isinstance(schema, dict) and set(schema) == {str}:
+        ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        return [] if ok else [f"{path}: want a map of strings"]
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return [f"{path}: want an object"]
+        problems: list[str] = []
+        for key, item in value.items():
+            problems += (_schema_problems(item, schema[key], f"{path}.{key}") if key in schema
+                         else [f"{path}.{key}: unknown field"])
+        return problems
+    if isinstance(schema, list):
+        if not isinstance(value, list):
+            return [f"{path}: want a list"]
+        return [p for i, item in enumerate(value) for p in _schema_problems(item, schema[0], f"{path}[{i}]")]
+    if isinstance(schema, tuple):
+        return [] if value in schema else [f"{path}: {value!r} not one of {schema}"]
+    return [] if isinstance(value, schema) else [f"{path}: want {schema.__name__}"]  # type: ignore[union-attr]
+
+
+def test_daemonset_manifest_validates() -> None:
+    """Against the API's fields and types for what it uses (always), and with kubectl where one is
+    installed: kubectl decodes it into its typed object (no API server: `set env --local`), and a field
+    it does not know, or of the wrong type, is missing from its output or fails. The plugin's command
     line uses only flags the plugin documents."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("no kubectl on this machine")
     manifest = DEPLOY / "kubernetes/nvc-py-device-plugin.yaml"
-    typed = subprocess.run([kubectl, "set", "env", "--local", "-f", str(manifest), "NVC_PY_CHECKED=1", "-o", "json"],
-                           check=True, capture_output=True, text=True).stdout
-    decoded = json.loads(typed)
     original = yaml.safe_load(manifest.read_text())
-    assert _missing(original, decoded) == []
-    assert (decoded["apiVersion"], decoded["kind"]) == ("apps/v1", "DaemonSet")
-    (container,) = decoded["spec"]["template"]["spec"]["containers"]
+    assert _schema_problems(original, _DAEMONSET) == []
+    template = original["spec"]["template"]
+    assert original["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    assert {m["name"] for m in container["volumeMounts"]} <= {v["name"] for v in template["spec"]["volumes"]}
+    kubectl = shutil.which("kubectl")
+    if kubectl is not None:
+        typed = subprocess.run([kubectl, "set", "env", "--local", "-f", str(manifest), "NVC_PY_CHECKED=1", "-o",
+                                "json"], check=True, capture_output=True, text=True).stdout
+        assert _missing(original, json.loads(typed)) == []
     command = container["command"] + container.get("args", [])
     assert command[:5] == ["chroot", "/host", "/usr/local/bin/nvc-py", "k8s", "device-plugin"]
     assert set(_flags(command)) <= set(_help().split())
     assert container["securityContext"]["privileged"] is True
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert "/host" in mounts
+    assert "/host" in {m["mountPath"] for m in container["volumeMounts"]}
+
+
+def test_the_schema_check_finds_what_kubectl_would_refuse() -> None:
+    manifest = yaml.safe_load((DEPLOY / "kubernetes/nvc-py-device-plugin.yaml").read_text())
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["volumeMount"] = container.pop("volumeMounts")                 # a misspelt field
+    container["securityContext"]["privileged"] = "yes"                      # a wrong type
+    manifest["spec"]["updateStrategy"]["type"] = "Rolling"                  # a value it does not take
+    assert sorted(_schema_problems(manifest, _DAEMONSET)) == [
+        ".spec.template.spec.containers[0].securityContext.privileged: want bool",
+        ".spec.template.spec.containers[0].volumeMount: unknown field",
+        ".spec.updateStrategy.type: 'Rolling' not one of ('RollingUpdate', 'OnDelete')"]
 
 
 def _missing(original: object, decoded: object, path: str = "") -> list[str]:
