@@ -274,3 +274,62 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
     print(f"weights 1:3: {shares[0]:.1f}% and {shares[1]:.1f}%; then alone {shares[2]:.1f}%")
     assert abs(shares[0] - 25) <= 5 and abs(shares[1] - 75) <= 5
     assert shares[2] >= 90
+
+
+def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, program, native_rate, tmp_path):
+    """Two containers started through nvc-py-hook on the same GPU, weights 1 and 3 in their env (and
+    each its own 4 GiB budget), busy with the FMA kernel at the same time: 25 % and 75 % of one alone
+    (±5 points). Neither can write the scheduler's files of the two nor its own limits file."""
+    import json
+    import threading
+
+    from nvc.share import limits as share_limits
+
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    # Both containers up (each one's scheduler file made by its hook) before either starts timing;
+    # the first, untimed, second of work absorbs the skew of the two processes' CUDA start.
+    script = ("touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.01; done; "
+              "for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
+              "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
+              f"share_gpu compute 1 {sharegpu.COMPUTE_ITERS} compute 4 {sharegpu.COMPUTE_ITERS}")
+    bundles = {}
+    for weight in (1, 3):
+        rootfs = make_rootfs(name=f"rootfs-weight{weight}")
+        (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(program, rootfs / "usr/local/bin/share_gpu")
+        (rootfs / "barrier").mkdir(exist_ok=True)
+        (tmp_path / f"log{weight}").mkdir()
+        env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_WEIGHT": str(weight), "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
+        bundle = make_bundle(tmp_path / f"bundle{weight}", rootfs, ["sh", "-c", script], env=env,
+                             hooks=hook_with_log(tmp_path / f"log{weight}"))
+        config = json.loads((bundle / "config.json").read_text())
+        config["hostname"] = f"weight{weight}"
+        config["mounts"].append({"destination": "/barrier", "type": "bind", "source": str(barrier),
+                                 "options": ["rbind", "rw"]})
+        (bundle / "config.json").write_text(json.dumps(config))
+        bundles[weight] = bundle
+    sched = Path(share_limits.sched_dir_for(share_limits.STATE_DIR))
+    was_mounted = os.path.ismount(sched)
+    results: dict[int, subprocess.CompletedProcess[str]] = {}
+    threads = [threading.Thread(target=lambda w=weight: results.__setitem__(w, runtime.create_start(bundles[w],
+                                                                                                   timeout=120)))
+               for weight in bundles]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=180)
+    finally:
+        if not was_mounted and os.path.ismount(sched):
+            subprocess.run(["umount", "-l", str(sched)], check=True)
+    shares = {}
+    for weight, result in sorted(results.items()):
+        print(f"--- {Path(runtime.binary).name}, weight {weight}:\n{result.stdout}{result.stderr}")
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[:3] == ["Read-only file system"] * 3, lines   # both scheduler files, the limits file
+        shares[weight] = 100 * float(lines[4].split()[1]) / native_rate
+    print(f"{Path(runtime.binary).name} containers, weights 1:3: {shares[1]:.1f}% and {shares[3]:.1f}% of native")
+    assert set(shares) == {1, 3}
+    assert abs(shares[1] - 25) <= 5 and abs(shares[3] - 75) <= 5
