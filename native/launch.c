@@ -88,6 +88,11 @@ static struct {
 } last_end[NVC_MAX_DEVICES];                    /* the end event of the last launch settled */
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Where this process's launches waited, logged at exit (NVC_SHARE_LOG=2): a workload slower under a
+ * cap than its share says whether the slice, the queue bound or another container's turn held it. */
+enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_TURN, WAIT_REASONS };
+static uint64_t waited_for[WAIT_REASONS], entries_made, launches_seen;
+
 static CUevent event_get(CUcontext ctx)
 {
     for (int i = nfree - 1; i >= 0; i--)
@@ -258,6 +263,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
         int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !queued) : 0;
+        enum wait_reason reason = WAIT_QUEUE;
         /* inside a cap's slice the queue may hold what fits in the rest of it: PyTorch runs ahead of
          * the GPU, and a queue kept short leaves gaps between its small kernels */
         int64_t room = MAX_INFLIGHT_NS;
@@ -267,10 +273,12 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
             step = unit / 4;             /* let the queue drain */
         } else if (wait > 0) {
             step = wait;
+            reason = WAIT_SLICE;
             if (d->sched)
                 nvc_sched_ready(d->sched, now, 1);
         } else if (d->sched && !nvc_sched_ready(d->sched, now, 0)) {
             step = SCHED_WAIT_STEP_NS;   /* another container holds the turn: the cap's slice waits too */
+            reason = WAIT_TURN;
             if (d->compute < 100) {
                 if (!turn_from) {
                     turn_from = now;
@@ -286,7 +294,9 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         pthread_mutex_unlock(&launch_mu);
         step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
         sleep_ns(step);
-        waited += nvc_now_ns() - now;
+        uint64_t slept = nvc_now_ns() - now;
+        waited += slept;
+        __atomic_add_fetch(&waited_for[reason], slept, __ATOMIC_RELAXED);
     }
     if (waited)
         nvc_region_account_launch(dev, 0, waited);
@@ -321,10 +331,12 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
             }
             at = tail;
             g = AT(tail++);
+            entries_made++;
         } else if (start) {
             event_put(start, ctx);
         }
     }
+    launches_seen++;
     if (g) {
         add_locked(g, 1, l->factor, estimate, queued);
         g->key = g->count == 1 ? l->key : NULL;
@@ -510,6 +522,16 @@ static CUresult call_graph(const void *a)
 GRAPH_WRAPPER(cuGraphLaunch, 0)
 GRAPH_WRAPPER(cuGraphLaunch_ptsz, 1)
 
+__attribute__((destructor)) static void log_waits(void)
+{
+    if (launches_seen)
+        nvc_log(2, "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for "
+                   "queue room, %.1f ms for the turn; %llu slices started, %.1f ms charged past their ends",
+                (unsigned long long)launches_seen, (unsigned long long)entries_made, waited_for[WAIT_SLICE] / 1e6,
+                waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_TURN] / 1e6,
+                (unsigned long long)nvc_region_slices_started, nvc_region_overrun_charged_ns / 1e6);
+}
+
 void nvc_launch_fork(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE) {
@@ -525,6 +547,8 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         memset(queued_of, 0, sizeof queued_of);
         memset(unknown_of, 0, sizeof unknown_of);
         memset(inflight_of, 0, sizeof inflight_of);
+        memset(waited_for, 0, sizeof waited_for);
+        entries_made = launches_seen = 0;
     }
     pthread_mutex_unlock(&launch_mu);
 }

@@ -363,6 +363,8 @@ static int64_t refill(struct nvc_region_device *dev, unsigned percent, uint64_t 
     return __atomic_load_n(&dev->credit_ns, __ATOMIC_ACQUIRE);
 }
 
+uint64_t nvc_region_slices_started, nvc_region_overrun_charged_ns;   /* by this process */
+
 /* Work that ran past the slice's end (the queue a slice's last launches left) is charged once,
  * whichever of the container's processes notices it. */
 static void charge_overrun(struct nvc_region_device *dev, uint64_t end, uint64_t now)
@@ -372,8 +374,10 @@ static void charge_overrun(struct nvc_region_device *dev, uint64_t end, uint64_t
     done = done < now ? done : now;
     uint64_t from = charged > end ? charged : end;
     if (done > from && __atomic_compare_exchange_n(&dev->charged_until_ns, &charged, done, 0, __ATOMIC_ACQ_REL,
-                                                   __ATOMIC_RELAXED))
+                                                   __ATOMIC_RELAXED)) {
         __atomic_sub_fetch(&dev->credit_ns, (int64_t)(done - from), __ATOMIC_ACQ_REL);
+        __atomic_add_fetch(&nvc_region_overrun_charged_ns, done - from, __ATOMIC_RELAXED);
+    }
 }
 
 /* The cap is a share of wall time, not of measured kernel time: the container's processes launch
@@ -396,8 +400,10 @@ int64_t nvc_region_slice(int d, unsigned percent, uint64_t now, int drained)
     if (credit < 0)
         return -credit * 100 / (int64_t)percent;
     if (__atomic_compare_exchange_n(&dev->slice_end_ns, &end, now + slice_length(percent), 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED))
+                                    __ATOMIC_RELAXED)) {
         __atomic_sub_fetch(&dev->credit_ns, (int64_t)slice_length(percent), __ATOMIC_ACQ_REL);
+        __atomic_add_fetch(&nvc_region_slices_started, 1, __ATOMIC_RELAXED);
+    }
     return 0;                          /* its slice, or one another process started just now */
 }
 
@@ -447,6 +453,7 @@ void nvc_region_fork(enum nvc_fork_phase phase)
     if (phase == NVC_FORK_PARENT)
         return;
     my_slot = -1;
+    nvc_region_slices_started = nvc_region_overrun_charged_ns = 0;
     my_pid = getpid();
     my_start = proc_start_time(my_pid);
     if (region_fd >= 0) {

@@ -69,6 +69,7 @@ void nvc_region_fork(enum nvc_fork_phase phase);
  * now (inside its slice of wall time, or one starts), else how long to wait (ns). drained: this
  * process has no launch of d still running, so when its work ended is known (nvc_region_done). */
 int64_t nvc_region_slice(int d, unsigned percent, uint64_t now, int drained);
+extern uint64_t nvc_region_slices_started, nvc_region_overrun_charged_ns;   /* by this process, for its log */
 uint64_t nvc_region_slice_end(int d);
 void nvc_region_done(int d, uint64_t done);           /* measured work ran on the GPU until done */
 void nvc_region_slice_extend(int d, uint64_t until);  /* the slice does not run while another holds the turn */

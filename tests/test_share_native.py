@@ -542,6 +542,28 @@ def test_a_cap_is_a_share_of_the_workloads_own_throughput(share, grid, host_us):
     assert 0.2 <= steps_per_second(share, 25, grid, host_us) / native <= 0.3
 
 
+def test_a_capped_process_logs_where_its_launches_waited(share):
+    """NVC_SHARE_LOG=2: at exit the shim says how long the process's launches waited for the cap's
+    slice, for room in the queue and for another container's turn, and how many slices it started;
+    a loop of 1 ms kernels capped at 50 % for about 0.4 s waits for the slice about half of it."""
+    start = time.monotonic()
+    out, err = share.run("cuda_probe", "init", "ctx", 0, "steps", 200, 264, 128, 0,
+                         limits={"NVC_SHARE_COMPUTE": "50", "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_LOG": "2"})
+    wall_ms = (time.monotonic() - start) * 1000
+    assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
+    logged = re.search(r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
+                       r"([\d.]+) ms for queue room, ([\d.]+) ms for the turn; (\d+) slices started", err)
+    assert logged, err
+    launches, pairs, slice_ms, _, turn_ms, slices = (float(v) for v in logged.groups())
+    assert launches == 200 and 1 <= pairs <= 200
+    assert 0.3 * wall_ms <= slice_ms <= 0.7 * wall_ms, (slice_ms, wall_ms)
+    assert turn_ms == 0 and slices >= 5
+    # without a cap nothing is throttled, and nothing is logged
+    _, err = share.run("cuda_probe", "init", "ctx", 0, "steps", 20, 264, 128, 0,
+                       limits={"FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_LOG": "2"})
+    assert "throttled launches" not in err
+
+
 # ---------------------------------------------------------------- weighted scheduler (fake clock)
 
 def simulate(programs, *tenants: str, ms: int = 2000) -> list[tuple[float, float]]:

@@ -80,10 +80,18 @@ def torch_run(workload: str, env: dict[str, str], seconds: float, start_at: floa
                             stdout=subprocess.PIPE, text=True)
 
 
-def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
-    """(iterations per second, iterations in each second) of a finished torch_load run."""
+def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
+    """(iterations per second, iterations in each second, process CPU µs per iteration) of a finished
+    torch_load run."""
     out = proc.communicate(timeout=300)[0]
     if proc.returncode != 0:
         raise AssertionError(f"torch_load exited {proc.returncode}")
     lines = [line.split() for line in out.splitlines()]
-    return float(next(line[1] for line in lines if line[0] == "rate")), [int(l[2]) for l in lines if l[0] == "sec"]
+    value = {line[0]: float(line[1]) for line in lines if line[0] in ("rate", "cpu_us")}
+    return value["rate"], [int(l[2]) for l in lines if l[0] == "sec"], value["cpu_us"]
+
+
+def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
+    """(iterations per second, iterations in each second) of a finished torch_load run."""
+    rate, per_second, _ = torch_output(proc)
+    return rate, per_second

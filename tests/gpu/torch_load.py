@@ -6,8 +6,9 @@ WORKLOAD: matmul (bf16 8192x8192 @ 8192x8192, ~1.6 ms kernels on an H100), conv 
 convolution, 64x256x56x56, cuDNN), train (an MLP's forward, backward and AdamW step under bf16
 autocast: dozens of kernels from microseconds to about a millisecond). After a warm-up it waits
 until START_AT (a time.time() value; concurrent runs start together), then prints "sec I N" for each
-second (N iterations completed in second I, the GPU synchronised at each boundary) and
-"rate R" (iterations per second over the whole run).
+second (N iterations completed in second I, the GPU synchronised at each boundary),
+"rate R" (iterations per second over the whole run) and "cpu_us C" (the process's CPU time per
+iteration: near 1e6 / R, the loop is bound by its host side, not by the GPU).
 """
 
 import sys
@@ -53,7 +54,7 @@ def main() -> None:
     torch.cuda.synchronize()
     if start_at > time.time():
         time.sleep(start_at - time.time())
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     total, second = 0, 1
     while second <= seconds:
         n = 0
@@ -65,6 +66,7 @@ def main() -> None:
         total += n
         second += 1
     print(f"rate {total / (time.monotonic() - start):.2f}", flush=True)
+    print(f"cpu_us {(time.process_time() - cpu) * 1e6 / max(total, 1):.1f}", flush=True)
 
 
 if __name__ == "__main__":
