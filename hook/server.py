@@ -76,6 +76,7 @@ from nvc.untrusted import directory_problem
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
+ADOPTED_IDLE_EXIT = 0.5  # seconds without a call after which an on-demand server a runtime adopted stops
 IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an NVML helper
 # Workers forked ahead and waiting in accept(): a storm of calls is taken by as many at once while
 # the server forks their replacements, instead of each call waiting for the fork of the one before.
@@ -417,6 +418,15 @@ def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, 
     _worker(conn, programs, ours, accepted_ns, stats)
 
 
+def _adopted() -> bool:
+    """Whether a process other than init is this server's parent. The front detaches an on-demand
+    server by a double fork, but the orphan goes to the nearest child subreaper among its starter's
+    ancestors, and a runtime that is one may wait for every child it adopted before it returns: crun
+    1.8's ``run`` did, a container start blocked until the server's own idle exit (10 minutes), seen
+    on the GPU machine. Such a server serves the calls at hand (a start storm) and then makes way."""
+    return os.getppid() != 1
+
+
 def _prestart_driver() -> None:
     """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken
     over by a call that asks for the same (see driver_service.open_driver); killed with the
@@ -522,7 +532,8 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
                     os.close(taken_w)
                     spares.add(taken_r)
                 # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM.
-                ready = select.select([*spares, stop_r], [], [], DRAIN_QUIET if draining else idle)[0]
+                wait = DRAIN_QUIET if draining else ADOPTED_IDLE_EXIT if idle and _adopted() else idle
+                ready = select.select([*spares, stop_r], [], [], wait)[0]
                 if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
                     return 0
                 died = False
@@ -535,7 +546,8 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
                 if ready:  # a call, a dead spare or another signal's byte
                     continue
                 if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
-                    print(f"nvc-py-hook serve: no call for {idle:g} s: stopping", file=sys.stderr, flush=True)
+                    adopter = f" (pid {os.getppid()} adopted this server and may wait for it)" if wait != idle else ""
+                    print(f"nvc-py-hook serve: no call for {wait:g} s: stopping{adopter}", file=sys.stderr, flush=True)
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(name, dir_fd=directory_fd)
                     owned, draining = False, True

@@ -167,6 +167,38 @@ def test_an_idle_on_demand_server_stops(active_2gpu, tmp_path: Path, monkeypatch
         assert not sock.exists()
 
 
+# A runtime that is a child subreaper and, like crun's `run`, returns only once every child it adopted
+# has exited: runs its arguments, then reaps until none is left; prints the seconds that took.
+SUBREAPER_RUNTIME = """
+import ctypes, os, subprocess, sys, time
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+start = time.monotonic()
+code = subprocess.run(sys.argv[1:]).returncode
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+print(f"{time.monotonic() - start:.1f}", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_a_runtime_that_adopts_the_on_demand_server_is_not_held(no_gpu_state) -> None:
+    """The server a hook call starts goes to a subreaper runtime among the call's ancestors (crun):
+    it serves that call, then stops once idle for a moment, so that such a runtime, which waits for
+    what it adopted, returns in about a second instead of the server's 10 minutes of idle time."""
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    result = prestart(env, bundle, "adopted", sys.executable, "-c", SUBREAPER_RUNTIME)
+    assert result.returncode == 0, result.stderr
+    assert float(result.stderr.split()[-1]) < 10
+    assert log_lines(env)[-1].get("via") == "server"
+    assert not servers(sock) and not sock.exists()
+    log = sock.with_name("server.log").read_text()
+    assert "no call for 0.5 s: stopping (pid " in log and "adopted this server" in log, log
+
+
 def systemd_socket(path: Path, kind: int = socket.SOCK_SEQPACKET) -> socket.socket:
     """A listening socket as systemd's socket unit makes it."""
     path.parent.mkdir(mode=0o700)
