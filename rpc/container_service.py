@@ -12,8 +12,6 @@ that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits o
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import MountError
@@ -73,10 +71,24 @@ def serve_container() -> Dispatch:
 
 
 class ContainerClient:
-    """The caller's side: one plan, mounted, then committed or rolled back."""
+    """The caller's side: one plan, mounted, then committed or rolled back; closing it (``with``)
+    shuts the helper down and reaps it."""
 
     def __init__(self, helper: HelperClient) -> None:
         self.helper = helper
+        self.closed = False
+
+    def __enter__(self) -> ContainerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shut the helper down and reap it; once."""
+        if not self.closed:
+            self.closed = True
+            self.helper.close()
 
     def mount(self, plan: Any) -> int:  # Plan; Any keeps nvc.plan.mountplan out of this import
         """Apply the plan's operations; on failure the helper has already undone them."""
@@ -90,12 +102,11 @@ class ContainerClient:
         self.helper.call("commit")
 
 
-@contextmanager
-def open_container(timeout: float) -> Iterator[ContainerClient]:
-    """Start the container helper; shut it down (and reap it) on exit."""
-    helper = HelperClient.spawn("container", serve_container, timeout=timeout, failure=MountError)
-    with helper:
-        yield ContainerClient(helper)
+def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> ContainerClient:
+    """Fork the container helper. ``wait=False`` returns at once, and its first call waits for it
+    (and raises its set-up's failure): the caller plans while the helper forks and confines itself."""
+    return ContainerClient(HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait,
+                                              failure=MountError))
 
 
 def _timed(stage: str, start: float) -> float:
@@ -105,31 +116,36 @@ def _timed(stage: str, start: float) -> float:
     return now
 
 
-def apply(plan: Plan) -> None:
+def apply(plan: Plan, container: ContainerClient | None = None) -> None:
     """Apply ``plan``: the driver nodes ``--load-kmods`` found missing (on the host, like udev: they
-    stay), the sharing files (on the host, in this process's mount namespace), mounts (this helper),
-    then ldconfig and device cgroup; undo the mounts and the sharing files on failure."""
+    stay), the sharing files (on the host, in this process's mount namespace), mounts (the container
+    helper: ``container``, forked ahead by :func:`open_container` and closed here, else one forked
+    now), then ldconfig and device cgroup; undo the mounts and the sharing files on failure."""
     start = time.perf_counter()
-    if plan.host_nodes:
-        from nvc.discover import kmods
-
-        kmods.make(plan.host_root, plan.host_nodes)
-    if plan.share is None:
-        _apply_in_container(plan, start)
-        return
-    from nvc.share import limits as share
-
-    share.make(plan.share)  # undoes itself on failure (and leaves a stale container's files alone)
     try:
-        _apply_in_container(plan, start)
-    except BaseException:
-        share.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
-        raise
+        if plan.host_nodes:
+            from nvc.discover import kmods
+
+            kmods.make(plan.host_root, plan.host_nodes)
+        if plan.share is None:
+            _apply_in_container(plan, start, container)
+            return
+        from nvc.share import limits as share
+
+        share.make(plan.share)  # undoes itself on failure (and leaves a stale container's files alone)
+        try:
+            _apply_in_container(plan, start, container)
+        except BaseException:
+            share.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
+            raise
+    finally:
+        if container is not None:
+            container.close()  # a failure before the mounts leaves no helper behind either
 
 
-def _apply_in_container(plan: Plan, start: float) -> None:
-    """The plan's steps in the container: mounts (this helper), then ldconfig and device cgroup;
-    the mounts undone on failure."""
+def _apply_in_container(plan: Plan, start: float, container: ContainerClient | None) -> None:
+    """The plan's steps in the container: mounts (the container helper), then ldconfig and device
+    cgroup; the mounts undone on failure."""
     from nvc.apply import ldconfig
 
     # Forked first: the ldconfig child loads its modules while this process imports the
@@ -142,7 +158,7 @@ def _apply_in_container(plan: Plan, start: float) -> None:
         from nvc.apply import cgroups
 
         start = _timed("setup", start)
-        with open_container(HELPER_TIMEOUT) as helper:
+        with container if container is not None else open_container() as helper:
             helper.mount(plan)
             start = _timed("mounts", start)
             try:

@@ -232,9 +232,16 @@ def configure(glob: GlobalOptions, req: Request, *, dry_run: bool = False) -> Pl
     On failure nothing stays mounted or created in the container.
     """
     scrub_environment()
-    the_plan = plan(glob, req)
-    if not dry_run:
-        from nvc.rpc import container_service
+    if dry_run:
+        return plan(glob, req)
+    from nvc.rpc import container_service
 
-        container_service.apply(the_plan)
+    # Forked before planning: the container helper's fork and confinement overlap the plan.
+    container = container_service.open_container(wait=False)
+    try:
+        the_plan = plan(glob, req)
+    except BaseException:
+        container.close()
+        raise
+    container_service.apply(the_plan, container)
     return the_plan
