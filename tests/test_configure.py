@@ -353,3 +353,24 @@ def test_load_kmods_is_a_step_of_the_plan(active_2gpu, debian_rootfs, target_pro
     finally:
         if not node.exists():
             os.mknod(node, stat.S_IFCHR | stat.S_IMODE(st.st_mode), st.st_rdev)
+
+
+def test_a_request_the_plan_refuses_leaves_no_helper_behind(active_2gpu, debian_rootfs, target_process):
+    """configure forks its container helper before it plans, so that the two overlap; a request the
+    plan refuses (no GPU 7 on this machine) ends that helper too, reaped, with nothing mounted."""
+    from nvc.commands import configure
+    from nvc.errors import NvcError
+    from nvc.options import GlobalOptions
+    from nvc.plan.request import from_flags
+    from test_rpc import _children
+
+    glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
+    before, mounts = _children(), Path(f"/proc/{target_process}/mountinfo").read_text()
+    with pytest.raises(NvcError, match="7"):
+        configure.configure(glob, from_flags(str(debian_rootfs), target_process, ("7",), ("compute",)))
+    assert _children() == before
+    assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts
+    # the same helper, handed a plan, mounts it and is gone afterwards too
+    configure.configure(glob, from_flags(str(debian_rootfs), target_process, ("0",), ("compute",), no_cgroups=True))
+    assert _children() == before
+    assert f" {debian_rootfs}/dev/nvidia0 " in Path(f"/proc/{target_process}/mountinfo").read_text()
