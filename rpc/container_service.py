@@ -85,7 +85,8 @@ class ContainerClient:
         self.close()
 
     def close(self) -> None:
-        """Shut the helper down and reap it; once."""
+        """Shut the helper down and reap it; once (apply closes a helper it was handed when its work
+        is done, the ``with`` of whoever forked it closes it on any other path)."""
         if not self.closed:
             self.closed = True
             self.helper.close()
@@ -119,28 +120,25 @@ def _timed(stage: str, start: float) -> float:
 def apply(plan: Plan, container: ContainerClient | None = None) -> None:
     """Apply ``plan``: the driver nodes ``--load-kmods`` found missing (on the host, like udev: they
     stay), the sharing files (on the host, in this process's mount namespace), mounts (the container
-    helper: ``container``, forked ahead by :func:`open_container` and closed here, else one forked
-    now), then ldconfig and device cgroup; undo the mounts and the sharing files on failure."""
+    helper: ``container``, forked ahead by :func:`open_container` and shut down once its work is
+    done, else one forked now), then ldconfig and device cgroup; undo the mounts and the sharing
+    files on failure."""
     start = time.perf_counter()
+    if plan.host_nodes:
+        from nvc.discover import kmods
+
+        kmods.make(plan.host_root, plan.host_nodes)
+    if plan.share is None:
+        _apply_in_container(plan, start, container)
+        return
+    from nvc.share import limits as share
+
+    share.make(plan.share)  # undoes itself on failure (and leaves a stale container's files alone)
     try:
-        if plan.host_nodes:
-            from nvc.discover import kmods
-
-            kmods.make(plan.host_root, plan.host_nodes)
-        if plan.share is None:
-            _apply_in_container(plan, start, container)
-            return
-        from nvc.share import limits as share
-
-        share.make(plan.share)  # undoes itself on failure (and leaves a stale container's files alone)
-        try:
-            _apply_in_container(plan, start, container)
-        except BaseException:
-            share.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
-            raise
-    finally:
-        if container is not None:
-            container.close()  # a failure before the mounts leaves no helper behind either
+        _apply_in_container(plan, start, container)
+    except BaseException:
+        share.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
+        raise
 
 
 def _apply_in_container(plan: Plan, start: float, container: ContainerClient | None) -> None:

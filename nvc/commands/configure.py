@@ -237,11 +237,7 @@ def configure(glob: GlobalOptions, req: Request, *, dry_run: bool = False) -> Pl
     from nvc.rpc import container_service
 
     # Forked before planning: the container helper's fork and confinement overlap the plan.
-    container = container_service.open_container(wait=False)
-    try:
+    with container_service.open_container(wait=False) as container:
         the_plan = plan(glob, req)
-    except BaseException:
-        container.close()
-        raise
-    container_service.apply(the_plan, container)
+        container_service.apply(the_plan, container)
     return the_plan
