@@ -135,15 +135,15 @@ def user_process() -> Iterator[int]:
 @pytest.mark.parametrize("owner", ["root", "user"])
 def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request, owner):
     """The runtime's hook timeout kills nvc-py (SIGKILL) while ldconfig blocks on an image FIFO:
-    the ldconfig sandbox, ldconfig itself (also when it runs as the container's user) and the
-    container helper die with it."""
+    ldconfig (pid 1 of its sandbox, also when it runs as the container's user) and the container
+    helper die with it."""
     target = request.getfixturevalue("target_process" if owner == "root" else "user_process")
     plant_fifo_include(debian_rootfs)
     # --no-cgroups: the stand-in shares pytest's cgroup, which a v2 device filter would lock out of /dev.
     below, left = kill_during_ldconfig([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target}",
                                         "--no-cgroups", "--device=0", "--compute", "--utility",
                                         str(debian_rootfs)], 10)
-    assert len(below) >= 3, below  # the container helper, the sandbox, ldconfig
+    assert len(below) >= 2, below  # the container helper, ldconfig
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
     assert nvc_processes() == []
 

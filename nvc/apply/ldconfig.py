@@ -2,11 +2,11 @@
 
 The cache must be built by ldconfig inside the container's view of its rootfs: running
 the host's ``ldconfig -r <rootfs>`` follows the image's symlinks on the host
-(CVE-2025-23267). So a child joins the container's mount namespace, makes its own
-private copy of it (plus fresh pid and ipc namespaces), pivots into the rootfs, hides
-/proc, /sys and /dev under empty read-only tmpfs, gives up every capability, becomes the
-container's owner, takes rlimits, NO_NEW_PRIVS and a seccomp allowlist, and execs
-ldconfig with an empty environment. The private copy of the rootfs is nodev and nosuid
+(CVE-2025-23267). So a child, pid 1 of a fresh pid namespace, joins the container's mount
+namespace, makes its own private copy of it (plus a fresh ipc namespace), pivots into the
+rootfs, hides /proc, /sys and /dev under empty read-only tmpfs, gives up every capability,
+becomes the container's owner, takes rlimits, NO_NEW_PRIVS and a seccomp allowlist, and
+execs ldconfig with an empty environment. The private copy of the rootfs is nodev and nosuid
 (recursively): whatever device node an image ships, ldconfig cannot open it, nor can a
 setuid file gain anything. Its fixed inputs and output (``/etc/ld.so.conf``,
 ``ld.so.conf.d/*.conf``, ``/etc/ld.so.cache``, ``/etc/ld.so.cache~``) are checked, in
@@ -172,13 +172,14 @@ class PendingLdconfig:
     """An ldconfig run whose child is forked and loading, waiting for :meth:`run`.
 
     The child's imports (prctl, pyseccomp and, through ctypes.util, subprocess and shutil)
-    take tens of milliseconds on a slow host; forked ahead, it does them while the caller
-    still mounts the driver files. It enters the container's namespaces only once told to
+    and its seccomp filter take tens of milliseconds on a slow host; forked ahead, it does
+    them while the caller still mounts the driver files. It enters the container's namespaces only once told to
     run, so its private copy of the mount namespace holds the finished mounts.
     """
 
     def __init__(self, child: int, go_w: int, err_r: int, shown: str, timeout: float) -> None:
         self._child, self._go_w, self._err_r, self._shown = child, go_w, err_r, shown
+        self._exited = os.pidfd_open(child)  # readable once the child (ldconfig, after its exec) ends
         self._timeout = timeout
         self._deadline = 0.0
 
@@ -205,13 +206,16 @@ class PendingLdconfig:
             raise LdcacheError("ldconfig was not started")
         message: str | None = None
         try:
+            # End of file comes with the exec (the pipe is close-on-exec) or an earlier exit;
+            # then ldconfig itself runs, bounded by the same deadline.
             message = _read_all(self._err_r, self._deadline)
+            if message is not None and not select.select([self._exited], [], [],
+                                                         max(0.0, self._deadline - time.monotonic()))[0]:
+                message = None
         finally:
-            if message is None:  # the child and, through PDEATHSIG, its ldconfig
+            if message is None:  # pid 1 of its pid namespace: whatever it started goes with it
                 os.kill(self._child, signal.SIGKILL)
-            os.close(self._err_r)
-            _, status = os.waitpid(self._child, 0)
-            self._child = -1
+            status = self._reap()
         if message is None:
             raise LdcacheError(f"process {self._shown} timed out after {self._timeout:g} s (killed)")
         if message.startswith(_MISSING):
@@ -219,6 +223,7 @@ class PendingLdconfig:
         if message:
             raise LdcacheError(message)
         code = os.waitstatus_to_exitcode(status)
+        code = code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
         if code != 0:
             raise LdcacheError(f"process {self._shown} failed with error code: {code}")
         return True
@@ -234,9 +239,15 @@ class PendingLdconfig:
             self._go_w = -1
         else:
             os.kill(self._child, signal.SIGKILL)
+        self._reap()
+
+    def _reap(self) -> int:
+        """Wait for the child, close what watched it; its wait status."""
         os.close(self._err_r)
-        os.waitpid(self._child, 0)
+        os.close(self._exited)
+        _, status = os.waitpid(self._child, 0)
         self._child = -1
+        return status
 
 
 def start_ldconfig(
@@ -264,26 +275,46 @@ def start_ldconfig(
     host = ldconfig.startswith("@")
     path = ldconfig[1:] if host else ldconfig
     program_fd, shown = sealed_copy(path) if host else (-1, path)
-    ns_fd = null_fd = err_r = err_w = go_r = go_w = -1
+    ns_fd = null_fd = err_r = err_w = go_r = go_w = parent_fd = own_pid_ns = -1
     try:
         ns_fd = _open_ns(pid) if pid is not None else -1
         null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
-        parent = os.getpid()
-        child = os.fork()
+        parent_fd = os.pidfd_open(os.getpid())  # the child's check that we still live: getppid() is 0 there
+        own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        child = _fork_into_new_pid_namespace(own_pid_ns)
         if child == 0:
-            syscalls.die_with_parent(parent)
             os.close(err_r)
             os.close(go_w)
-            _sandbox_child(err_w, go_r, ns_fd, rootfs, no_pivot, null_fd, output_fd, program_fd, shown, dirs, owner)
+            _sandbox_child(err_w, go_r, parent_fd, ns_fd, rootfs, no_pivot, null_fd, output_fd, program_fd, shown,
+                           dirs, owner)
         pending = PendingLdconfig(child, go_w, err_r, shown, timeout)
         err_r = go_w = -1
         return pending
     finally:
-        for fd in (err_r, err_w, go_r, go_w, null_fd, ns_fd, program_fd):
+        for fd in (err_r, err_w, go_r, go_w, null_fd, ns_fd, program_fd, parent_fd, own_pid_ns):
             if fd >= 0:
                 os.close(fd)
+
+
+def _fork_into_new_pid_namespace(own_pid_ns: int) -> int:
+    """Fork a child that is pid 1 of a new pid namespace; this process's own stays as it was.
+
+    unshare(CLONE_NEWPID) changes only where this thread's next child goes, and setns back
+    into ``own_pid_ns`` (this process's own pid namespace) undoes that right after the fork:
+    one forked process builds the sandbox and becomes ldconfig, instead of a second fork
+    from inside it.
+    """
+    syscalls.unshare(syscalls.CLONE_NEWPID)
+    try:
+        child = os.fork()
+    except BaseException:
+        syscalls.setns(own_pid_ns, syscalls.CLONE_NEWPID, "own pid namespace")
+        raise
+    if child != 0:
+        syscalls.setns(own_pid_ns, syscalls.CLONE_NEWPID, "own pid namespace")
+    return child
 
 
 def _open_ns(pid: int) -> int:
@@ -310,6 +341,7 @@ def _read_all(fd: int, deadline: float) -> str | None:
 def _sandbox_child(
     err_w: int,
     go_r: int,
+    parent_fd: int,
     ns_fd: int,
     rootfs: str,
     no_pivot: bool,
@@ -320,36 +352,74 @@ def _sandbox_child(
     dirs: Sequence[str],
     owner: tuple[int, int],
 ) -> None:
-    """First child: build the mount sandbox, then fork ldconfig as pid 1 of a new pid ns.
+    """The forked child (pid 1 of its own pid namespace): build the mount sandbox, drop
+    everything, exec ldconfig.
 
-    Never returns: it exits with ldconfig's status, or writes why it failed to ``err_w``.
+    Never returns: it becomes ldconfig, or writes why it failed to ``err_w`` and exits.
+    ``parent_fd``: a pidfd of the caller, checked once PDEATHSIG is armed (getppid() is 0 here).
     """
     try:
+        _die_with(parent_fd)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        import prctl  # noqa: F401 - loaded now: after the pivot the host's modules are out of sight
-        import pyseccomp  # noqa: F401
+        import prctl
+        import pyseccomp
 
+        rules = _seccomp_filter(pyseccomp)  # built while the caller mounts: loading it later is quick
         if os.read(go_r, 1) != b"g":  # cancelled: the caller's mounts failed, or it is gone
             os._exit(0)
         os.close(go_r)
         if ns_fd >= 0:
             syscalls.setns(ns_fd, syscalls.CLONE_NEWNS, "container mount namespace")
-        syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWPID | syscalls.CLONE_NEWIPC)
+        syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWIPC)
         _enter_rootfs(rootfs, no_pivot)
         check_files()
         os.dup2(null_fd, 0)
         os.dup2(output_fd if output_fd is not None else null_fd, 1)
         os.dup2(output_fd if output_fd is not None else null_fd, 2)
-        me = os.pidfd_open(os.getpid())  # the grandchild's check that we still live (see _exec_ldconfig)
-        child = os.fork()
-        if child == 0:
-            _exec_ldconfig(err_w, me, program_fd, path, dirs, owner)
-        os.close(me)
-        _, status = os.waitpid(child, 0)
-        code = os.waitstatus_to_exitcode(status)
-        os._exit(code if code >= 0 else 128 - code)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, "sandbox set-up failed"))
+    try:
+        prctl.capbset.limit()
+        prctl.cap_inheritable.limit()  # also empties the ambient set
+        os.setgroups([])
+        os.setresgid(owner[1], owner[1], owner[1])
+        os.setresuid(owner[0], owner[0], owner[0])
+        _die_with(parent_fd)  # the uid switch cleared PDEATHSIG
+        prctl.cap_effective.limit()  # effective first: it must stay within permitted
+        prctl.cap_permitted.limit()  # (both already empty unless the owner is root)
+        if program_fd < 0:
+            try:
+                program_fd, path = _open_program(path)
+            except FileNotFoundError:
+                _fail(err_w, f"{_MISSING}{path}")
+        keep = sorted({program_fd, err_w})
+        os.closerange(3, keep[0])
+        os.closerange(keep[0] + 1, keep[-1])
+        os.closerange(keep[-1] + 1, os.sysconf("SC_OPEN_MAX"))
+        for limit, value in RLIMITS.items():
+            resource.setrlimit(limit, (value, value))
+        prctl.set_no_new_privs(True)
+        rules.load()
+        syscalls.execveat(program_fd, ldconfig_argv(path, dirs), [], path)
+    except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
+        _fail(err_w, _describe(err, f"cannot run {path}"))
+
+
+def _die_with(parent_fd: int) -> None:
+    """SIGKILL this process when the caller dies; exit now if it is already gone (PDEATHSIG
+    fires only for a death after it is armed: the pidfd ``parent_fd`` tells an earlier one)."""
+    syscalls.set_pdeathsig(signal.SIGKILL)
+    if select.select([parent_fd], [], [], 0)[0]:
+        os._exit(1)
+
+
+def _seccomp_filter(pyseccomp: Any) -> Any:
+    """The allowlist (:data:`SECCOMP_ALLOW`) as a pyseccomp filter, not loaded yet."""
+    rules = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
+    for name in SECCOMP_ALLOW:
+        if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0:  # skip other arches' names
+            rules.add_rule(pyseccomp.ALLOW, name)
+    return rules
 
 
 def _describe(err: BaseException, doing: str) -> str:
@@ -451,47 +521,3 @@ def _lstat_mode(path: str) -> int:
         return os.lstat(path).st_mode
     except FileNotFoundError:
         return 0
-
-
-def _exec_ldconfig(
-    err_w: int, parent: int, program_fd: int, path: str, dirs: Sequence[str], owner: tuple[int, int]
-) -> None:
-    """Second child (pid 1 of its pid namespace): drop everything, then exec ldconfig.
-
-    ``parent``: a pidfd of the sandbox child. PDEATHSIG is armed after the uid switch (which
-    clears it) and the parent checked through the pidfd, since getppid() is 0 here.
-    """
-    import prctl
-    import pyseccomp
-
-    try:
-        prctl.capbset.limit()
-        prctl.cap_inheritable.limit()  # also empties the ambient set
-        os.setgroups([])
-        os.setresgid(owner[1], owner[1], owner[1])
-        os.setresuid(owner[0], owner[0], owner[0])
-        syscalls.set_pdeathsig(signal.SIGKILL)
-        if select.select([parent], [], [], 0)[0]:  # the sandbox child died before it was armed
-            os._exit(1)
-        prctl.cap_effective.limit()  # effective first: it must stay within permitted
-        prctl.cap_permitted.limit()  # (both already empty unless the owner is root)
-        if program_fd < 0:
-            try:
-                program_fd, path = _open_program(path)
-            except FileNotFoundError:
-                _fail(err_w, f"{_MISSING}{path}")
-        keep = sorted({program_fd, err_w})
-        os.closerange(3, keep[0])
-        os.closerange(keep[0] + 1, keep[-1])
-        os.closerange(keep[-1] + 1, os.sysconf("SC_OPEN_MAX"))
-        for limit, value in RLIMITS.items():
-            resource.setrlimit(limit, (value, value))
-        prctl.set_no_new_privs(True)
-        rules = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
-        for name in SECCOMP_ALLOW:
-            if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0:  # skip other arches' names
-                rules.add_rule(pyseccomp.ALLOW, name)
-        rules.load()
-        syscalls.execveat(program_fd, ldconfig_argv(path, dirs), [], path)
-    except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
-        _fail(err_w, _describe(err, f"cannot run {path}"))
