@@ -11,11 +11,14 @@ call makes the server fork the next, takes the caller's streams and directory as
 :func:`nvc.hook.prestart.main` (or :func:`nvc.commands.cli.main` for ``nvc-py``) exactly as the console
 script would, and answers ``exit N``.
 Before the first fork the server imports everything a call needs and plans once without a
-container (a dry run), so a worker starts with warm caches.
+container (a dry run), so a worker starts with warm caches. A spare left idle for
+:data:`IDLE_BEFORE_HELPERS` readies its call's path: it forks an NVML helper and a container
+helper (each confined as for a call, given nothing of one until it comes) and runs the dry plan
+itself, which copies the pages a plan writes before the call is waiting for them.
 
 What stays the same as a direct hook run: the configuration file is read per call, nothing
 of one call survives into the next (each worker is a fresh fork of a process that never ran a
-call), the privileged helpers are forked per call. What differs: the worker runs in the
+call), the privileged helpers serve one call each. What differs: the worker runs in the
 server's namespaces and cgroup, so the server must run in the host's (a plain systemd service,
 ``KillMode=process`` so a restart lets running calls finish), and new code takes effect when
 the server restarts: a worker that finds the installed code changed (:func:`code_stamp`) answers
@@ -77,7 +80,7 @@ from nvc.untrusted import directory_problem
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
 ADOPTED_IDLE_EXIT = 0.5  # seconds without a call after which an on-demand server a runtime adopted stops
-IDLE_BEFORE_NVML = 0.05  # seconds a spare waits for a call before it starts an NVML helper
+IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts its helpers and warms up
 # Workers forked ahead and waiting in accept(): a storm of calls is taken by as many at once while
 # the server forks their replacements, instead of each call waiting for the fork of the one before.
 # Each keeps an NVML helper ready once idle: the kernel hands a call to any of them, and `nvc-py
@@ -387,9 +390,10 @@ def _record(stats: int, answer: bytes | None, figures: dict[str, float | None]) 
         pass  # figures are for benchmarks: a full disk costs no call
 
 
-def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int) -> None:
-    """A worker forked ahead of its call: waits for the next connection, tells the server it was
-    taken (so the server forks another spare), then serves it. Never returns."""
+def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str) -> None:
+    """A worker forked ahead of its call: waits for the next connection (idle, it readies the call's
+    path: ``scratch`` is the dry plan's rootfs), tells the server it was taken (so the server forks
+    another spare), then serves it. Never returns."""
     import prctl
 
     try:
@@ -399,9 +403,10 @@ def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, 
         if os.getppid() == 1:
             os._exit(0)
         gc.disable()  # a worker lives for one call: no collections during it
-        ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_NVML)
-        if not ready:  # idle: have NVML loaded for a call that needs it (nvc-py info, MIG)
-            _prestart_driver()
+        ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_HELPERS)
+        if not ready:  # idle: ready what a call would otherwise start or touch first
+            _prestart_helpers()
+            _warm_up(scratch, say=False)
         while True:
             try:
                 conn, _ = sock.accept()
@@ -427,25 +432,29 @@ def _adopted() -> bool:
     return os.getppid() != 1
 
 
-def _prestart_driver() -> None:
+def _prestart_helpers() -> None:
     """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken
-    over by a call that asks for the same (see driver_service.open_driver); killed with the
-    worker otherwise. Best effort: without NVML a call finds out itself."""
+    over by a call that asks for the same (see driver_service.open_driver), and a container
+    helper forked and confined for configure (container_service.open_container); each killed
+    with the worker when its call does not take it. Best effort: a call that needs one and
+    finds none starts its own, and finds out why."""
     from nvc.errors import NvcError
-    from nvc.rpc import driver_service
+    from nvc.rpc import container_service, driver_service
 
-    try:
-        driver_service.prestart()
-    except (NvcError, OSError):
-        pass
+    for prestart in (driver_service.prestart, container_service.prestart):
+        try:
+            prestart()
+        except (NvcError, OSError):
+            pass
 
 
-def _warm_up() -> None:
-    """One dry plan on a scratch rootfs (no container, nothing changed), so what a first call
+def _warm_up(scratch: str, say: bool = True) -> None:
+    """One dry plan with the directory ``scratch`` as its rootfs (the socket's directory: only read,
+    nothing made that a kill could leave behind; no container, nothing changed), so what a first call
     builds lazily (compiled patterns, tables, the ld cache's pages) is in the server's memory
-    before any worker is forked. Best effort: a host without a driver just skips it."""
-    import tempfile
-
+    before any worker is forked; run again by an idle spare, it copies ahead the pages a call's
+    plan writes (a worker shares the server's until it writes them). Best effort: a host
+    without a driver just skips it (``say``: and says so)."""
     from nvc import config as config_file
     from nvc.commands.configure import plan
     from nvc.errors import NvcError
@@ -454,10 +463,10 @@ def _warm_up() -> None:
 
     try:
         cfg = config_file.load()
-        with tempfile.TemporaryDirectory(prefix="nvc-py-warm-up-") as rootfs:
-            plan(global_options(cfg), Request(rootfs=rootfs, capabilities=frozenset(cfg.supported_capabilities)))
+        plan(global_options(cfg), Request(rootfs=scratch, capabilities=frozenset(cfg.supported_capabilities)))
     except (NvcError, OSError) as err:
-        print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)
+        if say:
+            print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)
 
 
 def serve(path: str) -> int:
@@ -492,7 +501,8 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
     from nvc.commands.cli import main as cli_main
     from nvc.hook.prestart import main as hook_main
 
-    _warm_up()
+    scratch = os.path.abspath(os.path.dirname(path) or ".")  # checked by socket_directory
+    _warm_up(scratch)
     programs: Programs = {"nvc-py-hook": lambda args: hook_main(args, via="server"), "nvc-py": cli_main}
 
     import prctl
@@ -528,7 +538,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
                         signal.set_wakeup_fd(-1)
                         for fd in (*spares, taken_r, stop_r, stop_w):
                             os.close(fd)
-                        _spare(sock, taken_w, programs, ours, stats)
+                        _spare(sock, taken_w, programs, ours, stats, scratch)
                     os.close(taken_w)
                     spares.add(taken_r)
                 # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM.

@@ -103,11 +103,31 @@ class ContainerClient:
         self.helper.call("commit")
 
 
+# The container helper forked ahead of any call (see :func:`prestart`) until open_container takes it.
+_prestarted: HelperClient | None = None
+
+
+def prestart() -> None:
+    """Fork the container helper now, before a call is known: the hook server's idle workers keep
+    one so, and the call's :func:`open_container` takes it (fork and confinement already done).
+    One never taken exits with this process."""
+    global _prestarted
+    _prestarted = HelperClient.spawn("container", serve_container, wait=False, failure=MountError)
+
+
 def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> ContainerClient:
-    """Fork the container helper. ``wait=False`` returns at once, and its first call waits for it
-    (and raises its set-up's failure): the caller plans while the helper forks and confines itself."""
-    return ContainerClient(HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait,
-                                              failure=MountError))
+    """The container helper: the one :func:`prestart` forked, else one forked now. ``wait=False``
+    returns at once, and its first call waits for it (and raises its set-up's failure): the caller
+    plans while the helper forks and confines itself."""
+    global _prestarted
+    helper, _prestarted = _prestarted, None
+    if helper is None:
+        helper = HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait, failure=MountError)
+    else:
+        helper.timeout = timeout
+        if wait:
+            helper.wait_ready()
+    return ContainerClient(helper)
 
 
 def _timed(stage: str, start: float) -> float:

@@ -277,12 +277,12 @@ def start_ldconfig(
     program_fd, shown = sealed_copy(path) if host else (-1, path)
     ns_fd = null_fd = err_r = err_w = go_r = go_w = parent_fd = own_pid_ns = -1
     try:
-        ns_fd = _open_ns(pid) if pid is not None else -1
+        ns_fd = _open_ns(pid, "mnt") if pid is not None else -1
         null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         parent_fd = os.pidfd_open(os.getpid())  # the child's check that we still live: getppid() is 0 there
-        own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        own_pid_ns = _open_ns("self", "pid")
         child = _fork_into_new_pid_namespace(own_pid_ns)
         if child == 0:
             os.close(err_r)
@@ -317,8 +317,8 @@ def _fork_into_new_pid_namespace(own_pid_ns: int) -> int:
     return child
 
 
-def _open_ns(pid: int) -> int:
-    ns = f"/proc/{pid}/ns/mnt"
+def _open_ns(pid: int | str, kind: str) -> int:
+    ns = f"/proc/{pid}/ns/{kind}"
     try:
         return os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
