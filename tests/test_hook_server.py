@@ -216,6 +216,52 @@ def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
         shutil.rmtree(top)
 
 
+def test_an_idle_spare_keeps_a_container_helper_ready(served: Path) -> None:
+    """A spare left idle forks the container helper its call's configure takes (and the NVML
+    helper), so no helper fork is on a call's path; the spare itself stays the server's child."""
+    from nvc.hook.server import SPARES
+
+    server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
+                  and _ppid(p) == os.getpid())
+    deadline = time.monotonic() + 10
+    while True:
+        spares = (server / "task" / server.name / "children").read_text().split()
+        helpers = {pid: _names(pid) for pid in spares}
+        if len(spares) == SPARES and all("nvc:[container]" in names for names in helpers.values()):
+            break
+        assert time.monotonic() < deadline, helpers
+        time.sleep(0.05)
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _ppid(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _names(pid: str) -> list[str]:
+    """The names (comm) of the children of process ``pid``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    names = []
+    for child in children:
+        try:
+            names.append(Path(f"/proc/{child}/comm").read_text().strip())
+        except OSError:
+            continue
+    return names
+
+
 def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     config = tmp_path / "other.yaml"  # setup refuses a configuration file the hooks could not read
     config.write_text("load-kmods: false\n")

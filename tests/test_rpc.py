@@ -514,3 +514,33 @@ def test_a_prestarted_helper_is_taken_for_the_same_options_only(active_2gpu) -> 
     with open_driver(root=root) as driver:
         assert driver.pid != other and len(driver.snapshot().gpus) == 2
         assert not Path(f"/proc/{other}").exists()  # closed and reaped
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
+
+
+def test_a_prestarted_container_helper_is_confined_before_any_call_and_taken_once() -> None:
+    """The hook server's idle workers fork the container helper ahead (container_service.prestart):
+    before any call it holds only the mount capabilities, none effective, with NO_NEW_PRIVS; the
+    next open_container takes it (no fork on the call's path), the one after forks its own."""
+    from nvc.apply.applier import HELPER_CAPS
+    from nvc.rpc import container_service
+
+    container_service.prestart()
+    ahead = container_service._prestarted.pid
+    bounding = sum(1 << getattr(prctl, f"CAP_{name.upper()}") for name in HELPER_CAPS)
+    deadline = time.monotonic() + 5
+    while _status(ahead)["NoNewPrivs"] != "1":
+        assert time.monotonic() < deadline, "the prestarted helper never confined itself"
+        time.sleep(0.01)
+    status = _status(ahead)
+    assert status["Name"] == "nvc:[container]"
+    assert int(status["CapBnd"], 16) == bounding and int(status["CapPrm"], 16) == bounding
+    assert int(status["CapEff"], 16) == 0 and int(status["CapInh"], 16) == 0
+    with container_service.open_container() as taken:
+        assert taken.helper.pid == ahead
+        with container_service.open_container() as another:
+            assert another.helper.pid != ahead
+    assert not Path(f"/proc/{ahead}").exists()  # shut down and reaped
