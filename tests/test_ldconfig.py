@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -217,6 +218,30 @@ def test_container_ldconfig(root: Path, container: int) -> None:
     shutil.copy("/sbin/ldconfig", root / "sbin" / "ldconfig")
     assert run_ldconfig("/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
     assert "libfoo.so.1" in _cache(root)
+
+
+def test_a_caller_that_may_not_make_a_pid_namespace_gets_one_error_and_no_process(root: Path) -> None:
+    """The sandbox is pid 1 of a pid namespace the caller makes for it: without CAP_SYS_ADMIN that
+    fails as an LdcacheError naming it, before any process is forked and with the caller's own
+    namespaces untouched (its next child is in its own pid namespace)."""
+    program = (
+        "import os, sys\n"
+        "from nvc.apply.ldconfig import run_ldconfig\n"
+        "from nvc.errors import LdcacheError\n"
+        "try:\n"
+        f"    run_ldconfig('@/sbin/ldconfig', {str(root)!r}, ['/opt/foo'], owner=(0, 0))\n"
+        "except LdcacheError as err:\n"
+        "    print(err)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    os._exit(0 if os.getpid() != 1 else 1)\n"
+        "print('child', os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))\n"
+    )
+    result = subprocess.run(["capsh", "--drop=cap_sys_admin", "--", "-c", 'exec "$0" -c "$1"', sys.executable,
+                             program], capture_output=True, text=True, timeout=30)
+    assert result.stdout == "ldcache error: cannot make ldconfig's pid namespace: Operation not permitted\nchild 0\n", \
+        result.stderr
+    assert not (root / "etc" / "ld.so.cache").exists() or "libfoo" not in _cache(root)
 
 
 def test_missing_host_ldconfig_is_an_error(root: Path, tmp_path: Path) -> None:

@@ -306,12 +306,15 @@ def _fork_into_new_pid_namespace(own_pid_ns: int) -> int:
     one forked process builds the sandbox and becomes ldconfig, instead of a second fork
     from inside it.
     """
-    syscalls.unshare(syscalls.CLONE_NEWPID)
+    try:
+        syscalls.unshare(syscalls.CLONE_NEWPID)
+    except OSError as err:
+        raise LdcacheError(f"cannot make ldconfig's pid namespace: {err.strerror}") from None
     try:
         child = os.fork()
-    except BaseException:
+    except OSError as err:
         syscalls.setns(own_pid_ns, syscalls.CLONE_NEWPID, "own pid namespace")
-        raise
+        raise LdcacheError(f"cannot fork ldconfig's sandbox: {err.strerror}") from None
     if child != 0:
         syscalls.setns(own_pid_ns, syscalls.CLONE_NEWPID, "own pid namespace")
     return child
