@@ -86,6 +86,10 @@ IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts 
 # Each keeps an NVML helper ready once idle: the kernel hands a call to any of them, and `nvc-py
 # info` on one without took 38 ms instead of 21 on the H100 with only one of 8 keeping it.
 SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
+# The server's nice value while it serves, below its workers' (which go back to the one it started
+# with): in a start storm its only work, forking the next spare, waits on a CPU behind every runtime
+# and worker, and the calls queue behind that fork.
+SERVER_NICE_BOOST = 10
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
@@ -390,13 +394,15 @@ def _record(stats: int, answer: bytes | None, figures: dict[str, float | None]) 
         pass  # figures are for benchmarks: a full disk costs no call
 
 
-def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str) -> None:
+def _spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str,
+           nice: int) -> None:
     """A worker forked ahead of its call: waits for the next connection (idle, it readies the call's
     path: ``scratch`` is the dry plan's rootfs), tells the server it was taken (so the server forks
-    another spare), then serves it. Never returns."""
+    another spare), then serves it at ``nice``, the nice value the server started with. Never returns."""
     import prctl
 
     try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # a worker runs as the server was started
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its helpers are waited for
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         prctl.set_pdeathsig(signal.SIGKILL)  # an idle spare goes with the server...
@@ -509,6 +515,9 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers...
     prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):  # best effort: a server without CAP_SYS_NICE forks as it is
+        os.setpriority(os.PRIO_PROCESS, 0, max(-20, nice - SERVER_NICE_BOOST))
     # SIGTERM is seen by the accept loop's select through the wakeup pipe, never raised as
     # SystemExit: raised where Python runs a finalizer or a fork callback it would be swallowed,
     # and the server would go on serving (seen once in 400+ stops as a 30 s stop timeout).
@@ -538,7 +547,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
                         signal.set_wakeup_fd(-1)
                         for fd in (*spares, taken_r, stop_r, stop_w):
                             os.close(fd)
-                        _spare(sock, taken_w, programs, ours, stats, scratch)
+                        _spare(sock, taken_w, programs, ours, stats, scratch, nice)
                     os.close(taken_w)
                     spares.add(taken_r)
                 # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM.

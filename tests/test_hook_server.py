@@ -233,6 +233,29 @@ def test_an_idle_spare_keeps_a_container_helper_ready(served: Path) -> None:
         time.sleep(0.05)
 
 
+def test_the_server_forks_at_a_higher_priority_than_its_workers_run(served: Path) -> None:
+    """In a start storm the server's one job, forking the next spare, must not wait for a CPU behind
+    the runtimes and workers: it runs SERVER_NICE_BOOST below the nice value it was started with,
+    its spares (the workers to be) at that value."""
+    from nvc.hook.server import SERVER_NICE_BOOST
+
+    server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
+                  and _ppid(p) == os.getpid())
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _nice(server) == max(-20, ours - SERVER_NICE_BOOST)
+    deadline = time.monotonic() + 5
+    while True:  # a spare sets its own value first thing after the fork
+        spares = {pid: _nice(Path(f"/proc/{pid}")) for pid in (server / "task" / server.name / "children").read_text().split()}
+        if spares and all(nice == ours for nice in spares.values()):
+            break
+        assert time.monotonic() < deadline, spares
+        time.sleep(0.02)
+
+
+def _nice(proc: Path) -> int:
+    return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
 def _cmdline(proc: Path) -> str:
     try:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
