@@ -86,9 +86,9 @@ IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts 
 # Each keeps an NVML helper ready once idle: the kernel hands a call to any of them, and `nvc-py
 # info` on one without took 38 ms instead of 21 on the H100 with only one of 8 keeping it.
 SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
-# The server's nice value while it serves, below its workers' (which go back to the one it started
-# with): in a start storm its only work, forking the next spare, waits on a CPU behind every runtime
-# and worker, and the calls queue behind that fork.
+# The server's nice value while it starts and serves, below its workers' (which go back to the one it
+# started with): in a start storm its only work, forking the next spare, waits on a CPU behind every
+# runtime and worker, and the calls queue behind that fork (or, on demand, behind its start-up).
 SERVER_NICE_BOOST = 10
 # What a prestart call imports, lazily or in its forked children: imported once, here.
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
@@ -480,8 +480,12 @@ def serve(path: str) -> int:
     directory, name = os.path.split(path)
     directory_fd = socket_directory(directory or ".")  # before the warm-up: a refusal is quick
     stats = _open_stats(os.environ.pop(STATS_ENV, ""))
+    # From here, its start-up included: an on-demand server starts in the storm of calls waiting for it.
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):  # best effort: a server without CAP_SYS_NICE runs as it is
+        os.setpriority(os.PRIO_PROCESS, 0, max(-20, nice - SERVER_NICE_BOOST))
     try:
-        return _serve_in(directory_fd, path, name, stats)
+        return _serve_in(directory_fd, path, name, stats, nice)
     finally:
         os.close(directory_fd)
         if stats >= 0:
@@ -498,8 +502,8 @@ def _open_stats(path: str) -> int:
         raise InputError(f"{path}: cannot open ${STATS_ENV}: {err.strerror}") from None
 
 
-def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
-    """serve() once its socket directory is checked."""
+def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) -> int:
+    """serve() once its socket directory is checked; ``nice``: the value its workers run at."""
     import importlib
 
     for module in PRELOAD:
@@ -515,9 +519,6 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int) -> int:
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers...
     prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    with contextlib.suppress(OSError):  # best effort: a server without CAP_SYS_NICE forks as it is
-        os.setpriority(os.PRIO_PROCESS, 0, max(-20, nice - SERVER_NICE_BOOST))
     # SIGTERM is seen by the accept loop's select through the wakeup pipe, never raised as
     # SystemExit: raised where Python runs a finalizer or a fork callback it would be swallowed,
     # and the server would go on serving (seen once in 400+ stops as a 30 s stop timeout).
