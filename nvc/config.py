@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -306,17 +305,12 @@ def _section(path: str, prefix: str, data: Any, keys: Mapping[str, tuple[str, Ch
 
 
 def _cached_document(text: str) -> tuple[bool, Any]:
-    """(True, document) when the cache holds ``text``'s document; (False, None) otherwise.
+    """(True, document) when the cache (:mod:`nvc.runcache`: root's own file only) holds ``text``'s
+    document; (False, None) otherwise."""
+    from nvc import runcache
 
-    Only a regular file (not a symlink) owned by this user and readable by no one else is
-    believed: another user must not be able to plant a configuration. Anything else there (a
-    FIFO, a device, a huge file) is a miss, read without blocking and within bounds.
-    """
-    try:
-        raw, st = read_file(CACHE_PATH, MAX_CACHE_SIZE, follow=False)
-    except (OSError, InputError):
-        return False, None
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    raw = runcache.load(CACHE_PATH, MAX_CACHE_SIZE)
+    if raw is None:
         return False, None
     import json
 
@@ -333,26 +327,15 @@ def _store_document(text: str, document: Any) -> None:
     """Remember ``text``'s document for the next start, if JSON holds it exactly; best effort."""
     import json
 
+    from nvc import runcache
+
     try:
         encoded = json.dumps({"text": text, "document": document})
         if json.loads(encoded)["document"] != document:
             return  # e.g. a YAML date or a tuple: parse such a file every time
-        directory = os.path.dirname(CACHE_PATH)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        st = os.lstat(directory)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            return  # another user's directory, or a symlink to one: never write root's cache there
-        tmp = f"{CACHE_PATH}.{os.getpid()}.{os.urandom(4).hex()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(encoded)
-            os.rename(tmp, CACHE_PATH)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except (OSError, TypeError, ValueError):
-        pass  # a read-only /run or a non-root caller: the next start parses again
+    except (TypeError, ValueError):
+        return
+    runcache.store(CACHE_PATH, encoded.encode())
 
 
 def _safe_load(text: str, path: str) -> Any:

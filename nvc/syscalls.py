@@ -10,6 +10,7 @@ it into an nvc error naming the wrong thing.
 from __future__ import annotations
 
 import ctypes
+import errno
 import enum
 import os
 from collections.abc import Sequence
@@ -139,6 +140,7 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 PR_SET_PDEATHSIG = 1
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
 def _nr(name: str) -> int:
@@ -257,6 +259,22 @@ def fs_type(fd: int, name: str = "") -> int:
 
 def renameat2(old_dirfd: int, old: str, new_dirfd: int, new: str, flags: int) -> None:
     _check(_syscall("renameat2", old_dirfd, _enc(old), new_dirfd, _enc(new), flags), old, new)
+
+
+class _SockFprog(ctypes.Structure):
+    """struct sock_fprog: a classic BPF program (an array of 8-byte struct sock_filter)."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def load_seccomp_program(program: bytes) -> None:
+    """prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER) of a compiled filter (libseccomp's BPF export);
+    NO_NEW_PRIVS must be set first."""
+    if not program or len(program) % 8 or len(program) // 8 > 0xFFFF:
+        raise OSError(errno.EINVAL, "not a BPF program", "seccomp filter")
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.addressof(code))
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "prctl(PR_SET_SECCOMP)")
 
 
 def set_pdeathsig(sig: int) -> None:

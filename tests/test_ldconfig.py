@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nvc.errors import LdcacheError
-from nvc.apply.ldconfig import run_ldconfig, start_ldconfig
+from nvc.apply.ldconfig import SECCOMP_ALLOW, SECCOMP_CACHE, run_ldconfig, seccomp_cache_header, start_ldconfig
 
 LIBDIR = Path("/lib/x86_64-linux-gnu")
 
@@ -362,3 +362,46 @@ def _ldconfig_processes() -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _compiled(allow: tuple[str, ...]) -> bytes:
+    """``allow`` compiled by libseccomp as the sandbox compiles its list (EPERM for the rest)."""
+    import pyseccomp
+
+    rules = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
+    for name in allow:
+        if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0:
+            rules.add_rule(pyseccomp.ALLOW, name)
+    with open(os.memfd_create("test-bpf"), "w+b") as f:
+        rules.export_bpf(f)
+        f.seek(0)
+        return f.read()
+
+
+def _plant_cache(data: bytes, mode: int = 0o600) -> None:
+    cache = Path(SECCOMP_CACHE)
+    cache.parent.mkdir(mode=0o700, exist_ok=True)
+    cache.write_bytes(data)
+    cache.chmod(mode)
+
+
+def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_list(root: Path, container: int) -> None:
+    """The allowlist is compiled once and kept (root's 0600 file, headed by the list it holds); a
+    cached program for this list is what the sandbox loads (one without rename makes ldconfig fail),
+    one that others could have written or one for another list is compiled again."""
+    header = seccomp_cache_header()
+    Path(SECCOMP_CACHE).unlink(missing_ok=True)
+    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+    st = os.lstat(SECCOMP_CACHE)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
+    assert Path(SECCOMP_CACHE).read_bytes() == header + _compiled(SECCOMP_ALLOW)
+
+    no_rename = header + _compiled(tuple(name for name in SECCOMP_ALLOW if name != "rename"))
+    _plant_cache(no_rename)
+    with pytest.raises(LdcacheError, match=r"failed with error code: 1$"):
+        run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    for planted, mode in ((no_rename, 0o644), (b"nvc-py ldconfig seccomp: another list\n" + no_rename[len(header):], 0o600)):
+        _plant_cache(planted, mode)
+        assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+        assert Path(SECCOMP_CACHE).read_bytes() == header + _compiled(SECCOMP_ALLOW)
+        assert stat.S_IMODE(os.lstat(SECCOMP_CACHE).st_mode) == 0o600

@@ -67,6 +67,10 @@ SECCOMP_ALLOW: tuple[str, ...] = (
 
 # Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
 # is bounded at 10 s by RLIMIT_CPU): a FIFO or a stopped filesystem cannot hang configure.
+# The compiled allowlist, kept for the next runs (nvc.runcache: believed only as root's own file).
+SECCOMP_CACHE = "/run/nvc-py/ldconfig-seccomp.bpf"
+_MAX_BPF = 4096 * 8  # bytes: the kernel's limit of 4096 instructions of 8 bytes
+
 TIMEOUT = 20.0
 CACHE = "/etc/ld.so.cache"  # written as CACHE~, then renamed (nvc.apply.applier saves both for a rollback)
 # ldconfig's fixed files, as it sees them: (path, follow symlinks, types allowed besides a
@@ -171,10 +175,11 @@ def run_ldconfig(ldconfig: str, rootfs: str, dirs: Sequence[str], **options: Any
 class PendingLdconfig:
     """An ldconfig run whose child is forked and loading, waiting for :meth:`run`.
 
-    The child's imports (prctl, pyseccomp and, through ctypes.util, subprocess and shutil)
-    and its seccomp filter take tens of milliseconds on a slow host; forked ahead, it does
-    them while the caller still mounts the driver files. It enters the container's namespaces only once told to
-    run, so its private copy of the mount namespace holds the finished mounts.
+    The child's imports and its seccomp filter (read from root's cache, or the first time
+    compiled through pyseccomp, whose import runs ``ldconfig -p`` twice) take milliseconds to
+    tens of them on a slow host; forked ahead, it does them while the caller still mounts the
+    driver files. It enters the container's namespaces only once told to run, so its private
+    copy of the mount namespace holds the finished mounts.
     """
 
     def __init__(self, child: int, go_w: int, err_r: int, shown: str, timeout: float) -> None:
@@ -365,9 +370,8 @@ def _sandbox_child(
         _die_with(parent_fd)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         import prctl
-        import pyseccomp
 
-        rules = _seccomp_filter(pyseccomp)  # built while the caller mounts: loading it later is quick
+        program = _seccomp_program()  # read or built while the caller mounts: loading it later is quick
         if os.read(go_r, 1) != b"g":  # cancelled: the caller's mounts failed, or it is gone
             os._exit(0)
         os.close(go_r)
@@ -402,7 +406,7 @@ def _sandbox_child(
         for limit, value in RLIMITS.items():
             resource.setrlimit(limit, (value, value))
         prctl.set_no_new_privs(True)
-        rules.load()
+        syscalls.load_seccomp_program(program)
         syscalls.execveat(program_fd, ldconfig_argv(path, dirs), [], path)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, f"cannot run {path}"))
@@ -416,13 +420,39 @@ def _die_with(parent_fd: int) -> None:
         os._exit(1)
 
 
-def _seccomp_filter(pyseccomp: Any) -> Any:
-    """The allowlist (:data:`SECCOMP_ALLOW`) as a pyseccomp filter, not loaded yet."""
+def seccomp_cache_header() -> bytes:
+    """What the cached program must start with: the allowlist and architecture it was built for."""
+    return f"nvc-py ldconfig seccomp: {os.uname().machine} EPERM {' '.join(SECCOMP_ALLOW)}\n".encode()
+
+
+def _seccomp_program() -> bytes:
+    """The allowlist (:data:`SECCOMP_ALLOW`) compiled to BPF by libseccomp: root's cached copy
+    (:data:`SECCOMP_CACHE`) when it was built for this list, else built now and cached. Built
+    once per boot, not per container start: importing pyseccomp alone runs ``ldconfig -p``
+    twice (ctypes.util.find_library), which on a loaded host costs more than the mounts it
+    overlaps."""
+    from nvc import runcache
+
+    header = seccomp_cache_header()
+    cached = runcache.load(SECCOMP_CACHE, len(header) + _MAX_BPF)
+    if cached is not None and cached.startswith(header):
+        program = cached[len(header):]
+        if program and len(program) % 8 == 0:
+            return program
+    import pyseccomp
+
     rules = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
     for name in SECCOMP_ALLOW:
         if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0:  # skip other arches' names
             rules.add_rule(pyseccomp.ALLOW, name)
-    return rules
+    with os.fdopen(syscalls.memfd_create("nvc-seccomp", syscalls.MFD_CLOEXEC), "w+b") as exported:
+        rules.export_bpf(exported)
+        exported.seek(0)
+        program = exported.read(_MAX_BPF + 1)
+    if not program or len(program) > _MAX_BPF:
+        raise LdcacheError(f"libseccomp exported a filter of {len(program)} bytes")
+    runcache.store(SECCOMP_CACHE, header + program)
+    return program
 
 
 def _describe(err: BaseException, doing: str) -> str:
