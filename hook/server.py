@@ -90,13 +90,14 @@ SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 # started with): in a start storm its only work, forking the next spare, waits on a CPU behind every
 # runtime and worker, and the calls queue behind that fork (or, on demand, behind its start-up).
 SERVER_NICE_BOOST = 10
-# What a prestart call imports, lazily or in its forked children: imported once, here.
+# What a prestart call imports, lazily or in its forked children: imported once, here (not
+# pyseccomp: ldconfig's sandbox loads its filter from root's cache, compiled once per boot).
 PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
            "nvc.rpc.container_service", "nvc.share.limits", "nvc.discover.kmods", "nvc.debuglog",
            "nvc.hook.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
            "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
-           "pyseccomp", "pynvml", "yaml", "json", "resource")
+           "pynvml", "yaml", "json", "resource")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 STATS_ENV = "NVC_PY_SERVE_STATS"  # a file each worker appends its call's figures to (JSON lines)
 _started_code: tuple[tuple[int, int], ...] = ()  # code_stamp() when the server started
