@@ -25,7 +25,7 @@ SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hoo
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.untrusted", "nvc.quickexit",
                         "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
-                        "nvc.config"})),
+                        "nvc.config", "nvc.runcache"})),
     ("discover", frozenset({"nvc.discover"})),
     ("plan", frozenset({"nvc.plan"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
