@@ -148,7 +148,7 @@ uninstall:
 		for link in $(BINDIR)/$$name "$(SCRIPTS_DIR)/$$name"; do \
 			[ "$$(readlink "$$link")" = $(LIBDIR)/$$name ] && rm -v "$$link"; done; done; true
 	$(if $(filter 1,$(GIVEN_VENV)),-$(PIP) uninstall -y -q nvc-py)
-	rm -rf $(LIBDIR) /run/nvc-py/config-cache.json
+	rm -rf $(LIBDIR) /run/nvc-py/config-cache.json /run/nvc-py/ldconfig-seccomp.bpf
 	$(if $(PURGE),rm -rf /var/log/nvc-py.log /etc/nvc-py)
 
 ## k8s-api: regenerate nvc/k8s/api_pb2.py and api_pb2_grpc.py from api.proto (grpcio-tools, a test requirement)
