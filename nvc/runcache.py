@@ -16,9 +16,6 @@ import stat
 from nvc.errors import InputError
 from nvc.untrusted import read_file
 
-DIRECTORY = "/run/nvc-py"
-
-
 def load(path: str, limit: int) -> bytes | None:
     """The bytes of this user's cache file at ``path`` (at most ``limit``), or None."""
     try:

@@ -13,6 +13,7 @@ import ctypes
 import errno
 import enum
 import os
+import select
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -282,16 +283,17 @@ def set_pdeathsig(sig: int) -> None:
     _check(_libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pidfd: int) -> None:
     """SIGKILL this process when its parent dies; exit now if the parent is already gone.
 
     PR_SET_PDEATHSIG fires only for a death after it is armed, so the parent is checked
-    afterwards (a process reparented to init or a subreaper has another ppid). The kernel clears
-    the setting when the process changes its uid or gid: arm it again after such a change.
-    Plain libc, no prctl module: a forked child calls this first, before any slow import.
+    afterwards, through ``parent_pidfd`` (a pidfd it opened on itself before the fork: readable
+    once it ended), which holds where getppid() cannot tell (0 for pid 1 of a pid namespace).
+    The kernel clears the setting when the process changes its uid or gid: arm it again after
+    such a change. Plain libc, no prctl module: a forked child calls this first.
     """
     set_pdeathsig(9)
-    if os.getppid() != parent_pid:
+    if select.select([parent_pidfd], [], [], 0)[0]:
         os._exit(1)
 
 

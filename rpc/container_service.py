@@ -76,7 +76,6 @@ class ContainerClient:
 
     def __init__(self, helper: HelperClient) -> None:
         self.helper = helper
-        self.closed = False
 
     def __enter__(self) -> ContainerClient:
         return self
@@ -85,11 +84,9 @@ class ContainerClient:
         self.close()
 
     def close(self) -> None:
-        """Shut the helper down and reap it; once (apply closes a helper it was handed when its work
-        is done, the ``with`` of whoever forked it closes it on any other path)."""
-        if not self.closed:
-            self.closed = True
-            self.helper.close()
+        """Shut the helper down and reap it (again: a no-op; apply closes a helper it was handed
+        when its work is done, the ``with`` of whoever forked it closes it on any other path)."""
+        self.helper.close()
 
     def mount(self, plan: Any) -> int:  # Plan; Any keeps nvc.plan.mountplan out of this import
         """Apply the plan's operations; on failure the helper has already undone them."""
@@ -112,7 +109,11 @@ def prestart() -> None:
     one so, and the call's :func:`open_container` takes it (fork and confinement already done).
     One never taken exits with this process."""
     global _prestarted
-    _prestarted = HelperClient.spawn("container", serve_container, wait=False, failure=MountError)
+    _prestarted = _fork(HELPER_TIMEOUT, wait=False)
+
+
+def _fork(timeout: float, wait: bool) -> HelperClient:
+    return HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait, failure=MountError)
 
 
 def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> ContainerClient:
@@ -122,7 +123,7 @@ def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> Contai
     global _prestarted
     helper, _prestarted = _prestarted, None
     if helper is None:
-        helper = HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait, failure=MountError)
+        helper = _fork(timeout, wait)
     else:
         helper.timeout = timeout
         if wait:

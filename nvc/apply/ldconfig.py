@@ -65,12 +65,12 @@ SECCOMP_ALLOW: tuple[str, ...] = (
     "symlink", "tgkill", "time", "uname", "unlink", "write", "writev",
 )  # fmt: skip
 
-# Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
-# is bounded at 10 s by RLIMIT_CPU): a FIFO or a stopped filesystem cannot hang configure.
 # The compiled allowlist, kept for the next runs (nvc.runcache: believed only as root's own file).
 SECCOMP_CACHE = "/run/nvc-py/ldconfig-seccomp.bpf"
 _MAX_BPF = 4096 * 8  # bytes: the kernel's limit of 4096 instructions of 8 bytes
 
+# Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
+# is bounded at 10 s by RLIMIT_CPU): a FIFO or a stopped filesystem cannot hang configure.
 TIMEOUT = 20.0
 CACHE = "/etc/ld.so.cache"  # written as CACHE~, then renamed (nvc.apply.applier saves both for a rollback)
 # ldconfig's fixed files, as it sees them: (path, follow symlinks, types allowed besides a
@@ -367,7 +367,7 @@ def _sandbox_child(
     ``parent_fd``: a pidfd of the caller, checked once PDEATHSIG is armed (getppid() is 0 here).
     """
     try:
-        _die_with(parent_fd)
+        syscalls.die_with_parent(parent_fd)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         import prctl
 
@@ -391,7 +391,7 @@ def _sandbox_child(
         os.setgroups([])
         os.setresgid(owner[1], owner[1], owner[1])
         os.setresuid(owner[0], owner[0], owner[0])
-        _die_with(parent_fd)  # the uid switch cleared PDEATHSIG
+        syscalls.die_with_parent(parent_fd)  # the uid switch cleared PDEATHSIG
         prctl.cap_effective.limit()  # effective first: it must stay within permitted
         prctl.cap_permitted.limit()  # (both already empty unless the owner is root)
         if program_fd < 0:
@@ -410,14 +410,6 @@ def _sandbox_child(
         syscalls.execveat(program_fd, ldconfig_argv(path, dirs), [], path)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, f"cannot run {path}"))
-
-
-def _die_with(parent_fd: int) -> None:
-    """SIGKILL this process when the caller dies; exit now if it is already gone (PDEATHSIG
-    fires only for a death after it is armed: the pidfd ``parent_fd`` tells an earlier one)."""
-    syscalls.set_pdeathsig(signal.SIGKILL)
-    if select.select([parent_fd], [], [], 0)[0]:
-        os._exit(1)
 
 
 def seccomp_cache_header() -> bytes:
