@@ -67,19 +67,21 @@ def share_env(env: Mapping[str, str], mounts: Iterable[Mapping[str, object]], po
     return env
 
 
-def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool,
-                     policy: Policy, warnings: list[str]) -> tuple[str, ...] | None | bool:
-    """Devices asked for: a tuple, ``None`` for driver only, or ``False`` for no GPU at all."""
-    if policy.accept_volume_mounts:
-        from_volumes = _volume_ids(mounts, DEVICE_VOLUME_DIR)
-        if from_volumes:
-            return from_volumes
+def _env_trusted(privileged: bool, policy: Policy) -> bool:
+    """Whether the container's own env may grant devices: the toolkit's rule for
+    NVIDIA_VISIBLE_DEVICES, applied to every variable and default that grants a device node."""
+    return privileged or policy.accept_envvar_when_unprivileged
+
+
+def _ignored(name: str, warnings: list[str]) -> None:
+    warnings.append(f"{name} ignored: unprivileged container and accept-envvar-when-unprivileged is false")
+
+
+def _env_devices(env: Mapping[str, str]) -> tuple[str, ...] | None | bool:
+    """Devices the env asks for (the legacy default included): a tuple, ``None`` for driver only,
+    or ``False`` for no GPU at all."""
     if "NVIDIA_VISIBLE_DEVICES" not in env:
         return ("all",) if _is_legacy(env) else False
-    if not privileged and not policy.accept_envvar_when_unprivileged:
-        warnings.append("NVIDIA_VISIBLE_DEVICES ignored: unprivileged container and "
-                        "accept-envvar-when-unprivileged is false")
-        return False
     devices = _split(env["NVIDIA_VISIBLE_DEVICES"])
     if not devices or "void" in devices:
         return False
@@ -87,6 +89,22 @@ def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]],
         return None
     if "all" in devices:
         return ("all",)
+    return devices
+
+
+def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool,
+                     policy: Policy, warnings: list[str]) -> tuple[str, ...] | None | bool:
+    """Devices asked for: a tuple, ``None`` for driver only, or ``False`` for no GPU at all. The
+    legacy image's "all" comes from its env too, so the policy applies to it as to the variable."""
+    if policy.accept_volume_mounts:
+        from_volumes = _volume_ids(mounts, DEVICE_VOLUME_DIR)
+        if from_volumes:
+            return from_volumes
+    devices = _env_devices(env)
+    if devices is not False and not _env_trusted(privileged, policy):
+        _ignored("NVIDIA_VISIBLE_DEVICES" if "NVIDIA_VISIBLE_DEVICES" in env else
+                 "CUDA_VERSION (a legacy image's default of all GPUs)", warnings)
+        return False
     return devices
 
 
@@ -135,13 +153,19 @@ def _mig(env: Mapping[str, str], name: str, privileged: bool) -> bool:
     return True
 
 
-def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], policy: Policy) -> tuple[int, ...]:
+def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool, policy: Policy,
+                   warnings: list[str]) -> tuple[int, ...]:
+    """Channel numbers from volume mounts (when accepted), else from NVIDIA_IMEX_CHANNELS, which
+    grants channel nodes as NVIDIA_VISIBLE_DEVICES grants GPUs and so passes the same policy."""
     raw: tuple[str, ...] = ()
     if policy.accept_volume_mounts:
         raw = _volume_ids(mounts, IMEX_VOLUME_DIR)
     if not raw:
         raw = _split(env.get("NVIDIA_IMEX_CHANNELS", ""))
         if raw == ("all",):  # a lone "all" from the variable is ignored, as the toolkit does
+            return ()
+        if raw and not _env_trusted(privileged, policy):
+            _ignored("NVIDIA_IMEX_CHANNELS", warnings)
             return ()
     from nvc.plan.request import imex_channel
 
@@ -172,7 +196,8 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
     Requests the policy ignores are reported in ``warnings`` (when given) for the user to see.
     """
     mounts = mounts or []
-    devices = _visible_devices(env, mounts, privileged, policy, warnings if warnings is not None else [])
+    warnings = warnings if warnings is not None else []
+    devices = _visible_devices(env, mounts, privileged, policy, warnings)
     if devices is False:
         return None
     from nvc.plan import requirements, selection  # a GPU container's: its record and parsers
@@ -181,7 +206,7 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
     capabilities = frozenset(_capabilities(env, policy))
     wanted = _requirements(env, policy)
     mig_config, mig_monitor = _mig(env, "MIG_CONFIG", privileged), _mig(env, "MIG_MONITOR", privileged)
-    imex_channels = _imex_channels(env, mounts, policy)
+    imex_channels = _imex_channels(env, mounts, privileged, policy, warnings)
     return Request(
         capabilities=capabilities,
         requirements=tuple(requirements.parse_requirement(text) for text in wanted),

@@ -251,6 +251,16 @@ static const struct {
     {"NVC_SHARE_WEIGHT", "compute_weight", 0},
 };
 
+/* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/share/limits.py _SCOPE). */
+static int env_scope(const char *s, size_t n)
+{
+    if (n >= 1 && n <= 3)
+        return strspn(s, "0123456789") >= n;
+    if (n < 5 || n > NVC_UUID_KEY_LEN + 3 || (strncmp(s, "GPU-", 4) && strncmp(s, "MIG-", 4)))
+        return 0;
+    return strspn(s + 4, "0123456789abcdefABCDEF-") >= n - 4;
+}
+
 int nvc_config_from_env(char *const *envp, struct nvc_config *cfg, char *err, size_t errlen)
 {
     config_defaults(cfg);
@@ -271,8 +281,7 @@ int nvc_config_from_env(char *const *envp, struct nvc_config *cfg, char *err, si
             char key[64];
             if (rest == eq) {
                 snprintf(key, sizeof key, "%s", env_names[n].key);
-            } else if (*rest == '_' && eq - rest > 1 && eq - rest <= 4 &&
-                       strspn(rest + 1, "0123456789") == (size_t)(eq - rest - 1)) {
+            } else if (*rest == '_' && env_scope(rest + 1, (size_t)(eq - rest - 1))) {
                 snprintf(key, sizeof key, "%s.%.*s", env_names[n].key, (int)(eq - rest - 1), rest + 1);
             } else {
                 continue;            /* another variable sharing the prefix */

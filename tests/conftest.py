@@ -32,6 +32,21 @@ def fake_2gpu(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def fake_3gpu(tmp_path_factory: pytest.TempPathFactory):
+    """Three GPUs without MIG, distro library layout."""
+    return _build(tmp_path_factory, "three-gpu")
+
+
+@pytest.fixture
+def active_3gpu(fake_3gpu) -> Iterator:
+    """``fake_3gpu`` shown at the real /proc and /dev paths for the duration of the test."""
+    from fakedriver.activate import activate
+
+    with activate(fake_3gpu) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="session")
 def fake_local_nvidia(tmp_path_factory: pytest.TempPathFactory):
     """One GPU, libraries under /usr/local/nvidia reached through ld.so.conf.d."""
     return _build(tmp_path_factory, "local-nvidia")

@@ -27,6 +27,7 @@ import pytest
 from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SCRIPTS, _uuids
 
 GIB = 1 << 30
+GPUS3 = tuple(f"GPU-11111111-2222-4333-8444-5555555555{i:02d}" for i in range(3))  # machines/three-gpu.yaml
 XID_FILE = "var/lib/fake-nvml/xid-events"  # in the driver root (tests/fakedriver/src/libnvidia-ml.c)
 
 
@@ -174,10 +175,10 @@ def _shares(directory: Path) -> dict[str, str]:
         assert node.plugin("nvidia.com/gpu").devices() == {}  # a shared GPU is not also a whole one
         assert share.preferred(units[::-1], 3, must=[units[4]]) [0] == units[4]
         first, second, third = share.allocate(units[:2], units[2:9], units[9:])
-        limits = [int(answer.envs["NVC_SHARE_MEMORY_LIMIT"]) for answer in (first, second, third)]
+        limits = [int(answer.envs[f"NVC_SHARE_MEMORY_LIMIT_{H100}"]) for answer in (first, second, third)]
         assert limits == [16 * GIB, 56 * GIB, 8 * GIB] and sum(limits) == 80 * GIB  # never more than the GPU has
-        assert [answer.envs["NVC_SHARE_COMPUTE"] for answer in (first, second, third)] == ["20", "70", "10"]
-        assert [answer.envs["NVC_SHARE_WEIGHT"] for answer in (first, second, third)] == ["2", "7", "1"]
+        assert [answer.envs[f"NVC_SHARE_COMPUTE_{H100}"] for answer in (first, second, third)] == ["20", "70", "10"]
+        assert [answer.envs[f"NVC_SHARE_WEIGHT_{H100}"] for answer in (first, second, third)] == ["2", "7", "1"]
         with pytest.raises(Exception, match="unknown device ID"):
             share.allocate([H100])
         return dict(first.envs)
@@ -191,7 +192,8 @@ def _ctr_wrapper(tmp_path: Path, config: Path) -> Path:
 
 
 SEE = ["sh", "-c", "nvidia-smi -L 2>&1; grep -h -e memory_limit -e compute_ /var/run/nvc-share/limits 2>/dev/null; "
-       "nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>/dev/null; true"]
+       "nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>/dev/null; "
+       "ls /dev/nvidia-caps-imex-channels 2>/dev/null; true"]
 
 
 def _in_containers(tmp_path: Path, rootfs_cache, *runs: tuple[str, dict[str, str], list]) -> list:
@@ -226,12 +228,13 @@ def test_shares_accounting_and_a_container_with_the_allocated_share(active_2gpu,
     the memory budget (the fake nvidia-smi through the shim reports it), compute cap and weight."""
     run = run_plugin(active_2gpu.root, "{share-gpus: [0], share-slice: 8Gi}")
     envs = in_child(_shares, plugin_dir)
-    assert envs == {"NVIDIA_VISIBLE_DEVICES": H100, "NVC_SHARE_MEMORY_LIMIT": str(16 * GIB),
-                    "NVC_SHARE_COMPUTE": "20", "NVC_SHARE_WEIGHT": "2"}
+    assert envs == {"NVIDIA_VISIBLE_DEVICES": H100, f"NVC_SHARE_MEMORY_LIMIT_{H100}": str(16 * GIB),
+                    f"NVC_SHARE_COMPUTE_{H100}": "20", f"NVC_SHARE_WEIGHT_{H100}": "2"}
     (seen,) = _in_containers(tmp_path, rootfs_cache, ("nvc-k8s-share", envs, []))
     assert _uuids(seen) == [H100]
-    assert seen.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20", "compute_weight=2", "16384 MiB"]
-    run.wait_log(r"Allocate nvc-py\.io/gpu-share \[.*\]: NVC_SHARE_COMPUTE=20")
+    assert seen.splitlines()[1:] == [f"memory_limit.{H100}={16 * GIB}", f"compute_percent.{H100}=20",
+                                     f"compute_weight.{H100}=2", "16384 MiB"]
+    run.wait_log(rf"Allocate nvc-py\.io/gpu-share \[.*\]: NVC_SHARE_COMPUTE_{H100}=20")
 
 
 def _share_mounts(directory: Path) -> list:
@@ -253,13 +256,14 @@ def test_a_pods_own_env_cannot_replace_its_share_limits(active_2gpu, plugin_dir:
     assert envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
     share_dir = "/var/run/nvidia-container-devices/share/"
     assert sorted(mounts) == [(f"/var/run/nvidia-container-devices/{H100}", "/dev/null", True),
-                              (f"{share_dir}NVC_SHARE_COMPUTE=20", "/dev/null", True),
-                              (f"{share_dir}NVC_SHARE_MEMORY_LIMIT={16 * GIB}", "/dev/null", True),
-                              (f"{share_dir}NVC_SHARE_WEIGHT=2", "/dev/null", True)]
-    hostile = dict(envs, NVC_SHARE_MEMORY_LIMIT="1Ti", NVC_SHARE_COMPUTE="100")
+                              (f"{share_dir}NVC_SHARE_COMPUTE_{H100}=20", "/dev/null", True),
+                              (f"{share_dir}NVC_SHARE_MEMORY_LIMIT_{H100}={16 * GIB}", "/dev/null", True),
+                              (f"{share_dir}NVC_SHARE_WEIGHT_{H100}=2", "/dev/null", True)]
+    hostile = {**envs, "NVC_SHARE_MEMORY_LIMIT": "1Ti", f"NVC_SHARE_COMPUTE_{H100}": "100"}
     (seen,) = _in_containers(tmp_path, rootfs_cache, ("nvc-k8s-share-mounts", hostile, mounts))
     assert _uuids(seen) == [H100]
-    assert seen.splitlines()[1:] == [f"memory_limit={16 * GIB}", "compute_percent=20", "compute_weight=2", "16384 MiB"]
+    assert seen.splitlines()[1:] == [f"memory_limit.{H100}={16 * GIB}", f"compute_percent.{H100}=20",
+                                     f"compute_weight.{H100}=2", "16384 MiB"]
 
 
 def _volume_mounts(directory: Path) -> list:
@@ -279,10 +283,40 @@ def test_volume_mounts_strategy_and_a_pod_asking_for_no_gpu(active_2gpu, plugin_
     envs, mounts = in_child(_volume_mounts, plugin_dir)
     assert envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert mounts == [(f"/var/run/nvidia-container-devices/{MIG_3G}", "/dev/null", True)]
-    mig, none = _in_containers(tmp_path, rootfs_cache, ("nvc-k8s-mig", envs, mounts),
-                               ("nvc-k8s-none", {"NVIDIA_VISIBLE_DEVICES": "all"}, []))
+    mig, none, legacy, imex = _in_containers(
+        tmp_path, rootfs_cache, ("nvc-k8s-mig", envs, mounts), ("nvc-k8s-none", {"NVIDIA_VISIBLE_DEVICES": "all"}, []),
+        ("nvc-k8s-legacy", {"CUDA_VERSION": "12.0"}, []),
+        ("nvc-k8s-imex", {**envs, "NVIDIA_IMEX_CHANNELS": "0,1"}, mounts))
     assert _uuids(mig) == [A100, MIG_3G]
     assert "nvidia-smi: not found" in none, none
+    # a legacy CUDA image's default of all GPUs, and IMEX channels a pod asks for itself, pass the same policy
+    assert "nvidia-smi: not found" in legacy, legacy
+    assert _uuids(imex) == [A100, MIG_3G] and "channel" not in imex, imex
+
+
+def _whole_and_shares(directory: Path) -> list:
+    with kubelet(directory) as node:
+        (whole,) = node.plugin("nvidia.com/gpu").allocate([GPUS3[0]])
+        (shares,) = node.plugin("nvc-py.io/gpu-share").allocate([f"{GPUS3[2]}::0", f"{GPUS3[1]}::0", f"{GPUS3[1]}::1"])
+        return [_answered(whole), _answered(shares)]
+
+
+def test_a_whole_gpu_beside_shares_of_two_others_in_one_container(active_3gpu, plugin_dir: Path, run_plugin,
+                                                                   rootfs_cache, tmp_path: Path) -> None:
+    """A pod asking for one whole GPU and shares of two others: each share's limit lands on its own GPU
+    (keyed by UUID end to end: plugin, hook, limits file, shim), the whole GPU stays unlimited although
+    the container numbers it first."""
+    run_plugin(active_3gpu.root, "{share-gpus: [1, 2], share-slice: 8Gi, device-list-strategy: volume-mounts}\n"
+                                 "accept-volume-mounts: true\naccept-envvar-when-unprivileged: false")
+    (whole_envs, whole_mounts), (share_envs, share_mounts) = in_child(_whole_and_shares, plugin_dir)
+    assert whole_envs == share_envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    (seen,) = _in_containers(tmp_path, rootfs_cache, ("nvc-k8s-mixed", whole_envs, [*whole_mounts, *share_mounts]))
+    assert _uuids(seen) == list(GPUS3)
+    gpu1, gpu2 = GPUS3[1:]
+    assert seen.splitlines()[3:] == [f"memory_limit.{gpu1}={16 * GIB}", f"memory_limit.{gpu2}={8 * GIB}",
+                                     f"compute_percent.{gpu1}=20", f"compute_percent.{gpu2}=10",
+                                     f"compute_weight.{gpu1}=2", f"compute_weight.{gpu2}=1",
+                                     "81920 MiB", "16384 MiB", "8192 MiB"]
 
 
 # ---------------------------------------------------------------- kubelet restarts, health, no NVML

@@ -64,6 +64,10 @@ def test_junk_sizes_are_refused_naming_the_variable(text):
     ({"CUDA_DEVICE_SM_LIMIT": "0"}, (), (("", 100),)),                       # HAMi: 0 = unlimited
     ({"CUDA_DEVICE_SM_LIMIT": "30", "NVC_SHARE_COMPUTE_0": "70"}, (), (("", 30), ("0", 70))),
     ({"NVC_SHARE_MEMORY_LIMIT_007": "1M"}, (("7", MIB),), ()),
+    # by UUID, as the device plugin names them: the shim applies them to that device whatever its index
+    ({"NVC_SHARE_MEMORY_LIMIT_GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b": "1M",
+      "CUDA_DEVICE_SM_LIMIT_MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d": "20"},
+     (("GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b", MIB),), (("MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d", 20),)),
     # other HAMi variables sharing a prefix are not limits
     ({"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/x", "CUDA_DEVICE_SM_LIMIT_POLICY": "force"}, None, None),
 ])
@@ -83,6 +87,7 @@ def test_env_requests(env, memory, compute):
     ({"CUDA_DEVICE_SM_LIMIT": "50%"}, "CUDA_DEVICE_SM_LIMIT='50%': not a percentage"),
     ({"NVC_SHARE_MEMORY_LIMIT_GPU0": "1G"}, "NVC_SHARE_MEMORY_LIMIT_GPU0: unknown sharing variable"),
     ({"NVC_SHARE_MEMORY_LIMIT_1234": "1G"}, "unknown sharing variable"),
+    ({"NVC_SHARE_WEIGHT_GPU-12/gi": "1"}, "NVC_SHARE_WEIGHT_GPU-12/gi: unknown sharing variable"),
 ])
 def test_junk_env_is_refused(env, message):
     with pytest.raises(InputError, match=message):

@@ -119,6 +119,15 @@ def test_per_device_and_hami_names(share):
     assert meminfo(out[2])[1] == 2 * GIB
 
 
+def test_per_device_names_by_uuid(share):
+    """The device plugin's names: a limit keyed by one GPU's UUID applies to it alone; the other
+    device keeps the default (nvc/share/limits.py reads the same names)."""
+    limits = {f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    out = share.probe("meminfo", "ctx", 1, "meminfo", limits=limits)
+    assert meminfo(out[0])[1] == 512 * MIB
+    assert meminfo(out[2])[1] == GIB
+
+
 def test_without_limit_sizes_are_physical(share):
     out = share.probe("meminfo", limits={"NVC_SHARE_COMPUTE": "50"})
     assert meminfo(out[0]) == (80 * GIB, 80 * GIB)

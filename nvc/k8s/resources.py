@@ -226,16 +226,16 @@ def _index_of(units: Sequence[Unit], uuid: str) -> int:
 
 
 def _share_env(units: Sequence[Unit], uuids: Sequence[str], k8s: K8s) -> dict[str, str]:
-    """NVC_SHARE_* of the units: one GPU gets the plain names; units on several GPUs get the
-    per-device names (``_<i>``, i the GPU's index in the container, which numbers them in host order)."""
+    """NVC_SHARE_* of the units, each named by its GPU's UUID (``NVC_SHARE_MEMORY_LIMIT_GPU-…``): the
+    shim applies a limit to that GPU alone, whatever index the container gives it, so a whole GPU or
+    MIG device of another resource in the same container stays unlimited."""
     envs: dict[str, str] = {}
-    for position, uuid in enumerate(uuids):
+    for uuid in uuids:
         mine = [u for u in units if u.uuid == uuid]
-        suffix = "" if len(uuids) == 1 else f"_{position}"
         memory = sum(u.memory for u in mine)
-        envs[f"NVC_SHARE_MEMORY_LIMIT{suffix}"] = str(memory)
+        envs[f"NVC_SHARE_MEMORY_LIMIT_{uuid}"] = str(memory)
         if k8s.share_compute == "proportional" and mine[0].gpu_memory:
-            envs[f"NVC_SHARE_COMPUTE{suffix}"] = str(min(100, max(1, math.ceil(100 * memory / mine[0].gpu_memory))))
+            envs[f"NVC_SHARE_COMPUTE_{uuid}"] = str(min(100, max(1, math.ceil(100 * memory / mine[0].gpu_memory))))
         if k8s.share_weight:
-            envs[f"NVC_SHARE_WEIGHT{suffix}"] = str(min(1000, len(mine)))
+            envs[f"NVC_SHARE_WEIGHT_{uuid}"] = str(min(1000, len(mine)))
     return envs

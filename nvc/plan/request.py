@@ -36,7 +36,7 @@ class HostMount(NamedTuple):
 
 class ShareRequest(NamedTuple):
     """What a container asked of GPU sharing. Scope "" means every device, else an NVML index (as the
-    container numbers its GPUs). Sizes in bytes; percents 1..100 (100 = unthrottled, the cap);
+    container numbers its GPUs) or a GPU/MIG UUID. Sizes in bytes; percents 1..100 (100 = unthrottled, the cap);
     weights 1..1000 (its share of the GPU among busy weighted containers)."""
 
     memory: tuple[tuple[str, int], ...] = ()

@@ -60,7 +60,9 @@ _NAMES = (
     ("NVC_SHARE_WEIGHT", "compute_weight", False),
 )
 _MAX_WEIGHT = 1000
-_SCOPE = re.compile(r"_([0-9]{1,3})")
+# A variable's device: ``_<NVML index>`` as the container numbers its GPUs, or ``_<UUID>`` of a GPU or
+# MIG device (what the device plugin writes: it holds whatever index the container gives the device).
+_SCOPE = re.compile(r"_([0-9]{1,3}|(?:GPU|MIG)-[0-9A-Fa-f-]{1,36})")
 
 
 def parse_size(name: str, text: str) -> int:
@@ -102,6 +104,11 @@ def _parse_value(name: str, key: str, text: str, hami: bool) -> int:
     return parse_percent(name, text, hami)
 
 
+def _scope_key(text: str) -> str:
+    """A scope as the limits file names it: an index without leading zeros, a UUID as given."""
+    return str(int(text)) if text.isdigit() else text
+
+
 def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
     """The sharing request in a container's env; None when it asks for no sharing."""
     found: dict[str, dict[str, int]] = {"memory_limit": {}, "compute_percent": {}, "compute_weight": {}}
@@ -115,9 +122,10 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
             if rest and not scope:
                 if hami:
                     continue             # another HAMi variable sharing the prefix
-                raise InputError(f"{name}: unknown sharing variable (want {prefix} or {prefix}_<index>)")
+                raise InputError(f"{name}: unknown sharing variable (want {prefix}, {prefix}_<index> or "
+                                 f"{prefix}_<GPU- or MIG- UUID>)")
             parsed = _parse_value(name, key, env[name], hami)
-            found[key][str(int(scope.group(1))) if scope else ""] = parsed
+            found[key][_scope_key(scope.group(1)) if scope else ""] = parsed
             asked = True
     if not asked:
         return None
