@@ -61,7 +61,8 @@ def container_request(config: Config, state: State, ctr: Container, req: Request
     """What the spec asks for (``req``, parsed from its env), for this container (its rootfs and
     pid; its id names the sharing files) and with the host's configuration."""
     return req._replace(rootfs=ctr.rootfs, pid=state.pid, ldconfig=config.ldconfig, no_cgroups=config.no_cgroups,
-                        cuda_compat_mode=config.cuda_compat_mode, sharing=sharing, container_id=state.id)
+                        cuda_compat_mode=config.cuda_compat_mode, sharing=sharing, container_id=state.id,
+                        bundle=state.bundle)
 
 
 def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
@@ -114,13 +115,14 @@ def _stdin(given: bytes | None) -> bytes:
 
 
 def _poststop(stdin: bytes) -> int:
-    """Drop the container's GPU-sharing directory, if it had one; never fails the teardown. Only the
-    id is read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
+    """Drop the container's GPU-sharing directory, if it had one and it is this container's (not a
+    running one's of the same id under another runtime root); never fails the teardown. Only the
+    id and bundle are read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
     from nvc.share import limits as share
     from nvc.hook import spec
 
     try:
-        share.remove(spec.container_id(stdin))
+        share.remove_stopped(*spec.stopped(stdin))
     except NvcError:
         pass
     return 0

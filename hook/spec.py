@@ -109,17 +109,25 @@ def _container_id(doc: dict[str, Any]) -> str:
     return value
 
 
-def container_id(text: str | bytes) -> str:
-    """Only the container id of the state JSON (a stopped container's state may hold no pid)."""
-    return _container_id(_state(text))
+def _bundle(doc: dict[str, Any]) -> str:
+    """The state's absolute bundle path (legacy runtimes name it ``bundlePath``), "" where it has none."""
+    bundle = doc.get("bundle") or doc.get("bundlePath")
+    return bundle if isinstance(bundle, str) and os.path.isabs(bundle) and _path_text(bundle) else ""
+
+
+def stopped(text: str | bytes) -> tuple[str, str]:
+    """The container id and bundle of a poststop state JSON ("" for a bundle that is absent or not
+    an absolute path): a stopped container's state may hold no pid."""
+    doc = _state(text)
+    return _container_id(doc), _bundle(doc)
 
 
 def parse_state(text: str | bytes) -> State:
     """The state JSON; legacy runtimes name the bundle ``bundlePath``. The id is checked before it
     names anything (a log line, a directory)."""
     doc = _state(text)
-    bundle = doc.get("bundle") or doc.get("bundlePath")
-    if not isinstance(bundle, str) or not os.path.isabs(bundle) or not _path_text(bundle):
+    bundle = _bundle(doc)
+    if not bundle:
         raise InputError("OCI state on stdin: no absolute 'bundle' path")
     pid = doc.get("pid")
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid < PID_MAX):

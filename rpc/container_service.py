@@ -154,7 +154,7 @@ def apply(plan: Plan, container: ContainerClient | None = None) -> None:
         return
     from nvc.share import limits as share
 
-    share.make(plan.share)  # undoes itself on failure (and leaves a stale container's files alone)
+    share.make(plan.share, plan.pid)  # undoes itself on failure (and leaves a stale container's files alone)
     try:
         _apply_in_container(plan, start, container)
     except BaseException:

@@ -57,7 +57,7 @@ BAD_IDS = ["", "-rf", "--help", "a/b", "/abs", "..", ".", ".hidden", "a\nlevel=i
 @pytest.mark.parametrize("cid", GOOD_IDS)
 def test_real_container_ids_are_accepted(cid: str) -> None:
     assert spec.parse_state(json.dumps({"id": cid, "bundle": "/b"})).id == cid
-    assert spec.container_id(json.dumps({"id": cid, "pid": 0})) == cid
+    assert spec.stopped(json.dumps({"id": cid, "pid": 0})) == (cid, "")
 
 
 @pytest.mark.parametrize("cid", [*BAD_IDS, 7, None, ["a"]])
@@ -66,7 +66,7 @@ def test_bad_container_ids_are_refused(cid: object) -> None:
         spec.parse_state(json.dumps({"id": cid, "bundle": "/b"}))
     assert str(err.value).isprintable()  # the id shows escaped
     with pytest.raises(InputError, match="invalid container id"):
-        spec.container_id(json.dumps({"id": cid}))
+        spec.stopped(json.dumps({"id": cid}))
 
 
 def _bundle(tmp_path: Path, doc: dict) -> str:

@@ -27,11 +27,12 @@ from test_configure import target_process  # noqa: F401  (fixture: a process in 
 from test_share_native import GIB, GPU0, MIB, SHIM, meminfo, programs, share as shim  # noqa: F401  (fixtures)
 
 
-def prepare(request: share.ShareRequest, container_id: str, rootfs: str, **where: str) -> tuple:
+def prepare(request: share.ShareRequest, container_id: str, rootfs: str, pid: int | None = None, **where: str) -> tuple:
     """The sharing files as a container start has them: planned (share.plan, a step of its plan),
-    then made (share.make); returns where the container gets them (share.mounts)."""
+    then made (share.make, for the container whose process is ``pid``); returns where the container
+    gets them (share.mounts)."""
     files = share.plan(request, container_id, rootfs, **where)
-    share.make(files)
+    share.make(files, pid)
     return share.mounts(files)
 
 
@@ -104,12 +105,12 @@ def test_host_defaults_fill_in_what_the_container_left_out():
         share.with_defaults(None, "8 g", None)
 
 
-def prepared(state: Path, container_id: str, env: dict[str, str]) -> Path:
-    """prepare for a container with this env (an empty image) under the state dir ``state``;
-    returns its shared directory (a tmpfs: callers run in a private mount namespace)."""
+def prepared(state: Path, container_id: str, env: dict[str, str], pid: int | None = None) -> Path:
+    """prepare for a container with this env (an empty image) under the state dir ``state``, its
+    process ``pid``; returns its shared directory (a tmpfs: callers run in a private mount namespace)."""
     rootfs = state.parent / f"rootfs-{container_id}"
     rootfs.mkdir(exist_ok=True)
-    prepare(share.parse_share_env(env), container_id, str(rootfs), library=str(SHIM), state_dir=str(state))
+    prepare(share.parse_share_env(env), container_id, str(rootfs), pid, library=str(SHIM), state_dir=str(state))
     return state / container_id / "shared"
 
 
@@ -354,7 +355,7 @@ def test_remove_follows_nothing_the_container_planted(private_mounts, tmp_path):
 def test_share_status_reads_the_live_region(shim, tmp_path):
     state = tmp_path / "state"
     env = {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_WEIGHT": "3"}
-    shim.dir = prepared(state, "ctr1", env)
+    shim.dir = prepared(state, "ctr1", env, os.getpid())   # the "container" in this pid namespace
     prepared(state, "idle", env)
     holder = shim.holder("alloc", 600 * MIB, limits={})
     try:
@@ -376,18 +377,57 @@ def test_share_status_reads_the_live_region(shim, tmp_path):
             device["weight"], device["share_percent"]) == (key, 4 * GIB, 600 * MIB, 50, 3, None)
     assert ctr["processes"] == [{"pid": holder.pid, "host_pid": holder.pid, "used": {key: 600 * MIB}}]
     assert f"{key}: memory 600 MiB used of 4096 MiB; compute cap 50%, weight 3, idle" in text
-    assert f"pid {holder.pid} (host pid {holder.pid}): {key} 600 MiB" in text
+    assert f"pid {holder.pid} as the container reports it (host pid {holder.pid}): {key} 600 MiB" in text
 
 
 def test_share_status_marks_dead_processes(shim, tmp_path):
     state = tmp_path / "state"
-    shim.dir = prepared(state, "c", {"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    shim.dir = prepared(state, "c", {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}, os.getpid())
     holder = shim.holder("alloc", 300 * MIB, limits={})
     holder.kill()
     holder.wait()
     (ctr,) = sharestatus.status(str(state))
     assert [(p.pid, p.host_pid, p.used) for p in ctr.processes] == [(holder.pid, None, {GPU0[4:]: 300 * MIB})]
-    assert f"pid {holder.pid} (gone)" in sharestatus.text([ctr])
+    assert f"pid {holder.pid} as the container reports it (not running in the container's pid namespace)" in \
+        sharestatus.text([ctr])
+
+
+def test_share_status_shows_what_a_container_wrote_as_its_word(shim, tmp_path):
+    """A container's region is its own to write: a process slot it forges (here a live host process's
+    registration, in the host's pid namespace, not the container's) is not shown as a host process,
+    and a device key with a newline and terminal escapes is shown escaped, on one line."""
+    from nvc.share.region import _HEADER
+
+    state = tmp_path / "state"
+    other_ns = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while not (children := Path(f"/proc/{other_ns.pid}/task/{other_ns.pid}/children").read_text().split()):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        shim.dir = prepared(state, "ctr", {"NVC_SHARE_MEMORY_LIMIT": "80Gi"}, int(children[0]))
+        holder = shim.holder("alloc", 600 * MIB, limits={})
+        try:
+            with open(shim.dir / "region", "r+b") as region:     # the device key, as the container may write it
+                region.seek(_HEADER.size)
+                region.write(b"evil\nforged line\x1b[2J".ljust(40, b"\0"))
+            (ctr,) = sharestatus.status(str(state))
+            text = sharestatus.text([ctr])
+            result = subprocess.run(["nvc-py", "share", "status", "--json", "--state-dir", str(state)],
+                                    capture_output=True, text=True, timeout=30)
+        finally:
+            holder.kill()
+            holder.wait()
+    finally:
+        other_ns.kill()
+        other_ns.wait()
+    assert [(p.pid, p.host_pid) for p in ctr.processes] == [(holder.pid, None)]
+    assert f"pid {holder.pid} as the container reports it (not running in the container's pid namespace)" in text
+    assert "\x1b" not in text and "\nforged line" not in text
+    assert "  evil\\nforged line\\x1b[2J: memory 600 MiB used of 81920 MiB" in text
+    assert result.returncode == 0 and json.loads(result.stdout)["containers"][0]["processes"][0]["host_pid"] is None
+    assert "\x1b" not in result.stdout
+    share.remove("ctr", str(state))
 
 
 def _plant(shared: Path, name: str, what: str, host: Path) -> None:
@@ -466,12 +506,13 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
 
     plan = configure.plan(glob, req)
     lines = plan.text().splitlines()
-    assert lines[:3] == [f"mkdir   host      {where}", f"tmpfs   host      {where}/shared (limits, region)",
+    assert lines[:4] == [f"mkdir   host      {where}", f"write   host      {where}/owner (the container's bundle and "
+                         "process)", f"tmpfs   host      {where}/shared (limits, region)",
                          f"write   host      {where}/shared/limits ({len(plan.share.limits)} bytes: "
                          "'# written by nvc-py for container ctr-pl'…)"]
-    assert lines[3].startswith(f"write   host      {where}/ld.so.preload (")
-    assert "bytes: '/usr/lib/nvc-share/libnvc-share.so'…)" in lines[3]
-    assert lines[4:6] == [f"write   host      {sched} (scheduler file)",
+    assert lines[4].startswith(f"write   host      {where}/ld.so.preload (")
+    assert "bytes: '/usr/lib/nvc-share/libnvc-share.so'…)" in lines[4]
+    assert lines[5:7] == [f"write   host      {sched} (scheduler file)",
                           f"rootfs  {debian_rootfs} (pid {target_process}, owner 0:0)"]
     assert f"bind    extra     {share.HOST_LIBRARY} -> {share.CONTAINER_LIBRARY} [rdonly,nosuid,nodev]" in lines
     assert f"bind    extra     {where}/shared -> {share.CONTAINER_DIR} [nosuid,nodev]" in lines
@@ -489,6 +530,9 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
 
         container_service.apply(plan)
         assert "memory_limit=1073741824\n" in Path(f"{where}/shared/limits").read_text()
+        recorded = json.loads(Path(f"{where}/owner").read_text())
+        assert (recorded["bundle"], recorded["pid"]) == ("", target_process)
+        assert recorded["pidns"] == os.stat(f"/proc/{target_process}/ns/pid").st_ino
         assert os.path.exists(sched) and str(Path(where) / "shared") in _mountpoints()
         # (the image's /var/run links to /run)
         assert f" {debian_rootfs}/run/nvc-share " in Path(f"/proc/{target_process}/mountinfo").read_text()
@@ -578,6 +622,42 @@ def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu,
         writer.kill()
         writer.wait()
     assert os.listdir(share.STATE_DIR) == []
+
+
+def test_poststop_removes_only_the_sharing_files_of_the_container_that_stopped(default_run_dir, fake_2gpu, runc,
+                                                                              debian_rootfs, make_rootfs, tmp_path):
+    """Finding 7: a GPU-less container with the same id under another runtime root stops while the
+    sharing container runs: its poststop leaves the running container's directory and scheduler
+    file alone (prestart recorded their owner: bundle and process). The right poststop removes them."""
+    from harness.bundle import make_bundle
+    from harness.runtime import Runc
+    from test_hook_containers import SCRIPTS
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": [f"NVC_PY_CONFIG={config}"]}
+    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    cid = "nvc-share-same-id"
+    gpu = make_bundle(tmp_path / "gpu", debian_rootfs, ["sleep", "60"], hooks=hooks,
+                      env={"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_COMPUTE": "50"})
+    plain = make_bundle(tmp_path / "plain", make_rootfs("debian", name="plain-rootfs"), ["true"], hooks=hooks)
+    where, sched = Path(share.STATE_DIR) / cid, Path(share.sched_dir_for(share.STATE_DIR)) / cid
+    try:
+        with open(tmp_path / "create.log", "w") as log:
+            created = subprocess.run(["runc", "--root", str(runc.state_root), "create", "--bundle", str(gpu), cid],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, timeout=60)
+        assert created.returncode == 0, (tmp_path / "create.log").read_text()
+        assert (where / "shared" / "limits").exists() and sched.exists()
+        other = Runc(tmp_path / "other-runtime-root").run(plain, container_id=cid)
+        assert other.returncode == 0, other.stderr
+        assert (where / "shared" / "limits").exists() and sched.exists()   # not the stopped one's
+        runc.delete(cid)
+        assert not where.exists() and not sched.exists()
+    finally:
+        runc.delete(cid)
+        if os.path.ismount(default_run_dir / "gpu-sched"):
+            subprocess.run(["umount", "-l", str(default_run_dir / "gpu-sched")], check=True)
 
 
 # ---------------------------------------------------------------- two weighted containers, through the hook

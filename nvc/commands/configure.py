@@ -154,7 +154,7 @@ def _share_files(req: Request) -> tuple[Request, ShareFiles | None]:
         return req, None
     from nvc.share import limits as share
 
-    files = share.plan(req.sharing, req.container_id, req.rootfs)
+    files = share.plan(req.sharing, req.container_id, req.rootfs, bundle=req.bundle)
     return req._replace(extra_mounts=(*req.extra_mounts, *share.mounts(files))), files
 
 

@@ -152,11 +152,13 @@ class ShareFiles(NamedTuple):
     limits: str  # the limits file's text
     preload: str  # the container's /etc/ld.so.preload
     scheduled: bool = False
+    bundle: str = ""  # the container's OCI bundle, recorded as its owner (nvc.share.owner)
 
     def lines(self) -> list[str]:
         """What ``--dry-run`` prints of it."""
         where = f"{self.state_dir.rstrip('/')}/{self.container_id}"
         lines = [_line("mkdir", where, what="host"),
+                 _line("write", f"{where}/owner", " (the container's bundle and process)", what="host"),
                  _line("tmpfs", f"{where}/shared", " (limits, region)", what="host"),
                  _written(f"{where}/shared/limits", self.limits, "host"),
                  _written(f"{where}/ld.so.preload", self.preload, "host")]

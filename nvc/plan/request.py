@@ -63,6 +63,7 @@ class Request(NamedTuple):
     extra_mounts: tuple[HostMount, ...] = ()
     sharing: ShareRequest | None = None  # GPU sharing: the shim and its files (planned as host steps)
     container_id: str = ""  # names the sharing files (the OCI container id)
+    bundle: str = ""  # the OCI bundle: with the container's process, whose sharing files they are
 
 
 def _check_target(rootfs: str, pid: int | None, ldconfig: str) -> None:

@@ -339,7 +339,7 @@ def _make_dir(path: str, mode: int, flags: int, what: str) -> int:
 
 
 def plan(request: ShareRequest, container_id: str, rootfs: str, *, library: str = HOST_LIBRARY,
-         state_dir: str = STATE_DIR, sched_dir: str | None = None) -> ShareFiles:
+         state_dir: str = STATE_DIR, sched_dir: str | None = None, bundle: str = "") -> ShareFiles:
     """The host files of one container, decided (the image's ld.so.preload read inside its rootfs),
     not made: a refused request (no shim installed, an id that cannot name a directory) changes nothing."""
     from nvc.plan.mountplan import ShareFiles
@@ -350,17 +350,21 @@ def plan(request: ShareRequest, container_id: str, rootfs: str, *, library: str 
     container_dir(container_id, state_dir)
     return ShareFiles(container_id=container_id, state_dir=state_dir, sched_dir=sched_dir or sched_dir_for(state_dir),
                       library=library, limits=limits_text(request, origin=f"container {container_id}"),
-                      preload=preload_text(image_preload), scheduled=scheduled(request))
+                      preload=preload_text(image_preload), scheduled=scheduled(request), bundle=bundle)
 
 
-def make(files: ShareFiles) -> None:
+def make(files: ShareFiles, pid: int | None = None) -> None:
     """Make what :func:`plan` decided, in the mount namespace the hook runs in (the host's, where the
-    runtime runs hooks): a tmpfs of fixed size (``tmpfs_options``: the limits file and the preallocated
-    region, nothing more) on ``<state_dir>/<id>/shared``, filled, so what the container may write is
-    that tmpfs, never the host's /run; a scheduled container's file in ``sched_dir``
+    runtime runs hooks): the record of the container they belong to (its bundle and init process
+    ``pid``: :mod:`nvc.share.owner`), a tmpfs of fixed size (``tmpfs_options``: the limits file and the
+    preallocated region, nothing more) on ``<state_dir>/<id>/shared``, filled, so what the container
+    may write is that tmpfs, never the host's /run; a scheduled container's file in ``sched_dir``
     (``_open_sched_dir``). On failure at any step, what was made is unmounted and removed again
     (``remove``): nothing is left on the host. A directory that exists already (a stale container's)
     is refused and left alone."""
+    from nvc.share import owner
+
+    record = owner.encode(owner.of_container(pid, files.bundle))
     path = container_dir(files.container_id, files.state_dir)
     state_fd = _open_state_dir(files.state_dir)
     try:
@@ -370,7 +374,7 @@ def make(files: ShareFiles) -> None:
             raise ContainerError(f"sharing directory {path} already exists (stale container {files.container_id}?)") \
                 from None
         try:
-            _fill(state_fd, path, files.limits.encode(), files.preload.encode())
+            _fill(state_fd, path, record, files.limits.encode(), files.preload.encode())
             if files.scheduled:
                 _write_sched_file(files.sched_dir, files.container_id)
         except BaseException:
@@ -396,14 +400,17 @@ def mounts(files: ShareFiles) -> tuple[HostMount, ...]:
             HostMount(source=f"{files.sched_dir}/{files.container_id}", target=CONTAINER_SCHED, readonly=False))
 
 
-def _fill(state_fd: int, path: Path, limits: bytes, preload: bytes) -> None:
-    """The new container directory: the shared tmpfs with its files, and ld.so.preload beside it
-    (outside the tmpfs: the container sees it only as a read-only bind)."""
+def _fill(state_fd: int, path: Path, owner: bytes, limits: bytes, preload: bytes) -> None:
+    """The new container directory: its owner record first (never mounted into the container), the
+    shared tmpfs with its files, and ld.so.preload beside it (outside the tmpfs: the container sees
+    it only as a read-only bind)."""
     from nvc.apply import fdmount
+    from nvc.share.owner import FILE as OWNER_FILE
     from nvc.syscalls import MountAttr
 
     dir_fd = os.open(path.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)
     try:
+        _write_new(dir_fd, OWNER_FILE, owner, 0o444)
         os.mkdir("shared", 0o755, dir_fd=dir_fd)
         mount = fdmount.mount_tmpfs(dir_fd, "shared", MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
                                     dest_path=str(path / "shared"), mode=0o755,
@@ -449,6 +456,28 @@ def remove(container_id: str, state_dir: str = STATE_DIR, sched_dir: str | None 
             shutil.rmtree(container_id, ignore_errors=True, dir_fd=state_fd)
     finally:
         os.close(state_fd)
+
+
+def remove_stopped(container_id: str, bundle: str, state_dir: str = STATE_DIR) -> None:
+    """poststop: :func:`remove` the directory of ``container_id`` only when it is the stopped
+    container's (``bundle``: its state's, "" when none): by the owner record prestart wrote, its
+    process gone and its bundle the same. A directory without a record (made before records were)
+    is removed by id, as it was then."""
+    from nvc.share import owner
+
+    container_dir(container_id, state_dir)
+    try:
+        dir_fd = os.open(os.path.join(state_dir, container_id), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW |
+                         os.O_CLOEXEC)
+    except OSError:
+        record = None
+    else:
+        try:
+            record = owner.read(dir_fd)
+        finally:
+            os.close(dir_fd)
+    if record is None or owner.stopped(record, bundle):
+        remove(container_id, state_dir)
 
 
 def _unmount_shared(state_fd: int, name: str, path: str) -> bool:

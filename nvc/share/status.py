@@ -2,13 +2,13 @@
 processes holds, and its compute share and throttling, read from the per-container directories the
 hook prepared (nvc/share.py) and the regions the shim keeps there (nvc/shareregion.py).
 
-Processes are listed with their pid inside the container and, where it can be found, on the host
-(matched by pid namespace inode and NSpid); a registered process that no longer runs is shown as
-gone: the shim reclaims its memory at the next out-of-memory decision.
-
-A container's shared directory is its own to write: root reads nothing there without checking it
-first (no symlink followed, no FIFO or device opened, the region read only at its exact size), and
-reports what it found instead.
+A container's shared directory is its own to write, so everything read there is the container's
+word: root reads nothing there without checking it first (no symlink followed, no FIFO or device
+opened, the region read only at its exact size) and reports what it found instead; every string
+from there is escaped when shown (no forged lines, no terminal escapes). The processes listed are
+the ones the container reports, with the memory it reports for them: a host pid is shown only for
+a reported process found in the container's own pid namespace (recorded by the hook at prestart:
+:mod:`nvc.share.owner`), never for one the container claims elsewhere.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from nvc.share import limits as share
+from nvc.errors import one_line
+from nvc.share import limits as share, owner
 from nvc import untrusted
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
@@ -30,9 +31,9 @@ _MAX_LIMITS = 16384               # what the shim reads of a limits file (native
 
 
 class Process(NamedTuple):
-    pid: int                      # inside the container
-    host_pid: int | None          # None: not running any more (or not visible from here)
-    used: dict[str, int]          # device key -> bytes
+    pid: int                      # inside the container, as the container reports it
+    host_pid: int | None          # None: no such process in the container's pid namespace (gone, or a false claim)
+    used: dict[str, int]          # device key -> bytes, as the container reports them
 
 
 class Device(NamedTuple):
@@ -122,8 +123,10 @@ def _sched(sched_dir: str, cid: str) -> dict[str, SchedDevice]:
 
 
 def _weight(limits: dict[str, str], key: str) -> int | None:
-    value = limits.get(f"compute_weight.GPU-{key}") or limits.get("compute_weight")
-    return int(value) if value and value.isdigit() else None
+    """The weight the limits give device ``key`` (a UUID key): its GPU-/MIG- UUID's, else the default."""
+    by_uuid = {name[len("compute_weight.") + 4:].lower(): value for name, value in limits.items()
+               if name.startswith(("compute_weight.GPU-", "compute_weight.MIG-"))}
+    return untrusted.decimal(by_uuid.get(key.lower()) or limits.get("compute_weight") or "", 4)
 
 
 def container_share(state_fd: int, cid: str, directory: str,
@@ -133,6 +136,7 @@ def container_share(state_fd: int, cid: str, directory: str,
     try:
         dir_fd = _open_dir(state_fd, cid, directory)
         try:
+            record = owner.read(dir_fd)
             shared_fd = _open_dir(dir_fd, "shared", f"{directory}/shared")
         finally:
             os.close(dir_fd)
@@ -148,8 +152,9 @@ def container_share(state_fd: int, cid: str, directory: str,
         region: Region = parse_region(data)
     except RegionFormatError as err:
         return ContainerShare(cid, directory, limits, f"not initialised: {err}")
+    pidns = record.pidns if record else None
     processes = tuple(
-        Process(s.pid, host_pids.get((s.pidns_ino, s.pid, s.start_time)),
+        Process(s.pid, host_pids.get((s.pidns_ino, s.pid, s.start_time)) if s.pidns_ino == pidns else None,
                 {d.key: used for d, used in zip(region.devices, s.used) if used})
         for s in region.slots)
     sched = _sched(sched_dir, cid) if sched_dir else {}
@@ -200,21 +205,22 @@ def text(containers: list[ContainerShare]) -> str:
 
 
 def _lines(c: ContainerShare) -> Iterator[str]:
-    yield f"container {c.id}"
-    yield "  limits: " + (" ".join(f"{k}={v}" for k, v in c.limits.items()) or "-")
+    """The text form; every string read from the container's files goes through ``one_line``."""
+    yield f"container {one_line(c.id)}"
+    yield "  limits: " + (" ".join(one_line(f"{k}={v}", 200) for k, v in c.limits.items()) or "-")
     if c.region != "ok":
-        yield f"  region: {c.region}"
+        yield f"  region: {one_line(c.region)}"
     for d in c.devices:
         weight = f", weight {d.weight}" if d.weight else ""
         measured = (f", measured share {d.share_percent:.1f}%" if d.share_percent is not None
                     else ", idle" if d.weight else "")
-        yield (f"  {d.key}: memory {_size(d.memory_used) if d.memory_used else '0 MiB'} used of "
+        yield (f"  {one_line(d.key, 64)}: memory {_size(d.memory_used) if d.memory_used else '0 MiB'} used of "
                f"{_size(d.memory_limit)}; compute cap {d.compute_percent}%{weight}{measured}, busy {d.busy_s:.1f} s, "
                f"throttled {d.throttled_s:.1f} s over {d.launches} launches")
     for p in c.processes:
-        host = f"host pid {p.host_pid}" if p.host_pid else "gone"
-        used = ", ".join(f"{k} {_size(v)}" for k, v in p.used.items()) or "no device memory"
-        yield f"  pid {p.pid} ({host}): {used}"
+        host = f"host pid {p.host_pid}" if p.host_pid else "not running in the container's pid namespace"
+        used = ", ".join(f"{one_line(k, 64)} {_size(v)}" for k, v in p.used.items()) or "no device memory"
+        yield f"  pid {p.pid} as the container reports it ({host}): {used}"
 
 
 def _plain(value: object) -> object:
