@@ -25,6 +25,14 @@ def _build(tmp_path_factory: pytest.TempPathFactory, machine: str):
     return build(MACHINES / f"{machine}.yaml", tmp_path_factory.mktemp(machine))
 
 
+def _activated(fake) -> Iterator:
+    """``fake`` shown at the real /proc and /dev paths while the test runs."""
+    from fakedriver.activate import activate
+
+    with activate(fake) as active:
+        yield active
+
+
 @pytest.fixture(scope="session")
 def fake_2gpu(tmp_path_factory: pytest.TempPathFactory):
     """Two GPUs (GPU 1 MIG-enabled with two MIG devices), distro library layout."""
@@ -37,15 +45,6 @@ def fake_3gpu(tmp_path_factory: pytest.TempPathFactory):
     return _build(tmp_path_factory, "three-gpu")
 
 
-@pytest.fixture
-def active_3gpu(fake_3gpu) -> Iterator:
-    """``fake_3gpu`` shown at the real /proc and /dev paths for the duration of the test."""
-    from fakedriver.activate import activate
-
-    with activate(fake_3gpu) as fake:
-        yield fake
-
-
 @pytest.fixture(scope="session")
 def fake_local_nvidia(tmp_path_factory: pytest.TempPathFactory):
     """One GPU, libraries under /usr/local/nvidia reached through ld.so.conf.d."""
@@ -54,20 +53,17 @@ def fake_local_nvidia(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def active_2gpu(fake_2gpu) -> Iterator:
-    """``fake_2gpu`` shown at the real /proc and /dev paths for the duration of the test."""
-    from fakedriver.activate import activate
+    yield from _activated(fake_2gpu)
 
-    with activate(fake_2gpu) as fake:
-        yield fake
+
+@pytest.fixture
+def active_3gpu(fake_3gpu) -> Iterator:
+    yield from _activated(fake_3gpu)
 
 
 @pytest.fixture
 def active_local_nvidia(fake_local_nvidia) -> Iterator:
-    """``fake_local_nvidia`` shown at the real /proc and /dev paths for the duration of the test."""
-    from fakedriver.activate import activate
-
-    with activate(fake_local_nvidia) as fake:
-        yield fake
+    yield from _activated(fake_local_nvidia)
 
 
 _HOST: dict[str, object] = {}  # the host's state at the start, and the session's private mounts
