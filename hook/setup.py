@@ -16,9 +16,12 @@ import os
 import subprocess
 import sysconfig
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError
+
+if TYPE_CHECKING:
+    from nvc.hook.hooksdirs import Engine
 
 HOOK_SCRIPT = "nvc-py-hook"
 RUNTIME_SCRIPT = "nvc-py-runtime"
@@ -30,7 +33,6 @@ SERVER_UNIT = "nvc-py-hook.service"
 SOCKET_UNIT = "nvc-py-hook.socket"
 NO_SERVER_FILE = "no-server"  # beside the configuration file: no server started on demand (client/server_start.c)
 FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py-poststop.json"}
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_DROP_IN = "/etc/containerd/conf.d/99-nvc-py.toml"
@@ -137,17 +139,38 @@ def remove_files(paths: list[str]) -> list[str]:
     return done
 
 
-def install_podman(hooks_dir: str = PODMAN_HOOKS_DIR, config_path: str | None = None) -> list[str]:
-    """Write the hooks.d files (prestart and poststop); returns their paths."""
-    texts = {os.path.join(hooks_dir, name): json.dumps(podman_hook(stage, config_path), indent=2) + "\n"
+def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str | None = None,
+                  env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """Write the hooks.d files (prestart and poststop) where ``engine`` reads them (nvc.hook.hooksdirs),
+    or in ``hooks_dir``; our files left in the directory earlier versions wrote to are removed
+    when the engine does not read it. Returns (what was done, warnings), a line each."""
+    from nvc.hook import hooksdirs
+
+    resolved = hooksdirs.resolve(engine, env)
+    target = hooks_dir or resolved.target
+    texts = {os.path.join(target, name): json.dumps(podman_hook(stage, config_path), indent=2) + "\n"
              for stage, name in PODMAN_HOOK_FILES.items()}
     write_files(texts)
-    return list(texts)
+    done = [f"wrote {path}" for path in texts]
+    legacy = os.path.normpath(hooksdirs.LEGACY_HOOKS_DIR)
+    if legacy not in resolved.dirs and os.path.normpath(target) != legacy:
+        done += [f"{line} (moved to {target})" for line in _remove_ours([legacy])]
+    warnings = [] if os.path.normpath(target) in resolved.dirs else \
+        [f"{hooksdirs.described(engine, resolved)}: it will not read {target}"]
+    return done, warnings
 
 
-def remove_podman(hooks_dir: str = PODMAN_HOOKS_DIR) -> list[str]:
-    """Remove the hooks.d files :func:`install_podman` writes; returns what was done, a line each."""
-    return remove_files([os.path.join(hooks_dir, name) for name in PODMAN_HOOK_FILES.values()])
+def remove_hooks(engine: Engine, hooks_dir: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    """Remove the hooks.d files :func:`install_hooks` writes: from ``hooks_dir``, every directory the
+    engine reads and the one earlier versions wrote to. Returns what was done, a line each."""
+    from nvc.hook import hooksdirs
+
+    dirs = [*([hooks_dir] if hooks_dir else []), *hooksdirs.resolve(engine, env).dirs, hooksdirs.LEGACY_HOOKS_DIR]
+    return _remove_ours(list(dict.fromkeys(os.path.normpath(d) for d in dirs)))
+
+
+def _remove_ours(dirs: list[str]) -> list[str]:
+    return remove_files([os.path.join(d, name) for d in dirs for name in PODMAN_HOOK_FILES.values()])
 
 
 def server_unit(config_path: str | None = None) -> str:

@@ -22,7 +22,8 @@ from fakedriver.activate import MNT_DETACH, enter_private_tmpfs, umount
 PRIVATE_RUN_DIRS = ("/run/nvc-py", "/run/containerd", "/run/runc")
 # Where `nvc-py setup`, `cdi generate` and the configuration live on a host: tests write their own
 # (--hooks-dir, --unit-dir, --drop-in, $NVC_PY_CONFIG...), never these; compared, not mounted over.
-SETUP_DIRS = ("/etc/nvc-py", "/etc/containers/oci/hooks.d", "/etc/containerd", "/etc/cdi", "/var/run/cdi")
+SETUP_DIRS = ("/etc/nvc-py", "/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d", "/etc/crio",
+              "/etc/containerd", "/etc/cdi", "/var/run/cdi")
 TMP = "/tmp"
 DEPTH = 4  # levels under each run directory compared: enough for /run/nvc-py/share/<id>/shared
 PYTEST_TMP = f"pytest-of-{os.environ.get('USER') or 'root'}"

@@ -43,11 +43,11 @@ echo "== try"; make -s try CMD="nvc-py info"
 if test -f /etc/containerd/config.toml; then cp /etc/containerd/config.toml /tmp/containerd.toml; fi
 nvc-py setup podman && nvc-py setup server && nvc-py setup containerd
 make -s try CMD="nvc-py cdi generate --output /etc/cdi/nvidia.yaml"
-for f in /etc/containers/oci/hooks.d/oci-nvc-py-hook.json /etc/systemd/system/nvc-py-hook.socket \
+for f in /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json /etc/systemd/system/nvc-py-hook.socket \
          /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml; do test -f $f; done
 echo "== uninstall"; make -s uninstall
 for f in /usr/lib/nvc-py /usr/local/bin/nvc-py /usr/local/bin/nvc-py-hook /usr/local/bin/nvc-py-runtime \
-         /etc/containers/oci/hooks.d/oci-nvc-py-hook.json /etc/containers/oci/hooks.d/oci-nvc-py-poststop.json \
+         /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json /usr/share/containers/oci/hooks.d/oci-nvc-py-poststop.json \
          /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service \
          /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml; do ! test -e $f || { echo "left: $f"; exit 1; }; done
 if test -f /tmp/containerd.toml; then cmp /etc/containerd/config.toml /tmp/containerd.toml

@@ -362,24 +362,43 @@ def _echo_lines(lines: list[str]) -> None:
         click.echo(line)
 
 
-@setup.command("podman")
-@click.option("--hooks-dir", default="/etc/containers/oci/hooks.d", show_default=True, help="hooks.d directory.")
-@click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
-@_server_options
-@_REMOVE
-def setup_podman(hooks_dir: str, config_path: str | None, no_server: bool, unit_dir: str | None,
-                 systemctl: str, remove: bool) -> None:
-    """Install the hooks.d files that run nvc-py-hook at prestart and poststop, and the hook server
-    (--remove: the hooks.d files only; `setup server --remove` removes the server)."""
-    from nvc.hook import setup as engines
+_HOOKS_DIR = click.option("--hooks-dir", default=None, metavar="DIR",
+                          help="Write the hooks.d files here instead of where the engine reads them (its hooks_dir, "
+                               "resolved through its configuration files; a warning says when it will not read DIR).")
 
-    if remove:
-        _echo_lines(engines.remove_podman(hooks_dir))
-        return
-    config_path = _config_file(config_path)
-    _echo_lines([f"wrote {path}" for path in engines.install_podman(hooks_dir, config_path)])
-    _setup_server(no_server, unit_dir, config_path, systemctl)
+
+def _hooks_command(engine_name: str, summary: str) -> None:
+    """``setup podman`` and ``setup crio``: the hooks.d files where the engine reads them (its
+    hooks_dir through its configuration files, nvc.hook.hooksdirs), and the hook server."""
+
+    @setup.command(engine_name, help=f"{summary}, and the hook server (--remove: the hooks.d files only; "
+                                     "`setup server --remove` removes the server).")
+    @_HOOKS_DIR
+    @click.option("--config", "config_path", metavar="PATH", default=None,
+                  help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
+    @_server_options
+    @_REMOVE
+    def command(hooks_dir: str | None, config_path: str | None, no_server: bool, unit_dir: str | None,
+                systemctl: str, remove: bool) -> None:
+        from nvc.hook import hooksdirs, setup as engines
+
+        engine = hooksdirs.CRIO if engine_name == "crio" else hooksdirs.PODMAN
+        if remove:
+            _echo_lines(engines.remove_hooks(engine, hooks_dir))
+            return
+        config_path = _config_file(config_path)
+        done, warnings = engines.install_hooks(engine, hooks_dir, config_path)
+        _echo_lines(done)
+        for line in warnings:
+            click.echo(f"warning: {line}", err=True)
+        _setup_server(no_server, unit_dir, config_path, systemctl)
+
+
+_hooks_command("podman", "Install the hooks.d files that run nvc-py-hook at prestart and poststop where podman "
+                         "reads them (containers.conf's engine.hooks_dir; default /usr/share/containers/oci/hooks.d)")
+_hooks_command("crio", "Install the hooks.d files that run nvc-py-hook at prestart and poststop where CRI-O reads "
+                       "them (crio.conf's crio.runtime.hooks_dir, drop-ins in /etc/crio/crio.conf.d; default "
+                       "/usr/share/containers/oci/hooks.d)")
 
 
 @setup.command("server")

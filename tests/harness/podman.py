@@ -64,16 +64,16 @@ class Podman:
             "CONTAINERS_REGISTRIES_CONF": str(self.workdir / "registries.conf"),
         }
 
-    def command(self, hooks_dirs: Sequence[Path] = ()) -> list[str]:
+    def command(self, hooks_dirs: Sequence[Path] | None = ()) -> list[str]:
         """podman plus the global flags that keep it private.
 
         With no `hooks_dirs`, an empty private dir stands in for the host's
-        default hooks dirs.
+        default hooks dirs; None: podman's own (containers.conf's hooks_dir), as a user has them.
         """
         cmd = [self.binary, "--root", str(self.workdir / "storage"), "--runroot", str(self.workdir / "runroot"),
                "--tmpdir", str(self.workdir / "tmp"), "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
                "--runtime", "runc", "--events-backend", "file"]
-        for hooks_dir in hooks_dirs or (self.workdir / "hooks.d",):
+        for hooks_dir in () if hooks_dirs is None else hooks_dirs or (self.workdir / "hooks.d",):
             cmd += ["--hooks-dir", str(hooks_dir)]
         return cmd
 
@@ -105,7 +105,7 @@ class Podman:
         *,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
-        hooks_dirs: Sequence[Path] = (),
+        hooks_dirs: Sequence[Path] | None = (),
         cdi_spec_dir: Path | None = None,
         runtime: str | None = None,
         timeout: float = 60,

@@ -1,0 +1,138 @@
+"""Where podman and CRI-O read OCI hooks: their ``hooks_dir`` through the whole configuration chain.
+
+A hook written where the engine does not look is silently never run: the container starts without
+its GPUs and nobody is told. So ``nvc-py setup podman|crio`` (and ``doctor``) resolve the directories
+the engine will read, as the engine does:
+
+- podman (containers.conf(5), containers-config(5)): ``[engine] hooks_dir`` from
+  /usr/share/containers/containers.conf, its ``containers.conf.d`` and ``containers.rootful.conf.d``
+  drop-ins, /etc/containers/containers.conf and its drop-ins (``*.conf``, by name), each later file
+  replacing the list; ``$CONTAINERS_CONF`` replaces the whole chain, ``$CONTAINERS_CONF_OVERRIDE``
+  comes last. Default ``/usr/share/containers/oci/hooks.d``.
+- CRI-O (crio.conf(5)): ``[crio.runtime] hooks_dir`` from /etc/crio/crio.conf, then
+  /etc/crio/crio.conf.d/*.conf by name. Same default.
+
+Hook directories are ordered by increasing preference (oci-hooks(5): a file in a later directory
+masks one of the same name in an earlier), so nvc-py's files go to the last one. Reading only:
+every file is read bounded and non-blocking, and one that is not valid TOML is an error naming it
+(the engine would refuse it too).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from nvc.errors import InputError
+
+DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
+LEGACY_HOOKS_DIR = "/etc/containers/oci/hooks.d"  # where nvc-py wrote before it resolved the chain
+_MAX_CONFIG = 1 << 20  # bytes of one configuration file
+
+
+class Engine(NamedTuple):
+    """One engine's configuration chain: main files, each followed by its drop-in directories."""
+
+    name: str
+    chain: tuple[tuple[str, tuple[str, ...]], ...]  # (main file, its drop-in directories)
+    table: tuple[str, ...]  # where hooks_dir sits
+    env: str = ""  # the variable naming a file that replaces the chain ("" = none)
+    override_env: str = ""  # the variable naming a file read after the chain
+
+
+PODMAN = Engine(
+    "podman",
+    (("/usr/share/containers/containers.conf", ("/usr/share/containers/containers.conf.d",
+                                                "/usr/share/containers/containers.rootful.conf.d")),
+     ("/etc/containers/containers.conf", ("/etc/containers/containers.conf.d",
+                                          "/etc/containers/containers.rootful.conf.d"))),
+    ("engine",), "CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE")
+CRIO = Engine("CRI-O", (("/etc/crio/crio.conf", ("/etc/crio/crio.conf.d",)),), ("crio", "runtime"))
+
+
+class Resolved(NamedTuple):
+    """The directories an engine reads hooks from, and the file that set them ("" = the default)."""
+
+    dirs: tuple[str, ...]
+    source: str
+
+    @property
+    def target(self) -> str:
+        """Where a hook of ours goes: the most preferred directory, which no other file masks."""
+        return self.dirs[-1]
+
+
+def config_files(engine: Engine, env: Mapping[str, str], root: str = "/") -> list[str]:
+    """The engine's configuration files that exist, in the order it reads them (paths under ``root``)."""
+    def under(path: str) -> str:
+        return os.path.join(root, path.lstrip("/"))
+
+    replacing = env.get(engine.env) if engine.env else None
+    if replacing:
+        files = [replacing]
+    else:
+        files = []
+        for main, drop_ins in engine.chain:
+            if os.path.isfile(under(main)):
+                files.append(under(main))
+            for directory in drop_ins:
+                try:
+                    names = sorted(n for n in os.listdir(under(directory)) if n.endswith(".conf"))
+                except OSError:
+                    continue
+                files += [os.path.join(under(directory), n) for n in names]
+    override = env.get(engine.override_env) if engine.override_env else None
+    return files + ([override] if override else [])
+
+
+def _parse(path: str) -> Mapping[str, Any]:
+    import tomlkit
+
+    from nvc.untrusted import read_file
+
+    try:
+        raw, _ = read_file(path, _MAX_CONFIG)
+    except OSError as err:
+        raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        return tomlkit.parse(raw.decode("utf-8")).unwrap()
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text") from None
+    except tomlkit.exceptions.TOMLKitError as err:
+        raise InputError(f"{path}: not valid TOML ({err})") from None
+
+
+def hooks_dirs_in(doc: Mapping[str, Any], table: Sequence[str], path: str) -> tuple[str, ...] | None:
+    """``hooks_dir`` of one parsed file (None where it sets none); a value that is no list of
+    absolute paths is an error naming the file."""
+    for key in table:
+        doc = doc.get(key, {})
+        if not isinstance(doc, Mapping):
+            return None
+    value = doc.get("hooks_dir")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(d, str) and os.path.isabs(d) for d in value):
+        raise InputError(f"{path}: {'.'.join(table)}.hooks_dir: expected a list of absolute directories")
+    return tuple(os.path.normpath(d) for d in value)
+
+
+def resolve(engine: Engine, env: Mapping[str, str] | None = None, root: str = "/") -> Resolved:
+    """The hooks directories ``engine`` reads on this host: the last file of its chain that sets
+    ``hooks_dir`` decides (an empty list there means the default, as in the engines)."""
+    env = os.environ if env is None else env
+    found = Resolved((DEFAULT_HOOKS_DIR,), "")
+    for path in config_files(engine, env, root):
+        dirs = hooks_dirs_in(_parse(path), engine.table, path)
+        if dirs is not None:
+            found = Resolved(dirs or (DEFAULT_HOOKS_DIR,), path)
+    return found
+
+
+def described(engine: Engine, resolved: Resolved) -> str:
+    """Where ``engine`` reads hooks, for a user: the directories and what set them."""
+    where = f"{resolved.source}'s hooks_dir" if resolved.source else "its default"
+    return f"{engine.name} reads hooks from {', '.join(resolved.dirs)} ({where})"
