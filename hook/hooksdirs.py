@@ -1,4 +1,5 @@
-"""Where podman and CRI-O read OCI hooks: their ``hooks_dir`` through the whole configuration chain.
+"""Where podman and CRI-O read OCI hooks (and podman CDI specs): their ``hooks_dir`` (``cdi_spec_dirs``)
+through the whole configuration chain.
 
 A hook written where the engine does not look is silently never run: the container starts without
 its GPUs and nobody is told. So ``nvc-py setup podman|crio`` (and ``doctor``) resolve the directories
@@ -28,6 +29,7 @@ from nvc.errors import InputError
 
 DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 LEGACY_HOOKS_DIR = "/etc/containers/oci/hooks.d"  # where nvc-py wrote before it resolved the chain
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # the CDI specification's and the engines' default
 _MAX_CONFIG = 1 << 20  # bytes of one configuration file
 
 
@@ -103,33 +105,44 @@ def _parse(path: str) -> Mapping[str, Any]:
         raise InputError(f"{path}: not valid TOML ({err})") from None
 
 
-def hooks_dirs_in(doc: Mapping[str, Any], table: Sequence[str], path: str) -> tuple[str, ...] | None:
-    """``hooks_dir`` of one parsed file (None where it sets none); a value that is no list of
-    absolute paths is an error naming the file."""
-    for key in table:
-        doc = doc.get(key, {})
+def dirs_in(doc: Mapping[str, Any], table: Sequence[str], key: str, path: str) -> tuple[str, ...] | None:
+    """The directory list ``key`` of one parsed file (None where it sets none); a value that is no
+    list of absolute paths is an error naming the file."""
+    for name in table:
+        doc = doc.get(name, {})
         if not isinstance(doc, Mapping):
             return None
-    value = doc.get("hooks_dir")
+    value = doc.get(key)
     if value is None:
         return None
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(d, str) and os.path.isabs(d) for d in value):
-        raise InputError(f"{path}: {'.'.join(table)}.hooks_dir: expected a list of absolute directories")
+        raise InputError(f"{path}: {'.'.join(table)}.{key}: expected a list of absolute directories")
     return tuple(os.path.normpath(d) for d in value)
 
 
-def resolve(engine: Engine, env: Mapping[str, str] | None = None, root: str = "/") -> Resolved:
-    """The hooks directories ``engine`` reads on this host: the last file of its chain that sets
-    ``hooks_dir`` decides (an empty list there means the default, as in the engines)."""
+def setting(engine: Engine, key: str, default: tuple[str, ...], env: Mapping[str, str] | None = None,
+            root: str = "/") -> Resolved:
+    """The directory list ``key`` as ``engine`` reads it on this host: the last file of its chain
+    that sets it decides (an empty list there means the default, as in the engines)."""
     env = os.environ if env is None else env
-    found = Resolved((DEFAULT_HOOKS_DIR,), "")
+    found = Resolved(default, "")
     for path in config_files(engine, env, root):
-        dirs = hooks_dirs_in(_parse(path), engine.table, path)
+        dirs = dirs_in(_parse(path), engine.table, key, path)
         if dirs is not None:
-            found = Resolved(dirs or (DEFAULT_HOOKS_DIR,), path)
+            found = Resolved(dirs or default, path)
     return found
+
+
+def resolve(engine: Engine, env: Mapping[str, str] | None = None, root: str = "/") -> Resolved:
+    """The hooks directories ``engine`` reads on this host."""
+    return setting(engine, "hooks_dir", (DEFAULT_HOOKS_DIR,), env, root)
+
+
+def cdi_dirs(env: Mapping[str, str] | None = None, root: str = "/") -> tuple[str, ...]:
+    """Where podman reads CDI specs (containers.conf's ``engine.cdi_spec_dirs``)."""
+    return setting(PODMAN, "cdi_spec_dirs", CDI_SPEC_DIRS, env, root).dirs
 
 
 def described(engine: Engine, resolved: Resolved) -> str:

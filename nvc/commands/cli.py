@@ -496,8 +496,10 @@ def share_status(as_json: bool, state_dir: str) -> None:
     click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
 
 
+from nvc.doctor.command import doctor as _doctor  # noqa: E402 - its own package (nvc/doctor/), registered here
 from nvc.k8s.command import k8s as _k8s  # noqa: E402 - its own module (nvc/k8s/), registered here
 
+cli.add_command(_doctor)
 cli.add_command(_k8s)
 
 
@@ -505,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI and turn nvc-py errors into one line and an exit code."""
     try:
         args = _optional_user_value(sys.argv[1:] if argv is None else argv)
-        cli.main(args=args, prog_name="nvc-py", standalone_mode=False)
+        status = cli.main(args=args, prog_name="nvc-py", standalone_mode=False)
+        if isinstance(status, int):  # ctx.exit(N) of a command (doctor's 1 when a check failed)
+            return status
     except NvcError as err:
         click.echo(f"nvc-py: {err}", err=True)
         return err.exit_code

@@ -1,0 +1,88 @@
+"""The ``nvc-py doctor`` command (registered by nvc/commands/cli.py): every check, one line each,
+exit 0 only when every check that applies holds."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+
+import click
+
+from nvc.doctor import FAIL, MARKS, OK, Check
+
+
+def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
+    """Every check, in the order a GPU reaches a container: configuration, driver, NVML, nodes, the
+    host's cgroups and ldconfig, the hook server, each engine, CDI; then the containers."""
+    from nvc.doctor import engines, host, run as runs
+
+    found, conf = host.configuration(config_path)
+    if root is not None:
+        conf = conf._replace(root=root)
+    found = [found]
+    check, version = host.driver()
+    found.append(check)
+    gpus = ()
+    if version is not None:
+        check, gpus = host.nvml(conf)
+        found += [check, host.device_nodes(conf.root, gpus)]
+    found += [host.cgroup_version(), host.ldconfig(conf), engines.server()]
+    podman = engines.hooks_engine("podman", "podman")
+    found += [podman, engines.hooks_engine("CRI-O", "crio")]
+    docker = engines.docker()
+    found += [*docker, *engines.containerd()]
+    if gpus:
+        found.append(engines.cdi(lambda: _fresh_spec(conf)))
+    if run:
+        ways: dict[str, Callable[[str], Check]] = {}
+        if podman.status == OK:
+            ways["podman"] = runs.podman
+        held = {c.name: c.status == OK for c in docker}
+        if held.get("docker") or held.get("docker --gpus"):
+            ways["docker"] = functools.partial(runs.docker, gpus_flag=held.get("docker --gpus", False))
+        found += runs.run_containers(ways)
+    return found
+
+
+def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config
+    """The CDI spec ``cdi generate`` would write now (compared by device names and nodes only)."""
+    from nvc.commands import cdi
+    from nvc.hook import setup
+    from nvc.options import parse_user
+
+    return cdi.generate(conf.root, conf.ldcache, parse_user(conf.user), "index",
+                        setup.installed_program(setup.HOOK_SCRIPT), setup.hook_env(None))
+
+
+def text(found: list[Check]) -> str:
+    lines = []
+    for check in found:
+        line = f"{MARKS[check.status]} {check.name}: {check.detail}"
+        lines.append(line + (f"\n    → {check.fix}" if check.fix else ""))
+    failed = sum(c.status == FAIL for c in found)
+    lines.append(f"{'all checks hold' if not failed else f'{failed} check(s) failed'}")
+    return "\n".join(lines) + "\n"
+
+
+@click.command("doctor")
+@click.option("--run", "run", is_flag=True, help="Also start a small container through each registered engine, "
+                                                 "asking for GPU 0, and say whether it sees the GPU.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output: the checks and whether all hold.")
+@click.option("--config", "config_path", metavar="PATH", default=None,
+              help="Configuration file the hook reads [default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
+@click.pass_context
+def doctor(ctx: click.Context, run: bool, as_json: bool, config_path: str | None) -> None:
+    """Check what a GPU container needs on this host: the driver and NVML, device nodes, cgroups, the
+    ldconfig the hook runs, the hook server, each installed engine's registration where that engine
+    reads it (podman, CRI-O, Docker, containerd), the CDI spec; one line each, with what to do.
+    Exit status 0 only when every check that applies holds (1 otherwise)."""
+    given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given): --root chooses the driver root
+    found = checks(config_path, given.root if given is not None else None, run)
+    if as_json:
+        click.echo(json.dumps({"ok": all(c.status != FAIL for c in found),
+                               "checks": [c._asdict() for c in found]}, indent=2, ensure_ascii=False))
+    else:
+        click.echo(text(found), nl=False)
+    if any(c.status == FAIL for c in found):
+        ctx.exit(1)

@@ -1,0 +1,300 @@
+"""Doctor's checks of the engines: is nvc-py registered where each installed engine reads it (resolved
+as the engine resolves it), has the engine read it since (a daemon started before its configuration
+changed has not), is the CDI spec today's, and does the hook server answer with the installed code."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from nvc.doctor import Check, fail, ok, skip
+from nvc.errors import InputError, NvcError
+
+_MAX_CONFIG = 1 << 20
+DOCKER_CONFIG = "/etc/docker/daemon.json"
+GPUS_HOOK = "nvidia-container-runtime-hook"  # the program dockerd runs for --gpus
+
+
+def _ours(path: str) -> bool:
+    """Whether ``path`` names one of nvc-py's programs (a hook or runtime entry pointing at it)."""
+    from nvc.hook import setup
+
+    real = os.path.realpath(path)
+    return real.startswith(setup.LIBDIR + "/") or os.path.basename(real) in (setup.HOOK_SCRIPT, setup.RUNTIME_SCRIPT)
+
+
+def _hook_file(path: str) -> str | None:
+    """The program of a hooks.d file of ours (None where it is not one, or unreadable)."""
+    from nvc.untrusted import read_file
+
+    try:
+        raw, _ = read_file(path, _MAX_CONFIG)
+        program = json.loads(raw)["hook"]["path"]
+    except (OSError, NvcError, ValueError, KeyError, TypeError):
+        return None
+    return program if isinstance(program, str) else None
+
+
+def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -> Check:
+    """podman or CRI-O: nvc-py's prestart hook in a directory the engine reads."""
+    from nvc.hook import hooksdirs, setup
+
+    engine = hooksdirs.CRIO if name == "CRI-O" else hooksdirs.PODMAN
+    if shutil.which(binary) is None:
+        return skip(name, f"not installed ({binary} not on PATH)")
+    command = "crio" if name == "CRI-O" else "podman"
+    try:
+        resolved = hooksdirs.resolve(engine, env)
+    except NvcError as err:
+        return fail(name, str(err), f"fix that file: {name} would refuse it too")
+    hook = setup.PODMAN_HOOK_FILES["prestart"]
+    for directory in reversed(resolved.dirs):
+        program = _hook_file(os.path.join(directory, hook))
+        if program is None:
+            continue
+        if not os.access(program, os.X_OK):
+            return fail(name, f"{directory}/{hook} runs {program}, which is missing",
+                        f"reinstall nvc-py, then `nvc-py setup {command}`")
+        return ok(name, f"hook {directory}/{hook} ({hooksdirs.described(engine, resolved)})")
+    legacy = os.path.join(hooksdirs.LEGACY_HOOKS_DIR, hook)
+    elsewhere = f"; {legacy} exists, but {name} does not read it" if os.path.exists(legacy) else ""
+    return fail(name, f"no nvc-py hook where {hooksdirs.described(engine, resolved)}{elsewhere}",
+                f"nvc-py setup {command}")
+
+
+def _read_json(path: str) -> Any:
+    from nvc.untrusted import read_file
+
+    raw, _ = read_file(path, _MAX_CONFIG)
+    try:
+        return json.loads(raw)
+    except ValueError as err:
+        raise InputError(f"{path}: not valid JSON ({err})") from None
+
+
+def _started_after(daemon: str, path: str) -> Check | None:
+    """A failing check when the oldest running ``daemon`` process started before ``path`` last
+    changed (it runs with the configuration it read at its start); None where that holds or no
+    such process runs."""
+    started = [t for t in _process_starts(daemon)]
+    if not started or not os.path.exists(path):
+        return None
+    changed = os.stat(path).st_mtime
+    if min(started) < changed:
+        return fail(daemon, f"{daemon} started {_when(min(started))}, before {path} changed ({_when(changed)}): "
+                            "it has not read nvc-py's registration", f"restart it (systemctl restart {daemon})")
+    return None
+
+
+def docker(config_path: str = DOCKER_CONFIG) -> list[Check]:
+    """dockerd: the nvc-py runtime in daemon.json (``--runtime nvc-py``), the ``--gpus`` hook program
+    on PATH, and dockerd started since daemon.json changed."""
+    if shutil.which("dockerd") is None:
+        return [skip("docker", "not installed (dockerd not on PATH)")]
+    try:
+        doc = _read_json(config_path) if os.path.exists(config_path) else {}
+    except (OSError, NvcError) as err:
+        return [fail("docker", str(err), f"correct {config_path}: dockerd would refuse it too")]
+    runtimes = doc.get("runtimes") if isinstance(doc, dict) else None
+    ours = sorted(name for name, entry in (runtimes or {}).items()
+                  if isinstance(entry, dict) and isinstance(entry.get("path"), str) and _ours(entry["path"]))
+    found = []
+    if ours:
+        found.append(ok("docker", f"runtime {ours[0]} in {config_path} (docker run --runtime {ours[0]} ...)"))
+    else:
+        found.append(fail("docker", f"{config_path} registers no nvc-py runtime", "nvc-py setup docker"))
+    program = shutil.which(GPUS_HOOK, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    if program is None:
+        found.append(fail("docker --gpus", f"no {GPUS_HOOK} on dockerd's PATH: `docker run --gpus` fails",
+                          "nvc-py setup docker"))
+    elif _ours(program):
+        found.append(ok("docker --gpus", f"{program} is nvc-py's hook"))
+    else:
+        found.append(ok("docker --gpus", f"{program} is not nvc-py's (NVIDIA's toolkit?): --gpus uses it"))
+    stale = _started_after("dockerd", config_path)
+    return found + ([stale] if stale else [])
+
+
+def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
+    """containerd: a drop-in of the main file's ``imports`` registering nvc-py-runtime, and
+    containerd started since the main file changed."""
+    if shutil.which("containerd") is None:
+        return [skip("containerd", "not installed (containerd not on PATH)")]
+    try:
+        main = _toml(config_path) if os.path.exists(config_path) else {}
+        names = []
+        for drop_in in main.get("imports", []) if isinstance(main.get("imports"), list) else []:
+            if isinstance(drop_in, str) and os.path.isfile(drop_in):
+                names += _runtimes_of(_toml(drop_in))
+        names += _runtimes_of(main)
+    except NvcError as err:
+        return [fail("containerd", str(err), "correct that file: containerd would refuse it too")]
+    if not names:
+        return [fail("containerd", f"no runtime of {config_path} or its imports runs nvc-py-runtime",
+                     "nvc-py setup containerd, then restart containerd")]
+    stale = _started_after("containerd", config_path)
+    return [ok("containerd", f"CRI runtime handler {names[0]} (runtimeClassName / ctr --runtime)")] + \
+        ([stale] if stale else [])
+
+
+def _toml(path: str) -> Mapping[str, Any]:
+    import tomlkit
+
+    from nvc.untrusted import read_file
+
+    raw, _ = read_file(path, _MAX_CONFIG)
+    try:
+        return tomlkit.parse(raw.decode("utf-8", "replace")).unwrap()
+    except tomlkit.exceptions.TOMLKitError as err:
+        raise InputError(f"{path}: not valid TOML ({err})") from None
+
+
+def _runtimes_of(doc: Mapping[str, Any]) -> list[str]:
+    from nvc.hook.setup import CRI_PLUGIN_NAME
+
+    cri = doc.get("plugins", {}).get(CRI_PLUGIN_NAME, {})
+    runtimes = cri.get("containerd", {}).get("runtimes", {}) if isinstance(cri, dict) else {}
+    return sorted(name for name, entry in runtimes.items() if isinstance(entry, dict)
+                  and isinstance(entry.get("options"), dict)
+                  and isinstance(entry["options"].get("BinaryName"), str) and _ours(entry["options"]["BinaryName"]))
+
+
+def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = None) -> Check:
+    """The CDI specs naming nvc-py's hook, where podman reads them (``dirs``: its cdi_spec_dirs by
+    default): each lists today's devices (``fresh``: the spec ``cdi generate`` would write now)."""
+    from nvc.hook import hooksdirs
+
+    try:
+        dirs = hooksdirs.cdi_dirs() if dirs is None else dirs
+    except NvcError as err:
+        return fail("CDI", str(err), "fix that file: podman would refuse it too")
+    specs = []
+    for directory in dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            if not name.endswith((".yaml", ".yml", ".json")):
+                continue
+            try:
+                doc = _spec(path)
+            except (OSError, NvcError):
+                continue
+            if isinstance(doc, dict) and _ours_spec(doc):
+                specs.append((path, doc))
+    if not specs:
+        return skip("CDI", f"no nvc-py CDI spec in {', '.join(dirs)} (podman --device nvidia.com/gpu=… needs "
+                           "`nvc-py cdi generate --output /etc/cdi/nvidia.yaml`)")
+    try:
+        want = _devices(fresh())
+    except NvcError as err:
+        return fail("CDI", f"cannot tell whether {specs[0][0]} is current: {err}", "see the NVML check")
+    stale = [path for path, doc in specs if _devices(doc) != want]
+    if stale:
+        return fail("CDI", f"{', '.join(stale)} does not list today's devices ({', '.join(sorted(want)) or 'none'})",
+                    f"nvc-py cdi generate --output {stale[0]}")
+    return ok("CDI", f"{', '.join(p for p, _ in specs)} lists today's {len(want)} device names")
+
+
+def _spec(path: str) -> Any:
+    from nvc.untrusted import read_file
+
+    raw, _ = read_file(path, _MAX_CONFIG * 16)
+    if path.endswith(".json"):
+        return json.loads(raw)
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise InputError(f"{path}: not valid YAML ({err})") from None
+
+
+def _ours_spec(doc: Mapping[str, Any]) -> bool:
+    hooks = doc.get("containerEdits", {}).get("hooks", []) if isinstance(doc.get("containerEdits"), dict) else []
+    return any(isinstance(h, dict) and isinstance(h.get("path"), str) and _ours(h["path"]) for h in hooks)
+
+
+def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Device name -> its device node paths, for comparing two specs."""
+    found = {}
+    for device in doc.get("devices", []) if isinstance(doc.get("devices"), list) else []:
+        if isinstance(device, dict) and isinstance(device.get("name"), str):
+            edits = device.get("containerEdits") if isinstance(device.get("containerEdits"), dict) else {}
+            nodes = edits.get("deviceNodes") if isinstance(edits.get("deviceNodes"), list) else []
+            found[device["name"]] = tuple(sorted(str(n.get("path")) for n in nodes if isinstance(n, dict)))
+    return found
+
+
+def server() -> Check:
+    """The hook server: its socket answers, and the process serving runs the installed code."""
+    from nvc.hook import setup
+    from nvc.hook.handover import DEFAULT_SOCKET
+
+    managed = os.path.isdir(setup.SYSTEMD_RUNNING)
+    if not os.path.exists(DEFAULT_SOCKET):
+        if managed:
+            return fail("hook server", f"no socket {DEFAULT_SOCKET}: the socket unit is not running",
+                        f"nvc-py setup server (or systemctl enable --now {setup.SOCKET_UNIT})")
+        return skip("hook server", f"not running; the next hook call starts one ({DEFAULT_SOCKET})")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    probe.settimeout(2)
+    try:
+        probe.connect(DEFAULT_SOCKET)
+    except OSError as err:
+        return fail("hook server", f"{DEFAULT_SOCKET}: nobody answers ({err.strerror or err}): the server stopped",
+                    f"systemctl restart {setup.SOCKET_UNIT}" if managed else
+                    f"remove {DEFAULT_SOCKET}: the next hook call starts a server")
+    finally:
+        probe.close()
+    installed = _installed_at()
+    servers = _process_starts("nvc-py-hook", "serve")
+    older = [t for t in servers if t < installed]
+    if older:
+        return fail("hook server", f"the server started {_when(min(older))}, before nvc-py was installed "
+                                   f"({_when(installed)}): it serves the old code",
+                    f"systemctl restart {setup.SERVER_UNIT}" if managed else "kill it: the next hook call starts one")
+    return ok("hook server", f"{DEFAULT_SOCKET} answers" + (" (installed code)" if servers else ""))
+
+
+def _installed_at() -> float:
+    """When this nvc-py was installed: its package's newest file."""
+    import nvc
+
+    package = os.path.dirname(nvc.__file__)
+    return max(os.stat(os.path.join(package, name)).st_mtime for name in os.listdir(package) if name.endswith(".py"))
+
+
+def _process_starts(name: str, arg: str = "") -> list[float]:
+    """Start times (epoch seconds) of the processes whose command line runs ``name`` (with ``arg``)."""
+    boot = _boot_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read(4096).split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        words = [os.path.basename(os.fsdecode(a)) for a in argv[:3]]
+        if any(w.startswith(name) for w in words) and (not arg or os.fsencode(arg) in argv):
+            found.append(boot + int(fields[19]) / tick)
+    return found
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        return float(next(line.split()[1] for line in f if line.startswith("btime ")))
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))

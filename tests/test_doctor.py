@@ -1,0 +1,111 @@
+"""`nvc-py doctor`: each finding a platform engineer needs when a container has no GPU, on the fake
+driver (a test double) and with podman's configuration given the way podman itself reads it
+($CONTAINERS_CONF, $CONTAINERS_STORAGE_CONF: the hooks, CDI and storage of this test's own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_hook_containers import SCRIPTS
+
+
+def _doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
+    """The exit status and lines of `nvc-py doctor ARGS`."""
+    base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_HOOK_SOCKET": "none",
+            **(env or {})}
+    done = subprocess.run([str(SCRIPTS / "nvc-py"), "doctor", *args], capture_output=True, text=True, timeout=300,
+                          env=base)
+    assert done.stderr == "", done.stderr
+    return done.returncode, done.stdout.splitlines()
+
+
+def _checks(*args: str, env: dict[str, str] | None = None) -> dict:
+    """`nvc-py doctor --json ARGS`'s checks by name; its "ok" agrees with its exit status."""
+    status, lines = _doctor("--json", *args, env=env)
+    doc = json.loads("\n".join(lines))
+    assert doc["ok"] == (status == 0)
+    return {c["name"]: c for c in doc["checks"]}
+
+
+@pytest.fixture
+def podman_conf(tmp_path: Path, active_2gpu) -> dict[str, str]:
+    """podman configured by its own files for this test (hooks, CDI specs, storage; cgroupfs and runc,
+    which this machine needs), and nvc-py's configuration for the fake driver: the environment."""
+    conf = tmp_path / "containers.conf"
+    conf.write_text(f'[engine]\nhooks_dir = ["{tmp_path / "hooks.d"}"]\ncdi_spec_dirs = ["{tmp_path / "cdi"}"]\n'
+                    'cgroup_manager = "cgroupfs"\nruntime = "runc"\nevents_logger = "file"\n'
+                    f'tmp_dir = "{tmp_path / "podman-tmp"}"\n'
+                    '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n')
+    storage = tmp_path / "storage.conf"
+    storage.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{tmp_path / "storage"}"\n'
+                       f'runroot = "{tmp_path / "runroot"}"\n')
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
+    return {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage), "NVC_PY_CONFIG": str(config)}
+
+
+def test_no_driver_is_one_failing_line_that_says_how_to_try_without_a_gpu(tmp_path: Path) -> None:
+    env = {"NVC_PY_CONFIG": str(tmp_path / "none.yaml")}
+    status, lines = _doctor(env=env)
+    checks = _checks(env=env)
+    assert status == 1
+    assert checks["driver"]["status"] == "fail" and "make try" in checks["driver"]["fix"]
+    assert lines[1] == "✗ driver: /proc/driver/nvidia/version: not found: the NVIDIA kernel driver is not loaded"
+    assert "NVML" not in checks and lines[-1].endswith("check(s) failed")
+
+
+def test_podman_hooks_where_podman_does_not_read_them_then_where_it_does(podman_conf: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    setup = [str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"], "--no-server"]
+    env = {**os.environ, **podman_conf}
+    subprocess.run([*setup, "--hooks-dir", str(tmp_path / "elsewhere")], check=True, env=env, capture_output=True)
+    checks = _checks(env=podman_conf)
+    assert checks["podman"]["status"] == "fail"
+    assert checks["podman"]["detail"] == (f"no nvc-py hook where podman reads hooks from {tmp_path}/hooks.d "
+                                          f"({podman_conf['CONTAINERS_CONF']}'s hooks_dir)")
+    assert checks["podman"]["fix"] == "nvc-py setup podman"
+    assert checks["driver"]["status"] == checks["NVML"]["status"] == checks["device nodes"]["status"] == "ok"
+    subprocess.run(setup, check=True, env=env, capture_output=True)
+    _, lines = _doctor(env=podman_conf)
+    assert f"✓ podman: hook {tmp_path}/hooks.d/oci-nvc-py-hook.json (podman reads hooks from" in "\n".join(lines)
+
+
+def test_a_cdi_spec_that_no_longer_lists_todays_devices_is_stale(podman_conf: dict[str, str], tmp_path: Path) -> None:
+    spec = tmp_path / "cdi" / "nvidia.yaml"
+    spec.parent.mkdir()
+    env = {**os.environ, **podman_conf}
+    subprocess.run([str(SCRIPTS / "nvc-py"), "cdi", "generate", "--output", str(spec)], check=True, env=env,
+                   capture_output=True)
+    assert _checks(env=podman_conf)["CDI"]["status"] == "ok"
+    spec.write_text(spec.read_text().replace("name: '1'", "name: '7'"))  # a GPU that is gone, one missing
+    checks = _checks(env=podman_conf)
+    assert checks["CDI"]["status"] == "fail" and checks["CDI"]["fix"] == f"nvc-py cdi generate --output {spec}"
+
+
+def test_a_stopped_server_is_found(podman_conf: dict[str, str], tmp_path: Path) -> None:
+    """A server killed where it stood leaves its socket behind, with nobody answering on it."""
+    from harness.hookserver import hook_server
+    from nvc.hook.handover import DEFAULT_SOCKET
+
+    with hook_server(SCRIPTS / "nvc-py-hook", Path(DEFAULT_SOCKET)) as server:
+        assert _checks(env=podman_conf)["hook server"]["status"] == "ok"
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        _, lines = _doctor(env=podman_conf)
+    assert f"✗ hook server: {DEFAULT_SOCKET}: nobody answers" in "\n".join(lines)
+    os.unlink(DEFAULT_SOCKET)
+
+
+def test_run_starts_a_container_through_podman_and_sees_the_gpu(podman_conf: dict[str, str]) -> None:
+    env = {**os.environ, **podman_conf}
+    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"],
+                    "--no-server"], check=True, env=env, capture_output=True)
+    status, lines = _doctor("--run", env=podman_conf)
+    assert "✓ podman run: a container asking for GPU 0 sees it: GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4f6a" in \
+        "\n".join(lines)
