@@ -74,3 +74,50 @@ def _show_gpu0_and_unset(runtime: Runc, make_rootfs, gpu0_uuid: str, tmp_path: P
     assert outputs["gpu0"].splitlines()[0].startswith("GPU 0: ") and f"(UUID: {gpu0_uuid})" in outputs["gpu0"]
     assert len([w for w in outputs["gpu0"].split() if w.startswith("nvidia") and w[6:].isdigit()]) == 1
     assert "nvidia-smi: not found" in outputs["unset"] and "no GPU device nodes" in outputs["unset"]
+
+
+def test_doctor_on_the_gpu_host() -> None:
+    """`nvc-py doctor` on the GPU machine: the driver, NVML, device nodes and the ldconfig the hook
+    runs all hold (engines it lacks are checks that do not apply; printed for the closing note)."""
+    import subprocess
+
+    done = subprocess.run([str(SCRIPTS / "nvc-py"), "doctor"], capture_output=True, text=True, timeout=120)
+    print(done.stdout + done.stderr)
+    checks = json.loads(subprocess.run([str(SCRIPTS / "nvc-py"), "doctor", "--json"], capture_output=True,
+                                       text=True, timeout=120).stdout)["checks"]
+    status = {c["name"]: c["status"] for c in checks}
+    assert [status[name] for name in ("configuration", "driver", "NVML", "device nodes", "cgroups", "ldconfig")] == \
+        ["ok"] * 6, checks
+
+
+def test_crun_runs_the_hook_from_where_podman_would_read_it(make_rootfs, gpu0_uuid: str, tmp_path: Path) -> None:
+    """The GPU machine has no podman: `nvc-py setup podman` writes its hooks.d files where podman would
+    read them (resolved through containers.conf's chain as podman resolves it), and crun runs that
+    file's prestart entry as podman passes it on: the container sees GPU 0."""
+    import subprocess
+
+    from nvc.hook import hooksdirs
+
+    binary = shutil.which("crun")
+    if binary is None:
+        pytest.skip("crun is not installed")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
+    setup = subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", str(config), "--no-server"],
+                           capture_output=True, text=True, timeout=60)
+    print(setup.stdout + setup.stderr)
+    assert setup.returncode == 0, setup.stderr
+    try:
+        resolved = hooksdirs.resolve(hooksdirs.PODMAN)
+        print(hooksdirs.described(hooksdirs.PODMAN, resolved))
+        entry = json.loads((Path(resolved.target) / "oci-nvc-py-hook.json").read_text())
+        assert entry["stages"] == ["prestart"] and entry["when"] == {"always": True}
+        runtime = Runc(tmp_path / "state", binary)
+        bundle = make_bundle(tmp_path / "gpu0", make_rootfs(name="rootfs-gpu0"), SHOW,
+                             env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks={"prestart": [entry["hook"]]})
+        result = runtime.create_start(bundle)
+        print(result.stdout + result.stderr)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0].startswith("GPU 0: ") and f"(UUID: {gpu0_uuid})" in result.stdout
+    finally:
+        subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--remove"], capture_output=True, timeout=60)
