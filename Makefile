@@ -24,7 +24,7 @@ PYTEST_FLAGS ?=
 PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
-	runc crun podman containerd busybox-static iproute2 uidmap kmod debootstrap
+	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap
 # Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it
 # only in its kernel-versioned linux-tools): the tests that use them skip without them.
 APT_OPTIONAL := bpftool
@@ -140,7 +140,7 @@ try: build
 
 ## uninstall: what make install and `nvc-py setup ...` put on the host (PURGE=1: the log and /etc/nvc-py too)
 uninstall:
-	-[ -x $(LIBDIR)/nvc-py-python ] && for what in "podman" "containerd" "server"; do \
+	-[ -x $(LIBDIR)/nvc-py-python ] && for what in "podman" "containerd" "docker" "server"; do \
 		$(LIBDIR)/nvc-py-python setup $$what --remove; done
 	for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do \
 		[ -f "$$f" ] && grep -qF '$(LIBDIR)/nvc-py-hook' "$$f" && rm -v "$$f"; done; true

@@ -57,9 +57,12 @@ def find_create(args: list[str]) -> tuple[int, str] | None:
 
 
 def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
-    """Whether ``stage`` already runs nvc-py-hook (directly or through nvc-py-hook-client)."""
+    """Whether ``stage`` already runs nvc-py-hook (directly, through nvc-py-hook-client, or through a
+    link to it under another name: ``docker run --gpus``'s nvidia-container-runtime-hook, see
+    :mod:`nvc.hook.docker`)."""
     hooks = (spec.get("hooks") or {}).get(stage) or []
-    return any(os.path.basename(str(h.get("path", ""))) in ("nvc-py-hook", "nvc-py-hook-client") for h in hooks)
+    return any(os.path.basename(os.path.realpath(str(h.get("path", "")))) in ("nvc-py-hook", "nvc-py-hook-client")
+               for h in hooks)
 
 
 def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:

@@ -2,14 +2,14 @@
 
 The session runs in a mount namespace of its own with an empty tmpfs on each of
 :data:`PRIVATE_RUN_DIRS` (runtimes and the hook write there at fixed paths: the config cache,
-sharing directories, containerd's shim sockets, runc's state), so nothing written there reaches
-the host's. A directory that was missing is created for the mount and removed at the end. At the
-end the mounts are detached, so the host's own directories show again, and compared with what was
-there at the start, together with the directories ``nvc-py setup`` and ``cdi generate`` write to on
-a host (:data:`SETUP_DIRS`: tests name their own) and /tmp's entries named as nvc-py, its tests and the tools they
-run name theirs (:data:`TMP_PREFIXES`: on a shared machine others write to /tmp meanwhile), the
-session's pytest directory aside (pytest removes it after a passing run and keeps the last failing
-run's; pytest_sessionfinish checks that).
+sharing directories, containerd's shim sockets, runc's state, dockerd's plugin directory), so
+nothing written there reaches the host's. A directory that was missing is created for the mount and
+removed at the end. At the end the mounts are detached, so the host's own directories show again,
+and compared with what was there at the start, together with the directories ``nvc-py setup`` and
+``cdi generate`` write to on a host (:data:`SETUP_DIRS`: tests name their own) and /tmp's entries
+named as nvc-py, its tests and the tools they run name theirs (:data:`TMP_PREFIXES`: on a shared
+machine others write to /tmp meanwhile), the session's pytest directory aside (pytest removes it
+after a passing run and keeps the last failing run's; pytest_sessionfinish checks that).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from dataclasses import dataclass, field
 
 from fakedriver.activate import MNT_DETACH, enter_private_tmpfs, umount
 
-PRIVATE_RUN_DIRS = ("/run/nvc-py", "/run/containerd", "/run/runc")
+PRIVATE_RUN_DIRS = ("/run/nvc-py", "/run/containerd", "/run/runc", "/run/docker")
 # Where `nvc-py setup`, `cdi generate` and the configuration live on a host: tests write their own
 # (--hooks-dir, --unit-dir, --drop-in, $NVC_PY_CONFIG...), never these; compared, not mounted over.
 SETUP_DIRS = ("/etc/nvc-py", "/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d", "/etc/crio",
-              "/etc/containerd", "/etc/cdi", "/var/run/cdi")
+              "/etc/containerd", "/etc/docker", "/var/lib/docker", "/etc/cdi", "/var/run/cdi")
 TMP = "/tmp"
 DEPTH = 4  # levels under each run directory compared: enough for /run/nvc-py/share/<id>/shared
 PYTEST_TMP = f"pytest-of-{os.environ.get('USER') or 'root'}"
 # nvc-py's and its tests' own (nvc-*, the MPS pipe directory), tempfile's default, pytest's, and
 # the container tools'.
 TMP_PREFIXES = ("nvc", "nvidia", "tmp", "pytest-", "podman", "containers", "containerd", "runc", "crun",
-                "libpod", "storage-run", "buildah", "ctr")
+                "libpod", "storage-run", "buildah", "ctr", "docker")
 
 
 def entries(path: str, depth: int) -> frozenset[str] | None:

@@ -1,7 +1,7 @@
 """The README's promise on a stock Debian 12: in a minimal Debian root made by debootstrap (Debian's
 own /usr/bin/python3, PEP 668 in force), the install steps `make demo` and `make test` start with
 (`make deps build`) succeed, `nvc-py --version` and a fake-driver `info` (`make try`) answer, and
-after `setup podman|server|containerd` and a CDI spec, `make uninstall` removes all of it again.
+after `setup podman|server|containerd|docker` and a CDI spec, `make uninstall` removes all of it again.
 
 The root is made from the network (deb.debian.org, and PyPI for the Python dependencies); the
 bare debootstrap result is cached as a tarball under /var/cache/nvc-py-test (not /tmp: the suite
@@ -41,15 +41,17 @@ echo "== version"; nvc-py --version
 echo "== runtime"; nvc-py-runtime --version | head -n1
 echo "== try"; make -s try CMD="nvc-py info"
 if test -f /etc/containerd/config.toml; then cp /etc/containerd/config.toml /tmp/containerd.toml; fi
-nvc-py setup podman && nvc-py setup server && nvc-py setup containerd
+nvc-py setup podman && nvc-py setup server && nvc-py setup containerd && nvc-py setup docker
 make -s try CMD="nvc-py cdi generate --output /etc/cdi/nvidia.yaml"
 for f in /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json /etc/systemd/system/nvc-py-hook.socket \
-         /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml; do test -f $f; done
+         /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml /etc/docker/daemon.json; do test -f $f; done
+test "$(readlink /usr/bin/nvidia-container-runtime-hook)" = /usr/lib/nvc-py/nvc-py-hook
 echo "== uninstall"; make -s uninstall
 for f in /usr/lib/nvc-py /usr/local/bin/nvc-py /usr/local/bin/nvc-py-hook /usr/local/bin/nvc-py-runtime \
          /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json /usr/share/containers/oci/hooks.d/oci-nvc-py-poststop.json \
          /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service \
-         /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml; do ! test -e $f || { echo "left: $f"; exit 1; }; done
+         /etc/containerd/conf.d/99-nvc-py.toml /etc/cdi/nvidia.yaml /etc/docker/daemon.json \
+         /usr/bin/nvidia-container-runtime-hook; do ! test -e $f -o -L $f || { echo "left: $f"; exit 1; }; done
 if test -f /tmp/containerd.toml; then cmp /etc/containerd/config.toml /tmp/containerd.toml
 else test ! -e /etc/containerd/config.toml; fi
 echo "== uninstalled"

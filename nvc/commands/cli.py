@@ -444,6 +444,49 @@ def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_d
         _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
 
 
+@setup.command("docker")
+@click.option("--config", "config_path", default="/etc/docker/daemon.json", show_default=True,
+              help="dockerd's daemon.json; only the runtime (and default-runtime) keys are changed.")
+@click.option("--runtime-name", default="nvc-py", show_default=True, help="Name of the runtime (docker run --runtime).")
+@click.option("--set-as-default", is_flag=True, help="Make it dockerd's default-runtime.")
+@click.option("--gpus-hook/--no-gpus-hook", default=None,
+              help="Link nvidia-container-runtime-hook, what docker run --gpus runs, to nvc-py-hook "
+                   "(--no-gpus-hook: remove nvc-py's link).  [default: where no such file is, or it is nvc-py's]")
+@click.option("--gpus-hook-dir", default="/usr/bin", show_default=True, metavar="DIR",
+              help="Where that link goes (a directory on dockerd's PATH).")
+@click.option("--restart", "restart_docker", is_flag=True,
+              help="Restart dockerd afterwards (systemctl restart docker; where systemd runs).")
+@click.option("--dry-run", is_flag=True, help="Print the changes instead of making them.")
+@_server_options
+@_REMOVE
+def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus_hook: bool | None,
+                 gpus_hook_dir: str, restart_docker: bool, dry_run: bool, no_server: bool, unit_dir: str | None,
+                 systemctl: str, remove: bool) -> None:
+    """Register nvc-py-runtime as Docker runtime `nvc-py` in daemon.json, link nvidia-container-runtime-hook
+    (what `docker run --gpus` runs) to nvc-py-hook, and the hook server as `setup podman` (--remove: the
+    runtime and the link where they are nvc-py's; daemon.json as it was). dockerd reads both when it starts.
+
+    \b
+    Then:  docker run --gpus all IMAGE nvidia-smi -L          (also --gpus 2, --gpus '"device=0,1"')
+           docker run --runtime nvc-py -e NVIDIA_VISIBLE_DEVICES=0 IMAGE nvidia-smi -L
+    CDI names (docker run --device nvidia.com/gpu=0, from `nvc-py cdi generate`) need Docker 25 or
+    later; Debian 12's docker.io is 20.10.
+    """
+    from nvc.hook import docker
+
+    if restart_docker:
+        docker.check_restart()
+    plan = (docker.plan_remove(config_path, runtime_name, gpus_hook_dir) if remove else
+            docker.plan_install(config_path, runtime_name, set_as_default, gpus_hook, gpus_hook_dir))
+    if dry_run:
+        _echo_lines(docker.preview(plan))
+        return
+    _echo_lines(docker.apply(plan))
+    if not remove:  # the runtime's and --gpus's hooks read the default configuration file (or $NVC_PY_CONFIG)
+        _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
+    _echo_lines(docker.restart(systemctl) if restart_docker else docker.restart_lines(plan))
+
+
 @cli.group()
 def cdi() -> None:
     """Container Device Interface specs."""

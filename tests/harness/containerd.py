@@ -11,12 +11,12 @@ socket address, so they cannot collide).
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .daemon import stop_daemon
 from .image import build_oci_archive
 from .rootfs import RootfsCache, image_ref
 
@@ -119,10 +119,4 @@ class Containerd:
 
     def stop(self, timeout: float = 10) -> None:
         """SIGTERM, wait, then SIGKILL: containerd must not outlive the session."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_daemon(self.process, timeout)

@@ -1,0 +1,322 @@
+"""Docker: ``nvc-py setup docker`` (daemon.json and the ``--gpus`` hook link) and containers of a
+private dockerd (Debian's docker.io, tests/harness/docker.py) on the fake driver.
+
+One dockerd serves the module's container tests: it is started inside the fake driver's mount
+namespace (the prestart hooks run in dockerd's), with a daemon.json and a hook link that
+``nvc-py setup docker`` wrote, and the hook link's directory on its PATH. The setup tests run the
+installed ``nvc-py`` on files in their temporary directory (``--config``, ``--gpus-hook-dir``), never
+at the host's paths. Everything on the fake driver is a test double: no GPU result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+from harness.docker import Dockerd, base_config
+from nvc.errors import InputError
+
+SCRIPTS = Path(sysconfig.get_path("scripts"))
+NVC_PY = str(SCRIPTS / "nvc-py")
+HOOK_FRONT = "/usr/lib/nvc-py/nvc-py-hook"
+RUNTIME = "/usr/lib/nvc-py/nvc-py-runtime"
+GPUS_HOOK = "nvidia-container-runtime-hook"
+H100 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
+A100 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
+MIG_2G = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
+MIG_3G = "MIG-b1c2d3e4-f5a6-5b7c-9d8e-0f1a2b3c4d5e"
+SHOW = ["sh", "-c", "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || true"]
+
+
+def setup_docker(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
+    """``nvc-py setup docker --no-server ARGS`` for hooks reading ``config`` ($NVC_PY_CONFIG; the
+    no-server file goes beside it, it need not exist)."""
+    return subprocess.run([NVC_PY, "setup", "docker", "--no-server", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "NVC_PY_CONFIG": str(config)})
+
+
+def listing(path: Path) -> list[str]:
+    """Every entry under ``path`` (temporary files included), relative."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    """Where the setup tests' hooks would read their configuration (the file is not needed)."""
+    return tmp_path / "config.yaml"
+
+
+# --- daemon.json: merged, byte for byte back, junk refused ------------------------------------------------
+
+STARTING_FILES = {
+    "none": None,
+    "empty object": "{}\n",
+    "other keys, odd layout": ('{\t"log-level":"warn" ,\r\n\n  "runtimes" : {\r\n "custom": {"path": "/opt/x", '
+                               '"runtimeArgs": ["--debug"]}} , "features": {"buildkit": true},'
+                               '"default-ulimits":{"nofile":{"Name":"nofile","Hard":64000,"Soft":64000}}}   '),
+    "indented, default runtime set": '{\n    "default-runtime": "runc",\n    "data-root": "/srv/docker"\n}\n',
+}
+
+
+@pytest.mark.parametrize("set_default", [False, True], ids=["runtime", "set-as-default"])
+@pytest.mark.parametrize("name", list(STARTING_FILES))
+def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, config_file: Path, name: str,
+                                                                 set_default: bool) -> None:
+    original = STARTING_FILES[name]
+    replaces_default = set_default and '"default-runtime"' in (original or "")  # not only an addition
+    daemon_json, hook_dir = tmp_path / "docker" / "daemon.json", tmp_path / "bin"
+    hook_dir.mkdir()
+    if original is not None:
+        daemon_json.parent.mkdir()
+        daemon_json.write_text(original, newline="")
+        daemon_json.chmod(0o600)
+    before = json.loads(original) if original is not None else {}
+    args = ["--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir), *(["--set-as-default"] * set_default)]
+    first = setup_docker(*args, config=config_file)
+    assert first.returncode == 0, first.stderr
+    assert f"wrote {daemon_json}\n" in first.stdout and "restart it (systemctl restart docker" in first.stdout
+    assert (f"{daemon_json}: default-runtime was 'runc' (--remove takes the key out" in first.stdout) == \
+        replaces_default
+    written = daemon_json.read_bytes()
+    doc = json.loads(written)
+    assert {k: v for k, v in doc.items() if k not in ("runtimes", "default-runtime")} == \
+        {k: v for k, v in before.items() if k not in ("runtimes", "default-runtime")}
+    assert doc["runtimes"] == {**before.get("runtimes", {}), "nvc-py": {"path": RUNTIME}}
+    assert doc.get("default-runtime") == ("nvc-py" if set_default else before.get("default-runtime"))
+    assert stat.S_IMODE(daemon_json.stat().st_mode) == (0o600 if original is not None else 0o644)
+    assert os.readlink(hook_dir / GPUS_HOOK) == HOOK_FRONT
+    again = setup_docker(*args, config=config_file)  # a second run changes nothing
+    assert again.returncode == 0 and daemon_json.read_bytes() == written
+    assert f"unchanged {daemon_json}\n" in again.stdout and "restart" not in again.stdout
+    removed = setup_docker("--remove", "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir),
+                           config=config_file)
+    assert removed.returncode == 0, removed.stderr
+    if original is None:
+        assert not daemon_json.exists() and f"removed {daemon_json}\n" in removed.stdout
+    elif replaces_default:
+        assert json.loads(daemon_json.read_text()) == {k: v for k, v in before.items() if k != "default-runtime"}
+    else:
+        assert daemon_json.read_bytes() == original.encode()
+    assert not (hook_dir / GPUS_HOOK).is_symlink()
+    assert listing(tmp_path) == sorted(["bin", "no-server", *(
+        ["docker", "docker/daemon.json"] if original is not None else ["docker"])])
+
+
+def test_text_edits_are_undone_exactly() -> None:
+    """Adding as the first member in the object's own layout and removing it again, for layouts the
+    CLI test does not cover; a runtimes object setup emptied goes too, an entry of ours it replaced too."""
+    from nvc.hook import docker
+
+    entry = {"path": RUNTIME}
+    for text in ("{}", " { }\n", '{"a":1,"b":[1,{"c":"}"}]}', '{\n\t"runtimes": {\n\t\t"x": {"path": "/x"}\n\t}\n}',
+                 '{"runtimes":{},"a":"\\"runtimes\\": {"}', '{"b": {"runtimes": {"nvc-py": {}}}}'):
+        for set_default in (False, True):
+            added = docker.with_runtime(text, "daemon.json", "nvc-py", entry, set_default)
+            assert json.loads(added)["runtimes"]["nvc-py"] == entry
+            assert docker.with_runtime(added, "daemon.json", "nvc-py", entry, set_default) == added
+            back = docker.without_runtime(added, "daemon.json", "nvc-py")
+            assert back == text or (text.startswith('{"runtimes":{}') and json.loads(back) == {"a": '"runtimes": {'})
+    replaced = docker.with_runtime('{"runtimes": {"nvc-py": {"path": "/old"}}, "a": 1}', "f", "nvc-py", entry, False)
+    assert replaced == '{"runtimes": {"nvc-py": {"path": "/usr/lib/nvc-py/nvc-py-runtime"}}, "a": 1}'
+    assert docker.without_runtime(replaced, "f", "nvc-py") == '{ "a": 1}'
+
+
+JUNK = {
+    "not JSON": ("daemon.json junk\n", "not valid JSON (Expecting value at line 1 column 1)"),
+    "empty": ("", "not valid JSON (Expecting value at line 1 column 1)"),
+    "trailing data": ('{"debug": true}\n}\n', "not valid JSON (Extra data at line 2 column 1)"),
+    "an array": ("[]\n", "not a JSON object"),
+    "runtimes not an object": ('{"runtimes": ["nvc-py"]}', "runtimes is not an object of objects"),
+    "duplicate key": ('{"runtimes": {}, "runtimes": {}}', "duplicate key 'runtimes'"),
+    "NaN": ('{"max-concurrent-uploads": NaN}', "NaN is not JSON"),
+    "not UTF-8": ('{"labels": ["\xff"]}', "not valid JSON (not UTF-8)"),
+}
+
+
+@pytest.mark.parametrize("name", list(JUNK))
+def test_junk_daemon_json_is_refused_in_one_line_with_nothing_written(tmp_path: Path, config_file: Path,
+                                                                       name: str) -> None:
+    text, reason = JUNK[name]
+    daemon_json, hook_dir = tmp_path / "daemon.json", tmp_path / "bin"
+    hook_dir.mkdir()
+    daemon_json.write_bytes(text.encode("latin-1") if name == "not UTF-8" else text.encode())
+    before = listing(tmp_path)
+    for extra in ([], ["--remove"]):
+        result = setup_docker(*extra, "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir),
+                              config=config_file)
+        assert (result.returncode, result.stdout) == (InputError.exit_code, "")
+        assert result.stderr == f"nvc-py: input error: {daemon_json}: {reason}\n"
+        assert daemon_json.read_bytes() == (text.encode("latin-1") if name == "not UTF-8" else text.encode())
+        assert listing(tmp_path) == before
+
+
+def test_daemon_json_read_never_blocks_on_a_fifo(tmp_path: Path, config_file: Path) -> None:
+    fifo = tmp_path / "daemon.json"
+    os.mkfifo(fifo)
+    result = setup_docker("--config", str(fifo), "--gpus-hook-dir", str(tmp_path), config=config_file)
+    assert result.stderr == f"nvc-py: input error: {fifo}: not a regular file\n"
+    assert not (tmp_path / GPUS_HOOK).exists()
+
+
+def test_gpus_hook_of_another_is_never_replaced(tmp_path: Path, config_file: Path) -> None:
+    """Where NVIDIA's toolkit put its hook: left alone by default (and said), refused with --gpus-hook
+    before anything is written, kept by --remove."""
+    hook_dir = tmp_path / "bin"
+    hook_dir.mkdir()
+    theirs = hook_dir / GPUS_HOOK
+    theirs.write_text("#!/bin/sh\n# NVIDIA's\n")
+    daemon_json = tmp_path / "daemon.json"
+    args = ("--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir))
+    refused = setup_docker(*args, "--gpus-hook", config=config_file)
+    assert refused.stderr == (f"nvc-py: input error: {theirs}: exists and is not nvc-py's link (NVIDIA's "
+                              "toolkit?): not replaced\n") and refused.returncode == InputError.exit_code
+    assert not daemon_json.exists()
+    kept = setup_docker(*args, config=config_file)
+    assert kept.returncode == 0 and f"left {theirs} alone (not nvc-py's)" in kept.stdout
+    assert theirs.read_text() == "#!/bin/sh\n# NVIDIA's\n" and daemon_json.exists()
+    assert setup_docker("--remove", *args, config=config_file).returncode == 0
+    assert theirs.read_text() == "#!/bin/sh\n# NVIDIA's\n" and not daemon_json.exists()
+
+
+def test_no_gpus_hook_and_dry_run(tmp_path: Path, config_file: Path) -> None:
+    hook_dir = tmp_path / "bin"
+    hook_dir.mkdir()
+    daemon_json = tmp_path / "daemon.json"
+    args = ("--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir))
+    dry = setup_docker(*args, "--dry-run", config=config_file)
+    assert dry.returncode == 0 and listing(tmp_path) == ["bin"]
+    assert dry.stdout.startswith(f"# {daemon_json}\n{{\n  \"runtimes\": {{\n    \"nvc-py\": {{\n")
+    assert f"would link {hook_dir / GPUS_HOOK} -> {HOOK_FRONT}\n" in dry.stdout
+    assert setup_docker(*args, config=config_file).returncode == 0
+    assert (hook_dir / GPUS_HOOK).is_symlink()
+    dropped = setup_docker(*args, "--no-gpus-hook", config=config_file)  # nvc-py's link taken away again
+    assert dropped.returncode == 0 and f"removed {hook_dir / GPUS_HOOK}\n" in dropped.stdout
+    assert not (hook_dir / GPUS_HOOK).is_symlink()
+    assert setup_docker("--remove", *args, "--dry-run", config=config_file).stdout == f"would remove {daemon_json}\n"
+
+
+@pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="systemd runs here: --restart would restart docker")
+def test_restart_without_systemd_is_refused_before_anything_is_written(tmp_path: Path, config_file: Path) -> None:
+    result = setup_docker("--restart", "--config", str(tmp_path / "daemon.json"), "--gpus-hook-dir", str(tmp_path),
+                          config=config_file)
+    assert (result.returncode, result.stdout) == (InputError.exit_code, "")
+    assert result.stderr == "nvc-py: input error: --restart: systemd is not running here: restart dockerd yourself\n"
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize("target", [HOOK_FRONT, "/usr/lib/nvc-py/nvc-py-hook-python"], ids=["front", "python"])
+def test_hook_answers_as_nvc_py_hook_under_the_gpus_hook_name(tmp_path: Path, target: str) -> None:
+    """Called as nvidia-container-runtime-hook (a link, as setup docker makes it), the front still runs
+    nvc-py-hook's program (it goes by the file it runs from), and the program goes by its arguments."""
+    link = tmp_path / GPUS_HOOK
+    link.symlink_to(target)
+    result = subprocess.run([str(link), "--help"], capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.startswith("usage: nvc-py-hook prestart|poststart|poststop  (OCI state on stdin)\n")
+
+
+def test_runtime_adds_no_second_hook_where_gpus_hook_is_nvc_py(active_2gpu, fake_2gpu, debian_rootfs: Path,
+                                                             tmp_path: Path) -> None:
+    """`--runtime nvc-py --gpus 1`: dockerd's hook is nvc-py's (through the link), so nvc-py-runtime
+    adds none (two prestart hooks would configure the container twice)."""
+    from nvc import config as config_load
+    from nvc.hook import runtime
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n")
+    link = tmp_path / GPUS_HOOK
+    link.symlink_to(HOOK_FRONT)
+    bundle = make_bundle(tmp_path / "b", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                         hooks={"prestart": [{"path": str(link), "args": [GPUS_HOOK, "prestart"]}]})
+    spec = json.loads((bundle / "config.json").read_text())
+    runtime.rewrite(spec, str(bundle), config_load.load(str(config)))
+    assert [h["path"] for h in spec["hooks"]["prestart"]] == [str(link)]
+
+
+# --- containers of a private dockerd -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dockerd(fake_2gpu, rootfs_cache, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dockerd]:
+    """dockerd with what `nvc-py setup docker` wrote (runtime nvc-py, the --gpus hook link) and the
+    hook configuration for the fake driver in its environment, inside the fake driver's namespace."""
+    from fakedriver.activate import activate
+
+    work = tmp_path_factory.mktemp("docker")
+    config = work / "config.yaml"
+    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\nlog: {{file: {work / 'hook.log'}}}\n")
+    daemon_json, hook_dir = work / "daemon.json", work / "bin"
+    daemon_json.write_text(json.dumps(base_config(work), indent=2) + "\n")
+    hook_dir.mkdir()
+    setup = setup_docker("--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir), config=config)
+    assert setup.returncode == 0, setup.stderr
+    with activate(fake_2gpu):
+        daemon = Dockerd(work, rootfs_cache, daemon_json, path=[hook_dir], env={"NVC_PY_CONFIG": str(config)})
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
+
+
+def _uuids(stdout: str) -> list[str]:
+    return re.findall(r"UUID: ((?:GPU|MIG)-[0-9a-f-]+)\)", stdout)
+
+
+def _nodes(stdout: str) -> list[str]:
+    return [w for w in stdout.split() if w.startswith("nvidia") and w[6:].isdigit()]
+
+
+def _hook_lines(dockerd: Dockerd) -> list[dict]:
+    return [json.loads(line) for line in (dockerd.workdir / "hook.log").read_text().splitlines()]
+
+
+def test_dockerd_reads_what_setup_wrote(dockerd: Dockerd) -> None:
+    info = dockerd.info()
+    assert info["ServerVersion"].startswith("20.10.")
+    assert info["Runtimes"]["nvc-py"]["path"] == RUNTIME
+
+
+# docker run's GPU options -> UUIDs nvidia-smi -L lists, GPU device nodes
+DOCKER_CASES = {
+    "--gpus all": (["--gpus", "all"], [H100, A100, MIG_2G, MIG_3G], ["nvidia0", "nvidia1"]),
+    "--gpus 1": (["--gpus", "1"], [H100], ["nvidia0"]),
+    "--gpus '\"device=1\"'": (["--gpus", '"device=1"'], [A100], ["nvidia1"]),
+    "--runtime nvc-py -e NVIDIA_VISIBLE_DEVICES=0": (["--runtime", "nvc-py", "-e", "NVIDIA_VISIBLE_DEVICES=0"],
+                                                    [H100], ["nvidia0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DOCKER_CASES))
+def test_docker_run_gets_the_gpus_it_asks_for(dockerd: Dockerd, case: str) -> None:
+    """`--gpus` through dockerd's prestart hook at the nvidia-container-runtime-hook link to nvc-py-hook;
+    `--runtime nvc-py` through nvc-py-runtime's hook."""
+    args, uuids, nodes = DOCKER_CASES[case]
+    result = dockerd.run(dockerd.image(), SHOW, extra_args=args)
+    assert result.returncode == 0, result.stderr
+    assert (_uuids(result.stdout), _nodes(result.stdout)) == (uuids, nodes), result.stdout
+    last = _hook_lines(dockerd)[-1]
+    assert last["outcome"] == "configured" and re.fullmatch(r"[0-9a-f]{64}", last["container"])
+
+
+def test_docker_run_without_gpus_gets_nothing(dockerd: Dockerd) -> None:
+    """No `--gpus`: dockerd adds no hook; `--runtime nvc-py` without NVIDIA_VISIBLE_DEVICES: nvc-py-runtime
+    adds none. One `--runtime nvc-py --gpus 1`: one prestart run, not two."""
+    logged = len(_hook_lines(dockerd)) if (dockerd.workdir / "hook.log").exists() else 0
+    for args in ([], ["--runtime", "nvc-py"]):
+        result = dockerd.run(dockerd.image(), SHOW, extra_args=args)
+        assert result.returncode == 0, result.stderr
+        assert "nvidia-smi: not found" in result.stdout and _nodes(result.stdout) == [], (args, result.stdout)
+    both = dockerd.run(dockerd.image(), SHOW, extra_args=["--runtime", "nvc-py", "--gpus", "1"])
+    assert both.returncode == 0 and _uuids(both.stdout) == [H100], both.stderr
+    prestarts = [line for line in _hook_lines(dockerd)[logged:] if line["stage"] == "prestart"]
+    assert [line["outcome"] for line in prestarts] == ["configured"], prestarts
