@@ -16,6 +16,7 @@ import re
 import stat
 import subprocess
 import sysconfig
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -320,3 +321,42 @@ def test_docker_run_without_gpus_gets_nothing(dockerd: Dockerd) -> None:
     assert both.returncode == 0 and _uuids(both.stdout) == [H100], both.stderr
     prestarts = [line for line in _hook_lines(dockerd)[logged:] if line["stage"] == "prestart"]
     assert [line["outcome"] for line in prestarts] == ["configured"], prestarts
+
+
+def _doctor(*args: str, dockerd: Dockerd) -> dict:
+    """`nvc-py doctor --json ARGS`'s checks by name, for the hook configuration dockerd's hooks read."""
+    done = subprocess.run([str(SCRIPTS / "nvc-py"), "doctor", "--json", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "NVC_PY_CONFIG": str(dockerd.workdir / "config.yaml"),
+                                            "NVC_PY_HOOK_SOCKET": "none"})
+    assert done.stderr == "", done.stderr
+    return {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+
+
+def test_doctor_reads_what_the_running_dockerd_reads_and_its_run_sees_the_gpu(dockerd: Dockerd) -> None:
+    """doctor finds the running dockerd's --config-file and PATH (not /etc/docker/daemon.json), the
+    runtime and --gpus hook setup wrote there, and --run starts a container through it asking for GPU 0."""
+    checks = _doctor("--run", dockerd=dockerd)
+    assert checks["docker"]["status"] == "ok" and str(dockerd.workdir / "daemon.json") in checks["docker"]["detail"]
+    assert checks["docker --gpus"] == {"name": "docker --gpus", "status": "ok", "fix": "",
+                                       "detail": f"{dockerd.workdir}/bin/nvidia-container-runtime-hook is nvc-py's hook"}
+    assert "dockerd" not in checks, checks.get("dockerd")       # started after daemon.json was written
+    assert checks["docker run"]["status"] == "ok", checks["docker run"]
+    assert checks["docker run"]["detail"].startswith("a container started with `docker run --gpus device=0` sees it: "
+                                                     "GPU 0: NVIDIA H100")
+
+
+def test_doctor_finds_a_daemon_json_without_the_runtime(dockerd: Dockerd) -> None:
+    """daemon.json without nvc-py's runtime (removed after dockerd started): doctor says so, and that
+    the running dockerd read an older file. (Last in the module: the file is put back after.)"""
+    daemon_json = dockerd.workdir / "daemon.json"
+    before = daemon_json.read_bytes()
+    time.sleep(1.5)                     # a change later than dockerd's start by more than its clock's slack
+    assert setup_docker("--config", str(daemon_json), "--remove", "--gpus-hook-dir", str(dockerd.workdir / "none"),
+                        config=dockerd.workdir / "config.yaml").returncode == 0
+    try:
+        checks = _doctor(dockerd=dockerd)
+    finally:
+        daemon_json.write_bytes(before)
+    assert checks["docker"] == {"name": "docker", "status": "fail", "fix": "nvc-py setup docker",
+                                "detail": f"{daemon_json} registers no nvc-py runtime"}
+    assert checks["dockerd"]["status"] == "fail" and "before " + str(daemon_json) in checks["dockerd"]["detail"]

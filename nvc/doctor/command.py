@@ -30,7 +30,7 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     found += [host.cgroup_version(), host.ldconfig(conf), engines.server()]
     podman = engines.hooks_engine("podman", "podman")
     found += [podman, engines.hooks_engine("CRI-O", "crio")]
-    docker = engines.docker()
+    docker, dockerd = engines.docker()
     found += [*docker, *engines.containerd()]
     if gpus:
         found.append(engines.cdi(lambda: _fresh_spec(conf)))
@@ -40,7 +40,8 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
             ways["podman"] = runs.podman
         held = {c.name: c.status == OK for c in docker}
         if held.get("docker") or held.get("docker --gpus"):
-            ways["docker"] = functools.partial(runs.docker, gpus_flag=held.get("docker --gpus", False))
+            ways["docker"] = functools.partial(runs.docker, host=engines.docker_host(dockerd),
+                                               gpus_flag=held.get("docker --gpus", False))
         found += runs.run_containers(ways)
     return found
 

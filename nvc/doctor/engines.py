@@ -10,14 +10,15 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from nvc.doctor import Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
+from nvc.hook.docker import GPUS_HOOK
 
 _MAX_CONFIG = 1 << 20
-DOCKER_CONFIG = "/etc/docker/daemon.json"
-GPUS_HOOK = "nvidia-container-runtime-hook"  # the program dockerd runs for --gpus
+DOCKER_CONFIG = "/etc/docker/daemon.json"  # dockerd's default --config-file
+CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's whole second
 
 
 def _ours(path: str) -> bool:
@@ -67,57 +68,104 @@ def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -
                 f"nvc-py setup {command}")
 
 
-def _read_json(path: str) -> Any:
-    from nvc.untrusted import read_file
+class Daemon(NamedTuple):
+    """A running engine daemon, as its own command line and environment say."""
 
-    raw, _ = read_file(path, _MAX_CONFIG)
-    try:
-        return json.loads(raw)
-    except ValueError as err:
-        raise InputError(f"{path}: not valid JSON ({err})") from None
+    pid: int
+    argv: tuple[str, ...]
+    path: str  # its PATH, where it looks for programs (dockerd: the --gpus hook)
+    started: float  # epoch seconds
+
+    def flag(self, name: str) -> str | None:
+        """The value of ``--name VALUE`` or ``--name=VALUE`` (the last one given)."""
+        found = None
+        for i, arg in enumerate(self.argv):
+            if arg == name and i + 1 < len(self.argv):
+                found = self.argv[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg[len(name) + 1:]
+        return found
 
 
-def _started_after(daemon: str, path: str) -> Check | None:
-    """A failing check when the oldest running ``daemon`` process started before ``path`` last
-    changed (it runs with the configuration it read at its start); None where that holds or no
-    such process runs."""
-    started = [t for t in _process_starts(daemon)]
-    if not started or not os.path.exists(path):
+def running(name: str) -> list[Daemon]:
+    """The processes whose program is ``name`` (by basename), oldest first."""
+    return processes(lambda argv: os.path.basename(argv[0]) == name)
+
+
+def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
+    """The processes whose command line ``match`` accepts, oldest first."""
+    from nvc.hook.setup import FIXED_PATH
+
+    boot, tick = _boot_time(), os.sysconf("SC_CLK_TCK")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = tuple(os.fsdecode(a) for a in f.read(1 << 16).split(b"\0")[:-1])
+            if not argv or not match(argv):
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(e.partition(b"=")[::2] for e in f.read(1 << 20).split(b"\0") if e)
+        except OSError:
+            continue
+        path = os.fsdecode(env.get(b"PATH", FIXED_PATH.split("=", 1)[1].encode()))
+        found.append(Daemon(int(pid), argv, path, boot + int(fields[19]) / tick))
+    return sorted(found, key=lambda d: d.started)
+
+
+def _started_after(daemon: Daemon | None, name: str, path: str) -> Check | None:
+    """A failing check when ``daemon`` started before ``path`` last changed (it runs with the
+    configuration it read at its start); None where that holds or it does not run."""
+    if daemon is None or not os.path.exists(path):
         return None
     changed = os.stat(path).st_mtime
-    if min(started) < changed:
-        return fail(daemon, f"{daemon} started {_when(min(started))}, before {path} changed ({_when(changed)}): "
-                            "it has not read nvc-py's registration", f"restart it (systemctl restart {daemon})")
+    if daemon.started < changed - CLOCK_SLACK:
+        return fail(name, f"{name} (pid {daemon.pid}) started {_when(daemon.started)}, before {path} changed "
+                          f"({_when(changed)}): it has not read nvc-py's registration",
+                    f"restart it (systemctl restart {name})")
     return None
 
 
-def docker(config_path: str = DOCKER_CONFIG) -> list[Check]:
-    """dockerd: the nvc-py runtime in daemon.json (``--runtime nvc-py``), the ``--gpus`` hook program
-    on PATH, and dockerd started since daemon.json changed."""
+def docker_host(daemon: Daemon | None) -> str | None:
+    """The unix socket the docker client reaches ``daemon`` on (None: the client's default)."""
+    host = daemon.flag("-H") or daemon.flag("--host") if daemon else None
+    return host if host and host.startswith("unix://") else None
+
+
+def docker() -> tuple[list[Check], Daemon | None]:
+    """dockerd, as the running one reads it (its --config-file, its PATH): the nvc-py runtime in
+    daemon.json (``--runtime nvc-py``), the ``--gpus`` hook program, and dockerd started since
+    daemon.json changed. Also the daemon found, for ``--run``."""
+    from nvc.hook import docker as registration
+
     if shutil.which("dockerd") is None:
-        return [skip("docker", "not installed (dockerd not on PATH)")]
+        return [skip("docker", "not installed (dockerd not on PATH)")], None
+    daemons = running("dockerd")
+    daemon = daemons[0] if daemons else None
+    config_path = (daemon.flag("--config-file") if daemon else None) or DOCKER_CONFIG
     try:
-        doc = _read_json(config_path) if os.path.exists(config_path) else {}
-    except (OSError, NvcError) as err:
-        return [fail("docker", str(err), f"correct {config_path}: dockerd would refuse it too")]
-    runtimes = doc.get("runtimes") if isinstance(doc, dict) else None
-    ours = sorted(name for name, entry in (runtimes or {}).items()
-                  if isinstance(entry, dict) and isinstance(entry.get("path"), str) and _ours(entry["path"]))
-    found = []
-    if ours:
-        found.append(ok("docker", f"runtime {ours[0]} in {config_path} (docker run --runtime {ours[0]} ...)"))
-    else:
-        found.append(fail("docker", f"{config_path} registers no nvc-py runtime", "nvc-py setup docker"))
-    program = shutil.which(GPUS_HOOK, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        text, _ = registration.read_config(config_path)
+        doc = registration.parse(text, config_path) if text is not None else {}
+    except NvcError as err:
+        return [fail("docker", str(err), f"correct {config_path}: dockerd would refuse it too")], daemon
+    ours = sorted(name for name, entry in doc.get(registration.RUNTIMES, {}).items()
+                  if isinstance(entry.get("path"), str) and _ours(entry["path"]))
+    found = [ok("docker", f"runtime {ours[0]} in {config_path} (docker run --runtime {ours[0]} ...)") if ours else
+             fail("docker", f"{config_path} registers no nvc-py runtime", "nvc-py setup docker")]
+    path = daemon.path if daemon else None
+    program = shutil.which(GPUS_HOOK, path=path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     if program is None:
         found.append(fail("docker --gpus", f"no {GPUS_HOOK} on dockerd's PATH: `docker run --gpus` fails",
                           "nvc-py setup docker"))
-    elif _ours(program):
-        found.append(ok("docker --gpus", f"{program} is nvc-py's hook"))
     else:
-        found.append(ok("docker --gpus", f"{program} is not nvc-py's (NVIDIA's toolkit?): --gpus uses it"))
-    stale = _started_after("dockerd", config_path)
-    return found + ([stale] if stale else [])
+        whose = "nvc-py's hook" if _ours(program) else "not nvc-py's (NVIDIA's toolkit?): --gpus runs it"
+        found.append(ok("docker --gpus", f"{program} is {whose}"))
+    if daemon is None:
+        found.append(skip("dockerd", "not running"))
+    stale = _started_after(daemon, "dockerd", config_path)
+    return found + ([stale] if stale else []), daemon
 
 
 def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
@@ -137,7 +185,8 @@ def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
     if not names:
         return [fail("containerd", f"no runtime of {config_path} or its imports runs nvc-py-runtime",
                      "nvc-py setup containerd, then restart containerd")]
-    stale = _started_after("containerd", config_path)
+    daemons = running("containerd")
+    stale = _started_after(daemons[0] if daemons else None, "containerd", config_path)
     return [ok("containerd", f"CRI runtime handler {names[0]} (runtimeClassName / ctr --runtime)")] + \
         ([stale] if stale else [])
 
@@ -255,7 +304,7 @@ def server() -> Check:
     finally:
         probe.close()
     installed = _installed_at()
-    servers = _process_starts("nvc-py-hook", "serve")
+    servers = [d.started for d in _servers()]
     older = [t for t in servers if t < installed]
     if older:
         return fail("hook server", f"the server started {_when(min(older))}, before nvc-py was installed "
@@ -272,23 +321,10 @@ def _installed_at() -> float:
     return max(os.stat(os.path.join(package, name)).st_mtime for name in os.listdir(package) if name.endswith(".py"))
 
 
-def _process_starts(name: str, arg: str = "") -> list[float]:
-    """Start times (epoch seconds) of the processes whose command line runs ``name`` (with ``arg``)."""
-    boot = _boot_time()
-    tick = os.sysconf("SC_CLK_TCK")
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read(4096).split(b"\0")
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        words = [os.path.basename(os.fsdecode(a)) for a in argv[:3]]
-        if any(w.startswith(name) for w in words) and (not arg or os.fsencode(arg) in argv):
-            found.append(boot + int(fields[19]) / tick)
-    return found
+def _servers() -> list[Daemon]:
+    """The hook server's processes: an interpreter running nvc-py-hook's program with ``serve``."""
+    return processes(lambda argv: "serve" in argv and
+                     any(os.path.basename(a).startswith("nvc-py-hook") for a in argv[:3]))
 
 
 def _boot_time() -> float:

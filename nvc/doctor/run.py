@@ -52,15 +52,17 @@ def make_rootfs(root: str) -> str | None:
     return None
 
 
-def _verdict(name: str, result: subprocess.CompletedProcess[str] | str) -> Check:
+def _verdict(name: str, result: subprocess.CompletedProcess[str] | str, how: str = "") -> Check:
+    """Whether the container ``how`` started (e.g. ``docker run --gpus device=0``) saw GPU 0."""
+    asked = f"a container started with `{how}`" if how else "a container asking for GPU 0"
     if isinstance(result, str):
         return fail(name, result, "see the checks above")
     output = (result.stdout + result.stderr).strip()
     gpu = next((line for line in output.splitlines() if line.startswith("GPU 0:")), None)
     if result.returncode == 0 and gpu:
-        return ok(name, f"a container asking for GPU 0 sees it: {gpu}")
+        return ok(name, f"{asked} sees it: {gpu}")
     last = output.splitlines()[-1] if output else f"exit status {result.returncode}"
-    return fail(name, f"a container asking for GPU 0 does not see it: {last}",
+    return fail(name, f"{asked} does not see GPU 0: {last}",
                 "read the hook's log line for that start (log: in the configuration)")
 
 
@@ -79,21 +81,22 @@ def podman(rootfs: str) -> Check:
                                         "NVIDIA_VISIBLE_DEVICES=0", "--rootfs", rootfs, *COMMAND]))
 
 
-def docker(rootfs: str, gpus_flag: bool) -> Check:
-    """docker, with the rootfs imported as an image: ``--gpus device=0`` where dockerd finds a hook
-    for it, else nvc-py's runtime."""
+def docker(rootfs: str, host: str | None, gpus_flag: bool) -> Check:
+    """docker (to the dockerd at ``host``, None: the client's default), with the rootfs imported as an
+    image: ``--gpus device=0`` where dockerd finds a hook for it, else nvc-py's runtime."""
+    client = ["docker", *(["-H", host] if host else [])]
     tar = subprocess.run(["tar", "-C", rootfs, "-c", "."], capture_output=True, timeout=TIMEOUT)
-    imported = subprocess.run(["docker", "import", "-", IMAGE], input=tar.stdout, capture_output=True,
+    imported = subprocess.run([*client, "import", "-", IMAGE], input=tar.stdout, capture_output=True,
                               timeout=TIMEOUT)
     if imported.returncode != 0:
         return fail("docker run", f"docker import: {imported.stderr.decode(errors='replace').strip()}",
                     "is dockerd running?")
     ask = ["--gpus", "device=0"] if gpus_flag else ["--runtime", "nvc-py", "-e", "NVIDIA_VISIBLE_DEVICES=0"]
     try:
-        return _verdict(f"docker run {' '.join(ask[:2])}",
-                        _run(["docker", "run", "--rm", "--network", "none", *ask, IMAGE, *COMMAND]))
+        return _verdict("docker run", _run([*client, "run", "--rm", "--network", "none", *ask, IMAGE, *COMMAND]),
+                        f"docker run {' '.join(ask)}")
     finally:
-        subprocess.run(["docker", "rmi", "-f", IMAGE], capture_output=True, timeout=TIMEOUT)
+        subprocess.run([*client, "rmi", "-f", IMAGE], capture_output=True, timeout=TIMEOUT)
 
 
 def run_containers(engines: dict[str, Callable[[str], Check]]) -> list[Check]:
