@@ -70,6 +70,7 @@
 #define STAMP_DIGITS 20
 
 #include "server_start.h"
+#include "socket_dir.h"
 
 extern char **environ;
 
@@ -180,8 +181,8 @@ static const char *not_roots(const char *path)
     struct stat sock, st;
     if (lstat(path, &sock) < 0 || lstat(directory, &st) < 0)
         return errno == ENOENT || errno == EACCES ? NULL : "it cannot be examined"; /* not there, or not ours */
-    if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
-        return "its directory is not root's, or others can write there";
+    if (!socket_dir_is_roots(&st))
+        return SOCKET_DIR_PROBLEM;
     if (!S_ISSOCK(sock.st_mode) || sock.st_uid != 0)
         return "it is not a socket of root's";
     return NULL;
@@ -313,10 +314,15 @@ int main(int argc, char **argv)
         close(sock);
         /* no server: a container start's hook call starts one (server_start.c); its wait counts as queueing */
         stamp(buf, len);
+        const char *not_started = NULL;
         sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(argc, argv)
-                   ? server_start_and_connect(&addr) : -1;
-        if (sock < 0)
+                   ? server_start_and_connect(&addr, &not_started) : -1;
+        if (sock < 0) {
+            if (not_started)
+                fprintf(stderr, "%s: not starting the hook server (%s: %s); running %s\n", self, path, not_started,
+                        target);
             give_up(argv); /* nothing was handed over */
+        }
         set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
     }
     struct ucred peer = {.uid = (uid_t)-1};
