@@ -23,11 +23,11 @@ the interpreter's ``os.environ``).
 Before it sends anything, a client makes sure root answers: the socket's directory is root's,
 not a symlink and not writable by group or others, the socket is root's, and the listening
 peer's credentials (SO_PEERCRED) are uid 0; otherwise it runs the program itself, saying so in
-one line. It waits at most ``$NVC_PY_HOOK_TIMEOUT`` seconds (default 60) for each answer, and
-at most ACK_TIMEOUT for ``ready``: without it the caller runs the program itself (no worker ran
-or will run anything: a worker runs only after ``go``, and holds none of the caller's streams
-before it); once it sent ``go`` it kills the worker and fails with one line instead (the call
-may have done part of its work). ``NVC_PY_HOOK_SOCKET=none`` hands nothing over.
+one line. It waits at most ``$NVC_PY_HOOK_TIMEOUT`` seconds (:func:`timeout_us`; default 60) for
+each answer, and at most ACK_TIMEOUT for ``ready``: without it the caller runs the program itself
+(no worker ran or will run anything: a worker runs only after ``go``, and holds none of the
+caller's streams before it); once it sent ``go`` it kills the worker and fails with one line
+instead (the call may have done part of its work). ``NVC_PY_HOOK_SOCKET=none`` hands nothing over.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
 NO_SERVER = "none"  # $NVC_PY_HOOK_SOCKET's value for "hand nothing over" (as native/client/hook_client.c)
 TIMEOUT_ENV = "NVC_PY_HOOK_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0  # seconds for a served call's status (as native/client/hook_client.c)
+MAX_TIMEOUT_CHARS = 32  # the longest $NVC_PY_HOOK_TIMEOUT read (timeout_us)
 ACK_TIMEOUT = 2.0  # seconds at most for the server's ``ready`` (as native/client/hook_client.c)
 MAGIC = b"nvc-py-hook/2"
 MAX_MESSAGE = 64 * 1024  # as native/client/hook_client.c
@@ -88,14 +89,29 @@ def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def timeout_us(text: str) -> int | None:
+    """$NVC_PY_HOOK_TIMEOUT's value in microseconds, None where it is not one (the default then).
+
+    The grammar, which native/client/hook_client.c follows too: decimal seconds, ASCII digits with
+    at most one point (``60``, ``0.5``, ``.5``, ``5.``), no sign, exponent or space, at most
+    MAX_TIMEOUT_CHARS characters; above zero and below 10^9 seconds. It is rounded up to whole
+    microseconds, so any positive value waits at least 1 µs: never 0, which a socket's timeout
+    (SO_RCVTIMEO) would read as "wait for ever"."""
+    whole, _, fraction = text.partition(".")
+    digits = whole + fraction
+    if len(text) > MAX_TIMEOUT_CHARS or not digits.isascii() or not digits.isdigit():
+        return None
+    if int(whole or "0") >= 10**9:
+        return None
+    micro = int(whole or "0") * 10**6 + int(fraction[:6].ljust(6, "0")) + (fraction[6:].strip("0") != "")
+    return micro or None
+
+
 def call_timeout() -> float:
-    """Seconds to wait for a served call's status: $NVC_PY_HOOK_TIMEOUT, else DEFAULT_TIMEOUT (a
-    value that is not a positive number counts as unset)."""
-    try:
-        timeout = float(os.environ.get(TIMEOUT_ENV, ""))
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return timeout if 0 < timeout < 1e9 else DEFAULT_TIMEOUT
+    """Seconds to wait for a served call's status: $NVC_PY_HOOK_TIMEOUT (:func:`timeout_us`), else
+    DEFAULT_TIMEOUT."""
+    micro = timeout_us(os.environ.get(TIMEOUT_ENV, ""))
+    return micro / 1e6 if micro else DEFAULT_TIMEOUT
 
 
 def not_roots(path: str) -> str | None:

@@ -880,6 +880,66 @@ def test_a_wedged_worker_fails_the_call_after_the_timeout(served: Path, setup_di
                                                      "(killed)\n")
 
 
+@pytest.mark.parametrize("text, micro", [
+    ("60", 60_000_000), ("0.5", 500_000), (".5", 500_000), ("5.", 5_000_000), ("007", 7_000_000),
+    ("0.0000001", 1), ("0.000001", 1), ("0.0000011", 2), ("0.9999999", 1_000_000), ("999999999", 999_999_999_000_000),
+    ("0." + "0" * 29 + "1", 1), ("1000000000", None), ("0", None), ("0.000", None), ("", None), (".", None),
+    ("-1", None), ("+1", None), (" 1", None), ("1 ", None), ("1e-7", None), ("0x10", None), ("inf", None),
+    ("nan", None), ("1.2.3", None), ("\u0663", None), ("1" * 5000, None), ("0." + "0" * 4997 + "1", None),
+])
+def test_nvc_py_hook_timeout_grammar(text: str, micro: int | None) -> None:
+    """Decimal seconds rounded up to whole microseconds; anything else (None) means the default."""
+    assert handover.timeout_us(text) == micro
+
+
+# $NVC_PY_HOOK_TIMEOUT and the seconds a client then waits for ``ready``: min(ACK_TIMEOUT, it), the
+# default (60 s) for what the grammar refuses.
+TIMEOUTS = [("0.0000001", 1e-06), ("0.000001", 1e-06), ("0.3", 0.3), (".25", 0.25), ("1.", 1.0), ("0", 2.0),
+            ("-1", 2.0), ("1e-7", 2.0), ("junk", 2.0), ("9" * 10, 2.0), ("1" * 5000, 2.0),
+            ("0." + "0" * 4997 + "1", 2.0)]
+
+
+def test_both_clients_read_nvc_py_hook_timeout_alike(active_2gpu) -> None:
+    """One grammar (handover.timeout_us) in both clients: against a wedged server (stopped, with
+    its spare workers) each value bounds the wait for ``ready`` alike, and both say so in the same
+    words; none waits for ever, as a value under 1 µs once did in the native client (its socket
+    timeout rounded to 0, which means none)."""
+    import signal
+
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    sock = top / "run" / "hook.sock"
+    code = "from nvc.hook.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
+    commands = {"native": ([str(CLIENT), MISSING, "--version"], (127, "", f"running {MISSING}\n{CANNOT_EXECUTE}")),
+                "python": ([sys.executable, "-c", code], (0, "ran here\n", "running here\n"))}
+
+    def call(case: tuple[str, str]) -> tuple[str, float, subprocess.CompletedProcess[str]]:
+        client, value = case
+        started = time.monotonic()
+        result = subprocess.run(commands[client][0], capture_output=True, text=True, timeout=30,
+                                env={handover.SOCKET_ENV: str(sock), handover.TIMEOUT_ENV: value})
+        return client, time.monotonic() - started, result
+
+    try:
+        with hook_server(HOOK, sock) as server:
+            stopped = [server.pid, *spare_pids(server)]
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                with ThreadPoolExecutor(8) as pool:
+                    results = list(pool.map(call, [(client, value) for client in commands for value, _ in TIMEOUTS]))
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+    finally:
+        shutil.rmtree(top)
+    for (client, took, result), (value, waited) in zip(results, TIMEOUTS * 2):
+        code, out, err_end = commands[client][1]
+        said = re.fullmatch(r"[\w-]+: the hook server did not answer in (\S+) s; (.*\n)+", result.stderr)
+        assert said and said.group(1) == f"{waited:g}", (client, value[:20], result.stderr)
+        assert (result.returncode, result.stdout) == (code, out) and result.stderr.endswith(err_end)
+        assert took < waited + 3, (client, value[:20], took)
+
+
 def test_served_call_time(served: Path) -> None:
     """Not an assertion: what a served call costs end to end with the checks (printed with -s)."""
     env = {handover.SOCKET_ENV: str(served)}

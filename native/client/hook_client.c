@@ -32,12 +32,13 @@
  * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready` with
  * the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on stderr);
  * `go` with the three standard streams; `exit N`. No worker runs anything, or holds a stream, before
- * `go`: without `ready` within ACK_TIMEOUT seconds (a wedged or stopped server), or with the connection
+ * `go`: without `ready` within ACK_TIMEOUT_US (a wedged or stopped server), or with the connection
  * closed before it, the client runs the program itself. Once it sent `go` it never falls back (the
  * worker may have changed the container already): no status within $NVC_PY_HOOK_TIMEOUT seconds
- * (default 60) kills the worker (as a runtime kills a hook past its timeout; its end closes the
- * streams a runtime may be waiting on) and fails with one line, as does a worker that ends without a
- * status. Connecting and sending are bounded by ACK_TIMEOUT too (SO_SNDTIMEO).
+ * (default 60; its grammar is handover.py's timeout_us) kills the worker (as a runtime kills a hook
+ * past its timeout; its end closes the streams a runtime may be waiting on) and fails with one line,
+ * as does a worker that ends without a status. Connecting and sending are bounded by ACK_TIMEOUT_US
+ * too (SO_SNDTIMEO).
  *
  * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock; `none` hands nothing over. A program run
  * after trying the server gets NVC_PY_HOOK_SOCKET=none, so that a front behind it does not try again.
@@ -60,8 +61,9 @@
 #define DEFAULT_SOCKET "/run/nvc-py/hook.sock"
 #define NO_SERVER "none" /* $NVC_PY_HOOK_SOCKET's value for "hand nothing over" */
 #define MAGIC "nvc-py-hook/2"
-#define DEFAULT_TIMEOUT 60.0 /* seconds for a served call's status; $NVC_PY_HOOK_TIMEOUT */
-#define ACK_TIMEOUT 2.0      /* seconds at most to connect, send and get `ready` */
+#define DEFAULT_TIMEOUT_US 60000000LL /* for a served call's status; $NVC_PY_HOOK_TIMEOUT */
+#define ACK_TIMEOUT_US 2000000LL      /* at most to connect, send and get `ready` */
+#define MAX_TIMEOUT_CHARS 32          /* the longest $NVC_PY_HOOK_TIMEOUT read, as handover.py's */
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
 /* The last environment entry sent: CLOCK_MONOTONIC as it connects, ns, STAMP_DIGITS digits written just
@@ -188,10 +190,10 @@ static const char *not_roots(const char *path)
     return NULL;
 }
 
-/* Sets the socket's send and receive timeouts (seconds). */
-static void set_timeouts(int sock, double seconds)
+/* Sets the socket's send and receive timeouts (microseconds, above 0: 0 would mean no timeout). */
+static void set_timeouts(int sock, long long us)
 {
-    struct timeval tv = {.tv_sec = (time_t)seconds, .tv_usec = (suseconds_t)((seconds - (time_t)seconds) * 1e6)};
+    struct timeval tv = {.tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000)};
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
@@ -216,14 +218,38 @@ static ssize_t answer(int sock, char *reply, size_t size, int *fd)
     return n;
 }
 
-/* $NVC_PY_HOOK_TIMEOUT: seconds for a served call's status (DEFAULT_TIMEOUT where unset or not a
- * positive number). */
-static double call_timeout(void)
+/* $NVC_PY_HOOK_TIMEOUT in microseconds, for a served call's status: the grammar of nvc/hook/handover.py's
+ * timeout_us (decimal seconds, rounded up to whole microseconds); DEFAULT_TIMEOUT_US where it is unset or
+ * not such a value. */
+static long long call_timeout(void)
 {
-    const char *value = getenv("NVC_PY_HOOK_TIMEOUT");
-    char *end;
-    double seconds = value ? strtod(value, &end) : 0;
-    return value && *value && !*end && seconds > 0 && seconds < 1e9 ? seconds : DEFAULT_TIMEOUT;
+    const char *text = getenv("NVC_PY_HOOK_TIMEOUT");
+    long long whole = 0, fraction = 0, round_up = 0;
+    int digits = 0, fraction_digits = 0, point = 0;
+    if (!text || strlen(text) > MAX_TIMEOUT_CHARS)
+        return DEFAULT_TIMEOUT_US;
+    for (const char *c = text; *c; c++) {
+        if (*c == '.' && !point) {
+            point = 1;
+            continue;
+        }
+        if (*c < '0' || *c > '9')
+            return DEFAULT_TIMEOUT_US;
+        digits++;
+        if (!point) {
+            if ((whole = whole * 10 + (*c - '0')) >= 1000000000)
+                return DEFAULT_TIMEOUT_US;
+        } else if (fraction_digits < 6) {
+            fraction = fraction * 10 + (*c - '0');
+            fraction_digits++;
+        } else if (*c != '0') {
+            round_up = 1;
+        }
+    }
+    for (; fraction_digits < 6; fraction_digits++)
+        fraction *= 10;
+    long long us = whole * 1000000 + fraction + round_up;
+    return digits && us > 0 ? us : DEFAULT_TIMEOUT_US;
 }
 
 /* `serve` is the server's own command: a worker refuses it, so it always runs here. */
@@ -303,11 +329,11 @@ int main(int argc, char **argv)
     int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (cwd < 0)
         give_up(argv);
-    double timeout = call_timeout();
+    long long timeout = call_timeout(), ack_timeout = timeout < ACK_TIMEOUT_US ? timeout : ACK_TIMEOUT_US;
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (sock < 0)
         give_up(argv);
-    set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
+    set_timeouts(sock, ack_timeout);
     stamp(buf, len); /* before connect: a spare may accept before connect returns */
     if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
         int failed = errno;
@@ -323,7 +349,7 @@ int main(int argc, char **argv)
                         target);
             give_up(argv); /* nothing was handed over */
         }
-        set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
+        set_timeouts(sock, ack_timeout);
     }
     struct ucred peer = {.uid = (uid_t)-1};
     socklen_t peer_len = sizeof peer;
@@ -338,8 +364,8 @@ int main(int argc, char **argv)
     ssize_t got = send_with_fds(sock, buf, len, &cwd, 1) ? answer(sock, reply, sizeof reply, &worker) : -1;
     if (got <= 0) {
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self,
-                    timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT, target);
+            fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self, ack_timeout / 1e6,
+                    target);
         give_up(argv); /* no worker runs anything before `go` */
     }
     int status;
@@ -354,7 +380,7 @@ int main(int argc, char **argv)
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             /* As a runtime kills a hook past its timeout: the worker's end closes the streams it holds. */
             syscall(SYS_pidfd_send_signal, worker, SIGKILL, NULL, 0);
-            fprintf(stderr, "%s: the hook server's worker gave no status in %g s (killed)\n", self, timeout);
+            fprintf(stderr, "%s: the hook server's worker gave no status in %g s (killed)\n", self, timeout / 1e6);
         } else {
             fprintf(stderr, "%s: the hook server's worker ended without a status (%s)\n", self,
                     n < 0 ? strerror(errno) : "no answer");
