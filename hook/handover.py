@@ -8,12 +8,19 @@ the call runs here. ``native/client/hook_client.c`` is the same client without t
 
 A call is SOCK_SEQPACKET messages. The caller's first: MAGIC, argc, envc, then argv and
 ``NAME=VALUE`` strings, each NUL-terminated, with its working directory attached (SCM_RIGHTS).
-The server answers ``ready`` with the worker's pidfd attached (the call is accepted), ``fall
-back`` (the caller must run the program itself: nothing was done) or ``refused N``, a newline
-and a line for the caller's stderr (N: the caller's status). Any other answer before ``ready``
-(an older server's) means nothing was done either: the caller runs the program itself. After ``ready`` the caller sends
-``go`` with its stdin, stdout and stderr attached, and the server answers ``exit N`` when the
-call is done. The last environment entry a client sends is ``CONNECTED_ENV``, its
+The server answers ``ready PID FD`` with the worker's pidfd attached (the call is accepted;
+PID is the worker's, FD the number of its end of the connection), ``fall back`` (the caller must
+run the program itself: nothing was done) or ``refused N``, a newline and a line for the
+caller's stderr (N: the caller's status). Any other answer before ``ready PID FD`` (an older
+server's) means nothing was done either: the caller runs the program itself, and so does a
+caller that cannot open ``/proc/PID/fd/FD`` (O_PATH): a Landlocked one (nvc.hook.peer). After
+``ready`` the caller sends ``go`` with its stdin, stdout, stderr and that descriptor attached,
+and the server answers ``exit N`` when the call is done, or ``fall back`` when the descriptor
+is not the worker's connection (nothing was run). The message is unchanged from the exchange
+before the Landlock proof, so that a server of that exchange still running after an upgrade
+answers ``fall back`` (its code changed) rather than refusing the message as malformed; the two
+differ from ``ready`` on, where each side takes the other's answer for a refusal.
+The last environment entry a client sends is ``CONNECTED_ENV``, its
 CLOCK_MONOTONIC as it connects, in nanoseconds (20 digits, written just before connecting),
 which the server takes out of the environment to tell how long the call waited for a worker.
 An environment entry without ``=`` or with an empty name is ignored, as the program's own
@@ -140,8 +147,8 @@ def hand_over(argv: list[str]) -> None:
 
     Returns, having done nothing, where that cannot be: not root, no server, a server that is not
     root's (one line says so), a program the server does not run (``python -m nvc``), ``serve``
-    itself (``nvc-py-hook serve``, ``nvc-py hook serve``), no answer in time, or the server's
-    word to fall back.
+    itself (``nvc-py-hook serve``, ``nvc-py hook serve``), no answer in time, the server's word
+    to fall back, or a worker this process may not reach (its Landlock proof).
     """
     if os.geteuid() != 0 or os.path.basename(argv[0]) not in PROGRAMS or "serve" in argv[1:]:
         return
@@ -167,7 +174,7 @@ def hand_over(argv: list[str]) -> None:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     except OSError:
         return
-    worker = -1
+    worker = proof = -1
     try:
         try:
             sock.settimeout(min(ACK_TIMEOUT, timeout))
@@ -185,15 +192,19 @@ def hand_over(argv: list[str]) -> None:
             finally:
                 os.close(cwd)
             reply, worker = _receive(sock)
-            if reply == READY:
-                _send_fds(sock, GO, (0, 1, 2))
+            proof = _worker_connection(reply)
+            if proof >= 0:
+                try:
+                    _send_fds(sock, GO, (0, 1, 2, proof))
+                finally:
+                    os.close(proof)
         except TimeoutError:
             os.write(2, f"{prog}: the hook server did not answer in {min(ACK_TIMEOUT, timeout):g} s; "
                         "running here\n".encode())
             return
         except OSError:
             return  # no worker runs the call (none before ``go``): run here
-        if reply != READY:  # a refusal, or the server's word or silence: nothing was done
+        if proof < 0:  # a refusal, the server's word or silence, or no proof: nothing was done
             status, _, line = reply.partition(b"\n")
             word, _, code = status.partition(b" ")
             if word == REFUSED and code.isdigit():
@@ -218,8 +229,24 @@ def hand_over(argv: list[str]) -> None:
             os.close(worker)
     if reply.startswith(b"exit ") and reply[5:].isdigit():
         os._exit(int(reply[5:]))
+    if reply == FALL_BACK:  # the worker found no proof in ``go``, and ran nothing
+        return
     os.write(2, f"{prog}: the hook server's worker ended without a status\n".encode())
     os._exit(1)
+
+
+def _worker_connection(reply: bytes) -> int:
+    """For ``ready PID FD``: /proc/PID/fd/FD opened with O_PATH, the proof ``go`` carries that this
+    process is confined no more than the worker (nvc.hook.peer); -1 for any other answer, or where
+    it cannot be opened (Landlock refuses it)."""
+    fields = reply.split(b" ")
+    if len(fields) != 3 or fields[0] != READY or not (fields[1].isdigit() and fields[2].isdigit()):
+        return -1
+    pid, fd = fields[1:]
+    try:
+        return os.open(f"/proc/{int(pid)}/fd/{int(fd)}", os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 def _send_fds(sock, data: bytes, fds: tuple[int, ...]) -> None:  # noqa: ANN001 - a _socket.socket

@@ -29,16 +29,19 @@
  * host is served without setting a daemon up. A call no worker read (the server was killed with it
  * queued) is reset by the kernel (ECONNRESET) before `ready`: that one falls back too.
  *
- * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready` with
- * the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on stderr);
- * `go` with the three standard streams; `exit N`. No worker runs anything, or holds a stream, before
- * `go`: without `ready` within ACK_TIMEOUT_US (a wedged or stopped server), or with the connection
- * closed before it, the client runs the program itself. Once it sent `go` it never falls back (the
- * worker may have changed the container already): no status within $NVC_PY_HOOK_TIMEOUT seconds
- * (default 60; its grammar is handover.py's timeout_us) kills the worker (as a runtime kills a hook
- * past its timeout; its end closes the streams a runtime may be waiting on) and fails with one line,
- * as does a worker that ends without a status. Connecting and sending are bounded by ACK_TIMEOUT_US
- * too (SO_SNDTIMEO).
+ * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready PID FD`
+ * with the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on
+ * stderr); `go` with the three standard streams and /proc/PID/fd/FD opened (the worker's end of the
+ * connection: the proof that no Landlock domain confines this process more than the worker, see
+ * nvc/hook/peer.py; where it cannot be opened, the client runs the program itself); `exit N`. No
+ * worker runs anything, or holds a stream, before `go`: without `ready` within ACK_TIMEOUT_US (a
+ * wedged or stopped server), or with the connection closed before it, the client runs the program
+ * itself. Once it sent `go` it falls back only on the worker's `fall back` (the proof was not its
+ * connection: it ran nothing); otherwise the worker may have changed the container already: no status
+ * within $NVC_PY_HOOK_TIMEOUT seconds (default 60; its grammar is handover.py's timeout_us) kills the
+ * worker (as a runtime kills a hook past its timeout; its end closes the streams a runtime may be
+ * waiting on) and fails with one line, as does a worker that ends without a status. Connecting and
+ * sending are bounded by ACK_TIMEOUT_US too (SO_SNDTIMEO).
  *
  * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock; `none` hands nothing over. A program run
  * after trying the server gets NVC_PY_HOOK_SOCKET=none, so that a front behind it does not try again.
@@ -148,10 +151,10 @@ static void stamp(char *buf, size_t len)
     memcpy(buf + len - 1 - STAMP_DIGITS, digits, STAMP_DIGITS);
 }
 
-/* Sends len bytes of buf with n (at most 3) descriptors attached (SCM_RIGHTS); 1 when all went. */
+/* Sends len bytes of buf with n (at most 4) descriptors attached (SCM_RIGHTS); 1 when all went. */
 static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, size_t n)
 {
-    char control[CMSG_SPACE(3 * sizeof(int))];
+    char control[CMSG_SPACE(4 * sizeof(int))];
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
                          .msg_controllen = CMSG_SPACE(n * sizeof(int))};
@@ -250,6 +253,18 @@ static long long call_timeout(void)
         fraction *= 10;
     long long us = whole * 1000000 + fraction + round_up;
     return digits && us > 0 ? us : DEFAULT_TIMEOUT_US;
+}
+
+/* For `ready PID FD`: /proc/PID/fd/FD opened with O_PATH, the proof `go` carries (nvc/hook/peer.py); -1 for
+ * any other answer, or where it cannot be opened (Landlock refuses it). */
+static int worker_connection(const char *reply)
+{
+    unsigned pid, fd;
+    char end, path[64];
+    if (sscanf(reply, "ready %u %u%c", &pid, &fd, &end) != 2)
+        return -1;
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", pid, fd);
+    return open(path, O_PATH | O_CLOEXEC);
 }
 
 /* `serve` is the server's own command: a worker refuses it, so it always runs here. */
@@ -360,7 +375,6 @@ int main(int argc, char **argv)
     }
     char reply[1024];
     int worker;
-    const int streams[3] = {0, 1, 2};
     ssize_t got = send_with_fds(sock, buf, len, &cwd, 1) ? answer(sock, reply, sizeof reply, &worker) : -1;
     if (got <= 0) {
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -368,15 +382,19 @@ int main(int argc, char **argv)
                     target);
         give_up(argv); /* no worker runs anything before `go` */
     }
-    int status;
-    if (!strcmp(reply, "ready")) {
-        if (!send_with_fds(sock, "go", 2, streams, 3))
+    int status, proof = worker_connection(reply);
+    if (proof >= 0) {
+        const int fds[4] = {0, 1, 2, proof};
+        if (!send_with_fds(sock, "go", 2, fds, 4))
             give_up(argv); /* the worker did not get it: it runs nothing */
+        close(proof);
         set_timeouts(sock, timeout);
         int none;
         ssize_t n = answer(sock, reply, sizeof reply, &none);
         if (n > 0 && sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)
             return status;
+        if (n > 0 && !strcmp(reply, "fall back"))
+            give_up(argv); /* the worker did not take the proof, and ran nothing */
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             /* As a runtime kills a hook past its timeout: the worker's end closes the streams it holds. */
             syscall(SYS_pidfd_send_signal, worker, SIGKILL, NULL, 0);
@@ -392,7 +410,8 @@ int main(int argc, char **argv)
         fputs(line + 1, stderr); /* why */
         return status;
     }
-    /* `fall back` (weaker caller, other namespaces), or an answer this client does not know (an older server's
-     * refusal of this newer exchange): nothing was done. */
+    /* `fall back` (weaker caller, other namespaces), `ready` with a worker this process may not reach (Landlock),
+     * or an answer this client does not know (an older server's refusal of this newer exchange): nothing was
+     * done. */
     give_up(argv);
 }
