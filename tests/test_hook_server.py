@@ -534,6 +534,10 @@ def test_a_root_caller_under_seccomp_runs_the_program_itself(served: Path) -> No
 def test_a_root_caller_with_no_new_privs_runs_the_program_itself(served: Path) -> None:
     """no_new_privs is a sandbox's mark (the caller's programs gain nothing on exec; a worker's
     helpers would): with every capability still, such a caller is told to fall back."""
+    from nvc.hook import peer
+
+    if peer.own_standing().no_new_privs:
+        pytest.skip("the server would run with no_new_privs too: this process has it")
     result = subprocess.run([shutil.which("setpriv", path=SBIN), "--no-new-privs", str(CLIENT), MISSING, *SERVED_HELP],
                             capture_output=True, text=True, env={handover.SOCKET_ENV: str(served)}, timeout=30)
     assert (result.returncode, result.stdout, result.stderr) == (127, "", CANNOT_EXECUTE)
@@ -545,8 +549,8 @@ def test_the_peer_check_refuses_no_new_privs_and_another_lsm_label(tmp_path: Pat
     time; an AppArmor profile in unconfined mode reads as unconfined (files stand for /proc/PID/attr)."""
     from nvc.hook import peer
 
-    ours = peer.own_standing()
-    assert not ours.no_new_privs and peer.shortfall(ours, ours) is None
+    ours = peer.own_standing()._replace(no_new_privs=False)
+    assert peer.shortfall(ours, ours) is None
     assert peer.parse_status("NoNewPrivs:\t1\n")[2] and not peer.parse_status("NoNewPrivs:\t0\n")[2]
     assert peer.parse_status("Name:\tx\n")[2]  # no line: as if set (refused, never served by mistake)
     sandboxed = ours._replace(no_new_privs=True)
