@@ -8,12 +8,19 @@ the call runs here. ``native/client/hook_client.c`` is the same client without t
 
 A call is SOCK_SEQPACKET messages. The caller's first: MAGIC, argc, envc, then argv and
 ``NAME=VALUE`` strings, each NUL-terminated, with its working directory attached (SCM_RIGHTS).
-The server answers ``ready`` with the worker's pidfd attached (the call is accepted), ``fall
-back`` (the caller must run the program itself: nothing was done) or ``refused N``, a newline
-and a line for the caller's stderr (N: the caller's status). Any other answer before ``ready``
-(an older server's) means nothing was done either: the caller runs the program itself. After ``ready`` the caller sends
-``go`` with its stdin, stdout and stderr attached, and the server answers ``exit N`` when the
-call is done. The last environment entry a client sends is ``CONNECTED_ENV``, its
+The server answers ``ready PID FD`` with the worker's pidfd attached (the call is accepted;
+PID is the worker's, FD the number of its end of the connection), ``fall back`` (the caller must
+run the program itself: nothing was done) or ``refused N``, a newline and a line for the
+caller's stderr (N: the caller's status). Any other answer before ``ready PID FD`` (an older
+server's) means nothing was done either: the caller runs the program itself, and so does a
+caller that cannot open ``/proc/PID/fd/FD`` (O_PATH): a Landlocked one (nvc.hook.peer). After
+``ready`` the caller sends ``go`` with its stdin, stdout, stderr and that descriptor attached,
+and the server answers ``exit N`` when the call is done, or ``fall back`` when the descriptor
+is not the worker's connection (nothing was run). The message is unchanged from the exchange
+before the Landlock proof, so that a server of that exchange still running after an upgrade
+answers ``fall back`` (its code changed) rather than refusing the message as malformed; the two
+differ from ``ready`` on, where each side takes the other's answer for a refusal.
+The last environment entry a client sends is ``CONNECTED_ENV``, its
 CLOCK_MONOTONIC as it connects, in nanoseconds (20 digits, written just before connecting),
 which the server takes out of the environment to tell how long the call waited for a worker.
 An environment entry without ``=`` or with an empty name is ignored, as the program's own
@@ -23,11 +30,11 @@ the interpreter's ``os.environ``).
 Before it sends anything, a client makes sure root answers: the socket's directory is root's,
 not a symlink and not writable by group or others, the socket is root's, and the listening
 peer's credentials (SO_PEERCRED) are uid 0; otherwise it runs the program itself, saying so in
-one line. It waits at most ``$NVC_PY_HOOK_TIMEOUT`` seconds (default 60) for each answer, and
-at most ACK_TIMEOUT for ``ready``: without it the caller runs the program itself (no worker ran
-or will run anything: a worker runs only after ``go``, and holds none of the caller's streams
-before it); once it sent ``go`` it kills the worker and fails with one line instead (the call
-may have done part of its work). ``NVC_PY_HOOK_SOCKET=none`` hands nothing over.
+one line. It waits at most ``$NVC_PY_HOOK_TIMEOUT`` seconds (:func:`timeout_us`; default 60) for
+each answer, and at most ACK_TIMEOUT for ``ready``: without it the caller runs the program itself
+(no worker ran or will run anything: a worker runs only after ``go``, and holds none of the
+caller's streams before it); once it sent ``go`` it kills the worker and fails with one line
+instead (the call may have done part of its work). ``NVC_PY_HOOK_SOCKET=none`` hands nothing over.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
 NO_SERVER = "none"  # $NVC_PY_HOOK_SOCKET's value for "hand nothing over" (as native/client/hook_client.c)
 TIMEOUT_ENV = "NVC_PY_HOOK_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0  # seconds for a served call's status (as native/client/hook_client.c)
+MAX_TIMEOUT_CHARS = 32  # the longest $NVC_PY_HOOK_TIMEOUT read (timeout_us)
 ACK_TIMEOUT = 2.0  # seconds at most for the server's ``ready`` (as native/client/hook_client.c)
 MAGIC = b"nvc-py-hook/2"
 MAX_MESSAGE = 64 * 1024  # as native/client/hook_client.c
@@ -88,14 +96,29 @@ def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def timeout_us(text: str) -> int | None:
+    """$NVC_PY_HOOK_TIMEOUT's value in microseconds, None where it is not one (the default then).
+
+    The grammar, which native/client/hook_client.c follows too: decimal seconds, ASCII digits with
+    at most one point (``60``, ``0.5``, ``.5``, ``5.``), no sign, exponent or space, at most
+    MAX_TIMEOUT_CHARS characters; above zero and below 10^9 seconds. It is rounded up to whole
+    microseconds, so any positive value waits at least 1 µs: never 0, which a socket's timeout
+    (SO_RCVTIMEO) would read as "wait for ever"."""
+    whole, _, fraction = text.partition(".")
+    digits = whole + fraction
+    if len(text) > MAX_TIMEOUT_CHARS or not digits.isascii() or not digits.isdigit():
+        return None
+    if int(whole or "0") >= 10**9:
+        return None
+    micro = int(whole or "0") * 10**6 + int(fraction[:6].ljust(6, "0")) + (fraction[6:].strip("0") != "")
+    return micro or None
+
+
 def call_timeout() -> float:
-    """Seconds to wait for a served call's status: $NVC_PY_HOOK_TIMEOUT, else DEFAULT_TIMEOUT (a
-    value that is not a positive number counts as unset)."""
-    try:
-        timeout = float(os.environ.get(TIMEOUT_ENV, ""))
-    except ValueError:
-        return DEFAULT_TIMEOUT
-    return timeout if 0 < timeout < 1e9 else DEFAULT_TIMEOUT
+    """Seconds to wait for a served call's status: $NVC_PY_HOOK_TIMEOUT (:func:`timeout_us`), else
+    DEFAULT_TIMEOUT."""
+    micro = timeout_us(os.environ.get(TIMEOUT_ENV, ""))
+    return micro / 1e6 if micro else DEFAULT_TIMEOUT
 
 
 def not_roots(path: str) -> str | None:
@@ -124,8 +147,8 @@ def hand_over(argv: list[str]) -> None:
 
     Returns, having done nothing, where that cannot be: not root, no server, a server that is not
     root's (one line says so), a program the server does not run (``python -m nvc``), ``serve``
-    itself (``nvc-py-hook serve``, ``nvc-py hook serve``), no answer in time, or the server's
-    word to fall back.
+    itself (``nvc-py-hook serve``, ``nvc-py hook serve``), no answer in time, the server's word
+    to fall back, or a worker this process may not reach (its Landlock proof).
     """
     if os.geteuid() != 0 or os.path.basename(argv[0]) not in PROGRAMS or "serve" in argv[1:]:
         return
@@ -151,7 +174,7 @@ def hand_over(argv: list[str]) -> None:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     except OSError:
         return
-    worker = -1
+    worker = proof = -1
     try:
         try:
             sock.settimeout(min(ACK_TIMEOUT, timeout))
@@ -169,15 +192,19 @@ def hand_over(argv: list[str]) -> None:
             finally:
                 os.close(cwd)
             reply, worker = _receive(sock)
-            if reply == READY:
-                _send_fds(sock, GO, (0, 1, 2))
+            proof = _worker_connection(reply)
+            if proof >= 0:
+                try:
+                    _send_fds(sock, GO, (0, 1, 2, proof))
+                finally:
+                    os.close(proof)
         except TimeoutError:
             os.write(2, f"{prog}: the hook server did not answer in {min(ACK_TIMEOUT, timeout):g} s; "
                         "running here\n".encode())
             return
         except OSError:
             return  # no worker runs the call (none before ``go``): run here
-        if reply != READY:  # a refusal, or the server's word or silence: nothing was done
+        if proof < 0:  # a refusal, the server's word or silence, or no proof: nothing was done
             status, _, line = reply.partition(b"\n")
             word, _, code = status.partition(b" ")
             if word == REFUSED and code.isdigit():
@@ -202,8 +229,24 @@ def hand_over(argv: list[str]) -> None:
             os.close(worker)
     if reply.startswith(b"exit ") and reply[5:].isdigit():
         os._exit(int(reply[5:]))
+    if reply == FALL_BACK:  # the worker found no proof in ``go``, and ran nothing
+        return
     os.write(2, f"{prog}: the hook server's worker ended without a status\n".encode())
     os._exit(1)
+
+
+def _worker_connection(reply: bytes) -> int:
+    """For ``ready PID FD``: /proc/PID/fd/FD opened with O_PATH, the proof ``go`` carries that this
+    process is confined no more than the worker (nvc.hook.peer); -1 for any other answer, or where
+    it cannot be opened (Landlock refuses it)."""
+    fields = reply.split(b" ")
+    if len(fields) != 3 or fields[0] != READY or not (fields[1].isdigit() and fields[2].isdigit()):
+        return -1
+    pid, fd = fields[1:]
+    try:
+        return os.open(f"/proc/{int(pid)}/fd/{int(fd)}", os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return -1
 
 
 def _send_fds(sock, data: bytes, fds: tuple[int, ...]) -> None:  # noqa: ANN001 - a _socket.socket

@@ -12,6 +12,16 @@ compares the caller, as it stands at the time of the call, with the server:
 - seccomp: a caller under a seccomp filter while the server is under none is told to fall back
   (its filter may forbid what a call does: mount, ptrace...). Two filters cannot be compared: a
   server itself started under one serves filtered callers.
+- no_new_privs: set in the caller and not in the server (a sandbox's mark: the caller's
+  programs may gain nothing on exec, the worker's helpers would).
+- LSM labels (``attr/current``, and AppArmor's and Smack's own): each as the server's, byte for
+  byte (a label confines whatever a profile says; labels are not ordered), but for AppArmor's
+  profiles in unconfined mode (``runc (unconfined)``), which confine nothing and read as
+  ``unconfined``. A kernel without such an LSM answers neither process, which counts as equal.
+  So a server in another SELinux domain than the runtime's serves none of its hooks.
+- Landlock, which shows in no /proc file: the caller proves it is not confined more than the
+  server by opening, through /proc, the worker's own end of their connection (see
+  :func:`reaches_worker`), after ``ready``; a worker accepts ``go`` only with that descriptor.
 - root directory: the same directory (device and inode) as the server's; a chrooted caller would
   otherwise read and write outside its chroot through the paths it names.
 - namespaces: mount (paths), pid (``--pid``, /proc), user (what uid 0 and capabilities mean) and
@@ -27,6 +37,17 @@ the worker opens /proc/PID once, reads everything through that descriptor (which
 same process, or fails once it is gone) and checks it still lives at the end; the window left
 there is a pid reused between the connect and that open, by a process as powerful as the server
 (anything weaker is refused all the same).
+
+The Landlock proof. Opening ``/proc/PID/fd/N`` passes a ptrace read check (PTRACE_MODE_READ_FSCREDS,
+with no bypass for CAP_PERFMON as /proc/PID/environ has on recent kernels), and Landlock refuses
+that check to a process whose domain is not the target's or an ancestor of it, whatever its
+capabilities; Yama restricts only attaching. The worker names its pid and the number of its
+connection's descriptor in ``ready``; the caller opens it with O_PATH and attaches it to ``go``.
+The accepted socket is the worker's alone (nothing forked before the accept holds it, nothing is
+forked before ``go``, it is never sent): a descriptor of that very socket (same inode of
+sockfs) can only come from the worker's descriptor table, through that check (or
+pidfd_getfd(), a stricter one). So a caller in a Landlock domain the worker is not in cannot
+bring it; other LSMs' ptrace rules refuse it too where they confine the caller.
 """
 
 from __future__ import annotations
@@ -38,6 +59,12 @@ from typing import NamedTuple
 SO_PEERPIDFD = 77  # Linux's value; Python's socket module lacks the name before 3.13
 CHECKED_NAMESPACES = ("mnt", "pid", "user", "cgroup")
 CAPABILITY_SETS = ("CapPrm", "CapEff", "CapBnd")
+# The LSM labels compared: the one /proc/PID/attr/current shows (SELinux, or the first LSM of a
+# stack that has one), and the per-LSM files of those that have their own (Linux 5.1+).
+LSM_ATTRS = ("attr/current", "attr/apparmor/current", "attr/smack/current")
+MAX_LABEL = 4096  # bytes read of one label
+UNCONFINED_MODE = b" (unconfined)\n"  # the end of an AppArmor label whose profile confines nothing
+UNCONFINED = b"unconfined\n"
 
 
 class Standing(NamedTuple):
@@ -45,16 +72,35 @@ class Standing(NamedTuple):
 
     capabilities: tuple[int, ...]  # CAPABILITY_SETS, as bit masks
     seccomp: int  # the Seccomp mode: 0 none, 1 strict, 2 filter
+    no_new_privs: bool
+    labels: tuple[bytes | None, ...]  # LSM_ATTRS' contents, None where unreadable (no such LSM)
     root: tuple[int, int]  # (st_dev, st_ino) of its root directory
     namespaces: tuple[tuple[int, int], ...]  # CHECKED_NAMESPACES' (st_dev, st_ino)
 
 
-def parse_status(text: str) -> tuple[tuple[int, ...], int]:
-    """(capability sets, seccomp mode) from a /proc/PID/status text (a missing line reads as
-    nothing held: the caller is then refused, never served by mistake)."""
+def parse_status(text: str) -> tuple[tuple[int, ...], int, bool]:
+    """(capability sets, seccomp mode, no_new_privs) from a /proc/PID/status text (a missing line
+    reads as nothing held and no_new_privs set: the caller is then refused, never served by
+    mistake)."""
     fields = dict(line.partition(":")[::2] for line in text.splitlines())
     caps = tuple(int(fields.get(name, "0").strip() or "0", 16) for name in CAPABILITY_SETS)
-    return caps, int(fields.get("Seccomp", "0").strip() or "0")
+    return caps, int(fields.get("Seccomp", "0").strip() or "0"), fields.get("NoNewPrivs", "1").strip() != "0"
+
+
+def read_label(proc: int, name: str) -> bytes | None:
+    """The LSM attribute ``name`` of the process whose /proc directory is ``proc`` (None: no such
+    file, or no LSM answers it)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    except OSError:
+        return None
+    try:
+        label = os.read(fd, MAX_LABEL)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return UNCONFINED if label.endswith(UNCONFINED_MODE) else label
 
 
 def read_standing(proc: int) -> Standing:
@@ -65,10 +111,11 @@ def read_standing(proc: int) -> Standing:
         text = os.read(fd, 1 << 16).decode("ascii", "replace")
     finally:
         os.close(fd)
-    caps, seccomp = parse_status(text)
+    labels = tuple(read_label(proc, name) for name in LSM_ATTRS)
     root = os.stat("root", dir_fd=proc)
     spaces = tuple(os.stat(f"ns/{ns}", dir_fd=proc) for ns in CHECKED_NAMESPACES)
-    return Standing(caps, seccomp, (root.st_dev, root.st_ino), tuple((s.st_dev, s.st_ino) for s in spaces))
+    return Standing(*parse_status(text), labels, (root.st_dev, root.st_ino),
+                    tuple((s.st_dev, s.st_ino) for s in spaces))
 
 
 def own_standing() -> Standing:
@@ -88,6 +135,11 @@ def shortfall(theirs: Standing, ours: Standing) -> str | None:
             return f"{name} lacks {our & ~their:#x}"
     if theirs.seccomp and not ours.seccomp:
         return "under seccomp"
+    if theirs.no_new_privs and not ours.no_new_privs:
+        return "no_new_privs set"
+    for name, their, our in zip(LSM_ATTRS, theirs.labels, ours.labels):
+        if their != our:
+            return f"another LSM label ({name})"
     if theirs.root != ours.root:
         return "another root directory"
     for ns, their_ns, our_ns in zip(CHECKED_NAMESPACES, theirs.namespaces, ours.namespaces):
@@ -114,3 +166,11 @@ def caller_shortfall(pid: int, pidfd: int | None, ours: Standing) -> str | None:
     finally:
         os.close(proc)
     return shortfall(theirs, ours)
+
+
+def reaches_worker(proof: int, conn: int) -> bool:
+    """Whether the descriptor ``proof`` a caller sent is the worker's connection ``conn`` itself
+    (same socket inode): the caller opened /proc/WORKER/fd/N, so Landlock (or another LSM) does
+    not confine it more than the worker (the module's docstring says why that holds)."""
+    theirs, ours = os.fstat(proof), os.fstat(conn)
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)

@@ -39,16 +39,18 @@ Only callers with the server's own uid (root) are served; the socket is 0600 in 
 the server's own with mode 0700 (the server refuses to start in any other, or through a
 symlink, and never changes one it did not create), and the peer's credentials are checked again
 on every connection. A root caller weaker than the server (fewer capabilities, under seccomp,
-chrooted) or in other mount, pid, user or cgroup namespaces (a runtime inside a container) is
-told to fall back and runs the program itself: :mod:`nvc.hook.peer` says why, and how the peer
-is pinned against pid reuse.
+no_new_privs, another LSM label or a Landlock domain, chrooted) or in other mount, pid, user or
+cgroup namespaces (a runtime inside a container) is told to fall back and runs the program
+itself: :mod:`nvc.hook.peer` says why, and how the peer is pinned against pid reuse.
 
 A call is a short exchange, so that a caller can give up on a wedged server without the call
 running twice, and without its streams held by a worker that never ran it: the caller sends its
 message with its working directory; the worker checks the caller and the message and answers
-``ready`` with its own pidfd (or a refusal: ``fall back``, or ``refused N`` and one line the
-caller writes on its stderr); the caller answers ``go`` with its stdin, stdout and stderr; only
-then does the worker run the call, and it answers ``exit N``. A malformed message (bad counts,
+``ready PID FD`` with its own pidfd (or a refusal: ``fall back``, or ``refused N`` and one line
+the caller writes on its stderr); the caller answers ``go`` with its stdin, stdout and stderr
+and /proc/PID/fd/FD opened (:mod:`nvc.hook.peer`: a Landlocked caller cannot open it); only
+then, if that last descriptor is its connection, does the worker run the call, and it answers
+``exit N`` (else ``fall back``, having run nothing). A malformed message (bad counts,
 missing or extra descriptors, a truncated message, a working-directory descriptor that is not a
 directory, an unknown program) is refused so, with status 2. A caller that gets no status in
 time kills the worker through its pidfd, as a runtime kills a hook past its timeout (so that
@@ -74,7 +76,7 @@ from nvc.errors import InputError
 from nvc.hook import activation, scope
 from nvc.hook.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError,
                                parse_call)
-from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing
+from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing, reaches_worker
 from nvc.untrusted import directory_problem
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
@@ -254,27 +256,32 @@ def _checked_call(conn: socket.socket, ours: Standing) -> tuple[list[str], dict[
 
 
 def _streams_on_go(conn: socket.socket) -> list[int]:
-    """After ``ready`` (with this worker's pidfd, so that a caller that gets no status in time can
-    end it; none where the kernel has no pidfd_open): the caller's ``go`` with its stdin, stdout
-    and stderr, or _Refused."""
+    """After ``ready PID FD`` (this worker's pid and its connection's descriptor, which the caller
+    opens as the Landlock proof of nvc.hook.peer; with this worker's pidfd, so that a caller that
+    gets no status in time can end it; none where the kernel has no pidfd_open): the caller's
+    ``go`` with its stdin, stdout, stderr and that proof, or _Refused (``fall back`` where the proof
+    is not this worker's connection)."""
     try:
         pidfd = [os.pidfd_open(os.getpid())]
     except OSError:
         pidfd = []
     try:
-        socket.send_fds(conn, [READY], pidfd)
+        socket.send_fds(conn, [b"%s %d %d" % (READY, os.getpid(), conn.fileno())], pidfd)
     finally:
         for fd in pidfd:
             os.close(fd)
     conn.settimeout(GO_TIMEOUT)
     try:
-        go, streams = _received(conn, 64, 3)
+        go, fds = _received(conn, 64, 4)
     except OSError:  # the caller gave up, and runs the program itself: nothing was done
         raise _Refused(None) from None
-    if go != GO:
+    *streams, proof = fds
+    reached = reaches_worker(proof, conn.fileno())
+    os.close(proof)
+    if go != GO or not reached:
         for fd in streams:
             os.close(fd)
-        raise _malformed("no go")
+        raise _malformed("no go") if go != GO else _Refused(FALL_BACK)
     conn.settimeout(None)
     return streams
 

@@ -158,6 +158,90 @@ def test_a_caller_in_other_namespaces_starts_no_server(no_gpu_state) -> None:
     assert "via" not in log_lines(env)[-1] and not servers(Path(env[handover.SOCKET_ENV]))
 
 
+@pytest.mark.parametrize("kind", ["another-users", "group-writable", "a-symlink"])
+def test_no_server_is_started_in_a_socket_directory_others_control(no_gpu_state, tmp_path: Path, kind: str) -> None:
+    """The on-demand start writes its lock and log beside the socket: only in a directory the
+    clients would trust (root's, not a symlink, not writable by group or others). Elsewhere nothing
+    is created there, and the call runs the hook itself, saying why in one line."""
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    directory = tmp_path / "elsewhere" if kind == "a-symlink" else sock.parent
+    directory.mkdir(mode=0o700)
+    if kind == "a-symlink":
+        sock.parent.symlink_to(directory)
+    elif kind == "another-users":
+        os.chown(directory, 1000, 1000)
+    else:
+        directory.chmod(0o770)
+    result = prestart(env, bundle, "untrusted-directory")
+    assert (result.returncode, result.stderr) == (0, f"nvc-py-hook: not starting the hook server ({sock}: its "
+                                                     "directory is not root's, or others can write there); running "
+                                                     f"{LIBDIR / 'nvc-py-hook-python'}\n")
+    assert "via" not in log_lines(env)[-1] and not servers(sock)
+    assert list(directory.iterdir()) == []
+
+
+def prestart_until_streams_end(env: dict[str, str], bundle: Path, name: str) -> tuple[int, str, float]:
+    """``nvc-py-hook prestart`` through the installed front with pipes as stdout and stderr, as a
+    runtime reads a hook's: (status, stderr, seconds from its exit until both pipes ended)."""
+    import select
+
+    state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle),
+                        "status": "creating"})
+    proc = subprocess.Popen([str(LIBDIR / "nvc-py-hook"), "prestart"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    assert proc.stdin and proc.stdout and proc.stderr
+    proc.stdin.write(state.encode())
+    proc.stdin.close()
+    code = proc.wait(timeout=60)
+    exited, err, open_streams = time.monotonic(), b"", {proc.stdout, proc.stderr}
+    while open_streams and time.monotonic() < exited + 10:
+        for stream in select.select(list(open_streams), [], [], 0.1)[0]:
+            chunk = os.read(stream.fileno(), 4096)
+            err += chunk if stream is proc.stderr else b""
+            if not chunk:
+                open_streams.discard(stream)
+    for stream in (proc.stdout, proc.stderr):
+        stream.close()
+    return code, err.decode(), time.monotonic() - exited if not open_streams else float("inf")
+
+
+@pytest.mark.parametrize("name, kind", [("server.log", "fifo"), ("server.log", "symlink"), ("server.lock", "fifo"),
+                                        ("server.lock", "another-users"), ("server.lock", "readable-by-others")])
+def test_a_start_lock_or_log_that_is_no_file_of_roots_alone_is_not_used(no_gpu_state, tmp_path: Path, name: str,
+                                                                        kind: str) -> None:
+    """Opened without blocking or following a link, and used only as a regular file of root's: a
+    FIFO as server.log once blocked the detached start for ever, as root, holding the start lock
+    (no server ever started) and the first caller's stdout and stderr (a runtime reading them
+    waited for ever). Now the call ends and its pipes with it; a log that is not one is replaced by
+    /dev/null (the server starts), a lock that is not one means the call runs the hook itself; and
+    so does the next call: nothing is left stuck."""
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    sock.parent.mkdir(mode=0o700)
+    planted = sock.parent / name
+    if kind == "fifo":
+        os.mkfifo(planted, 0o600)
+    elif kind == "symlink":
+        (tmp_path / "target").write_text("")
+        planted.symlink_to(tmp_path / "target")
+    else:
+        planted.touch(mode=0o644 if kind == "readable-by-others" else 0o600)
+        os.chown(planted, 1000 if kind == "another-users" else 0, 0)
+    for call in ("first", "second"):
+        code, err, ended = prestart_until_streams_end(env, bundle, f"planted-{call}")
+        assert ended < 2, f"the {call} call's stdout and stderr did not end with it"
+        assert code == 0
+        if name == "server.log":  # the server starts, logging nowhere; the second call is its
+            assert err == ""
+            assert call == "first" or log_lines(env)[-1].get("via") == "server"
+        else:
+            assert err == (f"nvc-py-hook: not starting the hook server ({sock}: its server.lock is not a regular file "
+                           f"only root can open); running {LIBDIR / 'nvc-py-hook-python'}\n")
+            assert "via" not in log_lines(env)[-1] and not servers(sock)
+    assert (tmp_path / "target").read_text() == "" if kind == "symlink" else planted.exists()
+
+
 def test_an_idle_on_demand_server_stops(active_2gpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NVC_PY_SERVE_IDLE_EXIT", "0.5")
     sock = tmp_path / "run" / "hook.sock"

@@ -10,12 +10,13 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 from harness.bundle import make_bundle
 from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.hookserver import LIBDIR, client_hook, hook_server
+from harness.landlock import landlock_abi, landlocked
 from nvc.hook import handover
 from test_hook_containers import A100, H100, SHOW, _uuids, assert_image_libraries_never_load
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
@@ -424,12 +426,17 @@ def test_nvc_py_hook_registered_directly_hands_a_container_start_to_the_server(
     assert (last["container"], last["outcome"], last["via"]) == ("nvc-python-served", "configured", "server")
 
 
-def call_raw(sock: Path, data: bytes, fds: list[int], go: bytes = handover.GO,
-             go_fds: list[int] | None = None) -> list[bytes]:
-    """Send ``data`` with ``fds`` to the server, as the clients do but without their checks, and
-    answer ``ready`` with ``go`` and ``go_fds``: the server's answers."""
-    import socket
+def worker_connection(pid: int, fd: int, conn: socket.socket) -> int:
+    """The proof a client sends with ``go``: the worker's end of the connection, through /proc."""
+    return os.open(f"/proc/{pid}/fd/{fd}", os.O_PATH)
 
+
+def call_raw(sock: Path, data: bytes, fds: list[int], go: bytes = handover.GO,
+             go_fds: list[int] | None = None, proof: Callable[[int, int, socket.socket], int] = worker_connection
+             ) -> list[bytes]:
+    """Send ``data`` with ``fds`` to the server, as the clients do but without their checks, and
+    answer ``ready PID FD`` with ``go``, ``go_fds`` and the descriptor ``proof(PID, FD, connection)``
+    opens (as the clients do by default): the server's answers, ``ready PID FD`` as ``ready``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
         conn.settimeout(30)
         conn.connect(str(sock))
@@ -437,12 +444,17 @@ def call_raw(sock: Path, data: bytes, fds: list[int], go: bytes = handover.GO,
         answers = []
         for _ in range(2):
             answer, worker, _, _ = socket.recv_fds(conn, 1024, 1)
-            answers.append(answer)
+            word, *numbers = answer.split(b" ")
+            answers.append(word if word == handover.READY else answer)
             for fd in worker:
                 os.close(fd)
-            if answer != handover.READY:
+            if word != handover.READY:
                 break
-            socket.send_fds(conn, [go], go_fds or [])
+            reach = proof(*map(int, numbers), conn)
+            try:
+                socket.send_fds(conn, [go], [*(go_fds or []), reach])
+            finally:
+                os.close(reach)
     return answers
 
 
@@ -519,6 +531,117 @@ def test_a_root_caller_under_seccomp_runs_the_program_itself(served: Path) -> No
     assert (result.returncode, result.stdout, result.stderr) == (127, "", CANNOT_EXECUTE)
 
 
+def test_a_root_caller_with_no_new_privs_runs_the_program_itself(served: Path) -> None:
+    """no_new_privs is a sandbox's mark (the caller's programs gain nothing on exec; a worker's
+    helpers would): with every capability still, such a caller is told to fall back."""
+    from nvc.hook import peer
+
+    if peer.own_standing().no_new_privs:
+        pytest.skip("the server would run with no_new_privs too: this process has it")
+    result = subprocess.run([shutil.which("setpriv", path=SBIN), "--no-new-privs", str(CLIENT), MISSING, *SERVED_HELP],
+                            capture_output=True, text=True, env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    assert (result.returncode, result.stdout, result.stderr) == (127, "", CANNOT_EXECUTE)
+
+
+def test_the_peer_check_refuses_no_new_privs_and_another_lsm_label(tmp_path: Path) -> None:
+    """The rules that this kernel cannot show with real processes (no LSM with labels here: both
+    sides read none, which counts as equal), on the server's own standing changed one field at a
+    time; an AppArmor profile in unconfined mode reads as unconfined (files stand for /proc/PID/attr)."""
+    from nvc.hook import peer
+
+    ours = peer.own_standing()._replace(no_new_privs=False)
+    assert peer.shortfall(ours, ours) is None
+    assert peer.parse_status("NoNewPrivs:\t1\n")[2] and not peer.parse_status("NoNewPrivs:\t0\n")[2]
+    assert peer.parse_status("Name:\tx\n")[2]  # no line: as if set (refused, never served by mistake)
+    sandboxed = ours._replace(no_new_privs=True)
+    assert peer.shortfall(sandboxed, ours) == "no_new_privs set"
+    assert peer.shortfall(sandboxed, sandboxed) is None and peer.shortfall(ours, sandboxed) is None
+    selinux = ours._replace(labels=(b"system_u:system_r:container_t:s0:c1,c2\0", *ours.labels[1:]))
+    apparmor = ours._replace(labels=(ours.labels[0], b"docker-default (enforce)\n", ours.labels[2]))
+    assert peer.shortfall(selinux, ours) == "another LSM label (attr/current)"
+    assert peer.shortfall(apparmor, ours) == "another LSM label (attr/apparmor/current)"
+    assert peer.shortfall(ours, apparmor) == "another LSM label (attr/apparmor/current)"  # not ordered
+    assert peer.shortfall(apparmor, apparmor) is None
+    (tmp_path / "attr").mkdir()
+    proc = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for written, read in ((b"runc (unconfined)\n", b"unconfined\n"), (b"unconfined\n", b"unconfined\n"),
+                              (b"runc (enforce)\n", b"runc (enforce)\n"), (None, None)):
+            (tmp_path / "attr" / "current").unlink(missing_ok=True)
+            if written is not None:
+                (tmp_path / "attr" / "current").write_bytes(written)
+            assert peer.read_label(proc, "attr/current") == read
+    finally:
+        os.close(proc)
+
+
+needs_landlock = pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+
+
+@needs_landlock
+@pytest.mark.parametrize("client", ["native", "python"])
+def test_a_landlocked_root_caller_runs_the_program_itself(served: Path, client: str) -> None:
+    """Landlock shows in no /proc file: a caller with every capability, in the server's namespaces,
+    but under a ruleset that lets it write nowhere, cannot open the worker's connection through
+    /proc, so it runs the program itself; unconfined, the same call is served."""
+    if client == "native":
+        command, ran_here = [str(CLIENT), MISSING, *SERVED_HELP], (127, "", CANNOT_EXECUTE)
+    else:
+        code = ("from nvc.hook.handover import hand_over; "
+                f"hand_over(['/x/nvc-py', {', '.join(map(repr, SERVED_HELP))}]); print('ran here')")
+        command, ran_here = [sys.executable, "-c", code], (0, "ran here\n", "")
+    env = {handover.SOCKET_ENV: str(served)}
+    free = subprocess.run(command, capture_output=True, text=True, env=env, timeout=30)
+    assert free.returncode == 0 and free.stdout.startswith("Usage: nvc-py info"), free.stderr
+    confined = subprocess.run(landlocked(command), capture_output=True, text=True, env=env, timeout=30)
+    assert (confined.returncode, confined.stdout, confined.stderr) == ran_here
+
+
+@needs_landlock
+@pytest.mark.parametrize("where", ["container", "own-namespace"])
+def test_a_landlocked_root_configure_is_not_served_and_fails_in_one_line(active_2gpu, runc, debian_rootfs: Path,
+                                                                         tmp_path: Path, where: str) -> None:
+    """The issue's case: `nvc-py configure` run with every capability and the host's namespaces,
+    but under Landlock (no writes anywhere), got its GPU mounted by a worker. No worker runs it now
+    (the one that took the call records no answer: its caller ran the program itself): it fails as
+    with no server at all, in one line, without a traceback; for a container (a prestart hook's
+    --pid) or a rootfs in its own mount namespace (no --pid: there the direct run once died with a
+    traceback, unable to open /dev/null for ldconfig)."""
+    import shlex
+
+    from test_configure import HOOK as CONFIGURE_HOOK
+
+    sock, stats = tmp_path / "run" / "hook.sock", tmp_path / "stats.jsonl"
+    args = "--device=0 --compute --utility"
+    errors = {}
+    with hook_server(HOOK, sock, stats=stats):
+        for name, path in (("served", sock), ("direct", tmp_path / "absent.sock")):
+            log = tmp_path / f"{name}.log"
+            if where == "own-namespace":
+                with log.open("w") as err:
+                    result = subprocess.run(landlocked([str(FRONT), "--root", str(active_2gpu.root), "configure",
+                                                        *args.split(), str(debian_rootfs)]), stderr=err,
+                                            env={handover.SOCKET_ENV: str(path), "PATH": SBIN}, timeout=60)
+            else:
+                script = tmp_path / f"{name}.sh"
+                script.write_text(CONFIGURE_HOOK.format(
+                    prefix=f"NVC_PY_HOOK_SOCKET={path}", nvc=shlex.join(landlocked([str(FRONT)])),
+                    root=active_2gpu.root, args=args, rootfs=debian_rootfs, log=log))
+                script.chmod(0o755)
+                hook = {"path": str(script), "args": [script.name], "env": [f"PATH={SBIN}"]}
+                bundle = make_bundle(tmp_path / f"bundle-{name}", debian_rootfs, SHOW, hooks={"prestart": [hook]})
+                result = runc.create_start(bundle, container_id=f"nvc-landlocked-{name}")
+            assert result.returncode != 0
+            errors[name] = re.sub(r"/proc/[0-9]+/", "/proc/PID/", log.read_text())
+        deadline = time.monotonic() + 10  # the worker records its call once the caller is gone
+        while not stats.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [json.loads(line)["answer"] for line in stats.read_text().splitlines()] == [None]
+    assert errors["served"] == errors["direct"]
+    assert errors["served"].startswith("nvc-py: ") and errors["served"].count("\n") == 1, errors["served"]
+    assert str(debian_rootfs) not in Path("/proc/self/mountinfo").read_text()
+
+
 def test_the_peer_check_without_a_pidfd_reads_a_live_process_and_refuses_a_gone_one() -> None:
     """Kernels without SO_PEERPIDFD: /proc/PID read through one descriptor, the process checked
     alive after; a status without capability lines reads as nothing held."""
@@ -529,7 +652,7 @@ def test_the_peer_check_without_a_pidfd_reads_a_live_process_and_refuses_a_gone_
     child = subprocess.Popen(["true"])
     child.wait()
     assert peer.caller_shortfall(child.pid, None, ours) is not None
-    weak = peer.Standing(*peer.parse_status("Name:\tx\n"), ours.root, ours.namespaces)
+    weak = peer.Standing(*peer.parse_status("Name:\tx\n"), ours.labels, ours.root, ours.namespaces)
     assert peer.shortfall(weak, ours) == f"CapPrm lacks {ours.capabilities[0]:#x}"
 
 
@@ -741,7 +864,7 @@ BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.
     (raw_fields([b"/x/nvc-py-hook", b"poststart"], [b"A=b"])[:-4], "cwd", b"go", "streams",
      [REFUSED + b"counts do not match the strings\n"]),
     (raw_fields([b"/bin/true"], []), "cwd", b"go", "streams", [REFUSED + b"/bin/true: not one of nvc-py-hook, nvc-py\n"]),
-    (POSTSTART, "cwd", b"go", "two", [b"ready", REFUSED + b"truncated message or not 3 descriptors\n"]),
+    (POSTSTART, "cwd", b"go", "two", [b"ready", REFUSED + b"truncated message or not 4 descriptors\n"]),
     (POSTSTART, "cwd", b"went", "streams", [b"ready", REFUSED + b"no go\n"]),
     (BOGUS, "cwd", b"go", "read-only-stderr", [b"ready", b"exit 1"]),
     (BOGUS, "cwd", b"go", "closed-stderr", [b"ready", b"exit 1"]),
@@ -766,6 +889,27 @@ def test_a_malformed_call_gets_one_line_and_a_status(served: Path, tmp_path: Pat
     finally:
         for fd in (null, read_only, regular, cwd, closed_w):
             os.close(fd)
+
+
+@pytest.mark.parametrize("proof", ["callers-end", "workers-environ", "workers-stdin", "regular-file"])
+def test_go_without_the_workers_own_connection_is_told_to_fall_back(served: Path, tmp_path: Path,
+                                                                   proof: str) -> None:
+    """Only the worker's end of the connection, opened through /proc/WORKER/fd/N, proves that no
+    Landlock domain confines the caller more than the worker: anything else a Landlocked caller
+    could open (its own end, what /proc lets it read of the worker, a file) gets ``fall back``,
+    and the worker runs nothing (a poststart call would answer ``exit 0``)."""
+    def forged(pid: int, fd: int, conn: socket.socket) -> int:
+        path = {"callers-end": f"/proc/self/fd/{conn.fileno()}", "workers-environ": f"/proc/{pid}/environ",
+                "workers-stdin": f"/proc/{pid}/fd/0", "regular-file": str(tmp_path / "file")}[proof]
+        return os.open(path, os.O_RDWR | os.O_CREAT if proof == "regular-file" else os.O_PATH)
+
+    null, cwd = os.open(os.devnull, os.O_RDWR), os.open("/", os.O_PATH)
+    try:
+        assert call_raw(served, POSTSTART, [cwd], go_fds=[null] * 3, proof=forged) == [b"ready", b"fall back"]
+        assert call_raw(served, POSTSTART, [cwd], go_fds=[null] * 3) == [b"ready", b"exit 0"]
+    finally:
+        os.close(null)
+        os.close(cwd)
 
 
 def test_a_call_with_odd_environment_entries_is_served_as_the_program_would_run(served: Path,
@@ -878,6 +1022,66 @@ def test_a_wedged_worker_fails_the_call_after_the_timeout(served: Path, setup_di
         os.close(stdin_w)
     assert (result.returncode, result.stderr) == (1, f"{name}: the hook server's worker gave no status in 1 s "
                                                      "(killed)\n")
+
+
+@pytest.mark.parametrize("text, micro", [
+    ("60", 60_000_000), ("0.5", 500_000), (".5", 500_000), ("5.", 5_000_000), ("007", 7_000_000),
+    ("0.0000001", 1), ("0.000001", 1), ("0.0000011", 2), ("0.9999999", 1_000_000), ("999999999", 999_999_999_000_000),
+    ("0." + "0" * 29 + "1", 1), ("1000000000", None), ("0", None), ("0.000", None), ("", None), (".", None),
+    ("-1", None), ("+1", None), (" 1", None), ("1 ", None), ("1e-7", None), ("0x10", None), ("inf", None),
+    ("nan", None), ("1.2.3", None), ("\u0663", None), ("1" * 5000, None), ("0." + "0" * 4997 + "1", None),
+])
+def test_nvc_py_hook_timeout_grammar(text: str, micro: int | None) -> None:
+    """Decimal seconds rounded up to whole microseconds; anything else (None) means the default."""
+    assert handover.timeout_us(text) == micro
+
+
+# $NVC_PY_HOOK_TIMEOUT and the seconds a client then waits for ``ready``: min(ACK_TIMEOUT, it), the
+# default (60 s) for what the grammar refuses.
+TIMEOUTS = [("0.0000001", 1e-06), ("0.000001", 1e-06), ("0.3", 0.3), (".25", 0.25), ("1.", 1.0), ("0", 2.0),
+            ("-1", 2.0), ("1e-7", 2.0), ("junk", 2.0), ("9" * 10, 2.0), ("1" * 5000, 2.0),
+            ("0." + "0" * 4997 + "1", 2.0)]
+
+
+def test_both_clients_read_nvc_py_hook_timeout_alike(active_2gpu) -> None:
+    """One grammar (handover.timeout_us) in both clients: against a wedged server (stopped, with
+    its spare workers) each value bounds the wait for ``ready`` alike, and both say so in the same
+    words; none waits for ever, as a value under 1 µs once did in the native client (its socket
+    timeout rounded to 0, which means none)."""
+    import signal
+
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    sock = top / "run" / "hook.sock"
+    code = "from nvc.hook.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
+    commands = {"native": ([str(CLIENT), MISSING, "--version"], (127, "", f"running {MISSING}\n{CANNOT_EXECUTE}")),
+                "python": ([sys.executable, "-c", code], (0, "ran here\n", "running here\n"))}
+
+    def call(case: tuple[str, str]) -> tuple[str, float, subprocess.CompletedProcess[str]]:
+        client, value = case
+        started = time.monotonic()
+        result = subprocess.run(commands[client][0], capture_output=True, text=True, timeout=30,
+                                env={handover.SOCKET_ENV: str(sock), handover.TIMEOUT_ENV: value})
+        return client, time.monotonic() - started, result
+
+    try:
+        with hook_server(HOOK, sock) as server:
+            stopped = [server.pid, *spare_pids(server)]
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                with ThreadPoolExecutor(8) as pool:
+                    results = list(pool.map(call, [(client, value) for client in commands for value, _ in TIMEOUTS]))
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+    finally:
+        shutil.rmtree(top)
+    for (client, took, result), (value, waited) in zip(results, TIMEOUTS * 2):
+        code, out, err_end = commands[client][1]
+        said = re.fullmatch(r"[\w-]+: the hook server did not answer in (\S+) s; (.*\n)+", result.stderr)
+        assert said and said.group(1) == f"{waited:g}", (client, value[:20], result.stderr)
+        assert (result.returncode, result.stdout) == (code, out) and result.stderr.endswith(err_end)
+        assert took < waited + 3, (client, value[:20], took)
 
 
 def test_served_call_time(served: Path) -> None:

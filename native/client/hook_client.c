@@ -29,15 +29,19 @@
  * host is served without setting a daemon up. A call no worker read (the server was killed with it
  * queued) is reset by the kernel (ECONNRESET) before `ready`: that one falls back too.
  *
- * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready` with
- * the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on stderr);
- * `go` with the three standard streams; `exit N`. No worker runs anything, or holds a stream, before
- * `go`: without `ready` within ACK_TIMEOUT seconds (a wedged or stopped server), or with the connection
- * closed before it, the client runs the program itself. Once it sent `go` it never falls back (the
- * worker may have changed the container already): no status within $NVC_PY_HOOK_TIMEOUT seconds
- * (default 60) kills the worker (as a runtime kills a hook past its timeout; its end closes the
- * streams a runtime may be waiting on) and fails with one line, as does a worker that ends without a
- * status. Connecting and sending are bounded by ACK_TIMEOUT too (SO_SNDTIMEO).
+ * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready PID FD`
+ * with the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on
+ * stderr); `go` with the three standard streams and /proc/PID/fd/FD opened (the worker's end of the
+ * connection: the proof that no Landlock domain confines this process more than the worker, see
+ * nvc/hook/peer.py; where it cannot be opened, the client runs the program itself); `exit N`. No
+ * worker runs anything, or holds a stream, before `go`: without `ready` within ACK_TIMEOUT_US (a
+ * wedged or stopped server), or with the connection closed before it, the client runs the program
+ * itself. Once it sent `go` it falls back only on the worker's `fall back` (the proof was not its
+ * connection: it ran nothing); otherwise the worker may have changed the container already: no status
+ * within $NVC_PY_HOOK_TIMEOUT seconds (default 60; its grammar is handover.py's timeout_us) kills the
+ * worker (as a runtime kills a hook past its timeout; its end closes the streams a runtime may be
+ * waiting on) and fails with one line, as does a worker that ends without a status. Connecting and
+ * sending are bounded by ACK_TIMEOUT_US too (SO_SNDTIMEO).
  *
  * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock; `none` hands nothing over. A program run
  * after trying the server gets NVC_PY_HOOK_SOCKET=none, so that a front behind it does not try again.
@@ -60,8 +64,9 @@
 #define DEFAULT_SOCKET "/run/nvc-py/hook.sock"
 #define NO_SERVER "none" /* $NVC_PY_HOOK_SOCKET's value for "hand nothing over" */
 #define MAGIC "nvc-py-hook/2"
-#define DEFAULT_TIMEOUT 60.0 /* seconds for a served call's status; $NVC_PY_HOOK_TIMEOUT */
-#define ACK_TIMEOUT 2.0      /* seconds at most to connect, send and get `ready` */
+#define DEFAULT_TIMEOUT_US 60000000LL /* for a served call's status; $NVC_PY_HOOK_TIMEOUT */
+#define ACK_TIMEOUT_US 2000000LL      /* at most to connect, send and get `ready` */
+#define MAX_TIMEOUT_CHARS 32          /* the longest $NVC_PY_HOOK_TIMEOUT read, as handover.py's */
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
 /* The last environment entry sent: CLOCK_MONOTONIC as it connects, ns, STAMP_DIGITS digits written just
@@ -70,6 +75,7 @@
 #define STAMP_DIGITS 20
 
 #include "server_start.h"
+#include "socket_dir.h"
 
 extern char **environ;
 
@@ -145,10 +151,10 @@ static void stamp(char *buf, size_t len)
     memcpy(buf + len - 1 - STAMP_DIGITS, digits, STAMP_DIGITS);
 }
 
-/* Sends len bytes of buf with n (at most 3) descriptors attached (SCM_RIGHTS); 1 when all went. */
+/* Sends len bytes of buf with n (at most 4) descriptors attached (SCM_RIGHTS); 1 when all went. */
 static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, size_t n)
 {
-    char control[CMSG_SPACE(3 * sizeof(int))];
+    char control[CMSG_SPACE(4 * sizeof(int))];
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
                          .msg_controllen = CMSG_SPACE(n * sizeof(int))};
@@ -180,17 +186,17 @@ static const char *not_roots(const char *path)
     struct stat sock, st;
     if (lstat(path, &sock) < 0 || lstat(directory, &st) < 0)
         return errno == ENOENT || errno == EACCES ? NULL : "it cannot be examined"; /* not there, or not ours */
-    if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
-        return "its directory is not root's, or others can write there";
+    if (!socket_dir_is_roots(&st))
+        return SOCKET_DIR_PROBLEM;
     if (!S_ISSOCK(sock.st_mode) || sock.st_uid != 0)
         return "it is not a socket of root's";
     return NULL;
 }
 
-/* Sets the socket's send and receive timeouts (seconds). */
-static void set_timeouts(int sock, double seconds)
+/* Sets the socket's send and receive timeouts (microseconds, above 0: 0 would mean no timeout). */
+static void set_timeouts(int sock, long long us)
 {
-    struct timeval tv = {.tv_sec = (time_t)seconds, .tv_usec = (suseconds_t)((seconds - (time_t)seconds) * 1e6)};
+    struct timeval tv = {.tv_sec = (time_t)(us / 1000000), .tv_usec = (suseconds_t)(us % 1000000)};
     setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 }
@@ -215,14 +221,50 @@ static ssize_t answer(int sock, char *reply, size_t size, int *fd)
     return n;
 }
 
-/* $NVC_PY_HOOK_TIMEOUT: seconds for a served call's status (DEFAULT_TIMEOUT where unset or not a
- * positive number). */
-static double call_timeout(void)
+/* $NVC_PY_HOOK_TIMEOUT in microseconds, for a served call's status: the grammar of nvc/hook/handover.py's
+ * timeout_us (decimal seconds, rounded up to whole microseconds); DEFAULT_TIMEOUT_US where it is unset or
+ * not such a value. */
+static long long call_timeout(void)
 {
-    const char *value = getenv("NVC_PY_HOOK_TIMEOUT");
-    char *end;
-    double seconds = value ? strtod(value, &end) : 0;
-    return value && *value && !*end && seconds > 0 && seconds < 1e9 ? seconds : DEFAULT_TIMEOUT;
+    const char *text = getenv("NVC_PY_HOOK_TIMEOUT");
+    long long whole = 0, fraction = 0, round_up = 0;
+    int digits = 0, fraction_digits = 0, point = 0;
+    if (!text || strlen(text) > MAX_TIMEOUT_CHARS)
+        return DEFAULT_TIMEOUT_US;
+    for (const char *c = text; *c; c++) {
+        if (*c == '.' && !point) {
+            point = 1;
+            continue;
+        }
+        if (*c < '0' || *c > '9')
+            return DEFAULT_TIMEOUT_US;
+        digits++;
+        if (!point) {
+            if ((whole = whole * 10 + (*c - '0')) >= 1000000000)
+                return DEFAULT_TIMEOUT_US;
+        } else if (fraction_digits < 6) {
+            fraction = fraction * 10 + (*c - '0');
+            fraction_digits++;
+        } else if (*c != '0') {
+            round_up = 1;
+        }
+    }
+    for (; fraction_digits < 6; fraction_digits++)
+        fraction *= 10;
+    long long us = whole * 1000000 + fraction + round_up;
+    return digits && us > 0 ? us : DEFAULT_TIMEOUT_US;
+}
+
+/* For `ready PID FD`: /proc/PID/fd/FD opened with O_PATH, the proof `go` carries (nvc/hook/peer.py); -1 for
+ * any other answer, or where it cannot be opened (Landlock refuses it). */
+static int worker_connection(const char *reply)
+{
+    unsigned pid, fd;
+    char end, path[64];
+    if (sscanf(reply, "ready %u %u%c", &pid, &fd, &end) != 2)
+        return -1;
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", pid, fd);
+    return open(path, O_PATH | O_CLOEXEC);
 }
 
 /* `serve` is the server's own command: a worker refuses it, so it always runs here. */
@@ -302,22 +344,27 @@ int main(int argc, char **argv)
     int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (cwd < 0)
         give_up(argv);
-    double timeout = call_timeout();
+    long long timeout = call_timeout(), ack_timeout = timeout < ACK_TIMEOUT_US ? timeout : ACK_TIMEOUT_US;
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (sock < 0)
         give_up(argv);
-    set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
+    set_timeouts(sock, ack_timeout);
     stamp(buf, len); /* before connect: a spare may accept before connect returns */
     if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
         int failed = errno;
         close(sock);
         /* no server: a container start's hook call starts one (server_start.c); its wait counts as queueing */
         stamp(buf, len);
+        const char *not_started = NULL;
         sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(argc, argv)
-                   ? server_start_and_connect(&addr) : -1;
-        if (sock < 0)
+                   ? server_start_and_connect(&addr, &not_started) : -1;
+        if (sock < 0) {
+            if (not_started)
+                fprintf(stderr, "%s: not starting the hook server (%s: %s); running %s\n", self, path, not_started,
+                        target);
             give_up(argv); /* nothing was handed over */
-        set_timeouts(sock, timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT);
+        }
+        set_timeouts(sock, ack_timeout);
     }
     struct ucred peer = {.uid = (uid_t)-1};
     socklen_t peer_len = sizeof peer;
@@ -328,27 +375,30 @@ int main(int argc, char **argv)
     }
     char reply[1024];
     int worker;
-    const int streams[3] = {0, 1, 2};
     ssize_t got = send_with_fds(sock, buf, len, &cwd, 1) ? answer(sock, reply, sizeof reply, &worker) : -1;
     if (got <= 0) {
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self,
-                    timeout < ACK_TIMEOUT ? timeout : ACK_TIMEOUT, target);
+            fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self, ack_timeout / 1e6,
+                    target);
         give_up(argv); /* no worker runs anything before `go` */
     }
-    int status;
-    if (!strcmp(reply, "ready")) {
-        if (!send_with_fds(sock, "go", 2, streams, 3))
+    int status, proof = worker_connection(reply);
+    if (proof >= 0) {
+        const int fds[4] = {0, 1, 2, proof};
+        if (!send_with_fds(sock, "go", 2, fds, 4))
             give_up(argv); /* the worker did not get it: it runs nothing */
+        close(proof);
         set_timeouts(sock, timeout);
         int none;
         ssize_t n = answer(sock, reply, sizeof reply, &none);
         if (n > 0 && sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)
             return status;
+        if (n > 0 && !strcmp(reply, "fall back"))
+            give_up(argv); /* the worker did not take the proof, and ran nothing */
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             /* As a runtime kills a hook past its timeout: the worker's end closes the streams it holds. */
             syscall(SYS_pidfd_send_signal, worker, SIGKILL, NULL, 0);
-            fprintf(stderr, "%s: the hook server's worker gave no status in %g s (killed)\n", self, timeout);
+            fprintf(stderr, "%s: the hook server's worker gave no status in %g s (killed)\n", self, timeout / 1e6);
         } else {
             fprintf(stderr, "%s: the hook server's worker ended without a status (%s)\n", self,
                     n < 0 ? strerror(errno) : "no answer");
@@ -360,7 +410,8 @@ int main(int argc, char **argv)
         fputs(line + 1, stderr); /* why */
         return status;
     }
-    /* `fall back` (weaker caller, other namespaces), or an answer this client does not know (an older server's
-     * refusal of this newer exchange): nothing was done. */
+    /* `fall back` (weaker caller, other namespaces), `ready` with a worker this process may not reach (Landlock),
+     * or an answer this client does not know (an older server's refusal of this newer exchange): nothing was
+     * done. */
     give_up(argv);
 }

@@ -12,8 +12,16 @@
  *   one (a runtime inside a container would start it in the container's), and the server joins PID
  *   1's cgroups (best effort: every v1 hierarchy and the v2 one mounted under /sys/fs/cgroup), not
  *   the caller's, which may be a container's that goes away with it. It is detached from the caller
- *   (new session, double fork: reparented to init), stdin/stdout on /dev/null, stderr appended to
- *   server.log beside the socket, with a fixed environment, and exits after an idle time.
+ *   (new session, double fork: reparented to init) and keeps none of its descriptors (the first
+ *   thing the child does: a runtime reading the hook's stdout and stderr sees them end when the
+ *   client exits), stdin/stdout on /dev/null, stderr appended to server.log beside the socket, with
+ *   a fixed environment, and exits after an idle time.
+ * - Only in a socket directory the clients would trust (socket_dir.h: root's, not a symlink, not
+ *   writable by group or others; created 0700 where absent), checked before anything there is
+ *   created or opened and then used through that very descriptor. server.lock and server.log are
+ *   opened without blocking and without following a symlink, and used only when they are regular
+ *   files of root's (the lock readable by root alone: whoever can open it can hold it); a log that
+ *   is not is replaced by /dev/null, a lock that is not means no start (the call runs itself).
  * - Not started where `nvc-py setup ... --no-server` wrote the no-server file beside the
  *   configuration file (NVC_PY_CONFIG's directory, else /etc/nvc-py), nor for a caller that is
  *   not root.
@@ -22,6 +30,7 @@
  */
 #define _GNU_SOURCE
 #include "server_start.h"
+#include "socket_dir.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +55,9 @@
 #define SERVER_ENV_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define IDLE_EXIT_ENV "NVC_PY_SERVE_IDLE_EXIT=600" /* seconds; hook/activation.py reads it */
 #define LOCK_FD 3                                  /* NVC_PY_SERVE_LOCK_FD, as passed */
+#define LOCK_NAME "server.lock"
+#define LOCK_FORBIDDEN 077 /* whoever could open the lock could hold it, and no server would start */
+#define LOG_NAME "server.log"
 
 static const char *const hook_stages[] = {"prestart", "poststop", "create-symlinks", "update-ldcache", NULL};
 
@@ -149,8 +161,8 @@ static void join_host_cgroups(void)
     fclose(f);
 }
 
-/* The detached server's process (the grandchild): never returns. */
-static void exec_server(int lock, const char *socket_path, const char *dir)
+/* The detached server's process (the grandchild), holding nothing of the caller's (detach): never returns. */
+static void exec_server(const char *socket_path)
 {
     join_host_cgroups();
     if (chdir("/")) {
@@ -162,18 +174,6 @@ static void exec_server(int lock, const char *socket_path, const char *dir)
     sigprocmask(SIG_SETMASK, &none, NULL);
     for (int sig = 1; sig < NSIG; sig++)
         signal(sig, SIG_DFL);
-    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-    char log[PATH_MAX];
-    snprintf(log, sizeof log, "%s/server.log", dir);
-    int err = open(log, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(err >= 0 ? err : null, 2) < 0)
-        _exit(127);
-    if (lock == LOCK_FD ? fcntl(lock, F_SETFD, 0) < 0 : dup2(lock, LOCK_FD) < 0)
-        _exit(127);
-    /* nothing of the caller's (a runtime's descriptors) stays open in a long-lived daemon */
-    if (syscall(SYS_close_range, LOCK_FD + 1, ~0U, 0) < 0)
-        for (int fd = LOCK_FD + 1; fd < 65536; fd++)
-            close(fd);
     char lock_env[32];
     snprintf(lock_env, sizeof lock_env, "NVC_PY_SERVE_LOCK_FD=%d", LOCK_FD);
     char *const env[] = {SERVER_ENV_PATH, lock_env, IDLE_EXIT_ENV, NULL};
@@ -182,17 +182,33 @@ static void exec_server(int lock, const char *socket_path, const char *dir)
     _exit(127);
 }
 
-/* Starts the server detached, passing it the held lock; 0 when it could not be forked. */
-static int spawn_server(int lock, const char *socket_path, const char *dir)
+/* In the forked child, before anything else: stdin and stdout on /dev/null, stderr on log (or /dev/null
+ * where log < 0), the lock on LOCK_FD, every other descriptor closed: a caller's stream or pipe held here
+ * would keep whoever reads it waiting for the server's idle exit. */
+static void detach(int lock, int log)
+{
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(log >= 0 ? log : null, 2) < 0)
+        _exit(127);
+    if (lock == LOCK_FD ? fcntl(lock, F_SETFD, 0) < 0 : dup2(lock, LOCK_FD) < 0)
+        _exit(127);
+    if (syscall(SYS_close_range, LOCK_FD + 1, ~0U, 0) < 0)
+        for (int fd = LOCK_FD + 1; fd < 65536; fd++)
+            close(fd);
+}
+
+/* Starts the server detached, passing it the held lock and log (-1: none); 0 when it could not be forked. */
+static int spawn_server(int lock, int log, const char *socket_path)
 {
     pid_t child = fork();
     if (child < 0)
         return 0;
     if (child == 0) {
+        detach(lock, log);
         setsid();
         pid_t server = fork();
         if (server == 0)
-            exec_server(lock, socket_path, dir);
+            exec_server(socket_path);
         _exit(server < 0);
     }
     int status;
@@ -201,10 +217,24 @@ static int spawn_server(int lock, const char *socket_path, const char *dir)
     return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-/* Waits (bounded) until nobody holds the start lock, then connects. */
-static int wait_and_connect(const char *lock_path, const struct sockaddr_un *addr)
+/* name in the checked socket directory dirfd, opened with flags without blocking (a FIFO) or following a
+ * symlink, created 0600 with O_CREAT; -1 unless it is a regular file of root's without the forbidden mode
+ * bits. */
+static int open_roots_file(int dirfd, const char *name, int flags, mode_t forbidden)
 {
-    int lock = open(lock_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = openat(dirfd, name, flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & forbidden))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Waits (bounded) until nobody holds the start lock in dirfd, then connects. */
+static int wait_and_connect(int dirfd, const struct sockaddr_un *addr)
+{
+    int lock = open_roots_file(dirfd, LOCK_NAME, O_RDONLY, LOCK_FORBIDDEN);
     if (lock < 0)
         return -1;
     struct timespec pause = {.tv_nsec = 1000000};
@@ -219,28 +249,49 @@ static int wait_and_connect(const char *lock_path, const struct sockaddr_un *add
     return try_connect(addr);
 }
 
-int server_start_and_connect(const struct sockaddr_un *addr)
+/* With dirfd the checked socket directory: the connection, after starting a server or waiting for one. */
+static int start_in(int dirfd, const struct sockaddr_un *addr, const char **why)
 {
-    char dir[sizeof addr->sun_path], lock_path[sizeof addr->sun_path + 16];
-    if (geteuid() != 0 || !dir_of(addr->sun_path, dir, sizeof dir) || start_disabled() || !in_host_namespaces())
+    int lock = open_roots_file(dirfd, LOCK_NAME, O_RDWR | O_CREAT, LOCK_FORBIDDEN);
+    if (lock < 0) {
+        *why = "its " LOCK_NAME " is not a regular file only root can open";
         return -1;
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
-        return -1;
-    snprintf(lock_path, sizeof lock_path, "%s/server.lock", dir);
-    int lock = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (lock < 0)
-        return -1;
+    }
     if (flock(lock, LOCK_EX | LOCK_NB) == 0) {
         int sock = try_connect(addr); /* a server another client started since this one's connect failed */
         if (sock >= 0) {
             close(lock);
             return sock;
         }
-        if (!spawn_server(lock, addr->sun_path, dir)) {
+        int log = open_roots_file(dirfd, LOG_NAME, O_WRONLY | O_APPEND | O_CREAT, 022);
+        int spawned = spawn_server(lock, log, addr->sun_path);
+        if (log >= 0)
+            close(log);
+        if (!spawned) {
             close(lock);
             return -1;
         }
     }
     close(lock); /* the server holds the lock now, until it listens */
-    return wait_and_connect(lock_path, addr);
+    return wait_and_connect(dirfd, addr);
+}
+
+int server_start_and_connect(const struct sockaddr_un *addr, const char **why)
+{
+    char dir[sizeof addr->sun_path];
+    if (geteuid() != 0 || !dir_of(addr->sun_path, dir, sizeof dir) || start_disabled() || !in_host_namespaces())
+        return -1;
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        return -1;
+    int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (dirfd < 0 || fstat(dirfd, &st) < 0 || !socket_dir_is_roots(&st)) {
+        *why = SOCKET_DIR_PROBLEM;
+        if (dirfd >= 0)
+            close(dirfd);
+        return -1;
+    }
+    int sock = start_in(dirfd, addr, why);
+    close(dirfd);
+    return sock;
 }

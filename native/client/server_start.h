@@ -12,7 +12,8 @@
 int server_start_wanted(int argc, char **argv);
 
 /* A connection to a server at addr that this call started, or that another client started and this
- * one waited for (bounded); -1 when there is none: the caller runs the program itself. */
-int server_start_and_connect(const struct sockaddr_un *addr);
+ * one waited for (bounded); -1 when there is none: the caller runs the program itself (*why says why where
+ * the socket's directory, or the start lock there, is not one to start a server with). */
+int server_start_and_connect(const struct sockaddr_un *addr, const char **why);
 
 #endif

@@ -274,8 +274,8 @@ def start_ldconfig(
     inside the container. ``owner``: (uid, gid) ldconfig runs as. ``output_fd``: where
     ldconfig's stdout and stderr go (default /dev/null). ``timeout``: seconds from
     ``start()`` after which the run is killed and fails. Bad arguments (a host ldconfig
-    that cannot be opened, a gone container) raise LdcacheError here, before the caller
-    changes anything.
+    that cannot be opened, a gone container), and what this process may not open or make for
+    the run, raise LdcacheError here, before the caller changes anything.
     """
     host = ldconfig.startswith("@")
     path = ldconfig[1:] if host else ldconfig
@@ -297,6 +297,8 @@ def start_ldconfig(
         pending = PendingLdconfig(child, go_w, err_r, shown, timeout)
         err_r = go_w = -1
         return pending
+    except OSError as err:  # /dev/null or a pipe refused (a Landlocked caller, the descriptor limit): one line
+        raise LdcacheError(_describe(err, "cannot prepare ldconfig's run")) from None
     finally:
         for fd in (err_r, err_w, go_r, go_w, null_fd, ns_fd, program_fd, parent_fd, own_pid_ns):
             if fd >= 0:
