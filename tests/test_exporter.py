@@ -494,3 +494,64 @@ def test_prometheus_scrapes_the_exporter(shim, tmp_path: Path) -> None:
     assert codes == [0, 0], (tmp_path / "prometheus.log").read_text()
     with socket.socket() as s:  # nothing listens there any more
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+# ---------------------------------------------------------------- deployment
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+
+
+def _exported_names(tmp_path: Path) -> set[str]:
+    """The name of every series the exporter can produce (its families, empty ones included)."""
+    text = _scrape(tmp_path / "none", tmp_path)
+    types = dict(m.groups() for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    return {name.removesuffix("_total") + suffix for name, kind in types.items() for suffix in suffixes[kind]}
+
+
+def test_rules_and_dashboard_ask_for_what_the_exporter_serves_and_docs_list_it(tmp_path: Path) -> None:
+    """promtool (Debian's prometheus package) checks the alert rules, and every query of the Grafana
+    dashboard as a recording rule; each nvc_py_ name they use is one the exporter serves; docs/metrics.md
+    lists every metric it serves."""
+    import yaml
+
+    served = _exported_names(tmp_path)
+    rules = DEPLOY / "prometheus" / "nvc-py-alerts.yaml"
+    result = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    dashboard = json.loads((DEPLOY / "grafana" / "nvc-py-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    as_rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query{i}", "expr": e.replace("$__rate_interval", "5m").replace("$instance", ".*")}
+        for i, e in enumerate(exprs)]}]}
+    (tmp_path / "dashboard-rules.yaml").write_text(yaml.safe_dump(as_rules))
+    result = subprocess.run(["promtool", "check", "rules", str(tmp_path / "dashboard-rules.yaml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    used = set(re.findall(r"\bnvc_py_\w+", rules.read_text() + "\n".join(exprs)))
+    assert used and used <= served, used - served
+    docs = (REPO / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"`(nvc_py_\w+)`", docs))
+    families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in served}
+    assert families <= documented and documented <= families | served, (families ^ documented)
+
+
+def test_the_systemd_unit_and_the_service_monitor(tmp_path: Path) -> None:
+    import yaml
+
+    unit = (DEPLOY / "systemd" / "nvc-py-exporter.service").read_text()
+    (exec_start,) = [line.partition("=")[2].split() for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start[:2] == ["/usr/local/bin/nvc-py", "exporter"]
+    help_text = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--help"], capture_output=True, text=True,
+                               check=True).stdout
+    assert {a for a in exec_start if a.startswith("--")} <= set(help_text.split())
+    service, monitor = yaml.safe_load_all((DEPLOY / "kubernetes" / "nvc-py-exporter-monitoring.yaml").read_text())
+    daemonset = yaml.safe_load((DEPLOY / "kubernetes" / "nvc-py-device-plugin.yaml").read_text())
+    pod = daemonset["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", ())}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
