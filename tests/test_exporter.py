@@ -336,6 +336,14 @@ def test_bad_listen_addresses_are_refused(listen: str, message: str) -> None:
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("")
+    result = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--state-dir", str(tmp_path / "state")],
+                            capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stderr) == (2, f"nvc-py: input error: {tmp_path}/state: --state-dir is not a "
+                                                     f"directory\n")
+
+
 def _exporter(tmp_path: Path, listen: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """The installed ``nvc-py exporter``, started; and where it says it listens."""
     proc = subprocess.Popen([str(SCRIPTS / "nvc-py"), "exporter", "--listen", listen, *args],
