@@ -170,6 +170,16 @@ class _Nvml:
             "mig_devices": self.mig_devices(handle) if mig_enabled else [],
         }
 
+    def memory(self) -> list[dict[str, Any]]:
+        """Each GPU's identity and NVML's memory figures now (bytes): the exporter's one call per read."""
+        found = []
+        for index in range(self.call("nvmlDeviceGetCount")):
+            handle = self.call("nvmlDeviceGetHandleByIndex", index)
+            info = self.call("nvmlDeviceGetMemoryInfo", handle)
+            found.append({"index": index, "uuid": self.call("nvmlDeviceGetUUID", handle),
+                          "model": self.call("nvmlDeviceGetName", handle), "total": info.total, "used": info.used})
+        return found
+
     def snapshot(self) -> dict[str, Any]:
         return {
             "driver_version": self.call("nvmlSystemGetDriverVersion"),
@@ -207,11 +217,11 @@ def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatc
     nvml = _Nvml(pynvml)
     nvml.load()
     nvml.attach()
+    methods: Dispatch = {"snapshot": nvml.snapshot, "memory": nvml.memory, "shutdown": nvml.shutdown}
     if not events:
-        return {"snapshot": nvml.snapshot, "shutdown": nvml.shutdown}
+        return methods
     watch = nvml_events.XidWatch(nvml)
-    return {"snapshot": nvml.snapshot, "shutdown": nvml.shutdown, "xid_events": watch.wait,
-            "topology": lambda: nvml_events.topology(nvml)}
+    return {**methods, "xid_events": watch.wait, "topology": lambda: nvml_events.topology(nvml)}
 
 
 # ---- parent side --------------------------------------------------------------------------
@@ -244,6 +254,10 @@ class DriverClient:
     def snapshot(self) -> DriverSnapshot:
         """Versions, GPUs and MIG devices as NVML reports them (caps paths left to /proc)."""
         return snapshot_from_wire(self.helper.call("snapshot"))
+
+    def memory(self) -> list[dict[str, Any]]:
+        """Per GPU: ``index``, ``uuid``, ``model``, ``total`` and ``used`` bytes, as NVML reports them now."""
+        return self.helper.call("memory")
 
     def xid_events(self, timeout_ms: int) -> dict[str, Any]:
         """Critical XIDs within ``timeout_ms``: ``{"watched": [UUID…], "events": [{"uuid", "xid"}…]}``."""

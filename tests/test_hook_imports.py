@@ -23,9 +23,10 @@ LAUNCHER = LIBDIR / "nvc-py-hook-python"
 # named tuples: making ~50 dataclasses at import cost the direct hook ~30 ms on the CPU host), and the
 # Kubernetes device plugin's gRPC, protobuf and modules; nor, in the hook's helpers, pyseccomp (with
 # ctypes.util, which runs ``ldconfig -p`` twice): ldconfig's filter comes compiled from root's cache
-# once a start has made it.
+# once a start has made it; nor the exporter's prometheus_client.
 NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "site", "dataclasses", "inspect", "grpc",
-                   "google.protobuf", "nvc.k8s", "nvc.rpc.nvml_events", "pyseccomp", "ctypes.util"})
+                   "google.protobuf", "nvc.k8s", "nvc.rpc.nvml_events", "pyseccomp", "ctypes.util", "nvc.exporter",
+                   "prometheus_client"})
 # A container asking for no GPU is answered before any of configure's machinery loads.
 NEVER_WITHOUT_GPU = NEVER | {"nvc.commands.configure", "nvc.plan.mountplan", "nvc.rpc.helper", "ctypes", "socket",
                              "pathlib", "subprocess", "shutil", "tempfile"}

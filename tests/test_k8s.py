@@ -36,10 +36,12 @@ class PluginRun:
 
     def __init__(self, config: Path, directory: Path, log: Path) -> None:
         self.log = log
+        self.health_file = log.with_suffix(".health.json")  # not the host's /run/nvc-py/device-plugin.json
         env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
         with log.open("wb") as out:
             self.process = subprocess.Popen([str(SCRIPTS / "nvc-py"), "k8s", "device-plugin", "--config", str(config),
-                                             "--device-plugin-dir", str(directory)], stdout=out,
+                                             "--device-plugin-dir", str(directory),
+                                             "--health-file", str(self.health_file)], stdout=out,
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
     def text(self) -> str:
@@ -424,6 +426,35 @@ def test_no_nvml_is_one_line_and_no_crash(plugin_dir: Path, run_plugin, tmp_path
     lines = [line for line in run.text().splitlines() if "NVML unavailable" in line]
     assert len(lines) == 1 and lines[0].endswith("libnvidia-ml.so.1: cannot open shared object file: No such file or "
                                                   "directory): advertising no devices; trying again every 1 s"), lines
+
+
+def _published(run: PluginRun, want: dict[str, tuple[int, int]], timeout: float = 20) -> None:
+    """Wait for the plugin's health file to say ``want`` (resource -> healthy, unhealthy), as the
+    exporter reads it."""
+    from nvc.k8s import published
+
+    deadline = time.monotonic() + timeout
+    while True:
+        record = published.read(str(run.health_file))
+        found = {r.name: (r.healthy, r.unhealthy) for r in record.resources} if record else None
+        if found == want:
+            return
+        assert time.monotonic() < deadline and run.process.poll() is None, (found, run.text())
+        time.sleep(0.05)
+
+
+def test_the_health_file_follows_what_the_kubelet_is_told(active_2gpu, plugin_dir: Path, run_plugin) -> None:
+    """The file `nvc-py exporter` reads: each resource's healthy and unhealthy count, every device unhealthy
+    while NVML fails (its helper killed), healthy again once it answers; removed when the plugin stops."""
+    run = run_plugin(active_2gpu.root, "{nvml-retry: 1}")
+    healthy = {"nvidia.com/gpu": (1, 0), "nvidia.com/mig-2g.10gb": (1, 0), "nvidia.com/mig-3g.20gb": (1, 0),
+               "nvc-py.io/gpu-share": (0, 0)}
+    _published(run, healthy)
+    os.kill(_driver_helper(run.process.pid), signal.SIGKILL)
+    _published(run, {name: (0, h + u) for name, (h, u) in healthy.items()})
+    _published(run, healthy)
+    assert run.stop() == 0
+    assert not run.health_file.exists()
 
 
 def _driver_helper(plugin: int) -> int:

@@ -321,8 +321,8 @@ def test_a_bad_share_slice_stops_the_plugin_at_once(tmp_path: Path) -> None:
                                                      "Gi or Ti)\n")
 
 
-def _help() -> str:
-    return subprocess.run([str(SCRIPTS / "nvc-py"), "k8s", "device-plugin", "--help"], check=True,
+def _help(*command: str) -> str:
+    return subprocess.run([str(SCRIPTS / "nvc-py"), *(command or ("k8s", "device-plugin")), "--help"], check=True,
                           capture_output=True, text=True).stdout
 
 
@@ -349,12 +349,13 @@ _LABELS = {str: str}
 _META = {"name": str, "namespace": str, "labels": _LABELS}
 _CONTAINER = {
     "name": str, "image": str, "command": [str], "args": [str], "securityContext": {"privileged": bool},
+    "ports": [{"name": str, "containerPort": int, "protocol": ("TCP", "UDP", "SCTP")}],
     "resources": {"requests": {"cpu": str, "memory": str}, "limits": {"cpu": str, "memory": str}},
     "volumeMounts": [{"name": str, "mountPath": str, "readOnly": bool,
                       "mountPropagation": ("None", "HostToContainer", "Bidirectional")}],
 }
 _POD = {
-    "priorityClassName": str, "containers": [_CONTAINER],
+    "priorityClassName": str, "hostNetwork": bool, "containers": [_CONTAINER],
     "tolerations": [{"key": str, "operator": ("Exists", "Equal"), "value": str,
                      "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute")}],
     "volumes": [{"name": str, "hostPath": {"path": str, "type": ("", "Directory", "DirectoryOrCreate", "File",
@@ -398,18 +399,26 @@ def test_daemonset_manifest_validates() -> None:
     assert _schema_problems(original, _DAEMONSET) == []
     template = original["spec"]["template"]
     assert original["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
-    (container,) = template["spec"]["containers"]
-    assert {m["name"] for m in container["volumeMounts"]} <= {v["name"] for v in template["spec"]["volumes"]}
+    plugin, exporter = template["spec"]["containers"]
+    for container in (plugin, exporter):
+        assert {m["name"] for m in container["volumeMounts"]} <= {v["name"] for v in template["spec"]["volumes"]}
     kubectl = shutil.which("kubectl")
     if kubectl is not None:
         typed = subprocess.run([kubectl, "set", "env", "--local", "-f", str(manifest), "NVC_PY_CHECKED=1", "-o",
                                 "json"], check=True, capture_output=True, text=True).stdout
         assert _missing(original, json.loads(typed)) == []
-    command = container["command"] + container.get("args", [])
+    command = plugin["command"] + plugin.get("args", [])
     assert command[:5] == ["chroot", "/host", "/usr/local/bin/nvc-py", "k8s", "device-plugin"]
     assert set(_flags(command)) <= set(_help().split())
-    assert container["securityContext"]["privileged"] is True
-    assert "/host" in {m["mountPath"] for m in container["volumeMounts"]}
+    command = exporter["command"]
+    assert command[:4] == ["chroot", "/host", "/usr/local/bin/nvc-py", "exporter"]
+    assert set(_flags(command)) <= set(_help("exporter").split())
+    port = command[command.index("--listen") + 1].rpartition(":")[2]
+    assert exporter["ports"] == [{"name": "metrics", "containerPort": int(port), "protocol": "TCP"}]
+    assert template["spec"]["hostNetwork"] is True  # the hook server's socket is the node's network namespace's
+    for container in (plugin, exporter):
+        assert container["securityContext"]["privileged"] is True
+        assert "/host" in {m["mountPath"] for m in container["volumeMounts"]}
 
 
 def test_the_schema_check_finds_what_kubectl_would_refuse() -> None:

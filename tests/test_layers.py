@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
     ("commands", frozenset({"nvc.commands", "nvc.share.status", "nvc.k8s"})),
-    ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.hook", "nvc.doctor"})),
+    ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.hook", "nvc.doctor", "nvc.exporter"})),
 )
 
 

@@ -540,9 +540,11 @@ def share_status(as_json: bool, state_dir: str) -> None:
 
 
 from nvc.doctor.command import doctor as _doctor  # noqa: E402 - its own package (nvc/doctor/), registered here
+from nvc.exporter.command import exporter as _exporter  # noqa: E402 - its own package (nvc/exporter/), registered here
 from nvc.k8s.command import k8s as _k8s  # noqa: E402 - its own module (nvc/k8s/), registered here
 
 cli.add_command(_doctor)
+cli.add_command(_exporter)
 cli.add_command(_k8s)
 
 

@@ -20,10 +20,14 @@ def k8s() -> None:
 @click.option("--device-plugin-dir", metavar="DIR", default=None,
               help="The kubelet's device plugin directory, where kubelet.sock is and the plugin's sockets go "
                    "[default: the configuration's k8s.device-plugin-dir, /var/lib/kubelet/device-plugins].")
+@click.option("--health-file", metavar="PATH", default=None,
+              help="Where each resource's healthy and unhealthy device count goes, for `nvc-py exporter` "
+                   "[default: /run/nvc-py/device-plugin.json].")
 @click.option("--log-level", type=click.Choice(tuple(_LOG_LEVELS)), default="info", show_default=True,
               help="Least severity of the lines logged to stderr.")
 @click.pass_context
-def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir: str | None, log_level: str) -> None:
+def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir: str | None, health_file: str | None,
+                  log_level: str) -> None:
     """Run the kubelet device plugin until SIGTERM: nvidia.com/gpu (whole GPUs by UUID),
     nvidia.com/mig-<profile> (MIG devices) and nvc-py.io/gpu-share (memory slices of the GPUs in
     k8s.share-gpus), with health from NVML's critical XIDs; re-registers when the kubelet restarts.
@@ -46,6 +50,8 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
     from nvc.share.limits import parse_size
 
     parse_size("k8s.share-slice", k8s_conf.share_slice)  # a bad size stops it here, not at discovery
+    if health_file is not None and not os.path.isabs(health_file):
+        raise InputError(f"{health_file}: --health-file must be an absolute path")
     if device_plugin_dir is not None:
         if not os.path.isabs(device_plugin_dir):
             raise InputError(f"{device_plugin_dir}: --device-plugin-dir must be an absolute path")
@@ -55,4 +61,4 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
     from nvc.k8s import daemon
 
     opts = GlobalOptions(os.path.normpath(root), given.ldcache or conf.ldcache, user, False)
-    ctx.exit(daemon.run(opts, k8s_conf))
+    ctx.exit(daemon.run(opts, k8s_conf, health_file))

@@ -10,7 +10,8 @@ for NVML's XID events in the driver helper:
 - The kubelet: a restarted kubelet makes a new ``kubelet.sock`` and empties the directory. A
   socket with a new inode, or an endpoint socket gone, starts every endpoint anew and registers
   it again, so the node's capacity comes back without restarting the plugin.
-- Health: critical XIDs (nvc/k8s/health.py says what makes a device healthy again).
+- Health: critical XIDs (nvc/k8s/health.py says what makes a device healthy again); what the
+  kubelet is told also goes to a small file for ``nvc-py exporter`` (nvc/k8s/published.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from nvc.config import K8s
 from nvc.errors import NvcError
-from nvc.k8s import resources
+from nvc.k8s import published, resources
 from nvc.k8s.health import Health
 from nvc.options import GlobalOptions
 
@@ -47,7 +48,7 @@ def numa_node(bus_id: str) -> int | None:
 class Plugin:
     """The daemon's state: the board the endpoints answer from, the driver helper, the endpoints."""
 
-    def __init__(self, opts: GlobalOptions, k8s: K8s) -> None:
+    def __init__(self, opts: GlobalOptions, k8s: K8s, health_file: str) -> None:
         from nvc.k8s import service
 
         self.service = service
@@ -64,12 +65,28 @@ class Plugin:
         self.register_at = 0.0
         self.failed: tuple[int, int] | None = None  # the kubelet.sock a registration last failed on
         self.watched: list[str] | None = None
+        self.health_file = health_file
+        self.published: published.Published | None = None  # what health_file holds (None: nothing written)
 
     def say(self, topic: str, line: str, level: int = logging.WARNING) -> None:
         """Log ``line`` unless it is what was last said about ``topic``."""
         if self.said.get(topic) != line:
             self.said[topic] = line
             log.log(level, "%s", line)
+
+    def publish(self, **changes: Any) -> None:
+        """Announce a change to the kubelet (:meth:`service.Board.publish`) and to the exporter (the
+        health file, :mod:`nvc.k8s.published`); a file that cannot be written is logged, once."""
+        self.board.publish(**changes)
+        record = published.this_process(tuple(published.ResourceHealth(*c) for c in self.board.counts()))
+        if record is None:
+            return
+        try:
+            published.write(self.health_file, record)
+        except OSError as err:
+            self.say("health-file", f"cannot write {self.health_file}: {err.strerror}")
+            return
+        self.published = record
 
     # ---- NVML ----------------------------------------------------------------------------------
 
@@ -88,16 +105,16 @@ class Plugin:
             self.retry_at = time.monotonic() + self.k8s.nvml_retry
             self.say("nvml", f"NVML unavailable ({err}): advertising no devices; trying again every {self.k8s.nvml_retry} s")
             if not self.board.resources:
-                self.board.publish(resources=resources.plan((), self.k8s._replace(share_gpus=())))
+                self.publish(resources=resources.plan((), self.k8s._replace(share_gpus=())))
             else:
-                self.board.publish(all_unhealthy=True)
+                self.publish(all_unhealthy=True)
             return
         # A configuration that names no GPU of this host is an error (exit), not a driver's failure.
         planned = resources.plan(inv.gpus, self.k8s, numa_node, lambda line: self.say("mig", line))
         self.driver = driver
         self.say("nvml", f"NVML: driver {inv.driver_version}, {len(inv.gpus)} GPUs: "
                  + ", ".join(f"{r.name}={len(r.units)}" for r in planned), logging.INFO)
-        self.board.publish(resources=planned, topology=topology, all_unhealthy=False)
+        self.publish(resources=planned, topology=topology, all_unhealthy=False)
 
     def watch_events(self) -> None:
         """One tick: wait for critical XIDs, then give devices whose quiet period is over their check."""
@@ -125,14 +142,14 @@ class Plugin:
                                  uuid, self.k8s.xid_recovery)
                         changed = True
             if changed:
-                self.board.publish()
+                self.publish()
         except NvcError as err:
             log.error("NVML failed (%s): every device unhealthy until it answers again", err)
             self.stack.close()
             self.driver = None
             self.watched = None
             self.retry_at = time.monotonic() + self.k8s.nvml_retry
-            self.board.publish(all_unhealthy=True)
+            self.publish(all_unhealthy=True)
 
     # ---- the kubelet ---------------------------------------------------------------------------
 
@@ -190,6 +207,8 @@ class Plugin:
         finally:
             self.stop_endpoints()
             self.stack.close()
+            if self.published is not None:
+                published.remove(self.health_file, self.published)
         return 0
 
 
@@ -198,5 +217,5 @@ def _rpc_text(err: Exception) -> str:
     return f"{err.code().name}: {details()}" if callable(details) and callable(getattr(err, "code", None)) else str(err)
 
 
-def run(opts: GlobalOptions, k8s: K8s) -> int:
-    return Plugin(opts, k8s).run()
+def run(opts: GlobalOptions, k8s: K8s, health_file: str | None = None) -> int:
+    return Plugin(opts, k8s, health_file or published.FILE).run()

@@ -64,9 +64,17 @@ class Board:
         with self.changed:
             resource = self.resources.get(name)
             units = resource.units if resource else ()
-            healthy = {u.id: not self.all_unhealthy and self.health.healthy(u) for u in units}
-            return self.version, [pb.Device(ID=u.id, health=resources.HEALTHY if healthy[u.id] else resources.UNHEALTHY,
+            return self.version, [pb.Device(ID=u.id, health=resources.HEALTHY if self._healthy(u) else resources.UNHEALTHY,
                                             topology=_numa(u)) for u in units]
+
+    def counts(self) -> tuple[tuple[str, int, int], ...]:
+        """(name, healthy devices, unhealthy devices) of every resource, as ListAndWatch tells them."""
+        with self.changed:
+            healthy = {name: sum(map(self._healthy, r.units)) for name, r in self.resources.items()}
+            return tuple((name, healthy[name], len(r.units) - healthy[name]) for name, r in self.resources.items())
+
+    def _healthy(self, unit: resources.Unit) -> bool:
+        return not self.all_unhealthy and self.health.healthy(unit)
 
     def wait(self, version: int, timeout: float) -> None:
         with self.changed:
