@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,19 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
     assert shares[2] >= 90
 
 
+def _scrape_while_busy(barrier: Path, url: str) -> list[str]:
+    """The exporter's sharing series, scraped once both containers have been busy for two seconds."""
+    import urllib.request
+
+    deadline = time.monotonic() + 120
+    while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2)
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        text = answer.read().decode()
+    return [line for line in text.splitlines() if line.startswith("nvc_py_share_") and "container_id" in line]
+
+
 def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, program, native_rate, tmp_path):
     """Two containers started through nvc-py-hook on the same GPU, weights 1 and 3 in their env (and
     each its own 4 GiB budget), busy with the FMA kernel at the same time: 25 % and 75 % of one alone
@@ -315,14 +329,24 @@ def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, p
     threads = [threading.Thread(target=lambda w=weight: results.__setitem__(w, runtime.create_start(bundles[w],
                                                                                                    timeout=120)))
                for weight in bundles]
+    exporter = subprocess.Popen([str(SCRIPTS / "nvc-py"), "exporter", "--listen", "127.0.0.1:9499",
+                                 "--hook-log", str(tmp_path / "log1" / "hook.log")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for thread in threads:
             thread.start()
+        series = _scrape_while_busy(barrier, "http://127.0.0.1:9499/metrics")
         for thread in threads:
             thread.join(timeout=180)
     finally:
+        exporter.terminate()
+        exporter.wait(timeout=30)
         if not was_mounted and os.path.ismount(sched):
             subprocess.run(["umount", "-l", str(sched)], check=True)
+    print(f"nvc-py exporter's series while both ran ({Path(runtime.binary).name}):\n" + "\n".join(series))
+    assert len({line.split('container_id="')[1].split('"')[0] for line in series
+                if line.startswith("nvc_py_share_weight{")}) == 2, series
+    assert sum(line.startswith("nvc_py_share_measured_ratio{") for line in series) == 2, series
     shares = {}
     for weight, result in sorted(results.items()):
         print(f"--- {Path(runtime.binary).name}, weight {weight}:\n{result.stdout}{result.stderr}")
