@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from nvc.capabilities import CAPABILITIES
-from nvc.errors import SHOWN_LIMIT, InputError, one_line
-from nvc.untrusted import decimal, read_file
+from nvc.errors import SHOWN_LIMIT, InputError, cut, one_line
+from nvc.untrusted import MAX_DIGITS, decimal, read_file
 
 Check = Callable[[Any], Any]  # a validator of one setting
 
@@ -28,6 +28,7 @@ ENV_VAR = "NVC_PY_CONFIG"
 CACHE_PATH = "/run/nvc-py/config-cache.json"
 MAX_SIZE = 1 << 20  # bytes of configuration text: a real file is a few hundred
 MAX_CACHE_SIZE = 4 * MAX_SIZE  # the text, and its document as JSON
+MAX_INTEGER_TEXT = MAX_DIGITS + 3  # characters of a YAML integer: the digits, a sign and a 0x
 LOG_LEVELS = ("debug", "info", "warning", "error")
 CUDA_COMPAT_MODES = ("disabled", "mount", "ldconfig")
 DEFAULT_RUNTIMES = ("runc", "crun")
@@ -339,10 +340,13 @@ def _store_document(text: str, document: Any) -> None:
 
 
 def _safe_load(text: str, path: str) -> Any:
-    """``yaml.safe_load`` refusing anchors and aliases as it meets them, before any node is built.
+    """``yaml.safe_load`` refusing anchors and aliases as it meets them, before any node is built,
+    and integers longer than :data:`MAX_INTEGER_TEXT` characters before they are converted.
 
-    A configuration has no use for them, and ten nested aliases (450 bytes) expand to a
-    billion nodes for whatever walks the document (validation, the JSON cache).
+    A configuration has no use for anchors, and ten nested aliases (450 bytes) expand to a
+    billion nodes for whatever walks the document (validation, the JSON cache). No setting is a
+    number of more than a few digits, and int() refuses more than 4300 (a traceback) while
+    taking 4000 that would overflow whatever uses them (a float of seconds).
     """
     import yaml
 
@@ -354,6 +358,13 @@ def _safe_load(text: str, path: str) -> Any:
                                  "are not accepted")
             return super().compose_node(parent, index)
 
+        def construct_bounded_int(self, node: Any) -> int:
+            if len(node.value) > MAX_INTEGER_TEXT:
+                raise InputError(f"{path}: line {node.start_mark.line + 1}: {cut(node.value, 20)}: a number of "
+                                 f"more than {MAX_INTEGER_TEXT} characters")
+            return self.construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_bounded_int)
     return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader
 
 

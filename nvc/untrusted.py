@@ -20,7 +20,10 @@ import stat
 from nvc.errors import InputError
 
 
-def decimal(text: str, max_digits: int = 18) -> int | None:
+MAX_DIGITS = 18  # of a number read from text: any such value fits in 64 bits
+
+
+def decimal(text: str, max_digits: int = MAX_DIGITS) -> int | None:
     """The value of ``text`` when it is 1 to ``max_digits`` ASCII digits, else None."""
     if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
         return int(text)
