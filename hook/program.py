@@ -41,10 +41,13 @@ def run() -> None:
 
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
+    Its streams are guarded (:mod:`nvc.stdio`): a closed or full stdout is one line and a status.
     """
     from nvc.loaderenv import restart_without_loader_variables
     from nvc.quickexit import exit_now
+    from nvc.stdio import guarded, reopen_closed
 
+    reopen_closed()  # before the server's socket could become stdout
     restart_without_loader_variables()
     hand_over(sys.argv)  # to a running server's warm worker, when there is one
-    exit_now(main())  # without the interpreter's teardown (a server's SIGTERM ends it as sys.exit does)
+    exit_now(guarded(PROG, main))  # no interpreter teardown (a server's SIGTERM ends it as sys.exit does)

@@ -189,8 +189,10 @@ def run() -> None:
 
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
+    Its streams are guarded (:mod:`nvc.stdio`): a closed or full stdout is one line and a status.
     """
     from nvc.loaderenv import restart_without_loader_variables
+    from nvc.stdio import guarded
 
     restart_without_loader_variables()
-    sys.exit(main())
+    sys.exit(guarded(PROG, main))

@@ -4,7 +4,9 @@ import sys
 
 from nvc.hook.handover import hand_over
 from nvc.loaderenv import restart_without_loader_variables
+from nvc.stdio import reopen_closed
 
+reopen_closed()  # before anything opened (the server's socket, a helper's) could become stdout
 restart_without_loader_variables()  # before any import that may load a shared library
 hand_over(sys.argv)  # to a running server's warm worker (nvc-py-hook serve), when there is one
 

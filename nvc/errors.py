@@ -125,3 +125,11 @@ class PrivilegeError(NvcError):
 
     kind = "permission"
     exit_code = 11
+
+
+class OutputError(NvcError):
+    """What the command prints could not be written (its stdout closed, full or a broken pipe): the
+    caller did not get the result, so the command failed, whatever it did."""
+
+    kind = "output"
+    exit_code = 12

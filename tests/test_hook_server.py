@@ -851,7 +851,8 @@ def raw_fields(argv: list[bytes], env: list[bytes]) -> bytes:
 
 REFUSED = b"refused 2\nnvc-py-hook serve: refused a call: "
 POSTSTART = raw_fields([b"/x/nvc-py-hook", b"poststart"], [])
-BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.scope); its error cannot be written: 1
+BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.scope); its line cannot be written:
+# its status still says what it was (2, a usage error: nvc.stdio drops what stderr refuses)
 
 
 @pytest.mark.parametrize("data, fds, go, go_fds, answers", [
@@ -866,8 +867,8 @@ BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.
     (raw_fields([b"/bin/true"], []), "cwd", b"go", "streams", [REFUSED + b"/bin/true: not one of nvc-py-hook, nvc-py\n"]),
     (POSTSTART, "cwd", b"go", "two", [b"ready", REFUSED + b"truncated message or not 4 descriptors\n"]),
     (POSTSTART, "cwd", b"went", "streams", [b"ready", REFUSED + b"no go\n"]),
-    (BOGUS, "cwd", b"go", "read-only-stderr", [b"ready", b"exit 1"]),
-    (BOGUS, "cwd", b"go", "closed-stderr", [b"ready", b"exit 1"]),
+    (BOGUS, "cwd", b"go", "read-only-stderr", [b"ready", b"exit 2"]),
+    (BOGUS, "cwd", b"go", "closed-stderr", [b"ready", b"exit 2"]),
     (POSTSTART, "cwd", b"go", "streams", [b"ready", b"exit 0"]),
 ], ids=["file-as-cwd", "no-descriptor", "two-descriptors", "truncated", "unterminated", "bad-counts", "not-nvc-py",
         "two-streams", "no-go", "read-only-stderr", "closed-stderr", "well-formed"])

@@ -23,7 +23,7 @@ SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hoo
 # (nvc.share.status, the status command, sits above the rest of nvc.share; nvc.commands.cli, the
 # program, above the commands it runs).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.untrusted", "nvc.quickexit",
+    ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.untrusted", "nvc.stdio", "nvc.quickexit",
                         "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
                         "nvc.config", "nvc.runcache"})),
     ("discover", frozenset({"nvc.discover"})),

@@ -295,7 +295,7 @@ def hook(args: tuple[str, ...]) -> None:
     """The OCI hook (same as nvc-py-hook): prestart|poststart|poststop, OCI state on stdin."""
     from nvc.hook import prestart
 
-    sys.exit(prestart.main(list(args)))
+    click.get_current_context().exit(prestart.main(list(args)))  # its status, once main's stdout is flushed
 
 
 @cli.group("config")
@@ -549,24 +549,30 @@ cli.add_command(_k8s)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI and turn nvc-py errors into one line and an exit code."""
-    try:
-        args = _optional_user_value(sys.argv[1:] if argv is None else argv)
-        status = cli.main(args=args, prog_name="nvc-py", standalone_mode=False)
-        if isinstance(status, int):  # ctx.exit(N) of a command (doctor's 1 when a check failed)
-            return status
+    """Entry point (the console script's and a hook server worker's): the CLI with its streams guarded
+    (:mod:`nvc.stdio`: a closed or full stdout is one line and OutputError's status)."""
+    from nvc import stdio
+
+    return stdio.guarded("nvc-py", lambda: _run(sys.argv[1:] if argv is None else argv))
+
+
+def _run(argv: list[str]) -> int:
+    """Run the CLI; nvc-py's errors and click's usage errors become one line and an exit code."""
+    try:  # ctx.exit(N) (``hook``, doctor's 1 when a check failed) is returned, not raised
+        code = cli.main(args=_optional_user_value(argv), prog_name="nvc-py", standalone_mode=False)
     except NvcError as err:
         click.echo(f"nvc-py: {err}", err=True)
         return err.exit_code
-    except click.exceptions.Exit as done:
-        return done.exit_code
-    except click.ClickException as err:
-        err.show()
-        return err.exit_code
+    except click.ClickException as err:  # usage: one line too, naming where to read more
+        ctx = getattr(err, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        usage = InputError(err.format_message().rstrip(".") + hint)
+        click.echo(f"nvc-py: {usage}", err=True)
+        return usage.exit_code
     except click.exceptions.Abort:
         click.echo("nvc-py: aborted", err=True)
         return 1
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":
