@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from nvc.errors import one_line
+from nvc.untrusted import open_append
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # logging's numbers, without importing it
 MAX_STRING = 1000  # characters of one string field (an error message is cut at as many)
@@ -51,17 +52,28 @@ def write(path: str | None, level: str, failed: bool, **fields: Any) -> None:
     """Append the invocation's line to ``path`` when ``level`` lets it through (failures always do).
 
     A log that cannot be written must not fail the container: the line is dropped and the
-    reason goes to stderr, which the engine shows.
+    reason goes to stderr, which the engine shows. The file is opened without blocking (a FIFO
+    without a reader is such a log, not a wait: :func:`nvc.untrusted.open_append`).
     """
     if path is None or (not failed and LEVELS[level] > LEVELS["info"]):
         return
     data = line(**fields).encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        fd = open_append(path)
     except OSError as err:
-        os.write(2, f"nvc-py-hook: cannot open log {path}: {err.strerror}\n".encode())
+        _warn(f"cannot open log {path}: {err.strerror}")
         return
     try:
         os.write(fd, data)
+    except OSError as err:
+        _warn(f"cannot write log {path}: {err.strerror}")
     finally:
         os.close(fd)
+
+
+def _warn(text: str) -> None:
+    """One line on stderr, unless stderr cannot take it either (closed, full): then it is lost."""
+    try:
+        os.write(2, f"nvc-py-hook: {one_line(text)}\n".encode(errors="backslashreplace"))
+    except OSError:
+        pass

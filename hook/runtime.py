@@ -130,11 +130,18 @@ def report(args: list[str], message: str) -> None:
         line = json.dumps({"level": "error", "msg": message, "time": stamp})
     else:
         line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}"
+    from nvc.untrusted import open_append
+
+    try:  # without blocking: a FIFO there without a reader is no log, not a wait
+        fd = open_append(path, 0o644)
+    except OSError:
+        return  # stderr has it
     try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        os.write(fd, (line + "\n").encode(errors="backslashreplace"))
     except OSError:
         pass  # stderr has it
+    finally:
+        os.close(fd)
 
 
 # runc's and crun's own: nvc-py-runtime says what it is, then the runtime it execs answers too.

@@ -11,14 +11,17 @@ environment may reach a hook (CVE-2025-23266).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import subprocess
 import sysconfig
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nvc.errors import InputError
+from nvc.errors import InputError, shown
+from nvc.untrusted import file_problem, make_directory, read_file
 
 if TYPE_CHECKING:
     from nvc.hook.hooksdirs import Engine
@@ -37,6 +40,7 @@ PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_DROP_IN = "/etc/containerd/conf.d/99-nvc-py.toml"
 CRI_PLUGIN_NAME = "io.containerd.grpc.v1.cri"
+MAX_TOML_SIZE = 1 << 20  # bytes of containerd's configuration: a real one is a few KiB
 
 
 def script_path(name: str) -> str:
@@ -80,17 +84,17 @@ def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
     return {"version": "1.0.0", "hook": oci_hook(stage, config_path), "when": {"always": True}, "stages": [stage]}
 
 
-def _directory(path: str) -> None:
-    """``path``'s directory, created where missing; a one-line InputError where it cannot be."""
-    directory = os.path.dirname(path) or "."
-    if os.path.isdir(directory):
-        return
-    if os.path.lexists(directory):
-        raise InputError(f"{directory}: not a directory (cannot write {path})")
+def _not_replaceable(path: str) -> str | None:
+    """Why the file at ``path`` must not be replaced by a rename: a directory (the rename would fail),
+    a FIFO, device or socket (``--output /dev/null`` never means "make /dev/null a file"). A symlink
+    is replaced, never followed."""
     try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"{directory}: cannot create directory: {err.strerror}") from None
+        st = os.lstat(path)
+    except OSError:
+        return None  # missing, or a path the open below refuses with its reason
+    if stat.S_ISDIR(st.st_mode):
+        return os.strerror(errno.EISDIR)
+    return None if stat.S_ISLNK(st.st_mode) else file_problem(st, max_size=st.st_size)
 
 
 def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
@@ -100,9 +104,10 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
     staged: list[tuple[str, str]] = []
     try:
         for path, text in texts.items():
-            _directory(path)
-            if os.path.isdir(path) and not os.path.islink(path):  # the one rename that would fail
-                raise InputError(f"{path}: cannot write: Is a directory")
+            make_directory(os.path.dirname(path) or ".", f" (cannot write {path})")
+            problem = _not_replaceable(path)
+            if problem:
+                raise InputError(f"{path}: cannot write: {problem}")
             tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -114,6 +119,9 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
                     os.fsync(f.fileno())
             except OSError as err:
                 raise InputError(f"{path}: cannot write: {err.strerror}") from None
+            except UnicodeEncodeError as err:  # a name given in bytes that are not UTF-8
+                raise InputError(f"{path}: cannot write: {shown(err.object[err.start:err.end])} is not "
+                                 "UTF-8 text") from None
         for tmp, path in staged:
             try:
                 os.replace(tmp, path)
@@ -289,15 +297,19 @@ def set_server_start(config_path: str | None, enabled: bool) -> str | None:
 
 
 def _read_toml(path: str) -> Any:
+    """containerd's configuration at ``path``: read without blocking and bounded (untrusted.read_file),
+    UTF-8, valid TOML; a missing file is an empty document."""
     import tomlkit
 
     try:
-        with open(path, encoding="utf-8") as f:
-            return tomlkit.parse(f.read())
+        raw, _ = read_file(path, MAX_TOML_SIZE)
+        return tomlkit.parse(raw.decode())
     except FileNotFoundError:
         return tomlkit.document()
     except OSError as err:
         raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text") from None
     except tomlkit.exceptions.TOMLKitError as err:
         raise InputError(f"{path}: not valid TOML ({err})") from None
 

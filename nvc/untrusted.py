@@ -1,4 +1,5 @@
-"""Reading what others wrote: bounded files, files they may have replaced, ASCII decimal numbers.
+"""Reading what others wrote: bounded files, files they may have replaced, ASCII decimal numbers,
+paths a user named for a log or a directory.
 
 A container image's environment, an OCI state or spec and the configuration file reach nvc-py
 as text it does not control. ``str.isdigit()`` accepts ``²`` and other Unicode digits that
@@ -10,6 +11,10 @@ A file that an image or a container may have replaced is first opened with O_PAT
 opens no FIFO or device: no driver open, no blocking), checked from its fstat (type, owner,
 size) and only then reopened for reading through /proc/self/fd, which names the very inode
 checked, so nothing can be swapped in between (:func:`read_checked`).
+
+A path named for a log (``--debug``, the configuration's ``log.file``, a runtime's ``--log``) is
+opened non-blocking (:func:`open_append`): a FIFO without a reader is an error at once, not a wait
+for one; a pipe with a reader, a terminal or /dev/stderr are what the user chose.
 """
 
 from __future__ import annotations
@@ -109,3 +114,25 @@ def read_file(path: str, limit: int, *, follow: bool = True) -> tuple[bytes, os.
     if len(data) > limit:  # grew while read
         raise InputError(f"{path}: larger than {limit} bytes")
     return data, st
+
+
+def open_append(path: str, mode: int = 0o640) -> int:
+    """A blocking descriptor appending to ``path`` (created with ``mode`` where missing), opened
+    without blocking (see the module's docstring); OSError goes to the caller."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, mode)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def make_directory(path: str, purpose: str = "") -> None:
+    """The directory ``path``, created where missing; an InputError naming what is there instead
+    (``purpose`` added: what the directory was for), or why it cannot be made (a component too
+    long, a file on the way, a read-only file system)."""
+    if os.path.isdir(path):
+        return
+    if os.path.lexists(path):
+        raise InputError(f"{path}: not a directory{purpose}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{path}: cannot create directory: {err.strerror}") from None
