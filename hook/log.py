@@ -61,12 +61,12 @@ def write(path: str | None, level: str, failed: bool, **fields: Any) -> None:
     try:
         fd = open_append(path)
     except OSError as err:
-        _warn(f"cannot open log {path}: {err.strerror}")
+        _warn(f"warning: cannot open log {path}: {err.strerror}")
         return
     try:
         os.write(fd, data)
     except OSError as err:
-        _warn(f"cannot write log {path}: {err.strerror}")
+        _warn(f"warning: cannot write log {path}: {err.strerror}")
     finally:
         os.close(fd)
 

@@ -17,9 +17,9 @@ pointed there (:data:`BASE`; an option this table does not know whose default is
 gets a scratch path too, never the host's), under a 2 GiB address-space limit (an unbounded
 read dies instead of filling the machine), in a session of its own that must be empty when it ends.
 
-The rules (:func:`check`): no traceback; an exit status among nvc/errors.py's (0, 2 to 12); on
-failure exactly one line on stderr, naming the program; on success none (the hook's log warnings
-aside); ``--help``/``--version`` and every command whose normal run prints something fail with
+The rules (:func:`check`): no traceback; an exit status among nvc/errors.py's (0, 2 to 12; doctor's
+1 is its answer, :data:`VERDICTS`); on failure exactly one line on stderr, naming the program; on
+success none, or one warning (the hook's log, a hooks directory the engine does not read); ``--help``/``--version`` and every command whose normal run prints something fail with
 :class:`~nvc.errors.OutputError`'s status when stdout is closed or full. Daemons (the device plugin,
 the hook server) that accept a value are stopped with SIGTERM after :data:`DAEMON_S` and must end
 with a stable status (0, or 12 where their debug log was lost). The base invocation of every command
@@ -62,6 +62,7 @@ MEMORY_KIB = 2 << 20  # each case's address space (ulimit -v)
 WORKERS = 6  # cases at once (each mostly an interpreter's start)
 DAEMON_WORKERS = 16  # daemons at once: mostly waiting to be stopped
 OUTPUT_CODE = errors.OutputError.exit_code
+WARNING = re.compile(r"(nvc-py(-hook|-runtime)?: )?warning: ")  # the one line a success may print on stderr
 
 
 def _codes(kind: type[errors.NvcError]) -> set[int]:
@@ -135,9 +136,9 @@ class Case:
     stdin: Callable[[Scratch], bytes] = lambda s: b""
     stdout: str = "pipe"  # pipe, closed, full, both-closed (stdout and stderr), stdin-closed
     daemon: bool = False  # may run until stopped
+    verdict: bool = False  # status 1 with nothing on stderr is an answer (VERDICTS)
     must_fail_output: bool = False  # stdout closed/full must give OutputError's status
     must_succeed: bool = False  # a base invocation
-    warn_ok: bool = False  # success may carry one warning line (the hook's log)
     prints: bool = False  # filled in from the base run: the command's normal run prints
     setup: Callable[[Scratch], None] = lambda s: None
 
@@ -235,22 +236,23 @@ def check(outcome: Outcome) -> list[str]:
     problems = list(outcome.problems)
     if "Traceback" in err:
         problems.append("traceback")
-    if code not in STABLE_CODES:
+    answer = case.verdict and code == 1 and not err
+    if code not in STABLE_CODES and not answer:
         problems.append(f"exit status {code} not one of nvc/errors.py's")
     lines = err.splitlines()
     if outcome.stopped:  # a daemon's log is on stderr; its status 0, or 12 where its debug log was lost
         return problems
-    if code and case.stdout != "both-closed":
+    if code and case.stdout != "both-closed" and not answer:
         if len(lines) != 1 or not err.endswith("\n"):
             problems.append(f"{len(lines)} lines on stderr, not one")
         elif not lines[0].startswith(("nvc-py: ", "nvc-py-hook: ", "nvc-py-runtime: ")):
             problems.append("the line does not name the program")
-    if code == 0 and lines and not (case.warn_ok and len(lines) == 1):
+    if code == 0 and lines and not (len(lines) == 1 and WARNING.match(lines[0])):
         problems.append(f"{len(lines)} lines on stderr on success")
     output_lost = case.stdout in ("closed", "full", "both-closed") and (case.must_fail_output or case.prints)
     if output_lost and code != OUTPUT_CODE:
         problems.append(f"exit status {code} with its output lost, not {OUTPUT_CODE}")
-    if case.must_succeed and code != 0:
+    if case.must_succeed and code != 0 and not answer:
         problems.append(f"the base invocation failed (exit status {code})")
     return problems
 
@@ -321,6 +323,7 @@ def write_base_config(tmp_path: Path, root: Path) -> None:
 BASE: dict[tuple[str, ...], Callable[[Scratch], str]] = {
     ("config_path",): lambda s: str(s.config),
     ("setup", "containerd", "config_path"): lambda s: s.path("containerd.toml"),
+    ("setup", "docker", "config_path"): lambda s: s.path("daemon.json"),
     ("path",): lambda s: str(s.config),
     ("hooks_dir",): lambda s: s.path("hooks.d"),
     ("unit_dir",): lambda s: s.path("units"),
@@ -332,6 +335,7 @@ BASE: dict[tuple[str, ...], Callable[[Scratch], str]] = {
 }
 BASE_FLAGS = {("configure",): ["--dry-run"]}  # standalone configure would mount into the scratch rootfs
 DAEMONS = {("k8s", "device-plugin")}
+VERDICTS = {("doctor",)}  # status 1 is their answer ("a check failed"), said on stdout, not an error
 SKIPPED = {("hook",)}  # nvc-py-hook's stages: test_hook_stages
 PATH_METAVARS = ("PATH", "DIR", "FILE", "ROOTFS")
 
@@ -350,13 +354,19 @@ def _takes_value(param: click.Parameter) -> bool:
     return not (isinstance(param, click.Option) and (param.is_flag or param.count)) and param.name is not None
 
 
+def _scratch(scratch: Scratch, name: str, directory: bool) -> str:
+    if directory:
+        (scratch.dir / name).mkdir(exist_ok=True)
+    return scratch.path(name)
+
+
 def _base_value(words: tuple[str, ...], param: click.Parameter) -> Callable[[Scratch], str] | None:
     for key in ((*words, param.name), (param.name,)):
         if key in BASE:
             return BASE[key]
     default = param.default if not callable(param.default) else None
-    if isinstance(default, str) and default.lstrip("@").startswith("/"):
-        return lambda s, name=param.name: s.path(f"default-{name}")
+    if isinstance(default, str) and default.lstrip("@").startswith("/"):  # a directory for a directory
+        return lambda s, name=param.name, d=os.path.isdir(default): _scratch(s, f"default-{name}", d)
     if param.required:
         return lambda s, name=param.name: s.path(name)
     return None
@@ -425,21 +435,20 @@ def nvc_py_cases() -> tuple[list[Case], list[Case]]:
                                  must_fail_output=mode != "pipe"))
     for words, command in leaves:
         label = " ".join(("nvc-py", *words))
-        daemon = words in DAEMONS
+        kind = {"daemon": words in DAEMONS, "verdict": words in VERDICTS}
         plain = lambda s, w=words, c=command: _argv(w, c, s, None)  # noqa: E731
-        bases.append(Case(label, plain, daemon=daemon, must_succeed=not daemon))
+        bases.append(Case(label, plain, must_succeed=not kind["daemon"], **kind))
         for mode in ("closed", "full", "both-closed", "stdin-closed"):
-            rest.append(Case(f"{label} | {mode}", plain, stdout=mode, daemon=daemon))
+            rest.append(Case(f"{label} | {mode}", plain, stdout=mode, **kind))
         for param in _value_params(command):
             for value_name, value in _values(param).items():
                 rest.append(Case(f"{label} {param.name}={value_name}",
-                                 lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, (p, v(s))),
-                                 daemon=daemon))
+                                 lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, (p, v(s))), **kind))
         for param in _value_params(cli):  # the global options, before every command
             for value_name, value in _values(param).items():
                 rest.append(Case(f"nvc-py --{param.name}={value_name} {' '.join(words)}",
                                  lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, None, (p, v(s))),
-                                 daemon=daemon))
+                                 **kind))
     return bases, rest
 
 
@@ -616,8 +625,7 @@ def config_cases() -> tuple[list[Case], list[Case]]:
         for text_name, text in texts.items():
             def setup(s: Scratch, t: Callable[[Scratch], str] = text) -> None:
                 s.config.write_text(t(s))
-            rest.append(Case(f"{reader} with {text_name}", argv, stdin=_state, daemon=daemon, setup=setup,
-                             warn_ok=reader == "hook prestart"))
+            rest.append(Case(f"{reader} with {text_name}", argv, stdin=_state, daemon=daemon, setup=setup))
         for value_name, value in PATH_VALUES.items():
             rest.append(Case(f"{reader} with NVC_PY_CONFIG={value_name}", argv, stdin=_state, daemon=daemon,
                              env=lambda s, v=value: {"NVC_PY_CONFIG": os.fsdecode(v(s))}))

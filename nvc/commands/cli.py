@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from nvc import __version__
-from nvc.errors import InputError, NvcError
+from nvc.errors import InputError, NvcError, one_line
 from nvc.options import GlobalOptions, parse_user
 
 if TYPE_CHECKING:
@@ -389,9 +389,9 @@ def _hooks_command(engine_name: str, summary: str) -> None:
         config_path = _config_file(config_path)
         done, warnings = engines.install_hooks(engine, hooks_dir, config_path)
         _echo_lines(done)
-        for line in warnings:
-            click.echo(f"warning: {line}", err=True)
         _setup_server(no_server, unit_dir, config_path, systemctl)
+        for line in warnings:  # once all is done: a failure is its one line alone
+            click.echo(f"warning: {one_line(line)}", err=True)
 
 
 _hooks_command("podman", "Install the hooks.d files that run nvc-py-hook at prestart and poststop where podman "
