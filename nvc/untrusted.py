@@ -136,3 +136,17 @@ def make_directory(path: str, purpose: str = "") -> None:
         os.makedirs(path, exist_ok=True)
     except OSError as err:
         raise InputError(f"{path}: cannot create directory: {err.strerror}") from None
+
+
+def directory_or_missing(path: str, option: str = "") -> None:
+    """Nothing when ``path`` is a directory or is missing (nothing there yet); an InputError naming
+    what is there instead (``option``: the option that named it), or why it cannot be looked at (a
+    name too long, no permission), never a traceback."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise InputError(f"{path}: {err.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: {option + ' is ' if option else ''}not a directory")

@@ -332,9 +332,14 @@ BASE: dict[tuple[str, ...], Callable[[Scratch], str]] = {
     ("state_dir",): lambda s: s.path("share"),
     ("device_plugin_dir",): lambda s: s.path("device-plugins"),
     ("rootfs",): lambda s: s.path("rootfs"),
+    ("listen",): lambda s: f"unix:{s.path('metrics.sock')}",  # the exporter's: no port shared between cases
 }
 BASE_FLAGS = {("configure",): ["--dry-run"]}  # standalone configure would mount into the scratch rootfs
-DAEMONS = {("k8s", "device-plugin")}
+DAEMONS = {("k8s", "device-plugin"), ("exporter",)}
+# Where every hostile value of the global options is tried (the group reads --debug for all; a driver
+# command and the device plugin resolve --root, --ldcache and --user, each its own way); every other
+# command gets the first value of each.
+ALL_GLOBAL_VALUES = {("list",), ("k8s", "device-plugin")}
 VERDICTS = {("doctor",)}  # status 1 is their answer ("a check failed"), said on stdout, not an error
 SKIPPED = {("hook",)}  # nvc-py-hook's stages: test_hook_stages
 PATH_METAVARS = ("PATH", "DIR", "FILE", "ROOTFS")
@@ -444,8 +449,9 @@ def nvc_py_cases() -> tuple[list[Case], list[Case]]:
             for value_name, value in _values(param).items():
                 rest.append(Case(f"{label} {param.name}={value_name}",
                                  lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, (p, v(s))), **kind))
-        for param in _value_params(cli):  # the global options, before every command
-            for value_name, value in _values(param).items():
+        for param in _value_params(cli):  # the global options: one value before every command, all before some
+            values = list(_values(param).items())
+            for value_name, value in values if words in ALL_GLOBAL_VALUES else values[:1]:
                 rest.append(Case(f"nvc-py --{param.name}={value_name} {' '.join(words)}",
                                  lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, None, (p, v(s))),
                                  **kind))

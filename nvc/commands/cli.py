@@ -531,17 +531,10 @@ def share() -> None:
               help="Where the hook keeps the per-container sharing directories.")
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
-    import stat
-
     from nvc.share import status as sharestatus
+    from nvc.untrusted import directory_or_missing
 
-    try:
-        if not stat.S_ISDIR(os.stat(state_dir).st_mode):
-            raise InputError(f"{state_dir}: not a directory")
-    except FileNotFoundError:
-        pass  # no container shares a GPU
-    except OSError as err:  # a name too long, a file on the way, no permission
-        raise InputError(f"{state_dir}: {err.strerror}") from None
+    directory_or_missing(state_dir)  # missing: no container shares a GPU
     containers = sharestatus.status(state_dir)
     click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
 

@@ -30,12 +30,11 @@ def exporter(ctx: click.Context, listen: str, state_dir: str, hook_log: str | No
     import os
 
     from nvc import config
-    from nvc.errors import InputError
     from nvc.exporter import serve
+    from nvc.untrusted import directory_or_missing
 
     where = serve.parse_listen(listen)
-    if os.path.lexists(state_dir) and not os.path.isdir(state_dir):  # missing: no container shares a GPU yet
-        raise InputError(f"{state_dir}: --state-dir is not a directory")
+    directory_or_missing(state_dir, "--state-dir")  # missing: no container shares a GPU yet
     given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given)
     from nvc.exporter.collector import Collector, Sources
     from nvc.exporter.nvml import GpuMemoryCache
