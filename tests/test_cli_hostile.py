@@ -10,7 +10,7 @@ Each is run with a table of hostile values: numbers of 4000 digits (int() takes 
 numbers, made in the case's directory), a directory or a binary file where a file is expected,
 text with a newline and a terminal escape, bytes that are not UTF-8; and every program's output
 with its stdout closed (``>&-``) or full (``> /dev/full``), its stderr too or its stdin closed (the
-closed cases run the Python program behind a native front: :func:`python_program` says why).
+closed cases run through the native fronts, which pass a closed stream on read-only).
 
 Every case runs in a directory of its own, with every path option the command would write to
 pointed there (:data:`BASE`; an option this table does not know whose default is an absolute path
@@ -157,8 +157,6 @@ class Outcome:
 def _run(case: Case, scratch: Scratch) -> Outcome:
     """Run ``case`` in its own session and directory, bounded in time and memory."""
     argv = [os.fsencode(a) for a in case.argv(scratch)]
-    if case.stdout in ("closed", "both-closed", "stdin-closed"):
-        argv[0] = os.fsencode(python_program(os.fsdecode(argv[0])))
     redirect = {"closed": " >&-", "both-closed": " >&- 2>&-", "stdin-closed": " <&-"}.get(case.stdout, "")
     shell = [b"/bin/sh", b"-c", f'ulimit -v {MEMORY_KIB}; exec "$@"{redirect}'.encode(), b"sh", *argv]
     env = {**os.environ, "NVC_PY_CONFIG": str(scratch.config),
@@ -193,14 +191,6 @@ def _run(case: Case, scratch: Scratch) -> Outcome:
     if left:
         problems.append(f"left running: {left}")
     return Outcome(case, proc.returncode, out or b"", err or b"", time.monotonic() - started, stopped, problems)
-
-
-def python_program(script: str) -> str:
-    """The Python program behind ``script``'s native front (make install's NAME-python beside it),
-    else ``script`` itself. The front passes a closed stream on as /dev/null opened read-write
-    (native/client/hook_client.c), where writes succeed: the closed cases run the program itself."""
-    beside = os.path.realpath(script) + "-python"
-    return beside if os.path.exists(beside) else script
 
 
 def _session_left(sid: int, wait_s: float = 2.0) -> list[str]:
@@ -652,8 +642,6 @@ def test_lost_output_says_so(tmp_path: Path, argv: list[str], mode: str, reason:
     """stdout full or closed: OutputError's line and status (see nvc/stdio.py), for each program."""
     write_base_config(tmp_path, tmp_path)
     prog = Path(argv[0]).name
-    if mode == "closed":
-        argv = [python_program(argv[0]), *argv[1:]]
     with open("/dev/full", "wb") as full:
         result = subprocess.run(["/bin/sh", "-c", 'exec "$@" >&-', "sh", *argv] if mode == "closed" else argv,
                                 stdout=full, stderr=subprocess.PIPE, text=True, timeout=BOUND_S,

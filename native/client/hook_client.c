@@ -316,9 +316,11 @@ int main(int argc, char **argv)
     /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
     if (is_serve(argc, argv))
         fall_back(argv);
-    /* A stream the runtime left closed is passed as /dev/null, never as another open file. */
+    /* A stream the runtime left closed is passed as /dev/null, never as another open file; read-only,
+     * so a write to it fails as on the closed descriptor and the program says it lost its output
+     * (nvc/stdio.py), where it runs. */
     for (int fd = 0; fd < 3; fd++)
-        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDONLY) != fd)
             fall_back(argv);
 
     const char *path = getenv("NVC_PY_HOOK_SOCKET");
