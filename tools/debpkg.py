@@ -231,7 +231,9 @@ def build(version: str, out: Path, maintainer: str, pip_cache: Path) -> Path:
     finish(root, source, version, maintainer, epoch, commit)
     arch = run(["dpkg", "--print-architecture"]).stdout.strip()
     deb = out / f"{PACKAGE}_{version}_{arch}.deb"
-    run(["dpkg-deb", "--root-owner-group", "--build", root, deb], env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)})
+    # xz: what every dpkg and lintian reads (Ubuntu's dpkg-deb would choose zstd, which Debian 12's cannot)
+    run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", root, deb],
+        env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)})
     return deb
 
 
