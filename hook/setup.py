@@ -181,7 +181,7 @@ def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str
     done = [f"wrote {path}" for path in texts]
     legacy = os.path.normpath(hooksdirs.LEGACY_HOOKS_DIR)
     if legacy not in resolved.dirs and os.path.normpath(target) != legacy:
-        done += [f"{line} (moved to {target})" for line in _remove_ours([legacy])]
+        done += [f"{line} (moved to {target})" if line.endswith(".json") else line for line in _remove_ours([legacy])]
     warnings = [] if os.path.normpath(target) in resolved.dirs else \
         [f"{hooksdirs.described(engine, resolved)}: it will not read {target}"]
     return done, warnings

@@ -49,7 +49,6 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # the distribution's: what Depends names
 DEBIAN = Path("deploy/debian")  # in the source tree: maintainer scripts, logrotate, lintian overrides, lock
 LOCK = DEBIAN / "python-lock.txt"
 MAINTAINER = "nvc-py developers <dev@nvc-py.invalid>"
-UNIT_DIR = "lib/systemd/system"
 DEVICE_PLUGIN_UNIT = Path("deploy/systemd/nvc-py-device-plugin.service")
 STATIC_FILES = {  # source (under DEBIAN) -> path in the package
     "postinst": "DEBIAN/postinst", "prerm": "DEBIAN/prerm", "postrm": "DEBIAN/postrm",
@@ -269,6 +268,14 @@ def stage(source: Path, root: Path, scratch: Path, pip_cache: Path) -> None:
     run([python, "-I", "-m", "compileall", "-q", f"{VENV}/lib"])  # what postinst does must succeed
 
 
+def unit_dir() -> str:
+    """Where the distribution's packages put systemd units: /lib/systemd/system (Debian 12), or
+    /usr/lib/systemd/system where dpkg diverts /lib to protect the merged /usr's aliases (Ubuntu
+    24.04; a package's /lib would be registered as the diversion, and a purge would take that)."""
+    moved = run(["dpkg-divert", "--truename", "/lib"]).stdout.strip() != "/lib"
+    return "usr/lib/systemd/system" if moved else "lib/systemd/system"
+
+
 def files(source: Path, root: Path) -> None:
     """Run by the staged environment's interpreter (nvc importable): the hooks.d files, units,
     bash completion and configuration file, each from the code that makes or reads them."""
@@ -276,7 +283,7 @@ def files(source: Path, root: Path) -> None:
     from nvc.hook import hooksdirs, setup
 
     texts = setup.hook_files(str(root / hooksdirs.DEFAULT_HOOKS_DIR.lstrip("/")))
-    units = root / UNIT_DIR
+    units = root / unit_dir()
     texts[str(units / setup.SOCKET_UNIT)] = setup.socket_unit()
     texts[str(units / setup.SERVER_UNIT)] = setup.server_unit()
     texts[str(units / DEVICE_PLUGIN_UNIT.name)] = (source / DEVICE_PLUGIN_UNIT).read_text()
