@@ -118,7 +118,7 @@ say systemctl-remove; cat systemctl.log
 say purge-refused
 if apt purge nvc-py; then echo "purged with sharing state"; exit 1; fi
 dpkg-query -W -f='${Status}\n' nvc-py
-test -f /run/nvc-py/share/ctr-1/limits
+test -f /run/nvc-py/share/ctr-1/limits && test -f /etc/nvc-py/no-server && ! test -e /etc/nvc-py/config.yaml
 rm -r /run/nvc-py/share/ctr-1
 say purge; apt purge nvc-py
 rm -r /run/systemd /usr/bin/systemctl
@@ -254,7 +254,8 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     calls = out.split("== systemctl-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
     assert calls[0] == "stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service", calls
     refused = out.split("== purge-refused\n", 1)[1]
-    assert "nvc-py: not purged: /run/nvc-py/share holds the GPU-sharing state of containers (ctr-1 )" in refused
+    assert "nvc-py: not purged: /run/nvc-py/share holds the GPU-sharing state of containers (ctr-1); run" in refused
+    assert "install ok config-files" in refused  # dpkg removed the configuration file, the rest waits
     assert out.rstrip().endswith("== purged"), out
 
     after = _tree(root)

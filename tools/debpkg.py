@@ -298,8 +298,8 @@ def files(source: Path, root: Path) -> None:
 
 
 def finish(root: Path, source: Path, version: str, maintainer: str, epoch: int, commit: str) -> None:
-    """Outside the namespace: the environment tidied, links made relative, native programs stripped,
-    the static and generated files, modes and times, then DEBIAN/."""
+    """Outside the namespace: the environment tidied, links made relative, the static and generated
+    files, modes and times, then DEBIAN/."""
     libdir = root / LIBDIR.lstrip("/")
     venv = libdir / "venv"
     for cache in sorted(root.rglob("__pycache__")):
@@ -313,7 +313,7 @@ def finish(root: Path, source: Path, version: str, maintainer: str, epoch: int, 
     for direct in site.glob("*.dist-info/direct_url.json"):  # the build's source path
         direct.unlink()
     for link in [p for p in root.rglob("*") if p.is_symlink() and os.path.isabs(os.readlink(p))]:
-        target = os.readlink(link)  # within /usr: relative, as Debian's policy wants
+        target = os.readlink(link)  # all within /usr: relative, as Debian's policy wants
         link.unlink()
         link.symlink_to(os.path.relpath(target, "/" + str(link.parent.relative_to(root))))
     for name, dest in STATIC_FILES.items():

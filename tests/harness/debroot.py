@@ -11,6 +11,7 @@ whatever the test binds), optionally a pid namespace of their own, which vanish 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shlex
 import shutil
@@ -59,14 +60,12 @@ def base_root(root: Path, include: str, suite: str = SUITE, mirror: str = MIRROR
 
 
 def copy_tree(dest: Path) -> None:
-    """The working tree as git sees it (tracked and untracked files, not ignored build outputs)."""
-    files = run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"], 60).stdout
-    dest.mkdir(parents=True)
-    for name in filter(None, files.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
+    """The working tree as git sees it (tracked and untracked files, not ignored build outputs), as
+    ``make deb`` copies it (tools/debpkg.py)."""
+    spec = importlib.util.spec_from_file_location("debpkg", REPO / "tools" / "debpkg.py")
+    debpkg = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(debpkg)  # type: ignore[union-attr]
+    debpkg.copy_tree(REPO, dest)
 
 
 def chroot(root: Path, script: str, timeout: int, binds: Sequence[tuple[Path, str]] = (),
