@@ -25,7 +25,7 @@ PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
 # prometheus: the exporter's acceptance test runs a server of its own (tests/test_exporter.py).
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
-	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus
+	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus lintian
 # Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it
 # only in its kernel-versioned linux-tools): the tests that use them skip without them.
 APT_OPTIONAL := bpftool
@@ -36,8 +36,16 @@ CMD ?=
 # `make uninstall PURGE=1` also removes the log and /etc/nvc-py.
 PURGE ?=
 
+# The Debian package (make deb): its version (DEB_VERSION=... builds another: the tests build a lower
+# one to upgrade from), where it is built, and what building it needs besides make and git: the
+# compiler and headers for the native code and python-prctl (no wheel), the venv module, dpkg-dev.
+DEB_VERSION ?= $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' nvc/__init__.py)
+DEB_DIR ?= dist
+DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
+DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
+
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu demo try uninstall \
-	print-test-python clean k8s-api
+	print-test-python clean k8s-api deb deb-deps deb-lock
 
 all: build
 
@@ -139,12 +147,11 @@ demo: deps build
 try: build
 	$(ENV_PYTHON) demo/try.py $(if $(CMD),--command '$(value CMD)')
 
-## uninstall: what make install and `nvc-py setup ...` put on the host (PURGE=1: the log and /etc/nvc-py too)
+## uninstall: what make install, `nvc-py setup ...` and `cdi generate --output` put on the host (hook/maintainer.py's
+## unregister, as the Debian package's removal; PURGE=1: the log and /etc/nvc-py too)
 uninstall:
-	-[ -x $(LIBDIR)/nvc-py-python ] && for what in "podman" "containerd" "docker" "server"; do \
-		$(LIBDIR)/nvc-py-python setup $$what --remove; done
-	for f in /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; do \
-		[ -f "$$f" ] && grep -qF '$(LIBDIR)/nvc-py-hook' "$$f" && rm -v "$$f"; done; true
+	-[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer unregister; \
+		[ -x $(LIBDIR)/nvc-py-python ] && $(LIBDIR)/nvc-py-python setup server --remove
 	for name in nvc-py nvc-py-hook nvc-py-runtime; do \
 		for link in $(BINDIR)/$$name "$(SCRIPTS_DIR)/$$name"; do \
 			[ "$$(readlink "$$link")" = $(LIBDIR)/$$name ] && rm -v "$$link"; done; done; true
@@ -152,10 +159,22 @@ uninstall:
 	rm -rf $(LIBDIR) /run/nvc-py/config-cache.json /run/nvc-py/ldconfig-seccomp.bpf
 	$(if $(PURGE),rm -rf /var/log/nvc-py.log /etc/nvc-py)
 
+## deb: $(DEB_DIR)/nvc-py_$(DEB_VERSION)_ARCH.deb for the distribution this runs on, as root (tools/debpkg.py;
+## README, Install); the host's /usr/lib/nvc-py is left as it is
+deb: deb-deps
+	/usr/bin/python3 tools/debpkg.py build --version '$(DEB_VERSION)' --out $(DEB_DIR) --pip-cache $(DEB_PIP_CACHE)
+
+deb-deps:
+	@$(MAKE) --no-print-directory apt-deps APT_PACKAGES="$(DEB_BUILD_PACKAGES)" APT_OPTIONAL=
+
+## deb-lock: deploy/debian/python-lock.txt again, from the newest releases that satisfy setup.cfg
+deb-lock:
+	/usr/bin/python3 tools/debpkg.py lock
+
 ## k8s-api: regenerate nvc/k8s/api_pb2.py and api_pb2_grpc.py from api.proto (grpcio-tools, a test requirement)
 k8s-api:
 	$(ENV_PYTHON) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. nvc/k8s/api.proto
 
 clean:
 	$(MAKE) -C native clean
-	rm -rf build *.egg-info .pytest_cache
+	rm -rf build *.egg-info .pytest_cache $(DEB_DIR)

@@ -27,6 +27,9 @@ from nvc.hook.setup import (FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYS
                             remove_files, script_path, write_files)
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
+DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)
+GPUS_HOOK_DIR = "/usr/bin"  # where setup docker links GPUS_HOOK by default (--gpus-hook-dir)
+RUNTIME_NAME = "nvc-py"  # setup docker's --runtime-name
 RUNTIMES = "runtimes"
 DEFAULT_RUNTIME = "default-runtime"
 MAX_DAEMON_JSON = 1 << 20  # bytes

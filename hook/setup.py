@@ -133,6 +133,28 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
                 os.unlink(tmp)
 
 
+def remove_files_and_dirs(paths: list[str]) -> list[str]:
+    """:func:`remove_files`, then the directories of the files it removed and their parents, each
+    removed while it is empty (never a top-level one such as /etc): those :func:`write_files` made
+    where an engine had none (/etc/containerd/conf.d, /etc/containers/oci/hooks.d, /etc/cdi).
+    Returns a "removed PATH" line each."""
+    present = [path for path in paths if os.path.lexists(path)]
+    return remove_files(present) + _remove_empty_dirs(present)
+
+
+def _remove_empty_dirs(files: list[str]) -> list[str]:
+    done = []
+    for directory in sorted({os.path.dirname(os.path.abspath(f)) for f in files}, key=len, reverse=True):
+        while directory.count("/") > 1:
+            try:
+                os.rmdir(directory)
+            except OSError:  # missing, not empty (or removed above): left as it is
+                break
+            done.append(f"removed {directory}")
+            directory = os.path.dirname(directory)
+    return done
+
+
 def remove_files(paths: list[str]) -> list[str]:
     """Remove those of ``paths`` that exist; returns a "removed PATH" line each."""
     done = []
@@ -147,6 +169,12 @@ def remove_files(paths: list[str]) -> list[str]:
     return done
 
 
+def hook_files(target: str, config_path: str | None = None) -> dict[str, str]:
+    """The hooks.d files (path in ``target``: text), as setup and the Debian package install them."""
+    return {os.path.join(target, name): json.dumps(podman_hook(stage, config_path), indent=2) + "\n"
+            for stage, name in PODMAN_HOOK_FILES.items()}
+
+
 def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str | None = None,
                   env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
     """Write the hooks.d files (prestart and poststop) where ``engine`` reads them (nvc.hook.hooksdirs),
@@ -156,29 +184,33 @@ def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str
 
     resolved = hooksdirs.resolve(engine, env)
     target = hooks_dir or resolved.target
-    texts = {os.path.join(target, name): json.dumps(podman_hook(stage, config_path), indent=2) + "\n"
-             for stage, name in PODMAN_HOOK_FILES.items()}
+    texts = hook_files(target, config_path)
     write_files(texts)
     done = [f"wrote {path}" for path in texts]
     legacy = os.path.normpath(hooksdirs.LEGACY_HOOKS_DIR)
     if legacy not in resolved.dirs and os.path.normpath(target) != legacy:
-        done += [f"{line} (moved to {target})" for line in _remove_ours([legacy])]
+        done += [f"{line} (moved to {target})" if line.endswith(".json") else line for line in _remove_ours([legacy])]
     warnings = [] if os.path.normpath(target) in resolved.dirs else \
         [f"{hooksdirs.described(engine, resolved)}: it will not read {target}"]
     return done, warnings
 
 
-def remove_hooks(engine: Engine, hooks_dir: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+def remove_hooks(engine: Engine, hooks_dir: str | None = None, env: Mapping[str, str] | None = None,
+                 keep: tuple[str, ...] = ()) -> list[str]:
     """Remove the hooks.d files :func:`install_hooks` writes: from ``hooks_dir``, every directory the
-    engine reads and the one earlier versions wrote to. Returns what was done, a line each."""
+    engine reads and the one earlier versions wrote to, except those in ``keep`` (a package's own
+    directory, whose files its package manager removes), and the directories left empty
+    (:func:`remove_files_and_dirs`). Returns what was done, a line each."""
     from nvc.hook import hooksdirs
 
     dirs = [*([hooks_dir] if hooks_dir else []), *hooksdirs.resolve(engine, env).dirs, hooksdirs.LEGACY_HOOKS_DIR]
-    return _remove_ours(list(dict.fromkeys(os.path.normpath(d) for d in dirs)))
+    kept = {os.path.normpath(d) for d in keep}
+    return _remove_ours([d for d in dict.fromkeys(os.path.normpath(d) for d in dirs) if d not in kept])
 
 
 def _remove_ours(dirs: list[str]) -> list[str]:
-    return remove_files([os.path.join(d, name) for d in dirs for name in PODMAN_HOOK_FILES.values()])
+    """Our hooks.d files in ``dirs`` removed, and the directories they leave empty."""
+    return remove_files_and_dirs([os.path.join(d, name) for d in dirs for name in PODMAN_HOOK_FILES.values()])
 
 
 def server_unit(config_path: str | None = None) -> str:
@@ -267,9 +299,16 @@ def _systemctl(systemctl: str, *calls: list[str]) -> None:
 
 def remove_server(unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = None,
                   systemctl: str = "systemctl") -> list[str]:
-    """Undo :func:`install_server` and ``--no-server``: the units stopped and disabled (where systemd
-    manages ``unit_dir``), removed, and the no-server file beside the configuration file removed.
-    Returns what was done, a line each."""
+    """Undo :func:`install_server` and ``--no-server``: the units (:func:`remove_units`), and the
+    no-server file beside the configuration file removed. Returns what was done, a line each."""
+    done = remove_units(unit_dir, systemctl)
+    changed = set_server_start(config_path, True)
+    return done + ([changed] if changed else [])
+
+
+def remove_units(unit_dir: str = SYSTEMD_UNIT_DIR, systemctl: str = "systemctl") -> list[str]:
+    """The units :func:`install_server` wrote in ``unit_dir``: stopped and disabled (where systemd
+    manages ``unit_dir``) and removed. Returns what was done, a line each."""
     units = [os.path.join(unit_dir, name) for name in (SOCKET_UNIT, SERVER_UNIT)]
     managed = _systemd_manages(unit_dir) and any(os.path.lexists(path) for path in units)
     if managed:
@@ -278,8 +317,7 @@ def remove_server(unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = No
     if managed:
         _systemctl(systemctl, ["daemon-reload"])
         done.insert(0, f"stopped and disabled {SOCKET_UNIT} and {SERVER_UNIT}")
-    changed = set_server_start(config_path, True)
-    return done + ([changed] if changed else [])
+    return done
 
 
 def set_server_start(config_path: str | None, enabled: bool) -> str | None:
@@ -385,7 +423,8 @@ def install_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINER
 def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD_DROP_IN) -> list[str]:
     """Undo :func:`install_containerd`: ``drop_in`` out of ``config``'s imports (every other setting
     kept; the file removed where nothing else is left, as when install_containerd made it), then the
-    drop-in removed. Returns what was done, a line each."""
+    drop-in removed, and the directories left empty (:func:`remove_files_and_dirs`). Returns what
+    was done, a line each."""
     import tomlkit
 
     done = []
@@ -397,8 +436,7 @@ def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD
             if not imports:
                 del main["imports"]
             if main.unwrap() == {"version": 2}:  # what install_containerd made where there was no file
-                done += remove_files([config])
-            else:
-                write_files({config: tomlkit.dumps(main)})
-                done.append(f"removed {drop_in} from the imports of {config}")
-    return done + remove_files([drop_in])
+                return remove_files_and_dirs([config, drop_in])
+            write_files({config: tomlkit.dumps(main)})
+            done.append(f"removed {drop_in} from the imports of {config}")
+    return done + remove_files_and_dirs([drop_in])

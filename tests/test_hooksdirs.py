@@ -9,6 +9,7 @@ and /etc/containers are copies: the host's stay untouched.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -119,7 +120,8 @@ def test_setup_podman_warns_when_podman_will_not_read_the_hooks_dir(tmp_path: Pa
                                 f"read {tmp_path}/other\n")
     removed = _nvc("setup", "podman", "--hooks-dir", str(tmp_path / "other"), "--remove", env=env)
     assert sorted(removed.stdout.splitlines()) == sorted(
-        f"removed {tmp_path}/{d}/oci-nvc-py-{f}.json" for d in ("read", "other") for f in ("hook", "poststop"))
+        [*(f"removed {tmp_path}/{d}/oci-nvc-py-{f}.json" for d in ("read", "other") for f in ("hook", "poststop")),
+         f"removed {tmp_path}/read", f"removed {tmp_path}/other"])  # setup made them: gone with their files
     crio = _nvc("setup", "crio", "--hooks-dir", str(tmp_path / "crio"), "--config", str(config), "--no-server")
     assert crio.returncode == 0 and "warning: CRI-O reads hooks from " in crio.stderr
     hook = json.loads((tmp_path / "crio" / "oci-nvc-py-hook.json").read_text())
@@ -135,6 +137,7 @@ def test_setup_podman_then_podman_with_its_own_defaults_sees_the_gpu(active_2gpu
         copy = tmp_path / directory.strip("/").replace("/", "-")
         shutil.copytree(directory, copy, symlinks=True)
         subprocess.run(["mount", "--bind", str(copy), directory], check=True)  # this test's namespace only
+    made = [d for d in (DEFAULT_HOOKS_DIR, os.path.dirname(DEFAULT_HOOKS_DIR)) if not os.path.exists(d)]  # by setup
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
     legacy = Path(hooksdirs.LEGACY_HOOKS_DIR)
@@ -155,6 +158,7 @@ def test_setup_podman_then_podman_with_its_own_defaults_sees_the_gpu(active_2gpu
 
     removed = _nvc("setup", "podman", "--remove")
     assert removed.stdout.splitlines() == [f"removed {DEFAULT_HOOKS_DIR}/oci-nvc-py-hook.json",
-                                           f"removed {DEFAULT_HOOKS_DIR}/oci-nvc-py-poststop.json"]
+                                           f"removed {DEFAULT_HOOKS_DIR}/oci-nvc-py-poststop.json",
+                                           *(f"removed {d}" for d in made)]  # and the directories setup made
     gone = podman.run(image, ["nvidia-smi", "-L"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks_dirs=None)
     assert "nvidia-smi" in gone.stderr and not _uuids(gone.stdout)

@@ -227,15 +227,27 @@ def test_setup_containerd_remove(tmp_path: Path) -> None:
     assert drop_in.exists() and str(drop_in) in main.read_text()
     removed = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove",
                   check=True).stdout.splitlines()
-    assert removed == [f"removed {drop_in} from the imports of {main}", f"removed {drop_in}"]
-    assert main.read_text() == original and not drop_in.exists()
+    assert removed == [f"removed {drop_in} from the imports of {main}", f"removed {drop_in}", f"removed {drop_in.parent}"]
+    assert main.read_text() == original and not drop_in.parent.exists()  # setup made conf.d: gone with its file
     main.unlink()  # no containerd configuration: setup makes one, --remove removes it again
     run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--no-server", check=True,
         env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})
     assert main.exists()
     removed = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove",
                   check=True).stdout.splitlines()
-    assert removed == [f"removed {main}", f"removed {drop_in}"] and not main.exists()
+    assert removed == [f"removed {main}", f"removed {drop_in}", f"removed {drop_in.parent}"] and not main.exists()
+
+
+def test_setup_remove_leaves_no_directory_it_made(tmp_path: Path, config_file: Path) -> None:
+    """Where podman was never installed, setup made /etc/containers/oci/hooks.d: --remove removes
+    it with its files, and the parents it leaves empty; a directory holding anything else stays."""
+    etc = tmp_path / "etc"
+    hooks = etc / "containers/oci/hooks.d"
+    (etc / "keep").mkdir(parents=True)
+    run("setup", "podman", "--hooks-dir", str(hooks), "--config", str(config_file), "--no-server", check=True)
+    removed = run("setup", "podman", "--hooks-dir", str(hooks), "--remove", check=True).stdout.splitlines()
+    assert removed[2:] == [f"removed {hooks}", f"removed {hooks.parent}", f"removed {hooks.parent.parent}"]
+    assert tree(etc) == ["keep"]
 
 
 # --- --help and --version ------------------------------------------------------------------------------

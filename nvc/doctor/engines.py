@@ -14,10 +14,9 @@ from typing import Any, NamedTuple
 
 from nvc.doctor import Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
-from nvc.hook.docker import GPUS_HOOK
+from nvc.hook.docker import DAEMON_JSON, GPUS_HOOK
 
 _MAX_CONFIG = 1 << 20
-DOCKER_CONFIG = "/etc/docker/daemon.json"  # dockerd's default --config-file
 CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's whole second
 
 
@@ -144,7 +143,7 @@ def docker() -> tuple[list[Check], Daemon | None]:
         return [skip("docker", "not installed (dockerd not on PATH)")], None
     daemons = running("dockerd")
     daemon = daemons[0] if daemons else None
-    config_path = (daemon.flag("--config-file") if daemon else None) or DOCKER_CONFIG
+    config_path = (daemon.flag("--config-file") if daemon else None) or DAEMON_JSON
     try:
         text, _ = registration.read_config(config_path)
         doc = registration.parse(text, config_path) if text is not None else {}

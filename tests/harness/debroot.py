@@ -1,0 +1,81 @@
+"""Minimal Debian roots made by debootstrap, for the tests that install nvc-py as a user does
+(test_debootstrap.py: ``make deps build`` from a clone; test_deb.py: the Debian package).
+
+A root is made from the network (deb.debian.org) once per suite and package list and cached as a
+tarball under /var/cache/nvc-py-test (not /tmp: the suite leaves /tmp as it found it), so that later
+runs on the same machine skip debootstrap; each test unpacks it into its own temporary directory.
+Commands run chrooted in it inside a private mount namespace (/proc, /dev and /sys bound in, and
+whatever the test binds), optionally a pid namespace of their own, which vanish with them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+CACHE = Path("/var/cache/nvc-py-test")
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+CHROOT_ENV = ("env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
+              "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive")
+
+
+def run(argv: Sequence[str], timeout: int) -> subprocess.CompletedProcess[str]:
+    """``argv``'s result; a failure is an assertion with its output's tail."""
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{list(argv)[:3]} failed ({result.returncode}):\n{result.stdout[-6000:]}\n" \
+                                   f"{result.stderr[-4000:]}"
+    return result
+
+
+def tarball(include: str, suite: str = SUITE) -> Path:
+    """The cached bare root of ``suite`` with the packages ``include`` (debootstrap's --include)."""
+    return CACHE / f"debootstrap-{suite}-minbase-{hashlib.sha256(include.encode()).hexdigest()[:12]}.tar"
+
+
+def base_root(root: Path, include: str, suite: str = SUITE, mirror: str = MIRROR) -> bool:
+    """A bare root at ``root``, from the cached tarball (True) or made by debootstrap (False)."""
+    root.mkdir()
+    cached = tarball(include, suite)
+    if cached.is_file():
+        run(["tar", "-xpf", str(cached), "--numeric-owner", "-C", str(root)], 300)
+        return True
+    debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
+    run([debootstrap, "--variant=minbase", f"--include={include}", suite, str(root), mirror], 900)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+    try:
+        run(["tar", "-cf", str(partial), "--numeric-owner", "-C", str(root), "."], 300)
+        os.replace(partial, cached)
+    finally:
+        partial.unlink(missing_ok=True)
+    return False
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as git sees it (tracked and untracked files, not ignored build outputs), as
+    ``make deb`` copies it (tools/debpkg.py)."""
+    spec = importlib.util.spec_from_file_location("debpkg", REPO / "tools" / "debpkg.py")
+    debpkg = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(debpkg)  # type: ignore[union-attr]
+    debpkg.copy_tree(REPO, dest)
+
+
+def chroot(root: Path, script: str, timeout: int, binds: Sequence[tuple[Path, str]] = (),
+           own_pids: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` (sh) chrooted in ``root`` with a clean environment; ``binds``: (host path,
+    path in the root) bound after /proc, /dev and /sys; ``own_pids``: in a pid namespace of its own,
+    whose /proc shows its processes alone (and whose processes all end with the script)."""
+    mounts = [f"mount --bind {root} {root}",  # a chroot whose / is a mount point, as unshare in it wants
+              f"mount -t proc proc {root}/proc", f"mount --rbind /dev {root}/dev", f"mount --rbind /sys {root}/sys",
+              *(f"mount --bind {shlex.quote(str(host))} {shlex.quote(str(root) + inside)}" for host, inside in binds)]
+    shell = " && ".join(mounts) + f" && exec {' '.join(CHROOT_ENV)} chroot {root} /bin/sh -c \"$0\""
+    unshare = ["unshare", "--mount", "--propagation", "private", *(["--pid", "--fork"] if own_pids else [])]
+    return run([*unshare, "sh", "-c", shell, script], timeout)

@@ -1,0 +1,267 @@
+"""The Debian package (README, Install): ``make deb`` builds it on this machine (Debian 12), twice
+(a lower version to upgrade from); in a minimal Debian 12 root made by debootstrap, holding the
+distribution packages it depends on so that the install needs no network (harness.debroot),
+
+- ``apt-get install ./….deb`` installs it: ``nvc-py --version``, a fake-driver ``nvc-py info``, bash
+  completion and a prestart hook call answer, the call served by the server the hook starts on
+  demand (no systemd runs there, and postinst starts nothing);
+- an upgrade keeps the admin's configuration and the containers' sharing state, stops the server of
+  the replaced code, and (systemd faked: /run/systemd/system and a systemctl that logs) starts the
+  socket and restarts the service;
+- ``apt-get remove`` undoes what ``nvc-py setup …`` and ``cdi generate`` wrote, stops the units and
+  the servers, keeps the configuration;
+- ``apt-get purge`` is refused while /run/nvc-py/share holds a container's state, then leaves the
+  root as it was before the install but for apt's and dpkg's own records.
+
+Two builds of one commit list the same files, and lintian reports no error and no warning but those
+deploy/debian/lintian-overrides explains. The chroot runs in its own mount and pid namespaces: the
+package's maintainer scripts look for servers in /proc, and must see the root's alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import debroot
+
+REPO = debroot.REPO
+PIP_CACHE = debroot.CACHE / "deb-pip"  # the builds' own pip cache (tools/debpkg.py says why), kept between runs
+# What the package depends on beyond a minbase root: apt finds it installed and fetches nothing.
+INCLUDE = "python3"
+MACHINE = Path(__file__).resolve().parent / "fakedriver" / "machines" / "two-gpu-mig.yaml"
+# apt's and dpkg's records and caches, the only differences a purge may leave.
+APT_RECORDS = ("var/lib/dpkg", "var/lib/apt", "var/cache/apt", "var/log/apt", "var/log/dpkg.log",
+               "var/cache/debconf")
+# In the root (the test's files at /mnt): install, use, upgrade, set up, remove and purge.
+SCRIPT = r"""set -eu
+cd /mnt
+say() { echo "== $*"; }
+alive() { test -e /proc/$1 && ! grep -q '^State:[[:space:]]*Z' /proc/$1/status; }
+# The servers (their workers share the command line, but have a server for parent).
+servers() {
+	for p in /proc/[0-9]*; do
+		if [ "$(cut -d' ' -f4 $p/stat 2>/dev/null)" = 1 ] && tr '\0' ' ' < $p/cmdline 2>/dev/null |
+			grep -q '^/usr/lib/nvc-py/venv/bin/python -IS /usr/lib/nvc-py/nvc-py-hook-python serve'; then
+			if alive ${p#/proc/}; then echo ${p#/proc/}; fi
+		fi
+	done
+}
+gone() { for f in "$@"; do if test -e "$f" || test -L "$f"; then echo "left: $f"; exit 1; fi; done; }
+apt() {
+	if apt-get -q -y -o Dpkg::Use-Pty=0 --no-install-recommends "$@" > /mnt/apt.out 2>&1; then rc=0; else rc=$?; fi
+	grep -v '^(Reading database' /mnt/apt.out || true
+	return $rc
+}
+hook() { NVC_PY_CONFIG=/mnt/config.yaml nvc-py-hook prestart < /mnt/state.json; }
+printf '{"ociVersion":"1.0.2","id":"deb-test","status":"creating","pid":%d,"bundle":"/mnt/bundle"}' $$ > state.json
+
+say install; apt install ./old.deb
+test "$(readlink /usr/bin/nvc-py)" = ../lib/nvc-py/nvc-py
+test "$(head -n1 /usr/lib/nvc-py/nvc-py-python)" = "#!/usr/lib/nvc-py/venv/bin/python -IS"
+test "$(readlink -f /usr/lib/nvc-py/venv/bin/python)" = "$(readlink -f /usr/bin/python3)"
+grep -q '"path": "/usr/lib/nvc-py/nvc-py-hook"' /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json
+test -L /etc/systemd/system/sockets.target.wants/nvc-py-hook.socket
+gone /etc/systemd/system/multi-user.target.wants/nvc-py-device-plugin.service /run/nvc-py/hook.sock
+test -f /etc/logrotate.d/nvc-py && test -f /lib/systemd/system/nvc-py-device-plugin.service
+test -n "$(find /usr/lib/nvc-py/venv -name '*.pyc' | head -n 1)"
+for module in pytest grpc_tools pygments pip setuptools; do
+	if /usr/lib/nvc-py/venv/bin/python -I -c "import $module" 2>/dev/null; then echo "bundled: $module"; exit 1; fi
+done
+say version; nvc-py --version
+say info; NVC_PY_CONFIG=/mnt/config.yaml nvc-py info
+say completion; COMP_WORDS="nvc-py se" COMP_CWORD=1 _NVC_PY_COMPLETE=bash_complete nvc-py
+say hook; hook; hook
+nvc-py-hook prestart < state.json  # the default configuration: its log is /var/log/nvc-py.log
+old=$(servers); test -n "$old"; echo "server $old"
+mkdir -p /run/nvc-py/share/ctr-1 && echo held > /run/nvc-py/share/ctr-1/limits
+echo "# the admin's edit" >> /etc/nvc-py/config.yaml
+
+say upgrade
+mkdir -p /run/systemd/system
+printf '#!/bin/sh\necho "$*" >> /mnt/systemctl.log\ncase "$*" in *is-enabled*) echo enabled;; esac\n' \
+	> /usr/bin/systemctl
+chmod 755 /usr/bin/systemctl
+apt install ./new.deb
+dpkg-query -W -f='${Version}\n' nvc-py
+for pid in $old; do if alive $pid; then echo "old server $pid still runs"; exit 1; fi; done
+grep -q "the admin's edit" /etc/nvc-py/config.yaml
+test -f /run/nvc-py/share/ctr-1/limits
+say systemctl; cat systemctl.log
+hook; new=$(servers); test -n "$new" && test "$new" != "$old"; echo "server $new"
+
+say setup
+nvc-py setup podman --hooks-dir /etc/containers/oci/hooks.d
+nvc-py setup containerd
+NVC_PY_CONFIG=/mnt/config.yaml nvc-py cdi generate --output /etc/cdi/nvidia.yaml
+nvc-py setup podman --no-server
+test -f /etc/systemd/system/nvc-py-hook.socket && test -f /etc/containerd/conf.d/99-nvc-py.toml
+test -f /etc/cdi/nvidia.yaml && test -f /etc/nvc-py/no-server
+
+say remove; : > systemctl.log; apt remove nvc-py
+gone /usr/lib/nvc-py /usr/bin/nvc-py /usr/bin/nvc-py-hook /usr/bin/nvc-py-runtime \
+	/usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json /usr/share/containers/oci/hooks.d/oci-nvc-py-poststop.json \
+	/etc/containers/oci/hooks.d/oci-nvc-py-hook.json /etc/containers/oci/hooks.d/oci-nvc-py-poststop.json \
+	/etc/containerd /etc/cdi /lib/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service
+test -f /etc/nvc-py/config.yaml && test -f /etc/nvc-py/no-server
+test -z "$(servers)"
+say systemctl-remove; cat systemctl.log
+
+say purge-refused
+if apt purge nvc-py; then echo "purged with sharing state"; exit 1; fi
+dpkg-query -W -f='${Status}\n' nvc-py
+test -f /run/nvc-py/share/ctr-1/limits && test -f /etc/nvc-py/no-server && ! test -e /etc/nvc-py/config.yaml
+rm -r /run/nvc-py/share/ctr-1
+say purge; apt purge nvc-py
+rm -r /run/systemd /usr/bin/systemctl
+say purged
+"""
+
+
+def _version() -> str:
+    text = (REPO / "nvc/__init__.py").read_text()
+    return text.split('__version__ = "', 1)[1].split('"', 1)[0]
+
+
+def _build(out: Path, version: str) -> Path:
+    debroot.run(["make", "-C", str(REPO), "--no-print-directory", "deb", f"DEB_DIR={out}", f"DEB_VERSION={version}",
+                 f"DEB_PIP_CACHE={PIP_CACHE}"], 600)
+    return next(out.glob("nvc-py_*.deb"))
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The package built twice from this tree: ``old`` at a lower version, then ``new``."""
+    base = tmp_path_factory.mktemp("deb")
+    started = time.monotonic()
+    built = {"old": _build(base / "old", f"{_version()}~test1"), "new": _build(base / "new", _version())}
+    print(f"two builds in {time.monotonic() - started:.0f} s")
+    return built
+
+
+def test_python_lock_satisfies_install_requires() -> None:
+    """deploy/debian/python-lock.txt (what the package bundles) against setup.cfg's minimums: a raised
+    minimum needs `make deb-lock` (the build's `pip check` sees what the locked ones require)."""
+    sys.path.insert(0, str(REPO / "tools"))
+    import missing_deps
+
+    def key(name: str) -> str:
+        return name.lower().replace("_", "-").replace(".", "-")
+
+    lines = (REPO / "deploy/debian/python-lock.txt").read_text().splitlines()
+    locked = dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    locked = {key(name): version for name, version in locked.items()}
+    for requirement in missing_deps.runtime_requirements():
+        name, least = missing_deps.split(requirement)
+        assert key(name) in locked, f"{name}: not in the lock"
+        assert not least or missing_deps.numbers(locked[key(name)]) >= missing_deps.numbers(least), requirement
+
+
+def _listing(deb: Path) -> list[tuple[str, ...]]:
+    """``dpkg-deb -c``'s entries: (mode, owner, size, path and link), the size of the changelog (which
+    names the version) left out."""
+    out = debroot.run(["dpkg-deb", "-c", str(deb)], 60).stdout
+    entries = []
+    for line in out.splitlines():
+        mode, owner, size, _date, _time, path = line.split(None, 5)
+        entries.append((mode, owner, "" if path.endswith("/changelog.gz") else size, path))
+    return entries
+
+
+def test_two_builds_list_the_same_files(debs: dict[str, Path]) -> None:
+    old, new = _listing(debs["old"]), _listing(debs["new"])
+    assert old == new
+    paths = {entry[3].split(" -> ")[0] for entry in new}
+    assert {"./usr/lib/nvc-py/nvc-py-hook", "./etc/nvc-py/config.yaml", "./lib/systemd/system/nvc-py-hook.socket",
+            "./usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json"} <= paths
+    assert not [p for p in paths if "__pycache__" in p or "/pytest" in p or "/grpc_tools" in p or "/pygments" in p]
+
+
+def test_control_pins_the_interpreter(debs: dict[str, Path]) -> None:
+    control = debroot.run(["dpkg-deb", "-f", str(debs["new"]), "Depends", "Version"], 60).stdout
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"python3 (>= {minor}), python3 (<< {sys.version_info.major}.{sys.version_info.minor + 1})" in control
+    assert "libseccomp2" in control and "libcap2" in control
+    assert not [word for word in ("gcc", "python3-dev", "pytest", "python3-venv") if word in control]
+    assert f"Version: {_version()}\n" in control
+
+
+def test_lintian_has_no_error_or_unexplained_warning(debs: dict[str, Path], summary_line) -> None:  # noqa: ANN001
+    result = subprocess.run(["lintian", str(debs["new"])], capture_output=True, text=True, timeout=300)
+    reported = [line for line in result.stdout.splitlines() if line[:2] in ("E:", "W:")]
+    assert result.returncode == 0 and not reported, result.stdout + result.stderr
+    summary_line(f"DEB lintian: {len(reported)} errors or warnings (overrides: deploy/debian/lintian-overrides)")
+
+
+def _tree(root: Path) -> dict[str, tuple[object, ...]]:
+    """Every entry under ``root`` (apt's and dpkg's records aside): type, mode and owner, and a
+    file's digest or a link's target."""
+    entries: dict[str, tuple[object, ...]] = {}
+    for top, dirs, names in os.walk(root):
+        rel_top = os.path.relpath(top, root)
+        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel_top, d)) not in APT_RECORDS]
+        for name in dirs + names:
+            rel = os.path.normpath(os.path.join(rel_top, name))
+            if rel in APT_RECORDS:
+                continue
+            st = os.lstat(os.path.join(top, name))
+            what: object = None
+            if stat.S_ISREG(st.st_mode):
+                what = hashlib.sha256(Path(top, name).read_bytes()).hexdigest()
+            elif stat.S_ISLNK(st.st_mode):
+                what = os.readlink(os.path.join(top, name))
+            entries[rel] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, what)
+    return entries
+
+
+def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, summary_line) -> None:  # noqa: ANN001
+    from fakedriver.build import build
+
+    started = time.monotonic()
+    root, work = tmp_path / "root", tmp_path / "work"
+    hit = debroot.base_root(root, INCLUDE)
+    work.mkdir()
+    for name, deb in debs.items():
+        shutil.copy2(deb, work / f"{name}.deb")
+    fake = build(MACHINE, work / "fake")
+    (work / "config.yaml").write_text("root: /mnt/fake/root\nlog: {file: /mnt/hook.log}\n")
+    (work / "bundle/rootfs").mkdir(parents=True)
+    (work / "bundle/config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin"], '
+                                             '"args": ["true"], "cwd": "/"}, "root": {"path": "rootfs"}}')
+    before = _tree(root)
+    binds = [(work, "/mnt"), (fake.proc / "driver", "/proc/driver"), (fake.proc / "devices", "/proc/devices")]
+    out = debroot.chroot(root, SCRIPT, 600, binds, own_pids=True).stdout
+
+    assert f"== version\nnvc-py {_version()}\n" in out
+    info = out.split("== info\n", 1)[1]
+    assert "NVIDIA H100 80GB HBM3" in info and "NVIDIA A100-SXM4-40GB" in info
+    assert "plain,setup" in out.split("== completion\n", 1)[1]
+    log = (work / "hook.log").read_text().splitlines()
+    assert len(log) == 3 and all('"outcome":"no-gpu"' in line and '"via":"server"' in line for line in log), log
+    upgrade = out.split("== upgrade\n", 1)[1]
+    assert f"\n{_version()}\n" in upgrade  # the version dpkg reports after it
+    calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]
+    assert "daemon-reload" in calls and "start nvc-py-hook.socket" in calls
+    assert "try-restart nvc-py-hook.service" in calls, calls
+    calls = out.split("== systemctl-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert calls[0] == "stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service", calls
+    refused = out.split("== purge-refused\n", 1)[1]
+    assert "nvc-py: not purged: /run/nvc-py/share holds the GPU-sharing state of containers (ctr-1); run" in refused
+    assert "install ok config-files" in refused  # dpkg removed the configuration file, the rest waits
+    assert out.rstrip().endswith("== purged"), out
+
+    after = _tree(root)
+    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    assert not changed, [(path, before.get(path), after.get(path)) for path in changed]
+    line = (f"DEB install, upgrade, remove, purge ok in {time.monotonic() - started:.0f} s, tree as before "
+            f"(root cache: {'hit' if hit else 'miss'})")
+    print(line)
+    summary_line(line)
