@@ -377,6 +377,18 @@ unsigned nvc_config_weight(const struct nvc_config *cfg, const char *key, int in
     return r ? r->weight : cfg->weight_default;
 }
 
+unsigned nvc_config_weight_bound(const struct nvc_config *cfg, const char *key)
+{
+    const struct nvc_limit_rule *r = find(cfg, key, -1, F_WEIGHT);
+    if (r)
+        return r->weight;
+    unsigned most = cfg->weight_default;
+    for (int i = 0; i < cfg->nrules; i++)
+        if (cfg->rules[i].index >= 0 && cfg->rules[i].weight > most)
+            most = cfg->rules[i].weight;
+    return most;
+}
+
 int nvc_config_has_index_rules(const struct nvc_config *cfg)
 {
     for (int i = 0; i < cfg->nrules; i++)

@@ -43,6 +43,10 @@ void nvc_config_finish(struct nvc_config *cfg);
 uint64_t nvc_config_memory(const struct nvc_config *cfg, const char *key, int index);
 unsigned nvc_config_compute(const struct nvc_config *cfg, const char *key, int index);
 unsigned nvc_config_weight(const struct nvc_config *cfg, const char *key, int index);
+/* The weight of device `key` when its NVML index is unknown (another container's limits, numbered as
+ * that container numbers its GPUs): its UUID rule, else the largest it could be (the default or any
+ * index rule's). 0 = not weighted. */
+unsigned nvc_config_weight_bound(const struct nvc_config *cfg, const char *key);
 int nvc_config_has_index_rules(const struct nvc_config *cfg);
 void nvc_uuid_key(const char *uuid, char key[NVC_UUID_KEY_LEN]);
 

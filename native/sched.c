@@ -4,27 +4,37 @@
  * turn. Inside a container the hook mounts its own file read-write at NVC_SCHED_SELF and the directory
  * of all tenants' files read-only at NVC_SCHED_PEERS, so a tenant can only ever write its own entry;
  * with plain LD_PRELOAD use, NVC_SHARE_SCHED_DIR names that directory and NVC_SHARE_TENANT the file.
- * Layout: nvc/sharesched.py reads it for `nvc-py share status`. */
+ * Another tenant's file is never mapped: it can truncate, grow, rewrite or replace it at any moment,
+ * and a mapping of it would fault (SIGBUS) here. It is read with pread, one entry at a time, and what
+ * it says is untrusted (sanitised; its weight is the one the hook granted it, in GRANTED_DIR).
+ * Layout: nvc/share/sched.py reads it for `nvc-py share status`. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include "sched.h"
 #include "schedpolicy.h"
 
 #define NVC_SCHED_SELF "/var/run/nvc-share-sched"
 #define NVC_SCHED_PEERS "/var/run/nvc-share-peers"
+#define GRANTED_DIR ".granted"        /* <tenant>: the limits the hook granted it (nvc/share/limits.py) */
+#define GRANTED_MAX 8192
 #define SCHED_MAGIC "NVCSCHD\0"
 #define SCHED_VERSION 1u
 #define SCHED_FILE_SIZE 4096
 #define MAX_PEERS 64
-#define RESCAN_NS 100000000ull        /* new and gone tenants are noticed within 100 ms */
+#define RESCAN_NS 20000000ull         /* new and gone tenants, and their new devices, are noticed within 20 ms */
+#define REREAD_NS 50000ull            /* others' entries are read at most every 50 us (a waiting tenant asks
+                                       * every 100 us, turns last milliseconds: a launch-bound loop must
+                                       * not pay a pread per peer per launch) */
 #define SHARE_WINDOW_NS 500000000ull  /* the measured share shown by `share status` */
 
 struct nvc_sched_entry {              /* 128 bytes */
@@ -35,7 +45,8 @@ struct nvc_sched_entry {              /* 128 bytes */
     uint64_t busy_ns;                 /* measured GPU time, cumulative */
     uint64_t window_start_ns, window_busy_ns;
     uint32_t weight, cap, running, capped, share_permille, pad;
-    uint64_t reserved[2];
+    int64_t owed_ns;                  /* the guarantee: GPU time owed to this tenant (schedpolicy.h) */
+    uint64_t owed_at_ns;              /* the time it is settled up to */
 };
 
 struct sched_file {                   /* SCHED_FILE_SIZE bytes */
@@ -48,23 +59,27 @@ struct sched_file {                   /* SCHED_FILE_SIZE bytes */
 _Static_assert(sizeof(struct nvc_sched_entry) == 128, "scheduler entry layout");
 _Static_assert(sizeof(struct sched_file) <= SCHED_FILE_SIZE, "scheduler file layout");
 
-static struct sched_file *own;
+static struct sched_file *own;        /* mapped: only this tenant's own processes can break it */
 static uint64_t own_id;
 static char peers_dir[256];
-static struct {
-    struct sched_file *map;
-    uint64_t id;
+static struct peer {
+    int fd;                           /* its file, read with pread only */
+    uint64_t ino, dev;
     int seen;
+    struct nvc_config *granted;       /* the limits the hook granted it; NULL: none (plain use) */
+    int8_t at[NVC_MAX_DEVICES];       /* its entry for our device d; -1: none */
+    uint16_t weight[NVC_MAX_DEVICES]; /* its granted weight there; 0: take its claim */
 } peers[MAX_PEERS];
 static int npeers;
 static uint64_t last_scan;
+static struct {                       /* the others' views of our device d, as last read */
+    uint64_t at;                      /* when; 0: to be read */
+    int n;
+    struct nvc_sched_view v[MAX_PEERS];
+} read_of[NVC_MAX_DEVICES];
+static struct sched_file scan_buf;    /* a peer's file as read at a rescan (under sched_mu) */
+static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static struct sched_file *map_file(int fd, int writable)
-{
-    void *p = mmap(NULL, SCHED_FILE_SIZE, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
 
 int nvc_sched_open(const struct nvc_config *cfg)
 {
@@ -96,10 +111,11 @@ int nvc_sched_open(const struct nvc_config *cfg)
             close(fd);
         return 0;
     }
-    own = map_file(fd, 1);
+    void *map = mmap(NULL, SCHED_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
-    if (!own)
+    if (map == MAP_FAILED)
         return 0;
+    own = map;
     own_id = (uint64_t)st.st_ino;
     if (memcmp(own->magic, SCHED_MAGIC, 8) || own->version != SCHED_VERSION) {
         memset(own, 0, sizeof *own);
@@ -132,7 +148,91 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
     return e;
 }
 
-/* Maps the files of tenants that appeared since the last scan; forgets those that went. */
+/* Whether a key read from a peer's file (40 bytes, maybe not terminated) is exactly `key`. */
+static int same_key(const char peer_key[40], const char *key)
+{
+    size_t n = strnlen(key, 40);
+    return n < 40 && !memcmp(peer_key, key, n + 1);
+}
+
+/* The hook's file and directory are trusted when no one else can write them: root's and not writable by
+ * group or others, or on a read-only mount (a container's view of them; its user namespace may show
+ * root's files as another owner's). */
+static int trusted(int fd, struct stat *st)
+{
+    struct statvfs vfs;
+    return !fstat(fd, st) && !(st->st_mode & 022) &&
+           (st->st_uid == 0 || (!fstatvfs(fd, &vfs) && (vfs.f_flag & ST_RDONLY)));
+}
+
+/* The limits the hook granted tenant `name` (GRANTED_DIR/name, the limits file's grammar); NULL when
+ * there are none (plain LD_PRELOAD use) or they cannot be trusted. Caller holds sched_mu. */
+static struct nvc_config *read_granted(int dir_fd, const char *name)
+{
+    struct stat st;
+    struct nvc_config *cfg = NULL;
+    int gd = openat(dir_fd, GRANTED_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = gd < 0 || !trusted(gd, &st) ? -1 : openat(gd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0 && trusted(fd, &st) && S_ISREG(st.st_mode) && st.st_size <= GRANTED_MAX) {
+        ssize_t got = pread(fd, granted_buf, GRANTED_MAX, 0);
+        char err[160];
+        cfg = got >= 0 ? malloc(sizeof *cfg) : NULL;
+        if (cfg) {
+            granted_buf[got] = '\0';
+            if (nvc_parse_limits_text(granted_buf, cfg, err, sizeof err)) {
+                nvc_log(1, "%s/%s/%s: %s: its claimed weight is used", peers_dir, GRANTED_DIR, name, err);
+                free(cfg);
+                cfg = NULL;
+            }
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (gd >= 0)
+        close(gd);
+    return cfg;
+}
+
+/* Whether the peer's descriptor still names its file (the application may have closed it and opened
+ * something else under that number). */
+static int still_ours(const struct peer *p)
+{
+    struct stat st;
+    return !fstat(p->fd, &st) && (uint64_t)st.st_ino == p->ino && (uint64_t)st.st_dev == p->dev;
+}
+
+static void forget(struct peer *p)
+{
+    if (still_ours(p))
+        close(p->fd);
+    free(p->granted);
+}
+
+/* Where the peer's entry of each of our devices is, from its whole file; its granted weight there.
+ * Caller holds sched_mu. */
+static void locate(struct peer *p)
+{
+    memset(p->at, -1, sizeof p->at);
+    ssize_t got = pread(p->fd, &scan_buf, sizeof scan_buf, 0);
+    if (got < (ssize_t)offsetof(struct sched_file, dev) || memcmp(scan_buf.magic, SCHED_MAGIC, 8) ||
+        scan_buf.version != SCHED_VERSION)
+        return;
+    size_t nd = ((size_t)got - offsetof(struct sched_file, dev)) / sizeof scan_buf.dev[0];
+    if (scan_buf.ndevices < nd)
+        nd = scan_buf.ndevices;
+    uint32_t mine = __atomic_load_n(&own->ndevices, __ATOMIC_ACQUIRE);
+    for (uint32_t d = 0; d < mine && d < NVC_MAX_DEVICES; d++) {
+        for (size_t j = 0; j < nd && p->at[d] < 0; j++)
+            if (same_key(scan_buf.dev[j].key, own->dev[d].key))
+                p->at[d] = (int8_t)j;
+        p->weight[d] = p->granted ? (uint16_t)nvc_config_weight_bound(p->granted, own->dev[d].key) : 0;
+        if (p->granted && !p->weight[d])
+            p->weight[d] = 1;         /* granted a cap and no weight: it counts with weight 1 */
+    }
+}
+
+/* Opens the files of tenants that appeared since the last scan and forgets those that went (or were
+ * replaced: a new inode is a new peer); finds every peer's entries again. */
 static void rescan_locked(uint64_t now)
 {
     if (now - last_scan < RESCAN_NS && last_scan)
@@ -145,32 +245,35 @@ static void rescan_locked(uint64_t now)
         peers[i].seen = 0;
     struct dirent *de;
     while ((de = readdir(dir))) {
-        if (de->d_name[0] == '.' || de->d_ino == own_id)
+        if (de->d_name[0] == '.' || de->d_ino == own_id || (de->d_type != DT_REG && de->d_type != DT_UNKNOWN))
             continue;
-        int known = 0;
-        for (int i = 0; i < npeers && !known; i++)
-            if (peers[i].id == de->d_ino)
-                known = peers[i].seen = 1;
-        if (known || npeers == MAX_PEERS)
-            continue;
-        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-        struct stat st;
-        if (fd < 0)
-            continue;
-        if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size == SCHED_FILE_SIZE && st.st_ino != own_id) {
-            struct sched_file *map = map_file(fd, 0);
-            if (map) {
-                peers[npeers].map = map;
-                peers[npeers].id = (uint64_t)st.st_ino;
-                peers[npeers++].seen = 1;
+        struct peer *p = NULL;
+        for (int i = 0; i < npeers && !p; i++)
+            if (peers[i].ino == de->d_ino && still_ours(&peers[i]))
+                p = &peers[i];
+        if (!p && npeers < MAX_PEERS) {
+            int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+            struct stat st;
+            if (fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_ino != own_id) {
+                p = &peers[npeers++];
+                *p = (struct peer){.fd = fd, .ino = (uint64_t)st.st_ino, .dev = (uint64_t)st.st_dev};
+            } else if (fd >= 0) {
+                close(fd);
             }
         }
-        close(fd);
+        if (!p)
+            continue;
+        p->seen = 1;
+        if (!p->granted)
+            p->granted = read_granted(dirfd(dir), de->d_name);
+        locate(p);
     }
     closedir(dir);
+    for (int d = 0; d < NVC_MAX_DEVICES; d++)
+        read_of[d].at = 0;
     for (int i = 0; i < npeers;)
         if (!peers[i].seen) {
-            munmap(peers[i].map, SCHED_FILE_SIZE);
+            forget(&peers[i]);
             peers[i] = peers[--npeers];
         } else {
             i++;
@@ -186,35 +289,78 @@ static void view_of(const struct nvc_sched_entry *e, uint64_t id, struct nvc_sch
     v->running = __atomic_load_n(&e->running, __ATOMIC_ACQUIRE);
     v->capped = __atomic_load_n(&e->capped, __ATOMIC_ACQUIRE);
     v->weight = __atomic_load_n(&e->weight, __ATOMIC_ACQUIRE);
+    v->cap = __atomic_load_n(&e->cap, __ATOMIC_ACQUIRE);
+    v->owed_ns = __atomic_load_n(&e->owed_ns, __ATOMIC_ACQUIRE);
 }
 
-/* The other tenants' views of this device. Caller holds sched_mu. */
-static int others_locked(const char *key, struct nvc_sched_view *out)
+/* The other tenants' views of our device d: each one entry, read afresh (a copy: what the file says
+ * next cannot change it) unless read less than REREAD_NS ago, sanitised, with the weight the hook
+ * granted. An entry that moved or went is looked for again at the next rescan. Caller holds sched_mu. */
+static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
 {
+    if (read_of[d].at && now - read_of[d].at < REREAD_NS) {
+        memcpy(out, read_of[d].v, (size_t)read_of[d].n * sizeof *out);
+        return read_of[d].n;
+    }
     int n = 0;
     for (int i = 0; i < npeers; i++) {
-        const struct sched_file *f = peers[i].map;
-        if (memcmp(f->magic, SCHED_MAGIC, 8))
+        struct peer *p = &peers[i];
+        struct nvc_sched_entry e;
+        if (p->at[d] < 0)
             continue;
-        uint32_t nd = __atomic_load_n(&f->ndevices, __ATOMIC_ACQUIRE);
-        for (uint32_t d = 0; d < nd && d < NVC_MAX_DEVICES; d++)
-            if (!strncmp(f->dev[d].key, key, sizeof f->dev[d].key))
-                view_of(&f->dev[d], peers[i].id, &out[n++]);
+        off_t at = (off_t)(offsetof(struct sched_file, dev) + (size_t)p->at[d] * sizeof e);
+        if (pread(p->fd, &e, sizeof e, at) != (ssize_t)sizeof e || !same_key(e.key, own->dev[d].key)) {
+            p->at[d] = -1;
+            continue;
+        }
+        out[n] = (struct nvc_sched_view){.id = p->ino, .vtime = e.vtime, .seen_ns = e.seen_ns,
+                                         .busy_until_ns = e.busy_until_ns, .running = e.running,
+                                         .capped = e.capped, .weight = e.weight};
+        nvc_sched_sanitize(&out[n], now);
+        if (p->weight[d])
+            out[n].weight = p->weight[d];
+        n++;
     }
+    read_of[d].at = now;
+    read_of[d].n = n;
+    memcpy(read_of[d].v, out, (size_t)n * sizeof *out);
     return n;
+}
+
+/* The guarantee's account (schedpolicy.h), shared by the tenant's processes: each settles it from where
+ * the last one left it. */
+static int64_t owe(struct nvc_sched_entry *e, uint64_t now, const struct nvc_sched_view *self,
+                   const struct nvc_sched_view *others, int n)
+{
+    uint64_t at = __atomic_load_n(&e->owed_at_ns, __ATOMIC_ACQUIRE), settled;
+    int64_t delta;
+    do {
+        settled = at;
+        delta = nvc_sched_settle(&settled, self, others, n, now);
+    } while (settled != at &&
+             !__atomic_compare_exchange_n(&e->owed_at_ns, &at, settled, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    int64_t max = nvc_sched_margin(self, others, n, now), cur = __atomic_load_n(&e->owed_ns, __ATOMIC_RELAXED), next;
+    do
+        next = nvc_sched_owed(cur, delta, max);
+    while (!__atomic_compare_exchange_n(&e->owed_ns, &cur, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    return next;
 }
 
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
 {
-    if (capped) {                     /* held back by its own cap: nobody should wait for it */
+    if (capped) {                     /* held back by its own cap: nobody should wait for it, nothing owed */
         __atomic_store_n(&e->capped, 1, __ATOMIC_RELEASE);
         __atomic_store_n(&e->running, 0, __ATOMIC_RELEASE);
+        uint64_t at = __atomic_load_n(&e->owed_at_ns, __ATOMIC_ACQUIRE);
+        while (at < now &&
+               !__atomic_compare_exchange_n(&e->owed_at_ns, &at, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            ;
         return 0;
     }
     struct nvc_sched_view others[MAX_PEERS], self;
     pthread_mutex_lock(&sched_mu);
     rescan_locked(now);
-    int n = others_locked(e->key, others);
+    int n = others_locked((uint32_t)(e - own->dev), now, others);
     pthread_mutex_unlock(&sched_mu);
     view_of(e, own_id, &self);
     if (!nvc_sched_active(&self, now)) {  /* busy again after idling: no banked time */
@@ -226,20 +372,24 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
     self.capped = 0;
     self.seen_ns = now;
+    self.owed_ns = owe(e, now, &self, others, n);
     int run = nvc_sched_decide(&self, others, n, now) == NVC_SCHED_RUN;
     __atomic_store_n(&e->running, (uint32_t)run, __ATOMIC_RELEASE);
     return run;
 }
 
-static uint64_t weighted(int64_t ns, uint32_t weight)
+static void add_vtime(struct nvc_sched_entry *e, int64_t ns)
 {
-    return (uint64_t)ns * NVC_WEIGHT_UNIT / (weight ? weight : 1);
+    uint64_t cur = __atomic_load_n(&e->vtime, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(&e->vtime, &cur, nvc_sched_vtime_add(cur, ns, e->weight), 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+        ;
 }
 
 void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns)
 {
     if (estimate_ns > 0)
-        __atomic_add_fetch(&e->vtime, weighted(estimate_ns, e->weight), __ATOMIC_ACQ_REL);
+        add_vtime(e, estimate_ns);
     uint64_t until = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
     uint64_t next = (until > now ? until : now) + (uint64_t)(estimate_ns > 0 ? estimate_ns : 0);
     __atomic_store_n(&e->busy_until_ns, next, __ATOMIC_RELEASE);
@@ -253,14 +403,7 @@ void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now)
 
 void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns)
 {
-    if (correction_ns > 0) {
-        __atomic_add_fetch(&e->vtime, weighted(correction_ns, e->weight), __ATOMIC_ACQ_REL);
-    } else if (correction_ns < 0) {
-        uint64_t back = weighted(-correction_ns, e->weight), cur = __atomic_load_n(&e->vtime, __ATOMIC_RELAXED);
-        while (!__atomic_compare_exchange_n(&e->vtime, &cur, cur > back ? cur - back : 0, 0, __ATOMIC_ACQ_REL,
-                                            __ATOMIC_RELAXED))
-            ;
-    }
+    add_vtime(e, correction_ns);
     __atomic_add_fetch(&e->busy_ns, cost_ns, __ATOMIC_RELAXED);
     /* the share over the last window, for `share status` (approximate across processes) */
     uint64_t start = __atomic_load_n(&e->window_start_ns, __ATOMIC_ACQUIRE);

@@ -272,6 +272,17 @@ def test_prepare_refuses_before_changing_anything(rootfs, tmp_path):
     assert not state.exists() or os.listdir(state) == []
 
 
+def test_granted_limits_too_large_for_the_scheduler_tmpfs_are_refused(private_mounts, rootfs, tmp_path):
+    """Other containers' shims read a scheduled container's compute limits from the scheduler tmpfs,
+    which keeps 8 KiB for each: a request whose compute lines do not fit is refused, and nothing of
+    the container is left (nor the scheduler tmpfs mounted)."""
+    state, sched = tmp_path / "state", tmp_path / "sched"
+    request = share.ShareRequest(weight=tuple((str(i), 1) for i in range(1000)))
+    with pytest.raises(ContainerError, match="compute limits of container ctr exceed 8192 bytes"):
+        prepare(request, "ctr", str(rootfs), library=str(SHIM), state_dir=str(state), sched_dir=str(sched))
+    assert os.listdir(state) == [] and not sched.exists()
+
+
 def test_prepare_refuses_a_state_dir_others_can_write(private_mounts, rootfs, tmp_path):
     state = tmp_path / "state"
     state.mkdir(mode=0o777)
@@ -512,7 +523,9 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
                          "'# written by nvc-py for container ctr-pl'…)"]
     assert lines[4].startswith(f"write   host      {where}/ld.so.preload (")
     assert "bytes: '/usr/lib/nvc-share/libnvc-share.so'…)" in lines[4]
-    assert lines[5:7] == [f"write   host      {sched} (scheduler file)",
+    granted = f"{share.sched_dir_for(share.STATE_DIR)}/.granted/ctr-plan"
+    assert lines[5:8] == [f"write   host      {granted} (its granted compute limits)",
+                          f"write   host      {sched} (scheduler file)",
                           f"rootfs  {debian_rootfs} (pid {target_process}, owner 0:0)"]
     assert f"bind    extra     {share.HOST_LIBRARY} -> {share.CONTAINER_LIBRARY} [rdonly,nosuid,nodev]" in lines
     assert f"bind    extra     {where}/shared -> {share.CONTAINER_DIR} [nosuid,nodev]" in lines
@@ -525,7 +538,7 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     try:
         with pytest.raises(MountError, match="no-such-file"):  # a mount in the container fails: all undone
             container_service.apply(configure.plan(glob, req._replace(extra_mounts=(missing,))))
-        assert not os.path.lexists(where) and not os.path.lexists(sched)
+        assert not os.path.lexists(where) and not os.path.lexists(sched) and not os.path.lexists(granted)
         assert not any(m.startswith(share.STATE_DIR) for m in _mountpoints())
 
         container_service.apply(plan)
@@ -534,13 +547,18 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
         assert (recorded["bundle"], recorded["pid"]) == ("", target_process)
         assert recorded["pidns"] == os.stat(f"/proc/{target_process}/ns/pid").st_ino
         assert os.path.exists(sched) and str(Path(where) / "shared") in _mountpoints()
+        # what other containers' shims trust about it: its compute limits only, root's and read-only
+        assert Path(granted).read_text() == "version=1\ncompute_percent=50\n"
+        assert (os.stat(granted).st_uid, os.stat(granted).st_mode & 0o7777) == (0, 0o444)
         # (the image's /var/run links to /run)
         assert f" {debian_rootfs}/run/nvc-share " in Path(f"/proc/{target_process}/mountinfo").read_text()
+        share.remove("ctr-plan")          # poststop's part: both scheduler files go, the tmpfs stays
+        assert not os.path.lexists(sched) and not os.path.lexists(granted)
     finally:
         share.remove("ctr-plan")
         if os.path.ismount(default_run_dir / "gpu-sched"):  # the scheduler's tmpfs, mounted on first use
             subprocess.run(["umount", "-l", str(default_run_dir / "gpu-sched")], check=True)
-    assert not os.path.lexists(where) and not os.path.lexists(sched)
+    assert not os.path.lexists(where) and not os.path.lexists(sched) and not os.path.lexists(granted)
 
 
 # ---------------------------------------------------------------- through the hook, in a runc container
@@ -666,8 +684,8 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
                                                          tmp_path):
     """Two podman containers through the hook, weights 1 and 3 (and each its own 2 GiB budget), busy
     with 1 ms kernels of the fake GPU at the same time: the scheduler gives them the GPU 1:3, so 300
-    and 900 kernels end together. Each sees every scheduled container's file read-only and writes
-    only its own; neither can change its limits file; nvc-py share status shows weight, cap and share.
+    and 900 kernels end together. Each sees every scheduled container's file and granted weight
+    read-only and writes only its own file; neither can change its limits file; nvc-py share status shows weight, cap and share.
     (Each process's fake GPU is its own: only the scheduler can make one container wait for the other.)"""
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -675,6 +693,8 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
     script = ("touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.02; done; "
               "for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
               "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
+              "echo $(grep -h '^compute_weight=' /var/run/nvc-share-peers/.granted/* | sort); "
+              "(echo compute_weight=1000 >> /var/run/nvc-share-peers/.granted/x) 2>&1 | grep -o 'Read-only file system'; "
               "cuda_probe init ctx 0 launch $N 264 128 sync")
     image = podman.image()
     results: dict[int, subprocess.CompletedProcess[str]] = {}
@@ -709,7 +729,9 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
         assert lines[:3] == ["Read-only file system"] * 3, lines   # both scheduler files, the limits file
-        probe = [line.split() for line in lines[3:]]
+        # both containers' granted weights, beside the files, read-only
+        assert lines[3:5] == ["compute_weight=1 compute_weight=3", "Read-only file system"], lines
+        probe = [line.split() for line in lines[5:]]
         walls[weight] = (int(probe[2][2]) + int(probe[3][2])) / 1e6
     print(f"walls {walls}")
     assert all(1.0 <= wall <= 1.6 for wall in walls.values()), walls

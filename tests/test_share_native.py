@@ -14,8 +14,10 @@ import re
 import signal
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from fakedriver.build import INCLUDES
@@ -575,12 +577,19 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
 
 # ---------------------------------------------------------------- weighted scheduler (fake clock)
 
-def simulate(programs, *tenants: str, ms: int = 2000) -> list[tuple[float, float]]:
-    """GPU shares (percent, first and second half of the run) of simulated tenants
-    WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS under the shim's scheduler decision."""
+class Simulated(NamedTuple):
+    first: float                 # GPU share in percent, first half of the run
+    second: float                # second half
+    wait_ms: int                 # its longest wait for the turn
+
+
+def simulate(programs, *tenants: str, ms: int = 2000) -> list[Simulated]:
+    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:LIE] under the shim's
+    scheduler decision (tests/share_programs/sched_sim.c)."""
     out = subprocess.run([str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    return [(int(line.split()[2]) / 10, int(line.split()[3]) / 10) for line in out.splitlines()]
+    return [Simulated(int(line.split()[2]) / 10, int(line.split()[3]) / 10, int(line.split()[4]))
+            for line in out.splitlines()]
 
 
 @pytest.mark.parametrize(("tenants", "want"), [
@@ -591,20 +600,41 @@ def simulate(programs, *tenants: str, ms: int = 2000) -> list[tuple[float, float
     (["1:100:1600:0:2000"], [100]),                                      # alone: the whole GPU
     (["1:75:1600:0:2000"], [75]),                                        # alone, capped
     (["1:25:1600:0:2000", "1:100:1600:0:2000"], [25, 75]),               # a capped one leaves the rest
+    (["1:100:1000:0:2000", "3:100:1000:0:2000", "1:100:1000:0:2000", "5:100:1000:0:2000"], [10, 30, 10, 50]),
+    (["10:100:1000:0:2000"] + ["1:100:1000:0:2000"] * 4, [71, 7, 7, 7, 7]),
+    # a tenant publishing random values is read as idle: the others' ratios are unchanged
+    (["1:100:1600:0:2000", "3:100:1600:0:2000", "1:100:0:0:2000:garbage"], [25, 75, 0]),
 ])
 def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
+    """Honest tenants share the GPU by weight in turns, as they did before the guarantee: its margin
+    is twice a tenant's longest fair turn (a heavy one waiting through every light one's turn is owed
+    no more than its own turn), so a fair rotation never falls back on it."""
     shares = simulate(programs, *tenants)
-    for (first, second), expected in zip(shares, want):
-        assert abs(first - expected) <= 3 and abs(second - expected) <= 3, shares
+    for share, expected in zip(shares, want):
+        assert abs(share.first - expected) <= 3 and abs(share.second - expected) <= 3, shares
 
 
 def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
-    (a_first, a_second), (b_first, b_second) = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
-    assert abs(a_first - 25) <= 3 and abs(b_first - 75) <= 3
-    assert a_second >= 97 and b_second <= 1
+    a, b = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
+    assert abs(a.first - 25) <= 3 and abs(b.first - 75) <= 3
+    assert a.second >= 97 and b.second <= 1
     # and one coming back after idling gets its weight at once, not the time it idled
-    (a_first, a_second), (b_first, b_second) = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
-    assert a_first >= 97 and abs(a_second - 50) <= 3 and abs(b_second - 50) <= 3
+    a, b = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
+    assert a.first >= 97 and abs(a.second - 50) <= 3 and abs(b.second - 50) <= 3
+
+
+@pytest.mark.parametrize("claim", ["hold", "queue", "zero"])
+def test_a_lying_tenant_cannot_stall_an_honest_one(programs, claim):
+    """A tenant (granted weight 3) that launches nothing and claims, every step, to hold the turn, to have
+    work queued for almost 10 s, or to be busy at vtime 0: each alone would keep an honest tenant
+    (weight 1) waiting for ever. The guarantee bounds its wait: owed 95 % of a third of the time it
+    waits, it runs once it is owed its margin (twice its longest fair turn, 2 x 20 ms x (1 + 1/3):
+    53 ms, so after 168 ms of waiting), then gets at least 95 % of its entitlement (1/4 of the GPU);
+    in the first half, 168 ms less of it. (Where the liar leaves it the turn, it gets the
+    whole GPU.)"""
+    honest, liar = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
+    assert honest.wait_ms <= 200 and honest.first >= 25 - 3 - 4 and honest.second >= 25 - 3, honest
+    assert liar.first == liar.second == 0
 
 
 # (weight, cap or None, 1 ms kernels) per tenant -> (lowest, highest) wall time in seconds of each
@@ -628,17 +658,150 @@ def test_weighted_tenants_take_turns(share, programs, tmp_path, case):
     tenants, want = TENANT_CASES[case]
     sched = tmp_path / "sched"
     sched.mkdir()
-    procs = []
-    for i, (weight, cap, launches) in enumerate(tenants):
-        limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_SCHED_DIR": str(sched),
-                  "NVC_SHARE_TENANT": f"t{i}", **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {})}
-        env = dict(share.env(limits), NVC_SHARE_DIR=str(tmp_path / f"t{i}"))
-        procs.append(subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "launch", str(launches),
-                                       "264", "128", "sync"], env=env, stdout=subprocess.PIPE, text=True))
-    walls = []
-    for proc in procs:
-        out = proc.communicate(timeout=30)[0].split("\n")
-        assert proc.returncode == 0
-        walls.append((int(out[2].split()[2]) + int(out[3].split()[2])) / 1e6)
+    procs = [tenant(share, programs, sched, f"t{i}", weight, launches, cap)
+             for i, (weight, cap, launches) in enumerate(tenants)]
+    walls = [wall_s(proc, timeout=30) for proc in procs]
     assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
     assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls
+
+
+def tenant(share, programs, sched: Path, name: str, weight: int, launches: int,
+           cap: int | None = None) -> subprocess.Popen:
+    """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
+    ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0, then synchronising."""
+    limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_SCHED_DIR": str(sched),
+              "NVC_SHARE_TENANT": name, **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {})}
+    env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
+    return subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "launch", str(launches), "264", "128",
+                             "sync"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wall_s(proc: subprocess.Popen, timeout: float) -> float:
+    """Seconds a tenant took to launch its kernels and see them done; it must exit 0 in time."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, (proc.returncode, err)
+    lines = [line.split() for line in out.splitlines()]
+    return (int(lines[2][2]) + int(lines[3][2])) / 1e6
+
+
+# ---------------------------------------------------------------- a hostile tenant's own scheduler file
+
+ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")      # native/sched.c struct nvc_sched_entry
+
+
+def lying_sched_file() -> bytes:
+    """A scheduler file as a hostile tenant writes it: 2**32 - 1 devices claimed, fifteen entries of
+    0xff with keys that never end, then the honest tenants' GPU held for ever: holding the turn, busy
+    now with 5 s of work queued, vtime 0, weight 1000."""
+    now = time.monotonic_ns()
+    junk = ENTRY.pack(b"A" * 40, *[2**64 - 1] * 6, *[2**32 - 1] * 6, -1, 2**64 - 1)
+    lie = ENTRY.pack(GPU0[4:].encode(), 0, now, now + 5 * 10**9, 0, 0, 0, 1000, 100, 1, 0, 1000, 0, 0, 0)
+    return (struct.pack("<8sII48x", b"NVCSCHD\0", 1, 2**32 - 1) + junk * 15 + lie).ljust(4096, b"\xff")
+
+
+def attack(how: str, path: Path) -> None:
+    """What a container may do to its own scheduler file (plain LD_PRELOAD use may also replace it)."""
+    if how == "truncate":
+        os.truncate(path, 0)
+    elif how == "extend":
+        os.truncate(path, 1 << 20)
+    elif how == "sparse":
+        subprocess.run(["fallocate", "--punch-hole", "--offset", "0", "--length", "4096", str(path)], check=True)
+    elif how == "replace":
+        new = path.with_name(".replacing")
+        new.write_bytes(lying_sched_file())
+        os.rename(new, path)
+    else:                             # garbage, written over it (never truncating it)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, lying_sched_file(), 0)
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def hook_sched(tmp_path):
+    """The scheduler directory as the hook makes it (nvc.share.limits: its tmpfs, each tenant's file and
+    the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
+    from nvc.share import limits as share_limits
+
+    sched = tmp_path / "sched"
+
+    def grant(name: str, request) -> None:
+        share_limits._write_sched_file(str(sched), name, share_limits.limits_text(request))
+
+    yield sched, grant
+    if os.path.ismount(sched):
+        subprocess.run(["umount", "-l", str(sched)], check=True)
+
+
+@pytest.fixture
+def started():
+    """Processes a test starts, killed at its end (a hostile tenant runs until then)."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("how", ["truncate", "extend", "garbage", "sparse", "replace"])
+def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how):
+    """Two honest tenants (weights 1 and 3) and a hostile one (granted weight 1, claiming 1000), each
+    a process busy with 1 ms kernels, the scheduler directory made as the hook makes it. While they
+    run, the test truncates, extends, keeps writing garbage over, punches a hole in or replaces the
+    hostile tenant's file. No honest process crashes or hangs, and each gets at least its weight's
+    share: 1/5 and 3/5 of the time with the hostile one busy, so 800 and 2400 kernels in 4 s, within
+    the weighted tests' 25 % (which holds the guarantee's 5 % slack and, for the weight-1 tenant, its
+    first wait: 80 ms owed at 0.95/4 of the time, 0.34 s). Truncating its own file kills the hostile
+    tenant's own process (SIGBUS), and only that. (Each process's fake GPU is its own.)"""
+    from nvc.plan.request import ShareRequest
+
+    sched, grant = hook_sched
+    for name, weight in (("t0", 1), ("t1", 3), ("hostile", 1)):
+        grant(name, ShareRequest(weight=(("", weight),)))
+    started += [tenant(share, programs, sched, "t0", 1, 800), tenant(share, programs, sched, "t1", 3, 2400),
+                tenant(share, programs, sched, "hostile", 1000, 1_000_000)]
+    time.sleep(0.3)
+    attack(how, sched / "hostile")
+    stop = threading.Event()
+
+    def rewrite() -> None:            # the garbage again, fresh, every 2 ms while the honest ones run
+        while not stop.wait(0.002):
+            attack(how, sched / "hostile")
+
+    rewriter = threading.Thread(target=rewrite)
+    if how == "garbage":
+        rewriter.start()
+    try:
+        walls = [wall_s(proc, timeout=20) for proc in started[:2]]
+    finally:
+        stop.set()
+        if rewriter.is_alive():
+            rewriter.join()
+    print(f"walls {walls}")
+    assert walls[0] <= 5 and walls[1] <= 5, walls
+    assert started[2].poll() == (-signal.SIGBUS if how == "truncate" else None)
+
+
+@pytest.mark.parametrize(("granted", "low", "high"), [
+    ((("", 1),), 0.7, 1.2),                                   # granted 1 for every device
+    ((("", 1000), (GPU0, 1)), 0.7, 1.2),                      # 1 for this GPU, by UUID
+    ((("0", 1), ("1", 3)), 1.4, 2.4),                         # by NVML index, unknown here: at most 3
+])
+def test_a_peers_weight_is_the_one_the_hook_granted(share, programs, hook_sched, started, granted, low, high):
+    """A peer claiming weight 1000 (its own env, its own file) keeps the turn, and the honest tenant
+    (weight 1, 400 kernels of 1 ms) gets what the weight the hook granted that peer leaves it, read
+    with the limits grammar from the peer's granted limits for this GPU: with 1 (for all devices, or
+    by UUID over a default of 1000), 95 % of 1/2 of the time (0.84 s, 84 ms of it its first wait);
+    where the peer's weights are by NVML index, which is the peer's own numbering, the largest of them
+    (3: 95 % of 1/4, 1.66 s and 0.17 s). Taken at its word, the peer would leave it 1/1001."""
+    from nvc.plan.request import ShareRequest
+
+    sched, grant = hook_sched
+    grant("honest", ShareRequest(weight=(("", 1),)))
+    grant("peer", ShareRequest(weight=granted))
+    started += [tenant(share, programs, sched, "honest", 1, 400), tenant(share, programs, sched, "peer", 1000, 1_000_000)]
+    wall = wall_s(started[0], timeout=20)
+    print(f"wall {wall}")
+    assert low <= wall <= high, wall

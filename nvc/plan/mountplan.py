@@ -143,7 +143,8 @@ class ShareFiles(NamedTuple):
     """GPU sharing's host side of one container, made before its mounts (:func:`nvc.share.limits.make`):
     ``<state_dir>/<id>/shared``, a tmpfs of fixed size holding the ``limits`` file and the shim's
     region; ``<state_dir>/<id>/ld.so.preload`` beside it; with ``scheduled``, the container's file
-    in the scheduler's directory ``sched_dir``. The container gets them through extra mounts."""
+    in the scheduler's directory ``sched_dir`` and its granted compute limits in ``.granted`` there.
+    The container gets them through extra mounts."""
 
     container_id: str
     state_dir: str
@@ -163,8 +164,10 @@ class ShareFiles(NamedTuple):
                  _written(f"{where}/shared/limits", self.limits, "host"),
                  _written(f"{where}/ld.so.preload", self.preload, "host")]
         if self.scheduled:
-            lines.append(_line("write", f"{self.sched_dir.rstrip('/')}/{self.container_id}", " (scheduler file)",
-                               what="host"))
+            sched = self.sched_dir.rstrip('/')
+            lines += [_line("write", f"{sched}/.granted/{self.container_id}", " (its granted compute limits)",
+                            what="host"),
+                      _line("write", f"{sched}/{self.container_id}", " (scheduler file)", what="host")]
         return lines
 
 

@@ -42,6 +42,12 @@ CONTAINER_SCHED = "/var/run/nvc-share-sched"
 CONTAINER_PEERS = "/var/run/nvc-share-peers"
 SCHED_FILE_SIZE = 4096
 _SCHED_TENANTS = 1024
+# Beside them, root's record of what each container was granted: ``.granted/<container-id>``, the compute
+# lines of its limits file (0444; no container id starts with '.', so no name clash). Another container's
+# shim takes its weight from there, never from the file the container writes itself.
+GRANTED_DIR = ".granted"
+_GRANTED_MAX = 8192       # native/sched.c GRANTED_MAX
+_GRANTED_KEYS = ("version=", "compute_percent", "compute_weight")
 
 LIMITS_VERSION = 1
 _MAX_PRELOAD = 64 * 1024
@@ -221,8 +227,8 @@ def sched_dir_for(state_dir: str) -> str:
 
 def _open_sched_dir(sched_dir: str) -> int:
     """An O_PATH fd of the scheduler tmpfs, mounted (once, under a lock: hooks run concurrently) on
-    first use: ``_SCHED_TENANTS`` files of ``SCHED_FILE_SIZE`` and no more, so a container growing
-    its own file fills that tmpfs, never the host's /run."""
+    first use: ``_SCHED_TENANTS`` files of ``SCHED_FILE_SIZE`` and their granted limits, and no more,
+    so a container growing its own file fills that tmpfs, never the host's /run."""
     import fcntl
 
     from nvc.apply import fdmount
@@ -235,10 +241,11 @@ def _open_sched_dir(sched_dir: str) -> int:
         parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             if os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_dev == os.fstat(parent_fd).st_dev:
-                pages = _SCHED_TENANTS * SCHED_FILE_SIZE
+                size = _SCHED_TENANTS * (SCHED_FILE_SIZE + _GRANTED_MAX)
+                inodes = 2 * _SCHED_TENANTS + 2            # the files, the root and GRANTED_DIR
                 fdmount.mount_tmpfs(parent_fd, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
                                     dest_path=sched_dir, mode=0o755,
-                                    options=(("size", str(pages)), ("nr_inodes", str(_SCHED_TENANTS + 1)),
+                                    options=(("size", str(size)), ("nr_inodes", str(inodes)),
                                              ("huge", "never"))).close()
             fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
         finally:
@@ -259,11 +266,38 @@ def _ours(fd: int, what: str, path: str) -> int:
     return fd
 
 
-def _write_sched_file(sched_dir: str, container_id: str) -> None:
+def granted_text(limits: str) -> str:
+    """What other containers' shims trust about a container: its limits file's compute lines (the
+    shim parses them with the limits grammar; the rest is none of their business)."""
+    return "".join(f"{line}\n" for line in limits.splitlines() if line.startswith(_GRANTED_KEYS))
+
+
+def _write_sched_file(sched_dir: str, container_id: str, limits: str) -> None:
     """The container's scheduler file (0666: the workload may be any uid; only its own bind mount of
-    it is writable), allocated now so the shim's writes never need a block."""
+    it is writable), allocated now so the shim's writes never need a block; before it, its granted
+    limits (``GRANTED_DIR``, root's, 0444), so that a shim that finds the file finds them too."""
+    granted = granted_text(limits).encode()
+    if len(granted) > _GRANTED_MAX:
+        raise ContainerError(f"the compute limits of container {container_id} exceed {_GRANTED_MAX} bytes")
     fd = _open_sched_dir(sched_dir)
     try:
+        try:
+            os.mkdir(GRANTED_DIR, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass
+        try:
+            granted_fd = os.open(GRANTED_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as err:
+            raise ContainerError(f"cannot use {sched_dir}/{GRANTED_DIR}: {err.strerror}") from None
+        try:
+            os.fchmod(granted_fd, 0o755)
+            _write_new(granted_fd, container_id, granted, 0o444)
+        except FileExistsError:
+            raise ContainerError(f"{sched_dir}/{GRANTED_DIR}/{container_id} already exists") from None
+        except OSError as err:
+            raise ContainerError(f"cannot write {sched_dir}/{GRANTED_DIR}/{container_id}: {err.strerror}") from None
+        finally:
+            os.close(granted_fd)
         try:
             file_fd = os.open(container_id, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                               0o666, dir_fd=fd)
@@ -381,7 +415,7 @@ def make(files: ShareFiles, pid: int | None = None) -> None:
         try:
             _fill(state_fd, path, record, files.limits.encode(), files.preload.encode())
             if files.scheduled:
-                _write_sched_file(files.sched_dir, files.container_id)
+                _write_sched_file(files.sched_dir, files.container_id, files.limits)
         except BaseException:
             remove(files.container_id, files.state_dir, files.sched_dir)
             raise
@@ -447,9 +481,11 @@ def remove(container_id: str, state_dir: str = STATE_DIR, sched_dir: str | None 
         pass
     else:
         try:
-            os.unlink(container_id, dir_fd=sched_fd)
-        except OSError:
-            pass                      # none (not scheduled) or gone already
+            for name in (container_id, f"{GRANTED_DIR}/{container_id}"):
+                try:
+                    os.unlink(name, dir_fd=sched_fd)
+                except OSError:
+                    pass              # none (not scheduled) or gone already
         finally:
             os.close(sched_fd)
     try:
