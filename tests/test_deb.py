@@ -70,8 +70,10 @@ test "$(head -n1 /usr/lib/nvc-py/nvc-py-python)" = "#!/usr/lib/nvc-py/venv/bin/p
 test "$(readlink -f /usr/lib/nvc-py/venv/bin/python)" = "$(readlink -f /usr/bin/python3)"
 grep -q '"path": "/usr/lib/nvc-py/nvc-py-hook"' /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json
 test -L /etc/systemd/system/sockets.target.wants/nvc-py-hook.socket
-gone /etc/systemd/system/multi-user.target.wants/nvc-py-device-plugin.service /run/nvc-py/hook.sock
-test -f /etc/logrotate.d/nvc-py && test -f /lib/systemd/system/nvc-py-device-plugin.service
+gone /etc/systemd/system/multi-user.target.wants/nvc-py-device-plugin.service \
+     /etc/systemd/system/multi-user.target.wants/nvc-py-exporter.service /run/nvc-py/hook.sock
+test -f /etc/logrotate.d/nvc-py && test -f /lib/systemd/system/nvc-py-device-plugin.service && \
+    test -f /lib/systemd/system/nvc-py-exporter.service
 test -n "$(find /usr/lib/nvc-py/venv -name '*.pyc' | head -n 1)"
 for module in pytest grpc_tools pygments pip setuptools; do
 	if /usr/lib/nvc-py/venv/bin/python -I -c "import $module" 2>/dev/null; then echo "bundled: $module"; exit 1; fi
@@ -252,7 +254,8 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     assert "daemon-reload" in calls and "start nvc-py-hook.socket" in calls
     assert "try-restart nvc-py-hook.service" in calls, calls
     calls = out.split("== systemctl-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
-    assert calls[0] == "stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service", calls
+    assert calls[0] == ("stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service "
+                        "nvc-py-exporter.service"), calls
     refused = out.split("== purge-refused\n", 1)[1]
     assert "nvc-py: not purged: /run/nvc-py/share holds the GPU-sharing state of containers (ctr-1); run" in refused
     assert "install ok config-files" in refused  # dpkg removed the configuration file, the rest waits

@@ -550,7 +550,7 @@ def test_the_systemd_unit_and_the_service_monitor(tmp_path: Path) -> None:
 
     unit = (DEPLOY / "systemd" / "nvc-py-exporter.service").read_text()
     (exec_start,) = [line.partition("=")[2].split() for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert exec_start[:2] == ["/usr/local/bin/nvc-py", "exporter"]
+    assert exec_start[:2] == ["/usr/lib/nvc-py/nvc-py", "exporter"]
     help_text = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--help"], capture_output=True, text=True,
                                check=True).stdout
     assert {a for a in exec_start if a.startswith("--")} <= set(help_text.split())

@@ -449,7 +449,7 @@ def _missing(original: object, decoded: object, path: str = "") -> list[str]:
 def test_systemd_unit_runs_the_plugin_with_documented_flags() -> None:
     unit = (DEPLOY / "systemd/nvc-py-device-plugin.service").read_text()
     (exec_start,) = [line.partition("=")[2].split() for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert exec_start[:3] == ["/usr/local/bin/nvc-py", "k8s", "device-plugin"]
+    assert exec_start[:3] == ["/usr/lib/nvc-py/nvc-py", "k8s", "device-plugin"]
     assert set(_flags(exec_start)) <= set(_help().split())
     assert "Restart=always" in unit and "After=kubelet.service" in unit
 

@@ -49,7 +49,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # the distribution's: what Depends names
 DEBIAN = Path("deploy/debian")  # in the source tree: maintainer scripts, logrotate, lintian overrides, lock
 LOCK = DEBIAN / "python-lock.txt"
 MAINTAINER = "nvc-py developers <dev@nvc-py.invalid>"
-DEVICE_PLUGIN_UNIT = Path("deploy/systemd/nvc-py-device-plugin.service")
+# Shipped, never enabled: the admin turns them on where a node runs them.
+OPTIONAL_UNITS = (Path("deploy/systemd/nvc-py-device-plugin.service"), Path("deploy/systemd/nvc-py-exporter.service"))
 STATIC_FILES = {  # source (under DEBIAN) -> path in the package
     "postinst": "DEBIAN/postinst", "prerm": "DEBIAN/prerm", "postrm": "DEBIAN/postrm",
     "logrotate": "etc/logrotate.d/nvc-py", "lintian-overrides": "usr/share/lintian/overrides/nvc-py",
@@ -286,7 +287,8 @@ def files(source: Path, root: Path) -> None:
     units = root / unit_dir()
     texts[str(units / setup.SOCKET_UNIT)] = setup.socket_unit()
     texts[str(units / setup.SERVER_UNIT)] = setup.server_unit()
-    texts[str(units / DEVICE_PLUGIN_UNIT.name)] = (source / DEVICE_PLUGIN_UNIT).read_text()
+    for unit in OPTIONAL_UNITS:
+        texts[str(units / unit.name)] = (source / unit).read_text()
     texts[str(root / "usr/share/bash-completion/completions" / PACKAGE)] = run(
         [f"{LIBDIR}/nvc-py-python"], env={"PATH": "/usr/bin:/bin", "_NVC_PY_COMPLETE": "bash_source"}).stdout
     texts[str(root / config.DEFAULT_PATH.lstrip("/"))] = commented(config.show(config.defaults()))
