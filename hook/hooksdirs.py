@@ -149,3 +149,18 @@ def described(engine: Engine, resolved: Resolved) -> str:
     """Where ``engine`` reads hooks, for a user: the directories and what set them."""
     where = f"{resolved.source}'s hooks_dir" if resolved.source else "its default"
     return f"{engine.name} reads hooks from {', '.join(resolved.dirs)} ({where})"
+
+
+def spec_files(dirs: Sequence[str]) -> list[str]:
+    """The CDI spec files (``*.yaml``, ``*.yml``, ``*.json``) in ``dirs``, by name; a missing
+    directory has none, one that cannot be listed is an error naming it."""
+    found = []
+    for directory in dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise InputError(f"{directory}: cannot list: {err.strerror}") from None
+        found += [os.path.join(directory, n) for n in names if n.endswith((".yaml", ".yml", ".json"))]
+    return found

@@ -31,11 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from nvc.errors import InputError
-from nvc.hook import setup
+from nvc.hook import hooksdirs, setup
 
 SERVER_ARGV = (os.path.join(setup.LIBDIR, setup.SERVER_PROGRAM), "serve")
 STOP_WAIT = 5.0  # seconds for a server to exit after SIGTERM (it stops at once between calls)
-CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 MAX_CDI_SPEC = 4 << 20  # bytes of a CDI spec read to see whether it is ours
 _MAX_PROC_FILE = 64 * 1024  # bytes of a /proc/PID file read
 
@@ -122,37 +121,27 @@ def stop_servers() -> tuple[list[str], list[str]]:
     return done, failed
 
 
-def remove_cdi_specs(dirs: Sequence[str] = CDI_DIRS) -> list[str]:
-    """Remove the CDI specs (``*.yaml``, ``*.json``) in ``dirs`` that name nvc-py's hook, and a
-    directory they leave empty (``cdi generate --output`` made it)."""
+def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]:
+    """Remove the CDI specs in ``dirs`` that name nvc-py's hook, and a directory they leave empty
+    (``cdi generate --output`` made it)."""
     from nvc.untrusted import read_file
 
     marker = os.path.join(setup.LIBDIR, setup.HOOK_SCRIPT).encode()
     ours = []
-    for directory in dirs:
+    for path in hooksdirs.spec_files(dirs):
         try:
-            names = sorted(os.listdir(directory))
-        except FileNotFoundError:
+            data, _ = read_file(path, MAX_CDI_SPEC, follow=False)
+        except (OSError, InputError):  # not a regular file of a size we write: not ours
             continue
-        except OSError as err:
-            raise InputError(f"{directory}: cannot list: {err.strerror}") from None
-        for name in names:
-            path = os.path.join(directory, name)
-            if not name.endswith((".yaml", ".json")):
-                continue
-            try:
-                data, _ = read_file(path, MAX_CDI_SPEC, follow=False)
-            except (OSError, InputError):  # not a regular file of a size we write: not ours
-                continue
-            if marker in data:
-                ours.append(path)
+        if marker in data:
+            ours.append(path)
     return setup.remove_files_and_dirs(ours)
 
 
 def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str], list[str]]:
     """Undo every registration (see the module's docstring); returns (what was done, what failed):
     a step that fails is reported and the others still run."""
-    from nvc.hook import docker, hooksdirs
+    from nvc.hook import docker
 
     keep = (hooksdirs.DEFAULT_HOOKS_DIR,) if packaged else ()
     steps: tuple[Callable[[], list[str]], ...] = (

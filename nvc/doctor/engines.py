@@ -219,24 +219,17 @@ def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = Non
 
     try:
         dirs = hooksdirs.cdi_dirs() if dirs is None else dirs
+        paths = hooksdirs.spec_files(dirs)
     except NvcError as err:
-        return fail("CDI", str(err), "fix that file: podman would refuse it too")
+        return fail("CDI", str(err), "fix that: podman would refuse it too")
     specs = []
-    for directory in dirs:
+    for path in paths:
         try:
-            names = sorted(os.listdir(directory))
-        except OSError:
+            doc = _spec(path)
+        except (OSError, NvcError):
             continue
-        for name in names:
-            path = os.path.join(directory, name)
-            if not name.endswith((".yaml", ".yml", ".json")):
-                continue
-            try:
-                doc = _spec(path)
-            except (OSError, NvcError):
-                continue
-            if isinstance(doc, dict) and _ours_spec(doc):
-                specs.append((path, doc))
+        if isinstance(doc, dict) and _ours_spec(doc):
+            specs.append((path, doc))
     if not specs:
         return skip("CDI", f"no nvc-py CDI spec in {', '.join(dirs)} (podman --device nvidia.com/gpu=… needs "
                            "`nvc-py cdi generate --output /etc/cdi/nvidia.yaml`)")
