@@ -92,14 +92,13 @@ def cgroup_version(path: str = "/sys/fs/cgroup") -> Check:
 
 
 def _fs_type(path: str) -> int:
-    import ctypes
-    import ctypes.util
+    from nvc.syscalls import fs_type
 
-    buf = (ctypes.c_long * 16)()  # struct statfs: f_type first
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.statfs(os.fsencode(path), buf) != 0:
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
-    return buf[0]
+    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    try:
+        return fs_type(fd, path)
+    finally:
+        os.close(fd)
 
 
 def ldconfig(conf: Config) -> Check:
