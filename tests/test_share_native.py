@@ -365,6 +365,8 @@ def test_sigkilled_process_memory_is_reclaimed_within_a_second(share):
     assert share.probe("alloc", 600 * MIB, limits=limits) == [["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]]
     start = time.monotonic()
     holder.kill()                     # not waited for yet: a zombie must not keep its charge either
+    while Path(f"/proc/{holder.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.001)             # SIGKILL is delivered asynchronously: probe once it is dead
     out = share.probe("alloc", 600 * MIB, limits=limits)
     elapsed = time.monotonic() - start
     holder.wait()
