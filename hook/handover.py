@@ -34,7 +34,10 @@ one line. It waits at most ``$NVC_PY_HOOK_TIMEOUT`` seconds (:func:`timeout_us`;
 each answer, and at most ACK_TIMEOUT for ``ready``: without it the caller runs the program itself
 (no worker ran or will run anything: a worker runs only after ``go``, and holds none of the
 caller's streams before it); once it sent ``go`` it kills the worker and fails with one line
-instead (the call may have done part of its work). ``NVC_PY_HOOK_SOCKET=none`` hands nothing over.
+instead (the call may have done part of its work). A wedged server costs that wait once, not at
+every call: a stopped listener is seen at once, and a call that timed out leaves a marker that
+keeps the next calls from waiting (:mod:`nvc.hook.wedge`). ``NVC_PY_HOOK_SOCKET=none`` hands
+nothing over.
 """
 
 from __future__ import annotations
@@ -121,25 +124,37 @@ def call_timeout() -> float:
     return micro / 1e6 if micro else DEFAULT_TIMEOUT
 
 
-def not_roots(path: str) -> str | None:
-    """Why the socket at ``path`` may not be root's server's (None: it is root's, so far as the
-    files tell; the peer's credentials are checked once connected). A socket absent reads as
-    None: connecting fails and the caller runs the program itself."""
+def not_roots(path: str) -> tuple[str | None, int]:
+    """(Why the socket at ``path`` may not be root's server's, the socket's directory as an O_PATH
+    descriptor): (None, fd) where it is root's, so far as the files tell (the peer's credentials are
+    checked once connected); else the descriptor is -1. A socket absent reads as (None, -1):
+    connecting fails and the caller runs the program itself."""
     import stat
 
-    directory = os.path.dirname(path) or "."
+    directory, name = os.path.split(path)
     try:
-        sock = os.lstat(path)
-        st = os.lstat(directory)
+        dirfd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # absent, a symlink, or not a directory: a socket there is none of root's server's
+        return (None if not os.path.lexists(path) else
+                f"{directory}: not a directory of root's that only root can write"), -1
+    try:
+        st = os.fstat(dirfd)
+        sock = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
     except FileNotFoundError:
-        return None
+        os.close(dirfd)
+        return None, -1
     except OSError as err:
-        return f"{path}: {err.strerror}"
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-        return f"{directory}: not a directory of root's that only root can write"
-    if not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != 0:
-        return f"{path}: not a socket of root's"
-    return None
+        os.close(dirfd)
+        return f"{path}: {err.strerror}", -1
+    why = None
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        why = f"{directory}: not a directory of root's that only root can write"
+    elif not stat.S_ISSOCK(sock.st_mode) or sock.st_uid != 0:
+        why = f"{path}: not a socket of root's"
+    if why is not None:
+        os.close(dirfd)
+        return why, -1
+    return None, dirfd
 
 
 def hand_over(argv: list[str]) -> None:
@@ -162,12 +177,38 @@ def hand_over(argv: list[str]) -> None:
     if path == NO_SERVER:
         return
     prog = os.path.basename(argv[0])
-    why = not_roots(path)
+    why, dirfd = not_roots(path)
     if why is not None:
         os.write(2, f"{prog}: not handing over to the hook server ({why}); running here\n".encode())
         return
+    from nvc.hook import wedge
+
+    found, held = wedge.marker(dirfd) if dirfd >= 0 else (wedge.NONE, -1)
+    try:
+        if found == wedge.FRESH:
+            os.write(2, f"{prog}: the hook server left a call unanswered less than {wedge.RETRY} s ago; running "
+                        "here\n".encode())
+            return
+        _hand_over(prog, message, path, dirfd, held if found == wedge.PROBE else None)
+    finally:
+        if held >= 0:
+            os.close(held)
+        if dirfd >= 0:
+            os.close(dirfd)
+
+
+class _Unanswered(Exception):
+    """The server gave no ``ready`` (nothing was done); the one argument says why, for the caller's line."""
+
+
+def _hand_over(prog: str, message: bytes, path: str, dirfd: int, held: int | None) -> None:
+    """hand_over() once the socket's directory ``dirfd`` is checked and no fresh marker stands there;
+    ``held``: the marker this call holds to try a server marked wedged again (None: there was no
+    marker, so one that appears while this call waits means another call timed out)."""
     import _socket  # not socket: its imports cost more than the rest of this path
     import time
+
+    from nvc.hook import wedge
 
     timeout = call_timeout()
     try:
@@ -180,27 +221,35 @@ def hand_over(argv: list[str]) -> None:
             sock.settimeout(min(ACK_TIMEOUT, timeout))
             message = message[:-STAMP_DIGITS - 1] + b"%0*d\0" % (STAMP_DIGITS, time.monotonic_ns())
             sock.connect(path)  # after the stamp: a spare may accept before connect returns
-            peer_uid = int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[4:8],
-                                      sys.byteorder)
+            creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+            peer_uid = int.from_bytes(creds[4:8], sys.byteorder)
             if peer_uid != 0:
                 os.write(2, f"{prog}: not handing over to the hook server ({path}: served by uid {peer_uid}, "
                             "not root); running here\n".encode())
                 return
+            listener = int.from_bytes(creds[0:4], sys.byteorder, signed=True)
+            if wedge.stopped(listener):
+                raise _Unanswered(f"the hook server (pid {listener}) is stopped")
             cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 _send_fds(sock, message, (cwd,))
             finally:
                 os.close(cwd)
-            reply, worker = _receive(sock)
+            reply, worker = _first_answer(sock, listener, dirfd, held is None, min(ACK_TIMEOUT, timeout))
+            if held is not None:  # a server answered: the mark goes
+                wedge.clear(dirfd)
             proof = _worker_connection(reply)
             if proof >= 0:
                 try:
                     _send_fds(sock, GO, (0, 1, 2, proof))
                 finally:
                     os.close(proof)
-        except TimeoutError:
-            os.write(2, f"{prog}: the hook server did not answer in {min(ACK_TIMEOUT, timeout):g} s; "
-                        "running here\n".encode())
+        except _Unanswered as silent:
+            os.write(2, f"{prog}: {silent.args[0]}; running here\n".encode())
+            return
+        except TimeoutError:  # connecting or sending: a server that takes no more calls
+            os.write(2, f"{prog}: the hook server did not answer in {min(ACK_TIMEOUT, timeout):g} s; running "
+                        "here\n".encode())
             return
         except OSError:
             return  # no worker runs the call (none before ``go``): run here
@@ -233,6 +282,33 @@ def hand_over(argv: list[str]) -> None:
         return
     os.write(2, f"{prog}: the hook server's worker ended without a status\n".encode())
     os._exit(1)
+
+
+def _first_answer(sock, listener: int, dirfd: int, watch: bool,  # noqa: ANN001 - a _socket.socket
+                  wait: float) -> tuple[bytes, int]:
+    """The server's first answer (as :func:`_receive`) within ``wait`` seconds, looking every
+    wedge.SLICE whether the listener (its pid) stopped or, with ``watch``, another call marked the
+    server wedged meanwhile (:mod:`nvc.hook.wedge`); _Unanswered otherwise (the server marked
+    wedged where this call timed out)."""
+    import time
+
+    from nvc.hook import wedge
+
+    deadline = time.monotonic() + wait
+    while not wedge.stopped(listener):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if dirfd >= 0:
+                wedge.mark(dirfd)
+            raise _Unanswered(f"the hook server did not answer in {wait:g} s")
+        sock.settimeout(min(left, wedge.SLICE))
+        try:
+            return _receive(sock)
+        except TimeoutError:
+            pass
+        if watch and dirfd >= 0 and wedge.fresh(dirfd):
+            raise _Unanswered("the hook server left another call unanswered")
+    raise _Unanswered(f"the hook server (pid {listener}) is stopped")
 
 
 def _worker_connection(reply: bytes) -> int:

@@ -73,7 +73,7 @@ import time
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.hook import activation, scope
+from nvc.hook import activation, scope, watchdog, wedge
 from nvc.hook.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError,
                                parse_call)
 from nvc.hook.peer import SO_PEERPIDFD, Standing, caller_shortfall, own_standing, reaches_worker
@@ -540,7 +540,11 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
     sock = inherited if inherited is not None else listen(directory_fd, name, path)
     owned = inherited is None  # a name this server bound: unlinked when it stops
     idle = activation.idle_exit() if owned else None  # systemd's socket is not this server's to unlink
+    dog = watchdog.from_environment()
+    with contextlib.suppress(OSError):  # calls that found its predecessor wedged try this one at once
+        os.unlink(wedge.MARKER, dir_fd=directory_fd)
     draining = False
+    quiet_since = time.monotonic()  # of the last event (a call taken, a spare's end, a signal)
     try:
         gc.collect()
         gc.freeze()  # keep the imported objects' pages shared with the workers
@@ -559,20 +563,31 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                         _spare(sock, taken_w, programs, ours, stats, scratch, nice)
                     os.close(taken_w)
                     spares.add(taken_r)
-                # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM.
+                # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM; with
+                # systemd's watchdog, until its next keep-alive at the latest.
                 wait = DRAIN_QUIET if draining else ADOPTED_IDLE_EXIT if idle and _adopted() else idle
-                ready = select.select([*spares, stop_r], [], [], wait)[0]
+                limit = wait
+                if dog is not None:
+                    dog.tick(queued=bool(select.select([sock], [], [], 0)[0]))
+                    limit = dog.due_in() if wait is None else min(dog.due_in(), quiet_since + wait - time.monotonic())
+                ready = select.select([*spares, stop_r], [], [], None if limit is None else max(0.0, limit))[0]
                 if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
                     return 0
                 died = False
                 for fd in spares.intersection(ready):
-                    died |= not os.read(fd, 1)
+                    taken = os.read(fd, 1)
+                    died |= not taken
+                    if dog is not None and taken:
+                        dog.taken = True
                     os.close(fd)
                     spares.discard(fd)
                 if died:
                     time.sleep(SPARE_RESPAWN_DELAY)  # no tight loop of spares that cannot start
                 if ready:  # a call, a dead spare or another signal's byte
+                    quiet_since = time.monotonic()
                     continue
+                if wait is None or (dog is not None and time.monotonic() - quiet_since < wait):
+                    continue  # the watchdog's turn, not idle yet
                 if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
                     adopter = f" (pid {os.getppid()} adopted this server and may wait for it)" if wait != idle else ""
                     print(f"nvc-py-hook serve: no call for {wait:g} s: stopping{adopter}", file=sys.stderr, flush=True)

@@ -34,6 +34,7 @@ SYSTEMD_UNIT_DIR = "/etc/systemd/system"
 SYSTEMD_RUNNING = "/run/systemd/system"  # exists where systemd is PID 1 (sd_booted)
 SERVER_UNIT = "nvc-py-hook.service"
 SOCKET_UNIT = "nvc-py-hook.socket"
+WATCHDOG_SEC = 10  # the server's unit: seconds without a keep-alive before systemd replaces it
 NO_SERVER_FILE = "no-server"  # beside the configuration file: no server started on demand (client/server_start.c)
 FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py-poststop.json"}
@@ -220,7 +221,11 @@ def server_unit(config_path: str | None = None) -> str:
     KillMode=process: a stop or restart ends the server and its idle spare worker (which dies
     with it), never a worker in the middle of a container's start. RestartPreventExitStatus=2:
     a refusal to start (a socket directory others control, see nvc.hook.server) is no failure a
-    restart mends; the clients run the hook themselves meanwhile.
+    restart mends; the clients run the hook themselves meanwhile. WatchdogSec=: a server whose
+    accept loop stops sending keep-alives (wedged, stopped, or its workers taking no call:
+    nvc.hook.watchdog) is killed and restarted; SIGKILL, since a stopped process would hold any
+    other signal until continued. Meanwhile one call pays the clients' hand-over timeout and the
+    others run the hook themselves (nvc.hook.wedge).
     """
     env = "".join(f"Environment={entry}\n" for entry in hook_env(config_path))
     program = os.path.join(LIBDIR, SERVER_PROGRAM)
@@ -234,6 +239,9 @@ def server_unit(config_path: str | None = None) -> str:
             f"ExecStart={program} serve\n"
             f"{env}"
             "KillMode=process\n"
+            f"WatchdogSec={WATCHDOG_SEC}\n"
+            "WatchdogSignal=SIGKILL\n"
+            "NotifyAccess=main\n"
             "Restart=on-failure\n"
             "RestartPreventExitStatus=2\n")  # a refused socket directory: restarting cannot help
 

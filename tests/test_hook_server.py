@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -18,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -298,6 +300,8 @@ def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     assert f"ExecStart={LIBDIR / 'nvc-py-hook-python'} serve" in lines and "KillMode=process" in lines
     assert "Requires=nvc-py-hook.socket" in lines
     assert "RestartPreventExitStatus=2" in lines  # a refused socket directory: no restart loop
+    # systemd replaces a wedged server: SIGKILL, which a stopped one does not hold back
+    assert {"WatchdogSec=10", "WatchdogSignal=SIGKILL", "NotifyAccess=main", "Restart=on-failure"} <= set(lines)
     assert [line for line in lines if line.startswith("Environment=")] == [
         "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         f"Environment=NVC_PY_CONFIG={config}"]
@@ -945,10 +949,26 @@ def test_a_call_with_odd_environment_entries_is_served_as_the_program_would_run(
     assert (record["container"], record["outcome"], record["via"]) == ("odd-env", "no-gpu", "server")
 
 
+def stop(pids: list[int]) -> None:
+    """SIGSTOP to each of ``pids``, and back once each is stopped (signals are asynchronous: a spare
+    still running in accept() could take a call made right after the kill)."""
+    import signal
+
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    for pid in pids:
+        while Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1] != "T" and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
 def spare_pids(server: subprocess.Popen[str]) -> list[int]:
+    """The spare workers of a server that has served no call yet, once it forked them all."""
+    from nvc.hook.server import SPARES
+
     children = Path(f"/proc/{server.pid}/task/{server.pid}/children")
     deadline = time.monotonic() + 10
-    while not children.read_text().split() and time.monotonic() < deadline:
+    while len(children.read_text().split()) < SPARES and time.monotonic() < deadline:
         time.sleep(0.05)
     return [int(pid) for pid in children.read_text().split()]
 
@@ -964,41 +984,203 @@ def hook_command(client: str, tmp_path: Path) -> tuple[list[str], str]:
     return [str(script)], "nvc-py-hook"
 
 
-@pytest.mark.parametrize("client", ["native", "python"])
-def test_a_stopped_server_costs_a_call_at_most_the_acknowledgment_timeout(active_2gpu, setup_dir: Path,
-                                                                           tmp_path: Path, client: str) -> None:
-    """Server and spare worker stopped (SIGSTOP): the client gets no `ready`, runs the hook itself
-    after ACK_TIMEOUT, and the worker, once continued, runs nothing of that call."""
+@contextmanager
+def stopped_server(setup_dir: Path, *, listener: bool = True) -> Iterator[tuple[subprocess.Popen[str], dict[str, str],
+                                                                               Callable[[], None]]]:
+    """A server whose spare workers are stopped (SIGSTOP), and with ``listener`` the server itself:
+    (the server, the environment of a call that reaches it, what continues them). Continued at the end."""
     import signal
 
     top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
     env = {handover.SOCKET_ENV: str(top / "run" / "hook.sock"), "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
            "PATH": "/usr/bin:/bin"}
+
+    def resume() -> None:
+        for pid in stopped:
+            with suppress(ProcessLookupError):  # a continued spare that served a call is gone
+                os.kill(pid, signal.SIGCONT)
+
     try:
         with hook_server(HOOK, top / "run" / "hook.sock") as server:
-            stopped = [server.pid, *spare_pids(server)]
-            for pid in stopped:
-                os.kill(pid, signal.SIGSTOP)
-            lines = len((setup_dir / "hook.log").read_text().splitlines()) if (setup_dir / "hook.log").exists() else 0
-            started = time.monotonic()
-            command, name = hook_command(client, tmp_path)
-            result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="",
-                                    timeout=60)
-            took = time.monotonic() - started
-            for pid in stopped:
-                os.kill(pid, signal.SIGCONT)
-            print(f"stopped server: the call fell back after {took:.2f} s")
-            running = HOOK if client == "native" else "here"
-            assert result.stderr.startswith(f"{name}: the hook server did not answer in "
-                                            f"{handover.ACK_TIMEOUT:g} s; running {running}\n")
-            assert result.stderr.count("did not answer") == 1  # the program run after it did not try again
-            assert result.returncode == 2  # the hook's own answer to an empty state
-            again = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, env=env,
-                                   timeout=30)
-            assert (again.returncode, again.stderr) == (0, "")
-            time.sleep(0.5)  # the continued worker had its chance to run the abandoned call
-        new = (setup_dir / "hook.log").read_text().splitlines()[lines:]
-        assert len(new) == 1 and "via" not in json.loads(new[0])
+            stopped = [*([server.pid] if listener else []), *spare_pids(server)]
+            stop(stopped)
+            try:
+                yield server, env, resume
+            finally:
+                resume()
+    finally:
+        shutil.rmtree(top)
+
+
+def hook_log_lines(setup_dir: Path) -> list[str]:
+    log = setup_dir / "hook.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("client", ["native", "python"])
+def test_a_stopped_server_is_seen_at_once_and_runs_nothing(active_2gpu, setup_dir: Path, tmp_path: Path,
+                                                           client: str) -> None:
+    """Server and spare worker stopped (SIGSTOP): the client sees the listener stopped as it connects,
+    runs the hook itself at once, and the worker, once continued, runs nothing of that call."""
+    with stopped_server(setup_dir) as (server, env, resume):
+        lines = len(hook_log_lines(setup_dir))
+        started = time.monotonic()
+        command, name = hook_command(client, tmp_path)
+        result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="",
+                                timeout=60)
+        took = time.monotonic() - started
+        print(f"stopped server: the call ran the hook itself after {took:.2f} s")
+        running = HOOK if client == "native" else "here"
+        assert result.stderr.startswith(f"{name}: the hook server (pid {server.pid}) is stopped; running {running}\n")
+        assert result.stderr.count("is stopped") == 1  # the program run after it did not try again
+        assert result.returncode == 2  # the hook's own answer to an empty state
+        resume()
+        again = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, env=env,
+                               timeout=30)
+        assert (again.returncode, again.stderr) == (0, "")
+        time.sleep(0.5)  # the continued worker had its chance to run the abandoned call
+    new = hook_log_lines(setup_dir)[lines:]
+    assert len(new) == 1 and "via" not in json.loads(new[0])
+
+
+def concurrent_calls(command: list[str], env: dict[str, str], count: int) -> list[tuple[int, str, float]]:
+    """``count`` calls of ``command prestart`` (an empty OCI state: the hook's status 2) at once:
+    (status, stderr, seconds) of each."""
+    def call(_: int) -> tuple[int, str, float]:
+        started = time.monotonic()
+        result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="", timeout=120)
+        return result.returncode, result.stderr, time.monotonic() - started
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(call, range(count)))
+
+
+@pytest.mark.parametrize("client", ["native", "python"])
+def test_a_stopped_server_costs_16_concurrent_calls_the_timeout_once_at_most(active_2gpu, setup_dir: Path,
+                                                                             tmp_path: Path, client: str) -> None:
+    """The issue's case: a wedged server (here stopped) on a busy node. Each call waited out the
+    hand-over timeout on its own before running the hook itself; now at most one does."""
+    command, name = hook_command(client, tmp_path)
+    with stopped_server(setup_dir) as (server, env, _):
+        results = concurrent_calls(command, env, 16)
+    waited = [err for _, err, _ in results if "did not answer in" in err]
+    print(f"16 calls on a stopped server: {len(waited)} waited the timeout; slowest {max(t for *_, t in results):.2f} s")
+    assert len(waited) <= 1, waited
+    assert [code for code, _, _ in results] == [2] * 16
+    assert all(err.startswith(f"{name}: the hook server (pid {server.pid}) is stopped; running ")
+               for _, err, _ in results if err not in waited)
+
+
+@pytest.mark.parametrize("client", ["native", "python"])
+def test_a_call_left_unanswered_keeps_the_next_calls_from_waiting(active_2gpu, setup_dir: Path, tmp_path: Path,
+                                                                  client: str) -> None:
+    """A server wedged otherwise (here its spare workers stopped, its listener running): the first
+    call waits the hand-over timeout and leaves a marker beside the socket (root's, 0600); 16
+    concurrent calls after it run the hook at once. Once the marker is older than wedge.RETRY one
+    call tries the server again, and a server that answers it removes the marker."""
+    from nvc.hook import wedge
+
+    command, name = hook_command(client, tmp_path)
+    with stopped_server(setup_dir, listener=False) as (_, env, resume):
+        marker = Path(env[handover.SOCKET_ENV]).with_name(wedge.MARKER)
+        first = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="", timeout=60)
+        assert f"{name}: the hook server did not answer in {handover.ACK_TIMEOUT:g} s; running " in first.stderr
+        st = marker.lstat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode), stat.S_ISREG(st.st_mode)) == (0, 0o600, True)
+        results = concurrent_calls(command, env, 16)
+        print(f"16 calls after a timeout: slowest {max(t for *_, t in results):.2f} s")
+        assert [(code, err.split("; running ")[0]) for code, err, _ in results] == [
+            (2, f"{name}: the hook server left a call unanswered less than {wedge.RETRY} s ago")] * 16
+        resume()
+        lines = len(hook_log_lines(setup_dir))
+        old = time.time() - wedge.RETRY - 1
+        os.utime(marker, (old, old))
+        again = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="", timeout=60)
+        assert again.returncode == 2 and "hook server" not in again.stderr
+        assert json.loads(hook_log_lines(setup_dir)[lines])["via"] == "server"  # tried again, and served
+        assert not marker.exists()
+
+
+@pytest.mark.parametrize("plant", ["another-users", "group-writable", "symlink", "fifo"])
+@pytest.mark.parametrize("client", ["native", "python"])
+def test_a_marker_that_is_no_file_of_roots_alone_is_ignored(served: Path, setup_dir: Path, tmp_path: Path,
+                                                            client: str, plant: str) -> None:
+    """The marker is trusted under the socket directory's rules: anything but a regular file of
+    root's that group and others cannot write keeps no call away, and is never written through."""
+    from nvc.hook import wedge
+
+    marker = served.with_name(wedge.MARKER)
+    target = tmp_path / "target"
+    target.write_text("")
+    if plant == "symlink":
+        marker.symlink_to(target)
+    elif plant == "fifo":
+        os.mkfifo(marker, 0o600)
+    else:
+        marker.write_text("")
+        marker.chmod(0o620 if plant == "group-writable" else 0o600)
+        os.chown(marker, 1000 if plant == "another-users" else 0, 0)
+    before = (marker.lstat(), target.stat())
+    command, _ = hook_command(client, tmp_path)
+    env = {handover.SOCKET_ENV: str(served), "NVC_PY_CONFIG": str(setup_dir / "config.yaml"), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="", timeout=60)
+    assert result.returncode == 2 and "hook server" not in result.stderr
+    assert json.loads(hook_log_lines(setup_dir)[-1])["via"] == "server"
+    assert (marker.lstat(), target.stat()) == before
+
+
+def keep_alives(manager: socket.socket, seconds: float) -> list[bytes]:
+    """The sd_notify datagrams ``manager`` (systemd's end of $NOTIFY_SOCKET) got within ``seconds``."""
+    got, deadline = [], time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        manager.settimeout(left)
+        try:
+            got.append(manager.recv(4096))
+        except TimeoutError:
+            break
+    return got
+
+
+def test_the_server_keeps_systemds_watchdog_fed_only_while_its_workers_take_calls(active_2gpu,
+                                                                                  tmp_path: Path) -> None:
+    """With WatchdogSec= (here 0.4 s: WATCHDOG_USEC) the server sends WATCHDOG=1 every half of it
+    from its accept loop; while a call waits in its queue and no worker takes it (its spares
+    stopped), it sends none, so systemd replaces it; once the workers take calls again, it sends
+    again. A server not named by WATCHDOG_PID sends nothing."""
+    import signal
+
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(str(tmp_path / "notify"))
+    sock = tmp_path / "run" / "hook.sock"
+    env = {"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "400000"}
+    wrapper = ["env", *(f"{name}={value}" for name, value in env.items())]
+    with hook_server(HOOK, sock, wrapper=wrapper) as server:
+        assert keep_alives(manager, 1.0).count(b"WATCHDOG=1") >= 3
+        spares = spare_pids(server)
+        stop(spares)
+        queued = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        queued.connect(str(sock))  # a call no worker takes
+        keep_alives(manager, 0.3)  # the one due before it was seen
+        assert keep_alives(manager, 1.0) == []
+        for pid in spares:
+            os.kill(pid, signal.SIGCONT)
+        assert keep_alives(manager, 1.0).count(b"WATCHDOG=1") >= 3
+        queued.close()
+    with hook_server(HOOK, sock, wrapper=[*wrapper, "WATCHDOG_PID=1"]):
+        assert keep_alives(manager, 0.6) == []
+    manager.close()
+
+
+def test_a_server_clears_a_marker_as_it_starts(active_2gpu, setup_dir: Path) -> None:
+    """Calls that found its predecessor wedged try a new server at once."""
+    from nvc.hook import wedge
+
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    try:
+        (top / "run").mkdir(mode=0o700)
+        (top / "run" / wedge.MARKER).write_text("")
+        with hook_server(HOOK, top / "run" / "hook.sock"):
+            assert not (top / "run" / wedge.MARKER).exists()
     finally:
         shutil.rmtree(top)
 
@@ -1044,39 +1226,38 @@ TIMEOUTS = [("0.0000001", 1e-06), ("0.000001", 1e-06), ("0.3", 0.3), (".25", 0.2
             ("0." + "0" * 4997 + "1", 2.0)]
 
 
-def test_both_clients_read_nvc_py_hook_timeout_alike(active_2gpu) -> None:
-    """One grammar (handover.timeout_us) in both clients: against a wedged server (stopped, with
-    its spare workers) each value bounds the wait for ``ready`` alike, and both say so in the same
+def test_both_clients_read_nvc_py_hook_timeout_alike(tmp_path: Path) -> None:
+    """One grammar (handover.timeout_us) in both clients: against a wedged server (a listening
+    socket nobody accepts on, one per call: a call that times out marks its server wedged for the
+    calls after it) each value bounds the wait for ``ready`` alike, and both say so in the same
     words; none waits for ever, as a value under 1 µs once did in the native client (its socket
     timeout rounded to 0, which means none)."""
-    import signal
-
-    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
-    sock = top / "run" / "hook.sock"
     code = "from nvc.hook.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
     commands = {"native": ([str(CLIENT), MISSING, "--version"], (127, "", f"running {MISSING}\n{CANNOT_EXECUTE}")),
                 "python": ([sys.executable, "-c", code], (0, "ran here\n", "running here\n"))}
+    cases = [(client, value) for client in commands for value, _ in TIMEOUTS]
+    wedged = []
+    for number in range(len(cases)):
+        (tmp_path / str(number)).mkdir(mode=0o700)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(str(tmp_path / str(number) / "hook.sock"))
+        listener.listen(1)
+        wedged.append(listener)
 
-    def call(case: tuple[str, str]) -> tuple[str, float, subprocess.CompletedProcess[str]]:
-        client, value = case
+    def call(number: int) -> tuple[str, float, subprocess.CompletedProcess[str]]:
+        client, value = cases[number]
         started = time.monotonic()
         result = subprocess.run(commands[client][0], capture_output=True, text=True, timeout=30,
-                                env={handover.SOCKET_ENV: str(sock), handover.TIMEOUT_ENV: value})
+                                env={handover.SOCKET_ENV: str(tmp_path / str(number) / "hook.sock"),
+                                     handover.TIMEOUT_ENV: value})
         return client, time.monotonic() - started, result
 
     try:
-        with hook_server(HOOK, sock) as server:
-            stopped = [server.pid, *spare_pids(server)]
-            for pid in stopped:
-                os.kill(pid, signal.SIGSTOP)
-            try:
-                with ThreadPoolExecutor(8) as pool:
-                    results = list(pool.map(call, [(client, value) for client in commands for value, _ in TIMEOUTS]))
-            finally:
-                for pid in stopped:
-                    os.kill(pid, signal.SIGCONT)
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(call, range(len(cases))))
     finally:
-        shutil.rmtree(top)
+        for listener in wedged:
+            listener.close()
     for (client, took, result), (value, waited) in zip(results, TIMEOUTS * 2):
         code, out, err_end = commands[client][1]
         said = re.fullmatch(r"[\w-]+: the hook server did not answer in (\S+) s; (.*\n)+", result.stderr)

@@ -43,12 +43,17 @@
  * waiting on) and fails with one line, as does a worker that ends without a status. Connecting and
  * sending are bounded by ACK_TIMEOUT_US too (SO_SNDTIMEO).
  *
+ * A wedged server costs that wait once, not at every call (wedge.c): a call sees a stopped listener at once,
+ * and one that timed out leaves a marker that keeps the next calls from waiting. A container start's hook
+ * call that finds the server wedged so puts a new one in its place (server_start.c) and hands its call to it.
+ *
  * Socket: $NVC_PY_HOOK_SOCKET, else /run/nvc-py/hook.sock; `none` hands nothing over. A program run
  * after trying the server gets NVC_PY_HOOK_SOCKET=none, so that a front behind it does not try again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +81,7 @@
 
 #include "server_start.h"
 #include "socket_dir.h"
+#include "wedge.h"
 
 extern char **environ;
 
@@ -172,8 +178,8 @@ static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, 
 
 /* Why the socket at path may not be root's server's (NULL: root's, so far as the files tell; an absent
  * socket, or one this caller may not reach (not root), reads as NULL: connecting fails, silently, as where no
- * server runs. */
-static const char *not_roots(const char *path)
+ * server runs. *dirfd: the socket's directory (O_PATH) where it is root's and holds the socket, else -1. */
+static const char *not_roots(const char *path, int *dirfd)
 {
     char directory[sizeof ((struct sockaddr_un *)0)->sun_path];
     const char *slash = strrchr(path, '/');
@@ -184,13 +190,24 @@ static const char *not_roots(const char *path)
     else
         snprintf(directory, sizeof directory, "%.*s", (int)(slash - path), path);
     struct stat sock, st;
-    if (lstat(path, &sock) < 0 || lstat(directory, &st) < 0)
-        return errno == ENOENT || errno == EACCES ? NULL : "it cannot be examined"; /* not there, or not ours */
-    if (!socket_dir_is_roots(&st))
-        return SOCKET_DIR_PROBLEM;
-    if (!S_ISSOCK(sock.st_mode) || sock.st_uid != 0)
-        return "it is not a socket of root's";
-    return NULL;
+    *dirfd = open(directory, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const char *why = NULL;
+    if (*dirfd < 0 && lstat(path, &sock) == 0) /* a socket there, in a symlink or what is no directory */
+        why = SOCKET_DIR_PROBLEM;
+    else if (*dirfd < 0 || fstat(*dirfd, &st) < 0 ||
+             fstatat(*dirfd, slash ? slash + 1 : path, &sock, AT_SYMLINK_NOFOLLOW) < 0)
+        why = errno == ENOENT || errno == EACCES || errno == ELOOP || errno == ENOTDIR ? NULL /* no socket there */
+                                                                                        : "it cannot be examined";
+    else if (!socket_dir_is_roots(&st))
+        why = SOCKET_DIR_PROBLEM;
+    else if (!S_ISSOCK(sock.st_mode) || sock.st_uid != 0)
+        why = "it is not a socket of root's";
+    else
+        return NULL;
+    if (*dirfd >= 0)
+        close(*dirfd);
+    *dirfd = -1;
+    return why;
 }
 
 /* Sets the socket's send and receive timeouts (microseconds, above 0: 0 would mean no timeout). */
@@ -219,6 +236,50 @@ static ssize_t answer(int sock, char *reply, size_t size, int *fd)
         memcpy(fd, CMSG_DATA(cmsg), sizeof(int));
     reply[n > 0 ? n : 0] = '\0';
     return n;
+}
+
+/* Why a call got no `ready` (first_answer). */
+enum silence { ANSWERED, TIMED_OUT, STOPPED, MARKED, BROKEN };
+
+static long long since_us(const struct timespec *start)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (now.tv_sec - start->tv_sec) * 1000000LL + (now.tv_nsec - start->tv_nsec) / 1000;
+}
+
+/* The server's first answer (as answer()) within timeout_us, looking every WEDGE_SLICE_MS whether the listener
+ * stopped or (with watch) another call marked the server wedged meanwhile (wedge.c); *why says how it ended. */
+static ssize_t first_answer(int sock, int dirfd, int watch, long long timeout_us, char *reply, size_t size, int *fd,
+                            enum silence *why)
+{
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    *fd = -1;
+    for (;;) {
+        long long left = timeout_us - since_us(&start);
+        if (left <= 0) {
+            *why = TIMED_OUT;
+            return -1;
+        }
+        struct pollfd ready = {.fd = sock, .events = POLLIN};
+        int got = poll(&ready, 1, left / 1000 < WEDGE_SLICE_MS ? (int)(left / 1000) + 1 : WEDGE_SLICE_MS);
+        if (got > 0) {
+            ssize_t n = answer(sock, reply, size, fd);
+            *why = n > 0 ? ANSWERED : BROKEN;
+            return n;
+        }
+        pid_t listener;
+        if (got < 0 && errno != EINTR)
+            *why = BROKEN;
+        else if (wedge_listener_stopped(sock, &listener))
+            *why = STOPPED;
+        else if (watch && wedge_marker_fresh(dirfd))
+            *why = MARKED;
+        else
+            continue;
+        return -1;
+    }
 }
 
 /* $NVC_PY_HOOK_TIMEOUT in microseconds, for a served call's status: the grammar of nvc/hook/handover.py's
@@ -265,6 +326,18 @@ static int worker_connection(const char *reply)
         return -1;
     snprintf(path, sizeof path, "/proc/%u/fd/%u", pid, fd);
     return open(path, O_PATH | O_CLOEXEC);
+}
+
+/* Runs the program here unless the server listening on sock is root's (SO_PEERCRED), saying so in one line. */
+static void roots_or_give_up(int sock, const char *path, char **argv)
+{
+    struct ucred peer = {.uid = (uid_t)-1};
+    socklen_t peer_len = sizeof peer;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != 0) {
+        fprintf(stderr, "%s: not handing over to the hook server (%s: served by uid %d, not root); running %s\n",
+                self, path, (int)peer.uid, target);
+        give_up(argv);
+    }
 }
 
 /* `serve` is the server's own command: a worker refuses it, so it always runs here. */
@@ -333,9 +406,17 @@ int main(int argc, char **argv)
         give_up(argv);
     strcpy(addr.sun_path, path);
 
-    const char *why = not_roots(path);
+    int dirfd;
+    const char *why = not_roots(path, &dirfd);
     if (why) {
         fprintf(stderr, "%s: not handing over to the hook server (%s: %s); running %s\n", self, path, why, target);
+        give_up(argv);
+    }
+    int held = -1; /* the marker, where this call is the one to try a server marked wedged again */
+    enum wedge_marker marker = dirfd >= 0 ? wedge_marker_check(dirfd, &held) : WEDGE_NONE;
+    if (marker == WEDGE_FRESH) {
+        fprintf(stderr, "%s: the hook server left a call unanswered less than %d s ago; running %s\n", self,
+                WEDGED_RETRY_S, target);
         give_up(argv);
     }
 
@@ -359,30 +440,50 @@ int main(int argc, char **argv)
         stamp(buf, len);
         const char *not_started = NULL;
         sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(argc, argv)
-                   ? server_start_and_connect(&addr, &not_started) : -1;
+                   ? server_start_and_connect(&addr, 0, &not_started) : -1;
         if (sock < 0) {
             if (not_started)
                 fprintf(stderr, "%s: not starting the hook server (%s: %s); running %s\n", self, path, not_started,
                         target);
             give_up(argv); /* nothing was handed over */
         }
-        set_timeouts(sock, ack_timeout);
-    }
-    struct ucred peer = {.uid = (uid_t)-1};
-    socklen_t peer_len = sizeof peer;
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != 0) {
-        fprintf(stderr, "%s: not handing over to the hook server (%s: served by uid %d, not root); running %s\n",
-                self, path, (int)peer.uid, target);
-        give_up(argv);
     }
     char reply[1024];
-    int worker;
-    ssize_t got = send_with_fds(sock, buf, len, &cwd, 1) ? answer(sock, reply, sizeof reply, &worker) : -1;
-    if (got <= 0) {
-        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    int worker = -1;
+    for (int replaced = 0;; replaced = 1) {
+        set_timeouts(sock, ack_timeout);
+        roots_or_give_up(sock, path, argv);
+        pid_t listener;
+        enum silence silence = BROKEN;
+        if (wedge_listener_stopped(sock, &listener))
+            silence = STOPPED;
+        else if (send_with_fds(sock, buf, len, &cwd, 1))
+            first_answer(sock, dirfd, marker == WEDGE_NONE, ack_timeout, reply, sizeof reply, &worker, &silence);
+        if (silence == ANSWERED)
+            break;
+        if (silence == TIMED_OUT)
+            wedge_marker_set(dirfd);
+        /* No worker runs anything before `go`. A container start's hook call puts a new server in the place of a
+         * wedged one (server_start.c) and hands its call to it; any other call runs the program here. */
+        close(sock);
+        const char *not_started = NULL;
+        stamp(buf, len);
+        sock = !replaced && (silence == STOPPED || silence == TIMED_OUT) && server_start_wanted(argc, argv)
+                   ? server_start_and_connect(&addr, listener, &not_started) : -1;
+        if (sock >= 0)
+            continue;
+        if (silence == TIMED_OUT)
             fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self, ack_timeout / 1e6,
                     target);
-        give_up(argv); /* no worker runs anything before `go` */
+        else if (silence == STOPPED)
+            fprintf(stderr, "%s: the hook server (pid %d) is stopped; running %s\n", self, (int)listener, target);
+        else if (silence == MARKED)
+            fprintf(stderr, "%s: the hook server left another call unanswered; running %s\n", self, target);
+        give_up(argv);
+    }
+    if (held >= 0) { /* a server answered: the mark goes */
+        wedge_marker_clear(dirfd);
+        close(held);
     }
     int status, proof = worker_connection(reply);
     if (proof >= 0) {

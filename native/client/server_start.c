@@ -25,6 +25,11 @@
  * - Not started where `nvc-py setup ... --no-server` wrote the no-server file beside the
  *   configuration file (NVC_PY_CONFIG's directory, else /etc/nvc-py), nor for a caller that is
  *   not root.
+ * - A server a call found wedged (wedge.c: its listener stopped, or no `ready` in time) is replaced: the call
+ *   takes the start lock, and where the socket's listener is still that server, and its command line shows it is
+ *   `nvc-py-hook serve --socket` this very socket (never another program, never PID 1: systemd's socket), ends it
+ *   (SIGKILL through a pidfd; its idle workers die with it, its busy ones finish their calls), says so in
+ *   server.log, and starts the next one as above: one server at a time serves the socket.
  * NVC_PY_HOST_PID names another process whose namespaces and cgroups stand for the host's (tests
  * run in a private mount namespace).
  */
@@ -35,6 +40,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +54,8 @@
 #include <unistd.h>
 
 #define START_WAIT_MS 1000
+#define END_WAIT_MS 2000 /* at most for a wedged server to be gone once killed */
+#define MAX_CMDLINE 8192
 #define HOST_PID_ENV "NVC_PY_HOST_PID"
 #define DEFAULT_CONFIG "/etc/nvc-py/config.yaml"
 #define NO_SERVER_FILE "no-server"
@@ -249,8 +257,50 @@ static int wait_and_connect(int dirfd, const struct sockaddr_un *addr)
     return try_connect(addr);
 }
 
-/* With dirfd the checked socket directory: the connection, after starting a server or waiting for one. */
-static int start_in(int dirfd, const struct sockaddr_un *addr, const char **why)
+static pid_t listener_of(int sock)
+{
+    struct ucred peer = {0};
+    socklen_t len = sizeof peer;
+    return getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 ? peer.pid : 0;
+}
+
+/* Whether process pid's command line holds `serve --socket SOCKET_PATH` (the server of this socket). */
+static int serves(pid_t pid, const char *socket_path)
+{
+    char path[64], cmdline[MAX_CMDLINE], wanted[sizeof ((struct sockaddr_un *)0)->sun_path + 32];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, cmdline, sizeof cmdline);
+    close(fd);
+    int len = snprintf(wanted, sizeof wanted, "%cserve%c--socket%c%s%c", 0, 0, 0, socket_path, 0);
+    return n > 0 && memmem(cmdline, (size_t)n, wanted, (size_t)len) != NULL;
+}
+
+/* Ends the wedged server pid, the listener of socket_path (see the top of this file); 1 once it is gone. */
+static int end_wedged(pid_t pid, const char *socket_path, int log)
+{
+    if (pid <= 1 || !serves(pid, socket_path))
+        return 0;
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0)
+        return errno == ESRCH;
+    int gone = 0;
+    if (serves(pid, socket_path)) { /* again, now that the pidfd pins the process: its pid was not reused */
+        syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+        struct pollfd exited = {.fd = pidfd, .events = POLLIN};
+        gone = poll(&exited, 1, END_WAIT_MS) > 0;
+        if (gone && log >= 0)
+            dprintf(log, "nvc-py-hook-client: ended the wedged hook server (pid %d) to start another\n", (int)pid);
+    }
+    close(pidfd);
+    return gone;
+}
+
+/* With dirfd the checked socket directory: the connection, after starting a server (in place of the wedged one,
+ * where wedged is its pid) or waiting for one. */
+static int start_in(int dirfd, const struct sockaddr_un *addr, pid_t wedged, const char **why)
 {
     int lock = open_roots_file(dirfd, LOCK_NAME, O_RDWR | O_CREAT, LOCK_FORBIDDEN);
     if (lock < 0) {
@@ -258,13 +308,18 @@ static int start_in(int dirfd, const struct sockaddr_un *addr, const char **why)
         return -1;
     }
     if (flock(lock, LOCK_EX | LOCK_NB) == 0) {
-        int sock = try_connect(addr); /* a server another client started since this one's connect failed */
-        if (sock >= 0) {
+        /* a server another client started (or put in the wedged one's place) since this one's call failed */
+        int sock = try_connect(addr);
+        if (sock >= 0 && (wedged <= 0 || listener_of(sock) != wedged)) {
             close(lock);
             return sock;
         }
         int log = open_roots_file(dirfd, LOG_NAME, O_WRONLY | O_APPEND | O_CREAT, 022);
-        int spawned = spawn_server(lock, log, addr->sun_path);
+        int spawned = 0;
+        if (sock >= 0)
+            close(sock);
+        if (sock < 0 || end_wedged(wedged, addr->sun_path, log))
+            spawned = spawn_server(lock, log, addr->sun_path);
         if (log >= 0)
             close(log);
         if (!spawned) {
@@ -276,7 +331,7 @@ static int start_in(int dirfd, const struct sockaddr_un *addr, const char **why)
     return wait_and_connect(dirfd, addr);
 }
 
-int server_start_and_connect(const struct sockaddr_un *addr, const char **why)
+int server_start_and_connect(const struct sockaddr_un *addr, pid_t wedged, const char **why)
 {
     char dir[sizeof addr->sun_path];
     if (geteuid() != 0 || !dir_of(addr->sun_path, dir, sizeof dir) || start_disabled() || !in_host_namespaces())
@@ -291,7 +346,7 @@ int server_start_and_connect(const struct sockaddr_un *addr, const char **why)
             close(dirfd);
         return -1;
     }
-    int sock = start_in(dirfd, addr, why);
+    int sock = start_in(dirfd, addr, wedged, why);
     close(dirfd);
     return sock;
 }

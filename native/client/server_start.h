@@ -2,6 +2,7 @@
 #ifndef NVC_SERVER_START_H
 #define NVC_SERVER_START_H
 
+#include <sys/types.h>
 #include <sys/un.h>
 
 #ifndef PROGRAM_DIR
@@ -13,7 +14,8 @@ int server_start_wanted(int argc, char **argv);
 
 /* A connection to a server at addr that this call started, or that another client started and this
  * one waited for (bounded); -1 when there is none: the caller runs the program itself (*why says why where
- * the socket's directory, or the start lock there, is not one to start a server with). */
-int server_start_and_connect(const struct sockaddr_un *addr, const char **why);
+ * the socket's directory, or the start lock there, is not one to start a server with). wedged: the pid of a
+ * server the call found wedged, which this start replaces (0: none). */
+int server_start_and_connect(const struct sockaddr_un *addr, pid_t wedged, const char **why);
 
 #endif
