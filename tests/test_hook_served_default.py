@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,139 @@ def test_killing_the_server_mid_storm_loses_no_call(no_gpu_state) -> None:
     assert [(r.returncode, r.stderr) for r in results] == [(0, "")] * calls
     lines = [line for line in log_lines(env) if line["container"].startswith("kill-")]
     assert sorted(line["container"] for line in lines) == sorted(f"kill-{i}" for i in range(calls))
+
+
+def stopped_server(env: dict[str, str], bundle: Path, *, listener: bool = True) -> tuple[int, list[int]]:
+    """An on-demand server started by a first call, its spare workers stopped and with ``listener``
+    the server itself: (its pid, the stopped pids)."""
+    from test_hook_server import spare_pids, stop
+
+    assert prestart(env, bundle, "first").returncode == 0
+    (server,) = servers(Path(env[handover.SOCKET_ENV]))
+    proc = subprocess.Popen.__new__(subprocess.Popen)  # spare_pids reads only .pid
+    proc.pid = server
+    stopped = [*([server] if listener else []), *spare_pids(proc)]
+    stop(stopped)
+    return server, stopped
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie its parent has not reaped yet counts), within 5 s."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1] in "ZX":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def storm(env: dict[str, str], bundle: Path, name: str, count: int) -> list[subprocess.CompletedProcess[str]]:
+    with ThreadPoolExecutor(min(count, STORM)) as pool:
+        return list(pool.map(lambda i: prestart(env, bundle, f"{name}-{i}"), range(count)))
+
+
+def test_a_stopped_on_demand_server_is_replaced_once_and_costs_no_call_the_timeout(no_gpu_state) -> None:
+    """Without systemd the next on-demand start replaces a wedged server: of 16 calls at once on a
+    stopped server, one ends it (under the start lock) and starts the next, the others wait for that
+    one as for any start; none waits out the hand-over timeout, and one server serves afterwards."""
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    old, _ = stopped_server(env, bundle)
+    results = storm(env, bundle, "stopped", 16)
+    assert [r.returncode for r in results] == [0] * 16
+    assert not [r.stderr for r in results if "did not answer" in r.stderr]
+    (new,) = servers(sock)
+    assert new != old and gone(old)
+    log = sock.with_name("server.log").read_text()
+    assert log.count(f"ended the wedged hook server (pid {old}) to start another") == 1, log
+    assert prestart(env, bundle, "after").returncode == 0 and log_lines(env)[-1].get("via") == "server"
+
+
+def test_a_silent_on_demand_server_is_replaced_after_one_timeout(no_gpu_state) -> None:
+    """A server wedged otherwise (its workers stopped, its listener running): the call that waits
+    out the hand-over timeout ends it and hands its call to the next server; the calls after it
+    are served at once."""
+    from nvc.hook import wedge
+
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    old, stopped = stopped_server(env, bundle, listener=False)
+    started = time.monotonic()
+    first = prestart(env, bundle, "silent")
+    took = time.monotonic() - started
+    assert (first.returncode, first.stderr) == (0, "")
+    assert handover.ACK_TIMEOUT <= took < handover.ACK_TIMEOUT + 5
+    assert log_lines(env)[-1].get("via") == "server"  # the new server's
+    (new,) = servers(sock)
+    assert new != old and gone(old)
+    assert not sock.with_name(wedge.MARKER).exists()  # the new server cleared it
+    assert all(gone(pid) for pid in stopped)  # idle spares went with their server
+    results = storm(env, bundle, "after", 8)
+    assert [(r.returncode, r.stderr) for r in results] == [(0, "")] * 8
+
+
+def test_a_server_killed_again_and_again_mid_storm_fails_no_start(no_gpu_state) -> None:
+    """The server SIGKILLed every 0.15 s while storms of 32 calls run, until it was killed four
+    times: every call is served or runs the hook itself, and a next call starts a server on demand."""
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    assert prestart(env, bundle, "first").returncode == 0
+    done = threading.Event()
+    kills = []
+
+    def killer() -> None:
+        while not done.wait(0.15):
+            for pid in servers(sock):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    kills.append(pid)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    results = []
+    try:
+        while len(kills) < 4 and len(results) < 20 * STORM:
+            results += storm(env, bundle, f"killed-{len(results) // STORM}", STORM)
+    finally:
+        done.set()
+        thread.join()
+    print(f"{len(kills)} servers killed during {len(results)} calls")
+    assert len(kills) >= 4
+    assert [(r.returncode, r.stderr) for r in results] == [(0, "")] * len(results)
+    assert len([line for line in log_lines(env) if line["container"].startswith("killed-")]) == len(results)
+
+
+NEVER_ACCEPTS = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(sys.argv[1])
+s.listen(8)
+print("listening", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_silent_listener_that_is_no_server_of_this_socket_is_never_killed(no_gpu_state) -> None:
+    """A call that times out replaces only `nvc-py-hook serve --socket` of this very socket: any
+    other listener there (here a program that never accepts) is left alone, and the call runs the
+    hook itself."""
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    sock.parent.mkdir(mode=0o700)
+    other = subprocess.Popen([sys.executable, "-c", NEVER_ACCEPTS, str(sock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "listening\n"
+        result = prestart(env, bundle, "other")
+        assert result.returncode == 0
+        assert result.stderr == (f"nvc-py-hook: the hook server did not answer in {handover.ACK_TIMEOUT:g} s; running "
+                                 f"{LIBDIR / 'nvc-py-hook-python'}\n")
+        assert other.poll() is None and not servers(sock)
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_no_server_file_keeps_the_hook_from_starting_one(no_gpu_state) -> None:

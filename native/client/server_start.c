@@ -281,15 +281,15 @@ static int serves(pid_t pid, const char *socket_path)
 /* Ends the wedged server pid, the listener of socket_path (see the top of this file); 1 once it is gone. */
 static int end_wedged(pid_t pid, const char *socket_path, int log)
 {
-    if (pid <= 1 || !serves(pid, socket_path))
+    if (pid <= 1)
         return 0;
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (pidfd < 0)
         return errno == ESRCH;
-    int gone = 0;
-    if (serves(pid, socket_path)) { /* again, now that the pidfd pins the process: its pid was not reused */
+    struct pollfd exited = {.fd = pidfd, .events = POLLIN};
+    int gone = poll(&exited, 1, 0) > 0; /* it died meanwhile */
+    if (!gone && serves(pid, socket_path)) { /* checked once the pidfd pins the process: no pid reused since */
         syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
-        struct pollfd exited = {.fd = pidfd, .events = POLLIN};
         gone = poll(&exited, 1, END_WAIT_MS) > 0;
         if (gone && log >= 0)
             dprintf(log, "nvc-py-hook-client: ended the wedged hook server (pid %d) to start another\n", (int)pid);
