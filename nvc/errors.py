@@ -133,3 +133,14 @@ class OutputError(NvcError):
 
     kind = "output"
     exit_code = 12
+
+
+def proc_failure(pid: int, path: str, err: OSError, kind: type[NvcError] = ContainerError) -> NvcError:
+    """The error of opening ``path``, a file of /proc/``pid``: a container whose process is gone
+    (ENOENT, ESRCH: it exited before or while nvc-py configured it) is one ContainerError naming
+    the pid, whichever step saw it; anything else is ``kind``'s "open failed" line."""
+    import errno
+
+    if err.errno in (errno.ENOENT, errno.ESRCH):
+        return ContainerError(f"container process {pid} is gone")
+    return kind(f"open failed: {path}: {err.strerror}")

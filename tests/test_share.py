@@ -297,8 +297,8 @@ def test_prepare_refuses_a_state_dir_others_can_write(private_mounts, rootfs, tm
 
 
 def test_failure_midway_leaves_nothing(private_mounts, rootfs, tmp_path, monkeypatch):
-    """The tmpfs is mounted and filled, then writing ld.so.preload fails: the tmpfs is unmounted and
-    the directory gone."""
+    """The tmpfs is mounted and filled, then writing ld.so.preload fails: the tmpfs is unmounted, the
+    directory gone, and the failure is one ContainerError."""
     state = tmp_path / "state"
     original = share._write_new
 
@@ -309,7 +309,8 @@ def test_failure_midway_leaves_nothing(private_mounts, rootfs, tmp_path, monkeyp
         original(dir_fd, name, data, mode)
 
     monkeypatch.setattr(share, "_write_new", full_on_preload)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(ContainerError, match=f"^container error: cannot make the sharing files of container ctr in "
+                                             f"{state}: No space left on device$"):
         prepare(share.ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
     assert os.listdir(state) == []
     assert not any(m.startswith(str(state)) for m in _mountpoints())

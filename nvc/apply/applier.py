@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from nvc.apply import fdmount
 from nvc import syscalls
 from nvc.apply import rootfs as inroot
-from nvc.errors import MountError, NvcError
+from nvc.errors import MountError, NvcError, proc_failure
 from nvc.logger import Logger
 from nvc.plan.mountplan import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.syscalls import MountAttr
@@ -77,7 +77,7 @@ class Applier:
                 try:
                     self.ns_fd = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
                 except OSError as err:
-                    raise MountError(f"open failed: {ns}: {err.strerror}") from None
+                    raise proc_failure(self.plan.pid, ns, err, MountError) from None
             self.root_fd = inroot.open_rootfs(self.plan.rootfs, self.plan.pid)
 
     def _clone(self, source: str, op: Bind, source_fd: int | None = None) -> int:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from nvc.apply import bpf
 from nvc.plan.devfilter import DeviceRule, build_filter
-from nvc.errors import ContainerError
+from nvc.errors import ContainerError, proc_failure
 
 FILTER_LICENSE = "Apache-2.0"  # no GPL-only helpers are used, so any licence loads
 FILTER_NAME = "nvc_devices"
@@ -132,7 +132,7 @@ def find_device_cgroup(pid: int, proc: str = "/proc") -> DeviceCgroup:
             with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 texts.append(f.read())
         except OSError as err:
-            raise ContainerError(f"open failed: {path}: {err.strerror}") from None
+            raise proc_failure(pid, path, err) from None
     try:
         found = locate_device_cgroup(*texts)
     except ContainerError as err:

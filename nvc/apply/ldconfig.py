@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nvc import syscalls
-from nvc.errors import LdcacheError
+from nvc.errors import LdcacheError, proc_failure
 
 # rlimits of the ldconfig process. DATA bounds its memory (heap and private writable maps):
 # the host's ldconfig needs under 0.5 MiB for 620 libraries, so 64 MiB leaves room for
@@ -332,6 +332,8 @@ def _open_ns(pid: int | str, kind: str) -> int:
     try:
         return os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
+        if isinstance(pid, int):
+            raise proc_failure(pid, ns, err, LdcacheError) from None
         raise LdcacheError(f"open failed: {ns}: {err.strerror}") from None
 
 

@@ -24,7 +24,7 @@ from nvc import capabilities, loaderenv
 from nvc.discover import procfs
 from nvc.plan import requirements, selection
 from nvc.plan.request import Request, check
-from nvc.errors import ContainerError
+from nvc.errors import ContainerError, proc_failure
 from nvc.logger import Logger
 from nvc.plan.mountplan import COMPAT_DIR, PROC_NVIDIA, ContainerFacts, HostFacts, Plan
 from nvc.options import GlobalOptions
@@ -101,7 +101,7 @@ def container_owner(pid: int | None, root_fd: int) -> tuple[int, int]:
     try:
         st = os.stat(f"/proc/{pid}") if pid is not None else os.fstat(root_fd)
     except OSError as err:
-        raise ContainerError(f"stat failed: /proc/{pid}: {err.strerror}") from None
+        raise proc_failure(pid or 0, f"/proc/{pid}", err) from None
     return st.st_uid, st.st_gid
 
 

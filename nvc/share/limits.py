@@ -400,7 +400,7 @@ def make(files: ShareFiles, pid: int | None = None) -> None:
     may write is that tmpfs, never the host's /run; a scheduled container's file in ``sched_dir``
     (``_open_sched_dir``). On failure at any step, what was made is unmounted and removed again
     (``remove``): nothing is left on the host. A directory that exists already (a stale container's)
-    is refused and left alone."""
+    is refused and left alone; a host file that cannot be made (/run full) is one ContainerError."""
     from nvc.share import owner
 
     record = owner.encode(owner.of_container(pid, files.bundle))
@@ -412,15 +412,24 @@ def make(files: ShareFiles, pid: int | None = None) -> None:
         except FileExistsError:
             raise ContainerError(f"sharing directory {path} already exists (stale container {files.container_id}?)") \
                 from None
+        except OSError as err:
+            raise _cannot_make(files, err) from None
         try:
             _fill(state_fd, path, record, files.limits.encode(), files.preload.encode())
             if files.scheduled:
                 _write_sched_file(files.sched_dir, files.container_id, files.limits)
-        except BaseException:
+        except BaseException as err:
             remove(files.container_id, files.state_dir, files.sched_dir)
+            if isinstance(err, OSError):
+                raise _cannot_make(files, err) from None
             raise
     finally:
         os.close(state_fd)
+
+
+def _cannot_make(files: ShareFiles, err: OSError) -> ContainerError:
+    return ContainerError(f"cannot make the sharing files of container {files.container_id} in {files.state_dir}: "
+                          f"{err.strerror}")
 
 
 def mounts(files: ShareFiles) -> tuple[HostMount, ...]:

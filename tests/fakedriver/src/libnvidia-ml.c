@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fake_machine.h"
 #include "nvml_abi.h"
@@ -198,8 +199,18 @@ API const char *nvmlErrorString(nvmlReturn_t result)
     }
 }
 
+/* $FAKE_NVML_STALL_S seconds of sleep in the first call of a snapshot (nvc-py's helper asks the driver version
+ * first): a test's driver that hangs mid-call. */
+static void stall(void)
+{
+    const char *seconds = getenv("FAKE_NVML_STALL_S");
+    if (seconds != NULL && *seconds != '\0')
+        sleep((unsigned)atoi(seconds));
+}
+
 API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
+    stall();
     if (!initialized())
         return NVML_ERROR_UNINITIALIZED;
     return copy_string(version, length, FAKE_DRIVER_VERSION);

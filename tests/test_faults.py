@@ -1,0 +1,180 @@
+"""Faults inside a hook call, on the fake driver (a test double): the NVML helper killed or hung
+mid-call, the container helper killed mid-apply, the container's process gone before the hook runs,
+/run full while the sharing files are made, the driver's /proc files and device nodes coming and
+going through a storm of starts. Each ends in one line on stderr and a stable status, or in a
+configured container, and leaves nothing behind: no mount in the container or on the host, no file
+of the container's under /run/nvc-py, no helper process, the rootfs as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sysconfig
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from harness.bundle import make_bundle
+from test_configure import _tree, target_process  # noqa: F401  (fixture)
+from test_hook_containers import setup_dir  # noqa: F401  (fixture)
+
+HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
+RUN = Path("/run/nvc-py")  # a tmpfs of the test session's own (conftest.private_run_dir)
+
+
+class State(NamedTuple):
+    """What a call may leave behind, and what it must not change."""
+
+    container_mounts: str
+    host_mounts: str
+    rootfs: set[str]
+    run: set[str]  # what the sharing state and scheduler directories hold
+    helpers: set[int]
+
+
+def helpers() -> set[int]:
+    """Pids of nvc-py's helper processes (named ``nvc:[...]``)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().startswith("nvc:["):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def state(pid: int, rootfs: Path) -> State:
+    mounts = Path(f"/proc/{pid}/mountinfo")
+    return State(mounts.read_text() if mounts.exists() else "", Path("/proc/self/mountinfo").read_text(),
+                 _tree(rootfs), {str(p) for d in ("share", "gpu-sched") for p in (RUN / d).rglob("*")}, helpers())
+
+
+class Container(NamedTuple):
+    pid: int  # its process, in a mount namespace of its own (a runtime's container before pivot_root)
+    rootfs: Path
+    bundle: Path
+
+
+@pytest.fixture
+def container(active_2gpu, make_rootfs, target_process: int, tmp_path: Path) -> Iterator[Container]:  # noqa: F811
+    rootfs = make_rootfs("debian", name="fault-rootfs")
+    yield Container(target_process, rootfs, tmp_path / "bundle")
+
+
+def prestart(setup_dir: Path, ctr: Container, env: dict[str, str], *, pid: int | None = None, name: str = "faulty",
+             hook_env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen[str]:
+    """``nvc-py-hook prestart`` run directly (no server) for a container asking for ``env``."""
+    if not (ctr.bundle / "config.json").exists():
+        make_bundle(ctr.bundle, ctr.rootfs, ["true"], env=env)
+    oci_state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": ctr.pid if pid is None else pid,
+                            "bundle": str(ctr.bundle), "status": "creating"})
+    proc = subprocess.Popen([str(HOOK), "prestart"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
+                                 "NVC_PY_HOOK_SOCKET": "none", **(hook_env or {})})
+    assert proc.stdin is not None
+    proc.stdin.write(oci_state)
+    proc.stdin.close()
+    if wait:
+        proc.wait(timeout=120)
+    return proc
+
+
+def finished(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    assert proc.stderr is not None
+    code = proc.wait(timeout=120)
+    return code, proc.stderr.read()
+
+
+def wait_for(what, timeout: float = 30):  # noqa: ANN001, ANN201 - a callable, its truthy result
+    deadline = time.monotonic() + timeout
+    while not (found := what()):
+        assert time.monotonic() < deadline, f"{what} never came"
+        time.sleep(0.005)
+    return found
+
+
+def named(pid: int, name: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == name
+    except OSError:
+        return False
+
+
+def sleeping(pid: int) -> bool:
+    """Whether process ``pid`` sleeps in nanosleep (the fake NVML's stall)."""
+    try:
+        return "nanosleep" in Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return False
+
+
+ALL_GPUS = {"NVIDIA_VISIBLE_DEVICES": "all"}  # the MIG devices of the fake machine: NVML is asked
+
+
+def test_the_nvml_helper_killed_mid_call_fails_the_start_in_one_line(setup_dir: Path, container: Container) -> None:
+    before = state(container.pid, container.rootfs)
+    proc = prestart(setup_dir, container, ALL_GPUS, hook_env={"FAKE_NVML_STALL_S": "30"}, wait=False)
+    helper = wait_for(lambda: [pid for pid in helpers() - before.helpers
+                               if named(pid, "nvc:[driver]") and sleeping(pid)])[0]
+    os.kill(helper, signal.SIGKILL)
+    code, err = finished(proc)
+    assert (code, err) == (4, "nvc-py-hook: driver error: driver rpc error: helper killed by signal SIGKILL in "
+                              "snapshot\n")
+    assert state(container.pid, container.rootfs) == before
+
+
+def test_a_hung_nvml_helper_fails_the_start_after_its_timeout(setup_dir: Path, container: Container) -> None:
+    from nvc.rpc.helper import DEFAULT_TIMEOUT
+
+    before = state(container.pid, container.rootfs)
+    started = time.monotonic()
+    code, err = finished(prestart(setup_dir, container, ALL_GPUS, hook_env={"FAKE_NVML_STALL_S": "60"}))
+    took = time.monotonic() - started
+    assert (code, err) == (4, f"nvc-py-hook: driver error: driver rpc error: timed out after {DEFAULT_TIMEOUT:.1f} s "
+                              "in snapshot\n")
+    assert DEFAULT_TIMEOUT <= took < DEFAULT_TIMEOUT + 10
+    assert state(container.pid, container.rootfs) == before  # the helper killed and reaped
+
+
+def test_a_container_process_gone_before_the_hook_is_one_line_naming_it(setup_dir: Path,
+                                                                      container: Container) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    before = state(container.pid, container.rootfs)
+    code, err = finished(prestart(setup_dir, container, {"NVIDIA_VISIBLE_DEVICES": "0",
+                                                         "NVC_SHARE_MEMORY_LIMIT": "1Gi"}, pid=gone.pid))
+    assert (code, err) == (8, f"nvc-py-hook: container error: container process {gone.pid} is gone\n")
+    assert state(container.pid, container.rootfs) == before
+
+
+@pytest.fixture(params=["no-room", "no-inodes"])
+def full_run(request, active_2gpu) -> Iterator[str]:
+    """/run/nvc-py a tmpfs with no room left for data, or for one more inode beyond the sharing
+    directory (this test's own mount, in its private mount namespace): yields which."""
+    options = "size=4k" if request.param == "no-room" else "nr_inodes=3"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode=0700,{options}", "tmpfs", str(RUN)], check=True)
+    try:
+        if request.param == "no-room":
+            (RUN / "filler").write_bytes(b"\0" * 4096)
+        else:
+            (RUN / "share").mkdir(mode=0o700)  # the root, share and one more: the hook's cache of its configuration
+        yield request.param
+    finally:
+        subprocess.run(["umount", str(RUN)], check=True)
+
+
+def test_a_full_run_leaves_no_sharing_file_half_made(setup_dir: Path, container: Container, full_run: str) -> None:
+    before = state(container.pid, container.rootfs)
+    code, err = finished(prestart(setup_dir, container, {"NVIDIA_VISIBLE_DEVICES": "0",
+                                                         "NVC_SHARE_MEMORY_LIMIT": "1Gi"}))
+    assert (code, err) == (8, f"nvc-py-hook: container error: cannot make the sharing files of container faulty in "
+                              f"{RUN}/share: No space left on device\n")
+    assert state(container.pid, container.rootfs) == before
