@@ -13,8 +13,10 @@ import os
 import signal
 import subprocess
 import sysconfig
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +25,7 @@ import pytest
 from harness.bundle import make_bundle
 from test_configure import _tree, target_process  # noqa: F401  (fixture)
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
+from test_hook_server import served  # noqa: F401  (fixture)
 
 HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
 RUN = Path("/run/nvc-py")  # a tmpfs of the test session's own (conftest.private_run_dir)
@@ -39,15 +42,25 @@ class State(NamedTuple):
 
 
 def helpers() -> set[int]:
-    """Pids of nvc-py's helper processes (named ``nvc:[...]``)."""
+    """Pids of nvc-py's helper processes (named ``nvc:[...]``) but those a hook server's spare
+    workers keep ready (forked ahead of any call: the server's own)."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "comm").read_text().startswith("nvc:["):
+            if entry.name.isdigit() and (entry / "comm").read_text().startswith("nvc:[") and not _served(entry):
                 found.add(int(entry.name))
         except OSError:
             continue
     return found
+
+
+def _served(proc: Path) -> bool:
+    """Whether the process of ``proc`` descends from an ``nvc-py-hook serve``."""
+    for _ in range(8):
+        proc = Path(f"/proc/{(proc / 'stat').read_text().rpartition(') ')[2].split()[1]}")
+        if b"\0serve\0" in (proc / "cmdline").read_bytes():
+            return True
+    return False
 
 
 def state(pid: int, rootfs: Path) -> State:
@@ -70,7 +83,7 @@ def container(active_2gpu, make_rootfs, target_process: int, tmp_path: Path) -> 
 
 def prestart(setup_dir: Path, ctr: Container, env: dict[str, str], *, pid: int | None = None, name: str = "faulty",
              hook_env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen[str]:
-    """``nvc-py-hook prestart`` run directly (no server) for a container asking for ``env``."""
+    """``nvc-py-hook prestart`` for a container asking for ``env``, run directly unless ``hook_env`` names a server."""
     if not (ctr.bundle / "config.json").exists():
         make_bundle(ctr.bundle, ctr.rootfs, ["true"], env=env)
     oci_state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": ctr.pid if pid is None else pid,
@@ -78,7 +91,7 @@ def prestart(setup_dir: Path, ctr: Container, env: dict[str, str], *, pid: int |
     proc = subprocess.Popen([str(HOOK), "prestart"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
-                                 "NVC_PY_HOOK_SOCKET": "none", **(hook_env or {})})
+                                 "NVC_PY_HOOK_SOCKET": "none", **(hook_env or {})})  # run here, unless a server is named
     assert proc.stdin is not None
     proc.stdin.write(oci_state)
     proc.stdin.close()
@@ -178,3 +191,66 @@ def test_a_full_run_leaves_no_sharing_file_half_made(setup_dir: Path, container:
     assert (code, err) == (8, f"nvc-py-hook: container error: cannot make the sharing files of container faulty in "
                               f"{RUN}/share: No space left on device\n")
     assert state(container.pid, container.rootfs) == before
+
+
+STABLE_FAILURES = {3, 4, 5, 6, 8, 9, 10}  # initialization, driver, detection, device, container, mount, ldcache
+
+
+def flicker(stop: threading.Event, nodes: list[tuple[str, int, int]]) -> int:
+    """Until ``stop``: the driver's /proc files hidden (an empty tmpfs over /proc/driver/nvidia) and
+    shown again, its device nodes removed and made again, every few milliseconds; how many times.
+    Everything is back as it was at the end."""
+    from fakedriver.activate import MNT_DETACH, _mount, umount
+
+    flips = 0
+    while not stop.is_set():
+        _mount("tmpfs", "/proc/driver/nvidia", "tmpfs", 0, "mode=0555")
+        time.sleep(0.005)
+        umount("/proc/driver/nvidia", MNT_DETACH)  # a start may be reading a file there
+        for path, _, _ in nodes:
+            os.unlink(path)
+        time.sleep(0.005)
+        for path, mode, rdev in nodes:
+            os.mknod(path, mode, rdev)
+        time.sleep(0.005)
+        flips += 1
+    return flips
+
+
+@pytest.mark.parametrize("via", ["direct", "server"])
+def test_the_drivers_proc_files_and_nodes_coming_and_going_through_a_storm(setup_dir: Path, make_rootfs,
+                                                                           request, active_2gpu, via: str) -> None:
+    """8 starts at once asking for every GPU (run by the hook itself, or by a server's workers) while
+    the driver's /proc files and nodes vanish and come back: each start is configured, or fails in
+    one line with a stable status and leaves its container as it was."""
+    hook_env = {"NVC_PY_HOOK_SOCKET": str(request.getfixturevalue("served"))} if via == "server" else {}
+    nodes = [(str(p), p.stat().st_mode, p.stat().st_rdev) for p in (Path("/dev/nvidia0"), Path("/dev/nvidia1"),
+                                                                      Path("/dev/nvidiactl"))]
+    targets = [subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "300"]) for _ in range(8)]
+    try:
+        containers = []
+        for number, target in enumerate(targets):
+            wait_for(lambda: os.readlink(f"/proc/{target.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"))
+            rootfs = make_rootfs("debian", name=f"storm-{number}")
+            containers.append(Container(target.pid, rootfs, rootfs.with_name(f"bundle-{number}")))
+        before = [state(ctr.pid, ctr.rootfs) for ctr in containers]
+        stop = threading.Event()
+        with ThreadPoolExecutor(len(containers) + 1) as pool:
+            flips = pool.submit(flicker, stop, nodes)
+            calls = [pool.submit(lambda i: finished(prestart(setup_dir, containers[i], ALL_GPUS, name=f"storm-{i}",
+                                                             hook_env=hook_env)), number)
+                     for number in range(len(containers))]
+            results = [call.result() for call in calls]
+            stop.set()
+            print(f"{flips.result()} flickers; results: {sorted({(code, err[:90]) for code, err in results})}")
+        for (code, err), ctr, was in zip(results, containers, before):
+            if code == 0:
+                assert err == ""
+                continue
+            assert code in STABLE_FAILURES and err.count("\n") == 1 and err.startswith("nvc-py-hook: "), err
+            assert state(ctr.pid, ctr.rootfs)._replace(helpers=set()) == was._replace(helpers=set()), err
+        assert not helpers() - before[0].helpers
+    finally:
+        for target in targets:
+            target.kill()
+            target.wait()

@@ -123,10 +123,10 @@ def _read_proc_files(proc: Path) -> dict[str, str]:
 def _proc_gpu_dirs(proc: Path) -> dict[str, str]:
     gpus = proc / "driver/nvidia/gpus"
     found = {}
-    for entry in sorted(gpus.iterdir()) if gpus.is_dir() else ():
-        bus_id = procfs.normalize_bus_id(entry.name)
+    for name in sorted(procfs.subdirs(gpus)):
+        bus_id = procfs.normalize_bus_id(name)
         if bus_id is not None:
-            found[bus_id] = str(entry)
+            found[bus_id] = str(gpus / name)
     return found
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 from nvc.discover import nodes, procfs, rootpath
@@ -53,15 +52,6 @@ def read_file_mode(path: Path) -> int | None:
     return None
 
 
-def _dirs(path: str, prefix: str) -> Iterator[str]:
-    """Names of the subdirectories of ``path`` starting with ``prefix`` (none if it is missing)."""
-    try:
-        with os.scandir(path) as entries:
-            yield from (e.name for e in entries if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
-    except (FileNotFoundError, NotADirectoryError):
-        return
-
-
 def present_capabilities(proc: Path = procfs.PROC) -> tuple[str, ...]:
     """The mig-minors names whose /proc access file exists, found by walking the capability tree.
 
@@ -70,12 +60,12 @@ def present_capabilities(proc: Path = procfs.PROC) -> tuple[str, ...]:
     """
     caps = str(procfs.caps_dir(proc))
     found = [name for name in ("config", "monitor") if os.path.isfile(f"{caps}/mig/{name}")]
-    for gpu in _dirs(caps, "gpu"):
-        for gi in _dirs(f"{caps}/{gpu}/mig", "gi"):
+    for gpu in procfs.subdirs(caps, "gpu"):
+        for gi in procfs.subdirs(f"{caps}/{gpu}/mig", "gi"):
             base = f"{caps}/{gpu}/mig/{gi}"
             if os.path.isfile(f"{base}/access"):
                 found.append(f"{gpu}/{gi}/access")
-            found += [f"{gpu}/{gi}/{ci}/access" for ci in _dirs(base, "ci") if os.path.isfile(f"{base}/{ci}/access")]
+            found += [f"{gpu}/{gi}/{ci}/access" for ci in procfs.subdirs(base, "ci") if os.path.isfile(f"{base}/{ci}/access")]
     return tuple(found)
 
 

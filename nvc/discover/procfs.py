@@ -8,8 +8,9 @@ tell: the MIG capability access files and their ``nvidia-caps`` minors.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,6 +45,16 @@ class ProcGpu(NamedTuple):
     uuid: str
     bus_id: str  # normalised like Gpu.bus_id
     mig_devices: tuple[MigDevice, ...] = ()  # never known here: MIG needs NVML
+
+
+def subdirs(path: str | Path, prefix: str = "") -> Iterator[str]:
+    """Names of the subdirectories of ``path`` starting with ``prefix``: none where it is missing, or
+    where it goes while listed (the driver unloading under a running start: what is read next says so)."""
+    try:
+        with os.scandir(path) as entries:
+            yield from (e.name for e in entries if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return
 
 
 def _read_text(path: Path) -> str:
@@ -86,8 +97,8 @@ def read_gpus(proc: Path = PROC) -> tuple[ProcGpu, ...]:
     if not (proc / "driver/nvidia").is_dir():
         raise InitializationError(f"{proc / 'driver/nvidia'}: not found: the NVIDIA kernel driver is not loaded")
     found = []
-    for entry in sorted(gpus_dir.iterdir()) if gpus_dir.is_dir() else ():
-        path = entry / "information"
+    for name in sorted(subdirs(gpus_dir)):
+        path = gpus_dir / name / "information"
         fields = parse_information(_read_text(path), str(path))
         if fields.get("GPU Excluded", "No").lower() == "yes":
             continue
@@ -159,7 +170,8 @@ def any_mig_instances(proc: Path = PROC) -> bool:
     (Inferred from the driver's behaviour, not documented by NVIDIA.) It lets ``all``
     skip NVML on machines without MIG devices.
     """
-    return any(caps_dir(proc).glob("gpu*/mig/gi*"))
+    caps = caps_dir(proc)
+    return any(next(subdirs(caps / gpu / "mig", "gi"), None) for gpu in subdirs(caps, "gpu"))
 
 
 def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
