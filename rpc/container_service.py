@@ -6,7 +6,9 @@ runs ldconfig's sandbox and programs the device cgroup, and has the helper commi
 Joining a mount namespace is a one-way trip for a process, and the caller (the CLI or the
 OCI hook) must stay in the host's. So a forked helper does it, holding only the
 capabilities mounting needs (:data:`nvc.apply.applier.HELPER_CAPS`), each raised only for the step
-that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits or rolls back.
+that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits or rolls back, and
+notes each change in its journal as it makes it (nvc.rpc.helper): where it dies mid-apply (killed,
+crashed), a fresh helper undoes what the journal names (:meth:`ContainerClient.recover`).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from nvc.errors import MountError
+from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
-from nvc.rpc.helper import Dispatch, HelperClient
+from nvc.rpc.helper import Dispatch, HelperClient, note
 
 if TYPE_CHECKING:
     from nvc.plan.mountplan import Plan
@@ -49,7 +51,7 @@ def serve_container() -> Dispatch:
     state: dict[str, Applier] = {}
 
     def mount(plan: dict[str, Any]) -> int:
-        applier = Applier(Plan.from_wire(plan))
+        applier = Applier(Plan.from_wire(plan), record=note)
         state["plan"] = applier
         try:
             applier.prepare()
@@ -67,7 +69,10 @@ def serve_container() -> Dispatch:
         if "plan" in state:
             state.pop("plan").commit()
 
-    return {"mount": mount, "rollback": rollback, "commit": commit}
+    def undo(plan: dict[str, Any], journal: list[Any]) -> list[str]:
+        return Applier(Plan.from_wire(plan)).undo(journal)
+
+    return {"mount": mount, "rollback": rollback, "commit": commit, "undo": undo}
 
 
 class ContainerClient:
@@ -99,6 +104,19 @@ class ContainerClient:
     def commit(self) -> None:
         self.helper.call("commit")
 
+    def recover(self, plan: Any) -> list[str]:  # Plan, as for mount
+        """After a failure: where the helper died mid-apply (it could not roll back), a fresh helper
+        undoes what its journal says it did; return what could not be undone. Nothing to do where
+        the helper lives (it rolled back itself) or noted nothing."""
+        journal = [] if self.helper.alive else self.helper.journal()
+        if not journal:
+            return []
+        try:
+            with _fork(self.helper.timeout, wait=True) as fresh:
+                return fresh.call("undo", plan=plan.to_wire(), journal=journal)
+        except NvcError as err:  # the container gone with its mounts, say: the first failure stands
+            return [str(err)]
+
 
 # The container helper forked ahead of any call (see :func:`prestart`) until open_container takes it.
 _prestarted: HelperClient | None = None
@@ -113,7 +131,8 @@ def prestart() -> None:
 
 
 def _fork(timeout: float, wait: bool) -> HelperClient:
-    return HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait, failure=MountError)
+    return HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait, failure=MountError,
+                              journal=True)
 
 
 def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> ContainerClient:
@@ -129,6 +148,11 @@ def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> Contai
         if wait:
             helper.wait_ready()
     return ContainerClient(helper)
+
+
+def _incomplete(problems: list[str]) -> None:
+    if problems:
+        log.error("rollback incomplete: %s", "; ".join(problems))
 
 
 def _timed(stage: str, start: float) -> float:
@@ -178,26 +202,28 @@ def _apply_in_container(plan: Plan, start: float, container: ContainerClient | N
 
         start = _timed("setup", start)
         with container if container is not None else open_container() as helper:
-            helper.mount(plan)
-            start = _timed("mounts", start)
             try:
-                # ldconfig runs in its sandbox while this process programs the device cgroup.
-                if pending is not None:
-                    pending.start()
-                if plan.cgroup_rules and plan.pid is not None:
-                    cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
-                    start = _timed("cgroup", start)
-                if pending is not None:
-                    pending.wait()
-                    start = _timed("ldconfig", start)  # what was left of it after the cgroup
+                helper.mount(plan)
+                start = _timed("mounts", start)
+                try:
+                    # ldconfig runs in its sandbox while this process programs the device cgroup.
+                    if pending is not None:
+                        pending.start()
+                    if plan.cgroup_rules and plan.pid is not None:
+                        cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
+                        start = _timed("cgroup", start)
+                    if pending is not None:
+                        pending.wait()
+                        start = _timed("ldconfig", start)  # what was left of it after the cgroup
+                except BaseException:
+                    if pending is not None:
+                        pending.cancel()  # ldconfig is dead before its changes are undone
+                    _incomplete(helper.rollback())
+                    raise
+                helper.commit()
             except BaseException:
-                if pending is not None:
-                    pending.cancel()  # ldconfig is dead before its changes are undone
-                problems = helper.rollback()
-                if problems:
-                    log.error("rollback incomplete: %s", "; ".join(problems))
+                _incomplete(helper.recover(plan))  # a helper that died could not roll back
                 raise
-            helper.commit()
         _timed("finish", start)  # the helper's shutdown and exit
     finally:
         if pending is not None:

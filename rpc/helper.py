@@ -15,6 +15,11 @@ Parent side: :class:`HelperClient`. Child side: a setup callable (run after the 
 the child) returns the dispatch table: method name → callable taking the request's params
 as keyword arguments and returning a JSON-able result. A ``shutdown`` entry, if present,
 is the service's own cleanup, called when the parent closes the client.
+
+A helper that changes things the parent must be able to undo even after the helper died (killed
+mid-call: the container helper's mounts) keeps a journal (``journal=True``): a memfd both share,
+to which the child appends a JSON line per change as it makes it (:func:`note`), and which the
+parent reads back (:meth:`HelperClient.journal`). It never blocks the child and outlives it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded
 DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
 _READY_ID = 0  # id of the message the child sends once its setup finished (or failed)
 _SERVICE_FD = 3  # the child's socket is moved here; everything above is closed
+_JOURNAL_FD = 4  # a journaling child's journal (see the module's docstring), kept above it
+_journal_fd = -1  # in a journaling helper child: _JOURNAL_FD
 _parent_pid = 0  # in a helper child: the pid of the process that forked it (see die_with_parent)
 # Helpers told to exit whose reaping waits for reap_deferred() (None: close() reaps at once).
 _deferred: list[HelperClient] | None = None
@@ -81,8 +88,9 @@ def describe_status(status: int) -> str:
     return f"exited with status {os.WEXITSTATUS(status)}"
 
 
-def _isolate(name: str, sock: socket.socket, parent_pid: int) -> socket.socket:
-    """First steps of the child: name it, tie its life to the parent's, shed inherited fds."""
+def _isolate(name: str, sock: socket.socket, parent_pid: int, journal: int) -> socket.socket:
+    """First steps of the child: name it, tie its life to the parent's, shed inherited fds but its
+    socket and ``journal`` (-1: none), which move to _SERVICE_FD and _JOURNAL_FD."""
     # Objects copied from the parent (its files, sockets) must never be finalised here: their
     # fds are closed below and the numbers reused, so a late close() would hit our own fds.
     gc.freeze()
@@ -92,13 +100,20 @@ def _isolate(name: str, sock: socket.socket, parent_pid: int) -> socket.socket:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    # The socket moves first so that redirecting 0-2 cannot clobber it.
+    # The socket moves first so that redirecting 0-2 cannot clobber it (nor it the journal).
+    if journal == _SERVICE_FD:
+        journal = os.dup(journal)
     if sock.fileno() != _SERVICE_FD:
         os.dup2(sock.fileno(), _SERVICE_FD, inheritable=False)
     devnull = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    os.closerange(_SERVICE_FD + 1, os.sysconf("SC_OPEN_MAX"))
+    global _journal_fd
+    if journal >= 0:
+        if journal != _JOURNAL_FD:
+            os.dup2(journal, _JOURNAL_FD, inheritable=False)
+        _journal_fd = _JOURNAL_FD
+    os.closerange(_JOURNAL_FD + 1 if journal >= 0 else _SERVICE_FD + 1, os.sysconf("SC_OPEN_MAX"))
     # The old socket object's fd is closed or reused now; detach it so nothing closes it again.
     sock.detach()
     return socket.socket(fileno=_SERVICE_FD)
@@ -151,11 +166,20 @@ def _setup_params(sock: socket.socket) -> dict[str, Any] | None:
     return request.params
 
 
+def note(entry: Any) -> None:
+    """In a journaling helper child: append ``entry`` (JSON-able) to the journal, once the change it
+    names is made (see the module's docstring); nothing in another helper."""
+    if _journal_fd >= 0:
+        import json
+
+        os.write(_journal_fd, json.dumps(entry, separators=(",", ":")).encode() + b"\n")
+
+
 def _child_main(
     name: str, sock: socket.socket, parent_pid: int, setup: Setup, warm: Callable[[], None] | None, deferred: bool,
-    failure: type[errors.NvcError],
+    failure: type[errors.NvcError], journal: int,
 ) -> int:
-    sock = _isolate(name, sock, parent_pid)
+    sock = _isolate(name, sock, parent_pid, journal)
     try:
         if warm is not None:
             warm()
@@ -179,8 +203,9 @@ class HelperClient:
     """
 
     def __init__(self, name: str, pid: int, sock: socket.socket, timeout: float, grace: float,
-                 failure: type[errors.NvcError]) -> None:
+                 failure: type[errors.NvcError], journal: int = -1) -> None:
         self.name = name
+        self._journal = journal  # the memfd of a journaling helper, -1 for none
         self.failure = failure
         self.pid = pid
         self.timeout = timeout
@@ -202,14 +227,16 @@ class HelperClient:
         grace: float = DEFAULT_GRACE,
         wait: bool = True,
         failure: type[errors.NvcError],
+        journal: bool = False,
     ) -> HelperClient:
         """Fork a helper named ``nvc:[name]`` that runs ``setup`` and then serves its table.
 
         Returns once the child reported its setup done, and a setup error is re-raised here;
         with ``wait=False`` it returns at once and the first :meth:`call` waits (and re-raises)
         instead, so the caller's own work overlaps the child's setup (NVML's load, for one).
+        ``journal``: the helper keeps a journal (see the module's docstring).
         """
-        client = cls._fork(name, setup, None, False, timeout, grace, failure)
+        client = cls._fork(name, setup, None, False, timeout, grace, failure, journal)
         if wait:
             client.wait_ready()
         return client
@@ -231,7 +258,7 @@ class HelperClient:
         come. A process can so begin a helper's slow part before it has parsed its command
         line. A helper never started exits when the client is closed or the parent dies.
         """
-        return cls._fork(name, setup, warm, True, timeout, grace, failure)
+        return cls._fork(name, setup, warm, True, timeout, grace, failure, False)
 
     def start(self, **params: Any) -> None:
         """Send a preforked helper its setup parameters; the first :meth:`call` waits for its report."""
@@ -246,25 +273,28 @@ class HelperClient:
     @classmethod
     def _fork(
         cls, name: str, setup: Setup, warm: Callable[[], None] | None, deferred: bool, timeout: float, grace: float,
-        failure: type[errors.NvcError],
+        failure: type[errors.NvcError], journal: bool,
     ) -> HelperClient:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        memfd = os.memfd_create(f"nvc-{name}-journal", os.MFD_CLOEXEC) if journal else -1
         parent_pid = os.getpid()
         try:
             pid = os.fork()
         except OSError as err:
             parent_sock.close()
             child_sock.close()
+            if memfd >= 0:
+                os.close(memfd)
             raise failure(f"{name} rpc error: fork failed: {err.strerror}") from None
         if pid == 0:  # child: never return into the caller's code
             status = 1
             try:
                 parent_sock.close()
-                status = _child_main(name, child_sock, parent_pid, setup, warm, deferred, failure)
+                status = _child_main(name, child_sock, parent_pid, setup, warm, deferred, failure, memfd)
             finally:
                 os._exit(status)
         child_sock.close()
-        return cls(name, pid, parent_sock, timeout, grace, failure)
+        return cls(name, pid, parent_sock, timeout, grace, failure, memfd)
 
     def wait_ready(self) -> None:
         """Receive the child's setup report once; a setup failure ends the helper and is re-raised."""
@@ -311,6 +341,30 @@ class HelperClient:
             raise self._fail(f"response id {response.id} does not answer request {request_id} ({method})")
         return response
 
+    @property
+    def alive(self) -> bool:
+        """Whether the helper still serves (False once it died, timed out or was closed)."""
+        return self._sock is not None
+
+    def journal(self) -> list[Any]:
+        """The entries a journaling helper noted so far (:func:`note`); [] for one that keeps none.
+        Read from the start each time: the helper may be gone, its journal is not."""
+        import json
+
+        if self._journal < 0:
+            return []
+        data, offset = [], 0
+        while chunk := os.pread(self._journal, 1 << 16, offset):
+            data.append(chunk)
+            offset += len(chunk)
+        entries = []
+        for line in b"".join(data).splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:  # the last line of a helper killed as it wrote it
+                break
+        return entries
+
     def _fail(self, what: str) -> errors.NvcError:
         """Make sure the helper is gone and build the error that says what went wrong."""
         self._reap(kill=True)
@@ -344,6 +398,9 @@ class HelperClient:
                 protocol.send_message(self._sock, protocol.Request(self._next_id, "shutdown"), deadline)
             except OSError:  # already gone, or not draining its socket: SIGKILL settles it
                 pass
+        if self._journal >= 0:
+            os.close(self._journal)
+            self._journal = -1
         if _deferred is not None and self.status is None:
             _deferred.append(self)
         else:

@@ -254,3 +254,21 @@ def test_the_drivers_proc_files_and_nodes_coming_and_going_through_a_storm(setup
         for target in targets:
             target.kill()
             target.wait()
+
+
+def test_the_container_helper_killed_mid_apply_is_rolled_back(setup_dir: Path, container: Container) -> None:
+    """Killed once its first mount shows in the container (mounting, or waiting for ldconfig and the
+    cgroup to be done, before its commit): it cannot roll back; a fresh helper undoes what its
+    journal names, the start fails in one line, and the container is as it was."""
+    before = state(container.pid, container.rootfs)
+    mountinfo = Path(f"/proc/{container.pid}/mountinfo")
+    proc = prestart(setup_dir, container, ALL_GPUS, wait=False)
+    helper = wait_for(lambda: [pid for pid in helpers() - before.helpers if named(pid, "nvc:[container]")])[0]
+    wait_for(lambda: mountinfo.read_text() != before.container_mounts)
+    os.kill(helper, signal.SIGKILL)
+    code, err = finished(proc)
+    assert code == 9 and err.startswith("nvc-py-hook: mount error: container rpc error: helper killed by signal "
+                                        "SIGKILL in ") and err.count("\n") == 1, err
+    after = state(container.pid, container.rootfs)
+    assert after.rootfs ^ before.rootfs == set()
+    assert after == before

@@ -10,14 +10,21 @@ every file and directory it made, and what ldconfig changes (the cache, replaced
 put back as it was; links ldconfig added in the plan's library dirs are removed). Not undone:
 SONAME links ldconfig adds for the image's own libraries in dirs outside the plan (the same
 links the image's ldconfig would make).
+
+A helper killed mid-apply cannot roll back: it notes each mount and each file or directory it
+makes as it makes it (``record``: the helper's journal), and a fresh helper undoes what the
+journal names (:meth:`Applier.undo`), each only where it still finds that very mount or inode.
+What the dead helper kept only in memory is not undone then: the ld cache as it was before
+ldconfig replaced it, and the names ldconfig added.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from nvc.apply import fdmount
 from nvc import syscalls
@@ -53,8 +60,9 @@ def raised(*names: str) -> Iterator[None]:
 class Applier:
     """One plan being applied (helper side). Steps: prepare (host namespace), enter, execute."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, record: Callable[[Any], None] | None = None) -> None:
         self.plan = plan
+        self.record = record  # told each change as it is made (a journal entry), for undo()
         self.trees: dict[int, int] = {}  # operation index -> detached mount of its host source
         # ("mount", Mount), ("file", container path) or ("ldconfig", (saved files, dir -> names before))
         self.done: list[tuple[str, object]] = []
@@ -72,13 +80,17 @@ class Applier:
             for index, op in enumerate(self.plan.operations):
                 if isinstance(op, Bind) and not op.in_rootfs:
                     self.trees[index] = self._clone(op.source, op)
-            if self.plan.pid is not None:
-                ns = f"/proc/{self.plan.pid}/ns/mnt"
-                try:
-                    self.ns_fd = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError as err:
-                    raise proc_failure(self.plan.pid, ns, err, MountError) from None
-            self.root_fd = inroot.open_rootfs(self.plan.rootfs, self.plan.pid)
+            self._open_container()
+
+    def _open_container(self) -> None:
+        """The container's mount namespace and rootfs (with the capabilities prepare raised)."""
+        if self.plan.pid is not None:
+            ns = f"/proc/{self.plan.pid}/ns/mnt"
+            try:
+                self.ns_fd = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as err:
+                raise proc_failure(self.plan.pid, ns, err, MountError) from None
+        self.root_fd = inroot.open_rootfs(self.plan.rootfs, self.plan.pid)
 
     def _clone(self, source: str, op: Bind, source_fd: int | None = None) -> int:
         fd = source_fd if source_fd is not None else fdmount.open_source(
@@ -150,6 +162,8 @@ class Applier:
                                             stat.S_IMODE(os.fstat(tree).st_mode), onto_pseudo=False)
                 try:
                     self._refuse_shared(parent, op.target)
+                    # noted before: a helper killed right after attaching it still has it in its journal
+                    self._note("mount", op.target, mount_id(tree))
                     mount = fdmount.attach_tree(tree, parent, name, dest_path=op.target)
                 finally:
                     os.close(parent)
@@ -166,6 +180,7 @@ class Applier:
             finally:
                 os.close(parent)
             self.done.append(("mount", mount))
+            self._note("mount", mount.path, mount_id(mount.fd))
             self.tmpfs[op.target] = mount
         elif isinstance(op, MakeDir):
             os.close(self._target(op.target, "dir", 0o755)[0])
@@ -196,10 +211,15 @@ class Applier:
     def _in_tmpfs(self, path: str) -> bool:
         return any(path.startswith(t.rstrip("/") + "/") for t in self.tmpfs)
 
+    def _note(self, *entry: Any) -> None:
+        if self.record is not None:
+            self.record(list(entry))
+
     def _created(self, path: str) -> None:
         """Remember a file we made, unless it lives in our tmpfs (gone with it)."""
         if not self._in_tmpfs(path):
             self.done.append(("file", path))
+            self._note("file", path)
 
     def _target(self, path: str, make: str | None, mode: int, onto_pseudo: bool = True) -> tuple[int, str]:
         """Where ``path`` leads inside the rootfs, as the container resolves it: the parent's fd
@@ -216,6 +236,7 @@ class Applier:
                 mkdir(dir_fd, name, where, mode & 0o755)
                 return
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._making(where)
             fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
             try:
                 self._made(dir_fd, name, where, fd, mode & 0o755)
@@ -223,6 +244,7 @@ class Applier:
                 os.close(fd)
 
         def mkdir(dir_fd: int, name: str, where: str, dir_mode: int = 0o755) -> None:
+            self._making(where)
             os.mkdir(name, 0o700, dir_fd=dir_fd)
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
@@ -243,12 +265,20 @@ class Applier:
             raise MountError(f"refusing to mount over {path}: it leads to {where}, on the container's {pseudo}")
         return parent, name
 
+    def _making(self, where: str) -> None:
+        """Note that ``where`` (absent: resolve_in_root found no such name) is about to be made: a
+        helper killed before it noted what it made leaves it to undo() all the same."""
+        if not self._in_tmpfs(where):
+            self._note("make", where)
+
     def _made(self, dir_fd: int, name: str, where: str, fd: int, mode: int) -> None:
         """Remember what was just made as ``name`` in ``dir_fd`` (by that fd: a rollback removes
         exactly it, whatever the image's links say by then), then give it, open on ``fd``, its
         mode (whatever the umask) and the container's owner."""
         if not self._in_tmpfs(where):
             self.done.append(("made", (os.dup(dir_fd), name, where)))
+            st = os.fstat(fd)
+            self._note("made", where, st.st_dev, st.st_ino)
         os.fchown(fd, *self.plan.owner)
         os.fchmod(fd, mode)
 
@@ -299,6 +329,50 @@ class Applier:
                 problems.append(f"cannot restore {file.path}: {err.strerror}")
         return problems
 
+    def undo(self, journal: list[Any]) -> list[str]:
+        """Undo what a helper that died noted in its journal (see the module's docstring), newest
+        first, in the container as the dead helper saw it; return what could not be undone. A mount
+        goes only while it is still the one noted (its mount id), a file or directory only while
+        it is still the very inode made (a file named but not given one: while it is there)."""
+        with raised("sys_admin", "dac_read_search", "dac_override", "sys_ptrace"):
+            self._open_container()
+        self.enter()
+        problems = []
+        made = {path for kind, path, *_ in journal if kind == "made"}
+        with raised("sys_admin", "dac_override", "fowner"):
+            for kind, path, *identity in reversed(journal):
+                if kind == "make" and path in made:
+                    continue  # its "made" entry names its very inode
+                try:
+                    self._undo_one(kind, path, identity)
+                except FileNotFoundError:
+                    pass  # never made (the helper died first), or gone with its mount
+                except (NvcError, OSError) as err:
+                    problems.append(f"{path}: {err}")
+        self._close()
+        return problems
+
+    def _undo_one(self, kind: str, path: str, identity: list[int]) -> None:
+        """Undo one journal entry (see undo())."""
+        if kind == "mount":
+            fd = inroot.open_in_root(self.root_fd, path, os.O_PATH)
+            if mount_id(fd) == identity[0]:
+                fdmount.unmount(fdmount.Mount(fd, path))
+            else:
+                os.close(fd)
+            return
+        dir_fd, name = inroot.open_parent_in_root(self.root_fd, path)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if kind == "made" and (st.st_dev, st.st_ino) != tuple(identity):
+                return
+            # "make": noted before it was made, so it may not be: only what it would be then, empty
+            if kind == "make" and (st.st_size if stat.S_ISREG(st.st_mode) else not stat.S_ISDIR(st.st_mode)):
+                return
+            inroot.remove_at(dir_fd, name, path)
+        finally:
+            os.close(dir_fd)
+
     def commit(self) -> None:
         """Keep everything; drop the handles."""
         for kind, what in self.done:
@@ -337,8 +411,12 @@ def shared_mounts() -> set[int]:
 
 def mount_id(fd: int) -> int:
     """The id of the mount ``fd`` lies on (as mountinfo numbers it)."""
-    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
+    info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        text = os.read(info, 4096)
+    finally:
+        os.close(info)
+    for line in text.splitlines():
+        if line.startswith(b"mnt_id:"):
+            return int(line.split()[1])
     raise MountError(f"no mnt_id in /proc/self/fdinfo/{fd}")
