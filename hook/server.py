@@ -34,6 +34,10 @@ So a storm's p99 shows whether calls queue for a worker or run slowly once taken
 It runs the hook's stages and ``nvc-py configure``/``info``/``list`` (:mod:`nvc.hook.scope`);
 anything else is answered "fall back" and runs in the caller. It is started by systemd's socket
 unit or on demand by a hook client (:mod:`nvc.hook.activation`); an on-demand one exits when idle.
+A wedged server costs the clients one hand-over timeout (:mod:`nvc.hook.wedge`): a starting server
+removes the marker a client left for its predecessor; under systemd it feeds the watchdog from its
+accept loop while its workers take calls (:mod:`nvc.hook.watchdog`), and is replaced when it stops;
+without, a hook call that finds it wedged replaces it (native/client/server_start.c).
 
 Only callers with the server's own uid (root) are served; the socket is 0600 in a directory of
 the server's own with mode 0700 (the server refuses to start in any other, or through a
