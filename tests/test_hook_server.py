@@ -963,12 +963,13 @@ def stop(pids: list[int]) -> None:
 
 
 def spare_pids(server: subprocess.Popen[str]) -> list[int]:
-    """The spare workers of a server that has served no call yet, once it forked them all."""
+    """The spare workers of a server with no call running, once it forked them all (and a worker
+    that served a call before is gone)."""
     from nvc.hook.server import SPARES
 
     children = Path(f"/proc/{server.pid}/task/{server.pid}/children")
     deadline = time.monotonic() + 10
-    while len(children.read_text().split()) < SPARES and time.monotonic() < deadline:
+    while len(children.read_text().split()) != SPARES and time.monotonic() < deadline:
         time.sleep(0.05)
     return [int(pid) for pid in children.read_text().split()]
 
