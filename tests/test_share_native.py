@@ -582,16 +582,18 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
 class Simulated(NamedTuple):
     first: float                 # GPU share in percent, first half of the run
     second: float                # second half
-    wait_ms: int                 # its longest wait for the turn
+    wait_ms: int                 # its longest wait
 
 
-def simulate(programs, *tenants: str, ms: int = 2000) -> list[Simulated]:
-    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:LIE] under the shim's
-    scheduler decision (tests/share_programs/sched_sim.c)."""
+def simulate(programs, *tenants: str, ms: int = 2000) -> tuple[list[Simulated], float]:
+    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE] under the shim's
+    scheduler decision on a GPU that time-slices between them (tests/share_programs/sched_sim.c); also
+    returns how busy the GPU was, in percent."""
     out = subprocess.run([str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    return [Simulated(int(line.split()[2]) / 10, int(line.split()[3]) / 10, int(line.split()[4]))
-            for line in out.splitlines()]
+    lines = [line.split() for line in out.splitlines()]
+    return ([Simulated(int(f[2]) / 10, int(f[3]) / 10, int(f[4])) for f in lines if f[0] == "tenant"],
+            next(int(f[1]) / 10 for f in lines if f[0] == "gpu"))
 
 
 @pytest.mark.parametrize(("tenants", "want"), [
@@ -608,55 +610,67 @@ def simulate(programs, *tenants: str, ms: int = 2000) -> list[Simulated]:
     (["1:100:1600:0:2000", "3:100:1600:0:2000", "1:100:0:0:2000:garbage"], [25, 75, 0]),
 ])
 def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
-    """Honest tenants share the GPU by weight in turns, as they did before the guarantee: its margin
-    is twice a tenant's longest fair turn (a heavy one waiting through every light one's turn is owed
-    no more than its own turn), so a fair rotation never falls back on it."""
-    shares = simulate(programs, *tenants)
+    """Busy tenants get the GPU by weight, within 5 points once their shares have settled (the second
+    half; 7 in the first, which holds the 200 ms the shares take to build up), and the GPU never idles
+    while one of them has work: the lighter ones are held back only while a heavier one under its share
+    has work on the GPU."""
+    shares, gpu = simulate(programs, *tenants)
     for share, expected in zip(shares, want):
-        assert abs(share.first - expected) <= 3 and abs(share.second - expected) <= 3, shares
+        assert abs(share.first - expected) <= 7 and abs(share.second - expected) <= 5, shares
+    assert gpu >= sum(want) - 1, gpu
 
 
 def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
-    a, b = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
-    assert abs(a.first - 25) <= 3 and abs(b.first - 75) <= 3
+    (a, b), _ = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
+    assert abs(a.first - 25) <= 5 and abs(b.first - 75) <= 5
     assert a.second >= 97 and b.second <= 1
     # and one coming back after idling gets its weight at once, not the time it idled
-    a, b = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
-    assert a.first >= 97 and abs(a.second - 50) <= 3 and abs(b.second - 50) <= 3
+    (a, b), _ = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
+    assert a.first >= 97 and abs(a.second - 50) <= 5 and abs(b.second - 50) <= 5
 
 
-@pytest.mark.parametrize("claim", ["hold", "queue", "zero"])
-def test_a_lying_tenant_cannot_stall_an_honest_one(programs, claim):
-    """A tenant (granted weight 3) that launches nothing and claims, every step, to hold the turn, to have
-    work queued for almost 10 s, or to be busy at vtime 0: each alone would keep an honest tenant
-    (weight 1) waiting for ever. The guarantee bounds its wait: owed 95 % of a third of the time it
-    waits, it runs once it is owed its margin (twice its longest fair turn, 2 x 20 ms x (1 + 1/3):
-    53 ms, so after 168 ms of waiting), then gets at least 95 % of its entitlement (1/4 of the GPU);
-    in the first half, 168 ms less of it. (Where the liar leaves it the turn, it gets the
-    whole GPU.)"""
-    honest, liar = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
-    assert honest.wait_ms <= 200 and honest.first >= 25 - 3 - 4 and honest.second >= 25 - 3, honest
+def test_a_tenant_that_cannot_use_its_share_leaves_it_to_the_others(programs):
+    """Work-conserving: the weight-3 tenant's host needs 1.5 ms before each 1 ms kernel, so it can keep
+    the GPU busy only about two thirds of the time however much it is entitled to; the weight-1 tenant
+    fills the rest instead of waiting, and the GPU stays busy. With the host gaps the other way round,
+    the light tenant's own gaps cost nobody anything either."""
+    (light, heavy), gpu = simulate(programs, "1:100:1600:0:2000", "3:100:1000:0:2000:1500")
+    assert gpu >= 99 and heavy.second >= 60 and light.second >= 30, (light, heavy, gpu)
+    (light, heavy), gpu = simulate(programs, "1:100:1000:0:2000:1500", "3:100:1600:0:2000")
+    assert gpu >= 99 and abs(light.second - 25) <= 5 and abs(heavy.second - 75) <= 5, (light, heavy, gpu)
+
+
+@pytest.mark.parametrize("claim", ["busy", "garbage"])
+def test_a_lying_tenant_cannot_push_an_honest_one_below_its_weight(programs, claim):
+    """A tenant (granted weight 3) that launches nothing and claims, every step, to have work queued
+    for almost 10 s and no share at all, or publishes random values: an honest tenant (weight 1) is held
+    back only while it is over its own entitlement (a quarter), so it gets at least that, and waits no
+    longer than a few milliseconds at a time."""
+    (honest, liar), _ = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
+    assert honest.wait_ms <= 20 and honest.first >= 25 - 3 and honest.second >= 25 - 3, honest
     assert liar.first == liar.second == 0
 
 
 # (weight, cap or None, 1 ms kernels) per tenant -> (lowest, highest) wall time in seconds of each
 TENANT_CASES = {
-    "1:3, both busy throughout": ([(1, None, 300), (3, None, 900)], [(1.0, 1.5), (1.0, 1.5)]),
-    "1:3, the 3 done early": ([(1, None, 600), (3, None, 300)], [(0.8, 1.1), (0.35, 0.55)]),
+    "1:3, both busy throughout": ([(1, None, 300), (3, None, 900)], [(0.45, 0.8), (0.85, 1.15)]),
+    "1:3, the 3 done early": ([(1, None, 600), (3, None, 300)], [(0.65, 0.95), (0.28, 0.45)]),
     "1 capped at 25 % : 1": ([(1, 25, 250), (1, None, 750)], [(0.9, 1.25), (0.9, 1.25)]),
-    "1:1": ([(1, None, 500), (1, None, 500)], [(0.9, 1.25), (0.9, 1.25)]),
-    "1:1:2": ([(1, None, 250), (1, None, 250), (2, None, 500)], [(0.9, 1.25)] * 3),
+    "1:1": ([(1, None, 500), (1, None, 500)], [(0.45, 0.7), (0.45, 0.7)]),
+    "1:1:2": ([(1, None, 250), (1, None, 250), (2, None, 500)], [(0.3, 0.75), (0.3, 0.75), (0.45, 0.75)]),
 }
 
 
 @pytest.mark.parametrize("case", TENANT_CASES)
-def test_weighted_tenants_take_turns(share, programs, tmp_path, case):
-    """Tenants (each its own share directory, one scheduler directory) busy with 1 ms kernels at once:
-    the scheduler serialises them by weight, an idle or capped one leaving the rest to the others.
-    1:3 with 300 and 900 kernels end together (~1.2 s, not the lighter one first); when the weight-3
-    one is done (~0.4 s) the other takes the whole GPU (600 kernels in ~0.9 s, not 1.2 s); one capped
-    at 25 % leaves 75 % to the other (250 and 750 kernels in ~1 s, not 1.5 s). (The fake GPU of each
-    process is its own, so only the scheduler can make them wait for each other.)"""
+def test_a_tenant_over_its_share_is_held_while_the_others_run_free(share, programs, tmp_path, case):
+    """Tenants (each its own share directory, one scheduler directory) busy with 1 ms kernels at once.
+    Each process's fake GPU is its own, so nothing slows a tenant but the scheduler, and each charges
+    its GPU time divided by how many tenants had work queued with it (what a real GPU's time-slicing
+    gives each). 1:3: the weight-3 tenant runs free (900 kernels in ~0.9 s), the weight-1 one, charged
+    half of its time while both run, is held about half the time (300 kernels in ~0.6 s, not 0.3);
+    when the weight-3 one is done early (~0.3 s) the other runs free from then on (600 kernels in
+    ~0.75 s); one capped at 25 % holds the other back only during its own slices, 25 % of the time (250
+    and 750 kernels both in ~1 s); 1:1 and 1:1:2's heavier one run free."""
     tenants, want = TENANT_CASES[case]
     sched = tmp_path / "sched"
     sched.mkdir()
@@ -753,10 +767,9 @@ def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how
     a process busy with 1 ms kernels, the scheduler directory made as the hook makes it. While they
     run, the test truncates, extends, keeps writing garbage over, punches a hole in or replaces the
     hostile tenant's file. No honest process crashes or hangs, and each gets at least its weight's
-    share: 1/5 and 3/5 of the time with the hostile one busy, so 800 and 2400 kernels in 4 s, within
-    the weighted tests' 25 % (which holds the guarantee's 5 % slack and, for the weight-1 tenant, its
-    first wait: 80 ms owed at 0.95/4 of the time, 0.34 s). Truncating its own file kills the hostile
-    tenant's own process (SIGBUS), and only that. (Each process's fake GPU is its own.)"""
+    share (1/5 and 3/5 of the time with the hostile one busy: 800 and 2400 kernels in 4 s at most, 5 s
+    with the time the attack takes). Truncating its own file kills the hostile tenant's own process
+    (SIGBUS), and only that. (Each process's fake GPU is its own.)"""
     from nvc.plan.request import ShareRequest
 
     sched, grant = hook_sched
@@ -787,17 +800,18 @@ def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how
 
 
 @pytest.mark.parametrize(("granted", "low", "high"), [
-    ((("", 1),), 0.7, 1.2),                                   # granted 1 for every device
-    ((("", 1000), (GPU0, 1)), 0.7, 1.2),                      # 1 for this GPU, by UUID
-    ((("0", 1), ("1", 3)), 1.4, 2.4),                         # by NVML index, unknown here: at most 3
+    ((("", 1),), 0.35, 0.6),                                  # granted 1 for every device
+    ((("", 1000), (GPU0, 1)), 0.35, 0.6),                     # 1 for this GPU, by UUID
+    ((("0", 1), ("1", 3)), 0.7, 1.1),                         # by NVML index, unknown here: at most 3
 ])
 def test_a_peers_weight_is_the_one_the_hook_granted(share, programs, hook_sched, started, granted, low, high):
-    """A peer claiming weight 1000 (its own env, its own file) keeps the turn, and the honest tenant
-    (weight 1, 400 kernels of 1 ms) gets what the weight the hook granted that peer leaves it, read
-    with the limits grammar from the peer's granted limits for this GPU: with 1 (for all devices, or
-    by UUID over a default of 1000), 95 % of 1/2 of the time (0.84 s, 84 ms of it its first wait);
-    where the peer's weights are by NVML index, which is the peer's own numbering, the largest of them
-    (3: 95 % of 1/4, 1.66 s and 0.17 s). Taken at its word, the peer would leave it 1/1001."""
+    """A peer claiming weight 1000 (its own env, its own file) launches without end, and the honest
+    tenant (weight 1, 400 kernels of 1 ms) is held back only while it is over what the weight the hook
+    granted that peer leaves it, read with the limits grammar from the peer's granted limits for this
+    GPU: with 1 (for all devices, or by UUID over a default of 1000) half, which its charge (half of its
+    time while both run) never passes, so it runs free (0.4 s); where the peer's weights are by NVML
+    index, which is the peer's own numbering, the largest of them (3: a quarter, so it is held about
+    half the time: 0.8 s). Taken at its word, the peer would leave it 1/1001 (held ~99 % of the time)."""
     from nvc.plan.request import ShareRequest
 
     sched, grant = hook_sched
