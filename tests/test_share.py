@@ -683,8 +683,9 @@ def test_poststop_removes_only_the_sharing_files_of_the_container_that_stopped(d
 def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active_2gpu, podman, setup_dir, programs,
                                                          tmp_path):
     """Two podman containers through the hook, weights 1 and 3 (and each its own 2 GiB budget), busy
-    with 1 ms kernels of the fake GPU at the same time: the scheduler gives them the GPU 1:3, so 300
-    and 900 kernels end together. Each sees every scheduled container's file and granted weight
+    with 1 ms kernels of the fake GPU at the same time: the weight-3 one runs free (900 kernels in
+    ~0.9 s) while the weight-1 one, over its quarter (charged half its time while both run), is held
+    about half the time (300 kernels in ~0.55 s, not 0.3: test_share_native.py's tenant tests). Each sees every scheduled container's file and granted weight
     read-only and writes only its own file; neither can change its limits file; nvc-py share status shows weight, cap and share.
     (Each process's fake GPU is its own: only the scheduler can make one container wait for the other.)"""
     barrier = tmp_path / "barrier"
@@ -716,7 +717,7 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
         deadline = time.monotonic() + 60
         while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.6)                                   # both busy for a while: the share is measured
+        time.sleep(0.3)                                   # both busy for a while: the share is measured
         status = sharestatus.status()
         for thread in threads:
             thread.join(timeout=120)
@@ -734,7 +735,7 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
         probe = [line.split() for line in lines[5:]]
         walls[weight] = (int(probe[2][2]) + int(probe[3][2])) / 1e6
     print(f"walls {walls}")
-    assert all(1.0 <= wall <= 1.6 for wall in walls.values()), walls
+    assert 0.45 <= walls[1] <= 0.8 and 0.85 <= walls[3] <= 1.2, walls
     by_weight = {d.weight: d for c in status for d in c.devices}
     assert set(by_weight) == {1, 3}, status
     assert all(d.compute_percent == 100 for d in by_weight.values())
