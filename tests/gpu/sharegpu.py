@@ -95,3 +95,22 @@ def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
     """(iterations per second, iterations in each second) of a finished torch_load run."""
     rate, per_second, _ = torch_output(proc)
     return rate, per_second
+
+
+def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> list[float]:
+    """Iterations per second of torch_load workloads started together, (workload, weight) each: under
+    the shim with their weights, each its own tenant in one scheduler directory, or with no shim at all
+    (the GPU's own time-slicing between them)."""
+    import time
+
+    sched = path / "sched"
+    sched.mkdir(parents=True)
+    start_at = time.time() + 15
+    procs = []
+    for i, (workload, weight) in enumerate(tenants):
+        env = shim_env(None)
+        if weighted:
+            env = shim_env(limits_dir(path / f"t{i}", {"NVC_SHARE_WEIGHT": str(weight)}),
+                           NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT=f"t{i}")
+        procs.append(torch_run(workload, env, seconds, start_at))
+    return [torch_output(p)[0] for p in procs]
