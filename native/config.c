@@ -251,7 +251,7 @@ static const struct {
     {"NVC_SHARE_WEIGHT", "compute_weight", 0},
 };
 
-/* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/share/limits.py _SCOPE). */
+/* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/containerenv/sharing.py _SCOPE). */
 static int env_scope(const char *s, size_t n)
 {
     if (n >= 1 && n <= 3)

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                         "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
                         "nvc.config", "nvc.runcache"})),
     ("discover", frozenset({"nvc.discover"})),
-    ("plan", frozenset({"nvc.plan"})),
+    ("plan", frozenset({"nvc.plan", "nvc.containerenv"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
     ("commands", frozenset({"nvc.commands", "nvc.share.status", "nvc.k8s"})),
@@ -167,6 +167,6 @@ def test_the_core_never_imports_the_helpers_or_the_programs() -> None:
     nvc.hook (the helpers run the core; the commands and the programs drive it)."""
     outer = ("nvc.rpc", "nvc.commands", "nvc.hook")
     core = [m for m in MODULES if LAYERS[_rank(m)][0] in ("base", "discover", "plan", "apply")]
-    assert "nvc.share.limits" in core and "nvc.plan.mountplan" in core
+    assert "nvc.apply.sharefiles" in core and "nvc.plan.mountplan" in core and "nvc.containerenv" in core
     assert sorted(f"{m} -> {dep}" for m in core for dep in GRAPH[m]
                   if any(dep == o or dep.startswith(o + ".") for o in outer)) == []

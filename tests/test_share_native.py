@@ -123,7 +123,7 @@ def test_per_device_and_hami_names(share):
 
 def test_per_device_names_by_uuid(share):
     """The device plugin's names: a limit keyed by one GPU's UUID applies to it alone; the other
-    device keeps the default (nvc/share/limits.py reads the same names)."""
+    device keeps the default (nvc/containerenv/sharing.py reads the same names)."""
     limits = {f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
     out = share.probe("meminfo", "ctx", 1, "meminfo", limits=limits)
     assert meminfo(out[0])[1] == 512 * MIB
@@ -723,14 +723,15 @@ def attack(how: str, path: Path) -> None:
 
 @pytest.fixture
 def hook_sched(tmp_path):
-    """The scheduler directory as the hook makes it (nvc.share.limits: its tmpfs, each tenant's file and
-    the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
-    from nvc.share import limits as share_limits
+    """The scheduler directory as the hook makes it (nvc.apply.sharefiles: its tmpfs, each tenant's file
+    and the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
+    from nvc.apply import sharefiles
+    from nvc.plan.share import limits_text
 
     sched = tmp_path / "sched"
 
     def grant(name: str, request) -> None:
-        share_limits._write_sched_file(str(sched), name, share_limits.limits_text(request))
+        sharefiles._write_sched_file(str(sched), name, limits_text(request))
 
     yield sched, grant
     if os.path.ismount(sched):
