@@ -13,6 +13,7 @@
  *   - compute_weight[.SCOPE]=1..1000 (decimal digits);
  *   - SCOPE: an NVML index of 1 to 3 digits, or a device UUID of at most 40 letters, digits and '-',
  *     matched without its GPU- or MIG- prefix and without case (the hook writes GPU-/MIG- UUIDs);
+ *     at most 2 * NVC_MAX_DEVICES devices in one file (a file naming more is refused whole);
  *   - on_error=pass-through|fail-closed, context_overhead=SIZE or 0, enabled=0|1 (never written by
  *     the hook: for hand-written files).
  * tests/test_share_native.py (test_config_*) feeds one table of values to this parser and to the

@@ -261,6 +261,17 @@ def test_config_agrees_with_the_hook_on_precedence(programs, env):
     hook_and_shim_agree(programs, env)
 
 
+def test_config_agrees_with_the_hook_on_how_many_devices(programs):
+    """The shim keeps limits for 32 devices and refuses a limits file naming more (the container
+    would run unlimited): the hook refuses such an env before it writes one; 32 are read alike."""
+    many = {f"NVC_SHARE_WEIGHT_{index}": "1" for index in range(33)}
+    with pytest.raises(InputError, match="sharing variables name 33 devices"):
+        parse_share_env(many)
+    assert shim_reads(programs, "env", *(f"{name}={value}" for name, value in many.items()))[0].startswith("error ")
+    del many["NVC_SHARE_WEIGHT_32"]
+    hook_and_shim_agree(programs, {**many, "NVC_SHARE_MEMORY_LIMIT": "1G"})
+
+
 # ---------------------------------------------------------------- accounting
 
 ANCHOR = 100 * MIB

@@ -40,6 +40,9 @@ VARIABLES = (
 )
 MAX_PERCENT = 100
 MAX_WEIGHT = 1000
+# Devices the variables may name: the shim keeps rules for 2 * NVC_MAX_DEVICES (native/config.h) and
+# refuses a limits file naming more whole, which would leave the container unlimited.
+MAX_DEVICES = 32
 _SIZE = re.compile(r"([0-9]{1,20})(?:([kKmMgGtT])(i?))?")  # int() takes 4300 digits at most
 _SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
 # A variable's device: ``_<NVML index>`` as the container numbers its GPUs, or ``_<UUID>`` of a GPU or
@@ -116,6 +119,9 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
             asked = True
     if not asked:
         return None
+    devices = {scope for values in found.values() for scope in values if scope}
+    if len(devices) > MAX_DEVICES:
+        raise InputError(f"sharing variables name {len(devices)} devices (at most {MAX_DEVICES})")
     return ShareRequest(**{field: tuple(sorted(values.items())) for field, values in found.items()})
 
 
