@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING
 from nvc.capabilities import CAPABILITIES
 from nvc.containerenv import (ALL, CUDA_VERSION, DEFAULT_CAPABILITIES, DEVICE_VOLUME_DIR, DISABLE_REQUIRE,
                               DRIVER_CAPABILITIES, IMEX_CHANNELS, IMEX_VOLUME_DIR, MIG_CONFIG_DEVICES,
-                              MIG_MONITOR_DEVICES, NONE, REQUIRE_CUDA, REQUIRE_JETPACK,
-                              REQUIRE_PREFIX, TRUE_WORDS, VISIBLE_DEVICES, VOID, Policy, imex_channel, split,
-                              volume_ids)
+                              MIG_MONITOR_DEVICES, NONE, REQUIRE_CUDA, REQUIRE_JETPACK, REQUIRE_PREFIX, TRUE_WORDS,
+                              VISIBLE_DEVICES, VOID, Policy, imex_channel, split, volume_ids)
 from nvc.errors import InputError, shown
 from nvc.untrusted import decimal
 
