@@ -1,5 +1,5 @@
 """libnvc-share on a real GPU (H100, driver 580, CUDA 13): the acceptance checks of issue 6 with
-LD_PRELOAD and a share directory written by nvc.share.limits (the hook's limits writer). Run by
+LD_PRELOAD and a share directory written by nvc.apply.sharefiles (the hook's limits writer). Run by
 `make test-gpu` on the GPU machine; deselected elsewhere.
 """
 
@@ -318,7 +318,7 @@ def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, p
     import json
     import threading
 
-    from nvc.share import limits as share_limits
+    from nvc.plan import share as share_plan
 
     barrier = tmp_path / "barrier"
     barrier.mkdir()
@@ -344,7 +344,7 @@ def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, p
                                  "options": ["rbind", "rw"]})
         (bundle / "config.json").write_text(json.dumps(config))
         bundles[weight] = bundle
-    sched = Path(share_limits.sched_dir_for(share_limits.STATE_DIR))
+    sched = Path(share_plan.sched_dir_for(share_plan.STATE_DIR))
     was_mounted = os.path.ismount(sched)
     results: dict[int, subprocess.CompletedProcess[str]] = {}
     threads = [threading.Thread(target=lambda w=weight: results.__setitem__(w, runtime.create_start(bundles[w],

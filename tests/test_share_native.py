@@ -22,6 +22,10 @@ from typing import NamedTuple
 import pytest
 from fakedriver.build import INCLUDES
 
+from nvc.containerenv.sharing import parse_share_env
+from nvc.errors import InputError
+from nvc.plan.request import ShareRequest
+from nvc.plan.share import limits_text
 from nvc.share.region import SIZE as REGION_SIZE
 
 TESTS = Path(__file__).resolve().parent
@@ -42,7 +46,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("share_programs")
     built = {"cuda_probe": [FAKE_SRC / "cuda_probe.c"], "share_app": [PROGRAMS / "share_app.c"],
              "hold_lock": [PROGRAMS / "hold_lock.c"],
-             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"]}
+             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"],
+             "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native" / "config.c"]}
     for name, sources in built.items():
         subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o",
                         str(out / name), *map(str, sources), "-ldl"], check=True)
@@ -123,7 +128,7 @@ def test_per_device_and_hami_names(share):
 
 def test_per_device_names_by_uuid(share):
     """The device plugin's names: a limit keyed by one GPU's UUID applies to it alone; the other
-    device keeps the default (nvc/share/limits.py reads the same names)."""
+    device keeps the default (nvc/containerenv/sharing.py reads the same names)."""
     limits = {f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
     out = share.probe("meminfo", "ctx", 1, "meminfo", limits=limits)
     assert meminfo(out[0])[1] == 512 * MIB
@@ -152,6 +157,119 @@ def test_junk_limits_file_is_loud(share, text):
     out, err = share.run("cuda_probe", "init", "ctx", 0, "meminfo")
     assert "FAILED" in err and "limits" in err
     assert meminfo(out[2])[1] == 80 * GIB
+
+
+# ---------------------------------------------------------------- one grammar for the hook and the shim
+
+READ, REFUSED, STRICTER = "read", "refused", "stricter"
+MIG0 = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
+# (variable, value, verdict) for the hook (nvc.containerenv.sharing, then nvc.plan.share's limits file)
+# and the shim (native/config.c: the environment, and the limits file the hook wrote). READ: both read
+# the same limits; REFUSED: both refuse it, naming the variable; STRICTER: the hook refuses what the
+# shim's plain-env reader takes (zeros past the hook's digit bound) or leaves alone as no variable of
+# its own (a suffix that names no device), so a container never starts on what the two would read apart.
+CONFIG_TABLE = [
+    # sizes: decimal bytes with K, M, G or T and an optional i, all powers of 1024; not 0, below 2^64
+    *[("NVC_SHARE_MEMORY_LIMIT", text, READ) for text in (
+        "1073741824", "1g", "1G", "1Gi", "1024m", "1024Mi", "1048576K", "1048576ki", "4096", "2T", "1ti",
+        "18446744073709551615", "16777215T", "00000000000000000001")],
+    *[("NVC_SHARE_MEMORY_LIMIT", text, REFUSED) for text in (
+        "", "abc", "0", "00", "1.5G", "0x10", "1 G", " 1G", "1G ", "-1", "+5", "1GiB", "1gb", "1B", "1iG", "1Gii",
+        "G", "1e9", "18446744073709551616", "99999999999999999999", "16777216T", "١٢")],
+    ("NVC_SHARE_MEMORY_LIMIT", "000000000000000000001", STRICTER),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "3g", READ), ("CUDA_DEVICE_MEMORY_LIMIT", "0", REFUSED),
+    # percents: 1..100; HAMi's 0 is unlimited
+    *[("NVC_SHARE_COMPUTE", text, READ) for text in ("1", "50", "100", "050")],
+    *[("NVC_SHARE_COMPUTE", text, REFUSED) for text in (
+        "0", "101", "1000", "", "abc", "+5", " 5", "5 ", "5%", "1e2", "١", "99999999999999999999")],
+    ("NVC_SHARE_COMPUTE", "0000000000000000050", STRICTER),
+    ("CUDA_DEVICE_SM_LIMIT", "0", READ), ("CUDA_DEVICE_SM_LIMIT", "30", READ), ("CUDA_DEVICE_SM_LIMIT", "101", REFUSED),
+    # weights: 1..1000
+    *[("NVC_SHARE_WEIGHT", text, READ) for text in ("1", "1000", "0001")],
+    *[("NVC_SHARE_WEIGHT", text, REFUSED) for text in (
+        "0", "1001", "", "x", "+1", "1 ", "١", "99999999999999999999999")],
+    # device keys: an NVML index of 1 to 3 digits, or a GPU- or MIG- UUID (its case and prefix not counted)
+    *[(f"NVC_SHARE_MEMORY_LIMIT_{key}", "1G", READ) for key in (
+        "0", "7", "007", "999", GPU0, GPU0.upper(), MIG0, "GPU-ABCDEF", "GPU-" + "a" * 36)],
+    *[(f"NVC_SHARE_COMPUTE_{key}", "50", READ) for key in ("1", GPU0)],
+    *[(f"NVC_SHARE_WEIGHT_{key}", "3", READ) for key in ("2", MIG0)],
+    *[(f"NVC_SHARE_WEIGHT_{key}", "3", STRICTER) for key in (
+        "1234", "gpu-abc", "GPU0", "GPU-", "GPU-" + "a" * 37, "GPU-zz", "GPU-12/gi", "x", "", "_0", "-1")],
+    (f"CUDA_DEVICE_SM_LIMIT_{GPU0}", "0", READ),
+    ("CUDA_DEVICE_SM_LIMIT_POLICY", "force", READ),     # another HAMi variable: a limit to neither
+]
+# Several variables at once: NVC_SHARE_* beat HAMi's at the same device, a device's own beat the
+# default, whatever their names; the device plugin's (by UUID) beside a default.
+CONFIG_ENVS = [
+    {"CUDA_DEVICE_MEMORY_LIMIT": "3g", "NVC_SHARE_MEMORY_LIMIT": "1Gi", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m"},
+    {"CUDA_DEVICE_MEMORY_LIMIT_001": "3g", "NVC_SHARE_MEMORY_LIMIT_1": "1Gi", "CUDA_DEVICE_SM_LIMIT": "30",
+     "NVC_SHARE_COMPUTE_0": "70", "NVC_SHARE_WEIGHT": "5"},
+    {f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi", f"NVC_SHARE_COMPUTE_{GPU0}": "25", f"NVC_SHARE_WEIGHT_{GPU0}": "3",
+     f"CUDA_DEVICE_SM_LIMIT_{MIG0}": "0", "NVC_SHARE_MEMORY_LIMIT_1": "1G", "NVC_SHARE_MEMORY_LIMIT": "4G"},
+]
+
+
+def shim_reads(programs, *args: str, text: str | None = None) -> list[str]:
+    """What native/config.c reads (tests/share_programs/limits_parse.c's lines)."""
+    return subprocess.run([str(programs["limits_parse"]), *args], input=text, capture_output=True, text=True,
+                          timeout=10, check=True).stdout.splitlines()
+
+
+def as_the_shim_keys(request: ShareRequest | None) -> list[str]:
+    """``request`` in limits_parse's words: its defaults (100 % compute, no memory limit or weight when
+    unset) and one rule per device, keyed as the shim keys them (an index as a number, a UUID without
+    its GPU-/MIG- prefix, lower case), in the shim's order."""
+    defaults = {"memory": 0, "compute": 100, "weight": 0}
+    rules: dict[tuple[int, str], dict[str, int]] = {}
+    for field in ShareRequest._fields:
+        for scope, value in getattr(request or ShareRequest(), field):
+            if not scope:
+                defaults[field] = value
+                continue
+            key = (int(scope), "-") if scope.isdigit() else (-1, scope[4:].lower())  # the hook's: GPU-/MIG- UUIDs
+            rules.setdefault(key, dict.fromkeys(defaults, 0))[field] = value
+    return [" ".join(["default", *(f"{f}={v}" for f, v in defaults.items())]),
+            *(" ".join([f"rule index={index} key={key}", *(f"{f}={v}" for f, v in rule.items())])
+              for (index, key), rule in sorted(rules.items()))]
+
+
+def hook_and_shim_agree(programs, env: dict[str, str]) -> None:
+    """What the hook reads of ``env`` is what the shim reads of it, and of the limits file the hook
+    writes from it."""
+    request = parse_share_env(env)
+    want = as_the_shim_keys(request)
+    assert shim_reads(programs, "env", *(f"{name}={value}" for name, value in env.items())) == want
+    assert shim_reads(programs, "file", text=limits_text(request or ShareRequest())) == want
+
+
+@pytest.mark.parametrize(("name", "value", "verdict"), CONFIG_TABLE)
+def test_config_agrees_with_the_hook(programs, name, value, verdict):
+    if verdict == READ:
+        hook_and_shim_agree(programs, {name: value})
+        return
+    with pytest.raises(InputError, match=re.escape(name)):
+        parse_share_env({name: value})
+    read = shim_reads(programs, "env", f"{name}={value}")
+    if verdict == REFUSED:
+        assert read[0].startswith(f"error invalid {name}="), read
+    else:
+        assert not read[0].startswith("error"), read
+
+
+@pytest.mark.parametrize("env", CONFIG_ENVS)
+def test_config_agrees_with_the_hook_on_precedence(programs, env):
+    hook_and_shim_agree(programs, env)
+
+
+def test_config_agrees_with_the_hook_on_how_many_devices(programs):
+    """The shim keeps limits for 32 devices and refuses a limits file naming more (the container
+    would run unlimited): the hook refuses such an env before it writes one; 32 are read alike."""
+    many = {f"NVC_SHARE_WEIGHT_{index}": "1" for index in range(33)}
+    with pytest.raises(InputError, match="sharing variables name 33 devices"):
+        parse_share_env(many)
+    assert shim_reads(programs, "env", *(f"{name}={value}" for name, value in many.items()))[0].startswith("error ")
+    del many["NVC_SHARE_WEIGHT_32"]
+    hook_and_shim_agree(programs, {**many, "NVC_SHARE_MEMORY_LIMIT": "1G"})
 
 
 # ---------------------------------------------------------------- accounting
@@ -737,14 +855,15 @@ def attack(how: str, path: Path) -> None:
 
 @pytest.fixture
 def hook_sched(tmp_path):
-    """The scheduler directory as the hook makes it (nvc.share.limits: its tmpfs, each tenant's file and
-    the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
-    from nvc.share import limits as share_limits
+    """The scheduler directory as the hook makes it (nvc.apply.sharefiles: its tmpfs, each tenant's file
+    and the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
+    from nvc.apply import sharefiles
+    from nvc.plan.share import limits_text
 
     sched = tmp_path / "sched"
 
     def grant(name: str, request) -> None:
-        share_limits._write_sched_file(str(sched), name, share_limits.limits_text(request))
+        sharefiles._write_sched_file(str(sched), name, limits_text(request))
 
     yield sched, grant
     if os.path.ismount(sched):
