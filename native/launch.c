@@ -67,22 +67,30 @@ static int within_of[NVC_MAX_DEVICES];         /* the scheduler's last word: wit
  * element-wise kernels, and one device-wide average would count the queue as full with a few of
  * them (the GPU then idles between the small ones while the launching thread sleeps). */
 #define KERNEL_SLOTS 4096
-static struct {
+struct kernel_cost {
     const void *key;
-    int64_t ns;
-} kernel_ns[KERNEL_SLOTS];
+    int64_t ns;                      /* its elapsed time, running mean */
+    int64_t work_ns;                 /* its elapsed time when nothing slowed it: the least seen, creeping up */
+};
+static struct kernel_cost kernel_ns[KERNEL_SLOTS];
 
-static int64_t *kernel_slot(const void *key)
+static struct kernel_cost *kernel_slot(const void *key)
 {
     unsigned h = (unsigned)(((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 52);
     for (unsigned i = 0; i < 8; i++) {
         unsigned at = (h + i) % KERNEL_SLOTS;
         if (kernel_ns[at].key == key || !kernel_ns[at].key) {
             kernel_ns[at].key = key;
-            return &kernel_ns[at].ns;
+            return &kernel_ns[at];
         }
     }
     return NULL;                     /* a full neighbourhood: the device-wide estimate serves */
+}
+
+/* A launch's kernel and grid size: the same function on another grid is other work. */
+static const void *kernel_key(const void *f, unsigned gx, unsigned gy, unsigned gz)
+{
+    return (const void *)((uintptr_t)f ^ ((uintptr_t)((uint64_t)gx * gy * gz % 65521u) << 48));
 }
 static uint64_t gpu_done_ns[NVC_MAX_DEVICES];  /* when this process's measured work ended on the GPU */
 static struct {
@@ -125,7 +133,7 @@ static void event_put(CUevent ev, CUcontext ctx)
 static void settle_locked(struct pending *p)
 {
     float ms = 0;
-    int64_t cost = p->estimate;
+    int64_t cost = p->estimate, work = 0;
     double factor = p->count > 0 ? p->factors / p->count : 0;
     if (p->count > 0 && nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
         int64_t full = (int64_t)((double)ms * 1e6);
@@ -135,9 +143,12 @@ static void settle_locked(struct pending *p)
             int64_t per_full = factor > 0 ? (int64_t)((double)cost / factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
         }
-        int64_t *own = p->key ? kernel_slot(p->key) : NULL;
-        if (own)
-            *own = *own ? (*own + full) / 2 : full;
+        struct kernel_cost *own = p->key ? kernel_slot(p->key) : NULL;
+        if (own) {
+            own->ns = own->ns ? (own->ns + full) / 2 : full;
+            own->work_ns = !own->work_ns || full < own->work_ns ? full : own->work_ns + (full - own->work_ns) / 256;
+            work = (int64_t)((double)own->work_ns * factor);
+        }
         /* When it ended: launched behind queued work, the previous end plus the time between the
          * two ends (the gap between kernels included: thousands of microsecond kernels add up);
          * launched to an idle queue, its launch plus its duration. */
@@ -154,7 +165,7 @@ static void settle_locked(struct pending *p)
     if (p->sched && p->count > 0 && cost > 0 && ms > 0) {
         uint64_t elapsed = (uint64_t)((double)ms * 1e6);
         uint64_t ended = gpu_done_ns[p->d] > elapsed ? gpu_done_ns[p->d] : elapsed;
-        nvc_sched_measured(p->sched, nvc_now_ns(), ended - elapsed, ended, (uint64_t)cost);
+        nvc_sched_measured(p->sched, nvc_now_ns(), ended - elapsed, ended, (uint64_t)cost, (uint64_t)work);
     }
     queued_of[p->d]--;
     unknown_of[p->d] -= p->count > 0 && p->queued_ns == 0;
@@ -312,14 +323,14 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         nvc_region_account_launch(dev, 0, waited);
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
-    int64_t *own = kernel_slot(l->key);
-    int64_t queued = own && *own ? *own : estimate;
+    struct kernel_cost *own = kernel_slot(l->key);
+    int64_t queued = own && own->ns ? own->ns : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
         nvc_sched_launched(d->sched, now, inflight_of[dev] + queued);
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
-    int alone = !own || !*own || *own >= GROUP_NS / 4;
+    int alone = !own || !own->ns || own->ns >= GROUP_NS / 4;
     if (g && (alone || g->ctx != ctx || g->stream != l->stream || g->ptsz != l->ptsz || g->count >= GROUP_MAX ||
               g->queued_ns >= GROUP_NS || now - g->last_ns > (uint64_t)GROUP_NS)) {   /* an idle gap is not its work */
         close_locked(dev, ctx);
@@ -431,7 +442,8 @@ static CUresult call_kernel(const void *a)
         if (__builtin_expect(!limited(), 1))                                                                 \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);                   \
         struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra};     \
-        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), f};              \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
+                           kernel_key(f, gx, gy, gz)};                                                           \
         return throttled(&l, call_kernel, &a);                                                               \
     }
 KERNEL_WRAPPER(cuLaunchKernel, 0)
@@ -461,7 +473,8 @@ static CUresult call_coop(const void *a)
         if (__builtin_expect(!limited(), 1))                                                                 \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params);                          \
         struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params};              \
-        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), f};              \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
+                           kernel_key(f, gx, gy, gz)};                                                           \
         return throttled(&l, call_coop, &a);                                                                 \
     }
 COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
@@ -490,7 +503,8 @@ static CUresult call_ex(const void *a)
         struct ex_args a = {nvc_cuda.name, config, f, params, extra};                                        \
         struct launch l = {ptsz, config->hStream,                                                            \
                            grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY,         \
-                                       config->gridDimZ), f};                                                \
+                                       config->gridDimZ),                                                    \
+                           kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ)};             \
         return throttled(&l, call_ex, &a);                                                                   \
     }
 EX_WRAPPER(cuLaunchKernelEx, 0)

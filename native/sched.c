@@ -394,15 +394,17 @@ void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
 }
 
-void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns)
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns,
+                        uint64_t work_ns)
 {
     uint32_t d = (uint32_t)(e - own->dev);
     nvc_sched_observe(e, now);
     pthread_mutex_lock(&sched_mu);
     uint64_t mine = nvc_sched_charge(&sharing_of[d], began_ns, ended_ns);
     pthread_mutex_unlock(&sched_mu);
-    /* its share of the elapsed time, at the grid's part of the device */
-    uint64_t charged = ended_ns > began_ns ? (uint64_t)((double)cost_ns * (double)mine / (double)(ended_ns - began_ns)) : 0;
+    /* its share of the elapsed time, at the grid's part of the device, unless its work is known */
+    uint64_t charged = work_ns ? (work_ns < cost_ns ? work_ns : cost_ns)
+                       : ended_ns > began_ns ? (uint64_t)((double)cost_ns * (double)mine / (double)(ended_ns - began_ns)) : 0;
     __atomic_add_fetch(&e->busy_ns, cost_ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&e->charged_ns, charged, __ATOMIC_RELAXED);
     account(e, now, charged);

@@ -19,8 +19,11 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
 void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
 void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
 /* A launch measured: it ran on the GPU from began_ns to ended_ns (CLOCK_MONOTONIC), cost_ns of it at
- * the grid's part of the device; charged for the part of that time the GPU was this tenant's. */
-void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns);
+ * the grid's part of the device. Charged its work_ns where known (what the kernel takes when nothing
+ * slows it: its useful work, however the GPU time-sliced it with others), else the part of its elapsed
+ * time the GPU was this tenant's (nvc_sched_charge). */
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns,
+                        uint64_t work_ns);
 /* Waiting for its own queue to drain: looks how many tenants share the GPU meanwhile. */
 void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now);
 void nvc_sched_fork(enum nvc_fork_phase phase);
