@@ -332,7 +332,7 @@ DAEMONS = {("k8s", "device-plugin"), ("exporter",)}
 ALL_GLOBAL_VALUES = {("list",), ("k8s", "device-plugin")}
 VERDICTS = {("doctor",)}  # status 1 is their answer ("a check failed"), said on stdout, not an error
 SKIPPED = {("hook",)}  # nvc-py-hook's stages: test_hook_stages
-PATH_METAVARS = ("PATH", "DIR", "FILE", "ROOTFS")
+PATH_METAVARS = ("PATH", "ROOTFS")
 
 
 def commands(group: click.Group, words: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:

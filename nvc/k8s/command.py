@@ -8,16 +8,16 @@ import click
 _LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
-@click.group("k8s")
+@click.group("k8s", short_help="Kubernetes: the kubelet device plugin.")
 def k8s() -> None:
-    """Kubernetes integration (README, Kubernetes)."""
+    """Kubernetes: the kubelet device plugin (docs/kubernetes.md)."""
 
 
-@k8s.command("device-plugin")
+@k8s.command("device-plugin", short_help="Run the kubelet device plugin until SIGTERM.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file whose k8s: section (and root, user) the plugin reads "
                    "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
-@click.option("--device-plugin-dir", metavar="DIR", default=None,
+@click.option("--device-plugin-dir", metavar="PATH", default=None,
               help="The kubelet's device plugin directory, where kubelet.sock is and the plugin's sockets go "
                    "[default: the configuration's k8s.device-plugin-dir, /var/lib/kubelet/device-plugins].")
 @click.option("--health-file", metavar="PATH", default=None,
