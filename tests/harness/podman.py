@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .progress import phase
 from .rootfs import RootfsCache, image_ref
 
 CONTAINERS_CONF = """\
@@ -94,7 +95,9 @@ class Podman:
         """The image of the `variant` rootfs, imported on first use."""
         ref = image_ref(variant)
         if ref not in self._images:
-            self.import_tarball(self.rootfs.tarball(variant), ref)
+            tarball = self.rootfs.tarball(variant)
+            with phase(f"podman import of {ref} into the private store"):
+                self.import_tarball(tarball, ref)
             self._images.add(ref)
         return ref
 
