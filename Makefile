@@ -163,7 +163,7 @@ test: deps build
 	$(PYTEST) $(PYTEST_FLAGS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
-## (see README: carry wheels and .deb files there)
+## (docs/development.md: carry wheels and .deb files there)
 test-gpu: build
 	$(PYTEST) -m gpu -p no:cacheprovider $(PYTEST_FLAGS)
 
@@ -218,7 +218,7 @@ uninstall:
 	$(if $(PURGE),rm -rf /var/log/nvc-py.log /var/log/nvc-py.log.[0-9]* /etc/nvc-py)
 
 ## deb: $(DEB_DIR)/nvc-py_$(DEB_VERSION)_ARCH.deb for the distribution this runs on, as root (tools/debpkg.py;
-## README, Install); the host's /usr/lib/nvc-py is left as it is
+## docs/install.md); the host's /usr/lib/nvc-py is left as it is
 deb: deb-deps
 	/usr/bin/python3 tools/debpkg.py build --version '$(DEB_VERSION)' --out $(DEB_DIR) --pip-cache $(DEB_PIP_CACHE)
 

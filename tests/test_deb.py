@@ -1,4 +1,4 @@
-"""The Debian package (README, Install): ``make deb`` builds it on this machine (Debian 12), twice
+"""The Debian package (docs/install.md): ``make deb`` builds it on this machine (Debian 12), twice
 (a lower version to upgrade from); in a minimal Debian 12 root made by debootstrap, holding the
 distribution packages it depends on so that the install needs no network (harness.debroot),
 

@@ -353,7 +353,7 @@ def _server_options(command: Callable[..., None]) -> Callable[..., None]:
 
 def _setup_server(no_server: bool, unit_dir: str | None, config_path: str | None, systemctl: str) -> None:
     """Served by default: socket-activated units where systemd runs, else the hooks' on-demand start
-    (see README, hook server); ``--no-server``: neither."""
+    (docs/hook-server.md); ``--no-server``: neither."""
     from nvc.hook import setup as engines
 
     lines = [] if no_server else engines.install_server(unit_dir, config_path, systemctl)
