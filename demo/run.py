@@ -64,6 +64,8 @@ def _runc_demo(work: Path, rootfs_cache, config: Path) -> int:  # noqa: ANN001 (
 def _podman_demo(work: Path, rootfs_cache, hooks: Path) -> int:  # noqa: ANN001 (harness.rootfs.RootfsCache)
     from harness.podman import Podman
 
+    print("Importing a small image made from host parts (busybox + glibc) into a private podman store ...\n",
+          flush=True)
     podman = Podman(work / "podman", rootfs_cache)
     try:
         return _podman_runs(podman, hooks)

@@ -18,7 +18,6 @@ from typing import Mapping, Sequence
 
 from .daemon import stop_daemon
 from .image import build_oci_archive
-from .progress import phase
 from .rootfs import RootfsCache, image_ref
 
 NAMESPACE = "nvc-test"
@@ -86,9 +85,8 @@ class Containerd:
         """The image of the `variant` rootfs, built and imported on first use."""
         ref = image_ref(variant)
         if ref not in self._images:
-            tarball = self.rootfs.tarball(variant)
-            with phase(f"ctr import of {ref} (an OCI archive) into the private containerd"):
-                self.import_archive(build_oci_archive(tarball, ref, self.workdir / f"{variant}-oci.tar"))
+            archive = build_oci_archive(self.rootfs.tarball(variant), ref, self.workdir / f"{variant}-oci.tar")
+            self.import_archive(archive)
             self._images.add(ref)
         return ref
 

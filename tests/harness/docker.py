@@ -29,7 +29,6 @@ from typing import Mapping, Sequence
 from fakedriver.activate import MNT_DETACH, umount
 
 from .daemon import stop_daemon
-from .progress import phase
 from .rootfs import RootfsCache, image_ref
 
 DOCKERD = "/usr/sbin/dockerd"
@@ -94,9 +93,7 @@ class Dockerd:
         """The image of the `variant` rootfs, made by `docker import` on first use."""
         ref = image_ref(variant)
         if ref not in self._images:
-            tarball = self.rootfs.tarball(variant)
-            with phase(f"docker import of {ref} into the private dockerd"):
-                result = self.docker("import", "--change", 'CMD ["/bin/sh"]', str(tarball), ref)
+            result = self.docker("import", "--change", 'CMD ["/bin/sh"]', str(self.rootfs.tarball(variant)), ref)
             if result.returncode != 0:
                 raise RuntimeError(f"docker import failed: {result.stderr}")
             self._images.add(ref)

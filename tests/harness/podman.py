@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .progress import phase
 from .rootfs import RootfsCache, image_ref
 
 CONTAINERS_CONF = """\
@@ -95,9 +94,7 @@ class Podman:
         """The image of the `variant` rootfs, imported on first use."""
         ref = image_ref(variant)
         if ref not in self._images:
-            tarball = self.rootfs.tarball(variant)
-            with phase(f"podman import of {ref} into the private store"):
-                self.import_tarball(tarball, ref)
+            self.import_tarball(self.rootfs.tarball(variant), ref)
             self._images.add(ref)
         return ref
 
