@@ -3,9 +3,10 @@
  * events, and when they complete the launch's end on the GPU is reconstructed (it started when it was
  * launched or when this process's previous work ended, whichever is later, and ran its measured
  * time), so work that ran past its slice's end is charged too. Weights (sched.c) divide measured GPU
- * time, weighted by the fraction of the device's SMs a grid can occupy. At most MAX_INFLIGHT_NS of
+ * time, weighted by the fraction of the device's SMs a grid can occupy, each moment divided among the
+ * containers that had work on the GPU then. At most MAX_INFLIGHT_NS of
  * estimated work may be queued ahead of measurement, so a burst of asynchronous launches cannot run
- * far past a slice or a turn. Without a compute limit the wrappers add one branch. */
+ * far past a slice or a share. Without a compute limit the wrappers add one branch. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
@@ -19,7 +20,7 @@
 #define MAX_FREE_EVENTS 1024
 #define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
 #define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
-#define SCHED_WAIT_STEP_NS 100000ll  /* re-ask for the turn every 100 us */
+#define SCHED_WAIT_STEP_NS 100000ll  /* re-ask the scheduler every 100 us */
 
 struct pending {                     /* one launch, or a group of short ones on one stream */
     CUevent start, end;
@@ -89,8 +90,8 @@ static struct {
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Where this process's launches waited, logged at exit (NVC_SHARE_LOG=2): a workload slower under a
- * cap than its share says whether the slice, the queue bound or another container's turn held it. */
-enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_TURN, WAIT_REASONS };
+ * cap than its share says whether the slice, the queue bound or other containers' shares held it. */
+enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_SHARE, WAIT_REASONS };
 static uint64_t waited_for[WAIT_REASONS], entries_made, launches_seen;
 
 static CUevent event_get(CUcontext ctx)
@@ -148,9 +149,11 @@ static void settle_locked(struct pending *p)
             nvc_region_done(p->d, gpu_done_ns[p->d]);
     }
     nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
-    if (p->sched)
-        nvc_sched_measured(p->sched, nvc_now_ns(), p->count > 0 ? cost - p->estimate : -p->estimate,
-                           (uint64_t)(p->count > 0 && cost > 0 ? cost : 0));
+    if (p->sched && p->count > 0 && cost > 0 && ms > 0) {
+        uint64_t elapsed = (uint64_t)((double)ms * 1e6);
+        uint64_t ended = gpu_done_ns[p->d] > elapsed ? gpu_done_ns[p->d] : elapsed;
+        nvc_sched_measured(p->sched, nvc_now_ns(), ended - elapsed, ended, (uint64_t)cost);
+    }
     queued_of[p->d]--;
     unknown_of[p->d] -= p->count > 0 && p->queued_ns == 0;
     inflight_of[p->d] -= p->queued_ns;
@@ -207,7 +210,7 @@ static int64_t inflight_locked(int dev)
     return unknown_of[dev] ? -1 : inflight_of[dev];
 }
 
-/* Waits for the cap's slice and the scheduler's turn; returns the pending entry's events to record,
+/* Waits for the cap's slice and the scheduler's leave; returns the pending entry's events to record,
  * or NULLs. Launches are asynchronous: without a bound on the queue a burst would run long before its
  * cost is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
  * unknown) may be queued ahead of measurement. */
@@ -271,14 +274,16 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
             room = (int64_t)(nvc_region_slice_end(dev) - now);
         if (inflight < 0 || inflight > room) {
             step = unit / 4;             /* let the queue drain */
+            if (d->sched)
+                nvc_sched_observe(d->sched, now);
         } else if (wait > 0) {
             step = wait;
             reason = WAIT_SLICE;
             if (d->sched)
                 nvc_sched_ready(d->sched, now, 1);
         } else if (d->sched && !nvc_sched_ready(d->sched, now, 0)) {
-            step = SCHED_WAIT_STEP_NS;   /* another container holds the turn: the cap's slice waits too */
-            reason = WAIT_TURN;
+            step = SCHED_WAIT_STEP_NS;   /* over its share while another wants more: the cap's slice waits too */
+            reason = WAIT_SHARE;
             if (d->compute < 100) {
                 if (!turn_from) {
                     turn_from = now;
@@ -526,9 +531,9 @@ __attribute__((destructor)) static void log_waits(void)
 {
     if (launches_seen)
         nvc_log(2, "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for "
-                   "queue room, %.1f ms for the turn; %llu slices started, %.1f ms charged past their ends",
+                   "queue room, %.1f ms for other containers' shares; %llu slices started, %.1f ms charged past their ends",
                 (unsigned long long)launches_seen, (unsigned long long)entries_made, waited_for[WAIT_SLICE] / 1e6,
-                waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_TURN] / 1e6,
+                waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_SHARE] / 1e6,
                 (unsigned long long)nvc_region_slices_started, nvc_region_overrun_charged_ns / 1e6);
 }
 

@@ -221,7 +221,7 @@ def _gpu_list(value: Any) -> tuple[str, ...]:
 
 
 def _slice(value: Any) -> str:
-    """Its grammar is the sharing variables' (nvc.share.limits.parse_size, a layer above this one):
+    """Its grammar is the sharing variables' (nvc.containerenv.sharing.parse_size, a layer above this one):
     the plugin checks it as it starts."""
     if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
         raise ValueError("expected a size: bytes with an optional K, M, G, T, Ki, Mi, Gi or Ti")

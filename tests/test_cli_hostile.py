@@ -52,7 +52,7 @@ from harness.bundle import make_bundle
 from nvc import config as config_file
 from nvc import errors
 from nvc.commands.cli import cli
-from nvc.share import limits as share_limits
+from nvc.containerenv import sharing
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 NVC_PY, HOOK, RUNTIME = (str(SCRIPTS / name) for name in ("nvc-py", "nvc-py-hook", "nvc-py-runtime"))
@@ -476,8 +476,8 @@ def _state(scratch: Scratch, bundle: Path | None = None) -> bytes:
 
 
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "0"}
-# The variables a container sets for the hook: the sharing ones (nvc/share/limits.py's names) and NVIDIA's.
-HOOK_ENV_NAMES = (*(prefix for prefix, _, _ in share_limits._NAMES),  # noqa: SLF001
+# The variables a container sets for the hook: the sharing ones (nvc/containerenv/sharing.py's names) and NVIDIA's.
+HOOK_ENV_NAMES = (*(prefix for prefix, _, _ in sharing.VARIABLES),
                   "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA",
                   "NVIDIA_IMEX_CHANNELS", "NVIDIA_MIG_CONFIG_DEVICES")
 ENV_VALUES: dict[str, Value] = {**NUMBER_VALUES, "newline": WORD_VALUES["newline"]}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from nvc import __version__
+from nvc.containerenv import MIG_FILE_VALUES
 from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError, NvcError, one_line
 from nvc.options import GlobalOptions, parse_user
 
@@ -146,8 +147,8 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
 @click.option("-i", "--ipcs", is_flag=True, help="List IPC sockets and the MPS pipe directory.")
 @click.option("-f", "--firmwares", is_flag=True, help="List GSP firmware files.")
 @click.option("--compat32", is_flag=True, help="Also list 32-bit libraries (with -l).")
-@click.option("--mig-config", type=click.Choice(["all"]), help="List MIG configuration capability files.")
-@click.option("--mig-monitor", type=click.Choice(["all"]), help="List MIG monitoring capability files.")
+@click.option("--mig-config", type=click.Choice(MIG_FILE_VALUES), help="List MIG configuration capability files.")
+@click.option("--mig-monitor", type=click.Choice(MIG_FILE_VALUES), help="List MIG monitoring capability files.")
 @click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="List IMEX channel nodes.")
 @click.option("--no-persistenced", is_flag=True, help="Leave out the persistenced socket.")
 @click.option("--no-fabricmanager", is_flag=True, help="Leave out the fabric manager socket.")
@@ -175,7 +176,7 @@ def list_(
 ) -> None:
     """Print the host paths a container would get (with no selection flags: -d all --compat32 -l -b -i -f)."""
     from nvc.commands import listing
-    from nvc.plan.request import parse_imex_channels
+    from nvc.containerenv import parse_imex_channels
 
     chosen = bool(devices) or libraries or binaries or ipcs or firmwares or compat32 or bool(mig_config or mig_monitor)
     if not chosen:
@@ -214,8 +215,8 @@ def list_(
 @click.option("--compat32", is_flag=True, help="32-bit libraries of the chosen capabilities.")
 @click.option("--no-cgroups", is_flag=True, help="Leave the device cgroup alone.")
 @click.option("--no-devbind", is_flag=True, help="Do not bind-mount device nodes.")
-@click.option("--mig-config", type=click.Choice(["all"]), default=None, help="MIG configuration capability.")
-@click.option("--mig-monitor", type=click.Choice(["all"]), default=None, help="MIG monitoring capability.")
+@click.option("--mig-config", type=click.Choice(MIG_FILE_VALUES), default=None, help="MIG configuration capability.")
+@click.option("--mig-monitor", type=click.Choice(MIG_FILE_VALUES), default=None, help="MIG monitoring capability.")
 @click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="IMEX channel nodes.")
 @click.option("--cuda-compat-mode", type=click.Choice(["disabled", "mount", "ldconfig"]), default="ldconfig",
               show_default=True, help="CUDA forward-compat libraries of the image.")

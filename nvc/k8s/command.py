@@ -47,7 +47,7 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
         raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
     user = parse_user(given.user if given.user is not None else conf.user)
     k8s_conf = conf.k8s
-    from nvc.share.limits import parse_size
+    from nvc.containerenv.sharing import parse_size
 
     parse_size("k8s.share-slice", k8s_conf.share_slice)  # a bad size stops it here, not at discovery
     if health_file is not None and not os.path.isabs(health_file):

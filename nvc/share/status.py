@@ -1,6 +1,6 @@
 """`nvc-py share status`: per container on this host, its sharing limits, the memory each of its
 processes holds, and its compute share and throttling, read from the per-container directories the
-hook prepared (nvc/share.py) and the regions the shim keeps there (nvc/shareregion.py).
+hook prepared (:mod:`nvc.apply.sharefiles`) and the regions the shim keeps there (:mod:`nvc.share.region`).
 
 A container's shared directory is its own to write, so everything read there is the container's
 word: root reads nothing there without checking it first (no symlink followed, no FIFO or device
@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from nvc.errors import one_line
-from nvc.share import limits as share, owner
+from nvc.plan import share
+from nvc.share import owner
 from nvc import untrusted
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
