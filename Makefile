@@ -39,14 +39,17 @@ STEP := LOGDIR=$(LOGDIR) sh tools/deps.sh step
 # The test suite's own directories on the host (tests/hostcheck.py): caches kept between runs (the
 # debootstrap roots, the package tests' downloads) and the running session's temporary files.
 TEST_DIRS := /var/cache/nvc-py-test /var/tmp/nvc-py-test
-# make install's record, in LIBDIR, of when it installed from this tree: `make test`, `demo` and `try`
-# install again only when a file of the package changed since, or the environment's nvc-py is not
-# this tree's (pip's direct_url.json names where it was installed from: another clone since, or none).
+# make install's record, in LIBDIR, of the files it installed from this tree: `make test`, `demo` and
+# `try` install again only when one of them changed or went since, or the environment's nvc-py is not
+# this tree's (pip's direct_url.json names where it was installed from: another clone since, or none;
+# -I: not an egg-info in the working directory).
 INSTALL_STAMP := $(LIBDIR)/.installed
-INSTALLED_FROM := $(shell $(ENV_PYTHON) -c 'import importlib.metadata as m, json; \
+INSTALLED_FROM := $(shell $(ENV_PYTHON) -I -c 'import importlib.metadata as m, json; \
 	print(json.loads(m.distribution("nvc-py").read_text("direct_url.json"))["url"])' 2>/dev/null)
-INSTALL_INPUTS := $(shell find nvc hook rpc -name __pycache__ -prune -o -print) setup.cfg pyproject.toml \
+INSTALL_INPUTS := $(shell find nvc hook rpc -name __pycache__ -prune -o -type f -print) setup.cfg pyproject.toml \
 	README.md Makefile native/libnvc-share.so native/nvc-py-hook-client
+INSTALL_CURRENT := $(and $(filter file://$(CURDIR),$(INSTALLED_FROM)),\
+	$(if $(filter-out $(INSTALL_INPUTS),$(shell cat $(INSTALL_STAMP) 2>/dev/null)),,current))
 # What the hooks, their server and the device plugin leave in RUN_DIR beside the containers' sharing
 # state (share/, gpu-sched/), for `make uninstall`.
 RUN_DIR := /run/nvc-py
@@ -138,7 +141,7 @@ endef
 install: pip-deps $(INSTALL_STAMP)
 
 # build/ goes first: setuptools would copy what an earlier build left there (a moved module) again.
-$(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(filter file://$(CURDIR),$(INSTALLED_FROM)),,FORCE)
+$(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
 	@rm -rf build
 	@$(STEP) install "install: nvc-py from $(CURDIR) into $(LIBDIR)" \
 		$(PIP) install --no-cache-dir --no-deps --no-index --no-build-isolation .
@@ -146,7 +149,7 @@ $(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(filter file://$(CURDIR),$(INSTALLED_F
 	@install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
 	@$(MAKE) -s --no-print-directory fronts
 	@echo "install: $(LIBDIR)/nvc-py, nvc-py-hook and nvc-py-runtime, linked from $(BINDIR)"
-	@touch $@
+	@printf '%s\n' $(INSTALL_INPUTS) > $@
 
 FORCE:
 
@@ -180,7 +183,7 @@ demo-plan:
 		echo "  pip: installs packaging, then what $(VENV) lacks"; \
 	else missing=$$($(ENV_PYTHON) tools/missing_deps.py); \
 		echo "  pip: $${missing:-nothing to install}$${missing:+ into $(VENV)}"; fi
-	@if [ "$(INSTALLED_FROM)" = file://$(CURDIR) ] && [ -e $(INSTALL_STAMP) ] && [ -e native/libnvc-share.so ] && \
+	@if [ -n "$(INSTALL_CURRENT)" ] && [ -e $(INSTALL_STAMP) ] && [ -e native/libnvc-share.so ] && \
 		[ -e native/nvc-py-hook-client ] && \
 		[ -z "$$(find $(INSTALL_INPUTS) -newer $(INSTALL_STAMP) -print -quit 2>/dev/null)" ]; then \
 		echo "  install: nothing (nvc-py in $(LIBDIR) is this tree's)"; \
@@ -196,14 +199,14 @@ try: build
 ## uninstall: what make install, `nvc-py setup ...` and `cdi generate --output` put on the host (hook/maintainer.py's
 ## unregister, as the Debian package's removal; PURGE=1: the log and /etc/nvc-py too)
 uninstall:
-	-[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer stop-servers; \
+	-@[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer stop-servers; \
 		[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer unregister; \
 		[ -x $(LIBDIR)/nvc-py-python ] && $(LIBDIR)/nvc-py-python setup server --remove
-	for name in nvc-py nvc-py-hook nvc-py-runtime; do \
+	@for name in nvc-py nvc-py-hook nvc-py-runtime; do \
 		for link in $(BINDIR)/$$name "$(SCRIPTS_DIR)/$$name"; do \
 			[ "$$(readlink "$$link")" = $(LIBDIR)/$$name ] && rm -v "$$link"; done; done; true
 	$(if $(filter 1,$(GIVEN_VENV)),-$(PIP) uninstall -y -q nvc-py)
-	rm -rf $(LIBDIR)
+	@rm -rf $(LIBDIR) && echo "removed $(LIBDIR)"
 	@# A sharing directory is removed only without a container's state in it (gpu-sched: root's .granted
 	@# directory aside), gpu-sched's tmpfs unmounted first; the run directory and /etc/nvc-py only when empty.
 	@for dir in $(RUN_DIR)/share $(RUN_DIR)/gpu-sched; do \

@@ -69,7 +69,7 @@ apt-plan)
 	plan=$(apt-get install -s --no-install-recommends $packages) || exit 1
 	new=$(echo "$plan" | awk '/^Inst / && $3 !~ /^\[/ { print $2 }')
 	upgraded=$(echo "$plan" | awk '/^Inst / && $3 ~ /^\[/ { print $2 }')
-	echo "  apt: installs $(echo $new | wc -w) packages: $(echo $new)"
+	echo "  apt: installs $(echo $packages | wc -w) packages, $(echo $new | wc -w) with what they need: $packages"
 	if [ -n "$upgraded" ]; then
 		echo "  apt: upgrades $(echo $upgraded | wc -w) installed packages they need: $(echo $upgraded)"
 	fi
