@@ -218,7 +218,7 @@ uninstall:
 	@for name in $(RUN_FILES); do rm -fv $(RUN_DIR)/$$name; done
 	@for dir in $(RUN_DIR) $(if $(PURGE),,/etc/nvc-py); do \
 		[ ! -d $$dir ] || rmdir -v --ignore-fail-on-non-empty $$dir; done
-	$(if $(PURGE),rm -rf /var/log/nvc-py.log /var/log/nvc-py.log.[0-9]* /etc/nvc-py)
+	$(if $(PURGE),@rm -rfv /var/log/nvc-py.log /var/log/nvc-py.log.[0-9]* /etc/nvc-py)
 
 ## deb: $(DEB_DIR)/nvc-py_$(DEB_VERSION)_ARCH.deb for the distribution this runs on, as root (tools/debpkg.py;
 ## docs/install.md); the host's /usr/lib/nvc-py is left as it is

@@ -46,11 +46,13 @@ optional() {
 	done
 }
 
-# Everything to install, the package lists updated first where a needed package is missing.
+# Everything to install, the package lists updated first where a needed package is missing (not
+# again within 10 minutes: make demo's plan has just done it).
 missing() {
 	needed=$(needed)
-	if [ -n "$needed" ]; then
+	if [ -n "$needed" ] && [ -z "$(find "$LOGDIR/apt-updated" -mmin -10 2>/dev/null)" ]; then
 		step apt-update "apt: updating the package lists" apt-get update >&2 || return 1
+		touch "$LOGDIR/apt-updated"
 	fi
 	echo $needed $(optional)
 }
