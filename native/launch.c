@@ -20,6 +20,7 @@
 #define MAX_FREE_EVENTS 1024
 #define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
 #define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
+#define WITHIN_SHARE_NS 20000000ll   /* the same for an uncapped tenant within its share: nothing holds it */
 #define SCHED_WAIT_STEP_NS 100000ll  /* re-ask the scheduler every 100 us */
 
 struct pending {                     /* one launch, or a group of short ones on one stream */
@@ -60,6 +61,7 @@ static struct {
 } free_events[MAX_FREE_EVENTS];
 static int nfree;
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
+static int within_of[NVC_MAX_DEVICES];         /* the scheduler's last word: within its share */
 
 /* Each kernel's own running duration: a training step mixes millisecond GEMMs with microsecond
  * element-wise kernels, and one device-wide average would count the queue as full with a few of
@@ -186,8 +188,8 @@ static void harvest_locked(CUcontext ctx)
     while (head != tail && AT(head)->settled)
         head++;
     for (int d = 0; d < NVC_MAX_DEVICES; d++)
-        if (settled[d] && !queued_of[d])
-            nvc_sched_drained(settled[d], nvc_now_ns());     /* none of its work is queued */
+        if (settled[d])
+            nvc_sched_queued(settled[d], nvc_now_ns(), queued_of[d] ? inflight_of[d] : 0);
 }
 
 struct launch {
@@ -266,10 +268,11 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
         int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !queued) : 0;
+        int decision = 1;                /* nvc_sched_ready's: 0 wait, 1 run, 2 run within its share */
         enum wait_reason reason = WAIT_QUEUE;
         /* inside a cap's slice the queue may hold what fits in the rest of it: PyTorch runs ahead of
          * the GPU, and a queue kept short leaves gaps between its small kernels */
-        int64_t room = MAX_INFLIGHT_NS;
+        int64_t room = d->sched && d->compute >= 100 && within_of[dev] ? WITHIN_SHARE_NS : MAX_INFLIGHT_NS;
         if (d->compute < 100 && !wait && nvc_region_slice_end(dev) > now + (uint64_t)room)
             room = (int64_t)(nvc_region_slice_end(dev) - now);
         if (inflight < 0 || inflight > room) {
@@ -281,9 +284,10 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
             reason = WAIT_SLICE;
             if (d->sched)
                 nvc_sched_ready(d->sched, now, 1);
-        } else if (d->sched && !nvc_sched_ready(d->sched, now, 0)) {
+        } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, 0))) {
             step = SCHED_WAIT_STEP_NS;   /* over its share while another wants more: the cap's slice waits too */
             reason = WAIT_SHARE;
+            within_of[dev] = 0;
             if (d->compute < 100) {
                 if (!turn_from) {
                     turn_from = now;
@@ -292,6 +296,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
                 nvc_region_slice_extend(dev, turn_end + (now - turn_from) + (uint64_t)step);
             }
         } else {
+            within_of[dev] = decision == 2;
             break;
         }
         pthread_mutex_lock(&launch_mu);
@@ -311,7 +316,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     int64_t queued = own && *own ? *own : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
-        nvc_sched_launched(d->sched, now, estimate);
+        nvc_sched_launched(d->sched, now, inflight_of[dev] + queued);
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
     int alone = !own || !*own || *own >= GROUP_NS / 4;
@@ -552,6 +557,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         memset(queued_of, 0, sizeof queued_of);
         memset(unknown_of, 0, sizeof unknown_of);
         memset(inflight_of, 0, sizeof inflight_of);
+        memset(within_of, 0, sizeof within_of);
         memset(waited_for, 0, sizeof waited_for);
         entries_made = launches_seen = 0;
     }

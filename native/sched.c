@@ -371,22 +371,27 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
     view_of(e, own_id, &self);
     self.share_permille = account(e, now, 0);
-    int run = nvc_sched_decide(&self, others, n, now) == NVC_SCHED_RUN;
-    __atomic_store_n(&e->running, (uint32_t)run, __ATOMIC_RELEASE);
-    return run;
+    enum nvc_sched_decision decision = nvc_sched_decide(&self, others, n, now);
+    __atomic_store_n(&e->running, (uint32_t)(decision != NVC_SCHED_WAIT), __ATOMIC_RELEASE);
+    return (int)decision;
 }
 
-void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns)
+/* Its queued work is published as busy until twice its estimate from now: the estimates are the
+ * kernels' elapsed times as last measured, and while more tenants share the GPU than then, the queue
+ * drains slower. One that is too early would make the others charge a shared moment as theirs alone;
+ * one too late is cut short when the work is measured (the queue drained). */
+void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
 {
     uint64_t until = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
-    uint64_t next = (until > now ? until : now) + (uint64_t)(estimate_ns > 0 ? estimate_ns : 0);
-    __atomic_store_n(&e->busy_until_ns, next, __ATOMIC_RELEASE);
-    __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
+    uint64_t next = now + 2 * (uint64_t)(queued_ns > 0 ? queued_ns : 0);
+    if (queued_ns <= 0 || next > until)
+        __atomic_store_n(&e->busy_until_ns, queued_ns > 0 ? next : now, __ATOMIC_RELEASE);
 }
 
-void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now)
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
 {
-    __atomic_store_n(&e->busy_until_ns, now, __ATOMIC_RELEASE);
+    nvc_sched_queued(e, now, queued_ns > 0 ? queued_ns : 1);
+    __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
 }
 
 void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns)

@@ -36,7 +36,7 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
         if (nvc_sched_active(&others[i], now))
             total += others[i].weight ? others[i].weight : 1;
     if (self->share_permille <= nvc_sched_entitled(self, total) + NVC_SCHED_SLACK_PERMILLE)
-        return NVC_SCHED_RUN;
+        return NVC_SCHED_RUN_WITHIN;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
         if (nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&

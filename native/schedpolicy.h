@@ -21,7 +21,7 @@
 #define NVC_SCHED_ACTIVE_NS 5000000ull     /* a tenant not seen launching for 5 ms, with nothing queued, is idle */
 #define NVC_SCHED_FUTURE_NS 10000000000ull /* a peer's timestamp further ahead than this is garbage */
 #define NVC_SCHED_WINDOW_NS 100000000ull   /* a share is measured over the last ~200 ms (decaying) */
-#define NVC_SCHED_SLACK_PERMILLE 5u        /* over or under an entitlement by more than half a point */
+#define NVC_SCHED_SLACK_PERMILLE 10u       /* over or under an entitlement by more than a point */
 #define NVC_WEIGHT_MAX 1000u
 
 /* What one tenant publishes about one device. */
@@ -35,7 +35,9 @@ struct nvc_sched_view {
     uint32_t share_permille;     /* its share of the GPU (nvc_sched_share); another's is its claim */
 };
 
-enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1 };
+/* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
+ * further ahead); RUN: over it, but no one wants more now. */
+enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1, NVC_SCHED_RUN_WITHIN = 2 };
 
 /* Another tenant's view as read from its file, made safe to decide on: capped 0 or 1, the weight in
  * 1..NVC_WEIGHT_MAX, the share at most 1000 ‰, and a view with a timestamp absurdly far ahead of now
