@@ -316,6 +316,21 @@ def test_a_bad_share_slice_stops_the_plugin_at_once(tmp_path: Path) -> None:
                                                      "Gi or Ti)\n")
 
 
+def test_without_a_kubelet_directory_it_stops_at_once_and_makes_none(tmp_path: Path) -> None:
+    """No kubelet on the host (its device plugin directory missing): one line, status 2, and no
+    directory made in the kubelet's place (it used to make the directory and wait for a kubelet)."""
+    missing = tmp_path / "kubelet" / "device-plugins"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"k8s: {{device-plugin-dir: {missing}}}\n")
+    for argv in (["--config", str(config)], ["--device-plugin-dir", str(missing)]):
+        result = subprocess.run([str(SCRIPTS / "nvc-py"), "k8s", "device-plugin", *argv], capture_output=True,
+                                text=True, timeout=30)
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert result.stderr == (f"nvc-py: input error: {missing}: no such directory: is a kubelet running on this "
+                                 "host? (it makes it; another kubelet --root-dir: --device-plugin-dir)\n")
+        assert not (tmp_path / "kubelet").exists()
+
+
 def _help(*command: str) -> str:
     return subprocess.run([str(SCRIPTS / "nvc-py"), *(command or ("k8s", "device-plugin")), "--help"], check=True,
                           capture_output=True, text=True).stdout

@@ -405,7 +405,9 @@ def test_share_status_reads_the_live_region(shim, tmp_path):
     assert (device["key"], device["memory_limit"], device["memory_used"], device["compute_percent"],
             device["weight"], device["share_percent"]) == (key, 4 * GIB, 600 * MIB, 50, 3, None)
     assert ctr["processes"] == [{"pid": holder.pid, "host_pid": holder.pid, "used": {key: 600 * MIB}}]
-    assert f"{key}: memory 600 MiB used of 4096 MiB; compute cap 50%, weight 3, idle" in text
+    assert f"{key}: memory 600 MiB used of 4 GiB (15 %); compute cap 50 %, weight 3, idle" in text
+    assert "container ctr1\n  limits: memory 4 GiB, compute cap 50 %, weight 3\n" in text
+    assert "container idle\n  limits: memory 4 GiB, compute cap 50 %, weight 3\n  usage: none recorded yet (" in text
     assert f"pid {holder.pid} as the container reports it (host pid {holder.pid}): {key} 600 MiB" in text
 
 
@@ -419,6 +421,29 @@ def test_share_status_marks_dead_processes(shim, tmp_path):
     assert [(p.pid, p.host_pid, p.used) for p in ctr.processes] == [(holder.pid, None, {GPU0[4:]: 300 * MIB})]
     assert f"pid {holder.pid} as the container reports it (not running in the container's pid namespace)" in \
         sharestatus.text([ctr])
+
+
+def test_share_status_text_is_in_human_units_and_json_in_the_files_own() -> None:
+    """Sizes in binary units, caps and shares in percent, times in seconds; --json keeps the bytes and
+    the limits file's entries as they are. An entry the hook does not write is shown as it is, escaped."""
+    ctr = sharestatus.ContainerShare(
+        "c", "/x", {"memory_limit": str(4 * GIB), "compute_percent": "50", "memory_limit.1": str(3 * GIB // 2),
+                    "compute_weight.GPU-abc": "3", "future": "a\nb"}, "ok",
+        (sharestatus.Device("GPU-abc"[4:], 4 * GIB, 600 * MIB, 50, 132, 12.25, 0.5, 10, 3, 24.96),
+         sharestatus.Device("def", 0, 0, 100, 132, 0.0, 0.0, 0)),
+        (sharestatus.Process(5, None, {"abc": 1536 * MIB}),))
+    assert sharestatus.text([ctr]) == (
+        "container c\n"
+        "  limits: memory 4 GiB, compute cap 50 %, memory 1.5 GiB on GPU 1, weight 3 on GPU-abc, future=a\\nb\n"
+        "  abc: memory 600 MiB used of 4 GiB (15 %); compute cap 50 %, weight 3, measured share 25.0 %, busy 12.2 s, "
+        "throttled 0.5 s over 10 launches\n"
+        "  def: memory 0 B used (no limit); no compute cap, busy 0.0 s, throttled 0.0 s over 0 launches\n"
+        "  pid 5 as the container reports it (not running in the container's pid namespace): abc 1.5 GiB\n")
+    doc = json.loads(sharestatus.as_json([ctr]))["containers"][0]
+    assert doc["limits"]["memory_limit"] == str(4 * GIB) and doc["limits"]["future"] == "a\nb"
+    assert doc["devices"][0]["memory_limit"] == 4 * GIB and doc["processes"][0]["used"] == {"abc": 1536 * MIB}
+    assert [sharestatus.size_text(n) for n in (0, 1023, 1024, 1536, 80 * GIB, 5 << 50)] == \
+        ["0 B", "1023 B", "1 KiB", "1.5 KiB", "80 GiB", "5 PiB"]
 
 
 def test_share_status_shows_what_a_container_wrote_as_its_word(shim, tmp_path):
@@ -453,7 +478,7 @@ def test_share_status_shows_what_a_container_wrote_as_its_word(shim, tmp_path):
     assert [(p.pid, p.host_pid) for p in ctr.processes] == [(holder.pid, None)]
     assert f"pid {holder.pid} as the container reports it (not running in the container's pid namespace)" in text
     assert "\x1b" not in text and "\nforged line" not in text
-    assert "  evil\\nforged line\\x1b[2J: memory 600 MiB used of 81920 MiB" in text
+    assert "  evil\\nforged line\\x1b[2J: memory 600 MiB used of 80 GiB (1 %)" in text
     assert result.returncode == 0 and json.loads(result.stdout)["containers"][0]["processes"][0]["host_pid"] is None
     assert "\x1b" not in result.stdout
     sharefiles.remove("ctr", str(state))
