@@ -28,19 +28,28 @@ uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_wei
     return (uint32_t)(permille < cap ? permille : cap);
 }
 
+/* who's entitlement as a part of the useful work (‰) */
+static uint32_t part(const struct nvc_sched_view *who, uint64_t total_weight, uint64_t useful)
+{
+    return (uint32_t)(nvc_sched_entitled(who, total_weight) * useful / 1000);
+}
+
 enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others,
                                          int n, uint64_t now)
 {
-    uint64_t total = self->weight ? self->weight : 1;
+    uint64_t total = self->weight ? self->weight : 1, useful = self->share_permille;
     for (int i = 0; i < n; i++)
-        if (nvc_sched_active(&others[i], now))
+        if (nvc_sched_active(&others[i], now)) {
             total += others[i].weight ? others[i].weight : 1;
-    if (self->share_permille <= nvc_sched_entitled(self, total) + NVC_SCHED_SLACK_PERMILLE)
+            useful += others[i].share_permille;
+        }
+    useful = useful < NVC_SCHED_USEFUL_FLOOR ? NVC_SCHED_USEFUL_FLOOR : useful > 1000 ? 1000 : useful;
+    if (self->share_permille <= part(self, total, useful) + NVC_SCHED_SLACK_PERMILLE)
         return NVC_SCHED_RUN_WITHIN;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
         if (nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
-            o->share_permille + NVC_SCHED_SLACK_PERMILLE < nvc_sched_entitled(o, total))
+            o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
             return NVC_SCHED_WAIT;   /* it wants more and competes for the GPU right now */
     }
     return NVC_SCHED_RUN;
