@@ -11,13 +11,7 @@ until START_AT (a time.time() value; concurrent runs start together), then print
 second (N iterations completed in second I, the GPU synchronised at each boundary),
 "rate R" (iterations per second over the whole run) and "cpu_us C" (the process's CPU time per
 iteration: near 1e6 / R, the loop is bound by its host side, not by the GPU).
-
-With NVC_BENCH_DUTY=PERCENT:PERIOD_MS the loop itself keeps a duty cycle, no shim involved: it steps
-during the first PERCENT of every period, then waits for the GPU and sleeps to the next period: what a
-cap of PERCENT could at best give a workload that is held, host and GPU, in slices of that length.
 """
-
-import os
 
 import sys
 import time
@@ -66,9 +60,6 @@ def main() -> None:
     torch.cuda.synchronize()
     if start_at > time.time():
         time.sleep(start_at - time.time())
-    duty = os.environ.get("NVC_BENCH_DUTY")
-    percent, period = (float(v) for v in duty.split(":")) if duty else (100.0, 1.0)
-    period /= 1000
     start, cpu = time.monotonic(), time.process_time()
     total, second = 0, 1
     while second <= seconds:
@@ -76,10 +67,6 @@ def main() -> None:
         while time.monotonic() - start < second:
             run()
             n += 1
-            into = (time.monotonic() - start) % period
-            if percent < 100 and into >= period * percent / 100:
-                torch.cuda.synchronize()
-                time.sleep(max(0.0, period - (time.monotonic() - start) % period))
         torch.cuda.synchronize()
         print(f"sec {second} {n}", flush=True)
         total += n
