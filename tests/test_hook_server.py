@@ -24,7 +24,7 @@ import pytest
 
 from harness.bundle import make_bundle
 from harness.hookserver import BUILT_CLIENT as CLIENT
-from harness.hookserver import LIBDIR, client_hook, hook_server
+from harness.hookserver import LIBDIR, client_hook, hook_server, umount_when_free
 from harness.landlock import landlock_abi, landlocked
 from nvc import __version__
 from nvc.hook import handover
@@ -110,7 +110,7 @@ def default_run_dir(active_2gpu) -> Iterator[Path]:
     try:
         yield run_dir
     finally:
-        subprocess.run(["umount", str(run_dir)], check=True)
+        umount_when_free(run_dir)
         if created:
             run_dir.rmdir()
 
