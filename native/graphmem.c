@@ -16,7 +16,11 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include "config.h"
+#include "devices.h"
+#include "ground.h"
 #include "memory.h"
+#include "real.h"
 #include "region.h"
 
 struct galloc {                      /* one graph memory allocation */

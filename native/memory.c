@@ -6,7 +6,11 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include "devices.h"
+#include "ground.h"
+#include "init.h"
 #include "memory.h"
+#include "real.h"
 #include "region.h"
 
 /* ---- allocation records: (kind, key) -> device and bytes ---- */

@@ -4,8 +4,10 @@
 #define NVC_MEMORY_H
 
 #include <stdint.h>
+#include "devices.h"
+#include "ground.h"
+#include "init.h"
 #include "real.h"
-#include "shim.h"
 
 void nvc_memory_fork(enum nvc_fork_phase phase);
 /* The container's view of a device's memory: total = its limit, free = what is left of it. */
