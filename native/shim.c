@@ -4,10 +4,12 @@
  * loaded, so that init.c, which every wrapper calls, need not know the files above it. */
 #include <pthread.h>
 #include "devices.h"
+#include "graphmem.h"
 #include "ground.h"
 #include "init.h"
 #include "launch.h"
 #include "memory.h"
+#include "pools.h"
 #include "region.h"
 #include "sched.h"
 
@@ -16,7 +18,7 @@
  * lock. */
 static __thread int guarded;
 
-/* Lock order: devices, memory (pools, records, graphs), launches, scheduler, region. */
+/* Lock order: devices, memory (pools, allocation records, graphs), launches, scheduler, region. */
 static void fork_all(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE)
@@ -25,7 +27,9 @@ static void fork_all(enum nvc_fork_phase phase)
         return;
     if (phase == NVC_FORK_PREPARE) {
         nvc_devices_fork(phase);
+        nvc_pools_fork(phase);
         nvc_memory_fork(phase);
+        nvc_graph_fork(phase);
         nvc_launch_fork(phase);
         nvc_sched_fork(phase);
         nvc_region_fork(phase);
@@ -33,7 +37,9 @@ static void fork_all(enum nvc_fork_phase phase)
         nvc_region_fork(phase);
         nvc_sched_fork(phase);
         nvc_launch_fork(phase);
+        nvc_graph_fork(phase);
         nvc_memory_fork(phase);
+        nvc_pools_fork(phase);
         nvc_devices_fork(phase);
     }
 }
