@@ -131,6 +131,34 @@ def test_a_file_includes_the_headers_of_what_it_uses(objects: Objects) -> None:
     assert headers_not_included(NATIVE, objects) == []
 
 
+def readme_order(readme: str) -> list[str]:
+    """The shim's modules in the order native/README.md's table of files lists them (bottom first)."""
+    table = readme.split("## Files\n", 1)[1].split("\n## ", 1)[0]
+    order: list[str] = []
+    for row in re.findall(r"^\| (`[^|]+) \|", table, re.MULTILINE):   # not "each `X.h`"
+        for name in re.findall(r"`([\w./]+\.[ch])`", row):
+            if "/" not in name and Path(name).stem not in order:
+                order.append(Path(name).stem)
+    return order
+
+
+def against_the_order(graph: Graph, order: list[str]) -> list[str]:
+    """Each dependency of graph on a module listed after (or not before) the one depending on it."""
+    rank = {module: i for i, module in enumerate(order)}
+    return sorted(f"{module} -> {dep}" for module, deps in graph.items() for dep in deps
+                  if rank.get(dep, len(order)) >= rank.get(module, -1))
+
+
+def test_the_readme_lists_the_files_bottom_first(objects: Objects) -> None:
+    """native/README.md's table names every file, each after all it includes and calls."""
+    order = readme_order((NATIVE / "README.md").read_text())
+    assert sorted(order) == sorted({p.stem for p in NATIVE.glob("*.[ch]")})
+    assert order[:3] == ["cuda_abi", "nvml_abi", GROUND] and order[-1] == TOP
+    assert against_the_order(include_graph(NATIVE), order) == []
+    assert against_the_order(link_graph(objects), order) == []
+    assert against_the_order({"ground": {"shim"}}, order) == ["ground -> shim"]
+
+
 def test_the_checks_see_circles_a_ground_that_calls_up_and_a_header_missing(tmp_path: Path) -> None:
     """The checkers themselves, on planted files: a circle of includes; a circle of calls between
     files that include no header of each other (only the link graph sees it); a ground file that
