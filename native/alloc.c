@@ -5,7 +5,6 @@
 #define _GNU_SOURCE
 #include <stdint.h>
 #include "devices.h"
-#include "graphmem.h"
 #include "ground.h"
 #include "init.h"
 #include "memory.h"
@@ -81,14 +80,7 @@ NVC_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t wid
     return CUDA_SUCCESS;
 }
 
-NVC_API CUresult cuMemFree_v2(CUdeviceptr dptr)
-{
-    NVC_PROLOGUE(cuMemFree_v2, dptr)
-    CUresult rc_ = NVC_REAL(cuMemFree_v2, dptr);
-    if (rc_ == CUDA_SUCCESS && !nvc_graph_free_ptr(dptr, NULL, -1))
-        nvc_mem_release(NVC_MEM_PTR, dptr);
-    return rc_;
-}
+NVC_WRAP_THEN(cuMemFree_v2, (CUdeviceptr dptr), nvc_mem_freed(dptr, NULL, -1), dptr)
 
 /* VMM (PyTorch expandable segments, NCCL): physical memory is the handle, charged until released. */
 NVC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,

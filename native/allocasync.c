@@ -102,23 +102,9 @@ NVC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CU
     return alloc_async(dptr, size, pool, stream, 1);
 }
 
-NVC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
-{
-    NVC_PROLOGUE(cuMemFreeAsync, dptr, stream)
-    CUresult rc_ = NVC_REAL(cuMemFreeAsync, dptr, stream);
-    if (rc_ == CUDA_SUCCESS && !nvc_graph_free_ptr(dptr, stream, 0))
-        nvc_mem_release(NVC_MEM_PTR, dptr);
-    return rc_;
-}
-
-NVC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
-{
-    NVC_PROLOGUE(cuMemFreeAsync_ptsz, dptr, stream)
-    CUresult rc_ = NVC_REAL(cuMemFreeAsync_ptsz, dptr, stream);
-    if (rc_ == CUDA_SUCCESS && !nvc_graph_free_ptr(dptr, stream, 1))
-        nvc_mem_release(NVC_MEM_PTR, dptr);
-    return rc_;
-}
+NVC_WRAP_THEN(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), nvc_mem_freed(dptr, stream, 0), dptr, stream)
+NVC_WRAP_THEN(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), nvc_mem_freed(dptr, stream, 1), dptr,
+              stream)
 
 NVC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {

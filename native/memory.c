@@ -98,6 +98,12 @@ void nvc_mem_release(enum nvc_mem_kind kind, uint64_t key)
         nvc_region_uncharge(r.dev, r.bytes);
 }
 
+void nvc_mem_freed(CUdeviceptr dptr, CUstream stream, int ptsz)
+{
+    if (!nvc_graph_free_ptr(dptr, stream, ptsz))
+        nvc_mem_release(NVC_MEM_PTR, dptr);
+}
+
 /* ---- charging ---- */
 
 int nvc_mem_charge(struct nvc_device *d, uint64_t bytes)

@@ -19,6 +19,9 @@ int nvc_mem_charge(struct nvc_device *d, uint64_t bytes);
 void nvc_mem_record(enum nvc_mem_kind kind, uint64_t key, int dev, uint64_t bytes, CUmemoryPool pool);
 /* The allocation is freed: refunded once; one the shim never recorded passes through. */
 void nvc_mem_release(enum nvc_mem_kind kind, uint64_t key);
+/* A pointer was freed (stream-ordered on stream when ptsz >= 0, 1 for its _ptsz form): graph memory's
+ * (graphmem.c) or an allocation record's. */
+void nvc_mem_freed(CUdeviceptr dptr, CUstream stream, int ptsz);
 /* context_overhead, once per process and device, at its first context. */
 void nvc_mem_charge_context(CUdevice dev);
 /* The container's view of a device's memory: total = its limit, free = what is left of it. */
