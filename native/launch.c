@@ -11,8 +11,13 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+#include "config.h"
+#include "devices.h"
+#include "graphmem.h"
+#include "ground.h"
+#include "init.h"
 #include "launch.h"
-#include "memory.h"
+#include "real.h"
 #include "region.h"
 #include "sched.h"
 

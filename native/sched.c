@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include "config.h"
+#include "ground.h"
 #include "sched.h"
 #include "schedpolicy.h"
 

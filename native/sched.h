@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 #include "config.h"
-#include "shim.h"
+#include "ground.h"
 
 struct nvc_sched_entry;
 /* Opens this container's scheduler file and its peers' directory (fixed paths in a container,

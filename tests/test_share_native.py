@@ -477,6 +477,18 @@ def test_two_processes_share_one_budget(share):
         holder.wait()
 
 
+def test_a_forked_child_charges_its_own_allocations_only(share):
+    """Across fork (the shim's fork handlers): the child holds none of its parent's allocations, so
+    freeing one refunds nothing, and charges its own in a slot of its own, released when it exits;
+    the parent's charge stays."""
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    out, _ = share.run("share_app", "init", "alloc", 600 * MIB, "fork", "free", 0, "meminfo", "alloc", 600 * MIB,
+                       "alloc", 300 * MIB, "meminfo", "end", "meminfo", limits=limits)
+    assert out[2:] == [["free", "0"], ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)], ["alloc", "2", "-1"],
+                       ["alloc", "0", "1"], ["meminfo", "0", str(GIB - 900 * MIB), str(GIB)], ["forked", "0"],
+                       ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)]]
+
+
 def test_sigkilled_process_memory_is_reclaimed_within_a_second(share):
     limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
     holder = share.holder("alloc", 600 * MIB, limits=limits)
