@@ -1,6 +1,6 @@
 # nvc-py build, test and demo entry points. `make demo` and `make test` work on a stock Debian 12
 # or Ubuntu 24.04 machine as root: both install what they need (apt, then pip into nvc-py's own
-# virtual environment) through `deps`.
+# virtual environment) through `deps`, one line per long step (tools/deps.sh; logs in $(LOGDIR)).
 
 # The interpreter nvc-py's environment is made from: the distribution's own (PEP 668 forbids pip
 # installs into it, so nvc-py and its dependencies live in $(VENV), made from it). A PYTHON that
@@ -18,7 +18,7 @@ ENV_PYTHON := $(if $(filter 1,$(GIVEN_VENV)),$(PYTHON),$(VENV)/bin/python)
 PIP := $(ENV_PYTHON) -m pip
 # sys.path entries the site module adds for an isolated interpreter (-I without -S), as a Python list.
 SITE_PATH = $(shell $(ENV_PYTHON) -I -c 'import subprocess, sys; bare = subprocess.run([sys.executable, "-I", "-S", "-c", "import sys; print(sys.path)"], capture_output=True, text=True, check=True).stdout; print([p for p in sys.path if repr(p) not in bare])')
-SCRIPTS_DIR = $(shell $(ENV_PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+SCRIPTS_DIR = $(shell [ -x $(ENV_PYTHON) ] && $(ENV_PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 PYTEST_FLAGS ?=
 # From tests/, so the installed package (with nvc.rpc and nvc.hook) is imported, not the source tree.
 PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
@@ -31,6 +31,29 @@ APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccom
 APT_OPTIONAL := bpftool
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_ROOT_USER_ACTION := ignore
+# The steps' logs, and pip's download cache (not root's home: `make uninstall` leaves the host as it
+# was, `make clean` removes these).
+LOGDIR := .make
+export PIP_CACHE_DIR := $(CURDIR)/$(LOGDIR)/pip-cache
+STEP := LOGDIR=$(LOGDIR) sh tools/deps.sh step
+# The test suite's own directories on the host (tests/hostcheck.py): caches kept between runs (the
+# debootstrap roots, the package tests' downloads) and the running session's temporary files.
+TEST_DIRS := /var/cache/nvc-py-test /var/tmp/nvc-py-test
+# make install's record, in LIBDIR, of the files it installed from this tree: `make test`, `demo` and
+# `try` install again only when one of them changed or went since, or the environment's nvc-py is not
+# this tree's (pip's direct_url.json names where it was installed from: another clone since, or none;
+# -I: not an egg-info in the working directory).
+INSTALL_STAMP := $(LIBDIR)/.installed
+INSTALLED_FROM := $(shell $(ENV_PYTHON) -I -c 'import importlib.metadata as m, json; \
+	print(json.loads(m.distribution("nvc-py").read_text("direct_url.json"))["url"])' 2>/dev/null)
+INSTALL_INPUTS := $(shell find nvc hook rpc -name __pycache__ -prune -o -type f -print) setup.cfg pyproject.toml \
+	README.md Makefile native/libnvc-share.so native/nvc-py-hook-client
+INSTALL_CURRENT := $(and $(filter file://$(CURDIR),$(INSTALLED_FROM)),\
+	$(if $(filter-out $(INSTALL_INPUTS),$(shell cat $(INSTALL_STAMP) 2>/dev/null)),,current))
+# What the hooks, their server and the device plugin leave in RUN_DIR beside the containers' sharing
+# state (share/, gpu-sched/), for `make uninstall`.
+RUN_DIR := /run/nvc-py
+RUN_FILES := config-cache.json ldconfig-seccomp.bpf hook.sock server.lock server.log device-plugin.json
 # `make try CMD="nvc-py list"` runs CMD in the try shell instead of an interactive shell.
 CMD ?=
 # `make uninstall PURGE=1` also removes the log and /etc/nvc-py.
@@ -44,8 +67,8 @@ DEB_DIR ?= dist
 DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
-.PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu demo try uninstall \
-	print-test-python clean k8s-api deb deb-deps deb-lock
+.PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu demo demo-plan try uninstall \
+	print-test-python clean k8s-api deb deb-deps deb-lock FORCE
 
 all: build
 
@@ -53,27 +76,26 @@ all: build
 deps: apt-deps pip-deps
 
 apt-deps:
-	@installed() { dpkg-query -W -f='$${Status}\n' "$$1" 2>/dev/null | grep -q '^install ok installed'; }; \
-	missing=$$(for p in $(APT_PACKAGES); do installed $$p || echo $$p; done); \
-	if [ -n "$$missing" ]; then apt-get update -qq || exit 1; fi; \
-	missing="$$missing $$(for p in $(APT_OPTIONAL); do \
-		installed $$p || ! apt-cache show $$p 2>/dev/null | grep -q '^Version:' || echo $$p; done)"; \
-	if [ -n "$$(echo $$missing)" ]; then \
-		echo "installing:" $$missing; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
+	@APT_PACKAGES="$(APT_PACKAGES)" APT_OPTIONAL="$(APT_OPTIONAL)" LOGDIR=$(LOGDIR) sh tools/deps.sh apt-install
 
 ## env: nvc-py's virtual environment, made from $(PYTHON) where missing (not for a given venv)
 env:
-	@[ -x $(ENV_PYTHON) ] || { echo "making $(VENV) from $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@[ -x $(ENV_PYTHON) ] || $(STEP) venv "pip: making $(VENV) from $(PYTHON)" $(PYTHON) -m venv $(VENV)
 
-## pip-deps: the requirements the environment lacks (tools/missing_deps.py; nothing built to find out)
+## pip-deps: the requirements the environment lacks (tools/missing_deps.py, which reads them with packaging:
+## installed first where missing; nothing built to find out)
 pip-deps: env
-	@missing=$$($(ENV_PYTHON) tools/missing_deps.py) || exit 1; \
+	@if [ "$(GIVEN_VENV)" != 1 ] && ! $(ENV_PYTHON) -c 'import packaging' 2>/dev/null; then \
+		$(STEP) pip-packaging "pip: packaging, to read the requirements with" $(PIP) install packaging || exit 1; \
+	fi; \
+	missing=$$($(ENV_PYTHON) tools/missing_deps.py) || exit 1; \
 	if [ -n "$$missing" ] && [ "$(GIVEN_VENV)" = 1 ]; then \
 		echo "$(PYTHON)'s environment lacks: $$missing (install them there; this make installs nothing into it)" >&2; exit 1; \
 	elif [ -n "$$missing" ]; then \
-		echo "installing into $(VENV):" $$missing; $(PIP) install -q $$missing; \
+		$(STEP) pip "pip: installing $$(echo $$missing | wc -w) requirements into $(VENV)" $(PIP) install $$missing \
+			|| exit 1; \
+		echo "pip: $$(grep '^Successfully installed' $(LOGDIR)/pip.log | wc -w | awk '{print $$1 - 2}') distributions" \
+			"installed (log: $(LOGDIR)/pip.log)"; \
 	fi
 
 ## print-test-python: the interpreter the tests run with (/work/bin/nvc-test asks)
@@ -84,7 +106,8 @@ print-test-python:
 build: native install
 
 native:
-	$(MAKE) -C native
+	@$(MAKE) -s -q -C native 2>/dev/null || \
+		$(STEP) native "build: native/ (the sharing shim, the hook client)" $(MAKE) -C native
 
 # Every installed program lives in $(LIBDIR), which pip never writes, and the hooks.d, CDI, runtime
 # and systemd entries name it there (hook/setup.py): a later `pip install -U` rewrites its console
@@ -115,13 +138,20 @@ define link
 	mkdir -p $(BINDIR) && ln -sfn $(LIBDIR)/$(1) $(BINDIR)/$(1)
 endef
 
+install: pip-deps $(INSTALL_STAMP)
+
 # build/ goes first: setuptools would copy what an earlier build left there (a moved module) again.
-install: pip-deps
-	rm -rf build
-	$(PIP) install -q --no-deps --no-index --no-build-isolation .
-	install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
-	install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
-	$(MAKE) --no-print-directory fronts
+$(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
+	@rm -rf build
+	@$(STEP) install "install: nvc-py from $(CURDIR) into $(LIBDIR)" \
+		$(PIP) install --no-cache-dir --no-deps --no-index --no-build-isolation .
+	@install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
+	@install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
+	@$(MAKE) -s --no-print-directory fronts
+	@echo "install: $(LIBDIR)/nvc-py, nvc-py-hook and nvc-py-runtime, linked from $(BINDIR)"
+	@printf '%s\n' $(INSTALL_INPUTS) > $@
+
+FORCE:
 
 ## fronts: the programs in $(LIBDIR) and the console-script links (part of install)
 fronts:
@@ -132,16 +162,35 @@ fronts:
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build
+	@echo "test: pytest $(PYTEST_FLAGS) (the suite's files: $(TEST_DIRS); make clean removes them)"
 	$(PYTEST) $(PYTEST_FLAGS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
-## (see README: carry wheels and .deb files there)
+## (docs/development.md: carry wheels and .deb files there)
 test-gpu: build
 	$(PYTEST) -m gpu -p no:cacheprovider $(PYTEST_FLAGS)
 
-## demo: build everything, then show the GPUs nvc-py sees (real driver if present, else the fake one)
-demo: deps build
-	$(ENV_PYTHON) demo/run.py
+## demo: say what it will install and change, install it, build everything, then show the GPUs nvc-py
+## sees (real driver if present, else the fake one)
+demo: demo-plan deps build
+	@$(ENV_PYTHON) demo/run.py
+
+demo-plan:
+	@echo "== make demo: what it installs and changes on this host (as root) =="
+	@APT_PACKAGES="$(APT_PACKAGES)" APT_OPTIONAL="$(APT_OPTIONAL)" LOGDIR=$(LOGDIR) sh tools/deps.sh apt-plan
+	@if [ ! -x $(ENV_PYTHON) ]; then echo "  pip: makes $(VENV) and installs nvc-py's Python requirements there"; \
+	elif ! $(ENV_PYTHON) -c 'import packaging' 2>/dev/null; then \
+		echo "  pip: installs packaging, then what $(VENV) lacks"; \
+	else missing=$$($(ENV_PYTHON) tools/missing_deps.py); \
+		echo "  pip: $${missing:-nothing to install}$${missing:+ into $(VENV)}"; fi
+	@if [ -n "$(INSTALL_CURRENT)" ] && [ -e $(INSTALL_STAMP) ] && [ -e native/libnvc-share.so ] && \
+		[ -e native/nvc-py-hook-client ] && \
+		[ -z "$$(find $(INSTALL_INPUTS) -newer $(INSTALL_STAMP) -print -quit 2>/dev/null)" ]; then \
+		echo "  install: nothing (nvc-py in $(LIBDIR) is this tree's)"; \
+	else echo "  install: builds native/ and installs nvc-py into $(LIBDIR), with links in $(BINDIR)"; fi
+	@echo "  then: podman containers through nvc-py's hook, in a private store and mount namespace (a fake GPU"
+	@echo "        driver where there is no NVIDIA one); nothing else on the host changes"
+	@echo "  make uninstall removes the install (apt's packages stay)"
 
 ## try: a shell (or CMD) in a private mount namespace where nvc-py answers from the fake driver (test double)
 try: build
@@ -150,17 +199,29 @@ try: build
 ## uninstall: what make install, `nvc-py setup ...` and `cdi generate --output` put on the host (hook/maintainer.py's
 ## unregister, as the Debian package's removal; PURGE=1: the log and /etc/nvc-py too)
 uninstall:
-	-[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer unregister; \
+	-@[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer stop-servers; \
+		[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer unregister; \
 		[ -x $(LIBDIR)/nvc-py-python ] && $(LIBDIR)/nvc-py-python setup server --remove
-	for name in nvc-py nvc-py-hook nvc-py-runtime; do \
+	@for name in nvc-py nvc-py-hook nvc-py-runtime; do \
 		for link in $(BINDIR)/$$name "$(SCRIPTS_DIR)/$$name"; do \
 			[ "$$(readlink "$$link")" = $(LIBDIR)/$$name ] && rm -v "$$link"; done; done; true
 	$(if $(filter 1,$(GIVEN_VENV)),-$(PIP) uninstall -y -q nvc-py)
-	rm -rf $(LIBDIR) /run/nvc-py/config-cache.json /run/nvc-py/ldconfig-seccomp.bpf
-	$(if $(PURGE),rm -rf /var/log/nvc-py.log /etc/nvc-py)
+	@rm -rf $(LIBDIR) && echo "removed $(LIBDIR)"
+	@# A sharing directory is removed only without a container's state in it (gpu-sched: root's .granted
+	@# directory aside), gpu-sched's tmpfs unmounted first; the run directory and /etc/nvc-py only when empty.
+	@for dir in $(RUN_DIR)/share $(RUN_DIR)/gpu-sched; do \
+		[ -d $$dir ] || continue; \
+		if [ -n "$$(find $$dir -mindepth 1 ! -type d -print -quit; find $$dir -mindepth 1 -maxdepth 1 ! -name .granted)" ]; \
+		then echo "kept $$dir: it holds containers' GPU-sharing state (remove it once they have stopped)"; continue; fi; \
+		if mountpoint -q $$dir; then umount $$dir; fi; rm -rv $$dir; \
+	done
+	@for name in $(RUN_FILES); do rm -fv $(RUN_DIR)/$$name; done
+	@for dir in $(RUN_DIR) $(if $(PURGE),,/etc/nvc-py); do \
+		[ ! -d $$dir ] || rmdir -v --ignore-fail-on-non-empty $$dir; done
+	$(if $(PURGE),@rm -rfv /var/log/nvc-py.log /var/log/nvc-py.log.[0-9]* /etc/nvc-py)
 
 ## deb: $(DEB_DIR)/nvc-py_$(DEB_VERSION)_ARCH.deb for the distribution this runs on, as root (tools/debpkg.py;
-## README, Install); the host's /usr/lib/nvc-py is left as it is
+## docs/install.md); the host's /usr/lib/nvc-py is left as it is
 deb: deb-deps
 	/usr/bin/python3 tools/debpkg.py build --version '$(DEB_VERSION)' --out $(DEB_DIR) --pip-cache $(DEB_PIP_CACHE)
 
@@ -177,4 +238,4 @@ k8s-api:
 
 clean:
 	$(MAKE) -C native clean
-	rm -rf build *.egg-info .pytest_cache $(DEB_DIR)
+	rm -rf build *.egg-info .pytest_cache $(DEB_DIR) $(LOGDIR) $(TEST_DIRS)

@@ -129,6 +129,8 @@ def _demo() -> int:
                 _show([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(hooks), "--config",
                        str(config), "--no-server"],
                       shown=f"nvc-py setup podman --hooks-dir {hooks} --config {config} --no-server")
+                print(f"# (the warning is for a podman left to its defaults: this demo's is given --hooks-dir {hooks})\n",
+                      flush=True)
                 code = _podman_demo(work, rootfs_cache, hooks)
             else:
                 code = _runc_demo(work, rootfs_cache, config)

@@ -2,10 +2,10 @@
 
 Registered as a ``prestart`` hook (podman hooks.d, ``nvc-py-runtime``, or by hand in
 config.json). ``prestart`` reads the OCI state on stdin, loads the bundle's spec, decides
-devices and capabilities from it (:mod:`nvc.hook.request`) and runs the configure logic in
+devices and capabilities from it (:mod:`nvc.containerenv.gpus`) and runs the configure logic in
 this same process: a container start pays for one interpreter, not two. A container asking
 for GPU sharing (``NVC_SHARE_*``, HAMi's ``CUDA_DEVICE_*`` env) also gets the sharing shim
-(:mod:`nvc.share.limits`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
+(:mod:`nvc.containerenv.sharing`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
 
 A failure prints one line on stderr (the engine shows it to the user) and exits non-zero,
 which makes the runtime abort the start. Every invocation leaves one structured line in
@@ -24,7 +24,7 @@ from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
     from nvc.config import Config
-    from nvc.hook.request import Policy
+    from nvc.containerenv import Policy
     from nvc.hook.spec import Container, State
     from nvc.options import GlobalOptions
     from nvc.plan.request import Request, ShareRequest
@@ -39,7 +39,7 @@ CDI_STAGES = ("create-symlinks", "update-ldcache")
 
 def policy(config: Config) -> Policy:
     """What containers may ask for, from the configuration file."""
-    from nvc.hook.request import Policy
+    from nvc.containerenv import Policy
 
     return Policy(
         accept_envvar_when_unprivileged=config.accept_envvar_when_unprivileged,
@@ -67,13 +67,14 @@ def container_request(config: Config, state: State, ctr: Container, req: Request
 
 def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     """Configure the container of the state in ``stdin``; ``record`` collects the log line's fields."""
-    from nvc.hook import request, spec
+    from nvc.containerenv import gpus
+    from nvc.hook import spec
 
     state = spec.parse_state(stdin)
     record["container"] = state.id
     ctr = spec.container(state.bundle, spec.load_config(state.bundle))
     warnings: list[str] = []
-    req = request.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config), warnings)
+    req = gpus.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config), warnings)
     for warning in warnings:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if warnings:
@@ -83,11 +84,11 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
         return
     record["devices"] = [s.text for s in req.selectors] or "none"
     record["capabilities"] = sorted(req.capabilities)
-    from nvc.share import limits as share
+    from nvc.containerenv import sharing as share
     from nvc.commands.configure import configure
 
     # junk limits refuse the container before anything changes; its sharing files are steps of the plan
-    sharing = share.parse_share_env(request.share_env(ctr.env, ctr.mounts, policy(config)))
+    sharing = share.parse_share_env(share.share_env(ctr.env, ctr.mounts, policy(config)))
     if config.sharing.enabled:
         sharing = share.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
     configure(global_options(config), container_request(config, state, ctr, req, sharing))
@@ -118,11 +119,11 @@ def _poststop(stdin: bytes) -> int:
     """Drop the container's GPU-sharing directory, if it had one and it is this container's (not a
     running one's of the same id under another runtime root); never fails the teardown. Only the
     id and bundle are read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
-    from nvc.share import limits as share
+    from nvc.apply import sharefiles
     from nvc.hook import spec
 
     try:
-        share.remove_stopped(*spec.stopped(stdin))
+        sharefiles.remove_stopped(*spec.stopped(stdin))
     except NvcError:
         pass
     return 0

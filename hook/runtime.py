@@ -68,13 +68,14 @@ def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
 def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
     from nvc.commands import devnodes
-    from nvc.hook import request, setup
+    from nvc.containerenv import gpus
+    from nvc.hook import setup
     from nvc.hook import spec as oci
     from nvc.hook.prestart import policy
     from nvc.options import parse_user
 
     ctr = oci.container(bundle, spec)
-    req = request.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
+    req = gpus.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
     if req is None:
         return False
     changed = False

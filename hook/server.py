@@ -98,10 +98,10 @@ SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 SERVER_NICE_BOOST = 10
 # What a prestart call imports, lazily or in its forked children: imported once, here (not
 # pyseccomp: ldconfig's sandbox loads its filter from root's cache, compiled once per boot).
-PRELOAD = ("nvc.hook.prestart", "nvc.hook.request", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
+PRELOAD = ("nvc.hook.prestart", "nvc.containerenv.gpus", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
            "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
-           "nvc.rpc.container_service", "nvc.share.limits", "nvc.discover.kmods", "nvc.debuglog",
-           "nvc.hook.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
+           "nvc.rpc.container_service", "nvc.containerenv.sharing", "nvc.apply.sharefiles", "nvc.discover.kmods",
+           "nvc.debuglog", "nvc.hook.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
            "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pynvml", "yaml", "json", "resource")
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``

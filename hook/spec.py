@@ -185,7 +185,7 @@ def load_config(bundle: str) -> dict[str, Any]:
 def container(bundle: str, config: Mapping[str, Any]) -> Container:
     """The container described by ``config`` (a spec :func:`load_config` checked); relative root
     paths are bundle-relative."""
-    from nvc.hook.request import parse_env
+    from nvc.containerenv import parse_env
 
     root_path = config["root"].get("path")
     if not root_path or not _path_text(root_path):

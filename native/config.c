@@ -1,6 +1,23 @@
 /* Limits: the read-only limits file written by the hook (the authority inside containers) and,
  * for plain LD_PRELOAD use, the environment. Strict parsing: junk is an error, never a guess,
- * because a misread limit silently gives a tenant the whole GPU. */
+ * because a misread limit silently gives a tenant the whole GPU.
+ *
+ * The limits file's grammar, parsed here, is the one format the Python side writes (only
+ * nvc/plan/share.py limits_text, from what nvc/containerenv/sharing.py read of the container's
+ * env with the names and value grammar of env_names below):
+ *   - lines of key=value, surrounding white space ignored; empty lines and '#' comments skipped;
+ *   - the first entry version=1;
+ *   - memory_limit[.SCOPE]=SIZE: decimal bytes, optionally K, M, G or T with an optional i (all
+ *     powers of 1024), not 0, below 2^64;
+ *   - compute_percent[.SCOPE]=1..100 (decimal digits);
+ *   - compute_weight[.SCOPE]=1..1000 (decimal digits);
+ *   - SCOPE: an NVML index of 1 to 3 digits, or a device UUID of at most 40 letters, digits and '-',
+ *     matched without its GPU- or MIG- prefix and without case (the hook writes GPU-/MIG- UUIDs);
+ *     at most 2 * NVC_MAX_DEVICES devices in one file (a file naming more is refused whole);
+ *   - on_error=pass-through|fail-closed, context_overhead=SIZE or 0, enabled=0|1 (never written by
+ *     the hook: for hand-written files).
+ * tests/test_share_native.py (test_config_*) feeds one table of values to this parser and to the
+ * Python reader and writer, and checks they agree. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -251,7 +268,7 @@ static const struct {
     {"NVC_SHARE_WEIGHT", "compute_weight", 0},
 };
 
-/* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/share/limits.py _SCOPE). */
+/* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/containerenv/sharing.py _SCOPE). */
 static int env_scope(const char *s, size_t n)
 {
     if (n >= 1 && n <= 3)

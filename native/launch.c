@@ -3,15 +3,21 @@
  * events, and when they complete the launch's end on the GPU is reconstructed (it started when it was
  * launched or when this process's previous work ended, whichever is later, and ran its measured
  * time), so work that ran past its slice's end is charged too. Weights (sched.c) divide measured GPU
- * time, weighted by the fraction of the device's SMs a grid can occupy. At most MAX_INFLIGHT_NS of
+ * time, weighted by the fraction of the device's SMs a grid can occupy, each moment divided among the
+ * containers that had work on the GPU then. At most MAX_INFLIGHT_NS of
  * estimated work may be queued ahead of measurement, so a burst of asynchronous launches cannot run
- * far past a slice or a turn. Without a compute limit the wrappers add one branch. */
+ * far past a slice or a share. Without a compute limit the wrappers add one branch. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+#include "config.h"
+#include "devices.h"
+#include "graphmem.h"
+#include "ground.h"
+#include "init.h"
 #include "launch.h"
-#include "memory.h"
+#include "real.h"
 #include "region.h"
 #include "sched.h"
 
@@ -19,7 +25,8 @@
 #define MAX_FREE_EVENTS 1024
 #define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
 #define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
-#define SCHED_WAIT_STEP_NS 100000ll  /* re-ask for the turn every 100 us */
+#define WITHIN_SHARE_NS 20000000ll   /* the same for an uncapped tenant within its share: nothing holds it */
+#define SCHED_WAIT_STEP_NS 100000ll  /* re-ask the scheduler every 100 us */
 
 struct pending {                     /* one launch, or a group of short ones on one stream */
     CUevent start, end;
@@ -59,27 +66,36 @@ static struct {
 } free_events[MAX_FREE_EVENTS];
 static int nfree;
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
+static int within_of[NVC_MAX_DEVICES];         /* the scheduler's last word: within its share */
 
 /* Each kernel's own running duration: a training step mixes millisecond GEMMs with microsecond
  * element-wise kernels, and one device-wide average would count the queue as full with a few of
  * them (the GPU then idles between the small ones while the launching thread sleeps). */
 #define KERNEL_SLOTS 4096
-static struct {
+struct kernel_cost {
     const void *key;
-    int64_t ns;
-} kernel_ns[KERNEL_SLOTS];
+    int64_t ns;                      /* its elapsed time, running mean */
+    int64_t work_ns;                 /* its elapsed time when nothing slowed it: the least seen, creeping up */
+};
+static struct kernel_cost kernel_ns[KERNEL_SLOTS];
 
-static int64_t *kernel_slot(const void *key)
+static struct kernel_cost *kernel_slot(const void *key)
 {
     unsigned h = (unsigned)(((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 52);
     for (unsigned i = 0; i < 8; i++) {
         unsigned at = (h + i) % KERNEL_SLOTS;
         if (kernel_ns[at].key == key || !kernel_ns[at].key) {
             kernel_ns[at].key = key;
-            return &kernel_ns[at].ns;
+            return &kernel_ns[at];
         }
     }
     return NULL;                     /* a full neighbourhood: the device-wide estimate serves */
+}
+
+/* A launch's kernel and grid size: the same function on another grid is other work. */
+static const void *kernel_key(const void *f, unsigned gx, unsigned gy, unsigned gz)
+{
+    return (const void *)((uintptr_t)f ^ ((uintptr_t)((uint64_t)gx * gy * gz % 65521u) << 48));
 }
 static uint64_t gpu_done_ns[NVC_MAX_DEVICES];  /* when this process's measured work ended on the GPU */
 static struct {
@@ -89,8 +105,8 @@ static struct {
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Where this process's launches waited, logged at exit (NVC_SHARE_LOG=2): a workload slower under a
- * cap than its share says whether the slice, the queue bound or another container's turn held it. */
-enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_TURN, WAIT_REASONS };
+ * cap than its share says whether the slice, the queue bound or other containers' shares held it. */
+enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_SHARE, WAIT_REASONS };
 static uint64_t waited_for[WAIT_REASONS], entries_made, launches_seen;
 
 static CUevent event_get(CUcontext ctx)
@@ -122,7 +138,7 @@ static void event_put(CUevent ev, CUcontext ctx)
 static void settle_locked(struct pending *p)
 {
     float ms = 0;
-    int64_t cost = p->estimate;
+    int64_t cost = p->estimate, work = 0;
     double factor = p->count > 0 ? p->factors / p->count : 0;
     if (p->count > 0 && nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
         int64_t full = (int64_t)((double)ms * 1e6);
@@ -132,9 +148,12 @@ static void settle_locked(struct pending *p)
             int64_t per_full = factor > 0 ? (int64_t)((double)cost / factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
         }
-        int64_t *own = p->key ? kernel_slot(p->key) : NULL;
-        if (own)
-            *own = *own ? (*own + full) / 2 : full;
+        struct kernel_cost *own = p->key ? kernel_slot(p->key) : NULL;
+        if (own) {
+            own->ns = own->ns ? (own->ns + full) / 2 : full;
+            own->work_ns = !own->work_ns || full < own->work_ns ? full : own->work_ns + (full - own->work_ns) / 256;
+            work = (int64_t)((double)own->work_ns * factor);
+        }
         /* When it ended: launched behind queued work, the previous end plus the time between the
          * two ends (the gap between kernels included: thousands of microsecond kernels add up);
          * launched to an idle queue, its launch plus its duration. */
@@ -148,9 +167,11 @@ static void settle_locked(struct pending *p)
             nvc_region_done(p->d, gpu_done_ns[p->d]);
     }
     nvc_region_account_launch(p->d, (uint64_t)(cost > 0 ? cost : 0), 0);
-    if (p->sched)
-        nvc_sched_measured(p->sched, nvc_now_ns(), p->count > 0 ? cost - p->estimate : -p->estimate,
-                           (uint64_t)(p->count > 0 && cost > 0 ? cost : 0));
+    if (p->sched && p->count > 0 && cost > 0 && ms > 0) {
+        uint64_t elapsed = (uint64_t)((double)ms * 1e6);
+        uint64_t ended = gpu_done_ns[p->d] > elapsed ? gpu_done_ns[p->d] : elapsed;
+        nvc_sched_measured(p->sched, nvc_now_ns(), ended - elapsed, ended, (uint64_t)cost, (uint64_t)work);
+    }
     queued_of[p->d]--;
     unknown_of[p->d] -= p->count > 0 && p->queued_ns == 0;
     inflight_of[p->d] -= p->queued_ns;
@@ -183,8 +204,8 @@ static void harvest_locked(CUcontext ctx)
     while (head != tail && AT(head)->settled)
         head++;
     for (int d = 0; d < NVC_MAX_DEVICES; d++)
-        if (settled[d] && !queued_of[d])
-            nvc_sched_drained(settled[d], nvc_now_ns());     /* none of its work is queued */
+        if (settled[d])
+            nvc_sched_queued(settled[d], nvc_now_ns(), queued_of[d] ? inflight_of[d] : 0);
 }
 
 struct launch {
@@ -207,7 +228,7 @@ static int64_t inflight_locked(int dev)
     return unknown_of[dev] ? -1 : inflight_of[dev];
 }
 
-/* Waits for the cap's slice and the scheduler's turn; returns the pending entry's events to record,
+/* Waits for the cap's slice and the scheduler's leave; returns the pending entry's events to record,
  * or NULLs. Launches are asynchronous: without a bound on the queue a burst would run long before its
  * cost is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
  * unknown) may be queued ahead of measurement. */
@@ -263,22 +284,26 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
         int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !queued) : 0;
+        int decision = 1;                /* nvc_sched_ready's: 0 wait, 1 run, 2 run within its share */
         enum wait_reason reason = WAIT_QUEUE;
         /* inside a cap's slice the queue may hold what fits in the rest of it: PyTorch runs ahead of
          * the GPU, and a queue kept short leaves gaps between its small kernels */
-        int64_t room = MAX_INFLIGHT_NS;
+        int64_t room = d->sched && d->compute >= 100 && within_of[dev] ? WITHIN_SHARE_NS : MAX_INFLIGHT_NS;
         if (d->compute < 100 && !wait && nvc_region_slice_end(dev) > now + (uint64_t)room)
             room = (int64_t)(nvc_region_slice_end(dev) - now);
         if (inflight < 0 || inflight > room) {
             step = unit / 4;             /* let the queue drain */
+            if (d->sched)
+                nvc_sched_observe(d->sched, now);
         } else if (wait > 0) {
             step = wait;
             reason = WAIT_SLICE;
             if (d->sched)
                 nvc_sched_ready(d->sched, now, 1);
-        } else if (d->sched && !nvc_sched_ready(d->sched, now, 0)) {
-            step = SCHED_WAIT_STEP_NS;   /* another container holds the turn: the cap's slice waits too */
-            reason = WAIT_TURN;
+        } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, 0))) {
+            step = SCHED_WAIT_STEP_NS;   /* over its share while another wants more: the cap's slice waits too */
+            reason = WAIT_SHARE;
+            within_of[dev] = 0;
             if (d->compute < 100) {
                 if (!turn_from) {
                     turn_from = now;
@@ -287,6 +312,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
                 nvc_region_slice_extend(dev, turn_end + (now - turn_from) + (uint64_t)step);
             }
         } else {
+            within_of[dev] = decision == 2;
             break;
         }
         pthread_mutex_lock(&launch_mu);
@@ -302,14 +328,14 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         nvc_region_account_launch(dev, 0, waited);
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
-    int64_t *own = kernel_slot(l->key);
-    int64_t queued = own && *own ? *own : estimate;
+    struct kernel_cost *own = kernel_slot(l->key);
+    int64_t queued = own && own->ns ? own->ns : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
-        nvc_sched_launched(d->sched, now, estimate);
+        nvc_sched_launched(d->sched, now, inflight_of[dev] + queued);
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
-    int alone = !own || !*own || *own >= GROUP_NS / 4;
+    int alone = !own || !own->ns || own->ns >= GROUP_NS / 4;
     if (g && (alone || g->ctx != ctx || g->stream != l->stream || g->ptsz != l->ptsz || g->count >= GROUP_MAX ||
               g->queued_ns >= GROUP_NS || now - g->last_ns > (uint64_t)GROUP_NS)) {   /* an idle gap is not its work */
         close_locked(dev, ctx);
@@ -421,7 +447,8 @@ static CUresult call_kernel(const void *a)
         if (__builtin_expect(!limited(), 1))                                                                 \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);                   \
         struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra};     \
-        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), f};              \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
+                           kernel_key(f, gx, gy, gz)};                                                           \
         return throttled(&l, call_kernel, &a);                                                               \
     }
 KERNEL_WRAPPER(cuLaunchKernel, 0)
@@ -451,7 +478,8 @@ static CUresult call_coop(const void *a)
         if (__builtin_expect(!limited(), 1))                                                                 \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params);                          \
         struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params};              \
-        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), f};              \
+        struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
+                           kernel_key(f, gx, gy, gz)};                                                           \
         return throttled(&l, call_coop, &a);                                                                 \
     }
 COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
@@ -480,7 +508,8 @@ static CUresult call_ex(const void *a)
         struct ex_args a = {nvc_cuda.name, config, f, params, extra};                                        \
         struct launch l = {ptsz, config->hStream,                                                            \
                            grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY,         \
-                                       config->gridDimZ), f};                                                \
+                                       config->gridDimZ),                                                    \
+                           kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ)};             \
         return throttled(&l, call_ex, &a);                                                                   \
     }
 EX_WRAPPER(cuLaunchKernelEx, 0)
@@ -526,9 +555,9 @@ __attribute__((destructor)) static void log_waits(void)
 {
     if (launches_seen)
         nvc_log(2, "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for "
-                   "queue room, %.1f ms for the turn; %llu slices started, %.1f ms charged past their ends",
+                   "queue room, %.1f ms for other containers' shares; %llu slices started, %.1f ms charged past their ends",
                 (unsigned long long)launches_seen, (unsigned long long)entries_made, waited_for[WAIT_SLICE] / 1e6,
-                waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_TURN] / 1e6,
+                waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_SHARE] / 1e6,
                 (unsigned long long)nvc_region_slices_started, nvc_region_overrun_charged_ns / 1e6);
 }
 
@@ -547,6 +576,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         memset(queued_of, 0, sizeof queued_of);
         memset(unknown_of, 0, sizeof unknown_of);
         memset(inflight_of, 0, sizeof inflight_of);
+        memset(within_of, 0, sizeof within_of);
         memset(waited_for, 0, sizeof waited_for);
         entries_made = launches_seen = 0;
     }

@@ -2,7 +2,7 @@
 #ifndef NVC_LAUNCH_H
 #define NVC_LAUNCH_H
 
-#include "shim.h"
+#include "ground.h"
 
 void nvc_launch_fork(enum nvc_fork_phase phase);
 

@@ -1,7 +1,11 @@
 /* NVML: memory queries report the container's view (total = min(limit, physical), used = the
  * container's charges, free never below zero). Everything else passes through untouched, so
  * NVML-only tools keep working even where the shim cannot initialise. */
+#include "config.h"
+#include "devices.h"
+#include "init.h"
 #include "memory.h"
+#include "real.h"
 
 static struct nvc_device *device_for(nvmlDevice_t dev)
 {

@@ -1,6 +1,6 @@
 /* The real driver entry points: which of the CUDA and NVML functions (declared, with their types,
  * in cuda_abi.h and nvml_abi.h) the shim wraps (exported under the same names) or only calls, their
- * tables, and their loading (resolve.c). */
+ * tables, and their loading (real.c). */
 #ifndef NVC_REAL_H
 #define NVC_REAL_H
 
@@ -117,9 +117,12 @@ NVC_NVML_WRAPPED(NVC_DECLARE_WRAPPER)
 extern struct nvc_real_cuda nvc_cuda;
 extern struct nvc_real_nvml nvc_nvml;
 
-/* resolve.c: load the real tables (idempotent, thread-safe); 0 when the library is absent. */
+/* real.c: load the real tables (idempotent, thread-safe); 0 when the library is absent. The _if_loaded
+ * forms fill them only when the application has the library in the process already. */
 int nvc_load_cuda(void);
 int nvc_load_nvml(void);
+int nvc_cuda_if_loaded(void);
+int nvc_nvml_if_loaded(void);
 void *nvc_real_dlsym(void *handle, const char *name);
 
 #endif

@@ -13,6 +13,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "config.h"
+#include "ground.h"
 #include "region.h"
 
 _Static_assert(sizeof(struct nvc_region_device) == 128, "device entry layout");

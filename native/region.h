@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 #include "config.h"
-#include "shim.h"
+#include "ground.h"
 
 #define NVC_REGION_MAGIC "NVCSHRG\0"
 #define NVC_REGION_VERSION 1u

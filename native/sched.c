@@ -1,12 +1,12 @@
 /* Weighted, work-conserving sharing of a GPU between containers. Each container (tenant) publishes,
- * per device, its weighted GPU time and whether it is busy in a scheduler file of its own; it reads
- * every other tenant's file (read-only) and asks schedpolicy.c before each launch whether it holds the
- * turn. Inside a container the hook mounts its own file read-write at NVC_SCHED_SELF and the directory
- * of all tenants' files read-only at NVC_SCHED_PEERS, so a tenant can only ever write its own entry;
- * with plain LD_PRELOAD use, NVC_SHARE_SCHED_DIR names that directory and NVC_SHARE_TENANT the file.
- * Another tenant's file is never mapped: it can truncate, grow, rewrite or replace it at any moment,
- * and a mapping of it would fault (SIGBUS) here. It is read with pread, one entry at a time, and what
- * it says is untrusted (sanitised; its weight is the one the hook granted it, in GRANTED_DIR).
+ * per device, its share of the GPU and whether it has work queued in a scheduler file of its own; it
+ * reads every other tenant's file (read-only) and asks schedpolicy.c before each launch whether it may
+ * launch now. Inside a container the hook mounts its own file read-write at NVC_SCHED_SELF and the
+ * directory of all tenants' files read-only at NVC_SCHED_PEERS, so a tenant can only ever write its own
+ * entry; with plain LD_PRELOAD use, NVC_SHARE_SCHED_DIR names that directory and NVC_SHARE_TENANT the
+ * file. Another tenant's file is never mapped: it can truncate, grow, rewrite or replace it at any
+ * moment, and a mapping of it would fault (SIGBUS) here. It is read with pread, one entry at a time,
+ * and what it says is untrusted (sanitised; its weight is the one the hook granted it, in GRANTED_DIR).
  * Layout: nvc/share/sched.py reads it for `nvc-py share status`. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include "config.h"
+#include "ground.h"
 #include "sched.h"
 #include "schedpolicy.h"
 
@@ -28,25 +30,23 @@
 #define GRANTED_DIR ".granted"        /* <tenant>: the limits the hook granted it (nvc/share/limits.py) */
 #define GRANTED_MAX 8192
 #define SCHED_MAGIC "NVCSCHD\0"
-#define SCHED_VERSION 1u
+#define SCHED_VERSION 2u          /* 1: turns by weighted GPU time (not read: its tenants ignore ours too) */
 #define SCHED_FILE_SIZE 4096
 #define MAX_PEERS 64
 #define RESCAN_NS 20000000ull         /* new and gone tenants, and their new devices, are noticed within 20 ms */
 #define REREAD_NS 50000ull            /* others' entries are read at most every 50 us (a waiting tenant asks
-                                       * every 100 us, turns last milliseconds: a launch-bound loop must
-                                       * not pay a pread per peer per launch) */
-#define SHARE_WINDOW_NS 500000000ull  /* the measured share shown by `share status` */
+                                       * every 100 us: a launch-bound loop must not pay a pread per peer
+                                       * per launch) */
 
 struct nvc_sched_entry {              /* 128 bytes */
     char key[40];                     /* device UUID key, as in the region */
-    uint64_t vtime;                   /* GPU ns x NVC_WEIGHT_UNIT / weight, cumulative */
+    uint64_t charged_ns;              /* its part of the GPU's time (nvc_sched_charge), cumulative */
     uint64_t seen_ns;
     uint64_t busy_until_ns;
     uint64_t busy_ns;                 /* measured GPU time, cumulative */
-    uint64_t window_start_ns, window_busy_ns;
+    uint64_t share_acc_ns, share_at_ns;   /* the decaying account its share is read from, and its time */
     uint32_t weight, cap, running, capped, share_permille, pad;
-    int64_t owed_ns;                  /* the guarantee: GPU time owed to this tenant (schedpolicy.h) */
-    uint64_t owed_at_ns;              /* the time it is settled up to */
+    uint64_t reserved[2];
 };
 
 struct sched_file {                   /* SCHED_FILE_SIZE bytes */
@@ -77,6 +77,7 @@ static struct {                       /* the others' views of our device d, as l
     int n;
     struct nvc_sched_view v[MAX_PEERS];
 } read_of[NVC_MAX_DEVICES];
+static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES];   /* this process's view: under sched_mu */
 static struct sched_file scan_buf;    /* a peer's file as read at a rescan (under sched_mu) */
 static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -283,14 +284,12 @@ static void rescan_locked(uint64_t now)
 static void view_of(const struct nvc_sched_entry *e, uint64_t id, struct nvc_sched_view *v)
 {
     v->id = id;
-    v->vtime = __atomic_load_n(&e->vtime, __ATOMIC_ACQUIRE);
     v->seen_ns = __atomic_load_n(&e->seen_ns, __ATOMIC_ACQUIRE);
     v->busy_until_ns = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
-    v->running = __atomic_load_n(&e->running, __ATOMIC_ACQUIRE);
     v->capped = __atomic_load_n(&e->capped, __ATOMIC_ACQUIRE);
     v->weight = __atomic_load_n(&e->weight, __ATOMIC_ACQUIRE);
     v->cap = __atomic_load_n(&e->cap, __ATOMIC_ACQUIRE);
-    v->owed_ns = __atomic_load_n(&e->owed_ns, __ATOMIC_ACQUIRE);
+    v->share_permille = __atomic_load_n(&e->share_permille, __ATOMIC_ACQUIRE);
 }
 
 /* The other tenants' views of our device d: each one entry, read afresh (a copy: what the file says
@@ -313,9 +312,8 @@ static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
             p->at[d] = -1;
             continue;
         }
-        out[n] = (struct nvc_sched_view){.id = p->ino, .vtime = e.vtime, .seen_ns = e.seen_ns,
-                                         .busy_until_ns = e.busy_until_ns, .running = e.running,
-                                         .capped = e.capped, .weight = e.weight};
+        out[n] = (struct nvc_sched_view){.id = p->ino, .seen_ns = e.seen_ns, .busy_until_ns = e.busy_until_ns,
+                                         .capped = e.capped, .weight = e.weight, .share_permille = e.share_permille};
         nvc_sched_sanitize(&out[n], now);
         if (p->weight[d])
             out[n].weight = p->weight[d];
@@ -327,102 +325,101 @@ static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
     return n;
 }
 
-/* The guarantee's account (schedpolicy.h), shared by the tenant's processes: each settles it from where
- * the last one left it. */
-static int64_t owe(struct nvc_sched_entry *e, uint64_t now, const struct nvc_sched_view *self,
-                   const struct nvc_sched_view *others, int n)
+/* The other tenants' views of e's device, noting how many share the GPU now. */
+static int others_of(struct nvc_sched_entry *e, uint64_t now, struct nvc_sched_view *out)
 {
-    uint64_t at = __atomic_load_n(&e->owed_at_ns, __ATOMIC_ACQUIRE), settled;
-    int64_t delta;
-    do {
-        settled = at;
-        delta = nvc_sched_settle(&settled, self, others, n, now);
-    } while (settled != at &&
-             !__atomic_compare_exchange_n(&e->owed_at_ns, &at, settled, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
-    int64_t max = nvc_sched_margin(self, others, n, now), cur = __atomic_load_n(&e->owed_ns, __ATOMIC_RELAXED), next;
-    do
-        next = nvc_sched_owed(cur, delta, max);
-    while (!__atomic_compare_exchange_n(&e->owed_ns, &cur, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
-    return next;
+    uint32_t d = (uint32_t)(e - own->dev);
+    pthread_mutex_lock(&sched_mu);
+    rescan_locked(now);
+    int n = others_locked(d, now, out);
+    nvc_sched_note(&sharing_of[d], now, nvc_sched_sharing(out, n, now));
+    pthread_mutex_unlock(&sched_mu);
+    return n;
+}
+
+void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now)
+{
+    struct nvc_sched_view others[MAX_PEERS];
+    others_of(e, now, others);
+}
+
+/* The tenant's share account, shared by its processes: decayed to now (whichever process gets there
+ * first moves its time), plus charged_ns; returns the share it gives, in ‰. */
+static uint32_t account(struct nvc_sched_entry *e, uint64_t now, uint64_t charged_ns)
+{
+    uint64_t at = __atomic_load_n(&e->share_at_ns, __ATOMIC_ACQUIRE);
+    uint64_t acc = __atomic_load_n(&e->share_acc_ns, __ATOMIC_ACQUIRE);
+    if (now > at && __atomic_compare_exchange_n(&e->share_at_ns, &at, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        while (!__atomic_compare_exchange_n(&e->share_acc_ns, &acc, nvc_sched_decay(acc, at ? now - at : 0), 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            ;
+    if (charged_ns)
+        __atomic_add_fetch(&e->share_acc_ns, charged_ns, __ATOMIC_ACQ_REL);
+    uint32_t share = nvc_sched_share(__atomic_load_n(&e->share_acc_ns, __ATOMIC_ACQUIRE));
+    __atomic_store_n(&e->share_permille, share, __ATOMIC_RELEASE);
+    return share;
 }
 
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
 {
-    if (capped) {                     /* held back by its own cap: nobody should wait for it, nothing owed */
+    if (capped) {                     /* held back by its own cap: nobody should wait for it */
         __atomic_store_n(&e->capped, 1, __ATOMIC_RELEASE);
         __atomic_store_n(&e->running, 0, __ATOMIC_RELEASE);
-        uint64_t at = __atomic_load_n(&e->owed_at_ns, __ATOMIC_ACQUIRE);
-        while (at < now &&
-               !__atomic_compare_exchange_n(&e->owed_at_ns, &at, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-            ;
         return 0;
     }
     struct nvc_sched_view others[MAX_PEERS], self;
-    pthread_mutex_lock(&sched_mu);
-    rescan_locked(now);
-    int n = others_locked((uint32_t)(e - own->dev), now, others);
-    pthread_mutex_unlock(&sched_mu);
-    view_of(e, own_id, &self);
-    if (!nvc_sched_active(&self, now)) {  /* busy again after idling: no banked time */
-        uint64_t from = nvc_sched_catch_up(self.vtime, others, n, now);
-        __atomic_compare_exchange_n(&e->vtime, &self.vtime, from, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
-        self.vtime = __atomic_load_n(&e->vtime, __ATOMIC_ACQUIRE);
-    }
+    int n = others_of(e, now, others);
     __atomic_store_n(&e->capped, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
-    self.capped = 0;
-    self.seen_ns = now;
-    self.owed_ns = owe(e, now, &self, others, n);
-    int run = nvc_sched_decide(&self, others, n, now) == NVC_SCHED_RUN;
-    __atomic_store_n(&e->running, (uint32_t)run, __ATOMIC_RELEASE);
-    return run;
+    view_of(e, own_id, &self);
+    self.share_permille = account(e, now, 0);
+    enum nvc_sched_decision decision = nvc_sched_decide(&self, others, n, now);
+    __atomic_store_n(&e->running, (uint32_t)(decision != NVC_SCHED_WAIT), __ATOMIC_RELEASE);
+    return (int)decision;
 }
 
-static void add_vtime(struct nvc_sched_entry *e, int64_t ns)
+/* Its queued work is published as busy until twice its estimate from now: the estimates are the
+ * kernels' elapsed times as last measured, and while more tenants share the GPU than then, the queue
+ * drains slower. One that is too early would make the others charge a shared moment as theirs alone;
+ * one too late is cut short when the work is measured (the queue drained). */
+void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
 {
-    uint64_t cur = __atomic_load_n(&e->vtime, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(&e->vtime, &cur, nvc_sched_vtime_add(cur, ns, e->weight), 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_RELAXED))
-        ;
-}
-
-void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns)
-{
-    if (estimate_ns > 0)
-        add_vtime(e, estimate_ns);
     uint64_t until = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
-    uint64_t next = (until > now ? until : now) + (uint64_t)(estimate_ns > 0 ? estimate_ns : 0);
-    __atomic_store_n(&e->busy_until_ns, next, __ATOMIC_RELEASE);
+    uint64_t next = now + 2 * (uint64_t)(queued_ns > 0 ? queued_ns : 0);
+    if (queued_ns <= 0 || next > until)
+        __atomic_store_n(&e->busy_until_ns, queued_ns > 0 ? next : now, __ATOMIC_RELEASE);
+}
+
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
+{
+    nvc_sched_queued(e, now, queued_ns > 0 ? queued_ns : 1);
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
 }
 
-void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now)
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns,
+                        uint64_t work_ns)
 {
-    __atomic_store_n(&e->busy_until_ns, now, __ATOMIC_RELEASE);
-}
-
-void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns)
-{
-    add_vtime(e, correction_ns);
+    uint32_t d = (uint32_t)(e - own->dev);
+    nvc_sched_observe(e, now);
+    pthread_mutex_lock(&sched_mu);
+    uint64_t mine = nvc_sched_charge(&sharing_of[d], began_ns, ended_ns);
+    pthread_mutex_unlock(&sched_mu);
+    /* its share of the elapsed time, at the grid's part of the device, unless its work is known */
+    uint64_t charged = work_ns ? (work_ns < cost_ns ? work_ns : cost_ns)
+                       : ended_ns > began_ns ? (uint64_t)((double)cost_ns * (double)mine / (double)(ended_ns - began_ns)) : 0;
     __atomic_add_fetch(&e->busy_ns, cost_ns, __ATOMIC_RELAXED);
-    /* the share over the last window, for `share status` (approximate across processes) */
-    uint64_t start = __atomic_load_n(&e->window_start_ns, __ATOMIC_ACQUIRE);
-    uint64_t busy = __atomic_add_fetch(&e->window_busy_ns, cost_ns, __ATOMIC_ACQ_REL);
-    if (!start) {
-        __atomic_store_n(&e->window_start_ns, now, __ATOMIC_RELEASE);
-    } else if (now - start >= SHARE_WINDOW_NS &&
-               __atomic_compare_exchange_n(&e->window_start_ns, &start, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-        uint64_t permille = busy * 1000 / (now - start);
-        __atomic_store_n(&e->share_permille, (uint32_t)(permille > 1000 ? 1000 : permille), __ATOMIC_RELEASE);
-        __atomic_sub_fetch(&e->window_busy_ns, busy, __ATOMIC_ACQ_REL);
-    }
+    __atomic_add_fetch(&e->charged_ns, charged, __ATOMIC_RELAXED);
+    account(e, now, charged);
 }
 
-/* The mappings survive fork (MAP_SHARED): the child is the same tenant. */
+/* The mappings survive fork (MAP_SHARED): the child is the same tenant; what it saw is its parent's. */
 void nvc_sched_fork(enum nvc_fork_phase phase)
 {
-    if (phase == NVC_FORK_PREPARE)
+    if (phase == NVC_FORK_PREPARE) {
         pthread_mutex_lock(&sched_mu);
-    else
-        pthread_mutex_unlock(&sched_mu);
+        return;
+    }
+    if (phase == NVC_FORK_CHILD)
+        memset(sharing_of, 0, sizeof sharing_of);
+    pthread_mutex_unlock(&sched_mu);
 }

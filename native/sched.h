@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 #include "config.h"
-#include "shim.h"
+#include "ground.h"
 
 struct nvc_sched_entry;
 /* Opens this container's scheduler file and its peers' directory (fixed paths in a container,
@@ -12,11 +12,20 @@ struct nvc_sched_entry;
  * scheduling: the cap alone applies). */
 int nvc_sched_open(const struct nvc_config *cfg);
 struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap);
-/* Before a launch: 1 = may launch now, 0 = wait for the turn. capped: held back by its own cap. */
+/* Before a launch: an enum nvc_sched_decision (schedpolicy.h): 0 = wait (over its share while another
+ * wants more), else it may launch now (2: within its share). capped: held back by its own cap. */
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
-void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t estimate_ns);
-void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, int64_t correction_ns, uint64_t cost_ns);
-void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now);   /* none of its launches queued */
+/* A launch goes in, or launches were measured: queued_ns of estimated work is now queued (0: none). */
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
+void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
+/* A launch measured: it ran on the GPU from began_ns to ended_ns (CLOCK_MONOTONIC), cost_ns of it at
+ * the grid's part of the device. Charged its work_ns where known (what the kernel takes when nothing
+ * slows it: its useful work, however the GPU time-sliced it with others), else the part of its elapsed
+ * time the GPU was this tenant's (nvc_sched_charge). */
+void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns,
+                        uint64_t work_ns);
+/* Waiting for its own queue to drain: looks how many tenants share the GPU meanwhile. */
+void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now);
 void nvc_sched_fork(enum nvc_fork_phase phase);
 
 #endif

@@ -23,8 +23,8 @@ Check = Callable[[Any], Any]  # a validator of one setting
 DEFAULT_PATH = "/etc/nvc-py/config.yaml"
 ENV_VAR = "NVC_PY_CONFIG"
 # The last file text parsed, with its YAML document as JSON: the hook reads the configuration at
-# every container start, and importing PyYAML costs more than the rest of reading it (~15 ms on
-# the H100 host). Root's own tmpfs; the text is compared whole, so an edit is seen at once.
+# every container start, and importing PyYAML costs more than the rest of reading it. Root's own
+# tmpfs; the text is compared whole, so an edit is seen at once.
 CACHE_PATH = "/run/nvc-py/config-cache.json"
 MAX_SIZE = 1 << 20  # bytes of configuration text: a real file is a few hundred
 MAX_CACHE_SIZE = 4 * MAX_SIZE  # the text, and its document as JSON
@@ -56,7 +56,7 @@ SHARE_COMPUTE = ("proportional", "none")
 
 
 class K8s(NamedTuple):
-    """The Kubernetes device plugin (``nvc-py k8s device-plugin``, nvc/k8s/); README, Kubernetes."""
+    """The Kubernetes device plugin (``nvc-py k8s device-plugin``, nvc/k8s/); docs/kubernetes.md."""
 
     device_plugin_dir: str = "/var/lib/kubelet/device-plugins"  # the kubelet's kubelet.sock is here
     gpu_resource: str = "nvidia.com/gpu"  # whole GPUs (not shared, MIG disabled)
@@ -221,7 +221,7 @@ def _gpu_list(value: Any) -> tuple[str, ...]:
 
 
 def _slice(value: Any) -> str:
-    """Its grammar is the sharing variables' (nvc.share.limits.parse_size, a layer above this one):
+    """Its grammar is the sharing variables' (nvc.containerenv.sharing.parse_size, a layer above this one):
     the plugin checks it as it starts."""
     if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
         raise ValueError("expected a size: bytes with an optional K, M, G, T, Ki, Mi, Gi or Ti")

@@ -1,8 +1,8 @@
 """Ending a one-shot program (``nvc-py``, ``nvc-py-hook``) without the interpreter's teardown.
 
 Tearing down the interpreter (every imported module) costs about as much as a whole
-``nvc-py list`` on the fast path (8 ms for the hook's GPU path on the test machine), at
-every container start, and there is nothing left to clean up: helpers were reaped (a
+``nvc-py list`` on the fast path, at every container start, and there is nothing left to
+clean up: helpers were reaped (a
 preforked one never used dies with this process, by its parent-death signal), the hook
 log is written with one ``write`` and closed, the debug log is flushed per record, and
 the kernel closes the rest.

@@ -176,13 +176,13 @@ def apply(plan: Plan, container: ContainerClient | None = None) -> None:
     if plan.share is None:
         _apply_in_container(plan, start, container)
         return
-    from nvc.share import limits as share
+    from nvc.apply import sharefiles
 
-    share.make(plan.share, plan.pid)  # undoes itself on failure (and leaves a stale container's files alone)
+    sharefiles.make(plan.share, plan.pid)  # undoes itself on failure (and leaves a stale container's files alone)
     try:
         _apply_in_container(plan, start, container)
     except BaseException:
-        share.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
+        sharefiles.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
         raise
 
 

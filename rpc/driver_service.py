@@ -100,9 +100,9 @@ class _Nvml:
             raise exc from None
 
     def attach(self) -> None:
-        """Open every GPU's handle now: NVML's first handle of a GPU costs ~7 ms on the H100 (of
-        a ~9 ms snapshot). Done at setup, it overlaps the CLI's imports, or a server worker's idle
-        time; the snapshot still asks NVML for every value. Errors are the snapshot's to report."""
+        """Open every GPU's handle now: NVML's first handle of a GPU is most of a snapshot's time.
+        Done at setup, it overlaps the CLI's imports, or a server worker's idle time; the snapshot
+        still asks NVML for every value. Errors are the snapshot's to report."""
         try:
             for index in range(self.nvml.nvmlDeviceGetCount()):
                 self.nvml.nvmlDeviceGetHandleByIndex(index)

@@ -421,7 +421,7 @@ def defer_reaping() -> None:
 
     For a hook server's worker: it answers its caller first, then waits for the helpers. Their
     cleanup changes nothing the caller sees (NVML's shutdown, an applier that already committed)
-    but takes ~5 ms on the H100 host, a sixth of an ``nvc-py info``.
+    but takes a good part of an ``nvc-py info``'s time.
     """
     global _deferred
     _deferred = []

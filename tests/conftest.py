@@ -67,37 +67,72 @@ def active_local_nvidia(fake_local_nvidia) -> Iterator:
 
 
 _HOST: dict[str, object] = {}  # the host's state at the start, and the session's private mounts
+_OWN_BASETEMP = pytest.StashKey[bool]()  # the base temporary directory is the suite's own (not --basetemp's)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads the option
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest's base temporary directory in the suite's own place (hostcheck.WORK_DIR), not /tmp: a
+    passing run removes it, the next run clears what a failing one left there, ``make clean``
+    removes it; the long phases of tests say on the terminal what they do (harness.progress)."""
+    import hostcheck
+    from harness import progress
+
+    if config.option.basetemp is None:
+        config.option.basetemp = hostcheck.WORK_DIR
+        config.stash[_OWN_BASETEMP] = True
+    progress.attach(config)
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The session's base temporary directory: every process a test starts names it (its
+    configuration, driver root, rootfs or store), which is how hostcheck.own_processes tells the
+    session's processes from others on the machine."""
+    return str(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session", autouse=True)
-def private_run_dir() -> Iterator[None]:
-    """The suite in a mount namespace of its own with a tmpfs on /run/nvc-py, /run/containerd and
-    /run/runc (tests/hostcheck.py): no hook it runs reaches a hook server of the host's or starts one
+def private_run_dir(session_dir: str) -> Iterator[None]:
+    """The suite in a mount namespace of its own with a tmpfs on /run/nvc-py, /run/containerd,
+    /run/runc, /run/docker and podman's blob-info cache, and a directory of the session's on
+    /var/log (tests/hostcheck.py): no hook it runs reaches a hook server of the host's or starts one
     (the native front starts servers only from PID 1's namespaces; tests that want one say which
-    process stands for the host), and nothing written there outlives it. What the host held is
-    noted first: :func:`pytest_sessionfinish` compares."""
+    process stands for the host), no hook writes the host's log, and nothing written there outlives
+    it. What the host held is noted first: :func:`pytest_sessionfinish` compares."""
     import hostcheck
 
     _HOST["before"] = hostcheck.snapshot()
-    _HOST["private"] = hostcheck.PrivateRun()
+    private = hostcheck.PrivateRun()
+    _HOST["private"] = private
+    log = Path(session_dir) / "var-log"
+    log.mkdir()
+    private.bind_log(str(log))
     yield
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own removal of the session's temporary directory
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the session's fixtures
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run if the host's watched directories or /tmp changed (tests/hostcheck.py)."""
+    """Fail the run if the host's watched places changed or a process it started still runs
+    (tests/hostcheck.py); remove the suite's temporary directory after a passing run."""
     if "private" not in _HOST:
         return
+    import shutil
+
     import hostcheck
 
     _HOST["private"].leave()
-    changed = hostcheck.changes(_HOST["before"], hostcheck.snapshot())
-    factory = session.config._tmp_path_factory  # noqa: SLF001 - where this session's tmp_path lives
-    basetemp = factory._basetemp  # noqa: SLF001
-    if exitstatus == 0 and basetemp is not None and basetemp.exists() and factory._given_basetemp is None:  # noqa: SLF001
-        changed.append(f"{basetemp}: left behind by a passing run")
+    basetemp = session.config._tmp_path_factory._basetemp  # noqa: SLF001 - where this session's tmp_path lives
+    changed = hostcheck.left_running(str(basetemp)) if basetemp is not None else []
+    own = session.config.stash.get(_OWN_BASETEMP, False)
+    if own and basetemp is not None and exitstatus == 0 and not changed:
+        shutil.rmtree(basetemp, ignore_errors=True)
+    changed += hostcheck.changes(_HOST["before"], hostcheck.snapshot())
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if own and basetemp is not None and basetemp.exists() and reporter is not None:
+        reporter.write_line(f"this run's files, the hooks' log among them (var-log/): {basetemp} (the next run, or "
+                            "make clean, removes them)")
     if changed:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line("the test suite changed the host:\n  " + "\n  ".join(changed), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -52,7 +52,7 @@ from harness.bundle import make_bundle
 from nvc import config as config_file
 from nvc import errors
 from nvc.commands.cli import cli
-from nvc.share import limits as share_limits
+from nvc.containerenv import sharing
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 NVC_PY, HOOK, RUNTIME = (str(SCRIPTS / name) for name in ("nvc-py", "nvc-py-hook", "nvc-py-runtime"))
@@ -120,6 +120,7 @@ def _hostile_files(directory: Path) -> None:
     os.mknod(directory / "full", 0o666 | stat.S_IFCHR, os.makedev(1, 7))
     (directory / "adir").mkdir()
     (directory / "binary").write_bytes(bytes(range(256)) * 64)
+    (directory / "device-plugins").mkdir()  # the kubelet's: the device plugin makes none
 
 
 # ---- cases ---------------------------------------------------------------------------------------
@@ -332,7 +333,7 @@ DAEMONS = {("k8s", "device-plugin"), ("exporter",)}
 ALL_GLOBAL_VALUES = {("list",), ("k8s", "device-plugin")}
 VERDICTS = {("doctor",)}  # status 1 is their answer ("a check failed"), said on stdout, not an error
 SKIPPED = {("hook",)}  # nvc-py-hook's stages: test_hook_stages
-PATH_METAVARS = ("PATH", "DIR", "FILE", "ROOTFS")
+PATH_METAVARS = ("PATH", "ROOTFS")
 
 
 def commands(group: click.Group, words: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
@@ -475,8 +476,8 @@ def _state(scratch: Scratch, bundle: Path | None = None) -> bytes:
 
 
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "0"}
-# The variables a container sets for the hook: the sharing ones (nvc/share/limits.py's names) and NVIDIA's.
-HOOK_ENV_NAMES = (*(prefix for prefix, _, _ in share_limits._NAMES),  # noqa: SLF001
+# The variables a container sets for the hook: the sharing ones (nvc/containerenv/sharing.py's names) and NVIDIA's.
+HOOK_ENV_NAMES = (*(prefix for prefix, _, _ in sharing.VARIABLES),
                   "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA",
                   "NVIDIA_IMEX_CHANNELS", "NVIDIA_MIG_CONFIG_DEVICES")
 ENV_VALUES: dict[str, Value] = {**NUMBER_VALUES, "newline": WORD_VALUES["newline"]}
@@ -565,7 +566,8 @@ CONFIG_READERS: dict[str, tuple[Callable[[Scratch], list[str | bytes]], bool]] =
     "config show": (lambda s: [NVC_PY, "config", "show"], False),
     "list": (lambda s: [NVC_PY, "list"], False),
     "cdi generate": (lambda s: [NVC_PY, "cdi", "generate"], False),
-    "k8s device-plugin": (lambda s: [NVC_PY, "k8s", "device-plugin", "--device-plugin-dir", s.path("dp")], True),
+    "k8s device-plugin": (lambda s: [NVC_PY, "k8s", "device-plugin", "--device-plugin-dir", s.path("device-plugins")],
+                          True),
     "hook prestart": (lambda s: [HOOK, "prestart"], False),
     "runtime create": (lambda s: [RUNTIME, "create", "--bundle", str(_bundle(s)), "ctr"], False),
 }

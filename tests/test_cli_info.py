@@ -145,11 +145,16 @@ def test_no_driver(tmp_path: Path) -> None:
     """Without the fake active there is no NVIDIA driver on this machine."""
     if Path("/proc/driver/nvidia").exists():
         pytest.skip("a real NVIDIA driver is loaded")
+    try_it = "; to try nvc-py without a GPU, run `make try` in its source tree (a built-in fake driver)\n"
     done = nvc("--root", str(tmp_path), "info")
-    assert done.returncode == 3 and done.stderr.startswith("nvc-py: initialization error: load library failed: ")
+    assert done.returncode == 3 and done.stdout == ""
+    assert done.stderr.startswith("nvc-py: initialization error: no NVIDIA driver is loaded on this host (load library "
+                                  "failed: libnvidia-ml.so.1: ")
+    assert done.stderr.endswith(try_it) and done.stderr.count("\n") == 1
     done = nvc("--root", str(tmp_path), "list")
     assert (done.returncode, done.stderr) == (
-        3, "nvc-py: initialization error: /proc/driver/nvidia/version: not found: the NVIDIA kernel driver is not loaded\n")
+        3, "nvc-py: initialization error: no NVIDIA driver is loaded on this host (/proc/driver/nvidia/version: not "
+           "found: the NVIDIA kernel driver is not loaded)" + try_it)
     done = nvc("--root", "relative", "list")
     assert done.returncode == 2 and "invalid driver root" in done.stderr
 

@@ -1,4 +1,4 @@
-"""The Debian package (README, Install): ``make deb`` builds it on this machine (Debian 12), twice
+"""The Debian package (docs/install.md): ``make deb`` builds it on this machine (Debian 12), twice
 (a lower version to upgrade from); in a minimal Debian 12 root made by debootstrap, holding the
 distribution packages it depends on so that the install needs no network (harness.debroot),
 
@@ -20,18 +20,16 @@ package's maintainer scripts look for servers in /proc, and must see the root's 
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
-from harness import debroot
+from harness import debroot, progress
 
 REPO = debroot.REPO
 PIP_CACHE = debroot.CACHE / "deb-pip"  # the builds' own pip cache (tools/debpkg.py says why), kept between runs
@@ -134,8 +132,9 @@ def _version() -> str:
 
 
 def _build(out: Path, version: str) -> Path:
-    debroot.run(["make", "-C", str(REPO), "--no-print-directory", "deb", f"DEB_DIR={out}", f"DEB_VERSION={version}",
-                 f"DEB_PIP_CACHE={PIP_CACHE}"], 600)
+    with progress.phase(f"make deb: the package at version {version}"):
+        debroot.run(["make", "-C", str(REPO), "--no-print-directory", "deb", f"DEB_DIR={out}",
+                     f"DEB_VERSION={version}", f"DEB_PIP_CACHE={PIP_CACHE}"], 600)
     return next(out.glob("nvc-py_*.deb"))
 
 
@@ -161,10 +160,10 @@ def test_python_lock_satisfies_install_requires() -> None:
     lines = (REPO / "deploy/debian/python-lock.txt").read_text().splitlines()
     locked = dict(line.split("==") for line in lines if line and not line.startswith("#"))
     locked = {key(name): version for name, version in locked.items()}
-    for requirement in missing_deps.runtime_requirements():
-        name, least = missing_deps.split(requirement)
-        assert key(name) in locked, f"{name}: not in the lock"
-        assert not least or missing_deps.numbers(locked[key(name)]) >= missing_deps.numbers(least), requirement
+    for text in missing_deps.runtime_requirements():
+        requirement = Requirement(text)
+        assert key(requirement.name) in locked, f"{requirement.name}: not in the lock"
+        assert requirement.specifier.contains(locked[key(requirement.name)], prereleases=True), text
 
 
 def _listing(deb: Path) -> list[tuple[str, ...]]:
@@ -203,27 +202,6 @@ def test_lintian_has_no_error_or_unexplained_warning(debs: dict[str, Path], summ
     summary_line(f"DEB lintian: {len(reported)} errors or warnings (overrides: deploy/debian/lintian-overrides)")
 
 
-def _tree(root: Path) -> dict[str, tuple[object, ...]]:
-    """Every entry under ``root`` (apt's and dpkg's records aside): type, mode and owner, and a
-    file's digest or a link's target."""
-    entries: dict[str, tuple[object, ...]] = {}
-    for top, dirs, names in os.walk(root):
-        rel_top = os.path.relpath(top, root)
-        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel_top, d)) not in APT_RECORDS]
-        for name in dirs + names:
-            rel = os.path.normpath(os.path.join(rel_top, name))
-            if rel in APT_RECORDS:
-                continue
-            st = os.lstat(os.path.join(top, name))
-            what: object = None
-            if stat.S_ISREG(st.st_mode):
-                what = hashlib.sha256(Path(top, name).read_bytes()).hexdigest()
-            elif stat.S_ISLNK(st.st_mode):
-                what = os.readlink(os.path.join(top, name))
-            entries[rel] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, what)
-    return entries
-
-
 def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, summary_line) -> None:  # noqa: ANN001
     from fakedriver.build import build
 
@@ -238,9 +216,10 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     (work / "bundle/rootfs").mkdir(parents=True)
     (work / "bundle/config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin"], '
                                              '"args": ["true"], "cwd": "/"}, "root": {"path": "rootfs"}}')
-    before = _tree(root)
+    before = debroot.tree(root, APT_RECORDS)
     binds = [(work, "/mnt"), (fake.proc / "driver", "/proc/driver"), (fake.proc / "devices", "/proc/devices")]
-    out = debroot.chroot(root, SCRIPT, 600, binds, own_pids=True).stdout
+    with progress.phase("the package installed, upgraded, set up, removed and purged in the Debian root"):
+        out = debroot.chroot(root, SCRIPT, 600, binds, own_pids=True).stdout
 
     assert f"== version\nnvc-py {_version()}\n" in out
     info = out.split("== info\n", 1)[1]
@@ -261,8 +240,8 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     assert "install ok config-files" in refused  # dpkg removed the configuration file, the rest waits
     assert out.rstrip().endswith("== purged"), out
 
-    after = _tree(root)
-    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    after = debroot.tree(root, APT_RECORDS)
+    changed = debroot.differences(before, after)
     assert not changed, [(path, before.get(path), after.get(path)) for path in changed]
     line = (f"DEB install, upgrade, remove, purge ok in {time.monotonic() - started:.0f} s, tree as before "
             f"(root cache: {'hit' if hit else 'miss'})")

@@ -29,7 +29,8 @@ from harness.shareregion import Device, Entry, Slot, region_bytes, sched_bytes
 from nvc.exporter import hooklog, unixdiag
 from nvc.exporter.collector import MAX_PROCESSES, Collector, Sources
 from nvc.k8s import published
-from nvc.share import limits as share
+from nvc.apply import sharefiles
+from nvc.plan import share
 from nvc.share.region import SIZE as REGION_SIZE
 from test_hook_containers import SCRIPTS
 from test_share import prepared, private_mounts  # noqa: F401  (fixture: tmpfs mounts of this test's own)
@@ -175,7 +176,7 @@ def test_a_live_container_its_limits_memory_and_processes(shim, tmp_path: Path) 
     assert _of(samples, "nvc_py_share_measured_ratio", **labels) is None  # no launch: idle
     assert not [k for k in samples if dict(k[1]).get("container_id") == "idle" and k[0] != "nvc_py_share_region_ok"]
     for cid in ("tenant", "idle"):
-        share.remove(cid, str(state))
+        sharefiles.remove(cid, str(state))
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -204,7 +205,7 @@ def test_weighted_tenants_measured_and_fair_shares(private_mounts, tmp_path: Pat
         assert _of(samples, "nvc_py_share_throttled_seconds_total", **labels) == 1.0
         assert _of(samples, "nvc_py_share_launches_total", **labels) == 77
     for cid in ("a", "b", "c"):
-        share.remove(cid, str(state))
+        sharefiles.remove(cid, str(state))
 
 
 def test_what_a_container_writes_cannot_break_or_flood_the_output(private_mounts, tmp_path: Path) -> None:
@@ -242,7 +243,7 @@ def test_what_a_container_writes_cannot_break_or_flood_the_output(private_mounts
     assert _of(samples, "nvc_py_share_memory_limit_bytes", container_id="honest", device=KEY) == GIB
     assert _of(samples, "nvc_py_share_memory_used_bytes", container_id="honest", device=KEY) == GIB // 2
     for cid in ("hostile", "random", "fifo", "honest"):
-        share.remove(cid, str(state))
+        sharefiles.remove(cid, str(state))
 
 
 def test_processes_shown_are_bounded(private_mounts, tmp_path: Path) -> None:
@@ -262,7 +263,7 @@ def test_processes_shown_are_bounded(private_mounts, tmp_path: Path) -> None:
             p.wait()
     shown = {dict(labels)["pid"] for name, labels in samples if name == "nvc_py_share_process_memory_used_bytes"}
     assert shown == {str(p.pid) for p in procs[3:]}
-    share.remove("many", str(state))
+    sharefiles.remove("many", str(state))
 
 
 # ---------------------------------------------------------------- the hook server, the device plugin
@@ -497,7 +498,7 @@ def test_prometheus_scrapes_the_exporter(shim, tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
         for cid in ("tenant", "idle"):
-            share.remove(cid, str(state))
+            sharefiles.remove(cid, str(state))
         shutil.rmtree(server_dir)
     assert codes == [0, 0], (tmp_path / "prometheus.log").read_text()
     with socket.socket() as s:  # nothing listens there any more

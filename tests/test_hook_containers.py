@@ -99,10 +99,11 @@ def test_podman_unsatisfied_requirement_fails_the_start(active_2gpu, podman, set
 
 
 def test_podman_sharing_directory_removed_at_poststop(active_2gpu, podman, setup_dir: Path) -> None:
-    from nvc.share import limits as share
+    from nvc.containerenv import sharing
+    from nvc.plan import share
 
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
-    result = podman.run(podman.image(), ["cat", f"{share.CONTAINER_DIR}/limits"], env=env,
+    result = podman.run(podman.image(), ["cat", f"{sharing.CONTAINER_DIR}/limits"], env=env,
                         hooks_dirs=[setup_dir / "hooks.d"])
     assert result.returncode == 0, result.stderr
     assert "memory_limit=1073741824" in result.stdout.replace(" ", "") or "1Gi" in result.stdout, result.stdout

@@ -20,7 +20,7 @@ from harness.hookserver import LIBDIR
 LAUNCHER = LIBDIR / "nvc-py-hook-python"
 # Never on the direct hook's path: the CLI's parser, YAML, ELF parsing, NVML, logging's set-up,
 # site's .pth files, and dataclasses (with inspect, ast and dis it imports; the hook's records are
-# named tuples: making ~50 dataclasses at import cost the direct hook ~30 ms on the CPU host), and the
+# named tuples: making dozens of dataclasses at import slowed the direct hook down), and the
 # Kubernetes device plugin's gRPC, protobuf and modules; nor, in the hook's helpers, pyseccomp (with
 # ctypes.util, which runs ``ldconfig -p`` twice): ldconfig's filter comes compiled from root's cache
 # once a start has made it; nor the exporter's prometheus_client.

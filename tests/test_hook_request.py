@@ -8,7 +8,8 @@ import pytest
 
 from nvc.errors import InputError
 from nvc.capabilities import CAPABILITIES
-from nvc.hook.request import Policy, gpu_request, parse_env
+from nvc.containerenv import Policy, parse_env
+from nvc.containerenv.gpus import gpu_request
 from nvc.plan.request import Request
 
 ALL = CAPABILITIES

@@ -26,8 +26,9 @@ import pytest
 
 from harness.bundle import make_bundle
 from harness.hookserver import BUILT_CLIENT as CLIENT
-from harness.hookserver import LIBDIR, client_hook, hook_server
+from harness.hookserver import LIBDIR, client_hook, hook_server, umount_when_free
 from harness.landlock import landlock_abi, landlocked
+from nvc import __version__
 from nvc.hook import handover
 from test_hook_containers import A100, H100, SHOW, _uuids, assert_image_libraries_never_load
 from test_hook_containers import setup_dir  # noqa: F401  (fixture)
@@ -111,7 +112,7 @@ def default_run_dir(active_2gpu) -> Iterator[Path]:
     try:
         yield run_dir
     finally:
-        subprocess.run(["umount", str(run_dir)], check=True)
+        umount_when_free(run_dir)
         if created:
             run_dir.rmdir()
 
@@ -411,7 +412,7 @@ def test_the_native_front_runs_serve_and_foreign_callers_itself(served: Path) ->
     assert serve.returncode == 2 and serve.stderr.startswith("usage: nvc-py-hook prestart")
     elsewhere = subprocess.run(["unshare", "--mount", str(FRONT), "--version"], capture_output=True, text=True,
                                env=env, timeout=30)
-    assert (elsewhere.returncode, elsewhere.stdout, elsewhere.stderr) == (0, "nvc-py 0.1.0\n", "")
+    assert (elsewhere.returncode, elsewhere.stdout, elsewhere.stderr) == (0, f"nvc-py {__version__}\n", "")
 
 
 def test_nvc_py_hook_registered_directly_hands_a_container_start_to_the_server(

@@ -339,7 +339,7 @@ def test_a_megabyte_env_value_adds_little_to_the_log(hook_env: dict[str, str], t
 
 
 def test_bad_ids_are_refused_before_a_sharing_directory_is_made(hook_env: dict[str, str], tmp_path: Path) -> None:
-    from nvc.share import limits as share
+    from nvc.plan import share
 
     for cid in ("a\nb", "-x", "../x", "a/b"):
         state = json.loads(hostile_bundle(tmp_path, _gpu_spec("CUDA_DEVICE_MEMORY_LIMIT=1g")))

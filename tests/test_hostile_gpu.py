@@ -84,35 +84,35 @@ def _outcome(result: subprocess.CompletedProcess[str], expect: str) -> str:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_crun_hook_refuses_hostile_ldconfig_files(crun, make_rootfs, tmp_path, block, case):
+def test_crun_hook_refuses_hostile_ldconfig_files(crun, make_rootfs, tmp_path, block, case, session_dir):
     rootfs = make_rootfs(name="hostile")
     plant(rootfs, case, block)
     digest, before = device_digest(block), tree(rootfs)
 
     result, seconds = _crun_start(crun, rootfs, tmp_path)
 
-    unchanged, left = device_digest(block) == digest, nvc_processes()
+    unchanged, left = device_digest(block) == digest, nvc_processes(session_dir)
     _summary(case.name, _outcome(result, case.refusal), unchanged, left, seconds)
     assert result.returncode != 0 and case.refusal in result.stderr, result.stderr
     assert unchanged and not left and tree(rootfs) == before
     assert seconds < 10
 
 
-def test_crun_hook_fifo_read_through_an_include_times_out(crun, make_rootfs, tmp_path):
+def test_crun_hook_fifo_read_through_an_include_times_out(crun, make_rootfs, tmp_path, session_dir):
     """ldconfig blocks on a FIFO its checks cannot see: the wall-time limit (20 s) ends the run."""
     rootfs = make_rootfs(name="hostile")
     plant_fifo_include(rootfs)
 
     result, seconds = _crun_start(crun, rootfs, tmp_path)
 
-    left = nvc_processes()
+    left = nvc_processes(session_dir)
     _summary("fifo-include", _outcome(result, "timed out after 20 s"), None, left, seconds)
     assert result.returncode != 0 and "timed out after 20 s (killed)" in result.stderr, result.stderr
     assert not left and seconds < 40
 
 
 @pytest.mark.parametrize("owner", ["root", "user"])
-def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, request, owner):
+def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, request, owner, session_dir):
     """kill -9 of nvc-py configure (as a runtime's hook timeout does) while ldconfig blocks, run
     as root or (a container of uid 1000) as that user."""
     target_process = request.getfixturevalue("target_process" if owner == "root" else "user_process")
@@ -122,13 +122,13 @@ def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, request, ow
     # --no-cgroups: the stand-in shares pytest's cgroup, which a device filter would lock out of /dev.
     below, still = kill_during_ldconfig([NVC, "configure", f"--pid={target_process}", "--no-cgroups", "--device=0",
                                          "--compute", "--utility", str(rootfs)], 20)
-    left = nvc_processes()
+    left = nvc_processes(session_dir)
     _summary(f"kill-9-{owner}", f"killed-with-{len(below)}-below", None, left + [str(p) for p in still],
              time.monotonic() - started)
     assert not still and not left
 
 
-def test_late_failure_leaves_the_rootfs_as_before(gpu_driver, make_rootfs, target_process, tmp_path):
+def test_late_failure_leaves_the_rootfs_as_before(gpu_driver, make_rootfs, target_process, tmp_path, session_dir):
     """An ldconfig that replaced the cache and added a link, then failed: everything undone."""
     (tmp_path / "partial.c").write_text(PARTIAL_LDCONFIG)
     subprocess.run(["gcc", "-static", "-O1", "-o", str(tmp_path / "ldconfig"), str(tmp_path / "partial.c")],
@@ -143,7 +143,7 @@ def test_late_failure_leaves_the_rootfs_as_before(gpu_driver, make_rootfs, targe
                              str(rootfs)], capture_output=True, text=True)
 
     same = tree(rootfs) == before and Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
-    left = nvc_processes()
+    left = nvc_processes(session_dir)
     _summary("rollback", f"rc={result.returncode} rootfs-as-before={'yes' if same else 'no'}", None, left,
              time.monotonic() - started)
     assert result.returncode == 10 and "failed with error code: 1" in result.stderr, result.stderr

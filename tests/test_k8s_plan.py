@@ -21,7 +21,9 @@ from nvc.devices import Gpu, MigDevice
 from nvc.errors import InputError
 from nvc.k8s import resources
 from nvc.k8s.health import Health
-from nvc.share.limits import parse_share_env
+from nvc import containerenv
+from nvc.containerenv.gpus import gpu_request
+from nvc.containerenv.sharing import parse_share_env, share_env
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(sysconfig.get_path("scripts"))
@@ -160,7 +162,7 @@ def test_shares_on_two_gpus_get_per_device_limits_the_hook_reads() -> None:
     share = resources.plan((_gpu(0, 8), _gpu(1, 8)), K8S._replace(share_gpus=("all",), share_slice="2Gi"))[1]
     answer = resources.allocate(share, ["GPU-1::0", "GPU-0::0", "GPU-0::1", "GPU-0::2"], K8S)
     assert answer.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"  # the container's order: host order
-    request = parse_share_env(answer.envs)  # nvc/share/limits.py, as the hook reads the container's env
+    request = parse_share_env(answer.envs)  # as the hook reads the container's env
     assert request.memory == (("GPU-0", 6 * GIB), ("GPU-1", 2 * GIB))
     assert request.compute == (("GPU-0", 75), ("GPU-1", 25)) and request.weight == (("GPU-0", 3), ("GPU-1", 1))
 
@@ -169,20 +171,18 @@ def test_a_whole_gpu_beside_shares_of_two_others_keeps_every_limit_on_its_own_gp
     """One container given a whole GPU (one resource) and shares of two other GPUs (another): the
     share's limits are keyed by UUID, so none lands on the whole GPU, which the container numbers
     first (a limit numbered by its position in the share's allocation did: the whole GPU got it)."""
-    from nvc.hook import request as hook_request
-
     k8s = K8S._replace(share_gpus=("1", "2"), share_slice="2Gi", device_list_strategy="volume-mounts")
     whole, share = resources.plan((_gpu(0, 8), _gpu(1, 8), _gpu(2, 8)), k8s)[:2]
     answers = [resources.allocate(whole, ["GPU-0"], k8s),
                resources.allocate(share, ["GPU-2::0", "GPU-1::0", "GPU-1::1"], k8s)]
     mounts = [{"destination": dest, "source": src} for answer in answers for dest, src, _ in answer.mounts]
-    policy = hook_request.Policy(accept_volume_mounts=True, accept_envvar_when_unprivileged=False)
-    asked = hook_request.gpu_request({"NVIDIA_VISIBLE_DEVICES": "void"}, mounts, False, policy, [])
+    policy = containerenv.Policy(accept_volume_mounts=True, accept_envvar_when_unprivileged=False)
+    asked = gpu_request({"NVIDIA_VISIBLE_DEVICES": "void"}, mounts, False, policy, [])
     assert [s.text for s in asked.selectors] == ["GPU-0", "GPU-1", "GPU-2"]
-    request = parse_share_env(hook_request.share_env({}, mounts, policy))
+    request = parse_share_env(share_env({}, mounts, policy))
     assert request.memory == (("GPU-1", 4 * GIB), ("GPU-2", 2 * GIB))
     assert request.compute == (("GPU-1", 50), ("GPU-2", 25)) and request.weight == (("GPU-1", 2), ("GPU-2", 1))
-    from nvc.share.limits import limits_text
+    from nvc.plan.share import limits_text
 
     assert limits_text(request).splitlines()[2:] == [
         f"memory_limit.GPU-1={4 * GIB}", f"memory_limit.GPU-2={2 * GIB}", "compute_percent.GPU-1=50",
@@ -197,27 +197,25 @@ def test_allocate_strategies_and_cdi() -> None:
     assert mounted == resources.Answer({"NVIDIA_VISIBLE_DEVICES": "void"},
                                        (("/var/run/nvidia-container-devices/GPU-1", "/dev/null", True),),
                                        ("nvidia.com/gpu=GPU-1",))
-    from nvc.hook import request as hook_request
-
-    assert resources.VOLUME_DIR + "/" == hook_request.DEVICE_VOLUME_DIR
+    read_back = gpu_request(mounted.envs, [{"destination": dest, "source": src} for dest, src, _ in mounted.mounts],
+                            False, containerenv.Policy(accept_volume_mounts=True))
+    assert [s.text for s in read_back.selectors] == ["GPU-1"]  # the hook reads the plugin's mounts
 
 
 def test_share_limits_travel_as_mounts_the_hook_believes_over_the_env() -> None:
-    from nvc.hook import request as hook_request
-
     share = resources.plan((_gpu(0, 8),), K8S._replace(share_gpus=("all",), share_slice="2Gi"))[1]
     answer = resources.allocate(share, ["GPU-0::0", "GPU-0::1"], K8S._replace(device_list_strategy="volume-mounts"))
     assert answer.envs == {"NVIDIA_VISIBLE_DEVICES": "void"}
     mounts = [{"destination": dest, "source": src} for dest, src, _ in answer.mounts]
     pod_env = {"NVC_SHARE_MEMORY_LIMIT": "1Ti", "NVC_SHARE_WEIGHT": "1000"}  # the pod's own, after the plugin's
-    accepting = hook_request.Policy(accept_volume_mounts=True)
-    request = parse_share_env(hook_request.share_env(pod_env, mounts, accepting))
+    accepting = containerenv.Policy(accept_volume_mounts=True)
+    request = parse_share_env(share_env(pod_env, mounts, accepting))
     assert request.memory == (("GPU-0", 4 * GIB),) and request.weight == (("GPU-0", 2),)
     # a hook that does not accept volume mounts reads the env, as without a plugin
-    assert parse_share_env(hook_request.share_env(pod_env, mounts, hook_request.Policy())).memory == (("", 1024 * GIB),)
+    assert parse_share_env(share_env(pod_env, mounts, containerenv.Policy())).memory == (("", 1024 * GIB),)
     # only /dev/null mounts count: a volume the pod mounts there itself is not a plugin's answer
-    own = [{"destination": hook_request.SHARE_VOLUME_DIR + "NVC_SHARE_MEMORY_LIMIT=1Ti", "source": "/tmp/x"}]
-    assert hook_request.share_env(pod_env, own, accepting) is pod_env
+    own = [{"destination": containerenv.SHARE_VOLUME_DIR + "NVC_SHARE_MEMORY_LIMIT=1Ti", "source": "/tmp/x"}]
+    assert share_env(pod_env, own, accepting) is pod_env
 
 
 # ---------------------------------------------------------------- health
@@ -256,16 +254,15 @@ def test_the_deployed_node_config_gives_no_gpu_to_a_pod_that_asked_for_none() ->
     """deploy/config.yaml: the plugin answers by volume mounts and the hook believes only those for
     unprivileged containers, so a CUDA image's NVIDIA_VISIBLE_DEVICES=all selects nothing."""
     from nvc.hook import prestart
-    from nvc.hook import request as hook_request
 
     node = config.parse((DEPLOY / "config.yaml").read_text(), str(DEPLOY / "config.yaml"))
     assert node.k8s.device_list_strategy == "volume-mounts"
     policy = prestart.policy(node)
-    assert hook_request.gpu_request({"NVIDIA_VISIBLE_DEVICES": "all"}, [], False, policy, []) is None
+    assert gpu_request({"NVIDIA_VISIBLE_DEVICES": "all"}, [], False, policy, []) is None
     gpu = resources.plan((_gpu(0),), node.k8s)[0]
     answer = resources.allocate(gpu, ["GPU-0"], node.k8s)
     mounts = [{"destination": dest, "source": src} for dest, src, _ in answer.mounts]
-    asked = hook_request.gpu_request({**answer.envs, "NVIDIA_VISIBLE_DEVICES": "all"}, mounts, False, policy, [])
+    asked = gpu_request({**answer.envs, "NVIDIA_VISIBLE_DEVICES": "all"}, mounts, False, policy, [])
     assert [s.text for s in asked.selectors] == ["GPU-0"]
 
 
@@ -274,28 +271,26 @@ def test_the_deployed_node_config_applies_its_policy_to_every_device_granting_de
     NVIDIA_VISIBLE_DEVICES) passes the same policy as the variable, and so do IMEX channels asked
     for in a pod's own env, with an allocation (volume mounts) or without one."""
     from nvc.hook import prestart
-    from nvc.hook import request as hook_request
 
     node = config.parse((DEPLOY / "config.yaml").read_text(), str(DEPLOY / "config.yaml"))
     policy = prestart.policy(node)
     warnings: list[str] = []
-    assert hook_request.gpu_request({"CUDA_VERSION": "12.0"}, [], False, policy, warnings) is None
+    assert gpu_request({"CUDA_VERSION": "12.0"}, [], False, policy, warnings) is None
     assert warnings == ["CUDA_VERSION (a legacy image's default of all GPUs) ignored: unprivileged container "
                         "and accept-envvar-when-unprivileged is false"]
-    assert hook_request.gpu_request({"CUDA_VERSION": "12.0", "NVIDIA_IMEX_CHANNELS": "0,1"}, [], False, policy,
-                                    []) is None
+    assert gpu_request({"CUDA_VERSION": "12.0", "NVIDIA_IMEX_CHANNELS": "0,1"}, [], False, policy, []) is None
     gpu = resources.plan((_gpu(0),), node.k8s)[0]
     answer = resources.allocate(gpu, ["GPU-0"], node.k8s)
     mounts = [{"destination": dest, "source": src} for dest, src, _ in answer.mounts]
     warnings.clear()
-    asked = hook_request.gpu_request({**answer.envs, "NVIDIA_IMEX_CHANNELS": "0,1", "CUDA_VERSION": "12.0"}, mounts,
-                                     False, policy, warnings)
+    asked = gpu_request({**answer.envs, "NVIDIA_IMEX_CHANNELS": "0,1", "CUDA_VERSION": "12.0"}, mounts,
+                        False, policy, warnings)
     assert [s.text for s in asked.selectors] == ["GPU-0"] and asked.imex_channels == ()
     assert warnings == ["NVIDIA_IMEX_CHANNELS ignored: unprivileged container and accept-envvar-when-unprivileged "
                         "is false"]
     imex = [*mounts, {"destination": "/var/run/nvidia-container-devices/imex/1", "source": "/dev/null"}]
-    assert hook_request.gpu_request(answer.envs, imex, False, policy, []).imex_channels == (1,)
-    privileged = hook_request.gpu_request({"CUDA_VERSION": "12.0", "NVIDIA_IMEX_CHANNELS": "0,1"}, [], True, policy)
+    assert gpu_request(answer.envs, imex, False, policy, []).imex_channels == (1,)
+    privileged = gpu_request({"CUDA_VERSION": "12.0", "NVIDIA_IMEX_CHANNELS": "0,1"}, [], True, policy)
     assert [s.text for s in privileged.selectors] == ["all"] and privileged.imex_channels == (0, 1)
 
 
@@ -319,6 +314,21 @@ def test_a_bad_share_slice_stops_the_plugin_at_once(tmp_path: Path) -> None:
     assert (result.returncode, result.stderr) == (2, "nvc-py: input error: k8s.share-slice='lots': not a size "
                                                      "(positive decimal bytes, optionally with K, M, G, T, Ki, Mi, "
                                                      "Gi or Ti)\n")
+
+
+def test_without_a_kubelet_directory_it_stops_at_once_and_makes_none(tmp_path: Path) -> None:
+    """No kubelet on the host (its device plugin directory missing): one line, status 2, and no
+    directory made in the kubelet's place (it used to make the directory and wait for a kubelet)."""
+    missing = tmp_path / "kubelet" / "device-plugins"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"k8s: {{device-plugin-dir: {missing}}}\n")
+    for argv in (["--config", str(config)], ["--device-plugin-dir", str(missing)]):
+        result = subprocess.run([str(SCRIPTS / "nvc-py"), "k8s", "device-plugin", *argv], capture_output=True,
+                                text=True, timeout=30)
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert result.stderr == (f"nvc-py: input error: {missing}: no such directory: is a kubelet running on this "
+                                 "host? (it makes it; another kubelet --root-dir: --device-plugin-dir)\n")
+        assert not (tmp_path / "kubelet").exists()
 
 
 def _help(*command: str) -> str:

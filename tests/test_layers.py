@@ -6,12 +6,14 @@ layers, bottom first: shared basics; discovery (what the host has); planning (pu
 container gets); applying it (mounts, ldconfig, cgroups, sharing files); the privileged
 helpers (``nvc.rpc``), which run discovery and apply steps for the layers above; the commands
 that drive the pipeline; and the programs (``nvc-py``'s CLI, ``nvc.hook``). A module may
-import its own layer or a lower one.
+import its own layer or a lower one. What a container may ask (its env's variables, the device
+plugin's volume mounts) is named in one module only, the contract ``nvc.containerenv``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                         "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
                         "nvc.config", "nvc.runcache"})),
     ("discover", frozenset({"nvc.discover"})),
-    ("plan", frozenset({"nvc.plan"})),
+    ("plan", frozenset({"nvc.plan", "nvc.containerenv"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
     ("commands", frozenset({"nvc.commands", "nvc.share.status", "nvc.k8s"})),
@@ -167,6 +169,50 @@ def test_the_core_never_imports_the_helpers_or_the_programs() -> None:
     nvc.hook (the helpers run the core; the commands and the programs drive it)."""
     outer = ("nvc.rpc", "nvc.commands", "nvc.hook")
     core = [m for m in MODULES if LAYERS[_rank(m)][0] in ("base", "discover", "plan", "apply")]
-    assert "nvc.share.limits" in core and "nvc.plan.mountplan" in core
+    assert "nvc.apply.sharefiles" in core and "nvc.plan.mountplan" in core and "nvc.containerenv" in core
     assert sorted(f"{m} -> {dep}" for m in core for dep in GRAPH[m]
                   if any(dep == o or dep.startswith(o + ".") for o in outer)) == []
+
+
+# What a container may ask, by name: the NVIDIA_* variables (and legacy images' CUDA_VERSION), the
+# sharing ones (NVC_SHARE_*, HAMi's CUDA_DEVICE_*) and the device plugin's volume-mount paths.
+CONTRACT = "nvc.containerenv"
+_CONTRACT_NAMES = re.compile(r"(?<![A-Za-z0-9_])(?:NVIDIA_[A-Z]|NVC_SHARE_[A-Z]|CUDA_DEVICE_[A-Z]|CUDA_VERSION)|"
+                             r"nvidia-container-devices")
+
+
+def contract_names(path: Path) -> list[str]:
+    """The string literals of ``path`` (f-strings' parts too, docstrings not) that name a variable or
+    a volume path of the container environment contract, with their line."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and _CONTRACT_NAMES.search(node.value)]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != CONTRACT and not m.startswith(CONTRACT + ".")))
+def test_only_the_contract_names_what_a_container_may_ask(module: str) -> None:
+    """nvc.containerenv is the one reader (and writer) of the container environment: no other module
+    spells a variable name or a volume path of it, so none can read or write it on its own (they
+    import the names and the readers from there)."""
+    assert contract_names(MODULES[module]) == []
+
+
+def test_the_contract_check_sees_every_literal(tmp_path: Path) -> None:
+    """The checker itself: plain and f-string literals count, wherever they stand; docstrings, names
+    that merely end in one (NVML_BRAND_NVIDIA_…) and the contract's own module names do not."""
+    source = tmp_path / "sample.py"
+    source.write_text('''"""Reads NVIDIA_VISIBLE_DEVICES."""
+def f(env, uuid):
+    """And NVC_SHARE_COMPUTE."""
+    brand = "NVML_BRAND_NVIDIA_RTX"
+    return env.get("NVIDIA_VISIBLE_DEVICES"), f"NVC_SHARE_MEMORY_LIMIT_{uuid}", {"CUDA_VERSION": 1}, \\
+        "/var/run/nvidia-container-devices/" + uuid, f"{uuid}CUDA_DEVICE_SM_LIMIT", "nvc.containerenv"
+''')
+    assert [line.split(": ", 1)[1] for line in contract_names(source)] == [
+        "'NVIDIA_VISIBLE_DEVICES'", "'NVC_SHARE_MEMORY_LIMIT_'", "'CUDA_VERSION'",
+        "'/var/run/nvidia-container-devices/'", "'CUDA_DEVICE_SM_LIMIT'"]
+    assert contract_names(MODULES[CONTRACT]) != []  # the contract's own names are seen

@@ -52,7 +52,8 @@ def _assert_refused(case: Case, code: int, stderr: str, elapsed: float) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_runc_hook_refuses_hostile_ldconfig_files(active_2gpu, debian_rootfs, runc, tmp_path, block, config, case):
+def test_runc_hook_refuses_hostile_ldconfig_files(active_2gpu, debian_rootfs, runc, tmp_path, block, config, case,
+                                                  session_dir):
     plant(debian_rootfs, case, block)
     digest, before = device_digest(block), tree(debian_rootfs)
     hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
@@ -66,7 +67,7 @@ def test_runc_hook_refuses_hostile_ldconfig_files(active_2gpu, debian_rootfs, ru
     _assert_refused(case, result.returncode, result.stderr, time.monotonic() - started)
     assert device_digest(block) == digest
     assert tree(debian_rootfs) == before
-    assert nvc_processes() == []
+    assert nvc_processes(session_dir) == []
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def hooks_dir(fake_2gpu, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0].name, CASES[2].name])
 def test_podman_hooks_d_refuses_hostile_ldconfig_files(active_2gpu, make_rootfs, podman, tmp_path, block, hooks_dir,
-                                                       case):
+                                                       case, session_dir):
     """Plain ``podman run IMAGE`` (vfs storage) through setup podman's hooks.d file."""
     rootfs = make_rootfs(name="hostile")
     plant(rootfs, case, block)
@@ -92,12 +93,12 @@ def test_podman_hooks_d_refuses_hostile_ldconfig_files(active_2gpu, make_rootfs,
 
     _assert_refused(case, result.returncode, result.stderr, time.monotonic() - started)
     assert device_digest(block) == digest
-    assert nvc_processes() == []
+    assert nvc_processes(session_dir) == []
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_cdi_update_ldcache_hook_refuses_hostile_ldconfig_files(debian_rootfs, target_process, tmp_path, block,
-                                                                config, case):
+                                                                config, case, session_dir):
     """The CDI createContainer hook, given the OCI state of a container whose rootfs is hostile."""
     plant(debian_rootfs, case, block)
     digest, before = device_digest(block), tree(debian_rootfs)
@@ -112,7 +113,7 @@ def test_cdi_update_ldcache_hook_refuses_hostile_ldconfig_files(debian_rootfs, t
     _assert_refused(case, result.returncode, result.stderr, time.monotonic() - started)
     assert device_digest(block) == digest
     assert tree(debian_rootfs) == before
-    assert nvc_processes() == []
+    assert nvc_processes(session_dir) == []
 
 
 @pytest.fixture
@@ -133,7 +134,7 @@ def user_process() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("owner", ["root", "user"])
-def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request, owner):
+def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request, owner, session_dir):
     """The runtime's hook timeout kills nvc-py (SIGKILL) while ldconfig blocks on an image FIFO:
     ldconfig (pid 1 of its sandbox, also when it runs as the container's user) and the container
     helper die with it."""
@@ -145,7 +146,7 @@ def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request,
                                         str(debian_rootfs)], 10)
     assert len(below) >= 2, below  # the container helper, ldconfig
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
-    assert nvc_processes() == []
+    assert nvc_processes(session_dir) == []
 
 
 # A stand-in for an ldconfig that did part of its work and then failed: it replaces the cache
@@ -177,7 +178,7 @@ def partial_ldconfig(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("cache", ["regular", "absent", "symlink"])
 def test_late_failure_leaves_the_rootfs_as_before(active_2gpu, debian_rootfs, target_process, partial_ldconfig,
-                                                  cache):
+                                                  cache, session_dir):
     """ldconfig fails after the mounts (and after changing the rootfs itself): every mount point,
     directory, link and file made is gone, the cache is back as it was (type, content, mode,
     owner), the mounts are undone."""
@@ -201,13 +202,14 @@ def test_late_failure_leaves_the_rootfs_as_before(active_2gpu, debian_rootfs, ta
     after = tree(debian_rootfs)
     assert {k: v for k, v in after.items() if v != before.get(k)} == {}
     assert after == before
-    assert nvc_processes() == []
+    assert nvc_processes(session_dir) == []
 
 
 @pytest.mark.parametrize("path", ["usr/local/cuda/compat", "usr/local/cuda/compat/libcuda.so.999.1.1",
                                   "etc/debian_version", "usr/lib32"])
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
-def test_configure_opens_no_fifo_or_device_of_the_image(active_2gpu, debian_rootfs, target_process, path, kind):
+def test_configure_opens_no_fifo_or_device_of_the_image(active_2gpu, debian_rootfs, target_process, path, kind,
+                                                        session_dir):
     """What configure itself inspects in the rootfs (compat dir and libraries, distribution
     markers, library dirs) is looked at through O_PATH or O_DIRECTORY: a FIFO or device node
     there neither blocks it nor is opened."""
@@ -222,4 +224,4 @@ def test_configure_opens_no_fifo_or_device_of_the_image(active_2gpu, debian_root
                             capture_output=True, text=True, timeout=QUICK)
 
     assert result.returncode == 0, result.stderr
-    assert nvc_processes() == []
+    assert nvc_processes(session_dir) == []

@@ -15,7 +15,7 @@ from nvc.devices import Gpu, MigDevice
 from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
 from nvc.plan.mountplan import Bind, ContainerFacts, HostFacts, HostMount, MakeDir, Seal, Symlink, Tmpfs, WriteFile
-from nvc.plan.request import Request, check, from_flags
+from nvc.plan.request import Request, ShareRequest, check, from_flags
 from nvc.plan.selection import Selection
 
 R = "/drv"  # driver root
@@ -241,6 +241,22 @@ def test_extra_mounts_come_last():
         Bind("/x/l.so", "/usr/lib/l.so", int(mountplan.RO & ~mountplan.MountAttr.RDONLY), "file", "extra"))
     with pytest.raises(InputError, match="must be absolute"):
         _plan(extra_mounts=(HostMount("rel", "/x"),))
+
+
+def test_sharing_files_are_mounted_by_the_plan_after_the_requests_own():
+    """The plan takes the sharing files' mounts from the planned files (nvc.plan.share.mounts), after the
+    request's extra mounts: nothing adds them to the request after discovery (request -> plan, one way)."""
+    from nvc.plan import share
+
+    files = share.files(ShareRequest(memory=(("", 1 << 30),)), "c1", "", library="/lib/shim.so", state_dir="/st")
+    request = Request(rootfs="/rootfs", pid=42, capabilities=frozenset({"compute"}),
+                      extra_mounts=(HostMount("/x/l.so", "/usr/lib/l.so"),), sharing=ShareRequest())
+    plan = mountplan.build(HOST, DEBIAN, Selection((GPU0,), ()), request, files)
+    assert [(b.source, b.target) for b in _binds(plan, "extra")] == [
+        ("/x/l.so", "/usr/lib/l.so"), ("/lib/shim.so", "/usr/lib/nvc-share/libnvc-share.so"),
+        ("/st/c1/shared", "/var/run/nvc-share"), ("/st/c1/shared/limits", "/var/run/nvc-share/limits"),
+        ("/st/c1/ld.so.preload", "/etc/ld.so.preload")]
+    assert plan.share == files
 
 
 def test_no_capability_means_no_library_and_no_ldconfig():

@@ -94,15 +94,16 @@ def test_made_directories_and_mount_points_belong_to_the_container(active_2gpu, 
     for path in (rootfs / "etc", rootfs / "etc/ld.so.cache"):  # ldconfig runs as the user too
         os.chown(path, 1000, 1000)
     watch = HostWatch(canary)
+    inside = rootfs / str(away / "lib").lstrip("/")
+    existed = {p for p in (inside, *inside.parents) if p.exists()}   # the image's own (its /var, its /tmp)
 
     done = subprocess.run([str(SCRIPTS / "nvc-py"), "--root", str(active_2gpu.root), "configure",
                            f"--pid={user_process}", "--no-cgroups", "--device=0", "--compute", "--utility",
                            str(rootfs)], capture_output=True, text=True, preexec_fn=lambda: os.umask(0o077))
 
     assert done.returncode == 0, done.stderr
-    inside = rootfs / str(away / "lib").lstrip("/")
-    made_dirs = [inside, *[p for p in inside.parents if p not in rootfs.parents and p != rootfs
-                           and not (rootfs / "tmp").is_relative_to(p)]]
+    made_dirs = [p for p in (inside, *inside.parents) if p.is_relative_to(rootfs) and p != rootfs and p not in existed]
+    assert inside in made_dirs
     for path in made_dirs:
         st = path.lstat()
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755, path

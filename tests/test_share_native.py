@@ -22,6 +22,10 @@ from typing import NamedTuple
 import pytest
 from fakedriver.build import INCLUDES
 
+from nvc.containerenv.sharing import parse_share_env
+from nvc.errors import InputError
+from nvc.plan.request import ShareRequest
+from nvc.plan.share import limits_text
 from nvc.share.region import SIZE as REGION_SIZE
 
 TESTS = Path(__file__).resolve().parent
@@ -42,7 +46,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("share_programs")
     built = {"cuda_probe": [FAKE_SRC / "cuda_probe.c"], "share_app": [PROGRAMS / "share_app.c"],
              "hold_lock": [PROGRAMS / "hold_lock.c"],
-             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"]}
+             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"],
+             "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native" / "config.c"]}
     for name, sources in built.items():
         subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o",
                         str(out / name), *map(str, sources), "-ldl"], check=True)
@@ -123,7 +128,7 @@ def test_per_device_and_hami_names(share):
 
 def test_per_device_names_by_uuid(share):
     """The device plugin's names: a limit keyed by one GPU's UUID applies to it alone; the other
-    device keeps the default (nvc/share/limits.py reads the same names)."""
+    device keeps the default (nvc/containerenv/sharing.py reads the same names)."""
     limits = {f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
     out = share.probe("meminfo", "ctx", 1, "meminfo", limits=limits)
     assert meminfo(out[0])[1] == 512 * MIB
@@ -152,6 +157,119 @@ def test_junk_limits_file_is_loud(share, text):
     out, err = share.run("cuda_probe", "init", "ctx", 0, "meminfo")
     assert "FAILED" in err and "limits" in err
     assert meminfo(out[2])[1] == 80 * GIB
+
+
+# ---------------------------------------------------------------- one grammar for the hook and the shim
+
+READ, REFUSED, STRICTER = "read", "refused", "stricter"
+MIG0 = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
+# (variable, value, verdict) for the hook (nvc.containerenv.sharing, then nvc.plan.share's limits file)
+# and the shim (native/config.c: the environment, and the limits file the hook wrote). READ: both read
+# the same limits; REFUSED: both refuse it, naming the variable; STRICTER: the hook refuses what the
+# shim's plain-env reader takes (zeros past the hook's digit bound) or leaves alone as no variable of
+# its own (a suffix that names no device), so a container never starts on what the two would read apart.
+CONFIG_TABLE = [
+    # sizes: decimal bytes with K, M, G or T and an optional i, all powers of 1024; not 0, below 2^64
+    *[("NVC_SHARE_MEMORY_LIMIT", text, READ) for text in (
+        "1073741824", "1g", "1G", "1Gi", "1024m", "1024Mi", "1048576K", "1048576ki", "4096", "2T", "1ti",
+        "18446744073709551615", "16777215T", "00000000000000000001")],
+    *[("NVC_SHARE_MEMORY_LIMIT", text, REFUSED) for text in (
+        "", "abc", "0", "00", "1.5G", "0x10", "1 G", " 1G", "1G ", "-1", "+5", "1GiB", "1gb", "1B", "1iG", "1Gii",
+        "G", "1e9", "18446744073709551616", "99999999999999999999", "16777216T", "١٢")],
+    ("NVC_SHARE_MEMORY_LIMIT", "000000000000000000001", STRICTER),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "3g", READ), ("CUDA_DEVICE_MEMORY_LIMIT", "0", REFUSED),
+    # percents: 1..100; HAMi's 0 is unlimited
+    *[("NVC_SHARE_COMPUTE", text, READ) for text in ("1", "50", "100", "050")],
+    *[("NVC_SHARE_COMPUTE", text, REFUSED) for text in (
+        "0", "101", "1000", "", "abc", "+5", " 5", "5 ", "5%", "1e2", "١", "99999999999999999999")],
+    ("NVC_SHARE_COMPUTE", "0000000000000000050", STRICTER),
+    ("CUDA_DEVICE_SM_LIMIT", "0", READ), ("CUDA_DEVICE_SM_LIMIT", "30", READ), ("CUDA_DEVICE_SM_LIMIT", "101", REFUSED),
+    # weights: 1..1000
+    *[("NVC_SHARE_WEIGHT", text, READ) for text in ("1", "1000", "0001")],
+    *[("NVC_SHARE_WEIGHT", text, REFUSED) for text in (
+        "0", "1001", "", "x", "+1", "1 ", "١", "99999999999999999999999")],
+    # device keys: an NVML index of 1 to 3 digits, or a GPU- or MIG- UUID (its case and prefix not counted)
+    *[(f"NVC_SHARE_MEMORY_LIMIT_{key}", "1G", READ) for key in (
+        "0", "7", "007", "999", GPU0, GPU0.upper(), MIG0, "GPU-ABCDEF", "GPU-" + "a" * 36)],
+    *[(f"NVC_SHARE_COMPUTE_{key}", "50", READ) for key in ("1", GPU0)],
+    *[(f"NVC_SHARE_WEIGHT_{key}", "3", READ) for key in ("2", MIG0)],
+    *[(f"NVC_SHARE_WEIGHT_{key}", "3", STRICTER) for key in (
+        "1234", "gpu-abc", "GPU0", "GPU-", "GPU-" + "a" * 37, "GPU-zz", "GPU-12/gi", "x", "", "_0", "-1")],
+    (f"CUDA_DEVICE_SM_LIMIT_{GPU0}", "0", READ),
+    ("CUDA_DEVICE_SM_LIMIT_POLICY", "force", READ),     # another HAMi variable: a limit to neither
+]
+# Several variables at once: NVC_SHARE_* beat HAMi's at the same device, a device's own beat the
+# default, whatever their names; the device plugin's (by UUID) beside a default.
+CONFIG_ENVS = [
+    {"CUDA_DEVICE_MEMORY_LIMIT": "3g", "NVC_SHARE_MEMORY_LIMIT": "1Gi", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m"},
+    {"CUDA_DEVICE_MEMORY_LIMIT_001": "3g", "NVC_SHARE_MEMORY_LIMIT_1": "1Gi", "CUDA_DEVICE_SM_LIMIT": "30",
+     "NVC_SHARE_COMPUTE_0": "70", "NVC_SHARE_WEIGHT": "5"},
+    {f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi", f"NVC_SHARE_COMPUTE_{GPU0}": "25", f"NVC_SHARE_WEIGHT_{GPU0}": "3",
+     f"CUDA_DEVICE_SM_LIMIT_{MIG0}": "0", "NVC_SHARE_MEMORY_LIMIT_1": "1G", "NVC_SHARE_MEMORY_LIMIT": "4G"},
+]
+
+
+def shim_reads(programs, *args: str, text: str | None = None) -> list[str]:
+    """What native/config.c reads (tests/share_programs/limits_parse.c's lines)."""
+    return subprocess.run([str(programs["limits_parse"]), *args], input=text, capture_output=True, text=True,
+                          timeout=10, check=True).stdout.splitlines()
+
+
+def as_the_shim_keys(request: ShareRequest | None) -> list[str]:
+    """``request`` in limits_parse's words: its defaults (100 % compute, no memory limit or weight when
+    unset) and one rule per device, keyed as the shim keys them (an index as a number, a UUID without
+    its GPU-/MIG- prefix, lower case), in the shim's order."""
+    defaults = {"memory": 0, "compute": 100, "weight": 0}
+    rules: dict[tuple[int, str], dict[str, int]] = {}
+    for field in ShareRequest._fields:
+        for scope, value in getattr(request or ShareRequest(), field):
+            if not scope:
+                defaults[field] = value
+                continue
+            key = (int(scope), "-") if scope.isdigit() else (-1, scope[4:].lower())  # the hook's: GPU-/MIG- UUIDs
+            rules.setdefault(key, dict.fromkeys(defaults, 0))[field] = value
+    return [" ".join(["default", *(f"{f}={v}" for f, v in defaults.items())]),
+            *(" ".join([f"rule index={index} key={key}", *(f"{f}={v}" for f, v in rule.items())])
+              for (index, key), rule in sorted(rules.items()))]
+
+
+def hook_and_shim_agree(programs, env: dict[str, str]) -> None:
+    """What the hook reads of ``env`` is what the shim reads of it, and of the limits file the hook
+    writes from it."""
+    request = parse_share_env(env)
+    want = as_the_shim_keys(request)
+    assert shim_reads(programs, "env", *(f"{name}={value}" for name, value in env.items())) == want
+    assert shim_reads(programs, "file", text=limits_text(request or ShareRequest())) == want
+
+
+@pytest.mark.parametrize(("name", "value", "verdict"), CONFIG_TABLE)
+def test_config_agrees_with_the_hook(programs, name, value, verdict):
+    if verdict == READ:
+        hook_and_shim_agree(programs, {name: value})
+        return
+    with pytest.raises(InputError, match=re.escape(name)):
+        parse_share_env({name: value})
+    read = shim_reads(programs, "env", f"{name}={value}")
+    if verdict == REFUSED:
+        assert read[0].startswith(f"error invalid {name}="), read
+    else:
+        assert not read[0].startswith("error"), read
+
+
+@pytest.mark.parametrize("env", CONFIG_ENVS)
+def test_config_agrees_with_the_hook_on_precedence(programs, env):
+    hook_and_shim_agree(programs, env)
+
+
+def test_config_agrees_with_the_hook_on_how_many_devices(programs):
+    """The shim keeps limits for 32 devices and refuses a limits file naming more (the container
+    would run unlimited): the hook refuses such an env before it writes one; 32 are read alike."""
+    many = {f"NVC_SHARE_WEIGHT_{index}": "1" for index in range(33)}
+    with pytest.raises(InputError, match="sharing variables name 33 devices"):
+        parse_share_env(many)
+    assert shim_reads(programs, "env", *(f"{name}={value}" for name, value in many.items()))[0].startswith("error ")
+    del many["NVC_SHARE_WEIGHT_32"]
+    hook_and_shim_agree(programs, {**many, "NVC_SHARE_MEMORY_LIMIT": "1G"})
 
 
 # ---------------------------------------------------------------- accounting
@@ -359,6 +477,18 @@ def test_two_processes_share_one_budget(share):
         holder.wait()
 
 
+def test_a_forked_child_charges_its_own_allocations_only(share):
+    """Across fork (the shim's fork handlers): the child holds none of its parent's allocations, so
+    freeing one refunds nothing, and charges its own in a slot of its own, released when it exits;
+    the parent's charge stays."""
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    out, _ = share.run("share_app", "init", "alloc", 600 * MIB, "fork", "free", 0, "meminfo", "alloc", 600 * MIB,
+                       "alloc", 300 * MIB, "meminfo", "end", "meminfo", limits=limits)
+    assert out[2:] == [["free", "0"], ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)], ["alloc", "2", "-1"],
+                       ["alloc", "0", "1"], ["meminfo", "0", str(GIB - 900 * MIB), str(GIB)], ["forked", "0"],
+                       ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)]]
+
+
 def test_sigkilled_process_memory_is_reclaimed_within_a_second(share):
     limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
     holder = share.holder("alloc", 600 * MIB, limits=limits)
@@ -557,7 +687,7 @@ def test_a_cap_is_a_share_of_the_workloads_own_throughput(share, grid, host_us):
 
 def test_a_capped_process_logs_where_its_launches_waited(share):
     """NVC_SHARE_LOG=2: at exit the shim says how long the process's launches waited for the cap's
-    slice, for room in the queue and for another container's turn, and how many slices it started;
+    slice, for room in the queue and for other containers' shares, and how many slices it started;
     a loop of 1 ms kernels capped at 50 % for about 0.4 s waits for the slice about half of it."""
     start = time.monotonic()
     out, err = share.run("cuda_probe", "init", "ctx", 0, "steps", 200, 264, 128, 0,
@@ -565,7 +695,7 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
     wall_ms = (time.monotonic() - start) * 1000
     assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
     logged = re.search(r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
-                       r"([\d.]+) ms for queue room, ([\d.]+) ms for the turn; (\d+) slices started", err)
+                       r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started", err)
     assert logged, err
     launches, pairs, slice_ms, _, turn_ms, slices = (float(v) for v in logged.groups())
     assert launches == 200 and 1 <= pairs <= 200
@@ -582,16 +712,18 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
 class Simulated(NamedTuple):
     first: float                 # GPU share in percent, first half of the run
     second: float                # second half
-    wait_ms: int                 # its longest wait for the turn
+    wait_ms: int                 # its longest wait
 
 
-def simulate(programs, *tenants: str, ms: int = 2000) -> list[Simulated]:
-    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:LIE] under the shim's
-    scheduler decision (tests/share_programs/sched_sim.c)."""
+def simulate(programs, *tenants: str, ms: int = 2000) -> tuple[list[Simulated], float]:
+    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE] under the shim's
+    scheduler decision on a GPU that time-slices between them (tests/share_programs/sched_sim.c); also
+    returns how busy the GPU was, in percent."""
     out = subprocess.run([str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    return [Simulated(int(line.split()[2]) / 10, int(line.split()[3]) / 10, int(line.split()[4]))
-            for line in out.splitlines()]
+    lines = [line.split() for line in out.splitlines()]
+    return ([Simulated(int(f[2]) / 10, int(f[3]) / 10, int(f[4])) for f in lines if f[0] == "tenant"],
+            next(int(f[1]) / 10 for f in lines if f[0] == "gpu"))
 
 
 @pytest.mark.parametrize(("tenants", "want"), [
@@ -608,74 +740,89 @@ def simulate(programs, *tenants: str, ms: int = 2000) -> list[Simulated]:
     (["1:100:1600:0:2000", "3:100:1600:0:2000", "1:100:0:0:2000:garbage"], [25, 75, 0]),
 ])
 def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
-    """Honest tenants share the GPU by weight in turns, as they did before the guarantee: its margin
-    is twice a tenant's longest fair turn (a heavy one waiting through every light one's turn is owed
-    no more than its own turn), so a fair rotation never falls back on it."""
-    shares = simulate(programs, *tenants)
+    """Busy tenants get the GPU by weight, within 5 points once their shares have settled (the second
+    half; 7 in the first, which holds the 200 ms the shares take to build up), and the GPU never idles
+    while one of them has work: the lighter ones are held back only while a heavier one under its share
+    has work on the GPU."""
+    shares, gpu = simulate(programs, *tenants)
     for share, expected in zip(shares, want):
-        assert abs(share.first - expected) <= 3 and abs(share.second - expected) <= 3, shares
+        assert abs(share.first - expected) <= 7 and abs(share.second - expected) <= 5, shares
+    assert gpu >= sum(want) - 1, gpu
 
 
 def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
-    a, b = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
-    assert abs(a.first - 25) <= 3 and abs(b.first - 75) <= 3
+    (a, b), _ = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
+    assert abs(a.first - 25) <= 5 and abs(b.first - 75) <= 5
     assert a.second >= 97 and b.second <= 1
     # and one coming back after idling gets its weight at once, not the time it idled
-    a, b = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
-    assert a.first >= 97 and abs(a.second - 50) <= 3 and abs(b.second - 50) <= 3
+    (a, b), _ = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
+    assert a.first >= 97 and abs(a.second - 50) <= 5 and abs(b.second - 50) <= 5
 
 
-@pytest.mark.parametrize("claim", ["hold", "queue", "zero"])
-def test_a_lying_tenant_cannot_stall_an_honest_one(programs, claim):
-    """A tenant (granted weight 3) that launches nothing and claims, every step, to hold the turn, to have
-    work queued for almost 10 s, or to be busy at vtime 0: each alone would keep an honest tenant
-    (weight 1) waiting for ever. The guarantee bounds its wait: owed 95 % of a third of the time it
-    waits, it runs once it is owed its margin (twice its longest fair turn, 2 x 20 ms x (1 + 1/3):
-    53 ms, so after 168 ms of waiting), then gets at least 95 % of its entitlement (1/4 of the GPU);
-    in the first half, 168 ms less of it. (Where the liar leaves it the turn, it gets the
-    whole GPU.)"""
-    honest, liar = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
-    assert honest.wait_ms <= 200 and honest.first >= 25 - 3 - 4 and honest.second >= 25 - 3, honest
+def test_a_tenant_that_cannot_use_its_share_leaves_it_to_the_others(programs):
+    """Work-conserving: the weight-3 tenant's host needs 1.5 ms before each 1 ms kernel, so it can keep
+    the GPU busy only about two thirds of the time however much it is entitled to; the weight-1 tenant
+    fills the rest instead of waiting, and the GPU stays busy. With the host gaps the other way round,
+    the light tenant's own gaps cost nobody anything either."""
+    (light, heavy), gpu = simulate(programs, "1:100:1600:0:2000", "3:100:1000:0:2000:1500")
+    assert gpu >= 99 and heavy.second >= 60 and light.second >= 30, (light, heavy, gpu)
+    (light, heavy), gpu = simulate(programs, "1:100:1000:0:2000:1500", "3:100:1600:0:2000")
+    assert gpu >= 99 and abs(light.second - 25) <= 5 and abs(heavy.second - 75) <= 5, (light, heavy, gpu)
+
+
+@pytest.mark.parametrize("claim", ["busy", "garbage"])
+def test_a_lying_tenant_cannot_push_an_honest_one_below_its_weight(programs, claim):
+    """A tenant (granted weight 3) that launches nothing and claims, every step, to have work queued
+    for almost 10 s and no share at all, or publishes random values: an honest tenant (weight 1) is held
+    back only while it is over its own entitlement (a quarter), so it gets at least that, and waits no
+    longer than a few milliseconds at a time."""
+    (honest, liar), _ = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
+    assert honest.wait_ms <= 20 and honest.first >= 25 - 3 and honest.second >= 25 - 3, honest
     assert liar.first == liar.second == 0
 
 
-# (weight, cap or None, 1 ms kernels) per tenant -> (lowest, highest) wall time in seconds of each
+# (weight, cap or None, 1 ms kernels, host µs after each or None: back to back) per tenant -> (lowest,
+# highest) wall time in seconds of each
 TENANT_CASES = {
-    "1:3, both busy throughout": ([(1, None, 300), (3, None, 900)], [(1.0, 1.5), (1.0, 1.5)]),
-    "1:3, the 3 done early": ([(1, None, 600), (3, None, 300)], [(0.8, 1.1), (0.35, 0.55)]),
-    "1 capped at 25 % : 1": ([(1, 25, 250), (1, None, 750)], [(0.9, 1.25), (0.9, 1.25)]),
-    "1:1": ([(1, None, 500), (1, None, 500)], [(0.9, 1.25), (0.9, 1.25)]),
-    "1:1:2": ([(1, None, 250), (1, None, 250), (2, None, 500)], [(0.9, 1.25)] * 3),
+    "1:3, the 3 under its share": ([(1, None, 300, None), (3, None, 400, 1000)], [(0.45, 0.8), (0.75, 1.0)]),
+    "1:3, the 3 done early": ([(1, None, 600, None), (3, None, 100, 1000)], [(0.6, 0.9), (0.18, 0.35)]),
+    "1 capped at 25 % : 1": ([(1, 25, 250, None), (1, None, 750, None)], [(0.9, 1.25), (0.7, 1.25)]),
+    "1:1": ([(1, None, 500, None), (1, None, 500, None)], [(0.45, 0.7), (0.45, 0.7)]),
 }
 
 
 @pytest.mark.parametrize("case", TENANT_CASES)
-def test_weighted_tenants_take_turns(share, programs, tmp_path, case):
-    """Tenants (each its own share directory, one scheduler directory) busy with 1 ms kernels at once:
-    the scheduler serialises them by weight, an idle or capped one leaving the rest to the others.
-    1:3 with 300 and 900 kernels end together (~1.2 s, not the lighter one first); when the weight-3
-    one is done (~0.4 s) the other takes the whole GPU (600 kernels in ~0.9 s, not 1.2 s); one capped
-    at 25 % leaves 75 % to the other (250 and 750 kernels in ~1 s, not 1.5 s). (The fake GPU of each
-    process is its own, so only the scheduler can make them wait for each other.)"""
+def test_a_tenant_over_its_share_is_held_while_the_others_run_free(share, programs, tmp_path, case):
+    """Tenants (each its own share directory, one scheduler directory) busy with 1 ms kernels at once.
+    Each process's fake GPU is its own, so nothing slows a tenant but the scheduler, and each is charged
+    its kernels' work. 1:3 where the weight-3 tenant waits 1 ms on its host after each kernel (busy half
+    the time, under its three quarters): the weight-1 tenant, over its quarter, is held while the other
+    has work (300 kernels in ~0.6 s, not 0.3), the other runs free (400 in ~0.8 s); when the weight-3
+    one is done early (~0.2 s) the other runs free from then on (600 kernels in ~0.7 s); one capped at
+    25 % holds the other back at most during its own slices, 25 % of the time (250 kernels in ~1 s, the
+    other's 750 in 0.75 to 1 s); 1:1, both within their half, run free."""
     tenants, want = TENANT_CASES[case]
     sched = tmp_path / "sched"
     sched.mkdir()
-    procs = [tenant(share, programs, sched, f"t{i}", weight, launches, cap)
-             for i, (weight, cap, launches) in enumerate(tenants)]
+    procs = [tenant(share, programs, sched, f"t{i}", weight, launches, cap, host_us)
+             for i, (weight, cap, launches, host_us) in enumerate(tenants)]
     walls = [wall_s(proc, timeout=30) for proc in procs]
     assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
     assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls
 
 
 def tenant(share, programs, sched: Path, name: str, weight: int, launches: int,
-           cap: int | None = None) -> subprocess.Popen:
+           cap: int | None = None, host_us: int | None = None) -> subprocess.Popen:
     """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
-    ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0, then synchronising."""
+    ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0 back to back, then synchronising;
+    or with host_us, waiting for each and then spending host_us on its host (a training-like loop)."""
     limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_SCHED_DIR": str(sched),
               "NVC_SHARE_TENANT": name, **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {})}
     env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
-    return subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "launch", str(launches), "264", "128",
-                             "sync"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work = ["launch", str(launches), "264", "128", "sync"] if host_us is None else \
+        ["steps", str(launches), "264", "128", str(host_us)]
+    return subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", *work],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wall_s(proc: subprocess.Popen, timeout: float) -> float:
@@ -683,7 +830,7 @@ def wall_s(proc: subprocess.Popen, timeout: float) -> float:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, (proc.returncode, err)
     lines = [line.split() for line in out.splitlines()]
-    return (int(lines[2][2]) + int(lines[3][2])) / 1e6
+    return sum(int(line[2]) for line in lines[2:]) / 1e6
 
 
 # ---------------------------------------------------------------- a hostile tenant's own scheduler file
@@ -723,14 +870,15 @@ def attack(how: str, path: Path) -> None:
 
 @pytest.fixture
 def hook_sched(tmp_path):
-    """The scheduler directory as the hook makes it (nvc.share.limits: its tmpfs, each tenant's file and
-    the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
-    from nvc.share import limits as share_limits
+    """The scheduler directory as the hook makes it (nvc.apply.sharefiles: its tmpfs, each tenant's file
+    and the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
+    from nvc.apply import sharefiles
+    from nvc.plan.share import limits_text
 
     sched = tmp_path / "sched"
 
     def grant(name: str, request) -> None:
-        share_limits._write_sched_file(str(sched), name, share_limits.limits_text(request))
+        sharefiles._write_sched_file(str(sched), name, limits_text(request))
 
     yield sched, grant
     if os.path.ismount(sched):
@@ -753,10 +901,9 @@ def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how
     a process busy with 1 ms kernels, the scheduler directory made as the hook makes it. While they
     run, the test truncates, extends, keeps writing garbage over, punches a hole in or replaces the
     hostile tenant's file. No honest process crashes or hangs, and each gets at least its weight's
-    share: 1/5 and 3/5 of the time with the hostile one busy, so 800 and 2400 kernels in 4 s, within
-    the weighted tests' 25 % (which holds the guarantee's 5 % slack and, for the weight-1 tenant, its
-    first wait: 80 ms owed at 0.95/4 of the time, 0.34 s). Truncating its own file kills the hostile
-    tenant's own process (SIGBUS), and only that. (Each process's fake GPU is its own.)"""
+    share (1/5 and 3/5 of the time with the hostile one busy: 800 and 2400 kernels in 4 s at most, 5 s
+    with the time the attack takes). Truncating its own file kills the hostile tenant's own process
+    (SIGBUS), and only that. (Each process's fake GPU is its own.)"""
     from nvc.plan.request import ShareRequest
 
     sched, grant = hook_sched
@@ -787,23 +934,26 @@ def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how
 
 
 @pytest.mark.parametrize(("granted", "low", "high"), [
-    ((("", 1),), 0.7, 1.2),                                   # granted 1 for every device
-    ((("", 1000), (GPU0, 1)), 0.7, 1.2),                      # 1 for this GPU, by UUID
-    ((("0", 1), ("1", 3)), 1.4, 2.4),                         # by NVML index, unknown here: at most 3
+    ((("", 1),), 0.35, 0.7),                                  # granted 1 for every device
+    ((("", 1000), (GPU0, 1)), 0.35, 0.7),                     # 1 for this GPU, by UUID
+    ((("0", 1), ("1", 3)), 0.8, 1.5),                         # by NVML index, unknown here: at most 3
 ])
 def test_a_peers_weight_is_the_one_the_hook_granted(share, programs, hook_sched, started, granted, low, high):
-    """A peer claiming weight 1000 (its own env, its own file) keeps the turn, and the honest tenant
-    (weight 1, 400 kernels of 1 ms) gets what the weight the hook granted that peer leaves it, read
-    with the limits grammar from the peer's granted limits for this GPU: with 1 (for all devices, or
-    by UUID over a default of 1000), 95 % of 1/2 of the time (0.84 s, 84 ms of it its first wait);
-    where the peer's weights are by NVML index, which is the peer's own numbering, the largest of them
-    (3: 95 % of 1/4, 1.66 s and 0.17 s). Taken at its word, the peer would leave it 1/1001."""
+    """A peer claiming weight 1000 (its own env, its own file) runs a loop that keeps the GPU busy about
+    62 % of the time (1 ms kernels, 0.6 ms of host work after each), and the honest tenant (weight 1,
+    400 kernels of 1 ms back to back) is held while the peer has work only if the peer is under what
+    the hook granted it, read with the limits grammar from the peer's granted limits for this GPU: with
+    1 (for all devices, or by UUID over a default of 1000) half, which its 62 % is over, so the honest
+    one runs free (0.4 s); where the peer's weights are by NVML index, which is the peer's own
+    numbering, the largest of them (3: three quarters), under which it stays, so the honest one runs
+    only in its gaps (about 1 s). Taken at its word (1000), the peer would hold it the same way."""
     from nvc.plan.request import ShareRequest
 
     sched, grant = hook_sched
     grant("honest", ShareRequest(weight=(("", 1),)))
     grant("peer", ShareRequest(weight=granted))
-    started += [tenant(share, programs, sched, "honest", 1, 400), tenant(share, programs, sched, "peer", 1000, 1_000_000)]
+    started += [tenant(share, programs, sched, "honest", 1, 400),
+                tenant(share, programs, sched, "peer", 1000, 1_000_000, host_us=600)]
     wall = wall_s(started[0], timeout=20)
     print(f"wall {wall}")
     assert low <= wall <= high, wall

@@ -153,7 +153,7 @@ def commented(config_text: str) -> str:
     """The conffile /etc/nvc-py/config.yaml: every default setting, commented out (a file of
     comments means all defaults, as no file does; the admin uncomments what changes)."""
     body = [line for line in config_text.splitlines() if not line.startswith("#")]
-    return ("# nvc-py's configuration (README, Configuration). Every setting is shown at its default,\n"
+    return ("# nvc-py's configuration (its source's docs/configuration.md). Every setting is shown at its default,\n"
             "# commented out: uncomment and change what differs here. `nvc-py config show` prints the\n"
             "# effective configuration; the hooks read this file at every container start.\n"
             + "".join(f"# {line}\n" for line in body))

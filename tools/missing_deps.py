@@ -4,19 +4,23 @@
 project and costs seconds even when everything is installed. The requirements come from the
 files pip itself would read (setup.cfg's install_requires and test extra, pyproject.toml's
 build requirements, needed by ``pip install --no-build-isolation .``), so there is no second
-list to keep in step. Only ``name>=version`` and bare names occur there; that is all this reads.
+list to keep in step, and they are judged as pip judges them: PEP 508 requirements, PEP 440
+versions and specifiers (``packaging``), markers evaluated for this interpreter.
+
+Reading the lists needs only the standard library (configparser, tomllib): tools/debpkg.py reads
+the runtime list with the system's Python, which may lack ``packaging``. Judging them needs it;
+``make pip-deps`` installs it first where the environment lacks it.
 """
 
 from __future__ import annotations
 
 import configparser
-import re
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:>=\s*([0-9][0-9.]*))?\s*$")
 
 
 def _setup_cfg() -> configparser.ConfigParser:
@@ -26,7 +30,7 @@ def _setup_cfg() -> configparser.ConfigParser:
 
 
 def _lines(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
 def runtime_requirements() -> list[str]:
@@ -34,39 +38,38 @@ def runtime_requirements() -> list[str]:
     return _lines(_setup_cfg()["options"]["install_requires"])
 
 
+def build_requirements() -> list[str]:
+    """pyproject.toml's build-system requirements."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f).get("build-system", {}).get("requires", []))
+
+
 def requirements() -> list[str]:
     """Every requirement string: runtime, test extra, build system."""
-    build = re.search(r"requires\s*=\s*\[(.*?)\]", (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.S)
-    return (runtime_requirements() + _lines(_setup_cfg()["options.extras_require"]["test"])
-            + (re.findall(r'"([^"]+)"', build.group(1)) if build else []))
-
-
-def numbers(version: str) -> tuple[int, ...]:
-    """The leading numeric release of ``version`` (``8.1.7`` → (8, 1, 7); ``2.0rc1`` → (2, 0))."""
-    return tuple(int(part) for part in re.findall(r"\d+", re.match(r"[\d.]*", version).group(0)))
-
-
-def split(req: str) -> tuple[str, str | None]:
-    """(name, least version or None) of a requirement string."""
-    match = _REQUIREMENT.match(req)
-    if match is None:
-        raise SystemExit(f"missing_deps: cannot read requirement {req!r} (only NAME or NAME>=VERSION)")
-    name, least = match.groups()
-    return name, least
+    return runtime_requirements() + _lines(_setup_cfg()["options.extras_require"]["test"]) + build_requirements()
 
 
 def missing(reqs: list[str]) -> list[str]:
-    """The requirements not installed, or installed at a lower version than asked."""
+    """The requirements that apply to this interpreter (their markers) and are not installed, or
+    installed at a version their specifier excludes (a pre-release counts as what it is:
+    ``2.0rc1`` does not satisfy ``>=2.0``)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     out = []
-    for req in reqs:
-        name, least = split(req)
+    for text in reqs:
         try:
-            have = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out.append(req)
+            req = Requirement(text)
+        except InvalidRequirement as err:
+            raise SystemExit(f"missing_deps: cannot read requirement {text!r}: {err}") from None
+        if req.marker is not None and not req.marker.evaluate():
             continue
-        if least and numbers(have) < numbers(least):
-            out.append(req)
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            out.append(text)
+            continue
+        if not req.specifier.contains(have, prereleases=True):
+            out.append(text)
     return out
 
 

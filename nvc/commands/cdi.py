@@ -16,6 +16,7 @@ import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nvc import containerenv
 from nvc.plan import mountplan
 from nvc.capabilities import CAPABILITIES
 from nvc.discover.driver import DriverFiles
@@ -67,7 +68,7 @@ def common_edits(root: str, files: DriverFiles, control: Sequence[DeviceNode], h
     if folders:
         hooks.append(_hook(hook_path, hook_env, "update-ldcache", *(a for d in folders for a in ("--folder", d))))
     return {
-        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "env": [containerenv.assignment(containerenv.VISIBLE_DEVICES, containerenv.VOID)],
         "deviceNodes": [spec_device(root, n) for n in control],
         "mounts": mounts,
         "hooks": hooks,

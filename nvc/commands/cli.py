@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import click
 
 from nvc import __version__
-from nvc.errors import InputError, NvcError, one_line
+from nvc.containerenv import MIG_FILE_VALUES
+from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError, NvcError, one_line
 from nvc.options import GlobalOptions, parse_user
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 # (getopt's ``--user[=UID[:GID]]``: a value only when attached with '=').
 _GLOBAL_VALUE_OPTIONS = ("-r", "--root", "-l", "--ldcache", "-d", "--debug")
 _OPTIONAL_VALUE_OPTIONS = ("-u", "--user")
+DRIVER_VERSION = "/proc/driver/nvidia/version"  # there while the NVIDIA kernel driver is loaded
 
 
 def _optional_user_value(argv: list[str]) -> list[str]:
@@ -42,13 +44,13 @@ def _optional_user_value(argv: list[str]) -> list[str]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="nvc-py", message="%(prog)s %(version)s")
-@click.option("-r", "--root", default=None,
+@click.option("-r", "--root", metavar="PATH", default=None,
               help="Driver root: where driver files and nodes are.  [default: the configuration's root, /]")
-@click.option("-l", "--ldcache", default=None,
+@click.option("-l", "--ldcache", metavar="PATH", default=None,
               help="ld cache, inside the root.  [default: the configuration's ldcache, /etc/ld.so.cache]")
 @click.option("-u", "--user", metavar="[=UID[:GID]]", default=None,
               help="Identity of the driver helper.  [default: the configuration's user]")
-@click.option("-d", "--debug", metavar="FILE", default=None, help="Append a debug log to FILE.")
+@click.option("-d", "--debug", metavar="PATH", default=None, help="Append a debug log to PATH.")
 @click.option("-k", "--load-kmods", is_flag=True, help="Create missing driver device nodes under <root>/dev.")
 @click.pass_context
 def cli(ctx: click.Context, root: str | None, ldcache: str | None, user: str | None, debug: str | None,
@@ -107,13 +109,19 @@ def _with_options(command: Callable[..., None], before: Callable[[GlobalOptions]
     @functools.wraps(command)
     def with_options(*args: object, **kwargs: object) -> None:
         opts = click.get_current_context().find_object(_Given).resolve()
-        before(opts)
-        command(opts, *args, **kwargs)
+        try:
+            before(opts)
+            command(opts, *args, **kwargs)
+        except InitializationError as err:
+            if os.path.exists(DRIVER_VERSION):
+                raise
+            raise InitializationError(f"no NVIDIA driver is loaded on this host ({err.args[0]}); "
+                                      f"{TRY_WITHOUT_GPU}") from None
 
     return with_options
 
 
-@cli.command()
+@cli.command(short_help="Print the driver version and every GPU and MIG device.")
 @click.option("--csv", "fmt", flag_value="csv", help="Comma-separated output.")
 @click.option("--json", "fmt", flag_value="json", help="JSON output.")
 @_pass_options
@@ -132,15 +140,15 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
     click.echo(render(inv, inv.cuda_version), nl=False)
 
 
-@cli.command("list")
+@cli.command("list", short_help="Print the host files a container would get.")
 @click.option("-d", "--device", "devices", multiple=True, metavar="ID", help="GPUs/MIG devices to list (§ --device).")
 @click.option("-l", "--libraries", is_flag=True, help="List driver libraries.")
 @click.option("-b", "--binaries", is_flag=True, help="List driver binaries.")
 @click.option("-i", "--ipcs", is_flag=True, help="List IPC sockets and the MPS pipe directory.")
 @click.option("-f", "--firmwares", is_flag=True, help="List GSP firmware files.")
 @click.option("--compat32", is_flag=True, help="Also list 32-bit libraries (with -l).")
-@click.option("--mig-config", type=click.Choice(["all"]), help="List MIG configuration capability files.")
-@click.option("--mig-monitor", type=click.Choice(["all"]), help="List MIG monitoring capability files.")
+@click.option("--mig-config", type=click.Choice(MIG_FILE_VALUES), help="List MIG configuration capability files.")
+@click.option("--mig-monitor", type=click.Choice(MIG_FILE_VALUES), help="List MIG monitoring capability files.")
 @click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="List IMEX channel nodes.")
 @click.option("--no-persistenced", is_flag=True, help="Leave out the persistenced socket.")
 @click.option("--no-fabricmanager", is_flag=True, help="Leave out the fabric manager socket.")
@@ -168,7 +176,7 @@ def list_(
 ) -> None:
     """Print the host paths a container would get (with no selection flags: -d all --compat32 -l -b -i -f)."""
     from nvc.commands import listing
-    from nvc.plan.request import parse_imex_channels
+    from nvc.containerenv import parse_imex_channels
 
     chosen = bool(devices) or libraries or binaries or ipcs or firmwares or compat32 or bool(mig_config or mig_monitor)
     if not chosen:
@@ -191,11 +199,12 @@ def list_(
     click.echo(result.json() if as_json else result.text(), nl=False)
 
 
-@cli.command()
-@click.option("-p", "--pid", type=int, default=None, help="Container process (supervised mode; else standalone).")
+@cli.command(short_help="Make GPUs usable in a container (the hook's work, by hand).")
+@click.option("-p", "--pid", type=int, metavar="PID", default=None,
+              help="Container process (supervised mode; else standalone).")
 @click.option("-d", "--device", "devices", multiple=True, metavar="ID", help="GPUs/MIG devices (all, none, 0,1, UUIDs…).")
 @click.option("-r", "--require", "requirements", multiple=True, metavar="EXPR", help="Requirement, e.g. cuda>=12.0.")
-@click.option("-l", "--ldconfig", default="@/sbin/ldconfig", show_default=True,
+@click.option("-l", "--ldconfig", metavar="[@]PATH", default="@/sbin/ldconfig", show_default=True,
               help="ldconfig to run: @HOSTPATH (host binary, from a memfd copy) or a path in the container.")
 @click.option("-c", "--compute", is_flag=True, help="Compute (CUDA, OpenCL) libraries and binaries.")
 @click.option("-u", "--utility", is_flag=True, help="NVML and nvidia-smi.")
@@ -206,8 +215,8 @@ def list_(
 @click.option("--compat32", is_flag=True, help="32-bit libraries of the chosen capabilities.")
 @click.option("--no-cgroups", is_flag=True, help="Leave the device cgroup alone.")
 @click.option("--no-devbind", is_flag=True, help="Do not bind-mount device nodes.")
-@click.option("--mig-config", metavar="all", default=None, help="MIG configuration capability (only 'all').")
-@click.option("--mig-monitor", metavar="all", default=None, help="MIG monitoring capability (only 'all').")
+@click.option("--mig-config", type=click.Choice(MIG_FILE_VALUES), default=None, help="MIG configuration capability.")
+@click.option("--mig-monitor", type=click.Choice(MIG_FILE_VALUES), default=None, help="MIG monitoring capability.")
 @click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="IMEX channel nodes.")
 @click.option("--cuda-compat-mode", type=click.Choice(["disabled", "mount", "ldconfig"]), default="ldconfig",
               show_default=True, help="CUDA forward-compat libraries of the image.")
@@ -289,7 +298,8 @@ def run_list(
     return listing.build(request, opts.root, files, chosen, majors, mig_minors)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+             short_help="The OCI hook, as nvc-py-hook: prestart, poststart, poststop.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def hook(args: tuple[str, ...]) -> None:
     """The OCI hook (same as nvc-py-hook): prestart|poststart|poststop, OCI state on stdin."""
@@ -298,7 +308,7 @@ def hook(args: tuple[str, ...]) -> None:
     click.get_current_context().exit(prestart.main(list(args)))  # its status, once main's stdout is flushed
 
 
-@cli.group("config")
+@cli.group("config", short_help="Show the effective configuration file.")
 def config_group() -> None:
     """The configuration file (/etc/nvc-py/config.yaml, or $NVC_PY_CONFIG)."""
 
@@ -335,7 +345,7 @@ def _server_options(command: Callable[..., None]) -> Callable[..., None]:
     for option in reversed((
             click.option("--no-server", is_flag=True,
                          help="No hook server: no systemd units, and no server started on demand by the hooks."),
-            click.option("--unit-dir", default=None, metavar="DIR",
+            click.option("--unit-dir", default=None, metavar="PATH",
                          help="Write the systemd units here (default: /etc/systemd/system where systemd runs)."),
             click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run."))):
         command = option(command)
@@ -344,7 +354,7 @@ def _server_options(command: Callable[..., None]) -> Callable[..., None]:
 
 def _setup_server(no_server: bool, unit_dir: str | None, config_path: str | None, systemctl: str) -> None:
     """Served by default: socket-activated units where systemd runs, else the hooks' on-demand start
-    (see README, hook server); ``--no-server``: neither."""
+    (docs/hook-server.md); ``--no-server``: neither."""
     from nvc.hook import setup as engines
 
     lines = [] if no_server else engines.install_server(unit_dir, config_path, systemctl)
@@ -362,17 +372,18 @@ def _echo_lines(lines: list[str]) -> None:
         click.echo(line)
 
 
-_HOOKS_DIR = click.option("--hooks-dir", default=None, metavar="DIR",
+_HOOKS_DIR = click.option("--hooks-dir", default=None, metavar="PATH",
                           help="Write the hooks.d files here instead of where the engine reads them (its hooks_dir, "
-                               "resolved through its configuration files; a warning says when it will not read DIR).")
+                               "resolved through its configuration files; a warning says when it will not read PATH).")
 
 
-def _hooks_command(engine_name: str, summary: str) -> None:
+def _hooks_command(engine_name: str, short: str, summary: str) -> None:
     """``setup podman`` and ``setup crio``: the hooks.d files where the engine reads them (its
     hooks_dir through its configuration files, nvc.hook.hooksdirs), and the hook server."""
 
-    @setup.command(engine_name, help=f"{summary}, and the hook server (--remove: the hooks.d files only; "
-                                     "`setup server --remove` removes the server).")
+    @setup.command(engine_name, short_help=short,
+                   help=f"{summary}, and the hook server (--remove: the hooks.d files only; "
+                        "`setup server --remove` removes the server).")
     @_HOOKS_DIR
     @click.option("--config", "config_path", metavar="PATH", default=None,
                   help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
@@ -394,15 +405,18 @@ def _hooks_command(engine_name: str, summary: str) -> None:
             click.echo(f"warning: {one_line(line)}", err=True)
 
 
-_hooks_command("podman", "Install the hooks.d files that run nvc-py-hook at prestart and poststop where podman "
+_hooks_command("podman", "Hooks where podman reads them, and the hook server.",
+               "Install the hooks.d files that run nvc-py-hook at prestart and poststop where podman "
                          "reads them (containers.conf's engine.hooks_dir; default /usr/share/containers/oci/hooks.d)")
-_hooks_command("crio", "Install the hooks.d files that run nvc-py-hook at prestart and poststop where CRI-O reads "
+_hooks_command("crio", "Hooks where CRI-O reads them, and the hook server.",
+               "Install the hooks.d files that run nvc-py-hook at prestart and poststop where CRI-O reads "
                        "them (crio.conf's crio.runtime.hooks_dir, drop-ins in /etc/crio/crio.conf.d; default "
                        "/usr/share/containers/oci/hooks.d)")
 
 
-@setup.command("server")
-@click.option("--unit-dir", default="/etc/systemd/system", show_default=True, help="systemd unit directory.")
+@setup.command("server", short_help="The hook server's systemd socket and service units.")
+@click.option("--unit-dir", metavar="PATH", default="/etc/systemd/system", show_default=True,
+              help="systemd unit directory.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
 @click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run.")
@@ -418,12 +432,12 @@ def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove:
     _setup_server(False, unit_dir, _config_file(config_path), systemctl)
 
 
-@setup.command("containerd")
-@click.option("--config", "config_path", default="/etc/containerd/config.toml", show_default=True,
+@setup.command("containerd", short_help="Runtime nvc-py for containerd, and the hook server.")
+@click.option("--config", "config_path", metavar="PATH", default="/etc/containerd/config.toml", show_default=True,
               help="containerd's main configuration (version 2); only its imports list is changed.")
-@click.option("--drop-in", default="/etc/containerd/conf.d/99-nvc-py.toml", show_default=True,
+@click.option("--drop-in", metavar="PATH", default="/etc/containerd/conf.d/99-nvc-py.toml", show_default=True,
               help="The drop-in file registering the runtime.")
-@click.option("--runtime-name", default="nvc-py", show_default=True, help="Name of the CRI runtime.")
+@click.option("--runtime-name", metavar="NAME", default="nvc-py", show_default=True, help="Name of the CRI runtime.")
 @click.option("--set-as-default", is_flag=True, help="Make it the CRI plugin's default runtime.")
 @click.option("--dry-run", is_flag=True, help="Print the files instead of writing them.")
 @_server_options
@@ -444,15 +458,16 @@ def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_d
         _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
 
 
-@setup.command("docker")
-@click.option("--config", "config_path", default="/etc/docker/daemon.json", show_default=True,
+@setup.command("docker", short_help="Docker's runtime nvc-py and --gpus hook, and the hook server.")
+@click.option("--config", "config_path", metavar="PATH", default="/etc/docker/daemon.json", show_default=True,
               help="dockerd's daemon.json; only the runtime (and default-runtime) keys are changed.")
-@click.option("--runtime-name", default="nvc-py", show_default=True, help="Name of the runtime (docker run --runtime).")
+@click.option("--runtime-name", metavar="NAME", default="nvc-py", show_default=True,
+              help="Name of the runtime (docker run --runtime).")
 @click.option("--set-as-default", is_flag=True, help="Make it dockerd's default-runtime.")
 @click.option("--gpus-hook/--no-gpus-hook", default=None,
               help="Link nvidia-container-runtime-hook, what docker run --gpus runs, to nvc-py-hook "
                    "(--no-gpus-hook: remove nvc-py's link).  [default: where no such file is, or it is nvc-py's]")
-@click.option("--gpus-hook-dir", default="/usr/bin", show_default=True, metavar="DIR",
+@click.option("--gpus-hook-dir", default="/usr/bin", show_default=True, metavar="PATH",
               help="Where that link goes (a directory on dockerd's PATH).")
 @click.option("--restart", "restart_docker", is_flag=True,
               help="Restart dockerd afterwards (systemctl restart docker; where systemd runs).")
@@ -493,7 +508,7 @@ def cdi() -> None:
 
 
 @cdi.command("generate")
-@click.option("--output", metavar="FILE", default=None, help="Write the spec to FILE (default: stdout).")
+@click.option("--output", metavar="PATH", default=None, help="Write the spec to PATH (default: stdout).")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
               help="Output format (default: from the --output suffix, else yaml).")
 @click.option("--device-name-strategy", "strategy", type=click.Choice(["index", "uuid"]), default="index",
@@ -520,14 +535,14 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
     click.echo(f"wrote {output}")
 
 
-@cli.group()
+@cli.group(short_help="GPU sharing: each container's limits and usage.")
 def share() -> None:
     """GPU sharing (memory budget and compute share per container, enforced by libnvc-share)."""
 
 
-@share.command("status")
+@share.command("status", short_help="Per container: limits, memory, compute share and throttling.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
-@click.option("--state-dir", default="/run/nvc-py/share", show_default=True, metavar="DIR",
+@click.option("--state-dir", default="/run/nvc-py/share", show_default=True, metavar="PATH",
               help="Where the hook keeps the per-container sharing directories.")
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""

@@ -4,7 +4,8 @@ The single entry point of the CLI's ``nvc-py configure`` and of the OCI hook (wh
 :func:`configure` in-process), both with a parsed :class:`~nvc.plan.request.Request`. The data
 path: check the request (nothing changes before every input was checked) → select devices →
 check requirements → discover the driver's files → read container facts safely inside its rootfs
-→ plan (:mod:`nvc.plan.mountplan`, pure; with GPU sharing, its host files as steps of the plan)
+→ plan (:mod:`nvc.plan.mountplan`, pure; with GPU sharing, its host files as steps of the plan:
+:mod:`nvc.plan.share`)
 → apply (:func:`nvc.rpc.container_service.apply`: the host steps, then a forked helper running
 :mod:`nvc.apply.applier` inside the container's mount namespace, then the sandboxed ldconfig and
 the device cgroup).
@@ -27,11 +28,12 @@ from nvc.plan.request import Request, check
 from nvc.errors import ContainerError, proc_failure
 from nvc.logger import Logger
 from nvc.plan.mountplan import COMPAT_DIR, PROC_NVIDIA, ContainerFacts, HostFacts, Plan
+from nvc.plan import share as shareplan
 from nvc.options import GlobalOptions
 
 if TYPE_CHECKING:
     from nvc.discover.inventory import Inventory
-    from nvc.plan.mountplan import ShareFiles
+    from nvc.plan.request import ShareRequest
 
 log = Logger(__name__)
 
@@ -41,6 +43,7 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEBIAN_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
 # Requirement properties only NVML knows (the driver version is in /proc).
 _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
+_MAX_PRELOAD = 64 * 1024  # bytes of an image's /etc/ld.so.preload
 
 
 # ---- container facts ------------------------------------------------------------------------
@@ -96,6 +99,45 @@ def container_facts(root_fd: int, owner: tuple[int, int]) -> ContainerFacts:
     )
 
 
+def read_image_preload(root_fd: int, rootfs: str) -> str:
+    """The image's /etc/ld.so.preload ("" if none), resolved inside the rootfs at ``root_fd`` (a
+    symlink there must not make us read a host file) and opened O_PATH first: a FIFO or device node
+    there is refused without ever being opened (no blocking, no driver open outside the container's
+    device cgroup)."""
+    from nvc import untrusted
+    from nvc.apply import rootfs as inroot
+    from nvc.containerenv.sharing import PRELOAD
+
+    try:
+        path_fd = inroot.open_in_root(root_fd, PRELOAD, os.O_PATH)
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            return ""
+        raise ContainerError(f"cannot read {PRELOAD} in {rootfs}: {err.strerror}") from None
+    try:
+        data = untrusted.read_checked(path_fd, max_size=_MAX_PRELOAD)
+    except untrusted.UnexpectedFile as err:
+        raise ContainerError(f"{PRELOAD} in {rootfs} {err}") from None
+    finally:
+        os.close(path_fd)
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise ContainerError(f"{PRELOAD} in {rootfs} is not text") from None
+
+
+def share_files(sharing: ShareRequest, container_id: str, root_fd: int, rootfs: str, *, bundle: str = "",
+                library: str = shareplan.HOST_LIBRARY, state_dir: str = shareplan.STATE_DIR,
+                sched_dir: str | None = None) -> shareplan.ShareFiles:
+    """GPU sharing's host files (:func:`nvc.plan.share.files`), planned from what the host and the
+    image have (the shim ``library``, the image's ld.so.preload), not made: a refused request (no
+    shim installed, an id that cannot name a directory) changes nothing."""
+    if not os.path.isfile(library):
+        raise ContainerError(f"GPU sharing requested but the shim {library} is not installed")
+    return shareplan.files(sharing, container_id, read_image_preload(root_fd, rootfs), library=library,
+                           state_dir=state_dir, sched_dir=sched_dir, bundle=bundle)
+
+
 def container_owner(pid: int | None, root_fd: int) -> tuple[int, int]:
     """Who owns the container: its process (or, standalone, its rootfs)."""
     try:
@@ -148,16 +190,6 @@ def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selectio
     requirements.check(req.requirements, per_gpu or [base])
 
 
-def _share_files(req: Request) -> tuple[Request, ShareFiles | None]:
-    """With GPU sharing: its host files (planned, not made) and their mounts among the extra ones."""
-    if req.sharing is None:
-        return req, None
-    from nvc.share import limits as share
-
-    files = share.plan(req.sharing, req.container_id, req.rootfs, bundle=req.bundle)
-    return req._replace(extra_mounts=(*req.extra_mounts, *share.mounts(files))), files
-
-
 def plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Plan:
     """Everything ``configure`` would do, without changing anything."""
     from nvc.discover import driver, inventory, kmods, nodes, rootpath
@@ -171,6 +203,8 @@ def plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Plan:
     try:
         owner = container_owner(req.pid, root_fd)
         cfacts = container_facts(root_fd, owner)
+        share = None if req.sharing is None else share_files(req.sharing, req.container_id, root_fd, req.rootfs,
+                                                              bundle=req.bundle)
     finally:
         os.close(root_fd)
     if cfacts.proc_mountpoint is None:
@@ -206,8 +240,7 @@ def plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Plan:
         caps_dir=str(procfs.caps_dir(proc)),
         missing_nodes=to_make,
     )
-    req, share_files = _share_files(req)
-    result = mountplan.build(host, cfacts, chosen, req, share_files)
+    result = mountplan.build(host, cfacts, chosen, req, share)
     log.debug("timing discovery+plan %.2f ms: %d operations", (time.perf_counter() - start) * 1e3, len(result.operations))
     return result
 

@@ -143,8 +143,8 @@ def read_mig_minors(proc: Path = PROC) -> dict[str, int]:
 def lookup_mig_minors(names: Iterable[str], proc: Path = PROC) -> dict[str, int]:
     """The minors of just ``names`` in mig-minors (names it lacks are left out).
 
-    A driver's file lists every capability of 32 GPUs (4,322 lines): parsed whole it costs
-    about a millisecond per container start, a search per name a few microseconds.
+    A driver's file lists every capability of 32 GPUs, thousands of lines: parsing it whole at
+    every container start costs far more than a search per name.
     """
     path, text = _mig_minors_text(proc)
     text = "\n" + text

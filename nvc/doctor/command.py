@@ -66,7 +66,7 @@ def text(found: list[Check]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command("doctor")
+@click.command("doctor", short_help="Check this host for GPU containers; say what to fix.")
 @click.option("--run", "run", is_flag=True, help="Also start a small container through each registered engine, "
                                                  "asking for GPU 0, and say whether it sees the GPU.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output: the checks and whether all hold.")

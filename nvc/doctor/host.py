@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from nvc.doctor import Check, fail, ok, skip
-from nvc.errors import NvcError
+from nvc.errors import TRY_WITHOUT_GPU, NvcError
 
 if TYPE_CHECKING:
     from nvc.config import Config
     from nvc.devices import Gpu
 
-NO_GPU_HINT = "without a GPU, `make try` in nvc-py's source tree shows it at work on its built-in fake driver"
 CGROUP2_MAGIC = 0x63677270
 
 
@@ -43,7 +42,7 @@ def driver() -> tuple[Check, str | None]:
         version = procfs.read_version()
     except NvcError as err:
         return fail("driver", str(err).partition(": ")[2] or str(err),
-                    f"install or load the NVIDIA driver (modprobe nvidia); {NO_GPU_HINT}"), None
+                    f"install or load the NVIDIA driver (modprobe nvidia); {TRY_WITHOUT_GPU}"), None
     return ok("driver", f"NVIDIA kernel driver {version} loaded"), version
 
 

@@ -14,6 +14,7 @@ import sysconfig
 import tempfile
 from collections.abc import Callable
 
+from nvc import containerenv
 from nvc.doctor import Check, fail, ok, skip
 
 BUSYBOX = ("/usr/bin/busybox", "/bin/busybox")
@@ -22,6 +23,7 @@ LOADER = "/lib64/ld-linux-x86-64.so.2"
 COMMAND = ["/bin/sh", "-c", "nvidia-smi -L 2>&1"]
 TIMEOUT = 120  # seconds per container start
 IMAGE = "nvc-py-doctor:latest"
+ASK_GPU0 = containerenv.assignment(containerenv.VISIBLE_DEVICES, "0")  # an engine's -e value
 
 
 def _copy(source: str, root: str, target: str) -> None:
@@ -78,7 +80,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | str:
 def podman(rootfs: str) -> Check:
     """podman, with its own configuration (the hooks it reads), on the rootfs as it is."""
     return _verdict("podman run", _run(["podman", "run", "--rm", "--network", "none", "-e",
-                                        "NVIDIA_VISIBLE_DEVICES=0", "--rootfs", rootfs, *COMMAND]))
+                                        ASK_GPU0, "--rootfs", rootfs, *COMMAND]))
 
 
 def docker(rootfs: str, host: str | None, gpus_flag: bool) -> Check:
@@ -91,7 +93,7 @@ def docker(rootfs: str, host: str | None, gpus_flag: bool) -> Check:
     if imported.returncode != 0:
         return fail("docker run", f"docker import: {imported.stderr.decode(errors='replace').strip()}",
                     "is dockerd running?")
-    ask = ["--gpus", "device=0"] if gpus_flag else ["--runtime", "nvc-py", "-e", "NVIDIA_VISIBLE_DEVICES=0"]
+    ask = ["--gpus", "device=0"] if gpus_flag else ["--runtime", "nvc-py", "-e", ASK_GPU0]
     try:
         return _verdict("docker run", _run([*client, "run", "--rm", "--network", "none", *ask, IMAGE, *COMMAND]),
                         f"docker run {' '.join(ask)}")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import click
 
 
-@click.command("exporter")
+@click.command("exporter", short_help="Serve Prometheus metrics of GPU sharing, the hook and the plugin.")
 @click.option("--listen", metavar="ADDR:PORT|unix:PATH", default="127.0.0.1:9402", show_default=True,
               help="Where Prometheus scrapes ([ADDR]:PORT for IPv6; unix:PATH for a socket of root and its group).")
-@click.option("--state-dir", metavar="DIR", default="/run/nvc-py/share", show_default=True,
+@click.option("--state-dir", metavar="PATH", default="/run/nvc-py/share", show_default=True,
               help="Where the hook keeps the per-container sharing directories.")
 @click.option("--hook-log", metavar="PATH", default=None,
               help="The hook's log [default: the configuration's log.file].")

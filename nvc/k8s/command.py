@@ -8,16 +8,16 @@ import click
 _LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
-@click.group("k8s")
+@click.group("k8s", short_help="Kubernetes: the kubelet device plugin.")
 def k8s() -> None:
-    """Kubernetes integration (README, Kubernetes)."""
+    """Kubernetes: the kubelet device plugin (docs/kubernetes.md)."""
 
 
-@k8s.command("device-plugin")
+@k8s.command("device-plugin", short_help="Run the kubelet device plugin until SIGTERM.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file whose k8s: section (and root, user) the plugin reads "
                    "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
-@click.option("--device-plugin-dir", metavar="DIR", default=None,
+@click.option("--device-plugin-dir", metavar="PATH", default=None,
               help="The kubelet's device plugin directory, where kubelet.sock is and the plugin's sockets go "
                    "[default: the configuration's k8s.device-plugin-dir, /var/lib/kubelet/device-plugins].")
 @click.option("--health-file", metavar="PATH", default=None,
@@ -47,7 +47,7 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
         raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
     user = parse_user(given.user if given.user is not None else conf.user)
     k8s_conf = conf.k8s
-    from nvc.share.limits import parse_size
+    from nvc.containerenv.sharing import parse_size
 
     parse_size("k8s.share-slice", k8s_conf.share_slice)  # a bad size stops it here, not at discovery
     if health_file is not None and not os.path.isabs(health_file):
@@ -56,9 +56,12 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
         if not os.path.isabs(device_plugin_dir):
             raise InputError(f"{device_plugin_dir}: --device-plugin-dir must be an absolute path")
         k8s_conf = k8s_conf._replace(device_plugin_dir=os.path.normpath(device_plugin_dir))
-    from nvc.untrusted import make_directory
+    from nvc.untrusted import directory_or_missing
 
-    make_directory(k8s_conf.device_plugin_dir, " (the device plugin directory)")
+    directory_or_missing(k8s_conf.device_plugin_dir, "the device plugin directory")
+    if not os.path.exists(k8s_conf.device_plugin_dir):  # the kubelet's to make: no kubelet here, or another --root-dir
+        raise InputError(f"{k8s_conf.device_plugin_dir}: no such directory: is a kubelet running on this host? (it "
+                         "makes it; another kubelet --root-dir: --device-plugin-dir)")
     logging.basicConfig(stream=sys.stderr, level=_LOG_LEVELS[log_level],
                         format="%(asctime)s nvc-py k8s device-plugin: %(levelname)s: %(message)s")
     from nvc.k8s import daemon

@@ -193,7 +193,6 @@ class Plugin:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda number, frame: stop.append(number))
         try:
-            os.makedirs(self.directory, exist_ok=True)
             while not stop:
                 if self.driver is None and time.monotonic() >= self.retry_at:
                     self.discover()

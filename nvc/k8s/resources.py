@@ -6,7 +6,8 @@ counted as a whole GPU), and GPU shares (``nvc-py.io/gpu-share``): each GPU name
 ``k8s.share-gpus`` is cut into units of ``share-slice`` bytes, one kubelet device each, so the
 kubelet's own accounting of devices is the memory accounting: the units handed out on a GPU never
 add up to more than its memory, with no lock or bookkeeping of ours (HAMi's Allocate raced on a
-node lock for this). Allocate turns units into the env the hook reads (nvc/share/limits.py).
+node lock for this). Allocate turns units into the env the hook reads (nvc.containerenv: the
+variables and volume mounts are written with the contract's own writers).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from nvc import containerenv
 from nvc.config import K8s
 from nvc.devices import Gpu
 from nvc.errors import InputError, shown
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"  # the kubelet's constants
-VOLUME_DIR = "/var/run/nvidia-container-devices"  # hook/request.py DEVICE_VOLUME_DIR
 MAX_SHARE_UNITS = 1024  # per GPU: the kubelet lists every unit as a device of its own
 MAX_ID = 63  # characters of a kubelet device ID
 _COMBINATIONS = 20000  # GPU sets GetPreferredAllocation weighs at most before it goes greedy
@@ -91,7 +92,7 @@ def plan(gpus: Sequence[Gpu], k8s: K8s, numa: Callable[[str], int | None] = lamb
          warn: Callable[[str], None] = lambda line: None) -> tuple[Resource, ...]:
     """The resources of these GPUs: whole GPUs and shares always (maybe empty: the kubelet then shows
     a capacity of 0 rather than nothing), one resource per MIG profile found."""
-    from nvc.share.limits import parse_size
+    from nvc.containerenv.sharing import parse_size
 
     slice_size = parse_size("k8s.share-slice", k8s.share_slice)
     shared = shared_gpus(gpus, k8s.share_gpus)
@@ -201,20 +202,21 @@ def allocate(resource: Resource, ids: Sequence[str], k8s: K8s) -> Answer:
     """What the hook needs for one container given ``ids``: the devices by UUID (env, or /dev/null
     volume mounts with the env set to ``void`` so an image's own value selects nothing), for shares
     the memory budget (the units' bytes per GPU), compute cap and weight (env, or with volume mounts
-    mounts too: hook/request.py share_env), CDI names when asked."""
+    mounts too: nvc.containerenv.sharing.share_env), CDI names when asked."""
     units = resource.by_id(ids)
     uuids = sorted({u.uuid for u in units}, key=lambda uuid: (_index_of(units, uuid), uuid))
     envs: dict[str, str] = {}
     mounts: tuple[tuple[str, str, bool], ...] = ()
     if k8s.device_list_strategy == "volume-mounts":
-        envs["NVIDIA_VISIBLE_DEVICES"] = "void"
-        mounts = tuple((f"{VOLUME_DIR}/{uuid}", "/dev/null", True) for uuid in uuids)
+        envs[containerenv.VISIBLE_DEVICES] = containerenv.VOID
+        mounts = tuple((containerenv.device_volume(uuid), containerenv.VOLUME_SOURCE, True) for uuid in uuids)
     else:
-        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+        envs[containerenv.VISIBLE_DEVICES] = containerenv.visible_devices(uuids)
     if resource.kind == "share":
         limits = _share_env(units, uuids, k8s)
         if k8s.device_list_strategy == "volume-mounts":   # a pod's own env cannot replace them
-            mounts += tuple((f"{VOLUME_DIR}/share/{name}={value}", "/dev/null", True) for name, value in limits.items())
+            mounts += tuple((containerenv.share_volume(name, value), containerenv.VOLUME_SOURCE, True)
+                            for name, value in limits.items())
         else:
             envs.update(limits)
     cdi = tuple(f"nvidia.com/gpu={uuid}" for uuid in uuids) if k8s.cdi_devices else ()
@@ -226,16 +228,17 @@ def _index_of(units: Sequence[Unit], uuid: str) -> int:
 
 
 def _share_env(units: Sequence[Unit], uuids: Sequence[str], k8s: K8s) -> dict[str, str]:
-    """NVC_SHARE_* of the units, each named by its GPU's UUID (``NVC_SHARE_MEMORY_LIMIT_GPU-…``): the
-    shim applies a limit to that GPU alone, whatever index the container gives it, so a whole GPU or
-    MIG device of another resource in the same container stays unlimited."""
+    """The sharing variables of the units, each keyed by its GPU's UUID: the shim applies a limit to
+    that GPU alone, whatever index the container gives it, so a whole GPU or MIG device of another
+    resource in the same container stays unlimited."""
+    from nvc.containerenv.sharing import MAX_PERCENT, MAX_WEIGHT, device_limits
+
     envs: dict[str, str] = {}
     for uuid in uuids:
         mine = [u for u in units if u.uuid == uuid]
         memory = sum(u.memory for u in mine)
-        envs[f"NVC_SHARE_MEMORY_LIMIT_{uuid}"] = str(memory)
+        compute = None
         if k8s.share_compute == "proportional" and mine[0].gpu_memory:
-            envs[f"NVC_SHARE_COMPUTE_{uuid}"] = str(min(100, max(1, math.ceil(100 * memory / mine[0].gpu_memory))))
-        if k8s.share_weight:
-            envs[f"NVC_SHARE_WEIGHT_{uuid}"] = str(min(1000, len(mine)))
+            compute = min(MAX_PERCENT, max(1, math.ceil(MAX_PERCENT * memory / mine[0].gpu_memory)))
+        envs.update(device_limits(uuid, memory, compute, min(MAX_WEIGHT, len(mine)) if k8s.share_weight else None))
     return envs

@@ -24,6 +24,8 @@ from nvc import capabilities as caps_mod
 from nvc.discover import nodes
 from nvc.plan.devfilter import DeviceRule
 from nvc.plan.request import HostMount, Request
+from nvc.plan.share import GRANTED_DIR, ShareFiles
+from nvc.plan.share import mounts as share_mounts
 from nvc.discover.driver import DriverFiles
 from nvc.discover.nodes import NodeSpec
 from nvc.errors import DeviceError, InputError
@@ -139,36 +141,20 @@ class Symlink(NamedTuple):
         return _line("symlink", self.target, f" -> {self.link_to}", what="library")
 
 
-class ShareFiles(NamedTuple):
-    """GPU sharing's host side of one container, made before its mounts (:func:`nvc.share.limits.make`):
-    ``<state_dir>/<id>/shared``, a tmpfs of fixed size holding the ``limits`` file and the shim's
-    region; ``<state_dir>/<id>/ld.so.preload`` beside it; with ``scheduled``, the container's file
-    in the scheduler's directory ``sched_dir`` and its granted compute limits in ``.granted`` there.
-    The container gets them through extra mounts."""
-
-    container_id: str
-    state_dir: str
-    sched_dir: str
-    library: str  # the shim on the host (the container gets it by an extra mount)
-    limits: str  # the limits file's text
-    preload: str  # the container's /etc/ld.so.preload
-    scheduled: bool = False
-    bundle: str = ""  # the container's OCI bundle, recorded as its owner (nvc.share.owner)
-
-    def lines(self) -> list[str]:
-        """What ``--dry-run`` prints of it."""
-        where = f"{self.state_dir.rstrip('/')}/{self.container_id}"
-        lines = [_line("mkdir", where, what="host"),
-                 _line("write", f"{where}/owner", " (the container's bundle and process)", what="host"),
-                 _line("tmpfs", f"{where}/shared", " (limits, region)", what="host"),
-                 _written(f"{where}/shared/limits", self.limits, "host"),
-                 _written(f"{where}/ld.so.preload", self.preload, "host")]
-        if self.scheduled:
-            sched = self.sched_dir.rstrip('/')
-            lines += [_line("write", f"{sched}/.granted/{self.container_id}", " (its granted compute limits)",
-                            what="host"),
-                      _line("write", f"{sched}/{self.container_id}", " (scheduler file)", what="host")]
-        return lines
+def _share_lines(share: ShareFiles) -> list[str]:
+    """What ``--dry-run`` prints of GPU sharing's host files."""
+    where = f"{share.state_dir.rstrip('/')}/{share.container_id}"
+    lines = [_line("mkdir", where, what="host"),
+             _line("write", f"{where}/owner", " (the container's bundle and process)", what="host"),
+             _line("tmpfs", f"{where}/shared", " (limits, region)", what="host"),
+             _written(f"{where}/shared/limits", share.limits, "host"),
+             _written(f"{where}/ld.so.preload", share.preload, "host")]
+    if share.scheduled:
+        sched = share.sched_dir.rstrip('/')
+        lines += [_line("write", f"{sched}/{GRANTED_DIR}/{share.container_id}", " (its granted compute limits)",
+                        what="host"),
+                  _line("write", f"{sched}/{share.container_id}", " (scheduler file)", what="host")]
+    return lines
 
 
 Operation = Bind | Tmpfs | MakeDir | WriteFile | Seal | Symlink
@@ -196,7 +182,7 @@ class Plan(NamedTuple):
         pid = "standalone" if self.pid is None else f"pid {self.pid}"
         root = self.host_root.rstrip("/")
         lines = [f"mknod   host      {root}{n.path} c {n.major}:{n.minor} mode {n.mode:o}" for n in self.host_nodes]
-        lines += self.share.lines() if self.share is not None else []
+        lines += _share_lines(self.share) if self.share is not None else []
         lines.append(f"rootfs  {self.rootfs} ({pid}, owner {self.owner[0]}:{self.owner[1]})")
         lines += [op.text() for op in self.operations]
         lines += [f"cgroup  allow     {rule}" for rule in self.cgroup_rules]
@@ -481,12 +467,13 @@ def _extra(mounts: tuple[HostMount, ...]) -> list[Operation]:
 
 def build(host: HostFacts, container: ContainerFacts, selection: Selection, request: Request,
           share: ShareFiles | None = None) -> Plan:
-    """The plan for one container (``share``: its sharing files, their mounts among the request's
+    """The plan for one container (``share``: its sharing files, their mounts after the request's
     extra mounts). Raises DeviceError for a selected device the host lacks."""
     files_ops = _driver_files(host, container, request)
     device_ops, rules = _device_ops(host, selection, request)
+    extra = (*request.extra_mounts, *(share_mounts(share) if share is not None else ()))
     ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, request), *_links(files_ops),
-           *_extra(request.extra_mounts)]
+           *_extra(extra)]
     lib_dirs = [d for d, what in ((container.lib_dir, "library"), (container.lib32_dir, "library32"))
                 if any(isinstance(o, Bind) and o.what == what for o in ops)]
     if request.cuda_compat_mode == "ldconfig" and "compute" in request.capabilities and lib_dirs:

@@ -1,5 +1,5 @@
 """What one container asks for, parsed: the one record from the CLI's ``configure`` flags
-(:func:`from_flags`) or an OCI spec's env (:func:`nvc.hook.request.gpu_request`) to the plan.
+(:func:`from_flags`) or an OCI spec's env (:func:`nvc.containerenv.gpus.gpu_request`) to the plan.
 
 Both producers hand over parsed values (selectors, requirements, channel numbers, MIG switches),
 never strings for a later stage to split again, and :func:`check` holds what every request must
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 DEFAULT_LDCONFIG = "@/sbin/ldconfig"
 COMPAT_MODES = ("disabled", "mount", "ldconfig")
-MIG_FILE_VALUES = ("all",)
 
 
 class HostMount(NamedTuple):
@@ -98,28 +97,6 @@ def check(req: Request) -> Request:
     return req if req.pid is not None or req.no_cgroups else req._replace(no_cgroups=True)
 
 
-def imex_channel(token: str) -> int | None:
-    """An IMEX channel number (decimal, below 2^20: the driver's channel minors), or None."""
-    from nvc.discover.nodes import IMEX_CHANNEL_LIMIT
-    from nvc.untrusted import decimal
-
-    channel = decimal(token, 7)
-    return channel if channel is not None and channel < IMEX_CHANNEL_LIMIT else None
-
-
-def parse_imex_channels(values: Iterable[str]) -> tuple[int, ...]:
-    """Channel numbers of ``--imex-channel`` values (comma lists of integers below 2^20)."""
-    channels: list[int] = []
-    for token in (t.strip() for v in values for t in v.split(",")):
-        if not token:
-            continue
-        channel = imex_channel(token)
-        if channel is None:
-            raise InputError(f"{token}: unsupported IMEX channel value")
-        channels.append(channel)
-    return tuple(dict.fromkeys(channels))
-
-
 def from_flags(rootfs: str, pid: int | None, devices: tuple[str, ...] = (), capabilities: Iterable[str] = (),
                requirements: tuple[str, ...] = (), ldconfig: str = DEFAULT_LDCONFIG, no_cgroups: bool = False,
                no_devbind: bool = False, mig_config: str | None = None, mig_monitor: str | None = None,
@@ -127,12 +104,13 @@ def from_flags(rootfs: str, pid: int | None, devices: tuple[str, ...] = (), capa
     """``nvc-py configure``'s flags as given (``devices``: the ``-d`` values, ``none`` alone selecting
     no GPU), each checked before anything is looked at; errors name the flag or value."""
     from nvc import capabilities as caps_mod
+    from nvc.containerenv import MIG_FILE_VALUES, NONE, parse_imex_channels
     from nvc.plan import requirements as reqs_mod, selection
 
     _check_target(rootfs, pid, ldconfig)
     caps = caps_mod.check(capabilities)
     reqs = tuple(reqs_mod.parse_requirement(text) for text in requirements)
-    none = len(devices) == 1 and devices[0].strip().lower() == "none"
+    none = len(devices) == 1 and devices[0].strip().lower() == NONE
     selectors = () if none else selection.parse(devices)
     for name, value in (("mig-config", mig_config), ("mig-monitor", mig_monitor)):
         if value is not None and value not in MIG_FILE_VALUES:

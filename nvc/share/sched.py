@@ -1,4 +1,4 @@
-"""Reader of a container's scheduler file (native/sched.c, version 1) for `nvc-py share status`.
+"""Reader of a container's scheduler file (native/sched.c, version 2) for `nvc-py share status`.
 
 Fixed layout (little-endian): a 64-byte header, then one 128-byte entry per device the container
 has used with a weight or a cap. The container writes this file itself, so what it says about its
@@ -11,7 +11,7 @@ import struct
 from typing import NamedTuple
 
 MAGIC = b"NVCSCHD\0"
-VERSION = 1
+VERSION = 2
 SIZE = 4096
 DEVICES = 16
 IDLE_NS = 1_000_000_000          # not seen launching for a second: idle, no current share
@@ -43,7 +43,7 @@ def parse_sched(data: bytes) -> tuple[SchedDevice, ...]:
         raise SchedFormatError(f"magic {magic!r} version {version}, want version {VERSION}")
     devices = []
     for i in range(min(ndevices, DEVICES)):
-        key, _vtime, seen, _until, busy, _wstart, _wbusy, weight, cap, _running, _capped, permille, _ = \
+        key, _charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, _ = \
             _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
         devices.append(SchedDevice(key.rstrip(b"\0").decode("ascii", "replace"), weight, cap, busy, permille, seen))
     return tuple(devices)

@@ -1,6 +1,6 @@
 """`nvc-py share status`: per container on this host, its sharing limits, the memory each of its
 processes holds, and its compute share and throttling, read from the per-container directories the
-hook prepared (nvc/share.py) and the regions the shim keeps there (nvc/shareregion.py).
+hook prepared (:mod:`nvc.apply.sharefiles`) and the regions the shim keeps there (:mod:`nvc.share.region`).
 
 A container's shared directory is its own to write, so everything read there is the container's
 word: root reads nothing there without checking it first (no symlink followed, no FIFO or device
@@ -21,13 +21,14 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from nvc.errors import one_line
-from nvc.share import limits as share, owner
+from nvc.plan import share
+from nvc.share import owner
 from nvc import untrusted
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE
 
-_MAX_LIMITS = 16384               # what the shim reads of a limits file (native/shim.c)
+_MAX_LIMITS = 16384               # what the shim reads of a limits file (native/init.c)
 
 
 class Process(NamedTuple):
@@ -194,11 +195,41 @@ def status(state_dir: str = share.STATE_DIR, sched_dir: str | None = None) -> li
         os.close(state_fd)
 
 
-def _size(n: int) -> str:
-    return "unlimited" if n == 0 else f"{n / (1 << 20):.0f} MiB"
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_LIMIT_NAMES = {"memory_limit": "memory", "compute_percent": "compute cap", "compute_weight": "weight"}
+
+
+def size_text(n: int) -> str:
+    """Bytes in the largest binary unit that leaves at least 1: ``4 GiB``, ``1.5 GiB``, ``600 MiB``."""
+    unit = 0
+    while unit + 1 < len(_UNITS) and n >= 1 << (10 * (unit + 1)):
+        unit += 1
+    value = n / (1 << (10 * unit))
+    return f"{value:.0f} {_UNITS[unit]}" if value == int(value) or unit == 0 else f"{value:.1f} {_UNITS[unit]}"
+
+
+def _limit_text(key: str, value: str) -> str:
+    """One entry of a limits file as a person reads it (``memory 4 GiB on GPU 1``); anything the hook
+    does not write (the container cannot change the file, but an older or newer hook may have) as it is."""
+    name, _, scope = key.partition(".")
+    number = untrusted.decimal(value)
+    if name not in _LIMIT_NAMES or number is None:
+        return one_line(f"{key}={value}", 200)
+    shown = {"memory_limit": size_text(number), "compute_percent": f"{number} %"}.get(name, str(number))
+    index = scope.isascii() and scope.isdigit()
+    where = "" if not scope else f" on GPU {scope}" if index else f" on {one_line(scope, 64)}"
+    return f"{_LIMIT_NAMES[name]} {shown}{where}"
+
+
+def _memory_text(used: int, limit: int) -> str:
+    if limit == 0:
+        return f"memory {size_text(used)} used (no limit)"
+    return f"memory {size_text(used)} used of {size_text(limit)} ({100 * used / limit:.0f} %)"
 
 
 def text(containers: list[ContainerShare]) -> str:
+    """The human form: sizes in binary units, shares in percent, times in seconds (``--json`` keeps
+    bytes, and the file's keys and values as they are)."""
     if not containers:
         return "no container shares a GPU on this host\n"
     return "".join(f"{line}\n" for c in containers for line in _lines(c))
@@ -207,19 +238,21 @@ def text(containers: list[ContainerShare]) -> str:
 def _lines(c: ContainerShare) -> Iterator[str]:
     """The text form; every string read from the container's files goes through ``one_line``."""
     yield f"container {one_line(c.id)}"
-    yield "  limits: " + (" ".join(one_line(f"{k}={v}", 200) for k, v in c.limits.items()) or "-")
-    if c.region != "ok":
+    yield "  limits: " + (", ".join(_limit_text(k, v) for k, v in c.limits.items()) or "none")
+    if c.region.startswith("not initialised: "):
+        yield f"  usage: none recorded yet ({one_line(c.region.removeprefix('not initialised: '))})"
+    elif c.region != "ok":
         yield f"  region: {one_line(c.region)}"
     for d in c.devices:
+        cap = f"compute cap {d.compute_percent} %" if 0 < d.compute_percent < 100 else "no compute cap"
         weight = f", weight {d.weight}" if d.weight else ""
-        measured = (f", measured share {d.share_percent:.1f}%" if d.share_percent is not None
+        measured = (f", measured share {d.share_percent:.1f} %" if d.share_percent is not None
                     else ", idle" if d.weight else "")
-        yield (f"  {one_line(d.key, 64)}: memory {_size(d.memory_used) if d.memory_used else '0 MiB'} used of "
-               f"{_size(d.memory_limit)}; compute cap {d.compute_percent}%{weight}{measured}, busy {d.busy_s:.1f} s, "
-               f"throttled {d.throttled_s:.1f} s over {d.launches} launches")
+        yield (f"  {one_line(d.key, 64)}: {_memory_text(d.memory_used, d.memory_limit)}; {cap}{weight}{measured}, "
+               f"busy {d.busy_s:.1f} s, throttled {d.throttled_s:.1f} s over {d.launches} launches")
     for p in c.processes:
         host = f"host pid {p.host_pid}" if p.host_pid else "not running in the container's pid namespace"
-        used = ", ".join(f"{one_line(k, 64)} {_size(v)}" for k, v in p.used.items()) or "no device memory"
+        used = ", ".join(f"{one_line(k, 64)} {size_text(v)}" for k, v in p.used.items()) or "no device memory"
         yield f"  pid {p.pid} as the container reports it ({host}): {used}"
 
 

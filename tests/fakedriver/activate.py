@@ -41,7 +41,8 @@ def _mount(source: str | None, target: str | Path, fstype: str | None, flags: in
     _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {source} on {target}")
 
 
-def _bind(source: Path, target: str | Path, readonly: bool = True) -> None:
+def bind(source: str | Path, target: str | Path, readonly: bool = True) -> None:
+    """``source`` shown at ``target`` in this process's mount namespace (read-only unless ``readonly`` is False)."""
     _mount(str(source), target, None, MS_BIND | MS_REC)
     if readonly:
         _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
@@ -123,8 +124,8 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
 def show(fake: "FakeDriver", staging: Path) -> None:  # noqa: F821 (build.FakeDriver)
     """Show ``fake`` at the real paths in this process's mount namespace, which must be a private
     one (:func:`activate`, or a child's that ends with it: demo/try.py); ``staging`` holds /dev's overlay."""
-    _bind(fake.proc / "driver", "/proc/driver")
-    _bind(fake.proc / "devices", "/proc/devices")
+    bind(fake.proc / "driver", "/proc/driver")
+    bind(fake.proc / "devices", "/proc/devices")
     _overlay_dev(fake.root / "dev", staging)
 
 

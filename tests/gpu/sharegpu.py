@@ -1,9 +1,9 @@
 """Building and running the real-GPU programs of libnvc-share, for tests/test_share_gpu.py and
-bench/share. Plain standard library plus nvc.share.limits (the hook's own limits writer), so it runs on
+bench/share. Plain standard library plus nvc's sharing modules (the hook's own limits writer), so it runs on
 the GPU machine with PYTHONPATH pointing at the source tree.
 
 Programs run with LD_PRELOAD=native/libnvc-share.so and NVC_SHARE_DIR=<a directory whose limits
-file nvc.share.limits wrote>, the same file the hook mounts read-only in containers.
+file nvc.plan.share wrote>, the same file the hook mounts read-only in containers.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ def build(out: Path) -> Path:
 
 
 def limits_dir(path: Path, env: dict[str, str]) -> Path:
-    """A share directory prepared by nvc.share.limits from a container env (e.g. NVC_SHARE_MEMORY_LIMIT)."""
+    """A share directory prepared as the hook prepares it from a container env (e.g. NVC_SHARE_MEMORY_LIMIT)."""
     sys.path.insert(0, str(REPO))
-    from nvc.share import limits as share
+    from nvc.apply import sharefiles
+    from nvc.containerenv import sharing
 
-    request = share.parse_share_env(env)
+    request = sharing.parse_share_env(env)
     assert request is not None, env
     path.mkdir(parents=True, exist_ok=True)
-    share.write_share_dir(path, request)
+    sharefiles.write_share_dir(path, request)
     return path
 
 
@@ -95,3 +96,22 @@ def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
     """(iterations per second, iterations in each second) of a finished torch_load run."""
     rate, per_second, _ = torch_output(proc)
     return rate, per_second
+
+
+def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> list[float]:
+    """Iterations per second of torch_load workloads started together, (workload, weight) each: under
+    the shim with their weights, each its own tenant in one scheduler directory, or with no shim at all
+    (the GPU's own time-slicing between them)."""
+    import time
+
+    sched = path / "sched"
+    sched.mkdir(parents=True)
+    start_at = time.time() + 15
+    procs = []
+    for i, (workload, weight) in enumerate(tenants):
+        env = shim_env(None)
+        if weighted:
+            env = shim_env(limits_dir(path / f"t{i}", {"NVC_SHARE_WEIGHT": str(weight)}),
+                           NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT=f"t{i}")
+        procs.append(torch_run(workload, env, seconds, start_at))
+    return [torch_output(p)[0] for p in procs]

@@ -4,7 +4,9 @@
 
 WORKLOAD: matmul (bf16 8192x8192 @ 8192x8192, ~1.6 ms kernels on an H100), conv (bf16 3x3
 convolution, 64x256x56x56, cuDNN), train (an MLP's forward, backward and AdamW step under bf16
-autocast: dozens of kernels from microseconds to about a millisecond). After a warm-up it waits
+autocast: dozens of kernels from microseconds to about a millisecond), and the real workloads of
+bench/share (torch_models.py): transformer (a decoder-only transformer's training step), resnet-train
+(a ResNet-50 training step), resnet-infer (ResNet-50 inference). After a warm-up it waits
 until START_AT (a time.time() value; concurrent runs start together), then prints "sec I N" for each
 second (N iterations completed in second I, the GPU synchronised at each boundary),
 "rate R" (iterations per second over the whole run) and "cpu_us C" (the process's CPU time per
@@ -42,6 +44,10 @@ def workload(name: str):
             opt.step()
             opt.zero_grad(set_to_none=True)
         return step
+    import torch_models
+
+    if name in torch_models.WORKLOADS:
+        return torch_models.WORKLOADS[name]()
     raise SystemExit(f"unknown workload {name}")
 
 

@@ -2,8 +2,9 @@
 (test_debootstrap.py: ``make deps build`` from a clone; test_deb.py: the Debian package).
 
 A root is made from the network (deb.debian.org) once per suite and package list and cached as a
-tarball under /var/cache/nvc-py-test (not /tmp: the suite leaves /tmp as it found it), so that later
-runs on the same machine skip debootstrap; each test unpacks it into its own temporary directory.
+tarball in the suite's cache directory (hostcheck.CACHE_DIR: not /tmp, and ``make clean`` removes
+it), so that later runs on the same machine skip debootstrap; each test unpacks it into its own
+temporary directory. Both say on the terminal what they do and how long it took (harness.progress).
 Commands run chrooted in it inside a private mount namespace (/proc, /dev and /sys bound in, and
 whatever the test binds), optionally a pid namespace of their own, which vanish with them.
 """
@@ -15,12 +16,17 @@ import importlib.util
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from hostcheck import CACHE_DIR
+
+from .progress import phase
+
 REPO = Path(__file__).resolve().parent.parent.parent
-CACHE = Path("/var/cache/nvc-py-test")
+CACHE = Path(CACHE_DIR)
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 CHROOT_ENV = ("env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
@@ -45,17 +51,19 @@ def base_root(root: Path, include: str, suite: str = SUITE, mirror: str = MIRROR
     root.mkdir()
     cached = tarball(include, suite)
     if cached.is_file():
-        run(["tar", "-xpf", str(cached), "--numeric-owner", "-C", str(root)], 300)
+        with phase(f"a minimal Debian root ({suite}: {include}) from the suite's cache"):
+            run(["tar", "-xpf", str(cached), "--numeric-owner", "-C", str(root)], 300)
         return True
     debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
-    run([debootstrap, "--variant=minbase", f"--include={include}", suite, str(root), mirror], 900)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    partial = cached.with_name(f".{cached.name}.{os.getpid()}")
-    try:
-        run(["tar", "-cf", str(partial), "--numeric-owner", "-C", str(root), "."], 300)
-        os.replace(partial, cached)
-    finally:
-        partial.unlink(missing_ok=True)
+    with phase(f"debootstrap: a minimal Debian root ({suite}: {include}) from {mirror}, cached for later runs"):
+        run([debootstrap, "--variant=minbase", f"--include={include}", suite, str(root), mirror], 900)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+        try:
+            run(["tar", "-cf", str(partial), "--numeric-owner", "-C", str(root), "."], 300)
+            os.replace(partial, cached)
+        finally:
+            partial.unlink(missing_ok=True)
     return False
 
 
@@ -79,3 +87,29 @@ def chroot(root: Path, script: str, timeout: int, binds: Sequence[tuple[Path, st
     shell = " && ".join(mounts) + f" && exec {' '.join(CHROOT_ENV)} chroot {root} /bin/sh -c \"$0\""
     unshare = ["unshare", "--mount", "--propagation", "private", *(["--pid", "--fork"] if own_pids else [])]
     return run([*unshare, "sh", "-c", shell, script], timeout)
+
+
+def tree(root: Path, skip: Sequence[str] = ()) -> dict[str, tuple[object, ...]]:
+    """Every entry under ``root`` but those of ``skip`` (paths relative to it) and what is below them:
+    type, mode and owner, and a file's digest or a link's target."""
+    entries: dict[str, tuple[object, ...]] = {}
+    for top, dirs, names in os.walk(root):
+        rel_top = os.path.relpath(top, root)
+        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(rel_top, d)) not in skip]
+        for name in dirs + names:
+            rel = os.path.normpath(os.path.join(rel_top, name))
+            if rel in skip:
+                continue
+            st = os.lstat(os.path.join(top, name))
+            what: object = None
+            if stat.S_ISREG(st.st_mode):
+                what = hashlib.sha256(Path(top, name).read_bytes()).hexdigest()
+            elif stat.S_ISLNK(st.st_mode):
+                what = os.readlink(os.path.join(top, name))
+            entries[rel] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, what)
+    return entries
+
+
+def differences(before: dict[str, tuple[object, ...]], after: dict[str, tuple[object, ...]]) -> list[str]:
+    """The paths :func:`tree` found different, made or removed between ``before`` and ``after``."""
+    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))

@@ -80,3 +80,35 @@ def client_hook(hook_script: str | Path, sock: Path, env: list[str], stage: str 
     """An OCI hook entry running ``stage`` through nvc-py-hook-client and the server at ``sock``."""
     return {"path": str(client_path()), "args": ["nvc-py-hook-client", str(hook_script), stage],
             "env": [*env, f"NVC_PY_HOOK_SOCKET={sock}"]}
+
+
+def umount_when_free(target: Path, timeout: float = 5.0) -> None:
+    """Unmounts a run directory the test mounted, once what a server left running there has let go of
+    it (a server stopped at the end of a test may still be exiting, its lock file open: "target is
+    busy"); after timeout, fails naming the processes that hold files in it."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(["umount", str(target)], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            holders = sorted({pid for pid, path in _open_paths() if Path(path).is_relative_to(target)})
+            held = [f"{pid}: {_where(pid)}" for pid in holders]
+            raise AssertionError(f"umount {target}: {done.stderr.strip()}; held by {held}")
+        time.sleep(0.05)
+
+
+def _open_paths() -> list[tuple[int, str]]:
+    """(pid, path) of every open file and working directory this namespace can see."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            links = [proc / "cwd", *(proc / "fd").iterdir()]
+            found += [(int(proc.name), os.readlink(link)) for link in links]
+        except OSError:
+            continue
+    return found

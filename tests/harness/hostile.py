@@ -141,13 +141,15 @@ def alive(pids: set[int]) -> set[int]:
     return pids & set(_parents())
 
 
-def nvc_processes() -> list[str]:
-    """Processes that only nvc-py starts: its helpers (``nvc:[...]``) and the sandboxed ldconfig
-    (run from a memfd). What a test leaves of these is a leak; the driver helper of a Kubernetes
-    device plugin running on this machine (``nvc-py k8s device-plugin``) lives as long as it by design."""
+def nvc_processes(session_dir: str) -> list[str]:
+    """Processes that only nvc-py starts, its helpers (``nvc:[...]``) and the sandboxed ldconfig (run
+    from a memfd), among those this session started (hostcheck.own_processes: another nvc-py on the
+    machine, a host hook server's helpers or a device plugin's, is not this test's to judge). What a
+    test leaves of these is a leak."""
+    from hostcheck import own_processes
+
     found = []
-    parents = _parents()
-    for pid, parent in parents.items():
+    for pid in own_processes(session_dir):
         try:
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
@@ -156,17 +158,9 @@ def nvc_processes() -> list[str]:
             exe = os.readlink(f"/proc/{pid}/exe")
         except OSError:
             exe = ""
-        if (comm.startswith("nvc:[") or exe.startswith("/memfd:nvc-ldconfig")) and not _device_plugin(parent):
+        if comm.startswith("nvc:[") or exe.startswith("/memfd:nvc-ldconfig"):
             found.append(f"{pid} {comm} {exe}")
     return found
-
-
-def _device_plugin(pid: int) -> bool:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"k8s" in argv and b"device-plugin" in argv
 
 
 def wait_for_ldconfig(pid: int, deadline: float) -> set[int]:

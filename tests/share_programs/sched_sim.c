@@ -1,19 +1,22 @@
 /* sched_sim: the shim's scheduler decision (native/schedpolicy.c) driving simulated tenants on a fake
- * clock and a simulated GPU that runs one kernel at a time in submission order. Deterministic test
- * program for tests/test_share_native.py; nothing here is a GPU result.
+ * clock and a simulated GPU that time-slices between the tenants with work queued (each one's oldest
+ * kernel advances at 1/n of the GPU's speed while n tenants have work, as a GPU's time-slicing between
+ * contexts averages out). Deterministic test program for tests/test_share_native.py; nothing here is
+ * a GPU result.
  *
- *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:LIE]
+ *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE]
  *
- * Each tenant launches kernels of KERNEL_US while busy, keeping at most 2 ms of its work queued (as the
- * shim does), asking nvc_sched_decide before each launch, its own cap (percent, 100 = none) enforced
- * as the shim's region.c does: slices of cap % of every 50 ms of wall time, paused while another
- * tenant holds the turn; work past a slice's end is charged to the next. It keeps the guarantee's
- * account as sched.c does. A tenant with a LIE launches nothing while busy and publishes, every
- * step, one claim: "hold" (it holds the turn), "queue" (work queued for almost NVC_SCHED_FUTURE_NS),
- * "zero" (busy at vtime 0) or "garbage" (random values); the others read every view through
- * nvc_sched_sanitize and take its weight as WEIGHT (the granted one, whatever it claims). Prints per
- * tenant "tenant I <GPU share in ‰ in the first half> <in the second half> <its longest wait for the
- * turn in ms>" of the MS simulated milliseconds. */
+ * Each tenant launches kernels of KERNEL_US while busy, its host spending HOST_US (default 0) before
+ * each launch, keeping at most 2 ms of its work queued (as the shim does), asking nvc_sched_decide
+ * before each launch. Its own cap (percent, 100 = none) is enforced as the shim's region.c does:
+ * slices of cap % of every 50 ms of wall time, extended while the scheduler holds it; work past a
+ * slice's end is charged to the next. It measures each kernel's elapsed time from when its stream
+ * could start it to its end and charges it with nvc_sched_charge (over how many it saw sharing the GPU at each decision and measurement) into its decaying share account, as
+ * sched.c does, and publishes when its queued work should have drained from that measured time. A tenant with a LIE launches nothing while busy and publishes, every step, one claim:
+ * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, a share of 0) or "garbage" (random values);
+ * the others read every view through nvc_sched_sanitize and take its weight as WEIGHT (the granted
+ * one, whatever it claims). Prints per tenant "tenant I <GPU share in ‰ in the first half> <in the
+ * second half> <its longest wait in ms>" of the MS simulated milliseconds, and "gpu <busy ‰>". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,27 +24,30 @@
 #include "schedpolicy.h"
 
 #define MAX_T 8
+#define MAX_Q 64
 #define STEP_NS 10000ull               /* the tenants' wait step (the shim sleeps 50-200 us) */
 #define MAX_INFLIGHT_NS 2000000ull
 #define SLICE_PERIOD_NS 50000000ull
+#define SAMPLE_NS 100000ull               /* how often a process with work queued looks at the others */
 
-struct kernel { int tenant; uint64_t dur, submitted; };
-
-enum lie { HONEST, HOLD, QUEUE, ZERO, GARBAGE };
-static const char *const lies[] = {"", "hold", "queue", "zero", "garbage"};
+enum lie { HONEST, BUSY, GARBAGE };
+static const char *const lies[] = {"", "busy", "garbage"};
 
 static struct tenant {
     struct nvc_sched_view v;
     unsigned weight, cap;
     enum lie lie;
-    uint64_t kernel_ns, from_ns, until_ns, inflight_ns, last_end, slice_end;
+    uint64_t kernel_ns, host_ns, from_ns, until_ns, host_ready, slice_end;
+    uint64_t queue[MAX_Q];             /* its kernels' remaining GPU time, oldest first */
+    uint64_t began;                    /* when its oldest kernel could start */
+    uint64_t estimate;                 /* a kernel's elapsed time as last measured (the shim's estimate) */
+    int qn;
     int64_t credit;
-    uint64_t owed_at, waiting_since, longest_wait;
-    uint64_t busy[2];
+    uint64_t acc, acc_at, waiting_since, longest_wait;
+    struct nvc_sched_history seen_sharing;
+    uint64_t gpu[2];
 } t[MAX_T];
 static int nt;
-static struct kernel queue[4096];
-static int qhead, qtail;
 
 static uint64_t random64(void)
 {
@@ -52,32 +58,30 @@ static uint64_t random64(void)
     return x;
 }
 
-/* What a lying tenant publishes at now. */
 static void lie(struct tenant *x, uint64_t now)
 {
-    struct nvc_sched_view v = {.id = x->v.id, .vtime = UINT64_MAX / 2, .weight = NVC_WEIGHT_MAX};
-    if (x->lie == HOLD) {
-        v.running = 1;
-        v.seen_ns = now;
-    } else if (x->lie == QUEUE) {
-        v.busy_until_ns = now + NVC_SCHED_FUTURE_NS - 1;
-    } else if (x->lie == ZERO) {
-        v.vtime = 0;
-        v.seen_ns = now;
-    } else {
-        v = (struct nvc_sched_view){.id = x->v.id, .vtime = random64(), .seen_ns = random64(),
-                                    .busy_until_ns = random64(),
-                                    .running = (uint32_t)random64(), .capped = (uint32_t)random64(),
-                                    .weight = (uint32_t)random64(), .owed_ns = (int64_t)random64()};
-    }
-    x->v = v;
+    if (x->lie == BUSY)
+        x->v = (struct nvc_sched_view){.id = x->v.id, .seen_ns = now, .busy_until_ns = now + NVC_SCHED_FUTURE_NS - 1,
+                                       .weight = NVC_WEIGHT_MAX};
+    else
+        x->v = (struct nvc_sched_view){.id = x->v.id, .seen_ns = random64(), .busy_until_ns = random64(),
+                                       .capped = (uint32_t)random64(), .weight = (uint32_t)random64(),
+                                       .share_permille = (uint32_t)random64()};
+}
+
+static uint64_t inflight(const struct tenant *x)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < x->qn; i++)
+        sum += x->queue[i];
+    return sum;
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 3)
         return 2;
-    uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2;
+    uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2, gpu_busy = 0;
     for (int i = 2; i < argc && nt < MAX_T; i++, nt++) {
         unsigned long long w, cap, us, from, until;
         char how[16] = "";
@@ -89,109 +93,114 @@ int main(int argc, char **argv)
         for (enum lie l = HONEST; l <= GARBAGE; l++)
             if (!strcmp(how, lies[l]))
                 t[nt].lie = l;
+        if (!t[nt].lie && how[0])
+            t[nt].host_ns = strtoull(how, NULL, 10) * 1000;
     }
-    uint64_t gpu_free_at = 0, now = 0, refill = 0;
-    struct nvc_sched_view others[MAX_T];
+    uint64_t now, refill = 0;
+    struct nvc_sched_view others[MAX_T], seen[MAX_T];
     for (now = 0; now < end_ns; now += STEP_NS) {
-        /* the GPU: completes the kernel at the head when its time is up, starts the next */
-        while (qhead != qtail && gpu_free_at <= now) {
-            struct kernel *k = &queue[qhead % 4096];
-            uint64_t start = gpu_free_at > k->submitted ? gpu_free_at : k->submitted;
-            uint64_t done = start + k->dur;
-            if (done > now)
-                break;
-            struct tenant *x = &t[k->tenant];
-            /* what the shim measures: from when its stream could start it to completion */
-            uint64_t began = k->submitted > x->last_end ? k->submitted : x->last_end;
-            uint64_t measured = done - began;
-            /* the estimate was k->dur */
-            x->v.vtime = nvc_sched_vtime_add(x->v.vtime, (int64_t)(measured - k->dur), x->weight);
-            x->inflight_ns -= k->dur;
-            x->last_end = done;
-            for (uint64_t a = start; a < done; a += 1000)      /* GPU time by half, at 1 us */
-                x->busy[a >= half] += a + 1000 <= done ? 1000 : done - a;
-            gpu_free_at = done;
-            qhead++;
+        for (int j = 0; j < nt; j++) {             /* what each tenant's file says now, read as sched.c reads it */
+            seen[j] = t[j].v;
+            nvc_sched_sanitize(&seen[j], now);
+            seen[j].weight = t[j].weight;
         }
-        if (qhead == qtail && gpu_free_at < now)
-            gpu_free_at = now;
-        for (int i = 0; i < nt; i++) {                          /* the shims' credit refill, never above 0 */
+        /* the GPU: one step shared by the tenants with work queued */
+        int sharing = 0;
+        for (int i = 0; i < nt; i++)
+            sharing += t[i].qn > 0;
+        gpu_busy += sharing ? STEP_NS : 0;
+        for (int i = 0; i < nt && sharing; i++) {
+            struct tenant *x = &t[i];
+            if (!x->qn)
+                continue;
+            uint64_t slice = STEP_NS / sharing;
+            x->gpu[now >= half] += slice;
+            x->queue[0] = x->queue[0] > slice ? x->queue[0] - slice : 0;
+            if (x->queue[0])
+                continue;
+            int n = 0;                              /* done: measured and charged as sched.c does */
+            for (int j = 0; j < nt; j++)
+                if (j != i)
+                    others[n++] = seen[j];
+            x->estimate = now + STEP_NS - x->began;
+            nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
+            x->acc = nvc_sched_decay(x->acc, now + STEP_NS - x->acc_at) +
+                     nvc_sched_charge(&x->seen_sharing, x->began, now + STEP_NS);
+            x->acc_at = now + STEP_NS;
+            x->began = now + STEP_NS;
+            memmove(x->queue, x->queue + 1, (size_t)--x->qn * sizeof x->queue[0]);
+            if (!x->qn)
+                x->v.busy_until_ns = now + STEP_NS;   /* drained */
+            else if (x->v.busy_until_ns < now + 2 * x->qn * x->estimate)
+                x->v.busy_until_ns = now + 2 * x->qn * x->estimate;
+        }
+        for (int i = 0; i < nt; i++) {              /* the shims' credit refill, never above 0 */
             t[i].credit += (int64_t)((now - refill) * t[i].cap / 100);
             if (t[i].credit > 0)
                 t[i].credit = 0;
         }
         refill = now;
-        for (int i = 0; i < nt; i++)
-            if (t[i].lie && now >= t[i].from_ns && now < t[i].until_ns)
-                lie(&t[i], now);
-        struct nvc_sched_view seen[MAX_T];        /* decisions of one step are simultaneous, as processes' are */
-        for (int j = 0; j < nt; j++) {             /* read as sched.c reads another tenant's file */
-            seen[j] = t[j].v;
-            nvc_sched_sanitize(&seen[j], now);
-            seen[j].weight = t[j].weight;
-        }
         for (int i = 0; i < nt; i++) {
             struct tenant *x = &t[i];
-            if (now < x->from_ns || now >= x->until_ns || x->lie) {
+            if (now < x->from_ns || now >= x->until_ns) {
                 x->waiting_since = 0;
-                continue;                                       /* idle, or only lying */
+                continue;                           /* idle */
             }
-            if (x->inflight_ns + x->kernel_ns > MAX_INFLIGHT_NS && x->inflight_ns)
-                continue;                                       /* its queue is full: waits, still seen */
+            if (x->lie) {
+                lie(x, now);
+                continue;
+            }
             int n = 0;
             for (int j = 0; j < nt; j++)
                 if (j != i)
                     others[n++] = seen[j];
-            if (x->cap < 100 && now >= x->slice_end) {         /* outside its slice */
-                if (x->inflight_ns)
-                    continue;                                   /* its last slice's work drains first */
-                if (x->last_end > x->slice_end) {               /* and what ran past the slice is charged */
-                    x->credit -= (int64_t)(x->last_end - x->slice_end);
-                    x->slice_end = x->last_end;
+            if (x->qn && now % SAMPLE_NS == 0)    /* the shim looks while it waits for room in its queue */
+                nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
+            if (now < x->host_ready || x->qn == MAX_Q || (x->qn && inflight(x) + x->kernel_ns > MAX_INFLIGHT_NS))
+                continue;                           /* its host is busy, or its queue full */
+            if (x->cap < 100 && now >= x->slice_end) {   /* outside its slice */
+                if (x->qn)
+                    continue;                       /* its last slice's work drains first */
+                if (x->began > x->slice_end) {      /* and what ran past the slice is charged */
+                    x->credit -= (int64_t)(x->began - x->slice_end);
+                    x->slice_end = x->began;
                 }
                 if (x->credit < 0) {
                     x->v.capped = 1;
-                    x->v.running = 0;
-                    x->owed_at = x->owed_at > now ? x->owed_at : now;   /* held back by its own cap: owed nothing */
                     continue;
                 }
                 x->slice_end = now + SLICE_PERIOD_NS * x->cap / 100;
                 x->credit -= (int64_t)(SLICE_PERIOD_NS * x->cap / 100);
             }
-            if (!nvc_sched_active(&x->v, now) || x->v.capped)
-                x->v.vtime = nvc_sched_catch_up(x->v.vtime, others, n, now);
             x->v.capped = 0;
             x->v.seen_ns = now;
-            x->v.owed_ns = nvc_sched_owed(x->v.owed_ns, nvc_sched_settle(&x->owed_at, &x->v, others, n, now),
-                                          nvc_sched_margin(&x->v, others, n, now));
+            nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
+            x->v.share_permille = nvc_sched_share(nvc_sched_decay(x->acc, now > x->acc_at ? now - x->acc_at : 0));
             if (nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
-                x->v.running = 0;
                 if (!x->waiting_since)
                     x->waiting_since = now;
                 if (x->cap < 100)
-                    x->slice_end += STEP_NS;                    /* its slice waits for the turn too */
+                    x->slice_end += STEP_NS;        /* its slice waits too */
                 continue;
             }
-            x->v.running = 1;
             if (x->waiting_since && now - x->waiting_since > x->longest_wait)
                 x->longest_wait = now - x->waiting_since;
             x->waiting_since = 0;
-            queue[qtail++ % 4096] = (struct kernel){i, x->kernel_ns, now};
-            x->inflight_ns += x->kernel_ns;
-            x->v.vtime = nvc_sched_vtime_add(x->v.vtime, (int64_t)x->kernel_ns, x->weight);
+            if (!x->qn)
+                x->began = now;
+            x->queue[x->qn++] = x->kernel_ns;
+            x->host_ready = now + x->host_ns;
             uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
-            x->v.busy_until_ns = base + x->kernel_ns;
+            x->v.busy_until_ns = base + 2 * (x->estimate ? x->estimate : x->kernel_ns);
         }
-        for (int i = 0; i < nt; i++)                             /* seen every step while queued work waits */
-            if (!t[i].lie && now >= t[i].from_ns && now < t[i].until_ns && t[i].inflight_ns && !t[i].v.capped)
-                t[i].v.seen_ns = now;
     }
     for (int i = 0; i < nt; i++) {
         if (t[i].waiting_since && now - t[i].waiting_since > t[i].longest_wait)
-            t[i].longest_wait = now - t[i].waiting_since;     /* still waiting at the end */
-        printf("tenant %d %llu %llu %llu\n", i, (unsigned long long)(t[i].busy[0] * 1000 / half),
-               (unsigned long long)(t[i].busy[1] * 1000 / (end_ns - half)),
+            t[i].longest_wait = now - t[i].waiting_since;   /* still waiting at the end */
+        printf("tenant %d %llu %llu %llu\n", i, (unsigned long long)(t[i].gpu[0] * 1000 / half),
+               (unsigned long long)(t[i].gpu[1] * 1000 / (end_ns - half)),
                (unsigned long long)(t[i].longest_wait / 1000000));
     }
+    printf("gpu %llu\n", (unsigned long long)(gpu_busy * 1000 / end_ns));
     return 0;
 }

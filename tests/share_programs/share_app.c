@@ -3,8 +3,10 @@
  * default or per-thread stream). Test program for libnvc-share; one output line per operation.
  *
  *   [--ptds] init | alloc BYTES | async BYTES | free SLOT | meminfo | which NAME | pool | frompool BYTES |
- *   freeasync SLOT | trim KEEP | defaulttrim | hold
- * (async: the device's default pool; trim: the pool frompool made; defaulttrim: the default pool to 0)
+ *   freeasync SLOT | trim KEEP | defaulttrim | hold | fork OPERATION... end
+ * (async: the device's default pool; trim: the pool frompool made; defaulttrim: the default pool to 0;
+ * fork: a child runs the operations up to end and exits, the parent waits for it, says `forked
+ * STATUS` and goes on after end)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -12,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fake_cuda.h"
@@ -96,6 +99,19 @@ int main(int argc, char **argv)
                 info.dli_fname = info.dli_sname = NULL;
             printf("which %s %s %s\n", argv[i], info.dli_fname ? info.dli_fname : "-",
                    info.dli_sname ? info.dli_sname : "-");
+        } else if (!strcmp(op, "fork")) {
+            pid_t child = fork();
+            if (child == 0)
+                continue;
+            int status = -1;
+            while (i + 1 < argc && strcmp(argv[i + 1], "end"))
+                i++;
+            i++;
+            if (child < 0 || waitpid(child, &status, 0) != child)
+                status = -1;
+            printf("forked %d\n", status);
+        } else if (!strcmp(op, "end")) {
+            return 0;
         } else if (!strcmp(op, "hold")) {
             printf("holding\n");
             pause();

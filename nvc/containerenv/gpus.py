@@ -9,62 +9,24 @@ grammar follows the toolkit's (see the reference note).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from nvc.capabilities import CAPABILITIES
+from nvc.containerenv import (ALL, CUDA_VERSION, DEFAULT_CAPABILITIES, DEVICE_VOLUME_DIR, DISABLE_REQUIRE,
+                              DRIVER_CAPABILITIES, IMEX_CHANNELS, IMEX_VOLUME_DIR, MIG_CONFIG_DEVICES,
+                              MIG_MONITOR_DEVICES, NONE, REQUIRE_CUDA, REQUIRE_JETPACK, REQUIRE_PREFIX, TRUE_WORDS,
+                              VISIBLE_DEVICES, VOID, Policy, imex_channel, split, volume_ids)
 from nvc.errors import InputError, shown
 from nvc.untrusted import decimal
 
 if TYPE_CHECKING:
     from nvc.plan.request import Request
 
-DEFAULT_CAPABILITIES = ("compute", "utility")
-DEVICE_VOLUME_DIR = "/var/run/nvidia-container-devices/"
-IMEX_VOLUME_DIR = DEVICE_VOLUME_DIR + "imex/"
-SHARE_VOLUME_DIR = DEVICE_VOLUME_DIR + "share/"   # <NAME>=<value>: a device plugin's sharing limits
-_TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
-
-
-class Policy(NamedTuple):
-    """The host's choices about what containers may ask (from the configuration file)."""
-
-    accept_envvar_when_unprivileged: bool = True
-    accept_volume_mounts: bool = False
-    disable_require: bool = False
-    supported_capabilities: frozenset[str] = frozenset(CAPABILITIES)
-
-
-def _split(value: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in value.split(",") if item.strip())
-
 
 def _is_legacy(env: Mapping[str, str]) -> bool:
     """An image built before NVIDIA_VISIBLE_DEVICES existed: CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA."""
-    return bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
-
-
-def _volume_ids(mounts: Iterable[Mapping[str, object]], prefix: str) -> tuple[str, ...]:
-    ids = []
-    for m in mounts:
-        dest = str(m.get("destination", ""))
-        if m.get("source") == "/dev/null" and dest.startswith(prefix):
-            name = dest[len(prefix):]
-            if name and "/" not in name:
-                ids.append(name)
-    return tuple(ids)
-
-
-def share_env(env: Mapping[str, str], mounts: Iterable[Mapping[str, object]], policy: Policy) -> Mapping[str, str]:
-    """Where a container's sharing limits are read: a device plugin's /dev/null mounts at
-    ``SHARE_VOLUME_DIR<NAME>=<value>`` when volume mounts are accepted and there are any, else the
-    env. With such mounts the env is not read at all: the kubelet puts a plugin's env first and the
-    pod's own after it, and the runtime keeps the last, so a pod's variable would replace its limit."""
-    if policy.accept_volume_mounts:
-        given = [name.partition("=") for name in _volume_ids(mounts, SHARE_VOLUME_DIR)]
-        if given:
-            return {name: value for name, sep, value in given if sep}
-    return env
+    return bool(env.get(CUDA_VERSION)) and not env.get(REQUIRE_CUDA)
 
 
 def _env_trusted(privileged: bool, policy: Policy) -> bool:
@@ -80,15 +42,15 @@ def _ignored(name: str, warnings: list[str]) -> None:
 def _env_devices(env: Mapping[str, str]) -> tuple[str, ...] | None | bool:
     """Devices the env asks for (the legacy default included): a tuple, ``None`` for driver only,
     or ``False`` for no GPU at all."""
-    if "NVIDIA_VISIBLE_DEVICES" not in env:
-        return ("all",) if _is_legacy(env) else False
-    devices = _split(env["NVIDIA_VISIBLE_DEVICES"])
-    if not devices or "void" in devices:
+    if VISIBLE_DEVICES not in env:
+        return (ALL,) if _is_legacy(env) else False
+    devices = split(env[VISIBLE_DEVICES])
+    if not devices or VOID in devices:
         return False
-    if devices == ("none",):
+    if devices == (NONE,):
         return None
-    if "all" in devices:
-        return ("all",)
+    if ALL in devices:
+        return (ALL,)
     return devices
 
 
@@ -97,59 +59,60 @@ def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]],
     """Devices asked for: a tuple, ``None`` for driver only, or ``False`` for no GPU at all. The
     legacy image's "all" comes from its env too, so the policy applies to it as to the variable."""
     if policy.accept_volume_mounts:
-        from_volumes = _volume_ids(mounts, DEVICE_VOLUME_DIR)
+        from_volumes = volume_ids(mounts, DEVICE_VOLUME_DIR)
         if from_volumes:
             return from_volumes
     devices = _env_devices(env)
     if devices is not False and not _env_trusted(privileged, policy):
-        _ignored("NVIDIA_VISIBLE_DEVICES" if "NVIDIA_VISIBLE_DEVICES" in env else
-                 "CUDA_VERSION (a legacy image's default of all GPUs)", warnings)
+        _ignored(VISIBLE_DEVICES if VISIBLE_DEVICES in env else
+                 f"{CUDA_VERSION} (a legacy image's default of all GPUs)", warnings)
         return False
     return devices
 
 
 def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
-    raw = env.get("NVIDIA_DRIVER_CAPABILITIES")
+    raw = env.get(DRIVER_CAPABILITIES)
     if raw is None:
         wanted = CAPABILITIES if _is_legacy(env) else DEFAULT_CAPABILITIES
     else:
-        names = _split(raw.lower())
+        names = split(raw.lower())
         if not names:
             wanted = DEFAULT_CAPABILITIES
-        elif "all" in names:
+        elif ALL in names:
             wanted = CAPABILITIES
         else:
             unknown = sorted(set(names) - set(CAPABILITIES))
             if unknown:
-                raise InputError(f"NVIDIA_DRIVER_CAPABILITIES: unknown capability {shown(unknown[0])} "
+                raise InputError(f"{DRIVER_CAPABILITIES}: unknown capability {shown(unknown[0])} "
                                  f"(known: {', '.join(CAPABILITIES)})")
             wanted = names
     return tuple(sorted(set(wanted) & policy.supported_capabilities))
 
 
 def _requirements(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
-    if policy.disable_require or env.get("NVIDIA_DISABLE_REQUIRE", "").strip().lower() in _TRUE:
+    if policy.disable_require or env.get(DISABLE_REQUIRE, "").strip().lower() in TRUE_WORDS:
         return ()
     reqs = [value for name, value in sorted(env.items())
-            if name.startswith("NVIDIA_REQUIRE_") and name != "NVIDIA_REQUIRE_JETPACK" and value.strip()]
+            if name.startswith(REQUIRE_PREFIX) and name != REQUIRE_JETPACK and value.strip()]
     if _is_legacy(env):
-        parts = env["CUDA_VERSION"].split(".")
+        parts = env[CUDA_VERSION].split(".")
         if len(parts) < 2 or not all(decimal(p, 9) is not None for p in parts[:2]):
-            raise InputError(f"CUDA_VERSION: invalid version {shown(env['CUDA_VERSION'])}")
+            raise InputError(f"{CUDA_VERSION}: invalid version {shown(env[CUDA_VERSION])}")
         reqs.append(f"cuda>={parts[0]}.{parts[1]}")
     return tuple(reqs)
 
 
 def _mig(env: Mapping[str, str], name: str, privileged: bool) -> bool:
-    """Whether the container gets the MIG configuration or monitoring files: only ``all`` may be
-    asked for (the reference CLI's rule), and only by a privileged container."""
-    value = env.get(f"NVIDIA_{name}_DEVICES")
+    """Whether the container gets the MIG configuration or monitoring files (``name``: their
+    variable): only ``all`` may be asked for (the reference CLI's rule), and only by a privileged
+    container."""
+    value = env.get(name)
     if not value:
         return False
     if not privileged:
-        raise InputError(f"cannot set {name}_DEVICES in non privileged container")
-    if _split(value) != ("all",):
-        raise InputError(f"NVIDIA_{name}_DEVICES: only 'all' is supported (got {shown(','.join(_split(value)))})")
+        raise InputError(f"cannot set {name.removeprefix('NVIDIA_')} in non privileged container")
+    if split(value) != (ALL,):
+        raise InputError(f"{name}: only 'all' is supported (got {shown(','.join(split(value)))})")
     return True
 
 
@@ -159,33 +122,21 @@ def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], p
     grants channel nodes as NVIDIA_VISIBLE_DEVICES grants GPUs and so passes the same policy."""
     raw: tuple[str, ...] = ()
     if policy.accept_volume_mounts:
-        raw = _volume_ids(mounts, IMEX_VOLUME_DIR)
+        raw = volume_ids(mounts, IMEX_VOLUME_DIR)
     if not raw:
-        raw = _split(env.get("NVIDIA_IMEX_CHANNELS", ""))
-        if raw == ("all",):  # a lone "all" from the variable is ignored, as the toolkit does
+        raw = split(env.get(IMEX_CHANNELS, ""))
+        if raw == (ALL,):  # a lone "all" from the variable is ignored, as the toolkit does
             return ()
         if raw and not _env_trusted(privileged, policy):
-            _ignored("NVIDIA_IMEX_CHANNELS", warnings)
+            _ignored(IMEX_CHANNELS, warnings)
             return ()
-    from nvc.plan.request import imex_channel
-
     channels = []
     for item in raw:
         channel = imex_channel(item)
         if channel is None:
-            raise InputError(f"NVIDIA_IMEX_CHANNELS: unsupported IMEX channel value {shown(item)}")
+            raise InputError(f"{IMEX_CHANNELS}: unsupported IMEX channel value {shown(item)}")
         channels.append(channel)
     return tuple(sorted(set(channels)))
-
-
-def parse_env(entries: Iterable[str]) -> dict[str, str]:
-    """OCI ``process.env`` (``NAME=value`` strings) to a mapping; the last duplicate wins, like execve users see."""
-    env: dict[str, str] = {}
-    for entry in entries:
-        name, sep, value = entry.partition("=")
-        if sep:
-            env[name] = value
-    return env
 
 
 def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | None = None,
@@ -205,7 +156,7 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
 
     capabilities = frozenset(_capabilities(env, policy))
     wanted = _requirements(env, policy)
-    mig_config, mig_monitor = _mig(env, "MIG_CONFIG", privileged), _mig(env, "MIG_MONITOR", privileged)
+    mig_config, mig_monitor = _mig(env, MIG_CONFIG_DEVICES, privileged), _mig(env, MIG_MONITOR_DEVICES, privileged)
     imex_channels = _imex_channels(env, mounts, privileged, policy, warnings)
     return Request(
         capabilities=capabilities,
