@@ -1,7 +1,7 @@
 """``nvc-py-hook serve``: run hook (and CLI) calls in workers forked from one warm interpreter.
 
 A Python hook started per container pays for the interpreter and its imports every time
-(about four fifths of its cost on the H100 host), while the work itself takes a few tens of
+(most of its cost: docs/performance.md), while the work itself takes a few tens of
 milliseconds. The server imports everything the hook needs once; ``nvc-py-hook-client``
 (native/client/hook_client.c), registered as the hook, passes each call to it: arguments,
 environment, the three standard streams and the working directory (SCM_RIGHTS) over a
@@ -89,8 +89,8 @@ ADOPTED_IDLE_EXIT = 0.5  # seconds without a call after which an on-demand serve
 IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts its helpers and warms up
 # Workers forked ahead and waiting in accept(): a storm of calls is taken by as many at once while
 # the server forks their replacements, instead of each call waiting for the fork of the one before.
-# Each keeps an NVML helper ready once idle: the kernel hands a call to any of them, and `nvc-py
-# info` on one without took 38 ms instead of 21 on the H100 with only one of 8 keeping it.
+# Each keeps an NVML helper ready once idle: the kernel hands a call to any of them, and a call
+# that lands on one without pays for starting it.
 SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 # The server's nice value while it starts and serves, below its workers' (which go back to the one it
 # started with): in a start storm its only work, forking the next spare, waits on a CPU behind every

@@ -12,7 +12,7 @@
  * (/proc/self/exe), not argv[0]'s.
  *
  * A Python program pays for an interpreter start and its imports at every run (most of its cost:
- * ~100 ms of a hook's ~130 ms on the H100 host, ~100 ms of `nvc-py info`'s ~120); the server has
+ * docs/performance.md); the server has
  * imported everything once and keeps a worker forked ahead of each call (an idle one even has
  * NVML loaded). This client sends its arguments, its environment, its standard streams (the OCI
  * state arrives on stdin; errors go to the runtime's stderr) and its working directory over the
