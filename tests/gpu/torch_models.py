@@ -51,6 +51,17 @@ def resnet50(classes: int = 1000) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:
+    """One step: the loss's forward pass under bf16 autocast, backward, the optimizer's step."""
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            value = loss()
+        value.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
 def transformer() -> Callable[[], None]:
     vocab, d_model, layers, heads, seq, batch = 32000, 1024, 12, 16, 512, 16
     dev = "cuda"
@@ -63,15 +74,11 @@ def transformer() -> Callable[[], None]:
     tokens = torch.randint(0, vocab, (batch, seq + 1), device=dev)
     mask = nn.Transformer.generate_square_subsequent_mask(seq, device=dev)
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            h = model["blocks"](model["embed"](tokens[:, :-1]), mask=mask, is_causal=True)
-            logits = model["head"](model["norm"](h))
-            loss = nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
+    def loss() -> torch.Tensor:
+        h = model["blocks"](model["embed"](tokens[:, :-1]), mask=mask, is_causal=True)
+        logits = model["head"](model["norm"](h))
+        return nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
+    return training_step(loss, opt)
 
 
 def resnet_train() -> Callable[[], None]:
@@ -81,13 +88,7 @@ def resnet_train() -> Callable[[], None]:
     x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (64,), device="cuda")
 
-    def step() -> None:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return step
+    return training_step(lambda: nn.functional.cross_entropy(model(x), y), opt)
 
 
 def resnet_infer() -> Callable[[], None]:
