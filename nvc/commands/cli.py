@@ -355,7 +355,7 @@ def _server_options(command: Callable[..., None]) -> Callable[..., None]:
 def _setup_server(no_server: bool, unit_dir: str | None, config_path: str | None, systemctl: str) -> None:
     """Served by default: socket-activated units where systemd runs, else the hooks' on-demand start
     (docs/hook-server.md); ``--no-server``: neither."""
-    from nvc.hook import setup as engines
+    from nvc.hook import engines
 
     lines = [] if no_server else engines.install_server(unit_dir, config_path, systemctl)
     changed = engines.set_server_start(config_path, not no_server)
@@ -391,7 +391,7 @@ def _hooks_command(engine_name: str, short: str, summary: str) -> None:
     @_REMOVE
     def command(hooks_dir: str | None, config_path: str | None, no_server: bool, unit_dir: str | None,
                 systemctl: str, remove: bool) -> None:
-        from nvc.hook import hooksdirs, setup as engines
+        from nvc.hook import engines, hooksdirs
 
         engine = hooksdirs.CRIO if engine_name == "crio" else hooksdirs.PODMAN
         if remove:
@@ -424,7 +424,7 @@ _hooks_command("crio", "Hooks where CRI-O reads them, and the hook server.",
 def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove: bool) -> None:
     """Install the systemd socket and service units of `nvc-py-hook serve` (enabled where systemd runs;
     --remove: stopped, disabled and removed, with the no-server file beside the configuration)."""
-    from nvc.hook import setup as engines
+    from nvc.hook import engines
 
     if remove:
         _echo_lines(engines.remove_server(unit_dir, config_path, systemctl))
@@ -446,7 +446,7 @@ def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_d
                      no_server: bool, unit_dir: str | None, systemctl: str, remove: bool) -> None:
     """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName), and the hook server
     (--remove: the drop-in and its imports entry; `setup server --remove` removes the server)."""
-    from nvc.hook import setup as engines
+    from nvc.hook import engines
 
     if remove:
         _echo_lines(engines.remove_containerd(config_path, drop_in))
@@ -520,7 +520,7 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
                  config_path: str | None) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
     from nvc.commands import cdi as cdi_spec
-    from nvc.hook import setup as engines
+    from nvc.hook import engines
 
     if fmt is None:
         fmt = "json" if output is not None and output.endswith(".json") else "yaml"
