@@ -23,7 +23,7 @@ SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hoo
 
 # Each layer: modules, or packages standing for every module in them; the longest match wins
 # (nvc.share.status, the status command, sits above the rest of nvc.share; nvc.commands.cli, the
-# program, above the commands it runs).
+# program, and its setup commands, which drive nvc.hook's engine registration, above the commands it runs).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.untrusted", "nvc.stdio", "nvc.quickexit",
                         "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
     ("commands", frozenset({"nvc.commands", "nvc.share.status", "nvc.k8s"})),
-    ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.hook", "nvc.doctor", "nvc.exporter"})),
+    ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.commands.engine_setup", "nvc.hook", "nvc.doctor",
+                           "nvc.exporter"})),
 )
 
 
