@@ -27,7 +27,7 @@ SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hoo
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.untrusted", "nvc.stdio", "nvc.quickexit",
                         "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
-                        "nvc.config", "nvc.runcache"})),
+                        "nvc.config", "nvc.configyaml", "nvc.runcache"})),
     ("discover", frozenset({"nvc.discover"})),
     ("plan", frozenset({"nvc.plan", "nvc.containerenv"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
