@@ -21,7 +21,7 @@ from nvc.logger import Logger
 from nvc.rpc.helper import Dispatch, HelperClient, note
 
 if TYPE_CHECKING:
-    from nvc.plan.mountplan import Plan
+    from nvc.plan.operations import Plan
 
 log = Logger(__name__)
 
@@ -45,7 +45,7 @@ def _confine() -> None:
 def serve_container() -> Dispatch:
     """Helper setup: confine, then serve mount / rollback / commit for one plan."""
     from nvc.apply.applier import Applier
-    from nvc.plan.mountplan import Plan
+    from nvc.plan.operations import Plan
 
     _confine()
     state: dict[str, Applier] = {}
