@@ -5,8 +5,8 @@ runs ldconfig's sandbox and programs the device cgroup, and has the helper commi
 
 Joining a mount namespace is a one-way trip for a process, and the caller (the CLI or the
 OCI hook) must stay in the host's. So a forked helper does it, holding only the
-capabilities mounting needs (:data:`nvc.apply.applier.HELPER_CAPS`), each raised only for the step
-that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits or rolls back, and
+capabilities mounting needs (:data:`nvc.confinement.CONTAINER_HELPER`), each raised only for the
+step that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits or rolls back, and
 notes each change in its journal as it makes it (nvc.rpc.helper): where it dies mid-apply (killed,
 crashed), a fresh helper undoes what the journal names (:meth:`ContainerClient.recover`).
 """
@@ -28,26 +28,13 @@ log = Logger(__name__)
 HELPER_TIMEOUT = 10.0  # seconds per helper call
 
 
-def _confine() -> None:
-    """Keep only the helper's capabilities (bounding and permitted), none effective."""
-    import prctl
-
-    from nvc.apply.applier import HELPER_CAPS
-
-    keep = [getattr(prctl, f"CAP_{name.upper()}") for name in HELPER_CAPS]
-    prctl.capbset.limit(*keep)
-    prctl.cap_inheritable.limit()
-    prctl.cap_effective.limit()
-    prctl.cap_permitted.limit(*keep)
-    prctl.set_no_new_privs(1)
-
-
 def serve_container() -> Dispatch:
     """Helper setup: confine, then serve mount / rollback / commit for one plan."""
     from nvc.apply.applier import Applier
+    from nvc.confinement import CONTAINER_HELPER, confine
     from nvc.plan.operations import Plan
 
-    _confine()
+    confine(CONTAINER_HELPER)
     state: dict[str, Applier] = {}
 
     def mount(plan: dict[str, Any]) -> int:

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from nvc.confinement import DRIVER_HELPER, confine, overflow_ids
 from nvc.errors import DriverError, InitializationError
-from nvc.rpc.confine import confine, overflow_ids
-from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient
+from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient, die_with_parent
 
 if TYPE_CHECKING:  # imported where used: what this module loads delays the helper's fork (``info``)
     from pathlib import Path
@@ -213,7 +213,7 @@ def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatc
         from nvc.rpc import nvml_events
     if root != "/":
         _preload_host_libraries()
-    confine(root, uid, gid)
+    confine(DRIVER_HELPER, root, (uid, gid), rearm=die_with_parent)  # a driver root can at most lie to us
     nvml = _Nvml(pynvml)
     nvml.load()
     nvml.attach()

@@ -20,7 +20,11 @@ from pathlib import Path
 import pytest
 
 from nvc.errors import LdcacheError
-from nvc.apply.ldconfig import SECCOMP_ALLOW, SECCOMP_CACHE, run_ldconfig, seccomp_cache_header, start_ldconfig
+from nvc.apply.ldconfig import run_ldconfig, start_ldconfig
+from nvc.confinement import SECCOMP_FILTERS, seccomp_cache_header
+from nvc.confinement import SECCOMP_CACHE as CACHES
+
+SECCOMP_ALLOW, SECCOMP_CACHE = SECCOMP_FILTERS["ldconfig"], CACHES.format("ldconfig")
 
 LIBDIR = Path("/lib/x86_64-linux-gnu")
 
@@ -389,7 +393,7 @@ def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_l
     """The allowlist is compiled once and kept (root's 0600 file, headed by the list it holds); a
     cached program for this list is what the sandbox loads (one without rename makes ldconfig fail),
     one that others could have written or one for another list is compiled again."""
-    header = seccomp_cache_header()
+    header = seccomp_cache_header("ldconfig")
     Path(SECCOMP_CACHE).unlink(missing_ok=True)
     assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
     st = os.lstat(SECCOMP_CACHE)

@@ -21,7 +21,7 @@ import pytest
 
 from nvc import errors
 from nvc.rpc import helper, protocol
-from nvc.rpc.confine import confine, overflow_ids
+from nvc.confinement import CONTAINER_HELPER, DRIVER_HELPER, confine, overflow_ids
 from nvc.devices import DriverSnapshot
 from nvc.rpc.driver_service import brand_name, bus_id, open_driver, snapshot_from_wire
 from nvc.rpc.helper import HelperClient
@@ -125,7 +125,7 @@ def test_socket_helpers_tell_clean_close_from_truncation_and_timeout() -> None:
 
 def _test_service(root: str) -> dict:
     """A confined service with test-only methods; the production helpers have none of these."""
-    confine(root, TEST_UID, TEST_GID)
+    confine(DRIVER_HELPER, root, (TEST_UID, TEST_GID), rearm=helper.die_with_parent)
 
     def fail(kind: str, message: str, code: int | None = None) -> None:
         exc = next(c for c in (errors.NvcError, *errors.NvcError.__subclasses__()) if c.kind == kind)(message)
@@ -379,13 +379,13 @@ def test_hung_shutdown_is_killed_after_grace(jail: Path) -> None:
 def test_helper_dies_with_its_parent(confined: bool) -> None:
     """PDEATHSIG: a parent killed without any cleanup still takes its helper with it; also a
     helper that switched to another uid (NVML's), which clears PDEATHSIG until armed again."""
-    become = f"confine('/', {TEST_UID}, {TEST_GID})" if confined else "None"
+    become = f"confine(DRIVER_HELPER, '/', ({TEST_UID}, {TEST_GID}), rearm=helper.die_with_parent)" if confined else "None"
     script = textwrap.dedent(
         f"""
         import time
         from nvc import errors
         from nvc.rpc import helper, protocol
-        from nvc.rpc.confine import confine
+        from nvc.confinement import DRIVER_HELPER, confine
         from nvc.rpc.helper import HelperClient
         client = HelperClient.spawn("orphan", lambda: ({become}, {{"sleep": lambda: time.sleep(60)}})[1], failure=errors.DriverError)
         # Queued before the parent dies, so the helper is busy, not reading: an EOF on its
@@ -525,12 +525,11 @@ def test_a_prestarted_container_helper_is_confined_before_any_call_and_taken_onc
     """The hook server's idle workers fork the container helper ahead (container_service.prestart):
     before any call it holds only the mount capabilities, none effective, with NO_NEW_PRIVS; the
     next open_container takes it (no fork on the call's path), the one after forks its own."""
-    from nvc.apply.applier import HELPER_CAPS
     from nvc.rpc import container_service
 
     container_service.prestart()
     ahead = container_service._prestarted.pid
-    bounding = sum(1 << getattr(prctl, f"CAP_{name.upper()}") for name in HELPER_CAPS)
+    bounding = sum(1 << getattr(prctl, f"CAP_{name.upper()}") for name in CONTAINER_HELPER.permitted)
     deadline = time.monotonic() + 5
     while _status(ahead)["NoNewPrivs"] != "1":
         assert time.monotonic() < deadline, "the prestarted helper never confined itself"

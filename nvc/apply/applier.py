@@ -38,15 +38,12 @@ log = Logger(__name__)
 
 SEALED = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
 PSEUDO_FS = {syscalls.PROC_SUPER_MAGIC: "procfs", syscalls.SYSFS_MAGIC: "sysfs"}  # no bind lands there
-# The only capabilities the helper keeps (it drops the rest from all its sets at start):
-# mounts and setns (SYS_ADMIN, SYS_CHROOT), /proc/PID/ns of a more privileged process
-# (SYS_PTRACE), files it does not own (DAC_*, FOWNER), created files' owner (CHOWN).
-HELPER_CAPS = ("sys_admin", "sys_chroot", "sys_ptrace", "dac_override", "dac_read_search", "fowner", "chown")
 
 
 @contextmanager
 def raised(*names: str) -> Iterator[None]:
-    """Hold exactly the effective capabilities ``names`` for one step, none afterwards."""
+    """Hold exactly the effective capabilities ``names`` for one step, none afterwards (the helper
+    keeps them permitted: :data:`nvc.confinement.CONTAINER_HELPER`)."""
     import prctl
 
     for name in names:

@@ -1,73 +1,39 @@
 """Run ldconfig for a container, sandboxed, so that the image cannot turn it against the host.
 
-The cache must be built by ldconfig inside the container's view of its rootfs: running
-the host's ``ldconfig -r <rootfs>`` follows the image's symlinks on the host
-(CVE-2025-23267). So a child, pid 1 of a fresh pid namespace, joins the container's mount
-namespace, makes its own private copy of it (plus a fresh ipc namespace), pivots into the
-rootfs, hides /proc, /sys and /dev under empty read-only tmpfs, gives up every capability,
-becomes the container's owner, takes rlimits, NO_NEW_PRIVS and a seccomp allowlist, and
-execs ldconfig with an empty environment. The private copy of the rootfs is nodev and nosuid
-(recursively): whatever device node an image ships, ldconfig cannot open it, nor can a
-setuid file gain anything. Its fixed inputs and output (``/etc/ld.so.conf``,
-``ld.so.conf.d/*.conf``, ``/etc/ld.so.cache``, ``/etc/ld.so.cache~``) are checked, in
-ldconfig's own view, to be regular files before it runs, so that an image's FIFO or device
-there is refused with one line naming it rather than blocking or failing obscurely; a FIFO
-elsewhere (an ``include``d file) is bounded by the wall-time limit, after which everything
-the run started is killed. Every process of the run dies with its parent (PDEATHSIG,
-armed after the last credential change, which clears it). A host ldconfig (``@/path``) is copied into a sealed
-memfd before the fork and executed from that fd: the process never maps the host inode,
-so nothing the container does to ``/proc/<pid>/exe`` reaches the host binary
-(CVE-2024-0135). Executing through execveat(AT_EMPTY_PATH) needs no /proc at all.
+The cache must be built by ldconfig inside the container's view of its rootfs: running the
+host's ``ldconfig -r <rootfs>`` follows the image's symlinks on the host (CVE-2025-23267). So a
+child, pid 1 of a fresh pid namespace, joins the container's mount namespace, makes its own
+private copy of it (plus a fresh ipc namespace), pivots into the rootfs, hides /proc, /sys and
+/dev under empty read-only tmpfs, gives up every capability, becomes the container's owner,
+takes rlimits, NO_NEW_PRIVS and a seccomp allowlist (the steps and the row
+:data:`nvc.confinement.LDCONFIG_SANDBOX`), and execs ldconfig with an empty environment. The
+private copy of the rootfs is nodev and nosuid (recursively): whatever device node an image
+ships, ldconfig cannot open it, nor can a setuid file gain anything. Its fixed inputs and output
+(``/etc/ld.so.conf``, ``ld.so.conf.d/*.conf``, ``/etc/ld.so.cache``, ``/etc/ld.so.cache~``) are
+checked, in ldconfig's own view, to be regular files before it runs, so that an image's FIFO or
+device there is refused with one line naming it rather than blocking or failing obscurely; a
+FIFO elsewhere (an ``include``d file) is bounded by the wall-time limit, after which everything
+the run started is killed. Every process of the run dies with its parent (PDEATHSIG, armed after
+the last credential change, which clears it). A host ldconfig (``@/path``) is copied into a
+sealed memfd before the fork and executed from that fd: the process never maps the host inode,
+so nothing the container does to ``/proc/<pid>/exe`` reaches the host binary (CVE-2024-0135).
+Executing through execveat(AT_EMPTY_PATH) needs no /proc at all.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
-import resource
 import select
 import signal
 import stat
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from nvc import syscalls
-from nvc.errors import LdcacheError, proc_failure
-
-# rlimits of the ldconfig process. DATA bounds its memory (heap and private writable maps):
-# the host's ldconfig needs under 0.5 MiB for 620 libraries, so 64 MiB leaves room for
-# images with tens of thousands while an endless ld.so.conf line stops there, not at 1 GiB.
-# AS only bounds address space: ldconfig maps each library whole, read-only (page cache,
-# not counted in DATA), and CUDA images ship single libraries near 1 GiB. FSIZE bounds the
-# cache file ldconfig writes: 64 MiB is far above any real cache (a few hundred KiB for
-# thousands of libraries) yet still stops a runaway write filling the container's disk.
-RLIMITS: dict[int, int] = {
-    resource.RLIMIT_CPU: 10,
-    resource.RLIMIT_DATA: 64 << 20,
-    resource.RLIMIT_AS: 2 << 30,
-    resource.RLIMIT_NOFILE: 64,
-    resource.RLIMIT_FSIZE: 64 << 20,
-}
-
-# Everything else fails with EPERM. The reference tool's list plus clock_gettime (new
-# glibc). Static glibc's start-up calls that are missing here (set_tid_address,
-# set_robust_list, rseq, prlimit64, getrandom, futex) fail harmlessly, which the tests
-# check by running the real ldconfig under this filter.
-SECCOMP_ALLOW: tuple[str, ...] = (
-    "access", "arch_prctl", "brk", "chdir", "chmod", "clock_gettime", "close", "execve",
-    "execveat", "exit", "exit_group", "fcntl", "fdatasync", "fstat", "fsync", "ftruncate",
-    "getcwd", "getdents", "getdents64", "getegid", "geteuid", "getgid", "getpgrp", "getpid",
-    "gettid", "gettimeofday", "getuid", "_llseek", "lseek", "lstat", "mkdir", "mmap",
-    "mprotect", "mremap", "munmap", "newfstatat", "open", "openat", "pread64", "read",
-    "readlink", "readv", "rename", "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "stat",
-    "symlink", "tgkill", "time", "uname", "unlink", "write", "writev",
-)  # fmt: skip
-
-# The compiled allowlist, kept for the next runs (nvc.runcache: believed only as root's own file).
-SECCOMP_CACHE = "/run/nvc-py/ldconfig-seccomp.bpf"
-_MAX_BPF = 4096 * 8  # bytes: the kernel's limit of 4096 instructions of 8 bytes
+from nvc import confinement, syscalls
+from nvc.confinement import LDCONFIG_SANDBOX as SANDBOX
+from nvc.errors import LdcacheError, NvcError, proc_failure
 
 # Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
 # is bounded at 10 s by RLIMIT_CPU): a FIFO or a stopped filesystem cannot hang configure.
@@ -83,7 +49,6 @@ _FILES: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
 )
 _CONF_DIR = "/etc/ld.so.conf.d"
 _MISSING = "missing:"  # error-pipe prefix: the container has no ldconfig (not an error)
-_RO_TMPFS = syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
 _TYPES = {stat.S_IFBLK: "a block device", stat.S_IFCHR: "a character device", stat.S_IFIFO: "a FIFO",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
           stat.S_IFREG: "a regular file"}
@@ -292,8 +257,8 @@ def start_ldconfig(
         if child == 0:
             os.close(err_r)
             os.close(go_w)
-            _sandbox_child(err_w, go_r, parent_fd, ns_fd, rootfs, no_pivot, null_fd, output_fd, program_fd, shown,
-                           dirs, owner)
+            _sandbox_child(_Run(rootfs, no_pivot, output_fd, shown, dirs, owner), err_w, go_r, parent_fd, ns_fd,
+                           null_fd, program_fd)
         pending = PendingLdconfig(child, go_w, err_r, shown, timeout)
         err_r = go_w = -1
         return pending
@@ -350,55 +315,47 @@ def _read_all(fd: int, deadline: float) -> str | None:
         chunks.append(chunk)
 
 
-def _sandbox_child(
-    err_w: int,
-    go_r: int,
-    parent_fd: int,
-    ns_fd: int,
-    rootfs: str,
-    no_pivot: bool,
-    null_fd: int,
-    output_fd: int | None,
-    program_fd: int,
-    path: str,
-    dirs: Sequence[str],
-    owner: tuple[int, int],
-) -> None:
+class _Run(NamedTuple):
+    """What the sandboxed child runs (see :func:`start_ldconfig`); ``path`` as shown in messages."""
+
+    rootfs: str
+    no_pivot: bool
+    output_fd: int | None
+    path: str
+    dirs: Sequence[str]
+    owner: tuple[int, int]
+
+
+def _sandbox_child(run: _Run, err_w: int, go_r: int, parent_fd: int, ns_fd: int, null_fd: int, program_fd: int) -> None:
     """The forked child (pid 1 of its own pid namespace): build the mount sandbox, drop
-    everything, exec ldconfig.
+    everything (:data:`SANDBOX`'s steps, in their order), exec ldconfig.
 
     Never returns: it becomes ldconfig, or writes why it failed to ``err_w`` and exits.
     ``parent_fd``: a pidfd of the caller, checked once PDEATHSIG is armed (getppid() is 0 here).
     """
+    path = run.path
     try:
         syscalls.die_with_parent(parent_fd)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        import prctl
-
-        program = _seccomp_program()  # read or built while the caller mounts: loading it later is quick
+        program = confinement.seccomp_program(SANDBOX)  # read or built while the caller mounts: loading it is quick
         if os.read(go_r, 1) != b"g":  # cancelled: the caller's mounts failed, or it is gone
             os._exit(0)
         os.close(go_r)
         if ns_fd >= 0:
             syscalls.setns(ns_fd, syscalls.CLONE_NEWNS, "container mount namespace")
         syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWIPC)
-        _enter_rootfs(rootfs, no_pivot)
+        confinement.change_root(SANDBOX, run.rootfs, run.no_pivot)
         check_files()
-        os.dup2(null_fd, 0)
-        os.dup2(output_fd if output_fd is not None else null_fd, 1)
-        os.dup2(output_fd if output_fd is not None else null_fd, 2)
+        output = run.output_fd if run.output_fd is not None else null_fd
+        for fd, target in ((null_fd, 0), (output, 1), (output, 2)):
+            os.dup2(fd, target)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, "sandbox set-up failed"))
     try:
-        prctl.capbset.limit()
-        prctl.cap_inheritable.limit()  # also empties the ambient set
-        os.setgroups([])
-        os.setresgid(owner[1], owner[1], owner[1])
-        os.setresuid(owner[0], owner[0], owner[0])
-        syscalls.die_with_parent(parent_fd)  # the uid switch cleared PDEATHSIG
-        prctl.cap_effective.limit()  # effective first: it must stay within permitted
-        prctl.cap_permitted.limit()  # (both already empty unless the owner is root)
-        if program_fd < 0:
+        confinement.limit_bounding(SANDBOX)
+        confinement.switch_identity(SANDBOX, run.owner, rearm=lambda: syscalls.die_with_parent(parent_fd))
+        confinement.limit_caps(SANDBOX)
+        if program_fd < 0:  # opened as the owner, with nothing left of root's power
             try:
                 program_fd, path = _open_program(path)
             except FileNotFoundError:
@@ -407,53 +364,17 @@ def _sandbox_child(
         os.closerange(3, keep[0])
         os.closerange(keep[0] + 1, keep[-1])
         os.closerange(keep[-1] + 1, os.sysconf("SC_OPEN_MAX"))
-        for limit, value in RLIMITS.items():
-            resource.setrlimit(limit, (value, value))
-        prctl.set_no_new_privs(True)
-        syscalls.load_seccomp_program(program)
-        syscalls.execveat(program_fd, ldconfig_argv(path, dirs), [], path)
+        confinement.limit_resources(SANDBOX)
+        confinement.set_no_new_privs(SANDBOX)
+        confinement.limit_syscalls(SANDBOX, program)
+        syscalls.execveat(program_fd, ldconfig_argv(path, run.dirs), [], path)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, f"cannot run {path}"))
 
 
-def seccomp_cache_header() -> bytes:
-    """What the cached program must start with: the allowlist and architecture it was built for."""
-    return f"nvc-py ldconfig seccomp: {os.uname().machine} EPERM {' '.join(SECCOMP_ALLOW)}\n".encode()
-
-
-def _seccomp_program() -> bytes:
-    """The allowlist (:data:`SECCOMP_ALLOW`) compiled to BPF by libseccomp: root's cached copy
-    (:data:`SECCOMP_CACHE`) when it was built for this list, else built now and cached. Built
-    once per boot, not per container start: importing pyseccomp alone runs ``ldconfig -p``
-    twice (ctypes.util.find_library), which on a loaded host costs more than the mounts it
-    overlaps."""
-    from nvc import runcache
-
-    header = seccomp_cache_header()
-    cached = runcache.load(SECCOMP_CACHE, len(header) + _MAX_BPF)
-    if cached is not None and cached.startswith(header):
-        program = cached[len(header):]
-        if program and len(program) % 8 == 0:
-            return program
-    import pyseccomp
-
-    rules = pyseccomp.SyscallFilter(pyseccomp.ERRNO(errno.EPERM))
-    for name in SECCOMP_ALLOW:
-        if pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) >= 0:  # skip other arches' names
-            rules.add_rule(pyseccomp.ALLOW, name)
-    with os.fdopen(syscalls.memfd_create("nvc-seccomp", syscalls.MFD_CLOEXEC), "w+b") as exported:
-        rules.export_bpf(exported)
-        exported.seek(0)
-        program = exported.read(_MAX_BPF + 1)
-    if not program or len(program) > _MAX_BPF:
-        raise LdcacheError(f"libseccomp exported a filter of {len(program)} bytes")
-    runcache.store(SECCOMP_CACHE, header + program)
-    return program
-
-
 def _describe(err: BaseException, doing: str) -> str:
     """The message the parent raises as LdcacheError for an exception in a child."""
-    if isinstance(err, LdcacheError):
+    if isinstance(err, NvcError):  # LdcacheError, or a confinement step's own
         return str(err.args[0])
     if isinstance(err, OSError):
         return f"{doing}: {err.filename or ''}: {err.strerror}"
@@ -465,88 +386,3 @@ def _fail(err_w: int, message: str) -> None:
         os.write(err_w, message.encode() or b"failed")
     finally:
         os._exit(1)
-
-
-def _enter_rootfs(rootfs: str, no_pivot: bool) -> None:
-    """Make (a private bind of) the rootfs our root, with /proc, /sys, /dev emptied.
-
-    The rootfs path is looked up once, its last component never followed (a rootfs that is
-    a symlink is refused, as configure refuses it); the bind, the working directory and the
-    pivot then go through file descriptors, so a path swapped meanwhile cannot redirect them.
-    """
-    syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
-    fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        top = _bind_onto_itself(fd, rootfs)
-    finally:
-        os.close(fd)
-    try:
-        _nodev(top)
-        os.fchdir(top)
-    finally:
-        os.close(top)
-    if no_pivot:
-        syscalls.mount(".", "/", None, syscalls.MS_MOVE)
-        os.chroot(".")
-    else:
-        syscalls.pivot_root(".", ".")
-        syscalls.umount2(".", syscalls.MNT_DETACH)
-    os.chdir("/")
-    for hidden in ("/proc", "/sys", "/dev"):
-        if stat.S_ISDIR(_lstat_mode(hidden)):  # a symlink here stays a symlink into this root
-            syscalls.mount("tmpfs", hidden, "tmpfs", _RO_TMPFS, "size=4k")
-
-
-def _bind_onto_itself(fd: int, rootfs: str) -> int:
-    """Bind the directory open on ``fd`` onto itself (recursively); return an fd of the new mount's root.
-
-    The new mount API names both ends by ``fd``. Without it, mount(2) is given
-    /proc/self/fd/N, which names the same directory, and the new mount is opened by path
-    (no-follow) and checked to show that directory.
-    """
-    clone = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE | syscalls.AT_EMPTY_PATH
-    try:
-        tree = syscalls.open_tree(fd, "", clone, name=rootfs)
-    except OSError as err:
-        if err.errno != errno.ENOSYS:
-            raise
-        expect = os.fstat(fd)
-        syscalls.mount(f"/proc/self/fd/{fd}", f"/proc/self/fd/{fd}", None, syscalls.MS_BIND | syscalls.MS_REC)
-        top = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        st = os.fstat(top)
-        if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
-            os.close(top)
-            raise LdcacheError(f"{rootfs} changed while ldconfig was being set up")
-        return top
-    try:
-        both = syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH
-        syscalls.move_mount(tree, "", fd, "", both, names=(rootfs, rootfs))
-    except BaseException:
-        os.close(tree)
-        raise
-    return tree
-
-
-def _nodev(top: int) -> None:
-    """Make the private tree under the mount at ``top`` nodev and nosuid, every mount of it.
-
-    Kernels without mount_setattr (before 5.12) get the classic remount of the top mount only:
-    the image's own filesystem, where its nodes live (the flags it has, read-only, noexec,
-    are kept); mounts under it are the runtime's and the user's, and check_files still runs.
-    """
-    flags = syscalls.MountAttr.NODEV | syscalls.MountAttr.NOSUID
-    try:
-        syscalls.mount_setattr(top, "", syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, flags)
-    except OSError as err:
-        if err.errno != errno.ENOSYS:
-            raise
-        keep = os.fstatvfs(top).f_flag & (syscalls.MS_RDONLY | syscalls.MS_NOEXEC)
-        remount = syscalls.MS_REMOUNT | syscalls.MS_BIND | flags.ms_flags() | keep
-        syscalls.mount(None, f"/proc/self/fd/{top}", None, remount)
-
-
-def _lstat_mode(path: str) -> int:
-    try:
-        return os.lstat(path).st_mode
-    except FileNotFoundError:
-        return 0
