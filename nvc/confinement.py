@@ -23,6 +23,7 @@ does work of its own between two steps (the sandbox checks the image's files onc
 it calls the steps one by one, in that order; else :func:`confine` runs them all.
 
 Light imports only: the driver helper's parent imports this before it forks (``nvc-py info``).
+And all of them here, not in the steps: a step after the root's change could not import from the host.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import resource
 import stat
 from collections.abc import Callable
 from typing import NamedTuple
+
+import prctl
 
 from nvc import syscalls
 from nvc.errors import InitializationError, NvcError, PrivilegeError
@@ -110,8 +113,6 @@ _RO_TMPFS = syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV | syscal
 
 
 def _numbers(names: tuple[str, ...]) -> list[int]:
-    import prctl
-
     return [getattr(prctl, f"CAP_{name.upper()}") for name in names]
 
 
@@ -152,8 +153,6 @@ def change_root(row: Confinement, root: str, no_pivot: bool = False) -> None:
 def limit_bounding(row: Confinement) -> None:
     """Keep the row's bounding set. Dropping from it needs CAP_SETPCAP: an unprivileged caller keeps
     its own, as it keeps its identity."""
-    import prctl
-
     if row.bounding is not None and prctl.cap_effective.setpcap:
         prctl.capbset.limit(*_numbers(row.bounding))
 
@@ -180,8 +179,6 @@ def switch_identity(row: Confinement, user: tuple[int, int] | None, rearm: Calla
 def limit_caps(row: Confinement) -> None:
     """Keep the row's effective, inheritable (and so ambient) and permitted sets. Explicitly: a
     switch to uid 0, or none, keeps them all."""
-    import prctl
-
     if row.effective is None or row.inheritable is None or row.permitted is None:
         return
     prctl.cap_effective.limit(*_numbers(row.effective))  # first: it must stay within permitted
@@ -197,8 +194,6 @@ def limit_resources(row: Confinement) -> None:
 def set_no_new_privs(row: Confinement) -> None:
     """No setuid or file-capability binary can give back what was dropped."""
     if row.no_new_privs:
-        import prctl
-
         prctl.set_no_new_privs(1)
 
 
