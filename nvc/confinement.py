@@ -22,8 +22,9 @@ resources, set NO_NEW_PRIVS, limit syscalls (a seccomp filter needs NO_NEW_PRIVS
 does work of its own between two steps (the sandbox checks the image's files once in its root),
 it calls the steps one by one, in that order; else :func:`confine` runs them all.
 
-Light imports only: the driver helper's parent imports this before it forks (``nvc-py info``).
-And all of them here, not in the steps: a step after the root's change could not import from the host.
+Its imports are all here, not in the steps: a step after the root's change could not import from
+the host. (nvc.syscalls loads ctypes: the driver helper's parent, on ``nvc-py info``'s start-up
+path, leaves this module to the helper.)
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from nvc.errors import InitializationError, NvcError, PrivilegeError
 
 class Confinement(NamedTuple):
     """One process's row: what it keeps, and what each step does for it. (A NamedTuple, immutable
-    like a frozen dataclass, because importing dataclasses would delay the driver helper's fork.)"""
+    like a frozen dataclass: importing dataclasses would delay the driver helper's NVML load.)"""
 
     process: str
     # Capability sets kept, by python-prctl's names (its CAP_<NAME>); None: the parent's, untouched.
@@ -114,18 +115,6 @@ _RO_TMPFS = syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV | syscal
 
 def _numbers(names: tuple[str, ...]) -> list[int]:
     return [getattr(prctl, f"CAP_{name.upper()}") for name in names]
-
-
-def overflow_ids(proc: str = "/proc") -> tuple[int, int]:
-    """The kernel's overflow uid/gid (normally 65534): the reference's default driver helper identity.
-
-    Read by the parent: once chrooted, the helper may have no /proc to read them from.
-    """
-    ids = []
-    for name in ("overflowuid", "overflowgid"):
-        with open(f"{proc}/sys/kernel/{name}") as f:
-            ids.append(int(f.read()))
-    return ids[0], ids[1]
 
 
 # ---- the steps, in their order ---------------------------------------------------------------

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from nvc.confinement import DRIVER_HELPER, confine, overflow_ids
 from nvc.errors import DriverError, InitializationError
 from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient, die_with_parent
 
@@ -203,11 +202,15 @@ def _warm() -> None:
     import ctypes  # noqa: F401
     import pynvml  # noqa: F401
 
+    import nvc.confinement  # noqa: F401
+
 
 def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatch:
     """Helper setup: confine, then load NVML from the driver root; return the methods (``events``:
     also the Kubernetes device plugin's XID events and topology, nvc.rpc.nvml_events)."""
     import pynvml  # here, before the chroot: the module's file lives on the host
+
+    from nvc.confinement import DRIVER_HELPER, confine
 
     if events:
         from nvc.rpc import nvml_events
@@ -295,6 +298,20 @@ def prestart(root: str = "/", user: tuple[int, int] | None = None) -> None:
     helper = HelperClient.prefork("driver", serve_driver, warm=_warm, failure=DriverError)
     helper.start(**setup)
     _preforked, _preforked_setup = helper, setup
+
+
+def overflow_ids(proc: str = "/proc") -> tuple[int, int]:
+    """The kernel's overflow uid/gid (normally 65534): the reference's default helper identity.
+
+    Read by the parent: once chrooted, the helper may have no /proc to read them from.
+    (Plain strings, not pathlib: this module is on ``info``'s start-up path before the
+    helper forks, where every import delays NVML's load.)
+    """
+    ids = []
+    for name in ("overflowuid", "overflowgid"):
+        with open(f"{proc}/sys/kernel/{name}") as f:
+            ids.append(int(f.read()))
+    return ids[0], ids[1]
 
 
 def _setup(root: str, user: tuple[int, int] | None, events: bool = False) -> dict[str, Any]:

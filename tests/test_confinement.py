@@ -83,11 +83,11 @@ def expected(row: Confinement, parent: dict[str, object], user: tuple[int, int] 
 
 
 def test_the_driver_helper_holds_its_row(active_2gpu) -> None:
-    from nvc.rpc.driver_service import open_driver
+    from nvc.rpc.driver_service import open_driver, overflow_ids
 
     root = str(active_2gpu.root)
     with open_driver(root=root) as driver:
-        assert held(driver.pid) == expected(DRIVER_HELPER, held(os.getpid()), confinement.overflow_ids())
+        assert held(driver.pid) == expected(DRIVER_HELPER, held(os.getpid()), overflow_ids())
         assert DRIVER_HELPER.root == "chroot" and os.readlink(f"/proc/{driver.pid}/root") == os.path.realpath(root)
 
 

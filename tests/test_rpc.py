@@ -21,9 +21,9 @@ import pytest
 
 from nvc import errors
 from nvc.rpc import helper, protocol
-from nvc.confinement import CONTAINER_HELPER, DRIVER_HELPER, confine, overflow_ids
+from nvc.confinement import CONTAINER_HELPER, DRIVER_HELPER, confine
 from nvc.devices import DriverSnapshot
-from nvc.rpc.driver_service import brand_name, bus_id, open_driver, snapshot_from_wire
+from nvc.rpc.driver_service import brand_name, bus_id, open_driver, overflow_ids, snapshot_from_wire
 from nvc.rpc.helper import HelperClient
 
 TEST_UID, TEST_GID = 12345, 23456
