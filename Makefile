@@ -7,7 +7,7 @@
 # already is a virtual environment's interpreter (bench/gpu-env.sh's /tmp/site) is used as the
 # environment itself: no new one is made and pip-deps installs nothing into it, it only checks.
 PYTHON ?= /usr/bin/python3
-# As native/client/hook_client.c's PROGRAM_DIR and hook/setup.py's LIBDIR.
+# As native/client/hook_client.c's PROGRAM_DIR and hook/engines.py's LIBDIR.
 LIBDIR := /usr/lib/nvc-py
 VENV := $(LIBDIR)/venv
 # Where users find the commands (links to the programs in $(LIBDIR)).
@@ -110,7 +110,7 @@ native:
 		$(STEP) native "build: native/ (the sharing shim, the hook client)" $(MAKE) -C native
 
 # Every installed program lives in $(LIBDIR), which pip never writes, and the hooks.d, CDI, runtime
-# and systemd entries name it there (hook/setup.py): a later `pip install -U` rewrites its console
+# and systemd entries name it there (hook/engines.py): a later `pip install -U` rewrites its console
 # scripts in the scripts directory, which only makes a typed `nvc-py` start an interpreter again.
 # $(call launcher,NAME,MODULE): $(LIBDIR)/NAME runs MODULE's run() in an isolated interpreter (-I:
 # no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment) that skips

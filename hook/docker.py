@@ -23,8 +23,8 @@ import stat
 from typing import Any, NamedTuple
 
 from nvc.errors import InputError, shown
-from nvc.hook.setup import (FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYSTEMD_RUNNING, installed_program,
-                            remove_files, script_path, write_files)
+from nvc.hook.engines import (FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYSTEMD_RUNNING, installed_program,
+                              remove_files, script_path, write_files)
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
 DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)
@@ -361,7 +361,7 @@ def check_restart() -> None:
 
 def restart(systemctl: str) -> list[str]:
     """Restart dockerd through systemd (``--restart``)."""
-    from nvc.hook.setup import _systemctl
+    from nvc.hook.engines import _systemctl
 
     _systemctl(systemctl, RESTART)
     return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from nvc.errors import InputError
-from nvc.hook import hooksdirs, setup
+from nvc.hook import engines, hooksdirs
 
-SERVER_ARGV = (os.path.join(setup.LIBDIR, setup.SERVER_PROGRAM), "serve")
+SERVER_ARGV = (os.path.join(engines.LIBDIR, engines.SERVER_PROGRAM), "serve")
 STOP_WAIT = 5.0  # seconds for a server to exit after SIGTERM (it stops at once between calls)
 MAX_CDI_SPEC = 4 << 20  # bytes of a CDI spec read to see whether it is ours
 _MAX_PROC_FILE = 64 * 1024  # bytes of a /proc/PID file read
@@ -58,7 +58,7 @@ def is_server(argv: Sequence[str]) -> bool:
 def servers_to_stop(processes: Iterable[Process]) -> list[int]:
     """The pids of the servers ``stop-servers`` stops (see the module's docstring)."""
     servers = {p.pid: p for p in processes if is_server(p.argv)}
-    unit = "/" + setup.SERVER_UNIT
+    unit = "/" + engines.SERVER_UNIT
     return sorted(p.pid for p in servers.values()
                   if p.ppid not in servers and p.catches_sigterm and not any(c.endswith(unit) for c in p.cgroups))
 
@@ -126,7 +126,7 @@ def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]
     (``cdi generate --output`` made it)."""
     from nvc.untrusted import read_file
 
-    marker = os.path.join(setup.LIBDIR, setup.HOOK_SCRIPT).encode()
+    marker = os.path.join(engines.LIBDIR, engines.HOOK_SCRIPT).encode()
     ours = []
     for path in hooksdirs.spec_files(dirs):
         try:
@@ -135,7 +135,7 @@ def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]
             continue
         if marker in data:
             ours.append(path)
-    return setup.remove_files_and_dirs(ours)
+    return engines.remove_files_and_dirs(ours)
 
 
 def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str], list[str]]:
@@ -145,11 +145,11 @@ def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str],
 
     keep = (hooksdirs.DEFAULT_HOOKS_DIR,) if packaged else ()
     steps: tuple[Callable[[], list[str]], ...] = (
-        lambda: setup.remove_hooks(hooksdirs.PODMAN, keep=keep),
-        lambda: setup.remove_hooks(hooksdirs.CRIO, keep=keep),
-        setup.remove_containerd,
+        lambda: engines.remove_hooks(hooksdirs.PODMAN, keep=keep),
+        lambda: engines.remove_hooks(hooksdirs.CRIO, keep=keep),
+        engines.remove_containerd,
         lambda: docker.apply(docker.plan_remove(docker.DAEMON_JSON, docker.RUNTIME_NAME, docker.GPUS_HOOK_DIR)),
-        lambda: setup.remove_units(systemctl=systemctl),
+        lambda: engines.remove_units(systemctl=systemctl),
         remove_cdi_specs,
     )
     done: list[str] = []

@@ -69,7 +69,7 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
     from nvc.commands import devnodes
     from nvc.containerenv import gpus
-    from nvc.hook import setup
+    from nvc.hook import engines
     from nvc.hook import spec as oci
     from nvc.hook.prestart import policy
     from nvc.options import parse_user
@@ -81,7 +81,7 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     changed = False
     for stage in ("prestart", "poststop"):
         if not has_nvc_hook(spec, stage):
-            spec.setdefault("hooks", {}).setdefault(stage, []).append(setup.oci_hook(stage, config.path))
+            spec.setdefault("hooks", {}).setdefault(stage, []).append(engines.oci_hook(stage, config.path))
             changed = True
     found = devnodes.request_nodes(config.root, parse_user(config.user), req)
     return devnodes.add_to_spec(spec, config.root, found) or changed

@@ -26,7 +26,7 @@ from nvc.rpc.helper import Dispatch, HelperClient, note
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
-    from nvc.plan.mountplan import Plan
+    from nvc.plan.operations import Plan
 
 log = Logger(__name__)
 
@@ -60,7 +60,7 @@ def _received(pid: int | None, fds: tuple[int, ...]) -> AbstractContextManager[C
 def serve_container() -> Dispatch:
     """Helper setup: confine, then serve mount / rollback / commit for one plan."""
     from nvc.apply.applier import Applier
-    from nvc.plan.mountplan import Plan
+    from nvc.plan.operations import Plan
 
     _confine()
     state: dict[str, Applier] = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvc import config
+from nvc import config, configyaml
 from nvc.capabilities import CAPABILITIES
 from nvc.errors import InputError
 
@@ -80,7 +80,7 @@ def test_config_show_prints_effective_values_and_env_override(tmp_path: Path) ->
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "run" / "config-cache.json"
-    monkeypatch.setattr(config, "CACHE_PATH", str(path))
+    monkeypatch.setattr(configyaml, "CACHE_PATH", str(path))
     return path
 
 
@@ -208,7 +208,7 @@ def test_a_cache_that_is_not_a_small_json_file_is_a_miss(tmp_path: Path, cache: 
     cache.parent.mkdir(mode=0o700)
     if plant == "huge":
         with open(cache, "wb") as f:
-            f.truncate(config.MAX_CACHE_SIZE + 1)
+            f.truncate(configyaml.MAX_CACHE_SIZE + 1)
         cache.chmod(0o600)
     else:
         cache.write_text("[" * 100_000 + "]" * 100_000)
@@ -223,10 +223,10 @@ def test_fifo_or_device_as_the_real_cache_does_not_hang_config_show_or_the_hook(
     is a miss, replaced by a good cache."""
     path = tmp_path / "c.yaml"
     path.write_text("no-cgroups: true\n")
-    make = plant.replace("{}", config.CACHE_PATH)
+    make = plant.replace("{}", configyaml.CACHE_PATH)
     script = (f"set -e; mkdir -p -m 0700 /run/nvc-py; mount -t tmpfs -o mode=0700 tmpfs /run/nvc-py; "
-              f"{make}; {NVC_PY} config show; rm {config.CACHE_PATH}; {make}; "
-              f"echo '{{}}' | {HOOK} prestart || echo hook=$?; test -f {config.CACHE_PATH} && echo replaced")
+              f"{make}; {NVC_PY} config show; rm {configyaml.CACHE_PATH}; {make}; "
+              f"echo '{{}}' | {HOOK} prestart || echo hook=$?; test -f {configyaml.CACHE_PATH} && echo replaced")
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                             capture_output=True, text=True, timeout=60, env={"NVC_PY_CONFIG": str(path),
                                                                             "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})

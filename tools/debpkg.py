@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "nvc-py"
-LIBDIR = "/usr/lib/nvc-py"  # as the Makefile's and hook/setup.py's
+LIBDIR = "/usr/lib/nvc-py"  # as the Makefile's and hook/engines.py's
 VENV = f"{LIBDIR}/venv"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the distribution's: what Depends names
 DEBIAN = Path("deploy/debian")  # in the source tree: maintainer scripts, logrotate, lintian overrides, lock
@@ -281,19 +281,19 @@ def files(source: Path, root: Path) -> None:
     """Run by the staged environment's interpreter (nvc importable): the hooks.d files, units,
     bash completion and configuration file, each from the code that makes or reads them."""
     from nvc import config
-    from nvc.hook import hooksdirs, setup
+    from nvc.hook import engines, hooksdirs
 
-    texts = setup.hook_files(str(root / hooksdirs.DEFAULT_HOOKS_DIR.lstrip("/")))
+    texts = engines.hook_files(str(root / hooksdirs.DEFAULT_HOOKS_DIR.lstrip("/")))
     units = root / unit_dir()
-    texts[str(units / setup.SOCKET_UNIT)] = setup.socket_unit()
-    texts[str(units / setup.SERVER_UNIT)] = setup.server_unit()
+    texts[str(units / engines.SOCKET_UNIT)] = engines.socket_unit()
+    texts[str(units / engines.SERVER_UNIT)] = engines.server_unit()
     for unit in OPTIONAL_UNITS:
         texts[str(units / unit.name)] = (source / unit).read_text()
     texts[str(root / "usr/share/bash-completion/completions" / PACKAGE)] = run(
         [f"{LIBDIR}/nvc-py-python"], env={"PATH": "/usr/bin:/bin", "_NVC_PY_COMPLETE": "bash_source"}).stdout
     texts[str(root / config.DEFAULT_PATH.lstrip("/"))] = commented(config.show(config.defaults()))
     for path, text in texts.items():
-        if path.endswith((".json", setup.SERVER_UNIT)) and LIBDIR not in text:  # setup's fallback: pip's scripts
+        if path.endswith((".json", engines.SERVER_UNIT)) and LIBDIR not in text:  # setup's fallback: pip's scripts
             raise SystemExit(f"debpkg: {path} does not name {LIBDIR}'s programs:\n{text}")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text)

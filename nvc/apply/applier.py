@@ -31,7 +31,7 @@ from nvc import syscalls
 from nvc.apply import rootfs as inroot
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
-from nvc.plan.mountplan import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
+from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.syscalls import MountAttr
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ from nvc.plan import requirements, selection
 from nvc.plan.request import Request, check
 from nvc.errors import ContainerError
 from nvc.logger import Logger
-from nvc.plan.mountplan import COMPAT_DIR, PROC_NVIDIA, ContainerFacts, HostFacts, Plan
+from nvc.plan.mountplan import COMPAT_DIR, PROC_NVIDIA, ContainerFacts, HostFacts
+from nvc.plan.operations import Plan
 from nvc.plan import share as shareplan
 from nvc.options import GlobalOptions
 

@@ -101,7 +101,7 @@ def _present(root: str, spec: NodeSpec) -> bool:
 def missing(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
             sys_module: Path = SYS_MODULE) -> tuple[NodeSpec, ...]:
     """The nodes the loaded driver provides but ``root`` lacks (changes nothing): ``configure``
-    plans their creation (:attr:`nvc.plan.mountplan.Plan.host_nodes`), so ``--dry-run`` shows it."""
+    plans their creation (:attr:`nvc.plan.operations.Plan.host_nodes`), so ``--dry-run`` shows it."""
     majors = nodes.read_majors(proc_devices)
     if nodes.NVIDIA not in majors:
         log.debug("no '%s' major in %s: driver not loaded, no nodes to create", nodes.NVIDIA, proc_devices)

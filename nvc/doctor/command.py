@@ -49,11 +49,11 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
 def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config
     """The CDI spec ``cdi generate`` would write now (compared by device names and nodes only)."""
     from nvc.commands import cdi
-    from nvc.hook import setup
+    from nvc.hook import engines
     from nvc.options import parse_user
 
     return cdi.generate(conf.root, conf.ldcache, parse_user(conf.user), "index",
-                        setup.installed_program(setup.HOOK_SCRIPT), setup.hook_env(None))
+                        engines.installed_program(engines.HOOK_SCRIPT), engines.hook_env(None))
 
 
 def text(found: list[Check]) -> str:

@@ -22,10 +22,10 @@ CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's
 
 def _ours(path: str) -> bool:
     """Whether ``path`` names one of nvc-py's programs (a hook or runtime entry pointing at it)."""
-    from nvc.hook import setup
+    from nvc.hook import engines
 
     real = os.path.realpath(path)
-    return real.startswith(setup.LIBDIR + "/") or os.path.basename(real) in (setup.HOOK_SCRIPT, setup.RUNTIME_SCRIPT)
+    return real.startswith(engines.LIBDIR + "/") or os.path.basename(real) in (engines.HOOK_SCRIPT, engines.RUNTIME_SCRIPT)
 
 
 def _hook_file(path: str) -> str | None:
@@ -42,7 +42,7 @@ def _hook_file(path: str) -> str | None:
 
 def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -> Check:
     """podman or CRI-O: nvc-py's prestart hook in a directory the engine reads."""
-    from nvc.hook import hooksdirs, setup
+    from nvc.hook import engines, hooksdirs
 
     engine = hooksdirs.CRIO if name == "CRI-O" else hooksdirs.PODMAN
     if shutil.which(binary) is None:
@@ -52,7 +52,7 @@ def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -
         resolved = hooksdirs.resolve(engine, env)
     except NvcError as err:
         return fail(name, str(err), f"fix that file: {name} would refuse it too")
-    hook = setup.PODMAN_HOOK_FILES["prestart"]
+    hook = engines.PODMAN_HOOK_FILES["prestart"]
     for directory in reversed(resolved.dirs):
         program = _hook_file(os.path.join(directory, hook))
         if program is None:
@@ -93,7 +93,7 @@ def running(name: str) -> list[Daemon]:
 
 def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
     """The processes whose command line ``match`` accepts, oldest first."""
-    from nvc.hook.setup import FIXED_PATH
+    from nvc.hook.engines import FIXED_PATH
 
     boot, tick = _boot_time(), os.sysconf("SC_CLK_TCK")
     found = []
@@ -203,7 +203,7 @@ def _toml(path: str) -> Mapping[str, Any]:
 
 
 def _runtimes_of(doc: Mapping[str, Any]) -> list[str]:
-    from nvc.hook.setup import CRI_PLUGIN_NAME
+    from nvc.hook.engines import CRI_PLUGIN_NAME
 
     cri = doc.get("plugins", {}).get(CRI_PLUGIN_NAME, {})
     runtimes = cri.get("containerd", {}).get("runtimes", {}) if isinstance(cri, dict) else {}
@@ -276,14 +276,14 @@ def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 
 def server() -> Check:
     """The hook server: its socket answers, and the process serving runs the installed code."""
-    from nvc.hook import setup
+    from nvc.hook import engines
     from nvc.hook.handover import DEFAULT_SOCKET
 
-    managed = os.path.isdir(setup.SYSTEMD_RUNNING)
+    managed = os.path.isdir(engines.SYSTEMD_RUNNING)
     if not os.path.exists(DEFAULT_SOCKET):
         if managed:
             return fail("hook server", f"no socket {DEFAULT_SOCKET}: the socket unit is not running",
-                        f"nvc-py setup server (or systemctl enable --now {setup.SOCKET_UNIT})")
+                        f"nvc-py setup server (or systemctl enable --now {engines.SOCKET_UNIT})")
         return skip("hook server", f"not running; the next hook call starts one ({DEFAULT_SOCKET})")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     probe.settimeout(2)
@@ -291,7 +291,7 @@ def server() -> Check:
         probe.connect(DEFAULT_SOCKET)
     except OSError as err:
         return fail("hook server", f"{DEFAULT_SOCKET}: nobody answers ({err.strerror or err}): the server stopped",
-                    f"systemctl restart {setup.SOCKET_UNIT}" if managed else
+                    f"systemctl restart {engines.SOCKET_UNIT}" if managed else
                     f"remove {DEFAULT_SOCKET}: the next hook call starts a server")
     finally:
         probe.close()
@@ -301,7 +301,7 @@ def server() -> Check:
     if older:
         return fail("hook server", f"the server started {_when(min(older))}, before nvc-py was installed "
                                    f"({_when(installed)}): it serves the old code",
-                    f"systemctl restart {setup.SERVER_UNIT}" if managed else "kill it: the next hook call starts one")
+                    f"systemctl restart {engines.SERVER_UNIT}" if managed else "kill it: the next hook call starts one")
     return ok("hook server", f"{DEFAULT_SOCKET} answers" + (" (installed code)" if servers else ""))
 
 
