@@ -9,11 +9,15 @@ capabilities mounting needs (:data:`nvc.confinement.CONTAINER_HELPER`), each rai
 step that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits or rolls back, and
 notes each change in its journal as it makes it (nvc.rpc.helper): where it dies mid-apply (killed,
 crashed), a fresh helper undoes what the journal names (:meth:`ContainerClient.recover`).
+
+The container's process reaches the helper as the caller resolved it (:mod:`nvc.apply.container`):
+its descriptors, sent with the call (SCM_RIGHTS), never its pid to look up again.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import MountError, NvcError
@@ -21,11 +25,22 @@ from nvc.logger import Logger
 from nvc.rpc.helper import Dispatch, HelperClient, note
 
 if TYPE_CHECKING:
+    from nvc.apply.container import ContainerHandle
     from nvc.plan.operations import Plan
 
 log = Logger(__name__)
 
 HELPER_TIMEOUT = 10.0  # seconds per helper call
+
+
+def _received(pid: int | None, fds: tuple[int, ...]) -> AbstractContextManager[ContainerHandle | None]:
+    """The handle of the container's process ``pid`` on the descriptors received with the call
+    (none: standalone)."""
+    from nvc.apply.container import ContainerHandle
+
+    if pid is None:
+        return nullcontext()
+    return ContainerHandle.adopt(pid, fds)
 
 
 def serve_container() -> Dispatch:
@@ -37,11 +52,12 @@ def serve_container() -> Dispatch:
     confine(CONTAINER_HELPER)
     state: dict[str, Applier] = {}
 
-    def mount(plan: dict[str, Any]) -> int:
+    def mount(plan: dict[str, Any], fds: tuple[int, ...] = ()) -> int:
         applier = Applier(Plan.from_wire(plan), record=note)
         state["plan"] = applier
         try:
-            applier.prepare()
+            with _received(applier.plan.pid, fds) as handle:
+                applier.prepare(handle)
             applier.enter()
             applier.execute()
         except BaseException:
@@ -56,8 +72,10 @@ def serve_container() -> Dispatch:
         if "plan" in state:
             state.pop("plan").commit()
 
-    def undo(plan: dict[str, Any], journal: list[Any]) -> list[str]:
-        return Applier(Plan.from_wire(plan)).undo(journal)
+    def undo(plan: dict[str, Any], journal: list[Any], fds: tuple[int, ...] = ()) -> list[str]:
+        applier = Applier(Plan.from_wire(plan))
+        with _received(applier.plan.pid, fds) as handle:
+            return applier.undo(journal, handle)
 
     return {"mount": mount, "rollback": rollback, "commit": commit, "undo": undo}
 
@@ -68,6 +86,7 @@ class ContainerClient:
 
     def __init__(self, helper: HelperClient) -> None:
         self.helper = helper
+        self.handle: ContainerHandle | None = None  # the container's process, as mount was given it
 
     def __enter__(self) -> ContainerClient:
         return self
@@ -80,9 +99,11 @@ class ContainerClient:
         when its work is done, the ``with`` of whoever forked it closes it on any other path)."""
         self.helper.close()
 
-    def mount(self, plan: Any) -> int:  # Plan; Any keeps nvc.plan.mountplan out of this import
-        """Apply the plan's operations; on failure the helper has already undone them."""
-        return self.helper.call("mount", plan=plan.to_wire())
+    def mount(self, plan: Any, handle: ContainerHandle | None) -> int:  # Plan: Any, as for recover
+        """Apply the plan's operations in the container of ``handle`` (its process: None standalone);
+        on failure the helper has already undone them."""
+        self.handle = handle
+        return self.helper.call("mount", fds=_fds(handle), plan=plan.to_wire())
 
     def rollback(self) -> list[str]:
         """Undo what ``mount`` did; return what could not be undone."""
@@ -91,7 +112,7 @@ class ContainerClient:
     def commit(self) -> None:
         self.helper.call("commit")
 
-    def recover(self, plan: Any) -> list[str]:  # Plan, as for mount
+    def recover(self, plan: Any) -> list[str]:  # Plan; Any keeps nvc.plan.mountplan out of this import
         """After a failure: where the helper died mid-apply (it could not roll back), a fresh helper
         undoes what its journal says it did; return what could not be undone. Nothing to do where
         the helper lives (it rolled back itself) or noted nothing."""
@@ -100,9 +121,13 @@ class ContainerClient:
             return []
         try:
             with _fork(self.helper.timeout, wait=True) as fresh:
-                return fresh.call("undo", plan=plan.to_wire(), journal=journal)
+                return fresh.call("undo", fds=_fds(self.handle), plan=plan.to_wire(), journal=journal)
         except NvcError as err:  # the container gone with its mounts, say: the first failure stands
             return [str(err)]
+
+
+def _fds(handle: ContainerHandle | None) -> tuple[int, ...]:
+    return () if handle is None else handle.fds()
 
 
 # The container helper forked ahead of any call (see :func:`prestart`) until open_container takes it.
@@ -149,31 +174,43 @@ def _timed(stage: str, start: float) -> float:
     return now
 
 
-def apply(plan: Plan, container: ContainerClient | None = None) -> None:
+def apply(plan: Plan, container: ContainerClient | None = None, handle: ContainerHandle | None = None) -> None:
     """Apply ``plan``: the driver nodes ``--load-kmods`` found missing (on the host, like udev: they
     stay), the sharing files (on the host, in this process's mount namespace), mounts (the container
     helper: ``container``, forked ahead by :func:`open_container` and shut down once its work is
     done, else one forked now), then ldconfig and device cgroup; undo the mounts and the sharing
-    files on failure."""
+    files on failure. ``handle``: the container's process the plan was made for (resolved from the
+    plan's pid where not given)."""
+    if handle is None and plan.pid is not None:
+        from nvc.apply.container import ContainerHandle
+
+        with ContainerHandle.open(plan.pid) as handle:
+            _apply(plan, container, handle)
+    else:
+        _apply(plan, container, handle)
+
+
+def _apply(plan: Plan, container: ContainerClient | None, handle: ContainerHandle | None) -> None:
     start = time.perf_counter()
     if plan.host_nodes:
         from nvc.discover import kmods
 
         kmods.make(plan.host_root, plan.host_nodes)
     if plan.share is None:
-        _apply_in_container(plan, start, container)
+        _apply_in_container(plan, start, container, handle)
         return
     from nvc.apply import sharefiles
 
-    sharefiles.make(plan.share, plan.pid)  # undoes itself on failure (and leaves a stale container's files alone)
+    sharefiles.make(plan.share, handle)  # undoes itself on failure (and leaves a stale container's files alone)
     try:
-        _apply_in_container(plan, start, container)
+        _apply_in_container(plan, start, container, handle)
     except BaseException:
         sharefiles.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
         raise
 
 
-def _apply_in_container(plan: Plan, start: float, container: ContainerClient | None) -> None:
+def _apply_in_container(plan: Plan, start: float, container: ContainerClient | None,
+                        handle: ContainerHandle | None) -> None:
     """The plan's steps in the container: mounts (the container helper), then ldconfig and device
     cgroup; the mounts undone on failure."""
     from nvc.apply import ldconfig
@@ -183,21 +220,21 @@ def _apply_in_container(plan: Plan, start: float, container: ContainerClient | N
     pending = None
     if plan.ldconfig is not None:
         pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
-                                          pid=plan.pid)
+                                          handle=handle)
     try:
         from nvc.apply import cgroups
 
         start = _timed("setup", start)
         with container if container is not None else open_container() as helper:
             try:
-                helper.mount(plan)
+                helper.mount(plan, handle)
                 start = _timed("mounts", start)
                 try:
                     # ldconfig runs in its sandbox while this process programs the device cgroup.
                     if pending is not None:
                         pending.start()
-                    if plan.cgroup_rules and plan.pid is not None:
-                        cgroups.allow_devices(cgroups.find_device_cgroup(plan.pid), plan.cgroup_rules)
+                    if plan.cgroup_rules and handle is not None:
+                        cgroups.allow_devices(handle.device_cgroup(), plan.cgroup_rules)
                         start = _timed("cgroup", start)
                     if pending is not None:
                         pending.wait()

@@ -14,7 +14,9 @@ run twice. Fork before starting threads where possible (Python 3.12 warns otherw
 Parent side: :class:`HelperClient`. Child side: a setup callable (run after the fork, in
 the child) returns the dispatch table: method name → callable taking the request's params
 as keyword arguments and returning a JSON-able result. A ``shutdown`` entry, if present,
-is the service's own cleanup, called when the parent closes the client.
+is the service's own cleanup, called when the parent closes the client. Descriptors sent with a
+call (:meth:`HelperClient.call`'s ``fds``, SCM_RIGHTS) reach its callable as ``fds``, open for the
+call only: it duplicates what it keeps.
 
 A helper that changes things the parent must be able to undo even after the helper died (killed
 mid-call: the container helper's mounts) keeps a journal (``journal=True``): a memfd both share,
@@ -136,17 +138,22 @@ def _serve(sock: socket.socket, dispatch: Dispatch, failure: type[errors.NvcErro
     """Answer requests until the parent says "shutdown" or goes away; return the exit status."""
     handlers: Dispatch = {"shutdown": lambda: None, **dispatch}
     while True:
+        fds: list[int] = []
         try:
-            request = protocol.decode_request(protocol.recv_payload(sock))
+            request = protocol.decode_request(protocol.recv_payload(sock, fds=fds), tuple(fds))
         except protocol.EndOfStream:
             return 0
         try:
             if request.method not in handlers:
                 raise failure(f"unknown rpc method: {request.method}")
-            result = handlers[request.method](**request.params)
+            params = {**request.params, "fds": request.fds} if request.fds else request.params
+            result = handlers[request.method](**params)
             frame = protocol.encode(protocol.Response(request.id, result=result))
         except Exception as exc:  # every failure (an unencodable result too) goes back, typed
             frame = protocol.encode(protocol.Response(request.id, error=_remote_error(exc, request.method, failure)))
+        finally:
+            for fd in fds:
+                os.close(fd)
         protocol.send_frame(sock, frame)
         if request.method == "shutdown":
             return 0
@@ -309,12 +316,13 @@ class HelperClient:
             raise
         self._ready = True
 
-    def call(self, method: str, **params: Any) -> Any:
-        """Run ``method`` in the helper and return its result, within the client's timeout."""
+    def call(self, method: str, /, fds: tuple[int, ...] = (), **params: Any) -> Any:
+        """Run ``method`` in the helper and return its result, within the client's timeout; ``fds``
+        are sent with it (the helper's callable gets its own copies as ``fds``)."""
         if self._sock is None:
             raise self.failure(f"{self.name} rpc error: helper is not running")
         self.wait_ready()
-        request = protocol.Request(self._next_id, method, params)
+        request = protocol.Request(self._next_id, method, params, tuple(fds))
         self._next_id += 1
         try:
             protocol.send_message(self._sock, request, time.monotonic() + self.timeout)

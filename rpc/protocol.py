@@ -8,9 +8,13 @@ allocation.
 
 Schema, version :data:`PROTOCOL_VERSION`::
 
-    request   {"v": 1, "id": n, "method": str, "params": {…}}
+    request   {"v": 1, "id": n, "method": str, "params": {…}, "fds": n}
     response  {"v": 1, "id": n, "result": …}
               {"v": 1, "id": n, "error": {"kind": str, "message": str, "code": int | null}}
+
+A request may carry file descriptors (a container's process, pinned: :mod:`nvc.apply.container`),
+sent as SCM_RIGHTS with its frame's first byte; ``fds`` (absent: none) says how many, so that one
+lost on the way is an error, not a call with fewer.
 
 ``kind`` names an :mod:`nvc.errors` class (its ``kind`` attribute) so the parent can re-raise
 the error the helper hit; ``code`` carries a service-specific number (an NVML return value).
@@ -21,6 +25,7 @@ Encoding and decoding are pure functions; the socket helpers on top of them take
 
 from __future__ import annotations
 
+import array
 import json
 import socket
 import struct
@@ -34,6 +39,7 @@ HEADER = struct.Struct(">I")
 # Far above any real message (a 64-GPU snapshot is a few tens of KiB), far below anything
 # that would hurt to allocate when a length prefix is garbage.
 MAX_FRAME = 1 << 20
+MAX_FDS = 8  # descriptors one request may carry
 
 
 class ProtocolError(Exception):
@@ -52,6 +58,7 @@ class Request(NamedTuple):
     id: int
     method: str
     params: Mapping[str, Any] = MappingProxyType({})
+    fds: tuple[int, ...] = ()  # descriptors sent with it (SCM_RIGHTS)
 
 
 class RemoteError(NamedTuple):
@@ -72,6 +79,8 @@ def encode(message: Request | Response) -> bytes:
     if isinstance(message, Request):
         body["method"] = message.method
         body["params"] = dict(message.params)
+        if message.fds:
+            body["fds"] = len(message.fds)
     elif message.error is not None:
         err = message.error
         body["error"] = {"kind": err.kind, "message": err.message, "code": err.code}
@@ -105,13 +114,15 @@ def _load(payload: bytes) -> dict[str, Any]:
     return body
 
 
-def decode_request(payload: bytes) -> Request:
-    """Parse and validate a request payload (without its length prefix)."""
+def decode_request(payload: bytes, fds: tuple[int, ...] = ()) -> Request:
+    """Parse and validate a request payload (without its length prefix) that came with ``fds``."""
     body = _load(payload)
     method, params = body.get("method"), body.get("params", {})
     if not isinstance(method, str) or not isinstance(params, dict):
         raise ProtocolError(f"request {body['id']} needs a string method and object params")
-    return Request(body["id"], method, params)
+    if body.get("fds", 0) != len(fds):
+        raise ProtocolError(f"request {body['id']} came with {len(fds)} descriptors, not {body.get('fds', 0)!r}")
+    return Request(body["id"], method, params, fds)
 
 
 def decode_response(payload: bytes) -> Response:
@@ -141,24 +152,32 @@ def _remaining(deadline: float | None) -> float | None:
     return left
 
 
-def send_frame(sock: socket.socket, frame: bytes, deadline: float | None = None) -> None:
-    """Write one encoded frame; raise TimeoutError if the peer does not drain it before ``deadline``."""
+def send_frame(sock: socket.socket, frame: bytes, deadline: float | None = None, fds: tuple[int, ...] = ()) -> None:
+    """Write one encoded frame, ``fds`` with its first byte; raise TimeoutError if the peer does
+    not drain it before ``deadline``."""
     data = memoryview(frame)
+    if fds:
+        sock.settimeout(_remaining(deadline))
+        data = data[sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]) :]
     while data:
         sock.settimeout(_remaining(deadline))
         data = data[sock.send(data) :]
 
 
 def send_message(sock: socket.socket, message: Request | Response, deadline: float | None = None) -> None:
-    """Encode and write one message (see :func:`send_frame`)."""
-    send_frame(sock, encode(message), deadline)
+    """Encode and write one message, a request's descriptors with it (see :func:`send_frame`)."""
+    send_frame(sock, encode(message), deadline, message.fds if isinstance(message, Request) else ())
 
 
-def _recv_exactly(sock: socket.socket, size: int, deadline: float | None, at_boundary: bool) -> bytes:
+def _recv_exactly(sock: socket.socket, size: int, deadline: float | None, at_boundary: bool,
+                  fds: list[int] | None = None) -> bytes:
     buf = bytearray()
     while len(buf) < size:
         sock.settimeout(_remaining(deadline))
-        chunk = sock.recv(size - len(buf))
+        if fds is None:
+            chunk = sock.recv(size - len(buf))
+        else:
+            chunk = _recv_with_fds(sock, size - len(buf), fds)
         if not chunk:
             if at_boundary and not buf:
                 raise EndOfStream("peer closed the connection")
@@ -167,7 +186,22 @@ def _recv_exactly(sock: socket.socket, size: int, deadline: float | None, at_bou
     return bytes(buf)
 
 
-def recv_payload(sock: socket.socket, deadline: float | None = None) -> bytes:
-    """Read one frame's payload; EndOfStream on a clean close, TruncatedFrame mid-frame."""
-    length = frame_length(_recv_exactly(sock, HEADER.size, deadline, at_boundary=True))
-    return _recv_exactly(sock, length, deadline, at_boundary=False)
+def _recv_with_fds(sock: socket.socket, size: int, fds: list[int]) -> bytes:
+    """Up to ``size`` bytes; descriptors that came with them appended to ``fds`` (close-on-exec)."""
+    chunk, ancillary, flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, data in ancillary:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            received = array.array("i")
+            received.frombytes(data[: len(data) - len(data) % received.itemsize])
+            fds.extend(received)
+    if flags & socket.MSG_CTRUNC:
+        raise ProtocolError(f"more than {MAX_FDS} descriptors sent")
+    return chunk
+
+
+def recv_payload(sock: socket.socket, deadline: float | None = None, fds: list[int] | None = None) -> bytes:
+    """Read one frame's payload; EndOfStream on a clean close, TruncatedFrame mid-frame. With
+    ``fds``, the descriptors sent with the frame are appended to it (the caller closes them, also
+    on an error); without, any are dropped (the kernel closes them)."""
+    length = frame_length(_recv_exactly(sock, HEADER.size, deadline, at_boundary=True, fds=fds))
+    return _recv_exactly(sock, length, deadline, at_boundary=False, fds=fds)

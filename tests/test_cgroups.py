@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from nvc.apply import bpf
-from nvc.apply.cgroups import DeviceCgroup, allow_devices, find_device_cgroup, locate_device_cgroup, parse_proc_cgroup
+from nvc.apply.cgroups import DeviceCgroup, allow_devices, locate_device_cgroup, parse_proc_cgroup
+from nvc.apply.container import ContainerHandle
 from nvc.plan.devfilter import ALU64_MOV_K, JMP_CALL, JMP_EXIT, DeviceRule, Insn, build_filter, encode
 from nvc.errors import ContainerError
 
@@ -105,7 +106,7 @@ def test_locate_device_cgroup_refuses(cgroup: str, mountinfo: str, message: str)
 
 def test_find_device_cgroup_of_missing_process_names_it() -> None:
     with pytest.raises(ContainerError, match=r"^container error: container process 999999999 is gone$"):
-        find_device_cgroup(999999999)
+        ContainerHandle.open(999999999)
 
 
 class Prober:
@@ -184,9 +185,10 @@ def test_v1_allow(v1_cgroup: str, prober: Prober) -> None:
         f.write("a")
     assert prober.open("/dev/null") == errno.EPERM
 
-    found = find_device_cgroup(prober.pid)
-    assert found.version == 1 and os.path.samefile(found.path, v1_cgroup)
-    allow_devices(found, [DeviceRule("c", 1, 3, "rw"), DeviceRule("c", 1, 7, "r")])
+    with ContainerHandle.open(prober.pid) as handle:
+        found = handle.device_cgroup()
+        assert found.version == 1 and os.path.samefile(found.path, v1_cgroup)
+        allow_devices(found, [DeviceRule("c", 1, 3, "rw"), DeviceRule("c", 1, 7, "r")])
 
     assert prober.open("/dev/null") == 0
     assert prober.open("/dev/full", "r") == 0

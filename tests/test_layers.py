@@ -7,8 +7,10 @@ container gets); applying it (mounts, ldconfig, cgroups, sharing files); the pri
 helpers (``nvc.rpc``), which run discovery and apply steps for the layers above; the commands
 that drive the pipeline; and the programs (``nvc-py``'s CLI, ``nvc.hook``). A module may
 import its own layer or a lower one. What a container may ask (its env's variables, the device
-plugin's volume mounts) is named in one module only, the contract ``nvc.containerenv``. And no
-module grows past a size a maintainer reads whole (450 lines of Python, 600 of C) without saying why.
+plugin's volume mounts) is named in one module only, the contract ``nvc.containerenv``; the
+container's process is read through ``/proc/PID`` by one module only, its handle
+``nvc.apply.container``. And no module grows past a size a maintainer reads whole (450 lines of
+Python, 600 of C) without saying why.
 """
 
 from __future__ import annotations
@@ -226,10 +228,9 @@ def f(env, uuid):
 MAX_PYTHON_LINES = 450
 MAX_C_LINES = 600
 ONE_PIECE = "One piece:"
-# Split on other branches of issue #28 right now (the hook server into its package, the container
-# handle out of rootfs.py): exempt here until they are merged; the lead removes this list then
-# (test_being_split_is_still_over says when).
-BEING_SPLIT = frozenset({"hook/server.py", "nvc/apply/rootfs.py"})
+# Split on another branch of issue #28 right now (the hook server into its package): exempt here
+# until it is merged; the lead removes this list then (test_being_split_is_still_over says when).
+BEING_SPLIT = frozenset({"hook/server.py"})
 
 
 def _leading_text(path: Path) -> str:
@@ -287,3 +288,84 @@ def test_the_size_check_counts_lines_and_reads_the_reason(tmp_path: Path) -> Non
     assert oversized(sorted(tmp_path.glob("*.py")), MAX_PYTHON_LINES) == [
         f"{tmp_path}/comment.py: {MAX_PYTHON_LINES + 2} lines", f"{tmp_path}/over.py: {MAX_PYTHON_LINES + 1} lines"]
     assert oversized(sorted(tmp_path.glob("*.c")), MAX_C_LINES) == [f"{tmp_path}/over.c: {MAX_C_LINES + 1} lines"]
+
+
+
+# The container's process, read through /proc/PID by its handle only (nvc.apply.container), which
+# resolves the pid once into descriptors that keep naming that process: a pid looked up again may
+# name another process by then. The programs (the hook's own checks of its caller, doctor) are not
+# held to it: they run no step of a configure.
+HANDLE = "nvc.apply.container"
+_BELOW_PROGRAMS = ("base", "discover", "plan", "apply", "rpc", "commands")
+
+
+def _pid_like(node: ast.AST) -> bool:
+    """A name or attribute ``pid``, ``*_pid`` or ``x.pid``."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "pid" or name.endswith("_pid")
+
+
+def _literal(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _builds_proc_path(node: ast.AST) -> bool:
+    if isinstance(node, ast.JoinedStr):  # f"/proc/{pid}", f"{proc}/{pid}"
+        return any(text is not None and isinstance(value, ast.FormattedValue)
+                   and (text.endswith("/proc/") or text.endswith("/") and _pid_like(value.value))
+                   for text, value in ((_literal(a), b) for a, b in zip(node.values, node.values[1:])))
+    if isinstance(node, ast.BinOp):  # "/proc/" + pid, "/proc/%d" % pid, base + "/" + pid, Path("/proc") / pid
+        left = _literal(node.left) or ""
+        if isinstance(node.op, ast.Add):
+            return left.endswith("/proc/") or left.endswith("/") and _pid_like(node.right)
+        if isinstance(node.op, ast.Mod):
+            return "/proc/%" in left
+        if isinstance(node.op, ast.Div) and isinstance(node.left, ast.Call):
+            return any(_literal(arg) in ("/proc", "/proc/") for arg in node.left.args) and _literal(node.right) is None
+        return False
+    if isinstance(node, ast.Call):  # "/proc/{}".format(pid), os.path.join("/proc", pid), Path("/proc", pid)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "format" and "/proc/{" in (_literal(func.value) or ""):
+            return True
+        return (len(node.args) > 1 and _literal(node.args[0]) in ("/proc", "/proc/")
+                and any(_literal(arg) is None for arg in node.args[1:]))
+    return False
+
+
+def proc_paths(path: Path) -> list[str]:
+    """The expressions of ``path`` that build a path of a process under /proc from a value, with
+    their line: a value right after a literal ``/proc/`` (f-string, ``+``, ``%``, ``.format``),
+    ``/proc`` joined with a value (os.path.join, Path, ``/``), a pid right after a ``/``
+    (``f"{proc}/{pid}"``). Literal paths (/proc/self/..., /proc/driver/...) are not counted."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = sorted((node.lineno, ast.unparse(node)) for node in ast.walk(tree) if _builds_proc_path(node))
+    return [f"{line}: {text}" for line, text in found]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != HANDLE and LAYERS[_rank(m)][0] in _BELOW_PROGRAMS))
+def test_only_the_handle_reads_proc_of_the_container(module: str) -> None:
+    """Below the programs, nothing formats /proc/PID: every step is given the container's handle
+    (its descriptors: to the container helper over its socket), resolved once at the request's check."""
+    assert proc_paths(MODULES[module]) == []
+
+
+def test_the_proc_check_sees_every_way_of_building_the_path(tmp_path: Path) -> None:
+    """The checker itself: a pid put into a /proc path however it is spelt counts; /proc/self, fixed
+    /proc files and a /proc path of a literal do not."""
+    source = tmp_path / "sample.py"
+    source.write_text('''import os
+from pathlib import Path
+def f(pid, plan, proc, name):
+    os.open(f"/proc/{pid}/ns/mnt", 0)
+    os.stat(f"/proc/{plan.pid}")
+    open(f"{proc}/{pid}/{name}")
+    open("/proc/" + str(pid))
+    open("/proc/%d/cgroup" % pid)
+    open("/proc/{}/root".format(pid))
+    os.path.join("/proc", str(pid), "stat")
+    Path("/proc") / str(pid)
+    open("/proc/self/mountinfo"), open(f"/proc/self/fd/{name}"), Path("/proc") / "driver/nvidia"
+    os.path.join("/proc", "devices"), open("/proc/driver/nvidia/version")
+''')
+    assert [line.split(": ", 1)[0] for line in proc_paths(source)] == ["4", "5", "6", "7", "8", "9", "10", "11"]
+    assert proc_paths(MODULES[HANDLE]) != []  # the handle's own reading is seen

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nvc.errors import LdcacheError
+from nvc.apply.container import ContainerHandle
 from nvc.apply.ldconfig import run_ldconfig, start_ldconfig
 from nvc.confinement import SECCOMP_FILTERS, seccomp_cache_header
 from nvc.confinement import SECCOMP_CACHE as CACHES
@@ -96,13 +97,14 @@ def root(tmp_path: Path, programs: dict[str, Path]) -> Path:
 
 
 @pytest.fixture
-def container() -> Iterator[int]:
-    """A process in a mount namespace of its own, standing in for the container."""
+def container() -> Iterator[ContainerHandle]:
+    """A process in a mount namespace of its own, standing in for the container: its handle."""
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "30"])
     host_ns = os.readlink("/proc/self/ns/mnt")
     while os.readlink(f"/proc/{proc.pid}/ns/mnt") == host_ns:
         time.sleep(0.005)
-    yield proc.pid
+    with ContainerHandle.open(proc.pid) as handle:
+        yield handle
     proc.kill()
     proc.wait()
 
@@ -112,8 +114,8 @@ def _cache(root: Path) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-def test_host_ldconfig_builds_the_container_cache(root: Path, container: int) -> None:
-    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+def test_host_ldconfig_builds_the_container_cache(root: Path, container: ContainerHandle) -> None:
+    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is True
     cache = _cache(root)
     assert "libfoo.so.1 (libc6,x86-64) => /opt/foo/libfoo.so.1" in cache
     assert os.readlink(root / "opt" / "foo" / "libfoo.so.1") == "libfoo.so.1.0"
@@ -132,7 +134,7 @@ def test_rootfs_that_is_a_symlink_is_refused(root: Path, tmp_path: Path) -> None
     assert not (root / "etc" / "ld.so.cache").exists()
 
 
-def test_without_the_new_mount_api(root: Path, container: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_new_mount_api(root: Path, container: ContainerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernels without open_tree: the rootfs is bound through /proc/self/fd and checked."""
     import errno
 
@@ -142,11 +144,11 @@ def test_without_the_new_mount_api(root: Path, container: int, monkeypatch: pyte
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
 
     monkeypatch.setattr(syscalls, "open_tree", enosys)  # the forked sandbox inherits the patch
-    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is True
     assert "libfoo.so.1" in _cache(root)
 
 
-def test_image_symlinks_to_host_files_are_harmless(root: Path, container: int, tmp_path: Path) -> None:
+def test_image_symlinks_to_host_files_are_harmless(root: Path, container: ContainerHandle, tmp_path: Path) -> None:
     """CVE-2025-23267: ld.so.cache and ld.so.conf.d pointing at host paths."""
     host_cache = tmp_path / "host-ld.so.cache"
     host_cache.write_text("host cache\n")
@@ -155,7 +157,7 @@ def test_image_symlinks_to_host_files_are_harmless(root: Path, container: int, t
     (root / "etc" / "ld.so.cache").symlink_to(host_cache)
     (root / "etc" / "ld.so.conf.d").symlink_to(host_conf)
     (root / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     assert host_cache.read_text() == "host cache\n"
     assert os.listdir(host_conf) == []
     assert "libfoo.so.1" in _cache(root)
@@ -174,7 +176,7 @@ def _find_memfd_process(deadline: float) -> int:
 
 
 def test_sandbox_runs_a_memfd_copy_without_privileges(
-    root: Path, container: int, programs: dict[str, Path], tmp_path: Path
+    root: Path, container: ContainerHandle, programs: dict[str, Path], tmp_path: Path
 ) -> None:
     """CVE-2024-0135: /proc/<pid>/exe is a memfd, not the host inode; privileges are gone."""
     os.chown(root, 1000, 1000)
@@ -184,7 +186,7 @@ def test_sandbox_runs_a_memfd_copy_without_privileges(
         def run() -> None:
             try:
                 run_ldconfig(f"@{programs['probe']}", str(root), ["/opt/foo"], owner=(1000, 1001),
-                             pid=container, output_fd=f.fileno())
+                             handle=container, output_fd=f.fileno())
             except BaseException as err:  # noqa: BLE001 - re-raised below in the test thread
                 errors.append(err)
 
@@ -217,10 +219,10 @@ def test_shell_wrapper_is_replaced_by_real_binary(root: Path, programs: dict[str
         run_ldconfig(f"@{wrapper}", str(root), [], owner=(0, 0))
 
 
-def test_container_ldconfig(root: Path, container: int) -> None:
-    assert run_ldconfig("/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is False
+def test_container_ldconfig(root: Path, container: ContainerHandle) -> None:
+    assert run_ldconfig("/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is False
     shutil.copy("/sbin/ldconfig", root / "sbin" / "ldconfig")
-    assert run_ldconfig("/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+    assert run_ldconfig("/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is True
     assert "libfoo.so.1" in _cache(root)
 
 
@@ -253,23 +255,23 @@ def test_missing_host_ldconfig_is_an_error(root: Path, tmp_path: Path) -> None:
         run_ldconfig(f"@{tmp_path}/nope", str(root), [], owner=(0, 0))
 
 
-def test_started_ahead_sees_mounts_made_before_run(root: Path, container: int, programs: dict[str, Path],
+def test_started_ahead_sees_mounts_made_before_run(root: Path, container: ContainerHandle, programs: dict[str, Path],
                                                    tmp_path: Path) -> None:
     """configure forks the child before mounting: it must take its namespace copy only at run()."""
-    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/bar"], owner=(0, 0), pid=container)
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/bar"], owner=(0, 0), handle=container)
     (root / "opt" / "bar").mkdir()
     src = tmp_path / "bar"
     src.mkdir()
     shutil.copy(programs["libfoo"], src / "libfoo.so.1.0")
-    subprocess.run(["nsenter", f"--mount=/proc/{container}/ns/mnt", "mount", "--bind", str(src), str(root / "opt/bar")],
+    subprocess.run(["nsenter", f"--mount=/proc/{container.pid}/ns/mnt", "mount", "--bind", str(src), str(root / "opt/bar")],
                    check=True)
     assert pending.run() is True
     assert "libfoo.so.1 (libc6,x86-64) => /opt/bar/libfoo.so.1" in _cache(root)
     assert not any((root / "opt" / "bar").iterdir())  # the bind exists in the container's namespace only
 
 
-def test_cancelled_run_changes_nothing(root: Path, container: int) -> None:
-    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+def test_cancelled_run_changes_nothing(root: Path, container: ContainerHandle) -> None:
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     child = pending._child
     pending.cancel()
     assert not (root / "etc" / "ld.so.cache").exists()
@@ -280,10 +282,10 @@ def test_cancelled_run_changes_nothing(root: Path, container: int) -> None:
 
 
 def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_it(root: Path,
-                                                                                  container: int) -> None:
+                                                                                  container: ContainerHandle) -> None:
     """configure starts ldconfig, programs the device cgroup meanwhile, then waits; a failure in
     between cancels the started run: the child is killed and reaped, never left behind."""
-    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     with pytest.raises(LdcacheError, match="not started"):
         pending.wait()
     pending.start()
@@ -291,7 +293,7 @@ def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_
         pending.start()
     assert pending.wait() is True and "libfoo.so.1" in _cache(root)
     pending.cancel()  # after wait: nothing left to do
-    cancelled = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+    cancelled = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     child = cancelled._child
     cancelled.start()
     cancelled.cancel()
@@ -300,7 +302,7 @@ def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_
 
 
 @pytest.mark.parametrize("api", ["mount_setattr", "remount"])
-def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, container: int, programs: dict[str, Path],
+def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, container: ContainerHandle, programs: dict[str, Path],
                                                              tmp_path: Path, api: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Its view of the rootfs is nodev: a node of the image (here /dev/null's 1:3) cannot be opened,
@@ -316,7 +318,7 @@ def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, containe
     os.mknod(root / "etc" / "node", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     out = tmp_path / "out"
     with open(out, "w") as f:
-        run_ldconfig(f"@{programs['opener']}", str(root), [], owner=(0, 0), pid=container, output_fd=f.fileno())
+        run_ldconfig(f"@{programs['opener']}", str(root), [], owner=(0, 0), handle=container, output_fd=f.fileno())
     assert out.read_text() == f"fd=-1 errno={errno.EACCES}\n"
 
 
@@ -327,23 +329,23 @@ def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, containe
     ("ld.so.cache", os.mkfifo, "a FIFO"),
     ("ld.so.conf.d/x.conf", os.mkfifo, "a FIFO"),
 ])
-def test_ldconfig_files_that_are_not_regular_are_refused(root: Path, container: int, name: str, make, what: str
+def test_ldconfig_files_that_are_not_regular_are_refused(root: Path, container: ContainerHandle, name: str, make, what: str
                                                          ) -> None:
     (root / "etc" / "ld.so.conf.d").mkdir()
     make(root / "etc" / name)
     with pytest.raises(LdcacheError, match=rf"^ldcache error: /etc/{name} in the image is {what}, not a regular "
                                            "file$"):
-        run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+        run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     assert not (root / "etc" / "ld.so.cache").exists() or name == "ld.so.cache"
 
 
-def test_a_run_that_blocks_is_killed_at_its_time_limit(root: Path, container: int) -> None:
+def test_a_run_that_blocks_is_killed_at_its_time_limit(root: Path, container: ContainerHandle) -> None:
     """A FIFO ldconfig reads (through an include its checks cannot follow) ends in the wall-time
     limit, with ldconfig and its sandbox killed."""
     (root / "etc" / "fifo.d").mkdir()
     os.mkfifo(root / "etc" / "fifo.d" / "evil.conf")
     (root / "etc" / "ld.so.conf").write_text("include /etc/fifo.d/*.conf\n")
-    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container, timeout=1)
+    pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container, timeout=1)
     started = time.monotonic()
     pending.start()
     with pytest.raises(LdcacheError, match=r"^ldcache error: process /sbin/ldconfig(.real)? timed out after 1 s "
@@ -389,13 +391,13 @@ def _plant_cache(data: bytes, mode: int = 0o600) -> None:
     cache.chmod(mode)
 
 
-def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_list(root: Path, container: int) -> None:
+def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_list(root: Path, container: ContainerHandle) -> None:
     """The allowlist is compiled once and kept (root's 0600 file, headed by the list it holds); a
     cached program for this list is what the sandbox loads (one without rename makes ldconfig fail),
     one that others could have written or one for another list is compiled again."""
     header = seccomp_cache_header("ldconfig")
     Path(SECCOMP_CACHE).unlink(missing_ok=True)
-    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+    assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is True
     st = os.lstat(SECCOMP_CACHE)
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
     assert Path(SECCOMP_CACHE).read_bytes() == header + _compiled(SECCOMP_ALLOW)
@@ -403,9 +405,9 @@ def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_l
     no_rename = header + _compiled(tuple(name for name in SECCOMP_ALLOW if name != "rename"))
     _plant_cache(no_rename)
     with pytest.raises(LdcacheError, match=r"failed with error code: 1$"):
-        run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container)
+        run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     for planted, mode in ((no_rename, 0o644), (b"nvc-py ldconfig seccomp: another list\n" + no_rename[len(header):], 0o600)):
         _plant_cache(planted, mode)
-        assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), pid=container) is True
+        assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is True
         assert Path(SECCOMP_CACHE).read_bytes() == header + _compiled(SECCOMP_ALLOW)
         assert stat.S_IMODE(os.lstat(SECCOMP_CACHE).st_mode) == 0o600

@@ -19,6 +19,7 @@ import pytest
 
 from fakedriver.activate import private_mounts as private_mount_namespace
 from nvc.apply import sharefiles
+from nvc.apply.container import resolve
 from nvc.commands import configure
 from nvc.containerenv import sharing
 from nvc.errors import ContainerError, InputError
@@ -41,7 +42,8 @@ def prepare(request: ShareRequest, container_id: str, rootfs: str, pid: int | No
         files = configure.share_files(request, container_id, root_fd, rootfs, **where)
     finally:
         os.close(root_fd)
-    sharefiles.make(files, pid)
+    with resolve(pid) as handle:
+        sharefiles.make(files, handle)
     return share.mounts(files)
 
 

@@ -24,15 +24,18 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nvc.apply import fdmount
 from nvc import syscalls
 from nvc.apply import rootfs as inroot
-from nvc.errors import MountError, NvcError, proc_failure
+from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
 from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.syscalls import MountAttr
+
+if TYPE_CHECKING:
+    from nvc.apply.container import ContainerHandle
 
 log = Logger(__name__)
 
@@ -70,24 +73,26 @@ class Applier:
 
     # -- host namespace ------------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Open and check every host source and clone it, open the rootfs and the namespace."""
+    def prepare(self, handle: ContainerHandle | None) -> None:
+        """Open and check every host source and clone it, open the rootfs and the namespace of the
+        container's process ``handle`` (None: standalone)."""
 
+        if handle is not None:
+            handle.check()  # gone: one line, rather than mounts into a namespace nobody uses
         with raised("sys_admin", "dac_read_search", "dac_override", "sys_ptrace"):
             for index, op in enumerate(self.plan.operations):
                 if isinstance(op, Bind) and not op.in_rootfs:
                     self.trees[index] = self._clone(op.source, op)
-            self._open_container()
+            self._open_container(handle)
 
-    def _open_container(self) -> None:
-        """The container's mount namespace and rootfs (with the capabilities prepare raised)."""
-        if self.plan.pid is not None:
-            ns = f"/proc/{self.plan.pid}/ns/mnt"
-            try:
-                self.ns_fd = os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as err:
-                raise proc_failure(self.plan.pid, ns, err, MountError) from None
-        self.root_fd = inroot.open_rootfs(self.plan.rootfs, self.plan.pid)
+    def _open_container(self, handle: ContainerHandle | None) -> None:
+        """The container's mount namespace and rootfs (with the capabilities prepare raised), from
+        its process's handle: not looked up again by pid, whose process may be another by now."""
+        from nvc.apply.container import open_rootfs
+
+        if handle is not None:
+            self.ns_fd = os.dup(handle.mnt_ns)
+        self.root_fd = open_rootfs(self.plan.rootfs, handle)
 
     def _clone(self, source: str, op: Bind, source_fd: int | None = None) -> int:
         fd = source_fd if source_fd is not None else fdmount.open_source(
@@ -109,7 +114,7 @@ class Applier:
             return
         with raised("sys_admin", "sys_chroot"):
             try:
-                syscalls.setns(self.ns_fd, syscalls.CLONE_NEWNS, f"/proc/{self.plan.pid}/ns/mnt")
+                syscalls.setns(self.ns_fd, syscalls.CLONE_NEWNS, "the container's mount namespace")
             except OSError as err:
                 raise MountError(f"cannot enter the mount namespace of {self.plan.pid}: {err.strerror}") from None
         os.close(self.ns_fd)
@@ -326,13 +331,13 @@ class Applier:
                 problems.append(f"cannot restore {file.path}: {err.strerror}")
         return problems
 
-    def undo(self, journal: list[Any]) -> list[str]:
+    def undo(self, journal: list[Any], handle: ContainerHandle | None) -> list[str]:
         """Undo what a helper that died noted in its journal (see the module's docstring), newest
         first, in the container as the dead helper saw it; return what could not be undone. A mount
         goes only while it is still the one noted (its mount id), a file or directory only while
         it is still the very inode made (a file named but not given one: while it is there)."""
         with raised("sys_admin", "dac_read_search", "dac_override", "sys_ptrace"):
-            self._open_container()
+            self._open_container(handle)
         self.enter()
         problems = []
         made = {path for kind, path, *_ in journal if kind == "made"}

@@ -6,8 +6,9 @@ cgroup v2 decides with a BPF program, which is replaced by one that checks our r
 then runs the runtime's own instructions.
 
 Finding the cgroup reads the container process's ``/proc/PID/cgroup`` (which cgroup, per
-hierarchy) and ``/proc/PID/mountinfo`` (where that hierarchy is mounted). Hybrid hosts mount
-both: if the devices controller sits on a v1 hierarchy, v1 is what the kernel enforces there.
+hierarchy) and ``/proc/PID/mountinfo`` (where that hierarchy is mounted), through its handle
+(:meth:`nvc.apply.container.ContainerHandle.device_cgroup`). Hybrid hosts mount both: if the
+devices controller sits on a v1 hierarchy, v1 is what the kernel enforces there.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ from typing import NamedTuple
 
 from nvc.apply import bpf
 from nvc.plan.devfilter import DeviceRule, build_filter
-from nvc.errors import ContainerError, proc_failure
+from nvc.errors import ContainerError
 
 FILTER_LICENSE = "Apache-2.0"  # no GPL-only helpers are used, so any licence loads
 FILTER_NAME = "nvc_devices"
 
 
 class DeviceCgroup(NamedTuple):
-    """A device cgroup: ``version`` 1 or 2, ``path`` of its directory."""
+    """A device cgroup: ``version`` 1 or 2, ``path`` of its directory, inside the root open on
+    ``root_fd`` (a container's, resolved as it sees it) or, -1, on the host."""
 
     version: int
     path: str
+    root_fd: int = -1
 
 
 class CgroupEntry(NamedTuple):
@@ -119,41 +122,29 @@ def locate_device_cgroup(proc_cgroup: str, mountinfo: str) -> DeviceCgroup:
     raise ContainerError(f"no {kind} mount shows cgroup {entry.path}")
 
 
-def find_device_cgroup(pid: int, proc: str = "/proc") -> DeviceCgroup:
-    """The device cgroup of process ``pid``, its path reachable from this process.
-
-    The mountinfo paths are in the process's own mount namespace and root, so the result is
-    reached through ``/proc/PID/root``.
-    """
-    texts = []
-    for name in ("cgroup", "mountinfo"):
-        path = f"{proc}/{pid}/{name}"
-        try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as f:
-                texts.append(f.read())
-        except OSError as err:
-            raise proc_failure(pid, path, err) from None
-    try:
-        found = locate_device_cgroup(*texts)
-    except ContainerError as err:
-        raise ContainerError(f"{proc}/{pid}: {err.args[0]}") from None
-    return DeviceCgroup(found.version, f"{proc}/{pid}/root{found.path}")
-
-
 def allow_devices(cgroup: DeviceCgroup, rules: Sequence[DeviceRule]) -> None:
     """Add allow ``rules`` to ``cgroup``, keeping every rule it already has."""
     if cgroup.version == 1:
-        _allow_v1(cgroup.path, rules)
+        _allow_v1(cgroup, rules)
     else:
-        _allow_v2(cgroup.path, rules)
+        _allow_v2(cgroup, rules)
 
 
-def _allow_v1(path: str, rules: Sequence[DeviceRule]) -> None:
-    target = posixpath.join(path, "devices.allow")
+def _open(cgroup: DeviceCgroup, path: str, flags: int) -> int:
+    """Open ``path`` of ``cgroup`` (its directory or a file in it) where it lies."""
+    from nvc.apply.rootfs import open_in_root
+
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+        if cgroup.root_fd < 0:
+            return os.open(path, flags | os.O_CLOEXEC)
+        return open_in_root(cgroup.root_fd, path, flags)
     except OSError as err:
-        raise ContainerError(f"open failed: {target}: {err.strerror}") from None
+        raise ContainerError(f"open failed: {path}: {err.strerror}") from None
+
+
+def _allow_v1(cgroup: DeviceCgroup, rules: Sequence[DeviceRule]) -> None:
+    target = posixpath.join(cgroup.path, "devices.allow")
+    fd = _open(cgroup, target, os.O_WRONLY)
     try:
         for rule in rules:  # the kernel parses one rule per write
             try:
@@ -174,11 +165,9 @@ def _raise_memlock() -> None:
         pass  # newer kernels do not charge it; older ones will say EPERM at load, reported there
 
 
-def _allow_v2(path: str, rules: Sequence[DeviceRule]) -> None:
-    try:
-        cgroup_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as err:
-        raise ContainerError(f"open failed: {path}: {err.strerror}") from None
+def _allow_v2(cgroup: DeviceCgroup, rules: Sequence[DeviceRule]) -> None:
+    path = cgroup.path
+    cgroup_fd = _open(cgroup, path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             flags, ids = bpf.prog_query(cgroup_fd, bpf.ATTACH_CGROUP_DEVICE)

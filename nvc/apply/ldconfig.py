@@ -29,11 +29,14 @@ import signal
 import stat
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nvc import confinement, syscalls
 from nvc.confinement import LDCONFIG_SANDBOX as SANDBOX
-from nvc.errors import LdcacheError, NvcError, proc_failure
+from nvc.errors import LdcacheError, NvcError
+
+if TYPE_CHECKING:
+    from nvc.apply.container import ContainerHandle
 
 # Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
 # is bounded at 10 s by RLIMIT_CPU): a FIFO or a stopped filesystem cannot hang configure.
@@ -226,7 +229,7 @@ def start_ldconfig(
     dirs: Sequence[str],
     *,
     owner: tuple[int, int],
-    pid: int | None = None,
+    handle: ContainerHandle | None = None,
     no_pivot: bool = False,
     output_fd: int | None = None,
     timeout: float = TIMEOUT,
@@ -234,8 +237,8 @@ def start_ldconfig(
     """Fork the ldconfig child now; it builds the sandbox and runs ldconfig on ``run()``.
 
     ``ldconfig``: ``@/host/path`` (run from a sealed memfd copy) or a path inside the
-    container. ``rootfs``: the rootfs as seen in the mount namespace of ``pid`` (the
-    caller's own namespace when ``pid`` is None). ``dirs``: library dirs to add, as paths
+    container. ``rootfs``: the rootfs as seen in the mount namespace of the container's
+    process ``handle`` (the caller's own when None). ``dirs``: library dirs to add, as paths
     inside the container. ``owner``: (uid, gid) ldconfig runs as. ``output_fd``: where
     ldconfig's stdout and stderr go (default /dev/null). ``timeout``: seconds from
     ``start()`` after which the run is killed and fails. Bad arguments (a host ldconfig
@@ -245,14 +248,14 @@ def start_ldconfig(
     host = ldconfig.startswith("@")
     path = ldconfig[1:] if host else ldconfig
     program_fd, shown = sealed_copy(path) if host else (-1, path)
-    ns_fd = null_fd = err_r = err_w = go_r = go_w = parent_fd = own_pid_ns = -1
+    ns_fd = -1 if handle is None else handle.mnt_ns  # the handle's: not closed here
+    null_fd = err_r = err_w = go_r = go_w = parent_fd = own_pid_ns = -1
     try:
-        ns_fd = _open_ns(pid, "mnt") if pid is not None else -1
         null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         parent_fd = os.pidfd_open(os.getpid())  # the child's check that we still live: getppid() is 0 there
-        own_pid_ns = _open_ns("self", "pid")
+        own_pid_ns = _open_own_pid_ns()
         child = _fork_into_new_pid_namespace(own_pid_ns)
         if child == 0:
             os.close(err_r)
@@ -265,7 +268,7 @@ def start_ldconfig(
     except OSError as err:  # /dev/null or a pipe refused (a Landlocked caller, the descriptor limit): one line
         raise LdcacheError(_describe(err, "cannot prepare ldconfig's run")) from None
     finally:
-        for fd in (err_r, err_w, go_r, go_w, null_fd, ns_fd, program_fd, parent_fd, own_pid_ns):
+        for fd in (err_r, err_w, go_r, go_w, null_fd, program_fd, parent_fd, own_pid_ns):
             if fd >= 0:
                 os.close(fd)
 
@@ -292,13 +295,11 @@ def _fork_into_new_pid_namespace(own_pid_ns: int) -> int:
     return child
 
 
-def _open_ns(pid: int | str, kind: str) -> int:
-    ns = f"/proc/{pid}/ns/{kind}"
+def _open_own_pid_ns() -> int:
+    ns = "/proc/self/ns/pid"
     try:
         return os.open(ns, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
-        if isinstance(pid, int):
-            raise proc_failure(pid, ns, err, LdcacheError) from None
         raise LdcacheError(f"open failed: {ns}: {err.strerror}") from None
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from nvc import syscalls
-from nvc.errors import ContainerError, proc_failure
 
 _MAX_SYMLINKS = 40  # the kernel's limit (ELOOP beyond it)
 
@@ -437,26 +436,3 @@ def _restore_at(dir_fd: int, name: str, saved: SavedFile) -> None:
         os.unlink(tmp, dir_fd=dir_fd)
         raise
 
-
-def open_rootfs(rootfs: str, pid: int | None) -> int:
-    """An O_PATH fd of the container's rootfs.
-
-    With ``pid`` the path is resolved inside the container's root (/proc/PID/root), where an
-    absolute symlink on the way means what it means to the container, not to the host.
-    """
-    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW  # a rootfs that is a symlink is refused
-    if pid is not None:
-        try:
-            root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as err:
-            raise proc_failure(pid, f"/proc/{pid}/root", err) from None
-    try:
-        if pid is None:
-            return os.open(rootfs, flags | os.O_CLOEXEC)
-        try:
-            return open_in_root(root, rootfs, flags)
-        finally:
-            os.close(root)
-    except OSError as err:
-        where = rootfs if pid is None else f"/proc/{pid}/root{rootfs}"
-        raise ContainerError(f"open failed: {where}: {err.strerror}") from None

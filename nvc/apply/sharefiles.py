@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvc.errors import ContainerError, MountError
 from nvc.plan.request import ShareRequest
 from nvc.plan.share import GRANTED_DIR, STATE_DIR, ShareFiles, container_dir, granted_text, limits_text, sched_dir_for
 from nvc.share.region import SIZE as REGION_SIZE
 from nvc.share.sched import SIZE as SCHED_FILE_SIZE
+
+if TYPE_CHECKING:
+    from nvc.apply.container import ContainerHandle
 
 # The scheduler's tmpfs (native/sched.c): room for this many containers' files and granted limits.
 _SCHED_TENANTS = 1024
@@ -173,10 +177,10 @@ def _make_dir(path: str, mode: int, flags: int, what: str) -> int:
         raise ContainerError(f"cannot use {what} {path}: {err.strerror}") from None
 
 
-def make(files: ShareFiles, pid: int | None = None) -> None:
+def make(files: ShareFiles, handle: ContainerHandle | None = None) -> None:
     """Make what :func:`nvc.plan.share.files` decided, in the mount namespace the hook runs in (the host's, where the
-    runtime runs hooks): the record of the container they belong to (its bundle and init process
-    ``pid``: :mod:`nvc.share.owner`), a tmpfs of fixed size (``tmpfs_options``: the limits file and the
+    runtime runs hooks): the record of the container they belong to (its bundle and init process, the
+    one ``handle`` pins: :mod:`nvc.share.owner`), a tmpfs of fixed size (``tmpfs_options``: the limits file and the
     preallocated region, nothing more) on ``<state_dir>/<id>/shared``, filled, so what the container
     may write is that tmpfs, never the host's /run; a scheduled container's file in ``sched_dir``
     (``_open_sched_dir``). On failure at any step, what was made is unmounted and removed again
@@ -184,7 +188,7 @@ def make(files: ShareFiles, pid: int | None = None) -> None:
     is refused and left alone; a host file that cannot be made (/run full) is one ContainerError."""
     from nvc.share import owner
 
-    record = owner.encode(owner.of_container(pid, files.bundle))
+    record = owner.encode(owner.of_container(handle, files.bundle))
     path = container_dir(files.container_id, files.state_dir)
     state_fd = _open_state_dir(files.state_dir)
     try:

@@ -25,7 +25,7 @@ from nvc import capabilities, loaderenv
 from nvc.discover import procfs
 from nvc.plan import requirements, selection
 from nvc.plan.request import Request, check
-from nvc.errors import ContainerError, proc_failure
+from nvc.errors import ContainerError
 from nvc.logger import Logger
 from nvc.plan.mountplan import COMPAT_DIR, PROC_NVIDIA, ContainerFacts, HostFacts
 from nvc.plan.operations import Plan
@@ -33,6 +33,7 @@ from nvc.plan import share as shareplan
 from nvc.options import GlobalOptions
 
 if TYPE_CHECKING:
+    from nvc.apply.container import ContainerHandle
     from nvc.discover.inventory import Inventory
     from nvc.plan.request import ShareRequest
 
@@ -139,12 +140,11 @@ def share_files(sharing: ShareRequest, container_id: str, root_fd: int, rootfs: 
                            state_dir=state_dir, sched_dir=sched_dir, bundle=bundle)
 
 
-def container_owner(pid: int | None, root_fd: int) -> tuple[int, int]:
+def container_owner(handle: ContainerHandle | None, root_fd: int) -> tuple[int, int]:
     """Who owns the container: its process (or, standalone, its rootfs)."""
-    try:
-        st = os.stat(f"/proc/{pid}") if pid is not None else os.fstat(root_fd)
-    except OSError as err:
-        raise proc_failure(pid or 0, f"/proc/{pid}", err) from None
+    if handle is not None:
+        return handle.owner
+    st = os.fstat(root_fd)
     return st.st_uid, st.st_gid
 
 
@@ -191,23 +191,35 @@ def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selectio
     requirements.check(req.requirements, per_gpu or [base])
 
 
-def plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Plan:
-    """Everything ``configure`` would do, without changing anything."""
-    from nvc.discover import driver, inventory, kmods, nodes, rootpath
-    from nvc.plan import mountplan
-    from nvc.apply import rootfs as inroot
-    from nvc.rpc import driver_service
+def _read_container(req: Request, handle: ContainerHandle | None) -> tuple[ContainerFacts, shareplan.ShareFiles | None]:
+    """The container's facts, and its sharing files planned, read inside its rootfs."""
+    from nvc.apply import container
 
-    start = time.perf_counter()
-    req = check(req)
-    root_fd = inroot.open_rootfs(req.rootfs, req.pid)
+    root_fd = container.open_rootfs(req.rootfs, handle)
     try:
-        owner = container_owner(req.pid, root_fd)
-        cfacts = container_facts(root_fd, owner)
+        cfacts = container_facts(root_fd, container_owner(handle, root_fd))
         share = None if req.sharing is None else share_files(req.sharing, req.container_id, root_fd, req.rootfs,
                                                               bundle=req.bundle)
     finally:
         os.close(root_fd)
+    return cfacts, share
+
+
+def plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC, handle: ContainerHandle | None = None) -> Plan:
+    """Everything ``configure`` would do, without changing anything. ``handle``: the container's
+    process (:mod:`nvc.apply.container`), resolved here from the request's pid where not given."""
+    from nvc.apply.container import ContainerHandle
+    from nvc.discover import driver, inventory, kmods, nodes, rootpath
+    from nvc.plan import mountplan
+    from nvc.rpc import driver_service
+
+    start = time.perf_counter()
+    req = check(req)
+    if handle is None and req.pid is not None:
+        with ContainerHandle.open(req.pid) as handle:
+            cfacts, share = _read_container(req, handle)
+    else:
+        cfacts, share = _read_container(req, handle)
     if cfacts.proc_mountpoint is None:
         log.debug("%s has no /proc/driver (procfs not mounted yet?): the driver's /proc files stay unmasked",
                   req.rootfs)
@@ -268,10 +280,13 @@ def configure(glob: GlobalOptions, req: Request, *, dry_run: bool = False) -> Pl
     scrub_environment()
     if dry_run:
         return plan(glob, req)
+    from nvc.apply.container import resolve
     from nvc.rpc import container_service
 
-    # Forked before planning: the container helper's fork and confinement overlap the plan.
-    with container_service.open_container(wait=False) as container:
-        the_plan = plan(glob, req)
-        container_service.apply(the_plan, container)
+    req = check(req)
+    # Forked before planning: the container helper's fork and confinement overlap the plan. The
+    # container's process resolved once, for the plan and every step that applies it.
+    with container_service.open_container(wait=False) as container, resolve(req.pid) as handle:
+        the_plan = plan(glob, req, handle=handle)
+        container_service.apply(the_plan, container, handle)
     return the_plan

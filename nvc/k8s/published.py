@@ -34,7 +34,7 @@ class Published(NamedTuple):
 
 def this_process(resources: tuple[ResourceHealth, ...]) -> Published | None:
     """The record for this process (None where /proc does not show it)."""
-    from nvc.share.owner import start_time
+    from nvc.apply.container import start_time
 
     try:
         pid = int(os.readlink("/proc/self"))
@@ -99,7 +99,7 @@ def read(path: str, alive_only: bool = True) -> Published | None:
     """The record at ``path``: only root's own regular file, read bounded; None when there is none,
     it is not one, or (``alive_only``) the process it names no longer runs."""
     from nvc import untrusted
-    from nvc.share.owner import start_time
+    from nvc.apply.container import start_time
 
     try:
         path_fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+from nvc.apply.container import start_time
+
+if TYPE_CHECKING:
+    from nvc.apply.container import ContainerHandle
 
 FILE = "owner"
 _MAX = 8192                       # bytes: a bundle path and three numbers
@@ -26,39 +31,16 @@ class Owner(NamedTuple):
     pidns: int | None             # the inode of its pid namespace
 
 
-def start_time(pid: int) -> int | None:
-    """The start time of process ``pid``, None when it is gone, a zombie (dead, not yet reaped:
-    a killed container's init may wait for its reaper while poststop runs) or not visible."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        text = os.read(fd, 4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    fields = text.rpartition(")")[2].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X") or not fields[19].isdigit():
-        return None
-    return int(fields[19])
-
-
-def of_container(pid: int | None, bundle: str) -> Owner:
-    """The record for the container whose init process is ``pid`` (None: no container process)."""
+def of_container(handle: ContainerHandle | None, bundle: str) -> Owner:
+    """The record for the container whose init process ``handle`` pins (None: no container process)."""
     from nvc.errors import ContainerError
 
-    if pid is None:
+    if handle is None:
         return Owner(bundle, None, None, None)
-    started = start_time(pid)
-    try:
-        pidns = os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
-        started = None
-    if started is None:
-        raise ContainerError(f"container process {pid} is gone")
-    return Owner(bundle, pid, started, pidns)
+    started, pidns = handle.start_time(), handle.pid_namespace()
+    if started is None or pidns is None:
+        raise ContainerError(f"container process {handle.pid} is gone")
+    return Owner(bundle, handle.pid, started, pidns)
 
 
 def encode(owner: Owner) -> bytes:
