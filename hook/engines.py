@@ -223,7 +223,7 @@ def server_unit(config_path: str | None = None) -> str:
     a refusal to start (a socket directory others control, see nvc.hook.server) is no failure a
     restart mends; the clients run the hook themselves meanwhile. WatchdogSec=: a server whose
     accept loop stops sending keep-alives (wedged, stopped, or its workers taking no call:
-    nvc.hook.watchdog) is killed and restarted; SIGKILL, since a stopped process would hold any
+    nvc.hook.server.watchdog) is killed and restarted; SIGKILL, since a stopped process would hold any
     other signal until continued. Meanwhile one call pays the clients' hand-over timeout and the
     others run the hook themselves (nvc.hook.wedge).
     """

@@ -13,7 +13,7 @@ PID is the worker's, FD the number of its end of the connection), ``fall back`` 
 run the program itself: nothing was done) or ``refused N``, a newline and a line for the
 caller's stderr (N: the caller's status). Any other answer before ``ready PID FD`` (an older
 server's) means nothing was done either: the caller runs the program itself, and so does a
-caller that cannot open ``/proc/PID/fd/FD`` (O_PATH): a Landlocked one (nvc.hook.peer). After
+caller that cannot open ``/proc/PID/fd/FD`` (O_PATH): a Landlocked one (nvc.hook.server.peer). After
 ``ready`` the caller sends ``go`` with its stdin, stdout, stderr and that descriptor attached,
 and the server answers ``exit N`` when the call is done, or ``fall back`` when the descriptor
 is not the worker's connection (nothing was run). The message is unchanged from the exchange
@@ -313,7 +313,7 @@ def _first_answer(sock, listener: int, dirfd: int, watch: bool,  # noqa: ANN001 
 
 def _worker_connection(reply: bytes) -> int:
     """For ``ready PID FD``: /proc/PID/fd/FD opened with O_PATH, the proof ``go`` carries that this
-    process is confined no more than the worker (nvc.hook.peer); -1 for any other answer, or where
+    process is confined no more than the worker (nvc.hook.server.peer); -1 for any other answer, or where
     it cannot be opened (Landlock refuses it)."""
     fields = reply.split(b" ")
     if len(fields) != 3 or fields[0] != READY or not (fields[1].isdigit() and fields[2].isdigit()):

@@ -16,13 +16,13 @@ from nvc.hook.prestart import main as stages
 
 
 def _serve(args: list[str]) -> int:
-    from nvc.hook import server
+    from nvc.hook.server.loop import serve
 
     if args and (len(args) != 2 or args[0] != "--socket" or not args[1]):
         print(USAGE, file=sys.stderr)
         return InputError.exit_code
     try:
-        return server.serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+        return serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
     except NvcError as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return err.exit_code

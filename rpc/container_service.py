@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
 from nvc.rpc.helper import Dispatch, HelperClient, note
+from nvc.rpc.pool import WarmHelper
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
@@ -120,7 +121,7 @@ class ContainerClient:
         if not journal:
             return []
         try:
-            with _fork(self.helper.timeout, wait=True) as fresh:
+            with _ahead.fork({}, self.helper.timeout, wait=True) as fresh:
                 return fresh.call("undo", fds=_fds(self.handle), plan=plan.to_wire(), journal=journal)
         except NvcError as err:  # the container gone with its mounts, say: the first failure stands
             return [str(err)]
@@ -131,35 +132,21 @@ def _fds(handle: ContainerHandle | None) -> tuple[int, ...]:
 
 
 # The container helper forked ahead of any call (see :func:`prestart`) until open_container takes it.
-_prestarted: HelperClient | None = None
+_ahead = WarmHelper("container", serve_container, failure=MountError, journal=True)
 
 
 def prestart() -> None:
     """Fork the container helper now, before a call is known: the hook server's idle workers keep
     one so, and the call's :func:`open_container` takes it (fork and confinement already done).
     One never taken exits with this process."""
-    global _prestarted
-    _prestarted = _fork(HELPER_TIMEOUT, wait=False)
-
-
-def _fork(timeout: float, wait: bool) -> HelperClient:
-    return HelperClient.spawn("container", serve_container, timeout=timeout, wait=wait, failure=MountError,
-                              journal=True)
+    _ahead.prepare()
 
 
 def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> ContainerClient:
     """The container helper: the one :func:`prestart` forked, else one forked now. ``wait=False``
     returns at once, and its first call waits for it (and raises its set-up's failure): the caller
     plans while the helper forks and confines itself."""
-    global _prestarted
-    helper, _prestarted = _prestarted, None
-    if helper is None:
-        helper = _fork(timeout, wait)
-    else:
-        helper.timeout = timeout
-        if wait:
-            helper.wait_ready()
-    return ContainerClient(helper)
+    return ContainerClient(_ahead.take({}, timeout, wait))
 
 
 def _incomplete(problems: list[str]) -> None:

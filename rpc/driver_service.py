@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvc.errors import DriverError, InitializationError
 from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient, die_with_parent
+from nvc.rpc.pool import WarmHelper
 
 if TYPE_CHECKING:  # imported where used: what this module loads delays the helper's fork (``info``)
     from pathlib import Path
@@ -271,10 +272,8 @@ class DriverClient:
         return self.helper.call("topology")
 
 
-# The driver helper forked ahead (see :func:`prefork`, :func:`prestart`) until open_driver takes
-# it, and the setup it was already started with (None: not yet started).
-_preforked: HelperClient | None = None
-_preforked_setup: dict[str, Any] | None = None
+# The driver helper forked ahead (see :func:`prefork`, :func:`prestart`) until open_driver takes it.
+_ahead = WarmHelper("driver", serve_driver, warm=_warm, failure=DriverError)
 
 
 def prefork() -> None:
@@ -285,19 +284,14 @@ def prefork() -> None:
     has done the imports by then. :func:`open_driver` takes it over with the real options;
     one never taken exits with this process.
     """
-    global _preforked, _preforked_setup
-    _preforked, _preforked_setup = HelperClient.prefork("driver", serve_driver, warm=_warm, failure=DriverError), None
+    _ahead.prefork()
 
 
 def prestart(root: str = "/", user: tuple[int, int] | None = None) -> None:
     """Fork the driver helper and start it for ``root`` and ``user`` now: NVML loads before any
     call needs it. The hook server's idle workers keep one so; :func:`open_driver` takes it
     when asked for the same, and closes it otherwise. One never taken exits with this process."""
-    global _preforked, _preforked_setup
-    setup = _setup(root, user)
-    helper = HelperClient.prefork("driver", serve_driver, warm=_warm, failure=DriverError)
-    helper.start(**setup)
-    _preforked, _preforked_setup = helper, setup
+    _ahead.prepare(**_setup(root, user))
 
 
 def overflow_ids(proc: str = "/proc") -> tuple[int, int]:
@@ -335,22 +329,7 @@ def open_driver(
     import what it needs meanwhile. ``events``: the helper also serves :meth:`DriverClient.xid_events`
     and :meth:`DriverClient.topology` (the Kubernetes device plugin).
     """
-    global _preforked, _preforked_setup
-    setup = _setup(root, user, events)
-    helper, started = _preforked, _preforked_setup
-    _preforked = _preforked_setup = None
-    if helper is not None and started is not None and started != setup:
-        helper.close()  # started for another root or user
-        helper = None
-    if helper is None:
-        helper = HelperClient.spawn("driver", lambda: serve_driver(**setup), timeout=timeout, wait=wait,
-                                    failure=DriverError)
-    else:
-        helper.timeout = timeout
-        if started is None:
-            helper.start(**setup)
-        if wait:
-            helper.wait_ready()
+    helper = _ahead.take(_setup(root, user, events), timeout, wait)
     with helper:
         yield DriverClient(helper)
 

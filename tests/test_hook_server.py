@@ -200,7 +200,7 @@ def test_client_usage() -> None:
 
 def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
     """The workers forked ahead of the next calls (a pool of SPARES) must not outlive a server killed outright."""
-    from nvc.hook.server import SPARES
+    from nvc.hook.server.loop import SPARES
 
     top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
     try:
@@ -224,7 +224,7 @@ def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
 def test_an_idle_spare_keeps_a_container_helper_ready(served: Path) -> None:
     """A spare left idle forks the container helper its call's configure takes (and the NVML
     helper), so no helper fork is on a call's path; the spare itself stays the server's child."""
-    from nvc.hook.server import SPARES
+    from nvc.hook.server.loop import SPARES
 
     server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
                   and _ppid(p) == os.getpid())
@@ -242,7 +242,7 @@ def test_the_server_forks_at_a_higher_priority_than_its_workers_run(served: Path
     """In a start storm the server's one job, forking the next spare, must not wait for a CPU behind
     the runtimes and workers: it runs SERVER_NICE_BOOST below the nice value it was started with,
     its spares (the workers to be) at that value."""
-    from nvc.hook.server import SERVER_NICE_BOOST
+    from nvc.hook.server.loop import SERVER_NICE_BOOST
 
     server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
                   and _ppid(p) == os.getpid())
@@ -507,7 +507,7 @@ def test_a_worker_never_becomes_a_server(served: Path, argv: list[str]) -> None:
 SBIN = "/usr/sbin:/usr/bin:/sbin:/bin"
 MISSING = "/nonexistent/nvc-py"  # a fallback target that says so: exit 127, "cannot execute"
 CANNOT_EXECUTE = f"nvc-py-hook-client: cannot execute {MISSING}: No such file or directory\n"
-SERVED_HELP = ["info", "--help"]  # a command the server runs (nvc.hook.scope) that needs no driver
+SERVED_HELP = ["info", "--help"]  # a command the server runs (nvc.hook.server.scope) that needs no driver
 
 
 @pytest.mark.parametrize("drop", ["all", "cap_sys_admin"])
@@ -539,7 +539,7 @@ def test_a_root_caller_under_seccomp_runs_the_program_itself(served: Path) -> No
 def test_a_root_caller_with_no_new_privs_runs_the_program_itself(served: Path) -> None:
     """no_new_privs is a sandbox's mark (the caller's programs gain nothing on exec; a worker's
     helpers would): with every capability still, such a caller is told to fall back."""
-    from nvc.hook import peer
+    from nvc.hook.server import peer
 
     if peer.own_standing().no_new_privs:
         pytest.skip("the server would run with no_new_privs too: this process has it")
@@ -552,7 +552,7 @@ def test_the_peer_check_refuses_no_new_privs_and_another_lsm_label(tmp_path: Pat
     """The rules that this kernel cannot show with real processes (no LSM with labels here: both
     sides read none, which counts as equal), on the server's own standing changed one field at a
     time; an AppArmor profile in unconfined mode reads as unconfined (files stand for /proc/PID/attr)."""
-    from nvc.hook import peer
+    from nvc.hook.server import peer
 
     ours = peer.own_standing()._replace(no_new_privs=False)
     assert peer.shortfall(ours, ours) is None
@@ -650,7 +650,7 @@ def test_a_landlocked_root_configure_is_not_served_and_fails_in_one_line(active_
 def test_the_peer_check_without_a_pidfd_reads_a_live_process_and_refuses_a_gone_one() -> None:
     """Kernels without SO_PEERPIDFD: /proc/PID read through one descriptor, the process checked
     alive after; a status without capability lines reads as nothing held."""
-    from nvc.hook import peer
+    from nvc.hook.server import peer
 
     ours = peer.own_standing()
     assert peer.caller_shortfall(os.getpid(), None, ours) is None
@@ -856,7 +856,7 @@ def raw_fields(argv: list[bytes], env: list[bytes]) -> bytes:
 
 REFUSED = b"refused 2\nnvc-py-hook serve: refused a call: "
 POSTSTART = raw_fields([b"/x/nvc-py-hook", b"poststart"], [])
-BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.scope); its line cannot be written:
+BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.server.scope); its line cannot be written:
 # its status still says what it was (2, a usage error: nvc.stdio drops what stderr refuses)
 
 
@@ -966,7 +966,7 @@ def stop(pids: list[int]) -> None:
 def spare_pids(server: subprocess.Popen[str]) -> list[int]:
     """The spare workers of a server with no call running, once it forked them all (and a worker
     that served a call before is gone)."""
-    from nvc.hook.server import SPARES
+    from nvc.hook.server.loop import SPARES
 
     children = Path(f"/proc/{server.pid}/task/{server.pid}/children")
     deadline = time.monotonic() + 10
@@ -1281,7 +1281,7 @@ def test_served_call_time(served: Path) -> None:
 
 
 def test_queue_wait_is_read_from_the_clients_stamp_which_the_program_never_sees() -> None:
-    from nvc.hook.server import queue_wait_ms
+    from nvc.hook.server.exchange import queue_wait_ms
 
     env = {"PATH": "/bin", handover.CONNECTED_ENV: "00000000000001000000"}
     assert queue_wait_ms(env, 3_500_000) == 2.5 and env == {"PATH": "/bin"}

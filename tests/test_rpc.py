@@ -505,12 +505,12 @@ def test_a_prestarted_helper_is_taken_for_the_same_options_only(active_2gpu) -> 
 
     root = str(active_2gpu.root)
     driver_service.prestart(root=root)
-    ahead = driver_service._preforked.pid
+    ahead = driver_service._ahead.kept.pid
     with open_driver(root=root) as driver:
         assert driver.pid == ahead and len(driver.snapshot().gpus) == 2
     assert not Path(f"/proc/{ahead}").exists()
     driver_service.prestart(root=root, user=(12345, 12345))
-    other = driver_service._preforked.pid
+    other = driver_service._ahead.kept.pid
     with open_driver(root=root) as driver:
         assert driver.pid != other and len(driver.snapshot().gpus) == 2
         assert not Path(f"/proc/{other}").exists()  # closed and reaped
@@ -528,7 +528,7 @@ def test_a_prestarted_container_helper_is_confined_before_any_call_and_taken_onc
     from nvc.rpc import container_service
 
     container_service.prestart()
-    ahead = container_service._prestarted.pid
+    ahead = container_service._ahead.kept.pid
     bounding = sum(1 << getattr(prctl, f"CAP_{name.upper()}") for name in CONTAINER_HELPER.permitted)
     deadline = time.monotonic() + 5
     while _status(ahead)["NoNewPrivs"] != "1":

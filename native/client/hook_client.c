@@ -33,7 +33,7 @@
  * with the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on
  * stderr); `go` with the three standard streams and /proc/PID/fd/FD opened (the worker's end of the
  * connection: the proof that no Landlock domain confines this process more than the worker, see
- * nvc/hook/peer.py; where it cannot be opened, the client runs the program itself); `exit N`. No
+ * nvc/hook/server/peer.py; where it cannot be opened, the client runs the program itself); `exit N`. No
  * worker runs anything, or holds a stream, before `go`: without `ready` within ACK_TIMEOUT_US (a
  * wedged or stopped server), or with the connection closed before it, the client runs the program
  * itself. Once it sent `go` it falls back only on the worker's `fall back` (the proof was not its
@@ -316,7 +316,7 @@ static long long call_timeout(void)
     return digits && us > 0 ? us : DEFAULT_TIMEOUT_US;
 }
 
-/* For `ready PID FD`: /proc/PID/fd/FD opened with O_PATH, the proof `go` carries (nvc/hook/peer.py); -1 for
+/* For `ready PID FD`: /proc/PID/fd/FD opened with O_PATH, the proof `go` carries (nvc/hook/server/peer.py); -1 for
  * any other answer, or where it cannot be opened (Landlock refuses it). */
 static int worker_connection(const char *reply)
 {

@@ -61,7 +61,7 @@
 #define NO_SERVER_FILE "no-server"
 #define SERVER_PROGRAM PROGRAM_DIR "/nvc-py-hook-python"
 #define SERVER_ENV_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#define IDLE_EXIT_ENV "NVC_PY_SERVE_IDLE_EXIT=600" /* seconds; hook/activation.py reads it */
+#define IDLE_EXIT_ENV "NVC_PY_SERVE_IDLE_EXIT=600" /* seconds; hook/server/activation.py reads it */
 #define LOCK_FD 3                                  /* NVC_PY_SERVE_LOCK_FD, as passed */
 #define LOCK_NAME "server.lock"
 #define LOCK_FORBIDDEN 077 /* whoever could open the lock could hold it, and no server would start */

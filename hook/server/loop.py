@@ -1,0 +1,163 @@
+"""The hook server's process: its start-up (imports, a dry plan, its socket), the spares it keeps
+forked and waiting in accept(), its idle exit and its stop (the package's docstring says why)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import select
+import signal
+import sys
+import time
+
+from nvc.hook import wedge
+from nvc.hook.server import activation, upgrade, watchdog
+from nvc.hook.server.exchange import Programs
+from nvc.hook.server.peer import own_standing
+from nvc.hook.server.sockets import listen, socket_directory
+from nvc.hook.server.worker import STATS_ENV, open_stats, spare, warm_up
+
+SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
+DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
+ADOPTED_IDLE_EXIT = 0.5  # seconds without a call after which an on-demand server a runtime adopted stops
+# Workers forked ahead and waiting in accept(): a storm of calls is taken by as many at once while
+# the server forks their replacements, instead of each call waiting for the fork of the one before.
+# Each keeps an NVML helper ready once idle: the kernel hands a call to any of them, and a call
+# that lands on one without pays for starting it.
+SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
+# The server's nice value while it starts and serves, below its workers' (which go back to the one it
+# started with): in a start storm its only work, forking the next spare, waits on a CPU behind every
+# runtime and worker, and the calls queue behind that fork (or, on demand, behind its start-up).
+SERVER_NICE_BOOST = 10
+# What a prestart call imports, lazily or in its forked children: imported once, here (not
+# pyseccomp: ldconfig's sandbox loads its filter from root's cache, compiled once per boot).
+PRELOAD = ("nvc.hook.prestart", "nvc.containerenv.gpus", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
+           "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
+           "nvc.rpc.container_service", "nvc.containerenv.sharing", "nvc.apply.sharefiles", "nvc.discover.kmods",
+           "nvc.debuglog", "nvc.hook.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
+           "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
+           "pynvml", "yaml", "json", "resource")
+
+
+def serve(path: str) -> int:
+    """Accept hook calls on ``path`` until SIGTERM, each in a worker forked ahead of it."""
+    directory, name = os.path.split(path)
+    directory_fd = socket_directory(directory or ".")  # before the warm-up: a refusal is quick
+    stats = open_stats(os.environ.pop(STATS_ENV, ""))
+    # From here, its start-up included: an on-demand server starts in the storm of calls waiting for it.
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):  # best effort: a server without CAP_SYS_NICE runs as it is
+        os.setpriority(os.PRIO_PROCESS, 0, max(-20, nice - SERVER_NICE_BOOST))
+    try:
+        return _serve_in(directory_fd, path, name, stats, nice)
+    finally:
+        os.close(directory_fd)
+        if stats >= 0:
+            os.close(stats)
+
+
+def _adopted() -> bool:
+    """Whether a process other than init is this server's parent. The front detaches an on-demand
+    server by a double fork, but the orphan goes to the nearest child subreaper among its starter's
+    ancestors, and a runtime that is one may wait for every child it adopted before it returns: crun
+    1.8's ``run`` did, a container start blocked until the server's own idle exit (10 minutes), seen
+    on the GPU machine. Such a server serves the calls at hand (a start storm) and then makes way."""
+    return os.getppid() != 1
+
+
+def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) -> int:
+    """serve() once its socket directory is checked; ``nice``: the value its workers run at."""
+    import importlib
+
+    for module in PRELOAD:
+        importlib.import_module(module)
+    from nvc.commands.cli import main as cli_main
+    from nvc.hook.prestart import main as hook_main
+
+    scratch = os.path.abspath(os.path.dirname(path) or ".")  # checked by socket_directory
+    warm_up(scratch)
+    programs: Programs = {"nvc-py-hook": lambda args: hook_main(args, via="server"), "nvc-py": cli_main}
+
+    import prctl
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished workers...
+    prctl.set_child_subreaper(True)  # ...and the helpers they leave behind (a spare's unused NVML helper)
+    # SIGTERM is seen by the accept loop's select through the wakeup pipe, never raised as
+    # SystemExit: raised where Python runs a finalizer or a fork callback it would be swallowed,
+    # and the server would go on serving (seen once in 400+ stops as a 30 s stop timeout).
+    stop_r, stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(stop_w)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    ours = own_standing()
+    upgrade.note_start()
+    inherited = activation.inherited_socket()
+    sock = inherited if inherited is not None else listen(directory_fd, name, path)
+    owned = inherited is None  # a name this server bound: unlinked when it stops
+    idle = activation.idle_exit() if owned else None  # systemd's socket is not this server's to unlink
+    dog = watchdog.from_environment()
+    with contextlib.suppress(OSError):  # calls that found its predecessor wedged try this one at once
+        os.unlink(wedge.MARKER, dir_fd=directory_fd)
+    draining = False
+    quiet_since = time.monotonic()  # of the last event (a call taken, a spare's end, a signal)
+    try:
+        gc.collect()
+        gc.freeze()  # keep the imported objects' pages shared with the workers
+        print(f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}", file=sys.stderr,
+              flush=True)
+        activation.release_start_lock()
+        spares: set[int] = set()  # each waiting spare's taken pipe
+        try:
+            while True:
+                while len(spares) < SPARES:
+                    taken_r, taken_w = os.pipe()
+                    if os.fork() == 0:
+                        signal.set_wakeup_fd(-1)
+                        for fd in (*spares, taken_r, stop_r, stop_w):
+                            os.close(fd)
+                        spare(sock, taken_w, programs, ours, stats, scratch, nice)
+                    os.close(taken_w)
+                    spares.add(taken_r)
+                # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM; with
+                # systemd's watchdog, until its next keep-alive at the latest.
+                wait = DRAIN_QUIET if draining else ADOPTED_IDLE_EXIT if idle and _adopted() else idle
+                limit = wait
+                if dog is not None:
+                    dog.tick(queued=bool(select.select([sock], [], [], 0)[0]))
+                    limit = dog.due_in() if wait is None else min(dog.due_in(), quiet_since + wait - time.monotonic())
+                ready = select.select([*spares, stop_r], [], [], None if limit is None else max(0.0, limit))[0]
+                if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
+                    return 0
+                died = False
+                for fd in spares.intersection(ready):
+                    taken = os.read(fd, 1)
+                    died |= not taken
+                    if dog is not None and taken:
+                        dog.taken = True
+                    os.close(fd)
+                    spares.discard(fd)
+                if died:
+                    time.sleep(SPARE_RESPAWN_DELAY)  # no tight loop of spares that cannot start
+                if ready:  # a call, a dead spare or another signal's byte
+                    quiet_since = time.monotonic()
+                    continue
+                if wait is None or (dog is not None and time.monotonic() - quiet_since < wait):
+                    continue  # the watchdog's turn, not idle yet
+                if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
+                    adopter = f" (pid {os.getppid()} adopted this server and may wait for it)" if wait != idle else ""
+                    print(f"nvc-py-hook serve: no call for {wait:g} s: stopping{adopter}", file=sys.stderr, flush=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=directory_fd)
+                    owned, draining = False, True
+                elif not select.select([sock], [], [], 0)[0]:
+                    return 0  # nothing queued, nothing can come: the spares go with this process
+        finally:
+            for fd in spares:
+                os.close(fd)
+    finally:
+        sock.close()
+        if owned:
+            try:
+                os.unlink(name, dir_fd=directory_fd)
+            except OSError:
+                pass

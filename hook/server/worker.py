@@ -1,0 +1,164 @@
+"""A worker's life: forked ahead as a spare, it readies its call's path while idle, takes one
+call, answers it, then waits for its helpers and exits.
+
+Per-call figures, for benchmarks: with ``$NVC_PY_SERVE_STATS`` set to a file when the server
+starts, each worker appends one JSON line once its call is done: ``queue_ms``, how long the call
+waited between the client's connect (the stamp the client sends,
+:data:`nvc.hook.handover.CONNECTED_ENV`) and a worker's accept (null for a client that sends none);
+``worker_ms``, from that accept to the answer sent; ``cpu_ms``, the worker's user+system CPU since
+it was forked as a spare, its helpers' included.
+So a storm's p99 shows whether calls queue for a worker or run slowly once taken.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+from nvc.errors import InputError
+from nvc.hook.server.exchange import Programs, run_call, say
+from nvc.hook.server.peer import Standing
+
+IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts its helpers and warms up
+STATS_ENV = "NVC_PY_SERVE_STATS"  # a file each worker appends its call's figures to (JSON lines)
+
+
+def spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str,
+          nice: int) -> None:
+    """A worker forked ahead of its call: waits for the next connection (idle, it readies the call's
+    path: ``scratch`` is the dry plan's rootfs), tells the server it was taken (so the server forks
+    another spare), then serves it at ``nice``, the nice value the server started with. Never returns."""
+    import prctl
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # a worker runs as the server was started
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its helpers are waited for
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        prctl.set_pdeathsig(signal.SIGKILL)  # an idle spare goes with the server...
+        if os.getppid() == 1:
+            os._exit(0)
+        gc.disable()  # a worker lives for one call: no collections during it
+        ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_HELPERS)
+        if not ready:  # idle: ready what a call would otherwise start or touch first
+            _prestart_helpers()
+            warm_up(scratch, say=False)
+        while True:
+            try:
+                conn, _ = sock.accept()
+                accepted_ns = time.monotonic_ns()
+                break
+            except InterruptedError:
+                continue
+        prctl.set_pdeathsig(0)  # ...a busy one finishes its call
+        os.write(taken, b"t")
+        os.close(taken)
+        sock.close()
+    except BaseException:  # noqa: BLE001 - the server forks another spare
+        os._exit(1)
+    _worker(conn, programs, ours, accepted_ns, stats)
+
+
+def _prestart_helpers() -> None:
+    """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken
+    over by a call that asks for the same (see driver_service.open_driver), and a container
+    helper forked and confined for configure (container_service.open_container); each killed
+    with the worker when its call does not take it. Best effort: a call that needs one and
+    finds none starts its own, and finds out why."""
+    from nvc.errors import NvcError
+    from nvc.rpc import container_service, driver_service
+
+    for prestart in (driver_service.prestart, container_service.prestart):
+        try:
+            prestart()
+        except (NvcError, OSError):
+            pass
+
+
+def warm_up(scratch: str, say: bool = True) -> None:
+    """One dry plan with the directory ``scratch`` as its rootfs (the socket's directory: only read,
+    nothing made that a kill could leave behind; no container, nothing changed), so what a first call
+    builds lazily (compiled patterns, tables, the ld cache's pages) is in the server's memory
+    before any worker is forked; run again by an idle spare, it copies ahead the pages a call's
+    plan writes (a worker shares the server's until it writes them). Best effort: a host
+    without a driver just skips it (``say``: and says so)."""
+    from nvc import config as config_file
+    from nvc.commands.configure import plan
+    from nvc.errors import NvcError
+    from nvc.hook.prestart import global_options
+    from nvc.plan.request import Request
+
+    try:
+        cfg = config_file.load()
+        plan(global_options(cfg), Request(rootfs=scratch, capabilities=frozenset(cfg.supported_capabilities)))
+    except (NvcError, OSError) as err:
+        if say:
+            print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)
+
+
+def _worker(conn: socket.socket, programs: Programs, ours: Standing, accepted_ns: int, stats: int) -> None:
+    """Run the call on ``conn``, answer its status, append its figures to ``stats`` (a descriptor;
+    -1: none kept), never return.
+
+    The helpers the call closed are waited for after the answer (their cleanup is nothing the
+    caller sees: see nvc.rpc.helper.defer_reaping)."""
+    from nvc.rpc import helper
+
+    answer: bytes | None = b"exit 1"
+    figures: dict[str, float | None] = {"queue_ms": None}
+    try:
+        helper.defer_reaping()
+        try:
+            answer = run_call(conn, programs, ours, accepted_ns, figures)
+        except BaseException as err:  # noqa: BLE001 - the caller must get a status, whatever happened
+            say(f"nvc-py-hook serve: worker failed: {type(err).__name__}: {err}")
+        if answer is not None:
+            _release_streams()
+            conn.send(answer)
+            figures["worker_ms"] = (time.monotonic_ns() - accepted_ns) / 1e6
+            helper.reap_deferred()
+        if stats >= 0:
+            _record(stats, answer, figures)
+    finally:
+        os._exit(0)
+
+
+def _release_streams() -> None:
+    """Point 0-2 at /dev/null, so that the caller's pipes end when it gets its answer, not when this
+    worker has waited for its helpers."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in range(3):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _record(stats: int, answer: bytes | None, figures: dict[str, float | None]) -> None:
+    """One JSON line of this worker's call (see the module's docstring), in one write to a file
+    opened for appending, so that lines of workers finishing at once never interleave."""
+    import json
+    import resource
+
+    cpu = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):  # the helpers are reaped by now
+        usage = resource.getrusage(who)
+        cpu += usage.ru_utime + usage.ru_stime
+    line = {"pid": os.getpid(), "answer": answer.decode(errors="replace").split("\n")[0] if answer else None,
+            **figures, "cpu_ms": round(cpu * 1000, 3)}
+    try:
+        os.write(stats, (json.dumps(line) + "\n").encode())
+    except OSError:
+        pass  # figures are for benchmarks: a full disk costs no call
+
+
+def open_stats(path: str) -> int:
+    """A descriptor appending to ``path`` (created 0600), -1 for none; InputError naming the file."""
+    if not path:
+        return -1
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        raise InputError(f"{path}: cannot open ${STATS_ENV}: {err.strerror}") from None

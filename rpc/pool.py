@@ -1,0 +1,67 @@
+"""A helper of one kind kept warm: forked ahead of the call that takes it, else forked for it.
+
+A helper's fork, confinement and set-up (NVML's load, say) are most of what a call waits for on its
+first use. A process that knows it will need one starts it early: the CLI before it parses its
+command line (:meth:`WarmHelper.prefork`, parameters unknown yet), a hook server's idle worker before
+a call comes (:meth:`WarmHelper.prepare`). The call then takes it (:meth:`WarmHelper.take`) where it
+was started for the same parameters, or was not started yet; anything else is closed and a helper
+forked for the call. One never taken exits with the process that forked it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from nvc import errors
+from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, Setup
+
+
+class WarmHelper:
+    """At most one helper named ``nvc:[name]`` running ``setup``, waiting for the call that takes it."""
+
+    def __init__(self, name: str, setup: Setup, *, failure: type[errors.NvcError],
+                 warm: Callable[[], None] | None = None, journal: bool = False) -> None:
+        self.name = name
+        self.setup = setup
+        self.failure = failure
+        self.warm = warm  # what a preforked helper does before its parameters come (imports)
+        self.journal = journal
+        self.kept: HelperClient | None = None
+        self._params: dict[str, Any] | None = None  # what ``kept`` was started with; None: not yet
+
+    def fork(self, params: dict[str, Any], timeout: float, wait: bool) -> HelperClient:
+        """A helper of this kind started with ``params`` now, never the warm one (see
+        :meth:`HelperClient.spawn` for ``wait``)."""
+        return HelperClient.spawn(self.name, functools.partial(self.setup, **params), timeout=timeout, wait=wait,
+                                  failure=self.failure, journal=self.journal)
+
+    def prefork(self) -> None:
+        """Fork the helper now, before its parameters are known: it runs ``warm`` meanwhile, and
+        :meth:`take` sends it the call's."""
+        self.kept = HelperClient.prefork(self.name, self.setup, warm=self.warm, failure=self.failure)
+        self._params = None
+
+    def prepare(self, **params: Any) -> None:
+        """Fork the helper and start it with ``params`` now: its set-up runs before any call needs it."""
+        self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False), params
+
+    def take(self, params: dict[str, Any], timeout: float, wait: bool) -> HelperClient:
+        """The helper for a call with ``params``: the warm one where it is alive and was started
+        with the same (or not started yet: it is started now), else one forked now (the warm one is
+        closed). ``wait``: return once its set-up is done (and raise its failure), else its first
+        call waits."""
+        helper, started = self.kept, self._params
+        self.kept = self._params = None
+        if helper is not None and (not helper.alive or (started is not None and started != params)):
+            helper.close()
+            helper = None
+        if helper is None:
+            return self.fork(params, timeout, wait)
+        helper.timeout = timeout
+        if started is None:
+            helper.start(**params)
+        if wait:
+            helper.wait_ready()
+        return helper
