@@ -228,9 +228,6 @@ def f(env, uuid):
 MAX_PYTHON_LINES = 450
 MAX_C_LINES = 600
 ONE_PIECE = "One piece:"
-# Split on another branch of issue #28 right now (the hook server into its package): exempt here
-# until it is merged; the lead removes this list then (test_being_split_is_still_over says when).
-BEING_SPLIT = frozenset({"hook/server.py"})
 
 
 def _leading_text(path: Path) -> str:
@@ -262,13 +259,7 @@ def _over_the_limits() -> list[str]:
 
 
 def test_no_module_is_over_its_size() -> None:
-    assert [f for f in _over_the_limits() if f.split(":")[0] not in BEING_SPLIT] == []
-
-
-def test_being_split_is_still_over() -> None:
-    """An entry of BEING_SPLIT that is gone or small again is merged: remove it from the list."""
-    over = {f.split(":")[0] for f in _over_the_limits()}
-    assert sorted(BEING_SPLIT - over) == []
+    assert _over_the_limits() == []
 
 
 def test_the_size_check_counts_lines_and_reads_the_reason(tmp_path: Path) -> None:
