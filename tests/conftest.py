@@ -15,6 +15,8 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
+# The shared fixtures and helpers of tests/harness/ fail with pytest's detailed assertion messages too.
+pytest.register_assert_rewrite("harness")
 
 MACHINES = TESTS / "fakedriver" / "machines"
 

@@ -8,8 +8,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from harness.clitree import commands, takes_value as _takes_value
 from nvc.commands.cli import cli
-from test_cli_hostile import _takes_value, commands
 
 GROUPS = [words for words, command in commands(cli) if isinstance(command, click.Group)]
 # What click shows for a value without a metavar of its own, the other names of a path, a literal value.

@@ -49,6 +49,7 @@ import click
 import pytest
 
 from harness.bundle import make_bundle
+from harness.clitree import commands, takes_value as _takes_value
 from nvc import config as config_file
 from nvc import errors
 from nvc.commands.cli import cli
@@ -334,20 +335,6 @@ ALL_GLOBAL_VALUES = {("list",), ("k8s", "device-plugin")}
 VERDICTS = {("doctor",)}  # status 1 is their answer ("a check failed"), said on stdout, not an error
 SKIPPED = {("hook",)}  # nvc-py-hook's stages: test_hook_stages
 PATH_METAVARS = ("PATH", "ROOTFS")
-
-
-def commands(group: click.Group, words: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    """Every command of the tree, groups included, with the words that name it."""
-    yield words, group
-    for name, command in group.commands.items():
-        if isinstance(command, click.Group):
-            yield from commands(command, (*words, name))
-        else:
-            yield (*words, name), command
-
-
-def _takes_value(param: click.Parameter) -> bool:
-    return not (isinstance(param, click.Option) and (param.is_flag or param.count)) and param.name is not None
 
 
 def _scratch(scratch: Scratch, name: str, directory: bool) -> str:

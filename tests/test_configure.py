@@ -9,30 +9,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.bundle import make_bundle
+from harness.configurehook import HOOK, NVC, PROBE, paths as _tree, run as _run
+from harness.processes import children as _children
+from harness.standins import shared_target_process, target_process  # noqa: F401  (fixtures)
 
-NVC = shutil.which("nvc-py") or "nvc-py"
 GPU0 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
 GPU1 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
 MIG_1_1 = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"  # GPU 1, GI 1 / CI 0
 V2_ROOT = "/sys/fs/cgroup/unified"
-
-# Reads the OCI state on stdin, then runs configure for the container's pid.
-HOOK = """#!/bin/sh
-pid=$(sed -n 's/.*"pid": *\\([0-9]*\\).*/\\1/p')
-{prefix} {nvc} --root {root} configure --pid "$pid" {args} {rootfs} 2>>{log}
-"""
-# Probes a device node: "open" when the kernel let us open it (the fake node then says ENXIO), "denied" on EPERM.
-PROBE = 'probe() { if (exec 3<"$1") 2>&1 | grep -q "not permitted"; then echo "$1 denied"; else echo "$1 open"; fi; }'
 
 
 def _hook(tmp_path: Path, fake, rootfs: Path, args: str, prefix: str = "") -> dict:
@@ -41,15 +33,6 @@ def _hook(tmp_path: Path, fake, rootfs: Path, args: str, prefix: str = "") -> di
                                   log=tmp_path / "hook.log"))
     script.chmod(0o755)
     return {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
-
-
-def _run(runc, tmp_path: Path, rootfs: Path, hook: dict, script: str, **bundle_args) -> subprocess.CompletedProcess:
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], hooks={"prestart": [hook]},
-                         **bundle_args)
-    result = runc.create_start(bundle)
-    log = tmp_path / "hook.log"
-    assert result.returncode == 0, result.stderr + (log.read_text() if log.exists() else "")
-    return result
 
 
 def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, tmp_path):
@@ -138,34 +121,6 @@ def test_v2_device_filter_lets_only_the_selected_gpu_open(active_2gpu, debian_ro
     assert result.returncode == 0, result.stderr + (log.read_text() if log.exists() else "")
     assert result.stdout.splitlines() == ["/dev/nvidia0 open", "/dev/nvidia1 denied", "/dev/null open"]
     assert len(json.loads((tmp_path / "attached").read_text())) == 1  # nvc-py's filter replaced the runtime's
-
-
-def _target(propagation: str) -> Iterator[int]:
-    """A process in a mount namespace of its own: the container stand-in where no runtime is needed."""
-    proc = subprocess.Popen(["unshare", "-m", "--propagation", propagation, "sleep", "300"])
-    try:
-        for _ in range(200):  # until unshare has exec'd sleep in the new namespace
-            if os.readlink(f"/proc/{proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
-                break
-            subprocess.run(["sleep", "0.01"])
-        yield proc.pid
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-
-
-@pytest.fixture
-def target_process() -> Iterator[int]:
-    yield from _target("private")
-
-
-@pytest.fixture
-def shared_target_process() -> Iterator[int]:
-    yield from _target("shared")
-
-
-def _tree(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
 FIRMWARE = "usr/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin"  # mounted after every library and binary
@@ -362,7 +317,6 @@ def test_a_request_the_plan_refuses_leaves_no_helper_behind(active_2gpu, debian_
     from nvc.errors import NvcError
     from nvc.options import GlobalOptions
     from nvc.plan.request import from_flags
-    from test_rpc import _children
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
     before, mounts = _children(), Path(f"/proc/{target_process}/mountinfo").read_text()

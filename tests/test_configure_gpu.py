@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from test_configure import HOOK, NVC, PROBE
-from test_hook_gpu import gpu0_uuid, runtime  # noqa: F401  (fixtures)
+from harness.configurehook import HOOK, NVC, PROBE
+from harness.gpufixtures import gpu0_uuid, runtime  # noqa: F401  (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import sharegpu  # noqa: E402

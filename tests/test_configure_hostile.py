@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,23 +26,14 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import tree
-from test_configure import target_process  # noqa: F401 - fixture
+from harness.fakegpus import DRIVER_VERSION
+from harness.hostwatch import HostWatch, canary, host_paths_in, snapshot  # noqa: F401 - canary: fixture
+from harness.installed import NVC
+from harness.markerlib import build_marker_library
+from harness.standins import target_process  # noqa: F401 - fixture
 from nvc import syscalls
 
-DRIVER_VERSION = "580.95.05"  # the two-gpu-mig fake machine's
 LIBDIR = "usr/lib/x86_64-linux-gnu"
-CANARY = "nvc-host-canary"
-
-
-def _console_script() -> str:
-    """The installed nvc-py itself, not a wrapper (a pyenv shim runs bash and pyenv first, which
-    the loader-variable cases would count as processes that nvc-py started)."""
-    beside = Path(sys.executable).with_name("nvc-py")
-    return str(beside) if beside.exists() else shutil.which("nvc-py") or "nvc-py"
-
-
-NVC = _console_script()
 HOOK = """#!/bin/sh
 pid=$(sed -n 's/.*"pid": *\\([0-9]*\\).*/\\1/p')
 {env} exec {nvc} --root {root} configure --pid "$pid" {args} {rootfs} 2>>{log}
@@ -54,110 +44,12 @@ AT_FDCWD = -100
 RENAME_EXCHANGE = 1 << 1
 
 
-# ---- the host side: canary and snapshots ------------------------------------------------
-
-
-@pytest.fixture
-def canary(tmp_path: Path) -> Path:
-    """A host directory standing for everything an image must not reach."""
-    root = tmp_path / CANARY
-    (root / "lib").mkdir(parents=True)
-    (root / "ld.so.cache").write_bytes(b"host cache, not the container's")
-    (root / "ld.so.conf.d").mkdir()
-    (root / "ld.so.conf.d" / "host.conf").write_text("/host/lib\n")
-    (root / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
-    os.symlink("passwd", root / "link")
-    return root
-
-
-def snapshot(top: Path) -> dict[str, tuple]:
-    """Every entry under ``top`` (itself included): type, mode, owner, size, mtime, content hash / link."""
-    return tree(top, times=True)
-
-
-def entries(top: Path) -> dict[str, tuple]:
-    """What exists under ``top``: each entry's type and link target (not times: a rollback touches them)."""
-    return {path: (entry[0], entry[-1]) for path, entry in snapshot(top).items()}
-
-
-# Real host places the classic attacks aim at (CVE-2024-0133: lib dir -> /etc). Other tests may
-# legitimately change these directories meanwhile, so only driver-named entries are looked for.
-HOST_DIRS = ("/etc", "/usr/bin", "/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/compat", "/")
-DRIVER_NAMES = ("libnvidia-", "libcuda.so", "nvidia-smi", "libGLX_indirect", "nvidia-persistenced")
-
-
-def driver_named_host_files() -> set[str]:
-    found = set()
-    for d in HOST_DIRS:
-        try:
-            names = os.listdir(d)
-        except FileNotFoundError:
-            continue
-        found |= {f"{d}/{n}" for n in names if n.startswith(DRIVER_NAMES)}
-    return found
-
-
-def host_cache_state() -> tuple:
-    st = os.lstat("/etc/ld.so.cache")
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-class HostWatch:
-    """Before/after state of the host: the canary tree, driver-named files, the host ld cache."""
-
-    def __init__(self, canary: Path) -> None:
-        self.canary = canary
-        self.before = (snapshot(canary), driver_named_host_files(), host_cache_state())
-
-    def changes(self) -> list[str]:
-        """What differs from before (nothing: an empty list)."""
-        after = (snapshot(self.canary), driver_named_host_files(), host_cache_state())
-        found = ["host canary changed"] if after[0] != self.before[0] else []
-        if after[1] != self.before[1]:
-            found.append(f"driver files appeared on the host: {after[1] - self.before[1]}")
-        if after[2] != self.before[2]:
-            found.append("host /etc/ld.so.cache changed")
-        return found
-
-    def assert_unchanged(self) -> None:
-        changes = self.changes()
-        assert not changes, "; ".join(changes)
+# ---- the host side: the canary (tests/harness/hostwatch.py) ------------------------------
 
 
 @pytest.fixture
 def watch(canary: Path) -> HostWatch:
     return HostWatch(canary)
-
-
-# ---- mountinfo: no host path --------------------------------------------------------------
-
-
-def fs_path(path: Path) -> tuple[str, str]:
-    """(device, path inside its filesystem) of a host path, as mountinfo's fields 3 and 4 name it."""
-    best = ("", "", "/")
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        dev, root, point = fields[2], fields[3], fields[4]
-        if (str(path) + "/").startswith(point.rstrip("/") + "/") and len(point) >= len(best[2]):
-            best = (dev, root, point)
-    dev, root, point = best
-    rest = str(path)[len(point.rstrip("/")):]
-    return dev, (root.rstrip("/") + rest) or "/"
-
-
-def host_paths_in(mountinfo: str, allowed: tuple[Path, ...]) -> list[str]:
-    """Mounts of the container that show host files outside ``allowed`` (rootfs, driver root, its /proc)."""
-    permitted = [fs_path(p) for p in allowed]
-    leaks = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        dev, root = fields[2], fields[3]
-        same_fs = [p for d, p in permitted if d == dev]
-        if not same_fs:
-            continue  # another filesystem: proc, sysfs, tmpfs, devpts of the runtime
-        if not any((root + "/").startswith(p.rstrip("/") + "/") for p in same_fs):
-            leaks.append(line)
-    return leaks
 
 
 # ---- running the attack -----------------------------------------------------------------------
@@ -375,28 +267,6 @@ def test_proc_driver_symlinked_to_a_host_dir(active_2gpu, debian_rootfs, target_
 
 
 # ---- attacks: the caller's environment (CVE-2025-23266) ---------------------------------------
-
-MARKER_SO = r"""
-#include <fcntl.h>
-#include <stdio.h>
-#include <unistd.h>
-__attribute__((constructor)) static void mark(void) {
-    char exe[256] = "?", line[400];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) exe[n] = 0;
-    int fd = open(MARKER, O_WRONLY | O_APPEND | O_CREAT, 0666);
-    if (fd >= 0) { int m = snprintf(line, sizeof line, "%d %d %s\n", (int)getpid(), (int)getppid(), exe);
-                   write(fd, line, m); close(fd); }
-}
-"""
-
-
-def build_marker_library(path: Path, marker: Path, soname: str) -> None:
-    src = path.with_suffix(".c")
-    src.write_text(MARKER_SO)
-    subprocess.run(["cc", "-shared", "-fPIC", f"-DMARKER=\"{marker}\"", f"-Wl,-soname,{soname}", "-o", str(path),
-                    str(src)], check=True)
-    src.unlink()
 
 
 def test_ld_preload_from_the_caller_reaches_no_process_nvc_py_starts(active_2gpu, debian_rootfs, runc, tmp_path,

@@ -24,6 +24,7 @@ import pytest
 
 from harness.bundle import make_bundle
 from harness.docker import Dockerd, base_config
+from harness.fakegpus import A100, H100, MIG_2G, MIG_3G, SHOW, uuids as _uuids
 from nvc.errors import InputError
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
@@ -31,11 +32,6 @@ NVC_PY = str(SCRIPTS / "nvc-py")
 HOOK_FRONT = "/usr/lib/nvc-py/nvc-py-hook"
 RUNTIME = "/usr/lib/nvc-py/nvc-py-runtime"
 GPUS_HOOK = "nvidia-container-runtime-hook"
-H100 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
-A100 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
-MIG_2G = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
-MIG_3G = "MIG-b1c2d3e4-f5a6-5b7c-9d8e-0f1a2b3c4d5e"
-SHOW = ["sh", "-c", "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || true"]
 
 
 def setup_docker(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
@@ -267,10 +263,6 @@ def dockerd(fake_2gpu, rootfs_cache, tmp_path_factory: pytest.TempPathFactory) -
             yield daemon
         finally:
             daemon.stop()
-
-
-def _uuids(stdout: str) -> list[str]:
-    return re.findall(r"UUID: ((?:GPU|MIG)-[0-9a-f-]+)\)", stdout)
 
 
 def _nodes(stdout: str) -> list[str]:

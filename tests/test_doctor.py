@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_hook_containers import SCRIPTS
+from harness.installed import SCRIPTS
 
 
 def _doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:

@@ -24,17 +24,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.bundle import make_bundle
+from harness.fakegpus import H100 as GPU0
 from harness.hookserver import hook_server
+from harness.installed import SCRIPTS
+from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture: tmpfs mounts of this test's own)
 from harness.shareregion import Device, Entry, Slot, region_bytes, sched_bytes
+from harness.shim import GIB, MIB, programs, share as shim  # noqa: F401  (fixtures)
 from nvc.exporter import hooklog, unixdiag
 from nvc.exporter.collector import MAX_PROCESSES, Collector, Sources
 from nvc.k8s import published
 from nvc.apply import sharefiles
 from nvc.plan import share
 from nvc.share.region import SIZE as REGION_SIZE
-from test_hook_containers import SCRIPTS
-from test_share import prepared, private_mounts  # noqa: F401  (fixture: tmpfs mounts of this test's own)
-from test_share_native import GIB, GPU0, MIB, programs, share as shim  # noqa: F401  (fixtures)
 
 KEY = GPU0[4:].lower()
 

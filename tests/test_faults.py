@@ -23,9 +23,9 @@ from typing import NamedTuple
 import pytest
 
 from harness.bundle import make_bundle
-from test_configure import _tree, target_process  # noqa: F401  (fixture)
-from test_hook_containers import setup_dir  # noqa: F401  (fixture)
-from test_hook_server import served  # noqa: F401  (fixture)
+from harness.configurehook import paths as _tree
+from harness.hookfixtures import served, setup_dir  # noqa: F401  (fixtures)
+from harness.standins import target_process  # noqa: F401  (fixture)
 
 HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
 RUN = Path("/run/nvc-py")  # a tmpfs of the test session's own (conftest.private_run_dir)

@@ -9,37 +9,17 @@ exactly the GPUs whose device nodes it finds there.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest
 
 from harness.bundle import make_bundle
 from harness.containerd import Containerd
-
-SCRIPTS = Path(sysconfig.get_path("scripts"))
-H100 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
-A100 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
-MIG_2G = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
-MIG_3G = "MIG-b1c2d3e4-f5a6-5b7c-9d8e-0f1a2b3c4d5e"
-SHOW = ["sh", "-c", "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || true"]
-
-
-@pytest.fixture(scope="module")
-def setup_dir(fake_2gpu, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A configuration for the fake driver, and the hooks.d dir `nvc-py setup podman` writes for it."""
-    work = tmp_path_factory.mktemp("hook")
-    (work / "config.yaml").write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n"
-                                      f"log: {{file: {work / 'hook.log'}}}\n")
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(work / "hooks.d"),
-                    "--config", str(work / "config.yaml")], check=True, capture_output=True)
-    return work
-
-
-def _uuids(stdout: str) -> list[str]:
-    return re.findall(r"UUID: ((?:GPU|MIG)-[0-9a-f-]+)\)", stdout)
+from harness.fakegpus import A100, H100, MIG_2G, MIG_3G, SHOW, uuids as _uuids
+from harness.hookfixtures import setup_dir  # noqa: F401  (fixture)
+from harness.installed import SCRIPTS
+from harness.markerlib import assert_image_libraries_never_load
 
 
 def _log_lines(setup_dir: Path) -> list[dict]:
@@ -177,23 +157,6 @@ def test_hook_given_ld_library_path_loads_nothing_from_the_image(active_2gpu, ru
 
     assert_image_libraries_never_load(runc, debian_rootfs, tmp_path, hook, ("libffi.so.8", "libseccomp.so.2",
                                                                            "libnvidia-ml.so.1"))
-
-
-def assert_image_libraries_never_load(runc, rootfs: Path, tmp_path: Path, make_hook, sonames: tuple[str, ...]) -> None:
-    """Marker libraries named ``sonames`` in the image's /evil; the hook ``make_hook(/evil)`` gives the
-    container all GPUs and none of the markers runs (each would write the marker file)."""
-    from test_configure_hostile import build_marker_library
-
-    marker, evil = tmp_path / "marks", rootfs / "evil"
-    evil.mkdir()
-    for soname in sonames:
-        build_marker_library(evil / soname, marker, soname)
-    bundle = make_bundle(tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"},
-                         hooks={"prestart": [make_hook(evil)]})
-    result = runc.create_start(bundle)
-    assert result.returncode == 0, result.stderr
-    assert _uuids(result.stdout) == [H100, A100, MIG_2G, MIG_3G]
-    assert not marker.exists(), marker.read_text()
 
 
 def test_podman_cdi_device(active_2gpu, fake_2gpu, podman, setup_dir: Path, tmp_path: Path) -> None:

@@ -8,41 +8,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import sysconfig
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
 from harness.bundle import make_bundle
+from harness.gpufixtures import gpu0_uuid, runtime  # noqa: F401  (fixtures)
 from harness.hookserver import client_hook, hook_server
+from harness.installed import SCRIPTS
 from harness.runtime import Runc
 
 pytestmark = pytest.mark.gpu
 
-SCRIPTS = Path(sysconfig.get_path("scripts"))
 SHOW = ["sh", "-c", "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || echo 'no GPU device nodes'"]
-
-
-@pytest.fixture(scope="module")
-def gpu0_uuid() -> str:
-    pynvml = pytest.importorskip("pynvml")
-    if not Path("/proc/driver/nvidia/version").exists():
-        pytest.fail("no NVIDIA driver on this machine: GPU tests need one")
-    pynvml.nvmlInit()
-    try:
-        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-    finally:
-        pynvml.nvmlShutdown()
-    return uuid.decode() if isinstance(uuid, bytes) else uuid
-
-
-@pytest.fixture(params=["crun", "runc"])
-def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> Runc:
-    binary = shutil.which(request.param)
-    if binary is None:
-        pytest.skip(f"{request.param} is not installed")
-    return Runc(tmp_path / "state", binary)
 
 
 @pytest.mark.parametrize("served", [False, True], ids=["nvc-py-hook", "client+server"])

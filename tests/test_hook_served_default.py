@@ -25,9 +25,11 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
+from harness.hookcalls import call_directly
+from harness.hookfixtures import default_run_dir, served  # noqa: F401  (fixtures)
 from harness.hookserver import LIBDIR, REPO, hook_server
+from harness.installed import FRONT, HOOK
 from nvc.hook import handover
-from test_hook_server import FRONT, HOOK, call_directly, default_run_dir, served  # noqa: F401  (fixtures)
 
 STORM = 32
 
@@ -147,7 +149,7 @@ def test_killing_the_server_mid_storm_loses_no_call(no_gpu_state) -> None:
 def stopped_server(env: dict[str, str], bundle: Path, *, listener: bool = True) -> tuple[int, list[int]]:
     """An on-demand server started by a first call, its spare workers stopped and with ``listener``
     the server itself: (its pid, the stopped pids)."""
-    from test_hook_server import spare_pids, stop
+    from harness.spares import spare_pids, stop
 
     assert prestart(env, bundle, "first").returncode == 0
     (server,) = servers(Path(env[handover.SOCKET_ENV]))

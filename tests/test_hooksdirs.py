@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.fakegpus import H100, uuids as _uuids
+from harness.installed import SCRIPTS
 from nvc.errors import InputError
 from nvc.hook import hooksdirs
 from nvc.hook.hooksdirs import CRIO, DEFAULT_HOOKS_DIR, PODMAN, Resolved, resolve
-from test_hook_containers import H100, SCRIPTS, _uuids
 
 
 def _write(root: Path, path: str, text: str) -> str:

@@ -12,7 +12,6 @@ The block device is a loop device over a scratch file, never a disk of the machi
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sysconfig
 import time
@@ -21,30 +20,16 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import (CASES, device_digest, kill_during_ldconfig, nvc_processes, plant,
+from harness.gpufixtures import crun, gpu_driver  # noqa: F401 - fixtures
+from harness.hostile import (CASES, PARTIAL_LDCONFIG, device_digest, kill_during_ldconfig, nvc_processes, plant,
                              plant_fifo_include, scratch_block_device, tree)
 from harness.runtime import Runc
-from test_configure import target_process  # noqa: F401 - fixture
-from test_ldconfig_hostile import PARTIAL_LDCONFIG, user_process  # noqa: F401 - fixture
+from harness.standins import target_process, user_process  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.gpu
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 NVC = str(SCRIPTS / "nvc-py")
-
-
-@pytest.fixture(scope="module")
-def gpu_driver() -> None:
-    if not Path("/proc/driver/nvidia/version").exists():
-        pytest.fail("no NVIDIA driver on this machine: GPU tests need one")
-
-
-@pytest.fixture
-def crun(gpu_driver, tmp_path: Path) -> Runc:
-    binary = shutil.which("crun")
-    if binary is None:
-        pytest.skip("crun is not installed")
-    return Runc(tmp_path / "state", binary)
 
 
 @pytest.fixture

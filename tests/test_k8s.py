@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from test_hook_containers import A100, H100, MIG_2G, MIG_3G, SCRIPTS, _uuids
+from harness.fakegpus import A100, H100, MIG_2G, MIG_3G, uuids as _uuids
+from harness.installed import SCRIPTS
 
 GIB = 1 << 30
 GPUS3 = tuple(f"GPU-11111111-2222-4333-8444-5555555555{i:02d}" for i in range(3))  # machines/three-gpu.yaml

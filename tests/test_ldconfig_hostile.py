@@ -15,17 +15,16 @@ import os
 import subprocess
 import sysconfig
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import (CASES, Case, device_digest, kill_during_ldconfig, nvc_processes, plant,
-                             plant_fifo_include, scratch_block_device, tree)
+from harness.hostile import (CASES, PARTIAL_LDCONFIG, Case, device_digest, kill_during_ldconfig, nvc_processes,
+                             plant, plant_fifo_include, scratch_block_device, tree)
+from harness.installed import NVC
 from harness.rootfs import tar_rootfs
-from test_configure import target_process  # noqa: F401 - fixture
-from test_configure_hostile import NVC
+from harness.standins import target_process, user_process  # noqa: F401 - fixtures
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 QUICK = 10.0  # seconds: a refusal takes well under one; a hang would reach the runtime's limits
@@ -116,23 +115,6 @@ def test_cdi_update_ldcache_hook_refuses_hostile_ldconfig_files(debian_rootfs, t
     assert nvc_processes(session_dir) == []
 
 
-@pytest.fixture
-def user_process() -> Iterator[int]:
-    """A container stand-in (own mount namespace) whose process runs as uid 1000: configure runs
-    ldconfig as that user, and a uid switch clears PDEATHSIG."""
-    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "setpriv", "--reuid=1000", "--regid=1000",
-                             "--clear-groups", "sleep", "300"])
-    try:
-        deadline = time.monotonic() + 5
-        while Path(f"/proc/{proc.pid}/status").read_text().split("Uid:")[1].split()[0] != "1000":
-            assert time.monotonic() < deadline, "the stand-in never became uid 1000"
-            time.sleep(0.01)
-        yield proc.pid
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.mark.parametrize("owner", ["root", "user"])
 def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request, owner, session_dir):
     """The runtime's hook timeout kills nvc-py (SIGKILL) while ldconfig blocks on an image FIFO:
@@ -147,25 +129,6 @@ def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request,
     assert len(below) >= 2, below  # the container helper, ldconfig
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
     assert nvc_processes(session_dir) == []
-
-
-# A stand-in for an ldconfig that did part of its work and then failed: it replaces the cache
-# (by rename, as ldconfig does), leaves its temporary file, adds a SONAME link in the library
-# dir, then exits 1.
-PARTIAL_LDCONFIG = r"""
-#include <fcntl.h>
-#include <stdio.h>
-#include <unistd.h>
-int main(void) {
-    int fd = open("/etc/ld.so.cache~", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
-    if (fd < 0 || write(fd, "partial", 7) != 7) return 2;
-    close(fd);
-    if (rename("/etc/ld.so.cache~", "/etc/ld.so.cache") != 0) return 3;
-    close(open("/etc/ld.so.cache~", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600));
-    if (symlink("libcuda.so.580.95.05", "/usr/lib/x86_64-linux-gnu/libnvc-partial.so.1") != 0) return 4;
-    return 1;
-}
-"""
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.fakegpus import DRIVER_VERSION
+from harness.hostwatch import HostWatch, canary, entries, host_paths_in  # noqa: F401 - canary: fixture
+from harness.standins import user_process  # noqa: F401 - fixture
 from harness.symlinks import VARIANTS, gpu_listed, mount_points, start, summary, unmerge
-from test_configure_hostile import DRIVER_VERSION, HostWatch, canary, entries, host_paths_in  # noqa: F401
-from test_ldconfig_hostile import user_process  # noqa: F401 - fixture
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 H100 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"  # the fake machine's GPU 0

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.gpufixtures import crun, gpu_driver  # noqa: F401 - fixtures
+from harness.hostwatch import HostWatch, canary, entries  # noqa: F401 - canary: fixture
 from harness.runtime import Runc
 from harness.symlinks import VARIANTS, Variant, gpu_listed, mount_points, start, start_with, summary, unmerge
-from test_configure_hostile import HostWatch, canary, entries  # noqa: F401 - canary: fixture
-from test_hostile_gpu import crun, gpu_driver  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.gpu
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import prctl
 import pytest
 
+from harness.processes import children as _children
 from nvc import errors
 from nvc.rpc import helper, protocol
 from nvc.confinement import CONTAINER_HELPER, DRIVER_HELPER, confine
@@ -144,20 +145,6 @@ def _test_service(root: str) -> dict:
         "unencodable": lambda: {1, 2},
         "shutdown": shutdown,
     }
-
-
-def _children() -> set[int]:
-    """Pids whose parent is this test process (running or zombie)."""
-    me, found = os.getpid(), set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-                found.add(int(entry.name))
-    return found
 
 
 def _status(pid: int) -> dict[str, str]:

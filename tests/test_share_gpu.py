@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from test_hook_gpu import SCRIPTS, runtime  # noqa: F401  (fixture)
+from harness.gpufixtures import runtime  # noqa: F401  (fixture)
+from harness.installed import SCRIPTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import sharegpu  # noqa: E402

@@ -191,3 +191,22 @@ def kill_during_ldconfig(argv: list[str], seconds: float) -> tuple[set[int], set
     while alive(below) and time.monotonic() < deadline:
         time.sleep(0.02)
     return below, alive(below)
+
+
+# A stand-in for an ldconfig that did part of its work and then failed: it replaces the cache
+# (by rename, as ldconfig does), leaves its temporary file, adds a SONAME link in the library
+# dir, then exits 1.
+PARTIAL_LDCONFIG = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    int fd = open("/etc/ld.so.cache~", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
+    if (fd < 0 || write(fd, "partial", 7) != 7) return 2;
+    close(fd);
+    if (rename("/etc/ld.so.cache~", "/etc/ld.so.cache") != 0) return 3;
+    close(open("/etc/ld.so.cache~", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600));
+    if (symlink("libcuda.so.580.95.05", "/usr/lib/x86_64-linux-gnu/libnvc-partial.so.1") != 0) return 4;
+    return 1;
+}
+"""

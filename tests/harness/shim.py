@@ -1,0 +1,80 @@
+"""libnvc-share (native/) under test on the fake driver: the shim and the test programs built
+(``programs``), programs run under it with a private region directory (``share``), and the sizes and
+the NVML memory line the tests read.
+
+Test double only: nothing here is a GPU result.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from fakedriver.build import INCLUDES
+
+TESTS = Path(__file__).resolve().parent.parent
+REPO = TESTS.parent
+FAKE_SRC = TESTS / "fakedriver" / "src"
+PROGRAMS = TESTS / "share_programs"
+SHIM = REPO / "native" / "libnvc-share.so"
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The shim (built by its Makefile) and the test programs."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
+    out = tmp_path_factory.mktemp("share_programs")
+    built = {"cuda_probe": [FAKE_SRC / "cuda_probe.c"], "share_app": [PROGRAMS / "share_app.c"],
+             "hold_lock": [PROGRAMS / "hold_lock.c"],
+             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"],
+             "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native" / "config.c"]}
+    for name, sources in built.items():
+        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o",
+                        str(out / name), *map(str, sources), "-ldl"], check=True)
+    return {name: out / name for name in built}
+
+
+@pytest.fixture
+def share(programs, active_2gpu, tmp_path):
+    """Runs programs under the shim with a private region directory; env is the limits."""
+    libdir = active_2gpu.root / "usr" / "lib" / "x86_64-linux-gnu"
+
+    class Share:
+        dir = tmp_path / "share"
+        root = active_2gpu.root
+
+        def env(self, limits: dict[str, str]) -> dict[str, str]:
+            self.dir.mkdir(exist_ok=True)
+            return {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(libdir), "LD_PRELOAD": str(SHIM),
+                    "NVC_SHARE_DIR": str(self.dir), "FAKE_CUDA_CONTEXT_MIB": "0", **limits}
+
+        def run(self, program: str, *ops: object, limits: dict[str, str] | None = None,
+                timeout: float = 20) -> tuple[list[list[str]], str]:
+            result = subprocess.run([str(programs[program]), *map(str, ops)], env=self.env(limits or {}),
+                                    capture_output=True, text=True, timeout=timeout)
+            assert result.returncode == 0, result.stderr
+            return [line.split() for line in result.stdout.splitlines()], result.stderr
+
+        def probe(self, *ops: object, limits: dict[str, str] | None = None) -> list[list[str]]:
+            return self.run("cuda_probe", "init", "ctx", 0, *ops, limits=limits)[0][2:]
+
+        def holder(self, *ops: object, limits: dict[str, str]) -> subprocess.Popen:
+            """share_app doing ops, then holding its allocations until killed."""
+            proc = subprocess.Popen([str(programs["share_app"]), "init", *map(str, ops), "hold"],
+                                    env=self.env(limits), stdout=subprocess.PIPE, text=True)
+            for line in proc.stdout:
+                if line.startswith("holding"):
+                    return proc
+                assert line.split()[1] == "0", line
+            raise AssertionError("holder exited early")
+
+    return Share()
+
+
+def meminfo(line: list[str]) -> tuple[int, int]:
+    assert line[:2] == ["meminfo", "CUDA_SUCCESS"], line
+    return int(line[2]), int(line[3])

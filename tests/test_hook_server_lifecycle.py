@@ -1,0 +1,152 @@
+"""``nvc-py-hook serve``'s own life: its socket, the spare workers it forks ahead of the next calls
+(their priority, the helpers they keep ready, their end with the server), the systemd units
+``nvc-py setup server`` writes, and its stop once its installed code changed.
+
+The server is started inside the test's private mount namespace where the fake driver (a test
+double) is active, so its workers see the fake GPUs, as runc's hooks do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from harness.hookcalls import call_directly
+from harness.hookfixtures import served  # noqa: F401  (fixture)
+from harness.hookserver import LIBDIR, hook_server
+from harness.installed import HOOK
+
+
+def test_socket_is_root_only(served: Path) -> None:
+    assert served.stat().st_mode & 0o777 == 0o600 and served.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
+    """The workers forked ahead of the next calls (a pool of SPARES) must not outlive a server killed outright."""
+    from nvc.hook.server.loop import SPARES
+
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    try:
+        with hook_server(HOOK, top / "hook.sock") as proc:
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+            deadline = time.monotonic() + 10
+            while len(children.read_text().split()) < SPARES and time.monotonic() < deadline:
+                time.sleep(0.05)
+            spares = children.read_text().split()
+            assert len(spares) == SPARES >= 2
+            proc.kill()
+            proc.wait()
+            deadline = time.monotonic() + 5
+            while any(Path(f"/proc/{pid}").exists() for pid in spares) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not [pid for pid in spares if Path(f"/proc/{pid}").exists()]
+    finally:
+        shutil.rmtree(top)
+
+
+def test_an_idle_spare_keeps_a_container_helper_ready(served: Path) -> None:
+    """A spare left idle forks the container helper its call's configure takes (and the NVML
+    helper), so no helper fork is on a call's path; the spare itself stays the server's child."""
+    from nvc.hook.server.loop import SPARES
+
+    server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
+                  and _ppid(p) == os.getpid())
+    deadline = time.monotonic() + 10
+    while True:
+        spares = (server / "task" / server.name / "children").read_text().split()
+        helpers = {pid: _names(pid) for pid in spares}
+        if len(spares) == SPARES and all("nvc:[container]" in names for names in helpers.values()):
+            break
+        assert time.monotonic() < deadline, helpers
+        time.sleep(0.05)
+
+
+def test_the_server_forks_at_a_higher_priority_than_its_workers_run(served: Path) -> None:
+    """In a start storm the server's one job, forking the next spare, must not wait for a CPU behind
+    the runtimes and workers: it runs SERVER_NICE_BOOST below the nice value it was started with,
+    its spares (the workers to be) at that value."""
+    from nvc.hook.server.loop import SERVER_NICE_BOOST
+
+    server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
+                  and _ppid(p) == os.getpid())
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _nice(server) == max(-20, ours - SERVER_NICE_BOOST)
+    deadline = time.monotonic() + 5
+    while True:  # a spare sets its own value first thing after the fork
+        spares = {pid: _nice(Path(f"/proc/{pid}")) for pid in (server / "task" / server.name / "children").read_text().split()}
+        if spares and all(nice == ours for nice in spares.values()):
+            break
+        assert time.monotonic() < deadline, spares
+        time.sleep(0.02)
+
+
+def _nice(proc: Path) -> int:
+    return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _ppid(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _names(pid: str) -> list[str]:
+    """The names (comm) of the children of process ``pid``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    names = []
+    for child in children:
+        try:
+            names.append(Path(f"/proc/{child}/comm").read_text().strip())
+        except OSError:
+            continue
+    return names
+
+
+def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
+    config = tmp_path / "other.yaml"  # setup refuses a configuration file the hooks could not read
+    config.write_text("load-kmods: false\n")
+    out = subprocess.run([str(HOOK.with_name("nvc-py")), "setup", "server", "--unit-dir", str(tmp_path),
+                          "--config", str(config)], capture_output=True, text=True, check=True)
+    unit = tmp_path / "nvc-py-hook.service"
+    assert out.stdout.splitlines()[:2] == [f"wrote {tmp_path / 'nvc-py-hook.socket'}", f"wrote {unit}"]
+    lines = unit.read_text().splitlines()
+    assert f"ExecStart={LIBDIR / 'nvc-py-hook-python'} serve" in lines and "KillMode=process" in lines
+    assert "Requires=nvc-py-hook.socket" in lines
+    assert "RestartPreventExitStatus=2" in lines  # a refused socket directory: no restart loop
+    # systemd replaces a wedged server: SIGKILL, which a stopped one does not hold back
+    assert {"WatchdogSec=10", "WatchdogSignal=SIGKILL", "NotifyAccess=main", "Restart=on-failure"} <= set(lines)
+    assert [line for line in lines if line.startswith("Environment=")] == [
+        "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        f"Environment=NVC_PY_CONFIG={config}"]
+
+
+def test_a_server_whose_installed_code_changed_stops_serving_it(active_2gpu, tmp_path: Path) -> None:
+    """An upgrade replaces files in the installed package: the next call is told to fall back (its
+    caller runs the new code itself) and the server stops (an on-demand one's socket goes with it,
+    so the next hook call starts a server of the new code; systemd restarts a socket-activated one)."""
+    import nvc.hook
+
+    sock = tmp_path / "run" / "hook.sock"
+    with hook_server(HOOK, sock) as proc:
+        assert call_directly(sock, ["/x/nvc-py-hook", "poststart"]) == ([b"ready", b"exit 0"], "")
+        marker = Path(nvc.hook.__file__).with_name(f".upgrade-{os.getpid()}")
+        marker.touch()  # what an upgrade does to the package's directory: it changes
+        marker.unlink()
+        assert call_directly(sock, ["/x/nvc-py-hook", "poststart"]) == ([b"fall back"], "")
+        assert proc.wait(timeout=10) == 0
+    assert not sock.exists()

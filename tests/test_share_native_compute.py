@@ -1,0 +1,344 @@
+"""libnvc-share (native/) against the fake driver, its compute share: caps as a share of the workload's
+own throughput, the weighted scheduler on a fake clock (tests/share_programs/sched_sim.c) and between
+real tenants, and what a hostile tenant can do with its own scheduler file.
+
+Programs run with LD_PRELOAD=native/libnvc-share.so and the fake driver's libraries
+(tests/harness/shim.py); the fake libcuda charges every path against its own capacity, so the shim's
+numbers are checked against an independent implementation. Test double only: nothing here is a GPU
+result.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from harness.fakegpus import H100 as GPU0
+from harness.shim import programs, share  # noqa: F401  (fixtures)
+
+
+# ---------------------------------------------------------------- compute share
+
+def busy_fraction(share, percent: int, grid: int, launches: int = 60, kernel_us: int = 3000) -> float:
+    out, _ = share.run("cuda_probe", "init", "ctx", 0, "launch", launches, grid, 128, "sync",
+                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)})
+    wall_us = int(out[2][2]) + int(out[3][2])
+    return launches * kernel_us / wall_us
+
+
+def test_compute_share_throttles_full_grids(share):
+    assert busy_fraction(share, 100, 264) > 0.9
+    assert 0.4 <= busy_fraction(share, 50, 264) <= 0.6
+
+
+def test_compute_share_holds_for_microsecond_kernels(share):
+    """20 us kernels, thousands queued: each launch still settles in one event query (the harvest stops
+    at the first kernel still running), so the share is the requested one, not the launch cost's."""
+    # 0.4 s of GPU work: the 10 ms of credit a bucket may bank at the start moves it by ~1 point
+    assert 0.47 <= busy_fraction(share, 50, 264, launches=20000, kernel_us=20) <= 0.53
+    assert 0.72 <= busy_fraction(share, 75, 264, launches=20000, kernel_us=20) <= 0.78
+
+
+def steps_per_second(share, percent: int, grid: int, host_us: int, kernel_us: int = 1000) -> float:
+    """Rate of a loop of about 0.4 s uncapped: 8 of the cap's 50 ms periods, so the part slice at its
+    end moves a ratio by about a point."""
+    steps = 400_000 // (kernel_us + host_us)
+    out, _ = share.run("cuda_probe", "init", "ctx", 0, "steps", steps, grid, 128, host_us,
+                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)})
+    assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
+    return steps / int(out[2][2]) * 1e6
+
+
+@pytest.mark.parametrize(("grid", "host_us"), [(1, 0), (264, 1000), (1, 500)])
+def test_a_cap_is_a_share_of_the_workloads_own_throughput(share, grid, host_us):
+    """A cap is a share of wall time: a one-block grid, or a loop that waits for each kernel and then
+    works on the host (a training step), runs at the cap's fraction of its own uncapped rate, not
+    faster because its kernels keep the GPU busy for less than all of the time. (Launches are where
+    the shim can hold a process: host work after a slice's last launch runs on, which adds up to one
+    host segment per 50 ms period; here at most 1 ms, 2 points.)"""
+    native = steps_per_second(share, 100, grid, host_us)
+    assert 0.45 <= steps_per_second(share, 50, grid, host_us) / native <= 0.55
+    assert 0.2 <= steps_per_second(share, 25, grid, host_us) / native <= 0.3
+
+
+def test_a_capped_process_logs_where_its_launches_waited(share):
+    """NVC_SHARE_LOG=2: at exit the shim says how long the process's launches waited for the cap's
+    slice, for room in the queue and for other containers' shares, and how many slices it started;
+    a loop of 1 ms kernels capped at 50 % for about 0.4 s waits for the slice about half of it."""
+    start = time.monotonic()
+    out, err = share.run("cuda_probe", "init", "ctx", 0, "steps", 200, 264, 128, 0,
+                         limits={"NVC_SHARE_COMPUTE": "50", "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_LOG": "2"})
+    wall_ms = (time.monotonic() - start) * 1000
+    assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
+    logged = re.search(r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
+                       r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started", err)
+    assert logged, err
+    launches, pairs, slice_ms, _, turn_ms, slices = (float(v) for v in logged.groups())
+    assert launches == 200 and 1 <= pairs <= 200
+    assert 0.3 * wall_ms <= slice_ms <= 0.7 * wall_ms, (slice_ms, wall_ms)
+    assert turn_ms == 0 and slices >= 5
+    # without a cap nothing is throttled, and nothing is logged
+    _, err = share.run("cuda_probe", "init", "ctx", 0, "steps", 20, 264, 128, 0,
+                       limits={"FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_LOG": "2"})
+    assert "throttled launches" not in err
+
+
+# ---------------------------------------------------------------- weighted scheduler (fake clock)
+
+class Simulated(NamedTuple):
+    first: float                 # GPU share in percent, first half of the run
+    second: float                # second half
+    wait_ms: int                 # its longest wait
+
+
+def simulate(programs, *tenants: str, ms: int = 2000) -> tuple[list[Simulated], float]:
+    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE] under the shim's
+    scheduler decision on a GPU that time-slices between them (tests/share_programs/sched_sim.c); also
+    returns how busy the GPU was, in percent."""
+    out = subprocess.run([str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    lines = [line.split() for line in out.splitlines()]
+    return ([Simulated(int(f[2]) / 10, int(f[3]) / 10, int(f[4])) for f in lines if f[0] == "tenant"],
+            next(int(f[1]) / 10 for f in lines if f[0] == "gpu"))
+
+
+@pytest.mark.parametrize(("tenants", "want"), [
+    (["1:100:1600:0:2000", "1:100:1600:0:2000"], [50, 50]),
+    (["1:100:1600:0:2000", "3:100:1600:0:2000"], [25, 75]),
+    (["1:100:1600:0:2000", "3:100:200:0:2000"], [25, 75]),               # short and long kernels
+    (["1:100:1600:0:2000", "1:100:30000:0:2000", "2:100:200:0:2000"], [25, 25, 50]),
+    (["1:100:1600:0:2000"], [100]),                                      # alone: the whole GPU
+    (["1:75:1600:0:2000"], [75]),                                        # alone, capped
+    (["1:25:1600:0:2000", "1:100:1600:0:2000"], [25, 75]),               # a capped one leaves the rest
+    (["1:100:1000:0:2000", "3:100:1000:0:2000", "1:100:1000:0:2000", "5:100:1000:0:2000"], [10, 30, 10, 50]),
+    (["10:100:1000:0:2000"] + ["1:100:1000:0:2000"] * 4, [71, 7, 7, 7, 7]),
+    # a tenant publishing random values is read as idle: the others' ratios are unchanged
+    (["1:100:1600:0:2000", "3:100:1600:0:2000", "1:100:0:0:2000:garbage"], [25, 75, 0]),
+])
+def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
+    """Busy tenants get the GPU by weight, within 5 points once their shares have settled (the second
+    half; 7 in the first, which holds the 200 ms the shares take to build up), and the GPU never idles
+    while one of them has work: the lighter ones are held back only while a heavier one under its share
+    has work on the GPU."""
+    shares, gpu = simulate(programs, *tenants)
+    for share, expected in zip(shares, want):
+        assert abs(share.first - expected) <= 7 and abs(share.second - expected) <= 5, shares
+    assert gpu >= sum(want) - 1, gpu
+
+
+def test_scheduler_gives_an_idle_tenants_share_to_the_others(programs):
+    (a, b), _ = simulate(programs, "1:100:1600:0:2000", "3:100:1600:0:1000")
+    assert abs(a.first - 25) <= 5 and abs(b.first - 75) <= 5
+    assert a.second >= 97 and b.second <= 1
+    # and one coming back after idling gets its weight at once, not the time it idled
+    (a, b), _ = simulate(programs, "1:100:1600:0:2000", "1:100:1600:1000:2000")
+    assert a.first >= 97 and abs(a.second - 50) <= 5 and abs(b.second - 50) <= 5
+
+
+def test_a_tenant_that_cannot_use_its_share_leaves_it_to_the_others(programs):
+    """Work-conserving: the weight-3 tenant's host needs 1.5 ms before each 1 ms kernel, so it can keep
+    the GPU busy only about two thirds of the time however much it is entitled to; the weight-1 tenant
+    fills the rest instead of waiting, and the GPU stays busy. With the host gaps the other way round,
+    the light tenant's own gaps cost nobody anything either."""
+    (light, heavy), gpu = simulate(programs, "1:100:1600:0:2000", "3:100:1000:0:2000:1500")
+    assert gpu >= 99 and heavy.second >= 60 and light.second >= 30, (light, heavy, gpu)
+    (light, heavy), gpu = simulate(programs, "1:100:1000:0:2000:1500", "3:100:1600:0:2000")
+    assert gpu >= 99 and abs(light.second - 25) <= 5 and abs(heavy.second - 75) <= 5, (light, heavy, gpu)
+
+
+@pytest.mark.parametrize("claim", ["busy", "garbage"])
+def test_a_lying_tenant_cannot_push_an_honest_one_below_its_weight(programs, claim):
+    """A tenant (granted weight 3) that launches nothing and claims, every step, to have work queued
+    for almost 10 s and no share at all, or publishes random values: an honest tenant (weight 1) is held
+    back only while it is over its own entitlement (a quarter), so it gets at least that, and waits no
+    longer than a few milliseconds at a time."""
+    (honest, liar), _ = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
+    assert honest.wait_ms <= 20 and honest.first >= 25 - 3 and honest.second >= 25 - 3, honest
+    assert liar.first == liar.second == 0
+
+
+# (weight, cap or None, 1 ms kernels, host µs after each or None: back to back) per tenant -> (lowest,
+# highest) wall time in seconds of each
+TENANT_CASES = {
+    "1:3, the 3 under its share": ([(1, None, 300, None), (3, None, 400, 1000)], [(0.45, 0.8), (0.75, 1.0)]),
+    "1:3, the 3 done early": ([(1, None, 600, None), (3, None, 100, 1000)], [(0.6, 0.9), (0.18, 0.35)]),
+    "1 capped at 25 % : 1": ([(1, 25, 250, None), (1, None, 750, None)], [(0.9, 1.25), (0.7, 1.25)]),
+    "1:1": ([(1, None, 500, None), (1, None, 500, None)], [(0.45, 0.7), (0.45, 0.7)]),
+}
+
+
+@pytest.mark.parametrize("case", TENANT_CASES)
+def test_a_tenant_over_its_share_is_held_while_the_others_run_free(share, programs, tmp_path, case):
+    """Tenants (each its own share directory, one scheduler directory) busy with 1 ms kernels at once.
+    Each process's fake GPU is its own, so nothing slows a tenant but the scheduler, and each is charged
+    its kernels' work. 1:3 where the weight-3 tenant waits 1 ms on its host after each kernel (busy half
+    the time, under its three quarters): the weight-1 tenant, over its quarter, is held while the other
+    has work (300 kernels in ~0.6 s, not 0.3), the other runs free (400 in ~0.8 s); when the weight-3
+    one is done early (~0.2 s) the other runs free from then on (600 kernels in ~0.7 s); one capped at
+    25 % holds the other back at most during its own slices, 25 % of the time (250 kernels in ~1 s, the
+    other's 750 in 0.75 to 1 s); 1:1, both within their half, run free."""
+    tenants, want = TENANT_CASES[case]
+    sched = tmp_path / "sched"
+    sched.mkdir()
+    procs = [tenant(share, programs, sched, f"t{i}", weight, launches, cap, host_us)
+             for i, (weight, cap, launches, host_us) in enumerate(tenants)]
+    walls = [wall_s(proc, timeout=30) for proc in procs]
+    assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
+    assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls
+
+
+def tenant(share, programs, sched: Path, name: str, weight: int, launches: int,
+           cap: int | None = None, host_us: int | None = None) -> subprocess.Popen:
+    """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
+    ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0 back to back, then synchronising;
+    or with host_us, waiting for each and then spending host_us on its host (a training-like loop)."""
+    limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_SCHED_DIR": str(sched),
+              "NVC_SHARE_TENANT": name, **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {})}
+    env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
+    work = ["launch", str(launches), "264", "128", "sync"] if host_us is None else \
+        ["steps", str(launches), "264", "128", str(host_us)]
+    return subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", *work],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wall_s(proc: subprocess.Popen, timeout: float) -> float:
+    """Seconds a tenant took to launch its kernels and see them done; it must exit 0 in time."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, (proc.returncode, err)
+    lines = [line.split() for line in out.splitlines()]
+    return sum(int(line[2]) for line in lines[2:]) / 1e6
+
+
+# ---------------------------------------------------------------- a hostile tenant's own scheduler file
+
+ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")      # native/sched.c struct nvc_sched_entry
+
+
+def lying_sched_file() -> bytes:
+    """A scheduler file as a hostile tenant writes it: 2**32 - 1 devices claimed, fifteen entries of
+    0xff with keys that never end, then the honest tenants' GPU held for ever: holding the turn, busy
+    now with 5 s of work queued, vtime 0, weight 1000."""
+    now = time.monotonic_ns()
+    junk = ENTRY.pack(b"A" * 40, *[2**64 - 1] * 6, *[2**32 - 1] * 6, -1, 2**64 - 1)
+    lie = ENTRY.pack(GPU0[4:].encode(), 0, now, now + 5 * 10**9, 0, 0, 0, 1000, 100, 1, 0, 1000, 0, 0, 0)
+    return (struct.pack("<8sII48x", b"NVCSCHD\0", 1, 2**32 - 1) + junk * 15 + lie).ljust(4096, b"\xff")
+
+
+def attack(how: str, path: Path) -> None:
+    """What a container may do to its own scheduler file (plain LD_PRELOAD use may also replace it)."""
+    if how == "truncate":
+        os.truncate(path, 0)
+    elif how == "extend":
+        os.truncate(path, 1 << 20)
+    elif how == "sparse":
+        subprocess.run(["fallocate", "--punch-hole", "--offset", "0", "--length", "4096", str(path)], check=True)
+    elif how == "replace":
+        new = path.with_name(".replacing")
+        new.write_bytes(lying_sched_file())
+        os.rename(new, path)
+    else:                             # garbage, written over it (never truncating it)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, lying_sched_file(), 0)
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def hook_sched(tmp_path):
+    """The scheduler directory as the hook makes it (nvc.apply.sharefiles: its tmpfs, each tenant's file
+    and the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
+    from nvc.apply import sharefiles
+    from nvc.plan.share import limits_text
+
+    sched = tmp_path / "sched"
+
+    def grant(name: str, request) -> None:
+        sharefiles._write_sched_file(str(sched), name, limits_text(request))
+
+    yield sched, grant
+    if os.path.ismount(sched):
+        subprocess.run(["umount", "-l", str(sched)], check=True)
+
+
+@pytest.fixture
+def started():
+    """Processes a test starts, killed at its end (a hostile tenant runs until then)."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("how", ["truncate", "extend", "garbage", "sparse", "replace"])
+def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how):
+    """Two honest tenants (weights 1 and 3) and a hostile one (granted weight 1, claiming 1000), each
+    a process busy with 1 ms kernels, the scheduler directory made as the hook makes it. While they
+    run, the test truncates, extends, keeps writing garbage over, punches a hole in or replaces the
+    hostile tenant's file. No honest process crashes or hangs, and each gets at least its weight's
+    share (1/5 and 3/5 of the time with the hostile one busy: 800 and 2400 kernels in 4 s at most, 5 s
+    with the time the attack takes). Truncating its own file kills the hostile tenant's own process
+    (SIGBUS), and only that. (Each process's fake GPU is its own.)"""
+    from nvc.plan.request import ShareRequest
+
+    sched, grant = hook_sched
+    for name, weight in (("t0", 1), ("t1", 3), ("hostile", 1)):
+        grant(name, ShareRequest(weight=(("", weight),)))
+    started += [tenant(share, programs, sched, "t0", 1, 800), tenant(share, programs, sched, "t1", 3, 2400),
+                tenant(share, programs, sched, "hostile", 1000, 1_000_000)]
+    time.sleep(0.3)
+    attack(how, sched / "hostile")
+    stop = threading.Event()
+
+    def rewrite() -> None:            # the garbage again, fresh, every 2 ms while the honest ones run
+        while not stop.wait(0.002):
+            attack(how, sched / "hostile")
+
+    rewriter = threading.Thread(target=rewrite)
+    if how == "garbage":
+        rewriter.start()
+    try:
+        walls = [wall_s(proc, timeout=20) for proc in started[:2]]
+    finally:
+        stop.set()
+        if rewriter.is_alive():
+            rewriter.join()
+    print(f"walls {walls}")
+    assert walls[0] <= 5 and walls[1] <= 5, walls
+    assert started[2].poll() == (-signal.SIGBUS if how == "truncate" else None)
+
+
+@pytest.mark.parametrize(("granted", "low", "high"), [
+    ((("", 1),), 0.35, 0.7),                                  # granted 1 for every device
+    ((("", 1000), (GPU0, 1)), 0.35, 0.7),                     # 1 for this GPU, by UUID
+    ((("0", 1), ("1", 3)), 0.8, 1.5),                         # by NVML index, unknown here: at most 3
+])
+def test_a_peers_weight_is_the_one_the_hook_granted(share, programs, hook_sched, started, granted, low, high):
+    """A peer claiming weight 1000 (its own env, its own file) runs a loop that keeps the GPU busy about
+    62 % of the time (1 ms kernels, 0.6 ms of host work after each), and the honest tenant (weight 1,
+    400 kernels of 1 ms back to back) is held while the peer has work only if the peer is under what
+    the hook granted it, read with the limits grammar from the peer's granted limits for this GPU: with
+    1 (for all devices, or by UUID over a default of 1000) half, which its 62 % is over, so the honest
+    one runs free (0.4 s); where the peer's weights are by NVML index, which is the peer's own
+    numbering, the largest of them (3: three quarters), under which it stays, so the honest one runs
+    only in its gaps (about 1 s). Taken at its word (1000), the peer would hold it the same way."""
+    from nvc.plan.request import ShareRequest
+
+    sched, grant = hook_sched
+    grant("honest", ShareRequest(weight=(("", 1),)))
+    grant("peer", ShareRequest(weight=granted))
+    started += [tenant(share, programs, sched, "honest", 1, 400),
+                tenant(share, programs, sched, "peer", 1000, 1_000_000, host_us=600)]
+    wall = wall_s(started[0], timeout=20)
+    print(f"wall {wall}")
+    assert low <= wall <= high, wall
