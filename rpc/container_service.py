@@ -113,7 +113,7 @@ class ContainerClient:
     def commit(self) -> None:
         self.helper.call("commit")
 
-    def recover(self, plan: Any) -> list[str]:  # Plan; Any keeps nvc.plan.mountplan out of this import
+    def recover(self, plan: Any) -> list[str]:  # Plan; Any keeps nvc.plan.operations out of this import
         """After a failure: where the helper died mid-apply (it could not roll back), a fresh helper
         undoes what its journal says it did; return what could not be undone. Nothing to do where
         the helper lives (it rolled back itself) or noted nothing."""

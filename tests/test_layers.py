@@ -360,3 +360,60 @@ def f(pid, plan, proc, name):
 ''')
     assert [line.split(": ", 1)[0] for line in proc_paths(source)] == ["4", "5", "6", "7", "8", "9", "10", "11"]
     assert proc_paths(MODULES[HANDLE]) != []  # the handle's own reading is seen
+
+
+# docs/architecture.md: the maintainer's one page, kept true here. Its tables are read by their
+# section's heading; a name in backquotes is a module, a package, a folder or a file.
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def doc_table(heading: str, text: str | None = None) -> dict[str, list[str]]:
+    """The table under ``## heading`` of the architecture page: first cell -> the other cells."""
+    text = ARCHITECTURE.read_text() if text is None else text
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows[2:]}
+
+
+def quoted(cell: str) -> set[str]:
+    return set(re.findall(r"`([^`]+)`", cell))
+
+
+def test_the_architecture_page_shows_the_layers() -> None:
+    """Its layer table is LAYERS, entry for entry: a module placed here is placed there."""
+    table = doc_table("Layers")
+    assert {layer: quoted(cells[0]) for layer, cells in table.items()} == {name: set(entries) for name, entries in LAYERS}
+
+
+def test_the_architecture_page_shows_what_each_process_keeps() -> None:
+    """Its process table is nvc.confinement's: the capabilities each process keeps, its root and its
+    identity, row for row."""
+    from nvc import confinement
+
+    def kept(row: confinement.Confinement) -> str:
+        return "the server's" if row.permitted is None else ", ".join(row.permitted) or "none"
+
+    table = doc_table("The processes and what they keep")
+    assert {name: cells[:3] for name, cells in table.items()} == {
+        row.process: [kept(row), row.root, row.identity] for row in confinement.TABLE}
+
+
+def test_the_architecture_page_places_every_folder_and_native_file() -> None:
+    """Every Python package folder and native/client are in its folder table; every C file of the shim
+    is in the shim's table."""
+    folders = set().union(*(quoted(name) for name in doc_table("Where each file sits")))
+    packages = {f"{path.parent.relative_to(REPO)}/" for path in REPO.glob("*/**/__init__.py")
+                if path.parent.relative_to(REPO).parts[0] in ("nvc", "rpc", "hook")
+                and path.parent.relative_to(REPO).parts[:2] not in (("nvc", "rpc"), ("nvc", "hook"))
+                and path.parent != REPO / "nvc"}
+    assert sorted((packages | {"native/", "native/client/"}) - folders) == []
+    shim = set().union(*(quoted(name) for name in doc_table("The sharing shim (native/)")))
+    assert sorted({path.name for path in (REPO / "native").glob("*.c")} - shim) == []
+
+
+def test_the_page_check_reads_its_tables() -> None:
+    """The checker itself: the rows under a heading, up to the next one; backquoted names only."""
+    text = "# T\n\n## A\n\n| x | y |\n|---|---|\n| one | `a`, `b` and c |\n| two | none |\n\n## B\n\n| z |\n|---|\n| q |\n"
+    table = doc_table("A", text)
+    assert table == {"one": ["`a`, `b` and c"], "two": ["none"]}
+    assert quoted(table["one"][0]) == {"a", "b"}

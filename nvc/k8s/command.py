@@ -1,4 +1,4 @@
-"""The ``nvc-py k8s`` command group (registered by nvc/cli.py). Imports nothing heavy: the plugin's
+"""The ``nvc-py k8s`` command group (registered by nvc/commands/cli.py). Imports nothing heavy: the plugin's
 modules, with grpcio and protobuf, load when ``device-plugin`` runs, after its options are read."""
 
 from __future__ import annotations
