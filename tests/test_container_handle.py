@@ -51,6 +51,15 @@ def test_a_process_gone_has_no_handle() -> None:
     assert failure.value.exit_code == 8
 
 
+@pytest.mark.parametrize("pid", [0, -1, (1 << 22) + 1, 1 << 64])
+def test_a_pid_no_process_can_have_has_no_handle(pid: int) -> None:
+    """Out of the kernel's range (pidfd_open takes a C int: a huge one would overflow; the CLI's
+    test_every_nvc_py_command_and_option gives one of 4000 digits): the same line."""
+    with pytest.raises(ContainerError, match=gone(pid)) as failure:
+        ContainerHandle.open(pid)
+    assert failure.value.exit_code == 8
+
+
 def test_an_exited_process_not_yet_reaped_has_no_handle() -> None:
     """A zombie still has its /proc/PID directory; its pidfd says it exited."""
     zombie = subprocess.Popen(["true"])

@@ -31,6 +31,7 @@ from nvc.errors import ContainerError, proc_failure
 if TYPE_CHECKING:
     from nvc.apply.cgroups import DeviceCgroup
 
+PID_MAX_LIMIT = 1 << 22  # the kernel's highest pid_max: a larger pid names no process
 _STAT_MAX = 4096  # bytes of /proc/PID/stat read: its fields fit with room to spare
 
 
@@ -53,6 +54,8 @@ class ContainerHandle:
     @classmethod
     def open(cls, pid: int) -> ContainerHandle:
         """Resolve process ``pid``; ContainerError "container process PID is gone" where it exited."""
+        if not 0 < pid <= PID_MAX_LIMIT:  # no process has it (and pidfd_open takes a C int)
+            raise ContainerError(f"container process {pid} is gone")
         fds: list[int] = []
         where = f"/proc/{pid}"
         try:
