@@ -16,6 +16,7 @@
 #include "graphmem.h"
 #include "ground.h"
 #include "init.h"
+#include "kernels.h"
 #include "launch.h"
 #include "real.h"
 #include "region.h"
@@ -68,35 +69,6 @@ static int nfree;
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
 static int within_of[NVC_MAX_DEVICES];         /* the scheduler's last word: within its share */
 
-/* Each kernel's own running duration: a training step mixes millisecond GEMMs with microsecond
- * element-wise kernels, and one device-wide average would count the queue as full with a few of
- * them (the GPU then idles between the small ones while the launching thread sleeps). */
-#define KERNEL_SLOTS 4096
-struct kernel_cost {
-    const void *key;
-    int64_t ns;                      /* its elapsed time, running mean */
-    int64_t work_ns;                 /* its elapsed time when nothing slowed it: the least seen, creeping up */
-};
-static struct kernel_cost kernel_ns[KERNEL_SLOTS];
-
-static struct kernel_cost *kernel_slot(const void *key)
-{
-    unsigned h = (unsigned)(((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull >> 52);
-    for (unsigned i = 0; i < 8; i++) {
-        unsigned at = (h + i) % KERNEL_SLOTS;
-        if (kernel_ns[at].key == key || !kernel_ns[at].key) {
-            kernel_ns[at].key = key;
-            return &kernel_ns[at];
-        }
-    }
-    return NULL;                     /* a full neighbourhood: the device-wide estimate serves */
-}
-
-/* A launch's kernel and grid size: the same function on another grid is other work. */
-static const void *kernel_key(const void *f, unsigned gx, unsigned gy, unsigned gz)
-{
-    return (const void *)((uintptr_t)f ^ ((uintptr_t)((uint64_t)gx * gy * gz % 65521u) << 48));
-}
 static uint64_t gpu_done_ns[NVC_MAX_DEVICES];  /* when this process's measured work ended on the GPU */
 static struct {
     CUevent ev;
@@ -148,7 +120,7 @@ static void settle_locked(struct pending *p)
             int64_t per_full = factor > 0 ? (int64_t)((double)cost / factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
         }
-        struct kernel_cost *own = p->key ? kernel_slot(p->key) : NULL;
+        struct nvc_kernel_cost *own = p->key ? nvc_kernel_slot(p->key) : NULL;
         if (own) {
             own->ns = own->ns ? (own->ns + full) / 2 : full;
             own->work_ns = !own->work_ns || full < own->work_ns ? full : own->work_ns + (full - own->work_ns) / 256;
@@ -328,7 +300,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         nvc_region_account_launch(dev, 0, waited);
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
-    struct kernel_cost *own = kernel_slot(l->key);
+    struct nvc_kernel_cost *own = nvc_kernel_slot(l->key);
     int64_t queued = own && own->ns ? own->ns : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
@@ -448,7 +420,7 @@ static CUresult call_kernel(const void *a)
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);                   \
         struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra};     \
         struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
-                           kernel_key(f, gx, gy, gz)};                                                           \
+                           nvc_kernel_key(f, gx, gy, gz)};                                                       \
         return throttled(&l, call_kernel, &a);                                                               \
     }
 KERNEL_WRAPPER(cuLaunchKernel, 0)
@@ -479,7 +451,7 @@ static CUresult call_coop(const void *a)
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params);                          \
         struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params};              \
         struct launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
-                           kernel_key(f, gx, gy, gz)};                                                           \
+                           nvc_kernel_key(f, gx, gy, gz)};                                                       \
         return throttled(&l, call_coop, &a);                                                                 \
     }
 COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
@@ -509,7 +481,7 @@ static CUresult call_ex(const void *a)
         struct launch l = {ptsz, config->hStream,                                                            \
                            grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY,         \
                                        config->gridDimZ),                                                    \
-                           kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ)};             \
+                           nvc_kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ)};         \
         return throttled(&l, call_ex, &a);                                                                   \
     }
 EX_WRAPPER(cuLaunchKernelEx, 0)
