@@ -77,6 +77,7 @@ typedef enum {
     CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
     CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD = 84,
     CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+    CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 = 92,
     CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
     CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
@@ -204,6 +205,11 @@ typedef enum {
     CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
     CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
 } CUstreamCaptureStatus;
+
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_STREAM_WAIT_VALUE_GEQ 0x0  /* until (int32_t)(*addr - value) >= 0: cyclic */
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
 
 enum { CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1 };
 
@@ -394,6 +400,10 @@ typedef enum {
     X(cuStreamSynchronize_ptsz, (CUstream stream)) \
     X(cuStreamQuery, (CUstream stream)) \
     X(cuStreamQuery_ptsz, (CUstream stream)) \
+    X(cuStreamWaitValue32, (CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)) \
+    X(cuStreamWaitValue32_v2, (CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)) \
+    X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int flags)) \
+    X(cuMemHostGetDevicePointer_v2, (CUdeviceptr *dptr, void *p, unsigned int flags)) \
     X(cuEventCreate, (CUevent *event, unsigned int flags)) \
     X(cuEventRecord, (CUevent event, CUstream stream)) \
     X(cuEventRecord_ptsz, (CUevent event, CUstream stream)) \

@@ -26,6 +26,12 @@ uint64_t nvc_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+void nvc_sleep_ns(int64_t ns)
+{
+    struct timespec ts = {.tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll};
+    nanosleep(&ts, NULL);
+}
+
 void nvc_log(int level, const char *fmt, ...)
 {
     if (level > log_level)

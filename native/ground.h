@@ -1,5 +1,5 @@
 /* The ground of the shim (ground.c): logging, the one-time failure and the state it leaves, the
- * clock, the re-entrancy guard and the fork phases. Every other file may use it; it uses none of
+ * clock (and sleeping), the re-entrancy guard and the fork phases. Every other file may use it; it uses none of
  * them, so it includes nothing of the shim's own. */
 #ifndef NVC_GROUND_H
 #define NVC_GROUND_H
@@ -14,6 +14,7 @@ void nvc_set_fail_closed(int closed);      /* what nvc_fail does: the limits' on
 void nvc_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void nvc_fail(const char *what);           /* loud one-time failure line; switches to on_error mode */
 uint64_t nvc_now_ns(void);                 /* CLOCK_MONOTONIC */
+void nvc_sleep_ns(int64_t ns);
 
 /* Re-entrancy guard: a driver that calls its own exported entry points must not be charged twice. */
 extern __thread int nvc_depth __attribute__((tls_model("initial-exec")));

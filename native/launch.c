@@ -1,18 +1,19 @@
 /* Compute share. A cap (percent < 100) is a share of wall time, sliced (region.c): the container's
- * processes launch freely during their slice and wait outside it; each launch is bracketed by CUDA
- * events, and when they complete the launch's end on the GPU is reconstructed (it started when it was
- * launched or when this process's previous work ended, whichever is later, and ran its measured
- * time), so work that ran past its slice's end is charged too. Weights (sched.c) divide measured GPU
- * time, weighted by the fraction of the device's SMs a grid can occupy, each moment divided among the
- * containers that had work on the GPU then. At most MAX_INFLIGHT_NS of
+ * processes launch freely during their slice; outside it they queue behind a closed gate (gate.c),
+ * up to the next slice's length, or wait where streams cannot be gated. Each launch is bracketed by
+ * CUDA events, and when they complete the launch's end on the GPU is reconstructed (it started when
+ * it was launched, when this process's previous work ended or when its gate opened, whichever is
+ * latest, and ran its measured time), so work that ran past its slice's end is charged too. Weights
+ * (sched.c) divide measured GPU time, weighted by the fraction of the device's SMs a grid can occupy,
+ * each moment divided among the containers that had work on the GPU then. At most MAX_INFLIGHT_NS of
  * estimated work may be queued ahead of measurement, so a burst of asynchronous launches cannot run
  * far past a slice or a share. Without a compute limit the wrappers add one branch. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 #include "config.h"
 #include "devices.h"
+#include "gate.h"
 #include "graphmem.h"
 #include "ground.h"
 #include "init.h"
@@ -45,6 +46,7 @@ struct pending {                     /* one launch, or a group of short ones on 
     uint64_t launched_ns, last_ns;   /* its first and last launch */
     int recorded;                    /* end event recorded (an unrecorded event queries as done) */
     int settled;                     /* measured, waiting for older launches of other contexts */
+    uint32_t gate;                   /* the generation of the gate it was queued behind; 0: none */
 };
 
 /* Launches not yet measured, oldest first: a ring, so settling the oldest and queueing the newest
@@ -55,6 +57,7 @@ static unsigned head, tail;
 #define AT(i) (&ring[(i) % MAX_PENDING])
 static int queued_of[NVC_MAX_DEVICES], unknown_of[NVC_MAX_DEVICES];   /* queued; of unknown cost */
 static int64_t inflight_of[NVC_MAX_DEVICES];                          /* their estimated GPU time */
+static int ungated_of[NVC_MAX_DEVICES];                               /* queued, not behind a gate */
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
  * event records per launch cost a launch-bound loop (a training step's) as much as the launches. */
 #define GROUP_NS 100000ll
@@ -133,8 +136,11 @@ static void settle_locked(struct pending *p)
         if (p->launched_ns < gpu_done_ns[p->d] && last_end[p->d].ev && last_end[p->d].ctx == p->ctx &&
             nvc_cuda.cuEventElapsedTime(&between, last_end[p->d].ev, p->end) == CUDA_SUCCESS && between >= 0)
             gpu_done_ns[p->d] += (uint64_t)((double)between * 1e6);
-        else
-            gpu_done_ns[p->d] = (p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d]) + (uint64_t)full;
+        else {                           /* a gated launch starts no earlier than its gate opened */
+            uint64_t from = p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d];
+            uint64_t opened = p->gate ? nvc_gate_opened_ns(p->d, p->gate) : 0;
+            gpu_done_ns[p->d] = (opened > from ? opened : from) + (uint64_t)full;
+        }
         if (p->percent < 100)
             nvc_region_done(p->d, gpu_done_ns[p->d]);
     }
@@ -145,6 +151,7 @@ static void settle_locked(struct pending *p)
         nvc_sched_measured(p->sched, nvc_now_ns(), ended - elapsed, ended, (uint64_t)cost, (uint64_t)work);
     }
     queued_of[p->d]--;
+    ungated_of[p->d] -= !p->gate;
     unknown_of[p->d] -= p->count > 0 && p->queued_ns == 0;
     inflight_of[p->d] -= p->queued_ns;
     event_put(p->start, p->ctx);
@@ -186,12 +193,6 @@ struct launch {
     double factor;
     const void *key;                 /* the CUfunction or CUgraphExec */
 };
-
-static void sleep_ns(int64_t ns)
-{
-    struct timespec ts = {.tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll};
-    nanosleep(&ts, NULL);
-}
 
 /* Estimated GPU time of this device's launches not yet measured; -1 when one of unknown cost is
  * queued. Caller holds launch_mu. */
@@ -243,19 +244,50 @@ struct slot {                         /* where before_launch put a launch */
     int64_t estimate, queued;
 };
 
+/* The gate thread's condition for a slice (gate.h): all queued before the gate closed is settled. */
+static int drained_before_gate(int dev)
+{
+    if (pthread_mutex_trylock(&launch_mu))
+        return 0;                        /* a launch holds it, maybe blocked in the driver: never wait */
+    CUcontext seen = NULL;
+    for (unsigned i = head; i != tail && ungated_of[dev]; i++) {
+        struct pending *p = AT(i);
+        if (!p->settled && !p->gate && p->d == dev && p->ctx != seen)
+            harvest_locked(seen = p->ctx);
+    }
+    int drained = !ungated_of[dev];
+    pthread_mutex_unlock(&launch_mu);
+    return drained;
+}
+
+/* Gates the launch's stream (0: cannot); the open group goes first, so as to complete while closed. */
+static uint32_t gate_stream(struct nvc_device *d, const struct launch *l, CUcontext ctx)
+{
+    pthread_mutex_lock(&launch_mu);
+    if (has_open[d->region_index] && !AT(open_at[d->region_index])->gate)
+        close_locked(d->region_index, ctx);
+    pthread_mutex_unlock(&launch_mu);
+    return nvc_gate_stream(d->region_index, d->compute, ctx, l->stream, l->ptsz, drained_before_gate);
+}
+
 static void before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx, struct slot *slot)
 {
     int dev = d->region_index;
     uint64_t waited = 0, turn_from = 0, turn_end = 0;
+    uint32_t gate = 0;
     for (;;) {
         pthread_mutex_lock(&launch_mu);
         harvest_locked(ctx);
         int64_t inflight = inflight_locked(dev);
-        int queued = queued_of[dev];
+        int ungated = ungated_of[dev];
         int64_t unit = estimate_ns[dev];
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
-        int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !queued) : 0;
+        int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !ungated) : 0;
+        if (d->compute < 100 && !wait)
+            nvc_gate_open(dev);
+        /* outside the slice a cap without a weight queues behind a gate, up to the next slice's length */
+        int gating = wait > 0 && !d->weight;
         int decision = 1;                /* nvc_sched_ready's: 0 wait, 1 run, 2 run within its share */
         enum wait_reason reason = WAIT_QUEUE;
         /* inside a cap's slice the queue may hold what fits in the rest of it: PyTorch runs ahead of
@@ -263,16 +295,18 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         int64_t room = d->sched && d->compute >= 100 && within_of[dev] ? WITHIN_SHARE_NS : MAX_INFLIGHT_NS;
         if (d->compute < 100 && !wait && nvc_region_slice_end(dev) > now + (uint64_t)room)
             room = (int64_t)(nvc_region_slice_end(dev) - now);
+        if (gating)
+            room = (int64_t)nvc_region_slice_length(d->compute);
         if (inflight < 0 || inflight > room) {
             step = unit / 4;             /* let the queue drain */
             if (d->sched)
                 nvc_sched_observe(d->sched, now);
-        } else if (wait > 0) {
+        } else if (wait > 0 && !(gating && (gate = gate_stream(d, l, ctx)))) {
             step = wait;
             reason = WAIT_SLICE;
             if (d->sched)
                 nvc_sched_ready(d->sched, now, 1);
-        } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, 0))) {
+        } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, gate != 0)) && !gate) {
             step = SCHED_WAIT_STEP_NS;   /* over its share while another wants more: the cap's slice waits too */
             reason = WAIT_SHARE;
             within_of[dev] = 0;
@@ -291,7 +325,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         close_locked(dev, ctx);          /* what it waits for must be able to complete */
         pthread_mutex_unlock(&launch_mu);
         step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
-        sleep_ns(step);
+        nvc_sleep_ns(step);
         uint64_t slept = nvc_now_ns() - now;
         waited += slept;
         __atomic_add_fetch(&waited_for[reason], slept, __ATOMIC_RELAXED);
@@ -308,8 +342,8 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
     int alone = !own || !own->ns || own->ns >= GROUP_NS / 4;
-    if (g && (alone || g->ctx != ctx || g->stream != l->stream || g->ptsz != l->ptsz || g->count >= GROUP_MAX ||
-              g->queued_ns >= GROUP_NS || now - g->last_ns > (uint64_t)GROUP_NS)) {   /* an idle gap is not its work */
+    if (g && (alone || g->ctx != ctx || g->stream != l->stream || g->ptsz != l->ptsz || g->gate != gate ||
+              g->count >= GROUP_MAX || g->queued_ns >= GROUP_NS || now - g->last_ns > (uint64_t)GROUP_NS)) {   /* an idle gap is not its work */
         close_locked(dev, ctx);
         alone |= has_open[dev];          /* another context's group stays open: this one goes alone */
         g = NULL;
@@ -321,8 +355,10 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         if (end) {
             record(start, l->stream, l->ptsz);
             *AT(tail) = (struct pending){.start = start, .end = end, .ctx = ctx, .stream = l->stream, .ptsz = l->ptsz,
-                                         .d = dev, .sched = d->sched, .percent = d->compute, .launched_ns = now};
+                                         .d = dev, .sched = d->sched, .percent = d->compute, .launched_ns = now,
+                                         .gate = gate};
             queued_of[dev]++;
+            ungated_of[dev] += !gate;
             if (!alone) {
                 open_at[dev] = tail;
                 has_open[dev] = 1;
@@ -548,6 +584,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         memset(queued_of, 0, sizeof queued_of);
         memset(unknown_of, 0, sizeof unknown_of);
         memset(inflight_of, 0, sizeof inflight_of);
+        memset(ungated_of, 0, sizeof ungated_of);
         memset(within_of, 0, sizeof within_of);
         memset(waited_for, 0, sizeof waited_for);
         entries_made = launches_seen = 0;

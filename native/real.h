@@ -72,6 +72,7 @@
 #define NVC_CUDA_CALLED(X) \
     X(cuCtxGetDevice) \
     X(cuCtxGetCurrent) \
+    X(cuCtxSetCurrent) \
     X(cuDeviceGetUuid) \
     X(cuDeviceGetUuid_v2) \
     X(cuDeviceGetAttribute) \
@@ -86,7 +87,11 @@
     X(cuEventRecord_ptsz) \
     X(cuEventQuery) \
     X(cuEventElapsedTime) \
-    X(cuEventDestroy_v2)
+    X(cuEventDestroy_v2) \
+    X(cuStreamWaitValue32) \
+    X(cuStreamWaitValue32_v2) \
+    X(cuMemHostRegister_v2) \
+    X(cuMemHostGetDevicePointer_v2)
 
 #define NVC_NVML_WRAPPED(X) \
     X(nvmlDeviceGetMemoryInfo) \

@@ -347,7 +347,7 @@ uint64_t nvc_region_used(int d)
 #define SLICE_PERIOD_NS 50000000ull   /* a cap of p % is a slice of p % of every 50 ms */
 #define SLICE_POLL_NS 100000ll         /* while its own last work drains */
 
-static uint64_t slice_length(unsigned percent)
+uint64_t nvc_region_slice_length(unsigned percent)
 {
     return SLICE_PERIOD_NS * percent / 100;
 }
@@ -401,9 +401,9 @@ int64_t nvc_region_slice(int d, unsigned percent, uint64_t now, int drained)
     int64_t credit = refill(dev, percent, now);
     if (credit < 0)
         return -credit * 100 / (int64_t)percent;
-    if (__atomic_compare_exchange_n(&dev->slice_end_ns, &end, now + slice_length(percent), 0, __ATOMIC_ACQ_REL,
+    if (__atomic_compare_exchange_n(&dev->slice_end_ns, &end, now + nvc_region_slice_length(percent), 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_RELAXED)) {
-        __atomic_sub_fetch(&dev->credit_ns, (int64_t)slice_length(percent), __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&dev->credit_ns, (int64_t)nvc_region_slice_length(percent), __ATOMIC_ACQ_REL);
         __atomic_add_fetch(&nvc_region_slices_started, 1, __ATOMIC_RELAXED);
     }
     return 0;                          /* its slice, or one another process started just now */

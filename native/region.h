@@ -71,6 +71,7 @@ void nvc_region_fork(enum nvc_fork_phase phase);
 int64_t nvc_region_slice(int d, unsigned percent, uint64_t now, int drained);
 extern uint64_t nvc_region_slices_started, nvc_region_overrun_charged_ns;   /* by this process, for its log */
 uint64_t nvc_region_slice_end(int d);
+uint64_t nvc_region_slice_length(unsigned percent);    /* a cap's slice */
 void nvc_region_done(int d, uint64_t done);           /* measured work ran on the GPU until done */
 void nvc_region_slice_extend(int d, uint64_t until);  /* the slice does not run while another holds the turn */
 void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns);

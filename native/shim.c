@@ -4,6 +4,7 @@
  * loaded, so that init.c, which every wrapper calls, need not know the files above it. */
 #include <pthread.h>
 #include "devices.h"
+#include "gate.h"
 #include "graphmem.h"
 #include "ground.h"
 #include "init.h"
@@ -18,7 +19,7 @@
  * lock. */
 static __thread int guarded;
 
-/* Lock order: devices, memory (pools, allocation records, graphs), launches, scheduler, region. */
+/* Lock order: devices, memory (pools, allocation records, graphs), launches, gates, scheduler, region. */
 static void fork_all(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE)
@@ -31,11 +32,13 @@ static void fork_all(enum nvc_fork_phase phase)
         nvc_memory_fork(phase);
         nvc_graph_fork(phase);
         nvc_launch_fork(phase);
+        nvc_gate_fork(phase);
         nvc_sched_fork(phase);
         nvc_region_fork(phase);
     } else {
         nvc_region_fork(phase);
         nvc_sched_fork(phase);
+        nvc_gate_fork(phase);
         nvc_launch_fork(phase);
         nvc_graph_fork(phase);
         nvc_memory_fork(phase);
