@@ -1352,6 +1352,47 @@ CUresult cuStreamQuery(CUstream stream)
 
 CUresult cuStreamQuery_ptsz(CUstream stream) { return cuStreamQuery(stream); }
 
+/* Stream memory operations on page-locked host memory. The fake's timeline is fixed when work is
+ * queued, so a wait on a host word holds the calling thread until the word satisfies it (a GPU holds
+ * the stream instead). FAKE_CUDA_NO_STREAM_MEMOPS=1: the device cannot use them. */
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
+{
+    lock();
+    CUresult r = check_init();
+    unlock();
+    return r == CUDA_SUCCESS && (!p || !bytesize || (flags & ~0xfu)) ? CUDA_ERROR_INVALID_VALUE : r;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags)
+{
+    if (!dptr || !p || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = (CUdeviceptr)(uintptr_t)p;   /* unified addressing: the host address */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)
+{
+    const char *off = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
+    if (off && !strcmp(off, "1"))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    lock();
+    struct fctx *c;
+    uint64_t *done;
+    CUresult r = stream_resolve(stream, &c, &done);
+    unlock();
+    if (r == CUDA_SUCCESS && (!addr || flags))   /* greater-or-equal only */
+        r = CUDA_ERROR_INVALID_VALUE;
+    while (r == CUDA_SUCCESS && (int32_t)(__atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE) - value) < 0)
+        usleep(20);
+    return r;
+}
+
+CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)
+{
+    return cuStreamWaitValue32_v2(stream, addr, value, flags);
+}
+
 /* ---------------------------------------------------------------- events */
 
 CUresult cuEventCreate(CUevent *event, unsigned int flags)
@@ -2528,6 +2569,10 @@ static const struct proc {
     P("cuArrayDestroy", 2000, cuArrayDestroy)
     P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate)
     P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy)
+    P("cuMemHostRegister", 6050, cuMemHostRegister_v2)
+    P("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2)
+    P("cuStreamWaitValue32", 8000, cuStreamWaitValue32)
+    P("cuStreamWaitValue32", 11070, cuStreamWaitValue32_v2)
     P("cuModuleLoad", 2000, cuModuleLoad)
     P("cuModuleLoadData", 2000, cuModuleLoadData)
     P("cuModuleGetFunction", 2000, cuModuleGetFunction)
