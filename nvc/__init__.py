@@ -1,3 +1,3 @@
 """nvc-py: makes NVIDIA GPUs appear inside containers, and shares them between containers."""
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
