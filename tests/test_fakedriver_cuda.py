@@ -1,7 +1,7 @@
 """The fake libcuda (test double): devices, memory capacity, entry-point lookup and simulated time.
 
 A small machine (1 GiB GPU at minor 0, 2 GiB at minor 1, a GPU at minor 9 without a node) is compiled
-into libcuda.c; cuda_probe drives it through dlopen like an application. Device nodes come from the
+into libcuda/; cuda_probe drives it through dlopen like an application. Device nodes come from the
 ``active_2gpu`` fixture (/dev/nvidiactl, nvidia0, nvidia1), so only the machine table differs from
 production builds. Needs root (mount namespaces).
 """
@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fakedriver.build import INCLUDES
+from fakedriver.libraries import INCLUDES, library_sources
 
 SRC = Path(__file__).resolve().parent / "fakedriver" / "src"
 MIB = 1 << 20
@@ -38,13 +38,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for mount 
 
 def compile_libcuda(machine_yaml: Path, out: Path) -> Path:
     """Compile the fake libcuda for ``machine_yaml`` into ``out``; returns the dir holding libcuda.so.1."""
-    from fakedriver.build import load_machine, machine_header
+    from fakedriver.machine import load_machine, machine_header
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "fake_machine.h").write_text(machine_header(load_machine(machine_yaml), machine_yaml.name))
     subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{out}", *INCLUDES,
-                    "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"), str(SRC / "libcuda.c"),
-                    "-lpthread"], check=True)
+                    "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"),
+                    *map(str, library_sources("libcuda.so")), "-lpthread"], check=True)
     return out
 
 

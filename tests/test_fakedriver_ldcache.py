@@ -16,7 +16,7 @@ import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from fakedriver.build import LIBRARY_GROUPS
+from fakedriver.libraries import LIBRARY_GROUPS
 
 CACHE_LINE = re.compile(r"\s+(\S+) \(([^)]*)\) => (\S+)")
 ARCH_TAGS = {64: "libc6,x86-64", 32: "libc6"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fakedriver.build import MACHINES_DIR, MachineError, load_machine
+from fakedriver.machine import MACHINES_DIR, MachineError, load_machine
 
 
 def write_machine(tmp_path: Path, edit) -> Path:

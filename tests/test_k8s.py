@@ -29,7 +29,7 @@ from harness.installed import SCRIPTS
 
 GIB = 1 << 30
 GPUS3 = tuple(f"GPU-11111111-2222-4333-8444-5555555555{i:02d}" for i in range(3))  # machines/three-gpu.yaml
-XID_FILE = "var/lib/fake-nvml/xid-events"  # in the driver root (tests/fakedriver/src/libnvidia-ml.c)
+XID_FILE = "var/lib/fake-nvml/xid-events"  # in the driver root (tests/fakedriver/src/libnvidia-ml/events.c)
 
 
 class PluginRun:

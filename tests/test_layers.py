@@ -225,6 +225,7 @@ def f(env, uuid):
 # Module size: a maintainer reads a module whole, so none grows past these unless its module
 # docstring (a C file's leading comment) has a paragraph starting "One piece:" that says why it
 # must stay whole. Generated code (DO NOT EDIT in its first lines: nvc/k8s/api_pb2*.py) is not counted.
+# Held to it: nvc's modules, the shim (native/) and the fake driver the tests build (tests/fakedriver/).
 MAX_PYTHON_LINES = 450
 MAX_C_LINES = 600
 ONE_PIECE = "One piece:"
@@ -253,9 +254,14 @@ def oversized(paths: list[Path], limit: int) -> list[str]:
     return found
 
 
+FAKE_DRIVER = REPO / "tests" / "fakedriver"
+
+
 def _over_the_limits() -> list[str]:
     return (oversized(sorted(MODULES.values()), MAX_PYTHON_LINES)
-            + oversized(sorted((REPO / "native").rglob("*.c")), MAX_C_LINES))
+            + oversized(sorted(FAKE_DRIVER.rglob("*.py")), MAX_PYTHON_LINES)
+            + oversized(sorted((REPO / "native").rglob("*.c")), MAX_C_LINES)
+            + oversized(sorted(FAKE_DRIVER.rglob("*.c")), MAX_C_LINES))
 
 
 def test_no_module_is_over_its_size() -> None:

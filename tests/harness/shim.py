@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fakedriver.build import INCLUDES
+from fakedriver.libraries import INCLUDES
 
 TESTS = Path(__file__).resolve().parent.parent
 REPO = TESTS.parent

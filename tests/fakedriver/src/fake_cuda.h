@@ -1,5 +1,5 @@
 /* The fake libcuda's own additions to the CUDA driver ABI, which native/cuda_abi.h declares once for
- * the sharing shim and the fake alike (build with -I native). Shared by libcuda.c and the tests'
+ * the sharing shim and the fake alike (build with -I native). Shared by libcuda/ and the tests'
  * CUDA programs. Test double only. */
 #ifndef FAKE_CUDA_H
 #define FAKE_CUDA_H

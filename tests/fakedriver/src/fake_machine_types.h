@@ -1,5 +1,5 @@
 /* Types of the compiled-in machine description shared by the fake NVML and CUDA stubs.
- * build.py turns a machine YAML into fake_machine.h (an instance of these types), so the stub
+ * machine.py turns a machine YAML into fake_machine.h (an instance of these types), so the stub
  * libraries carry their machine with them into chroots and containers. Test double only. */
 #ifndef FAKE_MACHINE_TYPES_H
 #define FAKE_MACHINE_TYPES_H

@@ -1,46 +1,19 @@
-/* Fake libnvidia-ml.so.1: answers the NVML calls nvc-py, pynvml and the fake nvidia-smi make,
- * from the machine compiled in by build.py (fake_machine.h).
- *
- * Like the real library it sees the GPUs the current mount namespace gives it: at init a GPU
- * counts only if /dev/nvidia<minor> is its character device, and a MIG device only if its
- * GPU-instance and compute-instance capability nodes (/dev/nvidia-caps/nvidia-cap<N>) exist.
- * Visible GPUs are numbered 0..n-1 in host order, so a container given GPU 1 sees it as index 0.
- * Error codes follow NVML's documentation. Test double only: nothing here talks to hardware. */
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
-#include <time.h>
-#include <unistd.h>
+/* The fake libnvidia-ml's init, system queries, device handles and device queries. Test double only. */
+#include "internal.h"
 
-#include "fake_machine.h"
-#include "nvml_abi.h"
-
-#define API __attribute__((visibility("default")))
 #define NVIDIA_MAJOR 195u
-#define MAX_MIG_DEVICES 7u          /* nvmlDeviceGetMaxMigDeviceCount of A100/H100 */
 #define MIG_MINORS_FIRST 3u         /* mig-minors: config 1, monitor 2, then per GPU */
 #define MIG_MINORS_PER_GPU 135u     /* 15 GPU instances x (1 + 8 compute instances) */
 #define MIG_MINORS_PER_GI 9u
 
-struct nvmlDevice_st {
-    const struct fake_gpu *gpu;
-    const struct fake_mig *mig;      /* NULL for a full GPU */
-    struct nvmlDevice_st *parent;    /* the full GPU of a MIG device */
-    unsigned index;                  /* position among the visible GPUs or the parent's MIGs */
-    int visible;
-};
-
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t fake_nvml_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned init_count;
-static struct nvmlDevice_st gpus[FAKE_GPU_COUNT];
+struct nvmlDevice_st fake_gpus[FAKE_GPU_COUNT];
 static struct nvmlDevice_st migs[FAKE_GPU_COUNT][MAX_MIG_DEVICES];
 static struct nvmlDevice_st *visible_gpus[FAKE_GPU_COUNT];
 static unsigned visible_gpu_count;
-static struct nvmlDevice_st *visible_migs[FAKE_GPU_COUNT][MAX_MIG_DEVICES];
-static unsigned visible_mig_count[FAKE_GPU_COUNT];
+struct nvmlDevice_st *fake_visible_migs[FAKE_GPU_COUNT][MAX_MIG_DEVICES];
+unsigned fake_visible_mig_count[FAKE_GPU_COUNT];
 
 static int is_char_device(const char *path, unsigned major_number, unsigned minor_number, int check_major)
 {
@@ -76,9 +49,9 @@ static void scan_devices(void)
         const struct fake_gpu *gpu = &FAKE_GPUS[g];
         char path[32];
         snprintf(path, sizeof path, "/dev/nvidia%u", gpu->minor);
-        struct nvmlDevice_st *dev = &gpus[g];
+        struct nvmlDevice_st *dev = &fake_gpus[g];
         *dev = (struct nvmlDevice_st){.gpu = gpu, .visible = is_char_device(path, NVIDIA_MAJOR, gpu->minor, 1)};
-        visible_mig_count[g] = 0;
+        fake_visible_mig_count[g] = 0;
         if (dev->visible) {
             dev->index = visible_gpu_count;
             visible_gpus[visible_gpu_count++] = dev;
@@ -88,29 +61,29 @@ static void scan_devices(void)
             *mdev = (struct nvmlDevice_st){.gpu = gpu, .mig = &gpu->migs[m], .parent = dev};
             mdev->visible = dev->visible && gpu->mig_enabled && mig_visible(gpu, &gpu->migs[m]);
             if (mdev->visible) {
-                mdev->index = visible_mig_count[g];
-                visible_migs[g][visible_mig_count[g]++] = mdev;
+                mdev->index = fake_visible_mig_count[g];
+                fake_visible_migs[g][fake_visible_mig_count[g]++] = mdev;
             }
         }
     }
 }
 
-static int initialized(void)
+int fake_initialized(void)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_nvml_lock);
     int ok = init_count > 0;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_nvml_lock);
     return ok;
 }
 
 /* A handle is valid if it is one of ours and was visible at the last init. */
 static nvmlReturn_t lookup(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
-    if (!initialized())
+    if (!fake_initialized())
         return NVML_ERROR_UNINITIALIZED;
     const char *p = (const char *)handle;
-    const char *g0 = (const char *)gpus, *m0 = (const char *)migs;
-    int in_gpus = p >= g0 && p < g0 + sizeof gpus && (size_t)(p - g0) % sizeof gpus[0] == 0;
+    const char *g0 = (const char *)fake_gpus, *m0 = (const char *)migs;
+    int in_gpus = p >= g0 && p < g0 + sizeof fake_gpus && (size_t)(p - g0) % sizeof fake_gpus[0] == 0;
     int in_migs = p >= m0 && p < m0 + sizeof migs && (size_t)(p - m0) % sizeof migs[0][0] == 0;
     if (!in_gpus && !in_migs)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -133,7 +106,7 @@ static nvmlReturn_t copy_string(char *buf, unsigned length, const char *value)
 /* The start of a system query: NVML reports an uninitialized library before a missing output. */
 static nvmlReturn_t system_query(int outputs_given)
 {
-    if (!initialized())
+    if (!fake_initialized())
         return NVML_ERROR_UNINITIALIZED;
     return outputs_given ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
@@ -144,10 +117,10 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!is_char_device("/dev/nvidiactl", NVIDIA_MAJOR, 255, 1))
         return NVML_ERROR_DRIVER_NOT_LOADED;
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_nvml_lock);
     if (init_count++ == 0)
         scan_devices();
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_nvml_lock);
     return NVML_SUCCESS;
 }
 
@@ -158,11 +131,11 @@ API nvmlReturn_t nvmlInit_v2(void)
 
 API nvmlReturn_t nvmlShutdown(void)
 {
-    pthread_mutex_lock(&lock);
+    pthread_mutex_lock(&fake_nvml_lock);
     nvmlReturn_t ret = init_count == 0 ? NVML_ERROR_UNINITIALIZED : NVML_SUCCESS;
     if (init_count > 0)
         init_count--;
-    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&fake_nvml_lock);
     return ret;
 }
 
@@ -211,14 +184,14 @@ static void stall(void)
 API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
     stall();
-    if (!initialized())
+    if (!fake_initialized())
         return NVML_ERROR_UNINITIALIZED;
     return copy_string(version, length, FAKE_DRIVER_VERSION);
 }
 
 API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 {
-    if (!initialized())
+    if (!fake_initialized())
         return NVML_ERROR_UNINITIALIZED;
     return copy_string(version, length, FAKE_NVML_VERSION);
 }
@@ -258,13 +231,13 @@ API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *devic
     if (ret != NVML_SUCCESS)
         return ret;
     for (unsigned g = 0; g < FAKE_GPU_COUNT; g++) {
-        if (gpus[g].visible && strcmp(gpus[g].gpu->uuid, uuid) == 0) {
-            *device = &gpus[g];
+        if (fake_gpus[g].visible && strcmp(fake_gpus[g].gpu->uuid, uuid) == 0) {
+            *device = &fake_gpus[g];
             return NVML_SUCCESS;
         }
-        for (unsigned m = 0; m < visible_mig_count[g]; m++) {
-            if (strcmp(visible_migs[g][m]->mig->uuid, uuid) == 0) {
-                *device = visible_migs[g][m];
+        for (unsigned m = 0; m < fake_visible_mig_count[g]; m++) {
+            if (strcmp(fake_visible_migs[g][m]->mig->uuid, uuid) == 0) {
+                *device = fake_visible_migs[g][m];
                 return NVML_SUCCESS;
             }
         }
@@ -305,7 +278,7 @@ API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pci_bus_id, nvmlDe
 }
 
 /* Calls that only make sense on a full GPU: a MIG handle answers NOT_SUPPORTED. */
-static nvmlReturn_t lookup_gpu(nvmlDevice_t handle, struct nvmlDevice_st **out)
+nvmlReturn_t fake_lookup_gpu(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
     nvmlReturn_t ret = lookup(handle, out);
     if (ret == NVML_SUCCESS && (*out)->mig != NULL)
@@ -316,7 +289,7 @@ static nvmlReturn_t lookup_gpu(nvmlDevice_t handle, struct nvmlDevice_st **out)
 /* Calls that only make sense on a MIG-capable full GPU. */
 static nvmlReturn_t lookup_mig_capable(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
-    nvmlReturn_t ret = lookup_gpu(handle, out);
+    nvmlReturn_t ret = fake_lookup_gpu(handle, out);
     if (ret == NVML_SUCCESS && !(*out)->gpu->mig_capable)
         return NVML_ERROR_NOT_SUPPORTED;
     return ret;
@@ -331,11 +304,11 @@ static nvmlReturn_t lookup_mig(nvmlDevice_t handle, struct nvmlDevice_st **out)
     return ret;
 }
 
-typedef nvmlReturn_t (*lookup_fn)(nvmlDevice_t handle, struct nvmlDevice_st **out);
+
 
 /* The start of a device query, in NVML's order of errors: the handle as `check` wants it (uninitialized,
  * invalid, not supported), then a NULL output pointer. */
-static nvmlReturn_t device_query(nvmlDevice_t handle, lookup_fn check, int outputs_given, struct nvmlDevice_st **dev)
+nvmlReturn_t fake_device_query(nvmlDevice_t handle, lookup_fn check, int outputs_given, struct nvmlDevice_st **dev)
 {
     nvmlReturn_t ret = check(handle, dev);
     if (ret == NVML_SUCCESS && !outputs_given)
@@ -343,21 +316,9 @@ static nvmlReturn_t device_query(nvmlDevice_t handle, lookup_fn check, int outpu
     return ret;
 }
 
-/* Defines the query `name(device, type *out)`: once the handle passed `check` and out is not NULL, the
- * statement `fill` answers from dev into out (it may set ret to an error of its own). */
-#define DEVICE_QUERY(name, check, type, fill)                                    \
-    API nvmlReturn_t name(nvmlDevice_t device, type *out)                        \
-    {                                                                            \
-        struct nvmlDevice_st *dev;                                               \
-        nvmlReturn_t ret = device_query(device, check, out != NULL, &dev);       \
-        if (ret == NVML_SUCCESS)                                                 \
-            fill;                                                                \
-        return ret;                                                              \
-    }
-
-DEVICE_QUERY(nvmlDeviceGetIndex, lookup_gpu, unsigned int, *out = dev->index)
-DEVICE_QUERY(nvmlDeviceGetMinorNumber, lookup_gpu, unsigned int, *out = dev->gpu->minor)
-DEVICE_QUERY(nvmlDeviceGetMultiGpuBoard, lookup_gpu, unsigned int, *out = 0)
+DEVICE_QUERY(nvmlDeviceGetIndex, fake_lookup_gpu, unsigned int, *out = dev->index)
+DEVICE_QUERY(nvmlDeviceGetMinorNumber, fake_lookup_gpu, unsigned int, *out = dev->gpu->minor)
+DEVICE_QUERY(nvmlDeviceGetMultiGpuBoard, fake_lookup_gpu, unsigned int, *out = 0)
 DEVICE_QUERY(nvmlDeviceGetBrand, lookup, nvmlBrandType_t, *out = (nvmlBrandType_t)dev->gpu->brand)
 DEVICE_QUERY(nvmlDeviceIsMigDeviceHandle, lookup, unsigned int, *out = dev->mig != NULL)
 DEVICE_QUERY(nvmlDeviceGetMaxMigDeviceCount, lookup_mig_capable, unsigned int,
@@ -472,7 +433,7 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
 API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major_cc, int *minor_cc)
 {
     struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = device_query(device, lookup, major_cc != NULL && minor_cc != NULL, &dev);
+    nvmlReturn_t ret = fake_device_query(device, lookup, major_cc != NULL && minor_cc != NULL, &dev);
     if (ret == NVML_SUCCESS) {
         *major_cc = dev->gpu->cc_major;
         *minor_cc = dev->gpu->cc_minor;
@@ -483,7 +444,8 @@ API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *ma
 API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current_mode, unsigned int *pending_mode)
 {
     struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = device_query(device, lookup_mig_capable, current_mode != NULL && pending_mode != NULL, &dev);
+    int outputs_given = current_mode != NULL && pending_mode != NULL;
+    nvmlReturn_t ret = fake_device_query(device, lookup_mig_capable, outputs_given, &dev);
     if (ret == NVML_SUCCESS)
         *current_mode = *pending_mode = dev->gpu->mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
     return ret;
@@ -499,10 +461,10 @@ API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsign
     unsigned max = dev->gpu->mig_enabled ? MAX_MIG_DEVICES : 0;
     if (mig_device == NULL || index >= max)
         return NVML_ERROR_INVALID_ARGUMENT;
-    unsigned g = (unsigned)(dev - gpus);
-    if (index >= visible_mig_count[g])
+    unsigned g = (unsigned)(dev - fake_gpus);
+    if (index >= fake_visible_mig_count[g])
         return NVML_ERROR_NOT_FOUND;
-    *mig_device = visible_migs[g][index];
+    *mig_device = fake_visible_migs[g][index];
     return NVML_SUCCESS;
 }
 
@@ -516,124 +478,4 @@ API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig_d
         return NVML_ERROR_INVALID_ARGUMENT;
     *device = dev->parent;
     return NVML_SUCCESS;
-}
-
-/* ---- events ------------------------------------------------------------------------------------
- * Critical XIDs come from a text file inside the driver root (EVENTS_FILE; the driver helper is
- * chrooted there), one "<GPU- or MIG-UUID> <xid>" line each, appended by a test. An event set reads
- * the lines appended after its creation, as NVML reports only errors that happen while a set waits.
- * A MIG device's XID is reported on its parent GPU with the MIG device's instance ids, as in NVML. */
-#define EVENTS_FILE "/var/lib/fake-nvml/xid-events"
-#define SUPPORTED_EVENTS (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError \
-                          | nvmlEventTypePState | nvmlEventTypeXidCriticalError)
-
-struct nvmlEventSet_st {
-    long offset;                                /* bytes of EVENTS_FILE already read */
-    unsigned long long types[FAKE_GPU_COUNT];   /* registered event types per GPU */
-};
-
-static long events_file_size(void)
-{
-    struct stat st;
-    return stat(EVENTS_FILE, &st) == 0 ? (long)st.st_size : 0;
-}
-
-API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
-{
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (set == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *set = calloc(1, sizeof **set);
-    if (*set == NULL)
-        return NVML_ERROR_MEMORY;
-    (*set)->offset = events_file_size();
-    return NVML_SUCCESS;
-}
-
-API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
-{
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    free(set);
-    return NVML_SUCCESS;
-}
-
-DEVICE_QUERY(nvmlDeviceGetSupportedEventTypes, lookup_gpu, unsigned long long, *out = SUPPORTED_EVENTS)
-
-API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types, nvmlEventSet_t set)
-{
-    struct nvmlDevice_st *dev;
-    nvmlReturn_t ret = lookup_gpu(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (set == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (types & ~SUPPORTED_EVENTS)
-        return NVML_ERROR_NOT_SUPPORTED;
-    set->types[dev - gpus] |= types;
-    return NVML_SUCCESS;
-}
-
-/* The event of one line, if it names a visible device whose GPU registered XIDs in `set`. */
-static int xid_event(const nvmlEventSet_t set, const char *uuid, unsigned long long xid, nvmlEventData_t *data)
-{
-    for (unsigned g = 0; g < FAKE_GPU_COUNT; g++) {
-        if (!gpus[g].visible || !(set->types[g] & nvmlEventTypeXidCriticalError))
-            continue;
-        unsigned gi = NVML_EVENT_ALL_INSTANCES, ci = NVML_EVENT_ALL_INSTANCES;
-        int found = strcmp(gpus[g].gpu->uuid, uuid) == 0;
-        for (unsigned m = 0; !found && m < visible_mig_count[g]; m++) {
-            if (strcmp(visible_migs[g][m]->mig->uuid, uuid) == 0) {
-                found = 1;
-                gi = visible_migs[g][m]->mig->gpu_instance_id;
-                ci = visible_migs[g][m]->mig->compute_instance_id;
-            }
-        }
-        if (found) {
-            *data = (nvmlEventData_t){.device = &gpus[g], .eventType = nvmlEventTypeXidCriticalError,
-                                      .eventData = xid, .gpuInstanceId = gi, .computeInstanceId = ci};
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* The next complete line after the set's offset that is an event for it; 0 when none is there yet. */
-static int next_event(nvmlEventSet_t set, nvmlEventData_t *data)
-{
-    FILE *f = fopen(EVENTS_FILE, "r");
-    if (f == NULL)
-        return 0;
-    int got = 0;
-    char line[256];
-    if (fseek(f, set->offset, SEEK_SET) == 0) {
-        while (!got && fgets(line, sizeof line, f) != NULL && strchr(line, '\n') != NULL) {
-            set->offset += (long)strlen(line);
-            char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
-            unsigned long long xid;
-            got = sscanf(line, "%95s %llu", uuid, &xid) == 2 && xid_event(set, uuid, xid, data);
-        }
-    }
-    fclose(f);
-    return got;
-}
-
-API nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms)
-{
-    if (!initialized())
-        return NVML_ERROR_UNINITIALIZED;
-    if (set == NULL || data == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    const struct timespec step = {0, 10 * 1000 * 1000};
-    for (unsigned waited = 0;; waited += 10) {
-        pthread_mutex_lock(&lock);
-        int got = next_event(set, data);
-        pthread_mutex_unlock(&lock);
-        if (got)
-            return NVML_SUCCESS;
-        if (waited >= timeout_ms)
-            return NVML_ERROR_TIMEOUT;
-        nanosleep(&step, NULL);
-    }
 }

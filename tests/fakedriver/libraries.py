@@ -1,0 +1,149 @@
+"""Compiling the fake driver's libraries and tools, and the ld.so.cache the real ``ldconfig`` makes.
+
+Every library of NVIDIA's capability lists is laid out as a stub ELF file with its real SONAME (the
+fake NVML and CUDA are built from their own sources, so the machine's answers travel with them into
+chroots and containers). The library list is this package's own test data, deliberately not imported
+from nvc: a test that checks nvc against nvc proves nothing. Test double only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .machine import Layout
+
+SRC = Path(__file__).resolve().parent / "src"
+# The CUDA and NVML C ABIs are declared once, in the sharing shim's headers (cuda_abi.h, nvml_abi.h):
+# the fake implements the same declarations the shim passes through. -iquote: native/sched.h must not
+# stand in for the system's <sched.h>.
+ABI_HEADERS = Path(__file__).resolve().parents[2] / "native"
+INCLUDES = [f"-I{SRC}", f"-iquote{ABI_HEADERS}"]
+
+# Library groups of NVIDIA's capability lists. Value: the SONAME's version suffix
+# (libcuda.so -> SONAME libcuda.so.1); None where the SONAME is the versioned file name itself,
+# as for the driver's internal libraries (libnvidia-glcore.so.<driver version>).
+LIBRARY_GROUPS: dict[str, dict[str, str | None]] = {
+    "utility": {"libnvidia-ml.so": "1", "libnvidia-cfg.so": "1", "libnvidia-nscq.so": "2"},
+    "compute": {
+        "libcuda.so": "1", "libcudadebugger.so": "1", "libnvidia-opencl.so": "1",
+        "libnvidia-gpucomp.so": None, "libnvidia-ptxjitcompiler.so": "1",
+        "libnvidia-fatbinaryloader.so": None, "libnvidia-allocator.so": "1",
+        "libnvidia-compiler.so": None, "libnvidia-pkcs11.so": None,
+        "libnvidia-pkcs11-openssl3.so": None, "libnvidia-nvvm.so": "4", "libnvidia-tileiras.so": "1",
+    },
+    "video": {
+        "libvdpau_nvidia.so": "1", "libnvidia-encode.so": "1", "libnvidia-opticalflow.so": "1",
+        "libnvcuvid.so": "1",
+    },
+    "graphics": {
+        "libnvidia-eglcore.so": None, "libnvidia-glcore.so": None, "libnvidia-tls.so": None,
+        "libnvidia-glsi.so": None, "libnvidia-fbc.so": "1", "libnvidia-ifr.so": "1",
+        "libnvidia-rtcore.so": None, "libnvoptix.so": "1",
+    },
+    "graphics_glvnd": {
+        "libGLX_nvidia.so": "0", "libEGL_nvidia.so": "0", "libGLESv2_nvidia.so": "2",
+        "libGLESv1_CM_nvidia.so": "1", "libnvidia-glvkspirv.so": None, "libnvidia-cbl.so": None,
+    },
+    "graphics_compat": {"libGL.so": "1", "libEGL.so": "1", "libGLESv1_CM.so": "1", "libGLESv2.so": "2"},
+    "ngx": {"libnvidia-ngx.so": "1"},
+}
+# Libraries built from their own sources instead of the stub: every C file of their folder in src/.
+IMPLEMENTED = {"libnvidia-ml.so": "libnvidia-ml", "libcuda.so": "libcuda"}
+ABI_NOTE_LIBRARIES = {"libnvidia-tls.so"}           # carry a GNU/Linux 2.3.99 ABI note
+GLCORE_CLIENTS = set(LIBRARY_GROUPS["graphics_compat"])  # DT_NEEDED libnvidia-glcore.so.<ver>
+
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager",
+            "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+
+
+class BuildError(RuntimeError):
+    """A compiler, linker or ldconfig step failed; the message carries its command and output."""
+
+
+def library_sources(name: str) -> list[Path]:
+    """The C files of an implemented library (``libcuda.so``), linked together into it."""
+    return sorted((SRC / IMPLEMENTED[name]).glob("*.c"))
+
+
+def _run_all(commands: list[list[str]]) -> None:
+    """Run commands concurrently (a build is a few dozen short gcc/ld runs); fail on the first error."""
+    procs = [(cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+             for cmd in commands]
+    failures = []
+    for cmd, proc in procs:
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            failures.append(f"{' '.join(cmd)}\n{output}")
+    if failures:
+        raise BuildError("fake driver build step failed:\n" + "\n".join(failures))
+
+
+def _libc(bits: int) -> str:
+    """The libc.so.6 to link stubs against, so ldconfig tags them libc6 like real driver libraries."""
+    flag = ["-m32"] if bits == 32 else []
+    path = subprocess.run(["gcc", *flag, "-print-file-name=libc.so.6"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    if not os.path.isabs(path):
+        raise BuildError(f"gcc {' '.join(flag)} cannot find libc.so.6 (is gcc-multilib installed?)")
+    return path
+
+
+def _soname(name: str, suffix: str | None, version: str) -> str:
+    return f"{name}.{suffix}" if suffix is not None else f"{name}.{version}"
+
+
+def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[int, Path]) -> None:
+    version = machine["driver_version"]
+    cflags = ["-O1", "-Wall", "-Werror", f"-I{gen}", *INCLUDES]
+    libraries = {name: suffix for group in LIBRARY_GROUPS.values() for name, suffix in group.items()}
+    compiles, stub_links, glcore_links = [], [], []
+    for bits, libdir in dirs.items():
+        libdir.mkdir(parents=True, exist_ok=True)
+        arch = ["-m32"] if bits == 32 else ["-m64"]
+        emulation = ["-m", "elf_i386"] if bits == 32 else ["-m", "elf_x86_64"]
+        libc = _libc(bits)
+        for variant, defines in (("stub", []), ("stub-abi", ["-DFAKE_ABI_NOTE"])):
+            compiles.append(["gcc", *arch, *cflags, "-fPIC", *defines, "-c", str(SRC / "stub.c"),
+                             "-o", str(obj / f"{variant}{bits}.o")])
+        for name, suffix in libraries.items():
+            target = libdir / f"{name}.{version}"
+            soname = _soname(name, suffix, version)
+            sources = library_sources(name) if name in IMPLEMENTED else []
+            if sources:
+                compiles.append(["gcc", *arch, *cflags, "-fPIC", "-shared", "-pthread",
+                                 f"-Wl,-soname,{soname}", *map(str, sources), "-o", str(target)])
+                continue
+            stub = obj / (f"stub-abi{bits}.o" if name in ABI_NOTE_LIBRARIES else f"stub{bits}.o")
+            link = ["ld", *emulation, "-shared", "-soname", soname, "-o", str(target), str(stub), libc]
+            if name in GLCORE_CLIENTS:
+                glcore_links.append(link + [str(libdir / f"libnvidia-glcore.so.{version}")])
+            else:
+                stub_links.append(link)
+    for tool in ("nvidia-smi", "tool"):
+        compiles.append(["gcc", "-m64", *cflags, str(SRC / f"{tool}.c"), "-o", str(obj / tool)])
+    _run_all(compiles)
+    _run_all(stub_links)     # libnvidia-glcore first: the compat GL libraries link against it
+    _run_all(glcore_links)
+
+
+def install_binaries(bin_dir: Path, obj: Path) -> None:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        shutil.copy2(obj / ("nvidia-smi" if name == "nvidia-smi" else "tool"), bin_dir / name)
+
+
+def make_ldcache(root: Path, layout: Layout) -> None:
+    """ld.so.conf as a distribution writes it, then the real ldconfig: soname links and the cache."""
+    conf_d = root / "etc/ld.so.conf.d"
+    conf_d.mkdir(parents=True, exist_ok=True)
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    for name, directories in layout.ld_conf.items():
+        (conf_d / name).write_text("".join(f"{d}\n" for d in directories))
+    result = subprocess.run(["ldconfig", "-r", str(root)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"ldconfig -r {root} failed ({result.returncode}): {result.stderr}")
+

@@ -1,0 +1,223 @@
+/* The fake libcuda's streams on the device timeline, stream memory operations and events. Test double
+ * only. */
+#include "internal.h"
+
+/* ---------------------------------------------------------------- streams and the device timeline */
+
+/* Resolves a stream to its context; the NULL, legacy and per-thread handles mean the current context.
+ * done points at the stream's completion time, or is NULL for a default stream (they wait for the
+ * whole device). */
+CUresult fake_stream_resolve(CUstream s, struct fctx **ctx, uint64_t **done)
+{
+    if (!s || s == STREAM_LEGACY || s == STREAM_PER_THREAD) {
+        *done = NULL;
+        return fake_current_ctx(ctx);
+    }
+    CUresult r = fake_check_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    struct obj *o = fake_handle_find(K_STREAM, s);
+    if (!o)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = o->ctx;
+    *done = &o->done_ns;
+    return CUDA_SUCCESS;
+}
+
+static uint64_t completion_time(const struct fctx *c, const uint64_t *done)
+{
+    return done ? *done : fake_dev[c->dev].busy_until_ns;
+}
+
+/* Queues kernels on the device's in-order timeline. Returns 0 when queued, or the time to sleep until
+ * when the queue is full (the caller drops the lock, sleeps and retries). */
+uint64_t fake_enqueue(int dev, uint64_t *done, uint64_t kernels)
+{
+    struct fdev *d = &fake_dev[dev];
+    uint64_t now = now_ns();
+    uint64_t backlog = MAX_QUEUED_KERNELS * fake_kernel_ns;
+    if (fake_kernel_ns && d->busy_until_ns > now + backlog)
+        return d->busy_until_ns - backlog;
+    uint64_t work = kernels * fake_kernel_ns;
+    uint64_t start = max_u64(now, d->busy_until_ns);
+    d->busy_until_ns = start + work;
+    d->busy_ns += work;
+    d->launches += kernels;
+    if (done)
+        *done = d->busy_until_ns;
+    return 0;
+}
+
+/* Waits until `until`, then trims the device's pools. Called with the lock held; returns with it held. */
+static void wait_and_trim(int dev, uint64_t until)
+{
+    unlock();
+    sleep_until(until);
+    lock();
+    fake_trim_pools(dev);
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    lock();
+    struct fctx *c;
+    CUresult r = fake_current_ctx(&c);
+    if (r == CUDA_SUCCESS)
+        wait_and_trim(c->dev, fake_dev[c->dev].busy_until_ns);
+    unlock();
+    return r;
+}
+
+CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
+{
+    if (!stream || (flags & ~1u))
+        return CUDA_ERROR_INVALID_VALUE;
+    return fake_create_owned(K_STREAM, 0, flags, (void **)stream);
+}
+
+CUresult cuStreamDestroy_v2(CUstream stream) { return fake_destroy(K_STREAM, stream, CUDA_ERROR_INVALID_HANDLE); }
+
+CUresult cuStreamDestroy(CUstream stream) { return cuStreamDestroy_v2(stream); }
+
+CUresult cuStreamSynchronize(CUstream stream)
+{
+    lock();
+    struct fctx *c;
+    uint64_t *done;
+    CUresult r = fake_stream_resolve(stream, &c, &done);
+    if (r == CUDA_SUCCESS)
+        wait_and_trim(c->dev, completion_time(c, done));
+    unlock();
+    return r;
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
+
+CUresult cuStreamQuery(CUstream stream)
+{
+    lock();
+    struct fctx *c;
+    uint64_t *done;
+    CUresult r = fake_stream_resolve(stream, &c, &done);
+    if (r == CUDA_SUCCESS && completion_time(c, done) > now_ns())
+        r = CUDA_ERROR_NOT_READY;
+    unlock();
+    return r;
+}
+
+CUresult cuStreamQuery_ptsz(CUstream stream) { return cuStreamQuery(stream); }
+
+/* Stream memory operations on page-locked host memory. The fake's timeline is fixed when work is
+ * queued, so a wait on a host word holds the calling thread until the word satisfies it (a GPU holds
+ * the stream instead). FAKE_CUDA_NO_STREAM_MEMOPS=1: the device cannot use them. */
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
+{
+    lock();
+    CUresult r = fake_check_init();
+    unlock();
+    return r == CUDA_SUCCESS && (!p || !bytesize || (flags & ~0xfu)) ? CUDA_ERROR_INVALID_VALUE : r;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags)
+{
+    if (!dptr || !p || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dptr = (CUdeviceptr)(uintptr_t)p;   /* unified addressing: the host address */
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)
+{
+    const char *off = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
+    if (off && !strcmp(off, "1"))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    lock();
+    struct fctx *c;
+    uint64_t *done;
+    CUresult r = fake_stream_resolve(stream, &c, &done);
+    unlock();
+    if (r == CUDA_SUCCESS && (!addr || flags))   /* greater-or-equal only */
+        r = CUDA_ERROR_INVALID_VALUE;
+    while (r == CUDA_SUCCESS && (int32_t)(__atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE) - value) < 0)
+        usleep(20);
+    return r;
+}
+
+CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)
+{
+    return cuStreamWaitValue32_v2(stream, addr, value, flags);
+}
+
+/* ---------------------------------------------------------------- events */
+
+CUresult cuEventCreate(CUevent *event, unsigned int flags)
+{
+    if (!event || (flags & ~7u))
+        return CUDA_ERROR_INVALID_VALUE;
+    return fake_create_owned(K_EVENT, 0, flags, (void **)event);
+}
+
+CUresult cuEventRecord(CUevent event, CUstream stream)
+{
+    lock();
+    struct fctx *c;
+    uint64_t *done;
+    struct obj *e;
+    CUresult r = fake_stream_resolve(stream, &c, &done);
+    if (r == CUDA_SUCCESS)
+        r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
+    if (r == CUDA_SUCCESS) {
+        e->done_ns = max_u64(now_ns(), completion_time(c, done));
+        e->recorded = 1;
+    }
+    unlock();
+    return r;
+}
+
+CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) { return cuEventRecord(event, stream); }
+
+CUresult cuEventSynchronize(CUevent event)
+{
+    lock();
+    struct obj *e;
+    CUresult r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
+    if (r == CUDA_SUCCESS && e->recorded)
+        wait_and_trim(e->dev, e->done_ns);
+    unlock();
+    return r;
+}
+
+CUresult cuEventQuery(CUevent event)
+{
+    lock();
+    struct obj *e;
+    CUresult r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
+    if (r == CUDA_SUCCESS && e->recorded && e->done_ns > now_ns())
+        r = CUDA_ERROR_NOT_READY;
+    unlock();
+    return r;
+}
+
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    lock();
+    CUresult r = fake_check_init();
+    struct obj *a = fake_handle_find(K_EVENT, start), *b = fake_handle_find(K_EVENT, end);
+    if (r == CUDA_SUCCESS && (!a || !b || !a->recorded || !b->recorded ||
+                              ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING)))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS && max_u64(a->done_ns, b->done_ns) > now_ns())
+        r = CUDA_ERROR_NOT_READY;
+    if (r == CUDA_SUCCESS)
+        *ms = (float)((double)((int64_t)(b->done_ns - a->done_ns)) / 1e6);
+    unlock();
+    return r;
+}
+
+CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) { return cuEventElapsedTime(ms, start, end); }
+
+CUresult cuEventDestroy_v2(CUevent event) { return fake_destroy(K_EVENT, event, CUDA_ERROR_INVALID_HANDLE); }
+
+CUresult cuEventDestroy(CUevent event) { return cuEventDestroy_v2(event); }
