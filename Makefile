@@ -23,7 +23,7 @@ PYTEST_FLAGS ?=
 # From tests/, so the installed package (with nvc.rpc and nvc.hook) is imported, not the source tree.
 PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
-# prometheus: the exporter's acceptance test runs a server of its own (tests/test_exporter.py).
+# prometheus: the exporter's acceptance test runs a server of its own (tests/test_exporter_collector.py).
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
 	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus lintian
 # Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it

@@ -23,6 +23,7 @@ import prctl
 import pytest
 
 from harness.hookserver import hook_server
+from harness.processes import status as _status
 from nvc import confinement
 from nvc.confinement import CONTAINER_HELPER, DRIVER_HELPER, LDCONFIG_SANDBOX, SERVER_WORKER, STEPS, Confinement
 
@@ -31,11 +32,6 @@ SETS = {"CapBnd": "bounding", "CapPrm": "permitted", "CapEff": "effective", "Cap
 LIMITS = {resource.RLIMIT_CPU: "Max cpu time", resource.RLIMIT_DATA: "Max data size",
           resource.RLIMIT_AS: "Max address space", resource.RLIMIT_NOFILE: "Max open files",
           resource.RLIMIT_FSIZE: "Max file size", resource.RLIMIT_NPROC: "Max processes"}
-
-
-def _status(pid: int) -> dict[str, str]:
-    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
 
 
 def _mask(names: tuple[str, ...]) -> int:

@@ -200,7 +200,7 @@ def test_setup_server_remove(tmp_path: Path, config_file: Path) -> None:
 
 
 def test_setup_server_remove_where_systemd_runs(tmp_path: Path) -> None:
-    """As test_hook_served_default's enable test: systemd "runs" in a private mount namespace, a
+    """As test_hook_served_systemd's enable test: systemd "runs" in a private mount namespace, a
     stand-in systemctl records what it is asked; the socket is stopped and disabled first."""
     record = tmp_path / "systemctl.log"
     systemctl = tmp_path / "systemctl"

@@ -18,3 +18,9 @@ def children() -> set[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == me:
                 found.add(int(entry.name))
     return found
+
+
+def status(pid: int) -> dict[str, str]:
+    """Process ``pid``'s /proc status, by field."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}

@@ -1,6 +1,6 @@
 """A container's shared region and scheduler file with the content the sharing shim writes there
 (native/region.h, native/sched.c: the layouts nvc/share/region.py and sched.py read), or whatever
-else a container may write: for tests/test_exporter.py and bench/exporter."""
+else a container may write: for tests/test_exporter_collector.py and bench/exporter."""
 
 from __future__ import annotations
 

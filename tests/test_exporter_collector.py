@@ -1,14 +1,16 @@
-"""``nvc-py exporter`` (nvc/exporter/): the hook log's reader, the collector over sharing directories
-made as the hook makes them (a live one through the real shim on the fake driver, hostile ones as a
-container may write them), and a real Prometheus server (Debian's ``prometheus``) scraping the
-installed exporter. Test double only: no figure here is a GPU result.
+"""``nvc-py exporter`` (nvc/exporter/): the collector over sharing directories made as the hook makes
+them (a live one through the real shim on the fake driver, hostile ones as a container may write
+them), the hook server's and the device plugin's state, and a real Prometheus server (Debian's
+``prometheus``) scraping the installed exporter. The two tests that run the shim are here together:
+its programs are built once per module (tests/harness/shim.py).
+
+Test double only: no figure here is a GPU result.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -19,138 +21,22 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
 from harness.bundle import make_bundle
-from harness.fakegpus import H100 as GPU0
 from harness.hookserver import hook_server
 from harness.installed import SCRIPTS
 from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture: tmpfs mounts of this test's own)
 from harness.shareregion import Device, Entry, Slot, region_bytes, sched_bytes
 from harness.shim import GIB, MIB, programs, share as shim  # noqa: F401  (fixtures)
-from nvc.exporter import hooklog, unixdiag
-from nvc.exporter.collector import MAX_PROCESSES, Collector, Sources
+from harness.exporter import KEY, sample as _of, samples as _samples, scrape as _scrape, start as _exporter
+from nvc.exporter import unixdiag
+from nvc.exporter.collector import MAX_PROCESSES
 from nvc.k8s import published
 from nvc.apply import sharefiles
 from nvc.plan import share
 from nvc.share.region import SIZE as REGION_SIZE
 
-KEY = GPU0[4:].lower()
-
-
-def _line(**fields: object) -> bytes:
-    return json.dumps({"time": "2025-01-01T00:00:00Z", "stage": "prestart", "container": "c", **fields}).encode()
-
-
-# ---------------------------------------------------------------- the hook's log
-
-@pytest.mark.parametrize(("fields", "start"), [
-    ({"outcome": "configured", "duration_ms": 42.5, "via": "server"}, hooklog.Start("configured", "server", 0.0425)),
-    ({"outcome": "no-gpu", "duration_ms": 3}, hooklog.Start("no-gpu", "direct", 0.003)),
-    ({"outcome": "error", "error": "input error: NVC_SHARE_MEMORY_LIMIT='lots': not a size", "duration_ms": 9},
-     hooklog.Start("refused", "direct", 0.009)),
-    ({"outcome": "error", "error": "requirement error: cuda>=99 not satisfied"}, hooklog.Start("refused", "direct", None)),
-    ({"outcome": "error", "error": "driver error: nvml error: unknown", "duration_ms": "9"},
-     hooklog.Start("failed", "direct", None)),
-    ({"outcome": "crashed", "duration_ms": float("inf")}, hooklog.Start("failed", "direct", None)),
-    ({"outcome": "error", "error": ["input error: not a string"], "duration_ms": -1}, hooklog.Start("failed", "direct", None)),
-    ({"stage": "create-symlinks", "outcome": "done"}, None),
-])
-def test_a_log_line_is_a_start_by_outcome(fields: dict, start: hooklog.Start | None) -> None:
-    assert hooklog.parse_line(_line(**fields)) == start
-
-
-@pytest.mark.parametrize("line", [b"not json", b"[1, 2]", b'{"outcome": "configured"}', _line(outcome="sideways"),
-                                  b"\xff\xfe\x1b[2J", b"[" * 100000])
-def test_junk_is_not_a_start(line: bytes) -> None:
-    with pytest.raises(hooklog.NotHookLine):
-        hooklog.parse_line(line)
-
-
-def _starts(tally: hooklog.Tally) -> dict[tuple[str, str], int]:
-    return {k: n for k, n in tally.starts.items() if n}
-
-
-def test_the_log_is_read_on_across_partial_lines_rotation_truncation_and_junk(tmp_path: Path) -> None:
-    log = tmp_path / "hook.log"
-    tail = hooklog.LogTail(str(log))
-    tail.read()  # no log yet
-    assert not tail.open and _starts(tail.tally) == {}
-    ok = _line(outcome="configured", duration_ms=20) + b"\n"
-    log.write_bytes(ok + b"junk\x1b[2J\n" + ok[:30])  # the last line still being written
-    tail.read()
-    assert _starts(tail.tally) == {("configured", "direct"): 1} and tail.tally.junk == 1
-    with log.open("ab") as f:
-        f.write(ok[30:] + b"x" * (hooklog.MAX_LINE + 10))  # the line's end, then an overlong line's start
-    tail.read()
-    assert _starts(tail.tally) == {("configured", "direct"): 2} and tail.tally.junk == 2
-    with log.open("ab") as f:
-        f.write(b"y" * 100 + b"\n" + _line(outcome="no-gpu") + b"\n")  # the overlong line ends: skipped
-    tail.read()
-    assert _starts(tail.tally) == {("configured", "direct"): 2, ("no-gpu", "direct"): 1} and tail.tally.junk == 2
-    with log.open("ab") as f:  # logrotate: the old file gets a last line after the rename, then a new file
-        os.rename(log, tmp_path / "hook.log.1")
-        f.write(_line(outcome="crashed") + b"\n")
-    log.write_bytes(_line(outcome="configured", via="server", duration_ms=50000) + b"\n")
-    tail.read()
-    assert _starts(tail.tally) == {("configured", "direct"): 2, ("no-gpu", "direct"): 1, ("failed", "direct"): 1,
-                                   ("configured", "server"): 1}
-    assert tail.tally.over["server"] == 1 and tail.tally.seconds["server"] == 50.0
-    os.truncate(log, 0)  # copytruncate
-    log.write_bytes(_line(outcome="no-gpu", via="server", duration_ms=1) + b"\n")
-    tail.read()
-    assert _starts(tail.tally)[("no-gpu", "server")] == 1 and tail.tally.buckets["server"][0] == 1
-    tail.close()
-
-
-def test_a_scrape_reads_a_bounded_part_of_a_long_log(tmp_path: Path) -> None:
-    line = _line(outcome="configured", duration_ms=20) + b"\n"
-    lines = 2 * hooklog.MAX_READ // len(line) + 1
-    log = tmp_path / "hook.log"
-    log.write_bytes(line * lines)
-    tail = hooklog.LogTail(str(log))
-    tail.read()
-    first = tail.tally.starts[("configured", "direct")]
-    assert 0 < first <= hooklog.MAX_READ // len(line)
-    for _ in range(3):
-        tail.read()
-    assert tail.tally.starts[("configured", "direct")] == lines and tail.tally.junk == 0
-    tail.close()
-
-
-def test_a_fifo_at_the_log_path_is_not_read(tmp_path: Path) -> None:
-    os.mkfifo(tmp_path / "hook.log")
-    tail = hooklog.LogTail(str(tmp_path / "hook.log"))
-    tail.read()  # would block on open or read
-    assert not tail.open
-
 
 # ---------------------------------------------------------------- the collector
-
-def _scrape(state: Path, tmp_path: Path, **given: str) -> str:
-    """One scrape's text from a collector over ``state`` (no NVML), as Prometheus gets it."""
-    sources = Sources(str(state), given.get("log", str(tmp_path / "no.log")), given.get("socket", str(tmp_path / "no.sock")),
-                      given.get("plugin", str(tmp_path / "no-plugin.json")))
-    registry = CollectorRegistry()
-    registry.register(Collector(sources, None))
-    return generate_latest(registry).decode()
-
-
-def _samples(text: str) -> dict[tuple[str, frozenset], float]:
-    """Every sample by (name, labels); the text must parse, and no label set may come twice."""
-    found: dict[tuple[str, frozenset], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = (sample.name, frozenset(sample.labels.items()))
-            assert key not in found, f"{key} twice"
-            found[key] = sample.value
-    return found
-
-
-def _of(samples: dict, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
 
 
 def test_a_live_container_its_limits_memory_and_processes(shim, tmp_path: Path) -> None:
@@ -311,75 +197,6 @@ def test_the_device_plugins_file_is_believed_only_from_a_running_plugin(tmp_path
     assert _of(samples, "nvc_py_device_plugin_up") == 0
 
 
-# ---------------------------------------------------------------- the command
-
-def _cli_imports(*args: str) -> set[str]:
-    launcher = Path("/usr/lib/nvc-py/nvc-py-python")
-    interpreter = launcher.read_text().splitlines()[0][2:].split(" ", 1)[0]
-    result = subprocess.run([interpreter, "-IS", "-X", "importtime", str(launcher), *args],
-                            capture_output=True, text=True, check=True)
-    return {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
-
-
-@pytest.mark.parametrize("args", [("exporter", "--help"), ("share", "--help")])
-def test_the_cli_loads_no_prometheus_client_until_the_exporter_runs(args: tuple[str, ...]) -> None:
-    imported = _cli_imports(*args)
-    assert "nvc.exporter.command" in imported
-    assert not {name for name in imported if name.split(".")[0] == "prometheus_client" or
-                name in ("nvc.exporter.collector", "nvc.exporter.serve", "nvc.k8s.published")}
-
-
-@pytest.mark.parametrize(("listen", "message"), [
-    ("9402", "not ADDR:PORT"), ("127.0.0.1:99999", "not ADDR:PORT"), ("localhost:9402", "'localhost' is not an IP"),
-    ("::1:9402", "'::1' is not an IP"), ("unix:relative.sock", "needs an absolute path")])
-def test_bad_listen_addresses_are_refused(listen: str, message: str) -> None:
-    result = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--listen", listen], capture_output=True, text=True,
-                            timeout=30)
-    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
-
-
-def test_a_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "state").write_text("")
-    result = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--state-dir", str(tmp_path / "state")],
-                            capture_output=True, text=True, timeout=30)
-    assert (result.returncode, result.stderr) == (2, f"nvc-py: input error: {tmp_path}/state: --state-dir is not a "
-                                                     f"directory\n")
-
-
-def _exporter(tmp_path: Path, listen: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    """The installed ``nvc-py exporter``, started; and where it says it listens."""
-    proc = subprocess.Popen([str(SCRIPTS / "nvc-py"), "exporter", "--listen", listen, *args],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-    line = proc.stderr.readline()
-    found = re.match(r"nvc-py exporter: listening on (\S+)", line)
-    assert found, (line, proc.poll())
-    return proc, found.group(1)
-
-
-def test_the_exporter_on_a_unix_socket(tmp_path: Path) -> None:
-    import http.client
-
-    path = tmp_path / "exporter.sock"
-    proc, where = _exporter(tmp_path, f"unix:{path}", "--no-nvml", "--state-dir", str(tmp_path / "none"),
-                            "--hook-log", str(tmp_path / "hook.log"))
-    try:
-        assert where == f"unix:{path}" and (os.stat(path).st_mode & 0o777) == 0o660
-
-        class Connection(http.client.HTTPConnection):
-            def connect(self) -> None:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(str(path))
-
-        conn = Connection("localhost")
-        conn.request("GET", "/metrics")
-        text = conn.getresponse().read().decode()
-        assert _of(_samples(text), "nvc_py_share_containers") == 0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
-    assert not path.exists()
-
-
 # ---------------------------------------------------------------- a real Prometheus
 
 def _free_port() -> int:
@@ -504,64 +321,3 @@ def test_prometheus_scrapes_the_exporter(shim, tmp_path: Path) -> None:
     assert codes == [0, 0], (tmp_path / "prometheus.log").read_text()
     with socket.socket() as s:  # nothing listens there any more
         assert s.connect_ex(("127.0.0.1", port)) != 0
-
-
-# ---------------------------------------------------------------- deployment
-
-REPO = Path(__file__).resolve().parent.parent
-DEPLOY = REPO / "deploy"
-
-
-def _exported_names(tmp_path: Path) -> set[str]:
-    """The name of every series the exporter can produce (its families, empty ones included)."""
-    text = _scrape(tmp_path / "none", tmp_path)
-    types = dict(m.groups() for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
-    return {name.removesuffix("_total") + suffix for name, kind in types.items() for suffix in suffixes[kind]}
-
-
-def test_rules_and_dashboard_ask_for_what_the_exporter_serves_and_docs_list_it(tmp_path: Path) -> None:
-    """promtool (Debian's prometheus package) checks the alert rules, and every query of the Grafana
-    dashboard as a recording rule; each nvc_py_ name they use is one the exporter serves; docs/metrics.md
-    lists every metric it serves."""
-    import yaml
-
-    served = _exported_names(tmp_path)
-    rules = DEPLOY / "prometheus" / "nvc-py-alerts.yaml"
-    result = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    dashboard = json.loads((DEPLOY / "grafana" / "nvc-py-dashboard.json").read_text())
-    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    as_rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query{i}", "expr": e.replace("$__rate_interval", "5m").replace("$instance", ".*")}
-        for i, e in enumerate(exprs)]}]}
-    (tmp_path / "dashboard-rules.yaml").write_text(yaml.safe_dump(as_rules))
-    result = subprocess.run(["promtool", "check", "rules", str(tmp_path / "dashboard-rules.yaml")],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    used = set(re.findall(r"\bnvc_py_\w+", rules.read_text() + "\n".join(exprs)))
-    assert used and used <= served, used - served
-    docs = (REPO / "docs" / "metrics.md").read_text()
-    documented = set(re.findall(r"`(nvc_py_\w+)`", docs))
-    families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in served}
-    assert families <= documented and documented <= families | served, (families ^ documented)
-
-
-def test_the_systemd_unit_and_the_service_monitor(tmp_path: Path) -> None:
-    import yaml
-
-    unit = (DEPLOY / "systemd" / "nvc-py-exporter.service").read_text()
-    (exec_start,) = [line.partition("=")[2].split() for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert exec_start[:2] == ["/usr/lib/nvc-py/nvc-py", "exporter"]
-    help_text = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--help"], capture_output=True, text=True,
-                               check=True).stdout
-    assert {a for a in exec_start if a.startswith("--")} <= set(help_text.split())
-    service, monitor = yaml.safe_load_all((DEPLOY / "kubernetes" / "nvc-py-exporter-monitoring.yaml").read_text())
-    daemonset = yaml.safe_load((DEPLOY / "kubernetes" / "nvc-py-device-plugin.yaml").read_text())
-    pod = daemonset["spec"]["template"]
-    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", ())}
-    assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
-    assert monitor["kind"] == "ServiceMonitor"
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}

@@ -1,4 +1,5 @@
-"""The helper protocol, the generic forked helper and the NVML driver helper, as real processes.
+"""The generic forked helper, as real processes: confined, its errors, its start (waited, unwaited,
+preforked), its end (killed, exit status, timeout, shutdown, its parent's death).
 
 Hardening is read back from /proc while the helper serves, not assumed from the code.
 """
@@ -7,118 +8,26 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import prctl
 import pytest
 
 from harness.processes import children as _children
+from harness.processes import status as _status
+from harness.helperroot import jail  # noqa: F401  (fixture)
 from nvc import errors
-from nvc.rpc import helper, protocol
-from nvc.confinement import CONTAINER_HELPER, DRIVER_HELPER, confine
-from nvc.devices import DriverSnapshot
-from nvc.rpc.driver_service import brand_name, bus_id, open_driver, overflow_ids, snapshot_from_wire
+from nvc.rpc import helper
+from nvc.confinement import DRIVER_HELPER, confine
 from nvc.rpc.helper import HelperClient
 
+
 TEST_UID, TEST_GID = 12345, 23456
-
-
-# ---- protocol -----------------------------------------------------------------------------
-
-
-def _payloads(data: bytes) -> Iterator[bytes]:
-    """The payloads a reader gets from a peer that sent ``data`` and closed: the real reader,
-    :func:`protocol.recv_payload`, over a socketpair, until the clean end of the stream."""
-    ours, theirs = socket.socketpair()
-    with ours, theirs:
-        theirs.sendall(data)
-        theirs.shutdown(socket.SHUT_WR)
-        while True:
-            try:
-                yield protocol.recv_payload(ours, time.monotonic() + 5)
-            except protocol.EndOfStream:
-                return
-
-
-def test_request_and_responses_round_trip() -> None:
-    messages = [
-        protocol.Request(7, "snapshot", {"a": [1, "ü"]}),
-        protocol.Response(7, result={"gpus": [], "v": None}),
-        protocol.Response(8, error=protocol.RemoteError("driver", "nvml error: gpu is lost", 15)),
-    ]
-    payloads = list(_payloads(b"".join(protocol.encode(m) for m in messages)))
-    assert len(payloads) == 3
-    assert protocol.decode_request(payloads[0]) == messages[0]
-    assert [protocol.decode_response(p) for p in payloads[1:]] == messages[1:]
-
-
-def test_frame_is_length_prefixed_compact_json() -> None:
-    frame = protocol.encode(protocol.Request(1, "m"))
-    payload = b'{"v":1,"id":1,"method":"m","params":{}}'
-    assert frame == len(payload).to_bytes(4, "big") + payload
-
-
-@pytest.mark.parametrize("cut", [3, 4, 10])
-def test_truncated_frames_are_reported(cut: int) -> None:
-    frame = protocol.encode(protocol.Request(1, "snapshot"))
-    with pytest.raises(protocol.TruncatedFrame, match="connection closed after"):
-        list(_payloads(frame[:cut]))
-    assert list(_payloads(b"")) == []  # closed between frames: the clean end
-
-
-def test_oversized_frames_are_refused_both_ways() -> None:
-    with pytest.raises(protocol.ProtocolError, match="exceeds"):
-        protocol.encode(protocol.Response(1, result="x" * protocol.MAX_FRAME))
-    with pytest.raises(protocol.ProtocolError, match="exceeds"):
-        list(_payloads((protocol.MAX_FRAME + 1).to_bytes(4, "big") + b"{}"))
-
-
-@pytest.mark.parametrize(
-    ("payload", "complaint"),
-    [
-        (b"{not json", "malformed payload"),
-        (b"[1]", "not an object"),
-        (b'{"v":2,"id":1,"result":0}', "protocol version 2"),
-        (b'{"v":1,"id":"1","result":0}', "not an integer"),
-        (b'{"v":1,"id":1,"result":0,"error":{}}', "exactly one"),
-        (b'{"v":1,"id":1,"error":{"kind":"driver"}}', "malformed error"),
-    ],
-)
-def test_bad_responses_are_refused(payload: bytes, complaint: str) -> None:
-    with pytest.raises(protocol.ProtocolError, match=complaint):
-        protocol.decode_response(payload)
-
-
-def test_bad_requests_are_refused() -> None:
-    with pytest.raises(protocol.ProtocolError, match="string method"):
-        protocol.decode_request(b'{"v":1,"id":1,"method":3,"params":{}}')
-
-
-def test_socket_helpers_tell_clean_close_from_truncation_and_timeout() -> None:
-    a, b = socket.socketpair()
-    with a, b:
-        protocol.send_message(a, protocol.Request(1, "x"), time.monotonic() + 1)
-        assert protocol.decode_request(protocol.recv_payload(b, time.monotonic() + 1)).method == "x"
-        start = time.monotonic()
-        with pytest.raises(TimeoutError):
-            protocol.recv_payload(b, start + 0.1)
-        assert 0.09 < time.monotonic() - start < 1
-        a.sendall(protocol.encode(protocol.Request(2, "y"))[:6])
-        a.shutdown(socket.SHUT_WR)
-        with pytest.raises(protocol.TruncatedFrame, match="after 2 of"):
-            protocol.recv_payload(b, time.monotonic() + 1)
-    c, d = socket.socketpair()
-    with c, d:
-        c.close()
-        with pytest.raises(protocol.EndOfStream):
-            protocol.recv_payload(d, time.monotonic() + 1)
 
 
 # ---- generic helper -----------------------------------------------------------------------
@@ -145,20 +54,6 @@ def _test_service(root: str) -> dict:
         "unencodable": lambda: {1, 2},
         "shutdown": shutdown,
     }
-
-
-def _status(pid: int) -> dict[str, str]:
-    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
-
-
-@pytest.fixture
-def jail(tmp_path: Path) -> Path:
-    """An empty directory the unprivileged helper can write to, as its root."""
-    root = tmp_path / "root"
-    root.mkdir(mode=0o777)
-    root.chmod(0o777)
-    return root
 
 
 @pytest.fixture
@@ -398,135 +293,3 @@ def test_helper_dies_with_its_parent(confined: bool) -> None:
         assert os.WTERMSIG(reaped[1]) == signal.SIGKILL
     finally:
         prctl.set_child_subreaper(0)
-
-
-# ---- driver helper ------------------------------------------------------------------------
-
-
-def test_brand_names_follow_nvml_values() -> None:
-    import pynvml
-
-    assert brand_name(pynvml, pynvml.NVML_BRAND_NVIDIA) == "Nvidia"
-    assert brand_name(pynvml, 0) == "Unknown"
-    assert brand_name(pynvml, 2) == "Tesla"
-    assert brand_name(pynvml, 11) == "CloudGaming"
-    assert brand_name(pynvml, 16) == "TitanRTX"
-    assert brand_name(pynvml, pynvml.NVML_BRAND_NVIDIA_NPU) == "Unknown"
-
-
-def test_bus_id_is_normalised() -> None:
-    assert bus_id(0, 0x3B, 0) == "00000000:3B:00.0"
-    assert bus_id(0x10000, 0xA, 0x1F) == "00010000:0A:1F.0"
-
-
-def test_snapshot_from_wire_builds_records() -> None:
-    gpu = {
-        "index": 0, "minor": 3, "model": "M", "brand": "Tesla", "uuid": "GPU-1", "bus_id": "00000000:01:00.0",
-        "architecture": "8.0", "memory_total": 5, "mig_enabled": True,
-        "mig_devices": [{"index": 0, "gpu_instance_id": 1, "compute_instance_id": 0, "uuid": "MIG-1",
-                         "memory_total": 2}],
-    }  # fmt: skip
-    snap = snapshot_from_wire({"driver_version": "1.2", "cuda_version": 12040, "gpus": [gpu]})
-    assert isinstance(snap, DriverSnapshot) and snap.cuda_version == 12040
-    (only,) = snap.gpus
-    assert only.minor == 3 and only.mig_devices[0].uuid == "MIG-1" and only.mig_devices[0].gi_caps_path is None
-
-
-def test_overflow_ids_are_the_kernel_values() -> None:
-    assert overflow_ids() == (
-        int(Path("/proc/sys/kernel/overflowuid").read_text()),
-        int(Path("/proc/sys/kernel/overflowgid").read_text()),
-    )
-
-
-def test_root_without_nvml_is_an_initialization_error(jail: Path) -> None:
-    before = _children()
-    with pytest.raises(errors.InitializationError) as caught:
-        with open_driver(root=str(jail)):
-            pass
-    assert str(caught.value).startswith("initialization error: load library failed: libnvidia-ml.so.1: ")
-    assert "cannot open shared object file" in str(caught.value)
-    assert _children() == before
-
-
-def test_snapshot_of_the_two_gpu_mig_machine(active_2gpu) -> None:
-    root = str(active_2gpu.root)
-    with open_driver(root=root) as driver:
-        status = _status(driver.pid)
-        assert status["CapEff"] == status["CapPrm"] == status["CapBnd"] == "0000000000000000"
-        assert status["NoNewPrivs"] == "1"
-        assert status["Uid"].split() == [str(overflow_ids()[0])] * 4
-        assert Path(f"/proc/{driver.pid}/comm").read_text() == "nvc:[driver]\n"
-        assert os.readlink(f"/proc/{driver.pid}/root") == os.path.realpath(root)
-        snap = driver.snapshot()
-        pid = driver.pid
-    assert not Path(f"/proc/{pid}").exists()
-
-    machine = active_2gpu.machine
-    assert snap.driver_version == machine["driver_version"] == "580.95.05"
-    assert snap.cuda_version == 13000
-    assert [g.index for g in snap.gpus] == [0, 1]
-    for gpu, described in zip(snap.gpus, machine["gpus"]):
-        assert (gpu.minor, gpu.model, gpu.uuid, gpu.bus_id, gpu.architecture) == (
-            described["minor"],
-            described["name"],
-            described["uuid"],
-            described["pci_bus_id"],
-            described["compute_capability"],
-        )
-        assert gpu.brand == "Nvidia"
-    h100, a100 = snap.gpus
-    assert h100.memory_total == 80 << 30 and not h100.mig_enabled and h100.mig_devices == ()
-    assert a100.mig_enabled and a100.memory_total == 40 << 30
-    assert [(m.index, m.gpu_instance_id, m.compute_instance_id, m.memory_total) for m in a100.mig_devices] == [
-        (0, 1, 0, 10 << 30),
-        (1, 2, 0, 20 << 30),
-    ]
-    assert [m.uuid for m in a100.mig_devices] == [d["uuid"] for d in machine["gpus"][1]["mig"]["devices"]]
-
-
-def test_a_prestarted_helper_is_taken_for_the_same_options_only(active_2gpu) -> None:
-    """The hook server's idle workers start NVML ahead (driver_service.prestart); a call asking for
-    the same root and user takes that helper, any other gets a new one and the first is closed."""
-    from nvc.rpc import driver_service
-
-    root = str(active_2gpu.root)
-    driver_service.prestart(root=root)
-    ahead = driver_service._ahead.kept.pid
-    with open_driver(root=root) as driver:
-        assert driver.pid == ahead and len(driver.snapshot().gpus) == 2
-    assert not Path(f"/proc/{ahead}").exists()
-    driver_service.prestart(root=root, user=(12345, 12345))
-    other = driver_service._ahead.kept.pid
-    with open_driver(root=root) as driver:
-        assert driver.pid != other and len(driver.snapshot().gpus) == 2
-        assert not Path(f"/proc/{other}").exists()  # closed and reaped
-
-
-def _status(pid: int) -> dict[str, str]:
-    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    return {key: value.strip() for key, value in (line.split(":", 1) for line in lines)}
-
-
-def test_a_prestarted_container_helper_is_confined_before_any_call_and_taken_once() -> None:
-    """The hook server's idle workers fork the container helper ahead (container_service.prestart):
-    before any call it holds only the mount capabilities, none effective, with NO_NEW_PRIVS; the
-    next open_container takes it (no fork on the call's path), the one after forks its own."""
-    from nvc.rpc import container_service
-
-    container_service.prestart()
-    ahead = container_service._ahead.kept.pid
-    bounding = sum(1 << getattr(prctl, f"CAP_{name.upper()}") for name in CONTAINER_HELPER.permitted)
-    deadline = time.monotonic() + 5
-    while _status(ahead)["NoNewPrivs"] != "1":
-        assert time.monotonic() < deadline, "the prestarted helper never confined itself"
-        time.sleep(0.01)
-    status = _status(ahead)
-    assert status["Name"] == "nvc:[container]"
-    assert int(status["CapBnd"], 16) == bounding and int(status["CapPrm"], 16) == bounding
-    assert int(status["CapEff"], 16) == 0 and int(status["CapInh"], 16) == 0
-    with container_service.open_container() as taken:
-        assert taken.helper.pid == ahead
-        with container_service.open_container() as another:
-            assert another.helper.pid != ahead
-    assert not Path(f"/proc/{ahead}").exists()  # shut down and reaped

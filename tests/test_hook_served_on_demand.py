@@ -1,6 +1,6 @@
-"""Served by default: the hook server started by systemd's socket unit or on demand by the native
-front, set up by ``nvc-py setup``, limited to the hook's commands, isolated from the caller's Python
-environment, and out of pip's reach.
+"""Served by default, on demand: the native front starts one hook server per host (a storm of first
+calls starts exactly one), only from PID 1's namespaces and only in a trusted directory; a killed,
+stopped or silent server loses no call and is replaced; an idle one stops.
 
 Every server here runs in the test's private mount namespace with its socket in the test's temporary
 directory; the on-demand ones are told (NVC_PY_HOST_PID) that this test process stands for the
@@ -12,80 +12,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
-from harness.bundle import make_bundle
-from harness.hookcalls import call_directly
-from harness.hookfixtures import default_run_dir, served  # noqa: F401  (fixtures)
-from harness.hookserver import LIBDIR, REPO, hook_server
-from harness.installed import FRONT, HOOK
+from harness.hookserver import LIBDIR, hook_server
+from harness.installed import HOOK
+from harness.ondemand import STORM, log_lines, prestart, servers
+from harness.ondemand import no_gpu_state  # noqa: F401  (fixture)
 from nvc.hook import handover
-
-STORM = 32
-
-
-def servers(sock: Path) -> list[int]:
-    """Pids of the ``nvc-py-hook serve`` processes of ``sock`` (not their workers, forked from them)."""
-    wanted = f"\0serve\0--socket\0{sock}\0".encode()
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and wanted in (entry / "cmdline").read_bytes():
-                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return sorted(pid for pid, parent in found.items() if parent not in found)
-
-
-def kill_servers(sock: Path) -> None:
-    for pid in servers(sock):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10
-    while servers(sock) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def no_gpu_state(active_2gpu, debian_rootfs: Path, tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
-    """The environment of a hook that reaches an on-demand server in tmp_path/run (this process's
-    namespaces and cgroups stand for the host's), and a bundle asking for no GPU; servers that
-    the test's calls started are killed at the end."""
-    sock = tmp_path / "run" / "hook.sock"
-    config = tmp_path / "config.yaml"
-    config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config), handover.SOCKET_ENV: str(sock),
-           "NVC_PY_HOST_PID": str(os.getpid())}
-    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"])
-    try:
-        yield env, bundle
-    finally:
-        kill_servers(sock)
-
-
-def prestart(env: dict[str, str], bundle: Path, name: str, *wrapper: str, **popen) -> subprocess.CompletedProcess[str]:
-    """``nvc-py-hook prestart`` through the installed front, as a runtime runs it (through ``wrapper``)."""
-    state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle),
-                        "status": "creating"})
-    return subprocess.run([*wrapper, str(LIBDIR / "nvc-py-hook"), "prestart"], input=state, capture_output=True,
-                          text=True, env=env, timeout=60, **popen)
-
-
-def log_lines(env: dict[str, str]) -> list[dict]:
-    path = Path(env["NVC_PY_CONFIG"]).with_name("hook.log")
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_a_storm_of_first_calls_starts_exactly_one_server(no_gpu_state) -> None:
@@ -417,200 +358,3 @@ def test_a_runtime_that_adopts_the_on_demand_server_is_not_held(no_gpu_state) ->
     assert not servers(sock) and not sock.exists()
     log = sock.with_name("server.log").read_text()
     assert "no call for 0.5 s: stopping (pid " in log and "adopted this server" in log, log
-
-
-def systemd_socket(path: Path, kind: int = socket.SOCK_SEQPACKET) -> socket.socket:
-    """A listening socket as systemd's socket unit makes it."""
-    path.parent.mkdir(mode=0o700)
-    sock = socket.socket(socket.AF_UNIX, kind)
-    sock.bind(str(path))
-    sock.listen(16)
-    return sock
-
-
-def activated(fd: int) -> list[str]:
-    """A wrapper that hands the server ``fd`` as systemd does: as fd 3, LISTEN_PID its pid."""
-    move = "" if fd == 3 else f"exec 3<&{fd} {fd}<&-; "
-    return ["bash", "-c", f'{move}LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"', "bash"]
-
-
-def test_a_socket_activated_server_serves_the_inherited_socket(active_2gpu, tmp_path: Path) -> None:
-    path = tmp_path / "run" / "hook.sock"
-    listening = systemd_socket(path)
-    with listening, hook_server(HOOK, tmp_path / "unused.sock", activated(listening.fileno()),
-                                (listening.fileno(),)) as proc:
-        result = subprocess.run([str(FRONT), "--root", str(active_2gpu.root), "--debug", str(tmp_path / "debug.log"),
-                                 "list"], capture_output=True, text=True, env={handover.SOCKET_ENV: str(path)},
-                                timeout=30)
-        assert result.returncode == 0, result.stderr
-        pids = {int(line.split()[2]) for line in (tmp_path / "debug.log").read_text().splitlines()
-                if line[:1] in "DI"}
-        assert pids and os.getpid() not in pids and proc.pid not in pids  # a worker's
-    assert proc.returncode == 0 and path.exists()  # systemd's socket: not unlinked, never bound here
-    assert not (tmp_path / "unused.sock").exists()
-
-
-@pytest.mark.parametrize("kind", [socket.SOCK_STREAM, socket.SOCK_DGRAM])
-def test_a_socket_activated_server_refuses_another_kind_of_socket(active_2gpu, tmp_path: Path, kind: int) -> None:
-    path = tmp_path / "run" / "hook.sock"
-    sock = socket.socket(socket.AF_UNIX, kind)
-    path.parent.mkdir(mode=0o700)
-    sock.bind(str(path))
-    with sock:
-        result = subprocess.run([*activated(sock.fileno()), str(HOOK), "serve", "--socket", str(path)],
-                                capture_output=True, text=True, pass_fds=(sock.fileno(),), timeout=60)
-    assert result.returncode == 2
-    assert result.stderr.endswith("fd 3 from systemd: not a listening AF_UNIX SOCK_SEQPACKET socket\n")
-
-
-@pytest.mark.parametrize("argv", [
-    ["/x/nvc-py", "setup", "podman", "--hooks-dir", "{tmp}/hooks.d"],
-    ["/x/nvc-py", "--root", "/", "config", "show"],
-    ["/x/nvc-py", "share", "status"],
-    ["/x/nvc-py", "-V"],
-    ["/x/nvc-py", "--bogus", "info"],
-    ["/x/nvc-py", "--root", "/", "hook", "prestart"],
-    ["/x/nvc-py-hook", "bogus"],
-], ids=["setup", "config", "share", "version", "unknown-option", "cli-hook", "hook-usage"])
-def test_the_server_runs_only_the_hook_and_read_only_commands(served: Path, tmp_path: Path, argv: list[str]) -> None:
-    """Anything but the hook's stages and configure/info/list is the caller's to run, as itself."""
-    answers, err = call_directly(served, [word.format(tmp=tmp_path) for word in argv])
-    assert (answers, err) == ([b"fall back"], "")
-    assert not (tmp_path / "hooks.d").exists()
-
-
-def test_the_server_runs_list_info_and_the_hook(active_2gpu, served: Path) -> None:
-    root = str(active_2gpu.root)
-    for argv in (["/x/nvc-py", "-r", root, "list"], ["/x/nvc-py", f"--root={root}", "info", "--csv"],
-                 ["/x/nvc-py-hook", "poststart"]):
-        assert call_directly(served, argv) == ([b"ready", b"exit 0"], ""), argv
-
-
-def setup_podman(tmp_path: Path, *args: str, wrap: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "config.yaml").touch()  # setup refuses a configuration file the hooks could not read
-    command = [*wrap, str(FRONT), "setup", "podman", "--hooks-dir", str(tmp_path / "hooks.d"),
-               "--config", str(tmp_path / "config.yaml"), *args]
-    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=60)
-
-
-def test_setup_podman_writes_the_socket_unit(tmp_path: Path) -> None:
-    out = setup_podman(tmp_path, "--unit-dir", str(tmp_path / "units")).stdout.splitlines()
-    socket_unit, service = tmp_path / "units" / "nvc-py-hook.socket", tmp_path / "units" / "nvc-py-hook.service"
-    assert out[2:] == [f"wrote {socket_unit}", f"wrote {service}",
-                       "not enabled (systemd is not running): systemctl enable --now nvc-py-hook.socket"]
-    lines = socket_unit.read_text().splitlines()
-    for line in ("ListenSequentialPacket=/run/nvc-py/hook.sock", "SocketMode=0600", "DirectoryMode=0700",
-                 "SocketUser=root", "SocketGroup=root", "WantedBy=sockets.target"):
-        assert line in lines
-    assert "Requires=nvc-py-hook.socket" in service.read_text().splitlines()
-    assert not (tmp_path / "no-server").exists()
-
-
-def test_setup_podman_where_systemd_runs_enables_the_socket(tmp_path: Path) -> None:
-    """systemd "runs" in a private mount namespace: /run/systemd/system and the system's unit
-    directory are tmpfs there; the systemctl run is a stand-in that records its arguments."""
-    record = tmp_path / "systemctl.log"
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
-    systemctl.chmod(0o755)
-    wrap = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && '
-            'mount -t tmpfs tmpfs /etc/systemd/system && "$@" && cat /etc/systemd/system/nvc-py-hook.socket', "sh")
-    out = setup_podman(tmp_path, "--systemctl", str(systemctl), wrap=wrap).stdout
-    assert "wrote /etc/systemd/system/nvc-py-hook.socket\nwrote /etc/systemd/system/nvc-py-hook.service\n" \
-           "enabled and started nvc-py-hook.socket\n" in out
-    assert "ListenSequentialPacket=/run/nvc-py/hook.sock\n" in out
-    assert record.read_text() == "daemon-reload\nenable --now nvc-py-hook.socket\ntry-restart nvc-py-hook.service\n"
-    assert not Path("/etc/systemd/system/nvc-py-hook.socket").exists()
-
-
-def test_setup_podman_no_server(tmp_path: Path) -> None:
-    out = setup_podman(tmp_path, "--no-server", "--unit-dir", str(tmp_path / "units")).stdout.splitlines()
-    assert out[2:] == [f"wrote {tmp_path / 'no-server'}"] and not (tmp_path / "units").exists()
-    out = setup_podman(tmp_path).stdout.splitlines()  # served again: the hooks may start a server
-    assert out[2:] == ["systemd is not running: no units written (the hook client starts the server on demand)",
-                       f"removed {tmp_path / 'no-server'}"]
-
-
-SHADOWS = ("json", "yaml", "click", "elftools", "nvc")
-
-
-@pytest.fixture
-def hostile_python_env(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
-    """A caller's environment whose PYTHONPATH holds modules named like nvc-py's imports (each leaves
-    a marker when imported), with PYTHONHOME and PYTHONSTARTUP that would break or hijack Python."""
-    evil, marker = tmp_path / "evil", tmp_path / "imported"
-    for name in SHADOWS:
-        (evil / name).mkdir(parents=True)
-        (evil / name / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
-    (tmp_path / "startup.py").write_text(f"open({str(marker)!r}, 'a').write('startup\\n')\n")
-    yield {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(evil), "PYTHONHOME": str(evil),
-           "PYTHONSTARTUP": str(tmp_path / "startup.py"), "PYTHONUSERBASE": str(evil)}, marker
-
-
-@pytest.mark.parametrize("how", ["front-served", "front-direct", "python-program"])
-def test_pythonpath_of_the_caller_is_never_imported(active_2gpu, served: Path, hostile_python_env, how: str) -> None:
-    env, marker = hostile_python_env
-    env = {**env, handover.SOCKET_ENV: str(served) if how == "front-served" else str(served) + ".absent"}
-    program = LIBDIR / ("nvc-py-python" if how == "python-program" else "nvc-py")
-    result = subprocess.run([str(program), "--root", str(active_2gpu.root), "info", "--json"], capture_output=True,
-                            text=True, env=env, timeout=60)
-    assert (result.returncode, result.stderr) == (0, "")
-    assert json.loads(result.stdout)["devices"]
-    assert not marker.exists(), marker.read_text()
-
-
-def test_pythonpath_reaches_neither_the_hook_nor_the_runtime(no_gpu_state, hostile_python_env) -> None:
-    (env, bundle), (hostile, marker) = no_gpu_state, hostile_python_env
-    hook = prestart({**env, **hostile, "NVC_PY_HOST_PID": "0"}, bundle, "hostile")  # no server: the Python hook
-    assert (hook.returncode, hook.stderr) == (0, "") and "via" not in log_lines(env)[-1]
-    for program in (LIBDIR / "nvc-py-runtime", HOOK.with_name("nvc-py-runtime")):  # the console script links to it
-        runtime = subprocess.run([str(program), "--version"], capture_output=True, text=True,
-                                 env={**hostile, "NVC_PY_CONFIG": env["NVC_PY_CONFIG"]}, timeout=60)
-        assert runtime.returncode == 0 and "version" in runtime.stdout, runtime.stderr
-        assert program.read_text().splitlines()[0].endswith(" -IS")
-    assert not marker.exists(), marker.read_text()
-
-
-def test_pip_reinstall_leaves_the_registered_hook_served(default_run_dir: Path, no_gpu_state,  # noqa: F811
-                                                         tmp_path: Path) -> None:
-    """pip rewrites its console scripts at every install; the hooks.d entry names make install's front
-    in /usr/lib/nvc-py, which pip never writes, so the hook is still handed to the server."""
-    env, bundle = no_gpu_state
-    setup_podman(tmp_path)
-    entry = json.loads((tmp_path / "hooks.d" / "oci-nvc-py-hook.json").read_text())["hook"]
-    try:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                        "--no-build-isolation", "--force-reinstall", str(REPO)], check=True, capture_output=True,
-                       cwd=tmp_path, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=300)
-        assert HOOK.read_bytes()[:2] == b"#!"  # pip's Python console script again
-        assert Path(entry["path"]).read_bytes()[:4] == b"\x7fELF"
-        with hook_server(HOOK, Path(handover.DEFAULT_SOCKET)):
-            state = json.dumps({"ociVersion": "1.0.2", "id": "after-pip", "pid": os.getpid(), "bundle": str(bundle),
-                                "status": "creating"})
-            result = subprocess.run([entry["path"], *entry["args"][1:]], executable=entry["path"], input=state,
-                                    capture_output=True, text=True, env=dict(e.split("=", 1) for e in entry["env"]),
-                                    timeout=60)
-        assert (result.returncode, result.stderr) == (0, "")
-        assert log_lines(env)[-1] == {**log_lines(env)[-1], "container": "after-pip", "via": "server"}
-    finally:
-        subprocess.run(["make", "-C", str(REPO), "--no-print-directory", "fronts"], check=True, capture_output=True)
-    assert HOOK.read_bytes()[:4] == b"\x7fELF"
-
-
-def test_setup_containerd_sets_up_the_server_for_the_runtimes_configuration(tmp_path: Path) -> None:
-    """The runtime's hooks read $NVC_PY_CONFIG (else the default file): the no-server file goes beside it."""
-    env = {**os.environ, "NVC_PY_CONFIG": str(tmp_path / "nvc" / "config.yaml")}
-
-    def setup(*args: str) -> list[str]:
-        return subprocess.run([str(FRONT), "setup", "containerd", "--config", str(tmp_path / "config.toml"),
-                               "--drop-in", str(tmp_path / "drop-in.toml"), *args], capture_output=True, text=True,
-                              check=True, env=env, timeout=60).stdout.splitlines()[2:]
-
-    assert setup("--no-server") == [f"wrote {tmp_path / 'nvc' / 'no-server'}"]
-    units = tmp_path / "units"
-    assert setup("--unit-dir", str(units)) == [
-        f"wrote {units / 'nvc-py-hook.socket'}", f"wrote {units / 'nvc-py-hook.service'}",
-        "not enabled (systemd is not running): systemctl enable --now nvc-py-hook.socket",
-        f"removed {tmp_path / 'nvc' / 'no-server'}"]
-    assert f"Environment=NVC_PY_CONFIG={tmp_path / 'nvc' / 'config.yaml'}" in (units / "nvc-py-hook.service").read_text()

@@ -1,0 +1,77 @@
+"""The hook server started on demand by the native front, as the served-by-default tests drive it
+(tests/test_hook_served_*.py): a hook's environment that reaches a server in the test's own
+directory, a bundle asking for no GPU, prestart through the installed front, the hook's log, and the
+servers of a socket (killed at the end of the test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_bundle
+from harness.hookserver import LIBDIR
+from nvc.hook import handover
+
+
+STORM = 32
+
+
+def servers(sock: Path) -> list[int]:
+    """Pids of the ``nvc-py-hook serve`` processes of ``sock`` (not their workers, forked from them)."""
+    wanted = f"\0serve\0--socket\0{sock}\0".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and wanted in (entry / "cmdline").read_bytes():
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return sorted(pid for pid, parent in found.items() if parent not in found)
+
+
+def kill_servers(sock: Path) -> None:
+    for pid in servers(sock):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while servers(sock) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def no_gpu_state(active_2gpu, debian_rootfs: Path, tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+    """The environment of a hook that reaches an on-demand server in tmp_path/run (this process's
+    namespaces and cgroups stand for the host's), and a bundle asking for no GPU; servers that
+    the test's calls started are killed at the end."""
+    sock = tmp_path / "run" / "hook.sock"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config), handover.SOCKET_ENV: str(sock),
+           "NVC_PY_HOST_PID": str(os.getpid())}
+    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"])
+    try:
+        yield env, bundle
+    finally:
+        kill_servers(sock)
+
+
+def prestart(env: dict[str, str], bundle: Path, name: str, *wrapper: str, **popen) -> subprocess.CompletedProcess[str]:
+    """``nvc-py-hook prestart`` through the installed front, as a runtime runs it (through ``wrapper``)."""
+    state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle),
+                        "status": "creating"})
+    return subprocess.run([*wrapper, str(LIBDIR / "nvc-py-hook"), "prestart"], input=state, capture_output=True,
+                          text=True, env=env, timeout=60, **popen)
+
+
+def log_lines(env: dict[str, str]) -> list[dict]:
+    path = Path(env["NVC_PY_CONFIG"]).with_name("hook.log")
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
