@@ -55,9 +55,14 @@ def helpers() -> set[int]:
 
 
 def _served(proc: Path) -> bool:
-    """Whether the process of ``proc`` descends from an ``nvc-py-hook serve``."""
+    """Whether the process of ``proc`` descends from an ``nvc-py-hook serve`` (within 8 generations:
+    the walk stops at init, whose parent 0 has no /proc entry; a chain of fewer generations, as when
+    the suite's shell was re-parented to init, must not read as an error that hides the process)."""
     for _ in range(8):
-        proc = Path(f"/proc/{(proc / 'stat').read_text().rpartition(') ')[2].split()[1]}")
+        parent = (proc / "stat").read_text().rpartition(") ")[2].split()[1]
+        if parent == "0":
+            return False
+        proc = Path(f"/proc/{parent}")
         if b"\0serve\0" in (proc / "cmdline").read_bytes():
             return True
     return False

@@ -288,8 +288,10 @@ def test_weighted_transformer_steps_share_by_weight_and_keep_the_gpu_busy(tmp_pa
     """Two transformer training steps (tests/gpu/torch_models.py) started together, weights 1 and 3, against
     the same two with no shim in the same test: each one's part of their summed throughput (each as a
     share of one alone) is its weight's, and the sum at least 90 % of the no-shim pair's. The contract
-    is ±5 points and 95 %; the measured limit on the H100 (native/README.md): parts 30.5 / 69.5, sum
-    97 % of the no-shim pair's, so the parts are held to 8 points here."""
+    is ±5 points and 95 %; the measured limit on the H100 (native/README.md): parts 30.5-30.7 / 69.3-69.5,
+    sum 97 % of the no-shim pair's, so the parts are held to 8 points here. Not always: of five runs on
+    2026-11-24 one failed it (in a whole `make test-gpu`, its figures not kept; the two reruns right after
+    gave 30.7 / 69.3) and `bench/share`'s pairs have moved by up to 10 points (issue #27, open)."""
     if not Path(sharegpu.TORCH_PYTHON).exists():
         pytest.skip("no PyTorch interpreter")
     alone = sharegpu.torch_result(sharegpu.torch_run("transformer", sharegpu.shim_env(None), 6))[0]
@@ -299,8 +301,9 @@ def test_weighted_transformer_steps_share_by_weight_and_keep_the_gpu_busy(tmp_pa
     parts = [100 * s / sum(shared) for s in shared]
     print(f"transformer 1:3: no shim {native[0]:.1f} + {native[1]:.1f} = {sum(native):.1f} %; "
           f"nvc {shared[0]:.1f} + {shared[1]:.1f} = {sum(shared):.1f} % (parts {parts[0]:.1f} / {parts[1]:.1f})")
-    assert abs(parts[0] - 25) <= 8
-    assert sum(shared) >= 0.9 * sum(native)
+    figures = f"parts {parts[0]:.1f} / {parts[1]:.1f}, sum {sum(shared):.1f} % against {sum(native):.1f} % with no shim"
+    assert abs(parts[0] - 25) <= 8, figures
+    assert sum(shared) >= 0.9 * sum(native), figures
 
 
 def _scrape_while_busy(barrier: Path, url: str) -> list[str]:
