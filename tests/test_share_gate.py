@@ -11,17 +11,18 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from fakedriver.libraries import INCLUDES
+from harness.shim import WAITS_LOG
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 SHIM = REPO / "native" / "libnvc-share.so"
 GATE_LOG = re.compile(r"compute: (\d+) streams put behind a closed gate; gates opened (\d+) times by the gate "
                       r"thread, (\d+) by a launch")
-WAIT_LOG = re.compile(r"waited ([\d.]+) ms for the slice")
 
 
 @pytest.fixture(scope="module")
@@ -56,17 +57,24 @@ def steps(probe, active_2gpu, tmp_path):
     return run
 
 
+def capped_fraction(steps: Callable[..., tuple[float, str]], **extra: str) -> tuple[float, str]:
+    """The loop's rate capped at 50 % over its uncapped rate, each the best of two runs (a run that
+    the machine's other load slowed says nothing of the cap), and the log of the last capped run."""
+    native = max(steps(100, **extra)[0] for _ in range(2))
+    runs = [steps(50, **extra) for _ in range(2)]
+    return max(rate for rate, _ in runs) / native, runs[-1][1]
+
+
 def test_outside_the_slice_streams_wait_behind_a_gate_the_gate_thread_opens(steps):
     """At a cap of 50 % the loop's launches outside the slice go behind the gate, which opens for each
     new slice (mostly from the gate thread: the launching thread is held in the wait), and the loop
     still runs at the cap's fraction of its uncapped rate."""
-    native, _ = steps(100)
-    rate, log = steps(50)
+    fraction, log = capped_fraction(steps)
     gated = GATE_LOG.search(log)
     assert gated, log
     streams, by_thread, by_launch = (int(v) for v in gated.groups())
     assert streams >= 4 and by_thread >= 4 and by_thread + by_launch <= streams + 1, log
-    assert 0.45 <= rate / native <= 0.55, (rate, native)
+    assert 0.45 <= fraction <= 0.55, fraction
 
 
 @pytest.mark.parametrize(("extra", "why"), [({"FAKE_CUDA_NO_STREAM_MEMOPS": "1"}, "a stream could not wait for its gate"),
@@ -74,10 +82,9 @@ def test_outside_the_slice_streams_wait_behind_a_gate_the_gate_thread_opens(step
 def test_without_gates_launches_wait_on_the_host_and_keep_the_cap(steps, extra, why):
     """A driver whose streams cannot wait on host memory, or NVC_SHARE_GATE=0: the shim says so once,
     nothing is gated, the launches wait for the slice on the host, and the cap holds as before."""
-    native, _ = steps(100, **extra)
-    rate, log = steps(50, **extra)
+    fraction, log = capped_fraction(steps, **extra)
     assert log.count(f"launches outside the slice wait on the host for region device 0 ({why})") == 1, log
     assert not GATE_LOG.search(log), log
-    waited = WAIT_LOG.search(log)
-    assert waited and float(waited.group(1)) > 100, log
-    assert 0.45 <= rate / native <= 0.55, (rate, native)
+    waited = WAITS_LOG.search(log)
+    assert waited and float(waited.group(3)) > 100, log
+    assert 0.45 <= fraction <= 0.55, fraction

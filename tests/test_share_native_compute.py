@@ -11,7 +11,6 @@ result.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import struct
 import subprocess
@@ -23,7 +22,7 @@ from typing import NamedTuple
 import pytest
 
 from harness.fakegpus import H100 as GPU0
-from harness.shim import programs, share  # noqa: F401  (fixtures)
+from harness.shim import WAITS_LOG, programs, share  # noqa: F401  (fixtures)
 
 
 # ---------------------------------------------------------------- compute share
@@ -65,9 +64,10 @@ def test_a_cap_is_a_share_of_the_workloads_own_throughput(share, grid, host_us):
     faster because its kernels keep the GPU busy for less than all of the time. (Launches are where
     the shim can hold a process: host work after a slice's last launch runs on, which adds up to one
     host segment per 50 ms period; here at most 1 ms, 2 points.)"""
-    native = steps_per_second(share, 100, grid, host_us)
-    assert 0.45 <= steps_per_second(share, 50, grid, host_us) / native <= 0.55
-    assert 0.2 <= steps_per_second(share, 25, grid, host_us) / native <= 0.3
+    # each rate the best of two runs: a run that the machine's other load slowed says nothing of the cap
+    native, half, quarter = (max(steps_per_second(share, percent, grid, host_us) for _ in range(2))
+                             for percent in (100, 50, 25))
+    assert 0.45 <= half / native <= 0.55 and 0.2 <= quarter / native <= 0.3, (native, half, quarter)
 
 
 def test_a_capped_process_logs_where_its_launches_waited(share):
@@ -82,8 +82,7 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
                                  "FAKE_CUDA_NO_STREAM_MEMOPS": "1"})
     wall_ms = (time.monotonic() - start) * 1000
     assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
-    logged = re.search(r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
-                       r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started", err)
+    logged = WAITS_LOG.search(err)
     assert logged, err
     launches, pairs, slice_ms, _, turn_ms, slices = (float(v) for v in logged.groups())
     assert launches == 200 and 1 <= pairs <= 200

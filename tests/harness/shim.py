@@ -8,6 +8,7 @@ Test double only: nothing here is a GPU result.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -21,6 +22,9 @@ PROGRAMS = TESTS / "share_programs"
 SHIM = REPO / "native" / "libnvc-share.so"
 MIB = 1 << 20
 GIB = 1 << 30
+# what a process's launches waited for, logged by the shim at exit (NVC_SHARE_LOG=2)
+WAITS_LOG = re.compile(r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
+                       r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started")
 
 
 @pytest.fixture(scope="module")
