@@ -87,6 +87,11 @@ def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
     out = proc.communicate(timeout=300)[0]
     if proc.returncode != 0:
         raise AssertionError(f"torch_load exited {proc.returncode}")
+    return torch_output_of(out)
+
+
+def torch_output_of(out: str) -> tuple[float, list[int], float]:
+    """torch_output's figures from torch_load's printed lines (a run in a container, say)."""
     lines = [line.split() for line in out.splitlines()]
     value = {line[0]: float(line[1]) for line in lines if line[0] in ("rate", "cpu_us")}
     return value["rate"], [int(l[2]) for l in lines if l[0] == "sec"], value["cpu_us"]

@@ -7,7 +7,8 @@ convolution, 64x256x56x56, cuDNN), train (an MLP's forward, backward and AdamW s
 autocast: dozens of kernels from microseconds to about a millisecond), and the real workloads of
 bench/share (torch_models.py): transformer (a decoder-only transformer's training step), resnet-train
 (a ResNet-50 training step), resnet-infer (ResNet-50 inference). After a warm-up it waits
-until START_AT (a time.time() value; concurrent runs start together), then prints "sec I N" for each
+until START_AT (a time.time() value; concurrent runs start together; "late S" if its warm-up ended S
+seconds after it), then prints "sec I N" for each
 second (N iterations completed in second I, the GPU synchronised at each boundary),
 "rate R" (iterations per second over the whole run) and "cpu_us C" (the process's CPU time per
 iteration: near 1e6 / R, the loop is bound by its host side, not by the GPU).
@@ -58,6 +59,8 @@ def main() -> None:
     for _ in range(20):
         run()
     torch.cuda.synchronize()
+    if start_at and start_at < time.time():
+        print(f"late {time.time() - start_at:.2f}", flush=True)   # it does not start with the others
     if start_at > time.time():
         time.sleep(start_at - time.time())
     start, cpu = time.monotonic(), time.process_time()

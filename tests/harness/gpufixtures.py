@@ -1,14 +1,21 @@
 """pytest fixtures of the GPU tests (marked gpu, run by make test-gpu): the real driver, the UUID of
-its GPU 0, and the runtimes a GPU test starts containers with."""
+its GPU 0, the runtimes a GPU test starts containers with, nvc-py-hook as their hook, and container
+root filesystems that run the GPU machine's own PyTorch."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from .installed import SCRIPTS
 from .runtime import Runc
+
+GPU_DIR = Path(__file__).resolve().parent.parent / "gpu"
+TORCH_VENV = Path("/opt/torch")
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +51,49 @@ def crun(gpu_driver, tmp_path: Path) -> Runc:
     if binary is None:
         pytest.skip("crun is not installed")
     return Runc(tmp_path / "state", binary)
+
+
+def hook_with_log(tmp_path: Path) -> dict[str, list[dict]]:
+    """nvc-py-hook as prestart and poststop hook, with a configuration that logs under ``tmp_path``."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
+    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    return {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+
+
+@pytest.fixture
+def torch_rootfs(make_rootfs: Callable[..., Path], tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    """torch_rootfs(name) -> a container rootfs that runs the GPU machine's own PyTorch: the test image
+    with the host's /usr as an overlay (writes land in a tmpfs, never on the host), /opt/torch bound
+    read-only and the PyTorch programs of tests/gpu/ in /gpu."""
+    if not (TORCH_VENV / ".venv/bin/python3").exists():
+        pytest.skip(f"no {TORCH_VENV} PyTorch on this machine")
+    mounted: list[Path] = []
+
+    def mount(*args: str, target: Path) -> None:
+        subprocess.run(["mount", *args, str(target)], check=True)
+        mounted.append(target)
+
+    def make(name: str) -> Path:
+        rootfs = make_rootfs(name=name)
+        scratch = tmp_path / f"{name}-scratch"
+        scratch.mkdir()
+        mount("-t", "tmpfs", "tmpfs", target=scratch)
+        (scratch / "upper").mkdir()
+        (scratch / "work").mkdir()
+        mount("-t", "overlay", "overlay", "-o", f"lowerdir=/usr,upperdir={scratch}/upper,workdir={scratch}/work",
+              target=rootfs / "usr")
+        (rootfs / TORCH_VENV.relative_to("/")).mkdir(parents=True)
+        mount("--bind", str(TORCH_VENV), target=rootfs / TORCH_VENV.relative_to("/"))
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(rootfs / TORCH_VENV.relative_to("/"))], check=True)
+        (rootfs / "gpu").mkdir()
+        for program in GPU_DIR.glob("torch_*.py"):
+            shutil.copy2(program, rootfs / "gpu" / program.name)
+        return rootfs
+
+    try:
+        yield make
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", "-l", str(target)], check=False)
