@@ -288,6 +288,9 @@ def _pair_figures(what: str, native: list[float], shared: list[float]) -> tuple[
     return parts, figures
 
 
+@pytest.mark.xfail(strict=False, reason="the host pair's measured limit (above) holds here too: the weighted pair's "
+                   "parts move between runs; not yet run on the H100 (added 2026-11-24 with no device time left); "
+                   "issue #27 owns the contract")
 def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tmp_path):
     """Two crun containers started through nvc-py-hook with weights 1 and 3 in their env, each running
     the transformer training step from one moment on, against the step alone and the same pair with no
