@@ -226,3 +226,40 @@ def test_kernels_take_simulated_time(built, active_2gpu):
 
 def test_bad_kernel_time_fails_init(built, active_2gpu):
     assert probe(built, "init", env={"FAKE_CUDA_KERNEL_US": "-5"}) == [["init", "CUDA_ERROR_INVALID_VALUE"]]
+
+
+def _busy_beside(built, env: dict[str, str], kill: bool = False) -> tuple[float, float | None]:
+    """A process queueing 500 kernels of 1 ms on GPU 0 (launch, then synchronise) and, once they are
+    queued, another timing 50 kernels between two events; with kill the first is SIGKILLed (and reaped)
+    before the second starts. Returns the second's elapsed milliseconds and the first's seconds (None
+    when killed)."""
+    lib_dir, binary = built
+    full_env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(lib_dir), "FAKE_CUDA_KERNEL_US": "1000", **env}
+    first = subprocess.Popen(["stdbuf", "-oL", str(binary), "init", "ctx", "0", "launch", "500", "4", "128", "sync"],
+                             env=full_env, stdout=subprocess.PIPE, text=True)
+    out = "".join(first.stdout.readline() for _ in range(3))           # init, ctx, and all launched
+    if kill:
+        first.kill()
+        first.wait(timeout=30)
+    events = probe(built, "init", "ctx", 0, "events", 50, env=full_env)[2]
+    out += first.communicate(timeout=30)[0]
+    assert events[:2] == ["events", "CUDA_SUCCESS"], events
+    if kill:
+        return float(events[2]), None
+    lines = [line.split() for line in out.splitlines()]
+    return float(events[2]), (int(lines[2][2]) + int(lines[3][2])) / 1e6
+
+
+def test_processes_naming_one_shared_gpu_file_share_its_time(built, active_2gpu, tmp_path):
+    """FAKE_CUDA_SHARED_GPU=FILE: processes naming one file share their GPUs as a real GPU's contexts
+    do, each one with work served at 1/n of the speed: 50 kernels of 1 ms take 100 ms between two
+    events while another process keeps the GPU busy, and that one's 500 kernels take 50 ms longer
+    (together as busy as one process). Without it each process has its own GPU (50 ms, 0.5 s); a
+    process killed with work queued leaves none behind (its context gone)."""
+    private_ms, private_s = _busy_beside(built, {})
+    assert 49 <= private_ms <= 52 and 0.49 <= private_s <= 0.54, (private_ms, private_s)
+    shared = {"FAKE_CUDA_SHARED_GPU": str(tmp_path / "gpu")}
+    shared_ms, shared_s = _busy_beside(built, shared)
+    assert 98 <= shared_ms <= 102 and 0.54 <= shared_s <= 0.6, (shared_ms, shared_s)
+    after_kill_ms, _ = _busy_beside(built, shared, kill=True)
+    assert 49 <= after_kill_ms <= 52, after_kill_ms

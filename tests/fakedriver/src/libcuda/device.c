@@ -98,6 +98,9 @@ static CUresult do_init(void)
         parse_env_u64("FAKE_CUDA_CONTEXT_MIB", &fake_ctx_reserve_mib) < 0)
         return CUDA_ERROR_INVALID_VALUE;
     fake_kernel_ns = us * 1000ull;
+    CUresult r = fake_timeline_init();
+    if (r != CUDA_SUCCESS)
+        return r;
     if (!node_exists("/dev/nvidiactl"))
         return CUDA_ERROR_NO_DEVICE;
     int present[FAKE_GPU_COUNT], npresent = 0, visible[FAKE_GPU_COUNT];
@@ -113,6 +116,7 @@ static CUresult do_init(void)
     for (int i = 0; i < fake_ndev; i++) {
         struct fdev *d = &fake_dev[i];
         d->gpu = &FAKE_GPUS[visible[i]];
+        d->index = visible[i];
         d->primary.dev = i;
         if (parse_uuid(d->gpu->uuid, d->uuid) < 0) {
             fprintf(stderr, "fake libcuda: malformed GPU UUID %s in the machine table\n", d->gpu->uuid);

@@ -13,6 +13,7 @@
  *   - time: each kernel occupies its device for FAKE_CUDA_KERNEL_US microseconds (default 0) on one
  *     in-order timeline per device; launches are asynchronous with at most 1024 kernels queued, and the
  *     synchronize calls wait until the work they cover has "run". This lets a compute limiter be measured.
+ *     FAKE_CUDA_SHARED_GPU=FILE: processes naming one file share their GPUs, time-sliced (timeline.c);
  *   - cuGetProcAddress(_v2) with the real driver's versioned and per-thread-stream resolution.
  * All state sits behind one mutex; the current-context stack is per thread.
  *
@@ -73,7 +74,8 @@ struct obj {
     uint64_t size;                     /* bytes charged (K_MEM, K_ARRAY, K_MIPMAP, K_VMM) or range length */
     struct obj *parent;                /* K_MEM: pool, K_FUNC: module, K_NODE: graph, K_MAP: VMM handle */
     struct fctx cctx;                  /* K_CTX: the created context (its handle is the object) */
-    uint64_t done_ns;                  /* K_STREAM: end of its last work; K_EVENT: recorded time */
+    uint64_t point;                    /* K_STREAM: its last work's end, K_EVENT: the work it follows (timeline.c) */
+    uint64_t recorded_ns;              /* K_EVENT: when it was recorded */
     unsigned flags;                    /* K_EVENT: creation flags; K_VMM: released */
     int recorded;                      /* K_EVENT */
     unsigned maps;                     /* K_VMM: live mappings */
@@ -105,6 +107,7 @@ struct fdev {
     struct fctx primary;
     int primary_refs;
     struct obj *default_pool;
+    int index;                         /* its GPU in the machine table */
     uint64_t busy_until_ns, busy_ns, launches;
     uint64_t graph_used, graph_reserved, graph_used_high, graph_reserved_high;   /* graph memory */
 };
@@ -155,9 +158,15 @@ CUresult fake_mem_free(CUresult r, CUdeviceptr dptr);
 void fake_trim_pools(int dev);
 void fake_pool_free_mem(struct obj *mem);
 
-/* stream.c: streams and the device timeline. */
+/* stream.c: streams, stream memory operations and events. */
 CUresult fake_stream_resolve(CUstream s, struct fctx **ctx, uint64_t **done);
-uint64_t fake_enqueue(int dev, uint64_t *done, uint64_t kernels);
+
+/* timeline.c: where queued work runs (each process its own GPU, or FAKE_CUDA_SHARED_GPU's). */
+CUresult fake_timeline_init(void);
+uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point);
+uint64_t fake_timeline_tail(int dev);
+int fake_timeline_reached(int dev, uint64_t point, uint64_t *at);
+void fake_timeline_wait(int dev, uint64_t point);
 
 /* launch.c */
 CUresult fake_check_launch(const struct obj *f, const struct launch *l);

@@ -106,7 +106,9 @@ CUresult fake_submit(CUfunction func, const struct launch *l, CUstream stream, C
                 r = fake_graph_memory_launch(e);
             memory_done = 1;
         }
-        uint64_t wait = r == CUDA_SUCCESS ? fake_enqueue(c->dev, done, kernels) : 0;
+        uint64_t point, wait = r == CUDA_SUCCESS ? fake_timeline_enqueue(c->dev, kernels, &point) : 0;
+        if (r == CUDA_SUCCESS && !wait && done)
+            *done = point;
         unlock();
         if (!wait)
             return r;

@@ -1,12 +1,12 @@
-/* The fake libcuda's streams on the device timeline, stream memory operations and events. Test double
- * only. */
+/* The fake libcuda's streams, stream memory operations and events, on the device timelines of
+ * timeline.c. Test double only. */
 #include "internal.h"
 
-/* ---------------------------------------------------------------- streams and the device timeline */
+/* ---------------------------------------------------------------- streams */
 
 /* Resolves a stream to its context; the NULL, legacy and per-thread handles mean the current context.
- * done points at the stream's completion time, or is NULL for a default stream (they wait for the
- * whole device). */
+ * done points at the stream's last work's end (a point of timeline.c), or is NULL for a default stream
+ * (they wait for the whole device). */
 CUresult fake_stream_resolve(CUstream s, struct fctx **ctx, uint64_t **done)
 {
     if (!s || s == STREAM_LEGACY || s == STREAM_PER_THREAD) {
@@ -20,40 +20,20 @@ CUresult fake_stream_resolve(CUstream s, struct fctx **ctx, uint64_t **done)
     if (!o)
         return CUDA_ERROR_INVALID_HANDLE;
     *ctx = o->ctx;
-    *done = &o->done_ns;
+    *done = &o->point;
     return CUDA_SUCCESS;
 }
 
-static uint64_t completion_time(const struct fctx *c, const uint64_t *done)
+static uint64_t completion_point(const struct fctx *c, const uint64_t *done)
 {
-    return done ? *done : fake_dev[c->dev].busy_until_ns;
+    return done ? *done : fake_timeline_tail(c->dev);
 }
 
-/* Queues kernels on the device's in-order timeline. Returns 0 when queued, or the time to sleep until
- * when the queue is full (the caller drops the lock, sleeps and retries). */
-uint64_t fake_enqueue(int dev, uint64_t *done, uint64_t kernels)
+/* Waits until the work up to point has run, then trims the device's pools. Called with the lock held;
+ * returns with it held. */
+static void wait_and_trim(int dev, uint64_t point)
 {
-    struct fdev *d = &fake_dev[dev];
-    uint64_t now = now_ns();
-    uint64_t backlog = MAX_QUEUED_KERNELS * fake_kernel_ns;
-    if (fake_kernel_ns && d->busy_until_ns > now + backlog)
-        return d->busy_until_ns - backlog;
-    uint64_t work = kernels * fake_kernel_ns;
-    uint64_t start = max_u64(now, d->busy_until_ns);
-    d->busy_until_ns = start + work;
-    d->busy_ns += work;
-    d->launches += kernels;
-    if (done)
-        *done = d->busy_until_ns;
-    return 0;
-}
-
-/* Waits until `until`, then trims the device's pools. Called with the lock held; returns with it held. */
-static void wait_and_trim(int dev, uint64_t until)
-{
-    unlock();
-    sleep_until(until);
-    lock();
+    fake_timeline_wait(dev, point);
     fake_trim_pools(dev);
 }
 
@@ -63,7 +43,7 @@ CUresult cuCtxSynchronize(void)
     struct fctx *c;
     CUresult r = fake_current_ctx(&c);
     if (r == CUDA_SUCCESS)
-        wait_and_trim(c->dev, fake_dev[c->dev].busy_until_ns);
+        wait_and_trim(c->dev, fake_timeline_tail(c->dev));
     unlock();
     return r;
 }
@@ -86,7 +66,7 @@ CUresult cuStreamSynchronize(CUstream stream)
     uint64_t *done;
     CUresult r = fake_stream_resolve(stream, &c, &done);
     if (r == CUDA_SUCCESS)
-        wait_and_trim(c->dev, completion_time(c, done));
+        wait_and_trim(c->dev, completion_point(c, done));
     unlock();
     return r;
 }
@@ -98,8 +78,9 @@ CUresult cuStreamQuery(CUstream stream)
     lock();
     struct fctx *c;
     uint64_t *done;
+    uint64_t at;
     CUresult r = fake_stream_resolve(stream, &c, &done);
-    if (r == CUDA_SUCCESS && completion_time(c, done) > now_ns())
+    if (r == CUDA_SUCCESS && !fake_timeline_reached(c->dev, completion_point(c, done), &at))
         r = CUDA_ERROR_NOT_READY;
     unlock();
     return r;
@@ -167,7 +148,9 @@ CUresult cuEventRecord(CUevent event, CUstream stream)
     if (r == CUDA_SUCCESS)
         r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
     if (r == CUDA_SUCCESS) {
-        e->done_ns = max_u64(now_ns(), completion_time(c, done));
+        e->dev = c->dev;
+        e->point = completion_point(c, done);
+        e->recorded_ns = now_ns();
         e->recorded = 1;
     }
     unlock();
@@ -182,7 +165,7 @@ CUresult cuEventSynchronize(CUevent event)
     struct obj *e;
     CUresult r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
     if (r == CUDA_SUCCESS && e->recorded)
-        wait_and_trim(e->dev, e->done_ns);
+        wait_and_trim(e->dev, e->point);
     unlock();
     return r;
 }
@@ -191,8 +174,9 @@ CUresult cuEventQuery(CUevent event)
 {
     lock();
     struct obj *e;
+    uint64_t at;
     CUresult r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
-    if (r == CUDA_SUCCESS && e->recorded && e->done_ns > now_ns())
+    if (r == CUDA_SUCCESS && e->recorded && !fake_timeline_reached(e->dev, e->point, &at))
         r = CUDA_ERROR_NOT_READY;
     unlock();
     return r;
@@ -208,10 +192,12 @@ CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
     if (r == CUDA_SUCCESS && (!a || !b || !a->recorded || !b->recorded ||
                               ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING)))
         r = CUDA_ERROR_INVALID_HANDLE;
-    if (r == CUDA_SUCCESS && max_u64(a->done_ns, b->done_ns) > now_ns())
+    uint64_t at_a, at_b;
+    if (r == CUDA_SUCCESS && (!fake_timeline_reached(a->dev, a->point, &at_a) ||
+                              !fake_timeline_reached(b->dev, b->point, &at_b)))
         r = CUDA_ERROR_NOT_READY;
-    if (r == CUDA_SUCCESS)
-        *ms = (float)((double)((int64_t)(b->done_ns - a->done_ns)) / 1e6);
+    if (r == CUDA_SUCCESS)   /* each event's time: when it was recorded, or when the work before it ran */
+        *ms = (float)((double)((int64_t)(max_u64(at_b, b->recorded_ns) - max_u64(at_a, a->recorded_ns))) / 1e6);
     unlock();
     return r;
 }
