@@ -9,6 +9,8 @@
  *   array W H FMT CH | array3d W H D FMT CH | mipmap W H D FMT CH LEVELS | arrayfree SLOT
  *   procaddr NAME VERSION FLAGS
  *   launch N GRID BLOCK | coop GRID BLOCK | graph NODES LAUNCHES | events N | stats I
+ *   steps N GRID BLOCK HOST_US (launch, wait, host work) | burst N K HOST_US (K launches each followed by
+ *     host work, then one wait: a framework's step)
  *   gnode HOW BYTES (a graph with one memory allocation node, made by HOW: memalloc = cuGraphAddMemAllocNode,
  *     addnode / addnode2 = cuGraphAddNode / _v2, capture = cuMemAllocAsync under stream capture)
  *   ginst SLOT HOW (flags | autofree | params) | glaunch SLOT | gexecdestroy SLOT | gdestroy SLOT |
@@ -456,6 +458,24 @@ static int run(char **argv, int argc)
         }
         printf("steps %s %.0f\n", ename(r), now_us() - t0);
         return 5;
+    }
+    if (!strcmp(op, "burst")) {      /* a framework's step: K launches, host work after each, one wait */
+        NEED(3);
+        int n = atoi(argv[1]), k = atoi(argv[2]);
+        double host_us = (double)num(argv[3]), t0 = now_us();
+        CUfunction f;
+        r = load_function(&f);
+        for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
+            for (int j = 0; j < k && r == CUDA_SUCCESS; j++) {
+                r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+                for (double until = now_us() + host_us; now_us() < until;)
+                    ;
+            }
+            if (r == CUDA_SUCCESS)
+                r = p_cuCtxSynchronize();
+        }
+        printf("burst %s %.0f\n", ename(r), now_us() - t0);
+        return 4;
     }
     if (!strcmp(op, "graph")) {
         NEED(2);

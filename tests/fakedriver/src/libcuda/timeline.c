@@ -175,7 +175,9 @@ static void drop_dead(struct shared_gpu *g, int index, uint64_t now)
         }
 }
 
-static struct slot *enter(int dev, uint64_t now)
+/* Takes the file's lock and brings the device's simulation to now (read under the lock: the
+ * simulation never goes back), returned in *now. */
+static struct slot *enter(int dev, uint64_t *now)
 {
     if (getpid() != own_pid && reopen() < 0) {
         fprintf(stderr, "fake libcuda: FAKE_CUDA_SHARED_GPU=%s: %s\n", shared_path, strerror(errno));
@@ -184,8 +186,9 @@ static struct slot *enter(int dev, uint64_t now)
     while (flock(shared_fd, LOCK_EX) < 0 && errno == EINTR)
         ;
     int index = fake_dev[dev].index;
-    advance(&shared[index], now);
-    drop_dead(&shared[index], index, now);
+    *now = max_u64(now_ns(), shared[index].at);
+    advance(&shared[index], *now);
+    drop_dead(&shared[index], index, *now);
     return own(index);
 }
 
@@ -201,7 +204,7 @@ uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point)
         d->busy_until_ns = max_u64(now, d->busy_until_ns) + work;
         *point = d->busy_until_ns;
     } else {
-        struct slot *s = enter(dev, now);
+        struct slot *s = enter(dev, &now);
         uint64_t behind = s->queued - s->served;
         if (fake_kernel_ns && behind > backlog) {
             leave();
@@ -224,7 +227,7 @@ uint64_t fake_timeline_tail(int dev)
 {
     if (!shared)
         return fake_dev[dev].busy_until_ns;
-    uint64_t tail = enter(dev, now_ns())->queued;
+    uint64_t now, tail = enter(dev, &now)->queued;
     leave();
     return tail;
 }
@@ -251,7 +254,7 @@ int fake_timeline_reached(int dev, uint64_t point, uint64_t *at)
         *at = point;
         return point <= now;
     }
-    struct slot *s = enter(dev, now);
+    struct slot *s = enter(dev, &now);
     int done = s->served >= point;
     if (done)
         *at = reached_at(&shared[fake_dev[dev].index], s, point);
@@ -264,7 +267,8 @@ void fake_timeline_wait(int dev, uint64_t point)
     uint64_t until;
     while (!fake_timeline_reached(dev, point, &until)) {
         if (shared) {                  /* private: the point is the time */
-            struct slot *s = enter(dev, now_ns());
+            uint64_t now;
+            struct slot *s = enter(dev, &now);
             until = next_change(&shared[fake_dev[dev].index], point > s->served ? point - s->served : 0);
             leave();
         }
