@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from fakedriver.libraries import INCLUDES
-from harness.shim import WAITS_LOG
+from harness.shim import WAITS_LOG, foreground
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -48,7 +48,7 @@ def steps(probe, active_2gpu, tmp_path):
                "NVC_SHARE_DIR": str(tmp_path / "share"), "FAKE_CUDA_CONTEXT_MIB": "0", "FAKE_CUDA_KERNEL_US": "1000",
                "NVC_SHARE_COMPUTE": str(percent), "NVC_SHARE_LOG": "2", **extra}
         result = subprocess.run([str(probe), "init", "ctx", "0", "steps", str(count), "264", "128", str(host_us)],
-                                env=env, capture_output=True, text=True, timeout=30)
+                                env=env, capture_output=True, text=True, timeout=30, preexec_fn=foreground)
         assert result.returncode == 0, result.stderr
         line = result.stdout.split("\n")[2].split()
         assert line[:2] == ["steps", "CUDA_SUCCESS"], result.stdout

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import pytest
 
 from harness.fakegpus import H100 as GPU0
-from harness.shim import WAITS_LOG, programs, share  # noqa: F401  (fixtures)
+from harness.shim import WAITS_LOG, foreground, programs, share  # noqa: F401  (fixtures)
 
 
 # ---------------------------------------------------------------- compute share
@@ -215,8 +215,8 @@ def tenant(share, programs, sched: Path, name: str, weight: int, launches: int, 
     work = ["burst", str(launches), str(burst), str(host_us)] if burst else \
         ["launch", str(launches), "264", "128", "sync"] if host_us is None else \
         ["steps", str(launches), "264", "128", str(host_us)]
-    return subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", *work],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", *work], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=foreground)
 
 
 # kernel µs, kernels per step and host µs after each (0: back to back, one wait at the end), the light
