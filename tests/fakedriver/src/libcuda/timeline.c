@@ -284,9 +284,9 @@ __attribute__((destructor)) static void release(void)
     if (!shared || own_pid != getpid())
         return;
     flock(shared_fd, LOCK_EX);
-    uint64_t now = now_ns();
     for (int i = 0; i < FAKE_GPU_COUNT; i++)
         if (own_slot[i] >= 0) {
+            uint64_t now = max_u64(now_ns(), shared[i].at);   /* as in enter: the simulation never goes back */
             advance(&shared[i], now);
             shared[i].slot[own_slot[i]].taken = 0;
             mark_busy(&shared[i], now);
