@@ -125,7 +125,7 @@ static int usable_locked(struct gate *g, int dev, CUcontext ctx)
 static void open_locked(int dev, uint64_t now)
 {
     struct gate *g = &gates[dev];
-    g->closed = 0;
+    __atomic_store_n(&g->closed, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&flags[dev * LINE], g->target, __ATOMIC_RELEASE);
     g->opened_at[g->target % OPEN_TIMES] = now;
     g->opened_gen[g->target % OPEN_TIMES] = g->target;
@@ -144,11 +144,12 @@ static void *gate_main(void *unused)
             if (!g->closed)
                 continue;
             CUcontext ctx = g->ctx;
+            uint32_t closed = g->target;
             in_driver = 1;
             pthread_mutex_unlock(&gate_mu);
             if (nvc_cuda.cuCtxSetCurrent)
                 nvc_cuda.cuCtxSetCurrent(ctx);
-            int drained = drained_of(d);
+            int drained = drained_of(d, closed);
             uint64_t now = nvc_now_ns();
             pthread_mutex_lock(&gate_mu);
             in_driver = 0;
@@ -248,8 +249,8 @@ uint32_t nvc_gate_stream(int dev, unsigned percent, CUcontext ctx, CUstream stre
         return 0;
     }
     if (!g->closed) {
-        g->target = g->target + 1 ? g->target + 1 : 1;
-        g->closed = 1;
+        __atomic_store_n(&g->target, g->target + 1 ? g->target + 1 : 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&g->closed, 1, __ATOMIC_RELEASE);
         g->behind = 0;
         g->percent = percent;
         g->undrained_since = 0;
@@ -282,6 +283,13 @@ uint32_t nvc_gate_stream(int dev, unsigned percent, CUcontext ctx, CUstream stre
     }
     pthread_mutex_unlock(&gate_mu);
     return gen;
+}
+
+uint32_t nvc_gate_closed(int dev)
+{
+    if (dev < 0 || dev >= NVC_REGION_DEVICES || !__atomic_load_n(&gates[dev].closed, __ATOMIC_ACQUIRE))
+        return 0;
+    return __atomic_load_n(&gates[dev].target, __ATOMIC_ACQUIRE);
 }
 
 void nvc_gate_open(int dev)

@@ -8,9 +8,10 @@
 #include "ground.h"
 #include "real.h"
 
-/* Whether the device's work launched before its gate closed has all completed (launch.c answers, for
- * the gate thread, which calls it with no lock of its own held). */
-typedef int (*nvc_gate_drained_fn)(int dev);
+/* Whether the device's work not queued behind its closed gate of generation closed (earlier gates'
+ * included) has all completed (launch.c answers, for the gate thread, which calls it with no lock of
+ * its own held). */
+typedef int (*nvc_gate_drained_fn)(int dev, uint32_t closed);
 
 /* Puts the stream behind region device dev's gate, closing the gate if it is open: work launched on it
  * from now on runs once the container's next slice starts. Returns the gate's generation (non-zero),
@@ -18,6 +19,8 @@ typedef int (*nvc_gate_drained_fn)(int dev);
  * thread): the caller then waits on the host instead. */
 uint32_t nvc_gate_stream(int dev, unsigned percent, CUcontext ctx, CUstream stream, int ptsz,
                          nvc_gate_drained_fn drained);
+/* The generation dev's gate is closed at, 0 when it is open. */
+uint32_t nvc_gate_closed(int dev);
 /* The slice runs (whoever started it): opens dev's gate if it is closed. */
 void nvc_gate_open(int dev);
 /* When generation gen of dev's gate opened, for the reconstruction of a gated launch's start on the

@@ -57,7 +57,10 @@ static unsigned head, tail;
 #define AT(i) (&ring[(i) % MAX_PENDING])
 static int queued_of[NVC_MAX_DEVICES], unknown_of[NVC_MAX_DEVICES];   /* queued; of unknown cost */
 static int64_t inflight_of[NVC_MAX_DEVICES];                          /* their estimated GPU time */
-static int ungated_of[NVC_MAX_DEVICES];                               /* queued, not behind a gate */
+/* Queued behind the newest gate (generation behind_gen): the rest of the queue, earlier gates' work
+ * included, must complete before the next slice starts, so that what of it ran past a slice is charged. */
+static int behind_of[NVC_MAX_DEVICES];
+static uint32_t behind_gen[NVC_MAX_DEVICES];
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
  * event records per launch cost a launch-bound loop (a training step's) as much as the launches. */
 #define GROUP_NS 100000ll
@@ -151,7 +154,7 @@ static void settle_locked(struct pending *p)
         nvc_sched_measured(p->sched, nvc_now_ns(), ended - elapsed, ended, (uint64_t)cost, (uint64_t)work);
     }
     queued_of[p->d]--;
-    ungated_of[p->d] -= !p->gate;
+    behind_of[p->d] -= p->gate && p->gate == behind_gen[p->d];
     unknown_of[p->d] -= p->count > 0 && p->queued_ns == 0;
     inflight_of[p->d] -= p->queued_ns;
     event_put(p->start, p->ctx);
@@ -244,18 +247,25 @@ struct slot {                         /* where before_launch put a launch */
     int64_t estimate, queued;
 };
 
+/* This device's launches still queued that are not behind gate generation closed (0: none is
+ * closed). Caller holds launch_mu. */
+static int undrained_locked(int dev, uint32_t closed)
+{
+    return queued_of[dev] - (closed && closed == behind_gen[dev] ? behind_of[dev] : 0);
+}
+
 /* The gate thread's condition for a slice (gate.h): all queued before the gate closed is settled. */
-static int drained_before_gate(int dev)
+static int drained_before_gate(int dev, uint32_t closed)
 {
     if (pthread_mutex_trylock(&launch_mu))
         return 0;                        /* a launch holds it, maybe blocked in the driver: never wait */
     CUcontext seen = NULL;
-    for (unsigned i = head; i != tail && ungated_of[dev]; i++) {
+    for (unsigned i = head; i != tail && undrained_locked(dev, closed); i++) {
         struct pending *p = AT(i);
-        if (!p->settled && !p->gate && p->d == dev && p->ctx != seen)
+        if (!p->settled && (!p->gate || p->gate != closed) && p->d == dev && p->ctx != seen)
             harvest_locked(seen = p->ctx);
     }
-    int drained = !ungated_of[dev];
+    int drained = !undrained_locked(dev, closed);
     pthread_mutex_unlock(&launch_mu);
     return drained;
 }
@@ -279,11 +289,11 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         pthread_mutex_lock(&launch_mu);
         harvest_locked(ctx);
         int64_t inflight = inflight_locked(dev);
-        int ungated = ungated_of[dev];
+        int undrained = undrained_locked(dev, nvc_gate_closed(dev));
         int64_t unit = estimate_ns[dev];
         pthread_mutex_unlock(&launch_mu);
         uint64_t now = nvc_now_ns();
-        int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !ungated) : 0;
+        int64_t step, wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !undrained) : 0;
         if (d->compute < 100 && !wait)
             nvc_gate_open(dev);
         /* outside the slice a cap without a weight queues behind a gate, up to the next slice's length */
@@ -358,7 +368,11 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
                                          .d = dev, .sched = d->sched, .percent = d->compute, .launched_ns = now,
                                          .gate = gate};
             queued_of[dev]++;
-            ungated_of[dev] += !gate;
+            if (gate && gate != behind_gen[dev]) {
+                behind_gen[dev] = gate;
+                behind_of[dev] = 0;
+            }
+            behind_of[dev] += gate != 0;
             if (!alone) {
                 open_at[dev] = tail;
                 has_open[dev] = 1;
@@ -584,7 +598,8 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         memset(queued_of, 0, sizeof queued_of);
         memset(unknown_of, 0, sizeof unknown_of);
         memset(inflight_of, 0, sizeof inflight_of);
-        memset(ungated_of, 0, sizeof ungated_of);
+        memset(behind_of, 0, sizeof behind_of);
+        memset(behind_gen, 0, sizeof behind_gen);
         memset(within_of, 0, sizeof within_of);
         memset(waited_for, 0, sizeof waited_for);
         entries_made = launches_seen = 0;
