@@ -55,12 +55,14 @@ struct pending {                     /* one launch, or a group of short ones on 
 static struct pending ring[MAX_PENDING];
 static unsigned head, tail;
 #define AT(i) (&ring[(i) % MAX_PENDING])
-static int queued_of[NVC_MAX_DEVICES], unknown_of[NVC_MAX_DEVICES];   /* queued; of unknown cost */
-static int64_t inflight_of[NVC_MAX_DEVICES];                          /* their estimated GPU time */
-/* Queued behind the newest gate (generation behind_gen): the rest of the queue, earlier gates' work
- * included, must complete before the next slice starts, so that what of it ran past a slice is charged. */
-static int behind_of[NVC_MAX_DEVICES];
-static uint32_t behind_gen[NVC_MAX_DEVICES];
+/* Each device's launches not yet measured: queued, of unknown cost, their estimated GPU time, and those
+ * behind the newest gate (generation behind_gen): the rest, earlier gates' work included, must complete
+ * before the next slice starts, so that what of it ran past a slice is charged. */
+static struct {
+    int queued, unknown, behind;
+    int64_t inflight;
+    uint32_t behind_gen;
+} queue_of[NVC_MAX_DEVICES];
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
  * event records per launch cost a launch-bound loop (a training step's) as much as the launches. */
 #define GROUP_NS 100000ll
@@ -153,10 +155,10 @@ static void settle_locked(struct pending *p)
         uint64_t ended = gpu_done_ns[p->d] > elapsed ? gpu_done_ns[p->d] : elapsed;
         nvc_sched_measured(p->sched, nvc_now_ns(), ended - elapsed, ended, (uint64_t)cost, (uint64_t)work);
     }
-    queued_of[p->d]--;
-    behind_of[p->d] -= p->gate && p->gate == behind_gen[p->d];
-    unknown_of[p->d] -= p->count > 0 && p->queued_ns == 0;
-    inflight_of[p->d] -= p->queued_ns;
+    queue_of[p->d].queued--;
+    queue_of[p->d].behind -= p->gate && p->gate == queue_of[p->d].behind_gen;
+    queue_of[p->d].unknown -= p->count > 0 && p->queued_ns == 0;
+    queue_of[p->d].inflight -= p->queued_ns;
     event_put(p->start, p->ctx);
     if (last_end[p->d].ev)
         event_put(last_end[p->d].ev, last_end[p->d].ctx);
@@ -187,7 +189,7 @@ static void harvest_locked(CUcontext ctx)
         head++;
     for (int d = 0; d < NVC_MAX_DEVICES; d++)
         if (settled[d])
-            nvc_sched_queued(settled[d], nvc_now_ns(), queued_of[d] ? inflight_of[d] : 0);
+            nvc_sched_queued(settled[d], nvc_now_ns(), queue_of[d].queued ? queue_of[d].inflight : 0);
 }
 
 struct launch {
@@ -197,17 +199,7 @@ struct launch {
     const void *key;                 /* the CUfunction or CUgraphExec */
 };
 
-/* Estimated GPU time of this device's launches not yet measured; -1 when one of unknown cost is
- * queued. Caller holds launch_mu. */
-static int64_t inflight_locked(int dev)
-{
-    return unknown_of[dev] ? -1 : inflight_of[dev];
-}
-
-/* Waits for the cap's slice and the scheduler's leave; returns the pending entry's events to record,
- * or NULLs. Launches are asynchronous: without a bound on the queue a burst would run long before its
- * cost is measured, so at most MAX_INFLIGHT_NS of estimated work (one launch while the cost is still
- * unknown) may be queued ahead of measurement. */
+/* An event recorded on the launch's stream (the per-thread default stream where it is _ptsz). */
 static void record(CUevent ev, CUstream stream, int ptsz)
 {
     if (ptsz && nvc_cuda.cuEventRecord_ptsz)
@@ -224,8 +216,8 @@ static void add_locked(struct pending *p, int count, double factor, int64_t esti
     p->factors += factor;
     p->estimate += estimate;
     p->queued_ns += queued;
-    unknown_of[p->d] += (p->count > 0 && p->queued_ns == 0) - was;
-    inflight_of[p->d] += queued;
+    queue_of[p->d].unknown += (p->count > 0 && p->queued_ns == 0) - was;
+    queue_of[p->d].inflight += queued;
 }
 
 /* Records the end of the device's open group, so that it can complete and be measured. Only the
@@ -251,7 +243,7 @@ struct slot {                         /* where before_launch put a launch */
  * closed). Caller holds launch_mu. */
 static int undrained_locked(int dev, uint32_t closed)
 {
-    return queued_of[dev] - (closed && closed == behind_gen[dev] ? behind_of[dev] : 0);
+    return queue_of[dev].queued - (closed && closed == queue_of[dev].behind_gen ? queue_of[dev].behind : 0);
 }
 
 /* The gate thread's condition for a slice (gate.h): all queued before the gate closed is settled. */
@@ -280,6 +272,8 @@ static uint32_t gate_stream(struct nvc_device *d, const struct launch *l, CUcont
     return nvc_gate_stream(d->region_index, d->compute, ctx, l->stream, l->ptsz, drained_before_gate);
 }
 
+/* Waits for the cap's slice (or gates the stream), the scheduler's leave and room in the queue (at most
+ * MAX_INFLIGHT_NS of estimated work ahead of measurement), then puts the launch in a pending entry. */
 static void before_launch(struct nvc_device *d, const struct launch *l, CUcontext ctx, struct slot *slot)
 {
     int dev = d->region_index;
@@ -288,7 +282,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     for (;;) {
         pthread_mutex_lock(&launch_mu);
         harvest_locked(ctx);
-        int64_t inflight = inflight_locked(dev);
+        int64_t inflight = queue_of[dev].unknown ? -1 : queue_of[dev].inflight;   /* -1: of unknown cost */
         int undrained = undrained_locked(dev, nvc_gate_closed(dev));
         int64_t unit = estimate_ns[dev];
         pthread_mutex_unlock(&launch_mu);
@@ -348,7 +342,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     int64_t queued = own && own->ns ? own->ns : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
-        nvc_sched_launched(d->sched, now, inflight_of[dev] + queued);
+        nvc_sched_launched(d->sched, now, queue_of[dev].inflight + queued);
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
     int alone = !own || !own->ns || own->ns >= GROUP_NS / 4;
@@ -367,12 +361,12 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
             *AT(tail) = (struct pending){.start = start, .end = end, .ctx = ctx, .stream = l->stream, .ptsz = l->ptsz,
                                          .d = dev, .sched = d->sched, .percent = d->compute, .launched_ns = now,
                                          .gate = gate};
-            queued_of[dev]++;
-            if (gate && gate != behind_gen[dev]) {
-                behind_gen[dev] = gate;
-                behind_of[dev] = 0;
+            queue_of[dev].queued++;
+            if (gate && gate != queue_of[dev].behind_gen) {
+                queue_of[dev].behind_gen = gate;
+                queue_of[dev].behind = 0;
             }
-            behind_of[dev] += gate != 0;
+            queue_of[dev].behind += gate != 0;
             if (!alone) {
                 open_at[dev] = tail;
                 has_open[dev] = 1;
@@ -595,11 +589,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         nfree = 0;
         memset(gpu_done_ns, 0, sizeof gpu_done_ns);
         memset(last_end, 0, sizeof last_end);
-        memset(queued_of, 0, sizeof queued_of);
-        memset(unknown_of, 0, sizeof unknown_of);
-        memset(inflight_of, 0, sizeof inflight_of);
-        memset(behind_of, 0, sizeof behind_of);
-        memset(behind_gen, 0, sizeof behind_gen);
+        memset(queue_of, 0, sizeof queue_of);
         memset(within_of, 0, sizeof within_of);
         memset(waited_for, 0, sizeof waited_for);
         entries_made = launches_seen = 0;
