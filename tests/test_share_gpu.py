@@ -248,17 +248,18 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
     assert shares[2] >= 90
 
 
-@pytest.mark.xfail(strict=False, reason="measured limit (H100, 2026-11-24, 010361d): failed 1 of 5 runs (in a whole "
-                   "make test-gpu; the reruns gave parts 30.7 / 69.3, sum 97 % of the no-shim pair's): the weighted "
-                   "pair's parts move between runs; issue #27 owns the contract")
+@pytest.mark.xfail(strict=False, reason="measured limit (H100): failed 1 of 5 runs on 2026-11-24 at 010361d (in a "
+                   "whole make test-gpu, its figures not kept); passed in every run since (six on 2026-11-24, "
+                   "d9b44d3 to b157f23: parts 30.4-31.2 / 68.8-69.6, sum 96-97 % of the no-shim pair's): the light "
+                   "tenant's part is 5-6 points over its weight's, the contract's 5 (issue #27)")
 def test_weighted_transformer_steps_share_by_weight_and_keep_the_gpu_busy(tmp_path):
     """Two transformer training steps (tests/gpu/torch_models.py) started together, weights 1 and 3, against
     the same two with no shim in the same test: each one's part of their summed throughput (each as a
     share of one alone) is its weight's, and the sum at least 90 % of the no-shim pair's. The contract
-    is ±5 points and 95 %; the measured limit on the H100 (native/README.md): parts 30.5-30.7 / 69.3-69.5,
-    sum 97 % of the no-shim pair's, so the parts are held to 8 points here. Not always: of five runs on
-    2026-11-24 one failed it (in a whole `make test-gpu`, its figures not kept; the two reruns right after
-    gave 30.7 / 69.3) and `bench/share`'s pairs have moved by up to 10 points (issue #27, open)."""
+    is ±5 points and 95 %; the measured limit on the H100 (native/README.md): parts 30.4-31.2 / 68.8-69.6,
+    sum 96-97 % of the no-shim pair's, so the parts are held to 8 points here. Not always: one early run
+    failed it (in a whole `make test-gpu`, its figures not kept; every run since passed), and
+    `bench/share`'s pairs have moved by up to 10 points (issue #27, open)."""
     alone, native = _transformer_pair_without_shim(tmp_path)
     shared = [100 * r / alone for r in sharegpu.tenants_together(tmp_path / "nvc", TRANSFORMER_PAIR, True, 6)]
     parts, figures = _pair_figures("transformer 1:3", native, shared)
@@ -288,9 +289,9 @@ def _pair_figures(what: str, native: list[float], shared: list[float]) -> tuple[
     return parts, figures
 
 
-@pytest.mark.xfail(strict=False, reason="the host pair's measured limit (above) holds here too: the weighted pair's "
-                   "parts move between runs; not yet run on the H100 (added 2026-11-24 with no device time left); "
-                   "issue #27 owns the contract")
+@pytest.mark.xfail(strict=False, reason="the host pair's measured limit (above) holds here too: on the H100 "
+                   "(2026-11-24, d9b44d3 to b157f23) passed in three runs, parts 30.5 / 69.5 and 30.7 / 69.3 where "
+                   "printed, sum 97 % of the no-shim pair's; issue #27 owns the contract")
 def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tmp_path):
     """Two crun containers started through nvc-py-hook with weights 1 and 3 in their env, each running
     the transformer training step from one moment on, against the step alone and the same pair with no
