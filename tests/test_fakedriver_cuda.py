@@ -224,6 +224,16 @@ def test_kernels_take_simulated_time(built, active_2gpu):
     assert out[9][3] == f"busy_ns={(2000 + 50 + 30 + 1) * 200_000}"
 
 
+def test_a_stream_wait_on_a_host_word_holds_the_work_behind_it_not_the_caller(built, active_2gpu):
+    """cuStreamWaitValue32 on the NULL stream, then 3 kernels of 2 ms and an event: as on a GPU, the call
+    returns at once and the event is not ready while the word is short of the value; written 20 ms
+    later, the held kernels run from then on (the event 6 ms after the write, not at once and not
+    26 ms after the wait)."""
+    line = probe(built, "init", "ctx", 0, "gatewait", 3, 20000, env={"FAKE_CUDA_KERNEL_US": "2000"})[2]
+    assert line[:2] == ["gatewait", "CUDA_SUCCESS"] and line[3] == "CUDA_ERROR_NOT_READY", line
+    assert float(line[2]) < 5000 and 5900 <= float(line[4]) <= 9000, line
+
+
 def test_bad_kernel_time_fails_init(built, active_2gpu):
     assert probe(built, "init", env={"FAKE_CUDA_KERNEL_US": "-5"}) == [["init", "CUDA_ERROR_INVALID_VALUE"]]
 

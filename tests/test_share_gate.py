@@ -1,8 +1,9 @@
 """libnvc-share's gates (native/gate.c) against the fake driver: outside the cap's slice a launch's
 stream is put behind a wait on a host word (cuStreamWaitValue32) that the process's gate thread
 opens when the container's next slice starts; where the driver cannot (no stream memory operations,
-or NVC_SHARE_GATE=0) launches wait on the host as before. The fake's wait holds the calling thread
-until the word is written, so a gate nobody opens hangs the program: each run here has a timeout.
+or NVC_SHARE_GATE=0) launches wait on the host as before. The fake holds the work queued behind the
+wait until the word is written, as a GPU does, and the launching thread goes on; a gate nobody opens
+leaves that work never done: each run here has a timeout.
 Test double only: nothing here is a GPU result.
 """
 

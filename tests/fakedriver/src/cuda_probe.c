@@ -10,7 +10,9 @@
  *   procaddr NAME VERSION FLAGS
  *   launch N GRID BLOCK | coop GRID BLOCK | graph NODES LAUNCHES | events N | stats I
  *   steps N GRID BLOCK HOST_US (launch, wait, host work) | burst N K HOST_US (K launches each followed by
- *     host work, then one wait: a framework's step)
+ *     host work, then one wait: a framework's step) | gatewait K HOLD_US (the NULL stream waits for a
+ *     host word, K kernels and an event behind it; the word written HOLD_US later: prints the wait
+ *     call's µs, the event's query before the write, and µs from the write to the event)
  *   gnode HOW BYTES (a graph with one memory allocation node, made by HOW: memalloc = cuGraphAddMemAllocNode,
  *     addnode / addnode2 = cuGraphAddNode / _v2, capture = cuMemAllocAsync under stream capture)
  *   ginst SLOT HOW (flags | autofree | params) | glaunch SLOT | gexecdestroy SLOT | gdestroy SLOT |
@@ -22,6 +24,7 @@
  * (-1 when they failed). A SLOT that was never handed out stands for an address no one allocated. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,6 +500,35 @@ static int run(char **argv, int argc)
         if (e && r == CUDA_SUCCESS) r = p_cuGraphExecDestroy(e);
         if (g && r == CUDA_SUCCESS) r = p_cuGraphDestroy(g);
         printf("graph %s\n", ename(r));
+        return 3;
+    }
+    if (!strcmp(op, "gatewait")) {
+        NEED(2);
+        static uint32_t word[1024] __attribute__((aligned(4096)));
+        CUdeviceptr dptr = 0;
+        CUevent e = NULL;
+        CUfunction f;
+        CUresult queried = CUDA_ERROR_UNKNOWN;
+        double called = -1, after = -1, t0;
+        __atomic_store_n(&word[0], 0, __ATOMIC_RELEASE);
+        r = load_function(&f);
+        if (r == CUDA_SUCCESS) r = p_cuMemHostRegister_v2(word, sizeof word, CU_MEMHOSTREGISTER_DEVICEMAP);
+        if (r == CUDA_SUCCESS) r = p_cuMemHostGetDevicePointer_v2(&dptr, word, 0);
+        if (r == CUDA_SUCCESS) r = p_cuEventCreate(&e, 0);
+        t0 = now_us();
+        if (r == CUDA_SUCCESS) r = p_cuStreamWaitValue32_v2(NULL, dptr, 1, CU_STREAM_WAIT_VALUE_GEQ);
+        called = now_us() - t0;
+        for (int i = 0; i < atoi(argv[1]) && r == CUDA_SUCCESS; i++)
+            r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        if (r == CUDA_SUCCESS) r = p_cuEventRecord(e, NULL);
+        if (r == CUDA_SUCCESS) queried = p_cuEventQuery(e);
+        for (double until = now_us() + (double)num(argv[2]); now_us() < until;)
+            ;
+        t0 = now_us();
+        __atomic_store_n(&word[0], 1, __ATOMIC_RELEASE);
+        if (r == CUDA_SUCCESS) r = p_cuEventSynchronize(e);
+        after = now_us() - t0;
+        printf("gatewait %s %.0f %s %.0f\n", ename(r), called, ename(queried), after);
         return 3;
     }
     if (!strcmp(op, "events")) {

@@ -109,6 +109,11 @@ struct fdev {
     struct obj *default_pool;
     int index;                         /* its GPU in the machine table */
     uint64_t busy_until_ns, busy_ns, launches;
+    /* work held behind a stream's wait on a host word (timeline.c; private timelines only): queued while
+     * the word is short of the value, placed on the timeline when the word is seen to reach it */
+    const uint32_t *hold_word;
+    uint32_t hold_value, hold_epoch;
+    uint64_t held_ns, released_at[16];
     uint64_t graph_used, graph_reserved, graph_used_high, graph_reserved_high;   /* graph memory */
 };
 
@@ -167,6 +172,7 @@ uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point);
 uint64_t fake_timeline_tail(int dev);
 int fake_timeline_reached(int dev, uint64_t point, uint64_t *at);
 void fake_timeline_wait(int dev, uint64_t point);
+int fake_timeline_hold(int dev, const uint32_t *word, uint32_t value);
 
 /* launch.c */
 CUresult fake_check_launch(const struct obj *f, const struct launch *l);

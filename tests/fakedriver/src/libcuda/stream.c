@@ -88,9 +88,10 @@ CUresult cuStreamQuery(CUstream stream)
 
 CUresult cuStreamQuery_ptsz(CUstream stream) { return cuStreamQuery(stream); }
 
-/* Stream memory operations on page-locked host memory. The fake's timeline is fixed when work is
- * queued, so a wait on a host word holds the calling thread until the word satisfies it (a GPU holds
- * the stream instead). FAKE_CUDA_NO_STREAM_MEMOPS=1: the device cannot use them. */
+/* Stream memory operations on page-locked host memory. A wait on a host word holds the device's
+ * private timeline, as a GPU holds the stream (timeline.c), and the caller goes on; where the timeline
+ * cannot be held (a shared GPU's, or one held on another word), the calling thread waits until the
+ * word satisfies it. FAKE_CUDA_NO_STREAM_MEMOPS=1: the device cannot use them. */
 CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
 {
     lock();
@@ -116,10 +117,11 @@ CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned int 
     struct fctx *c;
     uint64_t *done;
     CUresult r = fake_stream_resolve(stream, &c, &done);
-    unlock();
     if (r == CUDA_SUCCESS && (!addr || flags))   /* greater-or-equal only */
         r = CUDA_ERROR_INVALID_VALUE;
-    while (r == CUDA_SUCCESS && (int32_t)(__atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE) - value) < 0)
+    int held = r == CUDA_SUCCESS && fake_timeline_hold(c->dev, (const uint32_t *)(uintptr_t)addr, value);
+    unlock();
+    while (!held && r == CUDA_SUCCESS && (int32_t)(__atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE) - value) < 0)
         usleep(20);
     return r;
 }

@@ -12,7 +12,12 @@
  * each process at each moment the sharing changed). The file holds every process's queue of every GPU
  * of the machine, under flock; a process owns its slot by an open-file-description lock on the slot's
  * byte past the end of the data, which the kernel drops when the process dies: a dead process's queue
- * is dropped (its context gone), across PID namespaces too (containers sharing the file). */
+ * is dropped (its context gone), across PID namespaces too (containers sharing the file).
+ *
+ * A stream wait on a host word (cuStreamWaitValue32) holds a private timeline as a GPU holds the
+ * stream: work queued behind it is counted, not placed, and its points say how far into the held
+ * work they are (HELD, the hold's epoch, the offset); the first call that sees the word written places
+ * the held work from then on, and every point of that hold reads from where it was placed. */
 #include "internal.h"
 
 #include <fcntl.h>
@@ -45,6 +50,44 @@ static struct shared_gpu *shared;      /* FAKE_GPU_COUNT of them, mapped; NULL: 
 static int shared_fd = -1;             /* this process's own open file description (locks are per description) */
 static int own_slot[FAKE_GPU_COUNT];   /* per machine GPU; -1 none yet */
 static pid_t own_pid;
+
+#define HELD (1ull << 63)
+#define EPOCH_SHIFT 44                 /* offsets up to 2^44 ns (almost 5 hours) */
+#define EPOCHS (sizeof(((struct fdev *)0)->released_at) / sizeof(uint64_t))
+#define HOLD_POLL_NS 20000ull
+
+static uint64_t held_point(const struct fdev *d, uint64_t offset)
+{
+    return HELD | (uint64_t)(d->hold_epoch & 0xffff) << EPOCH_SHIFT | offset;
+}
+
+/* Places the held work once the word reaches the value (greater-or-equal, wrapping). */
+static void see_hold(struct fdev *d, uint64_t now)
+{
+    if (!d->hold_word || (int32_t)(__atomic_load_n(d->hold_word, __ATOMIC_ACQUIRE) - d->hold_value) < 0)
+        return;
+    uint64_t start = max_u64(now, d->busy_until_ns);
+    d->busy_until_ns = start + d->held_ns;
+    d->released_at[d->hold_epoch % EPOCHS] = start;
+    d->hold_epoch++;
+    d->hold_word = NULL;
+    d->held_ns = 0;
+}
+
+int fake_timeline_hold(int dev, const uint32_t *word, uint32_t value)
+{
+    struct fdev *d = &fake_dev[dev];
+    if (shared)
+        return 0;
+    see_hold(d, now_ns());
+    if (d->hold_word)
+        return d->hold_word == word && d->hold_value == value;   /* another hold: the caller waits */
+    if ((int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) >= 0)
+        return 1;
+    d->hold_word = word;
+    d->hold_value = value;
+    return 1;
+}
 
 static int reopen(void)
 {
@@ -199,10 +242,17 @@ uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point)
     struct fdev *d = &fake_dev[dev];
     uint64_t now = now_ns(), work = kernels * fake_kernel_ns, backlog = MAX_QUEUED_KERNELS * fake_kernel_ns;
     if (!shared) {
-        if (fake_kernel_ns && d->busy_until_ns > now + backlog)
-            return d->busy_until_ns - backlog;
-        d->busy_until_ns = max_u64(now, d->busy_until_ns) + work;
-        *point = d->busy_until_ns;
+        see_hold(d, now);
+        uint64_t ahead = max_u64(now, d->busy_until_ns) - now + d->held_ns;
+        if (fake_kernel_ns && ahead > backlog)
+            return d->hold_word ? now + HOLD_POLL_NS : d->busy_until_ns - backlog;
+        if (d->hold_word) {
+            d->held_ns += work;
+            *point = held_point(d, d->held_ns);
+        } else {
+            d->busy_until_ns = max_u64(now, d->busy_until_ns) + work;
+            *point = d->busy_until_ns;
+        }
     } else {
         struct slot *s = enter(dev, &now);
         uint64_t behind = s->queued - s->served;
@@ -225,8 +275,11 @@ uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point)
 
 uint64_t fake_timeline_tail(int dev)
 {
-    if (!shared)
-        return fake_dev[dev].busy_until_ns;
+    struct fdev *d = &fake_dev[dev];
+    if (!shared) {
+        see_hold(d, now_ns());
+        return d->hold_word ? held_point(d, d->held_ns) : d->busy_until_ns;
+    }
     uint64_t now, tail = enter(dev, &now)->queued;
     leave();
     return tail;
@@ -251,6 +304,16 @@ int fake_timeline_reached(int dev, uint64_t point, uint64_t *at)
 {
     uint64_t now = now_ns();
     if (!shared) {
+        struct fdev *d = &fake_dev[dev];
+        see_hold(d, now);
+        if (point & HELD) {
+            uint32_t epoch = (uint32_t)(point >> EPOCH_SHIFT) & 0xffff;
+            if (d->hold_word && epoch == (d->hold_epoch & 0xffff)) {
+                *at = now + HOLD_POLL_NS;  /* still held: look again then */
+                return 0;
+            }
+            point = d->released_at[epoch % EPOCHS] + (point & ((1ull << EPOCH_SHIFT) - 1));
+        }
         *at = point;
         return point <= now;
     }
