@@ -44,12 +44,12 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
             useful += others[i].share_permille;
         }
     useful = useful < NVC_SCHED_USEFUL_FLOOR ? NVC_SCHED_USEFUL_FLOOR : useful > 1000 ? 1000 : useful;
-    if (self->share_permille <= part(self, total, useful))
+    if (self->share_permille <= part(self, total, useful) + NVC_SCHED_SLACK_PERMILLE)
         return NVC_SCHED_RUN_WITHIN;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
         if (nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
-            o->share_permille < part(o, total, useful))
+            o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
             return NVC_SCHED_WAIT;   /* it wants more and competes for the GPU right now */
     }
     return NVC_SCHED_RUN;

@@ -21,6 +21,7 @@
 #define NVC_SCHED_ACTIVE_NS 5000000ull     /* a tenant not seen launching for 5 ms, with nothing queued, is idle */
 #define NVC_SCHED_FUTURE_NS 10000000000ull /* a peer's timestamp further ahead than this is garbage */
 #define NVC_SCHED_WINDOW_NS 100000000ull   /* a share is measured over the last ~200 ms (decaying) */
+#define NVC_SCHED_SLACK_PERMILLE 10u       /* over or under an entitlement by more than a point */
 #define NVC_SCHED_USEFUL_FLOOR 850u        /* the active tenants' shares summed, taken as no less than 85 % */
 #define NVC_WEIGHT_MAX 1000u
 
@@ -54,10 +55,9 @@ int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now);
  * its own included), no more than its cap. */
 uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight);
 
-/* May `self` launch now? Yes while its share is within its entitlement (no slack: one either way lets
- * a pair's lighter tenant run past its part), or while no other active tenant that is under its own
- * entitlement has work on the GPU: an idle tenant's share, or one a tenant cannot use (its host is the
- * bottleneck), goes to the others at once. Entitlements are
+/* May `self` launch now? Yes while its share is within its entitlement (plus the slack), or while no
+ * other active tenant that is under its own entitlement has work on the GPU: an idle tenant's share,
+ * or one a tenant cannot use (its host is the bottleneck), goes to the others at once. Entitlements are
  * parts of the GPU's useful work, the active tenants' shares summed (switching between contexts costs
  * the GPU some of its time), taken as no less than NVC_SCHED_USEFUL_FLOOR: a peer claiming no share
  * at all lowers another's entitlement by no more than that. */
