@@ -246,7 +246,8 @@ static int undrained_locked(int dev, uint32_t closed)
     return queue_of[dev].queued - (closed && closed == queue_of[dev].behind_gen ? queue_of[dev].behind : 0);
 }
 
-/* The gate thread's condition for a slice (gate.h): all queued before the gate closed is settled. */
+/* The gate thread's condition for a slice (gate.h): all not behind the closed gate (closed, never 0
+ * here) is settled. */
 static int drained_before_gate(int dev, uint32_t closed)
 {
     if (pthread_mutex_trylock(&launch_mu))
@@ -254,7 +255,7 @@ static int drained_before_gate(int dev, uint32_t closed)
     CUcontext seen = NULL;
     for (unsigned i = head; i != tail && undrained_locked(dev, closed); i++) {
         struct pending *p = AT(i);
-        if (!p->settled && (!p->gate || p->gate != closed) && p->d == dev && p->ctx != seen)
+        if (!p->settled && p->gate != closed && p->d == dev && p->ctx != seen)
             harvest_locked(seen = p->ctx);
     }
     int drained = !undrained_locked(dev, closed);

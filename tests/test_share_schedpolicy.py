@@ -3,8 +3,7 @@ the pure function the shim asks before each launch, loaded from a shared object 
 own source. No clock, no GPU: the simulated runs of test_share_native_compute.py show what the rule
 does over time; these pin the rule itself and its point of slack each way: a tenant more than a point
 (10 permille) over its entitlement waits while another more than a point under its own has work on the
-GPU. (Without the slack a light tenant whose heavy peer cannot use its share is held longer:
-test_share_native_compute.py's "1:3, the 3 under its share".)
+GPU.
 """
 
 from __future__ import annotations

@@ -85,6 +85,13 @@ static double now_us(void)
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
+/* The host's own work between launches: the CPU busy for us microseconds. */
+static void host_work(double us)
+{
+    for (double until = now_us() + us; now_us() < until;)
+        ;
+}
+
 static unsigned long long num(const char *s) { return strtoull(s, NULL, 0); }
 
 static void alloc_line(const char *op, CUresult r, struct slot s)
@@ -456,8 +463,7 @@ static int run(char **argv, int argc)
             r = p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, NULL, NULL, NULL);
             if (r == CUDA_SUCCESS)
                 r = p_cuCtxSynchronize();
-            for (double until = now_us() + host_us; now_us() < until;)
-                ;
+            host_work(host_us);
         }
         printf("steps %s %.0f\n", ename(r), now_us() - t0);
         return 5;
@@ -471,8 +477,7 @@ static int run(char **argv, int argc)
         for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
             for (int j = 0; j < k && r == CUDA_SUCCESS; j++) {
                 r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
-                for (double until = now_us() + host_us; now_us() < until;)
-                    ;
+                host_work(host_us);
             }
             if (r == CUDA_SUCCESS)
                 r = p_cuCtxSynchronize();
@@ -522,8 +527,7 @@ static int run(char **argv, int argc)
             r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
         if (r == CUDA_SUCCESS) r = p_cuEventRecord(e, NULL);
         if (r == CUDA_SUCCESS) queried = p_cuEventQuery(e);
-        for (double until = now_us() + (double)num(argv[2]); now_us() < until;)
-            ;
+        host_work((double)num(argv[2]));
         t0 = now_us();
         __atomic_store_n(&word[0], 1, __ATOMIC_RELEASE);
         if (r == CUDA_SUCCESS) r = p_cuEventSynchronize(e);
