@@ -3,7 +3,8 @@ the pure function the shim asks before each launch, loaded from a shared object 
 own source. No clock, no GPU: the simulated runs of test_share_native_compute.py show what the rule
 does over time; these pin the rule itself and its point of slack each way: a tenant more than a point
 (10 permille) over its entitlement waits while another more than a point under its own has work on the
-GPU.
+GPU. Entitlements are parts of the GPU's useful work, the tenants' shares summed, taken as no less than
+70 %.
 """
 
 from __future__ import annotations
@@ -58,3 +59,16 @@ def test_more_than_a_point_over_waits_while_a_peer_more_than_a_point_under_has_w
 def test_over_its_entitlement_it_still_launches_when_nobody_under_theirs_competes(decide):
     assert decide(261, 740) == RUN               # the peer is a point under its entitlement, no more
     assert decide(261, 739, peer_busy=False) == RUN   # under it, but nothing of it on the GPU now
+
+
+def test_entitlements_are_parts_of_the_useful_work_the_shares_sum_to(decide):
+    # 200 + 500: the GPU's useful work is 70 % of its time (real pairs measure about that): a quarter of
+    # it is 175, so the light tenant at 200 is over it while the heavy one is under its 525
+    assert decide(200, 500) == WAIT
+    assert decide(185, 515) == RUN_WITHIN
+
+
+def test_a_peer_claiming_little_share_lowers_an_entitlement_no_further_than_the_floor(decide):
+    # 180 + 20 sum to 20 % of the GPU, taken as 70 %: the light tenant's quarter is still 175 (+ a point)
+    assert decide(185, 20) == RUN_WITHIN
+    assert decide(186, 20) == WAIT
