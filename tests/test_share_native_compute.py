@@ -199,6 +199,7 @@ def test_a_tenant_over_its_share_is_held_while_the_others_run_free(share, progra
     procs = [tenant(share, programs, sched, f"t{i}", weight, launches, cap, host_us)
              for i, (weight, cap, launches, host_us) in enumerate(tenants)]
     walls = [wall_s(proc, timeout=30) for proc in procs]
+    print(f"{case}: walls {walls}")
     assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
     assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls
 
