@@ -69,6 +69,6 @@ def test_entitlements_are_parts_of_the_useful_work_the_shares_sum_to(decide):
 
 
 def test_a_peer_claiming_little_share_lowers_an_entitlement_no_further_than_the_floor(decide):
-    # 180 + 20 sum to 20 % of the GPU, taken as 70 %: the light tenant's quarter is still 175 (+ a point)
+    # 185 + 20 sum to about 20 % of the GPU, taken as 70 %: the light tenant's quarter is still 175 (+ a point)
     assert decide(185, 20) == RUN_WITHIN
     assert decide(186, 20) == WAIT
