@@ -13,6 +13,7 @@
 #include <string.h>
 #include "config.h"
 #include "devices.h"
+#include "events.h"
 #include "gate.h"
 #include "graphmem.h"
 #include "ground.h"
@@ -24,7 +25,6 @@
 #include "sched.h"
 
 #define MAX_PENDING 512
-#define MAX_FREE_EVENTS 1024
 #define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
 #define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
 #define WITHIN_SHARE_NS 20000000ll   /* the same for an uncapped tenant within its share: nothing holds it */
@@ -64,16 +64,14 @@ static struct {
     uint32_t behind_gen;
 } queue_of[NVC_MAX_DEVICES];
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
- * event records per launch cost a launch-bound loop (a training step's) as much as the launches. */
-#define GROUP_NS 100000ll
-#define GROUP_MAX 64
+ * event records per launch cost a launch-bound loop (a training step's) as much as the launches, and
+ * settling a group (two elapsed-time queries and a charge) as much again. A cap's groups stay short, its
+ * slices are judged by when each piece of work ended; an uncapped weight's, charged over a decaying
+ * window, are ten times longer: a host-bound step alone loses a fifth of its rate to short groups. */
+#define GROUP_NS(percent) ((percent) < 100 ? 100000ll : 1000000ll)
+#define GROUP_MAX(percent) ((percent) < 100 ? 64 : 256)
 static unsigned open_at[NVC_MAX_DEVICES];                             /* the group still taking launches */
 static int has_open[NVC_MAX_DEVICES];
-static struct {
-    CUevent ev;
-    CUcontext ctx;
-} free_events[MAX_FREE_EVENTS];
-static int nfree;
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
 static int within_of[NVC_MAX_DEVICES];         /* the scheduler's last word: within its share */
 
@@ -88,30 +86,6 @@ static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
  * cap than its share says whether the slice, the queue bound or other containers' shares held it. */
 enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_SHARE, WAIT_REASONS };
 static uint64_t waited_for[WAIT_REASONS], entries_made, launches_seen;
-
-static CUevent event_get(CUcontext ctx)
-{
-    for (int i = nfree - 1; i >= 0; i--)
-        if (free_events[i].ctx == ctx) {
-            CUevent ev = free_events[i].ev;
-            free_events[i] = free_events[--nfree];
-            return ev;
-        }
-    CUevent ev = NULL;
-    if (nvc_cuda.cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
-        return NULL;
-    return ev;
-}
-
-static void event_put(CUevent ev, CUcontext ctx)
-{
-    if (nfree < MAX_FREE_EVENTS) {
-        free_events[nfree].ev = ev;
-        free_events[nfree++].ctx = ctx;
-    } else if (nvc_cuda.cuEventDestroy_v2) {
-        nvc_cuda.cuEventDestroy_v2(ev);
-    }
-}
 
 /* Replaces a completed launch's estimate by its measured cost and tells a cap when the work ended.
  * Caller holds launch_mu. */
@@ -159,9 +133,9 @@ static void settle_locked(struct pending *p)
     queue_of[p->d].behind -= p->gate && p->gate == queue_of[p->d].behind_gen;
     queue_of[p->d].unknown -= p->count > 0 && p->queued_ns == 0;
     queue_of[p->d].inflight -= p->queued_ns;
-    event_put(p->start, p->ctx);
+    nvc_event_put(p->start, p->ctx);
     if (last_end[p->d].ev)
-        event_put(last_end[p->d].ev, last_end[p->d].ctx);
+        nvc_event_put(last_end[p->d].ev, last_end[p->d].ctx);
     last_end[p->d].ev = p->end;
     last_end[p->d].ctx = p->ctx;
     p->settled = 1;
@@ -346,9 +320,10 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         nvc_sched_launched(d->sched, now, queue_of[dev].inflight + queued);
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
-    int alone = !own || !own->ns || own->ns >= GROUP_NS / 4;
+    int alone = !own || !own->ns || own->ns >= GROUP_NS(d->compute) / 4;
     if (g && (alone || g->ctx != ctx || g->stream != l->stream || g->ptsz != l->ptsz || g->gate != gate ||
-              g->count >= GROUP_MAX || g->queued_ns >= GROUP_NS || now - g->last_ns > (uint64_t)GROUP_NS)) {   /* an idle gap is not its work */
+              g->count >= GROUP_MAX(d->compute) || g->queued_ns >= GROUP_NS(d->compute) ||
+              now - g->last_ns > (uint64_t)GROUP_NS(d->compute))) {   /* an idle gap is not its work */
         close_locked(dev, ctx);
         alone |= has_open[dev];          /* another context's group stays open: this one goes alone */
         g = NULL;
@@ -356,7 +331,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     *slot = (struct slot){0, 0, alone, estimate, queued};
     unsigned at = open_at[dev];
     if (!g && tail - head < MAX_PENDING) {
-        CUevent start = event_get(ctx), end = start ? event_get(ctx) : NULL;
+        CUevent start = nvc_event_get(ctx), end = start ? nvc_event_get(ctx) : NULL;
         if (end) {
             record(start, l->stream, l->ptsz);
             *AT(tail) = (struct pending){.start = start, .end = end, .ctx = ctx, .stream = l->stream, .ptsz = l->ptsz,
@@ -376,7 +351,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
             g = AT(tail++);
             entries_made++;
         } else if (start) {
-            event_put(start, ctx);
+            nvc_event_put(start, ctx);
         }
     }
     launches_seen++;
@@ -413,7 +388,8 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
             if (slot.alone && !p->recorded) {
                 record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
-            } else if (has_open[p->d] && open_at[p->d] == slot.at && (p->queued_ns >= GROUP_NS || p->count >= GROUP_MAX)) {
+            } else if (has_open[p->d] && open_at[p->d] == slot.at &&
+                       (p->queued_ns >= GROUP_NS(p->percent) || p->count >= GROUP_MAX(p->percent))) {
                 close_locked(p->d, ctx);
             }
         }
@@ -587,7 +563,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
     if (phase == NVC_FORK_CHILD) {
         head = tail = 0;             /* the parent's events mean nothing in the child */
         memset(has_open, 0, sizeof has_open);
-        nfree = 0;
+        nvc_events_forget();
         memset(gpu_done_ns, 0, sizeof gpu_done_ns);
         memset(last_end, 0, sizeof last_end);
         memset(queue_of, 0, sizeof queue_of);
