@@ -103,6 +103,30 @@ def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
     return rate, per_second
 
 
+def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tuple[float, float]:
+    """(iterations per second, median SM clock in MHz) of a torch_load run, the clock of GPU 0 sampled
+    through NVML every 20 ms while it runs: a GPU at its power limit lowers its clock, so a workload
+    that draws that limit runs faster whenever it is kept off part of the time."""
+    import statistics
+    import time
+
+    import pynvml
+
+    start_at = time.time() + 12
+    proc = torch_run(workload, env, seconds, start_at)
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        time.sleep(max(0.0, start_at + 0.3 - time.time()))
+        clocks = []
+        while time.time() < start_at + seconds - 0.3:
+            clocks.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+            time.sleep(0.02)
+    finally:
+        pynvml.nvmlShutdown()
+    return torch_result(proc)[0], statistics.median(clocks)
+
+
 def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> list[float]:
     """Iterations per second of torch_load workloads started together, (workload, weight) each: under
     the shim with their weights, each its own tenant in one scheduler directory, or with no shim at all
