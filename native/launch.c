@@ -65,11 +65,13 @@ static struct {
 } queue_of[NVC_MAX_DEVICES];
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
  * event records per launch cost a launch-bound loop (a training step's) as much as the launches, and
- * settling a group (two elapsed-time queries and a charge) as much again. A cap's groups stay short, its
- * slices are judged by when each piece of work ended; an uncapped weight's, charged over a decaying
- * window, are ten times longer: a host-bound step alone loses a fifth of its rate to short groups. */
-#define GROUP_NS(percent) ((percent) < 100 ? 100000ll : 1000000ll)
-#define GROUP_MAX(percent) ((percent) < 100 ? 64 : 256)
+ * settling a group (two elapsed-time queries and a charge) as much again. A cap judges its slices by
+ * when each piece of work ended, and between weighted tenants a group's time is divided by who shared
+ * the GPU during it: their groups stay short. An uncapped weight with no other tenant active has no
+ * one to divide with, and its groups are ten times longer (a host-bound step pays short ones in its rate). */
+static int long_groups[NVC_MAX_DEVICES];
+#define GROUP_NS(dev) (long_groups[dev] ? 1000000ll : 100000ll)
+#define GROUP_MAX(dev) (long_groups[dev] ? 256 : 64)
 static unsigned open_at[NVC_MAX_DEVICES];                             /* the group still taking launches */
 static int has_open[NVC_MAX_DEVICES];
 static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
@@ -298,6 +300,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
             }
         } else {
             within_of[dev] = decision == 2;
+            long_groups[dev] = d->sched && d->compute >= 100 && !nvc_sched_contended(d->sched);
             break;
         }
         pthread_mutex_lock(&launch_mu);
@@ -320,10 +323,10 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         nvc_sched_launched(d->sched, now, queue_of[dev].inflight + queued);
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
-    int alone = !own || !own->ns || own->ns >= GROUP_NS(d->compute) / 4;
+    int alone = !own || !own->ns || own->ns >= GROUP_NS(dev) / 4;
     if (g && (alone || g->ctx != ctx || g->stream != l->stream || g->ptsz != l->ptsz || g->gate != gate ||
-              g->count >= GROUP_MAX(d->compute) || g->queued_ns >= GROUP_NS(d->compute) ||
-              now - g->last_ns > (uint64_t)GROUP_NS(d->compute))) {   /* an idle gap is not its work */
+              g->count >= GROUP_MAX(dev) || g->queued_ns >= GROUP_NS(dev) ||
+              now - g->last_ns > (uint64_t)GROUP_NS(dev))) {   /* an idle gap is not its work */
         close_locked(dev, ctx);
         alone |= has_open[dev];          /* another context's group stays open: this one goes alone */
         g = NULL;
@@ -389,7 +392,7 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
                 record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
             } else if (has_open[p->d] && open_at[p->d] == slot.at &&
-                       (p->queued_ns >= GROUP_NS(p->percent) || p->count >= GROUP_MAX(p->percent))) {
+                       (p->queued_ns >= GROUP_NS(p->d) || p->count >= GROUP_MAX(p->d))) {
                 close_locked(p->d, ctx);
             }
         }
@@ -568,6 +571,7 @@ void nvc_launch_fork(enum nvc_fork_phase phase)
         memset(last_end, 0, sizeof last_end);
         memset(queue_of, 0, sizeof queue_of);
         memset(within_of, 0, sizeof within_of);
+        memset(long_groups, 0, sizeof long_groups);
         memset(waited_for, 0, sizeof waited_for);
         entries_made = launches_seen = 0;
     }

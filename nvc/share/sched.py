@@ -25,6 +25,7 @@ class SchedDevice(NamedTuple):
     weight: int
     cap: int                     # percent, 100 = none
     busy_ns: int                 # measured GPU time, cumulative
+    charged_ns: int              # the part of it charged against its weight (shared moments divided), cumulative
     share_permille: int          # of the GPU over the last half second the container was busy
     seen_ns: int                 # CLOCK_MONOTONIC of its last launch
 
@@ -43,7 +44,8 @@ def parse_sched(data: bytes) -> tuple[SchedDevice, ...]:
         raise SchedFormatError(f"magic {magic!r} version {version}, want version {VERSION}")
     devices = []
     for i in range(min(ndevices, DEVICES)):
-        key, _charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, _ = \
+        key, charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, _ = \
             _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
-        devices.append(SchedDevice(key.rstrip(b"\0").decode("ascii", "replace"), weight, cap, busy, permille, seen))
+        devices.append(SchedDevice(key.rstrip(b"\0").decode("ascii", "replace"), weight, cap, busy, charged,
+                                   permille, seen))
     return tuple(devices)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 GPU_DIR = Path(__file__).resolve().parent
 REPO = GPU_DIR.parent.parent
@@ -127,10 +128,15 @@ def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tupl
     return torch_result(proc)[0], statistics.median(clocks)
 
 
-def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> list[float]:
-    """Iterations per second of torch_load workloads started together, (workload, weight) each: under
-    the shim with their weights, each its own tenant in one scheduler directory, or with no shim at all
-    (the GPU's own time-slicing between them)."""
+class Together(NamedTuple):
+    rates: list[float]           # iterations per second, tenant by tenant
+    gpu_parts: list[float]       # % of the GPU time charged to them all (weighted tenants; else empty)
+
+
+def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> Together:
+    """torch_load workloads started together, (workload, weight) each: under the shim with their weights,
+    each its own tenant in one scheduler directory, or with no shim at all (the GPU's own time-slicing
+    between them)."""
     import time
 
     sched = path / "sched"
@@ -143,4 +149,32 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
             env = shim_env(limits_dir(path / f"t{i}", {"NVC_SHARE_WEIGHT": str(weight)}),
                            NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT=f"t{i}")
         procs.append(torch_run(workload, env, seconds, start_at))
-    return [torch_output(p)[0] for p in procs]
+    charged = charged_between(sched, start_at + 0.5, start_at + seconds - 0.5) if weighted else {}
+    total = sum(c for _, c in charged.values())
+    return Together([torch_output(p)[0] for p in procs],
+                    [100 * charged[f"t{i}"][1] / total for i in range(len(tenants))] if total else [])
+
+
+def charged_between(sched: Path, start: float, end: float) -> dict[str, tuple[int, int]]:
+    """Each tenant's (weight, GPU time charged to it between the wall times start and end, in ns) from
+    the scheduler files in sched, by file name, read while the tenants run: what the weights divide.
+    Sleeps until end."""
+    import time
+
+    from nvc.share.sched import SchedFormatError, parse_sched
+
+    def snapshot() -> dict[str, tuple[int, int]]:
+        seen = {}
+        for entry in sched.iterdir():
+            try:
+                devices = parse_sched(entry.read_bytes())
+            except (OSError, SchedFormatError):
+                continue
+            if devices:
+                seen[entry.name] = (devices[0].weight, sum(d.charged_ns for d in devices))
+        return seen
+
+    time.sleep(max(0.0, start - time.time()))
+    first = snapshot()
+    time.sleep(max(0.0, end - time.time()))
+    return {name: (weight, ns - first[name][1]) for name, (weight, ns) in snapshot().items() if name in first}
