@@ -95,6 +95,35 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
     assert "throttled launches" not in err
 
 
+def test_a_weight_alone_measures_its_launches_in_long_groups(share, programs, tmp_path):
+    """A weighted tenant with no other tenant active measures its short kernels in groups of up to 1 ms
+    (recording and settling events for each short group cost a host-bound loop its rate): 100 µs
+    kernels, about ten to a pair of events. With a peer busy on the GPU its groups are 100 µs again (a
+    group's time is divided by who shared the GPU during it): one pair each."""
+    sched = tmp_path / "sched"
+    sched.mkdir()
+
+    def launches_and_pairs() -> tuple[float, float]:
+        _, err = share.run("cuda_probe", "init", "ctx", 0, "burst", 20, 40, 20,
+                           limits={"NVC_SHARE_WEIGHT": "1", "FAKE_CUDA_KERNEL_US": "100", "NVC_SHARE_LOG": "2",
+                                   "NVC_SHARE_SCHED_DIR": str(sched), "NVC_SHARE_TENANT": "measured"})
+        logged = WAITS_LOG.search(err)
+        assert logged, err
+        return float(logged.group(1)), float(logged.group(2))
+
+    launches, pairs = launches_and_pairs()
+    assert launches == 800 and pairs <= launches / 5, (launches, pairs)
+    peer = tenant(share, programs, sched, "peer", 1, 3000)
+    try:
+        time.sleep(0.3)
+        launches, pairs = launches_and_pairs()
+        assert peer.poll() is None, "the peer must stay busy throughout"
+    finally:
+        peer.kill()
+        peer.wait()
+    assert launches == 800 and pairs >= launches / 2, (launches, pairs)
+
+
 # ---------------------------------------------------------------- weighted scheduler (fake clock)
 
 class Simulated(NamedTuple):
