@@ -325,7 +325,7 @@ def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tm
         charged = sharegpu.charged_between(Path(share_plan.sched_dir_for(share_plan.STATE_DIR)), start_at + 0.5,
                                            start_at + 5.5)
     by_weight = {weight: sum(ns for w, ns in charged.values() if w == weight) for _, weight in TRANSFORMER_PAIR}
-    gpu_parts = [100 * by_weight.get(w, 0) / max(sum(by_weight.values()), 1) for _, w in TRANSFORMER_PAIR]
+    gpu_parts = [100 * by_weight[w] / max(sum(by_weight.values()), 1) for _, w in TRANSFORMER_PAIR]
     shared = []
     for weight, result in sorted(results.items()):
         assert result.returncode == 0, result.stderr

@@ -1,6 +1,7 @@
 """Building and running the real-GPU programs of libnvc-share, for tests/test_share_gpu.py and
-bench/share. Plain standard library plus nvc's sharing modules (the hook's own limits writer), so it runs on
-the GPU machine with PYTHONPATH pointing at the source tree.
+bench/share. Plain standard library plus nvc's sharing modules (the hook's own limits writer, the
+scheduler files' reader) and NVML's bindings (nvidia-ml-py, for the SM clock), so it runs on the GPU
+machine with PYTHONPATH pointing at the source tree.
 
 Programs run with LD_PRELOAD=native/libnvc-share.so and NVC_SHARE_DIR=<a directory whose limits
 file nvc.plan.share wrote>, the same file the hook mounts read-only in containers.
@@ -152,7 +153,7 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
     charged = charged_between(sched, start_at + 0.5, start_at + seconds - 0.5) if weighted else {}
     total = sum(c for _, c in charged.values())
     return Together([torch_output(p)[0] for p in procs],
-                    [100 * charged[f"t{i}"][1] / total for i in range(len(tenants))] if total else [])
+                    [100 * charged.get(f"t{i}", (0, 0))[1] / total for i in range(len(tenants))] if total else [])
 
 
 def charged_between(sched: Path, start: float, end: float) -> dict[str, tuple[int, int]]:
