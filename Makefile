@@ -123,9 +123,10 @@ define launcher
 	chmod 0755 $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
 endef
 
-# $(call front,NAME,MODULE): $(LIBDIR)/NAME is the native front (native/client/hook_client.c), which hands each
-# call to the hook server (starting one for a hook call where none runs) and otherwise runs
-# $(LIBDIR)/NAME-python, the Python program; the NAME console script and $(BINDIR)/NAME become links to the front.
+# $(call front,NAME,MODULE): $(LIBDIR)/NAME is the native front (native/client/hook_client.c), which drops the
+# caller's unsafe variables (nvc/unsafe-environment.list), hands a call of nvc-py or nvc-py-hook to the hook server
+# (starting one for a hook call where none runs) and otherwise runs $(LIBDIR)/NAME-python, the Python program;
+# the NAME console script and $(BINDIR)/NAME become links to the front.
 define front
 	$(call launcher,$(1)-python,$(2))
 	install -m 0755 native/nvc-py-hook-client $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
@@ -157,8 +158,7 @@ FORCE:
 fronts:
 	$(call front,nvc-py,nvc.__main__)
 	$(call front,nvc-py-hook,nvc.hook.program)
-	$(call launcher,nvc-py-runtime,nvc.hook.runtime)
-	$(call link,nvc-py-runtime)
+	$(call front,nvc-py-runtime,nvc.hook.runtime)
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build

@@ -3,8 +3,8 @@ its hook server (systemd socket activation where systemd runs).
 
 Generated files name the installed programs by absolute path (a pyenv shim or a PATH lookup would
 depend on the environment the engine gives its hooks): those ``make install`` put in
-/usr/lib/nvc-py (the native fronts, the isolated launchers), which a later ``pip install`` leaves
-alone, where they are; pip's console scripts otherwise. Every hook gets an explicit environment:
+/usr/lib/nvc-py (the native fronts, which start the isolated interpreters), which a later ``pip
+install`` leaves alone. Every hook gets an explicit environment:
 a fixed PATH and, where one was chosen, the configuration file. Nothing from the container's own
 environment may reach a hook (CVE-2025-23266).
 """
@@ -50,11 +50,11 @@ def script_path(name: str) -> str:
 
 
 def installed_program(name: str) -> str:
-    """``name`` as make install put it in LIBDIR (the native front of nvc-py-hook, the isolated
-    launcher of nvc-py-runtime), else pip's console script. Registered entries name LIBDIR's: pip
-    rewrites its console scripts at every install, and would silently undo a front put there."""
-    path = os.path.join(LIBDIR, name)
-    return path if os.access(path, os.X_OK) else script_path(name)
+    """``name`` as make install and the package put it in LIBDIR: the native front, which drops the
+    caller's unsafe variables before the isolated interpreter starts (nvc.loaderenv). pip makes no
+    console scripts of its own (they would run a root hook in a caller-steered interpreter), and
+    would silently undo a front put in their place at every install."""
+    return os.path.join(LIBDIR, name)
 
 
 def hook_env(config_path: str | None) -> list[str]:
@@ -229,8 +229,6 @@ def server_unit(config_path: str | None = None) -> str:
     """
     env = "".join(f"Environment={entry}\n" for entry in hook_env(config_path))
     program = os.path.join(LIBDIR, SERVER_PROGRAM)
-    if not os.access(program, os.X_OK):
-        program = script_path(HOOK_SCRIPT)
     return ("[Unit]\n"
             "Description=nvc-py hook server: runs nvc-py-hook calls in pre-started workers\n"
             f"Requires={SOCKET_UNIT}\n"

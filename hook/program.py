@@ -43,11 +43,11 @@ def run() -> None:
     variables before anything loads a shared library (this module's own imports load none).
     Its streams are guarded (:mod:`nvc.stdio`): a closed or full stdout is one line and a status.
     """
-    from nvc.loaderenv import restart_without_loader_variables
+    from nvc.loaderenv import restart_without_unsafe_variables
     from nvc.quickexit import exit_now
     from nvc.stdio import guarded, reopen_closed
 
     reopen_closed()  # before the server's socket could become stdout
-    restart_without_loader_variables()
+    restart_without_unsafe_variables()
     hand_over(sys.argv)  # to a running server's warm worker, when there is one
     exit_now(guarded(PROG, main))  # no interpreter teardown (a server's SIGTERM ends it as sys.exit does)

@@ -199,8 +199,8 @@ def run() -> None:
     variables before anything loads a shared library (this module's own imports load none).
     Its streams are guarded (:mod:`nvc.stdio`): a closed or full stdout is one line and a status.
     """
-    from nvc.loaderenv import restart_without_loader_variables
+    from nvc.loaderenv import restart_without_unsafe_variables
     from nvc.stdio import guarded
 
-    restart_without_loader_variables()
+    restart_without_unsafe_variables()
     sys.exit(guarded(PROG, main))

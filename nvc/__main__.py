@@ -3,11 +3,11 @@
 import sys
 
 from nvc.hook.handover import hand_over
-from nvc.loaderenv import restart_without_loader_variables
+from nvc.loaderenv import restart_without_unsafe_variables
 from nvc.stdio import reopen_closed
 
 reopen_closed()  # before anything opened (the server's socket, a helper's) could become stdout
-restart_without_loader_variables()  # before any import that may load a shared library
+restart_without_unsafe_variables()  # before any import that may load a shared library
 hand_over(sys.argv)  # to a running server's warm worker (nvc-py-hook serve), when there is one
 
 if "info" in sys.argv[1:]:  # a guess that only affects speed: a wrong one costs an unused fork

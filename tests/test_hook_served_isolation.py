@@ -84,5 +84,5 @@ def test_pythonpath_reaches_neither_the_hook_nor_the_runtime(no_gpu_state, hosti
         runtime = subprocess.run([str(program), "--version"], capture_output=True, text=True,
                                  env={**hostile, "NVC_PY_CONFIG": env["NVC_PY_CONFIG"]}, timeout=60)
         assert runtime.returncode == 0 and "version" in runtime.stdout, runtime.stderr
-        assert program.read_text().splitlines()[0].endswith(" -IS")
+        assert (LIBDIR / "nvc-py-runtime-python").read_text().splitlines()[0].endswith(" -IS")
     assert not marker.exists(), marker.read_text()

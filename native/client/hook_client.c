@@ -9,7 +9,11 @@
  * and nvc-py-hook console scripts were, so `nvc-py info` is handed over as it is typed, and so are
  * hooks that name nvc-py-hook (CDI's). The Python program it stands for is then
  * /usr/lib/nvc-py/NAME-python (a launcher make install writes). The name is the installed file's
- * (/proc/self/exe), not argv[0]'s.
+ * (/proc/self/exe), not argv[0]'s. As nvc-py-runtime's front it hands nothing over: it only runs the
+ * program without the caller's unsafe variables.
+ *
+ * Whatever the name, it first drops from its environment every variable of nvc/unsafe-environment.list
+ * (environment.c): neither the Python program it executes nor the server's worker sees them.
  *
  * A Python program pays for an interpreter start and its imports at every run (most of its cost:
  * docs/performance.md); the server has
@@ -79,6 +83,7 @@
 #define CONNECTED_ENV "NVC_PY_HOOK_CONNECTED="
 #define STAMP_DIGITS 20
 
+#include "environment.h"
 #include "server_start.h"
 #include "socket_dir.h"
 #include "wedge.h"
@@ -363,8 +368,16 @@ static const char *own_name(const char *argv0, char *buf, size_t size)
     return slash ? slash + 1 : path;
 }
 
+/* The programs a server runs (by argv[0]'s basename); the front of any other (nvc-py-runtime) only drops the
+ * unsafe variables and executes it. */
+static int is_served(const char *name)
+{
+    return !strcmp(name, "nvc-py") || !strcmp(name, "nvc-py-hook");
+}
+
 int main(int argc, char **argv)
 {
+    environment_scrub(); /* before anything is executed or sent */
     static char exe[4096];
     const char *base = own_name(argv[0], exe, sizeof exe);
     self = base;
@@ -387,7 +400,7 @@ int main(int argc, char **argv)
         argv[0] = (char *)base; /* what the server runs */
     }
     /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
-    if (is_serve(argc, argv))
+    if (is_serve(argc, argv) || (target == program && !is_served(base)))
         fall_back(argv);
     /* A stream the runtime left closed is passed as /dev/null, never as another open file; read-only,
      * so a write to it fails as on the closed descriptor and the program says it lost its output
