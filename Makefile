@@ -53,7 +53,7 @@ INSTALL_CURRENT := $(and $(filter file://$(CURDIR),$(INSTALLED_FROM)),\
 # What the hooks, their server and the device plugin leave in RUN_DIR beside the containers' sharing
 # state (share/, gpu-sched/), for `make uninstall`.
 RUN_DIR := /run/nvc-py
-RUN_FILES := config-cache.json ldconfig-seccomp.bpf hook.sock server.lock server.log device-plugin.json
+RUN_FILES := config-cache.json runtime-cache ldconfig-seccomp.bpf hook.sock server.lock server.log device-plugin.json
 # `make try CMD="nvc-py list"` runs CMD in the try shell instead of an interactive shell.
 CMD ?=
 # `make uninstall PURGE=1` also removes the log and /etc/nvc-py.

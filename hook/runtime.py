@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             if rewrite(spec, bundle, config):
                 write_atomic(os.path.join(bundle, "config.json"), spec)
         runtime = real_runtime(config)
+        from nvc.hook import runtimecache
+
+        runtimecache.store(config_file.config_path(), runtime)  # the front passes calls through from now on
     except NvcError as err:
         report(args, f"{PROG}: {err}")
         return err.exit_code

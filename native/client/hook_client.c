@@ -9,8 +9,8 @@
  * and nvc-py-hook console scripts were, so `nvc-py info` is handed over as it is typed, and so are
  * hooks that name nvc-py-hook (CDI's). The Python program it stands for is then
  * /usr/lib/nvc-py/NAME-python (a launcher make install writes). The name is the installed file's
- * (/proc/self/exe), not argv[0]'s. As nvc-py-runtime's front it hands nothing over: it only runs the
- * program without the caller's unsafe variables.
+ * (/proc/self/exe), not argv[0]'s. As nvc-py-runtime's front it hands nothing over: it executes the runtime
+ * itself where the call only passes through (runtime_front.c), else the program.
  *
  * Whatever the name, it first drops from its environment every variable of nvc/unsafe-environment.list
  * (environment.c): neither the Python program it executes nor the server's worker sees them.
@@ -84,6 +84,7 @@
 #define STAMP_DIGITS 20
 
 #include "environment.h"
+#include "runtime_front.h"
 #include "server_start.h"
 #include "socket_dir.h"
 #include "wedge.h"
@@ -400,6 +401,8 @@ int main(int argc, char **argv)
         argv[0] = (char *)base; /* what the server runs */
     }
     /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
+    if (target == program && !strcmp(base, "nvc-py-runtime"))
+        runtime_pass_through(argc, argv); /* returns where the program must run */
     if (is_serve(argc, argv) || (target == program && !is_served(base)))
         fall_back(argv);
     /* A stream the runtime left closed is passed as /dev/null, never as another open file; read-only,

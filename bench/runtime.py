@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""What nvc-py-runtime costs an engine's calls, beside the runtime it wraps.
+
+An engine calls its runtime several times for every container; where nvc-py-runtime is the runtime,
+most of those calls only pass through. Rows, interleaved in each round after one warm-up round, each
+a runtime as an engine would call it (its own ``--root`` state directory):
+
+  RUNTIME alone                 runc (or crun): the baseline
+  nvc-py-runtime                the installed one (/usr/lib/nvc-py/nvc-py-runtime: the native front)
+  the Python program alone      /usr/lib/nvc-py/nvc-py-runtime-python: every call through Python
+  NVIDIA's runtime              --nvidia PATH, where one was built (its own configuration)
+
+Columns: one call (``list``), and containerd's four calls for one container that asks for no GPU
+(``create``, ``start``, ``state``, ``delete`` of a busybox ``true``). Medians of the rounds in ms,
+with each row's ratio to the baseline of the same run. Run it as root with the installed nvc-py's
+interpreter: ``/usr/lib/nvc-py/venv/bin/python bench/runtime.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from harness.bundle import make_bundle  # noqa: E402
+from harness.rootfs import RootfsCache  # noqa: E402
+
+LIBDIR = Path("/usr/lib/nvc-py")
+CALLS = ("create", "start", "state", "delete")
+
+
+def timed(argv: list[str]) -> float:
+    """Milliseconds one call took; a failing call ends the benchmark with its error. Its output goes to
+    files, as an engine's does: the container's process inherits them, and a pipe would stay open."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        took = (time.perf_counter() - start) * 1e3
+        if result.returncode != 0:
+            err.seek(0)
+            sys.exit(f"bench/runtime: {' '.join(argv)}: exit {result.returncode}: {err.read().decode().strip()}")
+    return took
+
+
+def container_calls(program: str, state: Path, bundle: Path, name: str) -> float:
+    """containerd's calls for one container, in ms altogether."""
+    base = [program, "--root", str(state)]
+    total = timed([*base, "create", "--bundle", str(bundle), name])
+    total += timed([*base, "start", name])
+    deadline = time.monotonic() + 10
+    while "stopped" not in subprocess.run([*base, "state", name], capture_output=True, text=True).stdout:
+        if time.monotonic() > deadline:
+            sys.exit(f"bench/runtime: {name} did not stop")
+    total += timed([*base, "state", name])
+    return total + timed([*base, "delete", name])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20, help="rounds after the warm-up (default 20)")
+    parser.add_argument("--runtime", default="runc", help="the wrapped runtime (default runc)")
+    parser.add_argument("--nvidia", help="NVIDIA's nvidia-container-runtime, to measure beside")
+    args = parser.parse_args()
+    runtime = shutil.which(args.runtime) or sys.exit(f"bench/runtime: {args.runtime} not found")
+    rows = {f"{args.runtime} alone": runtime, "nvc-py-runtime": str(LIBDIR / "nvc-py-runtime"),
+            "the Python program alone": str(LIBDIR / "nvc-py-runtime-python")}
+    if args.nvidia:
+        rows["NVIDIA's runtime"] = args.nvidia
+    times: dict[str, dict[str, list[float]]] = {label: {"one": [], "four": []} for label in rows}
+    with tempfile.TemporaryDirectory(prefix="nvc-bench-runtime-") as tmp:
+        work = Path(tmp)
+        rootfs = RootfsCache(work / "cache").get("debian")
+        bundle = make_bundle(work / "bundle", rootfs, ["/bin/true"])
+        for round_no in range(args.runs + 1):
+            for n, (label, program) in enumerate(rows.items()):
+                state = work / f"state-{n}"
+                one = timed([program, "--root", str(state), "list"])
+                four = container_calls(program, state, bundle, f"nvc-bench-{n}-{round_no}")
+                if round_no:
+                    times[label]["one"].append(one)
+                    times[label]["four"].append(four)
+    base = times[f"{args.runtime} alone"]
+    print(f"== bench/runtime: {runtime} wrapped; {args.runs} rounds, medians in ms (ratio to {args.runtime} alone) ==")
+    print(f"{'':<28} {'one call (list)':>20} {'create+start+state+delete':>28}")
+    for label, got in times.items():
+        one, four = statistics.median(got["one"]), statistics.median(got["four"])
+        print(f"{label:<28} {one:>11.1f} ({one / statistics.median(base['one']):4.2f}x) "
+              f"{four:>19.1f} ({four / statistics.median(base['four']):4.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

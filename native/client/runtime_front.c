@@ -1,0 +1,232 @@
+/* nvc-py-runtime stands where an engine runs runc: containerd and dockerd call it several times for every
+ * container (create, start, state, kill, delete), and all but a GPU container's create only hand their
+ * arguments to the runtime. Starting Python for those costs tens of milliseconds each; the front execs the
+ * runtime itself, with the same arguments, environment (less the unsafe variables), descriptors and so exit
+ * status, where it can tell the Python program would do just that:
+ *
+ * - the command is not create (nor --help/--version, which the program answers first), or it is create and the
+ *   bundle's config.json is a JSON object none of whose bytes could ask for a GPU (no NVIDIA_VISIBLE_DEVICES,
+ *   no CUDA_VERSION (a legacy image's default), no nvidia-container-devices volume, no \u escape that could
+ *   spell one): nvc/containerenv/gpus.py's gpu_request would find nothing in it;
+ * - and the runtime cache (hook/runtimecache.py) names the runtime: the program writes it after resolving
+ *   the configuration's `runtimes`, keyed by the configuration file's identity, PATH and PATH's directories,
+ *   and this front believes only root's own file in root's own /run/nvc-py, and a key equal to what it
+ *   computes now. Any doubt (another user, no cache, an edited configuration, an unreadable bundle) runs the
+ *   program, which gives the same result and today's errors.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime_front.h"
+#include "socket_dir.h"
+
+#define CACHE_DIR "/run/nvc-py"
+#define CACHE_NAME "runtime-cache"
+#define CACHE_MAGIC "nvc-py-runtime/1"
+#define CACHE_FIELDS 6         /* magic, configuration file, its identity, PATH, its directories, runtime */
+#define MAX_CACHE (64 * 1024)  /* bytes: paths and a few numbers */
+#define MAX_SPEC (64ll << 20)  /* as hook/spec.py's MAX_SPEC_SIZE */
+#define CONFIG_ENV "NVC_PY_CONFIG"
+#define DEFAULT_CONFIG "/etc/nvc-py/config.yaml"
+
+/* As hook/runtime.py's _GLOBAL_VALUE_OPTIONS: global options whose value is the next word. */
+static const char *const value_options[] = {"--root", "--log", "--log-format", "--criu", "--rootless",
+                                            "--cgroup-manager"};
+/* Words whose presence sends a create to the program (see the file's comment). */
+static const char *const gpu_words[] = {"NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "nvidia-container-devices", "\\u"};
+
+/* A growing text, for the key (NUL-separated fields). */
+struct text {
+    char buf[MAX_CACHE];
+    size_t len;
+    int full;
+};
+
+static void add(struct text *t, const char *s, size_t n)
+{
+    if (t->full || t->len + n + 1 > sizeof t->buf) {
+        t->full = 1;
+        return;
+    }
+    memcpy(t->buf + t->len, s, n);
+    t->len += n;
+}
+
+static void add_str(struct text *t, const char *s)
+{
+    add(t, s, strlen(s));
+}
+
+static void end_field(struct text *t)
+{
+    add(t, "", 1);
+}
+
+/* A file's identity as hook/runtimecache.py's identity(): device, inode, size, modification and change times. */
+static void add_identity(struct text *t, const struct stat *st)
+{
+    char id[160];
+    snprintf(id, sizeof id, "%llu %llu %lld %llu %llu", (unsigned long long)st->st_dev,
+             (unsigned long long)st->st_ino, (long long)st->st_size,
+             (unsigned long long)st->st_mtim.tv_sec * 1000000000ull + (unsigned long long)st->st_mtim.tv_nsec,
+             (unsigned long long)st->st_ctim.tv_sec * 1000000000ull + (unsigned long long)st->st_ctim.tv_nsec);
+    add_str(t, id);
+}
+
+/* The key the cache must hold for this call (hook/runtimecache.py's key()); 0 where there can be none. */
+static int cache_key(struct text *key)
+{
+    const char *config = getenv(CONFIG_ENV);
+    const char *path = getenv("PATH");
+    struct stat st;
+    if (!config || !*config)
+        config = DEFAULT_CONFIG;
+    if (!path)
+        return 0;
+    add_str(key, CACHE_MAGIC);
+    end_field(key);
+    add_str(key, config);
+    end_field(key);
+    if (stat(config, &st) == 0)
+        add_identity(key, &st);
+    else if (errno == ENOENT)
+        add_str(key, "absent");
+    else
+        return 0;
+    end_field(key);
+    add_str(key, path);
+    end_field(key);
+    for (const char *dir = path;; dir++) {
+        size_t n = strcspn(dir, ":");
+        char name[4096];
+        if (n == 0 || dir[0] != '/' || n >= sizeof name)
+            return 0; /* the working directory, or a relative one: which runtime depends on where we are */
+        memcpy(name, dir, n);
+        name[n] = '\0';
+        if (dir != path)
+            add_str(key, ";");
+        if (stat(name, &st) == 0)
+            add_identity(key, &st);
+        else
+            add_str(key, "-");
+        dir += n;
+        if (!*dir)
+            break;
+    }
+    end_field(key);
+    return !key->full;
+}
+
+/* The runtime the cache names for this call, or NULL. Only root's own file in root's own directory. */
+static const char *cached_runtime(void)
+{
+    static struct text key;
+    static char cache[MAX_CACHE + 1];
+    struct stat st;
+    if (geteuid() != 0 || !cache_key(&key))
+        return NULL;
+    int dir = open(CACHE_DIR, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dir < 0)
+        return NULL;
+    int ok = fstat(dir, &st) == 0 && socket_dir_is_roots(&st);
+    int fd = ok ? openat(dir, CACHE_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
+    close(dir);
+    if (fd < 0)
+        return NULL;
+    ssize_t n = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 077) && st.st_size <= MAX_CACHE)
+        n = read(fd, cache, MAX_CACHE + 1);
+    close(fd);
+    if (n <= 0 || n > MAX_CACHE || (size_t)n <= key.len || memcmp(cache, key.buf, key.len) != 0 || cache[n - 1])
+        return NULL;
+    const char *runtime = cache + key.len; /* the last field: one NUL-terminated path */
+    if ((size_t)n != key.len + strlen(runtime) + 1 || runtime[0] != '/' || access(runtime, X_OK) != 0)
+        return NULL;
+    return runtime;
+}
+
+static int is_value_option(const char *word)
+{
+    for (size_t i = 0; i < sizeof value_options / sizeof *value_options; i++)
+        if (!strcmp(word, value_options[i]))
+            return 1;
+    return 0;
+}
+
+/* Whether bundle's config.json is a JSON object that cannot ask for a GPU; 0 for anything the program must
+ * see (and say what is wrong with). */
+static int spec_without_gpu(const char *bundle)
+{
+    char path[4096];
+    struct stat st;
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", bundle) >= sizeof path)
+        return 0;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char *spec = NULL;
+    ssize_t got = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size <= MAX_SPEC &&
+        (spec = malloc((size_t)st.st_size)) != NULL) {
+        while (got < st.st_size) {
+            ssize_t n = read(fd, spec + got, (size_t)(st.st_size - got));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                break;
+            got += n;
+        }
+    }
+    close(fd);
+    int without = spec && got == st.st_size;
+    size_t start = 0;
+    while (without && start < (size_t)got && strchr(" \t\r\n", spec[start]))
+        start++;
+    without = without && start < (size_t)got && spec[start] == '{';
+    for (size_t i = 0; without && i < sizeof gpu_words / sizeof *gpu_words; i++)
+        without = !memmem(spec, (size_t)got, gpu_words[i], strlen(gpu_words[i]));
+    free(spec);
+    return without;
+}
+
+/* Whether the Python program would only execute the runtime with these arguments (argv[1..]). */
+static int passes_through(int argc, char **argv)
+{
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--version") ||
+            !strcmp(argv[i], "-v"))
+            return 0; /* the program says what it is first */
+        if (!strchr(argv[i], '=') && is_value_option(argv[i]) && i + 1 < argc)
+            i++;
+    }
+    if (i >= argc)
+        return 0;
+    if (strcmp(argv[i], "create"))
+        return 1;
+    const char *bundle = ".";
+    for (int j = i + 1; j < argc; j++) {
+        if ((!strcmp(argv[j], "--bundle") || !strcmp(argv[j], "-b")) && j + 1 < argc)
+            bundle = argv[j + 1];
+        else if (!strncmp(argv[j], "--bundle=", 9))
+            bundle = argv[j] + 9;
+    }
+    return spec_without_gpu(bundle);
+}
+
+void runtime_pass_through(int argc, char **argv)
+{
+    if (!passes_through(argc, argv))
+        return;
+    const char *runtime = cached_runtime();
+    if (!runtime)
+        return;
+    argv[0] = (char *)runtime;
+    execv(runtime, argv); /* on failure the program runs, and says what is wrong */
+}

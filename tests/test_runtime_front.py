@@ -1,0 +1,198 @@
+"""nvc-py-runtime's front passes calls that need nothing of nvc-py straight to the runtime, as the Python
+program would: the same runtime, arguments, environment, descriptors, stdin, process (signals reach the
+runtime) and exit status; a create whose spec could ask for a GPU, --help/--version, and any doubt about
+the runtime cache go to the program (native/client/runtime_front.c, hook/runtimecache.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.hookserver import LIBDIR
+from nvc.hook.runtimecache import CACHE_PATH as CACHE
+
+RUNTIME = LIBDIR / "nvc-py-runtime"
+STANDIN = """#!/bin/sh
+# A runtime that says what it got: its pid, arguments, environment, descriptors and stdin; exits 7.
+out={out}
+echo $$ > $out/pid
+printf '%s\\n' "$@" > $out/args
+env -0 > $out/env
+ls /proc/$$/fd > $out/fds
+cat > $out/stdin
+exit 7
+"""
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """(environment naming a configuration whose runtime is the stand-in, the stand-in's output directory)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    program = tmp_path / "standin-runtime"
+    program.write_text(STANDIN.format(out=out))
+    program.chmod(0o755)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"runtimes: [{program}]\n")
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config), "KEPT": "x y"}, out
+
+
+def cache_stamp() -> tuple[int, int] | None:
+    """The runtime cache's inode and change time: the program writes it anew (a rename) at every run."""
+    try:
+        st = os.lstat(CACHE)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
+def run(args: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(RUNTIME), *args], env=env, capture_output=True, text=True, timeout=60, **kwargs)
+
+
+def bundle_with(tmp_path: Path, spec: dict | str) -> Path:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(exist_ok=True)
+    (bundle / "config.json").write_text(spec if isinstance(spec, str) else json.dumps(spec))
+    return bundle
+
+
+def plain_spec(**env: str) -> dict:
+    return {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
+            "process": {"args": ["/bin/true"], "cwd": "/", "env": [f"{k}={v}" for k, v in env.items()]}}
+
+
+@pytest.mark.parametrize("args", [
+    ["state", "c1"], ["--root", "/x", "--log", "/y", "kill", "c1", "KILL"], ["delete", "--force", "c1"],
+    ["list"], ["ps", "c1"], ["events", "--stats", "c1"], ["features"], ["--debug", "start", "c1"],
+    ["--log-format=json", "exec", "c1", "ls"],
+], ids=lambda a: " ".join(a))
+def test_a_pass_through_call_is_the_runtime_itself(standin, args: list[str]) -> None:
+    env, out = standin
+    first = run(args, env, input="in")  # the program resolves the runtime and writes the cache
+    assert first.returncode == 7 and cache_stamp(), first.stderr
+    before = cache_stamp()
+    proc = subprocess.Popen([str(RUNTIME), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate("the stdin", timeout=60)
+    assert proc.returncode == 7, err
+    assert cache_stamp() == before  # no Python: the program would have written the cache again
+    assert int((out / "pid").read_text()) == proc.pid  # the same process: a signal to it reaches the runtime
+    assert (out / "args").read_text().splitlines() == args
+    assert (out / "stdin").read_text() == "the stdin"
+    got = dict(entry.split("=", 1) for entry in (out / "env").read_text().split("\0") if entry)
+    assert {k: v for k, v in got.items() if k != "PWD"} == env
+
+
+def test_preserved_descriptors_and_a_console_socket_reach_the_runtime(standin, tmp_path: Path) -> None:
+    env, out = standin
+    args = ["create", "--bundle", str(bundle_with(tmp_path, plain_spec())), "--console-socket",
+            str(tmp_path / "console.sock"), "--preserve-fds", "2", "c1"]
+    pipes = [os.pipe(), os.pipe()]
+    extra = tuple(read for read, _ in pipes)
+    try:
+        for _ in range(2):  # the first writes the cache
+            result = subprocess.run([str(RUNTIME), *args], env=env, capture_output=True, text=True, timeout=60,
+                                    pass_fds=extra)
+            assert result.returncode == 7, result.stderr
+    finally:
+        for pair in pipes:
+            for fd in pair:
+                os.close(fd)
+    assert {str(fd) for fd in extra} <= set((out / "fds").read_text().split())
+    assert (out / "args").read_text().splitlines() == args
+
+
+def test_a_create_without_gpu_passes_through_untouched(standin, tmp_path: Path) -> None:
+    env, out = standin
+    bundle = bundle_with(tmp_path, plain_spec(PATH="/bin"))
+    text = (bundle / "config.json").read_bytes()
+    args = ["create", "--bundle", str(bundle), "c1"]
+    assert run(args, env).returncode == 7
+    before = cache_stamp()
+    assert run(args, env).returncode == 7
+    assert cache_stamp() == before and (bundle / "config.json").read_bytes() == text
+
+
+@pytest.mark.parametrize("spec", [
+    plain_spec(NVIDIA_VISIBLE_DEVICES="void"), plain_spec(CUDA_VERSION="12.0"),
+    json.dumps(plain_spec(NVIDIA_X="1")).replace("NVIDIA_X", "\\u004eVIDIA_VISIBLE_DEVICES"),
+    {**plain_spec(), "mounts": [{"destination": "/var/run/nvidia-container-devices/0", "source": "/dev/null"}]},
+    "[1]", "not json",
+], ids=["visible-devices", "legacy", "escaped", "volume", "array", "garbage"])
+def test_a_create_that_could_ask_for_a_gpu_goes_to_the_program(standin, tmp_path: Path, spec) -> None:
+    env, _ = standin
+    args = ["create", "--bundle", str(bundle_with(tmp_path, spec)), "c1"]
+    run(["state", "c1"], env)
+    before = cache_stamp()
+    result = run(args, env)
+    if isinstance(spec, str) and not spec.startswith("{"):  # today's one-line refusal, from the program
+        assert result.returncode == 2 and result.stderr.startswith("nvc-py-runtime: input error:"), result.stderr
+    elif result.returncode == 7:  # the program found no GPU asked for, and ran the stand-in
+        assert cache_stamp() != before
+    else:  # the program took it as a GPU container, and this host has no driver
+        assert result.stderr.startswith("nvc-py-runtime: initialization error:"), result.stderr
+
+
+@pytest.mark.parametrize("option", ["--version", "--help"])
+def test_help_and_version_say_what_nvc_py_runtime_is_first(standin, option: str) -> None:
+    env, out = standin
+    run(["state", "c1"], env)
+    result = run([option], env)
+    assert result.returncode == 7 and result.stdout.startswith("nvc-py-runtime "), result.stdout
+    assert (out / "args").read_text().splitlines() == [option]
+
+
+def test_a_changed_configuration_or_path_is_seen_at_once(standin, tmp_path: Path) -> None:
+    env, _ = standin
+    earlier = tmp_path / "bin"
+    earlier.mkdir()
+    env = {**env, "PATH": f"{earlier}:{env['PATH']}"}
+    assert run(["state", "c1"], env).returncode == 7  # the stand-in
+    Path(env["NVC_PY_CONFIG"]).write_text("runtimes: [runc]\n")
+    state = ["--root", str(tmp_path / "state"), "state", "c1"]
+    assert run(state, env).returncode == 1  # the host's runc: no such container
+    before = cache_stamp()
+    assert run(state, env).returncode == 1 and cache_stamp() == before  # passed through
+    (earlier / "runc").write_text("#!/bin/sh\nexit 3\n")
+    (earlier / "runc").chmod(0o755)
+    assert run(state, env).returncode == 3  # a runtime installed earlier in PATH is found at once
+
+
+@pytest.mark.parametrize("tamper", ["group-writable", "not-roots", "symlink", "other-format"])
+def test_only_roots_own_cache_is_believed(standin, tmp_path: Path, tamper: str) -> None:
+    env, out = standin
+    assert run(["state", "c1"], env).returncode == 7
+    if tamper == "group-writable":
+        os.chmod(CACHE, 0o620)
+    elif tamper == "not-roots":
+        os.chown(CACHE, 1000, 1000)
+    elif tamper == "symlink":
+        copy = tmp_path / "copy"
+        copy.write_bytes(Path(CACHE).read_bytes())
+        os.unlink(CACHE)
+        os.symlink(copy, CACHE)
+    else:
+        Path(CACHE).write_bytes(Path(CACHE).read_bytes().replace(b"nvc-py-runtime/1", b"nvc-py-runtime/0"))
+    before = cache_stamp()
+    assert run(["state", "c1"], env).returncode == 7  # the program ran the stand-in, and rewrote the cache
+    assert cache_stamp() != before and os.stat(CACHE).st_mode & 0o777 == 0o600
+
+
+def test_a_spec_without_process_asking_no_gpu_gets_the_runtimes_own_answer(tmp_path: Path) -> None:
+    """runc's own error and status (not the wrapper's parse of the spec), as an OCI conformance run expects."""
+    spec = plain_spec()
+    del spec["process"]
+    bundle = bundle_with(tmp_path, spec)
+    (bundle / "rootfs").mkdir()
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(tmp_path / "none.yaml")}
+    args = ["--root", str(tmp_path / "state"), "create", "--bundle", str(bundle), "noproc"]
+    direct = subprocess.run(["runc", *args], capture_output=True, text=True, timeout=60)
+    run(["--root", str(tmp_path / "state"), "list"], env)  # the program resolves runc, and writes the cache
+    wrapped = run(args, env)
+    assert (wrapped.returncode, wrapped.stderr.split("msg=")[-1]) == (direct.returncode, direct.stderr.split("msg=")[-1])
+    assert "nvc-py" not in wrapped.stderr
