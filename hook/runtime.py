@@ -160,9 +160,26 @@ def about(config: Config, runtime: str | None) -> str:
             f"{execs} (configuration: {config.path or 'built-in defaults'}, its 'runtimes' key).\n")
 
 
+def log_refusal(config: Config | None, args: list[str], err: NvcError, started: float) -> None:
+    """The refusal's one JSON line in the hook's log, as every refused hook call has (README): the
+    configuration's ``log.file``, the default one where the configuration itself was refused."""
+    from nvc import config as config_file
+    from nvc.hook import log
+
+    config = config or config_file.defaults()
+    _, i = global_options(args)
+    create = find_create(args)
+    log.write(config.log_file, config.log_level, True, stage="runtime", command=args[i] if i < len(args) else None,
+              container=args[-1] if create and len(args) > create[0] + 1 else None,
+              bundle=create[1] if create else None, pid=os.getpid(), outcome="error", error=str(err),
+              duration_ms=round((time.monotonic() - started) * 1000, 1))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the spec on create, then become the real runtime."""
     args = sys.argv[1:] if argv is None else argv
+    started = time.monotonic()
+    config = None
     try:
         from nvc import config as config_file
 
@@ -190,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         runtimecache.store(config_file.config_path(), runtime)  # the front passes calls through from now on
     except NvcError as err:
         report(args, f"{PROG}: {err}")
+        log_refusal(config, args, err, started)
         return err.exit_code
     os.execv(runtime, [runtime, *args])
     return 0  # not reached

@@ -196,3 +196,21 @@ def test_a_spec_without_process_asking_no_gpu_gets_the_runtimes_own_answer(tmp_p
     wrapped = run(args, env)
     assert (wrapped.returncode, wrapped.stderr.split("msg=")[-1]) == (direct.returncode, direct.stderr.split("msg=")[-1])
     assert "nvc-py" not in wrapped.stderr
+
+
+@pytest.mark.parametrize("case", ["gpu-without-driver", "bad-configuration"])
+def test_a_refused_call_appends_its_line_to_the_hook_log(tmp_path: Path, case: str) -> None:
+    """A start the runtime refuses is in the log as every refused hook call is (issue #49's finding 5)."""
+    hook_log = tmp_path / "hook.log"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"log: {{file: {hook_log}}}\n" if case == "gpu-without-driver" else "runtimes: 5\n")
+    bundle = bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES="0"))
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config)}
+    if case == "bad-configuration":  # its own log.file is unknown: the default (the suite's private /var/log)
+        hook_log = Path("/var/log/nvc-py.log")
+    result = run(["--root", str(tmp_path / "state"), "create", "--bundle", str(bundle), "refused-1"], env)
+    assert result.returncode in (2, 3), result.stderr
+    line = json.loads(hook_log.read_text().splitlines()[-1])
+    assert (line["stage"], line["command"], line["container"], line["outcome"]) == (
+        "runtime", "create", "refused-1", "error")
+    assert line["error"] and line["error"] in result.stderr and line["bundle"] == str(bundle)
