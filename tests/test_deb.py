@@ -127,7 +127,7 @@ if apt purge nvc-py; then echo "purged with sharing state"; exit 1; fi
 dpkg-query -W -f='${Status}\n' nvc-py
 test -f /run/nvc-py/share/ctr-1/limits && test -f /etc/nvc-py/no-server && ! test -e /etc/nvc-py/config.yaml
 rm -r /run/nvc-py/share/ctr-1
-mkdir /run/nvc-py/gpu-sched && mount -t tmpfs -o mode=0755 tmpfs /run/nvc-py/gpu-sched  # nvc-py's own tmpfs
+mkdir -p /run/nvc-py/gpu-sched && mount -t tmpfs -o mode=0755 tmpfs /run/nvc-py/gpu-sched  # nvc-py's own tmpfs
 echo rotated > /var/log/nvc-py.log.1
 say purge; apt purge nvc-py
 if grep -q ' /run/nvc-py/gpu-sched ' /proc/self/mountinfo; then echo "nvc-py's tmpfs left mounted"; exit 1; fi
@@ -147,13 +147,13 @@ mv /etc/nvc-py /srv/etc-nvc-py && ln -s /srv/theirs/etc /etc/nvc-py
 ln -s /srv/theirs/log /var/log/nvc-py.log
 dpkg --purge nvc-py 2>&1
 theirs etc/no-server share/ctr-9 log mnt/data
-rm -r /run/nvc-py /etc/nvc-py /var/log/nvc-py.log /srv/etc-nvc-py
+rm -rf /run/nvc-py /etc/nvc-py /var/log/nvc-py.log /srv/etc-nvc-py
 say run-linked
 dpkg -i new.deb > /dev/null
 ln -s /srv/theirs/run /run/nvc-py
 mv /var/log /srv/log && ln -s /srv/log /var/log && cp /srv/theirs/varlog /srv/log/nvc-py.log
 dpkg --purge nvc-py 2>&1
-theirs varlog log/nvc-py.log
+theirs varlog && test "$(cat /srv/log/nvc-py.log)" = theirs
 mountpoint -q /srv/theirs/run/gpu-sched
 rm /var/log /run/nvc-py /srv/log/nvc-py.log && mv /srv/log /var/log
 say sched-linked-to-a-mount
