@@ -51,10 +51,9 @@ class Mount(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    """What a purge did: ``refused`` (nothing changed) or removed what it could and ``left`` the rest."""
+    """What a purge did: ``refused`` (nothing changed), or removed what it could and ``left`` the rest."""
 
     refused: str
-    removed: list[str]
     left: list[str]
 
 
@@ -132,22 +131,20 @@ def open_path(root_fd: int, relative: str, base: str) -> tuple[int, int] | None:
     component is absent."""
     parent = os.dup(root_fd)
     path = base
-    parts = relative.split("/")
+    fd: int | None = None
     try:
-        for i, name in enumerate(parts):
+        for name in relative.split("/"):
+            if fd is not None:
+                os.close(parent)
+                parent, fd = fd, None
             path = f"{path}/{name}"
             fd = open_dir(parent, name, path)
             if fd is None:
-                os.close(parent)
-                return None
-            if i == len(parts) - 1:
-                return parent, fd
+                break
+    finally:
+        if fd is None:
             os.close(parent)
-            parent = fd
-    except BaseException:
-        os.close(parent)
-        raise
-    raise AssertionError("unreachable")
+    return None if fd is None else (parent, fd)
 
 
 def _entries(fd: int) -> list[str]:
@@ -167,7 +164,6 @@ def remove_tree(parent_fd: int, name: str, path: str, outcome: Outcome) -> bool:
     try:
         if not stat.S_ISDIR(st.st_mode):
             os.unlink(name, dir_fd=parent_fd)
-            outcome.removed.append(path)
             return True
         fd = open_dir(parent_fd, name, path)
         if fd is None:
@@ -189,7 +185,6 @@ def remove_tree(parent_fd: int, name: str, path: str, outcome: Outcome) -> bool:
     except OSError as err:
         outcome.left.append(f"{path}: {err.strerror}")
         return False
-    outcome.removed.append(path)
     return True
 
 
@@ -295,7 +290,6 @@ def _purge_files(root_fd: int, base: str, relative: str, wanted: Callable[[str],
             if stat.S_ISREG(st.st_mode):
                 try:
                     os.unlink(name, dir_fd=fd)
-                    outcome.removed.append(f"{path}/{name}")
                 except OSError as err:
                     outcome.left.append(f"{path}/{name}: {err.strerror}")
             elif stat.S_ISLNK(st.st_mode):
@@ -309,7 +303,6 @@ def _purge_files(root_fd: int, base: str, relative: str, wanted: Callable[[str],
             else:
                 try:
                     os.rmdir(os.path.basename(relative), dir_fd=parent_fd)
-                    outcome.removed.append(path)
                 except OSError as err:
                     outcome.left.append(f"{path}: {err.strerror}")
     finally:
@@ -319,13 +312,13 @@ def _purge_files(root_fd: int, base: str, relative: str, wanted: Callable[[str],
 
 def purge(root: str = "/") -> Outcome:
     """The purge (see the module's docstring)."""
-    outcome = Outcome("", [], [])
+    outcome = Outcome("", [])
     base = root.rstrip("/")
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         refusal = _purge_run(root_fd, base, outcome)
         if refusal:
-            return Outcome(refusal, [], [])
+            return Outcome(refusal, [])
         _purge_files(root_fd, base, LOG_DIR, lambda name: LOG_FILE.fullmatch(name) is not None, outcome,
                      then_dir=False)
         _purge_files(root_fd, base, ETC_DIR, lambda name: name in ETC_FILES, outcome, then_dir=True)
