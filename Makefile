@@ -60,8 +60,9 @@ CMD ?=
 PURGE ?=
 
 # The Debian package (make deb): its version (DEB_VERSION=... builds another: the tests build a lower
-# one to upgrade from), where it is built, and what building it needs besides make and git: the
-# compiler and headers for the native code and python-prctl (no wheel), the venv module, dpkg-dev.
+# one to upgrade from), where it is built, and what building it needs besides make (and git in a
+# clone, none in a release tarball): the compiler and headers for the native code and python-prctl
+# (no wheel), the venv module, dpkg-dev.
 DEB_VERSION ?= $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' nvc/__init__.py)
 DEB_DIR ?= dist
 DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache

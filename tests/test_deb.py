@@ -10,19 +10,26 @@ distribution packages it depends on so that the install needs no network (harnes
   socket and restarts the service;
 - ``apt-get remove`` undoes what ``nvc-py setup …`` and ``cdi generate`` wrote, stops the units and
   the servers, keeps the configuration;
-- ``apt-get purge`` is refused while /run/nvc-py/share holds a container's state, then leaves the
-  root as it was before the install but for apt's and dpkg's own records.
+- ``apt-get purge`` is refused while /run/nvc-py/share holds a container's state, then unmounts
+  nvc-py's own scheduler tmpfs and leaves the root as it was before the install but for apt's and
+  dpkg's own records;
+- with /run/nvc-py, its share and gpu-sched, /etc/nvc-py, the log and /var/log replaced by symlinks
+  to someone else's files and mounts (a tmpfs among them), ``dpkg --purge`` follows none, unmounts
+  none, succeeds and names what it left.
 
-Two builds of one commit list the same files, and lintian reports no error and no warning but those
+Two builds, one from the tree a release tarball holds (``git archive``, no .git) and one from the
+clone, list the same files, and lintian reports no error and no warning but those
 deploy/debian/lintian-overrides explains. The chroot runs in its own mount and pid namespaces: the
 package's maintainer scripts look for servers in /proc, and must see the root's alone.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -120,8 +127,42 @@ if apt purge nvc-py; then echo "purged with sharing state"; exit 1; fi
 dpkg-query -W -f='${Status}\n' nvc-py
 test -f /run/nvc-py/share/ctr-1/limits && test -f /etc/nvc-py/no-server && ! test -e /etc/nvc-py/config.yaml
 rm -r /run/nvc-py/share/ctr-1
+mkdir -p /run/nvc-py/gpu-sched && mount -t tmpfs -o mode=0755 tmpfs /run/nvc-py/gpu-sched  # nvc-py's own tmpfs
+echo rotated > /var/log/nvc-py.log.1
 say purge; apt purge nvc-py
+if grep -q ' /run/nvc-py/gpu-sched ' /proc/self/mountinfo; then echo "nvc-py's tmpfs left mounted"; exit 1; fi
 rm -r /run/systemd /usr/bin/systemctl
+
+# Links planted where nvc-py's files go, each to someone else's files and mounts: dpkg --purge follows
+# none, unmounts none of them, succeeds and names what it left.
+theirs() { for f in "$@"; do test "$(cat /srv/theirs/$f)" = theirs || { echo "gone: /srv/theirs/$f"; exit 1; }; done; }
+mkdir -p /srv/theirs/etc /srv/theirs/share /srv/theirs/mnt /srv/theirs/run/gpu-sched /srv/theirs/empty
+for f in etc/no-server share/ctr-9 log varlog; do echo theirs > /srv/theirs/$f; done
+mount -t tmpfs tmpfs /srv/theirs/mnt && echo theirs > /srv/theirs/mnt/data
+mount -t tmpfs tmpfs /srv/theirs/empty && mount -t tmpfs tmpfs /srv/theirs/run/gpu-sched
+say links-in-run
+dpkg -i new.deb > /dev/null
+mkdir /run/nvc-py && ln -s /srv/theirs/mnt /run/nvc-py/gpu-sched && ln -s /srv/theirs/share /run/nvc-py/share
+mv /etc/nvc-py /srv/etc-nvc-py && ln -s /srv/theirs/etc /etc/nvc-py
+ln -s /srv/theirs/log /var/log/nvc-py.log
+dpkg --purge nvc-py 2>&1
+theirs etc/no-server share/ctr-9 log mnt/data
+rm -rf /run/nvc-py /etc/nvc-py /var/log/nvc-py.log /srv/etc-nvc-py
+say run-linked
+dpkg -i new.deb > /dev/null
+ln -s /srv/theirs/run /run/nvc-py
+mv /var/log /srv/log && ln -s /srv/log /var/log && cp /srv/theirs/varlog /srv/log/nvc-py.log
+dpkg --purge nvc-py 2>&1
+theirs varlog && test "$(cat /srv/log/nvc-py.log)" = theirs
+mountpoint -q /srv/theirs/run/gpu-sched
+rm /var/log /run/nvc-py /srv/log/nvc-py.log && mv /srv/log /var/log
+say sched-linked-to-a-mount
+dpkg -i new.deb > /dev/null
+mkdir /run/nvc-py && ln -s /srv/theirs/empty /run/nvc-py/gpu-sched
+dpkg --purge nvc-py 2>&1
+mountpoint -q /srv/theirs/empty && mountpoint -q /srv/theirs/mnt
+rm -r /run/nvc-py
+umount /srv/theirs/mnt /srv/theirs/empty /srv/theirs/run/gpu-sched && rm -r /srv/theirs
 say purged
 """
 
@@ -131,19 +172,47 @@ def _version() -> str:
     return text.split('__version__ = "', 1)[1].split('"', 1)[0]
 
 
-def _build(out: Path, version: str) -> Path:
-    with progress.phase(f"make deb: the package at version {version}"):
-        debroot.run(["make", "-C", str(REPO), "--no-print-directory", "deb", f"DEB_DIR={out}",
+def _build(tree: Path, out: Path, version: str) -> Path:
+    with progress.phase(f"make deb: the package at version {version} from {tree}"):
+        debroot.run(["make", "-C", str(tree), "--no-print-directory", "deb", f"DEB_DIR={out}",
                      f"DEB_VERSION={version}", f"DEB_PIP_CACHE={PIP_CACHE}"], 600)
     return next(out.glob("nvc-py_*.deb"))
 
 
+def _git(*args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True,
+                          env=env).stdout.strip()
+
+
+def release_tree(dest: Path) -> Path:
+    """This tree as a release tarball holds it: ``git archive`` of a commit of the working tree as it
+    is (untracked files too, through a temporary index: the repository's index and branches are not
+    touched), unpacked into ``dest``; no .git."""
+    with tempfile.TemporaryDirectory(prefix="nvc-deb-index-") as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": f"{tmp}/index"}
+        _git("read-tree", "HEAD", env=env)
+        _git("add", "-A", env=env)
+        tree = _git("write-tree", env=env)
+    when = _git("log", "-1", "--format=%cI")
+    who = {"GIT_AUTHOR_NAME": "test_deb", "GIT_AUTHOR_EMAIL": "test@nvc-py.invalid", "GIT_AUTHOR_DATE": when,
+           "GIT_COMMITTER_NAME": "test_deb", "GIT_COMMITTER_EMAIL": "test@nvc-py.invalid", "GIT_COMMITTER_DATE": when}
+    commit = _git("commit-tree", tree, "-p", "HEAD", "-m", "test_deb: the working tree", env={**os.environ, **who})
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit], capture_output=True,
+                             check=True).stdout
+    dest.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The package built twice from this tree: ``old`` at a lower version, then ``new``."""
+    """The package built twice: ``old``, at a lower version, from this tree as a release tarball
+    holds it (no .git), then ``new`` from the clone."""
     base = tmp_path_factory.mktemp("deb")
     started = time.monotonic()
-    built = {"old": _build(base / "old", f"{_version()}~test1"), "new": _build(base / "new", _version())}
+    release = release_tree(base / "release")
+    assert not (release / ".git").exists() and (release / "Makefile").is_file()
+    built = {"old": _build(release, base / "old", f"{_version()}~test1"), "new": _build(REPO, base / "new", _version())}
     print(f"two builds in {time.monotonic() - started:.0f} s")
     return built
 
@@ -178,6 +247,7 @@ def _listing(deb: Path) -> list[tuple[str, ...]]:
 
 
 def test_two_builds_list_the_same_files(debs: dict[str, Path]) -> None:
+    """One from a release tarball's tree, one from the clone: the same files, modes, owners and sizes."""
     old, new = _listing(debs["old"]), _listing(debs["new"])
     assert old == new
     paths = {entry[3].split(" -> ")[0] for entry in new}
@@ -239,6 +309,20 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     assert "nvc-py: not purged: /run/nvc-py/share holds the GPU-sharing state of containers (ctr-1); run" in refused
     assert "install ok config-files" in refused  # dpkg removed the configuration file, the rest waits
     assert out.rstrip().endswith("== purged"), out
+    own = out.split("== purge\n", 1)[1].split("\n== ", 1)[0]
+    assert "purge left" not in own, own
+    left = "nvc-py: purge left "
+    section = out.split("== links-in-run\n", 1)[1].split("\n== ", 1)[0]
+    for line in ("/run/nvc-py/gpu-sched: a symlink (to /srv/theirs/mnt), not nvc-py's",
+                 "/run/nvc-py/share: a symlink (to /srv/theirs/share), not nvc-py's", "/run/nvc-py: not empty",
+                 "/var/log/nvc-py.log: a symlink (to /srv/theirs/log), not nvc-py's",
+                 "/etc/nvc-py: a symlink (to /srv/theirs/etc), not nvc-py's"):
+        assert left + line in section, section
+    section = out.split("== run-linked\n", 1)[1].split("\n== ", 1)[0]
+    for line in ("/run/nvc-py: a symlink (to /srv/theirs/run), not nvc-py's", "/var/log: a symlink (to /srv/log)"):
+        assert left + line in section, section
+    section = out.split("== sched-linked-to-a-mount\n", 1)[1].split("\n== ", 1)[0]
+    assert left + "/run/nvc-py/gpu-sched: a symlink (to /srv/theirs/empty), not nvc-py's" in section, section
 
     after = debroot.tree(root, APT_RECORDS)
     changed = debroot.differences(before, after)

@@ -1,4 +1,4 @@
-"""nvc.hook.maintainer, which the Debian package's maintainer scripts run (test_deb.py runs them for
+"""nvc.hook.maintainer and nvc.hook.purge, which the Debian package's maintainer scripts run (test_deb.py runs them for
 real, in a root of their own): which processes ``stop-servers`` signals, judged from the real /proc
 of processes shaped like a server, its worker, a server still starting and a stranger; which CDI
 specs ``unregister`` removes. Nothing here signals a process or removes a file of the host's.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvc.hook import maintainer
+from nvc.hook import maintainer, purge
 
 SERVER_ARGS = ("/usr/lib/nvc-py/nvc-py-hook-python", "serve", "--socket", "/run/nvc-py/hook.sock")
 # A server: catches SIGTERM, and forks a worker that does not (as nvc.hook.server's spares).
@@ -101,3 +101,95 @@ def test_unregister_removes_the_cdi_specs_that_name_the_hook(tmp_path: Path) -> 
     removed = maintainer.remove_cdi_specs((str(etc), str(run), str(tmp_path / "missing")))
     assert removed == [f"removed {etc / 'nvidia.json'}", f"removed {run / 'nvidia.yaml'}", f"removed {run}"]
     assert sorted(p.name for p in etc.iterdir()) == ["fifo.yaml", "link.yaml", "other.yaml"]
+
+
+# --- nvc.hook.purge: what postrm's purge removes (test_deb.py runs it through dpkg) -------------------
+
+# Run in a mount namespace of its own (its mounts vanish with it), in the tree $R: after the set-up,
+# the purge (its file run alone, nvc not on the path, as postrm runs it), then what is still mounted under $R.
+PURGE_RUN = """set -eu
+cd "$R"
+{setup}
+{python} -I {module} --root "$R" && echo "rc=0" || echo "rc=$?"
+awk -v r="$R/" 'index($5, r) == 1 {{print "mounted", substr($5, length(r) + 1)}}' /proc/self/mountinfo
+"""
+
+
+def _purge(root: Path, setup: str) -> subprocess.CompletedProcess[str]:
+    script = PURGE_RUN.format(setup=setup, python=sys.executable, module=purge.__file__)
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          env={**os.environ, "R": str(root)}, capture_output=True, text=True, timeout=60)
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_purge_removes_what_nvc_py_made_and_unmounts_its_tmpfs(tmp_path: Path) -> None:
+    setup = """mkdir -p run/nvc-py/share run/nvc-py/gpu-sched var/log etc/nvc-py srv/bound
+mount -t tmpfs -o mode=0755 tmpfs run/nvc-py/gpu-sched
+echo x > run/nvc-py/config-cache.json; echo x > run/nvc-py/server.lock
+echo x > var/log/nvc-py.log; echo x > var/log/nvc-py.log.1; echo x > var/log/nvc-py.log.2.gz; echo x > var/log/syslog
+echo x > etc/nvc-py/no-server"""
+    result = _purge(tmp_path, setup)
+    assert result.stdout == "rc=0\n" and result.stderr == "", result
+    assert _files(tmp_path) == ["etc", "run", "srv", "srv/bound", "var", "var/log", "var/log/syslog"]
+
+
+def test_purge_is_refused_while_containers_hold_sharing_state(tmp_path: Path) -> None:
+    result = _purge(tmp_path, "mkdir -p run/nvc-py/share/ctr-1 etc/nvc-py && echo x > etc/nvc-py/no-server")
+    assert result.stdout == "rc=1\n"
+    assert f"nvc-py: not purged: {tmp_path}/run/nvc-py/share holds the GPU-sharing state of containers (ctr-1)" \
+        in result.stderr
+    assert _files(tmp_path) == ["etc", "etc/nvc-py", "etc/nvc-py/no-server", "run", "run/nvc-py", "run/nvc-py/share",
+                                "run/nvc-py/share/ctr-1"]
+
+
+THEIRS = """mkdir -p srv/theirs/etc srv/theirs/share srv/theirs/mnt srv/theirs/run/gpu-sched
+for f in etc/no-server share/ctr-9 log; do echo theirs > srv/theirs/$f; done
+mount -t tmpfs tmpfs srv/theirs/mnt && echo theirs > srv/theirs/mnt/data
+mount -t tmpfs tmpfs srv/theirs/run/gpu-sched
+"""
+
+
+@pytest.mark.parametrize(("setup", "left", "mounted"), [
+    ("""mkdir -p run/nvc-py var/log etc && ln -s ../../srv/theirs/mnt run/nvc-py/gpu-sched
+ln -s ../../srv/theirs/share run/nvc-py/share && ln -s ../srv/theirs/etc etc/nvc-py
+ln -s ../../srv/theirs/log var/log/nvc-py.log && echo x > run/nvc-py/server.lock""",
+     ["run/nvc-py/gpu-sched: a symlink (to ../../srv/theirs/mnt)", "run/nvc-py/share: a symlink (to ../../srv/theirs/share)",
+      "run/nvc-py: not empty (what is named above)", "var/log/nvc-py.log: a symlink (to ../../srv/theirs/log)",
+      "etc/nvc-py: a symlink (to ../srv/theirs/etc)"], ["srv/theirs/mnt", "srv/theirs/run/gpu-sched"]),
+    ("""mkdir -p run var srv/log && ln -s ../srv/theirs/run run/nvc-py && ln -s ../srv/log var/log
+echo theirs > srv/log/nvc-py.log""",
+     ["run/nvc-py: a symlink (to ../srv/theirs/run)", "var/log: a symlink (to ../srv/log)"],
+     ["srv/theirs/mnt", "srv/theirs/run/gpu-sched"]),
+    # Another filesystem on the scheduler's own directory: not nvc-py's tmpfs (its mount entry says so).
+    ("mkdir -p run/nvc-py/gpu-sched && mount --bind srv/theirs/share run/nvc-py/gpu-sched",
+     ["run/nvc-py/gpu-sched: another filesystem is mounted there", "run/nvc-py: not empty (what is named above)"],
+     ["run/nvc-py/gpu-sched", "srv/theirs/mnt", "srv/theirs/run/gpu-sched"]),
+], ids=["links-in-run", "run-and-log-dir-linked", "foreign-mount-on-gpu-sched"])
+def test_purge_follows_no_link_and_unmounts_no_other_mount(tmp_path: Path, setup: str, left: list[str],
+                                                           mounted: list[str]) -> None:
+    result = _purge(tmp_path, THEIRS + setup + "\necho theirs > srv/theirs/mnt/after")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "rc=0", result
+    assert sorted(line.split(" ", 1)[1] for line in lines[1:]) == mounted
+    said = [line.removeprefix(f"nvc-py: purge left {tmp_path}/").removesuffix(", not nvc-py's")
+            for line in result.stderr.splitlines()]
+    assert said == left, result.stderr
+    for name in ("etc/no-server", "share/ctr-9", "log"):
+        assert (tmp_path / "srv/theirs" / name).read_text() == "theirs\n"
+    assert not (tmp_path / "srv/log").exists() or (tmp_path / "srv/log/nvc-py.log").read_text() == "theirs\n"
+
+
+def test_parse_mountinfo_and_the_scheduler_mount() -> None:
+    text = ("24 1 0:22 / /run rw - tmpfs tmpfs rw\n"
+            "31 24 0:40 / /run/nvc-py/gpu-sched rw,nosuid - tmpfs tmpfs rw,size=100k\n"
+            "32 24 8:1 /home /run/nvc-py/gpu\\040sched rw shared:1 - ext4 /dev/sda1 rw\n"
+            "33 24 0:41 / /srv/x rw - tmpfs tmpfs rw\n")
+    mounts = purge.parse_mountinfo(text)
+    assert mounts[2] == purge.Mount(32, "/run/nvc-py/gpu sched", "ext4")
+    sched = "/run/nvc-py/gpu-sched"
+    assert [purge.is_own_sched_mount(mounts, i, sched) for i in (24, 31, 32, 33, None)] == [False, True, False, False,
+                                                                                           False]
+    assert purge.fd_mount_id("pos:\t0\nflags:\t02100000\nmnt_id:\t31\nino:\t1\n") == 31

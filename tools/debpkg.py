@@ -17,8 +17,10 @@ How, and why so:
   environment's site-packages and extension modules are for it), what dpkg-shlibdeps finds for the
   ELF files, libseccomp2 (pyseccomp opens it with ctypes) and init-system-helpers (the maintainer
   scripts' deb-systemd-helper).
-- The tree comes from a copy of the working tree as git sees it (no build leftovers); every file's
-  time is SOURCE_DATE_EPOCH (the commit's), modes are normalised, owners root (dpkg-deb
+- The tree comes from a copy of the working tree as git sees it (no build leftovers); in a release
+  tarball (``git archive``'s output, no .git) every file but what .gitignore names, the commit
+  and its time from deploy/debian/source-commit (export-subst). Every file's time is
+  SOURCE_DATE_EPOCH (the commit's), modes are normalised, owners root (dpkg-deb
   --root-owner-group).
 
 Subcommands: ``build`` (make deb), ``stage`` (its part inside the namespace), ``files`` (run by the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import email.parser
+import fnmatch
 import gzip
 import hashlib
 import os
@@ -37,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,6 +51,9 @@ VENV = f"{LIBDIR}/venv"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the distribution's: what Depends names
 DEBIAN = Path("deploy/debian")  # in the source tree: maintainer scripts, logrotate, lintian overrides, lock
 LOCK = DEBIAN / "python-lock.txt"
+SOURCE_COMMIT = DEBIAN / "source-commit"  # git archive writes the commit in (export-subst)
+PURGE_MODULE = Path("hook/purge.py")  # postrm's purge: written into it (the module's docstring says why)
+PURGE_MARK = "@PURGE_PY@"
 MAINTAINER = "nvc-py developers <dev@nvc-py.invalid>"
 # Shipped, never enabled: the admin turns them on where a node runs them.
 OPTIONAL_UNITS = (Path("deploy/systemd/nvc-py-device-plugin.service"), Path("deploy/systemd/nvc-py-exporter.service"))
@@ -139,6 +145,14 @@ def copyright_text(bundled: Iterable[Bundled], site_packages: str) -> str:
             " /usr/share/common-licenses/Apache-2.0.\n")
 
 
+def with_purge(script: str, module: str) -> str:
+    """postrm with ``module`` in place of its line PURGE_MARK, each line a comment starting "#|"
+    (postrm runs them with python3; as comments, no shell check reads them as shell)."""
+    lines = script.split("\n")
+    at = lines.index(PURGE_MARK)
+    return "\n".join([*lines[:at], *(f"#|{line}" for line in module.rstrip("\n").split("\n")), *lines[at + 1:]])
+
+
 def bundled_license(metadata_text: str) -> Bundled:
     """Name, version and license of a METADATA file: License-Expression, else License (its first
     line), else the license classifiers."""
@@ -198,10 +212,51 @@ def _is_elf(path: Path) -> bool:
 # --- build ---------------------------------------------------------------------------------------
 
 
+def ignored(relative: str, is_dir: bool, patterns: Sequence[str]) -> bool:
+    """Whether .gitignore's ``patterns`` name ``relative`` itself (the walk prunes what they name
+    above it), in the forms that file uses: a glob with a slash but a trailing one is anchored at
+    the top, one without is matched against the name, a trailing slash names directories alone."""
+    for pattern in patterns:
+        if pattern.endswith("/") and not is_dir:
+            continue
+        glob = pattern.rstrip("/")
+        name = relative if "/" in glob else relative.rsplit("/", 1)[-1]
+        if fnmatch.fnmatchcase(name, glob.lstrip("/")):
+            return True
+    return False
+
+
+def gitignore_patterns(text: str) -> list[str]:
+    """The patterns of a .gitignore; a form :func:`ignored` does not read is refused."""
+    patterns = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    for pattern in patterns:
+        if pattern.startswith("!") or "**" in pattern or "\\" in pattern:
+            raise SystemExit(f"debpkg: .gitignore: {pattern!r}: a form a build without git does not read")
+    return patterns
+
+
+def source_files(source: Path) -> list[str]:
+    """The working tree as git sees it (tracked and untracked files, not ignored ones), relative
+    paths; in a tree without git's metadata (a release tarball, git archive's output) every file but
+    what .gitignore names, as distribution builders build."""
+    if (source / ".git").exists():
+        names = run(["git", "-C", source, "ls-files", "-z", "--cached", "--others", "--exclude-standard"]).stdout
+        return sorted(set(filter(None, names.split("\0"))))
+    ignore = source / ".gitignore"
+    patterns = gitignore_patterns(ignore.read_text()) if ignore.is_file() else []
+    found = []
+    for top, dirs, names in os.walk(source):
+        base = os.path.relpath(top, source)
+        prefix = "" if base == "." else f"{base}/"
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]  # listed, never walked into
+        dirs[:] = [d for d in dirs if d not in links and not ignored(prefix + d, True, patterns)]
+        found += [prefix + n for n in (*names, *links) if not ignored(prefix + n, False, patterns)]
+    return sorted(found)
+
+
 def copy_tree(source: Path, dest: Path) -> None:
-    """The working tree as git sees it (tracked and untracked files, not ignored ones), symlinks as symlinks."""
-    names = run(["git", "-C", source, "ls-files", "-z", "--cached", "--others", "--exclude-standard"]).stdout
-    for name in sorted(set(filter(None, names.split("\0")))):
+    """:func:`source_files` copied, symlinks as symlinks."""
+    for name in source_files(source):
         src, dst = source / name, dest / name
         if not src.is_symlink() and not src.is_file():
             continue  # deleted in the working tree
@@ -209,9 +264,19 @@ def copy_tree(source: Path, dest: Path) -> None:
         shutil.copy2(src, dst, follow_symlinks=False)
 
 
-def source_date_epoch(source: Path) -> int:
+def source_commit(source: Path) -> tuple[str, int]:
+    """The commit the tree is (12 hex digits) and its time: from git in a clone, from SOURCE_COMMIT
+    in git archive's output (export-subst, .gitattributes); SOURCE_DATE_EPOCH, when set, for the time."""
+    if (source / ".git").exists():
+        commit, epoch = run(["git", "-C", source, "log", "-1", "--format=%H %ct"]).stdout.split()
+    else:
+        text = (source / SOURCE_COMMIT).read_text().strip()
+        if text.startswith("$Format:"):
+            raise SystemExit(f"debpkg: {source}: neither a git clone nor git archive's output of a commit "
+                             f"({SOURCE_COMMIT} names no commit)")
+        commit, epoch = text.split()
     given = os.environ.get("SOURCE_DATE_EPOCH", "")
-    return int(given) if given.isdigit() else int(run(["git", "-C", source, "log", "-1", "--format=%ct"]).stdout)
+    return commit[:12], int(given) if given.isdigit() else int(epoch)
 
 
 def build(version: str, out: Path, maintainer: str, pip_cache: Path) -> Path:
@@ -226,8 +291,7 @@ def build(version: str, out: Path, maintainer: str, pip_cache: Path) -> Path:
     scratch.mkdir()
     run(["unshare", "--mount", "--propagation", "private", SYSTEM_PYTHON, source / "tools/debpkg.py", "stage",
          "--source", source, "--root", root, "--scratch", scratch, "--pip-cache", pip_cache.resolve()])
-    epoch = source_date_epoch(REPO)
-    commit = run(["git", "-C", REPO, "rev-parse", "--short=12", "HEAD"]).stdout.strip()
+    commit, epoch = source_commit(REPO)
     finish(root, source, version, maintainer, epoch, commit)
     arch = run(["dpkg", "--print-architecture"]).stdout.strip()
     deb = out / f"{PACKAGE}_{version}_{arch}.deb"
@@ -320,7 +384,8 @@ def finish(root: Path, source: Path, version: str, maintainer: str, epoch: int, 
         link.symlink_to(os.path.relpath(target, "/" + str(link.parent.relative_to(root))))
     for name, dest in STATIC_FILES.items():
         (root / dest).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / DEBIAN / name, root / dest)
+        text = (source / DEBIAN / name).read_text()
+        (root / dest).write_text(with_purge(text, (source / PURGE_MODULE).read_text()) if name == "postrm" else text)
     doc = root / "usr/share/doc" / PACKAGE
     doc.mkdir(parents=True)
     site_in_package = "/" + str(site.relative_to(root))
