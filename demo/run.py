@@ -73,8 +73,18 @@ def _podman_demo(work: Path, rootfs_cache, hooks: Path) -> int:  # noqa: ANN001 
         podman.remove_containers()
 
 
+# What the printed podman commands leave out, and how the host's own podman does the same.
+PRIVATE_PODMAN = """\
+# The podman commands below run with this demo's own store (the image exists only there), runc and
+# cgroupfs, and go away with it: copied as printed they find no image. On this host's own podman:
+#   nvc-py setup podman
+#   podman run --rm -e NVIDIA_VISIBLE_DEVICES=0 IMAGE nvidia-smi -L
+"""
+
+
 def _podman_runs(podman, hooks: Path) -> int:  # noqa: ANN001 (harness.podman.Podman)
     image = podman.image()
+    print(PRIVATE_PODMAN, flush=True)
     for value in ("0", "1", "all", None):
         env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}
         flags = f"-e NVIDIA_VISIBLE_DEVICES={value} " if value is not None else ""
