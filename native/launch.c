@@ -46,6 +46,8 @@ struct pending {                     /* one launch, or a group of short ones on 
     const void *key;                 /* the kernel (or graph) of a launch measured alone */
     uint64_t launched_ns, last_ns;   /* its first and last launch */
     int recorded;                    /* end event recorded (an unrecorded event queries as done) */
+    int late;                        /* recorded at a later launch or wait, not right after its own last: its
+                                      * elapsed time holds the host's gap since, no measure of its kernels */
     int settled;                     /* measured, waiting for older launches of other contexts */
     uint32_t gate;                   /* the generation of the gate it was queued behind; 0: none */
 };
@@ -100,15 +102,17 @@ static void settle_locked(struct pending *p)
     if (p->count > 0 && nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
         int64_t full = (int64_t)((double)ms * 1e6);
         cost = (int64_t)((double)full * factor);
-        if (p->count == 1) {
+        if (p->count == 1 && !p->late) {
             /* running estimate of a full-device launch, weight 1/4 to the newest */
             int64_t per_full = factor > 0 ? (int64_t)((double)cost / factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
         }
         struct nvc_kernel_cost *own = p->key ? nvc_kernel_slot(p->key) : NULL;
-        if (own) {
+        if (own && !p->late) {
             own->ns = own->ns ? (own->ns + full) / 2 : full;
             own->work_ns = !own->work_ns || full < own->work_ns ? full : own->work_ns + (full - own->work_ns) / 256;
+        }
+        if (own && own->work_ns) {
             work = (int64_t)((double)own->work_ns * factor);
         } else if (p->count > 1 && p->work > 0) {
             work = p->work;              /* not the gaps between them: the GPU idled while the host launched */
@@ -210,6 +214,7 @@ static void close_locked(int dev, CUcontext ctx)
         return;
     record(p->end, p->stream, p->ptsz);
     p->recorded = 1;
+    p->late = 1;
     has_open[dev] = 0;
 }
 
@@ -400,6 +405,7 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
             } else if (has_open[p->d] && open_at[p->d] == slot.at &&
                        (p->queued_ns >= GROUP_NS(p->d) || p->count >= GROUP_MAX(p->d))) {
                 close_locked(p->d, ctx);
+                p->late = 0;             /* closed right after its last launch */
             }
         }
         pthread_mutex_unlock(&launch_mu);

@@ -63,9 +63,14 @@ uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t 
     return sharing;
 }
 
-uint64_t nvc_sched_drains_at(uint64_t busy_until, uint64_t now, uint64_t launch_ns)
+uint64_t nvc_sched_drains_at(uint64_t drains, uint64_t now, uint64_t launch_ns)
 {
-    return (busy_until > now ? busy_until : now) + 2 * launch_ns;
+    return (drains > now ? drains : now) + launch_ns;
+}
+
+uint64_t nvc_sched_busy_until(uint64_t drains, uint64_t now)
+{
+    return drains > now ? drains + (drains - now) : now;
 }
 
 uint64_t nvc_sched_charged(uint64_t cost, uint64_t mine, uint64_t elapsed, uint64_t work)

@@ -73,14 +73,17 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
  * about to queue work): the GPU time-slices between them. */
 uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t now);
 
-/* When its launched work should have drained, published at each launch: the GPU runs a tenant's launches
- * in order, so this one ends no earlier than the work before it: twice its estimate after the later of
- * now and the previous figure (twice: while more tenants share the GPU than when it was measured, it
- * drains slower). Only launches extend it; a queue seen drained ends it. Work launched earlier and not
- * yet measured is not counted again: a launch-bound loop's short kernels, measured in groups, completed
- * long before its next launch, and counting them at every launch published it busy throughout, holding
- * its peers for a GPU that idled between its kernels. */
-uint64_t nvc_sched_drains_at(uint64_t busy_until, uint64_t now, uint64_t launch_ns);
+/* When a tenant's launched work should drain, after a launch of launch_ns (estimated): the GPU runs its
+ * launches in order, so this one ends its estimate after the later of now and when the work before it
+ * should drain (`drains`, the previous figure; a queue seen drained resets it to then). Work launched
+ * earlier and not yet measured is in `drains` once: a launch-bound loop's short kernels, measured in
+ * groups, complete long before its next launch, and counting its unmeasured ones again at every launch
+ * published it busy throughout, holding its peers for a GPU that idled between its kernels. */
+uint64_t nvc_sched_drains_at(uint64_t drains, uint64_t now, uint64_t launch_ns);
+
+/* What it publishes as busy_until_ns: twice what remains of its work from now (while more tenants share
+ * the GPU than when its kernels were measured, its queue drains slower); now when nothing remains. */
+uint64_t nvc_sched_busy_until(uint64_t drains, uint64_t now);
 
 /* What a measured launch or group of launches is charged: its kernels' own work where it is known (each
  * kernel's least elapsed time, at the grid's part of the device), no more than `cost` (its elapsed time at

@@ -257,6 +257,34 @@ def test_sharing_never_loses_to_no_sharing_beside_a_launch_bound_service(program
     assert got.trainer >= 0.9 * base.trainer or "cap 50 on the trainer" == control, (got, base)
 
 
+def test_a_launch_bound_tenant_holds_no_one_between_its_kernels(share, programs, tmp_path):
+    """The shim itself (launch.c's event groups, sched.c's published drain time and charge) beside a
+    launch-bound tenant: weight 9, a decode-like loop of 10 µs kernels with 40 µs of host work after each,
+    16 to a step, one wait a step, for about a second; a weight-1 tenant with 400 kernels of 1 ms back to
+    back waits little for the other's share and runs about as fast as alone (each process's fake GPU is
+    its own, so only the scheduler can slow it). Before the fix the launch-bound tenant was published
+    busy through its host gaps (its unmeasured group counted as queued at every launch; its groups closed
+    at a later launch measured the gap as its kernels' time), and the weight-1 one waited 133-381 ms of
+    its 0.51-0.74 s for it (alone 0.40 s); after it 7-27 ms of 0.41-0.43 s."""
+    sched = tmp_path / "sched"
+    sched.mkdir()
+    alone = wall_s(tenant(share, programs, sched, "alone", 1, 400), timeout=30)
+    service = tenant(share, programs, sched, "service", 9, 1200, host_us=40, burst=16, kernel_us=10)
+    try:
+        time.sleep(0.1)
+        beside, log = wall_and_log(tenant(share, programs, sched, "trainer", 1, 400, log=True), timeout=30)
+        assert service.poll() is None, "the service must stay busy throughout"
+    finally:
+        service.kill()
+        service.communicate()
+    logged = WAITS_LOG.search(log)
+    assert logged, log
+    held_ms = float(logged.group(5))
+    print(f"weight 1 alone {alone:.3f} s, beside the launch-bound weight 9 {beside:.3f} s, held {held_ms} ms")
+    assert held_ms <= 150 * beside, (held_ms, beside)      # at most 15 % of its time
+    assert beside <= 1.3 * alone + 0.05, (beside, alone)
+
+
 # (weight, cap or None, 1 ms kernels, host µs after each or None: back to back) per tenant -> (lowest,
 # highest) wall time in seconds of each
 TENANT_CASES = {
@@ -293,16 +321,17 @@ def test_a_tenant_over_its_share_is_held_while_the_others_run_free(share, progra
 
 
 def tenant(share, programs, sched: Path, name: str, weight: int, launches: int, cap: int | None = None,
-           host_us: int | None = None, gpu: Path | None = None, burst: int = 0, kernel_us: int = 1000) -> subprocess.Popen:
+           host_us: int | None = None, gpu: Path | None = None, burst: int = 0, kernel_us: int = 1000,
+           log: bool = False) -> subprocess.Popen:
     """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
     ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0 back to back, then synchronising;
     or with host_us, waiting for each and then spending host_us on its host (a training-like loop); or
     with burst, `launches` steps of a framework: burst kernels, host_us after each, one wait. With gpu,
     the fake GPU is the one shared by the processes naming that file (FAKE_CUDA_SHARED_GPU), and weight
-    0 runs it without the shim."""
+    0 runs it without the shim. With log, its shim says at exit where its launches waited."""
     limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": str(kernel_us), "NVC_SHARE_SCHED_DIR": str(sched),
               "NVC_SHARE_TENANT": name, **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {}),
-              **({"FAKE_CUDA_SHARED_GPU": str(gpu)} if gpu else {})}
+              **({"FAKE_CUDA_SHARED_GPU": str(gpu)} if gpu else {}), **({"NVC_SHARE_LOG": "2"} if log else {})}
     env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
     if not weight:
         del env["LD_PRELOAD"]
@@ -355,10 +384,15 @@ def test_weighted_tenants_on_one_time_sliced_gpu_share_it_by_weight_and_keep_it_
 
 def wall_s(proc: subprocess.Popen, timeout: float) -> float:
     """Seconds a tenant took to launch its kernels and see them done; it must exit 0 in time."""
+    return wall_and_log(proc, timeout)[0]
+
+
+def wall_and_log(proc: subprocess.Popen, timeout: float) -> tuple[float, str]:
+    """wall_s's seconds, and what the tenant's shim logged (its waits, with log=True)."""
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, (proc.returncode, err)
     lines = [line.split() for line in out.splitlines()]
-    return sum(int(line[2]) for line in lines[2:]) / 1e6
+    return sum(int(line[2]) for line in lines[2:]) / 1e6, err
 
 
 # ---------------------------------------------------------------- a hostile tenant's own scheduler file

@@ -14,11 +14,18 @@
  * each (oldest first) is TOKENS tokens of LAUNCHES kernels, HOST_US of host work before each launch,
  * the host waiting for the token's kernels to complete before the next token (a batch-1 decode loop:
  * launch-bound, the GPU idle between its tiny kernels); it prints "latency I <p50 us> <p99 us>
- * <requests done>", each request's latency taken from its arrival. Its own cap (percent, 100 = none) is enforced as the shim's region.c does:
- * slices of cap % of every 50 ms of wall time, extended while the scheduler holds it; work past a
- * slice's end is charged to the next. It measures each kernel's elapsed time from when its stream
- * could start it to its end and charges it with nvc_sched_charge (over how many it saw sharing the GPU at each decision and measurement) into its decaying share account, as
- * sched.c does, and publishes when its queued work should have drained from that measured time. A tenant with a LIE launches nothing while busy and publishes, every step, one claim:
+ * <requests done>", each request's latency taken from its arrival.
+ *
+ * Its own cap (percent, 100 = none) is enforced as the shim's region.c does: slices of cap % of every
+ * 50 ms of wall time, extended while the scheduler holds it; work past a slice's end is charged to the
+ * next. It measures each kernel's elapsed time from when its stream could start it to its end and
+ * charges it with nvc_sched_charge (over how many it saw sharing the GPU at each decision and
+ * measurement) into its decaying share account, as sched.c does. Kernels under 25 µs, while another
+ * tenant is active, are measured as launch.c measures them: in groups of up to 100 µs of expected work
+ * or 64 launches, one closed at the next launch after an idle gap of 100 µs (its end then), measured
+ * at the tenant's next launch or wait once all of it ran, and charged nvc_sched_charged with their
+ * work. Each launch publishes nvc_sched_busy_until of nvc_sched_drains_at; a queue seen drained
+ * publishes now. A tenant with a LIE launches nothing while busy and publishes, every step, one claim:
  * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, a share of 0) or "garbage" (random values);
  * the others read every view through nvc_sched_sanitize and take its weight as WEIGHT (the granted
  * one, whatever it claims). Prints per tenant "tenant I <GPU share in ‰ in the first half> <in the
@@ -57,6 +64,7 @@ static struct tenant {
     unsigned g_open, g_oldest, g_next; /* g_open: the open group + 1 (0: none); the ring's ends */
     uint64_t unsettled;                /* estimates of its work launched and not yet measured */
     int others_active;                 /* another tenant active: launch.c's groups are short */
+    uint64_t drains;                   /* when its launched work should drain (sched.c's drains_of) */
     uint64_t began;                    /* when its oldest kernel could start */
     uint64_t estimate;                 /* a kernel's elapsed time as last measured (the shim's estimate) */
     int qn;
@@ -154,7 +162,7 @@ static void harvest(struct tenant *x, uint64_t now)
         settled = 1;
     }
     if (settled && !x->qn && !x->g_open)
-        x->v.busy_until_ns = now;            /* drained */
+        x->v.busy_until_ns = x->drains = now;   /* drained */
 }
 
 static uint64_t inflight(const struct tenant *x)
@@ -235,7 +243,7 @@ int main(int argc, char **argv)
             memmove(x->in_group, x->in_group + 1, (size_t)x->qn * sizeof x->in_group[0]);
             head_began(x, now + STEP_NS);
             if (!x->qn && !in_group)
-                x->v.busy_until_ns = now + STEP_NS;   /* drained */
+                x->v.busy_until_ns = x->drains = now + STEP_NS;   /* drained */
         }
         for (int i = 0; i < nt; i++) {              /* the shims' credit refill, never above 0 */
             t[i].credit += (int64_t)((now - refill) * t[i].cap / 100);
@@ -320,7 +328,8 @@ int main(int argc, char **argv)
                 if (g->count >= GROUP_MAX || g->est >= GROUP_NS)
                     close_group(x, now);            /* right after its launch */
             }
-            x->v.busy_until_ns = nvc_sched_drains_at(x->v.busy_until_ns, now, est);
+            x->drains = nvc_sched_drains_at(x->drains, now, est);
+            x->v.busy_until_ns = nvc_sched_busy_until(x->drains, now);
             x->unsettled += est;
             x->host_ready = now + x->host_ns;
             x->launched++;
