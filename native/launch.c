@@ -398,7 +398,8 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
         struct pending *p = AT(slot.at);
         if (slot.at - head < tail - head && !p->settled) {   /* still queued (another thread may have settled it) */
             if (rc != CUDA_SUCCESS)
-                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued, slot.work < 0 ? 0 : -slot.work);   /* nothing ran */
+                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued,   /* nothing ran */
+                           slot.work < 0 ? 0 : -slot.work);
             if (slot.alone && !p->recorded) {
                 record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
