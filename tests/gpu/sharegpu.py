@@ -9,6 +9,7 @@ file nvc.plan.share wrote>, the same file the hook mounts read-only in container
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -103,6 +104,47 @@ def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
     """(iterations per second, iterations in each second) of a finished torch_load run."""
     rate, per_second, _ = torch_output(proc)
     return rate, per_second
+
+
+DECODE = GPU_DIR / "torch_decode.py"
+
+
+def serve_run(env: dict[str, str], seconds: float, rate: float, start_at: float = 0.0) -> subprocess.Popen:
+    """torch_decode.py SECONDS RATE START_AT, started: the launch-bound service (RATE 0: back to back)."""
+    return subprocess.Popen([TORCH_PYTHON, str(DECODE), str(seconds), str(rate), str(start_at)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+
+
+class Served(NamedTuple):
+    p50_ms: float                # request latency from arrival
+    p99_ms: float
+    per_second: float            # requests served per second of the run
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) by nearest rank: a latency some request really had."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("no values")
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(len(ordered) * q / 100) - 1))]
+
+
+def serve_latencies(out: str) -> Served:
+    """A torch_decode run's figures from its "req ARRIVAL DONE" lines: each request's latency is from its
+    arrival (a request that waited for the one before it waited as a user would), not from when it began."""
+    requests = [(float(f[1]), float(f[2])) for f in (line.split() for line in out.splitlines()) if f[:1] == ["req"]]
+    if not requests:
+        raise ValueError("no requests served")
+    latencies = [1000 * (done - arrival) for arrival, done in requests]
+    span = max(done for _, done in requests) - min(arrival for arrival, _ in requests)
+    return Served(percentile(latencies, 50), percentile(latencies, 99), len(requests) / span if span > 0 else 0.0)
+
+
+def serve_result(proc: subprocess.Popen) -> Served:
+    out = proc.communicate(timeout=300)[0]
+    if proc.returncode != 0:
+        raise AssertionError(f"torch_decode exited {proc.returncode}")
+    return serve_latencies(out)
 
 
 def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tuple[float, float]:

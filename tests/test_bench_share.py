@@ -1,0 +1,56 @@
+"""bench/share's parts that need no GPU: the launch-bound pair's latency figures, read from what
+tests/gpu/torch_decode.py prints (latency from each request's arrival, not from when it was served), and
+the bench and its PyTorch workloads at least loading (the GPU machine runs them; this one has no torch).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "gpu"))
+import sharegpu  # noqa: E402
+
+
+def test_latency_runs_from_arrival_not_from_service():
+    # requests every 10 ms; the second took 25 ms, so the third, arriving at 20 ms, began at 35 ms and
+    # waited 15 ms for it before its own 5 ms
+    out = "req 0.000000 0.005000\nreq 0.010000 0.035000\nreq 0.020000 0.040000\ncpu_us 1234.5\n"
+    served = sharegpu.serve_latencies(out)
+    assert served.p50_ms == pytest.approx(20.0)
+    assert served.p99_ms == pytest.approx(25.0)
+    assert served.per_second == pytest.approx(3 / 0.040)
+
+
+def test_percentiles_are_latencies_some_request_had():
+    values = [float(v) for v in range(1, 101)]
+    assert sharegpu.percentile(values, 50) == 50.0
+    assert sharegpu.percentile(values, 99) == 99.0
+    assert sharegpu.percentile(values, 100) == 100.0
+    assert sharegpu.percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        sharegpu.percentile([], 50)
+
+
+def test_a_run_that_served_nothing_is_an_error_not_a_zero():
+    with pytest.raises(ValueError, match="no requests"):
+        sharegpu.serve_latencies("cpu_us 0.0\n")
+
+
+def test_the_bench_loads_and_its_workloads_parse(tmp_path):
+    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share"))
+    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
+    loader.exec_module(bench)
+    labels = [label for label, _, _ in bench.LAUNCH_BOUND_CONTROLS]
+    assert labels[0] == "no control" and any("9:1" in label for label in labels)
+    assert "LD_PRELOAD" not in bench.tenant_env(tmp_path, "service", None)
+    env = bench.tenant_env(tmp_path, "service", {"NVC_SHARE_WEIGHT": "9"})
+    assert env["NVC_SHARE_TENANT"] == "service" and env["NVC_SHARE_SCHED_DIR"] == str(tmp_path)
+    for script in ("torch_decode.py", "torch_load.py", "torch_models.py"):
+        ast.parse((REPO / "tests" / "gpu" / script).read_text())
