@@ -233,7 +233,7 @@ def test_basic_auth_with_bcrypt_hashes(exporter: Start, tmp_path: Path) -> None:
 
     import bcrypt
 
-    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(10)).decode()
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(10)).decode().replace("$2b$", "$2y$", 1)  # as htpasswd writes it
     (tmp_path / "web.yml").write_text(
         f"basic_auth_users:\n  prometheus: '{hashed}'\n"
         "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    X-Content-Type-Options: nosniff\n")

@@ -204,7 +204,7 @@ class _Server(socketserver.ThreadingMixIn, HTTPServer):
     def wrap(self, slot: _Slot) -> ssl.SSLSocket:
         """The connection's TLS socket (its handshake not done yet)."""
         assert self.tls is not None
-        with self.lock:  # the accepted socket is detached: not shut down meanwhile by the socket it was
+        with self.lock:  # the wrap takes the descriptor over: from now on the slot names the TLS socket
             slot.sock = self.tls.wrap_socket(slot.sock, server_side=True, do_handshake_on_connect=False)
         return slot.sock  # type: ignore[return-value]
 
@@ -216,6 +216,10 @@ class _Server(socketserver.ThreadingMixIn, HTTPServer):
         """The connection is done: no longer counted, nor shut down by another thread after this."""
         with self.lock:
             self.slots.pop(request, None)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.release(request)  # also where its thread could not start
+        super().shutdown_request(request)
 
 
 class _Connection(BaseHTTPRequestHandler):
