@@ -82,20 +82,25 @@ def _safe_load(text: str, path: str) -> Any:
     return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader
 
 
-def yaml_document(text: str, path: str) -> Any:
-    """The YAML document in ``text``, from the cache when it holds this very text."""
-    hit, document = _cached_document(text)
-    if hit:
-        return document
+def read_yaml(text: str, path: str) -> Any:
+    """The YAML document in ``text`` (read as :func:`_safe_load` reads it), any error in one line."""
     import yaml
 
     try:
-        document = _safe_load(text, path)
+        return _safe_load(text, path)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise InputError(f"{path}: not valid YAML{where}") from None
     except RecursionError:
         raise InputError(f"{path}: not valid YAML: nested too deeply") from None
+
+
+def yaml_document(text: str, path: str) -> Any:
+    """The YAML document in ``text``, from the cache when it holds this very text."""
+    hit, document = _cached_document(text)
+    if hit:
+        return document
+    document = read_yaml(text, path)
     _store_document(text, document)
     return document

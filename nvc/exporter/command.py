@@ -20,20 +20,25 @@ import click
 @click.option("--nvml-interval", metavar="SECONDS", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Least time between two reads of GPU memory from NVML (scrapes in between get the last one).")
 @click.option("--no-nvml", is_flag=True, help="Do not read GPU memory (no NVML helper).")
+@click.option("--web-config-file", metavar="PATH", default=None,
+              help="TLS and basic authentication, in the Prometheus exporter-toolkit's web configuration format.")
 @click.pass_context
 def exporter(ctx: click.Context, listen: str, state_dir: str, hook_log: str | None, hook_socket: str | None,
-             device_plugin_file: str | None, nvml_interval: float, no_nvml: bool) -> None:
+             device_plugin_file: str | None, nvml_interval: float, no_nvml: bool, web_config_file: str | None) -> None:
     """Serve Prometheus metrics until SIGTERM: GPU memory (NVML), every sharing container's limits,
     memory, compute share and throttling, the hook's starts by outcome and their durations (its log),
-    the hook server and the device plugin (docs/metrics.md). The global --root and --user choose the
+    the hook server and the device plugin (docs/metrics.md), over TLS and with basic authentication
+    where --web-config-file asks for them. The global --root and --user choose the
     driver root and the NVML helper's identity, as for `info`."""
     import os
 
     from nvc import config
-    from nvc.exporter import serve
+    from nvc.exporter import serve, webconfig
     from nvc.untrusted import directory_or_missing
 
     where = serve.parse_listen(listen)
+    web = webconfig.load(web_config_file) if web_config_file else webconfig.WebConfig()
+    tls = webconfig.tls_context(web.tls) if web.tls else None
     directory_or_missing(state_dir, "--state-dir")  # missing: no container shares a GPU yet
     given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given)
     from nvc.exporter.collector import Collector, Sources
@@ -48,7 +53,7 @@ def exporter(ctx: click.Context, listen: str, state_dir: str, hook_log: str | No
     collector = Collector(sources, gpus)
     try:
         collector.collect()  # the NVML helper forked now, before anything else runs; the log read from its start
-        ctx.exit(serve.serve(where, collector))
+        ctx.exit(serve.serve(where, collector, web, tls))
     finally:
         if gpus is not None:
             gpus.close()
