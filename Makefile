@@ -24,8 +24,10 @@ PYTEST_FLAGS ?=
 PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
 # prometheus: the exporter's acceptance test runs a server of its own (tests/test_exporter_collector.py).
+# clang and libclang-rt-dev: the shim's libFuzzer target (make fuzz, tests/test_fuzz.py).
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
-	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus lintian
+	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus lintian \
+	clang libclang-rt-dev
 # Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it
 # only in its kernel-versioned linux-tools): the tests that use them skip without them.
 APT_OPTIONAL := bpftool
@@ -68,7 +70,7 @@ DEB_DIR ?= dist
 DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
-.PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu demo demo-plan try uninstall \
+.PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
 	print-test-python clean k8s-api deb deb-deps deb-lock FORCE
 
 all: build
@@ -165,6 +167,13 @@ fronts:
 test: deps build
 	@echo "test: pytest $(PYTEST_FLAGS) (the suite's files: $(TEST_DIRS); make clean removes them)"
 	$(PYTEST) $(PYTEST_FLAGS)
+
+## fuzz: every fuzz target for FUZZ_SECONDS each over its seed corpus (tests/fuzz/; FUZZ_TARGETS=... for some);
+## what they find goes to $(LOGDIR)/fuzz (docs/development.md)
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: deps build
+	cd tests && $(ENV_PYTHON) -m harness.fuzzing --seconds $(FUZZ_SECONDS) --work $(CURDIR)/$(LOGDIR)/fuzz $(FUZZ_TARGETS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
 ## (docs/development.md: carry wheels and .deb files there)

@@ -175,6 +175,11 @@ def load_config(bundle: str) -> dict[str, Any]:
         raw, _ = read_file(path, MAX_SPEC_SIZE)
     except OSError as err:
         raise InputError(f"{path}: cannot read: {err.strerror}") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: str | bytes, path: str) -> dict[str, Any]:
+    """The spec in ``raw`` (``path`` names it in errors), checked as :func:`load_config` says."""
     doc = _json(raw, path, MAX_SPEC_SIZE)
     if not isinstance(doc, dict):
         raise InputError(f"{path}: expected a JSON object")

@@ -12,7 +12,8 @@
  *   - compute_percent[.SCOPE]=1..100 (decimal digits);
  *   - compute_weight[.SCOPE]=1..1000 (decimal digits);
  *   - SCOPE: an NVML index of 1 to 3 digits, or a device UUID of at most 40 letters, digits and '-',
- *     matched without its GPU- or MIG- prefix and without case (the hook writes GPU-/MIG- UUIDs);
+ *     matched without its GPU- or MIG- prefix and without case (the hook writes GPU-/MIG- UUIDs),
+ *     not empty without it;
  *     at most 2 * NVC_MAX_DEVICES devices in one file (a file naming more is refused whole);
  *   - on_error=pass-through|fail-closed, context_overhead=SIZE or 0, enabled=0|1 (never written by
  *     the hook: for hand-written files).
@@ -105,6 +106,8 @@ static struct nvc_limit_rule *rule_for(struct nvc_config *cfg, const char *selec
             if (!isalnum((unsigned char)selector[i]) && selector[i] != '-')
                 return NULL;
         nvc_uuid_key(selector, key);
+        if (!key[0])
+            return NULL;             /* "GPU-" alone: a rule no device would ever match */
     }
     for (int i = 0; i < cfg->nrules; i++)
         if (cfg->rules[i].index == index && !strcmp(cfg->rules[i].key, key))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nvc.errors import InputError, cut
+from nvc.errors import InputError, cut, shown
 from nvc.untrusted import MAX_DIGITS
 
 CACHE_PATH = "/run/nvc-py/config-cache.json"
@@ -55,7 +55,9 @@ def _store_document(text: str, document: Any) -> None:
 
 def _safe_load(text: str, path: str) -> Any:
     """``yaml.safe_load`` refusing anchors and aliases as it meets them, before any node is built,
-    and integers longer than :data:`MAX_INTEGER_TEXT` characters before they are converted.
+    integers longer than :data:`MAX_INTEGER_TEXT` characters before they are converted, and a value
+    its type cannot hold (a date ``2001-13-01``, ``!!int x``, ``!!bool maybe``) in one line naming it:
+    PyYAML's constructors raise ValueError, KeyError and others of their own for those.
 
     A configuration has no use for anchors, and ten nested aliases (450 bytes) expand to a
     billion nodes for whatever walks the document (validation, the JSON cache). No setting is a
@@ -71,6 +73,14 @@ def _safe_load(text: str, path: str) -> Any:
                 raise InputError(f"{path}: line {event.start_mark.line + 1}: YAML anchors and aliases "
                                  "are not accepted")
             return super().compose_node(parent, index)
+
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep)
+            except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError):
+                value = f"{shown(node.value, 40)} " if isinstance(node.value, str) else ""
+                raise InputError(f"{path}: line {node.start_mark.line + 1}: {value}is not a valid "
+                                 f"{node.tag.rpartition(':')[2]}") from None
 
         def construct_bounded_int(self, node: Any) -> int:
             if len(node.value) > MAX_INTEGER_TEXT:

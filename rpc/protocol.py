@@ -103,8 +103,10 @@ def frame_length(header: bytes) -> int:
 def _load(payload: bytes) -> dict[str, Any]:
     try:
         body = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except ValueError as err:  # not UTF-8, not JSON, an integer of more than 4300 digits
         raise ProtocolError(f"malformed payload: {err}") from None
+    except RecursionError:
+        raise ProtocolError("malformed payload: nested too deeply") from None
     if not isinstance(body, dict):
         raise ProtocolError(f"payload is a {type(body).__name__}, not an object")
     if body.get("v") != PROTOCOL_VERSION:
@@ -140,7 +142,7 @@ def decode_response(payload: bytes) -> Response:
         or not isinstance(err.get("code"), (int, type(None)))
     ):
         raise ProtocolError(f"response {body['id']} has a malformed error: {err!r}")
-    return Response(body["id"], error=RemoteError(err["kind"], err["message"], err["code"]))
+    return Response(body["id"], error=RemoteError(err["kind"], err["message"], err.get("code")))
 
 
 def _remaining(deadline: float | None) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -171,6 +172,29 @@ def test_deeply_nested_yaml_is_one_error(tmp_path: Path, cache: Path) -> None:
     path.write_text("root: " + "[" * 20_000 + "]" * 20_000 + "\n")
     with pytest.raises(InputError, match="not valid YAML: nested too deeply"):
         config.load(str(path))
+
+
+@pytest.mark.parametrize(("text", "line", "what"), [
+    ("root: /\nuser: 2001-13-01\n", 2, "'2001-13-01' is not a valid timestamp"),
+    ("log: {file: 2001-01-01 10:00:00+99:00}\n", 1, "'2001-01-01 10:00:00+99:00' is not a valid timestamp"),
+    ("root: !!int x\n", 1, "'x' is not a valid int"),
+    ("root: !!int ''\n", 1, "'' is not a valid int"),
+    ("load-kmods: !!bool maybe\n", 1, "'maybe' is not a valid bool"),
+    ("k8s:\n  nvml-retry: !!float x\n", 2, "'x' is not a valid float"),
+    ("k8s:\n  nvml-retry: !!timestamp x\n", 2, "'x' is not a valid timestamp"),
+])
+def test_a_value_its_yaml_type_cannot_hold_is_one_error(tmp_path: Path, cache: Path, text: str, line: int,
+                                                        what: str) -> None:
+    """PyYAML's constructors raise ValueError, KeyError, IndexError or AttributeError for these (found by
+    tests/fuzz/fuzz_config.py): one line naming the file, the line and the value, through the real program too."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=f"^input error: {path}: line {line}: {re.escape(what)}$"):
+        config.load(str(path))
+    result = subprocess.run([NVC_PY, "config", "show"], capture_output=True, text=True, timeout=60,
+                            env={"NVC_PY_CONFIG": str(path)})
+    assert (result.returncode, result.stderr) == (InputError.exit_code, f"nvc-py: input error: {path}: line {line}: "
+                                                                        f"{what}\n")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory", "huge", "not-utf8"])

@@ -191,6 +191,9 @@ def test_queue_wait_is_read_from_the_clients_stamp_which_the_program_never_sees(
     assert queue_wait_ms(env, 3_500_000) is None  # no stamp (an older client)
     assert queue_wait_ms({handover.CONNECTED_ENV: "junk"}, 1) is None
     assert queue_wait_ms({handover.CONNECTED_ENV: "9" * 20}, 1) is None  # another clock (a time namespace)
+    # any process of root's writes the stamp: digits int() refuses (seeds of tests/fuzz/fuzz_hook_call.py)
+    assert queue_wait_ms({handover.CONNECTED_ENV: "\u00b2"}, 1) is None
+    assert queue_wait_ms({handover.CONNECTED_ENV: "1" * 5000}, 1) is None
 
 
 def test_the_server_records_each_calls_queue_wait_worker_time_and_cpu(active_2gpu, tmp_path: Path) -> None:

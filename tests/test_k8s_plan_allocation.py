@@ -98,7 +98,28 @@ def test_whole_gpus_closest_by_topology() -> None:
     assert resources.preferred(gpus, ["GPU-1", "GPU-2", "GPU-3"], ["GPU-1"], 2, topology)[0] == "GPU-1"
 
 
+def test_preferred_counts_an_id_given_twice_once_and_refuses_more_than_offered() -> None:
+    """Found by tests/fuzz/fuzz_device_plugin.py: a size over the IDs offered ended in a ValueError
+    (min() of no GPU sets) with a topology, and an ID given twice could be picked twice."""
+    gpus = resources.plan(tuple(_gpu(i) for i in range(3)), K8S)[0]
+    topology = {a: {b: 10 for b in ("GPU-0", "GPU-1", "GPU-2") if b != a} for a in ("GPU-0", "GPU-1", "GPU-2")}
+    for levels in (topology, {}):
+        assert resources.preferred(gpus, ["GPU-1", "GPU-1", "GPU-2"], ["GPU-2", "GPU-2"], 2, levels) == ["GPU-2", "GPU-1"]
+        with pytest.raises(InputError, match="nvidia.com/gpu: 3 devices asked for, 2 offered"):
+            resources.preferred(gpus, ["GPU-0", "GPU-2", "GPU-0"], [], 3, levels)
+    share, available = _shares(2)
+    with pytest.raises(InputError, match="3 devices asked for, 2 offered"):
+        resources.preferred(share, available + available, [], 3, {})
+
+
 # ---------------------------------------------------------------- Allocate
+
+def test_allocate_refuses_a_unit_named_twice() -> None:
+    """A share unit named twice would grant its memory twice (found by tests/fuzz/fuzz_device_plugin.py)."""
+    share = resources.plan((_gpu(0, 8),), K8S._replace(share_gpus=("all",), share_slice="4Gi"))[1]
+    with pytest.raises(InputError, match="nvc-py.io/gpu-share: device ID 'GPU-0::1' named twice"):
+        resources.allocate(share, ["GPU-0::1", "GPU-0::0", "GPU-0::1"], K8S)
+
 
 def test_shares_on_two_gpus_get_per_device_limits_the_hook_reads() -> None:
     share = resources.plan((_gpu(0, 8), _gpu(1, 8)), K8S._replace(share_gpus=("all",), share_slice="2Gi"))[1]

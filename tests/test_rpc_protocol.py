@@ -70,11 +70,20 @@ def test_oversized_frames_are_refused_both_ways() -> None:
         (b'{"v":1,"id":"1","result":0}', "not an integer"),
         (b'{"v":1,"id":1,"result":0,"error":{}}', "exactly one"),
         (b'{"v":1,"id":1,"error":{"kind":"driver"}}', "malformed error"),
+        # found by tests/fuzz/fuzz_rpc_frame.py: a RecursionError, int()'s ValueError
+        (b"[" * 100_000, "nested too deeply"),
+        (b'{"v":1,"id":' + b"1" * 5000 + b',"result":0}', "malformed payload: Exceeds the limit"),
     ],
 )
 def test_bad_responses_are_refused(payload: bytes, complaint: str) -> None:
     with pytest.raises(protocol.ProtocolError, match=complaint):
         protocol.decode_response(payload)
+
+
+def test_an_error_without_a_code_has_none() -> None:
+    """The code may be absent, as null (a KeyError found by tests/fuzz/fuzz_rpc_frame.py)."""
+    payload = b'{"v":1,"id":3,"error":{"kind":"driver","message":"m"}}'
+    assert protocol.decode_response(payload).error == protocol.RemoteError("driver", "m", None)
 
 
 def test_bad_requests_are_refused() -> None:

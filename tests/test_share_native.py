@@ -198,3 +198,12 @@ def test_config_agrees_with_the_hook_on_how_many_devices(programs):
     assert shim_reads(programs, "env", *(f"{name}={value}" for name, value in many.items()))[0].startswith("error ")
     del many["NVC_SHARE_WEIGHT_32"]
     hook_and_shim_agree(programs, {**many, "NVC_SHARE_MEMORY_LIMIT": "1G"})
+
+
+def test_a_limits_file_scope_that_names_no_device_is_refused(programs):
+    """``memory_limit.GPU-``: a UUID scope that is empty without its prefix was read as a rule no device
+    matches, so the limit was silently not applied (found by native/fuzz/limits_fuzz.c); the file is refused."""
+    for scope in ("GPU-", "MIG-"):
+        read = shim_reads(programs, "file", text=f"version=1\nmemory_limit.{scope}=2101\n")
+        assert read[0] == f"error limits line 2: invalid memory_limit.{scope}=2101", read
+    assert shim_reads(programs, "file", text="version=1\nmemory_limit.GPU-a=2101\n")[0].startswith("default ")

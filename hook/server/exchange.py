@@ -23,12 +23,13 @@ import sys
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.hook.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, CallError,
-                               parse_call)
+from nvc.hook.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, STAMP_DIGITS,
+                               CallError, parse_call)
 from nvc.hook.server import scope
 from nvc.hook.server.peer import Standing, caller_shortfall, reaches_worker
 from nvc.hook.server.sockets import peer_credentials, peer_pidfd
 from nvc.hook.server.upgrade import stale
+from nvc.untrusted import decimal
 
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 
@@ -129,10 +130,10 @@ def queue_wait_ms(env: dict[str, str], accepted_ns: int) -> float | None:
     """How long a call waited for a worker: from the client's connect (its CLOCK_MONOTONIC stamp,
     which is removed from ``env``: the program never sees it) to ``accepted_ns``; None without a
     stamp, or with one that cannot be a wait (another clock: a caller in a time namespace)."""
-    stamp = env.pop(CONNECTED_ENV, "")
-    if not stamp.isdigit():
+    stamp = decimal(env.pop(CONNECTED_ENV, ""), STAMP_DIGITS)  # any caller's text: no "²", no 5000 digits
+    if stamp is None:
         return None
-    wait = (accepted_ns - int(stamp)) / 1e6
+    wait = (accepted_ns - stamp) / 1e6
     return wait if 0 <= wait < 3_600_000 else None
 
 

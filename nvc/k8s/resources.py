@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -139,14 +140,18 @@ def preferred(resource: Resource, available: Sequence[str], must: Sequence[str],
     free units fit most tightly, keeping whole GPUs free for large requests), spilling to the GPUs
     with most free units only when no single GPU can hold the request. Whole GPUs: the set with the
     lowest sum of pairwise distances (nvc.rpc.nvml_events.topology: NVLinks, else the common PCI
-    ancestor), by index where the topology is unknown.
+    ancestor), by index where the topology is unknown. An ID given twice counts once; asking for
+    more devices than offered is an error.
     """
-    units = resource.by_id([*must, *(i for i in available if i not in must)])
+    must = list(dict.fromkeys(must))
+    units = resource.by_id(list(dict.fromkeys([*must, *available])))
     chosen = units[:len(must)]
     rest = units[len(must):]
     need = size - len(chosen)
     if need <= 0:
         return [u.id for u in chosen]
+    if need > len(rest):
+        raise InputError(f"{resource.name}: {size} devices asked for, {len(units)} offered")
     if resource.kind == "share":
         picked = _share_pick(chosen, rest, need)
     elif resource.kind == "gpu" and topology:
@@ -202,7 +207,10 @@ def allocate(resource: Resource, ids: Sequence[str], k8s: K8s) -> Answer:
     """What the hook needs for one container given ``ids``: the devices by UUID (env, or /dev/null
     volume mounts with the env set to ``void`` so an image's own value selects nothing), for shares
     the memory budget (the units' bytes per GPU), compute cap and weight (env, or with volume mounts
-    mounts too: nvc.containerenv.sharing.share_env), CDI names when asked."""
+    mounts too: nvc.containerenv.sharing.share_env), CDI names when asked. An ID named twice is refused."""
+    twice = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if twice:  # a share unit counted twice would grant its memory twice
+        raise InputError(f"{resource.name}: device ID {shown(twice[0])} named twice")
     units = resource.by_id(ids)
     uuids = sorted({u.uuid for u in units}, key=lambda uuid: (_index_of(units, uuid), uuid))
     envs: dict[str, str] = {}
