@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from nvc.errors import InputError, cut, shown
 from nvc.hook import engineconf
 from nvc.hook.engines import (FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYSTEMD_RUNNING, installed_program,
-                              remove_files, script_path, write_files)
+                              remove_files, script_path, staging_name, write_files)
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
 DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)
@@ -305,7 +305,7 @@ def plan_remove(config: str, name: str, hook_dir: str) -> Plan:
 
 def _symlink(path: str, target: str) -> None:
     """``path`` a symlink to ``target``, replacing nvc-py's own link there in one rename."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    tmp = staging_name(path)
     try:
         os.symlink(target, tmp)
         os.replace(tmp, path)

@@ -103,8 +103,8 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
     renamed over it only once all are staged, so a bad path leaves nothing half-written; a symlink
     in a file's place is replaced, never written through. Each of ``backup`` (an engine's own
     configuration) that exists is kept as ``PATH.nvc-py.bak`` (engineconf.BACKUP_SUFFIX: the very
-    file, hard-linked there) before it is replaced. A failure is one InputError naming the path
-    and the reason."""
+    file, hard-linked there) before it is replaced, and its mode stays the file's (it may hold
+    credentials). A failure is one InputError naming the path and the reason."""
     staged: list[tuple[str, str]] = []
     try:
         for path, text in texts.items():
@@ -113,14 +113,15 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
                 problem = _not_replaceable(place)
                 if problem:
                     raise InputError(f"{place}: cannot write: {problem}")
-            tmp = _staging(path)
+            tmp = staging_name(path)
+            file_mode = _mode_of(path, mode) if path in backup else mode
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode)
                 staged.append((tmp, path))
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text)
                     f.flush()
-                    os.fchmod(f.fileno(), mode)
+                    os.fchmod(f.fileno(), file_mode)
                     os.fsync(f.fileno())
             except OSError as err:
                 raise InputError(f"{path}: cannot write: {err.strerror}") from None
@@ -142,7 +143,16 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
                 os.unlink(tmp)
 
 
-def _staging(path: str, kind: str = "tmp") -> str:
+def _mode_of(path: str, default: int) -> int:
+    """The permission bits of the regular file at ``path`` (not followed), else ``default``."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return default
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else default
+
+
+def staging_name(path: str, kind: str = "tmp") -> str:
     """A temporary name beside ``path``, this process's own."""
     return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.{kind}")
 
@@ -150,7 +160,7 @@ def _staging(path: str, kind: str = "tmp") -> str:
 def _keep_backup(path: str) -> None:
     """``path`` (whatever is there now, never followed) also named ``path.nvc-py.bak``, replacing
     an older backup in one rename; nothing where ``path`` is missing."""
-    tmp = _staging(path, "bak")
+    tmp = staging_name(path, "bak")
     try:
         os.link(path, tmp, follow_symlinks=False)
     except FileNotFoundError:
