@@ -238,3 +238,40 @@ def test_a_rewrite_is_a_rename_keeping_the_previous_file_as_backup(tmp_path: Pat
     assert removed.returncode == 0, removed.stderr
     assert (config.read_text(), backup.read_text()) == (text, written)
     assert sorted(p.name for p in config.parent.iterdir()) == [config.name, backup.name]
+
+
+def test_package_removal_refuses_each_hostile_file_in_one_line(tmp_path: Path) -> None:
+    """``python -I -m nvc.hook.maintainer unregister`` (what the package's removal runs) on the host's
+    own paths, in a private mount namespace: /etc and /usr overlays with upper directories of the
+    test's, /run a tmpfs (no systemd to call). A linked daemon.json, a FIFO for containerd's
+    config.toml and a podman drop-in with a hooks_dir of 100000 components: a line each, exit 1 (the
+    steps that failed), no traceback, the link's target and /etc untouched."""
+    import sys
+
+    upper, work = tmp_path / "etc", tmp_path / "work"
+    for directory in (upper / "docker", upper / "containerd", upper / "containers" / "containers.conf.d",
+                      work / "etc", work / "usr", tmp_path / "usr", tmp_path / "elsewhere"):
+        directory.mkdir(parents=True)
+    victim = tmp_path / "elsewhere" / "daemon.json"
+    victim.write_text('{"log-level": "warn"}\n')
+    (upper / "docker" / "daemon.json").symlink_to(victim)
+    os.mkfifo(upper / "containerd" / "config.toml")
+    (upper / "containers" / "containers.conf.d" / "50-site.conf").write_text(
+        f'[engine]\nhooks_dir = ["{"/a" * 100000}"]\n')
+    before = snapshot(tmp_path)
+    script = ('mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2/etc" /etc'
+              ' && mount -t overlay overlay -o "lowerdir=/usr,upperdir=$3,workdir=$2/usr" /usr'
+              ' && mount -t tmpfs tmpfs /run && shift 3 && exec "$@"')
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(upper),
+                             str(work), str(tmp_path / "usr"), sys.executable, "-I", "-m", "nvc.hook.maintainer",
+                             "unregister"], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result
+    assert result.stderr.splitlines() == [
+        "nvc-py: input error: /etc/containers/containers.conf.d/50-site.conf: engine.hooks_dir: a path of 200000 "
+        "bytes, over 4095",
+        "nvc-py: input error: /etc/containerd/config.toml: is a FIFO, not a regular file",
+        f"nvc-py: input error: /etc/docker/daemon.json: is a symbolic link to {victim}, not followed "
+        f"(--config {victim} changes that file)"]
+    assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith(("work", "usr"))} == \
+        {k: v for k, v in before.items() if not k.startswith(("work", "usr"))}
