@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, shown
 from nvc.hook import engineconf
-from nvc.untrusted import file_problem, make_directory
+from nvc.untrusted import file_problem, make_directory, read_file
 
 if TYPE_CHECKING:
     from nvc.hook.hooksdirs import Engine
@@ -104,7 +104,8 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
     in a file's place is replaced, never written through. Each of ``backup`` (an engine's own
     configuration) that exists is kept as ``PATH.nvc-py.bak`` (engineconf.BACKUP_SUFFIX: the very
     file, hard-linked there) before it is replaced, and its mode stays the file's (it may hold
-    credentials). A failure is one InputError naming the path and the reason."""
+    credentials); one that holds the text already is left alone. A failure is one InputError
+    naming the path and the reason."""
     staged: list[tuple[str, str]] = []
     try:
         for path, text in texts.items():
@@ -113,6 +114,8 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
                 problem = _not_replaceable(place)
                 if problem:
                     raise InputError(f"{place}: cannot write: {problem}")
+            if path in backup and _holds(path, text):
+                continue  # no change: no backup of the same text, no rename
             tmp = staging_name(path)
             file_mode = _mode_of(path, mode) if path in backup else mode
             try:
@@ -141,6 +144,15 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
         for tmp, _ in staged:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
+
+
+def _holds(path: str, text: str) -> bool:
+    """Whether the regular file at ``path`` (not followed) holds ``text``."""
+    try:
+        data = text.encode()
+        return read_file(path, len(data), follow=False)[0] == data
+    except (OSError, InputError, UnicodeEncodeError):
+        return False
 
 
 def _mode_of(path: str, default: int) -> int:

@@ -235,9 +235,12 @@ def test_a_rewrite_is_a_rename_keeping_the_previous_file_as_backup(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert not backup.is_symlink() and (backup.read_text(), backup.stat().st_ino) == (text, inode)
     assert stat.S_IMODE(backup.stat().st_mode) == 0o600 and victim.read_text() == "not the engine's\n"
-    written = config.read_text()
+    written, written_inode = config.read_text(), config.stat().st_ino
     assert config.stat().st_ino != inode and written != text and stat.S_IMODE(config.stat().st_mode) == 0o600
     assert sorted(p.name for p in config.parent.iterdir() if p.name != "conf.d") == [config.name, backup.name]
+    again = run_setup(made)  # the same text: the file and its backup stay as they are
+    assert again.returncode == 0, again.stderr
+    assert (config.stat().st_ino, backup.stat().st_ino, backup.read_text()) == (written_inode, inode, text)
     removed = run_setup(made, "--remove")
     assert removed.returncode == 0, removed.stderr
     assert (config.read_text(), backup.read_text()) == (text, written)
