@@ -13,18 +13,20 @@ daemon.json is edited as text, never re-serialised: a member is added as the fir
 out as the member after it, and removed the same way, so the user's layout stays as it was and removing
 what setup added gives the file back byte for byte; a file setup created (its own keys only, laid out
 as setup writes them) is removed. The plan is made (and bad input refused) before anything is written.
+daemon.json is read as every engine's configuration (nvc.hook.engineconf: a symbolic link is refused,
+never written through) and a rewrite keeps the previous file as ``daemon.json.nvc-py.bak``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 from typing import Any, NamedTuple
 
-from nvc.errors import InputError, shown
+from nvc.errors import InputError, cut, shown
+from nvc.hook import engineconf
 from nvc.hook.engines import (FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYSTEMD_RUNNING, installed_program,
-                              remove_files, script_path, write_files)
+                              remove_files, script_path, staging_name, write_files)
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
 DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)
@@ -32,7 +34,6 @@ GPUS_HOOK_DIR = "/usr/bin"  # where setup docker links GPUS_HOOK by default (--g
 RUNTIME_NAME = "nvc-py"  # setup docker's --runtime-name
 RUNTIMES = "runtimes"
 DEFAULT_RUNTIME = "default-runtime"
-MAX_DAEMON_JSON = 1 << 20  # bytes
 RESTART = ["restart", "docker"]
 _WHITESPACE = " \t\n\r"  # JSON's
 
@@ -104,14 +105,18 @@ def _constant(name: str) -> Any:
 
 
 def parse(text: str, path: str) -> dict[str, Any]:
-    """daemon.json's document, checked to be one setup can edit: a JSON object (no duplicate keys),
-    ``runtimes`` an object of objects, ``default-runtime`` a string."""
-    try:
-        doc = json.loads(text, object_pairs_hook=_unique, parse_constant=_constant)
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-    except _Refused as err:
-        raise InputError(f"{path}: {err}") from None
+    """daemon.json's document, checked to be one setup can edit: a JSON object (no duplicate keys,
+    nested at most engineconf.MAX_DEPTH deep), ``runtimes`` an object of objects, ``default-runtime``
+    a string."""
+    def load(text: str) -> Any:
+        try:
+            return json.loads(text, object_pairs_hook=_unique, parse_constant=_constant)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+        except _Refused as err:
+            raise InputError(f"{path}: {err}") from None
+
+    doc = engineconf.parse_bounded(load, text, path)
     if not isinstance(doc, dict):
         raise InputError(f"{path}: not a JSON object")
     runtimes = doc.get(RUNTIMES, {})
@@ -227,19 +232,10 @@ def without_runtime(text: str, path: str, name: str) -> str | None:
 
 
 def read_config(path: str) -> tuple[str | None, int]:
-    """daemon.json's text (None: no file) and the mode it is to keep; bounded, never blocking."""
-    from nvc.untrusted import read_file
-
-    try:
-        data, st = read_file(path, MAX_DAEMON_JSON)
-    except FileNotFoundError:
-        return None, 0o644
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror}") from None
-    try:
-        return data.decode("utf-8"), stat.S_IMODE(st.st_mode)
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not valid JSON (not UTF-8)") from None
+    """daemon.json's text (None: no file) and the mode it is to keep (:func:`nvc.hook.engineconf.read`:
+    never through a link, never blocking, bounded)."""
+    read = engineconf.read(path, engineconf.config_option)
+    return (None, 0o644) if read is None else read
 
 
 def _ours(path: str) -> str | None:
@@ -279,13 +275,12 @@ def plan_link(directory: str, wanted: bool | None) -> tuple[Link, list[str]]:
     if wanted is False:
         return Link(path, before, None), []
     if not os.path.isdir(directory):
-        raise InputError(f"{directory}: not a directory (cannot link {GPUS_HOOK} there)")
+        raise InputError(f"{cut(directory)}: not a directory (cannot link {GPUS_HOOK} there)")
     return Link(path, before, installed_program(HOOK_SCRIPT)), _path_notes(path)
 
 
 def plan_install(config: str, name: str, set_default: bool, gpus_hook: bool | None, hook_dir: str) -> Plan:
     """``setup docker``: runtime ``name`` (nvc-py-runtime) in daemon.json, and the ``--gpus`` link."""
-    config = os.path.realpath(config)  # a daemon.json that links elsewhere is written there
     before, mode = read_config(config)
     doc = parse(before, config) if before is not None else {}
     notes = []
@@ -299,7 +294,6 @@ def plan_install(config: str, name: str, set_default: bool, gpus_hook: bool | No
 
 def plan_remove(config: str, name: str, hook_dir: str) -> Plan:
     """``setup docker --remove``: runtime ``name`` out of daemon.json, and the link where it is nvc-py's."""
-    config = os.path.realpath(config)
     before, mode = read_config(config)
     after = without_runtime(before, config, name) if before is not None else None
     link, _ = plan_link(hook_dir, False)
@@ -311,7 +305,7 @@ def plan_remove(config: str, name: str, hook_dir: str) -> Plan:
 
 def _symlink(path: str, target: str) -> None:
     """``path`` a symlink to ``target``, replacing nvc-py's own link there in one rename."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    tmp = staging_name(path)
     try:
         os.symlink(target, tmp)
         os.replace(tmp, path)
@@ -327,7 +321,7 @@ def apply(plan: Plan) -> list[str]:
     if plan.after is None:
         done += remove_files([plan.config]) if plan.before is not None else []
     elif plan.after != plan.before:
-        write_files({plan.config: plan.after}, plan.mode)
+        write_files({plan.config: plan.after}, plan.mode, backup=(plan.config,))
         done.append(f"wrote {plan.config}")
     else:
         done.append(f"unchanged {plan.config}")

@@ -17,10 +17,11 @@ import os
 import stat
 import subprocess
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, shown
+from nvc.hook import engineconf
 from nvc.untrusted import file_problem, make_directory, read_file
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_DROP_IN = "/etc/containerd/conf.d/99-nvc-py.toml"
 CRI_PLUGIN_NAME = "io.containerd.grpc.v1.cri"
-MAX_TOML_SIZE = 1 << 20  # bytes of containerd's configuration: a real one is a few KiB
 
 
 def script_path(name: str) -> str:
@@ -98,25 +98,33 @@ def _not_replaceable(path: str) -> str | None:
     return None if stat.S_ISLNK(st.st_mode) else file_problem(st, max_size=st.st_size)
 
 
-def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
+def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[str] = ()) -> None:
     """Write every file of ``texts`` (path: text) or none: each is staged beside its place and
-    renamed over it only once all are staged, so a bad path leaves nothing half-written. A failure
-    is one InputError naming the path and the reason."""
+    renamed over it only once all are staged, so a bad path leaves nothing half-written; a symlink
+    in a file's place is replaced, never written through. Each of ``backup`` (an engine's own
+    configuration) that exists is kept as ``PATH.nvc-py.bak`` (engineconf.BACKUP_SUFFIX: the very
+    file, hard-linked there) before it is replaced, and its mode stays the file's (it may hold
+    credentials); one that holds the text already is left alone. A failure is one InputError
+    naming the path and the reason."""
     staged: list[tuple[str, str]] = []
     try:
         for path, text in texts.items():
             make_directory(os.path.dirname(path) or ".", f" (cannot write {path})")
-            problem = _not_replaceable(path)
-            if problem:
-                raise InputError(f"{path}: cannot write: {problem}")
-            tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+            for place in (path, *([path + engineconf.BACKUP_SUFFIX] if path in backup else [])):
+                problem = _not_replaceable(place)
+                if problem:
+                    raise InputError(f"{place}: cannot write: {problem}")
+            if path in backup and _holds(path, text):
+                continue  # no change: no backup of the same text, no rename
+            tmp = staging_name(path)
+            file_mode = _mode_of(path, mode) if path in backup else mode
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode)
                 staged.append((tmp, path))
                 with os.fdopen(fd, "w", encoding="utf-8") as f:
                     f.write(text)
                     f.flush()
-                    os.fchmod(f.fileno(), mode)
+                    os.fchmod(f.fileno(), file_mode)
                     os.fsync(f.fileno())
             except OSError as err:
                 raise InputError(f"{path}: cannot write: {err.strerror}") from None
@@ -124,14 +132,73 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644) -> None:
                 raise InputError(f"{path}: cannot write: {shown(err.object[err.start:err.end])} is not "
                                  "UTF-8 text") from None
         for tmp, path in staged:
+            if path in backup:
+                _keep_backup(path)
             try:
                 os.replace(tmp, path)
             except OSError as err:
                 raise InputError(f"{path}: cannot write: {err.strerror}") from None
+        for directory in {os.path.dirname(path) or "." for _, path in staged}:
+            _sync_directory(directory)
     finally:
         for tmp, _ in staged:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
+
+
+def _holds(path: str, text: str) -> bool:
+    """Whether the regular file at ``path`` (not followed) holds ``text``."""
+    try:
+        data = text.encode()
+        return read_file(path, len(data), follow=False)[0] == data
+    except (OSError, InputError, UnicodeEncodeError):
+        return False
+
+
+def _mode_of(path: str, default: int) -> int:
+    """The permission bits of the regular file at ``path`` (not followed), else ``default``."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return default
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else default
+
+
+def staging_name(path: str, kind: str = "tmp") -> str:
+    """A temporary name beside ``path``, this process's own."""
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.{kind}")
+
+
+def _keep_backup(path: str) -> None:
+    """``path`` (whatever is there now, never followed) also named ``path.nvc-py.bak``, replacing
+    an older backup in one rename; nothing where ``path`` is missing."""
+    tmp = staging_name(path, "bak")
+    try:
+        os.link(path, tmp, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise InputError(f"{path}: cannot keep a backup: {err.strerror}") from None
+    try:
+        os.replace(tmp, path + engineconf.BACKUP_SUFFIX)
+    except OSError as err:
+        os.unlink(tmp)
+        raise InputError(f"{path + engineconf.BACKUP_SUFFIX}: cannot write: {err.strerror}") from None
+
+
+def _sync_directory(directory: str) -> None:
+    """The renames in ``directory`` made durable; best effort (a file system that cannot sync a
+    directory has them anyway)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def remove_files_and_dirs(paths: list[str]) -> list[str]:
@@ -341,21 +408,12 @@ def set_server_start(config_path: str | None, enabled: bool) -> str | None:
 
 
 def _read_toml(path: str) -> Any:
-    """containerd's configuration at ``path``: read without blocking and bounded (untrusted.read_file),
-    UTF-8, valid TOML; a missing file is an empty document."""
+    """containerd's configuration at ``path`` (:func:`nvc.hook.engineconf.toml`: a link, a file that
+    is not a regular one or is too large, bad TOML refused); a missing file is an empty document."""
     import tomlkit
 
-    try:
-        raw, _ = read_file(path, MAX_TOML_SIZE)
-        return tomlkit.parse(raw.decode())
-    except FileNotFoundError:
-        return tomlkit.document()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text") from None
-    except tomlkit.exceptions.TOMLKitError as err:
-        raise InputError(f"{path}: not valid TOML ({err})") from None
+    doc = engineconf.toml(path, engineconf.config_option)
+    return tomlkit.document() if doc is None else doc
 
 
 def _table(parent: Any, dotted: list[str]) -> Any:
@@ -422,7 +480,7 @@ def install_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINER
         imports.append(drop_in)
     texts[config] = tomlkit.dumps(main)
     if not dry_run:
-        write_files(texts)
+        write_files(texts, backup=(config,))
     return texts
 
 
@@ -434,8 +492,8 @@ def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD
     import tomlkit
 
     done = []
-    if os.path.exists(config):
-        main = _read_toml(config)
+    main = engineconf.toml(config, engineconf.config_option)
+    if main is not None:
         imports = main.get("imports")
         if imports is not None and drop_in in imports:
             imports.remove(drop_in)
@@ -443,6 +501,6 @@ def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD
                 del main["imports"]
             if main.unwrap() == {"version": 2}:  # what install_containerd made where there was no file
                 return remove_files_and_dirs([config, drop_in])
-            write_files({config: tomlkit.dumps(main)})
+            write_files({config: tomlkit.dumps(main)}, backup=(config,))
             done.append(f"removed {drop_in} from the imports of {config}")
     return done + remove_files_and_dirs([drop_in])

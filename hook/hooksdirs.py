@@ -15,22 +15,23 @@ the engine will read, as the engine does:
 
 Hook directories are ordered by increasing preference (oci-hooks(5): a file in a later directory
 masks one of the same name in an earlier), so nvc-py's files go to the last one. Reading only:
-every file is read bounded and non-blocking, and one that is not valid TOML is an error naming it
-(the engine would refuse it too).
+every file as :mod:`nvc.hook.engineconf` reads one (a symbolic link, a FIFO, a device, an oversize
+file refused), and one that is not valid TOML is an error naming it (the engine would refuse it too).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from nvc.errors import InputError
+from nvc.hook import engineconf
 
 DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 LEGACY_HOOKS_DIR = "/etc/containers/oci/hooks.d"  # where nvc-py wrote before it resolved the chain
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # the CDI specification's and the engines' default
-_MAX_CONFIG = 1 << 20  # bytes of one configuration file
 
 
 class Engine(NamedTuple):
@@ -76,7 +77,7 @@ def config_files(engine: Engine, env: Mapping[str, str], root: str = "/") -> lis
     else:
         files = []
         for main, drop_ins in engine.chain:
-            if os.path.isfile(under(main)):
+            if os.path.lexists(under(main)):  # whatever is there: engineconf.read says what is wrong with it
                 files.append(under(main))
             for directory in drop_ins:
                 try:
@@ -89,20 +90,10 @@ def config_files(engine: Engine, env: Mapping[str, str], root: str = "/") -> lis
 
 
 def _parse(path: str) -> Mapping[str, Any]:
-    import tomlkit
-
-    from nvc.untrusted import read_file
-
-    try:
-        raw, _ = read_file(path, _MAX_CONFIG)
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror}") from None
-    try:
-        return tomlkit.parse(raw.decode("utf-8")).unwrap()
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text") from None
-    except tomlkit.exceptions.TOMLKitError as err:
-        raise InputError(f"{path}: not valid TOML ({err})") from None
+    doc = engineconf.toml(path, engineconf.replace_link)
+    if doc is None:
+        raise InputError(f"{path}: cannot read: {os.strerror(errno.ENOENT)}")
+    return doc.unwrap()
 
 
 def dirs_in(doc: Mapping[str, Any], table: Sequence[str], key: str, path: str) -> tuple[str, ...] | None:
@@ -117,8 +108,11 @@ def dirs_in(doc: Mapping[str, Any], table: Sequence[str], key: str, path: str) -
         return None
     if isinstance(value, str):
         value = [value]
+    where = f"{path}: {'.'.join(table)}.{key}"
     if not isinstance(value, list) or not all(isinstance(d, str) and os.path.isabs(d) for d in value):
-        raise InputError(f"{path}: {'.'.join(table)}.{key}: expected a list of absolute directories")
+        raise InputError(f"{where}: expected a list of absolute directories")
+    for directory in value:
+        engineconf.check_path(directory, where)
     return tuple(os.path.normpath(d) for d in value)
 
 

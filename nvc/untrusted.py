@@ -19,13 +19,15 @@ for one; a pipe with a reader, a terminal or /dev/stderr are what the user chose
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
-from nvc.errors import InputError
+from nvc.errors import InputError, cut
 
 
 MAX_DIGITS = 18  # of a number read from text: any such value fits in 64 bits
+PATH_MAX = 4096  # bytes of a path the kernel takes, its terminating NUL included (limits.h)
 
 
 def decimal(text: str, max_digits: int = MAX_DIGITS) -> int | None:
@@ -127,15 +129,28 @@ def open_append(path: str, mode: int = 0o640) -> int:
 def make_directory(path: str, purpose: str = "") -> None:
     """The directory ``path``, created where missing; an InputError naming what is there instead
     (``purpose`` added: what the directory was for), or why it cannot be made (a component too
-    long, a file on the way, a read-only file system)."""
+    long, a file on the way, a read-only file system). Its missing parents are made one by one from
+    the top (os.makedirs recurses once a component, and a path may have thousands)."""
     if os.path.isdir(path):
         return
     if os.path.lexists(path):
         raise InputError(f"{path}: not a directory{purpose}")
+    missing = []
+    head = os.path.abspath(path)
     try:
-        os.makedirs(path, exist_ok=True)
+        if len(os.fsencode(head)) >= PATH_MAX:
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
+        while not os.path.lexists(head):
+            missing.append(head)
+            head = os.path.dirname(head)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                if not os.path.isdir(directory):
+                    raise
     except OSError as err:
-        raise InputError(f"{path}: cannot create directory: {err.strerror}") from None
+        raise InputError(f"{cut(path)}: cannot create directory: {err.strerror}") from None
 
 
 def directory_or_missing(path: str, option: str = "") -> None:

@@ -84,6 +84,9 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
     assert (f"{daemon_json}: default-runtime was 'runc' (--remove takes the key out" in first.stdout) == \
         replaces_default
     written = daemon_json.read_bytes()
+    backup = tmp_path / "docker" / "daemon.json.nvc-py.bak"  # the previous file, as it was
+    assert (backup.read_bytes(), stat.S_IMODE(backup.stat().st_mode)) == (original.encode(), 0o600) \
+        if original is not None else not backup.exists()
     doc = json.loads(written)
     assert {k: v for k, v in doc.items() if k not in ("runtimes", "default-runtime")} == \
         {k: v for k, v in before.items() if k not in ("runtimes", "default-runtime")}
@@ -105,7 +108,9 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
         assert daemon_json.read_bytes() == original.encode()
     assert not (hook_dir / GPUS_HOOK).is_symlink()
     assert listing(tmp_path) == sorted(["bin", "no-server", *(
-        ["docker", "docker/daemon.json"] if original is not None else ["docker"])])
+        ["docker", "docker/daemon.json", "docker/daemon.json.nvc-py.bak"] if original is not None else ["docker"])])
+    if original is not None:  # --remove's rewrite kept what setup had written
+        assert backup.read_bytes() == written
 
 
 def test_text_edits_are_undone_exactly() -> None:
@@ -135,7 +140,7 @@ JUNK = {
     "runtimes not an object": ('{"runtimes": ["nvc-py"]}', "runtimes is not an object of objects"),
     "duplicate key": ('{"runtimes": {}, "runtimes": {}}', "duplicate key 'runtimes'"),
     "NaN": ('{"max-concurrent-uploads": NaN}', "NaN is not JSON"),
-    "not UTF-8": ('{"labels": ["\xff"]}', "not valid JSON (not UTF-8)"),
+    "not UTF-8": ('{"labels": ["\xff"]}', "not UTF-8 text"),
 }
 
 
@@ -160,7 +165,7 @@ def test_daemon_json_read_never_blocks_on_a_fifo(tmp_path: Path, config_file: Pa
     fifo = tmp_path / "daemon.json"
     os.mkfifo(fifo)
     result = setup_docker("--config", str(fifo), "--gpus-hook-dir", str(tmp_path), config=config_file)
-    assert result.stderr == f"nvc-py: input error: {fifo}: not a regular file\n"
+    assert result.stderr == f"nvc-py: input error: {fifo}: is a FIFO, not a regular file\n"
     assert not (tmp_path / GPUS_HOOK).exists()
 
 
