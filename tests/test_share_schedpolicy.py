@@ -1,6 +1,6 @@
 """The weighted scheduler's decision (native/schedpolicy.c) at its boundaries, on views built by hand:
 the pure function the shim asks before each launch, loaded from a shared object built from the shim's
-own source. No clock, no GPU: the simulated runs of test_share_native_compute.py show what the rule
+own source. No clock, no GPU: the simulated runs of test_share_sched_sim.py show what the rule
 does over time; these pin the rule itself and its point of slack each way: a tenant more than a point
 (10 permille) over its entitlement waits while another more than a point under its own has work on the
 GPU. Entitlements are parts of the GPU's useful work, the tenants' shares summed, taken as no less than
