@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 from nvc.errors import InputError, cut, shown
 from nvc.hook import engineconf
-from nvc.hook.engines import (FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYSTEMD_RUNNING, installed_program,
-                              remove_files, script_path, staging_name, write_files)
+from nvc.hook.engines import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYSTEMD_RUNNING, installed_program, script_path
+from nvc.hook.setupfiles import remove_files, staging_name, write_files
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
 DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)

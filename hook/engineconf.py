@@ -7,7 +7,7 @@ same way: never through a symbolic link (one is refused, the line naming where i
 through it would change another file, docs/engines.md), as a regular file only (opened O_PATH
 first: a FIFO or a device is never opened), at most :data:`MAX_SIZE` bytes, UTF-8, and parsed with
 its nesting bounded (json recurses once a level, and a document parsed deep makes every later walk
-of it recurse as deep). Writes are :func:`nvc.hook.engines.write_files`'s: atomic, the previous
+of it recurse as deep). Writes are :func:`nvc.hook.setupfiles.write_files`'s: atomic, the previous
 file kept beside it as ``FILE`` + :data:`BACKUP_SUFFIX`.
 """
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from nvc.errors import InputError
-from nvc.hook import engines, hooksdirs
+from nvc.hook import engines, hooksdirs, setupfiles
 
 SERVER_ARGV = (os.path.join(engines.LIBDIR, engines.SERVER_PROGRAM), "serve")
 STOP_WAIT = 5.0  # seconds for a server to exit after SIGTERM (it stops at once between calls)
@@ -135,7 +135,7 @@ def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]
             continue
         if marker in data:
             ours.append(path)
-    return engines.remove_files_and_dirs(ours)
+    return setupfiles.remove_files_and_dirs(ours)
 
 
 def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str], list[str]]:

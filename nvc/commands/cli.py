@@ -341,7 +341,7 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
                  config_path: str | None) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
     from nvc.commands import cdi as cdi_spec
-    from nvc.hook import engines
+    from nvc.hook import engines, setupfiles
 
     if fmt is None:
         fmt = "json" if output is not None and output.endswith(".json") else "yaml"
@@ -352,7 +352,7 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
     if output is None:
         click.echo(text, nl=False)
         return
-    engines.write_files({output: text})
+    setupfiles.write_files({output: text})
     click.echo(f"wrote {output}")
 
 
