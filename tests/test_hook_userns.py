@@ -138,3 +138,45 @@ def test_userns_ldconfig_failure_carries_ldconfigs_own_line(active_2gpu, runc: R
     assert len(lines) == 1 and "nvc-py-hook: ldcache error: process /sbin/ldconfig failed with error code: 1: " \
         "/sbin/ldconfig: Can't create temporary cache file /etc/ld.so.cache~: Permission denied" in lines[0], \
         result.stderr
+
+
+# podman --userns modes as root: podman's arguments -> the uid_map line the container shows. /proc is a
+# bind of this process's, as in the bundles above (the fake driver's mounts over it).
+PODMAN_MODES = [
+    (["--uidmap", f"0:{HOST_ID}:{SIZE}", "--gidmap", f"0:{HOST_ID}:{SIZE}"], f"0 {HOST_ID} {SIZE}"),
+    (["--userns=auto"], "0 200000 1024"),
+]
+
+
+@pytest.mark.parametrize(("args", "uid_map"), PODMAN_MODES, ids=["uidmap", "auto"])
+def test_podman_userns_modes(active_2gpu, podman, setup_dir: Path, tmp_path: Path, args: list[str],
+                             uid_map: str) -> None:
+    """Rootful podman with a user namespace and nvc-py's hooks.d: GPU 0, its nodes and ld cache, the
+    cache and /proc/driver/nvidia the container root's. `--userns=auto` takes its range from the user
+    `containers` in /etc/subuid (here a file of the test's, seen there by podman alone)."""
+    subids = tmp_path / "subids"
+    subids.write_text("containers:200000:131072\n")
+    result = podman.run(podman.image(), ["sh", "-c", CHECK + "; cat /proc/self/uid_map"],
+                        env={"NVIDIA_VISIBLE_DEVICES": "0"}, extra_args=[*args, "-v", "/proc:/proc:rbind"],
+                        hooks_dirs=[setup_dir / "hooks.d"], subids=subids)
+    assert result.returncode == 0, result.stderr
+    assert uuids(result.stdout) == [H100]
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("nvidia")] == SEEN, result.stdout
+    assert "owner 0:0 /etc/ld.so.cache" in lines and "owner 0:0 /proc/driver/nvidia" in lines, result.stdout
+    assert lines[-2] == "0" and lines[-1].split() == uid_map.split(), result.stdout
+    last = json.loads((setup_dir / "hook.log").read_text().splitlines()[-1])
+    assert last["outcome"] == "configured" and last["devices"] == ["0"]
+
+
+@pytest.mark.parametrize("mode", ["keep-id", "nomap"])
+def test_podman_rootless_only_userns_modes_are_podmans_refusal(active_2gpu, podman, setup_dir: Path,
+                                                              mode: str) -> None:
+    """`--userns=keep-id` and `--userns=nomap` are rootless podman's: podman refuses them for root
+    before any hook runs (docs/engines.md says what rootless podman can use instead: CDI)."""
+    log = setup_dir / "hook.log"
+    before = log.read_text() if log.exists() else ""
+    result = podman.run(podman.image(), ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                        extra_args=[f"--userns={mode}"], hooks_dirs=[setup_dir / "hooks.d"])
+    assert result.returncode == 125 and f"{mode} is only supported in rootless mode" in result.stderr, result.stderr
+    assert (log.read_text() if log.exists() else "") == before
