@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.bundle import make_bundle
+from harness.bundle import make_bundle, reachable_from_userns
 from harness.fakegpus import H100, uuids
-from harness.hookfixtures import setup_dir  # noqa: F401  (fixture)
+from harness.hookfixtures import default_run_dir, setup_dir  # noqa: F401  (fixtures)
 from harness.installed import SCRIPTS
 from harness.runtime import Runc
+from nvc.containerenv import sharing
+from nvc.plan import share
 
 HOST_ID, SIZE = 100000, 65536  # the mapped range: uid and gid 0 inside are host 100000
 # What the container shows: its GPU, its nodes, the ld cache's driver entries, and the owner (as
@@ -34,15 +36,6 @@ SEEN = ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"]
 def _hook(setup_dir: Path) -> dict:
     return {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
             "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"]}
-
-
-def _reachable(path: Path) -> None:
-    """Let the container's root (an unmapped host uid) reach ``path`` through pytest's 0700 dirs:
-    the runtime's init opens the rootfs from inside the user namespace."""
-    for parent in (path, *path.parents):
-        if parent == Path("/tmp"):
-            break
-        parent.chmod(parent.stat().st_mode | 0o111)
 
 
 def _runtime(name: str, tmp_path: Path, rootfs: Path) -> Runc:
@@ -58,13 +51,16 @@ def _runtime(name: str, tmp_path: Path, rootfs: Path) -> Runc:
     return runtime
 
 
-def _userns_bundle(dir: Path, rootfs: Path, args: list[str], setup_dir: Path) -> Path:
+def _userns_bundle(dir: Path, rootfs: Path, args: list[str], setup_dir: Path,
+                   env: dict[str, str] | None = None) -> Path:
     """A bundle with a user namespace (0 -> 100000, 65536) and the runtime's /dev tmpfs. /proc and
     /sys are binds of this process's: the fake driver's mounts over them here make a fresh proc or
     sysfs one the kernel refuses to a user namespace (it would reveal what they cover)."""
-    _reachable(rootfs)
-    bundle = make_bundle(dir, rootfs, args, env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         hooks={"prestart": [_hook(setup_dir)]}, id_map=(HOST_ID, SIZE))
+    reachable_from_userns(rootfs)
+    bundle = make_bundle(dir, rootfs, args, env={"NVIDIA_VISIBLE_DEVICES": "0", **(env or {})},
+                         hooks={"prestart": [_hook(setup_dir)],
+                                "poststop": [{**_hook(setup_dir), "args": ["nvc-py-hook", "poststop"]}]},
+                         id_map=(HOST_ID, SIZE))
     config = json.loads((bundle / "config.json").read_text())
     for mount in config["mounts"]:
         if mount["destination"] in ("/proc", "/sys"):
@@ -138,6 +134,24 @@ def test_userns_ldconfig_failure_carries_ldconfigs_own_line(active_2gpu, runc: R
     assert len(lines) == 1 and "nvc-py-hook: ldcache error: process /sbin/ldconfig failed with error code: 1: " \
         "/sbin/ldconfig: Can't create temporary cache file /etc/ld.so.cache~: Permission denied" in lines[0], \
         result.stderr
+
+
+def test_userns_container_shares_the_gpu_within_its_limit(default_run_dir, active_2gpu, runc: Runc,
+                                                          debian_rootfs: Path, setup_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """A sharing container (NVC_SHARE_MEMORY_LIMIT=4Gi) with a user namespace: the shim preloaded, its
+    limits file read-only even to the container's root, NVML (the fake nvidia-smi) reporting the limit."""
+    _chown_to_mapped_range(debian_rootfs)
+    script = ("head -1 /etc/ld.so.preload; grep memory_limit /var/run/nvc-share/limits; "
+              "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
+              "nvidia-smi --query-gpu=memory.total --format=csv,noheader")
+    bundle = _userns_bundle(tmp_path / "bundle", debian_rootfs, ["sh", "-c", script], setup_dir,
+                            env={"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
+    result = runc.create_start(bundle)  # deleted after: poststop removes the sharing files
+    assert result.returncode == 0, result.stderr
+    assert os.listdir(share.STATE_DIR) == []
+    assert result.stdout.splitlines() == [sharing.CONTAINER_LIBRARY, f"memory_limit={4 << 30}", "read-only",
+                                          "4096 MiB"], result.stdout
 
 
 # podman --userns modes as root: podman's arguments -> the uid_map line the container shows. /proc is a

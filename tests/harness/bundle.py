@@ -146,3 +146,12 @@ def make_bundle(
     config = make_config(bundle, rootfs, args, env, hooks, devices, readonly, cgroups_path, network_ns, id_map)
     (bundle / "config.json").write_text(json.dumps(config, indent=2))
     return bundle
+
+
+def reachable_from_userns(path: Path) -> None:
+    """Let a container's root in a user namespace (an unmapped host uid) reach ``path`` through
+    pytest's 0700 directories: the runtime's init opens the rootfs from inside that namespace."""
+    for parent in (Path(path), *Path(path).parents):
+        if parent in (Path("/tmp"), Path("/var/tmp"), Path("/")):
+            break
+        parent.chmod(parent.stat().st_mode | 0o111)
