@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,33 @@ def test_podman_rootless_only_userns_modes_are_podmans_refusal(active_2gpu, podm
                         extra_args=[f"--userns={mode}"], hooks_dirs=[setup_dir / "hooks.d"])
     assert result.returncode == 125 and f"{mode} is only supported in rootless mode" in result.stderr, result.stderr
     assert (log.read_text() if log.exists() else "") == before
+
+
+def test_a_spec_joining_another_mount_namespace_is_refused_in_one_line(active_2gpu, runc: Runc, debian_rootfs: Path,
+                                                                      setup_dir: Path, tmp_path: Path) -> None:
+    """A GPU container whose spec joins an existing process's mount namespace (linux.namespaces[].path):
+    one line naming it, not the rootfs's open failure; the hook has nothing to say about the same spec
+    asking for no GPU."""
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        while os.readlink(f"/proc/{holder.pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            time.sleep(0.005)
+        outcomes = {}
+        for name, env in (("gpu", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("plain", {})):
+            bundle = make_bundle(tmp_path / name, debian_rootfs, ["true"], env=env,
+                                 hooks={"prestart": [_hook(setup_dir)]})
+            config = json.loads((bundle / "config.json").read_text())
+            for entry in config["linux"]["namespaces"]:
+                if entry["type"] == "mount":
+                    entry["path"] = f"/proc/{holder.pid}/ns/mnt"
+            (bundle / "config.json").write_text(json.dumps(config))
+            outcomes[name] = runc.create_start(bundle)
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = [line for line in outcomes["gpu"].stderr.splitlines() if "nvc-py-hook:" in line]
+    assert outcomes["gpu"].returncode != 0 and len(lines) == 1, outcomes["gpu"].stderr
+    assert (f"nvc-py-hook: container error: the container joins the mount namespace '/proc/{holder.pid}/ns/mnt' "
+            "of another process (linux.namespaces): nvc-py configures only a container with a mount namespace "
+            "of its own; give it one, or ask for no GPU") in lines[0], lines[0]
+    assert "nvc-py-hook" not in outcomes["plain"].stderr
