@@ -19,7 +19,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from nvc.errors import InputError, NvcError
+from nvc.errors import ContainerError, InputError, NvcError, shown
 from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
@@ -84,6 +84,10 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
         return
     record["devices"] = [s.text for s in req.selectors] or "none"
     record["capabilities"] = sorted(req.capabilities)
+    if ctr.joined_mount_ns is not None:
+        raise ContainerError(f"the container joins the mount namespace {shown(ctr.joined_mount_ns)} of another "
+                             "process (linux.namespaces): nvc-py configures only a container with a mount "
+                             "namespace of its own; give it one, or ask for no GPU")
     from nvc.containerenv import sharing as share
     from nvc.commands.configure import configure
 

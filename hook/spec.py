@@ -61,6 +61,7 @@ class Container(NamedTuple):
     env: Mapping[str, str]
     mounts: tuple[Mapping[str, Any], ...]
     privileged: bool  # CAP_SYS_ADMIN in the bounding set, the toolkit's definition
+    joined_mount_ns: str | None = None  # linux.namespaces' mount entry's path: another process's namespace
 
 
 def _described(value: Any) -> str:
@@ -203,4 +204,16 @@ def container(bundle: str, config: Mapping[str, Any]) -> Container:
         env=parse_env(process.get("env", ())),
         mounts=tuple(config.get("mounts", ())),
         privileged=CAP_SYS_ADMIN in bounding,
+        joined_mount_ns=_joined_mount_ns(config),
     )
+
+
+def _joined_mount_ns(config: Mapping[str, Any]) -> str | None:
+    """The path of the mount namespace the spec joins (``linux.namespaces``: a mount entry with a
+    path), None where the container gets one of its own."""
+    linux = config.get("linux")
+    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    for entry in namespaces if isinstance(namespaces, list) else ():
+        if isinstance(entry, dict) and entry.get("type") == "mount" and entry.get("path"):
+            return str(entry["path"])
+    return None

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
-from harness.bundle import make_bundle
-from harness.gpufixtures import gpu0_uuid, runtime  # noqa: F401  (fixtures)
+from harness.bundle import make_bundle, reachable_from_userns
+from harness.gpufixtures import crun, gpu0_uuid, gpu_driver, hook_with_log, runtime  # noqa: F401  (fixtures)
 from harness.hookserver import client_hook, hook_server
 from harness.installed import SCRIPTS
 from harness.runtime import Runc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+import sharegpu  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -100,3 +105,63 @@ def test_crun_runs_the_hook_from_where_podman_would_read_it(make_rootfs, gpu0_uu
         assert result.stdout.splitlines()[0].startswith("GPU 0: ") and f"(UUID: {gpu0_uuid})" in result.stdout
     finally:
         subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--remove"], capture_output=True, timeout=60)
+
+
+USERNS_HOST_ID, USERNS_SIZE = 100000, 65536  # uid and gid 0 inside are host 100000
+
+
+@pytest.fixture(scope="module")
+def share_program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/gpu/share_gpu.cu, built (static cudart): its ``compute`` runs CUDA kernels."""
+    return sharegpu.build(tmp_path_factory.mktemp("share_gpu"))
+
+
+def _userns_rootfs(make_rootfs, share_program: Path, name: str) -> Path:
+    """The test image with the CUDA program, owned by the mapped range as podman's layers are."""
+    rootfs = make_rootfs(name=name)
+    shutil.copy2(share_program, rootfs / "usr/local/bin/share_gpu")
+    subprocess.run(["chown", "-R", "-h", f"{USERNS_HOST_ID}:{USERNS_HOST_ID}", str(rootfs)], check=True)
+    reachable_from_userns(rootfs)
+    return rootfs
+
+
+def test_crun_userns_container_runs_nvidia_smi_and_a_kernel(crun: Runc, make_rootfs, share_program: Path,
+                                                            gpu0_uuid: str, tmp_path: Path) -> None:
+    """crun with uid/gid maps 0 -> 100000 (65536) and its default /dev tmpfs: nvc-py-hook joins the
+    container's user namespace for its steps inside; the container lists GPU 0, runs CUDA kernels,
+    and the ld cache and /proc/driver/nvidia belong to its root (uid 0 inside)."""
+    rootfs = _userns_rootfs(make_rootfs, share_program, "rootfs-userns")
+    script = ("nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]'; share_gpu compute 1 "
+              f"{sharegpu.COMPUTE_ITERS}; stat -c 'owner %u:%g %n' /etc/ld.so.cache /proc/driver/nvidia; "
+              "cat /proc/self/uid_map")
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], env={"NVIDIA_VISIBLE_DEVICES": "0"},
+                         hooks=hook_with_log(tmp_path), id_map=(USERNS_HOST_ID, USERNS_SIZE))
+    result = crun.create_start(bundle, timeout=120)
+    print(f"--- crun, uid/gid maps 0 -> {USERNS_HOST_ID} ({USERNS_SIZE}), NVIDIA_VISIBLE_DEVICES=0:")
+    print(result.stdout + result.stderr)
+    print((tmp_path / "hook.log").read_text())
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("GPU 0: ") and f"(UUID: {gpu0_uuid})" in lines[0]
+    assert lines[1] == "nvidia0"
+    compute = lines[2].split()
+    assert compute[0] == "compute" and float(compute[1]) > 0 and compute[2] == "cudaSuccess", lines[2]
+    assert lines[3:5] == ["owner 0:0 /etc/ld.so.cache", "owner 0:0 /proc/driver/nvidia"]
+    assert lines[5].split() == ["0", str(USERNS_HOST_ID), str(USERNS_SIZE)]
+
+
+def test_crun_userns_shared_container_keeps_its_memory_limit(crun: Runc, make_rootfs, share_program: Path,
+                                                             tmp_path: Path) -> None:
+    """The same container sharing the GPU (NVC_SHARE_MEMORY_LIMIT=4Gi): inside its user namespace the
+    shim still sees 4 GiB and gets out of memory past it."""
+    rootfs = _userns_rootfs(make_rootfs, share_program, "rootfs-userns-share")
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", "share_gpu meminfo fill 256"], env=env,
+                         hooks=hook_with_log(tmp_path), id_map=(USERNS_HOST_ID, USERNS_SIZE))
+    result = crun.create_start(bundle, timeout=120)
+    print(f"--- crun, uid/gid maps 0 -> {USERNS_HOST_ID} ({USERNS_SIZE}), {env}:")
+    print(result.stdout + result.stderr)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert int(lines[0].split()[2]) == 4 << 30                                 # meminfo total
+    assert lines[1] == "fill 4096 cudaErrorMemoryAllocation"

@@ -114,6 +114,15 @@ def _cache(root: Path) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
+def test_ldconfig_failure_carries_its_own_line(root: Path, container: ContainerHandle) -> None:
+    """ldconfig as an owner who cannot write /etc (a user namespace's root on a host root's rootfs):
+    the error ends with what ldconfig itself said, not only its exit code."""
+    with pytest.raises(LdcacheError, match=r"failed with error code: 1: /sbin/ldconfig: Can't create temporary "
+                                           r"cache file /etc/ld\.so\.cache~: Permission denied$"):
+        run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(100000, 100000), handle=container)
+    assert not (root / "etc/ld.so.cache").exists()
+
+
 def test_host_ldconfig_builds_the_container_cache(root: Path, container: ContainerHandle) -> None:
     assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is True
     cache = _cache(root)
@@ -404,7 +413,8 @@ def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_l
 
     no_rename = header + _compiled(tuple(name for name in SECCOMP_ALLOW if name != "rename"))
     _plant_cache(no_rename)
-    with pytest.raises(LdcacheError, match=r"failed with error code: 1$"):
+    with pytest.raises(LdcacheError, match=r"failed with error code: 1: /sbin/ldconfig: Renaming of "
+                                           r"/etc/ld\.so\.cache~ to /etc/ld\.so\.cache failed: Operation not permitted$"):
         run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     for planted, mode in ((no_rename, 0o644), (b"nvc-py ldconfig seccomp: another list\n" + no_rename[len(header):], 0o600)):
         _plant_cache(planted, mode)

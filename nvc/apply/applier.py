@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from nvc.apply import fdmount
 from nvc import syscalls
 from nvc.apply import rootfs as inroot
+from nvc.apply import userns
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
 from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
@@ -69,6 +70,9 @@ class Applier:
         self.tmpfs: dict[str, fdmount.Mount] = {}
         self.root_fd = -1
         self.ns_fd = -1
+        self.userns_fd = -1  # the container's user namespace, where it has its own
+        self.maps: userns.IdMaps | None = None  # its id maps
+        self.owner = plan.owner  # who owns what the steps make, as the helper names ids (see enter)
         self.shared: set[int] = set()  # ids of the container's shared mounts (see _refuse_shared)
 
     # -- host namespace ------------------------------------------------------------------
@@ -92,6 +96,9 @@ class Applier:
 
         if handle is not None:
             self.ns_fd = os.dup(handle.mnt_ns)
+            self.maps = handle.id_maps()
+            if self.maps is not None:
+                self.userns_fd = os.dup(handle.user_ns)
         self.root_fd = open_rootfs(self.plan.rootfs, handle)
 
     def _clone(self, source: str, op: Bind, source_fd: int | None = None) -> int:
@@ -109,7 +116,10 @@ class Applier:
     # -- container namespace -----------------------------------------------------------------
 
     def enter(self) -> None:
-        """Join the container's mount namespace (nothing to do in standalone mode)."""
+        """Join the container's mount namespace, then its user namespace where it has one, as its
+        root (:func:`nvc.apply.userns.join_as_root`): from then on the ids the helper names are
+        that namespace's, so the owner of what it makes is the container's owner as seen there.
+        Nothing to do in standalone mode."""
         if self.ns_fd < 0:
             return
         with raised("sys_admin", "sys_chroot"):
@@ -117,8 +127,17 @@ class Applier:
                 syscalls.setns(self.ns_fd, syscalls.CLONE_NEWNS, "the container's mount namespace")
             except OSError as err:
                 raise MountError(f"cannot enter the mount namespace of {self.plan.pid}: {err.strerror}") from None
-        os.close(self.ns_fd)
-        self.ns_fd = -1
+            if self.maps is not None:
+                userns.join_as_root(self.userns_fd, self.maps, self.plan.pid)
+                owner = self.maps.inside(*self.plan.owner)
+                if owner is None:
+                    raise MountError(f"the owner {self.plan.owner[0]}:{self.plan.owner[1]} of container process "
+                                     f"{self.plan.pid} is not mapped in its user namespace")
+                self.owner = owner
+        for fd in (self.ns_fd, self.userns_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.ns_fd = self.userns_fd = -1
         self.shared = shared_mounts()
 
     def execute(self) -> None:
@@ -128,7 +147,8 @@ class Applier:
                 try:
                     self._step(index, op)
                 except OSError as err:
-                    raise MountError(f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}") from None
+                    raise MountError(f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}"
+                                     f"{self._advice(err.errno)}") from None
             if self.plan.ldconfig is not None:
                 self._save_for_ldconfig()
 
@@ -198,7 +218,7 @@ class Applier:
             fdmount.set_attrs(self.tmpfs[op.target], SEALED)
         elif isinstance(op, Symlink):
             try:
-                if inroot.symlink_in_root(self.root_fd, op.target, op.link_to, self.plan.owner):
+                if inroot.symlink_in_root(self.root_fd, op.target, op.link_to, self.owner):
                     self._created(op.target)
             except FileExistsError:
                 log.debug("%s exists in the image: left alone", op.target)
@@ -257,7 +277,7 @@ class Applier:
         try:
             parent, name, where = inroot.resolve_in_root(self.root_fd, path, mkdir, last if make else None)
         except inroot.InRootError as err:
-            raise MountError(f"cannot mount on {path}: {err.why}") from None
+            raise MountError(f"cannot mount on {path}: {err.why}{self._advice(err.errno)}") from None
         if name == ".":
             os.close(parent)
             raise MountError(f"refusing to mount over {path}: it leads to the root of the image")
@@ -266,6 +286,12 @@ class Applier:
             os.close(parent)
             raise MountError(f"refusing to mount over {path}: it leads to {where}, on the container's {pseudo}")
         return parent, name
+
+    def _advice(self, code: int | None) -> str:
+        """What to do, where a file could not be made because of the container's user namespace."""
+        if self.maps is None or not userns.cannot_write(code):
+            return ""
+        return f"; {userns.advice(self.maps.root())}"
 
     def _making(self, where: str) -> None:
         """Note that ``where`` (absent: resolve_in_root found no such name) is about to be made: a
@@ -281,7 +307,7 @@ class Applier:
             self.done.append(("made", (os.dup(dir_fd), name, where)))
             st = os.fstat(fd)
             self._note("made", where, st.st_dev, st.st_ino)
-        os.fchown(fd, *self.plan.owner)
+        os.fchown(fd, *self.owner)
         os.fchmod(fd, mode)
 
     # -- end -------------------------------------------------------------------------------
@@ -389,11 +415,11 @@ class Applier:
         self._close()
 
     def _close(self) -> None:
-        for fd in (*self.trees.values(), self.root_fd, self.ns_fd):
+        for fd in (*self.trees.values(), self.root_fd, self.ns_fd, self.userns_fd):
             if fd >= 0:
                 os.close(fd)
         self.trees.clear()
-        self.root_fd = self.ns_fd = -1
+        self.root_fd = self.ns_fd = self.userns_fd = -1
 
 
 def shared_mounts() -> set[int]:

@@ -6,8 +6,8 @@ whose mount namespace or cgroup a later step reading ``/proc/PID`` again would t
 pid is resolved once, when the request has been checked, into a :class:`ContainerHandle` (as
 libnvidia-container resolves it into its ``struct nvc_container``): a pidfd, an O_PATH descriptor
 of the ``/proc/PID`` directory (opened after the pidfd and checked against it, so the directory is
-that very process's), and through that directory its mount namespace and its root; its owner; its
-device cgroup, read through the directory when a step asks for it. A read through the directory
+that very process's), and through that directory its mount and user namespaces and its root; its
+owner; its user namespace's id maps and its device cgroup, read through the directory when a step asks for it. A read through the directory
 fails once the process is gone (the one-line "container process PID is gone"), and never reaches a
 process that got its pid since. The container helper receives the same descriptors over its socket
 (SCM_RIGHTS: :meth:`ContainerHandle.fds`, :meth:`ContainerHandle.adopt`) instead of opening
@@ -30,6 +30,7 @@ from nvc.errors import ContainerError, proc_failure
 
 if TYPE_CHECKING:
     from nvc.apply.cgroups import DeviceCgroup
+    from nvc.apply.userns import IdMaps
 
 PID_MAX_LIMIT = 1 << 22  # the kernel's highest pid_max: a larger pid names no process
 _STAT_MAX = 4096  # bytes of /proc/PID/stat read: its fields fit with room to spare
@@ -39,17 +40,19 @@ class ContainerHandle:
     """The container's process, pinned (see the module's docstring). Owns its descriptors: close it
     (``with``) when the configure is done."""
 
-    __slots__ = ("pid", "pidfd", "proc", "mnt_ns", "root", "owner", "_cgroup")
+    __slots__ = ("pid", "pidfd", "proc", "mnt_ns", "root", "user_ns", "owner", "_cgroup", "_maps")
 
-    def __init__(self, pid: int, pidfd: int, proc: int, mnt_ns: int, root: int) -> None:
+    def __init__(self, pid: int, pidfd: int, proc: int, mnt_ns: int, root: int, user_ns: int) -> None:
         self.pid = pid
         self.pidfd = pidfd  # pollable: readable once the process has exited
         self.proc = proc  # O_PATH of /proc/PID
         self.mnt_ns = mnt_ns  # /proc/PID/ns/mnt
         self.root = root  # O_PATH of /proc/PID/root: the container's root, as its process sees it
+        self.user_ns = user_ns  # /proc/PID/ns/user
         st = os.fstat(proc)
         self.owner = (st.st_uid, st.st_gid)  # who owns the container: its process
         self._cgroup: DeviceCgroup | None = None
+        self._maps: IdMaps | None = None
 
     @classmethod
     def open(cls, pid: int) -> ContainerHandle:
@@ -62,7 +65,8 @@ class ContainerHandle:
             fds.append(os.pidfd_open(pid))
             fds.append(os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
             _check_alive(fds[0])  # not exited before the directory was opened: it is this process's
-            for name, flags in (("ns/mnt", os.O_RDONLY), ("root", os.O_PATH | os.O_DIRECTORY)):
+            for name, flags in (("ns/mnt", os.O_RDONLY), ("root", os.O_PATH | os.O_DIRECTORY),
+                                ("ns/user", os.O_RDONLY)):
                 where = f"/proc/{pid}/{name}"
                 fds.append(os.open(name, flags | os.O_CLOEXEC, dir_fd=fds[1]))
             return cls(pid, *fds)
@@ -77,13 +81,23 @@ class ContainerHandle:
     def adopt(cls, pid: int, fds: tuple[int, ...] | list[int]) -> ContainerHandle:
         """A handle on copies of ``fds`` (:meth:`fds` of the handle of process ``pid``, received over
         a socket): the caller keeps its own."""
-        if len(fds) != 4:
-            raise ContainerError(f"container process {pid}: {len(fds)} descriptors received, not 4")
+        if len(fds) != 5:
+            raise ContainerError(f"container process {pid}: {len(fds)} descriptors received, not 5")
         return cls(pid, *(os.dup(fd) for fd in fds))
 
-    def fds(self) -> tuple[int, int, int, int]:
+    def fds(self) -> tuple[int, int, int, int, int]:
         """The descriptors to send another process (:meth:`adopt` there), in its order."""
-        return self.pidfd, self.proc, self.mnt_ns, self.root
+        return self.pidfd, self.proc, self.mnt_ns, self.root, self.user_ns
+
+    def id_maps(self) -> IdMaps | None:
+        """The id maps of the process's user namespace; None where it is this process's own (no user
+        namespace of the container's). Read on first use, through the pinned directory."""
+        from nvc.apply import userns
+
+        if self._maps is None and not userns.is_own(self.user_ns):
+            self._maps = userns.IdMaps(*(userns.parse_map(self.read(name), f"/proc/{self.pid}/{name}")
+                                         for name in ("uid_map", "gid_map")))
+        return self._maps
 
     def check(self) -> None:
         """Raise "container process PID is gone" once the process has exited."""
@@ -135,7 +149,7 @@ class ContainerHandle:
         for fd in self.fds():
             if fd >= 0:
                 os.close(fd)
-        self.pidfd = self.proc = self.mnt_ns = self.root = -1
+        self.pidfd = self.proc = self.mnt_ns = self.root = self.user_ns = -1
 
     def __enter__(self) -> ContainerHandle:
         return self

@@ -14,7 +14,8 @@ checked, in ldconfig's own view, to be regular files before it runs, so that an 
 device there is refused with one line naming it rather than blocking or failing obscurely; a
 FIFO elsewhere (an ``include``d file) is bounded by the wall-time limit, after which everything
 the run started is killed. Every process of the run dies with its parent (PDEATHSIG, armed after
-the last credential change, which clears it). A host ldconfig (``@/path``) is copied into a
+the last credential change, which clears it). What ldconfig prints goes to a memfd, and a failed
+run's error ends with ldconfig's own last line (``Can't create temporary cache file ...``). A host ldconfig (``@/path``) is copied into a
 sealed memfd before the fork and executed from that fd: the process never maps the host inode,
 so nothing the container does to ``/proc/<pid>/exe`` reaches the host binary (CVE-2024-0135).
 Executing through execveat(AT_EMPTY_PATH) needs no /proc at all.
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nvc import confinement, syscalls
 from nvc.confinement import LDCONFIG_SANDBOX as SANDBOX
-from nvc.errors import LdcacheError, NvcError
+from nvc.errors import LdcacheError, NvcError, cut
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
@@ -52,6 +53,8 @@ _FILES: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
 )
 _CONF_DIR = "/etc/ld.so.conf.d"
 _MISSING = "missing:"  # error-pipe prefix: the container has no ldconfig (not an error)
+_TAIL = 4096  # bytes of ldconfig's output read for a failure's message: its last line is in them
+_SAID = 300  # characters of ldconfig's line kept in the message
 _TYPES = {stat.S_IFBLK: "a block device", stat.S_IFCHR: "a character device", stat.S_IFIFO: "a FIFO",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
           stat.S_IFREG: "a regular file"}
@@ -150,8 +153,10 @@ class PendingLdconfig:
     copy of the mount namespace holds the finished mounts.
     """
 
-    def __init__(self, child: int, go_w: int, err_r: int, shown: str, timeout: float) -> None:
+    def __init__(self, child: int, go_w: int, err_r: int, shown: str, timeout: float, said: int) -> None:
         self._child, self._go_w, self._err_r, self._shown = child, go_w, err_r, shown
+        self._said = said  # the memfd ldconfig's output goes to (-1: the caller's output_fd)
+        self._last = ""  # ": " and its last line, read when the child is reaped
         self._exited = os.pidfd_open(child)  # readable once the child (ldconfig, after its exec) ends
         self._timeout = timeout
         self._deadline = 0.0
@@ -198,7 +203,7 @@ class PendingLdconfig:
         code = os.waitstatus_to_exitcode(status)
         code = code if code >= 0 else 128 - code  # killed by a signal: as a shell reports it
         if code != 0:
-            raise LdcacheError(f"process {self._shown} failed with error code: {code}")
+            raise LdcacheError(f"process {self._shown} failed with error code: {code}{self._last}")
         return True
 
     def cancel(self) -> None:
@@ -219,6 +224,12 @@ class PendingLdconfig:
         os.close(self._err_r)
         os.close(self._exited)
         _, status = os.waitpid(self._child, 0)
+        if self._said >= 0:
+            try:
+                self._last = _last_line(self._said)
+            finally:
+                os.close(self._said)
+                self._said = -1
         self._child = -1
         return status
 
@@ -240,7 +251,8 @@ def start_ldconfig(
     container. ``rootfs``: the rootfs as seen in the mount namespace of the container's
     process ``handle`` (the caller's own when None). ``dirs``: library dirs to add, as paths
     inside the container. ``owner``: (uid, gid) ldconfig runs as. ``output_fd``: where
-    ldconfig's stdout and stderr go (default /dev/null). ``timeout``: seconds from
+    ldconfig's stdout and stderr go (default a memfd, whose last line a failed run's error
+    quotes). ``timeout``: seconds from
     ``start()`` after which the run is killed and fails. Bad arguments (a host ldconfig
     that cannot be opened, a gone container), and what this process may not open or make for
     the run, raise LdcacheError here, before the caller changes anything.
@@ -249,9 +261,11 @@ def start_ldconfig(
     path = ldconfig[1:] if host else ldconfig
     program_fd, shown = sealed_copy(path) if host else (-1, path)
     ns_fd = -1 if handle is None else handle.mnt_ns  # the handle's: not closed here
-    null_fd = err_r = err_w = go_r = go_w = parent_fd = own_pid_ns = -1
+    null_fd = err_r = err_w = go_r = go_w = parent_fd = own_pid_ns = said = -1
     try:
         null_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        if output_fd is None:
+            said = output_fd = syscalls.memfd_create("nvc-ldconfig-output", syscalls.MFD_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         go_r, go_w = os.pipe2(os.O_CLOEXEC)
         parent_fd = os.pidfd_open(os.getpid())  # the child's check that we still live: getppid() is 0 there
@@ -262,13 +276,13 @@ def start_ldconfig(
             os.close(go_w)
             _sandbox_child(_Run(rootfs, no_pivot, output_fd, shown, dirs, owner), err_w, go_r, parent_fd, ns_fd,
                            null_fd, program_fd)
-        pending = PendingLdconfig(child, go_w, err_r, shown, timeout)
-        err_r = go_w = -1
+        pending = PendingLdconfig(child, go_w, err_r, shown, timeout, said)
+        err_r = go_w = said = -1
         return pending
     except OSError as err:  # /dev/null or a pipe refused (a Landlocked caller, the descriptor limit): one line
         raise LdcacheError(_describe(err, "cannot prepare ldconfig's run")) from None
     finally:
-        for fd in (err_r, err_w, go_r, go_w, null_fd, program_fd, parent_fd, own_pid_ns):
+        for fd in (err_r, err_w, go_r, go_w, null_fd, program_fd, parent_fd, own_pid_ns, said):
             if fd >= 0:
                 os.close(fd)
 
@@ -293,6 +307,14 @@ def _fork_into_new_pid_namespace(own_pid_ns: int) -> int:
     if child != 0:
         syscalls.setns(own_pid_ns, syscalls.CLONE_NEWPID, "own pid namespace")
     return child
+
+
+def _last_line(fd: int) -> str:
+    """": " and the last line written to the memfd ``fd`` (cut; escaped where the error is shown), or ""."""
+    size = os.fstat(fd).st_size
+    lines = os.pread(fd, _TAIL, max(0, size - _TAIL)).decode(errors="replace").splitlines()
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return f": {cut(last, _SAID)}" if last else ""
 
 
 def _open_own_pid_ns() -> int:
@@ -321,7 +343,7 @@ class _Run(NamedTuple):
 
     rootfs: str
     no_pivot: bool
-    output_fd: int | None
+    output_fd: int
     path: str
     dirs: Sequence[str]
     owner: tuple[int, int]
@@ -347,8 +369,7 @@ def _sandbox_child(run: _Run, err_w: int, go_r: int, parent_fd: int, ns_fd: int,
         syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWIPC)
         confinement.change_root(SANDBOX, run.rootfs, run.no_pivot)
         check_files()
-        output = run.output_fd if run.output_fd is not None else null_fd
-        for fd, target in ((null_fd, 0), (output, 1), (output, 2)):
+        for fd, target in ((null_fd, 0), (run.output_fd, 1), (run.output_fd, 2)):
             os.dup2(fd, target)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, "sandbox set-up failed"))

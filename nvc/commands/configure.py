@@ -141,9 +141,12 @@ def share_files(sharing: ShareRequest, container_id: str, root_fd: int, rootfs: 
 
 
 def container_owner(handle: ContainerHandle | None, root_fd: int) -> tuple[int, int]:
-    """Who owns the container: its process (or, standalone, its rootfs)."""
+    """Who owns the container: its process (or, standalone, its rootfs); with a user namespace of its
+    own, that namespace's root (the host ids of uid and gid 0 inside), whatever user the process is."""
     if handle is not None:
-        return handle.owner
+        maps = handle.id_maps()
+        root = None if maps is None else maps.root()
+        return handle.owner if root is None else root
     st = os.fstat(root_fd)
     return st.st_uid, st.st_gid
 

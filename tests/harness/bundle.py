@@ -76,11 +76,14 @@ def make_config(
     readonly: bool = False,
     cgroups_path: str | None = None,
     network_ns: bool = True,
+    id_map: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """The config.json document; see make_bundle."""
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if network_ns:
         namespaces.append({"type": "network"})
+    if id_map is not None:
+        namespaces.append({"type": "user"})
     device_rules = [dict(rule) for rule in DEFAULT_DEVICE_RULES]
     for dev in devices or ():
         device_rules.append(_allow(dev["type"], "rwm", dev["major"], dev["minor"]))
@@ -93,6 +96,9 @@ def make_config(
     }
     if cgroups_path is not None:
         linux["cgroupsPath"] = cgroups_path
+    if id_map is not None:
+        mapping = [{"containerID": 0, "hostID": id_map[0], "size": id_map[1]}]
+        linux["uidMappings"], linux["gidMappings"] = mapping, [dict(m) for m in mapping]
     config: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "process": {
@@ -125,16 +131,27 @@ def make_bundle(
     readonly: bool = False,
     cgroups_path: str | None = None,
     network_ns: bool = True,
+    id_map: tuple[int, int] | None = None,
 ) -> Path:
     """Write `dir`/config.json and return the bundle dir.
 
     `env` is added after PATH; `hooks` maps OCI stages ("prestart",
     "createRuntime", …) to hook dicts ({"path", "args", "env", "timeout"});
     `devices` are linux.devices entries (path, type, major, minor, …), each
-    also allowed rwm in the device cgroup.
+    also allowed rwm in the device cgroup. `id_map` (host id, size): a user
+    namespace whose uids and gids 0.. are those host ids.
     """
     bundle = Path(dir).absolute()
     bundle.mkdir(parents=True, exist_ok=True)
-    config = make_config(bundle, rootfs, args, env, hooks, devices, readonly, cgroups_path, network_ns)
+    config = make_config(bundle, rootfs, args, env, hooks, devices, readonly, cgroups_path, network_ns, id_map)
     (bundle / "config.json").write_text(json.dumps(config, indent=2))
     return bundle
+
+
+def reachable_from_userns(path: Path) -> None:
+    """Let a container's root in a user namespace (an unmapped host uid) reach ``path`` through
+    pytest's 0700 directories: the runtime's init opens the rootfs from inside that namespace."""
+    for parent in (Path(path), *Path(path).parents):
+        if parent in (Path("/tmp"), Path("/var/tmp"), Path("/")):
+            break
+        parent.chmod(parent.stat().st_mode | 0o111)

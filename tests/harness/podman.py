@@ -41,6 +41,16 @@ mount --bind "$spec_dir" /etc/cdi
 exec "$@"
 """
 
+# /etc/subuid and /etc/subgid as the file given, in a private mount namespace (`--userns=auto` takes
+# its ranges from the user `containers` there; the host's files stay as they are).
+SUBIDS_WRAPPER = """\
+set -e
+mount --bind "$1" /etc/subuid
+mount --bind "$1" /etc/subgid
+shift
+exec "$@"
+"""
+
 
 class Podman:
     """podman confined to `workdir`; images are imported from rootfs tarballs."""
@@ -108,13 +118,15 @@ class Podman:
         hooks_dirs: Sequence[Path] | None = (),
         cdi_spec_dir: Path | None = None,
         runtime: str | None = None,
+        subids: Path | None = None,
         timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
         """`podman run --rm` of `args` in `image`; output captured, never raises on failure.
 
         `extra_args` go before the image (e.g. `--device nvidia.com/gpu=0`);
         `runtime` replaces runc (e.g. a wrapper script path); `cdi_spec_dir`
-        is seen by podman as /etc/cdi (see CDI_WRAPPER).
+        is seen by podman as /etc/cdi (see CDI_WRAPPER); `subids` as /etc/subuid and /etc/subgid
+        (see SUBIDS_WRAPPER).
         """
         cmd = self.command(hooks_dirs)
         if runtime is not None:
@@ -127,5 +139,8 @@ class Podman:
         if cdi_spec_dir is not None:
             cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", CDI_WRAPPER, "sh",
                    str(cdi_spec_dir), str(self.workdir / "cdi-scratch"), *cmd]
+        if subids is not None:
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", SUBIDS_WRAPPER, "sh",
+                   str(subids), *cmd]
         return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout,
                               stdin=subprocess.DEVNULL)
