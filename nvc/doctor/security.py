@@ -62,7 +62,7 @@ def run_cases(engines: Sequence[Engine], cases: Sequence[Case] = hostile.CASES) 
         for engine in engines:
             plain = engine.start(base, hostile.COMMAND, {})
             if isinstance(plain, str) or not hostile.sees_gpu0(plain.stdout):
-                seen = plain if isinstance(plain, str) else (plain.stdout + plain.stderr).strip()[-200:]
+                seen = " ".join((plain if isinstance(plain, str) else plain.stdout + plain.stderr).split())[-200:]
                 found += [skip(_name(engine, case), f"a plain image does not see GPU 0 through `{engine.name}` "
                                                     f"({seen or 'no output'}): see `nvc-py doctor --run`")
                           for case in cases]
