@@ -10,19 +10,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-import pytest
-
+from harness.doctor import doctor as _doctor
+from harness.doctor import podman_conf  # noqa: F401 - fixture
 from harness.installed import SCRIPTS
-
-
-def _doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:
-    """The exit status and lines of `nvc-py doctor ARGS`."""
-    base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_HOOK_SOCKET": "none",
-            **(env or {})}
-    done = subprocess.run([str(SCRIPTS / "nvc-py"), "doctor", *args], capture_output=True, text=True, timeout=300,
-                          env=base)
-    assert done.stderr == "", done.stderr
-    return done.returncode, done.stdout.splitlines()
 
 
 def _checks(*args: str, env: dict[str, str] | None = None) -> dict:
@@ -31,23 +21,6 @@ def _checks(*args: str, env: dict[str, str] | None = None) -> dict:
     doc = json.loads("\n".join(lines))
     assert doc["ok"] == (status == 0)
     return {c["name"]: c for c in doc["checks"]}
-
-
-@pytest.fixture
-def podman_conf(tmp_path: Path, active_2gpu) -> dict[str, str]:
-    """podman configured by its own files for this test (hooks, CDI specs, storage; cgroupfs and runc,
-    which this machine needs), and nvc-py's configuration for the fake driver: the environment."""
-    conf = tmp_path / "containers.conf"
-    conf.write_text(f'[engine]\nhooks_dir = ["{tmp_path / "hooks.d"}"]\ncdi_spec_dirs = ["{tmp_path / "cdi"}"]\n'
-                    'cgroup_manager = "cgroupfs"\nruntime = "runc"\nevents_logger = "file"\n'
-                    f'tmp_dir = "{tmp_path / "podman-tmp"}"\n'
-                    '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n')
-    storage = tmp_path / "storage.conf"
-    storage.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{tmp_path / "storage"}"\n'
-                       f'runroot = "{tmp_path / "runroot"}"\n')
-    config = tmp_path / "config.yaml"
-    config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
-    return {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage), "NVC_PY_CONFIG": str(config)}
 
 
 def test_no_driver_is_one_failing_line_that_says_how_to_try_without_a_gpu(tmp_path: Path) -> None:

@@ -3,13 +3,11 @@ exit 0 only when every check that applies holds."""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 
 import click
 
-from nvc.doctor import FAIL, MARKS, OK, Check
+from nvc.doctor import FAIL, MARKS, Check
 
 
 def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
@@ -35,15 +33,17 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     if gpus:
         found.append(engines.cdi(lambda: _fresh_spec(conf)))
     if run:
-        ways: dict[str, Callable[[str], Check]] = {}
-        if podman.status == OK:
-            ways["podman"] = runs.podman
-        held = {c.name: c.status == OK for c in docker}
-        if held.get("docker") or held.get("docker --gpus"):
-            ways["docker"] = functools.partial(runs.docker, host=engines.docker_host(dockerd),
-                                               gpus_flag=held.get("docker --gpus", False))
-        found += runs.run_containers(ways)
+        found += runs.run_containers(runs.registered(podman, docker, engines.docker_host(dockerd)))
     return found
+
+
+def security_checks() -> list[Check]:
+    """The hostile-image cases through each engine nvc-py is registered with (nvc/doctor/security.py)."""
+    from nvc.doctor import engines, run as runs, security
+
+    podman = engines.hooks_engine("podman", "podman")
+    docker, dockerd = engines.docker()
+    return security.run_cases(runs.registered(podman, docker, engines.docker_host(dockerd)))
 
 
 def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config
@@ -69,20 +69,32 @@ def text(found: list[Check]) -> str:
 @click.command("doctor", short_help="Check this host for GPU containers; say what to fix.")
 @click.option("--run", "run", is_flag=True, help="Also start a small container through each registered engine, "
                                                  "asking for GPU 0, and say whether it sees the GPU.")
+@click.option("--security", "security", is_flag=True,
+              help="Instead, run the hostile-image regression cases against the installed hook through each "
+                   "registered engine, in throw-away containers; one line per case (passed, failed, not "
+                   "applicable). Leaves nothing behind.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output: the checks and whether all hold.")
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file the hook reads [default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
 @click.pass_context
-def doctor(ctx: click.Context, run: bool, as_json: bool, config_path: str | None) -> None:
+def doctor(ctx: click.Context, run: bool, security: bool, as_json: bool, config_path: str | None) -> None:
     """Check what a GPU container needs on this host: the driver and NVML, device nodes, cgroups, the
     ldconfig the hook runs, the hook server, each installed engine's registration where that engine
     reads it (podman, CRI-O, Docker, containerd), the CDI spec; one line each, with what to do.
-    Exit status 0 only when every check that applies holds (1 otherwise)."""
+    Exit status 0 only when every check that applies holds (1 otherwise). With --security, the
+    hostile-image cases of docs/security.md instead (exit 0 only when none failed)."""
     given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given): --root chooses the driver root
-    found = checks(config_path, given.root if given is not None else None, run)
+    if security:
+        found = security_checks()
+    else:
+        found = checks(config_path, given.root if given is not None else None, run)
     if as_json:
         click.echo(json.dumps({"ok": all(c.status != FAIL for c in found),
                                "checks": [c._asdict() for c in found]}, indent=2, ensure_ascii=False))
+    elif security:
+        from nvc.doctor.security import text as case_lines
+
+        click.echo(case_lines(found), nl=False)
     else:
         click.echo(text(found), nl=False)
     if any(c.status == FAIL for c in found):

@@ -3,6 +3,7 @@
 The container is made from the host's own parts (no image to pull): busybox (Debian's
 busybox-static) and the host's C library, which nvidia-smi needs; the hook brings the driver's
 files as it does for any image. It runs ``nvidia-smi -L`` and passes when GPU 0 is listed.
+``doctor --security`` starts its hostile images through the same :class:`Engine`.
 """
 
 from __future__ import annotations
@@ -12,18 +13,35 @@ import shutil
 import subprocess
 import sysconfig
 import tempfile
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 from nvc import containerenv
-from nvc.doctor import Check, fail, ok, skip
+from nvc.doctor import OK, Check, fail, ok, skip
 
 BUSYBOX = ("/usr/bin/busybox", "/bin/busybox")
 GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
 LOADER = "/lib64/ld-linux-x86-64.so.2"
 COMMAND = ["/bin/sh", "-c", "nvidia-smi -L 2>&1"]
 TIMEOUT = 120  # seconds per container start
-IMAGE = "nvc-py-doctor:latest"
+IMAGE = "nvc-py-doctor"  # throw-away images and containers: this and a unique suffix
+NO_ANSWER = f"no answer in {TIMEOUT} s"
 ASK_GPU0 = containerenv.assignment(containerenv.VISIBLE_DEVICES, "0")  # an engine's -e value
+
+Result = subprocess.CompletedProcess[str] | str  # what a start gave, or why it could not run
+
+
+class Engine(NamedTuple):
+    """A registered engine: ``start(rootfs, command, env)`` runs ``command`` in a throw-away container of
+    ``rootfs`` asking for GPU 0, ``env`` the image's own environment, and removes what it made.
+    ``in_place``: the container's root is ``rootfs`` itself (what happens to it during the start,
+    the container sees)."""
+
+    name: str
+    how: str
+    start: Callable[[str, Sequence[str], Mapping[str, str]], Result]
+    in_place: bool
 
 
 def _copy(source: str, root: str, target: str) -> None:
@@ -32,29 +50,34 @@ def _copy(source: str, root: str, target: str) -> None:
     shutil.copy2(os.path.realpath(source), dest)
 
 
+def libdir() -> str:
+    """The host's (and the doctor's images') C library directory."""
+    return f"/lib/{sysconfig.get_config_var('MULTIARCH') or 'x86_64-linux-gnu'}"
+
+
 def make_rootfs(root: str) -> str | None:
     """A rootfs in ``root`` with busybox as /bin/sh and the host's loader and C library; why not (a
     line) where the host lacks them."""
     busybox = next((b for b in BUSYBOX if os.path.isfile(b)), None)
     if busybox is None:
         return "needs busybox (apt-get install busybox-static)"
-    libdir = f"/lib/{sysconfig.get_config_var('MULTIARCH') or 'x86_64-linux-gnu'}"
-    if not os.path.exists(LOADER) or not os.path.exists(os.path.join(libdir, "libc.so.6")):
-        return f"needs the host's C library in {libdir} and {LOADER}"
+    lib = libdir()
+    if not os.path.exists(LOADER) or not os.path.exists(os.path.join(lib, "libc.so.6")):
+        return f"needs the host's C library in {lib} and {LOADER}"
     for name in ("proc", "dev", "sys", "tmp", "run", "etc", "usr/bin", "usr/lib"):
         os.makedirs(os.path.join(root, name), exist_ok=True)
     _copy(busybox, root, "/bin/busybox")
     os.symlink("busybox", os.path.join(root, "bin/sh"))
     _copy(LOADER, root, LOADER)
     for name in GLIBC:
-        if os.path.exists(os.path.join(libdir, name)):
-            _copy(os.path.join(libdir, name), root, os.path.join(libdir, name))
+        if os.path.exists(os.path.join(lib, name)):
+            _copy(os.path.join(lib, name), root, os.path.join(lib, name))
     with open(os.path.join(root, "etc/passwd"), "w") as f:
         f.write("root:x:0:0:root:/root:/bin/sh\n")
     return None
 
 
-def _verdict(name: str, result: subprocess.CompletedProcess[str] | str, how: str = "") -> Check:
+def _verdict(name: str, result: Result, how: str = "") -> Check:
     """Whether the container ``how`` started (e.g. ``docker run --gpus device=0``) saw GPU 0."""
     asked = f"a container started with `{how}`" if how else "a container asking for GPU 0"
     if isinstance(result, str):
@@ -68,41 +91,97 @@ def _verdict(name: str, result: subprocess.CompletedProcess[str] | str, how: str
                 "read the hook's log line for that start (log: in the configuration)")
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | str:
+def timed_out(result: Result) -> bool:
+    """Whether a start gave no answer in :data:`TIMEOUT` (its engine was killed)."""
+    return isinstance(result, str) and result.endswith(NO_ANSWER)
+
+
+def _run(argv: list[str], stdin: bytes | None = None) -> Result:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+        done = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, input=stdin,
+                              stdin=subprocess.DEVNULL if stdin is None else None)
     except OSError as err:
         return f"{argv[0]}: {err.strerror}"
     except subprocess.TimeoutExpired:
-        return f"{' '.join(argv[:3])}: no answer in {TIMEOUT} s"
+        return f"{' '.join(argv[:3])}: {NO_ANSWER}"
+    return subprocess.CompletedProcess(argv, done.returncode, done.stdout.decode(errors="replace"),
+                                       done.stderr.decode(errors="replace"))
 
 
-def podman(rootfs: str) -> Check:
-    """podman, with its own configuration (the hooks it reads), on the rootfs as it is."""
-    return _verdict("podman run", _run(["podman", "run", "--rm", "--network", "none", "-e",
-                                        ASK_GPU0, "--rootfs", rootfs, *COMMAND]))
+def _env_args(env: Mapping[str, str]) -> list[str]:
+    return [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
 
 
-def docker(rootfs: str, host: str | None, gpus_flag: bool) -> Check:
-    """docker (to the dockerd at ``host``, None: the client's default), with the rootfs imported as an
-    image: ``--gpus device=0`` where dockerd finds a hook for it, else nvc-py's runtime."""
-    client = ["docker", *(["-H", host] if host else [])]
-    tar = subprocess.run(["tar", "-C", rootfs, "-c", "."], capture_output=True, timeout=TIMEOUT)
-    imported = subprocess.run([*client, "import", "-", IMAGE], input=tar.stdout, capture_output=True,
-                              timeout=TIMEOUT)
-    if imported.returncode != 0:
-        return fail("docker run", f"docker import: {imported.stderr.decode(errors='replace').strip()}",
-                    "is dockerd running?")
-    ask = ["--gpus", "device=0"] if gpus_flag else ["--runtime", "nvc-py", "-e", ASK_GPU0]
+def _name() -> str:
+    return f"{IMAGE}-{uuid.uuid4().hex[:12]}"
+
+
+def podman_start(rootfs: str, command: Sequence[str], env: Mapping[str, str]) -> Result:
+    """podman, with its own configuration (the hooks it reads), on the rootfs as it is (``--rootfs``:
+    no image is stored); ``env`` goes into the container's spec as an image's would. A container
+    whose podman was killed (taking too long, or Ctrl-C) is removed by its name."""
+    name = _name()
+    argv = ["podman", "run", "--rm", "--name", name, "--network", "none", *_env_args(env), "-e", ASK_GPU0,
+            "--rootfs", rootfs, *command]
     try:
-        return _verdict("docker run", _run([*client, "run", "--rm", "--network", "none", *ask, IMAGE, *COMMAND]),
-                        f"docker run {' '.join(ask)}")
+        result = _run(argv)
+    except BaseException:  # Ctrl-C: podman was killed with this process's run
+        _podman_remove(name)
+        raise
+    if timed_out(result):
+        _podman_remove(name)
+    return result
+
+
+def _podman_remove(name: str) -> None:
+    subprocess.run(["podman", "rm", "--force", "--time", "0", "--ignore", name], capture_output=True, timeout=TIMEOUT)
+
+
+def _docker_ask(gpus_flag: bool) -> list[str]:
+    return ["--gpus", "device=0"] if gpus_flag else ["--runtime", "nvc-py", "-e", ASK_GPU0]
+
+
+def docker_start(rootfs: str, command: Sequence[str], env: Mapping[str, str], host: str | None,
+                 gpus_flag: bool) -> Result:
+    """docker (to the dockerd at ``host``, None: the client's default), with the rootfs imported as an
+    image of a name of its own (``env`` its ``ENV``), removed afterwards: ``--gpus device=0`` where
+    dockerd finds a hook for it, else nvc-py's runtime."""
+    client = ["docker", *(["-H", host] if host else [])]
+    image = name = _name()
+    try:
+        tar = subprocess.run(["tar", "-C", rootfs, "-c", "."], capture_output=True, timeout=TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"tar of {rootfs}: {err}"
+    changes = [arg for key, value in env.items() for arg in ("--change", f"ENV {key}={value}")]
+    imported = _run([*client, "import", *changes, "-", image], stdin=tar.stdout)
+    if isinstance(imported, str) or imported.returncode != 0:
+        return f"docker import: {imported if isinstance(imported, str) else imported.stderr.strip()} (is dockerd running?)"
+    try:
+        return _run([*client, "run", "--rm", "--name", name, "--network", "none", *_docker_ask(gpus_flag), image,
+                     *command])
     finally:
-        subprocess.run([*client, "rmi", "-f", IMAGE], capture_output=True, timeout=TIMEOUT)
+        subprocess.run([*client, "rm", "--force", name], capture_output=True, timeout=TIMEOUT)
+        subprocess.run([*client, "rmi", "--force", image], capture_output=True, timeout=TIMEOUT)
 
 
-def run_containers(engines: dict[str, Callable[[str], Check]]) -> list[Check]:
-    """One container per engine of ``engines`` (name -> how to run it on a rootfs)."""
+def registered(podman: Check, docker: Sequence[Check], docker_host: str | None) -> list[Engine]:
+    """The engines that doctor found nvc-py registered with (``podman``, ``docker``: their checks)."""
+    found = []
+    if podman.status == OK:
+        found.append(Engine("podman run", "", podman_start, in_place=True))
+    held = {c.name: c.status == OK for c in docker}
+    if held.get("docker") or held.get("docker --gpus"):
+        gpus_flag = held.get("docker --gpus", False)
+
+        def start(rootfs: str, command: Sequence[str], env: Mapping[str, str]) -> Result:
+            return docker_start(rootfs, command, env, docker_host, gpus_flag)
+
+        found.append(Engine("docker run", f"docker run {' '.join(_docker_ask(gpus_flag))}", start, in_place=False))
+    return found
+
+
+def run_containers(engines: Sequence[Engine]) -> list[Check]:
+    """One container per engine of ``engines``, running ``nvidia-smi -L``."""
     if not engines:
         return [skip("containers", "no engine with nvc-py registered to start one through")]
     with tempfile.TemporaryDirectory(prefix="nvc-doctor-") as work:
@@ -110,4 +189,4 @@ def run_containers(engines: dict[str, Callable[[str], Check]]) -> list[Check]:
         why = make_rootfs(rootfs)
         if why:
             return [skip("containers", f"--run {why}")]
-        return [start(rootfs) for start in engines.values()]
+        return [_verdict(engine.name, engine.start(rootfs, COMMAND, {}), engine.how) for engine in engines]

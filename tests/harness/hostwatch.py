@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from nvc.doctor.security import driver_files, fs_path
+
 from .hostile import tree
 
 CANARY = "nvc-host-canary"
@@ -37,21 +39,11 @@ def entries(top: Path) -> dict[str, tuple]:
     return {path: (entry[0], entry[-1]) for path, entry in snapshot(top).items()}
 
 
-# Real host places the classic attacks aim at (CVE-2024-0133: lib dir -> /etc). Other tests may
-# legitimately change these directories meanwhile, so only driver-named entries are looked for.
-HOST_DIRS = ("/etc", "/usr/bin", "/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/compat", "/")
-DRIVER_NAMES = ("libnvidia-", "libcuda.so", "nvidia-smi", "libGLX_indirect", "nvidia-persistenced")
-
-
 def driver_named_host_files() -> set[str]:
-    found = set()
-    for d in HOST_DIRS:
-        try:
-            names = os.listdir(d)
-        except FileNotFoundError:
-            continue
-        found |= {f"{d}/{n}" for n in names if n.startswith(DRIVER_NAMES)}
-    return found
+    """Driver-named entries of the host places the classic attacks aim at (CVE-2024-0133: lib dir -> /etc),
+    as doctor --security watches them. Other tests may legitimately change these directories meanwhile,
+    so only driver-named entries are looked for."""
+    return driver_files()
 
 
 def host_cache_state() -> tuple:
@@ -79,19 +71,6 @@ class HostWatch:
     def assert_unchanged(self) -> None:
         changes = self.changes()
         assert not changes, "; ".join(changes)
-
-
-def fs_path(path: Path) -> tuple[str, str]:
-    """(device, path inside its filesystem) of a host path, as mountinfo's fields 3 and 4 name it."""
-    best = ("", "", "/")
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        dev, root, point = fields[2], fields[3], fields[4]
-        if (str(path) + "/").startswith(point.rstrip("/") + "/") and len(point) >= len(best[2]):
-            best = (dev, root, point)
-    dev, root, point = best
-    rest = str(path)[len(point.rstrip("/")):]
-    return dev, (root.rstrip("/") + rest) or "/"
 
 
 def host_paths_in(mountinfo: str, allowed: tuple[Path, ...]) -> list[str]:
