@@ -42,12 +42,9 @@ struct pending {                     /* one launch, or a group of short ones on 
     double factors;                  /* their grid factors, summed */
     int64_t estimate;                /* what the scheduler was charged at launch time */
     int64_t queued_ns;               /* its expected duration: what it adds to the queue */
-    int64_t work;                    /* its kernels' own work (least elapsed, at their grids' part); -1: unknown */
     const void *key;                 /* the kernel (or graph) of a launch measured alone */
     uint64_t launched_ns, last_ns;   /* its first and last launch */
     int recorded;                    /* end event recorded (an unrecorded event queries as done) */
-    int late;                        /* recorded at a later launch or wait, not right after its own last: its
-                                      * elapsed time holds the host's gap since, no measure of its kernels */
     int settled;                     /* measured, waiting for older launches of other contexts */
     uint32_t gate;                   /* the generation of the gate it was queued behind; 0: none */
 };
@@ -102,20 +99,16 @@ static void settle_locked(struct pending *p)
     if (p->count > 0 && nvc_cuda.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
         int64_t full = (int64_t)((double)ms * 1e6);
         cost = (int64_t)((double)full * factor);
-        if (p->count == 1 && !p->late) {
+        if (p->count == 1) {
             /* running estimate of a full-device launch, weight 1/4 to the newest */
             int64_t per_full = factor > 0 ? (int64_t)((double)cost / factor) : full;
             estimate_ns[p->d] = estimate_ns[p->d] ? (3 * estimate_ns[p->d] + per_full) / 4 : per_full;
         }
         struct nvc_kernel_cost *own = p->key ? nvc_kernel_slot(p->key) : NULL;
-        if (own && !p->late) {
+        if (own) {
             own->ns = own->ns ? (own->ns + full) / 2 : full;
             own->work_ns = !own->work_ns || full < own->work_ns ? full : own->work_ns + (full - own->work_ns) / 256;
-        }
-        if (own && own->work_ns) {
             work = (int64_t)((double)own->work_ns * factor);
-        } else if (p->count > 1 && p->work > 0) {
-            work = p->work;              /* not the gaps between them: the GPU idled while the host launched */
         }
         /* When it ended: launched behind queued work, the previous end plus the time between the
          * two ends (the gap between kernels included: thousands of microsecond kernels add up);
@@ -172,8 +165,7 @@ static void harvest_locked(CUcontext ctx)
         head++;
     for (int d = 0; d < NVC_MAX_DEVICES; d++)
         if (settled[d])
-            if (!queue_of[d].queued)
-                nvc_sched_drained(settled[d], nvc_now_ns());
+            nvc_sched_queued(settled[d], nvc_now_ns(), queue_of[d].queued ? queue_of[d].inflight : 0);
 }
 
 struct launch {
@@ -193,10 +185,9 @@ static void record(CUevent ev, CUstream stream, int ptsz)
 }
 
 /* Adds launches (or takes back a failed one) to a pending entry. Caller holds launch_mu. */
-static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued, int64_t work)
+static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued)
 {
     int was = p->count > 0 && p->queued_ns == 0;
-    p->work = p->work < 0 || work < 0 ? -1 : p->work + work;
     p->count += count;
     p->factors += factor;
     p->estimate += estimate;
@@ -214,7 +205,6 @@ static void close_locked(int dev, CUcontext ctx)
         return;
     record(p->end, p->stream, p->ptsz);
     p->recorded = 1;
-    p->late = 1;
     has_open[dev] = 0;
 }
 
@@ -222,7 +212,7 @@ struct slot {                         /* where before_launch put a launch */
     int pending;                      /* it has a pending entry, at ring index at */
     unsigned at;
     int alone;                        /* measured alone: its entry closes right after it */
-    int64_t estimate, queued, work;
+    int64_t estimate, queued;
 };
 
 /* This device's launches still queued that are not behind gate generation closed (0: none is
@@ -330,7 +320,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     int64_t queued = own && own->ns ? own->ns : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
-        nvc_sched_launched(d->sched, now, queued);
+        nvc_sched_launched(d->sched, now, queue_of[dev].inflight + queued);
     /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
     int alone = !own || !own->ns || own->ns >= GROUP_NS(dev) / 4;
@@ -341,8 +331,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
         alone |= has_open[dev];          /* another context's group stays open: this one goes alone */
         g = NULL;
     }
-    int64_t work = own && own->work_ns ? (int64_t)((double)own->work_ns * l->factor) : -1;
-    *slot = (struct slot){0, 0, alone, estimate, queued, work};
+    *slot = (struct slot){0, 0, alone, estimate, queued};
     unsigned at = open_at[dev];
     if (!g && tail - head < MAX_PENDING) {
         CUevent start = nvc_event_get(ctx), end = start ? nvc_event_get(ctx) : NULL;
@@ -370,7 +359,7 @@ static void before_launch(struct nvc_device *d, const struct launch *l, CUcontex
     }
     launches_seen++;
     if (g) {
-        add_locked(g, 1, l->factor, estimate, queued, work);
+        add_locked(g, 1, l->factor, estimate, queued);
         g->key = g->count == 1 ? l->key : NULL;
         g->last_ns = now;
         slot->pending = 1;
@@ -398,15 +387,13 @@ static CUresult throttled(const struct launch *l, launch_fn fn, const void *args
         struct pending *p = AT(slot.at);
         if (slot.at - head < tail - head && !p->settled) {   /* still queued (another thread may have settled it) */
             if (rc != CUDA_SUCCESS)
-                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued,   /* nothing ran */
-                           slot.work < 0 ? 0 : -slot.work);
+                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued);   /* nothing ran */
             if (slot.alone && !p->recorded) {
                 record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
             } else if (has_open[p->d] && open_at[p->d] == slot.at &&
                        (p->queued_ns >= GROUP_NS(p->d) || p->count >= GROUP_MAX(p->d))) {
                 close_locked(p->d, ctx);
-                p->late = 0;             /* closed right after its last launch */
             }
         }
         pthread_mutex_unlock(&launch_mu);

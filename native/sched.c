@@ -79,7 +79,6 @@ static struct {                       /* the others' views of our device d, as l
 } read_of[NVC_MAX_DEVICES];
 static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES];   /* this process's view: under sched_mu */
 static uint32_t peers_active[NVC_MAX_DEVICES];  /* others active or with work queued on our device d, last look */
-static uint64_t drains_of[NVC_MAX_DEVICES];     /* when this process's launched work on device d should drain */
 static struct sched_file scan_buf;    /* a peer's file as read at a rescan (under sched_mu) */
 static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -389,22 +388,21 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
     return (int)decision;
 }
 
-/* Its launched work is published as busy until nvc_sched_busy_until says (from when this process's
- * launches should drain: nvc_sched_drains_at): one too early would make the others charge a shared
- * moment as theirs alone; one too late is cut short when its queue is seen drained. */
-void nvc_sched_drained(struct nvc_sched_entry *e, uint64_t now)
+/* Its queued work is published as busy until twice its estimate from now: the estimates are the
+ * kernels' elapsed times as last measured, and while more tenants share the GPU than then, the queue
+ * drains slower. One that is too early would make the others charge a shared moment as theirs alone;
+ * one too late is cut short when the work is measured (the queue drained). */
+void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
 {
-    __atomic_store_n(&drains_of[e - own->dev], now, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->busy_until_ns, now, __ATOMIC_RELEASE);
+    uint64_t until = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
+    uint64_t next = now + 2 * (uint64_t)(queued_ns > 0 ? queued_ns : 0);
+    if (queued_ns <= 0 || next > until)
+        __atomic_store_n(&e->busy_until_ns, queued_ns > 0 ? next : now, __ATOMIC_RELEASE);
 }
 
-void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t launch_ns)
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
 {
-    uint32_t d = (uint32_t)(e - own->dev);
-    uint64_t drains = nvc_sched_drains_at(__atomic_load_n(&drains_of[d], __ATOMIC_RELAXED), now,
-                                          (uint64_t)(launch_ns > 0 ? launch_ns : 1));
-    __atomic_store_n(&drains_of[d], drains, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->busy_until_ns, nvc_sched_busy_until(drains, now), __ATOMIC_RELEASE);
+    nvc_sched_queued(e, now, queued_ns > 0 ? queued_ns : 1);
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
 }
 
@@ -416,7 +414,9 @@ void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_
     pthread_mutex_lock(&sched_mu);
     uint64_t mine = nvc_sched_charge(&sharing_of[d], began_ns, ended_ns);
     pthread_mutex_unlock(&sched_mu);
-    uint64_t charged = nvc_sched_charged(cost_ns, mine, ended_ns > began_ns ? ended_ns - began_ns : 0, work_ns);
+    /* its share of the elapsed time, at the grid's part of the device, unless its work is known */
+    uint64_t charged = work_ns ? (work_ns < cost_ns ? work_ns : cost_ns)
+                       : ended_ns > began_ns ? (uint64_t)((double)cost_ns * (double)mine / (double)(ended_ns - began_ns)) : 0;
     __atomic_add_fetch(&e->busy_ns, cost_ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&e->charged_ns, charged, __ATOMIC_RELAXED);
     account(e, now, charged);
@@ -429,9 +429,7 @@ void nvc_sched_fork(enum nvc_fork_phase phase)
         pthread_mutex_lock(&sched_mu);
         return;
     }
-    if (phase == NVC_FORK_CHILD) {
+    if (phase == NVC_FORK_CHILD)
         memset(sharing_of, 0, sizeof sharing_of);
-        memset(drains_of, 0, sizeof drains_of);
-    }
     pthread_mutex_unlock(&sched_mu);
 }

@@ -63,23 +63,6 @@ uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t 
     return sharing;
 }
 
-uint64_t nvc_sched_drains_at(uint64_t drains, uint64_t now, uint64_t launch_ns)
-{
-    return (drains > now ? drains : now) + launch_ns;
-}
-
-uint64_t nvc_sched_busy_until(uint64_t drains, uint64_t now)
-{
-    return drains > now ? drains + (drains - now) : now;
-}
-
-uint64_t nvc_sched_charged(uint64_t cost, uint64_t mine, uint64_t elapsed, uint64_t work)
-{
-    if (work)
-        return work < cost ? work : cost;
-    return elapsed ? (uint64_t)((unsigned __int128)cost * mine / elapsed) : 0;
-}
-
 void nvc_sched_note(struct nvc_sched_history *h, uint64_t now, uint32_t sharing)
 {
     uint32_t last = (h->n - 1) % NVC_SCHED_HISTORY;

@@ -73,25 +73,6 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
  * about to queue work): the GPU time-slices between them. */
 uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t now);
 
-/* When a tenant's launched work should drain, after a launch of launch_ns (estimated): the GPU runs its
- * launches in order, so this one ends its estimate after the later of now and when the work before it
- * should drain (`drains`, the previous figure; a queue seen drained resets it to then). Work launched
- * earlier and not yet measured is in `drains` once: a launch-bound loop's short kernels, measured in
- * groups, complete long before its next launch, and counting its unmeasured ones again at every launch
- * published it busy throughout, holding its peers for a GPU that idled between its kernels. */
-uint64_t nvc_sched_drains_at(uint64_t drains, uint64_t now, uint64_t launch_ns);
-
-/* What it publishes as busy_until_ns: twice what remains of its work from now (while more tenants share
- * the GPU than when its kernels were measured, its queue drains slower); now when nothing remains. */
-uint64_t nvc_sched_busy_until(uint64_t drains, uint64_t now);
-
-/* What a measured launch or group of launches is charged: its kernels' own work where it is known (each
- * kernel's least elapsed time, at the grid's part of the device), no more than `cost` (its elapsed time at
- * that part); else its part of the elapsed time, `mine` of `elapsed` (nvc_sched_charge). A group's
- * elapsed time holds the gaps between its kernels, the GPU idle while the host prepared the next launch:
- * a launch-bound loop charged those had a share of most of the GPU while it kept it busy a fraction. */
-uint64_t nvc_sched_charged(uint64_t cost, uint64_t mine, uint64_t elapsed, uint64_t work);
-
 /* How many tenants shared the GPU when, as this process saw it (at every decision and measurement):
  * the changes, newest last, in a ring. */
 #define NVC_SCHED_HISTORY 64
