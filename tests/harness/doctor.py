@@ -24,9 +24,12 @@ def doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str
 
 
 @pytest.fixture
-def podman_conf(tmp_path: Path, active_2gpu) -> dict[str, str]:
+def podman_conf(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, active_2gpu) -> dict[str, str]:
     """podman configured by its own files for this test (hooks, CDI specs, storage; cgroupfs and runc,
-    which this machine needs), and nvc-py's configuration for the fake driver: the environment."""
+    which this machine needs), and nvc-py's configuration for the fake driver: the environment. The
+    runroot is short: podman refuses a --runroot over 50 characters, and one that long given in
+    storage.conf makes every attached `podman run` wait 20 s after its container ended."""
+    runroot = tmp_path_factory.mktemp("runroot")
     conf = tmp_path / "containers.conf"
     conf.write_text(f'[engine]\nhooks_dir = ["{tmp_path / "hooks.d"}"]\ncdi_spec_dirs = ["{tmp_path / "cdi"}"]\n'
                     'cgroup_manager = "cgroupfs"\nruntime = "runc"\nevents_logger = "file"\n'
@@ -34,7 +37,7 @@ def podman_conf(tmp_path: Path, active_2gpu) -> dict[str, str]:
                     '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n')
     storage = tmp_path / "storage.conf"
     storage.write_text(f'[storage]\ndriver = "vfs"\ngraphroot = "{tmp_path / "storage"}"\n'
-                       f'runroot = "{tmp_path / "runroot"}"\n')
+                       f'runroot = "{runroot}"\n')
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
     return {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage), "NVC_PY_CONFIG": str(config)}
