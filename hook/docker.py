@@ -76,6 +76,7 @@ class Plan(NamedTuple):
     mode: int
     link: Link
     notes: tuple[str, ...]
+    removing: bool = False  # --remove: daemon.json restored, so setup's backup of it goes too
 
     @property
     def changes(self) -> bool:
@@ -297,7 +298,7 @@ def plan_remove(config: str, name: str, hook_dir: str) -> Plan:
     before, mode = read_config(config)
     after = without_runtime(before, config, name) if before is not None else None
     link, _ = plan_link(hook_dir, False)
-    return Plan(config, before, after, mode, link, ())
+    return Plan(config, before, after, mode, link, (), removing=True)
 
 
 # --- changing the host ----------------------------------------------------------------------------
@@ -325,6 +326,8 @@ def apply(plan: Plan) -> list[str]:
         done.append(f"wrote {plan.config}")
     else:
         done.append(f"unchanged {plan.config}")
+    if plan.removing:
+        done += remove_files([plan.config + engineconf.BACKUP_SUFFIX])
     link = plan.link
     if link.after is None:
         done += remove_files([link.path]) if link.before is not None else []

@@ -345,8 +345,10 @@ def remove_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD
             imports.remove(drop_in)
             if not imports:
                 del main["imports"]
+            backup = config + engineconf.BACKUP_SUFFIX  # setup's: the file is restored, it goes too
             if main.unwrap() == {"version": 2}:  # what install_containerd made where there was no file
-                return remove_files_and_dirs([config, drop_in])
+                return remove_files_and_dirs([config, backup, drop_in])
             write_files({config: tomlkit.dumps(main)}, backup=(config,))
             done.append(f"removed {drop_in} from the imports of {config}")
+            done += remove_files([backup])
     return done + remove_files_and_dirs([drop_in])

@@ -205,7 +205,9 @@ def test_containerd_runtime_wrapper(active_2gpu, rootfs_cache, setup_dir: Path, 
         assert bad.returncode != 0 and "nvc-py-runtime: device error: 7: unknown device" in bad.stderr, bad.stderr
     finally:
         daemon.stop()
-    assert _log_lines(setup_dir)[-1]["container"] == "nvc-ctr-gpu"
+    *_, configured, refused = _log_lines(setup_dir)  # the GPU container's start, then the runtime's refusal
+    assert (configured["container"], configured["outcome"]) == ("nvc-ctr-gpu", "configured")
+    assert (refused["stage"], refused["container"], refused["outcome"]) == ("runtime", "nvc-ctr-bad", "error")
 
 
 def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup_dir: Path, tmp_path: Path) -> None:

@@ -118,8 +118,9 @@ def test_setup_podman_no_server(tmp_path: Path) -> None:
 
 def test_pip_reinstall_leaves_the_registered_hook_served(default_run_dir: Path, no_gpu_state,  # noqa: F811
                                                          tmp_path: Path) -> None:
-    """pip rewrites its console scripts at every install; the hooks.d entry names make install's front
-    in /usr/lib/nvc-py, which pip never writes, so the hook is still handed to the server."""
+    """A pip reinstall writes no console script (the package declares none) and leaves make install's
+    links to the fronts as they are; the hooks.d entry names the front in /usr/lib/nvc-py, which pip
+    never writes, so the hook is still handed to the server."""
     env, bundle = no_gpu_state
     setup_podman(tmp_path)
     entry = json.loads((tmp_path / "hooks.d" / "oci-nvc-py-hook.json").read_text())["hook"]
@@ -127,7 +128,7 @@ def test_pip_reinstall_leaves_the_registered_hook_served(default_run_dir: Path, 
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--no-build-isolation", "--force-reinstall", str(REPO)], check=True, capture_output=True,
                        cwd=tmp_path, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=300)
-        assert HOOK.read_bytes()[:2] == b"#!"  # pip's Python console script again
+        assert HOOK.read_bytes()[:4] == b"\x7fELF"  # still the link to the front: no console script
         assert Path(entry["path"]).read_bytes()[:4] == b"\x7fELF"
         with hook_server(HOOK, Path(handover.DEFAULT_SOCKET)):
             state = json.dumps({"ociVersion": "1.0.2", "id": "after-pip", "pid": os.getpid(), "bundle": str(bundle),
