@@ -228,7 +228,8 @@ def test_setup_containerd_remove(tmp_path: Path) -> None:
     assert drop_in.exists() and str(drop_in) in main.read_text()
     removed = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove",
                   check=True).stdout.splitlines()
-    assert removed == [f"removed {drop_in} from the imports of {main}", f"removed {drop_in}", f"removed {drop_in.parent}"]
+    assert removed == [f"removed {drop_in} from the imports of {main}", f"removed {main}.nvc-py.bak",
+                       f"removed {drop_in}", f"removed {drop_in.parent}"]
     assert main.read_text() == original and not drop_in.parent.exists()  # setup made conf.d: gone with its file
     main.unlink()  # no containerd configuration: setup makes one, --remove removes it again
     run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--no-server", check=True,
