@@ -24,16 +24,28 @@ STORM = 32
 
 
 def servers(sock: Path) -> list[int]:
-    """Pids of the ``nvc-py-hook serve`` processes of ``sock`` (not their workers, forked from them)."""
+    """Pids of the ``nvc-py-hook serve`` processes of ``sock``: those holding a listening socket
+    whose parent is none of them. Not their workers: a spare is the server's child, and a busy worker
+    closed the listening socket (once its server is killed it is an orphan with the same command line)."""
     wanted = f"\0serve\0--socket\0{sock}\0".encode()
+    listening = _listening_sockets()
     found = {}
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and wanted in (entry / "cmdline").read_bytes():
-                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if any(os.readlink(fd) in listening for fd in (entry / "fd").iterdir()):
+                    found[int(entry.name)] = parent
         except (OSError, IndexError, ValueError):
             continue
     return sorted(pid for pid, parent in found.items() if parent not in found)
+
+
+def _listening_sockets() -> set[str]:
+    """The listening Unix sockets (/proc/net/unix: Flags has __SO_ACCEPTCON), as a descriptor's link
+    names them (the path there is the bind's, through /proc/self/fd)."""
+    return {f"socket:[{line.split()[6]}]" for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+            if int(line.split()[3], 16) & 0x10000}
 
 
 def kill_servers(sock: Path) -> None:
