@@ -7,7 +7,7 @@
 # already is a virtual environment's interpreter (bench/gpu-env.sh's /tmp/site) is used as the
 # environment itself: no new one is made and pip-deps installs nothing into it, it only checks.
 PYTHON ?= /usr/bin/python3
-# As native/client/hook_client.c's PROGRAM_DIR and hook/engines.py's LIBDIR.
+# As native/client/hook_client.c's PROGRAM_DIR and hook/setup/engines.py's LIBDIR.
 LIBDIR := /usr/lib/nvc-py
 VENV := $(LIBDIR)/venv
 # Where users find the commands (links to the programs in $(LIBDIR)).
@@ -71,7 +71,7 @@ DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
-	print-test-python clean k8s-api deb deb-deps deb-lock FORCE
+	print-test-python dev clean k8s-api deb deb-deps deb-lock FORCE
 
 all: build
 
@@ -101,6 +101,13 @@ pip-deps: env
 			"installed (log: $(LOGDIR)/pip.log)"; \
 	fi
 
+## dev: a development environment in the checkout (.venv, editable: nvc.rpc and nvc.hook are rpc/ and hook/
+## through setup.cfg's package_dir), to run `.venv/bin/python -m nvc` and the pure tests from the source tree
+dev:
+	@[ -x .venv/bin/python ] || $(PYTHON) -m venv .venv
+	@.venv/bin/python -m pip install -q -e '.[test]'
+	@echo "dev: .venv/bin/python -m nvc runs this checkout's code (nvc.rpc from rpc/, nvc.hook from hook/)"
+
 ## print-test-python: the interpreter the tests run with (/work/bin/nvc-test asks)
 print-test-python:
 	@echo $(ENV_PYTHON)
@@ -113,7 +120,7 @@ native:
 		$(STEP) native "build: native/ (the sharing shim, the hook client)" $(MAKE) -C native
 
 # Every installed program lives in $(LIBDIR), which pip never writes, and the hooks.d, CDI, runtime
-# and systemd entries name it there (hook/engines.py): a later `pip install -U` rewrites its console
+# and systemd entries name it there (hook/setup/engines.py): a later `pip install -U` rewrites its console
 # scripts in the scripts directory, which only makes a typed `nvc-py` start an interpreter again.
 # $(call launcher,NAME,MODULE): $(LIBDIR)/NAME runs MODULE's run() in an isolated interpreter (-I:
 # no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment) that skips
@@ -127,7 +134,7 @@ define launcher
 endef
 
 # $(call front,NAME,MODULE): $(LIBDIR)/NAME is the native front (native/client/hook_client.c), which drops the
-# caller's unsafe variables (nvc/unsafe-environment.list), hands a call of nvc-py or nvc-py-hook to the hook server
+# caller's unsafe variables (nvc/system/unsafe-environment.list), hands a call of nvc-py or nvc-py-hook to the hook server
 # (starting one for a hook call where none runs) and otherwise runs $(LIBDIR)/NAME-python, the Python program;
 # the NAME console script and $(BINDIR)/NAME become links to the front.
 define front
@@ -161,7 +168,7 @@ FORCE:
 fronts:
 	$(call front,nvc-py,nvc.__main__)
 	$(call front,nvc-py-hook,nvc.hook.program)
-	$(call front,nvc-py-runtime,nvc.hook.runtime)
+	$(call front,nvc-py-runtime,nvc.hook.oci.runtime)
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: deps build
@@ -206,11 +213,11 @@ demo-plan:
 try: build
 	$(ENV_PYTHON) demo/try.py $(if $(CMD),--command '$(value CMD)')
 
-## uninstall: what make install, `nvc-py setup ...` and `cdi generate --output` put on the host (hook/maintainer.py's
+## uninstall: what make install, `nvc-py setup ...` and `cdi generate --output` put on the host (hook/setup/maintainer.py's
 ## unregister, as the Debian package's removal; PURGE=1: the log and /etc/nvc-py too)
 uninstall:
-	-@[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer stop-servers; \
-		[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.maintainer unregister; \
+	-@[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.setup.maintainer stop-servers; \
+		[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.setup.maintainer unregister; \
 		[ -x $(LIBDIR)/nvc-py-python ] && $(LIBDIR)/nvc-py-python setup server --remove
 	@for name in nvc-py nvc-py-hook nvc-py-runtime; do \
 		for link in $(BINDIR)/$$name "$(SCRIPTS_DIR)/$$name"; do \

@@ -1,4 +1,4 @@
-"""``nvc-py-hook``, the program: the hook's stages (:mod:`nvc.hook.prestart`) or ``serve``.
+"""``nvc-py-hook``, the program: the hook's stages (:mod:`nvc.hook.oci.prestart`) or ``serve``.
 
 The entry point sits above both the stages and the hook server (:mod:`nvc.hook.server`), since the
 server runs the stages, and nvc-py's CLI, for its callers: neither imports this module back.
@@ -10,9 +10,10 @@ import os
 import sys
 
 from nvc.errors import InputError, NvcError
-from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV, hand_over
-from nvc.hook.prestart import PROG, USAGE
-from nvc.hook.prestart import main as stages
+from nvc.hook.oci.entry import DEFAULT_SOCKET, SOCKET_ENV
+from nvc.hook.oci.prestart import PROG, USAGE
+from nvc.hook.oci.prestart import main as stages
+from nvc.hook.server.handover import hand_over
 
 
 def _serve(args: list[str]) -> int:
@@ -37,15 +38,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Console script entry point; exits without the interpreter's teardown (:mod:`nvc.quickexit`).
+    """Console script entry point; exits without the interpreter's teardown (:mod:`nvc.system.quickexit`).
 
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
-    Its streams are guarded (:mod:`nvc.stdio`): a closed or full stdout is one line and a status.
+    Its streams are guarded (:mod:`nvc.system.stdio`): a closed or full stdout is one line and a status.
     """
-    from nvc.loaderenv import restart_without_unsafe_variables
-    from nvc.quickexit import exit_now
-    from nvc.stdio import guarded, reopen_closed
+    from nvc.system.loaderenv import restart_without_unsafe_variables
+    from nvc.system.quickexit import exit_now
+    from nvc.system.stdio import guarded, reopen_closed
 
     reopen_closed()  # before the server's socket could become stdout
     restart_without_unsafe_variables()

@@ -2,9 +2,9 @@
 
 import sys
 
-from nvc.hook.handover import hand_over
-from nvc.loaderenv import restart_without_unsafe_variables
-from nvc.stdio import reopen_closed
+from nvc.hook.server.handover import hand_over
+from nvc.system.loaderenv import restart_without_unsafe_variables
+from nvc.system.stdio import reopen_closed
 
 reopen_closed()  # before anything opened (the server's socket, a helper's) could become stdout
 restart_without_unsafe_variables()  # before any import that may load a shared library
@@ -20,8 +20,8 @@ from nvc.commands.cli import main  # noqa: E402
 
 def run() -> None:
     """Exit with the CLI's status (console-script entry point), without the interpreter's
-    teardown (:mod:`nvc.quickexit` says why)."""
-    from nvc.quickexit import exit_now
+    teardown (:mod:`nvc.system.quickexit` says why)."""
+    from nvc.system.quickexit import exit_now
 
     exit_now(main())
 

@@ -5,9 +5,9 @@ and day, time with microseconds, process id, source location), the reference too
 format, so existing log tooling can read both. A message is one line, escaped and bounded.
 
 The file is opened without blocking (a FIFO without a reader is refused at once:
-:func:`nvc.untrusted.open_append`). A log that cannot be written (a full disk, /dev/full) loses its
+:func:`nvc.system.untrusted.open_append`). A log that cannot be written (a full disk, /dev/full) loses its
 lines, not the command's work: the handler leaves at its first failure, and the program's
-guarded streams (:func:`nvc.stdio.lost`) tell it once the command is done.
+guarded streams (:func:`nvc.system.stdio.lost`) tell it once the command is done.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import time
 
 from nvc.errors import InputError, one_line
-from nvc.untrusted import open_append
+from nvc.system.untrusted import open_append
 
 MAX_MESSAGE = 4000  # characters of one message: messages quote what images asked for
 
@@ -50,7 +50,7 @@ class _Handler(logging.Handler):
         try:
             os.write(self.fd, line.encode("utf-8", "backslashreplace"))
         except OSError as err:
-            from nvc import stdio
+            from nvc.system import stdio
 
             logging.getLogger("nvc").removeHandler(self)
             stdio.lost(f"{self.path}: debug log not written: {err.strerror}")

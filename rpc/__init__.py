@@ -5,5 +5,5 @@ Installed as ``nvc.rpc``: the parent plans, the forked helpers act with the leas
 Modules: ``protocol`` (length-prefixed JSON frames, versioned schema), ``helper`` (fork a
 named helper, serve a dispatch table in it, call it with a deadline, reap it) and ``driver_service`` (the
 ``nvc:[driver]`` helper: NVML loaded from the driver root; ``open_driver(...).snapshot()``). What
-each helper keeps of root's power is a row of :mod:`nvc.confinement`.
+each helper keeps of root's power is a row of :mod:`nvc.system.confinement`.
 """

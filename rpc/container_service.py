@@ -5,7 +5,7 @@ runs ldconfig's sandbox and programs the device cgroup, and has the helper commi
 
 Joining a mount namespace is a one-way trip for a process, and the caller (the CLI or the
 OCI hook) must stay in the host's. So a forked helper does it, holding only the
-capabilities mounting needs (:data:`nvc.confinement.CONTAINER_HELPER`), each raised only for the
+capabilities mounting needs (:data:`nvc.system.confinement.CONTAINER_HELPER`), each raised only for the
 step that uses it, with NO_NEW_PRIVS. It keeps what it did until the caller commits or rolls back, and
 notes each change in its journal as it makes it (nvc.rpc.helper): where it dies mid-apply (killed,
 crashed), a fresh helper undoes what the journal names (:meth:`ContainerClient.recover`).
@@ -47,7 +47,7 @@ def _received(pid: int | None, fds: tuple[int, ...]) -> AbstractContextManager[C
 def serve_container() -> Dispatch:
     """Helper setup: confine, then serve mount / rollback / commit for one plan."""
     from nvc.apply.applier import Applier
-    from nvc.confinement import CONTAINER_HELPER, confine
+    from nvc.system.confinement import CONTAINER_HELPER, confine
     from nvc.plan.operations import Plan
 
     confine(CONTAINER_HELPER)

@@ -24,7 +24,7 @@ from nvc.rpc.pool import WarmHelper
 if TYPE_CHECKING:  # imported where used: what this module loads delays the helper's fork (``info``)
     from pathlib import Path
 
-    from nvc.devices import DriverSnapshot
+    from nvc.model.devices import DriverSnapshot
     from nvc.discover.inventory import Inventory
 
 NVML_SONAME = "libnvidia-ml.so.1"
@@ -203,7 +203,7 @@ def _warm() -> None:
     import ctypes  # noqa: F401
     import pynvml  # noqa: F401
 
-    import nvc.confinement  # noqa: F401
+    import nvc.system.confinement  # noqa: F401
 
 
 def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatch:
@@ -211,7 +211,7 @@ def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatc
     also the Kubernetes device plugin's XID events and topology, nvc.rpc.nvml_events)."""
     import pynvml  # here, before the chroot: the module's file lives on the host
 
-    from nvc.confinement import DRIVER_HELPER, confine
+    from nvc.system.confinement import DRIVER_HELPER, confine
 
     if events:
         from nvc.rpc import nvml_events
@@ -233,7 +233,7 @@ def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatc
 
 def snapshot_from_wire(data: dict[str, Any]) -> DriverSnapshot:
     """Build the snapshot's records from the helper's JSON answer."""
-    from nvc.devices import DriverSnapshot, Gpu, MigDevice
+    from nvc.model.devices import DriverSnapshot, Gpu, MigDevice
 
     gpus = tuple(
         Gpu(

@@ -127,7 +127,7 @@ def die_with_parent() -> None:
     SIGKILL rather than the reference's SIGTERM: the child inherited the parent's Python
     signal handlers, which must not run here; there is nothing to clean up on parent death.
     The kernel clears the setting at a uid or gid change, so a helper that switches identity
-    (:func:`nvc.confinement.switch_identity`) calls this again afterwards.
+    (:func:`nvc.system.confinement.switch_identity`) calls this again afterwards.
     """
     prctl.set_pdeathsig(signal.SIGKILL)
     if os.getppid() != _parent_pid:  # the parent died before PDEATHSIG was armed

@@ -23,7 +23,7 @@ from nvc import errors
                          ids=["nvc-py", "nvc-py-hook", "nvc-py-runtime"])
 @pytest.mark.parametrize(("mode", "reason"), [("full", "No space left on device"), ("closed", "Bad file descriptor")])
 def test_lost_output_says_so(tmp_path: Path, argv: list[str], mode: str, reason: str) -> None:
-    """stdout full or closed: OutputError's line and status (see nvc/stdio.py), for each program."""
+    """stdout full or closed: OutputError's line and status (see nvc/system/stdio.py), for each program."""
     write_base_config(tmp_path, tmp_path)
     prog = Path(argv[0]).name
     with open("/dev/full", "wb") as full:

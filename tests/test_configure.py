@@ -315,7 +315,7 @@ def test_a_request_the_plan_refuses_leaves_no_helper_behind(active_2gpu, debian_
     plan refuses (no GPU 7 on this machine) ends that helper too, reaped, with nothing mounted."""
     from nvc.commands import configure
     from nvc.errors import NvcError
-    from nvc.options import GlobalOptions
+    from nvc.config.options import GlobalOptions
     from nvc.plan.request import from_flags
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)

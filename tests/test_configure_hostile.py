@@ -31,7 +31,7 @@ from harness.hostwatch import HostWatch, canary, host_paths_in, snapshot  # noqa
 from harness.installed import NVC
 from harness.markerlib import build_marker_library
 from harness.standins import target_process  # noqa: F401 - fixture
-from nvc import syscalls
+from nvc.system import syscalls
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 HOOK = """#!/bin/sh

@@ -2,7 +2,7 @@
 
 What a process holds is read from /proc/PID (capability sets, NO_NEW_PRIVS, seccomp mode, ids,
 root) and its rlimits through prlimit, while it runs, and compared with what its row of
-:mod:`nvc.confinement` says, so that the table cannot drift from the code that drops privileges.
+:mod:`nvc.system.confinement` says, so that the table cannot drift from the code that drops privileges.
 A row's None ("kept") means: as its parent holds it.
 """
 
@@ -24,8 +24,8 @@ import pytest
 
 from harness.hookserver import hook_server
 from harness.processes import status as _status
-from nvc import confinement
-from nvc.confinement import CONTAINER_HELPER, DRIVER_HELPER, LDCONFIG_SANDBOX, SERVER_WORKER, STEPS, Confinement
+from nvc.system import confinement
+from nvc.system.confinement import CONTAINER_HELPER, DRIVER_HELPER, LDCONFIG_SANDBOX, SERVER_WORKER, STEPS, Confinement
 
 REPO = Path(__file__).resolve().parent.parent
 SETS = {"CapBnd": "bounding", "CapPrm": "permitted", "CapEff": "effective", "CapInh": "inheritable"}

@@ -101,7 +101,7 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
     step on its handle, the container helper's mounts included, fails in one line, and the other
     process's mount namespace stays as it was (a step that looked the pid up again would mount there)."""
     from nvc.commands import configure
-    from nvc.options import GlobalOptions
+    from nvc.config.options import GlobalOptions
     from nvc.plan.request import from_flags
     from nvc.rpc import container_service
     from nvc.share import owner
@@ -150,7 +150,7 @@ def test_a_call_carries_descriptors_to_the_helper() -> None:
 def test_configure_resolves_the_container_once_and_lets_it_go(active_2gpu, debian_rootfs: Path) -> None:
     """A whole configure on a real process: its GPU mounted there, and no descriptor of it left open."""
     from nvc.commands import configure
-    from nvc.options import GlobalOptions
+    from nvc.config.options import GlobalOptions
     from nvc.plan.request import from_flags
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)

@@ -13,7 +13,7 @@ import pytest
 from nvc.discover import inventory, kmods, nodes, procfs
 from nvc.plan import selection
 from nvc.commands.cli import GlobalOptions, run_list
-from nvc.devices import Gpu, MigDevice
+from nvc.model.devices import Gpu, MigDevice
 from nvc.errors import DetectionError, DeviceError, InitializationError
 from nvc.rpc import driver_service
 from nvc.commands.listing import ListRequest
@@ -308,7 +308,7 @@ def test_mig_minors_are_looked_up_by_name(tmp_path: Path) -> None:
 
 
 def test_capability_lists() -> None:
-    from nvc import capabilities
+    from nvc.model import capabilities
     from nvc.errors import InputError
 
     every = capabilities.all_library_prefixes()

@@ -111,7 +111,7 @@ def test_list_devices_are_the_gpus_nodes(nvml) -> None:
 def test_list_libraries_are_the_driver_directory(nvml) -> None:
     """Exactly the driver's version-suffixed libraries of its library directory that nvc-py knows by name
     (on the H100 every one passes the ELF checks, libnvidia-tls's ABI note included)."""
-    from nvc import capabilities
+    from nvc.model import capabilities
 
     version = _text(nvml.nvmlSystemGetDriverVersion())
     listed = json.loads(nvc("list", "--json"))["libraries"]

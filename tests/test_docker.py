@@ -114,7 +114,7 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
 def test_text_edits_are_undone_exactly() -> None:
     """Adding as the first member in the object's own layout and removing it again, for layouts the
     CLI test does not cover; a runtimes object setup emptied goes too, an entry of ours it replaced too."""
-    from nvc.hook import docker
+    from nvc.hook.setup import docker
 
     entry = {"path": RUNTIME}
     for text in ("{}", " { }\n", '{"a":1,"b":[1,{"c":"}"}]}', '{\n\t"runtimes": {\n\t\t"x": {"path": "/x"}\n\t}\n}',
@@ -230,7 +230,7 @@ def test_runtime_adds_no_second_hook_where_gpus_hook_is_nvc_py(active_2gpu, fake
     """`--runtime nvc-py --gpus 1`: dockerd's hook is nvc-py's (through the link), so nvc-py-runtime
     adds none (two prestart hooks would configure the container twice)."""
     from nvc import config as config_load
-    from nvc.hook import runtime
+    from nvc.hook.oci import runtime
 
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n")

@@ -64,7 +64,7 @@ def test_a_cdi_spec_that_no_longer_lists_todays_devices_is_stale(podman_conf: di
 def test_a_stopped_server_is_found(podman_conf: dict[str, str], tmp_path: Path) -> None:
     """A server killed where it stood leaves its socket behind, with nobody answering on it."""
     from harness.hookserver import hook_server
-    from nvc.hook.handover import DEFAULT_SOCKET
+    from nvc.hook.server.handover import DEFAULT_SOCKET
 
     with hook_server(SCRIPTS / "nvc-py-hook", Path(DEFAULT_SOCKET)) as server:
         assert _checks(env=podman_conf)["hook server"]["status"] == "ok"

@@ -17,7 +17,7 @@ import pytest
 from harness.hookserver import LIBDIR
 from harness.installed import SCRIPTS
 from harness.markerlib import build_marker_library
-from nvc.loaderenv import is_unsafe
+from nvc.system.loaderenv import is_unsafe
 
 # A library the interpreter loads once running (behind ctypes); one it links (libz) would end it at its
 # start, before any constructor ran (the interpreter binds every symbol at load).
@@ -76,7 +76,7 @@ def _names(dump: Path) -> set[str]:
 
 def test_the_front_drops_what_the_python_programs_drop(hostile_env: tuple[dict[str, str], Path],
                                                        tmp_path: Path) -> None:
-    """The front, compiled with nvc/unsafe-environment.list, keeps exactly what nvc.loaderenv keeps."""
+    """The front, compiled with nvc/system/unsafe-environment.list, keeps exactly what nvc.system.loaderenv keeps."""
     env, marker = hostile_env
     env = {**env, "LD_BIND_NOW": "1", "PYTHONINSPECT": "1", "MALLOC_TRACE": str(tmp_path / "trace"), "TZDIR": "/x"}
     program, dump = _dumper(tmp_path)

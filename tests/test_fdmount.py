@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from nvc.apply import fdmount, rootfs
-from nvc import syscalls
+from nvc.system import syscalls
 from nvc.errors import MountError
-from nvc.syscalls import MountAttr
+from nvc.system.syscalls import MountAttr
 
 
 def _enosys(*_args: object, **_kwargs: object) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvc import config, configyaml
-from nvc.capabilities import CAPABILITIES
+from nvc import config
+from nvc.config import yamlfile as configyaml
+from nvc.model.capabilities import CAPABILITIES
 from nvc.errors import InputError
 
 

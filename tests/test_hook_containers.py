@@ -213,7 +213,7 @@ def test_containerd_runtime_wrapper(active_2gpu, rootfs_cache, setup_dir: Path, 
 def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup_dir: Path, tmp_path: Path) -> None:
     """On create: hook (once), device nodes and cgroup rules in the spec; other specs untouched."""
     from nvc import config as config_file
-    from nvc.hook import runtime
+    from nvc.hook.oci import runtime
 
     config = config_file.load(str(setup_dir / "config.yaml"))
     assert runtime.find_create(["--root", "/r", "--log", "l", "--systemd-cgroup", "create", "--bundle", "/b", "id"]) \

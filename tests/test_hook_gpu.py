@@ -80,7 +80,7 @@ def test_crun_runs_the_hook_from_where_podman_would_read_it(make_rootfs, gpu0_uu
     file's prestart entry as podman passes it on: the container sees GPU 0."""
     import subprocess
 
-    from nvc.hook import hooksdirs
+    from nvc.hook.setup import hooksdirs
 
     binary = shutil.which("crun")
     if binary is None:

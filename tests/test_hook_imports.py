@@ -57,5 +57,5 @@ def test_direct_hook_imports_only_what_the_call_needs(active_2gpu, runc, debian_
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(line["outcome"], "via" in line) for line in lines] == [(outcome, False)] * 2
     imported = _imported(err.read_text())
-    assert "nvc.hook.prestart" in imported  # the profile is the hook's
+    assert "nvc.hook.oci.prestart" in imported  # the profile is the hook's
     assert imported & never == set()

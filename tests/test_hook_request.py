@@ -7,7 +7,7 @@ import re
 import pytest
 
 from nvc.errors import InputError
-from nvc.capabilities import CAPABILITIES
+from nvc.model.capabilities import CAPABILITIES
 from nvc.containerenv import Policy, parse_env
 from nvc.containerenv.gpus import gpu_request
 from nvc.plan.request import Request

@@ -22,7 +22,7 @@ from harness.hookserver import LIBDIR
 from harness.installed import HOOK
 from harness.ondemand import log_lines, prestart
 from harness.ondemand import no_gpu_state  # noqa: F401  (fixture)
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 @pytest.mark.parametrize("argv", [

@@ -23,7 +23,7 @@ from harness.hookserver import REPO, hook_server
 from harness.installed import FRONT, HOOK
 from harness.ondemand import log_lines
 from harness.ondemand import no_gpu_state  # noqa: F401  (fixture)
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 def systemd_socket(path: Path, kind: int = socket.SOCK_SEQPACKET) -> socket.socket:

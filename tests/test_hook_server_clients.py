@@ -25,7 +25,7 @@ from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.hookserver import LIBDIR, hook_server
 from harness.installed import FRONT, HOOK
 from nvc import __version__
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 PYTHON_PROGRAM = LIBDIR / "nvc-py-python"  # what the front runs without a server

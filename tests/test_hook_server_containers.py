@@ -17,7 +17,7 @@ from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.hookserver import client_hook, hook_server
 from harness.installed import HOOK
 from harness.markerlib import assert_image_libraries_never_load
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 def hook_entry(setup_dir: Path, sock: Path, stage: str = "prestart", *env: str) -> dict:

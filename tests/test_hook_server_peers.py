@@ -30,7 +30,7 @@ from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.hookserver import hook_server
 from harness.installed import FRONT, HOOK
 from harness.landlock import landlock_abi, landlocked
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 def test_other_users_are_refused(served: Path) -> None:
@@ -129,7 +129,7 @@ def test_a_landlocked_root_caller_runs_the_program_itself(served: Path, client: 
     if client == "native":
         command, ran_here = [str(CLIENT), MISSING, *SERVED_HELP], (127, "", CANNOT_EXECUTE)
     else:
-        code = ("from nvc.hook.handover import hand_over; "
+        code = ("from nvc.hook.server.handover import hand_over; "
                 f"hand_over(['/x/nvc-py', {', '.join(map(repr, SERVED_HELP))}]); print('ran here')")
         command, ran_here = [sys.executable, "-c", code], (0, "ran here\n", "")
     env = {handover.SOCKET_ENV: str(served)}
@@ -338,7 +338,7 @@ def test_the_client_sends_nothing_to_a_server_that_is_not_roots(fake_server) -> 
 
 def test_the_python_client_sends_nothing_to_a_server_that_is_not_roots(fake_server) -> None:
     sock, proc = fake_server
-    code = "from nvc.hook.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
+    code = "from nvc.hook.server.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={handover.SOCKET_ENV: str(sock)}, timeout=30)
     assert (result.returncode, result.stdout) == (0, "ran here\n")

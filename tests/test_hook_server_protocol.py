@@ -20,7 +20,7 @@ from harness.hookcalls import call_directly, call_raw, message
 from harness.hookfixtures import served  # noqa: F401  (fixture)
 from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.installed import HOOK
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 def test_parse_call_reads_argv_and_drops_loader_variables() -> None:
@@ -66,7 +66,7 @@ def raw_fields(argv: list[bytes], env: list[bytes]) -> bytes:
 REFUSED = b"refused 2\nnvc-py-hook serve: refused a call: "
 POSTSTART = raw_fields([b"/x/nvc-py-hook", b"poststart"], [])
 BOGUS = raw_fields([b"/x/nvc-py", b"info", b"--bogus"], [])  # served (nvc.hook.server.scope); its line cannot be written:
-# its status still says what it was (2, a usage error: nvc.stdio drops what stderr refuses)
+# its status still says what it was (2, a usage error: nvc.system.stdio drops what stderr refuses)
 
 
 @pytest.mark.parametrize("data, fds, go, go_fds, answers", [

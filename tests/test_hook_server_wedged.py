@@ -32,7 +32,7 @@ from harness.hookserver import BUILT_CLIENT as CLIENT
 from harness.hookserver import hook_server
 from harness.installed import HOOK
 from harness.spares import spare_pids, stop
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 def hook_command(client: str, tmp_path: Path) -> tuple[list[str], str]:
@@ -140,7 +140,7 @@ def test_a_call_left_unanswered_keeps_the_next_calls_from_waiting(active_2gpu, s
     call waits the hand-over timeout and leaves a marker beside the socket (root's, 0600); 16
     concurrent calls after it run the hook at once. Once the marker is older than wedge.RETRY one
     call tries the server again, and a server that answers it removes the marker."""
-    from nvc.hook import wedge
+    from nvc.hook.server import wedge
 
     command, name = hook_command(client, tmp_path)
     with stopped_server(setup_dir, listener=False) as (_, env, resume):
@@ -169,7 +169,7 @@ def test_a_marker_that_is_no_file_of_roots_alone_is_ignored(served: Path, setup_
                                                             client: str, plant: str) -> None:
     """The marker is trusted under the socket directory's rules: anything but a regular file of
     root's that group and others cannot write keeps no call away, and is never written through."""
-    from nvc.hook import wedge
+    from nvc.hook.server import wedge
 
     marker = served.with_name(wedge.MARKER)
     target = tmp_path / "target"
@@ -235,7 +235,7 @@ def test_the_server_keeps_systemds_watchdog_fed_only_while_its_workers_take_call
 
 def test_a_server_clears_a_marker_as_it_starts(active_2gpu, setup_dir: Path) -> None:
     """Calls that found its predecessor wedged try a new server at once."""
-    from nvc.hook import wedge
+    from nvc.hook.server import wedge
 
     top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
     try:
@@ -294,7 +294,7 @@ def test_both_clients_read_nvc_py_hook_timeout_alike(tmp_path: Path) -> None:
     calls after it) each value bounds the wait for ``ready`` alike, and both say so in the same
     words; none waits for ever, as a value under 1 µs once did in the native client (its socket
     timeout rounded to 0, which means none)."""
-    code = "from nvc.hook.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
+    code = "from nvc.hook.server.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
     commands = {"native": ([str(CLIENT), MISSING, "--version"], (127, "", f"running {MISSING}\n{CANNOT_EXECUTE}")),
                 "python": ([sys.executable, "-c", code], (0, "ran here\n", "running here\n"))}
     cases = [(client, value) for client in commands for value, _ in TIMEOUTS]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from nvc.errors import InputError
-from nvc.hook import log, spec
-from nvc.hook.prestart import main
+from nvc.hook.oci import log, spec
+from nvc.hook.oci.prestart import main
 
 
 def short_id(value: object) -> str | None:
@@ -157,7 +157,7 @@ def test_runtime_wrapper_refuses_a_spec_of_the_wrong_shape(tmp_path: Path, monke
                                                            capsys: pytest.CaptureFixture[str], member: str,
                                                            value: object, message: str) -> None:
     """nvc-py-runtime edits hooks and linux of a GPU spec: a wrong type there is one line, not a traceback."""
-    from nvc.hook import runtime
+    from nvc.hook.oci import runtime
 
     (tmp_path / "c.yaml").write_text("load-kmods: false\n")
     monkeypatch.setenv("NVC_PY_CONFIG", str(tmp_path / "c.yaml"))

@@ -1,4 +1,4 @@
-"""Where podman and CRI-O read hooks (nvc/hook/hooksdirs.py), and `nvc-py setup podman|crio` writing there.
+"""Where podman and CRI-O read hooks (hook/setup/hooksdirs.py), and `nvc-py setup podman|crio` writing there.
 
 The resolution is checked on configuration chains laid out under a temporary root; the last test is
 the README's own path on this machine's podman with its own defaults (no --hooks-dir, no
@@ -19,8 +19,8 @@ import pytest
 from harness.fakegpus import H100, uuids as _uuids
 from harness.installed import SCRIPTS
 from nvc.errors import InputError
-from nvc.hook import hooksdirs
-from nvc.hook.hooksdirs import CRIO, DEFAULT_HOOKS_DIR, PODMAN, Resolved, resolve
+from nvc.hook.setup import hooksdirs
+from nvc.hook.setup.hooksdirs import CRIO, DEFAULT_HOOKS_DIR, PODMAN, Resolved, resolve
 
 
 def _write(root: Path, path: str, text: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from harness.k8splan import GIB, K8S, gpu as _gpu
 from nvc import config
-from nvc.devices import MigDevice
+from nvc.model.devices import MigDevice
 from nvc.errors import InputError
 from nvc.k8s import resources
 from nvc.k8s.health import Health

@@ -44,7 +44,7 @@ def test_k8s_section_is_validated_and_shown(tmp_path: Path) -> None:
 def test_the_deployed_node_config_gives_no_gpu_to_a_pod_that_asked_for_none() -> None:
     """deploy/config.yaml: the plugin answers by volume mounts and the hook believes only those for
     unprivileged containers, so a CUDA image's NVIDIA_VISIBLE_DEVICES=all selects nothing."""
-    from nvc.hook import prestart
+    from nvc.hook.oci import prestart
 
     node = config.parse((DEPLOY / "config.yaml").read_text(), str(DEPLOY / "config.yaml"))
     assert node.k8s.device_list_strategy == "volume-mounts"
@@ -61,7 +61,7 @@ def test_the_deployed_node_config_applies_its_policy_to_every_device_granting_de
     """deploy/config.yaml: a legacy CUDA image's default of every GPU (CUDA_VERSION, no
     NVIDIA_VISIBLE_DEVICES) passes the same policy as the variable, and so do IMEX channels asked
     for in a pod's own env, with an allocation (volume mounts) or without one."""
-    from nvc.hook import prestart
+    from nvc.hook.oci import prestart
 
     node = config.parse((DEPLOY / "config.yaml").read_text(), str(DEPLOY / "config.yaml"))
     policy = prestart.policy(node)

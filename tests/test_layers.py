@@ -28,9 +28,7 @@ SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hoo
 # (nvc.share.status, the status command, sits above the rest of nvc.share; nvc.commands.cli, the
 # program, and its setup commands, which drive nvc.hook's engine registration, above the commands it runs).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.untrusted", "nvc.stdio", "nvc.quickexit",
-                        "nvc.loaderenv", "nvc.syscalls", "nvc.devices", "nvc.capabilities", "nvc.options",
-                        "nvc.config", "nvc.configyaml", "nvc.runcache", "nvc.confinement"})),
+    ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.system", "nvc.config", "nvc.model"})),
     ("discover", frozenset({"nvc.discover"})),
     ("plan", frozenset({"nvc.plan", "nvc.containerenv"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
@@ -46,8 +44,6 @@ def _modules() -> dict[str, Path]:
     for package, folder in SOURCES.items():
         for path in sorted(folder.rglob("*.py")):
             parts = path.relative_to(folder).with_suffix("").parts
-            if package == "nvc" and parts[0] in ("rpc", "hook"):
-                continue  # the links to rpc/ and hook/, read as nvc.rpc and nvc.hook
             name = ".".join((package, *parts))
             found[name.removesuffix(".__init__")] = path
     return found
@@ -106,6 +102,25 @@ def test_every_module_has_a_layer() -> None:
 def test_imports_go_down_the_layers(module: str) -> None:
     upward = sorted(f"{dep} ({LAYERS[_rank(dep)][0]})" for dep in GRAPH[module] if _rank(dep) > _rank(module))
     assert upward == [], f"{module} ({LAYERS[_rank(module)][0]}) imports a higher layer"
+
+
+# nvc.hook's three packages, bottom first: the OCI side (hook, CDI hooks, runtime wrapper), the hook
+# server that runs its calls, the engines' registration that sets both up. nvc.hook.program, the
+# nvc-py-hook program, sits above the first two.
+HOOK_PACKAGES = ("nvc.hook.oci", "nvc.hook.server", "nvc.hook.setup")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith(HOOK_PACKAGES)))
+def test_hook_packages_import_down_and_no_private_names(module: str) -> None:
+    """A hook package imports only the ones below it, and no ``_private`` name of another package."""
+    own = next(i for i, package in enumerate(HOOK_PACKAGES) if module.startswith(package + ".") or module == package)
+    above = [dep for dep in GRAPH[module] for i, package in enumerate(HOOK_PACKAGES)
+             if i > own and (dep == package or dep.startswith(package + "."))]
+    assert above == [], f"{module} imports a hook package above its own"
+    private = [f"{node.module}.{alias.name}" for node in ast.walk(ast.parse(MODULES[module].read_text()))
+               if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nvc.hook.")
+               and not node.module.startswith(HOOK_PACKAGES[own]) for alias in node.names if alias.name.startswith("_")]
+    assert private == [], f"{module} imports another hook package's private names"
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -393,9 +408,9 @@ def test_the_architecture_page_shows_the_layers() -> None:
 
 
 def test_the_architecture_page_shows_what_each_process_keeps() -> None:
-    """Its process table is nvc.confinement's: the capabilities each process keeps, its root and its
+    """Its process table is nvc.system.confinement's: the capabilities each process keeps, its root and its
     identity, row for row."""
-    from nvc import confinement
+    from nvc.system import confinement
 
     def kept(row: confinement.Confinement) -> str:
         return "the server's" if row.permitted is None else ", ".join(row.permitted) or "none"
@@ -410,9 +425,7 @@ def test_the_architecture_page_places_every_folder_and_native_file() -> None:
     is in the shim's table."""
     folders = set().union(*(quoted(name) for name in doc_table("Where each file sits")))
     packages = {f"{path.parent.relative_to(REPO)}/" for path in REPO.glob("*/**/__init__.py")
-                if path.parent.relative_to(REPO).parts[0] in ("nvc", "rpc", "hook")
-                and path.parent.relative_to(REPO).parts[:2] not in (("nvc", "rpc"), ("nvc", "hook"))
-                and path.parent != REPO / "nvc"}
+                if path.parent.relative_to(REPO).parts[0] in ("nvc", "rpc", "hook") and path.parent != REPO / "nvc"}
     assert sorted((packages | {"native/", "native/client/"}) - folders) == []
     shim = set().union(*(quoted(name) for name in doc_table("The sharing shim (native/)")))
     assert sorted({path.name for path in (REPO / "native").glob("*.c")} - shim) == []

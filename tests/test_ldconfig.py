@@ -22,8 +22,8 @@ import pytest
 from nvc.errors import LdcacheError
 from nvc.apply.container import ContainerHandle
 from nvc.apply.ldconfig import run_ldconfig, start_ldconfig
-from nvc.confinement import SECCOMP_FILTERS, seccomp_cache_header
-from nvc.confinement import SECCOMP_CACHE as CACHES
+from nvc.system.confinement import SECCOMP_FILTERS, seccomp_cache_header
+from nvc.system.confinement import SECCOMP_CACHE as CACHES
 
 SECCOMP_ALLOW, SECCOMP_CACHE = SECCOMP_FILTERS["ldconfig"], CACHES.format("ldconfig")
 
@@ -147,7 +147,7 @@ def test_without_the_new_mount_api(root: Path, container: ContainerHandle, monke
     """Kernels without open_tree: the rootfs is bound through /proc/self/fd and checked."""
     import errno
 
-    from nvc import syscalls
+    from nvc.system import syscalls
 
     def enosys(*_args, **_kwargs) -> int:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
@@ -318,7 +318,7 @@ def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, containe
     even by root; whatever ldconfig reads or writes there, it cannot reach a device. Kernels
     without mount_setattr get a classic remount of the rootfs mount."""
     if api == "remount":
-        from nvc import syscalls
+        from nvc.system import syscalls
 
         def enosys(*_args, **_kwargs) -> None:
             raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))

@@ -1,4 +1,4 @@
-"""nvc.hook.maintainer and nvc.hook.purge, which the Debian package's maintainer scripts run (test_deb.py runs them for
+"""nvc.hook.setup.maintainer and nvc.hook.setup.purge, which the Debian package's maintainer scripts run (test_deb.py runs them for
 real, in a root of their own): which processes ``stop-servers`` signals, judged from the real /proc
 of processes shaped like a server, its worker, a server still starting and a stranger; which CDI
 specs ``unregister`` removes. Nothing here signals a process or removes a file of the host's.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nvc.hook import maintainer, purge
+from nvc.hook.setup import maintainer, purge
 
 SERVER_ARGS = ("/usr/lib/nvc-py/nvc-py-hook-python", "serve", "--socket", "/run/nvc-py/hook.sock")
 # A server: catches SIGTERM, and forks a worker that does not (as nvc.hook.server's spares).
@@ -103,7 +103,7 @@ def test_unregister_removes_the_cdi_specs_that_name_the_hook(tmp_path: Path) -> 
     assert sorted(p.name for p in etc.iterdir()) == ["fifo.yaml", "link.yaml", "other.yaml"]
 
 
-# --- nvc.hook.purge: what postrm's purge removes (test_deb.py runs it through dpkg) -------------------
+# --- nvc.hook.setup.purge: what postrm's purge removes (test_deb.py runs it through dpkg) -------------------
 
 # Run in a mount namespace of its own (its mounts vanish with it), in the tree $R: after the set-up,
 # the purge (its file run alone, nvc not on the path, as postrm runs it), then what is still mounted under $R.

@@ -11,7 +11,7 @@ import pytest
 
 from nvc.plan import mountplan
 from nvc.plan.devfilter import DeviceRule
-from nvc.devices import Gpu, MigDevice
+from nvc.model.devices import Gpu, MigDevice
 from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
 from nvc.plan.mountplan import Bind, ContainerFacts, HostFacts, HostMount, MakeDir, Seal, Symlink, Tmpfs, WriteFile

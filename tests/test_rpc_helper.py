@@ -23,7 +23,7 @@ from harness.processes import status as _status
 from harness.helperroot import jail  # noqa: F401  (fixture)
 from nvc import errors
 from nvc.rpc import helper
-from nvc.confinement import DRIVER_HELPER, confine
+from nvc.system.confinement import DRIVER_HELPER, confine
 from nvc.rpc.helper import HelperClient
 
 
@@ -267,7 +267,7 @@ def test_helper_dies_with_its_parent(confined: bool) -> None:
         import time
         from nvc import errors
         from nvc.rpc import helper, protocol
-        from nvc.confinement import DRIVER_HELPER, confine
+        from nvc.system.confinement import DRIVER_HELPER, confine
         from nvc.rpc.helper import HelperClient
         client = HelperClient.spawn("orphan", lambda: ({become}, {{"sleep": lambda: time.sleep(60)}})[1], failure=errors.DriverError)
         # Queued before the parent dies, so the helper is busy, not reading: an EOF on its

@@ -17,8 +17,8 @@ from harness.processes import children as _children
 from harness.processes import status as _status
 from harness.helperroot import jail  # noqa: F401  (fixture)
 from nvc import errors
-from nvc.confinement import CONTAINER_HELPER
-from nvc.devices import DriverSnapshot
+from nvc.system.confinement import CONTAINER_HELPER
+from nvc.model.devices import DriverSnapshot
 from nvc.rpc.driver_service import brand_name, bus_id, open_driver, overflow_ids, snapshot_from_wire
 
 

@@ -1,7 +1,7 @@
 """nvc-py-runtime's front passes calls that need nothing of nvc-py straight to the runtime, as the Python
 program would: the same runtime, arguments, environment, descriptors, stdin, process (signals reach the
 runtime) and exit status; a create whose spec could ask for a GPU, --help/--version, and any doubt about
-the runtime cache go to the program (native/client/runtime_front.c, hook/runtimecache.py)."""
+the runtime cache go to the program (native/client/runtime_front.c, hook/oci/runtimecache.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.hookserver import LIBDIR
-from nvc.hook.runtimecache import CACHE_PATH as CACHE
+from nvc.hook.oci.runtimecache import CACHE_PATH as CACHE
 
 RUNTIME = LIBDIR / "nvc-py-runtime"
 STANDIN = """#!/bin/sh

@@ -1,5 +1,5 @@
 """``nvc-py setup docker|podman|containerd|crio`` and their ``--remove`` on hostile engine configuration
-files (nvc/hook/engineconf.py): a symbolic link to another file, a FIFO, a character device (/dev/zero's
+files (hook/setup/engineconf.py): a symbolic link to another file, a FIFO, a character device (/dev/zero's
 numbers), a directory, a 3 MiB file, garbage, nesting 100000 deep, a hooks_dir of 100000 components.
 Each is refused with exit 2 and one line naming the file, no traceback, and nothing written anywhere:
 the link's target and everything else in the scratch tree stay as they were, byte for byte.
@@ -202,7 +202,7 @@ def test_parse_bounded_refuses_deeper_than_its_limit() -> None:
     well: whatever walks it afterwards (daemon.json's text edit) must not recurse that deep."""
     import json
 
-    from nvc.hook import engineconf
+    from nvc.hook.setup import engineconf
 
     ok = "[" * engineconf.MAX_DEPTH + "]" * engineconf.MAX_DEPTH
     assert engineconf.parse_bounded(json.loads, ok, "f") is not None
@@ -218,7 +218,7 @@ def test_parse_bounded_refuses_deeper_than_its_limit() -> None:
 def test_a_rewrite_is_a_rename_keeping_the_previous_file_as_backup(tmp_path: Path, engine: str, text: str) -> None:
     """The previous file, the very inode, becomes FILE.nvc-py.bak (a link planted there is replaced,
     its target untouched), the new text is renamed in, and --remove restores the text byte for byte."""
-    from nvc.hook import engineconf
+    from nvc.hook.setup import engineconf
 
     made = Scratch(tmp_path / "s", tmp_path / "overlay-work", ENGINES[engine])
     for directory in ("nvc", "conf", "bin", "elsewhere"):
@@ -248,7 +248,7 @@ def test_a_rewrite_is_a_rename_keeping_the_previous_file_as_backup(tmp_path: Pat
 
 
 def test_package_removal_refuses_each_hostile_file_in_one_line(tmp_path: Path) -> None:
-    """``python -I -m nvc.hook.maintainer unregister`` (what the package's removal runs) on the host's
+    """``python -I -m nvc.hook.setup.maintainer unregister`` (what the package's removal runs) on the host's
     own paths, in a private mount namespace: /etc and /usr overlays with upper directories of the
     test's, /run a tmpfs (no systemd to call). A linked daemon.json, a FIFO for containerd's
     config.toml and a podman drop-in with a hooks_dir of 100000 components: a line each, exit 1 (the
@@ -270,7 +270,7 @@ def test_package_removal_refuses_each_hostile_file_in_one_line(tmp_path: Path) -
               ' && mount -t overlay overlay -o "lowerdir=/usr,upperdir=$3,workdir=$2/usr" /usr'
               ' && mount -t tmpfs tmpfs /run && shift 3 && exec "$@"')
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(upper),
-                             str(work), str(tmp_path / "usr"), sys.executable, "-I", "-m", "nvc.hook.maintainer",
+                             str(work), str(tmp_path / "usr"), sys.executable, "-I", "-m", "nvc.hook.setup.maintainer",
                              "unregister"], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 1, result

@@ -35,7 +35,7 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     prints them and makes nothing; applying makes them, then the mounts that show them in the
     container; a later step failing removes them again."""
     from nvc.commands import configure
-    from nvc.options import GlobalOptions
+    from nvc.config.options import GlobalOptions
     from nvc.errors import MountError
     from nvc.plan.request import HostMount, from_flags
     from nvc.rpc import container_service

@@ -46,13 +46,13 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "nvc-py"
-LIBDIR = "/usr/lib/nvc-py"  # as the Makefile's and hook/engines.py's
+LIBDIR = "/usr/lib/nvc-py"  # as the Makefile's and hook/setup/engines.py's
 VENV = f"{LIBDIR}/venv"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the distribution's: what Depends names
 DEBIAN = Path("deploy/debian")  # in the source tree: maintainer scripts, logrotate, lintian overrides, lock
 LOCK = DEBIAN / "python-lock.txt"
 SOURCE_COMMIT = DEBIAN / "source-commit"  # git archive writes the commit in (export-subst)
-PURGE_MODULE = Path("hook/purge.py")  # postrm's purge: written into it (the module's docstring says why)
+PURGE_MODULE = Path("hook/setup/purge.py")  # postrm's purge: written into it (the module's docstring says why)
 PURGE_MARK = "@PURGE_PY@"
 MAINTAINER = "nvc-py developers <dev@nvc-py.invalid>"
 # Shipped, never enabled: the admin turns them on where a node runs them.
@@ -345,7 +345,7 @@ def files(source: Path, root: Path) -> None:
     """Run by the staged environment's interpreter (nvc importable): the hooks.d files, units,
     bash completion and configuration file, each from the code that makes or reads them."""
     from nvc import config
-    from nvc.hook import engines, hooksdirs
+    from nvc.hook.setup import engines, hooksdirs
 
     texts = engines.hook_files(str(root / hooksdirs.DEFAULT_HOOKS_DIR.lstrip("/")))
     units = root / unit_dir()

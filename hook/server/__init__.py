@@ -8,7 +8,7 @@ environment, the three standard streams and the working directory (SCM_RIGHTS) o
 SOCK_SEQPACKET connection (the exchange: :mod:`.exchange`); a hook script may hand ``nvc-py configure``
 over the same way. The server keeps one worker forked ahead (so no fork is on a call's path); the worker that takes a
 call makes the server fork the next, takes the caller's streams and directory as its own, runs
-:func:`nvc.hook.prestart.main` (or :func:`nvc.commands.cli.main` for ``nvc-py``) exactly as the console
+:func:`nvc.hook.oci.prestart.main` (or :func:`nvc.commands.cli.main` for ``nvc-py``) exactly as the console
 script would, and answers ``exit N``.
 Before the first fork the server imports everything a call needs and plans once without a
 container (a dry run), so a worker starts with warm caches. A spare left idle for
@@ -27,7 +27,7 @@ the server restarts: a worker that finds the installed code changed (:mod:`.upgr
 It runs the hook's stages and ``nvc-py configure``/``info``/``list`` (:mod:`.scope`);
 anything else is answered "fall back" and runs in the caller. It is started by systemd's socket
 unit or on demand by a hook client (:mod:`.activation`); an on-demand one exits when idle.
-A wedged server costs the clients one hand-over timeout (:mod:`nvc.hook.wedge`): a starting server
+A wedged server costs the clients one hand-over timeout (:mod:`nvc.hook.server.wedge`): a starting server
 removes the marker a client left for its predecessor; under systemd it feeds the watchdog from its
 accept loop while its workers take calls (:mod:`.watchdog`), and is replaced when it stops;
 without, a hook call that finds it wedged replaces it (native/client/server_start.c).
@@ -45,6 +45,6 @@ keeps forked, its idle exit and stop); :mod:`.worker`, a worker's life from spar
 :mod:`.exchange`, one call's exchange with its caller and the call run; :mod:`.sockets`, the
 listening socket and a connection's peer; :mod:`.peer`, whom a worker serves; :mod:`.upgrade`, the
 installed code's stamp; :mod:`.scope`, :mod:`.activation` and :mod:`.watchdog` as above. The
-client's side stays in :mod:`nvc.hook.handover` and :mod:`nvc.hook.wedge`: the hook program imports it
+client's side stays in :mod:`nvc.hook.server.handover` and :mod:`nvc.hook.server.wedge`: the hook program imports it
 at every call, and nothing of the server.
 """

@@ -23,13 +23,13 @@ import sys
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.hook.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, STAMP_DIGITS,
+from nvc.hook.server.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, STAMP_DIGITS,
                                CallError, parse_call)
 from nvc.hook.server import scope
 from nvc.hook.server.peer import Standing, caller_shortfall, reaches_worker
 from nvc.hook.server.sockets import peer_credentials, peer_pidfd
 from nvc.hook.server.upgrade import stale
-from nvc.untrusted import decimal
+from nvc.system.untrusted import decimal
 
 GO_TIMEOUT = 10.0  # seconds a worker waits for the caller's ``go`` after ``ready``
 

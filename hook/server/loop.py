@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 
-from nvc.hook import wedge
+from nvc.hook.server import wedge
 from nvc.hook.server import activation, upgrade, watchdog
 from nvc.hook.server.exchange import Programs
 from nvc.hook.server.peer import own_standing
@@ -32,10 +32,10 @@ SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 SERVER_NICE_BOOST = 10
 # What a prestart call imports, lazily or in its forked children: imported once, here (not
 # pyseccomp: ldconfig's sandbox loads its filter from root's cache, compiled once per boot).
-PRELOAD = ("nvc.hook.prestart", "nvc.containerenv.gpus", "nvc.hook.spec", "nvc.hook.log", "nvc.config",
+PRELOAD = ("nvc.hook.oci.prestart", "nvc.containerenv.gpus", "nvc.hook.oci.spec", "nvc.hook.oci.log", "nvc.config",
            "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
            "nvc.rpc.container_service", "nvc.containerenv.sharing", "nvc.apply.sharefiles", "nvc.discover.kmods",
-           "nvc.debuglog", "nvc.hook.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
+           "nvc.debuglog", "nvc.hook.oci.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
            "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pynvml", "yaml", "json", "resource")
 
@@ -73,7 +73,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
     for module in PRELOAD:
         importlib.import_module(module)
     from nvc.commands.cli import main as cli_main
-    from nvc.hook.prestart import main as hook_main
+    from nvc.hook.oci.prestart import main as hook_main
 
     scratch = os.path.abspath(os.path.dirname(path) or ".")  # checked by socket_directory
     warm_up(scratch)

@@ -9,7 +9,7 @@ import struct
 
 from nvc.errors import InputError
 from nvc.hook.server.peer import SO_PEERPIDFD
-from nvc.untrusted import directory_problem
+from nvc.system.untrusted import directory_problem
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """systemd's watchdog for the hook server: ``WATCHDOG=1`` over ``$NOTIFY_SOCKET`` (the sd_notify
 protocol: one datagram to an AF_UNIX socket, an abstract one where the path begins with ``@``).
 
-The server's unit sets ``WatchdogSec=`` (:func:`nvc.hook.engines.server_unit`); systemd passes
+The server's unit sets ``WatchdogSec=`` (:func:`nvc.hook.setup.engines.server_unit`); systemd passes
 ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``, the process meant) and kills and restarts a server that
 sends nothing for that long. The server sends from its accept loop, every half of the period, and
 only while calls are taken (:meth:`Watchdog.tick`): a server whose loop runs but whose workers take

@@ -4,7 +4,7 @@ call, answers it, then waits for its helpers and exits.
 Per-call figures, for benchmarks: with ``$NVC_PY_SERVE_STATS`` set to a file when the server
 starts, each worker appends one JSON line once its call is done: ``queue_ms``, how long the call
 waited between the client's connect (the stamp the client sends,
-:data:`nvc.hook.handover.CONNECTED_ENV`) and a worker's accept (null for a client that sends none);
+:data:`nvc.hook.server.handover.CONNECTED_ENV`) and a worker's accept (null for a client that sends none);
 ``worker_ms``, from that accept to the answer sent; ``cpu_ms``, the worker's user+system CPU since
 it was forked as a spare, its helpers' included.
 So a storm's p99 shows whether calls queue for a worker or run slowly once taken.
@@ -89,7 +89,7 @@ def warm_up(scratch: str, say: bool = True) -> None:
     from nvc import config as config_file
     from nvc.commands.configure import plan
     from nvc.errors import NvcError
-    from nvc.hook.prestart import global_options
+    from nvc.hook.oci.prestart import global_options
     from nvc.plan.request import Request
 
     try:

@@ -1,7 +1,7 @@
 /* The front drops the caller's loader, libc and Python variables before it executes the Python program
  * or hands the call over: the interpreter would load an LD_PRELOAD library or search an LD_LIBRARY_PATH
- * as root before its own restart could drop them (nvc/loaderenv.py says why), and a program started
- * after that must not see them either. The names come from nvc/unsafe-environment.list, compiled in
+ * as root before its own restart could drop them (nvc/system/loaderenv.py says why), and a program started
+ * after that must not see them either. The names come from nvc/system/unsafe-environment.list, compiled in
  * (native/Makefile writes unsafe_env.h from it), so the front and the Python programs drop the same. */
 #include <stdlib.h>
 #include <string.h>

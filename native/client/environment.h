@@ -1,4 +1,4 @@
-/* The variables no root program of nvc-py lets its caller choose (nvc/unsafe-environment.list). */
+/* The variables no root program of nvc-py lets its caller choose (nvc/system/unsafe-environment.list). */
 #ifndef NVC_CLIENT_ENVIRONMENT_H
 #define NVC_CLIENT_ENVIRONMENT_H
 

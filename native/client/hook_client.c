@@ -12,7 +12,7 @@
  * (/proc/self/exe), not argv[0]'s. As nvc-py-runtime's front it hands nothing over: it executes the runtime
  * itself where the call only passes through (runtime_front.c), else the program.
  *
- * Whatever the name, it first drops from its environment every variable of nvc/unsafe-environment.list
+ * Whatever the name, it first drops from its environment every variable of nvc/system/unsafe-environment.list
  * (environment.c): neither the Python program it executes nor the server's worker sees them.
  *
  * A Python program pays for an interpreter start and its imports at every run (most of its cost:
@@ -33,7 +33,7 @@
  * host is served without setting a daemon up. A call no worker read (the server was killed with it
  * queued) is reset by the kernel (ECONNRESET) before `ready`: that one falls back too.
  *
- * A call is an exchange (see nvc/hook/handover.py): the message with the working directory; `ready PID FD`
+ * A call is an exchange (see hook/server/handover.py): the message with the working directory; `ready PID FD`
  * with the worker's pidfd (or a refusal: `fall back`, or `refused N` and a line this client writes on
  * stderr); `go` with the three standard streams and /proc/PID/fd/FD opened (the worker's end of the
  * connection: the proof that no Landlock domain confines this process more than the worker, see
@@ -79,7 +79,7 @@
 #define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
 /* The last environment entry sent: CLOCK_MONOTONIC as it connects, ns, STAMP_DIGITS digits written just
- * before connecting (the server's queue wait; it removes the entry). As nvc/hook/handover.py's. */
+ * before connecting (the server's queue wait; it removes the entry). As hook/server/handover.py's. */
 #define CONNECTED_ENV "NVC_PY_HOOK_CONNECTED="
 #define STAMP_DIGITS 20
 
@@ -288,7 +288,7 @@ static ssize_t first_answer(int sock, int dirfd, int watch, long long timeout_us
     }
 }
 
-/* $NVC_PY_HOOK_TIMEOUT in microseconds, for a served call's status: the grammar of nvc/hook/handover.py's
+/* $NVC_PY_HOOK_TIMEOUT in microseconds, for a served call's status: the grammar of hook/server/handover.py's
  * timeout_us (decimal seconds, rounded up to whole microseconds); DEFAULT_TIMEOUT_US where it is unset or
  * not such a value. */
 static long long call_timeout(void)
@@ -407,7 +407,7 @@ int main(int argc, char **argv)
         fall_back(argv);
     /* A stream the runtime left closed is passed as /dev/null, never as another open file; read-only,
      * so a write to it fails as on the closed descriptor and the program says it lost its output
-     * (nvc/stdio.py), where it runs. */
+     * (nvc/system/stdio.py), where it runs. */
     for (int fd = 0; fd < 3; fd++)
         if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDONLY) != fd)
             fall_back(argv);

@@ -8,7 +8,7 @@
  *   bundle's config.json is a JSON object none of whose bytes could ask for a GPU (no NVIDIA_VISIBLE_DEVICES,
  *   no CUDA_VERSION (a legacy image's default), no nvidia-container-devices volume, no \u escape that could
  *   spell one): nvc/containerenv/gpus.py's gpu_request would find nothing in it;
- * - and the runtime cache (hook/runtimecache.py) names the runtime: the program writes it after resolving
+ * - and the runtime cache (hook/oci/runtimecache.py) names the runtime: the program writes it after resolving
  *   the configuration's `runtimes`, keyed by the configuration file's identity, PATH and PATH's directories,
  *   and this front believes only root's own file in root's own /run/nvc-py, and a key equal to what it
  *   computes now. Any doubt (another user, no cache, an edited configuration, an unreadable bundle) runs the
@@ -31,11 +31,11 @@
 #define CACHE_MAGIC "nvc-py-runtime/1"
 #define CACHE_FIELDS 6         /* magic, configuration file, its identity, PATH, its directories, runtime */
 #define MAX_CACHE (64 * 1024)  /* bytes: paths and a few numbers */
-#define MAX_SPEC (64ll << 20)  /* as hook/spec.py's MAX_SPEC_SIZE */
+#define MAX_SPEC (64ll << 20)  /* as hook/oci/spec.py's MAX_SPEC_SIZE */
 #define CONFIG_ENV "NVC_PY_CONFIG"
 #define DEFAULT_CONFIG "/etc/nvc-py/config.yaml"
 
-/* As hook/runtime.py's _GLOBAL_VALUE_OPTIONS: global options whose value is the next word. */
+/* As hook/oci/runtime.py's _GLOBAL_VALUE_OPTIONS: global options whose value is the next word. */
 static const char *const value_options[] = {"--root", "--log", "--log-format", "--criu", "--rootless",
                                             "--cgroup-manager"};
 /* Words whose presence sends a create to the program (see the file's comment). */
@@ -68,7 +68,7 @@ static void end_field(struct text *t)
     add(t, "", 1);
 }
 
-/* A file's identity as hook/runtimecache.py's identity(): device, inode, size, modification and change times. */
+/* A file's identity as hook/oci/runtimecache.py's identity(): device, inode, size, modification and change times. */
 static void add_identity(struct text *t, const struct stat *st)
 {
     char id[160];
@@ -79,7 +79,7 @@ static void add_identity(struct text *t, const struct stat *st)
     add_str(t, id);
 }
 
-/* The key the cache must hold for this call (hook/runtimecache.py's key()); 0 where there can be none. */
+/* The key the cache must hold for this call (hook/oci/runtimecache.py's key()); 0 where there can be none. */
 static int cache_key(struct text *key)
 {
     const char *config = getenv(CONFIG_ENV);

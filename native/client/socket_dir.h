@@ -1,6 +1,6 @@
 /* The rule for the hook server's socket directory, shared by the client (before it sends anything to a socket
  * there) and the on-demand start (before it creates or opens anything there): whoever else could write there
- * could answer root's calls, or plant the start's lock and log. As nvc/hook/handover.py's not_roots. */
+ * could answer root's calls, or plant the start's lock and log. As hook/server/handover.py's not_roots. */
 #ifndef NVC_SOCKET_DIR_H
 #define NVC_SOCKET_DIR_H
 

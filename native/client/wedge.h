@@ -1,5 +1,5 @@
 /* Telling a wedged hook server from a busy one, so that a wedged server costs one call its hand-over timeout,
- * not every call (wedge.c). As nvc/hook/handover.py's. */
+ * not every call (wedge.c). As hook/server/handover.py's. */
 #ifndef NVC_WEDGE_H
 #define NVC_WEDGE_H
 

@@ -27,13 +27,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from nvc.apply import fdmount
-from nvc import syscalls
+from nvc.system import syscalls
 from nvc.apply import rootfs as inroot
 from nvc.apply import userns
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
 from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
-from nvc.syscalls import MountAttr
+from nvc.system.syscalls import MountAttr
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
@@ -47,7 +47,7 @@ PSEUDO_FS = {syscalls.PROC_SUPER_MAGIC: "procfs", syscalls.SYSFS_MAGIC: "sysfs"}
 @contextmanager
 def raised(*names: str) -> Iterator[None]:
     """Hold exactly the effective capabilities ``names`` for one step, none afterwards (the helper
-    keeps them permitted: :data:`nvc.confinement.CONTAINER_HELPER`)."""
+    keeps them permitted: :data:`nvc.system.confinement.CONTAINER_HELPER`)."""
     import prctl
 
     for name in names:

@@ -18,9 +18,9 @@ import os
 import stat
 from typing import NamedTuple
 
-from nvc import syscalls
+from nvc.system import syscalls
 from nvc.errors import MountError
-from nvc.syscalls import MountAttr
+from nvc.system.syscalls import MountAttr
 
 
 class Mount(NamedTuple):

@@ -6,7 +6,7 @@ child, pid 1 of a fresh pid namespace, joins the container's mount namespace, ma
 private copy of it (plus a fresh ipc namespace), pivots into the rootfs, hides /proc, /sys and
 /dev under empty read-only tmpfs, gives up every capability, becomes the container's owner,
 takes rlimits, NO_NEW_PRIVS and a seccomp allowlist (the steps and the row
-:data:`nvc.confinement.LDCONFIG_SANDBOX`), and execs ldconfig with an empty environment. The
+:data:`nvc.system.confinement.LDCONFIG_SANDBOX`), and execs ldconfig with an empty environment. The
 private copy of the rootfs is nodev and nosuid (recursively): whatever device node an image
 ships, ldconfig cannot open it, nor can a setuid file gain anything. Its fixed inputs and output
 (``/etc/ld.so.conf``, ``ld.so.conf.d/*.conf``, ``/etc/ld.so.cache``, ``/etc/ld.so.cache~``) are
@@ -32,8 +32,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from nvc import confinement, syscalls
-from nvc.confinement import LDCONFIG_SANDBOX as SANDBOX
+from nvc.system import confinement, syscalls
+from nvc.system.confinement import LDCONFIG_SANDBOX as SANDBOX
 from nvc.errors import LdcacheError, NvcError, cut
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from nvc import syscalls
+from nvc.system import syscalls
 
 _MAX_SYMLINKS = 40  # the kernel's limit (ELOOP beyond it)
 

@@ -80,7 +80,7 @@ def _open_sched_dir(sched_dir: str) -> int:
     import fcntl
 
     from nvc.apply import fdmount
-    from nvc.syscalls import MountAttr
+    from nvc.system.syscalls import MountAttr
 
     parent, name = os.path.split(sched_dir.rstrip("/"))
     lock_fd = _make_dir(sched_dir, 0o755, os.O_RDONLY, "scheduler directory")
@@ -105,7 +105,7 @@ def _open_sched_dir(sched_dir: str) -> int:
 
 def _ours(fd: int, what: str, path: str) -> int:
     """fd, once the directory it names is root's and not writable by others (else closed, refused)."""
-    from nvc.untrusted import directory_problem
+    from nvc.system.untrusted import directory_problem
 
     problem = directory_problem(fd, 0o022)
     if problem:
@@ -223,7 +223,7 @@ def _fill(state_fd: int, path: Path, owner: bytes, limits: bytes, preload: bytes
     it only as a read-only bind)."""
     from nvc.apply import fdmount
     from nvc.share.owner import FILE as OWNER_FILE
-    from nvc.syscalls import MountAttr
+    from nvc.system.syscalls import MountAttr
 
     dir_fd = os.open(path.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)
     try:

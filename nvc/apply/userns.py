@@ -16,7 +16,7 @@ import errno
 import os
 from typing import NamedTuple
 
-from nvc import confinement, syscalls
+from nvc.system import confinement, syscalls
 from nvc.errors import MountError
 
 CLONE_NEWUSER = 0x10000000

@@ -18,7 +18,7 @@ from typing import Any
 
 from nvc import containerenv
 from nvc.plan import mountplan
-from nvc.capabilities import CAPABILITIES
+from nvc.model.capabilities import CAPABILITIES
 from nvc.discover.driver import DriverFiles
 from nvc.discover.nodes import DeviceNode
 from nvc.plan.selection import Selection

@@ -16,7 +16,7 @@ from nvc import __version__
 from nvc.commands import engine_setup
 from nvc.containerenv import MIG_FILE_VALUES
 from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError, NvcError
-from nvc.options import GlobalOptions, parse_user
+from nvc.config.options import GlobalOptions, parse_user
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -304,7 +304,7 @@ def run_list(
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def hook(args: tuple[str, ...]) -> None:
     """The OCI hook (same as nvc-py-hook): prestart|poststart|poststop, OCI state on stdin."""
-    from nvc.hook import prestart
+    from nvc.hook.oci import prestart
 
     click.get_current_context().exit(prestart.main(list(args)))  # its status, once main's stdout is flushed
 
@@ -341,13 +341,14 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
                  config_path: str | None) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
     from nvc.commands import cdi as cdi_spec
-    from nvc.hook import engines, setupfiles
+    from nvc.hook.oci import entry as oci_entry
+    from nvc.hook.setup import files as setupfiles
 
     if fmt is None:
         fmt = "json" if output is not None and output.endswith(".json") else "yaml"
     config_path = engine_setup.hook_config_file(config_path)
     spec = cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy,
-                             engines.installed_program(engines.HOOK_SCRIPT), engines.hook_env(config_path))
+                             oci_entry.installed_program(oci_entry.HOOK_SCRIPT), oci_entry.hook_env(config_path))
     text = cdi_spec.render(spec, fmt)
     if output is None:
         click.echo(text, nl=False)
@@ -368,7 +369,7 @@ def share() -> None:
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
     from nvc.share import status as sharestatus
-    from nvc.untrusted import directory_or_missing
+    from nvc.system.untrusted import directory_or_missing
 
     directory_or_missing(state_dir)  # missing: no container shares a GPU
     containers = sharestatus.status(state_dir)
@@ -387,8 +388,8 @@ cli.add_command(_k8s)
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point (the console script's and a hook server worker's): the CLI with its streams guarded
-    (:mod:`nvc.stdio`: a closed or full stdout is one line and OutputError's status)."""
-    from nvc import stdio
+    (:mod:`nvc.system.stdio`: a closed or full stdout is one line and OutputError's status)."""
+    from nvc.system import stdio
 
     return stdio.guarded("nvc-py", lambda: _run(sys.argv[1:] if argv is None else argv))
 

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nvc import capabilities, loaderenv
+from nvc.model import capabilities
+from nvc.system import loaderenv
 from nvc.discover import procfs
 from nvc.plan import requirements, selection
 from nvc.plan.request import Request, check
@@ -30,7 +31,7 @@ from nvc.logger import Logger
 from nvc.plan.mountplan import COMPAT_DIR, PROC_NVIDIA, ContainerFacts, HostFacts
 from nvc.plan.operations import Plan
 from nvc.plan import share as shareplan
-from nvc.options import GlobalOptions
+from nvc.config.options import GlobalOptions
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
@@ -106,7 +107,7 @@ def read_image_preload(root_fd: int, rootfs: str) -> str:
     symlink there must not make us read a host file) and opened O_PATH first: a FIFO or device node
     there is refused without ever being opened (no blocking, no driver open outside the container's
     device cgroup)."""
-    from nvc import untrusted
+    from nvc.system import untrusted
     from nvc.apply import rootfs as inroot
     from nvc.containerenv.sharing import PRELOAD
 

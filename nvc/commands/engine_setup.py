@@ -2,7 +2,7 @@
 and install its hook server's units; ``--remove`` undoes each.
 
 Registered by :mod:`nvc.commands.cli`. The commands write host files through
-:mod:`nvc.hook.engines` and :mod:`nvc.hook.docker`, imported when a command runs, so ``nvc-py``'s
+:mod:`nvc.hook.setup.engines` and :mod:`nvc.hook.setup.docker`, imported when a command runs, so ``nvc-py``'s
 start-up imports nothing of them.
 """
 
@@ -52,7 +52,7 @@ def _server_options(command: Callable[..., None]) -> Callable[..., None]:
 def _setup_server(no_server: bool, unit_dir: str | None, config_path: str | None, systemctl: str) -> None:
     """Served by default: socket-activated units where systemd runs, else the hooks' on-demand start
     (docs/hook-server.md); ``--no-server``: neither."""
-    from nvc.hook import engines
+    from nvc.hook.setup import engines
 
     lines = [] if no_server else engines.install_server(unit_dir, config_path, systemctl)
     changed = engines.set_server_start(config_path, not no_server)
@@ -76,7 +76,7 @@ _HOOKS_DIR = click.option("--hooks-dir", default=None, metavar="PATH",
 
 def _hooks_command(engine_name: str, short: str, summary: str) -> None:
     """``setup podman`` and ``setup crio``: the hooks.d files where the engine reads them (its
-    hooks_dir through its configuration files, nvc.hook.hooksdirs), and the hook server."""
+    hooks_dir through its configuration files, nvc.hook.setup.hooksdirs), and the hook server."""
 
     @setup.command(engine_name, short_help=short,
                    help=f"{summary}, and the hook server (--remove: the hooks.d files only; "
@@ -88,7 +88,7 @@ def _hooks_command(engine_name: str, short: str, summary: str) -> None:
     @_REMOVE
     def command(hooks_dir: str | None, config_path: str | None, no_server: bool, unit_dir: str | None,
                 systemctl: str, remove: bool) -> None:
-        from nvc.hook import engines, hooksdirs
+        from nvc.hook.setup import engines, hooksdirs
 
         engine = hooksdirs.CRIO if engine_name == "crio" else hooksdirs.PODMAN
         if remove:
@@ -121,7 +121,7 @@ _hooks_command("crio", "Hooks where CRI-O reads them, and the hook server.",
 def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove: bool) -> None:
     """Install the systemd socket and service units of `nvc-py-hook serve` (enabled where systemd runs;
     --remove: stopped, disabled and removed, with the no-server file beside the configuration)."""
-    from nvc.hook import engines
+    from nvc.hook.setup import engines
 
     if remove:
         _echo_lines(engines.remove_server(unit_dir, config_path, systemctl))
@@ -143,7 +143,7 @@ def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_d
                      no_server: bool, unit_dir: str | None, systemctl: str, remove: bool) -> None:
     """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName), and the hook server
     (--remove: the drop-in and its imports entry; `setup server --remove` removes the server)."""
-    from nvc.hook import engines
+    from nvc.hook.setup import engines
 
     if remove:
         _echo_lines(engines.remove_containerd(config_path, drop_in))
@@ -184,7 +184,7 @@ def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus
     CDI names (docker run --device nvidia.com/gpu=0, from `nvc-py cdi generate`) need Docker 25 or
     later; Debian 12's docker.io is 20.10.
     """
-    from nvc.hook import docker
+    from nvc.hook.setup import docker
 
     if restart_docker:
         docker.check_restart()

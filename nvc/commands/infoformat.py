@@ -12,7 +12,7 @@ import csv
 import io
 import json
 
-from nvc.devices import Gpu, MigDevice
+from nvc.model.devices import Gpu, MigDevice
 from nvc.discover.inventory import Inventory
 from nvc.discover.procfs import normalize_bus_id
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from nvc.capabilities import CAPABILITIES
+from nvc.model.capabilities import CAPABILITIES
 from nvc.errors import InputError
 
 # The NVIDIA_* variables (and the legacy CUDA images' CUDA_VERSION), as NVIDIA's toolkit reads them.
@@ -89,7 +89,7 @@ def volume_ids(mounts: Iterable[Mapping[str, object]], prefix: str) -> tuple[str
 def imex_channel(token: str) -> int | None:
     """An IMEX channel number (decimal, below 2^20: the driver's channel minors), or None."""
     from nvc.discover.nodes import IMEX_CHANNEL_LIMIT
-    from nvc.untrusted import decimal
+    from nvc.system.untrusted import decimal
 
     channel = decimal(token, 7)
     return channel if channel is not None and channel < IMEX_CHANNEL_LIMIT else None

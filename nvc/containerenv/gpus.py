@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from nvc.capabilities import CAPABILITIES
+from nvc.model.capabilities import CAPABILITIES
 from nvc.containerenv import (ALL, CUDA_VERSION, DEFAULT_CAPABILITIES, DEVICE_VOLUME_DIR, DISABLE_REQUIRE,
                               DRIVER_CAPABILITIES, IMEX_CHANNELS, IMEX_VOLUME_DIR, MIG_CONFIG_DEVICES,
                               MIG_MONITOR_DEVICES, NONE, REQUIRE_CUDA, REQUIRE_JETPACK, REQUIRE_PREFIX, TRUE_WORDS,
                               VISIBLE_DEVICES, VOID, Policy, imex_channel, split, volume_ids)
 from nvc.errors import InputError, shown
-from nvc.untrusted import decimal
+from nvc.system.untrusted import decimal
 
 if TYPE_CHECKING:
     from nvc.plan.request import Request

@@ -66,7 +66,7 @@ def parse_size(name: str, text: str) -> int:
 def parse_percent(name: str, text: str, hami: bool) -> int:
     """A compute share 1..100; HAMi's CUDA_DEVICE_SM_LIMIT=0 means unlimited (100). The digits are
     read through untrusted.decimal (int() takes no more than 4300)."""
-    from nvc.untrusted import decimal
+    from nvc.system.untrusted import decimal
 
     value = decimal(text)
     if value == 0 and hami:
@@ -78,7 +78,7 @@ def parse_percent(name: str, text: str, hami: bool) -> int:
 
 def parse_weight(name: str, text: str) -> int:
     """A scheduling weight, 1..1000 (its digits read as parse_percent reads them)."""
-    from nvc.untrusted import decimal
+    from nvc.system.untrusted import decimal
 
     value = decimal(text)
     if value is None or not 1 <= value <= MAX_WEIGHT:

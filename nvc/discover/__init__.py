@@ -3,5 +3,5 @@
 their majors, and the kernel modules' nodes (``load-kmods``).
 
 Reads the host and touches no container. May import nvc's basics (errors, logging, records
-such as :mod:`nvc.devices`), nothing above.
+such as :mod:`nvc.model.devices`), nothing above.
 """

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from nvc import capabilities
+from nvc.model import capabilities
 from nvc.discover import elf, ldcache, rootpath
 from nvc.logger import Logger
 

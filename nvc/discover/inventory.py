@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import NamedTuple, TYPE_CHECKING
 
 from nvc.discover import procfs
-from nvc.devices import Gpu
+from nvc.model.devices import Gpu
 from nvc.logger import Logger
 from nvc.discover.procfs import ProcGpu
 
 if TYPE_CHECKING:
-    from nvc.devices import DriverSnapshot
+    from nvc.model.devices import DriverSnapshot
 
 log = Logger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from nvc.devices import Gpu, MigDevice
+from nvc.model.devices import Gpu, MigDevice
 from nvc.errors import DetectionError, InitializationError
 
 PROC = Path("/proc")

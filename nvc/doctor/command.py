@@ -49,11 +49,11 @@ def security_checks() -> list[Check]:
 def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config
     """The CDI spec ``cdi generate`` would write now (compared by device names and nodes only)."""
     from nvc.commands import cdi
-    from nvc.hook import engines
-    from nvc.options import parse_user
+    from nvc.config.options import parse_user
+    from nvc.hook.oci import entry as oci_entry
 
     return cdi.generate(conf.root, conf.ldcache, parse_user(conf.user), "index",
-                        engines.installed_program(engines.HOOK_SCRIPT), engines.hook_env(None))
+                        oci_entry.installed_program(oci_entry.HOOK_SCRIPT), oci_entry.hook_env(None))
 
 
 def text(found: list[Check]) -> str:

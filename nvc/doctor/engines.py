@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from nvc.doctor import Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
-from nvc.hook.docker import DAEMON_JSON, GPUS_HOOK
+from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
 
 _MAX_CONFIG = 1 << 20
 CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's whole second
@@ -22,15 +22,16 @@ CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's
 
 def _ours(path: str) -> bool:
     """Whether ``path`` names one of nvc-py's programs (a hook or runtime entry pointing at it)."""
-    from nvc.hook import engines
+    from nvc.hook.oci import entry as oci_entry
 
     real = os.path.realpath(path)
-    return real.startswith(engines.LIBDIR + "/") or os.path.basename(real) in (engines.HOOK_SCRIPT, engines.RUNTIME_SCRIPT)
+    return (real.startswith(oci_entry.LIBDIR + "/")
+            or os.path.basename(real) in (oci_entry.HOOK_SCRIPT, oci_entry.RUNTIME_SCRIPT))
 
 
 def _hook_file(path: str) -> str | None:
     """The program of a hooks.d file of ours (None where it is not one, or unreadable)."""
-    from nvc.untrusted import read_file
+    from nvc.system.untrusted import read_file
 
     try:
         raw, _ = read_file(path, _MAX_CONFIG)
@@ -42,7 +43,7 @@ def _hook_file(path: str) -> str | None:
 
 def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -> Check:
     """podman or CRI-O: nvc-py's prestart hook in a directory the engine reads."""
-    from nvc.hook import engines, hooksdirs
+    from nvc.hook.setup import engines, hooksdirs
 
     engine = hooksdirs.CRIO if name == "CRI-O" else hooksdirs.PODMAN
     if shutil.which(binary) is None:
@@ -93,7 +94,7 @@ def running(name: str) -> list[Daemon]:
 
 def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
     """The processes whose command line ``match`` accepts, oldest first."""
-    from nvc.hook.engines import FIXED_PATH
+    from nvc.hook.oci.entry import FIXED_PATH
 
     boot, tick = _boot_time(), os.sysconf("SC_CLK_TCK")
     found = []
@@ -137,7 +138,7 @@ def docker() -> tuple[list[Check], Daemon | None]:
     """dockerd, as the running one reads it (its --config-file, its PATH): the nvc-py runtime in
     daemon.json (``--runtime nvc-py``), the ``--gpus`` hook program, and dockerd started since
     daemon.json changed. Also the daemon found, for ``--run``."""
-    from nvc.hook import docker as registration
+    from nvc.hook.setup import docker as registration
 
     if shutil.which("dockerd") is None:
         return [skip("docker", "not installed (dockerd not on PATH)")], None
@@ -193,7 +194,7 @@ def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
 def _toml(path: str) -> Mapping[str, Any]:
     import tomlkit
 
-    from nvc.untrusted import read_file
+    from nvc.system.untrusted import read_file
 
     raw, _ = read_file(path, _MAX_CONFIG)
     try:
@@ -203,7 +204,7 @@ def _toml(path: str) -> Mapping[str, Any]:
 
 
 def _runtimes_of(doc: Mapping[str, Any]) -> list[str]:
-    from nvc.hook.engines import CRI_PLUGIN_NAME
+    from nvc.hook.setup.engines import CRI_PLUGIN_NAME
 
     cri = doc.get("plugins", {}).get(CRI_PLUGIN_NAME, {})
     runtimes = cri.get("containerd", {}).get("runtimes", {}) if isinstance(cri, dict) else {}
@@ -215,7 +216,7 @@ def _runtimes_of(doc: Mapping[str, Any]) -> list[str]:
 def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = None) -> Check:
     """The CDI specs naming nvc-py's hook, where podman reads them (``dirs``: its cdi_spec_dirs by
     default): each lists today's devices (``fresh``: the spec ``cdi generate`` would write now)."""
-    from nvc.hook import hooksdirs
+    from nvc.hook.setup import hooksdirs
 
     try:
         dirs = hooksdirs.cdi_dirs() if dirs is None else dirs
@@ -245,7 +246,7 @@ def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = Non
 
 
 def _spec(path: str) -> Any:
-    from nvc.untrusted import read_file
+    from nvc.system.untrusted import read_file
 
     raw, _ = read_file(path, _MAX_CONFIG * 16)
     if path.endswith(".json"):
@@ -276,8 +277,8 @@ def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 
 def server() -> Check:
     """The hook server: its socket answers, and the process serving runs the installed code."""
-    from nvc.hook import engines
-    from nvc.hook.handover import DEFAULT_SOCKET
+    from nvc.hook.setup import engines
+    from nvc.hook.oci.entry import DEFAULT_SOCKET
 
     managed = os.path.isdir(engines.SYSTEMD_RUNNING)
     if not os.path.exists(DEFAULT_SOCKET):

@@ -13,7 +13,7 @@ from nvc.errors import TRY_WITHOUT_GPU, NvcError
 
 if TYPE_CHECKING:
     from nvc.config import Config
-    from nvc.devices import Gpu
+    from nvc.model.devices import Gpu
 
 CGROUP2_MAGIC = 0x63677270
 
@@ -48,7 +48,7 @@ def driver() -> tuple[Check, str | None]:
 
 def nvml(conf: Config) -> tuple[Check, Sequence[Gpu]]:
     """NVML answering through the driver helper, in the configured driver root."""
-    from nvc.options import parse_user
+    from nvc.config.options import parse_user
     from nvc.rpc import driver_service
 
     try:
@@ -91,7 +91,7 @@ def cgroup_version(path: str = "/sys/fs/cgroup") -> Check:
 
 
 def _fs_type(path: str) -> int:
-    from nvc.syscalls import fs_type
+    from nvc.system.syscalls import fs_type
 
     fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     try:

@@ -283,7 +283,7 @@ def _racing(rootfs: str, race: str | None, canary: str) -> Iterator[None]:
     if race is None:
         yield
         return
-    from nvc import syscalls
+    from nvc.system import syscalls
 
     real = os.path.join(rootfs, race)
     other = real + ".swapped"
@@ -318,7 +318,7 @@ def _work_dir(prefix: str) -> Iterator[str]:
 def _remove(top: str) -> None:
     """Remove ``top``, after detaching any mount under it (deepest first): rmtree never crosses into
     what a hostile start may have mounted there."""
-    from nvc import syscalls
+    from nvc.system import syscalls
 
     for point in sorted(_mounts_under(top), key=len, reverse=True):
         try:

@@ -1,4 +1,4 @@
-"""The hook's log (one JSON line per call, :mod:`nvc.hook.log`) read as it grows: how many container
+"""The hook's log (one JSON line per call, :mod:`nvc.hook.oci.log`) read as it grows: how many container
 starts ended how, and how long they took.
 
 The exporter keeps the log open and reads on from where the last scrape stopped, at most
@@ -24,7 +24,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0) 
 # Error kinds (nvc/errors.py, the log's "error" starts with "<kind> error: ") that refuse what the
 # container asked for; every other error, and a crash, is the hook failing.
 REFUSALS = ("input", "requirement", "device")
-MAX_LINE = 64 * 1024  # the hook's lines are a few hundred bytes, bounded by nvc.hook.log
+MAX_LINE = 64 * 1024  # the hook's lines are a few hundred bytes, bounded by nvc.hook.oci.log
 MAX_READ = 2 << 20  # bytes read at one scrape
 _CHUNK = 256 * 1024
 

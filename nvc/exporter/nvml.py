@@ -11,7 +11,7 @@ from contextlib import ExitStack
 from typing import Any, NamedTuple
 
 from nvc.errors import NvcError
-from nvc.options import GlobalOptions
+from nvc.config.options import GlobalOptions
 
 
 class GpuMemory(NamedTuple):

@@ -164,8 +164,8 @@ def parse(document: Any, path: str) -> WebConfig:
 
 def load(path: str) -> WebConfig:
     """The web configuration file at ``path``, read and checked."""
-    from nvc.configyaml import read_yaml
-    from nvc.untrusted import read_file
+    from nvc.config.yamlfile import read_yaml
+    from nvc.system.untrusted import read_file
 
     try:
         data, _ = read_file(path, MAX_SIZE)

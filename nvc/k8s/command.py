@@ -38,7 +38,7 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
 
     from nvc import config
     from nvc.errors import InputError
-    from nvc.options import GlobalOptions, parse_user
+    from nvc.config.options import GlobalOptions, parse_user
 
     conf = config.load(config_path, must_exist=config_path is not None)
     given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given)
@@ -56,7 +56,7 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
         if not os.path.isabs(device_plugin_dir):
             raise InputError(f"{device_plugin_dir}: --device-plugin-dir must be an absolute path")
         k8s_conf = k8s_conf._replace(device_plugin_dir=os.path.normpath(device_plugin_dir))
-    from nvc.untrusted import directory_or_missing
+    from nvc.system.untrusted import directory_or_missing
 
     directory_or_missing(k8s_conf.device_plugin_dir, "the device plugin directory")
     if not os.path.exists(k8s_conf.device_plugin_dir):  # the kubelet's to make: no kubelet here, or another --root-dir

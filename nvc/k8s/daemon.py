@@ -27,7 +27,7 @@ from nvc.config import K8s
 from nvc.errors import NvcError
 from nvc.k8s import published, resources
 from nvc.k8s.health import Health
-from nvc.options import GlobalOptions
+from nvc.config.options import GlobalOptions
 
 REGISTER_RETRY_S = 5.0  # the kubelet refused or did not answer a Register
 TICK_MS = 1000  # one loop: the longest wait for XID events, and for noticing a new kubelet.sock

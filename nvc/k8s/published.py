@@ -98,7 +98,7 @@ def remove(path: str, published: Published) -> None:
 def read(path: str, alive_only: bool = True) -> Published | None:
     """The record at ``path``: only root's own regular file, read bounded; None when there is none,
     it is not one, or (``alive_only``) the process it names no longer runs."""
-    from nvc import untrusted
+    from nvc.system import untrusted
     from nvc.apply.container import start_time
 
     try:

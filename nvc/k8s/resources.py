@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from nvc import containerenv
 from nvc.config import K8s
-from nvc.devices import Gpu
+from nvc.model.devices import Gpu
 from nvc.errors import InputError, shown
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"  # the kubelet's constants

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from nvc import capabilities as caps_mod
+from nvc.model import capabilities as caps_mod
 from nvc.discover import nodes
 from nvc.plan.devfilter import DeviceRule
 from nvc.plan.request import HostMount, Request
@@ -31,7 +31,7 @@ from nvc.discover.nodes import NodeSpec
 from nvc.errors import DeviceError, InputError
 from nvc.discover.procfs import normalize_bus_id
 from nvc.plan.selection import Selection
-from nvc.syscalls import MountAttr
+from nvc.system.syscalls import MountAttr
 
 RO = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV
 RO_NOEXEC = RO | MountAttr.NOEXEC
@@ -171,7 +171,7 @@ def _node_bind(spec: nodes.NodeSpec, host: HostFacts, what: str) -> Bind:
 
 def _driver_files(host: HostFacts, container: ContainerFacts, request: Request) -> list[Operation]:
     caps = request.capabilities
-    prefixes = caps_mod.library_prefixes(caps)  # video brings compute's, see nvc.capabilities
+    prefixes = caps_mod.library_prefixes(caps)  # video brings compute's, see nvc.model.capabilities
     files = host.files
     ops: list[Operation] = []
     bins = caps_mod.binary_names(caps)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from nvc.discover.nodes import NodeSpec
 from nvc.plan.devfilter import DeviceRule
 from nvc.plan.share import GRANTED_DIR, ShareFiles
-from nvc.syscalls import MountAttr
+from nvc.system.syscalls import MountAttr
 
 
 class Bind(NamedTuple):

@@ -50,7 +50,7 @@ class Request(NamedTuple):
     rootfs: str = ""
     pid: int | None = None
     selectors: tuple[Selector, ...] = ()  # the --device grammar (nvc.plan.selection); () = no GPU
-    capabilities: frozenset[str] = frozenset()  # names from nvc.capabilities
+    capabilities: frozenset[str] = frozenset()  # names from nvc.model.capabilities
     requirements: tuple[Requirement, ...] = ()  # nvc.plan.requirements
     ldconfig: str = DEFAULT_LDCONFIG  # "@HOSTPATH" = host binary (run from a memfd copy), else in-image path
     no_cgroups: bool = False
@@ -87,7 +87,7 @@ def _check_compat_mode(mode: str) -> None:
 
 def check(req: Request) -> Request:
     """``req`` once it holds what any request must (raises InputError), standalone without cgroups."""
-    from nvc import capabilities
+    from nvc.model import capabilities
 
     _check_target(req.rootfs, req.pid, req.ldconfig)
     capabilities.check(req.capabilities)
@@ -103,7 +103,7 @@ def from_flags(rootfs: str, pid: int | None, devices: tuple[str, ...] = (), capa
                imex_channels: tuple[str, ...] = (), cuda_compat_mode: str = "ldconfig") -> Request:
     """``nvc-py configure``'s flags as given (``devices``: the ``-d`` values, ``none`` alone selecting
     no GPU), each checked before anything is looked at; errors name the flag or value."""
-    from nvc import capabilities as caps_mod
+    from nvc.model import capabilities as caps_mod
     from nvc.containerenv import MIG_FILE_VALUES, NONE, parse_imex_channels
     from nvc.plan import requirements as reqs_mod, selection
 

@@ -63,7 +63,7 @@ def decode(data: bytes) -> Owner | None:
 
 def read(dir_fd: int) -> Owner | None:
     """The record in the container directory open on ``dir_fd`` (None: none, or not root's own file)."""
-    from nvc import untrusted
+    from nvc.system import untrusted
 
     try:
         path_fd = os.open(FILE, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)

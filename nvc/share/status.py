@@ -23,7 +23,7 @@ from typing import NamedTuple
 from nvc.errors import one_line
 from nvc.plan import share
 from nvc.share import owner
-from nvc import untrusted
+from nvc.system import untrusted
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE

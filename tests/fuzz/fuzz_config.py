@@ -7,9 +7,10 @@ from __future__ import annotations
 from target import fuzz, instrumented
 
 with instrumented():
-    import yaml  # noqa: F401 - nvc.configyaml imports it when first used: instrumented here
+    import yaml  # noqa: F401 - nvc.config.yamlfile imports it when first used: instrumented here
 
-    from nvc import config, configyaml
+    from nvc import config
+    from nvc.config import yamlfile as configyaml
     from nvc.errors import NvcError
 
 configyaml.CACHE_PATH = "/proc/nvc-py-fuzz/config-cache.json"

@@ -20,7 +20,7 @@ with instrumented():
 
     from nvc.config import K8s
     from nvc.containerenv import Policy, parse_env, sharing
-    from nvc.devices import Gpu, MigDevice
+    from nvc.model.devices import Gpu, MigDevice
     from nvc.k8s import api_pb2 as pb
     from nvc.k8s import resources, service
     from nvc.k8s.health import Health

@@ -9,9 +9,9 @@ from __future__ import annotations
 from target import fuzz, instrumented
 
 with instrumented():
-    from nvc import capabilities
+    from nvc.model import capabilities
     from nvc.containerenv import DRIVER_CAPABILITIES, Policy, gpus, parse_imex_channels
-    from nvc.devices import MigDevice
+    from nvc.model.devices import MigDevice
     from nvc.discover.procfs import ProcGpu
     from nvc.errors import NvcError
     from nvc.plan import requirements, selection

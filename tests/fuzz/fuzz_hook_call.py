@@ -1,5 +1,5 @@
 """Fuzz target: the hook server's wire protocol, a call's first message as a worker reads it from
-any process of root's (nvc.hook.handover.parse_call, then what nvc.hook.server.exchange checks of it
+any process of root's (nvc.hook.server.handover.parse_call, then what nvc.hook.server.exchange checks of it
 without a socket: the program, the client's connect stamp, whether the server runs the call), and
 $NVC_PY_HOOK_TIMEOUT's grammar (handover.timeout_us), which the client reads from its caller."""
 
@@ -10,7 +10,7 @@ import os
 from target import fuzz, instrumented
 
 with instrumented(("click",)):
-    from nvc.hook import handover
+    from nvc.hook.server import handover
     from nvc.hook.server import exchange, scope
 
 

@@ -1,4 +1,4 @@
-"""Fuzz target: a bundle's config.json as the hook reads it (nvc.hook.spec.parse_config and
+"""Fuzz target: a bundle's config.json as the hook reads it (nvc.hook.oci.spec.parse_config and
 container()), and what the hook decides from it: the GPU request of its NVIDIA_* variables and
 device volume mounts (nvc.containerenv.gpus) and its sharing request (nvc.containerenv.sharing),
 under the default policy and under one that takes volume mounts and no unprivileged env."""
@@ -10,7 +10,7 @@ from target import fuzz, instrumented
 with instrumented():
     from nvc.containerenv import Policy, gpus, sharing
     from nvc.errors import NvcError
-    from nvc.hook import spec
+    from nvc.hook.oci import spec
     from nvc.plan import requirements, selection  # noqa: F401 - imported by gpu_request: instrumented here
 
 POLICIES = (Policy(), Policy(accept_envvar_when_unprivileged=False, accept_volume_mounts=True))

@@ -1,4 +1,4 @@
-"""Fuzz target: the OCI state a runtime writes on the hook's stdin (nvc.hook.spec.parse_state, and
+"""Fuzz target: the OCI state a runtime writes on the hook's stdin (nvc.hook.oci.spec.parse_state, and
 stopped() for poststop)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from target import fuzz, instrumented
 
 with instrumented():
     from nvc.errors import NvcError
-    from nvc.hook import spec
+    from nvc.hook.oci import spec
 
 
 def one(data: bytes) -> None:

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 MISSING = "/nonexistent/nvc-py"  # a fallback target that says so: exit 127, "cannot execute"
 CANNOT_EXECUTE = f"nvc-py-hook-client: cannot execute {MISSING}: No such file or directory\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 from .hookserver import hook_server, umount_when_free
 from .installed import HOOK, SCRIPTS

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nvc import config
-from nvc.devices import Gpu, MigDevice
+from nvc.model.devices import Gpu, MigDevice
 
 
 GIB = 1 << 30

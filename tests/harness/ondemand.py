@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 
 from harness.bundle import make_bundle
 from harness.hookserver import LIBDIR
-from nvc.hook import handover
+from nvc.hook.server import handover
 
 
 STORM = 32
@@ -34,11 +35,20 @@ def servers(sock: Path) -> list[int]:
         try:
             if entry.name.isdigit() and wanted in (entry / "cmdline").read_bytes():
                 parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if any(os.readlink(fd) in listening for fd in (entry / "fd").iterdir()):
+                if listening & _descriptors(entry):
                     found[int(entry.name)] = parent
         except (OSError, IndexError, ValueError):
             continue
     return sorted(pid for pid, parent in found.items() if parent not in found)
+
+
+def _descriptors(process: Path) -> set[str]:
+    """What the descriptors of ``process`` link to (one closed meanwhile is left out)."""
+    links = set()
+    for fd in (process / "fd").iterdir():
+        with suppress(OSError):
+            links.add(os.readlink(fd))
+    return links
 
 
 def _listening_sockets() -> set[str]:

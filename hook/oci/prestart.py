@@ -9,7 +9,7 @@ for GPU sharing (``NVC_SHARE_*``, HAMi's ``CUDA_DEVICE_*`` env) also gets the sh
 
 A failure prints one line on stderr (the engine shows it to the user) and exits non-zero,
 which makes the runtime abort the start. Every invocation leaves one structured line in
-the configured log (:mod:`nvc.hook.log`).
+the configured log (:mod:`nvc.hook.oci.log`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import ContainerError, InputError, NvcError, shown
-from nvc.hook.handover import DEFAULT_SOCKET, SOCKET_ENV
+from nvc.hook.oci.entry import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
     from nvc.config import Config
     from nvc.containerenv import Policy
-    from nvc.hook.spec import Container, State
-    from nvc.options import GlobalOptions
+    from nvc.hook.oci.spec import Container, State
+    from nvc.config.options import GlobalOptions
     from nvc.plan.request import Request, ShareRequest
 
 PROG = "nvc-py-hook"
@@ -51,7 +51,7 @@ def policy(config: Config) -> Policy:
 
 def global_options(config: Config) -> GlobalOptions:
     """The CLI's global options, as the configuration file sets them for the hook."""
-    from nvc.options import GlobalOptions, parse_user
+    from nvc.config.options import GlobalOptions, parse_user
 
     return GlobalOptions(config.root, config.ldcache, parse_user(config.user), config.load_kmods)
 
@@ -68,7 +68,7 @@ def container_request(config: Config, state: State, ctr: Container, req: Request
 def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     """Configure the container of the state in ``stdin``; ``record`` collects the log line's fields."""
     from nvc.containerenv import gpus
-    from nvc.hook import spec
+    from nvc.hook.oci import spec
 
     state = spec.parse_state(stdin)
     record["container"] = state.id
@@ -102,7 +102,7 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
 
 
 def _cdi_hook(config: Config, stage: str, args: list[str], stdin: bytes, record: dict[str, Any]) -> None:
-    from nvc.hook import cdihooks
+    from nvc.hook.oci import cdihooks
 
     if stage == "create-symlinks":
         cdihooks.create_symlinks(args, stdin)
@@ -113,8 +113,8 @@ def _cdi_hook(config: Config, stage: str, args: list[str], stdin: bytes, record:
 
 def _stdin(given: bytes | None) -> bytes:
     """The OCI state: ``given`` (a server's call), else stdin, read up to one byte past the bound
-    that :mod:`nvc.hook.spec` checks, so a runtime (or anyone) streaming more cannot fill memory."""
-    from nvc.hook.spec import MAX_STATE_SIZE
+    that :mod:`nvc.hook.oci.spec` checks, so a runtime (or anyone) streaming more cannot fill memory."""
+    from nvc.hook.oci.spec import MAX_STATE_SIZE
 
     return sys.stdin.buffer.read(MAX_STATE_SIZE + 1) if given is None else given
 
@@ -124,7 +124,7 @@ def _poststop(stdin: bytes) -> int:
     running one's of the same id under another runtime root); never fails the teardown. Only the
     id and bundle are read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
     from nvc.apply import sharefiles
-    from nvc.hook import spec
+    from nvc.hook.oci import spec
 
     try:
         sharefiles.remove_stopped(*spec.stopped(stdin))
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None, stdin: bytes | None = None, via: str | N
         print(USAGE, file=sys.stderr)
         return InputError.exit_code
     from nvc import config as config_file
-    from nvc.hook import log
+    from nvc.hook.oci import log
 
     started = time.monotonic()
     record: dict[str, Any] = {"stage": stage, "container": None, "pid": os.getpid(), "outcome": "crashed"}

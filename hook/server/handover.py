@@ -36,7 +36,7 @@ each answer, and at most ACK_TIMEOUT for ``ready``: without it the caller runs t
 caller's streams before it); once it sent ``go`` it kills the worker and fails with one line
 instead (the call may have done part of its work). A wedged server costs that wait once, not at
 every call: a stopped listener is seen at once, and a call that timed out leaves a marker that
-keeps the next calls from waiting (:mod:`nvc.hook.wedge`). ``NVC_PY_HOOK_SOCKET=none`` hands
+keeps the next calls from waiting (:mod:`nvc.hook.server.wedge`). ``NVC_PY_HOOK_SOCKET=none`` hands
 nothing over.
 """
 
@@ -45,8 +45,8 @@ from __future__ import annotations
 import os
 import sys
 
-DEFAULT_SOCKET = "/run/nvc-py/hook.sock"
-SOCKET_ENV = "NVC_PY_HOOK_SOCKET"
+from nvc.hook.oci.entry import DEFAULT_SOCKET, SOCKET_ENV
+
 NO_SERVER = "none"  # $NVC_PY_HOOK_SOCKET's value for "hand nothing over" (as native/client/hook_client.c)
 TIMEOUT_ENV = "NVC_PY_HOOK_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0  # seconds for a served call's status (as native/client/hook_client.c)
@@ -76,8 +76,8 @@ def encode_call(argv: list[str], env: dict[str, str]) -> bytes:
 
 
 def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) of a message; loader variables are dropped from env (see nvc.loaderenv)."""
-    from nvc.loaderenv import is_unsafe
+    """(argv, env) of a message; loader variables are dropped from env (see nvc.system.loaderenv)."""
+    from nvc.system.loaderenv import is_unsafe
 
     if not message.endswith(b"\0"):
         raise CallError("message not NUL-terminated")
@@ -181,7 +181,7 @@ def hand_over(argv: list[str]) -> None:
     if why is not None:
         os.write(2, f"{prog}: not handing over to the hook server ({why}); running here\n".encode())
         return
-    from nvc.hook import wedge
+    from nvc.hook.server import wedge
 
     found, held = wedge.marker(dirfd) if dirfd >= 0 else (wedge.NONE, -1)
     try:
@@ -208,7 +208,7 @@ def _hand_over(prog: str, message: bytes, path: str, dirfd: int, held: int | Non
     import _socket  # not socket: its imports cost more than the rest of this path
     import time
 
-    from nvc.hook import wedge
+    from nvc.hook.server import wedge
 
     timeout = call_timeout()
     try:
@@ -288,11 +288,11 @@ def _first_answer(sock, listener: int, dirfd: int, watch: bool,  # noqa: ANN001 
                   wait: float) -> tuple[bytes, int]:
     """The server's first answer (as :func:`_receive`) within ``wait`` seconds, looking every
     wedge.SLICE whether the listener (its pid) stopped or, with ``watch``, another call marked the
-    server wedged meanwhile (:mod:`nvc.hook.wedge`); _Unanswered otherwise (the server marked
+    server wedged meanwhile (:mod:`nvc.hook.server.wedge`); _Unanswered otherwise (the server marked
     wedged where this call timed out)."""
     import time
 
-    from nvc.hook import wedge
+    from nvc.hook.server import wedge
 
     deadline = time.monotonic() + wait
     while not wedge.stopped(listener):

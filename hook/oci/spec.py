@@ -169,7 +169,7 @@ def load_config(bundle: str) -> dict[str, Any]:
 
     Read non-blocking and bounded: a FIFO or a huge file there is refused, not waited for.
     """
-    from nvc.untrusted import read_file
+    from nvc.system.untrusted import read_file
 
     path = os.path.join(bundle, "config.json")
     try:

@@ -10,7 +10,7 @@ import os
 from typing import NamedTuple
 
 from nvc.errors import InputError
-from nvc.untrusted import decimal
+from nvc.system.untrusted import decimal
 
 OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")
 

@@ -15,7 +15,7 @@ the engine will read, as the engine does:
 
 Hook directories are ordered by increasing preference (oci-hooks(5): a file in a later directory
 masks one of the same name in an earlier), so nvc-py's files go to the last one. Reading only:
-every file as :mod:`nvc.hook.engineconf` reads one (a symbolic link, a FIFO, a device, an oversize
+every file as :mod:`nvc.hook.setup.engineconf` reads one (a symbolic link, a FIFO, a device, an oversize
 file refused), and one that is not valid TOML is an error naming it (the engine would refuse it too).
 """
 
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from nvc.errors import InputError
-from nvc.hook import engineconf
+from nvc.hook.setup import engineconf
 
 DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 LEGACY_HOOKS_DIR = "/etc/containers/oci/hooks.d"  # where nvc-py wrote before it resolved the chain

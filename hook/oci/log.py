@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from nvc.errors import one_line
-from nvc.untrusted import open_append
+from nvc.system.untrusted import open_append
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # logging's numbers, without importing it
 MAX_STRING = 1000  # characters of one string field (an error message is cut at as many)
@@ -53,7 +53,7 @@ def write(path: str | None, level: str, failed: bool, **fields: Any) -> None:
 
     A log that cannot be written must not fail the container: the line is dropped and the
     reason goes to stderr, which the engine shows. The file is opened without blocking (a FIFO
-    without a reader is such a log, not a wait: :func:`nvc.untrusted.open_append`).
+    without a reader is such a log, not a wait: :func:`nvc.system.untrusted.open_append`).
     """
     if path is None or (not failed and LEVELS[level] > LEVELS["info"]):
         return

@@ -14,10 +14,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from nvc.capabilities import CAPABILITIES
-from nvc.configyaml import MAX_SIZE, yaml_document
+from nvc.model.capabilities import CAPABILITIES
+from nvc.config.yamlfile import MAX_SIZE, yaml_document
 from nvc.errors import SHOWN_LIMIT, InputError, one_line
-from nvc.untrusted import decimal, read_file
+from nvc.system.untrusted import decimal, read_file
 
 Check = Callable[[Any], Any]  # a validator of one setting
 

@@ -59,7 +59,7 @@ def find_create(args: list[str]) -> tuple[int, str] | None:
 def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
     """Whether ``stage`` already runs nvc-py-hook (directly, through nvc-py-hook-client, or through a
     link to it under another name: ``docker run --gpus``'s nvidia-container-runtime-hook, see
-    :mod:`nvc.hook.docker`)."""
+    :mod:`nvc.hook.setup.docker`)."""
     hooks = (spec.get("hooks") or {}).get(stage) or []
     return any(os.path.basename(os.path.realpath(str(h.get("path", "")))) in ("nvc-py-hook", "nvc-py-hook-client")
                for h in hooks)
@@ -69,10 +69,10 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
     from nvc.commands import devnodes
     from nvc.containerenv import gpus
-    from nvc.hook import engines
-    from nvc.hook import spec as oci
-    from nvc.hook.prestart import policy
-    from nvc.options import parse_user
+    from nvc.hook.oci.entry import oci_hook
+    from nvc.hook.oci import spec as oci
+    from nvc.hook.oci.prestart import policy
+    from nvc.config.options import parse_user
 
     ctr = oci.container(bundle, spec)
     req = gpus.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
@@ -81,7 +81,7 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     changed = False
     for stage in ("prestart", "poststop"):
         if not has_nvc_hook(spec, stage):
-            spec.setdefault("hooks", {}).setdefault(stage, []).append(engines.oci_hook(stage, config.path))
+            spec.setdefault("hooks", {}).setdefault(stage, []).append(oci_hook(stage, config.path))
             changed = True
     found = devnodes.request_nodes(config.root, parse_user(config.user), req)
     return devnodes.add_to_spec(spec, config.root, found) or changed
@@ -131,7 +131,7 @@ def report(args: list[str], message: str) -> None:
         line = json.dumps({"level": "error", "msg": message, "time": stamp})
     else:
         line = f"time={json.dumps(stamp)} level=error msg={json.dumps(message)}"
-    from nvc.untrusted import open_append
+    from nvc.system.untrusted import open_append
 
     try:  # without blocking: a FIFO there without a reader is no log, not a wait
         fd = open_append(path, 0o644)
@@ -164,7 +164,7 @@ def log_refusal(config: Config | None, args: list[str], err: NvcError, started: 
     """The refusal's one JSON line in the hook's log, as every refused hook call has (README): the
     configuration's ``log.file``, the default one where the configuration itself was refused."""
     from nvc import config as config_file
-    from nvc.hook import log
+    from nvc.hook.oci import log
 
     config = config or config_file.defaults()
     _, i = global_options(args)
@@ -195,14 +195,14 @@ def main(argv: list[str] | None = None) -> int:
             os.execv(runtime, [runtime, *args])
         create = find_create(args)
         if create is not None:
-            from nvc.hook import spec as oci
+            from nvc.hook.oci import spec as oci
 
             bundle = create[1]
             spec = oci.load_config(bundle)
             if rewrite(spec, bundle, config):
                 write_atomic(os.path.join(bundle, "config.json"), spec)
         runtime = real_runtime(config)
-        from nvc.hook import runtimecache
+        from nvc.hook.oci import runtimecache
 
         runtimecache.store(config_file.config_path(), runtime)  # the front passes calls through from now on
     except NvcError as err:
@@ -218,10 +218,10 @@ def run() -> None:
 
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
-    Its streams are guarded (:mod:`nvc.stdio`): a closed or full stdout is one line and a status.
+    Its streams are guarded (:mod:`nvc.system.stdio`): a closed or full stdout is one line and a status.
     """
-    from nvc.loaderenv import restart_without_unsafe_variables
-    from nvc.stdio import guarded
+    from nvc.system.loaderenv import restart_without_unsafe_variables
+    from nvc.system.stdio import guarded
 
     restart_without_unsafe_variables()
     sys.exit(guarded(PROG, main))

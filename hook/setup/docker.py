@@ -13,7 +13,7 @@ daemon.json is edited as text, never re-serialised: a member is added as the fir
 out as the member after it, and removed the same way, so the user's layout stays as it was and removing
 what setup added gives the file back byte for byte; a file setup created (its own keys only, laid out
 as setup writes them) is removed. The plan is made (and bad input refused) before anything is written.
-daemon.json is read as every engine's configuration (nvc.hook.engineconf: a symbolic link is refused,
+daemon.json is read as every engine's configuration (nvc.hook.setup.engineconf: a symbolic link is refused,
 never written through) and a rewrite keeps the previous file as ``daemon.json.nvc-py.bak``.
 """
 
@@ -24,9 +24,10 @@ import os
 from typing import Any, NamedTuple
 
 from nvc.errors import InputError, cut, shown
-from nvc.hook import engineconf
-from nvc.hook.engines import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, SYSTEMD_RUNNING, installed_program, script_path
-from nvc.hook.setupfiles import remove_files, staging_name, write_files
+from nvc.hook.setup import engineconf
+from nvc.hook.oci.entry import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, installed_program
+from nvc.hook.setup.engines import SYSTEMD_RUNNING, script_path
+from nvc.hook.setup.files import remove_files, staging_name, write_files
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
 DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)
@@ -233,7 +234,7 @@ def without_runtime(text: str, path: str, name: str) -> str | None:
 
 
 def read_config(path: str) -> tuple[str | None, int]:
-    """daemon.json's text (None: no file) and the mode it is to keep (:func:`nvc.hook.engineconf.read`:
+    """daemon.json's text (None: no file) and the mode it is to keep (:func:`nvc.hook.setup.engineconf.read`:
     never through a link, never blocking, bounded)."""
     read = engineconf.read(path, engineconf.config_option)
     return (None, 0o644) if read is None else read
@@ -358,7 +359,7 @@ def check_restart() -> None:
 
 def restart(systemctl: str) -> list[str]:
     """Restart dockerd through systemd (``--restart``)."""
-    from nvc.hook.engines import _systemctl
+    from nvc.hook.setup.engines import _systemctl
 
     _systemctl(systemctl, RESTART)
     return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]

@@ -14,7 +14,7 @@ import os
 import stat
 
 from nvc.errors import InputError
-from nvc.untrusted import read_file
+from nvc.system.untrusted import read_file
 
 def load(path: str, limit: int) -> bytes | None:
     """The bytes of this user's cache file at ``path`` (at most ``limit``), or None."""

@@ -1,5 +1,5 @@
 """What the Debian package's maintainer scripts and ``make uninstall`` ask of nvc-py itself:
-``python -I -m nvc.hook.maintainer stop-servers`` and ``unregister [--packaged]``.
+``python -I -m nvc.hook.setup.maintainer stop-servers`` and ``unregister [--packaged]``.
 
 ``stop-servers``: after an upgrade no server of the replaced code may stay (it would answer the next
 call "fall back" and stop, see nvc.hook.server, but until then it holds the old files), and after a
@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from nvc.errors import InputError
-from nvc.hook import engines, hooksdirs, setupfiles
+from nvc.hook.oci import entry as oci_entry
+from nvc.hook.setup import engines, hooksdirs, files as setupfiles
 
-SERVER_ARGV = (os.path.join(engines.LIBDIR, engines.SERVER_PROGRAM), "serve")
+SERVER_ARGV = (os.path.join(oci_entry.LIBDIR, engines.SERVER_PROGRAM), "serve")
 STOP_WAIT = 5.0  # seconds for a server to exit after SIGTERM (it stops at once between calls)
 MAX_CDI_SPEC = 4 << 20  # bytes of a CDI spec read to see whether it is ours
 _MAX_PROC_FILE = 64 * 1024  # bytes of a /proc/PID file read
@@ -77,7 +78,7 @@ def parse_process(pid: int, cmdline: bytes, stat: bytes, status: bytes, cgroup: 
 
 
 def _read_proc(pid: int, name: str) -> bytes:
-    from nvc.untrusted import read_file
+    from nvc.system.untrusted import read_file
 
     return read_file(f"/proc/{pid}/{name}", _MAX_PROC_FILE)[0]
 
@@ -124,9 +125,9 @@ def stop_servers() -> tuple[list[str], list[str]]:
 def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]:
     """Remove the CDI specs in ``dirs`` that name nvc-py's hook, and a directory they leave empty
     (``cdi generate --output`` made it)."""
-    from nvc.untrusted import read_file
+    from nvc.system.untrusted import read_file
 
-    marker = os.path.join(engines.LIBDIR, engines.HOOK_SCRIPT).encode()
+    marker = os.path.join(oci_entry.LIBDIR, oci_entry.HOOK_SCRIPT).encode()
     ours = []
     for path in hooksdirs.spec_files(dirs):
         try:
@@ -141,7 +142,7 @@ def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]
 def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str], list[str]]:
     """Undo every registration (see the module's docstring); returns (what was done, what failed):
     a step that fails is reported and the others still run."""
-    from nvc.hook import docker
+    from nvc.hook.setup import docker
 
     keep = (hooksdirs.DEFAULT_HOOKS_DIR,) if packaged else ()
     steps: tuple[Callable[[], list[str]], ...] = (
@@ -163,7 +164,7 @@ def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvc.hook.maintainer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nvc.hook.setup.maintainer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("stop-servers", help="stop the hook servers not run by systemd")
     registrations = commands.add_parser("unregister", help="undo every registration with the container engines")

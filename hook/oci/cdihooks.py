@@ -29,7 +29,7 @@ def _options(args: Sequence[str], name: str) -> list[str]:
 
 
 def _rootfs(stdin: bytes) -> tuple[str, int | None]:
-    from nvc.hook import spec
+    from nvc.hook.oci import spec
 
     state = spec.parse_state(stdin)
     return spec.container(state.bundle, spec.load_config(state.bundle)).rootfs, state.pid

@@ -2,7 +2,7 @@
 
 The hook reads the configuration at every container start, and importing PyYAML costs more than
 the rest of reading it: the document of the last text parsed is kept as JSON in root's own tmpfs
-(:mod:`nvc.runcache`), and the text is compared whole, so an edit is seen at once. What the
+(:mod:`nvc.system.runcache`), and the text is compared whole, so an edit is seen at once. What the
 document means (its keys, their checks) is :mod:`nvc.config`'s.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from nvc.errors import InputError, cut, shown
-from nvc.untrusted import MAX_DIGITS
+from nvc.system.untrusted import MAX_DIGITS
 
 CACHE_PATH = "/run/nvc-py/config-cache.json"
 MAX_SIZE = 1 << 20  # bytes of configuration text: a real file is a few hundred
@@ -20,9 +20,9 @@ MAX_INTEGER_TEXT = MAX_DIGITS + 3  # characters of a YAML integer: the digits, a
 
 
 def _cached_document(text: str) -> tuple[bool, Any]:
-    """(True, document) when the cache (:mod:`nvc.runcache`: root's own file only) holds ``text``'s
+    """(True, document) when the cache (:mod:`nvc.system.runcache`: root's own file only) holds ``text``'s
     document; (False, None) otherwise."""
-    from nvc import runcache
+    from nvc.system import runcache
 
     raw = runcache.load(CACHE_PATH, MAX_CACHE_SIZE)
     if raw is None:
@@ -42,7 +42,7 @@ def _store_document(text: str, document: Any) -> None:
     """Remember ``text``'s document for the next start, if JSON holds it exactly; best effort."""
     import json
 
-    from nvc import runcache
+    from nvc.system import runcache
 
     try:
         encoded = json.dumps({"text": text, "document": document})

@@ -1,7 +1,7 @@
 """Telling a wedged hook server from a busy one (the Python client's side; native/client/wedge.c is the
 native client's, and the two follow the same rules).
 
-A call waits at most :data:`nvc.hook.handover.ACK_TIMEOUT` for the server's ``ready``, then runs the
+A call waits at most :data:`nvc.hook.server.handover.ACK_TIMEOUT` for the server's ``ready``, then runs the
 program itself. Without more, a wedged server would cost every container start that timeout, until
 someone noticed. Two things let a call learn it at once:
 

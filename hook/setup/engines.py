@@ -19,15 +19,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError
-from nvc.hook import engineconf
-from nvc.hook.setupfiles import remove_files, remove_files_and_dirs, write_files
+from nvc.hook.oci.entry import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
+from nvc.hook.setup import engineconf
+from nvc.hook.setup.files import remove_files, remove_files_and_dirs, write_files
 
 if TYPE_CHECKING:
-    from nvc.hook.hooksdirs import Engine
+    from nvc.hook.setup.hooksdirs import Engine
 
-HOOK_SCRIPT = "nvc-py-hook"
-RUNTIME_SCRIPT = "nvc-py-runtime"
-LIBDIR = "/usr/lib/nvc-py"  # as the Makefile's: make install's fronts and launchers
 SERVER_PROGRAM = "nvc-py-hook-python"  # the Python nvc-py-hook, in LIBDIR: what serves
 SYSTEMD_UNIT_DIR = "/etc/systemd/system"
 SYSTEMD_RUNNING = "/run/systemd/system"  # exists where systemd is PID 1 (sd_booted)
@@ -35,7 +33,6 @@ SERVER_UNIT = "nvc-py-hook.service"
 SOCKET_UNIT = "nvc-py-hook.socket"
 WATCHDOG_SEC = 10  # the server's unit: seconds without a keep-alive before systemd replaces it
 NO_SERVER_FILE = "no-server"  # beside the configuration file: no server started on demand (client/server_start.c)
-FIXED_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PODMAN_HOOK_FILES = {"prestart": "oci-nvc-py-hook.json", "poststop": "oci-nvc-py-poststop.json"}
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_DROP_IN = "/etc/containerd/conf.d/99-nvc-py.toml"
@@ -45,31 +42,6 @@ CRI_PLUGIN_NAME = "io.containerd.grpc.v1.cri"
 def script_path(name: str) -> str:
     """Absolute path of one of nvc-py's console scripts, as installed next to this interpreter."""
     return os.path.join(sysconfig.get_path("scripts"), name)
-
-
-def installed_program(name: str) -> str:
-    """``name`` as make install and the package put it in LIBDIR: the native front, which drops the
-    caller's unsafe variables before the isolated interpreter starts (nvc.loaderenv). pip makes no
-    console scripts of its own (they would run a root hook in a caller-steered interpreter), and
-    would silently undo a front put in their place at every install."""
-    return os.path.join(LIBDIR, name)
-
-
-def hook_env(config_path: str | None) -> list[str]:
-    """The whole environment a hook gets: fixed PATH, and the configuration file when not the default."""
-    return [FIXED_PATH] + ([f"NVC_PY_CONFIG={config_path}"] if config_path else [])
-
-
-def oci_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
-    """The OCI hook entry that runs ``nvc-py-hook STAGE`` (prestart configures; poststop drops
-    the GPU-sharing directory of a container that had one).
-
-    Where ``make install`` put it, nvc-py-hook is the native front: it hands the call to the hook
-    server (no interpreter start on the container's start; where none runs it starts one, see
-    native/client/server_start.c) and runs the Python hook itself when none answers, so the entry is
-    right with or without a server.
-    """
-    return {"path": installed_program(HOOK_SCRIPT), "args": [HOOK_SCRIPT, stage], "env": hook_env(config_path)}
 
 
 def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
@@ -91,10 +63,10 @@ def hook_files(target: str, config_path: str | None = None) -> dict[str, str]:
 
 def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str | None = None,
                   env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
-    """Write the hooks.d files (prestart and poststop) where ``engine`` reads them (nvc.hook.hooksdirs),
+    """Write the hooks.d files (prestart and poststop) where ``engine`` reads them (nvc.hook.setup.hooksdirs),
     or in ``hooks_dir``; our files left in the directory earlier versions wrote to are removed
     when the engine does not read it. Returns (what was done, warnings), a line each."""
-    from nvc.hook import hooksdirs
+    from nvc.hook.setup import hooksdirs
 
     resolved = hooksdirs.resolve(engine, env)
     target = hooks_dir or resolved.target
@@ -115,7 +87,7 @@ def remove_hooks(engine: Engine, hooks_dir: str | None = None, env: Mapping[str,
     engine reads and the one earlier versions wrote to, except those in ``keep`` (a package's own
     directory, whose files its package manager removes), and the directories left empty
     (:func:`remove_files_and_dirs`). Returns what was done, a line each."""
-    from nvc.hook import hooksdirs
+    from nvc.hook.setup import hooksdirs
 
     dirs = [*([hooks_dir] if hooks_dir else []), *hooksdirs.resolve(engine, env).dirs, hooksdirs.LEGACY_HOOKS_DIR]
     kept = {os.path.normpath(d) for d in keep}
@@ -138,7 +110,7 @@ def server_unit(config_path: str | None = None) -> str:
     accept loop stops sending keep-alives (wedged, stopped, or its workers taking no call:
     nvc.hook.server.watchdog) is killed and restarted; SIGKILL, since a stopped process would hold any
     other signal until continued. Meanwhile one call pays the clients' hand-over timeout and the
-    others run the hook themselves (nvc.hook.wedge).
+    others run the hook themselves (nvc.hook.server.wedge).
     """
     env = "".join(f"Environment={entry}\n" for entry in hook_env(config_path))
     program = os.path.join(LIBDIR, SERVER_PROGRAM)
@@ -160,7 +132,7 @@ def server_unit(config_path: str | None = None) -> str:
 def socket_unit() -> str:
     """The socket unit: systemd binds the server's socket (root's alone) and starts the service on
     the first connection; calls that arrive while the server (re)starts wait in its queue."""
-    from nvc.hook.handover import DEFAULT_SOCKET
+    from nvc.hook.oci.entry import DEFAULT_SOCKET
 
     return ("[Unit]\n"
             "Description=nvc-py hook server socket\n\n"
@@ -254,7 +226,7 @@ def set_server_start(config_path: str | None, enabled: bool) -> str | None:
 
 
 def _read_toml(path: str) -> Any:
-    """containerd's configuration at ``path`` (:func:`nvc.hook.engineconf.toml`: a link, a file that
+    """containerd's configuration at ``path`` (:func:`nvc.hook.setup.engineconf.toml`: a link, a file that
     is not a regular one or is too large, bad TOML refused); a missing file is an empty document."""
     import tomlkit
 

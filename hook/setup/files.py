@@ -12,8 +12,8 @@ import stat
 from collections.abc import Collection, Mapping
 
 from nvc.errors import InputError, shown
-from nvc.hook import engineconf
-from nvc.untrusted import file_problem, make_directory, read_file
+from nvc.hook.setup import engineconf
+from nvc.system.untrusted import file_problem, make_directory, read_file
 
 
 def _not_replaceable(path: str) -> str | None:

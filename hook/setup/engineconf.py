@@ -7,7 +7,7 @@ same way: never through a symbolic link (one is refused, the line naming where i
 through it would change another file, docs/engines.md), as a regular file only (opened O_PATH
 first: a FIFO or a device is never opened), at most :data:`MAX_SIZE` bytes, UTF-8, and parsed with
 its nesting bounded (json recurses once a level, and a document parsed deep makes every later walk
-of it recurse as deep). Writes are :func:`nvc.hook.setupfiles.write_files`'s: atomic, the previous
+of it recurse as deep). Writes are :func:`nvc.hook.setup.files.write_files`'s: atomic, the previous
 file kept beside it as ``FILE`` + :data:`BACKUP_SUFFIX`.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from nvc.errors import InputError
-from nvc.untrusted import PATH_MAX, UnexpectedFile, read_checked
+from nvc.system.untrusted import PATH_MAX, UnexpectedFile, read_checked
 
 MAX_SIZE = 1 << 20  # bytes of one configuration file: a real one is a few KiB
 MAX_DEPTH = 64  # levels of nesting of a parsed document: a real one has fewer than 10

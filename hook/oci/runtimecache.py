@@ -9,7 +9,7 @@ and the front runs the program, which resolves the runtime again and writes the 
 
 Its format is the front's: NUL-terminated fields (magic, configuration file, its identity, PATH, its
 directories' identities joined by ``;``, the runtime). Root's own file in root's /run/nvc-py, as every
-cache there (:mod:`nvc.runcache`).
+cache there (:mod:`nvc.system.runcache`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def key(config_file: str, search_path: str | None) -> list[str] | None:
 
 def store(config_file: str, runtime: str) -> None:
     """Record ``runtime`` as what this process's configuration file and PATH resolve to; best effort."""
-    from nvc import runcache
+    from nvc.system import runcache
 
     fields = key(config_file, os.environ.get("PATH"))
     if fields is None or not os.path.isabs(runtime):

@@ -23,7 +23,7 @@ does work of its own between two steps (the sandbox checks the image's files onc
 it calls the steps one by one, in that order; else :func:`confine` runs them all.
 
 Its imports are all here, not in the steps: a step after the root's change could not import from
-the host. (nvc.syscalls loads ctypes: the driver helper's parent, on ``nvc-py info``'s start-up
+the host. (nvc.system.syscalls loads ctypes: the driver helper's parent, on ``nvc-py info``'s start-up
 path, leaves this module to the helper.)
 """
 
@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import prctl
 
-from nvc import syscalls
+from nvc.system import syscalls
 from nvc.errors import InitializationError, NvcError, PrivilegeError
 
 class Confinement(NamedTuple):
@@ -108,7 +108,7 @@ SERVER_WORKER = Confinement("server worker", bounding=None, permitted=None, effe
                             root="kept", identity="kept", rlimits=(), no_new_privs=False, seccomp=None)
 TABLE = (DRIVER_HELPER, CONTAINER_HELPER, LDCONFIG_SANDBOX, SERVER_WORKER)
 
-SECCOMP_CACHE = "/run/nvc-py/{}-seccomp.bpf"  # a compiled allowlist, by name (nvc.runcache: root's own file)
+SECCOMP_CACHE = "/run/nvc-py/{}-seccomp.bpf"  # a compiled allowlist, by name (nvc.system.runcache: root's own file)
 _MAX_BPF = 4096 * 8  # bytes: the kernel's limit of 4096 instructions of 8 bytes
 _RO_TMPFS = syscalls.MS_RDONLY | syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
 
@@ -222,7 +222,7 @@ def seccomp_program(row: Confinement) -> bytes:
     when it was built for this list, else built now and cached. Built once per boot, not per
     container start: importing pyseccomp alone runs ``ldconfig -p`` twice
     (ctypes.util.find_library), which on a loaded host costs more than the mounts it overlaps."""
-    from nvc import runcache
+    from nvc.system import runcache
 
     name = str(row.seccomp)
     header = seccomp_cache_header(name)
