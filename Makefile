@@ -71,7 +71,7 @@ DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
-	print-test-python dev clean k8s-api deb deb-deps deb-lock FORCE
+	print-test-python dev lint lint-python clean k8s-api deb deb-deps deb-lock FORCE
 
 all: build
 
@@ -105,8 +105,19 @@ pip-deps: env
 ## through setup.cfg's package_dir), to run `.venv/bin/python -m nvc` and the pure tests from the source tree
 dev:
 	@[ -x .venv/bin/python ] || $(PYTHON) -m venv .venv
-	@.venv/bin/python -m pip install -q -e '.[test]'
+	@.venv/bin/python -m pip install -q -e '.[test,lint]'
 	@echo "dev: .venv/bin/python -m nvc runs this checkout's code (nvc.rpc from rpc/, nvc.hook from hook/)"
+
+## lint: the Python checks (ruff lint and format check, mypy strict on the pure layers: pyproject.toml) and the
+## C ones (lint-c); the lint tools are setup.cfg's lint extra, installed into the environment where missing
+lint: lint-python
+
+lint-python: pip-deps
+	@missing=$$($(ENV_PYTHON) tools/missing_deps.py --extra lint) || exit 1; \
+	if [ -n "$$missing" ]; then $(STEP) pip-lint "pip: the lint tools" $(PIP) install $$missing || exit 1; fi
+	$(ENV_PYTHON) -m ruff check --no-cache .
+	$(ENV_PYTHON) -m ruff format --no-cache --check .
+	$(ENV_PYTHON) -m mypy --no-incremental
 
 ## print-test-python: the interpreter the tests run with (/work/bin/nvc-test asks)
 print-test-python:

@@ -73,6 +73,13 @@ def missing(reqs: list[str]) -> list[str]:
     return out
 
 
+def extra_requirements(extra: str) -> list[str]:
+    """An extra of setup.cfg's beside test: ``lint`` (make lint's tools)."""
+    return _lines(_setup_cfg()["options.extras_require"][extra])
+
+
 if __name__ == "__main__":
-    print(" ".join(missing(requirements())))
+    # no argument: what make pip-deps installs; --extra NAME: that extra alone (make lint)
+    wanted = extra_requirements(sys.argv[2]) if sys.argv[1:2] == ["--extra"] else requirements()
+    print(" ".join(missing(wanted)))
     sys.exit(0)
