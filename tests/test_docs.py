@@ -64,3 +64,28 @@ def test_the_changelogs_newest_version_is_the_packages() -> None:
     versions = re.findall(r"^## (\d+\.\d+\.\d+)\b", (REPO / "CHANGELOG.md").read_text(), re.M)
     assert versions and versions[0] == __version__
     assert versions == sorted(versions, key=lambda v: tuple(map(int, v.split("."))), reverse=True)
+
+
+def _layout_paths() -> set[str]:
+    """The paths docs/development.md's Layout table names in its first column."""
+    section = (REPO / "docs/development.md").read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return {name for line in section.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`([^`]+)`", line.split("|")[1])}
+
+
+def _tracked_folders() -> set[str]:
+    """The checkout's top-level folders and its Python package folders, as the table writes them."""
+    tops = {f"{path.name}/" for path in REPO.iterdir() if path.is_dir() and (REPO / ".git").exists()
+            and path.name not in {".git", ".venv", ".make", "build", "dist", ".pytest_cache", ".mypy_cache",
+                                  ".ruff_cache", ".whl", ".debs"} and not path.name.endswith(".egg-info")}
+    packages = {f"{path.parent.relative_to(REPO)}/" for top in ("nvc", "rpc", "hook")
+                for path in (REPO / top).glob("*/__init__.py")}
+    return tops | packages
+
+
+def test_the_development_layout_table_is_the_tree() -> None:
+    """Every top-level folder and every package folder of nvc/, rpc/ and hook/ has its row, and every
+    row names what exists: a folder moved or added fails here until the table follows."""
+    named = _layout_paths()
+    assert sorted(_tracked_folders() - named) == []
+    assert sorted(name for name in named if "*" not in name and not (REPO / name).exists()) == []
