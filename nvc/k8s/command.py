@@ -96,6 +96,8 @@ def _logging(name: str, level: str) -> None:
               help="This node's name in the cluster (its ResourceSlices' pool) [env NODE_NAME].")
 @click.option("--kubeconfig", metavar="PATH", default=None,
               help="Kubeconfig to reach the API server with [default: the pod's service account].")
+@click.option("--service-account-dir", metavar="PATH", default="/var/run/secrets/kubernetes.io/serviceaccount",
+              show_default=True, help="The pod's service account token and ca.crt, without --kubeconfig.")
 @click.option("--kubelet-dir", metavar="PATH", default="/var/lib/kubelet", show_default=True,
               help="The kubelet's --root-dir: plugins_registry/ and plugins/<driver>/ are in it.")
 @click.option("--cdi-dir", metavar="PATH", default="/var/run/cdi", show_default=True,
@@ -106,7 +108,7 @@ def _logging(name: str, level: str) -> None:
               help="Least severity of the lines logged to stderr.")
 @click.pass_context
 def dra_driver(ctx: click.Context, config_path: str | None, driver_name: str, node_name: str,
-               kubeconfig: str | None, kubelet_dir: str, cdi_dir: str, resync_s: float, log_level: str) -> None:
+               kubeconfig: str | None, service_account_dir: str, kubelet_dir: str, cdi_dir: str, resync_s: float, log_level: str) -> None:
     """Run the DRA driver until SIGTERM: publishes this node's GPUs and MIG devices as ResourceSlices,
     registers with the kubelet and prepares each allocated ResourceClaim as a CDI spec of its own, with
     the sharing limits of the claim's opaque configuration (docs/kubernetes.md)."""
@@ -124,7 +126,8 @@ def dra_driver(ctx: click.Context, config_path: str | None, driver_name: str, no
             raise InputError(f"{path}: {name} must be an absolute path")
     from nvc.k8s.dra import driver, kubeapi
 
-    api = kubeapi.from_kubeconfig(kubeconfig) if kubeconfig is not None else kubeapi.in_cluster()
+    api = kubeapi.from_kubeconfig(kubeconfig) if kubeconfig is not None else \
+        kubeapi.in_cluster(service_account_dir)
     settings = driver.Settings(driver_name, node_name, os.path.normpath(kubelet_dir), os.path.normpath(cdi_dir),
                                conf.k8s.device_list_strategy == "volume-mounts", resync_s, config_path)
     _logging("dra-driver", log_level)

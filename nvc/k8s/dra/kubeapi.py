@@ -95,7 +95,7 @@ def in_cluster(directory: str = SERVICE_ACCOUNT) -> Client:
     """The pod's service account; the API server from KUBERNETES_SERVICE_HOST and _PORT."""
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if not host or not os.path.exists(os.path.join(directory, "token")):
-        raise InputError("not in a pod (no KUBERNETES_SERVICE_HOST or service account token): give --kubeconfig")
+        raise InputError(f"not in a pod (no KUBERNETES_SERVICE_HOST, or no {directory}/token): give --kubeconfig")
     host = f"[{host}]" if ":" in host else host
     return Client(f"https://{host}:{port}", _ssl(os.path.join(directory, "ca.crt"), None, False),
                   token_file=os.path.join(directory, "token"))
