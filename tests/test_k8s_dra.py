@@ -84,7 +84,7 @@ def test_prepare_writes_the_claims_cdi_spec_and_survives_a_restart(active_2gpu, 
     assert {h["args"][1] for h in common["hooks"]} == {"create-symlinks", "update-ldcache"}
 
     assert run.stop() == 0
-    api_server.client().request("DELETE", f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/one-gpu")
+    api_server.client().request("DELETE", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/one-gpu")
     again = run_driver(active_2gpu.root)
     again.wait_log(r"1 claims prepared before")
     again.wait_log(r"serving " + DRIVER)  # the slices are as they were: not published again
@@ -120,7 +120,7 @@ def test_shared_claim_carries_its_limits_and_bad_ones_fail_alone(active_2gpu, ku
     assert "config[0].opaque.parameters.memoryLimit='lots': not a size" in answer[bad_size[1]]
     assert "config[0].opaque.parameters.memorylimit: unknown field" in answer[unknown[1]]
     assert "memoryLimit: 107374182400 bytes is more than " + MIG_3G in answer[too_big[1]]
-    assert answer[pending[1]] == "claim default/pending: not allocated"
+    assert answer[pending[1]] == "input error: claim default/pending: not allocated"
     assert sorted(p.name for p in run_driver.cdi.iterdir()) == [f"{DRIVER}-claim_{shared[1]}.json"]
 
     spec = json.loads((run_driver.cdi / f"{DRIVER}-claim_{shared[1]}.json").read_text())

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,13 +94,15 @@ def kubelet_dir() -> Iterator[Path]:
 class DriverRun(PluginRun):
     """A running ``nvc-py k8s dra-driver`` and its log."""
 
-    def __init__(self, config: Path, kubelet: Path, cdi: Path, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, config: Path, kubelet: Path, cdi: Path, kubeconfig: Path, log: Path, node: str = NODE,
+                 wrap: Callable[[list[str]], list[str]] = list) -> None:
+        """``wrap``: the command line as run (the test cluster runs it in its node's namespace)."""
         self.log = log
-        env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none", "NODE_NAME": NODE}
+        env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none", "NODE_NAME": node}
         with log.open("wb") as out:
-            self.process = subprocess.Popen(
+            self.process = subprocess.Popen(wrap(
                 [str(SCRIPTS / "nvc-py"), "k8s", "dra-driver", "--config", str(config), "--kubeconfig", str(kubeconfig),
-                 "--kubelet-dir", str(kubelet), "--cdi-dir", str(cdi), "--resync", "1", "--log-level", "debug"],
+                 "--kubelet-dir", str(kubelet), "--cdi-dir", str(cdi), "--resync", "1", "--log-level", "debug"]),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
     def stop(self) -> int:
