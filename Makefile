@@ -260,9 +260,11 @@ deb-deps:
 deb-lock:
 	/usr/bin/python3 tools/debpkg.py lock
 
-## k8s-api: regenerate nvc/k8s/api_pb2.py and api_pb2_grpc.py from api.proto (grpcio-tools, a test requirement)
+## k8s-api: regenerate nvc/k8s/api_pb2*.py and nvc/k8s/dra/*_pb2*.py from their .proto (grpcio-tools, a test requirement)
 k8s-api:
 	$(ENV_PYTHON) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. nvc/k8s/api.proto
+	$(ENV_PYTHON) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. nvc/k8s/dra/dra.proto \
+		nvc/k8s/dra/registration.proto
 
 clean:
 	$(MAKE) -C native clean

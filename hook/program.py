@@ -10,7 +10,7 @@ import os
 import sys
 
 from nvc.errors import InputError, NvcError
-from nvc.hook.oci.entry import DEFAULT_SOCKET, SOCKET_ENV
+from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
 from nvc.hook.oci.prestart import PROG, USAGE
 from nvc.hook.oci.prestart import main as stages
 from nvc.hook.server.handover import hand_over

@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import ContainerError, InputError, NvcError, shown
-from nvc.hook.oci.entry import DEFAULT_SOCKET, SOCKET_ENV
+from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
     from nvc.config import Config

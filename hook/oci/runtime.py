@@ -69,7 +69,7 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
     from nvc.commands import devnodes
     from nvc.containerenv import gpus
-    from nvc.hook.oci.entry import oci_hook
+    from nvc.system.programs import oci_hook
     from nvc.hook.oci import spec as oci
     from nvc.hook.oci.prestart import policy
     from nvc.config.options import parse_user

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import sys
 
-from nvc.hook.oci.entry import DEFAULT_SOCKET, SOCKET_ENV
+from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
 
 NO_SERVER = "none"  # $NVC_PY_HOOK_SOCKET's value for "hand nothing over" (as native/client/hook_client.c)
 TIMEOUT_ENV = "NVC_PY_HOOK_TIMEOUT"

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from nvc.errors import InputError, cut, shown
 from nvc.hook.setup import engineconf
-from nvc.hook.oci.entry import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, installed_program
+from nvc.system.programs import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, installed_program
 from nvc.hook.setup.engines import SYSTEMD_RUNNING, script_path
 from nvc.hook.setup.files import remove_files, staging_name, write_files
 

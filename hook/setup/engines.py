@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError
-from nvc.hook.oci.entry import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
+from nvc.system.programs import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
 from nvc.hook.setup import engineconf
 from nvc.hook.setup.files import remove_files, remove_files_and_dirs, write_files
 
@@ -132,7 +132,7 @@ def server_unit(config_path: str | None = None) -> str:
 def socket_unit() -> str:
     """The socket unit: systemd binds the server's socket (root's alone) and starts the service on
     the first connection; calls that arrive while the server (re)starts wait in its queue."""
-    from nvc.hook.oci.entry import DEFAULT_SOCKET
+    from nvc.system.programs import DEFAULT_SOCKET
 
     return ("[Unit]\n"
             "Description=nvc-py hook server socket\n\n"

@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from nvc.errors import InputError
-from nvc.hook.oci import entry as oci_entry
+from nvc.system import programs
 from nvc.hook.setup import engines, hooksdirs, files as setupfiles
 
-SERVER_ARGV = (os.path.join(oci_entry.LIBDIR, engines.SERVER_PROGRAM), "serve")
+SERVER_ARGV = (os.path.join(programs.LIBDIR, engines.SERVER_PROGRAM), "serve")
 STOP_WAIT = 5.0  # seconds for a server to exit after SIGTERM (it stops at once between calls)
 MAX_CDI_SPEC = 4 << 20  # bytes of a CDI spec read to see whether it is ours
 _MAX_PROC_FILE = 64 * 1024  # bytes of a /proc/PID file read
@@ -127,7 +127,7 @@ def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]
     (``cdi generate --output`` made it)."""
     from nvc.system.untrusted import read_file
 
-    marker = os.path.join(oci_entry.LIBDIR, oci_entry.HOOK_SCRIPT).encode()
+    marker = os.path.join(programs.LIBDIR, programs.HOOK_SCRIPT).encode()
     ours = []
     for path in hooksdirs.spec_files(dirs):
         try:

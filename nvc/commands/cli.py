@@ -341,14 +341,14 @@ def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strat
                  config_path: str | None) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
     from nvc.commands import cdi as cdi_spec
-    from nvc.hook.oci import entry as oci_entry
+    from nvc.system import programs
     from nvc.hook.setup import files as setupfiles
 
     if fmt is None:
         fmt = "json" if output is not None and output.endswith(".json") else "yaml"
     config_path = engine_setup.hook_config_file(config_path)
     spec = cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy,
-                             oci_entry.installed_program(oci_entry.HOOK_SCRIPT), oci_entry.hook_env(config_path))
+                             programs.installed_program(programs.HOOK_SCRIPT), programs.hook_env(config_path))
     text = cdi_spec.render(spec, fmt)
     if output is None:
         click.echo(text, nl=False)

@@ -50,10 +50,10 @@ def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config
     """The CDI spec ``cdi generate`` would write now (compared by device names and nodes only)."""
     from nvc.commands import cdi
     from nvc.config.options import parse_user
-    from nvc.hook.oci import entry as oci_entry
+    from nvc.system import programs
 
     return cdi.generate(conf.root, conf.ldcache, parse_user(conf.user), "index",
-                        oci_entry.installed_program(oci_entry.HOOK_SCRIPT), oci_entry.hook_env(None))
+                        programs.installed_program(programs.HOOK_SCRIPT), programs.hook_env(None))
 
 
 def text(found: list[Check]) -> str:

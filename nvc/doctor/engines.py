@@ -22,11 +22,11 @@ CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's
 
 def _ours(path: str) -> bool:
     """Whether ``path`` names one of nvc-py's programs (a hook or runtime entry pointing at it)."""
-    from nvc.hook.oci import entry as oci_entry
+    from nvc.system import programs
 
     real = os.path.realpath(path)
-    return (real.startswith(oci_entry.LIBDIR + "/")
-            or os.path.basename(real) in (oci_entry.HOOK_SCRIPT, oci_entry.RUNTIME_SCRIPT))
+    return (real.startswith(programs.LIBDIR + "/")
+            or os.path.basename(real) in (programs.HOOK_SCRIPT, programs.RUNTIME_SCRIPT))
 
 
 def _hook_file(path: str) -> str | None:
@@ -94,7 +94,7 @@ def running(name: str) -> list[Daemon]:
 
 def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
     """The processes whose command line ``match`` accepts, oldest first."""
-    from nvc.hook.oci.entry import FIXED_PATH
+    from nvc.system.programs import FIXED_PATH
 
     boot, tick = _boot_time(), os.sysconf("SC_CLK_TCK")
     found = []
@@ -278,7 +278,7 @@ def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 def server() -> Check:
     """The hook server: its socket answers, and the process serving runs the installed code."""
     from nvc.hook.setup import engines
-    from nvc.hook.oci.entry import DEFAULT_SOCKET
+    from nvc.system.programs import DEFAULT_SOCKET
 
     managed = os.path.isdir(engines.SYSTEMD_RUNNING)
     if not os.path.exists(DEFAULT_SOCKET):

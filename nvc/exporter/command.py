@@ -43,7 +43,7 @@ def exporter(ctx: click.Context, listen: str, state_dir: str, hook_log: str | No
     given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given)
     from nvc.exporter.collector import Collector, Sources
     from nvc.exporter.nvml import GpuMemoryCache
-    from nvc.hook.oci.entry import DEFAULT_SOCKET, SOCKET_ENV
+    from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
     from nvc.k8s import published
 
     sources = Sources(state_dir, hook_log or config.load().log_file,

@@ -1,16 +1,18 @@
 """The ``nvc-py k8s`` command group (registered by nvc/commands/cli.py). Imports nothing heavy: the plugin's
-modules, with grpcio and protobuf, load when ``device-plugin`` runs, after its options are read."""
+modules, with grpcio and protobuf, load when ``device-plugin`` or ``dra-driver`` runs, after its options are read."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
 _LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
-@click.group("k8s", short_help="Kubernetes: the kubelet device plugin.")
+@click.group("k8s", short_help="Kubernetes: the kubelet device plugin and the DRA driver.")
 def k8s() -> None:
-    """Kubernetes: the kubelet device plugin (docs/kubernetes.md)."""
+    """Kubernetes: the kubelet device plugin and the DRA driver (docs/kubernetes.md)."""
 
 
 @k8s.command("device-plugin", short_help="Run the kubelet device plugin until SIGTERM.")
@@ -32,20 +34,11 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
     nvidia.com/mig-<profile> (MIG devices) and nvc-py.io/gpu-share (memory slices of the GPUs in
     k8s.share-gpus), with health from NVML's critical XIDs; re-registers when the kubelet restarts.
     The global --root and --user choose the driver root and the NVML helper's identity, as for `info`."""
-    import logging
     import os
-    import sys
 
-    from nvc import config
     from nvc.errors import InputError
-    from nvc.config.options import GlobalOptions, parse_user
 
-    conf = config.load(config_path, must_exist=config_path is not None)
-    given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given)
-    root = given.root if given.root is not None else conf.root
-    if not os.path.isabs(root) or not os.path.isdir(root):
-        raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
-    user = parse_user(given.user if given.user is not None else conf.user)
+    conf, opts = _options(ctx, config_path)
     k8s_conf = conf.k8s
     from nvc.containerenv.sharing import parse_size
 
@@ -62,9 +55,80 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
     if not os.path.exists(k8s_conf.device_plugin_dir):  # the kubelet's to make: no kubelet here, or another --root-dir
         raise InputError(f"{k8s_conf.device_plugin_dir}: no such directory: is a kubelet running on this host? (it "
                          "makes it; another kubelet --root-dir: --device-plugin-dir)")
-    logging.basicConfig(stream=sys.stderr, level=_LOG_LEVELS[log_level],
-                        format="%(asctime)s nvc-py k8s device-plugin: %(levelname)s: %(message)s")
+    _logging("device-plugin", log_level)
     from nvc.k8s import daemon
 
-    opts = GlobalOptions(os.path.normpath(root), given.ldcache or conf.ldcache, user, False)
     ctx.exit(daemon.run(opts, k8s_conf, health_file))
+
+
+def _options(ctx: click.Context, config_path: str | None) -> tuple[Any, Any]:
+    """The configuration file and the global options: the global --root and --user, else the file's."""
+    import os
+
+    from nvc import config
+    from nvc.errors import InputError
+    from nvc.config.options import GlobalOptions, parse_user
+
+    conf = config.load(config_path, must_exist=config_path is not None)
+    given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given)
+    root = given.root if given.root is not None else conf.root
+    if not os.path.isabs(root) or not os.path.isdir(root):
+        raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
+    user = parse_user(given.user if given.user is not None else conf.user)
+    return conf, GlobalOptions(os.path.normpath(root), given.ldcache or conf.ldcache, user, False)
+
+
+def _logging(name: str, level: str) -> None:
+    import logging
+    import sys
+
+    logging.basicConfig(stream=sys.stderr, level=_LOG_LEVELS[level],
+                        format=f"%(asctime)s nvc-py k8s {name}: %(levelname)s: %(message)s")
+
+
+@k8s.command("dra-driver", short_help="Run the DRA driver (resource.k8s.io/v1) until SIGTERM.")
+@click.option("--config", "config_path", metavar="PATH", default=None,
+              help="Configuration file (root, user, k8s.device-list-strategy) "
+                   "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
+@click.option("--driver-name", default="gpu.nvc-py.io", show_default=True,
+              help="The DRA driver name: DeviceClasses select it, and the attributes' domain.")
+@click.option("--node-name", envvar="NODE_NAME", required=True,
+              help="This node's name in the cluster (its ResourceSlices' pool) [env NODE_NAME].")
+@click.option("--kubeconfig", metavar="PATH", default=None,
+              help="Kubeconfig to reach the API server with [default: the pod's service account].")
+@click.option("--service-account-dir", metavar="PATH", default="/var/run/secrets/kubernetes.io/serviceaccount",
+              show_default=True, help="The pod's service account token and ca.crt, without --kubeconfig.")
+@click.option("--kubelet-dir", metavar="PATH", default="/var/lib/kubelet", show_default=True,
+              help="The kubelet's --root-dir: plugins_registry/ and plugins/<driver>/ are in it.")
+@click.option("--cdi-dir", metavar="PATH", default="/var/run/cdi", show_default=True,
+              help="Where each prepared claim's CDI spec goes (the container runtime's CDI spec directory).")
+@click.option("--resync", "resync_s", type=click.FloatRange(min=1), default=60, show_default=True,
+              help="Seconds between checks that the API server still has this node's ResourceSlices.")
+@click.option("--log-level", type=click.Choice(tuple(_LOG_LEVELS)), default="info", show_default=True,
+              help="Least severity of the lines logged to stderr.")
+@click.pass_context
+def dra_driver(ctx: click.Context, config_path: str | None, driver_name: str, node_name: str,
+               kubeconfig: str | None, service_account_dir: str, kubelet_dir: str, cdi_dir: str, resync_s: float, log_level: str) -> None:
+    """Run the DRA driver until SIGTERM: publishes this node's GPUs and MIG devices as ResourceSlices,
+    registers with the kubelet and prepares each allocated ResourceClaim as a CDI spec of its own, with
+    the sharing limits of the claim's opaque configuration (docs/kubernetes.md)."""
+    import os
+    import re
+
+    from nvc.errors import InputError
+
+    conf, opts = _options(ctx, config_path)
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver_name) \
+            or len(driver_name) > 63:
+        raise InputError(f"--driver-name {driver_name!r}: not a DNS subdomain of at most 63 characters with a dot")
+    for name, path in (("--kubelet-dir", kubelet_dir), ("--cdi-dir", cdi_dir)):
+        if not os.path.isabs(path):
+            raise InputError(f"{path}: {name} must be an absolute path")
+    from nvc.k8s.dra import driver, kubeapi
+
+    api = kubeapi.from_kubeconfig(kubeconfig) if kubeconfig is not None else \
+        kubeapi.in_cluster(service_account_dir)
+    settings = driver.Settings(driver_name, node_name, os.path.normpath(kubelet_dir), os.path.normpath(cdi_dir),
+                               conf.k8s.device_list_strategy == "volume-mounts", resync_s, config_path)
+    _logging("dra-driver", log_level)
+    ctx.exit(driver.Driver(opts, settings, api).run())

@@ -1,6 +1,7 @@
-"""The OCI hook entry an engine runs: which program (the native front make install and the package
-put in LIBDIR), its argv and its whole environment. Registration (:mod:`nvc.hook.setup`) writes it
-into the engines' files; the runtime wrapper adds it to a GPU container's spec."""
+"""nvc-py's installed programs (the native fronts make install and the package put in LIBDIR) and the
+OCI hook entry an engine runs: its program, argv and whole environment. Registration
+(:mod:`nvc.hook.setup`) writes it into the engines' files, the runtime wrapper adds it to a GPU
+container's spec, the CDI specs (the CLI's, the DRA driver's) name it in their hooks."""
 
 from __future__ import annotations
 
