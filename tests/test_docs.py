@@ -79,7 +79,7 @@ def _tracked_folders() -> set[str]:
             and path.name not in {".git", ".venv", ".make", "build", "dist", ".pytest_cache", ".mypy_cache",
                                   ".ruff_cache", ".whl", ".debs"} and not path.name.endswith(".egg-info")}
     packages = {f"{path.parent.relative_to(REPO)}/" for top in ("nvc", "rpc", "hook")
-                for path in (REPO / top).glob("*/__init__.py")}
+                for path in (REPO / top).rglob("*/__init__.py")}
     return tops | packages
 
 

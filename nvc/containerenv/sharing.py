@@ -28,6 +28,8 @@ CONTAINER_SCHED = "/var/run/nvc-share-sched"
 CONTAINER_PEERS = "/var/run/nvc-share-peers"
 
 MEMORY_LIMIT, COMPUTE, WEIGHT = "NVC_SHARE_MEMORY_LIMIT", "NVC_SHARE_COMPUTE", "NVC_SHARE_WEIGHT"
+# A latency class and a sharing backend per GPU, as the DRA driver writes them (read by nothing yet: #42)
+PRIORITY, BACKEND = "NVC_SHARE_PRIORITY", "NVC_SHARE_BACKEND"
 HAMI_MEMORY_LIMIT, HAMI_SM_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"
 # (env prefix, ShareRequest field, HAMi semantics). HAMi's names come first so that NVC_SHARE_* win
 # at the same scope, as in the shim; a per-device value beats a global one whatever its name.

@@ -90,9 +90,9 @@ def _logging(name: str, level: str) -> None:
 @click.option("--config", "config_path", metavar="PATH", default=None,
               help="Configuration file (root, user, k8s.device-list-strategy) "
                    "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
-@click.option("--driver-name", default="gpu.nvc-py.io", show_default=True,
+@click.option("--driver-name", metavar="NAME", default="gpu.nvc-py.io", show_default=True,
               help="The DRA driver name: DeviceClasses select it, and the attributes' domain.")
-@click.option("--node-name", envvar="NODE_NAME", required=True,
+@click.option("--node-name", metavar="NAME", envvar="NODE_NAME", required=True,
               help="This node's name in the cluster (its ResourceSlices' pool) [env NODE_NAME].")
 @click.option("--kubeconfig", metavar="PATH", default=None,
               help="Kubeconfig to reach the API server with [default: the pod's service account].")
