@@ -180,9 +180,9 @@ def apply(plan: Plan, container: ContainerClient | None = None, handle: Containe
 def _apply(plan: Plan, container: ContainerClient | None, handle: ContainerHandle | None) -> None:
     start = time.perf_counter()
     if plan.host_nodes:
-        from nvc.discover import kmods
+        from nvc.apply import hostnodes
 
-        kmods.make(plan.host_root, plan.host_nodes)
+        hostnodes.make(plan.host_root, plan.host_nodes)
     if plan.share is None:
         _apply_in_container(plan, start, container, handle)
         return

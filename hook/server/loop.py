@@ -35,7 +35,7 @@ SERVER_NICE_BOOST = 10
 PRELOAD = ("nvc.hook.oci.prestart", "nvc.containerenv.gpus", "nvc.hook.oci.spec", "nvc.hook.oci.log", "nvc.config",
            "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
            "nvc.rpc.container_service", "nvc.containerenv.sharing", "nvc.apply.sharefiles", "nvc.discover.kmods",
-           "nvc.debuglog", "nvc.hook.oci.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
+           "nvc.apply.hostnodes", "nvc.debuglog", "nvc.hook.oci.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
            "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pynvml", "yaml", "json", "resource")
 

@@ -92,9 +92,9 @@ def _pass_options(command: Callable[..., None]) -> Callable[..., None]:
     made the missing nodes (``configure`` plans that instead: :func:`_pass_planned_options`)."""
     def load_now(opts: GlobalOptions) -> None:
         if opts.load_kmods:
-            from nvc.discover import kmods
+            from nvc.apply import hostnodes
 
-            kmods.load(opts.root)
+            hostnodes.load(opts.root)
 
     return _with_options(command, load_now)
 
