@@ -100,32 +100,39 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
     """The container's process exits once its plan is made, and another process gets its pid: every
     step on its handle, the container helper's mounts included, fails in one line, and the other
     process's mount namespace stays as it was (a step that looked the pid up again would mount there)."""
-    from nvc.commands import configure
     from nvc.config.options import GlobalOptions
-    from nvc.plan.request import from_flags
-    from nvc.rpc import container_service
+    from nvc.pipeline import configure
+    from nvc.pipeline.apply import apply, ldcache
+    from nvc.plan.request import check, from_flags
     from nvc.share import owner
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
-    with sleeper() as first, ContainerHandle.open(first.pid) as handle:
-        # no device cgroup step: the container helper alone decides where the mounts go
-        request = from_flags(str(debian_rootfs), first.pid, ("0",), ("compute",), no_cgroups=True)
-        plan = configure.plan(glob, request, handle=handle)
-        first.kill()
-        first.wait()
-        second = take_pid(first.pid)
-        try:
-            mounts = Path(f"/proc/{second.pid}/mountinfo").read_text()
-            steps = (handle.check, handle.device_cgroup, lambda: owner.of_container(handle, ""),
-                     lambda: container_service.apply(plan, handle=handle))
-            for step in steps:
-                with pytest.raises(ContainerError, match=gone(first.pid)):
-                    step()
-            assert Path(f"/proc/{second.pid}/mountinfo").read_text() == mounts
-            assert not any(os.path.lexists(debian_rootfs / "dev" / name) for name in ("nvidia0", "nvidiactl"))
-        finally:
-            second.kill()
-            second.wait()
+
+    def apply_all(plan, handle) -> None:
+        with apply(plan, handle) as applied:
+            ldcache(applied)
+
+    # no device cgroup step: the container helper alone decides where the mounts go
+    with sleeper() as first:
+        request = check(from_flags(str(debian_rootfs), first.pid, ("0",), ("compute",), no_cgroups=True))
+        with configure.container(request) as ctr:
+            handle = ctr.handle
+            plan = configure.plan(configure.discover(glob, request), ctr, request)
+            first.kill()
+            first.wait()
+            second = take_pid(first.pid)
+            try:
+                mounts = Path(f"/proc/{second.pid}/mountinfo").read_text()
+                steps = (handle.check, handle.device_cgroup, lambda: owner.of_container(handle, ""),
+                         lambda: apply_all(plan, handle))
+                for step in steps:
+                    with pytest.raises(ContainerError, match=gone(first.pid)):
+                        step()
+                assert Path(f"/proc/{second.pid}/mountinfo").read_text() == mounts
+                assert not any(os.path.lexists(debian_rootfs / "dev" / name) for name in ("nvidia0", "nvidiactl"))
+            finally:
+                second.kill()
+                second.wait()
 
 
 def test_a_call_carries_descriptors_to_the_helper() -> None:
@@ -149,8 +156,8 @@ def test_a_call_carries_descriptors_to_the_helper() -> None:
 
 def test_configure_resolves_the_container_once_and_lets_it_go(active_2gpu, debian_rootfs: Path) -> None:
     """A whole configure on a real process: its GPU mounted there, and no descriptor of it left open."""
-    from nvc.commands import configure
     from nvc.config.options import GlobalOptions
+    from nvc.pipeline import configure
     from nvc.plan.request import from_flags
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
