@@ -6,6 +6,7 @@ Test double only: nothing here is a GPU result.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import subprocess
@@ -31,7 +32,7 @@ def image_preload(rootfs: Path) -> str:
     """The image's ld.so.preload as configure reads it, inside the rootfs."""
     root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return read_preload(lambda path, flags: open_in_root(root_fd, path, flags), sharing.PRELOAD, str(rootfs))
+        return read_preload(functools.partial(open_in_root, root_fd), sharing.PRELOAD, str(rootfs))
     finally:
         os.close(root_fd)
 

@@ -8,6 +8,7 @@ resolved once into a handle that every later step uses, and the plan is pure dat
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from nvc.config.options import GlobalOptions
 from nvc.discover import procfs
-from nvc.discover.container import ContainerFacts
+from nvc.discover.container import ContainerFacts, Opener
 from nvc.errors import ContainerError
 from nvc.logger import Logger
 from nvc.model import capabilities
@@ -65,15 +66,21 @@ def share_files(sharing: ShareRequest, container_id: str, root_fd: int, rootfs: 
     """GPU sharing's host files (:func:`nvc.plan.share.files`), planned from what the host and the
     image have (the shim ``library``, the image's ld.so.preload), not made: a refused request (no
     shim installed, an id that cannot name a directory) changes nothing."""
-    from nvc.apply.rootfs import open_in_root
     from nvc.containerenv.sharing import PRELOAD
     from nvc.discover.container import image_preload
 
     if not os.path.isfile(library):
         raise ContainerError(f"GPU sharing requested but the shim {library} is not installed")
-    preload = image_preload(lambda path, flags: open_in_root(root_fd, path, flags), PRELOAD, rootfs)
+    preload = image_preload(_opener(root_fd), PRELOAD, rootfs)
     return shareplan.files(sharing, container_id, preload, library=library, state_dir=state_dir,
                            sched_dir=sched_dir, bundle=bundle)
+
+
+def _opener(root_fd: int) -> Opener:
+    """Opens a path of the image whose root is ``root_fd``, resolved inside that root."""
+    from nvc.apply.rootfs import open_in_root
+
+    return functools.partial(open_in_root, root_fd)
 
 
 def _owner(handle: ContainerHandle | None, root_fd: int) -> tuple[int, int]:
@@ -93,14 +100,13 @@ def container(req: Request) -> Iterator[Container]:
     pid) pinned in a handle, closed when the ``with`` ends, and what its image has, read inside its
     rootfs (resolved in the process's root)."""
     from nvc.apply.container import ContainerHandle, open_rootfs
-    from nvc.apply.rootfs import open_in_root
     from nvc.discover.container import facts
 
     handle = None if req.pid is None else ContainerHandle.open(req.pid)
     try:
         root_fd = open_rootfs(req.rootfs, handle)
         try:
-            found = facts(lambda path, flags: open_in_root(root_fd, path, flags), _owner(handle, root_fd))
+            found = facts(_opener(root_fd), _owner(handle, root_fd))
             share = None if req.sharing is None else share_files(req.sharing, req.container_id, root_fd, req.rootfs,
                                                                   bundle=req.bundle)
         finally:
