@@ -1,11 +1,13 @@
-"""The container's process resolved once (nvc.apply.container): a handle whose descriptors keep
-naming that process. Gone before or after it was resolved, a step fails in one line ("container
-process PID is gone", status 8) and none reaches a process that got its pid since; the container
-helper works on the descriptors it is sent with the call (SCM_RIGHTS), never on the pid.
+"""The container's process resolved once (nvc.apply.container, by the pipeline's container step
+only): a handle whose descriptors keep naming that process. Gone before or after it was resolved,
+a step fails in one line ("container process PID is gone", status 8) and none reaches a process
+that got its pid since; the container helper works on the descriptors it is sent with the call
+(SCM_RIGHTS), never on the pid.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from test_layers import _BELOW_PROGRAMS, LAYERS, MODULES, _rank
 
 from nvc.apply.container import ContainerHandle
 from nvc.errors import ContainerError, DriverError
@@ -166,3 +169,23 @@ def test_configure_resolves_the_container_once_and_lets_it_go(active_2gpu, debia
         configure.configure(glob, from_flags(str(debian_rootfs), proc.pid, ("0",), ("compute",), no_cgroups=True))
         assert f" {debian_rootfs}/dev/nvidia0 " in Path(f"/proc/{proc.pid}/mountinfo").read_text()
         assert set(os.listdir("/proc/self/fd")) == mine
+
+
+# The container's process is resolved from its pid in one place below the programs, the pipeline's
+# container step: every other step is handed that handle (a step that resolved the pid again might
+# reach another process).
+RESOLVER = "nvc.pipeline.configure"
+
+
+def handle_opens(path: Path) -> list[str]:
+    """The calls ``ContainerHandle.open(...)`` of ``path``, with their line."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [f"{node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "open"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "ContainerHandle"]
+
+
+def test_only_the_pipeline_resolves_the_container() -> None:
+    below = [m for m in MODULES if m != RESOLVER and LAYERS[_rank(m)][0] in _BELOW_PROGRAMS]
+    assert [f"{m}: {call}" for m in sorted(below) for call in handle_opens(MODULES[m])] == []
+    assert handle_opens(MODULES[RESOLVER]) != []  # the check sees the step's own
