@@ -1,7 +1,7 @@
-"""The container helper (``nvc:[container]``): applies a mount plan inside a container.
+"""The container helper (``nvc:[container]``): carries the pipeline's mount calls into a container.
 
-:func:`apply` is the caller's side of a whole plan: it starts the helper, which mounts, then
-runs ldconfig's sandbox and programs the device cgroup, and has the helper commit or roll back.
+:class:`ContainerClient` is the caller's side: the plan's mounts, then commit or rollback, as
+:func:`nvc.pipeline.apply.apply` orders them with the host steps, ldconfig and the device cgroup.
 
 Joining a mount namespace is a one-way trip for a process, and the caller (the CLI or the
 OCI hook) must stay in the host's. So a forked helper does it, holding only the
@@ -16,20 +16,15 @@ its descriptors, sent with the call (SCM_RIGHTS), never its pid to look up again
 
 from __future__ import annotations
 
-import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import MountError, NvcError
-from nvc.logger import Logger
 from nvc.rpc.helper import Dispatch, HelperClient, note
 from nvc.rpc.pool import WarmHelper
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
-    from nvc.plan.operations import Plan
-
-log = Logger(__name__)
 
 HELPER_TIMEOUT = 10.0  # seconds per helper call
 
@@ -147,95 +142,3 @@ def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> Contai
     returns at once, and its first call waits for it (and raises its set-up's failure): the caller
     plans while the helper forks and confines itself."""
     return ContainerClient(_ahead.take({}, timeout, wait))
-
-
-def _incomplete(problems: list[str]) -> None:
-    if problems:
-        log.error("rollback incomplete: %s", "; ".join(problems))
-
-
-def _timed(stage: str, start: float) -> float:
-    """Log how long ``stage`` took (``--debug``; bench/ reads these lines); return now."""
-    now = time.perf_counter()
-    log.debug("timing %s %.2f ms", stage, (now - start) * 1e3)
-    return now
-
-
-def apply(plan: Plan, container: ContainerClient | None = None, handle: ContainerHandle | None = None) -> None:
-    """Apply ``plan``: the driver nodes ``--load-kmods`` found missing (on the host, like udev: they
-    stay), the sharing files (on the host, in this process's mount namespace), mounts (the container
-    helper: ``container``, forked ahead by :func:`open_container` and shut down once its work is
-    done, else one forked now), then ldconfig and device cgroup; undo the mounts and the sharing
-    files on failure. ``handle``: the container's process the plan was made for (resolved from the
-    plan's pid where not given)."""
-    if handle is None and plan.pid is not None:
-        from nvc.apply.container import ContainerHandle
-
-        with ContainerHandle.open(plan.pid) as handle:
-            _apply(plan, container, handle)
-    else:
-        _apply(plan, container, handle)
-
-
-def _apply(plan: Plan, container: ContainerClient | None, handle: ContainerHandle | None) -> None:
-    start = time.perf_counter()
-    if plan.host_nodes:
-        from nvc.discover import kmods
-
-        kmods.make(plan.host_root, plan.host_nodes)
-    if plan.share is None:
-        _apply_in_container(plan, start, container, handle)
-        return
-    from nvc.apply import sharefiles
-
-    sharefiles.make(plan.share, handle)  # undoes itself on failure (and leaves a stale container's files alone)
-    try:
-        _apply_in_container(plan, start, container, handle)
-    except BaseException:
-        sharefiles.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
-        raise
-
-
-def _apply_in_container(plan: Plan, start: float, container: ContainerClient | None,
-                        handle: ContainerHandle | None) -> None:
-    """The plan's steps in the container: mounts (the container helper), then ldconfig and device
-    cgroup; the mounts undone on failure."""
-    from nvc.apply import ldconfig
-
-    # Forked first: the ldconfig child loads its modules while this process imports the
-    # helper's and the helper mounts.
-    pending = None
-    if plan.ldconfig is not None:
-        pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
-                                          handle=handle)
-    try:
-        from nvc.apply import cgroups
-
-        start = _timed("setup", start)
-        with container if container is not None else open_container() as helper:
-            try:
-                helper.mount(plan, handle)
-                start = _timed("mounts", start)
-                try:
-                    # ldconfig runs in its sandbox while this process programs the device cgroup.
-                    if pending is not None:
-                        pending.start()
-                    if plan.cgroup_rules and handle is not None:
-                        cgroups.allow_devices(handle.device_cgroup(), plan.cgroup_rules)
-                        start = _timed("cgroup", start)
-                    if pending is not None:
-                        pending.wait()
-                        start = _timed("ldconfig", start)  # what was left of it after the cgroup
-                except BaseException:
-                    if pending is not None:
-                        pending.cancel()  # ldconfig is dead before its changes are undone
-                    _incomplete(helper.rollback())
-                    raise
-                helper.commit()
-            except BaseException:
-                _incomplete(helper.recover(plan))  # a helper that died could not roll back
-                raise
-        _timed("finish", start)  # the helper's shutdown and exit
-    finally:
-        if pending is not None:
-            pending.cancel()

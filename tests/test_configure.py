@@ -313,7 +313,7 @@ def test_load_kmods_is_a_step_of_the_plan(active_2gpu, debian_rootfs, target_pro
 def test_a_request_the_plan_refuses_leaves_no_helper_behind(active_2gpu, debian_rootfs, target_process):
     """configure forks its container helper before it plans, so that the two overlap; a request the
     plan refuses (no GPU 7 on this machine) ends that helper too, reaped, with nothing mounted."""
-    from nvc.commands import configure
+    from nvc.pipeline import configure
     from nvc.errors import NvcError
     from nvc.config.options import GlobalOptions
     from nvc.plan.request import from_flags

@@ -1,11 +1,13 @@
-"""The container's process resolved once (nvc.apply.container): a handle whose descriptors keep
-naming that process. Gone before or after it was resolved, a step fails in one line ("container
-process PID is gone", status 8) and none reaches a process that got its pid since; the container
-helper works on the descriptors it is sent with the call (SCM_RIGHTS), never on the pid.
+"""The container's process resolved once (nvc.apply.container, by the pipeline's container step
+only): a handle whose descriptors keep naming that process. Gone before or after it was resolved,
+a step fails in one line ("container process PID is gone", status 8) and none reaches a process
+that got its pid since; the container helper works on the descriptors it is sent with the call
+(SCM_RIGHTS), never on the pid.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from test_layers import _BELOW_PROGRAMS, LAYERS, MODULES, _rank
 
 from nvc.apply.container import ContainerHandle
 from nvc.errors import ContainerError, DriverError
@@ -100,32 +103,39 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
     """The container's process exits once its plan is made, and another process gets its pid: every
     step on its handle, the container helper's mounts included, fails in one line, and the other
     process's mount namespace stays as it was (a step that looked the pid up again would mount there)."""
-    from nvc.commands import configure
     from nvc.config.options import GlobalOptions
-    from nvc.plan.request import from_flags
-    from nvc.rpc import container_service
+    from nvc.pipeline import configure
+    from nvc.pipeline.apply import apply, ldcache
+    from nvc.plan.request import check, from_flags
     from nvc.share import owner
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
-    with sleeper() as first, ContainerHandle.open(first.pid) as handle:
-        # no device cgroup step: the container helper alone decides where the mounts go
-        request = from_flags(str(debian_rootfs), first.pid, ("0",), ("compute",), no_cgroups=True)
-        plan = configure.plan(glob, request, handle=handle)
-        first.kill()
-        first.wait()
-        second = take_pid(first.pid)
-        try:
-            mounts = Path(f"/proc/{second.pid}/mountinfo").read_text()
-            steps = (handle.check, handle.device_cgroup, lambda: owner.of_container(handle, ""),
-                     lambda: container_service.apply(plan, handle=handle))
-            for step in steps:
-                with pytest.raises(ContainerError, match=gone(first.pid)):
-                    step()
-            assert Path(f"/proc/{second.pid}/mountinfo").read_text() == mounts
-            assert not any(os.path.lexists(debian_rootfs / "dev" / name) for name in ("nvidia0", "nvidiactl"))
-        finally:
-            second.kill()
-            second.wait()
+
+    def apply_all(plan, handle) -> None:
+        with apply(plan, handle) as applied:
+            ldcache(applied)
+
+    # no device cgroup step: the container helper alone decides where the mounts go
+    with sleeper() as first:
+        request = check(from_flags(str(debian_rootfs), first.pid, ("0",), ("compute",), no_cgroups=True))
+        with configure.container(request) as ctr:
+            handle = ctr.handle
+            plan = configure.plan(configure.discover(glob, request), ctr, request)
+            first.kill()
+            first.wait()
+            second = take_pid(first.pid)
+            try:
+                mounts = Path(f"/proc/{second.pid}/mountinfo").read_text()
+                steps = (handle.check, handle.device_cgroup, lambda: owner.of_container(handle, ""),
+                         lambda: apply_all(plan, handle))
+                for step in steps:
+                    with pytest.raises(ContainerError, match=gone(first.pid)):
+                        step()
+                assert Path(f"/proc/{second.pid}/mountinfo").read_text() == mounts
+                assert not any(os.path.lexists(debian_rootfs / "dev" / name) for name in ("nvidia0", "nvidiactl"))
+            finally:
+                second.kill()
+                second.wait()
 
 
 def test_a_call_carries_descriptors_to_the_helper() -> None:
@@ -149,8 +159,8 @@ def test_a_call_carries_descriptors_to_the_helper() -> None:
 
 def test_configure_resolves_the_container_once_and_lets_it_go(active_2gpu, debian_rootfs: Path) -> None:
     """A whole configure on a real process: its GPU mounted there, and no descriptor of it left open."""
-    from nvc.commands import configure
     from nvc.config.options import GlobalOptions
+    from nvc.pipeline import configure
     from nvc.plan.request import from_flags
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
@@ -159,3 +169,23 @@ def test_configure_resolves_the_container_once_and_lets_it_go(active_2gpu, debia
         configure.configure(glob, from_flags(str(debian_rootfs), proc.pid, ("0",), ("compute",), no_cgroups=True))
         assert f" {debian_rootfs}/dev/nvidia0 " in Path(f"/proc/{proc.pid}/mountinfo").read_text()
         assert set(os.listdir("/proc/self/fd")) == mine
+
+
+# The container's process is resolved from its pid in one place below the programs, the pipeline's
+# container step: every other step is handed that handle (a step that resolved the pid again might
+# reach another process).
+RESOLVER = "nvc.pipeline.configure"
+
+
+def handle_opens(path: Path) -> list[str]:
+    """The calls ``ContainerHandle.open(...)`` of ``path``, with their line."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [f"{node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "open"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "ContainerHandle"]
+
+
+def test_only_the_pipeline_resolves_the_container() -> None:
+    below = [m for m in MODULES if m != RESOLVER and LAYERS[_rank(m)][0] in _BELOW_PROGRAMS]
+    assert [f"{m}: {call}" for m in sorted(below) for call in handle_opens(MODULES[m])] == []
+    assert handle_opens(MODULES[RESOLVER]) != []  # the check sees the step's own

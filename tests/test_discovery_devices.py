@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nvc.apply import hostnodes
 from nvc.discover import inventory, kmods, nodes, procfs
 from nvc.plan import selection
 from nvc.commands.cli import GlobalOptions, run_list
@@ -54,8 +55,8 @@ def test_proc_devices_and_specs() -> None:
 def test_nodes_created_then_checked(tmp_path: Path) -> None:
     majors = nodes.parse_proc_devices(PROC_DEVICES)
     specs = (*nodes.control_specs(majors), nodes.gpu_spec(majors, 3), nodes.caps_spec(majors, 9, 0o400))
-    created = nodes.create_missing(str(tmp_path), specs)
-    assert len(created) == 6 and nodes.create_missing(str(tmp_path), specs) == ()
+    created = hostnodes.create_missing(str(tmp_path), specs)
+    assert len(created) == 6 and hostnodes.create_missing(str(tmp_path), specs) == ()
     st = os.stat(tmp_path / "dev/nvidia-caps/nvidia-cap9")
     assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o400
     assert os.major(st.st_rdev) == 241 and os.minor(st.st_rdev) == 9
@@ -233,7 +234,7 @@ def test_load_kmods_creates_what_the_driver_reports(active_2gpu, tmp_path: Path)
     root = tmp_path / "root"
     root.mkdir()
     loaded = _modules(tmp_path, "nvidia", "nvidia_uvm", "nvidia_modeset")
-    created = kmods.load(str(root), sys_module=loaded)
+    created = hostnodes.load(str(root), sys_module=loaded)
     names = sorted(str(Path(p).relative_to(root)) for p in created)
     assert names == sorted([
         "dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia-uvm-tools", "dev/nvidia-modeset", "dev/nvidia0",
@@ -244,7 +245,7 @@ def test_load_kmods_creates_what_the_driver_reports(active_2gpu, tmp_path: Path)
     for rel in names:
         real, made = os.stat(active_2gpu.root / rel), os.stat(root / rel)
         assert (made.st_rdev, stat.S_IMODE(made.st_mode)) == (real.st_rdev, stat.S_IMODE(real.st_mode)), rel
-    assert kmods.load(str(root), sys_module=loaded) == ()
+    assert hostnodes.load(str(root), sys_module=loaded) == ()
 
 
 def test_load_kmods_makes_no_node_for_a_module_that_is_not_loaded(active_2gpu, tmp_path: Path) -> None:
@@ -252,7 +253,7 @@ def test_load_kmods_makes_no_node_for_a_module_that_is_not_loaded(active_2gpu, t
     /sys/module can. Without it no node is made (the reference makes none either)."""
     root = tmp_path / "root"
     root.mkdir()
-    created = kmods.load(str(root), sys_module=_modules(tmp_path, "nvidia", "nvidia_uvm"))
+    created = hostnodes.load(str(root), sys_module=_modules(tmp_path, "nvidia", "nvidia_uvm"))
     assert f"{root}/dev/nvidia-modeset" not in created and f"{root}/dev/nvidiactl" in created
     assert not (root / "dev/nvidia-modeset").exists()
 
@@ -262,7 +263,7 @@ def test_load_kmods_without_the_uvm_and_caps_majors_makes_only_the_nvidia_nodes(
     devices.write_text("Character devices:\n195 nvidia\n195 nvidiactl\n\nBlock devices:\n")
     root = tmp_path / "root"
     root.mkdir()
-    created = kmods.load(str(root), proc_devices=devices, sys_module=_modules(tmp_path))
+    created = hostnodes.load(str(root), proc_devices=devices, sys_module=_modules(tmp_path))
     assert sorted(str(Path(p).relative_to(root)) for p in created) == ["dev/nvidia0", "dev/nvidia1", "dev/nvidiactl"]
     assert not (root / "dev/nvidia-caps").exists()
 
@@ -279,7 +280,7 @@ def test_load_kmods_with_every_node_present_creates_nothing_and_is_quick(active_
     times = []
     for _ in range(10):
         start = time.perf_counter()
-        assert kmods.load(root, sys_module=loaded) == ()
+        assert hostnodes.load(root, sys_module=loaded) == ()
         times.append(time.perf_counter() - start)
     assert sorted(os.listdir(active_2gpu.root / "dev")) == before
     assert min(times) <= 0.005, f"load-kmods took {min(times) * 1e3:.2f} ms at best"
@@ -290,7 +291,7 @@ def test_load_kmods_refuses_a_planted_node_with_another_number(active_2gpu, tmp_
     (root / "dev").mkdir(parents=True)
     os.mknod(root / "dev/nvidiactl", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     with pytest.raises(DeviceError, match="nvidiactl: device number 1:3, expected 195:255"):
-        kmods.load(str(root), sys_module=_modules(tmp_path))
+        hostnodes.load(str(root), sys_module=_modules(tmp_path))
 
 
 def test_mig_minors_are_looked_up_by_name(tmp_path: Path) -> None:

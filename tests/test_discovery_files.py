@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nvc.apply import hostnodes
 from nvc.discover import driver, ldcache, rootpath
 from nvc.errors import DetectionError
 
@@ -46,9 +47,9 @@ def test_makedirs_never_leaves_root(tmp_path: Path) -> None:
     outside.mkdir()
     (root / "dev").symlink_to(outside)  # host-absolute target: inside the root it means <root>/<outside>
     with pytest.raises(FileExistsError):  # dangling inside the root: refused, not followed to the host
-        rootpath.makedirs(str(root), "/dev/nvidia-caps")
+        hostnodes.makedirs(str(root), "/dev/nvidia-caps")
     (root / str(outside).lstrip("/")).mkdir(parents=True)
-    assert rootpath.makedirs(str(root), "/dev/nvidia-caps") == f"{outside}/nvidia-caps"
+    assert hostnodes.makedirs(str(root), "/dev/nvidia-caps") == f"{outside}/nvidia-caps"
     assert (root / str(outside).lstrip("/") / "nvidia-caps").is_dir()
     assert list(outside.iterdir()) == []
 

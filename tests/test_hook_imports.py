@@ -28,7 +28,7 @@ NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "site", "da
                    "google.protobuf", "nvc.k8s", "nvc.rpc.nvml_events", "pyseccomp", "ctypes.util", "nvc.exporter",
                    "prometheus_client"})
 # A container asking for no GPU is answered before any of configure's machinery loads.
-NEVER_WITHOUT_GPU = NEVER | {"nvc.commands.configure", "nvc.plan.mountplan", "nvc.plan.operations", "nvc.rpc.helper", "ctypes", "socket",
+NEVER_WITHOUT_GPU = NEVER | {"nvc.pipeline.configure", "nvc.plan.mountplan", "nvc.plan.operations", "nvc.rpc.helper", "ctypes", "socket",
                              "pathlib", "subprocess", "shutil", "tempfile"}
 
 

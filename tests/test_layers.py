@@ -4,9 +4,9 @@ Read from the source files (every import, also those inside functions, except un
 ``if TYPE_CHECKING:``), so a lazy import cannot hide an upward dependency or a cycle. The
 layers, bottom first: shared basics; discovery (what the host has); planning (pure: what a
 container gets); applying it (mounts, ldconfig, cgroups, sharing files); the privileged
-helpers (``nvc.rpc``), which run discovery and apply steps for the layers above; the commands
-that drive the pipeline; and the programs (``nvc-py``'s CLI, ``nvc.hook``). A module may
-import its own layer or a lower one. What a container may ask (its env's variables, the device
+helpers (``nvc.rpc``), which carry discovery and apply calls for the layers above; the pipeline
+(``nvc.pipeline``), a container start's steps; the commands that drive it; and the programs
+(``nvc-py``'s CLI, ``nvc.hook``). A module may import its own layer or a lower one. What a container may ask (its env's variables, the device
 plugin's volume mounts) is named in one module only, the contract ``nvc.containerenv``; the
 container's process is read through ``/proc/PID`` by one module only, its handle
 ``nvc.apply.container``. And no module grows past a size a maintainer reads whole (450 lines of
@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("plan", frozenset({"nvc.plan", "nvc.containerenv"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
+    ("pipeline", frozenset({"nvc.pipeline"})),
     ("commands", frozenset({"nvc.commands", "nvc.share.status", "nvc.k8s"})),
     ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.commands.engine_setup", "nvc.hook", "nvc.doctor",
                            "nvc.exporter"})),
@@ -166,7 +167,7 @@ def test_the_check_sees_lazy_imports_and_circles(tmp_path: Path) -> None:
     """The checker itself: an import inside a function counts, a TYPE_CHECKING one does not."""
     source = tmp_path / "sample.py"
     source.write_text("from typing import TYPE_CHECKING\nfrom nvc import errors\nif TYPE_CHECKING:\n"
-                      "    from nvc.commands.configure import plan\nelse:\n    import nvc.commands.cli\n"
+                      "    from nvc.pipeline.configure import plan\nelse:\n    import nvc.commands.cli\n"
                       "def f():\n    from nvc.rpc import helper\n    import nvc.apply.applier\n")
     assert imports(source) == {"nvc.errors", "nvc.commands.cli", "nvc.rpc.helper", "nvc.apply.applier"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
@@ -184,9 +185,10 @@ def test_the_installed_package_is_the_source_tree() -> None:
 
 
 def test_the_core_never_imports_the_helpers_or_the_programs() -> None:
-    """nvc's basics, discover, plan, apply and share name nothing of nvc.rpc, nvc.commands or
-    nvc.hook (the helpers run the core; the commands and the programs drive it)."""
-    outer = ("nvc.rpc", "nvc.commands", "nvc.hook")
+    """nvc's basics, discover, plan, apply and share name nothing of nvc.rpc, nvc.pipeline,
+    nvc.commands or nvc.hook (the helpers carry the core's calls; the pipeline, the commands and the
+    programs drive it)."""
+    outer = ("nvc.rpc", "nvc.pipeline", "nvc.commands", "nvc.hook")
     core = [m for m in MODULES if LAYERS[_rank(m)][0] in ("base", "discover", "plan", "apply")]
     assert "nvc.apply.sharefiles" in core and "nvc.plan.mountplan" in core and "nvc.containerenv" in core
     assert sorted(f"{m} -> {dep}" for m in core for dep in GRAPH[m]
@@ -309,7 +311,7 @@ def test_the_size_check_counts_lines_and_reads_the_reason(tmp_path: Path) -> Non
 # name another process by then. The programs (the hook's own checks of its caller, doctor) are not
 # held to it: they run no step of a configure.
 HANDLE = "nvc.apply.container"
-_BELOW_PROGRAMS = ("base", "discover", "plan", "apply", "rpc", "commands")
+_BELOW_PROGRAMS = ("base", "discover", "plan", "apply", "rpc", "pipeline", "commands")
 
 
 def _pid_like(node: ast.AST) -> bool:

@@ -34,11 +34,11 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     """configure's plan has the sharing files as host steps, before the container's: the dry run
     prints them and makes nothing; applying makes them, then the mounts that show them in the
     container; a later step failing removes them again."""
-    from nvc.commands import configure
+    from nvc.pipeline import configure
+    from nvc.pipeline.apply import apply, ldcache
     from nvc.config.options import GlobalOptions
     from nvc.errors import MountError
     from nvc.plan.request import HostMount, from_flags
-    from nvc.rpc import container_service
 
     debian_rootfs = make_rootfs("debian", name="share-plan-rootfs")  # its own: the mount targets stay in it
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
@@ -49,7 +49,11 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     host_mounts = Path("/proc/self/mountinfo").read_text()
     listing_before = sorted(str(p) for p in default_run_dir.rglob("*"))
 
-    plan = configure.plan(glob, req)
+    plan = configure.dry_plan(glob, req)
+
+    def apply_all(plan) -> None:
+        with configure.container(req) as ctr, apply(plan, ctr.handle) as applied:
+            ldcache(applied)
     lines = plan.text().splitlines()
     assert lines[:4] == [f"mkdir   host      {where}", f"write   host      {where}/owner (the container's bundle and "
                          "process)", f"tmpfs   host      {where}/shared (limits, region)",
@@ -71,11 +75,11 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     missing = HostMount(str(default_run_dir / "no-such-file"), "/opt/missing")
     try:
         with pytest.raises(MountError, match="no-such-file"):  # a mount in the container fails: all undone
-            container_service.apply(configure.plan(glob, req._replace(extra_mounts=(missing,))))
+            apply_all(configure.dry_plan(glob, req._replace(extra_mounts=(missing,))))
         assert not os.path.lexists(where) and not os.path.lexists(sched) and not os.path.lexists(granted)
         assert not any(m.startswith(share.STATE_DIR) for m in _mountpoints())
 
-        container_service.apply(plan)
+        apply_all(plan)
         assert "memory_limit=1073741824\n" in Path(f"{where}/shared/limits").read_text()
         recorded = json.loads(Path(f"{where}/owner").read_text())
         assert (recorded["bundle"], recorded["pid"]) == ("", target_process)

@@ -6,6 +6,7 @@ Test double only: nothing here is a GPU result.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import subprocess
@@ -18,8 +19,9 @@ from harness.sharedirs import mountpoints as _mountpoints
 from harness.sharedirs import prepare, prepared, private_mounts  # noqa: F401  (fixture)
 from harness.shim import SHIM
 from nvc.apply import sharefiles
-from nvc.commands import configure
+from nvc.apply.rootfs import open_in_root
 from nvc.containerenv import sharing
+from nvc.discover.container import image_preload as read_preload
 from nvc.errors import ContainerError, InputError
 from nvc.plan import share
 from nvc.plan.request import ShareRequest
@@ -30,7 +32,7 @@ def image_preload(rootfs: Path) -> str:
     """The image's ld.so.preload as configure reads it, inside the rootfs."""
     root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        return configure.read_image_preload(root_fd, str(rootfs))
+        return read_preload(functools.partial(open_in_root, root_fd), sharing.PRELOAD, str(rootfs))
     finally:
         os.close(root_fd)
 

@@ -89,7 +89,7 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
                              "process (linux.namespaces): nvc-py configures only a container with a mount "
                              "namespace of its own; give it one, or ask for no GPU")
     from nvc.containerenv import sharing as share
-    from nvc.commands.configure import configure
+    from nvc.pipeline.configure import configure
 
     # junk limits refuse the container before anything changes; its sharing files are steps of the plan
     sharing = share.parse_share_env(share.share_env(ctr.env, ctr.mounts, policy(config)))

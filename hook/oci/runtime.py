@@ -71,8 +71,8 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     from nvc.containerenv import gpus
     from nvc.system.programs import oci_hook
     from nvc.hook.oci import spec as oci
-    from nvc.hook.oci.prestart import policy
-    from nvc.config.options import parse_user
+    from nvc.hook.oci.prestart import global_options, policy
+    from nvc.pipeline.configure import device_nodes
 
     ctr = oci.container(bundle, spec)
     req = gpus.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
@@ -83,7 +83,7 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
         if not has_nvc_hook(spec, stage):
             spec.setdefault("hooks", {}).setdefault(stage, []).append(oci_hook(stage, config.path))
             changed = True
-    found = devnodes.request_nodes(config.root, parse_user(config.user), req)
+    found = devnodes.find_all(config.root, device_nodes(global_options(config), req))
     return devnodes.add_to_spec(spec, config.root, found) or changed
 
 

@@ -33,9 +33,9 @@ SERVER_NICE_BOOST = 10
 # What a prestart call imports, lazily or in its forked children: imported once, here (not
 # pyseccomp: ldconfig's sandbox loads its filter from root's cache, compiled once per boot).
 PRELOAD = ("nvc.hook.oci.prestart", "nvc.containerenv.gpus", "nvc.hook.oci.spec", "nvc.hook.oci.log", "nvc.config",
-           "nvc.commands.configure", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
+           "nvc.pipeline.configure", "nvc.pipeline.apply", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
            "nvc.rpc.container_service", "nvc.containerenv.sharing", "nvc.apply.sharefiles", "nvc.discover.kmods",
-           "nvc.debuglog", "nvc.hook.oci.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
+           "nvc.apply.hostnodes", "nvc.debuglog", "nvc.hook.oci.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
            "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
            "pynvml", "yaml", "json", "resource")
 

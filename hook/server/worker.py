@@ -87,14 +87,14 @@ def warm_up(scratch: str, say: bool = True) -> None:
     plan writes (a worker shares the server's until it writes them). Best effort: a host
     without a driver just skips it (``say``: and says so)."""
     from nvc import config as config_file
-    from nvc.commands.configure import plan
+    from nvc.pipeline.configure import dry_plan
     from nvc.errors import NvcError
     from nvc.hook.oci.prestart import global_options
     from nvc.plan.request import Request
 
     try:
         cfg = config_file.load()
-        plan(global_options(cfg), Request(rootfs=scratch, capabilities=frozenset(cfg.supported_capabilities)))
+        dry_plan(global_options(cfg), Request(rootfs=scratch, capabilities=frozenset(cfg.supported_capabilities)))
     except (NvcError, OSError) as err:
         if say:
             print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)

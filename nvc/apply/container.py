@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import os
 import select
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from nvc.errors import ContainerError, proc_failure
@@ -156,11 +155,6 @@ class ContainerHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def resolve(pid: int | None) -> AbstractContextManager[ContainerHandle | None]:
-    """The handle of process ``pid`` (closed at the end of the ``with``); None in standalone mode."""
-    return nullcontext() if pid is None else ContainerHandle.open(pid)
 
 
 def _check_alive(pidfd: int) -> None:

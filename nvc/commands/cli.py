@@ -92,9 +92,9 @@ def _pass_options(command: Callable[..., None]) -> Callable[..., None]:
     made the missing nodes (``configure`` plans that instead: :func:`_pass_planned_options`)."""
     def load_now(opts: GlobalOptions) -> None:
         if opts.load_kmods:
-            from nvc.discover import kmods
+            from nvc.apply import hostnodes
 
-            kmods.load(opts.root)
+            hostnodes.load(opts.root)
 
     return _with_options(command, load_now)
 
@@ -247,7 +247,7 @@ def configure(
     rootfs: str,
 ) -> None:
     """Make the selected GPUs usable in the container whose rootfs is ROOTFS (absolute, not /)."""
-    from nvc.commands import configure as conf
+    from nvc.pipeline.configure import configure as run
     from nvc.plan.request import from_flags
 
     flags = {"compute": compute, "utility": utility, "video": video, "graphics": graphics, "display": display,
@@ -266,7 +266,7 @@ def configure(
         imex_channels=imex,
         cuda_compat_mode=cuda_compat_mode,
     )
-    plan = conf.configure(opts, request, dry_run=dry_run)
+    plan = run(opts, request, dry_run=dry_run)
     if dry_run:
         click.echo(plan.text(), nl=False)
 

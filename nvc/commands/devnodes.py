@@ -3,38 +3,22 @@
 The runtime wrapper and the CDI generator put the nodes in the spec itself, so that the
 runtime creates them and owns their cgroup rules: rules added behind the runtime's back
 (by a hook) vanish on a systemd daemon-reload, the reference stack's best-known failure.
-Which nodes a request needs is the mount plan's rule (:func:`nvc.plan.mountplan.needed_nodes`).
+Which nodes a request needs is the pipeline's (:func:`nvc.pipeline.configure.device_nodes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nvc.discover import inventory, nodes, procfs
-from nvc.plan import mountplan, selection
+from nvc.discover import nodes
+from nvc.plan import mountplan
 from nvc.discover.nodes import DeviceNode
-
-if TYPE_CHECKING:
-    from nvc.plan.request import Request
 
 
 def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:
     """The nodes of ``specs`` present under ``root`` (a node with a wrong number is an error)."""
     return [n for n in (nodes.find(root, s) for s in specs) if n is not None]
-
-
-def request_nodes(root: str, user: tuple[int, int] | None, request: Request) -> list[DeviceNode]:
-    """Every node a container asking for ``request`` gets (no selectors: driver only, control nodes)."""
-    from nvc.rpc import driver_service
-
-    majors = nodes.read_majors()
-    mig_files = request.mig_config or request.mig_monitor
-    use_nvml = bool(request.selectors) and selection.needs_nvml(request.selectors, mig_files)
-    inv = driver_service.inventory(root, user) if use_nvml else inventory.from_procfs()
-    chosen = selection.select(inv.gpus, request.selectors)
-    mig_minors = procfs.read_mig_minors() if mig_files else {}
-    return find_all(root, mountplan.needed_nodes(chosen, majors, mig_minors, request))
 
 
 def spec_device(root: str, node: DeviceNode) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Global options (given before the command), importable without click.
 
-The OCI hook calls :func:`nvc.commands.configure.configure` in-process with these, and must not pay
+The OCI hook calls :func:`nvc.pipeline.configure.configure` in-process with these, and must not pay
 for the CLI's imports at every container start.
 """
 

@@ -1,4 +1,4 @@
-"""``--load-kmods``: create the device nodes the loaded driver provides but ``<root>/dev`` lacks.
+"""``--load-kmods``: the device nodes the loaded driver provides but ``<root>/dev`` lacks.
 
 Without udev rules (containers, minimal hosts) the driver's nodes may not exist even
 though the kernel module is loaded. Which nodes should exist is read from what the
@@ -16,7 +16,8 @@ a host whose nodes already exist, so that case is the fast path: the capability 
 walked (a few entries with MIG off) instead of testing each of mig-minors' thousands of
 names, only the wanted minors are looked up in that file, and each wanted node is checked
 with one lstat. Only a node missing from that check goes through the root-confined lookup
-and creation of :mod:`nvc.discover.nodes`.
+of :mod:`nvc.discover.nodes`, and its creation
+(:mod:`nvc.apply.hostnodes`).
 """
 
 from __future__ import annotations
@@ -114,18 +115,3 @@ def missing(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC
     # A capability node takes the mode its access file asks for; read only for nodes to create.
     return tuple(NodeSpec(s.path, s.major, s.minor, read_file_mode(caps_access_path(caps[s], proc)) or 0o444)
                  if s in caps else s for s in absent)
-
-
-def make(root: str, specs: tuple[NodeSpec, ...]) -> tuple[str, ...]:
-    """Create the nodes :func:`missing` found under ``root``; host paths of those created."""
-    if not specs:
-        return ()
-    created = nodes.create_missing(root, specs)
-    log.debug("--load-kmods created %d device nodes under %s", len(created), root)
-    return created
-
-
-def load(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
-         sys_module: Path = SYS_MODULE) -> tuple[str, ...]:
-    """Create the missing nodes under ``root`` now (``info``, ``list``); host paths of those created."""
-    return make(root, missing(root, proc, proc_devices, sys_module))

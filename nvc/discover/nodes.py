@@ -1,4 +1,5 @@
-"""NVIDIA device nodes: their numbers, finding them under the driver root, creating them.
+"""NVIDIA device nodes: their numbers, finding them under the driver root (made by
+:mod:`nvc.apply.hostnodes`).
 
 Majors other than the historical 195 are assigned dynamically at module load, so they
 are read from ``/proc/devices`` (always the real one: the kernel's view). A node is only
@@ -10,15 +11,11 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
 from nvc.discover import rootpath
 from nvc.errors import DetectionError, DeviceError
-from nvc.logger import Logger
-
-log = Logger(__name__)
 
 PROC_DEVICES = Path("/proc/devices")
 
@@ -120,28 +117,3 @@ def find(root: str, spec: NodeSpec) -> DeviceNode | None:
             f"{path}: device number {found[0]}:{found[1]}, expected {spec.major}:{spec.minor}"
         )
     return DeviceNode(path, spec.major, spec.minor)
-
-
-def create_missing(root: str, specs: Iterable[NodeSpec]) -> tuple[str, ...]:
-    """mknod the nodes of ``specs`` missing under ``root`` (host paths of those created).
-
-    Missing parent directories are created 0755, inside the root whatever its symlinks say.
-    """
-    created = []
-    for spec in specs:
-        if find(root, spec) is not None:
-            continue
-        parent, name = spec.path.rsplit("/", 1)
-        try:
-            parent_inner = rootpath.makedirs(root, parent)
-        except OSError as err:
-            raise DeviceError(f"{rootpath.host_path(root, parent)}: cannot create: {err.strerror}") from None
-        path = rootpath.host_path(root, f"{parent_inner.rstrip('/')}/{name}")
-        try:
-            os.mknod(path, stat.S_IFCHR | spec.mode, os.makedev(spec.major, spec.minor))
-            os.chmod(path, spec.mode)  # mknod applied the umask
-        except OSError as err:
-            raise DeviceError(f"{path}: mknod failed: {err.strerror}") from None
-        log.debug("created %s (%d:%d)", path, spec.major, spec.minor)
-        created.append(path)
-    return tuple(created)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from nvc.model.devices import Gpu, MigDevice
-from nvc.errors import DetectionError, InitializationError
+from nvc.errors import ContainerError, DetectionError, InitializationError
 
 PROC = Path("/proc")
 
@@ -193,3 +193,27 @@ def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
             )
         )
     return gpu._replace(mig_devices=tuple(migs))
+
+
+def read_driver_files(proc: Path = PROC) -> dict[str, str]:
+    """The driver's ``params``, ``version`` and ``registry`` under /proc/driver/nvidia (those present)."""
+    files = {}
+    for name in ("params", "version", "registry"):
+        try:
+            files[name] = (proc / "driver/nvidia" / name).read_text()
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise ContainerError(f"{proc / 'driver/nvidia' / name}: {err.strerror}") from None
+    return files
+
+
+def gpu_dirs(proc: Path = PROC) -> dict[str, str]:
+    """Normalised bus id -> the GPU's /proc/driver/nvidia/gpus directory (host path)."""
+    gpus = proc / "driver/nvidia/gpus"
+    found = {}
+    for name in sorted(subdirs(gpus)):
+        bus_id = normalize_bus_id(name)
+        if bus_id is not None:
+            found[bus_id] = str(gpus / name)
+    return found

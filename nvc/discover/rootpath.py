@@ -64,21 +64,3 @@ def resolve(root: str, path: str) -> str | None:
             done = []
         pending.extend(reversed([c for c in target.split("/") if c not in ("", ".")]))
     return "/" + "/".join(done)
-
-
-def makedirs(root: str, path: str, mode: int = 0o755) -> str:
-    """Create the missing directories of ``path`` inside ``root``; return its canonical inner path.
-
-    Each existing component is resolved within the root before the next one is created
-    in it, so a symlink in the way cannot make the creation land outside the root.
-    Raises OSError (e.g. EEXIST for a dangling symlink in the way).
-    """
-    inner = "/"
-    for name in (c for c in path.split("/") if c not in ("", ".")):
-        child = inner.rstrip("/") + "/" + name
-        found = resolve(root, child)
-        if found is None:
-            os.mkdir(host_path(root, child), mode)
-            found = child
-        inner = found
-    return inner

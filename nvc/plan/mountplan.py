@@ -26,6 +26,7 @@ from nvc.plan.request import HostMount, Request
 from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.plan.share import ShareFiles
 from nvc.plan.share import mounts as share_mounts
+from nvc.discover.container import COMPAT_DIR, PROC_NVIDIA, ContainerFacts
 from nvc.discover.driver import DriverFiles
 from nvc.discover.nodes import NodeSpec
 from nvc.errors import DeviceError, InputError
@@ -38,10 +39,8 @@ RO_NOEXEC = RO | MountAttr.NOEXEC
 IPC = MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
 DEVICE = MountAttr.NOSUID | MountAttr.NOEXEC
 
-PROC_NVIDIA = "/proc/driver/nvidia"
 CAPS_DIR = "/dev/nvidia-caps"
 BIN_DIR = "/usr/bin"
-COMPAT_DIR = "/usr/local/cuda/compat"
 
 # Links applications expect but ldconfig does not make (it only makes SONAME links):
 # library prefix -> (link name, target; None = the mounted file itself).
@@ -70,19 +69,6 @@ class HostFacts(NamedTuple):
     mig_minors: Mapping[str, int]  # /proc/driver/nvidia-caps/mig-minors
     caps_dir: str = f"{PROC_NVIDIA}/capabilities"  # host path of the MIG capability tree
     missing_nodes: tuple[NodeSpec, ...] = ()  # --load-kmods: to make under root first (found in ``nodes`` too)
-
-
-class ContainerFacts(NamedTuple):
-    """What the container's rootfs says, read safely inside it (see :func:`nvc.commands.configure.container_facts`)."""
-
-    owner: tuple[int, int]
-    lib_dir: str  # /usr/lib/x86_64-linux-gnu (Debian family) or /usr/lib64
-    lib32_dir: str  # /usr/lib/i386-linux-gnu, /usr/lib32 or /usr/lib
-    # Where the tmpfs hiding the host's driver state goes: /proc/driver/nvidia; /proc/driver where
-    # the container's procfs lacks the nvidia dir (no kernel driver: test doubles); None without
-    # a /proc/driver at all (standalone rootfs with no procfs mounted): nothing to hide.
-    proc_mountpoint: str | None
-    compat_libs: tuple[str, ...] = ()  # regular files /usr/local/cuda/compat/lib*.so.* (container paths)
 
 
 # ---- planning -------------------------------------------------------------------------------

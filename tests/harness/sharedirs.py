@@ -12,25 +12,28 @@ import pytest
 from fakedriver.activate import private_mounts as private_mount_namespace
 
 from nvc.apply import sharefiles
-from nvc.apply.container import resolve
-from nvc.commands import configure
+from nvc.apply.container import ContainerHandle
 from nvc.containerenv import sharing
 from nvc.plan import share
+from nvc.pipeline.configure import share_files
 from nvc.plan.request import ShareRequest
 
 from .shim import SHIM
 
 
 def prepare(request: ShareRequest, container_id: str, rootfs: str, pid: int | None = None, **where: str) -> tuple:
-    """The sharing files as a container start has them: planned (configure.share_files, a step of its
+    """The sharing files as a container start has them: planned (share_files, of the pipeline's container
     plan), then made (sharefiles.make, for the container whose process is ``pid``); returns where the
     container gets them (share.mounts)."""
     root_fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        files = configure.share_files(request, container_id, root_fd, rootfs, **where)
+        files = share_files(request, container_id, root_fd, rootfs, **where)
     finally:
         os.close(root_fd)
-    with resolve(pid) as handle:
+    if pid is None:
+        sharefiles.make(files, None)
+        return share.mounts(files)
+    with ContainerHandle.open(pid) as handle:
         sharefiles.make(files, handle)
     return share.mounts(files)
 
