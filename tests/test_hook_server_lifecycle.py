@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.hookcalls import call_directly
 from harness.hookfixtures import served  # noqa: F401  (fixture)
 from harness.hookserver import LIBDIR, hook_server
@@ -150,3 +152,54 @@ def test_a_server_whose_installed_code_changed_stops_serving_it(active_2gpu, tmp
         assert call_directly(sock, ["/x/nvc-py-hook", "poststart"]) == ([b"fall back"], "")
         assert proc.wait(timeout=10) == 0
     assert not sock.exists()
+
+
+def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once() -> None:
+    """On a host where NVML does not load (no driver: this machine without the fake driver active), each
+    idle spare's NVML helper fails its set-up and exits: the spare reaps it at once (no
+    ``nvc:[driver] <defunct>`` under any spare while it waits for a call), and the server's stderr (the
+    journal, under systemd) says why once, not once per spare."""
+    import ctypes
+
+    from harness.spares import spare_pids
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("NVML loads on this host: the driver helper's set-up cannot fail")
+    except OSError:
+        pass
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    try:
+        with hook_server(HOOK, top / "hook.sock") as proc:
+            spares = spare_pids(proc)
+            deadline = time.monotonic() + 10
+            while True:  # each spare's helpers: the container helper kept, the driver helper gone
+                helpers = {pid: _children_states(pid) for pid in spares}
+                if all(states and all(state != "Z" for _, state in states) and "nvc:[driver]" not in dict(states)
+                       for states in helpers.values()):
+                    break
+                assert time.monotonic() < deadline, f"spares' helpers (name, state): {helpers}"
+                time.sleep(0.05)
+            time.sleep(0.5)  # and it stays so
+            assert all(state != "Z" for pid in spares for _, state in _children_states(pid))
+        assert proc.stderr is not None
+        said = [line for line in proc.stderr.read().splitlines() if "idle workers keep no driver helper" in line]
+        assert len(said) == 1 and "libnvidia-ml.so.1" in said[0], said
+    finally:
+        shutil.rmtree(top)
+
+
+def _children_states(pid: int) -> list[tuple[str, str]]:
+    """(name, state letter) of each child of process ``pid``."""
+    found = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    for child in children:
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            continue
+        found.append((stat[stat.index("(") + 1:stat.rindex(")")], stat.rpartition(") ")[2][:1]))
+    return found

@@ -87,6 +87,8 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
     # SystemExit: raised where Python runs a finalizer or a fork callback it would be swallowed,
     # and the server would go on serving (seen once in 400+ stops as a 30 s stop timeout).
     stop_r, stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    notes_r, notes_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # spares' lines: why a helper did not start
+    said: set[str] = set()
     signal.set_wakeup_fd(stop_w)
     signal.signal(signal.SIGTERM, lambda *_: None)
     ours = own_standing()
@@ -113,9 +115,9 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                     taken_r, taken_w = os.pipe()
                     if os.fork() == 0:
                         signal.set_wakeup_fd(-1)
-                        for fd in (*spares, taken_r, stop_r, stop_w):
+                        for fd in (*spares, taken_r, stop_r, stop_w, notes_r):
                             os.close(fd)
-                        spare(sock, taken_w, programs, ours, stats, scratch, nice)
+                        spare(sock, taken_w, programs, ours, stats, scratch, nice, notes_w)
                     os.close(taken_w)
                     spares.add(taken_r)
                 # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM; with
@@ -125,9 +127,11 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 if dog is not None:
                     dog.tick(queued=bool(select.select([sock], [], [], 0)[0]))
                     limit = dog.due_in() if wait is None else min(dog.due_in(), quiet_since + wait - time.monotonic())
-                ready = select.select([*spares, stop_r], [], [], None if limit is None else max(0.0, limit))[0]
+                ready = select.select([*spares, stop_r, notes_r], [], [], None if limit is None else max(0.0, limit))[0]
                 if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
                     return 0
+                if notes_r in ready:
+                    _say_new(notes_r, said)
                 died = False
                 for fd in spares.intersection(ready):
                     taken = os.read(fd, 1)
@@ -152,7 +156,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 elif not select.select([sock], [], [], 0)[0]:
                     return 0  # nothing queued, nothing can come: the spares go with this process
         finally:
-            for fd in spares:
+            for fd in (*spares, notes_r, notes_w):
                 os.close(fd)
     finally:
         sock.close()
@@ -161,3 +165,13 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 os.unlink(name, dir_fd=directory_fd)
             except OSError:
                 pass
+
+
+def _say_new(notes: int, said: set[str]) -> None:
+    """Say each line the spares wrote to ``notes`` that was not said before: every spare finds the
+    same reason a helper does not start (no driver), the journal gets it once."""
+    with contextlib.suppress(BlockingIOError):
+        for line in os.read(notes, 1 << 16).decode(errors="replace").splitlines():
+            if line and line not in said:
+                said.add(line)
+                print(f"nvc-py-hook serve: {line}", file=sys.stderr, flush=True)
