@@ -103,8 +103,11 @@ def server_unit(config_path: str | None = None) -> str:
     """The systemd service running ``nvc-py-hook serve`` in the host's namespaces, started by its
     socket unit on the first connection.
 
-    KillMode=process: a stop or restart ends the server and its idle spare worker (which dies
-    with it), never a worker in the middle of a container's start. RestartPreventExitStatus=2:
+    KillMode=mixed: a stop or restart sends SIGTERM to the server alone, which kills its idle spares
+    and waits for its busy workers to finish their calls (never a worker in the middle of a
+    container's start: nvc.hook.server.loop's STOP_WAIT, below the stop timeout) and exits once no
+    process of its own is left; what would still be there after it exited (none: the journal's
+    "left-over process" lines of KillMode=process) systemd kills. RestartPreventExitStatus=2:
     a refusal to start (a socket directory others control, see nvc.hook.server) is no failure a
     restart mends; the clients run the hook themselves meanwhile. WatchdogSec=: a server whose
     accept loop stops sending keep-alives (wedged, stopped, or its workers taking no call:
@@ -121,7 +124,7 @@ def server_unit(config_path: str | None = None) -> str:
             "[Service]\n"
             f"ExecStart={program} serve\n"
             f"{env}"
-            "KillMode=process\n"
+            "KillMode=mixed\n"
             f"WatchdogSec={WATCHDOG_SEC}\n"
             "WatchdogSignal=SIGKILL\n"
             "NotifyAccess=main\n"
