@@ -8,6 +8,9 @@ distribution packages it depends on so that the install needs no network (harnes
 - an upgrade keeps the admin's configuration and the containers' sharing state, stops the server of
   the replaced code, and (systemd faked: /run/systemd/system and a systemctl that logs) starts the
   socket and restarts the service;
+- ``nvc-py setup`` of every engine, ``setup podman --remove`` and ``setup server --remove`` leave the
+  package's files as dpkg installed them (``dpkg --verify``), write no unit that would shadow the
+  package's, restart no server where nothing changed, and disable the package's socket through systemctl;
 - ``apt-get remove`` undoes what ``nvc-py setup …`` and ``cdi generate`` wrote, stops the units and
   the servers, keeps the configuration;
 - ``apt-get purge`` is refused while /run/nvc-py/share holds a container's state, then unmounts
@@ -106,13 +109,29 @@ test -f /run/nvc-py/share/ctr-1/limits
 say systemctl; cat systemctl.log
 hook; new=$(servers); test -n "$new" && test "$new" != "$old"; echo "server $new"
 
-say setup
-nvc-py setup podman --hooks-dir /etc/containers/oci/hooks.d
-nvc-py setup containerd
+# The package's files as dpkg installed them (the configuration file is the admin's to edit).
+verified() {
+	changed=$(dpkg --verify nvc-py | grep -v ' c /' || true)
+	if [ -n "$changed" ]; then echo "dpkg --verify after $*: $changed"; exit 1; fi
+}
+say setup; : > systemctl.log
+nvc-py setup podman; verified setup podman
+nvc-py setup containerd; verified setup containerd
+nvc-py setup docker; verified setup docker
+nvc-py setup docker --remove; verified setup docker --remove
+gone /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service
+say systemctl-setup; cat systemctl.log
+say setup-remove; : > systemctl.log
+nvc-py setup podman --remove; verified setup podman --remove
+nvc-py setup server --remove; verified setup server --remove
+test -f /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json
+say systemctl-setup-remove; cat systemctl.log
+say setup-again
+nvc-py setup podman --hooks-dir /etc/containers/oci/hooks.d; verified setup podman --hooks-dir
 NVC_PY_CONFIG=/mnt/config.yaml nvc-py cdi generate --output /etc/cdi/nvidia.yaml
-nvc-py setup podman --no-server
-test -f /etc/systemd/system/nvc-py-hook.socket && test -f /etc/containerd/conf.d/99-nvc-py.toml
-test -f /etc/cdi/nvidia.yaml && test -f /etc/nvc-py/no-server
+nvc-py setup podman --no-server; verified setup podman --no-server
+gone /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service
+test -f /etc/containerd/conf.d/99-nvc-py.toml && test -f /etc/cdi/nvidia.yaml && test -f /etc/nvc-py/no-server
 
 say remove; : > systemctl.log; apt remove nvc-py
 gone /usr/lib/nvc-py /usr/bin/nvc-py /usr/bin/nvc-py-hook /usr/bin/nvc-py-runtime \
@@ -257,6 +276,11 @@ def test_two_builds_list_the_same_files(debs: dict[str, Path]) -> None:
     assert not [p for p in paths if "__pycache__" in p or "/pytest" in p or "/grpc_tools" in p or "/pygments" in p]
 
 
+def test_the_description_names_every_engine(debs: dict[str, Path]) -> None:
+    description = debroot.run(["dpkg-deb", "-f", str(debs["new"]), "Description"], 60).stdout
+    assert all(engine in description for engine in ("Docker", "Podman", "CRI-O", "containerd")), description
+
+
 def test_control_pins_the_interpreter(debs: dict[str, Path]) -> None:
     control = debroot.run(["dpkg-deb", "-f", str(debs["new"]), "Depends", "Version"], 60).stdout
     minor = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -304,6 +328,22 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]
     assert "daemon-reload" in calls and "start nvc-py-hook.socket" in calls
     assert "try-restart nvc-py-hook.service" in calls, calls
+    # On the packaged install setup leaves the package's files alone (dpkg --verify clean after each
+    # command: the script says otherwise and stops) and writes no units shadowing the package's.
+    hooks = "/usr/share/containers/oci/hooks.d"
+    setup = out.split("== setup\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert f"kept {hooks}/oci-nvc-py-hook.json (the nvc-py package's)" in setup, setup
+    assert "enabled and started nvc-py-hook.socket (the nvc-py package's, in /lib/systemd/system)" in setup, setup
+    assert not [line for line in setup if "/etc/systemd/system" in line or line.startswith(f"wrote {hooks}")], setup
+    calls = out.split("== systemctl-setup\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert set(calls) == {"enable --now nvc-py-hook.socket"}, calls  # no server restarted needlessly
+    removed = out.split("== setup-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert (f"kept {hooks}/oci-nvc-py-hook.json, {hooks}/oci-nvc-py-poststop.json: the nvc-py package's "
+            "(apt remove nvc-py removes them)") in removed, removed
+    assert ("stopped and disabled nvc-py-hook.socket and nvc-py-hook.service (the nvc-py package's units stay in "
+            "/lib/systemd/system: systemctl enable --now nvc-py-hook.socket serves again)") in removed, removed
+    calls = out.split("== systemctl-setup-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert calls == ["disable --now nvc-py-hook.socket", "stop nvc-py-hook.service"], calls
     calls = out.split("== systemctl-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
     assert calls[0] == ("stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service "
                         "nvc-py-exporter.service"), calls
