@@ -28,6 +28,7 @@ package's maintainer scripts look for servers in /proc, and must see the root's 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -445,7 +446,10 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
             out = machine.run(SYSTEMD_SCRIPT, 600).stdout
 
     def section(name: str) -> list[str]:
-        return out.split(f"== {name}\n", 1)[1].split("\n== ", 1)[0].splitlines()
+        """The lines after ``== NAME`` up to the next such header (none for an empty section)."""
+        lines = out.splitlines()
+        start = lines.index(f"== {name}") + 1
+        return list(itertools.takewhile(lambda line: not line.startswith("== "), lines[start:]))
 
     assert out.rstrip().endswith("== done"), out[-6000:]
     units = ["/lib/systemd/system/nvc-py-hook.socket", "/lib/systemd/system/nvc-py-hook.service"]

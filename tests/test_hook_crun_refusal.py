@@ -20,7 +20,7 @@ import pytest
 from harness.bundle import make_bundle
 from nvc.hook.oci.entry import oci_hook
 
-REASON = "no NVIDIA driver is loaded on this host"
+REASON = "the NVIDIA kernel driver is not loaded"
 
 
 def _crun(bundle: Path, state: Path) -> subprocess.CompletedProcess[str]:
