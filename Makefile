@@ -25,9 +25,10 @@ PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
 # prometheus: the exporter's acceptance test runs a server of its own (tests/test_exporter_collector.py).
 # clang and libclang-rt-dev: the shim's libFuzzer target (make fuzz, tests/test_fuzz.py).
+# systemd-container: systemd-nspawn boots the package's Debian root with systemd (tests/test_deb.py).
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
 	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus lintian \
-	clang libclang-rt-dev
+	clang libclang-rt-dev systemd-container
 # Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it
 # only in its kernel-versioned linux-tools): the tests that use them skip without them.
 APT_OPTIONAL := bpftool

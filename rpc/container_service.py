@@ -130,11 +130,12 @@ def _fds(handle: ContainerHandle | None) -> tuple[int, ...]:
 _ahead = WarmHelper("container", serve_container, failure=MountError, journal=True)
 
 
-def prestart() -> None:
+def prestart() -> WarmHelper:
     """Fork the container helper now, before a call is known: the hook server's idle workers keep
     one so, and the call's :func:`open_container` takes it (fork and confinement already done).
-    One never taken exits with this process."""
+    One never taken exits with this process. Returns the warm helper (see driver_service.prestart)."""
     _ahead.prepare()
+    return _ahead
 
 
 def open_container(timeout: float = HELPER_TIMEOUT, wait: bool = True) -> ContainerClient:

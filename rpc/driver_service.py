@@ -287,11 +287,13 @@ def prefork() -> None:
     _ahead.prefork()
 
 
-def prestart(root: str = "/", user: tuple[int, int] | None = None) -> None:
+def prestart(root: str = "/", user: tuple[int, int] | None = None) -> WarmHelper:
     """Fork the driver helper and start it for ``root`` and ``user`` now: NVML loads before any
     call needs it. The hook server's idle workers keep one so; :func:`open_driver` takes it
-    when asked for the same, and closes it otherwise. One never taken exits with this process."""
+    when asked for the same, and closes it otherwise. One never taken exits with this process.
+    Returns the warm helper, whose set-up report the caller may settle (:meth:`WarmHelper.settle`)."""
     _ahead.prepare(**_setup(root, user))
+    return _ahead
 
 
 def overflow_ids(proc: str = "/proc") -> tuple[int, int]:

@@ -316,6 +316,11 @@ class HelperClient:
             raise
         self._ready = True
 
+    def report_fd(self) -> int | None:
+        """The socket the child's set-up report comes on (readable once it came) while it is still to be
+        received (:meth:`wait_ready`); None once received, or where the helper is gone."""
+        return None if self._ready or self._sock is None else self._sock.fileno()
+
     def call(self, method: str, /, fds: tuple[int, ...] = (), **params: Any) -> Any:
         """Run ``method`` in the helper and return its result, within the client's timeout; ``fds``
         are sent with it (the helper's callable gets its own copies as ``fds``)."""

@@ -47,6 +47,22 @@ class WarmHelper:
         """Fork the helper and start it with ``params`` now: its set-up runs before any call needs it."""
         self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False), params
 
+    def report_fd(self) -> int | None:
+        """The kept helper's :meth:`HelperClient.report_fd` (None: no helper kept)."""
+        return None if self.kept is None else self.kept.report_fd()
+
+    def settle(self) -> None:
+        """Receive the kept helper's set-up report (:meth:`HelperClient.report_fd` is readable): one
+        whose set-up failed is reaped (no zombie while the process waits for its call) and forgotten,
+        so :meth:`take` forks another, and its failure raised."""
+        if self.kept is None:
+            return
+        try:
+            self.kept.wait_ready()
+        except errors.NvcError:
+            self.kept = self._params = None
+            raise
+
     def take(self, params: dict[str, Any], timeout: float, wait: bool) -> HelperClient:
         """The helper for a call with ``params``: the warm one where it is alive and was started
         with the same (or not started yet: it is started now), else one forked now (the warm one is

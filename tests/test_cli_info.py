@@ -145,7 +145,9 @@ def test_no_driver(tmp_path: Path) -> None:
     """Without the fake active there is no NVIDIA driver on this machine."""
     if Path("/proc/driver/nvidia").exists():
         pytest.skip("a real NVIDIA driver is loaded")
-    try_it = "; to try nvc-py without a GPU, run `make try` in its source tree (a built-in fake driver)\n"
+    # a package's user may have no source tree: it says where the fake driver is
+    try_it = "; to try nvc-py without a GPU, run `make try` in a copy of nvc-py's source (its fake driver is in the " \
+             "source, not installed)\n"
     done = nvc("--root", str(tmp_path), "info")
     assert done.returncode == 3 and done.stdout == ""
     assert done.stderr.startswith("nvc-py: initialization error: no NVIDIA driver is loaded on this host (load library "

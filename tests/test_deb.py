@@ -8,6 +8,9 @@ distribution packages it depends on so that the install needs no network (harnes
 - an upgrade keeps the admin's configuration and the containers' sharing state, stops the server of
   the replaced code, and (systemd faked: /run/systemd/system and a systemctl that logs) starts the
   socket and restarts the service;
+- ``nvc-py setup`` of every engine, ``setup podman --remove`` and ``setup server --remove`` leave the
+  package's files as dpkg installed them (``dpkg --verify``), write no unit that would shadow the
+  package's, restart no server where nothing changed, and disable the package's socket through systemctl;
 - ``apt-get remove`` undoes what ``nvc-py setup …`` and ``cdi generate`` wrote, stops the units and
   the servers, keeps the configuration;
 - ``apt-get purge`` is refused while /run/nvc-py/share holds a container's state, then unmounts
@@ -25,6 +28,7 @@ package's maintainer scripts look for servers in /proc, and must see the root's 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -106,13 +110,29 @@ test -f /run/nvc-py/share/ctr-1/limits
 say systemctl; cat systemctl.log
 hook; new=$(servers); test -n "$new" && test "$new" != "$old"; echo "server $new"
 
-say setup
-nvc-py setup podman --hooks-dir /etc/containers/oci/hooks.d
-nvc-py setup containerd
+# The package's files as dpkg installed them (the configuration file is the admin's to edit).
+verified() {
+	changed=$(dpkg --verify nvc-py | grep -v ' c /' || true)
+	if [ -n "$changed" ]; then echo "dpkg --verify after $*: $changed"; exit 1; fi
+}
+say setup; : > systemctl.log
+nvc-py setup podman; verified setup podman
+nvc-py setup containerd; verified setup containerd
+nvc-py setup docker; verified setup docker
+nvc-py setup docker --remove; verified setup docker --remove
+gone /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service
+say systemctl-setup; cat systemctl.log
+say setup-remove; : > systemctl.log
+nvc-py setup podman --remove; verified setup podman --remove
+nvc-py setup server --remove; verified setup server --remove
+test -f /usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json
+say systemctl-setup-remove; cat systemctl.log
+say setup-again
+nvc-py setup podman --hooks-dir /etc/containers/oci/hooks.d; verified setup podman --hooks-dir
 NVC_PY_CONFIG=/mnt/config.yaml nvc-py cdi generate --output /etc/cdi/nvidia.yaml
-nvc-py setup podman --no-server
-test -f /etc/systemd/system/nvc-py-hook.socket && test -f /etc/containerd/conf.d/99-nvc-py.toml
-test -f /etc/cdi/nvidia.yaml && test -f /etc/nvc-py/no-server
+nvc-py setup podman --no-server; verified setup podman --no-server
+gone /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service
+test -f /etc/containerd/conf.d/99-nvc-py.toml && test -f /etc/cdi/nvidia.yaml && test -f /etc/nvc-py/no-server
 
 say remove; : > systemctl.log; apt remove nvc-py
 gone /usr/lib/nvc-py /usr/bin/nvc-py /usr/bin/nvc-py-hook /usr/bin/nvc-py-runtime \
@@ -257,6 +277,11 @@ def test_two_builds_list_the_same_files(debs: dict[str, Path]) -> None:
     assert not [p for p in paths if "__pycache__" in p or "/pytest" in p or "/grpc_tools" in p or "/pygments" in p]
 
 
+def test_the_description_names_every_engine(debs: dict[str, Path]) -> None:
+    description = debroot.run(["dpkg-deb", "-f", str(debs["new"]), "Description"], 60).stdout
+    assert all(engine in description for engine in ("Docker", "Podman", "CRI-O", "containerd")), description
+
+
 def test_control_pins_the_interpreter(debs: dict[str, Path]) -> None:
     control = debroot.run(["dpkg-deb", "-f", str(debs["new"]), "Depends", "Version"], 60).stdout
     minor = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -304,6 +329,22 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]
     assert "daemon-reload" in calls and "start nvc-py-hook.socket" in calls
     assert "try-restart nvc-py-hook.service" in calls, calls
+    # On the packaged install setup leaves the package's files alone (dpkg --verify clean after each
+    # command: the script says otherwise and stops) and writes no units shadowing the package's.
+    hooks = "/usr/share/containers/oci/hooks.d"
+    setup = out.split("== setup\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert f"kept {hooks}/oci-nvc-py-hook.json (the nvc-py package's)" in setup, setup
+    assert "enabled and started nvc-py-hook.socket (the nvc-py package's, in /lib/systemd/system)" in setup, setup
+    assert not [line for line in setup if "/etc/systemd/system" in line or line.startswith(f"wrote {hooks}")], setup
+    calls = out.split("== systemctl-setup\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert set(calls) == {"enable --now nvc-py-hook.socket"}, calls  # no server restarted needlessly
+    removed = out.split("== setup-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert (f"kept {hooks}/oci-nvc-py-hook.json, {hooks}/oci-nvc-py-poststop.json: the nvc-py package's "
+            "(apt remove nvc-py removes them)") in removed, removed
+    assert ("stopped and disabled nvc-py-hook.socket and nvc-py-hook.service (the nvc-py package's units stay in "
+            "/lib/systemd/system: systemctl enable --now nvc-py-hook.socket serves again)") in removed, removed
+    calls = out.split("== systemctl-setup-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert calls == ["disable --now nvc-py-hook.socket", "stop nvc-py-hook.service"], calls
     calls = out.split("== systemctl-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
     assert calls[0] == ("stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service "
                         "nvc-py-exporter.service"), calls
@@ -330,6 +371,102 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     changed = debroot.differences(before, after)
     assert not changed, [(path, before.get(path), after.get(path)) for path in changed]
     line = (f"DEB install, upgrade, remove, purge ok in {time.monotonic() - started:.0f} s, tree as before "
+            f"(root cache: {'hit' if hit else 'miss'})")
+    print(line)
+    summary_line(line)
+
+
+# The systemd root: what the package depends on, and systemd as its PID 1 (apt fetches nothing).
+SYSTEMD_INCLUDE = "python3,systemd,systemd-sysv,dbus,procps"
+# In the booted root (the test's files at /mnt): the package installed, every engine set up and
+# removed, doctor, a refused GPU start through the socket-activated server, the server restarted,
+# apt remove and purge; dpkg --verify after each change, the units systemd loads, zombies, the journal.
+SYSTEMD_SCRIPT = r"""set -eu
+cd /mnt
+say() { echo "== $*"; }
+apt() {
+	if apt-get -q -y -o Dpkg::Use-Pty=0 --no-install-recommends "$@" > /mnt/apt.out 2>&1; then rc=0; else rc=$?; fi
+	grep -v '^(Reading database' /mnt/apt.out || true
+	return $rc
+}
+verified() {
+	changed=$(dpkg --verify nvc-py | grep -v ' c /' || true)
+	if [ -n "$changed" ]; then echo "dpkg --verify after $*: $changed"; exit 1; fi
+}
+loaded() { systemctl show -p FragmentPath --value nvc-py-hook.socket nvc-py-hook.service | grep .; }
+refused() {
+	printf '{"ociVersion":"1.0.2","id":"gpu-refused","status":"creating","pid":%d,"bundle":"/mnt/bundle"}' $$ > state.json
+	if nvc-py-hook prestart < state.json 2> refused.err; then echo "a GPU start without a driver was not refused"; exit 1; fi
+	echo "refused: $(cat refused.err)"
+}
+zombies() { sleep 1; ps -eo stat=,user=,args= | awk '$1 ~ /^Z/'; }
+
+say install; apt install ./nvc-py.deb; verified install
+say loaded; loaded
+for engine in podman crio containerd docker; do
+	say "setup $engine"; nvc-py setup $engine; verified setup $engine
+done
+say loaded-after-setup; loaded
+say doctor; nvc-py doctor || true
+say refused; refused
+say zombies; zombies
+for engine in podman crio containerd docker server; do
+	say "remove $engine"; nvc-py setup $engine --remove; verified setup $engine --remove
+done
+say server-removed; systemctl is-enabled nvc-py-hook.socket || true; systemctl is-active nvc-py-hook.socket || true
+say setup-again; nvc-py setup podman; verified setup podman again; refused
+systemctl restart nvc-py-hook.service; refused
+say apt-remove; apt remove nvc-py
+say apt-purge; apt purge nvc-py
+say zombies-at-end; zombies
+say journal; journalctl -b --no-pager -o cat | grep -iE 'nvc|left-over|remains running|defunct|killing process' || true
+say done
+"""
+
+
+def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line) -> None:  # noqa: ANN001
+    """The package on a Debian root booted with systemd as PID 1 (harness.booted): its units are the
+    ones systemd loads before and after every engine's setup, dpkg --verify is clean after every setup
+    and remove, `setup server --remove` disables the package's socket, a GPU start without a driver is
+    refused through the socket-activated server, and neither ps nor the journal shows a zombie, a
+    left-over process or a process killed at a stop, across setup, restart, apt remove and purge."""
+    from harness.booted import booted
+
+    started = time.monotonic()
+    root, work = tmp_path / "root", tmp_path / "work"
+    hit = debroot.base_root(root, SYSTEMD_INCLUDE)
+    work.mkdir()
+    shutil.copy2(debs["new"], work / "nvc-py.deb")
+    (work / "bundle/rootfs").mkdir(parents=True)
+    (work / "bundle/config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin", '
+                                             '"NVIDIA_VISIBLE_DEVICES=all"], "args": ["true"], "cwd": "/"}, '
+                                             '"root": {"path": "rootfs"}}')
+    with progress.phase("the package installed, set up, removed and purged in a Debian root booted with systemd"):
+        with booted(root, [(work, "/mnt")], tmp_path / "console.log") as machine:
+            out = machine.run(SYSTEMD_SCRIPT, 600).stdout
+
+    def section(name: str) -> list[str]:
+        """The lines after ``== NAME`` up to the next such header (none for an empty section)."""
+        lines = out.splitlines()
+        start = lines.index(f"== {name}") + 1
+        return list(itertools.takewhile(lambda line: not line.startswith("== "), lines[start:]))
+
+    assert out.rstrip().endswith("== done"), out[-6000:]
+    units = ["/lib/systemd/system/nvc-py-hook.socket", "/lib/systemd/system/nvc-py-hook.service"]
+    assert section("loaded") == units and section("loaded-after-setup") == units, out
+    assert not [line for line in out.splitlines() if "/etc/systemd/system/nvc-py-hook" in line], out
+    assert section("server-removed") == ["disabled", "inactive"], out
+    refusal = "refused: nvc-py-hook: initialization error: /proc/driver/nvidia/version: not found"
+    assert [line for line in out.splitlines() if line.startswith("refused: ")] == [
+        line for line in out.splitlines() if line.startswith(refusal)] and out.count(refusal) == 3, out
+    assert section("zombies") == [] and section("zombies-at-end") == [], out
+    journal = section("journal")
+    faults = [line for line in journal if re.search(r"left-over|remains running|defunct|killing process", line, re.I)]
+    assert not faults, faults
+    listening = [line for line in journal if "nvc-py-hook serve: listening on" in line]
+    said = [line for line in journal if "idle workers keep no driver helper" in line]
+    assert len(listening) >= 2 and 1 <= len(said) <= len(listening), journal
+    line = (f"DEB on systemd: setup, remove, restart, purge clean in {time.monotonic() - started:.0f} s "
             f"(root cache: {'hit' if hit else 'miss'})")
     print(line)
     summary_line(line)

@@ -101,14 +101,14 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
                            config=config_file)
     assert removed.returncode == 0, removed.stderr
     if original is None:
-        assert not daemon_json.exists() and f"removed {daemon_json}\n" in removed.stdout
+        assert not daemon_json.exists() and f"removed {daemon_json}\nremoved {daemon_json.parent}\n" in removed.stdout
     elif replaces_default:
         assert json.loads(daemon_json.read_text()) == {k: v for k, v in before.items() if k != "default-runtime"}
     else:
         assert daemon_json.read_bytes() == original.encode()
     assert not (hook_dir / GPUS_HOOK).is_symlink()
     assert listing(tmp_path) == sorted(["bin", "no-server", *(  # daemon.json restored: no backup left
-        ["docker", "docker/daemon.json"] if original is not None else ["docker"])])
+        ["docker", "docker/daemon.json"] if original is not None else [])])  # setup made docker/: gone with it
 
 
 def test_text_edits_are_undone_exactly() -> None:

@@ -10,6 +10,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from harness.doctor import doctor as _doctor
 from harness.doctor import podman_conf  # noqa: F401 - fixture
 from harness.installed import SCRIPTS
@@ -82,3 +84,25 @@ def test_run_starts_a_container_through_podman_and_sees_the_gpu(podman_conf: dic
     status, lines = _doctor("--run", env=podman_conf)
     assert "✓ podman run: a container asking for GPU 0 sees it: GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4f6a" in \
         "\n".join(lines)
+
+
+def test_the_containerd_line_names_commands_that_work(tmp_path: Path) -> None:
+    """The containerd line names how to run a container through the registered runtime: the CRI handler
+    for a RuntimeClass, and ctr's --runc-binary with the runtime setup registered (ctr's --runtime takes a
+    shim's name, and `ctr run --runtime nvc-py` fails: invalid runtime name)."""
+    import shutil
+
+    from nvc.doctor import engines
+    from nvc.system import programs as entry
+
+    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+        pytest.skip("containerd and ctr are not installed")
+    main, drop_in = tmp_path / "config.toml", tmp_path / "conf.d" / "99-nvc-py.toml"
+    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "containerd", "--config", str(main), "--drop-in", str(drop_in),
+                    "--no-server"], check=True, capture_output=True, env={**os.environ, "NVC_PY_CONFIG": str(tmp_path / "c.yaml")})
+    line = engines.containerd(str(main))[0]
+    runtime = f"{entry.LIBDIR}/nvc-py-runtime"
+    assert line.status == "ok" and "ctr --runtime" not in line.detail, line
+    assert f"ctr run --runc-binary {runtime} " in line.detail and "runtimeClassName" in line.detail, line
+    flags = subprocess.run(["ctr", "run", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "--runc-binary" in flags

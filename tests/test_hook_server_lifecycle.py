@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.hookcalls import call_directly
 from harness.hookfixtures import served  # noqa: F401  (fixture)
 from harness.hookserver import LIBDIR, hook_server
@@ -125,7 +127,7 @@ def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     unit = tmp_path / "nvc-py-hook.service"
     assert out.stdout.splitlines()[:2] == [f"wrote {tmp_path / 'nvc-py-hook.socket'}", f"wrote {unit}"]
     lines = unit.read_text().splitlines()
-    assert f"ExecStart={LIBDIR / 'nvc-py-hook-python'} serve" in lines and "KillMode=process" in lines
+    assert f"ExecStart={LIBDIR / 'nvc-py-hook-python'} serve" in lines and "KillMode=mixed" in lines
     assert "Requires=nvc-py-hook.socket" in lines
     assert "RestartPreventExitStatus=2" in lines  # a refused socket directory: no restart loop
     # systemd replaces a wedged server: SIGKILL, which a stopped one does not hold back
@@ -150,3 +152,135 @@ def test_a_server_whose_installed_code_changed_stops_serving_it(active_2gpu, tmp
         assert call_directly(sock, ["/x/nvc-py-hook", "poststart"]) == ([b"fall back"], "")
         assert proc.wait(timeout=10) == 0
     assert not sock.exists()
+
+
+def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once() -> None:
+    """On a host where NVML does not load (no driver: this machine without the fake driver active), each
+    idle spare's NVML helper fails its set-up and exits: the spare reaps it at once (no
+    ``nvc:[driver] <defunct>`` under any spare while it waits for a call), and the server's stderr (the
+    journal, under systemd) says why once, not once per spare."""
+    import ctypes
+
+    from harness.spares import spare_pids
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("NVML loads on this host: the driver helper's set-up cannot fail")
+    except OSError:
+        pass
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    try:
+        with hook_server(HOOK, top / "hook.sock") as proc:
+            spares = spare_pids(proc)
+            deadline = time.monotonic() + 10
+            while True:  # each spare's helpers: the container helper kept, the driver helper gone
+                helpers = {pid: _children_states(pid) for pid in spares}
+                if all(states and all(state != "Z" for _, state in states) and "nvc:[driver]" not in dict(states)
+                       for states in helpers.values()):
+                    break
+                assert time.monotonic() < deadline, f"spares' helpers (name, state): {helpers}"
+                time.sleep(0.05)
+            time.sleep(0.5)  # and it stays so
+            assert all(state != "Z" for pid in spares for _, state in _children_states(pid))
+        assert proc.stderr is not None
+        said = [line for line in proc.stderr.read().splitlines() if "idle workers keep no driver helper" in line]
+        assert len(said) == 1 and "libnvidia-ml.so.1" in said[0], said
+    finally:
+        shutil.rmtree(top)
+
+
+def _children_states(pid: int) -> list[tuple[str, str]]:
+    """(name, state letter) of each child of process ``pid``."""
+    found = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    for child in children:
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            continue
+        found.append((stat[stat.index("(") + 1:stat.rindex(")")], stat.rpartition(") ")[2][:1]))
+    return found
+
+
+def test_a_stopping_server_finishes_the_calls_in_progress_and_leaves_no_process() -> None:
+    """SIGTERM (systemd's stop or restart, KillMode=mixed: nothing but the server is signalled) while a
+    worker runs a call: the server kills its idle spares, waits for the call to finish (its caller gets
+    its status) and only then exits, with nothing of its own left running (systemd would kill and log
+    whatever is left: "left-over process" lines)."""
+    import signal
+    import threading
+
+    from harness.hookcalls import call_raw, message
+    from harness.spares import spare_pids
+
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    stdin_r, stdin_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null, cwd = os.open(os.devnull, os.O_RDWR), os.open("/", os.O_PATH)
+    answers: list[list[bytes]] = []
+    try:
+        with hook_server(HOOK, top / "hook.sock") as proc:
+            spare_pids(proc)
+            # prestart reads the container's state from its stdin: the call runs until the pipe ends
+            call = threading.Thread(target=lambda: answers.append(call_raw(
+                top / "hook.sock", message(["/x/nvc-py-hook", "prestart"], []), [cwd],
+                go_fds=[stdin_r, null, err_w])))
+            call.start()
+            deadline = time.monotonic() + 10
+            while not (busy := _busy_workers(proc.pid, f"pipe:[{os.fstat(stdin_r).st_ino}]")):
+                assert time.monotonic() < deadline, "no worker took the call"
+                time.sleep(0.02)
+            tree = _descendants(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(1)
+            assert proc.poll() is None, "the server exited with a call in progress"
+            assert _descendants(proc.pid) <= tree and busy <= _descendants(proc.pid)
+            assert not set(_children(proc.pid)) - busy, "idle spares left running while the server stops"
+            os.close(stdin_w)
+            stdin_w = -1
+            call.join(30)
+            assert proc.wait(timeout=10) == 0
+            left = [pid for pid in tree if _alive(pid)]
+            assert not left, f"processes of the stopped server left running: {left}"
+        assert answers and answers[0][0] == b"ready" and answers[0][-1].startswith(b"exit "), answers
+    finally:
+        for fd in (stdin_r, stdin_w, err_r, err_w, null, cwd):
+            if fd >= 0:
+                os.close(fd)
+        shutil.rmtree(top)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _descendants(pid: int) -> set[int]:
+    found = set()
+    for child in _children(pid):
+        found |= {child, *_descendants(child)}
+    return found
+
+
+def _busy_workers(server: int, stdin: str) -> set[int]:
+    """The server's children that took the call whose stdin is ``stdin`` (/proc's name of it)."""
+    busy = set()
+    for child in _children(server):
+        try:
+            if os.readlink(f"/proc/{child}/fd/0") == stdin:
+                busy.add(child)
+        except OSError:
+            continue
+    return busy
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1] != "Z"
+    except OSError:
+        return False

@@ -69,14 +69,15 @@ LOCK_HEADER = """\
 """
 DESCRIPTION = """\
 Description: GPU container prestart hook, OCI runtime wrapper and GPU-sharing shim
- nvc-py makes NVIDIA GPUs appear inside containers run by Podman, CRI-O or
- containerd, in the spirit of NVIDIA's libnvidia-container: its OCI prestart
- hook mounts the driver's libraries, binaries, device nodes and IPC sockets
- into a container that asks for GPUs, grants device cgroup access and updates
- the container's ld cache. It can cap each container's share of a GPU.
+ nvc-py makes NVIDIA GPUs appear inside containers run by Docker, Podman, CRI-O
+ or containerd, in the spirit of NVIDIA's libnvidia-container: its OCI
+ prestart hook mounts the driver's libraries, binaries, device nodes and IPC
+ sockets into a container that asks for GPUs, grants device cgroup access and
+ updates the container's ld cache. It can cap each container's share of a GPU.
  .
  The package registers the hook with Podman and CRI-O and runs its hook server
- by socket activation; containerd is registered with nvc-py setup containerd.
+ by socket activation; Docker and containerd are registered with nvc-py setup
+ docker and nvc-py setup containerd.
 """
 
 

@@ -20,7 +20,8 @@ What stays the same as a direct hook run: the configuration file is read per cal
 of one call survives into the next (each worker is a fresh fork of a process that never ran a
 call), the privileged helpers serve one call each. What differs: the worker runs in the
 server's namespaces and cgroup, so the server must run in the host's (a plain systemd service,
-``KillMode=process`` so a restart lets running calls finish), and new code takes effect when
+``KillMode=mixed``: a stopping server waits for its busy workers' calls before it exits, so a restart
+lets running calls finish and leaves no process behind), and new code takes effect when
 the server restarts: a worker that finds the installed code changed (:mod:`.upgrade`) answers
 "fall back" and stops the server.
 

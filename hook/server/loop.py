@@ -20,6 +20,9 @@ from nvc.hook.server.worker import STATS_ENV, open_stats, spare, warm_up
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
+# Seconds a stopping server waits for the calls its workers run (a client gives one 60 s by default),
+# below systemd's stop timeout (90 s), after which KillMode=mixed kills what is left of the unit.
+STOP_WAIT = 75.0
 ADOPTED_IDLE_EXIT = 0.5  # seconds without a call after which an on-demand server a runtime adopted stops
 # Workers forked ahead and waiting in accept(): a storm of calls is taken by as many at once while
 # the server forks their replacements, instead of each call waiting for the fork of the one before.
@@ -87,6 +90,8 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
     # SystemExit: raised where Python runs a finalizer or a fork callback it would be swallowed,
     # and the server would go on serving (seen once in 400+ stops as a 30 s stop timeout).
     stop_r, stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    notes_r, notes_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # spares' lines: why a helper did not start
+    said: set[str] = set()
     signal.set_wakeup_fd(stop_w)
     signal.signal(signal.SIGTERM, lambda *_: None)
     ours = own_standing()
@@ -106,18 +111,20 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
         print(f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}", file=sys.stderr,
               flush=True)
         activation.release_start_lock()
-        spares: set[int] = set()  # each waiting spare's taken pipe
+        spares: dict[int, int] = {}  # each waiting spare's taken pipe: its pidfd (-1: gone already)
         try:
             while True:
                 while len(spares) < SPARES:
                     taken_r, taken_w = os.pipe()
-                    if os.fork() == 0:
+                    pid = os.fork()
+                    if pid == 0:
                         signal.set_wakeup_fd(-1)
-                        for fd in (*spares, taken_r, stop_r, stop_w):
-                            os.close(fd)
-                        spare(sock, taken_w, programs, ours, stats, scratch, nice)
+                        for fd in (*spares, *spares.values(), taken_r, stop_r, stop_w, notes_r):
+                            if fd >= 0:
+                                os.close(fd)
+                        spare(sock, taken_w, programs, ours, stats, scratch, nice, notes_w)
                     os.close(taken_w)
-                    spares.add(taken_r)
+                    spares[taken_r] = _pidfd(pid)
                 # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM; with
                 # systemd's watchdog, until its next keep-alive at the latest.
                 wait = DRAIN_QUIET if draining else ADOPTED_IDLE_EXIT if idle and _adopted() else idle
@@ -125,17 +132,18 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 if dog is not None:
                     dog.tick(queued=bool(select.select([sock], [], [], 0)[0]))
                     limit = dog.due_in() if wait is None else min(dog.due_in(), quiet_since + wait - time.monotonic())
-                ready = select.select([*spares, stop_r], [], [], None if limit is None else max(0.0, limit))[0]
+                ready = select.select([*spares, stop_r, notes_r], [], [], None if limit is None else max(0.0, limit))[0]
                 if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
                     return 0
+                if notes_r in ready:
+                    _say_new(notes_r, said)
                 died = False
-                for fd in spares.intersection(ready):
+                for fd in spares.keys() & set(ready):
                     taken = os.read(fd, 1)
                     died |= not taken
                     if dog is not None and taken:
                         dog.taken = True
-                    os.close(fd)
-                    spares.discard(fd)
+                    _forget(fd, spares.pop(fd))
                 if died:
                     time.sleep(SPARE_RESPAWN_DELAY)  # no tight loop of spares that cannot start
                 if ready:  # a call, a dead spare or another signal's byte
@@ -152,7 +160,8 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 elif not select.select([sock], [], [], 0)[0]:
                     return 0  # nothing queued, nothing can come: the spares go with this process
         finally:
-            for fd in spares:
+            _stop(spares)
+            for fd in (notes_r, notes_w):
                 os.close(fd)
     finally:
         sock.close()
@@ -161,3 +170,49 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 os.unlink(name, dir_fd=directory_fd)
             except OSError:
                 pass
+
+
+def _say_new(notes: int, said: set[str]) -> None:
+    """Say each line the spares wrote to ``notes`` that was not said before: every spare finds the
+    same reason a helper does not start (no driver), the journal gets it once."""
+    with contextlib.suppress(BlockingIOError):
+        for line in os.read(notes, 1 << 16).decode(errors="replace").splitlines():
+            if line and line not in said:
+                said.add(line)
+                print(f"nvc-py-hook serve: {line}", file=sys.stderr, flush=True)
+
+
+def _pidfd(pid: int) -> int:
+    """A pidfd of the spare ``pid`` (-1 where it is gone already: the kernel reaps the server's children)."""
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return -1
+
+
+def _forget(taken: int, pidfd: int) -> None:
+    """Close what the server kept of a spare that was taken or ended: its taken pipe and pidfd."""
+    os.close(taken)
+    if pidfd >= 0:
+        os.close(pidfd)
+
+
+def _stop(spares: dict[int, int]) -> None:
+    """End the server's children before it exits, so that it stops with them (systemd's unit:
+    KillMode=mixed, no process left over): each idle spare killed (a call it accepted got no
+    ``ready`` yet, and its client runs the program itself: see nvc.hook.server.handover), each busy
+    worker waited for until its call is done (at most STOP_WAIT), and the helpers the spares leave
+    to this subreaper with them. A spare that wrote its byte is busy."""
+    for taken, pidfd in spares.items():
+        if not select.select([taken], [], [], 0)[0] and pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        _forget(taken, pidfd)
+    spares.clear()
+    deadline = time.monotonic() + STOP_WAIT
+    while time.monotonic() < deadline:
+        try:  # SIGCHLD ignored: the kernel reaps, and WNOHANG tells whether any child is left
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            return
+        time.sleep(0.01)

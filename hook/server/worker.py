@@ -19,20 +19,27 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from nvc.errors import InputError
 from nvc.hook.server.exchange import Programs, run_call, say
 from nvc.hook.server.peer import Standing
 
+if TYPE_CHECKING:
+    from nvc.rpc.pool import WarmHelper
+
 IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts its helpers and warms up
 STATS_ENV = "NVC_PY_SERVE_STATS"  # a file each worker appends its call's figures to (JSON lines)
+NOTE_LIMIT = 1000  # characters of a note to the server: one write under PIPE_BUF never interleaves
 
 
 def spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str,
-          nice: int) -> None:
+          nice: int, notes: int) -> None:
     """A worker forked ahead of its call: waits for the next connection (idle, it readies the call's
-    path: ``scratch`` is the dry plan's rootfs), tells the server it was taken (so the server forks
-    another spare), then serves it at ``nice``, the nice value the server started with. Never returns."""
+    path: ``scratch`` is the dry plan's rootfs; a helper that fails to start is reaped and its reason
+    written to ``notes``, for the server to say once), tells the server it was taken (so the server
+    forks another spare), then serves it at ``nice``, the nice value the server started with. Never
+    returns."""
     import prctl
 
     try:
@@ -45,8 +52,9 @@ def spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, s
         gc.disable()  # a worker lives for one call: no collections during it
         ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_HELPERS)
         if not ready:  # idle: ready what a call would otherwise start or touch first
-            _prestart_helpers()
+            warming = _prestart_helpers()
             warm_up(scratch, say=False)
+            _settle(sock, warming, notes)
         while True:
             try:
                 conn, _ = sock.accept()
@@ -57,26 +65,53 @@ def spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, s
         prctl.set_pdeathsig(0)  # ...a busy one finishes its call
         os.write(taken, b"t")
         os.close(taken)
+        os.close(notes)
         sock.close()
     except BaseException:  # noqa: BLE001 - the server forks another spare
         os._exit(1)
     _worker(conn, programs, ours, accepted_ns, stats)
 
 
-def _prestart_helpers() -> None:
+def _prestart_helpers() -> list[WarmHelper]:
     """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken
     over by a call that asks for the same (see driver_service.open_driver), and a container
     helper forked and confined for configure (container_service.open_container); each killed
     with the worker when its call does not take it. Best effort: a call that needs one and
-    finds none starts its own, and finds out why."""
+    finds none starts its own, and finds out why. Returns those started, their set-up still running."""
     from nvc.errors import NvcError
     from nvc.rpc import container_service, driver_service
 
+    started = []
     for prestart in (driver_service.prestart, container_service.prestart):
         try:
-            prestart()
+            started.append(prestart())
         except (NvcError, OSError):
             pass
+    return started
+
+
+def _settle(sock: socket.socket, warming: list[WarmHelper], notes: int) -> None:
+    """Until a call comes on ``sock``: take each prestarted helper's set-up report as it comes. One
+    whose set-up failed (no driver: NVML does not load) has exited; it is reaped now, not left a
+    zombie until a call, and its reason goes to the server on ``notes``, one line (the server says
+    each reason once, not once per spare)."""
+    from nvc.errors import NvcError
+
+    pending = {fd: helper for helper in warming if (fd := helper.report_fd()) is not None}
+    while pending:
+        ready = select.select([sock, *pending], [], [])[0]
+        if sock in ready:
+            return
+        for fd in ready:
+            helper = pending.pop(fd)
+            try:
+                helper.settle()
+            except NvcError as err:
+                line = f"idle workers keep no {helper.name} helper: {err}".replace("\n", " ")[:NOTE_LIMIT]
+                try:
+                    os.write(notes, (line + "\n").encode(errors="replace"))
+                except OSError:  # a full pipe: the server has enough to say
+                    pass
 
 
 def warm_up(scratch: str, say: bool = True) -> None:

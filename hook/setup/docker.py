@@ -27,7 +27,7 @@ from nvc.errors import InputError, cut, shown
 from nvc.hook.setup import engineconf
 from nvc.system.programs import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, installed_program
 from nvc.hook.setup.engines import SYSTEMD_RUNNING, script_path
-from nvc.hook.setup.files import remove_files, staging_name, write_files
+from nvc.hook.setup.files import remove_files, remove_files_and_dirs, staging_name, write_files
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
 DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)
@@ -321,7 +321,8 @@ def apply(plan: Plan) -> list[str]:
     """Make the changes of ``plan``; returns what was done, a line each."""
     done = []
     if plan.after is None:
-        done += remove_files([plan.config]) if plan.before is not None else []
+        # the directory setup made for it (/etc/docker where Docker is not installed) goes too, once empty
+        done += remove_files_and_dirs([plan.config]) if plan.before is not None else []
     elif plan.after != plan.before:
         write_files({plan.config: plan.after}, plan.mode, backup=(plan.config,))
         done.append(f"wrote {plan.config}")

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError
 from nvc.system.programs import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
-from nvc.hook.setup import engineconf
-from nvc.hook.setup.files import remove_files, remove_files_and_dirs, write_files
+from nvc.hook.setup import engineconf, packaged
+from nvc.hook.setup.files import holds, remove_files, remove_files_and_dirs, write_files
 
 if TYPE_CHECKING:
     from nvc.hook.setup.hooksdirs import Engine
@@ -65,14 +65,26 @@ def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str
                   env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
     """Write the hooks.d files (prestart and poststop) where ``engine`` reads them (nvc.hook.setup.hooksdirs),
     or in ``hooks_dir``; our files left in the directory earlier versions wrote to are removed
-    when the engine does not read it. Returns (what was done, warnings), a line each."""
+    when the engine does not read it. The package's own files there (nvc.hook.setup.packaged) are
+    kept as they are, and a change to one (``config_path``) refused. Returns (what was done,
+    warnings), a line each."""
     from nvc.hook.setup import hooksdirs
 
     resolved = hooksdirs.resolve(engine, env)
     target = hooks_dir or resolved.target
     texts = hook_files(target, config_path)
-    write_files(texts)
-    done = [f"wrote {path}" for path in texts]
+    listed = packaged.files()
+    theirs = [path for path in texts if packaged.owns(path, listed)]
+    for path in theirs:
+        if not os.path.lexists(path):
+            raise InputError(f"{path}: the {packaged.PACKAGE} package's file is missing: "
+                             f"apt install --reinstall {packaged.PACKAGE} puts it back")
+        if not holds(path, texts[path]):
+            raise InputError(f"{path}: the {packaged.PACKAGE} package's file, which setup would change: list a "
+                             f"directory of your own after {target} in {engine.name}'s hooks_dir and give it as "
+                             "--hooks-dir")
+    write_files({path: text for path, text in texts.items() if path not in theirs})
+    done = [f"kept {path} (the {packaged.PACKAGE} package's)" if path in theirs else f"wrote {path}" for path in texts]
     legacy = os.path.normpath(hooksdirs.LEGACY_HOOKS_DIR)
     if legacy not in resolved.dirs and os.path.normpath(target) != legacy:
         done += [f"{line} (moved to {target})" if line.endswith(".json") else line for line in _remove_ours([legacy])]
@@ -85,7 +97,8 @@ def remove_hooks(engine: Engine, hooks_dir: str | None = None, env: Mapping[str,
                  keep: tuple[str, ...] = ()) -> list[str]:
     """Remove the hooks.d files :func:`install_hooks` writes: from ``hooks_dir``, every directory the
     engine reads and the one earlier versions wrote to, except those in ``keep`` (a package's own
-    directory, whose files its package manager removes), and the directories left empty
+    directory, whose files its package manager removes) and the files the package installed (named
+    in one line: its removal removes them), and the directories left empty
     (:func:`remove_files_and_dirs`). Returns what was done, a line each."""
     from nvc.hook.setup import hooksdirs
 
@@ -95,16 +108,27 @@ def remove_hooks(engine: Engine, hooks_dir: str | None = None, env: Mapping[str,
 
 
 def _remove_ours(dirs: list[str]) -> list[str]:
-    """Our hooks.d files in ``dirs`` removed, and the directories they leave empty."""
-    return remove_files_and_dirs([os.path.join(d, name) for d in dirs for name in PODMAN_HOOK_FILES.values()])
+    """Our hooks.d files in ``dirs`` removed, and the directories they leave empty; the package's
+    own (nvc.hook.setup.packaged) left to it, in one line."""
+    listed = packaged.files()
+    paths = [os.path.join(d, name) for d in dirs for name in PODMAN_HOOK_FILES.values()]
+    theirs = [path for path in paths if os.path.lexists(path) and packaged.owns(path, listed)]
+    done = remove_files_and_dirs([path for path in paths if path not in theirs])
+    if theirs:
+        done.append(f"kept {', '.join(theirs)}: the {packaged.PACKAGE} package's (apt remove {packaged.PACKAGE} "
+                    "removes them)")
+    return done
 
 
 def server_unit(config_path: str | None = None) -> str:
     """The systemd service running ``nvc-py-hook serve`` in the host's namespaces, started by its
     socket unit on the first connection.
 
-    KillMode=process: a stop or restart ends the server and its idle spare worker (which dies
-    with it), never a worker in the middle of a container's start. RestartPreventExitStatus=2:
+    KillMode=mixed: a stop or restart sends SIGTERM to the server alone, which kills its idle spares
+    and waits for its busy workers to finish their calls (never a worker in the middle of a
+    container's start: nvc.hook.server.loop's STOP_WAIT, below the stop timeout) and exits once no
+    process of its own is left; what would still be there after it exited (none: the journal's
+    "left-over process" lines of KillMode=process) systemd kills. RestartPreventExitStatus=2:
     a refusal to start (a socket directory others control, see nvc.hook.server) is no failure a
     restart mends; the clients run the hook themselves meanwhile. WatchdogSec=: a server whose
     accept loop stops sending keep-alives (wedged, stopped, or its workers taking no call:
@@ -121,7 +145,7 @@ def server_unit(config_path: str | None = None) -> str:
             "[Service]\n"
             f"ExecStart={program} serve\n"
             f"{env}"
-            "KillMode=process\n"
+            "KillMode=mixed\n"
             f"WatchdogSec={WATCHDOG_SEC}\n"
             "WatchdogSignal=SIGKILL\n"
             "NotifyAccess=main\n"
@@ -152,24 +176,42 @@ def install_server(unit_dir: str | None = None, config_path: str | None = None,
 
     Where systemd runs: the socket and service units in ``unit_dir`` (default: the system's), and
     where that is the system's, the socket enabled and started (and a running server restarted on
-    it). Where it does not and no ``unit_dir`` was asked for: nothing (the native front starts a
-    server on demand).
+    them where they changed). Where it does not and no ``unit_dir`` was asked for: nothing (the
+    native front starts a server on demand). On a packaged install the package's units serve: none
+    written to the system's directory (:func:`_packaged_server`).
     """
     running = os.path.isdir(SYSTEMD_RUNNING)
-    if unit_dir is None:
+    if unit_dir is None and not running:
+        return ["systemd is not running: no units written (the hook client starts the server on demand)"]
+    unit_dir = unit_dir or SYSTEMD_UNIT_DIR
+    theirs = packaged.unit_dir(SOCKET_UNIT, packaged.files())
+    if theirs is not None and os.path.realpath(unit_dir) == os.path.realpath(SYSTEMD_UNIT_DIR):
         if not running:
-            return ["systemd is not running: no units written (the hook client starts the server on demand)"]
-        unit_dir = SYSTEMD_UNIT_DIR
+            return [f"no units written: the {packaged.PACKAGE} package's in {theirs} serve where systemd runs"]
+        return _packaged_server(theirs, systemctl)
     texts = {os.path.join(unit_dir, SOCKET_UNIT): socket_unit(),
              os.path.join(unit_dir, SERVER_UNIT): server_unit(config_path)}
-    write_files(texts)
-    done = [f"wrote {path}" for path in texts]
+    changed = {path: text for path, text in texts.items() if not holds(path, text)}
+    write_files(changed)
+    done = [f"wrote {path}" for path in changed]
     if not _systemd_manages(unit_dir):
         why = "systemd is not running" if not running else f"{unit_dir} is not {SYSTEMD_UNIT_DIR}"
         return [*done, f"not enabled ({why}): systemctl enable --now {SOCKET_UNIT}"]
-    # try-restart: a server already running (an older unit's, or older code) takes the socket over
-    _systemctl(systemctl, ["daemon-reload"], ["enable", "--now", SOCKET_UNIT], ["try-restart", SERVER_UNIT])
+    # try-restart: a server already running takes the changed units over (a server of older code
+    # restarts itself at its next call); units as they were: the running server stays
+    _systemctl(systemctl, *([["daemon-reload"]] if changed else []), ["enable", "--now", SOCKET_UNIT],
+               *([["try-restart", SERVER_UNIT]] if changed else []))
     return [*done, f"enabled and started {SOCKET_UNIT}"]
+
+
+def _packaged_server(units: str, systemctl: str) -> list[str]:
+    """The package's units in ``units`` serve: copies an earlier setup wrote to /etc/systemd/system
+    (which would shadow them) removed, the socket enabled and started; the server restarted only
+    where its unit changed so."""
+    done = remove_files([os.path.join(SYSTEMD_UNIT_DIR, name) for name in (SOCKET_UNIT, SERVER_UNIT)])
+    _systemctl(systemctl, *([["daemon-reload"]] if done else []), ["enable", "--now", SOCKET_UNIT],
+               *([["try-restart", SERVER_UNIT]] if done else []))
+    return [*done, f"enabled and started {SOCKET_UNIT} (the {packaged.PACKAGE} package's, in {units})"]
 
 
 def _systemd_manages(unit_dir: str) -> bool:
@@ -191,10 +233,25 @@ def _systemctl(systemctl: str, *calls: list[str]) -> None:
 def remove_server(unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = None,
                   systemctl: str = "systemctl") -> list[str]:
     """Undo :func:`install_server` and ``--no-server``: the units (:func:`remove_units`), and the
-    no-server file beside the configuration file removed. Returns what was done, a line each."""
+    no-server file beside the configuration file removed. The package's units (nvc.hook.setup.packaged)
+    stay where they are, disabled and stopped (the package's upgrades start no disabled socket).
+    Returns what was done, a line each."""
     done = remove_units(unit_dir, systemctl)
+    theirs = packaged.unit_dir(SOCKET_UNIT, packaged.files())
+    if theirs is not None and os.path.realpath(unit_dir) == os.path.realpath(SYSTEMD_UNIT_DIR):
+        done.append(_disable_packaged(theirs, systemctl))
     changed = set_server_start(config_path, True)
     return done + ([changed] if changed else [])
+
+
+def _disable_packaged(units: str, systemctl: str) -> str:
+    """The package's socket and service disabled and stopped where systemd runs (else what to run)."""
+    kept = f"the {packaged.PACKAGE} package's units stay in {units}"
+    if not os.path.isdir(SYSTEMD_RUNNING):
+        return f"{kept}: systemd is not running: systemctl disable {SOCKET_UNIT}"
+    _systemctl(systemctl, ["disable", "--now", SOCKET_UNIT], ["stop", SERVER_UNIT])
+    return f"stopped and disabled {SOCKET_UNIT} and {SERVER_UNIT} ({kept}: systemctl enable --now {SOCKET_UNIT} " \
+           "serves again)"
 
 
 def remove_units(unit_dir: str = SYSTEMD_UNIT_DIR, systemctl: str = "systemctl") -> list[str]:

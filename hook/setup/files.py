@@ -45,7 +45,7 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
                 problem = _not_replaceable(place)
                 if problem:
                     raise InputError(f"{place}: cannot write: {problem}")
-            if path in backup and _holds(path, text):
+            if path in backup and holds(path, text):
                 continue  # no change: no backup of the same text, no rename
             tmp = staging_name(path)
             file_mode = _mode_of(path, mode) if path in backup else mode
@@ -77,7 +77,7 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
                 os.unlink(tmp)
 
 
-def _holds(path: str, text: str) -> bool:
+def holds(path: str, text: str) -> bool:
     """Whether the regular file at ``path`` (not followed) holds ``text``."""
     try:
         data = text.encode()

@@ -175,20 +175,21 @@ def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
         return [skip("containerd", "not installed (containerd not on PATH)")]
     try:
         main = _toml(config_path) if os.path.exists(config_path) else {}
-        names = []
+        runtimes = []
         for drop_in in main.get("imports", []) if isinstance(main.get("imports"), list) else []:
             if isinstance(drop_in, str) and os.path.isfile(drop_in):
-                names += _runtimes_of(_toml(drop_in))
-        names += _runtimes_of(main)
+                runtimes += _runtimes_of(_toml(drop_in))
+        runtimes += _runtimes_of(main)
     except NvcError as err:
         return [fail("containerd", str(err), "correct that file: containerd would refuse it too")]
-    if not names:
+    if not runtimes:
         return [fail("containerd", f"no runtime of {config_path} or its imports runs nvc-py-runtime",
                      "nvc-py setup containerd, then restart containerd")]
     daemons = running("containerd")
     stale = _started_after(daemons[0] if daemons else None, "containerd", config_path)
-    return [ok("containerd", f"CRI runtime handler {names[0]} (runtimeClassName / ctr --runtime)")] + \
-        ([stale] if stale else [])
+    name, binary = runtimes[0]
+    return [ok("containerd", f"CRI runtime handler {name} (a RuntimeClass with handler: {name} for runtimeClassName; "
+                             f"ctr run --runc-binary {binary} …)")] + ([stale] if stale else [])
 
 
 def _toml(path: str) -> Mapping[str, Any]:
@@ -203,13 +204,15 @@ def _toml(path: str) -> Mapping[str, Any]:
         raise InputError(f"{path}: not valid TOML ({err})") from None
 
 
-def _runtimes_of(doc: Mapping[str, Any]) -> list[str]:
+def _runtimes_of(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(CRI handler, its BinaryName) of each runtime of ``doc`` that runs nvc-py-runtime. The handler
+    is no name ctr knows (``ctr run --runtime`` takes a shim's): ctr runs the binary itself."""
     from nvc.hook.setup.engines import CRI_PLUGIN_NAME
 
     cri = doc.get("plugins", {}).get(CRI_PLUGIN_NAME, {})
     runtimes = cri.get("containerd", {}).get("runtimes", {}) if isinstance(cri, dict) else {}
-    return sorted(name for name, entry in runtimes.items() if isinstance(entry, dict)
-                  and isinstance(entry.get("options"), dict)
+    return sorted((name, entry["options"]["BinaryName"]) for name, entry in runtimes.items()
+                  if isinstance(entry, dict) and isinstance(entry.get("options"), dict)
                   and isinstance(entry["options"].get("BinaryName"), str) and _ours(entry["options"]["BinaryName"]))
 
 
