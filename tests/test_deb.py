@@ -206,16 +206,19 @@ def release_tree(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package built from the clone."""
+    return _build(REPO, tmp_path_factory.mktemp("deb-new"), _version())
+
+
+@pytest.fixture(scope="module")
+def debs(tmp_path_factory: pytest.TempPathFactory, deb: Path) -> dict[str, Path]:
     """The package built twice: ``old``, at a lower version, from this tree as a release tarball
-    holds it (no .git), then ``new`` from the clone."""
+    holds it (no .git), and ``new`` from the clone."""
     base = tmp_path_factory.mktemp("deb")
-    started = time.monotonic()
     release = release_tree(base / "release")
     assert not (release / ".git").exists() and (release / "Makefile").is_file()
-    built = {"old": _build(release, base / "old", f"{_version()}~test1"), "new": _build(REPO, base / "new", _version())}
-    print(f"two builds in {time.monotonic() - started:.0f} s")
-    return built
+    return {"old": _build(release, base / "old", f"{_version()}~test1"), "new": deb}
 
 
 def test_python_lock_satisfies_install_requires() -> None:
@@ -333,3 +336,53 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
             f"(root cache: {'hit' if hit else 'miss'})")
     print(line)
     summary_line(line)
+
+
+# In a throwaway copy of this host's root (harness.hostroot): the package installed as README says
+# (the suite's own make install removed first, as a host with the package has none), then the
+# make targets of a clone beside it.
+BESIDE = r"""set -eu
+say() { echo "== $*"; }
+rm -rf /usr/lib/nvc-py /usr/local/bin/nvc-py /usr/local/bin/nvc-py-hook /usr/local/bin/nvc-py-runtime
+cd /mnt && apt-get install -q -y --no-install-recommends ./nvc-py.deb > /dev/null 2>&1
+cd /root/nvc-py
+say try; make try CMD='nvc-py info'
+for target in install uninstall test; do
+	say $target; if make $target; then echo "make $target: not refused"; exit 1; fi
+done
+say demo; make demo
+say verify; dpkg --verify nvc-py && echo "package files as installed"
+say doctor; nvc-py doctor || true
+"""
+
+
+def test_source_tree_beside_the_package(deb: Path, tmp_path: Path) -> None:
+    """With the package installed, ``make try`` and ``make demo`` in a clone use it as installed;
+    ``make install``, ``uninstall`` and ``test`` refuse in one line that says what to do instead,
+    and the package's files stay as dpkg installed them; doctor's advice (``make try``) works."""
+    from harness import hostroot
+
+    clone, work = tmp_path / "clone", tmp_path / "work"
+    debroot.copy_tree(clone)
+    work.mkdir()
+    shutil.copy2(deb, work / "nvc-py.deb")
+    (tmp_path / "layers").mkdir()
+    with progress.phase("the package installed in a throwaway root, a clone's make targets beside it"):
+        result = hostroot.run(BESIDE, tmp_path / "layers", 600, [(work, "/mnt"), (clone, "/root/nvc-py")])
+    out = result.stdout
+    assert result.returncode == 0, out[-6000:]
+
+    def section(name: str) -> str:
+        return out.split(f"== {name}\n", 1)[1].split("\n== ", 1)[0]
+
+    assert "NVIDIA H100 80GB HBM3" in section("try"), out[-6000:]
+    for target in ("install", "uninstall", "test"):
+        assert section(target).startswith(
+            f"make {target}: /usr/lib/nvc-py is the Debian package nvc-py's: this tree is not installed over it "
+            "nor removed from it; apt remove nvc-py first (make try and make demo use the package as installed)\n"), \
+            section(target)
+    demo = section("demo")
+    assert "pip, install: nothing (the Debian package nvc-py in /usr/lib/nvc-py is used as installed)" in demo
+    assert "GPU 0: NVIDIA H100 80GB HBM3" in demo, demo[-4000:]
+    assert section("verify") == "package files as installed\n", section("verify")
+    assert "run `make try` in its source tree" in section("doctor"), section("doctor")
