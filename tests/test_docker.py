@@ -205,12 +205,37 @@ def test_no_gpus_hook_and_dry_run(tmp_path: Path, config_file: Path) -> None:
 
 
 @pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="systemd runs here: --restart would restart docker")
-def test_restart_without_systemd_is_refused_before_anything_is_written(tmp_path: Path, config_file: Path) -> None:
-    result = setup_docker("--restart", "--config", str(tmp_path / "daemon.json"), "--gpus-hook-dir", str(tmp_path),
-                          config=config_file)
-    assert (result.returncode, result.stdout) == (InputError.exit_code, "")
-    assert result.stderr == "nvc-py: input error: --restart: systemd is not running here: restart dockerd yourself\n"
-    assert listing(tmp_path) == []
+def test_restart_without_systemd_writes_then_reloads_the_running_dockerd(tmp_path: Path, config_file: Path,
+                                                                          rootfs_cache) -> None:  # noqa: ANN001
+    """Without systemd, --restart writes the registration (exit 0), then tells the running dockerd that
+    reads that daemon.json to reload it (SIGHUP: the runtime shows in its `docker info`) and says in a
+    line what --gpus needs; where none runs, it says that dockerd reads it as it starts."""
+    daemon_json, hook_dir = tmp_path / "daemon.json", tmp_path / "bin"
+    hook_dir.mkdir()
+    args = ("--restart", "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir))
+    alone = setup_docker(*args, config=config_file)
+    assert (alone.returncode, alone.stderr) == (0, ""), alone.stderr
+    assert f"wrote {daemon_json}\n" in alone.stdout
+    assert alone.stdout.endswith(f"no running dockerd reads {daemon_json}: dockerd reads it as it starts\n")
+    assert setup_docker("--remove", *args[1:], config=config_file).returncode == 0
+    daemon_json.write_text(json.dumps(base_config(tmp_path), indent=2) + "\n")
+    dockerd = Dockerd(tmp_path, rootfs_cache, daemon_json, path=[hook_dir])
+    try:
+        assert "nvc-py" not in dockerd.info()["Runtimes"]
+        result = setup_docker(*args, config=config_file)
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr
+        pid = dockerd.process.pid
+        assert f"dockerd (pid {pid}) told to reload {daemon_json} (SIGHUP): its runtimes are the file's now\n" \
+            in result.stdout, result.stdout
+        assert f"dockerd (pid {pid}) looks for {GPUS_HOOK} only as it starts: for `docker run --gpus`, stop it " \
+               f"(kill {pid}) and start it again as before: /usr/sbin/dockerd --config-file {daemon_json} " \
+            in result.stdout, result.stdout
+        deadline = time.monotonic() + 10
+        while "nvc-py" not in dockerd.info()["Runtimes"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert dockerd.info()["Runtimes"]["nvc-py"]["path"] == RUNTIME
+    finally:
+        dockerd.stop()
 
 
 @pytest.mark.parametrize("target", [HOOK_FRONT, "/usr/lib/nvc-py/nvc-py-hook-python"], ids=["front", "python"])

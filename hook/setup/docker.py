@@ -351,23 +351,51 @@ def preview(plan: Plan) -> list[str]:
     return lines + list(plan.notes)
 
 
-def check_restart() -> None:
-    """``--restart`` needs systemd to run dockerd: refused before anything is written."""
-    if not os.path.isdir(SYSTEMD_RUNNING):
-        raise InputError("--restart: systemd is not running here: restart dockerd yourself")
+def restart(plan: Plan, systemctl: str) -> list[str]:
+    """``--restart``: dockerd restarted through systemd where systemd runs; elsewhere each running
+    dockerd that reads ``plan``'s daemon.json is told to reload it (SIGHUP: dockerd 20.10 reloads its
+    runtimes and default-runtime then), and where it must start again to see the ``--gpus`` hook
+    (it looks for that program only as it starts), one line says so and how."""
+    if os.path.isdir(SYSTEMD_RUNNING):
+        from nvc.hook.setup.engines import _systemctl
+
+        _systemctl(systemctl, RESTART)
+        return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]
+    return reload_running(plan)
 
 
-def restart(systemctl: str) -> list[str]:
-    """Restart dockerd through systemd (``--restart``)."""
-    from nvc.hook.setup.engines import _systemctl
+def reload_running(plan: Plan) -> list[str]:
+    """SIGHUP to the running dockerds that read ``plan.config`` (their --config-file, else the
+    default), a line each; a line where none runs."""
+    import signal
 
-    _systemctl(systemctl, RESTART)
-    return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]
+    from nvc.doctor.engines import running
+
+    config = os.path.realpath(plan.config)
+    daemons = [d for d in running("dockerd") if os.path.realpath(d.flag("--config-file") or DAEMON_JSON) == config]
+    if not daemons:
+        return [f"no running dockerd reads {plan.config}: dockerd reads it as it starts"]
+    lines = []
+    for daemon in daemons:
+        try:
+            os.kill(daemon.pid, signal.SIGHUP)
+        except OSError as err:
+            lines.append(f"dockerd (pid {daemon.pid}): not signalled ({err.strerror}): restart it yourself")
+            continue
+        lines.append(f"dockerd (pid {daemon.pid}) told to reload {plan.config} (SIGHUP): its runtimes are the "
+                     f"file's now")
+        if plan.link.after is not None and plan.link.after != plan.link.before:
+            lines.append(f"dockerd (pid {daemon.pid}) looks for {GPUS_HOOK} only as it starts: for `docker run "
+                         f"--gpus`, stop it (kill {daemon.pid}) and start it again as before: "
+                         f"{' '.join(daemon.argv)}")
+    return lines
 
 
 def restart_lines(plan: Plan) -> list[str]:
     """What the user must do for dockerd to see ``plan``'s changes (it reads both at its start)."""
     if not plan.changes:
         return []
+    how = "systemctl restart docker, or --restart" if os.path.isdir(SYSTEMD_RUNNING) else \
+        "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
     return ["dockerd reads daemon.json, and looks for nvidia-container-runtime-hook, when it starts: "
-            "restart it (systemctl restart docker, or --restart)"]
+            f"restart it ({how})"]
