@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -380,3 +381,42 @@ def test_doctor_finds_a_daemon_json_without_the_runtime(dockerd: Dockerd) -> Non
     assert checks["docker"] == {"name": "docker", "status": "fail", "fix": "nvc-py setup docker",
                                 "detail": f"{daemon_json} registers no nvc-py runtime"}
     assert checks["dockerd"]["status"] == "fail" and "before " + str(daemon_json) in checks["dockerd"]["detail"]
+
+
+# In a pid namespace of its own (whose /proc shows its processes alone): a private dockerd, with the
+# containerd it starts as its child, and `nvc-py doctor --json` beside them; argv[1] the work directory.
+DOCKERD_AND_DOCTOR = """
+import json, os, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, os.getcwd())
+from harness.docker import Dockerd, base_config
+from harness.rootfs import RootfsCache
+work = Path(sys.argv[1])
+daemon_json = work / "daemon.json"
+daemon_json.write_text(json.dumps(base_config(work)))
+daemon = Dockerd(work, RootfsCache(work / "rootfs"), daemon_json)
+try:
+    env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
+    print(subprocess.run([sys.argv[2], "doctor", "--json"], capture_output=True, text=True, env=env).stdout)
+    print(json.dumps([str(daemon.exec_root)]))
+finally:
+    daemon.stop()
+"""
+
+
+def test_doctor_tells_dockerds_own_containerd_from_a_containerd(tmp_path: Path) -> None:
+    """Where the only containerd is dockerd's own (its child, reading the configuration dockerd wrote
+    under its exec root), doctor does not fail containerd for /etc/containerd/config.toml, which that
+    one never reads: it says which containerd it found and whose it is."""
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", DOCKERD_AND_DOCTOR,
+                           str(tmp_path), NVC_PY], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report, found = done.stdout.strip().rsplit("\n", 1)
+    exec_root = json.loads(found)[0]
+    checks = {c["name"]: c for c in json.loads(report)["checks"]}
+    check = checks["containerd"]
+    assert check["status"] == "skip", check
+    assert check["detail"].startswith("no containerd of its own runs (pid "), check
+    assert f"is dockerd's own, reading {exec_root}/containerd/containerd.toml); /etc/containerd/config.toml " \
+           "registers no nvc-py runtime (nvc-py setup containerd, for one started later)" in check["detail"], check

@@ -17,6 +17,7 @@ from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
 
 _MAX_CONFIG = 1 << 20
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"  # containerd's default --config
 CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's whole second
 
 
@@ -75,6 +76,7 @@ class Daemon(NamedTuple):
     argv: tuple[str, ...]
     path: str  # its PATH, where it looks for programs (dockerd: the --gpus hook)
     started: float  # epoch seconds
+    parent: int = 0  # its parent's pid
 
     def flag(self, name: str) -> str | None:
         """The value of ``--name VALUE`` or ``--name=VALUE`` (the last one given)."""
@@ -111,7 +113,7 @@ def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
         except OSError:
             continue
         path = os.fsdecode(env.get(b"PATH", FIXED_PATH.split("=", 1)[1].encode()))
-        found.append(Daemon(int(pid), argv, path, boot + int(fields[19]) / tick))
+        found.append(Daemon(int(pid), argv, path, boot + int(fields[19]) / tick, int(fields[1])))
     return sorted(found, key=lambda d: d.started)
 
 
@@ -168,11 +170,18 @@ def docker() -> tuple[list[Check], Daemon | None]:
     return found + ([stale] if stale else []), daemon
 
 
-def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
+def containerd(config_path: str = CONTAINERD_CONFIG) -> list[Check]:
     """containerd: a drop-in of the main file's ``imports`` registering nvc-py-runtime, and
-    containerd started since the main file changed."""
+    containerd started since the main file changed. The containerd inspected is one of its own (its
+    --config, else ``config_path``); dockerd's own containerd (its child, with a configuration
+    dockerd writes) never reads that file, so where only it runs a missing registration is no failure."""
     if shutil.which("containerd") is None:
         return [skip("containerd", "not installed (containerd not on PATH)")]
+    daemons = running("containerd")
+    dockerds = {d.pid for d in running("dockerd")}
+    own = [d for d in daemons if d.parent not in dockerds]
+    if own:
+        config_path = own[0].flag("--config") or own[0].flag("-c") or config_path
     try:
         main = _toml(config_path) if os.path.exists(config_path) else {}
         names = []
@@ -182,11 +191,16 @@ def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
         names += _runtimes_of(main)
     except NvcError as err:
         return [fail("containerd", str(err), "correct that file: containerd would refuse it too")]
+    if not names and not own:
+        theirs = [f"pid {d.pid} is dockerd's own, reading {d.flag('--config') or 'its defaults'}"
+                  for d in daemons if d.parent in dockerds]
+        return [skip("containerd", f"no containerd of its own runs{' (' + '; '.join(theirs) + ')' if theirs else ''}; "
+                                   f"{config_path} registers no nvc-py runtime (nvc-py setup containerd, for one "
+                                   f"started later)")]
     if not names:
-        return [fail("containerd", f"no runtime of {config_path} or its imports runs nvc-py-runtime",
-                     "nvc-py setup containerd, then restart containerd")]
-    daemons = running("containerd")
-    stale = _started_after(daemons[0] if daemons else None, "containerd", config_path)
+        return [fail("containerd", f"containerd (pid {own[0].pid}) reads {config_path}: no runtime of it or its "
+                                   f"imports runs nvc-py-runtime", "nvc-py setup containerd, then restart containerd")]
+    stale = _started_after(own[0] if own else None, "containerd", config_path)
     return [ok("containerd", f"CRI runtime handler {names[0]} (runtimeClassName / ctr --runtime)")] + \
         ([stale] if stale else [])
 
