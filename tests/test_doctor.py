@@ -82,3 +82,30 @@ def test_run_starts_a_container_through_podman_and_sees_the_gpu(podman_conf: dic
     status, lines = _doctor("--run", env=podman_conf)
     assert "✓ podman run: a container asking for GPU 0 sees it: GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4f6a" in \
         "\n".join(lines)
+
+
+def test_run_quotes_the_line_that_explains_a_failed_start(podman_conf: dict[str, str], tmp_path: Path) -> None:
+    """A start the hook refused: doctor quotes the hook's own error line from podman's output and
+    gives the hook log's line for that start with the log's path. A start that failed before any
+    hook ran: podman's own error, and the advice says no hook refused it (no log line)."""
+    env = {**os.environ, **podman_conf}
+    config, log = Path(podman_conf["NVC_PY_CONFIG"]), tmp_path / "hook.log"
+    config.write_text(f"root: {tmp_path / 'no-driver'}\nload-kmods: false\nlog: {{file: {log}}}\n")
+    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", str(config), "--no-server"], check=True,
+                   env=env, capture_output=True)
+    refused = _checks("--run", env=podman_conf)["podman run"]
+    assert refused["status"] == "fail", refused
+    assert refused["detail"].startswith("a container asking for GPU 0 does not see GPU 0: nvc-py-hook: "), refused
+    line = log.read_text().splitlines()[-1]
+    assert '"outcome":"error"' in line and refused["fix"] == f"the hook refused it; {log} has its line for that " \
+                                                              f"start: {line}", refused
+    conf = Path(podman_conf["CONTAINERS_CONF"])
+    conf.write_text(conf.read_text().replace('runtime = "runc"', 'runtime = "nvc-test-no-such-runtime"'))
+    before = log.read_text()
+    engine = _checks("--run", env=podman_conf)["podman run"]
+    assert log.read_text() == before
+    assert engine["status"] == "fail" and "nvc-py-hook" not in engine["detail"], engine
+    assert engine["detail"].startswith("a container asking for GPU 0 does not see GPU 0: Error: "), engine
+    assert "nvc-test-no-such-runtime" in engine["detail"], engine
+    assert engine["fix"] == (f"the engine's own error: no nvc-py hook refused that start ({log} has no line for that "
+                             "start); fix what the engine says"), engine

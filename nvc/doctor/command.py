@@ -33,7 +33,7 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     if gpus:
         found.append(engines.cdi(lambda: _fresh_spec(conf)))
     if run:
-        found += runs.run_containers(runs.registered(podman, docker, engines.docker_host(dockerd)))
+        found += runs.run_containers(runs.registered(podman, docker, engines.docker_host(dockerd)), conf.log_file)
     return found
 
 
