@@ -342,7 +342,7 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
 # (the suite's own make install removed first, as a host with the package has none), then the
 # make targets of a clone beside it.
 BESIDE = r"""set -eu
-say() { echo "== $*"; }
+say() { echo "@@ $*"; }  # not "==": make try and demo print such lines
 rm -rf /usr/lib/nvc-py /usr/local/bin/nvc-py /usr/local/bin/nvc-py-hook /usr/local/bin/nvc-py-runtime
 cd /mnt && apt-get install -q -y --no-install-recommends ./nvc-py.deb > /dev/null 2>&1
 cd /root/nvc-py
@@ -373,7 +373,7 @@ def test_source_tree_beside_the_package(deb: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, out[-6000:]
 
     def section(name: str) -> str:
-        return out.split(f"== {name}\n", 1)[1].split("\n== ", 1)[0]
+        return out.split(f"@@ {name}\n", 1)[1].split("\n@@ ", 1)[0]
 
     assert "NVIDIA H100 80GB HBM3" in section("try"), out[-6000:]
     for target in ("install", "uninstall", "test"):
