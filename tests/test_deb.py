@@ -384,5 +384,5 @@ def test_source_tree_beside_the_package(deb: Path, tmp_path: Path) -> None:
     demo = section("demo")
     assert "pip, install: nothing (the Debian package nvc-py in /usr/lib/nvc-py is used as installed)" in demo
     assert "GPU 0: NVIDIA H100 80GB HBM3" in demo, demo[-4000:]
-    assert section("verify") == "package files as installed\n", section("verify")
+    assert section("verify") == "package files as installed", section("verify")
     assert "run `make try` in its source tree" in section("doctor"), section("doctor")
