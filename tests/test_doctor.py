@@ -109,3 +109,29 @@ def test_run_quotes_the_line_that_explains_a_failed_start(podman_conf: dict[str,
     assert "nvc-test-no-such-runtime" in engine["detail"], engine
     assert engine["fix"] == (f"the engine's own error: no nvc-py hook refused that start ({log} has no line for that "
                              "start); fix what the engine says"), engine
+
+
+def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], tmp_path: Path) -> None:
+    """No server runs: doctor says what a hook call does then, and that is what happens: with setup's
+    no-server file beside the configuration, a hook call runs the hook itself and leaves no socket."""
+    from nvc.hook.server.handover import DEFAULT_SOCKET
+
+    assert not os.path.exists(DEFAULT_SOCKET)
+    assert _checks(env=podman_conf)["hook server"]["detail"] == (
+        f"not running ({DEFAULT_SOCKET}); a hook call as root in PID 1's namespaces starts one (it stops after 600 s "
+        "without a call, 0.5 s where a runtime adopted it); other calls run the hook themselves")
+    env = {**os.environ, **podman_conf}
+    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"],
+                    "--hooks-dir", str(tmp_path / "hooks.d"), "--no-server"], check=True, env=env, capture_output=True)
+    no_server = tmp_path / "no-server"
+    assert no_server.is_file()
+    detail = _checks(env=podman_conf)["hook server"]["detail"]
+    assert detail == f"not running; hook calls run the hook themselves and start none ({no_server}: setup's --no-server)"
+    state = json.dumps({"ociVersion": "1.0.2", "id": "doctor-no-server", "status": "creating", "pid": os.getpid(),
+                        "bundle": str(tmp_path)})
+    (tmp_path / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": [], "args": ["true"], '
+                                          '"cwd": "/"}, "root": {"path": "rootfs"}}')
+    call = subprocess.run([str(SCRIPTS / "nvc-py-hook"), "prestart"], input=state, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "NVC_PY_CONFIG": podman_conf["NVC_PY_CONFIG"]})
+    assert call.returncode == 0, call.stderr
+    assert not os.path.exists(DEFAULT_SOCKET)

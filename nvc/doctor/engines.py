@@ -289,8 +289,14 @@ def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def server() -> Check:
-    """The hook server: its socket answers, and the process serving runs the installed code."""
+# What the native front does where no server runs (native/client/server_start.c, hook/server/loop.py).
+ON_DEMAND = ("a hook call as root in PID 1's namespaces starts one (it stops after 600 s without a call, "
+             "0.5 s where a runtime adopted it); other calls run the hook themselves")
+
+
+def server(config_path: str | None = None) -> Check:
+    """The hook server: its socket answers, and the process serving runs the installed code; where none
+    runs, what a hook call reading ``config_path`` does then (the no-server file beside it: no start)."""
     from nvc.hook.setup import engines
     from nvc.hook.oci.entry import DEFAULT_SOCKET
 
@@ -299,7 +305,11 @@ def server() -> Check:
         if managed:
             return fail("hook server", f"no socket {DEFAULT_SOCKET}: the socket unit is not running",
                         f"nvc-py setup server (or systemctl enable --now {engines.SOCKET_UNIT})")
-        return skip("hook server", f"not running; the next hook call starts one ({DEFAULT_SOCKET})")
+        no_server = os.path.join(os.path.dirname(config_path or _config_default()), engines.NO_SERVER_FILE)
+        if os.path.exists(no_server):
+            return skip("hook server", f"not running; hook calls run the hook themselves and start none ({no_server}: "
+                                       f"setup's --no-server)")
+        return skip("hook server", f"not running ({DEFAULT_SOCKET}); {ON_DEMAND}")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     probe.settimeout(2)
     try:
@@ -307,7 +317,7 @@ def server() -> Check:
     except OSError as err:
         return fail("hook server", f"{DEFAULT_SOCKET}: nobody answers ({err.strerror or err}): the server stopped",
                     f"systemctl restart {engines.SOCKET_UNIT}" if managed else
-                    f"remove {DEFAULT_SOCKET}: the next hook call starts a server")
+                    f"remove {DEFAULT_SOCKET}: {ON_DEMAND}")
     finally:
         probe.close()
     installed = _installed_at()
@@ -316,8 +326,15 @@ def server() -> Check:
     if older:
         return fail("hook server", f"the server started {_when(min(older))}, before nvc-py was installed "
                                    f"({_when(installed)}): it serves the old code",
-                    f"systemctl restart {engines.SERVER_UNIT}" if managed else "kill it: the next hook call starts one")
+                    f"systemctl restart {engines.SERVER_UNIT}" if managed else f"kill it: {ON_DEMAND}")
     return ok("hook server", f"{DEFAULT_SOCKET} answers" + (" (installed code)" if servers else ""))
+
+
+def _config_default() -> str:
+    """The configuration file the hooks read where none is given: $NVC_PY_CONFIG, else the default."""
+    from nvc import config
+
+    return os.environ.get("NVC_PY_CONFIG") or config.DEFAULT_PATH
 
 
 def _installed_at() -> float:
