@@ -384,10 +384,13 @@ def reload_running(plan: Plan) -> list[str]:
             continue
         lines.append(f"dockerd (pid {daemon.pid}) told to reload {plan.config} (SIGHUP): its runtimes are the "
                      f"file's now")
+        again = f"stop it (kill {daemon.pid}) and start it again as before: {' '.join(daemon.argv)}"
         if plan.link.after is not None and plan.link.after != plan.link.before:
             lines.append(f"dockerd (pid {daemon.pid}) looks for {GPUS_HOOK} only as it starts: for `docker run "
-                         f"--gpus`, stop it (kill {daemon.pid}) and start it again as before: "
-                         f"{' '.join(daemon.argv)}")
+                         f"--gpus`, {again}")
+        elif plan.link.after is None and plan.link.before is not None:
+            lines.append(f"dockerd (pid {daemon.pid}) found {GPUS_HOOK} as it started: `docker run --gpus` fails "
+                         f"until it starts again; {again}")
     return lines
 
 

@@ -1,6 +1,7 @@
 """A throwaway copy of this host's root: an overlay of / whose upper layer is a tmpfs of a private
 mount namespace, chrooted into with /proc (a pid namespace of its own), /dev and /sys bound in, and
-fresh tmpfs on /tmp and /run/nvc-py (no host hook server answers there). Everything installed or
+fresh tmpfs on /tmp, /run/nvc-py, /run/containerd and /run/docker (no host hook server, containerd
+or dockerd answers there). Everything installed or
 removed in it (a Debian package through dpkg, this tree's make targets) vanishes with the script:
 the host's /usr/lib/nvc-py, dpkg database and engines' files stay as found (tests/test_deb.py's
 walks of the package beside a source tree, which need the host's own tools: make, gcc, podman).
@@ -25,7 +26,7 @@ root="$1/merged"
 mount --rbind /dev "$root/dev"
 mount --rbind /sys "$root/sys"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-mkdir -p "$root/run/nvc-py" && mount -t tmpfs -o mode=0755 tmpfs "$root/run/nvc-py"
+for dir in nvc-py containerd docker; do mkdir -p "$root/run/$dir" && mount -t tmpfs -o mode=0755 tmpfs "$root/run/$dir"; done
 """
 
 
