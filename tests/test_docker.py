@@ -81,7 +81,9 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
     args = ["--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir), *(["--set-as-default"] * set_default)]
     first = setup_docker(*args, config=config_file)
     assert first.returncode == 0, first.stderr
-    assert f"wrote {daemon_json}\n" in first.stdout and "restart it (systemctl restart docker" in first.stdout
+    how = "systemctl restart docker, or --restart" if os.path.isdir("/run/systemd/system") else \
+        "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
+    assert f"wrote {daemon_json}\n" in first.stdout and f"restart it ({how})\n" in first.stdout
     assert (f"{daemon_json}: default-runtime was 'runc' (--remove takes the key out" in first.stdout) == \
         replaces_default
     written = daemon_json.read_bytes()
