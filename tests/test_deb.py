@@ -409,14 +409,15 @@ PY
 mkdir -p /etc/containers
 printf '[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\nevents_logger = "file"\n[containers]\n%s\n' \
 	'default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]' > /etc/containers/containers.conf
-printf '[storage]\ndriver = "vfs"\n' > /etc/containers/storage.conf
+printf '[storage]\ndriver = "vfs"\nrunroot = "/run/containers/storage"\ngraphroot = "/var/lib/containers/storage"\n' \
+	> /etc/containers/storage.conf
 dockerd --iptables=false --ip-masq=false --bridge=none --storage-driver vfs --exec-opt native.cgroupdriver=cgroupfs \
 	--cgroup-parent nvc-walk > /tmp/dockerd.log 2>&1 &
 ready() { for i in $(seq 300); do docker version > /dev/null 2>&1 && return 0; sleep 0.1; done; cat /tmp/dockerd.log; exit 1; }
 ready
 say install; cd /mnt && apt-get install -q -y --no-install-recommends ./nvc-py.deb > /dev/null 2>&1 && echo installed
 echo "root: /srv/fake/root" >> /etc/nvc-py/config.yaml
-podman import -q /mnt/rootfs.tar localhost/walk > /dev/null && docker import -q /mnt/rootfs.tar walk > /dev/null
+podman import -q /mnt/rootfs.tar localhost/walk > /dev/null && docker import /mnt/rootfs.tar walk > /dev/null
 say doctor; nvc-py doctor || true
 say setup-podman; nvc-py setup podman
 say podman-run; podman run --rm --network none -e NVIDIA_VISIBLE_DEVICES=0 localhost/walk nvidia-smi -L
@@ -472,13 +473,14 @@ def test_readme_walk_without_systemd(deb: Path, tmp_path: Path, rootfs_cache) ->
     h100 = "GPU 0: NVIDIA H100 80GB HBM3"
     assert section("podman-run").startswith(h100) and section("podman-cdi").startswith(h100), out[-6000:]
     setup = section("setup-docker")
-    assert "told to reload /etc/docker/daemon.json (SIGHUP)" in setup and "start it again as before" in setup, setup
+    assert "reloaded /etc/docker/daemon.json (SIGHUP): it serves runtime nvc-py\n" in setup, setup
+    assert "start it again as before" in setup, setup
     assert section("docker-runtime").startswith(h100), section("docker-runtime")
     assert "GPU 1: NVIDIA A100-SXM4-40GB" in section("docker-gpus"), section("docker-gpus")
     doctor = section("doctor-run")
     assert "✓ podman run: " in doctor and "✓ docker run: " in doctor and "✗ containerd" not in doctor, doctor
     logged = section("refused").splitlines()[-1]
     assert '"stage":"runtime"' in logged and '"outcome":"error"' in logged, section("refused")
-    assert "dockerd (pid " in section("remove") and "told to reload /etc/docker/daemon.json" in section("remove")
+    assert "reloaded /etc/docker/daemon.json (SIGHUP): it dropped runtime nvc-py\n" in section("remove"), section("remove")
     after = section("after")
     assert "nvc-py" not in after.splitlines()[0] and "unknown or invalid runtime name: nvc-py" in after, after

@@ -351,47 +351,17 @@ def preview(plan: Plan) -> list[str]:
     return lines + list(plan.notes)
 
 
-def restart(plan: Plan, systemctl: str) -> list[str]:
+def restart(plan: Plan, systemctl: str, name: str = RUNTIME_NAME) -> list[str]:
     """``--restart``: dockerd restarted through systemd where systemd runs; elsewhere each running
-    dockerd that reads ``plan``'s daemon.json is told to reload it (SIGHUP: dockerd 20.10 reloads its
-    runtimes and default-runtime then), and where it must start again to see the ``--gpus`` hook
-    (it looks for that program only as it starts), one line says so and how."""
+    dockerd that reads ``plan``'s daemon.json reloads it (nvc.hook.setup.dockerd)."""
     if os.path.isdir(SYSTEMD_RUNNING):
         from nvc.hook.setup.engines import _systemctl
 
         _systemctl(systemctl, RESTART)
         return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]
-    return reload_running(plan)
+    from nvc.hook.setup import dockerd
 
-
-def reload_running(plan: Plan) -> list[str]:
-    """SIGHUP to the running dockerds that read ``plan.config`` (their --config-file, else the
-    default), a line each; a line where none runs."""
-    import signal
-
-    from nvc.doctor.engines import running
-
-    config = os.path.realpath(plan.config)
-    daemons = [d for d in running("dockerd") if os.path.realpath(d.flag("--config-file") or DAEMON_JSON) == config]
-    if not daemons:
-        return [f"no running dockerd reads {plan.config}: dockerd reads it as it starts"]
-    lines = []
-    for daemon in daemons:
-        try:
-            os.kill(daemon.pid, signal.SIGHUP)
-        except OSError as err:
-            lines.append(f"dockerd (pid {daemon.pid}): not signalled ({err.strerror}): restart it yourself")
-            continue
-        lines.append(f"dockerd (pid {daemon.pid}) told to reload {plan.config} (SIGHUP): its runtimes are the "
-                     f"file's now")
-        again = f"stop it (kill {daemon.pid}) and start it again as before: {' '.join(daemon.argv)}"
-        if plan.link.after is not None and plan.link.after != plan.link.before:
-            lines.append(f"dockerd (pid {daemon.pid}) looks for {GPUS_HOOK} only as it starts: for `docker run "
-                         f"--gpus`, {again}")
-        elif plan.link.after is None and plan.link.before is not None:
-            lines.append(f"dockerd (pid {daemon.pid}) found {GPUS_HOOK} as it started: `docker run --gpus` fails "
-                         f"until it starts again; {again}")
-    return lines
+    return dockerd.reload_running(plan, name)
 
 
 def restart_lines(plan: Plan) -> list[str]:

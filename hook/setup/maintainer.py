@@ -165,11 +165,11 @@ def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str],
 def _unregister_docker() -> list[str]:
     """daemon.json's runtime and the --gpus link removed, then a running dockerd that reads that file
     told to reload it (SIGHUP), so that it drops the runtime, whose program goes with the package."""
-    from nvc.hook.setup import docker
+    from nvc.hook.setup import docker, dockerd
 
     plan = docker.plan_remove(docker.DAEMON_JSON, docker.RUNTIME_NAME, docker.GPUS_HOOK_DIR)
     done = docker.apply(plan)
-    return done + docker.reload_running(plan) if plan.changes else done
+    return done + dockerd.reload_running(plan, docker.RUNTIME_NAME) if plan.changes else done
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -195,4 +195,4 @@ def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus
     _echo_lines(docker.apply(plan))
     if not remove:  # the runtime's and --gpus's hooks read the default configuration file (or $NVC_PY_CONFIG)
         _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
-    _echo_lines(docker.restart(plan, systemctl) if restart_docker else docker.restart_lines(plan))
+    _echo_lines(docker.restart(plan, systemctl, runtime_name) if restart_docker else docker.restart_lines(plan))
