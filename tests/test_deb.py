@@ -413,7 +413,10 @@ printf '[storage]\ndriver = "vfs"\nrunroot = "/run/containers/storage"\ngraphroo
 	> /etc/containers/storage.conf
 dockerd --iptables=false --ip-masq=false --bridge=none --storage-driver vfs --exec-opt native.cgroupdriver=cgroupfs \
 	--cgroup-parent nvc-walk > /tmp/dockerd.log 2>&1 &
-ready() { for i in $(seq 300); do docker version > /dev/null 2>&1 && return 0; sleep 0.1; done; cat /tmp/dockerd.log; exit 1; }
+ready() {
+	for i in $(seq 300); do docker version > /dev/null 2>&1 && return 0; sleep 0.1; done
+	cat /tmp/dockerd.log; exit 1
+}
 ready
 say install; cd /mnt && apt-get install -q -y --no-install-recommends ./nvc-py.deb > /dev/null 2>&1 && echo installed
 echo "root: /srv/fake/root" >> /etc/nvc-py/config.yaml
@@ -481,6 +484,7 @@ def test_readme_walk_without_systemd(deb: Path, tmp_path: Path, rootfs_cache) ->
     assert "✓ podman run: " in doctor and "✓ docker run: " in doctor and "✗ containerd" not in doctor, doctor
     logged = section("refused").splitlines()[-1]
     assert '"stage":"runtime"' in logged and '"outcome":"error"' in logged, section("refused")
-    assert "reloaded /etc/docker/daemon.json (SIGHUP): it dropped runtime nvc-py\n" in section("remove"), section("remove")
+    removal = section("remove")
+    assert "reloaded /etc/docker/daemon.json (SIGHUP): it dropped runtime nvc-py\n" in removal, removal
     after = section("after")
     assert "nvc-py" not in after.splitlines()[0] and "Unknown runtime specified nvc-py" in after, after

@@ -126,7 +126,8 @@ def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], 
     no_server = tmp_path / "no-server"
     assert no_server.is_file()
     detail = _checks(env=podman_conf)["hook server"]["detail"]
-    assert detail == f"not running; hook calls run the hook themselves and start none ({no_server}: setup's --no-server)"
+    assert detail == (f"not running; hook calls run the hook themselves and start none ({no_server}: "
+                      "setup's --no-server)")
     state = json.dumps({"ociVersion": "1.0.2", "id": "doctor-no-server", "status": "creating", "pid": os.getpid(),
                         "bundle": str(tmp_path)})
     (tmp_path / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": [], "args": ["true"], '

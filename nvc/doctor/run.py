@@ -99,7 +99,8 @@ def explanation(output: str, status: int, log: str | None, logged: Sequence[str]
     (its first line naming an error: docker's last line only says where its help is); the advice
     quotes the hook log's line for that start, or says there is none."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    ours = next((line[line.index(p):] for line in lines for p in ("nvc-py-hook:", "nvc-py-runtime:") if p in line), None)
+    ours = next((line[line.index(p):] for line in lines for p in ("nvc-py-hook:", "nvc-py-runtime:") if p in line),
+                None)
     refusal = next((line for line in reversed(logged) if '"outcome":"error"' in line.replace(" ", "")), None)
     where = log or "no hook log (log.file is off)"
     if refusal:

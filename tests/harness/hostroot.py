@@ -26,14 +26,17 @@ root="$1/merged"
 mount --rbind /dev "$root/dev"
 mount --rbind /sys "$root/sys"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-for dir in nvc-py containerd docker; do mkdir -p "$root/run/$dir" && mount -t tmpfs -o mode=0755 tmpfs "$root/run/$dir"; done
+for dir in nvc-py containerd docker; do
+	mkdir -p "$root/run/$dir" && mount -t tmpfs -o mode=0755 tmpfs "$root/run/$dir"
+done
 """
 
 
-def run(script: str, layers: Path, timeout: int, binds: Sequence[tuple[Path, str]] = ()) -> subprocess.CompletedProcess[str]:
-    """``script`` (sh, ``set -eu`` is the caller's) run run as root of a throwaway copy of the host's root,
-    ``layers`` an empty directory of the host for its tmpfs; ``binds``: (host path, path in the root)
-    bound read-write. Stdout and stderr together in ``stdout``; the caller judges the return code."""
+def run(script: str, layers: Path, timeout: int,
+        binds: Sequence[tuple[Path, str]] = ()) -> subprocess.CompletedProcess[str]:
+    """``script`` (sh, ``set -eu`` is the caller's) run in a throwaway copy of the host's root as its
+    root, ``layers`` an empty directory of the host for its tmpfs; ``binds``: (host path, path in the
+    root) bound read-write. Stdout and stderr together in ``stdout``; the caller judges the return code."""
     bound = "".join(f'mkdir -p "$root"{shlex.quote(inside)} && mount --bind {shlex.quote(str(host))} '
                     f'"$root"{shlex.quote(inside)}\n' for host, inside in binds)
     pivot = ('cd "$root" && mkdir .host && pivot_root . .host && cd / && mount -t proc proc /proc && '
