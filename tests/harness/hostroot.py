@@ -1,10 +1,12 @@
 """A throwaway copy of this host's root: an overlay of / whose upper layer is a tmpfs of a private
-mount namespace, chrooted into with /proc (a pid namespace of its own), /dev and /sys bound in, and
-fresh tmpfs on /tmp, /run/nvc-py, /run/containerd and /run/docker (no host hook server, containerd
-or dockerd answers there). Everything installed or
-removed in it (a Debian package through dpkg, this tree's make targets) vanishes with the script:
-the host's /usr/lib/nvc-py, dpkg database and engines' files stay as found (tests/test_deb.py's
-walks of the package beside a source tree, which need the host's own tools: make, gcc, podman).
+mount namespace, made that namespace's root (pivot_root, not chroot: a program that enters a
+namespace of one of its processes, as the hook's sandboxes do, finds the same root there), with
+/proc (a pid namespace of its own), /dev and /sys, and fresh tmpfs on /tmp, /run/nvc-py,
+/run/containerd and /run/docker (no host hook server, containerd or dockerd answers there).
+Everything installed or removed in it (a Debian package through dpkg, this tree's make targets, a
+dockerd's and podman's stores) vanishes with the script: the host's /usr/lib/nvc-py, dpkg database
+and engines' files stay as found (tests/test_deb.py's walks of the package, which need the host's
+own tools: make, gcc, podman, dockerd).
 """
 
 from __future__ import annotations
