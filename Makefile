@@ -82,7 +82,7 @@ DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-ve
 all: build
 
 ## deps: everything a stock Debian 12 or Ubuntu 24.04 needs (idempotent: installs only what is missing)
-deps: apt-deps pip-deps
+deps: unpackaged apt-deps pip-deps
 
 apt-deps:
 	@APT_PACKAGES="$(APT_PACKAGES)" APT_OPTIONAL="$(APT_OPTIONAL)" LOGDIR=$(LOGDIR) sh tools/deps.sh apt-install
@@ -119,7 +119,7 @@ print-test-python:
 	@echo $(ENV_PYTHON)
 
 ## build: native code, then the package (non-editable, as users get it)
-build: native install
+build: unpackaged native install
 
 native:
 	@$(MAKE) -s -q -C native 2>/dev/null || \
@@ -170,7 +170,8 @@ $(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
 
 FORCE:
 
-# unpackaged: refuses where the Debian package owns $(LIBDIR) (what env, install and uninstall would change).
+# unpackaged: refuses where the Debian package owns $(LIBDIR) (what env, install and uninstall would change),
+# before anything else of a target that installs this tree (deps, build, test) is done.
 unpackaged:
 	@if [ -n "$(PACKAGED)" ]; then echo "make $(or $(MAKECMDGOALS),all): $(PACKAGED_REFUSAL)" >&2; exit 1; fi
 
@@ -181,7 +182,7 @@ fronts:
 	$(call front,nvc-py-runtime,nvc.hook.oci.runtime)
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
-test: deps build
+test: unpackaged deps build
 	@echo "test: pytest $(PYTEST_FLAGS) (the suite's files: $(TEST_DIRS); make clean removes them)"
 	$(PYTEST) $(PYTEST_FLAGS)
 
@@ -189,12 +190,12 @@ test: deps build
 ## what they find goes to $(LOGDIR)/fuzz (docs/development.md)
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
-fuzz: deps build
+fuzz: unpackaged deps build
 	cd tests && $(ENV_PYTHON) -m harness.fuzzing --seconds $(FUZZ_SECONDS) --work $(CURDIR)/$(LOGDIR)/fuzz $(FUZZ_TARGETS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
 ## (docs/development.md: carry wheels and .deb files there)
-test-gpu: build
+test-gpu: unpackaged build
 	$(PYTEST) -m gpu -p no:cacheprovider $(PYTEST_FLAGS)
 
 ## demo: say what it will install and change, install it, build everything, then show the GPUs nvc-py

@@ -402,26 +402,35 @@ from harness.rootfs import RootfsCache
 work = Path(sys.argv[1])
 daemon_json = work / "daemon.json"
 daemon_json.write_text(json.dumps(base_config(work)))
+env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
+def doctor():
+    return json.loads(subprocess.run([sys.argv[2], "doctor", "--json"], capture_output=True, text=True, env=env).stdout)
+print(json.dumps(doctor()))
 daemon = Dockerd(work, RootfsCache(work / "rootfs"), daemon_json)
 try:
-    env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
-    print(subprocess.run([sys.argv[2], "doctor", "--json"], capture_output=True, text=True, env=env).stdout)
+    print(json.dumps(doctor()))
     print(json.dumps([str(daemon.exec_root)]))
 finally:
     daemon.stop()
 """
 
 
-def test_doctor_tells_dockerds_own_containerd_from_a_containerd(tmp_path: Path) -> None:
-    """Where the only containerd is dockerd's own (its child, reading the configuration dockerd wrote
+def test_doctor_fails_only_what_fails_for_the_engines_that_run(tmp_path: Path) -> None:
+    """No dockerd runs: doctor fails nothing of Docker's (it says what to do for one started later).
+    Where the only containerd is dockerd's own (its child, reading the configuration dockerd wrote
     under its exec root), doctor does not fail containerd for /etc/containerd/config.toml, which that
     one never reads: it says which containerd it found and whose it is."""
     done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", DOCKERD_AND_DOCTOR,
                            str(tmp_path), NVC_PY], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).parent)
     assert done.returncode == 0, done.stderr[-3000:]
-    report, found = done.stdout.strip().rsplit("\n", 1)
+    alone, report, found = done.stdout.strip().split("\n")
     exec_root = json.loads(found)[0]
+    checks = {c["name"]: c for c in json.loads(alone)["checks"]}
+    assert checks["dockerd"] == {"name": "dockerd", "status": "skip", "detail": "not running", "fix": ""}
+    for name in ("docker", "docker --gpus"):
+        assert checks[name]["status"] != "fail", checks[name]
+    assert checks["docker --gpus"]["detail"].endswith("(nvc-py setup docker, for a dockerd started later)"), checks
     checks = {c["name"]: c for c in json.loads(report)["checks"]}
     check = checks["containerd"]
     assert check["status"] == "skip", check

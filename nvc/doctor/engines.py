@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from nvc.doctor import Check, fail, ok, skip
+from nvc.doctor import FAIL, Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
 
@@ -164,7 +164,9 @@ def docker() -> tuple[list[Check], Daemon | None]:
     else:
         whose = "nvc-py's hook" if _ours(program) else "not nvc-py's (NVIDIA's toolkit?): --gpus runs it"
         found.append(ok("docker --gpus", f"{program} is {whose}"))
-    if daemon is None:
+    if daemon is None:  # nothing fails for a dockerd that does not run: what to do, for one started later
+        found = [skip(c.name, f"{c.detail} ({c.fix}, for a dockerd started later)") if c.status == FAIL else c
+                 for c in found]
         found.append(skip("dockerd", "not running"))
     stale = _started_after(daemon, "dockerd", config_path)
     return found + ([stale] if stale else []), daemon
