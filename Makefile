@@ -25,7 +25,7 @@ PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # python3-venv and python3-dev: nvc-py's environment, and python-prctl (no wheel) built into it.
 # prometheus: the exporter's acceptance test runs a server of its own (tests/test_exporter_collector.py).
 # clang and libclang-rt-dev: the shim's libFuzzer target (make fuzz, tests/test_fuzz.py).
-# systemd-container: systemd-nspawn boots the package's Debian root with systemd (tests/test_deb.py).
+# systemd-container: systemd-nspawn boots the package's Debian root with systemd (tests/test_deb_systemd.py).
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
 	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus lintian \
 	clang libclang-rt-dev systemd-container
@@ -57,6 +57,12 @@ INSTALL_CURRENT := $(and $(filter file://$(CURDIR),$(INSTALLED_FROM)),\
 # state (share/, gpu-sched/), for `make uninstall`.
 RUN_DIR := /run/nvc-py
 RUN_FILES := config-cache.json runtime-cache ldconfig-seccomp.bpf hook.sock server.lock server.log device-plugin.json
+# The Debian package's state where it is installed (dpkg-query: installed, unpacked, ...): its files are
+# $(LIBDIR), which this tree's install would overwrite. Then install, uninstall and what needs this tree
+# installed (build, test, fuzz) refuse in one line, and try and demo use the package as installed.
+PACKAGED := $(filter-out not-installed config-files,$(shell dpkg-query -W -f='$${db:Status-Status}' nvc-py 2>/dev/null))
+PACKAGED_REFUSAL := $(LIBDIR) is the Debian package nvc-py's: this tree is not installed over it nor removed \
+	from it; apt remove nvc-py first (make try and make demo use the package as installed)
 # `make try CMD="nvc-py list"` runs CMD in the try shell instead of an interactive shell.
 CMD ?=
 # `make uninstall PURGE=1` also removes the log and /etc/nvc-py.
@@ -72,18 +78,18 @@ DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
-	print-test-python dev lint lint-python clean k8s-api deb deb-deps deb-lock FORCE
+	print-test-python dev lint lint-python clean k8s-api deb deb-deps deb-lock unpackaged FORCE
 
 all: build
 
 ## deps: everything a stock Debian 12 or Ubuntu 24.04 needs (idempotent: installs only what is missing)
-deps: apt-deps pip-deps
+deps: unpackaged apt-deps pip-deps
 
 apt-deps:
 	@APT_PACKAGES="$(APT_PACKAGES)" APT_OPTIONAL="$(APT_OPTIONAL)" LOGDIR=$(LOGDIR) sh tools/deps.sh apt-install
 
 ## env: nvc-py's virtual environment, made from $(PYTHON) where missing (not for a given venv)
-env:
+env: unpackaged
 	@[ -x $(ENV_PYTHON) ] || $(STEP) venv "pip: making $(VENV) from $(PYTHON)" $(PYTHON) -m venv $(VENV)
 
 ## pip-deps: the requirements the environment lacks (tools/missing_deps.py, which reads them with packaging:
@@ -125,7 +131,7 @@ print-test-python:
 	@echo $(ENV_PYTHON)
 
 ## build: native code, then the package (non-editable, as users get it)
-build: native install
+build: unpackaged native install
 
 native:
 	@$(MAKE) -s -q -C native 2>/dev/null || \
@@ -161,7 +167,7 @@ define link
 	mkdir -p $(BINDIR) && ln -sfn $(LIBDIR)/$(1) $(BINDIR)/$(1)
 endef
 
-install: pip-deps $(INSTALL_STAMP)
+install: unpackaged pip-deps $(INSTALL_STAMP)
 
 # build/ goes first: setuptools would copy what an earlier build left there (a moved module) again.
 $(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
@@ -176,6 +182,11 @@ $(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
 
 FORCE:
 
+# unpackaged: refuses where the Debian package owns $(LIBDIR) (what env, install and uninstall would change),
+# before anything else of a target that installs this tree (deps, build, test) is done.
+unpackaged:
+	@if [ -n "$(PACKAGED)" ]; then echo "make $(or $(MAKECMDGOALS),all): $(PACKAGED_REFUSAL)" >&2; exit 1; fi
+
 ## fronts: the programs in $(LIBDIR) and the console-script links (part of install)
 fronts:
 	$(call front,nvc-py,nvc.__main__)
@@ -183,7 +194,7 @@ fronts:
 	$(call front,nvc-py-runtime,nvc.hook.oci.runtime)
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
-test: deps build
+test: unpackaged deps build
 	@echo "test: pytest $(PYTEST_FLAGS) (the suite's files: $(TEST_DIRS); make clean removes them)"
 	$(PYTEST) $(PYTEST_FLAGS)
 
@@ -191,23 +202,24 @@ test: deps build
 ## what they find goes to $(LOGDIR)/fuzz (docs/development.md)
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
-fuzz: deps build
+fuzz: unpackaged deps build
 	cd tests && $(ENV_PYTHON) -m harness.fuzzing --seconds $(FUZZ_SECONDS) --work $(CURDIR)/$(LOGDIR)/fuzz $(FUZZ_TARGETS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
 ## (docs/development.md: carry wheels and .deb files there)
-test-gpu: build
+test-gpu: unpackaged build
 	$(PYTEST) -m gpu -p no:cacheprovider $(PYTEST_FLAGS)
 
 ## demo: say what it will install and change, install it, build everything, then show the GPUs nvc-py
 ## sees (real driver if present, else the fake one)
-demo: demo-plan deps build
+demo: demo-plan $(if $(PACKAGED),apt-deps,deps build)
 	@$(ENV_PYTHON) demo/run.py
 
 demo-plan:
 	@echo "== make demo: what it installs and changes on this host (as root) =="
 	@APT_PACKAGES="$(APT_PACKAGES)" APT_OPTIONAL="$(APT_OPTIONAL)" LOGDIR=$(LOGDIR) sh tools/deps.sh apt-plan
-	@if [ ! -x $(ENV_PYTHON) ]; then echo "  pip: makes $(VENV) and installs nvc-py's Python requirements there"; \
+	@if [ -n "$(PACKAGED)" ]; then echo "  pip, install: nothing (the Debian package nvc-py in $(LIBDIR) is used as installed)"; \
+	elif [ ! -x $(ENV_PYTHON) ]; then echo "  pip: makes $(VENV) and installs nvc-py's Python requirements there"; \
 	elif ! $(ENV_PYTHON) -c 'import packaging' 2>/dev/null; then \
 		echo "  pip: installs packaging, then what $(VENV) lacks"; \
 	else missing=$$($(ENV_PYTHON) tools/missing_deps.py); \
@@ -216,18 +228,19 @@ demo-plan:
 		[ -e native/nvc-py-hook-client ] && \
 		[ -z "$$(find $(INSTALL_INPUTS) -newer $(INSTALL_STAMP) -print -quit 2>/dev/null)" ]; then \
 		echo "  install: nothing (nvc-py in $(LIBDIR) is this tree's)"; \
-	else echo "  install: builds native/ and installs nvc-py into $(LIBDIR), with links in $(BINDIR)"; fi
+	elif [ -z "$(PACKAGED)" ]; then \
+		echo "  install: builds native/ and installs nvc-py into $(LIBDIR), with links in $(BINDIR)"; fi
 	@echo "  then: podman containers through nvc-py's hook, in a private store and mount namespace (a fake GPU"
 	@echo "        driver where there is no NVIDIA one); nothing else on the host changes"
-	@echo "  make uninstall removes the install (apt's packages stay)"
+	@echo "  $(if $(PACKAGED),apt remove nvc-py removes the package,make uninstall removes the install) (apt's packages stay)"
 
 ## try: a shell (or CMD) in a private mount namespace where nvc-py answers from the fake driver (test double)
-try: build
+try: $(if $(PACKAGED),,build)
 	$(ENV_PYTHON) demo/try.py $(if $(CMD),--command '$(value CMD)')
 
 ## uninstall: what make install, `nvc-py setup ...` and `cdi generate --output` put on the host (hook/setup/maintainer.py's
 ## unregister, as the Debian package's removal; PURGE=1: the log and /etc/nvc-py too)
-uninstall:
+uninstall: unpackaged
 	-@[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.setup.maintainer stop-servers; \
 		[ -x $(LIBDIR)/nvc-py-python ] && $(ENV_PYTHON) -I -m nvc.hook.setup.maintainer unregister; \
 		[ -x $(LIBDIR)/nvc-py-python ] && $(LIBDIR)/nvc-py-python setup server --remove

@@ -16,14 +16,13 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-SCRIPTS = Path(sysconfig.get_path("scripts"))
+PROGRAMS = Path("/usr/lib/nvc-py")  # the Makefile's LIBDIR and the package's: the programs, not pip's scripts
 
 
 def _show(args: list[str], env: dict[str, str] | None = None, shown: str | None = None) -> None:
@@ -45,7 +44,7 @@ def _runc_demo(work: Path, rootfs_cache, config: Path) -> int:  # noqa: ANN001 (
     if runtime is None:
         print("neither podman nor runc/crun is installed: cannot start a container")
         return 1
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
+    hook = {"path": str(PROGRAMS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
     print(f"podman is not installed: using {runtime} with nvc-py-hook as the prestart hook in config.json\n")
     for i, value in enumerate(("0", "1", "all", None)):
@@ -133,10 +132,10 @@ def _demo() -> int:
         hooks = work / "hooks.d"
         rootfs_cache = RootfsCache(work / "rootfs")
         with activation:
-            _show([str(SCRIPTS / "nvc-py"), "--root", root, "info"], shown=f"nvc-py --root {root} info")
+            _show([str(PROGRAMS / "nvc-py"), "--root", root, "info"], shown=f"nvc-py --root {root} info")
             if shutil.which("podman"):
                 # --no-server: a demo leaves no systemd units and no server behind on the host
-                _show([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(hooks), "--config",
+                _show([str(PROGRAMS / "nvc-py"), "setup", "podman", "--hooks-dir", str(hooks), "--config",
                        str(config), "--no-server"],
                       shown=f"nvc-py setup podman --hooks-dir {hooks} --config {config} --no-server")
                 print(f"# (the warning is for a podman left to its defaults: this demo's is given --hooks-dir {hooks})\n",

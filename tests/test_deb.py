@@ -28,23 +28,19 @@ package's maintainer scripts look for servers in /proc, and must see the root's 
 
 from __future__ import annotations
 
-import itertools
-import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 
 from harness import debroot, progress
+from harness.debbuild import deb, debs, version  # noqa: F401  (fixtures)
 
 REPO = debroot.REPO
-PIP_CACHE = debroot.CACHE / "deb-pip"  # the builds' own pip cache (tools/debpkg.py says why), kept between runs
 # What the package depends on beyond a minbase root: apt finds it installed and fetches nothing.
 INCLUDE = "python3"
 MACHINE = Path(__file__).resolve().parent / "fakedriver" / "machines" / "two-gpu-mig.yaml"
@@ -188,56 +184,6 @@ say purged
 """
 
 
-def _version() -> str:
-    text = (REPO / "nvc/__init__.py").read_text()
-    return text.split('__version__ = "', 1)[1].split('"', 1)[0]
-
-
-def _build(tree: Path, out: Path, version: str) -> Path:
-    with progress.phase(f"make deb: the package at version {version} from {tree}"):
-        debroot.run(["make", "-C", str(tree), "--no-print-directory", "deb", f"DEB_DIR={out}",
-                     f"DEB_VERSION={version}", f"DEB_PIP_CACHE={PIP_CACHE}"], 600)
-    return next(out.glob("nvc-py_*.deb"))
-
-
-def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True,
-                          env=env).stdout.strip()
-
-
-def release_tree(dest: Path) -> Path:
-    """This tree as a release tarball holds it: ``git archive`` of a commit of the working tree as it
-    is (untracked files too, through a temporary index: the repository's index and branches are not
-    touched), unpacked into ``dest``; no .git."""
-    with tempfile.TemporaryDirectory(prefix="nvc-deb-index-") as tmp:
-        env = {**os.environ, "GIT_INDEX_FILE": f"{tmp}/index"}
-        _git("read-tree", "HEAD", env=env)
-        _git("add", "-A", env=env)
-        tree = _git("write-tree", env=env)
-    when = _git("log", "-1", "--format=%cI")
-    who = {"GIT_AUTHOR_NAME": "test_deb", "GIT_AUTHOR_EMAIL": "test@nvc-py.invalid", "GIT_AUTHOR_DATE": when,
-           "GIT_COMMITTER_NAME": "test_deb", "GIT_COMMITTER_EMAIL": "test@nvc-py.invalid", "GIT_COMMITTER_DATE": when}
-    commit = _git("commit-tree", tree, "-p", "HEAD", "-m", "test_deb: the working tree", env={**os.environ, **who})
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit], capture_output=True,
-                             check=True).stdout
-    dest.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
-
-
-@pytest.fixture(scope="module")
-def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The package built twice: ``old``, at a lower version, from this tree as a release tarball
-    holds it (no .git), then ``new`` from the clone."""
-    base = tmp_path_factory.mktemp("deb")
-    started = time.monotonic()
-    release = release_tree(base / "release")
-    assert not (release / ".git").exists() and (release / "Makefile").is_file()
-    built = {"old": _build(release, base / "old", f"{_version()}~test1"), "new": _build(REPO, base / "new", _version())}
-    print(f"two builds in {time.monotonic() - started:.0f} s")
-    return built
-
-
 def test_python_lock_satisfies_install_requires() -> None:
     """deploy/debian/python-lock.txt (what the package bundles) against setup.cfg's minimums: a raised
     minimum needs `make deb-lock` (the build's `pip check` sees what the locked ones require)."""
@@ -289,7 +235,7 @@ def test_control_pins_the_interpreter(debs: dict[str, Path]) -> None:
     assert "libseccomp2" in control and "libcap2" in control
     names = set(re.findall(r"(?:^Depends:|[,|])\s*([a-z0-9][a-z0-9.+-]*)", control, re.M))  # bcrypt's: libgcc-s1
     assert not [name for name in names if name.startswith(("gcc", "python3-dev", "python3-venv")) or "pytest" in name]
-    assert f"Version: {_version()}\n" in control
+    assert f"Version: {version()}\n" in control
 
 
 def test_lintian_has_no_error_or_unexplained_warning(debs: dict[str, Path], summary_line) -> None:  # noqa: ANN001
@@ -306,8 +252,8 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     root, work = tmp_path / "root", tmp_path / "work"
     hit = debroot.base_root(root, INCLUDE)
     work.mkdir()
-    for name, deb in debs.items():
-        shutil.copy2(deb, work / f"{name}.deb")
+    for name, package in debs.items():
+        shutil.copy2(package, work / f"{name}.deb")
     fake = build(MACHINE, work / "fake")
     (work / "config.yaml").write_text("root: /mnt/fake/root\nlog: {file: /mnt/hook.log}\n")
     (work / "bundle/rootfs").mkdir(parents=True)
@@ -318,14 +264,14 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     with progress.phase("the package installed, upgraded, set up, removed and purged in the Debian root"):
         out = debroot.chroot(root, SCRIPT, 600, binds, own_pids=True).stdout
 
-    assert f"== version\nnvc-py {_version()}\n" in out
+    assert f"== version\nnvc-py {version()}\n" in out
     info = out.split("== info\n", 1)[1]
     assert "NVIDIA H100 80GB HBM3" in info and "NVIDIA A100-SXM4-40GB" in info
     assert "plain,setup" in out.split("== completion\n", 1)[1]
     log = (work / "hook.log").read_text().splitlines()
     assert len(log) == 3 and all('"outcome":"no-gpu"' in line and '"via":"server"' in line for line in log), log
     upgrade = out.split("== upgrade\n", 1)[1]
-    assert f"\n{_version()}\n" in upgrade  # the version dpkg reports after it
+    assert f"\n{version()}\n" in upgrade  # the version dpkg reports after it
     calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]
     assert "daemon-reload" in calls and "start nvc-py-hook.socket" in calls
     assert "try-restart nvc-py-hook.service" in calls, calls
@@ -371,102 +317,6 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     changed = debroot.differences(before, after)
     assert not changed, [(path, before.get(path), after.get(path)) for path in changed]
     line = (f"DEB install, upgrade, remove, purge ok in {time.monotonic() - started:.0f} s, tree as before "
-            f"(root cache: {'hit' if hit else 'miss'})")
-    print(line)
-    summary_line(line)
-
-
-# The systemd root: what the package depends on, and systemd as its PID 1 (apt fetches nothing).
-SYSTEMD_INCLUDE = "python3,systemd,systemd-sysv,dbus,procps"
-# In the booted root (the test's files at /mnt): the package installed, every engine set up and
-# removed, doctor, a refused GPU start through the socket-activated server, the server restarted,
-# apt remove and purge; dpkg --verify after each change, the units systemd loads, zombies, the journal.
-SYSTEMD_SCRIPT = r"""set -eu
-cd /mnt
-say() { echo "== $*"; }
-apt() {
-	if apt-get -q -y -o Dpkg::Use-Pty=0 --no-install-recommends "$@" > /mnt/apt.out 2>&1; then rc=0; else rc=$?; fi
-	grep -v '^(Reading database' /mnt/apt.out || true
-	return $rc
-}
-verified() {
-	changed=$(dpkg --verify nvc-py | grep -v ' c /' || true)
-	if [ -n "$changed" ]; then echo "dpkg --verify after $*: $changed"; exit 1; fi
-}
-loaded() { systemctl show -p FragmentPath --value nvc-py-hook.socket nvc-py-hook.service | grep .; }
-refused() {
-	printf '{"ociVersion":"1.0.2","id":"gpu-refused","status":"creating","pid":%d,"bundle":"/mnt/bundle"}' $$ > state.json
-	if nvc-py-hook prestart < state.json 2> refused.err; then echo "a GPU start without a driver was not refused"; exit 1; fi
-	echo "refused: $(cat refused.err)"
-}
-zombies() { sleep 1; ps -eo stat=,user=,args= | awk '$1 ~ /^Z/'; }
-
-say install; apt install ./nvc-py.deb; verified install
-say loaded; loaded
-for engine in podman crio containerd docker; do
-	say "setup $engine"; nvc-py setup $engine; verified setup $engine
-done
-say loaded-after-setup; loaded
-say doctor; nvc-py doctor || true
-say refused; refused
-say zombies; zombies
-for engine in podman crio containerd docker server; do
-	say "remove $engine"; nvc-py setup $engine --remove; verified setup $engine --remove
-done
-say server-removed; systemctl is-enabled nvc-py-hook.socket || true; systemctl is-active nvc-py-hook.socket || true
-say setup-again; nvc-py setup podman; verified setup podman again; refused
-systemctl restart nvc-py-hook.service; refused
-say apt-remove; apt remove nvc-py
-say apt-purge; apt purge nvc-py
-say zombies-at-end; zombies
-say journal; journalctl -b --no-pager -o cat | grep -iE 'nvc|left-over|remains running|defunct|killing process' || true
-say done
-"""
-
-
-def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line) -> None:  # noqa: ANN001
-    """The package on a Debian root booted with systemd as PID 1 (harness.booted): its units are the
-    ones systemd loads before and after every engine's setup, dpkg --verify is clean after every setup
-    and remove, `setup server --remove` disables the package's socket, a GPU start without a driver is
-    refused through the socket-activated server, and neither ps nor the journal shows a zombie, a
-    left-over process or a process killed at a stop, across setup, restart, apt remove and purge."""
-    from harness.booted import booted
-
-    started = time.monotonic()
-    root, work = tmp_path / "root", tmp_path / "work"
-    hit = debroot.base_root(root, SYSTEMD_INCLUDE)
-    work.mkdir()
-    shutil.copy2(debs["new"], work / "nvc-py.deb")
-    (work / "bundle/rootfs").mkdir(parents=True)
-    (work / "bundle/config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin", '
-                                             '"NVIDIA_VISIBLE_DEVICES=all"], "args": ["true"], "cwd": "/"}, '
-                                             '"root": {"path": "rootfs"}}')
-    with progress.phase("the package installed, set up, removed and purged in a Debian root booted with systemd"):
-        with booted(root, [(work, "/mnt")], tmp_path / "console.log") as machine:
-            out = machine.run(SYSTEMD_SCRIPT, 600).stdout
-
-    def section(name: str) -> list[str]:
-        """The lines after ``== NAME`` up to the next such header (none for an empty section)."""
-        lines = out.splitlines()
-        start = lines.index(f"== {name}") + 1
-        return list(itertools.takewhile(lambda line: not line.startswith("== "), lines[start:]))
-
-    assert out.rstrip().endswith("== done"), out[-6000:]
-    units = ["/lib/systemd/system/nvc-py-hook.socket", "/lib/systemd/system/nvc-py-hook.service"]
-    assert section("loaded") == units and section("loaded-after-setup") == units, out
-    assert not [line for line in out.splitlines() if "/etc/systemd/system/nvc-py-hook" in line], out
-    assert section("server-removed") == ["disabled", "inactive"], out
-    refusal = "refused: nvc-py-hook: initialization error: /proc/driver/nvidia/version: not found"
-    assert [line for line in out.splitlines() if line.startswith("refused: ")] == [
-        line for line in out.splitlines() if line.startswith(refusal)] and out.count(refusal) == 3, out
-    assert section("zombies") == [] and section("zombies-at-end") == [], out
-    journal = section("journal")
-    faults = [line for line in journal if re.search(r"left-over|remains running|defunct|killing process", line, re.I)]
-    assert not faults, faults
-    listening = [line for line in journal if "nvc-py-hook serve: listening on" in line]
-    said = [line for line in journal if "idle workers keep no driver helper" in line]
-    assert len(listening) >= 2 and 1 <= len(said) <= len(listening), journal
-    line = (f"DEB on systemd: setup, remove, restart, purge clean in {time.monotonic() - started:.0f} s "
             f"(root cache: {'hit' if hit else 'miss'})")
     print(line)
     summary_line(line)

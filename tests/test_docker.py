@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -80,7 +81,9 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
     args = ["--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir), *(["--set-as-default"] * set_default)]
     first = setup_docker(*args, config=config_file)
     assert first.returncode == 0, first.stderr
-    assert f"wrote {daemon_json}\n" in first.stdout and "restart it (systemctl restart docker" in first.stdout
+    how = "systemctl restart docker, or --restart" if os.path.isdir("/run/systemd/system") else \
+        "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
+    assert f"wrote {daemon_json}\n" in first.stdout and f"restart it ({how})\n" in first.stdout
     assert (f"{daemon_json}: default-runtime was 'runc' (--remove takes the key out" in first.stdout) == \
         replaces_default
     written = daemon_json.read_bytes()
@@ -205,12 +208,43 @@ def test_no_gpus_hook_and_dry_run(tmp_path: Path, config_file: Path) -> None:
 
 
 @pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="systemd runs here: --restart would restart docker")
-def test_restart_without_systemd_is_refused_before_anything_is_written(tmp_path: Path, config_file: Path) -> None:
-    result = setup_docker("--restart", "--config", str(tmp_path / "daemon.json"), "--gpus-hook-dir", str(tmp_path),
-                          config=config_file)
-    assert (result.returncode, result.stdout) == (InputError.exit_code, "")
-    assert result.stderr == "nvc-py: input error: --restart: systemd is not running here: restart dockerd yourself\n"
-    assert listing(tmp_path) == []
+def test_restart_without_systemd_writes_then_reloads_the_running_dockerd(tmp_path: Path, config_file: Path,
+                                                                          rootfs_cache) -> None:  # noqa: ANN001
+    """Without systemd, --restart writes the registration (exit 0), then tells the running dockerd that
+    reads that daemon.json to reload it (SIGHUP: the runtime shows in its `docker info`) and says in a
+    line what --gpus needs; where none runs, it says that dockerd reads it as it starts."""
+    daemon_json, hook_dir = tmp_path / "daemon.json", tmp_path / "bin"
+    hook_dir.mkdir()
+    args = ("--restart", "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir))
+    alone = setup_docker(*args, config=config_file)
+    assert (alone.returncode, alone.stderr) == (0, ""), alone.stderr
+    assert f"wrote {daemon_json}\n" in alone.stdout
+    assert alone.stdout.endswith(f"no running dockerd reads {daemon_json}: dockerd reads it as it starts\n")
+    assert setup_docker("--remove", *args[1:], config=config_file).returncode == 0
+    daemon_json.write_text(json.dumps(base_config(tmp_path), indent=2) + "\n")
+    dockerd = Dockerd(tmp_path, rootfs_cache, daemon_json, path=[hook_dir])
+    try:
+        assert "nvc-py" not in dockerd.info()["Runtimes"]
+        result = setup_docker(*args, config=config_file)
+        assert (result.returncode, result.stderr) == (0, ""), result.stderr
+        pid = dockerd.process.pid
+        assert f"dockerd (pid {pid}) reloaded {daemon_json} (SIGHUP): it serves runtime nvc-py\n" in result.stdout, \
+            result.stdout
+        assert f"dockerd (pid {pid}) looks for {GPUS_HOOK} only as it starts: for `docker run --gpus`, stop it " \
+               f"(kill {pid}) and start it again as before: /usr/sbin/dockerd --config-file {daemon_json} " \
+            in result.stdout, result.stdout
+        assert dockerd.info()["Runtimes"]["nvc-py"]["path"] == RUNTIME
+        # Removed again: the file has no runtimes member left, which dockerd needs to drop one on SIGHUP.
+        removed = setup_docker("--remove", *args, config=config_file)
+        assert (removed.returncode, removed.stderr) == (0, ""), removed.stderr
+        assert f"dockerd (pid {pid}) reloaded {daemon_json} (SIGHUP): it dropped runtime nvc-py\n" in removed.stdout, \
+            removed.stdout
+        assert f"dockerd (pid {pid}) found {GPUS_HOOK} as it started: `docker run --gpus` fails until it starts " \
+               "again; stop it" in removed.stdout, removed.stdout
+        assert "nvc-py" not in dockerd.info()["Runtimes"]
+        assert daemon_json.read_text() == json.dumps(base_config(tmp_path), indent=2) + "\n"
+    finally:
+        dockerd.stop()
 
 
 @pytest.mark.parametrize("target", [HOOK_FRONT, "/usr/lib/nvc-py/nvc-py-hook-python"], ids=["front", "python"])
@@ -355,3 +389,51 @@ def test_doctor_finds_a_daemon_json_without_the_runtime(dockerd: Dockerd) -> Non
     assert checks["docker"] == {"name": "docker", "status": "fail", "fix": "nvc-py setup docker",
                                 "detail": f"{daemon_json} registers no nvc-py runtime"}
     assert checks["dockerd"]["status"] == "fail" and "before " + str(daemon_json) in checks["dockerd"]["detail"]
+
+
+# In a pid namespace of its own (whose /proc shows its processes alone): a private dockerd, with the
+# containerd it starts as its child, and `nvc-py doctor --json` beside them; argv[1] the work directory.
+DOCKERD_AND_DOCTOR = """
+import json, os, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, os.getcwd())
+from harness.docker import Dockerd, base_config
+from harness.rootfs import RootfsCache
+work = Path(sys.argv[1])
+daemon_json = work / "daemon.json"
+daemon_json.write_text(json.dumps(base_config(work)))
+env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
+def doctor():
+    return json.loads(subprocess.run([sys.argv[2], "doctor", "--json"], capture_output=True, text=True, env=env).stdout)
+print(json.dumps(doctor()))
+daemon = Dockerd(work, RootfsCache(work / "rootfs"), daemon_json)
+try:
+    print(json.dumps(doctor()))
+    print(json.dumps([str(daemon.exec_root)]))
+finally:
+    daemon.stop()
+"""
+
+
+def test_doctor_fails_only_what_fails_for_the_engines_that_run(tmp_path: Path) -> None:
+    """No dockerd runs: doctor fails nothing of Docker's (it says what to do for one started later).
+    Where the only containerd is dockerd's own (its child, reading the configuration dockerd wrote
+    under its exec root), doctor does not fail containerd for /etc/containerd/config.toml, which that
+    one never reads: it says which containerd it found and whose it is."""
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", DOCKERD_AND_DOCTOR,
+                           str(tmp_path), NVC_PY], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    alone, report, found = done.stdout.strip().split("\n")
+    exec_root = json.loads(found)[0]
+    checks = {c["name"]: c for c in json.loads(alone)["checks"]}
+    assert checks["dockerd"] == {"name": "dockerd", "status": "skip", "detail": "not running", "fix": ""}
+    for name in ("docker", "docker --gpus"):
+        assert checks[name]["status"] != "fail", checks[name]
+    assert checks["docker --gpus"]["detail"].endswith("(nvc-py setup docker, for a dockerd started later)"), checks
+    checks = {c["name"]: c for c in json.loads(report)["checks"]}
+    check = checks["containerd"]
+    assert check["status"] == "skip", check
+    assert check["detail"].startswith("no containerd of its own runs (pid "), check
+    assert f"is dockerd's own, reading {exec_root}/containerd/containerd.toml); /etc/containerd/config.toml " \
+           "registers no nvc-py runtime (nvc-py setup containerd, for one started later)" in check["detail"], check

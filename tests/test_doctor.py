@@ -106,3 +106,57 @@ def test_the_containerd_line_names_commands_that_work(tmp_path: Path) -> None:
     assert f"ctr run --runc-binary {runtime} " in line.detail and "runtimeClassName" in line.detail, line
     flags = subprocess.run(["ctr", "run", "--help"], capture_output=True, text=True, check=True).stdout
     assert "--runc-binary" in flags
+
+
+def test_run_quotes_the_line_that_explains_a_failed_start(podman_conf: dict[str, str], tmp_path: Path) -> None:
+    """A start the hook refused: doctor quotes the hook's own error line from podman's output and
+    gives the hook log's line for that start with the log's path. A start that failed before any
+    hook ran: podman's own error, and the advice says no hook refused it (no log line)."""
+    env = {**os.environ, **podman_conf}
+    config, log = Path(podman_conf["NVC_PY_CONFIG"]), tmp_path / "hook.log"
+    config.write_text(f"root: {tmp_path / 'no-driver'}\nload-kmods: false\nlog: {{file: {log}}}\n")
+    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", str(config), "--no-server"], check=True,
+                   env=env, capture_output=True)
+    refused = _checks("--run", env=podman_conf)["podman run"]
+    assert refused["status"] == "fail", refused
+    assert refused["detail"].startswith("a container asking for GPU 0 does not see GPU 0: nvc-py-hook: "), refused
+    line = log.read_text().splitlines()[-1]
+    assert '"outcome":"error"' in line and refused["fix"] == f"the hook refused it; {log} has its line for that " \
+                                                              f"start: {line}", refused
+    conf = Path(podman_conf["CONTAINERS_CONF"])
+    conf.write_text(conf.read_text().replace('runtime = "runc"', 'runtime = "nvc-test-no-such-runtime"'))
+    before = log.read_text()
+    engine = _checks("--run", env=podman_conf)["podman run"]
+    assert log.read_text() == before
+    assert engine["status"] == "fail" and "nvc-py-hook" not in engine["detail"], engine
+    assert engine["detail"].startswith("a container asking for GPU 0 does not see GPU 0: Error: "), engine
+    assert "nvc-test-no-such-runtime" in engine["detail"], engine
+    assert engine["fix"] == (f"the engine's own error: no nvc-py hook refused that start ({log} has no line for that "
+                             "start); fix what the engine says"), engine
+
+
+def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], tmp_path: Path) -> None:
+    """No server runs: doctor says what a hook call does then, and that is what happens: with setup's
+    no-server file beside the configuration, a hook call runs the hook itself and leaves no socket."""
+    from nvc.hook.server.handover import DEFAULT_SOCKET
+
+    assert not os.path.exists(DEFAULT_SOCKET)
+    assert _checks(env=podman_conf)["hook server"]["detail"] == (
+        f"not running ({DEFAULT_SOCKET}); a hook call as root in PID 1's namespaces starts one (it stops after 600 s "
+        "without a call, 0.5 s where a runtime adopted it); other calls run the hook themselves")
+    env = {**os.environ, **podman_conf}
+    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"],
+                    "--hooks-dir", str(tmp_path / "hooks.d"), "--no-server"], check=True, env=env, capture_output=True)
+    no_server = tmp_path / "no-server"
+    assert no_server.is_file()
+    detail = _checks(env=podman_conf)["hook server"]["detail"]
+    assert detail == (f"not running; hook calls run the hook themselves and start none ({no_server}: "
+                      "setup's --no-server)")
+    state = json.dumps({"ociVersion": "1.0.2", "id": "doctor-no-server", "status": "creating", "pid": os.getpid(),
+                        "bundle": str(tmp_path)})
+    (tmp_path / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": [], "args": ["true"], '
+                                          '"cwd": "/"}, "root": {"path": "rootfs"}}')
+    call = subprocess.run([str(SCRIPTS / "nvc-py-hook"), "prestart"], input=state, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "NVC_PY_CONFIG": podman_conf["NVC_PY_CONFIG"]})
+    assert call.returncode == 0, call.stderr
+    assert not os.path.exists(DEFAULT_SOCKET)

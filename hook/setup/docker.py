@@ -352,23 +352,24 @@ def preview(plan: Plan) -> list[str]:
     return lines + list(plan.notes)
 
 
-def check_restart() -> None:
-    """``--restart`` needs systemd to run dockerd: refused before anything is written."""
-    if not os.path.isdir(SYSTEMD_RUNNING):
-        raise InputError("--restart: systemd is not running here: restart dockerd yourself")
+def restart(plan: Plan, systemctl: str, name: str = RUNTIME_NAME) -> list[str]:
+    """``--restart``: dockerd restarted through systemd where systemd runs; elsewhere each running
+    dockerd that reads ``plan``'s daemon.json reloads it (nvc.hook.setup.dockerd)."""
+    if os.path.isdir(SYSTEMD_RUNNING):
+        from nvc.hook.setup.engines import _systemctl
 
+        _systemctl(systemctl, RESTART)
+        return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]
+    from nvc.hook.setup import dockerd
 
-def restart(systemctl: str) -> list[str]:
-    """Restart dockerd through systemd (``--restart``)."""
-    from nvc.hook.setup.engines import _systemctl
-
-    _systemctl(systemctl, RESTART)
-    return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]
+    return dockerd.reload_running(plan, name)
 
 
 def restart_lines(plan: Plan) -> list[str]:
     """What the user must do for dockerd to see ``plan``'s changes (it reads both at its start)."""
     if not plan.changes:
         return []
+    how = "systemctl restart docker, or --restart" if os.path.isdir(SYSTEMD_RUNNING) else \
+        "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
     return ["dockerd reads daemon.json, and looks for nvidia-container-runtime-hook, when it starts: "
-            "restart it (systemctl restart docker, or --restart)"]
+            f"restart it ({how})"]

@@ -15,7 +15,8 @@ systemd: the maintainer scripts restart or stop the unit.
 program in LIBDIR, and an engine told to run a program that is gone fails the containers it applies
 it to (podman's hooks.d files apply to every container): on removal they are undone (hooks.d files
 wherever podman and CRI-O read them, containerd's drop-in and imports entry, Docker's daemon.json runtime and
---gpus hook link (setup docker's defaults), the units in
+--gpus hook link (setup docker's defaults; a running dockerd reading that daemon.json is told to reload
+it, SIGHUP, and drops the runtime, or is named with what to do), the units in
 /etc/systemd/system, CDI specs naming the hook). ``--packaged``: the hooks.d files in the package's
 own directory are the package manager's to remove. The configuration and the no-server file stay.
 """
@@ -142,14 +143,12 @@ def remove_cdi_specs(dirs: Sequence[str] = hooksdirs.CDI_SPEC_DIRS) -> list[str]
 def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str], list[str]]:
     """Undo every registration (see the module's docstring); returns (what was done, what failed):
     a step that fails is reported and the others still run."""
-    from nvc.hook.setup import docker
-
     keep = (hooksdirs.DEFAULT_HOOKS_DIR,) if packaged else ()
     steps: tuple[Callable[[], list[str]], ...] = (
         lambda: engines.remove_hooks(hooksdirs.PODMAN, keep=keep),
         lambda: engines.remove_hooks(hooksdirs.CRIO, keep=keep),
         engines.remove_containerd,
-        lambda: docker.apply(docker.plan_remove(docker.DAEMON_JSON, docker.RUNTIME_NAME, docker.GPUS_HOOK_DIR)),
+        _unregister_docker,
         lambda: engines.remove_units(systemctl=systemctl),
         remove_cdi_specs,
     )
@@ -161,6 +160,16 @@ def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str],
         except InputError as err:
             failed.append(str(err))
     return done, failed
+
+
+def _unregister_docker() -> list[str]:
+    """daemon.json's runtime and the --gpus link removed, then a running dockerd that reads that file
+    told to reload it (SIGHUP), so that it drops the runtime, whose program goes with the package."""
+    from nvc.hook.setup import docker, dockerd
+
+    plan = docker.plan_remove(docker.DAEMON_JSON, docker.RUNTIME_NAME, docker.GPUS_HOOK_DIR)
+    done = docker.apply(plan)
+    return done + dockerd.reload_running(plan, docker.RUNTIME_NAME) if plan.changes else done
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -167,7 +167,8 @@ def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_d
 @click.option("--gpus-hook-dir", default="/usr/bin", show_default=True, metavar="PATH",
               help="Where that link goes (a directory on dockerd's PATH).")
 @click.option("--restart", "restart_docker", is_flag=True,
-              help="Restart dockerd afterwards (systemctl restart docker; where systemd runs).")
+              help="Restart dockerd afterwards (systemctl restart docker where systemd runs; elsewhere a running "
+                   "dockerd reloads daemon.json's runtimes: SIGHUP).")
 @click.option("--dry-run", is_flag=True, help="Print the changes instead of making them.")
 @_server_options
 @_REMOVE
@@ -186,8 +187,6 @@ def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus
     """
     from nvc.hook.setup import docker
 
-    if restart_docker:
-        docker.check_restart()
     plan = (docker.plan_remove(config_path, runtime_name, gpus_hook_dir) if remove else
             docker.plan_install(config_path, runtime_name, set_as_default, gpus_hook, gpus_hook_dir))
     if dry_run:
@@ -196,4 +195,4 @@ def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus
     _echo_lines(docker.apply(plan))
     if not remove:  # the runtime's and --gpus's hooks read the default configuration file (or $NVC_PY_CONFIG)
         _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
-    _echo_lines(docker.restart(systemctl) if restart_docker else docker.restart_lines(plan))
+    _echo_lines(docker.restart(plan, systemctl, runtime_name) if restart_docker else docker.restart_lines(plan))

@@ -25,7 +25,7 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     if version is not None:
         check, gpus = host.nvml(conf)
         found += [check, host.device_nodes(conf.root, gpus)]
-    found += [host.cgroup_version(), host.ldconfig(conf), engines.server()]
+    found += [host.cgroup_version(), host.ldconfig(conf), engines.server(config_path)]
     podman = engines.hooks_engine("podman", "podman")
     found += [podman, engines.hooks_engine("CRI-O", "crio")]
     docker, dockerd = engines.docker()
@@ -33,7 +33,7 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     if gpus:
         found.append(engines.cdi(lambda: _fresh_spec(conf)))
     if run:
-        found += runs.run_containers(runs.registered(podman, docker, engines.docker_host(dockerd)))
+        found += runs.run_containers(runs.registered(podman, docker, engines.docker_host(dockerd)), conf.log_file)
     return found
 
 

@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from nvc.doctor import Check, fail, ok, skip
+from nvc.doctor import FAIL, Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
 
 _MAX_CONFIG = 1 << 20
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"  # containerd's default --config
 CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's whole second
 
 
@@ -75,6 +76,7 @@ class Daemon(NamedTuple):
     argv: tuple[str, ...]
     path: str  # its PATH, where it looks for programs (dockerd: the --gpus hook)
     started: float  # epoch seconds
+    parent: int = 0  # its parent's pid
 
     def flag(self, name: str) -> str | None:
         """The value of ``--name VALUE`` or ``--name=VALUE`` (the last one given)."""
@@ -111,7 +113,7 @@ def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
         except OSError:
             continue
         path = os.fsdecode(env.get(b"PATH", FIXED_PATH.split("=", 1)[1].encode()))
-        found.append(Daemon(int(pid), argv, path, boot + int(fields[19]) / tick))
+        found.append(Daemon(int(pid), argv, path, boot + int(fields[19]) / tick, int(fields[1])))
     return sorted(found, key=lambda d: d.started)
 
 
@@ -162,17 +164,26 @@ def docker() -> tuple[list[Check], Daemon | None]:
     else:
         whose = "nvc-py's hook" if _ours(program) else "not nvc-py's (NVIDIA's toolkit?): --gpus runs it"
         found.append(ok("docker --gpus", f"{program} is {whose}"))
-    if daemon is None:
+    if daemon is None:  # nothing fails for a dockerd that does not run: what to do, for one started later
+        found = [skip(c.name, f"{c.detail} ({c.fix}, for a dockerd started later)") if c.status == FAIL else c
+                 for c in found]
         found.append(skip("dockerd", "not running"))
     stale = _started_after(daemon, "dockerd", config_path)
     return found + ([stale] if stale else []), daemon
 
 
-def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
+def containerd(config_path: str = CONTAINERD_CONFIG) -> list[Check]:
     """containerd: a drop-in of the main file's ``imports`` registering nvc-py-runtime, and
-    containerd started since the main file changed."""
+    containerd started since the main file changed. The containerd inspected is one of its own (its
+    --config, else ``config_path``); dockerd's own containerd (its child, with a configuration
+    dockerd writes) never reads that file, so where only it runs a missing registration is no failure."""
     if shutil.which("containerd") is None:
         return [skip("containerd", "not installed (containerd not on PATH)")]
+    daemons = running("containerd")
+    dockerds = {d.pid for d in running("dockerd")}
+    own = [d for d in daemons if d.parent not in dockerds]
+    if own:
+        config_path = own[0].flag("--config") or own[0].flag("-c") or config_path
     try:
         main = _toml(config_path) if os.path.exists(config_path) else {}
         runtimes = []
@@ -182,11 +193,16 @@ def containerd(config_path: str = "/etc/containerd/config.toml") -> list[Check]:
         runtimes += _runtimes_of(main)
     except NvcError as err:
         return [fail("containerd", str(err), "correct that file: containerd would refuse it too")]
+    if not runtimes and not own:
+        theirs = [f"pid {d.pid} is dockerd's own, reading {d.flag('--config') or 'its defaults'}"
+                  for d in daemons if d.parent in dockerds]
+        return [skip("containerd", f"no containerd of its own runs{' (' + '; '.join(theirs) + ')' if theirs else ''}; "
+                                   f"{config_path} registers no nvc-py runtime (nvc-py setup containerd, for one "
+                                   f"started later)")]
     if not runtimes:
-        return [fail("containerd", f"no runtime of {config_path} or its imports runs nvc-py-runtime",
-                     "nvc-py setup containerd, then restart containerd")]
-    daemons = running("containerd")
-    stale = _started_after(daemons[0] if daemons else None, "containerd", config_path)
+        return [fail("containerd", f"containerd (pid {own[0].pid}) reads {config_path}: no runtime of it or its "
+                                   f"imports runs nvc-py-runtime", "nvc-py setup containerd, then restart containerd")]
+    stale = _started_after(own[0] if own else None, "containerd", config_path)
     name, binary = runtimes[0]
     return [ok("containerd", f"CRI runtime handler {name} (a RuntimeClass with handler: {name} for runtimeClassName; "
                              f"ctr run --runc-binary {binary} …)")] + ([stale] if stale else [])
@@ -278,8 +294,14 @@ def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def server() -> Check:
-    """The hook server: its socket answers, and the process serving runs the installed code."""
+# What the native front does where no server runs (native/client/server_start.c, hook/server/loop.py).
+ON_DEMAND = ("a hook call as root in PID 1's namespaces starts one (it stops after 600 s without a call, "
+             "0.5 s where a runtime adopted it); other calls run the hook themselves")
+
+
+def server(config_path: str | None = None) -> Check:
+    """The hook server: its socket answers, and the process serving runs the installed code; where none
+    runs, what a hook call reading ``config_path`` does then (the no-server file beside it: no start)."""
     from nvc.hook.setup import engines
     from nvc.system.programs import DEFAULT_SOCKET
 
@@ -288,7 +310,11 @@ def server() -> Check:
         if managed:
             return fail("hook server", f"no socket {DEFAULT_SOCKET}: the socket unit is not running",
                         f"nvc-py setup server (or systemctl enable --now {engines.SOCKET_UNIT})")
-        return skip("hook server", f"not running; the next hook call starts one ({DEFAULT_SOCKET})")
+        no_server = os.path.join(os.path.dirname(config_path or _config_default()), engines.NO_SERVER_FILE)
+        if os.path.exists(no_server):
+            return skip("hook server", f"not running; hook calls run the hook themselves and start none ({no_server}: "
+                                       f"setup's --no-server)")
+        return skip("hook server", f"not running ({DEFAULT_SOCKET}); {ON_DEMAND}")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     probe.settimeout(2)
     try:
@@ -296,7 +322,7 @@ def server() -> Check:
     except OSError as err:
         return fail("hook server", f"{DEFAULT_SOCKET}: nobody answers ({err.strerror or err}): the server stopped",
                     f"systemctl restart {engines.SOCKET_UNIT}" if managed else
-                    f"remove {DEFAULT_SOCKET}: the next hook call starts a server")
+                    f"remove {DEFAULT_SOCKET}: {ON_DEMAND}")
     finally:
         probe.close()
     installed = _installed_at()
@@ -305,8 +331,15 @@ def server() -> Check:
     if older:
         return fail("hook server", f"the server started {_when(min(older))}, before nvc-py was installed "
                                    f"({_when(installed)}): it serves the old code",
-                    f"systemctl restart {engines.SERVER_UNIT}" if managed else "kill it: the next hook call starts one")
+                    f"systemctl restart {engines.SERVER_UNIT}" if managed else f"kill it: {ON_DEMAND}")
     return ok("hook server", f"{DEFAULT_SOCKET} answers" + (" (installed code)" if servers else ""))
+
+
+def _config_default() -> str:
+    """The configuration file the hooks read where none is given: $NVC_PY_CONFIG, else the default."""
+    from nvc import config
+
+    return os.environ.get("NVC_PY_CONFIG") or config.DEFAULT_PATH
 
 
 def _installed_at() -> float:

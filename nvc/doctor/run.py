@@ -77,8 +77,11 @@ def make_rootfs(root: str) -> str | None:
     return None
 
 
-def _verdict(name: str, result: Result, how: str = "") -> Check:
-    """Whether the container ``how`` started (e.g. ``docker run --gpus device=0``) saw GPU 0."""
+def _verdict(name: str, result: Result, how: str = "", log: str | None = None,
+             logged: Sequence[str] = ()) -> Check:
+    """Whether the container ``how`` started (e.g. ``docker run --gpus device=0``) saw GPU 0; where not,
+    the line that explains it (:func:`explanation`), ``logged`` the lines the hook log ``log`` gained
+    during that start."""
     asked = f"a container started with `{how}`" if how else "a container asking for GPU 0"
     if isinstance(result, str):
         return fail(name, result, "see the checks above")
@@ -86,9 +89,27 @@ def _verdict(name: str, result: Result, how: str = "") -> Check:
     gpu = next((line for line in output.splitlines() if line.startswith("GPU 0:")), None)
     if result.returncode == 0 and gpu:
         return ok(name, f"{asked} sees it: {gpu}")
-    last = output.splitlines()[-1] if output else f"exit status {result.returncode}"
-    return fail(name, f"{asked} does not see GPU 0: {last}",
-                "read the hook's log line for that start (log: in the configuration)")
+    quoted, fix = explanation(output, result.returncode, log, logged)
+    return fail(name, f"{asked} does not see GPU 0: {quoted}", fix)
+
+
+def explanation(output: str, status: int, log: str | None, logged: Sequence[str]) -> tuple[str, str]:
+    """The line that explains a failed start, and what to do: the hook's or runtime's own error line
+    in the engine's output (from its program name on), else the engine's own error where no hook ran
+    (its first line naming an error: docker's last line only says where its help is); the advice
+    quotes the hook log's line for that start, or says there is none."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    ours = next((line[line.index(p):] for line in lines for p in ("nvc-py-hook:", "nvc-py-runtime:") if p in line),
+                None)
+    refusal = next((line for line in reversed(logged) if '"outcome":"error"' in line.replace(" ", "")), None)
+    where = log or "no hook log (log.file is off)"
+    if refusal:
+        return ours or refusal, f"the hook refused it; {where} has its line for that start: {refusal}"
+    if ours:
+        return ours, f"the hook refused it ({where} has no line for that start)"
+    engine = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else f"exit status {status}")
+    ran = f"; {where} has its line: {logged[-1]}" if logged else f" ({where} has no line for that start)"
+    return engine, f"the engine's own error: no nvc-py hook refused that start{ran}; fix what the engine says"
 
 
 def timed_out(result: Result) -> bool:
@@ -180,8 +201,9 @@ def registered(podman: Check, docker: Sequence[Check], docker_host: str | None) 
     return found
 
 
-def run_containers(engines: Sequence[Engine]) -> list[Check]:
-    """One container per engine of ``engines``, running ``nvidia-smi -L``."""
+def run_containers(engines: Sequence[Engine], log: str | None = None) -> list[Check]:
+    """One container per engine of ``engines``, running ``nvidia-smi -L``; ``log``: the hook log
+    (the configuration's log.file), whose lines written during a start explain a failed one."""
     if not engines:
         return [skip("containers", "no engine with nvc-py registered to start one through")]
     with tempfile.TemporaryDirectory(prefix="nvc-doctor-") as work:
@@ -189,4 +211,28 @@ def run_containers(engines: Sequence[Engine]) -> list[Check]:
         why = make_rootfs(rootfs)
         if why:
             return [skip("containers", f"--run {why}")]
-        return [_verdict(engine.name, engine.start(rootfs, COMMAND, {}), engine.how) for engine in engines]
+        found = []
+        for engine in engines:
+            start = _size(log)
+            result = engine.start(rootfs, COMMAND, {})
+            found.append(_verdict(engine.name, result, engine.how, log, _lines_since(log, start)))
+        return found
+
+
+def _size(log: str | None) -> int:
+    try:
+        return os.stat(log).st_size if log else 0
+    except OSError:
+        return 0
+
+
+def _lines_since(log: str | None, offset: int) -> list[str]:
+    """The lines ``log`` gained past ``offset`` (all of it where it was rotated since: it is shorter)."""
+    if not log:
+        return []
+    try:
+        with open(log, "rb") as f:
+            f.seek(0 if os.fstat(f.fileno()).st_size < offset else offset)
+            return f.read(1 << 20).decode(errors="replace").splitlines()
+    except OSError:
+        return []
