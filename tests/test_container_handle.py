@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from test_layers import _BELOW_PROGRAMS, LAYERS, MODULES, _rank
 
+from harness.layers import BELOW_PROGRAMS, LAYERS, MODULES, rank
 from nvc.apply.container import ContainerHandle
 from nvc.errors import ContainerError, DriverError
 from nvc.rpc.helper import HelperClient
@@ -186,6 +186,6 @@ def handle_opens(path: Path) -> list[str]:
 
 
 def test_only_the_pipeline_resolves_the_container() -> None:
-    below = [m for m in MODULES if m != RESOLVER and LAYERS[_rank(m)][0] in _BELOW_PROGRAMS]
+    below = [m for m in MODULES if m != RESOLVER and LAYERS[rank(m)][0] in BELOW_PROGRAMS]
     assert [f"{m}: {call}" for m in sorted(below) for call in handle_opens(MODULES[m])] == []
     assert handle_opens(MODULES[RESOLVER]) != []  # the check sees the step's own

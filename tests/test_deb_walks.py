@@ -58,7 +58,7 @@ def test_source_tree_beside_the_package(deb: Path, tmp_path: Path) -> None:
     assert "pip, install: nothing (the Debian package nvc-py in /usr/lib/nvc-py is used as installed)" in demo
     assert "GPU 0: NVIDIA H100 80GB HBM3" in demo, demo[-4000:]
     assert section("verify") == "package files as installed", section("verify")
-    assert "run `make try` in its source tree" in section("doctor"), section("doctor")
+    assert "run `make try` in a copy of nvc-py's source" in section("doctor"), section("doctor")
 
 
 # README's install and quick start in order, on a host without systemd with a dockerd started by hand

@@ -21,88 +21,17 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hook"}
-
-# Each layer: modules, or packages standing for every module in them; the longest match wins
-# (nvc.share.status, the status command, sits above the rest of nvc.share; nvc.commands.cli, the
-# program, and its setup commands, which drive nvc.hook's engine registration, above the commands it runs).
-LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.system", "nvc.config", "nvc.model"})),
-    ("discover", frozenset({"nvc.discover"})),
-    ("plan", frozenset({"nvc.plan", "nvc.containerenv"})),
-    ("apply", frozenset({"nvc.apply", "nvc.share"})),
-    ("rpc", frozenset({"nvc.rpc"})),
-    ("pipeline", frozenset({"nvc.pipeline"})),
-    ("commands", frozenset({"nvc.commands", "nvc.share.status", "nvc.k8s"})),
-    ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.commands.engine_setup", "nvc.hook", "nvc.doctor",
-                           "nvc.exporter"})),
-)
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for package, folder in SOURCES.items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = path.relative_to(folder).with_suffix("").parts
-            name = ".".join((package, *parts))
-            found[name.removesuffix(".__init__")] = path
-    return found
-
-
-MODULES = _modules()
-
-
-def _placements(module: str) -> list[tuple[int, int]]:
-    """(length of the matching entry, layer) for each LAYERS entry naming ``module`` or a package
-    holding it (``nvc`` itself only as a module)."""
-    return [(len(entry), i) for i, (_, entries) in enumerate(LAYERS) for entry in entries
-            if module == entry or (entry != "nvc" and module.startswith(entry + "."))]
-
-
-def _rank(module: str) -> int:
-    """The layer of ``module``: its own entry, else its innermost package's."""
-    return max(_placements(module))[1]
-
-
-def _type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in (getattr(test, "id", None), getattr(test, "attr", None))
-
-
-def imports(path: Path) -> set[str]:
-    """The nvc modules ``path`` imports at run time, wherever the import statement stands."""
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if _type_checking(node):
-            for other in node.orelse:  # type: ignore[attr-defined]
-                visit(other)
-            return
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
-                name = f"{node.module}.{alias.name}"
-                found.add(name if name in MODULES else node.module)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text(), str(path)))
-    return {name for name in found if name in MODULES}
-
-
-GRAPH = {module: imports(path) - {module} for module, path in MODULES.items()}
+from harness.layers import BELOW_PROGRAMS, GRAPH, LAYERS, MODULES, REPO, imports, placements, rank
 
 
 def test_every_module_has_a_layer() -> None:
-    assert [m for m in MODULES if not _placements(m)] == []
+    assert [m for m in MODULES if not placements(m)] == []
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_go_down_the_layers(module: str) -> None:
-    upward = sorted(f"{dep} ({LAYERS[_rank(dep)][0]})" for dep in GRAPH[module] if _rank(dep) > _rank(module))
-    assert upward == [], f"{module} ({LAYERS[_rank(module)][0]}) imports a higher layer"
+    upward = sorted(f"{dep} ({LAYERS[rank(dep)][0]})" for dep in GRAPH[module] if rank(dep) > rank(module))
+    assert upward == [], f"{module} ({LAYERS[rank(module)][0]}) imports a higher layer"
 
 
 # nvc.hook's three packages, bottom first: the OCI side (hook, CDI hooks, runtime wrapper), the hook
@@ -189,7 +118,7 @@ def test_the_core_never_imports_the_helpers_or_the_programs() -> None:
     nvc.commands or nvc.hook (the helpers carry the core's calls; the pipeline, the commands and the
     programs drive it)."""
     outer = ("nvc.rpc", "nvc.pipeline", "nvc.commands", "nvc.hook")
-    core = [m for m in MODULES if LAYERS[_rank(m)][0] in ("base", "discover", "plan", "apply")]
+    core = [m for m in MODULES if LAYERS[rank(m)][0] in ("base", "discover", "plan", "apply")]
     assert "nvc.apply.sharefiles" in core and "nvc.plan.mountplan" in core and "nvc.containerenv" in core
     assert sorted(f"{m} -> {dep}" for m in core for dep in GRAPH[m]
                   if any(dep == o or dep.startswith(o + ".") for o in outer)) == []
@@ -311,7 +240,6 @@ def test_the_size_check_counts_lines_and_reads_the_reason(tmp_path: Path) -> Non
 # name another process by then. The programs (the hook's own checks of its caller, doctor) are not
 # held to it: they run no step of a configure.
 HANDLE = "nvc.apply.container"
-_BELOW_PROGRAMS = ("base", "discover", "plan", "apply", "rpc", "pipeline", "commands")
 
 
 def _pid_like(node: ast.AST) -> bool:
@@ -357,7 +285,7 @@ def proc_paths(path: Path) -> list[str]:
     return [f"{line}: {text}" for line, text in found]
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != HANDLE and LAYERS[_rank(m)][0] in _BELOW_PROGRAMS))
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != HANDLE and LAYERS[rank(m)][0] in BELOW_PROGRAMS))
 def test_only_the_handle_reads_proc_of_the_container(module: str) -> None:
     """Below the programs, nothing formats /proc/PID: every step is given the container's handle
     (its descriptors: to the container helper over its socket), resolved once at the request's check."""

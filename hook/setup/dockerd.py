@@ -24,7 +24,7 @@ def reload_running(plan: Plan, name: str) -> list[str]:
     """SIGHUP to the running dockerds that read ``plan.config`` (their --config-file, else the
     default), after :func:`apply` made ``plan``; a line each on what they serve now, with what to do
     where that is not the file's; a line where none runs."""
-    from nvc.doctor.engines import docker_host, running
+    from nvc.system.processes import docker_host, running
 
     config = os.path.realpath(plan.config)
     daemons = [d for d in running("dockerd") if os.path.realpath(d.flag("--config-file") or DAEMON_JSON) == config]

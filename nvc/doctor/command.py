@@ -14,6 +14,7 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     """Every check, in the order a GPU reaches a container: configuration, driver, NVML, nodes, the
     host's cgroups and ldconfig, the hook server, each engine, CDI; then the containers."""
     from nvc.doctor import engines, host, run as runs
+    from nvc.system.processes import docker_host
 
     found, conf = host.configuration(config_path)
     if root is not None:
@@ -33,17 +34,18 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     if gpus:
         found.append(engines.cdi(lambda: _fresh_spec(conf)))
     if run:
-        found += runs.run_containers(runs.registered(podman, docker, engines.docker_host(dockerd)), conf.log_file)
+        found += runs.run_containers(runs.registered(podman, docker, docker_host(dockerd)), conf.log_file)
     return found
 
 
 def security_checks() -> list[Check]:
     """The hostile-image cases through each engine nvc-py is registered with (nvc/doctor/security.py)."""
     from nvc.doctor import engines, run as runs, security
+    from nvc.system.processes import docker_host
 
     podman = engines.hooks_engine("podman", "podman")
     docker, dockerd = engines.docker()
-    return security.run_cases(runs.registered(podman, docker, engines.docker_host(dockerd)))
+    return security.run_cases(runs.registered(podman, docker, docker_host(dockerd)))
 
 
 def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config

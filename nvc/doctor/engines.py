@@ -10,11 +10,12 @@ import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.doctor import FAIL, Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
+from nvc.system.processes import Daemon, processes, running
 
 _MAX_CONFIG = 1 << 20
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"  # containerd's default --config
@@ -69,54 +70,6 @@ def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -
                 f"nvc-py setup {command}")
 
 
-class Daemon(NamedTuple):
-    """A running engine daemon, as its own command line and environment say."""
-
-    pid: int
-    argv: tuple[str, ...]
-    path: str  # its PATH, where it looks for programs (dockerd: the --gpus hook)
-    started: float  # epoch seconds
-    parent: int = 0  # its parent's pid
-
-    def flag(self, name: str) -> str | None:
-        """The value of ``--name VALUE`` or ``--name=VALUE`` (the last one given)."""
-        found = None
-        for i, arg in enumerate(self.argv):
-            if arg == name and i + 1 < len(self.argv):
-                found = self.argv[i + 1]
-            elif arg.startswith(name + "="):
-                found = arg[len(name) + 1:]
-        return found
-
-
-def running(name: str) -> list[Daemon]:
-    """The processes whose program is ``name`` (by basename), oldest first."""
-    return processes(lambda argv: os.path.basename(argv[0]) == name)
-
-
-def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
-    """The processes whose command line ``match`` accepts, oldest first."""
-    from nvc.system.programs import FIXED_PATH
-
-    boot, tick = _boot_time(), os.sysconf("SC_CLK_TCK")
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = tuple(os.fsdecode(a) for a in f.read(1 << 16).split(b"\0")[:-1])
-            if not argv or not match(argv):
-                continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(e.partition(b"=")[::2] for e in f.read(1 << 20).split(b"\0") if e)
-        except OSError:
-            continue
-        path = os.fsdecode(env.get(b"PATH", FIXED_PATH.split("=", 1)[1].encode()))
-        found.append(Daemon(int(pid), argv, path, boot + int(fields[19]) / tick, int(fields[1])))
-    return sorted(found, key=lambda d: d.started)
-
-
 def _started_after(daemon: Daemon | None, name: str, path: str) -> Check | None:
     """A failing check when ``daemon`` started before ``path`` last changed (it runs with the
     configuration it read at its start); None where that holds or it does not run."""
@@ -128,12 +81,6 @@ def _started_after(daemon: Daemon | None, name: str, path: str) -> Check | None:
                           f"({_when(changed)}): it has not read nvc-py's registration",
                     f"restart it (systemctl restart {name})")
     return None
-
-
-def docker_host(daemon: Daemon | None) -> str | None:
-    """The unix socket the docker client reaches ``daemon`` on (None: the client's default)."""
-    host = daemon.flag("-H") or daemon.flag("--host") if daemon else None
-    return host if host and host.startswith("unix://") else None
 
 
 def docker() -> tuple[list[Check], Daemon | None]:
@@ -354,11 +301,6 @@ def _servers() -> list[Daemon]:
     """The hook server's processes: an interpreter running nvc-py-hook's program with ``serve``."""
     return processes(lambda argv: "serve" in argv and
                      any(os.path.basename(a).startswith("nvc-py-hook") for a in argv[:3]))
-
-
-def _boot_time() -> float:
-    with open("/proc/stat") as f:
-        return float(next(line.split()[1] for line in f if line.startswith("btime ")))
 
 
 def _when(epoch: float) -> str:
