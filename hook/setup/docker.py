@@ -352,19 +352,6 @@ def preview(plan: Plan) -> list[str]:
     return lines + list(plan.notes)
 
 
-def restart(plan: Plan, systemctl: str, name: str = RUNTIME_NAME) -> list[str]:
-    """``--restart``: dockerd restarted through systemd where systemd runs; elsewhere each running
-    dockerd that reads ``plan``'s daemon.json reloads it (nvc.hook.setup.dockerd)."""
-    if os.path.isdir(SYSTEMD_RUNNING):
-        from nvc.hook.setup.engines import _systemctl
-
-        _systemctl(systemctl, RESTART)
-        return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]
-    from nvc.hook.setup import dockerd
-
-    return dockerd.reload_running(plan, name)
-
-
 def restart_lines(plan: Plan) -> list[str]:
     """What the user must do for dockerd to see ``plan``'s changes (it reads both at its start)."""
     if not plan.changes:

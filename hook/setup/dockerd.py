@@ -14,7 +14,8 @@ import signal
 import subprocess
 import time
 
-from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK, RUNTIMES, Plan
+from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK, RESTART, RUNTIME_NAME, RUNTIMES, Plan
+from nvc.hook.setup.engines import SYSTEMD_RUNNING
 from nvc.hook.setup.files import remove_files, write_files
 
 RELOAD_WAIT = 5.0  # seconds for a signalled dockerd to show the reloaded runtimes
@@ -24,7 +25,7 @@ def reload_running(plan: Plan, name: str) -> list[str]:
     """SIGHUP to the running dockerds that read ``plan.config`` (their --config-file, else the
     default), after :func:`apply` made ``plan``; a line each on what they serve now, with what to do
     where that is not the file's; a line where none runs."""
-    from nvc.system.processes import docker_host, running
+    from nvc.hook.setup.processes import docker_host, running
 
     config = os.path.realpath(plan.config)
     daemons = [d for d in running("dockerd") if os.path.realpath(d.flag("--config-file") or DAEMON_JSON) == config]
@@ -94,3 +95,14 @@ def _wait_for(host: str | None, name: str, wanted: bool) -> bool | None:
         if lists is None or lists == wanted or time.monotonic() > deadline:
             return lists
         time.sleep(0.1)
+
+
+def restart(plan: Plan, systemctl: str, name: str = RUNTIME_NAME) -> list[str]:
+    """``--restart``: dockerd restarted through systemd where systemd runs; elsewhere each running
+    dockerd that reads ``plan``'s daemon.json reloads it (reload_running)."""
+    if os.path.isdir(SYSTEMD_RUNNING):
+        from nvc.hook.setup.engines import _systemctl
+
+        _systemctl(systemctl, RESTART)
+        return [f"restarted docker ({systemctl} {' '.join(RESTART)})"]
+    return reload_running(plan, name)

@@ -185,7 +185,7 @@ def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus
     CDI names (docker run --device nvidia.com/gpu=0, from `nvc-py cdi generate`) need Docker 25 or
     later; Debian 12's docker.io is 20.10.
     """
-    from nvc.hook.setup import docker
+    from nvc.hook.setup import docker, dockerd
 
     plan = (docker.plan_remove(config_path, runtime_name, gpus_hook_dir) if remove else
             docker.plan_install(config_path, runtime_name, set_as_default, gpus_hook, gpus_hook_dir))
@@ -195,4 +195,4 @@ def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus
     _echo_lines(docker.apply(plan))
     if not remove:  # the runtime's and --gpus's hooks read the default configuration file (or $NVC_PY_CONFIG)
         _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
-    _echo_lines(docker.restart(plan, systemctl, runtime_name) if restart_docker else docker.restart_lines(plan))
+    _echo_lines(dockerd.restart(plan, systemctl, runtime_name) if restart_docker else docker.restart_lines(plan))

@@ -14,7 +14,7 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     """Every check, in the order a GPU reaches a container: configuration, driver, NVML, nodes, the
     host's cgroups and ldconfig, the hook server, each engine, CDI; then the containers."""
     from nvc.doctor import engines, host, run as runs
-    from nvc.system.processes import docker_host
+    from nvc.hook.setup.processes import docker_host
 
     found, conf = host.configuration(config_path)
     if root is not None:
@@ -41,7 +41,7 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
 def security_checks() -> list[Check]:
     """The hostile-image cases through each engine nvc-py is registered with (nvc/doctor/security.py)."""
     from nvc.doctor import engines, run as runs, security
-    from nvc.system.processes import docker_host
+    from nvc.hook.setup.processes import docker_host
 
     podman = engines.hooks_engine("podman", "podman")
     docker, dockerd = engines.docker()

@@ -15,7 +15,7 @@ from typing import Any
 from nvc.doctor import FAIL, Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
-from nvc.system.processes import Daemon, processes, running
+from nvc.hook.setup.processes import Daemon, processes, running
 
 _MAX_CONFIG = 1 << 20
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"  # containerd's default --config

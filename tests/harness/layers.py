@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hook"}
 
 # Each layer: modules, or packages standing for every module in them; the longest match wins
