@@ -19,7 +19,7 @@
 # machine's big site-packages load at each start: nvc-py runs at every container start),
 # installs the wheels into it, unpacks the .debs under /tmp/debs (never over /), builds the
 # native shim and installs nvc-py, and exports PATH, PYTHONPATH and LD_LIBRARY_PATH so that
-# `nvc-py`, `bench/discovery` and `make test-gpu` work. PYTHON=/tmp/site/bin/python is a virtual
+# `nvc-py`, `bench/discovery.py` and `make test-gpu` work. PYTHON=/tmp/site/bin/python is a virtual
 # environment's interpreter: the Makefile installs nvc-py into that environment as it is (no
 # /usr/lib/nvc-py/venv, nothing from the network; `make pip-deps` only checks that it lacks nothing).
 

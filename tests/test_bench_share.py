@@ -1,4 +1,4 @@
-"""bench/share's parts that need no GPU: the launch-bound pair's latency figures, read from what
+"""bench/share.py's parts that need no GPU: the launch-bound pair's latency figures, read from what
 tests/gpu/torch_decode.py prints (latency from each request's arrival, not from when it was served), and
 the bench and its PyTorch workloads at least loading (the GPU machine runs them; this one has no torch).
 """
@@ -44,7 +44,7 @@ def test_a_run_that_served_nothing_is_an_error_not_a_zero():
 
 
 def test_the_bench_loads_and_its_workloads_parse(tmp_path):
-    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share"))
+    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share.py"))
     bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
     loader.exec_module(bench)
     labels = [label for label, _, _ in bench.LAUNCH_BOUND_CONTROLS]

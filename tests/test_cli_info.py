@@ -162,7 +162,7 @@ def test_no_driver(tmp_path: Path) -> None:
 
 
 def test_list_nvml_flag_asks_nvml_for_the_same_listing(active_local_nvidia, tmp_path: Path) -> None:
-    """``list --nvml`` (bench/discovery's forced NVML path) answers as the /proc fast path does."""
+    """``list --nvml`` (bench/discovery.py's forced NVML path) answers as the /proc fast path does."""
     root = str(active_local_nvidia.root)
     fast, forced = tmp_path / "fast.log", tmp_path / "forced.log"
     plain = nvc("--root", root, "--debug", str(fast), "list")

@@ -107,7 +107,7 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
     from nvc.pipeline import configure
     from nvc.pipeline.apply import apply, ldcache
     from nvc.plan.request import check, from_flags
-    from nvc.share import owner
+    from nvc.apply import shareowner
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
 
@@ -126,7 +126,7 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
             second = take_pid(first.pid)
             try:
                 mounts = Path(f"/proc/{second.pid}/mountinfo").read_text()
-                steps = (handle.check, handle.device_cgroup, lambda: owner.of_container(handle, ""),
+                steps = (handle.check, handle.device_cgroup, lambda: shareowner.of_container(handle, ""),
                          lambda: apply_all(plan, handle))
                 for step in steps:
                     with pytest.raises(ContainerError, match=gone(first.pid)):

@@ -9,7 +9,7 @@ import pytest
 from nvc.errors import InputError
 from nvc.model.capabilities import CAPABILITIES
 from nvc.containerenv import Policy, parse_env
-from nvc.containerenv.gpus import gpu_request
+from nvc.plan.fromenv import gpu_request
 from nvc.plan.request import Request
 
 ALL = CAPABILITIES

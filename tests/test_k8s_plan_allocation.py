@@ -18,8 +18,8 @@ from nvc.errors import InputError
 from nvc.k8s import resources
 from nvc.k8s.health import Health
 from nvc import containerenv
-from nvc.containerenv.gpus import gpu_request
-from nvc.containerenv.sharing import parse_share_env, share_env
+from nvc.containerenv.sharing import share_env
+from nvc.plan.fromenv import gpu_request, parse_share_env
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from harness.k8splan import gpu as _gpu
 from nvc import config
 from nvc.errors import InputError
 from nvc.k8s import resources
-from nvc.containerenv.gpus import gpu_request
+from nvc.plan.fromenv import gpu_request
 
 
 REPO = Path(__file__).resolve().parent.parent

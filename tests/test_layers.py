@@ -124,6 +124,13 @@ def test_the_core_never_imports_the_helpers_or_the_programs() -> None:
                   if any(dep == o or dep.startswith(o + ".") for o in outer)) == []
 
 
+def test_the_contract_imports_nothing_of_the_plan() -> None:
+    """nvc.containerenv names and writes the contract; the plan builds its records from it
+    (nvc.plan.fromenv): within their layer the arrows go one way."""
+    contract = [m for m in MODULES if m == "nvc.containerenv" or m.startswith("nvc.containerenv.")]
+    assert sorted(f"{m} -> {dep}" for m in contract for dep in GRAPH[m] if dep.startswith("nvc.plan")) == []
+
+
 # What a container may ask, by name: the NVIDIA_* variables (and legacy images' CUDA_VERSION), the
 # sharing ones (NVC_SHARE_*, HAMi's CUDA_DEVICE_*) and the device plugin's volume-mount paths.
 CONTRACT = "nvc.containerenv"

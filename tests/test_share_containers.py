@@ -22,8 +22,8 @@ from harness.shim import GIB, WAITS_LOG, programs  # noqa: F401  (fixture)
 from harness.standins import target_process  # noqa: F401  (fixture)
 from nvc.apply import sharefiles
 from nvc.containerenv import sharing
-from nvc.plan import share
-from nvc.share import status as sharestatus
+from nvc.plan import fromenv, share
+from nvc.commands import sharestatus
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
 
     debian_rootfs = make_rootfs("debian", name="share-plan-rootfs")  # its own: the mount targets stay in it
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
-    asked = sharing.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "1Gi", "NVC_SHARE_COMPUTE": "50"})
+    asked = fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "1Gi", "NVC_SHARE_COMPUTE": "50"})
     req = from_flags(str(debian_rootfs), target_process, devices=("0",), capabilities=("compute", "utility"),
                      no_cgroups=True)._replace(sharing=asked, container_id="ctr-plan")
     where, sched = f"{share.STATE_DIR}/ctr-plan", f"{share.sched_dir_for(share.STATE_DIR)}/ctr-plan"

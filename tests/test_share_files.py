@@ -23,7 +23,7 @@ from nvc.apply.rootfs import open_in_root
 from nvc.containerenv import sharing
 from nvc.discover.container import image_preload as read_preload
 from nvc.errors import ContainerError, InputError
-from nvc.plan import share
+from nvc.plan import fromenv, share
 from nvc.plan.request import ShareRequest
 from nvc.share.region import SIZE as REGION_SIZE
 
@@ -93,7 +93,7 @@ def test_prepare_and_remove(private_mounts, rootfs, tmp_path):
     library.write_bytes(b"\x7fELF")
     state = tmp_path / "state"
     (rootfs / "etc" / "ld.so.preload").write_text("/usr/lib/libfoo.so\n")
-    request = sharing.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
+    request = fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
     mounts = prepare(request, "ctr1", str(rootfs), library=str(library), state_dir=str(state))
     shared = state / "ctr1" / "shared"
     assert [(m.source, m.target, m.readonly, m.directory) for m in mounts] == [
@@ -121,7 +121,7 @@ def test_prepare_and_remove(private_mounts, rootfs, tmp_path):
 
 def test_prepare_refuses_before_changing_anything(rootfs, tmp_path):
     state = tmp_path / "state"
-    request = sharing.parse_share_env({"NVC_SHARE_COMPUTE": "50"})
+    request = fromenv.parse_share_env({"NVC_SHARE_COMPUTE": "50"})
     with pytest.raises(ContainerError, match="not installed"):
         prepare(request, "ctr", str(rootfs), library=str(tmp_path / "missing.so"), state_dir=str(state))
     with pytest.raises(InputError, match="cannot name a directory"):
@@ -131,13 +131,27 @@ def test_prepare_refuses_before_changing_anything(rootfs, tmp_path):
 
 def test_granted_limits_too_large_for_the_scheduler_tmpfs_are_refused(private_mounts, rootfs, tmp_path):
     """Other containers' shims read a scheduled container's compute limits from the scheduler tmpfs,
-    which keeps 8 KiB for each: a request whose compute lines do not fit is refused, and nothing of
-    the container is left (nor the scheduler tmpfs mounted)."""
+    which keeps 8 KiB for each: a request whose compute lines do not fit is refused by the plan, before
+    anything of the container is made (nor the scheduler tmpfs mounted)."""
     state, sched = tmp_path / "state", tmp_path / "sched"
     request = ShareRequest(weight=tuple((str(i), 1) for i in range(1000)))
     with pytest.raises(ContainerError, match="compute limits of container ctr exceed 8192 bytes"):
+        share.files(request, "ctr", "", state_dir=str(state), sched_dir=str(sched))
+    with pytest.raises(ContainerError, match="compute limits of container ctr exceed 8192 bytes"):
         prepare(request, "ctr", str(rootfs), library=str(SHIM), state_dir=str(state), sched_dir=str(sched))
-    assert os.listdir(state) == [] and not sched.exists()
+    assert (not state.exists() or os.listdir(state) == []) and not sched.exists()
+
+
+def test_applying_the_sharing_files_plans_nothing() -> None:
+    """nvc.apply.sharefiles writes what the plan decided (ShareFiles carries every file's text): of
+    nvc.plan.share it takes the record and the host's names, never a function deciding content."""
+    import ast
+
+    tree = ast.parse(Path(sharefiles.__file__).read_text())
+    taken = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "nvc.plan.share" for alias in node.names}
+    assert "ShareFiles" in taken
+    assert taken <= {"ShareFiles", "STATE_DIR", "GRANTED_DIR", "GRANTED_MAX", "container_dir", "sched_dir_for"}
 
 
 def test_prepare_refuses_a_state_dir_others_can_write(private_mounts, rootfs, tmp_path):

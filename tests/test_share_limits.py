@@ -17,6 +17,7 @@ from harness.shim import GIB, MIB, meminfo, programs, share as shim  # noqa: F40
 from nvc.apply import sharefiles
 from nvc.containerenv import sharing
 from nvc.errors import InputError
+from nvc.plan import fromenv, share
 from nvc.plan.request import ShareRequest
 from nvc.share.region import SIZE as REGION_SIZE
 
@@ -58,7 +59,7 @@ def test_junk_sizes_are_refused_naming_the_variable(text):
     ({"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/x", "CUDA_DEVICE_SM_LIMIT_POLICY": "force"}, None, None),
 ])
 def test_env_requests(env, memory, compute):
-    request = sharing.parse_share_env({"PATH": "/bin", **env})
+    request = fromenv.parse_share_env({"PATH": "/bin", **env})
     if memory is None:
         assert request is None
     else:
@@ -77,17 +78,17 @@ def test_env_requests(env, memory, compute):
 ])
 def test_junk_env_is_refused(env, message):
     with pytest.raises(InputError, match=message):
-        sharing.parse_share_env(env)
+        fromenv.parse_share_env(env)
 
 
 def test_host_defaults_fill_in_what_the_container_left_out():
-    own = sharing.parse_share_env({"NVC_SHARE_COMPUTE": "30", "NVC_SHARE_MEMORY_LIMIT_1": "1G"})
-    merged = sharing.with_defaults(own, "8g", 50)
+    own = fromenv.parse_share_env({"NVC_SHARE_COMPUTE": "30", "NVC_SHARE_MEMORY_LIMIT_1": "1G"})
+    merged = fromenv.with_defaults(own, "8g", 50)
     assert (merged.memory, merged.compute) == ((("", 8 * GIB), ("1", GIB)), (("", 30),))
-    assert sharing.with_defaults(None, None, 25) == ShareRequest(compute=(("", 25),))
-    assert sharing.with_defaults(None, None, None) == ShareRequest()          # the shim, unlimited
+    assert fromenv.with_defaults(None, None, 25) == ShareRequest(compute=(("", 25),))
+    assert fromenv.with_defaults(None, None, None) == ShareRequest()          # the shim, unlimited
     with pytest.raises(InputError, match="sharing.device-memory-limit='8 g'"):
-        sharing.with_defaults(None, "8 g", None)
+        fromenv.with_defaults(None, "8 g", None)
 
 
 # ---------------------------------------------------------------- the limits file, as the shim reads it
@@ -109,8 +110,9 @@ def test_limits_file_round_trip_through_the_shim(shim, tmp_path):
 
 
 def test_fake_nvidia_smi_reports_the_written_limit(shim, tmp_path):
-    # a plain directory, as bench/share and the GPU tests use through NVC_SHARE_DIR
-    shim.dir = sharefiles.write_share_dir(tmp_path, sharing.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}))
+    # a plain directory, as bench/share.py and the GPU tests use through NVC_SHARE_DIR
+    limits = share.limits_text(fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}))
+    shim.dir = sharefiles.write_share_dir(tmp_path, limits)
     assert os.stat(shim.dir / "region").st_size == REGION_SIZE
     holder = shim.holder("alloc", GIB, limits={})
     try:

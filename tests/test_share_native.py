@@ -18,7 +18,7 @@ import pytest
 
 from harness.fakegpus import H100 as GPU0
 from harness.shim import GIB, MIB, meminfo, programs, share  # noqa: F401  (fixtures)
-from nvc.containerenv.sharing import parse_share_env
+from nvc.plan.fromenv import parse_share_env
 from nvc.errors import InputError
 from nvc.plan.request import ShareRequest
 from nvc.plan.share import limits_text

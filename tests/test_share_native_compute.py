@@ -273,12 +273,12 @@ def hook_sched(tmp_path):
     """The scheduler directory as the hook makes it (nvc.apply.sharefiles: its tmpfs, each tenant's file
     and the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
     from nvc.apply import sharefiles
-    from nvc.plan.share import limits_text
+    from nvc.plan.share import granted_text, limits_text
 
     sched = tmp_path / "sched"
 
     def grant(name: str, request) -> None:
-        sharefiles._write_sched_file(str(sched), name, limits_text(request))
+        sharefiles._write_sched_file(str(sched), name, granted_text(limits_text(request)).encode())
 
     yield sched, grant
     if os.path.ismount(sched):

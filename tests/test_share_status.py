@@ -1,4 +1,4 @@
-"""``nvc-py share status`` (nvc.share.status) over live regions of the real shim on the fake driver,
+"""``nvc-py share status`` (nvc.commands.sharestatus) over live regions of the real shim on the fake driver,
 and over what a container may write in its region or plant in place of its sharing files.
 Test double only: nothing here is a GPU result.
 """
@@ -18,7 +18,7 @@ from harness.fakegpus import H100 as GPU0
 from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture)
 from harness.shim import GIB, MIB, programs, share as shim  # noqa: F401  (fixtures)
 from nvc.apply import sharefiles
-from nvc.share import status as sharestatus
+from nvc.commands import sharestatus
 from nvc.share.region import SIZE as REGION_SIZE
 
 

@@ -3,7 +3,8 @@
 run alone without another test file's module, and its module-scoped fixtures, coming with it.
 
 Read from the source files (every import, also those inside functions), as the layer test reads
-the package's.
+the package's. And the tree's: no Python program without ``.py`` (a reader, or a tool, takes a
+file by its name for what it is: bench/share.py, never bench/share).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
+# The tree's folders holding programs (not the ignored ones a build or `make dev` makes).
+PROGRAM_FOLDERS = ("bench", "demo", "tools", "tests", "deploy", ".ci", "nvc", "rpc", "hook", "native")
 
 
 def module_names(tests: Path) -> set[str]:
@@ -64,3 +67,29 @@ def test_an_import_of_a_test_module_is_found_at_any_depth(tmp_path: Path) -> Non
     (tmp_path / "harness" / "shared.py").write_text("import tests.test_b\n")
     assert layout_errors(tmp_path) == {"harness/shared.py": ["1: tests.test_b"],
                                        "test_a.py": ["2: test_b", "4: test_b"], "test_b.py": ["5: test_a"]}
+
+
+def python_without_suffix(root: Path, folders: tuple[str, ...] = PROGRAM_FOLDERS) -> list[str]:
+    """The files under ``folders`` of ``root`` with no suffix whose first line runs Python."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*")):
+            if path.is_file() and not path.suffix and "__pycache__" not in path.parts:
+                with path.open("rb") as f:
+                    first = f.readline(200)
+                if first.startswith(b"#!") and b"python" in first:
+                    found.append(str(path.relative_to(root)))
+    return found
+
+
+def test_every_python_program_is_named_py() -> None:
+    assert python_without_suffix(TESTS.parent) == []
+
+
+def test_the_suffix_check_reads_the_first_line(tmp_path: Path) -> None:
+    """The checker itself: a Python shebang without .py counts; a shell script, a .py file do not."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "run").write_text("#!/usr/bin/env python3\n")
+    (tmp_path / "bench" / "env").write_text("#!/bin/sh\n")
+    (tmp_path / "bench" / "ok.py").write_text("#!/usr/bin/env python3\n")
+    assert python_without_suffix(tmp_path, ("bench",)) == ["bench/run"]

@@ -2,7 +2,7 @@
 
 Registered as a ``prestart`` hook (podman hooks.d, ``nvc-py-runtime``, or by hand in
 config.json). ``prestart`` reads the OCI state on stdin, loads the bundle's spec, decides
-devices and capabilities from it (:mod:`nvc.containerenv.gpus`) and runs the configure logic in
+devices and capabilities from it (:mod:`nvc.plan.fromenv`) and runs the configure logic in
 this same process: a container start pays for one interpreter, not two. A container asking
 for GPU sharing (``NVC_SHARE_*``, HAMi's ``CUDA_DEVICE_*`` env) also gets the sharing shim
 (:mod:`nvc.containerenv.sharing`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
@@ -67,14 +67,14 @@ def container_request(config: Config, state: State, ctr: Container, req: Request
 
 def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     """Configure the container of the state in ``stdin``; ``record`` collects the log line's fields."""
-    from nvc.containerenv import gpus
+    from nvc.plan import fromenv
     from nvc.hook.oci import spec
 
     state = spec.parse_state(stdin)
     record["container"] = state.id
     ctr = spec.container(state.bundle, spec.load_config(state.bundle))
     warnings: list[str] = []
-    req = gpus.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config), warnings)
+    req = fromenv.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config), warnings)
     for warning in warnings:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if warnings:
@@ -88,13 +88,13 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
         raise ContainerError(f"the container joins the mount namespace {shown(ctr.joined_mount_ns)} of another "
                              "process (linux.namespaces): nvc-py configures only a container with a mount "
                              "namespace of its own; give it one, or ask for no GPU")
-    from nvc.containerenv import sharing as share
+    from nvc.containerenv.sharing import share_env
     from nvc.pipeline.configure import configure
 
     # junk limits refuse the container before anything changes; its sharing files are steps of the plan
-    sharing = share.parse_share_env(share.share_env(ctr.env, ctr.mounts, policy(config)))
+    sharing = fromenv.parse_share_env(share_env(ctr.env, ctr.mounts, policy(config)))
     if config.sharing.enabled:
-        sharing = share.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
+        sharing = fromenv.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
     configure(global_options(config), container_request(config, state, ctr, req, sharing))
     if sharing:
         record["share"] = {"memory": dict(sharing.memory), "compute": dict(sharing.compute)}

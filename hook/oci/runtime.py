@@ -67,15 +67,15 @@ def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
 
 def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
-    from nvc.commands import devnodes
-    from nvc.containerenv import gpus
-    from nvc.system.programs import oci_hook
+    from nvc.cdi import devnodes
     from nvc.hook.oci import spec as oci
     from nvc.hook.oci.prestart import global_options, policy
     from nvc.pipeline.configure import device_nodes
+    from nvc.plan import fromenv
+    from nvc.system.programs import oci_hook
 
     ctr = oci.container(bundle, spec)
-    req = gpus.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
+    req = fromenv.gpu_request(ctr.env, list(ctr.mounts), ctr.privileged, policy(config))
     if req is None:
         return False
     changed = False

@@ -35,7 +35,7 @@ SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 SERVER_NICE_BOOST = 10
 # What a prestart call imports, lazily or in its forked children: imported once, here (not
 # pyseccomp: ldconfig's sandbox loads its filter from root's cache, compiled once per boot).
-PRELOAD = ("nvc.hook.oci.prestart", "nvc.containerenv.gpus", "nvc.hook.oci.spec", "nvc.hook.oci.log", "nvc.config",
+PRELOAD = ("nvc.hook.oci.prestart", "nvc.plan.fromenv", "nvc.hook.oci.spec", "nvc.hook.oci.log", "nvc.config",
            "nvc.pipeline.configure", "nvc.pipeline.apply", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
            "nvc.rpc.container_service", "nvc.containerenv.sharing", "nvc.apply.sharefiles", "nvc.discover.kmods",
            "nvc.apply.hostnodes", "nvc.debuglog", "nvc.hook.oci.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",

@@ -49,7 +49,7 @@ def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
 
     hooks.d can match annotations, commands and bind mounts but not environment variables,
     and most GPU requests are ``-e NVIDIA_VISIBLE_DEVICES=…``: so the hook is attached to
-    every container and itself returns at once for those that ask for no GPU (bench/hook_load
+    every container and itself returns at once for those that ask for no GPU (bench/hook_load.py
     measures what that costs).
     """
     return {"version": "1.0.0", "hook": oci_hook(stage, config_path), "when": {"always": True}, "stages": [stage]}

@@ -7,7 +7,7 @@
  * - the command is not create (nor --help/--version, which the program answers first), or it is create and the
  *   bundle's config.json is a JSON object none of whose bytes could ask for a GPU (no NVIDIA_VISIBLE_DEVICES,
  *   no CUDA_VERSION (a legacy image's default), no nvidia-container-devices volume, no \u escape that could
- *   spell one): nvc/containerenv/gpus.py's gpu_request would find nothing in it;
+ *   spell one): nvc/plan/fromenv.py's gpu_request would find nothing in it;
  * - and the runtime cache (hook/oci/runtimecache.py) names the runtime: the program writes it after resolving
  *   the configuration's `runtimes`, keyed by the configuration file's identity, PATH and PATH's directories,
  *   and this front believes only root's own file in root's own /run/nvc-py, and a key equal to what it

@@ -1,4 +1,5 @@
-"""The few bpf(2) commands a device-cgroup update needs, called through ctypes.
+"""The few bpf(2) commands a device-cgroup update needs: their attribute layouts, for the system
+call of :mod:`nvc.system.syscalls`.
 
 No detach: filters are swapped with BPF_F_REPLACE (or, for a single-program attachment, by
 attaching over it), so the cgroup is never left without one.
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
-import os
+
+from nvc.system import syscalls
 
 # Commands (enum bpf_cmd).
 PROG_LOAD = 5
@@ -33,7 +34,6 @@ F_REPLACE = 4
 INSN_SIZE = 8
 LOG_SIZE = 1 << 16  # verifier log kept when a load fails
 
-_SYSCALL_NR = {"x86_64": 321, "aarch64": 280, "ppc64le": 361, "s390x": 351, "riscv64": 280}
 
 
 class _ProgLoadAttr(ctypes.Structure):
@@ -94,25 +94,6 @@ class _ProgInfo(ctypes.Structure):
     ]
 
 
-@functools.cache
-def _syscall() -> ctypes._CFuncPtr:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc.syscall
-
-
-def _bpf(cmd: int, attr: ctypes.Structure) -> int:
-    machine = os.uname().machine
-    nr = _SYSCALL_NR.get(machine)
-    if nr is None:
-        raise OSError(errno.ENOSYS, f"bpf(2) syscall number unknown on {machine}")
-    ret = _syscall()(ctypes.c_long(nr), ctypes.c_int(cmd), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)))
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return ret
-
-
 def prog_load(prog_type: int, program: bytes, license: str, name: str) -> int:
     """Load ``program`` (instruction bytes); return its fd. A verifier rejection carries the log."""
     insns = ctypes.create_string_buffer(program, len(program))
@@ -125,7 +106,7 @@ def prog_load(prog_type: int, program: bytes, license: str, name: str) -> int:
         prog_name=name.encode()[:15],
     )
     try:
-        return _bpf(PROG_LOAD, attr)
+        return syscalls.bpf(PROG_LOAD, attr)
     except OSError as first:
         if first.errno not in (errno.EINVAL, errno.EACCES):
             raise
@@ -133,7 +114,7 @@ def prog_load(prog_type: int, program: bytes, license: str, name: str) -> int:
         log = ctypes.create_string_buffer(LOG_SIZE)
         attr.log_level, attr.log_size, attr.log_buf = 1, LOG_SIZE, ctypes.addressof(log)
         try:
-            return _bpf(PROG_LOAD, attr)
+            return syscalls.bpf(PROG_LOAD, attr)
         except OSError as err:
             text = log.value.decode(errors="replace").strip().splitlines()
             raise OSError(err.errno, f"{err.strerror}: {' / '.join(text[-3:])}") from None
@@ -148,7 +129,7 @@ def prog_query(target_fd: int, attach_type: int) -> tuple[int, list[int]]:
             target_fd=target_fd, attach_type=attach_type, prog_ids=ctypes.addressof(ids), prog_cnt=capacity
         )
         try:
-            _bpf(PROG_QUERY, attr)
+            syscalls.bpf(PROG_QUERY, attr)
         except OSError as err:
             if err.errno != errno.ENOSPC:
                 raise
@@ -159,7 +140,7 @@ def prog_query(target_fd: int, attach_type: int) -> tuple[int, list[int]]:
 
 def prog_attach(target_fd: int, prog_fd: int, attach_type: int, flags: int, replace_fd: int = 0) -> None:
     """Attach ``prog_fd``; with F_REPLACE, atomically in place of ``replace_fd``."""
-    _bpf(
+    syscalls.bpf(
         PROG_ATTACH,
         _AttachAttr(
             target_fd=target_fd,
@@ -172,11 +153,11 @@ def prog_attach(target_fd: int, prog_fd: int, attach_type: int, flags: int, repl
 
 
 def prog_get_fd_by_id(prog_id: int) -> int:
-    return _bpf(PROG_GET_FD_BY_ID, _GetFdByIdAttr(prog_id=prog_id))
+    return syscalls.bpf(PROG_GET_FD_BY_ID, _GetFdByIdAttr(prog_id=prog_id))
 
 
 def _prog_info(prog_fd: int, info: _ProgInfo) -> None:
-    _bpf(OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=prog_fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info)))
+    syscalls.bpf(OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=prog_fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info)))
 
 
 def prog_xlated(prog_fd: int) -> bytes:

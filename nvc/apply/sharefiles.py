@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nvc.errors import ContainerError, MountError
-from nvc.plan.request import ShareRequest
-from nvc.plan.share import GRANTED_DIR, STATE_DIR, ShareFiles, container_dir, granted_text, limits_text, sched_dir_for
+from nvc.plan.share import GRANTED_DIR, GRANTED_MAX, STATE_DIR, ShareFiles, container_dir, sched_dir_for
 from nvc.share.region import SIZE as REGION_SIZE
 from nvc.share.sched import SIZE as SCHED_FILE_SIZE
 
@@ -24,7 +23,6 @@ if TYPE_CHECKING:
 
 # The scheduler's tmpfs (native/sched.c): room for this many containers' files and granted limits.
 _SCHED_TENANTS = 1024
-_GRANTED_MAX = 8192       # native/sched.c GRANTED_MAX
 _TMPFS_INODES = 3         # the shared tmpfs's root directory, limits and region
 _MAX_STACKED = 8          # mounts on a container's shared directory that remove() detaches
 
@@ -59,15 +57,16 @@ def write_share_files(dir_fd: int, limits: bytes) -> None:
         os.close(fd)
 
 
-def write_share_dir(path: Path, request: ShareRequest, origin: str = "") -> Path:
-    """A plain ``path/shared`` directory with the shim's files, for plain LD_PRELOAD use through
-    NVC_SHARE_DIR (bench/share, the GPU tests); containers get :func:`make`'s tmpfs. Returns it."""
+def write_share_dir(path: Path, limits: str) -> Path:
+    """A plain ``path/shared`` directory with the shim's files (``limits``: the limits file's text,
+    :func:`nvc.plan.share.limits_text`), for plain LD_PRELOAD use through NVC_SHARE_DIR (bench/share.py,
+    the GPU tests); containers get :func:`make`'s tmpfs. Returns it."""
     shared = path / "shared"
     os.mkdir(shared, 0o755)
     os.chmod(shared, 0o755)
     fd = os.open(shared, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        write_share_files(fd, limits_text(request, origin).encode())
+        write_share_files(fd, limits.encode())
     finally:
         os.close(fd)
     return shared
@@ -89,7 +88,7 @@ def _open_sched_dir(sched_dir: str) -> int:
         parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             if os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_dev == os.fstat(parent_fd).st_dev:
-                size = _SCHED_TENANTS * (SCHED_FILE_SIZE + _GRANTED_MAX)
+                size = _SCHED_TENANTS * (SCHED_FILE_SIZE + GRANTED_MAX)
                 inodes = 2 * _SCHED_TENANTS + 2            # the files, the root and GRANTED_DIR
                 fdmount.mount_tmpfs(parent_fd, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
                                     dest_path=sched_dir, mode=0o755,
@@ -114,13 +113,10 @@ def _ours(fd: int, what: str, path: str) -> int:
     return fd
 
 
-def _write_sched_file(sched_dir: str, container_id: str, limits: str) -> None:
+def _write_sched_file(sched_dir: str, container_id: str, granted: bytes) -> None:
     """The container's scheduler file (0666: the workload may be any uid; only its own bind mount of
     it is writable), allocated now so the shim's writes never need a block; before it, its granted
     limits (``GRANTED_DIR``, root's, 0444), so that a shim that finds the file finds them too."""
-    granted = granted_text(limits).encode()
-    if len(granted) > _GRANTED_MAX:
-        raise ContainerError(f"the compute limits of container {container_id} exceed {_GRANTED_MAX} bytes")
     fd = _open_sched_dir(sched_dir)
     try:
         try:
@@ -180,16 +176,16 @@ def _make_dir(path: str, mode: int, flags: int, what: str) -> int:
 def make(files: ShareFiles, handle: ContainerHandle | None = None) -> None:
     """Make what :func:`nvc.plan.share.files` decided, in the mount namespace the hook runs in (the host's, where the
     runtime runs hooks): the record of the container they belong to (its bundle and init process, the
-    one ``handle`` pins: :mod:`nvc.share.owner`), a tmpfs of fixed size (``tmpfs_options``: the limits file and the
+    one ``handle`` pins: :mod:`nvc.apply.shareowner`), a tmpfs of fixed size (``tmpfs_options``: the limits file and the
     preallocated region, nothing more) on ``<state_dir>/<id>/shared``, filled, so what the container
     may write is that tmpfs, never the host's /run; a scheduled container's file in ``sched_dir``
     (``_open_sched_dir``). On failure at any step, what was made is unmounted and removed again
     (``remove``): nothing is left on the host. A directory that exists already (a stale container's)
     is refused and left alone; a host file that cannot be made (/run full) is one ContainerError."""
-    from nvc.share import owner
+    from nvc.apply import shareowner
 
-    record = owner.encode(owner.of_container(handle, files.bundle))
-    path = container_dir(files.container_id, files.state_dir)
+    record = shareowner.encode(shareowner.of_container(handle, files.bundle))
+    path = files.directory
     state_fd = _open_state_dir(files.state_dir)
     try:
         try:
@@ -202,7 +198,7 @@ def make(files: ShareFiles, handle: ContainerHandle | None = None) -> None:
         try:
             _fill(state_fd, path, record, files.limits.encode(), files.preload.encode())
             if files.scheduled:
-                _write_sched_file(files.sched_dir, files.container_id, files.limits)
+                _write_sched_file(files.sched_dir, files.container_id, files.granted.encode())
         except BaseException as err:
             remove(files.container_id, files.state_dir, files.sched_dir)
             if isinstance(err, OSError):
@@ -222,7 +218,7 @@ def _fill(state_fd: int, path: Path, owner: bytes, limits: bytes, preload: bytes
     shared tmpfs with its files, and ld.so.preload beside it (outside the tmpfs: the container sees
     it only as a read-only bind)."""
     from nvc.apply import fdmount
-    from nvc.share.owner import FILE as OWNER_FILE
+    from nvc.apply.shareowner import FILE as OWNER_FILE
     from nvc.system.syscalls import MountAttr
 
     dir_fd = os.open(path.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=state_fd)
@@ -282,7 +278,7 @@ def remove_stopped(container_id: str, bundle: str, state_dir: str = STATE_DIR) -
     container's (``bundle``: its state's, "" when none): by the owner record prestart wrote, its
     process gone and its bundle the same. A directory without a record (made before records were)
     is removed by id, as it was then."""
-    from nvc.share import owner
+    from nvc.apply import shareowner
 
     container_dir(container_id, state_dir)
     try:
@@ -292,10 +288,10 @@ def remove_stopped(container_id: str, bundle: str, state_dir: str = STATE_DIR) -
         record = None
     else:
         try:
-            record = owner.read(dir_fd)
+            record = shareowner.read(dir_fd)
         finally:
             os.close(dir_fd)
-    if record is None or owner.stopped(record, bundle):
+    if record is None or shareowner.stopped(record, bundle):
         remove(container_id, state_dir)
 
 

@@ -156,7 +156,7 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
 @click.option("--no-gsp-firmware", is_flag=True, help="Leave out GSP firmware.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output, one list per section.")
 @click.option("--nvml", "force_nvml", is_flag=True,
-              help="Ask NVML even where /proc suffices (both sources must agree; bench/discovery times both).")
+              help="Ask NVML even where /proc suffices (both sources must agree; bench/discovery.py times both).")
 @_pass_options
 def list_(
     opts: GlobalOptions,
@@ -340,7 +340,7 @@ def cdi() -> None:
 def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strategy: str,
                  config_path: str | None) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
-    from nvc.commands import cdi as cdi_spec
+    from nvc import cdi as cdi_spec
     from nvc.system import programs
     from nvc.hook.setup import files as setupfiles
 
@@ -368,7 +368,7 @@ def share() -> None:
               help="Where the hook keeps the per-container sharing directories.")
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
-    from nvc.share import status as sharestatus
+    from nvc.commands import sharestatus
     from nvc.system.untrusted import directory_or_missing
 
     directory_or_missing(state_dir)  # missing: no container shares a GPU

@@ -4,11 +4,12 @@ A container asks through its OCI spec: NVIDIA_* variables (the toolkit's names a
 images built for NVIDIA's toolkit keep working), the sharing variables (``NVC_SHARE_*`` and HAMi's
 ``CUDA_DEVICE_*``: :mod:`.sharing`), and ``/dev/null`` volume mounts below
 /var/run/nvidia-container-devices, which a device plugin writes where the kubelet would let a pod's
-own env replace its answer. Every name, keyword and path of that contract is here, with its readers
-(:mod:`.gpus` for devices, capabilities, requirements, MIG files and IMEX channels; :mod:`.sharing`
-for memory, compute and weight limits) and its writers (the device plugin's answer, CDI's spec), so a
-reader and a writer cannot drift apart; ``nvc-py configure``'s ``--mig-*`` and ``--imex-channel``
-flags take the same values. No other module names these variables (tests/test_layers.py).
+own env replace its answer. Every name, keyword, value grammar and path of that contract is here
+(:mod:`.sharing`: the memory, compute and weight limits), with its writers (the device plugin's
+answer, CDI's spec), so a reader and a writer cannot drift apart; ``nvc-py configure``'s ``--mig-*``
+and ``--imex-channel`` flags take the same values. No other module names these variables
+(tests/test_layers.py). The plan reads a container's request from them (:mod:`nvc.plan.fromenv`);
+this package imports nothing of the plan.
 
 Pure and light to import: the hook reads this package at every container start, GPU or not.
 """

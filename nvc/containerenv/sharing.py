@@ -4,8 +4,8 @@ A container asks through ``NVC_SHARE_*`` or, for drop-in compatibility, HAMi's `
 names; a device plugin answers with the same names, keyed by device UUID (:func:`device_limits`),
 in the env or as volume mounts (:func:`share_env`). The grammar is the sharing shim's
 (native/config.c reads the same names for plain LD_PRELOAD use, and the limits file that
-nvc.plan.share writes from what is read here): checked here first, so junk stops the container from
-starting instead of leaving it unlimited. Also here: where in the container the shim and its files
+nvc.plan.share writes from what nvc.plan.fromenv reads with it): checked first, so junk stops the
+container from starting instead of leaving it unlimited. Also here: where in the container the shim and its files
 are (the shim looks there; the hook mounts them there).
 """
 
@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping
 
 from nvc.containerenv import SHARE_VOLUME_DIR, Policy, volume_ids
 from nvc.errors import InputError, shown
-from nvc.plan.request import ShareRequest
 
 # Where the shim looks inside a container (native/config.h NVC_FIXED_DIR) and its files.
 CONTAINER_DIR = "/var/run/nvc-share"
@@ -49,7 +48,7 @@ _SIZE = re.compile(r"([0-9]{1,20})(?:([kKmMgGtT])(i?))?")  # int() takes 4300 di
 _SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
 # A variable's device: ``_<NVML index>`` as the container numbers its GPUs, or ``_<UUID>`` of a GPU or
 # MIG device (what the device plugin writes: it holds whatever index the container gives the device).
-_SCOPE = re.compile(r"_([0-9]{1,3}|(?:GPU|MIG)-[0-9A-Fa-f-]{1,36})")
+SCOPE = re.compile(r"_([0-9]{1,3}|(?:GPU|MIG)-[0-9A-Fa-f-]{1,36})")
 
 
 def parse_size(name: str, text: str) -> int:
@@ -88,7 +87,8 @@ def parse_weight(name: str, text: str) -> int:
     return value
 
 
-def _parse_value(name: str, field: str, text: str, hami: bool) -> int:
+def parse_value(name: str, field: str, text: str, hami: bool) -> int:
+    """A sharing variable's value, by the ShareRequest field it sets (VARIABLES)."""
     if field == "memory":
         return parse_size(name, text)
     if field == "weight":
@@ -96,35 +96,9 @@ def _parse_value(name: str, field: str, text: str, hami: bool) -> int:
     return parse_percent(name, text, hami)
 
 
-def _scope_key(text: str) -> str:
+def scope_key(text: str) -> str:
     """A scope as the limits file names it: an index without leading zeros, a UUID as given."""
     return str(int(text)) if text.isdigit() else text
-
-
-def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
-    """The sharing request in a container's env; None when it asks for no sharing."""
-    found: dict[str, dict[str, int]] = {field: {} for field in ShareRequest._fields}
-    asked = False
-    for prefix, field, hami in VARIABLES:
-        for name in sorted(env):
-            if not name.startswith(prefix):
-                continue
-            rest = name[len(prefix):]
-            scope = _SCOPE.fullmatch(rest)
-            if rest and not scope:
-                if hami:
-                    continue             # another HAMi variable sharing the prefix
-                raise InputError(f"{name}: unknown sharing variable (want {prefix}, {prefix}_<index> or "
-                                 f"{prefix}_<GPU- or MIG- UUID>)")
-            parsed = _parse_value(name, field, env[name], hami)
-            found[field][_scope_key(scope.group(1)) if scope else ""] = parsed
-            asked = True
-    if not asked:
-        return None
-    devices = {scope for values in found.values() for scope in values if scope}
-    if len(devices) > MAX_DEVICES:
-        raise InputError(f"sharing variables name {len(devices)} devices (at most {MAX_DEVICES})")
-    return ShareRequest(**{field: tuple(sorted(values.items())) for field, values in found.items()})
 
 
 def share_env(env: Mapping[str, str], mounts: Iterable[Mapping[str, object]], policy: Policy) -> Mapping[str, str]:
@@ -137,19 +111,6 @@ def share_env(env: Mapping[str, str], mounts: Iterable[Mapping[str, object]], po
         if given:
             return {name: value for name, sep, value in given if sep}
     return env
-
-
-def with_defaults(request: ShareRequest | None, memory: str | None, compute: int | None) -> ShareRequest:
-    """With sharing enabled on the host (config file ``sharing``), every GPU container gets the shim:
-    its own request, with the host's defaults where it set no value for every device."""
-    request = request or ShareRequest()
-    memory_rules, compute_rules = dict(request.memory), dict(request.compute)
-    if memory is not None:
-        memory_rules.setdefault("", parse_size("sharing.device-memory-limit", memory))
-    if compute is not None:
-        compute_rules.setdefault("", parse_percent("sharing.device-sm-limit", str(compute), False))
-    return ShareRequest(memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())),
-                        weight=request.weight)
 
 
 def device_limits(device: str, memory: int, compute: int | None = None, weight: int | None = None) -> dict[str, str]:

@@ -50,7 +50,7 @@ def security_checks() -> list[Check]:
 
 def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config
     """The CDI spec ``cdi generate`` would write now (compared by device names and nodes only)."""
-    from nvc.commands import cdi
+    from nvc import cdi
     from nvc.config.options import parse_user
     from nvc.system import programs
 

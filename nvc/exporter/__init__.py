@@ -1,7 +1,7 @@
 """``nvc-py exporter``: Prometheus metrics of GPU sharing, the hook and the device plugin.
 
 Each scrape reads afresh what the other parts of nvc-py leave on the host: the sharing directories
-(:mod:`nvc.share.status`), the hook's log (:mod:`.hooklog`, read on from where the last scrape
+(:mod:`nvc.commands.sharestatus`), the hook's log (:mod:`.hooklog`, read on from where the last scrape
 stopped), the hook server's socket (:mod:`.unixdiag`), the device plugin's health file
 (:mod:`nvc.k8s.published`) and, not more often than an interval, NVML through a driver helper
 (:mod:`.nvml`). :mod:`.collector` turns one reading into metric families (prometheus_client's

@@ -25,7 +25,7 @@ from nvc.errors import one_line
 from nvc.exporter import hooklog, unixdiag
 from nvc.exporter.nvml import GpuMemory, GpuMemoryCache
 from nvc.k8s import published
-from nvc.share import status as sharestatus
+from nvc.commands import sharestatus
 
 MAX_PROCESSES = 32  # per container, the largest users of device memory first
 MAX_LABEL = 128  # characters of a label value taken from a file

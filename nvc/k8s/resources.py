@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from nvc import containerenv
+from nvc.cdi import qualified_name
 from nvc.config import K8s
 from nvc.model.devices import Gpu
 from nvc.errors import InputError, shown
@@ -227,7 +228,7 @@ def allocate(resource: Resource, ids: Sequence[str], k8s: K8s) -> Answer:
                             for name, value in limits.items())
         else:
             envs.update(limits)
-    cdi = tuple(f"nvidia.com/gpu={uuid}" for uuid in uuids) if k8s.cdi_devices else ()
+    cdi = tuple(qualified_name(uuid) for uuid in uuids) if k8s.cdi_devices else ()
     return Answer(envs, mounts, cdi)
 
 

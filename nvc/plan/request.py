@@ -1,5 +1,5 @@
 """What one container asks for, parsed: the one record from the CLI's ``configure`` flags
-(:func:`from_flags`) or an OCI spec's env (:func:`nvc.containerenv.gpus.gpu_request`) to the plan.
+(:func:`from_flags`) or an OCI spec's env (:func:`nvc.plan.fromenv.gpu_request`) to the plan.
 
 Both producers hand over parsed values (selectors, requirements, channel numbers, MIG switches),
 never strings for a later stage to split again, and :func:`check` holds what every request must

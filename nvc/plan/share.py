@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from nvc.containerenv.sharing import CONTAINER_DIR, CONTAINER_LIBRARY, CONTAINER_PEERS, CONTAINER_SCHED, PRELOAD
-from nvc.errors import InputError
+from nvc.errors import ContainerError, InputError
 from nvc.plan.request import HostMount, ShareRequest
 
 # Host side: the installed shim and the per-container directories (`share status` reads them).
@@ -29,6 +29,7 @@ STATE_DIR = "/run/nvc-py/share"
 # the compute lines of its limits file (0444; no container id starts with '.', so no name clash). Another
 # container's shim takes its weight from there, never from the file the container writes itself.
 GRANTED_DIR = ".granted"
+GRANTED_MAX = 8192  # bytes of one container's granted limits there (native/sched.c GRANTED_MAX)
 
 LIMITS_VERSION = 1
 # The limits file's key for each ShareRequest field (native/config.c).
@@ -40,8 +41,9 @@ class ShareFiles(NamedTuple):
     """GPU sharing's host side of one container, made before its mounts (:func:`nvc.apply.sharefiles.make`):
     ``<state_dir>/<id>/shared``, a tmpfs of fixed size holding the ``limits`` file and the shim's
     region; ``<state_dir>/<id>/ld.so.preload`` beside it; with ``scheduled``, the container's file
-    in the scheduler's directory ``sched_dir`` and its granted compute limits in ``.granted`` there.
-    The container gets them through extra mounts (:func:`mounts`)."""
+    in the scheduler's directory ``sched_dir`` and its granted compute limits (``granted``) in
+    ``.granted`` there. Every file's text is decided here: applying it only writes. The container
+    gets them through extra mounts (:func:`mounts`)."""
 
     container_id: str
     state_dir: str
@@ -50,7 +52,13 @@ class ShareFiles(NamedTuple):
     limits: str  # the limits file's text
     preload: str  # the container's /etc/ld.so.preload
     scheduled: bool = False
-    bundle: str = ""  # the container's OCI bundle, recorded as its owner (nvc.share.owner)
+    bundle: str = ""  # the container's OCI bundle, recorded as its owner (nvc.apply.shareowner)
+    granted: str = ""  # with ``scheduled``: what other containers' shims trust of it (granted_text)
+
+    @property
+    def directory(self) -> Path:
+        """The container's host directory (its id checked by :func:`files`)."""
+        return Path(self.state_dir) / self.container_id
 
 
 def limits_text(request: ShareRequest, origin: str = "") -> str:
@@ -96,16 +104,21 @@ def container_dir(container_id: str, state_dir: str = STATE_DIR) -> Path:
 def files(request: ShareRequest, container_id: str, image_preload: str, *, library: str = HOST_LIBRARY,
           state_dir: str = STATE_DIR, sched_dir: str | None = None, bundle: str = "") -> ShareFiles:
     """The host files of one container (``image_preload``: the image's own /etc/ld.so.preload),
-    decided, not made: an id that cannot name a directory is refused here."""
+    decided, not made: an id that cannot name a directory, granted limits the scheduler's tmpfs has
+    no room for, are refused here."""
     container_dir(container_id, state_dir)
+    limits, takes_part = limits_text(request, origin=f"container {container_id}"), scheduled(request)
+    granted = granted_text(limits) if takes_part else ""
+    if len(granted.encode()) > GRANTED_MAX:
+        raise ContainerError(f"the compute limits of container {container_id} exceed {GRANTED_MAX} bytes")
     return ShareFiles(container_id=container_id, state_dir=state_dir, sched_dir=sched_dir or sched_dir_for(state_dir),
-                      library=library, limits=limits_text(request, origin=f"container {container_id}"),
-                      preload=preload_text(image_preload), scheduled=scheduled(request), bundle=bundle)
+                      library=library, limits=limits, preload=preload_text(image_preload), scheduled=takes_part,
+                      bundle=bundle, granted=granted)
 
 
 def mounts(planned: ShareFiles) -> tuple[HostMount, ...]:
     """Where the container gets the files :func:`nvc.apply.sharefiles.make` makes (its extra mounts)."""
-    path = container_dir(planned.container_id, planned.state_dir)
+    path = planned.directory
     shared = path / "shared"
     found = (
         HostMount(source=planned.library, target=CONTAINER_LIBRARY, readonly=True),

@@ -1,7 +1,8 @@
-"""GPU sharing, what the host keeps of it: the record of whose sharing files they are (:mod:`.owner`)
-and the readers of what the shim writes (:mod:`.region`, :mod:`.sched`) behind ``nvc-py share status``
-(:mod:`.status`). A container's request is read by :mod:`nvc.containerenv.sharing`, its files planned
-by :mod:`nvc.plan.share` and made by :mod:`nvc.apply.sharefiles`.
+"""GPU sharing's shared files, as the host reads them: the layouts of what the shim writes, its
+region (:mod:`.region`) and its scheduler file (:mod:`.sched`), read by ``nvc-py share status``
+(:mod:`nvc.commands.sharestatus`) and sized by :mod:`nvc.apply.sharefiles`. A container's request is
+read by :mod:`nvc.plan.fromenv`, its files planned by :mod:`nvc.plan.share`, made by
+:mod:`nvc.apply.sharefiles` with their owner's record (:mod:`nvc.apply.shareowner`).
 
-May import nvc's basics, planning and applying, nothing above.
+Pure: imports nothing of nvc.
 """

@@ -3,7 +3,7 @@ container's environment, and the device plugin's /dev/null volume mounts that st
 
 The input's lines are the spec's ``process.env`` entries, and a line starting with ``/`` the
 destination of a /dev/null mount. Its first byte's low bits choose the container's privilege and
-the host's policy. Read as the hook reads them (nvc.containerenv.gpus.gpu_request, sharing's
+the host's policy. Read as the hook reads them (nvc.plan.fromenv.gpu_request, sharing's
 share_env and parse_share_env, with the configuration's defaults), then written as the shim's
 limits file (nvc.plan.share.limits_text)."""
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 from target import fuzz, instrumented
 
 with instrumented():
-    from nvc.containerenv import VOLUME_SOURCE, Policy, gpus, parse_env, sharing
+    from nvc.containerenv import VOLUME_SOURCE, Policy, parse_env, sharing
     from nvc.errors import NvcError
-    from nvc.plan import requirements, selection, share  # noqa: F401 - gpu_request's: instrumented here
+    from nvc.plan import fromenv, requirements, selection, share  # noqa: F401 - gpu_request's: instrumented here
 
 
 def one(data: bytes) -> None:
@@ -27,12 +27,12 @@ def one(data: bytes) -> None:
     policy = Policy(accept_envvar_when_unprivileged=bool(flags & 2), accept_volume_mounts=bool(flags & 4),
                     disable_require=bool(flags & 8))
     try:
-        gpus.gpu_request(env, mounts, privileged, policy, [])
+        fromenv.gpu_request(env, mounts, privileged, policy, [])
     except NvcError:
         pass
-    asked = sharing.parse_share_env(sharing.share_env(env, mounts, policy))
+    asked = fromenv.parse_share_env(sharing.share_env(env, mounts, policy))
     if flags & 16:
-        asked = sharing.with_defaults(asked, "512Mi", 30)
+        asked = fromenv.with_defaults(asked, "512Mi", 30)
     if asked is not None:
         share.limits_text(asked, "fuzz")
 

@@ -20,6 +20,7 @@ with instrumented():
 
     from nvc.config import K8s
     from nvc.containerenv import Policy, parse_env, sharing
+    from nvc.plan import fromenv
     from nvc.model.devices import Gpu, MigDevice
     from nvc.k8s import api_pb2 as pb
     from nvc.k8s import resources, service
@@ -83,7 +84,7 @@ def _allocate(plugin: service.DevicePlugin, k8s: K8s, data: bytes) -> None:
         env = parse_env(f"{name}={value}" for name, value in got.envs.items())
         volumes = [{"source": m.host_path, "destination": m.container_path} for m in got.mounts]
         policy = Policy(accept_volume_mounts=k8s.device_list_strategy == "volume-mounts")
-        asked = sharing.parse_share_env(sharing.share_env(env, volumes, policy))
+        asked = fromenv.parse_share_env(sharing.share_env(env, volumes, policy))
         for device, memory in asked.memory if asked else ():
             assert memory <= GPU_MEMORY[device], f"{device} shares {memory} bytes, over its memory"
 

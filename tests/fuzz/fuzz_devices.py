@@ -10,11 +10,11 @@ from target import fuzz, instrumented
 
 with instrumented():
     from nvc.model import capabilities
-    from nvc.containerenv import DRIVER_CAPABILITIES, Policy, gpus, parse_imex_channels
+    from nvc.containerenv import DRIVER_CAPABILITIES, Policy, parse_imex_channels
     from nvc.model.devices import MigDevice
     from nvc.discover.procfs import ProcGpu
     from nvc.errors import NvcError
-    from nvc.plan import requirements, selection
+    from nvc.plan import fromenv, requirements, selection
 
 GPUS = (ProcGpu(0, 0, "NVIDIA H100", "GPU-11111111-2222-4333-8444-555555555500", "00000000:17:00.0"),
         ProcGpu(1, 1, "NVIDIA A100", "GPU-11111111-2222-4333-8444-555555555501", "00000000:65:00.0",
@@ -30,7 +30,7 @@ def _devices(text: str) -> None:
 
 def _capabilities(text: str) -> None:
     capabilities.check(text.split(","))
-    gpus.gpu_request({"NVIDIA_VISIBLE_DEVICES": "all", DRIVER_CAPABILITIES: text}, policy=Policy())
+    fromenv.gpu_request({"NVIDIA_VISIBLE_DEVICES": "all", DRIVER_CAPABILITIES: text}, policy=Policy())
 
 
 def _requirement(text: str) -> None:

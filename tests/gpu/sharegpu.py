@@ -39,12 +39,12 @@ def limits_dir(path: Path, env: dict[str, str]) -> Path:
     """A share directory prepared as the hook prepares it from a container env (e.g. NVC_SHARE_MEMORY_LIMIT)."""
     sys.path.insert(0, str(REPO))
     from nvc.apply import sharefiles
-    from nvc.containerenv import sharing
+    from nvc.plan import fromenv, share
 
-    request = sharing.parse_share_env(env)
+    request = fromenv.parse_share_env(env)
     assert request is not None, env
     path.mkdir(parents=True, exist_ok=True)
-    sharefiles.write_share_dir(path, request)
+    sharefiles.write_share_dir(path, share.limits_text(request))
     return path
 
 

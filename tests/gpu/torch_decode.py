@@ -1,4 +1,4 @@
-"""A launch-bound inference service for bench/share: batch-1 token-by-token generation, requests arriving
+"""A launch-bound inference service for bench/share.py: batch-1 token-by-token generation, requests arriving
 at a fixed rate.
 
     torch_decode.py SECONDS RATE [START_AT]

@@ -1,11 +1,11 @@
-"""A PyTorch GPU workload for bench/share: iterations per second, second by second.
+"""A PyTorch GPU workload for bench/share.py: iterations per second, second by second.
 
     torch_load.py WORKLOAD SECONDS [START_AT]
 
 WORKLOAD: matmul (bf16 8192x8192 @ 8192x8192, ~1.6 ms kernels on an H100), conv (bf16 3x3
 convolution, 64x256x56x56, cuDNN), train (an MLP's forward, backward and AdamW step under bf16
 autocast: dozens of kernels from microseconds to about a millisecond), and the real workloads of
-bench/share (torch_models.py): transformer (a decoder-only transformer's training step), resnet-train
+bench/share.py (torch_models.py): transformer (a decoder-only transformer's training step), resnet-train
 (a ResNet-50 training step), resnet-infer (ResNet-50 inference). After a warm-up it waits
 until START_AT (a time.time() value; concurrent runs start together; "late S" if its warm-up ended S
 seconds after it), then prints "sec I N" for each

@@ -1,4 +1,4 @@
-"""Real training and inference steps for bench/share and the sharing GPU tests, defined here so that
+"""Real training and inference steps for bench/share.py and the sharing GPU tests, defined here so that
 nothing is downloaded (no pretrained weights, no torchvision): each factory builds its model on the
 GPU and returns one step as a callable.
 

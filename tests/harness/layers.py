@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hook"}
 
 # Each layer: modules, or packages standing for every module in them; the longest match wins
-# (nvc.share.status, the status command, sits above the rest of nvc.share; nvc.commands.cli, the
-# program, and its setup commands, which drive nvc.hook's engine registration, above the commands it runs).
+# (nvc.commands.cli, the program, and its setup commands, which drive nvc.hook's engine
+# registration, sit above the commands it runs).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.system", "nvc.config", "nvc.model"})),
     ("discover", frozenset({"nvc.discover"})),
@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
     ("rpc", frozenset({"nvc.rpc"})),
     ("pipeline", frozenset({"nvc.pipeline"})),
-    ("commands", frozenset({"nvc.commands", "nvc.share.status", "nvc.k8s"})),
+    ("commands", frozenset({"nvc.commands", "nvc.cdi", "nvc.k8s"})),
     ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.commands.engine_setup", "nvc.hook", "nvc.doctor",
                            "nvc.exporter"})),
 )

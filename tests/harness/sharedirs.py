@@ -13,9 +13,8 @@ from fakedriver.activate import private_mounts as private_mount_namespace
 
 from nvc.apply import sharefiles
 from nvc.apply.container import ContainerHandle
-from nvc.containerenv import sharing
-from nvc.plan import share
 from nvc.pipeline.configure import share_files
+from nvc.plan import fromenv, share
 from nvc.plan.request import ShareRequest
 
 from .shim import SHIM
@@ -43,7 +42,7 @@ def prepared(state: Path, container_id: str, env: dict[str, str], pid: int | Non
     process ``pid``; returns its shared directory (a tmpfs: callers run in a private mount namespace)."""
     rootfs = state.parent / f"rootfs-{container_id}"
     rootfs.mkdir(exist_ok=True)
-    prepare(sharing.parse_share_env(env), container_id, str(rootfs), pid, library=str(SHIM), state_dir=str(state))
+    prepare(fromenv.parse_share_env(env), container_id, str(rootfs), pid, library=str(SHIM), state_dir=str(state))
     return state / container_id / "shared"
 
 

@@ -4,7 +4,7 @@ Each prepared claim is a CDI spec of its own, kind ``<driver>/claim``, one CDI d
 device, named ``<claim UID>-<device>`` (so the spec is the claim's alone, and removing it unprepares
 the claim). What a CDI device carries:
 
-- a claim without sharing: the device's edits from nvc-py's CDI generator (nvc.commands.cdi: device
+- a claim without sharing: the device's edits from nvc-py's CDI generator (nvc.cdi: device
   nodes, and the driver's files, control nodes and hooks as the spec's common edits); any runtime
   that injects CDI devices gives the container the GPU, no nvc-py hook needed;
 - a shared claim (params.Sharing): what the device plugin answers for ``nvc-py.io/gpu-share``: the

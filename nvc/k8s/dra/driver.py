@@ -65,7 +65,7 @@ class Driver:
     # ---- discovery and slices ------------------------------------------------------------------
 
     def discover(self) -> bool:
-        from nvc.commands import cdi
+        from nvc import cdi
         from nvc.system import programs
         from nvc.rpc import driver_service
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/exporter: what one scrape of ``nvc-py exporter`` costs over N sharing containers (default 200).
+"""bench/exporter.py: what one scrape of ``nvc-py exporter`` costs over N sharing containers (default 200).
 
 The containers are made as the hook makes them (nvc.plan.share.files, nvc.apply.sharefiles.make: each its own tmpfs,
 limits, owner record and scheduler file), then given what their shim would have written: a region
@@ -7,12 +7,12 @@ with one device and four processes (one of them running in this process's pid na
 host-pid lookup is paid) and a scheduler entry with a launch just now. Prints, for RUNS scrapes each
 (default 15), the median, minimum and maximum in ms of:
 
-* ``share status``'s reading alone (nvc.share.status.status: the directories and one pass over /proc);
+* ``share status``'s reading alone (nvc.commands.sharestatus.status: the directories and one pass over /proc);
 * the collector: that reading, the hook log's new lines, the hook socket and the families, rendered;
 * a whole scrape over HTTP of the installed ``nvc-py exporter`` (without NVML: its reads are
   at most one per interval, whatever the scrape rate), as Prometheus gets it.
 
-Run as root with nvc-py's interpreter: /usr/lib/nvc-py/venv/bin/python bench/exporter [N] [RUNS]
+Run as root with nvc-py's interpreter: /usr/lib/nvc-py/venv/bin/python bench/exporter.py [N] [RUNS]
 It runs itself again in a private mount namespace (unshare -m), so its tmpfs mounts go with it.
 """
 
@@ -43,15 +43,14 @@ def make_containers(state: Path, count: int) -> None:
     from harness.shareregion import Device, Entry, Slot, region_bytes, sched_bytes
     from nvc.apply import sharefiles
     from nvc.apply.container import ContainerHandle
-    from nvc.containerenv import sharing
-    from nvc.plan import share
+    from nvc.plan import fromenv, share
 
     key = "4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
     own = Slot(os.getpid(), int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]),
                os.stat("/proc/self/ns/pid").st_ino, [512 << 20])
     region = region_bytes([Device(key, 4 << 30, 50, 10**10, 10**9, 12345)],
                           [own] + [Slot(100 + i, 1, 1, [256 << 20]) for i in range(3)])
-    request = sharing.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50",
+    request = fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50",
                                        "NVC_SHARE_WEIGHT": "2"})
     sched_dir = Path(share.sched_dir_for(str(state)))
     for i in range(count):
@@ -94,7 +93,7 @@ def measure(work: Path, state: Path, log: Path, count: int, runs: int) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from nvc.exporter.collector import Collector, Sources
-    from nvc.share import status as sharestatus
+    from nvc.commands import sharestatus
 
     sources = Sources(str(state), str(log), str(work / "hook.sock"), str(work / "device-plugin.json"))
     registry = CollectorRegistry()
@@ -113,12 +112,12 @@ def measure(work: Path, state: Path, log: Path, count: int, runs: int) -> None:
         exporter.terminate()
         exporter.wait()
     processes = sum(name.isdigit() for name in os.listdir("/proc"))
-    print(f"== bench/exporter: {count} sharing containers (fake regions: no GPU), {runs} scrapes each ==")
+    print(f"== bench/exporter.py: {count} sharing containers (fake regions: no GPU), {runs} scrapes each ==")
     print(f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs, {processes} processes; "
           f"python {sys.version.split()[0]}; a scrape is {size} bytes")
     print(f"{'':<44} {'median ms':>9} {'min':>8} {'max':>8}")
     print("-" * 72)
-    print(row("share status reading (nvc.share.status)", status_times))
+    print(row("share status reading (nvc.commands.sharestatus)", status_times))
     print(row("collector: reading + families, rendered", collector_times))
     print(row("HTTP scrape of `nvc-py exporter`", http_times))
 

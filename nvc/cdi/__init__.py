@@ -1,4 +1,6 @@
-"""``nvc-py cdi generate``: a Container Device Interface spec for this host's GPUs.
+"""CDI generation, the one place a Container Device Interface spec for this host's GPUs is written
+(``nvc-py cdi generate``, ``nvc-py doctor``'s check of the specs in place) and CDI devices are named
+(:func:`qualified_name`: the device plugin's answer).
 
 With CDI the engine itself (podman >= 4.1, containerd >= 1.7 with enable_cdi) applies the
 edits: device nodes, driver file mounts, and ``createContainer`` hooks that run
@@ -6,7 +8,9 @@ edits: device nodes, driver file mounts, and ``createContainer`` hooks that run
 ``nvidia.com/gpu``: one device per GPU and per MIG device, plus ``all``. Every hook carries
 an explicit environment: a hook without one inherits the container's (CVE-2025-23266).
 
-Planning is pure over discovered facts (:func:`build`); :func:`generate` does the discovery.
+Planning is pure over discovered facts (:func:`build`); :func:`generate` does the discovery
+through the driver helper, so this package sits beside the commands, above nvc.rpc. The device
+nodes' spec form, shared with the runtime wrapper, is :mod:`.devnodes`.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ def _links(libraries: Sequence[str]) -> list[str]:
 def common_edits(root: str, files: DriverFiles, control: Sequence[DeviceNode], hook_path: str,
                  hook_env: list[str]) -> dict[str, Any]:
     """Edits every device brings: control nodes, driver files, the link and ld cache hooks."""
-    from nvc.commands.devnodes import spec_device
+    from nvc.cdi.devnodes import spec_device
 
     libraries = [mountplan.inner_path(root, lib) for lib in files.libraries]
     mounts = [_mount(root, p, MOUNT_OPTIONS) for p in (*files.libraries, *files.binaries, *files.firmwares)]
@@ -89,7 +93,7 @@ def device_names(gpus: Sequence[Any], strategy: str) -> list[tuple[str, Selectio
 def build(root: str, files: DriverFiles, gpus: Sequence[Any], control: Sequence[DeviceNode], nodes_of: NodesOf,
           hook_path: str, hook_env: list[str], strategy: str = "index") -> dict[str, Any]:
     """The CDI spec document."""
-    from nvc.commands.devnodes import spec_device
+    from nvc.cdi.devnodes import spec_device
 
     devices = []
     every: dict[str, dict[str, Any]] = {}
@@ -100,6 +104,12 @@ def build(root: str, files: DriverFiles, gpus: Sequence[Any], control: Sequence[
     devices.append({"name": "all", "containerEdits": {"deviceNodes": list(every.values())}})
     return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices,
             "containerEdits": common_edits(root, files, control, hook_path, hook_env)}
+
+
+def qualified_name(device: str) -> str:
+    """The fully qualified CDI name of device ``device`` of the spec (``nvidia.com/gpu=<device>``),
+    as an engine is asked for it."""
+    return f"{KIND}={device}"
 
 
 def render(spec: dict[str, Any], fmt: str) -> str:
@@ -114,7 +124,7 @@ def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: st
              hook_env: list[str]) -> dict[str, Any]:
     """Discover the driver under ``root`` and build its spec (NVML is asked: MIG devices need it);
     ``hook``: the installed program the spec's createContainer hooks run."""
-    from nvc.commands import devnodes
+    from nvc.cdi import devnodes
     from nvc.discover import driver, nodes, procfs
     from nvc.plan.request import Request
     from nvc.rpc import driver_service

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/share: libnvc-share's overhead and compute share on a real GPU, native baseline measured
+"""bench/share.py: libnvc-share's overhead and compute share on a real GPU, native baseline measured
 in the same run. Prints two tables:
 
 * cudaMalloc+cudaFree (1 MiB) pair and empty-kernel launch medians, native vs the shim with a memory
@@ -26,7 +26,7 @@ samples, native and shim runs interleaved in pairs so clock drift hits both; the
 median of the pairs' differences (a 1 MiB cudaMalloc+cudaFree varies by +-20 us from one process
 to the next, far more than the shim costs, so unpaired medians of a few runs mostly measure that).
 Every process runs on one CPU (this process's last allowed one).
-Usage: bench/share [RUNS] [SAMPLES] [PARTS]   (PARTS: comma-separated of overhead,fma,duty,torch,weights,real,
+Usage: bench/share.py [RUNS] [SAMPLES] [PARTS]   (PARTS: comma-separated of overhead,fma,duty,torch,weights,real,
 launch-bound;
 default all; torch:WORKLOAD runs one PyTorch workload's rows; duty, the host's own speed under a duty cycle,
 comes with the training step's rows; real: caps and weighted tenants on real workloads (tests/gpu/torch_models.py),

@@ -14,7 +14,7 @@ command (``true``), a fresh rootfs copy per container made before the clock star
   hooks.d entry, no GPU         nothing asked: what the hook costs every other container
 
 Medians of the rounds, each as its overhead over the no-hook start of the same run. Run it with the
-interpreter of the installed nvc-py (``/usr/lib/nvc-py/venv/bin/python bench/hooksd_start``).
+interpreter of the installed nvc-py (``/usr/lib/nvc-py/venv/bin/python bench/hooksd_start.py``).
 """
 
 from __future__ import annotations
@@ -44,13 +44,13 @@ def main() -> int:
     args = parser.parse_args()
     from nvc.hook.setup import hooksdirs
 
-    runtime = shutil.which(args.runtime) or sys.exit(f"bench/hooksd_start: {args.runtime} not found")
+    runtime = shutil.which(args.runtime) or sys.exit(f"bench/hooksd_start.py: {args.runtime} not found")
     resolved = hooksdirs.resolve(hooksdirs.PODMAN)
     entry_file = Path(resolved.target) / "oci-nvc-py-hook.json"
     if not entry_file.is_file():
-        sys.exit(f"bench/hooksd_start: no {entry_file}: install the package, or run `nvc-py setup podman`")
+        sys.exit(f"bench/hooksd_start.py: no {entry_file}: install the package, or run `nvc-py setup podman`")
     hook = json.loads(entry_file.read_text())["hook"]
-    print(f"== bench/hooksd_start: {hooksdirs.described(hooksdirs.PODMAN, resolved)}; entry {entry_file}: "
+    print(f"== bench/hooksd_start.py: {hooksdirs.described(hooksdirs.PODMAN, resolved)}; entry {entry_file}: "
           f"{hook['path']} {' '.join(hook['args'][1:])}; runtime {runtime}; {args.runs} rounds ==", flush=True)
     times: dict[str, list[float]] = {label: [] for label, _ in ROWS}
     failures = []

@@ -67,7 +67,7 @@ def default_nvc_py() -> str:
         return str(beside)
     found = shutil.which("nvc-py")
     if found is None:
-        sys.exit("bench/discovery: nvc-py not found (install it, or pass --nvc-py)")
+        sys.exit("bench/discovery.py: nvc-py not found (install it, or pass --nvc-py)")
     return found
 
 
@@ -97,7 +97,7 @@ def run_once(argv: tuple[str, ...], sock: str | None = None) -> tuple[float, str
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     elapsed = (time.perf_counter() - start) * 1000
     if done.returncode != 0:
-        sys.exit(f"bench/discovery: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+        sys.exit(f"bench/discovery.py: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
     return elapsed, done.stdout
 
 
@@ -187,7 +187,7 @@ def table(all_cases: list[Case], times: dict[str, list[float]]) -> str:
 def fake_driver() -> Iterator[str]:
     """Build and activate the fake driver (test double); yield its driver root."""
     if os.geteuid() != 0:
-        sys.exit("bench/discovery: the fake driver needs root (a private mount namespace over /proc and /dev)")
+        sys.exit("bench/discovery.py: the fake driver needs root (a private mount namespace over /proc and /dev)")
     from fakedriver.activate import activate
     from fakedriver.build import build
 
@@ -213,7 +213,7 @@ def main() -> int:
     nvc_py = args.nvc_py or default_nvc_py()
     python = program_interpreter(nvc_py)
     if python is None:
-        sys.exit(f"bench/discovery: no Python program behind {nvc_py}; pass --nvc-py")
+        sys.exit(f"bench/discovery.py: no Python program behind {nvc_py}; pass --nvc-py")
     real = Path("/proc/driver/nvidia/version").exists() and not args.fake
 
     work = Path(tempfile.mkdtemp(prefix="nvc-bench-discovery-"))
@@ -222,9 +222,9 @@ def main() -> int:
             hook_server(Path(nvc_py).with_name("nvc-py-hook"), sock):
         if real:
             driver = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
-            print(f"== bench/discovery: REAL NVIDIA driver ({driver.strip()}) ==")
+            print(f"== bench/discovery.py: REAL NVIDIA driver ({driver.strip()}) ==")
         else:
-            print("== bench/discovery: FAKE driver (test double, one fake H100): NOT GPU results ==")
+            print("== bench/discovery.py: FAKE driver (test double, one fake H100): NOT GPU results ==")
         print(f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; nvc-py: {nvc_py}; "
               f"python: {python}; {args.runs} timed runs each after one warm-up, interleaved")
         all_cases = cases(nvc_py, python, root, str(sock), no_server)

@@ -1,9 +1,9 @@
 """Device nodes of a GPU request, and their OCI spec form (``linux.devices`` + device cgroup rules).
 
-The runtime wrapper and the CDI generator put the nodes in the spec itself, so that the
-runtime creates them and owns their cgroup rules: rules added behind the runtime's back
-(by a hook) vanish on a systemd daemon-reload, the reference stack's best-known failure.
-Which nodes a request needs is the pipeline's (:func:`nvc.pipeline.configure.device_nodes`).
+The runtime wrapper (:mod:`nvc.hook.oci.runtime`) and the CDI generator (:mod:`nvc.cdi`) put the
+nodes in the spec itself, so that the runtime creates them and owns their cgroup rules: rules added
+behind the runtime's back (by a hook) vanish on a systemd daemon-reload, the reference stack's
+best-known failure. Which nodes a request needs is the pipeline's (:func:`nvc.pipeline.configure.device_nodes`).
 """
 
 from __future__ import annotations

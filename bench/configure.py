@@ -103,7 +103,7 @@ def default_script(name: str) -> str:
     beside = Path(sysconfig.get_path("scripts")) / name
     found = str(beside) if beside.is_file() else shutil.which(name)
     if found is None:
-        sys.exit(f"bench/configure: {name} not found (install nvc-py)")
+        sys.exit(f"bench/configure.py: {name} not found (install nvc-py)")
     return found
 
 
@@ -190,7 +190,7 @@ def main() -> int:
     if args.runs < 10:
         parser.error("--runs must be at least 10")
     runtime = args.runtime or ("crun" if shutil.which("crun") else "runc")
-    runtime = shutil.which(runtime) or sys.exit(f"bench/configure: {runtime} not found")
+    runtime = shutil.which(runtime) or sys.exit(f"bench/configure.py: {runtime} not found")
     nvc, hook_script = default_script("nvc-py"), default_script("nvc-py-hook")
     python = program_interpreter(nvc) or sys.executable
     real = Path("/proc/driver/nvidia/version").exists() and not args.fake
@@ -198,10 +198,10 @@ def main() -> int:
         work = Path(tmp)
         if real:
             driver = Path("/proc/driver/nvidia/version").read_text().splitlines()[0].strip()
-            print(f"== bench/configure: REAL NVIDIA driver ({driver}) ==")
+            print(f"== bench/configure.py: REAL NVIDIA driver ({driver}) ==")
             root, activation = "/", nullcontext()
         else:
-            print("== bench/configure: FAKE driver (test double, one fake H100): NOT GPU results ==")
+            print("== bench/configure.py: FAKE driver (test double, one fake H100): NOT GPU results ==")
             from fakedriver.activate import activate
             from fakedriver.build import build
 

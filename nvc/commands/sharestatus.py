@@ -8,7 +8,7 @@ opened, the region read only at its exact size) and reports what it found instea
 from there is escaped when shown (no forged lines, no terminal escapes). The processes listed are
 the ones the container reports, with the memory it reports for them: a host pid is shown only for
 a reported process found in the container's own pid namespace (recorded by the hook at prestart:
-:mod:`nvc.share.owner`), never for one the container claims elsewhere.
+:mod:`nvc.apply.shareowner`), never for one the container claims elsewhere.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from nvc.errors import one_line
 from nvc.plan import share
-from nvc.share import owner
+from nvc.apply import shareowner
 from nvc.system import untrusted
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
@@ -137,7 +137,7 @@ def container_share(state_fd: int, cid: str, directory: str,
     try:
         dir_fd = _open_dir(state_fd, cid, directory)
         try:
-            record = owner.read(dir_fd)
+            record = shareowner.read(dir_fd)
             shared_fd = _open_dir(dir_fd, "shared", f"{directory}/shared")
         finally:
             os.close(dir_fd)

@@ -365,10 +365,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="nvc-hook-load-") as tmp:
         work = Path(tmp)
         if real:
-            print("== bench/hook_load: real NVIDIA driver on this host ==")
+            print("== bench/hook_load.py: real NVIDIA driver on this host ==")
             root, activation = "/", nullcontext()
         else:
-            print("== bench/hook_load: no NVIDIA driver used; FAKE driver (test double), not GPU results ==")
+            print("== bench/hook_load.py: no NVIDIA driver used; FAKE driver (test double), not GPU results ==")
             from fakedriver.activate import activate
             from fakedriver.build import build
 

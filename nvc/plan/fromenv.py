@@ -1,27 +1,29 @@
-"""What a container asks for, read from its OCI spec: the NVIDIA_* variables and device volume mounts.
+"""What a container asks for, read from its OCI spec into the plan's records: the NVIDIA_* variables
+and device volume mounts (:func:`gpu_request`), the sharing variables (:func:`parse_share_env`).
 
 Pure: takes the spec's environment, mounts and privilege, plus the host's policy, and returns the
 parsed :class:`~nvc.plan.request.Request` of its devices, capabilities, requirements, MIG files and
-IMEX channels (or ``None`` for a container that wants no GPU); the hook adds where it goes (rootfs,
-pid) and the host's choices. Existing images built for NVIDIA's toolkit must keep working, so the
-grammar follows the toolkit's (see the reference note).
+IMEX channels (or ``None`` for a container that wants no GPU) and its
+:class:`~nvc.plan.request.ShareRequest`; the hook adds where it goes (rootfs, pid) and the host's
+choices. The names, keywords and value grammar are the contract's (:mod:`nvc.containerenv`), which
+imports nothing of the plan. Existing images built for NVIDIA's toolkit must keep working, so the
+grammar follows the toolkit's (see the reference note). Light to import (the hook reads this module
+at every container start, GPU or not): a GPU container's parsers are imported when it asks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from nvc.model.capabilities import CAPABILITIES
 from nvc.containerenv import (ALL, CUDA_VERSION, DEFAULT_CAPABILITIES, DEVICE_VOLUME_DIR, DISABLE_REQUIRE,
                               DRIVER_CAPABILITIES, IMEX_CHANNELS, IMEX_VOLUME_DIR, MIG_CONFIG_DEVICES,
                               MIG_MONITOR_DEVICES, NONE, REQUIRE_CUDA, REQUIRE_JETPACK, REQUIRE_PREFIX, TRUE_WORDS,
                               VISIBLE_DEVICES, VOID, Policy, imex_channel, split, volume_ids)
+from nvc.containerenv.sharing import MAX_DEVICES, SCOPE, VARIABLES, parse_percent, parse_size, parse_value, scope_key
 from nvc.errors import InputError, shown
+from nvc.plan.request import Request, ShareRequest
 from nvc.system.untrusted import decimal
-
-if TYPE_CHECKING:
-    from nvc.plan.request import Request
 
 
 def _is_legacy(env: Mapping[str, str]) -> bool:
@@ -151,8 +153,7 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
     devices = _visible_devices(env, mounts, privileged, policy, warnings)
     if devices is False:
         return None
-    from nvc.plan import requirements, selection  # a GPU container's: its record and parsers
-    from nvc.plan.request import Request
+    from nvc.plan import requirements, selection  # a GPU container's parsers
 
     capabilities = frozenset(_capabilities(env, policy))
     wanted = _requirements(env, policy)
@@ -166,3 +167,42 @@ def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | Non
         mig_monitor=mig_monitor,
         imex_channels=imex_channels,
     )
+
+
+def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
+    """The sharing request in a container's env; None when it asks for no sharing."""
+    found: dict[str, dict[str, int]] = {field: {} for field in ShareRequest._fields}
+    asked = False
+    for prefix, field, hami in VARIABLES:
+        for name in sorted(env):
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix):]
+            scope = SCOPE.fullmatch(rest)
+            if rest and not scope:
+                if hami:
+                    continue             # another HAMi variable sharing the prefix
+                raise InputError(f"{name}: unknown sharing variable (want {prefix}, {prefix}_<index> or "
+                                 f"{prefix}_<GPU- or MIG- UUID>)")
+            parsed = parse_value(name, field, env[name], hami)
+            found[field][scope_key(scope.group(1)) if scope else ""] = parsed
+            asked = True
+    if not asked:
+        return None
+    devices = {scope for values in found.values() for scope in values if scope}
+    if len(devices) > MAX_DEVICES:
+        raise InputError(f"sharing variables name {len(devices)} devices (at most {MAX_DEVICES})")
+    return ShareRequest(**{field: tuple(sorted(values.items())) for field, values in found.items()})
+
+
+def with_defaults(request: ShareRequest | None, memory: str | None, compute: int | None) -> ShareRequest:
+    """With sharing enabled on the host (config file ``sharing``), every GPU container gets the shim:
+    its own request, with the host's defaults where it set no value for every device."""
+    request = request or ShareRequest()
+    memory_rules, compute_rules = dict(request.memory), dict(request.compute)
+    if memory is not None:
+        memory_rules.setdefault("", parse_size("sharing.device-memory-limit", memory))
+    if compute is not None:
+        compute_rules.setdefault("", parse_percent("sharing.device-sm-limit", str(compute), False))
+    return ShareRequest(memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())),
+                        weight=request.weight)
