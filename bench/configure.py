@@ -81,19 +81,25 @@ class Row(NamedTuple):
     tuned: bool = False
 
 
-ROWS = (Row("no hook", "none"),
-        Row("nvc-py-hook, GPU 0, served", "hook", served=True),
-        Row("nvc-py-hook, GPU 0, no server", "hook"),
-        Row("nvc-py-hook, no GPU, served", "hook", served=True, gpu=False),
-        Row("nvc-py-hook, no GPU, no server", "hook", gpu=False),
-        Row("sh + nvc-py configure, no server", "cli"),
-        Row("sh + client + server configure", "cli", served=True),
-        Row("TUNED nvc-py-hook, GPU 0, served", "hook", served=True, tuned=True),
-        Row("TUNED nvc-py-hook, GPU 0, no server", "hook", tuned=True))
+ROWS = (
+    Row("no hook", "none"),
+    Row("nvc-py-hook, GPU 0, served", "hook", served=True),
+    Row("nvc-py-hook, GPU 0, no server", "hook"),
+    Row("nvc-py-hook, no GPU, served", "hook", served=True, gpu=False),
+    Row("nvc-py-hook, no GPU, no server", "hook", gpu=False),
+    Row("sh + nvc-py configure, no server", "cli"),
+    Row("sh + client + server configure", "cli", served=True),
+    Row("TUNED nvc-py-hook, GPU 0, served", "hook", served=True, tuned=True),
+    Row("TUNED nvc-py-hook, GPU 0, no server", "hook", tuned=True),
+)
 CLI_ROWS = tuple(i for i, row in enumerate(ROWS) if row.kind == "cli")
 STAGES = ("discovery+plan", "setup", "mounts", "ldconfig", "cgroup", "finish")
-STAGE_LABELS = {"setup": "apply setup (ldconfig fork, helper imports)", "finish": "finish (helpers exit)",
-                "between": "between stages (lazy imports, helper fork)", "exit": "exit"}
+STAGE_LABELS = {
+    "setup": "apply setup (ldconfig fork, helper imports)",
+    "finish": "finish (helpers exit)",
+    "between": "between stages (lazy imports, helper fork)",
+    "exit": "exit",
+}
 TIMING = re.compile(r"^[DI](\d{4} \d\d:\d\d:\d\d\.\d{6}) (\d+) \S+\] timing (\S+) ([\d.]+) ms")
 
 
@@ -148,8 +154,7 @@ def hook_stages(log: str, via: str | None) -> list[dict[str, float]]:
             by_pid.setdefault(m[2], {})[m[3]] = float(m[4])
         elif line.startswith("{"):
             record = json.loads(line)
-            if (record.get("devices") == ["0"] and record.get("outcome") == "configured"
-                    and record.get("via") == via):
+            if record.get("devices") == ["0"] and record.get("outcome") == "configured" and record.get("via") == via:
                 runs.append({**by_pid.get(str(record["pid"]), {}), "duration_ms": record["duration_ms"]})
     return runs[1:]  # the first run warms caches
 
@@ -168,17 +173,32 @@ def print_cli_stages(title: str, stages: list[dict[str, float]], floors: list[fl
     starts = [s["start"] for s in stages]
     if floors is not None:
         interp = statistics.median(floors)
-        print(median_row("interpreter floor (python -I -S -c pass)", floors,
-                         f"{interp / wall:.0%} (separate runs, same interpreter)"))
-        print(median_row("imports, arguments (start - floor)", [s - interp for s in starts],
-                         f"{(statistics.median(starts) - interp) / wall:.0%}"))
+        print(
+            median_row(
+                "interpreter floor (python -I -S -c pass)",
+                floors,
+                f"{interp / wall:.0%} (separate runs, same interpreter)",
+            )
+        )
+        print(
+            median_row(
+                "imports, arguments (start - floor)",
+                [s - interp for s in starts],
+                f"{(statistics.median(starts) - interp) / wall:.0%}",
+            )
+        )
     else:
         print(median_row("client, hand-over, arguments (start)", starts, f"{statistics.median(starts) / wall:.0%}"))
     for name in (*STAGES, "between", "exit"):
         values = [s.get(name, 0.0) for s in stages]
         print(median_row(STAGE_LABELS.get(name, name), values, f"{statistics.median(values) / wall:.0%}"))
-    print(median_row("configure wall (in the hook)", [s["wall"] for s in stages],
-                     f"{wall / baseline:.2f} x the no-hook container start"))
+    print(
+        median_row(
+            "configure wall (in the hook)",
+            [s["wall"] for s in stages],
+            f"{wall / baseline:.2f} x the no-hook container start",
+        )
+    )
 
 
 def main() -> int:
@@ -208,25 +228,36 @@ def main() -> int:
             fake = build(FAKE_MACHINE, work / "fake")
             root, activation = str(fake.root), activate(fake)
         version = subprocess.run([runtime, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-        print(f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; runtime: {version}; "
-              f"nvc-py: {nvc}; python: {python}; {args.runs} rounds after one warm-up, rows interleaved", flush=True)
+        print(
+            f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; runtime: {version}; "
+            f"nvc-py: {nvc}; python: {python}; {args.runs} rounds after one warm-up, rows interleaved",
+            flush=True,
+        )
         sock = work / "run" / "hook.sock"
         wrappers = {}
         for row_no in CLI_ROWS:
-            command = f"NVC_PY_HOOK_SOCKET={sock} {client_path()} {nvc}" if ROWS[row_no].served else \
-                f"NVC_PY_HOOK_SOCKET=none {nvc}"
+            command = (
+                f"NVC_PY_HOOK_SOCKET={sock} {client_path()} {nvc}"
+                if ROWS[row_no].served
+                else f"NVC_PY_HOOK_SOCKET=none {nvc}"
+            )
             wrappers[row_no] = work / f"configure-hook-{row_no}.sh"
             wrappers[row_no].write_text(WRAPPER.format(nvc=command, root=root, work=work, args=CONFIGURE_ARGS))
             wrappers[row_no].chmod(0o755)
         hooks_by_config = {}
-        for tuned, settings in ((False, f"log: {{file: {work / 'hook.log'}}}"),
-                                (True, f"load-kmods: false\nlog: {{file: {work / 'tuned.log'}, level: debug}}")):
+        for tuned, settings in (
+            (False, f"log: {{file: {work / 'hook.log'}}}"),
+            (True, f"load-kmods: false\nlog: {{file: {work / 'tuned.log'}, level: debug}}"),
+        ):
             config = work / f"config-{'tuned' if tuned else 'default'}.yaml"
             config.write_text(f"root: {root}\n{settings}\n")
             hook_env = [HOOK_PATH, f"NVC_PY_CONFIG={config}"]
             # The direct rows forbid a hand-over (no server of the host's own answers them).
-            hooks_by_config[tuned, False] = {"path": hook_script, "args": ["nvc-py-hook", "prestart"],
-                                             "env": [*hook_env, "NVC_PY_HOOK_SOCKET=none"]}
+            hooks_by_config[tuned, False] = {
+                "path": hook_script,
+                "args": ["nvc-py-hook", "prestart"],
+                "env": [*hook_env, "NVC_PY_HOOK_SOCKET=none"],
+            }
             hooks_by_config[tuned, True] = client_hook(hook_script, sock, hook_env)
         base = RootfsCache(work / "cache").get("debian")
         state = work / "state"
@@ -244,8 +275,11 @@ def main() -> int:
                     hooks, env = None, {}
                     if row.kind == "cli":
                         wrapper = wrappers[row_no]
-                        hooks = {"prestart": [{"path": str(wrapper), "args": [wrapper.name, tag, str(rootfs)],
-                                               "env": [HOOK_PATH]}]}
+                        hooks = {
+                            "prestart": [
+                                {"path": str(wrapper), "args": [wrapper.name, tag, str(rootfs)], "env": [HOOK_PATH]}
+                            ]
+                        }
                     elif row.kind == "hook":
                         hooks = {"prestart": [hooks_by_config[row.tuned, row.served]]}
                         env = {"NVIDIA_VISIBLE_DEVICES": "0"} if row.gpu else {}
@@ -263,10 +297,14 @@ def main() -> int:
         hook_err = (work / "hook.err").read_text() if (work / "hook.err").exists() else ""
         hook_log = (work / "hook.log").read_text() if (work / "hook.log").exists() else ""
         tuned_log = (work / "tuned.log").read_text() if (work / "tuned.log").exists() else ""
-        durations = {"served": [r["duration_ms"] for r in hook_stages(hook_log, "server")],
-                     "no server": [r["duration_ms"] for r in hook_stages(hook_log, None)]}
-        hook_runs = {"TUNED nvc-py-hook, GPU 0, no server": hook_stages(tuned_log, None),
-                     "TUNED nvc-py-hook, GPU 0, served": hook_stages(tuned_log, "server")}
+        durations = {
+            "served": [r["duration_ms"] for r in hook_stages(hook_log, "server")],
+            "no server": [r["duration_ms"] for r in hook_stages(hook_log, None)],
+        }
+        hook_runs = {
+            "TUNED nvc-py-hook, GPU 0, no server": hook_stages(tuned_log, None),
+            "TUNED nvc-py-hook, GPU 0, served": hook_stages(tuned_log, "server"),
+        }
     for message in failures[:5]:
         print(f"FAILED {message}")
     if hook_err.strip():
@@ -286,8 +324,9 @@ def main() -> int:
             print(median_row(f"default nvc-py-hook, GPU 0, {via}: duration_ms", values, "the hook's own log"))
 
     for row_no in CLI_ROWS:
-        print_cli_stages(f"{ROWS[row_no].label}, by stage", stages[row_no], None if ROWS[row_no].served else floors,
-                         baseline)
+        print_cli_stages(
+            f"{ROWS[row_no].label}, by stage", stages[row_no], None if ROWS[row_no].served else floors, baseline
+        )
     for title, runs in hook_runs.items():
         if not runs:
             continue
@@ -295,8 +334,13 @@ def main() -> int:
         print(f"\n{header}\n{'-' * len(header)}")
         for name in STAGES:
             print(median_row(STAGE_LABELS.get(name, name), [r.get(name, 0.0) for r in runs]))
-        print(median_row("hook duration_ms (after its own imports)", [r["duration_ms"] for r in runs],
-                         "the rest of its start overhead: interpreter, imports, runtime"))
+        print(
+            median_row(
+                "hook duration_ms (after its own imports)",
+                [r["duration_ms"] for r in runs],
+                "the rest of its start overhead: interpreter, imports, runtime",
+            )
+        )
     return 0
 
 

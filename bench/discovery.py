@@ -87,7 +87,9 @@ def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> lis
 
 
 # The least the driver helper does before its first answer: pynvml, then NVML loaded inside the driver root.
-_NVML_INIT = "import os, sys, pynvml; os.chroot(sys.argv[1]); os.chdir('/'); pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"
+_NVML_INIT = (
+    "import os, sys, pynvml; os.chroot(sys.argv[1]); os.chdir('/'); pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"
+)
 
 
 def run_once(argv: tuple[str, ...], sock: str | None = None) -> tuple[float, str]:
@@ -218,15 +220,19 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="nvc-bench-discovery-"))
     sock, no_server = work / "hook.sock", str(work / "no-server.sock")
-    with (nullcontext(args.root) if real else fake_driver()) as root, \
-            hook_server(Path(nvc_py).with_name("nvc-py-hook"), sock):
+    with (
+        nullcontext(args.root) if real else fake_driver() as root,
+        hook_server(Path(nvc_py).with_name("nvc-py-hook"), sock),
+    ):
         if real:
             driver = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
             print(f"== bench/discovery.py: REAL NVIDIA driver ({driver.strip()}) ==")
         else:
             print("== bench/discovery.py: FAKE driver (test double, one fake H100): NOT GPU results ==")
-        print(f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; nvc-py: {nvc_py}; "
-              f"python: {python}; {args.runs} timed runs each after one warm-up, interleaved")
+        print(
+            f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; nvc-py: {nvc_py}; "
+            f"python: {python}; {args.runs} timed runs each after one warm-up, interleaved"
+        )
         all_cases = cases(nvc_py, python, root, str(sock), no_server)
         times, outputs = measure(all_cases, args.runs)
         stages = phases(python, root, args.runs) if args.phases else None
@@ -236,8 +242,10 @@ def main() -> int:
         print(stages)
     agree = outputs["nvc-py list"] == outputs["nvc-py list --nvml"]
     served_same = all(outputs[f"nvc-py {c} (server)"] == outputs[f"nvc-py {c}"] for c in ("info", "list"))
-    print(f"fast path and NVML listings identical: {'yes' if agree else 'NO'}; served outputs identical to "
-          f"direct: {'yes' if served_same else 'NO'}")
+    print(
+        f"fast path and NVML listings identical: {'yes' if agree else 'NO'}; served outputs identical to "
+        f"direct: {'yes' if served_same else 'NO'}"
+    )
     agree = agree and served_same
     return 0 if agree else 1
 

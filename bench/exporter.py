@@ -46,12 +46,18 @@ def make_containers(state: Path, count: int) -> None:
     from nvc.plan import fromenv, share
 
     key = "4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
-    own = Slot(os.getpid(), int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]),
-               os.stat("/proc/self/ns/pid").st_ino, [512 << 20])
-    region = region_bytes([Device(key, 4 << 30, 50, 10**10, 10**9, 12345)],
-                          [own] + [Slot(100 + i, 1, 1, [256 << 20]) for i in range(3)])
-    request = fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50",
-                                       "NVC_SHARE_WEIGHT": "2"})
+    own = Slot(
+        os.getpid(),
+        int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]),
+        os.stat("/proc/self/ns/pid").st_ino,
+        [512 << 20],
+    )
+    region = region_bytes(
+        [Device(key, 4 << 30, 50, 10**10, 10**9, 12345)], [own] + [Slot(100 + i, 1, 1, [256 << 20]) for i in range(3)]
+    )
+    request = fromenv.parse_share_env(
+        {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_WEIGHT": "2"}
+    )
     sched_dir = Path(share.sched_dir_for(str(state)))
     for i in range(count):
         cid = f"bench{i:04d}"
@@ -72,8 +78,9 @@ def main(count: int, runs: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="nvc-bench-exporter-"))
     state = work / "state"
     log = work / "hook.log"
-    log.write_text("".join('{"stage":"prestart","outcome":"configured","via":"server","duration_ms":31.5}\n'
-                           for _ in range(1000)))
+    log.write_text(
+        "".join('{"stage":"prestart","outcome":"configured","via":"server","duration_ms":31.5}\n' for _ in range(1000))
+    )
     try:
         make_containers(state, count)
         measure(work, state, log, count, runs)
@@ -92,8 +99,8 @@ def main(count: int, runs: int) -> None:
 def measure(work: Path, state: Path, log: Path, count: int, runs: int) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from nvc.exporter.collector import Collector, Sources
     from nvc.commands import sharestatus
+    from nvc.exporter.collector import Collector, Sources
 
     sources = Sources(str(state), str(log), str(work / "hook.sock"), str(work / "device-plugin.json"))
     registry = CollectorRegistry()
@@ -101,9 +108,23 @@ def measure(work: Path, state: Path, log: Path, count: int, runs: int) -> None:
     assert len(sharestatus.status(str(state))) == count
     status_times = timed(lambda: sharestatus.status(str(state)), runs)
     collector_times = timed(lambda: generate_latest(registry), runs)
-    exporter = subprocess.Popen(["nvc-py", "exporter", "--listen", "127.0.0.1:0", "--no-nvml", "--state-dir",
-                                 str(state), "--hook-log", str(log), "--hook-socket", str(work / "hook.sock")],
-                                stderr=subprocess.PIPE, text=True)
+    exporter = subprocess.Popen(
+        [
+            "nvc-py",
+            "exporter",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-nvml",
+            "--state-dir",
+            str(state),
+            "--hook-log",
+            str(log),
+            "--hook-socket",
+            str(work / "hook.sock"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = exporter.stderr.readline().split()[-1]
         size = len(urllib.request.urlopen(url).read())
@@ -113,8 +134,10 @@ def measure(work: Path, state: Path, log: Path, count: int, runs: int) -> None:
         exporter.wait()
     processes = sum(name.isdigit() for name in os.listdir("/proc"))
     print(f"== bench/exporter.py: {count} sharing containers (fake regions: no GPU), {runs} scrapes each ==")
-    print(f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs, {processes} processes; "
-          f"python {sys.version.split()[0]}; a scrape is {size} bytes")
+    print(
+        f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs, {processes} processes; "
+        f"python {sys.version.split()[0]}; a scrape is {size} bytes"
+    )
     print(f"{'':<44} {'median ms':>9} {'min':>8} {'max':>8}")
     print("-" * 72)
     print(row("share status reading (nvc.commands.sharestatus)", status_times))
@@ -125,6 +148,9 @@ def measure(work: Path, state: Path, log: Path, count: int, runs: int) -> None:
 if __name__ == "__main__":
     args = [int(a) for a in sys.argv[1:3]]
     if os.environ.get("NVC_BENCH_UNSHARED") != "1":
-        os.execvpe("unshare", ["unshare", "--mount", "--propagation", "private", sys.executable, *sys.argv],
-                   {**os.environ, "NVC_BENCH_UNSHARED": "1"})
-    main(*(args + [200, 15][len(args):]))
+        os.execvpe(
+            "unshare",
+            ["unshare", "--mount", "--propagation", "private", sys.executable, *sys.argv],
+            {**os.environ, "NVC_BENCH_UNSHARED": "1"},
+        )
+    main(*(args + [200, 15][len(args) :]))

@@ -89,7 +89,7 @@ from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
 FAKE_MACHINE = REPO / "tests" / "fakedriver" / "machines" / "two-gpu-mig.yaml"
 GPU0 = {"NVIDIA_VISIBLE_DEVICES": "0"}
 FAULT_AT = 0.05  # seconds into a storm at which the server is stopped, or first killed (a storm of 32
-                 # may be over in 0.2 s: a later fault would find the storm done)
+# may be over in 0.2 s: a later fault would find the storm done)
 KILL_EVERY = 0.15  # seconds between two kills of the server through a storm
 RESTART_AFTER = 0.1  # seconds before the bench restarts a killed server (systemd's default RestartSec=)
 ACK_TIMEOUT_MS = 2000  # the clients' hand-over timeout (nvc.hook.server.handover.ACK_TIMEOUT)
@@ -103,18 +103,28 @@ class Row(NamedTuple):
     healthy: str = ""  # the row of the same hook without the fault
 
 
-ROWS = (Row("no hook", None, "direct"), Row("installed, no server", GPU0, "installed"),
-        Row("installed, its server", GPU0, "installed"),
-        Row("installed, server stopped", GPU0, "installed", "stop", "installed, its server"),
-        Row("installed, server killed", GPU0, "installed", "kill", "installed, its server"),
-        Row("hook, no GPU asked", {}, "direct"),
-        Row("hook, GPU 0", GPU0, "direct"), Row("hook, all GPUs", {"NVIDIA_VISIBLE_DEVICES": "all"}, "direct"),
-        Row("server, no GPU asked", {}, "server"), Row("server, GPU 0", GPU0, "server"),
-        Row("server, GPU 0, stopped", GPU0, "fault-server", "stop", "server, GPU 0"),
-        Row("server, GPU 0, killed", GPU0, "fault-server", "kill", "server, GPU 0"),
-        Row("server, all GPUs", {"NVIDIA_VISIBLE_DEVICES": "all"}, "server"))
-FAULT_ROWS = ("no hook", "installed, no server", "installed, its server", "server, GPU 0",
-              *(row.label for row in ROWS if row.fault))
+ROWS = (
+    Row("no hook", None, "direct"),
+    Row("installed, no server", GPU0, "installed"),
+    Row("installed, its server", GPU0, "installed"),
+    Row("installed, server stopped", GPU0, "installed", "stop", "installed, its server"),
+    Row("installed, server killed", GPU0, "installed", "kill", "installed, its server"),
+    Row("hook, no GPU asked", {}, "direct"),
+    Row("hook, GPU 0", GPU0, "direct"),
+    Row("hook, all GPUs", {"NVIDIA_VISIBLE_DEVICES": "all"}, "direct"),
+    Row("server, no GPU asked", {}, "server"),
+    Row("server, GPU 0", GPU0, "server"),
+    Row("server, GPU 0, stopped", GPU0, "fault-server", "stop", "server, GPU 0"),
+    Row("server, GPU 0, killed", GPU0, "fault-server", "kill", "server, GPU 0"),
+    Row("server, all GPUs", {"NVIDIA_VISIBLE_DEVICES": "all"}, "server"),
+)
+FAULT_ROWS = (
+    "no hook",
+    "installed, no server",
+    "installed, its server",
+    "server, GPU 0",
+    *(row.label for row in ROWS if row.fault),
+)
 
 
 def children_cpu_ms() -> float:
@@ -148,8 +158,9 @@ def listening() -> set[str]:
     is the one bound, which a server may have renamed into place since)."""
     with open("/proc/net/unix", encoding="utf-8", errors="surrogateescape") as f:
         next(f)
-        return {f"socket:[{fields[6]}]" for fields in map(str.split, f)
-                if len(fields) >= 7 and int(fields[3], 16) & 0x10000}  # __SO_ACCEPTCON
+        return {
+            f"socket:[{fields[6]}]" for fields in map(str.split, f) if len(fields) >= 7 and int(fields[3], 16) & 0x10000
+        }  # __SO_ACCEPTCON
 
 
 def holds(pid: int, links: set[str]) -> bool:
@@ -203,8 +214,9 @@ def in_init_namespaces() -> bool:
     a server only for a caller that does (a sandboxed shell's runtime would start it in the sandbox);
     one that may not even look at PID 1's is not in them."""
     try:
-        return all(os.stat(f"/proc/1/ns/{ns}") == os.stat(f"/proc/self/ns/{ns}")
-                   for ns in ("mnt", "pid", "user", "net"))
+        return all(
+            os.stat(f"/proc/1/ns/{ns}") == os.stat(f"/proc/self/ns/{ns}") for ns in ("mnt", "pid", "user", "net")
+        )
     except OSError:
         return False
 
@@ -215,8 +227,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-def disturb(fault: str, sock: Path, over: threading.Event, restart: Callable[[], None] | None,
-            done: list[int]) -> None:
+def disturb(fault: str, sock: Path, over: threading.Event, restart: Callable[[], None] | None, done: list[int]) -> None:
     """Through a storm (until ``over``): ``stop`` the server of ``sock`` FAULT_AT s in, or ``kill``
     it FAULT_AT s in and every KILL_EVERY s after and, with ``restart`` (the bench as systemd), start it again RESTART_AFTER
     s later. ``done`` gets the pid of each server stopped or killed."""
@@ -240,8 +251,16 @@ def disturb(fault: str, sock: Path, over: threading.Event, restart: Callable[[],
             return
 
 
-def one_round(runtime: str, work: Path, base_rootfs: Path, env: dict[str, str] | None, hook: dict, count: int,
-              tag: str, during: Callable[[threading.Event], None] | None = None) -> tuple[list[float], list[str], float]:
+def one_round(
+    runtime: str,
+    work: Path,
+    base_rootfs: Path,
+    env: dict[str, str] | None,
+    hook: dict,
+    count: int,
+    tag: str,
+    during: Callable[[threading.Event], None] | None = None,
+) -> tuple[list[float], list[str], float]:
     """Start ``count`` containers at once (``during``: run in a thread through the storm, told by the
     event when it is over); (start times in ms, failure messages, CPU ms of the runtimes, hooks and
     their helpers)."""
@@ -256,8 +275,13 @@ def one_round(runtime: str, work: Path, base_rootfs: Path, env: dict[str, str] |
     def start(i: int) -> tuple[float, str | None]:
         cid = f"nvc-load-{tag}-{i}"
         t0 = time.perf_counter()
-        r = subprocess.run([runtime, "--root", str(state), "run", "--bundle", str(bundles[i]), cid],
-                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+        r = subprocess.run(
+            [runtime, "--root", str(state), "run", "--bundle", str(bundles[i]), cid],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
         elapsed = (time.perf_counter() - t0) * 1000
         subprocess.run([runtime, "--root", str(state), "delete", "-f", cid], capture_output=True)
         return elapsed, None if r.returncode == 0 else f"{cid}: rc {r.returncode}: {r.stderr.strip()[-300:]}"
@@ -303,33 +327,61 @@ def server_log_counts(sock: Path) -> tuple[int, int]:
     return text.count("ended the wedged hook server"), text.count(": listening on ")
 
 
-def fault_round(runtime: str, work: Path, base_rootfs: Path, row: Row, hook: dict, count: int, tag: str,
-                hook_path: str, sock: Path, done: list[int]) -> tuple[list[float], list[str], float]:
+def fault_round(
+    runtime: str,
+    work: Path,
+    base_rootfs: Path,
+    row: Row,
+    hook: dict,
+    count: int,
+    tag: str,
+    hook_path: str,
+    sock: Path,
+    done: list[int],
+) -> tuple[list[float], list[str], float]:
     """one_round() of a fault row: a warm server the bench starts on ``sock``, stopped or killed
     through the storm (disturb(); restarted by the bench for the systemd-like rows), then whatever
     serves ``sock`` stopped."""
     stop_servers(sock)
     with ExitStack() as started:
+
         def start() -> None:
             started.enter_context(hook_server(hook_path, sock))
 
         start()
         restart = start if row.via == "fault-server" else None
         try:
-            return one_round(runtime, work, base_rootfs, row.env, hook, count, tag,
-                             lambda over: disturb(row.fault, sock, over, restart, done))
+            return one_round(
+                runtime,
+                work,
+                base_rootfs,
+                row.env,
+                hook,
+                count,
+                tag,
+                lambda over: disturb(row.fault, sock, over, restart, done),
+            )
         finally:
             stop_servers(sock)
 
 
-def fault_table(rows: tuple[Row, ...], by_round: dict[str, list[list[float]]], times: dict[str, list[float]],
-                failures: dict[str, list[str]], faulted: dict[str, list[int]],
-                logged: dict[str, tuple[int, int]]) -> None:
+def fault_table(
+    rows: tuple[Row, ...],
+    by_round: dict[str, list[list[float]]],
+    times: dict[str, list[float]],
+    failures: dict[str, list[str]],
+    faulted: dict[str, list[int]],
+    logged: dict[str, tuple[int, int]],
+) -> None:
     """The fault rows against their healthy storms (see the module's docstring)."""
-    print(f"\nfault rows: medians of the rounds' p50 and p99, and of their ratios to the healthy storm of the same "
-          f"round; the server stopped {FAULT_AT:g} s into the storm, or killed {FAULT_AT:g} s in and every {KILL_EVERY:g} s")
-    print(f"{'row':<27}{'healthy storm':<23}{'failures':>9}{'p50 ms':>9}{'p99 ms':>9}{'p50 / healthy':>15}"
-          f"{'p99 / healthy':>15}{'starts >= 2 s':>15}  servers")
+    print(
+        f"\nfault rows: medians of the rounds' p50 and p99, and of their ratios to the healthy storm of the same "
+        f"round; the server stopped {FAULT_AT:g} s into the storm, or killed {FAULT_AT:g} s in and every {KILL_EVERY:g} s"
+    )
+    print(
+        f"{'row':<27}{'healthy storm':<23}{'failures':>9}{'p50 ms':>9}{'p99 ms':>9}{'p50 / healthy':>15}"
+        f"{'p99 / healthy':>15}{'starts >= 2 s':>15}  servers"
+    )
     for row in rows:
         if not row.fault or row.healthy not in by_round:
             continue
@@ -344,8 +396,10 @@ def fault_table(rows: tuple[Row, ...], by_round: dict[str, list[list[float]]], t
             what += f", {ended} ended by a call, {started} started on demand"
         elif row.fault == "kill":
             what += ", each restarted by it"
-        print(f"{row.label:<27}{row.healthy:<23}{len(failures[row.label]):>9}{statistics.median(p50s):>9.1f}"
-              f"{statistics.median(p99s):>9.1f}{ratio50:>15.2f}{ratio99:>15.2f}{slow:>15}  {what}")
+        print(
+            f"{row.label:<27}{row.healthy:<23}{len(failures[row.label]):>9}{statistics.median(p50s):>9.1f}"
+            f"{statistics.median(p99s):>9.1f}{ratio50:>15.2f}{ratio99:>15.2f}{slow:>15}  {what}"
+        )
 
 
 def main() -> int:
@@ -354,8 +408,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runtime", default=None, help="crun or runc (default: crun if installed, else runc)")
     parser.add_argument("--fake", action="store_true", help="use the fake driver even on a GPU host")
-    parser.add_argument("--faults", action="store_true",
-                        help="only the fault rows, their healthy storms and the baseline")
+    parser.add_argument(
+        "--faults", action="store_true", help="only the fault rows, their healthy storms and the baseline"
+    )
     args = parser.parse_args()
     runtime = shutil.which(args.runtime or ("crun" if shutil.which("crun") else "runc"))
     if runtime is None:
@@ -389,15 +444,22 @@ def main() -> int:
         stand_in = [] if real and in_init_namespaces() else [f"NVC_PY_HOST_PID={os.getpid()}"]
         if real and stand_in:
             print("(not in PID 1's namespaces: the bench process stands for the host's for the installed rows)")
-        installed_hook = {"path": hook_path, "args": ["nvc-py-hook", "prestart"],
-                          "env": [*hook_env, f"NVC_PY_HOOK_SOCKET={installed_sock}", *stand_in]}
+        installed_hook = {
+            "path": hook_path,
+            "args": ["nvc-py-hook", "prestart"],
+            "env": [*hook_env, f"NVC_PY_HOOK_SOCKET={installed_sock}", *stand_in],
+        }
         rows = tuple(row for row in ROWS if row.label in FAULT_ROWS) if args.faults else ROWS
         if not installed_front(hook_path):
             print(f"(no installed rows: {hook_path} is not the native front; run `make install`)")
             rows = tuple(row for row in rows if row.via != "installed")
         fault_sock = work / "fault" / "hook.sock"  # the systemd-like fault rows' server: the bench's
-        hooks = {"direct": hook, "server": served_hook, "installed": installed_hook,
-                 "fault-server": client_hook(hook_path, fault_sock, hook_env)}
+        hooks = {
+            "direct": hook,
+            "server": served_hook,
+            "installed": installed_hook,
+            "fault-server": client_hook(hook_path, fault_sock, hook_env),
+        }
         stats = work / "server-stats.jsonl"
         base = RootfsCache(work / "cache").get("debian")
         times: dict[str, list[float]] = {row.label: [] for row in rows}
@@ -421,11 +483,22 @@ def main() -> int:
                         if row.fault:
                             fault_at = installed_sock if row.via == "installed" else fault_sock
                             before = server_log_counts(fault_at)
-                            t, f, used = fault_round(runtime, work, base, row, hooks[row.via], args.containers, tag,
-                                                     hook_path, fault_at, faulted[row.label])
+                            t, f, used = fault_round(
+                                runtime,
+                                work,
+                                base,
+                                row,
+                                hooks[row.via],
+                                args.containers,
+                                tag,
+                                hook_path,
+                                fault_at,
+                                faulted[row.label],
+                            )
                             after = server_log_counts(fault_at)
-                            logged[row.label] = tuple(total + a - b for total, a, b in
-                                                      zip(logged[row.label], after, before))  # type: ignore[assignment]
+                            logged[row.label] = tuple(
+                                total + a - b for total, a, b in zip(logged[row.label], after, before)
+                            )  # type: ignore[assignment]
                         else:
                             t, f, used = one_round(runtime, work, base, row.env, hooks[row.via], args.containers, tag)
                         by_round[row.label].append(t)
@@ -437,8 +510,12 @@ def main() -> int:
                             cpu[row.label] += process_cpu_ms(server.pid) - own
                         if row.label == "installed, its server":
                             stopped += stop_servers(installed_sock)
-                        print(f"round {round_no + 1}, {row.label}: p50 {statistics.median(t):.1f} ms, {len(f)} failed "
-                              f"({time.monotonic() - began:.0f} s)", file=sys.stderr, flush=True)
+                        print(
+                            f"round {round_no + 1}, {row.label}: p50 {statistics.median(t):.1f} ms, {len(f)} failed "
+                            f"({time.monotonic() - began:.0f} s)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
             finally:
                 stopped += stop_servers(installed_sock)
                 stop_servers(fault_sock)
@@ -446,10 +523,14 @@ def main() -> int:
         leftover = servers_of(installed_sock)
         server_log = installed_sock.with_name("server.log")
         started = server_log.read_text().count(": listening on ") if server_log.exists() else 0
-    print(f"{args.containers} concurrent `{Path(runtime).name} run` per round, {args.rounds} rounds "
-          f"({args.containers * args.rounds} starts per row); times are start-to-exit of `true`\n")
-    print(f"{'row':<27}{'failures':>9}{'p50 ms':>9}{'p99 ms':>9}{'p50 / baseline':>16}{'p99 / baseline p99':>20}"
-          f"{'hook CPU ms/start':>19}{'queue p50/p99':>15}{'worker p50/p99':>16}")
+    print(
+        f"{args.containers} concurrent `{Path(runtime).name} run` per round, {args.rounds} rounds "
+        f"({args.containers * args.rounds} starts per row); times are start-to-exit of `true`\n"
+    )
+    print(
+        f"{'row':<27}{'failures':>9}{'p50 ms':>9}{'p99 ms':>9}{'p50 / baseline':>16}{'p99 / baseline p99':>20}"
+        f"{'hook CPU ms/start':>19}{'queue p50/p99':>15}{'worker p50/p99':>16}"
+    )
     baseline, baseline_row = statistics.median(times[rows[0].label]), rows[0].label
     baseline99 = percentile(times[baseline_row], 99)
     starts = args.containers * args.rounds
@@ -460,13 +541,17 @@ def main() -> int:
         cpu_text = "-" if row.env is None or row.fault else f"{own_cpu:.1f}{'*' if row.via == 'installed' else ''}"
         queued = [call["queue_ms"] for call in calls[label] if call.get("queue_ms") is not None]
         worked = [call["worker_ms"] for call in calls[label] if call.get("worker_ms") is not None]
-        print(f"{label:<27}{len(failures[label]):>9}{p50:>9.1f}{p99:>9.1f}{p50 / baseline:>16.2f}"
-              f"{p99 / baseline99:>20.2f}{cpu_text:>19}{spread(queued):>15}{spread(worked):>16}")
+        print(
+            f"{label:<27}{len(failures[label]):>9}{p50:>9.1f}{p99:>9.1f}{p50 / baseline:>16.2f}"
+            f"{p99 / baseline99:>20.2f}{cpu_text:>19}{spread(queued):>15}{spread(worked):>16}"
+        )
     if any(row.via == "installed" for row in rows):
         fault_starts = sum(logged[row.label][1] for row in rows if row.via == "installed" and row.fault)
-        print(f"\n* client side only (the on-demand server is not the bench's child). On-demand servers: "
-              f"{started - fault_starts} started by the plain rows (one per round expected) and {fault_starts} by "
-              f"the fault rows, {stopped} stopped by the bench, {len(leftover)} left")
+        print(
+            f"\n* client side only (the on-demand server is not the bench's child). On-demand servers: "
+            f"{started - fault_starts} started by the plain rows (one per round expected) and {fault_starts} by "
+            f"the fault rows, {stopped} stopped by the bench, {len(leftover)} left"
+        )
     if any(row.fault for row in rows):
         fault_table(rows, by_round, times, failures, faulted, logged)
     print(f"\nhook log: {len(lines)} lines; the hook's own duration (duration_ms), p50 / max, by request:")
@@ -474,8 +559,10 @@ def main() -> int:
         mine = [line for line in lines if (line.get("via", "direct"), str(line.get("devices", "-"))) == (via, asked)]
         own = [line["duration_ms"] for line in mine]
         kinds = sorted({line["outcome"] for line in mine})
-        print(f"  {via:<7} devices {asked:<10} {len(own):>4} x {'/'.join(kinds):<12} "
-              f"p50 {statistics.median(own):8.1f} ms   max {max(own):8.1f} ms")
+        print(
+            f"  {via:<7} devices {asked:<10} {len(own):>4} x {'/'.join(kinds):<12} "
+            f"p50 {statistics.median(own):8.1f} ms   max {max(own):8.1f} ms"
+        )
     total = sum(len(f) for f in failures.values()) + len(leftover)
     for label in failures:
         for message in failures[label][:3]:

@@ -50,8 +50,11 @@ def main() -> int:
     if not entry_file.is_file():
         sys.exit(f"bench/hooksd_start.py: no {entry_file}: install the package, or run `nvc-py setup podman`")
     hook = json.loads(entry_file.read_text())["hook"]
-    print(f"== bench/hooksd_start.py: {hooksdirs.described(hooksdirs.PODMAN, resolved)}; entry {entry_file}: "
-          f"{hook['path']} {' '.join(hook['args'][1:])}; runtime {runtime}; {args.runs} rounds ==", flush=True)
+    print(
+        f"== bench/hooksd_start.py: {hooksdirs.described(hooksdirs.PODMAN, resolved)}; entry {entry_file}: "
+        f"{hook['path']} {' '.join(hook['args'][1:])}; runtime {runtime}; {args.runs} rounds ==",
+        flush=True,
+    )
     times: dict[str, list[float]] = {label: [] for label, _ in ROWS}
     failures = []
     with tempfile.TemporaryDirectory(prefix="nvc-bench-hooksd-") as tmp:
@@ -62,8 +65,9 @@ def main() -> int:
                 bundle = work / f"b{round_no}-{row_no}"
                 bundle.mkdir()
                 rootfs = copy_rootfs(base, bundle / "rootfs")
-                make_bundle(bundle, rootfs, ["true"], env=env or {},
-                            hooks=None if env is None else {"prestart": [hook]})
+                make_bundle(
+                    bundle, rootfs, ["true"], env=env or {}, hooks=None if env is None else {"prestart": [hook]}
+                )
                 elapsed, error = start_container(runtime, work / "state", bundle, f"nvc-hooksd-{round_no}-{row_no}")
                 shutil.rmtree(bundle, ignore_errors=True)
                 if error:

@@ -70,8 +70,11 @@ def main() -> int:
     parser.add_argument("--nvidia", help="NVIDIA's nvidia-container-runtime, to measure beside")
     args = parser.parse_args()
     runtime = shutil.which(args.runtime) or sys.exit(f"bench/runtime: {args.runtime} not found")
-    rows = {f"{args.runtime} alone": runtime, "nvc-py-runtime": str(LIBDIR / "nvc-py-runtime"),
-            "the Python program alone": str(LIBDIR / "nvc-py-runtime-python")}
+    rows = {
+        f"{args.runtime} alone": runtime,
+        "nvc-py-runtime": str(LIBDIR / "nvc-py-runtime"),
+        "the Python program alone": str(LIBDIR / "nvc-py-runtime-python"),
+    }
     if args.nvidia:
         rows["NVIDIA's runtime"] = args.nvidia
     times: dict[str, dict[str, list[float]]] = {label: {"one": [], "four": []} for label in rows}
@@ -92,8 +95,10 @@ def main() -> int:
     print(f"{'':<28} {'one call (list)':>20} {'create+start+state+delete':>28}")
     for label, got in times.items():
         one, four = statistics.median(got["one"]), statistics.median(got["four"])
-        print(f"{label:<28} {one:>11.1f} ({one / statistics.median(base['one']):4.2f}x) "
-              f"{four:>19.1f} ({four / statistics.median(base['four']):4.2f}x)")
+        print(
+            f"{label:<28} {one:>11.1f} ({one / statistics.median(base['one']):4.2f}x) "
+            f"{four:>19.1f} ({four / statistics.median(base['four']):4.2f}x)"
+        )
     return 0
 
 

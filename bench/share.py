@@ -47,7 +47,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu")
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # nvc.share.region, for the shim's counters
 import sharegpu  # noqa: E402
 
-
 TORCH_SECONDS = 4
 
 
@@ -72,32 +71,42 @@ def torch_shares(tmp_path: Path, native_env: dict[str, str], workloads: tuple[st
         print(f"{workload:>10}{'native':>10}{natives[workload]:10.1f}{100.0:9.1f}%{'':>8}{cpu_us:11.0f}")
         for percent in (25, 50, 75):
             share_dir = sharegpu.limits_dir(tmp_path / f"t-{workload}-{percent}", {"NVC_SHARE_COMPUTE": str(percent)})
-            env = sharegpu.shim_env(share_dir, NVC_SHARE_LOG="2")   # its waits, logged at exit
+            env = sharegpu.shim_env(share_dir, NVC_SHARE_LOG="2")  # its waits, logged at exit
             rate, _, cpu_us = sharegpu.torch_output(sharegpu.torch_run(workload, env, TORCH_SECONDS))
             achieved = 100 * rate / natives[workload]
-            print(f"{'':>10}{percent:9d}%{rate:10.1f}{achieved:9.1f}%{achieved - percent:+8.1f}{cpu_us:11.0f}   "
-                  f"{region_waits(share_dir, TORCH_SECONDS)}")
+            print(
+                f"{'':>10}{percent:9d}%{rate:10.1f}{achieved:9.1f}%{achieved - percent:+8.1f}{cpu_us:11.0f}   "
+                f"{region_waits(share_dir, TORCH_SECONDS)}"
+            )
         # every launch through the throttled path (events, queue bound) but no cap: what that path costs
         sched = tmp_path / f"s-{workload}"
         sched.mkdir()
         share_dir = sharegpu.limits_dir(tmp_path / f"t-{workload}-w", {"NVC_SHARE_WEIGHT": "1"})
         env = sharegpu.shim_env(share_dir, NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT="alone", NVC_SHARE_LOG="2")
         rate, _, cpu_us = sharegpu.torch_output(sharegpu.torch_run(workload, env, TORCH_SECONDS))
-        print(f"{'':>10}{'w1 alone':>10}{rate:10.1f}{100 * rate / natives[workload]:9.1f}%{'':>8}{cpu_us:11.0f}   "
-              f"{region_waits(share_dir, TORCH_SECONDS)} (no cap; every launch measured)")
+        print(
+            f"{'':>10}{'w1 alone':>10}{rate:10.1f}{100 * rate / natives[workload]:9.1f}%{'':>8}{cpu_us:11.0f}   "
+            f"{region_waits(share_dir, TORCH_SECONDS)} (no cap; every launch measured)"
+        )
     return natives
 
 
 def weighted(tmp_path: Path, native_rate: float) -> None:
     """Concurrent matmul tenants with weights (and caps), each in its own share directory, all in one
     scheduler directory."""
-    cases = (("1:1", [(1, 100, 1.0), (1, 100, 1.0)]), ("1:3", [(1, 100, 1.0), (3, 100, 1.0)]),
-             ("1:1:2", [(1, 100, 1.0), (1, 100, 1.0), (2, 100, 1.0)]),
-             ("1:3, the 3 idle half way", [(1, 100, 1.0), (3, 100, 0.5)]),
-             ("1 capped 25% : 1", [(1, 25, 1.0), (1, 100, 1.0)]), ("1 alone", [(1, 100, 1.0)]))
+    cases = (
+        ("1:1", [(1, 100, 1.0), (1, 100, 1.0)]),
+        ("1:3", [(1, 100, 1.0), (3, 100, 1.0)]),
+        ("1:1:2", [(1, 100, 1.0), (1, 100, 1.0), (2, 100, 1.0)]),
+        ("1:3, the 3 idle half way", [(1, 100, 1.0), (3, 100, 0.5)]),
+        ("1 capped 25% : 1", [(1, 25, 1.0), (1, 100, 1.0)]),
+        ("1 alone", [(1, 100, 1.0)]),
+    )
     seconds = 6
-    print(f"\nweighted sharing, PyTorch bf16 matmul, {seconds} s, tenants started together; share = "
-          f"throughput / one alone natively ({native_rate:.1f}/s)")
+    print(
+        f"\nweighted sharing, PyTorch bf16 matmul, {seconds} s, tenants started together; share = "
+        f"throughput / one alone natively ({native_rate:.1f}/s)"
+    )
     print(f"{'case':>26}{'tenant':>8}{'weight':>8}{'cap':>6}{'want':>8}{'got':>8}{'error':>8}   (2nd half)")
     for n, (label, tenants) in enumerate(cases):
         sched = tmp_path / f"sched{n}"
@@ -106,8 +115,11 @@ def weighted(tmp_path: Path, native_rate: float) -> None:
         procs = []
         for i, (weight, cap, busy) in enumerate(tenants):
             limits = {"NVC_SHARE_WEIGHT": str(weight)} | ({"NVC_SHARE_COMPUTE": str(cap)} if cap < 100 else {})
-            env = sharegpu.shim_env(sharegpu.limits_dir(tmp_path / f"w{n}-{i}", limits),
-                                    NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT=f"t{i}")
+            env = sharegpu.shim_env(
+                sharegpu.limits_dir(tmp_path / f"w{n}-{i}", limits),
+                NVC_SHARE_SCHED_DIR=str(sched),
+                NVC_SHARE_TENANT=f"t{i}",
+            )
             procs.append(sharegpu.torch_run("matmul", env, seconds * busy, start_at))
         results = [sharegpu.torch_result(p) for p in procs]
         # wanted shares while all are busy: weights, capped ones at their cap, the rest shared by weight
@@ -119,53 +131,73 @@ def weighted(tmp_path: Path, native_rate: float) -> None:
             first = sum(per_second[:half]) / max(half, 1) if busy == 1.0 else rate
             want = capped.get(i, rest * weight / free_weight)
             got = 100 * first / native_rate
-            second = (f"{100 * sum(per_second[half:]) / max(len(per_second) - half, 1) / native_rate:8.1f}%"
-                      if busy == 1.0 and len(tenants) > 1 else "")
-            print(f"{label if i == 0 else '':>26}{i:>8}{weight:>8}{cap:>5}%{100 * want:7.1f}%{got:7.1f}%"
-                  f"{got - 100 * want:+8.1f}   {second}")
+            second = (
+                f"{100 * sum(per_second[half:]) / max(len(per_second) - half, 1) / native_rate:8.1f}%"
+                if busy == 1.0 and len(tenants) > 1
+                else ""
+            )
+            print(
+                f"{label if i == 0 else '':>26}{i:>8}{weight:>8}{cap:>5}%{100 * want:7.1f}%{got:7.1f}%"
+                f"{got - 100 * want:+8.1f}   {second}"
+            )
 
 
 REAL = ("transformer", "resnet-train", "resnet-infer")
 REAL_SECONDS = 6
 # (label, [(workload, weight)]): tenants started together, each in its own container-like share directory
-TENANT_SETS = (("transformer w1 + transformer w3", [("transformer", 1), ("transformer", 3)]),
-               ("transformer w1 + resnet-train w3", [("transformer", 1), ("resnet-train", 3)]),
-               ("resnet-train w1 + resnet-train w1", [("resnet-train", 1), ("resnet-train", 1)]),
-               ("resnet-infer w1 + resnet-infer w3", [("resnet-infer", 1), ("resnet-infer", 3)]),
-               ("transformer w1 + resnet-train w1 + resnet-infer w2",
-                [("transformer", 1), ("resnet-train", 1), ("resnet-infer", 2)]),
-               ("resnet-train w1 alone (the weight's own cost)", [("resnet-train", 1)]))
+TENANT_SETS = (
+    ("transformer w1 + transformer w3", [("transformer", 1), ("transformer", 3)]),
+    ("transformer w1 + resnet-train w3", [("transformer", 1), ("resnet-train", 3)]),
+    ("resnet-train w1 + resnet-train w1", [("resnet-train", 1), ("resnet-train", 1)]),
+    ("resnet-infer w1 + resnet-infer w3", [("resnet-infer", 1), ("resnet-infer", 3)]),
+    (
+        "transformer w1 + resnet-train w1 + resnet-infer w2",
+        [("transformer", 1), ("resnet-train", 1), ("resnet-infer", 2)],
+    ),
+    ("resnet-train w1 alone (the weight's own cost)", [("resnet-train", 1)]),
+)
 
 
-def real_caps(tmp_path: Path, shim: Path | None = None, alone: dict[str, float] | None = None,
-              caps: tuple[int, ...] = (25, 50, 75), runs: int = 3) -> dict[str, float]:
+def real_caps(
+    tmp_path: Path,
+    shim: Path | None = None,
+    alone: dict[str, float] | None = None,
+    caps: tuple[int, ...] = (25, 50, 75),
+    runs: int = 3,
+) -> dict[str, float]:
     """Per real workload: alone without the shim (unless given), then capped at 25/50/75 %: throughput as
     a share of alone (the contract: the cap +-5), medians of `runs` runs and their range. Returns the
     rates alone."""
     alone = dict(alone or {})
     label = f" (shim {shim.name})" if shim else ""
-    print(f"\ncaps on real workloads{label}, {REAL_SECONDS} s each, medians of {runs} runs; achieved = throughput / "
-          f"alone without the shim")
+    print(
+        f"\ncaps on real workloads{label}, {REAL_SECONDS} s each, medians of {runs} runs; achieved = throughput / "
+        f"alone without the shim"
+    )
     print(f"{'workload':>14}{'cap':>8}{'iter/s':>10}{'achieved':>10}{'error':>8}{'range':>14}")
     for workload in REAL:
         if workload not in alone:
             alone[workload] = statistics.median(
                 sharegpu.torch_output(sharegpu.torch_run(workload, sharegpu.shim_env(None), REAL_SECONDS))[0]
-                for _ in range(runs))
+                for _ in range(runs)
+            )
         print(f"{workload:>14}{'alone':>8}{alone[workload]:10.2f}{100.0:9.1f}%")
         for percent in caps:
             rates = []
             for k in range(runs):
-                share_dir = sharegpu.limits_dir(tmp_path / f"cap-{workload}-{percent}-{label.strip()}-{k}",
-                                                {"NVC_SHARE_COMPUTE": str(percent)})
+                share_dir = sharegpu.limits_dir(
+                    tmp_path / f"cap-{workload}-{percent}-{label.strip()}-{k}", {"NVC_SHARE_COMPUTE": str(percent)}
+                )
                 env = sharegpu.shim_env(share_dir)
                 if shim:
                     env["LD_PRELOAD"] = str(shim)
                 rates.append(sharegpu.torch_output(sharegpu.torch_run(workload, env, REAL_SECONDS))[0])
             rate = statistics.median(rates)
             achieved = 100 * rate / alone[workload]
-            print(f"{'':>14}{percent:7d}%{rate:10.2f}{achieved:9.1f}%{achieved - percent:+8.1f}"
-                  f"{_range(100 * r / alone[workload] for r in rates):>14}")
+            print(
+                f"{'':>14}{percent:7d}%{rate:10.2f}{achieved:9.1f}%{achieved - percent:+8.1f}"
+                f"{_range(100 * r / alone[workload] for r in rates):>14}"
+            )
     return alone
 
 
@@ -181,10 +213,14 @@ def real_weights(tmp_path: Path, alone: dict[str, float], runs: int = 3) -> None
     points) and the sum against the no-shim sum (the contract: >= 95 %); its part of the GPU time charged
     to them all (what the weights divide). Medians of `runs` runs (the no-shim and the weighted runs
     alternate), and the range of each part."""
-    print(f"\nweighted tenants, real workloads, {REAL_SECONDS} s, started together; % of each alone; medians of "
-          f"{runs} runs")
-    print(f"{'tenants':>52}{'tenant':>14}{'w':>3}{'no shim':>9}{'nvc':>7}{'part':>7}{'want':>7}{'error':>7}"
-          f"{'range':>12}{'GPU time':>10}")
+    print(
+        f"\nweighted tenants, real workloads, {REAL_SECONDS} s, started together; % of each alone; medians of "
+        f"{runs} runs"
+    )
+    print(
+        f"{'tenants':>52}{'tenant':>14}{'w':>3}{'no shim':>9}{'nvc':>7}{'part':>7}{'want':>7}{'error':>7}"
+        f"{'range':>12}{'GPU time':>10}"
+    )
     for n, (label, tenants) in enumerate(TENANT_SETS):
         native_runs, shared_runs, gpu_runs = [], [], []
         for k in range(runs):
@@ -199,20 +235,26 @@ def real_weights(tmp_path: Path, alone: dict[str, float], runs: int = 3) -> None
             a = statistics.median(run[i] for run in native_runs)
             b = statistics.median(run[i] for run in shared_runs)
             part, want = statistics.median(p[i] for p in parts), 100 * weight / total_weight
-            print(f"{label if i == 0 else '':>52}{workload:>14}{weight:>3}{a:8.1f}%{b:6.1f}%{part:6.1f}%{want:6.1f}%"
-                  f"{part - want:+7.1f}{_range(p[i] for p in parts):>12}"
-                  f"{statistics.median(g[i] for g in gpu_runs):9.1f}%")
+            print(
+                f"{label if i == 0 else '':>52}{workload:>14}{weight:>3}{a:8.1f}%{b:6.1f}%{part:6.1f}%{want:6.1f}%"
+                f"{part - want:+7.1f}{_range(p[i] for p in parts):>12}"
+                f"{statistics.median(g[i] for g in gpu_runs):9.1f}%"
+            )
         sums = [100 * sum(b) / sum(a) for a, b in zip(native_runs, shared_runs)]
-        print(f"{'':>52}{'sum':>14}{'':>3}{statistics.median(sum(a) for a in native_runs):8.1f}%"
-              f"{statistics.median(sum(b) for b in shared_runs):6.1f}%   nvc / no shim: {statistics.median(sums):.1f}% "
-              f"{_range(sums)} (contract >= 95 %)")
+        print(
+            f"{'':>52}{'sum':>14}{'':>3}{statistics.median(sum(a) for a in native_runs):8.1f}%"
+            f"{statistics.median(sum(b) for b in shared_runs):6.1f}%   nvc / no shim: {statistics.median(sums):.1f}% "
+            f"{_range(sums)} (contract >= 95 %)"
+        )
 
 
 SERVE_SECONDS = 6
 # (label, the service's limits, the trainer's limits); None: no shim. Weighted tenants share a scheduler directory.
-LAUNCH_BOUND_CONTROLS = (("no control", None, None),
-                         ("weights 9:1, the service heavier", {"NVC_SHARE_WEIGHT": "9"}, {"NVC_SHARE_WEIGHT": "1"}),
-                         ("cap 50 on the trainer", None, {"NVC_SHARE_COMPUTE": "50"}))
+LAUNCH_BOUND_CONTROLS = (
+    ("no control", None, None),
+    ("weights 9:1, the service heavier", {"NVC_SHARE_WEIGHT": "9"}, {"NVC_SHARE_WEIGHT": "1"}),
+    ("cap 50 on the trainer", None, {"NVC_SHARE_COMPUTE": "50"}),
+)
 
 
 def tenant_env(sched: Path, name: str, limits: dict[str, str] | None) -> dict[str, str]:
@@ -220,8 +262,9 @@ def tenant_env(sched: Path, name: str, limits: dict[str, str] | None) -> dict[st
     `name` in sched."""
     if limits is None:
         return sharegpu.shim_env(None)
-    return sharegpu.shim_env(sharegpu.limits_dir(sched / f"{name}-dir", limits), NVC_SHARE_SCHED_DIR=str(sched),
-                             NVC_SHARE_TENANT=name)
+    return sharegpu.shim_env(
+        sharegpu.limits_dir(sched / f"{name}-dir", limits), NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT=name
+    )
 
 
 def launch_bound(tmp_path: Path, runs: int = 3) -> None:
@@ -231,41 +274,56 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
     rate alone under weights."""
     load = float(os.environ.get("NVC_BENCH_SERVE_LOAD", "0.7"))
     native = sharegpu.shim_env(None)
-    capacity = statistics.median(sharegpu.serve_result(sharegpu.serve_run(native, 4, 0)).per_second
-                                 for _ in range(runs))
+    capacity = statistics.median(
+        sharegpu.serve_result(sharegpu.serve_run(native, 4, 0)).per_second for _ in range(runs)
+    )
     rate = load * capacity
     trainer_alone = statistics.median(
-        sharegpu.torch_output(sharegpu.torch_run("resnet-train", native, SERVE_SECONDS))[0] for _ in range(runs))
+        sharegpu.torch_output(sharegpu.torch_run("resnet-train", native, SERVE_SECONDS))[0] for _ in range(runs)
+    )
     alone = [sharegpu.serve_result(sharegpu.serve_run(native, SERVE_SECONDS, rate)) for _ in range(runs)]
-    print(f"\nlaunch-bound pair: batch-1 decode service ({capacity:.1f} requests/s back to back, arriving at "
-          f"{rate:.1f}/s, {100 * load:.0f} %) beside resnet-train ({trainer_alone:.2f} it/s alone), {SERVE_SECONDS} s, "
-          f"medians of {runs} runs; latency from arrival")
+    print(
+        f"\nlaunch-bound pair: batch-1 decode service ({capacity:.1f} requests/s back to back, arriving at "
+        f"{rate:.1f}/s, {100 * load:.0f} %) beside resnet-train ({trainer_alone:.2f} it/s alone), {SERVE_SECONDS} s, "
+        f"medians of {runs} runs; latency from arrival"
+    )
     print(f"{'control':>34}{'p50 ms':>9}{'p99 ms':>9}{'trainer':>9}{'p50 range':>16}{'trainer range':>16}")
-    print(f"{'service alone':>34}{statistics.median(s.p50_ms for s in alone):9.1f}"
-          f"{statistics.median(s.p99_ms for s in alone):9.1f}")
+    print(
+        f"{'service alone':>34}{statistics.median(s.p50_ms for s in alone):9.1f}"
+        f"{statistics.median(s.p99_ms for s in alone):9.1f}"
+    )
     rows: dict[str, list[tuple[sharegpu.Served, float]]] = {label: [] for label, _, _ in LAUNCH_BOUND_CONTROLS}
     for k in range(runs):
         for n, (label, service_limits, trainer_limits) in enumerate(LAUNCH_BOUND_CONTROLS):
             sched = tmp_path / f"lb-{n}-{k}"
             sched.mkdir()
             start_at = time.time() + 15
-            trainer = sharegpu.torch_run("resnet-train", tenant_env(sched, "trainer", trainer_limits), SERVE_SECONDS,
-                                         start_at)
+            trainer = sharegpu.torch_run(
+                "resnet-train", tenant_env(sched, "trainer", trainer_limits), SERVE_SECONDS, start_at
+            )
             service = sharegpu.serve_run(tenant_env(sched, "service", service_limits), SERVE_SECONDS, rate, start_at)
             served = sharegpu.serve_result(service)
             rows[label].append((served, 100 * sharegpu.torch_output(trainer)[0] / trainer_alone))
     for label, results in rows.items():
-        p50s, p99s, parts = ([s.p50_ms for s, _ in results], [s.p99_ms for s, _ in results],
-                             [part for _, part in results])
-        print(f"{label:>34}{statistics.median(p50s):9.1f}{statistics.median(p99s):9.1f}"
-              f"{statistics.median(parts):8.1f}%{_range(p50s):>16}{_range(parts):>16}")
+        p50s, p99s, parts = (
+            [s.p50_ms for s, _ in results],
+            [s.p99_ms for s, _ in results],
+            [part for _, part in results],
+        )
+        print(
+            f"{label:>34}{statistics.median(p50s):9.1f}{statistics.median(p99s):9.1f}"
+            f"{statistics.median(parts):8.1f}%{_range(p50s):>16}{_range(parts):>16}"
+        )
 
 
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 25
     samples = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
-    parts = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else \
-        {"overhead", "fma", "duty", "torch", "weights", "real", "launch-bound"}
+    parts = (
+        set(sys.argv[3].split(","))
+        if len(sys.argv) > 3
+        else {"overhead", "fma", "duty", "torch", "weights", "real", "launch-bound"}
+    )
     real_runs = max((int(p.split(":", 1)[1]) for p in parts if p.startswith("real") and ":" in p), default=3)
     launch_bound_runs = max((int(p.split(":", 1)[1]) for p in parts if p.startswith("launch-bound:")), default=3)
     parts = {p.split(":", 1)[0] if p.startswith(("real", "launch-bound")) else p for p in parts}
@@ -281,8 +339,11 @@ def main() -> None:
             fma(tmp_path, program)
         if "duty" in parts or "torch" in parts or "torch:train" in parts:
             duty_cycle()
-        workloads = ("matmul", "conv", "train") if "torch" in parts else \
-            tuple(p.split(":", 1)[1] for p in parts if p.startswith("torch:"))
+        workloads = (
+            ("matmul", "conv", "train")
+            if "torch" in parts
+            else tuple(p.split(":", 1)[1] for p in parts if p.startswith("torch:"))
+        )
         if parts & {"real", "real-caps", "real-weights"}:
             alone = real_caps(tmp_path, caps=() if "real-weights" in parts else (25, 50, 75), runs=real_runs)
             for extra in os.environ.get("NVC_BENCH_SHIMS", "").split(":"):
@@ -295,8 +356,10 @@ def main() -> None:
         if workloads or "weights" in parts:
             natives = torch_shares(tmp_path, sharegpu.shim_env(None), workloads) if workloads else {}
             if "weights" in parts:
-                native = natives.get("matmul") or sharegpu.torch_result(sharegpu.torch_run("matmul", sharegpu.shim_env(None),
-                                                                         TORCH_SECONDS))[0]
+                native = (
+                    natives.get("matmul")
+                    or sharegpu.torch_result(sharegpu.torch_run("matmul", sharegpu.shim_env(None), TORCH_SECONDS))[0]
+                )
                 weighted(tmp_path, native)
 
 
@@ -315,28 +378,43 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
                 figures[name].setdefault(key, []).append((float(out[key][0]), float(out[key][1])))
             ab = sharegpu.run([program, "pairab", samples], env)["pairab"]
             in_process[name].append(float(ab[2]))
-    print(f"overhead, {runs} pairs of runs x {samples} samples each, pinned to CPU {cpu} (us); delta: median"
-          " of the pairs' differences")
+    print(
+        f"overhead, {runs} pairs of runs x {samples} samples each, pinned to CPU {cpu} (us); delta: median"
+        " of the pairs' differences"
+    )
     print(f"{'':36}{'native':>10}{'shim':>10}{'delta':>10}{'target':>10}    pair deltas")
-    for key, label, budget in (("pair_us", "cudaMalloc+cudaFree 1 MiB", 2.0),
-                               ("launch_us", "empty kernel launch", 0.2)):
+    for key, label, budget in (
+        ("pair_us", "cudaMalloc+cudaFree 1 MiB", 2.0),
+        ("launch_us", "empty kernel launch", 0.2),
+    ):
         for stat, stat_label in ((0, "median"), (1, "p10")):
             natives = [run[stat] for run in figures["native"][key]]
             shims = [run[stat] for run in figures["shim"][key]]
             deltas = [s - n for n, s in zip(natives, shims)]
             delta = statistics.median(deltas)
-            print(f"{label + ', ' + stat_label:36}{statistics.median(natives):10.2f}"
-                  f"{statistics.median(shims):10.2f}{delta:+10.2f}{'<= +' + str(budget):>10}"
-                  f"  {'ok' if delta <= budget else 'OVER'}  " + " ".join(f"{d:+.1f}" for d in deltas))
+            print(
+                f"{label + ', ' + stat_label:36}{statistics.median(natives):10.2f}"
+                f"{statistics.median(shims):10.2f}{delta:+10.2f}{'<= +' + str(budget):>10}"
+                f"  {'ok' if delta <= budget else 'OVER'}  " + " ".join(f"{d:+.1f}" for d in deltas)
+            )
     control, wrapped = statistics.median(in_process["native"]), statistics.median(in_process["shim"])
-    print(f"\nthe same in one process: cuMemAlloc_v2+cuMemFree_v2 1 MiB through dlsym's pointer (the shim's"
-          f" wrapper when preloaded)\nminus through the driver's own pointer, pair by pair ({samples} pairs a run,"
-          f" median of the runs' medians; us)")
-    print(f"{'native (control: both the driver)':36}{control:+10.2f}   runs "
-          + " ".join(f"{d:+.2f}" for d in in_process["native"]))
-    print(f"{'shim (wrapper minus driver)':36}{wrapped:+10.2f}   runs " + " ".join(f"{d:+.2f}" for d in in_process["shim"]))
-    print(f"{'shim overhead (shim - control)':36}{wrapped - control:+10.2f}{'<= +2.0':>10}"
-          f"  {'ok' if wrapped - control <= 2.0 else 'OVER'}")
+    print(
+        f"\nthe same in one process: cuMemAlloc_v2+cuMemFree_v2 1 MiB through dlsym's pointer (the shim's"
+        f" wrapper when preloaded)\nminus through the driver's own pointer, pair by pair ({samples} pairs a run,"
+        f" median of the runs' medians; us)"
+    )
+    print(
+        f"{'native (control: both the driver)':36}{control:+10.2f}   runs "
+        + " ".join(f"{d:+.2f}" for d in in_process["native"])
+    )
+    print(
+        f"{'shim (wrapper minus driver)':36}{wrapped:+10.2f}   runs "
+        + " ".join(f"{d:+.2f}" for d in in_process["shim"])
+    )
+    print(
+        f"{'shim overhead (shim - control)':36}{wrapped - control:+10.2f}{'<= +2.0':>10}"
+        f"  {'ok' if wrapped - control <= 2.0 else 'OVER'}"
+    )
 
 
 def duty_cycle(seconds: float = 2.0) -> None:
@@ -345,6 +423,7 @@ def duty_cycle(seconds: float = 2.0) -> None:
     periods; 200 ms to tell a cost per wake-up from a slower CPU). A CPU that does the work slower
     after sleeping (clocks, caches, a VM's idle vCPU) makes such a loop fall short of its cap by as
     much, whatever the shim does."""
+
     def unit() -> None:
         sum(i * i for i in range(500))
 
@@ -371,8 +450,11 @@ def fma(tmp_path: Path, program: Path) -> None:
     seconds, iters = 3, sharegpu.COMPUTE_ITERS
     rates = {}
     for percent in (100, 25, 50, 75):
-        env = native if percent == 100 else sharegpu.shim_env(
-            sharegpu.limits_dir(tmp_path / f"c{percent}", {"NVC_SHARE_COMPUTE": str(percent)}))
+        env = (
+            native
+            if percent == 100
+            else sharegpu.shim_env(sharegpu.limits_dir(tmp_path / f"c{percent}", {"NVC_SHARE_COMPUTE": str(percent)}))
+        )
         rates[percent] = float(sharegpu.run([program, "compute", seconds, iters], env)["compute"][0])
     print(f"\ncompute share, {seconds} s of fma_loop<<<1056,256>>> x {iters} iterations")
     print(f"{'requested':>10}{'kernels/s':>12}{'achieved':>10}{'error':>8}")

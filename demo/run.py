@@ -44,13 +44,21 @@ def _runc_demo(work: Path, rootfs_cache, config: Path) -> int:  # noqa: ANN001 (
     if runtime is None:
         print("neither podman nor runc/crun is installed: cannot start a container")
         return 1
-    hook = {"path": str(PROGRAMS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    hook = {
+        "path": str(PROGRAMS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"],
+    }
     print(f"podman is not installed: using {runtime} with nvc-py-hook as the prestart hook in config.json\n")
     for i, value in enumerate(("0", "1", "all", None)):
         env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}
-        bundle = make_bundle(work / f"bundle{i}", rootfs_cache.copy("debian", work / f"rootfs{i}"),
-                             ["sh", "-c", "nvidia-smi -L 2>&1 || true"], env=env, hooks={"prestart": [hook]})
+        bundle = make_bundle(
+            work / f"bundle{i}",
+            rootfs_cache.copy("debian", work / f"rootfs{i}"),
+            ["sh", "-c", "nvidia-smi -L 2>&1 || true"],
+            env=env,
+            hooks={"prestart": [hook]},
+        )
         result = Runc(work / "runc-state", runtime).create_start(bundle)
         shown = f"NVIDIA_VISIBLE_DEVICES={value}" if value is not None else "NVIDIA_VISIBLE_DEVICES unset"
         print(f"$ {Path(runtime).name} run ({shown}) -- nvidia-smi -L")
@@ -63,8 +71,9 @@ def _runc_demo(work: Path, rootfs_cache, config: Path) -> int:  # noqa: ANN001 (
 def _podman_demo(work: Path, rootfs_cache, hooks: Path) -> int:  # noqa: ANN001 (harness.rootfs.RootfsCache)
     from harness.podman import Podman
 
-    print("Importing a small image made from host parts (busybox + glibc) into a private podman store ...\n",
-          flush=True)
+    print(
+        "Importing a small image made from host parts (busybox + glibc) into a private podman store ...\n", flush=True
+    )
     podman = Podman(work / "podman", rootfs_cache)
     try:
         return _podman_runs(podman, hooks)
@@ -120,8 +129,11 @@ def _demo() -> int:
             print("== nvc-py demo: real NVIDIA driver found on this host ==\n", flush=True)
             root, activation = "/", nullcontext()
         else:
-            print("== nvc-py demo: no NVIDIA driver on this host; using the built-in FAKE driver (test double: "
-                  "two fake GPUs, the second with two MIG devices) ==\n", flush=True)
+            print(
+                "== nvc-py demo: no NVIDIA driver on this host; using the built-in FAKE driver (test double: "
+                "two fake GPUs, the second with two MIG devices) ==\n",
+                flush=True,
+            )
             from fakedriver.activate import activate
             from fakedriver.build import build
 
@@ -135,19 +147,33 @@ def _demo() -> int:
             _show([str(PROGRAMS / "nvc-py"), "--root", root, "info"], shown=f"nvc-py --root {root} info")
             if shutil.which("podman"):
                 # --no-server: a demo leaves no systemd units and no server behind on the host
-                _show([str(PROGRAMS / "nvc-py"), "setup", "podman", "--hooks-dir", str(hooks), "--config",
-                       str(config), "--no-server"],
-                      shown=f"nvc-py setup podman --hooks-dir {hooks} --config {config} --no-server")
-                print(f"# (the warning is for a podman left to its defaults: this demo's is given --hooks-dir {hooks})\n",
-                      flush=True)
+                _show(
+                    [
+                        str(PROGRAMS / "nvc-py"),
+                        "setup",
+                        "podman",
+                        "--hooks-dir",
+                        str(hooks),
+                        "--config",
+                        str(config),
+                        "--no-server",
+                    ],
+                    shown=f"nvc-py setup podman --hooks-dir {hooks} --config {config} --no-server",
+                )
+                print(
+                    f"# (the warning is for a podman left to its defaults: this demo's is given --hooks-dir {hooks})\n",
+                    flush=True,
+                )
                 code = _podman_demo(work, rootfs_cache, hooks)
             else:
                 code = _runc_demo(work, rootfs_cache, config)
         print("The hook's log (one line per container start):")
         print((work / "hook.log").read_text(), flush=True)
     if not real:
-        print("This demo's fake driver is removed with it: `make try` opens a shell where nvc-py info, list, "
-              "cdi generate and configure --dry-run answer from one.")
+        print(
+            "This demo's fake driver is removed with it: `make try` opens a shell where nvc-py info, list, "
+            "cdi generate and configure --dry-run answer from one."
+        )
     return code
 
 

@@ -50,8 +50,13 @@ def main() -> int:
         for sub in ("etc", "usr/lib", "usr/bin", "dev", "proc"):
             (rootfs / sub).mkdir(parents=True)
         (work / "staging").mkdir()
-        env = {**os.environ, "NVC_PY_CONFIG": str(config), "NVC_PY_HOOK_SOCKET": "none", "ROOTFS": str(rootfs),
-               "PS1": "(nvc-py try: FAKE driver) \\w# "}
+        env = {
+            **os.environ,
+            "NVC_PY_CONFIG": str(config),
+            "NVC_PY_HOOK_SOCKET": "none",
+            "ROOTFS": str(rootfs),
+            "PS1": "(nvc-py try: FAKE driver) \\w# ",
+        }
 
         def private_fake() -> None:
             """In the shell's process before it starts: its own mount namespace (gone with it; this

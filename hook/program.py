@@ -10,10 +10,10 @@ import os
 import sys
 
 from nvc.errors import InputError, NvcError
-from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
 from nvc.hook.oci.prestart import PROG, USAGE
 from nvc.hook.oci.prestart import main as stages
 from nvc.hook.server.handover import hand_over
+from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
 
 
 def _serve(args: list[str]) -> int:

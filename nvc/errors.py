@@ -14,8 +14,10 @@ from __future__ import annotations
 SHOWN_LIMIT = 200  # characters of one quoted value
 MESSAGE_LIMIT = 1000  # characters of one whole message
 # Where no NVIDIA driver is loaded: what a newcomer can still run (Makefile's try, demo/try.py).
-TRY_WITHOUT_GPU = ("to try nvc-py without a GPU, run `make try` in a copy of nvc-py's source (its fake driver "
-                   "is in the source, not installed)")
+TRY_WITHOUT_GPU = (
+    "to try nvc-py without a GPU, run `make try` in a copy of nvc-py's source (its fake driver "
+    "is in the source, not installed)"
+)
 
 
 def _cut(text: str, limit: int) -> tuple[str, str]:

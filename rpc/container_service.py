@@ -42,8 +42,8 @@ def _received(pid: int | None, fds: tuple[int, ...]) -> AbstractContextManager[C
 def serve_container() -> Dispatch:
     """Helper setup: confine, then serve mount / rollback / commit for one plan."""
     from nvc.apply.applier import Applier
-    from nvc.system.confinement import CONTAINER_HELPER, confine
     from nvc.plan.operations import Plan
+    from nvc.system.confinement import CONTAINER_HELPER, confine
 
     confine(CONTAINER_HELPER)
     state: dict[str, Applier] = {}

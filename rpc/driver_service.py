@@ -24,8 +24,8 @@ from nvc.rpc.pool import WarmHelper
 if TYPE_CHECKING:  # imported where used: what this module loads delays the helper's fork (``info``)
     from pathlib import Path
 
-    from nvc.model.devices import DriverSnapshot
     from nvc.discover.inventory import Inventory
+    from nvc.model.devices import DriverSnapshot
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Host libraries NVML needs, loaded before the chroot so a driver root that lacks them (or
@@ -176,8 +176,15 @@ class _Nvml:
         for index in range(self.call("nvmlDeviceGetCount")):
             handle = self.call("nvmlDeviceGetHandleByIndex", index)
             info = self.call("nvmlDeviceGetMemoryInfo", handle)
-            found.append({"index": index, "uuid": self.call("nvmlDeviceGetUUID", handle),
-                          "model": self.call("nvmlDeviceGetName", handle), "total": info.total, "used": info.used})
+            found.append(
+                {
+                    "index": index,
+                    "uuid": self.call("nvmlDeviceGetUUID", handle),
+                    "model": self.call("nvmlDeviceGetName", handle),
+                    "total": info.total,
+                    "used": info.used,
+                }
+            )
         return found
 
     def snapshot(self) -> dict[str, Any]:
@@ -201,6 +208,7 @@ def _preload_host_libraries() -> None:
 def _warm() -> None:
     """What a preforked driver helper does before it knows its driver root: the imports."""
     import ctypes  # noqa: F401
+
     import pynvml  # noqa: F401
 
     import nvc.system.confinement  # noqa: F401
@@ -321,7 +329,10 @@ def _setup(root: str, user: tuple[int, int] | None, events: bool = False) -> dic
 
 @contextmanager
 def open_driver(
-    root: str = "/", user: tuple[int, int] | None = None, timeout: float = DEFAULT_TIMEOUT, wait: bool = True,
+    root: str = "/",
+    user: tuple[int, int] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    wait: bool = True,
     events: bool = False,
 ) -> Iterator[DriverClient]:
     """Start the driver helper for ``root``; shut it down (and reap it) on exit.
@@ -336,8 +347,9 @@ def open_driver(
         yield DriverClient(helper)
 
 
-def inventory(root: str, user: tuple[int, int] | None, proc: Path | None = None,
-              timeout: float = DEFAULT_TIMEOUT) -> Inventory:
+def inventory(
+    root: str, user: tuple[int, int] | None, proc: Path | None = None, timeout: float = DEFAULT_TIMEOUT
+) -> Inventory:
     """Everything NVML reports (through a driver helper for ``root``), with each MIG device's /proc
     access files and nvidia-caps minors added (:func:`nvc.discover.inventory.from_snapshot`)."""
     from nvc.discover import inventory as inv

@@ -183,8 +183,14 @@ def note(entry: Any) -> None:
 
 
 def _child_main(
-    name: str, sock: socket.socket, parent_pid: int, setup: Setup, warm: Callable[[], None] | None, deferred: bool,
-    failure: type[errors.NvcError], journal: int,
+    name: str,
+    sock: socket.socket,
+    parent_pid: int,
+    setup: Setup,
+    warm: Callable[[], None] | None,
+    deferred: bool,
+    failure: type[errors.NvcError],
+    journal: int,
 ) -> int:
     sock = _isolate(name, sock, parent_pid, journal)
     try:
@@ -209,8 +215,16 @@ class HelperClient:
     :class:`~nvc.errors.MountError` for the container helper); the client is unusable afterwards.
     """
 
-    def __init__(self, name: str, pid: int, sock: socket.socket, timeout: float, grace: float,
-                 failure: type[errors.NvcError], journal: int = -1) -> None:
+    def __init__(
+        self,
+        name: str,
+        pid: int,
+        sock: socket.socket,
+        timeout: float,
+        grace: float,
+        failure: type[errors.NvcError],
+        journal: int = -1,
+    ) -> None:
         self.name = name
         self._journal = journal  # the memfd of a journaling helper, -1 for none
         self.failure = failure
@@ -272,15 +286,23 @@ class HelperClient:
         if self._sock is None:
             raise self.failure(f"{self.name} rpc error: helper is not running")
         try:
-            protocol.send_message(self._sock, protocol.Request(_READY_ID, "setup", params),
-                                  time.monotonic() + self.timeout)
+            protocol.send_message(
+                self._sock, protocol.Request(_READY_ID, "setup", params), time.monotonic() + self.timeout
+            )
         except (TimeoutError, OSError):
             raise self._fail("cannot send the setup parameters") from None
 
     @classmethod
     def _fork(
-        cls, name: str, setup: Setup, warm: Callable[[], None] | None, deferred: bool, timeout: float, grace: float,
-        failure: type[errors.NvcError], journal: bool,
+        cls,
+        name: str,
+        setup: Setup,
+        warm: Callable[[], None] | None,
+        deferred: bool,
+        timeout: float,
+        grace: float,
+        failure: type[errors.NvcError],
+        journal: bool,
     ) -> HelperClient:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         memfd = os.memfd_create(f"nvc-{name}-journal", os.MFD_CLOEXEC) if journal else -1

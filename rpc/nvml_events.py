@@ -43,8 +43,7 @@ class XidWatch:
         gpu = data.device
         if data.gpuInstanceId != ALL_INSTANCES and self.nvml.mig_mode(gpu):
             for mig in self.nvml.mig_devices(gpu):
-                if (mig["gpu_instance_id"], mig["compute_instance_id"]) == (data.gpuInstanceId,
-                                                                            data.computeInstanceId):
+                if (mig["gpu_instance_id"], mig["compute_instance_id"]) == (data.gpuInstanceId, data.computeInstanceId):
                     return mig["uuid"]
         return self.nvml.call("nvmlDeviceGetUUID", gpu)
 
@@ -88,8 +87,11 @@ def topology(nvml: Any) -> dict[str, dict[str, int]]:
 def _pci_levels(nvml: Any, handles: list[Any]) -> dict[tuple[int, int], int]:
     lib = nvml.nvml
     try:
-        return {(i, j): int(lib.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
-                for i in range(len(handles)) for j in range(i + 1, len(handles))}
+        return {
+            (i, j): int(lib.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
+            for i in range(len(handles))
+            for j in range(i + 1, len(handles))
+        }
     except lib.NVMLError:  # no topology from this driver (or the fake one)
         return {}
 

@@ -21,8 +21,15 @@ from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, Setup
 class WarmHelper:
     """At most one helper named ``nvc:[name]`` running ``setup``, waiting for the call that takes it."""
 
-    def __init__(self, name: str, setup: Setup, *, failure: type[errors.NvcError],
-                 warm: Callable[[], None] | None = None, journal: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        setup: Setup,
+        *,
+        failure: type[errors.NvcError],
+        warm: Callable[[], None] | None = None,
+        journal: bool = False,
+    ) -> None:
         self.name = name
         self.setup = setup
         self.failure = failure
@@ -34,8 +41,14 @@ class WarmHelper:
     def fork(self, params: dict[str, Any], timeout: float, wait: bool) -> HelperClient:
         """A helper of this kind started with ``params`` now, never the warm one (see
         :meth:`HelperClient.spawn` for ``wait``)."""
-        return HelperClient.spawn(self.name, functools.partial(self.setup, **params), timeout=timeout, wait=wait,
-                                  failure=self.failure, journal=self.journal)
+        return HelperClient.spawn(
+            self.name,
+            functools.partial(self.setup, **params),
+            timeout=timeout,
+            wait=wait,
+            failure=self.failure,
+            journal=self.journal,
+        )
 
     def prefork(self) -> None:
         """Fork the helper now, before its parameters are known: it runs ``warm`` meanwhile, and

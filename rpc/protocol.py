@@ -171,8 +171,9 @@ def send_message(sock: socket.socket, message: Request | Response, deadline: flo
     send_frame(sock, encode(message), deadline, message.fds if isinstance(message, Request) else ())
 
 
-def _recv_exactly(sock: socket.socket, size: int, deadline: float | None, at_boundary: bool,
-                  fds: list[int] | None = None) -> bytes:
+def _recv_exactly(
+    sock: socket.socket, size: int, deadline: float | None, at_boundary: bool, fds: list[int] | None = None
+) -> bytes:
     buf = bytearray()
     while len(buf) < size:
         sock.settimeout(_remaining(deadline))

@@ -78,6 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
     passing run removes it, the next run clears what a failing one left there, ``make clean``
     removes it; the long phases of tests say on the terminal what they do (harness.progress)."""
     import hostcheck
+
     from harness import progress
 
     if config.option.basetemp is None:
@@ -132,8 +133,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     changed += hostcheck.changes(_HOST["before"], hostcheck.snapshot())
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if own and basetemp is not None and basetemp.exists() and reporter is not None:
-        reporter.write_line(f"this run's files, the hooks' log among them (var-log/): {basetemp} (the next run, or "
-                            "make clean, removes them)")
+        reporter.write_line(
+            f"this run's files, the hooks' log among them (var-log/): {basetemp} (the next run, or "
+            "make clean, removes them)"
+        )
     if changed:
         if reporter is not None:
             reporter.write_line("the test suite changed the host:\n  " + "\n  ".join(changed), red=True)

@@ -33,8 +33,17 @@ PRIVATE_CACHE_DIRS = ("/var/lib/containers/cache",)
 PRIVATE_DIRS = PRIVATE_RUN_DIRS + PRIVATE_CACHE_DIRS
 # Where `nvc-py setup`, `cdi generate` and the configuration live on a host: tests write their own
 # (--hooks-dir, --unit-dir, --drop-in, $NVC_PY_CONFIG...), never these; compared, not mounted over.
-SETUP_DIRS = ("/etc/nvc-py", "/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d", "/etc/crio",
-              "/etc/containerd", "/etc/docker", "/var/lib/docker", "/etc/cdi", "/var/run/cdi")
+SETUP_DIRS = (
+    "/etc/nvc-py",
+    "/usr/share/containers/oci/hooks.d",
+    "/etc/containers/oci/hooks.d",
+    "/etc/crio",
+    "/etc/containerd",
+    "/etc/docker",
+    "/var/lib/docker",
+    "/etc/cdi",
+    "/var/run/cdi",
+)
 # Where the device plugin (the kubelet's device plugin directory) and podman (its default store) write on a host.
 ENGINE_DIRS = ("/var/lib/kubelet", "/var/lib/containers")
 HOOK_LOG = "/var/log/nvc-py.log"  # the configuration's default log.file
@@ -45,8 +54,22 @@ OWN = (os.path.basename(CACHE_DIR), os.path.basename(WORK_DIR))
 DEPTH = 4  # levels under each watched directory compared: enough for /run/nvc-py/share/<id>/shared
 # nvc-py's and its tests' own (nvc-*, the MPS pipe directory), tempfile's default, pytest's, and
 # the container tools'.
-TMP_PREFIXES = ("nvc", "nvidia", "tmp", "pytest-", "podman", "containers", "containerd", "runc", "crun",
-                "libpod", "storage-run", "buildah", "ctr", "docker")
+TMP_PREFIXES = (
+    "nvc",
+    "nvidia",
+    "tmp",
+    "pytest-",
+    "podman",
+    "containers",
+    "containerd",
+    "runc",
+    "crun",
+    "libpod",
+    "storage-run",
+    "buildah",
+    "ctr",
+    "docker",
+)
 SHARED = {"/tmp": TMP_PREFIXES, "/var/tmp": TMP_PREFIXES, "/var/cache": ("",)}
 PYTEST_DIRS = "pytest-of-"  # pytest's default base directories in /tmp: their runs' directories are watched too
 EXIT_WAIT = 5.0  # seconds for the session's last processes to end (podman's cleanup after `run --rm`)
@@ -99,12 +122,16 @@ class HostState:
     files: dict[str, tuple[int, int] | None] = field(default_factory=dict)
 
 
-def snapshot(dirs: tuple[str, ...] = PRIVATE_DIRS + SETUP_DIRS + ENGINE_DIRS,
-             shared: dict[str, tuple[str, ...]] | None = None, files: tuple[str, ...] = WATCHED_FILES) -> HostState:
-    return HostState({path: entries(path, DEPTH) for path in dirs},
-                     {path: _shared_entries(path, prefixes) for path, prefixes in (SHARED if shared is None
-                                                                                   else shared).items()},
-                     {path: _file_state(path) for path in files})
+def snapshot(
+    dirs: tuple[str, ...] = PRIVATE_DIRS + SETUP_DIRS + ENGINE_DIRS,
+    shared: dict[str, tuple[str, ...]] | None = None,
+    files: tuple[str, ...] = WATCHED_FILES,
+) -> HostState:
+    return HostState(
+        {path: entries(path, DEPTH) for path in dirs},
+        {path: _shared_entries(path, prefixes) for path, prefixes in (SHARED if shared is None else shared).items()},
+        {path: _file_state(path) for path in files},
+    )
 
 
 def changes(before: HostState, after: HostState) -> list[str]:
@@ -153,12 +180,17 @@ def own_processes(marker: str, proc: str = "/proc") -> dict[int, str]:
         mine.add(pid)
         pid = parents.get(pid, 0)
     key = os.fsencode(marker)
-    found = {pid for pid in parents if pid not in mine
-             and (key in _read(f"{proc}/{pid}/cmdline") or key in _read(f"{proc}/{pid}/environ"))}
+    found = {
+        pid
+        for pid in parents
+        if pid not in mine and (key in _read(f"{proc}/{pid}/cmdline") or key in _read(f"{proc}/{pid}/environ"))
+    }
     while grown := {pid for pid, parent in parents.items() if parent in found and pid not in found | mine}:
         found |= grown
-    return {pid: _read(f"{proc}/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
-            for pid in sorted(found)}
+    return {
+        pid: _read(f"{proc}/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+        for pid in sorted(found)
+    }
 
 
 def left_running(marker: str, wait: float = EXIT_WAIT) -> list[str]:

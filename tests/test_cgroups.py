@@ -12,8 +12,8 @@ import pytest
 from nvc.apply import bpf
 from nvc.apply.cgroups import DeviceCgroup, allow_devices, locate_device_cgroup, parse_proc_cgroup
 from nvc.apply.container import ContainerHandle
-from nvc.plan.devfilter import ALU64_MOV_K, JMP_CALL, JMP_EXIT, DeviceRule, Insn, build_filter, encode
 from nvc.errors import ContainerError
+from nvc.plan.devfilter import ALU64_MOV_K, JMP_CALL, JMP_EXIT, DeviceRule, Insn, build_filter, encode
 
 V1_ROOT = "/sys/fs/cgroup/devices"
 V2_ROOT = "/sys/fs/cgroup/unified"

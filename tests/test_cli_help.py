@@ -8,7 +8,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from harness.clitree import commands, takes_value as _takes_value
+from harness.clitree import commands
+from harness.clitree import takes_value as _takes_value
 from nvc.commands.cli import cli
 
 GROUPS = [words for words, command in commands(cli) if isinstance(command, click.Group)]
@@ -36,12 +37,19 @@ def test_every_command_line_of_a_group_is_whole(words: tuple[str, ...]) -> None:
 
 
 def test_one_metavar_style() -> None:
-    found = {(*words, param.name): param.metavar or param.type.name.upper()
-             for words, command in commands(cli) for param in command.params
-             if isinstance(param, click.Option) and _takes_value(param) and not param.hidden
-             and not isinstance(param.type, click.Choice)}
+    found = {
+        (*words, param.name): param.metavar or param.type.name.upper()
+        for words, command in commands(cli)
+        for param in command.params
+        if isinstance(param, click.Option)
+        and _takes_value(param)
+        and not param.hidden
+        and not isinstance(param.type, click.Choice)
+    }
     assert not {key: metavar for key, metavar in found.items() if metavar in NOT_OUR_STYLE}
-    paths = {key: metavar for key, metavar in found.items()
-             if key[-1].endswith(("dir", "file", "path", "log", "socket", "output", "drop_in", "root", "ldcache",
-                                  "debug"))}
+    paths = {
+        key: metavar
+        for key, metavar in found.items()
+        if key[-1].endswith(("dir", "file", "path", "log", "socket", "output", "drop_in", "root", "ldcache", "debug"))
+    }
     assert len(paths) > 15 and set(paths.values()) == {"PATH"}, paths

@@ -13,11 +13,20 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from harness.clihostile import HOOK, NVC_PY, RUNTIME, NUMBER_VALUES, PATH_VALUES, Case, Scratch, run_phases
-from harness.clihostile import hook_state as _state, scratch_bundle as _bundle
-from harness.clihostile import table_dir  # noqa: F401  (fixture)
+from harness.clihostile import (
+    HOOK,
+    NUMBER_VALUES,
+    NVC_PY,
+    PATH_VALUES,
+    RUNTIME,
+    Case,
+    Scratch,
+    run_phases,
+    table_dir,  # noqa: F401  (fixture)
+)
+from harness.clihostile import hook_state as _state
+from harness.clihostile import scratch_bundle as _bundle
 from nvc import config as config_file
-
 
 # ---- the configuration file ------------------------------------------------------------------------------
 
@@ -26,8 +35,10 @@ CONFIG_READERS: dict[str, tuple[Callable[[Scratch], list[str | bytes]], bool]] =
     "config show": (lambda s: [NVC_PY, "config", "show"], False),
     "list": (lambda s: [NVC_PY, "list"], False),
     "cdi generate": (lambda s: [NVC_PY, "cdi", "generate"], False),
-    "k8s device-plugin": (lambda s: [NVC_PY, "k8s", "device-plugin", "--device-plugin-dir", s.path("device-plugins")],
-                          True),
+    "k8s device-plugin": (
+        lambda s: [NVC_PY, "k8s", "device-plugin", "--device-plugin-dir", s.path("device-plugins")],
+        True,
+    ),
     "hook prestart": (lambda s: [HOOK, "prestart"], False),
     "runtime create": (lambda s: [RUNTIME, "create", "--bundle", str(_bundle(s)), "ctr"], False),
 }
@@ -38,8 +49,11 @@ def _config_keys(kind: type) -> Iterator[tuple[str, str]]:
     """(section, key) of every setting whose default is of ``kind`` (a tuple: its entries')."""
     for section, fields in SECTIONS.items():
         for name, default in fields._field_defaults.items():
-            if isinstance(default, tuple) and default and not isinstance(default, (config_file.Sharing,
-                                                                                    config_file.K8s)):
+            if (
+                isinstance(default, tuple)
+                and default
+                and not isinstance(default, (config_file.Sharing, config_file.K8s))
+            ):
                 default = default[0]
             if isinstance(default, kind) and not isinstance(default, bool):
                 yield section, name.replace("_", "-")
@@ -50,8 +64,12 @@ def _config_with(scratch: Scratch, section: str, key: str, value: str) -> str:
     :class:`~nvc.config.Config`, ``log: {file, level}`` in the file) set to ``value``."""
     if not section and key.startswith("log-"):
         section, key = "log", key.removeprefix("log-")
-    top = {"load-kmods": "false", "runtimes": "[/bin/true]", "root": str(scratch.root),
-           "log": f"{{file: {scratch.path('hook.log')}}}"}
+    top = {
+        "load-kmods": "false",
+        "runtimes": "[/bin/true]",
+        "root": str(scratch.root),
+        "log": f"{{file: {scratch.path('hook.log')}}}",
+    }
     if section:
         top[section] = f"{{{key}: {value}}}"
     else:
@@ -65,9 +83,9 @@ def config_cases() -> tuple[list[Case], list[Case]]:
         is_list = isinstance(getattr(SECTIONS[section](), key.replace("-", "_")), tuple)
         for value_name in ("digits-5000", "digits-4000"):
             digits = NUMBER_VALUES[value_name]
-            texts[f"{section or 'top'}.{key}={value_name}"] = (
-                lambda s, sec=section, k=key, d=digits, lst=is_list: _config_with(
-                    s, sec, k, f"[{d(s)}]" if lst else str(d(s))))
+            texts[f"{section or 'top'}.{key}={value_name}"] = lambda s, sec=section, k=key, d=digits, lst=is_list: (
+                _config_with(s, sec, k, f"[{d(s)}]" if lst else str(d(s)))
+            )
     for section, key in _config_keys(str):
         if not str(getattr(SECTIONS[section](), key.replace("-", "_"))).startswith("/"):
             continue  # not a path
@@ -75,18 +93,28 @@ def config_cases() -> tuple[list[Case], list[Case]]:
             if value_name in ("newline", "not-utf8"):
                 continue  # other YAML text than the path (the file is UTF-8)
             texts[f"{section or 'top'}.{key}={value_name}"] = lambda s, sec=section, k=key, v=value: _config_with(
-                s, sec, k, json.dumps(v(s)))
+                s, sec, k, json.dumps(v(s))
+            )
     bases: list[Case] = []
     rest: list[Case] = []
     for reader, (argv, daemon) in CONFIG_READERS.items():
         bases.append(Case(f"{reader} (base configuration)", argv, stdin=_state, daemon=daemon, must_succeed=not daemon))
         for text_name, text in texts.items():
+
             def setup(s: Scratch, t: Callable[[Scratch], str] = text) -> None:
                 s.config.write_text(t(s))
+
             rest.append(Case(f"{reader} with {text_name}", argv, stdin=_state, daemon=daemon, setup=setup))
         for value_name, value in PATH_VALUES.items():
-            rest.append(Case(f"{reader} with NVC_PY_CONFIG={value_name}", argv, stdin=_state, daemon=daemon,
-                             env=lambda s, v=value: {"NVC_PY_CONFIG": os.fsdecode(v(s))}))
+            rest.append(
+                Case(
+                    f"{reader} with NVC_PY_CONFIG={value_name}",
+                    argv,
+                    stdin=_state,
+                    daemon=daemon,
+                    env=lambda s, v=value: {"NVC_PY_CONFIG": os.fsdecode(v(s))},
+                )
+            )
     return bases, rest
 
 

@@ -15,12 +15,21 @@ from typing import Any
 
 import click
 
-from harness.clitree import commands, takes_value as _takes_value
-from harness.clihostile import (NVC_PY, CHOICE_VALUES, NUMBER_VALUES, PATH_VALUES, WORD_VALUES, Case, Scratch,
-                                Value, run_phases)
-from harness.clihostile import table_dir  # noqa: F401  (fixture)
+from harness.clihostile import (
+    CHOICE_VALUES,
+    NUMBER_VALUES,
+    NVC_PY,
+    PATH_VALUES,
+    WORD_VALUES,
+    Case,
+    Scratch,
+    Value,
+    run_phases,
+    table_dir,  # noqa: F401  (fixture)
+)
+from harness.clitree import commands
+from harness.clitree import takes_value as _takes_value
 from nvc.commands.cli import cli
-
 
 # ---- nvc-py: the click tree ------------------------------------------------------------------------
 
@@ -77,14 +86,22 @@ def _values(param: click.Parameter) -> dict[str, Value]:
         return NUMBER_VALUES
     metavar = (param.metavar or "").upper() if isinstance(param, click.Option) else param.name.upper()
     default = param.default if isinstance(param.default, str) else ""
-    if any(m in metavar for m in PATH_METAVARS) or default.lstrip("@").startswith("/") or param.name in (
-            *(key[-1] for key in BASE), "root", "ldcache", "debug", "output"):
+    if (
+        any(m in metavar for m in PATH_METAVARS)
+        or default.lstrip("@").startswith("/")
+        or param.name in (*(key[-1] for key in BASE), "root", "ldcache", "debug", "output")
+    ):
         return PATH_VALUES
     return WORD_VALUES
 
 
-def _argv(words: tuple[str, ...], command: click.Command, scratch: Scratch, hostile: tuple[click.Parameter, Any] | None,
-          global_hostile: tuple[click.Parameter, Any] | None = None) -> list[str | bytes]:
+def _argv(
+    words: tuple[str, ...],
+    command: click.Command,
+    scratch: Scratch,
+    hostile: tuple[click.Parameter, Any] | None,
+    global_hostile: tuple[click.Parameter, Any] | None = None,
+) -> list[str | bytes]:
     """``nvc-py [global option] WORDS [base options] [hostile option] [arguments]``."""
     argv: list[str | bytes] = [NVC_PY]
     if global_hostile is not None:
@@ -129,8 +146,15 @@ def nvc_py_cases() -> tuple[list[Case], list[Case]]:
         for flag in _eager_flags(command):
             flag_argv = lambda s, w=words, f=flag: [NVC_PY, *w, f]  # noqa: E731
             for mode in ("pipe", "closed", "full", "both-closed"):
-                rest.append(Case(f"{label} {flag} | {mode}", flag_argv, stdout=mode, must_succeed=mode == "pipe",
-                                 must_fail_output=mode != "pipe"))
+                rest.append(
+                    Case(
+                        f"{label} {flag} | {mode}",
+                        flag_argv,
+                        stdout=mode,
+                        must_succeed=mode == "pipe",
+                        must_fail_output=mode != "pipe",
+                    )
+                )
     for words, command in leaves:
         label = " ".join(("nvc-py", *words))
         kind = {"daemon": words in DAEMONS, "verdict": words in VERDICTS}
@@ -140,14 +164,23 @@ def nvc_py_cases() -> tuple[list[Case], list[Case]]:
             rest.append(Case(f"{label} | {mode}", plain, stdout=mode, **kind))
         for param in _value_params(command):
             for value_name, value in _values(param).items():
-                rest.append(Case(f"{label} {param.name}={value_name}",
-                                 lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, (p, v(s))), **kind))
+                rest.append(
+                    Case(
+                        f"{label} {param.name}={value_name}",
+                        lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, (p, v(s))),
+                        **kind,
+                    )
+                )
         for param in _value_params(cli):  # the global options: one value before every command, all before some
             values = list(_values(param).items())
             for value_name, value in values if words in ALL_GLOBAL_VALUES else values[:1]:
-                rest.append(Case(f"nvc-py --{param.name}={value_name} {' '.join(words)}",
-                                 lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, None, (p, v(s))),
-                                 **kind))
+                rest.append(
+                    Case(
+                        f"nvc-py --{param.name}={value_name} {' '.join(words)}",
+                        lambda s, w=words, c=command, p=param, v=value: _argv(w, c, s, None, (p, v(s))),
+                        **kind,
+                    )
+                )
     return bases, rest
 
 

@@ -41,7 +41,9 @@ GOLDEN_COMMANDS = {
 }
 
 
-@pytest.mark.parametrize(("fixture", "prefix"), [("active_2gpu", "two-gpu-mig"), ("active_local_nvidia", "local-nvidia")])
+@pytest.mark.parametrize(
+    ("fixture", "prefix"), [("active_2gpu", "two-gpu-mig"), ("active_local_nvidia", "local-nvidia")]
+)
 def test_golden_outputs(fixture: str, prefix: str, request: pytest.FixtureRequest) -> None:
     fake = request.getfixturevalue(fixture)
     for name, args in GOLDEN_COMMANDS.items():
@@ -65,26 +67,46 @@ def test_info_matches_the_machine(active_2gpu) -> None:
 
 def test_list_default_equals_explicit_flags(active_2gpu) -> None:
     root = str(active_2gpu.root)
-    assert nvc("--root", root, "list").stdout == nvc(
-        "--root", root, "list", "--device=all", "--compat32", "-l", "-b", "-i", "-f").stdout
+    assert (
+        nvc("--root", root, "list").stdout
+        == nvc("--root", root, "list", "--device=all", "--compat32", "-l", "-b", "-i", "-f").stdout
+    )
     # Only --imex-channel keeps the defaults, and adds the channel.
     default = json.loads(nvc("--root", root, "list", "--json").stdout)
     with_channel = json.loads(nvc("--root", root, "list", "--json", "--imex-channel=1").stdout)
     assert with_channel == {**default, "imex_channels": [f"{root}/dev/nvidia-caps-imex-channels/channel1"]}
-    assert list(default) == ["devices", "mig_devices", "imex_channels", "mig_config", "binaries", "libraries",
-                             "libraries32", "ipcs", "firmwares"]
+    assert list(default) == [
+        "devices",
+        "mig_devices",
+        "imex_channels",
+        "mig_config",
+        "binaries",
+        "libraries",
+        "libraries32",
+        "ipcs",
+        "firmwares",
+    ]
 
 
 def test_list_sections_and_flags(active_2gpu) -> None:
     root = str(active_2gpu.root)
-    out = nvc("--root", root, "list", "-d", "0", "--imex-channel", "1,0", "--mig-config=all",
-              "--mig-monitor=all").stdout.replace(root, "<root>").splitlines()
+    out = (
+        nvc("--root", root, "list", "-d", "0", "--imex-channel", "1,0", "--mig-config=all", "--mig-monitor=all")
+        .stdout.replace(root, "<root>")
+        .splitlines()
+    )
     assert out == [
-        "<root>/dev/nvidiactl", "<root>/dev/nvidia-uvm", "<root>/dev/nvidia-uvm-tools", "<root>/dev/nvidia-modeset",
+        "<root>/dev/nvidiactl",
+        "<root>/dev/nvidia-uvm",
+        "<root>/dev/nvidia-uvm-tools",
+        "<root>/dev/nvidia-modeset",
         "<root>/dev/nvidia0",
-        "<root>/dev/nvidia-caps-imex-channels/channel1", "<root>/dev/nvidia-caps-imex-channels/channel0",
-        "/proc/driver/nvidia/capabilities/mig/config", "<root>/dev/nvidia-caps/nvidia-cap1",
-        "/proc/driver/nvidia/capabilities/mig/monitor", "<root>/dev/nvidia-caps/nvidia-cap2",
+        "<root>/dev/nvidia-caps-imex-channels/channel1",
+        "<root>/dev/nvidia-caps-imex-channels/channel0",
+        "/proc/driver/nvidia/capabilities/mig/config",
+        "<root>/dev/nvidia-caps/nvidia-cap1",
+        "/proc/driver/nvidia/capabilities/mig/monitor",
+        "<root>/dev/nvidia-caps/nvidia-cap2",
     ]
     assert nvc("--root", root, "list", "-f", "--no-gsp-firmware").stdout == ""
     libs = nvc("--root", root, "list", "-l").stdout.splitlines()
@@ -103,7 +125,10 @@ def test_global_options(active_local_nvidia, tmp_path: Path) -> None:
     assert all(re.match(r"^[DIWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \w+\.py:\d+\] ", ln) for ln in lines[1:])
     # --ldcache is looked up inside the root.
     done = nvc("--root", root, "--ldcache", "/etc/none.cache", "list", "-l")
-    assert (done.returncode, done.stderr) == (5, f"nvc-py: detection error: {root}/etc/none.cache: No such file or directory\n")
+    assert (done.returncode, done.stderr) == (
+        5,
+        f"nvc-py: detection error: {root}/etc/none.cache: No such file or directory\n",
+    )
 
 
 def test_load_kmods_into_an_empty_root(active_2gpu, tmp_path: Path) -> None:
@@ -112,8 +137,11 @@ def test_load_kmods_into_an_empty_root(active_2gpu, tmp_path: Path) -> None:
     done = nvc("--root", str(tmp_path), "--load-kmods", "list", "-d", "1,0")
     assert done.returncode == 0, done.stderr
     assert done.stdout.replace(str(tmp_path), "<root>").splitlines() == [
-        "<root>/dev/nvidiactl", "<root>/dev/nvidia-uvm", "<root>/dev/nvidia-uvm-tools",
-        "<root>/dev/nvidia0", "<root>/dev/nvidia1",
+        "<root>/dev/nvidiactl",
+        "<root>/dev/nvidia-uvm",
+        "<root>/dev/nvidia-uvm-tools",
+        "<root>/dev/nvidia0",
+        "<root>/dev/nvidia1",
     ]
     assert not (tmp_path / "dev/nvidia-modeset").exists()
     assert (tmp_path / "dev/nvidia-caps/nvidia-cap157").is_char_device()
@@ -126,10 +154,17 @@ def test_load_kmods_into_an_empty_root(active_2gpu, tmp_path: Path) -> None:
         (["list", "-d", "0:5"], 6, "device error: 0:5: unknown device"),
         (["list", "-d", "bogus"], 6, "device error: bogus: unknown device"),
         (["list", "--imex-channel", "1048576"], 2, "input error: 1048576: unsupported IMEX channel value"),
-        (["list", "--imex-channel", "5"], 6, "device error: /dev/nvidia-caps-imex-channels/channel5: "
-                                             "no such device node under <root> (see --load-kmods)"),
-        (["list", "-d", "1:0", "--mig-config=all"], 2,
-         "input error: cannot enable mig-config with specific MIG devices selected"),
+        (
+            ["list", "--imex-channel", "5"],
+            6,
+            "device error: /dev/nvidia-caps-imex-channels/channel5: "
+            "no such device node under <root> (see --load-kmods)",
+        ),
+        (
+            ["list", "-d", "1:0", "--mig-config=all"],
+            2,
+            "input error: cannot enable mig-config with specific MIG devices selected",
+        ),
         (["--user=abc", "list"], 2, "input error: abc: invalid user (expected UID[:GID])"),
     ],
 )
@@ -146,17 +181,23 @@ def test_no_driver(tmp_path: Path) -> None:
     if Path("/proc/driver/nvidia").exists():
         pytest.skip("a real NVIDIA driver is loaded")
     # a package's user may have no source tree: it says where the fake driver is
-    try_it = "; to try nvc-py without a GPU, run `make try` in a copy of nvc-py's source (its fake driver is in the " \
-             "source, not installed)\n"
+    try_it = (
+        "; to try nvc-py without a GPU, run `make try` in a copy of nvc-py's source (its fake driver is in the "
+        "source, not installed)\n"
+    )
     done = nvc("--root", str(tmp_path), "info")
     assert done.returncode == 3 and done.stdout == ""
-    assert done.stderr.startswith("nvc-py: initialization error: no NVIDIA driver is loaded on this host (load library "
-                                  "failed: libnvidia-ml.so.1: ")
+    assert done.stderr.startswith(
+        "nvc-py: initialization error: no NVIDIA driver is loaded on this host (load library "
+        "failed: libnvidia-ml.so.1: "
+    )
     assert done.stderr.endswith(try_it) and done.stderr.count("\n") == 1
     done = nvc("--root", str(tmp_path), "list")
     assert (done.returncode, done.stderr) == (
-        3, "nvc-py: initialization error: no NVIDIA driver is loaded on this host (/proc/driver/nvidia/version: not "
-           "found: the NVIDIA kernel driver is not loaded)" + try_it)
+        3,
+        "nvc-py: initialization error: no NVIDIA driver is loaded on this host (/proc/driver/nvidia/version: not "
+        "found: the NVIDIA kernel driver is not loaded)" + try_it,
+    )
     done = nvc("--root", "relative", "list")
     assert done.returncode == 2 and "invalid driver root" in done.stderr
 

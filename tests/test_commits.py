@@ -16,11 +16,19 @@ MAX_SUBJECT = 71
 
 def _messages() -> list[tuple[str, str]]:
     """(hash, message) of each commit after SINCE on HEAD; skips outside a clone that has SINCE."""
-    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{SINCE}^{{commit}}"],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["git", "-C", str(REPO), "cat-file", "-e", f"{SINCE}^{{commit}}"], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip(f"not a clone holding {SINCE} (an archive or a shallow clone)")
-    out = subprocess.run(["git", "-C", str(REPO), "log", "--format=%h%x00%B%x01", f"{SINCE}..HEAD"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(REPO), "log", "--format=%h%x00%B%x01", f"{SINCE}..HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [tuple(entry.strip("\n").split("\0", 1)) for entry in out.split("\x01") if entry.strip()]
 
 

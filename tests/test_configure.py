@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.configurehook import HOOK, NVC, PROBE, paths as _tree, run as _run
+from harness.configurehook import HOOK, NVC, PROBE
+from harness.configurehook import paths as _tree
+from harness.configurehook import run as _run
 from harness.processes import children as _children
 from harness.standins import shared_target_process, target_process  # noqa: F401  (fixtures)
 
@@ -29,8 +31,9 @@ V2_ROOT = "/sys/fs/cgroup/unified"
 
 def _hook(tmp_path: Path, fake, rootfs: Path, args: str, prefix: str = "") -> dict:
     script = tmp_path / "hook.sh"
-    script.write_text(HOOK.format(prefix=prefix, nvc=NVC, root=fake.root, args=args, rootfs=rootfs,
-                                  log=tmp_path / "hook.log"))
+    script.write_text(
+        HOOK.format(prefix=prefix, nvc=NVC, root=fake.root, args=args, rootfs=rootfs, log=tmp_path / "hook.log")
+    )
     script.chmod(0o755)
     return {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
 
@@ -38,11 +41,13 @@ def _hook(tmp_path: Path, fake, rootfs: Path, args: str, prefix: str = "") -> di
 def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, tmp_path):
     fake = active_2gpu
     hook = _hook(tmp_path, fake, debian_rootfs, "--device=0 --compute --utility")
-    script = (f"{PROBE}; ls /usr/lib/x86_64-linux-gnu/ | grep -c 580.95.05; ldconfig -p | grep -E 'lib(cuda|nvidia-ml).so.1 '; "
-              "nvidia-smi -L; ls /proc/driver/nvidia/gpus; grep ModifyDeviceFiles /proc/driver/nvidia/params; "
-              "ls /dev | grep nvidia; probe /dev/nvidia0; readlink /usr/lib/x86_64-linux-gnu/libcuda.so; "
-              "touch /proc/driver/nvidia/x 2>&1 | grep -o 'Read-only file system'; "
-              "grep -E 'libcuda.so.580| /dev/nvidia0 ' /proc/self/mountinfo | cut -d' ' -f5,6")
+    script = (
+        f"{PROBE}; ls /usr/lib/x86_64-linux-gnu/ | grep -c 580.95.05; ldconfig -p | grep -E 'lib(cuda|nvidia-ml).so.1 '; "
+        "nvidia-smi -L; ls /proc/driver/nvidia/gpus; grep ModifyDeviceFiles /proc/driver/nvidia/params; "
+        "ls /dev | grep nvidia; probe /dev/nvidia0; readlink /usr/lib/x86_64-linux-gnu/libcuda.so; "
+        "touch /proc/driver/nvidia/x 2>&1 | grep -o 'Read-only file system'; "
+        "grep -E 'libcuda.so.580| /dev/nvidia0 ' /proc/self/mountinfo | cut -d' ' -f5,6"
+    )
 
     out = [line.strip() for line in _run(runc, tmp_path, debian_rootfs, hook, script).stdout.splitlines()]
 
@@ -54,15 +59,19 @@ def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, 
     assert out[6:10] == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"]
     assert out[10:12] == ["/dev/nvidia0 open", "libcuda.so.1"]  # the v1 rule nvc-py added lets it open
     assert out[12] == "Read-only file system"  # the /proc/driver/nvidia tmpfs is sealed
-    assert sorted(out[13:]) == ["/dev/nvidia0 rw,nosuid,noexec,relatime",
-                                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 ro,nosuid,nodev,relatime"]
+    assert sorted(out[13:]) == [
+        "/dev/nvidia0 rw,nosuid,noexec,relatime",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 ro,nosuid,nodev,relatime",
+    ]
 
 
 def test_runc_container_gets_mig_device_and_its_caps(active_2gpu, lib64_rootfs, runc, tmp_path):
     fake = active_2gpu
     hook = _hook(tmp_path, fake, lib64_rootfs, f"--device={MIG_1_1} --utility --imex-channel=1")
-    script = ("nvidia-smi -L; ls /proc/driver/nvidia/gpus; find /proc/driver/nvidia/capabilities -type f; "
-              "ls /dev/nvidia-caps; ls /usr/lib64 | grep -c 580.95.05; ls /dev/nvidia-caps-imex-channels")
+    script = (
+        "nvidia-smi -L; ls /proc/driver/nvidia/gpus; find /proc/driver/nvidia/capabilities -type f; "
+        "ls /dev/nvidia-caps; ls /usr/lib64 | grep -c 580.95.05; ls /dev/nvidia-caps-imex-channels"
+    )
 
     out = [line.strip() for line in _run(runc, tmp_path, lib64_rootfs, hook, script).stdout.splitlines()]
 
@@ -70,8 +79,10 @@ def test_runc_container_gets_mig_device_and_its_caps(active_2gpu, lib64_rootfs, 
     assert out[0] == f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {GPU1})"
     assert MIG_1_1 in out[1] and len([line for line in out if "MIG-" in line]) == 1
     assert out[2] == "0000:86:00.0"
-    assert sorted(out[3:5]) == ["/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access",
-                                "/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access"]
+    assert sorted(out[3:5]) == [
+        "/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access",
+        "/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access",
+    ]
     assert out[5:7] == sorted([f"nvidia-cap{gi}", f"nvidia-cap{ci}"])
     assert out[7:] == ["3", "channel1"]  # utility libraries only; the IMEX channel asked for
 
@@ -103,14 +114,28 @@ sys.exit(rc)
 def test_v2_device_filter_lets_only_the_selected_gpu_open(active_2gpu, debian_rootfs, runc, tmp_path):
     fake = active_2gpu
     script = tmp_path / "hook.py"
-    script.write_text(V2_HOOK_PY.format(tests=str(Path(__file__).parent), v2=V2_ROOT, tmp=str(tmp_path), nvc=NVC,
-                                        root=fake.root, rootfs=debian_rootfs, log=str(tmp_path / "hook.log")))
-    hook = {"path": sys.executable, "args": [sys.executable, str(script)], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+    script.write_text(
+        V2_HOOK_PY.format(
+            tests=str(Path(__file__).parent),
+            v2=V2_ROOT,
+            tmp=str(tmp_path),
+            nvc=NVC,
+            root=fake.root,
+            rootfs=debian_rootfs,
+            log=str(tmp_path / "hook.log"),
+        )
+    )
+    hook = {
+        "path": sys.executable,
+        "args": [sys.executable, str(script)],
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+    }
     bundle_args = {"cgroups_path": f"/nvc-test-{os.getpid()}-{tmp_path.name}"}
     # The v1 devices cgroup lets every NVIDIA node through: the v2 filter alone decides here.
     probe = f"{PROBE}; mknod /dev/nvidia1 c 195 1; probe /dev/nvidia0; probe /dev/nvidia1; probe /dev/null"
-    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["sh", "-c", probe], hooks={"prestart": [hook]},
-                         **bundle_args)
+    bundle = make_bundle(
+        tmp_path / "bundle", debian_rootfs, ["sh", "-c", probe], hooks={"prestart": [hook]}, **bundle_args
+    )
     config = json.loads((bundle / "config.json").read_text())
     config["linux"]["resources"]["devices"].append({"allow": True, "type": "c", "major": 195, "access": "rwm"})
     (bundle / "config.json").write_text(json.dumps(config))
@@ -129,23 +154,45 @@ FIRMWARE = "usr/lib/firmware/nvidia/580.95.05/gsp_ga10x.bin"  # mounted after ev
 @pytest.mark.parametrize(
     ("step", "args", "code", "message"),
     [
-        ("ldconfig", ["--ldconfig=@/nonexistent/ldconfig"], 10,
-         "ldcache error: open failed: /nonexistent/ldconfig: No such file or directory"),
-        ("mount", [], 9, "mount error: refusing to mount over /lib/firmware/nvidia/580.95.05/gsp_ga10x.bin: "
-                         "it is a directory"),
+        (
+            "ldconfig",
+            ["--ldconfig=@/nonexistent/ldconfig"],
+            10,
+            "ldcache error: open failed: /nonexistent/ldconfig: No such file or directory",
+        ),
+        (
+            "mount",
+            [],
+            9,
+            "mount error: refusing to mount over /lib/firmware/nvidia/580.95.05/gsp_ga10x.bin: it is a directory",
+        ),
     ],
 )
-def test_failure_midway_leaves_nothing_mounted_or_created(active_2gpu, debian_rootfs, target_process, step, args,
-                                                          code, message):
+def test_failure_midway_leaves_nothing_mounted_or_created(
+    active_2gpu, debian_rootfs, target_process, step, args, code, message
+):
     if step == "mount":  # the image has a directory where the last driver file goes
         (debian_rootfs / FIRMWARE).mkdir(parents=True)
     shutil.rmtree(debian_rootfs / "usr/bin")  # made again by the mounts, then removed by the rollback
     before = _tree(debian_rootfs)
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
 
-    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             "--device=all", "--compute", "--utility", *args, str(debian_rootfs)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={target_process}",
+            "--device=all",
+            "--compute",
+            "--utility",
+            *args,
+            str(debian_rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
 
     assert (result.returncode, result.stderr) == (code, f"nvc-py: {message}\n")
     assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
@@ -157,10 +204,17 @@ def test_failure_midway_leaves_nothing_mounted_or_created(active_2gpu, debian_ro
     [
         (["--device=7"], "device error: 7: unknown device", 6),
         (["--device=GPU-nope"], "device error: GPU-nope: unknown device", 6),
-        (["--device=0", "--require=cuda>=14.0"], "requirement error: unsatisfied condition: cuda>=14.0, please "
-         "update your driver to a newer version, or use an earlier cuda container", 7),
-        (["--device=1:0", "--mig-config=all"], "input error: cannot enable mig-config with specific MIG devices "
-         "selected", 2),
+        (
+            ["--device=0", "--require=cuda>=14.0"],
+            "requirement error: unsatisfied condition: cuda>=14.0, please "
+            "update your driver to a newer version, or use an earlier cuda container",
+            7,
+        ),
+        (
+            ["--device=1:0", "--mig-config=all"],
+            "input error: cannot enable mig-config with specific MIG devices selected",
+            2,
+        ),
         (["--device=0", "--imex-channel=1048576"], "input error: 1048576: unsupported IMEX channel value", 2),
     ],
 )
@@ -168,8 +222,20 @@ def test_bad_requests_change_nothing(active_2gpu, debian_rootfs, target_process,
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
     before = _tree(debian_rootfs)
 
-    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}", *args,
-                             "--utility", str(debian_rootfs)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={target_process}",
+            *args,
+            "--utility",
+            str(debian_rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
 
     assert (result.returncode, result.stderr) == (code, f"nvc-py: {message}\n")
     assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
@@ -198,8 +264,10 @@ def test_container_helper_keeps_only_the_mount_capabilities():
 
 def test_mig_config_gives_the_whole_capability_trees(active_2gpu, debian_rootfs, runc, tmp_path):
     hook = _hook(tmp_path, active_2gpu, debian_rootfs, "--device=1 --utility --mig-config=all --mig-monitor=all")
-    script = f"{PROBE}; nvidia-smi -L; ls /proc/driver/nvidia/capabilities/mig; ls /dev/nvidia-caps | wc -l; " \
-             "probe /dev/nvidia-caps/nvidia-cap1"
+    script = (
+        f"{PROBE}; nvidia-smi -L; ls /proc/driver/nvidia/capabilities/mig; ls /dev/nvidia-caps | wc -l; "
+        "probe /dev/nvidia-caps/nvidia-cap1"
+    )
 
     out = [line.strip() for line in _run(runc, tmp_path, debian_rootfs, hook, script).stdout.splitlines()]
 
@@ -208,18 +276,31 @@ def test_mig_config_gives_the_whole_capability_trees(active_2gpu, debian_rootfs,
     assert out[3:] == ["config", "monitor", "6", "/dev/nvidia-caps/nvidia-cap1 open"]
 
 
-def test_local_nvidia_layout_lands_in_the_container_lib_and_bin_dirs(active_local_nvidia, lib64_rootfs,
-                                                                    target_process):
+def test_local_nvidia_layout_lands_in_the_container_lib_and_bin_dirs(active_local_nvidia, lib64_rootfs, target_process):
     """A driver under /usr/local/nvidia (the H100 machine's layout): libraries go to the container's
     lib dir, binaries to /usr/bin, and the container's own ld cache learns them."""
     rootfs = lib64_rootfs
-    result = subprocess.run([NVC, "--root", str(active_local_nvidia.root), "configure", f"--pid={target_process}",
-                             "--device=0", "--compute", "--utility", str(rootfs)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_local_nvidia.root),
+            "configure",
+            f"--pid={target_process}",
+            "--device=0",
+            "--compute",
+            "--utility",
+            str(rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert (result.returncode, result.stderr) == (0, "")
 
     def inside(*cmd: str) -> str:
-        return subprocess.run(["nsenter", "-t", str(target_process), "-m", *cmd], check=True, capture_output=True,
-                              text=True).stdout
+        return subprocess.run(
+            ["nsenter", "-t", str(target_process), "-m", *cmd], check=True, capture_output=True, text=True
+        ).stdout
 
     mounts = [line.split()[4] for line in inside("cat", "/proc/self/mountinfo").splitlines()]
     assert f"{rootfs}/usr/lib64/libcuda.so.580.159.04" in mounts and f"{rootfs}/usr/bin/nvidia-smi" in mounts
@@ -233,8 +314,20 @@ def test_mounts_on_a_shared_mount_are_refused(active_2gpu, debian_rootfs, shared
     mounts_before = Path(f"/proc/{shared_target_process}/mountinfo").read_text()
     before = _tree(debian_rootfs)
 
-    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={shared_target_process}",
-                             "--device=0", "--utility", str(debian_rootfs)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={shared_target_process}",
+            "--device=0",
+            "--utility",
+            str(debian_rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
 
     assert result.returncode == 9 and "its mount is shared" in result.stderr, result.stderr
     assert Path(f"/proc/{shared_target_process}/mountinfo").read_text() == mounts_before
@@ -248,18 +341,34 @@ def test_cuda_compat_libraries_of_the_image(active_2gpu, debian_rootfs, target_p
     compat = debian_rootfs / "usr/local/cuda/compat"
     compat.mkdir(parents=True)
     shutil.copy(active_2gpu.lib_dir / "libcuda.so.580.95.05", compat / "libcuda.so.590.10.01")
-    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             "--device=0", "--compute", f"--cuda-compat-mode={mode}", str(debian_rootfs)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={target_process}",
+            "--device=0",
+            "--compute",
+            f"--cuda-compat-mode={mode}",
+            str(debian_rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert (result.returncode, result.stderr) == (0, "")
 
     def inside(*cmd: str) -> str:
-        return subprocess.run(["nsenter", "-t", str(target_process), "-m", *cmd], check=True, capture_output=True,
-                              text=True).stdout
+        return subprocess.run(
+            ["nsenter", "-t", str(target_process), "-m", *cmd], check=True, capture_output=True, text=True
+        ).stdout
 
     mounts = {line.split()[4] for line in inside("cat", "/proc/self/mountinfo").splitlines()}
-    cache = [line.strip() for line in inside("ldconfig", "-p", "-C", f"{debian_rootfs}/etc/ld.so.cache").splitlines()
-             if line.strip().startswith("libcuda.so.1 ")]
+    cache = [
+        line.strip()
+        for line in inside("ldconfig", "-p", "-C", f"{debian_rootfs}/etc/ld.so.cache").splitlines()
+        if line.strip().startswith("libcuda.so.1 ")
+    ]
     mounted = f"{debian_rootfs}/usr/lib/x86_64-linux-gnu/libcuda.so.590.10.01"
     if mode == "ldconfig":
         assert mounted not in mounts
@@ -272,8 +381,11 @@ def test_dry_run_prints_the_plan_and_changes_nothing(active_2gpu, debian_rootfs)
     before = _tree(debian_rootfs)
     mounts_before = Path("/proc/self/mountinfo").read_text()
 
-    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", "--dry-run", "--device=1",
-                             "--utility", str(debian_rootfs)], capture_output=True, text=True)
+    result = subprocess.run(
+        [NVC, "--root", str(active_2gpu.root), "configure", "--dry-run", "--device=1", "--utility", str(debian_rootfs)],
+        capture_output=True,
+        text=True,
+    )
 
     assert (result.returncode, result.stderr) == (0, "")
     lines = result.stdout.splitlines()
@@ -291,15 +403,28 @@ def test_load_kmods_is_a_step_of_the_plan(active_2gpu, debian_rootfs, target_pro
     st = node.stat()
     node.unlink()
     try:
-        argv = [NVC, "--root", str(active_2gpu.root), "--load-kmods", "configure", "--device=0", "--compute",
-                "--no-cgroups"]
+        argv = [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "--load-kmods",
+            "configure",
+            "--device=0",
+            "--compute",
+            "--no-cgroups",
+        ]
         result = subprocess.run([*argv, "--dry-run", str(debian_rootfs)], capture_output=True, text=True)
         assert (result.returncode, result.stderr) == (0, "")
         lines = result.stdout.splitlines()
-        made = (f"mknod   host      {node} c {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} "
-                f"mode {stat.S_IMODE(st.st_mode):o}")
+        made = (
+            f"mknod   host      {node} c {os.major(st.st_rdev)}:{os.minor(st.st_rdev)} "
+            f"mode {stat.S_IMODE(st.st_mode):o}"
+        )
         assert lines[0] == made, lines
-        assert f"bind    device    {node} -> /dev/nvidia-uvm-tools [c {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, nosuid,noexec]" in lines
+        assert (
+            f"bind    device    {node} -> /dev/nvidia-uvm-tools [c {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, nosuid,noexec]"
+            in lines
+        )
         assert not node.exists()
         result = subprocess.run([*argv, f"--pid={target_process}", str(debian_rootfs)], capture_output=True, text=True)
         assert (result.returncode, result.stderr) == (0, "")
@@ -313,9 +438,9 @@ def test_load_kmods_is_a_step_of_the_plan(active_2gpu, debian_rootfs, target_pro
 def test_a_request_the_plan_refuses_leaves_no_helper_behind(active_2gpu, debian_rootfs, target_process):
     """configure forks its container helper before it plans, so that the two overlap; a request the
     plan refuses (no GPU 7 on this machine) ends that helper too, reaped, with nothing mounted."""
-    from nvc.pipeline import configure
-    from nvc.errors import NvcError
     from nvc.config.options import GlobalOptions
+    from nvc.errors import NvcError
+    from nvc.pipeline import configure
     from nvc.plan.request import from_flags
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)

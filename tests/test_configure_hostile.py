@@ -55,11 +55,11 @@ def watch(canary: Path) -> HostWatch:
 # ---- running the attack -----------------------------------------------------------------------
 
 
-def hook(tmp_path: Path, fake, rootfs: Path | str, args: str = "--device=0 --compute --utility",
-         env: str = "") -> dict:
+def hook(tmp_path: Path, fake, rootfs: Path | str, args: str = "--device=0 --compute --utility", env: str = "") -> dict:
     script = tmp_path / "hook.sh"
-    script.write_text(HOOK.format(env=env, nvc=NVC, root=fake.root, args=args, rootfs=rootfs,
-                                  log=tmp_path / "hook.log"))
+    script.write_text(
+        HOOK.format(env=env, nvc=NVC, root=fake.root, args=args, rootfs=rootfs, log=tmp_path / "hook.log")
+    )
     script.chmod(0o755)
     return {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
 
@@ -203,11 +203,18 @@ def test_compat_libs_that_are_not_files(active_2gpu, debian_rootfs, runc, tmp_pa
 @pytest.mark.parametrize("form", ["absolute", "climbing"])
 def test_ld_so_cache_symlinked_to_a_host_file(active_2gpu, debian_rootfs, runc, tmp_path, canary, watch, form):
     cache = debian_rootfs / "etc/ld.so.cache"
-    replace_with_symlink(cache, str(canary / "ld.so.cache") if form == "absolute"
-                         else climbing(debian_rootfs, cache, canary / "ld.so.cache"))
+    replace_with_symlink(
+        cache,
+        str(canary / "ld.so.cache") if form == "absolute" else climbing(debian_rootfs, cache, canary / "ld.so.cache"),
+    )
 
-    result, log = start(runc, tmp_path, debian_rootfs, hook(tmp_path, active_2gpu, debian_rootfs),
-                        args=["sh", "-c", "ldconfig -p | grep -c libcuda.so.1; cat /proc/self/mountinfo"])
+    result, log = start(
+        runc,
+        tmp_path,
+        debian_rootfs,
+        hook(tmp_path, active_2gpu, debian_rootfs),
+        args=["sh", "-c", "ldconfig -p | grep -c libcuda.so.1; cat /proc/self/mountinfo"],
+    )
 
     count, _, mountinfo = result.stdout.partition("\n")
     started_clean(result, log, debian_rootfs, active_2gpu, mountinfo)
@@ -239,8 +246,9 @@ def test_runc_refuses_a_proc_symlink_by_itself(debian_rootfs, runc, tmp_path, ca
 @pytest.mark.parametrize("in_image", [False, True], ids=["dangling", "target-in-image"])
 @pytest.mark.parametrize("link", ["proc/driver", "proc/driver/nvidia"])
 @pytest.mark.parametrize("form", ["absolute", "climbing"])
-def test_proc_driver_symlinked_to_a_host_dir(active_2gpu, debian_rootfs, target_process, canary, watch, link, form,
-                                             in_image):
+def test_proc_driver_symlinked_to_a_host_dir(
+    active_2gpu, debian_rootfs, target_process, canary, watch, link, form, in_image
+):
     """No procfs over the image's /proc (configure --pid for a bare mount namespace, as a
     runtime-less caller would): its /proc/driver(/nvidia) links to a host dir. Where the link
     leads to nothing inside the rootfs nothing is mounted through it (with /proc/driver dangling
@@ -254,8 +262,20 @@ def test_proc_driver_symlinked_to_a_host_dir(active_2gpu, debian_rootfs, target_
         (debian_rootfs / str(canary).lstrip("/")).mkdir(parents=True)
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
 
-    done = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                           "--device=0", "--utility", str(debian_rootfs)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={target_process}",
+            "--device=0",
+            "--utility",
+            str(debian_rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
 
     mounts = Path(f"/proc/{target_process}/mountinfo").read_text()
     assert done.returncode == 0, done.stderr
@@ -269,8 +289,7 @@ def test_proc_driver_symlinked_to_a_host_dir(active_2gpu, debian_rootfs, target_
 # ---- attacks: the caller's environment (CVE-2025-23266) ---------------------------------------
 
 
-def test_ld_preload_from_the_caller_reaches_no_process_nvc_py_starts(active_2gpu, debian_rootfs, runc, tmp_path,
-                                                                     watch):
+def test_ld_preload_from_the_caller_reaches_no_process_nvc_py_starts(active_2gpu, debian_rootfs, runc, tmp_path, watch):
     """LD_PRELOAD naming an image file, handed to the hook (the runtime's choice; hooks set their env
     explicitly): the static front never runs the loader and drops the variable before it executes the
     Python program, so neither it nor anything nvc-py starts (helpers, the sandboxed ldconfig) loads it."""
@@ -285,8 +304,9 @@ def test_ld_preload_from_the_caller_reaches_no_process_nvc_py_starts(active_2gpu
     watch.assert_unchanged()
 
 
-def test_ld_library_path_from_the_caller_loads_nothing_from_the_image(active_2gpu, debian_rootfs, runc, tmp_path,
-                                                                      watch):
+def test_ld_library_path_from_the_caller_loads_nothing_from_the_image(
+    active_2gpu, debian_rootfs, runc, tmp_path, watch
+):
     """LD_LIBRARY_PATH naming an image dir that holds libraries nvc-py loads after start-up (NVML,
     needed here as MIG devices exist; libseccomp for the ldconfig sandbox, as root in the host's
     namespaces): none of them is loaded from there, by nvc-py or by anything it starts."""
@@ -298,8 +318,12 @@ def test_ld_library_path_from_the_caller_loads_nothing_from_the_image(active_2gp
     os.chmod(tmp_path, 0o777)  # a confined helper could leave its mark too
     env = f"LD_LIBRARY_PATH={evil}"
 
-    result, log = start(runc, tmp_path, debian_rootfs,
-                        hook(tmp_path, active_2gpu, debian_rootfs, args="--device=all --utility", env=env))
+    result, log = start(
+        runc,
+        tmp_path,
+        debian_rootfs,
+        hook(tmp_path, active_2gpu, debian_rootfs, args="--device=all --utility", env=env),
+    )
 
     started_clean(result, log, debian_rootfs, active_2gpu)
     assert not marker.exists(), marker.read_text()
@@ -310,8 +334,9 @@ def test_ld_library_path_from_the_caller_loads_nothing_from_the_image(active_2gp
 
 
 @pytest.mark.parametrize("swapped", [LIBDIR, "usr/bin"])
-def test_path_component_swapped_for_a_symlink_while_configure_runs(active_2gpu, debian_rootfs, runc, tmp_path,
-                                                                   canary, watch, swapped):
+def test_path_component_swapped_for_a_symlink_while_configure_runs(
+    active_2gpu, debian_rootfs, runc, tmp_path, canary, watch, swapped
+):
     """A host thread flips a directory of the image between itself and a link to a host dir as fast
     as it can while configure runs (CVE-2025-23359 and the race seen against the reference)."""
     real = debian_rootfs / swapped
@@ -329,8 +354,12 @@ def test_path_component_swapped_for_a_symlink_while_configure_runs(active_2gpu, 
         flipper = threading.Thread(target=flip)
         flipper.start()
         try:
-            result, log = start(runc, tmp_path / str(attempt), debian_rootfs,
-                                hook(_mkdir(tmp_path / str(attempt)), active_2gpu, debian_rootfs))
+            result, log = start(
+                runc,
+                tmp_path / str(attempt),
+                debian_rootfs,
+                hook(_mkdir(tmp_path / str(attempt)), active_2gpu, debian_rootfs),
+            )
         finally:
             stop.set()
             flipper.join()
@@ -377,8 +406,11 @@ def test_standalone_rootfs_symlink_is_refused(active_2gpu, tmp_path, canary, wat
     link = tmp_path / "rootfs-link"
     os.symlink(str(canary), link)
 
-    done = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", "--device=0", "--utility", str(link)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [NVC, "--root", str(active_2gpu.root), "configure", "--device=0", "--utility", str(link)],
+        capture_output=True,
+        text=True,
+    )
 
     assert done.returncode != 0 and done.stderr.startswith("nvc-py: ") and "rootfs-link" in done.stderr
     assert done.stderr.count("\n") == 1

@@ -29,9 +29,14 @@ from nvc.system.confinement import CONTAINER_HELPER, DRIVER_HELPER, LDCONFIG_SAN
 
 REPO = Path(__file__).resolve().parent.parent
 SETS = {"CapBnd": "bounding", "CapPrm": "permitted", "CapEff": "effective", "CapInh": "inheritable"}
-LIMITS = {resource.RLIMIT_CPU: "Max cpu time", resource.RLIMIT_DATA: "Max data size",
-          resource.RLIMIT_AS: "Max address space", resource.RLIMIT_NOFILE: "Max open files",
-          resource.RLIMIT_FSIZE: "Max file size", resource.RLIMIT_NPROC: "Max processes"}
+LIMITS = {
+    resource.RLIMIT_CPU: "Max cpu time",
+    resource.RLIMIT_DATA: "Max data size",
+    resource.RLIMIT_AS: "Max address space",
+    resource.RLIMIT_NOFILE: "Max open files",
+    resource.RLIMIT_FSIZE: "Max file size",
+    resource.RLIMIT_NPROC: "Max processes",
+}
 
 
 def _mask(names: tuple[str, ...]) -> int:
@@ -41,10 +46,15 @@ def _mask(names: tuple[str, ...]) -> int:
 def held(pid: int) -> dict[str, object]:
     """What process ``pid`` holds now, in the terms of a row."""
     status = _status(pid)
-    return {**{key: int(status[key], 16) for key in (*SETS, "CapAmb")},
-            "NoNewPrivs": status["NoNewPrivs"], "Seccomp": status["Seccomp"],
-            "Uid": status["Uid"].split(), "Gid": status["Gid"].split(), "Groups": status["Groups"],
-            "rlimits": _limits(pid)}
+    return {
+        **{key: int(status[key], 16) for key in (*SETS, "CapAmb")},
+        "NoNewPrivs": status["NoNewPrivs"],
+        "Seccomp": status["Seccomp"],
+        "Uid": status["Uid"].split(),
+        "Gid": status["Gid"].split(),
+        "Groups": status["Groups"],
+        "rlimits": _limits(pid),
+    }
 
 
 def _limits(pid: int) -> dict[int, tuple[int, int]]:
@@ -53,7 +63,7 @@ def _limits(pid: int) -> dict[int, tuple[int, int]]:
     for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
         for limit, name in LIMITS.items():
             if line.startswith(name + " "):
-                soft, hard = line[len(name):].split()[:2]
+                soft, hard = line[len(name) :].split()[:2]
                 found[limit] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v) for v in (soft, hard))
     return found  # type: ignore[return-value]
 
@@ -183,8 +193,13 @@ def test_every_step_is_taken_in_the_tables_order() -> None:
 def test_the_container_helper_raises_only_capabilities_its_row_keeps() -> None:
     """Each step of the applier raises capabilities (applier.raised) that the helper still holds."""
     tree = ast.parse((REPO / "nvc" / "apply" / "applier.py").read_text())
-    raised = {arg.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-              and getattr(node.func, "id", None) == "raised" for arg in node.args if isinstance(arg, ast.Constant)}
+    raised = {
+        arg.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "raised"
+        for arg in node.args
+        if isinstance(arg, ast.Constant)
+    }
     assert raised and raised <= set(CONTAINER_HELPER.permitted)
 
 

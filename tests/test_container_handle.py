@@ -103,11 +103,11 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
     """The container's process exits once its plan is made, and another process gets its pid: every
     step on its handle, the container helper's mounts included, fails in one line, and the other
     process's mount namespace stays as it was (a step that looked the pid up again would mount there)."""
+    from nvc.apply import shareowner
     from nvc.config.options import GlobalOptions
     from nvc.pipeline import configure
     from nvc.pipeline.apply import apply, ldcache
     from nvc.plan.request import check, from_flags
-    from nvc.apply import shareowner
 
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
 
@@ -126,8 +126,12 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
             second = take_pid(first.pid)
             try:
                 mounts = Path(f"/proc/{second.pid}/mountinfo").read_text()
-                steps = (handle.check, handle.device_cgroup, lambda: shareowner.of_container(handle, ""),
-                         lambda: apply_all(plan, handle))
+                steps = (
+                    handle.check,
+                    handle.device_cgroup,
+                    lambda: shareowner.of_container(handle, ""),
+                    lambda: apply_all(plan, handle),
+                )
                 for step in steps:
                     with pytest.raises(ContainerError, match=gone(first.pid)):
                         step()
@@ -141,9 +145,12 @@ def test_a_pid_taken_by_another_process_is_never_reached(active_2gpu, debian_roo
 def test_a_call_carries_descriptors_to_the_helper() -> None:
     """What the container helper gets its container by: descriptors sent with a call arrive as the
     same open files, and are closed in the helper once the call returned."""
+
     def setup() -> dict:
-        return {"files": lambda fds: [list(os.fstat(fd)[1:3]) for fd in fds],
-                "open": lambda: len(os.listdir("/proc/self/fd"))}
+        return {
+            "files": lambda fds: [list(os.fstat(fd)[1:3]) for fd in fds],
+            "open": lambda: len(os.listdir("/proc/self/fd")),
+        }
 
     read, write = os.pipe()
     try:
@@ -180,9 +187,15 @@ RESOLVER = "nvc.pipeline.configure"
 def handle_opens(path: Path) -> list[str]:
     """The calls ``ContainerHandle.open(...)`` of ``path``, with their line."""
     tree = ast.parse(path.read_text(), str(path))
-    return [f"{node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "open"
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == "ContainerHandle"]
+    return [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "open"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "ContainerHandle"
+    ]
 
 
 def test_only_the_pipeline_resolves_the_container() -> None:

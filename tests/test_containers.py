@@ -62,12 +62,17 @@ def test_runc_reports_exit_status_and_output(debian_rootfs, runc, tmp_path, meth
 
 def test_prestart_hook_gets_oci_state_before_process_starts(debian_rootfs, runc, tmp_path):
     state_file = tmp_path / "state.json"
-    hook = _write_script(tmp_path / "hook.sh", f"""#!/bin/sh
+    hook = _write_script(
+        tmp_path / "hook.sh",
+        f"""#!/bin/sh
 cat > {state_file}
 echo hooked > {debian_rootfs}/hook-marker
-""")
+""",
+    )
     bundle = make_bundle(
-        tmp_path / "bundle", debian_rootfs, ["cat", "/hook-marker"],
+        tmp_path / "bundle",
+        debian_rootfs,
+        ["cat", "/hook-marker"],
         hooks={"prestart": [{"path": str(hook), "args": ["hook.sh", "prestart"], "env": ["PATH=/usr/bin:/bin"]}]},
     )
     cid = new_container_id()
@@ -86,15 +91,23 @@ def test_podman_runs_imported_image_with_private_hooks_dir(podman, tmp_path):
     hooks_dir.mkdir()
     state_file = tmp_path / "state.json"
     hook = _write_script(tmp_path / "hook.sh", f"#!/bin/sh\ncat > {state_file}\n")
-    (hooks_dir / "nvc-test.json").write_text(json.dumps({
-        "version": "1.0.0",
-        "hook": {"path": str(hook), "args": ["hook.sh", "prestart"]},
-        "when": {"always": True},
-        "stages": ["prestart"],
-    }))
+    (hooks_dir / "nvc-test.json").write_text(
+        json.dumps(
+            {
+                "version": "1.0.0",
+                "hook": {"path": str(hook), "args": ["hook.sh", "prestart"]},
+                "when": {"always": True},
+                "stages": ["prestart"],
+            }
+        )
+    )
 
-    result = podman.run(podman.image("debian"), ["sh", "-c", "cat /etc/debian_version; echo $NVC_TEST"],
-                        env={"NVC_TEST": "from-env"}, hooks_dirs=[hooks_dir])
+    result = podman.run(
+        podman.image("debian"),
+        ["sh", "-c", "cat /etc/debian_version; echo $NVC_TEST"],
+        env={"NVC_TEST": "from-env"},
+        hooks_dirs=[hooks_dir],
+    )
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [Path("/etc/debian_version").read_text().strip(), "from-env"]
@@ -104,14 +117,22 @@ def test_podman_runs_imported_image_with_private_hooks_dir(podman, tmp_path):
 def test_podman_reads_cdi_spec_from_private_dir(podman, tmp_path):
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir()
-    (spec_dir / "nvc-test.json").write_text(json.dumps({
-        "cdiVersion": "0.5.0",
-        "kind": "nvc.test/dev",
-        "devices": [{"name": "one", "containerEdits": {"env": ["NVC_CDI=one"]}}],
-    }))
+    (spec_dir / "nvc-test.json").write_text(
+        json.dumps(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "nvc.test/dev",
+                "devices": [{"name": "one", "containerEdits": {"env": ["NVC_CDI=one"]}}],
+            }
+        )
+    )
 
-    result = podman.run(podman.image("lib64"), ["sh", "-c", "echo $NVC_CDI; test -e /etc/debian_version || echo no-debian"],
-                        extra_args=["--device", "nvc.test/dev=one"], cdi_spec_dir=spec_dir)
+    result = podman.run(
+        podman.image("lib64"),
+        ["sh", "-c", "echo $NVC_CDI; test -e /etc/debian_version || echo no-debian"],
+        extra_args=["--device", "nvc.test/dev=one"],
+        cdi_spec_dir=spec_dir,
+    )
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["one", "no-debian"]
@@ -123,8 +144,9 @@ def test_ctr_runs_imported_image_through_runc_wrapper(containerd, tmp_path):
     wrapper = _write_script(tmp_path / "runc-wrapper", WRAPPER.format(log=log))
     cid = new_container_id()
 
-    result = containerd.run(containerd.image("debian"), cid, ["sh", "-c", "cat /etc/debian_version; echo pid=$$"],
-                            runc_binary=str(wrapper))
+    result = containerd.run(
+        containerd.image("debian"), cid, ["sh", "-c", "cat /etc/debian_version; echo pid=$$"], runc_binary=str(wrapper)
+    )
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [Path("/etc/debian_version").read_text().strip(), "pid=1"]

@@ -45,8 +45,7 @@ REPO = debroot.REPO
 INCLUDE = "python3"
 MACHINE = Path(__file__).resolve().parent / "fakedriver" / "machines" / "two-gpu-mig.yaml"
 # apt's and dpkg's records and caches, the only differences a purge may leave.
-APT_RECORDS = ("var/lib/dpkg", "var/lib/apt", "var/cache/apt", "var/log/apt", "var/log/dpkg.log",
-               "var/cache/debconf")
+APT_RECORDS = ("var/lib/dpkg", "var/lib/apt", "var/cache/apt", "var/log/apt", "var/log/dpkg.log", "var/cache/debconf")
 # In the root (the test's files at /mnt): install, use, upgrade, set up, remove and purge.
 SCRIPT = r"""set -eu
 cd /mnt
@@ -218,8 +217,12 @@ def test_two_builds_list_the_same_files(debs: dict[str, Path]) -> None:
     old, new = _listing(debs["old"]), _listing(debs["new"])
     assert old == new
     paths = {entry[3].split(" -> ")[0] for entry in new}
-    assert {"./usr/lib/nvc-py/nvc-py-hook", "./etc/nvc-py/config.yaml", "./lib/systemd/system/nvc-py-hook.socket",
-            "./usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json"} <= paths
+    assert {
+        "./usr/lib/nvc-py/nvc-py-hook",
+        "./etc/nvc-py/config.yaml",
+        "./lib/systemd/system/nvc-py-hook.socket",
+        "./usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json",
+    } <= paths
     assert not [p for p in paths if "__pycache__" in p or "/pytest" in p or "/grpc_tools" in p or "/pygments" in p]
 
 
@@ -257,8 +260,10 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     fake = build(MACHINE, work / "fake")
     (work / "config.yaml").write_text("root: /mnt/fake/root\nlog: {file: /mnt/hook.log}\n")
     (work / "bundle/rootfs").mkdir(parents=True)
-    (work / "bundle/config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin"], '
-                                             '"args": ["true"], "cwd": "/"}, "root": {"path": "rootfs"}}')
+    (work / "bundle/config.json").write_text(
+        '{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin"], '
+        '"args": ["true"], "cwd": "/"}, "root": {"path": "rootfs"}}'
+    )
     before = debroot.tree(root, APT_RECORDS)
     binds = [(work, "/mnt"), (fake.proc / "driver", "/proc/driver"), (fake.proc / "devices", "/proc/devices")]
     with progress.phase("the package installed, upgraded, set up, removed and purged in the Debian root"):
@@ -285,15 +290,20 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     calls = out.split("== systemctl-setup\n", 1)[1].split("\n== ", 1)[0].splitlines()
     assert set(calls) == {"enable --now nvc-py-hook.socket"}, calls  # no server restarted needlessly
     removed = out.split("== setup-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
-    assert (f"kept {hooks}/oci-nvc-py-hook.json, {hooks}/oci-nvc-py-poststop.json: the nvc-py package's "
-            "(apt remove nvc-py removes them)") in removed, removed
-    assert ("stopped and disabled nvc-py-hook.socket and nvc-py-hook.service (the nvc-py package's units stay in "
-            "/lib/systemd/system: systemctl enable --now nvc-py-hook.socket serves again)") in removed, removed
+    assert (
+        f"kept {hooks}/oci-nvc-py-hook.json, {hooks}/oci-nvc-py-poststop.json: the nvc-py package's "
+        "(apt remove nvc-py removes them)"
+    ) in removed, removed
+    assert (
+        "stopped and disabled nvc-py-hook.socket and nvc-py-hook.service (the nvc-py package's units stay in "
+        "/lib/systemd/system: systemctl enable --now nvc-py-hook.socket serves again)"
+    ) in removed, removed
     calls = out.split("== systemctl-setup-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
     assert calls == ["disable --now nvc-py-hook.socket", "stop nvc-py-hook.service"], calls
     calls = out.split("== systemctl-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
-    assert calls[0] == ("stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service "
-                        "nvc-py-exporter.service"), calls
+    assert calls[0] == (
+        "stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service nvc-py-exporter.service"
+    ), calls
     refused = out.split("== purge-refused\n", 1)[1]
     assert "nvc-py: not purged: /run/nvc-py/share holds the GPU-sharing state of containers (ctr-1); run" in refused
     assert "install ok config-files" in refused  # dpkg removed the configuration file, the rest waits
@@ -302,10 +312,13 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     assert "purge left" not in own, own
     left = "nvc-py: purge left "
     section = out.split("== links-in-run\n", 1)[1].split("\n== ", 1)[0]
-    for line in ("/run/nvc-py/gpu-sched: a symlink (to /srv/theirs/mnt), not nvc-py's",
-                 "/run/nvc-py/share: a symlink (to /srv/theirs/share), not nvc-py's", "/run/nvc-py: not empty",
-                 "/var/log/nvc-py.log: a symlink (to /srv/theirs/log), not nvc-py's",
-                 "/etc/nvc-py: a symlink (to /srv/theirs/etc), not nvc-py's"):
+    for line in (
+        "/run/nvc-py/gpu-sched: a symlink (to /srv/theirs/mnt), not nvc-py's",
+        "/run/nvc-py/share: a symlink (to /srv/theirs/share), not nvc-py's",
+        "/run/nvc-py: not empty",
+        "/var/log/nvc-py.log: a symlink (to /srv/theirs/log), not nvc-py's",
+        "/etc/nvc-py: a symlink (to /srv/theirs/etc), not nvc-py's",
+    ):
         assert left + line in section, section
     section = out.split("== run-linked\n", 1)[1].split("\n== ", 1)[0]
     for line in ("/run/nvc-py: a symlink (to /srv/theirs/run), not nvc-py's", "/var/log: a symlink (to /srv/log)"):
@@ -316,7 +329,9 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     after = debroot.tree(root, APT_RECORDS)
     changed = debroot.differences(before, after)
     assert not changed, [(path, before.get(path), after.get(path)) for path in changed]
-    line = (f"DEB install, upgrade, remove, purge ok in {time.monotonic() - started:.0f} s, tree as before "
-            f"(root cache: {'hit' if hit else 'miss'})")
+    line = (
+        f"DEB install, upgrade, remove, purge ok in {time.monotonic() - started:.0f} s, tree as before "
+        f"(root cache: {'hit' if hit else 'miss'})"
+    )
     print(line)
     summary_line(line)

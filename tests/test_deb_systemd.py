@@ -14,7 +14,6 @@ from pathlib import Path
 from harness import debroot, progress
 from harness.debbuild import deb, debs  # noqa: F401  (fixtures)
 
-
 # The systemd root: what the package depends on, and systemd as its PID 1 (apt fetches nothing).
 SYSTEMD_INCLUDE = "python3,systemd,systemd-sysv,dbus,procps"
 # In the booted root (the test's files at /mnt): the package installed, every engine set up and
@@ -77,9 +76,11 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
     work.mkdir()
     shutil.copy2(debs["new"], work / "nvc-py.deb")
     (work / "bundle/rootfs").mkdir(parents=True)
-    (work / "bundle/config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin", '
-                                             '"NVIDIA_VISIBLE_DEVICES=all"], "args": ["true"], "cwd": "/"}, '
-                                             '"root": {"path": "rootfs"}}')
+    (work / "bundle/config.json").write_text(
+        '{"ociVersion": "1.0.2", "process": {"env": ["PATH=/usr/bin", '
+        '"NVIDIA_VISIBLE_DEVICES=all"], "args": ["true"], "cwd": "/"}, '
+        '"root": {"path": "rootfs"}}'
+    )
     with progress.phase("the package installed, set up, removed and purged in a Debian root booted with systemd"):
         with booted(root, [(work, "/mnt")], tmp_path / "console.log") as machine:
             out = machine.run(SYSTEMD_SCRIPT, 600).stdout
@@ -97,7 +98,8 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
     assert section("server-removed") == ["disabled", "inactive"], out
     refusal = "refused: nvc-py-hook: initialization error: /proc/driver/nvidia/version: not found"
     assert [line for line in out.splitlines() if line.startswith("refused: ")] == [
-        line for line in out.splitlines() if line.startswith(refusal)] and out.count(refusal) == 3, out
+        line for line in out.splitlines() if line.startswith(refusal)
+    ] and out.count(refusal) == 3, out
     assert section("zombies") == [] and section("zombies-at-end") == [], out
     journal = section("journal")
     faults = [line for line in journal if re.search(r"left-over|remains running|defunct|killing process", line, re.I)]
@@ -105,7 +107,9 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
     listening = [line for line in journal if "nvc-py-hook serve: listening on" in line]
     said = [line for line in journal if "idle workers keep no driver helper" in line]
     assert len(listening) >= 2 and 1 <= len(said) <= len(listening), journal
-    line = (f"DEB on systemd: setup, remove, restart, purge clean in {time.monotonic() - started:.0f} s "
-            f"(root cache: {'hit' if hit else 'miss'})")
+    line = (
+        f"DEB on systemd: setup, remove, restart, purge clean in {time.monotonic() - started:.0f} s "
+        f"(root cache: {'hit' if hit else 'miss'})"
+    )
     print(line)
     summary_line(line)

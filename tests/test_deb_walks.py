@@ -10,7 +10,6 @@ from pathlib import Path
 from harness import debroot, progress
 from harness.debbuild import deb, debs  # noqa: F401  (fixtures)
 
-
 # In a throwaway copy of this host's root (harness.hostroot): the package installed as README says
 # (the suite's own make install removed first, as a host with the package has none), then the
 # make targets of a clone beside it.
@@ -52,8 +51,8 @@ def test_source_tree_beside_the_package(deb: Path, tmp_path: Path) -> None:
     for target in ("install", "uninstall", "test"):
         assert section(target).startswith(
             f"make {target}: /usr/lib/nvc-py is the Debian package nvc-py's: this tree is not installed over it "
-            "nor removed from it; apt remove nvc-py first (make try and make demo use the package as installed)\n"), \
-            section(target)
+            "nor removed from it; apt remove nvc-py first (make try and make demo use the package as installed)\n"
+        ), section(target)
     demo = section("demo")
     assert "pip, install: nothing (the Debian package nvc-py in /usr/lib/nvc-py is used as installed)" in demo
     assert "GPU 0: NVIDIA H100 80GB HBM3" in demo, demo[-4000:]

@@ -90,7 +90,9 @@ def test_readme_install_on_a_stock_debian_12(tmp_path: Path, summary_line) -> No
     assert debroot.differences(before, debroot.tree(root, (TREE,))) == ["var/log/nvc-py.log"]
     debroot.chroot(root, PURGE, 60)
     assert debroot.differences(before, debroot.tree(root, (TREE,))) == []
-    line = (f"DEBOOTSTRAP install+info+uninstall ok in {time.monotonic() - started:.0f} s, tree as before "
-            f"(cache: {'hit' if hit else 'miss'})")
+    line = (
+        f"DEBOOTSTRAP install+info+uninstall ok in {time.monotonic() - started:.0f} s, tree as before "
+        f"(cache: {'hit' if hit else 'miss'})"
+    )
     print(line)
     summary_line(line)

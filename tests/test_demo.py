@@ -13,8 +13,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_demo_on_the_fake_driver() -> None:
     before = {p.name for p in Path("/tmp").glob("nvc-demo-*")}
-    result = subprocess.run([sys.executable, str(REPO / "demo" / "run.py")], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "demo" / "run.py")], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     out = result.stdout
     assert out.startswith("== nvc-py demo: no NVIDIA driver on this host; using the built-in FAKE driver")

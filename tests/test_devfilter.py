@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from nvc.apply import bpf
+from nvc.errors import ContainerError, InputError
 from nvc.plan.devfilter import (
     ACCESS_BIT,
     ALU32_AND_K,
@@ -27,7 +28,6 @@ from nvc.plan.devfilter import (
     build_filter,
     decode,
 )
-from nvc.errors import ContainerError, InputError
 
 
 def run_filter(program: bytes, dev_type: str, access: str, major: int, minor: int) -> int:
@@ -68,8 +68,16 @@ def test_rule_text_is_devices_allow_syntax() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [("x", 1, 3, "rw"), ("c", 4096, 0, "rw"), ("c", 1, 1 << 20, "rw"), ("c", -1, 3, "rw"), ("c", 1, 3, ""),
-     ("c", 1, 3, "rwx"), ("c", 1, 3, "rr"), ("a", 1, None, "rw")],
+    [
+        ("x", 1, 3, "rw"),
+        ("c", 4096, 0, "rw"),
+        ("c", 1, 1 << 20, "rw"),
+        ("c", -1, 3, "rw"),
+        ("c", 1, 3, ""),
+        ("c", 1, 3, "rwx"),
+        ("c", 1, 3, "rr"),
+        ("a", 1, None, "rw"),
+    ],
 )
 def test_invalid_rule_is_refused(args: tuple) -> None:
     with pytest.raises(InputError, match="rule"):

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from nvc.apply import hostnodes
-from nvc.discover import inventory, kmods, nodes, procfs
-from nvc.plan import selection
 from nvc.commands.cli import GlobalOptions, run_list
-from nvc.model.devices import Gpu, MigDevice
-from nvc.errors import DetectionError, DeviceError, InitializationError
-from nvc.rpc import driver_service
 from nvc.commands.listing import ListRequest
-
+from nvc.discover import inventory, kmods, nodes, procfs
+from nvc.errors import DetectionError, DeviceError, InitializationError
+from nvc.model.devices import Gpu, MigDevice
+from nvc.plan import selection
+from nvc.rpc import driver_service
 
 # --- /proc/devices and device nodes ----------------------------------------------------------
 
@@ -71,8 +70,10 @@ def test_nodes_created_then_checked(tmp_path: Path) -> None:
 
 
 def _information(model: str, uuid: str, bus: str, minor: int, excluded: str = "No") -> str:
-    return (f"Model: \t\t {model}\nIRQ:   \t\t 130\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"
-            f"Device Minor: \t {minor}\nGPU Excluded:\t {excluded}\n")
+    return (
+        f"Model: \t\t {model}\nIRQ:   \t\t 130\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"
+        f"Device Minor: \t {minor}\nGPU Excluded:\t {excluded}\n"
+    )
 
 
 def test_procfs_gpus_in_bus_order(tmp_path: Path) -> None:
@@ -81,7 +82,8 @@ def test_procfs_gpus_in_bus_order(tmp_path: Path) -> None:
         (gpus / bus).mkdir(parents=True)
         (gpus / bus / "information").write_text(_information(f"M{minor}", f"GPU-{minor}", bus, minor, excluded))
     (tmp_path / "driver/nvidia/version").write_text(
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+    )
     assert procfs.read_version(tmp_path) == "550.54.15"
     assert procfs.read_gpus(tmp_path) == (
         procfs.ProcGpu(0, 1, "M1", "GPU-1", "00000000:3B:00.0"),
@@ -97,7 +99,8 @@ def test_procfs_gpus_in_bus_order(tmp_path: Path) -> None:
 def test_open_module_version_line(tmp_path: Path) -> None:
     (tmp_path / "driver/nvidia").mkdir(parents=True)
     (tmp_path / "driver/nvidia/version").write_text(
-        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs@host)\n")
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs@host)\n"
+    )
     assert procfs.read_version(tmp_path) == "580.95.05"
 
 
@@ -108,15 +111,29 @@ def test_mig_caps_filled_from_proc(tmp_path: Path) -> None:
     (caps / "ci0/access").write_text("DeviceFileMinor: 157\nDeviceFileMode: 292\n")
     (tmp_path / "driver/nvidia-caps").mkdir()
     (tmp_path / "driver/nvidia-caps/mig-minors").write_text(
-        "config 1\nmonitor 2\ngpu1/gi2/access 156\ngpu1/gi2/ci0/access 157\n")
+        "config 1\nmonitor 2\ngpu1/gi2/access 156\ngpu1/gi2/ci0/access 157\n"
+    )
     minors = procfs.read_mig_minors(tmp_path)
     assert minors["config"] == 1 and minors["gpu1/gi2/ci0/access"] == 157
-    gpu = Gpu(1, 1, "A100", "Nvidia", "GPU-a", "00000000:86:00.0", "8.0", mig_enabled=True,
-              mig_devices=(MigDevice(0, 2, 0, "MIG-a"), MigDevice(1, 3, 0, "MIG-b")))
+    gpu = Gpu(
+        1,
+        1,
+        "A100",
+        "Nvidia",
+        "GPU-a",
+        "00000000:86:00.0",
+        "8.0",
+        mig_enabled=True,
+        mig_devices=(MigDevice(0, 2, 0, "MIG-a"), MigDevice(1, 3, 0, "MIG-b")),
+    )
     filled = procfs.with_mig_caps(gpu, minors, tmp_path)
     a, b = filled.mig_devices
     assert (a.gi_caps_path, a.ci_caps_path, a.gi_caps_minor, a.ci_caps_minor) == (
-        f"{caps}/access", f"{caps}/ci0/access", 156, 157)
+        f"{caps}/access",
+        f"{caps}/ci0/access",
+        156,
+        157,
+    )
     assert (b.gi_caps_path, b.ci_caps_minor) == (None, None)
     assert procfs.any_mig_instances(tmp_path)
     assert kmods.caps_access_path("gpu1/gi2/ci0/access", tmp_path) == caps / "ci0/access"
@@ -130,8 +147,17 @@ def test_mig_caps_filled_from_proc(tmp_path: Path) -> None:
 
 GPUS = (
     Gpu(0, 0, "H100", "Nvidia", "GPU-aaaa", "00000000:3B:00.0", "9.0"),
-    Gpu(1, 1, "A100", "Nvidia", "GPU-bbbb", "00000001:86:00.0", "8.0", mig_enabled=True,
-        mig_devices=(MigDevice(0, 1, 0, "MIG-cccc"), MigDevice(1, 2, 0, "MIG-dddd"))),
+    Gpu(
+        1,
+        1,
+        "A100",
+        "Nvidia",
+        "GPU-bbbb",
+        "00000001:86:00.0",
+        "8.0",
+        mig_enabled=True,
+        mig_devices=(MigDevice(0, 1, 0, "MIG-cccc"), MigDevice(1, 2, 0, "MIG-dddd")),
+    ),
 )
 
 
@@ -157,8 +183,9 @@ def test_selection(spec: str, gpus: list[int], migs: list[tuple[int, int]]) -> N
     assert [(g.index, m.index) for g, m in chosen.migs] == migs
 
 
-@pytest.mark.parametrize("spec", ["2", "GPU-zzzz", "MIG-zzzz", "0:0", "1:2", "0000:99:00.0", "foo", "0:1:0",
-                                  "0000:3b:00.1"])
+@pytest.mark.parametrize(
+    "spec", ["2", "GPU-zzzz", "MIG-zzzz", "0:0", "1:2", "0000:99:00.0", "foo", "0:1:0", "0000:3b:00.1"]
+)
 def test_unknown_device(spec: str) -> None:
     with pytest.raises(DeviceError, match=f"^device error: {spec}: unknown device$"):
         selection.select(GPUS, selection.parse(spec))
@@ -166,7 +193,13 @@ def test_unknown_device(spec: str) -> None:
 
 def test_which_selectors_need_nvml() -> None:
     assert [s.needs_mig for s in selection.parse("all,0,GPU-a,0:0,MIG-a,0000:01:00.0")] == [
-        False, False, False, True, True, False]
+        False,
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
 
 
 # --- fast path vs NVML on the fake driver ---------------------------------------------------
@@ -193,7 +226,8 @@ def test_fast_path_agrees_with_nvml(machine: str, request: pytest.FixtureRequest
     assert _identities(fast) == _identities(nvml) and len(fast.gpus) == len(fake.machine["gpus"])
     everything = ",".join(str(g.index) for g in fast.gpus)
     assert run_list(_opts(fake), ALL, (everything,), use_nvml=False) == run_list(
-        _opts(fake), ALL, (everything,), use_nvml=True)
+        _opts(fake), ALL, (everything,), use_nvml=True
+    )
 
 
 def test_fast_path_never_loads_nvml(active_local_nvidia, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,12 +270,22 @@ def test_load_kmods_creates_what_the_driver_reports(active_2gpu, tmp_path: Path)
     loaded = _modules(tmp_path, "nvidia", "nvidia_uvm", "nvidia_modeset")
     created = hostnodes.load(str(root), sys_module=loaded)
     names = sorted(str(Path(p).relative_to(root)) for p in created)
-    assert names == sorted([
-        "dev/nvidiactl", "dev/nvidia-uvm", "dev/nvidia-uvm-tools", "dev/nvidia-modeset", "dev/nvidia0",
-        "dev/nvidia1", "dev/nvidia-caps/nvidia-cap1", "dev/nvidia-caps/nvidia-cap2",
-        "dev/nvidia-caps/nvidia-cap147", "dev/nvidia-caps/nvidia-cap148",
-        "dev/nvidia-caps/nvidia-cap156", "dev/nvidia-caps/nvidia-cap157",
-    ])
+    assert names == sorted(
+        [
+            "dev/nvidiactl",
+            "dev/nvidia-uvm",
+            "dev/nvidia-uvm-tools",
+            "dev/nvidia-modeset",
+            "dev/nvidia0",
+            "dev/nvidia1",
+            "dev/nvidia-caps/nvidia-cap1",
+            "dev/nvidia-caps/nvidia-cap2",
+            "dev/nvidia-caps/nvidia-cap147",
+            "dev/nvidia-caps/nvidia-cap148",
+            "dev/nvidia-caps/nvidia-cap156",
+            "dev/nvidia-caps/nvidia-cap157",
+        ]
+    )
     for rel in names:
         real, made = os.stat(active_2gpu.root / rel), os.stat(root / rel)
         assert (made.st_rdev, stat.S_IMODE(made.st_mode)) == (real.st_rdev, stat.S_IMODE(real.st_mode)), rel
@@ -297,9 +341,12 @@ def test_load_kmods_refuses_a_planted_node_with_another_number(active_2gpu, tmp_
 def test_mig_minors_are_looked_up_by_name(tmp_path: Path) -> None:
     (tmp_path / "driver/nvidia-caps").mkdir(parents=True)
     (tmp_path / "driver/nvidia-caps/mig-minors").write_text(
-        "config 1\nmonitor 2\ngpu1/gi2/access 156\ngpu1/gi2/ci0/access 157\ngpu1/gi2/ci0/access9 9\nbad x\n")
+        "config 1\nmonitor 2\ngpu1/gi2/access 156\ngpu1/gi2/ci0/access 157\ngpu1/gi2/ci0/access9 9\nbad x\n"
+    )
     assert procfs.lookup_mig_minors(["gpu1/gi2/ci0/access", "config", "gpu9/gi0/access"], tmp_path) == {
-        "gpu1/gi2/ci0/access": 157, "config": 1}
+        "gpu1/gi2/ci0/access": 157,
+        "config": 1,
+    }
     with pytest.raises(DetectionError, match="mig-minors: line 6: malformed: 'bad x'"):
         procfs.lookup_mig_minors(["bad"], tmp_path)
     assert procfs.lookup_mig_minors(["config"], tmp_path / "none") == {}
@@ -309,8 +356,8 @@ def test_mig_minors_are_looked_up_by_name(tmp_path: Path) -> None:
 
 
 def test_capability_lists() -> None:
-    from nvc.model import capabilities
     from nvc.errors import InputError
+    from nvc.model import capabilities
 
     every = capabilities.all_library_prefixes()
     assert len(every) == len(set(every)), "a prefix listed twice"

@@ -14,7 +14,6 @@ from nvc.apply import hostnodes
 from nvc.discover import driver, ldcache, rootpath
 from nvc.errors import DetectionError
 
-
 VERSION = "999.12.34"
 X86_64, I386 = 0x0303, 0x0003
 
@@ -65,8 +64,9 @@ ABI_NOTE = """
 """
 
 
-def _cc(out: Path, soname: str, *, m32: bool = False, abi: tuple[int, int, int] | None = None,
-        needs: Path | None = None) -> None:
+def _cc(
+    out: Path, soname: str, *, m32: bool = False, abi: tuple[int, int, int] | None = None, needs: Path | None = None
+) -> None:
     work = out.parent / ".src"  # ldconfig does not descend into subdirectories
     work.mkdir(exist_ok=True)
     src = work / (out.name + ".c")
@@ -151,8 +151,9 @@ def test_discover_with_real_ldconfig_cache(libroot: Path, tmp_path: Path) -> Non
     (root / "etc").mkdir()
     (root / "etc/ld.so.conf").write_text("/usr/lib/x86_64-linux-gnu\n/usr/lib/i386-linux-gnu\n")
     subprocess.run(["ldconfig", "-r", str(root)], check=True)
-    files = driver.discover(str(root), VERSION, machine="x86_64", kernel_release="6.1.0",
-                            firmware_class_path="", mps_pipe_dir="/none")
+    files = driver.discover(
+        str(root), VERSION, machine="x86_64", kernel_release="6.1.0", firmware_class_path="", mps_pipe_dir="/none"
+    )
     assert f"{root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{VERSION}" in files.libraries
     # ldconfig registers the 32-bit file in the 64-bit directory as i386: that is where it belongs.
     assert files.libraries32 == (
@@ -197,7 +198,7 @@ def test_binaries_fixed_path_then_library_siblings(tmp_path: Path) -> None:
     _exe(tmp_path / "usr/local/nvidia/bin/nvidia-persistenced")
     os.symlink("/usr/local/nvidia/bin/nvidia-smi", tmp_path / "usr/bin/nv-fabricmanager")  # resolved in root
     # A host wrapper script that execs the real binary by path would fail alone in a container.
-    _exe(tmp_path / "usr/bin/nvidia-smi", content=b"#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n")
+    _exe(tmp_path / "usr/bin/nvidia-smi", content=b'#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
     dirs = driver.binary_dirs(("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64"))
     assert dirs == (*driver.BINARY_PATH, "/usr/local/nvidia/bin")
     assert driver.find_binaries(str(tmp_path), dirs) == (

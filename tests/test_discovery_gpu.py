@@ -53,15 +53,17 @@ def nvml_gpus(pynvml) -> list[dict]:
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
         pci = pynvml.nvmlDeviceGetPciInfo(h)
         major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-        gpus.append({
-            "index": i,
-            "minor": pynvml.nvmlDeviceGetMinorNumber(h),
-            "model": _text(pynvml.nvmlDeviceGetName(h)),
-            "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
-            "bus_id": f"{pci.domain:08x}:{pci.bus:02x}:{pci.device:02x}.0",
-            "architecture": f"{major}.{minor}",
-            "memory_total": pynvml.nvmlDeviceGetMemoryInfo(h).total,
-        })
+        gpus.append(
+            {
+                "index": i,
+                "minor": pynvml.nvmlDeviceGetMinorNumber(h),
+                "model": _text(pynvml.nvmlDeviceGetName(h)),
+                "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
+                "bus_id": f"{pci.domain:08x}:{pci.bus:02x}:{pci.device:02x}.0",
+                "architecture": f"{major}.{minor}",
+                "memory_total": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+            }
+        )
     return gpus
 
 
@@ -72,8 +74,10 @@ def test_info_reports_what_nvml_reports(nvml) -> None:
     assert driver.startswith("580."), driver
     assert doc["nvrm_version"] == driver
     assert doc["cuda_version"] == f"{cuda // 1000}.{cuda % 100 // 10}"
-    got = [{k: d[k] for k in ("index", "minor", "model", "uuid", "bus_id", "architecture", "memory_total")}
-           for d in doc["devices"]]
+    got = [
+        {k: d[k] for k in ("index", "minor", "model", "uuid", "bus_id", "architecture", "memory_total")}
+        for d in doc["devices"]
+    ]
     assert got == nvml_gpus(nvml)
     assert got, "NVML sees no GPU"
 
@@ -116,8 +120,11 @@ def test_list_libraries_are_the_driver_directory(nvml) -> None:
     version = _text(nvml.nvmlSystemGetDriverVersion())
     listed = json.loads(nvc("list", "--json"))["libraries"]
     on_disk = sorted(
-        str(p) for p in DRIVER_LIB_DIR.iterdir()
-        if p.name.endswith(f".so.{version}") and not p.is_symlink() and p.is_file()
+        str(p)
+        for p in DRIVER_LIB_DIR.iterdir()
+        if p.name.endswith(f".so.{version}")
+        and not p.is_symlink()
+        and p.is_file()
         and p.name.startswith(capabilities.all_library_prefixes())
     )
     from_dir = sorted(p for p in listed if os.path.dirname(p) == str(DRIVER_LIB_DIR))
@@ -158,8 +165,13 @@ def test_installed_nvc_py_through_the_server_answers_as_the_python_program(tmp_p
     callers, answers = set(), {}
     with hook_server(scripts / "nvc-py-hook", sock):
         for args in (("info",), ("info", "--json"), ("list",)):
-            proc = subprocess.Popen([str(scripts / "nvc-py"), "--debug", str(log), *args], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, env={**os.environ, "NVC_PY_HOOK_SOCKET": str(sock)})
+            proc = subprocess.Popen(
+                [str(scripts / "nvc-py"), "--debug", str(log), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "NVC_PY_HOOK_SOCKET": str(sock)},
+            )
             out, err = proc.communicate(timeout=60)
             assert (proc.returncode, err) == (0, ""), args
             callers.add(proc.pid)

@@ -25,7 +25,8 @@ import pytest
 
 from harness.bundle import make_bundle
 from harness.docker import Dockerd, base_config
-from harness.fakegpus import A100, H100, MIG_2G, MIG_3G, SHOW, uuids as _uuids
+from harness.fakegpus import A100, H100, MIG_2G, MIG_3G, SHOW
+from harness.fakegpus import uuids as _uuids
 from nvc.errors import InputError
 
 SCRIPTS = Path(sysconfig.get_path("scripts"))
@@ -38,8 +39,13 @@ GPUS_HOOK = "nvidia-container-runtime-hook"
 def setup_docker(*args: str, config: Path) -> subprocess.CompletedProcess[str]:
     """``nvc-py setup docker --no-server ARGS`` for hooks reading ``config`` ($NVC_PY_CONFIG; the
     no-server file goes beside it, it need not exist)."""
-    return subprocess.run([NVC_PY, "setup", "docker", "--no-server", *args], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "NVC_PY_CONFIG": str(config)})
+    return subprocess.run(
+        [NVC_PY, "setup", "docker", "--no-server", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NVC_PY_CONFIG": str(config)},
+    )
 
 
 def listing(path: Path) -> list[str]:
@@ -58,17 +64,20 @@ def config_file(tmp_path: Path) -> Path:
 STARTING_FILES = {
     "none": None,
     "empty object": "{}\n",
-    "other keys, odd layout": ('{\t"log-level":"warn" ,\r\n\n  "runtimes" : {\r\n "custom": {"path": "/opt/x", '
-                               '"runtimeArgs": ["--debug"]}} , "features": {"buildkit": true},'
-                               '"default-ulimits":{"nofile":{"Name":"nofile","Hard":64000,"Soft":64000}}}   '),
+    "other keys, odd layout": (
+        '{\t"log-level":"warn" ,\r\n\n  "runtimes" : {\r\n "custom": {"path": "/opt/x", '
+        '"runtimeArgs": ["--debug"]}} , "features": {"buildkit": true},'
+        '"default-ulimits":{"nofile":{"Name":"nofile","Hard":64000,"Soft":64000}}}   '
+    ),
     "indented, default runtime set": '{\n    "default-runtime": "runc",\n    "data-root": "/srv/docker"\n}\n',
 }
 
 
 @pytest.mark.parametrize("set_default", [False, True], ids=["runtime", "set-as-default"])
 @pytest.mark.parametrize("name", list(STARTING_FILES))
-def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, config_file: Path, name: str,
-                                                                 set_default: bool) -> None:
+def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(
+    tmp_path: Path, config_file: Path, name: str, set_default: bool
+) -> None:
     original = STARTING_FILES[name]
     replaces_default = set_default and '"default-runtime"' in (original or "")  # not only an addition
     daemon_json, hook_dir = tmp_path / "docker" / "daemon.json", tmp_path / "bin"
@@ -81,18 +90,26 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
     args = ["--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir), *(["--set-as-default"] * set_default)]
     first = setup_docker(*args, config=config_file)
     assert first.returncode == 0, first.stderr
-    how = "systemctl restart docker, or --restart" if os.path.isdir("/run/systemd/system") else \
-        "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
+    how = (
+        "systemctl restart docker, or --restart"
+        if os.path.isdir("/run/systemd/system")
+        else "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
+    )
     assert f"wrote {daemon_json}\n" in first.stdout and f"restart it ({how})\n" in first.stdout
-    assert (f"{daemon_json}: default-runtime was 'runc' (--remove takes the key out" in first.stdout) == \
-        replaces_default
+    assert (
+        f"{daemon_json}: default-runtime was 'runc' (--remove takes the key out" in first.stdout
+    ) == replaces_default
     written = daemon_json.read_bytes()
     backup = tmp_path / "docker" / "daemon.json.nvc-py.bak"  # the previous file, as it was
-    assert (backup.read_bytes(), stat.S_IMODE(backup.stat().st_mode)) == (original.encode(), 0o600) \
-        if original is not None else not backup.exists()
+    assert (
+        (backup.read_bytes(), stat.S_IMODE(backup.stat().st_mode)) == (original.encode(), 0o600)
+        if original is not None
+        else not backup.exists()
+    )
     doc = json.loads(written)
-    assert {k: v for k, v in doc.items() if k not in ("runtimes", "default-runtime")} == \
-        {k: v for k, v in before.items() if k not in ("runtimes", "default-runtime")}
+    assert {k: v for k, v in doc.items() if k not in ("runtimes", "default-runtime")} == {
+        k: v for k, v in before.items() if k not in ("runtimes", "default-runtime")
+    }
     assert doc["runtimes"] == {**before.get("runtimes", {}), "nvc-py": {"path": RUNTIME}}
     assert doc.get("default-runtime") == ("nvc-py" if set_default else before.get("default-runtime"))
     assert stat.S_IMODE(daemon_json.stat().st_mode) == (0o600 if original is not None else 0o644)
@@ -100,8 +117,9 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
     again = setup_docker(*args, config=config_file)  # a second run changes nothing
     assert again.returncode == 0 and daemon_json.read_bytes() == written
     assert f"unchanged {daemon_json}\n" in again.stdout and "restart" not in again.stdout
-    removed = setup_docker("--remove", "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir),
-                           config=config_file)
+    removed = setup_docker(
+        "--remove", "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir), config=config_file
+    )
     assert removed.returncode == 0, removed.stderr
     if original is None:
         assert not daemon_json.exists() and f"removed {daemon_json}\nremoved {daemon_json.parent}\n" in removed.stdout
@@ -110,8 +128,15 @@ def test_setup_then_remove_gives_daemon_json_back_byte_for_byte(tmp_path: Path, 
     else:
         assert daemon_json.read_bytes() == original.encode()
     assert not (hook_dir / GPUS_HOOK).is_symlink()
-    assert listing(tmp_path) == sorted(["bin", "no-server", *(  # daemon.json restored: no backup left
-        ["docker", "docker/daemon.json"] if original is not None else [])])  # setup made docker/: gone with it
+    assert listing(tmp_path) == sorted(
+        [
+            "bin",
+            "no-server",
+            *(  # daemon.json restored: no backup left
+                ["docker", "docker/daemon.json"] if original is not None else []
+            ),
+        ]
+    )  # setup made docker/: gone with it
 
 
 def test_text_edits_are_undone_exactly() -> None:
@@ -120,8 +145,14 @@ def test_text_edits_are_undone_exactly() -> None:
     from nvc.hook.setup import docker
 
     entry = {"path": RUNTIME}
-    for text in ("{}", " { }\n", '{"a":1,"b":[1,{"c":"}"}]}', '{\n\t"runtimes": {\n\t\t"x": {"path": "/x"}\n\t}\n}',
-                 '{"runtimes":{},"a":"\\"runtimes\\": {"}', '{"b": {"runtimes": {"nvc-py": {}}}}'):
+    for text in (
+        "{}",
+        " { }\n",
+        '{"a":1,"b":[1,{"c":"}"}]}',
+        '{\n\t"runtimes": {\n\t\t"x": {"path": "/x"}\n\t}\n}',
+        '{"runtimes":{},"a":"\\"runtimes\\": {"}',
+        '{"b": {"runtimes": {"nvc-py": {}}}}',
+    ):
         for set_default in (False, True):
             added = docker.with_runtime(text, "daemon.json", "nvc-py", entry, set_default)
             assert json.loads(added)["runtimes"]["nvc-py"] == entry
@@ -146,16 +177,18 @@ JUNK = {
 
 
 @pytest.mark.parametrize("name", list(JUNK))
-def test_junk_daemon_json_is_refused_in_one_line_with_nothing_written(tmp_path: Path, config_file: Path,
-                                                                       name: str) -> None:
+def test_junk_daemon_json_is_refused_in_one_line_with_nothing_written(
+    tmp_path: Path, config_file: Path, name: str
+) -> None:
     text, reason = JUNK[name]
     daemon_json, hook_dir = tmp_path / "daemon.json", tmp_path / "bin"
     hook_dir.mkdir()
     daemon_json.write_bytes(text.encode("latin-1") if name == "not UTF-8" else text.encode())
     before = listing(tmp_path)
     for extra in ([], ["--remove"]):
-        result = setup_docker(*extra, "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir),
-                              config=config_file)
+        result = setup_docker(
+            *extra, "--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir), config=config_file
+        )
         assert (result.returncode, result.stdout) == (InputError.exit_code, "")
         assert result.stderr == f"nvc-py: input error: {daemon_json}: {reason}\n"
         assert daemon_json.read_bytes() == (text.encode("latin-1") if name == "not UTF-8" else text.encode())
@@ -180,8 +213,11 @@ def test_gpus_hook_of_another_is_never_replaced(tmp_path: Path, config_file: Pat
     daemon_json = tmp_path / "daemon.json"
     args = ("--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir))
     refused = setup_docker(*args, "--gpus-hook", config=config_file)
-    assert refused.stderr == (f"nvc-py: input error: {theirs}: exists and is not nvc-py's link (NVIDIA's "
-                              "toolkit?): not replaced\n") and refused.returncode == InputError.exit_code
+    assert (
+        refused.stderr
+        == (f"nvc-py: input error: {theirs}: exists and is not nvc-py's link (NVIDIA's toolkit?): not replaced\n")
+        and refused.returncode == InputError.exit_code
+    )
     assert not daemon_json.exists()
     kept = setup_docker(*args, config=config_file)
     assert kept.returncode == 0 and f"left {theirs} alone (not nvc-py's)" in kept.stdout
@@ -197,7 +233,7 @@ def test_no_gpus_hook_and_dry_run(tmp_path: Path, config_file: Path) -> None:
     args = ("--config", str(daemon_json), "--gpus-hook-dir", str(hook_dir))
     dry = setup_docker(*args, "--dry-run", config=config_file)
     assert dry.returncode == 0 and listing(tmp_path) == ["bin"]
-    assert dry.stdout.startswith(f"# {daemon_json}\n{{\n  \"runtimes\": {{\n    \"nvc-py\": {{\n")
+    assert dry.stdout.startswith(f'# {daemon_json}\n{{\n  "runtimes": {{\n    "nvc-py": {{\n')
     assert f"would link {hook_dir / GPUS_HOOK} -> {HOOK_FRONT}\n" in dry.stdout
     assert setup_docker(*args, config=config_file).returncode == 0
     assert (hook_dir / GPUS_HOOK).is_symlink()
@@ -208,8 +244,9 @@ def test_no_gpus_hook_and_dry_run(tmp_path: Path, config_file: Path) -> None:
 
 
 @pytest.mark.skipif(os.path.isdir("/run/systemd/system"), reason="systemd runs here: --restart would restart docker")
-def test_restart_without_systemd_writes_then_reloads_the_running_dockerd(tmp_path: Path, config_file: Path,
-                                                                          rootfs_cache) -> None:  # noqa: ANN001
+def test_restart_without_systemd_writes_then_reloads_the_running_dockerd(
+    tmp_path: Path, config_file: Path, rootfs_cache
+) -> None:  # noqa: ANN001
     """Without systemd, --restart writes the registration (exit 0), then tells the running dockerd that
     reads that daemon.json to reload it (SIGHUP: the runtime shows in its `docker info`) and says in a
     line what --gpus needs; where none runs, it says that dockerd reads it as it starts."""
@@ -228,19 +265,25 @@ def test_restart_without_systemd_writes_then_reloads_the_running_dockerd(tmp_pat
         result = setup_docker(*args, config=config_file)
         assert (result.returncode, result.stderr) == (0, ""), result.stderr
         pid = dockerd.process.pid
-        assert f"dockerd (pid {pid}) reloaded {daemon_json} (SIGHUP): it serves runtime nvc-py\n" in result.stdout, \
+        assert f"dockerd (pid {pid}) reloaded {daemon_json} (SIGHUP): it serves runtime nvc-py\n" in result.stdout, (
             result.stdout
-        assert f"dockerd (pid {pid}) looks for {GPUS_HOOK} only as it starts: for `docker run --gpus`, stop it " \
-               f"(kill {pid}) and start it again as before: /usr/sbin/dockerd --config-file {daemon_json} " \
-            in result.stdout, result.stdout
+        )
+        assert (
+            f"dockerd (pid {pid}) looks for {GPUS_HOOK} only as it starts: for `docker run --gpus`, stop it "
+            f"(kill {pid}) and start it again as before: /usr/sbin/dockerd --config-file {daemon_json} "
+            in result.stdout
+        ), result.stdout
         assert dockerd.info()["Runtimes"]["nvc-py"]["path"] == RUNTIME
         # Removed again: the file has no runtimes member left, which dockerd needs to drop one on SIGHUP.
         removed = setup_docker("--remove", *args, config=config_file)
         assert (removed.returncode, removed.stderr) == (0, ""), removed.stderr
-        assert f"dockerd (pid {pid}) reloaded {daemon_json} (SIGHUP): it dropped runtime nvc-py\n" in removed.stdout, \
+        assert f"dockerd (pid {pid}) reloaded {daemon_json} (SIGHUP): it dropped runtime nvc-py\n" in removed.stdout, (
             removed.stdout
-        assert f"dockerd (pid {pid}) found {GPUS_HOOK} as it started: `docker run --gpus` fails until it starts " \
-               "again; stop it" in removed.stdout, removed.stdout
+        )
+        assert (
+            f"dockerd (pid {pid}) found {GPUS_HOOK} as it started: `docker run --gpus` fails until it starts "
+            "again; stop it" in removed.stdout
+        ), removed.stdout
         assert "nvc-py" not in dockerd.info()["Runtimes"]
         assert daemon_json.read_text() == json.dumps(base_config(tmp_path), indent=2) + "\n"
     finally:
@@ -253,14 +296,14 @@ def test_hook_answers_as_nvc_py_hook_under_the_gpus_hook_name(tmp_path: Path, ta
     nvc-py-hook's program (it goes by the file it runs from), and the program goes by its arguments."""
     link = tmp_path / GPUS_HOOK
     link.symlink_to(target)
-    result = subprocess.run([str(link), "--help"], capture_output=True, text=True, timeout=60,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run([str(link), "--help"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout.startswith("usage: nvc-py-hook prestart|poststart|poststop  (OCI state on stdin)\n")
 
 
-def test_runtime_adds_no_second_hook_where_gpus_hook_is_nvc_py(active_2gpu, fake_2gpu, debian_rootfs: Path,
-                                                             tmp_path: Path) -> None:
+def test_runtime_adds_no_second_hook_where_gpus_hook_is_nvc_py(
+    active_2gpu, fake_2gpu, debian_rootfs: Path, tmp_path: Path
+) -> None:
     """`--runtime nvc-py --gpus 1`: dockerd's hook is nvc-py's (through the link), so nvc-py-runtime
     adds none (two prestart hooks would configure the container twice)."""
     from nvc import config as config_load
@@ -270,8 +313,13 @@ def test_runtime_adds_no_second_hook_where_gpus_hook_is_nvc_py(active_2gpu, fake
     config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n")
     link = tmp_path / GPUS_HOOK
     link.symlink_to(HOOK_FRONT)
-    bundle = make_bundle(tmp_path / "b", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         hooks={"prestart": [{"path": str(link), "args": [GPUS_HOOK, "prestart"]}]})
+    bundle = make_bundle(
+        tmp_path / "b",
+        debian_rootfs,
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        hooks={"prestart": [{"path": str(link), "args": [GPUS_HOOK, "prestart"]}]},
+    )
     spec = json.loads((bundle / "config.json").read_text())
     runtime.rewrite(spec, str(bundle), config_load.load(str(config)))
     assert [h["path"] for h in spec["hooks"]["prestart"]] == [str(link)]
@@ -321,8 +369,11 @@ DOCKER_CASES = {
     "--gpus all": (["--gpus", "all"], [H100, A100, MIG_2G, MIG_3G], ["nvidia0", "nvidia1"]),
     "--gpus 1": (["--gpus", "1"], [H100], ["nvidia0"]),
     "--gpus '\"device=1\"'": (["--gpus", '"device=1"'], [A100], ["nvidia1"]),
-    "--runtime nvc-py -e NVIDIA_VISIBLE_DEVICES=0": (["--runtime", "nvc-py", "-e", "NVIDIA_VISIBLE_DEVICES=0"],
-                                                    [H100], ["nvidia0"]),
+    "--runtime nvc-py -e NVIDIA_VISIBLE_DEVICES=0": (
+        ["--runtime", "nvc-py", "-e", "NVIDIA_VISIBLE_DEVICES=0"],
+        [H100],
+        ["nvidia0"],
+    ),
 }
 
 
@@ -354,9 +405,13 @@ def test_docker_run_without_gpus_gets_nothing(dockerd: Dockerd) -> None:
 
 def _doctor(*args: str, dockerd: Dockerd) -> dict:
     """`nvc-py doctor --json ARGS`'s checks by name, for the hook configuration dockerd's hooks read."""
-    done = subprocess.run([str(SCRIPTS / "nvc-py"), "doctor", "--json", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "NVC_PY_CONFIG": str(dockerd.workdir / "config.yaml"),
-                                            "NVC_PY_HOOK_SOCKET": "none"})
+    done = subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "doctor", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NVC_PY_CONFIG": str(dockerd.workdir / "config.yaml"), "NVC_PY_HOOK_SOCKET": "none"},
+    )
     assert done.stderr == "", done.stderr
     return {c["name"]: c for c in json.loads(done.stdout)["checks"]}
 
@@ -366,12 +421,17 @@ def test_doctor_reads_what_the_running_dockerd_reads_and_its_run_sees_the_gpu(do
     runtime and --gpus hook setup wrote there, and --run starts a container through it asking for GPU 0."""
     checks = _doctor("--run", dockerd=dockerd)
     assert checks["docker"]["status"] == "ok" and str(dockerd.workdir / "daemon.json") in checks["docker"]["detail"]
-    assert checks["docker --gpus"] == {"name": "docker --gpus", "status": "ok", "fix": "",
-                                       "detail": f"{dockerd.workdir}/bin/nvidia-container-runtime-hook is nvc-py's hook"}
-    assert "dockerd" not in checks, checks.get("dockerd")       # started after daemon.json was written
+    assert checks["docker --gpus"] == {
+        "name": "docker --gpus",
+        "status": "ok",
+        "fix": "",
+        "detail": f"{dockerd.workdir}/bin/nvidia-container-runtime-hook is nvc-py's hook",
+    }
+    assert "dockerd" not in checks, checks.get("dockerd")  # started after daemon.json was written
     assert checks["docker run"]["status"] == "ok", checks["docker run"]
-    assert checks["docker run"]["detail"].startswith("a container started with `docker run --gpus device=0` sees it: "
-                                                     "GPU 0: NVIDIA H100")
+    assert checks["docker run"]["detail"].startswith(
+        "a container started with `docker run --gpus device=0` sees it: GPU 0: NVIDIA H100"
+    )
 
 
 def test_doctor_finds_a_daemon_json_without_the_runtime(dockerd: Dockerd) -> None:
@@ -379,15 +439,28 @@ def test_doctor_finds_a_daemon_json_without_the_runtime(dockerd: Dockerd) -> Non
     the running dockerd read an older file. (Last in the module: the file is put back after.)"""
     daemon_json = dockerd.workdir / "daemon.json"
     before = daemon_json.read_bytes()
-    time.sleep(1.5)                     # a change later than dockerd's start by more than its clock's slack
-    assert setup_docker("--config", str(daemon_json), "--remove", "--gpus-hook-dir", str(dockerd.workdir / "none"),
-                        config=dockerd.workdir / "config.yaml").returncode == 0
+    time.sleep(1.5)  # a change later than dockerd's start by more than its clock's slack
+    assert (
+        setup_docker(
+            "--config",
+            str(daemon_json),
+            "--remove",
+            "--gpus-hook-dir",
+            str(dockerd.workdir / "none"),
+            config=dockerd.workdir / "config.yaml",
+        ).returncode
+        == 0
+    )
     try:
         checks = _doctor(dockerd=dockerd)
     finally:
         daemon_json.write_bytes(before)
-    assert checks["docker"] == {"name": "docker", "status": "fail", "fix": "nvc-py setup docker",
-                                "detail": f"{daemon_json} registers no nvc-py runtime"}
+    assert checks["docker"] == {
+        "name": "docker",
+        "status": "fail",
+        "fix": "nvc-py setup docker",
+        "detail": f"{daemon_json} registers no nvc-py runtime",
+    }
     assert checks["dockerd"]["status"] == "fail" and "before " + str(daemon_json) in checks["dockerd"]["detail"]
 
 
@@ -420,9 +493,13 @@ def test_doctor_fails_only_what_fails_for_the_engines_that_run(tmp_path: Path) -
     Where the only containerd is dockerd's own (its child, reading the configuration dockerd wrote
     under its exec root), doctor does not fail containerd for /etc/containerd/config.toml, which that
     one never reads: it says which containerd it found and whose it is."""
-    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", DOCKERD_AND_DOCTOR,
-                           str(tmp_path), NVC_PY], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).parent)
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", DOCKERD_AND_DOCTOR, str(tmp_path), NVC_PY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parent,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     alone, report, found = done.stdout.strip().split("\n")
     exec_root = json.loads(found)[0]
@@ -435,5 +512,7 @@ def test_doctor_fails_only_what_fails_for_the_engines_that_run(tmp_path: Path) -
     check = checks["containerd"]
     assert check["status"] == "skip", check
     assert check["detail"].startswith("no containerd of its own runs (pid "), check
-    assert f"is dockerd's own, reading {exec_root}/containerd/containerd.toml); /etc/containerd/config.toml " \
-           "registers no nvc-py runtime (nvc-py setup containerd, for one started later)" in check["detail"], check
+    assert (
+        f"is dockerd's own, reading {exec_root}/containerd/containerd.toml); /etc/containerd/config.toml "
+        "registers no nvc-py runtime (nvc-py setup containerd, for one started later)" in check["detail"]
+    ), check

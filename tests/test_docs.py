@@ -33,8 +33,10 @@ def _yaml_flow(value: object) -> str:
 
 def test_every_configuration_key_is_documented_with_its_default() -> None:
     settings = _dotted(config.Config()._replace(ldconfig="@/sbin/ldconfig").as_dict())  # the host may have .real
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z0-9.-]+)` \| ([^|]+) \|",
-                                                           (REPO / "docs/configuration.md").read_text(), re.M)}
+    rows = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^\| `([a-z0-9.-]+)` \| ([^|]+) \|", (REPO / "docs/configuration.md").read_text(), re.M)
+    }
     assert len(settings) > 30 and settings.keys() == _dotted(config.defaults().as_dict()).keys()
     assert [key for key in settings if key not in rows] == []  # a key `config show` prints, undocumented
     assert [key for key in rows if key not in settings] == []  # documented, but no such key
@@ -69,17 +71,41 @@ def test_the_changelogs_newest_version_is_the_packages() -> None:
 def _layout_paths() -> set[str]:
     """The paths docs/development.md's Layout table names in its first column."""
     section = (REPO / "docs/development.md").read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    return {name for line in section.splitlines() if line.startswith("| `")
-            for name in re.findall(r"`([^`]+)`", line.split("|")[1])}
+    return {
+        name
+        for line in section.splitlines()
+        if line.startswith("| `")
+        for name in re.findall(r"`([^`]+)`", line.split("|")[1])
+    }
 
 
 def _tracked_folders() -> set[str]:
     """The checkout's top-level folders and its Python package folders, as the table writes them."""
-    tops = {f"{path.name}/" for path in REPO.iterdir() if path.is_dir() and (REPO / ".git").exists()
-            and path.name not in {".git", ".venv", ".make", "build", "dist", ".pytest_cache", ".mypy_cache",
-                                  ".ruff_cache", ".whl", ".debs"} and not path.name.endswith(".egg-info")}
-    packages = {f"{path.parent.relative_to(REPO)}/" for top in ("nvc", "rpc", "hook")
-                for path in (REPO / top).rglob("*/__init__.py")}
+    tops = {
+        f"{path.name}/"
+        for path in REPO.iterdir()
+        if path.is_dir()
+        and (REPO / ".git").exists()
+        and path.name
+        not in {
+            ".git",
+            ".venv",
+            ".make",
+            "build",
+            "dist",
+            ".pytest_cache",
+            ".mypy_cache",
+            ".ruff_cache",
+            ".whl",
+            ".debs",
+        }
+        and not path.name.endswith(".egg-info")
+    }
+    packages = {
+        f"{path.parent.relative_to(REPO)}/"
+        for top in ("nvc", "rpc", "hook")
+        for path in (REPO / top).rglob("*/__init__.py")
+    }
     return tops | packages
 
 

@@ -35,15 +35,18 @@ def test_no_driver_is_one_failing_line_that_says_how_to_try_without_a_gpu(tmp_pa
     assert "NVML" not in checks and lines[-1].endswith("check(s) failed")
 
 
-def test_podman_hooks_where_podman_does_not_read_them_then_where_it_does(podman_conf: dict[str, str],
-                                                                           tmp_path: Path) -> None:
+def test_podman_hooks_where_podman_does_not_read_them_then_where_it_does(
+    podman_conf: dict[str, str], tmp_path: Path
+) -> None:
     setup = [str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"], "--no-server"]
     env = {**os.environ, **podman_conf}
     subprocess.run([*setup, "--hooks-dir", str(tmp_path / "elsewhere")], check=True, env=env, capture_output=True)
     checks = _checks(env=podman_conf)
     assert checks["podman"]["status"] == "fail"
-    assert checks["podman"]["detail"] == (f"no nvc-py hook where podman reads hooks from {tmp_path}/hooks.d "
-                                          f"({podman_conf['CONTAINERS_CONF']}'s hooks_dir)")
+    assert checks["podman"]["detail"] == (
+        f"no nvc-py hook where podman reads hooks from {tmp_path}/hooks.d "
+        f"({podman_conf['CONTAINERS_CONF']}'s hooks_dir)"
+    )
     assert checks["podman"]["fix"] == "nvc-py setup podman"
     assert checks["driver"]["status"] == checks["NVML"]["status"] == checks["device nodes"]["status"] == "ok"
     subprocess.run(setup, check=True, env=env, capture_output=True)
@@ -55,8 +58,9 @@ def test_a_cdi_spec_that_no_longer_lists_todays_devices_is_stale(podman_conf: di
     spec = tmp_path / "cdi" / "nvidia.yaml"
     spec.parent.mkdir()
     env = {**os.environ, **podman_conf}
-    subprocess.run([str(SCRIPTS / "nvc-py"), "cdi", "generate", "--output", str(spec)], check=True, env=env,
-                   capture_output=True)
+    subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "cdi", "generate", "--output", str(spec)], check=True, env=env, capture_output=True
+    )
     assert _checks(env=podman_conf)["CDI"]["status"] == "ok"
     spec.write_text(spec.read_text().replace("name: '1'", "name: '7'"))  # a GPU that is gone, one missing
     checks = _checks(env=podman_conf)
@@ -79,11 +83,17 @@ def test_a_stopped_server_is_found(podman_conf: dict[str, str], tmp_path: Path) 
 
 def test_run_starts_a_container_through_podman_and_sees_the_gpu(podman_conf: dict[str, str]) -> None:
     env = {**os.environ, **podman_conf}
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"],
-                    "--no-server"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"], "--no-server"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     status, lines = _doctor("--run", env=podman_conf)
-    assert "✓ podman run: a container asking for GPU 0 sees it: GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4f6a" in \
-        "\n".join(lines)
+    assert (
+        "✓ podman run: a container asking for GPU 0 sees it: GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4f6a"
+        in "\n".join(lines)
+    )
 
 
 def test_the_containerd_line_names_commands_that_work(tmp_path: Path) -> None:
@@ -98,8 +108,21 @@ def test_the_containerd_line_names_commands_that_work(tmp_path: Path) -> None:
     if shutil.which("containerd") is None or shutil.which("ctr") is None:
         pytest.skip("containerd and ctr are not installed")
     main, drop_in = tmp_path / "config.toml", tmp_path / "conf.d" / "99-nvc-py.toml"
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "containerd", "--config", str(main), "--drop-in", str(drop_in),
-                    "--no-server"], check=True, capture_output=True, env={**os.environ, "NVC_PY_CONFIG": str(tmp_path / "c.yaml")})
+    subprocess.run(
+        [
+            str(SCRIPTS / "nvc-py"),
+            "setup",
+            "containerd",
+            "--config",
+            str(main),
+            "--drop-in",
+            str(drop_in),
+            "--no-server",
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "NVC_PY_CONFIG": str(tmp_path / "c.yaml")},
+    )
     line = engines.containerd(str(main))[0]
     runtime = f"{entry.LIBDIR}/nvc-py-runtime"
     assert line.status == "ok" and "ctr --runtime" not in line.detail, line
@@ -115,14 +138,20 @@ def test_run_quotes_the_line_that_explains_a_failed_start(podman_conf: dict[str,
     env = {**os.environ, **podman_conf}
     config, log = Path(podman_conf["NVC_PY_CONFIG"]), tmp_path / "hook.log"
     config.write_text(f"root: {tmp_path / 'no-driver'}\nload-kmods: false\nlog: {{file: {log}}}\n")
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", str(config), "--no-server"], check=True,
-                   env=env, capture_output=True)
+    subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", str(config), "--no-server"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     refused = _checks("--run", env=podman_conf)["podman run"]
     assert refused["status"] == "fail", refused
     assert refused["detail"].startswith("a container asking for GPU 0 does not see GPU 0: nvc-py-hook: "), refused
     line = log.read_text().splitlines()[-1]
-    assert '"outcome":"error"' in line and refused["fix"] == f"the hook refused it; {log} has its line for that " \
-                                                              f"start: {line}", refused
+    assert (
+        '"outcome":"error"' in line
+        and refused["fix"] == f"the hook refused it; {log} has its line for that start: {line}"
+    ), refused
     conf = Path(podman_conf["CONTAINERS_CONF"])
     conf.write_text(conf.read_text().replace('runtime = "runc"', 'runtime = "nvc-test-no-such-runtime"'))
     before = log.read_text()
@@ -131,8 +160,10 @@ def test_run_quotes_the_line_that_explains_a_failed_start(podman_conf: dict[str,
     assert engine["status"] == "fail" and "nvc-py-hook" not in engine["detail"], engine
     assert engine["detail"].startswith("a container asking for GPU 0 does not see GPU 0: Error: "), engine
     assert "nvc-test-no-such-runtime" in engine["detail"], engine
-    assert engine["fix"] == (f"the engine's own error: no nvc-py hook refused that start ({log} has no line for that "
-                             "start); fix what the engine says"), engine
+    assert engine["fix"] == (
+        f"the engine's own error: no nvc-py hook refused that start ({log} has no line for that "
+        "start); fix what the engine says"
+    ), engine
 
 
 def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], tmp_path: Path) -> None:
@@ -143,20 +174,49 @@ def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], 
     assert not os.path.exists(DEFAULT_SOCKET)
     assert _checks(env=podman_conf)["hook server"]["detail"] == (
         f"not running ({DEFAULT_SOCKET}); a hook call as root in PID 1's namespaces starts one (it stops after 600 s "
-        "without a call, 0.5 s where a runtime adopted it); other calls run the hook themselves")
+        "without a call, 0.5 s where a runtime adopted it); other calls run the hook themselves"
+    )
     env = {**os.environ, **podman_conf}
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", podman_conf["NVC_PY_CONFIG"],
-                    "--hooks-dir", str(tmp_path / "hooks.d"), "--no-server"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            str(SCRIPTS / "nvc-py"),
+            "setup",
+            "podman",
+            "--config",
+            podman_conf["NVC_PY_CONFIG"],
+            "--hooks-dir",
+            str(tmp_path / "hooks.d"),
+            "--no-server",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     no_server = tmp_path / "no-server"
     assert no_server.is_file()
     detail = _checks(env=podman_conf)["hook server"]["detail"]
-    assert detail == (f"not running; hook calls run the hook themselves and start none ({no_server}: "
-                      "setup's --no-server)")
-    state = json.dumps({"ociVersion": "1.0.2", "id": "doctor-no-server", "status": "creating", "pid": os.getpid(),
-                        "bundle": str(tmp_path)})
-    (tmp_path / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": [], "args": ["true"], '
-                                          '"cwd": "/"}, "root": {"path": "rootfs"}}')
-    call = subprocess.run([str(SCRIPTS / "nvc-py-hook"), "prestart"], input=state, capture_output=True, text=True,
-                          timeout=60, env={"PATH": "/usr/bin:/bin", "NVC_PY_CONFIG": podman_conf["NVC_PY_CONFIG"]})
+    assert detail == (
+        f"not running; hook calls run the hook themselves and start none ({no_server}: setup's --no-server)"
+    )
+    state = json.dumps(
+        {
+            "ociVersion": "1.0.2",
+            "id": "doctor-no-server",
+            "status": "creating",
+            "pid": os.getpid(),
+            "bundle": str(tmp_path),
+        }
+    )
+    (tmp_path / "config.json").write_text(
+        '{"ociVersion": "1.0.2", "process": {"env": [], "args": ["true"], "cwd": "/"}, "root": {"path": "rootfs"}}'
+    )
+    call = subprocess.run(
+        [str(SCRIPTS / "nvc-py-hook"), "prestart"],
+        input=state,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "NVC_PY_CONFIG": podman_conf["NVC_PY_CONFIG"]},
+    )
     assert call.returncode == 0, call.stderr
     assert not os.path.exists(DEFAULT_SOCKET)

@@ -20,13 +20,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.doctor import PATH, doctor
-from harness.doctor import podman_conf  # noqa: F401 - fixture
+from harness.doctor import (
+    PATH,
+    doctor,
+    podman_conf,  # noqa: F401 - fixture
+)
 from harness.installed import HOOK, SCRIPTS
 from nvc.doctor.hostile import CASES
 
-LINE = re.compile(r"^(?P<mark>[✓✗-]) podman run (?P<case>[a-z0-9-]+)(?: \((?P<cves>[A-Z0-9, -]+)\))?: "
-                  r"(?P<word>passed|failed|not applicable): (?P<detail>.*)$")
+LINE = re.compile(
+    r"^(?P<mark>[✓✗-]) podman run (?P<case>[a-z0-9-]+)(?: \((?P<cves>[A-Z0-9, -]+)\))?: "
+    r"(?P<word>passed|failed|not applicable): (?P<detail>.*)$"
+)
 # A hook that writes the image's ld cache by path (through its links) and runs a program with the
 # container's environment and the rootfs as its working directory, before the installed hook.
 VULNERABLE_HOOK = """#!/usr/bin/python3
@@ -45,8 +50,12 @@ sys.exit(subprocess.run([{hook!r}, "prestart"], input=state.encode()).returncode
 
 
 def _setup_podman(env: dict[str, str]) -> None:
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", env["NVC_PY_CONFIG"], "--no-server"],
-                   check=True, env={**os.environ, **env}, capture_output=True)
+    subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", env["NVC_PY_CONFIG"], "--no-server"],
+        check=True,
+        env={**os.environ, **env},
+        capture_output=True,
+    )
 
 
 def _cases(lines: list[str]) -> dict[str, re.Match]:
@@ -63,8 +72,13 @@ def _cases(lines: list[str]) -> dict[str, re.Match]:
 
 def _left_behind(env: dict[str, str]) -> list[str]:
     """What a run could leave: containers in podman's store, run directories, mounts of them."""
-    ps = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True,
-                        env={**os.environ, **env}, check=True)
+    ps = subprocess.run(
+        ["podman", "ps", "--all", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+    )
     dirs = glob.glob(os.path.join(tempfile.gettempdir(), "nvc-doctor-security-*"))
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if "nvc-doctor-security-" in line]
     return ps.stdout.split() + dirs + mounts
@@ -87,24 +101,35 @@ def test_every_case_passes_against_the_installed_hook_and_nothing_is_left(podman
     assert not _left_behind(podman_conf)
 
 
-def test_a_hook_that_follows_the_images_links_and_passes_its_env_fails(podman_conf: dict[str, str],
-                                                                      tmp_path: Path) -> None:
+def test_a_hook_that_follows_the_images_links_and_passes_its_env_fails(
+    podman_conf: dict[str, str], tmp_path: Path
+) -> None:
     script = tmp_path / "vulnerable-hook"
     script.write_text(VULNERABLE_HOOK.format(hook=str(HOOK)))
     script.chmod(0o755)
     hooks = tmp_path / "hooks.d"
     hooks.mkdir()
-    (hooks / "oci-nvc-py-hook.json").write_text(json.dumps({
-        "version": "1.0.0", "hook": {"path": str(script), "env": [f"PATH={PATH}",
-                                                                    f"NVC_PY_CONFIG={podman_conf['NVC_PY_CONFIG']}"]},
-        "when": {"always": True}, "stages": ["prestart"]}))
+    (hooks / "oci-nvc-py-hook.json").write_text(
+        json.dumps(
+            {
+                "version": "1.0.0",
+                "hook": {"path": str(script), "env": [f"PATH={PATH}", f"NVC_PY_CONFIG={podman_conf['NVC_PY_CONFIG']}"]},
+                "when": {"always": True},
+                "stages": ["prestart"],
+            }
+        )
+    )
 
     status, lines = doctor("--security", env=podman_conf)
 
     cases = _cases(lines)
     failed = {name for name, m in cases.items() if m["word"] == "failed"}
-    assert failed == {"ld-so-cache-link-to-host-file", "ld-so-cache-link-climbing", "ld-preload-in-image-env",
-                      "python-path-in-image-env"}, "\n".join(lines)
+    assert failed == {
+        "ld-so-cache-link-to-host-file",
+        "ld-so-cache-link-climbing",
+        "ld-preload-in-image-env",
+        "python-path-in-image-env",
+    }, "\n".join(lines)
     assert all(m["word"] == "passed" for name, m in cases.items() if name not in failed), "\n".join(lines)
     assert "the canary changed: ld.so.cache" in cases["ld-so-cache-link-to-host-file"]["detail"]
     assert "the image's code ran on the host: /usr/bin/python3" in cases["ld-preload-in-image-env"]["detail"]
@@ -116,9 +141,12 @@ def test_a_hook_that_follows_the_images_links_and_passes_its_env_fails(podman_co
 def test_sigterm_during_a_case_leaves_nothing(podman_conf: dict[str, str]) -> None:
     """Ended while a container starts: its run directory and its container are removed on the way out."""
     _setup_podman(podman_conf)
-    doctor_run = subprocess.Popen([str(SCRIPTS / "nvc-py"), "doctor", "--security"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL,
-                                  env={"PATH": PATH, "NVC_PY_HOOK_SOCKET": "none", **podman_conf})
+    doctor_run = subprocess.Popen(
+        [str(SCRIPTS / "nvc-py"), "doctor", "--security"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={"PATH": PATH, "NVC_PY_HOOK_SOCKET": "none", **podman_conf},
+    )
     try:
         deadline = time.monotonic() + 120
         while not glob.glob(os.path.join(tempfile.gettempdir(), "nvc-doctor-security-*", "libdir-*")):

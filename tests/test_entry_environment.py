@@ -29,8 +29,14 @@ ENTRY_POINTS = {
     "cli": [LIBDIR / "nvc-py", "--version"],
     "client": [LIBDIR / "nvc-py-hook-client", LIBDIR / "nvc-py-hook-python", "poststart"],
 }
-HARMLESS = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root", "LDX": "kept",
-            "XLD_PRELOAD": "kept", "MY_PYTHONPATH": "kept"}
+HARMLESS = {
+    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG": "C.UTF-8",
+    "HOME": "/root",
+    "LDX": "kept",
+    "XLD_PRELOAD": "kept",
+    "MY_PYTHONPATH": "kept",
+}
 
 
 @pytest.fixture
@@ -46,17 +52,26 @@ def hostile_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
     user_site = tmp_path / "user" / f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
     user_site.mkdir(parents=True)
     (user_site / "usercustomize.py").write_text(write)
-    return {**HARMLESS, "LD_PRELOAD": str(evil / "preload.so"), "LD_LIBRARY_PATH": str(evil),
-            "GCONV_PATH": str(evil), "GLIBC_TUNABLES": "glibc.malloc.check=0", "PYTHONPATH": str(evil),
-            "PYTHONHOME": str(evil), "PYTHONSTARTUP": str(evil / "startup.py"),
-            "PYTHONUSERBASE": str(tmp_path / "user"), "NVC_PY_HOOK_SOCKET": "none"}, marker
+    return {
+        **HARMLESS,
+        "LD_PRELOAD": str(evil / "preload.so"),
+        "LD_LIBRARY_PATH": str(evil),
+        "GCONV_PATH": str(evil),
+        "GLIBC_TUNABLES": "glibc.malloc.check=0",
+        "PYTHONPATH": str(evil),
+        "PYTHONHOME": str(evil),
+        "PYTHONSTARTUP": str(evil / "startup.py"),
+        "PYTHONUSERBASE": str(tmp_path / "user"),
+        "NVC_PY_HOOK_SOCKET": "none",
+    }, marker
 
 
 @pytest.mark.parametrize("argv", ENTRY_POINTS.values(), ids=ENTRY_POINTS.keys())
 def test_no_caller_code_runs_in_an_entry_point(hostile_env: tuple[dict[str, str], Path], argv: list) -> None:
     env, marker = hostile_env
-    result = subprocess.run([str(word) for word in argv], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [str(word) for word in argv], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+    )
     assert not marker.exists(), marker.read_text()
     assert "Traceback" not in result.stderr and "error while loading" not in result.stderr, result.stderr
     assert result.returncode >= 0 and result.returncode != 127, result.stderr
@@ -74,27 +89,35 @@ def _names(dump: Path) -> set[str]:
     return {entry.split("=", 1)[0] for entry in dump.read_text().split("\0") if entry}
 
 
-def test_the_front_drops_what_the_python_programs_drop(hostile_env: tuple[dict[str, str], Path],
-                                                       tmp_path: Path) -> None:
+def test_the_front_drops_what_the_python_programs_drop(
+    hostile_env: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
     """The front, compiled with nvc/system/unsafe-environment.list, keeps exactly what nvc.system.loaderenv keeps."""
     env, marker = hostile_env
     env = {**env, "LD_BIND_NOW": "1", "PYTHONINSPECT": "1", "MALLOC_TRACE": str(tmp_path / "trace"), "TZDIR": "/x"}
     program, dump = _dumper(tmp_path)
-    result = subprocess.run([str(LIBDIR / "nvc-py-hook-client"), str(program)], env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [str(LIBDIR / "nvc-py-hook-client"), str(program)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert _names(dump) - {"PWD"} == {name for name in env if not is_unsafe(name)}
     assert set(HARMLESS) <= _names(dump) and not marker.exists()
 
 
-def test_the_runtime_hands_its_runtime_no_unsafe_variable(hostile_env: tuple[dict[str, str], Path],
-                                                          tmp_path: Path) -> None:
+def test_the_runtime_hands_its_runtime_no_unsafe_variable(
+    hostile_env: tuple[dict[str, str], Path], tmp_path: Path
+) -> None:
     env, marker = hostile_env
     program, dump = _dumper(tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(f"runtimes: [{program}]\n")
-    result = subprocess.run([str(LIBDIR / "nvc-py-runtime"), "state", "some-container"],
-                            env={**env, "NVC_PY_CONFIG": str(config)}, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(LIBDIR / "nvc-py-runtime"), "state", "some-container"],
+        env={**env, "NVC_PY_CONFIG": str(config)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert not any(is_unsafe(name) for name in _names(dump)) and set(HARMLESS) <= _names(dump)
     assert not marker.exists(), marker.read_text()

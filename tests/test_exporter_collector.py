@@ -22,19 +22,22 @@ import urllib.request
 from pathlib import Path
 
 from harness.bundle import make_bundle
+from harness.exporter import KEY
+from harness.exporter import sample as _of
+from harness.exporter import samples as _samples
+from harness.exporter import scrape as _scrape
+from harness.exporter import start as _exporter
 from harness.hookserver import hook_server
 from harness.installed import SCRIPTS
 from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture: tmpfs mounts of this test's own)
 from harness.shareregion import Device, Entry, Slot, region_bytes, sched_bytes
-from harness.shim import GIB, MIB, programs, share as shim  # noqa: F401  (fixtures)
-from harness.exporter import KEY, sample as _of, samples as _samples, scrape as _scrape, start as _exporter
+from harness.shim import GIB, MIB, programs  # noqa: F401  (fixtures)
+from nvc.apply import sharefiles
 from nvc.exporter import unixdiag
 from nvc.exporter.collector import MAX_PROCESSES
 from nvc.k8s import published
-from nvc.apply import sharefiles
 from nvc.plan import share
 from nvc.share.region import SIZE as REGION_SIZE
-
 
 # ---------------------------------------------------------------- the collector
 
@@ -42,8 +45,12 @@ from nvc.share.region import SIZE as REGION_SIZE
 def test_a_live_container_its_limits_memory_and_processes(shim, tmp_path: Path) -> None:
     """A container made as the hook makes it, a process of it holding 600 MiB through the real shim."""
     state = tmp_path / "state"
-    shim.dir = prepared(state, "tenant", {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50",
-                                          "NVC_SHARE_WEIGHT": "3"}, os.getpid())
+    shim.dir = prepared(
+        state,
+        "tenant",
+        {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_WEIGHT": "3"},
+        os.getpid(),
+    )
     prepared(state, "idle", {"NVC_SHARE_MEMORY_LIMIT": "2Gi"})
     holder = shim.holder("alloc", 600 * MIB, limits={})
     try:
@@ -53,8 +60,10 @@ def test_a_live_container_its_limits_memory_and_processes(shim, tmp_path: Path) 
         holder.wait()
     labels = {"container_id": "tenant", "device": KEY}
     assert _of(samples, "nvc_py_share_containers") == 2
-    assert (_of(samples, "nvc_py_share_region_ok", container_id="tenant"),
-            _of(samples, "nvc_py_share_region_ok", container_id="idle")) == (1, 0)
+    assert (
+        _of(samples, "nvc_py_share_region_ok", container_id="tenant"),
+        _of(samples, "nvc_py_share_region_ok", container_id="idle"),
+    ) == (1, 0)
     assert _of(samples, "nvc_py_share_memory_limit_bytes", **labels) == 4 * GIB
     assert _of(samples, "nvc_py_share_memory_used_bytes", **labels) == 600 * MIB
     assert _of(samples, "nvc_py_share_process_memory_used_bytes", pid=str(holder.pid), **labels) == 600 * MIB
@@ -106,10 +115,16 @@ def test_what_a_container_writes_cannot_break_or_flood_the_output(private_mounts
     hostile = prepared(state, "hostile", {"NVC_SHARE_WEIGHT": "2"})
     keys = ['evil"\n\x1b[2J}', "\\", "", "\udcff" * 3] + [KEY] * 12
     slots = [Slot(pid, 1, 4026531836, [top] * 16) for pid in range(1, 1025)]
-    _write(hostile / "region", region_bytes([Device(k, top, 2**32 - 1, top, top, top) for k in keys], slots,
-                                            ndevices=2**32 - 1, hwm=2**32 - 1))
-    _write(Path(share.sched_dir_for(str(state))) / "hostile",
-           sched_bytes([Entry(KEY, 2**32 - 1, 2**32 - 1), Entry('x"\n', 1, 500)] * 8, ndevices=2**32 - 1))
+    _write(
+        hostile / "region",
+        region_bytes(
+            [Device(k, top, 2**32 - 1, top, top, top) for k in keys], slots, ndevices=2**32 - 1, hwm=2**32 - 1
+        ),
+    )
+    _write(
+        Path(share.sched_dir_for(str(state))) / "hostile",
+        sched_bytes([Entry(KEY, 2**32 - 1, 2**32 - 1), Entry('x"\n', 1, 500)] * 8, ndevices=2**32 - 1),
+    )
     _write(prepared(state, "random", {"NVC_SHARE_WEIGHT": "1"}) / "region", os.urandom(REGION_SIZE))
     fifo = prepared(state, "fifo", {"NVC_SHARE_COMPUTE": "50"}) / "region"
     fifo.unlink()
@@ -121,12 +136,16 @@ def test_what_a_container_writes_cannot_break_or_flood_the_output(private_mounts
     assert "\x1b" not in text and len(text) < 20000
     devices = {dict(labels)["device"] for _, labels in samples if "device" in dict(labels)}
     assert devices == {KEY, "invalid"}
-    hostile_used = [v for (name, labels), v in samples.items()
-                    if name == "nvc_py_share_memory_used_bytes" and dict(labels)["container_id"] == "hostile"]
+    hostile_used = [
+        v
+        for (name, labels), v in samples.items()
+        if name == "nvc_py_share_memory_used_bytes" and dict(labels)["container_id"] == "hostile"
+    ]
     assert len(hostile_used) == 2  # one per label set, the first of each kept
     assert not [k for k in samples if k[0] == "nvc_py_share_process_memory_used_bytes"]  # no process of its own pidns
-    assert {cid: _of(samples, "nvc_py_share_region_ok", container_id=cid)
-            for cid in ("hostile", "random", "fifo", "honest")} == {"hostile": 1, "random": 0, "fifo": 0, "honest": 1}
+    assert {
+        cid: _of(samples, "nvc_py_share_region_ok", container_id=cid) for cid in ("hostile", "random", "fifo", "honest")
+    } == {"hostile": 1, "random": 0, "fifo": 0, "honest": 1}
     assert _of(samples, "nvc_py_share_memory_limit_bytes", container_id="honest", device=KEY) == GIB
     assert _of(samples, "nvc_py_share_memory_used_bytes", container_id="honest", device=KEY) == GIB // 2
     for cid in ("hostile", "random", "fifo", "honest"):
@@ -140,8 +159,15 @@ def test_processes_shown_are_bounded(private_mounts, tmp_path: Path) -> None:
     pidns = os.stat("/proc/self/ns/pid").st_ino
     procs = [subprocess.Popen(["sleep", "30"]) for _ in range(MAX_PROCESSES + 3)]
     try:
-        slots = [Slot(p.pid, int(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]), pidns,
-                      [(i + 1) * MIB]) for i, p in enumerate(procs)]
+        slots = [
+            Slot(
+                p.pid,
+                int(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]),
+                pidns,
+                [(i + 1) * MIB],
+            )
+            for i, p in enumerate(procs)
+        ]
         _write(shared / "region", region_bytes([Device(KEY)], slots))
         samples = _samples(_scrape(state, tmp_path))
     finally:
@@ -154,6 +180,7 @@ def test_processes_shown_are_bounded(private_mounts, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the hook server, the device plugin
+
 
 def test_the_hook_server_is_up_while_its_socket_listens(tmp_path: Path) -> None:
     path = tmp_path / "hook.sock"
@@ -173,8 +200,9 @@ def test_the_hook_server_is_up_while_its_socket_listens(tmp_path: Path) -> None:
 
 def test_the_device_plugins_file_is_believed_only_from_a_running_plugin(tmp_path: Path) -> None:
     path = tmp_path / "device-plugin.json"
-    record = published.this_process((published.ResourceHealth("nvidia.com/gpu", 1, 1),
-                                     published.ResourceHealth('x"\n\x1b', 0, 2)))
+    record = published.this_process(
+        (published.ResourceHealth("nvidia.com/gpu", 1, 1), published.ResourceHealth('x"\n\x1b', 0, 2))
+    )
     published.write(str(path), record)
     assert published.read(str(path)) == record
     samples = _samples(_scrape(tmp_path / "none", tmp_path, plugin=str(path)))
@@ -199,6 +227,7 @@ def test_the_device_plugins_file_is_believed_only_from_a_running_plugin(tmp_path
 
 # ---------------------------------------------------------------- a real Prometheus
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -210,8 +239,12 @@ def _query(port: int, query: str) -> dict[frozenset, float]:
     with urllib.request.urlopen(url, timeout=5) as answer:
         doc = json.load(answer)
     assert doc["status"] == "success", doc
-    return {frozenset((k, v) for k, v in r["metric"].items() if k not in ("__name__", "instance", "job")):
-            float(r["value"][1]) for r in doc["data"]["result"]}
+    return {
+        frozenset((k, v) for k, v in r["metric"].items() if k not in ("__name__", "instance", "job")): float(
+            r["value"][1]
+        )
+        for r in doc["data"]["result"]
+    }
 
 
 def _ready(port: int, prometheus: subprocess.Popen, timeout: float = 30) -> None:
@@ -245,9 +278,14 @@ def _hook_start(name: str, tmp_path: Path, config: Path, env: dict[str, str], so
     rootfs.mkdir(exist_ok=True)
     bundle = make_bundle(tmp_path / f"bundle-{name}", rootfs, ["true"], env=env)
     state = json.dumps({"ociVersion": "1.0.2", "id": name, "status": "creating", "pid": 1, "bundle": str(bundle)})
-    return subprocess.run([str(SCRIPTS / "nvc-py-hook"), "prestart"], input=state, capture_output=True, text=True,
-                          timeout=60, env={"PATH": os.environ["PATH"], "NVC_PY_CONFIG": str(config),
-                                           "NVC_PY_HOOK_SOCKET": socket_path}).returncode
+    return subprocess.run(
+        [str(SCRIPTS / "nvc-py-hook"), "prestart"],
+        input=state,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "NVC_PY_CONFIG": str(config), "NVC_PY_HOOK_SOCKET": socket_path},
+    ).returncode
 
 
 def test_prometheus_scrapes_the_exporter(shim, tmp_path: Path) -> None:
@@ -256,8 +294,12 @@ def test_prometheus_scrapes_the_exporter(shim, tmp_path: Path) -> None:
     GPUs' memory, a start the hook refused (through the hook server) and one without a GPU (direct);
     then the container writes garbage into its region and the scrapes go on. Both stopped by pid."""
     state = tmp_path / "state"
-    shim.dir = prepared(state, "tenant", {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50",
-                                          "NVC_SHARE_WEIGHT": "3"}, os.getpid())
+    shim.dir = prepared(
+        state,
+        "tenant",
+        {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_WEIGHT": "3"},
+        os.getpid(),
+    )
     prepared(state, "idle", {"NVC_SHARE_MEMORY_LIMIT": "2Gi"})
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {shim.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
@@ -268,41 +310,83 @@ def test_prometheus_scrapes_the_exporter(shim, tmp_path: Path) -> None:
     exporter: subprocess.Popen | None = None
     try:
         with hook_server(SCRIPTS / "nvc-py-hook", sock):
-            assert _hook_start("refused", tmp_path, config, {"NVIDIA_VISIBLE_DEVICES": "0",
-                                                             "NVC_SHARE_MEMORY_LIMIT": "lots"}, str(sock)) == 2
+            assert (
+                _hook_start(
+                    "refused",
+                    tmp_path,
+                    config,
+                    {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "lots"},
+                    str(sock),
+                )
+                == 2
+            )
             assert _hook_start("plain", tmp_path, config, {}, "none") == 0
-            exporter, where = _exporter(tmp_path, "127.0.0.1:0", "--state-dir", str(state), "--hook-socket", str(sock),
-                                        "--device-plugin-file", str(tmp_path / "no-plugin.json"),
-                                        "--nvml-interval", "1", env={"NVC_PY_CONFIG": str(config)})
+            exporter, where = _exporter(
+                tmp_path,
+                "127.0.0.1:0",
+                "--state-dir",
+                str(state),
+                "--hook-socket",
+                str(sock),
+                "--device-plugin-file",
+                str(tmp_path / "no-plugin.json"),
+                "--nvml-interval",
+                "1",
+                env={"NVC_PY_CONFIG": str(config)},
+            )
             target = urllib.parse.urlparse(where).netloc
             port = _free_port()
             (tmp_path / "prometheus.yml").write_text(
                 "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                f"scrape_configs:\n  - job_name: nvc-py\n    static_configs: [{{targets: ['{target}']}}]\n")
+                f"scrape_configs:\n  - job_name: nvc-py\n    static_configs: [{{targets: ['{target}']}}]\n"
+            )
             prometheus = subprocess.Popen(
-                ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"))
+                [
+                    "prometheus",
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=(tmp_path / "prometheus.log").open("w"),
+            )
             _ready(port, prometheus)
             tenant = frozenset({("container_id", "tenant"), ("device", KEY)})
             assert _until(port, 'nvc_py_share_memory_used_bytes{container_id="tenant"}') == {tenant: 600 * MIB}
             assert _query(port, "nvc_py_share_memory_limit_bytes") == {tenant: 4 * GIB}
-            assert _query(port, "nvc_py_share_process_memory_used_bytes") == {tenant | {("pid", str(holder.pid))}: 600 * MIB}
+            assert _query(port, "nvc_py_share_process_memory_used_bytes") == {
+                tenant | {("pid", str(holder.pid))}: 600 * MIB
+            }
             assert _query(port, "nvc_py_share_compute_limit_ratio") == {tenant: 0.5}
             assert _query(port, "nvc_py_share_weight") == {tenant: 3}
-            assert _query(port, "nvc_py_share_region_ok") == {frozenset({("container_id", "tenant")}): 1,
-                                                             frozenset({("container_id", "idle")}): 0}
-            assert {dict(k)["index"]: v for k, v in _query(port, "nvc_py_gpu_memory_total_bytes").items()} == \
-                {"0": 80 * GIB, "1": 40 * GIB}
+            assert _query(port, "nvc_py_share_region_ok") == {
+                frozenset({("container_id", "tenant")}): 1,
+                frozenset({("container_id", "idle")}): 0,
+            }
+            assert {dict(k)["index"]: v for k, v in _query(port, "nvc_py_gpu_memory_total_bytes").items()} == {
+                "0": 80 * GIB,
+                "1": 40 * GIB,
+            }
             assert _query(port, "nvc_py_nvml_up") == {frozenset(): 1}
-            starts = {(dict(k)["outcome"], dict(k)["via"]): v for k, v in _query(port, "nvc_py_hook_starts_total").items()}
+            starts = {
+                (dict(k)["outcome"], dict(k)["via"]): v for k, v in _query(port, "nvc_py_hook_starts_total").items()
+            }
             assert {k: v for k, v in starts.items() if v} == {("refused", "server"): 1, ("no-gpu", "direct"): 1}
-            assert _query(port, 'nvc_py_hook_start_duration_seconds_count{via="server"}') == \
-                {frozenset({("via", "server")}): 1}
+            assert _query(port, 'nvc_py_hook_start_duration_seconds_count{via="server"}') == {
+                frozenset({("via", "server")}): 1
+            }
             assert list(_query(port, "nvc_py_hook_server_up").values()) == [1]
             # the container writes garbage into its region; the next scrapes keep going
-            _write(shim.dir / "region", region_bytes([Device('evil"\n\x1b[2J', 2**64 - 1)] * 16,
-                                                     [Slot(1, 1, 1, [2**64 - 1] * 16)] * 1024, 2**32 - 1, 2**32 - 1))
+            _write(
+                shim.dir / "region",
+                region_bytes(
+                    [Device('evil"\n\x1b[2J', 2**64 - 1)] * 16,
+                    [Slot(1, 1, 1, [2**64 - 1] * 16)] * 1024,
+                    2**32 - 1,
+                    2**32 - 1,
+                ),
+            )
             _write(state / "idle" / "shared" / "region", os.urandom(REGION_SIZE))
             invalid = frozenset({("container_id", "tenant"), ("device", "invalid")})
             assert _until(port, "nvc_py_share_memory_limit_bytes", {invalid: float(2**64 - 1)})

@@ -17,17 +17,21 @@ from pathlib import Path
 
 import pytest
 
+from harness.exporter import sample as _of
+from harness.exporter import samples as _samples
+from harness.exporter import scrape as _scrape
+from harness.exporter import start as _exporter
 from harness.installed import SCRIPTS
-from harness.exporter import sample as _of, samples as _samples, scrape as _scrape, start as _exporter
-
 
 # ---------------------------------------------------------------- the command
+
 
 def _cli_imports(*args: str) -> set[str]:
     launcher = Path("/usr/lib/nvc-py/nvc-py-python")
     interpreter = launcher.read_text().splitlines()[0][2:].split(" ", 1)[0]
-    result = subprocess.run([interpreter, "-IS", "-X", "importtime", str(launcher), *args],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [interpreter, "-IS", "-X", "importtime", str(launcher), *args], capture_output=True, text=True, check=True
+    )
     return {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
 
 
@@ -35,33 +39,58 @@ def _cli_imports(*args: str) -> set[str]:
 def test_the_cli_loads_no_prometheus_client_until_the_exporter_runs(args: tuple[str, ...]) -> None:
     imported = _cli_imports(*args)
     assert "nvc.exporter.command" in imported
-    assert not {name for name in imported if name.split(".")[0] == "prometheus_client" or
-                name in ("nvc.exporter.collector", "nvc.exporter.serve", "nvc.k8s.published")}
+    assert not {
+        name
+        for name in imported
+        if name.split(".")[0] == "prometheus_client"
+        or name in ("nvc.exporter.collector", "nvc.exporter.serve", "nvc.k8s.published")
+    }
 
 
-@pytest.mark.parametrize(("listen", "message"), [
-    ("9402", "not ADDR:PORT"), ("127.0.0.1:99999", "not ADDR:PORT"), ("localhost:9402", "'localhost' is not an IP"),
-    ("::1:9402", "'::1' is not an IP"), ("unix:relative.sock", "needs an absolute path")])
+@pytest.mark.parametrize(
+    ("listen", "message"),
+    [
+        ("9402", "not ADDR:PORT"),
+        ("127.0.0.1:99999", "not ADDR:PORT"),
+        ("localhost:9402", "'localhost' is not an IP"),
+        ("::1:9402", "'::1' is not an IP"),
+        ("unix:relative.sock", "needs an absolute path"),
+    ],
+)
 def test_bad_listen_addresses_are_refused(listen: str, message: str) -> None:
-    result = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--listen", listen], capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "exporter", "--listen", listen], capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 def test_a_state_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "state").write_text("")
-    result = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--state-dir", str(tmp_path / "state")],
-                            capture_output=True, text=True, timeout=30)
-    assert (result.returncode, result.stderr) == (2, f"nvc-py: input error: {tmp_path}/state: --state-dir is not a "
-                                                     f"directory\n")
+    result = subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "exporter", "--state-dir", str(tmp_path / "state")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"nvc-py: input error: {tmp_path}/state: --state-dir is not a directory\n",
+    )
 
 
 def test_the_exporter_on_a_unix_socket(tmp_path: Path) -> None:
     import http.client
 
     path = tmp_path / "exporter.sock"
-    proc, where = _exporter(tmp_path, f"unix:{path}", "--no-nvml", "--state-dir", str(tmp_path / "none"),
-                            "--hook-log", str(tmp_path / "hook.log"))
+    proc, where = _exporter(
+        tmp_path,
+        f"unix:{path}",
+        "--no-nvml",
+        "--state-dir",
+        str(tmp_path / "none"),
+        "--hook-log",
+        str(tmp_path / "hook.log"),
+    )
     try:
         assert where == f"unix:{path}" and (os.stat(path).st_mode & 0o777) == 0o660
 
@@ -106,19 +135,34 @@ def test_rules_and_dashboard_ask_for_what_the_exporter_serves_and_docs_list_it(t
     assert result.returncode == 0, result.stdout + result.stderr
     dashboard = json.loads((DEPLOY / "grafana" / "nvc-py-dashboard.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    as_rules = {"groups": [{"name": "dashboard", "rules": [
-        {"record": f"dashboard:query{i}", "expr": e.replace("$__rate_interval", "5m").replace("$instance", ".*")}
-        for i, e in enumerate(exprs)]}]}
+    as_rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {
+                        "record": f"dashboard:query{i}",
+                        "expr": e.replace("$__rate_interval", "5m").replace("$instance", ".*"),
+                    }
+                    for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
     (tmp_path / "dashboard-rules.yaml").write_text(yaml.safe_dump(as_rules))
-    result = subprocess.run(["promtool", "check", "rules", str(tmp_path / "dashboard-rules.yaml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(tmp_path / "dashboard-rules.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     used = set(re.findall(r"\bnvc_py_\w+", rules.read_text() + "\n".join(exprs)))
     assert used and used <= served, used - served
     docs = (REPO / "docs" / "metrics.md").read_text()
     documented = set(re.findall(r"`(nvc_py_\w+)`", docs))
     families = {re.sub(r"_(bucket|count|sum)$", "", n) for n in served}
-    assert families <= documented and documented <= families | served, (families ^ documented)
+    assert families <= documented and documented <= families | served, families ^ documented
 
 
 def test_the_systemd_unit_and_the_service_monitor(tmp_path: Path) -> None:
@@ -127,8 +171,9 @@ def test_the_systemd_unit_and_the_service_monitor(tmp_path: Path) -> None:
     unit = (DEPLOY / "systemd" / "nvc-py-exporter.service").read_text()
     (exec_start,) = [line.partition("=")[2].split() for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert exec_start[:2] == ["/usr/lib/nvc-py/nvc-py", "exporter"]
-    help_text = subprocess.run([str(SCRIPTS / "nvc-py"), "exporter", "--help"], capture_output=True, text=True,
-                               check=True).stdout
+    help_text = subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "exporter", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert {a for a in exec_start if a.startswith("--")} <= set(help_text.split())
     service, monitor = yaml.safe_load_all((DEPLOY / "kubernetes" / "nvc-py-exporter-monitoring.yaml").read_text())
     daemonset = yaml.safe_load((DEPLOY / "kubernetes" / "nvc-py-device-plugin.yaml").read_text())

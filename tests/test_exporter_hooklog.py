@@ -21,24 +21,50 @@ def _line(**fields: object) -> bytes:
 
 # ---------------------------------------------------------------- the hook's log
 
-@pytest.mark.parametrize(("fields", "start"), [
-    ({"outcome": "configured", "duration_ms": 42.5, "via": "server"}, hooklog.Start("configured", "server", 0.0425)),
-    ({"outcome": "no-gpu", "duration_ms": 3}, hooklog.Start("no-gpu", "direct", 0.003)),
-    ({"outcome": "error", "error": "input error: NVC_SHARE_MEMORY_LIMIT='lots': not a size", "duration_ms": 9},
-     hooklog.Start("refused", "direct", 0.009)),
-    ({"outcome": "error", "error": "requirement error: cuda>=99 not satisfied"}, hooklog.Start("refused", "direct", None)),
-    ({"outcome": "error", "error": "driver error: nvml error: unknown", "duration_ms": "9"},
-     hooklog.Start("failed", "direct", None)),
-    ({"outcome": "crashed", "duration_ms": float("inf")}, hooklog.Start("failed", "direct", None)),
-    ({"outcome": "error", "error": ["input error: not a string"], "duration_ms": -1}, hooklog.Start("failed", "direct", None)),
-    ({"stage": "create-symlinks", "outcome": "done"}, None),
-])
+
+@pytest.mark.parametrize(
+    ("fields", "start"),
+    [
+        (
+            {"outcome": "configured", "duration_ms": 42.5, "via": "server"},
+            hooklog.Start("configured", "server", 0.0425),
+        ),
+        ({"outcome": "no-gpu", "duration_ms": 3}, hooklog.Start("no-gpu", "direct", 0.003)),
+        (
+            {"outcome": "error", "error": "input error: NVC_SHARE_MEMORY_LIMIT='lots': not a size", "duration_ms": 9},
+            hooklog.Start("refused", "direct", 0.009),
+        ),
+        (
+            {"outcome": "error", "error": "requirement error: cuda>=99 not satisfied"},
+            hooklog.Start("refused", "direct", None),
+        ),
+        (
+            {"outcome": "error", "error": "driver error: nvml error: unknown", "duration_ms": "9"},
+            hooklog.Start("failed", "direct", None),
+        ),
+        ({"outcome": "crashed", "duration_ms": float("inf")}, hooklog.Start("failed", "direct", None)),
+        (
+            {"outcome": "error", "error": ["input error: not a string"], "duration_ms": -1},
+            hooklog.Start("failed", "direct", None),
+        ),
+        ({"stage": "create-symlinks", "outcome": "done"}, None),
+    ],
+)
 def test_a_log_line_is_a_start_by_outcome(fields: dict, start: hooklog.Start | None) -> None:
     assert hooklog.parse_line(_line(**fields)) == start
 
 
-@pytest.mark.parametrize("line", [b"not json", b"[1, 2]", b'{"outcome": "configured"}', _line(outcome="sideways"),
-                                  b"\xff\xfe\x1b[2J", b"[" * 100000])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"outcome": "configured"}',
+        _line(outcome="sideways"),
+        b"\xff\xfe\x1b[2J",
+        b"[" * 100000,
+    ],
+)
 def test_junk_is_not_a_start(line: bytes) -> None:
     with pytest.raises(hooklog.NotHookLine):
         hooklog.parse_line(line)
@@ -70,8 +96,12 @@ def test_the_log_is_read_on_across_partial_lines_rotation_truncation_and_junk(tm
         f.write(_line(outcome="crashed") + b"\n")
     log.write_bytes(_line(outcome="configured", via="server", duration_ms=50000) + b"\n")
     tail.read()
-    assert _starts(tail.tally) == {("configured", "direct"): 2, ("no-gpu", "direct"): 1, ("failed", "direct"): 1,
-                                   ("configured", "server"): 1}
+    assert _starts(tail.tally) == {
+        ("configured", "direct"): 2,
+        ("no-gpu", "direct"): 1,
+        ("failed", "direct"): 1,
+        ("configured", "server"): 1,
+    }
     assert tail.tally.over["server"] == 1 and tail.tally.seconds["server"] == 50.0
     os.truncate(log, 0)  # copytruncate
     log.write_bytes(_line(outcome="no-gpu", via="server", duration_ms=1) + b"\n")

@@ -18,7 +18,7 @@ from fakedriver.libraries import INCLUDES, library_sources
 SRC = Path(__file__).resolve().parent / "fakedriver" / "src"
 MIB = 1 << 20
 GIB = 1 << 30
-CONTEXT = GIB // 16          # default context reservation: min(512 MiB, capacity / 16)
+CONTEXT = GIB // 16  # default context reservation: min(512 MiB, capacity / 16)
 
 MACHINE = """\
 driver_version: "580.95.05"
@@ -42,9 +42,24 @@ def compile_libcuda(machine_yaml: Path, out: Path) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "fake_machine.h").write_text(machine_header(load_machine(machine_yaml), machine_yaml.name))
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", f"-I{out}", *INCLUDES,
-                    "-Wl,-soname,libcuda.so.1", "-o", str(out / "libcuda.so.1"),
-                    *map(str, library_sources("libcuda.so")), "-lpthread"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Werror",
+            f"-I{out}",
+            *INCLUDES,
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(out / "libcuda.so.1"),
+            *map(str, library_sources("libcuda.so")),
+            "-lpthread",
+        ],
+        check=True,
+    )
     return out
 
 
@@ -55,18 +70,26 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     (tmp / "machine.yaml").write_text(MACHINE)
     lib_dir = compile_libcuda(tmp / "machine.yaml", tmp / "lib")
     probe = tmp / "cuda_probe"
-    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o", str(probe), str(SRC / "cuda_probe.c"),
-                    "-ldl"], check=True)
+    subprocess.run(
+        ["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o", str(probe), str(SRC / "cuda_probe.c"), "-ldl"], check=True
+    )
     return lib_dir, probe
 
 
-def probe(built: tuple[Path, Path], *ops: object, env: dict[str, str] | None = None,
-          prefix: list[str] | None = None) -> list[list[str]]:
+def probe(
+    built: tuple[Path, Path], *ops: object, env: dict[str, str] | None = None, prefix: list[str] | None = None
+) -> list[list[str]]:
     """Run cuda_probe with ops; returns each output line split on whitespace."""
     lib_dir, binary = built
     full_env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(lib_dir), **(env or {})}
-    result = subprocess.run([*(prefix or []), str(binary), *map(str, ops)], env=full_env, capture_output=True,
-                            text=True, timeout=30, check=True)
+    result = subprocess.run(
+        [*(prefix or []), str(binary), *map(str, ops)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return [line.split() for line in result.stdout.splitlines()]
 
 
@@ -78,25 +101,39 @@ def test_without_nvidiactl_there_is_no_device(built):
 
 
 def test_calls_before_init_fail(built, active_2gpu):
-    assert probe(built, "count", "meminfo") == [["count", "CUDA_ERROR_NOT_INITIALIZED", "0"],
-                                                ["meminfo", "CUDA_ERROR_NOT_INITIALIZED", "0", "0"]]
+    assert probe(built, "count", "meminfo") == [
+        ["count", "CUDA_ERROR_NOT_INITIALIZED", "0"],
+        ["meminfo", "CUDA_ERROR_NOT_INITIALIZED", "0", "0"],
+    ]
 
 
 def test_devices_are_the_gpus_with_nodes(built, active_2gpu):
     out = probe(built, "init", "count", "dev", 0, "dev", 1, "dev", 2)
     assert out[:2] == [["init", "CUDA_SUCCESS"], ["count", "CUDA_SUCCESS", "2"]]
-    assert out[2] == ["dev", "CUDA_SUCCESS", "uuid=11111111222233334444555555555555", "pci=0000:3B:00.0",
-                      f"total={GIB}", "cc=9.0", "sms=132", "name=Small", "GPU"]
+    assert out[2] == [
+        "dev",
+        "CUDA_SUCCESS",
+        "uuid=11111111222233334444555555555555",
+        "pci=0000:3B:00.0",
+        f"total={GIB}",
+        "cc=9.0",
+        "sms=132",
+        "name=Small",
+        "GPU",
+    ]
     assert out[3][1:3] == ["CUDA_SUCCESS", "uuid=aaaaaaaabbbbccccddddeeeeeeeeeeee"]
     assert out[4][1] == "CUDA_ERROR_INVALID_DEVICE"
 
 
-@pytest.mark.parametrize("visible, names", [
-    ("1", ["Medium"]),
-    ("GPU-aaaa,0", ["Medium", "Small"]),
-    ("0,7,1", ["Small"]),          # parsing stops at the first invalid entry
-    ("", []),
-])
+@pytest.mark.parametrize(
+    "visible, names",
+    [
+        ("1", ["Medium"]),
+        ("GPU-aaaa,0", ["Medium", "Small"]),
+        ("0,7,1", ["Small"]),  # parsing stops at the first invalid entry
+        ("", []),
+    ],
+)
 def test_cuda_visible_devices(built, active_2gpu, visible, names):
     out = probe(built, "init", "dev", 0, "dev", 1, env={"CUDA_VISIBLE_DEVICES": visible})
     assert out[0] == ["init", "CUDA_SUCCESS" if names else "CUDA_ERROR_NO_DEVICE"]
@@ -106,18 +143,32 @@ def test_cuda_visible_devices(built, active_2gpu, visible, names):
 
 def test_alloc_fails_exactly_at_capacity(built, active_2gpu):
     mib300 = 300 * MIB
-    out = probe(built, "init", "ctx", 0, *["alloc", mib300] * 4, "meminfo", "free", 0, "alloc", mib300,
-                "free", 99)
+    out = probe(built, "init", "ctx", 0, *["alloc", mib300] * 4, "meminfo", "free", 0, "alloc", mib300, "free", 99)
     assert [line[1] for line in out[2:6]] == ["CUDA_SUCCESS"] * 3 + ["CUDA_ERROR_OUT_OF_MEMORY"]
     assert out[6] == ["meminfo", "CUDA_SUCCESS", str(GIB - CONTEXT - 3 * mib300), str(GIB)]
     assert out[7] == ["free", "CUDA_SUCCESS"]
     assert out[8][1] == "CUDA_SUCCESS"
-    assert out[9] == ["free", "CUDA_ERROR_INVALID_VALUE"]     # never allocated
+    assert out[9] == ["free", "CUDA_ERROR_INVALID_VALUE"]  # never allocated
 
 
 def test_memory_needs_a_context_and_contexts_reserve_memory(built, active_2gpu):
-    out = probe(built, "init", "alloc", MIB, "meminfo", "ctx", 0, "meminfo", "ctxcreate", 0, "meminfo",
-                "alloc", 100 * MIB, "ctxdestroy", "meminfo")
+    out = probe(
+        built,
+        "init",
+        "alloc",
+        MIB,
+        "meminfo",
+        "ctx",
+        0,
+        "meminfo",
+        "ctxcreate",
+        0,
+        "meminfo",
+        "alloc",
+        100 * MIB,
+        "ctxdestroy",
+        "meminfo",
+    )
     assert out[1] == ["alloc", "CUDA_ERROR_INVALID_CONTEXT", "-1"]
     assert out[2][1] == "CUDA_ERROR_INVALID_CONTEXT"
     assert out[4][2] == str(GIB - CONTEXT)
@@ -136,12 +187,13 @@ def test_primary_release_frees_its_allocations(built, active_2gpu):
 
 
 def test_pitch_charges_rounded_rows(built, active_2gpu):
-    out = probe(built, "init", "ctx", 0, "pitch", 1000, 1000, 4, "meminfo", "pitch", 1000, 10, 3,
-                "pitch", 1 << 20, 2000, 16)
+    out = probe(
+        built, "init", "ctx", 0, "pitch", 1000, 1000, 4, "meminfo", "pitch", 1000, 10, 3, "pitch", 1 << 20, 2000, 16
+    )
     assert out[2] == ["pitch", "CUDA_SUCCESS", "1024", "0"]
     assert out[3][2] == str(GIB - CONTEXT - 1024 * 1000)
-    assert out[4][1] == "CUDA_ERROR_INVALID_VALUE"           # element size must be 4, 8 or 16
-    assert out[5][1] == "CUDA_ERROR_OUT_OF_MEMORY"           # 2000 rows of 1 MiB
+    assert out[4][1] == "CUDA_ERROR_INVALID_VALUE"  # element size must be 4, 8 or 16
+    assert out[5][1] == "CUDA_ERROR_OUT_OF_MEMORY"  # 2000 rows of 1 MiB
 
 
 def test_vmm_handles_are_charged_until_released_and_unmapped(built, active_2gpu):
@@ -155,49 +207,112 @@ def test_vmm_handles_are_charged_until_released_and_unmapped(built, active_2gpu)
 
 def test_async_pool_keeps_freed_memory_until_synchronize(built, active_2gpu):
     mib600 = 600 * MIB
-    out = probe(built, "init", "ctx", 0, "async", mib600, "async", mib600, "freeasync", 0, "meminfo", "pool",
-                "sync", "meminfo", "pool", "threshold", GIB, "async", 100 * MIB, "freeasync", 1, "sync", "pool")
+    out = probe(
+        built,
+        "init",
+        "ctx",
+        0,
+        "async",
+        mib600,
+        "async",
+        mib600,
+        "freeasync",
+        0,
+        "meminfo",
+        "pool",
+        "sync",
+        "meminfo",
+        "pool",
+        "threshold",
+        GIB,
+        "async",
+        100 * MIB,
+        "freeasync",
+        1,
+        "sync",
+        "pool",
+    )
     assert out[2][1] == "CUDA_SUCCESS"
     assert out[3][1] == "CUDA_ERROR_OUT_OF_MEMORY"
-    assert out[5][2] == str(GIB - CONTEXT - mib600)          # freed, but still reserved by the pool
+    assert out[5][2] == str(GIB - CONTEXT - mib600)  # freed, but still reserved by the pool
     assert out[6] == ["pool", "CUDA_SUCCESS", f"reserved={mib600}", "used=0", f"reserved_high={mib600}"]
-    assert out[8][2] == str(GIB - CONTEXT)                    # synchronize trimmed the pool
+    assert out[8][2] == str(GIB - CONTEXT)  # synchronize trimmed the pool
     assert out[9][2:4] == ["reserved=0", "used=0"]
     # With a release threshold above the pool size the reserve survives synchronization.
     assert out[-1][2:4] == [f"reserved={100 * MIB}", "used=0"]
 
 
 def test_arrays_are_charged_by_extent_format_and_channels(built, active_2gpu):
-    float4 = ["32", "4"]                                        # CU_AD_FORMAT_FLOAT (0x20), 4 channels
-    out = probe(built, "init", "ctx", 0, "array", 1024, 1024, *float4, "meminfo", "array3d", 64, 64, 64, 32, 1,
-                "mipmap", 256, 256, 0, *float4, 3, "meminfo", "arrayfree", 0, "arrayfree", 1, "arrayfree", 2,
-                "meminfo", "array", 16, 16, 7, 1, "array", 1 << 20, 1 << 10, *float4)
+    float4 = ["32", "4"]  # CU_AD_FORMAT_FLOAT (0x20), 4 channels
+    out = probe(
+        built,
+        "init",
+        "ctx",
+        0,
+        "array",
+        1024,
+        1024,
+        *float4,
+        "meminfo",
+        "array3d",
+        64,
+        64,
+        64,
+        32,
+        1,
+        "mipmap",
+        256,
+        256,
+        0,
+        *float4,
+        3,
+        "meminfo",
+        "arrayfree",
+        0,
+        "arrayfree",
+        1,
+        "arrayfree",
+        2,
+        "meminfo",
+        "array",
+        16,
+        16,
+        7,
+        1,
+        "array",
+        1 << 20,
+        1 << 10,
+        *float4,
+    )
     assert out[2] == ["array", "CUDA_SUCCESS", "0"]
     assert out[3][2] == str(GIB - CONTEXT - 16 * MIB)
     mip = 16 * (256 * 256 + 128 * 128 + 64 * 64)
-    assert out[6][2] == str(GIB - CONTEXT - 16 * MIB - 64 ** 3 * 4 - mip)
+    assert out[6][2] == str(GIB - CONTEXT - 16 * MIB - 64**3 * 4 - mip)
     assert out[10][2] == str(GIB - CONTEXT)
-    assert out[11][1] == "CUDA_ERROR_INVALID_VALUE"            # unknown format
-    assert out[12][1] == "CUDA_ERROR_OUT_OF_MEMORY"            # 16 GiB
+    assert out[11][1] == "CUDA_ERROR_INVALID_VALUE"  # unknown format
+    assert out[12][1] == "CUDA_ERROR_OUT_OF_MEMORY"  # 16 GiB
 
 
-@pytest.mark.parametrize("name, version, flags, expected", [
-    ("cuMemAlloc", 12000, 0, "cuMemAlloc_v2"),
-    ("cuMemAlloc", 3010, 0, "VERSION_NOT_SUFFICIENT"),
-    ("cuMemAlloc_v2", 12000, 0, "SYMBOL_NOT_FOUND"),           # lookups are by base name
-    ("cuLaunchKernel", 12000, 0, "cuLaunchKernel"),
-    ("cuLaunchKernel", 12000, 2, "cuLaunchKernel_ptsz"),
-    ("cuMemAllocAsync", 12000, 2, "cuMemAllocAsync_ptsz"),
-    ("cuGraphLaunch", 12000, 2, "cuGraphLaunch_ptsz"),
-    ("cuMemAlloc", 12000, 2, "cuMemAlloc_v2"),                 # no per-thread variant
-    ("cuGraphInstantiate", 11000, 0, "cuGraphInstantiate_v2"),
-    ("cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags"),
-    ("cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
-    ("cuDevicePrimaryCtxRelease", 10000, 0, "cuDevicePrimaryCtxRelease"),
-    ("cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"),
-    ("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
-    ("cuNoSuchFunction", 12000, 0, "SYMBOL_NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    "name, version, flags, expected",
+    [
+        ("cuMemAlloc", 12000, 0, "cuMemAlloc_v2"),
+        ("cuMemAlloc", 3010, 0, "VERSION_NOT_SUFFICIENT"),
+        ("cuMemAlloc_v2", 12000, 0, "SYMBOL_NOT_FOUND"),  # lookups are by base name
+        ("cuLaunchKernel", 12000, 0, "cuLaunchKernel"),
+        ("cuLaunchKernel", 12000, 2, "cuLaunchKernel_ptsz"),
+        ("cuMemAllocAsync", 12000, 2, "cuMemAllocAsync_ptsz"),
+        ("cuGraphLaunch", 12000, 2, "cuGraphLaunch_ptsz"),
+        ("cuMemAlloc", 12000, 2, "cuMemAlloc_v2"),  # no per-thread variant
+        ("cuGraphInstantiate", 11000, 0, "cuGraphInstantiate_v2"),
+        ("cuGraphInstantiate", 12000, 0, "cuGraphInstantiateWithFlags"),
+        ("cuCtxCreate", 11040, 0, "cuCtxCreate_v3"),
+        ("cuDevicePrimaryCtxRelease", 10000, 0, "cuDevicePrimaryCtxRelease"),
+        ("cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"),
+        ("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2"),
+        ("cuNoSuchFunction", 12000, 0, "SYMBOL_NOT_FOUND"),
+    ],
+)
 def test_get_proc_address(built, name, version, flags, expected):
     # Works before cuInit and without devices, as the real driver's does.
     [line] = probe(built, "procaddr", name, version, flags)
@@ -210,13 +325,37 @@ def test_get_proc_address(built, name, version, flags, expected):
 
 def test_kernels_take_simulated_time(built, active_2gpu):
     # 2000 kernels of 200 us: at most 1024 queue, so launching blocks and sync waits for the rest.
-    out = probe(built, "init", "ctx", 0, "launch", 2000, 4, 128, "sync", "events", 50, "graph", 3, 10, "sync",
-                "coop", 100000, 256, "coop", 132, 1024, "stats", 0, env={"FAKE_CUDA_KERNEL_US": "200"})
+    out = probe(
+        built,
+        "init",
+        "ctx",
+        0,
+        "launch",
+        2000,
+        4,
+        128,
+        "sync",
+        "events",
+        50,
+        "graph",
+        3,
+        10,
+        "sync",
+        "coop",
+        100000,
+        256,
+        "coop",
+        132,
+        1024,
+        "stats",
+        0,
+        env={"FAKE_CUDA_KERNEL_US": "200"},
+    )
     launch_us, sync_us = int(out[2][2]), int(out[3][2])
     assert out[2][1] == out[3][1] == "CUDA_SUCCESS"
     assert 400_000 * 0.95 <= launch_us + sync_us < 400_000 * 1.5
     assert launch_us >= (2000 - 1024) * 200 * 0.95
-    assert out[4][1] == "CUDA_SUCCESS" and abs(float(out[4][2]) - 10.0) < 0.5     # 50 x 200 us
+    assert out[4][1] == "CUDA_SUCCESS" and abs(float(out[4][2]) - 10.0) < 0.5  # 50 x 200 us
     assert out[5] == ["graph", "CUDA_SUCCESS"]
     assert out[7][1] == "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"
     assert out[8][1] == "CUDA_SUCCESS"
@@ -245,9 +384,13 @@ def _busy_beside(built, env: dict[str, str], kill: bool = False) -> tuple[float,
     when killed)."""
     lib_dir, binary = built
     full_env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(lib_dir), "FAKE_CUDA_KERNEL_US": "1000", **env}
-    first = subprocess.Popen(["stdbuf", "-oL", str(binary), "init", "ctx", "0", "launch", "500", "4", "128", "sync"],
-                             env=full_env, stdout=subprocess.PIPE, text=True)
-    out = "".join(first.stdout.readline() for _ in range(3))           # init, ctx, and all launched
+    first = subprocess.Popen(
+        ["stdbuf", "-oL", str(binary), "init", "ctx", "0", "launch", "500", "4", "128", "sync"],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    out = "".join(first.stdout.readline() for _ in range(3))  # init, ctx, and all launched
     if kill:
         first.kill()
         first.wait(timeout=30)

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-
 from fakedriver.libraries import LIBRARY_GROUPS
 
 CACHE_LINE = re.compile(r"\s+(\S+) \(([^)]*)\) => (\S+)")
@@ -29,15 +28,19 @@ def fake(request):
 
 def cache_entries(root: Path) -> set[tuple[str, str, str]]:
     """(key, tags, path) of every entry ldconfig lists from root/etc/ld.so.cache."""
-    listing = subprocess.run(["ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")], capture_output=True,
-                             text=True, check=True).stdout
+    listing = subprocess.run(
+        ["ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")], capture_output=True, text=True, check=True
+    ).stdout
     return {m.groups() for m in map(CACHE_LINE.match, listing.splitlines()[1:]) if m}
 
 
 def expected_sonames(version: str) -> dict[str, str]:
     """Library name -> SONAME, from the build's own table."""
-    return {name: f"{name}.{suffix}" if suffix else f"{name}.{version}"
-            for group in LIBRARY_GROUPS.values() for name, suffix in group.items()}
+    return {
+        name: f"{name}.{suffix}" if suffix else f"{name}.{version}"
+        for group in LIBRARY_GROUPS.values()
+        for name, suffix in group.items()
+    }
 
 
 def resolve_in_root(root: Path, path: str) -> Path:
@@ -63,10 +66,19 @@ def elf_facts(path: Path) -> tuple[int, str | None, list[str], list[tuple]]:
                         soname = tag.soname
                     elif tag.entry.d_tag == "DT_NEEDED":
                         needed.append(tag.needed)
-        notes = [(n["n_name"], n["n_desc"]["abi_os"], n["n_desc"]["abi_major"], n["n_desc"]["abi_minor"],
-                  n["n_desc"]["abi_tiny"])
-                 for segment in elf.iter_segments() if segment.header.p_type == "PT_NOTE"
-                 for n in segment.iter_notes() if n["n_type"] == "NT_GNU_ABI_TAG"]
+        notes = [
+            (
+                n["n_name"],
+                n["n_desc"]["abi_os"],
+                n["n_desc"]["abi_major"],
+                n["n_desc"]["abi_minor"],
+                n["n_desc"]["abi_tiny"],
+            )
+            for segment in elf.iter_segments()
+            if segment.header.p_type == "PT_NOTE"
+            for n in segment.iter_notes()
+            if n["n_type"] == "NT_GNU_ABI_TAG"
+        ]
         return elf.elfclass, soname, needed, notes
 
 
@@ -110,15 +122,19 @@ def test_compat_gl_libraries_need_glcore(fake_2gpu, name):
     for libdir in (fake_2gpu.lib_dir, fake_2gpu.lib32_dir):
         needed = elf_facts(libdir / f"{name}.{fake_2gpu.driver_version}")[2]
         assert f"libnvidia-glcore.so.{fake_2gpu.driver_version}" in needed
-    assert not any(n.startswith("libnvidia-glcore") for n in
-                   elf_facts(fake_2gpu.lib_dir / f"libGLX_nvidia.so.{fake_2gpu.driver_version}")[2])
+    assert not any(
+        n.startswith("libnvidia-glcore")
+        for n in elf_facts(fake_2gpu.lib_dir / f"libGLX_nvidia.so.{fake_2gpu.driver_version}")[2]
+    )
 
 
 def test_local_nvidia_libraries_are_reached_only_through_conf_d(fake_local_nvidia, tmp_path):
     """Without etc/ld.so.conf.d/nvidia.conf, ldconfig does not find any /usr/local/nvidia library."""
     root = fake_local_nvidia.root
     assert (root / "etc/ld.so.conf.d/nvidia.conf").read_text().split() == [
-        "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib"]
+        "/usr/local/nvidia/lib64",
+        "/usr/local/nvidia/lib",
+    ]
     assert (root / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
     copy = tmp_path / "root"
     shutil.copytree(root / "usr", copy / "usr", symlinks=True)
@@ -136,4 +152,6 @@ def test_distro_layout_puts_binaries_and_libraries_in_multiarch_dirs(fake_2gpu):
     assert (root / "usr/bin/nvidia-smi").is_file()
     assert (root / "usr/lib/x86_64-linux-gnu/libcuda.so.1").resolve().name == "libcuda.so.580.95.05"
     assert sorted(p.name for p in (root / "lib/firmware/nvidia/580.95.05").iterdir()) == [
-        "gsp_ga10x.bin", "gsp_tu10x.bin"]
+        "gsp_ga10x.bin",
+        "gsp_tu10x.bin",
+    ]

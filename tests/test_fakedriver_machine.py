@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from fakedriver.machine import MACHINES_DIR, MachineError, load_machine
 
 
@@ -32,22 +31,31 @@ def test_sizes_and_bus_ids_are_normalised(tmp_path):
     assert load_machine(MACHINES_DIR / "two-gpu-mig.yaml")["gpus"][1]["mig"]["devices"][1]["memory"] == 20 << 30
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d.pop("driver_version"), "top level: missing key(s) driver_version"),
-    (lambda d: d.update(layout="rpm"), "layout: expected one of distro, nvidia, got 'rpm'"),
-    (lambda d: d.update(colour="green"), "top level: unknown key(s) colour"),
-    (lambda d: d["gpus"][0].update(memory="80GB"), "gpus[0].memory: expected a positive size"),
-    (lambda d: d["gpus"][0].update(brand="Radeon"), "gpus[0].brand: expected one of"),
-    (lambda d: d["gpus"][0].update(uuid="GPU-1234"), "gpus[0].uuid: 'GPU-1234' does not match"),
-    (lambda d: d["gpus"][1].update(minor=0), "gpus: two GPUs with the same minor"),
-    (lambda d: d["gpus"][1]["mig"]["devices"][0].update(profile="2g.20gb"),
-     "gpus[1].mig.devices[0].profile: 20gb does not match memory"),
-    (lambda d: d["gpus"][1]["mig"]["devices"][1].update(gpu_instance_id=1),
-     "gpus[1].mig.devices: two MIG devices with the same GPU and compute instance ids"),
-    (lambda d: d["gpus"][1]["mig"].update(enabled=False), "gpus[1].mig.devices: MIG devices listed while MIG"),
-    (lambda d: d["gpus"][1]["mig"]["devices"][1].update(uuid=d["gpus"][1]["mig"]["devices"][0]["uuid"]),
-     "gpus: a UUID is used twice"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.pop("driver_version"), "top level: missing key(s) driver_version"),
+        (lambda d: d.update(layout="rpm"), "layout: expected one of distro, nvidia, got 'rpm'"),
+        (lambda d: d.update(colour="green"), "top level: unknown key(s) colour"),
+        (lambda d: d["gpus"][0].update(memory="80GB"), "gpus[0].memory: expected a positive size"),
+        (lambda d: d["gpus"][0].update(brand="Radeon"), "gpus[0].brand: expected one of"),
+        (lambda d: d["gpus"][0].update(uuid="GPU-1234"), "gpus[0].uuid: 'GPU-1234' does not match"),
+        (lambda d: d["gpus"][1].update(minor=0), "gpus: two GPUs with the same minor"),
+        (
+            lambda d: d["gpus"][1]["mig"]["devices"][0].update(profile="2g.20gb"),
+            "gpus[1].mig.devices[0].profile: 20gb does not match memory",
+        ),
+        (
+            lambda d: d["gpus"][1]["mig"]["devices"][1].update(gpu_instance_id=1),
+            "gpus[1].mig.devices: two MIG devices with the same GPU and compute instance ids",
+        ),
+        (lambda d: d["gpus"][1]["mig"].update(enabled=False), "gpus[1].mig.devices: MIG devices listed while MIG"),
+        (
+            lambda d: d["gpus"][1]["mig"]["devices"][1].update(uuid=d["gpus"][1]["mig"]["devices"][0]["uuid"]),
+            "gpus: a UUID is used twice",
+        ),
+    ],
+)
 def test_invalid_machines_are_rejected_with_the_key(tmp_path, edit, message):
     with pytest.raises(MachineError) as err:
         load_machine(write_machine(tmp_path, edit))
@@ -70,7 +78,8 @@ def test_device_nodes(fake_2gpu):
     assert node(dev / "nvidia-caps/nvidia-cap2") == (241, 2, 0o444)
     # GPU minor 1: gi1 access 3+135+9, ci0 one above; gi2 access 3+135+18, ci0 one above.
     assert sorted(p.name for p in (dev / "nvidia-caps").iterdir()) == sorted(
-        f"nvidia-cap{m}" for m in (1, 2, 147, 148, 156, 157))
+        f"nvidia-cap{m}" for m in (1, 2, 147, 148, 156, 157)
+    )
     assert node(dev / "nvidia-caps/nvidia-cap157") == (241, 157, 0o444)
     assert [node(dev / f"nvidia-caps-imex-channels/channel{n}")[:2] for n in (0, 1)] == [(242, 0), (242, 1)]
     assert not (dev / "nvidia-caps-imex-channels/channel2").exists()
@@ -96,7 +105,11 @@ def test_proc_mig_capabilities(fake_2gpu):
     assert (caps / "mig/config").read_text().startswith("DeviceFileMinor: 1\nDeviceFileMode: 256\n")
     assert (caps / "mig/monitor").read_text().startswith("DeviceFileMinor: 2\nDeviceFileMode: 292\n")
     assert sorted(str(p.relative_to(caps)) for p in caps.rglob("access")) == [
-        "gpu1/mig/gi1/access", "gpu1/mig/gi1/ci0/access", "gpu1/mig/gi2/access", "gpu1/mig/gi2/ci0/access"]
+        "gpu1/mig/gi1/access",
+        "gpu1/mig/gi1/ci0/access",
+        "gpu1/mig/gi2/access",
+        "gpu1/mig/gi2/ci0/access",
+    ]
     assert (caps / "gpu1/mig/gi2/ci0/access").read_text().startswith("DeviceFileMinor: 157\nDeviceFileMode: 292\n")
     minors = (fake_2gpu.proc / "driver/nvidia-caps/mig-minors").read_text().splitlines()
     assert minors[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]

@@ -117,27 +117,41 @@ def _env(fake) -> dict[str, str]:
 
 def probe(fake) -> dict:
     """What a fresh process learns through pynvml from the fake NVML, with /dev as it is now."""
-    result = subprocess.run([sys.executable, "-c", PROBE], env=_env(fake), capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run([sys.executable, "-c", PROBE], env=_env(fake), capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
 def smi(fake, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(fake.bin_dir / "nvidia-smi"), *args], env=_env(fake), capture_output=True,
-                          text=True, timeout=30)
+    return subprocess.run(
+        [str(fake.bin_dir / "nvidia-smi"), *args], env=_env(fake), capture_output=True, text=True, timeout=30
+    )
 
 
 def expected_gpu(machine_gpu: dict, index: int) -> dict:
     """The probe's view of one YAML GPU when it is visible as NVML index ``index``."""
     domain, bus, device = machine_gpu["pci_bus_id"].replace(".", ":").split(":")[:3]
-    return dict(index=index, name=machine_gpu["name"], uuid=machine_gpu["uuid"], bus_id=machine_gpu["pci_bus_id"],
-                bus_id_legacy=f"{domain[4:]}:{bus}:{device}.0", pci_device_id=machine_gpu["pci_device_id"],
-                minor=machine_gpu["minor"], brand=NVML_BRAND_NVIDIA,
-                cc=[int(x) for x in machine_gpu["compute_capability"].split(".")], memory=machine_gpu["memory"],
-                memory_v2=machine_gpu["memory"], free=machine_gpu["memory"], used=0, by_uuid=index,
-                by_bus_id=index, by_short_bus_id=index, multi_gpu_board=0, is_mig=0,
-                gi_on_gpu=NVML_ERROR_NOT_SUPPORTED)
+    return dict(
+        index=index,
+        name=machine_gpu["name"],
+        uuid=machine_gpu["uuid"],
+        bus_id=machine_gpu["pci_bus_id"],
+        bus_id_legacy=f"{domain[4:]}:{bus}:{device}.0",
+        pci_device_id=machine_gpu["pci_device_id"],
+        minor=machine_gpu["minor"],
+        brand=NVML_BRAND_NVIDIA,
+        cc=[int(x) for x in machine_gpu["compute_capability"].split(".")],
+        memory=machine_gpu["memory"],
+        memory_v2=machine_gpu["memory"],
+        free=machine_gpu["memory"],
+        used=0,
+        by_uuid=index,
+        by_bus_id=index,
+        by_short_bus_id=index,
+        multi_gpu_board=0,
+        is_mig=0,
+        gi_on_gpu=NVML_ERROR_NOT_SUPPORTED,
+    )
 
 
 def test_system_and_gpus_match_the_machine(active_2gpu):
@@ -169,9 +183,13 @@ def test_mig_devices_match_the_machine(active_2gpu):
     assert a100["mig_end"] == [2, NVML_ERROR_NOT_FOUND]
     expected = active_2gpu.machine["gpus"][1]["mig"]["devices"]
     assert [(m["gi"], m["ci"], m["uuid"], m["memory"], m["sm_count"]) for m in a100["migs"]] == [
-        (1, 0, expected[0]["uuid"], 10 << 30, 28), (2, 0, expected[1]["uuid"], 20 << 30, 42)]
-    assert [m["name"] for m in a100["migs"]] == ["NVIDIA A100-SXM4-40GB MIG 2g.10gb",
-                                                 "NVIDIA A100-SXM4-40GB MIG 3g.20gb"]
+        (1, 0, expected[0]["uuid"], 10 << 30, 28),
+        (2, 0, expected[1]["uuid"], 20 << 30, 42),
+    ]
+    assert [m["name"] for m in a100["migs"]] == [
+        "NVIDIA A100-SXM4-40GB MIG 2g.10gb",
+        "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+    ]
     for mig in a100["migs"]:
         assert mig["uuid"].startswith("MIG-")
         assert mig["is_mig"] == 1 and mig["distinct"]
@@ -184,18 +202,27 @@ def test_mig_devices_match_the_machine(active_2gpu):
 def test_error_codes(active_2gpu):
     errors = probe(active_2gpu)["errors"]
     assert errors == dict(
-        bad_index=NVML_ERROR_INVALID_ARGUMENT, unknown_uuid=NVML_ERROR_NOT_FOUND,
-        unknown_bus_id=NVML_ERROR_NOT_FOUND, bad_bus_id=NVML_ERROR_INVALID_ARGUMENT,
-        short_name=NVML_ERROR_INSUFFICIENT_SIZE, short_driver=NVML_ERROR_INSUFFICIENT_SIZE,
-        null_count=NVML_ERROR_INVALID_ARGUMENT, bad_handle=NVML_ERROR_INVALID_ARGUMENT,
-        memory_version=NVML_ERROR_ARGUMENT_VERSION_MISMATCH, error_string="Not Found")
+        bad_index=NVML_ERROR_INVALID_ARGUMENT,
+        unknown_uuid=NVML_ERROR_NOT_FOUND,
+        unknown_bus_id=NVML_ERROR_NOT_FOUND,
+        bad_bus_id=NVML_ERROR_INVALID_ARGUMENT,
+        short_name=NVML_ERROR_INSUFFICIENT_SIZE,
+        short_driver=NVML_ERROR_INSUFFICIENT_SIZE,
+        null_count=NVML_ERROR_INVALID_ARGUMENT,
+        bad_handle=NVML_ERROR_INVALID_ARGUMENT,
+        memory_version=NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+        error_string="Not Found",
+    )
 
 
-@pytest.mark.parametrize("removed, visible", [
-    (["nvidia1"], [0]),
-    (["nvidia0"], [1]),
-    (["nvidia0", "nvidia1"], []),
-])
+@pytest.mark.parametrize(
+    "removed, visible",
+    [
+        (["nvidia1"], [0]),
+        (["nvidia0"], [1]),
+        (["nvidia0", "nvidia1"], []),
+    ],
+)
 def test_only_gpus_with_device_nodes_are_visible(active_2gpu, removed, visible):
     """A container given a subset of /dev/nvidia<N> sees only those GPUs, re-indexed from 0."""
     for name in removed:
@@ -261,7 +288,8 @@ def test_nvidia_smi_query_csv(active_2gpu):
     assert result.returncode == 0, result.stderr
     gpus = active_2gpu.machine["gpus"]
     assert result.stdout.splitlines() == [
-        f"{i}, {g['name']}, {g['uuid']}, {g['memory'] >> 20}, 0, {g['memory'] >> 20}" for i, g in enumerate(gpus)]
+        f"{i}, {g['name']}, {g['uuid']}, {g['memory'] >> 20}, 0, {g['memory'] >> 20}" for i, g in enumerate(gpus)
+    ]
     with_header = smi(active_2gpu, "--query-gpu=index,memory.total", "--format=csv").stdout.splitlines()
     assert with_header == ["index, memory.total [MiB]", "0, 81920 MiB", "1, 40960 MiB"]
     bad = smi(active_2gpu, "--query-gpu=index,bogus", "--format=csv")
@@ -279,8 +307,13 @@ def test_nvidia_smi_table(active_2gpu):
 
 
 def test_helper_binaries_run(fake_2gpu):
-    for name in ("nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager", "nvidia-cuda-mps-control",
-                 "nvidia-cuda-mps-server"):
+    for name in (
+        "nvidia-debugdump",
+        "nvidia-persistenced",
+        "nv-fabricmanager",
+        "nvidia-cuda-mps-control",
+        "nvidia-cuda-mps-server",
+    ):
         result = subprocess.run([str(fake_2gpu.bin_dir / name)], capture_output=True, text=True, timeout=10)
         assert result.stdout == f"{name} 580.95.05 (fake NVIDIA driver)\n"
 

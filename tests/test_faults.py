@@ -70,8 +70,13 @@ def _served(proc: Path) -> bool:
 
 def state(pid: int, rootfs: Path) -> State:
     mounts = Path(f"/proc/{pid}/mountinfo")
-    return State(mounts.read_text() if mounts.exists() else "", Path("/proc/self/mountinfo").read_text(),
-                 _tree(rootfs), {str(p) for d in ("share", "gpu-sched") for p in (RUN / d).rglob("*")}, helpers())
+    return State(
+        mounts.read_text() if mounts.exists() else "",
+        Path("/proc/self/mountinfo").read_text(),
+        _tree(rootfs),
+        {str(p) for d in ("share", "gpu-sched") for p in (RUN / d).rglob("*")},
+        helpers(),
+    )
 
 
 class Container(NamedTuple):
@@ -86,17 +91,41 @@ def container(active_2gpu, make_rootfs, target_process: int, tmp_path: Path) -> 
     yield Container(target_process, rootfs, tmp_path / "bundle")
 
 
-def prestart(setup_dir: Path, ctr: Container, env: dict[str, str], *, pid: int | None = None, name: str = "faulty",
-             hook_env: dict[str, str] | None = None, wait: bool = True) -> subprocess.Popen[str]:
+def prestart(
+    setup_dir: Path,
+    ctr: Container,
+    env: dict[str, str],
+    *,
+    pid: int | None = None,
+    name: str = "faulty",
+    hook_env: dict[str, str] | None = None,
+    wait: bool = True,
+) -> subprocess.Popen[str]:
     """``nvc-py-hook prestart`` for a container asking for ``env``, run directly unless ``hook_env`` names a server."""
     if not (ctr.bundle / "config.json").exists():
         make_bundle(ctr.bundle, ctr.rootfs, ["true"], env=env)
-    oci_state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": ctr.pid if pid is None else pid,
-                            "bundle": str(ctr.bundle), "status": "creating"})
-    proc = subprocess.Popen([str(HOOK), "prestart"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
-                                 "NVC_PY_HOOK_SOCKET": "none", **(hook_env or {})})  # run here, unless a server is named
+    oci_state = json.dumps(
+        {
+            "ociVersion": "1.0.2",
+            "id": name,
+            "pid": ctr.pid if pid is None else pid,
+            "bundle": str(ctr.bundle),
+            "status": "creating",
+        }
+    )
+    proc = subprocess.Popen(
+        [str(HOOK), "prestart"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
+            "NVC_PY_HOOK_SOCKET": "none",
+            **(hook_env or {}),
+        },
+    )  # run here, unless a server is named
     assert proc.stdin is not None
     proc.stdin.write(oci_state)
     proc.stdin.close()
@@ -140,12 +169,15 @@ ALL_GPUS = {"NVIDIA_VISIBLE_DEVICES": "all"}  # the MIG devices of the fake mach
 def test_the_nvml_helper_killed_mid_call_fails_the_start_in_one_line(setup_dir: Path, container: Container) -> None:
     before = state(container.pid, container.rootfs)
     proc = prestart(setup_dir, container, ALL_GPUS, hook_env={"FAKE_NVML_STALL_S": "30"}, wait=False)
-    helper = wait_for(lambda: [pid for pid in helpers() - before.helpers
-                               if named(pid, "nvc:[driver]") and sleeping(pid)])[0]
+    helper = wait_for(
+        lambda: [pid for pid in helpers() - before.helpers if named(pid, "nvc:[driver]") and sleeping(pid)]
+    )[0]
     os.kill(helper, signal.SIGKILL)
     code, err = finished(proc)
-    assert (code, err) == (4, "nvc-py-hook: driver error: driver rpc error: helper killed by signal SIGKILL in "
-                              "snapshot\n")
+    assert (code, err) == (
+        4,
+        "nvc-py-hook: driver error: driver rpc error: helper killed by signal SIGKILL in snapshot\n",
+    )
     assert state(container.pid, container.rootfs) == before
 
 
@@ -156,19 +188,21 @@ def test_a_hung_nvml_helper_fails_the_start_after_its_timeout(setup_dir: Path, c
     started = time.monotonic()
     code, err = finished(prestart(setup_dir, container, ALL_GPUS, hook_env={"FAKE_NVML_STALL_S": "60"}))
     took = time.monotonic() - started
-    assert (code, err) == (4, f"nvc-py-hook: driver error: driver rpc error: timed out after {DEFAULT_TIMEOUT:.1f} s "
-                              "in snapshot\n")
+    assert (code, err) == (
+        4,
+        f"nvc-py-hook: driver error: driver rpc error: timed out after {DEFAULT_TIMEOUT:.1f} s in snapshot\n",
+    )
     assert DEFAULT_TIMEOUT <= took < DEFAULT_TIMEOUT + 10
     assert state(container.pid, container.rootfs) == before  # the helper killed and reaped
 
 
-def test_a_container_process_gone_before_the_hook_is_one_line_naming_it(setup_dir: Path,
-                                                                      container: Container) -> None:
+def test_a_container_process_gone_before_the_hook_is_one_line_naming_it(setup_dir: Path, container: Container) -> None:
     gone = subprocess.Popen(["true"])
     gone.wait()
     before = state(container.pid, container.rootfs)
-    code, err = finished(prestart(setup_dir, container, {"NVIDIA_VISIBLE_DEVICES": "0",
-                                                         "NVC_SHARE_MEMORY_LIMIT": "1Gi"}, pid=gone.pid))
+    code, err = finished(
+        prestart(setup_dir, container, {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}, pid=gone.pid)
+    )
     assert (code, err) == (8, f"nvc-py-hook: container error: container process {gone.pid} is gone\n")
     assert state(container.pid, container.rootfs) == before
 
@@ -191,10 +225,14 @@ def full_run(request, active_2gpu) -> Iterator[str]:
 
 def test_a_full_run_leaves_no_sharing_file_half_made(setup_dir: Path, container: Container, full_run: str) -> None:
     before = state(container.pid, container.rootfs)
-    code, err = finished(prestart(setup_dir, container, {"NVIDIA_VISIBLE_DEVICES": "0",
-                                                         "NVC_SHARE_MEMORY_LIMIT": "1Gi"}))
-    assert (code, err) == (8, f"nvc-py-hook: container error: cannot make the sharing files of container faulty in "
-                              f"{RUN}/share: No space left on device\n")
+    code, err = finished(
+        prestart(setup_dir, container, {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    )
+    assert (code, err) == (
+        8,
+        f"nvc-py-hook: container error: cannot make the sharing files of container faulty in "
+        f"{RUN}/share: No space left on device\n",
+    )
     assert state(container.pid, container.rootfs) == before
 
 
@@ -223,14 +261,17 @@ def flicker(stop: threading.Event, nodes: list[tuple[str, int, int]]) -> int:
 
 
 @pytest.mark.parametrize("via", ["direct", "server"])
-def test_the_drivers_proc_files_and_nodes_coming_and_going_through_a_storm(setup_dir: Path, make_rootfs,
-                                                                           request, active_2gpu, via: str) -> None:
+def test_the_drivers_proc_files_and_nodes_coming_and_going_through_a_storm(
+    setup_dir: Path, make_rootfs, request, active_2gpu, via: str
+) -> None:
     """8 starts at once asking for every GPU (run by the hook itself, or by a server's workers) while
     the driver's /proc files and nodes vanish and come back: each start is configured, or fails in
     one line with a stable status and leaves its container as it was."""
     hook_env = {"NVC_PY_HOOK_SOCKET": str(request.getfixturevalue("served"))} if via == "server" else {}
-    nodes = [(str(p), p.stat().st_mode, p.stat().st_rdev) for p in (Path("/dev/nvidia0"), Path("/dev/nvidia1"),
-                                                                      Path("/dev/nvidiactl"))]
+    nodes = [
+        (str(p), p.stat().st_mode, p.stat().st_rdev)
+        for p in (Path("/dev/nvidia0"), Path("/dev/nvidia1"), Path("/dev/nvidiactl"))
+    ]
     targets = [subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "300"]) for _ in range(8)]
     try:
         containers = []
@@ -242,9 +283,15 @@ def test_the_drivers_proc_files_and_nodes_coming_and_going_through_a_storm(setup
         stop = threading.Event()
         with ThreadPoolExecutor(len(containers) + 1) as pool:
             flips = pool.submit(flicker, stop, nodes)
-            calls = [pool.submit(lambda i: finished(prestart(setup_dir, containers[i], ALL_GPUS, name=f"storm-{i}",
-                                                             hook_env=hook_env)), number)
-                     for number in range(len(containers))]
+            calls = [
+                pool.submit(
+                    lambda i: finished(
+                        prestart(setup_dir, containers[i], ALL_GPUS, name=f"storm-{i}", hook_env=hook_env)
+                    ),
+                    number,
+                )
+                for number in range(len(containers))
+            ]
             results = [call.result() for call in calls]
             stop.set()
             print(f"{flips.result()} flickers; results: {sorted({(code, err[:90]) for code, err in results})}")
@@ -272,8 +319,11 @@ def test_the_container_helper_killed_mid_apply_is_rolled_back(setup_dir: Path, c
     wait_for(lambda: mountinfo.read_text() != before.container_mounts)
     os.kill(helper, signal.SIGKILL)
     code, err = finished(proc)
-    assert code == 9 and err.startswith("nvc-py-hook: mount error: container rpc error: helper killed by signal "
-                                        "SIGKILL in ") and err.count("\n") == 1, err
+    assert (
+        code == 9
+        and err.startswith("nvc-py-hook: mount error: container rpc error: helper killed by signal SIGKILL in ")
+        and err.count("\n") == 1
+    ), err
     after = state(container.pid, container.rootfs)
     assert after.rootfs ^ before.rootfs == set()
     assert after == before

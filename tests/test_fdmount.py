@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from nvc.apply import fdmount, rootfs
-from nvc.system import syscalls
 from nvc.errors import MountError
+from nvc.system import syscalls
 from nvc.system.syscalls import MountAttr
 
 
@@ -128,8 +128,11 @@ def test_tmpfs_fill_then_read_only(layout: tuple[Path, Path], classic: bool) -> 
         os.write(fd, b"ModifyDeviceFiles: 0\n")
         os.close(fd)
         fdmount.set_attrs(m, attrs | MountAttr.RDONLY)
-        seen = {"opts": _mountinfo(dest), "mode": oct(os.stat(dest).st_mode & 0o777),
-                "params": (dest / "params").read_text()}
+        seen = {
+            "opts": _mountinfo(dest),
+            "mode": oct(os.stat(dest).st_mode & 0o777),
+            "params": (dest / "params").read_text(),
+        }
         try:
             (dest / "other").write_text("x")
         except OSError as err:

@@ -19,8 +19,17 @@ SECONDS = 20
 
 
 def test_every_parser_has_a_target_and_seeds() -> None:
-    assert targets() == ["config", "container_env", "device_plugin", "devices", "hook_call", "oci_spec", "oci_state",
-                         "rpc_frame", NATIVE_TARGET]
+    assert targets() == [
+        "config",
+        "container_env",
+        "device_plugin",
+        "devices",
+        "hook_call",
+        "oci_spec",
+        "oci_state",
+        "rpc_frame",
+        NATIVE_TARGET,
+    ]
     assert all(len(list((CORPUS / name).iterdir())) >= 3 for name in targets())
 
 
@@ -29,6 +38,7 @@ def test_fuzz_target_finds_no_crash(target: str, tmp_path: Path) -> None:
     if target == NATIVE_TARGET and shutil.which("clang") is None:
         pytest.fail("clang is missing: `make deps` installs it (the Makefile's APT_PACKAGES)")
     outcome = run(target, SECONDS, tmp_path)
-    assert outcome.crash is None, (f"{target} crashed on {outcome.crash} (keep it in tests/fuzz/corpus/{target}/ "
-                                   f"once fixed):\n{outcome.output}")
+    assert outcome.crash is None, (
+        f"{target} crashed on {outcome.crash} (keep it in tests/fuzz/corpus/{target}/ once fixed):\n{outcome.output}"
+    )
     assert outcome.runs > 100, outcome.output

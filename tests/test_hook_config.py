@@ -16,8 +16,8 @@ import yaml
 
 from nvc import config
 from nvc.config import yamlfile as configyaml
-from nvc.model.capabilities import CAPABILITIES
 from nvc.errors import InputError
+from nvc.model.capabilities import CAPABILITIES
 
 
 def test_missing_file_means_defaults(tmp_path: Path) -> None:
@@ -29,32 +29,42 @@ def test_missing_file_means_defaults(tmp_path: Path) -> None:
 
 def test_values_are_read(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("root: /run/nvidia/driver\nload-kmods: false\nuser: '1000:1000'\n"
-                    "log: {file: /tmp/x.log, level: debug}\nsupported-capabilities: utility,compute\n"
-                    "sharing: {enabled: true, device-memory-limit: 8g, device-sm-limit: 50}\n"
-                    "ldconfig: /sbin/ldconfig\nallow-ldconfig-from-container: true\n")
+    path.write_text(
+        "root: /run/nvidia/driver\nload-kmods: false\nuser: '1000:1000'\n"
+        "log: {file: /tmp/x.log, level: debug}\nsupported-capabilities: utility,compute\n"
+        "sharing: {enabled: true, device-memory-limit: 8g, device-sm-limit: 50}\n"
+        "ldconfig: /sbin/ldconfig\nallow-ldconfig-from-container: true\n"
+    )
     cfg = config.load(str(path))
     assert (cfg.root, cfg.load_kmods, cfg.user, cfg.log_file, cfg.log_level) == (
-        "/run/nvidia/driver", False, "1000:1000", "/tmp/x.log", "debug")
+        "/run/nvidia/driver",
+        False,
+        "1000:1000",
+        "/tmp/x.log",
+        "debug",
+    )
     assert cfg.supported_capabilities == ("utility", "compute")
     assert cfg.sharing == config.Sharing(True, "8g", 50)
     assert cfg.ldconfig == "/sbin/ldconfig"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("bogus: 1\n", "bogus: unknown key"),
-    ("load-kmods: 'yes'\n", "load-kmods: expected true or false"),
-    ("root: relative/dir\n", "root: expected an absolute path"),
-    ("log: {level: loud}\n", "log.level: expected one of debug, info, warning, error"),
-    ("log: {colour: red}\n", "log.colour: unknown key"),
-    ("supported-capabilities: [compute, turbo]\n", "supported-capabilities: unknown capability 'turbo'"),
-    ("user: bob\n", "user: expected UID or UID:GID"),
-    ("sharing: {device-sm-limit: 150}\n", "sharing.device-sm-limit: expected an integer percent"),
-    ("cuda-compat-mode: always\n", "cuda-compat-mode: expected one of disabled, mount, ldconfig"),
-    ("ldconfig: /sbin/ldconfig\n", "ldconfig: /sbin/ldconfig is a path in the container image, refused"),
-    ("- a list\n", "top level: expected a mapping"),
-    ("root: [unclosed\n", "not valid YAML at line"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus: 1\n", "bogus: unknown key"),
+        ("load-kmods: 'yes'\n", "load-kmods: expected true or false"),
+        ("root: relative/dir\n", "root: expected an absolute path"),
+        ("log: {level: loud}\n", "log.level: expected one of debug, info, warning, error"),
+        ("log: {colour: red}\n", "log.colour: unknown key"),
+        ("supported-capabilities: [compute, turbo]\n", "supported-capabilities: unknown capability 'turbo'"),
+        ("user: bob\n", "user: expected UID or UID:GID"),
+        ("sharing: {device-sm-limit: 150}\n", "sharing.device-sm-limit: expected an integer percent"),
+        ("cuda-compat-mode: always\n", "cuda-compat-mode: expected one of disabled, mount, ldconfig"),
+        ("ldconfig: /sbin/ldconfig\n", "ldconfig: /sbin/ldconfig is a path in the container image, refused"),
+        ("- a list\n", "top level: expected a mapping"),
+        ("root: [unclosed\n", "not valid YAML at line"),
+    ],
+)
 def test_bad_values_name_file_key_and_reason(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -66,9 +76,13 @@ def test_bad_values_name_file_key_and_reason(tmp_path: Path, text: str, message:
 def test_config_show_prints_effective_values_and_env_override(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("disable-require: true\n")
-    out = subprocess.run(["nvc-py", "config", "show"], capture_output=True, text=True, check=True,
-                         env={"PATH": f"{sysconfig.get_path('scripts')}:/usr/bin:/bin",
-                              "NVC_PY_CONFIG": str(path)}).stdout
+    out = subprocess.run(
+        ["nvc-py", "config", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{sysconfig.get_path('scripts')}:/usr/bin:/bin", "NVC_PY_CONFIG": str(path)},
+    ).stdout
     assert out.startswith(f"# effective nvc-py configuration from {path}\n")
     shown = yaml.safe_load(out)
     assert shown["disable-require"] is True and shown["load-kmods"] is True and shown["log"]["level"] == "info"
@@ -86,8 +100,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_second_load_comes_from_the_cache_without_yaml(tmp_path: Path, cache: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_load_comes_from_the_cache_without_yaml(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("no-cgroups: true\nlog: {level: debug}\nsupported-capabilities: [compute, utility]\n")
     first = config.load(str(path))
@@ -144,7 +159,8 @@ def test_a_document_json_cannot_hold_is_not_cached(tmp_path: Path, cache: Path) 
 # --- hostile configuration files and caches -----------------------------------------------------
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+)
 NVC_PY = str(Path(sysconfig.get_path("scripts")) / "nvc-py")
 HOOK = str(Path(sysconfig.get_path("scripts")) / "nvc-py-hook")
 
@@ -161,11 +177,17 @@ def test_alias_bomb_is_refused_before_it_expands(tmp_path: Path, cache: Path) ->
         config.load(str(path))
     assert not cache.exists()
     (tmp_path / "bomb.yaml").write_text(ALIAS_BOMB)
-    result = subprocess.run([NVC_PY, "config", "show"], capture_output=True, text=True, timeout=60,
-                            env={"NVC_PY_CONFIG": str(tmp_path / "bomb.yaml")})
+    result = subprocess.run(
+        [NVC_PY, "config", "show"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"NVC_PY_CONFIG": str(tmp_path / "bomb.yaml")},
+    )
     assert result.returncode == InputError.exit_code
-    assert result.stderr == (f"nvc-py: input error: {tmp_path / 'bomb.yaml'}: line 1: YAML anchors and aliases "
-                             "are not accepted\n")
+    assert result.stderr == (
+        f"nvc-py: input error: {tmp_path / 'bomb.yaml'}: line 1: YAML anchors and aliases are not accepted\n"
+    )
 
 
 def test_deeply_nested_yaml_is_one_error(tmp_path: Path, cache: Path) -> None:
@@ -175,27 +197,34 @@ def test_deeply_nested_yaml_is_one_error(tmp_path: Path, cache: Path) -> None:
         config.load(str(path))
 
 
-@pytest.mark.parametrize(("text", "line", "what"), [
-    ("root: /\nuser: 2001-13-01\n", 2, "'2001-13-01' is not a valid timestamp"),
-    ("log: {file: 2001-01-01 10:00:00+99:00}\n", 1, "'2001-01-01 10:00:00+99:00' is not a valid timestamp"),
-    ("root: !!int x\n", 1, "'x' is not a valid int"),
-    ("root: !!int ''\n", 1, "'' is not a valid int"),
-    ("load-kmods: !!bool maybe\n", 1, "'maybe' is not a valid bool"),
-    ("k8s:\n  nvml-retry: !!float x\n", 2, "'x' is not a valid float"),
-    ("k8s:\n  nvml-retry: !!timestamp x\n", 2, "'x' is not a valid timestamp"),
-])
-def test_a_value_its_yaml_type_cannot_hold_is_one_error(tmp_path: Path, cache: Path, text: str, line: int,
-                                                        what: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "line", "what"),
+    [
+        ("root: /\nuser: 2001-13-01\n", 2, "'2001-13-01' is not a valid timestamp"),
+        ("log: {file: 2001-01-01 10:00:00+99:00}\n", 1, "'2001-01-01 10:00:00+99:00' is not a valid timestamp"),
+        ("root: !!int x\n", 1, "'x' is not a valid int"),
+        ("root: !!int ''\n", 1, "'' is not a valid int"),
+        ("load-kmods: !!bool maybe\n", 1, "'maybe' is not a valid bool"),
+        ("k8s:\n  nvml-retry: !!float x\n", 2, "'x' is not a valid float"),
+        ("k8s:\n  nvml-retry: !!timestamp x\n", 2, "'x' is not a valid timestamp"),
+    ],
+)
+def test_a_value_its_yaml_type_cannot_hold_is_one_error(
+    tmp_path: Path, cache: Path, text: str, line: int, what: str
+) -> None:
     """PyYAML's constructors raise ValueError, KeyError, IndexError or AttributeError for these (found by
     tests/fuzz/fuzz_config.py): one line naming the file, the line and the value, through the real program too."""
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(InputError, match=f"^input error: {path}: line {line}: {re.escape(what)}$"):
         config.load(str(path))
-    result = subprocess.run([NVC_PY, "config", "show"], capture_output=True, text=True, timeout=60,
-                            env={"NVC_PY_CONFIG": str(path)})
-    assert (result.returncode, result.stderr) == (InputError.exit_code, f"nvc-py: input error: {path}: line {line}: "
-                                                                        f"{what}\n")
+    result = subprocess.run(
+        [NVC_PY, "config", "show"], capture_output=True, text=True, timeout=60, env={"NVC_PY_CONFIG": str(path)}
+    )
+    assert (result.returncode, result.stderr) == (
+        InputError.exit_code,
+        f"nvc-py: input error: {path}: line {line}: {what}\n",
+    )
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory", "huge", "not-utf8"])
@@ -217,8 +246,9 @@ def test_config_file_that_is_not_a_small_text_file(tmp_path: Path, kind: str) ->
         path.write_bytes(b"root: /\xff\n")
         message = "not UTF-8 text"
     for argv in ([NVC_PY, "config", "show"], [HOOK, "prestart"]):
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, input="{}",
-                                env={"NVC_PY_CONFIG": str(path)})
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=60, input="{}", env={"NVC_PY_CONFIG": str(path)}
+        )
         assert result.returncode == InputError.exit_code
         prog = os.path.basename(argv[0])
         assert result.stderr.startswith(f"{prog}: input error: {path}: {message}")
@@ -249,12 +279,18 @@ def test_fifo_or_device_as_the_real_cache_does_not_hang_config_show_or_the_hook(
     path = tmp_path / "c.yaml"
     path.write_text("no-cgroups: true\n")
     make = plant.replace("{}", configyaml.CACHE_PATH)
-    script = (f"set -e; mkdir -p -m 0700 /run/nvc-py; mount -t tmpfs -o mode=0700 tmpfs /run/nvc-py; "
-              f"{make}; {NVC_PY} config show; rm {configyaml.CACHE_PATH}; {make}; "
-              f"echo '{{}}' | {HOOK} prestart || echo hook=$?; test -f {configyaml.CACHE_PATH} && echo replaced")
-    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            capture_output=True, text=True, timeout=60, env={"NVC_PY_CONFIG": str(path),
-                                                                            "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"})
+    script = (
+        f"set -e; mkdir -p -m 0700 /run/nvc-py; mount -t tmpfs -o mode=0700 tmpfs /run/nvc-py; "
+        f"{make}; {NVC_PY} config show; rm {configyaml.CACHE_PATH}; {make}; "
+        f"echo '{{}}' | {HOOK} prestart || echo hook=$?; test -f {configyaml.CACHE_PATH} && echo replaced"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"NVC_PY_CONFIG": str(path), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"},
+    )
     assert result.returncode == 0, result.stderr
     assert "no-cgroups: true" in result.stdout and "hook=2\nreplaced\n" in result.stdout
     assert result.stderr == "nvc-py-hook: input error: OCI state on stdin: no absolute 'bundle' path\n"

@@ -28,8 +28,24 @@ def _crun(bundle: Path, state: Path) -> subprocess.CompletedProcess[str]:
     if crun is None:
         pytest.skip("crun is not installed")
     script = 'mount -t cgroup2 none /sys/fs/cgroup && exec "$@"'
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-            crun, "--cgroup-manager=disabled", "--root", str(state), "run", "--bundle", str(bundle), "nvc-crun-refusal"]
+    argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        crun,
+        "--cgroup-manager=disabled",
+        "--root",
+        str(state),
+        "run",
+        "--bundle",
+        str(bundle),
+        "nvc-crun-refusal",
+    ]
     try:  # stderr a pipe, as the engines give it (a file given as /dev/stderr would be truncated)
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     finally:
@@ -38,15 +54,17 @@ def _crun(bundle: Path, state: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("annotation", [None, "/dev/stderr"], ids=["default", "hooks-stderr"])
 def test_crun_shows_the_hooks_reason_only_where_the_annotation_names_a_file(
-        debian_rootfs: Path, tmp_path: Path, annotation: str | None) -> None:
+    debian_rootfs: Path, tmp_path: Path, annotation: str | None
+) -> None:
     if Path("/proc/driver/nvidia").exists():
         pytest.skip("a real NVIDIA driver is loaded: the hook would not refuse")
     config = tmp_path / "config.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
     hook = oci_hook("prestart", str(config))  # the entry setup registers, served by no server here
     hook["env"].append("NVC_PY_HOOK_SOCKET=none")
-    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "all"},
-                         hooks={"prestart": [hook]})
+    bundle = make_bundle(
+        tmp_path / "bundle", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "all"}, hooks={"prestart": [hook]}
+    )
     if annotation is not None:
         spec = json.loads((bundle / "config.json").read_text())
         spec["annotations"] = {"run.oci.hooks.stderr": annotation}

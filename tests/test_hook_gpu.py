@@ -36,8 +36,11 @@ def test_prestart_hook_on_the_gpu(runtime: Runc, make_rootfs, gpu0_uuid: str, tm
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
     env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]
     sock = tmp_path / "run" / "hook.sock"
-    hook = (client_hook(SCRIPTS / "nvc-py-hook", sock, env) if served else
-            {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"], "env": env})
+    hook = (
+        client_hook(SCRIPTS / "nvc-py-hook", sock, env)
+        if served
+        else {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"], "env": env}
+    )
     with hook_server(SCRIPTS / "nvc-py-hook", sock) if served else nullcontext():
         _show_gpu0_and_unset(runtime, make_rootfs, gpu0_uuid, tmp_path, hook)
     if served:
@@ -47,10 +50,13 @@ def test_prestart_hook_on_the_gpu(runtime: Runc, make_rootfs, gpu0_uuid: str, tm
 def _show_gpu0_and_unset(runtime: Runc, make_rootfs, gpu0_uuid: str, tmp_path: Path, hook: dict) -> None:
     outputs = {}
     for name, env in (("gpu0", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("unset", {})):
-        bundle = make_bundle(tmp_path / name, make_rootfs(name=f"rootfs-{name}"), SHOW, env=env,
-                             hooks={"prestart": [hook]})
+        bundle = make_bundle(
+            tmp_path / name, make_rootfs(name=f"rootfs-{name}"), SHOW, env=env, hooks={"prestart": [hook]}
+        )
         result = runtime.create_start(bundle)
-        print(f"--- {Path(runtime.binary).name}, NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', '(unset)')}:")
+        print(
+            f"--- {Path(runtime.binary).name}, NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', '(unset)')}:"
+        )
         print(result.stdout + result.stderr)
         assert result.returncode == 0, result.stderr
         outputs[name] = result.stdout
@@ -67,11 +73,15 @@ def test_doctor_on_the_gpu_host() -> None:
 
     done = subprocess.run([str(SCRIPTS / "nvc-py"), "doctor"], capture_output=True, text=True, timeout=120)
     print(done.stdout + done.stderr)
-    checks = json.loads(subprocess.run([str(SCRIPTS / "nvc-py"), "doctor", "--json"], capture_output=True,
-                                       text=True, timeout=120).stdout)["checks"]
+    checks = json.loads(
+        subprocess.run(
+            [str(SCRIPTS / "nvc-py"), "doctor", "--json"], capture_output=True, text=True, timeout=120
+        ).stdout
+    )["checks"]
     status = {c["name"]: c["status"] for c in checks}
-    assert [status[name] for name in ("configuration", "driver", "NVML", "device nodes", "cgroups", "ldconfig")] == \
-        ["ok"] * 6, checks
+    assert [status[name] for name in ("configuration", "driver", "NVML", "device nodes", "cgroups", "ldconfig")] == [
+        "ok"
+    ] * 6, checks
 
 
 def test_crun_runs_the_hook_from_where_podman_would_read_it(make_rootfs, gpu0_uuid: str, tmp_path: Path) -> None:
@@ -87,8 +97,12 @@ def test_crun_runs_the_hook_from_where_podman_would_read_it(make_rootfs, gpu0_uu
         pytest.skip("crun is not installed")
     config = tmp_path / "config.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
-    setup = subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", str(config), "--no-server"],
-                           capture_output=True, text=True, timeout=60)
+    setup = subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "setup", "podman", "--config", str(config), "--no-server"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     print(setup.stdout + setup.stderr)
     assert setup.returncode == 0, setup.stderr
     try:
@@ -97,8 +111,13 @@ def test_crun_runs_the_hook_from_where_podman_would_read_it(make_rootfs, gpu0_uu
         entry = json.loads((Path(resolved.target) / "oci-nvc-py-hook.json").read_text())
         assert entry["stages"] == ["prestart"] and entry["when"] == {"always": True}
         runtime = Runc(tmp_path / "state", binary)
-        bundle = make_bundle(tmp_path / "gpu0", make_rootfs(name="rootfs-gpu0"), SHOW,
-                             env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks={"prestart": [entry["hook"]]})
+        bundle = make_bundle(
+            tmp_path / "gpu0",
+            make_rootfs(name="rootfs-gpu0"),
+            SHOW,
+            env={"NVIDIA_VISIBLE_DEVICES": "0"},
+            hooks={"prestart": [entry["hook"]]},
+        )
         result = runtime.create_start(bundle)
         print(result.stdout + result.stderr)
         assert result.returncode == 0, result.stderr
@@ -125,17 +144,26 @@ def _userns_rootfs(make_rootfs, share_program: Path, name: str) -> Path:
     return rootfs
 
 
-def test_crun_userns_container_runs_nvidia_smi_and_a_kernel(crun: Runc, make_rootfs, share_program: Path,
-                                                            gpu0_uuid: str, tmp_path: Path) -> None:
+def test_crun_userns_container_runs_nvidia_smi_and_a_kernel(
+    crun: Runc, make_rootfs, share_program: Path, gpu0_uuid: str, tmp_path: Path
+) -> None:
     """crun with uid/gid maps 0 -> 100000 (65536) and its default /dev tmpfs: nvc-py-hook joins the
     container's user namespace for its steps inside; the container lists GPU 0, runs CUDA kernels,
     and the ld cache and /proc/driver/nvidia belong to its root (uid 0 inside)."""
     rootfs = _userns_rootfs(make_rootfs, share_program, "rootfs-userns")
-    script = ("nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]'; share_gpu compute 1 "
-              f"{sharegpu.COMPUTE_ITERS}; stat -c 'owner %u:%g %n' /etc/ld.so.cache /proc/driver/nvidia; "
-              "cat /proc/self/uid_map")
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         hooks=hook_with_log(tmp_path), id_map=(USERNS_HOST_ID, USERNS_SIZE))
+    script = (
+        "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]'; share_gpu compute 1 "
+        f"{sharegpu.COMPUTE_ITERS}; stat -c 'owner %u:%g %n' /etc/ld.so.cache /proc/driver/nvidia; "
+        "cat /proc/self/uid_map"
+    )
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        rootfs,
+        ["sh", "-c", script],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        hooks=hook_with_log(tmp_path),
+        id_map=(USERNS_HOST_ID, USERNS_SIZE),
+    )
     result = crun.create_start(bundle, timeout=120)
     print(f"--- crun, uid/gid maps 0 -> {USERNS_HOST_ID} ({USERNS_SIZE}), NVIDIA_VISIBLE_DEVICES=0:")
     print(result.stdout + result.stderr)
@@ -150,18 +178,25 @@ def test_crun_userns_container_runs_nvidia_smi_and_a_kernel(crun: Runc, make_roo
     assert lines[5].split() == ["0", str(USERNS_HOST_ID), str(USERNS_SIZE)]
 
 
-def test_crun_userns_shared_container_keeps_its_memory_limit(crun: Runc, make_rootfs, share_program: Path,
-                                                             tmp_path: Path) -> None:
+def test_crun_userns_shared_container_keeps_its_memory_limit(
+    crun: Runc, make_rootfs, share_program: Path, tmp_path: Path
+) -> None:
     """The same container sharing the GPU (NVC_SHARE_MEMORY_LIMIT=4Gi): inside its user namespace the
     shim still sees 4 GiB and gets out of memory past it."""
     rootfs = _userns_rootfs(make_rootfs, share_program, "rootfs-userns-share")
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", "share_gpu meminfo fill 256"], env=env,
-                         hooks=hook_with_log(tmp_path), id_map=(USERNS_HOST_ID, USERNS_SIZE))
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        rootfs,
+        ["sh", "-c", "share_gpu meminfo fill 256"],
+        env=env,
+        hooks=hook_with_log(tmp_path),
+        id_map=(USERNS_HOST_ID, USERNS_SIZE),
+    )
     result = crun.create_start(bundle, timeout=120)
     print(f"--- crun, uid/gid maps 0 -> {USERNS_HOST_ID} ({USERNS_SIZE}), {env}:")
     print(result.stdout + result.stderr)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert int(lines[0].split()[2]) == 4 << 30                                 # meminfo total
+    assert int(lines[0].split()[2]) == 4 << 30  # meminfo total
     assert lines[1] == "fill 4096 cudaErrorMemoryAllocation"

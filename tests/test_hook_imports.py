@@ -24,22 +24,53 @@ LAUNCHER = LIBDIR / "nvc-py-hook-python"
 # Kubernetes device plugin's gRPC, protobuf and modules; nor, in the hook's helpers, pyseccomp (with
 # ctypes.util, which runs ``ldconfig -p`` twice): ldconfig's filter comes compiled from root's cache
 # once a start has made it; nor the exporter's prometheus_client.
-NEVER = frozenset({"click", "yaml", "elftools", "pynvml", "logging", "site", "dataclasses", "inspect", "grpc",
-                   "google.protobuf", "nvc.k8s", "nvc.rpc.nvml_events", "pyseccomp", "ctypes.util", "nvc.exporter",
-                   "prometheus_client"})
+NEVER = frozenset(
+    {
+        "click",
+        "yaml",
+        "elftools",
+        "pynvml",
+        "logging",
+        "site",
+        "dataclasses",
+        "inspect",
+        "grpc",
+        "google.protobuf",
+        "nvc.k8s",
+        "nvc.rpc.nvml_events",
+        "pyseccomp",
+        "ctypes.util",
+        "nvc.exporter",
+        "prometheus_client",
+    }
+)
 # A container asking for no GPU is answered before any of configure's machinery loads.
-NEVER_WITHOUT_GPU = NEVER | {"nvc.pipeline.configure", "nvc.plan.mountplan", "nvc.plan.operations", "nvc.rpc.helper", "ctypes", "socket",
-                             "pathlib", "subprocess", "shutil", "tempfile"}
+NEVER_WITHOUT_GPU = NEVER | {
+    "nvc.pipeline.configure",
+    "nvc.plan.mountplan",
+    "nvc.plan.operations",
+    "nvc.rpc.helper",
+    "ctypes",
+    "socket",
+    "pathlib",
+    "subprocess",
+    "shutil",
+    "tempfile",
+}
 
 
 def _imported(stderr: str) -> set[str]:
     return {m[1] for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", stderr, re.MULTILINE)}
 
 
-@pytest.mark.parametrize(("env", "outcome", "never"), [({"NVIDIA_VISIBLE_DEVICES": "0"}, "configured", NEVER),
-                                                       ({}, "no-gpu", NEVER_WITHOUT_GPU)], ids=["gpu", "no-gpu"])
-def test_direct_hook_imports_only_what_the_call_needs(active_2gpu, runc, debian_rootfs: Path, tmp_path: Path,
-                                                      env: dict[str, str], outcome: str, never: frozenset[str]) -> None:
+@pytest.mark.parametrize(
+    ("env", "outcome", "never"),
+    [({"NVIDIA_VISIBLE_DEVICES": "0"}, "configured", NEVER), ({}, "no-gpu", NEVER_WITHOUT_GPU)],
+    ids=["gpu", "no-gpu"],
+)
+def test_direct_hook_imports_only_what_the_call_needs(
+    active_2gpu, runc, debian_rootfs: Path, tmp_path: Path, env: dict[str, str], outcome: str, never: frozenset[str]
+) -> None:
     interpreter, flags = LAUNCHER.read_text().splitlines()[0][2:].split(" ", 1)
     assert flags == "-IS"  # isolated, without site
     config, log, err = tmp_path / "config.yaml", tmp_path / "hook.log", tmp_path / "hook.err"
@@ -47,8 +78,11 @@ def test_direct_hook_imports_only_what_the_call_needs(active_2gpu, runc, debian_
     wrapper = tmp_path / "hook.sh"  # runc shows a hook's stderr only when it fails
     wrapper.write_text(f'#!/bin/sh\nexec {interpreter} {flags} -X importtime {LAUNCHER} "$@" 2>{err}\n')
     wrapper.chmod(0o755)
-    hook = {"path": str(wrapper), "args": ["hook.sh", "prestart"],
-            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}", "NVC_PY_HOOK_SOCKET=none"]}
+    hook = {
+        "path": str(wrapper),
+        "args": ["hook.sh", "prestart"],
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}", "NVC_PY_HOOK_SOCKET=none"],
+    }
     bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"], env=env, hooks={"prestart": [hook]})
     for _ in range(2):  # the first start after a configuration change parses its YAML (then cached by text),
         # and the first after a boot compiles ldconfig's filter

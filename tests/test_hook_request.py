@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from nvc.containerenv import Policy, parse_env
 from nvc.errors import InputError
 from nvc.model.capabilities import CAPABILITIES
-from nvc.containerenv import Policy, parse_env
 from nvc.plan.fromenv import gpu_request
 from nvc.plan.request import Request
 
@@ -27,10 +27,26 @@ def dev_mount(name: str, source: str = "/dev/null") -> dict[str, str]:
 CASES = [
     ("unset-modern", {}, [], False, Policy(), "NOGPU", None, None),
     ("unset-legacy-all", {"CUDA_VERSION": "9.0"}, [], False, Policy(), ("all",), ALL, ("cuda>=9.0",)),
-    ("unset-legacy-but-require-cuda", {"CUDA_VERSION": "9.0", "NVIDIA_REQUIRE_CUDA": "cuda>=9.0"}, [], False,
-     Policy(), "NOGPU", None, None),
-    ("legacy-empty-require", {"CUDA_VERSION": "11.8.0", "NVIDIA_REQUIRE_CUDA": ""}, [], False, Policy(),
-     ("all",), ALL, ("cuda>=11.8",)),
+    (
+        "unset-legacy-but-require-cuda",
+        {"CUDA_VERSION": "9.0", "NVIDIA_REQUIRE_CUDA": "cuda>=9.0"},
+        [],
+        False,
+        Policy(),
+        "NOGPU",
+        None,
+        None,
+    ),
+    (
+        "legacy-empty-require",
+        {"CUDA_VERSION": "11.8.0", "NVIDIA_REQUIRE_CUDA": ""},
+        [],
+        False,
+        Policy(),
+        ("all",),
+        ALL,
+        ("cuda>=11.8",),
+    ),
     ("empty", {"NVIDIA_VISIBLE_DEVICES": ""}, [], False, Policy(), "NOGPU", None, None),
     ("void", {"NVIDIA_VISIBLE_DEVICES": "void"}, [], False, Policy(), "NOGPU", None, None),
     ("void-in-list", {"NVIDIA_VISIBLE_DEVICES": "0,void"}, [], False, Policy(), "NOGPU", None, None),
@@ -42,49 +58,170 @@ CASES = [
     ("uuid", {"NVIDIA_VISIBLE_DEVICES": "GPU-1234"}, [], False, Policy(), ("GPU-1234",), DEFAULT, ()),
     ("mig-uuid", {"NVIDIA_VISIBLE_DEVICES": "MIG-abcd"}, [], False, Policy(), ("MIG-abcd",), DEFAULT, ()),
     ("mig-index", {"NVIDIA_VISIBLE_DEVICES": "1:0"}, [], False, Policy(), ("1:0",), DEFAULT, ()),
-    ("legacy-explicit-none", {"CUDA_VERSION": "12.4.1", "NVIDIA_VISIBLE_DEVICES": "none"}, [], False, Policy(),
-     None, ALL, ("cuda>=12.4",)),
-    ("legacy-explicit-caps", {"CUDA_VERSION": "12.4", "NVIDIA_DRIVER_CAPABILITIES": "utility"}, [], False,
-     Policy(), ("all",), ("utility",), ("cuda>=12.4",)),
-    ("legacy-disable-require", {"CUDA_VERSION": "12.4", "NVIDIA_DISABLE_REQUIRE": "1"}, [], False, Policy(),
-     ("all",), ALL, ()),
-    ("caps-all", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all"}, [], False, Policy(),
-     ("0",), ALL, ()),
-    ("caps-list", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "video, graphics"}, [], False,
-     Policy(), ("0",), ("graphics", "video"), ()),
-    ("caps-empty-default", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": ""}, [], False, Policy(),
-     ("0",), DEFAULT, ()),
-    ("caps-case", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "UTILITY"}, [], False, Policy(),
-     ("0",), ("utility",), ()),
-    ("caps-intersected", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all"}, [], False,
-     Policy(supported_capabilities=frozenset({"utility", "compute"})), ("0",), DEFAULT, ()),
-    ("require-cuda", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, [], False, Policy(),
-     ("0",), DEFAULT, ("cuda>=12.0",)),
-    ("require-many-sorted", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0",
-                             "NVIDIA_REQUIRE_ARCH": "arch>=8.0"}, [], False, Policy(),
-     ("0",), DEFAULT, ("arch>=8.0", "cuda>=12.0")),
-    ("require-jetpack-ignored", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_JETPACK": "csv-mounts=all"}, [],
-     False, Policy(), ("0",), DEFAULT, ()),
-    ("disable-require-env", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0",
-                             "NVIDIA_DISABLE_REQUIRE": "true"}, [], False, Policy(), ("0",), DEFAULT, ()),
-    ("disable-require-policy", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0"}, [], False,
-     Policy(disable_require=True), ("0",), DEFAULT, ()),
-    ("disable-require-false", {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0",
-                               "NVIDIA_DISABLE_REQUIRE": "false"}, [], False, Policy(), ("0",), DEFAULT,
-     ("cuda>=99.0",)),
+    (
+        "legacy-explicit-none",
+        {"CUDA_VERSION": "12.4.1", "NVIDIA_VISIBLE_DEVICES": "none"},
+        [],
+        False,
+        Policy(),
+        None,
+        ALL,
+        ("cuda>=12.4",),
+    ),
+    (
+        "legacy-explicit-caps",
+        {"CUDA_VERSION": "12.4", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
+        [],
+        False,
+        Policy(),
+        ("all",),
+        ("utility",),
+        ("cuda>=12.4",),
+    ),
+    (
+        "legacy-disable-require",
+        {"CUDA_VERSION": "12.4", "NVIDIA_DISABLE_REQUIRE": "1"},
+        [],
+        False,
+        Policy(),
+        ("all",),
+        ALL,
+        (),
+    ),
+    (
+        "caps-all",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        ALL,
+        (),
+    ),
+    (
+        "caps-list",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "video, graphics"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        ("graphics", "video"),
+        (),
+    ),
+    (
+        "caps-empty-default",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": ""},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        DEFAULT,
+        (),
+    ),
+    (
+        "caps-case",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "UTILITY"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        ("utility",),
+        (),
+    ),
+    (
+        "caps-intersected",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all"},
+        [],
+        False,
+        Policy(supported_capabilities=frozenset({"utility", "compute"})),
+        ("0",),
+        DEFAULT,
+        (),
+    ),
+    (
+        "require-cuda",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        DEFAULT,
+        ("cuda>=12.0",),
+    ),
+    (
+        "require-many-sorted",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "NVIDIA_REQUIRE_ARCH": "arch>=8.0"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        DEFAULT,
+        ("arch>=8.0", "cuda>=12.0"),
+    ),
+    (
+        "require-jetpack-ignored",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_JETPACK": "csv-mounts=all"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        DEFAULT,
+        (),
+    ),
+    (
+        "disable-require-env",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0", "NVIDIA_DISABLE_REQUIRE": "true"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        DEFAULT,
+        (),
+    ),
+    (
+        "disable-require-policy",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0"},
+        [],
+        False,
+        Policy(disable_require=True),
+        ("0",),
+        DEFAULT,
+        (),
+    ),
+    (
+        "disable-require-false",
+        {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0", "NVIDIA_DISABLE_REQUIRE": "false"},
+        [],
+        False,
+        Policy(),
+        ("0",),
+        DEFAULT,
+        ("cuda>=99.0",),
+    ),
     ("unprivileged-env-refused", {"NVIDIA_VISIBLE_DEVICES": "0"}, [], False, STRICT, "NOGPU", None, None),
     ("privileged-env-accepted", {"NVIDIA_VISIBLE_DEVICES": "0"}, [], True, STRICT, ("0",), DEFAULT, ()),
     ("volumes-ignored-by-default", {}, [dev_mount("0")], False, Policy(), "NOGPU", None, None),
     ("volumes", {}, [dev_mount("0"), dev_mount("GPU-9")], False, VOL, ("0", "GPU-9"), DEFAULT, ()),
     ("volumes-over-env", {"NVIDIA_VISIBLE_DEVICES": "all"}, [dev_mount("1")], False, VOL, ("1",), DEFAULT, ()),
     ("volume-not-devnull", {}, [dev_mount("0", source="/etc/passwd")], False, VOL, "NOGPU", None, None),
-    ("volumes-unprivileged-strict", {"NVIDIA_VISIBLE_DEVICES": "0"}, [dev_mount("1")], False,
-     Policy(accept_volume_mounts=True, accept_envvar_when_unprivileged=False), ("1",), DEFAULT, ()),
+    (
+        "volumes-unprivileged-strict",
+        {"NVIDIA_VISIBLE_DEVICES": "0"},
+        [dev_mount("1")],
+        False,
+        Policy(accept_volume_mounts=True, accept_envvar_when_unprivileged=False),
+        ("1",),
+        DEFAULT,
+        (),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("env", "mounts", "privileged", "policy", "devices", "caps", "reqs"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("env", "mounts", "privileged", "policy", "devices", "caps", "reqs"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_env_grammar(env, mounts, privileged, policy, devices, caps, reqs) -> None:
     req = gpu_request(env, mounts, privileged, policy)
     if devices == "NOGPU":
@@ -103,8 +240,9 @@ def test_table_has_at_least_30_cases() -> None:
 def test_ignored_request_is_reported() -> None:
     warnings: list[str] = []
     assert gpu_request({"NVIDIA_VISIBLE_DEVICES": "0"}, [], False, STRICT, warnings) is None
-    assert warnings == ["NVIDIA_VISIBLE_DEVICES ignored: unprivileged container and "
-                        "accept-envvar-when-unprivileged is false"]
+    assert warnings == [
+        "NVIDIA_VISIBLE_DEVICES ignored: unprivileged container and accept-envvar-when-unprivileged is false"
+    ]
     assert gpu_request({"NVIDIA_VISIBLE_DEVICES": "0"}, [], True, STRICT, warnings) is not None
     assert len(warnings) == 1
 
@@ -147,12 +285,14 @@ def test_bad_legacy_cuda_version() -> None:
 UNICODE_DIGITS = ["\u00b2", "\u0663", "\uff13", "1\u00b2"]  # superscript two, Arabic-Indic three, fullwidth three
 
 
-@pytest.mark.parametrize("digits", [*UNICODE_DIGITS, "9" * 4400], ids=["sup2", "arabic3", "fullwidth3", "1sup2", "4400"])
+@pytest.mark.parametrize(
+    "digits", [*UNICODE_DIGITS, "9" * 4400], ids=["sup2", "arabic3", "fullwidth3", "1sup2", "4400"]
+)
 def test_numbers_are_ascii_and_bounded(digits: str) -> None:
     """str.isdigit() takes these; int() refuses some (``²``, 4400 digits) and reads others as
     numbers no one meant: all are refused with one InputError or DeviceError, never a ValueError."""
-    from nvc.plan import requirements, selection
     from nvc.errors import DeviceError, shown
+    from nvc.plan import requirements, selection
 
     base = {"NVIDIA_VISIBLE_DEVICES": "0"}
     with pytest.raises(InputError, match=f"unsupported IMEX channel value {re.escape(shown(digits))}$"):

@@ -20,20 +20,27 @@ from harness.hookcalls import call_directly
 from harness.hookfixtures import served  # noqa: F401  (fixtures)
 from harness.hookserver import LIBDIR
 from harness.installed import HOOK
-from harness.ondemand import log_lines, prestart
-from harness.ondemand import no_gpu_state  # noqa: F401  (fixture)
+from harness.ondemand import (
+    log_lines,
+    no_gpu_state,  # noqa: F401  (fixture)
+    prestart,
+)
 from nvc.hook.server import handover
 
 
-@pytest.mark.parametrize("argv", [
-    ["/x/nvc-py", "setup", "podman", "--hooks-dir", "{tmp}/hooks.d"],
-    ["/x/nvc-py", "--root", "/", "config", "show"],
-    ["/x/nvc-py", "share", "status"],
-    ["/x/nvc-py", "-V"],
-    ["/x/nvc-py", "--bogus", "info"],
-    ["/x/nvc-py", "--root", "/", "hook", "prestart"],
-    ["/x/nvc-py-hook", "bogus"],
-], ids=["setup", "config", "share", "version", "unknown-option", "cli-hook", "hook-usage"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["/x/nvc-py", "setup", "podman", "--hooks-dir", "{tmp}/hooks.d"],
+        ["/x/nvc-py", "--root", "/", "config", "show"],
+        ["/x/nvc-py", "share", "status"],
+        ["/x/nvc-py", "-V"],
+        ["/x/nvc-py", "--bogus", "info"],
+        ["/x/nvc-py", "--root", "/", "hook", "prestart"],
+        ["/x/nvc-py-hook", "bogus"],
+    ],
+    ids=["setup", "config", "share", "version", "unknown-option", "cli-hook", "hook-usage"],
+)
 def test_the_server_runs_only_the_hook_and_read_only_commands(served: Path, tmp_path: Path, argv: list[str]) -> None:
     """Anything but the hook's stages and configure/info/list is the caller's to run, as itself."""
     answers, err = call_directly(served, [word.format(tmp=tmp_path) for word in argv])
@@ -43,8 +50,11 @@ def test_the_server_runs_only_the_hook_and_read_only_commands(served: Path, tmp_
 
 def test_the_server_runs_list_info_and_the_hook(active_2gpu, served: Path) -> None:
     root = str(active_2gpu.root)
-    for argv in (["/x/nvc-py", "-r", root, "list"], ["/x/nvc-py", f"--root={root}", "info", "--csv"],
-                 ["/x/nvc-py-hook", "poststart"]):
+    for argv in (
+        ["/x/nvc-py", "-r", root, "list"],
+        ["/x/nvc-py", f"--root={root}", "info", "--csv"],
+        ["/x/nvc-py-hook", "poststart"],
+    ):
         assert call_directly(served, argv) == ([b"ready", b"exit 0"], ""), argv
 
 
@@ -60,8 +70,16 @@ def hostile_python_env(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
         (evil / name).mkdir(parents=True)
         (evil / name / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
     (tmp_path / "startup.py").write_text(f"open({str(marker)!r}, 'a').write('startup\\n')\n")
-    yield {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(evil), "PYTHONHOME": str(evil),
-           "PYTHONSTARTUP": str(tmp_path / "startup.py"), "PYTHONUSERBASE": str(evil)}, marker
+    yield (
+        {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "PYTHONPATH": str(evil),
+            "PYTHONHOME": str(evil),
+            "PYTHONSTARTUP": str(tmp_path / "startup.py"),
+            "PYTHONUSERBASE": str(evil),
+        },
+        marker,
+    )
 
 
 @pytest.mark.parametrize("how", ["front-served", "front-direct", "python-program"])
@@ -69,8 +87,13 @@ def test_pythonpath_of_the_caller_is_never_imported(active_2gpu, served: Path, h
     env, marker = hostile_python_env
     env = {**env, handover.SOCKET_ENV: str(served) if how == "front-served" else str(served) + ".absent"}
     program = LIBDIR / ("nvc-py-python" if how == "python-program" else "nvc-py")
-    result = subprocess.run([str(program), "--root", str(active_2gpu.root), "info", "--json"], capture_output=True,
-                            text=True, env=env, timeout=60)
+    result = subprocess.run(
+        [str(program), "--root", str(active_2gpu.root), "info", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert (result.returncode, result.stderr) == (0, "")
     assert json.loads(result.stdout)["devices"]
     assert not marker.exists(), marker.read_text()
@@ -81,8 +104,13 @@ def test_pythonpath_reaches_neither_the_hook_nor_the_runtime(no_gpu_state, hosti
     hook = prestart({**env, **hostile, "NVC_PY_HOST_PID": "0"}, bundle, "hostile")  # no server: the Python hook
     assert (hook.returncode, hook.stderr) == (0, "") and "via" not in log_lines(env)[-1]
     for program in (LIBDIR / "nvc-py-runtime", HOOK.with_name("nvc-py-runtime")):  # the console script links to it
-        runtime = subprocess.run([str(program), "--version"], capture_output=True, text=True,
-                                 env={**hostile, "NVC_PY_CONFIG": env["NVC_PY_CONFIG"]}, timeout=60)
+        runtime = subprocess.run(
+            [str(program), "--version"],
+            capture_output=True,
+            text=True,
+            env={**hostile, "NVC_PY_CONFIG": env["NVC_PY_CONFIG"]},
+            timeout=60,
+        )
         assert runtime.returncode == 0 and "version" in runtime.stdout, runtime.stderr
         assert (LIBDIR / "nvc-py-runtime-python").read_text().splitlines()[0].endswith(" -IS")
     assert not marker.exists(), marker.read_text()

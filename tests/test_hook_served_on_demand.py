@@ -24,8 +24,13 @@ import pytest
 
 from harness.hookserver import LIBDIR, hook_server
 from harness.installed import HOOK
-from harness.ondemand import STORM, log_lines, prestart, servers
-from harness.ondemand import no_gpu_state  # noqa: F401  (fixture)
+from harness.ondemand import (
+    STORM,
+    log_lines,
+    no_gpu_state,  # noqa: F401  (fixture)
+    prestart,
+    servers,
+)
 from nvc.hook.server import handover
 
 
@@ -213,8 +218,10 @@ def test_a_silent_listener_that_is_no_server_of_this_socket_is_never_killed(no_g
         assert other.stdout is not None and other.stdout.readline() == "listening\n"
         result = prestart(env, bundle, "other")
         assert result.returncode == 0
-        assert result.stderr == (f"nvc-py-hook: the hook server did not answer in {handover.ACK_TIMEOUT:g} s; running "
-                                 f"{LIBDIR / 'nvc-py-hook-python'}\n")
+        assert result.stderr == (
+            f"nvc-py-hook: the hook server did not answer in {handover.ACK_TIMEOUT:g} s; running "
+            f"{LIBDIR / 'nvc-py-hook-python'}\n"
+        )
         assert other.poll() is None and not servers(sock)
     finally:
         other.kill()
@@ -252,9 +259,12 @@ def test_no_server_is_started_in_a_socket_directory_others_control(no_gpu_state,
     else:
         directory.chmod(0o770)
     result = prestart(env, bundle, "untrusted-directory")
-    assert (result.returncode, result.stderr) == (0, f"nvc-py-hook: not starting the hook server ({sock}: its "
-                                                     "directory is not root's, or others can write there); running "
-                                                     f"{LIBDIR / 'nvc-py-hook-python'}\n")
+    assert (result.returncode, result.stderr) == (
+        0,
+        f"nvc-py-hook: not starting the hook server ({sock}: its "
+        "directory is not root's, or others can write there); running "
+        f"{LIBDIR / 'nvc-py-hook-python'}\n",
+    )
     assert "via" not in log_lines(env)[-1] and not servers(sock)
     assert list(directory.iterdir()) == []
 
@@ -264,10 +274,16 @@ def prestart_until_streams_end(env: dict[str, str], bundle: Path, name: str) -> 
     runtime reads a hook's: (status, stderr, seconds from its exit until both pipes ended)."""
     import select
 
-    state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle),
-                        "status": "creating"})
-    proc = subprocess.Popen([str(LIBDIR / "nvc-py-hook"), "prestart"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    state = json.dumps(
+        {"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle), "status": "creating"}
+    )
+    proc = subprocess.Popen(
+        [str(LIBDIR / "nvc-py-hook"), "prestart"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     assert proc.stdin and proc.stdout and proc.stderr
     proc.stdin.write(state.encode())
     proc.stdin.close()
@@ -284,10 +300,19 @@ def prestart_until_streams_end(env: dict[str, str], bundle: Path, name: str) -> 
     return code, err.decode(), time.monotonic() - exited if not open_streams else float("inf")
 
 
-@pytest.mark.parametrize("name, kind", [("server.log", "fifo"), ("server.log", "symlink"), ("server.lock", "fifo"),
-                                        ("server.lock", "another-users"), ("server.lock", "readable-by-others")])
-def test_a_start_lock_or_log_that_is_no_file_of_roots_alone_is_not_used(no_gpu_state, tmp_path: Path, name: str,
-                                                                        kind: str) -> None:
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("server.log", "fifo"),
+        ("server.log", "symlink"),
+        ("server.lock", "fifo"),
+        ("server.lock", "another-users"),
+        ("server.lock", "readable-by-others"),
+    ],
+)
+def test_a_start_lock_or_log_that_is_no_file_of_roots_alone_is_not_used(
+    no_gpu_state, tmp_path: Path, name: str, kind: str
+) -> None:
     """Opened without blocking or following a link, and used only as a regular file of root's: a
     FIFO as server.log once blocked the detached start for ever, as root, holding the start lock
     (no server ever started) and the first caller's stdout and stderr (a runtime reading them
@@ -314,8 +339,10 @@ def test_a_start_lock_or_log_that_is_no_file_of_roots_alone_is_not_used(no_gpu_s
             assert err == ""
             assert call == "first" or log_lines(env)[-1].get("via") == "server"
         else:
-            assert err == (f"nvc-py-hook: not starting the hook server ({sock}: its server.lock is not a regular file "
-                           f"only root can open); running {LIBDIR / 'nvc-py-hook-python'}\n")
+            assert err == (
+                f"nvc-py-hook: not starting the hook server ({sock}: its server.lock is not a regular file "
+                f"only root can open); running {LIBDIR / 'nvc-py-hook-python'}\n"
+            )
             assert "via" not in log_lines(env)[-1] and not servers(sock)
     assert (tmp_path / "target").read_text() == "" if kind == "symlink" else planted.exists()
 

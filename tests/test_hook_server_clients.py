@@ -27,7 +27,6 @@ from harness.installed import FRONT, HOOK
 from nvc import __version__
 from nvc.hook.server import handover
 
-
 PYTHON_PROGRAM = LIBDIR / "nvc-py-python"  # what the front runs without a server
 
 
@@ -36,8 +35,9 @@ def test_concurrent_calls_and_streams(served: Path) -> None:
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
 
     def call(stage: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(CLIENT), str(HOOK), stage], capture_output=True, text=True, env=env,
-                              input="", timeout=30)
+        return subprocess.run(
+            [str(CLIENT), str(HOOK), stage], capture_output=True, text=True, env=env, input="", timeout=30
+        )
 
     stages = ["poststart", "bogus"] * 8
     with ThreadPoolExecutor(8) as pool:
@@ -56,9 +56,14 @@ def test_client_usage() -> None:
 
 
 def test_cli_call_runs_in_the_callers_directory_and_streams(active_2gpu, served: Path, tmp_path: Path) -> None:
-    result = subprocess.run([str(CLIENT), "/nonexistent/nvc-py", "--root", str(active_2gpu.root), "--debug",
-                             "relative.log", "list"], capture_output=True, text=True, cwd=tmp_path,
-                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    result = subprocess.run(
+        [str(CLIENT), "/nonexistent/nvc-py", "--root", str(active_2gpu.root), "--debug", "relative.log", "list"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={handover.SOCKET_ENV: str(served)},
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     assert f"{active_2gpu.root}/dev/nvidiactl" in result.stdout.splitlines()
     assert (tmp_path / "relative.log").stat().st_size > 0
@@ -71,8 +76,7 @@ def test_a_caller_in_another_mount_namespace_runs_the_program_itself(active_2gpu
     call = [str(CLIENT), "/nonexistent/nvc-py", "--root", str(active_2gpu.root), "list"]
     here = subprocess.run(call, capture_output=True, text=True, env=env, timeout=30)
     assert here.returncode == 0 and f"{active_2gpu.root}/dev/nvidiactl\n" in here.stdout
-    elsewhere = subprocess.run(["unshare", "--mount", *call],
-                               capture_output=True, text=True, env=env, timeout=30)
+    elsewhere = subprocess.run(["unshare", "--mount", *call], capture_output=True, text=True, env=env, timeout=30)
     assert elsewhere.returncode == 127
     assert elsewhere.stderr == "nvc-py-hook-client: cannot execute /nonexistent/nvc-py: No such file or directory\n"
 
@@ -85,21 +89,31 @@ def console_script(tmp_path: Path) -> list[str]:
     return [str(script)]
 
 
-@pytest.mark.parametrize("command, served_there", [
-    (lambda _: [str(FRONT)], True),                 # what make install leaves as nvc-py
-    (console_script, True),                          # pip's console script
-    (lambda _: [str(PYTHON_PROGRAM)], False),        # the front's fallback: never hands over again
-    (lambda _: [sys.executable, "-m", "nvc"], False),  # not a program the server runs
-], ids=["native-front", "console-script", "python-program", "python-m"])
-def test_nvc_py_hands_its_call_to_the_server(active_2gpu, served: Path, tmp_path: Path, command,
-                                            served_there: bool) -> None:
+@pytest.mark.parametrize(
+    "command, served_there",
+    [
+        (lambda _: [str(FRONT)], True),  # what make install leaves as nvc-py
+        (console_script, True),  # pip's console script
+        (lambda _: [str(PYTHON_PROGRAM)], False),  # the front's fallback: never hands over again
+        (lambda _: [sys.executable, "-m", "nvc"], False),  # not a program the server runs
+    ],
+    ids=["native-front", "console-script", "python-program", "python-m"],
+)
+def test_nvc_py_hands_its_call_to_the_server(
+    active_2gpu, served: Path, tmp_path: Path, command, served_there: bool
+) -> None:
     """nvc-py hands a call over when root's server answers; its output is the direct run's. The
     debug log's pid tells where it ran."""
     root = str(active_2gpu.root)
     log = tmp_path / "debug.log"
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen([*command(tmp_path), "--root", root, "--debug", str(log), "info"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [*command(tmp_path), "--root", root, "--debug", str(log), "info"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and err == ""
     golden = (Path(__file__).parent / "golden" / "two-gpu-mig-info.txt").read_text()
@@ -114,28 +128,40 @@ def test_the_native_front_without_a_server_runs_the_python_program(active_2gpu, 
     assert FRONT.read_bytes()[:4] == b"\x7fELF"
     root = str(active_2gpu.root)
     log = tmp_path / "debug.log"
-    proc = subprocess.Popen([str(FRONT), "--root", root, "--debug", str(log), "info", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={handover.SOCKET_ENV: str(tmp_path / "absent.sock"), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.Popen(
+        [str(FRONT), "--root", root, "--debug", str(log), "info", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={handover.SOCKET_ENV: str(tmp_path / "absent.sock"), "PATH": "/usr/bin:/bin"},
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and err == ""
     assert out.replace(root, "<root>") == (Path(__file__).parent / "golden" / "two-gpu-mig-info-json.txt").read_text()
     assert {int(line.split()[2]) for line in log.read_text().splitlines() if line[:1] in "DI"} == {proc.pid}
-    bad = subprocess.run([str(FRONT), "--root", "relative", "info"], capture_output=True, text=True,
-                         env={handover.SOCKET_ENV: str(tmp_path / "absent.sock")})
+    bad = subprocess.run(
+        [str(FRONT), "--root", "relative", "info"],
+        capture_output=True,
+        text=True,
+        env={handover.SOCKET_ENV: str(tmp_path / "absent.sock")},
+    )
     assert (bad.returncode, bad.stdout) == (2, "")
-    assert bad.stderr == "nvc-py: input error: relative: invalid driver root (must be an absolute path to a directory)\n"
+    assert (
+        bad.stderr == "nvc-py: input error: relative: invalid driver root (must be an absolute path to a directory)\n"
+    )
 
 
 def test_the_native_front_runs_serve_and_foreign_callers_itself(served: Path) -> None:
     """``serve`` is never handed over (a worker would refuse it), and a caller in another mount
     namespace is told to fall back: both run the Python program here."""
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
-    serve = subprocess.run([str(FRONT), "hook", "serve", "--socket"], capture_output=True, text=True, env=env,
-                           timeout=30)
+    serve = subprocess.run(
+        [str(FRONT), "hook", "serve", "--socket"], capture_output=True, text=True, env=env, timeout=30
+    )
     assert serve.returncode == 2 and serve.stderr.startswith("usage: nvc-py-hook prestart")
-    elsewhere = subprocess.run(["unshare", "--mount", str(FRONT), "--version"], capture_output=True, text=True,
-                               env=env, timeout=30)
+    elsewhere = subprocess.run(
+        ["unshare", "--mount", str(FRONT), "--version"], capture_output=True, text=True, env=env, timeout=30
+    )
     assert (elsewhere.returncode, elsewhere.stdout, elsewhere.stderr) == (0, f"nvc-py {__version__}\n", "")
 
 
@@ -163,8 +189,13 @@ def test_an_older_servers_refusal_of_the_exchange_makes_the_client_run_the_progr
     thread = threading.Thread(target=old_server)
     thread.start()
     try:
-        result = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True,
-                                env={handover.SOCKET_ENV: str(directory / "hook.sock")}, timeout=30)
+        result = subprocess.run(
+            [str(CLIENT), MISSING, "--version"],
+            capture_output=True,
+            text=True,
+            env={handover.SOCKET_ENV: str(directory / "hook.sock")},
+            timeout=30,
+        )
     finally:
         thread.join(timeout=30)
         listener.close()
@@ -202,13 +233,15 @@ def test_the_server_records_each_calls_queue_wait_worker_time_and_cpu(active_2gp
     queue wait and worker time fit in the wall time its caller saw, and its worker used CPU."""
     sock, stats = tmp_path / "run" / "hook.sock", tmp_path / "stats.jsonl"
     env = {handover.SOCKET_ENV: str(sock), "PATH": "/usr/bin:/bin"}
-    calls = [[str(CLIENT), str(HOOK), "poststart"]] * 6 + [[*console_script(tmp_path), "--root",
-                                                            str(active_2gpu.root), "info"]]
+    calls = [[str(CLIENT), str(HOOK), "poststart"]] * 6 + [
+        [*console_script(tmp_path), "--root", str(active_2gpu.root), "info"]
+    ]
 
     def call(argv: list[str]) -> float:
         t0 = time.monotonic()
-        result = subprocess.run(argv, capture_output=True, text=True, input="", timeout=60,
-                                env={**env, handover.CONNECTED_ENV: "1"})  # a stale stamp, inherited
+        result = subprocess.run(
+            argv, capture_output=True, text=True, input="", timeout=60, env={**env, handover.CONNECTED_ENV: "1"}
+        )  # a stale stamp, inherited
         assert result.returncode == 0, result.stderr
         return (time.monotonic() - t0) * 1000
 

@@ -55,8 +55,11 @@ def test_an_idle_spare_keeps_a_container_helper_ready(served: Path) -> None:
     helper), so no helper fork is on a call's path; the spare itself stays the server's child."""
     from nvc.hook.server.loop import SPARES
 
-    server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
-                  and _ppid(p) == os.getpid())
+    server = next(
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}") and _ppid(p) == os.getpid()
+    )
     deadline = time.monotonic() + 10
     while True:
         spares = (server / "task" / server.name / "children").read_text().split()
@@ -73,13 +76,18 @@ def test_the_server_forks_at_a_higher_priority_than_its_workers_run(served: Path
     its spares (the workers to be) at that value."""
     from nvc.hook.server.loop import SERVER_NICE_BOOST
 
-    server = next(p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}")
-                  and _ppid(p) == os.getpid())
+    server = next(
+        p
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _cmdline(p).endswith(f"serve --socket {served}") and _ppid(p) == os.getpid()
+    )
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     assert _nice(server) == max(-20, ours - SERVER_NICE_BOOST)
     deadline = time.monotonic() + 5
     while True:  # a spare sets its own value first thing after the fork
-        spares = {pid: _nice(Path(f"/proc/{pid}")) for pid in (server / "task" / server.name / "children").read_text().split()}
+        spares = {
+            pid: _nice(Path(f"/proc/{pid}")) for pid in (server / "task" / server.name / "children").read_text().split()
+        }
         if spares and all(nice == ours for nice in spares.values()):
             break
         assert time.monotonic() < deadline, spares
@@ -122,8 +130,12 @@ def _names(pid: str) -> list[str]:
 def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     config = tmp_path / "other.yaml"  # setup refuses a configuration file the hooks could not read
     config.write_text("load-kmods: false\n")
-    out = subprocess.run([str(HOOK.with_name("nvc-py")), "setup", "server", "--unit-dir", str(tmp_path),
-                          "--config", str(config)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [str(HOOK.with_name("nvc-py")), "setup", "server", "--unit-dir", str(tmp_path), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     unit = tmp_path / "nvc-py-hook.service"
     assert out.stdout.splitlines()[:2] == [f"wrote {tmp_path / 'nvc-py-hook.socket'}", f"wrote {unit}"]
     lines = unit.read_text().splitlines()
@@ -134,7 +146,8 @@ def test_setup_server_writes_the_systemd_units(tmp_path: Path) -> None:
     assert {"WatchdogSec=10", "WatchdogSignal=SIGKILL", "NotifyAccess=main", "Restart=on-failure"} <= set(lines)
     assert [line for line in lines if line.startswith("Environment=")] == [
         "Environment=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        f"Environment=NVC_PY_CONFIG={config}"]
+        f"Environment=NVC_PY_CONFIG={config}",
+    ]
 
 
 def test_a_server_whose_installed_code_changed_stops_serving_it(active_2gpu, tmp_path: Path) -> None:
@@ -175,8 +188,10 @@ def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once
             deadline = time.monotonic() + 10
             while True:  # each spare's helpers: the container helper kept, the driver helper gone
                 helpers = {pid: _children_states(pid) for pid in spares}
-                if all(states and all(state != "Z" for _, state in states) and "nvc:[driver]" not in dict(states)
-                       for states in helpers.values()):
+                if all(
+                    states and all(state != "Z" for _, state in states) and "nvc:[driver]" not in dict(states)
+                    for states in helpers.values()
+                ):
                     break
                 assert time.monotonic() < deadline, f"spares' helpers (name, state): {helpers}"
                 time.sleep(0.05)
@@ -201,7 +216,7 @@ def _children_states(pid: int) -> list[tuple[str, str]]:
             stat = Path(f"/proc/{child}/stat").read_text()
         except OSError:
             continue
-        found.append((stat[stat.index("(") + 1:stat.rindex(")")], stat.rpartition(") ")[2][:1]))
+        found.append((stat[stat.index("(") + 1 : stat.rindex(")")], stat.rpartition(") ")[2][:1]))
     return found
 
 
@@ -225,9 +240,16 @@ def test_a_stopping_server_finishes_the_calls_in_progress_and_leaves_no_process(
         with hook_server(HOOK, top / "hook.sock") as proc:
             spare_pids(proc)
             # prestart reads the container's state from its stdin: the call runs until the pipe ends
-            call = threading.Thread(target=lambda: answers.append(call_raw(
-                top / "hook.sock", message(["/x/nvc-py-hook", "prestart"], []), [cwd],
-                go_fds=[stdin_r, null, err_w])))
+            call = threading.Thread(
+                target=lambda: answers.append(
+                    call_raw(
+                        top / "hook.sock",
+                        message(["/x/nvc-py-hook", "prestart"], []),
+                        [cwd],
+                        go_fds=[stdin_r, null, err_w],
+                    )
+                )
+            )
             call.start()
             deadline = time.monotonic() + 10
             while not (busy := _busy_workers(proc.pid, f"pipe:[{os.fstat(stdin_r).st_ino}]")):

@@ -39,8 +39,14 @@ def test_other_users_are_refused(served: Path) -> None:
     served.parent.parent.chmod(0o755)
     served.parent.chmod(0o755)
     served.chmod(0o666)
-    result = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, user=65534,
-                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    result = subprocess.run(
+        [str(CLIENT), str(HOOK), "poststart"],
+        capture_output=True,
+        text=True,
+        user=65534,
+        env={handover.SOCKET_ENV: str(served)},
+        timeout=30,
+    )
     assert result.returncode == 126, result.stderr
 
 
@@ -54,22 +60,35 @@ def test_a_root_caller_lacking_capabilities_runs_the_program_itself(served: Path
     env = {handover.SOCKET_ENV: str(served), "PATH": "/usr/bin:/bin"}
     full = subprocess.run([str(CLIENT), MISSING, *SERVED_HELP], capture_output=True, text=True, env=env, timeout=30)
     assert full.returncode == 0 and full.stdout.startswith("Usage: nvc-py info")
-    weak = subprocess.run([shutil.which("capsh", path=SBIN), f"--drop={drop}", "--", "-c",
-                           f"exec {CLIENT} {MISSING} {' '.join(SERVED_HELP)}"],
-                          capture_output=True, text=True, env=env, timeout=30)
+    weak = subprocess.run(
+        [
+            shutil.which("capsh", path=SBIN),
+            f"--drop={drop}",
+            "--",
+            "-c",
+            f"exec {CLIENT} {MISSING} {' '.join(SERVED_HELP)}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert (weak.returncode, weak.stdout, weak.stderr) == (127, "", CANNOT_EXECUTE)
 
 
 def test_a_root_caller_under_seccomp_runs_the_program_itself(served: Path) -> None:
     """A seccomp filter may forbid what a call does (here: mount); the server, under none, lends
     its power only to callers under none."""
-    code = (f"import errno, os, pyseccomp\n"
-            f"f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)\n"
-            f"f.add_rule(pyseccomp.ERRNO(errno.EPERM), 'mount')\n"
-            f"f.load()\n"
-            f"os.execv({str(CLIENT)!r}, [{str(CLIENT)!r}, {MISSING!r}, '--version'])\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    code = (
+        f"import errno, os, pyseccomp\n"
+        f"f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)\n"
+        f"f.add_rule(pyseccomp.ERRNO(errno.EPERM), 'mount')\n"
+        f"f.load()\n"
+        f"os.execv({str(CLIENT)!r}, [{str(CLIENT)!r}, {MISSING!r}, '--version'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={handover.SOCKET_ENV: str(served)}, timeout=30
+    )
     assert (result.returncode, result.stdout, result.stderr) == (127, "", CANNOT_EXECUTE)
 
 
@@ -80,8 +99,13 @@ def test_a_root_caller_with_no_new_privs_runs_the_program_itself(served: Path) -
 
     if peer.own_standing().no_new_privs:
         pytest.skip("the server would run with no_new_privs too: this process has it")
-    result = subprocess.run([shutil.which("setpriv", path=SBIN), "--no-new-privs", str(CLIENT), MISSING, *SERVED_HELP],
-                            capture_output=True, text=True, env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    result = subprocess.run(
+        [shutil.which("setpriv", path=SBIN), "--no-new-privs", str(CLIENT), MISSING, *SERVED_HELP],
+        capture_output=True,
+        text=True,
+        env={handover.SOCKET_ENV: str(served)},
+        timeout=30,
+    )
     assert (result.returncode, result.stdout, result.stderr) == (127, "", CANNOT_EXECUTE)
 
 
@@ -107,8 +131,12 @@ def test_the_peer_check_refuses_no_new_privs_and_another_lsm_label(tmp_path: Pat
     (tmp_path / "attr").mkdir()
     proc = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for written, read in ((b"runc (unconfined)\n", b"unconfined\n"), (b"unconfined\n", b"unconfined\n"),
-                              (b"runc (enforce)\n", b"runc (enforce)\n"), (None, None)):
+        for written, read in (
+            (b"runc (unconfined)\n", b"unconfined\n"),
+            (b"unconfined\n", b"unconfined\n"),
+            (b"runc (enforce)\n", b"runc (enforce)\n"),
+            (None, None),
+        ):
             (tmp_path / "attr" / "current").unlink(missing_ok=True)
             if written is not None:
                 (tmp_path / "attr" / "current").write_bytes(written)
@@ -129,8 +157,10 @@ def test_a_landlocked_root_caller_runs_the_program_itself(served: Path, client: 
     if client == "native":
         command, ran_here = [str(CLIENT), MISSING, *SERVED_HELP], (127, "", CANNOT_EXECUTE)
     else:
-        code = ("from nvc.hook.server.handover import hand_over; "
-                f"hand_over(['/x/nvc-py', {', '.join(map(repr, SERVED_HELP))}]); print('ran here')")
+        code = (
+            "from nvc.hook.server.handover import hand_over; "
+            f"hand_over(['/x/nvc-py', {', '.join(map(repr, SERVED_HELP))}]); print('ran here')"
+        )
         command, ran_here = [sys.executable, "-c", code], (0, "ran here\n", "")
     env = {handover.SOCKET_ENV: str(served)}
     free = subprocess.run(command, capture_output=True, text=True, env=env, timeout=30)
@@ -141,8 +171,9 @@ def test_a_landlocked_root_caller_runs_the_program_itself(served: Path, client: 
 
 @needs_landlock
 @pytest.mark.parametrize("where", ["container", "own-namespace"])
-def test_a_landlocked_root_configure_is_not_served_and_fails_in_one_line(active_2gpu, runc, debian_rootfs: Path,
-                                                                         tmp_path: Path, where: str) -> None:
+def test_a_landlocked_root_configure_is_not_served_and_fails_in_one_line(
+    active_2gpu, runc, debian_rootfs: Path, tmp_path: Path, where: str
+) -> None:
     """The issue's case: `nvc-py configure` run with every capability and the host's namespaces,
     but under Landlock (no writes anywhere), got its GPU mounted by a worker. No worker runs it now
     (the one that took the call records no answer: its caller ran the program itself): it fails as
@@ -161,14 +192,33 @@ def test_a_landlocked_root_configure_is_not_served_and_fails_in_one_line(active_
             log = tmp_path / f"{name}.log"
             if where == "own-namespace":
                 with log.open("w") as err:
-                    result = subprocess.run(landlocked([str(FRONT), "--root", str(active_2gpu.root), "configure",
-                                                        *args.split(), str(debian_rootfs)]), stderr=err,
-                                            env={handover.SOCKET_ENV: str(path), "PATH": SBIN}, timeout=60)
+                    result = subprocess.run(
+                        landlocked(
+                            [
+                                str(FRONT),
+                                "--root",
+                                str(active_2gpu.root),
+                                "configure",
+                                *args.split(),
+                                str(debian_rootfs),
+                            ]
+                        ),
+                        stderr=err,
+                        env={handover.SOCKET_ENV: str(path), "PATH": SBIN},
+                        timeout=60,
+                    )
             else:
                 script = tmp_path / f"{name}.sh"
-                script.write_text(CONFIGURE_HOOK.format(
-                    prefix=f"NVC_PY_HOOK_SOCKET={path}", nvc=shlex.join(landlocked([str(FRONT)])),
-                    root=active_2gpu.root, args=args, rootfs=debian_rootfs, log=log))
+                script.write_text(
+                    CONFIGURE_HOOK.format(
+                        prefix=f"NVC_PY_HOOK_SOCKET={path}",
+                        nvc=shlex.join(landlocked([str(FRONT)])),
+                        root=active_2gpu.root,
+                        args=args,
+                        rootfs=debian_rootfs,
+                        log=log,
+                    )
+                )
                 script.chmod(0o755)
                 hook = {"path": str(script), "args": [script.name], "env": [f"PATH={SBIN}"]}
                 bundle = make_bundle(tmp_path / f"bundle-{name}", debian_rootfs, SHOW, hooks={"prestart": [hook]})
@@ -200,20 +250,31 @@ def test_the_peer_check_without_a_pidfd_reads_a_live_process_and_refuses_a_gone_
 
 def capless_hook(setup_dir: Path, sock: Path) -> dict:
     """The registered client run by a uid-0 process that dropped every capability."""
-    return {"path": shutil.which("capsh", path=SBIN),
-            "args": ["capsh", "--drop=all", "--", "-c", f"exec {CLIENT} {HOOK} prestart"],
-            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}", f"{handover.SOCKET_ENV}={sock}",
-                    "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+    return {
+        "path": shutil.which("capsh", path=SBIN),
+        "args": ["capsh", "--drop=all", "--", "-c", f"exec {CLIENT} {HOOK} prestart"],
+        "env": [
+            f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}",
+            f"{handover.SOCKET_ENV}={sock}",
+            "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+        ],
+    }
 
 
-def test_a_capless_root_hook_fails_as_it_would_without_the_server(served: Path, runc, debian_rootfs: Path,
-                                                                   setup_dir: Path, tmp_path: Path) -> None:
+def test_a_capless_root_hook_fails_as_it_would_without_the_server(
+    served: Path, runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
     """The issue's case: a capability-less root hook got a container configured through the server.
     Now it runs the hook itself and fails with EPERM, exactly as with no server at all."""
     results = {}
     for name, sock in (("served", served), ("direct", tmp_path / "absent.sock")):
-        bundle = make_bundle(tmp_path / name, debian_rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                             hooks={"prestart": [capless_hook(setup_dir, sock)]})
+        bundle = make_bundle(
+            tmp_path / name,
+            debian_rootfs,
+            SHOW,
+            env={"NVIDIA_VISIBLE_DEVICES": "0"},
+            hooks={"prestart": [capless_hook(setup_dir, sock)]},
+        )
         results[name] = runc.create_start(bundle, container_id=f"nvc-capless-{name}")
         last = last_log_line(setup_dir)
         assert (last["container"], last["outcome"]) == (f"nvc-capless-{name}", "error") and "via" not in last
@@ -228,8 +289,9 @@ def test_a_chrooted_root_caller_cannot_read_outside_its_chroot(served: Path, tmp
     read files outside its chroot). It is told to fall back, and its fallback cannot run: the same
     command is served for the caller outside."""
     argv = [MISSING, *SERVED_HELP]
-    outside = subprocess.run([str(CLIENT), *argv], capture_output=True, text=True,
-                             env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    outside = subprocess.run(
+        [str(CLIENT), *argv], capture_output=True, text=True, env={handover.SOCKET_ENV: str(served)}, timeout=30
+    )
     assert outside.returncode == 0 and outside.stdout.startswith("Usage: nvc-py info")  # served
     jail = tmp_path / "jail"
     (jail / "bin").mkdir(parents=True)
@@ -237,8 +299,13 @@ def test_a_chrooted_root_caller_cannot_read_outside_its_chroot(served: Path, tmp
     shutil.copy(CLIENT, jail / "bin" / CLIENT.name)
     subprocess.run(["mount", "--bind", str(served.parent), str(jail / "run")], check=True)
     try:
-        inside = subprocess.run([shutil.which("chroot", path=SBIN), str(jail), f"/bin/{CLIENT.name}", *argv], capture_output=True, text=True,
-                                env={handover.SOCKET_ENV: f"/run/{served.name}"}, timeout=30)
+        inside = subprocess.run(
+            [shutil.which("chroot", path=SBIN), str(jail), f"/bin/{CLIENT.name}", *argv],
+            capture_output=True,
+            text=True,
+            env={handover.SOCKET_ENV: f"/run/{served.name}"},
+            timeout=30,
+        )
     finally:
         subprocess.run(["umount", str(jail / "run")], check=True)
     assert (inside.returncode, inside.stdout, inside.stderr) == (127, "", CANNOT_EXECUTE)
@@ -258,8 +325,9 @@ def test_the_server_refuses_a_socket_directory_it_does_not_own_alone(tmp_path: P
         directory = tmp_path / "run"
         directory.symlink_to(other)
     before = other.stat()
-    result = subprocess.run([str(HOOK), "serve", "--socket", str(directory / "hook.sock")], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [str(HOOK), "serve", "--socket", str(directory / "hook.sock")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.endswith("; refusing to serve there\n")
     assert f"nvc-py-hook: input error: {directory}: socket directory " in result.stderr
@@ -289,8 +357,15 @@ print(json.dumps(got), flush=True)
 """
 
 
-@pytest.fixture(params=["listener-of-uid-1000", "socket-of-uid-1000", "directory-of-uid-1000",
-                        "directory-others-write", "directory-a-symlink"])
+@pytest.fixture(
+    params=[
+        "listener-of-uid-1000",
+        "socket-of-uid-1000",
+        "directory-of-uid-1000",
+        "directory-others-write",
+        "directory-a-symlink",
+    ]
+)
 def fake_server(request, tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
     """A "server" a root client might use, though another user could stand behind it: listening as
     uid 1000, or (each file case) as root but on a socket or in a directory that is not root's
@@ -304,8 +379,12 @@ def fake_server(request, tmp_path: Path) -> Iterator[tuple[Path, subprocess.Pope
         directory.mkdir(mode=0o700)
     sock = directory / "hook.sock"
     uid = 1000 if request.param == "listener-of-uid-1000" else 0
-    proc = subprocess.Popen([sys.executable, "-c", FAKE_SERVER, str(sock), str(uid)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FAKE_SERVER, str(sock), str(uid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "listening\n"
         if request.param == "socket-of-uid-1000":
@@ -327,8 +406,13 @@ def fake_server_got(proc: subprocess.Popen[str]) -> list[int]:
 
 def test_the_client_sends_nothing_to_a_server_that_is_not_roots(fake_server) -> None:
     sock, proc = fake_server
-    result = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True,
-                            env={handover.SOCKET_ENV: str(sock)}, timeout=30)
+    result = subprocess.run(
+        [str(CLIENT), MISSING, "--version"],
+        capture_output=True,
+        text=True,
+        env={handover.SOCKET_ENV: str(sock)},
+        timeout=30,
+    )
     assert result.returncode == 127
     first, second = result.stderr.splitlines(keepends=True)
     assert first.startswith(f"nvc-py-hook-client: not handing over to the hook server ({sock}: ")
@@ -339,17 +423,27 @@ def test_the_client_sends_nothing_to_a_server_that_is_not_roots(fake_server) -> 
 def test_the_python_client_sends_nothing_to_a_server_that_is_not_roots(fake_server) -> None:
     sock, proc = fake_server
     code = "from nvc.hook.server.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={handover.SOCKET_ENV: str(sock)}, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={handover.SOCKET_ENV: str(sock)}, timeout=30
+    )
     assert (result.returncode, result.stdout) == (0, "ran here\n")
-    assert result.stderr.startswith("nvc-py: not handing over to the hook server (") and \
-        result.stderr.endswith("); running here\n") and result.stderr.count("\n") == 1
+    assert (
+        result.stderr.startswith("nvc-py: not handing over to the hook server (")
+        and result.stderr.endswith("); running here\n")
+        and result.stderr.count("\n") == 1
+    )
     assert set(fake_server_got(proc)) <= {0}
 
 
 def test_a_caller_that_cannot_reach_roots_socket_runs_the_program_silently(served: Path) -> None:
     """A user other than root (nvc-py's front, run by anyone) cannot even look into root's socket
     directory: that is no server of another user's, so no line, just the program."""
-    result = subprocess.run([str(CLIENT), MISSING, "--version"], capture_output=True, text=True, user=65534,
-                            env={handover.SOCKET_ENV: str(served)}, timeout=30)
+    result = subprocess.run(
+        [str(CLIENT), MISSING, "--version"],
+        capture_output=True,
+        text=True,
+        user=65534,
+        env={handover.SOCKET_ENV: str(served)},
+        timeout=30,
+    )
     assert (result.returncode, result.stderr) == (127, CANNOT_EXECUTE)

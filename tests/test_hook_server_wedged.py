@@ -47,15 +47,19 @@ def hook_command(client: str, tmp_path: Path) -> tuple[list[str], str]:
 
 
 @contextmanager
-def stopped_server(setup_dir: Path, *, listener: bool = True) -> Iterator[tuple[subprocess.Popen[str], dict[str, str],
-                                                                               Callable[[], None]]]:
+def stopped_server(
+    setup_dir: Path, *, listener: bool = True
+) -> Iterator[tuple[subprocess.Popen[str], dict[str, str], Callable[[], None]]]:
     """A server whose spare workers are stopped (SIGSTOP), and with ``listener`` the server itself:
     (the server, the environment of a call that reaches it, what continues them). Continued at the end."""
     import signal
 
     top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
-    env = {handover.SOCKET_ENV: str(top / "run" / "hook.sock"), "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
-           "PATH": "/usr/bin:/bin"}
+    env = {
+        handover.SOCKET_ENV: str(top / "run" / "hook.sock"),
+        "NVC_PY_CONFIG": str(setup_dir / "config.yaml"),
+        "PATH": "/usr/bin:/bin",
+    }
 
     def resume() -> None:
         for pid in stopped:
@@ -80,16 +84,16 @@ def hook_log_lines(setup_dir: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("client", ["native", "python"])
-def test_a_stopped_server_is_seen_at_once_and_runs_nothing(active_2gpu, setup_dir: Path, tmp_path: Path,
-                                                           client: str) -> None:
+def test_a_stopped_server_is_seen_at_once_and_runs_nothing(
+    active_2gpu, setup_dir: Path, tmp_path: Path, client: str
+) -> None:
     """Server and spare worker stopped (SIGSTOP): the client sees the listener stopped as it connects,
     runs the hook itself at once, and the worker, once continued, runs nothing of that call."""
     with stopped_server(setup_dir) as (server, env, resume):
         lines = len(hook_log_lines(setup_dir))
         started = time.monotonic()
         command, name = hook_command(client, tmp_path)
-        result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="",
-                                timeout=60)
+        result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="", timeout=60)
         took = time.monotonic() - started
         print(f"stopped server: the call ran the hook itself after {took:.2f} s")
         running = HOOK if client == "native" else "here"
@@ -97,8 +101,9 @@ def test_a_stopped_server_is_seen_at_once_and_runs_nothing(active_2gpu, setup_di
         assert result.stderr.count("is stopped") == 1  # the program run after it did not try again
         assert result.returncode == 2  # the hook's own answer to an empty state
         resume()
-        again = subprocess.run([str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, env=env,
-                               timeout=30)
+        again = subprocess.run(
+            [str(CLIENT), str(HOOK), "poststart"], capture_output=True, text=True, env=env, timeout=30
+        )
         assert (again.returncode, again.stderr) == (0, "")
         time.sleep(0.5)  # the continued worker had its chance to run the abandoned call
     new = hook_log_lines(setup_dir)[lines:]
@@ -108,6 +113,7 @@ def test_a_stopped_server_is_seen_at_once_and_runs_nothing(active_2gpu, setup_di
 def concurrent_calls(command: list[str], env: dict[str, str], count: int) -> list[tuple[int, str, float]]:
     """``count`` calls of ``command prestart`` (an empty OCI state: the hook's status 2) at once:
     (status, stderr, seconds) of each."""
+
     def call(_: int) -> tuple[int, str, float]:
         started = time.monotonic()
         result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, input="", timeout=120)
@@ -118,24 +124,31 @@ def concurrent_calls(command: list[str], env: dict[str, str], count: int) -> lis
 
 
 @pytest.mark.parametrize("client", ["native", "python"])
-def test_a_stopped_server_costs_16_concurrent_calls_the_timeout_once_at_most(active_2gpu, setup_dir: Path,
-                                                                             tmp_path: Path, client: str) -> None:
+def test_a_stopped_server_costs_16_concurrent_calls_the_timeout_once_at_most(
+    active_2gpu, setup_dir: Path, tmp_path: Path, client: str
+) -> None:
     """The issue's case: a wedged server (here stopped) on a busy node. Each call waited out the
     hand-over timeout on its own before running the hook itself; now at most one does."""
     command, name = hook_command(client, tmp_path)
     with stopped_server(setup_dir) as (server, env, _):
         results = concurrent_calls(command, env, 16)
     waited = [err for _, err, _ in results if "did not answer in" in err]
-    print(f"16 calls on a stopped server: {len(waited)} waited the timeout; slowest {max(t for *_, t in results):.2f} s")
+    print(
+        f"16 calls on a stopped server: {len(waited)} waited the timeout; slowest {max(t for *_, t in results):.2f} s"
+    )
     assert len(waited) <= 1, waited
     assert [code for code, _, _ in results] == [2] * 16
-    assert all(err.startswith(f"{name}: the hook server (pid {server.pid}) is stopped; running ")
-               for _, err, _ in results if err not in waited)
+    assert all(
+        err.startswith(f"{name}: the hook server (pid {server.pid}) is stopped; running ")
+        for _, err, _ in results
+        if err not in waited
+    )
 
 
 @pytest.mark.parametrize("client", ["native", "python"])
-def test_a_call_left_unanswered_keeps_the_next_calls_from_waiting(active_2gpu, setup_dir: Path, tmp_path: Path,
-                                                                  client: str) -> None:
+def test_a_call_left_unanswered_keeps_the_next_calls_from_waiting(
+    active_2gpu, setup_dir: Path, tmp_path: Path, client: str
+) -> None:
     """A server wedged otherwise (here its spare workers stopped, its listener running): the first
     call waits the hand-over timeout and leaves a marker beside the socket (root's, 0600); 16
     concurrent calls after it run the hook at once. Once the marker is older than wedge.RETRY one
@@ -152,7 +165,8 @@ def test_a_call_left_unanswered_keeps_the_next_calls_from_waiting(active_2gpu, s
         results = concurrent_calls(command, env, 16)
         print(f"16 calls after a timeout: slowest {max(t for *_, t in results):.2f} s")
         assert [(code, err.split("; running ")[0]) for code, err, _ in results] == [
-            (2, f"{name}: the hook server left a call unanswered less than {wedge.RETRY} s ago")] * 16
+            (2, f"{name}: the hook server left a call unanswered less than {wedge.RETRY} s ago")
+        ] * 16
         resume()
         lines = len(hook_log_lines(setup_dir))
         old = time.time() - wedge.RETRY - 1
@@ -165,8 +179,9 @@ def test_a_call_left_unanswered_keeps_the_next_calls_from_waiting(active_2gpu, s
 
 @pytest.mark.parametrize("plant", ["another-users", "group-writable", "symlink", "fifo"])
 @pytest.mark.parametrize("client", ["native", "python"])
-def test_a_marker_that_is_no_file_of_roots_alone_is_ignored(served: Path, setup_dir: Path, tmp_path: Path,
-                                                            client: str, plant: str) -> None:
+def test_a_marker_that_is_no_file_of_roots_alone_is_ignored(
+    served: Path, setup_dir: Path, tmp_path: Path, client: str, plant: str
+) -> None:
     """The marker is trusted under the socket directory's rules: anything but a regular file of
     root's that group and others cannot write keeps no call away, and is never written through."""
     from nvc.hook.server import wedge
@@ -203,8 +218,7 @@ def keep_alives(manager: socket.socket, seconds: float) -> list[bytes]:
     return got
 
 
-def test_the_server_keeps_systemds_watchdog_fed_only_while_its_workers_take_calls(active_2gpu,
-                                                                                  tmp_path: Path) -> None:
+def test_the_server_keeps_systemds_watchdog_fed_only_while_its_workers_take_calls(active_2gpu, tmp_path: Path) -> None:
     """With WatchdogSec= (here 0.4 s: WATCHDOG_USEC) the server sends WATCHDOG=1 every half of it
     from its accept loop; while a call waits in its queue and no worker takes it (its spares
     stopped), it sends none, so systemd replaces it; once the workers take calls again, it sends
@@ -248,34 +262,63 @@ def test_a_server_clears_a_marker_as_it_starts(active_2gpu, setup_dir: Path) -> 
 
 
 @pytest.mark.parametrize("client", ["native", "python"])
-def test_a_wedged_worker_fails_the_call_after_the_timeout(served: Path, setup_dir: Path, tmp_path: Path,
-                                                          client: str) -> None:
+def test_a_wedged_worker_fails_the_call_after_the_timeout(
+    served: Path, setup_dir: Path, tmp_path: Path, client: str
+) -> None:
     """Once the worker has the call (`go` sent), the client never falls back: a worker that gives
     no status in $NVC_PY_HOOK_TIMEOUT seconds (here: waiting on a stdin nobody writes) is killed
     (the caller's streams it held close: capture_output returns) and the call fails with one line."""
     stdin_r, stdin_w = os.pipe()
-    env = {handover.SOCKET_ENV: str(served), handover.TIMEOUT_ENV: "1",
-           "NVC_PY_CONFIG": str(setup_dir / "config.yaml")}
+    env = {handover.SOCKET_ENV: str(served), handover.TIMEOUT_ENV: "1", "NVC_PY_CONFIG": str(setup_dir / "config.yaml")}
     try:
         started = time.monotonic()
         command, name = hook_command(client, tmp_path)
-        result = subprocess.run([*command, "prestart"], capture_output=True, text=True, env=env, stdin=stdin_r,
-                                timeout=60)
+        result = subprocess.run(
+            [*command, "prestart"], capture_output=True, text=True, env=env, stdin=stdin_r, timeout=60
+        )
         print(f"wedged worker: the call failed after {time.monotonic() - started:.2f} s")
     finally:
         os.close(stdin_r)
         os.close(stdin_w)
-    assert (result.returncode, result.stderr) == (1, f"{name}: the hook server's worker gave no status in 1 s "
-                                                     "(killed)\n")
+    assert (result.returncode, result.stderr) == (
+        1,
+        f"{name}: the hook server's worker gave no status in 1 s (killed)\n",
+    )
 
 
-@pytest.mark.parametrize("text, micro", [
-    ("60", 60_000_000), ("0.5", 500_000), (".5", 500_000), ("5.", 5_000_000), ("007", 7_000_000),
-    ("0.0000001", 1), ("0.000001", 1), ("0.0000011", 2), ("0.9999999", 1_000_000), ("999999999", 999_999_999_000_000),
-    ("0." + "0" * 29 + "1", 1), ("1000000000", None), ("0", None), ("0.000", None), ("", None), (".", None),
-    ("-1", None), ("+1", None), (" 1", None), ("1 ", None), ("1e-7", None), ("0x10", None), ("inf", None),
-    ("nan", None), ("1.2.3", None), ("\u0663", None), ("1" * 5000, None), ("0." + "0" * 4997 + "1", None),
-])
+@pytest.mark.parametrize(
+    "text, micro",
+    [
+        ("60", 60_000_000),
+        ("0.5", 500_000),
+        (".5", 500_000),
+        ("5.", 5_000_000),
+        ("007", 7_000_000),
+        ("0.0000001", 1),
+        ("0.000001", 1),
+        ("0.0000011", 2),
+        ("0.9999999", 1_000_000),
+        ("999999999", 999_999_999_000_000),
+        ("0." + "0" * 29 + "1", 1),
+        ("1000000000", None),
+        ("0", None),
+        ("0.000", None),
+        ("", None),
+        (".", None),
+        ("-1", None),
+        ("+1", None),
+        (" 1", None),
+        ("1 ", None),
+        ("1e-7", None),
+        ("0x10", None),
+        ("inf", None),
+        ("nan", None),
+        ("1.2.3", None),
+        ("\u0663", None),
+        ("1" * 5000, None),
+        ("0." + "0" * 4997 + "1", None),
+    ],
+)
 def test_nvc_py_hook_timeout_grammar(text: str, micro: int | None) -> None:
     """Decimal seconds rounded up to whole microseconds; anything else (None) means the default."""
     assert handover.timeout_us(text) == micro
@@ -283,9 +326,20 @@ def test_nvc_py_hook_timeout_grammar(text: str, micro: int | None) -> None:
 
 # $NVC_PY_HOOK_TIMEOUT and the seconds a client then waits for ``ready``: min(ACK_TIMEOUT, it), the
 # default (60 s) for what the grammar refuses.
-TIMEOUTS = [("0.0000001", 1e-06), ("0.000001", 1e-06), ("0.3", 0.3), (".25", 0.25), ("1.", 1.0), ("0", 2.0),
-            ("-1", 2.0), ("1e-7", 2.0), ("junk", 2.0), ("9" * 10, 2.0), ("1" * 5000, 2.0),
-            ("0." + "0" * 4997 + "1", 2.0)]
+TIMEOUTS = [
+    ("0.0000001", 1e-06),
+    ("0.000001", 1e-06),
+    ("0.3", 0.3),
+    (".25", 0.25),
+    ("1.", 1.0),
+    ("0", 2.0),
+    ("-1", 2.0),
+    ("1e-7", 2.0),
+    ("junk", 2.0),
+    ("9" * 10, 2.0),
+    ("1" * 5000, 2.0),
+    ("0." + "0" * 4997 + "1", 2.0),
+]
 
 
 def test_both_clients_read_nvc_py_hook_timeout_alike(tmp_path: Path) -> None:
@@ -295,8 +349,10 @@ def test_both_clients_read_nvc_py_hook_timeout_alike(tmp_path: Path) -> None:
     words; none waits for ever, as a value under 1 µs once did in the native client (its socket
     timeout rounded to 0, which means none)."""
     code = "from nvc.hook.server.handover import hand_over; hand_over(['/x/nvc-py', '--version']); print('ran here')"
-    commands = {"native": ([str(CLIENT), MISSING, "--version"], (127, "", f"running {MISSING}\n{CANNOT_EXECUTE}")),
-                "python": ([sys.executable, "-c", code], (0, "ran here\n", "running here\n"))}
+    commands = {
+        "native": ([str(CLIENT), MISSING, "--version"], (127, "", f"running {MISSING}\n{CANNOT_EXECUTE}")),
+        "python": ([sys.executable, "-c", code], (0, "ran here\n", "running here\n")),
+    }
     cases = [(client, value) for client in commands for value, _ in TIMEOUTS]
     wedged = []
     for number in range(len(cases)):
@@ -309,9 +365,13 @@ def test_both_clients_read_nvc_py_hook_timeout_alike(tmp_path: Path) -> None:
     def call(number: int) -> tuple[str, float, subprocess.CompletedProcess[str]]:
         client, value = cases[number]
         started = time.monotonic()
-        result = subprocess.run(commands[client][0], capture_output=True, text=True, timeout=30,
-                                env={handover.SOCKET_ENV: str(tmp_path / str(number) / "hook.sock"),
-                                     handover.TIMEOUT_ENV: value})
+        result = subprocess.run(
+            commands[client][0],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={handover.SOCKET_ENV: str(tmp_path / str(number) / "hook.sock"), handover.TIMEOUT_ENV: value},
+        )
         return client, time.monotonic() - started, result
 
     try:

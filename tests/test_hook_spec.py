@@ -28,30 +28,56 @@ def test_state_bundle_and_legacy_bundle_path() -> None:
     assert spec.parse_state('{"id": "c1", "pid": 42, "bundlePath": "/old"}').bundle == "/old"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("not json", "not valid JSON"),
-    ("[]", "expected a JSON object"),
-    ('{"pid": 1}', "no absolute 'bundle' path"),
-    ('{"pid": 1, "bundle": "relative"}', "no absolute 'bundle' path"),
-    ('{"pid": -3, "bundle": "/b"}', "invalid pid -3"),
-    ('{"pid": true, "bundle": "/b"}', "invalid pid true"),
-    ('{"pid": [1], "bundle": "/b"}', "invalid pid an array"),
-    ('{"pid": 4194304, "bundle": "/b"}', "invalid pid 4194304"),
-    ('{"id": "c", "bundle": "/b\\u0000x"}', "no absolute 'bundle' path"),
-    ('{"id": "c", "bundle": "/b\\ud800"}', "no absolute 'bundle' path"),
-    ("[" * 100_000 + "]" * 100_000, r"not valid JSON \(nested too deeply\)"),
-    (b'{"id": "\xff", "bundle": "/b"}', "not valid JSON"),
-    (b" " * (5 << 20) + b"{}", "larger than 4194304 bytes"),
-], ids=short_id)
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "not valid JSON"),
+        ("[]", "expected a JSON object"),
+        ('{"pid": 1}', "no absolute 'bundle' path"),
+        ('{"pid": 1, "bundle": "relative"}', "no absolute 'bundle' path"),
+        ('{"pid": -3, "bundle": "/b"}', "invalid pid -3"),
+        ('{"pid": true, "bundle": "/b"}', "invalid pid true"),
+        ('{"pid": [1], "bundle": "/b"}', "invalid pid an array"),
+        ('{"pid": 4194304, "bundle": "/b"}', "invalid pid 4194304"),
+        ('{"id": "c", "bundle": "/b\\u0000x"}', "no absolute 'bundle' path"),
+        ('{"id": "c", "bundle": "/b\\ud800"}', "no absolute 'bundle' path"),
+        ("[" * 100_000 + "]" * 100_000, r"not valid JSON \(nested too deeply\)"),
+        (b'{"id": "\xff", "bundle": "/b"}', "not valid JSON"),
+        (b" " * (5 << 20) + b"{}", "larger than 4194304 bytes"),
+    ],
+    ids=short_id,
+)
 def test_bad_state(text: str | bytes, message: str) -> None:
     with pytest.raises(InputError, match=message):
         spec.parse_state(text)
 
 
-GOOD_IDS = ["0" * 64, "a1b2c3" * 10 + "d4e5", "nvc-test-1a2b3c4d5e6f", "k8s_POD_web-0_default_5f1c-2b_0",
-            "default.my_ctr", "my+ctr,1", "_x", "x" * 255]
-BAD_IDS = ["", "-rf", "--help", "a/b", "/abs", "..", ".", ".hidden", "a\nlevel=info msg=forged", "a\x1b[2J",
-           "a b", "x" * 256, "caf\u00e9", "\u0661"]
+GOOD_IDS = [
+    "0" * 64,
+    "a1b2c3" * 10 + "d4e5",
+    "nvc-test-1a2b3c4d5e6f",
+    "k8s_POD_web-0_default_5f1c-2b_0",
+    "default.my_ctr",
+    "my+ctr,1",
+    "_x",
+    "x" * 255,
+]
+BAD_IDS = [
+    "",
+    "-rf",
+    "--help",
+    "a/b",
+    "/abs",
+    "..",
+    ".",
+    ".hidden",
+    "a\nlevel=info msg=forged",
+    "a\x1b[2J",
+    "a b",
+    "x" * 256,
+    "caf\u00e9",
+    "\u0661",
+]
 
 
 @pytest.mark.parametrize("cid", GOOD_IDS)
@@ -75,10 +101,15 @@ def _bundle(tmp_path: Path, doc: dict) -> str:
 
 
 def test_container_from_spec(tmp_path: Path) -> None:
-    doc = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
-           "process": {"env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0", "X=a=b"],
-                       "capabilities": {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]}},
-           "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}]}
+    doc = {
+        "ociVersion": "1.0.2",
+        "root": {"path": "rootfs"},
+        "process": {
+            "env": ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0", "X=a=b"],
+            "capabilities": {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]},
+        },
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+    }
     ctr = spec.container(str(tmp_path), spec.load_config(_bundle(tmp_path, doc)))
     assert ctr.rootfs == str(tmp_path / "rootfs") and ctr.privileged
     assert ctr.env == {"PATH": "/bin", "NVIDIA_VISIBLE_DEVICES": "0", "X": "a=b"}
@@ -114,20 +145,22 @@ def test_spec_members_of_the_wrong_type_are_named(tmp_path: Path, member: str, v
         spec.load_config(_bundle(tmp_path, {**SPEC, member: value}))
 
 
-@pytest.mark.parametrize(("process", "message"), [
-    ({"env": "A=B"}, "process.env: expected an array, got 'A=B'"),
-    ({"env": ["A=B", None]}, r"process.env\[1\]: expected a string, got null"),
-    ({"capabilities": []}, "process.capabilities: expected an object, got an array"),
-    ({"capabilities": {"bounding": "CAP_SYS_ADMIN"}}, "process.capabilities.bounding: expected an array"),
-])
+@pytest.mark.parametrize(
+    ("process", "message"),
+    [
+        ({"env": "A=B"}, "process.env: expected an array, got 'A=B'"),
+        ({"env": ["A=B", None]}, r"process.env\[1\]: expected a string, got null"),
+        ({"capabilities": []}, "process.capabilities: expected an object, got an array"),
+        ({"capabilities": {"bounding": "CAP_SYS_ADMIN"}}, "process.capabilities.bounding: expected an array"),
+    ],
+)
 def test_process_members_of_the_wrong_type_are_named(tmp_path: Path, process: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
         spec.load_config(_bundle(tmp_path, {**SPEC, "process": process}))
 
 
 def test_null_optional_members_mean_absent(tmp_path: Path) -> None:
-    doc = {**SPEC, "mounts": None, "hooks": None, "linux": None,
-           "process": {"env": None, "capabilities": None}}
+    doc = {**SPEC, "mounts": None, "hooks": None, "linux": None, "process": {"env": None, "capabilities": None}}
     loaded = spec.load_config(_bundle(tmp_path, doc))
     assert "hooks" not in loaded and "linux" not in loaded
     ctr = spec.container(str(tmp_path), loaded)
@@ -148,14 +181,22 @@ def test_spec_file_that_is_not_a_small_json_file(tmp_path: Path) -> None:
         spec.load_config(str(tmp_path))
 
 
-@pytest.mark.parametrize(("member", "value", "message"), [
-    ("linux", [], "linux: expected an object, got an array"),
-    ("hooks", {"prestart": "nvc-py-hook"}, "hooks['prestart']: expected an array, got 'nvc-py-hook'"),
-    ("linux", {"resources": {"devices": {}}}, "linux.resources.devices: expected an array, got an object"),
-])
-def test_runtime_wrapper_refuses_a_spec_of_the_wrong_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str], member: str,
-                                                           value: object, message: str) -> None:
+@pytest.mark.parametrize(
+    ("member", "value", "message"),
+    [
+        ("linux", [], "linux: expected an object, got an array"),
+        ("hooks", {"prestart": "nvc-py-hook"}, "hooks['prestart']: expected an array, got 'nvc-py-hook'"),
+        ("linux", {"resources": {"devices": {}}}, "linux.resources.devices: expected an array, got an object"),
+    ],
+)
+def test_runtime_wrapper_refuses_a_spec_of_the_wrong_shape(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    member: str,
+    value: object,
+    message: str,
+) -> None:
     """nvc-py-runtime edits hooks and linux of a GPU spec: a wrong type there is one line, not a traceback."""
     from nvc.hook.oci import runtime
 
@@ -177,8 +218,12 @@ def test_log_levels_and_concurrent_lines(tmp_path: Path) -> None:
     path = tmp_path / "hook.log"
     log.write(str(path), "warning", False, container="quiet")  # a success below the level: nothing
     assert not path.exists()
-    threads = [threading.Thread(target=log.write, args=(str(path), "info", False),
-                                kwargs={"container": f"c{i}", "padding": "x" * 3000}) for i in range(32)]
+    threads = [
+        threading.Thread(
+            target=log.write, args=(str(path), "info", False), kwargs={"container": f"c{i}", "padding": "x" * 3000}
+        )
+        for i in range(32)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -196,11 +241,15 @@ def test_cli_hook_subcommand_is_the_hook(tmp_path: Path) -> None:
     env = {"NVC_PY_CONFIG": str(tmp_path / "c.yaml")}
     assert subprocess.run([nvc_py, "hook", "poststart"], capture_output=True, env=env).returncode == 0
     bad = subprocess.run([nvc_py, "hook", "prestart"], input=b"{}", capture_output=True, env=env)
-    assert bad.returncode == 2 and bad.stderr == b"nvc-py-hook: input error: OCI state on stdin: no absolute 'bundle' path\n"
+    assert (
+        bad.returncode == 2
+        and bad.stderr == b"nvc-py-hook: input error: OCI state on stdin: no absolute 'bundle' path\n"
+    )
 
 
-def test_hook_stages_and_no_gpu_container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_hook_stages_and_no_gpu_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\naccept-envvar-when-unprivileged: false\n")
     monkeypatch.setenv("NVC_PY_CONFIG", str(config))
@@ -220,8 +269,15 @@ def test_hook_stages_and_no_gpu_container(tmp_path: Path, monkeypatch: pytest.Mo
 def test_log_line_is_bounded_and_escaped(tmp_path: Path) -> None:
     path = tmp_path / "hook.log"
     forged = "compute\nlevel=info msg=forged\x1b[2J\x07" + "y" * (1 << 20)
-    log.write(str(path), "info", True, container="c", error=forged, devices=["x"] * 100_000,
-              share={f"k{i}": i for i in range(100)})
+    log.write(
+        str(path),
+        "info",
+        True,
+        container="c",
+        error=forged,
+        devices=["x"] * 100_000,
+        share={f"k{i}": i for i in range(100)},
+    )
     raw = path.read_bytes()
     assert raw.count(b"\n") == 1 and b"\x1b" not in raw and len(raw) < 4096
     line = json.loads(raw)
@@ -288,27 +344,39 @@ def test_hostile_state_through_the_hook(hook_env: dict[str, str], tmp_path: Path
     assert line["outcome"] == "error" and line["container"] is None  # a bad id never reaches the log
 
 
-@pytest.mark.parametrize(("doc", "code", "message"), [
-    ({**SPEC, "process": "x"}, 2, "config.json: process: expected an object, got 'x'"),
-    ({**SPEC, "process": ["NVIDIA_VISIBLE_DEVICES=all"]}, 2, "config.json: process: expected an object, got an array"),
-    ({**SPEC, "process": None}, 2, "config.json: process: expected an object, got null"),
-    ({**SPEC, "root": 5}, 2, "config.json: root: expected an object, got 5"),
-    ({**SPEC, "mounts": [[]]}, 2, "config.json: mounts[0]: expected an object, got an array"),
-    ({**SPEC, "process": {"env": [1]}}, 2, "config.json: process.env[0]: expected a string, got 1"),
-    (b'{"ociVersion": "1.0.2", "process": {"env": ["A=\xff"]}, "root": {"path": "rootfs"}}', 2, "not valid JSON"),
-    (_gpu_spec("NVIDIA_VISIBLE_DEVICES=\u00b2"), 6, "device error: \u00b2: unknown device"),
-    (_gpu_spec(f"NVIDIA_VISIBLE_DEVICES={NINES}"), 6, "device error: 999"),
-    (_gpu_spec("NVIDIA_VISIBLE_DEVICES=0:\u00b2"), 6, "unknown device"),
-    (_gpu_spec("NVIDIA_IMEX_CHANNELS=\u00b2"), 2, "unsupported IMEX channel value '\u00b2'"),
-    (_gpu_spec(f"NVIDIA_IMEX_CHANNELS={NINES}"), 2, "unsupported IMEX channel value '999"),
-    (_gpu_spec(f"NVIDIA_REQUIRE_CUDA=cuda>={NINES}"), 2, "invalid version: '999"),
-    (_gpu_spec("NVIDIA_REQUIRE_CUDA=cuda>=\u0661\u0662.0"), 2, "invalid version: '\u0661\u0662.0'"),
-    ({**SPEC, "process": {"env": ["CUDA_VERSION=\u00b2.\u00b2"]}}, 2, "CUDA_VERSION: invalid version '\u00b2.\u00b2'"),
-    (_gpu_spec(f"CUDA_DEVICE_MEMORY_LIMIT={NINES}"), 2, "CUDA_DEVICE_MEMORY_LIMIT='999"),
-    (_gpu_spec("CUDA_DEVICE_SM_LIMIT=\u00b2"), 2, "CUDA_DEVICE_SM_LIMIT='\u00b2': not a percentage"),
-])
-def test_hostile_spec_through_the_hook(hook_env: dict[str, str], tmp_path: Path, doc: dict | bytes, code: int,
-                                       message: str) -> None:
+@pytest.mark.parametrize(
+    ("doc", "code", "message"),
+    [
+        ({**SPEC, "process": "x"}, 2, "config.json: process: expected an object, got 'x'"),
+        (
+            {**SPEC, "process": ["NVIDIA_VISIBLE_DEVICES=all"]},
+            2,
+            "config.json: process: expected an object, got an array",
+        ),
+        ({**SPEC, "process": None}, 2, "config.json: process: expected an object, got null"),
+        ({**SPEC, "root": 5}, 2, "config.json: root: expected an object, got 5"),
+        ({**SPEC, "mounts": [[]]}, 2, "config.json: mounts[0]: expected an object, got an array"),
+        ({**SPEC, "process": {"env": [1]}}, 2, "config.json: process.env[0]: expected a string, got 1"),
+        (b'{"ociVersion": "1.0.2", "process": {"env": ["A=\xff"]}, "root": {"path": "rootfs"}}', 2, "not valid JSON"),
+        (_gpu_spec("NVIDIA_VISIBLE_DEVICES=\u00b2"), 6, "device error: \u00b2: unknown device"),
+        (_gpu_spec(f"NVIDIA_VISIBLE_DEVICES={NINES}"), 6, "device error: 999"),
+        (_gpu_spec("NVIDIA_VISIBLE_DEVICES=0:\u00b2"), 6, "unknown device"),
+        (_gpu_spec("NVIDIA_IMEX_CHANNELS=\u00b2"), 2, "unsupported IMEX channel value '\u00b2'"),
+        (_gpu_spec(f"NVIDIA_IMEX_CHANNELS={NINES}"), 2, "unsupported IMEX channel value '999"),
+        (_gpu_spec(f"NVIDIA_REQUIRE_CUDA=cuda>={NINES}"), 2, "invalid version: '999"),
+        (_gpu_spec("NVIDIA_REQUIRE_CUDA=cuda>=\u0661\u0662.0"), 2, "invalid version: '\u0661\u0662.0'"),
+        (
+            {**SPEC, "process": {"env": ["CUDA_VERSION=\u00b2.\u00b2"]}},
+            2,
+            "CUDA_VERSION: invalid version '\u00b2.\u00b2'",
+        ),
+        (_gpu_spec(f"CUDA_DEVICE_MEMORY_LIMIT={NINES}"), 2, "CUDA_DEVICE_MEMORY_LIMIT='999"),
+        (_gpu_spec("CUDA_DEVICE_SM_LIMIT=\u00b2"), 2, "CUDA_DEVICE_SM_LIMIT='\u00b2': not a percentage"),
+    ],
+)
+def test_hostile_spec_through_the_hook(
+    hook_env: dict[str, str], tmp_path: Path, doc: dict | bytes, code: int, message: str
+) -> None:
     err = assert_one_line(run_hook(hook_env, hostile_bundle(tmp_path, doc)), code, message)
     if NINES in json.dumps(doc if isinstance(doc, dict) else {}):
         assert "more characters)" in err  # cut, with the marker
@@ -323,8 +391,11 @@ def test_fifo_as_config_json_does_not_hang_the_hook(hook_env: dict[str, str], tm
 
 def test_env_value_with_escapes_is_escaped_and_cut_in_stderr_and_log(hook_env: dict[str, str], tmp_path: Path) -> None:
     forged = "compute\nlevel=info msg=forged\x1b]0;pwned\x07\x1b[2J" + "z" * 5000
-    err = assert_one_line(run_hook(hook_env, hostile_bundle(tmp_path, _gpu_spec(f"NVIDIA_DRIVER_CAPABILITIES={forged}"))),
-                          InputError.exit_code, "unknown capability 'compute\\nlevel=info msg=forged\\x1b]0;pwned")
+    err = assert_one_line(
+        run_hook(hook_env, hostile_bundle(tmp_path, _gpu_spec(f"NVIDIA_DRIVER_CAPABILITIES={forged}"))),
+        InputError.exit_code,
+        "unknown capability 'compute\\nlevel=info msg=forged\\x1b]0;pwned",
+    )
     assert "\x1b" not in err and "\x07" not in err and f"... (+{len(forged) - 200} more characters)" in err
     raw = (tmp_path / "hook.log").read_bytes()
     assert raw.count(b"\n") == 1 and b"\x1b" not in raw and b"\x07" not in raw and len(raw) < 2048

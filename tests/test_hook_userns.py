@@ -29,14 +29,19 @@ from nvc.plan import share
 HOST_ID, SIZE = 100000, 65536  # the mapped range: uid and gid 0 inside are host 100000
 # What the container shows: its GPU, its nodes, the ld cache's driver entries, and the owner (as
 # the container sees it) of what nvc-py made: the cache and the /proc/driver/nvidia tmpfs.
-CHECK = ("nvidia-smi -L 2>&1; ls /dev | grep '^nvidia'; ldconfig -p | grep -o 'libcuda.so.1 (.*'; "
-         "stat -c 'owner %u:%g %n' /etc/ld.so.cache /proc/driver/nvidia; id -u")
+CHECK = (
+    "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia'; ldconfig -p | grep -o 'libcuda.so.1 (.*'; "
+    "stat -c 'owner %u:%g %n' /etc/ld.so.cache /proc/driver/nvidia; id -u"
+)
 SEEN = ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"]
 
 
 def _hook(setup_dir: Path) -> dict:
-    return {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"]}
+    return {
+        "path": str(SCRIPTS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": [f"NVC_PY_CONFIG={setup_dir / 'config.yaml'}"],
+    }
 
 
 def _runtime(name: str, tmp_path: Path, rootfs: Path) -> Runc:
@@ -52,16 +57,21 @@ def _runtime(name: str, tmp_path: Path, rootfs: Path) -> Runc:
     return runtime
 
 
-def _userns_bundle(dir: Path, rootfs: Path, args: list[str], setup_dir: Path,
-                   env: dict[str, str] | None = None) -> Path:
+def _userns_bundle(
+    dir: Path, rootfs: Path, args: list[str], setup_dir: Path, env: dict[str, str] | None = None
+) -> Path:
     """A bundle with a user namespace (0 -> 100000, 65536) and the runtime's /dev tmpfs. /proc and
     /sys are binds of this process's: the fake driver's mounts over them here make a fresh proc or
     sysfs one the kernel refuses to a user namespace (it would reveal what they cover)."""
     reachable_from_userns(rootfs)
-    bundle = make_bundle(dir, rootfs, args, env={"NVIDIA_VISIBLE_DEVICES": "0", **(env or {})},
-                         hooks={"prestart": [_hook(setup_dir)],
-                                "poststop": [{**_hook(setup_dir), "args": ["nvc-py-hook", "poststop"]}]},
-                         id_map=(HOST_ID, SIZE))
+    bundle = make_bundle(
+        dir,
+        rootfs,
+        args,
+        env={"NVIDIA_VISIBLE_DEVICES": "0", **(env or {})},
+        hooks={"prestart": [_hook(setup_dir)], "poststop": [{**_hook(setup_dir), "args": ["nvc-py-hook", "poststop"]}]},
+        id_map=(HOST_ID, SIZE),
+    )
     config = json.loads((bundle / "config.json").read_text())
     for mount in config["mounts"]:
         if mount["destination"] in ("/proc", "/sys"):
@@ -77,8 +87,9 @@ def _chown_to_mapped_range(rootfs: Path) -> None:
 
 
 @pytest.mark.parametrize("runtime_name", ["runc", "crun"])
-def test_userns_container_gets_gpu_owned_by_its_root(active_2gpu, runtime_name: str, debian_rootfs: Path,
-                                                     setup_dir: Path, tmp_path: Path) -> None:
+def test_userns_container_gets_gpu_owned_by_its_root(
+    active_2gpu, runtime_name: str, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
     """uid/gid maps 0 -> 100000 (65536), /dev a tmpfs, the rootfs owned by the mapped range: GPU 0, its
     nodes, the driver's libraries in the ld cache; the cache and /proc/driver/nvidia belong to uid 0
     inside (host 100000 outside), and the hook's own files on the host are unchanged."""
@@ -90,8 +101,9 @@ def test_userns_container_gets_gpu_owned_by_its_root(active_2gpu, runtime_name: 
     assert uuids(result.stdout) == [H100]
     lines = result.stdout.splitlines()
     assert [line for line in lines if line.startswith("nvidia")] == SEEN, result.stdout
-    assert any(line.startswith("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1")
-               for line in lines), result.stdout
+    assert any(
+        line.startswith("libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1") for line in lines
+    ), result.stdout
     assert "owner 0:0 /etc/ld.so.cache" in lines and "owner 0:0 /proc/driver/nvidia" in lines, result.stdout
     assert lines[-1] == "0"
     cache = (debian_rootfs / "etc/ld.so.cache").stat()
@@ -99,9 +111,9 @@ def test_userns_container_gets_gpu_owned_by_its_root(active_2gpu, runtime_name: 
 
 
 @pytest.mark.parametrize("runtime_name", ["runc", "crun"])
-def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(active_2gpu, runtime_name: str,
-                                                                       debian_rootfs: Path, setup_dir: Path,
-                                                                       tmp_path: Path) -> None:
+def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(
+    active_2gpu, runtime_name: str, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
     """The same container on a rootfs owned by host root (no idmapped mount): its own root cannot write
     its rootfs, nor can nvc-py's steps that run as that root. The start fails with one line naming the
     user namespace and what to do, on the runtime's stderr (not only in the hook log); nothing is
@@ -114,16 +126,19 @@ def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(active_2g
     lines = [line for line in result.stderr.splitlines() if "nvc-py-hook:" in line]
     assert len(lines) == 1, result.stderr
     assert "nvc-py-hook: mount error: cannot mount on /usr/bin/nvidia-smi: " in lines[0], lines[0]
-    assert (f"the container's root (host uid {HOST_ID}) cannot write there in its user namespace: the rootfs is "
-            "owned by a host uid that namespace does not map; give the container a rootfs owned by the "
-            "container's user namespace (chown it to its mapped range, or an idmapped mount)") in lines[0], lines[0]
+    assert (
+        f"the container's root (host uid {HOST_ID}) cannot write there in its user namespace: the rootfs is "
+        "owned by a host uid that namespace does not map; give the container a rootfs owned by the "
+        "container's user namespace (chown it to its mapped range, or an idmapped mount)"
+    ) in lines[0], lines[0]
     last = json.loads((setup_dir / "hook.log").read_text().splitlines()[-1])
     assert last["outcome"] == "error" and "user namespace" in last["error"]
     assert sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*")) == before
 
 
-def test_userns_ldconfig_failure_carries_ldconfigs_own_line(active_2gpu, runc: Runc, debian_rootfs: Path,
-                                                            setup_dir: Path, tmp_path: Path) -> None:
+def test_userns_ldconfig_failure_carries_ldconfigs_own_line(
+    active_2gpu, runc: Runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
     """The rootfs owned by the mapped range but its /etc by host root: every mount works, ldconfig
     (the container's root) cannot write its cache, and the error says what ldconfig said."""
     _chown_to_mapped_range(debian_rootfs)
@@ -132,27 +147,37 @@ def test_userns_ldconfig_failure_carries_ldconfigs_own_line(active_2gpu, runc: R
     result = runc.create_start(bundle)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "nvc-py-hook:" in line]
-    assert len(lines) == 1 and "nvc-py-hook: ldcache error: process /sbin/ldconfig failed with error code: 1: " \
-        "/sbin/ldconfig: Can't create temporary cache file /etc/ld.so.cache~: Permission denied" in lines[0], \
-        result.stderr
+    assert (
+        len(lines) == 1
+        and "nvc-py-hook: ldcache error: process /sbin/ldconfig failed with error code: 1: "
+        "/sbin/ldconfig: Can't create temporary cache file /etc/ld.so.cache~: Permission denied"
+        in lines[0]
+    ), result.stderr
 
 
-def test_userns_container_shares_the_gpu_within_its_limit(default_run_dir, active_2gpu, runc: Runc,
-                                                          debian_rootfs: Path, setup_dir: Path,
-                                                          tmp_path: Path) -> None:
+def test_userns_container_shares_the_gpu_within_its_limit(
+    default_run_dir, active_2gpu, runc: Runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
     """A sharing container (NVC_SHARE_MEMORY_LIMIT=4Gi) with a user namespace: the shim preloaded, its
     limits file read-only even to the container's root, NVML (the fake nvidia-smi) reporting the limit."""
     _chown_to_mapped_range(debian_rootfs)
-    script = ("head -1 /etc/ld.so.preload; grep memory_limit /var/run/nvc-share/limits; "
-              "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
-              "nvidia-smi --query-gpu=memory.total --format=csv,noheader")
-    bundle = _userns_bundle(tmp_path / "bundle", debian_rootfs, ["sh", "-c", script], setup_dir,
-                            env={"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
+    script = (
+        "head -1 /etc/ld.so.preload; grep memory_limit /var/run/nvc-share/limits; "
+        "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
+        "nvidia-smi --query-gpu=memory.total --format=csv,noheader"
+    )
+    bundle = _userns_bundle(
+        tmp_path / "bundle", debian_rootfs, ["sh", "-c", script], setup_dir, env={"NVC_SHARE_MEMORY_LIMIT": "4Gi"}
+    )
     result = runc.create_start(bundle)  # deleted after: poststop removes the sharing files
     assert result.returncode == 0, result.stderr
     assert os.listdir(share.STATE_DIR) == []
-    assert result.stdout.splitlines() == [sharing.CONTAINER_LIBRARY, f"memory_limit={4 << 30}", "read-only",
-                                          "4096 MiB"], result.stdout
+    assert result.stdout.splitlines() == [
+        sharing.CONTAINER_LIBRARY,
+        f"memory_limit={4 << 30}",
+        "read-only",
+        "4096 MiB",
+    ], result.stdout
 
 
 # podman --userns modes as root: podman's arguments -> the uid_map line the container shows. /proc is a
@@ -164,16 +189,22 @@ PODMAN_MODES = [
 
 
 @pytest.mark.parametrize(("args", "uid_map"), PODMAN_MODES, ids=["uidmap", "auto"])
-def test_podman_userns_modes(active_2gpu, podman, setup_dir: Path, tmp_path: Path, args: list[str],
-                             uid_map: str) -> None:
+def test_podman_userns_modes(
+    active_2gpu, podman, setup_dir: Path, tmp_path: Path, args: list[str], uid_map: str
+) -> None:
     """Rootful podman with a user namespace and nvc-py's hooks.d: GPU 0, its nodes and ld cache, the
     cache and /proc/driver/nvidia the container root's. `--userns=auto` takes its range from the user
     `containers` in /etc/subuid (here a file of the test's, seen there by podman alone)."""
     subids = tmp_path / "subids"
     subids.write_text("containers:200000:131072\n")
-    result = podman.run(podman.image(), ["sh", "-c", CHECK + "; cat /proc/self/uid_map"],
-                        env={"NVIDIA_VISIBLE_DEVICES": "0"}, extra_args=[*args, "-v", "/proc:/proc:rbind"],
-                        hooks_dirs=[setup_dir / "hooks.d"], subids=subids)
+    result = podman.run(
+        podman.image(),
+        ["sh", "-c", CHECK + "; cat /proc/self/uid_map"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        extra_args=[*args, "-v", "/proc:/proc:rbind"],
+        hooks_dirs=[setup_dir / "hooks.d"],
+        subids=subids,
+    )
     assert result.returncode == 0, result.stderr
     assert uuids(result.stdout) == [H100]
     lines = result.stdout.splitlines()
@@ -185,20 +216,25 @@ def test_podman_userns_modes(active_2gpu, podman, setup_dir: Path, tmp_path: Pat
 
 
 @pytest.mark.parametrize("mode", ["keep-id", "nomap"])
-def test_podman_rootless_only_userns_modes_are_podmans_refusal(active_2gpu, podman, setup_dir: Path,
-                                                              mode: str) -> None:
+def test_podman_rootless_only_userns_modes_are_podmans_refusal(active_2gpu, podman, setup_dir: Path, mode: str) -> None:
     """`--userns=keep-id` and `--userns=nomap` are rootless podman's: podman refuses them for root
     before any hook runs (docs/engines.md says what rootless podman can use instead: CDI)."""
     log = setup_dir / "hook.log"
     before = log.read_text() if log.exists() else ""
-    result = podman.run(podman.image(), ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                        extra_args=[f"--userns={mode}"], hooks_dirs=[setup_dir / "hooks.d"])
+    result = podman.run(
+        podman.image(),
+        ["true"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        extra_args=[f"--userns={mode}"],
+        hooks_dirs=[setup_dir / "hooks.d"],
+    )
     assert result.returncode == 125 and f"{mode} is only supported in rootless mode" in result.stderr, result.stderr
     assert (log.read_text() if log.exists() else "") == before
 
 
-def test_a_spec_joining_another_mount_namespace_is_refused_in_one_line(active_2gpu, runc: Runc, debian_rootfs: Path,
-                                                                      setup_dir: Path, tmp_path: Path) -> None:
+def test_a_spec_joining_another_mount_namespace_is_refused_in_one_line(
+    active_2gpu, runc: Runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
     """A GPU container whose spec joins an existing process's mount namespace (linux.namespaces[].path):
     one line naming it, not the rootfs's open failure; the hook has nothing to say about the same spec
     asking for no GPU."""
@@ -208,8 +244,9 @@ def test_a_spec_joining_another_mount_namespace_is_refused_in_one_line(active_2g
             time.sleep(0.005)
         outcomes = {}
         for name, env in (("gpu", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("plain", {})):
-            bundle = make_bundle(tmp_path / name, debian_rootfs, ["true"], env=env,
-                                 hooks={"prestart": [_hook(setup_dir)]})
+            bundle = make_bundle(
+                tmp_path / name, debian_rootfs, ["true"], env=env, hooks={"prestart": [_hook(setup_dir)]}
+            )
             config = json.loads((bundle / "config.json").read_text())
             for entry in config["linux"]["namespaces"]:
                 if entry["type"] == "mount":
@@ -221,7 +258,9 @@ def test_a_spec_joining_another_mount_namespace_is_refused_in_one_line(active_2g
         holder.wait()
     lines = [line for line in outcomes["gpu"].stderr.splitlines() if "nvc-py-hook:" in line]
     assert outcomes["gpu"].returncode != 0 and len(lines) == 1, outcomes["gpu"].stderr
-    assert (f"nvc-py-hook: container error: the container joins the mount namespace '/proc/{holder.pid}/ns/mnt' "
-            "of another process (linux.namespaces): nvc-py configures only a container with a mount namespace "
-            "of its own; give it one, or ask for no GPU") in lines[0], lines[0]
+    assert (
+        f"nvc-py-hook: container error: the container joins the mount namespace '/proc/{holder.pid}/ns/mnt' "
+        "of another process (linux.namespaces): nvc-py configures only a container with a mount namespace "
+        "of its own; give it one, or ask for no GPU"
+    ) in lines[0], lines[0]
     assert "nvc-py-hook" not in outcomes["plain"].stderr

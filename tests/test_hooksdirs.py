@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.fakegpus import H100, uuids as _uuids
+from harness.fakegpus import H100
+from harness.fakegpus import uuids as _uuids
 from harness.installed import SCRIPTS
 from nvc.errors import InputError
 from nvc.hook.setup import hooksdirs
@@ -52,8 +53,9 @@ def test_each_later_file_of_the_chain_replaces_the_list(tmp_path: Path) -> None:
     assert resolve(PODMAN, {}, str(tmp_path)).dirs == ("/f",)
     empty = _write(tmp_path, "/etc/containers/containers.conf.d/40-d.conf", "[engine]\nhooks_dir = []\n")
     assert resolve(PODMAN, {}, str(tmp_path)) == Resolved((DEFAULT_HOOKS_DIR,), empty)
-    assert "podman reads hooks from /usr/share/containers/oci/hooks.d (" in \
-        hooksdirs.described(PODMAN, resolve(PODMAN, {}, str(tmp_path)))
+    assert "podman reads hooks from /usr/share/containers/oci/hooks.d (" in hooksdirs.described(
+        PODMAN, resolve(PODMAN, {}, str(tmp_path))
+    )
 
 
 def test_containers_conf_replaces_the_chain_and_the_override_comes_last(tmp_path: Path) -> None:
@@ -77,12 +79,15 @@ def test_crio_reads_crio_conf_and_its_drop_ins(tmp_path: Path) -> None:
     assert resolve(PODMAN, {}, str(tmp_path)).dirs == (DEFAULT_HOOKS_DIR,)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("[engine\n", "not valid TOML"),
-    ('[engine]\nhooks_dir = "relative"\n', "engine.hooks_dir: expected a list of absolute directories"),
-    ("[engine]\nhooks_dir = [1]\n", "engine.hooks_dir: expected a list of absolute directories"),
-    ('\xff', "not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[engine\n", "not valid TOML"),
+        ('[engine]\nhooks_dir = "relative"\n', "engine.hooks_dir: expected a list of absolute directories"),
+        ("[engine]\nhooks_dir = [1]\n", "engine.hooks_dir: expected a list of absolute directories"),
+        ("\xff", "not UTF-8 text"),
+    ],
+)
 def test_a_file_the_engine_would_refuse_is_named(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.conf"
     path.write_bytes(text.encode("latin-1"))
@@ -100,8 +105,13 @@ def test_a_fifo_in_the_chain_is_refused_without_waiting(tmp_path: Path) -> None:
 
 
 def _nvc(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPTS / "nvc-py"), *args], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_HOOK_SOCKET": "none", **(env or {})})
+    return subprocess.run(
+        [str(SCRIPTS / "nvc-py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_HOOK_SOCKET": "none", **(env or {})},
+    )
 
 
 def test_setup_podman_warns_when_podman_will_not_read_the_hooks_dir(tmp_path: Path) -> None:
@@ -112,17 +122,25 @@ def test_setup_podman_warns_when_podman_will_not_read_the_hooks_dir(tmp_path: Pa
     env = {"CONTAINERS_CONF": str(own)}
     done = _nvc("setup", "podman", "--config", str(config), "--no-server", env=env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
-    assert done.stdout.splitlines()[:2] == [f"wrote {tmp_path}/read/oci-nvc-py-hook.json",
-                                           f"wrote {tmp_path}/read/oci-nvc-py-poststop.json"]
-    elsewhere = _nvc("setup", "podman", "--hooks-dir", str(tmp_path / "other"), "--config", str(config), "--no-server",
-                     env=env)
+    assert done.stdout.splitlines()[:2] == [
+        f"wrote {tmp_path}/read/oci-nvc-py-hook.json",
+        f"wrote {tmp_path}/read/oci-nvc-py-poststop.json",
+    ]
+    elsewhere = _nvc(
+        "setup", "podman", "--hooks-dir", str(tmp_path / "other"), "--config", str(config), "--no-server", env=env
+    )
     assert elsewhere.returncode == 0
-    assert elsewhere.stderr == (f"warning: podman reads hooks from {tmp_path}/read ({own}'s hooks_dir): it will not "
-                                f"read {tmp_path}/other\n")
+    assert elsewhere.stderr == (
+        f"warning: podman reads hooks from {tmp_path}/read ({own}'s hooks_dir): it will not read {tmp_path}/other\n"
+    )
     removed = _nvc("setup", "podman", "--hooks-dir", str(tmp_path / "other"), "--remove", env=env)
     assert sorted(removed.stdout.splitlines()) == sorted(
-        [*(f"removed {tmp_path}/{d}/oci-nvc-py-{f}.json" for d in ("read", "other") for f in ("hook", "poststop")),
-         f"removed {tmp_path}/read", f"removed {tmp_path}/other"])  # setup made them: gone with their files
+        [
+            *(f"removed {tmp_path}/{d}/oci-nvc-py-{f}.json" for d in ("read", "other") for f in ("hook", "poststop")),
+            f"removed {tmp_path}/read",
+            f"removed {tmp_path}/other",
+        ]
+    )  # setup made them: gone with their files
     crio = _nvc("setup", "crio", "--hooks-dir", str(tmp_path / "crio"), "--config", str(config), "--no-server")
     assert crio.returncode == 0 and "warning: CRI-O reads hooks from " in crio.stderr
     hook = json.loads((tmp_path / "crio" / "oci-nvc-py-hook.json").read_text())
@@ -145,21 +163,25 @@ def test_setup_podman_then_podman_with_its_own_defaults_sees_the_gpu(active_2gpu
     assert _nvc("setup", "podman", "--hooks-dir", str(legacy), "--config", str(config), "--no-server").returncode == 0
     image = podman.image()
     unread = podman.run(image, ["nvidia-smi", "-L"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks_dirs=None)
-    assert "nvidia-smi" in unread.stderr and not _uuids(unread.stdout)   # the earlier version's place: no GPU
+    assert "nvidia-smi" in unread.stderr and not _uuids(unread.stdout)  # the earlier version's place: no GPU
 
     done = _nvc("setup", "podman", "--config", str(config), "--no-server")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.splitlines()[:4] == [
-        f"wrote {DEFAULT_HOOKS_DIR}/oci-nvc-py-hook.json", f"wrote {DEFAULT_HOOKS_DIR}/oci-nvc-py-poststop.json",
+        f"wrote {DEFAULT_HOOKS_DIR}/oci-nvc-py-hook.json",
+        f"wrote {DEFAULT_HOOKS_DIR}/oci-nvc-py-poststop.json",
         f"removed {legacy}/oci-nvc-py-hook.json (moved to {DEFAULT_HOOKS_DIR})",
-        f"removed {legacy}/oci-nvc-py-poststop.json (moved to {DEFAULT_HOOKS_DIR})"]
+        f"removed {legacy}/oci-nvc-py-poststop.json (moved to {DEFAULT_HOOKS_DIR})",
+    ]
     seen = podman.run(image, ["nvidia-smi", "-L"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks_dirs=None)
     assert seen.returncode == 0, seen.stderr
     assert _uuids(seen.stdout) == [H100]
 
     removed = _nvc("setup", "podman", "--remove")
-    assert removed.stdout.splitlines() == [f"removed {DEFAULT_HOOKS_DIR}/oci-nvc-py-hook.json",
-                                           f"removed {DEFAULT_HOOKS_DIR}/oci-nvc-py-poststop.json",
-                                           *(f"removed {d}" for d in made)]  # and the directories setup made
+    assert removed.stdout.splitlines() == [
+        f"removed {DEFAULT_HOOKS_DIR}/oci-nvc-py-hook.json",
+        f"removed {DEFAULT_HOOKS_DIR}/oci-nvc-py-poststop.json",
+        *(f"removed {d}" for d in made),
+    ]  # and the directories setup made
     gone = podman.run(image, ["nvidia-smi", "-L"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks_dirs=None)
     assert "nvidia-smi" in gone.stderr and not _uuids(gone.stdout)

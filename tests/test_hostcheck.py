@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import hostcheck
+
 from harness.hostile import nvc_processes
 
 TESTS = Path(__file__).resolve().parent
@@ -31,8 +32,11 @@ def test_changes_name_what_appeared_and_vanished_and_what_was_written(tmp_path: 
     log.write_text("a line\n")
 
     def snapshot() -> hostcheck.HostState:
-        return hostcheck.snapshot((str(run), str(tmp_path / "run-runc")),
-                                  {str(tmp): hostcheck.TMP_PREFIXES, str(cache): ("",)}, (str(log), str(tmp / "gone")))
+        return hostcheck.snapshot(
+            (str(run), str(tmp_path / "run-runc")),
+            {str(tmp): hostcheck.TMP_PREFIXES, str(cache): ("",)},
+            (str(log), str(tmp / "gone")),
+        )
 
     before = snapshot()
     (run / "config-cache.json").unlink()
@@ -48,9 +52,14 @@ def test_changes_name_what_appeared_and_vanished_and_what_was_written(tmp_path: 
         f.write("a hook's line\n")
     after = snapshot()
     assert hostcheck.changes(before, after) == [
-        f"{run}/share/c2: left behind", f"{run}/config-cache.json: removed", f"{tmp_path / 'run-runc'}: created",
-        f"{tmp}/nvc-fake-dev-x: left behind", f"{tmp}/pytest-of-root/pytest-2: left behind",
-        f"{cache}/blob-cache: left behind", f"{log}: written to"]
+        f"{run}/share/c2: left behind",
+        f"{run}/config-cache.json: removed",
+        f"{tmp_path / 'run-runc'}: created",
+        f"{tmp}/nvc-fake-dev-x: left behind",
+        f"{tmp}/pytest-of-root/pytest-2: left behind",
+        f"{cache}/blob-cache: left behind",
+        f"{log}: written to",
+    ]
     assert hostcheck.changes(after, after) == []
 
 
@@ -69,13 +78,26 @@ def test_a_hook_with_the_default_configuration_logs_in_the_session(session_dir: 
     """The hook's default log, /var/log/nvc-py.log, is the session's file: the host's is not written to."""
     bundle = tmp_path / "bundle"
     (bundle / "rootfs").mkdir(parents=True)
-    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "root": {"path": "rootfs"},
-                                                    "process": {"args": ["true"], "cwd": "/", "env": ["PATH=/bin"]}}))
-    state = json.dumps({"ociVersion": "1.0.2", "id": "default-log", "status": "creating", "pid": os.getpid(),
-                        "bundle": str(bundle)})
-    result = subprocess.run([str(SCRIPTS / "nvc-py-hook"), "prestart"], input=state, capture_output=True, text=True,
-                            timeout=60, env={"PATH": os.environ["PATH"], "NVC_PY_CONFIG": str(tmp_path / "none.yaml"),
-                                             "NVC_PY_HOOK_SOCKET": "none"})
+    (bundle / "config.json").write_text(
+        json.dumps(
+            {
+                "ociVersion": "1.0.2",
+                "root": {"path": "rootfs"},
+                "process": {"args": ["true"], "cwd": "/", "env": ["PATH=/bin"]},
+            }
+        )
+    )
+    state = json.dumps(
+        {"ociVersion": "1.0.2", "id": "default-log", "status": "creating", "pid": os.getpid(), "bundle": str(bundle)}
+    )
+    result = subprocess.run(
+        [str(SCRIPTS / "nvc-py-hook"), "prestart"],
+        input=state,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "NVC_PY_CONFIG": str(tmp_path / "none.yaml"), "NVC_PY_HOOK_SOCKET": "none"},
+    )
     assert result.returncode == 0, result.stderr
     lines = (Path(session_dir) / "var-log" / "nvc-py.log").read_text().splitlines()
     assert '"container":"default-log"' in lines[-1] and '"outcome":"no-gpu"' in lines[-1]
@@ -86,16 +108,23 @@ def test_only_the_sessions_own_processes_are_judged(session_dir: str, tmp_path: 
     on the machine) is not the session's; one whose environment names its directory is, and so is
     what runs below it."""
     foreign = subprocess.Popen([sys.executable, "-c", HELPER_LOOKALIKE], env={}, cwd="/")
-    own = subprocess.Popen(["sh", "-c", f"{sys.executable} -c \"{HELPER_LOOKALIKE}\"; true"],
-                           env={"NVC_PY_CONFIG": str(tmp_path / "config.yaml")}, cwd="/")
+    own = subprocess.Popen(
+        ["sh", "-c", f'{sys.executable} -c "{HELPER_LOOKALIKE}"; true'],
+        env={"NVC_PY_CONFIG": str(tmp_path / "config.yaml")},
+        cwd="/",
+    )
     try:
         deadline = time.monotonic() + 10
-        while len(found := nvc_processes(session_dir)) < 1 or \
-                Path(f"/proc/{foreign.pid}/comm").read_text().strip() != "nvc:[driver]":
+        while (
+            len(found := nvc_processes(session_dir)) < 1
+            or Path(f"/proc/{foreign.pid}/comm").read_text().strip() != "nvc:[driver]"
+        ):
             assert time.monotonic() < deadline, found
             time.sleep(0.05)
         assert len(found) == 1 and str(foreign.pid) not in [line.split()[0] for line in found], found
-        assert own.pid in hostcheck.own_processes(session_dir) and foreign.pid not in hostcheck.own_processes(session_dir)
+        assert own.pid in hostcheck.own_processes(session_dir) and foreign.pid not in hostcheck.own_processes(
+            session_dir
+        )
     finally:
         for process in (foreign, own):
             process.kill()
@@ -118,14 +147,30 @@ def test_a_session_that_leaves_a_file_in_tmp_fails(tmp_path: Path) -> None:
     """A nested session with this suite's conftest, whose one test passes but leaves a directory in
     /tmp: the run fails, naming it."""
     leak = Path("/tmp") / f"nvc-leak-{os.getpid()}"
-    (tmp_path / "test_leaky.py").write_text(
-        f"import os\ndef test_leaks():\n    os.mkdir({str(leak)!r})\n")
+    (tmp_path / "test_leaky.py").write_text(f"import os\ndef test_leaks():\n    os.mkdir({str(leak)!r})\n")
     try:
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
-                                 "--basetemp", str(tmp_path / "basetemp"), "--rootdir", str(tmp_path),
-                                 str(tmp_path / "test_leaky.py")],
-                                capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                                env={**os.environ, "PYTHONPATH": str(TESTS)})
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "conftest",
+                "--basetemp",
+                str(tmp_path / "basetemp"),
+                "--rootdir",
+                str(tmp_path),
+                str(tmp_path / "test_leaky.py"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(TESTS)},
+        )
     finally:
         if leak.exists():
             leak.rmdir()
@@ -139,12 +184,30 @@ def test_a_session_that_leaves_a_process_running_fails(tmp_path: Path) -> None:
     session's directory): the run fails, naming it."""
     (tmp_path / "test_leaky.py").write_text(
         "import subprocess\ndef test_leaks(tmp_path):\n"
-        "    subprocess.Popen(['sleep', '30'], env={'WORK': str(tmp_path)}, start_new_session=True)\n")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
-                             "--basetemp", str(tmp_path / "basetemp"), "--rootdir", str(tmp_path),
-                             str(tmp_path / "test_leaky.py")],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(TESTS)})
+        "    subprocess.Popen(['sleep', '30'], env={'WORK': str(tmp_path)}, start_new_session=True)\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "conftest",
+            "--basetemp",
+            str(tmp_path / "basetemp"),
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_leaky.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
     for pid, command in hostcheck.own_processes(str(tmp_path / "basetemp")).items():
         if command.startswith("sleep 30"):
             os.kill(pid, 9)

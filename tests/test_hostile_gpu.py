@@ -21,8 +21,17 @@ import pytest
 
 from harness.bundle import make_bundle
 from harness.gpufixtures import crun, gpu_driver  # noqa: F401 - fixtures
-from harness.hostile import (CASES, PARTIAL_LDCONFIG, device_digest, kill_during_ldconfig, nvc_processes, plant,
-                             plant_fifo_include, scratch_block_device, tree)
+from harness.hostile import (
+    CASES,
+    PARTIAL_LDCONFIG,
+    device_digest,
+    kill_during_ldconfig,
+    nvc_processes,
+    plant,
+    plant_fifo_include,
+    scratch_block_device,
+    tree,
+)
 from harness.runtime import Runc
 from harness.standins import target_process, user_process  # noqa: F401 - fixtures
 
@@ -40,8 +49,7 @@ def block(tmp_path: Path):
 
 def _summary(case: str, outcome: str, unchanged: bool | None, left: list[str], seconds: float) -> None:
     shown = "n/a" if unchanged is None else "yes" if unchanged else "no"
-    print(f"HOSTILE {case} outcome={outcome} device-unchanged={shown} processes-left={len(left)} "
-          f"seconds={seconds:.1f}")
+    print(f"HOSTILE {case} outcome={outcome} device-unchanged={shown} processes-left={len(left)} seconds={seconds:.1f}")
 
 
 def _crun_start(crun: Runc, rootfs: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -49,10 +57,14 @@ def _crun_start(crun: Runc, rootfs: Path, tmp_path: Path) -> tuple[subprocess.Co
     (crun, unlike runc, does not pass a failing hook's stderr on)."""
     config = tmp_path / "config.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         hooks={"prestart": [hook]})
+    hook = {
+        "path": str(SCRIPTS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"],
+    }
+    bundle = make_bundle(
+        tmp_path / "bundle", rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks={"prestart": [hook]}
+    )
     started = time.monotonic()
     result = crun.create_start(bundle, timeout=60)
     seconds = time.monotonic() - started
@@ -105,31 +117,63 @@ def test_killed_configure_leaves_no_process(gpu_driver, make_rootfs, request, ow
     plant_fifo_include(rootfs)
     started = time.monotonic()
     # --no-cgroups: the stand-in shares pytest's cgroup, which a device filter would lock out of /dev.
-    below, still = kill_during_ldconfig([NVC, "configure", f"--pid={target_process}", "--no-cgroups", "--device=0",
-                                         "--compute", "--utility", str(rootfs)], 20)
+    below, still = kill_during_ldconfig(
+        [
+            NVC,
+            "configure",
+            f"--pid={target_process}",
+            "--no-cgroups",
+            "--device=0",
+            "--compute",
+            "--utility",
+            str(rootfs),
+        ],
+        20,
+    )
     left = nvc_processes(session_dir)
-    _summary(f"kill-9-{owner}", f"killed-with-{len(below)}-below", None, left + [str(p) for p in still],
-             time.monotonic() - started)
+    _summary(
+        f"kill-9-{owner}",
+        f"killed-with-{len(below)}-below",
+        None,
+        left + [str(p) for p in still],
+        time.monotonic() - started,
+    )
     assert not still and not left
 
 
 def test_late_failure_leaves_the_rootfs_as_before(gpu_driver, make_rootfs, target_process, tmp_path, session_dir):
     """An ldconfig that replaced the cache and added a link, then failed: everything undone."""
     (tmp_path / "partial.c").write_text(PARTIAL_LDCONFIG)
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(tmp_path / "ldconfig"), str(tmp_path / "partial.c")],
-                   check=True)
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(tmp_path / "ldconfig"), str(tmp_path / "partial.c")], check=True)
     rootfs = make_rootfs(name="hostile")
     before = tree(rootfs)
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
     started = time.monotonic()
 
-    result = subprocess.run([NVC, "configure", f"--pid={target_process}", "--no-cgroups",
-                             f"--ldconfig=@{tmp_path / 'ldconfig'}", "--device=0", "--compute", "--utility",
-                             str(rootfs)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            NVC,
+            "configure",
+            f"--pid={target_process}",
+            "--no-cgroups",
+            f"--ldconfig=@{tmp_path / 'ldconfig'}",
+            "--device=0",
+            "--compute",
+            "--utility",
+            str(rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
 
     same = tree(rootfs) == before and Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
     left = nvc_processes(session_dir)
-    _summary("rollback", f"rc={result.returncode} rootfs-as-before={'yes' if same else 'no'}", None, left,
-             time.monotonic() - started)
+    _summary(
+        "rollback",
+        f"rc={result.returncode} rootfs-as-before={'yes' if same else 'no'}",
+        None,
+        left,
+        time.monotonic() - started,
+    )
     assert result.returncode == 10 and "failed with error code: 1" in result.stderr, result.stderr
     assert same and not left

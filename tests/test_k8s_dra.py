@@ -12,16 +12,18 @@ import json
 from pathlib import Path
 
 from harness.deviceplugin import in_child
-from harness.dra import DRIVER, NODE, call, registered
-from harness.dra import api_server, kubelet_dir, run_driver  # noqa: F401  (fixtures)
+from harness.dra import DRIVER, NODE, api_server, call, kubelet_dir, registered, run_driver  # noqa: F401  (fixtures)
 from harness.fakegpus import A100, DRIVER_VERSION, H100, MIG_2G, MIG_3G
 
 GIB = 1 << 30
 
 
 def _attributes(slices: list[dict]) -> dict[str, dict]:
-    return {d["name"]: {k: next(iter(v.values())) for k, v in d["attributes"].items()}
-            for s in slices for d in s["spec"]["devices"]}
+    return {
+        d["name"]: {k: next(iter(v.values())) for k, v in d["attributes"].items()}
+        for s in slices
+        for d in s["spec"]["devices"]
+    }
 
 
 def test_registers_and_publishes_the_nodes_devices(active_2gpu, kubelet_dir: Path, run_driver, api_server) -> None:
@@ -30,15 +32,23 @@ def test_registers_and_publishes_the_nodes_devices(active_2gpu, kubelet_dir: Pat
     run = run_driver(active_2gpu.root)
     run.wait_log(r"published 3 devices(.*\n)*.*serving " + DRIVER)
     info = in_child(registered, kubelet_dir)
-    assert info == {"type": "DRAPlugin", "name": DRIVER, "endpoint": str(kubelet_dir / "plugins" / DRIVER / "dra.sock"),
-                    "versions": ["v1.DRAPlugin"]}
+    assert info == {
+        "type": "DRAPlugin",
+        "name": DRIVER,
+        "endpoint": str(kubelet_dir / "plugins" / DRIVER / "dra.sock"),
+        "versions": ["v1.DRAPlugin"],
+    }
     run.wait_log(rf"the kubelet registered {DRIVER}")
     (published,) = api_server.slices()
     assert published["metadata"]["name"] == f"{NODE}-{DRIVER}-0"
     assert published["metadata"]["ownerReferences"][0]["kind"] == "Node"
     spec = published["spec"]
     assert (spec["driver"], spec["nodeName"], spec["pool"]["name"], spec["pool"]["resourceSliceCount"]) == (
-        DRIVER, NODE, NODE, 1)
+        DRIVER,
+        NODE,
+        NODE,
+        1,
+    )
     found = _attributes([published])
     assert set(found) == {"gpu-0", "mig-1-0", "mig-1-1"}  # the MIG-enabled A100 is no whole device
     h100 = found["gpu-0"]
@@ -61,8 +71,9 @@ def test_registers_and_publishes_the_nodes_devices(active_2gpu, kubelet_dir: Pat
     assert again["spec"]["devices"] == spec["devices"] and again["spec"]["pool"]["generation"] >= generation
 
 
-def test_prepare_writes_the_claims_cdi_spec_and_survives_a_restart(active_2gpu, kubelet_dir: Path, run_driver,
-                                                                  api_server) -> None:
+def test_prepare_writes_the_claims_cdi_spec_and_survives_a_restart(
+    active_2gpu, kubelet_dir: Path, run_driver, api_server
+) -> None:
     """A claim of the H100 becomes a CDI spec of its own (the H100's device nodes, the driver's files and
     hooks from nvc-py's generator); a restarted driver answers it from its checkpoint (the API server
     no longer has it) and unprepares it: the spec goes; unpreparing again is no error."""
@@ -100,8 +111,9 @@ def _sharing(memory: object = "4Gi", **more: object) -> list[dict]:
     return [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}]
 
 
-def test_shared_claim_carries_its_limits_and_bad_ones_fail_alone(active_2gpu, kubelet_dir: Path, run_driver,
-                                                                 api_server) -> None:
+def test_shared_claim_carries_its_limits_and_bad_ones_fail_alone(
+    active_2gpu, kubelet_dir: Path, run_driver, api_server
+) -> None:
     """A claim with a GpuSharingConfig: its device as nvc-py's hook reads a share (the device and each limit
     as /dev/null volume mounts, the limits in the env), keyed by the device's UUID. A claim whose config is
     wrong, unknown or more than the device has, or that is not allocated, fails with the field named,
@@ -109,8 +121,9 @@ def test_shared_claim_carries_its_limits_and_bad_ones_fail_alone(active_2gpu, ku
     run = run_driver(active_2gpu.root, "{device-list-strategy: volume-mounts}")
     run.wait_log(r"serving " + DRIVER)
     endpoint = str(kubelet_dir / "plugins" / DRIVER / "dra.sock")
-    shared = api_server.add_claim("shared", ["gpu-0"], _sharing("4Gi", computeShare=50, weight=3,
-                                                               latencyClass="batch", backend="timeslice"))
+    shared = api_server.add_claim(
+        "shared", ["gpu-0"], _sharing("4Gi", computeShare=50, weight=3, latencyClass="batch", backend="timeslice")
+    )
     bad_size = api_server.add_claim("bad-size", ["mig-1-0"], _sharing("lots"))
     unknown = api_server.add_claim("unknown", ["mig-1-0"], _sharing("1Gi", memorylimit="2Gi"))
     too_big = api_server.add_claim("too-big", ["mig-1-1"], _sharing("100Gi"))
@@ -126,13 +139,18 @@ def test_shared_claim_carries_its_limits_and_bad_ones_fail_alone(active_2gpu, ku
     spec = json.loads((run_driver.cdi / f"{DRIVER}-claim_{shared[1]}.json").read_text())
     assert "containerEdits" not in spec  # the hook injects the GPU, its files and the shim
     (device,) = spec["devices"]
-    limits = {f"NVC_SHARE_MEMORY_LIMIT_{H100}": str(4 * GIB), f"NVC_SHARE_COMPUTE_{H100}": "50",
-              f"NVC_SHARE_WEIGHT_{H100}": "3", f"NVC_SHARE_PRIORITY_{H100}": "batch",
-              f"NVC_SHARE_BACKEND_{H100}": "timeslice"}
+    limits = {
+        f"NVC_SHARE_MEMORY_LIMIT_{H100}": str(4 * GIB),
+        f"NVC_SHARE_COMPUTE_{H100}": "50",
+        f"NVC_SHARE_WEIGHT_{H100}": "3",
+        f"NVC_SHARE_PRIORITY_{H100}": "batch",
+        f"NVC_SHARE_BACKEND_{H100}": "timeslice",
+    }
     assert sorted(device["containerEdits"]["env"]) == sorted(f"{k}={v}" for k, v in limits.items())
     mounts = device["containerEdits"]["mounts"]
     assert {m["hostPath"] for m in mounts} == {"/dev/null"}
     assert [m["containerPath"] for m in mounts] == [f"/var/run/nvidia-container-devices/{H100}"] + [
-        f"/var/run/nvidia-container-devices/share/{k}={v}" for k, v in sorted(limits.items())]
+        f"/var/run/nvidia-container-devices/share/{k}={v}" for k, v in sorted(limits.items())
+    ]
     assert in_child(call, endpoint, "unprepare", [shared, bad_size]) == {shared[1]: "", bad_size[1]: ""}
     assert list(run_driver.cdi.iterdir()) == []

@@ -24,8 +24,12 @@ from harness.k8scluster import IMAGE, NODE, Cluster, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
-SHOW = ["sh", "-c", "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || true; "
-        "grep -h memory_limit /var/run/nvc-share/limits 2>/dev/null || true"]
+SHOW = [
+    "sh",
+    "-c",
+    "nvidia-smi -L 2>&1; ls /dev | grep '^nvidia[0-9]' || true; "
+    "grep -h memory_limit /var/run/nvc-share/limits 2>/dev/null || true",
+]
 SLEEP = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait $!"]
 H100_CEL = f'device.attributes["{DRIVER}"].productName.startsWith("NVIDIA H100")'
 
@@ -36,8 +40,15 @@ def dra(k8s_cluster: Cluster, tmp_path: Path) -> Iterator[DriverRun]:
     its DeviceClasses applied and its ResourceSlice published; stopped at the end."""
     k8s_cluster.configure_nvc("accept-volume-mounts: true\nk8s: {device-list-strategy: volume-mounts}\n")
     k8s_cluster.kubectl("apply", "-f", str(REPO / "deploy/kubernetes/nvc-py-dra-deviceclasses.yaml"))
-    run = DriverRun(k8s_cluster.nvc_config, k8s_cluster.kubelet_dir, k8s_cluster.cdi_dir, k8s_cluster.kubeconfig,
-                    tmp_path / "dra-driver.log", node=NODE, wrap=k8s_cluster.node_command)
+    run = DriverRun(
+        k8s_cluster.nvc_config,
+        k8s_cluster.kubelet_dir,
+        k8s_cluster.cdi_dir,
+        k8s_cluster.kubeconfig,
+        tmp_path / "dra-driver.log",
+        node=NODE,
+        wrap=k8s_cluster.node_command,
+    )
     run.wait_log(rf"the kubelet registered {DRIVER}", timeout=60)
     wait_until("the node's ResourceSlice", lambda: k8s_cluster.get("resourceslices")["items"], 60)
     yield run
@@ -47,36 +58,66 @@ def dra(k8s_cluster: Cluster, tmp_path: Path) -> Iterator[DriverRun]:
 
 def _pod(namespace: str, name: str, command: list[str], claim: dict[str, str]) -> dict:
     """A pod with one claim, ``claim``: {"resourceClaimTemplateName": …} or {"resourceClaimName": …}."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
-                     "resourceClaims": [{"name": "gpu", **claim}],
-                     "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never", "command": command,
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "resourceClaims": [{"name": "gpu", **claim}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": command,
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
 
 
 def _claim_spec(expression: str, config: list[dict] | None = None) -> dict:
-    return {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER,
-                                                                 "selectors": [{"cel": {"expression": expression}}]}}],
-                        **({"config": config} if config else {})}}
+    return {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": {"expression": expression}}]},
+                }
+            ],
+            **({"config": config} if config else {}),
+        }
+    }
 
 
 def _template(namespace: str, name: str, expression: str) -> dict:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"spec": _claim_spec(expression)}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": _claim_spec(expression)},
+    }
 
 
 def _spec_files(cluster: Cluster) -> list[str]:
     return sorted(p.name for p in cluster.cdi_dir.glob(f"{DRIVER}-claim_*.json"))
 
 
-def test_a_template_claim_gets_the_gpu_its_cel_selects_and_goes_with_its_pod(k8s_cluster: Cluster,
-                                                                              dra: DriverRun) -> None:
+def test_a_template_claim_gets_the_gpu_its_cel_selects_and_goes_with_its_pod(
+    k8s_cluster: Cluster, dra: DriverRun
+) -> None:
     """The H100 by its product name: the pod sees it and nothing else; its claim's CDI spec is there while
     the pod runs and removed once the pod is deleted."""
     with k8s_cluster.namespace("dra") as ns:
-        k8s_cluster.apply(_template(ns, "h100", H100_CEL),
-                          _pod(ns, "sees", SHOW, {"resourceClaimTemplateName": "h100"}),
-                          _pod(ns, "holds", SLEEP, {"resourceClaimTemplateName": "h100"}))
+        k8s_cluster.apply(
+            _template(ns, "h100", H100_CEL),
+            _pod(ns, "sees", SHOW, {"resourceClaimTemplateName": "h100"}),
+            _pod(ns, "holds", SLEEP, {"resourceClaimTemplateName": "h100"}),
+        )
         k8s_cluster.wait_phase(ns, "sees", "Succeeded")
         out = k8s_cluster.logs(ns, "sees")
         assert uuids(out) == [H100] and "nvidia0" in out.split() and "nvidia1" not in out.split(), out
@@ -92,13 +133,25 @@ def test_a_template_claim_gets_the_gpu_its_cel_selects_and_goes_with_its_pod(k8s
 
 
 def test_two_pods_sharing_one_claim_each_see_its_memory_limit(k8s_cluster: Cluster, dra: DriverRun) -> None:
-    config = [{"opaque": {"driver": DRIVER, "parameters": {"apiVersion": f"{DRIVER}/v1alpha1",
-                                                           "kind": "GpuSharingConfig", "memoryLimit": "4Gi"}}}]
+    config = [
+        {
+            "opaque": {
+                "driver": DRIVER,
+                "parameters": {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuSharingConfig", "memoryLimit": "4Gi"},
+            }
+        }
+    ]
     with k8s_cluster.namespace("dra") as ns:
-        k8s_cluster.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                           "metadata": {"name": "shared", "namespace": ns}, "spec": _claim_spec(H100_CEL, config)},
-                          _pod(ns, "one", SHOW, {"resourceClaimName": "shared"}),
-                          _pod(ns, "two", SHOW, {"resourceClaimName": "shared"}))
+        k8s_cluster.apply(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "shared", "namespace": ns},
+                "spec": _claim_spec(H100_CEL, config),
+            },
+            _pod(ns, "one", SHOW, {"resourceClaimName": "shared"}),
+            _pod(ns, "two", SHOW, {"resourceClaimName": "shared"}),
+        )
         for name in ("one", "two"):
             k8s_cluster.wait_phase(ns, name, "Succeeded")
             out = k8s_cluster.logs(ns, name)
@@ -109,8 +162,10 @@ def test_two_pods_sharing_one_claim_each_see_its_memory_limit(k8s_cluster: Clust
 
 def test_a_claim_no_device_satisfies_leaves_its_pod_pending(k8s_cluster: Cluster, dra: DriverRun) -> None:
     with k8s_cluster.namespace("dra") as ns:
-        k8s_cluster.apply(_template(ns, "none", f'device.attributes["{DRIVER}"].productName == "NVIDIA B200"'),
-                          _pod(ns, "waits", SLEEP, {"resourceClaimTemplateName": "none"}))
+        k8s_cluster.apply(
+            _template(ns, "none", f'device.attributes["{DRIVER}"].productName == "NVIDIA B200"'),
+            _pod(ns, "waits", SLEEP, {"resourceClaimTemplateName": "none"}),
+        )
 
         def unschedulable() -> str | None:
             pod = k8s_cluster.pod(ns, "waits")

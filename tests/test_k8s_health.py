@@ -16,12 +16,11 @@ import signal
 import time
 from pathlib import Path
 
+from harness.deviceplugin import XID_FILE, PluginRun, in_child, kubelet, plugin_dir, run_plugin  # noqa: F401  (fixtures)
 from harness.fakegpus import A100, H100, MIG_2G, MIG_3G
-from harness.deviceplugin import XID_FILE, PluginRun, in_child, kubelet
-from harness.deviceplugin import plugin_dir, run_plugin  # noqa: F401  (fixtures)
-
 
 # ---------------------------------------------------------------- kubelet restarts, health, no NVML
+
 
 def _reregister(directory: Path) -> None:
     with kubelet(directory) as node:
@@ -72,8 +71,9 @@ def _health(directory: Path, xids: Path, log: Path) -> None:
             f.write(f"{uuid} {xid}\n")
 
     with kubelet(directory) as node:
-        gpu, mig_2g, mig_3g = (node.plugin(name) for name in ("nvidia.com/gpu", "nvidia.com/mig-2g.10gb",
-                                                                "nvidia.com/mig-3g.20gb"))
+        gpu, mig_2g, mig_3g = (
+            node.plugin(name) for name in ("nvidia.com/gpu", "nvidia.com/mig-2g.10gb", "nvidia.com/mig-3g.20gb")
+        )
         assert gpu.devices() == {H100: "Healthy"}
         wait_for(f"health: watching critical XIDs of {H100}, {A100}")
         inject(H100, 43)  # an application's own fault (k8s.ignored-xids): the GPU stays healthy
@@ -124,8 +124,10 @@ def test_no_nvml_is_one_line_and_no_crash(plugin_dir: Path, run_plugin, tmp_path
     time.sleep(3)  # three more tries
     assert run.process.poll() is None
     lines = [line for line in run.text().splitlines() if "NVML unavailable" in line]
-    assert len(lines) == 1 and lines[0].endswith("libnvidia-ml.so.1: cannot open shared object file: No such file or "
-                                                  "directory): advertising no devices; trying again every 1 s"), lines
+    assert len(lines) == 1 and lines[0].endswith(
+        "libnvidia-ml.so.1: cannot open shared object file: No such file or "
+        "directory): advertising no devices; trying again every 1 s"
+    ), lines
 
 
 def _published(run: PluginRun, want: dict[str, tuple[int, int]], timeout: float = 20) -> None:
@@ -147,8 +149,12 @@ def test_the_health_file_follows_what_the_kubelet_is_told(active_2gpu, plugin_di
     """The file `nvc-py exporter` reads: each resource's healthy and unhealthy count, every device unhealthy
     while NVML fails (its helper killed), healthy again once it answers; removed when the plugin stops."""
     run = run_plugin(active_2gpu.root, "{nvml-retry: 1}")
-    healthy = {"nvidia.com/gpu": (1, 0), "nvidia.com/mig-2g.10gb": (1, 0), "nvidia.com/mig-3g.20gb": (1, 0),
-               "nvc-py.io/gpu-share": (0, 0)}
+    healthy = {
+        "nvidia.com/gpu": (1, 0),
+        "nvidia.com/mig-2g.10gb": (1, 0),
+        "nvidia.com/mig-3g.20gb": (1, 0),
+        "nvc-py.io/gpu-share": (0, 0),
+    }
     _published(run, healthy)
     os.kill(_driver_helper(run.process.pid), signal.SIGKILL)
     _published(run, {name: (0, h + u) for name, (h, u) in healthy.items()})
@@ -161,8 +167,11 @@ def _driver_helper(plugin: int) -> int:
     """The plugin's NVML helper: its child named nvc:[driver]."""
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "nvc:[driver]" and \
-                    int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == plugin:
+            if (
+                entry.name.isdigit()
+                and (entry / "comm").read_text().strip() == "nvc:[driver]"
+                and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == plugin
+            ):
                 return int(entry.name)
         except OSError:
             continue
@@ -180,8 +189,7 @@ def _nvml_dies(directory: Path, plugin: int) -> None:
         assert again.devices(lambda d: d[H100] == "Healthy") == {H100: "Healthy"}
 
 
-def test_nvml_failing_later_makes_devices_unhealthy_until_it_answers(active_2gpu, plugin_dir: Path,
-                                                                      run_plugin) -> None:
+def test_nvml_failing_later_makes_devices_unhealthy_until_it_answers(active_2gpu, plugin_dir: Path, run_plugin) -> None:
     run = run_plugin(active_2gpu.root, "{nvml-retry: 1}")
     in_child(_nvml_dies, plugin_dir, run.process.pid)
     run.wait_log("NVML failed .*: every device unhealthy until it answers again")

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.k8splan import GIB, K8S, gpu as _gpu
-from nvc import config
-from nvc.model.devices import MigDevice
+from harness.k8splan import GIB, K8S
+from harness.k8splan import gpu as _gpu
+from nvc import config, containerenv
+from nvc.containerenv.sharing import share_env
 from nvc.errors import InputError
 from nvc.k8s import resources
 from nvc.k8s.health import Health
-from nvc import containerenv
-from nvc.containerenv.sharing import share_env
+from nvc.model.devices import MigDevice
 from nvc.plan.fromenv import gpu_request, parse_share_env
-
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(sysconfig.get_path("scripts"))
@@ -28,10 +27,13 @@ SCRIPTS = Path(sysconfig.get_path("scripts"))
 
 # ---------------------------------------------------------------- what is advertised
 
+
 def test_plan_whole_mig_and_shares() -> None:
-    mig = (MigDevice(0, 1, 0, "MIG-a", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"),
-           MigDevice(1, 2, 0, "MIG-b", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"),
-           MigDevice(2, 3, 0, "MIG-c", 5 * GIB, name="NVIDIA A100 MIG 1g.5gb"))
+    mig = (
+        MigDevice(0, 1, 0, "MIG-a", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"),
+        MigDevice(1, 2, 0, "MIG-b", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"),
+        MigDevice(2, 3, 0, "MIG-c", 5 * GIB, name="NVIDIA A100 MIG 1g.5gb"),
+    )
     gpus = (_gpu(0), _gpu(1, 40, mig), _gpu(2, 48))
     k8s = K8S._replace(share_gpus=("GPU-2",), share_slice="16Gi")
     planned = {r.name: r for r in resources.plan(gpus, k8s, numa=lambda bus: 1 if bus.endswith("01:00.0") else None)}
@@ -44,11 +46,14 @@ def test_plan_whole_mig_and_shares() -> None:
     assert planned["nvc-py.io/gpu-share"].socket == "nvc-py-nvc-py.io_gpu-share.sock"
 
 
-@pytest.mark.parametrize(("k8s", "message"), [
-    (K8S._replace(share_gpus=("7",)), "k8s.share-gpus: '7' is no GPU of this host"),
-    (K8S._replace(share_gpus=("all",), share_slice="1Mi"), "k8s.share-slice: 1Mi cuts GPU-0 into 81920 units"),
-    (K8S._replace(share_resource="nvidia.com/gpu"), "resource nvidia.com/gpu named twice"),
-])
+@pytest.mark.parametrize(
+    ("k8s", "message"),
+    [
+        (K8S._replace(share_gpus=("7",)), "k8s.share-gpus: '7' is no GPU of this host"),
+        (K8S._replace(share_gpus=("all",), share_slice="1Mi"), "k8s.share-slice: 1Mi cuts GPU-0 into 81920 units"),
+        (K8S._replace(share_resource="nvidia.com/gpu"), "resource nvidia.com/gpu named twice"),
+    ],
+)
 def test_plan_refuses_what_cannot_be_advertised(k8s: config.K8s, message: str) -> None:
     with pytest.raises(InputError, match=message):
         resources.plan((_gpu(0),), k8s)
@@ -64,6 +69,7 @@ def test_a_mig_device_without_a_profile_is_left_out_with_a_line() -> None:
 
 # ---------------------------------------------------------------- GetPreferredAllocation
 
+
 def _shares(*free: int) -> tuple[resources.Resource, list[str]]:
     gpus = tuple(_gpu(i, 8) for i in range(len(free)))
     share = resources.plan(gpus, K8S._replace(share_gpus=("all",)))[1]
@@ -71,13 +77,16 @@ def _shares(*free: int) -> tuple[resources.Resource, list[str]]:
     return share, available
 
 
-@pytest.mark.parametrize(("free", "size", "must", "want"), [
-    ((4, 2), 2, (), {"GPU-1": 2}),              # the tightest fit keeps GPU-0's four units together
-    ((4, 2), 3, (), {"GPU-0": 3}),
-    ((4, 2), 2, ("GPU-0::3",), {"GPU-0": 2}),   # the GPU already holding the container's units
-    ((4, 2), 5, (), {"GPU-0": 4, "GPU-1": 1}),  # no GPU holds 5: the fewest GPUs
-    ((1, 3, 3), 3, (), {"GPU-1": 3}),
-])
+@pytest.mark.parametrize(
+    ("free", "size", "must", "want"),
+    [
+        ((4, 2), 2, (), {"GPU-1": 2}),  # the tightest fit keeps GPU-0's four units together
+        ((4, 2), 3, (), {"GPU-0": 3}),
+        ((4, 2), 2, ("GPU-0::3",), {"GPU-0": 2}),  # the GPU already holding the container's units
+        ((4, 2), 5, (), {"GPU-0": 4, "GPU-1": 1}),  # no GPU holds 5: the fewest GPUs
+        ((1, 3, 3), 3, (), {"GPU-1": 3}),
+    ],
+)
 def test_shares_come_from_one_gpu(free: tuple[int, ...], size: int, must: tuple[str, ...], want: dict) -> None:
     share, available = _shares(*free)
     picked = resources.preferred(share, available, list(must), size, {})
@@ -91,8 +100,10 @@ def test_shares_come_from_one_gpu(free: tuple[int, ...], size: int, must: tuple[
 def test_whole_gpus_closest_by_topology() -> None:
     gpus = resources.plan(tuple(_gpu(i) for i in range(4)), K8S)[0]
     near = {("GPU-0", "GPU-1"): 10, ("GPU-2", "GPU-3"): 10}
-    topology = {a: {b: near.get((min(a, b), max(a, b)), 50) for b in ("GPU-0", "GPU-1", "GPU-2", "GPU-3") if b != a}
-                for a in ("GPU-0", "GPU-1", "GPU-2", "GPU-3")}
+    topology = {
+        a: {b: near.get((min(a, b), max(a, b)), 50) for b in ("GPU-0", "GPU-1", "GPU-2", "GPU-3") if b != a}
+        for a in ("GPU-0", "GPU-1", "GPU-2", "GPU-3")
+    }
     assert resources.preferred(gpus, ["GPU-0", "GPU-2", "GPU-3"], [], 2, topology) == ["GPU-2", "GPU-3"]
     assert resources.preferred(gpus, ["GPU-0", "GPU-2", "GPU-3"], [], 2, {}) == ["GPU-0", "GPU-2"]  # by index
     assert resources.preferred(gpus, ["GPU-1", "GPU-2", "GPU-3"], ["GPU-1"], 2, topology)[0] == "GPU-1"
@@ -104,7 +115,10 @@ def test_preferred_counts_an_id_given_twice_once_and_refuses_more_than_offered()
     gpus = resources.plan(tuple(_gpu(i) for i in range(3)), K8S)[0]
     topology = {a: {b: 10 for b in ("GPU-0", "GPU-1", "GPU-2") if b != a} for a in ("GPU-0", "GPU-1", "GPU-2")}
     for levels in (topology, {}):
-        assert resources.preferred(gpus, ["GPU-1", "GPU-1", "GPU-2"], ["GPU-2", "GPU-2"], 2, levels) == ["GPU-2", "GPU-1"]
+        assert resources.preferred(gpus, ["GPU-1", "GPU-1", "GPU-2"], ["GPU-2", "GPU-2"], 2, levels) == [
+            "GPU-2",
+            "GPU-1",
+        ]
         with pytest.raises(InputError, match="nvidia.com/gpu: 3 devices asked for, 2 offered"):
             resources.preferred(gpus, ["GPU-0", "GPU-2", "GPU-0"], [], 3, levels)
     share, available = _shares(2)
@@ -113,6 +127,7 @@ def test_preferred_counts_an_id_given_twice_once_and_refuses_more_than_offered()
 
 
 # ---------------------------------------------------------------- Allocate
+
 
 def test_allocate_refuses_a_unit_named_twice() -> None:
     """A share unit named twice would grant its memory twice (found by tests/fuzz/fuzz_device_plugin.py)."""
@@ -136,8 +151,10 @@ def test_a_whole_gpu_beside_shares_of_two_others_keeps_every_limit_on_its_own_gp
     first (a limit numbered by its position in the share's allocation did: the whole GPU got it)."""
     k8s = K8S._replace(share_gpus=("1", "2"), share_slice="2Gi", device_list_strategy="volume-mounts")
     whole, share = resources.plan((_gpu(0, 8), _gpu(1, 8), _gpu(2, 8)), k8s)[:2]
-    answers = [resources.allocate(whole, ["GPU-0"], k8s),
-               resources.allocate(share, ["GPU-2::0", "GPU-1::0", "GPU-1::1"], k8s)]
+    answers = [
+        resources.allocate(whole, ["GPU-0"], k8s),
+        resources.allocate(share, ["GPU-2::0", "GPU-1::0", "GPU-1::1"], k8s),
+    ]
     mounts = [{"destination": dest, "source": src} for answer in answers for dest, src, _ in answer.mounts]
     policy = containerenv.Policy(accept_volume_mounts=True, accept_envvar_when_unprivileged=False)
     asked = gpu_request({"NVIDIA_VISIBLE_DEVICES": "void"}, mounts, False, policy, [])
@@ -148,8 +165,13 @@ def test_a_whole_gpu_beside_shares_of_two_others_keeps_every_limit_on_its_own_gp
     from nvc.plan.share import limits_text
 
     assert limits_text(request).splitlines()[2:] == [
-        f"memory_limit.GPU-1={4 * GIB}", f"memory_limit.GPU-2={2 * GIB}", "compute_percent.GPU-1=50",
-        "compute_percent.GPU-2=25", "compute_weight.GPU-1=2", "compute_weight.GPU-2=1"]
+        f"memory_limit.GPU-1={4 * GIB}",
+        f"memory_limit.GPU-2={2 * GIB}",
+        "compute_percent.GPU-1=50",
+        "compute_percent.GPU-2=25",
+        "compute_weight.GPU-1=2",
+        "compute_weight.GPU-2=1",
+    ]
 
 
 def test_allocate_strategies_and_cdi() -> None:
@@ -157,11 +179,17 @@ def test_allocate_strategies_and_cdi() -> None:
     plain = resources.allocate(gpus, ["GPU-1", "GPU-0"], K8S)
     assert plain == resources.Answer({"NVIDIA_VISIBLE_DEVICES": "GPU-0,GPU-1"})
     mounted = resources.allocate(gpus, ["GPU-1"], K8S._replace(device_list_strategy="volume-mounts", cdi_devices=True))
-    assert mounted == resources.Answer({"NVIDIA_VISIBLE_DEVICES": "void"},
-                                       (("/var/run/nvidia-container-devices/GPU-1", "/dev/null", True),),
-                                       ("nvidia.com/gpu=GPU-1",))
-    read_back = gpu_request(mounted.envs, [{"destination": dest, "source": src} for dest, src, _ in mounted.mounts],
-                            False, containerenv.Policy(accept_volume_mounts=True))
+    assert mounted == resources.Answer(
+        {"NVIDIA_VISIBLE_DEVICES": "void"},
+        (("/var/run/nvidia-container-devices/GPU-1", "/dev/null", True),),
+        ("nvidia.com/gpu=GPU-1",),
+    )
+    read_back = gpu_request(
+        mounted.envs,
+        [{"destination": dest, "source": src} for dest, src, _ in mounted.mounts],
+        False,
+        containerenv.Policy(accept_volume_mounts=True),
+    )
     assert [s.text for s in read_back.selectors] == ["GPU-1"]  # the hook reads the plugin's mounts
 
 
@@ -183,6 +211,7 @@ def test_share_limits_travel_as_mounts_the_hook_believes_over_the_env() -> None:
 
 # ---------------------------------------------------------------- health
 
+
 def test_health_marks_clears_and_waits_for_nvml() -> None:
     health = Health(config.APPLICATION_XIDS, 10)
     gpu, mig = resources.Unit("GPU-0", "GPU-0", "GPU-0", 0), resources.Unit("MIG-a", "MIG-a", "GPU-0", 0)
@@ -194,7 +223,7 @@ def test_health_marks_clears_and_waits_for_nvml() -> None:
     assert not health.checked("GPU-0", False, 15) and health.due(24) == [] and health.due(25) == ["GPU-0"]
     assert not health.healthy(mig)  # its GPU is still unhealthy
     never = Health((), 0)
-    assert never.xid("GPU-0", 13, 0) and never.due(10 ** 9) == []
+    assert never.xid("GPU-0", 13, 0) and never.due(10**9) == []
 
 
 class _Nvml:
@@ -216,8 +245,12 @@ class _Nvml:
         self.nvml = self
 
     def call(self, name: str, *args: object) -> object:
-        return {"nvmlDeviceGetCount": lambda: 3, "nvmlDeviceGetHandleByIndex": lambda i: i,
-                "nvmlDeviceGetUUID": lambda h: f"GPU-{h}", "nvmlDeviceGetPciInfo": lambda h: self.Pci(h + 1)}[name](*args)
+        return {
+            "nvmlDeviceGetCount": lambda: 3,
+            "nvmlDeviceGetHandleByIndex": lambda i: i,
+            "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+            "nvmlDeviceGetPciInfo": lambda h: self.Pci(h + 1),
+        }[name](*args)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
         return 20 if {a, b} == {0, 1} else 50
@@ -235,7 +268,10 @@ def test_topology_counts_nvlinks_before_pci_levels() -> None:
     from nvc.rpc.nvml_events import topology
 
     levels = topology(_Nvml())
-    assert levels == {"GPU-0": {"GPU-1": -2, "GPU-2": 50}, "GPU-1": {"GPU-0": -2, "GPU-2": 50},
-                      "GPU-2": {"GPU-0": 50, "GPU-1": 50}}
+    assert levels == {
+        "GPU-0": {"GPU-1": -2, "GPU-2": 50},
+        "GPU-1": {"GPU-0": -2, "GPU-2": 50},
+        "GPU-2": {"GPU-0": 50, "GPU-1": 50},
+    }
     gpus = resources.plan(tuple(_gpu(i) for i in range(3)), K8S)[0]
     assert resources.preferred(gpus, ["GPU-2", "GPU-1", "GPU-0"], [], 2, levels) == ["GPU-0", "GPU-1"]

@@ -14,31 +14,54 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nvc.model.devices import Gpu, MigDevice
 from nvc.errors import InputError
+from nvc.model.devices import Gpu, MigDevice
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "gpu.nvc-py.io"
 GIB = 1 << 30
 H100 = Gpu(0, 0, "NVIDIA H100 80GB HBM3", "Nvidia", "GPU-aaaa", "00000000:3B:00.0", "9.0", 80 * GIB)
-A100 = Gpu(1, 1, "NVIDIA A100-SXM4-40GB", "Nvidia", "GPU-bbbb", "00000000:86:00.0", "8.0", 40 * GIB, True,
-           (MigDevice(0, 3, 0, "MIG-cccc", 10 * GIB, name="NVIDIA A100-SXM4-40GB MIG 2g.10gb"),))
+A100 = Gpu(
+    1,
+    1,
+    "NVIDIA A100-SXM4-40GB",
+    "Nvidia",
+    "GPU-bbbb",
+    "00000000:86:00.0",
+    "8.0",
+    40 * GIB,
+    True,
+    (MigDevice(0, 3, 0, "MIG-cccc", 10 * GIB, name="NVIDIA A100-SXM4-40GB MIG 2g.10gb"),),
+)
 
 # ---------------------------------------------------------------- the protocols (k8s.io/kubelet v0.34.2)
 
 DOCUMENTED = {
-    ("NodePrepareResourcesRequest", "claims"): 1, ("NodePrepareResourcesResponse", "claims"): 1,
-    ("NodePrepareResourceResponse", "devices"): 1, ("NodePrepareResourceResponse", "error"): 2,
-    ("Device", "request_names"): 1, ("Device", "pool_name"): 2, ("Device", "device_name"): 3,
-    ("Device", "cdi_device_ids"): 4, ("NodeUnprepareResourcesRequest", "claims"): 1,
-    ("NodeUnprepareResourcesResponse", "claims"): 1, ("NodeUnprepareResourceResponse", "error"): 1,
-    ("Claim", "namespace"): 1, ("Claim", "uid"): 2, ("Claim", "name"): 3,
-    ("PluginInfo", "type"): 1, ("PluginInfo", "name"): 2, ("PluginInfo", "endpoint"): 3,
-    ("PluginInfo", "supported_versions"): 4, ("RegistrationStatus", "plugin_registered"): 1,
+    ("NodePrepareResourcesRequest", "claims"): 1,
+    ("NodePrepareResourcesResponse", "claims"): 1,
+    ("NodePrepareResourceResponse", "devices"): 1,
+    ("NodePrepareResourceResponse", "error"): 2,
+    ("Device", "request_names"): 1,
+    ("Device", "pool_name"): 2,
+    ("Device", "device_name"): 3,
+    ("Device", "cdi_device_ids"): 4,
+    ("NodeUnprepareResourcesRequest", "claims"): 1,
+    ("NodeUnprepareResourcesResponse", "claims"): 1,
+    ("NodeUnprepareResourceResponse", "error"): 1,
+    ("Claim", "namespace"): 1,
+    ("Claim", "uid"): 2,
+    ("Claim", "name"): 3,
+    ("PluginInfo", "type"): 1,
+    ("PluginInfo", "name"): 2,
+    ("PluginInfo", "endpoint"): 3,
+    ("PluginInfo", "supported_versions"): 4,
+    ("RegistrationStatus", "plugin_registered"): 1,
     ("RegistrationStatus", "error"): 2,
 }
-METHODS = {"k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"],
-           "pluginregistration.Registration": ["GetInfo", "NotifyRegistrationStatus"]}
+METHODS = {
+    "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin": ["NodePrepareResources", "NodeUnprepareResources"],
+    "pluginregistration.Registration": ["GetInfo", "NotifyRegistrationStatus"],
+}
 
 
 def test_messages_and_services_are_the_kubelets() -> None:
@@ -56,13 +79,24 @@ def test_messages_and_services_are_the_kubelets() -> None:
 def test_generated_code_is_what_the_protos_give(tmp_path: Path) -> None:
     """dra_pb2*.py and registration_pb2*.py are protoc's output for the committed .proto (`make k8s-api`)."""
     protos = [str(REPO / "nvc/k8s/dra" / name) for name in ("dra.proto", "registration.proto")]
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO}", f"--python_out={tmp_path}",
-                    f"--grpc_python_out={tmp_path}", *protos], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{REPO}",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            *protos,
+        ],
+        check=True,
+    )
     for name in ("dra_pb2.py", "dra_pb2_grpc.py", "registration_pb2.py", "registration_pb2_grpc.py"):
         assert (tmp_path / "nvc/k8s/dra" / name).read_text() == (REPO / "nvc/k8s/dra" / name).read_text(), name
 
 
 # ---------------------------------------------------------------- devices and slices
+
 
 def test_devices_and_their_attributes() -> None:
     from nvc.k8s.dra import slices
@@ -102,19 +136,23 @@ def test_slices_change_only_when_the_devices_do() -> None:
 
 # ---------------------------------------------------------------- sharing parameters
 
+
 def _params(**fields: object) -> dict:
     return {"apiVersion": f"{DRIVER}/v1alpha1", "kind": "GpuSharingConfig", **fields}
 
 
-@pytest.mark.parametrize("fields, error", [
-    ({"memoryLimit": "4 GiB"}, r"x\.memoryLimit='4 GiB': not a size"),
-    ({"computeShare": 0}, r"x\.computeShare='0': not a percentage"),
-    ({"weight": 1001}, r"x\.weight='1001': not a weight"),
-    ({"weight": True}, r"x\.weight='True': not a number or string"),
-    ({"latencyClass": "Batch!"}, r"x\.latencyClass='Batch!': not a class name"),
-    ({"backend": "gang"}, r"x\.backend='gang': not one of timeslice, mps"),
-    ({"memory": "1Gi"}, r"x\.memory: unknown field"),
-])
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        ({"memoryLimit": "4 GiB"}, r"x\.memoryLimit='4 GiB': not a size"),
+        ({"computeShare": 0}, r"x\.computeShare='0': not a percentage"),
+        ({"weight": 1001}, r"x\.weight='1001': not a weight"),
+        ({"weight": True}, r"x\.weight='True': not a number or string"),
+        ({"latencyClass": "Batch!"}, r"x\.latencyClass='Batch!': not a class name"),
+        ({"backend": "gang"}, r"x\.backend='gang': not one of timeslice, mps"),
+        ({"memory": "1Gi"}, r"x\.memory: unknown field"),
+    ],
+)
 def test_bad_parameters_name_their_field(fields: dict, error: str) -> None:
     from nvc.k8s.dra import params
 
@@ -127,31 +165,52 @@ def test_bad_parameters_name_their_field(fields: dict, error: str) -> None:
 def test_the_claims_config_overrides_the_class_field_by_field() -> None:
     from nvc.k8s.dra import params
 
-    configs = [("class", {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": _params(
-                   memoryLimit="8Gi", weight=2)}}),
-               ("other", {"opaque": {"driver": "other.example.com", "parameters": {}}}),
-               ("claim", {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": _params(memoryLimit="2Gi")}}),
-               ("else", {"requests": ["nic"], "opaque": {"driver": DRIVER, "parameters": _params(weight=9)}})]
+    configs = [
+        (
+            "class",
+            {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": _params(memoryLimit="8Gi", weight=2)}},
+        ),
+        ("other", {"opaque": {"driver": "other.example.com", "parameters": {}}}),
+        ("claim", {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": _params(memoryLimit="2Gi")}}),
+        ("else", {"requests": ["nic"], "opaque": {"driver": DRIVER, "parameters": _params(weight=9)}}),
+    ]
     sharing = params.for_request(configs, "gpu", DRIVER)
     assert sharing == params.Sharing(memory=2 * GIB, weight=2)
     assert params.for_request(configs[1:2], "gpu", DRIVER) is None
     assert params.limits(sharing, "GPU-aaaa", 80 * GIB, "c") == {
-        "NVC_SHARE_MEMORY_LIMIT_GPU-aaaa": str(2 * GIB), "NVC_SHARE_WEIGHT_GPU-aaaa": "2"}
+        "NVC_SHARE_MEMORY_LIMIT_GPU-aaaa": str(2 * GIB),
+        "NVC_SHARE_WEIGHT_GPU-aaaa": "2",
+    }
 
 
 # ---------------------------------------------------------------- a claim's CDI spec
 
-NODE_SPEC = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-             "devices": [{"name": "GPU-aaaa", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}},
-                         {"name": "MIG-cccc", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}}],
-             "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "mounts": [{"containerPath": "/lib/x"}]}}
+NODE_SPEC = {
+    "cdiVersion": "0.5.0",
+    "kind": "nvidia.com/gpu",
+    "devices": [
+        {"name": "GPU-aaaa", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}},
+        {"name": "MIG-cccc", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia1"}]}},
+    ],
+    "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "mounts": [{"containerPath": "/lib/x"}]},
+}
 
 
-def _claim(uid: str = "u1", pool: str = "n1", devices: tuple[str, ...] = ("gpu-0",), config: list | None = None) -> dict:
-    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {
-        "results": [{"request": "r", "driver": DRIVER, "pool": pool, "device": d} for d in devices]
-        + [{"request": "nic", "driver": "net.example.com", "pool": "p", "device": "eth0"}],
-        "config": config or []}}}}
+def _claim(
+    uid: str = "u1", pool: str = "n1", devices: tuple[str, ...] = ("gpu-0",), config: list | None = None
+) -> dict:
+    return {
+        "metadata": {"uid": uid},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [{"request": "r", "driver": DRIVER, "pool": pool, "device": d} for d in devices]
+                    + [{"request": "nic", "driver": "net.example.com", "pool": "p", "device": "eth0"}],
+                    "config": config or [],
+                }
+            }
+        },
+    }
 
 
 def test_a_claims_spec_and_its_errors() -> None:
@@ -160,21 +219,38 @@ def test_a_claims_spec_and_its_errors() -> None:
     known = {d.name: d for d in slices.devices([H100, A100], "580.95.05", 13000)}
     ref = claims.ClaimRef("ns", "u1", "c")
     plan = claims.plan(_claim(devices=("gpu-0", "mig-1-0")), ref, DRIVER, "n1", known, NODE_SPEC, False)
-    assert plan.devices == (claims.Prepared(("r",), "n1", "gpu-0", (f"{DRIVER}/claim=u1-gpu-0",)),
-                            claims.Prepared(("r",), "n1", "mig-1-0", (f"{DRIVER}/claim=u1-mig-1-0",)))
-    assert plan.spec == {"cdiVersion": "0.5.0", "kind": f"{DRIVER}/claim", "containerEdits": NODE_SPEC["containerEdits"],
-                         "devices": [{"name": "u1-gpu-0", "containerEdits": NODE_SPEC["devices"][0]["containerEdits"]},
-                                     {"name": "u1-mig-1-0", "containerEdits": NODE_SPEC["devices"][1]["containerEdits"]}]}
+    assert plan.devices == (
+        claims.Prepared(("r",), "n1", "gpu-0", (f"{DRIVER}/claim=u1-gpu-0",)),
+        claims.Prepared(("r",), "n1", "mig-1-0", (f"{DRIVER}/claim=u1-mig-1-0",)),
+    )
+    assert plan.spec == {
+        "cdiVersion": "0.5.0",
+        "kind": f"{DRIVER}/claim",
+        "containerEdits": NODE_SPEC["containerEdits"],
+        "devices": [
+            {"name": "u1-gpu-0", "containerEdits": NODE_SPEC["devices"][0]["containerEdits"]},
+            {"name": "u1-mig-1-0", "containerEdits": NODE_SPEC["devices"][1]["containerEdits"]},
+        ],
+    }
     shared = [{"opaque": {"driver": DRIVER, "parameters": _params(memoryLimit="1Gi")}}]
-    mixed = claims.plan(_claim(devices=("gpu-0", "mig-1-0"), config=[{"requests": ["x"], **shared[0]}] + shared),
-                        ref, DRIVER, "n1", known, NODE_SPEC, False)
+    mixed = claims.plan(
+        _claim(devices=("gpu-0", "mig-1-0"), config=[{"requests": ["x"], **shared[0]}] + shared),
+        ref,
+        DRIVER,
+        "n1",
+        known,
+        NODE_SPEC,
+        False,
+    )
     # both shared, env strategy: the hook reads NVIDIA_VISIBLE_DEVICES, so it names them (not void)
     assert mixed.spec["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=GPU-aaaa,MIG-cccc"]}
     assert mixed.spec["devices"][1]["containerEdits"] == {"env": [f"NVC_SHARE_MEMORY_LIMIT_MIG-cccc={GIB}"]}
-    for claim, error in [(_claim(uid="u2"), "the API server has UID 'u2', the kubelet 'u1'"),
-                         (_claim(pool="n2"), "device 'gpu-0' of pool 'n2' is not this node's"),
-                         (_claim(devices=("gpu-9",)), "device 'gpu-9' is not one of this node's"),
-                         ({"metadata": {"uid": "u1"}}, "not allocated")]:
+    for claim, error in [
+        (_claim(uid="u2"), "the API server has UID 'u2', the kubelet 'u1'"),
+        (_claim(pool="n2"), "device 'gpu-0' of pool 'n2' is not this node's"),
+        (_claim(devices=("gpu-9",)), "device 'gpu-9' is not one of this node's"),
+        ({"metadata": {"uid": "u1"}}, "not allocated"),
+    ]:
         with pytest.raises(InputError, match=re.escape(f"claim ns/c: {error}")):
             claims.plan(claim, ref, DRIVER, "n1", known, NODE_SPEC, True)
 
@@ -184,8 +260,13 @@ def test_the_checkpoint_round_trips_and_refuses_junk(tmp_path: Path) -> None:
 
     path = str(tmp_path / "checkpoint.json")
     assert checkpoint.load(path) == {}
-    saved = {"u1": (claims.ClaimRef("ns", "u1", "c"), "/var/run/cdi/x.json",
-                    (claims.Prepared(("r",), "n1", "gpu-0", ("k/claim=u1-gpu-0",)),))}
+    saved = {
+        "u1": (
+            claims.ClaimRef("ns", "u1", "c"),
+            "/var/run/cdi/x.json",
+            (claims.Prepared(("r",), "n1", "gpu-0", ("k/claim=u1-gpu-0",)),),
+        )
+    }
     checkpoint.save(path, saved)
     assert checkpoint.load(path) == saved and (tmp_path / "checkpoint.json").stat().st_mode & 0o777 == 0o600
     (tmp_path / "checkpoint.json").write_text('{"version": 1, "claims": {"u1": {}}}')
@@ -194,6 +275,7 @@ def test_the_checkpoint_round_trips_and_refuses_junk(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- manifests
+
 
 def test_the_daemonset_runs_the_driver_with_what_it_needs() -> None:
     """The DaemonSet's flags are the command's; its role allows every request the driver makes; the
@@ -212,8 +294,13 @@ def test_the_daemonset_runs_the_driver_with_what_it_needs() -> None:
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     account = command[command.index("--service-account-dir") + 1]
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/host", "/host" + account}
-    rules = {(g, r, v) for rule in kinds["ClusterRole"]["rules"] for g in rule["apiGroups"]
-             for r in rule["resources"] for v in rule["verbs"]}
+    rules = {
+        (g, r, v)
+        for rule in kinds["ClusterRole"]["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     needed = {("resource.k8s.io", "resourceslices", v) for v in ("list", "create", "update", "delete")}
     assert needed | {("resource.k8s.io", "resourceclaims", "get"), ("", "nodes", "get")} <= rules
     classes = list(yaml.safe_load_all((REPO / "deploy/kubernetes/nvc-py-dra-deviceclasses.yaml").read_text()))

@@ -14,14 +14,17 @@ from pathlib import Path
 
 import yaml
 
-
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 
 
 def _help(*command: str) -> str:
-    return subprocess.run([str(SCRIPTS / "nvc-py"), *(command or ("k8s", "device-plugin")), "--help"], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        [str(SCRIPTS / "nvc-py"), *(command or ("k8s", "device-plugin")), "--help"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def test_help_documents_every_flag() -> None:
@@ -46,23 +49,50 @@ def _flags(argv: list[str]) -> list[str]:
 _LABELS = {str: str}
 _META = {"name": str, "namespace": str, "labels": _LABELS}
 _CONTAINER = {
-    "name": str, "image": str, "command": [str], "args": [str], "securityContext": {"privileged": bool},
+    "name": str,
+    "image": str,
+    "command": [str],
+    "args": [str],
+    "securityContext": {"privileged": bool},
     "ports": [{"name": str, "containerPort": int, "protocol": ("TCP", "UDP", "SCTP")}],
     "resources": {"requests": {"cpu": str, "memory": str}, "limits": {"cpu": str, "memory": str}},
-    "volumeMounts": [{"name": str, "mountPath": str, "readOnly": bool,
-                      "mountPropagation": ("None", "HostToContainer", "Bidirectional")}],
+    "volumeMounts": [
+        {
+            "name": str,
+            "mountPath": str,
+            "readOnly": bool,
+            "mountPropagation": ("None", "HostToContainer", "Bidirectional"),
+        }
+    ],
 }
 _POD = {
-    "priorityClassName": str, "hostNetwork": bool, "containers": [_CONTAINER],
-    "tolerations": [{"key": str, "operator": ("Exists", "Equal"), "value": str,
-                     "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute")}],
-    "volumes": [{"name": str, "hostPath": {"path": str, "type": ("", "Directory", "DirectoryOrCreate", "File",
-                                                                 "FileOrCreate", "Socket")}}],
+    "priorityClassName": str,
+    "hostNetwork": bool,
+    "containers": [_CONTAINER],
+    "tolerations": [
+        {
+            "key": str,
+            "operator": ("Exists", "Equal"),
+            "value": str,
+            "effect": ("NoSchedule", "PreferNoSchedule", "NoExecute"),
+        }
+    ],
+    "volumes": [
+        {
+            "name": str,
+            "hostPath": {"path": str, "type": ("", "Directory", "DirectoryOrCreate", "File", "FileOrCreate", "Socket")},
+        }
+    ],
 }
 _DAEMONSET = {
-    "apiVersion": ("apps/v1",), "kind": ("DaemonSet",), "metadata": _META,
-    "spec": {"selector": {"matchLabels": _LABELS}, "updateStrategy": {"type": ("RollingUpdate", "OnDelete")},
-             "template": {"metadata": _META, "spec": _POD}},
+    "apiVersion": ("apps/v1",),
+    "kind": ("DaemonSet",),
+    "metadata": _META,
+    "spec": {
+        "selector": {"matchLabels": _LABELS},
+        "updateStrategy": {"type": ("RollingUpdate", "OnDelete")},
+        "template": {"metadata": _META, "spec": _POD},
+    },
 }
 
 
@@ -75,8 +105,11 @@ def _schema_problems(value: object, schema: object, path: str = "") -> list[str]
             return [f"{path}: want an object"]
         problems: list[str] = []
         for key, item in value.items():
-            problems += (_schema_problems(item, schema[key], f"{path}.{key}") if key in schema
-                         else [f"{path}.{key}: unknown field"])
+            problems += (
+                _schema_problems(item, schema[key], f"{path}.{key}")
+                if key in schema
+                else [f"{path}.{key}: unknown field"]
+            )
         return problems
     if isinstance(schema, list):
         if not isinstance(value, list):
@@ -102,8 +135,12 @@ def test_daemonset_manifest_validates() -> None:
         assert {m["name"] for m in container["volumeMounts"]} <= {v["name"] for v in template["spec"]["volumes"]}
     kubectl = shutil.which("kubectl")
     if kubectl is not None:
-        typed = subprocess.run([kubectl, "set", "env", "--local", "-f", str(manifest), "NVC_PY_CHECKED=1", "-o",
-                                "json"], check=True, capture_output=True, text=True).stdout
+        typed = subprocess.run(
+            [kubectl, "set", "env", "--local", "-f", str(manifest), "NVC_PY_CHECKED=1", "-o", "json"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         assert _missing(original, json.loads(typed)) == []
     command = plugin["command"] + plugin.get("args", [])
     assert command[:5] == ["chroot", "/host", "/usr/local/bin/nvc-py", "k8s", "device-plugin"]
@@ -122,13 +159,14 @@ def test_daemonset_manifest_validates() -> None:
 def test_the_schema_check_finds_what_kubectl_would_refuse() -> None:
     manifest = yaml.safe_load((DEPLOY / "kubernetes/nvc-py-device-plugin.yaml").read_text())
     container = manifest["spec"]["template"]["spec"]["containers"][0]
-    container["volumeMount"] = container.pop("volumeMounts")                 # a misspelt field
-    container["securityContext"]["privileged"] = "yes"                      # a wrong type
-    manifest["spec"]["updateStrategy"]["type"] = "Rolling"                  # a value it does not take
+    container["volumeMount"] = container.pop("volumeMounts")  # a misspelt field
+    container["securityContext"]["privileged"] = "yes"  # a wrong type
+    manifest["spec"]["updateStrategy"]["type"] = "Rolling"  # a value it does not take
     assert sorted(_schema_problems(manifest, _DAEMONSET)) == [
         ".spec.template.spec.containers[0].securityContext.privileged: want bool",
         ".spec.template.spec.containers[0].volumeMount: unknown field",
-        ".spec.updateStrategy.type: 'Rolling' not one of ('RollingUpdate', 'OnDelete')"]
+        ".spec.updateStrategy.type: 'Rolling' not one of ('RollingUpdate', 'OnDelete')",
+    ]
 
 
 def _missing(original: object, decoded: object, path: str = "") -> list[str]:
@@ -156,10 +194,20 @@ def test_the_cli_loads_no_grpc_until_the_plugin_runs() -> None:
     """`nvc-py k8s --help` (and every other command) imports the k8s group only: no gRPC, no protobuf."""
     launcher = Path("/usr/lib/nvc-py/nvc-py-python")
     interpreter = launcher.read_text().splitlines()[0][2:].split(" ", 1)[0]
-    result = subprocess.run([interpreter, "-IS", "-X", "importtime", str(launcher), "k8s", "--help"],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [interpreter, "-IS", "-X", "importtime", str(launcher), "k8s", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "device-plugin" in result.stdout
-    imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "nvc.k8s.command" in imported
-    assert not {name for name in imported if name.split(".")[0] in ("grpc", "google") or name in
-                ("nvc.k8s.service", "nvc.k8s.daemon", "nvc.k8s.resources")}
+    assert not {
+        name
+        for name in imported
+        if name.split(".")[0] in ("grpc", "google")
+        or name in ("nvc.k8s.service", "nvc.k8s.daemon", "nvc.k8s.resources")
+    }

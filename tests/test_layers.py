@@ -44,12 +44,23 @@ HOOK_PACKAGES = ("nvc.hook.oci", "nvc.hook.server", "nvc.hook.setup")
 def test_hook_packages_import_down_and_no_private_names(module: str) -> None:
     """A hook package imports only the ones below it, and no ``_private`` name of another package."""
     own = next(i for i, package in enumerate(HOOK_PACKAGES) if module.startswith(package + ".") or module == package)
-    above = [dep for dep in GRAPH[module] for i, package in enumerate(HOOK_PACKAGES)
-             if i > own and (dep == package or dep.startswith(package + "."))]
+    above = [
+        dep
+        for dep in GRAPH[module]
+        for i, package in enumerate(HOOK_PACKAGES)
+        if i > own and (dep == package or dep.startswith(package + "."))
+    ]
     assert above == [], f"{module} imports a hook package above its own"
-    private = [f"{node.module}.{alias.name}" for node in ast.walk(ast.parse(MODULES[module].read_text()))
-               if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nvc.hook.")
-               and not node.module.startswith(HOOK_PACKAGES[own]) for alias in node.names if alias.name.startswith("_")]
+    private = [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(MODULES[module].read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and node.module
+        and node.module.startswith("nvc.hook.")
+        and not node.module.startswith(HOOK_PACKAGES[own])
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
     assert private == [], f"{module} imports another hook package's private names"
 
 
@@ -95,9 +106,11 @@ def test_no_import_circles() -> None:
 def test_the_check_sees_lazy_imports_and_circles(tmp_path: Path) -> None:
     """The checker itself: an import inside a function counts, a TYPE_CHECKING one does not."""
     source = tmp_path / "sample.py"
-    source.write_text("from typing import TYPE_CHECKING\nfrom nvc import errors\nif TYPE_CHECKING:\n"
-                      "    from nvc.pipeline.configure import plan\nelse:\n    import nvc.commands.cli\n"
-                      "def f():\n    from nvc.rpc import helper\n    import nvc.apply.applier\n")
+    source.write_text(
+        "from typing import TYPE_CHECKING\nfrom nvc import errors\nif TYPE_CHECKING:\n"
+        "    from nvc.pipeline.configure import plan\nelse:\n    import nvc.commands.cli\n"
+        "def f():\n    from nvc.rpc import helper\n    import nvc.apply.applier\n"
+    )
     assert imports(source) == {"nvc.errors", "nvc.commands.cli", "nvc.rpc.helper", "nvc.apply.applier"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
@@ -108,8 +121,10 @@ def test_the_installed_package_is_the_source_tree() -> None:
     import nvc
 
     installed = Path(nvc.__file__).parent
-    names = {".".join(("nvc", *p.relative_to(installed).with_suffix("").parts)).removesuffix(".__init__")
-             for p in installed.rglob("*.py")}
+    names = {
+        ".".join(("nvc", *p.relative_to(installed).with_suffix("").parts)).removesuffix(".__init__")
+        for p in installed.rglob("*.py")
+    }
     assert names == set(MODULES)
 
 
@@ -120,8 +135,12 @@ def test_the_core_never_imports_the_helpers_or_the_programs() -> None:
     outer = ("nvc.rpc", "nvc.pipeline", "nvc.commands", "nvc.hook")
     core = [m for m in MODULES if LAYERS[rank(m)][0] in ("base", "discover", "plan", "apply")]
     assert "nvc.apply.sharefiles" in core and "nvc.plan.mountplan" in core and "nvc.containerenv" in core
-    assert sorted(f"{m} -> {dep}" for m in core for dep in GRAPH[m]
-                  if any(dep == o or dep.startswith(o + ".") for o in outer)) == []
+    assert (
+        sorted(
+            f"{m} -> {dep}" for m in core for dep in GRAPH[m] if any(dep == o or dep.startswith(o + ".") for o in outer)
+        )
+        == []
+    )
 
 
 def test_the_contract_imports_nothing_of_the_plan() -> None:
@@ -134,20 +153,32 @@ def test_the_contract_imports_nothing_of_the_plan() -> None:
 # What a container may ask, by name: the NVIDIA_* variables (and legacy images' CUDA_VERSION), the
 # sharing ones (NVC_SHARE_*, HAMi's CUDA_DEVICE_*) and the device plugin's volume-mount paths.
 CONTRACT = "nvc.containerenv"
-_CONTRACT_NAMES = re.compile(r"(?<![A-Za-z0-9_])(?:NVIDIA_[A-Z]|NVC_SHARE_[A-Z]|CUDA_DEVICE_[A-Z]|CUDA_VERSION)|"
-                             r"nvidia-container-devices")
+_CONTRACT_NAMES = re.compile(
+    r"(?<![A-Za-z0-9_])(?:NVIDIA_[A-Z]|NVC_SHARE_[A-Z]|CUDA_DEVICE_[A-Z]|CUDA_VERSION)|"
+    r"nvidia-container-devices"
+)
 
 
 def contract_names(path: Path) -> list[str]:
     """The string literals of ``path`` (f-strings' parts too, docstrings not) that name a variable or
     a volume path of the container environment contract, with their line."""
     tree = ast.parse(path.read_text(), str(path))
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [f"{node.lineno}: {node.value!r}" for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-            and _CONTRACT_NAMES.search(node.value)]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and _CONTRACT_NAMES.search(node.value)
+    ]
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m != CONTRACT and not m.startswith(CONTRACT + ".")))
@@ -170,8 +201,12 @@ def f(env, uuid):
         "/var/run/nvidia-container-devices/" + uuid, f"{uuid}CUDA_DEVICE_SM_LIMIT", "nvc.containerenv"
 ''')
     assert [line.split(": ", 1)[1] for line in contract_names(source)] == [
-        "'NVIDIA_VISIBLE_DEVICES'", "'NVC_SHARE_MEMORY_LIMIT_'", "'CUDA_VERSION'",
-        "'/var/run/nvidia-container-devices/'", "'CUDA_DEVICE_SM_LIMIT'"]
+        "'NVIDIA_VISIBLE_DEVICES'",
+        "'NVC_SHARE_MEMORY_LIMIT_'",
+        "'CUDA_VERSION'",
+        "'/var/run/nvidia-container-devices/'",
+        "'CUDA_DEVICE_SM_LIMIT'",
+    ]
     assert contract_names(MODULES[CONTRACT]) != []  # the contract's own names are seen
 
 
@@ -190,7 +225,7 @@ def _leading_text(path: Path) -> str:
     if path.suffix == ".py":
         return ast.get_docstring(ast.parse(text, str(path))) or ""
     start = text.find("/*")
-    return text[start:text.find("*/", start)] if start != -1 else ""
+    return text[start : text.find("*/", start)] if start != -1 else ""
 
 
 def oversized(paths: list[Path], limit: int) -> list[str]:
@@ -211,11 +246,13 @@ FAKE_DRIVER = REPO / "tests" / "fakedriver"
 
 
 def _over_the_limits() -> list[str]:
-    return (oversized(sorted(MODULES.values()), MAX_PYTHON_LINES)
-            + oversized(sorted([*REPO.glob("tests/test_*.py"), *REPO.glob("tests/harness/*.py")]), MAX_PYTHON_LINES)
-            + oversized(sorted(FAKE_DRIVER.rglob("*.py")), MAX_PYTHON_LINES)
-            + oversized(sorted((REPO / "native").rglob("*.c")), MAX_C_LINES)
-            + oversized(sorted(FAKE_DRIVER.rglob("*.c")), MAX_C_LINES))
+    return (
+        oversized(sorted(MODULES.values()), MAX_PYTHON_LINES)
+        + oversized(sorted([*REPO.glob("tests/test_*.py"), *REPO.glob("tests/harness/*.py")]), MAX_PYTHON_LINES)
+        + oversized(sorted(FAKE_DRIVER.rglob("*.py")), MAX_PYTHON_LINES)
+        + oversized(sorted((REPO / "native").rglob("*.c")), MAX_C_LINES)
+        + oversized(sorted(FAKE_DRIVER.rglob("*.c")), MAX_C_LINES)
+    )
 
 
 def test_no_module_is_over_its_size() -> None:
@@ -227,19 +264,22 @@ def test_the_size_check_counts_lines_and_reads_the_reason(tmp_path: Path) -> Non
     (in a Python docstring, a C file's leading comment) lets a file be longer, the words elsewhere do
     not; generated code is not counted."""
     body = ["x = 1\n"] * MAX_PYTHON_LINES
-    cases = {"at.py": ['"""At the limit."""\n', *body[1:]],
-             "over.py": ['"""One line over."""\n', *body],
-             "reason.py": ['"""Long.\n', "\n", "One piece: the reason.\n", '"""\n', *body],
-             "comment.py": ['"""Long."""\n', "# One piece: not in the docstring\n", *body],
-             "generated.py": ["# Generated by a compiler.  DO NOT EDIT!\n", *body],
-             "over.c": ["/* One line over. */\n", *["int x;\n"] * MAX_C_LINES],
-             "reason.c": ["/* Long.\n", " *\n", " * One piece: the reason.\n", " */\n", *["int x;\n"] * MAX_C_LINES]}
+    cases = {
+        "at.py": ['"""At the limit."""\n', *body[1:]],
+        "over.py": ['"""One line over."""\n', *body],
+        "reason.py": ['"""Long.\n', "\n", "One piece: the reason.\n", '"""\n', *body],
+        "comment.py": ['"""Long."""\n', "# One piece: not in the docstring\n", *body],
+        "generated.py": ["# Generated by a compiler.  DO NOT EDIT!\n", *body],
+        "over.c": ["/* One line over. */\n", *["int x;\n"] * MAX_C_LINES],
+        "reason.c": ["/* Long.\n", " *\n", " * One piece: the reason.\n", " */\n", *["int x;\n"] * MAX_C_LINES],
+    }
     for name, lines in cases.items():
         (tmp_path / name).write_text("".join(lines))
     assert oversized(sorted(tmp_path.glob("*.py")), MAX_PYTHON_LINES) == [
-        f"{tmp_path}/comment.py: {MAX_PYTHON_LINES + 2} lines", f"{tmp_path}/over.py: {MAX_PYTHON_LINES + 1} lines"]
+        f"{tmp_path}/comment.py: {MAX_PYTHON_LINES + 2} lines",
+        f"{tmp_path}/over.py: {MAX_PYTHON_LINES + 1} lines",
+    ]
     assert oversized(sorted(tmp_path.glob("*.c")), MAX_C_LINES) == [f"{tmp_path}/over.c: {MAX_C_LINES + 1} lines"]
-
 
 
 # The container's process, read through /proc/PID by its handle only (nvc.apply.container), which
@@ -261,9 +301,12 @@ def _literal(node: ast.AST) -> str | None:
 
 def _builds_proc_path(node: ast.AST) -> bool:
     if isinstance(node, ast.JoinedStr):  # f"/proc/{pid}", f"{proc}/{pid}"
-        return any(text is not None and isinstance(value, ast.FormattedValue)
-                   and (text.endswith("/proc/") or text.endswith("/") and _pid_like(value.value))
-                   for text, value in ((_literal(a), b) for a, b in zip(node.values, node.values[1:])))
+        return any(
+            text is not None
+            and isinstance(value, ast.FormattedValue)
+            and (text.endswith("/proc/") or text.endswith("/") and _pid_like(value.value))
+            for text, value in ((_literal(a), b) for a, b in zip(node.values, node.values[1:]))
+        )
     if isinstance(node, ast.BinOp):  # "/proc/" + pid, "/proc/%d" % pid, base + "/" + pid, Path("/proc") / pid
         left = _literal(node.left) or ""
         if isinstance(node.op, ast.Add):
@@ -277,8 +320,11 @@ def _builds_proc_path(node: ast.AST) -> bool:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "format" and "/proc/{" in (_literal(func.value) or ""):
             return True
-        return (len(node.args) > 1 and _literal(node.args[0]) in ("/proc", "/proc/")
-                and any(_literal(arg) is None for arg in node.args[1:]))
+        return (
+            len(node.args) > 1
+            and _literal(node.args[0]) in ("/proc", "/proc/")
+            and any(_literal(arg) is None for arg in node.args[1:])
+        )
     return False
 
 
@@ -303,7 +349,7 @@ def test_the_proc_check_sees_every_way_of_building_the_path(tmp_path: Path) -> N
     """The checker itself: a pid put into a /proc path however it is spelt counts; /proc/self, fixed
     /proc files and a /proc path of a literal do not."""
     source = tmp_path / "sample.py"
-    source.write_text('''import os
+    source.write_text("""import os
 from pathlib import Path
 def f(pid, plan, proc, name):
     os.open(f"/proc/{pid}/ns/mnt", 0)
@@ -316,7 +362,7 @@ def f(pid, plan, proc, name):
     Path("/proc") / str(pid)
     open("/proc/self/mountinfo"), open(f"/proc/self/fd/{name}"), Path("/proc") / "driver/nvidia"
     os.path.join("/proc", "devices"), open("/proc/driver/nvidia/version")
-''')
+""")
     assert [line.split(": ", 1)[0] for line in proc_paths(source)] == ["4", "5", "6", "7", "8", "9", "10", "11"]
     assert proc_paths(MODULES[HANDLE]) != []  # the handle's own reading is seen
 
@@ -341,7 +387,9 @@ def quoted(cell: str) -> set[str]:
 def test_the_architecture_page_shows_the_layers() -> None:
     """Its layer table is LAYERS, entry for entry: a module placed here is placed there."""
     table = doc_table("Layers")
-    assert {layer: quoted(cells[0]) for layer, cells in table.items()} == {name: set(entries) for name, entries in LAYERS}
+    assert {layer: quoted(cells[0]) for layer, cells in table.items()} == {
+        name: set(entries) for name, entries in LAYERS
+    }
 
 
 def test_the_architecture_page_shows_what_each_process_keeps() -> None:
@@ -354,15 +402,19 @@ def test_the_architecture_page_shows_what_each_process_keeps() -> None:
 
     table = doc_table("The processes and what they keep")
     assert {name: cells[:3] for name, cells in table.items()} == {
-        row.process: [kept(row), row.root, row.identity] for row in confinement.TABLE}
+        row.process: [kept(row), row.root, row.identity] for row in confinement.TABLE
+    }
 
 
 def test_the_architecture_page_places_every_folder_and_native_file() -> None:
     """Every Python package folder and native/client are in its folder table; every C file of the shim
     is in the shim's table."""
     folders = set().union(*(quoted(name) for name in doc_table("Where each file sits")))
-    packages = {f"{path.parent.relative_to(REPO)}/" for path in REPO.glob("*/**/__init__.py")
-                if path.parent.relative_to(REPO).parts[0] in ("nvc", "rpc", "hook") and path.parent != REPO / "nvc"}
+    packages = {
+        f"{path.parent.relative_to(REPO)}/"
+        for path in REPO.glob("*/**/__init__.py")
+        if path.parent.relative_to(REPO).parts[0] in ("nvc", "rpc", "hook") and path.parent != REPO / "nvc"
+    }
     assert sorted((packages | {"native/", "native/client/"}) - folders) == []
     shim = set().union(*(quoted(name) for name in doc_table("The sharing shim (native/)")))
     assert sorted({path.name for path in (REPO / "native").glob("*.c")} - shim) == []
@@ -370,7 +422,9 @@ def test_the_architecture_page_places_every_folder_and_native_file() -> None:
 
 def test_the_page_check_reads_its_tables() -> None:
     """The checker itself: the rows under a heading, up to the next one; backquoted names only."""
-    text = "# T\n\n## A\n\n| x | y |\n|---|---|\n| one | `a`, `b` and c |\n| two | none |\n\n## B\n\n| z |\n|---|\n| q |\n"
+    text = (
+        "# T\n\n## A\n\n| x | y |\n|---|---|\n| one | `a`, `b` and c |\n| two | none |\n\n## B\n\n| z |\n|---|\n| q |\n"
+    )
     table = doc_table("A", text)
     assert table == {"one": ["`a`, `b` and c"], "two": ["none"]}
     assert quoted(table["one"][0]) == {"a", "b"}

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from nvc.errors import LdcacheError
 from nvc.apply.container import ContainerHandle
 from nvc.apply.ldconfig import run_ldconfig, start_ldconfig
-from nvc.system.confinement import SECCOMP_FILTERS, seccomp_cache_header
+from nvc.errors import LdcacheError
 from nvc.system.confinement import SECCOMP_CACHE as CACHES
+from nvc.system.confinement import SECCOMP_FILTERS, seccomp_cache_header
 
 SECCOMP_ALLOW, SECCOMP_CACHE = SECCOMP_FILTERS["ldconfig"], CACHES.format("ldconfig")
 
@@ -80,8 +80,9 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "probe": _gcc(tmp, PROBE_C, tmp / "probe", "-static", "-O1"),
         "exit3": _gcc(tmp, "int main(void) { return 3; }\n", tmp / "exit3", "-static"),
         "opener": _gcc(tmp, OPENER_C, tmp / "opener", "-static"),
-        "libfoo": _gcc(tmp, "int foo(void) { return 1; }\n", tmp / "libfoo.so.1.0", "-shared", "-fPIC",
-                       "-Wl,-soname,libfoo.so.1"),
+        "libfoo": _gcc(
+            tmp, "int foo(void) { return 1; }\n", tmp / "libfoo.so.1.0", "-shared", "-fPIC", "-Wl,-soname,libfoo.so.1"
+        ),
     }
 
 
@@ -110,15 +111,19 @@ def container() -> Iterator[ContainerHandle]:
 
 
 def _cache(root: Path) -> str:
-    return subprocess.run(["ldconfig", "-p", "-C", str(root / "etc" / "ld.so.cache")],
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["ldconfig", "-p", "-C", str(root / "etc" / "ld.so.cache")], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def test_ldconfig_failure_carries_its_own_line(root: Path, container: ContainerHandle) -> None:
     """ldconfig as an owner who cannot write /etc (a user namespace's root on a host root's rootfs):
     the error ends with what ldconfig itself said, not only its exit code."""
-    with pytest.raises(LdcacheError, match=r"failed with error code: 1: /sbin/ldconfig: Can't create temporary "
-                                           r"cache file /etc/ld\.so\.cache~: Permission denied$"):
+    with pytest.raises(
+        LdcacheError,
+        match=r"failed with error code: 1: /sbin/ldconfig: Can't create temporary "
+        r"cache file /etc/ld\.so\.cache~: Permission denied$",
+    ):
         run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(100000, 100000), handle=container)
     assert not (root / "etc/ld.so.cache").exists()
 
@@ -192,10 +197,17 @@ def test_sandbox_runs_a_memfd_copy_without_privileges(
     out = tmp_path / "out"
     errors: list[BaseException] = []
     with open(out, "w") as f:
+
         def run() -> None:
             try:
-                run_ldconfig(f"@{programs['probe']}", str(root), ["/opt/foo"], owner=(1000, 1001),
-                             handle=container, output_fd=f.fileno())
+                run_ldconfig(
+                    f"@{programs['probe']}",
+                    str(root),
+                    ["/opt/foo"],
+                    owner=(1000, 1001),
+                    handle=container,
+                    output_fd=f.fileno(),
+                )
             except BaseException as err:  # noqa: BLE001 - re-raised below in the test thread
                 errors.append(err)
 
@@ -224,7 +236,9 @@ def test_shell_wrapper_is_replaced_by_real_binary(root: Path, programs: dict[str
     wrapper.write_text('#!/bin/sh\nexec /sbin/ldconfig.real "$@"\n')
     wrapper.chmod(0o755)
     shutil.copy(programs["exit3"], tmp_path / "ldconfig.real")
-    with pytest.raises(LdcacheError, match=rf"^ldcache error: process {tmp_path}/ldconfig.real failed with error code: 3$"):
+    with pytest.raises(
+        LdcacheError, match=rf"^ldcache error: process {tmp_path}/ldconfig.real failed with error code: 3$"
+    ):
         run_ldconfig(f"@{wrapper}", str(root), [], owner=(0, 0))
 
 
@@ -252,10 +266,15 @@ def test_a_caller_that_may_not_make_a_pid_namespace_gets_one_error_and_no_proces
         "    os._exit(0 if os.getpid() != 1 else 1)\n"
         "print('child', os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))\n"
     )
-    result = subprocess.run(["capsh", "--drop=cap_sys_admin", "--", "-c", 'exec "$0" -c "$1"', sys.executable,
-                             program], capture_output=True, text=True, timeout=30)
-    assert result.stdout == "ldcache error: cannot make ldconfig's pid namespace: Operation not permitted\nchild 0\n", \
+    result = subprocess.run(
+        ["capsh", "--drop=cap_sys_admin", "--", "-c", 'exec "$0" -c "$1"', sys.executable, program],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.stdout == "ldcache error: cannot make ldconfig's pid namespace: Operation not permitted\nchild 0\n", (
         result.stderr
+    )
     assert not (root / "etc" / "ld.so.cache").exists() or "libfoo" not in _cache(root)
 
 
@@ -264,16 +283,19 @@ def test_missing_host_ldconfig_is_an_error(root: Path, tmp_path: Path) -> None:
         run_ldconfig(f"@{tmp_path}/nope", str(root), [], owner=(0, 0))
 
 
-def test_started_ahead_sees_mounts_made_before_run(root: Path, container: ContainerHandle, programs: dict[str, Path],
-                                                   tmp_path: Path) -> None:
+def test_started_ahead_sees_mounts_made_before_run(
+    root: Path, container: ContainerHandle, programs: dict[str, Path], tmp_path: Path
+) -> None:
     """configure forks the child before mounting: it must take its namespace copy only at run()."""
     pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/bar"], owner=(0, 0), handle=container)
     (root / "opt" / "bar").mkdir()
     src = tmp_path / "bar"
     src.mkdir()
     shutil.copy(programs["libfoo"], src / "libfoo.so.1.0")
-    subprocess.run(["nsenter", f"--mount=/proc/{container.pid}/ns/mnt", "mount", "--bind", str(src), str(root / "opt/bar")],
-                   check=True)
+    subprocess.run(
+        ["nsenter", f"--mount=/proc/{container.pid}/ns/mnt", "mount", "--bind", str(src), str(root / "opt/bar")],
+        check=True,
+    )
     assert pending.run() is True
     assert "libfoo.so.1 (libc6,x86-64) => /opt/bar/libfoo.so.1" in _cache(root)
     assert not any((root / "opt" / "bar").iterdir())  # the bind exists in the container's namespace only
@@ -290,8 +312,9 @@ def test_cancelled_run_changes_nothing(root: Path, container: ContainerHandle) -
         pending.run()
 
 
-def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_it(root: Path,
-                                                                                  container: ContainerHandle) -> None:
+def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_it(
+    root: Path, container: ContainerHandle
+) -> None:
     """configure starts ldconfig, programs the device cgroup meanwhile, then waits; a failure in
     between cancels the started run: the child is killed and reaped, never left behind."""
     pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
@@ -311,9 +334,14 @@ def test_started_run_runs_while_the_caller_works_and_a_cancel_after_start_reaps_
 
 
 @pytest.mark.parametrize("api", ["mount_setattr", "remount"])
-def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, container: ContainerHandle, programs: dict[str, Path],
-                                                             tmp_path: Path, api: str,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sandbox_cannot_open_a_device_node_of_the_image(
+    root: Path,
+    container: ContainerHandle,
+    programs: dict[str, Path],
+    tmp_path: Path,
+    api: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Its view of the rootfs is nodev: a node of the image (here /dev/null's 1:3) cannot be opened,
     even by root; whatever ldconfig reads or writes there, it cannot reach a device. Kernels
     without mount_setattr get a classic remount of the rootfs mount."""
@@ -331,19 +359,26 @@ def test_the_sandbox_cannot_open_a_device_node_of_the_image(root: Path, containe
     assert out.read_text() == f"fd=-1 errno={errno.EACCES}\n"
 
 
-@pytest.mark.parametrize(("name", "make", "what"), [
-    ("ld.so.cache~", lambda p: os.mknod(p, 0o600 | stat.S_IFBLK, os.makedev(7, 255)), "a block device"),
-    ("ld.so.conf", lambda p: os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 5)), "a character device"),
-    ("ld.so.conf", os.mkfifo, "a FIFO"),
-    ("ld.so.cache", os.mkfifo, "a FIFO"),
-    ("ld.so.conf.d/x.conf", os.mkfifo, "a FIFO"),
-])
-def test_ldconfig_files_that_are_not_regular_are_refused(root: Path, container: ContainerHandle, name: str, make, what: str
-                                                         ) -> None:
+@pytest.mark.parametrize(
+    ("name", "make", "what"),
+    [
+        ("ld.so.cache~", lambda p: os.mknod(p, 0o600 | stat.S_IFBLK, os.makedev(7, 255)), "a block device"),
+        ("ld.so.conf", lambda p: os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 5)), "a character device"),
+        ("ld.so.conf", os.mkfifo, "a FIFO"),
+        ("ld.so.cache", os.mkfifo, "a FIFO"),
+        ("ld.so.conf.d/x.conf", os.mkfifo, "a FIFO"),
+    ],
+)
+def test_ldconfig_files_that_are_not_regular_are_refused(
+    root: Path, container: ContainerHandle, name: str, make, what: str
+) -> None:
     (root / "etc" / "ld.so.conf.d").mkdir()
     make(root / "etc" / name)
-    with pytest.raises(LdcacheError, match=rf"^ldcache error: /etc/{name} in the image is {what}, not a regular "
-                                           "file$"):
+    with pytest.raises(
+        LdcacheError,
+        match=rf"^ldcache error: /etc/{name} in the image is {what}, not a regular "
+        "file$",
+    ):
         run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
     assert not (root / "etc" / "ld.so.cache").exists() or name == "ld.so.cache"
 
@@ -357,8 +392,11 @@ def test_a_run_that_blocks_is_killed_at_its_time_limit(root: Path, container: Co
     pending = start_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container, timeout=1)
     started = time.monotonic()
     pending.start()
-    with pytest.raises(LdcacheError, match=r"^ldcache error: process /sbin/ldconfig(.real)? timed out after 1 s "
-                                           r"\(killed\)$"):
+    with pytest.raises(
+        LdcacheError,
+        match=r"^ldcache error: process /sbin/ldconfig(.real)? timed out after 1 s "
+        r"\(killed\)$",
+    ):
         pending.wait()
     assert time.monotonic() - started < 3
     deadline = time.monotonic() + 2
@@ -400,7 +438,9 @@ def _plant_cache(data: bytes, mode: int = 0o600) -> None:
     cache.chmod(mode)
 
 
-def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_list(root: Path, container: ContainerHandle) -> None:
+def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_list(
+    root: Path, container: ContainerHandle
+) -> None:
     """The allowlist is compiled once and kept (root's 0600 file, headed by the list it holds); a
     cached program for this list is what the sandbox loads (one without rename makes ldconfig fail),
     one that others could have written or one for another list is compiled again."""
@@ -413,10 +453,16 @@ def test_the_compiled_filter_is_cached_and_believed_only_as_roots_own_for_this_l
 
     no_rename = header + _compiled(tuple(name for name in SECCOMP_ALLOW if name != "rename"))
     _plant_cache(no_rename)
-    with pytest.raises(LdcacheError, match=r"failed with error code: 1: /sbin/ldconfig: Renaming of "
-                                           r"/etc/ld\.so\.cache~ to /etc/ld\.so\.cache failed: Operation not permitted$"):
+    with pytest.raises(
+        LdcacheError,
+        match=r"failed with error code: 1: /sbin/ldconfig: Renaming of "
+        r"/etc/ld\.so\.cache~ to /etc/ld\.so\.cache failed: Operation not permitted$",
+    ):
         run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container)
-    for planted, mode in ((no_rename, 0o644), (b"nvc-py ldconfig seccomp: another list\n" + no_rename[len(header):], 0o600)):
+    for planted, mode in (
+        (no_rename, 0o644),
+        (b"nvc-py ldconfig seccomp: another list\n" + no_rename[len(header) :], 0o600),
+    ):
         _plant_cache(planted, mode)
         assert run_ldconfig("@/sbin/ldconfig", str(root), ["/opt/foo"], owner=(0, 0), handle=container) is True
         assert Path(SECCOMP_CACHE).read_bytes() == header + _compiled(SECCOMP_ALLOW)

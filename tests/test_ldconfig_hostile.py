@@ -20,8 +20,18 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hostile import (CASES, PARTIAL_LDCONFIG, Case, device_digest, kill_during_ldconfig, nvc_processes,
-                             plant, plant_fifo_include, scratch_block_device, tree)
+from harness.hostile import (
+    CASES,
+    PARTIAL_LDCONFIG,
+    Case,
+    device_digest,
+    kill_during_ldconfig,
+    nvc_processes,
+    plant,
+    plant_fifo_include,
+    scratch_block_device,
+    tree,
+)
 from harness.installed import NVC
 from harness.rootfs import tar_rootfs
 from harness.standins import target_process, user_process  # noqa: F401 - fixtures
@@ -51,14 +61,19 @@ def _assert_refused(case: Case, code: int, stderr: str, elapsed: float) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_runc_hook_refuses_hostile_ldconfig_files(active_2gpu, debian_rootfs, runc, tmp_path, block, config, case,
-                                                  session_dir):
+def test_runc_hook_refuses_hostile_ldconfig_files(
+    active_2gpu, debian_rootfs, runc, tmp_path, block, config, case, session_dir
+):
     plant(debian_rootfs, case, block)
     digest, before = device_digest(block), tree(debian_rootfs)
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": [f"NVC_PY_CONFIG={config}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
-    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         hooks={"prestart": [hook]})
+    hook = {
+        "path": str(SCRIPTS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": [f"NVC_PY_CONFIG={config}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+    }
+    bundle = make_bundle(
+        tmp_path / "bundle", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks={"prestart": [hook]}
+    )
 
     started = time.monotonic()
     result = runc.create_start(bundle)
@@ -73,14 +88,26 @@ def test_runc_hook_refuses_hostile_ldconfig_files(active_2gpu, debian_rootfs, ru
 def hooks_dir(fake_2gpu, tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("hostile-hooks")
     (work / "config.yaml").write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n")
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(work / "hooks.d"),
-                    "--config", str(work / "config.yaml")], check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(SCRIPTS / "nvc-py"),
+            "setup",
+            "podman",
+            "--hooks-dir",
+            str(work / "hooks.d"),
+            "--config",
+            str(work / "config.yaml"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return work / "hooks.d"
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0].name, CASES[2].name])
-def test_podman_hooks_d_refuses_hostile_ldconfig_files(active_2gpu, make_rootfs, podman, tmp_path, block, hooks_dir,
-                                                       case, session_dir):
+def test_podman_hooks_d_refuses_hostile_ldconfig_files(
+    active_2gpu, make_rootfs, podman, tmp_path, block, hooks_dir, case, session_dir
+):
     """Plain ``podman run IMAGE`` (vfs storage) through setup podman's hooks.d file."""
     rootfs = make_rootfs(name="hostile")
     plant(rootfs, case, block)
@@ -96,18 +123,25 @@ def test_podman_hooks_d_refuses_hostile_ldconfig_files(active_2gpu, make_rootfs,
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_cdi_update_ldcache_hook_refuses_hostile_ldconfig_files(debian_rootfs, target_process, tmp_path, block,
-                                                                config, case, session_dir):
+def test_cdi_update_ldcache_hook_refuses_hostile_ldconfig_files(
+    debian_rootfs, target_process, tmp_path, block, config, case, session_dir
+):
     """The CDI createContainer hook, given the OCI state of a container whose rootfs is hostile."""
     plant(debian_rootfs, case, block)
     digest, before = device_digest(block), tree(debian_rootfs)
     bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"])
-    state = json.dumps({"ociVersion": "1.0.2", "id": "hostile", "status": "creating", "pid": target_process,
-                        "bundle": str(bundle)})
+    state = json.dumps(
+        {"ociVersion": "1.0.2", "id": "hostile", "status": "creating", "pid": target_process, "bundle": str(bundle)}
+    )
 
     started = time.monotonic()
-    result = subprocess.run([str(SCRIPTS / "nvc-py-hook"), "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"],
-                            input=state, capture_output=True, text=True, env={**os.environ, "NVC_PY_CONFIG": str(config)})
+    result = subprocess.run(
+        [str(SCRIPTS / "nvc-py-hook"), "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"],
+        input=state,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVC_PY_CONFIG": str(config)},
+    )
 
     _assert_refused(case, result.returncode, result.stderr, time.monotonic() - started)
     assert device_digest(block) == digest
@@ -123,9 +157,21 @@ def test_killed_configure_leaves_no_process(active_2gpu, debian_rootfs, request,
     target = request.getfixturevalue("target_process" if owner == "root" else "user_process")
     plant_fifo_include(debian_rootfs)
     # --no-cgroups: the stand-in shares pytest's cgroup, which a v2 device filter would lock out of /dev.
-    below, left = kill_during_ldconfig([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target}",
-                                        "--no-cgroups", "--device=0", "--compute", "--utility",
-                                        str(debian_rootfs)], 10)
+    below, left = kill_during_ldconfig(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={target}",
+            "--no-cgroups",
+            "--device=0",
+            "--compute",
+            "--utility",
+            str(debian_rootfs),
+        ],
+        10,
+    )
     assert len(below) >= 2, below  # the container helper, ldconfig
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
     assert nvc_processes(session_dir) == []
@@ -140,8 +186,9 @@ def partial_ldconfig(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("cache", ["regular", "absent", "symlink"])
-def test_late_failure_leaves_the_rootfs_as_before(active_2gpu, debian_rootfs, target_process, partial_ldconfig,
-                                                  cache, session_dir):
+def test_late_failure_leaves_the_rootfs_as_before(
+    active_2gpu, debian_rootfs, target_process, partial_ldconfig, cache, session_dir
+):
     """ldconfig fails after the mounts (and after changing the rootfs itself): every mount point,
     directory, link and file made is gone, the cache is back as it was (type, content, mode,
     owner), the mounts are undone."""
@@ -155,12 +202,28 @@ def test_late_failure_leaves_the_rootfs_as_before(active_2gpu, debian_rootfs, ta
     before = tree(debian_rootfs)
     mounts_before = Path(f"/proc/{target_process}/mountinfo").read_text()
 
-    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             "--no-cgroups", f"--ldconfig=@{partial_ldconfig}", "--device=all", "--compute", "--utility",
-                             str(debian_rootfs)], capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={target_process}",
+            "--no-cgroups",
+            f"--ldconfig=@{partial_ldconfig}",
+            "--device=all",
+            "--compute",
+            "--utility",
+            str(debian_rootfs),
+        ],
+        capture_output=True,
+        text=True,
+    )
 
     assert (result.returncode, result.stderr) == (
-        10, f"nvc-py: ldcache error: process {partial_ldconfig} failed with error code: 1\n")
+        10,
+        f"nvc-py: ldcache error: process {partial_ldconfig} failed with error code: 1\n",
+    )
     assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts_before
     after = tree(debian_rootfs)
     assert {k: v for k, v in after.items() if v != before.get(k)} == {}
@@ -168,11 +231,13 @@ def test_late_failure_leaves_the_rootfs_as_before(active_2gpu, debian_rootfs, ta
     assert nvc_processes(session_dir) == []
 
 
-@pytest.mark.parametrize("path", ["usr/local/cuda/compat", "usr/local/cuda/compat/libcuda.so.999.1.1",
-                                  "etc/debian_version", "usr/lib32"])
+@pytest.mark.parametrize(
+    "path", ["usr/local/cuda/compat", "usr/local/cuda/compat/libcuda.so.999.1.1", "etc/debian_version", "usr/lib32"]
+)
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
-def test_configure_opens_no_fifo_or_device_of_the_image(active_2gpu, debian_rootfs, target_process, path, kind,
-                                                        session_dir):
+def test_configure_opens_no_fifo_or_device_of_the_image(
+    active_2gpu, debian_rootfs, target_process, path, kind, session_dir
+):
     """What configure itself inspects in the rootfs (compat dir and libraries, distribution
     markers, library dirs) is looked at through O_PATH or O_DIRECTORY: a FIFO or device node
     there neither blocks it nor is opened."""
@@ -182,9 +247,23 @@ def test_configure_opens_no_fifo_or_device_of_the_image(active_2gpu, debian_root
         where.unlink()
     plant(debian_rootfs, Case("", "/" + path, kind, ""), None)
 
-    result = subprocess.run([NVC, "--root", str(active_2gpu.root), "configure", f"--pid={target_process}",
-                             "--no-cgroups", "--device=0", "--compute", "--utility", str(debian_rootfs)],
-                            capture_output=True, text=True, timeout=QUICK)
+    result = subprocess.run(
+        [
+            NVC,
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={target_process}",
+            "--no-cgroups",
+            "--device=0",
+            "--compute",
+            "--utility",
+            str(debian_rootfs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=QUICK,
+    )
 
     assert result.returncode == 0, result.stderr
     assert nvc_processes(session_dir) == []

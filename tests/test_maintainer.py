@@ -43,8 +43,9 @@ def spawn() -> Iterator:
     started: list[subprocess.Popen[str]] = []
 
     def start(code: str, *args: str) -> int:
-        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
         started.append(proc)
         return int(proc.stdout.readline())  # type: ignore[union-attr]
 
@@ -57,8 +58,9 @@ def spawn() -> Iterator:
 
 def _process(pid: int, cgroup: bytes | None = None) -> maintainer.Process:
     read = {name: Path(f"/proc/{pid}/{name}").read_bytes() for name in ("cmdline", "stat", "status", "cgroup")}
-    return maintainer.parse_process(pid, read["cmdline"], read["stat"], read["status"],
-                                    read["cgroup"] if cgroup is None else cgroup)
+    return maintainer.parse_process(
+        pid, read["cmdline"], read["stat"], read["status"], read["cgroup"] if cgroup is None else cgroup
+    )
 
 
 def test_only_a_server_that_catches_sigterm_is_stopped(spawn) -> None:  # noqa: ANN001
@@ -77,7 +79,10 @@ def test_only_a_server_that_catches_sigterm_is_stopped(spawn) -> None:  # noqa: 
 def test_systemds_server_is_left_to_systemd(spawn) -> None:  # noqa: ANN001
     server = _process(spawn(SERVER, *SERVER_ARGS)).ppid
     assert maintainer.servers_to_stop([_process(server, b"0::/init.scope\n")]) == [server]
-    for cgroup in (b"0::/system.slice/nvc-py-hook.service\n", b"12:pids:/\n1:name=systemd:/system.slice/nvc-py-hook.service\n"):
+    for cgroup in (
+        b"0::/system.slice/nvc-py-hook.service\n",
+        b"12:pids:/\n1:name=systemd:/system.slice/nvc-py-hook.service\n",
+    ):
         assert maintainer.servers_to_stop([_process(server, cgroup)]) == []
 
 
@@ -117,8 +122,13 @@ awk -v r="$R/" 'index($5, r) == 1 {{print "mounted", substr($5, length(r) + 1)}}
 
 def _purge(root: Path, setup: str) -> subprocess.CompletedProcess[str]:
     script = PURGE_RUN.format(setup=setup, python=sys.executable, module=purge.__file__)
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                          env={**os.environ, "R": str(root)}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env={**os.environ, "R": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _files(root: Path) -> list[str]:
@@ -139,10 +149,19 @@ echo x > etc/nvc-py/no-server"""
 def test_purge_is_refused_while_containers_hold_sharing_state(tmp_path: Path) -> None:
     result = _purge(tmp_path, "mkdir -p run/nvc-py/share/ctr-1 etc/nvc-py && echo x > etc/nvc-py/no-server")
     assert result.stdout == "rc=1\n"
-    assert f"nvc-py: not purged: {tmp_path}/run/nvc-py/share holds the GPU-sharing state of containers (ctr-1)" \
+    assert (
+        f"nvc-py: not purged: {tmp_path}/run/nvc-py/share holds the GPU-sharing state of containers (ctr-1)"
         in result.stderr
-    assert _files(tmp_path) == ["etc", "etc/nvc-py", "etc/nvc-py/no-server", "run", "run/nvc-py", "run/nvc-py/share",
-                                "run/nvc-py/share/ctr-1"]
+    )
+    assert _files(tmp_path) == [
+        "etc",
+        "etc/nvc-py",
+        "etc/nvc-py/no-server",
+        "run",
+        "run/nvc-py",
+        "run/nvc-py/share",
+        "run/nvc-py/share/ctr-1",
+    ]
 
 
 THEIRS = """mkdir -p srv/theirs/etc srv/theirs/share srv/theirs/mnt srv/theirs/run/gpu-sched
@@ -152,30 +171,51 @@ mount -t tmpfs tmpfs srv/theirs/run/gpu-sched
 """
 
 
-@pytest.mark.parametrize(("setup", "left", "mounted"), [
-    ("""mkdir -p run/nvc-py var/log etc && ln -s ../../srv/theirs/mnt run/nvc-py/gpu-sched
+@pytest.mark.parametrize(
+    ("setup", "left", "mounted"),
+    [
+        (
+            """mkdir -p run/nvc-py var/log etc && ln -s ../../srv/theirs/mnt run/nvc-py/gpu-sched
 ln -s ../../srv/theirs/share run/nvc-py/share && ln -s ../srv/theirs/etc etc/nvc-py
 ln -s ../../srv/theirs/log var/log/nvc-py.log && echo x > run/nvc-py/server.lock""",
-     ["run/nvc-py/gpu-sched: a symlink (to ../../srv/theirs/mnt)", "run/nvc-py/share: a symlink (to ../../srv/theirs/share)",
-      "run/nvc-py: not empty (what is named above)", "var/log/nvc-py.log: a symlink (to ../../srv/theirs/log)",
-      "etc/nvc-py: a symlink (to ../srv/theirs/etc)"], ["srv/theirs/mnt", "srv/theirs/run/gpu-sched"]),
-    ("""mkdir -p run var srv/log && ln -s ../srv/theirs/run run/nvc-py && ln -s ../srv/log var/log
+            [
+                "run/nvc-py/gpu-sched: a symlink (to ../../srv/theirs/mnt)",
+                "run/nvc-py/share: a symlink (to ../../srv/theirs/share)",
+                "run/nvc-py: not empty (what is named above)",
+                "var/log/nvc-py.log: a symlink (to ../../srv/theirs/log)",
+                "etc/nvc-py: a symlink (to ../srv/theirs/etc)",
+            ],
+            ["srv/theirs/mnt", "srv/theirs/run/gpu-sched"],
+        ),
+        (
+            """mkdir -p run var srv/log && ln -s ../srv/theirs/run run/nvc-py && ln -s ../srv/log var/log
 echo theirs > srv/log/nvc-py.log""",
-     ["run/nvc-py: a symlink (to ../srv/theirs/run)", "var/log: a symlink (to ../srv/log)"],
-     ["srv/theirs/mnt", "srv/theirs/run/gpu-sched"]),
-    # Another filesystem on the scheduler's own directory: not nvc-py's tmpfs (its mount entry says so).
-    ("mkdir -p run/nvc-py/gpu-sched && mount --bind srv/theirs/share run/nvc-py/gpu-sched",
-     ["run/nvc-py/gpu-sched: another filesystem is mounted there", "run/nvc-py: not empty (what is named above)"],
-     ["run/nvc-py/gpu-sched", "srv/theirs/mnt", "srv/theirs/run/gpu-sched"]),
-], ids=["links-in-run", "run-and-log-dir-linked", "foreign-mount-on-gpu-sched"])
-def test_purge_follows_no_link_and_unmounts_no_other_mount(tmp_path: Path, setup: str, left: list[str],
-                                                           mounted: list[str]) -> None:
+            ["run/nvc-py: a symlink (to ../srv/theirs/run)", "var/log: a symlink (to ../srv/log)"],
+            ["srv/theirs/mnt", "srv/theirs/run/gpu-sched"],
+        ),
+        # Another filesystem on the scheduler's own directory: not nvc-py's tmpfs (its mount entry says so).
+        (
+            "mkdir -p run/nvc-py/gpu-sched && mount --bind srv/theirs/share run/nvc-py/gpu-sched",
+            [
+                "run/nvc-py/gpu-sched: another filesystem is mounted there",
+                "run/nvc-py: not empty (what is named above)",
+            ],
+            ["run/nvc-py/gpu-sched", "srv/theirs/mnt", "srv/theirs/run/gpu-sched"],
+        ),
+    ],
+    ids=["links-in-run", "run-and-log-dir-linked", "foreign-mount-on-gpu-sched"],
+)
+def test_purge_follows_no_link_and_unmounts_no_other_mount(
+    tmp_path: Path, setup: str, left: list[str], mounted: list[str]
+) -> None:
     result = _purge(tmp_path, THEIRS + setup + "\necho theirs > srv/theirs/mnt/after")
     lines = result.stdout.splitlines()
     assert lines[0] == "rc=0", result
     assert sorted(line.split(" ", 1)[1] for line in lines[1:]) == mounted
-    said = [line.removeprefix(f"nvc-py: purge left {tmp_path}/").removesuffix(", not nvc-py's")
-            for line in result.stderr.splitlines()]
+    said = [
+        line.removeprefix(f"nvc-py: purge left {tmp_path}/").removesuffix(", not nvc-py's")
+        for line in result.stderr.splitlines()
+    ]
     assert said == left, result.stderr
     for name in ("etc/no-server", "share/ctr-9", "log"):
         assert (tmp_path / "srv/theirs" / name).read_text() == "theirs\n"
@@ -183,13 +223,20 @@ def test_purge_follows_no_link_and_unmounts_no_other_mount(tmp_path: Path, setup
 
 
 def test_parse_mountinfo_and_the_scheduler_mount() -> None:
-    text = ("24 1 0:22 / /run rw - tmpfs tmpfs rw\n"
-            "31 24 0:40 / /run/nvc-py/gpu-sched rw,nosuid - tmpfs tmpfs rw,size=100k\n"
-            "32 24 8:1 /home /run/nvc-py/gpu\\040sched rw shared:1 - ext4 /dev/sda1 rw\n"
-            "33 24 0:41 / /srv/x rw - tmpfs tmpfs rw\n")
+    text = (
+        "24 1 0:22 / /run rw - tmpfs tmpfs rw\n"
+        "31 24 0:40 / /run/nvc-py/gpu-sched rw,nosuid - tmpfs tmpfs rw,size=100k\n"
+        "32 24 8:1 /home /run/nvc-py/gpu\\040sched rw shared:1 - ext4 /dev/sda1 rw\n"
+        "33 24 0:41 / /srv/x rw - tmpfs tmpfs rw\n"
+    )
     mounts = purge.parse_mountinfo(text)
     assert mounts[2] == purge.Mount(32, "/run/nvc-py/gpu sched", "ext4")
     sched = "/run/nvc-py/gpu-sched"
-    assert [purge.is_own_sched_mount(mounts, i, sched) for i in (24, 31, 32, 33, None)] == [False, True, False, False,
-                                                                                           False]
+    assert [purge.is_own_sched_mount(mounts, i, sched) for i in (24, 31, 32, 33, None)] == [
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert purge.fd_mount_id("pos:\t0\nflags:\t02100000\nmnt_id:\t31\nino:\t1\n") == 31

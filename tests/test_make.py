@@ -19,8 +19,9 @@ PACKAGE_BUILD = "--no-deps --no-index --no-build-isolation ."  # the recipe line
 
 def _installs() -> bool:
     """Whether `make install` would install the package again (its dry run names the build)."""
-    dry = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO), "install"], capture_output=True,
-                         text=True, timeout=60)
+    dry = subprocess.run(
+        ["make", "-n", "--no-print-directory", "-C", str(REPO), "install"], capture_output=True, text=True, timeout=60
+    )
     assert dry.returncode == 0, dry.stderr
     return PACKAGE_BUILD in dry.stdout
 

@@ -37,10 +37,12 @@ def test_a_pre_release_is_below_its_release(installed) -> None:  # noqa: ANN001
 
 def test_names_specifiers_and_markers_as_pip_reads_them(installed) -> None:  # noqa: ANN001
     installed("Nvc_Fake.Other", "1.10")
-    assert missing_deps.missing(["nvc-fake-other>=1.9", "NVC_FAKE_OTHER~=1.10", "nvc.fake.other!=1.10"]) == \
-        ["nvc.fake.other!=1.10"]
-    assert missing_deps.missing(["nvc-fake-absent>=1", 'nvc-fake-absent2; python_version < "3"']) == \
-        ["nvc-fake-absent>=1"]
+    assert missing_deps.missing(["nvc-fake-other>=1.9", "NVC_FAKE_OTHER~=1.10", "nvc.fake.other!=1.10"]) == [
+        "nvc.fake.other!=1.10"
+    ]
+    assert missing_deps.missing(["nvc-fake-absent>=1", 'nvc-fake-absent2; python_version < "3"']) == [
+        "nvc-fake-absent>=1"
+    ]
     with pytest.raises(SystemExit, match="cannot read requirement 'nvc fake >= 1'"):
         missing_deps.missing(["nvc fake >= 1"])
 

@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from nvc.plan import mountplan
-from nvc.plan.devfilter import DeviceRule
-from nvc.model.devices import Gpu, MigDevice
 from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError, InputError
+from nvc.model.devices import Gpu, MigDevice
+from nvc.plan import mountplan
+from nvc.plan.devfilter import DeviceRule
 from nvc.plan.mountplan import Bind, ContainerFacts, HostFacts, HostMount, MakeDir, Seal, Symlink, Tmpfs, WriteFile
 from nvc.plan.request import Request, ShareRequest, check, from_flags
 from nvc.plan.selection import Selection
@@ -22,9 +22,22 @@ R = "/drv"  # driver root
 V = "580.95.05"
 LIB = f"{R}/usr/lib/x86_64-linux-gnu"
 LIB32 = f"{R}/usr/lib/i386-linux-gnu"
-LIBS = tuple(f"{LIB}/{name}.so.{V}" for name in (
-    "libnvidia-ml", "libnvidia-cfg", "libcuda", "libnvidia-ptxjitcompiler", "libnvidia-encode",
-    "libnvidia-opticalflow", "libnvcuvid", "libnvidia-glcore", "libGLX_nvidia", "libEGL_nvidia", "libnvidia-ngx"))
+LIBS = tuple(
+    f"{LIB}/{name}.so.{V}"
+    for name in (
+        "libnvidia-ml",
+        "libnvidia-cfg",
+        "libcuda",
+        "libnvidia-ptxjitcompiler",
+        "libnvidia-encode",
+        "libnvidia-opticalflow",
+        "libnvcuvid",
+        "libnvidia-glcore",
+        "libGLX_nvidia",
+        "libEGL_nvidia",
+        "libnvidia-ngx",
+    )
+)
 FILES = DriverFiles(
     version=V,
     libraries=LIBS,
@@ -36,17 +49,33 @@ FILES = DriverFiles(
     mps_pipe_dir=f"{R}/tmp/nvidia-mps",
 )
 MAJORS = {"nvidia": 195, "nvidia-uvm": 238, "nvidia-caps": 241, "nvidia-caps-imex-channels": 242}
-MIG = MigDevice(0, 1, 0, "MIG-aaaa", gi_caps_path="/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access",
-                ci_caps_path="/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access", gi_caps_minor=147,
-                ci_caps_minor=148)
+MIG = MigDevice(
+    0,
+    1,
+    0,
+    "MIG-aaaa",
+    gi_caps_path="/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access",
+    ci_caps_path="/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access",
+    gi_caps_minor=147,
+    ci_caps_minor=148,
+)
 GPU0 = Gpu(0, 0, "H100", "Nvidia", "GPU-0", "00000000:3B:00.0", "9.0")
 GPU1 = Gpu(1, 1, "A100", "Nvidia", "GPU-1", "00000000:86:00.0", "8.0", mig_enabled=True, mig_devices=(MIG,))
-MIG_MINORS = {"config": 1, "monitor": 2, "gpu1/gi1/access": 147, "gpu1/gi1/ci0/access": 148, "gpu1/gi2/access": 156,
-              "gpu0/gi1/access": 12}
+MIG_MINORS = {
+    "config": 1,
+    "monitor": 2,
+    "gpu1/gi1/access": 147,
+    "gpu1/gi1/ci0/access": 148,
+    "gpu1/gi2/access": 156,
+    "gpu0/gi1/access": 12,
+}
 NODES = {
-    "/dev/nvidiactl": f"{R}/dev/nvidiactl", "/dev/nvidia-uvm": f"{R}/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools": f"{R}/dev/nvidia-uvm-tools", "/dev/nvidia-modeset": f"{R}/dev/nvidia-modeset",
-    "/dev/nvidia0": f"{R}/dev/nvidia0", "/dev/nvidia1": f"{R}/dev/nvidia1",
+    "/dev/nvidiactl": f"{R}/dev/nvidiactl",
+    "/dev/nvidia-uvm": f"{R}/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools": f"{R}/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset": f"{R}/dev/nvidia-modeset",
+    "/dev/nvidia0": f"{R}/dev/nvidia0",
+    "/dev/nvidia1": f"{R}/dev/nvidia1",
     "/dev/nvidia-caps/nvidia-cap1": f"{R}/dev/nvidia-caps/nvidia-cap1",
     "/dev/nvidia-caps/nvidia-cap147": f"{R}/dev/nvidia-caps/nvidia-cap147",
     "/dev/nvidia-caps/nvidia-cap148": f"{R}/dev/nvidia-caps/nvidia-cap148",
@@ -58,8 +87,10 @@ HOST = HostFacts(
     majors=MAJORS,
     nodes=NODES,
     proc_files={"params": "EnableMSI: 1\nModifyDeviceFiles: 1\nDeviceFileMode: 438\n", "version": "NVRM version: x\n"},
-    proc_gpu_dirs={"00000000:3B:00.0": "/proc/driver/nvidia/gpus/0000:3b:00.0",
-                   "00000000:86:00.0": "/proc/driver/nvidia/gpus/0000:86:00.0"},
+    proc_gpu_dirs={
+        "00000000:3B:00.0": "/proc/driver/nvidia/gpus/0000:3b:00.0",
+        "00000000:86:00.0": "/proc/driver/nvidia/gpus/0000:86:00.0",
+    },
     mig_minors=MIG_MINORS,
 )
 DEBIAN = ContainerFacts((1000, 1000), "/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu", "/proc/driver/nvidia")
@@ -81,14 +112,19 @@ def _names(binds):
 def test_compute_utility_libraries_binaries_and_nodes():
     plan = _plan()
     assert _names(_binds(plan, "library")) == {
-        f"{n}.so.{V}" for n in ("libnvidia-ml", "libnvidia-cfg", "libcuda", "libnvidia-ptxjitcompiler")}
+        f"{n}.so.{V}" for n in ("libnvidia-ml", "libnvidia-cfg", "libcuda", "libnvidia-ptxjitcompiler")
+    }
     assert all(b.target.startswith("/usr/lib/x86_64-linux-gnu/") for b in _binds(plan, "library"))
     assert {b.target for b in _binds(plan, "binary")} == {"/usr/bin/nvidia-smi", "/usr/bin/nvidia-cuda-mps-control"}
     devices = _binds(plan, "device")
     assert [b.target for b in devices] == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0"]
     assert devices[-1].rdev == os.makedev(195, 0) and devices[-1].source == f"{R}/dev/nvidia0"
-    assert plan.cgroup_rules == (DeviceRule("c", 195, 255, "rw"), DeviceRule("c", 238, 0, "rw"),
-                                 DeviceRule("c", 238, 1, "rw"), DeviceRule("c", 195, 0, "rw"))
+    assert plan.cgroup_rules == (
+        DeviceRule("c", 195, 255, "rw"),
+        DeviceRule("c", 238, 0, "rw"),
+        DeviceRule("c", 238, 1, "rw"),
+        DeviceRule("c", 195, 0, "rw"),
+    )
     assert (plan.ldconfig, plan.ldconfig_dirs) == ("@/sbin/ldconfig", ("/usr/lib/x86_64-linux-gnu",))
     assert plan.owner == (1000, 1000)
 
@@ -100,7 +136,8 @@ def test_mount_flags():
     assert {b.attrs for b in _binds(plan, "firmware")} == {int(mountplan.RO_NOEXEC)}
     assert {(b.target, b.attrs, b.kind) for b in _binds(plan, "ipc")} == {
         ("/var/run/nvidia-persistenced/socket", int(mountplan.IPC), "file"),
-        ("/tmp/nvidia-mps", int(mountplan.IPC), "dir")}
+        ("/tmp/nvidia-mps", int(mountplan.IPC), "dir"),
+    }
     assert {b.attrs for b in _binds(plan, "device")} == {int(mountplan.DEVICE)}
 
 
@@ -125,9 +162,11 @@ def test_library_symlinks():
     plan = _plan(caps=("compute", "video", "graphics"))
     links = {op.target: op.link_to for op in plan.operations if isinstance(op, Symlink)}
     d = "/usr/lib/x86_64-linux-gnu"
-    assert links == {f"{d}/libcuda.so": "libcuda.so.1",
-                     f"{d}/libnvidia-opticalflow.so": "libnvidia-opticalflow.so.1",
-                     f"{d}/libGLX_indirect.so.0": f"libGLX_nvidia.so.{V}"}
+    assert links == {
+        f"{d}/libcuda.so": "libcuda.so.1",
+        f"{d}/libnvidia-opticalflow.so": "libnvidia-opticalflow.so.1",
+        f"{d}/libGLX_indirect.so.0": f"libGLX_nvidia.so.{V}",
+    }
 
 
 def test_compat32_goes_to_the_32_bit_dir_and_into_ldconfig():
@@ -140,21 +179,28 @@ def test_compat32_goes_to_the_32_bit_dir_and_into_ldconfig():
 
 def test_proc_tmpfs_holds_params_version_and_selected_gpus_only():
     plan = _plan(gpus=(GPU1,))
-    proc = [op for op in plan.operations if isinstance(op, (Tmpfs, MakeDir, WriteFile, Seal))
-            or (isinstance(op, Bind) and op.what == "proc")]
+    proc = [
+        op
+        for op in plan.operations
+        if isinstance(op, (Tmpfs, MakeDir, WriteFile, Seal)) or (isinstance(op, Bind) and op.what == "proc")
+    ]
     assert [type(op).__name__ for op in proc] == ["Tmpfs", "WriteFile", "WriteFile", "MakeDir", "Bind", "Seal"]
     assert proc[0].target == proc[-1].target == "/proc/driver/nvidia"
     params = proc[1]
     assert params.target == "/proc/driver/nvidia/params"
     assert params.content == "EnableMSI: 1\nModifyDeviceFiles: 0\nDeviceFileMode: 438\n"
     assert (proc[4].source, proc[4].target, proc[4].kind) == (
-        "/proc/driver/nvidia/gpus/0000:86:00.0", "/proc/driver/nvidia/gpus/0000:86:00.0", "dir")
+        "/proc/driver/nvidia/gpus/0000:86:00.0",
+        "/proc/driver/nvidia/gpus/0000:86:00.0",
+        "dir",
+    )
 
 
 def test_proc_tmpfs_where_the_container_lacks_the_driver_dir():
     on_driver = _plan(container=DEBIAN._replace(proc_mountpoint="/proc/driver"))
     assert on_driver.operations[[type(op) for op in on_driver.operations].index(Tmpfs) + 1] == MakeDir(
-        "/proc/driver/nvidia")
+        "/proc/driver/nvidia"
+    )
     none = _plan(container=DEBIAN._replace(proc_mountpoint=None))
     assert not [op for op in none.operations if isinstance(op, (Tmpfs, WriteFile, Seal))]
 
@@ -167,9 +213,11 @@ def test_mig_device_brings_its_access_files_caps_nodes_and_rules():
     plan = _plan(caps=("utility",), gpus=(GPU1,), migs=((GPU1, MIG),))
     mig = _binds(plan, "mig")
     assert [(b.target, b.kind) for b in mig] == [
-        ("/dev/nvidia-caps/nvidia-cap147", "device"), ("/dev/nvidia-caps/nvidia-cap148", "device"),
+        ("/dev/nvidia-caps/nvidia-cap147", "device"),
+        ("/dev/nvidia-caps/nvidia-cap148", "device"),
         ("/proc/driver/nvidia/capabilities/gpu1/mig/gi1/access", "file"),
-        ("/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access", "file")]
+        ("/proc/driver/nvidia/capabilities/gpu1/mig/gi1/ci0/access", "file"),
+    ]
     assert mig[0].rdev == os.makedev(241, 147)
     assert DeviceRule("c", 241, 147, "rw") in plan.cgroup_rules and DeviceRule("c", 241, 148, "rw") in plan.cgroup_rules
 
@@ -179,7 +227,8 @@ def test_mig_config_binds_the_capability_trees_and_allows_every_minor_of_the_gpu
     mig = _binds(plan, "mig")
     assert [(b.source, b.target, b.kind) for b in mig] == [
         (f"{R}/dev/nvidia-caps", "/dev/nvidia-caps", "dir"),
-        ("/proc/driver/nvidia/capabilities", "/proc/driver/nvidia/capabilities", "dir")]
+        ("/proc/driver/nvidia/capabilities", "/proc/driver/nvidia/capabilities", "dir"),
+    ]
     caps_rules = {r.minor for r in plan.cgroup_rules if r.major == 241}
     assert caps_rules == {147, 148, 156, 1}  # gpu1's minors and config; not gpu0's, not monitor
 
@@ -187,7 +236,8 @@ def test_mig_config_binds_the_capability_trees_and_allows_every_minor_of_the_gpu
 def test_imex_channels():
     plan = _plan(imex_channels=(3,))
     assert [(b.target, b.rdev) for b in _binds(plan, "imex")] == [
-        ("/dev/nvidia-caps-imex-channels/channel3", os.makedev(242, 3))]
+        ("/dev/nvidia-caps-imex-channels/channel3", os.makedev(242, 3))
+    ]
     assert DeviceRule("c", 242, 3, "rw") in plan.cgroup_rules
     with pytest.raises(DeviceError, match="channel4: no such device node"):
         _plan(imex_channels=(4,))
@@ -228,17 +278,21 @@ def test_cuda_compat_modes():
     assert _plan(container=container, cuda_compat_mode="disabled").ldconfig_dirs == ("/usr/lib/x86_64-linux-gnu",)
     mounted = _plan(container=container, cuda_compat_mode="mount")
     assert [(b.source, b.target, b.in_rootfs) for b in _binds(mounted, "compat")] == [
-        ("/usr/local/cuda/compat/libcuda.so.590.1.2", "/usr/lib/x86_64-linux-gnu/libcuda.so.590.1.2", True)]
+        ("/usr/local/cuda/compat/libcuda.so.590.1.2", "/usr/lib/x86_64-linux-gnu/libcuda.so.590.1.2", True)
+    ]
     assert not _binds(_plan(container=container), "compat")  # image files are never mounted by default
 
 
 def test_extra_mounts_come_last():
-    extra = (HostMount("/run/nvc/share/c1", "/etc/nvc-share", directory=True), HostMount("/x/l.so", "/usr/lib/l.so",
-                                                                                          readonly=False))
+    extra = (
+        HostMount("/run/nvc/share/c1", "/etc/nvc-share", directory=True),
+        HostMount("/x/l.so", "/usr/lib/l.so", readonly=False),
+    )
     plan = _plan(extra_mounts=extra)
     assert plan.operations[-2:] == (
         Bind("/run/nvc/share/c1", "/etc/nvc-share", int(mountplan.RO), "dir", "extra"),
-        Bind("/x/l.so", "/usr/lib/l.so", int(mountplan.RO & ~mountplan.MountAttr.RDONLY), "file", "extra"))
+        Bind("/x/l.so", "/usr/lib/l.so", int(mountplan.RO & ~mountplan.MountAttr.RDONLY), "file", "extra"),
+    )
     with pytest.raises(InputError, match="must be absolute"):
         _plan(extra_mounts=(HostMount("rel", "/x"),))
 
@@ -249,13 +303,21 @@ def test_sharing_files_are_mounted_by_the_plan_after_the_requests_own():
     from nvc.plan import share
 
     files = share.files(ShareRequest(memory=(("", 1 << 30),)), "c1", "", library="/lib/shim.so", state_dir="/st")
-    request = Request(rootfs="/rootfs", pid=42, capabilities=frozenset({"compute"}),
-                      extra_mounts=(HostMount("/x/l.so", "/usr/lib/l.so"),), sharing=ShareRequest())
+    request = Request(
+        rootfs="/rootfs",
+        pid=42,
+        capabilities=frozenset({"compute"}),
+        extra_mounts=(HostMount("/x/l.so", "/usr/lib/l.so"),),
+        sharing=ShareRequest(),
+    )
     plan = mountplan.build(HOST, DEBIAN, Selection((GPU0,), ()), request, files)
     assert [(b.source, b.target) for b in _binds(plan, "extra")] == [
-        ("/x/l.so", "/usr/lib/l.so"), ("/lib/shim.so", "/usr/lib/nvc-share/libnvc-share.so"),
-        ("/st/c1/shared", "/var/run/nvc-share"), ("/st/c1/shared/limits", "/var/run/nvc-share/limits"),
-        ("/st/c1/ld.so.preload", "/etc/ld.so.preload")]
+        ("/x/l.so", "/usr/lib/l.so"),
+        ("/lib/shim.so", "/usr/lib/nvc-share/libnvc-share.so"),
+        ("/st/c1/shared", "/var/run/nvc-share"),
+        ("/st/c1/shared/limits", "/var/run/nvc-share/limits"),
+        ("/st/c1/ld.so.preload", "/etc/ld.so.preload"),
+    ]
     assert plan.share == files
 
 

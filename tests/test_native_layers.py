@@ -47,12 +47,16 @@ def compile_objects(folder: Path, build: Path) -> Objects:
     found: Objects = {}
     for source in sorted(folder.glob("*.c")):
         obj = build / f"{source.stem}.o"
-        subprocess.run([os.environ.get("CC", "cc"), "-c", "-O0", "-fPIC", "-w", source.name, "-o", str(obj)],
-                       cwd=folder, check=True)
+        subprocess.run(
+            [os.environ.get("CC", "cc"), "-c", "-O0", "-fPIC", "-w", source.name, "-o", str(obj)],
+            cwd=folder,
+            check=True,
+        )
         defined: set[str] = set()
         undefined: set[str] = set()
-        for line in subprocess.run(["nm", "-P", str(obj)], check=True, capture_output=True,
-                                   text=True).stdout.splitlines():
+        for line in subprocess.run(
+            ["nm", "-P", str(obj)], check=True, capture_output=True, text=True
+        ).stdout.splitlines():
             name, kind = line.split()[:2]
             if kind == "U":
                 undefined.add(name)
@@ -77,9 +81,15 @@ def headers_not_included(folder: Path, objects: Objects) -> list[str]:
     include itself (from its .c or its own .h): "a file includes the headers of what it uses"."""
     owner, includes = _owners(objects), include_graph(folder)
     headers = {p.stem for p in folder.glob("*.h")}
-    return [f"{module}.c uses {symbol} ({owner[symbol]}.h)" for module, (_, needed) in sorted(objects.items())
-            for symbol in sorted(needed) if symbol.startswith("nvc_") and symbol in owner
-            and owner[symbol] in headers and owner[symbol] not in includes[module] | {module}]
+    return [
+        f"{module}.c uses {symbol} ({owner[symbol]}.h)"
+        for module, (_, needed) in sorted(objects.items())
+        for symbol in sorted(needed)
+        if symbol.startswith("nvc_")
+        and symbol in owner
+        and owner[symbol] in headers
+        and owner[symbol] not in includes[module] | {module}
+    ]
 
 
 def cycle(graph: Graph) -> list[str]:
@@ -135,7 +145,7 @@ def readme_order(readme: str) -> list[str]:
     """The shim's modules in the order native/README.md's table of files lists them (bottom first)."""
     table = readme.split("## Files\n", 1)[1].split("\n## ", 1)[0]
     order: list[str] = []
-    for row in re.findall(r"^\| (`[^|]+) \|", table, re.MULTILINE):   # not "each `X.h`"
+    for row in re.findall(r"^\| (`[^|]+) \|", table, re.MULTILINE):  # not "each `X.h`"
         for name in re.findall(r"`([\w./]+\.[ch])`", row):
             if "/" not in name and Path(name).stem not in order:
                 order.append(Path(name).stem)
@@ -145,8 +155,12 @@ def readme_order(readme: str) -> list[str]:
 def against_the_order(graph: Graph, order: list[str]) -> list[str]:
     """Each dependency of graph on a module listed after (or not before) the one depending on it."""
     rank = {module: i for i, module in enumerate(order)}
-    return sorted(f"{module} -> {dep}" for module, deps in graph.items() for dep in deps
-                  if rank.get(dep, len(order)) >= rank.get(module, -1))
+    return sorted(
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        for dep in deps
+        if rank.get(dep, len(order)) >= rank.get(module, -1)
+    )
 
 
 def test_the_readme_lists_the_files_bottom_first(objects: Objects) -> None:
@@ -203,5 +217,8 @@ def test_c_files_are_at_most_600_lines_unless_they_say_why() -> None:
     sizes = module_sizes()
     print("\n".join(f"{lines:5d} native/{name}" for name, lines in sizes.items()))
     assert sizes["memory.c"] > 0
-    assert {name: lines for name, lines in sizes.items()
-            if lines > MAX_LINES and "one piece" not in first_comment(NATIVE / name)} == {}
+    assert {
+        name: lines
+        for name, lines in sizes.items()
+        if lines > MAX_LINES and "one piece" not in first_comment(NATIVE / name)
+    } == {}

@@ -194,8 +194,10 @@ def test_resolve_explains_a_file_where_a_directory_is_needed(root: Path, root_fd
     assert err.value.why == "/usr/bin is a regular file where a directory is needed"
     with pytest.raises(rootfs.InRootError) as err:
         _resolve(root_fd, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", [])
-    assert err.value.why == ("/usr/lib/x86_64-linux-gnu is a symbolic link to /etc/os-release: /etc/os-release is "
-                             "a regular file where a directory is needed")
+    assert err.value.why == (
+        "/usr/lib/x86_64-linux-gnu is a symbolic link to /etc/os-release: /etc/os-release is "
+        "a regular file where a directory is needed"
+    )
 
 
 def test_resolve_explains_what_cannot_be_made(root: Path, root_fd: int) -> None:
@@ -208,8 +210,10 @@ def test_resolve_explains_what_cannot_be_made(root: Path, root_fd: int) -> None:
 
     with pytest.raises(rootfs.InRootError) as err:
         rootfs.resolve_in_root(root_fd, "/usr/lib/x86_64-linux-gnu/libcuda.so.1", refuse)
-    assert err.value.why == ("/usr/lib/x86_64-linux-gnu is a symbolic link to /ro/libs: /ro/libs does not exist "
-                             "and cannot be created: Read-only file system")
+    assert err.value.why == (
+        "/usr/lib/x86_64-linux-gnu is a symbolic link to /ro/libs: /ro/libs does not exist "
+        "and cannot be created: Read-only file system"
+    )
 
 
 def test_resolve_to_the_root_itself(root: Path, root_fd: int) -> None:

@@ -55,8 +55,11 @@ def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, 
     if variant.refusal is not None:
         assert result.returncode != 0 and not listed
         # the errno's text may follow where the kernel gave one (it differs between sysfs and overlayfs)
-        assert re.fullmatch(rf"mount error: (cannot mount on|refusing to mount over) /\S+: {re.escape(variant.refusal)}"
-                            r"(: [^:]+)?", error), error
+        assert re.fullmatch(
+            rf"mount error: (cannot mount on|refusing to mount over) /\S+: {re.escape(variant.refusal)}"
+            r"(: [^:]+)?",
+            error,
+        ), error
         assert f"nvc-py-hook: {error}" in result.stderr, result.stderr  # runc passes the hook's line on
         assert entries(rootfs) == before  # rolled back: every directory and mount point made is gone
         return
@@ -82,8 +85,9 @@ def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, 
 REFERENCE_WRITES = re.compile(r"^usr/bin/nv|^usr/lib/x86_64-linux-gnu/lib(nvidia|cuda)|^usr/lib/firmware(/|$)")
 
 
-def test_made_directories_and_mount_points_belong_to_the_container(active_2gpu, make_rootfs, user_process,
-                                                                    canary, tmp_path):  # noqa: F811
+def test_made_directories_and_mount_points_belong_to_the_container(
+    active_2gpu, make_rootfs, user_process, canary, tmp_path
+):  # noqa: F811
     """As the reference makes them (under the usual umask 022): the directories a dangling absolute
     lib dir link needs, 0755, and the mount points, with their source's mode less group/other
     write, owned by the container's user (uid 1000 here: a stand-in process in a mount namespace
@@ -96,11 +100,25 @@ def test_made_directories_and_mount_points_belong_to_the_container(active_2gpu, 
         os.chown(path, 1000, 1000)
     watch = HostWatch(canary)
     inside = rootfs / str(away / "lib").lstrip("/")
-    existed = {p for p in (inside, *inside.parents) if p.exists()}   # the image's own (its /var, its /tmp)
+    existed = {p for p in (inside, *inside.parents) if p.exists()}  # the image's own (its /var, its /tmp)
 
-    done = subprocess.run([str(SCRIPTS / "nvc-py"), "--root", str(active_2gpu.root), "configure",
-                           f"--pid={user_process}", "--no-cgroups", "--device=0", "--compute", "--utility",
-                           str(rootfs)], capture_output=True, text=True, preexec_fn=lambda: os.umask(0o077))
+    done = subprocess.run(
+        [
+            str(SCRIPTS / "nvc-py"),
+            "--root",
+            str(active_2gpu.root),
+            "configure",
+            f"--pid={user_process}",
+            "--no-cgroups",
+            "--device=0",
+            "--compute",
+            "--utility",
+            str(rootfs),
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.umask(0o077),
+    )
 
     assert done.returncode == 0, done.stderr
     made_dirs = [p for p in (inside, *inside.parents) if p.is_relative_to(rootfs) and p != rootfs and p not in existed]

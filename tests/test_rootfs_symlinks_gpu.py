@@ -46,8 +46,9 @@ VERSION_FILE = Path("/proc/driver/nvidia/version")
 def driver_version(gpu_driver) -> str:
     """The loaded driver's version (580.159.04 on the H100 machine): the libraries' suffix."""
     text = VERSION_FILE.read_text()
-    found = (re.search(r"Kernel Module(?: for x86_64)?\s+(\d+\.\d+(?:\.\d+)?)\s", text)
-             or re.search(r"\s(\d{3}\.\d+(?:\.\d+)?)\s", text.splitlines()[0] + " " if text else ""))
+    found = re.search(r"Kernel Module(?: for x86_64)?\s+(\d+\.\d+(?:\.\d+)?)\s", text) or re.search(
+        r"\s(\d{3}\.\d+(?:\.\d+)?)\s", text.splitlines()[0] + " " if text else ""
+    )
     if found is None:
         pytest.fail(f"no driver version in {VERSION_FILE}: {VERSION_FILE.read_text()!r}")
     return found.group(1)
@@ -75,7 +76,11 @@ def _reference(crun: Runc, make_rootfs, tmp_path: Path, away: Path, variant: Var
     script, log = work / "hook.sh", work / "hook.log"
     script.write_text(REFERENCE_HOOK.format(cli=cli, ldconfig=ldconfig, rootfs=rootfs, log=log))
     script.chmod(0o755)
-    hook = {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]}
+    hook = {
+        "path": str(script),
+        "args": ["hook.sh"],
+        "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+    }
     try:
         result = start_with(crun, work, rootfs, hook, variant)
     except (OSError, subprocess.SubprocessError) as err:  # information only: never fails the case

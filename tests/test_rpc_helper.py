@@ -18,14 +18,13 @@ from pathlib import Path
 import prctl
 import pytest
 
+from harness.helperroot import jail  # noqa: F401  (fixture)
 from harness.processes import children as _children
 from harness.processes import status as _status
-from harness.helperroot import jail  # noqa: F401  (fixture)
 from nvc import errors
 from nvc.rpc import helper
-from nvc.system.confinement import DRIVER_HELPER, confine
 from nvc.rpc.helper import HelperClient
-
+from nvc.system.confinement import DRIVER_HELPER, confine
 
 TEST_UID, TEST_GID = 12345, 23456
 
@@ -261,7 +260,9 @@ def test_hung_shutdown_is_killed_after_grace(jail: Path) -> None:
 def test_helper_dies_with_its_parent(confined: bool) -> None:
     """PDEATHSIG: a parent killed without any cleanup still takes its helper with it; also a
     helper that switched to another uid (NVML's), which clears PDEATHSIG until armed again."""
-    become = f"confine(DRIVER_HELPER, '/', ({TEST_UID}, {TEST_GID}), rearm=helper.die_with_parent)" if confined else "None"
+    become = (
+        f"confine(DRIVER_HELPER, '/', ({TEST_UID}, {TEST_GID}), rearm=helper.die_with_parent)" if confined else "None"
+    )
     script = textwrap.dedent(
         f"""
         import time

@@ -10,7 +10,6 @@ import pytest
 
 from nvc.rpc import protocol
 
-
 # ---- protocol -----------------------------------------------------------------------------
 
 

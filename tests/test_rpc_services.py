@@ -13,14 +13,13 @@ from pathlib import Path
 import prctl
 import pytest
 
+from harness.helperroot import jail  # noqa: F401  (fixture)
 from harness.processes import children as _children
 from harness.processes import status as _status
-from harness.helperroot import jail  # noqa: F401  (fixture)
 from nvc import errors
-from nvc.system.confinement import CONTAINER_HELPER
 from nvc.model.devices import DriverSnapshot
 from nvc.rpc.driver_service import brand_name, bus_id, open_driver, overflow_ids, snapshot_from_wire
-
+from nvc.system.confinement import CONTAINER_HELPER
 
 # ---- driver helper ------------------------------------------------------------------------
 

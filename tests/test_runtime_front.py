@@ -62,22 +62,36 @@ def bundle_with(tmp_path: Path, spec: dict | str) -> Path:
 
 
 def plain_spec(**env: str) -> dict:
-    return {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
-            "process": {"args": ["/bin/true"], "cwd": "/", "env": [f"{k}={v}" for k, v in env.items()]}}
+    return {
+        "ociVersion": "1.0.2",
+        "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/true"], "cwd": "/", "env": [f"{k}={v}" for k, v in env.items()]},
+    }
 
 
-@pytest.mark.parametrize("args", [
-    ["state", "c1"], ["--root", "/x", "--log", "/y", "kill", "c1", "KILL"], ["delete", "--force", "c1"],
-    ["list"], ["ps", "c1"], ["events", "--stats", "c1"], ["features"], ["--debug", "start", "c1"],
-    ["--log-format=json", "exec", "c1", "ls"],
-], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["state", "c1"],
+        ["--root", "/x", "--log", "/y", "kill", "c1", "KILL"],
+        ["delete", "--force", "c1"],
+        ["list"],
+        ["ps", "c1"],
+        ["events", "--stats", "c1"],
+        ["features"],
+        ["--debug", "start", "c1"],
+        ["--log-format=json", "exec", "c1", "ls"],
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_a_pass_through_call_is_the_runtime_itself(standin, args: list[str]) -> None:
     env, out = standin
     first = run(args, env, input="in")  # the program resolves the runtime and writes the cache
     assert first.returncode == 7 and cache_stamp(), first.stderr
     before = cache_stamp()
-    proc = subprocess.Popen([str(RUNTIME), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(RUNTIME), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     _, err = proc.communicate("the stdin", timeout=60)
     assert proc.returncode == 7, err
     assert cache_stamp() == before  # no Python: the program would have written the cache again
@@ -90,14 +104,23 @@ def test_a_pass_through_call_is_the_runtime_itself(standin, args: list[str]) -> 
 
 def test_preserved_descriptors_and_a_console_socket_reach_the_runtime(standin, tmp_path: Path) -> None:
     env, out = standin
-    args = ["create", "--bundle", str(bundle_with(tmp_path, plain_spec())), "--console-socket",
-            str(tmp_path / "console.sock"), "--preserve-fds", "2", "c1"]
+    args = [
+        "create",
+        "--bundle",
+        str(bundle_with(tmp_path, plain_spec())),
+        "--console-socket",
+        str(tmp_path / "console.sock"),
+        "--preserve-fds",
+        "2",
+        "c1",
+    ]
     pipes = [os.pipe(), os.pipe()]
     extra = tuple(read for read, _ in pipes)
     try:
         for _ in range(2):  # the first writes the cache
-            result = subprocess.run([str(RUNTIME), *args], env=env, capture_output=True, text=True, timeout=60,
-                                    pass_fds=extra)
+            result = subprocess.run(
+                [str(RUNTIME), *args], env=env, capture_output=True, text=True, timeout=60, pass_fds=extra
+            )
             assert result.returncode == 7, result.stderr
     finally:
         for pair in pipes:
@@ -118,12 +141,18 @@ def test_a_create_without_gpu_passes_through_untouched(standin, tmp_path: Path) 
     assert cache_stamp() == before and (bundle / "config.json").read_bytes() == text
 
 
-@pytest.mark.parametrize("spec", [
-    plain_spec(NVIDIA_VISIBLE_DEVICES="void"), plain_spec(CUDA_VERSION="12.0"),
-    json.dumps(plain_spec(NVIDIA_X="1")).replace("NVIDIA_X", "\\u004eVIDIA_VISIBLE_DEVICES"),
-    {**plain_spec(), "mounts": [{"destination": "/var/run/nvidia-container-devices/0", "source": "/dev/null"}]},
-    "[1]", "not json",
-], ids=["visible-devices", "legacy", "escaped", "volume", "array", "garbage"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        plain_spec(NVIDIA_VISIBLE_DEVICES="void"),
+        plain_spec(CUDA_VERSION="12.0"),
+        json.dumps(plain_spec(NVIDIA_X="1")).replace("NVIDIA_X", "\\u004eVIDIA_VISIBLE_DEVICES"),
+        {**plain_spec(), "mounts": [{"destination": "/var/run/nvidia-container-devices/0", "source": "/dev/null"}]},
+        "[1]",
+        "not json",
+    ],
+    ids=["visible-devices", "legacy", "escaped", "volume", "array", "garbage"],
+)
 def test_a_create_that_could_ask_for_a_gpu_goes_to_the_program(standin, tmp_path: Path, spec) -> None:
     env, _ = standin
     args = ["create", "--bundle", str(bundle_with(tmp_path, spec)), "c1"]
@@ -194,7 +223,10 @@ def test_a_spec_without_process_asking_no_gpu_gets_the_runtimes_own_answer(tmp_p
     direct = subprocess.run(["runc", *args], capture_output=True, text=True, timeout=60)
     run(["--root", str(tmp_path / "state"), "list"], env)  # the program resolves runc, and writes the cache
     wrapped = run(args, env)
-    assert (wrapped.returncode, wrapped.stderr.split("msg=")[-1]) == (direct.returncode, direct.stderr.split("msg=")[-1])
+    assert (wrapped.returncode, wrapped.stderr.split("msg=")[-1]) == (
+        direct.returncode,
+        direct.stderr.split("msg=")[-1],
+    )
     assert "nvc-py" not in wrapped.stderr
 
 
@@ -212,5 +244,9 @@ def test_a_refused_call_appends_its_line_to_the_hook_log(tmp_path: Path, case: s
     assert result.returncode in (2, 3), result.stderr
     line = json.loads(hook_log.read_text().splitlines()[-1])
     assert (line["stage"], line["command"], line["container"], line["outcome"]) == (
-        "runtime", "create", "refused-1", "error")
+        "runtime",
+        "create",
+        "refused-1",
+        "error",
+    )
     assert line["error"] and line["error"] in result.stderr and line["bundle"] == str(bundle)

@@ -27,8 +27,9 @@ UNITS = ("nvc-py-hook.socket", "nvc-py-hook.service")
 
 
 def run(*argv: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess[str]:  # noqa: ANN003
-    return subprocess.run([NVC_PY, *argv], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})}, **kwargs)
+    return subprocess.run(
+        [NVC_PY, *argv], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}, **kwargs
+    )
 
 
 def assert_refused(result: subprocess.CompletedProcess[str], line: str) -> None:
@@ -52,16 +53,20 @@ def config_file(tmp_path: Path) -> Path:
 
 
 def test_hooks_dir_that_cannot_be_created(config_file: Path) -> None:
-    assert_refused(run("setup", "podman", "--hooks-dir", "/proc/nope", "--config", str(config_file), "--no-server"),
-                   "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory")
+    assert_refused(
+        run("setup", "podman", "--hooks-dir", "/proc/nope", "--config", str(config_file), "--no-server"),
+        "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory",
+    )
 
 
 def test_hooks_dir_that_is_a_file(tmp_path: Path, config_file: Path) -> None:
     a_file = tmp_path / "hooks.d"
     a_file.write_text("mine\n")
     before = tree(tmp_path)
-    assert_refused(run("setup", "podman", "--hooks-dir", str(a_file), "--config", str(config_file), "--no-server"),
-                   f"nvc-py: input error: {a_file}: not a directory (cannot write {a_file}/oci-nvc-py-hook.json)")
+    assert_refused(
+        run("setup", "podman", "--hooks-dir", str(a_file), "--config", str(config_file), "--no-server"),
+        f"nvc-py: input error: {a_file}: not a directory (cannot write {a_file}/oci-nvc-py-hook.json)",
+    )
     assert tree(tmp_path) == before and a_file.read_text() == "mine\n"
 
 
@@ -75,45 +80,82 @@ def test_second_hooks_file_unwritable_leaves_the_first_unwritten(tmp_path: Path,
 
 
 def test_unit_dir_that_cannot_be_created(config_file: Path) -> None:
-    assert_refused(run("setup", "server", "--unit-dir", "/proc/nope", "--config", str(config_file)),
-                   "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory")
+    assert_refused(
+        run("setup", "server", "--unit-dir", "/proc/nope", "--config", str(config_file)),
+        "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory",
+    )
 
 
 def test_containerd_drop_in_that_cannot_be_written(tmp_path: Path) -> None:
     main = tmp_path / "config.toml"
     main.write_text("version = 2\n")
-    result = run("setup", "containerd", "--config", str(main), "--drop-in", "/proc/nope/99-nvc-py.toml",
-                 "--no-server", env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})
+    result = run(
+        "setup",
+        "containerd",
+        "--config",
+        str(main),
+        "--drop-in",
+        "/proc/nope/99-nvc-py.toml",
+        "--no-server",
+        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")},
+    )
     assert_refused(result, "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory")
     assert main.read_text() == "version = 2\n" and tree(tmp_path) == ["config.toml"]
 
 
 def test_cdi_output_that_cannot_be_written(active_2gpu, tmp_path: Path) -> None:
-    assert_refused(run("--root", str(active_2gpu.root), "cdi", "generate", "--output", "/proc/nope/x.yaml"),
-                   "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory")
+    assert_refused(
+        run("--root", str(active_2gpu.root), "cdi", "generate", "--output", "/proc/nope/x.yaml"),
+        "nvc-py: input error: /proc/nope: cannot create directory: No such file or directory",
+    )
     (tmp_path / "x.yaml").mkdir()
-    assert_refused(run("--root", str(active_2gpu.root), "cdi", "generate", "--output", str(tmp_path / "x.yaml")),
-                   f"nvc-py: input error: {tmp_path / 'x.yaml'}: cannot write: Is a directory")
+    assert_refused(
+        run("--root", str(active_2gpu.root), "cdi", "generate", "--output", str(tmp_path / "x.yaml")),
+        f"nvc-py: input error: {tmp_path / 'x.yaml'}: cannot write: Is a directory",
+    )
     assert tree(tmp_path) == ["x.yaml"]
 
 
-@pytest.mark.parametrize(("argv", "line"), [
-    (["-d", "/proc/nope/debug.log", "config", "show"],
-     "/proc/nope/debug.log: cannot open debug log: No such file or directory"),
-    (["share", "status", "--state-dir", "/etc/hostname"], "/etc/hostname: not a directory"),
-    (["setup", "containerd", "--config", "/etc", "--drop-in", "{tmp}/99-nvc-py.toml"],
-     "/etc: is a directory, not a regular file"),
-    (["setup", "containerd", "--config", "{tmp}/new/config.toml", "--drop-in", "/proc/nope/99-nvc-py.toml"],
-     "/proc/nope: cannot create directory: No such file or directory"),
-    (["config", "show", "--file", "relative-missing.yaml"], "relative-missing.yaml: no such configuration file"),
-    (["config", "show", "--file", "/etc"],
-     "/etc: not a regular file (a configuration file must be a regular file of at most 1048576 bytes)"),
-    (["--root", "/nonexistent", "info"], "/nonexistent: invalid driver root (must be an absolute path to a directory)"),
-], ids=["debug-log", "share-state-dir", "containerd-config-dir", "containerd-drop-in", "config-relative",
-        "config-dir", "root"])
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["-d", "/proc/nope/debug.log", "config", "show"],
+            "/proc/nope/debug.log: cannot open debug log: No such file or directory",
+        ),
+        (["share", "status", "--state-dir", "/etc/hostname"], "/etc/hostname: not a directory"),
+        (
+            ["setup", "containerd", "--config", "/etc", "--drop-in", "{tmp}/99-nvc-py.toml"],
+            "/etc: is a directory, not a regular file",
+        ),
+        (
+            ["setup", "containerd", "--config", "{tmp}/new/config.toml", "--drop-in", "/proc/nope/99-nvc-py.toml"],
+            "/proc/nope: cannot create directory: No such file or directory",
+        ),
+        (["config", "show", "--file", "relative-missing.yaml"], "relative-missing.yaml: no such configuration file"),
+        (
+            ["config", "show", "--file", "/etc"],
+            "/etc: not a regular file (a configuration file must be a regular file of at most 1048576 bytes)",
+        ),
+        (
+            ["--root", "/nonexistent", "info"],
+            "/nonexistent: invalid driver root (must be an absolute path to a directory)",
+        ),
+    ],
+    ids=[
+        "debug-log",
+        "share-state-dir",
+        "containerd-config-dir",
+        "containerd-drop-in",
+        "config-relative",
+        "config-dir",
+        "root",
+    ],
+)
 def test_other_bad_paths(tmp_path: Path, argv: list[str], line: str) -> None:
-    result = run(*(word.format(tmp=tmp_path) for word in argv), cwd=tmp_path,
-                 env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})
+    result = run(
+        *(word.format(tmp=tmp_path) for word in argv), cwd=tmp_path, env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")}
+    )
     assert_refused(result, f"nvc-py: input error: {line.format(tmp=tmp_path)}")
     assert tree(tmp_path) == []
 
@@ -122,23 +164,36 @@ def test_other_bad_paths(tmp_path: Path, argv: list[str], line: str) -> None:
 
 
 def test_config_show_of_a_missing_file_is_an_error(tmp_path: Path) -> None:
-    assert_refused(run("config", "show", "--file", str(tmp_path / "missing.yaml")),
-                   f"nvc-py: input error: {tmp_path / 'missing.yaml'}: no such configuration file")
+    assert_refused(
+        run("config", "show", "--file", str(tmp_path / "missing.yaml")),
+        f"nvc-py: input error: {tmp_path / 'missing.yaml'}: no such configuration file",
+    )
     assert run("config", "show", env={"NVC_PY_CONFIG": str(tmp_path / "missing.yaml")}).stdout.startswith(
-        "# effective nvc-py configuration from built-in defaults")  # the default file may be absent
+        "# effective nvc-py configuration from built-in defaults"
+    )  # the default file may be absent
 
 
-@pytest.mark.parametrize("command", [["setup", "podman", "--hooks-dir", "{tmp}/hooks.d", "--no-server"],
-                                     ["setup", "server", "--unit-dir", "{tmp}/units"],
-                                     ["--root", "/", "cdi", "generate", "--output", "{tmp}/cdi.yaml"]],
-                         ids=["podman", "server", "cdi"])
-@pytest.mark.parametrize(("given", "reason"), [
-    ("config.yaml", "--config must be an absolute path (the hooks read it from elsewhere)"),
-    ("{tmp}/missing.yaml", "no such configuration file"),
-    ("{tmp}/bad.yaml", "bogus: unknown key"),
-], ids=["relative", "missing", "invalid"])
-def test_setup_config_that_hooks_could_not_read_is_refused(tmp_path: Path, command: list[str], given: str,
-                                                           reason: str) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["setup", "podman", "--hooks-dir", "{tmp}/hooks.d", "--no-server"],
+        ["setup", "server", "--unit-dir", "{tmp}/units"],
+        ["--root", "/", "cdi", "generate", "--output", "{tmp}/cdi.yaml"],
+    ],
+    ids=["podman", "server", "cdi"],
+)
+@pytest.mark.parametrize(
+    ("given", "reason"),
+    [
+        ("config.yaml", "--config must be an absolute path (the hooks read it from elsewhere)"),
+        ("{tmp}/missing.yaml", "no such configuration file"),
+        ("{tmp}/bad.yaml", "bogus: unknown key"),
+    ],
+    ids=["relative", "missing", "invalid"],
+)
+def test_setup_config_that_hooks_could_not_read_is_refused(
+    tmp_path: Path, command: list[str], given: str, reason: str
+) -> None:
     (tmp_path / "bad.yaml").write_text("bogus: 1\n")
     given = given.format(tmp=tmp_path)
     result = run(*(word.format(tmp=tmp_path) for word in command), "--config", given, cwd=tmp_path)
@@ -163,9 +218,10 @@ def test_every_driver_command_reads_the_configured_root(active_2gpu, tmp_path: P
         assert by_file.stdout == run("--root", root, *command, env=env).stdout, command
     assert "libnvidia-ml.so" in run("list", env=env).stdout
     config.write_text("root: /nonexistent-driver-root\n")
-    assert_refused(run("info", env=env),
-                   "nvc-py: input error: /nonexistent-driver-root: invalid driver root (must be an absolute path "
-                   "to a directory)")
+    assert_refused(
+        run("info", env=env),
+        "nvc-py: input error: /nonexistent-driver-root: invalid driver root (must be an absolute path to a directory)",
+    )
     assert run("--root", root, "info", env=env).returncode == 0
 
 
@@ -186,16 +242,33 @@ def test_setup_podman_remove(tmp_path: Path, config_file: Path) -> None:
 
 def test_setup_server_remove(tmp_path: Path, config_file: Path) -> None:
     units = tmp_path / "units"
-    run("setup", "podman", "--hooks-dir", str(tmp_path / "hooks.d"), "--config", str(config_file), "--no-server",
-        check=True)
+    run(
+        "setup",
+        "podman",
+        "--hooks-dir",
+        str(tmp_path / "hooks.d"),
+        "--config",
+        str(config_file),
+        "--no-server",
+        check=True,
+    )
     run("setup", "server", "--unit-dir", str(units), "--config", str(config_file), check=True)
     assert tree(units) == sorted(UNITS)
     assert "Documentation=" not in (units / UNITS[1]).read_text()  # no man page to point at
-    run("setup", "podman", "--hooks-dir", str(tmp_path / "hooks.d"), "--config", str(config_file), "--no-server",
-        check=True)
+    run(
+        "setup",
+        "podman",
+        "--hooks-dir",
+        str(tmp_path / "hooks.d"),
+        "--config",
+        str(config_file),
+        "--no-server",
+        check=True,
+    )
     assert (tmp_path / "no-server").exists()
-    removed = run("setup", "server", "--unit-dir", str(units), "--config", str(config_file), "--remove",
-                  check=True).stdout.splitlines()
+    removed = run(
+        "setup", "server", "--unit-dir", str(units), "--config", str(config_file), "--remove", check=True
+    ).stdout.splitlines()
     assert removed == [*(f"removed {units / name}" for name in UNITS), f"removed {tmp_path / 'no-server'}"]
     assert tree(units) == [] and not (tmp_path / "no-server").exists()
 
@@ -207,14 +280,23 @@ def test_setup_server_remove_where_systemd_runs(tmp_path: Path) -> None:
     systemctl = tmp_path / "systemctl"
     systemctl.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
     systemctl.chmod(0o755)
-    script = ('mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && mount -t tmpfs tmpfs /etc/systemd/system'
-              f' && {NVC_PY} setup server --systemctl {systemctl} && : > {record}'
-              f' && {NVC_PY} setup server --systemctl {systemctl} --remove && ls -A /etc/systemd/system')
-    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            capture_output=True, text=True, timeout=60, check=True)
+    script = (
+        "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/system && mount -t tmpfs tmpfs /etc/systemd/system"
+        f" && {NVC_PY} setup server --systemctl {systemctl} && : > {record}"
+        f" && {NVC_PY} setup server --systemctl {systemctl} --remove && ls -A /etc/systemd/system"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert result.stdout.splitlines()[-3:] == [
         "stopped and disabled nvc-py-hook.socket and nvc-py-hook.service",
-        "removed /etc/systemd/system/nvc-py-hook.socket", "removed /etc/systemd/system/nvc-py-hook.service"]
+        "removed /etc/systemd/system/nvc-py-hook.socket",
+        "removed /etc/systemd/system/nvc-py-hook.service",
+    ]
     assert record.read_text() == "disable --now nvc-py-hook.socket\nstop nvc-py-hook.service\ndaemon-reload\n"
 
 
@@ -223,20 +305,44 @@ def test_setup_containerd_remove(tmp_path: Path) -> None:
     original = '# site\nversion = 2\nimports = ["/etc/site/other.toml"]\n\n[grpc]\n  address = "/run/s.sock"\n'
     main.write_text(original)
     drop_in = tmp_path / "conf.d" / "99-nvc-py.toml"
-    run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--no-server", check=True,
-        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})  # the no-server file goes beside it
+    run(
+        "setup",
+        "containerd",
+        "--config",
+        str(main),
+        "--drop-in",
+        str(drop_in),
+        "--no-server",
+        check=True,
+        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")},
+    )  # the no-server file goes beside it
     assert drop_in.exists() and str(drop_in) in main.read_text()
-    removed = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove",
-                  check=True).stdout.splitlines()
-    assert removed == [f"removed {drop_in} from the imports of {main}", f"removed {main}.nvc-py.bak",
-                       f"removed {drop_in}", f"removed {drop_in.parent}"]
+    removed = run(
+        "setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove", check=True
+    ).stdout.splitlines()
+    assert removed == [
+        f"removed {drop_in} from the imports of {main}",
+        f"removed {main}.nvc-py.bak",
+        f"removed {drop_in}",
+        f"removed {drop_in.parent}",
+    ]
     assert main.read_text() == original and not drop_in.parent.exists()  # setup made conf.d: gone with its file
     main.unlink()  # no containerd configuration: setup makes one, --remove removes it again
-    run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--no-server", check=True,
-        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")})
+    run(
+        "setup",
+        "containerd",
+        "--config",
+        str(main),
+        "--drop-in",
+        str(drop_in),
+        "--no-server",
+        check=True,
+        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")},
+    )
     assert main.exists()
-    removed = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove",
-                  check=True).stdout.splitlines()
+    removed = run(
+        "setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove", check=True
+    ).stdout.splitlines()
     assert removed == [f"removed {main}", f"removed {drop_in}", f"removed {drop_in.parent}"] and not main.exists()
 
 
@@ -259,13 +365,16 @@ def test_setup_remove_leaves_no_directory_it_made(tmp_path: Path, config_file: P
 def test_runtime_describes_itself_then_the_runtime_it_execs(tmp_path: Path, option: str) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("runtimes: [runc]\n")
-    result = subprocess.run([RUNTIME, option], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "NVC_PY_CONFIG": str(config)})
+    result = subprocess.run(
+        [RUNTIME, option], capture_output=True, text=True, timeout=60, env={**os.environ, "NVC_PY_CONFIG": str(config)}
+    )
     assert result.returncode == 0, result.stderr
     first, _, rest = result.stdout.partition("\n\n")
     assert first.startswith(f"nvc-py-runtime {__version__} (nvc-py): an OCI runtime that is runc or crun")
-    assert f"every command is then run by\n{subprocess.check_output(['which', 'runc'], text=True).strip()} " \
-           f"(configuration: {config}" in first
+    assert (
+        f"every command is then run by\n{subprocess.check_output(['which', 'runc'], text=True).strip()} "
+        f"(configuration: {config}" in first
+    )
     runc = subprocess.run(["runc", option], capture_output=True, text=True, check=True).stdout
     assert rest == runc
 
@@ -275,8 +384,14 @@ def test_hook_help_on_stdout_without_stdin_or_log(tmp_path: Path, argv: list[str
     """stdin stays open and empty (a read would hang until the timeout); the configured log stays unwritten."""
     config = tmp_path / "config.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
-    proc = subprocess.Popen([HOOK, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "NVC_PY_CONFIG": str(config)})
+    proc = subprocess.Popen(
+        [HOOK, *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NVC_PY_CONFIG": str(config)},
+    )
     try:
         proc.wait(timeout=30)  # a hook reading stdin would wait here for ever
     finally:

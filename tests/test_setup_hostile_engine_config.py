@@ -45,16 +45,34 @@ class Engine(NamedTuple):
 
 def _hooks_engine(name: str, path: str, table: str) -> Engine:
     """podman or CRI-O with one file of its chain laid out (in the /etc overlay)."""
-    return Engine(name, path, f"[{table}]\n", "toml", ("setup", name, "--hooks-dir", "{s}/hooks.d", "--config",
-                                                      "{s}/nvc/config.yaml", "--no-server"), True, table)
+    return Engine(
+        name,
+        path,
+        f"[{table}]\n",
+        "toml",
+        ("setup", name, "--hooks-dir", "{s}/hooks.d", "--config", "{s}/nvc/config.yaml", "--no-server"),
+        True,
+        table,
+    )
 
 
 ENGINES = {
-    "docker": Engine("docker", "{s}/conf/daemon.json", '{"log-level": "warn"}\n', "json",
-                     ("setup", "docker", "--config", "{file}", "--gpus-hook-dir", "{s}/bin", "--no-server"), False),
-    "containerd": Engine("containerd", "{s}/conf/config.toml", "version = 2\n", "toml",
-                         ("setup", "containerd", "--config", "{file}", "--drop-in", "{s}/conf/conf.d/99-nvc-py.toml",
-                          "--no-server"), False),
+    "docker": Engine(
+        "docker",
+        "{s}/conf/daemon.json",
+        '{"log-level": "warn"}\n',
+        "json",
+        ("setup", "docker", "--config", "{file}", "--gpus-hook-dir", "{s}/bin", "--no-server"),
+        False,
+    ),
+    "containerd": Engine(
+        "containerd",
+        "{s}/conf/config.toml",
+        "version = 2\n",
+        "toml",
+        ("setup", "containerd", "--config", "{file}", "--drop-in", "{s}/conf/conf.d/99-nvc-py.toml", "--no-server"),
+        False,
+    ),
     "podman": _hooks_engine("podman", "/etc/containers/containers.conf", "engine"),
     "podman drop-in": _hooks_engine("podman", "/etc/containers/containers.conf.d/50-site.conf", "engine"),
     "crio": _hooks_engine("crio", "/etc/crio/crio.conf", "crio.runtime"),
@@ -98,22 +116,34 @@ def _garbage() -> bytes:
 
 # Each case: (lay the file out, what the line says after "FILE: ").
 CASES: dict[str, tuple[Callable[[Scratch], None], Callable[[Scratch], str]]] = {
-    "symlink": (lambda s: s.placed.symlink_to(s.root / "elsewhere" / "target"),
-                lambda s: f"is a symbolic link to {s.root / 'elsewhere' / 'target'}, not followed ("),
+    "symlink": (
+        lambda s: s.placed.symlink_to(s.root / "elsewhere" / "target"),
+        lambda s: f"is a symbolic link to {s.root / 'elsewhere' / 'target'}, not followed (",
+    ),
     "fifo": (lambda s: os.mkfifo(s.placed), lambda s: "is a FIFO, not a regular file"),
-    "device": (lambda s: os.mknod(s.placed, stat.S_IFCHR | 0o644, os.makedev(1, 5)),
-               lambda s: "is a character device, not a regular file"),
+    "device": (
+        lambda s: os.mknod(s.placed, stat.S_IFCHR | 0o644, os.makedev(1, 5)),
+        lambda s: "is a character device, not a regular file",
+    ),
     "directory": (lambda s: _directory(s.placed, s.engine.base), lambda s: "is a directory, not a regular file"),
     "3 MiB": (lambda s: s.placed.write_bytes(b" " * (3 << 20)), lambda s: "is 3145728 bytes, over 1048576 (not read)"),
     "garbage bytes": (lambda s: s.placed.write_bytes(_garbage()), lambda s: "not UTF-8 text"),
-    "garbage text": (lambda s: s.placed.write_text("\x01}{ ][ = ==\n"),
-                     lambda s: f"not valid {s.engine.syntax.upper()} ("),
-    "nested 100000 deep": (lambda s: s.placed.write_text(_deep(s.engine.syntax)),
-                           lambda s: "nested more than 64 levels deep" if s.engine.syntax == "json" else
-                           "not valid TOML (TOML value nested more than 100 levels deep"),
+    "garbage text": (
+        lambda s: s.placed.write_text("\x01}{ ][ = ==\n"),
+        lambda s: f"not valid {s.engine.syntax.upper()} (",
+    ),
+    "nested 100000 deep": (
+        lambda s: s.placed.write_text(_deep(s.engine.syntax)),
+        lambda s: (
+            "nested more than 64 levels deep"
+            if s.engine.syntax == "json"
+            else "not valid TOML (TOML value nested more than 100 levels deep"
+        ),
+    ),
     "hooks_dir of 100000 components": (
         lambda s: s.placed.write_text(f'[{s.engine.table}]\nhooks_dir = ["{"/a" * 100000}"]\n'),
-        lambda s: f"{s.engine.table}.hooks_dir: a path of 200000 bytes, over 4095"),
+        lambda s: f"{s.engine.table}.hooks_dir: a path of 200000 bytes, over 4095",
+    ),
 }
 
 
@@ -123,9 +153,13 @@ def snapshot(root: Path) -> dict[str, object]:
     found: dict[str, object] = {}
     for path in sorted(root.rglob("*")):
         st = path.lstat()
-        found[str(path.relative_to(root))] = (os.readlink(path) if stat.S_ISLNK(st.st_mode) else
-                                              path.read_bytes() if stat.S_ISREG(st.st_mode) else
-                                              (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode)))
+        found[str(path.relative_to(root))] = (
+            os.readlink(path)
+            if stat.S_ISLNK(st.st_mode)
+            else path.read_bytes()
+            if stat.S_ISREG(st.st_mode)
+            else (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode))
+        )
     return found
 
 
@@ -133,8 +167,19 @@ def run_setup(scratch: Scratch, *extra: str) -> subprocess.CompletedProcess[str]
     argv = [NVC_PY, *(scratch.path(word.replace("{file}", scratch.file)) for word in scratch.engine.argv), *extra]
     env = {**os.environ, "NVC_PY_CONFIG": scratch.path("{s}/nvc/config.yaml"), "NVC_PY_HOOK_SOCKET": "none"}
     if scratch.engine.in_etc:
-        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", ETC_OVERLAY, "sh",
-                str(scratch.root / "etc"), str(scratch.work), *argv]
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            ETC_OVERLAY,
+            "sh",
+            str(scratch.root / "etc"),
+            str(scratch.work),
+            *argv,
+        ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -154,14 +199,16 @@ def _scratch(tmp_path: Path, name: str) -> Scratch:
 
 # Every case on every engine's file; a hooks_dir only where the engine reads one (docker's and
 # containerd's long paths are options: test_long_paths_given_as_options).
-ENGINE_CASES = [(engine, case) for engine in ENGINES for case in CASES
-                if ENGINES[engine].table or not case.startswith("hooks_dir")]
+ENGINE_CASES = [
+    (engine, case) for engine in ENGINES for case in CASES if ENGINES[engine].table or not case.startswith("hooks_dir")
+]
 
 
 @pytest.mark.parametrize("remove", [False, True], ids=["setup", "remove"])
 @pytest.mark.parametrize(("engine", "case"), ENGINE_CASES, ids=[f"{e}-{c}" for e, c in ENGINE_CASES])
-def test_hostile_configuration_is_refused_in_one_line_with_nothing_written(tmp_path: Path, engine: str, case: str,
-                                                                           remove: bool) -> None:
+def test_hostile_configuration_is_refused_in_one_line_with_nothing_written(
+    tmp_path: Path, engine: str, case: str, remove: bool
+) -> None:
     lay_out, reason = CASES[case]
     scratch = _scratch(tmp_path, engine)
     lay_out(scratch)
@@ -173,12 +220,15 @@ def test_hostile_configuration_is_refused_in_one_line_with_nothing_written(tmp_p
     assert snapshot(scratch.root) == before
 
 
-@pytest.mark.parametrize(("engine", "option", "reason"), [
-    ("docker", "--gpus-hook-dir", "not a directory (cannot link nvidia-container-runtime-hook there)"),
-    ("containerd", "--drop-in", "cannot create directory: File name too long"),
-    ("podman", "--hooks-dir", "cannot create directory: File name too long"),
-    ("crio", "--hooks-dir", "cannot create directory: File name too long"),
-])
+@pytest.mark.parametrize(
+    ("engine", "option", "reason"),
+    [
+        ("docker", "--gpus-hook-dir", "not a directory (cannot link nvidia-container-runtime-hook there)"),
+        ("containerd", "--drop-in", "cannot create directory: File name too long"),
+        ("podman", "--hooks-dir", "cannot create directory: File name too long"),
+        ("crio", "--hooks-dir", "cannot create directory: File name too long"),
+    ],
+)
 def test_long_paths_given_as_options(tmp_path: Path, engine: str, option: str, reason: str) -> None:
     """A path of 60000 components (as many as one argument may hold) where setup writes: one line."""
     made = Scratch(tmp_path / "s", tmp_path / "overlay-work", ENGINES[engine])
@@ -211,10 +261,13 @@ def test_parse_bounded_refuses_deeper_than_its_limit() -> None:
             engineconf.parse_bounded(json.loads, "[" * depth + "]" * depth, "f")
 
 
-@pytest.mark.parametrize(("engine", "text"), [
-    ("docker", '{\n  "log-level": "warn"\n}\n'),
-    ("containerd", 'version = 2\n\n[grpc]\n  address = "/run/site.sock"\n'),
-])
+@pytest.mark.parametrize(
+    ("engine", "text"),
+    [
+        ("docker", '{\n  "log-level": "warn"\n}\n'),
+        ("containerd", 'version = 2\n\n[grpc]\n  address = "/run/site.sock"\n'),
+    ],
+)
 def test_a_rewrite_is_a_rename_keeping_the_previous_file_as_backup(tmp_path: Path, engine: str, text: str) -> None:
     """The previous file, the very inode, becomes FILE.nvc-py.bak (a link planted there is replaced,
     its target untouched), the new text is renamed in, and --remove restores the text byte for byte."""
@@ -256,22 +309,52 @@ def test_package_removal_refuses_each_hostile_file_in_one_line(tmp_path: Path) -
     import sys
 
     upper, work = tmp_path / "etc", tmp_path / "work"
-    for directory in (upper / "docker", upper / "containerd", upper / "containers" / "containers.conf.d",
-                      work / "etc", work / "usr", tmp_path / "usr", tmp_path / "elsewhere"):
+    for directory in (
+        upper / "docker",
+        upper / "containerd",
+        upper / "containers" / "containers.conf.d",
+        work / "etc",
+        work / "usr",
+        tmp_path / "usr",
+        tmp_path / "elsewhere",
+    ):
         directory.mkdir(parents=True)
     victim = tmp_path / "elsewhere" / "daemon.json"
     victim.write_text('{"log-level": "warn"}\n')
     (upper / "docker" / "daemon.json").symlink_to(victim)
     os.mkfifo(upper / "containerd" / "config.toml")
     (upper / "containers" / "containers.conf.d" / "50-site.conf").write_text(
-        f'[engine]\nhooks_dir = ["{"/a" * 100000}"]\n')
+        f'[engine]\nhooks_dir = ["{"/a" * 100000}"]\n'
+    )
     before = snapshot(tmp_path)
-    script = ('mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2/etc" /etc'
-              ' && mount -t overlay overlay -o "lowerdir=/usr,upperdir=$3,workdir=$2/usr" /usr'
-              ' && mount -t tmpfs tmpfs /run && shift 3 && exec "$@"')
-    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(upper),
-                             str(work), str(tmp_path / "usr"), sys.executable, "-I", "-m", "nvc.hook.setup.maintainer",
-                             "unregister"], capture_output=True, text=True, timeout=120)
+    script = (
+        'mount -t overlay overlay -o "lowerdir=/etc,upperdir=$1,workdir=$2/etc" /etc'
+        ' && mount -t overlay overlay -o "lowerdir=/usr,upperdir=$3,workdir=$2/usr" /usr'
+        ' && mount -t tmpfs tmpfs /run && shift 3 && exec "$@"'
+    )
+    result = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(upper),
+            str(work),
+            str(tmp_path / "usr"),
+            sys.executable,
+            "-I",
+            "-m",
+            "nvc.hook.setup.maintainer",
+            "unregister",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 1, result
     assert result.stderr.splitlines() == [
@@ -279,6 +362,8 @@ def test_package_removal_refuses_each_hostile_file_in_one_line(tmp_path: Path) -
         "bytes, over 4095",
         "nvc-py: input error: /etc/containerd/config.toml: is a FIFO, not a regular file",
         f"nvc-py: input error: /etc/docker/daemon.json: is a symbolic link to {victim}, not followed "
-        f"(--config {victim} changes that file)"]
-    assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith(("work", "usr"))} == \
-        {k: v for k, v in before.items() if not k.startswith(("work", "usr"))}
+        f"(--config {victim} changes that file)",
+    ]
+    assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith(("work", "usr"))} == {
+        k: v for k, v in before.items() if not k.startswith(("work", "usr"))
+    }

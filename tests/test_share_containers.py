@@ -21,30 +21,32 @@ from harness.sharedirs import mountpoints as _mountpoints
 from harness.shim import GIB, WAITS_LOG, programs  # noqa: F401  (fixture)
 from harness.standins import target_process  # noqa: F401  (fixture)
 from nvc.apply import sharefiles
+from nvc.commands import sharestatus
 from nvc.containerenv import sharing
 from nvc.plan import fromenv, share
-from nvc.commands import sharestatus
 
 T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- steps of the container's plan
 
+
 def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_rootfs, target_process):
     """configure's plan has the sharing files as host steps, before the container's: the dry run
     prints them and makes nothing; applying makes them, then the mounts that show them in the
     container; a later step failing removes them again."""
-    from nvc.pipeline import configure
-    from nvc.pipeline.apply import apply, ldcache
     from nvc.config.options import GlobalOptions
     from nvc.errors import MountError
+    from nvc.pipeline import configure
+    from nvc.pipeline.apply import apply, ldcache
     from nvc.plan.request import HostMount, from_flags
 
     debian_rootfs = make_rootfs("debian", name="share-plan-rootfs")  # its own: the mount targets stay in it
     glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
     asked = fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "1Gi", "NVC_SHARE_COMPUTE": "50"})
-    req = from_flags(str(debian_rootfs), target_process, devices=("0",), capabilities=("compute", "utility"),
-                     no_cgroups=True)._replace(sharing=asked, container_id="ctr-plan")
+    req = from_flags(
+        str(debian_rootfs), target_process, devices=("0",), capabilities=("compute", "utility"), no_cgroups=True
+    )._replace(sharing=asked, container_id="ctr-plan")
     where, sched = f"{share.STATE_DIR}/ctr-plan", f"{share.sched_dir_for(share.STATE_DIR)}/ctr-plan"
     host_mounts = Path("/proc/self/mountinfo").read_text()
     listing_before = sorted(str(p) for p in default_run_dir.rglob("*"))
@@ -54,17 +56,23 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     def apply_all(plan) -> None:
         with configure.container(req) as ctr, apply(plan, ctr.handle) as applied:
             ldcache(applied)
+
     lines = plan.text().splitlines()
-    assert lines[:4] == [f"mkdir   host      {where}", f"write   host      {where}/owner (the container's bundle and "
-                         "process)", f"tmpfs   host      {where}/shared (limits, region)",
-                         f"write   host      {where}/shared/limits ({len(plan.share.limits)} bytes: "
-                         "'# written by nvc-py for container ctr-pl'…)"]
+    assert lines[:4] == [
+        f"mkdir   host      {where}",
+        f"write   host      {where}/owner (the container's bundle and process)",
+        f"tmpfs   host      {where}/shared (limits, region)",
+        f"write   host      {where}/shared/limits ({len(plan.share.limits)} bytes: "
+        "'# written by nvc-py for container ctr-pl'…)",
+    ]
     assert lines[4].startswith(f"write   host      {where}/ld.so.preload (")
     assert "bytes: '/usr/lib/nvc-share/libnvc-share.so'…)" in lines[4]
     granted = f"{share.sched_dir_for(share.STATE_DIR)}/.granted/ctr-plan"
-    assert lines[5:8] == [f"write   host      {granted} (its granted compute limits)",
-                          f"write   host      {sched} (scheduler file)",
-                          f"rootfs  {debian_rootfs} (pid {target_process}, owner 0:0)"]
+    assert lines[5:8] == [
+        f"write   host      {granted} (its granted compute limits)",
+        f"write   host      {sched} (scheduler file)",
+        f"rootfs  {debian_rootfs} (pid {target_process}, owner 0:0)",
+    ]
     assert f"bind    extra     {share.HOST_LIBRARY} -> {sharing.CONTAINER_LIBRARY} [rdonly,nosuid,nodev]" in lines
     assert f"bind    extra     {where}/shared -> {sharing.CONTAINER_DIR} [nosuid,nodev]" in lines
     assert "memory_limit=1073741824\ncompute_percent=50\n" in plan.share.limits
@@ -90,7 +98,7 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
         assert (os.stat(granted).st_uid, os.stat(granted).st_mode & 0o7777) == (0, 0o444)
         # (the image's /var/run links to /run)
         assert f" {debian_rootfs}/run/nvc-share " in Path(f"/proc/{target_process}/mountinfo").read_text()
-        sharefiles.remove("ctr-plan")          # poststop's part: both scheduler files go, the tmpfs stays
+        sharefiles.remove("ctr-plan")  # poststop's part: both scheduler files go, the tmpfs stays
         assert not os.path.lexists(sched) and not os.path.lexists(granted)
     finally:
         sharefiles.remove("ctr-plan")
@@ -101,8 +109,10 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
 
 # ---------------------------------------------------------------- through the hook, in a runc container
 
-def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu, runc, debian_rootfs,
-                                                     make_rootfs, tmp_path):
+
+def test_hook_injects_the_shim_into_a_runc_container(
+    default_run_dir, fake_2gpu, runc, debian_rootfs, make_rootfs, tmp_path
+):
     """A container asking for 4 GiB gets the shim preloaded, a limits file it cannot change even as
     root, a full tmpfs of its own as shared directory (root and uid 1000 alike write nothing more
     there), and NVML (the fake nvidia-smi) reporting the limit; poststop unmounts and removes its
@@ -114,25 +124,39 @@ def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu,
     config = tmp_path / "config.yaml"
     log = f"log: {{file: {tmp_path / 'hook.log'}}}\n"  # not the host's log
     config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n{log}")
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": [f"NVC_PY_CONFIG={config}"]}
+    hook = {
+        "path": str(SCRIPTS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": [f"NVC_PY_CONFIG={config}"],
+    }
     hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
-    fill = ("stat -f -c 'free %f' /var/run/nvc-share; dd if=/dev/zero of=/var/run/nvc-share/region bs=64k "
-            "count=1000 oflag=append conv=notrunc 2>&1 | grep -o 'No space left on device'; "
-            "touch /var/run/nvc-share/x 2>&1 | grep -o -e 'No space left on device' -e 'Permission denied'")
-    script = ("head -1 /etc/ld.so.preload; cat /var/run/nvc-share/limits | grep memory_limit; "
-              "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
-              f"nvidia-smi --query-gpu=memory.total --format=csv,noheader; {fill}; "
-              "rm /var/run/nvc-share/region && ln -s /etc /var/run/nvc-share/region && echo planted")
+    fill = (
+        "stat -f -c 'free %f' /var/run/nvc-share; dd if=/dev/zero of=/var/run/nvc-share/region bs=64k "
+        "count=1000 oflag=append conv=notrunc 2>&1 | grep -o 'No space left on device'; "
+        "touch /var/run/nvc-share/x 2>&1 | grep -o -e 'No space left on device' -e 'Permission denied'"
+    )
+    script = (
+        "head -1 /etc/ld.so.preload; cat /var/run/nvc-share/limits | grep memory_limit; "
+        "(echo memory_limit=80Gi >> /var/run/nvc-share/limits) 2>/dev/null || echo read-only; "
+        f"nvidia-smi --query-gpu=memory.total --format=csv,noheader; {fill}; "
+        "rm /var/run/nvc-share/region && ln -s /etc /var/run/nvc-share/region && echo planted"
+    )
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
     bundle = make_bundle(tmp_path / "ok", debian_rootfs, ["sh", "-c", script], env=env, hooks=hooks)
     result = runc.create_start(bundle, container_id="nvc-share-ok")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [sharing.CONTAINER_LIBRARY, f"memory_limit={4 * GIB}", "read-only",
-                                          "4096 MiB", "free 0", "No space left on device",
-                                          "No space left on device", "planted"]
-    assert "nvc-share" not in result.stderr              # the shim used the hook's region as it is
-    runc.delete("nvc-share-ok")                        # poststop: the planted symlink is not followed
+    assert result.stdout.splitlines() == [
+        sharing.CONTAINER_LIBRARY,
+        f"memory_limit={4 * GIB}",
+        "read-only",
+        "4096 MiB",
+        "free 0",
+        "No space left on device",
+        "No space left on device",
+        "planted",
+    ]
+    assert "nvc-share" not in result.stderr  # the shim used the hook's region as it is
+    runc.delete("nvc-share-ok")  # poststop: the planted symlink is not followed
     assert not (Path(share.STATE_DIR) / "nvc-share-ok").exists()
     assert not any(m.startswith(share.STATE_DIR) for m in _mountpoints())
     assert Path("/etc/passwd").exists()
@@ -149,16 +173,23 @@ def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu,
 
     # Sharing enabled on the host: a container that asks for nothing gets the host's default.
     enabled = tmp_path / "enabled.yaml"
-    enabled.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n{log}"
-                       "sharing: {enabled: true, device-memory-limit: 2g}\n")
+    enabled.write_text(
+        f"root: {fake_2gpu.root}\nload-kmods: false\n{log}sharing: {{enabled: true, device-memory-limit: 2g}}\n"
+    )
     host_hooks = {stage: [{**h, "env": [f"NVC_PY_CONFIG={enabled}"]} for h in hs] for stage, hs in hooks.items()}
-    plain = make_bundle(tmp_path / "plain", debian_rootfs, ["nvidia-smi", "--query-gpu=memory.total",
-                        "--format=csv,noheader"], env={"NVIDIA_VISIBLE_DEVICES": "0"}, hooks=host_hooks)
+    plain = make_bundle(
+        tmp_path / "plain",
+        debian_rootfs,
+        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader"],
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        hooks=host_hooks,
+    )
     result = runc.create_start(plain, container_id="nvc-share-default")
     assert (result.returncode, result.stdout) == (0, "2048 MiB\n"), result.stderr
 
-    bad = make_bundle(tmp_path / "bad", debian_rootfs, ["true"], env={**env, "NVC_SHARE_MEMORY_LIMIT": "lots"},
-                      hooks=hooks)
+    bad = make_bundle(
+        tmp_path / "bad", debian_rootfs, ["true"], env={**env, "NVC_SHARE_MEMORY_LIMIT": "lots"}, hooks=hooks
+    )
     result = runc.create_start(bad, container_id="nvc-share-bad")
     assert result.returncode != 0
     assert "NVC_SHARE_MEMORY_LIMIT='lots': not a size" in result.stderr
@@ -172,7 +203,7 @@ def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu,
         image = make_bundle(tmp_path / "fifo", fifo_rootfs, ["true"], env=env, hooks=hooks)
         result = runc.create_start(image, container_id="nvc-share-fifo")
         assert result.returncode != 0
-        assert writer.poll() is None                          # the hook never opened it
+        assert writer.poll() is None  # the hook never opened it
         assert "/etc/ld.so.preload in " in result.stderr and "is a FIFO, not a regular file" in result.stderr
     finally:
         writer.kill()
@@ -180,34 +211,48 @@ def test_hook_injects_the_shim_into_a_runc_container(default_run_dir, fake_2gpu,
     assert os.listdir(share.STATE_DIR) == []
 
 
-def test_poststop_removes_only_the_sharing_files_of_the_container_that_stopped(default_run_dir, fake_2gpu, runc,
-                                                                              debian_rootfs, make_rootfs, tmp_path):
+def test_poststop_removes_only_the_sharing_files_of_the_container_that_stopped(
+    default_run_dir, fake_2gpu, runc, debian_rootfs, make_rootfs, tmp_path
+):
     """Finding 7: a GPU-less container with the same id under another runtime root stops while the
     sharing container runs: its poststop leaves the running container's directory and scheduler
     file alone (prestart recorded their owner: bundle and process). The right poststop removes them."""
     from harness.bundle import make_bundle
-    from harness.runtime import Runc
     from harness.installed import SCRIPTS
+    from harness.runtime import Runc
 
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": [f"NVC_PY_CONFIG={config}"]}
+    hook = {
+        "path": str(SCRIPTS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": [f"NVC_PY_CONFIG={config}"],
+    }
     hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
     cid = "nvc-share-same-id"
-    gpu = make_bundle(tmp_path / "gpu", debian_rootfs, ["sleep", "60"], hooks=hooks,
-                      env={"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_COMPUTE": "50"})
+    gpu = make_bundle(
+        tmp_path / "gpu",
+        debian_rootfs,
+        ["sleep", "60"],
+        hooks=hooks,
+        env={"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_COMPUTE": "50"},
+    )
     plain = make_bundle(tmp_path / "plain", make_rootfs("debian", name="plain-rootfs"), ["true"], hooks=hooks)
     where, sched = Path(share.STATE_DIR) / cid, Path(share.sched_dir_for(share.STATE_DIR)) / cid
     try:
         with open(tmp_path / "create.log", "w") as log:
-            created = subprocess.run(["runc", "--root", str(runc.state_root), "create", "--bundle", str(gpu), cid],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, timeout=60)
+            created = subprocess.run(
+                ["runc", "--root", str(runc.state_root), "create", "--bundle", str(gpu), cid],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                timeout=60,
+            )
         assert created.returncode == 0, (tmp_path / "create.log").read_text()
         assert (where / "shared" / "limits").exists() and sched.exists()
         other = Runc(tmp_path / "other-runtime-root").run(plain, container_id=cid)
         assert other.returncode == 0, other.stderr
-        assert (where / "shared" / "limits").exists() and sched.exists()   # not the stopped one's
+        assert (where / "shared" / "limits").exists() and sched.exists()  # not the stopped one's
         runc.delete(cid)
         assert not where.exists() and not sched.exists()
     finally:
@@ -218,8 +263,10 @@ def test_poststop_removes_only_the_sharing_files_of_the_container_that_stopped(d
 
 # ---------------------------------------------------------------- two weighted containers, through the hook
 
-def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active_2gpu, podman, setup_dir, programs,
-                                                         tmp_path):
+
+def test_two_weighted_containers_share_the_gpu_by_weight(
+    default_run_dir, active_2gpu, podman, setup_dir, programs, tmp_path
+):
     """Two podman containers through the hook, weights 1 and 3 (and each its own 2 GiB budget), busy
     with 1 ms kernels of the fake GPU at the same time, the weight-3 one waiting 1 ms on its host after
     each (busy half the time, under its three quarters): it runs free (400 kernels in ~0.8 s) while the
@@ -230,26 +277,31 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     # Both started (each one's scheduler file made by its hook) before either looks at the peers.
-    script = ("touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.02; done; "
-              "for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
-              "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
-              "echo $(grep -h '^compute_weight=' /var/run/nvc-share-peers/.granted/* | sort); "
-              "(echo compute_weight=1000 >> /var/run/nvc-share-peers/.granted/x) 2>&1 | grep -o 'Read-only file system'; "
-              "cuda_probe init ctx 0 $WORK")
-    envs = {weight: {"NVC_SHARE_MEMORY_LIMIT": "2Gi", "WORK": work, "NVC_SHARE_LOG": "2"}
-            for weight, work in ((1, "launch 300 264 128 sync"), (3, "steps 400 264 128 1000"))}
+    script = (
+        "touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.02; done; "
+        "for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
+        "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
+        "echo $(grep -h '^compute_weight=' /var/run/nvc-share-peers/.granted/* | sort); "
+        "(echo compute_weight=1000 >> /var/run/nvc-share-peers/.granted/x) 2>&1 | grep -o 'Read-only file system'; "
+        "cuda_probe init ctx 0 $WORK"
+    )
+    envs = {
+        weight: {"NVC_SHARE_MEMORY_LIMIT": "2Gi", "WORK": work, "NVC_SHARE_LOG": "2"}
+        for weight, work in ((1, "launch 300 264 128 sync"), (3, "steps 400 264 128 1000"))
+    }
 
     def busy_for_a_while() -> list[sharestatus.ContainerShare]:
-        time.sleep(0.3)                                   # both busy for a while: the share is measured
+        time.sleep(0.3)  # both busy for a while: the share is measured
         return sharestatus.status()
 
-    results, status = _at_once(podman, setup_dir, programs, default_run_dir, barrier, script, envs, [],
-                               busy_for_a_while)
+    results, status = _at_once(
+        podman, setup_dir, programs, default_run_dir, barrier, script, envs, [], busy_for_a_while
+    )
     walls = {}
     for weight, result in results.items():
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
-        assert lines[:3] == ["Read-only file system"] * 3, lines   # both scheduler files, the limits file
+        assert lines[:3] == ["Read-only file system"] * 3, lines  # both scheduler files, the limits file
         # both containers' granted weights, beside the files, read-only
         assert lines[3:5] == ["compute_weight=1 compute_weight=3", "Read-only file system"], lines
         probe = [line.split() for line in lines[5:]]
@@ -258,7 +310,7 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
     held = {weight: float(WAITS_LOG.search(result.stderr).group(5)) for weight, result in results.items()}
     print(f"walls {walls}, ms waited for the other's share {held}")
     assert held[3] <= 20 and held[1] >= 100, held
-    assert walls[1] >= 0.35 and walls[3] >= 0.75, walls              # the weight-1 one was held (free: 0.3 s)
+    assert walls[1] >= 0.35 and walls[3] >= 0.75, walls  # the weight-1 one was held (free: 0.3 s)
     by_weight = {d.weight: d for c in status for d in c.devices}
     assert set(by_weight) == {1, 3}, status
     assert all(d.compute_percent == 100 for d in by_weight.values())
@@ -266,12 +318,20 @@ def test_two_weighted_containers_share_the_gpu_by_weight(default_run_dir, active
     print(f"measured shares {shares}")
     # each one's work over the last 200 ms: the weight-3 one's kernels half the time, the other's in its gaps
     assert shares[1] is not None and shares[3] is not None and 30 <= shares[3] <= 70, shares
-    assert not os.listdir(share.STATE_DIR)                  # poststop removed both
+    assert not os.listdir(share.STATE_DIR)  # poststop removed both
 
 
-def _at_once(podman, setup_dir: Path, programs: dict[str, Path], run_dir: Path, barrier: Path, script: str,
-             envs: dict[int, dict[str, str]], mounts: list[str], during: Callable[[], T]
-             ) -> tuple[dict[int, subprocess.CompletedProcess[str]], T]:
+def _at_once(
+    podman,
+    setup_dir: Path,
+    programs: dict[str, Path],
+    run_dir: Path,
+    barrier: Path,
+    script: str,
+    envs: dict[int, dict[str, str]],
+    mounts: list[str],
+    during: Callable[[], T],
+) -> tuple[dict[int, subprocess.CompletedProcess[str]], T]:
     """Podman containers through the hook, one per weight with its env (on GPU 0, 1 ms fake kernels),
     started at once with cuda_probe and the barrier directory mounted; `during` runs once all are past
     the barrier. Returns their results and what `during` returned; unmounts the hooks' scheduler
@@ -282,11 +342,27 @@ def _at_once(podman, setup_dir: Path, programs: dict[str, Path], run_dir: Path, 
     results: dict[int, subprocess.CompletedProcess[str]] = {}
 
     def run(weight: int) -> None:
-        env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": "1000",
-               "FAKE_CUDA_CONTEXT_MIB": "0", **envs[weight]}
-        results[weight] = podman.run(image, ["sh", "-c", script], env=env, hooks_dirs=[setup_dir / "hooks.d"],
-                                     extra_args=["-v", f"{programs['cuda_probe']}:/usr/local/bin/cuda_probe:ro",
-                                                 "-v", f"{barrier}:/barrier", *mounts], timeout=120)
+        env = {
+            "NVIDIA_VISIBLE_DEVICES": "0",
+            "NVC_SHARE_WEIGHT": str(weight),
+            "FAKE_CUDA_KERNEL_US": "1000",
+            "FAKE_CUDA_CONTEXT_MIB": "0",
+            **envs[weight],
+        }
+        results[weight] = podman.run(
+            image,
+            ["sh", "-c", script],
+            env=env,
+            hooks_dirs=[setup_dir / "hooks.d"],
+            extra_args=[
+                "-v",
+                f"{programs['cuda_probe']}:/usr/local/bin/cuda_probe:ro",
+                "-v",
+                f"{barrier}:/barrier",
+                *mounts,
+            ],
+            timeout=120,
+        )
 
     threads = [threading.Thread(target=run, args=(weight,)) for weight in envs]
     for thread in threads:
@@ -305,8 +381,9 @@ def _at_once(podman, setup_dir: Path, programs: dict[str, Path], run_dir: Path, 
     return results, seen
 
 
-def test_two_weighted_containers_on_one_time_sliced_gpu_get_it_by_weight(default_run_dir, active_2gpu, podman,
-                                                                          setup_dir, programs, tmp_path):
+def test_two_weighted_containers_on_one_time_sliced_gpu_get_it_by_weight(
+    default_run_dir, active_2gpu, podman, setup_dir, programs, tmp_path
+):
     """Two podman containers through the hook, weights 1 and 3 in their env, on one fake GPU that
     time-slices between their processes (FAKE_CUDA_SHARED_GPU, its file mounted in both), 1200 and 800
     kernels of 1 ms back to back from one moment: while both run the weight-3 one gets 75 % of the work
@@ -316,15 +393,18 @@ def test_two_weighted_containers_on_one_time_sliced_gpu_get_it_by_weight(default
     gpu = tmp_path / "gpu"
     gpu.touch()
     script = "touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.01; done; cuda_probe init ctx 0 $WORK"
-    envs = {weight: {"WORK": f"launch {n} 264 128 sync", "FAKE_CUDA_SHARED_GPU": "/fake-gpu"}
-            for weight, n in ((1, 1200), (3, 800))}
-    results, _ = _at_once(podman, setup_dir, programs, default_run_dir, barrier, script, envs,
-                          ["-v", f"{gpu}:/fake-gpu"], lambda: None)
+    envs = {
+        weight: {"WORK": f"launch {n} 264 128 sync", "FAKE_CUDA_SHARED_GPU": "/fake-gpu"}
+        for weight, n in ((1, 1200), (3, 800))
+    }
+    results, _ = _at_once(
+        podman, setup_dir, programs, default_run_dir, barrier, script, envs, ["-v", f"{gpu}:/fake-gpu"], lambda: None
+    )
     walls = {}
     for weight, result in results.items():
         assert result.returncode == 0, result.stderr
         walls[weight] = sum(int(line.split()[2]) for line in result.stdout.splitlines()[2:]) / 1e6
-    light_kernels = 1200 - (walls[1] - walls[3]) * 1000   # done while the heavy one ran (then alone, 1 ms each)
+    light_kernels = 1200 - (walls[1] - walls[3]) * 1000  # done while the heavy one ran (then alone, 1 ms each)
     part = 100 * light_kernels / (light_kernels + 800)
     print(f"walls {walls}: the light one's part {part:.1f} %")
     assert abs(part - 25) <= 5 and walls[1] <= 2.1, (part, walls)

@@ -39,6 +39,7 @@ def image_preload(rootfs: Path) -> str:
 
 # ---------------------------------------------------------------- host side: directory, preload, mounts
 
+
 @pytest.fixture
 def rootfs(tmp_path: Path) -> Path:
     root = tmp_path / "rootfs"
@@ -56,10 +57,10 @@ def test_preload_keeps_the_image_entries(rootfs):
 def test_preload_is_read_inside_the_root(rootfs, tmp_path):
     secret = tmp_path / "host-secret"
     secret.write_text("/host/only.so\n")
-    (rootfs / "etc" / "ld.so.preload").symlink_to(secret)       # absolute: lands inside the rootfs
+    (rootfs / "etc" / "ld.so.preload").symlink_to(secret)  # absolute: lands inside the rootfs
     assert image_preload(rootfs) == ""
     (rootfs / "etc" / "ld.so.preload").unlink()
-    os.mknod(rootfs / "etc" / "ld.so.preload", stat.S_IFCHR | 0o644, os.makedev(1, 5))   # /dev/zero
+    os.mknod(rootfs / "etc" / "ld.so.preload", stat.S_IFCHR | 0o644, os.makedev(1, 5))  # /dev/zero
     with pytest.raises(ContainerError, match="ld.so.preload in .* is a character device, not a regular file"):
         image_preload(rootfs)
 
@@ -72,17 +73,16 @@ def test_preload_fifo_is_refused_without_being_opened(rootfs, tmp_path):
     os.mkfifo(fifo)
     writer = subprocess.Popen(["sh", "-c", f"exec 3>'{fifo}'; echo opened"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.2)                                       # the writer now waits in open()
+        time.sleep(0.2)  # the writer now waits in open()
         with pytest.raises(ContainerError) as refused:
-            prepare(ShareRequest(), "ctr", str(rootfs), library=str(SHIM),
-                          state_dir=str(tmp_path / "state"))
+            prepare(ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(tmp_path / "state"))
         with pytest.raises(subprocess.TimeoutExpired):
-            writer.wait(timeout=1)                            # nobody opened the FIFO
+            writer.wait(timeout=1)  # nobody opened the FIFO
         assert "ld.so.preload in " in str(refused.value) and "is a FIFO, not a regular file" in str(refused.value)
         assert not (tmp_path / "state").exists()
-        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)       # now one open for reading...
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # now one open for reading...
         os.close(fd)
-        assert writer.communicate(timeout=10)[0] == "opened\n"   # ...releases it: the check could see one
+        assert writer.communicate(timeout=10)[0] == "opened\n"  # ...releases it: the check could see one
     finally:
         writer.kill()
         writer.wait()
@@ -102,8 +102,7 @@ def test_prepare_and_remove(private_mounts, rootfs, tmp_path):
         (str(shared / "limits"), "/var/run/nvc-share/limits", True, False),
         (str(state / "ctr1" / "ld.so.preload"), "/etc/ld.so.preload", True, False),
     ]
-    assert (state / "ctr1" / "ld.so.preload").read_text() == \
-        "/usr/lib/nvc-share/libnvc-share.so\n/usr/lib/libfoo.so\n"
+    assert (state / "ctr1" / "ld.so.preload").read_text() == "/usr/lib/nvc-share/libnvc-share.so\n/usr/lib/libfoo.so\n"
     assert "memory_limit=4294967296\n" in (shared / "limits").read_text()
     # the shared directory is a tmpfs of its own, exactly full: the region's blocks are allocated
     assert str(shared) in _mountpoints()
@@ -148,8 +147,12 @@ def test_applying_the_sharing_files_plans_nothing() -> None:
     import ast
 
     tree = ast.parse(Path(sharefiles.__file__).read_text())
-    taken = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             and node.module == "nvc.plan.share" for alias in node.names}
+    taken = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "nvc.plan.share"
+        for alias in node.names
+    }
     assert "ShareFiles" in taken
     assert taken <= {"ShareFiles", "STATE_DIR", "GRANTED_DIR", "GRANTED_MAX", "container_dir", "sched_dir_for"}
 
@@ -175,13 +178,15 @@ def test_failure_midway_leaves_nothing(private_mounts, rootfs, tmp_path, monkeyp
 
     def full_on_preload(dir_fd: int, name: str, data: bytes, mode: int) -> None:
         if name == "ld.so.preload":
-            assert any(m.startswith(str(state)) for m in _mountpoints())       # midway indeed
+            assert any(m.startswith(str(state)) for m in _mountpoints())  # midway indeed
             raise OSError(28, "No space left on device")
         original(dir_fd, name, data, mode)
 
     monkeypatch.setattr(sharefiles, "_write_new", full_on_preload)
-    with pytest.raises(ContainerError, match=f"^container error: cannot make the sharing files of container ctr in "
-                                             f"{state}: No space left on device$"):
+    with pytest.raises(
+        ContainerError,
+        match=f"^container error: cannot make the sharing files of container ctr in {state}: No space left on device$",
+    ):
         prepare(ShareRequest(), "ctr", str(rootfs), library=str(SHIM), state_dir=str(state))
     assert os.listdir(state) == []
     assert not any(m.startswith(str(state)) for m in _mountpoints())
@@ -195,19 +200,29 @@ def test_a_uid_1000_process_fills_only_the_small_tmpfs(private_mounts, tmp_path)
     before = os.statvfs(state).f_bfree
     # in the shared directory as its cwd: the container reaches it through its bind mount alone
     as_1000 = ["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups"]
-    grow = subprocess.run([*as_1000, "dd", "if=/dev/zero", "of=region", "bs=64K", "count=16384", "oflag=append",
-                           "conv=notrunc"], cwd=shared, capture_output=True, text=True, timeout=30)
+    grow = subprocess.run(
+        [*as_1000, "dd", "if=/dev/zero", "of=region", "bs=64K", "count=16384", "oflag=append", "conv=notrunc"],
+        cwd=shared,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert grow.returncode != 0 and "No space left on device" in grow.stderr, grow.stderr
     page = os.sysconf("SC_PAGE_SIZE")
-    assert os.stat(shared / "region").st_size <= -(-REGION_SIZE // page) * page     # the region's last page
-    new = subprocess.run([*as_1000, "dd", "if=/dev/zero", "of=more", "bs=64K", "count=16"], cwd=shared,
-                         capture_output=True, text=True, timeout=30)
+    assert os.stat(shared / "region").st_size <= -(-REGION_SIZE // page) * page  # the region's last page
+    new = subprocess.run(
+        [*as_1000, "dd", "if=/dev/zero", "of=more", "bs=64K", "count=16"],
+        cwd=shared,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert new.returncode != 0 and "Permission denied" in new.stderr, new.stderr
     # and root in the container makes no new file either: the inodes are counted too
     with pytest.raises(OSError, match="No space left on device"):
         (shared / "more").touch()
     assert os.statvfs(shared).f_bfree == 0
-    assert abs(os.statvfs(state).f_bfree - before) < 256      # nothing of 1 GiB landed beside it
+    assert abs(os.statvfs(state).f_bfree - before) < 256  # nothing of 1 GiB landed beside it
     sharefiles.remove("ctr", str(state))
 
 
@@ -221,7 +236,7 @@ def test_remove_follows_nothing_the_container_planted(private_mounts, tmp_path):
     shared = prepared(state, "new", {"NVC_SHARE_COMPUTE": "50"})
     (shared / "region").unlink()
     (shared / "region").symlink_to(host)
-    old = state / "old" / "shared"                     # a directory as an earlier nvc-py left it
+    old = state / "old" / "shared"  # a directory as an earlier nvc-py left it
     old.mkdir(parents=True)
     (old / "link").symlink_to(host)
     (old / "sub").mkdir()

@@ -17,13 +17,16 @@ from pathlib import Path
 
 import pytest
 from fakedriver.libraries import INCLUDES
+
 from harness.shim import WAITS_LOG, foreground
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 SHIM = REPO / "native" / "libnvc-share.so"
-GATE_LOG = re.compile(r"compute: (\d+) streams put behind a closed gate; gates opened (\d+) times by the gate "
-                      r"thread, (\d+) by a launch")
+GATE_LOG = re.compile(
+    r"compute: (\d+) streams put behind a closed gate; gates opened (\d+) times by the gate "
+    r"thread, (\d+) by a launch"
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,20 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shim (built by its Makefile) and the fake driver's probe program."""
     subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
     out = tmp_path_factory.mktemp("gate_programs") / "cuda_probe"
-    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o", str(out),
-                    str(TESTS / "fakedriver" / "src" / "cuda_probe.c"), "-ldl"], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            *INCLUDES,
+            "-o",
+            str(out),
+            str(TESTS / "fakedriver" / "src" / "cuda_probe.c"),
+            "-ldl",
+        ],
+        check=True,
+    )
     return out
 
 
@@ -45,11 +60,25 @@ def steps(probe, active_2gpu, tmp_path):
     def run(percent: int, host_us: int = 500, **extra: str) -> tuple[float, str]:
         count = 400_000 // (1000 + host_us)
         (tmp_path / "share").mkdir(exist_ok=True)
-        env = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(libdir), "LD_PRELOAD": str(SHIM),
-               "NVC_SHARE_DIR": str(tmp_path / "share"), "FAKE_CUDA_CONTEXT_MIB": "0", "FAKE_CUDA_KERNEL_US": "1000",
-               "NVC_SHARE_COMPUTE": str(percent), "NVC_SHARE_LOG": "2", **extra}
-        result = subprocess.run([str(probe), "init", "ctx", "0", "steps", str(count), "264", "128", str(host_us)],
-                                env=env, capture_output=True, text=True, timeout=30, preexec_fn=foreground)
+        env = {
+            "PATH": os.environ["PATH"],
+            "LD_LIBRARY_PATH": str(libdir),
+            "LD_PRELOAD": str(SHIM),
+            "NVC_SHARE_DIR": str(tmp_path / "share"),
+            "FAKE_CUDA_CONTEXT_MIB": "0",
+            "FAKE_CUDA_KERNEL_US": "1000",
+            "NVC_SHARE_COMPUTE": str(percent),
+            "NVC_SHARE_LOG": "2",
+            **extra,
+        }
+        result = subprocess.run(
+            [str(probe), "init", "ctx", "0", "steps", str(count), "264", "128", str(host_us)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            preexec_fn=foreground,
+        )
         assert result.returncode == 0, result.stderr
         line = result.stdout.split("\n")[2].split()
         assert line[:2] == ["steps", "CUDA_SUCCESS"], result.stdout
@@ -81,8 +110,13 @@ def test_outside_the_slice_streams_wait_behind_a_gate_the_gate_thread_opens(step
     assert 0.45 <= fraction <= 0.55, fraction
 
 
-@pytest.mark.parametrize(("extra", "why"), [({"FAKE_CUDA_NO_STREAM_MEMOPS": "1"}, "a stream could not wait for its gate"),
-                                            ({"NVC_SHARE_GATE": "0"}, "NVC_SHARE_GATE=0")])
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"FAKE_CUDA_NO_STREAM_MEMOPS": "1"}, "a stream could not wait for its gate"),
+        ({"NVC_SHARE_GATE": "0"}, "NVC_SHARE_GATE=0"),
+    ],
+)
 def test_without_gates_launches_wait_on_the_host_and_keep_the_cap(steps, extra, why):
     """A driver whose streams cannot wait on host memory, or NVC_SHARE_GATE=0: the shim says so once,
     nothing is gated, the launches wait for the slice on the host, and the cap holds as before."""

@@ -49,8 +49,23 @@ def test_cudamalloc_gets_oom_once_the_limit_is_allocated(program, limited):
     assert out["asyncfill"] == ["4096", "cudaErrorMemoryAllocation"]
 
 
-ESCAPE_PATHS = ["malloc", "managed", "pitch", "malloc3d", "async", "frompool", "vmm", "driver", "array", "array3d",
-                "mipmap", "graph", "graphnode", "graphparams", "capture"]
+ESCAPE_PATHS = [
+    "malloc",
+    "managed",
+    "pitch",
+    "malloc3d",
+    "async",
+    "frompool",
+    "vmm",
+    "driver",
+    "array",
+    "array3d",
+    "mipmap",
+    "graph",
+    "graphnode",
+    "graphparams",
+    "capture",
+]
 
 
 @pytest.mark.parametrize("path", ESCAPE_PATHS)
@@ -71,7 +86,7 @@ def test_graph_memory_nodes_and_arrays_are_charged(program, limited):
     assert out["graphalloc"] == ["cudaSuccess"]
     assert 1 * GIB - 64 * MIB <= int(out["meminfo"][0]) <= 1 * GIB
     assert out["alloc"] == ["cudaErrorMemoryAllocation"]
-    out = sharegpu.run([program, "array", 8192, 8192, "meminfo", "fill", 256], limited)   # 1 GiB of float4
+    out = sharegpu.run([program, "array", 8192, 8192, "meminfo", "fill", 256], limited)  # 1 GiB of float4
     assert out["array"] == ["cudaSuccess"]
     assert 3 * GIB - 64 * MIB <= int(out["meminfo"][0]) <= 3 * GIB
     assert out["fill"] == ["3072", "cudaErrorMemoryAllocation"]
@@ -108,8 +123,14 @@ def test_two_processes_share_the_budget(program, limited):
 def test_nvidia_smi_shows_the_limit(limited):
     smi = shutil.which("nvidia-smi")
     assert smi, "nvidia-smi not on PATH"
-    out = sharegpu.subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader"], env=limited,
-                                  capture_output=True, text=True, timeout=60, check=True)
+    out = sharegpu.subprocess.run(
+        [smi, "--query-gpu=memory.total", "--format=csv,noheader"],
+        env=limited,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.split("\n")[0].strip() == "4096 MiB"
 
 
@@ -128,8 +149,9 @@ def test_compute_share_within_five_points(program, native_rate, tmp_path, percen
 
 
 def test_hami_names_are_honoured(program, tmp_path):
-    env = sharegpu.shim_env(None, CUDA_DEVICE_MEMORY_LIMIT_0="2048m", LD_PRELOAD=str(sharegpu.SHIM),
-                            NVC_SHARE_DIR=str(tmp_path))
+    env = sharegpu.shim_env(
+        None, CUDA_DEVICE_MEMORY_LIMIT_0="2048m", LD_PRELOAD=str(sharegpu.SHIM), NVC_SHARE_DIR=str(tmp_path)
+    )
     assert sharegpu.run([program, "fill", 256], env)["fill"] == ["2048", "cudaErrorMemoryAllocation"]
     assert os.path.exists(tmp_path / "region")
 
@@ -142,21 +164,27 @@ def test_through_the_hook_in_a_container(runtime, make_rootfs, program, native_r
     rootfs = make_rootfs(name="rootfs-share")
     (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
     shutil.copy2(program, rootfs / "usr/local/bin/share_gpu")
-    script = ("mkdir -p /tmp; share_gpu meminfo fill 256; "
-              "NVC_SHARE_MEMORY_LIMIT=80Gi share_gpu alloc 5120 alloc 3072 hold > /tmp/h & "
-              "while ! grep -q holding /tmp/h; do sleep 0.1; done; share_gpu fill 256; kill $!; head -2 /tmp/h; "
-              f"share_gpu compute 3 {sharegpu.COMPUTE_ITERS}; "
-              "nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>&1 || true")
-    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
-           "NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "50"}
+    script = (
+        "mkdir -p /tmp; share_gpu meminfo fill 256; "
+        "NVC_SHARE_MEMORY_LIMIT=80Gi share_gpu alloc 5120 alloc 3072 hold > /tmp/h & "
+        "while ! grep -q holding /tmp/h; do sleep 0.1; done; share_gpu fill 256; kill $!; head -2 /tmp/h; "
+        f"share_gpu compute 3 {sharegpu.COMPUTE_ITERS}; "
+        "nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>&1 || true"
+    )
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": "0",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+        "NVC_SHARE_MEMORY_LIMIT": "4Gi",
+        "NVC_SHARE_COMPUTE": "50",
+    }
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], env=env, hooks=hooks)
     result = runtime.create_start(bundle, timeout=120)
     print(f"--- {Path(runtime.binary).name}, {env}:\n{result.stdout}{result.stderr}")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert int(lines[0].split()[2]) == 4 * GIB                                 # meminfo total
+    assert int(lines[0].split()[2]) == 4 * GIB  # meminfo total
     assert lines[1] == "fill 4096 cudaErrorMemoryAllocation"
-    assert lines[2] == "fill 1024 cudaErrorMemoryAllocation"                   # the holder has 3 GiB
+    assert lines[2] == "fill 1024 cudaErrorMemoryAllocation"  # the holder has 3 GiB
     # the holder's env asked for 80 GiB: the read-only limits file wins
     assert lines[3:5] == ["alloc cudaErrorMemoryAllocation", "alloc cudaSuccess"]
     achieved = 100 * float(lines[5].split()[1]) / native_rate
@@ -172,13 +200,20 @@ def test_compute_share_through_the_hook_in_a_container(runtime, make_rootfs, pro
     (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
     shutil.copy2(program, rootfs / "usr/local/bin/share_gpu")
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_COMPUTE": str(percent)}
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["share_gpu", "compute", "3", str(sharegpu.COMPUTE_ITERS)],
-                         env=env, hooks=hook_with_log(tmp_path))
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        rootfs,
+        ["share_gpu", "compute", "3", str(sharegpu.COMPUTE_ITERS)],
+        env=env,
+        hooks=hook_with_log(tmp_path),
+    )
     result = runtime.create_start(bundle, timeout=120)
     assert result.returncode == 0, result.stderr
     achieved = 100 * float(result.stdout.split()[1]) / native_rate
-    print(f"--- {Path(runtime.binary).name}: compute share in the container {achieved:.1f}% of native "
-          f"({percent}% requested)")
+    print(
+        f"--- {Path(runtime.binary).name}: compute share in the container {achieved:.1f}% of native "
+        f"({percent}% requested)"
+    )
     assert abs(achieved - percent) <= 5
 
 
@@ -193,8 +228,7 @@ def test_pytorch_through_the_hook_in_a_container(torch_rootfs, tmp_path):
     python = "/opt/torch/.venv/bin/python3 /gpu/torch_share.py"
     script = f"{python}; echo ---; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True {python}"
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "4Gi", "HOME": "/tmp"}
-    bundle = make_bundle(tmp_path / "bundle", torch_rootfs("rootfs-torch"), ["sh", "-c", script], env=env,
-                         hooks=hooks)
+    bundle = make_bundle(tmp_path / "bundle", torch_rootfs("rootfs-torch"), ["sh", "-c", script], env=env, hooks=hooks)
     result = Runc(tmp_path / "state", runc).create_start(bundle, timeout=300)
     print(f"--- runc, {env}:\n{result.stdout}{result.stderr}")
     assert result.returncode == 0, result.stderr
@@ -205,6 +239,7 @@ def test_pytorch_through_the_hook_in_a_container(torch_rootfs, tmp_path):
 
 
 # ---------------------------------------------------------------- PyTorch shares and weighted sharing
+
 
 @pytest.fixture(scope="module")
 def matmul_alone() -> tuple[float, float]:
@@ -232,8 +267,10 @@ def test_pytorch_matmul_cap_within_three_points_or_its_clock_gain(matmul_alone, 
     env = sharegpu.shim_env(sharegpu.limits_dir(tmp_path, {"NVC_SHARE_COMPUTE": str(percent)}))
     rate, clock = sharegpu.timed_with_clock("matmul", env, 4)
     achieved, gain = 100 * rate / rate_alone, clock / clock_alone
-    print(f"matmul {percent}%: {achieved:.1f}% of native; SM clock {clock:.0f} MHz against {clock_alone:.0f} "
-          f"alone (x{gain:.3f})")
+    print(
+        f"matmul {percent}%: {achieved:.1f}% of native; SM clock {clock:.0f} MHz against {clock_alone:.0f} "
+        f"alone (x{gain:.3f})"
+    )
     assert percent - 3 <= achieved <= max(percent + 3, percent * gain)
 
 
@@ -248,12 +285,18 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
     start_at = time.time() + 20
     (tmp_path / "sched").mkdir()
     for name, weight, seconds in (("a", 1, 8), ("b", 3, 4)):
-        env = sharegpu.shim_env(sharegpu.limits_dir(tmp_path / name, {"NVC_SHARE_WEIGHT": str(weight)}),
-                                NVC_SHARE_SCHED_DIR=str(tmp_path / "sched"), NVC_SHARE_TENANT=name)
+        env = sharegpu.shim_env(
+            sharegpu.limits_dir(tmp_path / name, {"NVC_SHARE_WEIGHT": str(weight)}),
+            NVC_SHARE_SCHED_DIR=str(tmp_path / "sched"),
+            NVC_SHARE_TENANT=name,
+        )
         procs.append(sharegpu.torch_run("matmul", env, seconds, start_at))
     (_, a), (_, b) = (sharegpu.torch_result(p) for p in procs)
-    shares = (100 * sum(a[:4]) / 4 / native_matmul, 100 * sum(b) / 4 / native_matmul,
-              100 * sum(a[5:]) / 3 / native_matmul)
+    shares = (
+        100 * sum(a[:4]) / 4 / native_matmul,
+        100 * sum(b) / 4 / native_matmul,
+        100 * sum(a[5:]) / 3 / native_matmul,
+    )
     print(f"weights 1:3: {shares[0]:.1f}% and {shares[1]:.1f}%; then alone {shares[2]:.1f}%")
     part = 100 * shares[0] / (shares[0] + shares[1])
     assert abs(part - 25) <= 5 and shares[0] + shares[1] >= 90
@@ -292,10 +335,12 @@ def _assert_pair_contract(what: str, native: list[float], shared: list[float], g
     leaves (throughput parts up to 43 % for the weight-1 step), and the sum is at least 80 % of the
     no-shim pair's (H100, 2026-11-24: 83-94 %; docs/performance.md)."""
     parts = [100 * s / sum(shared) for s in shared]
-    figures = (f"{what}: no shim {native[0]:.1f} + {native[1]:.1f} = {sum(native):.1f} %; nvc {shared[0]:.1f} + "
-               f"{shared[1]:.1f} = {sum(shared):.1f} % (parts {parts[0]:.1f} / {parts[1]:.1f}, sum "
-               f"{100 * sum(shared) / sum(native):.0f} % of the no-shim pair's; GPU time "
-               f"{' / '.join(f'{p:.1f}' for p in gpu_parts)})")
+    figures = (
+        f"{what}: no shim {native[0]:.1f} + {native[1]:.1f} = {sum(native):.1f} %; nvc {shared[0]:.1f} + "
+        f"{shared[1]:.1f} = {sum(shared):.1f} % (parts {parts[0]:.1f} / {parts[1]:.1f}, sum "
+        f"{100 * sum(shared) / sum(native):.0f} % of the no-shim pair's; GPU time "
+        f"{' / '.join(f'{p:.1f}' for p in gpu_parts)})"
+    )
     print(figures)
     assert len(gpu_parts) == 2 and abs(gpu_parts[0] - 25) <= 5, figures
     if sum(native) <= 100:
@@ -313,23 +358,29 @@ def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tm
     from nvc.plan import share as share_plan
 
     alone, native = _transformer_pair_without_shim(tmp_path)
-    start_at = time.time() + 60                 # both containers up, PyTorch imported and warmed up by then
+    start_at = time.time() + 60  # both containers up, PyTorch imported and warmed up by then
     bundles = {}
     for _, weight in TRANSFORMER_PAIR:
         (tmp_path / f"log{weight}").mkdir()
         env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_WEIGHT": str(weight), "HOME": "/tmp"}
         argv = ["/opt/torch/.venv/bin/python3", "/gpu/torch_load.py", "transformer", "6", str(start_at)]
-        bundles[weight] = make_bundle(tmp_path / f"bundle{weight}", torch_rootfs(f"rootfs-weight{weight}"), argv,
-                                      env=env, hooks=hook_with_log(tmp_path / f"log{weight}"))
+        bundles[weight] = make_bundle(
+            tmp_path / f"bundle{weight}",
+            torch_rootfs(f"rootfs-weight{weight}"),
+            argv,
+            env=env,
+            hooks=hook_with_log(tmp_path / f"log{weight}"),
+        )
     with _started_together(crun, bundles, timeout=300) as results:
-        charged = sharegpu.charged_between(Path(share_plan.sched_dir_for(share_plan.STATE_DIR)), start_at + 0.5,
-                                           start_at + 5.5)
+        charged = sharegpu.charged_between(
+            Path(share_plan.sched_dir_for(share_plan.STATE_DIR)), start_at + 0.5, start_at + 5.5
+        )
     by_weight = {weight: sum(ns for w, ns in charged.values() if w == weight) for _, weight in TRANSFORMER_PAIR}
     gpu_parts = [100 * by_weight[w] / max(sum(by_weight.values()), 1) for _, w in TRANSFORMER_PAIR]
     shared = []
     for weight, result in sorted(results.items()):
         assert result.returncode == 0, result.stderr
-        assert "late" not in result.stdout, result.stdout      # its warm-up ended before the common start
+        assert "late" not in result.stdout, result.stdout  # its warm-up ended before the common start
         shared.append(100 * sharegpu.torch_output_of(result.stdout)[0] / alone)
     _assert_pair_contract("transformer 1:3 in two crun containers through the hook", native, shared, gpu_parts)
 
@@ -345,9 +396,10 @@ def _started_together(runtime, bundles: dict[int, Path], timeout: float) -> Iter
     sched = Path(share_plan.sched_dir_for(share_plan.STATE_DIR))
     was_mounted = os.path.ismount(sched)
     results: dict[int, Any] = {}
-    threads = [threading.Thread(target=lambda k=key: results.__setitem__(k, runtime.create_start(bundles[k],
-                                                                                                timeout=timeout)))
-               for key in bundles]
+    threads = [
+        threading.Thread(target=lambda k=key: results.__setitem__(k, runtime.create_start(bundles[k], timeout=timeout)))
+        for key in bundles
+    ]
     try:
         for thread in threads:
             thread.start()
@@ -383,10 +435,12 @@ def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, p
     barrier.mkdir()
     # Both containers up (each one's scheduler file made by its hook) before either starts timing;
     # the first, untimed, second of work absorbs the skew of the two processes' CUDA start.
-    script = ("touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.01; done; "
-              "for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
-              "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
-              f"share_gpu compute 1 {sharegpu.COMPUTE_ITERS} compute 4 {sharegpu.COMPUTE_ITERS}")
+    script = (
+        "touch /barrier/$HOSTNAME; while [ $(ls /barrier | wc -l) -lt 2 ]; do sleep 0.01; done; "
+        "for f in /var/run/nvc-share-peers/*; do (printf x >> $f) 2>&1 | grep -o 'Read-only file system'; "
+        "done; (echo compute_weight=1000 >> /var/run/nvc-share/limits) 2>&1 | grep -o 'Read-only file system'; "
+        f"share_gpu compute 1 {sharegpu.COMPUTE_ITERS} compute 4 {sharegpu.COMPUTE_ITERS}"
+    )
     bundles = {}
     for weight in (1, 3):
         rootfs = make_rootfs(name=f"rootfs-weight{weight}")
@@ -395,17 +449,33 @@ def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, p
         (rootfs / "barrier").mkdir(exist_ok=True)
         (tmp_path / f"log{weight}").mkdir()
         env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_WEIGHT": str(weight), "NVC_SHARE_MEMORY_LIMIT": "4Gi"}
-        bundle = make_bundle(tmp_path / f"bundle{weight}", rootfs, ["sh", "-c", script], env=env,
-                             hooks=hook_with_log(tmp_path / f"log{weight}"))
+        bundle = make_bundle(
+            tmp_path / f"bundle{weight}",
+            rootfs,
+            ["sh", "-c", script],
+            env=env,
+            hooks=hook_with_log(tmp_path / f"log{weight}"),
+        )
         config = json.loads((bundle / "config.json").read_text())
         config["hostname"] = f"weight{weight}"
-        config["mounts"].append({"destination": "/barrier", "type": "bind", "source": str(barrier),
-                                 "options": ["rbind", "rw"]})
+        config["mounts"].append(
+            {"destination": "/barrier", "type": "bind", "source": str(barrier), "options": ["rbind", "rw"]}
+        )
         (bundle / "config.json").write_text(json.dumps(config))
         bundles[weight] = bundle
-    exporter = subprocess.Popen([str(SCRIPTS / "nvc-py"), "exporter", "--listen", "127.0.0.1:9499",
-                                 "--hook-log", str(tmp_path / "log1" / "hook.log")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    exporter = subprocess.Popen(
+        [
+            str(SCRIPTS / "nvc-py"),
+            "exporter",
+            "--listen",
+            "127.0.0.1:9499",
+            "--hook-log",
+            str(tmp_path / "log1" / "hook.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with _started_together(runtime, bundles, timeout=120) as results:
             series = _scrape_while_busy(barrier, "http://127.0.0.1:9499/metrics")
@@ -413,15 +483,23 @@ def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, p
         exporter.terminate()
         exporter.wait(timeout=30)
     print(f"nvc-py exporter's series while both ran ({Path(runtime.binary).name}):\n" + "\n".join(series))
-    assert len({line.split('container_id="')[1].split('"')[0] for line in series
-                if line.startswith("nvc_py_share_weight{")}) == 2, series
+    assert (
+        len(
+            {
+                line.split('container_id="')[1].split('"')[0]
+                for line in series
+                if line.startswith("nvc_py_share_weight{")
+            }
+        )
+        == 2
+    ), series
     assert sum(line.startswith("nvc_py_share_measured_ratio{") for line in series) == 2, series
     shares = {}
     for weight, result in sorted(results.items()):
         print(f"--- {Path(runtime.binary).name}, weight {weight}:\n{result.stdout}{result.stderr}")
         assert result.returncode == 0, result.stderr
         lines = result.stdout.splitlines()
-        assert lines[:3] == ["Read-only file system"] * 3, lines   # both scheduler files, the limits file
+        assert lines[:3] == ["Read-only file system"] * 3, lines  # both scheduler files, the limits file
         shares[weight] = 100 * float(lines[4].split()[1]) / native_rate
     print(f"{Path(runtime.binary).name} containers, weights 1:3: {shares[1]:.1f}% and {shares[3]:.1f}% of native")
     assert set(shares) == {1, 3}

@@ -18,13 +18,13 @@ import pytest
 
 from harness.fakegpus import H100 as GPU0
 from harness.shim import GIB, MIB, meminfo, programs, share  # noqa: F401  (fixtures)
-from nvc.plan.fromenv import parse_share_env
 from nvc.errors import InputError
+from nvc.plan.fromenv import parse_share_env
 from nvc.plan.request import ShareRequest
 from nvc.plan.share import limits_text
 
-
 # ---------------------------------------------------------------- limit parsing
+
 
 @pytest.mark.parametrize("text", ["1073741824", "1g", "1G", "1Gi", "1024m", "1024Mi", "1048576K", "1048576ki"])
 def test_sizes_all_mean_one_gib(share, text):
@@ -40,14 +40,14 @@ def test_junk_size_is_loud_and_passes_through(share, text):
 
 
 def test_junk_size_fails_closed_when_asked(share):
-    out, err = share.run("cuda_probe", "init", limits={"NVC_SHARE_MEMORY_LIMIT": "lots",
-                                                       "NVC_SHARE_ON_ERROR": "fail-closed"})
+    out, err = share.run(
+        "cuda_probe", "init", limits={"NVC_SHARE_MEMORY_LIMIT": "lots", "NVC_SHARE_ON_ERROR": "fail-closed"}
+    )
     assert out == [["init", "CUDA_ERROR_NOT_INITIALIZED"]] and "fail-closed" in err
 
 
 def test_per_device_and_hami_names(share):
-    limits = {"CUDA_DEVICE_MEMORY_LIMIT": "3g", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m",
-              "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    limits = {"CUDA_DEVICE_MEMORY_LIMIT": "3g", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m", "NVC_SHARE_MEMORY_LIMIT": "1Gi"}
     out = share.probe("meminfo", "ctx", 1, "meminfo", limits=limits)
     # NVC_SHARE_MEMORY_LIMIT beats HAMi's global; the per-index HAMi limit beats both globals.
     assert meminfo(out[0])[1] == GIB
@@ -70,15 +70,24 @@ def test_without_limit_sizes_are_physical(share):
 
 def test_limits_file_is_the_authority(share):
     share.dir.mkdir()
-    (share.dir / "limits").write_text(f"# written by the hook\nversion=1\nmemory_limit=4Gi\n"
-                                      f"memory_limit.{GPU0}=512Mi\ncompute_percent=100\n")
+    (share.dir / "limits").write_text(
+        f"# written by the hook\nversion=1\nmemory_limit=4Gi\nmemory_limit.{GPU0}=512Mi\ncompute_percent=100\n"
+    )
     out = share.probe("meminfo", "ctx", 1, "meminfo", limits={"NVC_SHARE_MEMORY_LIMIT": "60G"})
-    assert meminfo(out[0])[1] == 512 * MIB       # by UUID
-    assert meminfo(out[2])[1] == 4 * GIB         # default; the environment is ignored
+    assert meminfo(out[0])[1] == 512 * MIB  # by UUID
+    assert meminfo(out[2])[1] == 4 * GIB  # default; the environment is ignored
 
 
-@pytest.mark.parametrize("text", ["memory_limit=1G\n", "version=2\nmemory_limit=1G\n", "version=1\nmemory=1G\n",
-                                  "version=1\nmemory_limit.GPU-zz!=1G\n", "version=1\ncompute_percent=101\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "memory_limit=1G\n",
+        "version=2\nmemory_limit=1G\n",
+        "version=1\nmemory=1G\n",
+        "version=1\nmemory_limit.GPU-zz!=1G\n",
+        "version=1\ncompute_percent=101\n",
+    ],
+)
 def test_junk_limits_file_is_loud(share, text):
     share.dir.mkdir()
     (share.dir / "limits").write_text(text)
@@ -98,49 +107,112 @@ MIG0 = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
 # its own (a suffix that names no device), so a container never starts on what the two would read apart.
 CONFIG_TABLE = [
     # sizes: decimal bytes with K, M, G or T and an optional i, all powers of 1024; not 0, below 2^64
-    *[("NVC_SHARE_MEMORY_LIMIT", text, READ) for text in (
-        "1073741824", "1g", "1G", "1Gi", "1024m", "1024Mi", "1048576K", "1048576ki", "4096", "2T", "1ti",
-        "18446744073709551615", "16777215T", "00000000000000000001")],
-    *[("NVC_SHARE_MEMORY_LIMIT", text, REFUSED) for text in (
-        "", "abc", "0", "00", "1.5G", "0x10", "1 G", " 1G", "1G ", "-1", "+5", "1GiB", "1gb", "1B", "1iG", "1Gii",
-        "G", "1e9", "18446744073709551616", "99999999999999999999", "16777216T", "١٢")],
+    *[
+        ("NVC_SHARE_MEMORY_LIMIT", text, READ)
+        for text in (
+            "1073741824",
+            "1g",
+            "1G",
+            "1Gi",
+            "1024m",
+            "1024Mi",
+            "1048576K",
+            "1048576ki",
+            "4096",
+            "2T",
+            "1ti",
+            "18446744073709551615",
+            "16777215T",
+            "00000000000000000001",
+        )
+    ],
+    *[
+        ("NVC_SHARE_MEMORY_LIMIT", text, REFUSED)
+        for text in (
+            "",
+            "abc",
+            "0",
+            "00",
+            "1.5G",
+            "0x10",
+            "1 G",
+            " 1G",
+            "1G ",
+            "-1",
+            "+5",
+            "1GiB",
+            "1gb",
+            "1B",
+            "1iG",
+            "1Gii",
+            "G",
+            "1e9",
+            "18446744073709551616",
+            "99999999999999999999",
+            "16777216T",
+            "١٢",
+        )
+    ],
     ("NVC_SHARE_MEMORY_LIMIT", "000000000000000000001", STRICTER),
-    ("CUDA_DEVICE_MEMORY_LIMIT", "3g", READ), ("CUDA_DEVICE_MEMORY_LIMIT", "0", REFUSED),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "3g", READ),
+    ("CUDA_DEVICE_MEMORY_LIMIT", "0", REFUSED),
     # percents: 1..100; HAMi's 0 is unlimited
     *[("NVC_SHARE_COMPUTE", text, READ) for text in ("1", "50", "100", "050")],
-    *[("NVC_SHARE_COMPUTE", text, REFUSED) for text in (
-        "0", "101", "1000", "", "abc", "+5", " 5", "5 ", "5%", "1e2", "١", "99999999999999999999")],
+    *[
+        ("NVC_SHARE_COMPUTE", text, REFUSED)
+        for text in ("0", "101", "1000", "", "abc", "+5", " 5", "5 ", "5%", "1e2", "١", "99999999999999999999")
+    ],
     ("NVC_SHARE_COMPUTE", "0000000000000000050", STRICTER),
-    ("CUDA_DEVICE_SM_LIMIT", "0", READ), ("CUDA_DEVICE_SM_LIMIT", "30", READ), ("CUDA_DEVICE_SM_LIMIT", "101", REFUSED),
+    ("CUDA_DEVICE_SM_LIMIT", "0", READ),
+    ("CUDA_DEVICE_SM_LIMIT", "30", READ),
+    ("CUDA_DEVICE_SM_LIMIT", "101", REFUSED),
     # weights: 1..1000
     *[("NVC_SHARE_WEIGHT", text, READ) for text in ("1", "1000", "0001")],
-    *[("NVC_SHARE_WEIGHT", text, REFUSED) for text in (
-        "0", "1001", "", "x", "+1", "1 ", "١", "99999999999999999999999")],
+    *[
+        ("NVC_SHARE_WEIGHT", text, REFUSED)
+        for text in ("0", "1001", "", "x", "+1", "1 ", "١", "99999999999999999999999")
+    ],
     # device keys: an NVML index of 1 to 3 digits, or a GPU- or MIG- UUID (its case and prefix not counted)
-    *[(f"NVC_SHARE_MEMORY_LIMIT_{key}", "1G", READ) for key in (
-        "0", "7", "007", "999", GPU0, GPU0.upper(), MIG0, "GPU-ABCDEF", "GPU-" + "a" * 36)],
+    *[
+        (f"NVC_SHARE_MEMORY_LIMIT_{key}", "1G", READ)
+        for key in ("0", "7", "007", "999", GPU0, GPU0.upper(), MIG0, "GPU-ABCDEF", "GPU-" + "a" * 36)
+    ],
     *[(f"NVC_SHARE_COMPUTE_{key}", "50", READ) for key in ("1", GPU0)],
     *[(f"NVC_SHARE_WEIGHT_{key}", "3", READ) for key in ("2", MIG0)],
-    *[(f"NVC_SHARE_WEIGHT_{key}", "3", STRICTER) for key in (
-        "1234", "gpu-abc", "GPU0", "GPU-", "GPU-" + "a" * 37, "GPU-zz", "GPU-12/gi", "x", "", "_0", "-1")],
+    *[
+        (f"NVC_SHARE_WEIGHT_{key}", "3", STRICTER)
+        for key in ("1234", "gpu-abc", "GPU0", "GPU-", "GPU-" + "a" * 37, "GPU-zz", "GPU-12/gi", "x", "", "_0", "-1")
+    ],
     (f"CUDA_DEVICE_SM_LIMIT_{GPU0}", "0", READ),
-    ("CUDA_DEVICE_SM_LIMIT_POLICY", "force", READ),     # another HAMi variable: a limit to neither
+    ("CUDA_DEVICE_SM_LIMIT_POLICY", "force", READ),  # another HAMi variable: a limit to neither
 ]
 # Several variables at once: NVC_SHARE_* beat HAMi's at the same device, a device's own beat the
 # default, whatever their names; the device plugin's (by UUID) beside a default.
 CONFIG_ENVS = [
     {"CUDA_DEVICE_MEMORY_LIMIT": "3g", "NVC_SHARE_MEMORY_LIMIT": "1Gi", "CUDA_DEVICE_MEMORY_LIMIT_1": "2048m"},
-    {"CUDA_DEVICE_MEMORY_LIMIT_001": "3g", "NVC_SHARE_MEMORY_LIMIT_1": "1Gi", "CUDA_DEVICE_SM_LIMIT": "30",
-     "NVC_SHARE_COMPUTE_0": "70", "NVC_SHARE_WEIGHT": "5"},
-    {f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi", f"NVC_SHARE_COMPUTE_{GPU0}": "25", f"NVC_SHARE_WEIGHT_{GPU0}": "3",
-     f"CUDA_DEVICE_SM_LIMIT_{MIG0}": "0", "NVC_SHARE_MEMORY_LIMIT_1": "1G", "NVC_SHARE_MEMORY_LIMIT": "4G"},
+    {
+        "CUDA_DEVICE_MEMORY_LIMIT_001": "3g",
+        "NVC_SHARE_MEMORY_LIMIT_1": "1Gi",
+        "CUDA_DEVICE_SM_LIMIT": "30",
+        "NVC_SHARE_COMPUTE_0": "70",
+        "NVC_SHARE_WEIGHT": "5",
+    },
+    {
+        f"NVC_SHARE_MEMORY_LIMIT_{GPU0}": "512Mi",
+        f"NVC_SHARE_COMPUTE_{GPU0}": "25",
+        f"NVC_SHARE_WEIGHT_{GPU0}": "3",
+        f"CUDA_DEVICE_SM_LIMIT_{MIG0}": "0",
+        "NVC_SHARE_MEMORY_LIMIT_1": "1G",
+        "NVC_SHARE_MEMORY_LIMIT": "4G",
+    },
 ]
 
 
 def shim_reads(programs, *args: str, text: str | None = None) -> list[str]:
     """What native/config.c reads (tests/share_programs/limits_parse.c's lines)."""
-    return subprocess.run([str(programs["limits_parse"]), *args], input=text, capture_output=True, text=True,
-                          timeout=10, check=True).stdout.splitlines()
+    return subprocess.run(
+        [str(programs["limits_parse"]), *args], input=text, capture_output=True, text=True, timeout=10, check=True
+    ).stdout.splitlines()
 
 
 def as_the_shim_keys(request: ShareRequest | None) -> list[str]:
@@ -156,9 +228,13 @@ def as_the_shim_keys(request: ShareRequest | None) -> list[str]:
                 continue
             key = (int(scope), "-") if scope.isdigit() else (-1, scope[4:].lower())  # the hook's: GPU-/MIG- UUIDs
             rules.setdefault(key, dict.fromkeys(defaults, 0))[field] = value
-    return [" ".join(["default", *(f"{f}={v}" for f, v in defaults.items())]),
-            *(" ".join([f"rule index={index} key={key}", *(f"{f}={v}" for f, v in rule.items())])
-              for (index, key), rule in sorted(rules.items()))]
+    return [
+        " ".join(["default", *(f"{f}={v}" for f, v in defaults.items())]),
+        *(
+            " ".join([f"rule index={index} key={key}", *(f"{f}={v}" for f, v in rule.items())])
+            for (index, key), rule in sorted(rules.items())
+        ),
+    ]
 
 
 def hook_and_shim_agree(programs, env: dict[str, str]) -> None:

@@ -23,12 +23,22 @@ import pytest
 from harness.fakegpus import H100 as GPU0
 from harness.shim import WAITS_LOG, foreground, programs, share  # noqa: F401  (fixtures)
 
-
 # ---------------------------------------------------------------- compute share
 
+
 def busy_fraction(share, percent: int, grid: int, launches: int = 60, kernel_us: int = 3000) -> float:
-    out, _ = share.run("cuda_probe", "init", "ctx", 0, "launch", launches, grid, 128, "sync",
-                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)})
+    out, _ = share.run(
+        "cuda_probe",
+        "init",
+        "ctx",
+        0,
+        "launch",
+        launches,
+        grid,
+        128,
+        "sync",
+        limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)},
+    )
     wall_us = int(out[2][2]) + int(out[3][2])
     return launches * kernel_us / wall_us
 
@@ -50,8 +60,18 @@ def steps_per_second(share, percent: int, grid: int, host_us: int, kernel_us: in
     """Rate of a loop of about 0.4 s uncapped: 8 of the cap's 50 ms periods, so the part slice at its
     end moves a ratio by about a point."""
     steps = 400_000 // (kernel_us + host_us)
-    out, _ = share.run("cuda_probe", "init", "ctx", 0, "steps", steps, grid, 128, host_us,
-                       limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)})
+    out, _ = share.run(
+        "cuda_probe",
+        "init",
+        "ctx",
+        0,
+        "steps",
+        steps,
+        grid,
+        128,
+        host_us,
+        limits={"NVC_SHARE_COMPUTE": str(percent), "FAKE_CUDA_KERNEL_US": str(kernel_us)},
+    )
     assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
     return steps / int(out[2][2]) * 1e6
 
@@ -77,9 +97,23 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
     driver without stream memory operations: with them, outside the slice it queues behind a gate,
     tests/test_share_gate.py)."""
     start = time.monotonic()
-    out, err = share.run("cuda_probe", "init", "ctx", 0, "steps", 200, 264, 128, 0,
-                         limits={"NVC_SHARE_COMPUTE": "50", "FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_LOG": "2",
-                                 "FAKE_CUDA_NO_STREAM_MEMOPS": "1"})
+    out, err = share.run(
+        "cuda_probe",
+        "init",
+        "ctx",
+        0,
+        "steps",
+        200,
+        264,
+        128,
+        0,
+        limits={
+            "NVC_SHARE_COMPUTE": "50",
+            "FAKE_CUDA_KERNEL_US": "1000",
+            "NVC_SHARE_LOG": "2",
+            "FAKE_CUDA_NO_STREAM_MEMOPS": "1",
+        },
+    )
     wall_ms = (time.monotonic() - start) * 1000
     assert out[2][:2] == ["steps", "CUDA_SUCCESS"], out
     logged = WAITS_LOG.search(err)
@@ -89,8 +123,18 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
     assert 0.3 * wall_ms <= slice_ms <= 0.7 * wall_ms, (slice_ms, wall_ms)
     assert turn_ms == 0 and slices >= 5
     # without a cap nothing is throttled, and nothing is logged
-    _, err = share.run("cuda_probe", "init", "ctx", 0, "steps", 20, 264, 128, 0,
-                       limits={"FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_LOG": "2"})
+    _, err = share.run(
+        "cuda_probe",
+        "init",
+        "ctx",
+        0,
+        "steps",
+        20,
+        264,
+        128,
+        0,
+        limits={"FAKE_CUDA_KERNEL_US": "1000", "NVC_SHARE_LOG": "2"},
+    )
     assert "throttled launches" not in err
 
 
@@ -103,9 +147,23 @@ def test_a_weight_alone_measures_its_launches_in_long_groups(share, programs, tm
     sched.mkdir()
 
     def launches_and_pairs() -> tuple[float, float]:
-        _, err = share.run("cuda_probe", "init", "ctx", 0, "burst", 20, 40, 20,
-                           limits={"NVC_SHARE_WEIGHT": "1", "FAKE_CUDA_KERNEL_US": "100", "NVC_SHARE_LOG": "2",
-                                   "NVC_SHARE_SCHED_DIR": str(sched), "NVC_SHARE_TENANT": "measured"})
+        _, err = share.run(
+            "cuda_probe",
+            "init",
+            "ctx",
+            0,
+            "burst",
+            20,
+            40,
+            20,
+            limits={
+                "NVC_SHARE_WEIGHT": "1",
+                "FAKE_CUDA_KERNEL_US": "100",
+                "NVC_SHARE_LOG": "2",
+                "NVC_SHARE_SCHED_DIR": str(sched),
+                "NVC_SHARE_TENANT": "measured",
+            },
+        )
         logged = WAITS_LOG.search(err)
         assert logged, err
         return float(logged.group(1)), float(logged.group(2))
@@ -150,34 +208,63 @@ def test_a_tenant_over_its_share_is_held_while_the_others_run_free(share, progra
     tenants, want = TENANT_CASES[case]
     sched = tmp_path / "sched"
     sched.mkdir()
-    procs = [tenant(share, programs, sched, f"t{i}", weight, launches, cap, host_us)
-             for i, (weight, cap, launches, host_us) in enumerate(tenants)]
+    procs = [
+        tenant(share, programs, sched, f"t{i}", weight, launches, cap, host_us)
+        for i, (weight, cap, launches, host_us) in enumerate(tenants)
+    ]
     walls = [wall_s(proc, timeout=30) for proc in procs]
     print(f"{case}: walls {walls}")
     assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
     assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls
 
 
-def tenant(share, programs, sched: Path, name: str, weight: int, launches: int, cap: int | None = None,
-           host_us: int | None = None, gpu: Path | None = None, burst: int = 0, kernel_us: int = 1000,
-           log: bool = False) -> subprocess.Popen:
+def tenant(
+    share,
+    programs,
+    sched: Path,
+    name: str,
+    weight: int,
+    launches: int,
+    cap: int | None = None,
+    host_us: int | None = None,
+    gpu: Path | None = None,
+    burst: int = 0,
+    kernel_us: int = 1000,
+    log: bool = False,
+) -> subprocess.Popen:
     """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
     ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0 back to back, then synchronising;
     or with host_us, waiting for each and then spending host_us on its host (a training-like loop); or
     with burst, `launches` steps of a framework: burst kernels, host_us after each, one wait. With gpu,
     the fake GPU is the one shared by the processes naming that file (FAKE_CUDA_SHARED_GPU), and weight
     0 runs it without the shim. With log, its shim says at exit where its launches waited."""
-    limits = {"NVC_SHARE_WEIGHT": str(weight), "FAKE_CUDA_KERNEL_US": str(kernel_us), "NVC_SHARE_SCHED_DIR": str(sched),
-              "NVC_SHARE_TENANT": name, **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {}),
-              **({"FAKE_CUDA_SHARED_GPU": str(gpu)} if gpu else {}), **({"NVC_SHARE_LOG": "2"} if log else {})}
+    limits = {
+        "NVC_SHARE_WEIGHT": str(weight),
+        "FAKE_CUDA_KERNEL_US": str(kernel_us),
+        "NVC_SHARE_SCHED_DIR": str(sched),
+        "NVC_SHARE_TENANT": name,
+        **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {}),
+        **({"FAKE_CUDA_SHARED_GPU": str(gpu)} if gpu else {}),
+        **({"NVC_SHARE_LOG": "2"} if log else {}),
+    }
     env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
     if not weight:
         del env["LD_PRELOAD"]
-    work = ["burst", str(launches), str(burst), str(host_us)] if burst else \
-        ["launch", str(launches), "264", "128", "sync"] if host_us is None else \
-        ["steps", str(launches), "264", "128", str(host_us)]
-    return subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", *work], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=foreground)
+    work = (
+        ["burst", str(launches), str(burst), str(host_us)]
+        if burst
+        else ["launch", str(launches), "264", "128", "sync"]
+        if host_us is None
+        else ["steps", str(launches), "264", "128", str(host_us)]
+    )
+    return subprocess.Popen(
+        [str(programs["cuda_probe"]), "init", "ctx", "0", *work],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=foreground,
+    )
 
 
 # kernel µs, kernels per step and host µs after each (0: back to back, one wait at the end), the light
@@ -185,7 +272,13 @@ def tenant(share, programs, sched: Path, name: str, weight: int, launches: int, 
 # no shim the pair may do
 TIME_SLICED = {
     "1 ms kernels back to back": (1000, 0, None, (240, 720), 0.95),
-    "a framework's steps: 40 kernels of 100 us, 20 us of host work after each, one wait": (100, 40, 20, (60, 180), 0.85),
+    "a framework's steps: 40 kernels of 100 us, 20 us of host work after each, one wait": (
+        100,
+        40,
+        20,
+        (60, 180),
+        0.85,
+    ),
 }
 
 
@@ -204,9 +297,21 @@ def test_weighted_tenants_on_one_time_sliced_gpu_share_it_by_weight_and_keep_it_
         for which in (0, 1):
             sched = tmp_path / f"{name}{which}"
             sched.mkdir()
-            procs = [tenant(share, programs, sched, f"{name}{which}-{i}", weight, n if i == which else 8 * n,
-                            host_us=host_us, burst=burst, kernel_us=kernel_us, gpu=tmp_path / f"{name}{which}.gpu")
-                     for i, (weight, n) in enumerate(zip(weights, counts))]
+            procs = [
+                tenant(
+                    share,
+                    programs,
+                    sched,
+                    f"{name}{which}-{i}",
+                    weight,
+                    n if i == which else 8 * n,
+                    host_us=host_us,
+                    burst=burst,
+                    kernel_us=kernel_us,
+                    gpu=tmp_path / f"{name}{which}.gpu",
+                )
+                for i, (weight, n) in enumerate(zip(weights, counts))
+            ]
             timed.append(counts[which] / wall_s(procs[which], timeout=30))
             procs[1 - which].kill()
             procs[1 - which].communicate()
@@ -214,8 +319,10 @@ def test_weighted_tenants_on_one_time_sliced_gpu_share_it_by_weight_and_keep_it_
 
     native, weighted = rates("native", (0, 0)), rates("weighted", (1, 3))
     part = 100 * weighted[0] / sum(weighted)
-    print(f"{case}: steps/s no shim {native[0]:.0f} + {native[1]:.0f}, weights 1:3 {weighted[0]:.0f} + "
-          f"{weighted[1]:.0f} (the light one's part {part:.1f} %, {100 * sum(weighted) / sum(native):.1f} % of no shim)")
+    print(
+        f"{case}: steps/s no shim {native[0]:.0f} + {native[1]:.0f}, weights 1:3 {weighted[0]:.0f} + "
+        f"{weighted[1]:.0f} (the light one's part {part:.1f} %, {100 * sum(weighted) / sum(native):.1f} % of no shim)"
+    )
     assert abs(part - 25) <= 5, (part, weighted)
     assert sum(weighted) >= least * sum(native), (weighted, native)
 
@@ -235,7 +342,7 @@ def wall_and_log(proc: subprocess.Popen, timeout: float) -> tuple[float, str]:
 
 # ---------------------------------------------------------------- a hostile tenant's own scheduler file
 
-ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")      # native/sched.c struct nvc_sched_entry
+ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")  # native/sched.c struct nvc_sched_entry
 
 
 def lying_sched_file() -> bytes:
@@ -260,7 +367,7 @@ def attack(how: str, path: Path) -> None:
         new = path.with_name(".replacing")
         new.write_bytes(lying_sched_file())
         os.rename(new, path)
-    else:                             # garbage, written over it (never truncating it)
+    else:  # garbage, written over it (never truncating it)
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         try:
             os.pwrite(fd, lying_sched_file(), 0)
@@ -309,13 +416,16 @@ def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how
     sched, grant = hook_sched
     for name, weight in (("t0", 1), ("t1", 3), ("hostile", 1)):
         grant(name, ShareRequest(weight=(("", weight),)))
-    started += [tenant(share, programs, sched, "t0", 1, 800), tenant(share, programs, sched, "t1", 3, 2400),
-                tenant(share, programs, sched, "hostile", 1000, 1_000_000)]
+    started += [
+        tenant(share, programs, sched, "t0", 1, 800),
+        tenant(share, programs, sched, "t1", 3, 2400),
+        tenant(share, programs, sched, "hostile", 1000, 1_000_000),
+    ]
     time.sleep(0.3)
     attack(how, sched / "hostile")
     stop = threading.Event()
 
-    def rewrite() -> None:            # the garbage again, fresh, every 2 ms while the honest ones run
+    def rewrite() -> None:  # the garbage again, fresh, every 2 ms while the honest ones run
         while not stop.wait(0.002):
             attack(how, sched / "hostile")
 
@@ -333,11 +443,14 @@ def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how
     assert started[2].poll() == (-signal.SIGBUS if how == "truncate" else None)
 
 
-@pytest.mark.parametrize(("granted", "low", "high"), [
-    ((("", 1),), 0.35, 0.7),                                  # granted 1 for every device
-    ((("", 1000), (GPU0, 1)), 0.35, 0.7),                     # 1 for this GPU, by UUID
-    ((("0", 1), ("1", 3)), 0.8, 2.5),                         # by NVML index, unknown here: at most 3
-])
+@pytest.mark.parametrize(
+    ("granted", "low", "high"),
+    [
+        ((("", 1),), 0.35, 0.7),  # granted 1 for every device
+        ((("", 1000), (GPU0, 1)), 0.35, 0.7),  # 1 for this GPU, by UUID
+        ((("0", 1), ("1", 3)), 0.8, 2.5),  # by NVML index, unknown here: at most 3
+    ],
+)
 def test_a_peers_weight_is_the_one_the_hook_granted(share, programs, hook_sched, started, granted, low, high):
     """A peer claiming weight 1000 (its own env, its own file) runs a loop that keeps the GPU busy about
     62 % of the time (1 ms kernels, 0.6 ms of host work after each), and the honest tenant (weight 1,
@@ -353,8 +466,10 @@ def test_a_peers_weight_is_the_one_the_hook_granted(share, programs, hook_sched,
     sched, grant = hook_sched
     grant("honest", ShareRequest(weight=(("", 1),)))
     grant("peer", ShareRequest(weight=granted))
-    started += [tenant(share, programs, sched, "honest", 1, 400),
-                tenant(share, programs, sched, "peer", 1000, 1_000_000, host_us=600)]
+    started += [
+        tenant(share, programs, sched, "honest", 1, 400),
+        tenant(share, programs, sched, "peer", 1000, 1_000_000, host_us=600),
+    ]
     wall = wall_s(started[0], timeout=20)
     print(f"wall {wall}")
     assert low <= wall <= high, wall

@@ -24,7 +24,6 @@ import pytest
 from harness.shim import GIB, MIB, REPO, meminfo, programs, share  # noqa: F401  (fixtures)
 from nvc.share.region import SIZE as REGION_SIZE
 
-
 # ---------------------------------------------------------------- accounting
 
 ANCHOR = 100 * MIB
@@ -36,23 +35,47 @@ ENTRY_POINTS: dict[str, tuple[str, tuple[str, ...], list[object], int, list[obje
     "cuMemAllocManaged": ("cuda_probe", (), ["managed", 600 * MIB], 600 * MIB, ["free", SLOT]),
     "cuMemAllocPitch_v2": ("cuda_probe", (), ["pitch", 513, 512 * 1024, 4], 512 * MIB, ["free", SLOT]),  # pitch 1024
     "cuMemCreate": ("cuda_probe", (), ["vmm", 600 * MIB], 600 * MIB, ["vmmfree", SLOT]),
-    "cuMemAllocAsync": ("cuda_probe", (), ["async", 600 * MIB], 600 * MIB,
-                        ["freeasync", SLOT, "threshold", 0, "sync"]),
-    "cuMemAllocAsync_ptsz": ("share_app", ("--ptds",), ["async", 600 * MIB], 600 * MIB,
-                             ["freeasync", SLOT, "defaulttrim"]),
+    "cuMemAllocAsync": ("cuda_probe", (), ["async", 600 * MIB], 600 * MIB, ["freeasync", SLOT, "threshold", 0, "sync"]),
+    "cuMemAllocAsync_ptsz": (
+        "share_app",
+        ("--ptds",),
+        ["async", 600 * MIB],
+        600 * MIB,
+        ["freeasync", SLOT, "defaulttrim"],
+    ),
     "cuMemAllocFromPoolAsync": ("share_app", (), ["frompool", 600 * MIB], 600 * MIB, ["freeasync", SLOT, "trim", 0]),
-    "cuMemAllocFromPoolAsync_ptsz": ("share_app", ("--ptds",), ["frompool", 600 * MIB], 600 * MIB,
-                                     ["freeasync", SLOT, "trim", 0]),
+    "cuMemAllocFromPoolAsync_ptsz": (
+        "share_app",
+        ("--ptds",),
+        ["frompool", 600 * MIB],
+        600 * MIB,
+        ["freeasync", SLOT, "trim", 0],
+    ),
     "cuArrayCreate_v2": ("cuda_probe", (), ["array", 8192, 8192, 0x20, 2], 8192 * 8192 * 8, ["arrayfree", SLOT]),
-    "cuArray3DCreate_v2": ("cuda_probe", (), ["array3d", 1024, 1024, 100, 0x10, 4], 1024 * 1024 * 100 * 8,
-                           ["arrayfree", SLOT]),
-    "cuMipmappedArrayCreate": ("cuda_probe", (), ["mipmap", 8192, 8192, 0, 0x03, 1, 3],
-                               4 * (8192**2 + 4096**2 + 2048**2), ["arrayfree", SLOT]),
+    "cuArray3DCreate_v2": (
+        "cuda_probe",
+        (),
+        ["array3d", 1024, 1024, 100, 0x10, 4],
+        1024 * 1024 * 100 * 8,
+        ["arrayfree", SLOT],
+    ),
+    "cuMipmappedArrayCreate": (
+        "cuda_probe",
+        (),
+        ["mipmap", 8192, 8192, 0, 0x03, 1, 3],
+        4 * (8192**2 + 4096**2 + 2048**2),
+        ["arrayfree", SLOT],
+    ),
     "cuGraphAddMemAllocNode": ("cuda_probe", (), ["gnode", "memalloc", 600 * MIB], 600 * MIB, ["gdestroy", SLOT]),
     "cuGraphAddNode": ("cuda_probe", (), ["gnode", "addnode", 600 * MIB], 600 * MIB, ["gdestroy", SLOT]),
     "cuGraphAddNode_v2": ("cuda_probe", (), ["gnode", "addnode2", 600 * MIB], 600 * MIB, ["gdestroy", SLOT]),
-    "cuMemAllocAsync under stream capture": ("cuda_probe", (), ["gnode", "capture", 600 * MIB], 600 * MIB,
-                                             ["gdestroy", SLOT]),
+    "cuMemAllocAsync under stream capture": (
+        "cuda_probe",
+        (),
+        ["gnode", "capture", 600 * MIB],
+        600 * MIB,
+        ["gdestroy", SLOT],
+    ),
 }
 
 
@@ -85,24 +108,41 @@ def test_entry_point_is_charged_before_granted_and_released_once(share, entry):
     exactly once when released (a second release refunds nothing: the anchor's charge stays)."""
     program, flags, alloc, charged, release = ENTRY_POINTS[entry]
     release = [str(2) if op == SLOT else op for op in release]
-    ops = ["alloc", GIB - charged + MIB, *alloc, "free", 0, "alloc", ANCHOR, *alloc, "meminfo",
-           "alloc", GIB - ANCHOR - charged + MIB, *release, "meminfo", *release, "meminfo"]
+    ops = [
+        "alloc",
+        GIB - charged + MIB,
+        *alloc,
+        "free",
+        0,
+        "alloc",
+        ANCHOR,
+        *alloc,
+        "meminfo",
+        "alloc",
+        GIB - ANCHOR - charged + MIB,
+        *release,
+        "meminfo",
+        *release,
+        "meminfo",
+    ]
     if program == "cuda_probe":
         out = [codes(line) for line in share.probe(*ops, limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})]
     else:
-        out = [codes(line) for line in share.run(program, *flags, "init", *ops,
-                                                  limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})[0][1:]]
+        out = [
+            codes(line)
+            for line in share.run(program, *flags, "init", *ops, limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})[0][1:]
+        ]
         out = [["meminfo", "CUDA_SUCCESS", *line[2:]] if line[0] == "meminfo" else line for line in out]
     assert out[0][1] == "CUDA_SUCCESS"
-    assert out[1][1] == "CUDA_ERROR_OUT_OF_MEMORY", out       # refused: it does not fit
+    assert out[1][1] == "CUDA_ERROR_OUT_OF_MEMORY", out  # refused: it does not fit
     assert out[4][1] == "CUDA_SUCCESS", out
     assert meminfo(out[5]) == (GIB - ANCHOR - charged, GIB)
-    assert out[6][1] == "CUDA_ERROR_OUT_OF_MEMORY"            # one MiB more than what is left
+    assert out[6][1] == "CUDA_ERROR_OUT_OF_MEMORY"  # one MiB more than what is left
     rest = out[7:]
     first = next(i for i, line in enumerate(rest) if line[0] == "meminfo")
     assert all(line[1] == "CUDA_SUCCESS" for line in rest[:first]), rest
-    assert meminfo(rest[first]) == (GIB - ANCHOR, GIB)       # refunded
-    assert meminfo(rest[-1]) == (GIB - ANCHOR, GIB)          # and only once
+    assert meminfo(rest[first]) == (GIB - ANCHOR, GIB)  # refunded
+    assert meminfo(rest[-1]) == (GIB - ANCHOR, GIB)  # and only once
 
 
 def graph_run(share, *ops: object, limit: str = "1Gi") -> list[list[str]]:
@@ -117,8 +157,11 @@ def test_graph_allocations_cannot_pass_the_limit(share, how):
     for slot in range(8):
         ops += ["gnode", how, 512 * MIB, "ginst", slot, "flags", "glaunch", slot]
     out = graph_run(share, *ops, "gnode", how, 512 * MIB, "meminfo", limit="4Gi")
-    assert [line[:2] for line in out[0:24]] == [["gnode", "CUDA_SUCCESS"], ["ginst", "CUDA_SUCCESS"],
-                                                ["glaunch", "CUDA_SUCCESS"]] * 8
+    assert [line[:2] for line in out[0:24]] == [
+        ["gnode", "CUDA_SUCCESS"],
+        ["ginst", "CUDA_SUCCESS"],
+        ["glaunch", "CUDA_SUCCESS"],
+    ] * 8
     assert out[24][:2] == ["gnode", "CUDA_ERROR_OUT_OF_MEMORY"]
     assert meminfo(out[-1])[0] == 0
 
@@ -127,41 +170,125 @@ def test_launched_graph_memory_stays_charged_until_freed(share):
     """A launched allocation outlives its graph and executable until it is freed; freed, it still
     holds its charge while its graph could launch it again. (gtrim: the driver's reserve of freed graph
     memory is charged until trimmed, test_graph_reserve_beyond_the_nodes_is_charged_until_trimmed.)"""
-    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "params", "glaunch", 0, "gexecdestroy", 0,
-                    "gdestroy", 0, "meminfo", "gmemfree", 0, "gtrim", "meminfo",
-                    "gnode", "addnode2", 300 * MIB, "ginst", 1, "flags", "glaunch", 1, "gfreeasync", 1, "gtrim",
-                    "meminfo", "gexecdestroy", 1, "meminfo", "gdestroy", 1, "meminfo")
+    out = graph_run(
+        share,
+        "gnode",
+        "memalloc",
+        600 * MIB,
+        "ginst",
+        0,
+        "params",
+        "glaunch",
+        0,
+        "gexecdestroy",
+        0,
+        "gdestroy",
+        0,
+        "meminfo",
+        "gmemfree",
+        0,
+        "gtrim",
+        "meminfo",
+        "gnode",
+        "addnode2",
+        300 * MIB,
+        "ginst",
+        1,
+        "flags",
+        "glaunch",
+        1,
+        "gfreeasync",
+        1,
+        "gtrim",
+        "meminfo",
+        "gexecdestroy",
+        1,
+        "meminfo",
+        "gdestroy",
+        1,
+        "meminfo",
+    )
     assert all(line[1] == "CUDA_SUCCESS" for line in out), out
-    assert meminfo(out[5])[0] == GIB - 600 * MIB          # graph and executable gone, memory live
-    assert meminfo(out[8])[0] == GIB                      # cuMemFree
-    assert meminfo(out[14])[0] == GIB - 300 * MIB         # freed, but its graph can launch it again
+    assert meminfo(out[5])[0] == GIB - 600 * MIB  # graph and executable gone, memory live
+    assert meminfo(out[8])[0] == GIB  # cuMemFree
+    assert meminfo(out[14])[0] == GIB - 300 * MIB  # freed, but its graph can launch it again
     assert meminfo(out[16])[0] == GIB - 300 * MIB
     assert meminfo(out[18])[0] == GIB
 
 
 @pytest.mark.parametrize("how", ["memalloc", "addnode", "capture"])
 def test_free_nodes_release_graph_memory(share, how):
-    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "autofree", "glaunch", 0, "glaunch", 0,
-                    "gexecdestroy", 0, "gdestroy", 0, "meminfo", "gfreenode", 0, how, "gtrim", "meminfo",
-                    "gmemfree", 0, "meminfo")
+    out = graph_run(
+        share,
+        "gnode",
+        "memalloc",
+        600 * MIB,
+        "ginst",
+        0,
+        "autofree",
+        "glaunch",
+        0,
+        "glaunch",
+        0,
+        "gexecdestroy",
+        0,
+        "gdestroy",
+        0,
+        "meminfo",
+        "gfreenode",
+        0,
+        how,
+        "gtrim",
+        "meminfo",
+        "gmemfree",
+        0,
+        "meminfo",
+    )
     assert [line[1] for line in out[:6]] == ["CUDA_SUCCESS"] * 6
     assert meminfo(out[6])[0] == GIB - 600 * MIB
     assert out[7] == ["gfreenode", "CUDA_SUCCESS"]
-    assert meminfo(out[9])[0] == GIB                      # freed by the other graph's free node
-    assert out[10][1] != "CUDA_SUCCESS"                   # already freed: the driver refuses
-    assert meminfo(out[11])[0] == GIB                     # and nothing is refunded twice
+    assert meminfo(out[9])[0] == GIB  # freed by the other graph's free node
+    assert out[10][1] != "CUDA_SUCCESS"  # already freed: the driver refuses
+    assert meminfo(out[11])[0] == GIB  # and nothing is refunded twice
 
 
 def test_executable_keeps_graph_memory_after_its_graph(share):
-    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "flags", "gdestroy", 0, "meminfo",
-                    "gexecdestroy", 0, "meminfo")
+    out = graph_run(
+        share,
+        "gnode",
+        "memalloc",
+        600 * MIB,
+        "ginst",
+        0,
+        "flags",
+        "gdestroy",
+        0,
+        "meminfo",
+        "gexecdestroy",
+        0,
+        "meminfo",
+    )
     assert meminfo(out[3])[0] == GIB - 600 * MIB
     assert meminfo(out[5])[0] == GIB
 
 
 def test_memory_node_parameters_cannot_change(share):
-    out = graph_run(share, "gnode", "memalloc", 100 * MIB, "ginst", 0, "flags", "gset", 0, 900 * MIB,
-                    "gexecset", 0, 900 * MIB, "meminfo")
+    out = graph_run(
+        share,
+        "gnode",
+        "memalloc",
+        100 * MIB,
+        "ginst",
+        0,
+        "flags",
+        "gset",
+        0,
+        900 * MIB,
+        "gexecset",
+        0,
+        900 * MIB,
+        "meminfo",
+    )
     assert out[2] == ["gset", "CUDA_ERROR_NOT_SUPPORTED"]
     assert out[3] == ["gexecset", "CUDA_ERROR_NOT_SUPPORTED"]
     assert meminfo(out[4])[0] == GIB - 100 * MIB
@@ -169,18 +296,61 @@ def test_memory_node_parameters_cannot_change(share):
 
 def test_exec_update_follows_the_new_graph(share):
     """After cuGraphExecUpdate the executable launches the other graph's allocation."""
-    out = graph_run(share, "gnode", "memalloc", 100 * MIB, "ginst", 0, "flags", "gnode", "memalloc", 200 * MIB,
-                    "gupdate", 0, 1, "gdestroy", 1, "meminfo", "glaunch", 0, "gexecdestroy", 0, "meminfo")
+    out = graph_run(
+        share,
+        "gnode",
+        "memalloc",
+        100 * MIB,
+        "ginst",
+        0,
+        "flags",
+        "gnode",
+        "memalloc",
+        200 * MIB,
+        "gupdate",
+        0,
+        1,
+        "gdestroy",
+        1,
+        "meminfo",
+        "glaunch",
+        0,
+        "gexecdestroy",
+        0,
+        "meminfo",
+    )
     assert all(line[1] == "CUDA_SUCCESS" for line in out), out
-    assert meminfo(out[5])[0] == GIB - 300 * MIB          # graph 1 gone, but the executable runs it
-    assert meminfo(out[8])[0] == GIB - 300 * MIB          # launched: live until freed; graph 0 still there
+    assert meminfo(out[5])[0] == GIB - 300 * MIB  # graph 1 gone, but the executable runs it
+    assert meminfo(out[8])[0] == GIB - 300 * MIB  # launched: live until freed; graph 0 still there
 
 
 def test_graph_reserve_beyond_the_nodes_is_charged_until_trimmed(share):
     """Freed graph memory the driver keeps in its reserve counts until cuDeviceGraphMemTrim."""
-    out = graph_run(share, "gnode", "memalloc", 600 * MIB, "ginst", 0, "flags", "glaunch", 0, "gexecdestroy", 0,
-                    "gdestroy", 0, "gmemfree", 0, "greserve", "meminfo", "alloc", 600 * MIB, "gtrim", "meminfo",
-                    "alloc", 600 * MIB)
+    out = graph_run(
+        share,
+        "gnode",
+        "memalloc",
+        600 * MIB,
+        "ginst",
+        0,
+        "flags",
+        "glaunch",
+        0,
+        "gexecdestroy",
+        0,
+        "gdestroy",
+        0,
+        "gmemfree",
+        0,
+        "greserve",
+        "meminfo",
+        "alloc",
+        600 * MIB,
+        "gtrim",
+        "meminfo",
+        "alloc",
+        600 * MIB,
+    )
     assert out[6] == ["greserve", "CUDA_SUCCESS", str(600 * MIB)]
     assert meminfo(out[7])[0] == GIB - 600 * MIB
     assert out[8][:2] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY"]
@@ -197,14 +367,30 @@ def test_pitch_is_refused_by_real_pitch_times_height(share):
 
 def test_async_pool_reuse_and_trim(share):
     limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
-    out, _ = share.run("share_app", "init", "frompool", 512 * MIB, "freeasync", 0, "meminfo",
-                       "frompool", 512 * MIB, "frompool", 600 * MIB, "freeasync", 1, "trim", 0, "meminfo",
-                       limits=limits)
+    out, _ = share.run(
+        "share_app",
+        "init",
+        "frompool",
+        512 * MIB,
+        "freeasync",
+        0,
+        "meminfo",
+        "frompool",
+        512 * MIB,
+        "frompool",
+        600 * MIB,
+        "freeasync",
+        1,
+        "trim",
+        0,
+        "meminfo",
+        limits=limits,
+    )
     assert out[1] == ["frompool", "0", "0"]
-    assert out[3] == ["meminfo", "0", str(GIB - 512 * MIB), str(GIB)]    # the pool keeps its reserve
-    assert out[4] == ["frompool", "0", "1"]                              # reused: no new charge
-    assert out[5] == ["frompool", "2", "-1"]                             # CUDA_ERROR_OUT_OF_MEMORY
-    assert out[8] == ["meminfo", "0", str(GIB), str(GIB)]                # trimmed: refunded
+    assert out[3] == ["meminfo", "0", str(GIB - 512 * MIB), str(GIB)]  # the pool keeps its reserve
+    assert out[4] == ["frompool", "0", "1"]  # reused: no new charge
+    assert out[5] == ["frompool", "2", "-1"]  # CUDA_ERROR_OUT_OF_MEMORY
+    assert out[8] == ["meminfo", "0", str(GIB), str(GIB)]  # trimmed: refunded
 
 
 def test_context_overhead_is_charged_once_per_device(share):
@@ -216,6 +402,7 @@ def test_context_overhead_is_charged_once_per_device(share):
 
 
 # ---------------------------------------------------------------- one budget per container
+
 
 def test_two_processes_share_one_budget(share):
     limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
@@ -235,11 +422,33 @@ def test_a_forked_child_charges_its_own_allocations_only(share):
     freeing one refunds nothing, and charges its own in a slot of its own, released when it exits;
     the parent's charge stays."""
     limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
-    out, _ = share.run("share_app", "init", "alloc", 600 * MIB, "fork", "free", 0, "meminfo", "alloc", 600 * MIB,
-                       "alloc", 300 * MIB, "meminfo", "end", "meminfo", limits=limits)
-    assert out[2:] == [["free", "0"], ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)], ["alloc", "2", "-1"],
-                       ["alloc", "0", "1"], ["meminfo", "0", str(GIB - 900 * MIB), str(GIB)], ["forked", "0"],
-                       ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)]]
+    out, _ = share.run(
+        "share_app",
+        "init",
+        "alloc",
+        600 * MIB,
+        "fork",
+        "free",
+        0,
+        "meminfo",
+        "alloc",
+        600 * MIB,
+        "alloc",
+        300 * MIB,
+        "meminfo",
+        "end",
+        "meminfo",
+        limits=limits,
+    )
+    assert out[2:] == [
+        ["free", "0"],
+        ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)],
+        ["alloc", "2", "-1"],
+        ["alloc", "0", "1"],
+        ["meminfo", "0", str(GIB - 900 * MIB), str(GIB)],
+        ["forked", "0"],
+        ["meminfo", "0", str(GIB - 600 * MIB), str(GIB)],
+    ]
 
 
 def test_sigkilled_process_memory_is_reclaimed_within_a_second(share):
@@ -247,9 +456,9 @@ def test_sigkilled_process_memory_is_reclaimed_within_a_second(share):
     holder = share.holder("alloc", 600 * MIB, limits=limits)
     assert share.probe("alloc", 600 * MIB, limits=limits) == [["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]]
     start = time.monotonic()
-    holder.kill()                     # not waited for yet: a zombie must not keep its charge either
+    holder.kill()  # not waited for yet: a zombie must not keep its charge either
     while Path(f"/proc/{holder.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
-        time.sleep(0.001)             # SIGKILL is delivered asynchronously: probe once it is dead
+        time.sleep(0.001)  # SIGKILL is delivered asynchronously: probe once it is dead
     out = share.probe("alloc", 600 * MIB, limits=limits)
     elapsed = time.monotonic() - start
     holder.wait()
@@ -259,13 +468,18 @@ def test_sigkilled_process_memory_is_reclaimed_within_a_second(share):
 
 def test_lock_holder_killed_does_not_wedge(share, programs):
     limits = {"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
-    share.probe("alloc", MIB, limits=limits)            # creates the region
-    locker = subprocess.Popen([str(programs["hold_lock"]), str(share.dir / "region")], stdout=subprocess.PIPE,
-                              text=True)
+    share.probe("alloc", MIB, limits=limits)  # creates the region
+    locker = subprocess.Popen(
+        [str(programs["hold_lock"]), str(share.dir / "region")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert locker.stdout.readline().strip() == "locked"
-        waiter = subprocess.Popen([str(programs["cuda_probe"]), "init", "ctx", "0", "alloc", str(MIB)],
-                                  env=share.env(limits), stdout=subprocess.PIPE, text=True)
+        waiter = subprocess.Popen(
+            [str(programs["cuda_probe"]), "init", "ctx", "0", "alloc", str(MIB)],
+            env=share.env(limits),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         with pytest.raises(subprocess.TimeoutExpired):
             waiter.wait(timeout=0.5)  # the allocation really waits for the region lock
         start = time.monotonic()
@@ -293,8 +507,18 @@ def test_stale_region_with_other_limits_is_reinitialised(share):
     holder.wait()
     magic, version, old_hash, default = region_header(share.dir / "region")
     assert (magic, version, default) == (b"NVCSHRG\0", 1, 8 * GIB)
-    out, err = share.run("cuda_probe", "init", "ctx", 0, "meminfo", "alloc", 900 * MIB, "alloc", 200 * MIB,
-                         limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    out, err = share.run(
+        "cuda_probe",
+        "init",
+        "ctx",
+        0,
+        "meminfo",
+        "alloc",
+        900 * MIB,
+        "alloc",
+        200 * MIB,
+        limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"},
+    )
     assert "re-initialising stale shared region" in err
     assert meminfo(out[2]) == (GIB, GIB)
     assert out[3] == ["alloc", "CUDA_SUCCESS", "0"]
@@ -306,8 +530,7 @@ def test_stale_region_with_other_limits_is_reinitialised(share):
 def test_region_in_use_under_other_limits_keeps_ours(share):
     holder = share.holder("alloc", MIB, limits={"NVC_SHARE_MEMORY_LIMIT": "8Gi"})
     try:
-        out, err = share.run("cuda_probe", "init", "ctx", 0, "alloc", 2 * GIB,
-                             limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+        out, err = share.run("cuda_probe", "init", "ctx", 0, "alloc", 2 * GIB, limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
         assert "in use under other limits" in err
         assert out[2] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY", "-1"]
     finally:
@@ -318,8 +541,9 @@ def test_region_in_use_under_other_limits_keeps_ours(share):
 def in_hook_dir(shared: Path, argv: list[str]) -> list[str]:
     """``argv`` run with ``shared`` at /var/run/nvc-share, where the hook mounts a container's shared
     directory (the fixed path: its limits file is the authority), in a mount namespace of its own."""
-    script = 'mount -t tmpfs -o size=1m tmpfs /run && mkdir /run/nvc-share && mount --bind "$0" /run/nvc-share ' \
-             '&& exec "$@"'
+    script = (
+        'mount -t tmpfs -o size=1m tmpfs /run && mkdir /run/nvc-share && mount --bind "$0" /run/nvc-share && exec "$@"'
+    )
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(shared), *argv]
 
 
@@ -335,8 +559,13 @@ def test_hook_region_of_a_wrong_size_is_never_resized(share, programs, tmp_path,
     region.write_bytes(b"")
     os.truncate(region, size)
     argv = [str(programs["cuda_probe"]), "init", "ctx", "0", "meminfo", "alloc", str(GIB + MIB)]
-    result = subprocess.run(in_hook_dir(shared, argv), env=share.env({"NVC_SHARE_MEMORY_LIMIT": "60G"}),
-                            capture_output=True, text=True, timeout=20)
+    result = subprocess.run(
+        in_hook_dir(shared, argv),
+        env=share.env({"NVC_SHARE_MEMORY_LIMIT": "60G"}),
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert result.returncode == 0, result.stderr
     out = [line.split() for line in result.stdout.splitlines()]
     assert meminfo(out[2])[1] == GIB
@@ -351,33 +580,54 @@ def test_hook_region_of_a_wrong_size_is_never_resized(share, programs, tmp_path,
 
 # ---------------------------------------------------------------- interception
 
+
 def test_cuGetProcAddress_hands_out_the_wrappers(share):
-    out, _ = share.run("share_app", "which", "cuMemAlloc", "which", "cuCtxSetCurrent", "--ptds",
-                       "which", "cuLaunchKernel", "which", "cuMemAllocAsync", "which", "cuGetProcAddress",
-                       limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    out, _ = share.run(
+        "share_app",
+        "which",
+        "cuMemAlloc",
+        "which",
+        "cuCtxSetCurrent",
+        "--ptds",
+        "which",
+        "cuLaunchKernel",
+        "which",
+        "cuMemAllocAsync",
+        "which",
+        "cuGetProcAddress",
+        limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"},
+    )
     where = {(line[1], line[3]): Path(line[2]).name for line in out}
     assert where[("cuMemAlloc", "cuMemAlloc_v2")] == "libnvc-share.so"
-    assert Path(out[1][2]).name.startswith("libcuda.so")                 # not wrapped: the real one
+    assert Path(out[1][2]).name.startswith("libcuda.so")  # not wrapped: the real one
     assert where[("cuLaunchKernel", "cuLaunchKernel_ptsz")] == "libnvc-share.so"
     assert where[("cuMemAllocAsync", "cuMemAllocAsync_ptsz")] == "libnvc-share.so"
     assert where[("cuGetProcAddress", "cuGetProcAddress_v2")] == "libnvc-share.so"
 
 
 def test_cuGetProcAddress_allocations_are_limited(share):
-    out, _ = share.run("share_app", "init", "alloc", 700 * MIB, "alloc", 700 * MIB, "meminfo",
-                       limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    out, _ = share.run(
+        "share_app", "init", "alloc", 700 * MIB, "alloc", 700 * MIB, "meminfo", limits={"NVC_SHARE_MEMORY_LIMIT": "1Gi"}
+    )
     assert out[1] == ["alloc", "0", "0"]
-    assert out[2] == ["alloc", "2", "-1"]           # exactly CUDA_ERROR_OUT_OF_MEMORY
+    assert out[2] == ["alloc", "2", "-1"]  # exactly CUDA_ERROR_OUT_OF_MEMORY
     assert out[3] == ["meminfo", "0", str(GIB - 700 * MIB), str(GIB)]
 
 
 def test_nvidia_smi_reports_the_limit_as_total(share):
     holder = share.holder("alloc", GIB, limits={"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
     try:
-        result = subprocess.run([str(share.root / "usr" / "bin" / "nvidia-smi"),
-                                 "--query-gpu=memory.total,memory.used,memory.free", "--format=csv,noheader"],
-                                env=share.env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}), capture_output=True, text=True,
-                                timeout=20)
+        result = subprocess.run(
+            [
+                str(share.root / "usr" / "bin" / "nvidia-smi"),
+                "--query-gpu=memory.total,memory.used,memory.free",
+                "--format=csv,noheader",
+            ],
+            env=share.env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"}),
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -388,7 +638,11 @@ def test_nvidia_smi_reports_the_limit_as_total(share):
 
 
 def test_nvidia_smi_keeps_working_with_a_broken_configuration(share):
-    result = subprocess.run([str(share.root / "usr" / "bin" / "nvidia-smi"), "-L"],
-                            env=share.env({"NVC_SHARE_MEMORY_LIMIT": "junk"}), capture_output=True, text=True,
-                            timeout=20)
+    result = subprocess.run(
+        [str(share.root / "usr" / "bin" / "nvidia-smi"), "-L"],
+        env=share.env({"NVC_SHARE_MEMORY_LIMIT": "junk"}),
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert result.returncode == 0 and "GPU 0" in result.stdout

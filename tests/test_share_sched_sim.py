@@ -14,35 +14,41 @@ from harness.shim import programs  # noqa: F401  (fixture)
 
 
 class Simulated(NamedTuple):
-    first: float                 # GPU share in percent, first half of the run
-    second: float                # second half
-    wait_ms: int                 # its longest wait
+    first: float  # GPU share in percent, first half of the run
+    second: float  # second half
+    wait_ms: int  # its longest wait
 
 
 def simulate(programs, *tenants: str, ms: int = 2000) -> tuple[list[Simulated], float]:
     """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE] under the shim's
     scheduler decision on a GPU that time-slices between them (tests/share_programs/sched_sim.c); also
     returns how busy the GPU was, in percent."""
-    out = subprocess.run([str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run(
+        [str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     lines = [line.split() for line in out.splitlines()]
-    return ([Simulated(int(f[2]) / 10, int(f[3]) / 10, int(f[4])) for f in lines if f[0] == "tenant"],
-            next(int(f[1]) / 10 for f in lines if f[0] == "gpu"))
+    return (
+        [Simulated(int(f[2]) / 10, int(f[3]) / 10, int(f[4])) for f in lines if f[0] == "tenant"],
+        next(int(f[1]) / 10 for f in lines if f[0] == "gpu"),
+    )
 
 
-@pytest.mark.parametrize(("tenants", "want"), [
-    (["1:100:1600:0:2000", "1:100:1600:0:2000"], [50, 50]),
-    (["1:100:1600:0:2000", "3:100:1600:0:2000"], [25, 75]),
-    (["1:100:1600:0:2000", "3:100:200:0:2000"], [25, 75]),               # short and long kernels
-    (["1:100:1600:0:2000", "1:100:30000:0:2000", "2:100:200:0:2000"], [25, 25, 50]),
-    (["1:100:1600:0:2000"], [100]),                                      # alone: the whole GPU
-    (["1:75:1600:0:2000"], [75]),                                        # alone, capped
-    (["1:25:1600:0:2000", "1:100:1600:0:2000"], [25, 75]),               # a capped one leaves the rest
-    (["1:100:1000:0:2000", "3:100:1000:0:2000", "1:100:1000:0:2000", "5:100:1000:0:2000"], [10, 30, 10, 50]),
-    (["10:100:1000:0:2000"] + ["1:100:1000:0:2000"] * 4, [71, 7, 7, 7, 7]),
-    # a tenant publishing random values is read as idle: the others' ratios are unchanged
-    (["1:100:1600:0:2000", "3:100:1600:0:2000", "1:100:0:0:2000:garbage"], [25, 75, 0]),
-])
+@pytest.mark.parametrize(
+    ("tenants", "want"),
+    [
+        (["1:100:1600:0:2000", "1:100:1600:0:2000"], [50, 50]),
+        (["1:100:1600:0:2000", "3:100:1600:0:2000"], [25, 75]),
+        (["1:100:1600:0:2000", "3:100:200:0:2000"], [25, 75]),  # short and long kernels
+        (["1:100:1600:0:2000", "1:100:30000:0:2000", "2:100:200:0:2000"], [25, 25, 50]),
+        (["1:100:1600:0:2000"], [100]),  # alone: the whole GPU
+        (["1:75:1600:0:2000"], [75]),  # alone, capped
+        (["1:25:1600:0:2000", "1:100:1600:0:2000"], [25, 75]),  # a capped one leaves the rest
+        (["1:100:1000:0:2000", "3:100:1000:0:2000", "1:100:1000:0:2000", "5:100:1000:0:2000"], [10, 30, 10, 50]),
+        (["10:100:1000:0:2000"] + ["1:100:1000:0:2000"] * 4, [71, 7, 7, 7, 7]),
+        # a tenant publishing random values is read as idle: the others' ratios are unchanged
+        (["1:100:1600:0:2000", "3:100:1600:0:2000", "1:100:0:0:2000:garbage"], [25, 75, 0]),
+    ],
+)
 def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
     """Busy tenants get the GPU by weight, within 5 points once their shares have settled (the second
     half; 7 in the first, which holds the 200 ms the shares take to build up), and the GPU never idles

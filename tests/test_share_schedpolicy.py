@@ -22,17 +22,26 @@ NOW = 10_000_000_000
 
 class View(ctypes.Structure):
     """struct nvc_sched_view (native/schedpolicy.h)."""
-    _fields_ = [("id", ctypes.c_uint64), ("seen_ns", ctypes.c_uint64), ("busy_until_ns", ctypes.c_uint64),
-                ("capped", ctypes.c_uint32), ("weight", ctypes.c_uint32), ("cap", ctypes.c_uint32),
-                ("share_permille", ctypes.c_uint32)]
+
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("seen_ns", ctypes.c_uint64),
+        ("busy_until_ns", ctypes.c_uint64),
+        ("capped", ctypes.c_uint32),
+        ("weight", ctypes.c_uint32),
+        ("cap", ctypes.c_uint32),
+        ("share_permille", ctypes.c_uint32),
+    ]
 
 
 @pytest.fixture(scope="module")
 def decide(tmp_path_factory: pytest.TempPathFactory):
     """nvc_sched_decide(self, others, n, now) from schedpolicy.c, built as it is into the shim."""
     lib = tmp_path_factory.mktemp("schedpolicy") / "libschedpolicy.so"
-    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(lib),
-                    str(REPO / "native" / "schedpolicy.c")], check=True)
+    subprocess.run(
+        ["gcc", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(lib), str(REPO / "native" / "schedpolicy.c")],
+        check=True,
+    )
     fn = ctypes.CDLL(str(lib)).nvc_sched_decide
     fn.argtypes = [ctypes.POINTER(View), ctypes.POINTER(View), ctypes.c_int, ctypes.c_uint64]
     fn.restype = ctypes.c_int
@@ -57,8 +66,8 @@ def test_more_than_a_point_over_waits_while_a_peer_more_than_a_point_under_has_w
 
 
 def test_over_its_entitlement_it_still_launches_when_nobody_under_theirs_competes(decide):
-    assert decide(261, 740) == RUN               # the peer is a point under its entitlement, no more
-    assert decide(261, 739, peer_busy=False) == RUN   # under it, but nothing of it on the GPU now
+    assert decide(261, 740) == RUN  # the peer is a point under its entitlement, no more
+    assert decide(261, 739, peer_busy=False) == RUN  # under it, but nothing of it on the GPU now
 
 
 def test_entitlements_are_parts_of_the_useful_work_the_shares_sum_to(decide):

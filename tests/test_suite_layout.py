@@ -53,20 +53,26 @@ def layout_errors(tests: Path) -> dict[str, list[str]]:
 def test_no_file_imports_a_test_module() -> None:
     errors = layout_errors(TESTS)
     assert not errors, "test modules imported (move what they share to tests/harness/):\n" + "\n".join(
-        f"  {path}: {', '.join(found)}" for path, found in errors.items())
+        f"  {path}: {', '.join(found)}" for path, found in errors.items()
+    )
 
 
 def test_an_import_of_a_test_module_is_found_at_any_depth(tmp_path: Path) -> None:
     """The check itself: top-level and lazy imports, plain and from-imports, are each found once; a
     harness module, or a name that merely begins with test_, is not a test module."""
-    (tmp_path / "test_a.py").write_text("from harness.fixtures import runc\nimport test_b as b\n"
-                                        "def test_x():\n    from test_b import FIXTURE\n")
-    (tmp_path / "test_b.py").write_text("import test_helpers_missing\n\nclass C:\n"
-                                        "    def m(self):\n        import os, test_a\n")
+    (tmp_path / "test_a.py").write_text(
+        "from harness.fixtures import runc\nimport test_b as b\ndef test_x():\n    from test_b import FIXTURE\n"
+    )
+    (tmp_path / "test_b.py").write_text(
+        "import test_helpers_missing\n\nclass C:\n    def m(self):\n        import os, test_a\n"
+    )
     (tmp_path / "harness").mkdir()
     (tmp_path / "harness" / "shared.py").write_text("import tests.test_b\n")
-    assert layout_errors(tmp_path) == {"harness/shared.py": ["1: tests.test_b"],
-                                       "test_a.py": ["2: test_b", "4: test_b"], "test_b.py": ["5: test_a"]}
+    assert layout_errors(tmp_path) == {
+        "harness/shared.py": ["1: tests.test_b"],
+        "test_a.py": ["2: test_b", "4: test_b"],
+        "test_b.py": ["5: test_a"],
+    }
 
 
 def python_without_suffix(root: Path, folders: tuple[str, ...] = PROGRAM_FOLDERS) -> list[str]:

@@ -18,8 +18,10 @@ def _names_under_tmp() -> set[str]:
 
 def test_make_try_cmd_answers_from_the_fake_driver() -> None:
     before = _names_under_tmp()
-    command = ('nvc-py info --csv && nvc-py list -b && nvc-py cdi generate --format json '
-               '&& nvc-py configure --dry-run -c -u $ROOTFS && cat /proc/driver/nvidia/version')
+    command = (
+        "nvc-py info --csv && nvc-py list -b && nvc-py cdi generate --format json "
+        "&& nvc-py configure --dry-run -c -u $ROOTFS && cat /proc/driver/nvidia/version"
+    )
     result = subprocess.run([*MAKE_TRY, f"CMD={command}"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -33,7 +35,6 @@ def test_make_try_cmd_answers_from_the_fake_driver() -> None:
 
 
 def test_make_try_shell_reads_commands_from_stdin() -> None:
-    result = subprocess.run(MAKE_TRY, input="nvc-py info --csv\nexit 3\n", capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(MAKE_TRY, input="nvc-py info --csv\nexit 3\n", capture_output=True, text=True, timeout=120)
     assert result.returncode != 0  # the shell's exit status 3 comes back through make
     assert result.stdout.startswith(BANNER) and "NVIDIA H100 80GB HBM3" in result.stdout

@@ -58,8 +58,11 @@ MAINTAINER = "nvc-py developers <dev@nvc-py.invalid>"
 # Shipped, never enabled: the admin turns them on where a node runs them.
 OPTIONAL_UNITS = (Path("deploy/systemd/nvc-py-device-plugin.service"), Path("deploy/systemd/nvc-py-exporter.service"))
 STATIC_FILES = {  # source (under DEBIAN) -> path in the package
-    "postinst": "DEBIAN/postinst", "prerm": "DEBIAN/prerm", "postrm": "DEBIAN/postrm",
-    "logrotate": "etc/logrotate.d/nvc-py", "lintian-overrides": "usr/share/lintian/overrides/nvc-py",
+    "postinst": "DEBIAN/postinst",
+    "prerm": "DEBIAN/prerm",
+    "postrm": "DEBIAN/postrm",
+    "logrotate": "etc/logrotate.d/nvc-py",
+    "lintian-overrides": "usr/share/lintian/overrides/nvc-py",
 }
 DEPENDS = ("libseccomp2", "init-system-helpers (>= 1.54~)")
 LOCK_HEADER = """\
@@ -85,8 +88,10 @@ def run(argv: list[str | Path], **kwargs: object) -> subprocess.CompletedProcess
     """Run ``argv``; a failure ends the build with its command and output."""
     result = subprocess.run([str(a) for a in argv], text=True, capture_output=True, **kwargs)  # type: ignore[call-overload]
     if result.returncode != 0:
-        raise SystemExit(f"debpkg: {' '.join(map(str, argv))} failed ({result.returncode}):\n"
-                         f"{result.stdout[-4000:]}{result.stderr[-4000:]}")
+        raise SystemExit(
+            f"debpkg: {' '.join(map(str, argv))} failed ({result.returncode}):\n"
+            f"{result.stdout[-4000:]}{result.stderr[-4000:]}"
+        )
     return result
 
 
@@ -104,9 +109,11 @@ class Control(NamedTuple):
 
 
 def control_text(c: Control) -> str:
-    return (f"Package: {PACKAGE}\nVersion: {c.version}\nArchitecture: {c.arch}\nMaintainer: {c.maintainer}\n"
-            f"Installed-Size: {c.installed_size}\nDepends: {', '.join(c.depends)}\nSection: admin\n"
-            f"Priority: optional\n{DESCRIPTION}")
+    return (
+        f"Package: {PACKAGE}\nVersion: {c.version}\nArchitecture: {c.arch}\nMaintainer: {c.maintainer}\n"
+        f"Installed-Size: {c.installed_size}\nDepends: {', '.join(c.depends)}\nSection: admin\n"
+        f"Priority: optional\n{DESCRIPTION}"
+    )
 
 
 def python_depends(minor: tuple[int, int]) -> tuple[str, str]:
@@ -118,9 +125,11 @@ def python_depends(minor: tuple[int, int]) -> tuple[str, str]:
 def changelog_text(version: str, maintainer: str, epoch: int, commit: str) -> str:
     """A native package's changelog (/usr/share/doc/nvc-py/changelog.gz): one entry, this build's."""
     date = time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime(epoch))
-    return (f"{PACKAGE} ({version}) unstable; urgency=medium\n\n"
-            f"  * Built from commit {commit} (the repository's history is the changelog).\n\n"
-            f" -- {maintainer}  {date}\n")
+    return (
+        f"{PACKAGE} ({version}) unstable; urgency=medium\n\n"
+        f"  * Built from commit {commit} (the repository's history is the changelog).\n\n"
+        f" -- {maintainer}  {date}\n"
+    )
 
 
 class Bundled(NamedTuple):
@@ -133,17 +142,19 @@ class Bundled(NamedTuple):
 
 def copyright_text(bundled: Iterable[Bundled], site_packages: str) -> str:
     lines = "".join(f" {b.name} {b.version}: {b.license}\n" for b in sorted(bundled, key=lambda b: b.name.lower()))
-    return ("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
-            f"Upstream-Name: {PACKAGE}\n"
-            "Comment: The Python distributions bundled in /usr/lib/nvc-py/venv, with the licenses\n"
-            " their metadata declare (their own license files are in their dist-info directories in\n"
-            f" {site_packages}):\n"
-            f"{lines}\n"
-            "Files: *\n"
-            "Copyright: nvc-py developers\n"
-            "License: Apache-2.0\n"
-            " On Debian systems, the full text of the Apache License 2.0 is in\n"
-            " /usr/share/common-licenses/Apache-2.0.\n")
+    return (
+        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
+        f"Upstream-Name: {PACKAGE}\n"
+        "Comment: The Python distributions bundled in /usr/lib/nvc-py/venv, with the licenses\n"
+        " their metadata declare (their own license files are in their dist-info directories in\n"
+        f" {site_packages}):\n"
+        f"{lines}\n"
+        "Files: *\n"
+        "Copyright: nvc-py developers\n"
+        "License: Apache-2.0\n"
+        " On Debian systems, the full text of the Apache License 2.0 is in\n"
+        " /usr/share/common-licenses/Apache-2.0.\n"
+    )
 
 
 def with_purge(script: str, module: str) -> str:
@@ -151,7 +162,7 @@ def with_purge(script: str, module: str) -> str:
     (postrm runs them with python3; as comments, no shell check reads them as shell)."""
     lines = script.split("\n")
     at = lines.index(PURGE_MARK)
-    return "\n".join([*lines[:at], *(f"#|{line}" for line in module.rstrip("\n").split("\n")), *lines[at + 1:]])
+    return "\n".join([*lines[:at], *(f"#|{line}" for line in module.rstrip("\n").split("\n")), *lines[at + 1 :]])
 
 
 def bundled_license(metadata_text: str) -> Bundled:
@@ -168,10 +179,12 @@ def commented(config_text: str) -> str:
     """The conffile /etc/nvc-py/config.yaml: every default setting, commented out (a file of
     comments means all defaults, as no file does; the admin uncomments what changes)."""
     body = [line for line in config_text.splitlines() if not line.startswith("#")]
-    return ("# nvc-py's configuration (its source's docs/configuration.md). Every setting is shown at its default,\n"
-            "# commented out: uncomment and change what differs here. `nvc-py config show` prints the\n"
-            "# effective configuration; the hooks read this file at every container start.\n"
-            + "".join(f"# {line}\n" for line in body))
+    return (
+        "# nvc-py's configuration (its source's docs/configuration.md). Every setting is shown at its default,\n"
+        "# commented out: uncomment and change what differs here. `nvc-py config show` prints the\n"
+        "# effective configuration; the hooks read this file at every container start.\n"
+        + "".join(f"# {line}\n" for line in body)
+    )
 
 
 def installed_size(root: Path) -> int:
@@ -273,8 +286,10 @@ def source_commit(source: Path) -> tuple[str, int]:
     else:
         text = (source / SOURCE_COMMIT).read_text().strip()
         if text.startswith("$Format:"):
-            raise SystemExit(f"debpkg: {source}: neither a git clone nor git archive's output of a commit "
-                             f"({SOURCE_COMMIT} names no commit)")
+            raise SystemExit(
+                f"debpkg: {source}: neither a git clone nor git archive's output of a commit "
+                f"({SOURCE_COMMIT} names no commit)"
+            )
         commit, epoch = text.split()
     given = os.environ.get("SOURCE_DATE_EPOCH", "")
     return commit[:12], int(given) if given.isdigit() else int(epoch)
@@ -290,15 +305,34 @@ def build(version: str, out: Path, maintainer: str, pip_cache: Path) -> Path:
     copy_tree(REPO, source)
     (root / LIBDIR.lstrip("/")).mkdir(parents=True)
     scratch.mkdir()
-    run(["unshare", "--mount", "--propagation", "private", SYSTEM_PYTHON, source / "tools/debpkg.py", "stage",
-         "--source", source, "--root", root, "--scratch", scratch, "--pip-cache", pip_cache.resolve()])
+    run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            SYSTEM_PYTHON,
+            source / "tools/debpkg.py",
+            "stage",
+            "--source",
+            source,
+            "--root",
+            root,
+            "--scratch",
+            scratch,
+            "--pip-cache",
+            pip_cache.resolve(),
+        ]
+    )
     commit, epoch = source_commit(REPO)
     finish(root, source, version, maintainer, epoch, commit)
     arch = run(["dpkg", "--print-architecture"]).stdout.strip()
     deb = out / f"{PACKAGE}_{version}_{arch}.deb"
     # xz: what every dpkg and lintian reads (Ubuntu's dpkg-deb would choose zstd, which Debian 12's cannot)
-    run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", root, deb],
-        env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)})
+    run(
+        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", root, deb],
+        env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)},
+    )
     return deb
 
 
@@ -308,8 +342,17 @@ def stage(source: Path, root: Path, scratch: Path, pip_cache: Path) -> None:
     run(["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", scratch])
     for name in ("upper", "work"):
         (scratch / name).mkdir()
-    run(["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir=/usr/lib,upperdir={scratch}/upper,workdir={scratch}/work", "/usr/lib"])
+    run(
+        [
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir=/usr/lib,upperdir={scratch}/upper,workdir={scratch}/work",
+            "/usr/lib",
+        ]
+    )
     os.makedirs(LIBDIR, exist_ok=True)
     run(["mount", "--bind", root / LIBDIR.lstrip("/"), LIBDIR])
     python = f"{VENV}/bin/python"
@@ -355,7 +398,8 @@ def files(source: Path, root: Path) -> None:
     for unit in OPTIONAL_UNITS:
         texts[str(units / unit.name)] = (source / unit).read_text()
     texts[str(root / "usr/share/bash-completion/completions" / PACKAGE)] = run(
-        [f"{LIBDIR}/nvc-py-python"], env={"PATH": "/usr/bin:/bin", "_NVC_PY_COMPLETE": "bash_source"}).stdout
+        [f"{LIBDIR}/nvc-py-python"], env={"PATH": "/usr/bin:/bin", "_NVC_PY_COMPLETE": "bash_source"}
+    ).stdout
     texts[str(root / config.DEFAULT_PATH.lstrip("/"))] = commented(config.show(config.defaults()))
     for path, text in texts.items():
         if path.endswith((".json", engines.SERVER_UNIT)) and LIBDIR not in text:  # setup's fallback: pip's scripts
@@ -394,23 +438,31 @@ def finish(root: Path, source: Path, version: str, maintainer: str, epoch: int, 
     if len(bundled) != len(list(site.glob("*-info"))):
         raise SystemExit(f"debpkg: {site}: a distribution without a dist-info METADATA (for the copyright file)")
     (doc / "copyright").write_text(copyright_text(bundled, site_in_package))
-    with open(doc / "changelog.gz", "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
-                                                                compresslevel=9) as gz:
+    with (
+        open(doc / "changelog.gz", "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as gz,
+    ):
         gz.write(changelog_text(version, maintainer, epoch, commit).encode())
     entries = _entries(root)
     for path in [*entries, *sorted((root / "DEBIAN").iterdir())]:
         if not path.is_symlink():
             path.chmod(mode_for(path, path.stat().st_mode) if path.parent.name != "DEBIAN" else 0o755)
-    conffiles = sorted("/" + str(p.relative_to(root)) for p in entries
-                       if p.relative_to(root).parts[0] == "etc" and p.is_file())
+    conffiles = sorted(
+        "/" + str(p.relative_to(root)) for p in entries if p.relative_to(root).parts[0] == "etc" and p.is_file()
+    )
     (root / "DEBIAN/conffiles").write_text("".join(f"{c}\n" for c in conffiles))
-    (root / "DEBIAN/md5sums").write_text("".join(
-        f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(root)}\n" for p in entries
-        if p.is_file() and not p.is_symlink() and "/" + str(p.relative_to(root)) not in conffiles))
+    (root / "DEBIAN/md5sums").write_text(
+        "".join(
+            f"{hashlib.md5(p.read_bytes()).hexdigest()}  {p.relative_to(root)}\n"
+            for p in entries
+            if p.is_file() and not p.is_symlink() and "/" + str(p.relative_to(root)) not in conffiles
+        )
+    )
     arch = run(["dpkg", "--print-architecture"]).stdout.strip()
     depends = (*python_depends(sys.version_info[:2]), *shlib_depends(root, entries), *DEPENDS)
-    (root / "DEBIAN/control").write_text(control_text(Control(version, arch, maintainer, installed_size(root),
-                                                              depends)))
+    (root / "DEBIAN/control").write_text(
+        control_text(Control(version, arch, maintainer, installed_size(root), depends))
+    )
     for name in ("control", "conffiles", "md5sums"):
         (root / "DEBIAN" / name).chmod(0o644)
     for path in [*entries, *(root / "DEBIAN").iterdir(), root / "DEBIAN", root]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import configparser
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -45,7 +45,12 @@ def bounded(value: Any) -> Any:
 def line(**fields: Any) -> str:
     """The JSON line for ``fields``, with the current UTC time first."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    return json.dumps({"time": f"{stamp}Z", **{k: bounded(v) for k, v in fields.items()}}, separators=(",", ":"), sort_keys=False) + "\n"
+    return (
+        json.dumps(
+            {"time": f"{stamp}Z", **{k: bounded(v) for k, v in fields.items()}}, separators=(",", ":"), sort_keys=False
+        )
+        + "\n"
+    )
 
 
 def write(path: str | None, level: str, failed: bool, **fields: Any) -> None:

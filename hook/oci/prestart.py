@@ -24,16 +24,18 @@ from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
 
 if TYPE_CHECKING:
     from nvc.config import Config
+    from nvc.config.options import GlobalOptions
     from nvc.containerenv import Policy
     from nvc.hook.oci.spec import Container, State
-    from nvc.config.options import GlobalOptions
     from nvc.plan.request import Request, ShareRequest
 
 PROG = "nvc-py-hook"
-USAGE = (f"usage: {PROG} prestart|poststart|poststop  (OCI state on stdin)\n"
-         f"       {PROG} create-symlinks --link TARGET::LINK ... | update-ldcache --folder DIR ...  (CDI hooks)\n"
-         f"       {PROG} serve [--socket PATH]  (answer nvc-py-hook-client's calls; default ${SOCKET_ENV} "
-         f"or {DEFAULT_SOCKET})")
+USAGE = (
+    f"usage: {PROG} prestart|poststart|poststop  (OCI state on stdin)\n"
+    f"       {PROG} create-symlinks --link TARGET::LINK ... | update-ldcache --folder DIR ...  (CDI hooks)\n"
+    f"       {PROG} serve [--socket PATH]  (answer nvc-py-hook-client's calls; default ${SOCKET_ENV} "
+    f"or {DEFAULT_SOCKET})"
+)
 CDI_STAGES = ("create-symlinks", "update-ldcache")
 
 
@@ -56,19 +58,27 @@ def global_options(config: Config) -> GlobalOptions:
     return GlobalOptions(config.root, config.ldcache, parse_user(config.user), config.load_kmods)
 
 
-def container_request(config: Config, state: State, ctr: Container, req: Request,
-                      sharing: ShareRequest | None = None) -> Request:
+def container_request(
+    config: Config, state: State, ctr: Container, req: Request, sharing: ShareRequest | None = None
+) -> Request:
     """What the spec asks for (``req``, parsed from its env), for this container (its rootfs and
     pid; its id names the sharing files) and with the host's configuration."""
-    return req._replace(rootfs=ctr.rootfs, pid=state.pid, ldconfig=config.ldconfig, no_cgroups=config.no_cgroups,
-                        cuda_compat_mode=config.cuda_compat_mode, sharing=sharing, container_id=state.id,
-                        bundle=state.bundle)
+    return req._replace(
+        rootfs=ctr.rootfs,
+        pid=state.pid,
+        ldconfig=config.ldconfig,
+        no_cgroups=config.no_cgroups,
+        cuda_compat_mode=config.cuda_compat_mode,
+        sharing=sharing,
+        container_id=state.id,
+        bundle=state.bundle,
+    )
 
 
 def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     """Configure the container of the state in ``stdin``; ``record`` collects the log line's fields."""
-    from nvc.plan import fromenv
     from nvc.hook.oci import spec
+    from nvc.plan import fromenv
 
     state = spec.parse_state(stdin)
     record["container"] = state.id
@@ -85,9 +95,11 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     record["devices"] = [s.text for s in req.selectors] or "none"
     record["capabilities"] = sorted(req.capabilities)
     if ctr.joined_mount_ns is not None:
-        raise ContainerError(f"the container joins the mount namespace {shown(ctr.joined_mount_ns)} of another "
-                             "process (linux.namespaces): nvc-py configures only a container with a mount "
-                             "namespace of its own; give it one, or ask for no GPU")
+        raise ContainerError(
+            f"the container joins the mount namespace {shown(ctr.joined_mount_ns)} of another "
+            "process (linux.namespaces): nvc-py configures only a container with a mount "
+            "namespace of its own; give it one, or ask for no GPU"
+        )
     from nvc.containerenv.sharing import share_env
     from nvc.pipeline.configure import configure
 

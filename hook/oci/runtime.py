@@ -47,7 +47,7 @@ def find_create(args: list[str]) -> tuple[int, str] | None:
     if i >= len(args) or args[i] != "create":
         return None
     bundle = "."
-    rest = args[i + 1:]
+    rest = args[i + 1 :]
     for j, word in enumerate(rest):
         if word in ("--bundle", "-b") and j + 1 < len(rest):
             bundle = rest[j + 1]
@@ -61,8 +61,10 @@ def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
     link to it under another name: ``docker run --gpus``'s nvidia-container-runtime-hook, see
     :mod:`nvc.hook.setup.docker`)."""
     hooks = (spec.get("hooks") or {}).get(stage) or []
-    return any(os.path.basename(os.path.realpath(str(h.get("path", "")))) in ("nvc-py-hook", "nvc-py-hook-client")
-               for h in hooks)
+    return any(
+        os.path.basename(os.path.realpath(str(h.get("path", "")))) in ("nvc-py-hook", "nvc-py-hook-client")
+        for h in hooks
+    )
 
 
 def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
@@ -154,10 +156,12 @@ def about(config: Config, runtime: str | None) -> str:
     from nvc import __version__
 
     execs = runtime or f"no runtime found (tried {', '.join(config.runtimes)})"
-    return (f"{PROG} {__version__} (nvc-py): an OCI runtime that is runc or crun plus nvc-py's hooks for GPU\n"
-            f"containers (on create it adds the nvc-py-hook prestart and poststop hooks, the device nodes\n"
-            f"and their cgroup rules to a spec asking for GPUs); every command is then run by\n"
-            f"{execs} (configuration: {config.path or 'built-in defaults'}, its 'runtimes' key).\n")
+    return (
+        f"{PROG} {__version__} (nvc-py): an OCI runtime that is runc or crun plus nvc-py's hooks for GPU\n"
+        f"containers (on create it adds the nvc-py-hook prestart and poststop hooks, the device nodes\n"
+        f"and their cgroup rules to a spec asking for GPUs); every command is then run by\n"
+        f"{execs} (configuration: {config.path or 'built-in defaults'}, its 'runtimes' key).\n"
+    )
 
 
 def log_refusal(config: Config | None, args: list[str], err: NvcError, started: float) -> None:
@@ -169,10 +173,19 @@ def log_refusal(config: Config | None, args: list[str], err: NvcError, started: 
     config = config or config_file.defaults()
     _, i = global_options(args)
     create = find_create(args)
-    log.write(config.log_file, config.log_level, True, stage="runtime", command=args[i] if i < len(args) else None,
-              container=args[-1] if create and len(args) > create[0] + 1 else None,
-              bundle=create[1] if create else None, pid=os.getpid(), outcome="error", error=str(err),
-              duration_ms=round((time.monotonic() - started) * 1000, 1))
+    log.write(
+        config.log_file,
+        config.log_level,
+        True,
+        stage="runtime",
+        command=args[i] if i < len(args) else None,
+        container=args[-1] if create and len(args) > create[0] + 1 else None,
+        bundle=create[1] if create else None,
+        pid=os.getpid(),
+        outcome="error",
+        error=str(err),
+        duration_ms=round((time.monotonic() - started) * 1000, 1),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,8 +105,10 @@ def _state(text: str | bytes) -> dict[str, Any]:
 def _container_id(doc: dict[str, Any]) -> str:
     value = doc.get("id")
     if not isinstance(value, str) or not CONTAINER_ID.fullmatch(value):
-        raise InputError(f"OCI state on stdin: invalid container id {_described(value)} (expected 1 to 255 "
-                         "ASCII letters, digits and _ + , - . starting with a letter, digit or _)")
+        raise InputError(
+            f"OCI state on stdin: invalid container id {_described(value)} (expected 1 to 255 "
+            "ASCII letters, digits and _ + , - . starting with a letter, digit or _)"
+        )
     return value
 
 

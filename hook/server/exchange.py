@@ -23,9 +23,19 @@ import sys
 from collections.abc import Callable
 
 from nvc.errors import InputError
-from nvc.hook.server.handover import (CONNECTED_ENV, FALL_BACK, GO, MAX_MESSAGE, PROGRAMS, READY, REFUSED, STAMP_DIGITS,
-                               CallError, parse_call)
 from nvc.hook.server import scope
+from nvc.hook.server.handover import (
+    CONNECTED_ENV,
+    FALL_BACK,
+    GO,
+    MAX_MESSAGE,
+    PROGRAMS,
+    READY,
+    REFUSED,
+    STAMP_DIGITS,
+    CallError,
+    parse_call,
+)
 from nvc.hook.server.peer import Standing, caller_shortfall, reaches_worker
 from nvc.hook.server.sockets import peer_credentials, peer_pidfd
 from nvc.hook.server.upgrade import stale
@@ -46,8 +56,9 @@ class _Refused(Exception):
 
 def _malformed(what: str) -> _Refused:
     """The refusal of a malformed call: status 2 and the line the client writes on its stderr."""
-    return _Refused(f"{REFUSED.decode()} {InputError.exit_code}\nnvc-py-hook serve: refused a call: "
-                    f"{what[:200]}\n".encode())
+    return _Refused(
+        f"{REFUSED.decode()} {InputError.exit_code}\nnvc-py-hook serve: refused a call: {what[:200]}\n".encode()
+    )
 
 
 def _received(conn: socket.socket, size: int, count: int) -> tuple[bytes, list[int]]:
@@ -137,8 +148,9 @@ def queue_wait_ms(env: dict[str, str], accepted_ns: int) -> float | None:
     return wait if 0 <= wait < 3_600_000 else None
 
 
-def run_call(conn: socket.socket, programs: Programs, ours: Standing, accepted_ns: int,
-             figures: dict[str, float | None]) -> bytes | None:
+def run_call(
+    conn: socket.socket, programs: Programs, ours: Standing, accepted_ns: int, figures: dict[str, float | None]
+) -> bytes | None:
     """Worker side: check the caller and its call, take over the caller's streams, directory and
     environment once the caller says ``go``, run the call; the answer (None: none, the caller is
     gone; it runs the program itself). ``figures`` gets the call's queue wait."""

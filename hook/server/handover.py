@@ -70,8 +70,13 @@ class CallError(ValueError):
 def encode_call(argv: list[str], env: dict[str, str]) -> bytes:
     """The message for ``argv`` and ``env`` (plain types: typing and collections.abc cost
     milliseconds to import on this path)."""
-    fields = [MAGIC, str(len(argv)).encode(), str(len(env)).encode(), *map(os.fsencode, argv),
-              *(os.fsencode(f"{name}={value}") for name, value in env.items())]
+    fields = [
+        MAGIC,
+        str(len(argv)).encode(),
+        str(len(env)).encode(),
+        *map(os.fsencode, argv),
+        *(os.fsencode(f"{name}={value}") for name, value in env.items()),
+    ]
     return b"".join(field + b"\0" for field in fields)
 
 
@@ -90,9 +95,9 @@ def parse_call(message: bytes) -> tuple[list[str], dict[str, str]]:
         raise CallError("bad counts") from None
     if argc < 1 or envc < 0 or len(fields) != 3 + argc + envc:
         raise CallError("counts do not match the strings")
-    argv = fields[3:3 + argc]
+    argv = fields[3 : 3 + argc]
     env = {}
-    for entry in fields[3 + argc:]:
+    for entry in fields[3 + argc :]:
         name, sep, value = entry.partition("=")
         if sep and name and not is_unsafe(name):
             env.setdefault(name, value)
@@ -135,8 +140,9 @@ def not_roots(path: str) -> tuple[str | None, int]:
     try:
         dirfd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:  # absent, a symlink, or not a directory: a socket there is none of root's server's
-        return (None if not os.path.lexists(path) else
-                f"{directory}: not a directory of root's that only root can write"), -1
+        return (
+            None if not os.path.lexists(path) else f"{directory}: not a directory of root's that only root can write"
+        ), -1
     try:
         st = os.fstat(dirfd)
         sock = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
@@ -186,8 +192,11 @@ def hand_over(argv: list[str]) -> None:
     found, held = wedge.marker(dirfd) if dirfd >= 0 else (wedge.NONE, -1)
     try:
         if found == wedge.FRESH:
-            os.write(2, f"{prog}: the hook server left a call unanswered less than {wedge.RETRY} s ago; running "
-                        "here\n".encode())
+            os.write(
+                2,
+                f"{prog}: the hook server left a call unanswered less than {wedge.RETRY} s ago; running "
+                "here\n".encode(),
+            )
             return
         _hand_over(prog, message, path, dirfd, held if found == wedge.PROBE else None)
     finally:
@@ -219,13 +228,16 @@ def _hand_over(prog: str, message: bytes, path: str, dirfd: int, held: int | Non
     try:
         try:
             sock.settimeout(min(ACK_TIMEOUT, timeout))
-            message = message[:-STAMP_DIGITS - 1] + b"%0*d\0" % (STAMP_DIGITS, time.monotonic_ns())
+            message = message[: -STAMP_DIGITS - 1] + b"%0*d\0" % (STAMP_DIGITS, time.monotonic_ns())
             sock.connect(path)  # after the stamp: a spare may accept before connect returns
             creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
             peer_uid = int.from_bytes(creds[4:8], sys.byteorder)
             if peer_uid != 0:
-                os.write(2, f"{prog}: not handing over to the hook server ({path}: served by uid {peer_uid}, "
-                            "not root); running here\n".encode())
+                os.write(
+                    2,
+                    f"{prog}: not handing over to the hook server ({path}: served by uid {peer_uid}, "
+                    "not root); running here\n".encode(),
+                )
                 return
             listener = int.from_bytes(creds[0:4], sys.byteorder, signed=True)
             if wedge.stopped(listener):
@@ -248,8 +260,9 @@ def _hand_over(prog: str, message: bytes, path: str, dirfd: int, held: int | Non
             os.write(2, f"{prog}: {silent.args[0]}; running here\n".encode())
             return
         except TimeoutError:  # connecting or sending: a server that takes no more calls
-            os.write(2, f"{prog}: the hook server did not answer in {min(ACK_TIMEOUT, timeout):g} s; running "
-                        "here\n".encode())
+            os.write(
+                2, f"{prog}: the hook server did not answer in {min(ACK_TIMEOUT, timeout):g} s; running here\n".encode()
+            )
             return
         except OSError:
             return  # no worker runs the call (none before ``go``): run here
@@ -284,8 +297,13 @@ def _hand_over(prog: str, message: bytes, path: str, dirfd: int, held: int | Non
     os._exit(1)
 
 
-def _first_answer(sock, listener: int, dirfd: int, watch: bool,  # noqa: ANN001 - a _socket.socket
-                  wait: float) -> tuple[bytes, int]:
+def _first_answer(
+    sock,
+    listener: int,
+    dirfd: int,
+    watch: bool,  # noqa: ANN001 - a _socket.socket
+    wait: float,
+) -> tuple[bytes, int]:
     """The server's first answer (as :func:`_receive`) within ``wait`` seconds, looking every
     wedge.SLICE whether the listener (its pid) stopped or, with ``watch``, another call marked the
     server wedged meanwhile (:mod:`nvc.hook.server.wedge`); _Unanswered otherwise (the server marked
@@ -338,9 +356,12 @@ def _receive(sock) -> tuple[bytes, int]:  # noqa: ANN001 - a _socket.socket
     import _socket
 
     data, ancillary, _, _ = sock.recvmsg(1024, _socket.CMSG_SPACE(4 * 4), _socket.MSG_CMSG_CLOEXEC)
-    fds = [int.from_bytes(cmsg[2][i:i + 4], sys.byteorder, signed=True)
-           for cmsg in ancillary if cmsg[:2] == (_socket.SOL_SOCKET, _socket.SCM_RIGHTS)
-           for i in range(0, len(cmsg[2]) - 3, 4)]
+    fds = [
+        int.from_bytes(cmsg[2][i : i + 4], sys.byteorder, signed=True)
+        for cmsg in ancillary
+        if cmsg[:2] == (_socket.SOL_SOCKET, _socket.SCM_RIGHTS)
+        for i in range(0, len(cmsg[2]) - 3, 4)
+    ]
     for fd in fds[1:]:
         os.close(fd)
     return data, fds[0] if fds else -1

@@ -11,8 +11,7 @@ import signal
 import sys
 import time
 
-from nvc.hook.server import wedge
-from nvc.hook.server import activation, upgrade, watchdog
+from nvc.hook.server import activation, upgrade, watchdog, wedge
 from nvc.hook.server.exchange import Programs
 from nvc.hook.server.peer import own_standing
 from nvc.hook.server.sockets import listen, socket_directory
@@ -35,12 +34,37 @@ SPARES = max(2, min(4, (os.cpu_count() or 1) // 4))
 SERVER_NICE_BOOST = 10
 # What a prestart call imports, lazily or in its forked children: imported once, here (not
 # pyseccomp: ldconfig's sandbox loads its filter from root's cache, compiled once per boot).
-PRELOAD = ("nvc.hook.oci.prestart", "nvc.plan.fromenv", "nvc.hook.oci.spec", "nvc.hook.oci.log", "nvc.config",
-           "nvc.pipeline.configure", "nvc.pipeline.apply", "nvc.apply.applier", "nvc.apply.ldconfig", "nvc.apply.cgroups",
-           "nvc.rpc.container_service", "nvc.containerenv.sharing", "nvc.apply.sharefiles", "nvc.discover.kmods",
-           "nvc.apply.hostnodes", "nvc.debuglog", "nvc.hook.oci.cdihooks", "nvc.commands.cli", "nvc.rpc.driver_service", "nvc.commands.infoformat",
-           "nvc.commands.listing", "nvc.discover.elf", "elftools.elf.elffile", "elftools.common.exceptions", "prctl",
-           "pynvml", "yaml", "json", "resource")
+PRELOAD = (
+    "nvc.hook.oci.prestart",
+    "nvc.plan.fromenv",
+    "nvc.hook.oci.spec",
+    "nvc.hook.oci.log",
+    "nvc.config",
+    "nvc.pipeline.configure",
+    "nvc.pipeline.apply",
+    "nvc.apply.applier",
+    "nvc.apply.ldconfig",
+    "nvc.apply.cgroups",
+    "nvc.rpc.container_service",
+    "nvc.containerenv.sharing",
+    "nvc.apply.sharefiles",
+    "nvc.discover.kmods",
+    "nvc.apply.hostnodes",
+    "nvc.debuglog",
+    "nvc.hook.oci.cdihooks",
+    "nvc.commands.cli",
+    "nvc.rpc.driver_service",
+    "nvc.commands.infoformat",
+    "nvc.commands.listing",
+    "nvc.discover.elf",
+    "elftools.elf.elffile",
+    "elftools.common.exceptions",
+    "prctl",
+    "pynvml",
+    "yaml",
+    "json",
+    "resource",
+)
 
 
 def serve(path: str) -> int:
@@ -108,8 +132,11 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
     try:
         gc.collect()
         gc.freeze()  # keep the imported objects' pages shared with the workers
-        print(f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}", file=sys.stderr,
-              flush=True)
+        print(
+            f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
         activation.release_start_lock()
         spares: dict[int, int] = {}  # each waiting spare's taken pipe: its pidfd (-1: gone already)
         try:

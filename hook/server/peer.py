@@ -114,8 +114,9 @@ def read_standing(proc: int) -> Standing:
     labels = tuple(read_label(proc, name) for name in LSM_ATTRS)
     root = os.stat("root", dir_fd=proc)
     spaces = tuple(os.stat(f"ns/{ns}", dir_fd=proc) for ns in CHECKED_NAMESPACES)
-    return Standing(*parse_status(text), labels, (root.st_dev, root.st_ino),
-                    tuple((s.st_dev, s.st_ino) for s in spaces))
+    return Standing(
+        *parse_status(text), labels, (root.st_dev, root.st_ino), tuple((s.st_dev, s.st_ino) for s in spaces)
+    )
 
 
 def own_standing() -> Standing:

@@ -30,9 +30,12 @@ def cli_command(args: list[str]) -> str | None:
     from nvc.commands.cli import _optional_user_value, cli
 
     args = _optional_user_value(args)  # as the CLI reads them: a bare --user takes no value
-    takes_value = {name: not (param.is_flag or param.count)
-                   for param in cli.params if isinstance(param, click.Option)
-                   for name in (*param.opts, *param.secondary_opts)}
+    takes_value = {
+        name: not (param.is_flag or param.count)
+        for param in cli.params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+    }
     i = 0
     while i < len(args):
         word = args[i]

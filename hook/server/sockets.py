@@ -45,8 +45,10 @@ def socket_directory(directory: str) -> int:
     problem = directory_problem(fd, 0o077)
     if problem:
         os.close(fd)
-        raise InputError(f"{directory}: socket directory must belong to uid {os.geteuid()} with mode 0700 "
-                         f"({problem}); refusing to serve there")
+        raise InputError(
+            f"{directory}: socket directory must belong to uid {os.geteuid()} with mode 0700 "
+            f"({problem}); refusing to serve there"
+        )
     return fd
 
 

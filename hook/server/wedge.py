@@ -101,8 +101,9 @@ def fresh(dirfd: int) -> bool:
 def mark(dirfd: int) -> None:
     """Mark the server wedged: a call got no ``ready`` in time."""
     try:
-        fd = os.open(MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
-                     dir_fd=dirfd)
+        fd = os.open(
+            MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dirfd
+        )
     except OSError:
         return
     try:

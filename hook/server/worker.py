@@ -33,8 +33,9 @@ STATS_ENV = "NVC_PY_SERVE_STATS"  # a file each worker appends its call's figure
 NOTE_LIMIT = 1000  # characters of a note to the server: one write under PIPE_BUF never interleaves
 
 
-def spare(sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str,
-          nice: int, notes: int) -> None:
+def spare(
+    sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str, nice: int, notes: int
+) -> None:
     """A worker forked ahead of its call: waits for the next connection (idle, it readies the call's
     path: ``scratch`` is the dry plan's rootfs; a helper that fails to start is reaped and its reason
     written to ``notes``, for the server to say once), tells the server it was taken (so the server
@@ -122,9 +123,9 @@ def warm_up(scratch: str, say: bool = True) -> None:
     plan writes (a worker shares the server's until it writes them). Best effort: a host
     without a driver just skips it (``say``: and says so)."""
     from nvc import config as config_file
-    from nvc.pipeline.configure import dry_plan
     from nvc.errors import NvcError
     from nvc.hook.oci.prestart import global_options
+    from nvc.pipeline.configure import dry_plan
     from nvc.plan.request import Request
 
     try:
@@ -181,8 +182,12 @@ def _record(stats: int, answer: bytes | None, figures: dict[str, float | None]) 
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):  # the helpers are reaped by now
         usage = resource.getrusage(who)
         cpu += usage.ru_utime + usage.ru_stime
-    line = {"pid": os.getpid(), "answer": answer.decode(errors="replace").split("\n")[0] if answer else None,
-            **figures, "cpu_ms": round(cpu * 1000, 3)}
+    line = {
+        "pid": os.getpid(),
+        "answer": answer.decode(errors="replace").split("\n")[0] if answer else None,
+        **figures,
+        "cpu_ms": round(cpu * 1000, 3),
+    }
     try:
         os.write(stats, (json.dumps(line) + "\n").encode())
     except OSError:

@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 from nvc.errors import InputError, cut, shown
 from nvc.hook.setup import engineconf
-from nvc.system.programs import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, installed_program
 from nvc.hook.setup.engines import SYSTEMD_RUNNING, script_path
 from nvc.hook.setup.files import remove_files, remove_files_and_dirs, staging_name, write_files
+from nvc.system.programs import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, installed_program
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH
 DAEMON_JSON = "/etc/docker/daemon.json"  # dockerd's default --config-file (setup docker's --config)
@@ -110,6 +110,7 @@ def parse(text: str, path: str) -> dict[str, Any]:
     """daemon.json's document, checked to be one setup can edit: a JSON object (no duplicate keys,
     nested at most engineconf.MAX_DEPTH deep), ``runtimes`` an object of objects, ``default-runtime``
     a string."""
+
     def load(text: str) -> Any:
         try:
             return json.loads(text, object_pairs_hook=_unique, parse_constant=_constant)
@@ -168,7 +169,7 @@ def _insert(text: str, obj: Span, key: str, value: Any) -> str:
     after = obj.open + 1
     if not obj.members:
         return text[:after] + member + text[after:]
-    return text[:after] + text[after:obj.members[0].start] + member + "," + text[after:]
+    return text[:after] + text[after : obj.members[0].start] + member + "," + text[after:]
 
 
 def _delete(text: str, obj: Span, key: str) -> str:
@@ -177,15 +178,15 @@ def _delete(text: str, obj: Span, key: str) -> str:
     k = next(i for i, m in enumerate(obj.members) if m.key == key)
     member = obj.members[k]
     if k > 0:
-        return text[:obj.members[k - 1].end] + text[member.end:]
+        return text[: obj.members[k - 1].end] + text[member.end :]
     if len(obj.members) == 1:
-        return text[:obj.open + 1] + text[member.end:]
+        return text[: obj.open + 1] + text[member.end :]
     comma = _skip(text, member.end)
-    return text[:obj.open + 1] + text[comma + 1:]
+    return text[: obj.open + 1] + text[comma + 1 :]
 
 
 def _replace(text: str, member: Member, value: Any) -> str:
-    return text[:member.value] + json.dumps(value) + text[member.end:]
+    return text[: member.value] + json.dumps(value) + text[member.end :]
 
 
 def created(doc: dict[str, Any]) -> str:
@@ -220,13 +221,17 @@ def without_runtime(text: str, path: str, name: str) -> str | None:
     and without ``default-runtime`` where that names it; None where setup created the file."""
     doc = parse(text, path)
     runtimes = doc.get(RUNTIMES, {})
-    ours = set(doc) <= {RUNTIMES, DEFAULT_RUNTIME} and list(runtimes) == [name] and doc.get(DEFAULT_RUNTIME, name) == name
+    ours = (
+        set(doc) <= {RUNTIMES, DEFAULT_RUNTIME} and list(runtimes) == [name] and doc.get(DEFAULT_RUNTIME, name) == name
+    )
     if ours and text == created(doc):
         return None
     if doc.get(DEFAULT_RUNTIME) == name:
         text = _delete(text, _top(text), DEFAULT_RUNTIME)
     if name in runtimes:
-        text = _delete(text, _top(text), RUNTIMES) if len(runtimes) == 1 else _delete(text, _inner(text, RUNTIMES), name)
+        text = (
+            _delete(text, _top(text), RUNTIMES) if len(runtimes) == 1 else _delete(text, _inner(text, RUNTIMES), name)
+        )
     return text
 
 
@@ -254,9 +259,11 @@ def _path_notes(link: str) -> list[str]:
     directories = FIXED_PATH.split("=", 1)[1].split(":")
     directory = os.path.dirname(link)
     if directory not in directories:
-        return [f"{directory} is not on dockerd's usual PATH ({':'.join(directories)}): "
-                f"docker run --gpus finds {GPUS_HOOK} there only where dockerd's PATH has it"]
-    for earlier in directories[:directories.index(directory)]:
+        return [
+            f"{directory} is not on dockerd's usual PATH ({':'.join(directories)}): "
+            f"docker run --gpus finds {GPUS_HOOK} there only where dockerd's PATH has it"
+        ]
+    for earlier in directories[: directories.index(directory)]:
         other = os.path.join(earlier, GPUS_HOOK)
         if os.path.lexists(other) and _ours(other) is None:
             return [f"{other} comes first on dockerd's PATH: docker run --gpus runs that one"]
@@ -272,8 +279,11 @@ def plan_link(directory: str, wanted: bool | None) -> tuple[Link, list[str]]:
     if before is None and os.path.lexists(path):
         if wanted:
             raise InputError(f"{path}: exists and is not nvc-py's link (NVIDIA's toolkit?): not replaced")
-        return Link(path, None, None), ([f"left {path} alone (not nvc-py's): docker run --gpus runs it, "
-                                         f"docker run --runtime nvc-py runs nvc-py"] if wanted is None else [])
+        return Link(path, None, None), (
+            [f"left {path} alone (not nvc-py's): docker run --gpus runs it, docker run --runtime nvc-py runs nvc-py"]
+            if wanted is None
+            else []
+        )
     if wanted is False:
         return Link(path, before, None), []
     if not os.path.isdir(directory):
@@ -287,8 +297,10 @@ def plan_install(config: str, name: str, set_default: bool, gpus_hook: bool | No
     doc = parse(before, config) if before is not None else {}
     notes = []
     if set_default and doc.get(DEFAULT_RUNTIME, name) != name:
-        notes.append(f"{config}: {DEFAULT_RUNTIME} was {shown(doc[DEFAULT_RUNTIME])} "
-                     f"(--remove takes the key out: dockerd's default, runc)")
+        notes.append(
+            f"{config}: {DEFAULT_RUNTIME} was {shown(doc[DEFAULT_RUNTIME])} "
+            f"(--remove takes the key out: dockerd's default, runc)"
+        )
     after = with_runtime(before, config, name, {"path": installed_program(RUNTIME_SCRIPT)}, set_default)
     link, link_notes = plan_link(hook_dir, gpus_hook)
     return Plan(config, before, after, mode, link, (*notes, *link_notes))
@@ -356,7 +368,11 @@ def restart_lines(plan: Plan) -> list[str]:
     """What the user must do for dockerd to see ``plan``'s changes (it reads both at its start)."""
     if not plan.changes:
         return []
-    how = "systemctl restart docker, or --restart" if os.path.isdir(SYSTEMD_RUNNING) else \
-        "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
-    return ["dockerd reads daemon.json, and looks for nvidia-container-runtime-hook, when it starts: "
-            f"restart it ({how})"]
+    how = (
+        "systemctl restart docker, or --restart"
+        if os.path.isdir(SYSTEMD_RUNNING)
+        else "--restart reloads a running dockerd's runtimes (SIGHUP); --gpus needs it started again"
+    )
+    return [
+        f"dockerd reads daemon.json, and looks for nvidia-container-runtime-hook, when it starts: restart it ({how})"
+    ]

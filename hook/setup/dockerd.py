@@ -47,19 +47,26 @@ def reload_running(plan: Plan, name: str) -> list[str]:
             lists = _wait_for(docker_host(daemon), name, wanted)
             state = f"{'serves' if wanted else 'dropped'} runtime {name}"
             if lists is None:
-                lines.append(f"dockerd (pid {daemon.pid}) told to reload {plan.config} (SIGHUP): it {state} once "
-                             f"it did (no docker client here to ask)")
+                lines.append(
+                    f"dockerd (pid {daemon.pid}) told to reload {plan.config} (SIGHUP): it {state} once "
+                    f"it did (no docker client here to ask)"
+                )
             elif lists == wanted:
                 lines.append(f"dockerd (pid {daemon.pid}) reloaded {plan.config} (SIGHUP): it {state}")
             else:
-                lines.append(f"dockerd (pid {daemon.pid}) did not reload {plan.config} (SIGHUP; its log says why): "
-                             f"{again}")
+                lines.append(
+                    f"dockerd (pid {daemon.pid}) did not reload {plan.config} (SIGHUP; its log says why): {again}"
+                )
             if plan.link.after is not None and plan.link.after != plan.link.before:
-                lines.append(f"dockerd (pid {daemon.pid}) looks for {GPUS_HOOK} only as it starts: for `docker "
-                             f"run --gpus`, {again}")
+                lines.append(
+                    f"dockerd (pid {daemon.pid}) looks for {GPUS_HOOK} only as it starts: for `docker "
+                    f"run --gpus`, {again}"
+                )
             elif plan.link.after is None and plan.link.before is not None:
-                lines.append(f"dockerd (pid {daemon.pid}) found {GPUS_HOOK} as it started: `docker run --gpus` "
-                             f"fails until it starts again; {again}")
+                lines.append(
+                    f"dockerd (pid {daemon.pid}) found {GPUS_HOOK} as it started: `docker run --gpus` "
+                    f"fails until it starts again; {again}"
+                )
     finally:
         if interim is not None:
             if plan.after is None:
@@ -86,9 +93,13 @@ def _wait_for(host: str | None, name: str, wanted: bool) -> bool | None:
     deadline = time.monotonic() + RELOAD_WAIT
     while True:
         try:
-            done = subprocess.run(["docker", *(["-H", host] if host else []), "info", "--format",
-                                   "{{json .Runtimes}}"], capture_output=True, text=True, timeout=RELOAD_WAIT,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                ["docker", *(["-H", host] if host else []), "info", "--format", "{{json .Runtimes}}"],
+                capture_output=True,
+                text=True,
+                timeout=RELOAD_WAIT,
+                stdin=subprocess.DEVNULL,
+            )
             lists = name in json.loads(done.stdout or "{}") if done.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired, ValueError):
             return None

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError
-from nvc.system.programs import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
 from nvc.hook.setup import engineconf, packaged
 from nvc.hook.setup.files import holds, remove_files, remove_files_and_dirs, write_files
+from nvc.system.programs import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
 
 if TYPE_CHECKING:
     from nvc.hook.setup.hooksdirs import Engine
@@ -57,12 +57,15 @@ def podman_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
 
 def hook_files(target: str, config_path: str | None = None) -> dict[str, str]:
     """The hooks.d files (path in ``target``: text), as setup and the Debian package install them."""
-    return {os.path.join(target, name): json.dumps(podman_hook(stage, config_path), indent=2) + "\n"
-            for stage, name in PODMAN_HOOK_FILES.items()}
+    return {
+        os.path.join(target, name): json.dumps(podman_hook(stage, config_path), indent=2) + "\n"
+        for stage, name in PODMAN_HOOK_FILES.items()
+    }
 
 
-def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str | None = None,
-                  env: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+def install_hooks(
+    engine: Engine, hooks_dir: str | None = None, config_path: str | None = None, env: Mapping[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """Write the hooks.d files (prestart and poststop) where ``engine`` reads them (nvc.hook.setup.hooksdirs),
     or in ``hooks_dir``; our files left in the directory earlier versions wrote to are removed
     when the engine does not read it. The package's own files there (nvc.hook.setup.packaged) are
@@ -77,24 +80,32 @@ def install_hooks(engine: Engine, hooks_dir: str | None = None, config_path: str
     theirs = [path for path in texts if packaged.owns(path, listed)]
     for path in theirs:
         if not os.path.lexists(path):
-            raise InputError(f"{path}: the {packaged.PACKAGE} package's file is missing: "
-                             f"apt install --reinstall {packaged.PACKAGE} puts it back")
+            raise InputError(
+                f"{path}: the {packaged.PACKAGE} package's file is missing: "
+                f"apt install --reinstall {packaged.PACKAGE} puts it back"
+            )
         if not holds(path, texts[path]):
-            raise InputError(f"{path}: the {packaged.PACKAGE} package's file, which setup would change: list a "
-                             f"directory of your own after {target} in {engine.name}'s hooks_dir and give it as "
-                             "--hooks-dir")
+            raise InputError(
+                f"{path}: the {packaged.PACKAGE} package's file, which setup would change: list a "
+                f"directory of your own after {target} in {engine.name}'s hooks_dir and give it as "
+                "--hooks-dir"
+            )
     write_files({path: text for path, text in texts.items() if path not in theirs})
     done = [f"kept {path} (the {packaged.PACKAGE} package's)" if path in theirs else f"wrote {path}" for path in texts]
     legacy = os.path.normpath(hooksdirs.LEGACY_HOOKS_DIR)
     if legacy not in resolved.dirs and os.path.normpath(target) != legacy:
         done += [f"{line} (moved to {target})" if line.endswith(".json") else line for line in _remove_ours([legacy])]
-    warnings = [] if os.path.normpath(target) in resolved.dirs else \
-        [f"{hooksdirs.described(engine, resolved)}: it will not read {target}"]
+    warnings = (
+        []
+        if os.path.normpath(target) in resolved.dirs
+        else [f"{hooksdirs.described(engine, resolved)}: it will not read {target}"]
+    )
     return done, warnings
 
 
-def remove_hooks(engine: Engine, hooks_dir: str | None = None, env: Mapping[str, str] | None = None,
-                 keep: tuple[str, ...] = ()) -> list[str]:
+def remove_hooks(
+    engine: Engine, hooks_dir: str | None = None, env: Mapping[str, str] | None = None, keep: tuple[str, ...] = ()
+) -> list[str]:
     """Remove the hooks.d files :func:`install_hooks` writes: from ``hooks_dir``, every directory the
     engine reads and the one earlier versions wrote to, except those in ``keep`` (a package's own
     directory, whose files its package manager removes) and the files the package installed (named
@@ -115,8 +126,9 @@ def _remove_ours(dirs: list[str]) -> list[str]:
     theirs = [path for path in paths if os.path.lexists(path) and packaged.owns(path, listed)]
     done = remove_files_and_dirs([path for path in paths if path not in theirs])
     if theirs:
-        done.append(f"kept {', '.join(theirs)}: the {packaged.PACKAGE} package's (apt remove {packaged.PACKAGE} "
-                    "removes them)")
+        done.append(
+            f"kept {', '.join(theirs)}: the {packaged.PACKAGE} package's (apt remove {packaged.PACKAGE} removes them)"
+        )
     return done
 
 
@@ -138,19 +150,21 @@ def server_unit(config_path: str | None = None) -> str:
     """
     env = "".join(f"Environment={entry}\n" for entry in hook_env(config_path))
     program = os.path.join(LIBDIR, SERVER_PROGRAM)
-    return ("[Unit]\n"
-            "Description=nvc-py hook server: runs nvc-py-hook calls in pre-started workers\n"
-            f"Requires={SOCKET_UNIT}\n"
-            f"After={SOCKET_UNIT}\n\n"
-            "[Service]\n"
-            f"ExecStart={program} serve\n"
-            f"{env}"
-            "KillMode=mixed\n"
-            f"WatchdogSec={WATCHDOG_SEC}\n"
-            "WatchdogSignal=SIGKILL\n"
-            "NotifyAccess=main\n"
-            "Restart=on-failure\n"
-            "RestartPreventExitStatus=2\n")  # a refused socket directory: restarting cannot help
+    return (
+        "[Unit]\n"
+        "Description=nvc-py hook server: runs nvc-py-hook calls in pre-started workers\n"
+        f"Requires={SOCKET_UNIT}\n"
+        f"After={SOCKET_UNIT}\n\n"
+        "[Service]\n"
+        f"ExecStart={program} serve\n"
+        f"{env}"
+        "KillMode=mixed\n"
+        f"WatchdogSec={WATCHDOG_SEC}\n"
+        "WatchdogSignal=SIGKILL\n"
+        "NotifyAccess=main\n"
+        "Restart=on-failure\n"
+        "RestartPreventExitStatus=2\n"
+    )  # a refused socket directory: restarting cannot help
 
 
 def socket_unit() -> str:
@@ -158,20 +172,23 @@ def socket_unit() -> str:
     the first connection; calls that arrive while the server (re)starts wait in its queue."""
     from nvc.system.programs import DEFAULT_SOCKET
 
-    return ("[Unit]\n"
-            "Description=nvc-py hook server socket\n\n"
-            "[Socket]\n"
-            f"ListenSequentialPacket={DEFAULT_SOCKET}\n"
-            "SocketMode=0600\n"
-            "DirectoryMode=0700\n"
-            "SocketUser=root\n"
-            "SocketGroup=root\n\n"
-            "[Install]\n"
-            "WantedBy=sockets.target\n")
+    return (
+        "[Unit]\n"
+        "Description=nvc-py hook server socket\n\n"
+        "[Socket]\n"
+        f"ListenSequentialPacket={DEFAULT_SOCKET}\n"
+        "SocketMode=0600\n"
+        "DirectoryMode=0700\n"
+        "SocketUser=root\n"
+        "SocketGroup=root\n\n"
+        "[Install]\n"
+        "WantedBy=sockets.target\n"
+    )
 
 
-def install_server(unit_dir: str | None = None, config_path: str | None = None,
-                   systemctl: str = "systemctl") -> list[str]:
+def install_server(
+    unit_dir: str | None = None, config_path: str | None = None, systemctl: str = "systemctl"
+) -> list[str]:
     """Set up the hook server; returns what was done, a line each.
 
     Where systemd runs: the socket and service units in ``unit_dir`` (default: the system's), and
@@ -189,8 +206,10 @@ def install_server(unit_dir: str | None = None, config_path: str | None = None,
         if not running:
             return [f"no units written: the {packaged.PACKAGE} package's in {theirs} serve where systemd runs"]
         return _packaged_server(theirs, systemctl)
-    texts = {os.path.join(unit_dir, SOCKET_UNIT): socket_unit(),
-             os.path.join(unit_dir, SERVER_UNIT): server_unit(config_path)}
+    texts = {
+        os.path.join(unit_dir, SOCKET_UNIT): socket_unit(),
+        os.path.join(unit_dir, SERVER_UNIT): server_unit(config_path),
+    }
     changed = {path: text for path, text in texts.items() if not holds(path, text)}
     write_files(changed)
     done = [f"wrote {path}" for path in changed]
@@ -199,8 +218,12 @@ def install_server(unit_dir: str | None = None, config_path: str | None = None,
         return [*done, f"not enabled ({why}): systemctl enable --now {SOCKET_UNIT}"]
     # try-restart: a server already running takes the changed units over (a server of older code
     # restarts itself at its next call); units as they were: the running server stays
-    _systemctl(systemctl, *([["daemon-reload"]] if changed else []), ["enable", "--now", SOCKET_UNIT],
-               *([["try-restart", SERVER_UNIT]] if changed else []))
+    _systemctl(
+        systemctl,
+        *([["daemon-reload"]] if changed else []),
+        ["enable", "--now", SOCKET_UNIT],
+        *([["try-restart", SERVER_UNIT]] if changed else []),
+    )
     return [*done, f"enabled and started {SOCKET_UNIT}"]
 
 
@@ -209,15 +232,18 @@ def _packaged_server(units: str, systemctl: str) -> list[str]:
     (which would shadow them) removed, the socket enabled and started; the server restarted only
     where its unit changed so."""
     done = remove_files([os.path.join(SYSTEMD_UNIT_DIR, name) for name in (SOCKET_UNIT, SERVER_UNIT)])
-    _systemctl(systemctl, *([["daemon-reload"]] if done else []), ["enable", "--now", SOCKET_UNIT],
-               *([["try-restart", SERVER_UNIT]] if done else []))
+    _systemctl(
+        systemctl,
+        *([["daemon-reload"]] if done else []),
+        ["enable", "--now", SOCKET_UNIT],
+        *([["try-restart", SERVER_UNIT]] if done else []),
+    )
     return [*done, f"enabled and started {SOCKET_UNIT} (the {packaged.PACKAGE} package's, in {units})"]
 
 
 def _systemd_manages(unit_dir: str) -> bool:
     """Whether systemd runs and ``unit_dir`` is its system unit directory (what it loads units from)."""
-    return (os.path.isdir(SYSTEMD_RUNNING)
-            and os.path.realpath(unit_dir) == os.path.realpath(SYSTEMD_UNIT_DIR))
+    return os.path.isdir(SYSTEMD_RUNNING) and os.path.realpath(unit_dir) == os.path.realpath(SYSTEMD_UNIT_DIR)
 
 
 def _systemctl(systemctl: str, *calls: list[str]) -> None:
@@ -230,8 +256,9 @@ def _systemctl(systemctl: str, *calls: list[str]) -> None:
             raise InputError(f"{systemctl} {' '.join(args)}: failed ({detail})") from None
 
 
-def remove_server(unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = None,
-                  systemctl: str = "systemctl") -> list[str]:
+def remove_server(
+    unit_dir: str = SYSTEMD_UNIT_DIR, config_path: str | None = None, systemctl: str = "systemctl"
+) -> list[str]:
     """Undo :func:`install_server` and ``--no-server``: the units (:func:`remove_units`), and the
     no-server file beside the configuration file removed. The package's units (nvc.hook.setup.packaged)
     stay where they are, disabled and stopped (the package's upgrades start no disabled socket).
@@ -250,8 +277,10 @@ def _disable_packaged(units: str, systemctl: str) -> str:
     if not os.path.isdir(SYSTEMD_RUNNING):
         return f"{kept}: systemd is not running: systemctl disable {SOCKET_UNIT}"
     _systemctl(systemctl, ["disable", "--now", SOCKET_UNIT], ["stop", SERVER_UNIT])
-    return f"stopped and disabled {SOCKET_UNIT} and {SERVER_UNIT} ({kept}: systemctl enable --now {SOCKET_UNIT} " \
-           "serves again)"
+    return (
+        f"stopped and disabled {SOCKET_UNIT} and {SERVER_UNIT} ({kept}: systemctl enable --now {SOCKET_UNIT} "
+        "serves again)"
+    )
 
 
 def remove_units(unit_dir: str = SYSTEMD_UNIT_DIR, systemctl: str = "systemctl") -> list[str]:
@@ -308,8 +337,9 @@ def _version(doc: Any, path: str) -> None:
     """containerd reads a file without ``version`` as version 1, an absent or empty one as defaults."""
     version = doc.get("version", 2 if not doc else 1)
     if version != 2:
-        raise InputError(f"{path}: containerd config version {version}: only version 2 "
-                         "(containerd 1.6/1.7) is supported")
+        raise InputError(
+            f"{path}: containerd config version {version}: only version 2 (containerd 1.6/1.7) is supported"
+        )
 
 
 def containerd_drop_in(main: Any, runtime_name: str, set_default: bool) -> Any:
@@ -335,9 +365,13 @@ def containerd_drop_in(main: Any, runtime_name: str, set_default: bool) -> Any:
     return drop_in
 
 
-def install_containerd(config: str = CONTAINERD_CONFIG, drop_in: str = CONTAINERD_DROP_IN,
-                       runtime_name: str = "nvc-py", set_default: bool = False,
-                       dry_run: bool = False) -> dict[str, str]:
+def install_containerd(
+    config: str = CONTAINERD_CONFIG,
+    drop_in: str = CONTAINERD_DROP_IN,
+    runtime_name: str = "nvc-py",
+    set_default: bool = False,
+    dry_run: bool = False,
+) -> dict[str, str]:
     """Write the drop-in and add it to ``imports`` of ``config`` (every other setting kept, comments too).
 
     Returns the new text of each file by path; ``dry_run`` writes nothing.

@@ -60,8 +60,9 @@ def write_files(texts: Mapping[str, str], mode: int = 0o644, backup: Collection[
             except OSError as err:
                 raise InputError(f"{path}: cannot write: {err.strerror}") from None
             except UnicodeEncodeError as err:  # a name given in bytes that are not UTF-8
-                raise InputError(f"{path}: cannot write: {shown(err.object[err.start:err.end])} is not "
-                                 "UTF-8 text") from None
+                raise InputError(
+                    f"{path}: cannot write: {shown(err.object[err.start : err.end])} is not UTF-8 text"
+                ) from None
         for tmp, path in staged:
             if path in backup:
                 _keep_backup(path)

@@ -46,11 +46,20 @@ class Engine(NamedTuple):
 
 PODMAN = Engine(
     "podman",
-    (("/usr/share/containers/containers.conf", ("/usr/share/containers/containers.conf.d",
-                                                "/usr/share/containers/containers.rootful.conf.d")),
-     ("/etc/containers/containers.conf", ("/etc/containers/containers.conf.d",
-                                          "/etc/containers/containers.rootful.conf.d"))),
-    ("engine",), "CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE")
+    (
+        (
+            "/usr/share/containers/containers.conf",
+            ("/usr/share/containers/containers.conf.d", "/usr/share/containers/containers.rootful.conf.d"),
+        ),
+        (
+            "/etc/containers/containers.conf",
+            ("/etc/containers/containers.conf.d", "/etc/containers/containers.rootful.conf.d"),
+        ),
+    ),
+    ("engine",),
+    "CONTAINERS_CONF",
+    "CONTAINERS_CONF_OVERRIDE",
+)
 CRIO = Engine("CRI-O", (("/etc/crio/crio.conf", ("/etc/crio/crio.conf.d",)),), ("crio", "runtime"))
 
 
@@ -68,6 +77,7 @@ class Resolved(NamedTuple):
 
 def config_files(engine: Engine, env: Mapping[str, str], root: str = "/") -> list[str]:
     """The engine's configuration files that exist, in the order it reads them (paths under ``root``)."""
+
     def under(path: str) -> str:
         return os.path.join(root, path.lstrip("/"))
 
@@ -116,8 +126,9 @@ def dirs_in(doc: Mapping[str, Any], table: Sequence[str], key: str, path: str) -
     return tuple(os.path.normpath(d) for d in value)
 
 
-def setting(engine: Engine, key: str, default: tuple[str, ...], env: Mapping[str, str] | None = None,
-            root: str = "/") -> Resolved:
+def setting(
+    engine: Engine, key: str, default: tuple[str, ...], env: Mapping[str, str] | None = None, root: str = "/"
+) -> Resolved:
     """The directory list ``key`` as ``engine`` reads it on this host: the last file of its chain
     that sets it decides (an empty list there means the default, as in the engines)."""
     env = os.environ if env is None else env

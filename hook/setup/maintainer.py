@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from nvc.errors import InputError
+from nvc.hook.setup import engines, hooksdirs
+from nvc.hook.setup import files as setupfiles
 from nvc.system import programs
-from nvc.hook.setup import engines, hooksdirs, files as setupfiles
 
 SERVER_ARGV = (os.path.join(programs.LIBDIR, engines.SERVER_PROGRAM), "serve")
 STOP_WAIT = 5.0  # seconds for a server to exit after SIGTERM (it stops at once between calls)
@@ -54,28 +55,34 @@ class Process(NamedTuple):
 def is_server(argv: Sequence[str]) -> bool:
     """Whether ``argv`` runs ``nvc-py-hook serve`` from LIBDIR: the interpreter and its options
     (the #! line's), then the program and ``serve``."""
-    return any(tuple(argv[i:i + 2]) == SERVER_ARGV for i in range(len(argv) - 1))
+    return any(tuple(argv[i : i + 2]) == SERVER_ARGV for i in range(len(argv) - 1))
 
 
 def servers_to_stop(processes: Iterable[Process]) -> list[int]:
     """The pids of the servers ``stop-servers`` stops (see the module's docstring)."""
     servers = {p.pid: p for p in processes if is_server(p.argv)}
     unit = "/" + engines.SERVER_UNIT
-    return sorted(p.pid for p in servers.values()
-                  if p.ppid not in servers and p.catches_sigterm and not any(c.endswith(unit) for c in p.cgroups))
+    return sorted(
+        p.pid
+        for p in servers.values()
+        if p.ppid not in servers and p.catches_sigterm and not any(c.endswith(unit) for c in p.cgroups)
+    )
 
 
 def parse_process(pid: int, cmdline: bytes, stat: bytes, status: bytes, cgroup: bytes) -> Process:
     """A Process from the text of /proc/PID's cmdline, stat, status and cgroup."""
-    ppid = int(stat[stat.rindex(b")") + 2:].split()[1])  # the name before ")" may hold spaces
+    ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # the name before ")" may hold spaces
     caught = 0
     for line in status.splitlines():
         if line.startswith(b"SigCgt:"):
             caught = int(line.split()[1], 16)
-    return Process(pid, ppid, tuple(arg.decode(errors="replace") for arg in cmdline.split(b"\0")[:-1]),
-                   bool(caught & (1 << (signal.SIGTERM - 1))),
-                   tuple(line.split(b":", 2)[2].decode(errors="replace") for line in cgroup.splitlines()
-                         if line.count(b":") >= 2))
+    return Process(
+        pid,
+        ppid,
+        tuple(arg.decode(errors="replace") for arg in cmdline.split(b"\0")[:-1]),
+        bool(caught & (1 << (signal.SIGTERM - 1))),
+        tuple(line.split(b":", 2)[2].decode(errors="replace") for line in cgroup.splitlines() if line.count(b":") >= 2),
+    )
 
 
 def _read_proc(pid: int, name: str) -> bytes:
@@ -114,8 +121,10 @@ def stop_servers() -> tuple[list[str], list[str]]:
             if select.select([pidfd], [], [], STOP_WAIT)[0]:  # readable once the process has exited
                 done.append(f"stopped nvc-py-hook server {pid}")
             else:
-                failed.append(f"nvc-py-hook server {pid}: still running {STOP_WAIT:g} s after SIGTERM "
-                              "(it answers its next call \"fall back\" and stops then)")
+                failed.append(
+                    f"nvc-py-hook server {pid}: still running {STOP_WAIT:g} s after SIGTERM "
+                    '(it answers its next call "fall back" and stops then)'
+                )
         except ProcessLookupError:
             done.append(f"stopped nvc-py-hook server {pid}")
         finally:
@@ -177,8 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("stop-servers", help="stop the hook servers not run by systemd")
     registrations = commands.add_parser("unregister", help="undo every registration with the container engines")
-    registrations.add_argument("--packaged", action="store_true",
-                               help="leave the hooks.d files in the package's own directory (its package manager's)")
+    registrations.add_argument(
+        "--packaged",
+        action="store_true",
+        help="leave the hooks.d files in the package's own directory (its package manager's)",
+    )
     args = parser.parse_args(argv)
     done, failed = stop_servers() if args.command == "stop-servers" else unregister(args.packaged)
     for line in done:

@@ -44,7 +44,10 @@ def unit_dir(unit: str, listed: frozenset[str]) -> str | None:
     """The directory of the package's systemd unit ``unit`` (/lib/systemd/system), None where the
     package does not install it (a source install)."""
     for entry in listed:
-        if os.path.basename(entry) == unit and os.path.basename(os.path.dirname(entry)) == "system" \
-                and os.path.isfile(entry):
+        if (
+            os.path.basename(entry) == unit
+            and os.path.basename(os.path.dirname(entry)) == "system"
+            and os.path.isfile(entry)
+        ):
             return os.path.dirname(entry)
     return None

@@ -24,7 +24,7 @@ class Daemon(NamedTuple):
             if arg == name and i + 1 < len(self.argv):
                 found = self.argv[i + 1]
             elif arg.startswith(name + "="):
-                found = arg[len(name) + 1:]
+                found = arg[len(name) + 1 :]
         return found
 
 

@@ -89,9 +89,11 @@ def sharing_refusal(held: dict[str, list[str]]) -> str:
     """The refusal for sharing directories that hold entries (``path -> entries``), "" for none."""
     for path, entries in held.items():
         if entries:
-            return (f"nvc-py: not purged: {path} holds the GPU-sharing state of containers ({' '.join(entries[:5])}); "
-                    "run apt purge nvc-py again once they have stopped (a container that stopped after nvc-py "
-                    "was removed had no poststop hook: remove its entries by hand)")
+            return (
+                f"nvc-py: not purged: {path} holds the GPU-sharing state of containers ({' '.join(entries[:5])}); "
+                "run apt purge nvc-py again once they have stopped (a container that stopped after nvc-py "
+                "was removed had no poststop hook: remove its entries by hand)"
+            )
     return ""
 
 
@@ -269,8 +271,9 @@ def _purge_run(root_fd: int, base: str, outcome: Outcome) -> str:
         os.close(parent_fd)
 
 
-def _purge_files(root_fd: int, base: str, relative: str, wanted: Callable[[str], bool], outcome: Outcome, *,
-                 then_dir: bool) -> None:
+def _purge_files(
+    root_fd: int, base: str, relative: str, wanted: Callable[[str], bool], outcome: Outcome, *, then_dir: bool
+) -> None:
     """Remove the regular files of directory ``relative`` that ``wanted`` names (anything else of
     such a name is left), then (``then_dir``) the directory itself when that left it empty."""
     path = f"{base}/{relative}"
@@ -319,8 +322,7 @@ def purge(root: str = "/") -> Outcome:
         refusal = _purge_run(root_fd, base, outcome)
         if refusal:
             return Outcome(refusal, [])
-        _purge_files(root_fd, base, LOG_DIR, lambda name: LOG_FILE.fullmatch(name) is not None, outcome,
-                     then_dir=False)
+        _purge_files(root_fd, base, LOG_DIR, lambda name: LOG_FILE.fullmatch(name) is not None, outcome, then_dir=False)
         _purge_files(root_fd, base, ETC_DIR, lambda name: name in ETC_FILES, outcome, then_dir=True)
     finally:
         os.close(root_fd)

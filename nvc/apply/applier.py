@@ -26,13 +26,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from nvc.apply import fdmount
-from nvc.system import syscalls
+from nvc.apply import fdmount, userns
 from nvc.apply import rootfs as inroot
-from nvc.apply import userns
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
 from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
+from nvc.system import syscalls
 from nvc.system.syscalls import MountAttr
 
 if TYPE_CHECKING:
@@ -102,8 +101,11 @@ class Applier:
         self.root_fd = open_rootfs(self.plan.rootfs, handle)
 
     def _clone(self, source: str, op: Bind, source_fd: int | None = None) -> int:
-        fd = source_fd if source_fd is not None else fdmount.open_source(
-            source, directory=op.kind == "dir", rdev=op.rdev)
+        fd = (
+            source_fd
+            if source_fd is not None
+            else fdmount.open_source(source, directory=op.kind == "dir", rdev=op.rdev)
+        )
         try:
             if source_fd is not None:
                 fdmount.check_source(fd, source, directory=op.kind == "dir", rdev=op.rdev)
@@ -131,8 +133,10 @@ class Applier:
                 userns.join_as_root(self.userns_fd, self.maps, self.plan.pid)
                 owner = self.maps.inside(*self.plan.owner)
                 if owner is None:
-                    raise MountError(f"the owner {self.plan.owner[0]}:{self.plan.owner[1]} of container process "
-                                     f"{self.plan.pid} is not mapped in its user namespace")
+                    raise MountError(
+                        f"the owner {self.plan.owner[0]}:{self.plan.owner[1]} of container process "
+                        f"{self.plan.pid} is not mapped in its user namespace"
+                    )
                 self.owner = owner
         for fd in (self.ns_fd, self.userns_fd):
             if fd >= 0:
@@ -147,8 +151,9 @@ class Applier:
                 try:
                     self._step(index, op)
                 except OSError as err:
-                    raise MountError(f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}"
-                                     f"{self._advice(err.errno)}") from None
+                    raise MountError(
+                        f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}{self._advice(err.errno)}"
+                    ) from None
             if self.plan.ldconfig is not None:
                 self._save_for_ldconfig()
 
@@ -180,8 +185,12 @@ class Applier:
                 src = inroot.open_in_root(self.root_fd, op.source, os.O_PATH | os.O_NOFOLLOW)
                 tree = self._clone(op.source, op, src)
             try:
-                parent, name = self._target(op.target, "dir" if op.kind == "dir" else "file",
-                                            stat.S_IMODE(os.fstat(tree).st_mode), onto_pseudo=False)
+                parent, name = self._target(
+                    op.target,
+                    "dir" if op.kind == "dir" else "file",
+                    stat.S_IMODE(os.fstat(tree).st_mode),
+                    onto_pseudo=False,
+                )
                 try:
                     self._refuse_shared(parent, op.target)
                     # noted before: a helper killed right after attaching it still has it in its journal
@@ -197,8 +206,9 @@ class Applier:
             parent, name = self._target(op.target, None, 0)
             try:
                 self._refuse_shared(parent, op.target)
-                mount = fdmount.mount_tmpfs(parent, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
-                                            dest_path=op.target, mode=0o555)
+                mount = fdmount.mount_tmpfs(
+                    parent, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC, dest_path=op.target, mode=0o555
+                )
             finally:
                 os.close(parent)
             self.done.append(("mount", mount))
@@ -227,8 +237,10 @@ class Applier:
         """A mount made on a shared mount propagates to its peers, which may be the host's own
         mounts (a rootfs under an ``rshared`` propagation): that would leak into the host."""
         if self.shared and mount_id(parent) in self.shared:
-            raise MountError(f"refusing to mount on {path}: its mount is shared, the mount would propagate "
-                             "out of the container (use private or slave rootfs propagation)")
+            raise MountError(
+                f"refusing to mount on {path}: its mount is shared, the mount would propagate "
+                "out of the container (use private or slave rootfs propagation)"
+            )
 
     def _in_tmpfs(self, path: str) -> bool:
         return any(path.startswith(t.rstrip("/") + "/") for t in self.tmpfs)
@@ -253,6 +265,7 @@ class Applier:
         sysfs is refused (the reference would mount there): a driver file or socket over a
         /proc/sys or /proc/self/attr entry would take the writes the runtime makes there after
         the hook (sysctls, LSM labels), and the host's IPC sockets and MPS directory are writable."""
+
         def last(dir_fd: int, name: str, where: str) -> None:
             if make == "dir":
                 mkdir(dir_fd, name, where, mode & 0o755)

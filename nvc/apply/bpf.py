@@ -35,7 +35,6 @@ INSN_SIZE = 8
 LOG_SIZE = 1 << 16  # verifier log kept when a load fails
 
 
-
 class _ProgLoadAttr(ctypes.Structure):
     _fields_ = [
         ("prog_type", ctypes.c_uint32),
@@ -157,7 +156,9 @@ def prog_get_fd_by_id(prog_id: int) -> int:
 
 
 def _prog_info(prog_fd: int, info: _ProgInfo) -> None:
-    syscalls.bpf(OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=prog_fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info)))
+    syscalls.bpf(
+        OBJ_GET_INFO_BY_FD, _InfoAttr(bpf_fd=prog_fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
+    )
 
 
 def prog_xlated(prog_fd: int) -> bytes:

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from nvc.apply import bpf
-from nvc.plan.devfilter import DeviceRule, build_filter
 from nvc.errors import ContainerError
+from nvc.plan.devfilter import DeviceRule, build_filter
 
 FILTER_LICENSE = "Apache-2.0"  # no GPL-only helpers are used, so any licence loads
 FILTER_NAME = "nvc_devices"

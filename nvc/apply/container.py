@@ -64,8 +64,11 @@ class ContainerHandle:
             fds.append(os.pidfd_open(pid))
             fds.append(os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
             _check_alive(fds[0])  # not exited before the directory was opened: it is this process's
-            for name, flags in (("ns/mnt", os.O_RDONLY), ("root", os.O_PATH | os.O_DIRECTORY),
-                                ("ns/user", os.O_RDONLY)):
+            for name, flags in (
+                ("ns/mnt", os.O_RDONLY),
+                ("root", os.O_PATH | os.O_DIRECTORY),
+                ("ns/user", os.O_RDONLY),
+            ):
                 where = f"/proc/{pid}/{name}"
                 fds.append(os.open(name, flags | os.O_CLOEXEC, dir_fd=fds[1]))
             return cls(pid, *fds)
@@ -94,8 +97,9 @@ class ContainerHandle:
         from nvc.apply import userns
 
         if self._maps is None and not userns.is_own(self.user_ns):
-            self._maps = userns.IdMaps(*(userns.parse_map(self.read(name), f"/proc/{self.pid}/{name}")
-                                         for name in ("uid_map", "gid_map")))
+            self._maps = userns.IdMaps(
+                *(userns.parse_map(self.read(name), f"/proc/{self.pid}/{name}") for name in ("uid_map", "gid_map"))
+            )
         return self._maps
 
     def check(self) -> None:

@@ -18,8 +18,8 @@ import os
 import stat
 from typing import NamedTuple
 
-from nvc.system import syscalls
 from nvc.errors import MountError
+from nvc.system import syscalls
 from nvc.system.syscalls import MountAttr
 
 
@@ -56,9 +56,7 @@ def check_source(fd: int, path: str, *, directory: bool = False, rdev: int | Non
         what = "not a directory" if directory else "a directory"
         raise MountError(f"refusing to mount {path}: it is {what}")
     if rdev is not None and (not stat.S_ISCHR(st.st_mode) or st.st_rdev != rdev):
-        raise MountError(
-            f"refusing to mount {path}: not the character device {os.major(rdev)}:{os.minor(rdev)}"
-        )
+        raise MountError(f"refusing to mount {path}: not the character device {os.major(rdev)}:{os.minor(rdev)}")
     return st
 
 
@@ -140,8 +138,15 @@ def attach_tree(tree: int, dest_dir_fd: int, dest_name: str, *, dest_path: str) 
     return Mount(tree, dest_path)
 
 
-def mount_tmpfs(dest_dir_fd: int, dest_name: str, attrs: MountAttr, *, dest_path: str, mode: int = 0o555,
-                options: tuple[tuple[str, str], ...] = ()) -> Mount:
+def mount_tmpfs(
+    dest_dir_fd: int,
+    dest_name: str,
+    attrs: MountAttr,
+    *,
+    dest_path: str,
+    mode: int = 0o555,
+    options: tuple[tuple[str, str], ...] = (),
+) -> Mount:
     """Mount a fresh tmpfs (root directory mode ``mode``, more tmpfs ``options`` such as its size)
     on directory ``dest_name``."""
     dest_fd = _open_dest(dest_dir_fd, dest_name, dest_path, directory=True)

@@ -73,7 +73,8 @@ def make(root: str, specs: tuple[NodeSpec, ...]) -> tuple[str, ...]:
     return created
 
 
-def load(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
-         sys_module: Path = kmods.SYS_MODULE) -> tuple[str, ...]:
+def load(
+    root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES, sys_module: Path = kmods.SYS_MODULE
+) -> tuple[str, ...]:
     """Create the missing nodes under ``root`` now (``info``, ``list``); host paths of those created."""
     return make(root, kmods.missing(root, proc, proc_devices, sys_module))

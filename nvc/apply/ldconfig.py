@@ -32,9 +32,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from nvc.errors import LdcacheError, NvcError, cut
 from nvc.system import confinement, syscalls
 from nvc.system.confinement import LDCONFIG_SANDBOX as SANDBOX
-from nvc.errors import LdcacheError, NvcError, cut
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
@@ -55,9 +55,15 @@ _CONF_DIR = "/etc/ld.so.conf.d"
 _MISSING = "missing:"  # error-pipe prefix: the container has no ldconfig (not an error)
 _TAIL = 4096  # bytes of ldconfig's output read for a failure's message: its last line is in them
 _SAID = 300  # characters of ldconfig's line kept in the message
-_TYPES = {stat.S_IFBLK: "a block device", stat.S_IFCHR: "a character device", stat.S_IFIFO: "a FIFO",
-          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
-          stat.S_IFREG: "a regular file"}
+_TYPES = {
+    stat.S_IFBLK: "a block device",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFREG: "a regular file",
+}
 
 
 def file_type(mode: int) -> str:
@@ -187,8 +193,10 @@ class PendingLdconfig:
             # End of file comes with the exec (the pipe is close-on-exec) or an earlier exit;
             # then ldconfig itself runs, bounded by the same deadline.
             message = _read_all(self._err_r, self._deadline)
-            if message is not None and not select.select([self._exited], [], [],
-                                                         max(0.0, self._deadline - time.monotonic()))[0]:
+            if (
+                message is not None
+                and not select.select([self._exited], [], [], max(0.0, self._deadline - time.monotonic()))[0]
+            ):
                 message = None
         finally:
             if message is None:  # pid 1 of its pid namespace: whatever it started goes with it
@@ -274,8 +282,15 @@ def start_ldconfig(
         if child == 0:
             os.close(err_r)
             os.close(go_w)
-            _sandbox_child(_Run(rootfs, no_pivot, output_fd, shown, dirs, owner), err_w, go_r, parent_fd, ns_fd,
-                           null_fd, program_fd)
+            _sandbox_child(
+                _Run(rootfs, no_pivot, output_fd, shown, dirs, owner),
+                err_w,
+                go_r,
+                parent_fd,
+                ns_fd,
+                null_fd,
+                program_fd,
+            )
         pending = PendingLdconfig(child, go_w, err_r, shown, timeout, said)
         err_r = go_w = said = -1
         return pending
@@ -310,7 +325,7 @@ def _fork_into_new_pid_namespace(own_pid_ns: int) -> int:
 
 
 def _last_line(fd: int) -> str:
-    """": " and the last line written to the memfd ``fd`` (cut; escaped where the error is shown), or ""."""
+    """ ": " and the last line written to the memfd ``fd`` (cut; escaped where the error is shown), or ""."""
     size = os.fstat(fd).st_size
     lines = os.pread(fd, _TAIL, max(0, size - _TAIL)).decode(errors="replace").splitlines()
     last = next((line.strip() for line in reversed(lines) if line.strip()), "")

@@ -44,8 +44,13 @@ class InRootError(OSError):
         self.why = why
 
 
-_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+_KINDS = {
+    stat.S_IFREG: "a regular file",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 class _Link(NamedTuple):
@@ -101,7 +106,9 @@ def _walk(
                 todo.appendleft(name)  # looked at again: what was made, or what was made meanwhile
                 continue
             except OSError as err:
-                raise _dead_end(err.errno or errno.EIO, path, here, links, f"cannot be opened: {err.strerror}") from None
+                raise _dead_end(
+                    err.errno or errno.EIO, path, here, links, f"cannot be opened: {err.strerror}"
+                ) from None
             retries = 0
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode) and (follow_last or not last):
@@ -109,8 +116,9 @@ def _walk(
                 os.close(fd)
                 links.append(_Link(here, target))
                 if len(links) > _MAX_SYMLINKS:
-                    raise InRootError(errno.ELOOP, path, f"{links[0].path} is a symbolic link to {links[0].target} "
-                                      "that loops")
+                    raise InRootError(
+                        errno.ELOOP, path, f"{links[0].path} is a symbolic link to {links[0].target} that loops"
+                    )
                 if target.startswith("/"):
                     while len(stack) > 1:
                         os.close(stack.pop()[0])
@@ -121,8 +129,13 @@ def _walk(
                 return os.dup(dir_fd), name, here
             if not stat.S_ISDIR(mode):
                 os.close(fd)
-                raise _dead_end(errno.ENOTDIR, path, here, links,
-                                f"is {_KINDS.get(stat.S_IFMT(mode), 'not a directory')} where a directory is needed")
+                raise _dead_end(
+                    errno.ENOTDIR,
+                    path,
+                    here,
+                    links,
+                    f"is {_KINDS.get(stat.S_IFMT(mode), 'not a directory')} where a directory is needed",
+                )
             stack.append((fd, here))
         # The path ended on a directory reached through "..", "/" or a link: name it in its parent.
         if len(stack) == 1:
@@ -144,8 +157,9 @@ def _make(maker: Maker | None, dir_fd: int, name: str, path: str, here: str, lin
     except FileExistsError:
         pass
     except OSError as err:
-        raise _dead_end(err.errno or errno.EIO, path, here, links,
-                        f"does not exist and cannot be created: {err.strerror}") from None
+        raise _dead_end(
+            err.errno or errno.EIO, path, here, links, f"does not exist and cannot be created: {err.strerror}"
+        ) from None
 
 
 def _dead_end(code: int, path: str, here: str, links: list[_Link], what: str) -> InRootError:
@@ -416,8 +430,7 @@ def _restore_at(dir_fd: int, name: str, saved: SavedFile) -> None:
     if saved.kind == "link":
         os.symlink(saved.link, tmp, dir_fd=dir_fd)
     else:
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                      dir_fd=dir_fd)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
             offset = 0
             while sent := os.sendfile(out, saved.fd, offset, 1 << 20):
@@ -435,4 +448,3 @@ def _restore_at(dir_fd: int, name: str, saved: SavedFile) -> None:
     except BaseException:
         os.unlink(tmp, dir_fd=dir_fd)
         raise
-

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 # The scheduler's tmpfs (native/sched.c): room for this many containers' files and granted limits.
 _SCHED_TENANTS = 1024
-_TMPFS_INODES = 3         # the shared tmpfs's root directory, limits and region
-_MAX_STACKED = 8          # mounts on a container's shared directory that remove() detaches
+_TMPFS_INODES = 3  # the shared tmpfs's root directory, limits and region
+_MAX_STACKED = 8  # mounts on a container's shared directory that remove() detaches
 
 
 def _write_new(dir_fd: int, name: str, data: bytes, mode: int) -> None:
@@ -89,11 +89,15 @@ def _open_sched_dir(sched_dir: str) -> int:
         try:
             if os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_dev == os.fstat(parent_fd).st_dev:
                 size = _SCHED_TENANTS * (SCHED_FILE_SIZE + GRANTED_MAX)
-                inodes = 2 * _SCHED_TENANTS + 2            # the files, the root and GRANTED_DIR
-                fdmount.mount_tmpfs(parent_fd, name, MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
-                                    dest_path=sched_dir, mode=0o755,
-                                    options=(("size", str(size)), ("nr_inodes", str(inodes)),
-                                             ("huge", "never"))).close()
+                inodes = 2 * _SCHED_TENANTS + 2  # the files, the root and GRANTED_DIR
+                fdmount.mount_tmpfs(
+                    parent_fd,
+                    name,
+                    MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
+                    dest_path=sched_dir,
+                    mode=0o755,
+                    options=(("size", str(size)), ("nr_inodes", str(inodes)), ("huge", "never")),
+                ).close()
             fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
         finally:
             os.close(parent_fd)
@@ -137,8 +141,9 @@ def _write_sched_file(sched_dir: str, container_id: str, granted: bytes) -> None
         finally:
             os.close(granted_fd)
         try:
-            file_fd = os.open(container_id, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                              0o666, dir_fd=fd)
+            file_fd = os.open(
+                container_id, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd
+            )
         except FileExistsError:
             raise ContainerError(f"scheduler file {sched_dir}/{container_id} already exists") from None
         try:
@@ -191,8 +196,9 @@ def make(files: ShareFiles, handle: ContainerHandle | None = None) -> None:
         try:
             os.mkdir(files.container_id, 0o755, dir_fd=state_fd)
         except FileExistsError:
-            raise ContainerError(f"sharing directory {path} already exists (stale container {files.container_id}?)") \
-                from None
+            raise ContainerError(
+                f"sharing directory {path} already exists (stale container {files.container_id}?)"
+            ) from None
         except OSError as err:
             raise _cannot_make(files, err) from None
         try:
@@ -209,8 +215,9 @@ def make(files: ShareFiles, handle: ContainerHandle | None = None) -> None:
 
 
 def _cannot_make(files: ShareFiles, err: OSError) -> ContainerError:
-    return ContainerError(f"cannot make the sharing files of container {files.container_id} in {files.state_dir}: "
-                          f"{err.strerror}")
+    return ContainerError(
+        f"cannot make the sharing files of container {files.container_id} in {files.state_dir}: {err.strerror}"
+    )
 
 
 def _fill(state_fd: int, path: Path, owner: bytes, limits: bytes, preload: bytes) -> None:
@@ -225,9 +232,14 @@ def _fill(state_fd: int, path: Path, owner: bytes, limits: bytes, preload: bytes
     try:
         _write_new(dir_fd, OWNER_FILE, owner, 0o444)
         os.mkdir("shared", 0o755, dir_fd=dir_fd)
-        mount = fdmount.mount_tmpfs(dir_fd, "shared", MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
-                                    dest_path=str(path / "shared"), mode=0o755,
-                                    options=tmpfs_options(len(limits), os.sysconf("SC_PAGE_SIZE")))
+        mount = fdmount.mount_tmpfs(
+            dir_fd,
+            "shared",
+            MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC,
+            dest_path=str(path / "shared"),
+            mode=0o755,
+            options=tmpfs_options(len(limits), os.sysconf("SC_PAGE_SIZE")),
+        )
         try:
             write_share_files(mount.fd, limits)
         finally:
@@ -249,8 +261,9 @@ def remove(container_id: str, state_dir: str = STATE_DIR, sched_dir: str | None 
 
     container_dir(container_id, state_dir)
     try:
-        sched_fd = os.open(sched_dir or sched_dir_for(state_dir), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW |
-                           os.O_CLOEXEC)
+        sched_fd = os.open(
+            sched_dir or sched_dir_for(state_dir), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
     except OSError:
         pass
     else:
@@ -259,7 +272,7 @@ def remove(container_id: str, state_dir: str = STATE_DIR, sched_dir: str | None 
                 try:
                     os.unlink(name, dir_fd=sched_fd)
                 except OSError:
-                    pass              # none (not scheduled) or gone already
+                    pass  # none (not scheduled) or gone already
         finally:
             os.close(sched_fd)
     try:
@@ -282,8 +295,9 @@ def remove_stopped(container_id: str, bundle: str, state_dir: str = STATE_DIR) -
 
     container_dir(container_id, state_dir)
     try:
-        dir_fd = os.open(os.path.join(state_dir, container_id), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW |
-                         os.O_CLOEXEC)
+        dir_fd = os.open(
+            os.path.join(state_dir, container_id), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
     except OSError:
         record = None
     else:

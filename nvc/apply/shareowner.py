@@ -21,14 +21,14 @@ if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
 
 FILE = "owner"
-_MAX = 8192                       # bytes: a bundle path and three numbers
+_MAX = 8192  # bytes: a bundle path and three numbers
 
 
 class Owner(NamedTuple):
-    bundle: str                   # the OCI bundle prestart was given ("" where none: the CLI's configure)
-    pid: int | None               # the container's init process, host pid (None: standalone configure)
-    start_time: int | None        # that process's start time (/proc/PID/stat field 22, clock ticks)
-    pidns: int | None             # the inode of its pid namespace
+    bundle: str  # the OCI bundle prestart was given ("" where none: the CLI's configure)
+    pid: int | None  # the container's init process, host pid (None: standalone configure)
+    start_time: int | None  # that process's start time (/proc/PID/stat field 22, clock ticks)
+    pidns: int | None  # the inode of its pid namespace
 
 
 def of_container(handle: ContainerHandle | None, bundle: str) -> Owner:

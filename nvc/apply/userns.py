@@ -16,8 +16,8 @@ import errno
 import os
 from typing import NamedTuple
 
-from nvc.system import confinement, syscalls
 from nvc.errors import MountError
+from nvc.system import confinement, syscalls
 
 CLONE_NEWUSER = 0x10000000
 _MAX_MAP = 4096  # bytes of a uid_map or gid_map read: 340 lines of three numbers at most
@@ -85,8 +85,10 @@ def join_as_root(ns_fd: int, maps: IdMaps, pid: int | None) -> None:
     row = confinement.CONTAINER_HELPER
     confinement.limit_bounding(row)
     if maps.root() is None:
-        raise MountError(f"the user namespace of container process {pid} maps no root (uid and gid 0): "
-                         "nvc-py makes the container's files as its root; map 0 inside (podman: not --userns=nomap)")
+        raise MountError(
+            f"the user namespace of container process {pid} maps no root (uid and gid 0): "
+            "nvc-py makes the container's files as its root; map 0 inside (podman: not --userns=nomap)"
+        )
     try:
         os.setgroups([])
     except PermissionError:
@@ -108,6 +110,8 @@ def cannot_write(code: int | None) -> bool:
 def advice(root: tuple[int, int] | None) -> str:
     """What to do where the container's root in its user namespace cannot make a file there."""
     who = "the container's root" if root is None else f"the container's root (host uid {root[0]})"
-    return (f"{who} cannot write there in its user namespace: the rootfs is owned by a host uid "
-            "that namespace does not map; give the container a rootfs owned by the container's user "
-            "namespace (chown it to its mapped range, or an idmapped mount)")
+    return (
+        f"{who} cannot write there in its user namespace: the rootfs is owned by a host uid "
+        "that namespace does not map; give the container a rootfs owned by the container's user "
+        "namespace (chown it to its mapped range, or an idmapped mount)"
+    )

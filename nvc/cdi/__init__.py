@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nvc import containerenv
-from nvc.plan import mountplan
-from nvc.model.capabilities import CAPABILITIES
 from nvc.discover.driver import DriverFiles
 from nvc.discover.nodes import DeviceNode
+from nvc.model.capabilities import CAPABILITIES
+from nvc.plan import mountplan
 from nvc.plan.selection import Selection
 
 CDI_VERSION = "0.5.0"
@@ -55,15 +55,17 @@ def _links(libraries: Sequence[str]) -> list[str]:
     return pairs
 
 
-def common_edits(root: str, files: DriverFiles, control: Sequence[DeviceNode], hook_path: str,
-                 hook_env: list[str]) -> dict[str, Any]:
+def common_edits(
+    root: str, files: DriverFiles, control: Sequence[DeviceNode], hook_path: str, hook_env: list[str]
+) -> dict[str, Any]:
     """Edits every device brings: control nodes, driver files, the link and ld cache hooks."""
     from nvc.cdi.devnodes import spec_device
 
     libraries = [mountplan.inner_path(root, lib) for lib in files.libraries]
     mounts = [_mount(root, p, MOUNT_OPTIONS) for p in (*files.libraries, *files.binaries, *files.firmwares)]
-    mounts += [_mount(root, p, IPC_OPTIONS) for p in (files.persistenced_socket, files.fabricmanager_socket)
-               if p is not None]
+    mounts += [
+        _mount(root, p, IPC_OPTIONS) for p in (files.persistenced_socket, files.fabricmanager_socket) if p is not None
+    ]
     hooks = []
     links = _links(libraries)
     if links:
@@ -90,8 +92,16 @@ def device_names(gpus: Sequence[Any], strategy: str) -> list[tuple[str, Selectio
     return out
 
 
-def build(root: str, files: DriverFiles, gpus: Sequence[Any], control: Sequence[DeviceNode], nodes_of: NodesOf,
-          hook_path: str, hook_env: list[str], strategy: str = "index") -> dict[str, Any]:
+def build(
+    root: str,
+    files: DriverFiles,
+    gpus: Sequence[Any],
+    control: Sequence[DeviceNode],
+    nodes_of: NodesOf,
+    hook_path: str,
+    hook_env: list[str],
+    strategy: str = "index",
+) -> dict[str, Any]:
     """The CDI spec document."""
     from nvc.cdi.devnodes import spec_device
 
@@ -102,8 +112,12 @@ def build(root: str, files: DriverFiles, gpus: Sequence[Any], control: Sequence[
         devices.append({"name": name, "containerEdits": {"deviceNodes": nodes}})
         every.update((n["path"], dict(n)) for n in nodes)  # copies: no YAML anchors in the output
     devices.append({"name": "all", "containerEdits": {"deviceNodes": list(every.values())}})
-    return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices,
-            "containerEdits": common_edits(root, files, control, hook_path, hook_env)}
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": devices,
+        "containerEdits": common_edits(root, files, control, hook_path, hook_env),
+    }
 
 
 def qualified_name(device: str) -> str:
@@ -120,8 +134,9 @@ def render(spec: dict[str, Any], fmt: str) -> str:
     return yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
 
 
-def generate(root: str, ldcache: str, user: tuple[int, int] | None, strategy: str, hook: str,
-             hook_env: list[str]) -> dict[str, Any]:
+def generate(
+    root: str, ldcache: str, user: tuple[int, int] | None, strategy: str, hook: str, hook_env: list[str]
+) -> dict[str, Any]:
     """Discover the driver under ``root`` and build its spec (NVML is asked: MIG devices need it);
     ``hook``: the installed program the spec's createContainer hooks run."""
     from nvc.cdi import devnodes

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from nvc.discover import nodes
-from nvc.plan import mountplan
 from nvc.discover.nodes import DeviceNode
+from nvc.plan import mountplan
 
 
 def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:
@@ -23,8 +23,16 @@ def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:
 
 def spec_device(root: str, node: DeviceNode) -> dict[str, Any]:
     """A CDI ``deviceNodes`` entry; without ``hostPath`` also an OCI ``linux.devices`` one."""
-    return {"path": mountplan.inner_path(root, node.path), "hostPath": node.path, "type": "c",
-            "major": node.major, "minor": node.minor, "fileMode": 0o666, "uid": 0, "gid": 0}
+    return {
+        "path": mountplan.inner_path(root, node.path),
+        "hostPath": node.path,
+        "type": "c",
+        "major": node.major,
+        "minor": node.minor,
+        "fileMode": 0o666,
+        "uid": 0,
+        "gid": 0,
+    }
 
 
 def add_to_spec(spec: dict[str, Any], root: str, found: Iterable[DeviceNode]) -> bool:

@@ -14,14 +14,14 @@ import click
 
 from nvc import __version__
 from nvc.commands import engine_setup
+from nvc.config.options import GlobalOptions, parse_user
 from nvc.containerenv import MIG_FILE_VALUES
 from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError, NvcError
-from nvc.config.options import GlobalOptions, parse_user
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from nvc.commands.listing import ListRequest, Listing
+    from nvc.commands.listing import Listing, ListRequest
 
 # Global options that take a separate value, and the one whose value is optional
 # (getopt's ``--user[=UID[:GID]]``: a value only when attached with '=').
@@ -45,17 +45,33 @@ def _optional_user_value(argv: list[str]) -> list[str]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="nvc-py", message="%(prog)s %(version)s")
-@click.option("-r", "--root", metavar="PATH", default=None,
-              help="Driver root: where driver files and nodes are.  [default: the configuration's root, /]")
-@click.option("-l", "--ldcache", metavar="PATH", default=None,
-              help="ld cache, inside the root.  [default: the configuration's ldcache, /etc/ld.so.cache]")
-@click.option("-u", "--user", metavar="[=UID[:GID]]", default=None,
-              help="Identity of the driver helper.  [default: the configuration's user]")
+@click.option(
+    "-r",
+    "--root",
+    metavar="PATH",
+    default=None,
+    help="Driver root: where driver files and nodes are.  [default: the configuration's root, /]",
+)
+@click.option(
+    "-l",
+    "--ldcache",
+    metavar="PATH",
+    default=None,
+    help="ld cache, inside the root.  [default: the configuration's ldcache, /etc/ld.so.cache]",
+)
+@click.option(
+    "-u",
+    "--user",
+    metavar="[=UID[:GID]]",
+    default=None,
+    help="Identity of the driver helper.  [default: the configuration's user]",
+)
 @click.option("-d", "--debug", metavar="PATH", default=None, help="Append a debug log to PATH.")
 @click.option("-k", "--load-kmods", is_flag=True, help="Create missing driver device nodes under <root>/dev.")
 @click.pass_context
-def cli(ctx: click.Context, root: str | None, ldcache: str | None, user: str | None, debug: str | None,
-        load_kmods: bool) -> None:
+def cli(
+    ctx: click.Context, root: str | None, ldcache: str | None, user: str | None, debug: str | None, load_kmods: bool
+) -> None:
     """Make NVIDIA GPUs appear inside containers."""
     if debug is not None:
         from nvc import debuglog
@@ -90,6 +106,7 @@ class _Given:
 def _pass_options(command: Callable[..., None]) -> Callable[..., None]:
     """Pass the resolved global options as the command's first argument, after ``--load-kmods``
     made the missing nodes (``configure`` plans that instead: :func:`_pass_planned_options`)."""
+
     def load_now(opts: GlobalOptions) -> None:
         if opts.load_kmods:
             from nvc.apply import hostnodes
@@ -116,8 +133,9 @@ def _with_options(command: Callable[..., None], before: Callable[[GlobalOptions]
         except InitializationError as err:
             if os.path.exists(DRIVER_VERSION):
                 raise
-            raise InitializationError(f"no NVIDIA driver is loaded on this host ({err.args[0]}); "
-                                      f"{TRY_WITHOUT_GPU}") from None
+            raise InitializationError(
+                f"no NVIDIA driver is loaded on this host ({err.args[0]}); {TRY_WITHOUT_GPU}"
+            ) from None
 
     return with_options
 
@@ -155,8 +173,12 @@ def info(opts: GlobalOptions, fmt: str | None) -> None:
 @click.option("--no-fabricmanager", is_flag=True, help="Leave out the fabric manager socket.")
 @click.option("--no-gsp-firmware", is_flag=True, help="Leave out GSP firmware.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output, one list per section.")
-@click.option("--nvml", "force_nvml", is_flag=True,
-              help="Ask NVML even where /proc suffices (both sources must agree; bench/discovery.py times both).")
+@click.option(
+    "--nvml",
+    "force_nvml",
+    is_flag=True,
+    help="Ask NVML even where /proc suffices (both sources must agree; bench/discovery.py times both).",
+)
 @_pass_options
 def list_(
     opts: GlobalOptions,
@@ -201,12 +223,21 @@ def list_(
 
 
 @cli.command(short_help="Make GPUs usable in a container (the hook's work, by hand).")
-@click.option("-p", "--pid", type=int, metavar="PID", default=None,
-              help="Container process (supervised mode; else standalone).")
-@click.option("-d", "--device", "devices", multiple=True, metavar="ID", help="GPUs/MIG devices (all, none, 0,1, UUIDs…).")
+@click.option(
+    "-p", "--pid", type=int, metavar="PID", default=None, help="Container process (supervised mode; else standalone)."
+)
+@click.option(
+    "-d", "--device", "devices", multiple=True, metavar="ID", help="GPUs/MIG devices (all, none, 0,1, UUIDs…)."
+)
 @click.option("-r", "--require", "requirements", multiple=True, metavar="EXPR", help="Requirement, e.g. cuda>=12.0.")
-@click.option("-l", "--ldconfig", metavar="[@]PATH", default="@/sbin/ldconfig", show_default=True,
-              help="ldconfig to run: @HOSTPATH (host binary, from a memfd copy) or a path in the container.")
+@click.option(
+    "-l",
+    "--ldconfig",
+    metavar="[@]PATH",
+    default="@/sbin/ldconfig",
+    show_default=True,
+    help="ldconfig to run: @HOSTPATH (host binary, from a memfd copy) or a path in the container.",
+)
 @click.option("-c", "--compute", is_flag=True, help="Compute (CUDA, OpenCL) libraries and binaries.")
 @click.option("-u", "--utility", is_flag=True, help="NVML and nvidia-smi.")
 @click.option("-v", "--video", is_flag=True, help="Video codec libraries (with the compute ones).")
@@ -219,8 +250,13 @@ def list_(
 @click.option("--mig-config", type=click.Choice(MIG_FILE_VALUES), default=None, help="MIG configuration capability.")
 @click.option("--mig-monitor", type=click.Choice(MIG_FILE_VALUES), default=None, help="MIG monitoring capability.")
 @click.option("--imex-channel", "imex", multiple=True, metavar="N[,N…]", help="IMEX channel nodes.")
-@click.option("--cuda-compat-mode", type=click.Choice(["disabled", "mount", "ldconfig"]), default="ldconfig",
-              show_default=True, help="CUDA forward-compat libraries of the image.")
+@click.option(
+    "--cuda-compat-mode",
+    type=click.Choice(["disabled", "mount", "ldconfig"]),
+    default="ldconfig",
+    show_default=True,
+    help="CUDA forward-compat libraries of the image.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.argument("rootfs")
 @_pass_planned_options
@@ -250,8 +286,15 @@ def configure(
     from nvc.pipeline.configure import configure as run
     from nvc.plan.request import from_flags
 
-    flags = {"compute": compute, "utility": utility, "video": video, "graphics": graphics, "display": display,
-             "ngx": ngx, "compat32": compat32}
+    flags = {
+        "compute": compute,
+        "utility": utility,
+        "video": video,
+        "graphics": graphics,
+        "display": display,
+        "ngx": ngx,
+        "compat32": compat32,
+    }
     request = from_flags(
         rootfs=rootfs,
         pid=pid,
@@ -280,8 +323,8 @@ def run_list(
     :func:`nvc.plan.selection.needs_nvml`); True/False force one, which tests use to show
     that both sources give the same listing.
     """
-    from nvc.discover import driver, inventory, nodes, procfs
     from nvc.commands import listing
+    from nvc.discover import driver, inventory, nodes, procfs
     from nvc.plan import selection
     from nvc.rpc import driver_service
 
@@ -299,8 +342,10 @@ def run_list(
     return listing.build(request, opts.root, files, chosen, majors, mig_minors)
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-             short_help="The OCI hook, as nvc-py-hook: prestart, poststart, poststop.")
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    short_help="The OCI hook, as nvc-py-hook: prestart, poststart, poststop.",
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def hook(args: tuple[str, ...]) -> None:
     """The OCI hook (same as nvc-py-hook): prestart|poststart|poststop, OCI state on stdin."""
@@ -330,25 +375,48 @@ def cdi() -> None:
 
 @cdi.command("generate")
 @click.option("--output", metavar="PATH", default=None, help="Write the spec to PATH (default: stdout).")
-@click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default=None,
-              help="Output format (default: from the --output suffix, else yaml).")
-@click.option("--device-name-strategy", "strategy", type=click.Choice(["index", "uuid"]), default="index",
-              show_default=True, help="Name devices 0, 1, 1:0 or by their UUIDs.")
-@click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file the spec's hooks read (default: /etc/nvc-py/config.yaml).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["yaml", "json"]),
+    default=None,
+    help="Output format (default: from the --output suffix, else yaml).",
+)
+@click.option(
+    "--device-name-strategy",
+    "strategy",
+    type=click.Choice(["index", "uuid"]),
+    default="index",
+    show_default=True,
+    help="Name devices 0, 1, 1:0 or by their UUIDs.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default=None,
+    help="Configuration file the spec's hooks read (default: /etc/nvc-py/config.yaml).",
+)
 @_pass_options
-def cdi_generate(opts: GlobalOptions, output: str | None, fmt: str | None, strategy: str,
-                 config_path: str | None) -> None:
+def cdi_generate(
+    opts: GlobalOptions, output: str | None, fmt: str | None, strategy: str, config_path: str | None
+) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
     from nvc import cdi as cdi_spec
-    from nvc.system import programs
     from nvc.hook.setup import files as setupfiles
+    from nvc.system import programs
 
     if fmt is None:
         fmt = "json" if output is not None and output.endswith(".json") else "yaml"
     config_path = engine_setup.hook_config_file(config_path)
-    spec = cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy,
-                             programs.installed_program(programs.HOOK_SCRIPT), programs.hook_env(config_path))
+    spec = cdi_spec.generate(
+        opts.root,
+        opts.ldcache,
+        opts.user,
+        strategy,
+        programs.installed_program(programs.HOOK_SCRIPT),
+        programs.hook_env(config_path),
+    )
     text = cdi_spec.render(spec, fmt)
     if output is None:
         click.echo(text, nl=False)
@@ -364,8 +432,13 @@ def share() -> None:
 
 @share.command("status", short_help="Per container: limits, memory, compute share and throttling.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
-@click.option("--state-dir", default="/run/nvc-py/share", show_default=True, metavar="PATH",
-              help="Where the hook keeps the per-container sharing directories.")
+@click.option(
+    "--state-dir",
+    default="/run/nvc-py/share",
+    show_default=True,
+    metavar="PATH",
+    help="Where the hook keeps the per-container sharing directories.",
+)
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
     from nvc.commands import sharestatus

@@ -39,12 +39,22 @@ def setup() -> None:
 
 def _server_options(command: Callable[..., None]) -> Callable[..., None]:
     """The options every setup command shares for the hook server."""
-    for option in reversed((
-            click.option("--no-server", is_flag=True,
-                         help="No hook server: no systemd units, and no server started on demand by the hooks."),
-            click.option("--unit-dir", default=None, metavar="PATH",
-                         help="Write the systemd units here (default: /etc/systemd/system where systemd runs)."),
-            click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run."))):
+    for option in reversed(
+        (
+            click.option(
+                "--no-server",
+                is_flag=True,
+                help="No hook server: no systemd units, and no server started on demand by the hooks.",
+            ),
+            click.option(
+                "--unit-dir",
+                default=None,
+                metavar="PATH",
+                help="Write the systemd units here (default: /etc/systemd/system where systemd runs).",
+            ),
+            click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run."),
+        )
+    ):
         command = option(command)
     return command
 
@@ -69,25 +79,43 @@ def _echo_lines(lines: list[str]) -> None:
         click.echo(line)
 
 
-_HOOKS_DIR = click.option("--hooks-dir", default=None, metavar="PATH",
-                          help="Write the hooks.d files here instead of where the engine reads them (its hooks_dir, "
-                               "resolved through its configuration files; a warning says when it will not read PATH).")
+_HOOKS_DIR = click.option(
+    "--hooks-dir",
+    default=None,
+    metavar="PATH",
+    help="Write the hooks.d files here instead of where the engine reads them (its hooks_dir, "
+    "resolved through its configuration files; a warning says when it will not read PATH).",
+)
 
 
 def _hooks_command(engine_name: str, short: str, summary: str) -> None:
     """``setup podman`` and ``setup crio``: the hooks.d files where the engine reads them (its
     hooks_dir through its configuration files, nvc.hook.setup.hooksdirs), and the hook server."""
 
-    @setup.command(engine_name, short_help=short,
-                   help=f"{summary}, and the hook server (--remove: the hooks.d files only; "
-                        "`setup server --remove` removes the server).")
+    @setup.command(
+        engine_name,
+        short_help=short,
+        help=f"{summary}, and the hook server (--remove: the hooks.d files only; "
+        "`setup server --remove` removes the server).",
+    )
     @_HOOKS_DIR
-    @click.option("--config", "config_path", metavar="PATH", default=None,
-                  help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
+    @click.option(
+        "--config",
+        "config_path",
+        metavar="PATH",
+        default=None,
+        help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).",
+    )
     @_server_options
     @_REMOVE
-    def command(hooks_dir: str | None, config_path: str | None, no_server: bool, unit_dir: str | None,
-                systemctl: str, remove: bool) -> None:
+    def command(
+        hooks_dir: str | None,
+        config_path: str | None,
+        no_server: bool,
+        unit_dir: str | None,
+        systemctl: str,
+        remove: bool,
+    ) -> None:
         from nvc.hook.setup import engines, hooksdirs
 
         engine = hooksdirs.CRIO if engine_name == "crio" else hooksdirs.PODMAN
@@ -102,20 +130,32 @@ def _hooks_command(engine_name: str, short: str, summary: str) -> None:
             click.echo(f"warning: {one_line(line)}", err=True)
 
 
-_hooks_command("podman", "Hooks where podman reads them, and the hook server.",
-               "Install the hooks.d files that run nvc-py-hook at prestart and poststop where podman "
-                         "reads them (containers.conf's engine.hooks_dir; default /usr/share/containers/oci/hooks.d)")
-_hooks_command("crio", "Hooks where CRI-O reads them, and the hook server.",
-               "Install the hooks.d files that run nvc-py-hook at prestart and poststop where CRI-O reads "
-                       "them (crio.conf's crio.runtime.hooks_dir, drop-ins in /etc/crio/crio.conf.d; default "
-                       "/usr/share/containers/oci/hooks.d)")
+_hooks_command(
+    "podman",
+    "Hooks where podman reads them, and the hook server.",
+    "Install the hooks.d files that run nvc-py-hook at prestart and poststop where podman "
+    "reads them (containers.conf's engine.hooks_dir; default /usr/share/containers/oci/hooks.d)",
+)
+_hooks_command(
+    "crio",
+    "Hooks where CRI-O reads them, and the hook server.",
+    "Install the hooks.d files that run nvc-py-hook at prestart and poststop where CRI-O reads "
+    "them (crio.conf's crio.runtime.hooks_dir, drop-ins in /etc/crio/crio.conf.d; default "
+    "/usr/share/containers/oci/hooks.d)",
+)
 
 
 @setup.command("server", short_help="The hook server's systemd socket and service units.")
-@click.option("--unit-dir", metavar="PATH", default="/etc/systemd/system", show_default=True,
-              help="systemd unit directory.")
-@click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).")
+@click.option(
+    "--unit-dir", metavar="PATH", default="/etc/systemd/system", show_default=True, help="systemd unit directory."
+)
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default=None,
+    help="Configuration file the hook reads (absolute; default: /etc/nvc-py/config.yaml).",
+)
 @click.option("--systemctl", default="systemctl", hidden=True, help="The systemctl to run.")
 @_REMOVE
 def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove: bool) -> None:
@@ -130,17 +170,37 @@ def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove:
 
 
 @setup.command("containerd", short_help="Runtime nvc-py for containerd, and the hook server.")
-@click.option("--config", "config_path", metavar="PATH", default="/etc/containerd/config.toml", show_default=True,
-              help="containerd's main configuration (version 2); only its imports list is changed.")
-@click.option("--drop-in", metavar="PATH", default="/etc/containerd/conf.d/99-nvc-py.toml", show_default=True,
-              help="The drop-in file registering the runtime.")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default="/etc/containerd/config.toml",
+    show_default=True,
+    help="containerd's main configuration (version 2); only its imports list is changed.",
+)
+@click.option(
+    "--drop-in",
+    metavar="PATH",
+    default="/etc/containerd/conf.d/99-nvc-py.toml",
+    show_default=True,
+    help="The drop-in file registering the runtime.",
+)
 @click.option("--runtime-name", metavar="NAME", default="nvc-py", show_default=True, help="Name of the CRI runtime.")
 @click.option("--set-as-default", is_flag=True, help="Make it the CRI plugin's default runtime.")
 @click.option("--dry-run", is_flag=True, help="Print the files instead of writing them.")
 @_server_options
 @_REMOVE
-def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_default: bool, dry_run: bool,
-                     no_server: bool, unit_dir: str | None, systemctl: str, remove: bool) -> None:
+def setup_containerd(
+    config_path: str,
+    drop_in: str,
+    runtime_name: str,
+    set_as_default: bool,
+    dry_run: bool,
+    no_server: bool,
+    unit_dir: str | None,
+    systemctl: str,
+    remove: bool,
+) -> None:
     """Register nvc-py-runtime as a containerd runtime (runc v2 shim with BinaryName), and the hook server
     (--remove: the drop-in and its imports entry; `setup server --remove` removes the server)."""
     from nvc.hook.setup import engines
@@ -156,25 +216,58 @@ def setup_containerd(config_path: str, drop_in: str, runtime_name: str, set_as_d
 
 
 @setup.command("docker", short_help="Docker's runtime nvc-py and --gpus hook, and the hook server.")
-@click.option("--config", "config_path", metavar="PATH", default="/etc/docker/daemon.json", show_default=True,
-              help="dockerd's daemon.json; only the runtime (and default-runtime) keys are changed.")
-@click.option("--runtime-name", metavar="NAME", default="nvc-py", show_default=True,
-              help="Name of the runtime (docker run --runtime).")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default="/etc/docker/daemon.json",
+    show_default=True,
+    help="dockerd's daemon.json; only the runtime (and default-runtime) keys are changed.",
+)
+@click.option(
+    "--runtime-name",
+    metavar="NAME",
+    default="nvc-py",
+    show_default=True,
+    help="Name of the runtime (docker run --runtime).",
+)
 @click.option("--set-as-default", is_flag=True, help="Make it dockerd's default-runtime.")
-@click.option("--gpus-hook/--no-gpus-hook", default=None,
-              help="Link nvidia-container-runtime-hook, what docker run --gpus runs, to nvc-py-hook "
-                   "(--no-gpus-hook: remove nvc-py's link).  [default: where no such file is, or it is nvc-py's]")
-@click.option("--gpus-hook-dir", default="/usr/bin", show_default=True, metavar="PATH",
-              help="Where that link goes (a directory on dockerd's PATH).")
-@click.option("--restart", "restart_docker", is_flag=True,
-              help="Restart dockerd afterwards (systemctl restart docker where systemd runs; elsewhere a running "
-                   "dockerd reloads daemon.json's runtimes: SIGHUP).")
+@click.option(
+    "--gpus-hook/--no-gpus-hook",
+    default=None,
+    help="Link nvidia-container-runtime-hook, what docker run --gpus runs, to nvc-py-hook "
+    "(--no-gpus-hook: remove nvc-py's link).  [default: where no such file is, or it is nvc-py's]",
+)
+@click.option(
+    "--gpus-hook-dir",
+    default="/usr/bin",
+    show_default=True,
+    metavar="PATH",
+    help="Where that link goes (a directory on dockerd's PATH).",
+)
+@click.option(
+    "--restart",
+    "restart_docker",
+    is_flag=True,
+    help="Restart dockerd afterwards (systemctl restart docker where systemd runs; elsewhere a running "
+    "dockerd reloads daemon.json's runtimes: SIGHUP).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the changes instead of making them.")
 @_server_options
 @_REMOVE
-def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus_hook: bool | None,
-                 gpus_hook_dir: str, restart_docker: bool, dry_run: bool, no_server: bool, unit_dir: str | None,
-                 systemctl: str, remove: bool) -> None:
+def setup_docker(
+    config_path: str,
+    runtime_name: str,
+    set_as_default: bool,
+    gpus_hook: bool | None,
+    gpus_hook_dir: str,
+    restart_docker: bool,
+    dry_run: bool,
+    no_server: bool,
+    unit_dir: str | None,
+    systemctl: str,
+    remove: bool,
+) -> None:
     """Register nvc-py-runtime as Docker runtime `nvc-py` in daemon.json, link nvidia-container-runtime-hook
     (what `docker run --gpus` runs) to nvc-py-hook, and the hook server as `setup podman` (--remove: the
     runtime and the link where they are nvc-py's; daemon.json as it was). dockerd reads both when it starts.
@@ -187,8 +280,11 @@ def setup_docker(config_path: str, runtime_name: str, set_as_default: bool, gpus
     """
     from nvc.hook.setup import docker, dockerd
 
-    plan = (docker.plan_remove(config_path, runtime_name, gpus_hook_dir) if remove else
-            docker.plan_install(config_path, runtime_name, set_as_default, gpus_hook, gpus_hook_dir))
+    plan = (
+        docker.plan_remove(config_path, runtime_name, gpus_hook_dir)
+        if remove
+        else docker.plan_install(config_path, runtime_name, set_as_default, gpus_hook, gpus_hook_dir)
+    )
     if dry_run:
         _echo_lines(docker.preview(plan))
         return

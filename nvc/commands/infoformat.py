@@ -12,9 +12,9 @@ import csv
 import io
 import json
 
-from nvc.model.devices import Gpu, MigDevice
 from nvc.discover.inventory import Inventory
 from nvc.discover.procfs import normalize_bus_id
+from nvc.model.devices import Gpu, MigDevice
 
 INFO_SCHEMA_VERSION = 1
 
@@ -35,9 +35,7 @@ MIG_LABELS = ("MIG Device Index", "GPU Instance ID", "Compute Instance ID", "MIG
 
 
 def _gpu_values(gpu: Gpu) -> tuple[str, ...]:
-    return (
-        str(gpu.index), str(gpu.minor), gpu.model, gpu.brand, gpu.uuid, bus_location(gpu.bus_id), gpu.architecture
-    )
+    return (str(gpu.index), str(gpu.minor), gpu.model, gpu.brand, gpu.uuid, bus_location(gpu.bus_id), gpu.architecture)
 
 
 def _mig_values(mig: MigDevice) -> tuple[str, ...]:

@@ -86,8 +86,10 @@ def device_paths(root: str, majors: dict[str, int], selection: Selection) -> tup
     migs: list[str] = []
     for gpu, mig in selection.migs:
         if mig.gi_caps_path is None or mig.ci_caps_path is None:
-            raise DeviceError(f"{mig.uuid}: no MIG access files for GPU instance {mig.gpu_instance_id}, "
-                              f"compute instance {mig.compute_instance_id} of GPU {gpu.index}")
+            raise DeviceError(
+                f"{mig.uuid}: no MIG access files for GPU instance {mig.gpu_instance_id}, "
+                f"compute instance {mig.compute_instance_id} of GPU {gpu.index}"
+            )
         migs += [mig.gi_caps_path, mig.ci_caps_path]
         migs += _caps_node(root, majors, mig.gi_caps_minor) + _caps_node(root, majors, mig.ci_caps_minor)
     return devices, migs

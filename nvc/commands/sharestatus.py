@@ -20,41 +20,41 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from nvc.apply import shareowner
 from nvc.errors import one_line
 from nvc.plan import share
-from nvc.apply import shareowner
-from nvc.system import untrusted
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE
+from nvc.system import untrusted
 
-_MAX_LIMITS = 16384               # what the shim reads of a limits file (native/init.c)
+_MAX_LIMITS = 16384  # what the shim reads of a limits file (native/init.c)
 
 
 class Process(NamedTuple):
-    pid: int                      # inside the container, as the container reports it
-    host_pid: int | None          # None: no such process in the container's pid namespace (gone, or a false claim)
-    used: dict[str, int]          # device key -> bytes, as the container reports them
+    pid: int  # inside the container, as the container reports it
+    host_pid: int | None  # None: no such process in the container's pid namespace (gone, or a false claim)
+    used: dict[str, int]  # device key -> bytes, as the container reports them
 
 
 class Device(NamedTuple):
     key: str
-    memory_limit: int             # bytes, 0 = unlimited
-    memory_used: int              # the container's total over its processes
+    memory_limit: int  # bytes, 0 = unlimited
+    memory_used: int  # the container's total over its processes
     compute_percent: int
     sm_count: int
-    busy_s: float                 # GPU time of throttled launches (SM-weighted)
-    throttled_s: float            # time launches waited for their share
+    busy_s: float  # GPU time of throttled launches (SM-weighted)
+    throttled_s: float  # time launches waited for their share
     launches: int
-    weight: int | None = None     # None: not weighted
-    share_percent: float | None = None   # measured share of the GPU while busy; None: idle or unknown
+    weight: int | None = None  # None: not weighted
+    share_percent: float | None = None  # measured share of the GPU while busy; None: idle or unknown
 
 
 class ContainerShare(NamedTuple):
     id: str
     directory: str
-    limits: dict[str, str]        # the limits file's key=value entries, as the hook wrote them
-    region: str                   # "ok", or why it cannot be read (e.g. no CUDA process yet)
+    limits: dict[str, str]  # the limits file's key=value entries, as the hook wrote them
+    region: str  # "ok", or why it cannot be read (e.g. no CUDA process yet)
     devices: tuple[Device, ...] = ()
     processes: tuple[Process, ...] = ()
 
@@ -77,7 +77,7 @@ def _host_pids(proc: str = "/proc") -> dict[tuple[int, int, int], int]:
             with open(f"{proc}/{name}/stat") as f:
                 start = int(f.read().rsplit(")", 1)[1].split()[19])
         except (OSError, StopIteration, ValueError, IndexError):
-            continue                  # gone meanwhile, or a kernel without NSpid
+            continue  # gone meanwhile, or a kernel without NSpid
         found[(ino, int(nspid), start)] = int(name)
     return found
 
@@ -125,13 +125,17 @@ def _sched(sched_dir: str, cid: str) -> dict[str, SchedDevice]:
 
 def _weight(limits: dict[str, str], key: str) -> int | None:
     """The weight the limits give device ``key`` (a UUID key): its GPU-/MIG- UUID's, else the default."""
-    by_uuid = {name[len("compute_weight.") + 4:].lower(): value for name, value in limits.items()
-               if name.startswith(("compute_weight.GPU-", "compute_weight.MIG-"))}
+    by_uuid = {
+        name[len("compute_weight.") + 4 :].lower(): value
+        for name, value in limits.items()
+        if name.startswith(("compute_weight.GPU-", "compute_weight.MIG-"))
+    }
     return untrusted.decimal(by_uuid.get(key.lower()) or limits.get("compute_weight") or "", 4)
 
 
-def container_share(state_fd: int, cid: str, directory: str,
-                    host_pids: dict[tuple[int, int, int], int], sched_dir: str = "") -> ContainerShare:
+def container_share(
+    state_fd: int, cid: str, directory: str, host_pids: dict[tuple[int, int, int], int], sched_dir: str = ""
+) -> ContainerShare:
     """The status of one per-container directory (``cid`` in the state directory open on ``state_fd``)."""
     limits: dict[str, str] = {}
     try:
@@ -142,8 +146,11 @@ def container_share(state_fd: int, cid: str, directory: str,
         finally:
             os.close(dir_fd)
         try:
-            limits = _limits(_read(shared_fd, "limits", f"{directory}/shared/limits", max_size=_MAX_LIMITS)
-                             .decode("utf-8", "replace"))
+            limits = _limits(
+                _read(shared_fd, "limits", f"{directory}/shared/limits", max_size=_MAX_LIMITS).decode(
+                    "utf-8", "replace"
+                )
+            )
             data = _read(shared_fd, "region", f"{directory}/shared/region", max_size=SIZE, size=SIZE)
         finally:
             os.close(shared_fd)
@@ -155,9 +162,13 @@ def container_share(state_fd: int, cid: str, directory: str,
         return ContainerShare(cid, directory, limits, f"not initialised: {err}")
     pidns = record.pidns if record else None
     processes = tuple(
-        Process(s.pid, host_pids.get((s.pidns_ino, s.pid, s.start_time)) if s.pidns_ino == pidns else None,
-                {d.key: used for d, used in zip(region.devices, s.used) if used})
-        for s in region.slots)
+        Process(
+            s.pid,
+            host_pids.get((s.pidns_ino, s.pid, s.start_time)) if s.pidns_ino == pidns else None,
+            {d.key: used for d, used in zip(region.devices, s.used) if used},
+        )
+        for s in region.slots
+    )
     sched = _sched(sched_dir, cid) if sched_dir else {}
     now = time.monotonic_ns()
 
@@ -166,9 +177,20 @@ def container_share(state_fd: int, cid: str, directory: str,
         return entry.share_permille / 10 if entry and now - entry.seen_ns < IDLE_NS else None
 
     devices = tuple(
-        Device(d.key, d.memory_limit, sum(s.used[i] for s in region.slots), d.compute, d.sm_count,
-               d.busy_ns / 1e9, d.throttled_ns / 1e9, d.launches, _weight(limits, d.key), share_of(d.key))
-        for i, d in enumerate(region.devices))
+        Device(
+            d.key,
+            d.memory_limit,
+            sum(s.used[i] for s in region.slots),
+            d.compute,
+            d.sm_count,
+            d.busy_ns / 1e9,
+            d.throttled_ns / 1e9,
+            d.launches,
+            _weight(limits, d.key),
+            share_of(d.key),
+        )
+        for i, d in enumerate(region.devices)
+    )
     return ContainerShare(cid, directory, limits, "ok", devices, processes)
 
 
@@ -176,7 +198,7 @@ def _is_dir(dir_fd: int, name: str) -> bool:
     try:
         return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
-        return False                  # gone meanwhile
+        return False  # gone meanwhile
 
 
 def status(state_dir: str = share.STATE_DIR, sched_dir: str | None = None) -> list[ContainerShare]:
@@ -246,10 +268,13 @@ def _lines(c: ContainerShare) -> Iterator[str]:
     for d in c.devices:
         cap = f"compute cap {d.compute_percent} %" if 0 < d.compute_percent < 100 else "no compute cap"
         weight = f", weight {d.weight}" if d.weight else ""
-        measured = (f", measured share {d.share_percent:.1f} %" if d.share_percent is not None
-                    else ", idle" if d.weight else "")
-        yield (f"  {one_line(d.key, 64)}: {_memory_text(d.memory_used, d.memory_limit)}; {cap}{weight}{measured}, "
-               f"busy {d.busy_s:.1f} s, throttled {d.throttled_s:.1f} s over {d.launches} launches")
+        measured = (
+            f", measured share {d.share_percent:.1f} %" if d.share_percent is not None else ", idle" if d.weight else ""
+        )
+        yield (
+            f"  {one_line(d.key, 64)}: {_memory_text(d.memory_used, d.memory_limit)}; {cap}{weight}{measured}, "
+            f"busy {d.busy_s:.1f} s, throttled {d.throttled_s:.1f} s over {d.launches} launches"
+        )
     for p in c.processes:
         host = f"host pid {p.host_pid}" if p.host_pid else "not running in the container's pid namespace"
         used = ", ".join(f"{one_line(k, 64)} {size_text(v)}" for k, v in p.used.items()) or "no device memory"

@@ -14,9 +14,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from nvc.model.capabilities import CAPABILITIES
 from nvc.config.yamlfile import MAX_SIZE, yaml_document
 from nvc.errors import SHOWN_LIMIT, InputError, one_line
+from nvc.model.capabilities import CAPABILITIES
 from nvc.system.untrusted import decimal, read_file
 
 Check = Callable[[Any], Any]  # a validator of one setting
@@ -63,7 +63,9 @@ class K8s(NamedTuple):
     device_list_strategy: str = "envvar"  # how Allocate names the devices to the hook
     cdi_devices: bool = False  # also answer CDI device names (nvidia.com/gpu=<UUID>)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS  # critical XIDs that leave a device healthy
-    xid_recovery: int = 300  # seconds without a new XID after which a device that NVML still finds is healthy again; 0: never
+    xid_recovery: int = (
+        300  # seconds without a new XID after which a device that NVML still finds is healthy again; 0: never
+    )
     nvml_retry: int = 30  # seconds between tries while NVML cannot be loaded or fails
 
 
@@ -223,8 +225,7 @@ def _slice(value: Any) -> str:
 
 
 def _xids(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
-                                              for n in value):
+    if not isinstance(value, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value):
         raise ValueError("expected a list of XID numbers")
     return tuple(sorted(set(value)))
 
@@ -282,8 +283,9 @@ _TOP: dict[str, tuple[str, Check]] = {
 }
 
 
-def _section(path: str, prefix: str, data: Any, keys: Mapping[str, tuple[str, Check]],
-             sections: tuple[str, ...] = ()) -> dict[str, Any]:
+def _section(
+    path: str, prefix: str, data: Any, keys: Mapping[str, tuple[str, Check]], sections: tuple[str, ...] = ()
+) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: {prefix or 'top level'}: expected a mapping")
     values: dict[str, Any] = {}
@@ -319,9 +321,11 @@ def parse(text: str, path: str) -> Config:
         values["ldconfig"] = default_ldconfig(values.get("root", "/"))
     config = Config(**values, path=path)
     if not config.ldconfig.startswith("@") and not config.allow_ldconfig_from_container:
-        raise InputError(f"{path}: ldconfig: {config.ldconfig} is a path in the container image, refused "
-                         "(an image binary must not run for the hook; set allow-ldconfig-from-container: true "
-                         "to accept it, or use @HOSTPATH)")
+        raise InputError(
+            f"{path}: ldconfig: {config.ldconfig} is a path in the container image, refused "
+            "(an image binary must not run for the hook; set allow-ldconfig-from-container: true "
+            "to accept it, or use @HOSTPATH)"
+        )
     return config
 
 
@@ -348,8 +352,9 @@ def load(path: str | None = None, must_exist: bool = False) -> Config:
     except OSError as err:
         raise InputError(f"{path}: cannot read configuration: {err.strerror}") from None
     except InputError as err:
-        raise InputError(f"{err.args[0]} (a configuration file must be a regular file of at most "
-                         f"{MAX_SIZE} bytes)") from None
+        raise InputError(
+            f"{err.args[0]} (a configuration file must be a regular file of at most {MAX_SIZE} bytes)"
+        ) from None
     try:
         text = raw.decode()
     except UnicodeDecodeError:

@@ -70,8 +70,7 @@ def _safe_load(text: str, path: str) -> Any:
         def compose_node(self, parent: Any, index: Any) -> Any:
             event = self.peek_event()
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
-                raise InputError(f"{path}: line {event.start_mark.line + 1}: YAML anchors and aliases "
-                                 "are not accepted")
+                raise InputError(f"{path}: line {event.start_mark.line + 1}: YAML anchors and aliases are not accepted")
             return super().compose_node(parent, index)
 
         def construct_object(self, node: Any, deep: bool = False) -> Any:
@@ -79,13 +78,16 @@ def _safe_load(text: str, path: str) -> Any:
                 return super().construct_object(node, deep)
             except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError):
                 value = f"{shown(node.value, 40)} " if isinstance(node.value, str) else ""
-                raise InputError(f"{path}: line {node.start_mark.line + 1}: {value}is not a valid "
-                                 f"{node.tag.rpartition(':')[2]}") from None
+                raise InputError(
+                    f"{path}: line {node.start_mark.line + 1}: {value}is not a valid {node.tag.rpartition(':')[2]}"
+                ) from None
 
         def construct_bounded_int(self, node: Any) -> int:
             if len(node.value) > MAX_INTEGER_TEXT:
-                raise InputError(f"{path}: line {node.start_mark.line + 1}: {cut(node.value, 20)}: a number of "
-                                 f"more than {MAX_INTEGER_TEXT} characters")
+                raise InputError(
+                    f"{path}: line {node.start_mark.line + 1}: {cut(node.value, 20)}: a number of "
+                    f"more than {MAX_INTEGER_TEXT} characters"
+                )
             return self.construct_yaml_int(node)
 
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_bounded_int)

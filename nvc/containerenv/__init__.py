@@ -19,24 +19,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from nvc.model.capabilities import CAPABILITIES
 from nvc.errors import InputError
+from nvc.model.capabilities import CAPABILITIES
 
 # The NVIDIA_* variables (and the legacy CUDA images' CUDA_VERSION), as NVIDIA's toolkit reads them.
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
-REQUIRE_PREFIX = "NVIDIA_REQUIRE_"        # every NVIDIA_REQUIRE_<NAME> is a requirement...
+REQUIRE_PREFIX = "NVIDIA_REQUIRE_"  # every NVIDIA_REQUIRE_<NAME> is a requirement...
 REQUIRE_CUDA = "NVIDIA_REQUIRE_CUDA"
 REQUIRE_JETPACK = "NVIDIA_REQUIRE_JETPACK"  # ...but this one, which only Jetpack images mean
 DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
-CUDA_VERSION = "CUDA_VERSION"             # set, without NVIDIA_REQUIRE_CUDA: an image older than the rest
+CUDA_VERSION = "CUDA_VERSION"  # set, without NVIDIA_REQUIRE_CUDA: an image older than the rest
 MIG_CONFIG_DEVICES = "NVIDIA_MIG_CONFIG_DEVICES"
 MIG_MONITOR_DEVICES = "NVIDIA_MIG_MONITOR_DEVICES"
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
 
 # Keywords of NVIDIA_VISIBLE_DEVICES: every GPU, the driver without a GPU, no GPU at all.
 ALL, NONE, VOID = "all", "none", "void"
-MIG_FILE_VALUES = (ALL,)                  # what the MIG variables and --mig-config/--mig-monitor may say
+MIG_FILE_VALUES = (ALL,)  # what the MIG variables and --mig-config/--mig-monitor may say
 DEFAULT_CAPABILITIES = ("compute", "utility")
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "t", "y"})
 
@@ -81,7 +81,7 @@ def volume_ids(mounts: Iterable[Mapping[str, object]], prefix: str) -> tuple[str
     for m in mounts:
         dest = str(m.get("destination", ""))
         if m.get("source") == VOLUME_SOURCE and dest.startswith(prefix):
-            name = dest[len(prefix):]
+            name = dest[len(prefix) :]
             if name and "/" not in name:
                 ids.append(name)
     return tuple(ids)

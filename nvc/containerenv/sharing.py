@@ -59,8 +59,9 @@ def parse_size(name: str, text: str) -> int:
         unit = (match.group(2) or "").lower()
         value = int(match.group(1)) << _SHIFT.get(unit, 0)
     if not match or value == 0 or value >= 1 << 64:
-        raise InputError(f"{name}={shown(text)}: not a size (positive decimal bytes, optionally with K, M, G, T, "
-                         f"Ki, Mi, Gi or Ti)")
+        raise InputError(
+            f"{name}={shown(text)}: not a size (positive decimal bytes, optionally with K, M, G, T, Ki, Mi, Gi or Ti)"
+        )
     return value
 
 

@@ -79,8 +79,9 @@ def facts(open_at: Opener, owner: tuple[int, int]) -> ContainerFacts:
         owner=owner,
         lib_dir=lib_dir,
         lib32_dir=lib32_dir,
-        proc_mountpoint=next((p for p in (PROC_NVIDIA, posixpath.dirname(PROC_NVIDIA))
-                              if _exists(open_at, p, directory=True)), None),
+        proc_mountpoint=next(
+            (p for p in (PROC_NVIDIA, posixpath.dirname(PROC_NVIDIA)) if _exists(open_at, p, directory=True)), None
+        ),
         compat_libs=_compat_libs(open_at),
     )
 

@@ -15,9 +15,9 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from nvc.model import capabilities
 from nvc.discover import elf, ldcache, rootpath
 from nvc.logger import Logger
+from nvc.model import capabilities
 
 log = Logger(__name__)
 
@@ -210,6 +210,11 @@ def discover(
     )
     log.debug(
         "driver %s under %s: %d libraries, %d 32-bit, %d binaries, %d firmwares",
-        version, root, len(files.libraries), len(files.libraries32), len(files.binaries), len(files.firmwares),
+        version,
+        root,
+        len(files.libraries),
+        len(files.libraries32),
+        len(files.binaries),
+        len(files.firmwares),
     )
     return files

@@ -10,17 +10,18 @@ they both know; index order on the fast path is bus id order, NVML's default ord
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple, TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from nvc.discover import procfs
-from nvc.model.devices import Gpu
-from nvc.logger import Logger
 from nvc.discover.procfs import ProcGpu
+from nvc.logger import Logger
+from nvc.model.devices import Gpu
 
 if TYPE_CHECKING:
     from nvc.model.devices import DriverSnapshot
 
 log = Logger(__name__)
+
 
 class Inventory(NamedTuple):
     """What the driver reports. ``cuda_version`` is None when NVML was not asked."""

@@ -27,8 +27,8 @@ import stat
 from pathlib import Path
 
 from nvc.discover import nodes, procfs, rootpath
-from nvc.logger import Logger
 from nvc.discover.nodes import NodeSpec
+from nvc.logger import Logger
 
 log = Logger(__name__)
 
@@ -66,7 +66,9 @@ def present_capabilities(proc: Path = procfs.PROC) -> tuple[str, ...]:
             base = f"{caps}/{gpu}/mig/{gi}"
             if os.path.isfile(f"{base}/access"):
                 found.append(f"{gpu}/{gi}/access")
-            found += [f"{gpu}/{gi}/{ci}/access" for ci in procfs.subdirs(base, "ci") if os.path.isfile(f"{base}/{ci}/access")]
+            found += [
+                f"{gpu}/{gi}/{ci}/access" for ci in procfs.subdirs(base, "ci") if os.path.isfile(f"{base}/{ci}/access")
+            ]
     return tuple(found)
 
 
@@ -99,8 +101,9 @@ def _present(root: str, spec: NodeSpec) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(spec.major, spec.minor)
 
 
-def missing(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES,
-            sys_module: Path = SYS_MODULE) -> tuple[NodeSpec, ...]:
+def missing(
+    root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES, sys_module: Path = SYS_MODULE
+) -> tuple[NodeSpec, ...]:
     """The nodes the loaded driver provides but ``root`` lacks (changes nothing): ``configure``
     plans their creation (:attr:`nvc.plan.operations.Plan.host_nodes`), so ``--dry-run`` shows it."""
     majors = nodes.read_majors(proc_devices)
@@ -110,8 +113,13 @@ def missing(root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC
     gpus = tuple(g.minor for g in procfs.read_gpus(proc))
     caps_minors = procfs.lookup_mig_minors(present_capabilities(proc), proc) if nodes.NVIDIA_CAPS in majors else {}
     caps = caps_specs(majors, caps_minors)
-    absent = [s for s in (*node_specs(majors, gpus, module_loaded(MODESET_MODULE, sys_module)), *caps)
-               if not _present(root, s)]
+    absent = [
+        s
+        for s in (*node_specs(majors, gpus, module_loaded(MODESET_MODULE, sys_module)), *caps)
+        if not _present(root, s)
+    ]
     # A capability node takes the mode its access file asks for; read only for nodes to create.
-    return tuple(NodeSpec(s.path, s.major, s.minor, read_file_mode(caps_access_path(caps[s], proc)) or 0o444)
-                 if s in caps else s for s in absent)
+    return tuple(
+        NodeSpec(s.path, s.major, s.minor, read_file_mode(caps_access_path(caps[s], proc)) or 0o444) if s in caps else s
+        for s in absent
+    )

@@ -113,7 +113,5 @@ def find(root: str, spec: NodeSpec) -> DeviceNode | None:
         raise DeviceError(f"{path}: not a character device")
     found = (os.major(st.st_rdev), os.minor(st.st_rdev))
     if found != (spec.major, spec.minor):
-        raise DeviceError(
-            f"{path}: device number {found[0]}:{found[1]}, expected {spec.major}:{spec.minor}"
-        )
+        raise DeviceError(f"{path}: device number {found[0]}:{found[1]}, expected {spec.major}:{spec.minor}")
     return DeviceNode(path, spec.major, spec.minor)

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from nvc.model.devices import Gpu, MigDevice
 from nvc.errors import ContainerError, DetectionError, InitializationError
+from nvc.model.devices import Gpu, MigDevice
 
 PROC = Path("/proc")
 
@@ -154,7 +154,7 @@ def lookup_mig_minors(names: Iterable[str], proc: Path = PROC) -> dict[str, int]
         if start < 0:
             continue
         end = text.find("\n", start + 1)
-        line = text[start + 1:end if end >= 0 else len(text)]
+        line = text[start + 1 : end if end >= 0 else len(text)]
         found[name] = _minor(path, text.count("\n", 0, start) + 1, line)[1]
     return found
 
@@ -187,9 +187,7 @@ def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
                 gi_caps_path=str(gi_path) if gi_path.is_file() else None,
                 ci_caps_path=str(ci_path) if ci_path.is_file() else None,
                 gi_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/access"),
-                ci_caps_minor=minors.get(
-                    f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access"
-                ),
+                ci_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access"),
             )
         )
     return gpu._replace(mig_devices=tuple(migs))

@@ -13,7 +13,8 @@ from nvc.doctor import FAIL, MARKS, Check
 def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
     """Every check, in the order a GPU reaches a container: configuration, driver, NVML, nodes, the
     host's cgroups and ldconfig, the hook server, each engine, CDI; then the containers."""
-    from nvc.doctor import engines, host, run as runs
+    from nvc.doctor import engines, host
+    from nvc.doctor import run as runs
     from nvc.hook.setup.processes import docker_host
 
     found, conf = host.configuration(config_path)
@@ -40,7 +41,8 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
 
 def security_checks() -> list[Check]:
     """The hostile-image cases through each engine nvc-py is registered with (nvc/doctor/security.py)."""
-    from nvc.doctor import engines, run as runs, security
+    from nvc.doctor import engines, security
+    from nvc.doctor import run as runs
     from nvc.hook.setup.processes import docker_host
 
     podman = engines.hooks_engine("podman", "podman")
@@ -54,8 +56,14 @@ def _fresh_spec(conf) -> dict:  # noqa: ANN001 - nvc.config.Config
     from nvc.config.options import parse_user
     from nvc.system import programs
 
-    return cdi.generate(conf.root, conf.ldcache, parse_user(conf.user), "index",
-                        programs.installed_program(programs.HOOK_SCRIPT), programs.hook_env(None))
+    return cdi.generate(
+        conf.root,
+        conf.ldcache,
+        parse_user(conf.user),
+        "index",
+        programs.installed_program(programs.HOOK_SCRIPT),
+        programs.hook_env(None),
+    )
 
 
 def text(found: list[Check]) -> str:
@@ -69,15 +77,29 @@ def text(found: list[Check]) -> str:
 
 
 @click.command("doctor", short_help="Check this host for GPU containers; say what to fix.")
-@click.option("--run", "run", is_flag=True, help="Also start a small container through each registered engine, "
-                                                 "asking for GPU 0, and say whether it sees the GPU.")
-@click.option("--security", "security", is_flag=True,
-              help="Instead, run the hostile-image regression cases against the installed hook through each "
-                   "registered engine, in throw-away containers; one line per case (passed, failed, not "
-                   "applicable). Leaves nothing behind.")
+@click.option(
+    "--run",
+    "run",
+    is_flag=True,
+    help="Also start a small container through each registered engine, "
+    "asking for GPU 0, and say whether it sees the GPU.",
+)
+@click.option(
+    "--security",
+    "security",
+    is_flag=True,
+    help="Instead, run the hostile-image regression cases against the installed hook through each "
+    "registered engine, in throw-away containers; one line per case (passed, failed, not "
+    "applicable). Leaves nothing behind.",
+)
 @click.option("--json", "as_json", is_flag=True, help="JSON output: the checks and whether all hold.")
-@click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file the hook reads [default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default=None,
+    help="Configuration file the hook reads [default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].",
+)
 @click.pass_context
 def doctor(ctx: click.Context, run: bool, security: bool, as_json: bool, config_path: str | None) -> None:
     """Check what a GPU container needs on this host: the driver and NVML, device nodes, cgroups, the
@@ -91,8 +113,13 @@ def doctor(ctx: click.Context, run: bool, security: bool, as_json: bool, config_
     else:
         found = checks(config_path, given.root if given is not None else None, run)
     if as_json:
-        click.echo(json.dumps({"ok": all(c.status != FAIL for c in found),
-                               "checks": [c._asdict() for c in found]}, indent=2, ensure_ascii=False))
+        click.echo(
+            json.dumps(
+                {"ok": all(c.status != FAIL for c in found), "checks": [c._asdict() for c in found]},
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
     elif security:
         from nvc.doctor.security import text as case_lines
 

@@ -27,8 +27,10 @@ def _ours(path: str) -> bool:
     from nvc.system import programs
 
     real = os.path.realpath(path)
-    return (real.startswith(programs.LIBDIR + "/")
-            or os.path.basename(real) in (programs.HOOK_SCRIPT, programs.RUNTIME_SCRIPT))
+    return real.startswith(programs.LIBDIR + "/") or os.path.basename(real) in (
+        programs.HOOK_SCRIPT,
+        programs.RUNTIME_SCRIPT,
+    )
 
 
 def _hook_file(path: str) -> str | None:
@@ -61,13 +63,17 @@ def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -
         if program is None:
             continue
         if not os.access(program, os.X_OK):
-            return fail(name, f"{directory}/{hook} runs {program}, which is missing",
-                        f"reinstall nvc-py, then `nvc-py setup {command}`")
+            return fail(
+                name,
+                f"{directory}/{hook} runs {program}, which is missing",
+                f"reinstall nvc-py, then `nvc-py setup {command}`",
+            )
         return ok(name, f"hook {directory}/{hook} ({hooksdirs.described(engine, resolved)})")
     legacy = os.path.join(hooksdirs.LEGACY_HOOKS_DIR, hook)
     elsewhere = f"; {legacy} exists, but {name} does not read it" if os.path.exists(legacy) else ""
-    return fail(name, f"no nvc-py hook where {hooksdirs.described(engine, resolved)}{elsewhere}",
-                f"nvc-py setup {command}")
+    return fail(
+        name, f"no nvc-py hook where {hooksdirs.described(engine, resolved)}{elsewhere}", f"nvc-py setup {command}"
+    )
 
 
 def _started_after(daemon: Daemon | None, name: str, path: str) -> Check | None:
@@ -77,9 +83,12 @@ def _started_after(daemon: Daemon | None, name: str, path: str) -> Check | None:
         return None
     changed = os.stat(path).st_mtime
     if daemon.started < changed - CLOCK_SLACK:
-        return fail(name, f"{name} (pid {daemon.pid}) started {_when(daemon.started)}, before {path} changed "
-                          f"({_when(changed)}): it has not read nvc-py's registration",
-                    f"restart it (systemctl restart {name})")
+        return fail(
+            name,
+            f"{name} (pid {daemon.pid}) started {_when(daemon.started)}, before {path} changed "
+            f"({_when(changed)}): it has not read nvc-py's registration",
+            f"restart it (systemctl restart {name})",
+        )
     return None
 
 
@@ -99,21 +108,29 @@ def docker() -> tuple[list[Check], Daemon | None]:
         doc = registration.parse(text, config_path) if text is not None else {}
     except NvcError as err:
         return [fail("docker", str(err), f"correct {config_path}: dockerd would refuse it too")], daemon
-    ours = sorted(name for name, entry in doc.get(registration.RUNTIMES, {}).items()
-                  if isinstance(entry.get("path"), str) and _ours(entry["path"]))
-    found = [ok("docker", f"runtime {ours[0]} in {config_path} (docker run --runtime {ours[0]} ...)") if ours else
-             fail("docker", f"{config_path} registers no nvc-py runtime", "nvc-py setup docker")]
+    ours = sorted(
+        name
+        for name, entry in doc.get(registration.RUNTIMES, {}).items()
+        if isinstance(entry.get("path"), str) and _ours(entry["path"])
+    )
+    found = [
+        ok("docker", f"runtime {ours[0]} in {config_path} (docker run --runtime {ours[0]} ...)")
+        if ours
+        else fail("docker", f"{config_path} registers no nvc-py runtime", "nvc-py setup docker")
+    ]
     path = daemon.path if daemon else None
     program = shutil.which(GPUS_HOOK, path=path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
     if program is None:
-        found.append(fail("docker --gpus", f"no {GPUS_HOOK} on dockerd's PATH: `docker run --gpus` fails",
-                          "nvc-py setup docker"))
+        found.append(
+            fail("docker --gpus", f"no {GPUS_HOOK} on dockerd's PATH: `docker run --gpus` fails", "nvc-py setup docker")
+        )
     else:
         whose = "nvc-py's hook" if _ours(program) else "not nvc-py's (NVIDIA's toolkit?): --gpus runs it"
         found.append(ok("docker --gpus", f"{program} is {whose}"))
     if daemon is None:  # nothing fails for a dockerd that does not run: what to do, for one started later
-        found = [skip(c.name, f"{c.detail} ({c.fix}, for a dockerd started later)") if c.status == FAIL else c
-                 for c in found]
+        found = [
+            skip(c.name, f"{c.detail} ({c.fix}, for a dockerd started later)") if c.status == FAIL else c for c in found
+        ]
         found.append(skip("dockerd", "not running"))
     stale = _started_after(daemon, "dockerd", config_path)
     return found + ([stale] if stale else []), daemon
@@ -141,18 +158,37 @@ def containerd(config_path: str = CONTAINERD_CONFIG) -> list[Check]:
     except NvcError as err:
         return [fail("containerd", str(err), "correct that file: containerd would refuse it too")]
     if not runtimes and not own:
-        theirs = [f"pid {d.pid} is dockerd's own, reading {d.flag('--config') or 'its defaults'}"
-                  for d in daemons if d.parent in dockerds]
-        return [skip("containerd", f"no containerd of its own runs{' (' + '; '.join(theirs) + ')' if theirs else ''}; "
-                                   f"{config_path} registers no nvc-py runtime (nvc-py setup containerd, for one "
-                                   f"started later)")]
+        theirs = [
+            f"pid {d.pid} is dockerd's own, reading {d.flag('--config') or 'its defaults'}"
+            for d in daemons
+            if d.parent in dockerds
+        ]
+        return [
+            skip(
+                "containerd",
+                f"no containerd of its own runs{' (' + '; '.join(theirs) + ')' if theirs else ''}; "
+                f"{config_path} registers no nvc-py runtime (nvc-py setup containerd, for one "
+                f"started later)",
+            )
+        ]
     if not runtimes:
-        return [fail("containerd", f"containerd (pid {own[0].pid}) reads {config_path}: no runtime of it or its "
-                                   f"imports runs nvc-py-runtime", "nvc-py setup containerd, then restart containerd")]
+        return [
+            fail(
+                "containerd",
+                f"containerd (pid {own[0].pid}) reads {config_path}: no runtime of it or its "
+                f"imports runs nvc-py-runtime",
+                "nvc-py setup containerd, then restart containerd",
+            )
+        ]
     stale = _started_after(own[0] if own else None, "containerd", config_path)
     name, binary = runtimes[0]
-    return [ok("containerd", f"CRI runtime handler {name} (a RuntimeClass with handler: {name} for runtimeClassName; "
-                             f"ctr run --runc-binary {binary} …)")] + ([stale] if stale else [])
+    return [
+        ok(
+            "containerd",
+            f"CRI runtime handler {name} (a RuntimeClass with handler: {name} for runtimeClassName; "
+            f"ctr run --runc-binary {binary} …)",
+        )
+    ] + ([stale] if stale else [])
 
 
 def _toml(path: str) -> Mapping[str, Any]:
@@ -174,9 +210,14 @@ def _runtimes_of(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
 
     cri = doc.get("plugins", {}).get(CRI_PLUGIN_NAME, {})
     runtimes = cri.get("containerd", {}).get("runtimes", {}) if isinstance(cri, dict) else {}
-    return sorted((name, entry["options"]["BinaryName"]) for name, entry in runtimes.items()
-                  if isinstance(entry, dict) and isinstance(entry.get("options"), dict)
-                  and isinstance(entry["options"].get("BinaryName"), str) and _ours(entry["options"]["BinaryName"]))
+    return sorted(
+        (name, entry["options"]["BinaryName"])
+        for name, entry in runtimes.items()
+        if isinstance(entry, dict)
+        and isinstance(entry.get("options"), dict)
+        and isinstance(entry["options"].get("BinaryName"), str)
+        and _ours(entry["options"]["BinaryName"])
+    )
 
 
 def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = None) -> Check:
@@ -198,16 +239,22 @@ def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = Non
         if isinstance(doc, dict) and _ours_spec(doc):
             specs.append((path, doc))
     if not specs:
-        return skip("CDI", f"no nvc-py CDI spec in {', '.join(dirs)} (podman --device nvidia.com/gpu=… needs "
-                           "`nvc-py cdi generate --output /etc/cdi/nvidia.yaml`)")
+        return skip(
+            "CDI",
+            f"no nvc-py CDI spec in {', '.join(dirs)} (podman --device nvidia.com/gpu=… needs "
+            "`nvc-py cdi generate --output /etc/cdi/nvidia.yaml`)",
+        )
     try:
         want = _devices(fresh())
     except NvcError as err:
         return fail("CDI", f"cannot tell whether {specs[0][0]} is current: {err}", "see the NVML check")
     stale = [path for path, doc in specs if _devices(doc) != want]
     if stale:
-        return fail("CDI", f"{', '.join(stale)} does not list today's devices ({', '.join(sorted(want)) or 'none'})",
-                    f"nvc-py cdi generate --output {stale[0]}")
+        return fail(
+            "CDI",
+            f"{', '.join(stale)} does not list today's devices ({', '.join(sorted(want)) or 'none'})",
+            f"nvc-py cdi generate --output {stale[0]}",
+        )
     return ok("CDI", f"{', '.join(p for p, _ in specs)} lists today's {len(want)} device names")
 
 
@@ -242,8 +289,10 @@ def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
 
 
 # What the native front does where no server runs (native/client/server_start.c, hook/server/loop.py).
-ON_DEMAND = ("a hook call as root in PID 1's namespaces starts one (it stops after 600 s without a call, "
-             "0.5 s where a runtime adopted it); other calls run the hook themselves")
+ON_DEMAND = (
+    "a hook call as root in PID 1's namespaces starts one (it stops after 600 s without a call, "
+    "0.5 s where a runtime adopted it); other calls run the hook themselves"
+)
 
 
 def server(config_path: str | None = None) -> Check:
@@ -255,30 +304,40 @@ def server(config_path: str | None = None) -> Check:
     managed = os.path.isdir(engines.SYSTEMD_RUNNING)
     if not os.path.exists(DEFAULT_SOCKET):
         if managed:
-            return fail("hook server", f"no socket {DEFAULT_SOCKET}: the socket unit is not running",
-                        f"nvc-py setup server (or systemctl enable --now {engines.SOCKET_UNIT})")
+            return fail(
+                "hook server",
+                f"no socket {DEFAULT_SOCKET}: the socket unit is not running",
+                f"nvc-py setup server (or systemctl enable --now {engines.SOCKET_UNIT})",
+            )
         no_server = os.path.join(os.path.dirname(config_path or _config_default()), engines.NO_SERVER_FILE)
         if os.path.exists(no_server):
-            return skip("hook server", f"not running; hook calls run the hook themselves and start none ({no_server}: "
-                                       f"setup's --no-server)")
+            return skip(
+                "hook server",
+                f"not running; hook calls run the hook themselves and start none ({no_server}: setup's --no-server)",
+            )
         return skip("hook server", f"not running ({DEFAULT_SOCKET}); {ON_DEMAND}")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     probe.settimeout(2)
     try:
         probe.connect(DEFAULT_SOCKET)
     except OSError as err:
-        return fail("hook server", f"{DEFAULT_SOCKET}: nobody answers ({err.strerror or err}): the server stopped",
-                    f"systemctl restart {engines.SOCKET_UNIT}" if managed else
-                    f"remove {DEFAULT_SOCKET}: {ON_DEMAND}")
+        return fail(
+            "hook server",
+            f"{DEFAULT_SOCKET}: nobody answers ({err.strerror or err}): the server stopped",
+            f"systemctl restart {engines.SOCKET_UNIT}" if managed else f"remove {DEFAULT_SOCKET}: {ON_DEMAND}",
+        )
     finally:
         probe.close()
     installed = _installed_at()
     servers = [d.started for d in _servers()]
     older = [t for t in servers if t < installed]
     if older:
-        return fail("hook server", f"the server started {_when(min(older))}, before nvc-py was installed "
-                                   f"({_when(installed)}): it serves the old code",
-                    f"systemctl restart {engines.SERVER_UNIT}" if managed else f"kill it: {ON_DEMAND}")
+        return fail(
+            "hook server",
+            f"the server started {_when(min(older))}, before nvc-py was installed "
+            f"({_when(installed)}): it serves the old code",
+            f"systemctl restart {engines.SERVER_UNIT}" if managed else f"kill it: {ON_DEMAND}",
+        )
     return ok("hook server", f"{DEFAULT_SOCKET} answers" + (" (installed code)" if servers else ""))
 
 
@@ -299,8 +358,9 @@ def _installed_at() -> float:
 
 def _servers() -> list[Daemon]:
     """The hook server's processes: an interpreter running nvc-py-hook's program with ``serve``."""
-    return processes(lambda argv: "serve" in argv and
-                     any(os.path.basename(a).startswith("nvc-py-hook") for a in argv[:3]))
+    return processes(
+        lambda argv: "serve" in argv and any(os.path.basename(a).startswith("nvc-py-hook") for a in argv[:3])
+    )
 
 
 def _when(epoch: float) -> str:

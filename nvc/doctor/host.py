@@ -27,8 +27,9 @@ def configuration(path: str | None) -> tuple[Check, Config]:
     try:
         loaded = config.load(path, must_exist=path is not None)
     except NvcError as err:
-        return fail("configuration", str(err), f"correct {where} (`nvc-py config show --file {where}` checks it)"), \
-            config.defaults()
+        return fail(
+            "configuration", str(err), f"correct {where} (`nvc-py config show --file {where}` checks it)"
+        ), config.defaults()
     if not os.path.exists(where):
         return ok("configuration", f"defaults ({where} does not exist)"), loaded
     return ok("configuration", f"{where} is valid"), loaded
@@ -41,8 +42,11 @@ def driver() -> tuple[Check, str | None]:
     try:
         version = procfs.read_version()
     except NvcError as err:
-        return fail("driver", str(err).partition(": ")[2] or str(err),
-                    f"install or load the NVIDIA driver (modprobe nvidia); {TRY_WITHOUT_GPU}"), None
+        return fail(
+            "driver",
+            str(err).partition(": ")[2] or str(err),
+            f"install or load the NVIDIA driver (modprobe nvidia); {TRY_WITHOUT_GPU}",
+        ), None
     return ok("driver", f"NVIDIA kernel driver {version} loaded"), version
 
 
@@ -54,8 +58,12 @@ def nvml(conf: Config) -> tuple[Check, Sequence[Gpu]]:
     try:
         inventory = driver_service.inventory(conf.root, parse_user(conf.user))
     except NvcError as err:
-        return fail("NVML", str(err), f"check the driver root ({conf.root}) holds libnvidia-ml.so.1 of the loaded "
-                                      "driver (`nvc-py list --libraries`)"), ()
+        return fail(
+            "NVML",
+            str(err),
+            f"check the driver root ({conf.root}) holds libnvidia-ml.so.1 of the loaded "
+            "driver (`nvc-py list --libraries`)",
+        ), ()
     gpus = inventory.gpus
     names = ", ".join(f"{g.index}: {g.model}" for g in gpus) or "no GPU"
     return ok("NVML", f"driver {inventory.driver_version}, {len(gpus)} GPU(s) ({names})"), gpus
@@ -72,8 +80,11 @@ def device_nodes(root: str, gpus: Sequence[Gpu]) -> Check:
         except OSError:
             missing.append(f"/{name}")
     if missing:
-        return fail("device nodes", f"missing: {', '.join(missing)}",
-                    "`nvc-py --load-kmods info` creates them (or set load-kmods: true in the configuration)")
+        return fail(
+            "device nodes",
+            f"missing: {', '.join(missing)}",
+            "`nvc-py --load-kmods info` creates them (or set load-kmods: true in the configuration)",
+        )
     return ok("device nodes", f"{len(wanted)} present ({', '.join('/' + n for n in wanted)})")
 
 
@@ -116,5 +127,8 @@ def ldconfig(conf: Config) -> Check:
         return ok("ldconfig", f"{path} (ELF)")
     if os.path.isfile(path + ".real"):
         return ok("ldconfig", f"{path} is a script: the hook runs {path}.real")
-    return fail("ldconfig", f"{path} is neither an ELF program nor a wrapper of one (no {path}.real)",
-                "set ldconfig: @/sbin/ldconfig.real (or the host's ELF ldconfig) in the configuration")
+    return fail(
+        "ldconfig",
+        f"{path} is neither an ELF program nor a wrapper of one (no {path}.real)",
+        "set ldconfig: @/sbin/ldconfig.real (or the host's ELF ldconfig) in the configuration",
+    )

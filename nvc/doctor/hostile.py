@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 LIB = "usr/lib/x86_64-linux-gnu"  # where the hook mounts the driver's libraries in a Debian-shaped image
 SEPARATOR = "--- nvc-py doctor ---"
 # What every container runs: the GPUs it sees, its device nodes, its mount table.
-COMMAND = ["/bin/sh", "-c", f"nvidia-smi -L 2>&1; echo '{SEPARATOR}'; ls /dev; echo '{SEPARATOR}'; "
-                            "cat /proc/self/mountinfo"]
+COMMAND = [
+    "/bin/sh",
+    "-c",
+    f"nvidia-smi -L 2>&1; echo '{SEPARATOR}'; ls /dev; echo '{SEPARATOR}'; cat /proc/self/mountinfo",
+]
 CLIMB = "../" * 16
 
 
@@ -84,73 +87,151 @@ CANARY = (
 PYTHON_MARK = "import os\nwith open({marker!r}, 'a') as f:\n    f.write(f'python {{os.getpid()}}\\n')\n"
 
 CASES: tuple[Case, ...] = (
-    Case("libdir-link-to-host-dir", ("CVE-2024-0133", "CVE-2024-0134"),
-         "the library directory is an absolute link to a host directory",
-         (link(LIB, "{canary}/lib"),)),
-    Case("libdir-link-climbing", ("CVE-2024-0133", "CVE-2024-0134"),
-         "the library directory is a relative link climbing above / to a host directory",
-         (link(LIB, "{climb}{canary}/lib"),)),
-    Case("libdir-link-to-host-etc", ("CVE-2024-0133",),
-         "the library directory links to /etc (the published layout)",
-         (link(LIB, "/etc"),)),
-    Case("usr-bin-link-to-host-dir", ("CVE-2024-0133",),
-         "/usr/bin is an absolute link to a host directory",
-         (link("usr/bin", "{canary}/bin"),)),
-    Case("mount-target-link-to-host-file", ("CVE-2024-0133",),
-         "nvidia-smi's mount point is a link to a host file",
-         (link("usr/bin/nvidia-smi", "{canary}/passwd"),)),
-    Case("mount-target-link-into-proc", ("CVE-2024-0133",),
-         "nvidia-smi's mount point links to /proc/sys/kernel/core_pattern",
-         (link("usr/bin/nvidia-smi", "/proc/sys/kernel/core_pattern"),)),
-    Case("compat-lib-link-to-root", ("CVE-2024-0132", "CVE-2025-23359"),
-         "a CUDA compat library is a link to /",
-         (link("usr/local/cuda/compat/libcuda.so.999.1.1", "/"),)),
-    Case("compat-lib-link-climbing", ("CVE-2024-0132", "CVE-2025-23359"),
-         "a CUDA compat library is a relative link climbing to a host directory",
-         (link("usr/local/cuda/compat/libcuda.so.999.1.1", "{climb}{canary}"),)),
-    Case("compat-lib-directory", ("CVE-2024-0132",),
-         "a CUDA compat library is a directory",
-         (Plant("dir", "usr/local/cuda/compat/libcuda.so.999.1.1"),)),
-    Case("libdir-swapped-during-start", ("CVE-2024-0132", "CVE-2025-23359", "CVE-2026-24260"),
-         "the library directory is swapped with a link to a host directory while the container starts",
-         (Plant("dir", LIB),), race=LIB),
-    Case("ld-so-cache-link-to-host-file", ("CVE-2025-23267",),
-         "/etc/ld.so.cache is an absolute link to a host file",
-         (link("etc/ld.so.cache", "{canary}/ld.so.cache"),)),
-    Case("ld-so-cache-link-climbing", ("CVE-2025-23267",),
-         "/etc/ld.so.cache is a relative link climbing to a host file",
-         (link("etc/ld.so.cache", "{climb}{canary}/ld.so.cache"),)),
-    Case("ld-so-conf-d-link-to-host-dir", ("CVE-2025-23267",),
-         "/etc/ld.so.conf.d is a link to a host directory",
-         (text("etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n"), link("etc/ld.so.conf.d", "{canary}/ld.so.conf.d"))),
-    Case("ld-so-conf-names-host-dir", ("CVE-2025-23267",),
-         "ld.so.conf.d names a host library directory",
-         (text("etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n"),
-          text("etc/ld.so.conf.d/outside.conf", "{canary}/lib\n{climb}{canary}/lib\n"))),
-    Case("ldconfig-of-the-image", ("CVE-2024-0135", "CVE-2024-0136", "CVE-2024-0137"),
-         "the image ships its own ldconfig, which marks the host if run there",
-         tuple(text(path, "#!/bin/sh\necho ldconfig $$ >> {marker}\n")
-               for path in ("sbin/ldconfig", "sbin/ldconfig.real", "usr/sbin/ldconfig"))),
-    Case("ld-so-conf-fifo", (), "/etc/ld.so.conf is a FIFO (a start that hangs)",
-         (Plant("fifo", "etc/ld.so.conf"),)),
-    Case("ld-so-cache-tmp-device", (), "/etc/ld.so.cache~ is the character device 1:5 (/dev/zero)",
-         (Plant("zero", "etc/ld.so.cache~"),)),
-    Case("ld-preload-in-image-env", ("CVE-2025-23266",),
-         "the image's ENV sets LD_PRELOAD to its own library (/proc/self/cwd/p.so, NVIDIAScape)",
-         (Plant("marker-lib", "p.so"),), env={"LD_PRELOAD": "/proc/self/cwd/p.so:/p.so"}, needs=frozenset({"cc"})),
-    Case("ld-library-path-in-image-env", ("CVE-2025-23266",),
-         "the image's ENV sets LD_LIBRARY_PATH to its own copies of libraries the hook loads",
-         tuple(Plant("marker-lib", f"evil/{name}") for name in ("libnvidia-ml.so.1", "libseccomp.so.2", "libffi.so.8")),
-         env={"LD_LIBRARY_PATH": "/proc/self/cwd/evil:/evil"}, needs=frozenset({"cc"})),
-    Case("python-path-in-image-env", ("CVE-2025-23266",),
-         "the image's ENV sets PYTHONPATH and PYTHONSTARTUP to its own sitecustomize.py",
-         (text("py/sitecustomize.py", PYTHON_MARK), text("py/usercustomize.py", PYTHON_MARK),
-          text("py/startup.py", PYTHON_MARK)),
-         env={"PYTHONPATH": "/proc/self/cwd/py:/py", "PYTHONSTARTUP": "/proc/self/cwd/py/startup.py",
-              "PYTHONUSERBASE": "/proc/self/cwd/py"}),
-    Case("other-gpus-device-nodes", ("CVE-2021-1056",),
-         "a container asking for GPU 0 is given no other GPU's device node", judge="only-gpu0",
-         needs=frozenset({"gpus"})),
+    Case(
+        "libdir-link-to-host-dir",
+        ("CVE-2024-0133", "CVE-2024-0134"),
+        "the library directory is an absolute link to a host directory",
+        (link(LIB, "{canary}/lib"),),
+    ),
+    Case(
+        "libdir-link-climbing",
+        ("CVE-2024-0133", "CVE-2024-0134"),
+        "the library directory is a relative link climbing above / to a host directory",
+        (link(LIB, "{climb}{canary}/lib"),),
+    ),
+    Case(
+        "libdir-link-to-host-etc",
+        ("CVE-2024-0133",),
+        "the library directory links to /etc (the published layout)",
+        (link(LIB, "/etc"),),
+    ),
+    Case(
+        "usr-bin-link-to-host-dir",
+        ("CVE-2024-0133",),
+        "/usr/bin is an absolute link to a host directory",
+        (link("usr/bin", "{canary}/bin"),),
+    ),
+    Case(
+        "mount-target-link-to-host-file",
+        ("CVE-2024-0133",),
+        "nvidia-smi's mount point is a link to a host file",
+        (link("usr/bin/nvidia-smi", "{canary}/passwd"),),
+    ),
+    Case(
+        "mount-target-link-into-proc",
+        ("CVE-2024-0133",),
+        "nvidia-smi's mount point links to /proc/sys/kernel/core_pattern",
+        (link("usr/bin/nvidia-smi", "/proc/sys/kernel/core_pattern"),),
+    ),
+    Case(
+        "compat-lib-link-to-root",
+        ("CVE-2024-0132", "CVE-2025-23359"),
+        "a CUDA compat library is a link to /",
+        (link("usr/local/cuda/compat/libcuda.so.999.1.1", "/"),),
+    ),
+    Case(
+        "compat-lib-link-climbing",
+        ("CVE-2024-0132", "CVE-2025-23359"),
+        "a CUDA compat library is a relative link climbing to a host directory",
+        (link("usr/local/cuda/compat/libcuda.so.999.1.1", "{climb}{canary}"),),
+    ),
+    Case(
+        "compat-lib-directory",
+        ("CVE-2024-0132",),
+        "a CUDA compat library is a directory",
+        (Plant("dir", "usr/local/cuda/compat/libcuda.so.999.1.1"),),
+    ),
+    Case(
+        "libdir-swapped-during-start",
+        ("CVE-2024-0132", "CVE-2025-23359", "CVE-2026-24260"),
+        "the library directory is swapped with a link to a host directory while the container starts",
+        (Plant("dir", LIB),),
+        race=LIB,
+    ),
+    Case(
+        "ld-so-cache-link-to-host-file",
+        ("CVE-2025-23267",),
+        "/etc/ld.so.cache is an absolute link to a host file",
+        (link("etc/ld.so.cache", "{canary}/ld.so.cache"),),
+    ),
+    Case(
+        "ld-so-cache-link-climbing",
+        ("CVE-2025-23267",),
+        "/etc/ld.so.cache is a relative link climbing to a host file",
+        (link("etc/ld.so.cache", "{climb}{canary}/ld.so.cache"),),
+    ),
+    Case(
+        "ld-so-conf-d-link-to-host-dir",
+        ("CVE-2025-23267",),
+        "/etc/ld.so.conf.d is a link to a host directory",
+        (
+            text("etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n"),
+            link("etc/ld.so.conf.d", "{canary}/ld.so.conf.d"),
+        ),
+    ),
+    Case(
+        "ld-so-conf-names-host-dir",
+        ("CVE-2025-23267",),
+        "ld.so.conf.d names a host library directory",
+        (
+            text("etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n"),
+            text("etc/ld.so.conf.d/outside.conf", "{canary}/lib\n{climb}{canary}/lib\n"),
+        ),
+    ),
+    Case(
+        "ldconfig-of-the-image",
+        ("CVE-2024-0135", "CVE-2024-0136", "CVE-2024-0137"),
+        "the image ships its own ldconfig, which marks the host if run there",
+        tuple(
+            text(path, "#!/bin/sh\necho ldconfig $$ >> {marker}\n")
+            for path in ("sbin/ldconfig", "sbin/ldconfig.real", "usr/sbin/ldconfig")
+        ),
+    ),
+    Case("ld-so-conf-fifo", (), "/etc/ld.so.conf is a FIFO (a start that hangs)", (Plant("fifo", "etc/ld.so.conf"),)),
+    Case(
+        "ld-so-cache-tmp-device",
+        (),
+        "/etc/ld.so.cache~ is the character device 1:5 (/dev/zero)",
+        (Plant("zero", "etc/ld.so.cache~"),),
+    ),
+    Case(
+        "ld-preload-in-image-env",
+        ("CVE-2025-23266",),
+        "the image's ENV sets LD_PRELOAD to its own library (/proc/self/cwd/p.so, NVIDIAScape)",
+        (Plant("marker-lib", "p.so"),),
+        env={"LD_PRELOAD": "/proc/self/cwd/p.so:/p.so"},
+        needs=frozenset({"cc"}),
+    ),
+    Case(
+        "ld-library-path-in-image-env",
+        ("CVE-2025-23266",),
+        "the image's ENV sets LD_LIBRARY_PATH to its own copies of libraries the hook loads",
+        tuple(Plant("marker-lib", f"evil/{name}") for name in ("libnvidia-ml.so.1", "libseccomp.so.2", "libffi.so.8")),
+        env={"LD_LIBRARY_PATH": "/proc/self/cwd/evil:/evil"},
+        needs=frozenset({"cc"}),
+    ),
+    Case(
+        "python-path-in-image-env",
+        ("CVE-2025-23266",),
+        "the image's ENV sets PYTHONPATH and PYTHONSTARTUP to its own sitecustomize.py",
+        (
+            text("py/sitecustomize.py", PYTHON_MARK),
+            text("py/usercustomize.py", PYTHON_MARK),
+            text("py/startup.py", PYTHON_MARK),
+        ),
+        env={
+            "PYTHONPATH": "/proc/self/cwd/py:/py",
+            "PYTHONSTARTUP": "/proc/self/cwd/py/startup.py",
+            "PYTHONUSERBASE": "/proc/self/cwd/py",
+        },
+    ),
+    Case(
+        "other-gpus-device-nodes",
+        ("CVE-2021-1056",),
+        "a container asking for GPU 0 is given no other GPU's device node",
+        judge="only-gpu0",
+        needs=frozenset({"gpus"}),
+    ),
 )
 
 

@@ -77,8 +77,7 @@ def make_rootfs(root: str) -> str | None:
     return None
 
 
-def _verdict(name: str, result: Result, how: str = "", log: str | None = None,
-             logged: Sequence[str] = ()) -> Check:
+def _verdict(name: str, result: Result, how: str = "", log: str | None = None, logged: Sequence[str] = ()) -> Check:
     """Whether the container ``how`` started (e.g. ``docker run --gpus device=0``) saw GPU 0; where not,
     the line that explains it (:func:`explanation`), ``logged`` the lines the hook log ``log`` gained
     during that start."""
@@ -99,8 +98,9 @@ def explanation(output: str, status: int, log: str | None, logged: Sequence[str]
     (its first line naming an error: docker's last line only says where its help is); the advice
     quotes the hook log's line for that start, or says there is none."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    ours = next((line[line.index(p):] for line in lines for p in ("nvc-py-hook:", "nvc-py-runtime:") if p in line),
-                None)
+    ours = next(
+        (line[line.index(p) :] for line in lines for p in ("nvc-py-hook:", "nvc-py-runtime:") if p in line), None
+    )
     refusal = next((line for line in reversed(logged) if '"outcome":"error"' in line.replace(" ", "")), None)
     where = log or "no hook log (log.file is off)"
     if refusal:
@@ -119,14 +119,16 @@ def timed_out(result: Result) -> bool:
 
 def _run(argv: list[str], stdin: bytes | None = None) -> Result:
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, input=stdin,
-                              stdin=subprocess.DEVNULL if stdin is None else None)
+        done = subprocess.run(
+            argv, capture_output=True, timeout=TIMEOUT, input=stdin, stdin=subprocess.DEVNULL if stdin is None else None
+        )
     except OSError as err:
         return f"{argv[0]}: {err.strerror}"
     except subprocess.TimeoutExpired:
         return f"{' '.join(argv[:3])}: {NO_ANSWER}"
-    return subprocess.CompletedProcess(argv, done.returncode, done.stdout.decode(errors="replace"),
-                                       done.stderr.decode(errors="replace"))
+    return subprocess.CompletedProcess(
+        argv, done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+    )
 
 
 def _env_args(env: Mapping[str, str]) -> list[str]:
@@ -142,8 +144,21 @@ def podman_start(rootfs: str, command: Sequence[str], env: Mapping[str, str]) ->
     no image is stored); ``env`` goes into the container's spec as an image's would. A container
     whose podman was killed (taking too long, or Ctrl-C) is removed by its name."""
     name = _name()
-    argv = ["podman", "run", "--rm", "--name", name, "--network", "none", *_env_args(env), "-e", ASK_GPU0,
-            "--rootfs", rootfs, *command]
+    argv = [
+        "podman",
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--network",
+        "none",
+        *_env_args(env),
+        "-e",
+        ASK_GPU0,
+        "--rootfs",
+        rootfs,
+        *command,
+    ]
     try:
         result = _run(argv)
     except BaseException:  # Ctrl-C: podman was killed with this process's run
@@ -162,8 +177,9 @@ def _docker_ask(gpus_flag: bool) -> list[str]:
     return ["--gpus", "device=0"] if gpus_flag else ["--runtime", "nvc-py", "-e", ASK_GPU0]
 
 
-def docker_start(rootfs: str, command: Sequence[str], env: Mapping[str, str], host: str | None,
-                 gpus_flag: bool) -> Result:
+def docker_start(
+    rootfs: str, command: Sequence[str], env: Mapping[str, str], host: str | None, gpus_flag: bool
+) -> Result:
     """docker (to the dockerd at ``host``, None: the client's default), with the rootfs imported as an
     image of a name of its own (``env`` its ``ENV``), removed afterwards: ``--gpus device=0`` where
     dockerd finds a hook for it, else nvc-py's runtime."""
@@ -176,10 +192,13 @@ def docker_start(rootfs: str, command: Sequence[str], env: Mapping[str, str], ho
     changes = [arg for key, value in env.items() for arg in ("--change", f"ENV {key}={value}")]
     imported = _run([*client, "import", *changes, "-", image], stdin=tar.stdout)
     if isinstance(imported, str) or imported.returncode != 0:
-        return f"docker import: {imported if isinstance(imported, str) else imported.stderr.strip()} (is dockerd running?)"
+        return (
+            f"docker import: {imported if isinstance(imported, str) else imported.stderr.strip()} (is dockerd running?)"
+        )
     try:
-        return _run([*client, "run", "--rm", "--name", name, "--network", "none", *_docker_ask(gpus_flag), image,
-                     *command])
+        return _run(
+            [*client, "run", "--rm", "--name", name, "--network", "none", *_docker_ask(gpus_flag), image, *command]
+        )
     finally:
         subprocess.run([*client, "rm", "--force", name], capture_output=True, timeout=TIMEOUT)
         subprocess.run([*client, "rmi", "--force", image], capture_output=True, timeout=TIMEOUT)

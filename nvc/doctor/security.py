@@ -22,13 +22,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from nvc.doctor import FAIL, MARKS, OK, SKIP, Check, fail, ok, skip
-from nvc.doctor import hostile
+from nvc.doctor import FAIL, MARKS, OK, SKIP, Check, fail, hostile, ok, skip
 from nvc.doctor.hostile import Case, Plant
-from nvc.doctor.run import Engine, Result, libdir, make_rootfs, timed_out
+from nvc.doctor.run import Engine, libdir, make_rootfs, timed_out
 
 WORDS = {OK: "passed", FAIL: "failed", SKIP: "not applicable"}
-FIX = "an image can reach this host through that start: update nvc-py (and the runtime); docs/security.md names the case"
+FIX = (
+    "an image can reach this host through that start: update nvc-py (and the runtime); docs/security.md names the case"
+)
 # Host places the classic attacks aim at (CVE-2024-0133: lib dir -> /etc): their driver-named entries.
 HOST_DIRS = ("/etc", "/usr/bin", "/usr/lib/x86_64-linux-gnu", "/usr/local/cuda/compat", "/")
 DRIVER_NAMES = ("libnvidia-", "libcuda.so", "nvidia-smi", "libGLX_indirect", "nvidia-persistenced")
@@ -63,9 +64,14 @@ def run_cases(engines: Sequence[Engine], cases: Sequence[Case] = hostile.CASES) 
             plain = engine.start(base, hostile.COMMAND, {})
             if isinstance(plain, str) or not hostile.sees_gpu0(plain.stdout):
                 seen = " ".join((plain if isinstance(plain, str) else plain.stdout + plain.stderr).split())[-200:]
-                found += [skip(_name(engine, case), f"a plain image does not see GPU 0 through `{engine.name}` "
-                                                    f"({seen or 'no output'}): see `nvc-py doctor --run`")
-                          for case in cases]
+                found += [
+                    skip(
+                        _name(engine, case),
+                        f"a plain image does not see GPU 0 through `{engine.name}` "
+                        f"({seen or 'no output'}): see `nvc-py doctor --run`",
+                    )
+                    for case in cases
+                ]
                 continue
             found += [_case(engine, case, work) for case in cases]
         return found
@@ -73,8 +79,10 @@ def run_cases(engines: Sequence[Engine], cases: Sequence[Case] = hostile.CASES) 
 
 def text(found: Sequence[Check]) -> str:
     """One line per case, then the counts."""
-    lines = [f"{MARKS[c.status]} {c.name}: {WORDS[c.status]}: {c.detail}" + (f"\n    → {c.fix}" if c.fix else "")
-             for c in found]
+    lines = [
+        f"{MARKS[c.status]} {c.name}: {WORDS[c.status]}: {c.detail}" + (f"\n    → {c.fix}" if c.fix else "")
+        for c in found
+    ]
     counts = {status: sum(c.status == status for c in found) for status in WORDS}
     lines.append(", ".join(f"{counts[status]} {word}" for status, word in WORDS.items()))
     return "\n".join(lines) + "\n"
@@ -154,10 +162,15 @@ def _reached(before: Mapping[str, Any], after: Mapping[str, Any], marker: str, h
     changed = sorted(set(before["canary"].items()) ^ set(after["canary"].items()))
     if changed:
         problems.append(f"the canary changed: {', '.join(sorted({p for p, _ in changed})[:5])}")
-    problems += [f"{what} changed" for what in ("the host's /etc/ld.so.cache", "the host's core_pattern")
-                 if before[what] != after[what]]
+    problems += [
+        f"{what} changed"
+        for what in ("the host's /etc/ld.so.cache", "the host's core_pattern")
+        if before[what] != after[what]
+    ]
     if before["driver files"] != after["driver files"]:
-        problems.append(f"driver files appeared on the host: {', '.join(sorted(after['driver files'] - before['driver files']))}")
+        problems.append(
+            f"driver files appeared on the host: {', '.join(sorted(after['driver files'] - before['driver files']))}"
+        )
     left = _mounts_under(here)
     if left:
         problems.append(f"mounts left on the host: {', '.join(left)}")
@@ -173,8 +186,12 @@ def _host(canary: str) -> dict[str, Any]:
         cache = None
     with open("/proc/sys/kernel/core_pattern") as f:
         pattern = f.read()
-    return {"canary": _tree(canary), "the host's /etc/ld.so.cache": cache, "the host's core_pattern": pattern,
-            "driver files": driver_files()}
+    return {
+        "canary": _tree(canary),
+        "the host's /etc/ld.so.cache": cache,
+        "the host's core_pattern": pattern,
+        "driver files": driver_files(),
+    }
 
 
 def _tree(top: str) -> dict[str, tuple]:
@@ -231,7 +248,7 @@ def fs_path(place: str | os.PathLike[str]) -> tuple[str, str]:
             if (path.rstrip("/") + "/").startswith(point.rstrip("/") + "/") and len(point) >= len(best[2]):
                 best = (dev, root, point)
     dev, root, point = best
-    rest = path.rstrip("/")[len(point.rstrip("/")):]
+    rest = path.rstrip("/")[len(point.rstrip("/")) :]
     return dev, (root.rstrip("/") + rest) or "/"
 
 
@@ -270,8 +287,21 @@ def _marker_library(path: str, marker: str) -> None:
     with open(source, "w") as f:
         f.write(MARKER_SO)
     try:
-        subprocess.run(["cc", "-shared", "-fPIC", f'-DMARKER="{marker}"', f"-Wl,-soname,{os.path.basename(path)}",
-                        "-o", path, source], check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                "cc",
+                "-shared",
+                "-fPIC",
+                f'-DMARKER="{marker}"',
+                f"-Wl,-soname,{os.path.basename(path)}",
+                "-o",
+                path,
+                source,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
     finally:
         os.unlink(source)
 
@@ -333,6 +363,7 @@ def _remove(top: str) -> None:
 @contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """SIGTERM and SIGHUP end the run as Ctrl-C does: through the ``finally`` blocks that clean up."""
+
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 

@@ -17,15 +17,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
 from typing import NamedTuple
 
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                    InfoMetricFamily, Metric)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 from nvc import __version__
+from nvc.commands import sharestatus
 from nvc.errors import one_line
 from nvc.exporter import hooklog, unixdiag
 from nvc.exporter.nvml import GpuMemory, GpuMemoryCache
 from nvc.k8s import published
-from nvc.commands import sharestatus
 
 MAX_PROCESSES = 32  # per container, the largest users of device memory first
 MAX_LABEL = 128  # characters of a label value taken from a file
@@ -82,8 +87,12 @@ def gpu_families(gpus: Sequence[GpuMemory], nvml_ok: bool) -> Iterator[Metric]:
     total = _gauge("nvc_py_gpu_memory_total_bytes", "GPU memory, as NVML reports it.", labels)
     used = _gauge("nvc_py_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.", labels)
     for gpu in gpus:
-        values = (one_line(gpu.uuid, MAX_LABEL), device_label(_gpu_device(gpu.uuid)), str(gpu.index),
-                  one_line(gpu.model, MAX_LABEL))
+        values = (
+            one_line(gpu.uuid, MAX_LABEL),
+            device_label(_gpu_device(gpu.uuid)),
+            str(gpu.index),
+            one_line(gpu.model, MAX_LABEL),
+        )
         total.add(values, gpu.total)
         used.add(values, gpu.used)
     up = _gauge("nvc_py_nvml_up", "1 when NVML answered the exporter's last read of GPU memory.")
@@ -99,33 +108,53 @@ def _fair_shares(containers: Iterable[sharestatus.ContainerShare]) -> dict[tuple
         for d in c.devices:
             if d.weight and d.share_percent is not None:
                 busy.setdefault(d.key, {}).setdefault(c.id, d.weight)
-    return {(cid, key): weight / sum(tenants.values()) for key, tenants in busy.items()
-            for cid, weight in tenants.items()}
+    return {
+        (cid, key): weight / sum(tenants.values()) for key, tenants in busy.items() for cid, weight in tenants.items()
+    }
 
 
 def share_families(containers: Sequence[sharestatus.ContainerShare]) -> Iterator[Metric]:
     per_device = ("container_id", "device")
     count = _gauge("nvc_py_share_containers", "Containers with a GPU-sharing directory on this host.")
     count.add((), len(containers))
-    region_ok = _gauge("nvc_py_share_region_ok", "1 when the container's shared region could be read "
-                       "(0: no CUDA process initialised it yet, or the container replaced it).", ("container_id",))
-    limit = _gauge("nvc_py_share_memory_limit_bytes", "The container's device memory budget (0: unlimited).",
-                   per_device)
-    used = _gauge("nvc_py_share_memory_used_bytes", "Device memory the container's processes hold, as its "
-                  "region reports it.", per_device)
-    process = _gauge("nvc_py_share_process_memory_used_bytes", "Device memory of one of the container's "
-                     "processes (host pid; only processes in its own pid namespace).", (*per_device, "pid"))
+    region_ok = _gauge(
+        "nvc_py_share_region_ok",
+        "1 when the container's shared region could be read "
+        "(0: no CUDA process initialised it yet, or the container replaced it).",
+        ("container_id",),
+    )
+    limit = _gauge(
+        "nvc_py_share_memory_limit_bytes", "The container's device memory budget (0: unlimited).", per_device
+    )
+    used = _gauge(
+        "nvc_py_share_memory_used_bytes",
+        "Device memory the container's processes hold, as its region reports it.",
+        per_device,
+    )
+    process = _gauge(
+        "nvc_py_share_process_memory_used_bytes",
+        "Device memory of one of the container's processes (host pid; only processes in its own pid namespace).",
+        (*per_device, "pid"),
+    )
     cap = _gauge("nvc_py_share_compute_limit_ratio", "The container's compute cap (1: none).", per_device)
-    weight = _gauge("nvc_py_share_weight", "The container's scheduling weight (weighted containers only).",
-                    per_device)
-    measured = _gauge("nvc_py_share_measured_ratio", "The container's measured share of the GPU while busy, as "
-                      "its scheduler file reports it (busy weighted or capped containers only).", per_device)
-    fair = _gauge("nvc_py_share_fair_ratio", "The share its weight gives the container among the weighted "
-                  "containers busy on the device now.", per_device)
-    busy = _counter("nvc_py_share_busy_seconds", "GPU time of the container's throttled launches (SM-weighted).",
-                    per_device)
-    throttled = _counter("nvc_py_share_throttled_seconds", "Time the container's launches waited for its share.",
-                         per_device)
+    weight = _gauge("nvc_py_share_weight", "The container's scheduling weight (weighted containers only).", per_device)
+    measured = _gauge(
+        "nvc_py_share_measured_ratio",
+        "The container's measured share of the GPU while busy, as "
+        "its scheduler file reports it (busy weighted or capped containers only).",
+        per_device,
+    )
+    fair = _gauge(
+        "nvc_py_share_fair_ratio",
+        "The share its weight gives the container among the weighted containers busy on the device now.",
+        per_device,
+    )
+    busy = _counter(
+        "nvc_py_share_busy_seconds", "GPU time of the container's throttled launches (SM-weighted).", per_device
+    )
+    throttled = _counter(
+        "nvc_py_share_throttled_seconds", "Time the container's launches waited for its share.", per_device
+    )
     launches = _counter("nvc_py_share_launches", "Launches seen while throttling was active.", per_device)
     fair_shares = _fair_shares(containers)
     for c in containers:
@@ -154,13 +183,18 @@ def share_families(containers: Sequence[sharestatus.ContainerShare]) -> Iterator
 
 
 def hook_families(tally: hooklog.Tally, log_open: bool, server_up: bool, installed: str) -> Iterator[Metric]:
-    starts = _counter("nvc_py_hook_starts", "Container starts the hook's log records, by outcome and by what ran "
-                      "the hook (the hook server, or a hook process of its own).", ("outcome", "via"))
+    starts = _counter(
+        "nvc_py_hook_starts",
+        "Container starts the hook's log records, by outcome and by what ran "
+        "the hook (the hook server, or a hook process of its own).",
+        ("outcome", "via"),
+    )
     for (outcome, via), n in tally.starts.items():
         starts.add((outcome, via), n)
     yield starts.metric
-    durations = HistogramMetricFamily("nvc_py_hook_start_duration_seconds", "How long the hook took per "
-                                      "container start.", labels=["via"])
+    durations = HistogramMetricFamily(
+        "nvc_py_hook_start_duration_seconds", "How long the hook took per container start.", labels=["via"]
+    )
     for via in hooklog.VIA:
         counts, cumulative = [], 0
         for bound, n in zip(hooklog.BUCKETS, tally.buckets[via]):
@@ -173,8 +207,12 @@ def hook_families(tally: hooklog.Tally, log_open: bool, server_up: bool, install
     junk.add((), tally.junk)
     log_up = _gauge("nvc_py_hook_log_up", "1 when the exporter has the hook's log open.")
     log_up.add((), int(log_open))
-    server = _gauge("nvc_py_hook_server_up", "1 when the hook server's socket listens; version: the installed "
-                    "code, which the server runs every call with (it stops when the code changed).", ("version",))
+    server = _gauge(
+        "nvc_py_hook_server_up",
+        "1 when the hook server's socket listens; version: the installed "
+        "code, which the server runs every call with (it stops when the code changed).",
+        ("version",),
+    )
     server.add((one_line(installed, MAX_LABEL),), int(server_up))
     yield from (junk.metric, log_up.metric, server.metric)
 
@@ -182,8 +220,11 @@ def hook_families(tally: hooklog.Tally, log_open: bool, server_up: bool, install
 def plugin_families(plugin: published.Published | None) -> Iterator[Metric]:
     up = _gauge("nvc_py_device_plugin_up", "1 when a running device plugin publishes its devices' health here.")
     up.add((), int(plugin is not None))
-    devices = _gauge("nvc_py_device_plugin_devices", "Devices the device plugin advertises, by resource and "
-                     "health, as the kubelet is told.", ("resource", "health"))
+    devices = _gauge(
+        "nvc_py_device_plugin_devices",
+        "Devices the device plugin advertises, by resource and health, as the kubelet is told.",
+        ("resource", "health"),
+    )
     for resource in plugin.resources if plugin else ():
         name = one_line(resource.name, MAX_LABEL)
         devices.add((name, "healthy"), resource.healthy)
@@ -225,10 +266,16 @@ class Collector:
             installed = metadata.version("nvc-py")
         except metadata.PackageNotFoundError:
             installed = "unknown"
-        return Reading(sharestatus.status(self.sources.state_dir), memory.gpus if memory else (),
-                       bool(memory and memory.ok), self.log.tally, self.log.open,
-                       unixdiag.listening(self.sources.hook_socket), installed,
-                       published.read(self.sources.plugin_file))
+        return Reading(
+            sharestatus.status(self.sources.state_dir),
+            memory.gpus if memory else (),
+            bool(memory and memory.ok),
+            self.log.tally,
+            self.log.open,
+            unixdiag.listening(self.sources.hook_socket),
+            installed,
+            published.read(self.sources.plugin_file),
+        )
 
     def collect(self) -> list[Metric]:
         with self.lock:

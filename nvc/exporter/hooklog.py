@@ -61,8 +61,12 @@ def parse_line(line: bytes) -> Start | None:
         raise NotHookLine("unknown outcome")
     duration = doc.get("duration_ms")
     seconds = None
-    if isinstance(duration, (int, float)) and not isinstance(duration, bool) and math.isfinite(duration) \
-            and 0 <= duration < 1e9:
+    if (
+        isinstance(duration, (int, float))
+        and not isinstance(duration, bool)
+        and math.isfinite(duration)
+        and 0 <= duration < 1e9
+    ):
         seconds = duration / 1000
     return Start(outcome, "server" if doc.get("via") == "server" else "direct", seconds)
 

@@ -10,8 +10,8 @@ import time
 from contextlib import ExitStack
 from typing import Any, NamedTuple
 
-from nvc.errors import NvcError
 from nvc.config.options import GlobalOptions
+from nvc.errors import NvcError
 
 
 class GpuMemory(NamedTuple):

@@ -68,7 +68,7 @@ class Listen(NamedTuple):
 def parse_listen(text: str) -> Listen:
     """``ADDR:PORT`` (an IPv6 address in brackets; port 0: any free one) or ``unix:PATH`` (absolute)."""
     if text.startswith("unix:"):
-        path = text[len("unix:"):]
+        path = text[len("unix:") :]
         if not os.path.isabs(path):
             raise InputError(f"--listen {shown(text)}: unix:PATH needs an absolute path")
         return Listen(socket.AF_UNIX, path)
@@ -113,7 +113,7 @@ def read_head(sock: socket.socket, deadline: float, limit: int = MAX_HEAD) -> by
         data += chunk
         end = _HEAD_END.search(data)
         if end is not None and end.end() <= limit:
-            return data[:end.end()]
+            return data[: end.end()]
         if len(data) > limit:
             if b"\n" not in data[:limit]:
                 raise _Refused(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {limit} bytes")
@@ -132,7 +132,7 @@ class _Writer:
         view = memoryview(data)
         for start in range(0, len(view), _SEND):
             self.sock.settimeout(_left(self.deadline))
-            self.sock.sendall(view[start:start + _SEND])
+            self.sock.sendall(view[start : start + _SEND])
         return len(view)
 
     def flush(self) -> None:
@@ -343,8 +343,11 @@ def serve(listen: Listen, collector: Any, web: WebConfig, tls: ssl.SSLContext | 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop)
     url = listen.url(server.server_address)
-    print(f"nvc-py exporter: listening on {url.replace('http:', 'https:', 1) if tls else url}", file=sys.stderr,
-          flush=True)
+    print(
+        f"nvc-py exporter: listening on {url.replace('http:', 'https:', 1) if tls else url}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         server.serve_forever()
     except SystemExit:

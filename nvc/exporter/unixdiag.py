@@ -66,7 +66,7 @@ def _listening_files() -> set[tuple[int, int]]:
                     return found
                 if kind == _NLMSG_ERROR or length < _HEADER.size:
                     raise OSError("sock_diag refused the unix socket dump")
-                found |= _vfs(data[offset + _HEADER.size: offset + length])
+                found |= _vfs(data[offset + _HEADER.size : offset + length])
                 offset += (length + 3) & ~3
             if not data:
                 return found

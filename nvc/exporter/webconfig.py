@@ -25,23 +25,46 @@ OPTION = "--web-config-file"
 
 # client_auth_type → what the server asks of a client's certificate (Go's names; the two that take
 # a certificate without verifying it have no ssl equivalent and are refused).
-CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
-VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1, "TLS12": ssl.TLSVersion.TLSv1_2,
-            "TLS13": ssl.TLSVersion.TLSv1_3}
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
 # http_server_config.headers the toolkit accepts, and the values it allows (None: any one-line text).
 HEADERS: dict[str, tuple[str, ...] | None] = {
-    "Content-Security-Policy": None, "X-Frame-Options": ("deny", "sameorigin"), "X-Content-Type-Options": ("nosniff",),
-    "X-XSS-Protection": None, "Strict-Transport-Security": None}
+    "Content-Security-Policy": None,
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-XSS-Protection": None,
+    "Strict-Transport-Security": None,
+}
 _BCRYPT = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]{1,1024}")
 
-_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
-             "prefer_server_cipher_suites"}
+_TLS_KEYS = {
+    "cert_file",
+    "key_file",
+    "client_auth_type",
+    "client_ca_file",
+    "min_version",
+    "max_version",
+    "prefer_server_cipher_suites",
+}
 # The toolkit's settings refused by name, and what to do instead.
-_TLS_UNSUPPORTED = {"cert": "give cert_file", "key": "give key_file", "client_ca": "give client_ca_file",
-                    "cipher_suites": "OpenSSL's defaults apply", "curve_preferences": "OpenSSL's defaults apply",
-                    "client_allowed_sans": "use client_ca_file with a CA of its own"}
+_TLS_UNSUPPORTED = {
+    "cert": "give cert_file",
+    "key": "give key_file",
+    "client_ca": "give client_ca_file",
+    "cipher_suites": "OpenSSL's defaults apply",
+    "curve_preferences": "OpenSSL's defaults apply",
+    "client_allowed_sans": "use client_ca_file with a CA of its own",
+}
 _TOP_UNSUPPORTED = {"rate_limit": "connections are bounded instead (docs/metrics.md)"}
 
 
@@ -96,16 +119,23 @@ def _tls(section: dict[str, Any], base: str, where: str) -> Tls | None:
     given = {key: value for key, value in section.items() if value not in (None, "")}
     if not given:  # the toolkit's reading of an empty section: plain HTTP
         return None
-    paths = {key: os.path.join(base, _text(given[key], where + key)) if key in given else None
-             for key in ("cert_file", "key_file", "client_ca_file")}
+    paths = {
+        key: os.path.join(base, _text(given[key], where + key)) if key in given else None
+        for key in ("cert_file", "key_file", "client_ca_file")
+    }
     for key in ("cert_file", "key_file"):
         if paths[key] is None:
             raise InputError(f"{where}{key}: missing (TLS needs a certificate and its key)")
     auth = _choice(given.get("client_auth_type", "NoClientCert"), CLIENT_AUTH, where + "client_auth_type")
     if (auth == "NoClientCert") != (paths["client_ca_file"] is None):
-        raise InputError(f"{where}client_auth_type: {auth} " + (
-            "with a client_ca_file (name RequireAndVerifyClientCert or VerifyClientCertIfGiven)"
-            if auth == "NoClientCert" else "needs client_ca_file (the CA that signs the clients' certificates)"))
+        raise InputError(
+            f"{where}client_auth_type: {auth} "
+            + (
+                "with a client_ca_file (name RequireAndVerifyClientCert or VerifyClientCertIfGiven)"
+                if auth == "NoClientCert"
+                else "needs client_ca_file (the CA that signs the clients' certificates)"
+            )
+        )
     low = _choice(given.get("min_version", "TLS12"), VERSIONS, where + "min_version")
     high = _choice(given.get("max_version", "TLS13"), VERSIONS, where + "max_version")
     if VERSIONS[low] > VERSIONS[high]:
@@ -113,8 +143,15 @@ def _tls(section: dict[str, Any], base: str, where: str) -> Tls | None:
     prefer = given.get("prefer_server_cipher_suites", True)
     if not isinstance(prefer, bool):
         raise InputError(f"{where}prefer_server_cipher_suites: not true or false")
-    return Tls(paths["cert_file"], paths["key_file"], auth, paths["client_ca_file"], low, high,  # type: ignore[arg-type]
-               prefer)
+    return Tls(
+        paths["cert_file"],
+        paths["key_file"],
+        auth,
+        paths["client_ca_file"],
+        low,
+        high,  # type: ignore[arg-type]
+        prefer,
+    )
 
 
 def _users(section: dict[str, Any], where: str) -> dict[str, bytes]:
@@ -123,8 +160,10 @@ def _users(section: dict[str, Any], where: str) -> dict[str, bytes]:
         if not name or ":" in name or not name.isprintable():
             raise InputError(f"{where}{shown(name)}: not a user name (printable, without ':')")
         if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
-            raise InputError(f"{where}{name}: not a bcrypt hash ($2y$10$ and 53 characters; "
-                             "`htpasswd -nBC 10 \"\" | tr -d ':\\n'` makes one)")
+            raise InputError(
+                f"{where}{name}: not a bcrypt hash ($2y$10$ and 53 characters; "
+                "`htpasswd -nBC 10 \"\" | tr -d ':\\n'` makes one)"
+            )
         users[name] = hashed.encode()
     return users
 
@@ -150,14 +189,16 @@ def parse(document: Any, path: str) -> WebConfig:
     top = _mapping(document, path)
     _known(top, {"tls_server_config", "http_server_config", "basic_auth_users"}, f"{path}: ", _TOP_UNSUPPORTED)
     base = os.path.dirname(os.path.abspath(path))
-    tls = _tls(_mapping(top.get("tls_server_config"), f"{path}: tls_server_config"), base,
-               f"{path}: tls_server_config.")
+    tls = _tls(
+        _mapping(top.get("tls_server_config"), f"{path}: tls_server_config"), base, f"{path}: tls_server_config."
+    )
     http = _mapping(top.get("http_server_config"), f"{path}: http_server_config")
     _known(http, {"http2", "headers"}, f"{path}: http_server_config.")
     if not isinstance(http.get("http2", True), bool):  # HTTP/1 is served either way (docs/metrics.md)
         raise InputError(f"{path}: http_server_config.http2: not true or false")
-    headers = _headers(_mapping(http.get("headers"), f"{path}: http_server_config.headers"),
-                       f"{path}: http_server_config.headers.")
+    headers = _headers(
+        _mapping(http.get("headers"), f"{path}: http_server_config.headers"), f"{path}: http_server_config.headers."
+    )
     users = _users(_mapping(top.get("basic_auth_users"), f"{path}: basic_auth_users"), f"{path}: basic_auth_users.")
     return WebConfig(tls, users, headers)
 
@@ -188,7 +229,9 @@ def tls_context(tls: Tls) -> ssl.SSLContext:
         context.load_cert_chain(tls.cert_file, tls.key_file)
     except OSError as err:  # ssl.SSLError included
         detail = err.strerror or getattr(err, "reason", None) or str(err)
-        raise InputError(f"{tls.cert_file}, {tls.key_file}: cannot load the certificate and its key: {detail}") from None
+        raise InputError(
+            f"{tls.cert_file}, {tls.key_file}: cannot load the certificate and its key: {detail}"
+        ) from None
     context.verify_mode = CLIENT_AUTH[tls.client_auth]
     if tls.client_ca_file is not None:
         try:

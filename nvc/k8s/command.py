@@ -16,20 +16,39 @@ def k8s() -> None:
 
 
 @k8s.command("device-plugin", short_help="Run the kubelet device plugin until SIGTERM.")
-@click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file whose k8s: section (and root, user) the plugin reads "
-                   "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
-@click.option("--device-plugin-dir", metavar="PATH", default=None,
-              help="The kubelet's device plugin directory, where kubelet.sock is and the plugin's sockets go "
-                   "[default: the configuration's k8s.device-plugin-dir, /var/lib/kubelet/device-plugins].")
-@click.option("--health-file", metavar="PATH", default=None,
-              help="Where each resource's healthy and unhealthy device count goes, for `nvc-py exporter` "
-                   "[default: /run/nvc-py/device-plugin.json].")
-@click.option("--log-level", type=click.Choice(tuple(_LOG_LEVELS)), default="info", show_default=True,
-              help="Least severity of the lines logged to stderr.")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default=None,
+    help="Configuration file whose k8s: section (and root, user) the plugin reads "
+    "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].",
+)
+@click.option(
+    "--device-plugin-dir",
+    metavar="PATH",
+    default=None,
+    help="The kubelet's device plugin directory, where kubelet.sock is and the plugin's sockets go "
+    "[default: the configuration's k8s.device-plugin-dir, /var/lib/kubelet/device-plugins].",
+)
+@click.option(
+    "--health-file",
+    metavar="PATH",
+    default=None,
+    help="Where each resource's healthy and unhealthy device count goes, for `nvc-py exporter` "
+    "[default: /run/nvc-py/device-plugin.json].",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(tuple(_LOG_LEVELS)),
+    default="info",
+    show_default=True,
+    help="Least severity of the lines logged to stderr.",
+)
 @click.pass_context
-def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir: str | None, health_file: str | None,
-                  log_level: str) -> None:
+def device_plugin(
+    ctx: click.Context, config_path: str | None, device_plugin_dir: str | None, health_file: str | None, log_level: str
+) -> None:
     """Run the kubelet device plugin until SIGTERM: nvidia.com/gpu (whole GPUs by UUID),
     nvidia.com/mig-<profile> (MIG devices) and nvc-py.io/gpu-share (memory slices of the GPUs in
     k8s.share-gpus), with health from NVML's critical XIDs; re-registers when the kubelet restarts.
@@ -53,8 +72,10 @@ def device_plugin(ctx: click.Context, config_path: str | None, device_plugin_dir
 
     directory_or_missing(k8s_conf.device_plugin_dir, "the device plugin directory")
     if not os.path.exists(k8s_conf.device_plugin_dir):  # the kubelet's to make: no kubelet here, or another --root-dir
-        raise InputError(f"{k8s_conf.device_plugin_dir}: no such directory: is a kubelet running on this host? (it "
-                         "makes it; another kubelet --root-dir: --device-plugin-dir)")
+        raise InputError(
+            f"{k8s_conf.device_plugin_dir}: no such directory: is a kubelet running on this host? (it "
+            "makes it; another kubelet --root-dir: --device-plugin-dir)"
+        )
     _logging("device-plugin", log_level)
     from nvc.k8s import daemon
 
@@ -66,8 +87,8 @@ def _options(ctx: click.Context, config_path: str | None) -> tuple[Any, Any]:
     import os
 
     from nvc import config
-    from nvc.errors import InputError
     from nvc.config.options import GlobalOptions, parse_user
+    from nvc.errors import InputError
 
     conf = config.load(config_path, must_exist=config_path is not None)
     given = ctx.find_root().obj  # the global options (nvc.commands.cli._Given)
@@ -82,33 +103,89 @@ def _logging(name: str, level: str) -> None:
     import logging
     import sys
 
-    logging.basicConfig(stream=sys.stderr, level=_LOG_LEVELS[level],
-                        format=f"%(asctime)s nvc-py k8s {name}: %(levelname)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=_LOG_LEVELS[level], format=f"%(asctime)s nvc-py k8s {name}: %(levelname)s: %(message)s"
+    )
 
 
 @k8s.command("dra-driver", short_help="Run the DRA driver (resource.k8s.io/v1) until SIGTERM.")
-@click.option("--config", "config_path", metavar="PATH", default=None,
-              help="Configuration file (root, user, k8s.device-list-strategy) "
-                   "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].")
-@click.option("--driver-name", metavar="NAME", default="gpu.nvc-py.io", show_default=True,
-              help="The DRA driver name: DeviceClasses select it, and the attributes' domain.")
-@click.option("--node-name", metavar="NAME", envvar="NODE_NAME", required=True,
-              help="This node's name in the cluster (its ResourceSlices' pool) [env NODE_NAME].")
-@click.option("--kubeconfig", metavar="PATH", default=None,
-              help="Kubeconfig to reach the API server with [default: the pod's service account].")
-@click.option("--service-account-dir", metavar="PATH", default="/var/run/secrets/kubernetes.io/serviceaccount",
-              show_default=True, help="The pod's service account token and ca.crt, without --kubeconfig.")
-@click.option("--kubelet-dir", metavar="PATH", default="/var/lib/kubelet", show_default=True,
-              help="The kubelet's --root-dir: plugins_registry/ and plugins/<driver>/ are in it.")
-@click.option("--cdi-dir", metavar="PATH", default="/var/run/cdi", show_default=True,
-              help="Where each prepared claim's CDI spec goes (the container runtime's CDI spec directory).")
-@click.option("--resync", "resync_s", type=click.FloatRange(min=1), default=60, show_default=True,
-              help="Seconds between checks that the API server still has this node's ResourceSlices.")
-@click.option("--log-level", type=click.Choice(tuple(_LOG_LEVELS)), default="info", show_default=True,
-              help="Least severity of the lines logged to stderr.")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="PATH",
+    default=None,
+    help="Configuration file (root, user, k8s.device-list-strategy) "
+    "[default: $NVC_PY_CONFIG, else /etc/nvc-py/config.yaml].",
+)
+@click.option(
+    "--driver-name",
+    metavar="NAME",
+    default="gpu.nvc-py.io",
+    show_default=True,
+    help="The DRA driver name: DeviceClasses select it, and the attributes' domain.",
+)
+@click.option(
+    "--node-name",
+    metavar="NAME",
+    envvar="NODE_NAME",
+    required=True,
+    help="This node's name in the cluster (its ResourceSlices' pool) [env NODE_NAME].",
+)
+@click.option(
+    "--kubeconfig",
+    metavar="PATH",
+    default=None,
+    help="Kubeconfig to reach the API server with [default: the pod's service account].",
+)
+@click.option(
+    "--service-account-dir",
+    metavar="PATH",
+    default="/var/run/secrets/kubernetes.io/serviceaccount",
+    show_default=True,
+    help="The pod's service account token and ca.crt, without --kubeconfig.",
+)
+@click.option(
+    "--kubelet-dir",
+    metavar="PATH",
+    default="/var/lib/kubelet",
+    show_default=True,
+    help="The kubelet's --root-dir: plugins_registry/ and plugins/<driver>/ are in it.",
+)
+@click.option(
+    "--cdi-dir",
+    metavar="PATH",
+    default="/var/run/cdi",
+    show_default=True,
+    help="Where each prepared claim's CDI spec goes (the container runtime's CDI spec directory).",
+)
+@click.option(
+    "--resync",
+    "resync_s",
+    type=click.FloatRange(min=1),
+    default=60,
+    show_default=True,
+    help="Seconds between checks that the API server still has this node's ResourceSlices.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(tuple(_LOG_LEVELS)),
+    default="info",
+    show_default=True,
+    help="Least severity of the lines logged to stderr.",
+)
 @click.pass_context
-def dra_driver(ctx: click.Context, config_path: str | None, driver_name: str, node_name: str,
-               kubeconfig: str | None, service_account_dir: str, kubelet_dir: str, cdi_dir: str, resync_s: float, log_level: str) -> None:
+def dra_driver(
+    ctx: click.Context,
+    config_path: str | None,
+    driver_name: str,
+    node_name: str,
+    kubeconfig: str | None,
+    service_account_dir: str,
+    kubelet_dir: str,
+    cdi_dir: str,
+    resync_s: float,
+    log_level: str,
+) -> None:
     """Run the DRA driver until SIGTERM: publishes this node's GPUs and MIG devices as ResourceSlices,
     registers with the kubelet and prepares each allocated ResourceClaim as a CDI spec of its own, with
     the sharing limits of the claim's opaque configuration (docs/kubernetes.md)."""
@@ -118,17 +195,25 @@ def dra_driver(ctx: click.Context, config_path: str | None, driver_name: str, no
     from nvc.errors import InputError
 
     conf, opts = _options(ctx, config_path)
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver_name) \
-            or len(driver_name) > 63:
+    if (
+        not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver_name)
+        or len(driver_name) > 63
+    ):
         raise InputError(f"--driver-name {driver_name!r}: not a DNS subdomain of at most 63 characters with a dot")
     for name, path in (("--kubelet-dir", kubelet_dir), ("--cdi-dir", cdi_dir)):
         if not os.path.isabs(path):
             raise InputError(f"{path}: {name} must be an absolute path")
     from nvc.k8s.dra import driver, kubeapi
 
-    api = kubeapi.from_kubeconfig(kubeconfig) if kubeconfig is not None else \
-        kubeapi.in_cluster(service_account_dir)
-    settings = driver.Settings(driver_name, node_name, os.path.normpath(kubelet_dir), os.path.normpath(cdi_dir),
-                               conf.k8s.device_list_strategy == "volume-mounts", resync_s, config_path)
+    api = kubeapi.from_kubeconfig(kubeconfig) if kubeconfig is not None else kubeapi.in_cluster(service_account_dir)
+    settings = driver.Settings(
+        driver_name,
+        node_name,
+        os.path.normpath(kubelet_dir),
+        os.path.normpath(cdi_dir),
+        conf.k8s.device_list_strategy == "volume-mounts",
+        resync_s,
+        config_path,
+    )
     _logging("dra-driver", log_level)
     ctx.exit(driver.Driver(opts, settings, api).run())

@@ -24,10 +24,10 @@ from contextlib import ExitStack
 from typing import Any
 
 from nvc.config import K8s
+from nvc.config.options import GlobalOptions
 from nvc.errors import NvcError
 from nvc.k8s import published, resources
 from nvc.k8s.health import Health
-from nvc.config.options import GlobalOptions
 
 REGISTER_RETRY_S = 5.0  # the kubelet refused or did not answer a Register
 TICK_MS = 1000  # one loop: the longest wait for XID events, and for noticing a new kubelet.sock
@@ -96,14 +96,15 @@ class Plugin:
         from nvc.rpc import driver_service
 
         try:
-            driver = self.stack.enter_context(driver_service.open_driver(self.opts.root, self.opts.user,
-                                                                                    events=True))
+            driver = self.stack.enter_context(driver_service.open_driver(self.opts.root, self.opts.user, events=True))
             inv = inventory.from_snapshot(driver.snapshot())
             topology = driver.topology()
         except NvcError as err:
             self.stack.close()
             self.retry_at = time.monotonic() + self.k8s.nvml_retry
-            self.say("nvml", f"NVML unavailable ({err}): advertising no devices; trying again every {self.k8s.nvml_retry} s")
+            self.say(
+                "nvml", f"NVML unavailable ({err}): advertising no devices; trying again every {self.k8s.nvml_retry} s"
+            )
             if not self.board.resources:
                 self.publish(resources=resources.plan((), self.k8s._replace(share_gpus=())))
             else:
@@ -112,8 +113,12 @@ class Plugin:
         # A configuration that names no GPU of this host is an error (exit), not a driver's failure.
         planned = resources.plan(inv.gpus, self.k8s, numa_node, lambda line: self.say("mig", line))
         self.driver = driver
-        self.say("nvml", f"NVML: driver {inv.driver_version}, {len(inv.gpus)} GPUs: "
-                 + ", ".join(f"{r.name}={len(r.units)}" for r in planned), logging.INFO)
+        self.say(
+            "nvml",
+            f"NVML: driver {inv.driver_version}, {len(inv.gpus)} GPUs: "
+            + ", ".join(f"{r.name}={len(r.units)}" for r in planned),
+            logging.INFO,
+        )
         self.publish(resources=planned, topology=topology, all_unhealthy=False)
 
     def watch_events(self) -> None:
@@ -122,8 +127,11 @@ class Plugin:
             answer = self.driver.xid_events(TICK_MS)
             if answer["watched"] != self.watched:
                 self.watched = answer["watched"]
-                log.info("health: watching critical XIDs of %s; ignored XIDs: %s",
-                         ", ".join(self.watched) or "no GPU", ", ".join(map(str, self.k8s.ignored_xids)) or "none")
+                log.info(
+                    "health: watching critical XIDs of %s; ignored XIDs: %s",
+                    ", ".join(self.watched) or "no GPU",
+                    ", ".join(map(str, self.k8s.ignored_xids)) or "none",
+                )
             now = time.monotonic()
             changed = False
             for event in answer["events"]:
@@ -138,8 +146,11 @@ class Plugin:
                 present = {g.uuid for g in snap.gpus} | {m.uuid for g in snap.gpus for m in g.mig_devices}
                 for uuid in due:
                     if self.health.checked(uuid, uuid in present, now):
-                        log.info("health: %s healthy again (no critical XID for %d s, NVML finds it)",
-                                 uuid, self.k8s.xid_recovery)
+                        log.info(
+                            "health: %s healthy again (no critical XID for %d s, NVML finds it)",
+                            uuid,
+                            self.k8s.xid_recovery,
+                        )
                         changed = True
             if changed:
                 self.publish()

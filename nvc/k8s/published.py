@@ -45,8 +45,16 @@ def this_process(resources: tuple[ResourceHealth, ...]) -> Published | None:
 
 
 def encode(published: Published) -> bytes:
-    return json.dumps({"pid": published.pid, "start_time": published.start_time,
-                       "resources": [r._asdict() for r in published.resources]}).encode() + b"\n"
+    return (
+        json.dumps(
+            {
+                "pid": published.pid,
+                "start_time": published.start_time,
+                "resources": [r._asdict() for r in published.resources],
+            }
+        ).encode()
+        + b"\n"
+    )
 
 
 def _count(value: object) -> int | None:
@@ -59,8 +67,12 @@ def decode(data: bytes) -> Published | None:
         doc = json.loads(data)
     except ValueError:
         return None
-    if not isinstance(doc, dict) or _count(doc.get("pid")) is None or _count(doc.get("start_time")) is None \
-            or not isinstance(doc.get("resources"), list):
+    if (
+        not isinstance(doc, dict)
+        or _count(doc.get("pid")) is None
+        or _count(doc.get("start_time")) is None
+        or not isinstance(doc.get("resources"), list)
+    ):
         return None
     found = []
     for entry in doc["resources"][:MAX_RESOURCES]:
@@ -98,8 +110,8 @@ def remove(path: str, published: Published) -> None:
 def read(path: str, alive_only: bool = True) -> Published | None:
     """The record at ``path``: only root's own regular file, read bounded; None when there is none,
     it is not one, or (``alive_only``) the process it names no longer runs."""
-    from nvc.system import untrusted
     from nvc.apply.container import start_time
+    from nvc.system import untrusted
 
     try:
         path_fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -21,8 +21,8 @@ from typing import NamedTuple
 from nvc import containerenv
 from nvc.cdi import qualified_name
 from nvc.config import K8s
-from nvc.model.devices import Gpu
 from nvc.errors import InputError, shown
+from nvc.model.devices import Gpu
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"  # the kubelet's constants
 MAX_SHARE_UNITS = 1024  # per GPU: the kubelet lists every unit as a device of its own
@@ -90,8 +90,12 @@ def shared_gpus(gpus: Sequence[Gpu], wanted: Sequence[str]) -> set[str]:
     return chosen
 
 
-def plan(gpus: Sequence[Gpu], k8s: K8s, numa: Callable[[str], int | None] = lambda bus_id: None,
-         warn: Callable[[str], None] = lambda line: None) -> tuple[Resource, ...]:
+def plan(
+    gpus: Sequence[Gpu],
+    k8s: K8s,
+    numa: Callable[[str], int | None] = lambda bus_id: None,
+    warn: Callable[[str], None] = lambda line: None,
+) -> tuple[Resource, ...]:
     """The resources of these GPUs: whole GPUs and shares always (maybe empty: the kubelet then shows
     a capacity of 0 rather than nothing), one resource per MIG profile found."""
     from nvc.containerenv.sharing import parse_size
@@ -110,14 +114,19 @@ def plan(gpus: Sequence[Gpu], k8s: K8s, numa: Callable[[str], int | None] = lamb
                     warn(f"MIG device {mig.uuid} of {gpu.uuid}: NVML names no profile ({mig.name!r}); not advertised")
                     continue
                 migs.setdefault(k8s.mig_resource_prefix + profile, []).append(
-                    Unit(mig.uuid, mig.uuid, gpu.uuid, gpu.index, numa=node))
+                    Unit(mig.uuid, mig.uuid, gpu.uuid, gpu.index, numa=node)
+                )
         elif gpu.uuid in shared:
             count = (gpu.memory_total or 0) // slice_size
             if count > MAX_SHARE_UNITS:
-                raise InputError(f"k8s.share-slice: {k8s.share_slice} cuts {gpu.uuid} into {count} units "
-                                 f"(at most {MAX_SHARE_UNITS}: the kubelet lists each one)")
-            shares += [Unit(f"{gpu.uuid}::{k}", gpu.uuid, gpu.uuid, gpu.index, slice_size, gpu.memory_total or 0,
-                            node) for k in range(count)]
+                raise InputError(
+                    f"k8s.share-slice: {k8s.share_slice} cuts {gpu.uuid} into {count} units "
+                    f"(at most {MAX_SHARE_UNITS}: the kubelet lists each one)"
+                )
+            shares += [
+                Unit(f"{gpu.uuid}::{k}", gpu.uuid, gpu.uuid, gpu.index, slice_size, gpu.memory_total or 0, node)
+                for k in range(count)
+            ]
         else:
             whole.append(Unit(gpu.uuid, gpu.uuid, gpu.uuid, gpu.index, numa=node))
     resources = [Resource(k8s.gpu_resource, "gpu", tuple(whole)), Resource(k8s.share_resource, "share", tuple(shares))]
@@ -125,16 +134,22 @@ def plan(gpus: Sequence[Gpu], k8s: K8s, numa: Callable[[str], int | None] = lamb
     names = [r.name for r in resources]
     clash = sorted({n for n in names if names.count(n) > 1})
     if clash:
-        raise InputError(f"k8s: resource {clash[0]} named twice (gpu-resource, share-resource and MIG names "
-                         "must differ)")
+        raise InputError(
+            f"k8s: resource {clash[0]} named twice (gpu-resource, share-resource and MIG names must differ)"
+        )
     return tuple(resources)
 
 
 # ---- GetPreferredAllocation -------------------------------------------------------------------
 
 
-def preferred(resource: Resource, available: Sequence[str], must: Sequence[str], size: int,
-              topology: Mapping[str, Mapping[str, int]]) -> list[str]:
+def preferred(
+    resource: Resource,
+    available: Sequence[str],
+    must: Sequence[str],
+    size: int,
+    topology: Mapping[str, Mapping[str, int]],
+) -> list[str]:
     """The IDs this plugin would pick: ``must`` and more from ``available`` up to ``size``.
 
     Shares: every unit from one GPU (the GPU already holding ``must``'s units, else the one whose
@@ -146,8 +161,8 @@ def preferred(resource: Resource, available: Sequence[str], must: Sequence[str],
     """
     must = list(dict.fromkeys(must))
     units = resource.by_id(list(dict.fromkeys([*must, *available])))
-    chosen = units[:len(must)]
-    rest = units[len(must):]
+    chosen = units[: len(must)]
+    rest = units[len(must) :]
     need = size - len(chosen)
     if need <= 0:
         return [u.id for u in chosen]
@@ -167,13 +182,14 @@ def _share_pick(chosen: list[Unit], rest: list[Unit], need: int) -> list[Unit]:
     for unit in sorted(rest, key=lambda u: (u.gpu_index, _unit_number(u))):
         free.setdefault(unit.gpu, []).append(unit)
     held = {u.gpu for u in chosen}
-    fits = [g for g in free if g in held and len(free[g]) >= need] or \
-        sorted((g for g in free if len(free[g]) >= need), key=lambda g: (len(free[g]), free[g][0].gpu_index))
+    fits = [g for g in free if g in held and len(free[g]) >= need] or sorted(
+        (g for g in free if len(free[g]) >= need), key=lambda g: (len(free[g]), free[g][0].gpu_index)
+    )
     if fits:
         return free[fits[0]][:need]
     picked: list[Unit] = []  # no single GPU holds it: the fewest GPUs, those with most free units
     for gpu in sorted(free, key=lambda g: (g not in held, -len(free[g]), free[g][0].gpu_index)):
-        picked += free[gpu][:need - len(picked)]
+        picked += free[gpu][: need - len(picked)]
     return picked
 
 
@@ -191,8 +207,10 @@ def _closest(chosen: list[Unit], rest: list[Unit], need: int, topology: Mapping[
 
     rest = sorted(rest, key=lambda u: u.gpu_index)
     if math.comb(len(rest), need) <= _COMBINATIONS:
-        best = min(itertools.combinations(rest, need), key=lambda group: (cost([*chosen, *group]),
-                                                                          [u.gpu_index for u in group]))
+        best = min(
+            itertools.combinations(rest, need),
+            key=lambda group: (cost([*chosen, *group]), [u.gpu_index for u in group]),
+        )
         return list(best)
     picked: list[Unit] = []
     for _ in range(need):
@@ -223,9 +241,11 @@ def allocate(resource: Resource, ids: Sequence[str], k8s: K8s) -> Answer:
         envs[containerenv.VISIBLE_DEVICES] = containerenv.visible_devices(uuids)
     if resource.kind == "share":
         limits = _share_env(units, uuids, k8s)
-        if k8s.device_list_strategy == "volume-mounts":   # a pod's own env cannot replace them
-            mounts += tuple((containerenv.share_volume(name, value), containerenv.VOLUME_SOURCE, True)
-                            for name, value in limits.items())
+        if k8s.device_list_strategy == "volume-mounts":  # a pod's own env cannot replace them
+            mounts += tuple(
+                (containerenv.share_volume(name, value), containerenv.VOLUME_SOURCE, True)
+                for name, value in limits.items()
+            )
         else:
             envs.update(limits)
     cdi = tuple(qualified_name(uuid) for uuid in uuids) if k8s.cdi_devices else ()

@@ -64,8 +64,12 @@ class Board:
         with self.changed:
             resource = self.resources.get(name)
             units = resource.units if resource else ()
-            return self.version, [pb.Device(ID=u.id, health=resources.HEALTHY if self._healthy(u) else resources.UNHEALTHY,
-                                            topology=_numa(u)) for u in units]
+            return self.version, [
+                pb.Device(
+                    ID=u.id, health=resources.HEALTHY if self._healthy(u) else resources.UNHEALTHY, topology=_numa(u)
+                )
+                for u in units
+            ]
 
     def counts(self) -> tuple[tuple[str, int, int], ...]:
         """(name, healthy devices, unhealthy devices) of every resource, as ListAndWatch tells them."""
@@ -108,17 +112,22 @@ class DevicePlugin(api.DevicePluginServicer):
                     yield pb.ListAndWatchResponse(devices=devices)
                     sent = version
                 self.board.wait(version, _WAKE_S)
-        finally:   # ended here, or closed by gRPC at the yield when the kubelet went
+        finally:  # ended here, or closed by gRPC at the yield when the kubelet went
             if not self.stopping.is_set():
-                self.lost.set()   # the kubelet dropped us (say, as an older instance of ours stopped): register again
+                self.lost.set()  # the kubelet dropped us (say, as an older instance of ours stopped): register again
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
         resource = self.board.resource(self.name)
         answers = []
         for ask in request.container_requests:
             try:
-                ids = resources.preferred(resource, list(ask.available_deviceIDs), list(ask.must_include_deviceIDs),
-                                          ask.allocation_size, self.board.topology)
+                ids = resources.preferred(
+                    resource,
+                    list(ask.available_deviceIDs),
+                    list(ask.must_include_deviceIDs),
+                    ask.allocation_size,
+                    self.board.topology,
+                )
             except NvcError as err:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             answers.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
@@ -133,12 +142,19 @@ class DevicePlugin(api.DevicePluginServicer):
             except NvcError as err:
                 self.log.warning("Allocate %s %s refused: %s", self.name, list(ask.devices_ids), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            self.log.info("Allocate %s %s: %s", self.name, list(ask.devices_ids),
-                          " ".join(f"{k}={v}" for k, v in sorted(answer.envs.items())))
-            answers.append(pb.ContainerAllocateResponse(
-                envs=answer.envs,
-                mounts=[pb.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in answer.mounts],
-                cdi_devices=[pb.CDIDevice(name=name) for name in answer.cdi_devices]))
+            self.log.info(
+                "Allocate %s %s: %s",
+                self.name,
+                list(ask.devices_ids),
+                " ".join(f"{k}={v}" for k, v in sorted(answer.envs.items())),
+            )
+            answers.append(
+                pb.ContainerAllocateResponse(
+                    envs=answer.envs,
+                    mounts=[pb.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in answer.mounts],
+                    cdi_devices=[pb.CDIDevice(name=name) for name in answer.cdi_devices],
+                )
+            )
         return pb.AllocateResponse(container_responses=answers)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -154,14 +170,17 @@ class Endpoint:
         self.stopping = threading.Event()
         self.lost = threading.Event()  # the kubelet ended a ListAndWatch stream while we serve
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="k8s"))
-        api.add_DevicePluginServicer_to_server(DevicePlugin(board, self.name, self.stopping, self.lost, log),
-                                               self.server)
+        api.add_DevicePluginServicer_to_server(
+            DevicePlugin(board, self.name, self.stopping, self.lost, log), self.server
+        )
         self.identity: tuple[int, int] | None = None
 
     def start(self) -> None:
         """Serve on a new socket (a stale one, of an earlier run or a dead plugin, is replaced)."""
         if len(os.fsencode(self.path)) > _SUN_PATH - 1:
-            raise InputError(f"{self.path}: socket path longer than {_SUN_PATH - 1} bytes (a shorter --device-plugin-dir)")
+            raise InputError(
+                f"{self.path}: socket path longer than {_SUN_PATH - 1} bytes (a shorter --device-plugin-dir)"
+            )
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -198,7 +217,12 @@ def identity(path: str) -> tuple[int, int] | None:
 def register(directory: str, endpoint: Endpoint, timeout: float = 5.0) -> None:
     """Register ``endpoint``'s resource with the kubelet listening on ``<directory>/kubelet.sock``."""
     with grpc.insecure_channel(f"unix://{os.path.join(directory, KUBELET_SOCKET)}") as channel:
-        api.RegistrationStub(channel).Register(pb.RegisterRequest(
-            version=API_VERSION, endpoint=os.path.basename(endpoint.path), resource_name=endpoint.name,
-            options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)),
-            timeout=timeout)
+        api.RegistrationStub(channel).Register(
+            pb.RegisterRequest(
+                version=API_VERSION,
+                endpoint=os.path.basename(endpoint.path),
+                resource_name=endpoint.name,
+                options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+            ),
+            timeout=timeout,
+        )

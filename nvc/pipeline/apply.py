@@ -88,8 +88,9 @@ def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | 
     with _host_steps(plan, handle):
         pending = None
         if plan.ldconfig is not None:
-            pending = ldconfig.start_ldconfig(plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner,
-                                              handle=handle)
+            pending = ldconfig.start_ldconfig(
+                plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner, handle=handle
+            )
         try:
             start = _timed("setup", start)
             with helper if helper is not None else container_service.open_container() as client:

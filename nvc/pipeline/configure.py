@@ -60,9 +60,17 @@ class Discovered(NamedTuple):
 # ---- check and container --------------------------------------------------------------------
 
 
-def share_files(sharing: ShareRequest, container_id: str, root_fd: int, rootfs: str, *, bundle: str = "",
-                library: str = shareplan.HOST_LIBRARY, state_dir: str = shareplan.STATE_DIR,
-                sched_dir: str | None = None) -> shareplan.ShareFiles:
+def share_files(
+    sharing: ShareRequest,
+    container_id: str,
+    root_fd: int,
+    rootfs: str,
+    *,
+    bundle: str = "",
+    library: str = shareplan.HOST_LIBRARY,
+    state_dir: str = shareplan.STATE_DIR,
+    sched_dir: str | None = None,
+) -> shareplan.ShareFiles:
     """GPU sharing's host files (:func:`nvc.plan.share.files`), planned from what the host and the
     image have (the shim ``library``, the image's ld.so.preload), not made: a refused request (no
     shim installed, an id that cannot name a directory) changes nothing."""
@@ -72,8 +80,9 @@ def share_files(sharing: ShareRequest, container_id: str, root_fd: int, rootfs: 
     if not os.path.isfile(library):
         raise ContainerError(f"GPU sharing requested but the shim {library} is not installed")
     preload = image_preload(_opener(root_fd), PRELOAD, rootfs)
-    return shareplan.files(sharing, container_id, preload, library=library, state_dir=state_dir,
-                           sched_dir=sched_dir, bundle=bundle)
+    return shareplan.files(
+        sharing, container_id, preload, library=library, state_dir=state_dir, sched_dir=sched_dir, bundle=bundle
+    )
 
 
 def _opener(root_fd: int) -> Opener:
@@ -107,13 +116,17 @@ def container(req: Request) -> Iterator[Container]:
         root_fd = open_rootfs(req.rootfs, handle)
         try:
             found = facts(_opener(root_fd), _owner(handle, root_fd))
-            share = None if req.sharing is None else share_files(req.sharing, req.container_id, root_fd, req.rootfs,
-                                                                  bundle=req.bundle)
+            share = (
+                None
+                if req.sharing is None
+                else share_files(req.sharing, req.container_id, root_fd, req.rootfs, bundle=req.bundle)
+            )
         finally:
             os.close(root_fd)
         if found.proc_mountpoint is None:
-            log.debug("%s has no /proc/driver (procfs not mounted yet?): the driver's /proc files stay unmasked",
-                      req.rootfs)
+            log.debug(
+                "%s has no /proc/driver (procfs not mounted yet?): the driver's /proc files stay unmasked", req.rootfs
+            )
         yield Container(handle, found, share)
     finally:
         if handle is not None:
@@ -125,8 +138,9 @@ def container(req: Request) -> Iterator[Container]:
 
 def _needs_nvml(req: Request, proc: Path) -> bool:
     props = {f.name for r in req.requirements for term in r.terms for f in term}
-    return bool(props & _NVML_PROPERTIES) or selection.needs_nvml(req.selectors, req.mig_config or req.mig_monitor,
-                                                                  proc)
+    return bool(props & _NVML_PROPERTIES) or selection.needs_nvml(
+        req.selectors, req.mig_config or req.mig_monitor, proc
+    )
 
 
 def _inventory(glob: GlobalOptions, use_nvml: bool, proc: Path) -> Inventory:
@@ -165,8 +179,9 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
     inv = _inventory(glob, _needs_nvml(req, proc), proc)
     chosen = selection.select(inv.gpus, req.selectors)
     _check_requirements(req, inv, chosen)
-    files = driver.discover(glob.root, inv.driver_version, glob.ldcache,
-                            prefixes=capabilities.library_prefixes(req.capabilities))
+    files = driver.discover(
+        glob.root, inv.driver_version, glob.ldcache, prefixes=capabilities.library_prefixes(req.capabilities)
+    )
     majors = nodes.read_majors()
     mig_minors = _mig_minors(req, proc)
     to_make = kmods.missing(glob.root, proc) if glob.load_kmods else ()
@@ -177,9 +192,17 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
             found[spec.path] = node.path
         elif any(made[:3] == spec[:3] for made in to_make):
             found[spec.path] = rootpath.host_path(glob.root, spec.path)
-    host = HostFacts(root=glob.root, files=files, majors=majors, nodes=found,
-                     proc_files=procfs.read_driver_files(proc), proc_gpu_dirs=procfs.gpu_dirs(proc),
-                     mig_minors=mig_minors, caps_dir=str(procfs.caps_dir(proc)), missing_nodes=to_make)
+    host = HostFacts(
+        root=glob.root,
+        files=files,
+        majors=majors,
+        nodes=found,
+        proc_files=procfs.read_driver_files(proc),
+        proc_gpu_dirs=procfs.gpu_dirs(proc),
+        mig_minors=mig_minors,
+        caps_dir=str(procfs.caps_dir(proc)),
+        missing_nodes=to_make,
+    )
     return Discovered(host, chosen)
 
 
@@ -216,7 +239,9 @@ def dry_plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Pla
 def _planned(glob: GlobalOptions, req: Request, ctr: Container, proc: Path = procfs.PROC) -> Plan:
     start = time.perf_counter()
     result = plan(discover(glob, req, proc), ctr, req)
-    log.debug("timing discovery+plan %.2f ms: %d operations", (time.perf_counter() - start) * 1e3, len(result.operations))
+    log.debug(
+        "timing discovery+plan %.2f ms: %d operations", (time.perf_counter() - start) * 1e3, len(result.operations)
+    )
     return result
 
 

@@ -15,13 +15,32 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nvc.model.capabilities import CAPABILITIES
-from nvc.containerenv import (ALL, CUDA_VERSION, DEFAULT_CAPABILITIES, DEVICE_VOLUME_DIR, DISABLE_REQUIRE,
-                              DRIVER_CAPABILITIES, IMEX_CHANNELS, IMEX_VOLUME_DIR, MIG_CONFIG_DEVICES,
-                              MIG_MONITOR_DEVICES, NONE, REQUIRE_CUDA, REQUIRE_JETPACK, REQUIRE_PREFIX, TRUE_WORDS,
-                              VISIBLE_DEVICES, VOID, Policy, imex_channel, split, volume_ids)
+from nvc.containerenv import (
+    ALL,
+    CUDA_VERSION,
+    DEFAULT_CAPABILITIES,
+    DEVICE_VOLUME_DIR,
+    DISABLE_REQUIRE,
+    DRIVER_CAPABILITIES,
+    IMEX_CHANNELS,
+    IMEX_VOLUME_DIR,
+    MIG_CONFIG_DEVICES,
+    MIG_MONITOR_DEVICES,
+    NONE,
+    REQUIRE_CUDA,
+    REQUIRE_JETPACK,
+    REQUIRE_PREFIX,
+    TRUE_WORDS,
+    VISIBLE_DEVICES,
+    VOID,
+    Policy,
+    imex_channel,
+    split,
+    volume_ids,
+)
 from nvc.containerenv.sharing import MAX_DEVICES, SCOPE, VARIABLES, parse_percent, parse_size, parse_value, scope_key
 from nvc.errors import InputError, shown
+from nvc.model.capabilities import CAPABILITIES
 from nvc.plan.request import Request, ShareRequest
 from nvc.system.untrusted import decimal
 
@@ -56,8 +75,9 @@ def _env_devices(env: Mapping[str, str]) -> tuple[str, ...] | None | bool:
     return devices
 
 
-def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool,
-                     policy: Policy, warnings: list[str]) -> tuple[str, ...] | None | bool:
+def _visible_devices(
+    env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool, policy: Policy, warnings: list[str]
+) -> tuple[str, ...] | None | bool:
     """Devices asked for: a tuple, ``None`` for driver only, or ``False`` for no GPU at all. The
     legacy image's "all" comes from its env too, so the policy applies to it as to the variable."""
     if policy.accept_volume_mounts:
@@ -66,8 +86,10 @@ def _visible_devices(env: Mapping[str, str], mounts: list[Mapping[str, object]],
             return from_volumes
     devices = _env_devices(env)
     if devices is not False and not _env_trusted(privileged, policy):
-        _ignored(VISIBLE_DEVICES if VISIBLE_DEVICES in env else
-                 f"{CUDA_VERSION} (a legacy image's default of all GPUs)", warnings)
+        _ignored(
+            VISIBLE_DEVICES if VISIBLE_DEVICES in env else f"{CUDA_VERSION} (a legacy image's default of all GPUs)",
+            warnings,
+        )
         return False
     return devices
 
@@ -85,8 +107,9 @@ def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
         else:
             unknown = sorted(set(names) - set(CAPABILITIES))
             if unknown:
-                raise InputError(f"{DRIVER_CAPABILITIES}: unknown capability {shown(unknown[0])} "
-                                 f"(known: {', '.join(CAPABILITIES)})")
+                raise InputError(
+                    f"{DRIVER_CAPABILITIES}: unknown capability {shown(unknown[0])} (known: {', '.join(CAPABILITIES)})"
+                )
             wanted = names
     return tuple(sorted(set(wanted) & policy.supported_capabilities))
 
@@ -94,8 +117,11 @@ def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
 def _requirements(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
     if policy.disable_require or env.get(DISABLE_REQUIRE, "").strip().lower() in TRUE_WORDS:
         return ()
-    reqs = [value for name, value in sorted(env.items())
-            if name.startswith(REQUIRE_PREFIX) and name != REQUIRE_JETPACK and value.strip()]
+    reqs = [
+        value
+        for name, value in sorted(env.items())
+        if name.startswith(REQUIRE_PREFIX) and name != REQUIRE_JETPACK and value.strip()
+    ]
     if _is_legacy(env):
         parts = env[CUDA_VERSION].split(".")
         if len(parts) < 2 or not all(decimal(p, 9) is not None for p in parts[:2]):
@@ -118,8 +144,9 @@ def _mig(env: Mapping[str, str], name: str, privileged: bool) -> bool:
     return True
 
 
-def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool, policy: Policy,
-                   warnings: list[str]) -> tuple[int, ...]:
+def _imex_channels(
+    env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool, policy: Policy, warnings: list[str]
+) -> tuple[int, ...]:
     """Channel numbers from volume mounts (when accepted), else from NVIDIA_IMEX_CHANNELS, which
     grants channel nodes as NVIDIA_VISIBLE_DEVICES grants GPUs and so passes the same policy."""
     raw: tuple[str, ...] = ()
@@ -141,9 +168,13 @@ def _imex_channels(env: Mapping[str, str], mounts: list[Mapping[str, object]], p
     return tuple(sorted(set(channels)))
 
 
-def gpu_request(env: Mapping[str, str], mounts: list[Mapping[str, object]] | None = None,
-                privileged: bool = False, policy: Policy = Policy(),
-                warnings: list[str] | None = None) -> Request | None:
+def gpu_request(
+    env: Mapping[str, str],
+    mounts: list[Mapping[str, object]] | None = None,
+    privileged: bool = False,
+    policy: Policy = Policy(),
+    warnings: list[str] | None = None,
+) -> Request | None:
     """Decide what the container gets; ``None`` means it is not a GPU container and nothing is done.
 
     Requests the policy ignores are reported in ``warnings`` (when given) for the user to see.
@@ -177,13 +208,15 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
         for name in sorted(env):
             if not name.startswith(prefix):
                 continue
-            rest = name[len(prefix):]
+            rest = name[len(prefix) :]
             scope = SCOPE.fullmatch(rest)
             if rest and not scope:
                 if hami:
-                    continue             # another HAMi variable sharing the prefix
-                raise InputError(f"{name}: unknown sharing variable (want {prefix}, {prefix}_<index> or "
-                                 f"{prefix}_<GPU- or MIG- UUID>)")
+                    continue  # another HAMi variable sharing the prefix
+                raise InputError(
+                    f"{name}: unknown sharing variable (want {prefix}, {prefix}_<index> or "
+                    f"{prefix}_<GPU- or MIG- UUID>)"
+                )
             parsed = parse_value(name, field, env[name], hami)
             found[field][scope_key(scope.group(1)) if scope else ""] = parsed
             asked = True
@@ -204,5 +237,6 @@ def with_defaults(request: ShareRequest | None, memory: str | None, compute: int
         memory_rules.setdefault("", parse_size("sharing.device-memory-limit", memory))
     if compute is not None:
         compute_rules.setdefault("", parse_percent("sharing.device-sm-limit", str(compute), False))
-    return ShareRequest(memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())),
-                        weight=request.weight)
+    return ShareRequest(
+        memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())), weight=request.weight
+    )

@@ -19,19 +19,19 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from nvc.model import capabilities as caps_mod
 from nvc.discover import nodes
-from nvc.plan.devfilter import DeviceRule
-from nvc.plan.request import HostMount, Request
-from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
-from nvc.plan.share import ShareFiles
-from nvc.plan.share import mounts as share_mounts
 from nvc.discover.container import COMPAT_DIR, PROC_NVIDIA, ContainerFacts
 from nvc.discover.driver import DriverFiles
 from nvc.discover.nodes import NodeSpec
-from nvc.errors import DeviceError, InputError
 from nvc.discover.procfs import normalize_bus_id
+from nvc.errors import DeviceError, InputError
+from nvc.model import capabilities as caps_mod
+from nvc.plan.devfilter import DeviceRule
+from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
+from nvc.plan.request import HostMount, Request
 from nvc.plan.selection import Selection
+from nvc.plan.share import ShareFiles
+from nvc.plan.share import mounts as share_mounts
 from nvc.system.syscalls import MountAttr
 
 RO = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV
@@ -119,8 +119,11 @@ def needed_nodes(
     whole = request.mig_config or request.mig_monitor
     minors = _mig_caps_minors(selection, mig_minors, whole)
     if whole:
-        minors += [mig_minors[n] for n, on in (("config", request.mig_config), ("monitor", request.mig_monitor))
-                   if on and n in mig_minors]
+        minors += [
+            mig_minors[n]
+            for n, on in (("config", request.mig_config), ("monitor", request.mig_monitor))
+            if on and n in mig_minors
+        ]
     specs += [s for s in (nodes.caps_spec(dict(majors), m) for m in dict.fromkeys(minors)) if s is not None]
     specs += [nodes.imex_spec(dict(majors), c) for c in request.imex_channels]
     return tuple(specs)
@@ -161,16 +164,27 @@ def _driver_files(host: HostFacts, container: ContainerFacts, request: Request) 
     files = host.files
     ops: list[Operation] = []
     bins = caps_mod.binary_names(caps)
-    ops += [Bind(b, f"{BIN_DIR}/{posixpath.basename(b)}", int(RO), what="binary")
-            for b in files.binaries if posixpath.basename(b) in bins]
-    ops += [Bind(lib, f"{container.lib_dir}/{posixpath.basename(lib)}", int(RO), what="library")
-            for lib in files.libraries if _has_prefix(lib, prefixes)]
+    ops += [
+        Bind(b, f"{BIN_DIR}/{posixpath.basename(b)}", int(RO), what="binary")
+        for b in files.binaries
+        if posixpath.basename(b) in bins
+    ]
+    ops += [
+        Bind(lib, f"{container.lib_dir}/{posixpath.basename(lib)}", int(RO), what="library")
+        for lib in files.libraries
+        if _has_prefix(lib, prefixes)
+    ]
     if "compat32" in caps:
-        ops += [Bind(lib, f"{container.lib32_dir}/{posixpath.basename(lib)}", int(RO), what="library32")
-                for lib in files.libraries32 if _has_prefix(lib, prefixes)]
+        ops += [
+            Bind(lib, f"{container.lib32_dir}/{posixpath.basename(lib)}", int(RO), what="library32")
+            for lib in files.libraries32
+            if _has_prefix(lib, prefixes)
+        ]
     if request.cuda_compat_mode == "mount" and "compute" in caps:
-        ops += [Bind(lib, f"{container.lib_dir}/{posixpath.basename(lib)}", int(RO), what="compat", in_rootfs=True)
-                for lib in compat_libraries(container.compat_libs, files.version, "mount")]
+        ops += [
+            Bind(lib, f"{container.lib_dir}/{posixpath.basename(lib)}", int(RO), what="compat", in_rootfs=True)
+            for lib in compat_libraries(container.compat_libs, files.version, "mount")
+        ]
     ipcs = [
         (files.persistenced_socket, bool(caps & {"utility", "compute"}), "file"),
         (files.fabricmanager_socket, "compute" in caps, "file"),
@@ -193,8 +207,11 @@ def _proc_ops(host: HostFacts, container: ContainerFacts, selection: Selection, 
     for name in ("params", "version", "registry"):
         if name in host.proc_files:
             content = host.proc_files[name]
-            ops.append(WriteFile(f"{PROC_NVIDIA}/{name}", params_without_device_files(content)
-                                 if name == "params" else content))
+            ops.append(
+                WriteFile(
+                    f"{PROC_NVIDIA}/{name}", params_without_device_files(content) if name == "params" else content
+                )
+            )
     if selection.gpus:
         ops.append(MakeDir(f"{PROC_NVIDIA}/gpus"))
     for gpu in selection.gpus:
@@ -233,8 +250,11 @@ def _device_ops(host: HostFacts, selection: Selection, request: Request) -> tupl
     specs = [s for s in control_nodes(majors, request.capabilities) if s.path in host.nodes]
     specs += [_require(nodes.gpu_spec(majors, gpu.minor), host) for gpu in selection.gpus]
     whole = request.mig_config or request.mig_monitor
-    caps_specs = [s for s in (nodes.caps_spec(majors, m) for m in _mig_caps_minors(selection, host.mig_minors, whole))
-                  if s is not None]
+    caps_specs = [
+        s
+        for s in (nodes.caps_spec(majors, m) for m in _mig_caps_minors(selection, host.mig_minors, whole))
+        if s is not None
+    ]
     mig_file_specs = []
     for name, on in (("config", request.mig_config), ("monitor", request.mig_monitor)):
         if not on:
@@ -281,17 +301,20 @@ def _extra(mounts: tuple[HostMount, ...]) -> list[Operation]:
     return ops
 
 
-def build(host: HostFacts, container: ContainerFacts, selection: Selection, request: Request,
-          share: ShareFiles | None = None) -> Plan:
+def build(
+    host: HostFacts, container: ContainerFacts, selection: Selection, request: Request, share: ShareFiles | None = None
+) -> Plan:
     """The plan for one container (``share``: its sharing files, their mounts after the request's
     extra mounts). Raises DeviceError for a selected device the host lacks."""
     files_ops = _driver_files(host, container, request)
     device_ops, rules = _device_ops(host, selection, request)
     extra = (*request.extra_mounts, *(share_mounts(share) if share is not None else ()))
-    ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, request), *_links(files_ops),
-           *_extra(extra)]
-    lib_dirs = [d for d, what in ((container.lib_dir, "library"), (container.lib32_dir, "library32"))
-                if any(isinstance(o, Bind) and o.what == what for o in ops)]
+    ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, request), *_links(files_ops), *_extra(extra)]
+    lib_dirs = [
+        d
+        for d, what in ((container.lib_dir, "library"), (container.lib32_dir, "library32"))
+        if any(isinstance(o, Bind) and o.what == what for o in ops)
+    ]
     if request.cuda_compat_mode == "ldconfig" and "compute" in request.capabilities and lib_dirs:
         if compat_libraries(container.compat_libs, host.files.version, "ldconfig"):
             lib_dirs.insert(0, COMPAT_DIR)

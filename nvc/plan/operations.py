@@ -107,16 +107,19 @@ class Symlink(NamedTuple):
 def _share_lines(share: ShareFiles) -> list[str]:
     """What ``--dry-run`` prints of GPU sharing's host files."""
     where = f"{share.state_dir.rstrip('/')}/{share.container_id}"
-    lines = [_line("mkdir", where, what="host"),
-             _line("write", f"{where}/owner", " (the container's bundle and process)", what="host"),
-             _line("tmpfs", f"{where}/shared", " (limits, region)", what="host"),
-             _written(f"{where}/shared/limits", share.limits, "host"),
-             _written(f"{where}/ld.so.preload", share.preload, "host")]
+    lines = [
+        _line("mkdir", where, what="host"),
+        _line("write", f"{where}/owner", " (the container's bundle and process)", what="host"),
+        _line("tmpfs", f"{where}/shared", " (limits, region)", what="host"),
+        _written(f"{where}/shared/limits", share.limits, "host"),
+        _written(f"{where}/ld.so.preload", share.preload, "host"),
+    ]
     if share.scheduled:
-        sched = share.sched_dir.rstrip('/')
-        lines += [_line("write", f"{sched}/{GRANTED_DIR}/{share.container_id}", " (its granted compute limits)",
-                        what="host"),
-                  _line("write", f"{sched}/{share.container_id}", " (scheduler file)", what="host")]
+        sched = share.sched_dir.rstrip("/")
+        lines += [
+            _line("write", f"{sched}/{GRANTED_DIR}/{share.container_id}", " (its granted compute limits)", what="host"),
+            _line("write", f"{sched}/{share.container_id}", " (scheduler file)", what="host"),
+        ]
     return lines
 
 

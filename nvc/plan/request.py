@@ -97,15 +97,26 @@ def check(req: Request) -> Request:
     return req if req.pid is not None or req.no_cgroups else req._replace(no_cgroups=True)
 
 
-def from_flags(rootfs: str, pid: int | None, devices: tuple[str, ...] = (), capabilities: Iterable[str] = (),
-               requirements: tuple[str, ...] = (), ldconfig: str = DEFAULT_LDCONFIG, no_cgroups: bool = False,
-               no_devbind: bool = False, mig_config: str | None = None, mig_monitor: str | None = None,
-               imex_channels: tuple[str, ...] = (), cuda_compat_mode: str = "ldconfig") -> Request:
+def from_flags(
+    rootfs: str,
+    pid: int | None,
+    devices: tuple[str, ...] = (),
+    capabilities: Iterable[str] = (),
+    requirements: tuple[str, ...] = (),
+    ldconfig: str = DEFAULT_LDCONFIG,
+    no_cgroups: bool = False,
+    no_devbind: bool = False,
+    mig_config: str | None = None,
+    mig_monitor: str | None = None,
+    imex_channels: tuple[str, ...] = (),
+    cuda_compat_mode: str = "ldconfig",
+) -> Request:
     """``nvc-py configure``'s flags as given (``devices``: the ``-d`` values, ``none`` alone selecting
     no GPU), each checked before anything is looked at; errors name the flag or value."""
-    from nvc.model import capabilities as caps_mod
     from nvc.containerenv import MIG_FILE_VALUES, NONE, parse_imex_channels
-    from nvc.plan import requirements as reqs_mod, selection
+    from nvc.model import capabilities as caps_mod
+    from nvc.plan import requirements as reqs_mod
+    from nvc.plan import selection
 
     _check_target(rootfs, pid, ldconfig)
     caps = caps_mod.check(capabilities)
@@ -118,5 +129,19 @@ def from_flags(rootfs: str, pid: int | None, devices: tuple[str, ...] = (), capa
         _check_mig(name, value is not None, selectors)
     _check_compat_mode(cuda_compat_mode)
     # the fields in Request's order, which is the flags'
-    return check(Request(rootfs, pid, selectors, caps, reqs, ldconfig, no_cgroups, no_devbind, mig_config is not None,
-                         mig_monitor is not None, parse_imex_channels(imex_channels), cuda_compat_mode))
+    return check(
+        Request(
+            rootfs,
+            pid,
+            selectors,
+            caps,
+            reqs,
+            ldconfig,
+            no_cgroups,
+            no_devbind,
+            mig_config is not None,
+            mig_monitor is not None,
+            parse_imex_channels(imex_channels),
+            cuda_compat_mode,
+        )
+    )

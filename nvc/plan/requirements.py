@@ -19,7 +19,12 @@ VERSION_PROPERTIES = frozenset({"cuda", "driver", "arch"})
 PROPERTIES = VERSION_PROPERTIES | {"brand"}
 
 _OPS: dict[str, Callable[[object, object], bool]] = {
-    "=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "=": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
 }
 _FACTOR = re.compile(r"^([A-Za-z_]+)(!=|<=|>=|=|<|>)(.+)$")
 _VERSION = re.compile(r"[0-9]{1,9}(\.[0-9]{1,9})*")  # ASCII: int() takes 4300 digits at most
@@ -86,10 +91,7 @@ def parse_factor(text: str) -> Factor:
 
 def parse_requirement(text: str) -> Requirement:
     """Parse one expression; empty terms and factors are ignored, an empty expression is refused."""
-    terms = tuple(
-        tuple(parse_factor(f) for f in term.split(",") if f)
-        for term in text.split()
-    )
+    terms = tuple(tuple(parse_factor(f) for f in term.split(",") if f) for term in text.split())
     terms = tuple(t for t in terms if t)
     if not terms:
         raise InputError(f"empty requirement: {shown(text)}")

@@ -13,9 +13,9 @@ import re
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from nvc.discover import procfs
-from nvc.model.devices import MigDevice
-from nvc.errors import DeviceError, cut
 from nvc.discover.procfs import normalize_bus_id
+from nvc.errors import DeviceError, cut
+from nvc.model.devices import MigDevice
 from nvc.system.untrusted import decimal
 
 if TYPE_CHECKING:

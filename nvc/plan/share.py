@@ -64,8 +64,10 @@ class ShareFiles(NamedTuple):
 def limits_text(request: ShareRequest, origin: str = "") -> str:
     """The limits file (native/config.c, version 1): ``key=value`` or ``key.<scope>=value`` lines after
     ``version=1``, sizes in bytes."""
-    lines = [f"# written by nvc-py{' for ' + origin if origin else ''}; read-only in the container",
-             f"version={LIMITS_VERSION}"]
+    lines = [
+        f"# written by nvc-py{' for ' + origin if origin else ''}; read-only in the container",
+        f"version={LIMITS_VERSION}",
+    ]
     for field, key in LIMITS_KEYS:
         lines += [f"{key}{'.' + scope if scope else ''}={value}" for scope, value in getattr(request, field)]
     return "\n".join(lines) + "\n"
@@ -101,8 +103,16 @@ def container_dir(container_id: str, state_dir: str = STATE_DIR) -> Path:
     return Path(state_dir) / container_id
 
 
-def files(request: ShareRequest, container_id: str, image_preload: str, *, library: str = HOST_LIBRARY,
-          state_dir: str = STATE_DIR, sched_dir: str | None = None, bundle: str = "") -> ShareFiles:
+def files(
+    request: ShareRequest,
+    container_id: str,
+    image_preload: str,
+    *,
+    library: str = HOST_LIBRARY,
+    state_dir: str = STATE_DIR,
+    sched_dir: str | None = None,
+    bundle: str = "",
+) -> ShareFiles:
     """The host files of one container (``image_preload``: the image's own /etc/ld.so.preload),
     decided, not made: an id that cannot name a directory, granted limits the scheduler's tmpfs has
     no room for, are refused here."""
@@ -111,9 +121,17 @@ def files(request: ShareRequest, container_id: str, image_preload: str, *, libra
     granted = granted_text(limits) if takes_part else ""
     if len(granted.encode()) > GRANTED_MAX:
         raise ContainerError(f"the compute limits of container {container_id} exceed {GRANTED_MAX} bytes")
-    return ShareFiles(container_id=container_id, state_dir=state_dir, sched_dir=sched_dir or sched_dir_for(state_dir),
-                      library=library, limits=limits, preload=preload_text(image_preload), scheduled=takes_part,
-                      bundle=bundle, granted=granted)
+    return ShareFiles(
+        container_id=container_id,
+        state_dir=state_dir,
+        sched_dir=sched_dir or sched_dir_for(state_dir),
+        library=library,
+        limits=limits,
+        preload=preload_text(image_preload),
+        scheduled=takes_part,
+        bundle=bundle,
+        granted=granted,
+    )
 
 
 def mounts(planned: ShareFiles) -> tuple[HostMount, ...]:
@@ -128,5 +146,8 @@ def mounts(planned: ShareFiles) -> tuple[HostMount, ...]:
     )
     if not planned.scheduled:
         return found
-    return (*found, HostMount(source=planned.sched_dir, target=CONTAINER_PEERS, readonly=True, directory=True),
-            HostMount(source=f"{planned.sched_dir}/{planned.container_id}", target=CONTAINER_SCHED, readonly=False))
+    return (
+        *found,
+        HostMount(source=planned.sched_dir, target=CONTAINER_PEERS, readonly=True, directory=True),
+        HostMount(source=f"{planned.sched_dir}/{planned.container_id}", target=CONTAINER_SCHED, readonly=False),
+    )

@@ -14,20 +14,20 @@ MAGIC = b"NVCSCHD\0"
 VERSION = 2
 SIZE = 4096
 DEVICES = 16
-IDLE_NS = 1_000_000_000          # not seen launching for a second: idle, no current share
+IDLE_NS = 1_000_000_000  # not seen launching for a second: idle, no current share
 
-_HEADER = struct.Struct("<8sII48x")                      # 64 bytes
-_ENTRY = struct.Struct("<40sQQQQQQIIIIII16x")            # 128 bytes
+_HEADER = struct.Struct("<8sII48x")  # 64 bytes
+_ENTRY = struct.Struct("<40sQQQQQQIIIIII16x")  # 128 bytes
 
 
 class SchedDevice(NamedTuple):
-    key: str                     # the device's UUID without its GPU-/MIG- prefix
+    key: str  # the device's UUID without its GPU-/MIG- prefix
     weight: int
-    cap: int                     # percent, 100 = none
-    busy_ns: int                 # measured GPU time, cumulative
-    charged_ns: int              # the part of it charged against its weight (shared moments divided), cumulative
-    share_permille: int          # of the GPU over the last half second the container was busy
-    seen_ns: int                 # CLOCK_MONOTONIC of its last launch
+    cap: int  # percent, 100 = none
+    busy_ns: int  # measured GPU time, cumulative
+    charged_ns: int  # the part of it charged against its weight (shared moments divided), cumulative
+    share_permille: int  # of the GPU over the last half second the container was busy
+    seen_ns: int  # CLOCK_MONOTONIC of its last launch
 
 
 class SchedFormatError(ValueError):
@@ -44,8 +44,10 @@ def parse_sched(data: bytes) -> tuple[SchedDevice, ...]:
         raise SchedFormatError(f"magic {magic!r} version {version}, want version {VERSION}")
     devices = []
     for i in range(min(ndevices, DEVICES)):
-        key, charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, _ = \
+        key, charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, _ = (
             _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
-        devices.append(SchedDevice(key.rstrip(b"\0").decode("ascii", "replace"), weight, cap, busy, charged,
-                                   permille, seen))
+        )
+        devices.append(
+            SchedDevice(key.rstrip(b"\0").decode("ascii", "replace"), weight, cap, busy, charged, permille, seen)
+        )
     return tuple(devices)

@@ -38,8 +38,9 @@ from typing import NamedTuple
 
 import prctl
 
-from nvc.system import syscalls
 from nvc.errors import InitializationError, NvcError, PrivilegeError
+from nvc.system import syscalls
+
 
 class Confinement(NamedTuple):
     """One process's row: what it keeps, and what each step does for it. (A NamedTuple, immutable
@@ -95,17 +96,54 @@ SECCOMP_FILTERS: dict[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 
-DRIVER_HELPER = Confinement("driver helper", bounding=NOTHING, permitted=NOTHING, effective=NOTHING,
-                            inheritable=NOTHING, root="chroot", identity="given", rlimits=(), no_new_privs=True,
-                            seccomp=None)
-CONTAINER_HELPER = Confinement("container helper", bounding=MOUNT_CAPS, permitted=MOUNT_CAPS, effective=NOTHING,
-                               inheritable=NOTHING, root="kept", identity="kept", rlimits=(), no_new_privs=True,
-                               seccomp=None)
-LDCONFIG_SANDBOX = Confinement("ldconfig sandbox", bounding=NOTHING, permitted=NOTHING, effective=NOTHING,
-                               inheritable=NOTHING, root="private", identity="given", rlimits=LDCONFIG_RLIMITS,
-                               no_new_privs=True, seccomp="ldconfig")
-SERVER_WORKER = Confinement("server worker", bounding=None, permitted=None, effective=None, inheritable=None,
-                            root="kept", identity="kept", rlimits=(), no_new_privs=False, seccomp=None)
+DRIVER_HELPER = Confinement(
+    "driver helper",
+    bounding=NOTHING,
+    permitted=NOTHING,
+    effective=NOTHING,
+    inheritable=NOTHING,
+    root="chroot",
+    identity="given",
+    rlimits=(),
+    no_new_privs=True,
+    seccomp=None,
+)
+CONTAINER_HELPER = Confinement(
+    "container helper",
+    bounding=MOUNT_CAPS,
+    permitted=MOUNT_CAPS,
+    effective=NOTHING,
+    inheritable=NOTHING,
+    root="kept",
+    identity="kept",
+    rlimits=(),
+    no_new_privs=True,
+    seccomp=None,
+)
+LDCONFIG_SANDBOX = Confinement(
+    "ldconfig sandbox",
+    bounding=NOTHING,
+    permitted=NOTHING,
+    effective=NOTHING,
+    inheritable=NOTHING,
+    root="private",
+    identity="given",
+    rlimits=LDCONFIG_RLIMITS,
+    no_new_privs=True,
+    seccomp="ldconfig",
+)
+SERVER_WORKER = Confinement(
+    "server worker",
+    bounding=None,
+    permitted=None,
+    effective=None,
+    inheritable=None,
+    root="kept",
+    identity="kept",
+    rlimits=(),
+    no_new_privs=False,
+    seccomp=None,
+)
 TABLE = (DRIVER_HELPER, CONTAINER_HELPER, LDCONFIG_SANDBOX, SERVER_WORKER)
 
 SECCOMP_CACHE = "/run/nvc-py/{}-seccomp.bpf"  # a compiled allowlist, by name (nvc.system.runcache: root's own file)
@@ -197,8 +235,9 @@ def limit_syscalls(row: Confinement, program: bytes | None) -> None:
 STEPS = (change_root, limit_bounding, switch_identity, limit_caps, limit_resources, set_no_new_privs, limit_syscalls)
 
 
-def confine(row: Confinement, root: str = "/", user: tuple[int, int] | None = None,
-            rearm: Callable[[], None] = lambda: None) -> None:
+def confine(
+    row: Confinement, root: str = "/", user: tuple[int, int] | None = None, rearm: Callable[[], None] = lambda: None
+) -> None:
     """Every step, in order, for a process with no work of its own between them."""
     change_root(row, root)
     limit_bounding(row)
@@ -228,7 +267,7 @@ def seccomp_program(row: Confinement) -> bytes:
     header = seccomp_cache_header(name)
     cached = runcache.load(SECCOMP_CACHE.format(name), len(header) + _MAX_BPF)
     if cached is not None and cached.startswith(header):
-        program = cached[len(header):]
+        program = cached[len(header) :]
         if program and len(program) % 8 == 0:
             return program
     import pyseccomp

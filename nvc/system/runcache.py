@@ -16,6 +16,7 @@ import stat
 from nvc.errors import InputError
 from nvc.system.untrusted import read_file
 
+
 def load(path: str, limit: int) -> bytes | None:
     """The bytes of this user's cache file at ``path`` (at most ``limit``), or None."""
     try:

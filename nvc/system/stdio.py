@@ -95,8 +95,9 @@ def _wrap(name: str, fd: int, what: str | None) -> None:
             old.flush()
         except (OSError, ValueError):
             pass
-    stream = io.TextIOWrapper(io.BufferedWriter(_Sink(fd, what)), encoding=encoding, errors="backslashreplace",
-                              line_buffering=line_buffering)
+    stream = io.TextIOWrapper(
+        io.BufferedWriter(_Sink(fd, what)), encoding=encoding, errors="backslashreplace", line_buffering=line_buffering
+    )
     setattr(sys, name, stream)
 
 

@@ -10,8 +10,8 @@ it into an nvc error naming the wrong thing.
 from __future__ import annotations
 
 import ctypes
-import errno
 import enum
+import errno
 import os
 import select
 from collections.abc import Sequence

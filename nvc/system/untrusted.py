@@ -25,7 +25,6 @@ import stat
 
 from nvc.errors import InputError, cut
 
-
 MAX_DIGITS = 18  # of a number read from text: any such value fits in 64 bits
 PATH_MAX = 4096  # bytes of a path the kernel takes, its terminating NUL included (limits.h)
 
@@ -37,8 +36,14 @@ def decimal(text: str, max_digits: int = MAX_DIGITS) -> int | None:
     return None
 
 
-_KINDS = {stat.S_IFLNK: "a symbolic link (not followed)", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link (not followed)",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
 
 
 class UnexpectedFile(Exception):

@@ -71,7 +71,7 @@ def _overlay_dev(nodes: Path, staging: Path) -> None:
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mountpoint = line.split()[4]
         if mountpoint.startswith("/dev/") and mountpoint.count("/") == 2:
-            target = merged / mountpoint[len("/dev/"):]
+            target = merged / mountpoint[len("/dev/") :]
             if target.is_dir():
                 _mount(mountpoint, target, None, MS_BIND | MS_REC)
     _mount(str(merged), "/dev", None, MS_MOVE)
@@ -110,7 +110,7 @@ def private_mounts() -> Iterator[None]:
 
 
 @contextmanager
-def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build.FakeDriver)
+def activate(fake: FakeDriver) -> Iterator[FakeDriver]:  # noqa: F821 (build.FakeDriver)
     """Show ``fake``'s /proc/driver, /proc/devices and /dev nodes at the real paths until exit."""
     staging = Path(tempfile.mkdtemp(prefix="nvc-fake-dev-"))
     try:
@@ -121,7 +121,7 @@ def activate(fake: "FakeDriver") -> Iterator["FakeDriver"]:  # noqa: F821 (build
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def show(fake: "FakeDriver", staging: Path) -> None:  # noqa: F821 (build.FakeDriver)
+def show(fake: FakeDriver, staging: Path) -> None:  # noqa: F821 (build.FakeDriver)
     """Show ``fake`` at the real paths in this process's mount namespace, which must be a private
     one (:func:`activate`, or a child's that ends with it: demo/try.py); ``staging`` holds /dev's overlay."""
     bind(fake.proc / "driver", "/proc/driver")

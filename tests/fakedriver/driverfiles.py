@@ -13,9 +13,9 @@ NVIDIA_MAJOR = 195
 UVM_MAJOR = 238
 CAPS_MAJOR = 241
 IMEX_MAJOR = 242
-MIG_MINORS_PER_GPU = 135     # 15 GPU instances x (1 access + 8 compute instances)
+MIG_MINORS_PER_GPU = 135  # 15 GPU instances x (1 access + 8 compute instances)
 MIG_MINORS_PER_GI = 9
-MIG_MINORS_GPUS = 32          # a real driver's mig-minors lists 32 GPUs, whatever the machine has
+MIG_MINORS_GPUS = 32  # a real driver's mig-minors lists 32 GPUs, whatever the machine has
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
 
@@ -36,8 +36,8 @@ def make_devices(machine: dict[str, Any], dev: Path) -> None:
     _mknod(dev / "nvidia-modeset", 0o666, NVIDIA_MAJOR, 254)
     _mknod(dev / "nvidia-uvm", 0o666, UVM_MAJOR, 0)
     _mknod(dev / "nvidia-uvm-tools", 0o666, UVM_MAJOR, 1)
-    _mknod(dev / "nvidia-caps/nvidia-cap1", 0o400, CAPS_MAJOR, 1)   # mig config
-    _mknod(dev / "nvidia-caps/nvidia-cap2", 0o444, CAPS_MAJOR, 2)   # mig monitor
+    _mknod(dev / "nvidia-caps/nvidia-cap1", 0o400, CAPS_MAJOR, 1)  # mig config
+    _mknod(dev / "nvidia-caps/nvidia-cap2", 0o444, CAPS_MAJOR, 2)  # mig monitor
     for gpu in machine["gpus"]:
         _mknod(dev / f"nvidia{gpu['minor']}", 0o666, NVIDIA_MAJOR, gpu["minor"])
         for mig in gpu["mig"]["devices"] if gpu["mig"] else []:
@@ -60,6 +60,7 @@ def make_files(root: Path, version: str) -> None:
 
 # --- the /proc stand-in -------------------------------------------------------------------------
 
+
 def _proc_bus_id(pci_bus_id: str) -> str:
     """/proc/driver/nvidia/gpus/ names GPUs by a lowercase bus id with a 4-digit domain."""
     domain, bus, rest = pci_bus_id.split(":")
@@ -68,37 +69,66 @@ def _proc_bus_id(pci_bus_id: str) -> str:
 
 def _params() -> str:
     values = [
-        ("ResmanDebugLevel", "4294967295"), ("RmLogonRC", "1"), ("ModifyDeviceFiles", "1"),
-        ("DeviceFileUID", "0"), ("DeviceFileGID", "0"), ("DeviceFileMode", "438"),
-        ("InitializeSystemMemoryAllocations", "1"), ("UsePageAttributeTable", "4294967295"),
-        ("EnableMSI", "1"), ("EnablePCIeGen3", "0"), ("MemoryPoolSize", "0"), ("KMallocHeapMaxSize", "0"),
-        ("VMallocHeapMaxSize", "0"), ("IgnoreMMIOCheck", "0"), ("EnableStreamMemOPs", "0"),
-        ("EnableUserNUMAManagement", "1"), ("NvLinkDisable", "0"), ("RmProfilingAdminOnly", "1"),
-        ("PreserveVideoMemoryAllocations", "0"), ("EnableS0ixPowerManagement", "0"),
-        ("S0ixPowerManagementVideoMemoryThreshold", "256"), ("DynamicPowerManagement", "3"),
-        ("DynamicPowerManagementVideoMemoryThreshold", "200"), ("RegisterPCIDriver", "1"),
-        ("EnablePCIERelaxedOrderingMode", "0"), ("EnableResizableBar", "0"), ("EnableGpuFirmware", "18"),
-        ("EnableGpuFirmwareLogs", "2"), ("RmNvlinkBandwidthLinkCount", "0"), ("EnableDbgBreakpoint", "0"),
-        ("OpenRmEnableUnsupportedGpus", "1"), ("DmaRemapPeerMmio", "1"), ("ImexChannelCount", "2048"),
-        ("CreateImexChannel0", "0"), ("GrdmaPciTopoCheckOverride", "0"), ("CoherentGPUMemoryMode", '""'),
-        ("RegistryDwords", '""'), ("RegistryDwordsPerDevice", '""'), ("RmMsg", '""'), ("GpuBlacklist", '""'),
-        ("TemporaryFilePath", '""'), ("ExcludedGpus", '""'),
+        ("ResmanDebugLevel", "4294967295"),
+        ("RmLogonRC", "1"),
+        ("ModifyDeviceFiles", "1"),
+        ("DeviceFileUID", "0"),
+        ("DeviceFileGID", "0"),
+        ("DeviceFileMode", "438"),
+        ("InitializeSystemMemoryAllocations", "1"),
+        ("UsePageAttributeTable", "4294967295"),
+        ("EnableMSI", "1"),
+        ("EnablePCIeGen3", "0"),
+        ("MemoryPoolSize", "0"),
+        ("KMallocHeapMaxSize", "0"),
+        ("VMallocHeapMaxSize", "0"),
+        ("IgnoreMMIOCheck", "0"),
+        ("EnableStreamMemOPs", "0"),
+        ("EnableUserNUMAManagement", "1"),
+        ("NvLinkDisable", "0"),
+        ("RmProfilingAdminOnly", "1"),
+        ("PreserveVideoMemoryAllocations", "0"),
+        ("EnableS0ixPowerManagement", "0"),
+        ("S0ixPowerManagementVideoMemoryThreshold", "256"),
+        ("DynamicPowerManagement", "3"),
+        ("DynamicPowerManagementVideoMemoryThreshold", "200"),
+        ("RegisterPCIDriver", "1"),
+        ("EnablePCIERelaxedOrderingMode", "0"),
+        ("EnableResizableBar", "0"),
+        ("EnableGpuFirmware", "18"),
+        ("EnableGpuFirmwareLogs", "2"),
+        ("RmNvlinkBandwidthLinkCount", "0"),
+        ("EnableDbgBreakpoint", "0"),
+        ("OpenRmEnableUnsupportedGpus", "1"),
+        ("DmaRemapPeerMmio", "1"),
+        ("ImexChannelCount", "2048"),
+        ("CreateImexChannel0", "0"),
+        ("GrdmaPciTopoCheckOverride", "0"),
+        ("CoherentGPUMemoryMode", '""'),
+        ("RegistryDwords", '""'),
+        ("RegistryDwordsPerDevice", '""'),
+        ("RmMsg", '""'),
+        ("GpuBlacklist", '""'),
+        ("TemporaryFilePath", '""'),
+        ("ExcludedGpus", '""'),
     ]
     return "".join(f"{key}: {value}\n" for key, value in values)
 
 
 def _gpu_information(gpu: dict[str, Any], version: str) -> str:
-    return (f"Model: \t\t {gpu['name']}\n"
-            f"IRQ:   \t\t {130 + gpu['minor']}\n"
-            f"GPU UUID: \t {gpu['uuid']}\n"
-            "Video BIOS: \t 96.00.99.00.01\n"
-            "Bus Type: \t PCIe\n"
-            "DMA Size: \t 52 bits\n"
-            "DMA Mask: \t 0xfffffffffffff\n"
-            f"Bus Location: \t {_proc_bus_id(gpu['pci_bus_id'])}\n"
-            f"Device Minor: \t {gpu['minor']}\n"
-            f"GPU Firmware: \t {version}\n"
-            "GPU Excluded:\t No\n")
+    return (
+        f"Model: \t\t {gpu['name']}\n"
+        f"IRQ:   \t\t {130 + gpu['minor']}\n"
+        f"GPU UUID: \t {gpu['uuid']}\n"
+        "Video BIOS: \t 96.00.99.00.01\n"
+        "Bus Type: \t PCIe\n"
+        "DMA Size: \t 52 bits\n"
+        "DMA Mask: \t 0xfffffffffffff\n"
+        f"Bus Location: \t {_proc_bus_id(gpu['pci_bus_id'])}\n"
+        f"Device Minor: \t {gpu['minor']}\n"
+        f"GPU Firmware: \t {version}\n"
+        "GPU Excluded:\t No\n"
+    )
 
 
 def _access_file(minor: int, mode: int) -> str:
@@ -116,8 +146,13 @@ def _mig_minors() -> str:
 
 def _proc_devices(host: str) -> str:
     """The host's /proc/devices with the NVIDIA character majors added (in major order)."""
-    ours = [(NVIDIA_MAJOR, "nvidia"), (NVIDIA_MAJOR, "nvidiactl"), (UVM_MAJOR, "nvidia-uvm"),
-            (CAPS_MAJOR, "nvidia-caps"), (IMEX_MAJOR, "nvidia-caps-imex-channels")]
+    ours = [
+        (NVIDIA_MAJOR, "nvidia"),
+        (NVIDIA_MAJOR, "nvidiactl"),
+        (UVM_MAJOR, "nvidia-uvm"),
+        (CAPS_MAJOR, "nvidia-caps"),
+        (IMEX_MAJOR, "nvidia-caps-imex-channels"),
+    ]
     sections = host.split("\n\n")
     char_lines = sections[0].splitlines()
     entries = [(int(line.split()[0]), line.split(None, 1)[1]) for line in char_lines[1:] if line.strip()]
@@ -134,7 +169,8 @@ def make_proc(machine: dict[str, Any], proc: Path) -> None:
     (nvidia / "version").write_text(
         f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
         "(dvs-builder@U22-I3-AE18-09-3)  Wed Sep 24 23:42:50 UTC 2025\n"
-        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n")
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"
+    )
     (nvidia / "params").write_text(_params())
     (nvidia / "registry").write_text('Binary: ""\n')
     caps = nvidia / "capabilities"
@@ -154,4 +190,3 @@ def make_proc(machine: dict[str, Any], proc: Path) -> None:
     (proc / "driver/nvidia-caps").mkdir(parents=True)
     (proc / "driver/nvidia-caps/mig-minors").write_text(_mig_minors())
     (proc / "devices").write_text(_proc_devices(Path("/proc/devices").read_text()))
-

@@ -29,35 +29,59 @@ INCLUDES = [f"-I{SRC}", f"-iquote{ABI_HEADERS}"]
 LIBRARY_GROUPS: dict[str, dict[str, str | None]] = {
     "utility": {"libnvidia-ml.so": "1", "libnvidia-cfg.so": "1", "libnvidia-nscq.so": "2"},
     "compute": {
-        "libcuda.so": "1", "libcudadebugger.so": "1", "libnvidia-opencl.so": "1",
-        "libnvidia-gpucomp.so": None, "libnvidia-ptxjitcompiler.so": "1",
-        "libnvidia-fatbinaryloader.so": None, "libnvidia-allocator.so": "1",
-        "libnvidia-compiler.so": None, "libnvidia-pkcs11.so": None,
-        "libnvidia-pkcs11-openssl3.so": None, "libnvidia-nvvm.so": "4", "libnvidia-tileiras.so": "1",
+        "libcuda.so": "1",
+        "libcudadebugger.so": "1",
+        "libnvidia-opencl.so": "1",
+        "libnvidia-gpucomp.so": None,
+        "libnvidia-ptxjitcompiler.so": "1",
+        "libnvidia-fatbinaryloader.so": None,
+        "libnvidia-allocator.so": "1",
+        "libnvidia-compiler.so": None,
+        "libnvidia-pkcs11.so": None,
+        "libnvidia-pkcs11-openssl3.so": None,
+        "libnvidia-nvvm.so": "4",
+        "libnvidia-tileiras.so": "1",
     },
     "video": {
-        "libvdpau_nvidia.so": "1", "libnvidia-encode.so": "1", "libnvidia-opticalflow.so": "1",
+        "libvdpau_nvidia.so": "1",
+        "libnvidia-encode.so": "1",
+        "libnvidia-opticalflow.so": "1",
         "libnvcuvid.so": "1",
     },
     "graphics": {
-        "libnvidia-eglcore.so": None, "libnvidia-glcore.so": None, "libnvidia-tls.so": None,
-        "libnvidia-glsi.so": None, "libnvidia-fbc.so": "1", "libnvidia-ifr.so": "1",
-        "libnvidia-rtcore.so": None, "libnvoptix.so": "1",
+        "libnvidia-eglcore.so": None,
+        "libnvidia-glcore.so": None,
+        "libnvidia-tls.so": None,
+        "libnvidia-glsi.so": None,
+        "libnvidia-fbc.so": "1",
+        "libnvidia-ifr.so": "1",
+        "libnvidia-rtcore.so": None,
+        "libnvoptix.so": "1",
     },
     "graphics_glvnd": {
-        "libGLX_nvidia.so": "0", "libEGL_nvidia.so": "0", "libGLESv2_nvidia.so": "2",
-        "libGLESv1_CM_nvidia.so": "1", "libnvidia-glvkspirv.so": None, "libnvidia-cbl.so": None,
+        "libGLX_nvidia.so": "0",
+        "libEGL_nvidia.so": "0",
+        "libGLESv2_nvidia.so": "2",
+        "libGLESv1_CM_nvidia.so": "1",
+        "libnvidia-glvkspirv.so": None,
+        "libnvidia-cbl.so": None,
     },
     "graphics_compat": {"libGL.so": "1", "libEGL.so": "1", "libGLESv1_CM.so": "1", "libGLESv2.so": "2"},
     "ngx": {"libnvidia-ngx.so": "1"},
 }
 # Libraries built from their own sources instead of the stub: every C file of their folder in src/.
 IMPLEMENTED = {"libnvidia-ml.so": "libnvidia-ml", "libcuda.so": "libcuda"}
-ABI_NOTE_LIBRARIES = {"libnvidia-tls.so"}           # carry a GNU/Linux 2.3.99 ABI note
+ABI_NOTE_LIBRARIES = {"libnvidia-tls.so"}  # carry a GNU/Linux 2.3.99 ABI note
 GLCORE_CLIENTS = set(LIBRARY_GROUPS["graphics_compat"])  # DT_NEEDED libnvidia-glcore.so.<ver>
 
-BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager",
-            "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nv-fabricmanager",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
 
 
 class BuildError(RuntimeError):
@@ -71,8 +95,9 @@ def library_sources(name: str) -> list[Path]:
 
 def _run_all(commands: list[list[str]]) -> None:
     """Run commands concurrently (a build is a few dozen short gcc/ld runs); fail on the first error."""
-    procs = [(cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-             for cmd in commands]
+    procs = [
+        (cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)) for cmd in commands
+    ]
     failures = []
     for cmd, proc in procs:
         output, _ = proc.communicate()
@@ -85,8 +110,9 @@ def _run_all(commands: list[list[str]]) -> None:
 def _libc(bits: int) -> str:
     """The libc.so.6 to link stubs against, so ldconfig tags them libc6 like real driver libraries."""
     flag = ["-m32"] if bits == 32 else []
-    path = subprocess.run(["gcc", *flag, "-print-file-name=libc.so.6"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    path = subprocess.run(
+        ["gcc", *flag, "-print-file-name=libc.so.6"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     if not os.path.isabs(path):
         raise BuildError(f"gcc {' '.join(flag)} cannot find libc.so.6 (is gcc-multilib installed?)")
     return path
@@ -107,15 +133,38 @@ def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[in
         emulation = ["-m", "elf_i386"] if bits == 32 else ["-m", "elf_x86_64"]
         libc = _libc(bits)
         for variant, defines in (("stub", []), ("stub-abi", ["-DFAKE_ABI_NOTE"])):
-            compiles.append(["gcc", *arch, *cflags, "-fPIC", *defines, "-c", str(SRC / "stub.c"),
-                             "-o", str(obj / f"{variant}{bits}.o")])
+            compiles.append(
+                [
+                    "gcc",
+                    *arch,
+                    *cflags,
+                    "-fPIC",
+                    *defines,
+                    "-c",
+                    str(SRC / "stub.c"),
+                    "-o",
+                    str(obj / f"{variant}{bits}.o"),
+                ]
+            )
         for name, suffix in libraries.items():
             target = libdir / f"{name}.{version}"
             soname = _soname(name, suffix, version)
             sources = library_sources(name) if name in IMPLEMENTED else []
             if sources:
-                compiles.append(["gcc", *arch, *cflags, "-fPIC", "-shared", "-pthread",
-                                 f"-Wl,-soname,{soname}", *map(str, sources), "-o", str(target)])
+                compiles.append(
+                    [
+                        "gcc",
+                        *arch,
+                        *cflags,
+                        "-fPIC",
+                        "-shared",
+                        "-pthread",
+                        f"-Wl,-soname,{soname}",
+                        *map(str, sources),
+                        "-o",
+                        str(target),
+                    ]
+                )
                 continue
             stub = obj / (f"stub-abi{bits}.o" if name in ABI_NOTE_LIBRARIES else f"stub{bits}.o")
             link = ["ld", *emulation, "-shared", "-soname", soname, "-o", str(target), str(stub), libc]
@@ -126,7 +175,7 @@ def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[in
     for tool in ("nvidia-smi", "tool"):
         compiles.append(["gcc", "-m64", *cflags, str(SRC / f"{tool}.c"), "-o", str(obj / tool)])
     _run_all(compiles)
-    _run_all(stub_links)     # libnvidia-glcore first: the compat GL libraries link against it
+    _run_all(stub_links)  # libnvidia-glcore first: the compat GL libraries link against it
     _run_all(glcore_links)
 
 
@@ -146,4 +195,3 @@ def make_ldcache(root: Path, layout: Layout) -> None:
     result = subprocess.run(["ldconfig", "-r", str(root)], capture_output=True, text=True)
     if result.returncode != 0:
         raise BuildError(f"ldconfig -r {root} failed ({result.returncode}): {result.stderr}")
-

@@ -13,13 +13,27 @@ from pathlib import Path
 from typing import Any
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
-MAX_MIG_DEVICES = 7          # per GPU, as on A100/H100
-MAX_IMEX_CHANNELS = 256      # the driver allows 2^20; a fake needs a few nodes, not a million
+MAX_MIG_DEVICES = 7  # per GPU, as on A100/H100
+MAX_IMEX_CHANNELS = 256  # the driver allows 2^20; a fake needs a few nodes, not a million
 
 BRANDS = {
-    "Unknown": 0, "Quadro": 1, "Tesla": 2, "NVS": 3, "GRID": 4, "GeForce": 5, "TITAN": 6,
-    "VApps": 7, "VPC": 8, "VCS": 9, "VWS": 10, "CloudGaming": 11, "QuadroRTX": 12,
-    "NvidiaRTX": 13, "Nvidia": 14, "GeForceRTX": 15, "TitanRTX": 16,
+    "Unknown": 0,
+    "Quadro": 1,
+    "Tesla": 2,
+    "NVS": 3,
+    "GRID": 4,
+    "GeForce": 5,
+    "TITAN": 6,
+    "VApps": 7,
+    "VPC": 8,
+    "VCS": 9,
+    "VWS": 10,
+    "CloudGaming": 11,
+    "QuadroRTX": 12,
+    "NvidiaRTX": 13,
+    "Nvidia": 14,
+    "GeForceRTX": 15,
+    "TitanRTX": 16,
 }
 
 
@@ -36,15 +50,25 @@ class Layout:
 LAYOUTS = {
     # Debian/Ubuntu packages: multiarch dirs, listed in ld.so.conf.d as Debian's libc6 does.
     "distro": Layout(
-        "usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu", "usr/bin",
-        {"x86_64-linux-gnu.conf": ("/usr/local/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu",
-                                   "/usr/lib/x86_64-linux-gnu"),
-         "i386-linux-gnu.conf": ("/usr/local/lib/i386-linux-gnu", "/lib/i386-linux-gnu",
-                                 "/usr/lib/i386-linux-gnu")}),
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib/i386-linux-gnu",
+        "usr/bin",
+        {
+            "x86_64-linux-gnu.conf": (
+                "/usr/local/lib/x86_64-linux-gnu",
+                "/lib/x86_64-linux-gnu",
+                "/usr/lib/x86_64-linux-gnu",
+            ),
+            "i386-linux-gnu.conf": ("/usr/local/lib/i386-linux-gnu", "/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu"),
+        },
+    ),
     # GPU cloud images: everything under /usr/local/nvidia, found only through nvidia.conf.
     "nvidia": Layout(
-        "usr/local/nvidia/lib64", "usr/local/nvidia/lib", "usr/local/nvidia/bin",
-        {"nvidia.conf": ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")}),
+        "usr/local/nvidia/lib64",
+        "usr/local/nvidia/lib",
+        "usr/local/nvidia/bin",
+        {"nvidia.conf": ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")},
+    ),
 }
 
 
@@ -132,8 +156,12 @@ def load_machine(path: Path) -> dict[str, Any]:
 
 def _load_gpu(check: _Checker, raw: Any, index: int) -> dict[str, Any]:
     where = f"gpus[{index}]"
-    gpu = check.mapping(raw, where, {"minor", "name", "uuid", "pci_bus_id", "brand", "compute_capability",
-                                     "memory", "sm_count"}, {"pci_device_id", "mig"})
+    gpu = check.mapping(
+        raw,
+        where,
+        {"minor", "name", "uuid", "pci_bus_id", "brand", "compute_capability", "memory", "sm_count"},
+        {"pci_device_id", "mig"},
+    )
     bus = _BUS_ID.fullmatch(str(gpu["pci_bus_id"]))
     if not bus:
         raise check.fail(f"{where}.pci_bus_id", f"expected DOMAIN:BUS:DEVICE.0 in hex, got {gpu['pci_bus_id']!r}")
@@ -174,8 +202,9 @@ def _load_mig(check: _Checker, raw: Any, where: str, gpu_memory: int) -> dict[st
     devices = []
     for i, dev_raw in enumerate(devices_raw):
         at = f"{where}.devices[{i}]"
-        dev = check.mapping(dev_raw, at, {"gpu_instance_id", "compute_instance_id", "profile", "uuid", "memory",
-                                          "sm_count"}, set())
+        dev = check.mapping(
+            dev_raw, at, {"gpu_instance_id", "compute_instance_id", "profile", "uuid", "memory", "sm_count"}, set()
+        )
         memory = check.size(dev["memory"], f"{at}.memory")
         profile = _PROFILE.fullmatch(check.text(dev["profile"], f"{at}.profile"))
         if not profile:
@@ -186,16 +215,18 @@ def _load_mig(check: _Checker, raw: Any, where: str, gpu_memory: int) -> dict[st
             raise check.fail(f"{at}.profile", "more compute slices than GPU slices")
         if int(profile[3]) != round(memory / (1 << 30)):
             raise check.fail(f"{at}.profile", f"{profile[3]}gb does not match memory {memory} bytes")
-        devices.append({
-            "gpu_instance_id": check.integer(dev["gpu_instance_id"], f"{at}.gpu_instance_id", 0, 14),
-            "compute_instance_id": check.integer(dev["compute_instance_id"], f"{at}.compute_instance_id", 0, 7),
-            "profile": dev["profile"],
-            "gpu_slices": gpu_slices,
-            "compute_slices": compute_slices,
-            "uuid": check.text(dev["uuid"], f"{at}.uuid", re.compile("MIG-" + _UUID_BODY)),
-            "memory": memory,
-            "sm_count": check.integer(dev["sm_count"], f"{at}.sm_count", 1, 1024),
-        })
+        devices.append(
+            {
+                "gpu_instance_id": check.integer(dev["gpu_instance_id"], f"{at}.gpu_instance_id", 0, 14),
+                "compute_instance_id": check.integer(dev["compute_instance_id"], f"{at}.compute_instance_id", 0, 7),
+                "profile": dev["profile"],
+                "gpu_slices": gpu_slices,
+                "compute_slices": compute_slices,
+                "uuid": check.text(dev["uuid"], f"{at}.uuid", re.compile("MIG-" + _UUID_BODY)),
+                "memory": memory,
+                "sm_count": check.integer(dev["sm_count"], f"{at}.sm_count", 1, 1024),
+            }
+        )
     ids = [(d["gpu_instance_id"], d["compute_instance_id"]) for d in devices]
     if len(set(ids)) != len(ids):
         raise check.fail(f"{where}.devices", "two MIG devices with the same GPU and compute instance ids")
@@ -216,6 +247,7 @@ def _check_unique(check: _Checker, gpus: list[dict[str, Any]]) -> None:
 
 # --- generated C header -----------------------------------------------------------------------
 
+
 def machine_header(machine: dict[str, Any], source_name: str) -> str:
     """fake_machine.h: the machine as C initialisers of the types in fake_machine_types.h."""
     version = machine["driver_version"]
@@ -234,12 +266,14 @@ def machine_header(machine: dict[str, Any], source_name: str) -> str:
         devices = gpu["mig"]["devices"] if gpu["mig"] else []
         if devices:
             entries = ",\n".join(
-                f'    {{.gpu_instance_id = {d["gpu_instance_id"]}, .compute_instance_id = {d["compute_instance_id"]}, '
+                f"    {{.gpu_instance_id = {d['gpu_instance_id']}, .compute_instance_id = {d['compute_instance_id']}, "
                 f'.uuid = "{d["uuid"]}", .memory_total = {d["memory"]}ULL, .sm_count = {d["sm_count"]}, '
-                f'.gpu_slices = {d["gpu_slices"]}, .compute_slices = {d["compute_slices"]}}}'
-                for d in devices)
-            lines.append(f"static const struct fake_mig FAKE_MIGS_{gpu['index']}[] __attribute__((unused)) = {{\n"
-                         f"{entries}\n}};")
+                f".gpu_slices = {d['gpu_slices']}, .compute_slices = {d['compute_slices']}}}"
+                for d in devices
+            )
+            lines.append(
+                f"static const struct fake_mig FAKE_MIGS_{gpu['index']}[] __attribute__((unused)) = {{\n{entries}\n}};"
+            )
     gpu_entries = []
     for gpu in machine["gpus"]:
         cc_major, cc_minor = gpu["compute_capability"].split(".")
@@ -252,9 +286,12 @@ def machine_header(machine: dict[str, Any], source_name: str) -> str:
             f".cc_major = {cc_major}, .cc_minor = {cc_minor}, .memory_total = {gpu['memory']}ULL, "
             f".sm_count = {gpu['sm_count']}, .mig_enabled = {int(bool(mig and mig['enabled']))}, "
             f".mig_count = {len(devices)}, .migs = {migs}, "
-            f".mig_capable = {int(mig is not None)}, .pci_device_id = {gpu['pci_device_id']:#x}u}}")
-    lines.append("static const struct fake_gpu FAKE_GPUS[FAKE_GPU_COUNT] __attribute__((unused)) = {\n"
-                 + ",\n".join(gpu_entries) + "\n};")
+            f".mig_capable = {int(mig is not None)}, .pci_device_id = {gpu['pci_device_id']:#x}u}}"
+        )
+    lines.append(
+        "static const struct fake_gpu FAKE_GPUS[FAKE_GPU_COUNT] __attribute__((unused)) = {\n"
+        + ",\n".join(gpu_entries)
+        + "\n};"
+    )
     lines.append("#endif")
     return "\n".join(lines) + "\n"
-

@@ -24,8 +24,11 @@ def one(data: bytes) -> None:
     env = parse_env(line for line in lines if not line.startswith("/"))
     mounts = [{"source": VOLUME_SOURCE, "destination": line, "type": "bind"} for line in lines if line.startswith("/")]
     privileged = bool(flags & 1)
-    policy = Policy(accept_envvar_when_unprivileged=bool(flags & 2), accept_volume_mounts=bool(flags & 4),
-                    disable_require=bool(flags & 8))
+    policy = Policy(
+        accept_envvar_when_unprivileged=bool(flags & 2),
+        accept_volume_mounts=bool(flags & 4),
+        disable_require=bool(flags & 8),
+    )
     try:
         fromenv.gpu_request(env, mounts, privileged, policy, [])
     except NvcError:

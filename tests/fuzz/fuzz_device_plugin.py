@@ -20,26 +20,46 @@ with instrumented():
 
     from nvc.config import K8s
     from nvc.containerenv import Policy, parse_env, sharing
-    from nvc.plan import fromenv
-    from nvc.model.devices import Gpu, MigDevice
     from nvc.k8s import api_pb2 as pb
     from nvc.k8s import resources, service
     from nvc.k8s.health import Health
+    from nvc.model.devices import Gpu, MigDevice
+    from nvc.plan import fromenv
 
 GIB = 1 << 30
 _UUIDS = [f"GPU-11111111-2222-4333-8444-5555555555{i:02d}" for i in range(5)]
 GPUS = (
     *(Gpu(i, i, "NVIDIA H100", "Tesla", _UUIDS[i], f"00000000:{16 + i:02X}:00.0", "9.0", 80 * GIB) for i in range(3)),
     Gpu(3, 3, "NVIDIA L4", "Tesla", _UUIDS[3], "00000000:30:00.0", "8.9", 24 * GIB),
-    Gpu(4, 4, "NVIDIA A100", "Tesla", _UUIDS[4], "00000000:40:00.0", "8.0", 40 * GIB, True,
-        (MigDevice(0, 1, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555500", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"),
-         MigDevice(1, 2, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555501", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"))),
+    Gpu(
+        4,
+        4,
+        "NVIDIA A100",
+        "Tesla",
+        _UUIDS[4],
+        "00000000:40:00.0",
+        "8.0",
+        40 * GIB,
+        True,
+        (
+            MigDevice(0, 1, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555500", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"),
+            MigDevice(1, 2, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555501", 10 * GIB, name="NVIDIA A100 MIG 2g.10gb"),
+        ),
+    ),
 )
 # Whole GPUs 0-2 (NVLink between 0 and 1), shares of the L4 in 4 GiB units, the A100's MIG devices.
 TOPOLOGY = {a: {b: (10 if {a, b} == {_UUIDS[0], _UUIDS[1]} else 40) for b in _UUIDS[:3] if b != a} for a in _UUIDS[:3]}
-SETTINGS = (K8s(share_gpus=(_UUIDS[3],), share_slice="4Gi"),
-            K8s(share_gpus=(_UUIDS[3],), share_slice="4Gi", device_list_strategy="volume-mounts", cdi_devices=True,
-                share_compute="none", share_weight=False))
+SETTINGS = (
+    K8s(share_gpus=(_UUIDS[3],), share_slice="4Gi"),
+    K8s(
+        share_gpus=(_UUIDS[3],),
+        share_slice="4Gi",
+        device_list_strategy="volume-mounts",
+        cdi_devices=True,
+        share_compute="none",
+        share_weight=False,
+    ),
+)
 
 
 class Aborted(Exception):
@@ -59,8 +79,10 @@ def _plugins() -> list[tuple[service.DevicePlugin, K8s]]:
     for k8s in SETTINGS:
         board = service.Board(k8s, Health(k8s.ignored_xids, k8s.xid_recovery))
         board.publish(resources=resources.plan(GPUS, k8s), topology=TOPOLOGY)
-        plugins += [(service.DevicePlugin(board, name, threading.Event(), threading.Event(), log), k8s)
-                    for name in sorted(board.resources)]
+        plugins += [
+            (service.DevicePlugin(board, name, threading.Event(), threading.Event(), log), k8s)
+            for name in sorted(board.resources)
+        ]
     return plugins
 
 

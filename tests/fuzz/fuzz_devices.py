@@ -9,19 +9,31 @@ from __future__ import annotations
 from target import fuzz, instrumented
 
 with instrumented():
-    from nvc.model import capabilities
     from nvc.containerenv import DRIVER_CAPABILITIES, Policy, parse_imex_channels
-    from nvc.model.devices import MigDevice
     from nvc.discover.procfs import ProcGpu
     from nvc.errors import NvcError
+    from nvc.model import capabilities
+    from nvc.model.devices import MigDevice
     from nvc.plan import fromenv, requirements, selection
 
-GPUS = (ProcGpu(0, 0, "NVIDIA H100", "GPU-11111111-2222-4333-8444-555555555500", "00000000:17:00.0"),
-        ProcGpu(1, 1, "NVIDIA A100", "GPU-11111111-2222-4333-8444-555555555501", "00000000:65:00.0",
-                (MigDevice(0, 1, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555500"),
-                 MigDevice(1, 2, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555501"))))
-FACTS = ({"cuda": "12.4", "driver": "550.54.15", "arch": "9.0", "brand": "Tesla"},
-         {"cuda": "13.0", "driver": "580.95.05", "arch": None, "brand": None})
+GPUS = (
+    ProcGpu(0, 0, "NVIDIA H100", "GPU-11111111-2222-4333-8444-555555555500", "00000000:17:00.0"),
+    ProcGpu(
+        1,
+        1,
+        "NVIDIA A100",
+        "GPU-11111111-2222-4333-8444-555555555501",
+        "00000000:65:00.0",
+        (
+            MigDevice(0, 1, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555500"),
+            MigDevice(1, 2, 0, "MIG-aaaaaaaa-2222-4333-8444-555555555501"),
+        ),
+    ),
+)
+FACTS = (
+    {"cuda": "12.4", "driver": "550.54.15", "arch": "9.0", "brand": "Tesla"},
+    {"cuda": "13.0", "driver": "580.95.05", "arch": None, "brand": None},
+)
 
 
 def _devices(text: str) -> None:

@@ -10,8 +10,7 @@ import os
 from target import fuzz, instrumented
 
 with instrumented(("click",)):
-    from nvc.hook.server import handover
-    from nvc.hook.server import exchange, scope
+    from nvc.hook.server import exchange, handover, scope
 
 
 def one(data: bytes) -> None:

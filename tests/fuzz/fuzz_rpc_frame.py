@@ -11,7 +11,7 @@ with instrumented():
 
 
 def one(data: bytes) -> None:
-    header, payload = data[:protocol.HEADER.size], data[protocol.HEADER.size:]
+    header, payload = data[: protocol.HEADER.size], data[protocol.HEADER.size :]
     if len(header) == protocol.HEADER.size:
         try:
             protocol.frame_length(header)

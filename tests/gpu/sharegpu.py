@@ -19,10 +19,12 @@ from typing import NamedTuple
 GPU_DIR = Path(__file__).resolve().parent
 REPO = GPU_DIR.parent.parent
 SHIM = REPO / "native" / "libnvc-share.so"
-COMPUTE_ITERS = 20000          # fma_loop iterations: ~200 µs per kernel on an H100
+COMPUTE_ITERS = 20000  # fma_loop iterations: ~200 µs per kernel on an H100
 # PyTorch lives in the machine's big venv, not in the clean one bench/gpu-env.sh makes for nvc-py.
-TORCH_PYTHON = os.environ.get("NVC_TORCH_PYTHON", "/opt/torch/.venv/bin/python3"
-                              if os.path.exists("/opt/torch/.venv/bin/python3") else sys.executable)
+TORCH_PYTHON = os.environ.get(
+    "NVC_TORCH_PYTHON",
+    "/opt/torch/.venv/bin/python3" if os.path.exists("/opt/torch/.venv/bin/python3") else sys.executable,
+)
 
 
 def build(out: Path) -> Path:
@@ -30,8 +32,19 @@ def build(out: Path) -> Path:
     subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
     program = out / "share_gpu"
     # libstdc++ and libgcc linked in too: the program also runs in minimal container images.
-    subprocess.run(["nvcc", "-O2", "-arch=native", "-Xcompiler", "-static-libstdc++,-static-libgcc", "-o",
-                    str(program), str(GPU_DIR / "share_gpu.cu")], check=True)
+    subprocess.run(
+        [
+            "nvcc",
+            "-O2",
+            "-arch=native",
+            "-Xcompiler",
+            "-static-libstdc++,-static-libgcc",
+            "-o",
+            str(program),
+            str(GPU_DIR / "share_gpu.cu"),
+        ],
+        check=True,
+    )
     return program
 
 
@@ -80,8 +93,12 @@ TORCH_LOAD = GPU_DIR / "torch_load.py"
 
 def torch_run(workload: str, env: dict[str, str], seconds: float, start_at: float = 0.0) -> subprocess.Popen:
     """torch_load.py WORKLOAD SECONDS START_AT, started (several run together with one START_AT)."""
-    return subprocess.Popen([TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
@@ -111,14 +128,15 @@ DECODE = GPU_DIR / "torch_decode.py"
 
 def serve_run(env: dict[str, str], seconds: float, rate: float, start_at: float = 0.0) -> subprocess.Popen:
     """torch_decode.py SECONDS RATE START_AT, started: the launch-bound service (RATE 0: back to back)."""
-    return subprocess.Popen([TORCH_PYTHON, str(DECODE), str(seconds), str(rate), str(start_at)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [TORCH_PYTHON, str(DECODE), str(seconds), str(rate), str(start_at)], env=env, stdout=subprocess.PIPE, text=True
+    )
 
 
 class Served(NamedTuple):
-    p50_ms: float                # request latency from arrival
+    p50_ms: float  # request latency from arrival
     p99_ms: float
-    per_second: float            # requests served per second of the run
+    per_second: float  # requests served per second of the run
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -172,8 +190,8 @@ def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tupl
 
 
 class Together(NamedTuple):
-    rates: list[float]           # iterations per second, tenant by tenant
-    gpu_parts: list[float]       # % of the GPU time charged to them all (weighted tenants; else empty)
+    rates: list[float]  # iterations per second, tenant by tenant
+    gpu_parts: list[float]  # % of the GPU time charged to them all (weighted tenants; else empty)
 
 
 def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> Together:
@@ -189,13 +207,18 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
     for i, (workload, weight) in enumerate(tenants):
         env = shim_env(None)
         if weighted:
-            env = shim_env(limits_dir(path / f"t{i}", {"NVC_SHARE_WEIGHT": str(weight)}),
-                           NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT=f"t{i}")
+            env = shim_env(
+                limits_dir(path / f"t{i}", {"NVC_SHARE_WEIGHT": str(weight)}),
+                NVC_SHARE_SCHED_DIR=str(sched),
+                NVC_SHARE_TENANT=f"t{i}",
+            )
         procs.append(torch_run(workload, env, seconds, start_at))
     charged = charged_between(sched, start_at + 0.5, start_at + seconds - 0.5) if weighted else {}
     total = sum(c for _, c in charged.values())
-    return Together([torch_output(p)[0] for p in procs],
-                    [100 * charged.get(f"t{i}", (0, 0))[1] / total for i in range(len(tenants))] if total else [])
+    return Together(
+        [torch_output(p)[0] for p in procs],
+        [100 * charged.get(f"t{i}", (0, 0))[1] / total for i in range(len(tenants))] if total else [],
+    )
 
 
 def charged_between(sched: Path, start: float, end: float) -> dict[str, tuple[int, int]]:

@@ -35,6 +35,7 @@ def decoder():
         for _ in range(TOKENS):
             x = embed(torch.tensor([token], device=dev))
             token = int(head(layers(x)).argmax())
+
     return request
 
 

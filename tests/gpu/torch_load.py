@@ -32,8 +32,13 @@ def workload(name: str):
         w = torch.randn(256, 256, 3, 3, device=dev, dtype=torch.bfloat16)
         return lambda: torch.nn.functional.conv2d(x, w, padding=1)
     if name == "train":
-        model = torch.nn.Sequential(torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 4096),
-                                    torch.nn.GELU(), torch.nn.Linear(4096, 1000)).to(dev)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(2048, 4096),
+            torch.nn.GELU(),
+            torch.nn.Linear(4096, 4096),
+            torch.nn.GELU(),
+            torch.nn.Linear(4096, 1000),
+        ).to(dev)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         x = torch.randn(512, 2048, device=dev)
         y = torch.randint(0, 1000, (512,), device=dev)
@@ -44,6 +49,7 @@ def workload(name: str):
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+
         return step
     import torch_models
 
@@ -60,7 +66,7 @@ def main() -> None:
         run()
     torch.cuda.synchronize()
     if start_at and start_at < time.time():
-        print(f"late {time.time() - start_at:.2f}", flush=True)   # it does not start with the others
+        print(f"late {time.time() - start_at:.2f}", flush=True)  # it does not start with the others
     if start_at > time.time():
         time.sleep(start_at - time.time())
     start, cpu = time.monotonic(), time.process_time()

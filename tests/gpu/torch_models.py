@@ -12,7 +12,7 @@ GPU and returns one step as a callable.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,8 +30,11 @@ class Bottleneck(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out)
-        self.down = (nn.Sequential(nn.Conv2d(inplanes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
-                     if stride != 1 or inplanes != out else nn.Identity())
+        self.down = (
+            nn.Sequential(nn.Conv2d(inplanes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+            if stride != 1 or inplanes != out
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn1(self.conv1(x)))
@@ -40,8 +43,12 @@ class Bottleneck(nn.Module):
 
 
 def resnet50(classes: int = 1000) -> nn.Module:
-    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
-                               nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)]
+    layers: list[nn.Module] = [
+        nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2, padding=1),
+    ]
     inplanes = 64
     for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
         for i in range(blocks):
@@ -53,23 +60,31 @@ def resnet50(classes: int = 1000) -> nn.Module:
 
 def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:
     """One step: the loss's forward pass under bf16 autocast, backward, the optimizer's step."""
+
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             value = loss()
         value.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
     return step
 
 
 def transformer() -> Callable[[], None]:
     vocab, d_model, layers, heads, seq, batch = 32000, 1024, 12, 16, 512, 16
     dev = "cuda"
-    block = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, activation="gelu",
-                                       batch_first=True, norm_first=True)
-    model = nn.ModuleDict({"embed": nn.Embedding(vocab, d_model),
-                           "blocks": nn.TransformerEncoder(block, layers, enable_nested_tensor=False),
-                           "norm": nn.LayerNorm(d_model), "head": nn.Linear(d_model, vocab)}).to(dev)
+    block = nn.TransformerEncoderLayer(
+        d_model, heads, 4 * d_model, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+    )
+    model = nn.ModuleDict(
+        {
+            "embed": nn.Embedding(vocab, d_model),
+            "blocks": nn.TransformerEncoder(block, layers, enable_nested_tensor=False),
+            "norm": nn.LayerNorm(d_model),
+            "head": nn.Linear(d_model, vocab),
+        }
+    ).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, vocab, (batch, seq + 1), device=dev)
     mask = nn.Transformer.generate_square_subsequent_mask(seq, device=dev)
@@ -78,6 +93,7 @@ def transformer() -> Callable[[], None]:
         h = model["blocks"](model["embed"](tokens[:, :-1]), mask=mask, is_causal=True)
         logits = model["head"](model["norm"](h))
         return nn.functional.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
+
     return training_step(loss, opt)
 
 
@@ -99,8 +115,12 @@ def resnet_infer() -> Callable[[], None]:
     def step() -> None:
         with torch.inference_mode():
             model(x)
+
     return step
 
 
 WORKLOADS: dict[str, Callable[[], Callable[[], None]]] = {
-    "transformer": transformer, "resnet-train": resnet_train, "resnet-infer": resnet_infer}
+    "transformer": transformer,
+    "resnet-train": resnet_train,
+    "resnet-infer": resnet_infer,
+}

@@ -40,8 +40,11 @@ def slice_problem(item: dict[str, Any]) -> str | None:
         if len(device.get("attributes", {})) + len(device.get("capacity", {})) > 32:
             return f"device {device['name']}: more than 32 attributes and capacities"
         for name, value in device.get("attributes", {}).items():
-            if not _ATTRIBUTE.fullmatch(name) or len(value) != 1 or next(iter(value)) not in (
-                    "int", "bool", "string", "version"):
+            if (
+                not _ATTRIBUTE.fullmatch(name)
+                or len(value) != 1
+                or next(iter(value)) not in ("int", "bool", "string", "version")
+            ):
                 return f"device {device['name']}: attribute {name}: {value}"
             if "version" in value and not _SEMVER.fullmatch(value["version"]):
                 return f"device {device['name']}: attribute {name}: {value['version']!r} is no semantic version"

@@ -31,10 +31,23 @@ class Booted:
 
     def run(self, script: str, timeout: float) -> subprocess.CompletedProcess[str]:
         """``script`` (sh) in the container with a clean environment: its result (stderr into stdout)."""
-        argv = ["nsenter", "-t", str(self.init), "-a", "env", "-i", PATH, "HOME=/root", "LANG=C.UTF-8",
-                "sh", "-c", script]
-        return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        argv = [
+            "nsenter",
+            "-t",
+            str(self.init),
+            "-a",
+            "env",
+            "-i",
+            PATH,
+            "HOME=/root",
+            "LANG=C.UTF-8",
+            "sh",
+            "-c",
+            script,
+        ]
+        return subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
 
 
 @contextmanager
@@ -44,11 +57,27 @@ def booted(root: Path, binds: Sequence[tuple[Path, str]], console: Path) -> Iter
 
     nspawn = shutil.which("systemd-nspawn")
     assert nspawn is not None, "systemd-nspawn is missing: make deps installs systemd-container"
-    argv = [nspawn, "-q", "-D", str(root), "-b", "--register=no", "--keep-unit", "--capability=all",
-            f"--machine=nvc-test-{os.getpid()}", *(f"--bind={host}:{inside}" for host, inside in binds)]
+    argv = [
+        nspawn,
+        "-q",
+        "-D",
+        str(root),
+        "-b",
+        "--register=no",
+        "--keep-unit",
+        "--capability=all",
+        f"--machine=nvc-test-{os.getpid()}",
+        *(f"--bind={host}:{inside}" for host, inside in binds),
+    ]
     with open(console, "w") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "SYSTEMD_SECCOMP": "0"}, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "SYSTEMD_SECCOMP": "0"},
+            start_new_session=True,
+        )
     try:
         machine = Booted(_init(proc))
         deadline = time.monotonic() + BOOT_WAIT
@@ -56,8 +85,9 @@ def booted(root: Path, binds: Sequence[tuple[Path, str]], console: Path) -> Iter
             state = machine.run("systemctl is-system-running --wait", BOOT_WAIT).stdout.strip()
             if state in ("running", "degraded"):
                 break
-            assert time.monotonic() < deadline, f"the container's systemd did not start: {state}\n" \
-                                                 f"{console.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"the container's systemd did not start: {state}\n{console.read_text()[-3000:]}"
+            )
             time.sleep(0.2)
         yield machine
         machine.run("systemctl poweroff", 30)

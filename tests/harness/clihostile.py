@@ -52,7 +52,6 @@ from nvc import config as config_file
 from nvc import errors
 from nvc.containerenv import sharing
 
-
 SCRIPTS = Path(sysconfig.get_path("scripts"))
 NVC_PY, HOOK, RUNTIME = (str(SCRIPTS / name) for name in ("nvc-py", "nvc-py-hook", "nvc-py-runtime"))
 BOUND_S = 20.0  # a case still running after this hangs (the machine runs several at once)
@@ -159,13 +158,23 @@ def _run(case: Case, scratch: Scratch) -> Outcome:
     argv = [os.fsencode(a) for a in case.argv(scratch)]
     redirect = {"closed": " >&-", "both-closed": " >&- 2>&-", "stdin-closed": " <&-"}.get(case.stdout, "")
     shell = [b"/bin/sh", b"-c", f'ulimit -v {MEMORY_KIB}; exec "$@"{redirect}'.encode(), b"sh", *argv]
-    env = {**os.environ, "NVC_PY_CONFIG": str(scratch.config),
-           "PATH": f"{scratch.dir / 'bin'}:{os.environ['PATH']}", **case.env(scratch)}
+    env = {
+        **os.environ,
+        "NVC_PY_CONFIG": str(scratch.config),
+        "PATH": f"{scratch.dir / 'bin'}:{os.environ['PATH']}",
+        **case.env(scratch),
+    }
     out_file = open("/dev/full", "wb") if case.stdout == "full" else None  # noqa: SIM115
     started = time.monotonic()
-    proc = subprocess.Popen(shell, stdin=subprocess.PIPE, stdout=out_file or subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={os.fsencode(k): os.fsencode(v) for k, v in env.items()}, cwd=scratch.dir,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        shell,
+        stdin=subprocess.PIPE,
+        stdout=out_file or subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={os.fsencode(k): os.fsencode(v) for k, v in env.items()},
+        cwd=scratch.dir,
+        start_new_session=True,
+    )
     problems = []
     stopped = False
     try:
@@ -206,7 +215,7 @@ def _session_left(sid: int, wait_s: float = 2.0) -> list[str]:
                     text = f.read()
             except OSError:
                 continue
-            comm, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+            comm, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
             if int(fields[3]) == sid and fields[0] != "Z":
                 members.append((int(entry), comm))
         if not members or time.monotonic() > deadline:
@@ -277,8 +286,10 @@ def assert_all(outcomes: list[Outcome]) -> None:
         problems = check(outcome)
         if problems:
             err = outcome.stderr.decode(errors="replace")
-            failed.append(f"{outcome.case.name}: {'; '.join(problems)} (exit {outcome.code}, "
-                          f"{outcome.seconds:.1f} s): {err[-600:]!r}")
+            failed.append(
+                f"{outcome.case.name}: {'; '.join(problems)} (exit {outcome.code}, "
+                f"{outcome.seconds:.1f} s): {err[-600:]!r}"
+            )
     assert not failed, f"{len(failed)} of {len(outcomes)} cases:\n" + "\n".join(failed)
 
 
@@ -302,7 +313,8 @@ def write_base_config(tmp_path: Path, root: Path) -> None:
     parent, /bin/true as the runtime nvc-py-runtime execs."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.yaml").write_text(
-        f"root: {root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\nruntimes: [/bin/true]\n")
+        f"root: {root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\nruntimes: [/bin/true]\n"
+    )
 
 
 @pytest.fixture
@@ -320,20 +332,32 @@ def scratch_bundle(scratch: Scratch, env: dict[str, str] | None = None) -> Path:
 
 
 def hook_state(scratch: Scratch, bundle: Path | None = None) -> bytes:
-    return json.dumps({"ociVersion": "1.0.2", "id": "cli-hostile", "status": "creating",
-                       "bundle": str(bundle or scratch_bundle(scratch))}).encode()
+    return json.dumps(
+        {
+            "ociVersion": "1.0.2",
+            "id": "cli-hostile",
+            "status": "creating",
+            "bundle": str(bundle or scratch_bundle(scratch)),
+        }
+    ).encode()
 
 
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "0"}
 # The variables a container sets for the hook: the sharing ones (nvc/containerenv/sharing.py's names) and NVIDIA's.
-HOOK_ENV_NAMES = (*(prefix for prefix, _, _ in sharing.VARIABLES),
-                  "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA",
-                  "NVIDIA_IMEX_CHANNELS", "NVIDIA_MIG_CONFIG_DEVICES")
+HOOK_ENV_NAMES = (
+    *(prefix for prefix, _, _ in sharing.VARIABLES),
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_REQUIRE_CUDA",
+    "NVIDIA_IMEX_CHANNELS",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+)
 ENV_VALUES: dict[str, Value] = {**NUMBER_VALUES, "newline": WORD_VALUES["newline"]}
 
 
 def asking_gpu_with(name: str, value: Value) -> Callable[[Scratch], None]:
     """A case's set-up: its bundle asks for GPU 0, with ``name`` set to ``value`` in its env."""
+
     def setup(scratch: Scratch) -> None:
         scratch_bundle(scratch, {**GPU_ENV, name: value(scratch)})
 

@@ -22,8 +22,7 @@ PROBE = 'probe() { if (exec 3<"$1") 2>&1 | grep -q "not permitted"; then echo "$
 
 
 def run(runc, tmp_path: Path, rootfs: Path, hook: dict, script: str, **bundle_args) -> subprocess.CompletedProcess:
-    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], hooks={"prestart": [hook]},
-                         **bundle_args)
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], hooks={"prestart": [hook]}, **bundle_args)
     result = runc.create_start(bundle)
     log = tmp_path / "hook.log"
     assert result.returncode == 0, result.stderr + (log.read_text() if log.exists() else "")

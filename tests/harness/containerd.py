@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from .daemon import stop_daemon
 from .image import build_oci_archive
@@ -36,10 +36,12 @@ DISABLED_PLUGINS = (
 
 def _config(workdir: Path, socket: Path) -> str:
     disabled = ", ".join(f'"{p}"' for p in DISABLED_PLUGINS)
-    return (f'version = 2\nroot = "{workdir / "root"}"\nstate = "{workdir / "state"}"\n'
-            f"disabled_plugins = [{disabled}]\n\n"
-            f'[grpc]\n  address = "{socket}"\n\n[ttrpc]\n  address = "{socket}.ttrpc"\n\n'
-            f'[debug]\n  address = ""\n\n[metrics]\n  address = ""\n')
+    return (
+        f'version = 2\nroot = "{workdir / "root"}"\nstate = "{workdir / "state"}"\n'
+        f"disabled_plugins = [{disabled}]\n\n"
+        f'[grpc]\n  address = "{socket}"\n\n[ttrpc]\n  address = "{socket}.ttrpc"\n\n'
+        f'[debug]\n  address = ""\n\n[metrics]\n  address = ""\n'
+    )
 
 
 class Containerd:
@@ -55,8 +57,9 @@ class Containerd:
         config.write_text(_config(self.workdir, self.socket))
         self.log = self.workdir / "containerd.log"
         with self.log.open("wb") as log:
-            self.process = subprocess.Popen(["containerd", "--config", str(config)], stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                ["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         self._wait_ready(start_timeout)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -72,8 +75,13 @@ class Containerd:
 
     def ctr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """ctr against this daemon, in the test namespace; never raises on failure."""
-        return subprocess.run(["ctr", "--address", str(self.socket), "--namespace", NAMESPACE, *args],
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            ["ctr", "--address", str(self.socket), "--namespace", NAMESPACE, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def import_archive(self, archive: Path) -> None:
         """Import and unpack an OCI image-layout tar (see image.build_oci_archive)."""
@@ -102,8 +110,16 @@ class Containerd:
         timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
         """`ctr run --rm` through the runc v2 shim; `runc_binary` swaps runc (e.g. a wrapper)."""
-        cmd = ["run", "--rm", "--snapshotter", SNAPSHOTTER, "--runc-root", str(self.workdir / "runc"),
-               "--fifo-dir", str(self.workdir / "fifo")]
+        cmd = [
+            "run",
+            "--rm",
+            "--snapshotter",
+            SNAPSHOTTER,
+            "--runc-root",
+            str(self.workdir / "runc"),
+            "--fifo-dir",
+            str(self.workdir / "fifo"),
+        ]
         if runc_binary is not None:
             cmd += ["--runc-binary", runc_binary]
         for key, value in (env or {}).items():

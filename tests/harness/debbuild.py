@@ -24,14 +24,26 @@ def version() -> str:
 
 def build_deb(tree: Path, out: Path, version: str) -> Path:
     with progress.phase(f"make deb: the package at version {version} from {tree}"):
-        debroot.run(["make", "-C", str(tree), "--no-print-directory", "deb", f"DEB_DIR={out}",
-                     f"DEB_VERSION={version}", f"DEB_PIP_CACHE={PIP_CACHE}"], 600)
+        debroot.run(
+            [
+                "make",
+                "-C",
+                str(tree),
+                "--no-print-directory",
+                "deb",
+                f"DEB_DIR={out}",
+                f"DEB_VERSION={version}",
+                f"DEB_PIP_CACHE={PIP_CACHE}",
+            ],
+            600,
+        )
     return next(out.glob("nvc-py_*.deb"))
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True,
-                          env=env).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
 
 
 def release_tree(dest: Path) -> Path:
@@ -44,11 +56,18 @@ def release_tree(dest: Path) -> Path:
         _git("add", "-A", env=env)
         tree = _git("write-tree", env=env)
     when = _git("log", "-1", "--format=%cI")
-    who = {"GIT_AUTHOR_NAME": "test_deb", "GIT_AUTHOR_EMAIL": "test@nvc-py.invalid", "GIT_AUTHOR_DATE": when,
-           "GIT_COMMITTER_NAME": "test_deb", "GIT_COMMITTER_EMAIL": "test@nvc-py.invalid", "GIT_COMMITTER_DATE": when}
+    who = {
+        "GIT_AUTHOR_NAME": "test_deb",
+        "GIT_AUTHOR_EMAIL": "test@nvc-py.invalid",
+        "GIT_AUTHOR_DATE": when,
+        "GIT_COMMITTER_NAME": "test_deb",
+        "GIT_COMMITTER_EMAIL": "test@nvc-py.invalid",
+        "GIT_COMMITTER_DATE": when,
+    }
     commit = _git("commit-tree", tree, "-p", "HEAD", "-m", "test_deb: the working tree", env={**os.environ, **who})
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit], capture_output=True,
-                             check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit], capture_output=True, check=True
+    ).stdout
     dest.mkdir()
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest

@@ -29,15 +29,22 @@ REPO = Path(__file__).resolve().parent.parent.parent
 CACHE = Path(CACHE_DIR)
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-CHROOT_ENV = ("env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
-              "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive")
+CHROOT_ENV = (
+    "env",
+    "-i",
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME=/root",
+    "LANG=C.UTF-8",
+    "DEBIAN_FRONTEND=noninteractive",
+)
 
 
 def run(argv: Sequence[str], timeout: int) -> subprocess.CompletedProcess[str]:
     """``argv``'s result; a failure is an assertion with its output's tail."""
     result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, f"{list(argv)[:3]} failed ({result.returncode}):\n{result.stdout[-6000:]}\n" \
-                                   f"{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"{list(argv)[:3]} failed ({result.returncode}):\n{result.stdout[-6000:]}\n{result.stderr[-4000:]}"
+    )
     return result
 
 
@@ -76,15 +83,20 @@ def copy_tree(dest: Path) -> None:
     debpkg.copy_tree(REPO, dest)
 
 
-def chroot(root: Path, script: str, timeout: int, binds: Sequence[tuple[Path, str]] = (),
-           own_pids: bool = False) -> subprocess.CompletedProcess[str]:
+def chroot(
+    root: Path, script: str, timeout: int, binds: Sequence[tuple[Path, str]] = (), own_pids: bool = False
+) -> subprocess.CompletedProcess[str]:
     """Run ``script`` (sh) chrooted in ``root`` with a clean environment; ``binds``: (host path,
     path in the root) bound after /proc, /dev and /sys; ``own_pids``: in a pid namespace of its own,
     whose /proc shows its processes alone (and whose processes all end with the script)."""
-    mounts = [f"mount --bind {root} {root}",  # a chroot whose / is a mount point, as unshare in it wants
-              f"mount -t proc proc {root}/proc", f"mount --rbind /dev {root}/dev", f"mount --rbind /sys {root}/sys",
-              *(f"mount --bind {shlex.quote(str(host))} {shlex.quote(str(root) + inside)}" for host, inside in binds)]
-    shell = " && ".join(mounts) + f" && exec {' '.join(CHROOT_ENV)} chroot {root} /bin/sh -c \"$0\""
+    mounts = [
+        f"mount --bind {root} {root}",  # a chroot whose / is a mount point, as unshare in it wants
+        f"mount -t proc proc {root}/proc",
+        f"mount --rbind /dev {root}/dev",
+        f"mount --rbind /sys {root}/sys",
+        *(f"mount --bind {shlex.quote(str(host))} {shlex.quote(str(root) + inside)}" for host, inside in binds),
+    ]
+    shell = " && ".join(mounts) + f' && exec {" ".join(CHROOT_ENV)} chroot {root} /bin/sh -c "$0"'
     unshare = ["unshare", "--mount", "--propagation", "private", *(["--pid", "--fork"] if own_pids else [])]
     return run([*unshare, "sh", "-c", shell, script], timeout)
 

@@ -22,7 +22,6 @@ import pytest
 
 from harness.installed import SCRIPTS
 
-
 GIB = 1 << 30
 GPUS3 = tuple(f"GPU-11111111-2222-4333-8444-5555555555{i:02d}" for i in range(3))  # machines/three-gpu.yaml
 XID_FILE = "var/lib/fake-nvml/xid-events"  # in the driver root (tests/fakedriver/src/libnvidia-ml/events.c)
@@ -36,10 +35,23 @@ class PluginRun:
         self.health_file = log.with_suffix(".health.json")  # not the host's /run/nvc-py/device-plugin.json
         env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
         with log.open("wb") as out:
-            self.process = subprocess.Popen([str(SCRIPTS / "nvc-py"), "k8s", "device-plugin", "--config", str(config),
-                                             "--device-plugin-dir", str(directory),
-                                             "--health-file", str(self.health_file)], stdout=out,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            self.process = subprocess.Popen(
+                [
+                    str(SCRIPTS / "nvc-py"),
+                    "k8s",
+                    "device-plugin",
+                    "--config",
+                    str(config),
+                    "--device-plugin-dir",
+                    str(directory),
+                    "--health-file",
+                    str(self.health_file),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
 
     def text(self) -> str:
         return self.log.read_text()

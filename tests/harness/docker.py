@@ -23,8 +23,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from fakedriver.activate import MNT_DETACH, umount
 
@@ -46,8 +46,15 @@ class Dockerd:
     environment (where it looks for nvidia-container-runtime-hook), ``env`` is added to it (its hooks
     get dockerd's environment). `stop()` must be called (the fixture does)."""
 
-    def __init__(self, workdir: Path, rootfs: RootfsCache, config_file: Path, path: Sequence[Path] = (),
-                 env: Mapping[str, str] | None = None, start_timeout: float = 60) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        rootfs: RootfsCache,
+        config_file: Path,
+        path: Sequence[Path] = (),
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 60,
+    ) -> None:
         self.workdir = Path(workdir)
         self.rootfs = rootfs
         self._images: set[str] = set()
@@ -61,12 +68,33 @@ class Dockerd:
         daemon_env = {**os.environ, **(env or {}), "PATH": ":".join([*map(str, path), SYSTEM_PATH])}
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [DOCKERD, "--config-file", str(config_file), "--data-root", str(self.workdir / "data"),
-                 "--exec-root", str(self.exec_root), "--pidfile", str(self.workdir / "dockerd.pid"),
-                 "-H", f"unix://{self.socket}", "--iptables=false", "--ip-masq=false", "--bridge=none",
-                 "--storage-driver", "vfs", "--exec-opt", "native.cgroupdriver=cgroupfs",
-                 "--cgroup-parent", self.cgroup_parent],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=daemon_env)
+                [
+                    DOCKERD,
+                    "--config-file",
+                    str(config_file),
+                    "--data-root",
+                    str(self.workdir / "data"),
+                    "--exec-root",
+                    str(self.exec_root),
+                    "--pidfile",
+                    str(self.workdir / "dockerd.pid"),
+                    "-H",
+                    f"unix://{self.socket}",
+                    "--iptables=false",
+                    "--ip-masq=false",
+                    "--bridge=none",
+                    "--storage-driver",
+                    "vfs",
+                    "--exec-opt",
+                    "native.cgroupdriver=cgroupfs",
+                    "--cgroup-parent",
+                    self.cgroup_parent,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=daemon_env,
+            )
         self._wait_ready(start_timeout)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -83,8 +111,14 @@ class Dockerd:
 
     def docker(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Debian's docker CLI against this daemon; never raises on failure."""
-        return subprocess.run([DOCKER, "-H", f"unix://{self.socket}", *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.client_env, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            [DOCKER, "-H", f"unix://{self.socket}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.client_env,
+            stdin=subprocess.DEVNULL,
+        )
 
     def info(self) -> dict:
         return json.loads(self.docker("info", "--format", "{{json .}}").stdout)
@@ -99,13 +133,15 @@ class Dockerd:
             self._images.add(ref)
         return ref
 
-    def run(self, image: str, args: Sequence[str], *, extra_args: Sequence[str] = (),
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, image: str, args: Sequence[str], *, extra_args: Sequence[str] = (), timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """`docker run --rm` of `args` in `image`, `extra_args` before the image (`--gpus all`...)."""
         name = f"nvc-test-{os.getpid()}-{next(self._names)}"
         try:
-            return self.docker("run", "--rm", "--name", name, "--network", "none", *extra_args, image, *args,
-                               timeout=timeout)
+            return self.docker(
+                "run", "--rm", "--name", name, "--network", "none", *extra_args, image, *args, timeout=timeout
+            )
         except subprocess.TimeoutExpired:
             self.docker("rm", "--force", name)
             raise
@@ -120,5 +156,6 @@ class Dockerd:
                 umount(mountpoint, MNT_DETACH)
         shutil.rmtree(self.exec_root, ignore_errors=True)
         for cgroup in glob.glob(f"/sys/fs/cgroup/{self.cgroup_parent}") + glob.glob(
-                f"/sys/fs/cgroup/*/{self.cgroup_parent}"):
+            f"/sys/fs/cgroup/*/{self.cgroup_parent}"
+        ):
             os.rmdir(cgroup)

@@ -29,10 +29,30 @@ NODE = standin.NODE
 class ApiServer:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-keyout",
+                str(directory / "key.pem"),
+                "-out",
+                str(directory / "cert.pem"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         self.process = subprocess.Popen([sys.executable, standin.__file__, str(directory)], stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while not (directory / "port").exists():
@@ -45,7 +65,8 @@ class ApiServer:
             f"apiVersion: v1\nkind: Config\ncurrent-context: test\n"
             f"clusters: [{{name: test, cluster: {{server: '{self.url}', certificate-authority-data: {ca}}}}}]\n"
             f"users: [{{name: driver, user: {{token: {standin.TOKEN}}}}}]\n"
-            f"contexts: [{{name: test, context: {{cluster: test, user: driver}}}}]\n")
+            f"contexts: [{{name: test, context: {{cluster: test, user: driver}}}}]\n"
+        )
 
     def client(self) -> Any:
         from nvc.k8s.dra import kubeapi
@@ -55,17 +76,34 @@ class ApiServer:
     def slices(self) -> list[dict[str, Any]]:
         return self.client().request("GET", f"{standin.RESOURCE}/resourceslices")["items"]
 
-    def add_claim(self, name: str, devices: list[str], config: list[dict[str, Any]] | None = None,
-                  allocated: bool = True, namespace: str = "default") -> tuple[str, str, str]:
+    def add_claim(
+        self,
+        name: str,
+        devices: list[str],
+        config: list[dict[str, Any]] | None = None,
+        allocated: bool = True,
+        namespace: str = "default",
+    ) -> tuple[str, str, str]:
         """An allocated ResourceClaim of ``devices`` (request "gpu", this node's pool); (namespace, uid, name)."""
-        claim: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                                 "metadata": {"name": name, "namespace": namespace},
-                                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                                     "deviceClassName": DRIVER, "count": len(devices)}}]}}}
+        claim: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": len(devices)}}]
+                }
+            },
+        }
         if allocated:
-            claim["status"] = {"allocation": {"devices": {
-                "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices],
-                "config": config or []}}}
+            claim["status"] = {
+                "allocation": {
+                    "devices": {
+                        "results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d} for d in devices],
+                        "config": config or [],
+                    }
+                }
+            }
         made = self.client().request("POST", f"{standin.RESOURCE}/namespaces/{namespace}/resourceclaims", claim)
         return namespace, made["metadata"]["uid"], name
 
@@ -94,16 +132,45 @@ def kubelet_dir() -> Iterator[Path]:
 class DriverRun(PluginRun):
     """A running ``nvc-py k8s dra-driver`` and its log."""
 
-    def __init__(self, config: Path, kubelet: Path, cdi: Path, kubeconfig: Path, log: Path, node: str = NODE,
-                 wrap: Callable[[list[str]], list[str]] = list) -> None:
+    def __init__(
+        self,
+        config: Path,
+        kubelet: Path,
+        cdi: Path,
+        kubeconfig: Path,
+        log: Path,
+        node: str = NODE,
+        wrap: Callable[[list[str]], list[str]] = list,
+    ) -> None:
         """``wrap``: the command line as run (the test cluster runs it in its node's namespace)."""
         self.log = log
         env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none", "NODE_NAME": node}
         with log.open("wb") as out:
-            self.process = subprocess.Popen(wrap(
-                [str(SCRIPTS / "nvc-py"), "k8s", "dra-driver", "--config", str(config), "--kubeconfig", str(kubeconfig),
-                 "--kubelet-dir", str(kubelet), "--cdi-dir", str(cdi), "--resync", "1", "--log-level", "debug"]),
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            self.process = subprocess.Popen(
+                wrap(
+                    [
+                        str(SCRIPTS / "nvc-py"),
+                        "k8s",
+                        "dra-driver",
+                        "--config",
+                        str(config),
+                        "--kubeconfig",
+                        str(kubeconfig),
+                        "--kubelet-dir",
+                        str(kubelet),
+                        "--cdi-dir",
+                        str(cdi),
+                        "--resync",
+                        "1",
+                        "--log-level",
+                        "debug",
+                    ]
+                ),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -123,8 +190,9 @@ def run_driver(kubelet_dir: Path, tmp_path: Path, api_server: ApiServer) -> Iter
     cdi = tmp_path / "cdi"
 
     def start(root: Path, k8s: str = "{}") -> DriverRun:
-        run = DriverRun(_config(tmp_path, root, k8s), kubelet_dir, cdi, api_server.kubeconfig,
-                        tmp_path / f"driver{len(runs)}.log")
+        run = DriverRun(
+            _config(tmp_path, root, k8s), kubelet_dir, cdi, api_server.kubeconfig, tmp_path / f"driver{len(runs)}.log"
+        )
         runs.append(run)
         return run
 
@@ -135,6 +203,7 @@ def run_driver(kubelet_dir: Path, tmp_path: Path, api_server: ApiServer) -> Iter
 
 
 # ---------------------------------------------------------------- the kubelet's side (in a child process only)
+
 
 def registered(kubelet: Path) -> dict[str, Any]:
     """What the kubelet's plugin watcher does with the registration socket: GetInfo, then tell it the
@@ -164,7 +233,10 @@ def call(endpoint: str, method: str, claims: list[tuple[str, str, str]]) -> dict
         stub = api.DRAPluginStub(channel)
         if method == "prepare":
             answer = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=request), timeout=30)
-            return {uid: a.error or [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids))
-                                     for d in a.devices] for uid, a in answer.claims.items()}
+            return {
+                uid: a.error
+                or [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in a.devices]
+                for uid, a in answer.claims.items()
+            }
         answer = stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=request), timeout=30)
         return {uid: a.error for uid, a in answer.claims.items()}

@@ -15,14 +15,17 @@ from harness.fakegpus import H100 as GPU0
 from harness.installed import SCRIPTS
 from nvc.exporter.collector import Collector, Sources
 
-
 KEY = GPU0[4:].lower()
 
 
 def scrape(state: Path, tmp_path: Path, **given: str) -> str:
     """One scrape's text from a collector over ``state`` (no NVML), as Prometheus gets it."""
-    sources = Sources(str(state), given.get("log", str(tmp_path / "no.log")), given.get("socket", str(tmp_path / "no.sock")),
-                      given.get("plugin", str(tmp_path / "no-plugin.json")))
+    sources = Sources(
+        str(state),
+        given.get("log", str(tmp_path / "no.log")),
+        given.get("socket", str(tmp_path / "no.sock")),
+        given.get("plugin", str(tmp_path / "no-plugin.json")),
+    )
     registry = CollectorRegistry()
     registry.register(Collector(sources, None))
     return generate_latest(registry).decode()
@@ -45,8 +48,12 @@ def sample(samples: dict, name: str, **labels: str) -> float | None:
 
 def start(tmp_path: Path, listen: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """The installed ``nvc-py exporter``, started; and where it says it listens."""
-    proc = subprocess.Popen([str(SCRIPTS / "nvc-py"), "exporter", "--listen", listen, *args],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [str(SCRIPTS / "nvc-py"), "exporter", "--listen", listen, *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     line = proc.stderr.readline()
     found = re.match(r"nvc-py exporter: listening on (\S+)", line)
     assert found, (line, proc.poll())

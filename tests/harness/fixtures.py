@@ -7,8 +7,8 @@ Function-scoped: fresh rootfs copies, which tests may modify freely.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 

@@ -48,8 +48,9 @@ def targets() -> list[str]:
 def build_native(work: Path) -> Path:
     """The shim's fuzzer, built into ``work`` (make's output goes to the caller's on a failure)."""
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["make", "-s", "-C", str(NATIVE), "fuzz", f"FUZZ_DIR={work.resolve()}"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["make", "-s", "-C", str(NATIVE), "fuzz", f"FUZZ_DIR={work.resolve()}"], check=True, stdout=subprocess.DEVNULL
+    )
     return work / "limits-fuzzer"
 
 
@@ -66,25 +67,40 @@ def run(target: str, seconds: int, work: Path) -> Outcome:
     own = work / target
     (own / "corpus").mkdir(parents=True, exist_ok=True)
     seeds = CORPUS / target
-    args = [*command(target, work), f"-max_total_time={seconds}", f"-timeout={PER_INPUT_TIMEOUT_S}",
-            f"-rss_limit_mb={RSS_LIMIT_MB}", f"-artifact_prefix={own}/", "-print_final_stats=1",
-            str(own / "corpus"), *([str(seeds)] if seeds.is_dir() else [])]
-    done = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=seconds + 120, env={**os.environ, "PYTHONHASHSEED": "0"})
+    args = [
+        *command(target, work),
+        f"-max_total_time={seconds}",
+        f"-timeout={PER_INPUT_TIMEOUT_S}",
+        f"-rss_limit_mb={RSS_LIMIT_MB}",
+        f"-artifact_prefix={own}/",
+        "-print_final_stats=1",
+        str(own / "corpus"),
+        *([str(seeds)] if seeds.is_dir() else []),
+    ]
+    done = subprocess.run(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=seconds + 120,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     output = done.stdout.decode(errors="replace")
     found = sorted(p for p in own.iterdir() if p.name.startswith(FINDINGS))
     runs = re.findall(r"stat::number_of_executed_units:\s*(\d+)", output)
     if done.returncode != 0 and not found:
-        raise RuntimeError(f"fuzz target {target} failed (status {done.returncode}) and left no input:\n"
-                           f"{output[-4000:]}")
+        raise RuntimeError(
+            f"fuzz target {target} failed (status {done.returncode}) and left no input:\n{output[-4000:]}"
+        )
     return Outcome(target, seconds, int(runs[-1]) if runs else 0, found[0] if found else None, output[-6000:])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make fuzz", description="Run the fuzz targets, one after another.")
     parser.add_argument("--seconds", type=int, default=60, help="each target's time (default 60)")
-    parser.add_argument("--work", type=Path, default=REPO / ".make" / "fuzz",
-                        help="the runs' corpora and findings (default .make/fuzz)")
+    parser.add_argument(
+        "--work", type=Path, default=REPO / ".make" / "fuzz", help="the runs' corpora and findings (default .make/fuzz)"
+    )
     parser.add_argument("target", nargs="*", help=f"the targets to run (default all: {' '.join(targets())})")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.target) - set(targets()))
@@ -99,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             crashed.append(outcome)
             print(f"fuzz: {target}: CRASHED on {outcome.crash}; libFuzzer said:\n{outcome.output[-3000:]}", flush=True)
     if crashed:
-        print(f"fuzz: {len(crashed)} target(s) crashed: fix the parser, and keep each input in "
-              f"tests/fuzz/corpus/<target>/ as a seed", file=sys.stderr)
+        print(
+            f"fuzz: {len(crashed)} target(s) crashed: fix the parser, and keep each input in "
+            f"tests/fuzz/corpus/<target>/ as a seed",
+            file=sys.stderr,
+        )
     return 1 if crashed else 0
 
 

@@ -57,8 +57,11 @@ def hook_with_log(tmp_path: Path) -> dict[str, list[dict]]:
     """nvc-py-hook as prestart and poststop hook, with a configuration that logs under ``tmp_path``."""
     config = tmp_path / "config.yaml"
     config.write_text(f"log: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {"path": str(SCRIPTS / "nvc-py-hook"), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    hook = {
+        "path": str(SCRIPTS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"],
+    }
     return {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
 
 
@@ -82,8 +85,14 @@ def torch_rootfs(make_rootfs: Callable[..., Path], tmp_path: Path) -> Iterator[C
         mount("-t", "tmpfs", "tmpfs", target=scratch)
         (scratch / "upper").mkdir()
         (scratch / "work").mkdir()
-        mount("-t", "overlay", "overlay", "-o", f"lowerdir=/usr,upperdir={scratch}/upper,workdir={scratch}/work",
-              target=rootfs / "usr")
+        mount(
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            f"lowerdir=/usr,upperdir={scratch}/upper,workdir={scratch}/work",
+            target=rootfs / "usr",
+        )
         (rootfs / TORCH_VENV.relative_to("/")).mkdir(parents=True)
         mount("--bind", str(TORCH_VENV), target=rootfs / TORCH_VENV.relative_to("/"))
         subprocess.run(["mount", "-o", "remount,bind,ro", str(rootfs / TORCH_VENV.relative_to("/"))], check=True)

@@ -25,9 +25,14 @@ def worker_connection(pid: int, fd: int, conn: socket.socket) -> int:
     return os.open(f"/proc/{pid}/fd/{fd}", os.O_PATH)
 
 
-def call_raw(sock: Path, data: bytes, fds: list[int], go: bytes = handover.GO,
-             go_fds: list[int] | None = None, proof: Callable[[int, int, socket.socket], int] = worker_connection
-             ) -> list[bytes]:
+def call_raw(
+    sock: Path,
+    data: bytes,
+    fds: list[int],
+    go: bytes = handover.GO,
+    go_fds: list[int] | None = None,
+    proof: Callable[[int, int, socket.socket], int] = worker_connection,
+) -> list[bytes]:
     """Send ``data`` with ``fds`` to the server, as the clients do but without their checks, and
     answer ``ready PID FD`` with ``go``, ``go_fds`` and the descriptor ``proof(PID, FD, connection)``
     opens (as the clients do by default): the server's answers, ``ready PID FD`` as ``ready``."""

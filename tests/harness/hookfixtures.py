@@ -23,10 +23,22 @@ from .installed import HOOK, SCRIPTS
 def setup_dir(fake_2gpu, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A configuration for the fake driver, and the hooks.d dir `nvc-py setup podman` writes for it."""
     work = tmp_path_factory.mktemp("hook")
-    (work / "config.yaml").write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n"
-                                      f"log: {{file: {work / 'hook.log'}}}\n")
-    subprocess.run([str(SCRIPTS / "nvc-py"), "setup", "podman", "--hooks-dir", str(work / "hooks.d"),
-                    "--config", str(work / "config.yaml")], check=True, capture_output=True)
+    (work / "config.yaml").write_text(
+        f"root: {fake_2gpu.root}\nload-kmods: false\nlog: {{file: {work / 'hook.log'}}}\n"
+    )
+    subprocess.run(
+        [
+            str(SCRIPTS / "nvc-py"),
+            "setup",
+            "podman",
+            "--hooks-dir",
+            str(work / "hooks.d"),
+            "--config",
+            str(work / "config.yaml"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return work
 
 

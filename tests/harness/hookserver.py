@@ -40,15 +40,25 @@ def program_interpreter(command: str | Path) -> str | None:
 
 
 @contextmanager
-def hook_server(hook_script: str | Path, sock: Path, wrapper: Sequence[str] = (),
-                pass_fds: Sequence[int] = (), stats: Path | None = None) -> Iterator[subprocess.Popen[str]]:
+def hook_server(
+    hook_script: str | Path,
+    sock: Path,
+    wrapper: Sequence[str] = (),
+    pass_fds: Sequence[int] = (),
+    stats: Path | None = None,
+) -> Iterator[subprocess.Popen[str]]:
     """``nvc-py-hook serve --socket SOCK``, started in the caller's mount namespace (where a fake
     driver may be active), until the block ends; then stopped with SIGTERM, as systemd does.
     ``wrapper``: a command that executes the server's command line it is given (systemd's part);
     ``stats``: the file its workers append their calls' figures to ($NVC_PY_SERVE_STATS)."""
     env = {**os.environ, "NVC_PY_SERVE_STATS": str(stats)} if stats is not None else None
-    proc = subprocess.Popen([*wrapper, str(hook_script), "serve", "--socket", str(sock)], stderr=subprocess.PIPE,
-                            text=True, pass_fds=pass_fds, env=env)
+    proc = subprocess.Popen(
+        [*wrapper, str(hook_script), "serve", "--socket", str(sock)],
+        stderr=subprocess.PIPE,
+        text=True,
+        pass_fds=pass_fds,
+        env=env,
+    )
     try:
         assert proc.stderr is not None
         import time
@@ -82,8 +92,11 @@ def _where(pid: int) -> str:
 
 def client_hook(hook_script: str | Path, sock: Path, env: list[str], stage: str = "prestart") -> dict:
     """An OCI hook entry running ``stage`` through nvc-py-hook-client and the server at ``sock``."""
-    return {"path": str(client_path()), "args": ["nvc-py-hook-client", str(hook_script), stage],
-            "env": [*env, f"NVC_PY_HOOK_SOCKET={sock}"]}
+    return {
+        "path": str(client_path()),
+        "args": ["nvc-py-hook-client", str(hook_script), stage],
+        "env": [*env, f"NVC_PY_HOOK_SOCKET={sock}"],
+    }
 
 
 def umount_when_free(target: Path, timeout: float = 5.0) -> None:

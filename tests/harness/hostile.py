@@ -49,8 +49,9 @@ def scratch_block_device(workdir: Path) -> Iterator[Path]:
     """A loop device over a 1 MiB file of random bytes under ``workdir``; detached afterwards."""
     backing = workdir / "scratch-disk.img"
     backing.write_bytes(os.urandom(SCRATCH_BYTES))
-    dev = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    dev = subprocess.run(
+        ["losetup", "--find", "--show", str(backing)], check=True, capture_output=True, text=True
+    ).stdout.strip()
     try:
         yield Path(dev)
     finally:
@@ -104,8 +105,15 @@ def tree(top: Path, times: bool = False) -> dict[str, tuple]:
             extra = ""
         size = st.st_size if not stat.S_ISDIR(st.st_mode) else 0
         mtime = st.st_mtime_ns if times else 0
-        entries[str(path.relative_to(top))] = (stat.S_IFMT(st.st_mode), st.st_mode, st.st_uid, st.st_gid, size, mtime,
-                                               extra)
+        entries[str(path.relative_to(top))] = (
+            stat.S_IFMT(st.st_mode),
+            st.st_mode,
+            st.st_uid,
+            st.st_gid,
+            size,
+            mtime,
+            extra,
+        )
     return entries
 
 

@@ -34,15 +34,24 @@ done
 """
 
 
-def run(script: str, layers: Path, timeout: int,
-        binds: Sequence[tuple[Path, str]] = ()) -> subprocess.CompletedProcess[str]:
+def run(
+    script: str, layers: Path, timeout: int, binds: Sequence[tuple[Path, str]] = ()
+) -> subprocess.CompletedProcess[str]:
     """``script`` (sh, ``set -eu`` is the caller's) run in a throwaway copy of the host's root as its
     root, ``layers`` an empty directory of the host for its tmpfs; ``binds``: (host path, path in the
     root) bound read-write. Stdout and stderr together in ``stdout``; the caller judges the return code."""
-    bound = "".join(f'mkdir -p "$root"{shlex.quote(inside)} && mount --bind {shlex.quote(str(host))} '
-                    f'"$root"{shlex.quote(inside)}\n' for host, inside in binds)
-    pivot = ('cd "$root" && mkdir .host && pivot_root . .host && cd / && mount -t proc proc /proc && '
-             'umount -l /.host && rmdir /.host\n')
+    bound = "".join(
+        f'mkdir -p "$root"{shlex.quote(inside)} && mount --bind {shlex.quote(str(host))} "$root"{shlex.quote(inside)}\n'
+        for host, inside in binds
+    )
+    pivot = (
+        'cd "$root" && mkdir .host && pivot_root . .host && cd / && mount -t proc proc /proc && '
+        "umount -l /.host && rmdir /.host\n"
+    )
     shell = f'{MOUNTS}{bound}{pivot}exec {" ".join(CHROOT_ENV)} /bin/sh -c "$0" 2>&1\n'
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "sh", "-c", shell,
-                           script, str(layers)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--pid", "--fork", "sh", "-c", shell, script, str(layers)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

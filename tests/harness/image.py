@@ -48,29 +48,39 @@ def build_oci_archive(rootfs_tar: Path, ref: str, out: Path) -> Path:
     """
     layer_digest = _digest_file(rootfs_tar)
     layer_size = rootfs_tar.stat().st_size
-    config, config_digest = _blob({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {"Env": [PATH_ENV], "Cmd": ["/bin/sh"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-    })
-    manifest, manifest_digest = _blob({
-        "schemaVersion": 2,
-        "mediaType": MANIFEST_TYPE,
-        "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": LAYER_TYPE, "digest": layer_digest, "size": layer_size}],
-    })
-    index = json.dumps({
-        "schemaVersion": 2,
-        "manifests": [{
+    config, config_digest = _blob(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Env": [PATH_ENV], "Cmd": ["/bin/sh"], "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        }
+    )
+    manifest, manifest_digest = _blob(
+        {
+            "schemaVersion": 2,
             "mediaType": MANIFEST_TYPE,
-            "digest": manifest_digest,
-            "size": len(manifest),
-            "platform": {"architecture": "amd64", "os": "linux"},
-            "annotations": {"io.containerd.image.name": ref,
-                            "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1]},
-        }],
-    }).encode()
+            "config": {"mediaType": CONFIG_TYPE, "digest": config_digest, "size": len(config)},
+            "layers": [{"mediaType": LAYER_TYPE, "digest": layer_digest, "size": layer_size}],
+        }
+    )
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": MANIFEST_TYPE,
+                    "digest": manifest_digest,
+                    "size": len(manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": ref,
+                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1],
+                    },
+                }
+            ],
+        }
+    ).encode()
     with tarfile.open(out, "w") as archive:
         _add_bytes(archive, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         _add_bytes(archive, "index.json", index)

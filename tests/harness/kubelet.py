@@ -51,28 +51,39 @@ class Plugin:
             self.ended = True
             self.changed.notify_all()
 
-    def devices(self, until: Callable[[dict[str, str]], bool] = lambda devices: True,
-                timeout: float = 20) -> dict[str, str]:
+    def devices(
+        self, until: Callable[[dict[str, str]], bool] = lambda devices: True, timeout: float = 20
+    ) -> dict[str, str]:
         """The latest device list once ``until`` holds for it."""
         deadline = time.monotonic() + timeout
         with self.changed:
             while not (self.lists and until(self.lists[-1])):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"{self.resource}: no device list as wanted in {timeout} s: "
-                                         f"{self.lists[-1:] or 'none'}")
+                    raise AssertionError(
+                        f"{self.resource}: no device list as wanted in {timeout} s: {self.lists[-1:] or 'none'}"
+                    )
                 self.changed.wait(left)
             return self.lists[-1]
 
     def preferred(self, available: list[str], size: int, must: list[str] = ()) -> list[str]:
-        answer = self.stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
-            pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, must_include_deviceIDs=list(must),
-                                                   allocation_size=size)]), timeout=5)
+        answer = self.stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=available, must_include_deviceIDs=list(must), allocation_size=size
+                    )
+                ]
+            ),
+            timeout=5,
+        )
         return list(answer.container_responses[0].deviceIDs)
 
     def allocate(self, *containers: list[str]) -> list[Any]:
-        answer = self.stub.Allocate(pb.AllocateRequest(container_requests=[
-            pb.ContainerAllocateRequest(devices_ids=ids) for ids in containers]), timeout=5)
+        answer = self.stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in containers]),
+            timeout=5,
+        )
         return list(answer.container_responses)
 
     def close(self) -> None:
@@ -132,8 +143,10 @@ class Kubelet:
             while sum(r.resource_name == resource for r in self.registrations) < registrations:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"{resource} not registered {registrations} times in {timeout} s: "
-                                         f"{[r.resource_name for r in self.registrations]}")
+                    raise AssertionError(
+                        f"{resource} not registered {registrations} times in {timeout} s: "
+                        f"{[r.resource_name for r in self.registrations]}"
+                    )
                 self.changed.wait(left)
             return self.plugins[resource]
 

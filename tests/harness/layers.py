@@ -22,8 +22,12 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("rpc", frozenset({"nvc.rpc"})),
     ("pipeline", frozenset({"nvc.pipeline"})),
     ("commands", frozenset({"nvc.commands", "nvc.cdi", "nvc.k8s"})),
-    ("programs", frozenset({"nvc.__main__", "nvc.commands.cli", "nvc.commands.engine_setup", "nvc.hook", "nvc.doctor",
-                           "nvc.exporter"})),
+    (
+        "programs",
+        frozenset(
+            {"nvc.__main__", "nvc.commands.cli", "nvc.commands.engine_setup", "nvc.hook", "nvc.doctor", "nvc.exporter"}
+        ),
+    ),
 )
 
 
@@ -43,8 +47,12 @@ MODULES = _modules()
 def placements(module: str) -> list[tuple[int, int]]:
     """(length of the matching entry, layer) for each LAYERS entry naming ``module`` or a package
     holding it (``nvc`` itself only as a module)."""
-    return [(len(entry), i) for i, (_, entries) in enumerate(LAYERS) for entry in entries
-            if module == entry or (entry != "nvc" and module.startswith(entry + "."))]
+    return [
+        (len(entry), i)
+        for i, (_, entries) in enumerate(LAYERS)
+        for entry in entries
+        if module == entry or (entry != "nvc" and module.startswith(entry + "."))
+    ]
 
 
 def rank(module: str) -> int:
@@ -80,7 +88,6 @@ def imports(path: Path) -> set[str]:
 
 
 GRAPH = {module: imports(path) - {module} for module, path in MODULES.items()}
-
 
 
 # The layers below the programs: the modules that must not name another process by themselves.

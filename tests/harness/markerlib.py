@@ -27,8 +27,10 @@ __attribute__((constructor)) static void mark(void) {
 def build_marker_library(path: Path, marker: Path, soname: str) -> None:
     src = path.with_suffix(".c")
     src.write_text(MARKER_SO)
-    subprocess.run(["cc", "-shared", "-fPIC", f"-DMARKER=\"{marker}\"", f"-Wl,-soname,{soname}", "-o", str(path),
-                    str(src)], check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", f'-DMARKER="{marker}"', f"-Wl,-soname,{soname}", "-o", str(path), str(src)],
+        check=True,
+    )
     src.unlink()
 
 
@@ -39,8 +41,9 @@ def assert_image_libraries_never_load(runc, rootfs: Path, tmp_path: Path, make_h
     evil.mkdir()
     for soname in sonames:
         build_marker_library(evil / soname, marker, soname)
-    bundle = make_bundle(tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"},
-                         hooks={"prestart": [make_hook(evil)]})
+    bundle = make_bundle(
+        tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "all"}, hooks={"prestart": [make_hook(evil)]}
+    )
     result = runc.create_start(bundle)
     assert result.returncode == 0, result.stderr
     assert uuids(result.stdout) == [H100, A100, MIG_2G, MIG_3G]

@@ -10,8 +10,8 @@ import os
 import signal
 import subprocess
 import time
-from contextlib import suppress
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ import pytest
 from harness.bundle import make_bundle
 from harness.hookserver import LIBDIR
 from nvc.hook.server import handover
-
 
 STORM = 32
 
@@ -54,8 +53,11 @@ def _descriptors(process: Path) -> set[str]:
 def _listening_sockets() -> set[str]:
     """The listening Unix sockets (/proc/net/unix: Flags has __SO_ACCEPTCON), as a descriptor's link
     names them (the path there is the bind's, through /proc/self/fd)."""
-    return {f"socket:[{line.split()[6]}]" for line in Path("/proc/net/unix").read_text().splitlines()[1:]
-            if int(line.split()[3], 16) & 0x10000}
+    return {
+        f"socket:[{line.split()[6]}]"
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+        if int(line.split()[3], 16) & 0x10000
+    }
 
 
 def kill_servers(sock: Path) -> None:
@@ -77,8 +79,12 @@ def no_gpu_state(active_2gpu, debian_rootfs: Path, tmp_path: Path) -> Iterator[t
     sock = tmp_path / "run" / "hook.sock"
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config), handover.SOCKET_ENV: str(sock),
-           "NVC_PY_HOST_PID": str(os.getpid())}
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "NVC_PY_CONFIG": str(config),
+        handover.SOCKET_ENV: str(sock),
+        "NVC_PY_HOST_PID": str(os.getpid()),
+    }
     bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"])
     try:
         yield env, bundle
@@ -88,10 +94,18 @@ def no_gpu_state(active_2gpu, debian_rootfs: Path, tmp_path: Path) -> Iterator[t
 
 def prestart(env: dict[str, str], bundle: Path, name: str, *wrapper: str, **popen) -> subprocess.CompletedProcess[str]:
     """``nvc-py-hook prestart`` through the installed front, as a runtime runs it (through ``wrapper``)."""
-    state = json.dumps({"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle),
-                        "status": "creating"})
-    return subprocess.run([*wrapper, str(LIBDIR / "nvc-py-hook"), "prestart"], input=state, capture_output=True,
-                          text=True, env=env, timeout=60, **popen)
+    state = json.dumps(
+        {"ociVersion": "1.0.2", "id": name, "pid": os.getpid(), "bundle": str(bundle), "status": "creating"}
+    )
+    return subprocess.run(
+        [*wrapper, str(LIBDIR / "nvc-py-hook"), "prestart"],
+        input=state,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        **popen,
+    )
 
 
 def log_lines(env: dict[str, str]) -> list[dict]:

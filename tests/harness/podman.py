@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from .rootfs import RootfsCache, image_ref
 
@@ -66,7 +66,8 @@ class Podman:
         (self.workdir / "registries.conf").write_text("")
         (self.workdir / "storage.conf").write_text(
             f'[storage]\ndriver = "vfs"\nrunroot = "{self.workdir / "runroot"}"\n'
-            f'graphroot = "{self.workdir / "storage"}"\n')
+            f'graphroot = "{self.workdir / "storage"}"\n'
+        )
         self.env = {
             **os.environ,
             "CONTAINERS_CONF": str(self.workdir / "containers.conf"),
@@ -80,9 +81,23 @@ class Podman:
         With no `hooks_dirs`, an empty private dir stands in for the host's
         default hooks dirs; None: podman's own (containers.conf's hooks_dir), as a user has them.
         """
-        cmd = [self.binary, "--root", str(self.workdir / "storage"), "--runroot", str(self.workdir / "runroot"),
-               "--tmpdir", str(self.workdir / "tmp"), "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
-               "--runtime", "runc", "--events-backend", "file"]
+        cmd = [
+            self.binary,
+            "--root",
+            str(self.workdir / "storage"),
+            "--runroot",
+            str(self.workdir / "runroot"),
+            "--tmpdir",
+            str(self.workdir / "tmp"),
+            "--storage-driver",
+            "vfs",
+            "--cgroup-manager",
+            "cgroupfs",
+            "--runtime",
+            "runc",
+            "--events-backend",
+            "file",
+        ]
         for hooks_dir in () if hooks_dirs is None else hooks_dirs or (self.workdir / "hooks.d",):
             cmd += ["--hooks-dir", str(hooks_dir)]
         return cmd
@@ -91,13 +106,23 @@ class Podman:
         """Remove every container of the private store, waiting for podman's own cleanup (a
         container's removal may still run in its cleanup process when `run --rm` returns), so the
         work dir can be deleted. (Not `system reset`: that also drops the host's podman networks.)"""
-        subprocess.run([*self.command(), "rm", "--all", "--force", "--time", "0"], capture_output=True,
-                       env=self.env, timeout=120, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            [*self.command(), "rm", "--all", "--force", "--time", "0"],
+            capture_output=True,
+            env=self.env,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
 
     def import_tarball(self, tarball: Path, ref: str) -> str:
         """`podman import` a rootfs tarball as `ref`; returns `ref`."""
-        subprocess.run([*self.command(), "import", "--quiet", "--change", "CMD=/bin/sh", str(tarball), ref],
-                       check=True, capture_output=True, env=self.env, timeout=60)
+        subprocess.run(
+            [*self.command(), "import", "--quiet", "--change", "CMD=/bin/sh", str(tarball), ref],
+            check=True,
+            capture_output=True,
+            env=self.env,
+            timeout=60,
+        )
         return ref
 
     def image(self, variant: str = "debian") -> str:
@@ -131,16 +156,48 @@ class Podman:
         cmd = self.command(hooks_dirs)
         if runtime is not None:
             cmd[cmd.index("--runtime") + 1] = runtime
-        cmd += ["run", "--rm", "--pull", "never", "--network", "none",
-                "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+        cmd += [
+            "run",
+            "--rm",
+            "--pull",
+            "never",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ]
         for key, value in (env or {}).items():
             cmd += ["-e", f"{key}={value}"]
         cmd += [*extra_args, image, *args]
         if cdi_spec_dir is not None:
-            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", CDI_WRAPPER, "sh",
-                   str(cdi_spec_dir), str(self.workdir / "cdi-scratch"), *cmd]
+            cmd = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                CDI_WRAPPER,
+                "sh",
+                str(cdi_spec_dir),
+                str(self.workdir / "cdi-scratch"),
+                *cmd,
+            ]
         if subids is not None:
-            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", SUBIDS_WRAPPER, "sh",
-                   str(subids), *cmd]
-        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+            cmd = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                SUBIDS_WRAPPER,
+                "sh",
+                str(subids),
+                *cmd,
+            ]
+        return subprocess.run(
+            cmd, capture_output=True, text=True, env=self.env, timeout=timeout, stdin=subprocess.DEVNULL
+        )

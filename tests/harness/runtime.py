@@ -26,17 +26,25 @@ class Runc:
     def _base(self) -> list[str]:
         return [self.binary, "--root", str(self.state_root)]
 
-    def run(self, bundle: Path, container_id: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, bundle: Path, container_id: str | None = None, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
         """`runc run` (no terminal): the container's exit status and output."""
         cid = container_id or new_container_id()
         try:
-            return subprocess.run([*self._base(), "run", "--bundle", str(bundle), cid],
-                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            return subprocess.run(
+                [*self._base(), "run", "--bundle", str(bundle), cid],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         finally:
             self.delete(cid)
 
-    def create_start(self, bundle: Path, container_id: str | None = None,
-                     timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def create_start(
+        self, bundle: Path, container_id: str | None = None, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
         """`runc create` then `runc start`, as engines do; returns when the process ends.
 
         Use this where the create/start split matters (hook stages, state
@@ -44,9 +52,13 @@ class Runc:
         """
         cid = container_id or new_container_id()
         try:
-            return subprocess.run([sys.executable, str(REAP_SCRIPT), self.binary, str(self.state_root),
-                                   str(bundle), cid],
-                                  capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            return subprocess.run(
+                [sys.executable, str(REAP_SCRIPT), self.binary, str(self.state_root), str(bundle), cid],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         finally:
             self.delete(cid)
 

@@ -36,20 +36,44 @@ class Entry(NamedTuple):
     busy_ns: int = 0
 
 
-def region_bytes(devices: Sequence[Device], slots: Sequence[Slot] = (), ndevices: int | None = None,
-                 hwm: int | None = None) -> bytes:
+def region_bytes(
+    devices: Sequence[Device], slots: Sequence[Slot] = (), ndevices: int | None = None, hwm: int | None = None
+) -> bytes:
     """A version-1 region; ``ndevices`` and ``hwm`` (the slots in use) as the header claims them."""
     data = bytearray(region.SIZE)
-    region._HEADER.pack_into(data, 0, region.MAGIC, region.VERSION, region.SIZE, 1,
-                             len(devices) if ndevices is None else ndevices, region.SLOTS,
-                             len(slots) if hwm is None else hwm, 0, 0, 100, 0)
-    for i, d in enumerate(devices[:region.DEVICES]):
+    region._HEADER.pack_into(
+        data,
+        0,
+        region.MAGIC,
+        region.VERSION,
+        region.SIZE,
+        1,
+        len(devices) if ndevices is None else ndevices,
+        region.SLOTS,
+        len(slots) if hwm is None else hwm,
+        0,
+        0,
+        100,
+        0,
+    )
+    for i, d in enumerate(devices[: region.DEVICES]):
         key = d.key.encode("utf-8", "surrogateescape")[:40]
-        region._DEVICE.pack_into(data, region._HEADER.size + i * region._DEVICE.size, key, d.memory_limit, d.compute,
-                                 132, 0, 0, d.busy_ns, d.throttled_ns, d.launches)
+        region._DEVICE.pack_into(
+            data,
+            region._HEADER.size + i * region._DEVICE.size,
+            key,
+            d.memory_limit,
+            d.compute,
+            132,
+            0,
+            0,
+            d.busy_ns,
+            d.throttled_ns,
+            d.launches,
+        )
     base = region._HEADER.size + region.DEVICES * region._DEVICE.size
-    for i, s in enumerate(slots[:region.SLOTS]):
-        used = (list(s.used) + [0] * region.DEVICES)[:region.DEVICES]
+    for i, s in enumerate(slots[: region.SLOTS]):
+        used = (list(s.used) + [0] * region.DEVICES)[: region.DEVICES]
         region._SLOT.pack_into(data, base + i * region._SLOT.size, s.pid, 1, s.start_time, s.pidns, *used)
     return bytes(data)
 
@@ -59,8 +83,22 @@ def sched_bytes(entries: Sequence[Entry], ndevices: int | None = None) -> bytes:
     data = bytearray(sched.SIZE)
     sched._HEADER.pack_into(data, 0, sched.MAGIC, sched.VERSION, len(entries) if ndevices is None else ndevices)
     now = time.monotonic_ns()
-    for i, e in enumerate(entries[:sched.DEVICES]):
-        sched._ENTRY.pack_into(data, sched._HEADER.size + i * sched._ENTRY.size, e.key.encode()[:40], 0,
-                               now if e.seen_ns is None else e.seen_ns, 0, e.busy_ns, 0, 0, e.weight, e.cap, 1, 0,
-                               e.share_permille, 0)
+    for i, e in enumerate(entries[: sched.DEVICES]):
+        sched._ENTRY.pack_into(
+            data,
+            sched._HEADER.size + i * sched._ENTRY.size,
+            e.key.encode()[:40],
+            0,
+            now if e.seen_ns is None else e.seen_ns,
+            0,
+            e.busy_ns,
+            0,
+            0,
+            e.weight,
+            e.cap,
+            1,
+            0,
+            e.share_permille,
+            0,
+        )
     return bytes(data)

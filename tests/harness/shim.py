@@ -32,8 +32,10 @@ def foreground() -> None:
 
 
 # what a process's launches waited for, logged by the shim at exit (NVC_SHARE_LOG=2)
-WAITS_LOG = re.compile(r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
-                       r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started")
+WAITS_LOG = re.compile(
+    r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
+    r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started"
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +43,17 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The shim (built by its Makefile) and the test programs."""
     subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
     out = tmp_path_factory.mktemp("share_programs")
-    built = {"cuda_probe": [FAKE_SRC / "cuda_probe.c"], "share_app": [PROGRAMS / "share_app.c"],
-             "hold_lock": [PROGRAMS / "hold_lock.c"],
-             "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"],
-             "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native" / "config.c"]}
+    built = {
+        "cuda_probe": [FAKE_SRC / "cuda_probe.c"],
+        "share_app": [PROGRAMS / "share_app.c"],
+        "hold_lock": [PROGRAMS / "hold_lock.c"],
+        "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"],
+        "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native" / "config.c"],
+    }
     for name, sources in built.items():
-        subprocess.run(["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o",
-                        str(out / name), *map(str, sources), "-ldl"], check=True)
+        subprocess.run(
+            ["gcc", "-O1", "-Wall", "-Werror", *INCLUDES, "-o", str(out / name), *map(str, sources), "-ldl"], check=True
+        )
     return {name: out / name for name in built}
 
 
@@ -62,13 +68,26 @@ def share(programs, active_2gpu, tmp_path):
 
         def env(self, limits: dict[str, str]) -> dict[str, str]:
             self.dir.mkdir(exist_ok=True)
-            return {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": str(libdir), "LD_PRELOAD": str(SHIM),
-                    "NVC_SHARE_DIR": str(self.dir), "FAKE_CUDA_CONTEXT_MIB": "0", **limits}
+            return {
+                "PATH": os.environ["PATH"],
+                "LD_LIBRARY_PATH": str(libdir),
+                "LD_PRELOAD": str(SHIM),
+                "NVC_SHARE_DIR": str(self.dir),
+                "FAKE_CUDA_CONTEXT_MIB": "0",
+                **limits,
+            }
 
-        def run(self, program: str, *ops: object, limits: dict[str, str] | None = None,
-                timeout: float = 20) -> tuple[list[list[str]], str]:
-            result = subprocess.run([str(programs[program]), *map(str, ops)], env=self.env(limits or {}),
-                                    capture_output=True, text=True, timeout=timeout, preexec_fn=foreground)
+        def run(
+            self, program: str, *ops: object, limits: dict[str, str] | None = None, timeout: float = 20
+        ) -> tuple[list[list[str]], str]:
+            result = subprocess.run(
+                [str(programs[program]), *map(str, ops)],
+                env=self.env(limits or {}),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                preexec_fn=foreground,
+            )
             assert result.returncode == 0, result.stderr
             return [line.split() for line in result.stdout.splitlines()], result.stderr
 
@@ -77,8 +96,12 @@ def share(programs, active_2gpu, tmp_path):
 
         def holder(self, *ops: object, limits: dict[str, str]) -> subprocess.Popen:
             """share_app doing ops, then holding its allocations until killed."""
-            proc = subprocess.Popen([str(programs["share_app"]), "init", *map(str, ops), "hold"],
-                                    env=self.env(limits), stdout=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                [str(programs["share_app"]), "init", *map(str, ops), "hold"],
+                env=self.env(limits),
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             for line in proc.stdout:
                 if line.startswith("holding"):
                     return proc

@@ -41,8 +41,20 @@ def shared_target_process() -> Iterator[int]:
 def user_process() -> Iterator[int]:
     """A container stand-in (own mount namespace) whose process runs as uid 1000: configure runs
     ldconfig as that user, and a uid switch clears PDEATHSIG."""
-    proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "setpriv", "--reuid=1000", "--regid=1000",
-                             "--clear-groups", "sleep", "300"])
+    proc = subprocess.Popen(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "setpriv",
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            "sleep",
+            "300",
+        ]
+    )
     try:
         deadline = time.monotonic() + 5
         while Path(f"/proc/{proc.pid}/status").read_text().split("Uid:")[1].split()[0] != "1000":

@@ -109,42 +109,88 @@ class Variant:
 
 
 VARIANTS = (
-    Variant("libdir-abs-absent", "started (mkdir -p of the target inside the rootfs)",
-            lambda r, away, v: _replace(r / LIBDIR, str(away / "lib")), lambda away: f"{away}/lib"),
-    Variant("libdir-abs-elsewhere", "started (mounted where the link leads)",
-            lambda r, away, v: _move(r, LIBDIR, "/opt/x86_64-linux-gnu"), lambda away: "/opt/x86_64-linux-gnu"),
-    Variant("usr-bin-abs-absent", "started (mkdir -p of the target inside the rootfs)",
-            lambda r, away, v: _replace(r / "usr/bin", str(away / "bin")), lambda away: f"{away}/bin"),
-    Variant("usr-abs-absent", "started (mkdir -p of the target inside the rootfs)",
-            lambda r, away, v: _replace(r / "usr", str(away / "usr")), lambda away: f"{away}/usr/lib/x86_64-linux-gnu"),
-    Variant("usr-abs-elsewhere", "started (mounted where the link leads)",
-            lambda r, away, v: _move(r, "usr", "/opt/usr"), lambda away: "/opt/usr/lib/x86_64-linux-gnu"),
-    Variant("dotdot-beyond-root", "refused (path error: ... resolves outside of <rootfs>)",
-            lambda r, away, v: _replace(r / LIBDIR, "../" * 12 + str(away / "lib").lstrip("/")),
-            lambda away: f"{away}/lib"),
-    Variant("loop", "refused (path error: ...: Too many levels of symbolic links)",
-            lambda r, away, v: _loop(r),
-            refusal="/usr/lib/x86_64-linux-gnu is a symbolic link to /opt/x that loops"),
-    Variant("file-for-dir", "refused (path error: ...: Not a directory)",
-            lambda r, away, v: _file_for_dir(r),
-            refusal="/usr/lib/x86_64-linux-gnu is a regular file where a directory is needed"),
-    Variant("dangling-lib-name", "started (the library mounted where the link leads, made inside the rootfs)",
-            lambda r, away, v: _replace(r / LIBDIR / f"libnvidia-ml.so.{v}", str(away / f"libnvidia-ml.so.{v}")),
-            lambda away: str(away)),
-    Variant("lib-name-into-proc", "started (the library mounted over the container's /proc/sys/kernel/core_pattern)",
-            lambda r, away, v: _replace(r / LIBDIR / f"libnvidia-ml.so.{v}", "/proc/sys/kernel/core_pattern"),
-            refusal="it leads to /proc/sys/kernel/core_pattern, on the container's procfs"),
-    Variant("dangling-into-readonly", "refused (file creation failed: <rootfs>/sys/nvidia-libs: Read-only file system)",
-            lambda r, away, v: _replace(r / LIBDIR, "/sys/nvidia-libs"),
-            refusal="/usr/lib/x86_64-linux-gnu is a symbolic link to /sys/nvidia-libs: /sys/nvidia-libs does not "
-                    "exist and cannot be created"),
-    Variant("root-readonly", "started (runc makes / read-only after the prestart hooks)",
-            lambda r, away, v: None, lambda away: "/usr/lib/x86_64-linux-gnu", readonly=True),
-    Variant("rootfs-on-readonly-mount", "refused (file creation failed: ...: Read-only file system)",
-            lambda r, away, v: None, refusal="/usr/bin/nvidia-smi does not exist and cannot be created: "
-                                             "Read-only file system", ro_mount=True),
-    Variant("busybox-applets", "started",
-            lambda r, away, v: _applets_absolute(r), lambda away: "/usr/bin"),
+    Variant(
+        "libdir-abs-absent",
+        "started (mkdir -p of the target inside the rootfs)",
+        lambda r, away, v: _replace(r / LIBDIR, str(away / "lib")),
+        lambda away: f"{away}/lib",
+    ),
+    Variant(
+        "libdir-abs-elsewhere",
+        "started (mounted where the link leads)",
+        lambda r, away, v: _move(r, LIBDIR, "/opt/x86_64-linux-gnu"),
+        lambda away: "/opt/x86_64-linux-gnu",
+    ),
+    Variant(
+        "usr-bin-abs-absent",
+        "started (mkdir -p of the target inside the rootfs)",
+        lambda r, away, v: _replace(r / "usr/bin", str(away / "bin")),
+        lambda away: f"{away}/bin",
+    ),
+    Variant(
+        "usr-abs-absent",
+        "started (mkdir -p of the target inside the rootfs)",
+        lambda r, away, v: _replace(r / "usr", str(away / "usr")),
+        lambda away: f"{away}/usr/lib/x86_64-linux-gnu",
+    ),
+    Variant(
+        "usr-abs-elsewhere",
+        "started (mounted where the link leads)",
+        lambda r, away, v: _move(r, "usr", "/opt/usr"),
+        lambda away: "/opt/usr/lib/x86_64-linux-gnu",
+    ),
+    Variant(
+        "dotdot-beyond-root",
+        "refused (path error: ... resolves outside of <rootfs>)",
+        lambda r, away, v: _replace(r / LIBDIR, "../" * 12 + str(away / "lib").lstrip("/")),
+        lambda away: f"{away}/lib",
+    ),
+    Variant(
+        "loop",
+        "refused (path error: ...: Too many levels of symbolic links)",
+        lambda r, away, v: _loop(r),
+        refusal="/usr/lib/x86_64-linux-gnu is a symbolic link to /opt/x that loops",
+    ),
+    Variant(
+        "file-for-dir",
+        "refused (path error: ...: Not a directory)",
+        lambda r, away, v: _file_for_dir(r),
+        refusal="/usr/lib/x86_64-linux-gnu is a regular file where a directory is needed",
+    ),
+    Variant(
+        "dangling-lib-name",
+        "started (the library mounted where the link leads, made inside the rootfs)",
+        lambda r, away, v: _replace(r / LIBDIR / f"libnvidia-ml.so.{v}", str(away / f"libnvidia-ml.so.{v}")),
+        lambda away: str(away),
+    ),
+    Variant(
+        "lib-name-into-proc",
+        "started (the library mounted over the container's /proc/sys/kernel/core_pattern)",
+        lambda r, away, v: _replace(r / LIBDIR / f"libnvidia-ml.so.{v}", "/proc/sys/kernel/core_pattern"),
+        refusal="it leads to /proc/sys/kernel/core_pattern, on the container's procfs",
+    ),
+    Variant(
+        "dangling-into-readonly",
+        "refused (file creation failed: <rootfs>/sys/nvidia-libs: Read-only file system)",
+        lambda r, away, v: _replace(r / LIBDIR, "/sys/nvidia-libs"),
+        refusal="/usr/lib/x86_64-linux-gnu is a symbolic link to /sys/nvidia-libs: /sys/nvidia-libs does not "
+        "exist and cannot be created",
+    ),
+    Variant(
+        "root-readonly",
+        "started (runc makes / read-only after the prestart hooks)",
+        lambda r, away, v: None,
+        lambda away: "/usr/lib/x86_64-linux-gnu",
+        readonly=True,
+    ),
+    Variant(
+        "rootfs-on-readonly-mount",
+        "refused (file creation failed: ...: Read-only file system)",
+        lambda r, away, v: None,
+        refusal="/usr/bin/nvidia-smi does not exist and cannot be created: Read-only file system",
+        ro_mount=True,
+    ),
+    Variant("busybox-applets", "started", lambda r, away, v: _applets_absolute(r), lambda away: "/usr/bin"),
 )
 
 
@@ -162,26 +208,37 @@ def read_only_mount(path: Path) -> Iterator[None]:
         subprocess.run(["umount", "-l", str(path)], check=True)
 
 
-def start(runtime: Runc, tmp_path: Path, rootfs: Path, config: Path, variant: Variant,
-          timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], str]:
+def start(
+    runtime: Runc, tmp_path: Path, rootfs: Path, config: Path, variant: Variant, timeout: float = 60
+) -> tuple[subprocess.CompletedProcess[str], str]:
     """Create and start ``rootfs`` (running :data:`SHOW`) with ``nvc-py-hook prestart`` as its
     prestart hook, configured by ``config`` whose log goes to ``tmp_path/hook.log``; return the
     result and the errors of the hook's log lines (crun, unlike runc, does not pass a failing
     hook's stderr on)."""
-    hook = {"path": str(HOOK), "args": ["nvc-py-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"]}
+    hook = {
+        "path": str(HOOK),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}"],
+    }
     result = start_with(runtime, tmp_path, rootfs, hook, variant, timeout)
     log = tmp_path / "hook.log"
     errors = [json.loads(line).get("error") or "" for line in log.read_text().splitlines()] if log.exists() else []
     return result, "".join(errors)
 
 
-def start_with(runtime: Runc, tmp_path: Path, rootfs: Path, hook: dict[str, object], variant: Variant,
-               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def start_with(
+    runtime: Runc, tmp_path: Path, rootfs: Path, hook: dict[str, object], variant: Variant, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Create and start ``rootfs`` (running :data:`SHOW`, GPU 0 requested) with ``hook`` as its
     prestart hook, the variant's read-only settings applied."""
-    bundle = make_bundle(tmp_path / "bundle", rootfs, SHOW, env={"NVIDIA_VISIBLE_DEVICES": "0"},
-                         hooks={"prestart": [hook]}, readonly=variant.readonly)
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        rootfs,
+        SHOW,
+        env={"NVIDIA_VISIBLE_DEVICES": "0"},
+        hooks={"prestart": [hook]},
+        readonly=variant.readonly,
+    )
     if variant.ro_mount:
         with read_only_mount(rootfs):
             return runtime.create_start(bundle, timeout=timeout)
@@ -198,11 +255,14 @@ def mount_points(mountinfo: str) -> list[str]:
     return [line.split()[4] for line in mountinfo.splitlines() if len(line.split()) > 4]
 
 
-def summary(variant: Variant, outcome: str, gpu_listed: bool | None, host_unchanged: bool,
-            observed: str | None = None) -> str:
+def summary(
+    variant: Variant, outcome: str, gpu_listed: bool | None, host_unchanged: bool, observed: str | None = None
+) -> str:
     """The one line per case that the GPU run's closing note quotes (``observed``: what the
     reference did with the same image on that machine, where it is installed)."""
     listed = "n/a" if gpu_listed is None else "yes" if gpu_listed else "no"
     seen = "" if observed is None else f" reference-observed={observed!r}"
-    return (f"SYMLINK {variant.name} reference-behaviour={variant.reference!r}{seen} nvc-py={outcome} "
-            f"gpu-listed={listed} host-unchanged={'yes' if host_unchanged else 'no'}")
+    return (
+        f"SYMLINK {variant.name} reference-behaviour={variant.reference!r}{seen} nvc-py={outcome} "
+        f"gpu-listed={listed} host-unchanged={'yes' if host_unchanged else 'no'}"
+    )

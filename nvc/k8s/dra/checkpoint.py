@@ -24,9 +24,13 @@ Claims = dict[str, tuple[ClaimRef, str, tuple[Prepared, ...]]]
 
 
 def encode(claims: Claims) -> bytes:
-    doc = {"version": VERSION, "claims": {uid: {"namespace": ref.namespace, "name": ref.name, "spec": spec,
-                                                 "devices": [p._asdict() for p in devices]}
-                                           for uid, (ref, spec, devices) in sorted(claims.items())}}
+    doc = {
+        "version": VERSION,
+        "claims": {
+            uid: {"namespace": ref.namespace, "name": ref.name, "spec": spec, "devices": [p._asdict() for p in devices]}
+            for uid, (ref, spec, devices) in sorted(claims.items())
+        },
+    }
     return json.dumps(doc, indent=1).encode() + b"\n"
 
 
@@ -38,13 +42,16 @@ def decode(data: bytes, path: str) -> Claims:
             raise ValueError(f"version {doc.get('version')!r}, not {VERSION}")
         out = {}
         for uid, entry in doc["claims"].items():
-            devices = tuple(Prepared(tuple(d["requests"]), d["pool"], d["device"], tuple(d["cdi_ids"]))
-                            for d in entry["devices"])
+            devices = tuple(
+                Prepared(tuple(d["requests"]), d["pool"], d["device"], tuple(d["cdi_ids"])) for d in entry["devices"]
+            )
             out[uid] = (ClaimRef(entry["namespace"], uid, entry["name"]), str(entry["spec"]), devices)
         return out
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise InputError(f"{path}: not a checkpoint of nvc-py's DRA driver ({err}): move it away to start "
-                         "afresh (claims prepared by then are not unprepared)") from None
+        raise InputError(
+            f"{path}: not a checkpoint of nvc-py's DRA driver ({err}): move it away to start "
+            "afresh (claims prepared by then are not unprepared)"
+        ) from None
 
 
 def load(path: str) -> Claims:

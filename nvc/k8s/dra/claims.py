@@ -59,8 +59,10 @@ def _results(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str) ->
     """This driver's allocation results on this node's pool, and the allocation's configurations."""
     meta = claim.get("metadata") or {}
     if meta.get("uid") != ref.uid:
-        raise InputError(f"claim {ref}: the API server has UID {shown(str(meta.get('uid')))}, the kubelet "
-                         f"{shown(ref.uid)} (deleted and made again?)")
+        raise InputError(
+            f"claim {ref}: the API server has UID {shown(str(meta.get('uid')))}, the kubelet "
+            f"{shown(ref.uid)} (deleted and made again?)"
+        )
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise InputError(f"claim {ref}: not allocated")
@@ -68,14 +70,23 @@ def _results(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str) ->
     results = [r for r in devices.get("results") or [] if r.get("driver") == driver]
     foreign = [r for r in results if r.get("pool") != pool]
     if foreign:
-        raise InputError(f"claim {ref}: device {shown(str(foreign[0].get('device')))} of pool "
-                         f"{shown(str(foreign[0].get('pool')))} is not this node's ({pool})")
+        raise InputError(
+            f"claim {ref}: device {shown(str(foreign[0].get('device')))} of pool "
+            f"{shown(str(foreign[0].get('pool')))} is not this node's ({pool})"
+        )
     configs = [(f"claim {ref}: config[{k}]", c) for k, c in enumerate(devices.get("config") or [])]
     return results, configs
 
 
-def plan(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str, known: Mapping[str, Device],
-         node_spec: Mapping[str, Any], volume_mounts: bool) -> Plan:
+def plan(
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    driver: str,
+    pool: str,
+    known: Mapping[str, Device],
+    node_spec: Mapping[str, Any],
+    volume_mounts: bool,
+) -> Plan:
     """The CDI spec and answer of ``claim`` (the API server's object); ``known``: this node's devices
     by name; ``node_spec``: nvc-py's CDI spec of this node, devices named by UUID."""
     results, configs = _results(claim, ref, driver, pool)
@@ -94,8 +105,14 @@ def plan(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str, known:
         if sharing is None:
             cdi_devices.append({"name": cdi_name, "containerEdits": edits[device.uuid]})
         else:
-            cdi_devices.append({"name": cdi_name, "containerEdits": _shared_edits(
-                device, params.limits(sharing, device.uuid, device.memory, f"claim {ref}"), volume_mounts)})
+            cdi_devices.append(
+                {
+                    "name": cdi_name,
+                    "containerEdits": _shared_edits(
+                        device, params.limits(sharing, device.uuid, device.memory, f"claim {ref}"), volume_mounts
+                    ),
+                }
+            )
             shared_uuids.append(device.uuid)
         prepared.append(Prepared((request,), pool, name, (f"{kind}={cdi_name}",)))
     spec: dict[str, Any] = {"cdiVersion": node_spec["cdiVersion"], "kind": kind, "devices": cdi_devices}
@@ -103,8 +120,9 @@ def plan(claim: Mapping[str, Any], ref: ClaimRef, driver: str, pool: str, known:
     if len(shared_uuids) < len(results):  # devices given by CDI alone bring the driver's files
         common = dict(node_spec["containerEdits"])
     if shared_uuids and not volume_mounts:  # the hook then reads the env: it must name the shared devices
-        common["env"] = [containerenv.assignment(containerenv.VISIBLE_DEVICES,
-                                                 containerenv.visible_devices(shared_uuids))]
+        common["env"] = [
+            containerenv.assignment(containerenv.VISIBLE_DEVICES, containerenv.visible_devices(shared_uuids))
+        ]
     if common:
         spec["containerEdits"] = common
     return Plan(spec, tuple(prepared))
@@ -117,6 +135,7 @@ def _shared_edits(device: Device, limits: Mapping[str, str], volume_mounts: bool
     if volume_mounts:
         targets = [containerenv.device_volume(device.uuid)]
         targets += [containerenv.share_volume(k, v) for k, v in sorted(limits.items())]
-        edits["mounts"] = [{"hostPath": containerenv.VOLUME_SOURCE, "containerPath": t, "options": _MOUNT_OPTIONS}
-                           for t in targets]
+        edits["mounts"] = [
+            {"hostPath": containerenv.VOLUME_SOURCE, "containerPath": t, "options": _MOUNT_OPTIONS} for t in targets
+        ]
     return edits

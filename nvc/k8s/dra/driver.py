@@ -18,9 +18,9 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from nvc.config.options import GlobalOptions
 from nvc.errors import InputError, NvcError
 from nvc.k8s.dra import checkpoint, claims, kubeapi, slices
-from nvc.config.options import GlobalOptions
 
 RETRY_S = 30.0
 TICK_S = 1.0
@@ -66,13 +66,19 @@ class Driver:
 
     def discover(self) -> bool:
         from nvc import cdi
-        from nvc.system import programs
         from nvc.rpc import driver_service
+        from nvc.system import programs
 
         try:
             inv = driver_service.inventory(self.opts.root, self.opts.user)
-            spec = cdi.generate(self.opts.root, self.opts.ldcache, self.opts.user, "uuid",
-                                programs.installed_program(programs.HOOK_SCRIPT), programs.hook_env(self.settings.config_path))
+            spec = cdi.generate(
+                self.opts.root,
+                self.opts.ldcache,
+                self.opts.user,
+                "uuid",
+                programs.installed_program(programs.HOOK_SCRIPT),
+                programs.hook_env(self.settings.config_path),
+            )
         except NvcError as err:
             self.say("nvml", f"NVML unavailable ({err}): trying again in {RETRY_S:.0f} s")
             return False
@@ -80,8 +86,12 @@ class Driver:
         with self.lock:
             self.devices = {d.name: d for d in found}
             self.node_spec = spec
-        self.say("nvml", f"NVML: driver {inv.driver_version}, devices: "
-                 + (", ".join(f"{d.name}={d.uuid}" for d in found) or "none"), logging.INFO)
+        self.say(
+            "nvml",
+            f"NVML: driver {inv.driver_version}, devices: "
+            + (", ".join(f"{d.name}={d.uuid}" for d in found) or "none"),
+            logging.INFO,
+        )
         return True
 
     def publish(self) -> None:
@@ -93,8 +103,14 @@ class Driver:
                 owner = slices.node_owner(self.api.request("GET", f"/api/v1/nodes/{s.node}"))
             except kubeapi.ApiError as err:
                 self.say("node", f"node {s.node}: {err}: slices published without an owner")
-            existing = self.api.request("GET", f"{RESOURCE_API}/resourceslices", query={
-                "fieldSelector": f"spec.nodeName={s.node},spec.driver={s.driver}"}).get("items") or []
+            existing = (
+                self.api.request(
+                    "GET",
+                    f"{RESOURCE_API}/resourceslices",
+                    query={"fieldSelector": f"spec.nodeName={s.node},spec.driver={s.driver}"},
+                ).get("items")
+                or []
+            )
             change = slices.changes(existing, s.node, s.driver, list(self.devices.values()), owner)
             for item in change.create:
                 self.api.request("POST", f"{RESOURCE_API}/resourceslices", item)
@@ -106,8 +122,11 @@ class Driver:
             self.say("publish", f"publishing ResourceSlices failed: {err}; trying again in {s.resync_s:.0f} s")
             return
         if change.create or change.update or change.delete:
-            log.info("published %d devices in ResourceSlices %s", len(self.devices),
-                     ", ".join(i["metadata"]["name"] for i in change.create + change.update))
+            log.info(
+                "published %d devices in ResourceSlices %s",
+                len(self.devices),
+                ", ".join(i["metadata"]["name"] for i in change.create + change.update),
+            )
         self.said.pop("publish", None)
 
     # ---- the kubelet's calls -------------------------------------------------------------------
@@ -120,8 +139,15 @@ class Driver:
             if self.node_spec is None:
                 raise InputError(f"claim {ref}: the node's devices are not discovered yet (NVML)")
             claim = self.api.request("GET", f"{RESOURCE_API}/namespaces/{ref.namespace}/resourceclaims/{ref.name}")
-            plan = claims.plan(claim, ref, self.settings.driver, self.settings.node, self.devices, self.node_spec,
-                               self.settings.volume_mounts)
+            plan = claims.plan(
+                claim,
+                ref,
+                self.settings.driver,
+                self.settings.node,
+                self.devices,
+                self.node_spec,
+                self.settings.volume_mounts,
+            )
             path = os.path.join(self.settings.cdi_dir, claims.spec_file(self.settings.driver, ref.uid))
             try:
                 os.makedirs(self.settings.cdi_dir, 0o755, exist_ok=True)
@@ -158,8 +184,14 @@ class Driver:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda number, frame: stop.append(number))
         os.makedirs(self.settings.plugin_dir, 0o750, exist_ok=True)
-        served = service.sockets(self.settings.driver, self.settings.registry_socket,
-                                 os.path.join(self.settings.plugin_dir, "dra.sock"), self.prepare, self.unprepare, log)
+        served = service.sockets(
+            self.settings.driver,
+            self.settings.registry_socket,
+            os.path.join(self.settings.plugin_dir, "dra.sock"),
+            self.prepare,
+            self.unprepare,
+            log,
+        )
         log.info("%d claims prepared before (%s)", len(self.claims), self.checkpoint_path)
         discovered, retry_at, resync_at = False, 0.0, 0.0
         try:
@@ -174,8 +206,9 @@ class Driver:
                     for socket in served:  # the DRA socket first: the kubelet dials it once registered
                         socket.stop()
                         socket.start()
-                    log.info("serving %s on %s (registration: %s)", self.settings.driver, served[0].path,
-                             served[1].path)
+                    log.info(
+                        "serving %s on %s (registration: %s)", self.settings.driver, served[0].path, served[1].path
+                    )
                 time.sleep(TICK_S)
             log.info("stopping (%s)", signal.Signals(stop[0]).name)
         finally:

@@ -32,8 +32,9 @@ class ApiError(NvcError):
 
 
 class Client:
-    def __init__(self, server: str, context: ssl.SSLContext | None, token: str | None = None,
-                 token_file: str | None = None) -> None:
+    def __init__(
+        self, server: str, context: ssl.SSLContext | None, token: str | None = None, token_file: str | None = None
+    ) -> None:
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("https", "http") or not url.hostname:
             raise InputError(f"{server}: not an API server URL (https://host[:port])")
@@ -54,13 +55,15 @@ class Client:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None,
-                query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, query: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """The answer's JSON object; ApiError for a status of 300 or more, or no answer."""
         target = self.prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
         if self.scheme == "https":
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(self.host, self.port, timeout=TIMEOUT_S,
-                                                                          context=self.context)
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self.host, self.port, timeout=TIMEOUT_S, context=self.context
+            )
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
         try:
@@ -97,8 +100,11 @@ def in_cluster(directory: str = SERVICE_ACCOUNT) -> Client:
     if not host or not os.path.exists(os.path.join(directory, "token")):
         raise InputError(f"not in a pod (no KUBERNETES_SERVICE_HOST, or no {directory}/token): give --kubeconfig")
     host = f"[{host}]" if ":" in host else host
-    return Client(f"https://{host}:{port}", _ssl(os.path.join(directory, "ca.crt"), None, False),
-                  token_file=os.path.join(directory, "token"))
+    return Client(
+        f"https://{host}:{port}",
+        _ssl(os.path.join(directory, "ca.crt"), None, False),
+        token_file=os.path.join(directory, "token"),
+    )
 
 
 def _named(doc: Mapping[str, Any], section: str, name: str, path: str) -> dict[str, Any]:
@@ -134,8 +140,11 @@ def from_kubeconfig(path: str) -> Client:
     def file(name: str | None) -> str | None:
         return None if name is None else os.path.join(base, name)
 
-    ca_data = _data(cluster["certificate-authority-data"], "certificate-authority-data", path) \
-        if cluster.get("certificate-authority-data") else None
+    ca_data = (
+        _data(cluster["certificate-authority-data"], "certificate-authority-data", path)
+        if cluster.get("certificate-authority-data")
+        else None
+    )
     tls = _ssl(file(cluster.get("certificate-authority")), ca_data, bool(cluster.get("insecure-skip-tls-verify")))
     if user.get("client-certificate") or user.get("client-certificate-data"):
         _client_certificate(tls, user, file, path)

@@ -61,8 +61,10 @@ def parse(parameters: object, driver: str, where: str) -> Sharing:
     if not isinstance(parameters, Mapping):
         raise InputError(f"{where}: not an object (want apiVersion {api_version(driver)}, kind {KIND})")
     if parameters.get("apiVersion") != api_version(driver) or parameters.get("kind") != KIND:
-        raise InputError(f"{where}: apiVersion {shown(str(parameters.get('apiVersion')))}, kind "
-                         f"{shown(str(parameters.get('kind')))}: want apiVersion {api_version(driver)}, kind {KIND}")
+        raise InputError(
+            f"{where}: apiVersion {shown(str(parameters.get('apiVersion')))}, kind "
+            f"{shown(str(parameters.get('kind')))}: want apiVersion {api_version(driver)}, kind {KIND}"
+        )
     unknown = sorted(str(k) for k in parameters if k not in _FIELDS)
     if unknown:
         raise InputError(f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(_FIELDS))})")
@@ -79,8 +81,10 @@ def parse(parameters: object, driver: str, where: str) -> Sharing:
     if "latencyClass" in parameters:
         value = parameters["latencyClass"]
         if not isinstance(value, str) or not _CLASS.fullmatch(value):
-            raise InputError(f"{where}.latencyClass={shown(str(value))}: not a class name (lower-case letters, "
-                             "digits and '-', at most 32)")
+            raise InputError(
+                f"{where}.latencyClass={shown(str(value))}: not a class name (lower-case letters, "
+                "digits and '-', at most 32)"
+            )
         found = found._replace(latency_class=value)
     if "backend" in parameters:
         if parameters["backend"] not in BACKENDS:
@@ -95,8 +99,9 @@ def for_request(configs: Iterable[tuple[str, Mapping[str, Any]]], request: str, 
     found: Sharing | None = None
     for where, entry in configs:
         opaque = entry.get("opaque")
-        applies = not entry.get("requests") or request in entry["requests"] \
-            or request.partition("/")[0] in entry["requests"]  # a firstAvailable subrequest's parent
+        applies = (
+            not entry.get("requests") or request in entry["requests"] or request.partition("/")[0] in entry["requests"]
+        )  # a firstAvailable subrequest's parent
         if not isinstance(opaque, Mapping) or opaque.get("driver") != driver or not applies:
             continue
         parsed = parse(opaque.get("parameters"), driver, f"{where}.opaque.parameters")
@@ -111,6 +116,11 @@ def limits(sharing: Sharing, uuid: str, memory_total: int, where: str) -> dict[s
 
     if sharing.memory is not None and memory_total and sharing.memory > memory_total:
         raise InputError(f"{where}.memoryLimit: {sharing.memory} bytes is more than {uuid} has ({memory_total})")
-    values = {MEMORY_LIMIT: sharing.memory, COMPUTE: sharing.compute, WEIGHT: sharing.weight,
-              PRIORITY: sharing.latency_class, BACKEND: sharing.backend}
+    values = {
+        MEMORY_LIMIT: sharing.memory,
+        COMPUTE: sharing.compute,
+        WEIGHT: sharing.weight,
+        PRIORITY: sharing.latency_class,
+        BACKEND: sharing.backend,
+    }
     return {f"{name}_{uuid}": str(value) for name, value in values.items() if value is not None}

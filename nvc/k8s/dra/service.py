@@ -39,8 +39,9 @@ class Registration(reg_api.RegistrationServicer):
         self.registered: bool | None = None
 
     def GetInfo(self, request: Any, context: Any) -> Any:  # noqa: N802 - the API's names
-        return rpb.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint,
-                              supported_versions=list(SERVICES))
+        return rpb.PluginInfo(
+            type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint, supported_versions=list(SERVICES)
+        )
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
         self.registered = request.plugin_registered
@@ -54,8 +55,9 @@ class Registration(reg_api.RegistrationServicer):
 class DraPlugin(dra_api.DRAPluginServicer):
     """Answers from ``prepare`` (a claim -> its devices) and ``unprepare``; NvcError: that claim's error."""
 
-    def __init__(self, prepare: Callable[[ClaimRef], tuple[Prepared, ...]], unprepare: Callable[[ClaimRef], None],
-                 log: Any) -> None:
+    def __init__(
+        self, prepare: Callable[[ClaimRef], tuple[Prepared, ...]], unprepare: Callable[[ClaimRef], None], log: Any
+    ) -> None:
         self.prepare, self.unprepare, self.log = prepare, unprepare, log
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -68,9 +70,17 @@ class DraPlugin(dra_api.DRAPluginServicer):
                 self.log.warning("prepare %s (%s) failed: %s", ref, ref.uid, err)
                 answers[claim.uid] = pb.NodePrepareResourceResponse(error=str(err))
                 continue
-            answers[claim.uid] = pb.NodePrepareResourceResponse(devices=[
-                pb.Device(request_names=list(d.requests), pool_name=d.pool, device_name=d.device,
-                          cdi_device_ids=list(d.cdi_ids)) for d in devices])
+            answers[claim.uid] = pb.NodePrepareResourceResponse(
+                devices=[
+                    pb.Device(
+                        request_names=list(d.requests),
+                        pool_name=d.pool,
+                        device_name=d.device,
+                        cdi_device_ids=list(d.cdi_ids),
+                    )
+                    for d in devices
+                ]
+            )
         return pb.NodePrepareResourcesResponse(claims=answers)
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -121,11 +131,19 @@ class Socket:
         self.server = None
 
 
-def sockets(driver: str, registry_path: str, dra_path: str, prepare: Callable[[ClaimRef], tuple[Prepared, ...]],
-            unprepare: Callable[[ClaimRef], None], log: Any) -> tuple[Socket, Socket]:
+def sockets(
+    driver: str,
+    registry_path: str,
+    dra_path: str,
+    prepare: Callable[[ClaimRef], tuple[Prepared, ...]],
+    unprepare: Callable[[ClaimRef], None],
+    log: Any,
+) -> tuple[Socket, Socket]:
     """The DRA socket and the registration socket (started in this order: the kubelet dials the first
     as soon as it finds the second)."""
     registration = Registration(driver, dra_path, log)
     plugin = DraPlugin(prepare, unprepare, log)
-    return (Socket(dra_path, lambda server: dra_api.add_DRAPluginServicer_to_server(plugin, server)),
-            Socket(registry_path, lambda server: reg_api.add_RegistrationServicer_to_server(registration, server)))
+    return (
+        Socket(dra_path, lambda server: dra_api.add_DRAPluginServicer_to_server(plugin, server)),
+        Socket(registry_path, lambda server: reg_api.add_RegistrationServicer_to_server(registration, server)),
+    )

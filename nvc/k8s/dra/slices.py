@@ -13,15 +13,26 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from nvc.model.devices import Gpu
 from nvc.k8s.resources import mig_profile
+from nvc.model.devices import Gpu
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128  # per ResourceSlice (the API's limit)
 # compute capability major -> architecture (NVIDIA's names; 12.x is Blackwell's consumer part)
-_ARCHITECTURES = {"7.0": "Volta", "7.2": "Volta", "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere", "8.7": "Ampere",
-                  "8.9": "Ada Lovelace", "9.0": "Hopper", "10.0": "Blackwell", "10.3": "Blackwell",
-                  "12.0": "Blackwell", "12.1": "Blackwell"}
+_ARCHITECTURES = {
+    "7.0": "Volta",
+    "7.2": "Volta",
+    "7.5": "Turing",
+    "8.0": "Ampere",
+    "8.6": "Ampere",
+    "8.7": "Ampere",
+    "8.9": "Ada Lovelace",
+    "9.0": "Hopper",
+    "10.0": "Blackwell",
+    "10.3": "Blackwell",
+    "12.0": "Blackwell",
+    "12.1": "Blackwell",
+}
 
 
 class Device(NamedTuple):
@@ -64,18 +75,32 @@ def devices(gpus: Sequence[Gpu], driver_version: str, cuda_version: int | None) 
         if gpu.architecture in _ARCHITECTURES:
             shared["architecture"] = {"string": _ARCHITECTURES[gpu.architecture]}
         if not gpu.mig_enabled:
-            out.append(Device(f"gpu-{gpu.index}", gpu.uuid, gpu.uuid, gpu.index, gpu.memory_total or 0, {
-                **shared, "type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}, "index": {"int": gpu.index}}))
+            out.append(
+                Device(
+                    f"gpu-{gpu.index}",
+                    gpu.uuid,
+                    gpu.uuid,
+                    gpu.index,
+                    gpu.memory_total or 0,
+                    {**shared, "type": {"string": "gpu"}, "uuid": {"string": gpu.uuid}, "index": {"int": gpu.index}},
+                )
+            )
             continue
         for mig in gpu.mig_devices:
             profile = mig_profile(mig.name)
-            attributes = {**shared, "type": {"string": "mig"}, "uuid": {"string": mig.uuid},
-                          "index": {"int": mig.index}, "parentUUID": {"string": gpu.uuid},
-                          "parentIndex": {"int": gpu.index}}
+            attributes = {
+                **shared,
+                "type": {"string": "mig"},
+                "uuid": {"string": mig.uuid},
+                "index": {"int": mig.index},
+                "parentUUID": {"string": gpu.uuid},
+                "parentIndex": {"int": gpu.index},
+            }
             if profile:
                 attributes["migProfile"] = {"string": profile}
-            out.append(Device(f"mig-{gpu.index}-{mig.index}", mig.uuid, gpu.uuid, gpu.index, mig.memory_total or 0,
-                              attributes))
+            out.append(
+                Device(f"mig-{gpu.index}-{mig.index}", mig.uuid, gpu.uuid, gpu.index, mig.memory_total or 0, attributes)
+            )
     return tuple(out)
 
 
@@ -91,29 +116,49 @@ def slice_name(node: str, driver: str, number: int) -> str:
     return f"{node}-{driver}-{number}".lower()
 
 
-def resource_slices(node: str, driver: str, found: Sequence[Device], generation: int,
-                    owner: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def resource_slices(
+    node: str, driver: str, found: Sequence[Device], generation: int, owner: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The ResourceSlices of pool ``node`` (at least one, so an empty node says it has nothing):
     ``MAX_DEVICES`` devices each; ``owner``: the Node's reference, so they go with the Node."""
-    chunks = [list(found[k:k + MAX_DEVICES]) for k in range(0, len(found), MAX_DEVICES)] or [[]]
+    chunks = [list(found[k : k + MAX_DEVICES]) for k in range(0, len(found), MAX_DEVICES)] or [[]]
     out = []
     for number, chunk in enumerate(chunks):
         metadata: dict[str, Any] = {"name": slice_name(node, driver, number)}
         if owner is not None:
             metadata["ownerReferences"] = [owner]
-        out.append({"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": metadata, "spec": {
-            "driver": driver, "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
-            "devices": [{"name": d.name, "attributes": d.attributes,
-                         **({"capacity": {"memory": {"value": quantity(d.memory)}}} if d.memory else {})}
-                        for d in chunk]}})
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": metadata,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": [
+                        {
+                            "name": d.name,
+                            "attributes": d.attributes,
+                            **({"capacity": {"memory": {"value": quantity(d.memory)}}} if d.memory else {}),
+                        }
+                        for d in chunk
+                    ],
+                },
+            }
+        )
     return out
 
 
 def node_owner(node: dict[str, Any]) -> dict[str, Any]:
     """The ownerReference naming the Node object ``node`` (as the API server returned it)."""
-    return {"apiVersion": "v1", "kind": "Node", "name": node["metadata"]["name"], "uid": node["metadata"]["uid"],
-            "controller": True}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node["metadata"]["name"],
+        "uid": node["metadata"]["uid"],
+        "controller": True,
+    }
 
 
 class Changes(NamedTuple):
@@ -124,15 +169,21 @@ class Changes(NamedTuple):
     delete: list[str]
 
 
-def changes(existing: Sequence[dict[str, Any]], node: str, driver: str, found: Sequence[Device],
-            owner: dict[str, Any] | None = None) -> Changes:
+def changes(
+    existing: Sequence[dict[str, Any]],
+    node: str,
+    driver: str,
+    found: Sequence[Device],
+    owner: dict[str, Any] | None = None,
+) -> Changes:
     """From the pool's slices on the API server to those of ``found``: nothing when they already say
     it; else every slice of a new pool generation (the scheduler then ignores the older ones)."""
     current = {s["metadata"]["name"]: s for s in existing}
     generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
     wanted = resource_slices(node, driver, found, generation, owner)
     if current.keys() == {s["metadata"]["name"] for s in wanted} and all(
-            current[s["metadata"]["name"]]["spec"] == s["spec"] for s in wanted):
+        current[s["metadata"]["name"]]["spec"] == s["spec"] for s in wanted
+    ):
         return Changes([], [], [])
     wanted = resource_slices(node, driver, found, generation + 1, owner)
     create = [s for s in wanted if s["metadata"]["name"] not in current]
