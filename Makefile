@@ -47,6 +47,10 @@ TEST_DIRS := /var/cache/nvc-py-test /var/tmp/nvc-py-test
 # this tree's (pip's direct_url.json names where it was installed from: another clone since, or none;
 # -I: not an egg-info in the working directory).
 INSTALL_STAMP := $(LIBDIR)/.installed
+# The one-node Kubernetes cluster's programs (tests/harness/k8scluster.py), built from their Go modules at
+# pinned releases by tools/k8s-cluster-bin.sh: kept between runs and checkouts (a directory per set of
+# versions), not removed by make clean.
+K8S_CLUSTER_CACHE := /var/cache/nvc-py-k8s
 INSTALLED_FROM := $(shell $(ENV_PYTHON) -I -c 'import importlib.metadata as m, json; \
 	print(json.loads(m.distribution("nvc-py").read_text("direct_url.json"))["url"])' 2>/dev/null)
 INSTALL_INPUTS := $(shell find nvc hook rpc -name __pycache__ -prune -o -type f -print) setup.cfg pyproject.toml \
@@ -78,7 +82,7 @@ DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
-	print-test-python dev lint lint-python clean k8s-api deb deb-deps deb-lock unpackaged FORCE
+	print-test-python dev lint lint-python clean k8s-api k8s-cluster-bin deb deb-deps deb-lock unpackaged FORCE
 
 all: build
 
@@ -194,7 +198,7 @@ fronts:
 	$(call front,nvc-py-runtime,nvc.hook.oci.runtime)
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
-test: unpackaged deps build
+test: unpackaged deps build k8s-cluster-bin
 	@echo "test: pytest $(PYTEST_FLAGS) (the suite's files: $(TEST_DIRS); make clean removes them)"
 	$(PYTEST) $(PYTEST_FLAGS)
 
@@ -279,6 +283,14 @@ k8s-api:
 	$(ENV_PYTHON) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. nvc/k8s/api.proto
 	$(ENV_PYTHON) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. nvc/k8s/dra/dra.proto \
 		nvc/k8s/dra/registration.proto
+
+## k8s-cluster-bin: the test cluster's Kubernetes, etcd, containerd and CNI programs into $(K8S_CLUSTER_CACHE)
+## (Go and its module proxy; about 10 minutes on two cores when cold); not built, the cluster tests skip
+k8s-cluster-bin:
+	@sh tools/k8s-cluster-bin.sh --check $(K8S_CLUSTER_CACHE) >/dev/null || \
+		$(STEP) k8s-cluster-bin "k8s-cluster-bin: building the test cluster's programs" \
+			nice sh tools/k8s-cluster-bin.sh $(K8S_CLUSTER_CACHE) || \
+		echo "k8s-cluster-bin: not built, the cluster tests will skip (make k8s-cluster-bin to retry)" >&2
 
 clean:
 	$(MAKE) -C native clean

@@ -50,7 +50,8 @@ HOOK_LOG = "/var/log/nvc-py.log"  # the configuration's default log.file
 WATCHED_FILES = (HOOK_LOG, "/var/lib/containers/cache/blob-info-cache-v1.boltdb")
 CACHE_DIR = "/var/cache/nvc-py-test"  # Makefile's TEST_DIRS
 WORK_DIR = "/var/tmp/nvc-py-test"
-OWN = (os.path.basename(CACHE_DIR), os.path.basename(WORK_DIR))
+K8S_CACHE_DIR = "/var/cache/nvc-py-k8s"  # the test cluster's programs (Makefile's K8S_CLUSTER_CACHE), built before
+OWN = (os.path.basename(CACHE_DIR), os.path.basename(WORK_DIR), os.path.basename(K8S_CACHE_DIR))
 DEPTH = 4  # levels under each watched directory compared: enough for /run/nvc-py/share/<id>/shared
 # nvc-py's and its tests' own (nvc-*, the MPS pipe directory), tempfile's default, pytest's, and
 # the container tools'.
