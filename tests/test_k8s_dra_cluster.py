@@ -149,9 +149,12 @@ def test_two_pods_sharing_one_claim_each_see_its_memory_limit(k8s_cluster: Clust
                 "metadata": {"name": "shared", "namespace": ns},
                 "spec": _claim_spec(H100_CEL, config),
             },
+            _pod(ns, "holds", SLEEP, {"resourceClaimName": "shared"}),
             _pod(ns, "one", SHOW, {"resourceClaimName": "shared"}),
             _pod(ns, "two", SHOW, {"resourceClaimName": "shared"}),
         )
+        # the claim controller deallocates a claim once no pod it is reserved for runs: one holds it
+        k8s_cluster.wait_phase(ns, "holds", "Running")
         for name in ("one", "two"):
             k8s_cluster.wait_phase(ns, name, "Succeeded")
             out = k8s_cluster.logs(ns, name)

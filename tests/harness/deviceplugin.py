@@ -30,23 +30,26 @@ XID_FILE = "var/lib/fake-nvml/xid-events"  # in the driver root (tests/fakedrive
 class PluginRun:
     """A running ``nvc-py k8s device-plugin`` and its log."""
 
-    def __init__(self, config: Path, directory: Path, log: Path) -> None:
+    def __init__(self, config: Path, directory: Path, log: Path, wrap: Callable[[list[str]], list[str]] = list) -> None:
+        """``wrap``: the command line as run (the test cluster runs it in its node's namespaces)."""
         self.log = log
         self.health_file = log.with_suffix(".health.json")  # not the host's /run/nvc-py/device-plugin.json
         env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
         with log.open("wb") as out:
             self.process = subprocess.Popen(
-                [
-                    str(SCRIPTS / "nvc-py"),
-                    "k8s",
-                    "device-plugin",
-                    "--config",
-                    str(config),
-                    "--device-plugin-dir",
-                    str(directory),
-                    "--health-file",
-                    str(self.health_file),
-                ],
+                wrap(
+                    [
+                        str(SCRIPTS / "nvc-py"),
+                        "k8s",
+                        "device-plugin",
+                        "--config",
+                        str(config),
+                        "--device-plugin-dir",
+                        str(directory),
+                        "--health-file",
+                        str(self.health_file),
+                    ]
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -1,7 +1,8 @@
 """pytest fixtures for container tests; tests/conftest.py re-exports them.
 
 Session-scoped: the rootfs cache, runc with a private state dir, podman with a
-private store, and one private containerd daemon (stopped at session end).
+private store, one private containerd daemon (stopped at session end), and the
+one-node Kubernetes cluster of k8scluster.py (started on first use).
 Function-scoped: fresh rootfs copies, which tests may modify freely.
 """
 
@@ -13,11 +14,21 @@ from pathlib import Path
 import pytest
 
 from .containerd import Containerd
+from .k8scluster import k8s_cluster
 from .podman import Podman
 from .rootfs import RootfsCache
 from .runtime import Runc
 
-__all__ = ["rootfs_cache", "make_rootfs", "debian_rootfs", "lib64_rootfs", "runc", "podman", "containerd"]
+__all__ = [
+    "rootfs_cache",
+    "make_rootfs",
+    "debian_rootfs",
+    "lib64_rootfs",
+    "runc",
+    "podman",
+    "containerd",
+    "k8s_cluster",
+]
 
 
 @pytest.fixture(scope="session")

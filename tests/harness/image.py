@@ -40,11 +40,11 @@ def _add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(info, io.BytesIO(data))
 
 
-def build_oci_archive(rootfs_tar: Path, ref: str, out: Path) -> Path:
+def build_oci_archive(rootfs_tar: Path, ref: str, out: Path, cmd: list[str] | None = None) -> Path:
     """Write an OCI image-layout tar at `out` holding `rootfs_tar` as its one layer.
 
     `ref` ("localhost/nvc-test:debian") goes in the annotation containerd
-    uses to name imported images.
+    uses to name imported images; `cmd`: the image's command (a shell by default).
     """
     layer_digest = _digest_file(rootfs_tar)
     layer_size = rootfs_tar.stat().st_size
@@ -52,7 +52,7 @@ def build_oci_archive(rootfs_tar: Path, ref: str, out: Path) -> Path:
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Env": [PATH_ENV], "Cmd": ["/bin/sh"], "WorkingDir": "/"},
+            "config": {"Env": [PATH_ENV], "Cmd": cmd or ["/bin/sh"], "WorkingDir": "/"},
             "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
         }
     )
