@@ -22,7 +22,9 @@ from harness.fakegpus import A100, H100, MIG_3G, uuids
 from harness.k8scluster import IMAGE, NODE, Cluster, wait_until
 
 GIB = 1 << 30
-MOUNTS = "accept-volume-mounts: true\nk8s: {device-list-strategy: volume-mounts%s}\n"
+REPO = Path(__file__).resolve().parent.parent
+# The node configuration docs/kubernetes.md installs: volume mounts believed, an unprivileged pod's own env not.
+NODE_CONFIG = (REPO / "deploy/config.yaml").read_text()
 SHOW = [
     "sh",
     "-c",
@@ -33,14 +35,17 @@ SLEEP = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait $!"]
 
 
 @pytest.fixture
-def plugin(k8s_cluster: Cluster, tmp_path: Path) -> Iterator[Callable[[str], PluginRun]]:
-    """start(k8s options): nvc-py configured with the volume-mounts strategy and ``options`` added to its
-    ``k8s:`` section, the installed plugin started in the node and registered with its kubelet; every plugin
+def plugin(k8s_cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., PluginRun]]:
+    """start(k8s options): nvc-py configured as deploy/config.yaml with ``options`` added to its ``k8s:``
+    section, the installed plugin started in the node and registered with its kubelet; every plugin
     stopped at the end (status 0), the configuration reset."""
     runs: list[PluginRun] = []
 
-    def start(options: str = "") -> PluginRun:
-        k8s_cluster.configure_nvc(MOUNTS % options)
+    def start(**options: str) -> PluginRun:
+        assert NODE_CONFIG.rstrip().endswith("device-list-strategy: volume-mounts")  # k8s: is its last section
+        k8s_cluster.configure_nvc(
+            NODE_CONFIG + "".join(f"  {key.replace('_', '-')}: {value}\n" for key, value in options.items())
+        )
         run = PluginRun(
             k8s_cluster.nvc_config,
             k8s_cluster.device_plugin_dir,
@@ -131,7 +136,7 @@ def test_pods_see_their_gpu_their_mig_device_and_none_when_they_ask_none(k8s_clu
 def test_a_pod_sees_the_memory_limit_of_its_gpu_shares(k8s_cluster: Cluster, plugin) -> None:
     """The H100 shared in 8 GiB units: a pod asking 2 sees the H100 and a 16 GiB limit, not the limit its own
     env claims."""
-    plugin(f", share-gpus: [{H100}], share-slice: 8Gi")
+    plugin(share_gpus=f"[{H100}]", share_slice="8Gi")
     _allocatable(k8s_cluster, "nvc-py.io/gpu-share", 10)
     _allocatable(k8s_cluster, "nvidia.com/gpu", 0)  # a shared GPU is no whole one
     with k8s_cluster.namespace("plugin") as ns:
@@ -175,7 +180,7 @@ def test_a_gpu_an_xid_made_unhealthy_is_not_allocated(k8s_cluster: Cluster, plug
     xids.write_text("")
     xids.chmod(0o644)  # read by the driver helper, which runs as nobody
     try:
-        run = plugin(", xid-recovery: 0")
+        run = plugin(xid_recovery="0")
         _allocatable(k8s_cluster, "nvidia.com/gpu", 1)
         with xids.open("a") as f:
             f.write(f"{H100} 79\n")
@@ -187,3 +192,27 @@ def test_a_gpu_an_xid_made_unhealthy_is_not_allocated(k8s_cluster: Cluster, plug
             assert "Insufficient nvidia.com/gpu" in _unschedulable(k8s_cluster, ns, "waits")
     finally:
         shutil.rmtree(made)  # the fake driver is the session's: leave it as it was
+
+
+def test_a_stopped_cluster_leaves_nothing_behind(
+    k8s_cluster: Cluster, fake_2gpu, rootfs_cache, tmp_path_factory: pytest.TempPathFactory, session_dir: str
+) -> None:
+    """A second cluster, stopped while a pod of its runs: none of its processes (its programs, the pod's
+    container, the shim) runs on, and no mount, cgroup or host iptables rule of it is left (what the
+    fixture's teardown checks of the session's cluster at the end)."""
+    other = Cluster(tmp_path_factory.mktemp("k8s-other"), k8s_cluster.bin, fake_2gpu, rootfs_cache, session_dir)
+    try:
+        other.boot()
+        other.kubectl("create", "namespace", "left")
+        wait_until(
+            "default ServiceAccount", lambda: other.kubectl("get", "sa", "default", "-n", "left", check=False), 30
+        )
+        other.apply(_pod("left", "runs", SLEEP, {}))
+        other.wait_phase("left", "runs", "Running")
+        running = other.node_processes()
+        names = {Path(f"/proc/{pid}/comm").read_text().strip() for pid, _ in running}
+        assert {"kubelet", "containerd", "containerd-shim", "sleep"} <= names, names
+    finally:
+        left = other.stop()
+    assert left == []
+    assert other.node_processes() == set()

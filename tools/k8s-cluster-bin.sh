@@ -94,4 +94,7 @@ for plugin in main/bridge ipam/host-local main/loopback; do
 done
 
 complete || { echo "k8s-cluster-bin: $BIN is incomplete" >&2; exit 1; }
+# Built: the module and build caches (some 5 GB) go; a failed build keeps them for the next try.
+"$GO" clean -modcache
+rm -rf "$GOCACHE" "$WORK"
 echo "$BIN"

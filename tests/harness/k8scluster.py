@@ -110,10 +110,11 @@ class Cluster:
         self.cdi_dir = directory / "cdi"
         self.nvc_config = directory / "nvc-config.yaml"
         self.kubeconfig = directory / "kubeconfig"
-        self.cgroup = f"/nvc-py-k8s-{os.getpid()}"
+        self.cgroup = f"/nvc-py-{directory.name}-{os.getpid()}"  # a second cluster of the session has its own
         self.processes: dict[str, subprocess.Popen] = {}
         self.holder: subprocess.Popen | None = None
         self.node_pid = 0
+        self.node_pid_namespace = ""
         self.iptables = _iptables()
         for path in (self.kubelet_dir, self.cdi_dir, directory / "logs", directory / "cni"):
             path.mkdir(parents=True)
@@ -154,6 +155,7 @@ class Cluster:
         assert self.holder.poll() is None, (self.directory / "logs" / "node.log").read_text()
         children = Path(f"/proc/{self.holder.pid}/task/{self.holder.pid}/children").read_text().split()
         self.node_pid = int(children[0])
+        self.node_pid_namespace = os.readlink(f"/proc/{self.node_pid}/ns/pid")
         for hierarchy in _cgroup_hierarchies():
             (hierarchy / self.cgroup.lstrip("/")).mkdir()
 
@@ -363,6 +365,20 @@ class Cluster:
         if _iptables() != self.iptables:
             left.append("the host's iptables rules changed")
         return left
+
+    def node_processes(self) -> set[tuple[int, str]]:
+        """The node's processes as (pid, start time): those in its PID namespace and in its pods' cgroups."""
+        found = set()
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and (
+                    os.readlink(entry / "ns" / "pid") == self.node_pid_namespace
+                    or f"{self.cgroup}/" in (entry / "cgroup").read_text()
+                ):
+                    found.add((int(entry.name), (entry / "stat").read_text().rsplit(")", 1)[1].split()[19]))
+            except OSError:
+                continue  # gone meanwhile
+        return found
 
     @staticmethod
     def _remove_cgroups(top: Path) -> list[Path]:
