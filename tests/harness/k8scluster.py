@@ -30,17 +30,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from harness import k8scerts
+from harness import k8scerts, k8sconfig
 from harness.image import build_oci_archive
 from harness.installed import SCRIPTS
+from harness.k8sconfig import ADDRESS, NODE, SERVICE_IP
 from harness.rootfs import RootfsCache, image_ref
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "tools" / "k8s-cluster-bin.sh"
 NODE_SCRIPT = Path(__file__).with_name("k8snode.py")
-NODE = "nvc-node"
-ADDRESS = "10.99.0.1"  # the node's, on its veth (the kubelet refuses a loopback node IP)
-SERVICE_IP = "10.96.0.1"
 IMAGE = image_ref("debian")
 PAUSE = image_ref("pause")
 PAUSE_CMD = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; sleep 2147483647 & wait"]
@@ -120,7 +118,7 @@ class Cluster:
             path.mkdir(parents=True)
         self.configure_nvc("")
         self.certs = k8scerts.make(directory / "pki", (ADDRESS, "127.0.0.1", SERVICE_IP))
-        self._kubeconfig()
+        self.kubeconfig.write_text(k8sconfig.kubeconfig(self.certs))
         self._images(rootfs)
 
     # ------------------------------------------------------------ the node and its programs
@@ -195,33 +193,11 @@ class Cluster:
     def boot(self) -> None:
         self._start_node()
         d, bin_dir, certs = self.directory, self.bin, self.certs
-        self.start(
-            "etcd",
-            [str(bin_dir / "etcd"), "--data-dir", str(d / "etcd"), "--listen-client-urls", "http://127.0.0.1:2379",
-             "--advertise-client-urls", "http://127.0.0.1:2379", "--listen-peer-urls", "http://127.0.0.1:2380",
-             "--unsafe-no-fsync", "--log-level", "warn"],
-        )  # fmt: skip
-        self.start(
-            "kube-apiserver",
-            [str(bin_dir / "kube-apiserver"), "--etcd-servers", "http://127.0.0.1:2379",
-             "--advertise-address", ADDRESS, "--secure-port", "6443", "--cert-dir", str(d / "apiserver"),
-             "--tls-cert-file", str(certs.cert("apiserver")), "--tls-private-key-file", str(certs.key("apiserver")),
-             "--client-ca-file", str(certs.ca), "--service-account-issuer", "https://kubernetes.default.svc",
-             "--service-account-key-file", str(certs.cert("sa")),
-             "--service-account-signing-key-file", str(certs.key("sa")),
-             "--service-cluster-ip-range", "10.96.0.0/24", "--authorization-mode", "Node,RBAC",
-             "--kubelet-client-certificate", str(certs.cert("admin")), "--kubelet-client-key", str(certs.key("admin")),
-             "--kubelet-preferred-address-types", "InternalIP", "--allow-privileged", "--profiling=false"],
-        )  # fmt: skip
+        self.start("etcd", k8sconfig.etcd(bin_dir, d))
+        self.start("kube-apiserver", k8sconfig.apiserver(bin_dir, d, certs))
         wait_until("API server", self._ready, 90)
-        common = ["--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--profiling=false"]
-        self.start(
-            "kube-controller-manager",
-            [str(bin_dir / "kube-controller-manager"), *common, "--cert-dir", str(d / "controller-manager"),
-             "--service-account-private-key-file", str(certs.key("sa")), "--root-ca-file", str(certs.ca),
-             "--use-service-account-credentials=false"],
-        )  # fmt: skip
-        self.start("kube-scheduler", [str(bin_dir / "kube-scheduler"), *common, "--cert-dir", str(d / "scheduler")])
+        self.start("kube-controller-manager", k8sconfig.controller_manager(bin_dir, d, certs, self.kubeconfig))
+        self.start("kube-scheduler", k8sconfig.scheduler(bin_dir, d, self.kubeconfig))
         self._start_containerd()
         self.start_kubelet()
         wait_until("Ready node", self._node_ready, 120)
@@ -243,39 +219,10 @@ class Cluster:
         runtime = d / "nvc-py-runtime.sh"  # containerd hands shims no environment of our choosing
         runtime.write_text(f'#!/bin/sh\nNVC_PY_CONFIG={self.nvc_config} exec {SCRIPTS / "nvc-py-runtime"} "$@"\n')
         runtime.chmod(0o755)
-        (d / "cni" / "10-nvc-test.conflist").write_text(
-            json.dumps(
-                {
-                    "cniVersion": "1.0.0",
-                    "name": "nvc-test",
-                    "plugins": [
-                        {
-                            "type": "bridge",
-                            "bridge": "cni0",
-                            "isGateway": True,
-                            "ipMasq": False,
-                            "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.88.0.0/16"}]]},
-                        }
-                    ],
-                }
-            )
-        )
-        cri = "plugins.'io.containerd.cri.v1"
+        (d / "cni" / "10-nvc-test.conflist").write_text(k8sconfig.cni_config())
         config = d / "containerd.toml"
         config.write_text(
-            f'version = 3\nroot = "{d / "containerd"}"\nstate = "/run/containerd/state"\n'
-            'disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", '
-            '"io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", '
-            '"io.containerd.internal.v1.tracing"]\n'
-            f'[grpc]\n  address = "{self.containerd_socket}"\n[ttrpc]\n  address = "{self.containerd_socket}.ttrpc"\n'
-            '[debug]\n  address = ""\n[metrics]\n  address = ""\n'
-            f'[{cri}.images\']\n  snapshotter = "native"\n'
-            f'[{cri}.images\'.pinned_images]\n  sandbox = "{PAUSE}"\n'
-            f'[{cri}.runtime\']\n  enable_cdi = true\n  restrict_oom_score_adj = true\n  cdi_spec_dirs = ["{self.cdi_dir}"]\n'
-            f'[{cri}.runtime\'.containerd]\n  default_runtime_name = "nvc-py"\n'
-            f'[{cri}.runtime\'.containerd.runtimes.nvc-py]\n  runtime_type = "io.containerd.runc.v2"\n'
-            f'[{cri}.runtime\'.containerd.runtimes.nvc-py.options]\n  BinaryName = "{runtime}"\n'
-            f'[{cri}.runtime\'.cni]\n  bin_dirs = ["{self.bin}"]\n  conf_dir = "{d / "cni"}"\n'
+            k8sconfig.containerd_config(d, self.containerd_socket, self.cdi_dir, runtime, self.bin, PAUSE)
         )
         self.start("containerd", [str(self.bin / "containerd"), "--config", str(config)])
 
@@ -297,40 +244,9 @@ class Cluster:
         return subprocess.run(self.node_command(command), capture_output=True, text=True, env=self._env())
 
     def start_kubelet(self) -> None:
-        d = self.directory
-        config = d / "kubelet.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "kubelet.config.k8s.io/v1beta1",
-                    "kind": "KubeletConfiguration",
-                    "authentication": {
-                        "anonymous": {"enabled": False},
-                        "webhook": {"enabled": False},
-                        "x509": {"clientCAFile": str(self.certs.ca)},
-                    },
-                    "authorization": {"mode": "AlwaysAllow"},
-                    "cgroupDriver": "cgroupfs",
-                    "cgroupRoot": self.cgroup,
-                    "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-                    "failSwapOn": False,
-                    "readOnlyPort": 0,
-                    "podLogsDir": str(d / "pod-logs"),
-                    "resolvConf": "",
-                    "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-                    "imageGCHighThresholdPercent": 100,
-                    "imageGCLowThresholdPercent": 99,
-                    "nodeStatusUpdateFrequency": "2s",
-                    "maxPods": 20,
-                }
-            )
-        )
-        self.start(
-            "kubelet",
-            [str(self.bin / "kubelet"), "--config", str(config), "--kubeconfig", str(self.kubeconfig),
-             "--root-dir", str(self.kubelet_dir), "--cert-dir", str(d / "kubelet-pki"),
-             "--hostname-override", NODE, "--node-ip", ADDRESS, "--v", "2"],
-        )  # fmt: skip
+        config = self.directory / "kubelet.yaml"
+        config.write_text(k8sconfig.kubelet_config(self.directory, self.certs, self.cgroup, self.containerd_socket))
+        self.start("kubelet", k8sconfig.kubelet(self.bin, self.directory, self.kubeconfig, self.kubelet_dir, config))
 
     def restart_kubelet(self) -> None:
         """The kubelet stopped and started again (its pods keep running in containerd)."""
@@ -404,17 +320,6 @@ class Cluster:
         self.nvc_config.write_text(
             f"root: {self.fake.root}\nload-kmods: false\nlog: {{file: {self.directory / 'logs' / 'hook.log'}}}\n"
             + yaml_text
-        )
-
-    def _kubeconfig(self) -> None:
-        certs = self.certs
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
-            f"clusters: [{{name: test, cluster: {{server: 'https://{ADDRESS}:6443', "
-            f"certificate-authority: '{certs.ca}'}}}}]\n"
-            f"users: [{{name: admin, user: {{client-certificate: '{certs.cert('admin')}', "
-            f"client-key: '{certs.key('admin')}'}}}}]\n"
-            "contexts: [{name: test, context: {cluster: test, user: admin}}]\n"
         )
 
     def _images(self, rootfs: RootfsCache) -> None:

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fakedriver.activate import _mount, bind, show  # noqa: E402
+from fakedriver.activate import bind, show  # noqa: E402
 
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID = 0x00020000, 0x40000000, 0x20000000
 NAMESPACES = (("mnt", CLONE_NEWNS), ("net", CLONE_NEWNET), ("pid", CLONE_NEWPID))
@@ -37,13 +37,17 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True)
 
 
+def _mount(fstype: str, target: str | Path, options: str) -> None:
+    subprocess.run(["mount", "-t", fstype, "-o", options, fstype, str(target)], check=True)
+
+
 def _overlay(target: str, scratch: Path) -> None:
     """``target`` as it is, its changes going to a tmpfs under ``scratch``."""
     scratch.mkdir(parents=True, exist_ok=True)
-    _mount("tmpfs", scratch, "tmpfs", 0, "mode=0755")
+    _mount("tmpfs", scratch, "mode=0755")
     for name in ("upper", "work"):
         (scratch / name).mkdir()
-    _mount("overlay", target, "overlay", 0, f"lowerdir={target},upperdir={scratch}/upper,workdir={scratch}/work")
+    _mount("overlay", target, f"lowerdir={target},upperdir={scratch}/upper,workdir={scratch}/work")
 
 
 def hold(spec_file: str) -> None:
@@ -55,7 +59,7 @@ def hold(spec_file: str) -> None:
     _ip("link", "set", INTERFACE, "up")
     _ip("route", "add", "default", "dev", INTERFACE)
     scratch = Path(spec["scratch"])
-    _mount("tmpfs", "/run", "tmpfs", 0, "mode=0755")
+    _mount("tmpfs", "/run", "mode=0755")
     _overlay("/var/lib", scratch / "var-lib")
     (scratch / "dev").mkdir()
     show(SimpleNamespace(root=Path(spec["root"]), proc=Path(spec["proc"])), scratch / "dev")
