@@ -114,10 +114,11 @@ def test_a_template_claim_gets_the_gpu_its_cel_selects_and_goes_with_its_pod(
     the pod runs and removed once the pod is deleted."""
     with k8s_cluster.namespace("dra") as ns:
         k8s_cluster.apply(
-            _template(ns, "h100", H100_CEL),
-            _pod(ns, "sees", SHOW, {"resourceClaimTemplateName": "h100"}),
-            _pod(ns, "holds", SLEEP, {"resourceClaimTemplateName": "h100"}),
+            _template(ns, "h100", H100_CEL), _pod(ns, "sees", SHOW, {"resourceClaimTemplateName": "h100"})
         )
+        # the scheduler takes pods made together in no set order: the second once the first has the H100
+        wait_until("sees scheduled", lambda: k8s_cluster.pod(ns, "sees")["spec"].get("nodeName"), 60)
+        k8s_cluster.apply(_pod(ns, "holds", SLEEP, {"resourceClaimTemplateName": "h100"}))
         k8s_cluster.wait_phase(ns, "sees", "Succeeded")
         out = k8s_cluster.logs(ns, "sees")
         assert uuids(out) == [H100] and "nvidia0" in out.split() and "nvidia1" not in out.split(), out

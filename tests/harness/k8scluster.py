@@ -383,7 +383,11 @@ class Cluster:
                 raise AssertionError(f"pod {namespace}/{name} is {now}: {json.dumps(pod['status'])}\n{logs}")
             return pod if now == phase else None
 
-        return wait_until(f"pod {namespace}/{name} {phase}", reached, timeout)
+        try:
+            return wait_until(f"pod {namespace}/{name} {phase}", reached, timeout)
+        except AssertionError as timed_out:
+            described = self.kubectl("describe", "pod", "-n", namespace, name, check=False)
+            raise AssertionError(f"{timed_out}\n{described[-3000:]}") from None
 
 
 @pytest.fixture(scope="session")
