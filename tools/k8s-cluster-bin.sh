@@ -96,5 +96,5 @@ done
 complete || { echo "k8s-cluster-bin: $BIN is incomplete" >&2; exit 1; }
 # Built: the module and build caches (some 5 GB) go; a failed build keeps them for the next try.
 "$GO" clean -modcache
-rm -rf "$GOCACHE" "$WORK"
+rm -rf "$GOPATH" "$GOCACHE" "$WORK"
 echo "$BIN"
