@@ -53,6 +53,7 @@ KUBELET_SYSCTLS = {
     "kernel/keys/root_maxkeys": 1000000,
     "kernel/keys/root_maxbytes": 25000000,
 }
+IPTABLES_MARKS = ("10.88.", "10.99.", "cni0", "nvc0", "KUBE-", "CNI-")  # k8sconfig's networks, k8snode's veth
 T = TypeVar("T")
 
 
@@ -86,12 +87,13 @@ def _cgroup_hierarchies() -> list[Path]:
     return found
 
 
-def _iptables() -> str:
-    """The host network namespace's iptables rules, without counters ("" without iptables-save)."""
+def _iptables() -> set[str]:
+    """The host network namespace's iptables rules and chains that could be the cluster's: its networks',
+    its interfaces', Kubernetes' and the CNI plugins' (others, dockerd's, come and go meanwhile)."""
     if not shutil.which("iptables-save"):
-        return ""
+        return set()
     out = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
-    return "\n".join(line for line in out.splitlines() if not line.startswith(("#", ":")))
+    return {line for line in out.splitlines() if any(mark in line for mark in IPTABLES_MARKS)}
 
 
 class Cluster:
@@ -279,7 +281,7 @@ class Cluster:
                 stuck = self._remove_cgroups(top)
                 left += [f"cgroup {path} still holds processes" for path in stuck]
         if _iptables() != self.iptables:
-            left.append("the host's iptables rules changed")
+            left.append(f"iptables: {sorted(_iptables() ^ self.iptables)}")
         return left
 
     def node_processes(self) -> set[tuple[int, str]]:
