@@ -73,7 +73,8 @@ def _base_value(words: tuple[str, ...], param: click.Parameter) -> Callable[[Scr
             return BASE[key]
     default = param.default if not callable(param.default) else None
     if isinstance(default, str) and default.lstrip("@").startswith("/"):  # a directory for a directory
-        return lambda s, name=param.name, d=os.path.isdir(default): _scratch(s, f"default-{name}", d)
+        is_dir = os.path.isdir(default)
+        return lambda s, name=param.name: _scratch(s, f"default-{name}", is_dir)
     if param.required:
         return lambda s, name=param.name: s.path(name)
     return None

@@ -16,6 +16,7 @@ Python, 600 of C) without saying why.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -305,7 +306,7 @@ def _builds_proc_path(node: ast.AST) -> bool:
             text is not None
             and isinstance(value, ast.FormattedValue)
             and (text.endswith("/proc/") or text.endswith("/") and _pid_like(value.value))
-            for text, value in ((_literal(a), b) for a, b in zip(node.values, node.values[1:]))
+            for text, value in ((_literal(a), b) for a, b in itertools.pairwise(node.values))
         )
     if isinstance(node, ast.BinOp):  # "/proc/" + pid, "/proc/%d" % pid, base + "/" + pid, Path("/proc") / pid
         left = _literal(node.left) or ""

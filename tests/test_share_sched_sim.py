@@ -55,7 +55,7 @@ def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
     while one of them has work: the lighter ones are held back only while a heavier one under its share
     has work on the GPU."""
     shares, gpu = simulate(programs, *tenants)
-    for share, expected in zip(shares, want):
+    for share, expected in zip(shares, want, strict=True):
         assert abs(share.first - expected) <= 7 and abs(share.second - expected) <= 5, shares
     assert gpu >= sum(want) - 1, gpu
 

@@ -165,7 +165,7 @@ def container_share(
         Process(
             s.pid,
             host_pids.get((s.pidns_ino, s.pid, s.start_time)) if s.pidns_ino == pidns else None,
-            {d.key: used for d, used in zip(region.devices, s.used) if used},
+            {d.key: used for d, used in zip(region.devices, s.used, strict=True) if used},
         )
         for s in region.slots
     )
