@@ -215,7 +215,8 @@ def f(env, uuid):
 # docstring (a C file's leading comment) has a paragraph starting "One piece:" that says why it
 # must stay whole. Generated code (DO NOT EDIT in its first lines: nvc/k8s/api_pb2*.py) is not counted.
 # Held to it: nvc's modules, the shim (native/) and the fake driver the tests build (tests/fakedriver/).
-MAX_PYTHON_LINES = 450
+# Python is counted as ruff formats it (make lint), which spreads a long call over a line an argument.
+MAX_PYTHON_LINES = 520
 MAX_C_LINES = 600
 ONE_PIECE = "One piece:"
 
