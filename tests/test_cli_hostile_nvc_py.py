@@ -50,6 +50,8 @@ BASE: dict[tuple[str, ...], Callable[[Scratch], str]] = {
     ("rootfs",): lambda s: s.path("rootfs"),
     ("listen",): lambda s: f"unix:{s.path('metrics.sock')}",  # the exporter's: no port shared between cases
     ("k8s", "dra-driver", "kubeconfig"): lambda s: _kubeconfig(s),
+    # short: its sockets' paths must fit a sockaddr_un, as they must for the kubelet that dials them
+    ("k8s", "dra-driver", "kubelet_dir"): lambda s: _scratch(s, "k", True),
 }
 BASE_FLAGS = {("configure",): ["--dry-run"]}  # standalone configure would mount into the scratch rootfs
 DAEMONS = {("k8s", "device-plugin"), ("k8s", "dra-driver"), ("exporter",)}

@@ -99,6 +99,15 @@ def _options(ctx: click.Context, config_path: str | None) -> tuple[Any, Any]:
     return conf, GlobalOptions(os.path.normpath(root), given.ldcache or conf.ldcache, user, False)
 
 
+def _utf8(text: str) -> bool:
+    """Whether ``text`` came from valid UTF-8 (not bytes Python kept as surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _logging(name: str, level: str) -> None:
     import logging
     import sys
@@ -193,16 +202,22 @@ def dra_driver(
     import re
 
     from nvc.errors import InputError
+    from nvc.system.untrusted import directory_or_missing
 
     conf, opts = _options(ctx, config_path)
-    if (
-        not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver_name)
-        or len(driver_name) > 63
-    ):
+    label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    if not re.fullmatch(rf"{label}(\.{label})+", driver_name) or len(driver_name) > 63:
         raise InputError(f"--driver-name {driver_name!r}: not a DNS subdomain of at most 63 characters with a dot")
+    if not re.fullmatch(rf"{label}(\.{label})*", node_name) or len(node_name) > 253:
+        raise InputError(f"--node-name {node_name!r}: not a node name (a DNS subdomain of at most 253 characters)")
     for name, path in (("--kubelet-dir", kubelet_dir), ("--cdi-dir", cdi_dir)):
-        if not os.path.isabs(path):
-            raise InputError(f"{path}: {name} must be an absolute path")
+        if not os.path.isabs(path) or not path.isprintable() or not _utf8(path):
+            raise InputError(f"{path!r}: {name} must be an absolute path of printable UTF-8")  # grpc's is UTF-8
+        directory_or_missing(path, name)
+    if not os.path.isdir(kubelet_dir):  # the kubelet makes it: no kubelet here, or another --root-dir
+        raise InputError(
+            f"{kubelet_dir}: no such directory: is a kubelet running on this host? (another --root-dir: --kubelet-dir)"
+        )
     from nvc.k8s.dra import driver, kubeapi
 
     api = kubeapi.from_kubeconfig(kubeconfig) if kubeconfig is not None else kubeapi.in_cluster(service_account_dir)
