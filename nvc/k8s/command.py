@@ -8,6 +8,13 @@ from typing import Any
 import click
 
 _LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_log_level = click.option(
+    "--log-level",
+    type=click.Choice(tuple(_LOG_LEVELS)),
+    default="info",
+    show_default=True,
+    help="Least severity of the lines logged to stderr.",
+)
 
 
 @click.group("k8s", short_help="Kubernetes: the kubelet device plugin and the DRA driver.")
@@ -38,13 +45,7 @@ def k8s() -> None:
     help="Where each resource's healthy and unhealthy device count goes, for `nvc-py exporter` "
     "[default: /run/nvc-py/device-plugin.json].",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(tuple(_LOG_LEVELS)),
-    default="info",
-    show_default=True,
-    help="Least severity of the lines logged to stderr.",
-)
+@_log_level
 @click.pass_context
 def device_plugin(
     ctx: click.Context, config_path: str | None, device_plugin_dir: str | None, health_file: str | None, log_level: str
@@ -175,13 +176,7 @@ def _logging(name: str, level: str) -> None:
     show_default=True,
     help="Seconds between checks that the API server still has this node's ResourceSlices.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(tuple(_LOG_LEVELS)),
-    default="info",
-    show_default=True,
-    help="Least severity of the lines logged to stderr.",
-)
+@_log_level
 @click.pass_context
 def dra_driver(
     ctx: click.Context,
