@@ -1,4 +1,4 @@
-"""libnvc-share's gates (native/gate.c) against the fake driver: outside the cap's slice a launch's
+"""libnvc-share's gates (native/shim/scheduling/gate.c) against the fake driver: outside the cap's slice a launch's
 stream is put behind a wait on a host word (cuStreamWaitValue32) that the process's gate thread
 opens when the container's next slice starts; where the driver cannot (no stream memory operations,
 or NVC_SHARE_GATE=0) launches wait on the host as before. The fake holds the work queued behind the

@@ -2,12 +2,12 @@
  * the read-only limits file (nvc_parse_limits_text) and, for plain LD_PRELOAD use, the environment
  * (nvc_config_from_env: each input line one NAME=VALUE entry). Each parsed configuration is then
  * finished and asked for every device's limits, as the shim does. Besides ASan and UBSan's
- * findings, a parse that succeeds must keep the grammar's bounds (native/config.c's header).
+ * findings, a parse that succeeds must keep the grammar's bounds (native/shim/base/config.c's header).
  * Built and run by `make fuzz` (native/Makefile's fuzz target, tests/harness/fuzzing.py). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../config.h"
+#include "base/config.h"
 
 #define MAX_ENTRIES 64
 

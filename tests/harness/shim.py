@@ -47,8 +47,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "cuda_probe": [FAKE_SRC / "cuda_probe.c"],
         "share_app": [PROGRAMS / "share_app.c"],
         "hold_lock": [PROGRAMS / "hold_lock.c"],
-        "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"],
-        "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native" / "config.c"],
+        "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native/shim/scheduling/schedpolicy.c"],
+        "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native/shim/base/config.c"],
     }
     for name, sources in built.items():
         subprocess.run(

@@ -1,4 +1,4 @@
-/* sched_sim: the shim's scheduler decision (native/schedpolicy.c) driving simulated tenants on a fake
+/* sched_sim: the shim's scheduler decision (native/shim/scheduling/schedpolicy.c) driving simulated tenants on a fake
  * clock and a simulated GPU that time-slices between the tenants with work queued (each one's oldest
  * kernel advances at 1/n of the GPU's speed while n tenants have work, as a GPU's time-slicing between
  * contexts averages out). Deterministic test program for tests/test_share_native.py; nothing here is
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "schedpolicy.h"
+#include "scheduling/schedpolicy.h"
 
 #define MAX_T 8
 #define MAX_Q 64

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "nvml_abi.h"
+#include "base/nvml_abi.h"
 
 #define TABLE_WIDTH 89   /* characters between the outer '|' of the summary table */
 

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "fake_machine.h"
-#include "nvml_abi.h"
+#include "base/nvml_abi.h"
 
 #define API __attribute__((visibility("default")))
 #define MAX_MIG_DEVICES 7u          /* nvmlDeviceGetMaxMigDeviceCount of A100/H100 */
