@@ -46,6 +46,8 @@ def decide(tmp_path_factory: pytest.TempPathFactory):
             "-Werror",
             "-shared",
             "-fPIC",
+            "-iquote",
+            str(REPO / "native/shim"),
             "-o",
             str(lib),
             str(REPO / "native/shim/scheduling/schedpolicy.c"),
