@@ -71,7 +71,7 @@
 #include <unistd.h>
 
 #define DEFAULT_SOCKET "/run/nvc-py/hook.sock"
-#define NO_SERVER "none" /* $NVC_PY_HOOK_SOCKET's value for "hand nothing over" */
+#define NO_SERVER "none"              /* $NVC_PY_HOOK_SOCKET's value for "hand nothing over" */
 #define DEFAULT_TIMEOUT_US 60000000LL /* for a served call's status; $NVC_PY_HOOK_TIMEOUT */
 #define ACK_TIMEOUT_US 2000000LL      /* at most to connect, send and get `ready` */
 #define MAX_TIMEOUT_CHARS 32          /* the longest $NVC_PY_HOOK_TIMEOUT read, as handover.py's */
@@ -108,8 +108,8 @@ static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, 
 {
     char control[CMSG_SPACE(4 * sizeof(int))];
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                         .msg_controllen = CMSG_SPACE(n * sizeof(int))};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = CMSG_SPACE(n * sizeof(int))};
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
@@ -127,7 +127,7 @@ static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, 
  * server runs. *dirfd: the socket's directory (O_PATH) where it is root's and holds the socket, else -1. */
 static const char *not_roots(const char *path, int *dirfd)
 {
-    char directory[sizeof ((struct sockaddr_un *)0)->sun_path];
+    char directory[sizeof((struct sockaddr_un *)0)->sun_path];
     const char *slash = strrchr(path, '/');
     if (!slash)
         strcpy(directory, ".");
@@ -143,7 +143,7 @@ static const char *not_roots(const char *path, int *dirfd)
     else if (*dirfd < 0 || fstat(*dirfd, &st) < 0 ||
              fstatat(*dirfd, slash ? slash + 1 : path, &sock, AT_SYMLINK_NOFOLLOW) < 0)
         why = errno == ENOENT || errno == EACCES || errno == ELOOP || errno == ENOTDIR ? NULL /* no socket there */
-                                                                                        : "it cannot be examined";
+                                                                                       : "it cannot be examined";
     else if (!socket_dir_is_roots(&st))
         why = SOCKET_DIR_PROBLEM;
     else if (!S_ISSOCK(sock.st_mode) || sock.st_uid != 0)
@@ -280,8 +280,8 @@ static void roots_or_give_up(int sock, const char *path, char **argv)
     struct ucred peer = {.uid = (uid_t)-1};
     socklen_t peer_len = sizeof peer;
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != 0) {
-        fprintf(stderr, "%s: not handing over to the hook server (%s: served by uid %d, not root); running %s\n",
-                self, path, (int)peer.uid, target);
+        fprintf(stderr, "%s: not handing over to the hook server (%s: served by uid %d, not root); running %s\n", self,
+                path, (int)peer.uid, target);
         give_up(argv);
     }
 }
@@ -432,7 +432,8 @@ static int connect_server(struct call *c)
         message_stamp(c->buf, c->len);
         const char *not_started = NULL;
         sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(c->argc, c->argv)
-                   ? server_start_and_connect(&c->addr, 0, &not_started) : -1;
+                   ? server_start_and_connect(&c->addr, 0, &not_started)
+                   : -1;
         if (sock < 0) {
             if (not_started)
                 fprintf(stderr, "%s: not starting the hook server (%s: %s); running %s\n", self, c->path, not_started,
@@ -467,7 +468,8 @@ static int hand_over(struct call *c, int sock, char *reply, size_t size, int *wo
         const char *not_started = NULL;
         message_stamp(c->buf, c->len);
         sock = !replaced && (silence == STOPPED || silence == TIMED_OUT) && server_start_wanted(c->argc, c->argv)
-                   ? server_start_and_connect(&c->addr, listener, &not_started) : -1;
+                   ? server_start_and_connect(&c->addr, listener, &not_started)
+                   : -1;
         if (sock >= 0)
             continue;
         if (silence == TIMED_OUT)

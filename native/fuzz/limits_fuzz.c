@@ -22,7 +22,7 @@ static void check(struct nvc_config *cfg)
         const struct nvc_limit_rule *r = &cfg->rules[i];
         if (r->compute > 100 || r->weight > 1000 || strlen(r->key) >= NVC_UUID_KEY_LEN)
             abort();
-        if ((r->index < 0) == !r->key[0])     /* a rule is by index or by UUID, never both or neither */
+        if ((r->index < 0) == !r->key[0]) /* a rule is by index or by UUID, never both or neither */
             abort();
         nvc_config_memory(cfg, r->key[0] ? r->key : NULL, r->index);
         nvc_config_compute(cfg, r->key, r->index);

@@ -33,8 +33,8 @@ int main(int argc, char **argv)
         return 0;
     }
     nvc_config_finish(&cfg);
-    printf("default memory=%llu compute=%u weight=%u\n", (unsigned long long)cfg.memory_default,
-           cfg.compute_default, cfg.weight_default);
+    printf("default memory=%llu compute=%u weight=%u\n", (unsigned long long)cfg.memory_default, cfg.compute_default,
+           cfg.weight_default);
     for (int i = 0; i < cfg.nrules; i++) {
         const struct nvc_limit_rule *r = &cfg.rules[i];
         printf("rule index=%d key=%s memory=%llu compute=%u weight=%u\n", r->index, r->key[0] ? r->key : "-",

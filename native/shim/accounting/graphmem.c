@@ -13,29 +13,29 @@
  * re-read at every refund, trim and out-of-memory decision. The records are here; the graph entry
  * points that keep them are graphnodes.c's. */
 #define _GNU_SOURCE
+#include "accounting/graphmem.h"
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "base/config.h"
-#include "process/devices.h"
-#include "accounting/graphmem.h"
 #include "base/ground.h"
 #include "base/real.h"
 #include "base/region.h"
+#include "process/devices.h"
 
-struct galloc {                      /* one graph memory allocation */
+struct galloc { /* one graph memory allocation */
     CUdeviceptr dptr;
-    CUgraph graph;                   /* the graph holding its node */
-    CUgraphNode node;                /* NULL when made by stream capture */
-    int dev;                         /* region device */
+    CUgraph graph;    /* the graph holding its node */
+    CUgraphNode node; /* NULL when made by stream capture */
+    int dev;          /* region device */
     uint64_t bytes;
     int node_alive, live;
 };
-struct gfree {                       /* a free node: launching `graph` frees dptr */
+struct gfree { /* a free node: launching `graph` frees dptr */
     CUgraph graph;
     CUdeviceptr dptr;
 };
-struct gexec {                       /* an executable graph instantiated from a graph with memory nodes */
+struct gexec { /* an executable graph instantiated from a graph with memory nodes */
     CUgraphExec exec;
     CUgraph graph;
 };
@@ -44,7 +44,7 @@ static struct galloc *allocs;
 static struct gfree *frees;
 static struct gexec *execs;
 static size_t nallocs, nfrees, nexecs, cap_allocs, cap_frees, cap_execs;
-static int any;                      /* some graph memory record exists: launches look them up */
+static int any; /* some graph memory record exists: launches look them up */
 static uint64_t node_bytes[NVC_MAX_DEVICES], reserve_charged[NVC_MAX_DEVICES];
 static pthread_mutex_t graph_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -63,7 +63,10 @@ static int grow(void **array, size_t *n, size_t *cap, size_t size)
     return 0;
 }
 
-static void update_any_locked(void) { __atomic_store_n(&any, nallocs || nfrees || nexecs, __ATOMIC_RELEASE); }
+static void update_any_locked(void)
+{
+    __atomic_store_n(&any, nallocs || nfrees || nexecs, __ATOMIC_RELEASE);
+}
 
 /* The driver's graph reserve of device d beyond the charged nodes, charged too. Caller holds graph_mu. */
 static void reserve_sync_locked(struct nvc_device *d)
@@ -128,8 +131,8 @@ void nvc_graph_record_alloc(CUgraph graph, CUgraphNode node, CUdeviceptr dptr, i
         if (region_dev >= 0 && region_dev < NVC_MAX_DEVICES)
             node_bytes[region_dev] += bytes;
     } else {
-        nvc_log(0, "out of memory for graph records: %llu bytes at %#llx stay charged",
-                (unsigned long long)bytes, (unsigned long long)dptr);
+        nvc_log(0, "out of memory for graph records: %llu bytes at %#llx stay charged", (unsigned long long)bytes,
+                (unsigned long long)dptr);
     }
     update_any_locked();
     pthread_mutex_unlock(&graph_mu);
@@ -174,7 +177,7 @@ int nvc_graph_free_ptr(CUdeviceptr dptr, CUstream stream, int ptsz)
     pthread_mutex_lock(&graph_mu);
     int ours = 1;
     if (captured)
-        record_free_locked(captured, dptr);   /* a free node of the graph being captured */
+        record_free_locked(captured, dptr); /* a free node of the graph being captured */
     else
         ours = freed_locked(dptr);
     struct nvc_device *d = ours ? nvc_device_current(NULL) : NULL;
@@ -300,7 +303,7 @@ void nvc_graph_fork(enum nvc_fork_phase phase)
         pthread_mutex_lock(&graph_mu);
         return;
     }
-    if (phase == NVC_FORK_CHILD) {   /* CUDA state does not survive fork */
+    if (phase == NVC_FORK_CHILD) { /* CUDA state does not survive fork */
         nallocs = nfrees = nexecs = 0;
         memset(node_bytes, 0, sizeof node_bytes);
         memset(reserve_charged, 0, sizeof reserve_charged);

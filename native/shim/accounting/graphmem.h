@@ -4,15 +4,15 @@
 #define NVC_GRAPHMEM_H
 
 #include <stdint.h>
-#include "process/devices.h"
 #include "base/ground.h"
 #include "base/real.h"
+#include "process/devices.h"
 
-CUgraph nvc_capture_graph(CUstream stream, int ptsz);                 /* NULL unless capturing */
+CUgraph nvc_capture_graph(CUstream stream, int ptsz); /* NULL unless capturing */
 /* An allocation node of graph (node NULL: made by stream capture), charged bytes on region_dev. */
 void nvc_graph_record_alloc(CUgraph graph, CUgraphNode node, CUdeviceptr dptr, int region_dev, uint64_t bytes);
-void nvc_graph_record_free(CUgraph graph, CUdeviceptr dptr);          /* a free node: launching graph frees dptr */
-int nvc_graph_free_ptr(CUdeviceptr dptr, CUstream stream, int ptsz);   /* 1: it was graph memory */
+void nvc_graph_record_free(CUgraph graph, CUdeviceptr dptr);         /* a free node: launching graph frees dptr */
+int nvc_graph_free_ptr(CUdeviceptr dptr, CUstream stream, int ptsz); /* 1: it was graph memory */
 /* A child graph moved into its parent (the only way a graph with memory nodes can be a child) takes
  * its memory nodes along: they now live and die with the parent. */
 void nvc_graph_adopt(CUgraph parent, CUgraph child);

@@ -10,27 +10,27 @@
  * estimated work may be queued ahead of measurement, so a burst of asynchronous launches cannot run
  * far past a slice or a share. */
 #define _GNU_SOURCE
+#include "accounting/launches.h"
 #include <pthread.h>
 #include <string.h>
 #include "base/config.h"
-#include "process/devices.h"
-#include "scheduling/events.h"
-#include "scheduling/gate.h"
 #include "base/ground.h"
-#include "process/init.h"
-#include "scheduling/kernels.h"
-#include "accounting/launches.h"
 #include "base/real.h"
 #include "base/region.h"
+#include "process/devices.h"
+#include "process/init.h"
+#include "scheduling/events.h"
+#include "scheduling/gate.h"
+#include "scheduling/kernels.h"
 #include "scheduling/sched.h"
 
 #define MAX_PENDING 512
-#define MAX_WAIT_STEP_NS 10000000ll  /* re-check at least every 10 ms */
-#define MAX_INFLIGHT_NS 2000000ll    /* queued GPU work allowed ahead of measurement */
-#define WITHIN_SHARE_NS 20000000ll   /* the same for an uncapped tenant within its share: nothing holds it */
-#define SCHED_WAIT_STEP_NS 100000ll  /* re-ask the scheduler every 100 us */
+#define MAX_WAIT_STEP_NS 10000000ll /* re-check at least every 10 ms */
+#define MAX_INFLIGHT_NS 2000000ll   /* queued GPU work allowed ahead of measurement */
+#define WITHIN_SHARE_NS 20000000ll  /* the same for an uncapped tenant within its share: nothing holds it */
+#define SCHED_WAIT_STEP_NS 100000ll /* re-ask the scheduler every 100 us */
 
-struct pending {                     /* one launch, or a group of short ones on one stream */
+struct pending { /* one launch, or a group of short ones on one stream */
     CUevent start, end;
     CUcontext ctx;
     CUstream stream;
@@ -38,15 +38,15 @@ struct pending {                     /* one launch, or a group of short ones on 
     int d;
     struct nvc_sched_entry *sched;
     unsigned percent;
-    int count;                       /* launches in it */
-    double factors;                  /* their grid factors, summed */
-    int64_t estimate;                /* what the scheduler was charged at launch time */
-    int64_t queued_ns;               /* its expected duration: what it adds to the queue */
-    const void *key;                 /* the kernel (or graph) of a launch measured alone */
-    uint64_t launched_ns, last_ns;   /* its first and last launch */
-    int recorded;                    /* end event recorded (an unrecorded event queries as done) */
-    int settled;                     /* measured, waiting for older launches of other contexts */
-    uint32_t gate;                   /* the generation of the gate it was queued behind; 0: none */
+    int count;                     /* launches in it */
+    double factors;                /* their grid factors, summed */
+    int64_t estimate;              /* what the scheduler was charged at launch time */
+    int64_t queued_ns;             /* its expected duration: what it adds to the queue */
+    const void *key;               /* the kernel (or graph) of a launch measured alone */
+    uint64_t launched_ns, last_ns; /* its first and last launch */
+    int recorded;                  /* end event recorded (an unrecorded event queries as done) */
+    int settled;                   /* measured, waiting for older launches of other contexts */
+    uint32_t gate;                 /* the generation of the gate it was queued behind; 0: none */
 };
 
 /* Launches not yet measured, oldest first: a ring, so settling the oldest and queueing the newest
@@ -72,16 +72,16 @@ static struct {
 static int long_groups[NVC_MAX_DEVICES];
 #define GROUP_NS(dev) (long_groups[dev] ? 1000000ll : 100000ll)
 #define GROUP_MAX(dev) (long_groups[dev] ? 256 : 64)
-static unsigned open_at[NVC_MAX_DEVICES];                             /* the group still taking launches */
+static unsigned open_at[NVC_MAX_DEVICES]; /* the group still taking launches */
 static int has_open[NVC_MAX_DEVICES];
-static int64_t estimate_ns[NVC_MAX_DEVICES];   /* running estimate of one full-device launch */
-static int within_of[NVC_MAX_DEVICES];         /* the scheduler's last word: within its share */
+static int64_t estimate_ns[NVC_MAX_DEVICES]; /* running estimate of one full-device launch */
+static int within_of[NVC_MAX_DEVICES];       /* the scheduler's last word: within its share */
 
-static uint64_t gpu_done_ns[NVC_MAX_DEVICES];  /* when this process's measured work ended on the GPU */
+static uint64_t gpu_done_ns[NVC_MAX_DEVICES]; /* when this process's measured work ended on the GPU */
 static struct {
     CUevent ev;
     CUcontext ctx;
-} last_end[NVC_MAX_DEVICES];                    /* the end event of the last launch settled */
+} last_end[NVC_MAX_DEVICES]; /* the end event of the last launch settled */
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* Where this process's launches waited, logged at exit (NVC_SHARE_LOG=2): a workload slower under a
@@ -117,7 +117,7 @@ static void settle_locked(struct pending *p)
         if (p->launched_ns < gpu_done_ns[p->d] && last_end[p->d].ev && last_end[p->d].ctx == p->ctx &&
             nvc_cuda.cuEventElapsedTime(&between, last_end[p->d].ev, p->end) == CUDA_SUCCESS && between >= 0)
             gpu_done_ns[p->d] += (uint64_t)((double)between * 1e6);
-        else {                           /* a gated launch starts no earlier than its gate opened */
+        else { /* a gated launch starts no earlier than its gate opened */
             uint64_t from = p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d];
             uint64_t opened = p->gate ? nvc_gate_opened_ns(p->d, p->gate) : 0;
             gpu_done_ns[p->d] = (opened > from ? opened : from) + (uint64_t)full;
@@ -201,10 +201,10 @@ static void close_locked(int dev, CUcontext ctx)
     has_open[dev] = 0;
 }
 
-struct slot {                         /* where before_launch put a launch */
-    int pending;                      /* it has a pending entry, at ring index at */
+struct slot {    /* where before_launch put a launch */
+    int pending; /* it has a pending entry, at ring index at */
     unsigned at;
-    int alone;                        /* measured alone: its entry closes right after it */
+    int alone; /* measured alone: its entry closes right after it */
     int64_t estimate, queued;
 };
 
@@ -220,7 +220,7 @@ static int undrained_locked(int dev, uint32_t closed)
 static int drained_before_gate(int dev, uint32_t closed)
 {
     if (pthread_mutex_trylock(&launch_mu))
-        return 0;                        /* a launch holds it, maybe blocked in the driver: never wait */
+        return 0; /* a launch holds it, maybe blocked in the driver: never wait */
     CUcontext seen = NULL;
     for (unsigned i = head; i != tail && undrained_locked(dev, closed); i++) {
         struct pending *p = AT(i);
@@ -294,9 +294,9 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
         nvc_gate_open(dev);
     /* outside the slice a cap without a weight queues behind a gate, up to the next slice's length */
     int gating = wait > 0 && !d->weight;
-    int decision = 1;                    /* nvc_sched_ready's: 0 wait, 1 run, 2 run within its share */
+    int decision = 1; /* nvc_sched_ready's: 0 wait, 1 run, 2 run within its share */
     if (q->inflight < 0 || q->inflight > queue_room(d, wait, gating, now)) {
-        *step = q->unit / 4;             /* let the queue drain */
+        *step = q->unit / 4; /* let the queue drain */
         if (d->sched)
             nvc_sched_observe(d->sched, now);
     } else if (wait > 0 && !(gating && (t->gate = gate_stream(d, l, ctx)))) {
@@ -305,7 +305,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
         if (d->sched)
             nvc_sched_ready(d->sched, now, 1);
     } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, t->gate != 0)) && !t->gate) {
-        *step = SCHED_WAIT_STEP_NS;      /* over its share while another wants more: the cap's slice waits too */
+        *step = SCHED_WAIT_STEP_NS; /* over its share while another wants more: the cap's slice waits too */
         *reason = WAIT_SHARE;
         within_of[dev] = 0;
         if (d->compute < 100) {
@@ -380,8 +380,15 @@ static struct pending *new_entry_locked(struct nvc_device *d, const struct nvc_l
         return NULL;
     }
     record(start, l->stream, l->ptsz);
-    *AT(tail) = (struct pending){.start = start, .end = end, .ctx = ctx, .stream = l->stream, .ptsz = l->ptsz,
-                                 .d = dev, .sched = d->sched, .percent = d->compute, .launched_ns = now,
+    *AT(tail) = (struct pending){.start = start,
+                                 .end = end,
+                                 .ctx = ctx,
+                                 .stream = l->stream,
+                                 .ptsz = l->ptsz,
+                                 .d = dev,
+                                 .sched = d->sched,
+                                 .percent = d->compute,
+                                 .launched_ns = now,
                                  .gate = gate};
     queue_of[dev].queued++;
     if (gate && gate != queue_of[dev].behind_gen) {
@@ -416,7 +423,7 @@ static void enqueue_launch(struct nvc_device *d, const struct nvc_launch *l, CUc
     int alone = !own || !own->ns || own->ns >= GROUP_NS(dev) / 4;
     if (g && !joins_group(g, dev, l, ctx, gate, alone, now)) {
         close_locked(dev, ctx);
-        alone |= has_open[dev];          /* another context's group stays open: this one goes alone */
+        alone |= has_open[dev]; /* another context's group stays open: this one goes alone */
         g = NULL;
     }
     *slot = (struct slot){0, 0, alone, estimate, queued};
@@ -450,8 +457,9 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
 {
     CUcontext ctx = NULL;
     struct nvc_device *d = nvc_device_current(NULL);
-    if (!d || (d->compute >= 100 && !d->sched) || !nvc_cuda.cuCtxGetCurrent || nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
-        !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime || !nvc_cuda.cuEventRecord)
+    if (!d || (d->compute >= 100 && !d->sched) || !nvc_cuda.cuCtxGetCurrent ||
+        nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime ||
+        !nvc_cuda.cuEventRecord)
         return fn(args);
     nvc_depth++;
     struct slot slot;
@@ -460,9 +468,9 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
     if (slot.pending) {
         pthread_mutex_lock(&launch_mu);
         struct pending *p = AT(slot.at);
-        if (slot.at - head < tail - head && !p->settled) {   /* still queued (another thread may have settled it) */
+        if (slot.at - head < tail - head && !p->settled) { /* still queued (another thread may have settled it) */
             if (rc != CUDA_SUCCESS)
-                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued);   /* nothing ran */
+                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued); /* nothing ran */
             if (slot.alone && !p->recorded) {
                 record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
@@ -480,11 +488,13 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
 __attribute__((destructor)) static void log_waits(void)
 {
     if (launches_seen)
-        nvc_log(2, "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for "
-                   "queue room, %.1f ms for other containers' shares; %llu slices started, %.1f ms charged past their ends",
-                (unsigned long long)launches_seen, (unsigned long long)entries_made, waited_for[WAIT_SLICE] / 1e6,
-                waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_SHARE] / 1e6,
-                (unsigned long long)nvc_region_slices_started, nvc_region_overrun_charged_ns / 1e6);
+        nvc_log(
+            2,
+            "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for "
+            "queue room, %.1f ms for other containers' shares; %llu slices started, %.1f ms charged past their ends",
+            (unsigned long long)launches_seen, (unsigned long long)entries_made, waited_for[WAIT_SLICE] / 1e6,
+            waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_SHARE] / 1e6, (unsigned long long)nvc_region_slices_started,
+            nvc_region_overrun_charged_ns / 1e6);
 }
 
 void nvc_launches_fork(enum nvc_fork_phase phase)
@@ -494,7 +504,7 @@ void nvc_launches_fork(enum nvc_fork_phase phase)
         return;
     }
     if (phase == NVC_FORK_CHILD) {
-        head = tail = 0;             /* the parent's events mean nothing in the child */
+        head = tail = 0; /* the parent's events mean nothing in the child */
         memset(has_open, 0, sizeof has_open);
         nvc_events_forget();
         memset(gpu_done_ns, 0, sizeof gpu_done_ns);

@@ -7,10 +7,10 @@
 
 /* One launch as the queue sees it. */
 struct nvc_launch {
-    int ptsz;                        /* on the per-thread default stream */
+    int ptsz; /* on the per-thread default stream */
     CUstream stream;
-    double factor;                   /* the fraction of the device its grid occupies */
-    const void *key;                 /* the CUfunction or CUgraphExec */
+    double factor;   /* the fraction of the device its grid occupies */
+    const void *key; /* the CUfunction or CUgraphExec */
 };
 
 /* Makes the launch: fn(args), the driver's call. */

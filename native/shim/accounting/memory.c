@@ -3,26 +3,26 @@
  * CUDA_ERROR_OUT_OF_MEMORY. The entry points are alloc.c's, allocasync.c's and graphnodes.c's; the
  * records of what they granted are here (graph memory's in graphmem.c, pools' in pools.c). */
 #define _GNU_SOURCE
+#include "accounting/memory.h"
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include "process/devices.h"
 #include "accounting/graphmem.h"
-#include "base/ground.h"
-#include "process/init.h"
-#include "accounting/memory.h"
 #include "accounting/pools.h"
+#include "base/ground.h"
 #include "base/real.h"
 #include "base/region.h"
+#include "process/devices.h"
+#include "process/init.h"
 
 /* ---- allocation records: (kind, key) -> device and bytes ---- */
 
 struct rec {
     uint64_t key;
-    uint8_t kind;                    /* 0 = empty, 0xff = tombstone */
-    int16_t dev;                     /* region device index */
+    uint8_t kind; /* 0 = empty, 0xff = tombstone */
+    int16_t dev;  /* region device index */
     uint64_t bytes;
-    CUmemoryPool pool;               /* NVC_MEM_POOLPTR */
+    CUmemoryPool pool; /* NVC_MEM_POOLPTR */
 };
 
 static struct rec *recs;
@@ -91,7 +91,7 @@ void nvc_mem_release(enum nvc_mem_kind kind, uint64_t key)
 {
     struct rec r;
     if (!rec_take(kind, key, &r) && !(kind == NVC_MEM_PTR && rec_take(NVC_MEM_POOLPTR, key, &r)))
-        return;                      /* not ours (allocated before the shim knew it): pass through */
+        return; /* not ours (allocated before the shim knew it): pass through */
     if (r.kind == NVC_MEM_POOLPTR)
         nvc_pool_released(r.pool);
     else
@@ -127,7 +127,8 @@ static uint8_t ctx_charged[64];
 
 void nvc_mem_charge_context(CUdevice dev)
 {
-    if (!nvc_cfg.context_overhead || dev < 0 || dev >= 64 || __atomic_exchange_n(&ctx_charged[dev], 1, __ATOMIC_ACQ_REL))
+    if (!nvc_cfg.context_overhead || dev < 0 || dev >= 64 ||
+        __atomic_exchange_n(&ctx_charged[dev], 1, __ATOMIC_ACQ_REL))
         return;
     struct nvc_device *d = nvc_device_by_ordinal(dev);
     if (d)

@@ -4,9 +4,9 @@
 #define NVC_MEMORY_H
 
 #include <stdint.h>
-#include "process/devices.h"
 #include "base/ground.h"
 #include "base/real.h"
+#include "process/devices.h"
 
 /* What an allocation record is keyed by: pointer, VMM handle, array, mipmapped array, or a pointer
  * from a stream-ordered pool (charged through its pool, pools.c). */

@@ -2,19 +2,19 @@
  * its allocations, re-read from the driver after every pool operation and before every out-of-memory
  * decision. A pool destroyed while allocations are live keeps its reserve until the last is freed. */
 #define _GNU_SOURCE
+#include "accounting/pools.h"
 #include <pthread.h>
 #include <string.h>
-#include "process/devices.h"
 #include "base/ground.h"
-#include "accounting/pools.h"
 #include "base/real.h"
 #include "base/region.h"
+#include "process/devices.h"
 
 struct pool_state {
     CUmemoryPool pool;
     struct nvc_device *dev;
-    uint64_t charged;                /* bytes of this pool charged to our slot */
-    uint64_t outstanding;            /* live allocations, for a pool destroyed while in use */
+    uint64_t charged;     /* bytes of this pool charged to our slot */
+    uint64_t outstanding; /* live allocations, for a pool destroyed while in use */
     int destroyed;
 };
 #define MAX_POOLS 256
@@ -153,7 +153,7 @@ void nvc_pools_fork(enum nvc_fork_phase phase)
         pthread_mutex_lock(&pool_mu);
         return;
     }
-    if (phase == NVC_FORK_CHILD)     /* the child holds none of the parent's pools (CUDA state does not survive fork) */
+    if (phase == NVC_FORK_CHILD) /* the child holds none of the parent's pools (CUDA state does not survive fork) */
         memset(pools, 0, sizeof pools);
     pthread_mutex_unlock(&pool_mu);
 }

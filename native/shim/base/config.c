@@ -19,12 +19,12 @@
  *     the hook: for hand-written files).
  * tests/test_share_native.py (test_config_*) feeds one table of values to this parser and to the
  * Python reader and writer, and checks they agree. */
+#include "base/config.h"
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "base/config.h"
 
 int nvc_parse_size(const char *text, uint64_t *out)
 {
@@ -41,14 +41,18 @@ int nvc_parse_size(const char *text, uint64_t *out)
     unsigned shift = 0;
     if (*p) {
         switch (*p) {
-        case 'k': case 'K': shift = 10; break;
-        case 'm': case 'M': shift = 20; break;
-        case 'g': case 'G': shift = 30; break;
-        case 't': case 'T': shift = 40; break;
+        case 'k':
+        case 'K': shift = 10; break;
+        case 'm':
+        case 'M': shift = 20; break;
+        case 'g':
+        case 'G': shift = 30; break;
+        case 't':
+        case 'T': shift = 40; break;
         default: return -1;
         }
         p++;
-        if (*p == 'i')       /* Ki/Mi/Gi/Ti: the same powers of 1024 as K/M/G/T */
+        if (*p == 'i') /* Ki/Mi/Gi/Ti: the same powers of 1024 as K/M/G/T */
             p++;
         if (*p)
             return -1;
@@ -70,7 +74,7 @@ int nvc_parse_percent(const char *text, int allow_zero, unsigned *out)
         value = value * 10 + (unsigned)(*p - '0');
     }
     if (value == 0 && allow_zero)
-        value = 100;                 /* HAMi: CUDA_DEVICE_SM_LIMIT=0 means unlimited */
+        value = 100; /* HAMi: CUDA_DEVICE_SM_LIMIT=0 means unlimited */
     if (value < 1 || value > 100)
         return -1;
     *out = value;
@@ -107,7 +111,7 @@ static struct nvc_limit_rule *rule_for(struct nvc_config *cfg, const char *selec
                 return NULL;
         nvc_uuid_key(selector, key);
         if (!key[0])
-            return NULL;             /* "GPU-" alone: a rule no device would ever match */
+            return NULL; /* "GPU-" alone: a rule no device would ever match */
     }
     for (int i = 0; i < cfg->nrules; i++)
         if (cfg->rules[i].index == index && !strcmp(cfg->rules[i].key, key))
@@ -264,10 +268,8 @@ static const struct {
     const char *key;
     int hami;
 } env_names[] = {
-    {"CUDA_DEVICE_MEMORY_LIMIT", "memory_limit", 1},
-    {"CUDA_DEVICE_SM_LIMIT", "compute_percent", 1},
-    {"NVC_SHARE_MEMORY_LIMIT", "memory_limit", 0},
-    {"NVC_SHARE_COMPUTE", "compute_percent", 0},
+    {"CUDA_DEVICE_MEMORY_LIMIT", "memory_limit", 1}, {"CUDA_DEVICE_SM_LIMIT", "compute_percent", 1},
+    {"NVC_SHARE_MEMORY_LIMIT", "memory_limit", 0},   {"NVC_SHARE_COMPUTE", "compute_percent", 0},
     {"NVC_SHARE_WEIGHT", "compute_weight", 0},
 };
 
@@ -304,7 +306,7 @@ int nvc_config_from_env(char *const *envp, struct nvc_config *cfg, char *err, si
             } else if (*rest == '_' && env_scope(rest + 1, (size_t)(eq - rest - 1))) {
                 snprintf(key, sizeof key, "%s.%.*s", env_names[n].key, (int)(eq - rest - 1), rest + 1);
             } else {
-                continue;            /* another variable sharing the prefix */
+                continue; /* another variable sharing the prefix */
             }
             if (apply(cfg, key, eq + 1, env_names[n].hami)) {
                 snprintf(err, errlen, "invalid %.*s='%s'", (int)(eq - *e), *e, eq + 1);
@@ -372,7 +374,7 @@ static const struct nvc_limit_rule *find(const struct nvc_config *cfg, const cha
         if (f == F_MEMORY ? !r->memory : f == F_COMPUTE ? !r->compute : !r->weight)
             continue;
         if (r->key[0] && key && !strcmp(r->key, key))
-            return r;                /* a UUID rule beats an index rule */
+            return r; /* a UUID rule beats an index rule */
         if (r->index >= 0 && r->index == index)
             by_index = r;
     }

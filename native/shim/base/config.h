@@ -6,31 +6,31 @@
 #include <stdint.h>
 
 #define NVC_MAX_DEVICES 16
-#define NVC_UUID_KEY_LEN 37          /* 36 hex-and-dash characters + NUL, prefix (GPU-/MIG-) dropped */
+#define NVC_UUID_KEY_LEN 37 /* 36 hex-and-dash characters + NUL, prefix (GPU-/MIG-) dropped */
 #define NVC_FIXED_DIR "/var/run/nvc-share"
 
 enum nvc_on_error { NVC_PASS_THROUGH = 0, NVC_FAIL_CLOSED = 1 };
 
 struct nvc_limit_rule {
-    char key[NVC_UUID_KEY_LEN];      /* UUID key (prefix dropped), or "" when by index */
-    int index;                       /* NVML index, or -1 when by UUID */
-    uint64_t memory;                 /* bytes; 0 = not given */
-    unsigned compute;                /* percent 1..100; 0 = not given */
-    unsigned weight;                 /* 1..1000; 0 = not given */
+    char key[NVC_UUID_KEY_LEN]; /* UUID key (prefix dropped), or "" when by index */
+    int index;                  /* NVML index, or -1 when by UUID */
+    uint64_t memory;            /* bytes; 0 = not given */
+    unsigned compute;           /* percent 1..100; 0 = not given */
+    unsigned weight;            /* 1..1000; 0 = not given */
 };
 
 struct nvc_config {
-    int enabled;                     /* 0: kill switch, everything passes through */
-    int from_file;                   /* limits came from the read-only limits file */
+    int enabled;   /* 0: kill switch, everything passes through */
+    int from_file; /* limits came from the read-only limits file */
     enum nvc_on_error on_error;
-    uint64_t memory_default;         /* 0 = unlimited */
-    unsigned compute_default;        /* 100 = unthrottled */
-    unsigned weight_default;         /* 0 = not weighted */
-    uint64_t context_overhead;       /* bytes charged per process per device with a context */
+    uint64_t memory_default;   /* 0 = unlimited */
+    unsigned compute_default;  /* 100 = unthrottled */
+    unsigned weight_default;   /* 0 = not weighted */
+    uint64_t context_overhead; /* bytes charged per process per device with a context */
     int nrules;
     struct nvc_limit_rule rules[2 * NVC_MAX_DEVICES];
-    char dir[256];                   /* per-container directory holding the region */
-    uint64_t hash;                   /* FNV-1a of the canonical limits, stored in the region */
+    char dir[256]; /* per-container directory holding the region */
+    uint64_t hash; /* FNV-1a of the canonical limits, stored in the region */
 };
 
 int nvc_parse_size(const char *text, uint64_t *out);

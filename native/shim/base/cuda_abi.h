@@ -46,7 +46,9 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 
-typedef struct { char bytes[16]; } CUuuid;
+typedef struct {
+    char bytes[16];
+} CUuuid;
 
 typedef enum {
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
@@ -114,17 +116,16 @@ typedef struct {
 enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
 enum { CU_MEM_LOCATION_TYPE_DEVICE = 1 };
 enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1 };
-enum { CU_MEM_ACCESS_FLAGS_PROT_NONE = 0, CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
-       CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
+enum { CU_MEM_ACCESS_FLAGS_PROT_NONE = 0, CU_MEM_ACCESS_FLAGS_PROT_READ = 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
 
 typedef struct {
-    int type;                        /* CUmemLocationType */
+    int type; /* CUmemLocationType */
     int id;
 } CUmemLocation;
 
 typedef struct {
-    int type;                        /* CUmemAllocationType */
-    int requestedHandleTypes;        /* CUmemAllocationHandleType */
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
     CUmemLocation location;
     void *win32HandleMetaData;
     struct {
@@ -137,12 +138,12 @@ typedef struct {
 
 typedef struct {
     CUmemLocation location;
-    int flags;                       /* CUmemAccess_flags */
+    int flags; /* CUmemAccess_flags */
 } CUmemAccessDesc;
 
 typedef struct {
-    int allocType;                   /* CUmemAllocationType */
-    int handleTypes;                 /* CUmemAllocationHandleType */
+    int allocType;   /* CUmemAllocationType */
+    int handleTypes; /* CUmemAllocationHandleType */
     CUmemLocation location;
     void *win32SecurityAttributes;
     size_t maxSize;
@@ -207,7 +208,7 @@ typedef enum {
 } CUstreamCaptureStatus;
 
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
-#define CU_STREAM_WAIT_VALUE_GEQ 0x0  /* until (int32_t)(*addr - value) >= 0: cyclic */
+#define CU_STREAM_WAIT_VALUE_GEQ 0x0 /* until (int32_t)(*addr - value) >= 0: cyclic */
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01
 #define CU_MEMHOSTREGISTER_DEVICEMAP 0x02
 
@@ -221,11 +222,11 @@ typedef enum {
 typedef enum { CU_GRAPH_EXEC_UPDATE_SUCCESS = 0, CU_GRAPH_EXEC_UPDATE_ERROR = 1 } CUgraphExecUpdateResult;
 
 typedef struct {
-    CUmemPoolProps poolProps;        /* in: location; handleTypes must be 0 */
+    CUmemPoolProps poolProps; /* in: location; handleTypes must be 0 */
     const CUmemAccessDesc *accessDescs;
     size_t accessDescCount;
-    size_t bytesize;                 /* in */
-    CUdeviceptr dptr;                /* out: the allocation's address, fixed for the graph's lifetime */
+    size_t bytesize;  /* in */
+    CUdeviceptr dptr; /* out: the allocation's address, fixed for the graph's lifetime */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
 typedef struct {
@@ -234,8 +235,13 @@ typedef struct {
     union {
         long long reserved1[29];
         CUDA_MEM_ALLOC_NODE_PARAMS alloc;
-        struct { CUdeviceptr dptr; } free;
-        struct { CUgraph graph; CUgraphChildGraphNodeOwnership ownership; } graph;
+        struct {
+            CUdeviceptr dptr;
+        } free;
+        struct {
+            CUgraph graph;
+            CUgraphChildGraphNodeOwnership ownership;
+        } graph;
     };
     long long reserved2;
 } CUgraphNodeParams;
@@ -247,7 +253,7 @@ typedef struct {
     cuuint64_t flags;
     CUstream hUploadStream;
     CUgraphNode hErrNode_out;
-    int result_out;                  /* CUgraphInstantiateResult */
+    int result_out; /* CUgraphInstantiateResult */
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 /* Entry-point lookup. */
@@ -270,16 +276,16 @@ typedef enum {
     X(cuInit, (unsigned int flags)) \
     X(cuDriverGetVersion, (int *version)) \
     X(cuDeviceGetCount, (int *count)) \
-    X(cuDeviceGet, (CUdevice *device, int ordinal)) \
+    X(cuDeviceGet, (CUdevice * device, int ordinal)) \
     X(cuDeviceGetName, (char *name, int len, CUdevice dev)) \
-    X(cuDeviceGetUuid, (CUuuid *uuid, CUdevice dev)) \
-    X(cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev)) \
+    X(cuDeviceGetUuid, (CUuuid * uuid, CUdevice dev)) \
+    X(cuDeviceGetUuid_v2, (CUuuid * uuid, CUdevice dev)) \
     X(cuDeviceGetPCIBusId, (char *busid, int len, CUdevice dev)) \
     X(cuDeviceTotalMem, (unsigned int *bytes, CUdevice dev)) \
-    X(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev)) \
+    X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev)) \
     X(cuDeviceGetAttribute, (int *value, CUdevice_attribute attrib, CUdevice dev)) \
     X(cuDeviceComputeCapability, (int *major, int *minor, CUdevice dev)) \
-    X(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev)) \
+    X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev)) \
     X(cuDevicePrimaryCtxRelease, (CUdevice dev)) \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev)) \
     X(cuDevicePrimaryCtxReset, (CUdevice dev)) \
@@ -287,113 +293,110 @@ typedef enum {
     X(cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int *flags, int *active)) \
     X(cuDevicePrimaryCtxSetFlags, (CUdevice dev, unsigned int flags)) \
     X(cuDevicePrimaryCtxSetFlags_v2, (CUdevice dev, unsigned int flags)) \
-    X(cuCtxCreate, (CUcontext *pctx, unsigned int flags, CUdevice dev)) \
-    X(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev)) \
-    X(cuCtxCreate_v3, (CUcontext *pctx, void *affinity_params, int num_params, unsigned int flags, CUdevice dev)) \
-    X(cuCtxCreate_v4, (CUcontext *pctx, void *create_params, unsigned int flags, CUdevice dev)) \
+    X(cuCtxCreate, (CUcontext * pctx, unsigned int flags, CUdevice dev)) \
+    X(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev)) \
+    X(cuCtxCreate_v3, (CUcontext * pctx, void *affinity_params, int num_params, unsigned int flags, CUdevice dev)) \
+    X(cuCtxCreate_v4, (CUcontext * pctx, void *create_params, unsigned int flags, CUdevice dev)) \
     X(cuCtxDestroy, (CUcontext ctx)) \
     X(cuCtxDestroy_v2, (CUcontext ctx)) \
     X(cuCtxSetCurrent, (CUcontext ctx)) \
-    X(cuCtxGetCurrent, (CUcontext *pctx)) \
-    X(cuCtxGetDevice, (CUdevice *device)) \
+    X(cuCtxGetCurrent, (CUcontext * pctx)) \
+    X(cuCtxGetDevice, (CUdevice * device)) \
     X(cuCtxPushCurrent, (CUcontext ctx)) \
     X(cuCtxPushCurrent_v2, (CUcontext ctx)) \
-    X(cuCtxPopCurrent, (CUcontext *pctx)) \
-    X(cuCtxPopCurrent_v2, (CUcontext *pctx)) \
+    X(cuCtxPopCurrent, (CUcontext * pctx)) \
+    X(cuCtxPopCurrent_v2, (CUcontext * pctx)) \
     X(cuCtxSynchronize, (void)) \
-    X(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize)) \
-    X(cuMemAllocPitch_v2, (CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, \
-                           unsigned int elementsize)) \
-    X(cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
+    X(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize)) \
+    X(cuMemAllocPitch_v2, (CUdeviceptr * dptr, size_t * pitch, size_t width, size_t height, unsigned int elementsize)) \
+    X(cuMemAllocManaged, (CUdeviceptr * dptr, size_t bytesize, unsigned int flags)) \
     X(cuMemFree_v2, (CUdeviceptr dptr)) \
-    X(cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes)) \
-    X(cuMemGetAllocationGranularity, (size_t *granularity, const CUmemAllocationProp *prop, int option)) \
-    X(cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop, \
-                    unsigned long long flags)) \
+    X(cuMemGetInfo_v2, (size_t * free_bytes, size_t * total_bytes)) \
+    X(cuMemGetAllocationGranularity, (size_t * granularity, const CUmemAllocationProp *prop, int option)) \
+    X(cuMemCreate, \
+      (CUmemGenericAllocationHandle * handle, size_t size, const CUmemAllocationProp *prop, unsigned long long flags)) \
     X(cuMemRelease, (CUmemGenericAllocationHandle handle)) \
-    X(cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, \
-                            unsigned long long flags)) \
+    X(cuMemAddressReserve, \
+      (CUdeviceptr * ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags)) \
     X(cuMemAddressFree, (CUdeviceptr ptr, size_t size)) \
-    X(cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, \
-                 unsigned long long flags)) \
+    X(cuMemMap, \
+      (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
     X(cuMemUnmap, (CUdeviceptr ptr, size_t size)) \
     X(cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)) \
-    X(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream stream)) \
-    X(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream stream)) \
+    X(cuMemAllocAsync, (CUdeviceptr * dptr, size_t bytesize, CUstream stream)) \
+    X(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUstream stream)) \
     X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream)) \
     X(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream)) \
-    X(cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)) \
-    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)) \
-    X(cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *props)) \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)) \
+    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr * dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)) \
+    X(cuMemPoolCreate, (CUmemoryPool * pool, const CUmemPoolProps *props)) \
     X(cuMemPoolDestroy, (CUmemoryPool pool)) \
     X(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep)) \
     X(cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
     X(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
-    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *pool, CUdevice dev)) \
-    X(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev)) \
-    X(cuArrayCreate_v2, (CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)) \
-    X(cuArray3DCreate_v2, (CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)) \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool * pool, CUdevice dev)) \
+    X(cuDeviceGetMemPool, (CUmemoryPool * pool, CUdevice dev)) \
+    X(cuArrayCreate_v2, (CUarray * array, const CUDA_ARRAY_DESCRIPTOR *desc)) \
+    X(cuArray3DCreate_v2, (CUarray * array, const CUDA_ARRAY3D_DESCRIPTOR *desc)) \
     X(cuArrayDestroy, (CUarray array)) \
-    X(cuMipmappedArrayCreate, (CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc, \
-                               unsigned int levels)) \
+    X(cuMipmappedArrayCreate, (CUmipmappedArray * array, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)) \
     X(cuMipmappedArrayDestroy, (CUmipmappedArray array)) \
-    X(cuModuleLoad, (CUmodule *module, const char *fname)) \
-    X(cuModuleLoadData, (CUmodule *module, const void *image)) \
-    X(cuModuleGetFunction, (CUfunction *func, CUmodule module, const char *name)) \
+    X(cuModuleLoad, (CUmodule * module, const char *fname)) \
+    X(cuModuleLoadData, (CUmodule * module, const void *image)) \
+    X(cuModuleGetFunction, (CUfunction * func, CUmodule module, const char *name)) \
     X(cuModuleUnload, (CUmodule module)) \
-    X(cuLaunchKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
-                       unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params, \
-                       void **extra)) \
-    X(cuLaunchKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
-                            unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, \
-                            void **params, void **extra)) \
+    X(cuLaunchKernel, \
+      (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
+       unsigned int bz, unsigned int shmem, CUstream stream, void **params, void **extra)) \
+    X(cuLaunchKernel_ptsz, \
+      (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
+       unsigned int bz, unsigned int shmem, CUstream stream, void **params, void **extra)) \
     X(cuLaunchKernelEx, (const CUlaunchConfig *config, CUfunction f, void **params, void **extra)) \
     X(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *config, CUfunction f, void **params, void **extra)) \
-    X(cuLaunchCooperativeKernel, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, \
-                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, \
-                                  CUstream stream, void **params)) \
-    X(cuLaunchCooperativeKernel_ptsz, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, \
-                                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, \
-                                       CUstream stream, void **params)) \
-    X(cuGraphCreate, (CUgraph *graph, unsigned int flags)) \
-    X(cuGraphAddKernelNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+    X(cuLaunchCooperativeKernel, \
+      (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
+       unsigned int bz, unsigned int shmem, CUstream stream, void **params)) \
+    X(cuLaunchCooperativeKernel_ptsz, \
+      (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
+       unsigned int bz, unsigned int shmem, CUstream stream, void **params)) \
+    X(cuGraphCreate, (CUgraph * graph, unsigned int flags)) \
+    X(cuGraphAddKernelNode, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
                              const CUDA_KERNEL_NODE_PARAMS *params)) \
-    X(cuGraphAddKernelNode_v2, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
+    X(cuGraphAddKernelNode_v2, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
                                 const CUDA_KERNEL_NODE_PARAMS *params)) \
-    X(cuGraphInstantiate, (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, \
-                           size_t log_size)) \
-    X(cuGraphInstantiate_v2, (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, \
-                              size_t log_size)) \
-    X(cuGraphInstantiateWithFlags, (CUgraphExec *exec, CUgraph graph, unsigned long long flags)) \
+    X(cuGraphInstantiate, (CUgraphExec * exec, CUgraph graph, CUgraphNode * error_node, char *log, size_t log_size)) \
+    X(cuGraphInstantiate_v2, \
+      (CUgraphExec * exec, CUgraph graph, CUgraphNode * error_node, char *log, size_t log_size)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec * exec, CUgraph graph, unsigned long long flags)) \
     X(cuGraphLaunch, (CUgraphExec exec, CUstream stream)) \
     X(cuGraphLaunch_ptsz, (CUgraphExec exec, CUstream stream)) \
     X(cuGraphExecDestroy, (CUgraphExec exec)) \
     X(cuGraphDestroy, (CUgraph graph)) \
-    X(cuGraphAddMemAllocNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
-                               CUDA_MEM_ALLOC_NODE_PARAMS *params)) \
-    X(cuGraphAddMemFreeNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
-                              CUdeviceptr dptr)) \
-    X(cuGraphAddNode, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, \
-                       CUgraphNodeParams *params)) \
-    X(cuGraphAddNode_v2, (CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, \
-                          const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params)) \
-    X(cuGraphNodeSetParams, (CUgraphNode node, CUgraphNodeParams *params)) \
-    X(cuGraphExecNodeSetParams, (CUgraphExec exec, CUgraphNode node, CUgraphNodeParams *params)) \
-    X(cuGraphInstantiateWithParams, (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
-    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *exec, CUgraph graph, \
-                                          CUDA_GRAPH_INSTANTIATE_PARAMS *params)) \
-    X(cuGraphExecUpdate, (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, CUgraphExecUpdateResult *result)) \
-    X(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info)) \
+    X(cuGraphAddMemAllocNode, \
+      (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params)) \
+    X(cuGraphAddMemFreeNode, \
+      (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, CUdeviceptr dptr)) \
+    X(cuGraphAddNode, \
+      (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, size_t ndeps, CUgraphNodeParams *params)) \
+    X(cuGraphAddNode_v2, (CUgraphNode * node, CUgraph graph, const CUgraphNode *deps, const CUgraphEdgeData *edges, \
+                          size_t ndeps, CUgraphNodeParams *params)) \
+    X(cuGraphNodeSetParams, (CUgraphNode node, CUgraphNodeParams * params)) \
+    X(cuGraphExecNodeSetParams, (CUgraphExec exec, CUgraphNode node, CUgraphNodeParams * params)) \
+    X(cuGraphInstantiateWithParams, (CUgraphExec * exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS * params)) \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec * exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS * params)) \
+    X(cuGraphExecUpdate, \
+      (CUgraphExec exec, CUgraph graph, CUgraphNode * error_node, CUgraphExecUpdateResult * result)) \
+    X(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo * info)) \
     X(cuGraphDestroyNode, (CUgraphNode node)) \
     X(cuDeviceGetGraphMemAttribute, (CUdevice dev, CUgraphMem_attribute attr, void *value)) \
     X(cuDeviceGraphMemTrim, (CUdevice dev)) \
     X(cuStreamBeginCapture_v2, (CUstream stream, int mode)) \
-    X(cuStreamEndCapture, (CUstream stream, CUgraph *graph)) \
-    X(cuStreamGetCaptureInfo_v2, (CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, \
-                                  CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)) \
-    X(cuStreamGetCaptureInfo_v2_ptsz, (CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, \
-                                       CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)) \
-    X(cuStreamCreate, (CUstream *stream, unsigned int flags)) \
+    X(cuStreamEndCapture, (CUstream stream, CUgraph * graph)) \
+    X(cuStreamGetCaptureInfo_v2, (CUstream stream, CUstreamCaptureStatus * status, cuuint64_t * id, CUgraph * graph, \
+                                  const CUgraphNode **deps, size_t *ndeps)) \
+    X(cuStreamGetCaptureInfo_v2_ptsz, (CUstream stream, CUstreamCaptureStatus * status, cuuint64_t * id, \
+                                       CUgraph * graph, const CUgraphNode **deps, size_t *ndeps)) \
+    X(cuStreamCreate, (CUstream * stream, unsigned int flags)) \
     X(cuStreamDestroy, (CUstream stream)) \
     X(cuStreamDestroy_v2, (CUstream stream)) \
     X(cuStreamSynchronize, (CUstream stream)) \
@@ -403,8 +406,8 @@ typedef enum {
     X(cuStreamWaitValue32, (CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)) \
     X(cuStreamWaitValue32_v2, (CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)) \
     X(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int flags)) \
-    X(cuMemHostGetDevicePointer_v2, (CUdeviceptr *dptr, void *p, unsigned int flags)) \
-    X(cuEventCreate, (CUevent *event, unsigned int flags)) \
+    X(cuMemHostGetDevicePointer_v2, (CUdeviceptr * dptr, void *p, unsigned int flags)) \
+    X(cuEventCreate, (CUevent * event, unsigned int flags)) \
     X(cuEventRecord, (CUevent event, CUstream stream)) \
     X(cuEventRecord_ptsz, (CUevent event, CUstream stream)) \
     X(cuEventSynchronize, (CUevent event)) \
@@ -416,8 +419,8 @@ typedef enum {
     X(cuGetErrorString, (CUresult error, const char **str)) \
     X(cuGetErrorName, (CUresult error, const char **str)) \
     X(cuGetProcAddress, (const char *symbol, void **pfn, int cuda_version, cuuint64_t flags)) \
-    X(cuGetProcAddress_v2, (const char *symbol, void **pfn, int cuda_version, cuuint64_t flags, \
-                            CUdriverProcAddressQueryResult *status))
+    X(cuGetProcAddress_v2, \
+      (const char *symbol, void **pfn, int cuda_version, cuuint64_t flags, CUdriverProcAddressQueryResult *status))
 
 #define CUDA_ABI_DECLARE(name, params) CUresult name params;
 CUDA_ABI_ENTRY_POINTS(CUDA_ABI_DECLARE)

@@ -1,11 +1,11 @@
 /* The ground of the shim: logging, the one-time failure (pass-through or fail-closed), the state
  * the wrappers ask for, the clock and the re-entrancy guard. It calls nothing of the other files. */
 #define _GNU_SOURCE
+#include "base/ground.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
-#include "base/ground.h"
 
 __thread int nvc_depth __attribute__((tls_model("initial-exec")));
 
@@ -14,10 +14,22 @@ static int log_level = 1;
 static int fail_closed;
 static int failed;
 
-enum nvc_state nvc_current_state(void) { return state; }
-void nvc_set_active(void) { state = NVC_ACTIVE; }
-void nvc_set_log_level(int level) { log_level = level; }
-void nvc_set_fail_closed(int closed) { fail_closed = closed; }
+enum nvc_state nvc_current_state(void)
+{
+    return state;
+}
+void nvc_set_active(void)
+{
+    state = NVC_ACTIVE;
+}
+void nvc_set_log_level(int level)
+{
+    log_level = level;
+}
+void nvc_set_fail_closed(int closed)
+{
+    fail_closed = closed;
+}
 
 uint64_t nvc_now_ns(void)
 {
@@ -45,7 +57,7 @@ void nvc_log(int level, const char *fmt, ...)
     if (n > (int)sizeof buf - 2)
         n = (int)sizeof buf - 2;
     buf[n++] = '\n';
-    ssize_t ignored = write(STDERR_FILENO, buf, (size_t)n);   /* one write: lines do not interleave */
+    ssize_t ignored = write(STDERR_FILENO, buf, (size_t)n); /* one write: lines do not interleave */
     (void)ignored;
 }
 

@@ -112,8 +112,8 @@ typedef struct nvmlEventSet_st *nvmlEventSet_t;
 typedef struct {
     nvmlDevice_t device;
     unsigned long long eventType;
-    unsigned long long eventData;    /* the XID, for nvmlEventTypeXidCriticalError */
-    unsigned int gpuInstanceId;      /* of the MIG device it concerns; 0xFFFFFFFF: the whole GPU */
+    unsigned long long eventData; /* the XID, for nvmlEventTypeXidCriticalError */
+    unsigned int gpuInstanceId;   /* of the MIG device it concerns; 0xFFFFFFFF: the whole GPU */
     unsigned int computeInstanceId;
 } nvmlEventData_t;
 

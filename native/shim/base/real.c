@@ -2,9 +2,9 @@
  * the tables of their functions the shim wraps or calls filled through the real dlsym (the shim
  * overrides dlsym itself, resolve.c). */
 #define _GNU_SOURCE
+#include "base/real.h"
 #include <dlfcn.h>
 #include <pthread.h>
-#include "base/real.h"
 
 struct nvc_real_cuda nvc_cuda;
 struct nvc_real_nvml nvc_nvml;
@@ -63,8 +63,20 @@ static int load(const char *soname, int *loaded, const struct entry *entries, si
     return *loaded;
 }
 
-int nvc_load_cuda(void) { return load("libcuda.so.1", &cuda_loaded, cuda_entries, COUNT(cuda_entries), 0); }
-int nvc_load_nvml(void) { return load("libnvidia-ml.so.1", &nvml_loaded, nvml_entries, COUNT(nvml_entries), 0); }
+int nvc_load_cuda(void)
+{
+    return load("libcuda.so.1", &cuda_loaded, cuda_entries, COUNT(cuda_entries), 0);
+}
+int nvc_load_nvml(void)
+{
+    return load("libnvidia-ml.so.1", &nvml_loaded, nvml_entries, COUNT(nvml_entries), 0);
+}
 
-int nvc_cuda_if_loaded(void) { return load("libcuda.so.1", &cuda_loaded, cuda_entries, COUNT(cuda_entries), 1); }
-int nvc_nvml_if_loaded(void) { return load("libnvidia-ml.so.1", &nvml_loaded, nvml_entries, COUNT(nvml_entries), 1); }
+int nvc_cuda_if_loaded(void)
+{
+    return load("libcuda.so.1", &cuda_loaded, cuda_entries, COUNT(cuda_entries), 1);
+}
+int nvc_nvml_if_loaded(void)
+{
+    return load("libnvidia-ml.so.1", &nvml_loaded, nvml_entries, COUNT(nvml_entries), 1);
+}

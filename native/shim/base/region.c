@@ -3,6 +3,7 @@
  * SIGKILL cannot wedge it) plus a process mutex (OFD locks do not exclude threads sharing the fd).
  * Every out-of-memory decision first reaps slots whose process is gone. */
 #define _GNU_SOURCE
+#include "base/region.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -15,7 +16,6 @@
 #include <unistd.h>
 #include "base/config.h"
 #include "base/ground.h"
-#include "base/region.h"
 
 _Static_assert(sizeof(struct nvc_region_device) == 128, "device entry layout");
 _Static_assert(sizeof(struct nvc_region_slot) == 160, "slot layout");
@@ -40,8 +40,7 @@ static void lock_region(void)
         if (errno == EINTR)
             continue;
         if (!lock_warned++)
-            nvc_log(0, "cannot lock %s (%s): cross-process accounting is unsynchronised", region_path,
-                    strerror(errno));
+            nvc_log(0, "cannot lock %s (%s): cross-process accounting is unsynchronised", region_path, strerror(errno));
         break;
     }
 }
@@ -72,7 +71,7 @@ static uint64_t proc_start_time(pid_t pid)
     if (!p || p[1] != ' ')
         return 0;
     p += 2;
-    if (*p == 'Z' || *p == 'X')      /* exited: the driver has already released its memory */
+    if (*p == 'Z' || *p == 'X') /* exited: the driver has already released its memory */
         return 0;
     for (int field = 3; field < 22; field++) {
         p = strchr(p, ' ');
@@ -94,7 +93,7 @@ static int slot_alive(const struct nvc_region_slot *s)
     if (s->pid <= 0)
         return 0;
     if (s->pidns_ino != my_pidns)
-        return 1;                    /* cannot judge another pid namespace: keep its charge */
+        return 1; /* cannot judge another pid namespace: keep its charge */
     if (kill(s->pid, 0) == -1 && errno == ESRCH)
         return 0;
     uint64_t start = proc_start_time(s->pid);
@@ -221,8 +220,10 @@ int nvc_region_open(const char *dir, const struct nvc_config *cfg)
         } else {
             /* Live processes run under other limits: do not corrupt their accounting, and do not
              * drop ours either - keep a per-process budget with this process's limits. */
-            nvc_log(0, "shared region %s is in use under other limits; this process enforces its own limits "
-                       "alone (not shared with the others)", region_path);
+            nvc_log(0,
+                    "shared region %s is in use under other limits; this process enforces its own limits "
+                    "alone (not shared with the others)",
+                    region_path);
             unlock_region();
             munmap(mem, sizeof *region);
             close(region_fd);
@@ -329,7 +330,7 @@ void nvc_region_uncharge(int d, uint64_t bytes)
     uint64_t *used = &region->slots[my_slot].used[d];
     uint64_t cur = __atomic_load_n(used, __ATOMIC_RELAXED), next;
     do
-        next = cur > bytes ? cur - bytes : 0;   /* never wraps, whatever happened before */
+        next = cur > bytes ? cur - bytes : 0; /* never wraps, whatever happened before */
     while (!__atomic_compare_exchange_n(used, &cur, next, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
 
@@ -344,8 +345,8 @@ uint64_t nvc_region_used(int d)
     return total;
 }
 
-#define SLICE_PERIOD_NS 50000000ull   /* a cap of p % is a slice of p % of every 50 ms */
-#define SLICE_POLL_NS 100000ll         /* while its own last work drains */
+#define SLICE_PERIOD_NS 50000000ull /* a cap of p % is a slice of p % of every 50 ms */
+#define SLICE_POLL_NS 100000ll      /* while its own last work drains */
 
 uint64_t nvc_region_slice_length(unsigned percent)
 {
@@ -356,8 +357,7 @@ uint64_t nvc_region_slice_length(unsigned percent)
 static int64_t refill(struct nvc_region_device *dev, unsigned percent, uint64_t now)
 {
     uint64_t last = __atomic_load_n(&dev->refill_ns, __ATOMIC_ACQUIRE);
-    if (now > last && __atomic_compare_exchange_n(&dev->refill_ns, &last, now, 0, __ATOMIC_ACQ_REL,
-                                                  __ATOMIC_RELAXED)) {
+    if (now > last && __atomic_compare_exchange_n(&dev->refill_ns, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
         int64_t cur = __atomic_add_fetch(&dev->credit_ns, (int64_t)((now - last) * percent / 100), __ATOMIC_ACQ_REL);
         while (cur > 0 && !__atomic_compare_exchange_n(&dev->credit_ns, &cur, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
             ;
@@ -365,7 +365,7 @@ static int64_t refill(struct nvc_region_device *dev, unsigned percent, uint64_t 
     return __atomic_load_n(&dev->credit_ns, __ATOMIC_ACQUIRE);
 }
 
-uint64_t nvc_region_slices_started, nvc_region_overrun_charged_ns;   /* by this process */
+uint64_t nvc_region_slices_started, nvc_region_overrun_charged_ns; /* by this process */
 
 /* Work that ran past the slice's end (the queue a slice's last launches left) is charged once,
  * whichever of the container's processes notices it. */
@@ -375,8 +375,8 @@ static void charge_overrun(struct nvc_region_device *dev, uint64_t end, uint64_t
     uint64_t charged = __atomic_load_n(&dev->charged_until_ns, __ATOMIC_ACQUIRE);
     done = done < now ? done : now;
     uint64_t from = charged > end ? charged : end;
-    if (done > from && __atomic_compare_exchange_n(&dev->charged_until_ns, &charged, done, 0, __ATOMIC_ACQ_REL,
-                                                   __ATOMIC_RELAXED)) {
+    if (done > from &&
+        __atomic_compare_exchange_n(&dev->charged_until_ns, &charged, done, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
         __atomic_sub_fetch(&dev->credit_ns, (int64_t)(done - from), __ATOMIC_ACQ_REL);
         __atomic_add_fetch(&nvc_region_overrun_charged_ns, done - from, __ATOMIC_RELAXED);
     }
@@ -401,12 +401,12 @@ int64_t nvc_region_slice(int d, unsigned percent, uint64_t now, int drained)
     int64_t credit = refill(dev, percent, now);
     if (credit < 0)
         return -credit * 100 / (int64_t)percent;
-    if (__atomic_compare_exchange_n(&dev->slice_end_ns, &end, now + nvc_region_slice_length(percent), 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_RELAXED)) {
+    if (__atomic_compare_exchange_n(&dev->slice_end_ns, &end, now + nvc_region_slice_length(percent), 0,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
         __atomic_sub_fetch(&dev->credit_ns, (int64_t)nvc_region_slice_length(percent), __ATOMIC_ACQ_REL);
         __atomic_add_fetch(&nvc_region_slices_started, 1, __ATOMIC_RELAXED);
     }
-    return 0;                          /* its slice, or one another process started just now */
+    return 0; /* its slice, or one another process started just now */
 }
 
 static void atomic_max(uint64_t *p, uint64_t v)
@@ -418,7 +418,8 @@ static void atomic_max(uint64_t *p, uint64_t v)
 
 uint64_t nvc_region_slice_end(int d)
 {
-    return region && d >= 0 && d < NVC_REGION_DEVICES ? __atomic_load_n(&region->dev[d].slice_end_ns, __ATOMIC_ACQUIRE) : 0;
+    return region && d >= 0 && d < NVC_REGION_DEVICES ? __atomic_load_n(&region->dev[d].slice_end_ns, __ATOMIC_ACQUIRE)
+                                                      : 0;
 }
 
 void nvc_region_done(int d, uint64_t done)

@@ -4,14 +4,14 @@
  * view. cuInit is here too: with on_error=fail-closed it is the first call that fails. */
 #define _GNU_SOURCE
 #include <stdint.h>
-#include "process/devices.h"
-#include "base/ground.h"
-#include "process/init.h"
 #include "accounting/memory.h"
 #include "accounting/pools.h"
+#include "base/ground.h"
 #include "base/real.h"
 #include "base/region.h"
 #include "entry/wrap.h"
+#include "process/devices.h"
+#include "process/init.h"
 
 NVC_API CUresult cuInit(unsigned int flags)
 {
@@ -52,8 +52,7 @@ NVC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int 
 }
 
 /* The pitch is only known afterwards: charge width x height, then the real pitch x height. */
-NVC_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
-                                    unsigned int elsize)
+NVC_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elsize)
 {
     NVC_PROLOGUE(cuMemAllocPitch_v2, dptr, pitch, width, height, elsize)
     CUresult rc_;
@@ -88,8 +87,8 @@ NVC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, 
 {
     NVC_PROLOGUE(cuMemCreate, handle, size, prop, flags)
     CUresult rc_;
-    struct nvc_device *d = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                               ? nvc_device_by_ordinal(prop->location.id) : NULL;
+    struct nvc_device *d =
+        prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? nvc_device_by_ordinal(prop->location.id) : NULL;
     if (!d || !handle)
         return NVC_REAL(cuMemCreate, handle, size, prop, flags);
     if (nvc_mem_charge(d, size))
@@ -110,8 +109,11 @@ static uint64_t element_bytes(int format, unsigned channels)
 {
     unsigned size;
     switch (format) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: size = 1; break;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: size = 2; break;
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: size = 1; break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: size = 2; break;
     default: size = 4; break;
     }
     return (uint64_t)size * (channels ? channels : 1);
@@ -122,8 +124,8 @@ static uint64_t extent_bytes(size_t w, size_t h, size_t d, uint64_t element)
     return element * (w ? w : 1) * (h ? h : 1) * (d ? d : 1);
 }
 
-static CUresult array_common(void **out, uint64_t bytes, enum nvc_mem_kind kind, CUresult (*create)(const void *, void **),
-                             const void *ctx)
+static CUresult array_common(void **out, uint64_t bytes, enum nvc_mem_kind kind,
+                             CUresult (*create)(const void *, void **), const void *ctx)
 {
     CUresult rc_;
     struct nvc_device *d = nvc_device_current(NULL);
@@ -182,8 +184,8 @@ NVC_API CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTO
     if (!desc)
         return nvc_cuda.cuArray3DCreate_v2(array, desc);
     struct array_args args = {desc, 0};
-    uint64_t bytes = extent_bytes(desc->Width, desc->Height, desc->Depth,
-                                  element_bytes(desc->Format, desc->NumChannels));
+    uint64_t bytes =
+        extent_bytes(desc->Width, desc->Height, desc->Depth, element_bytes(desc->Format, desc->NumChannels));
     return array_common((void **)array, bytes, NVC_MEM_ARRAY, create_3d, &args);
 }
 
@@ -197,7 +199,7 @@ NVC_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRA
     uint64_t element = element_bytes(desc->Format, desc->NumChannels), bytes = 0;
     size_t w = desc->Width, h = desc->Height, dep = desc->Depth;
     for (unsigned l = 0; l < levels && l < 64; l++) {
-        if (l > 0) {                 /* each level halves every non-zero extent, down to 1 */
+        if (l > 0) { /* each level halves every non-zero extent, down to 1 */
             w = w > 1 ? w / 2 : w;
             h = h > 1 ? h / 2 : h;
             dep = dep > 1 ? dep / 2 : dep;
@@ -213,12 +215,12 @@ NVC_WRAP_THEN(cuMipmappedArrayDestroy, (CUmipmappedArray array),
 
 /* ---- context overhead: charged once per process and device, at its first context (memory.c) ---- */
 
-NVC_WRAP_THEN(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), nvc_mem_charge_context(dev), pctx, dev)
-NVC_WRAP_THEN(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), nvc_mem_charge_context(dev), pctx, flags,
-              dev)
-NVC_WRAP_THEN(cuCtxCreate_v3, (CUcontext *pctx, void *params, int nparams, unsigned int flags, CUdevice dev),
+NVC_WRAP_THEN(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev), nvc_mem_charge_context(dev), pctx, dev)
+NVC_WRAP_THEN(cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev), nvc_mem_charge_context(dev), pctx,
+              flags, dev)
+NVC_WRAP_THEN(cuCtxCreate_v3, (CUcontext * pctx, void *params, int nparams, unsigned int flags, CUdevice dev),
               nvc_mem_charge_context(dev), pctx, params, nparams, flags, dev)
-NVC_WRAP_THEN(cuCtxCreate_v4, (CUcontext *pctx, void *params, unsigned int flags, CUdevice dev),
+NVC_WRAP_THEN(cuCtxCreate_v4, (CUcontext * pctx, void *params, unsigned int flags, CUdevice dev),
               nvc_mem_charge_context(dev), pctx, params, flags, dev)
 
 /* ---- memory info: total = min(limit, physical), free = total - container usage, never wrapping ---- */
@@ -229,7 +231,7 @@ NVC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     CUresult rc_ = NVC_REAL(cuMemGetInfo_v2, free_bytes, total_bytes);
     struct nvc_device *d;
     if (rc_ == CUDA_SUCCESS && free_bytes && total_bytes && (d = nvc_device_current(NULL))) {
-        nvc_pools_sync_device(d);        /* a synchronisation may have released pool memory */
+        nvc_pools_sync_device(d); /* a synchronisation may have released pool memory */
         uint64_t f = *free_bytes, t = *total_bytes;
         nvc_memory_clamp(d, &f, &t);
         *free_bytes = (size_t)f;
@@ -243,8 +245,7 @@ NVC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     NVC_PROLOGUE(cuDeviceTotalMem_v2, bytes, dev)
     CUresult rc_ = NVC_REAL(cuDeviceTotalMem_v2, bytes, dev);
     struct nvc_device *d;
-    if (rc_ == CUDA_SUCCESS && bytes && (d = nvc_device_by_ordinal(dev)) && d->memory_limit &&
-        d->memory_limit < *bytes)
+    if (rc_ == CUDA_SUCCESS && bytes && (d = nvc_device_by_ordinal(dev)) && d->memory_limit && d->memory_limit < *bytes)
         *bytes = (size_t)d->memory_limit;
     return rc_;
 }

@@ -4,15 +4,15 @@
  * pool destruction bring the pool's charge back to what it reserves. */
 #define _GNU_SOURCE
 #include <stdint.h>
-#include "process/devices.h"
 #include "accounting/graphmem.h"
-#include "base/ground.h"
-#include "process/init.h"
 #include "accounting/memory.h"
 #include "accounting/pools.h"
+#include "base/ground.h"
 #include "base/real.h"
 #include "base/region.h"
 #include "entry/wrap.h"
+#include "process/devices.h"
+#include "process/init.h"
 
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream, int ptsz)
 {
@@ -29,10 +29,11 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
         !(nvc_cuda.cuDeviceGetDefaultMemPool &&
           nvc_cuda.cuDeviceGetDefaultMemPool(&account_pool, ordinal) == CUDA_SUCCESS))
         account_pool = NULL;
-#define CALL_ASYNC()                                                                                       \
-    (pool ? (ptsz ? NVC_REAL(cuMemAllocFromPoolAsync_ptsz, dptr, size, pool, stream)                           \
-                  : NVC_REAL(cuMemAllocFromPoolAsync, dptr, size, pool, stream))                               \
-          : (ptsz ? NVC_REAL(cuMemAllocAsync_ptsz, dptr, size, stream) : NVC_REAL(cuMemAllocAsync, dptr, size, stream)))
+#define CALL_ASYNC() \
+    (pool ? (ptsz ? NVC_REAL(cuMemAllocFromPoolAsync_ptsz, dptr, size, pool, stream) \
+                  : NVC_REAL(cuMemAllocFromPoolAsync, dptr, size, pool, stream)) \
+          : (ptsz ? NVC_REAL(cuMemAllocAsync_ptsz, dptr, size, stream) \
+                  : NVC_REAL(cuMemAllocAsync, dptr, size, stream)))
     uint64_t reserved, used;
     if (!d || !dptr)
         return CALL_ASYNC();
@@ -61,13 +62,13 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, C
         return rc_;
     }
     uint64_t spare = reserved > used ? reserved - used : 0;
-    uint64_t grow = size > spare ? size - spare : 0;   /* what the pool must reserve anew */
+    uint64_t grow = size > spare ? size - spare : 0; /* what the pool must reserve anew */
     if (grow && nvc_mem_charge(d, grow))
         return CUDA_ERROR_OUT_OF_MEMORY;
     rc_ = CALL_ASYNC();
     nvc_pool_allocated(account_pool, d, rc_ == CUDA_SUCCESS);
     if (grow)
-        nvc_region_uncharge(d->region_index, grow);   /* the pool's own charge now holds it */
+        nvc_region_uncharge(d->region_index, grow); /* the pool's own charge now holds it */
     if (rc_ == CUDA_SUCCESS)
         nvc_mem_record(NVC_MEM_POOLPTR, *dptr, d->region_index, 0, account_pool);
     return rc_;
@@ -103,8 +104,7 @@ NVC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CU
 }
 
 NVC_WRAP_THEN(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream), nvc_mem_freed(dptr, stream, 0), dptr, stream)
-NVC_WRAP_THEN(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), nvc_mem_freed(dptr, stream, 1), dptr,
-              stream)
+NVC_WRAP_THEN(cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream stream), nvc_mem_freed(dptr, stream, 1), dptr, stream)
 
 NVC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {

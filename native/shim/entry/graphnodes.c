@@ -3,14 +3,14 @@
  * parameters, and its record (graphmem.c) follows the graph, its executables and its destruction. */
 #define _GNU_SOURCE
 #include <stddef.h>
-#include "process/devices.h"
 #include "accounting/graphmem.h"
-#include "base/ground.h"
-#include "process/init.h"
 #include "accounting/memory.h"
+#include "base/ground.h"
 #include "base/real.h"
 #include "base/region.h"
 #include "entry/wrap.h"
+#include "process/devices.h"
+#include "process/init.h"
 
 /* ---- node creation ---- */
 
@@ -19,7 +19,8 @@ static CUresult add_alloc(CUgraph graph, CUDA_MEM_ALLOC_NODE_PARAMS *p, CUgraphN
 {
     CUresult rc_;
     struct nvc_device *d = p && node && p->poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                               ? nvc_device_by_ordinal(p->poolProps.location.id) : NULL;
+                               ? nvc_device_by_ordinal(p->poolProps.location.id)
+                               : NULL;
     if (!d) {
         nvc_depth++;
         rc_ = call(args);
@@ -45,7 +46,7 @@ struct add_args {
     const CUgraphEdgeData *edges;
     size_t ndeps;
     void *params;
-    int kind;                        /* 0 cuGraphAddMemAllocNode, 1 cuGraphAddNode, 2 cuGraphAddNode_v2 */
+    int kind; /* 0 cuGraphAddMemAllocNode, 1 cuGraphAddNode, 2 cuGraphAddNode_v2 */
 };
 
 static CUresult call_add(const void *a)
@@ -138,21 +139,20 @@ NVC_API CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CU
 
 #define INSTANTIATE(name, params, ...) \
     NVC_WRAP_THEN(name, params, if (exec) nvc_graph_set_exec(*exec, graph), __VA_ARGS__)
-INSTANTIATE(cuGraphInstantiate, (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t size),
+INSTANTIATE(cuGraphInstantiate, (CUgraphExec * exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t size),
             exec, graph, error_node, log, size)
-INSTANTIATE(cuGraphInstantiate_v2,
-            (CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t size),
+INSTANTIATE(cuGraphInstantiate_v2, (CUgraphExec * exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t size),
             exec, graph, error_node, log, size)
-INSTANTIATE(cuGraphInstantiateWithFlags, (CUgraphExec *exec, CUgraph graph, unsigned long long flags),
-            exec, graph, flags)
-INSTANTIATE(cuGraphInstantiateWithParams, (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params),
+INSTANTIATE(cuGraphInstantiateWithFlags, (CUgraphExec * exec, CUgraph graph, unsigned long long flags), exec, graph,
+            flags)
+INSTANTIATE(cuGraphInstantiateWithParams, (CUgraphExec * exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params),
             exec, graph, params)
 INSTANTIATE(cuGraphInstantiateWithParams_ptsz,
-            (CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params), exec, graph, params)
+            (CUgraphExec * exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params), exec, graph, params)
 
 /* An updated executable runs the new graph's topology from now on. */
-NVC_WRAP_THEN(cuGraphExecUpdate, (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node,
-                                 CUgraphExecUpdateResult *result),
+NVC_WRAP_THEN(cuGraphExecUpdate,
+              (CUgraphExec exec, CUgraph graph, CUgraphNode *error_node, CUgraphExecUpdateResult *result),
               nvc_graph_set_exec(exec, graph), exec, graph, error_node, result)
 NVC_WRAP_THEN(cuGraphExecUpdate_v2, (CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *result_info),
               nvc_graph_set_exec(exec, graph), exec, graph, result_info)
@@ -162,7 +162,6 @@ NVC_WRAP_THEN(cuGraphExecDestroy, (CUgraphExec exec), nvc_graph_set_exec(exec, N
 
 NVC_WRAP_THEN(cuGraphDestroyNode, (CUgraphNode node), nvc_graph_nodes_gone(NULL, node), node)
 NVC_WRAP_THEN(cuGraphDestroy, (CUgraph graph), nvc_graph_nodes_gone(graph, NULL), graph)
-
 
 NVC_API CUresult cuDeviceGraphMemTrim(CUdevice dev)
 {

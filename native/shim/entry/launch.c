@@ -26,8 +26,8 @@ static int limited(void)
 /* ---- the entry points ---- */
 
 struct kernel_args {
-    CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                   void **, void **);
+    CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **,
+                   void **);
     CUfunction f;
     unsigned gx, gy, gz, bx, by, bz, shmem;
     CUstream stream;
@@ -40,26 +40,25 @@ static CUresult call_kernel(const void *a)
     return k->fn(k->f, k->gx, k->gy, k->gz, k->bx, k->by, k->bz, k->shmem, k->stream, k->params, k->extra);
 }
 
-#define KERNEL_WRAPPER(name, ptsz)                                                                           \
-    NVC_API CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,   \
+#define KERNEL_WRAPPER(name, ptsz) \
+    NVC_API CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
                           unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params, \
-                          void **extra)                                                                       \
-    {                                                                                                        \
-        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
-        if (__builtin_expect(!limited(), 1))                                                                 \
-            return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);                   \
-        struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra};     \
-        struct nvc_launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
-                           nvc_kernel_key(f, gx, gy, gz)};                                                       \
-        return nvc_launch_throttled(&l, call_kernel, &a);                                                               \
+                          void **extra) \
+    { \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+        if (__builtin_expect(!limited(), 1)) \
+            return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra); \
+        struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra}; \
+        struct nvc_launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), \
+                               nvc_kernel_key(f, gx, gy, gz)}; \
+        return nvc_launch_throttled(&l, call_kernel, &a); \
     }
 KERNEL_WRAPPER(cuLaunchKernel, 0)
 KERNEL_WRAPPER(cuLaunchKernel_ptsz, 1)
 
 struct coop_args {
-    CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                   void **);
+    CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
     CUfunction f;
     unsigned gx, gy, gz, bx, by, bz, shmem;
     CUstream stream;
@@ -72,18 +71,18 @@ static CUresult call_coop(const void *a)
     return k->fn(k->f, k->gx, k->gy, k->gz, k->bx, k->by, k->bz, k->shmem, k->stream, k->params);
 }
 
-#define COOP_WRAPPER(name, ptsz)                                                                             \
-    NVC_API CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,   \
+#define COOP_WRAPPER(name, ptsz) \
+    NVC_API CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
                           unsigned int by, unsigned int bz, unsigned int shmem, CUstream stream, void **params) \
-    {                                                                                                        \
-        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
-        if (__builtin_expect(!limited(), 1))                                                                 \
-            return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params);                          \
-        struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params};              \
-        struct nvc_launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz),                   \
-                           nvc_kernel_key(f, gx, gy, gz)};                                                       \
-        return nvc_launch_throttled(&l, call_coop, &a);                                                                 \
+    { \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+        if (__builtin_expect(!limited(), 1)) \
+            return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params); \
+        struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params}; \
+        struct nvc_launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), \
+                               nvc_kernel_key(f, gx, gy, gz)}; \
+        return nvc_launch_throttled(&l, call_coop, &a); \
     }
 COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
 COOP_WRAPPER(cuLaunchCooperativeKernel_ptsz, 1)
@@ -101,19 +100,19 @@ static CUresult call_ex(const void *a)
     return k->fn(k->config, k->f, k->params, k->extra);
 }
 
-#define EX_WRAPPER(name, ptsz)                                                                               \
-    NVC_API CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)           \
-    {                                                                                                        \
-        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
-        if (__builtin_expect(!limited(), 1) || !config)                                                      \
-            return nvc_cuda.name(config, f, params, extra);                                                  \
-        struct ex_args a = {nvc_cuda.name, config, f, params, extra};                                        \
-        struct nvc_launch l = {ptsz, config->hStream,                                                            \
-                           grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY,         \
-                                       config->gridDimZ),                                                    \
-                           nvc_kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ)};         \
-        return nvc_launch_throttled(&l, call_ex, &a);                                                                   \
+#define EX_WRAPPER(name, ptsz) \
+    NVC_API CUresult name(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) \
+    { \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+        if (__builtin_expect(!limited(), 1) || !config) \
+            return nvc_cuda.name(config, f, params, extra); \
+        struct ex_args a = {nvc_cuda.name, config, f, params, extra}; \
+        struct nvc_launch l = { \
+            ptsz, config->hStream, \
+            grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY, config->gridDimZ), \
+            nvc_kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ)}; \
+        return nvc_launch_throttled(&l, call_ex, &a); \
     }
 EX_WRAPPER(cuLaunchKernelEx, 0)
 EX_WRAPPER(cuLaunchKernelEx_ptsz, 1)
@@ -132,25 +131,24 @@ static CUresult call_graph(const void *a)
 
 /* A graph is charged as a whole-device launch for its measured duration. Its memory allocation
  * nodes were charged when created; graphmem.c notes which are live now. */
-#define GRAPH_WRAPPER(name, ptsz)                                                                            \
-    NVC_API CUresult name(CUgraphExec exec, CUstream stream)                                                  \
-    {                                                                                                        \
-        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name))                     \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                               \
-        if (nvc_depth || nvc_init() != NVC_ACTIVE)                                                           \
-            return nvc_cuda.name(exec, stream);                                                              \
-        CUresult rc;                                                                                         \
-        if (nvc_compute_limited) {                                                                           \
-            struct graph_args a = {nvc_cuda.name, exec, stream};                                             \
-            struct nvc_launch l = {ptsz, stream, 1.0, exec};                                                     \
-            rc = nvc_launch_throttled(&l, call_graph, &a);                                                              \
-        } else {                                                                                             \
-            rc = nvc_cuda.name(exec, stream);                                                                \
-        }                                                                                                    \
-        if (rc == CUDA_SUCCESS && nvc_mem_limited)                                                           \
-            nvc_graph_launched(exec);                                                                        \
-        return rc;                                                                                           \
+#define GRAPH_WRAPPER(name, ptsz) \
+    NVC_API CUresult name(CUgraphExec exec, CUstream stream) \
+    { \
+        if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
+            return CUDA_ERROR_NOT_INITIALIZED; \
+        if (nvc_depth || nvc_init() != NVC_ACTIVE) \
+            return nvc_cuda.name(exec, stream); \
+        CUresult rc; \
+        if (nvc_compute_limited) { \
+            struct graph_args a = {nvc_cuda.name, exec, stream}; \
+            struct nvc_launch l = {ptsz, stream, 1.0, exec}; \
+            rc = nvc_launch_throttled(&l, call_graph, &a); \
+        } else { \
+            rc = nvc_cuda.name(exec, stream); \
+        } \
+        if (rc == CUDA_SUCCESS && nvc_mem_limited) \
+            nvc_graph_launched(exec); \
+        return rc; \
     }
 GRAPH_WRAPPER(cuGraphLaunch, 0)
 GRAPH_WRAPPER(cuGraphLaunch_ptsz, 1)
-

@@ -1,11 +1,11 @@
 /* NVML: memory queries report the container's view (total = min(limit, physical), used = the
  * container's charges, free never below zero). Everything else passes through untouched, so
  * NVML-only tools keep working even where the shim cannot initialise. */
+#include "accounting/memory.h"
 #include "base/config.h"
+#include "base/real.h"
 #include "process/devices.h"
 #include "process/init.h"
-#include "accounting/memory.h"
-#include "base/real.h"
 
 static struct nvc_device *device_for(nvmlDevice_t dev)
 {
@@ -15,8 +15,7 @@ static struct nvc_device *device_for(nvmlDevice_t dev)
         nvc_nvml.nvmlDeviceGetUUID(dev, uuid, sizeof uuid) != NVML_SUCCESS)
         return NULL;
     nvc_uuid_key(uuid, key);
-    int idx = nvc_nvml.nvmlDeviceGetIndex && nvc_nvml.nvmlDeviceGetIndex(dev, &index) == NVML_SUCCESS ? (int)index
-                                                                                                      : -1;
+    int idx = nvc_nvml.nvmlDeviceGetIndex && nvc_nvml.nvmlDeviceGetIndex(dev, &index) == NVML_SUCCESS ? (int)index : -1;
     struct nvc_device *d = nvc_device_by_key(key, idx);
     return d && d->memory_limit ? d : NULL;
 }
@@ -24,7 +23,7 @@ static struct nvc_device *device_for(nvmlDevice_t dev)
 NVC_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
 {
     if (!nvc_load_nvml() || !nvc_nvml.nvmlDeviceGetMemoryInfo)
-        return 999;                  /* NVML_ERROR_UNKNOWN: no real NVML behind us */
+        return 999; /* NVML_ERROR_UNKNOWN: no real NVML behind us */
     nvmlReturn_t rc = nvc_nvml.nvmlDeviceGetMemoryInfo(dev, mem);
     struct nvc_device *d;
     if (rc == NVML_SUCCESS && mem && (d = device_for(dev))) {

@@ -3,15 +3,15 @@
  * anything the child could inherit half-written). The handlers are registered when the library is
  * loaded, so that init.c, which every wrapper calls, need not know the files above it. */
 #include <pthread.h>
-#include "process/devices.h"
-#include "scheduling/gate.h"
 #include "accounting/graphmem.h"
-#include "base/ground.h"
-#include "process/init.h"
 #include "accounting/launches.h"
 #include "accounting/memory.h"
 #include "accounting/pools.h"
+#include "base/ground.h"
 #include "base/region.h"
+#include "process/devices.h"
+#include "process/init.h"
+#include "scheduling/gate.h"
 #include "scheduling/sched.h"
 
 /* Whether this fork took the mutexes: decided once, at prepare, by the thread that forks (the child
@@ -46,9 +46,18 @@ static void fork_all(enum nvc_fork_phase phase)
         nvc_devices_fork(phase);
     }
 }
-static void atfork_prepare(void) { fork_all(NVC_FORK_PREPARE); }
-static void atfork_parent(void) { fork_all(NVC_FORK_PARENT); }
-static void atfork_child(void) { fork_all(NVC_FORK_CHILD); }
+static void atfork_prepare(void)
+{
+    fork_all(NVC_FORK_PREPARE);
+}
+static void atfork_parent(void)
+{
+    fork_all(NVC_FORK_PARENT);
+}
+static void atfork_child(void)
+{
+    fork_all(NVC_FORK_CHILD);
+}
 
 __attribute__((constructor)) static void register_fork_handlers(void)
 {

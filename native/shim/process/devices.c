@@ -1,15 +1,15 @@
 /* The per-process device table: a device's limits (by UUID rule, NVML index rule or default), its
  * entry in the shared region and its scheduler entry, filled on first use and kept for the process. */
 #define _GNU_SOURCE
+#include "process/devices.h"
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include "base/config.h"
-#include "process/devices.h"
 #include "base/ground.h"
-#include "process/init.h"
 #include "base/real.h"
 #include "base/region.h"
+#include "process/init.h"
 #include "scheduling/sched.h"
 
 #define MAX_ORDINALS 64
@@ -75,14 +75,13 @@ struct nvc_device *nvc_device_by_ordinal(CUdevice ordinal)
     if (!d->valid) {
         CUuuid u;
         CUresult rc = nvc_cuda.cuDeviceGetUuid_v2 ? nvc_cuda.cuDeviceGetUuid_v2(&u, ordinal)
-                                                  : nvc_cuda.cuDeviceGetUuid ? nvc_cuda.cuDeviceGetUuid(&u, ordinal)
-                                                                             : CUDA_ERROR_NOT_FOUND;
+                      : nvc_cuda.cuDeviceGetUuid  ? nvc_cuda.cuDeviceGetUuid(&u, ordinal)
+                                                  : CUDA_ERROR_NOT_FOUND;
         if (rc == CUDA_SUCCESS) {
             const unsigned char *b = (const unsigned char *)u.bytes;
             char key[NVC_UUID_KEY_LEN];
-            snprintf(key, sizeof key, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                     b[14], b[15]);
+            snprintf(key, sizeof key, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                     b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
             int sm = 0;
             if (nvc_cuda.cuDeviceGetAttribute)
                 nvc_cuda.cuDeviceGetAttribute(&sm, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal);

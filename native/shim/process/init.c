@@ -3,6 +3,7 @@
  * scheduler. The shim never installs signal handlers and never starts threads: it only runs inside
  * the application's own CUDA/NVML calls. */
 #define _GNU_SOURCE
+#include "process/init.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -13,7 +14,6 @@
 #include <unistd.h>
 #include "base/config.h"
 #include "base/ground.h"
-#include "process/init.h"
 #include "base/region.h"
 #include "scheduling/sched.h"
 
@@ -81,7 +81,7 @@ static void do_init(void)
         }
         snprintf(nvc_cfg.dir, sizeof nvc_cfg.dir, "%s", dir);
     }
-    nvc_set_fail_closed(nvc_cfg.on_error == NVC_FAIL_CLOSED);   /* honoured even if another line is junk */
+    nvc_set_fail_closed(nvc_cfg.on_error == NVC_FAIL_CLOSED); /* honoured even if another line is junk */
     if (err[0]) {
         nvc_fail(err);
         return;
@@ -95,8 +95,8 @@ static void do_init(void)
     nvc_compute_limited = nvc_cfg.compute_default < 100;
     for (int i = 0; i < nvc_cfg.nrules; i++) {
         nvc_mem_limited |= nvc_cfg.rules[i].memory != 0;
-        nvc_compute_limited |= (nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100) ||
-                               nvc_cfg.rules[i].weight != 0;
+        nvc_compute_limited |=
+            (nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100) || nvc_cfg.rules[i].weight != 0;
     }
     nvc_compute_limited |= nvc_cfg.weight_default != 0;
     if (!nvc_mem_limited && !nvc_compute_limited) {
@@ -104,7 +104,7 @@ static void do_init(void)
         return;
     }
     if (!nvc_cfg.from_file)
-        mkdir(nvc_cfg.dir, 0700);    /* plain LD_PRELOAD use; an existing directory is fine */
+        mkdir(nvc_cfg.dir, 0700); /* plain LD_PRELOAD use; an existing directory is fine */
     if (nvc_region_open(nvc_cfg.dir, &nvc_cfg)) {
         nvc_fail("cannot use the shared region");
         return;
@@ -123,4 +123,7 @@ enum nvc_state nvc_init(void)
     return nvc_current_state();
 }
 
-int nvc_init_activated(void) { return __atomic_load_n(&activated, __ATOMIC_ACQUIRE); }
+int nvc_init_activated(void)
+{
+    return __atomic_load_n(&activated, __ATOMIC_ACQUIRE);
+}

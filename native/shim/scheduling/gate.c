@@ -9,38 +9,39 @@
  * thread exists whenever a gate is closed (no wait is queued without it), and it opens every gate when
  * the process exits, so no stream is left waiting for a word nobody writes. */
 #define _GNU_SOURCE
+#include "scheduling/gate.h"
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include "scheduling/gate.h"
 #include "base/ground.h"
 #include "base/real.h"
 #include "base/region.h"
 
 #define FLAGS_BYTES 4096
-#define LINE 16                      /* words between two devices' flags: one cache line each */
-#define GATED_STREAMS 64             /* streams known to wait for the closed generation, per device */
+#define LINE 16          /* words between two devices' flags: one cache line each */
+#define GATED_STREAMS 64 /* streams known to wait for the closed generation, per device */
 #define OPEN_TIMES 8
 #define POLL_MIN_NS 20000ll
-#define POLL_MAX_NS 1000000ll        /* the gate thread looks again at least every millisecond */
-#define STUCK_NS 100000000ull        /* older work that never settles: the slice starts anyway */
-#define MAX_BEHIND 256               /* launches behind a closed gate, each with up to two event records:
+#define POLL_MAX_NS 1000000ll /* the gate thread looks again at least every millisecond */
+#define STUCK_NS 100000000ull /* older work that never settles: the slice starts anyway */
+#define MAX_BEHIND \
+    256 /* launches behind a closed gate, each with up to two event records:
                                       * a stream queues about 1000 entries before the driver blocks */
 
 struct gate {
-    int state;                       /* 0 not yet tried, 1 usable, -1 not usable */
-    CUcontext ctx;                   /* the context flag_dev is mapped in */
+    int state;     /* 0 not yet tried, 1 usable, -1 not usable */
+    CUcontext ctx; /* the context flag_dev is mapped in */
     CUdeviceptr flag_dev;
     unsigned percent;
-    uint32_t target;                 /* the generation its streams wait for; the flag holds the last opened */
+    uint32_t target; /* the generation its streams wait for; the flag holds the last opened */
     int closed;
-    int behind;                      /* launches queued behind it */
+    int behind; /* launches queued behind it */
     uint64_t undrained_since;
     struct {
         CUstream stream;
-        pthread_t thread;            /* the per-thread default stream's owner; 0 for other streams */
+        pthread_t thread; /* the per-thread default stream's owner; 0 for other streams */
         uint32_t gen;
     } gated[GATED_STREAMS];
     unsigned next;
@@ -49,14 +50,14 @@ struct gate {
 };
 
 static struct gate gates[NVC_REGION_DEVICES];
-static uint32_t *flags;              /* page-locked, mapped for the devices; our own memory, never freed */
-static int flags_state;              /* 0 not yet tried, 1 registered, -1 failed */
-static int enabled = -1;             /* NVC_SHARE_GATE=0 turns gating off */
+static uint32_t *flags;  /* page-locked, mapped for the devices; our own memory, never freed */
+static int flags_state;  /* 0 not yet tried, 1 registered, -1 failed */
+static int enabled = -1; /* NVC_SHARE_GATE=0 turns gating off */
 static CUresult (*wait_value)(CUstream, CUdeviceptr, unsigned int, unsigned int);
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
-static int thread_state;             /* 0 none, 1 running, -1 could not start */
-static int exiting, in_driver;       /* the process exits; the gate thread is inside a driver call */
+static int thread_state;       /* 0 none, 1 running, -1 could not start */
+static int exiting, in_driver; /* the process exits; the gate thread is inside a driver call */
 static nvc_gate_drained_fn drained_of;
 static uint64_t waits_queued, opened_by_thread, opened_by_launch;
 
@@ -105,14 +106,15 @@ static int usable_locked(struct gate *g, int dev, CUcontext ctx)
     if (!nvc_cuda.cuStreamWaitValue32_v2 && nvc_cuda.cuStreamWaitValue32 && nvc_cuda.cuDeviceGetAttribute &&
         nvc_cuda.cuCtxGetDevice && nvc_cuda.cuCtxGetDevice(&ordinal) == CUDA_SUCCESS)
         nvc_cuda.cuDeviceGetAttribute(&v1, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, ordinal);
-    wait_value = nvc_cuda.cuStreamWaitValue32_v2 ? nvc_cuda.cuStreamWaitValue32_v2 : v1 ? nvc_cuda.cuStreamWaitValue32 : NULL;
+    wait_value = nvc_cuda.cuStreamWaitValue32_v2 ? nvc_cuda.cuStreamWaitValue32_v2
+                 : v1                            ? nvc_cuda.cuStreamWaitValue32
+                                                 : NULL;
     CUdeviceptr p = 0;
     if (!enabled)
         unusable(g, dev, "NVC_SHARE_GATE=0");
     else if (!wait_value)
         unusable(g, dev, "the driver has no stream memory operations");
-    else if (!flags_ready_locked() ||
-             nvc_cuda.cuMemHostGetDevicePointer_v2(&p, &flags[dev * LINE], 0) != CUDA_SUCCESS)
+    else if (!flags_ready_locked() || nvc_cuda.cuMemHostGetDevicePointer_v2(&p, &flags[dev * LINE], 0) != CUDA_SUCCESS)
         unusable(g, dev, "no page-locked host memory mapped for the device");
     else {
         g->ctx = ctx;
@@ -193,8 +195,10 @@ static void open_all_at_exit(void)
             open_locked(d, now);
     pthread_mutex_unlock(&gate_mu);
     if (waits_queued)
-        nvc_log(2, "compute: %llu streams put behind a closed gate; gates opened %llu times by the gate thread, %llu "
-                   "by a launch", (unsigned long long)waits_queued, (unsigned long long)opened_by_thread,
+        nvc_log(2,
+                "compute: %llu streams put behind a closed gate; gates opened %llu times by the gate thread, %llu "
+                "by a launch",
+                (unsigned long long)waits_queued, (unsigned long long)opened_by_thread,
                 (unsigned long long)opened_by_launch);
 }
 
@@ -205,7 +209,7 @@ static int thread_running_locked(nvc_gate_drained_fn drained)
     drained_of = drained;
     sigset_t all, old;
     sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);   /* signals are the application's threads' business */
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals are the application's threads' business */
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);

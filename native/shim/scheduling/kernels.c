@@ -1,8 +1,8 @@
 /* Each kernel's own running duration: a training step mixes millisecond GEMMs with microsecond
  * element-wise kernels, and one device-wide average would count the queue as full with a few of
  * them (the GPU then idles between the small ones while the launching thread sleeps). */
-#include <stddef.h>
 #include "scheduling/kernels.h"
+#include <stddef.h>
 
 #define KERNEL_SLOTS 4096
 static struct nvc_kernel_cost kernel_ns[KERNEL_SLOTS];
@@ -17,7 +17,7 @@ struct nvc_kernel_cost *nvc_kernel_slot(const void *key)
             return &kernel_ns[at];
         }
     }
-    return NULL;                     /* a full neighbourhood: the device-wide estimate serves */
+    return NULL; /* a full neighbourhood: the device-wide estimate serves */
 }
 
 const void *nvc_kernel_key(const void *f, unsigned gx, unsigned gy, unsigned gz)

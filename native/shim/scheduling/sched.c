@@ -9,6 +9,7 @@
  * and what it says is untrusted (sanitised; its weight is the one the hook granted it, in GRANTED_DIR).
  * Layout: nvc/share/sched.py reads it for `nvc-py share status`. */
 #define _GNU_SOURCE
+#include "scheduling/sched.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -22,48 +23,48 @@
 #include <unistd.h>
 #include "base/config.h"
 #include "base/ground.h"
-#include "scheduling/sched.h"
 #include "scheduling/schedpolicy.h"
 
 #define NVC_SCHED_SELF "/var/run/nvc-share-sched"
 #define NVC_SCHED_PEERS "/var/run/nvc-share-peers"
-#define GRANTED_DIR ".granted"        /* <tenant>: the limits the hook granted it (nvc/share/limits.py) */
+#define GRANTED_DIR ".granted" /* <tenant>: the limits the hook granted it (nvc/share/limits.py) */
 #define GRANTED_MAX 8192
 #define SCHED_MAGIC "NVCSCHD\0"
-#define SCHED_VERSION 2u          /* 1: turns by weighted GPU time (not read: its tenants ignore ours too) */
+#define SCHED_VERSION 2u /* 1: turns by weighted GPU time (not read: its tenants ignore ours too) */
 #define SCHED_FILE_SIZE 4096
 #define MAX_PEERS 64
-#define RESCAN_NS 20000000ull         /* new and gone tenants, and their new devices, are noticed within 20 ms */
-#define REREAD_NS 50000ull            /* others' entries are read at most every 50 us (a waiting tenant asks
+#define RESCAN_NS 20000000ull /* new and gone tenants, and their new devices, are noticed within 20 ms */
+#define REREAD_NS \
+    50000ull /* others' entries are read at most every 50 us (a waiting tenant asks
                                        * every 100 us: a launch-bound loop must not pay a pread per peer
                                        * per launch) */
 
-struct nvc_sched_entry {              /* 128 bytes */
-    char key[40];                     /* device UUID key, as in the region */
-    uint64_t charged_ns;              /* its part of the GPU's time (nvc_sched_charge), cumulative */
+struct nvc_sched_entry { /* 128 bytes */
+    char key[40];        /* device UUID key, as in the region */
+    uint64_t charged_ns; /* its part of the GPU's time (nvc_sched_charge), cumulative */
     uint64_t seen_ns;
     uint64_t busy_until_ns;
-    uint64_t busy_ns;                 /* measured GPU time, cumulative */
-    uint64_t share_acc_ns, share_at_ns;   /* the decaying account its share is read from, and its time */
+    uint64_t busy_ns;                   /* measured GPU time, cumulative */
+    uint64_t share_acc_ns, share_at_ns; /* the decaying account its share is read from, and its time */
     uint32_t weight, cap, running, capped, share_permille, pad;
     uint64_t reserved[2];
 };
 
-struct sched_file {                   /* SCHED_FILE_SIZE bytes */
+struct sched_file { /* SCHED_FILE_SIZE bytes */
     char magic[8];
     uint32_t version, ndevices;
-    uint64_t reserved[6];             /* header: 64 bytes */
+    uint64_t reserved[6]; /* header: 64 bytes */
     struct nvc_sched_entry dev[NVC_MAX_DEVICES];
 };
 
 _Static_assert(sizeof(struct nvc_sched_entry) == 128, "scheduler entry layout");
 _Static_assert(sizeof(struct sched_file) <= SCHED_FILE_SIZE, "scheduler file layout");
 
-static struct sched_file *own;        /* mapped: only this tenant's own processes can break it */
+static struct sched_file *own; /* mapped: only this tenant's own processes can break it */
 static uint64_t own_id;
 static char peers_dir[256];
 static struct peer {
-    int fd;                           /* its file, read with pread only */
+    int fd; /* its file, read with pread only */
     uint64_t ino, dev;
     int seen;
     struct nvc_config *granted;       /* the limits the hook granted it; NULL: none (plain use) */
@@ -72,14 +73,14 @@ static struct peer {
 } peers[MAX_PEERS];
 static int npeers;
 static uint64_t last_scan;
-static struct {                       /* the others' views of our device d, as last read */
-    uint64_t at;                      /* when; 0: to be read */
+static struct {  /* the others' views of our device d, as last read */
+    uint64_t at; /* when; 0: to be read */
     int n;
     struct nvc_sched_view v[MAX_PEERS];
 } read_of[NVC_MAX_DEVICES];
-static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES];   /* this process's view: under sched_mu */
-static uint32_t peers_active[NVC_MAX_DEVICES];  /* others active or with work queued on our device d, last look */
-static struct sched_file scan_buf;    /* a peer's file as read at a rescan (under sched_mu) */
+static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES]; /* this process's view: under sched_mu */
+static uint32_t peers_active[NVC_MAX_DEVICES]; /* others active or with work queued on our device d, last look */
+static struct sched_file scan_buf;             /* a peer's file as read at a rescan (under sched_mu) */
 static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -229,7 +230,7 @@ static void locate(struct peer *p)
                 p->at[d] = (int8_t)j;
         p->weight[d] = p->granted ? (uint16_t)nvc_config_weight_bound(p->granted, own->dev[d].key) : 0;
         if (p->granted && !p->weight[d])
-            p->weight[d] = 1;         /* granted a cap and no weight: it counts with weight 1 */
+            p->weight[d] = 1; /* granted a cap and no weight: it counts with weight 1 */
     }
 }
 
@@ -313,8 +314,12 @@ static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
             p->at[d] = -1;
             continue;
         }
-        out[n] = (struct nvc_sched_view){.id = p->ino, .seen_ns = e.seen_ns, .busy_until_ns = e.busy_until_ns,
-                                         .capped = e.capped, .weight = e.weight, .share_permille = e.share_permille};
+        out[n] = (struct nvc_sched_view){.id = p->ino,
+                                         .seen_ns = e.seen_ns,
+                                         .busy_until_ns = e.busy_until_ns,
+                                         .capped = e.capped,
+                                         .weight = e.weight,
+                                         .share_permille = e.share_permille};
         nvc_sched_sanitize(&out[n], now);
         if (p->weight[d])
             out[n].weight = p->weight[d];
@@ -372,7 +377,7 @@ static uint32_t account(struct nvc_sched_entry *e, uint64_t now, uint64_t charge
 
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
 {
-    if (capped) {                     /* held back by its own cap: nobody should wait for it */
+    if (capped) { /* held back by its own cap: nobody should wait for it */
         __atomic_store_n(&e->capped, 1, __ATOMIC_RELEASE);
         __atomic_store_n(&e->running, 0, __ATOMIC_RELEASE);
         return 0;
@@ -416,7 +421,9 @@ void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_
     pthread_mutex_unlock(&sched_mu);
     /* its share of the elapsed time, at the grid's part of the device, unless its work is known */
     uint64_t charged = work_ns ? (work_ns < cost_ns ? work_ns : cost_ns)
-                       : ended_ns > began_ns ? (uint64_t)((double)cost_ns * (double)mine / (double)(ended_ns - began_ns)) : 0;
+                       : ended_ns > began_ns
+                           ? (uint64_t)((double)cost_ns * (double)mine / (double)(ended_ns - began_ns))
+                           : 0;
     __atomic_add_fetch(&e->busy_ns, cost_ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&e->charged_ns, charged, __ATOMIC_RELAXED);
     account(e, now, charged);

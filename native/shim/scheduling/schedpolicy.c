@@ -5,7 +5,7 @@ void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now)
 {
     v->capped = v->capped != 0;
     v->weight = v->weight < 1 ? 1 : v->weight > NVC_WEIGHT_MAX ? NVC_WEIGHT_MAX : v->weight;
-    v->cap = 100;                /* another's cap is enforced by its own shim: its weight bounds what it asks */
+    v->cap = 100; /* another's cap is enforced by its own shim: its weight bounds what it asks */
     v->share_permille = v->share_permille > 1000 ? 1000 : v->share_permille;
     if (v->seen_ns > now + NVC_SCHED_FUTURE_NS || v->busy_until_ns > now + NVC_SCHED_FUTURE_NS)
         v->seen_ns = v->busy_until_ns = 0;
@@ -34,8 +34,8 @@ static uint32_t part(const struct nvc_sched_view *who, uint64_t total_weight, ui
     return (uint32_t)(nvc_sched_entitled(who, total_weight) * useful / 1000);
 }
 
-enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others,
-                                         int n, uint64_t now)
+enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n,
+                                         uint64_t now)
 {
     uint64_t total = self->weight ? self->weight : 1, useful = self->share_permille;
     for (int i = 0; i < n; i++)
@@ -50,7 +50,7 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
         const struct nvc_sched_view *o = &others[i];
         if (nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
             o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
-            return NVC_SCHED_WAIT;   /* it wants more and competes for the GPU right now */
+            return NVC_SCHED_WAIT; /* it wants more and competes for the GPU right now */
     }
     return NVC_SCHED_RUN;
 }
@@ -81,7 +81,7 @@ uint64_t nvc_sched_charge(const struct nvc_sched_history *h, uint64_t from, uint
         return to - from;
     uint64_t charge = 0, end = to;
     uint32_t kept = h->n < NVC_SCHED_HISTORY ? h->n : NVC_SCHED_HISTORY;
-    for (uint32_t k = 0; k < kept && end > from; k++) {      /* newest first */
+    for (uint32_t k = 0; k < kept && end > from; k++) { /* newest first */
         uint32_t i = (h->n - 1 - k) % NVC_SCHED_HISTORY;
         uint64_t start = h->at[i] > from && k + 1 < kept ? h->at[i] : from;
         if (start < end) {

@@ -32,13 +32,13 @@
 
 /* What one tenant publishes about one device. */
 struct nvc_sched_view {
-    uint64_t id;                 /* unique per tenant (its file's inode) */
-    uint64_t seen_ns;            /* last launch attempt (CLOCK_MONOTONIC) */
-    uint64_t busy_until_ns;      /* when its queued work should have drained */
-    uint32_t capped;             /* waiting for its own cap's credit: others must not wait for it */
-    uint32_t weight;             /* 1..NVC_WEIGHT_MAX: its own, or for another tenant the one granted to it */
-    uint32_t cap;                /* own view only: its cap, percent (100 = none) */
-    uint32_t share_permille;     /* its share of the GPU (nvc_sched_share); another's is its claim */
+    uint64_t id;             /* unique per tenant (its file's inode) */
+    uint64_t seen_ns;        /* last launch attempt (CLOCK_MONOTONIC) */
+    uint64_t busy_until_ns;  /* when its queued work should have drained */
+    uint32_t capped;         /* waiting for its own cap's credit: others must not wait for it */
+    uint32_t weight;         /* 1..NVC_WEIGHT_MAX: its own, or for another tenant the one granted to it */
+    uint32_t cap;            /* own view only: its cap, percent (100 = none) */
+    uint32_t share_permille; /* its share of the GPU (nvc_sched_share); another's is its claim */
 };
 
 /* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
@@ -66,8 +66,8 @@ uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_wei
  * parts of the GPU's useful work, the active tenants' shares summed (switching between contexts costs
  * the GPU some of its time), taken as no less than NVC_SCHED_USEFUL_FLOOR: a peer claiming no share
  * at all lowers another's entitlement by no more than that. */
-enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others,
-                                         int n, uint64_t now);
+enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n,
+                                         uint64_t now);
 
 /* How many tenants have work on the GPU now, this one included (it is asking because it has or is
  * about to queue work): the GPU time-slices between them. */
@@ -79,7 +79,7 @@ uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t 
 struct nvc_sched_history {
     uint64_t at[NVC_SCHED_HISTORY];
     uint32_t sharing[NVC_SCHED_HISTORY];
-    uint32_t n;                  /* changes noted so far */
+    uint32_t n; /* changes noted so far */
 };
 void nvc_sched_note(struct nvc_sched_history *h, uint64_t now, uint32_t sharing);
 
