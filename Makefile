@@ -78,7 +78,7 @@ DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
-	print-test-python dev lint lint-python lint-c lint-c-format format-c sanitize clean k8s-api deb deb-deps deb-lock unpackaged FORCE
+	print-test-python dev lint lint-python lint-c lint-c-format format-c sanitize sanitize-tests clean k8s-api deb deb-deps deb-lock unpackaged FORCE
 
 all: build
 
@@ -221,6 +221,17 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 fuzz: unpackaged deps build
 	cd tests && $(ENV_PYTHON) -m harness.fuzzing --seconds $(FUZZ_SECONDS) --work $(CURDIR)/$(LOGDIR)/fuzz $(FUZZ_TARGETS)
+
+## sanitize: the shim and the hook client built with AddressSanitizer and UndefinedBehaviorSanitizer
+## (native/sanitize/), and the native tests (SANITIZE_TESTS) run with them (tests/harness/native.py; the shim is
+## preloaded behind the ASan runtime); `make test` runs it (tests/test_sanitize.py)
+SANITIZE_TESTS ?= test_share_native.py test_share_native_memory.py test_share_gate.py test_hook_server_protocol.py
+sanitize: unpackaged deps build
+	@$(MAKE) --no-print-directory sanitize-tests
+
+sanitize-tests:
+	@$(MAKE) -s --no-print-directory -C native sanitize
+	export NVC_TEST_SANITIZE=1; $(PYTEST) -p no:cacheprovider $(SANITIZE_TESTS) $(PYTEST_FLAGS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
 ## (docs/development.md: carry wheels and .deb files there)

@@ -23,7 +23,7 @@ static const struct entry nvml_entries[] = {NVC_NVML_WRAPPED(NVML_ENTRY) NVC_NVM
 typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn real_dlsym_ptr;
 
-void *nvc_real_dlsym(void *handle, const char *name)
+NVC_UNINSTRUMENTED void *nvc_real_dlsym(void *handle, const char *name)
 {
     if (!real_dlsym_ptr) {
         /* dlvsym is not overridden; glibc >= 2.34 versions dlsym as GLIBC_2.34, older as GLIBC_2.2.5. */

@@ -28,7 +28,7 @@ static void *wrap_pointer(void *p, const struct wrapped *entries, size_t n)
     return p;
 }
 
-NVC_API void *dlsym(void *handle, const char *name)
+NVC_API NVC_UNINSTRUMENTED void *dlsym(void *handle, const char *name)
 {
     void *p = nvc_real_dlsym(handle, name);
     if (!p || handle == RTLD_NEXT)
