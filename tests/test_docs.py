@@ -80,8 +80,8 @@ def _layout_paths() -> set[str]:
 
 
 def _tracked_folders() -> set[str]:
-    """The checkout's top-level folders, its Python package folders and native/'s folders, as the table
-    writes them."""
+    """The checkout's top-level folders, its Python package folders and native/'s source folders, as the
+    table writes them."""
     tops = {
         f"{path.name}/"
         for path in REPO.iterdir()
@@ -107,7 +107,13 @@ def _tracked_folders() -> set[str]:
         for top in ("nvc", "rpc", "hook")
         for path in (REPO / top).rglob("*/__init__.py")
     }
-    native = {f"{path.relative_to(REPO)}/" for path in (REPO / "native").rglob("*") if path.is_dir()}
+    sources = {path.parent for path in (REPO / "native").rglob("*.[ch]")}  # not a build's folder (native/sanitize/)
+    native = {
+        f"{folder.relative_to(REPO)}/"
+        for path in sources
+        for folder in (path, *path.parents)
+        if REPO / "native" in folder.parents
+    }
     return tops | packages | native
 
 
