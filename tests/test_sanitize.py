@@ -31,3 +31,22 @@ def test_the_sanitized_build_is_instrumented() -> None:
     for built in (native.NATIVE / "sanitize" / "libnvc-share.so", native.NATIVE / "sanitize" / "nvc-py-hook-client"):
         symbols = subprocess.run(["nm", "-D", str(built)], check=True, capture_output=True, text=True).stdout
         assert "__asan_report_load" in symbols and "__ubsan_handle_" in symbols, built
+
+
+def test_a_finding_in_a_preloaded_library_fails_its_process(tmp_path: Path) -> None:
+    """Preloaded as the sanitized shim is, a library built with the sanitizers that reads past a heap block ends
+    the process it is loaded into, with ASan's report: the arrangement make sanitize relies on reports."""
+    source, library = tmp_path / "over.c", tmp_path / "libover.so"
+    source.write_text(
+        "#include <stdlib.h>\nvolatile int sink;\n"
+        "__attribute__((constructor)) static void over(void)\n"
+        "{\n    int *p = malloc(4 * sizeof *p);\n    sink = p[4];\n    free(p);\n}\n"
+    )
+    flags = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-shared", "-fPIC"]
+    subprocess.run(["cc", *flags, "-o", str(library), str(source)], check=True)
+    env = {"PATH": "/usr/bin:/bin", **native.preload_env(library, sanitized=True)}
+    done = subprocess.run(["true"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "heap-buffer-overflow" in done.stderr, done.stderr
+    clean = {"PATH": "/usr/bin:/bin", **native.preload_env(native.NATIVE / "sanitize" / "libnvc-share.so", True)}
+    subprocess.run(["make", "-s", "-C", str(native.NATIVE), "sanitize"], check=True)
+    assert subprocess.run(["true"], env=clean, capture_output=True, text=True, timeout=30).returncode == 0

@@ -35,13 +35,13 @@ def _asan_runtime() -> str:
     return found.stdout.strip()
 
 
-def preload_env() -> dict[str, str]:
-    """The environment that preloads the shim into a process (with the sanitizers' runtime and options where
-    sanitized)."""
-    if not SANITIZED:
-        return {"LD_PRELOAD": str(SHIM)}
+def preload_env(library: Path = SHIM, sanitized: bool = SANITIZED) -> dict[str, str]:
+    """The environment that preloads the shim (or another library) into a process, with the sanitizers' runtime
+    and options where it is sanitized."""
+    if not sanitized:
+        return {"LD_PRELOAD": str(library)}
     return {
-        "LD_PRELOAD": f"{_asan_runtime()} {SHIM}",
+        "LD_PRELOAD": f"{_asan_runtime()} {library}",
         "ASAN_OPTIONS": "detect_leaks=0",
         "UBSAN_OPTIONS": "print_stacktrace=1",
     }
