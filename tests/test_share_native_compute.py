@@ -342,7 +342,7 @@ def wall_and_log(proc: subprocess.Popen, timeout: float) -> tuple[float, str]:
 
 # ---------------------------------------------------------------- a hostile tenant's own scheduler file
 
-ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")  # native/sched.c struct nvc_sched_entry
+ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")  # native/shim/scheduling/sched.c struct nvc_sched_entry
 
 
 def lying_sched_file() -> bytes:

@@ -1,5 +1,5 @@
 """The weighted scheduler's decision on a fake clock (tests/share_programs/sched_sim.c): the shim's own
-policy (native/schedpolicy.c) over simulated tenants on a GPU that time-slices between them: weights,
+policy (native/shim/scheduling/schedpolicy.c) over simulated tenants on a GPU that time-slices between them: weights,
 caps, idle and lying tenants. No GPU, no driver: nothing here is a GPU result.
 """
 

@@ -28,7 +28,7 @@ from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE
 from nvc.system import untrusted
 
-_MAX_LIMITS = 16384  # what the shim reads of a limits file (native/init.c)
+_MAX_LIMITS = 16384  # what the shim reads of a limits file (native/shim/process/init.c)
 
 
 class Process(NamedTuple):
