@@ -12,6 +12,7 @@ import fnmatch
 import functools
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -153,7 +154,7 @@ def find_firmwares(root: str, version: str, dirs: tuple[str, ...]) -> tuple[str,
     return tuple(found.values())
 
 
-def _find_of_type(root: str, path: str, is_type) -> str | None:
+def _find_of_type(root: str, path: str, is_type: Callable[[int], bool]) -> str | None:
     inner = rootpath.resolve(root, path)
     if inner is None or not is_type(os.stat(rootpath.host_path(root, inner)).st_mode):
         return None
