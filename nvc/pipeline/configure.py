@@ -173,14 +173,18 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
     """Step: what the host has for the checked request ``req``: its GPUs selected (their
     requirements checked), the driver's files, its device nodes (with --load-kmods, those to make
     first: Plan.host_nodes) and its /proc state."""
-    from nvc.discover import driver, kmods, nodes, rootpath
+    from nvc.discover import driver, drm, kmods, nodes, rootpath
     from nvc.plan import mountplan
 
     inv = _inventory(glob, _needs_nvml(req, proc), proc)
     chosen = selection.select(inv.gpus, req.selectors)
     _check_requirements(req, inv, chosen)
     files = driver.discover(
-        glob.root, inv.driver_version, glob.ldcache, prefixes=capabilities.library_prefixes(req.capabilities)
+        glob.root,
+        inv.driver_version,
+        glob.ldcache,
+        prefixes=capabilities.library_prefixes(req.capabilities),
+        loaders=capabilities.loader_files(req.capabilities),
     )
     majors = nodes.read_majors()
     mig_minors = _mig_minors(req, proc)
@@ -192,6 +196,16 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
             found[spec.path] = node.path
         elif any(made[:3] == spec[:3] for made in to_make):
             found[spec.path] = rootpath.host_path(glob.root, spec.path)
+    drm_specs = {}
+    if req.capabilities & capabilities.GRAPHICS_CAPABILITIES:
+        for gpu in chosen.gpus:
+            drm_specs[procfs.normalize_bus_id(gpu.bus_id) or gpu.bus_id] = specs = drm.gpu_nodes(gpu.bus_id)
+            for spec in specs:
+                node = nodes.find(glob.root, spec)
+                if node is None:
+                    log.debug("%s (GPU %s): not under %s, left out", spec.path, gpu.bus_id, glob.root)
+                else:
+                    found[spec.path] = node.path
     host = HostFacts(
         root=glob.root,
         files=files,
@@ -202,6 +216,7 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
         mig_minors=mig_minors,
         caps_dir=str(procfs.caps_dir(proc)),
         missing_nodes=to_make,
+        drm=drm_specs,
     )
     return Discovered(host, chosen)
 

@@ -15,7 +15,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "fake_machine.h"
 #include "nvml_abi.h"
+
+/* The real tool carries its driver's version string; nvc-py checks for it. */
+static const char BUILT_FOR[] __attribute__((used)) = "nvidia-smi " FAKE_DRIVER_VERSION;
 
 #define TABLE_WIDTH 89   /* characters between the outer '|' of the summary table */
 
