@@ -16,6 +16,7 @@ import functools
 import json
 import mmap
 import os
+import posixpath
 import stat
 from pathlib import Path
 from typing import NamedTuple
@@ -38,6 +39,7 @@ FIRMWARE_CLASS_PATH = Path("/sys/module/firmware_class/parameters/path")
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
 FABRICMANAGER_SOCKET = "/var/run/nvidia-fabricmanager/socket"
 MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+ALTERNATIVES = "/etc/alternatives/"
 MAX_MANIFEST = 64 * 1024  # bytes of a loader's json or icd file
 
 
@@ -95,13 +97,15 @@ def select_libraries(
     Per prefix the last passing cache entry wins; the result follows the prefix lists'
     order and holds each file once. ``prefixes``: only these (default: every driver library).
     A library found only as a dangling link or only in another version is left out with a
-    warning naming it; where every one is of another version (a root whose alternatives point
-    at another driver) that is an error naming what was found.
+    warning naming it. A root whose alternatives all lead to another version (Debian's
+    alternatives pointing at another driver), or whose libraries all do, is an error naming
+    what was found: never a silent empty list.
     """
     prefixes = capabilities.all_library_prefixes() if prefixes is None else prefixes
     chosen: dict[str, str] = {}
     missed: dict[str, list[str]] = {}
-    other_version = []
+    other_version: dict[bool, list[str]] = {False: [], True: []}  # by: through /etc/alternatives
+    chosen_by_alternatives = False
     for entry in entries:
         if not entry.key.startswith(prefixes):
             continue
@@ -110,23 +114,38 @@ def select_libraries(
             if inner is None:
                 missed.setdefault(prefix, []).append(f"{entry.value}: a dangling link")
                 continue
+            alternative = _through_alternatives(root, entry.value)
             if not _version_ok(prefix, inner, version):
                 missed.setdefault(prefix, []).append(f"{entry.value} -> {inner}: not driver {version}")
-                other_version.append(f"{entry.value} -> {inner}")
+                other_version[alternative].append(f"{entry.value} -> {inner}")
                 continue
             if _passes(prefix, rootpath.host_path(root, inner), arch):
                 chosen[prefix] = inner
+                chosen_by_alternatives |= alternative and prefix not in capabilities.UNVERSIONED_PREFIXES
             else:
                 log.debug("%s (%s): rejected by the ELF checks for %s", entry.key, inner, arch)
-    if not chosen and other_version:
+    wrong = other_version[True] if other_version[True] and not chosen_by_alternatives else []
+    if not wrong and not chosen:
+        wrong = other_version[True] + other_version[False]
+    if wrong:
+        found = sorted({posixpath.basename(w).partition(".so.")[2] for w in wrong})
         raise DetectionError(
-            f"no library of driver {version} under {root} ({arch}): the ld cache's NVIDIA libraries lead to "
-            f"another version: {', '.join(dict.fromkeys(other_version))}"
+            f"no library of driver {version} under {root} ({arch}): the ld cache's NVIDIA libraries"
+            f"{' (through /etc/alternatives)' if other_version[True] else ''} lead to another version: "
+            f"{len(wrong)} of version {', '.join(found)}, such as {wrong[0]}"
         )
     for prefix, why in missed.items():
         if prefix not in chosen:
             log.warning("left out %s (%s): %s", prefix, arch, "; ".join(dict.fromkeys(why)))
     return tuple(dict.fromkeys(chosen[p] for p in prefixes if p in chosen))
+
+
+def _through_alternatives(root: str, path: str) -> bool:
+    """Whether ``path`` (inside ``root``) is a link into /etc/alternatives, as Debian's packages make them."""
+    try:
+        return os.readlink(rootpath.host_path(root, path)).startswith(ALTERNATIVES)
+    except OSError:
+        return False
 
 
 def carries_version(path: str, version: str) -> bool:
