@@ -17,6 +17,7 @@ import json
 import mmap
 import os
 import posixpath
+import re
 import stat
 from pathlib import Path
 from typing import NamedTuple
@@ -85,6 +86,11 @@ def _version_ok(prefix: str, inner: str, version: str) -> bool:
     return prefix in capabilities.UNVERSIONED_PREFIXES or os.path.basename(inner).endswith(version)
 
 
+# A driver's version at the end of a file name (535.261.03, 470.256.02, 580.95): GLVND's and Mesa's
+# libGL.so.1.7.0 are other libraries, no other driver's.
+_DRIVER_VERSION_SUFFIX = re.compile(r"\.so\.[1-9][0-9]{2,}\.[0-9]+(\.[0-9]+)?$")
+
+
 def select_libraries(
     root: str,
     entries: tuple[ldcache.CacheEntry, ...],
@@ -116,8 +122,11 @@ def select_libraries(
                 continue
             alternative = _through_alternatives(root, entry.value)
             if not _version_ok(prefix, inner, version):
-                missed.setdefault(prefix, []).append(f"{entry.value} -> {inner}: not driver {version}")
-                other_version[alternative].append(f"{entry.value} -> {inner}")
+                if _DRIVER_VERSION_SUFFIX.search(inner):
+                    missed.setdefault(prefix, []).append(f"{entry.value} -> {inner}: not driver {version}")
+                    other_version[alternative].append(f"{entry.value} -> {inner}")
+                else:
+                    log.debug("%s (%s): not a driver's library", entry.key, inner)
                 continue
             if _passes(prefix, rootpath.host_path(root, inner), arch):
                 chosen[prefix] = inner
@@ -194,14 +203,15 @@ def _is_driver_binary(root: str, inner: str) -> bool:
 def find_binaries(root: str, dirs: tuple[str, ...], version: str) -> tuple[str, ...]:
     """Inner paths of the driver binaries: for each name the first ELF executable of driver
     ``version`` found along ``dirs`` (one of another version is named in a warning)."""
-    found = []
+    found, other = [], set()
     for name in capabilities.all_binaries():
         for d in dirs:
             inner = rootpath.resolve(root, f"{d}/{name}")
-            if inner is None or not _is_driver_binary(root, inner):
+            if inner is None or inner in other or not _is_driver_binary(root, inner):
                 continue
             if not carries_version(rootpath.host_path(root, inner), version):
                 log.warning("left out %s: not of driver %s", rootpath.host_path(root, inner), version)
+                other.add(inner)
                 continue
             found.append(inner)
             break
