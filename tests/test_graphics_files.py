@@ -274,3 +274,18 @@ def test_cdi_spec_lists_the_same_files_and_nodes(active_debian, tmp_path: Path) 
     assert mounts["/etc/OpenCL/vendors/nvidia.icd"] == "/etc/OpenCL/vendors/nvidia.icd"
     links = [a for h in spec["containerEdits"]["hooks"] if "create-symlinks" in h["args"] for a in h["args"]]
     assert f"libvdpau_nvidia.so.{DEBIAN}::{MULTIARCH}/vdpau/libvdpau_nvidia.so.1" in links
+
+
+def test_runtime_wrapper_nodes_add_the_drm_nodes(active_debian) -> None:
+    """The runtime wrapper's device nodes (put in the OCI spec, so they outlive a systemd reload)."""
+    from nvc.config.options import GlobalOptions
+    from nvc.pipeline.configure import device_nodes
+    from nvc.plan import selection
+    from nvc.plan.request import Request
+
+    glob = GlobalOptions(str(active_debian.root), "/etc/ld.so.cache", (0, 0), False)
+    gpu1 = selection.parse("1")
+    graphics = [s.path for s in device_nodes(glob, Request(selectors=gpu1, capabilities=frozenset({"graphics"})))]
+    assert [p for p in graphics if p.startswith("/dev/dri/")] == ["/dev/dri/card2", "/dev/dri/renderD129"]
+    compute = [s.path for s in device_nodes(glob, Request(selectors=gpu1, capabilities=frozenset({"compute"})))]
+    assert not [p for p in compute if p.startswith("/dev/dri/")]

@@ -169,11 +169,20 @@ def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selectio
     requirements.check(req.requirements, per_gpu or [base])
 
 
+def _drm_nodes(req: Request, chosen: selection.Selection) -> dict[str, tuple[NodeSpec, ...]]:
+    """graphics/display: each selected GPU's DRM nodes by normalised bus id (sysfs; none without)."""
+    from nvc.discover import drm
+
+    if not req.capabilities & capabilities.GRAPHICS_CAPABILITIES:
+        return {}
+    return {procfs.normalize_bus_id(g.bus_id) or g.bus_id: drm.gpu_nodes(g.bus_id) for g in chosen.gpus}
+
+
 def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Discovered:
     """Step: what the host has for the checked request ``req``: its GPUs selected (their
     requirements checked), the driver's files, its device nodes (with --load-kmods, those to make
     first: Plan.host_nodes) and its /proc state."""
-    from nvc.discover import driver, drm, kmods, nodes, rootpath
+    from nvc.discover import driver, kmods, nodes, rootpath
     from nvc.plan import mountplan
 
     inv = _inventory(glob, _needs_nvml(req, proc), proc)
@@ -196,16 +205,13 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
             found[spec.path] = node.path
         elif any(made[:3] == spec[:3] for made in to_make):
             found[spec.path] = rootpath.host_path(glob.root, spec.path)
-    drm_specs = {}
-    if req.capabilities & capabilities.GRAPHICS_CAPABILITIES:
-        for gpu in chosen.gpus:
-            drm_specs[procfs.normalize_bus_id(gpu.bus_id) or gpu.bus_id] = specs = drm.gpu_nodes(gpu.bus_id)
-            for spec in specs:
-                node = nodes.find(glob.root, spec)
-                if node is None:
-                    log.debug("%s (GPU %s): not under %s, left out", spec.path, gpu.bus_id, glob.root)
-                else:
-                    found[spec.path] = node.path
+    drm_specs = _drm_nodes(req, chosen)
+    for spec in (s for specs in drm_specs.values() for s in specs):
+        node = nodes.find(glob.root, spec)
+        if node is None:
+            log.debug("%s: not under %s, left out", spec.path, glob.root)
+        else:
+            found[spec.path] = node.path
     host = HostFacts(
         root=glob.root,
         files=files,
@@ -223,14 +229,16 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
 
 def device_nodes(glob: GlobalOptions, req: Request) -> tuple[NodeSpec, ...]:
     """The device nodes a container asking for ``req`` gets (no selectors: driver only, control
-    nodes), for a runtime to create itself (the runtime wrapper). NVML only for selectors /proc
+    nodes; graphics/display: the GPUs' DRM nodes too), for a runtime to create itself (the runtime
+    wrapper). NVML only for selectors /proc
     cannot answer: requirements are the hook's to check."""
     from nvc.discover import nodes
     from nvc.plan import mountplan
 
     use_nvml = bool(req.selectors) and selection.needs_nvml(req.selectors, req.mig_config or req.mig_monitor)
     chosen = selection.select(_inventory(glob, use_nvml, procfs.PROC).gpus, req.selectors)
-    return mountplan.needed_nodes(chosen, nodes.read_majors(), _mig_minors(req, procfs.PROC), req)
+    needed = mountplan.needed_nodes(chosen, nodes.read_majors(), _mig_minors(req, procfs.PROC), req)
+    return needed + tuple(s for specs in _drm_nodes(req, chosen).values() for s in specs)
 
 
 # ---- plan and the sequence ------------------------------------------------------------------
