@@ -237,18 +237,23 @@ def test_display_adds_the_x_driver_and_compute_only_opencl(active_debian, debian
     assert not [line for line in compute if "/dev/dri" in line]
 
 
-def test_all_on_a_host_without_drm(active_local_nvidia, lib64_rootfs: Path) -> None:
-    lines = _dry_run(
-        active_local_nvidia,
-        lib64_rootfs,
-        "--device=0",
-        *(f"--{c}" for c in ("graphics", "display", "video", "compute")),
-    )
-    assert not [line for line in lines if "/dev/dri" in line]
-    assert (
-        "bind    loader    <root>/usr/share/vulkan/icd.d/nvidia_icd.json -> /usr/share/vulkan/icd.d/nvidia_icd.json [rdonly,nosuid,nodev]"
-        in lines
-    )
+def test_all_on_a_host_without_drm_or_modeset(active_local_nvidia, lib64_rootfs: Path) -> None:
+    """As the H100 machine: no nvidia-drm (no /dev/dri, no sysfs drm/), here also no nvidia-modeset."""
+    modeset = active_local_nvidia.root / "dev/nvidia-modeset"
+    aside = modeset.with_name(".nvidia-modeset.aside")
+    modeset.rename(aside)
+    try:
+        lines = _dry_run(
+            active_local_nvidia,
+            lib64_rootfs,
+            "--device=0",
+            *(f"--{c}" for c in ("graphics", "display", "video", "compute", "utility", "ngx")),
+        )
+    finally:
+        aside.rename(modeset)
+    assert not [line for line in lines if "/dev/dri" in line or "nvidia-modeset" in line]
+    icd = "/usr/share/vulkan/icd.d/nvidia_icd.json"
+    assert f"bind    loader    <root>{icd} -> {icd} [rdonly,nosuid,nodev]" in lines
 
 
 # --- CDI --------------------------------------------------------------------------------------------
