@@ -28,7 +28,7 @@ PYTEST := cd tests && $(ENV_PYTHON) -m pytest -c ../setup.cfg --rootdir ..
 # systemd-container: systemd-nspawn boots the package's Debian root with systemd (tests/test_deb_systemd.py).
 APT_PACKAGES := build-essential gcc-multilib libcap-dev libseccomp-dev libseccomp2 python3-venv python3-dev \
 	runc crun podman containerd docker.io busybox-static iproute2 uidmap kmod debootstrap prometheus lintian \
-	clang libclang-rt-dev systemd-container
+	clang libclang-rt-dev clang-format systemd-container
 # Installed where the distribution has them as packages of their own (Debian's bpftool; Ubuntu has it
 # only in its kernel-versioned linux-tools): the tests that use them skip without them.
 APT_OPTIONAL := bpftool
@@ -78,7 +78,7 @@ DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
-	print-test-python dev lint lint-python clean k8s-api deb deb-deps deb-lock unpackaged FORCE
+	print-test-python dev lint lint-python lint-c lint-c-format format-c sanitize sanitize-tests clean k8s-api deb deb-deps deb-lock unpackaged FORCE
 
 all: build
 
@@ -117,7 +117,7 @@ dev:
 
 ## lint: the Python checks (ruff lint and format check, mypy strict on the pure layers: pyproject.toml) and the
 ## C ones (lint-c); the lint tools are setup.cfg's lint extra, installed into the environment where missing
-lint: lint-python
+lint: lint-python lint-c
 
 lint-python: pip-deps
 	@missing=$$($(ENV_PYTHON) tools/missing_deps.py --extra lint) || exit 1; \
@@ -125,6 +125,23 @@ lint-python: pip-deps
 	$(ENV_PYTHON) -m ruff check --no-cache .
 	$(ENV_PYTHON) -m ruff format --no-cache --check .
 	$(ENV_PYTHON) -m mypy --no-incremental
+
+# The C files kept in clang-format's style: .clang-format, and tests/.clang-format for the test doubles' (the
+# generated client/unsafe_env.h aside).
+C_FILES = $(shell find native tests/fakedriver/src tests/share_programs -name '*.[ch]' ! -name unsafe_env.h | sort)
+
+## lint-c: the C checks: every C file in clang-format's style (make format-c applies it), and the shim and the
+## hook client compiled with warnings as errors (native/Makefile's WARNINGS)
+lint-c: lint-c-format
+	@$(MAKE) -s --no-print-directory -C native warnings
+
+lint-c-format:
+	@command -v clang-format >/dev/null || { echo "lint-c: no clang-format (make apt-deps installs it)" >&2; exit 1; }
+	clang-format --dry-run --Werror $(C_FILES)
+
+## format-c: clang-format over the C files lint-c checks
+format-c:
+	clang-format -i $(C_FILES)
 
 ## print-test-python: the interpreter the tests run with (/work/bin/nvc-test asks)
 print-test-python:
@@ -204,6 +221,19 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 fuzz: unpackaged deps build
 	cd tests && $(ENV_PYTHON) -m harness.fuzzing --seconds $(FUZZ_SECONDS) --work $(CURDIR)/$(LOGDIR)/fuzz $(FUZZ_TARGETS)
+
+## sanitize: the shim and the hook client built with AddressSanitizer and UndefinedBehaviorSanitizer
+## (native/sanitize/), and the native tests (SANITIZE_TESTS) run with them (tests/harness/native.py; the shim is
+## preloaded behind the ASan runtime); `make test` runs it (tests/test_sanitize.py). Not the compute share's tests:
+## they time the fake GPU against the shim's work, which the sanitizers slow down
+SANITIZE_TESTS ?= test_share_native.py test_share_native_memory.py test_share_native_graphmem.py \
+	test_hook_server_protocol.py test_hook_server_wedged.py test_hook_server_clients.py
+sanitize: unpackaged deps build
+	@$(MAKE) --no-print-directory sanitize-tests
+
+sanitize-tests:
+	@$(MAKE) -s --no-print-directory -C native sanitize
+	export NVC_TEST_SANITIZE=1; $(PYTEST) -p no:cacheprovider $(SANITIZE_TESTS) $(PYTEST_FLAGS)
 
 ## test-gpu: only @pytest.mark.gpu tests, on a GPU machine; installs nothing from the network
 ## (docs/development.md: carry wheels and .deb files there)

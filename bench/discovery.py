@@ -96,7 +96,7 @@ def run_once(argv: tuple[str, ...], sock: str | None = None) -> tuple[float, str
     """Wall time in ms of one run and its output; a failing run ends the benchmark."""
     env = None if sock is None else {**os.environ, "NVC_PY_HOOK_SOCKET": sock}
     start = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env)
     elapsed = (time.perf_counter() - start) * 1000
     if done.returncode != 0:
         sys.exit(f"bench/discovery.py: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
@@ -166,7 +166,7 @@ def phases(python: str, root: str, runs: int) -> str:
     per_phase = [p[1:] for p in per_phase]  # the first run warms caches
     wall = statistics.median(walls[1:])
     lines = [f"{'info, stage by stage (in-process)':<42} {'median ms':>9}", "-" * 52]
-    lines += [f"{name:<42} {statistics.median(p):>9.1f}" for name, p in zip(PHASES, per_phase)]
+    lines += [f"{name:<42} {statistics.median(p):>9.1f}" for name, p in zip(PHASES, per_phase, strict=True)]
     rest = wall - sum(statistics.median(p) for p in per_phase)
     lines += [f"{'interpreter start, exit (rest of wall)':<42} {rest:>9.1f}", f"{'wall':<42} {wall:>9.1f}"]
     return "\n".join(lines)

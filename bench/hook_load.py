@@ -387,8 +387,8 @@ def fault_table(
             continue
         mine, healthy = by_round[row.label], by_round[row.healthy]
         p50s, p99s = [statistics.median(t) for t in mine], [percentile(t, 99) for t in mine]
-        ratio50 = statistics.median(a / statistics.median(b) for a, b in zip(p50s, healthy))
-        ratio99 = statistics.median(a / percentile(b, 99) for a, b in zip(p99s, healthy))
+        ratio50 = statistics.median(a / statistics.median(b) for a, b in zip(p50s, healthy, strict=True))
+        ratio99 = statistics.median(a / percentile(b, 99) for a, b in zip(p99s, healthy, strict=True))
         slow = sum(t >= ACK_TIMEOUT_MS for t in times[row.label])
         ended, started = logged[row.label]
         what = f"{len(faulted[row.label])} {'stopped' if row.fault == 'stop' else 'killed'} by the bench"
@@ -497,7 +497,7 @@ def main() -> int:
                             )
                             after = server_log_counts(fault_at)
                             logged[row.label] = tuple(
-                                total + a - b for total, a, b in zip(logged[row.label], after, before)
+                                total + a - b for total, a, b in zip(logged[row.label], after, before, strict=True)
                             )  # type: ignore[assignment]
                         else:
                             t, f, used = one_round(runtime, work, base, row.env, hooks[row.via], args.containers, tag)

@@ -126,7 +126,7 @@ def weighted(tmp_path: Path, native_rate: float) -> None:
         capped = {i: cap / 100 for i, (_, cap, _) in enumerate(tenants) if cap < 100}
         free_weight = sum(w for i, (w, _, _) in enumerate(tenants) if i not in capped)
         rest = 1 - sum(capped.values())
-        for i, ((weight, cap, busy), (rate, per_second)) in enumerate(zip(tenants, results)):
+        for i, ((weight, cap, busy), (rate, per_second)) in enumerate(zip(tenants, results, strict=True)):
             half = len(per_second) // 2 if busy == 1.0 else len(per_second)
             first = sum(per_second[:half]) / max(half, 1) if busy == 1.0 else rate
             want = capped.get(i, rest * weight / free_weight)
@@ -226,8 +226,8 @@ def real_weights(tmp_path: Path, alone: dict[str, float], runs: int = 3) -> None
         for k in range(runs):
             native = sharegpu.tenants_together(tmp_path / f"n{n}-{k}", tenants, False, REAL_SECONDS)
             shared = sharegpu.tenants_together(tmp_path / f"w{n}-{k}", tenants, True, REAL_SECONDS)
-            native_runs.append([100 * r / alone[w] for r, (w, _) in zip(native.rates, tenants)])
-            shared_runs.append([100 * r / alone[w] for r, (w, _) in zip(shared.rates, tenants)])
+            native_runs.append([100 * r / alone[w] for r, (w, _) in zip(native.rates, tenants, strict=True)])
+            shared_runs.append([100 * r / alone[w] for r, (w, _) in zip(shared.rates, tenants, strict=True)])
             gpu_runs.append(shared.gpu_parts or [0.0] * len(tenants))
         parts = [[100 * b / sum(run) for b in run] for run in shared_runs]
         total_weight = sum(w for _, w in tenants)
@@ -240,7 +240,7 @@ def real_weights(tmp_path: Path, alone: dict[str, float], runs: int = 3) -> None
                 f"{part - want:+7.1f}{_range(p[i] for p in parts):>12}"
                 f"{statistics.median(g[i] for g in gpu_runs):9.1f}%"
             )
-        sums = [100 * sum(b) / sum(a) for a, b in zip(native_runs, shared_runs)]
+        sums = [100 * sum(b) / sum(a) for a, b in zip(native_runs, shared_runs, strict=True)]
         print(
             f"{'':>52}{'sum':>14}{'':>3}{statistics.median(sum(a) for a in native_runs):8.1f}%"
             f"{statistics.median(sum(b) for b in shared_runs):6.1f}%   nvc / no shim: {statistics.median(sums):.1f}% "
@@ -390,7 +390,7 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
         for stat, stat_label in ((0, "median"), (1, "p10")):
             natives = [run[stat] for run in figures["native"][key]]
             shims = [run[stat] for run in figures["shim"][key]]
-            deltas = [s - n for n, s in zip(natives, shims)]
+            deltas = [s - n for n, s in zip(natives, shims, strict=True)]
             delta = statistics.median(deltas)
             print(
                 f"{label + ', ' + stat_label:36}{statistics.median(natives):10.2f}"

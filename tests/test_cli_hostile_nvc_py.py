@@ -49,9 +49,12 @@ BASE: dict[tuple[str, ...], Callable[[Scratch], str]] = {
     ("device_plugin_dir",): lambda s: s.path("device-plugins"),
     ("rootfs",): lambda s: s.path("rootfs"),
     ("listen",): lambda s: f"unix:{s.path('metrics.sock')}",  # the exporter's: no port shared between cases
+    ("k8s", "dra-driver", "kubeconfig"): lambda s: _kubeconfig(s),
+    # short: its sockets' paths must fit a sockaddr_un, as they must for the kubelet that dials them
+    ("k8s", "dra-driver", "kubelet_dir"): lambda s: _scratch(s, "k", True),
 }
 BASE_FLAGS = {("configure",): ["--dry-run"]}  # standalone configure would mount into the scratch rootfs
-DAEMONS = {("k8s", "device-plugin"), ("exporter",)}
+DAEMONS = {("k8s", "device-plugin"), ("k8s", "dra-driver"), ("exporter",)}
 # Where every hostile value of the global options is tried (the group reads --debug for all; a driver
 # command and the device plugin resolve --root, --ldcache and --user, each its own way); every other
 # command gets the first value of each.
@@ -59,6 +62,18 @@ ALL_GLOBAL_VALUES = {("list",), ("k8s", "device-plugin")}
 VERDICTS = {("doctor",)}  # status 1 is their answer ("a check failed"), said on stdout, not an error
 SKIPPED = {("hook",)}  # nvc-py-hook's stages: test_hook_stages
 PATH_METAVARS = ("PATH", "ROOTFS")
+
+
+def _kubeconfig(scratch: Scratch) -> str:
+    """A kubeconfig of an API server that never answers (the discard port): the DRA driver runs on,
+    retrying, as with a cluster that is down."""
+    path = scratch.dir / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:9', insecure-skip-tls-verify: true}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    return str(path)
 
 
 def _scratch(scratch: Scratch, name: str, directory: bool) -> str:
@@ -73,7 +88,8 @@ def _base_value(words: tuple[str, ...], param: click.Parameter) -> Callable[[Scr
             return BASE[key]
     default = param.default if not callable(param.default) else None
     if isinstance(default, str) and default.lstrip("@").startswith("/"):  # a directory for a directory
-        return lambda s, name=param.name, d=os.path.isdir(default): _scratch(s, f"default-{name}", d)
+        is_dir = os.path.isdir(default)
+        return lambda s, name=param.name: _scratch(s, f"default-{name}", is_dir)
     if param.required:
         return lambda s, name=param.name: s.path(name)
     return None

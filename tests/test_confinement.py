@@ -177,7 +177,9 @@ def _step_calls(function: object) -> list[str]:
     tree = ast.parse(inspect.getsource(function).lstrip())  # type: ignore[arg-type]
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     called = [getattr(call.func, "attr", getattr(call.func, "id", "")) for call in calls]
-    return [name for _, name in sorted(zip([(c.lineno, c.col_offset) for c in calls], called)) if name in names]
+    return [
+        name for _, name in sorted(zip([(c.lineno, c.col_offset) for c in calls], called, strict=True)) if name in names
+    ]
 
 
 def test_every_step_is_taken_in_the_tables_order() -> None:

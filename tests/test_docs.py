@@ -80,7 +80,8 @@ def _layout_paths() -> set[str]:
 
 
 def _tracked_folders() -> set[str]:
-    """The checkout's top-level folders and its Python package folders, as the table writes them."""
+    """The checkout's top-level folders, its Python package folders and native/'s source folders, as the
+    table writes them."""
     tops = {
         f"{path.name}/"
         for path in REPO.iterdir()
@@ -106,12 +107,20 @@ def _tracked_folders() -> set[str]:
         for top in ("nvc", "rpc", "hook")
         for path in (REPO / top).rglob("*/__init__.py")
     }
-    return tops | packages
+    sources = {path.parent for path in (REPO / "native").rglob("*.[ch]")}  # not a build's folder (native/sanitize/)
+    native = {
+        f"{folder.relative_to(REPO)}/"
+        for path in sources
+        for folder in (path, *path.parents)
+        if REPO / "native" in folder.parents
+    }
+    return tops | packages | native
 
 
 def test_the_development_layout_table_is_the_tree() -> None:
-    """Every top-level folder and every package folder of nvc/, rpc/ and hook/ has its row, and every
-    row names what exists: a folder moved or added fails here until the table follows."""
+    """Every top-level folder, every package folder of nvc/, rpc/ and hook/ and every folder of native/
+    has its row, and every row names what exists: a folder moved or added fails here until the table
+    follows."""
     named = _layout_paths()
     assert sorted(_tracked_folders() - named) == []
     assert sorted(name for name in named if "*" not in name and not (REPO / name).exists()) == []

@@ -252,7 +252,7 @@ def test_tls_serves_https_only(exporter: Start, tmp_path: Path) -> None:
     cert, _ = _certificate(tmp_path, "server")
     (tmp_path / "web.yml").write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
     port = exporter("--web-config-file", str(tmp_path / "web.yml"))
-    with _connect(port) as stalled:  # opens TCP, sends no ClientHello
+    with _connect(port):  # opens TCP, sends no ClientHello
         _scrape(port, context=_client_context(cert))
         with pytest.raises((http.client.HTTPException, OSError)):
             _get(port, timeout=5)

@@ -131,27 +131,27 @@ def smi(fake, *args: str) -> subprocess.CompletedProcess:
 def expected_gpu(machine_gpu: dict, index: int) -> dict:
     """The probe's view of one YAML GPU when it is visible as NVML index ``index``."""
     domain, bus, device = machine_gpu["pci_bus_id"].replace(".", ":").split(":")[:3]
-    return dict(
-        index=index,
-        name=machine_gpu["name"],
-        uuid=machine_gpu["uuid"],
-        bus_id=machine_gpu["pci_bus_id"],
-        bus_id_legacy=f"{domain[4:]}:{bus}:{device}.0",
-        pci_device_id=machine_gpu["pci_device_id"],
-        minor=machine_gpu["minor"],
-        brand=NVML_BRAND_NVIDIA,
-        cc=[int(x) for x in machine_gpu["compute_capability"].split(".")],
-        memory=machine_gpu["memory"],
-        memory_v2=machine_gpu["memory"],
-        free=machine_gpu["memory"],
-        used=0,
-        by_uuid=index,
-        by_bus_id=index,
-        by_short_bus_id=index,
-        multi_gpu_board=0,
-        is_mig=0,
-        gi_on_gpu=NVML_ERROR_NOT_SUPPORTED,
-    )
+    return {
+        "index": index,
+        "name": machine_gpu["name"],
+        "uuid": machine_gpu["uuid"],
+        "bus_id": machine_gpu["pci_bus_id"],
+        "bus_id_legacy": f"{domain[4:]}:{bus}:{device}.0",
+        "pci_device_id": machine_gpu["pci_device_id"],
+        "minor": machine_gpu["minor"],
+        "brand": NVML_BRAND_NVIDIA,
+        "cc": [int(x) for x in machine_gpu["compute_capability"].split(".")],
+        "memory": machine_gpu["memory"],
+        "memory_v2": machine_gpu["memory"],
+        "free": machine_gpu["memory"],
+        "used": 0,
+        "by_uuid": index,
+        "by_bus_id": index,
+        "by_short_bus_id": index,
+        "multi_gpu_board": 0,
+        "is_mig": 0,
+        "gi_on_gpu": NVML_ERROR_NOT_SUPPORTED,
+    }
 
 
 def test_system_and_gpus_match_the_machine(active_2gpu):
@@ -201,18 +201,18 @@ def test_mig_devices_match_the_machine(active_2gpu):
 
 def test_error_codes(active_2gpu):
     errors = probe(active_2gpu)["errors"]
-    assert errors == dict(
-        bad_index=NVML_ERROR_INVALID_ARGUMENT,
-        unknown_uuid=NVML_ERROR_NOT_FOUND,
-        unknown_bus_id=NVML_ERROR_NOT_FOUND,
-        bad_bus_id=NVML_ERROR_INVALID_ARGUMENT,
-        short_name=NVML_ERROR_INSUFFICIENT_SIZE,
-        short_driver=NVML_ERROR_INSUFFICIENT_SIZE,
-        null_count=NVML_ERROR_INVALID_ARGUMENT,
-        bad_handle=NVML_ERROR_INVALID_ARGUMENT,
-        memory_version=NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
-        error_string="Not Found",
-    )
+    assert errors == {
+        "bad_index": NVML_ERROR_INVALID_ARGUMENT,
+        "unknown_uuid": NVML_ERROR_NOT_FOUND,
+        "unknown_bus_id": NVML_ERROR_NOT_FOUND,
+        "bad_bus_id": NVML_ERROR_INVALID_ARGUMENT,
+        "short_name": NVML_ERROR_INSUFFICIENT_SIZE,
+        "short_driver": NVML_ERROR_INSUFFICIENT_SIZE,
+        "null_count": NVML_ERROR_INVALID_ARGUMENT,
+        "bad_handle": NVML_ERROR_INVALID_ARGUMENT,
+        "memory_version": NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+        "error_string": "Not Found",
+    }
 
 
 @pytest.mark.parametrize(

@@ -276,7 +276,9 @@ def test_the_drivers_proc_files_and_nodes_coming_and_going_through_a_storm(
     try:
         containers = []
         for number, target in enumerate(targets):
-            wait_for(lambda: os.readlink(f"/proc/{target.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"))
+            wait_for(
+                lambda target=target: os.readlink(f"/proc/{target.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+            )
             rootfs = make_rootfs("debian", name=f"storm-{number}")
             containers.append(Container(target.pid, rootfs, rootfs.with_name(f"bundle-{number}")))
         before = [state(ctr.pid, ctr.rootfs) for ctr in containers]
@@ -295,7 +297,7 @@ def test_the_drivers_proc_files_and_nodes_coming_and_going_through_a_storm(
             results = [call.result() for call in calls]
             stop.set()
             print(f"{flips.result()} flickers; results: {sorted({(code, err[:90]) for code, err in results})}")
-        for (code, err), ctr, was in zip(results, containers, before):
+        for (code, err), ctr, was in zip(results, containers, before, strict=True):
             if code == 0:
                 assert err == ""
                 continue

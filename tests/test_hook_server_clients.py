@@ -42,7 +42,7 @@ def test_concurrent_calls_and_streams(served: Path) -> None:
     stages = ["poststart", "bogus"] * 8
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(call, stages))
-    for stage, result in zip(stages, results):
+    for stage, result in zip(stages, results, strict=True):
         if stage == "poststart":
             assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
         else:

@@ -380,7 +380,7 @@ def test_both_clients_read_nvc_py_hook_timeout_alike(tmp_path: Path) -> None:
     finally:
         for listener in wedged:
             listener.close()
-    for (client, took, result), (value, waited) in zip(results, TIMEOUTS * 2):
+    for (client, took, result), (value, waited) in zip(results, TIMEOUTS * 2, strict=True):
         code, out, err_end = commands[client][1]
         said = re.fullmatch(r"[\w-]+: the hook server did not answer in (\S+) s; (.*\n)+", result.stderr)
         assert said and said.group(1) == f"{waited:g}", (client, value[:20], result.stderr)

@@ -16,6 +16,7 @@ Python, 600 of C) without saying why.
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from pathlib import Path
 
@@ -214,7 +215,8 @@ def f(env, uuid):
 # docstring (a C file's leading comment) has a paragraph starting "One piece:" that says why it
 # must stay whole. Generated code (DO NOT EDIT in its first lines: nvc/k8s/api_pb2*.py) is not counted.
 # Held to it: nvc's modules, the shim (native/) and the fake driver the tests build (tests/fakedriver/).
-MAX_PYTHON_LINES = 450
+# Python is counted as ruff formats it (make lint), which spreads a long call over a line an argument.
+MAX_PYTHON_LINES = 520
 MAX_C_LINES = 600
 ONE_PIECE = "One piece:"
 
@@ -305,7 +307,7 @@ def _builds_proc_path(node: ast.AST) -> bool:
             text is not None
             and isinstance(value, ast.FormattedValue)
             and (text.endswith("/proc/") or text.endswith("/") and _pid_like(value.value))
-            for text, value in ((_literal(a), b) for a, b in zip(node.values, node.values[1:]))
+            for text, value in ((_literal(a), b) for a, b in itertools.pairwise(node.values))
         )
     if isinstance(node, ast.BinOp):  # "/proc/" + pid, "/proc/%d" % pid, base + "/" + pid, Path("/proc") / pid
         left = _literal(node.left) or ""

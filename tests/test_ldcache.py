@@ -40,7 +40,7 @@ def build_cache(entries: list[tuple[str, str, int]], old_prefix: bool = False, a
         strings += value.encode() + b"\0"
         offsets.append((k, v))
     new = struct.pack("=20sIIB3xI12x", b"glibc-ld.so.cache1.1", len(entries), len(strings), 0, 0)
-    for (k, v), (_, _, flags) in zip(offsets, entries):
+    for (k, v), (_, _, flags) in zip(offsets, entries, strict=True):
         new += struct.pack("=iIIIQ", flags, k, v, 0, 0)
     new += strings
     if not old_prefix:

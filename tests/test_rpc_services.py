@@ -87,7 +87,7 @@ def test_snapshot_of_the_two_gpu_mig_machine(active_2gpu) -> None:
     assert snap.driver_version == machine["driver_version"] == "580.95.05"
     assert snap.cuda_version == 13000
     assert [g.index for g in snap.gpus] == [0, 1]
-    for gpu, described in zip(snap.gpus, machine["gpus"]):
+    for gpu, described in zip(snap.gpus, machine["gpus"], strict=True):
         assert (gpu.minor, gpu.model, gpu.uuid, gpu.bus_id, gpu.architecture) == (
             described["minor"],
             described["name"],

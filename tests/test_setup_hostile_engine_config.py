@@ -237,7 +237,7 @@ def test_long_paths_given_as_options(tmp_path: Path, engine: str, option: str, r
     made.work.mkdir()
     (made.root / "nvc" / "config.yaml").write_text("{}\n")
     long = f"{made.root}{'/a' * 60000}"
-    argv = [word for word in ENGINES[engine].argv]
+    argv = list(ENGINES[engine].argv)
     argv[argv.index(option) + 1] = long + ("/99-nvc-py.toml" if option == "--drop-in" else "")
     before = snapshot(made.root)
     result = run_setup(made._replace(engine=made.engine._replace(argv=tuple(argv))))

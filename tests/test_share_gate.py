@@ -1,4 +1,4 @@
-"""libnvc-share's gates (native/gate.c) against the fake driver: outside the cap's slice a launch's
+"""libnvc-share's gates (native/shim/scheduling/gate.c) against the fake driver: outside the cap's slice a launch's
 stream is put behind a wait on a host word (cuStreamWaitValue32) that the process's gate thread
 opens when the container's next slice starts; where the driver cannot (no stream memory operations,
 or NVC_SHARE_GATE=0) launches wait on the host as before. The fake holds the work queued behind the
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from fakedriver.libraries import INCLUDES
 
+from harness import native
 from harness.shim import WAITS_LOG, foreground
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-SHIM = REPO / "native" / "libnvc-share.so"
 GATE_LOG = re.compile(
     r"compute: (\d+) streams put behind a closed gate; gates opened (\d+) times by the gate "
     r"thread, (\d+) by a launch"
@@ -32,7 +32,7 @@ GATE_LOG = re.compile(
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shim (built by its Makefile) and the fake driver's probe program."""
-    subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
+    native.build()
     out = tmp_path_factory.mktemp("gate_programs") / "cuda_probe"
     subprocess.run(
         [
@@ -63,7 +63,7 @@ def steps(probe, active_2gpu, tmp_path):
         env = {
             "PATH": os.environ["PATH"],
             "LD_LIBRARY_PATH": str(libdir),
-            "LD_PRELOAD": str(SHIM),
+            **native.preload_env(),
             "NVC_SHARE_DIR": str(tmp_path / "share"),
             "FAKE_CUDA_CONTEXT_MIB": "0",
             "FAKE_CUDA_KERNEL_US": "1000",

@@ -378,7 +378,7 @@ def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tm
     by_weight = {weight: sum(ns for w, ns in charged.values() if w == weight) for _, weight in TRANSFORMER_PAIR}
     gpu_parts = [100 * by_weight[w] / max(sum(by_weight.values()), 1) for _, w in TRANSFORMER_PAIR]
     shared = []
-    for weight, result in sorted(results.items()):
+    for _weight, result in sorted(results.items()):
         assert result.returncode == 0, result.stderr
         assert "late" not in result.stdout, result.stdout  # its warm-up ended before the common start
         shared.append(100 * sharegpu.torch_output_of(result.stdout)[0] / alone)

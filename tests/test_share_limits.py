@@ -14,6 +14,7 @@ import pytest
 
 from harness.sharedirs import prepared
 from harness.shim import GIB, MIB, meminfo, programs  # noqa: F401  (fixtures)
+from harness.shim import share as shim  # noqa: F401  (a fixture)
 from nvc.apply import sharefiles
 from nvc.containerenv import sharing
 from nvc.errors import InputError

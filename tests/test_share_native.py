@@ -1,6 +1,6 @@
 """libnvc-share (native/) against the fake driver: how it reads its limits (sizes, HAMi's names,
 per-device names, the limits file as the authority) and the one grammar it shares with the hook
-(native/config.c and nvc.containerenv.sharing with nvc.plan.share's limits file, fed one table of
+(native/shim/base/config.c and nvc.containerenv.sharing with nvc.plan.share's limits file, fed one table of
 values).
 
 Programs run with LD_PRELOAD=native/libnvc-share.so and the fake driver's libraries
@@ -101,7 +101,7 @@ def test_junk_limits_file_is_loud(share, text):
 READ, REFUSED, STRICTER = "read", "refused", "stricter"
 MIG0 = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"
 # (variable, value, verdict) for the hook (nvc.containerenv.sharing, then nvc.plan.share's limits file)
-# and the shim (native/config.c: the environment, and the limits file the hook wrote). READ: both read
+# and the shim (native/shim/base/config.c: the environment, and the limits file the hook wrote). READ: both read
 # the same limits; REFUSED: both refuse it, naming the variable; STRICTER: the hook refuses what the
 # shim's plain-env reader takes (zeros past the hook's digit bound) or leaves alone as no variable of
 # its own (a suffix that names no device), so a container never starts on what the two would read apart.
@@ -209,7 +209,7 @@ CONFIG_ENVS = [
 
 
 def shim_reads(programs, *args: str, text: str | None = None) -> list[str]:
-    """What native/config.c reads (tests/share_programs/limits_parse.c's lines)."""
+    """What native/shim/base/config.c reads (tests/share_programs/limits_parse.c's lines)."""
     return subprocess.run(
         [str(programs["limits_parse"]), *args], input=text, capture_output=True, text=True, timeout=10, check=True
     ).stdout.splitlines()

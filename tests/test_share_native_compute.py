@@ -215,7 +215,7 @@ def test_a_tenant_over_its_share_is_held_while_the_others_run_free(share, progra
     walls = [wall_s(proc, timeout=30) for proc in procs]
     print(f"{case}: walls {walls}")
     assert sorted(p.name for p in sched.iterdir()) == [f"t{i}" for i in range(len(tenants))]
-    assert all(low <= wall <= high for wall, (low, high) in zip(walls, want)), walls
+    assert all(low <= wall <= high for wall, (low, high) in zip(walls, want, strict=True)), walls
 
 
 def tenant(
@@ -310,7 +310,7 @@ def test_weighted_tenants_on_one_time_sliced_gpu_share_it_by_weight_and_keep_it_
                     kernel_us=kernel_us,
                     gpu=tmp_path / f"{name}{which}.gpu",
                 )
-                for i, (weight, n) in enumerate(zip(weights, counts))
+                for i, (weight, n) in enumerate(zip(weights, counts, strict=True))
             ]
             timed.append(counts[which] / wall_s(procs[which], timeout=30))
             procs[1 - which].kill()
@@ -342,7 +342,7 @@ def wall_and_log(proc: subprocess.Popen, timeout: float) -> tuple[float, str]:
 
 # ---------------------------------------------------------------- a hostile tenant's own scheduler file
 
-ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")  # native/sched.c struct nvc_sched_entry
+ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")  # native/shim/scheduling/sched.c struct nvc_sched_entry
 
 
 def lying_sched_file() -> bytes:

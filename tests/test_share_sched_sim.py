@@ -1,5 +1,5 @@
 """The weighted scheduler's decision on a fake clock (tests/share_programs/sched_sim.c): the shim's own
-policy (native/schedpolicy.c) over simulated tenants on a GPU that time-slices between them: weights,
+policy (native/shim/scheduling/schedpolicy.c) over simulated tenants on a GPU that time-slices between them: weights,
 caps, idle and lying tenants. No GPU, no driver: nothing here is a GPU result.
 """
 
@@ -55,7 +55,7 @@ def test_scheduler_gives_each_busy_tenant_its_weight(programs, tenants, want):
     while one of them has work: the lighter ones are held back only while a heavier one under its share
     has work on the GPU."""
     shares, gpu = simulate(programs, *tenants)
-    for share, expected in zip(shares, want):
+    for share, expected in zip(shares, want, strict=True):
         assert abs(share.first - expected) <= 7 and abs(share.second - expected) <= 5, shares
     assert gpu >= sum(want) - 1, gpu
 

@@ -1,4 +1,4 @@
-"""The weighted scheduler's decision (native/schedpolicy.c) at its boundaries, on views built by hand:
+"""The weighted scheduler's decision (native/shim/scheduling/schedpolicy.c) at its boundaries, on views built by hand:
 the pure function the shim asks before each launch, loaded from a shared object built from the shim's
 own source. No clock, no GPU: the simulated runs of test_share_sched_sim.py show what the rule
 does over time; these pin the rule itself and its point of slack each way: a tenant more than a point
@@ -21,7 +21,7 @@ NOW = 10_000_000_000
 
 
 class View(ctypes.Structure):
-    """struct nvc_sched_view (native/schedpolicy.h)."""
+    """struct nvc_sched_view (native/shim/scheduling/schedpolicy.h)."""
 
     _fields_ = [
         ("id", ctypes.c_uint64),
@@ -39,7 +39,19 @@ def decide(tmp_path_factory: pytest.TempPathFactory):
     """nvc_sched_decide(self, others, n, now) from schedpolicy.c, built as it is into the shim."""
     lib = tmp_path_factory.mktemp("schedpolicy") / "libschedpolicy.so"
     subprocess.run(
-        ["gcc", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(lib), str(REPO / "native" / "schedpolicy.c")],
+        [
+            "gcc",
+            "-O1",
+            "-Wall",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-iquote",
+            str(REPO / "native/shim"),
+            "-o",
+            str(lib),
+            str(REPO / "native/shim/scheduling/schedpolicy.c"),
+        ],
         check=True,
     )
     fn = ctypes.CDLL(str(lib)).nvc_sched_decide

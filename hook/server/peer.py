@@ -131,19 +131,19 @@ def own_standing() -> Standing:
 def shortfall(theirs: Standing, ours: Standing) -> str | None:
     """Why a caller of standing ``theirs`` may not be served by a server of standing ``ours``
     (None: it may)."""
-    for name, their, our in zip(CAPABILITY_SETS, theirs.capabilities, ours.capabilities):
+    for name, their, our in zip(CAPABILITY_SETS, theirs.capabilities, ours.capabilities, strict=True):
         if our & ~their:
             return f"{name} lacks {our & ~their:#x}"
     if theirs.seccomp and not ours.seccomp:
         return "under seccomp"
     if theirs.no_new_privs and not ours.no_new_privs:
         return "no_new_privs set"
-    for name, their, our in zip(LSM_ATTRS, theirs.labels, ours.labels):
+    for name, their, our in zip(LSM_ATTRS, theirs.labels, ours.labels, strict=True):
         if their != our:
             return f"another LSM label ({name})"
     if theirs.root != ours.root:
         return "another root directory"
-    for ns, their_ns, our_ns in zip(CHECKED_NAMESPACES, theirs.namespaces, ours.namespaces):
+    for ns, their_ns, our_ns in zip(CHECKED_NAMESPACES, theirs.namespaces, ours.namespaces, strict=True):
         if their_ns != our_ns:
             return f"another {ns} namespace"
     return None

@@ -16,7 +16,7 @@ import time
 
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK, RESTART, RUNTIME_NAME, RUNTIMES, Plan
 from nvc.hook.setup.engines import SYSTEMD_RUNNING
-from nvc.hook.setup.files import remove_files, write_files
+from nvc.hook.setup.files import remove_files_and_dirs, write_files
 
 RELOAD_WAIT = 5.0  # seconds for a signalled dockerd to show the reloaded runtimes
 
@@ -70,7 +70,7 @@ def reload_running(plan: Plan, name: str) -> list[str]:
     finally:
         if interim is not None:
             if plan.after is None:
-                remove_files([plan.config])
+                remove_files_and_dirs([plan.config])
             else:
                 write_files({plan.config: plan.after}, plan.mode)
     return lines

@@ -34,16 +34,22 @@ def running(name: str) -> list[Daemon]:
 
 
 def processes(match: Callable[[tuple[str, ...]], bool]) -> list[Daemon]:
-    """The processes whose command line ``match`` accepts, oldest first."""
+    """The processes whose command line ``match`` accepts, oldest first: only those in our root
+    directory, since a dockerd or a hook server under another root (a chroot, a container) reads
+    and serves that root's files, not ours."""
     from nvc.system.programs import FIXED_PATH
 
     boot, tick = boot_time(), os.sysconf("SC_CLK_TCK")
+    ours = os.stat("/")
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = tuple(os.fsdecode(a) for a in f.read(1 << 16).split(b"\0")[:-1])
             if not argv or not match(argv):
+                continue
+            root = os.stat(f"/proc/{pid}/root")
+            if (root.st_dev, root.st_ino) != (ours.st_dev, ours.st_ino):
                 continue
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()

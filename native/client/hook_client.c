@@ -71,31 +71,24 @@
 #include <unistd.h>
 
 #define DEFAULT_SOCKET "/run/nvc-py/hook.sock"
-#define NO_SERVER "none" /* $NVC_PY_HOOK_SOCKET's value for "hand nothing over" */
-#define MAGIC "nvc-py-hook/2"
+#define NO_SERVER "none"              /* $NVC_PY_HOOK_SOCKET's value for "hand nothing over" */
 #define DEFAULT_TIMEOUT_US 60000000LL /* for a served call's status; $NVC_PY_HOOK_TIMEOUT */
 #define ACK_TIMEOUT_US 2000000LL      /* at most to connect, send and get `ready` */
 #define MAX_TIMEOUT_CHARS 32          /* the longest $NVC_PY_HOOK_TIMEOUT read, as handover.py's */
-#define MAX_MESSAGE (64 * 1024) /* the server reads no more */
 #define CLIENT_NAME "nvc-py-hook-client"
-/* The last environment entry sent: CLOCK_MONOTONIC as it connects, ns, STAMP_DIGITS digits written just
- * before connecting (the server's queue wait; it removes the entry). As hook/server/handover.py's. */
-#define CONNECTED_ENV "NVC_PY_HOOK_CONNECTED="
-#define STAMP_DIGITS 20
 
 #include "environment.h"
+#include "message.h"
 #include "runtime_front.h"
 #include "server_start.h"
 #include "socket_dir.h"
 #include "wedge.h"
 
-extern char **environ;
-
 static const char *self;   /* this program's name in messages */
 static const char *target; /* the Python program: what runs when no server does */
 
 /* Runs the call here, in the Python program (never this front again). */
-static void fall_back(char **argv)
+__attribute__((noreturn)) static void fall_back(char **argv)
 {
     execv(target, argv);
     fprintf(stderr, "%s: cannot execute %s: %s\n", self, target, strerror(errno));
@@ -104,63 +97,10 @@ static void fall_back(char **argv)
 
 /* Runs the call here after trying the server: with $NVC_PY_HOOK_SOCKET set to NO_SERVER, so that a front
  * of nvc-py behind the target (or pip's console script) does not try, wait or warn again. */
-static void give_up(char **argv)
+__attribute__((noreturn)) static void give_up(char **argv)
 {
     setenv("NVC_PY_HOOK_SOCKET", NO_SERVER, 1);
     fall_back(argv);
-}
-
-/* Appends s and its NUL; 0 when the message would outgrow MAX_MESSAGE. */
-static int put(char *buf, size_t *len, const char *s)
-{
-    size_t n = strlen(s) + 1;
-    if (*len + n > MAX_MESSAGE)
-        return 0;
-    memcpy(buf + *len, s, n);
-    *len += n;
-    return 1;
-}
-
-static int is_stamp(const char *entry)
-{
-    return !strncmp(entry, CONNECTED_ENV, sizeof CONNECTED_ENV - 1);
-}
-
-/* The message for argv (argc strings) and this process's environment, its connect stamp last (zeros until
- * stamp() writes it; one the caller inherited is left out). */
-static int build_message(char *buf, size_t *len, int argc, char **argv)
-{
-    char count[32], stamp[sizeof CONNECTED_ENV + STAMP_DIGITS];
-    int envc = 1;
-    for (int i = 0; environ[i]; i++)
-        envc += !is_stamp(environ[i]);
-    if (!put(buf, len, MAGIC))
-        return 0;
-    snprintf(count, sizeof count, "%d", argc);
-    if (!put(buf, len, count))
-        return 0;
-    snprintf(count, sizeof count, "%d", envc);
-    if (!put(buf, len, count))
-        return 0;
-    for (int i = 0; i < argc; i++)
-        if (!put(buf, len, argv[i]))
-            return 0;
-    for (int i = 0; environ[i]; i++)
-        if (!is_stamp(environ[i]) && !put(buf, len, environ[i]))
-            return 0;
-    snprintf(stamp, sizeof stamp, CONNECTED_ENV "%0*d", STAMP_DIGITS, 0);
-    return put(buf, len, stamp);
-}
-
-/* Writes the connect stamp into the message build_message made. */
-static void stamp(char *buf, size_t len)
-{
-    struct timespec now;
-    char digits[STAMP_DIGITS + 1];
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    snprintf(digits, sizeof digits, "%0*llu", STAMP_DIGITS,
-             (unsigned long long)now.tv_sec * 1000000000ull + (unsigned long long)now.tv_nsec);
-    memcpy(buf + len - 1 - STAMP_DIGITS, digits, STAMP_DIGITS);
 }
 
 /* Sends len bytes of buf with n (at most 4) descriptors attached (SCM_RIGHTS); 1 when all went. */
@@ -168,8 +108,8 @@ static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, 
 {
     char control[CMSG_SPACE(4 * sizeof(int))];
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                         .msg_controllen = CMSG_SPACE(n * sizeof(int))};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = CMSG_SPACE(n * sizeof(int))};
     struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
@@ -187,7 +127,7 @@ static int send_with_fds(int sock, const char *buf, size_t len, const int *fds, 
  * server runs. *dirfd: the socket's directory (O_PATH) where it is root's and holds the socket, else -1. */
 static const char *not_roots(const char *path, int *dirfd)
 {
-    char directory[sizeof ((struct sockaddr_un *)0)->sun_path];
+    char directory[sizeof((struct sockaddr_un *)0)->sun_path];
     const char *slash = strrchr(path, '/');
     if (!slash)
         strcpy(directory, ".");
@@ -203,7 +143,7 @@ static const char *not_roots(const char *path, int *dirfd)
     else if (*dirfd < 0 || fstat(*dirfd, &st) < 0 ||
              fstatat(*dirfd, slash ? slash + 1 : path, &sock, AT_SYMLINK_NOFOLLOW) < 0)
         why = errno == ENOENT || errno == EACCES || errno == ELOOP || errno == ENOTDIR ? NULL /* no socket there */
-                                                                                        : "it cannot be examined";
+                                                                                       : "it cannot be examined";
     else if (!socket_dir_is_roots(&st))
         why = SOCKET_DIR_PROBLEM;
     else if (!S_ISSOCK(sock.st_mode) || sock.st_uid != 0)
@@ -340,8 +280,8 @@ static void roots_or_give_up(int sock, const char *path, char **argv)
     struct ucred peer = {.uid = (uid_t)-1};
     socklen_t peer_len = sizeof peer;
     if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) < 0 || peer.uid != 0) {
-        fprintf(stderr, "%s: not handing over to the hook server (%s: served by uid %d, not root); running %s\n",
-                self, path, (int)peer.uid, target);
+        fprintf(stderr, "%s: not handing over to the hook server (%s: served by uid %d, not root); running %s\n", self,
+                path, (int)peer.uid, target);
         give_up(argv);
     }
 }
@@ -376,155 +316,205 @@ static int is_served(const char *name)
     return !strcmp(name, "nvc-py") || !strcmp(name, "nvc-py-hook");
 }
 
-int main(int argc, char **argv)
+/* One call as it is handed over: the program's arguments, the server's socket (its path, address and
+ * directory), the message, the caller's working directory, the wedged-server marker found, the timeouts. */
+struct call {
+    int argc;
+    char **argv;
+    const char *path;
+    struct sockaddr_un addr;
+    int dirfd;
+    enum wedge_marker marker;
+    char *buf;
+    size_t len;
+    int cwd;
+    long long timeout, ack_timeout;
+};
+
+/* Sets target, the program that runs here when no server does, and makes argv the call: this client's
+ * own name takes the program's path first; a front's program is PROGRAM_DIR/NAME-python, its argv[0] the
+ * name. Returns 0, or 2 after a usage error. */
+static int take_call(const char *base, int *argc, char ***argv, char *program, size_t size)
 {
-    environment_scrub(); /* before anything is executed or sent */
-    static char exe[4096];
-    const char *base = own_name(argv[0], exe, sizeof exe);
-    self = base;
-    char program[4096];
     if (!strcmp(base, CLIENT_NAME)) { /* the program's path comes first */
-        if (argc < 2 || argv[1][0] != '/') {
+        if (*argc < 2 || (*argv)[1][0] != '/') {
             fprintf(stderr, "usage: " CLIENT_NAME " /ABSOLUTE/PATH/nvc-py-hook STAGE [ARG...]\n"
                             "       " CLIENT_NAME " /ABSOLUTE/PATH/nvc-py [ARG...]\n");
             return 2;
         }
-        argc--;
-        argv++;
-        target = argv[0];
+        (*argc)--;
+        (*argv)++;
+        target = (*argv)[0];
     } else { /* the front of the program named like this one */
-        if ((size_t)snprintf(program, sizeof program, PROGRAM_DIR "/%s-python", base) >= sizeof program) {
+        if ((size_t)snprintf(program, size, PROGRAM_DIR "/%s-python", base) >= size) {
             fprintf(stderr, "%s: name too long\n", base);
             return 2;
         }
         target = program;
-        argv[0] = (char *)base; /* what the server runs */
+        (*argv)[0] = (char *)base; /* what the server runs */
     }
-    /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
-    if (target == program && !strcmp(base, "nvc-py-runtime"))
-        runtime_pass_through(argc, argv); /* returns where the program must run */
-    if (is_serve(argc, argv) || (target == program && !is_served(base)))
-        fall_back(argv);
-    /* A stream the runtime left closed is passed as /dev/null, never as another open file; read-only,
-     * so a write to it fails as on the closed descriptor and the program says it lost its output
-     * (nvc/system/stdio.py), where it runs. */
+    return 0;
+}
+
+/* A stream the runtime left closed is passed as /dev/null, never as another open file; read-only, so a
+ * write to it fails as on the closed descriptor and the program says it lost its output
+ * (nvc/system/stdio.py), where it runs. */
+static void open_closed_streams(char **argv)
+{
     for (int fd = 0; fd < 3; fd++)
         if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDONLY) != fd)
             fall_back(argv);
+}
 
-    const char *path = getenv("NVC_PY_HOOK_SOCKET");
-    if (!path || !*path)
-        path = DEFAULT_SOCKET;
-    if (!strcmp(path, NO_SERVER))
-        fall_back(argv);
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof addr.sun_path)
-        give_up(argv);
-    strcpy(addr.sun_path, path);
+/* The server's socket ($NVC_PY_HOOK_SOCKET or the default) into c->path and c->addr; none (NO_SERVER)
+ * runs the program here. */
+static void find_server(struct call *c)
+{
+    c->path = getenv("NVC_PY_HOOK_SOCKET");
+    if (!c->path || !*c->path)
+        c->path = DEFAULT_SOCKET;
+    if (!strcmp(c->path, NO_SERVER))
+        fall_back(c->argv);
+    c->addr = (struct sockaddr_un){.sun_family = AF_UNIX};
+    if (strlen(c->path) >= sizeof c->addr.sun_path)
+        give_up(c->argv);
+    strcpy(c->addr.sun_path, c->path);
+}
 
-    int dirfd;
-    const char *why = not_roots(path, &dirfd);
+/* Runs the program here unless the socket's directory is root's (socket_dir.h) and no server there left
+ * a call unanswered lately (the marker: c->dirfd, c->marker). Returns the marker's descriptor where this
+ * call is the one to try a server marked wedged again, else -1. */
+static int check_server_dir(struct call *c)
+{
+    const char *why = not_roots(c->path, &c->dirfd);
     if (why) {
-        fprintf(stderr, "%s: not handing over to the hook server (%s: %s); running %s\n", self, path, why, target);
-        give_up(argv);
+        fprintf(stderr, "%s: not handing over to the hook server (%s: %s); running %s\n", self, c->path, why, target);
+        give_up(c->argv);
     }
     int held = -1; /* the marker, where this call is the one to try a server marked wedged again */
-    enum wedge_marker marker = dirfd >= 0 ? wedge_marker_check(dirfd, &held) : WEDGE_NONE;
-    if (marker == WEDGE_FRESH) {
+    c->marker = c->dirfd >= 0 ? wedge_marker_check(c->dirfd, &held) : WEDGE_NONE;
+    if (c->marker == WEDGE_FRESH) {
         fprintf(stderr, "%s: the hook server left a call unanswered less than %d s ago; running %s\n", self,
                 WEDGED_RETRY_S, target);
-        give_up(argv);
+        give_up(c->argv);
     }
+    return held;
+}
 
+/* The message and the working directory to hand over, and the timeouts. */
+static void prepare_call(struct call *c)
+{
     static char buf[MAX_MESSAGE];
-    size_t len = 0;
-    if (!build_message(buf, &len, argc, argv))
-        give_up(argv);
-    int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (cwd < 0)
-        give_up(argv);
-    long long timeout = call_timeout(), ack_timeout = timeout < ACK_TIMEOUT_US ? timeout : ACK_TIMEOUT_US;
+    c->buf = buf;
+    c->len = 0;
+    if (!message_build(c->buf, &c->len, c->argc, c->argv))
+        give_up(c->argv);
+    c->cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (c->cwd < 0)
+        give_up(c->argv);
+    c->timeout = call_timeout();
+    c->ack_timeout = c->timeout < ACK_TIMEOUT_US ? c->timeout : ACK_TIMEOUT_US;
+}
+
+/* A connection to the server; where none listens, a container start's hook call starts one
+ * (server_start.c), and any other runs the program here. */
+static int connect_server(struct call *c)
+{
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (sock < 0)
-        give_up(argv);
-    set_timeouts(sock, ack_timeout);
-    stamp(buf, len); /* before connect: a spare may accept before connect returns */
-    if (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        give_up(c->argv);
+    set_timeouts(sock, c->ack_timeout);
+    message_stamp(c->buf, c->len); /* before connect: a spare may accept before connect returns */
+    if (connect(sock, (struct sockaddr *)&c->addr, sizeof c->addr) < 0) {
         int failed = errno;
         close(sock);
         /* no server: a container start's hook call starts one (server_start.c); its wait counts as queueing */
-        stamp(buf, len);
+        message_stamp(c->buf, c->len);
         const char *not_started = NULL;
-        sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(argc, argv)
-                   ? server_start_and_connect(&addr, 0, &not_started) : -1;
+        sock = (failed == ENOENT || failed == ECONNREFUSED) && server_start_wanted(c->argc, c->argv)
+                   ? server_start_and_connect(&c->addr, 0, &not_started)
+                   : -1;
         if (sock < 0) {
             if (not_started)
-                fprintf(stderr, "%s: not starting the hook server (%s: %s); running %s\n", self, path, not_started,
+                fprintf(stderr, "%s: not starting the hook server (%s: %s); running %s\n", self, c->path, not_started,
                         target);
-            give_up(argv); /* nothing was handed over */
+            give_up(c->argv); /* nothing was handed over */
         }
     }
-    char reply[1024];
-    int worker = -1;
+    return sock;
+}
+
+/* Hands the call over on sock until a worker answers (its answer in reply, its pidfd in *worker); returns
+ * the socket it answered on. A stopped or silent server is replaced once where a container start's hook
+ * call may start one; otherwise the program runs here, saying why. */
+static int hand_over(struct call *c, int sock, char *reply, size_t size, int *worker)
+{
     for (int replaced = 0;; replaced = 1) {
-        set_timeouts(sock, ack_timeout);
-        roots_or_give_up(sock, path, argv);
+        set_timeouts(sock, c->ack_timeout);
+        roots_or_give_up(sock, c->path, c->argv);
         pid_t listener;
         enum silence silence = BROKEN;
         if (wedge_listener_stopped(sock, &listener))
             silence = STOPPED;
-        else if (send_with_fds(sock, buf, len, &cwd, 1))
-            first_answer(sock, dirfd, marker == WEDGE_NONE, ack_timeout, reply, sizeof reply, &worker, &silence);
+        else if (send_with_fds(sock, c->buf, c->len, &c->cwd, 1))
+            first_answer(sock, c->dirfd, c->marker == WEDGE_NONE, c->ack_timeout, reply, size, worker, &silence);
         if (silence == ANSWERED)
-            break;
+            return sock;
         if (silence == TIMED_OUT)
-            wedge_marker_set(dirfd);
+            wedge_marker_set(c->dirfd);
         /* No worker runs anything before `go`. A container start's hook call puts a new server in the place of a
          * wedged one (server_start.c) and hands its call to it; any other call runs the program here. */
         close(sock);
         const char *not_started = NULL;
-        stamp(buf, len);
-        sock = !replaced && (silence == STOPPED || silence == TIMED_OUT) && server_start_wanted(argc, argv)
-                   ? server_start_and_connect(&addr, listener, &not_started) : -1;
+        message_stamp(c->buf, c->len);
+        sock = !replaced && (silence == STOPPED || silence == TIMED_OUT) && server_start_wanted(c->argc, c->argv)
+                   ? server_start_and_connect(&c->addr, listener, &not_started)
+                   : -1;
         if (sock >= 0)
             continue;
         if (silence == TIMED_OUT)
-            fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self, ack_timeout / 1e6,
+            fprintf(stderr, "%s: the hook server did not answer in %g s; running %s\n", self, c->ack_timeout / 1e6,
                     target);
         else if (silence == STOPPED)
             fprintf(stderr, "%s: the hook server (pid %d) is stopped; running %s\n", self, (int)listener, target);
         else if (silence == MARKED)
             fprintf(stderr, "%s: the hook server left another call unanswered; running %s\n", self, target);
-        give_up(argv);
+        give_up(c->argv);
     }
-    if (held >= 0) { /* a server answered: the mark goes */
-        wedge_marker_clear(dirfd);
-        close(held);
+}
+
+/* `go` with this process's streams and the proof to the worker, then its status: the program's exit
+ * status, or 1 where the worker gave none (killed past the call's timeout). */
+static int run_by_worker(const struct call *c, int sock, int proof, int worker, char *reply, size_t size)
+{
+    int status;
+    const int fds[4] = {0, 1, 2, proof};
+    if (!send_with_fds(sock, "go", 2, fds, 4))
+        give_up(c->argv); /* the worker did not get it: it runs nothing */
+    close(proof);
+    set_timeouts(sock, c->timeout);
+    int none;
+    ssize_t n = answer(sock, reply, size, &none);
+    if (n > 0 && sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)
+        return status;
+    if (n > 0 && !strcmp(reply, "fall back"))
+        give_up(c->argv); /* the worker did not take the proof, and ran nothing */
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        /* As a runtime kills a hook past its timeout: the worker's end closes the streams it holds. */
+        syscall(SYS_pidfd_send_signal, worker, SIGKILL, NULL, 0);
+        fprintf(stderr, "%s: the hook server's worker gave no status in %g s (killed)\n", self, c->timeout / 1e6);
+    } else {
+        fprintf(stderr, "%s: the hook server's worker ended without a status (%s)\n", self,
+                n < 0 ? strerror(errno) : "no answer");
     }
-    int status, proof = worker_connection(reply);
-    if (proof >= 0) {
-        const int fds[4] = {0, 1, 2, proof};
-        if (!send_with_fds(sock, "go", 2, fds, 4))
-            give_up(argv); /* the worker did not get it: it runs nothing */
-        close(proof);
-        set_timeouts(sock, timeout);
-        int none;
-        ssize_t n = answer(sock, reply, sizeof reply, &none);
-        if (n > 0 && sscanf(reply, "exit %d", &status) == 1 && status >= 0 && status <= 255)
-            return status;
-        if (n > 0 && !strcmp(reply, "fall back"))
-            give_up(argv); /* the worker did not take the proof, and ran nothing */
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            /* As a runtime kills a hook past its timeout: the worker's end closes the streams it holds. */
-            syscall(SYS_pidfd_send_signal, worker, SIGKILL, NULL, 0);
-            fprintf(stderr, "%s: the hook server's worker gave no status in %g s (killed)\n", self, timeout / 1e6);
-        } else {
-            fprintf(stderr, "%s: the hook server's worker ended without a status (%s)\n", self,
-                    n < 0 ? strerror(errno) : "no answer");
-        }
-        return 1;
-    }
-    char *line = strchr(reply, '\n');
+    return 1;
+}
+
+/* The server's refusal: its status, and why on stderr. Any other answer runs the program here. */
+static int refused(const char *reply, char **argv)
+{
+    int status;
+    const char *line = strchr(reply, '\n');
     if (sscanf(reply, "refused %d", &status) == 1 && status >= 0 && status <= 255 && line) {
         fputs(line + 1, stderr); /* why */
         return status;
@@ -533,4 +523,34 @@ int main(int argc, char **argv)
      * or an answer this client does not know (an older server's refusal of this newer exchange): nothing was
      * done. */
     give_up(argv);
+}
+
+int main(int argc, char **argv)
+{
+    environment_scrub(); /* before anything is executed or sent */
+    static char exe[4096];
+    const char *base = own_name(argv[0], exe, sizeof exe);
+    self = base;
+    char program[4096];
+    if (take_call(base, &argc, &argv, program, sizeof program))
+        return 2;
+    /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
+    if (target == program && !strcmp(base, "nvc-py-runtime"))
+        runtime_pass_through(argc, argv); /* returns where the program must run */
+    if (is_serve(argc, argv) || (target == program && !is_served(base)))
+        fall_back(argv);
+    open_closed_streams(argv);
+    struct call c = {.argc = argc, .argv = argv};
+    find_server(&c);
+    int held = check_server_dir(&c);
+    prepare_call(&c);
+    char reply[1024];
+    int worker = -1;
+    int sock = hand_over(&c, connect_server(&c), reply, sizeof reply, &worker);
+    if (held >= 0) { /* a server answered: the mark goes */
+        wedge_marker_clear(c.dirfd);
+        close(held);
+    }
+    int proof = worker_connection(reply);
+    return proof >= 0 ? run_by_worker(&c, sock, proof, worker, reply, sizeof reply) : refused(reply, argv);
 }

@@ -29,15 +29,15 @@
 #define CACHE_DIR "/run/nvc-py"
 #define CACHE_NAME "runtime-cache"
 #define CACHE_MAGIC "nvc-py-runtime/1"
-#define CACHE_FIELDS 6         /* magic, configuration file, its identity, PATH, its directories, runtime */
-#define MAX_CACHE (64 * 1024)  /* bytes: paths and a few numbers */
-#define MAX_SPEC (64ll << 20)  /* as hook/oci/spec.py's MAX_SPEC_SIZE */
+#define CACHE_FIELDS 6        /* magic, configuration file, its identity, PATH, its directories, runtime */
+#define MAX_CACHE (64 * 1024) /* bytes: paths and a few numbers */
+#define MAX_SPEC (64ll << 20) /* as hook/oci/spec.py's MAX_SPEC_SIZE */
 #define CONFIG_ENV "NVC_PY_CONFIG"
 #define DEFAULT_CONFIG "/etc/nvc-py/config.yaml"
 
 /* As hook/oci/runtime.py's _GLOBAL_VALUE_OPTIONS: global options whose value is the next word. */
-static const char *const value_options[] = {"--root", "--log", "--log-format", "--criu", "--rootless",
-                                            "--cgroup-manager"};
+static const char *const value_options[] = {"--root", "--log",      "--log-format",
+                                            "--criu", "--rootless", "--cgroup-manager"};
 /* Words whose presence sends a create to the program (see the file's comment). */
 static const char *const gpu_words[] = {"NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "nvidia-container-devices", "\\u"};
 
@@ -72,8 +72,8 @@ static void end_field(struct text *t)
 static void add_identity(struct text *t, const struct stat *st)
 {
     char id[160];
-    snprintf(id, sizeof id, "%llu %llu %lld %llu %llu", (unsigned long long)st->st_dev,
-             (unsigned long long)st->st_ino, (long long)st->st_size,
+    snprintf(id, sizeof id, "%llu %llu %lld %llu %llu", (unsigned long long)st->st_dev, (unsigned long long)st->st_ino,
+             (long long)st->st_size,
              (unsigned long long)st->st_mtim.tv_sec * 1000000000ull + (unsigned long long)st->st_mtim.tv_nsec,
              (unsigned long long)st->st_ctim.tv_sec * 1000000000ull + (unsigned long long)st->st_ctim.tv_nsec);
     add_str(t, id);

@@ -267,7 +267,7 @@ static pid_t listener_of(int sock)
 /* Whether process pid's command line holds `serve --socket SOCKET_PATH` (the server of this socket). */
 static int serves(pid_t pid, const char *socket_path)
 {
-    char path[64], cmdline[MAX_CMDLINE], wanted[sizeof ((struct sockaddr_un *)0)->sun_path + 32];
+    char path[64], cmdline[MAX_CMDLINE], wanted[sizeof((struct sockaddr_un *)0)->sun_path + 32];
     snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -287,7 +287,7 @@ static int end_wedged(pid_t pid, const char *socket_path, int log)
     if (pidfd < 0)
         return errno == ESRCH;
     struct pollfd exited = {.fd = pidfd, .events = POLLIN};
-    int gone = poll(&exited, 1, 0) > 0; /* it died meanwhile */
+    int gone = poll(&exited, 1, 0) > 0;      /* it died meanwhile */
     if (!gone && serves(pid, socket_path)) { /* checked once the pidfd pins the process: no pid reused since */
         syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
         gone = poll(&exited, 1, END_WAIT_MS) > 0;

@@ -2,12 +2,12 @@
  * the read-only limits file (nvc_parse_limits_text) and, for plain LD_PRELOAD use, the environment
  * (nvc_config_from_env: each input line one NAME=VALUE entry). Each parsed configuration is then
  * finished and asked for every device's limits, as the shim does. Besides ASan and UBSan's
- * findings, a parse that succeeds must keep the grammar's bounds (native/config.c's header).
+ * findings, a parse that succeeds must keep the grammar's bounds (native/shim/base/config.c's header).
  * Built and run by `make fuzz` (native/Makefile's fuzz target, tests/harness/fuzzing.py). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../config.h"
+#include "base/config.h"
 
 #define MAX_ENTRIES 64
 
@@ -22,7 +22,7 @@ static void check(struct nvc_config *cfg)
         const struct nvc_limit_rule *r = &cfg->rules[i];
         if (r->compute > 100 || r->weight > 1000 || strlen(r->key) >= NVC_UUID_KEY_LEN)
             abort();
-        if ((r->index < 0) == !r->key[0])     /* a rule is by index or by UUID, never both or neither */
+        if ((r->index < 0) == !r->key[0]) /* a rule is by index or by UUID, never both or neither */
             abort();
         nvc_config_memory(cfg, r->key[0] ? r->key : NULL, r->index);
         nvc_config_compute(cfg, r->key, r->index);

@@ -21,7 +21,7 @@ from nvc.share.sched import SIZE as SCHED_FILE_SIZE
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
 
-# The scheduler's tmpfs (native/sched.c): room for this many containers' files and granted limits.
+# The scheduler's tmpfs (native/shim/scheduling/sched.c): room for this many containers' files and granted limits.
 _SCHED_TENANTS = 1024
 _TMPFS_INODES = 3  # the shared tmpfs's root directory, limits and region
 _MAX_STACKED = 8  # mounts on a container's shared directory that remove() detaches

@@ -46,10 +46,10 @@ def text(inv: Inventory, cuda_version: int) -> str:
     lines = [f"{'NVRM version:':<15} {inv.driver_version}", f"{'CUDA version:':<15} {cuda_version_text(cuda_version)}"]
     for gpu in inv.gpus:
         lines.append("")
-        lines += [f"{label + ':':<15} {value}" for label, value in zip(GPU_LABELS, _gpu_values(gpu))]
+        lines += [f"{label + ':':<15} {value}" for label, value in zip(GPU_LABELS, _gpu_values(gpu), strict=True)]
         for mig in gpu.mig_devices:
             lines.append("")
-            lines += [f"  {label + ':':<20} {value}" for label, value in zip(MIG_LABELS, _mig_values(mig))]
+            lines += [f"  {label + ':':<20} {value}" for label, value in zip(MIG_LABELS, _mig_values(mig), strict=True)]
     return "\n".join(lines) + "\n"
 
 

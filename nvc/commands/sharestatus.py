@@ -28,7 +28,7 @@ from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE
 from nvc.system import untrusted
 
-_MAX_LIMITS = 16384  # what the shim reads of a limits file (native/init.c)
+_MAX_LIMITS = 16384  # what the shim reads of a limits file (native/shim/process/init.c)
 
 
 class Process(NamedTuple):
@@ -165,7 +165,7 @@ def container_share(
         Process(
             s.pid,
             host_pids.get((s.pidns_ino, s.pid, s.start_time)) if s.pidns_ino == pidns else None,
-            {d.key: used for d, used in zip(region.devices, s.used) if used},
+            {d.key: used for d, used in zip(region.devices, s.used, strict=True) if used},
         )
         for s in region.slots
     )

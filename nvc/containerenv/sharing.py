@@ -3,7 +3,7 @@
 A container asks through ``NVC_SHARE_*`` or, for drop-in compatibility, HAMi's ``CUDA_DEVICE_*``
 names; a device plugin answers with the same names, keyed by device UUID (:func:`device_limits`),
 in the env or as volume mounts (:func:`share_env`). The grammar is the sharing shim's
-(native/config.c reads the same names for plain LD_PRELOAD use, and the limits file that
+(native/shim/base/config.c reads the same names for plain LD_PRELOAD use, and the limits file that
 nvc.plan.share writes from what nvc.plan.fromenv reads with it): checked first, so junk stops the
 container from starting instead of leaving it unlimited. Also here: where in the container the shim and its files
 are (the shim looks there; the hook mounts them there).
@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from nvc.containerenv import SHARE_VOLUME_DIR, Policy, volume_ids
 from nvc.errors import InputError, shown
 
-# Where the shim looks inside a container (native/config.h NVC_FIXED_DIR) and its files.
+# Where the shim looks inside a container (native/shim/base/config.h NVC_FIXED_DIR) and its files.
 CONTAINER_DIR = "/var/run/nvc-share"
 CONTAINER_LIBRARY = "/usr/lib/nvc-share/libnvc-share.so"
 PRELOAD = "/etc/ld.so.preload"
-# Weighted scheduling between containers (native/sched.c): a container sees its own scheduler file
+# Weighted scheduling between containers (native/shim/scheduling/sched.c): a container sees its own scheduler file
 # read-write, and every scheduled container's file read-only.
 CONTAINER_SCHED = "/var/run/nvc-share-sched"
 CONTAINER_PEERS = "/var/run/nvc-share-peers"
@@ -41,7 +41,7 @@ VARIABLES = (
 )
 MAX_PERCENT = 100
 MAX_WEIGHT = 1000
-# Devices the variables may name: the shim keeps rules for 2 * NVC_MAX_DEVICES (native/config.h) and
+# Devices the variables may name: the shim keeps rules for 2 * NVC_MAX_DEVICES (native/shim/base/config.h) and
 # refuses a limits file naming more whole, which would leave the container unlimited.
 MAX_DEVICES = 32
 _SIZE = re.compile(r"([0-9]{1,20})(?:([kKmMgGtT])(i?))?")  # int() takes 4300 digits at most

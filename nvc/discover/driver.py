@@ -19,6 +19,7 @@ import os
 import posixpath
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -327,7 +328,7 @@ def find_firmwares(root: str, version: str, dirs: tuple[str, ...]) -> tuple[str,
     return tuple(found.values())
 
 
-def _find_of_type(root: str, path: str, is_type) -> str | None:
+def _find_of_type(root: str, path: str, is_type: Callable[[int], bool]) -> str | None:
     inner = rootpath.resolve(root, path)
     if inner is None or not is_type(os.stat(rootpath.host_path(root, inner)).st_mode):
         return None

@@ -69,7 +69,9 @@ class Links(NamedTuple):
 def read_links(path: str) -> Links | None:
     """DT_NEEDED and ABI note of the ELF file at ``path``, or None if it cannot be parsed."""
     from elftools.common.exceptions import ELFError
+    from elftools.elf.dynamic import DynamicSegment
     from elftools.elf.elffile import ELFFile
+    from elftools.elf.segments import NoteSegment
 
     try:
         with open(path, "rb") as stream:
@@ -77,9 +79,9 @@ def read_links(path: str) -> Links | None:
             needed: list[str] = []
             abi_tag = None
             for segment in elf.iter_segments():
-                if segment["p_type"] == "PT_DYNAMIC":
-                    needed.extend(t.needed for t in segment.iter_tags() if t.entry.d_tag == "DT_NEEDED")
-                elif segment["p_type"] == "PT_NOTE":
+                if isinstance(segment, DynamicSegment):
+                    needed.extend(t.needed for t in segment.iter_tags() if t.entry.d_tag == "DT_NEEDED")  # type: ignore[attr-defined]  # set on DT_NEEDED tags only
+                elif isinstance(segment, NoteSegment):
                     for note in segment.iter_notes():
                         desc = note["n_desc"]
                         if note["n_type"] == "NT_GNU_ABI_TAG" and desc["abi_os"] == "ELF_NOTE_OS_LINUX":

@@ -83,7 +83,7 @@ def _new_header_offset(data: bytes, path: str) -> int:
         raise DetectionError(f"{path}: unsupported file format")
     if len(data) < _OLD_HEADER.size:
         raise DetectionError(f"{path}: truncated")
-    (_, nlibs) = _OLD_HEADER.unpack_from(data, 0)
+    nlibs: int = _OLD_HEADER.unpack_from(data, 0)[1]
     end = _OLD_HEADER.size + nlibs * _OLD_ENTRY_SIZE
     if end > len(data):
         raise DetectionError(f"{path}: truncated")

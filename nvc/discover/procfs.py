@@ -39,7 +39,7 @@ def normalize_bus_id(text: str) -> str | None:
 class ProcGpu(NamedTuple):
     """A GPU as /proc/driver/nvidia/gpus describes it: identity only, no NVML facts."""
 
-    index: int  # position in bus id order, which is NVML's default (PCI) enumeration order
+    index: int  # type: ignore[assignment]  # shadows tuple.index, which no caller uses; position in bus id order, which is NVML's default (PCI) enumeration order
     minor: int
     model: str
     uuid: str

@@ -197,7 +197,7 @@ def hook_families(tally: hooklog.Tally, log_open: bool, server_up: bool, install
     )
     for via in hooklog.VIA:
         counts, cumulative = [], 0
-        for bound, n in zip(hooklog.BUCKETS, tally.buckets[via]):
+        for bound, n in zip(hooklog.BUCKETS, tally.buckets[via], strict=True):
             cumulative += n
             counts.append((repr(bound), cumulative))
         counts.append(("+Inf", cumulative + tally.over[via]))

@@ -8,6 +8,13 @@ from typing import Any
 import click
 
 _LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_log_level = click.option(
+    "--log-level",
+    type=click.Choice(tuple(_LOG_LEVELS)),
+    default="info",
+    show_default=True,
+    help="Least severity of the lines logged to stderr.",
+)
 
 
 @click.group("k8s", short_help="Kubernetes: the kubelet device plugin and the DRA driver.")
@@ -38,13 +45,7 @@ def k8s() -> None:
     help="Where each resource's healthy and unhealthy device count goes, for `nvc-py exporter` "
     "[default: /run/nvc-py/device-plugin.json].",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(tuple(_LOG_LEVELS)),
-    default="info",
-    show_default=True,
-    help="Least severity of the lines logged to stderr.",
-)
+@_log_level
 @click.pass_context
 def device_plugin(
     ctx: click.Context, config_path: str | None, device_plugin_dir: str | None, health_file: str | None, log_level: str
@@ -97,6 +98,15 @@ def _options(ctx: click.Context, config_path: str | None) -> tuple[Any, Any]:
         raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
     user = parse_user(given.user if given.user is not None else conf.user)
     return conf, GlobalOptions(os.path.normpath(root), given.ldcache or conf.ldcache, user, False)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` came from valid UTF-8 (not bytes Python kept as surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _logging(name: str, level: str) -> None:
@@ -166,13 +176,7 @@ def _logging(name: str, level: str) -> None:
     show_default=True,
     help="Seconds between checks that the API server still has this node's ResourceSlices.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(tuple(_LOG_LEVELS)),
-    default="info",
-    show_default=True,
-    help="Least severity of the lines logged to stderr.",
-)
+@_log_level
 @click.pass_context
 def dra_driver(
     ctx: click.Context,
@@ -193,16 +197,22 @@ def dra_driver(
     import re
 
     from nvc.errors import InputError
+    from nvc.system.untrusted import directory_or_missing
 
     conf, opts = _options(ctx, config_path)
-    if (
-        not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+", driver_name)
-        or len(driver_name) > 63
-    ):
+    label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    if not re.fullmatch(rf"{label}(\.{label})+", driver_name) or len(driver_name) > 63:
         raise InputError(f"--driver-name {driver_name!r}: not a DNS subdomain of at most 63 characters with a dot")
+    if not re.fullmatch(rf"{label}(\.{label})*", node_name) or len(node_name) > 253:
+        raise InputError(f"--node-name {node_name!r}: not a node name (a DNS subdomain of at most 253 characters)")
     for name, path in (("--kubelet-dir", kubelet_dir), ("--cdi-dir", cdi_dir)):
-        if not os.path.isabs(path):
-            raise InputError(f"{path}: {name} must be an absolute path")
+        if not os.path.isabs(path) or not path.isprintable() or not _utf8(path):
+            raise InputError(f"{path!r}: {name} must be an absolute path of printable UTF-8")  # grpc's is UTF-8
+        directory_or_missing(path, name)
+    if not os.path.isdir(kubelet_dir):  # the kubelet makes it: no kubelet here, or another --root-dir
+        raise InputError(
+            f"{kubelet_dir}: no such directory: is a kubelet running on this host? (another --root-dir: --kubelet-dir)"
+        )
     from nvc.k8s.dra import driver, kubeapi
 
     api = kubeapi.from_kubeconfig(kubeconfig) if kubeconfig is not None else kubeapi.in_cluster(service_account_dir)

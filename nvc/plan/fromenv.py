@@ -14,6 +14,7 @@ at every container start, GPU or not): a GPU container's parsers are imported wh
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 from nvc.containerenv import (
     ALL,
@@ -60,7 +61,7 @@ def _ignored(name: str, warnings: list[str]) -> None:
     warnings.append(f"{name} ignored: unprivileged container and accept-envvar-when-unprivileged is false")
 
 
-def _env_devices(env: Mapping[str, str]) -> tuple[str, ...] | None | bool:
+def _env_devices(env: Mapping[str, str]) -> tuple[str, ...] | None | Literal[False]:
     """Devices the env asks for (the legacy default included): a tuple, ``None`` for driver only,
     or ``False`` for no GPU at all."""
     if VISIBLE_DEVICES not in env:
@@ -77,7 +78,7 @@ def _env_devices(env: Mapping[str, str]) -> tuple[str, ...] | None | bool:
 
 def _visible_devices(
     env: Mapping[str, str], mounts: list[Mapping[str, object]], privileged: bool, policy: Policy, warnings: list[str]
-) -> tuple[str, ...] | None | bool:
+) -> tuple[str, ...] | None | Literal[False]:
     """Devices asked for: a tuple, ``None`` for driver only, or ``False`` for no GPU at all. The
     legacy image's "all" comes from its env too, so the policy applies to it as to the variable."""
     if policy.accept_volume_mounts:

@@ -38,7 +38,7 @@ class Bind(NamedTuple):
     in_rootfs: bool = False
 
     def text(self) -> str:
-        flags = ",".join(f.name.lower() for f in MountAttr if f & self.attrs) or "rw"
+        flags = ",".join(str(f.name).lower() for f in MountAttr if f & self.attrs) or "rw"
         if self.rdev is not None:
             flags = f"c {os.major(self.rdev)}:{os.minor(self.rdev)}, {flags}"
         where = " (in rootfs)" if self.in_rootfs else ""

@@ -11,14 +11,14 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from nvc.errors import InputError, RequirementError, shown
 
 VERSION_PROPERTIES = frozenset({"cuda", "driver", "arch"})
 PROPERTIES = VERSION_PROPERTIES | {"brand"}
 
-_OPS: dict[str, Callable[[object, object], bool]] = {
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
     "=": operator.eq,
     "!=": operator.ne,
     "<": operator.lt,

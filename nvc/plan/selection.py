@@ -25,7 +25,7 @@ _MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")
 
 
 class GpuLike(Protocol):
-    """What selection reads of a GPU: both NVML's Gpu and the /proc-only ProcGpu have it."""
+    """What selection and the mount plan read of a GPU: both NVML's Gpu and the /proc-only ProcGpu have it."""
 
     @property
     def index(self) -> int: ...
@@ -33,6 +33,8 @@ class GpuLike(Protocol):
     def uuid(self) -> str: ...
     @property
     def bus_id(self) -> str: ...
+    @property
+    def minor(self) -> int: ...
     @property
     def mig_devices(self) -> tuple[MigDevice, ...]: ...
 

@@ -8,7 +8,7 @@ the scheduler's directory. :func:`files` decides them (a step of the container's
 :func:`mounts` says where the container gets them.
 
 The limits file is written only here (:func:`limits_text`), in the one grammar the shim parses
-(native/config.c's header says it; tests/test_share_native.py feeds one table of values to both).
+(native/shim/base/config.c's header says it; tests/test_share_native.py feeds one table of values to both).
 Pure: the facts it needs (the image's own ld.so.preload) are read by the caller.
 """
 
@@ -29,10 +29,10 @@ STATE_DIR = "/run/nvc-py/share"
 # the compute lines of its limits file (0444; no container id starts with '.', so no name clash). Another
 # container's shim takes its weight from there, never from the file the container writes itself.
 GRANTED_DIR = ".granted"
-GRANTED_MAX = 8192  # bytes of one container's granted limits there (native/sched.c GRANTED_MAX)
+GRANTED_MAX = 8192  # bytes of one container's granted limits there (native/shim/scheduling/sched.c GRANTED_MAX)
 
 LIMITS_VERSION = 1
-# The limits file's key for each ShareRequest field (native/config.c).
+# The limits file's key for each ShareRequest field (native/shim/base/config.c).
 LIMITS_KEYS = (("memory", "memory_limit"), ("compute", "compute_percent"), ("weight", "compute_weight"))
 _GRANTED_KEYS = ("version=", *(key for field, key in LIMITS_KEYS if field != "memory"))
 
@@ -62,7 +62,7 @@ class ShareFiles(NamedTuple):
 
 
 def limits_text(request: ShareRequest, origin: str = "") -> str:
-    """The limits file (native/config.c, version 1): ``key=value`` or ``key.<scope>=value`` lines after
+    """The limits file (native/shim/base/config.c, version 1): ``key=value`` or ``key.<scope>=value`` lines after
     ``version=1``, sizes in bytes."""
     lines = [
         f"# written by nvc-py{' for ' + origin if origin else ''}; read-only in the container",

@@ -1,4 +1,4 @@
-"""Reader of the sharing shim's shared region (native/region.h, version 1) for `nvc-py share status`.
+"""Reader of the sharing shim's shared region (native/shim/base/region.h, version 1) for `nvc-py share status`.
 
 The layout is fixed (little-endian, x86-64 alignment, offsets asserted in C), so a snapshot is
 a plain read of the file: the shim's fields are naturally aligned 64-bit values and readers need

@@ -1,4 +1,4 @@
-"""Reader of a container's scheduler file (native/sched.c, version 2) for `nvc-py share status`.
+"""Reader of a container's scheduler file (native/shim/scheduling/sched.c, version 2) for `nvc-py share status`.
 
 Fixed layout (little-endian): a 64-byte header, then one 128-byte entry per device the container
 has used with a weight or a cap. The container writes this file itself, so what it says about its

@@ -338,7 +338,7 @@ def _bind_onto_itself(fd: int, rootfs: str) -> int:
         st = os.fstat(top)
         if (st.st_dev, st.st_ino) != (expect.st_dev, expect.st_ino):
             os.close(top)
-            raise NvcError(f"{rootfs} changed while its sandbox was being set up")
+            raise NvcError(f"{rootfs} changed while its sandbox was being set up") from None
         return top
     try:
         both = syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH

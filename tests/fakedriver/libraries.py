@@ -17,10 +17,10 @@ from typing import Any
 from .machine import Layout
 
 SRC = Path(__file__).resolve().parent / "src"
-# The CUDA and NVML C ABIs are declared once, in the sharing shim's headers (cuda_abi.h, nvml_abi.h):
-# the fake implements the same declarations the shim passes through. -iquote: native/sched.h must not
-# stand in for the system's <sched.h>.
-ABI_HEADERS = Path(__file__).resolve().parents[2] / "native"
+# The CUDA and NVML C ABIs are declared once, in the sharing shim's headers (native/shim/base/cuda_abi.h,
+# nvml_abi.h), named as the shim names them ("base/cuda_abi.h"): the fake implements the same
+# declarations the shim passes through. -iquote: no shim header may stand in for a system one.
+ABI_HEADERS = Path(__file__).resolve().parents[2] / "native" / "shim"
 INCLUDES = [f"-I{SRC}", f"-iquote{ABI_HEADERS}"]
 
 # Library groups of NVIDIA's capability lists. Value: the SONAME's version suffix

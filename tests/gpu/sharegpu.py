@@ -114,7 +114,7 @@ def torch_output_of(out: str) -> tuple[float, list[int], float]:
     """torch_output's figures from torch_load's printed lines (a run in a container, say)."""
     lines = [line.split() for line in out.splitlines()]
     value = {line[0]: float(line[1]) for line in lines if line[0] in ("rate", "cpu_us")}
-    return value["rate"], [int(l[2]) for l in lines if l[0] == "sec"], value["cpu_us"]
+    return value["rate"], [int(row[2]) for row in lines if row[0] == "sec"], value["cpu_us"]
 
 
 def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:

@@ -11,10 +11,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import native
+
 REPO = Path(__file__).resolve().parent.parent.parent
 LIBDIR = Path("/usr/lib/nvc-py")  # as the Makefile's
 INSTALLED_CLIENT = LIBDIR / "nvc-py-hook-client"
-BUILT_CLIENT = REPO / "native" / "nvc-py-hook-client"
+BUILT_CLIENT = native.HOOK_CLIENT  # native/'s, or its sanitized build (make sanitize)
 
 
 def client_path() -> Path:

@@ -1,5 +1,5 @@
 """A container's shared region and scheduler file with the content the sharing shim writes there
-(native/region.h, native/sched.c: the layouts nvc/share/region.py and sched.py read), or whatever
+(native/shim/base/region.h, native/shim/scheduling/sched.c: the layouts nvc/share/region.py and sched.py read), or whatever
 else a container may write: for tests/test_exporter_collector.py and bench/exporter."""
 
 from __future__ import annotations

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from fakedriver.libraries import INCLUDES
 
+from . import native
+
 TESTS = Path(__file__).resolve().parent.parent
 REPO = TESTS.parent
 FAKE_SRC = TESTS / "fakedriver" / "src"
 PROGRAMS = TESTS / "share_programs"
-SHIM = REPO / "native" / "libnvc-share.so"
+SHIM = native.SHIM
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -41,14 +43,14 @@ WAITS_LOG = re.compile(
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The shim (built by its Makefile) and the test programs."""
-    subprocess.run(["make", "-s", "-C", str(REPO / "native")], check=True)
+    native.build()
     out = tmp_path_factory.mktemp("share_programs")
     built = {
         "cuda_probe": [FAKE_SRC / "cuda_probe.c"],
         "share_app": [PROGRAMS / "share_app.c"],
         "hold_lock": [PROGRAMS / "hold_lock.c"],
-        "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native" / "schedpolicy.c"],
-        "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native" / "config.c"],
+        "sched_sim": [PROGRAMS / "sched_sim.c", REPO / "native/shim/scheduling/schedpolicy.c"],
+        "limits_parse": [PROGRAMS / "limits_parse.c", REPO / "native/shim/base/config.c"],
     }
     for name, sources in built.items():
         subprocess.run(
@@ -71,7 +73,7 @@ def share(programs, active_2gpu, tmp_path):
             return {
                 "PATH": os.environ["PATH"],
                 "LD_LIBRARY_PATH": str(libdir),
-                "LD_PRELOAD": str(SHIM),
+                **native.preload_env(),
                 "NVC_SHARE_DIR": str(self.dir),
                 "FAKE_CUDA_CONTEXT_MIB": "0",
                 **limits,

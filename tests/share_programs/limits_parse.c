@@ -1,4 +1,4 @@
-/* limits_parse: the shim's limits parsers (native/config.c) on one input, printing what they read,
+/* limits_parse: the shim's limits parsers (native/shim/base/config.c) on one input, printing what they read,
  * for tests/test_share_native.py to hold against the Python reader and writer of the same grammar.
  *
  *   limits_parse file             parses a limits file's text from stdin
@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config.h"
+#include "base/config.h"
 
 int main(int argc, char **argv)
 {
@@ -33,8 +33,8 @@ int main(int argc, char **argv)
         return 0;
     }
     nvc_config_finish(&cfg);
-    printf("default memory=%llu compute=%u weight=%u\n", (unsigned long long)cfg.memory_default,
-           cfg.compute_default, cfg.weight_default);
+    printf("default memory=%llu compute=%u weight=%u\n", (unsigned long long)cfg.memory_default, cfg.compute_default,
+           cfg.weight_default);
     for (int i = 0; i < cfg.nrules; i++) {
         const struct nvc_limit_rule *r = &cfg.rules[i];
         printf("rule index=%d key=%s memory=%llu compute=%u weight=%u\n", r->index, r->key[0] ? r->key : "-",

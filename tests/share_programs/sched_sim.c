@@ -1,4 +1,4 @@
-/* sched_sim: the shim's scheduler decision (native/schedpolicy.c) driving simulated tenants on a fake
+/* sched_sim: the shim's scheduler decision (native/shim/scheduling/schedpolicy.c) driving simulated tenants on a fake
  * clock and a simulated GPU that time-slices between the tenants with work queued (each one's oldest
  * kernel advances at 1/n of the GPU's speed while n tenants have work, as a GPU's time-slicing between
  * contexts averages out). Deterministic test program for tests/test_share_native.py; nothing here is
@@ -21,14 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "schedpolicy.h"
+#include "scheduling/schedpolicy.h"
 
 #define MAX_T 8
 #define MAX_Q 64
-#define STEP_NS 10000ull               /* the tenants' wait step (the shim sleeps 50-200 us) */
+#define STEP_NS 10000ull /* the tenants' wait step (the shim sleeps 50-200 us) */
 #define MAX_INFLIGHT_NS 2000000ull
 #define SLICE_PERIOD_NS 50000000ull
-#define SAMPLE_NS 100000ull               /* how often a process with work queued looks at the others */
+#define SAMPLE_NS 100000ull /* how often a process with work queued looks at the others */
 
 enum lie { HONEST, BUSY, GARBAGE };
 static const char *const lies[] = {"", "busy", "garbage"};
@@ -38,9 +38,9 @@ static struct tenant {
     unsigned weight, cap;
     enum lie lie;
     uint64_t kernel_ns, host_ns, from_ns, until_ns, host_ready, slice_end;
-    uint64_t queue[MAX_Q];             /* its kernels' remaining GPU time, oldest first */
-    uint64_t began;                    /* when its oldest kernel could start */
-    uint64_t estimate;                 /* a kernel's elapsed time as last measured (the shim's estimate) */
+    uint64_t queue[MAX_Q]; /* its kernels' remaining GPU time, oldest first */
+    uint64_t began;        /* when its oldest kernel could start */
+    uint64_t estimate;     /* a kernel's elapsed time as last measured (the shim's estimate) */
     int qn;
     int64_t credit;
     uint64_t acc, acc_at, waiting_since, longest_wait;
@@ -61,67 +61,64 @@ static uint64_t random64(void)
 static void lie(struct tenant *x, uint64_t now)
 {
     if (x->lie == BUSY)
-        x->v = (struct nvc_sched_view){.id = x->v.id, .seen_ns = now, .busy_until_ns = now + NVC_SCHED_FUTURE_NS - 1,
-                                       .weight = NVC_WEIGHT_MAX};
+        x->v = (struct nvc_sched_view){
+            .id = x->v.id, .seen_ns = now, .busy_until_ns = now + NVC_SCHED_FUTURE_NS - 1, .weight = NVC_WEIGHT_MAX};
     else
-        x->v = (struct nvc_sched_view){.id = x->v.id, .seen_ns = random64(), .busy_until_ns = random64(),
-                                       .capped = (uint32_t)random64(), .weight = (uint32_t)random64(),
+        x->v = (struct nvc_sched_view){.id = x->v.id,
+                                       .seen_ns = random64(),
+                                       .busy_until_ns = random64(),
+                                       .capped = (uint32_t)random64(),
+                                       .weight = (uint32_t)random64(),
                                        .share_permille = (uint32_t)random64()};
 }
 
 static uint64_t inflight(const struct tenant *x)
 {
     uint64_t sum = 0;
-    for (int i = 0; i < x->qn; i++)
-        sum += x->queue[i];
+    for (int i = 0; i < x->qn; i++) sum += x->queue[i];
     return sum;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 3)
-        return 2;
+    if (argc < 3) return 2;
     uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2, gpu_busy = 0;
     for (int i = 2; i < argc && nt < MAX_T; i++, nt++) {
         unsigned long long w, cap, us, from, until;
         char how[16] = "";
-        if (sscanf(argv[i], "%llu:%llu:%llu:%llu:%llu:%15s", &w, &cap, &us, &from, &until, how) < 5)
-            return 2;
+        if (sscanf(argv[i], "%llu:%llu:%llu:%llu:%llu:%15s", &w, &cap, &us, &from, &until, how) < 5) return 2;
         t[nt] = (struct tenant){.v = {.id = (uint64_t)nt + 1, .weight = (uint32_t)w, .cap = (uint32_t)cap},
-                                .weight = (unsigned)w, .cap = (unsigned)cap, .kernel_ns = us * 1000,
-                                .from_ns = from * 1000000, .until_ns = until * 1000000};
+                                .weight = (unsigned)w,
+                                .cap = (unsigned)cap,
+                                .kernel_ns = us * 1000,
+                                .from_ns = from * 1000000,
+                                .until_ns = until * 1000000};
         for (enum lie l = HONEST; l <= GARBAGE; l++)
-            if (!strcmp(how, lies[l]))
-                t[nt].lie = l;
-        if (!t[nt].lie && how[0])
-            t[nt].host_ns = strtoull(how, NULL, 10) * 1000;
+            if (!strcmp(how, lies[l])) t[nt].lie = l;
+        if (!t[nt].lie && how[0]) t[nt].host_ns = strtoull(how, NULL, 10) * 1000;
     }
     uint64_t now, refill = 0;
     struct nvc_sched_view others[MAX_T], seen[MAX_T];
     for (now = 0; now < end_ns; now += STEP_NS) {
-        for (int j = 0; j < nt; j++) {             /* what each tenant's file says now, read as sched.c reads it */
+        for (int j = 0; j < nt; j++) { /* what each tenant's file says now, read as sched.c reads it */
             seen[j] = t[j].v;
             nvc_sched_sanitize(&seen[j], now);
             seen[j].weight = t[j].weight;
         }
         /* the GPU: one step shared by the tenants with work queued */
         int sharing = 0;
-        for (int i = 0; i < nt; i++)
-            sharing += t[i].qn > 0;
+        for (int i = 0; i < nt; i++) sharing += t[i].qn > 0;
         gpu_busy += sharing ? STEP_NS : 0;
         for (int i = 0; i < nt && sharing; i++) {
             struct tenant *x = &t[i];
-            if (!x->qn)
-                continue;
+            if (!x->qn) continue;
             uint64_t slice = STEP_NS / sharing;
             x->gpu[now >= half] += slice;
             x->queue[0] = x->queue[0] > slice ? x->queue[0] - slice : 0;
-            if (x->queue[0])
-                continue;
-            int n = 0;                              /* done: measured and charged as sched.c does */
+            if (x->queue[0]) continue;
+            int n = 0; /* done: measured and charged as sched.c does */
             for (int j = 0; j < nt; j++)
-                if (j != i)
-                    others[n++] = seen[j];
+                if (j != i) others[n++] = seen[j];
             x->estimate = now + STEP_NS - x->began;
             nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
             x->acc = nvc_sched_decay(x->acc, now + STEP_NS - x->acc_at) +
@@ -130,21 +127,20 @@ int main(int argc, char **argv)
             x->began = now + STEP_NS;
             memmove(x->queue, x->queue + 1, (size_t)--x->qn * sizeof x->queue[0]);
             if (!x->qn)
-                x->v.busy_until_ns = now + STEP_NS;   /* drained */
+                x->v.busy_until_ns = now + STEP_NS; /* drained */
             else if (x->v.busy_until_ns < now + 2 * x->qn * x->estimate)
                 x->v.busy_until_ns = now + 2 * x->qn * x->estimate;
         }
-        for (int i = 0; i < nt; i++) {              /* the shims' credit refill, never above 0 */
+        for (int i = 0; i < nt; i++) { /* the shims' credit refill, never above 0 */
             t[i].credit += (int64_t)((now - refill) * t[i].cap / 100);
-            if (t[i].credit > 0)
-                t[i].credit = 0;
+            if (t[i].credit > 0) t[i].credit = 0;
         }
         refill = now;
         for (int i = 0; i < nt; i++) {
             struct tenant *x = &t[i];
             if (now < x->from_ns || now >= x->until_ns) {
                 x->waiting_since = 0;
-                continue;                           /* idle */
+                continue; /* idle */
             }
             if (x->lie) {
                 lie(x, now);
@@ -152,16 +148,14 @@ int main(int argc, char **argv)
             }
             int n = 0;
             for (int j = 0; j < nt; j++)
-                if (j != i)
-                    others[n++] = seen[j];
-            if (x->qn && now % SAMPLE_NS == 0)    /* the shim looks while it waits for room in its queue */
+                if (j != i) others[n++] = seen[j];
+            if (x->qn && now % SAMPLE_NS == 0) /* the shim looks while it waits for room in its queue */
                 nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
             if (now < x->host_ready || x->qn == MAX_Q || (x->qn && inflight(x) + x->kernel_ns > MAX_INFLIGHT_NS))
-                continue;                           /* its host is busy, or its queue full */
-            if (x->cap < 100 && now >= x->slice_end) {   /* outside its slice */
-                if (x->qn)
-                    continue;                       /* its last slice's work drains first */
-                if (x->began > x->slice_end) {      /* and what ran past the slice is charged */
+                continue;                              /* its host is busy, or its queue full */
+            if (x->cap < 100 && now >= x->slice_end) { /* outside its slice */
+                if (x->qn) continue;                   /* its last slice's work drains first */
+                if (x->began > x->slice_end) {         /* and what ran past the slice is charged */
                     x->credit -= (int64_t)(x->began - x->slice_end);
                     x->slice_end = x->began;
                 }
@@ -177,17 +171,13 @@ int main(int argc, char **argv)
             nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
             x->v.share_permille = nvc_sched_share(nvc_sched_decay(x->acc, now > x->acc_at ? now - x->acc_at : 0));
             if (nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
-                if (!x->waiting_since)
-                    x->waiting_since = now;
-                if (x->cap < 100)
-                    x->slice_end += STEP_NS;        /* its slice waits too */
+                if (!x->waiting_since) x->waiting_since = now;
+                if (x->cap < 100) x->slice_end += STEP_NS; /* its slice waits too */
                 continue;
             }
-            if (x->waiting_since && now - x->waiting_since > x->longest_wait)
-                x->longest_wait = now - x->waiting_since;
+            if (x->waiting_since && now - x->waiting_since > x->longest_wait) x->longest_wait = now - x->waiting_since;
             x->waiting_since = 0;
-            if (!x->qn)
-                x->began = now;
+            if (!x->qn) x->began = now;
             x->queue[x->qn++] = x->kernel_ns;
             x->host_ready = now + x->host_ns;
             uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
@@ -196,7 +186,7 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < nt; i++) {
         if (t[i].waiting_since && now - t[i].waiting_since > t[i].longest_wait)
-            t[i].longest_wait = now - t[i].waiting_since;   /* still waiting at the end */
+            t[i].longest_wait = now - t[i].waiting_since; /* still waiting at the end */
         printf("tenant %d %llu %llu %llu\n", i, (unsigned long long)(t[i].gpu[0] * 1000 / half),
                (unsigned long long)(t[i].gpu[1] * 1000 / (end_ns - half)),
                (unsigned long long)(t[i].longest_wait / 1000000));

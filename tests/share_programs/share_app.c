@@ -30,8 +30,7 @@ static void *resolve(const char *name)
 {
     void *fn = NULL;
     CUdriverProcAddressQueryResult status;
-    if (gpa(name, &fn, 13000, flags, &status) != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS)
-        return NULL;
+    if (gpa(name, &fn, 13000, flags, &status) != CUDA_SUCCESS || status != CU_GET_PROC_ADDRESS_SUCCESS) return NULL;
     return fn;
 }
 
@@ -53,10 +52,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "init")) {
             CUcontext ctx;
             r = CALL(cuInit, "cuInit")(0);
-            if (r == CUDA_SUCCESS)
-                r = CALL(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")(&ctx, 0);
-            if (r == CUDA_SUCCESS)
-                r = CALL(cuCtxSetCurrent, "cuCtxSetCurrent")(ctx);
+            if (r == CUDA_SUCCESS) r = CALL(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")(&ctx, 0);
+            if (r == CUDA_SUCCESS) r = CALL(cuCtxSetCurrent, "cuCtxSetCurrent")(ctx);
             printf("init %d\n", r);
         } else if (!strcmp(op, "alloc") || !strcmp(op, "frompool") || !strcmp(op, "async")) {
             size_t bytes = strtoull(argv[++i], NULL, 0);
@@ -73,8 +70,7 @@ int main(int argc, char **argv)
                     r = CALL(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")(&p, bytes, pool, NULL);
             }
             printf("%s %d %d\n", op, r, r == CUDA_SUCCESS ? nslots : -1);
-            if (r == CUDA_SUCCESS)
-                slots[nslots++] = p;
+            if (r == CUDA_SUCCESS) slots[nslots++] = p;
         } else if (!strcmp(op, "free") || !strcmp(op, "freeasync")) {
             CUdeviceptr p = slots[atoi(argv[++i])];
             r = op[4] ? CALL(cuMemFreeAsync, "cuMemFreeAsync")(p, NULL) : CALL(cuMemFree_v2, "cuMemFree")(p);
@@ -85,8 +81,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "defaulttrim")) {
             CUmemoryPool def;
             r = CALL(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool")(&def, 0);
-            if (r == CUDA_SUCCESS)
-                r = CALL(cuMemPoolTrimTo, "cuMemPoolTrimTo")(def, 0);
+            if (r == CUDA_SUCCESS) r = CALL(cuMemPoolTrimTo, "cuMemPoolTrimTo")(def, 0);
             printf("defaulttrim %d\n", r);
         } else if (!strcmp(op, "meminfo")) {
             size_t free_b = 0, total = 0;
@@ -95,20 +90,16 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "which")) {
             Dl_info info = {0};
             void *fn = resolve(argv[++i]);
-            if (!fn || !dladdr(fn, &info))
-                info.dli_fname = info.dli_sname = NULL;
+            if (!fn || !dladdr(fn, &info)) info.dli_fname = info.dli_sname = NULL;
             printf("which %s %s %s\n", argv[i], info.dli_fname ? info.dli_fname : "-",
                    info.dli_sname ? info.dli_sname : "-");
         } else if (!strcmp(op, "fork")) {
             pid_t child = fork();
-            if (child == 0)
-                continue;
+            if (child == 0) continue;
             int status = -1;
-            while (i + 1 < argc && strcmp(argv[i + 1], "end"))
-                i++;
+            while (i + 1 < argc && strcmp(argv[i + 1], "end")) i++;
             i++;
-            if (child < 0 || waitpid(child, &status, 0) != child)
-                status = -1;
+            if (child < 0 || waitpid(child, &status, 0) != child) status = -1;
             printf("forked %d\n", status);
         } else if (!strcmp(op, "end")) {
             return 0;

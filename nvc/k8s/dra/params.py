@@ -40,7 +40,7 @@ class Sharing(NamedTuple):
     backend: str | None = None
 
     def merged(self, later: Sharing) -> Sharing:
-        return Sharing(*(b if b is not None else a for a, b in zip(self, later)))
+        return Sharing(*(b if b is not None else a for a, b in zip(self, later, strict=True)))
 
 
 def api_version(driver: str) -> str:

@@ -115,7 +115,10 @@ class Socket:
             pass
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="dra"))
         self.add(self.server)
-        self.server.add_insecure_port(f"unix://{self.path}")
+        try:
+            self.server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as err:  # grpc says only that it failed
+            raise NvcError(f"{self.path}: cannot listen on it: {err}") from None
         self.server.start()
         self.identity = identity(self.path)
 

@@ -45,7 +45,7 @@ static struct slot {
     size_t size;
     CUmemGenericAllocationHandle handle;
     void *array;
-    CUgraph graph;                   /* S_GRAPH: a graph with one allocation node at ptr */
+    CUgraph graph; /* S_GRAPH: a graph with one allocation node at ptr */
     CUgraphNode node;
     CUgraphExec exec;
 } slots[4096];
@@ -58,16 +58,14 @@ static const char *ename(CUresult r)
 {
     static char buf[32];
     const char *s = NULL;
-    if (p_cuGetErrorName(r, &s) == CUDA_SUCCESS && s)
-        return s;
+    if (p_cuGetErrorName(r, &s) == CUDA_SUCCESS && s) return s;
     snprintf(buf, sizeof(buf), "CUresult(%d)", (int)r);
     return buf;
 }
 
 static int put(struct slot s)
 {
-    if (nslots == (int)(sizeof(slots) / sizeof(slots[0])))
-        return -1;
+    if (nslots == (int)(sizeof(slots) / sizeof(slots[0]))) return -1;
     slots[nslots] = s;
     return nslots++;
 }
@@ -108,24 +106,18 @@ static CUresult load_function(CUfunction *f)
 
 static CUresult vmm_map(size_t bytes, struct slot *s)
 {
-    CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                 .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 } };
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED, .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
     CUdevice dev;
     size_t gran;
     CUresult r = p_cuCtxGetDevice(&dev);
     prop.location.id = dev;
-    if (r == CUDA_SUCCESS)
-        r = p_cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (r != CUDA_SUCCESS)
-        return r;
+    if (r == CUDA_SUCCESS) r = p_cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS) return r;
     s->size = (bytes + gran - 1) / gran * gran;
-    if ((r = p_cuMemCreate(&s->handle, s->size, &prop, 0)) != CUDA_SUCCESS)
-        return r;
-    if ((r = p_cuMemAddressReserve(&s->ptr, s->size, 0, 0, 0)) != CUDA_SUCCESS)
-        return r;
-    if ((r = p_cuMemMap(s->ptr, s->size, 0, s->handle, 0)) != CUDA_SUCCESS)
-        return r;
-    CUmemAccessDesc access = { prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    if ((r = p_cuMemCreate(&s->handle, s->size, &prop, 0)) != CUDA_SUCCESS) return r;
+    if ((r = p_cuMemAddressReserve(&s->ptr, s->size, 0, 0, 0)) != CUDA_SUCCESS) return r;
+    if ((r = p_cuMemMap(s->ptr, s->size, 0, s->handle, 0)) != CUDA_SUCCESS) return r;
+    CUmemAccessDesc access = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     return p_cuMemSetAccess(s->ptr, s->size, &access, 1);
 }
 
@@ -134,8 +126,7 @@ static CUresult pool_attr(CUmemPool_attribute attr, cuuint64_t *value)
     CUdevice dev;
     CUmemoryPool pool;
     CUresult r = p_cuCtxGetDevice(&dev);
-    if (r == CUDA_SUCCESS)
-        r = p_cuDeviceGetDefaultMemPool(&pool, dev);
+    if (r == CUDA_SUCCESS) r = p_cuDeviceGetDefaultMemPool(&pool, dev);
     return r == CUDA_SUCCESS ? p_cuMemPoolGetAttribute(pool, attr, value) : r;
 }
 
@@ -144,11 +135,11 @@ static CUresult memory_graph(const char *how, size_t bytes, CUdeviceptr dptr, st
 {
     CUdevice dev;
     CUresult r = p_cuCtxGetDevice(&dev);
-    CUgraphNodeParams p = { .type = bytes ? CU_GRAPH_NODE_TYPE_MEM_ALLOC : CU_GRAPH_NODE_TYPE_MEM_FREE };
+    CUgraphNodeParams p = {.type = bytes ? CU_GRAPH_NODE_TYPE_MEM_ALLOC : CU_GRAPH_NODE_TYPE_MEM_FREE};
     if (bytes)
-        p.alloc = (CUDA_MEM_ALLOC_NODE_PARAMS){ .poolProps = { .allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
-                                                               .location = { CU_MEM_LOCATION_TYPE_DEVICE, dev } },
-                                                .bytesize = bytes };
+        p.alloc = (CUDA_MEM_ALLOC_NODE_PARAMS){
+            .poolProps = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED, .location = {CU_MEM_LOCATION_TYPE_DEVICE, dev}},
+            .bytesize = bytes};
     else
         p.free.dptr = dptr;
     if (r == CUDA_SUCCESS && !strcmp(how, "capture")) {
@@ -161,8 +152,7 @@ static CUresult memory_graph(const char *how, size_t bytes, CUdeviceptr dptr, st
         if (r == CUDA_SUCCESS) r = end;
     } else if (r == CUDA_SUCCESS) {
         r = p_cuGraphCreate(&s->graph, 0);
-        if (r != CUDA_SUCCESS)
-            return r;
+        if (r != CUDA_SUCCESS) return r;
         if (!strcmp(how, "memalloc"))
             r = bytes ? p_cuGraphAddMemAllocNode(&s->node, s->graph, NULL, 0, &p.alloc)
                       : p_cuGraphAddMemFreeNode(&s->node, s->graph, NULL, 0, dptr);
@@ -181,11 +171,11 @@ static CUresult memory_graph(const char *how, size_t bytes, CUdeviceptr dptr, st
 static CUresult instantiate(const char *how, struct slot *s)
 {
     if (!strcmp(how, "params")) {
-        CUDA_GRAPH_INSTANTIATE_PARAMS ip = { 0 };
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip = {0};
         return p_cuGraphInstantiateWithParams(&s->exec, s->graph, &ip);
     }
-    return p_cuGraphInstantiateWithFlags(&s->exec, s->graph,
-                                         !strcmp(how, "autofree") ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0);
+    return p_cuGraphInstantiateWithFlags(
+        &s->exec, s->graph, !strcmp(how, "autofree") ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0);
 }
 
 static int graph_ops(char **argv, int argc)
@@ -193,7 +183,7 @@ static int graph_ops(char **argv, int argc)
     const char *op = argv[0];
     CUresult r;
     if (!strcmp(op, "gnode") && argc > 2) {
-        struct slot s = { .kind = S_GRAPH };
+        struct slot s = {.kind = S_GRAPH};
         r = memory_graph(argv[1], num(argv[2]), 0, &s);
         alloc_line(op, r, s);
         return 3;
@@ -208,8 +198,7 @@ static int graph_ops(char **argv, int argc)
         printf("%s %s %llu\n", op, ename(r), reserved);
         return 1;
     }
-    if (argc < 2)
-        return 0;
+    if (argc < 2) return 0;
     struct slot *s = get(argv[1], S_GRAPH);
     if (!s) {
         fprintf(stderr, "cuda_probe: %s: slot %s holds no graph\n", op, argv[1]);
@@ -234,7 +223,7 @@ static int graph_ops(char **argv, int argc)
         r = p_cuMemFreeAsync(s->ptr, NULL);
         if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
     } else if (!strcmp(op, "gfreenode") && argc > 2) {
-        struct slot f = { .kind = S_GRAPH };
+        struct slot f = {.kind = S_GRAPH};
         r = memory_graph(argv[2], 0, s->ptr, &f);
         if (r == CUDA_SUCCESS) r = instantiate("flags", &f);
         if (r == CUDA_SUCCESS) r = p_cuGraphLaunch(f.exec, NULL);
@@ -243,9 +232,9 @@ static int graph_ops(char **argv, int argc)
         if (r == CUDA_SUCCESS) r = p_cuGraphDestroy(f.graph);
         used = 3;
     } else if ((!strcmp(op, "gset") || !strcmp(op, "gexecset")) && argc > 2) {
-        CUgraphNodeParams p = { .type = CU_GRAPH_NODE_TYPE_MEM_ALLOC };
+        CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC};
         p.alloc.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-        p.alloc.poolProps.location = (CUmemLocation){ CU_MEM_LOCATION_TYPE_DEVICE, 0 };
+        p.alloc.poolProps.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, 0};
         p.alloc.bytesize = num(argv[2]);
         r = op[1] == 's' ? p_cuGraphNodeSetParams(s->node, &p) : p_cuGraphExecNodeSetParams(s->exec, s->node, &p);
         used = 3;
@@ -265,7 +254,13 @@ static int run(char **argv, int argc)
 {
     const char *op = argv[0];
     CUresult r;
-#define NEED(n) do { if (argc < (n) + 1) { fprintf(stderr, "cuda_probe: %s needs %d arguments\n", op, n); exit(2); } } while (0)
+#define NEED(n) \
+    do { \
+        if (argc < (n) + 1) { \
+            fprintf(stderr, "cuda_probe: %s needs %d arguments\n", op, n); \
+            exit(2); \
+        } \
+    } while (0)
     if (!strcmp(op, "init")) {
         printf("init %s\n", ename(p_cuInit(0)));
         return 1;
@@ -280,7 +275,7 @@ static int run(char **argv, int argc)
         NEED(1);
         int i = atoi(argv[1]), major = 0, minor = 0, sms = 0;
         char name[256] = "", bus[32] = "", hex[33] = "";
-        CUuuid uuid = { { 0 } };
+        CUuuid uuid = {{0}};
         size_t total = 0;
         r = p_cuDeviceGetName(name, sizeof(name), i);
         if (r == CUDA_SUCCESS) r = p_cuDeviceGetUuid_v2(&uuid, i);
@@ -289,18 +284,16 @@ static int run(char **argv, int argc)
         if (r == CUDA_SUCCESS) r = p_cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, i);
         if (r == CUDA_SUCCESS) r = p_cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, i);
         if (r == CUDA_SUCCESS) r = p_cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, i);
-        for (int k = 0; k < 16; k++)
-            sprintf(hex + 2 * k, "%02x", (unsigned char)uuid.bytes[k]);
-        printf("dev %s uuid=%s pci=%s total=%zu cc=%d.%d sms=%d name=%s\n", ename(r), hex, bus, total, major,
-               minor, sms, name);
+        for (int k = 0; k < 16; k++) sprintf(hex + 2 * k, "%02x", (unsigned char)uuid.bytes[k]);
+        printf("dev %s uuid=%s pci=%s total=%zu cc=%d.%d sms=%d name=%s\n", ename(r), hex, bus, total, major, minor,
+               sms, name);
         return 2;
     }
     if (!strcmp(op, "ctx")) {
         NEED(1);
         CUcontext c;
         r = p_cuDevicePrimaryCtxRetain(&c, atoi(argv[1]));
-        if (r == CUDA_SUCCESS)
-            r = p_cuCtxSetCurrent(c);
+        if (r == CUDA_SUCCESS) r = p_cuCtxSetCurrent(c);
         printf("ctx %s\n", ename(r));
         return 2;
     }
@@ -313,8 +306,7 @@ static int run(char **argv, int argc)
         NEED(1);
         CUcontext c = NULL;
         r = ncreated < 16 ? p_cuCtxCreate_v2(&c, 0, atoi(argv[1])) : CUDA_ERROR_INVALID_VALUE;
-        if (r == CUDA_SUCCESS)
-            created[ncreated++] = c;
+        if (r == CUDA_SUCCESS) created[ncreated++] = c;
         printf("ctxcreate %s\n", ename(r));
         return 2;
     }
@@ -337,14 +329,14 @@ static int run(char **argv, int argc)
     }
     if (!strcmp(op, "alloc") || !strcmp(op, "managed")) {
         NEED(1);
-        struct slot s = { .kind = S_MEM, .size = num(argv[1]) };
+        struct slot s = {.kind = S_MEM, .size = num(argv[1])};
         r = op[0] == 'a' ? p_cuMemAlloc_v2(&s.ptr, s.size) : p_cuMemAllocManaged(&s.ptr, s.size, CU_MEM_ATTACH_GLOBAL);
         alloc_line(op, r, s);
         return 2;
     }
     if (!strcmp(op, "pitch")) {
         NEED(3);
-        struct slot s = { .kind = S_MEM };
+        struct slot s = {.kind = S_MEM};
         size_t pitch = 0;
         r = p_cuMemAllocPitch_v2(&s.ptr, &pitch, num(argv[1]), num(argv[2]), (unsigned)num(argv[3]));
         printf("pitch %s %zu %d\n", ename(r), pitch, r == CUDA_SUCCESS ? put(s) : -1);
@@ -355,14 +347,13 @@ static int run(char **argv, int argc)
         struct slot *s = get(argv[1], S_MEM);
         CUdeviceptr p = s ? s->ptr : 0xdead0000ull;
         r = op[4] ? p_cuMemFreeAsync(p, NULL) : p_cuMemFree_v2(p);
-        if (r == CUDA_SUCCESS && s)
-            s->kind = S_FREE;
+        if (r == CUDA_SUCCESS && s) s->kind = S_FREE;
         printf("%s %s\n", op, ename(r));
         return 2;
     }
     if (!strcmp(op, "vmm")) {
         NEED(1);
-        struct slot s = { .kind = S_VMM };
+        struct slot s = {.kind = S_VMM};
         alloc_line(op, vmm_map(num(argv[1]), &s), s);
         return 2;
     }
@@ -378,7 +369,7 @@ static int run(char **argv, int argc)
     }
     if (!strcmp(op, "async")) {
         NEED(1);
-        struct slot s = { .kind = S_MEM, .size = num(argv[1]) };
+        struct slot s = {.kind = S_MEM, .size = num(argv[1])};
         alloc_line(op, p_cuMemAllocAsync(&s.ptr, s.size, NULL), s);
         return 2;
     }
@@ -404,16 +395,19 @@ static int run(char **argv, int argc)
     if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
         int three = op[5] == '3', mip = op[0] == 'm', used = three ? 6 : mip ? 7 : 5;
         NEED(used - 1);
-        CUDA_ARRAY3D_DESCRIPTOR d3 = { num(argv[1]), num(argv[2]), three || mip ? num(argv[3]) : 0,
-                                       (CUarray_format)num(argv[used - 2 - mip]), (unsigned)num(argv[used - 1 - mip]),
-                                       0 };
-        struct slot s = { .kind = mip ? S_MIPMAP : S_ARRAY };
+        CUDA_ARRAY3D_DESCRIPTOR d3 = {num(argv[1]),
+                                      num(argv[2]),
+                                      three || mip ? num(argv[3]) : 0,
+                                      (CUarray_format)num(argv[used - 2 - mip]),
+                                      (unsigned)num(argv[used - 1 - mip]),
+                                      0};
+        struct slot s = {.kind = mip ? S_MIPMAP : S_ARRAY};
         if (mip) {
             r = p_cuMipmappedArrayCreate((CUmipmappedArray *)&s.array, &d3, (unsigned)num(argv[6]));
         } else if (three) {
             r = p_cuArray3DCreate_v2((CUarray *)&s.array, &d3);
         } else {
-            CUDA_ARRAY_DESCRIPTOR d2 = { d3.Width, d3.Height, d3.Format, d3.NumChannels };
+            CUDA_ARRAY_DESCRIPTOR d2 = {d3.Width, d3.Height, d3.Format, d3.NumChannels};
             r = p_cuArrayCreate_v2((CUarray *)&s.array, &d2);
         }
         alloc_line(op, r, s);
@@ -424,8 +418,7 @@ static int run(char **argv, int argc)
         struct slot *s = get(argv[1], S_ARRAY);
         struct slot *m = s ? NULL : get(argv[1], S_MIPMAP);
         r = s ? p_cuArrayDestroy(s->array) : m ? p_cuMipmappedArrayDestroy(m->array) : CUDA_ERROR_INVALID_HANDLE;
-        if (r == CUDA_SUCCESS)
-            (s ? s : m)->kind = S_FREE;
+        if (r == CUDA_SUCCESS) (s ? s : m)->kind = S_FREE;
         printf("arrayfree %s\n", ename(r));
         return 2;
     }
@@ -433,7 +426,7 @@ static int run(char **argv, int argc)
         NEED(3);
         void *fn = NULL;
         CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
-        Dl_info info = { 0 };
+        Dl_info info = {0};
         r = p_cuGetProcAddress_v2(argv[1], &fn, (int)num(argv[2]), num(argv[3]), &status);
         printf("procaddr %s %d %s\n", ename(r), (int)status,
                fn && dladdr(fn, &info) && info.dli_sname ? info.dli_sname : "-");
@@ -452,7 +445,7 @@ static int run(char **argv, int argc)
         printf("%s %s %.0f\n", op, ename(r), now_us() - t0);
         return coop ? 3 : 4;
     }
-    if (!strcmp(op, "steps")) {      /* a training-like loop: a kernel, wait for it, host work */
+    if (!strcmp(op, "steps")) { /* a training-like loop: a kernel, wait for it, host work */
         NEED(4);
         int n = atoi(argv[1]);
         unsigned grid = (unsigned)num(argv[2]), block = (unsigned)num(argv[3]);
@@ -461,14 +454,13 @@ static int run(char **argv, int argc)
         r = load_function(&f);
         for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
             r = p_cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, NULL, NULL, NULL);
-            if (r == CUDA_SUCCESS)
-                r = p_cuCtxSynchronize();
+            if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
             host_work(host_us);
         }
         printf("steps %s %.0f\n", ename(r), now_us() - t0);
         return 5;
     }
-    if (!strcmp(op, "burst")) {      /* a framework's step: K launches, host work after each, one wait */
+    if (!strcmp(op, "burst")) { /* a framework's step: K launches, host work after each, one wait */
         NEED(3);
         int n = atoi(argv[1]), k = atoi(argv[2]);
         double host_us = (double)num(argv[3]), t0 = now_us();
@@ -479,8 +471,7 @@ static int run(char **argv, int argc)
                 r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
                 host_work(host_us);
             }
-            if (r == CUDA_SUCCESS)
-                r = p_cuCtxSynchronize();
+            if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
         }
         printf("burst %s %.0f\n", ename(r), now_us() - t0);
         return 4;
@@ -495,13 +486,12 @@ static int run(char **argv, int argc)
         r = load_function(&f);
         if (r == CUDA_SUCCESS) r = p_cuGraphCreate(&g, 0);
         for (int i = 0; i < nodes && r == CUDA_SUCCESS; i++) {
-            CUDA_KERNEL_NODE_PARAMS kp = { f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL };
+            CUDA_KERNEL_NODE_PARAMS kp = {f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL};
             r = p_cuGraphAddKernelNode_v2(&node, g, prev ? &prev : NULL, prev ? 1 : 0, &kp);
             prev = node;
         }
         if (r == CUDA_SUCCESS) r = p_cuGraphInstantiateWithFlags(&e, g, 0);
-        for (int i = 0; i < launches && r == CUDA_SUCCESS; i++)
-            r = p_cuGraphLaunch(e, NULL);
+        for (int i = 0; i < launches && r == CUDA_SUCCESS; i++) r = p_cuGraphLaunch(e, NULL);
         if (e && r == CUDA_SUCCESS) r = p_cuGraphExecDestroy(e);
         if (g && r == CUDA_SUCCESS) r = p_cuGraphDestroy(g);
         printf("graph %s\n", ename(r));
@@ -557,8 +547,7 @@ static int run(char **argv, int argc)
         printf("events %s %.3f\n", ename(r), ms);
         return 2;
     }
-    if (op[0] == 'g' && strcmp(op, "graph"))
-        return graph_ops(argv, argc);
+    if (op[0] == 'g' && strcmp(op, "graph")) return graph_ops(argv, argc);
     if (!strcmp(op, "stats")) {
         NEED(1);
         unsigned long long launches = 0, busy = 0, used = 0;

@@ -10,8 +10,8 @@ struct fake_mig {
     const char *uuid;                /* "MIG-…" */
     unsigned long long memory_total; /* bytes */
     unsigned sm_count;
-    unsigned gpu_slices;             /* "<g>g" of the profile name */
-    unsigned compute_slices;         /* "<c>c" of the profile name, = gpu_slices when absent */
+    unsigned gpu_slices;     /* "<g>g" of the profile name */
+    unsigned compute_slices; /* "<c>c" of the profile name, = gpu_slices when absent */
 };
 
 struct fake_gpu {
@@ -27,8 +27,8 @@ struct fake_gpu {
     int mig_enabled;
     unsigned mig_count;
     const struct fake_mig *migs;
-    int mig_capable;                 /* 0: MIG queries answer NVML_ERROR_NOT_SUPPORTED */
-    unsigned pci_device_id;          /* nvmlPciInfo_t.pciDeviceId, e.g. 0x233010DE */
+    int mig_capable;        /* 0: MIG queries answer NVML_ERROR_NOT_SUPPORTED */
+    unsigned pci_device_id; /* nvmlPciInfo_t.pciDeviceId, e.g. 0x233010DE */
 };
 
 /* fake_machine.h defines:

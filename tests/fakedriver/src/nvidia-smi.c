@@ -15,13 +15,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/nvml_abi.h"
 #include "fake_machine.h"
-#include "nvml_abi.h"
 
 /* The real tool carries its driver's version string; nvc-py checks for it. */
 static const char BUILT_FOR[] __attribute__((used)) = "nvidia-smi " FAKE_DRIVER_VERSION;
 
-#define TABLE_WIDTH 89   /* characters between the outer '|' of the summary table */
+#define TABLE_WIDTH 89 /* characters between the outer '|' of the summary table */
 
 static struct {
     nvmlReturn_t (*init)(void);
@@ -45,8 +45,14 @@ static struct {
     nvmlReturn_t (*ci_id)(nvmlDevice_t, unsigned *);
 } nvml;
 
-static const struct { const char *symbol; size_t offset; } symbols[] = {
-#define SYM(field, name) {name, offsetof(__typeof__(nvml), field)}
+static const struct {
+    const char *symbol;
+    size_t offset;
+} symbols[] = {
+#define SYM(field, name) \
+    { \
+        name, offsetof(__typeof__(nvml), field) \
+    }
     SYM(init, "nvmlInit_v2"),
     SYM(shutdown, "nvmlShutdown"),
     SYM(error_string, "nvmlErrorString"),
@@ -77,8 +83,7 @@ static void die_nvml(const char *what, nvmlReturn_t ret)
 
 static void check(const char *what, nvmlReturn_t ret)
 {
-    if (ret != NVML_SUCCESS)
-        die_nvml(what, ret);
+    if (ret != NVML_SUCCESS) die_nvml(what, ret);
 }
 
 static void load_nvml(void)
@@ -130,8 +135,7 @@ static void gpu_info(unsigned index, struct gpu_info *info)
     check("nvmlDeviceGetCudaComputeCapability", nvml.cc(info->handle, &info->cc_major, &info->cc_minor));
     check("nvmlDeviceGetMinorNumber", nvml.minor(info->handle, &info->minor));
     nvmlReturn_t ret = nvml.mig_mode(info->handle, &info->mig_mode, &pending);
-    if (ret != NVML_SUCCESS && ret != NVML_ERROR_NOT_SUPPORTED)
-        die_nvml("nvmlDeviceGetMigMode", ret);
+    if (ret != NVML_SUCCESS && ret != NVML_ERROR_NOT_SUPPORTED) die_nvml("nvmlDeviceGetMigMode", ret);
     info->mig_capable = ret == NVML_SUCCESS;
 }
 
@@ -146,14 +150,12 @@ static unsigned gpu_count(void)
 static void for_each_mig(const struct gpu_info *gpu, void (*fn)(const struct gpu_info *, nvmlDevice_t, unsigned))
 {
     unsigned max;
-    if (!gpu->mig_capable || gpu->mig_mode != NVML_DEVICE_MIG_ENABLE)
-        return;
+    if (!gpu->mig_capable || gpu->mig_mode != NVML_DEVICE_MIG_ENABLE) return;
     check("nvmlDeviceGetMaxMigDeviceCount", nvml.max_migs(gpu->handle, &max));
     for (unsigned i = 0; i < max; i++) {
         nvmlDevice_t mig;
         nvmlReturn_t ret = nvml.mig_by_index(gpu->handle, i, &mig);
-        if (ret == NVML_ERROR_NOT_FOUND)
-            return;
+        if (ret == NVML_ERROR_NOT_FOUND) return;
         check("nvmlDeviceGetMigDeviceHandleByIndex", ret);
         fn(gpu, mig, i);
     }
@@ -196,14 +198,40 @@ static void cuda_version_string(char *buf, size_t size)
 
 /* --- --query-gpu ------------------------------------------------------------------------- */
 
-enum field { F_INDEX, F_NAME, F_UUID, F_BUS_ID, F_DRIVER, F_MEM_TOTAL, F_MEM_USED, F_MEM_FREE, F_MIG_MODE,
-             F_COMPUTE_CAP, F_COUNT, F_MINOR };
-static const struct { const char *name; enum field field; int mib; } fields[] = {
-    {"index", F_INDEX, 0}, {"name", F_NAME, 0}, {"gpu_name", F_NAME, 0}, {"uuid", F_UUID, 0},
-    {"gpu_uuid", F_UUID, 0}, {"pci.bus_id", F_BUS_ID, 0}, {"gpu_bus_id", F_BUS_ID, 0},
-    {"driver_version", F_DRIVER, 0}, {"memory.total", F_MEM_TOTAL, 1}, {"memory.used", F_MEM_USED, 1},
-    {"memory.free", F_MEM_FREE, 1}, {"mig.mode.current", F_MIG_MODE, 0}, {"compute_cap", F_COMPUTE_CAP, 0},
-    {"count", F_COUNT, 0}, {"minor_number", F_MINOR, 0},
+enum field {
+    F_INDEX,
+    F_NAME,
+    F_UUID,
+    F_BUS_ID,
+    F_DRIVER,
+    F_MEM_TOTAL,
+    F_MEM_USED,
+    F_MEM_FREE,
+    F_MIG_MODE,
+    F_COMPUTE_CAP,
+    F_COUNT,
+    F_MINOR
+};
+static const struct {
+    const char *name;
+    enum field field;
+    int mib;
+} fields[] = {
+    {"index", F_INDEX, 0},
+    {"name", F_NAME, 0},
+    {"gpu_name", F_NAME, 0},
+    {"uuid", F_UUID, 0},
+    {"gpu_uuid", F_UUID, 0},
+    {"pci.bus_id", F_BUS_ID, 0},
+    {"gpu_bus_id", F_BUS_ID, 0},
+    {"driver_version", F_DRIVER, 0},
+    {"memory.total", F_MEM_TOTAL, 1},
+    {"memory.used", F_MEM_USED, 1},
+    {"memory.free", F_MEM_FREE, 1},
+    {"mig.mode.current", F_MIG_MODE, 0},
+    {"compute_cap", F_COMPUTE_CAP, 0},
+    {"count", F_COUNT, 0},
+    {"minor_number", F_MINOR, 0},
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 #define MAX_QUERY 32
@@ -253,8 +281,7 @@ static int query_gpu(char *query, const char *format)
     }
     for (char *name = strtok_r(query, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
         size_t f = 0;
-        while (f < NFIELDS && strcmp(fields[f].name, name) != 0)
-            f++;
+        while (f < NFIELDS && strcmp(fields[f].name, name) != 0) f++;
         if (f == NFIELDS) {
             fprintf(stderr, "Field \"%s\" is not a valid field to query.\n\n", name);
             return 2;
@@ -268,8 +295,7 @@ static int query_gpu(char *query, const char *format)
     if (header)
         for (size_t i = 0; i < n; i++)
             printf("%s%s%s", i ? ", " : "", fields[picked[i]].name, fields[picked[i]].mib ? " [MiB]" : "");
-    if (header)
-        printf("\n");
+    if (header) printf("\n");
     unsigned count = gpu_count();
     for (unsigned g = 0; g < count; g++) {
         struct gpu_info gpu;
@@ -298,8 +324,7 @@ static void rule(char c, const int *widths, int n)
 {
     putchar('+');
     for (int i = 0; i < n; i++) {
-        for (int k = 0; k < widths[i]; k++)
-            putchar(c);
+        for (int k = 0; k < widths[i]; k++) putchar(c);
         putchar('+');
     }
     putchar('\n');
@@ -384,7 +409,7 @@ static int summary(void)
         any_mig |= gpu.mig_capable && gpu.mig_mode == NVML_DEVICE_MIG_ENABLE;
     }
     if (any_mig) {
-            printf("\n");
+        printf("\n");
         rule('-', full, 1);
         printf("|");
         cell("MIG devices:", "", TABLE_WIDTH);

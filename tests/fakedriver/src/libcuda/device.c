@@ -6,19 +6,15 @@
 
 static int parse_uuid(const char *text, unsigned char out[16])
 {
-    if (strncmp(text, "GPU-", 4) != 0)
-        return -1;
+    if (strncmp(text, "GPU-", 4) != 0) return -1;
     int n = 0;
     for (const char *p = text + 4; *p; p++) {
-        if (*p == '-')
-            continue;
-        char hex[3] = { p[0], p[1], 0 };
+        if (*p == '-') continue;
+        char hex[3] = {p[0], p[1], 0};
         char *end;
-        if (n == 16 || !p[1])
-            return -1;
+        if (n == 16 || !p[1]) return -1;
         unsigned long v = strtoul(hex, &end, 16);
-        if (*end)
-            return -1;
+        if (*end) return -1;
         out[n++] = (unsigned char)v;
         p++;
     }
@@ -34,8 +30,7 @@ static int node_exists(const char *path)
 static int parse_env_u64(const char *name, uint64_t *out)
 {
     const char *v = getenv(name);
-    if (!v || !*v)
-        return 0;
+    if (!v || !*v) return 0;
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
@@ -58,21 +53,17 @@ static int select_visible(const int *present, int npresent, int *out)
     int n = 0;
     char *copy = strdup(spec), *save = NULL;
     for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ')
-            tok++;
+        while (*tok == ' ') tok++;
         size_t len = strlen(tok);
-        while (len && tok[len - 1] == ' ')
-            tok[--len] = 0;
+        while (len && tok[len - 1] == ' ') tok[--len] = 0;
         int pick = -1;
         if (len && strspn(tok, "0123456789") == len) {
             long i = strtol(tok, NULL, 10);
-            if (i < npresent)
-                pick = present[i];
+            if (i < npresent) pick = present[i];
         } else if (strncmp(tok, "GPU-", 4) == 0) {
             for (int i = 0; i < npresent; i++) {
-                if (strncasecmp(FAKE_GPUS[present[i]].uuid, tok, len) != 0)
-                    continue;
-                if (pick >= 0) {          /* ambiguous prefix */
+                if (strncasecmp(FAKE_GPUS[present[i]].uuid, tok, len) != 0) continue;
+                if (pick >= 0) { /* ambiguous prefix */
                     pick = -1;
                     break;
                 }
@@ -80,10 +71,8 @@ static int select_visible(const int *present, int npresent, int *out)
             }
         }
         for (int j = 0; j < n && pick >= 0; j++)
-            if (out[j] == pick)
-                pick = -1;
-        if (pick < 0)
-            break;                        /* the real driver ignores the rest of the list */
+            if (out[j] == pick) pick = -1;
+        if (pick < 0) break; /* the real driver ignores the rest of the list */
         out[n++] = pick;
     }
     free(copy);
@@ -99,20 +88,16 @@ static CUresult do_init(void)
         return CUDA_ERROR_INVALID_VALUE;
     fake_kernel_ns = us * 1000ull;
     CUresult r = fake_timeline_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (!node_exists("/dev/nvidiactl"))
-        return CUDA_ERROR_NO_DEVICE;
+    if (r != CUDA_SUCCESS) return r;
+    if (!node_exists("/dev/nvidiactl")) return CUDA_ERROR_NO_DEVICE;
     int present[FAKE_GPU_COUNT], npresent = 0, visible[FAKE_GPU_COUNT];
     for (int i = 0; i < FAKE_GPU_COUNT; i++) {
         char path[64];
         snprintf(path, sizeof(path), "/dev/nvidia%u", FAKE_GPUS[i].minor);
-        if (node_exists(path))
-            present[npresent++] = i;
+        if (node_exists(path)) present[npresent++] = i;
     }
     fake_ndev = select_visible(present, npresent, visible);
-    if (fake_ndev == 0)
-        return CUDA_ERROR_NO_DEVICE;
+    if (fake_ndev == 0) return CUDA_ERROR_NO_DEVICE;
     for (int i = 0; i < fake_ndev; i++) {
         struct fdev *d = &fake_dev[i];
         d->gpu = &FAKE_GPUS[visible[i]];
@@ -128,8 +113,7 @@ static CUresult do_init(void)
 
 CUresult cuInit(unsigned int flags)
 {
-    if (flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     lock();
     if (!fake_init_done) {
         fake_init_result = do_init();
@@ -142,8 +126,7 @@ CUresult cuInit(unsigned int flags)
 
 CUresult cuDriverGetVersion(int *version)
 {
-    if (!version)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
     *version = FAKE_CUDA_VERSION;
     return CUDA_SUCCESS;
 }
@@ -158,8 +141,7 @@ static CUresult device_query(int outputs_given, CUdevice dev)
 
 CUresult cuDeviceGetCount(int *count)
 {
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = fake_check_init();
     *count = r == CUDA_SUCCESS ? fake_ndev : 0;
     return r;
@@ -168,32 +150,28 @@ CUresult cuDeviceGetCount(int *count)
 CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
     CUresult r = device_query(device != NULL, ordinal);
-    if (r == CUDA_SUCCESS)
-        *device = ordinal;
+    if (r == CUDA_SUCCESS) *device = ordinal;
     return r;
 }
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
     CUresult r = device_query(name && len > 0, dev);
-    if (r == CUDA_SUCCESS)
-        snprintf(name, (size_t)len, "%s", fake_dev[dev].gpu->name);
+    if (r == CUDA_SUCCESS) snprintf(name, (size_t)len, "%s", fake_dev[dev].gpu->name);
     return r;
 }
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
     CUresult r = device_query(uuid != NULL, dev);
-    if (r == CUDA_SUCCESS)
-        memcpy(uuid->bytes, fake_dev[dev].uuid, 16);
+    if (r == CUDA_SUCCESS) memcpy(uuid->bytes, fake_dev[dev].uuid, 16);
     return r;
 }
 
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
 
 /* The machine table holds NVML's "00000000:3B:00.0"; CUDA reports a 4-digit domain. */
-static int pci_fields(const struct fake_gpu *g, unsigned *domain, unsigned *bus, unsigned *device,
-                      unsigned *function)
+static int pci_fields(const struct fake_gpu *g, unsigned *domain, unsigned *bus, unsigned *device, unsigned *function)
 {
     return sscanf(g->pci_bus_id, "%x:%x:%x.%x", domain, bus, device, function) == 4 ? 0 : -1;
 }
@@ -201,11 +179,9 @@ static int pci_fields(const struct fake_gpu *g, unsigned *domain, unsigned *bus,
 CUresult cuDeviceGetPCIBusId(char *busid, int len, CUdevice dev)
 {
     CUresult r = device_query(busid && len > 0, dev);
-    if (r != CUDA_SUCCESS)
-        return r;
+    if (r != CUDA_SUCCESS) return r;
     unsigned domain, bus, device, function;
-    if (pci_fields(fake_dev[dev].gpu, &domain, &bus, &device, &function) < 0)
-        return CUDA_ERROR_UNKNOWN;
+    if (pci_fields(fake_dev[dev].gpu, &domain, &bus, &device, &function) < 0) return CUDA_ERROR_UNKNOWN;
     snprintf(busid, (size_t)len, "%04X:%02X:%02X.%X", domain, bus, device, function);
     return CUDA_SUCCESS;
 }
@@ -213,37 +189,31 @@ CUresult cuDeviceGetPCIBusId(char *busid, int len, CUdevice dev)
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     CUresult r = device_query(bytes != NULL, dev);
-    if (r == CUDA_SUCCESS)
-        *bytes = (size_t)fake_dev[dev].gpu->memory_total;
+    if (r == CUDA_SUCCESS) *bytes = (size_t)fake_dev[dev].gpu->memory_total;
     return r;
 }
 
 CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
     size_t total;
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = cuDeviceTotalMem_v2(&total, dev);
-    if (r == CUDA_SUCCESS)
-        *bytes = total > UINT_MAX ? UINT_MAX : (unsigned int)total;
+    if (r == CUDA_SUCCESS) *bytes = total > UINT_MAX ? UINT_MAX : (unsigned int)total;
     return r;
 }
 
 /* Resident threads per SM by compute capability (the CUDA programming guide's table). */
 int fake_threads_per_sm(int major, int minor)
 {
-    if (major == 7 && minor == 5)
-        return 1024;
-    if ((major == 8 && minor != 0) || major == 12)
-        return 1536;
+    if (major == 7 && minor == 5) return 1024;
+    if ((major == 8 && minor != 0) || major == 12) return 1536;
     return 2048;
 }
 
 CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice dev)
 {
     CUresult r = device_query(value != NULL, dev);
-    if (r != CUDA_SUCCESS)
-        return r;
+    if (r != CUDA_SUCCESS) return r;
     const struct fake_gpu *g = fake_dev[dev].gpu;
     unsigned domain, bus, device, function;
     int have_pci = pci_fields(g, &domain, &bus, &device, &function) == 0;
@@ -266,15 +236,22 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice de
         break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = g->cc_major; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = g->cc_minor; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: if (!have_pci) return CUDA_ERROR_UNKNOWN; *value = (int)domain; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: if (!have_pci) return CUDA_ERROR_UNKNOWN; *value = (int)bus; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: if (!have_pci) return CUDA_ERROR_UNKNOWN; *value = (int)device; break;
-    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE:           /* default */
-    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER:
-    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD:
-        *value = 0;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+        if (!have_pci) return CUDA_ERROR_UNKNOWN;
+        *value = (int)domain;
         break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+        if (!have_pci) return CUDA_ERROR_UNKNOWN;
+        *value = (int)bus;
+        break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+        if (!have_pci) return CUDA_ERROR_UNKNOWN;
+        *value = (int)device;
+        break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED:
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: /* default */
+    case CU_DEVICE_ATTRIBUTE_TCC_DRIVER:
+    case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: *value = 0; break;
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
@@ -282,11 +259,8 @@ CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice de
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-        *value = 1;
-        break;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *value = 1; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }

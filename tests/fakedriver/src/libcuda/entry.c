@@ -4,35 +4,36 @@
 
 /* ---------------------------------------------------------------- errors */
 
-static const struct { CUresult code; const char *name, *text; } ERRORS[] = {
-    { CUDA_SUCCESS, "CUDA_SUCCESS", "no error" },
-    { CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument" },
-    { CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory" },
-    { CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error" },
-    { CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down" },
-    { CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected" },
-    { CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal" },
-    { CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid" },
-    { CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context" },
-    { CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found" },
-    { CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle" },
-    { CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found" },
-    { CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready" },
-    { CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
-      "too many resources requested for launch" },
-    { CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE",
-      "primary context active" },
-    { CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed" },
-    { CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
-      "too many blocks in cooperative launch" },
-    { CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
-    { CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error" },
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} ERRORS[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+     "too many resources requested for launch"},
+    {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+     "too many blocks in cooperative launch"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
 static CUresult error_lookup(CUresult error, const char **str, int want_name)
 {
-    if (!str)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof(ERRORS) / sizeof(ERRORS[0]); i++)
         if (ERRORS[i].code == error) {
             *str = want_name ? ERRORS[i].name : ERRORS[i].text;
@@ -54,6 +55,8 @@ static const struct proc {
     int version;
     void *fn, *per_thread;
 } PROCS[] = {
+/* One entry a line, as a table: clang-format would run the macro calls together. */
+/* clang-format off */
 #define P(name, version, fn) { name, version, (void *)fn, NULL },
 #define PT(name, version, fn) { name, version, (void *)fn, (void *)fn##_ptsz },
     P("cuInit", 2000, cuInit)
@@ -171,29 +174,28 @@ static const struct proc {
     P("cuGetProcAddress", 12000, cuGetProcAddress_v2)
 #undef P
 #undef PT
+    /* clang-format on */
 };
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *status)
 {
-    if (!symbol || !pfn || (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
-                                                   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
+    if (!symbol || !pfn ||
+        (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)))
         return CUDA_ERROR_INVALID_VALUE;
     const struct proc *best = NULL;
     int known = 0;
     for (size_t i = 0; i < sizeof(PROCS) / sizeof(PROCS[0]); i++) {
-        if (strcmp(PROCS[i].name, symbol) != 0)
-            continue;
+        if (strcmp(PROCS[i].name, symbol) != 0) continue;
         known = 1;
-        if (PROCS[i].version <= cuda_version && (!best || PROCS[i].version > best->version))
-            best = &PROCS[i];
+        if (PROCS[i].version <= cuda_version && (!best || PROCS[i].version > best->version)) best = &PROCS[i];
     }
     *pfn = NULL;
     if (status)
-        *status = best ? CU_GET_PROC_ADDRESS_SUCCESS
-                       : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    if (!best)
-        return CUDA_ERROR_NOT_FOUND;
+        *status = best    ? CU_GET_PROC_ADDRESS_SUCCESS
+                  : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                          : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (!best) return CUDA_ERROR_NOT_FOUND;
     *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best->per_thread ? best->per_thread : best->fn;
     return CUDA_SUCCESS;
 }

@@ -6,15 +6,12 @@
 
 CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
 {
-    if (!graph || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!graph || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_init();
     struct obj *g = NULL;
-    if (r == CUDA_SUCCESS && !(g = fake_obj_new(K_GRAPH, 0)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS)
-        *graph = (CUgraph)g;
+    if (r == CUDA_SUCCESS && !(g = fake_obj_new(K_GRAPH, 0))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) *graph = (CUgraph)g;
     unlock();
     return r;
 }
@@ -22,26 +19,23 @@ CUresult cuGraphCreate(CUgraph *graph, unsigned int flags)
 CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
                                  const CUDA_KERNEL_NODE_PARAMS *params)
 {
-    if (!node || !params || (ndeps && !deps))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!node || !params || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct obj *g, *f;
     CUresult r = fake_find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
-    if (r == CUDA_SUCCESS)
-        r = fake_find(K_FUNC, (uintptr_t)params->func, CUDA_ERROR_INVALID_VALUE, &f);
+    if (r == CUDA_SUCCESS) r = fake_find(K_FUNC, (uintptr_t)params->func, CUDA_ERROR_INVALID_VALUE, &f);
     for (size_t i = 0; r == CUDA_SUCCESS && i < ndeps; i++) {
         struct obj *d = fake_handle_find(K_NODE, deps[i]);
-        if (!d || d->parent != g)
-            r = CUDA_ERROR_INVALID_VALUE;
+        if (!d || d->parent != g) r = CUDA_ERROR_INVALID_VALUE;
     }
     if (r == CUDA_SUCCESS) {
-        struct launch l = { { params->gridDimX, params->gridDimY, params->gridDimZ },
-                            { params->blockDimX, params->blockDimY, params->blockDimZ }, 0 };
+        struct launch l = {{params->gridDimX, params->gridDimY, params->gridDimZ},
+                           {params->blockDimX, params->blockDimY, params->blockDimZ},
+                           0};
         r = fake_check_launch(f, &l);
     }
     struct obj *n = NULL;
-    if (r == CUDA_SUCCESS && !(n = fake_obj_new(K_NODE, 0)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS && !(n = fake_obj_new(K_NODE, 0))) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS) {
         n->parent = g;
         g->kernels++;
@@ -67,8 +61,7 @@ static CUresult exec_snapshot(struct obj *e, struct obj *g)
             na += o->ntype == CU_GRAPH_NODE_TYPE_MEM_ALLOC;
             nf += o->ntype == CU_GRAPH_NODE_TYPE_MEM_FREE;
         }
-    if ((na || nf) && g->has_exec && e->graph != g)
-        return CUDA_ERROR_INVALID_VALUE;
+    if ((na || nf) && g->has_exec && e->graph != g) return CUDA_ERROR_INVALID_VALUE;
     struct obj **allocs = calloc(na + 1, sizeof(*allocs)), **frees = calloc(nf + 1, sizeof(*frees));
     if (!allocs || !frees) {
         free(allocs);
@@ -83,8 +76,7 @@ static CUresult exec_snapshot(struct obj *e, struct obj *g)
             else
                 frees[nf++] = o->gmem;
         }
-    if (e->graph)
-        e->graph->has_exec = 0;
+    if (e->graph) e->graph->has_exec = 0;
     free(e->gallocs);
     free(e->gfrees);
     e->gallocs = allocs;
@@ -99,18 +91,14 @@ static CUresult exec_snapshot(struct obj *e, struct obj *g)
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags)
 {
-    if (!exec)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct fctx *c;
     struct obj *g, *e = NULL;
     CUresult r = fake_current_ctx(&c);
-    if (r == CUDA_SUCCESS)
-        r = fake_find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
-    if (r == CUDA_SUCCESS)
-        r = fake_owned_new(c, K_EXEC, 0, &e);
-    if (r == CUDA_SUCCESS)
-        r = exec_snapshot(e, g);
+    if (r == CUDA_SUCCESS) r = fake_find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
+    if (r == CUDA_SUCCESS) r = fake_owned_new(c, K_EXEC, 0, &e);
+    if (r == CUDA_SUCCESS) r = exec_snapshot(e, g);
     if (r == CUDA_SUCCESS) {
         e->autofree = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
         *exec = (CUgraphExec)e;
@@ -121,13 +109,10 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned 
     return r;
 }
 
-CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log,
-                               size_t log_size)
+CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t log_size)
 {
-    if (log && log_size)
-        log[0] = 0;
-    if (error_node)
-        *error_node = NULL;
+    if (log && log_size) log[0] = 0;
+    if (error_node) *error_node = NULL;
     return cuGraphInstantiateWithFlags(exec, graph, 0);
 }
 
@@ -157,12 +142,10 @@ CUresult fake_gmem_node(struct obj *g, CUgraphNode *node, CUDA_MEM_ALLOC_NODE_PA
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = fake_check_device_location(&p->poolProps.location);
     CUdeviceptr va;
-    if (r == CUDA_SUCCESS)
-        r = fake_reserve_va(p->bytesize, 0, &va);
+    if (r == CUDA_SUCCESS) r = fake_reserve_va(p->bytesize, 0, &va);
     struct obj *m = NULL, *n = NULL;
     if (r == CUDA_SUCCESS && (!(m = fake_obj_new(K_GMEM, va)) || !(n = fake_obj_new(K_NODE, 0)))) {
-        if (m)
-            fake_obj_free(m);
+        if (m) fake_obj_free(m);
         r = CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (r == CUDA_SUCCESS) {
@@ -180,10 +163,8 @@ CUresult fake_gmem_node(struct obj *g, CUgraphNode *node, CUDA_MEM_ALLOC_NODE_PA
 CUresult fake_gfree_node(struct obj *g, CUgraphNode *node, CUdeviceptr dptr)
 {
     struct obj *m = fake_obj_find(K_GMEM, dptr), *n = NULL;
-    if (!node || !m)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!(n = fake_obj_new(K_NODE, 0)))
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!node || !m) return CUDA_ERROR_INVALID_VALUE;
+    if (!(n = fake_obj_new(K_NODE, 0))) return CUDA_ERROR_OUT_OF_MEMORY;
     n->parent = g;
     n->ntype = CU_GRAPH_NODE_TYPE_MEM_FREE;
     n->gmem = m;
@@ -202,8 +183,7 @@ static void gmem_release(struct obj *m)
 int fake_gmem_free(CUdeviceptr dptr)
 {
     struct obj *m = fake_obj_find(K_GMEM, dptr);
-    if (!m || !m->live)
-        return 0;
+    if (!m || !m->live) return 0;
     gmem_release(m);
     return 1;
 }
@@ -213,19 +193,16 @@ int fake_gmem_free(CUdeviceptr dptr)
 CUresult fake_graph_memory_launch(struct obj *e)
 {
     for (size_t i = 0; e->autofree && i < e->ngallocs; i++)
-        if (e->gallocs[i]->live)
-            gmem_release(e->gallocs[i]);
+        if (e->gallocs[i]->live) gmem_release(e->gallocs[i]);
     for (size_t i = 0; i < e->ngallocs; i++) {
         struct obj *m = e->gallocs[i];
         struct fdev *d = &fake_dev[m->dev];
-        if (m->live)
-            continue;
+        if (m->live) continue;
         if (d->graph_used + m->size > d->graph_reserved) {
             uint64_t need = d->graph_used + m->size - d->graph_reserved;
             if (fake_charge(m->dev, need) != CUDA_SUCCESS) {
-                for (size_t j = 0; j < i; j++)       /* this launch's allocations are undone */
-                    if (e->gallocs[j]->live)
-                        gmem_release(e->gallocs[j]);
+                for (size_t j = 0; j < i; j++) /* this launch's allocations are undone */
+                    if (e->gallocs[j]->live) gmem_release(e->gallocs[j]);
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }
             d->graph_reserved += need;
@@ -236,23 +213,20 @@ CUresult fake_graph_memory_launch(struct obj *e)
         m->live = 1;
     }
     for (size_t i = 0; i < e->ngfrees; i++)
-        if (e->gfrees[i]->live)
-            gmem_release(e->gfrees[i]);
+        if (e->gfrees[i]->live) gmem_release(e->gfrees[i]);
     return CUDA_SUCCESS;
 }
 
 static CUresult add_memory_node(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
                                 CUgraphNodeParams *p)
 {
-    if (!p || (ndeps && !deps))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!p || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct obj *g;
     CUresult r = fake_find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
     for (size_t i = 0; r == CUDA_SUCCESS && i < ndeps; i++) {
         struct obj *d = fake_handle_find(K_NODE, deps[i]);
-        if (!d || d->parent != g)
-            r = CUDA_ERROR_INVALID_VALUE;
+        if (!d || d->parent != g) r = CUDA_ERROR_INVALID_VALUE;
     }
     if (r == CUDA_SUCCESS) {
         if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
@@ -260,7 +234,7 @@ static CUresult add_memory_node(CUgraphNode *node, CUgraph graph, const CUgraphN
         else if (p->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
             r = fake_gfree_node(g, node, p->free.dptr);
         else
-            r = CUDA_ERROR_NOT_SUPPORTED;   /* the fake builds other nodes with their own calls only */
+            r = CUDA_ERROR_NOT_SUPPORTED; /* the fake builds other nodes with their own calls only */
     }
     unlock();
     return r;
@@ -269,8 +243,7 @@ static CUresult add_memory_node(CUgraphNode *node, CUgraph graph, const CUgraphN
 CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
                                 CUDA_MEM_ALLOC_NODE_PARAMS *params)
 {
-    if (!params)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
     CUgraphNodeParams p = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC, .alloc = *params};
     CUresult r = add_memory_node(node, graph, deps, ndeps, &p);
     params->dptr = p.alloc.dptr;
@@ -304,8 +277,7 @@ static CUresult set_params(CUgraphNode node, CUgraphNodeParams *params)
     lock();
     struct obj *n;
     CUresult r = fake_find(K_NODE, (uintptr_t)node, CUDA_ERROR_INVALID_VALUE, &n);
-    if (r == CUDA_SUCCESS && (!params || params->type != n->ntype))
-        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && (!params || params->type != n->ntype)) r = CUDA_ERROR_INVALID_VALUE;
     unlock();
     return r == CUDA_SUCCESS ? CUDA_ERROR_NOT_SUPPORTED : r;
 }
@@ -323,11 +295,10 @@ CUresult cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgraphNod
 
 CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
-    if (!params)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = cuGraphInstantiateWithFlags(exec, graph, params->flags);
     params->hErrNode_out = NULL;
-    params->result_out = r == CUDA_SUCCESS ? 0 : 1;   /* CUDA_GRAPH_INSTANTIATE_SUCCESS / _ERROR */
+    params->result_out = r == CUDA_SUCCESS ? 0 : 1; /* CUDA_GRAPH_INSTANTIATE_SUCCESS / _ERROR */
     return r;
 }
 
@@ -343,10 +314,8 @@ CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecUpdate
     lock();
     struct obj *e, *g;
     CUresult r = fake_find(K_EXEC, (uintptr_t)exec, CUDA_ERROR_INVALID_VALUE, &e);
-    if (r == CUDA_SUCCESS)
-        r = fake_find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
-    if (r == CUDA_SUCCESS)
-        r = exec_snapshot(e, g);
+    if (r == CUDA_SUCCESS) r = fake_find(K_GRAPH, (uintptr_t)graph, CUDA_ERROR_INVALID_VALUE, &g);
+    if (r == CUDA_SUCCESS) r = exec_snapshot(e, g);
     unlock();
     return r;
 }
@@ -355,8 +324,7 @@ CUresult cuGraphDestroyNode(CUgraphNode node) { return fake_destroy(K_NODE, node
 
 CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void *value)
 {
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_device(dev);
     if (r == CUDA_SUCCESS) {
@@ -400,30 +368,24 @@ struct obj *fake_capture_of(CUstream stream)
 /* Only created streams capture here (capturing the legacy stream is an error in CUDA too). */
 CUresult cuStreamBeginCapture_v2(CUstream stream, int mode)
 {
-    if (mode < 0 || mode > 2)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (mode < 0 || mode > 2) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct obj *s, *g = NULL;
     CUresult r = fake_find(K_STREAM, (uintptr_t)stream, CUDA_ERROR_INVALID_HANDLE, &s);
-    if (r == CUDA_SUCCESS && s->capture)
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS && !(g = fake_obj_new(K_GRAPH, 0)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS)
-        s->capture = g;
+    if (r == CUDA_SUCCESS && s->capture) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !(g = fake_obj_new(K_GRAPH, 0))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) s->capture = g;
     unlock();
     return r;
 }
 
 CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
 {
-    if (!graph)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct obj *s;
     CUresult r = fake_find(K_STREAM, (uintptr_t)stream, CUDA_ERROR_INVALID_HANDLE, &s);
-    if (r == CUDA_SUCCESS && !s->capture)
-        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !s->capture) r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
         *graph = (CUgraph)s->capture;
         s->capture = NULL;
@@ -435,8 +397,7 @@ CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
 CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
                                    const CUgraphNode **deps, size_t *ndeps)
 {
-    if (!status)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct fctx *c;
     uint64_t *done;
@@ -444,21 +405,17 @@ CUresult cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus *statu
     struct obj *g = r == CUDA_SUCCESS ? fake_capture_of(stream) : NULL;
     if (r == CUDA_SUCCESS) {
         *status = g ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-        if (id)
-            *id = (cuuint64_t)(uintptr_t)g;
-        if (graph && g)
-            *graph = (CUgraph)g;
-        if (deps && g)
-            *deps = NULL;
-        if (ndeps && g)
-            *ndeps = 0;
+        if (id) *id = (cuuint64_t)(uintptr_t)g;
+        if (graph && g) *graph = (CUgraph)g;
+        if (deps && g) *deps = NULL;
+        if (ndeps && g) *ndeps = 0;
     }
     unlock();
     return r;
 }
 
-CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id,
-                                        CUgraph *graph, const CUgraphNode **deps, size_t *ndeps)
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus *status, cuuint64_t *id, CUgraph *graph,
+                                        const CUgraphNode **deps, size_t *ndeps)
 {
     return cuStreamGetCaptureInfo_v2(stream ? stream : STREAM_PER_THREAD, status, id, graph, deps, ndeps);
 }

@@ -37,29 +37,43 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fake_machine_types.h"
-#include "fake_machine.h"
 #include "fake_cuda.h"
+#include "fake_machine.h"
+#include "fake_machine_types.h"
 
 #define MIB (1ull << 20)
-#define GRANULARITY (2 * MIB)          /* VMM granularity, also the fake address spacing */
+#define GRANULARITY (2 * MIB) /* VMM granularity, also the fake address spacing */
 #define PITCH_ALIGN 512ull
 #define MAX_QUEUED_KERNELS 1024ull
 #define CTX_STACK_MAX 64
-#define VA_BASE 0x10000000000ull       /* fake device addresses start at 1 TiB */
+#define VA_BASE 0x10000000000ull /* fake device addresses start at 1 TiB */
 #define HASH_BUCKETS 65536
 #define STREAM_LEGACY ((CUstream)0x1)
 #define STREAM_PER_THREAD ((CUstream)0x2)
 
 struct fctx {
-    int dev;                           /* ordinal */
+    int dev; /* ordinal */
     int live;
     unsigned flags;
 };
 
 enum kind {
-    K_MEM = 1, K_VMM, K_VA, K_MAP, K_ARRAY, K_MIPMAP, K_CTX, K_STREAM, K_EVENT, K_MODULE, K_FUNC,
-    K_GRAPH, K_NODE, K_EXEC, K_POOL, K_GMEM
+    K_MEM = 1,
+    K_VMM,
+    K_VA,
+    K_MAP,
+    K_ARRAY,
+    K_MIPMAP,
+    K_CTX,
+    K_STREAM,
+    K_EVENT,
+    K_MODULE,
+    K_FUNC,
+    K_GRAPH,
+    K_NODE,
+    K_EXEC,
+    K_POOL,
+    K_GMEM
 };
 
 /* One tracked thing. key is the device address (K_MEM, K_VA, K_MAP) or the handle value (the object's
@@ -69,18 +83,18 @@ struct obj {
     enum kind kind;
     uint64_t key;
     struct obj *hnext, *prev, *next;
-    struct fctx *ctx;                  /* owner, torn down with it; NULL for device-level objects */
+    struct fctx *ctx; /* owner, torn down with it; NULL for device-level objects */
     int dev;
-    uint64_t size;                     /* bytes charged (K_MEM, K_ARRAY, K_MIPMAP, K_VMM) or range length */
-    struct obj *parent;                /* K_MEM: pool, K_FUNC: module, K_NODE: graph, K_MAP: VMM handle */
-    struct fctx cctx;                  /* K_CTX: the created context (its handle is the object) */
-    uint64_t point;                    /* K_STREAM: its last work's end, K_EVENT: the work it follows (timeline.c) */
-    uint64_t recorded_ns;              /* K_EVENT: when it was recorded */
-    unsigned flags;                    /* K_EVENT: creation flags; K_VMM: released */
-    int recorded;                      /* K_EVENT */
-    unsigned maps;                     /* K_VMM: live mappings */
-    unsigned kernels;                  /* K_GRAPH, K_EXEC: kernel nodes */
-    char *name;                        /* K_FUNC */
+    uint64_t size;        /* bytes charged (K_MEM, K_ARRAY, K_MIPMAP, K_VMM) or range length */
+    struct obj *parent;   /* K_MEM: pool, K_FUNC: module, K_NODE: graph, K_MAP: VMM handle */
+    struct fctx cctx;     /* K_CTX: the created context (its handle is the object) */
+    uint64_t point;       /* K_STREAM: its last work's end, K_EVENT: the work it follows (timeline.c) */
+    uint64_t recorded_ns; /* K_EVENT: when it was recorded */
+    unsigned flags;       /* K_EVENT: creation flags; K_VMM: released */
+    int recorded;         /* K_EVENT */
+    unsigned maps;        /* K_VMM: live mappings */
+    unsigned kernels;     /* K_GRAPH, K_EXEC: kernel nodes */
+    char *name;           /* K_FUNC */
     /* K_POOL */
     uint64_t reserved, used, reserved_high, used_high, threshold;
     int reuse[4];
@@ -102,19 +116,19 @@ struct obj {
 struct fdev {
     const struct fake_gpu *gpu;
     unsigned char uuid[16];
-    uint64_t used;                     /* allocations, arrays, VMM handles, pool reserves */
-    uint64_t ctx_bytes;                /* reservations of live contexts */
+    uint64_t used;      /* allocations, arrays, VMM handles, pool reserves */
+    uint64_t ctx_bytes; /* reservations of live contexts */
     struct fctx primary;
     int primary_refs;
     struct obj *default_pool;
-    int index;                         /* its GPU in the machine table */
+    int index; /* its GPU in the machine table */
     uint64_t busy_until_ns, busy_ns, launches;
     /* work held behind a stream's wait on a host word (timeline.c; private timelines only): queued while
      * the word is short of the value, placed on the timeline when the word is seen to reach it */
     const uint32_t *hold_word;
     uint32_t hold_value, hold_epoch;
     uint64_t held_ns, released_at[16];
-    uint64_t graph_used, graph_reserved, graph_used_high, graph_reserved_high;   /* graph memory */
+    uint64_t graph_used, graph_reserved, graph_used_high, graph_reserved_high; /* graph memory */
 };
 
 struct launch {
@@ -130,9 +144,9 @@ extern int fake_init_done;
 extern CUresult fake_init_result;
 extern struct fdev fake_dev[FAKE_GPU_COUNT];
 extern int fake_ndev;
-extern uint64_t fake_ctx_reserve_mib;  /* UINT64_MAX: default rule */
+extern uint64_t fake_ctx_reserve_mib; /* UINT64_MAX: default rule */
 extern uint64_t fake_kernel_ns;
-extern struct obj *fake_all;           /* every tracked object, newest first */
+extern struct obj *fake_all; /* every tracked object, newest first */
 
 struct obj *fake_obj_new(enum kind k, uint64_t key);
 struct obj *fake_obj_find(enum kind k, uint64_t key);
@@ -199,7 +213,7 @@ static inline uint64_t now_ns(void)
 
 static inline void sleep_until(uint64_t deadline_ns)
 {
-    struct timespec ts = { (time_t)(deadline_ns / 1000000000ull), (long)(deadline_ns % 1000000000ull) };
+    struct timespec ts = {(time_t)(deadline_ns / 1000000000ull), (long)(deadline_ns % 1000000000ull)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
 }

@@ -10,13 +10,10 @@ static CUresult mem_alloc(uint64_t bytes, CUdeviceptr *dptr)
     lock();
     struct fctx *c;
     CUresult r = fake_current_ctx(&c);
-    if (r == CUDA_SUCCESS && bytes == 0)
-        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && bytes == 0) r = CUDA_ERROR_INVALID_VALUE;
     CUdeviceptr va;
-    if (r == CUDA_SUCCESS)
-        r = fake_reserve_va(bytes, 0, &va);
-    if (r == CUDA_SUCCESS)
-        r = fake_charge(c->dev, bytes);
+    if (r == CUDA_SUCCESS) r = fake_reserve_va(bytes, 0, &va);
+    if (r == CUDA_SUCCESS) r = fake_charge(c->dev, bytes);
     struct obj *o = NULL;
     if (r == CUDA_SUCCESS && !(o = fake_obj_new(K_MEM, va))) {
         fake_uncharge(c->dev, bytes);
@@ -37,25 +34,20 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return dptr ? mem_alloc(bytesize, dptr) : CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
-                            unsigned int elementsize)
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elementsize)
 {
-    if (!dptr || !pitch || width == 0 || height == 0 ||
-        (elementsize != 4 && elementsize != 8 && elementsize != 16))
+    if (!dptr || !pitch || width == 0 || height == 0 || (elementsize != 4 && elementsize != 8 && elementsize != 16))
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t row = (width + PITCH_ALIGN - 1) & ~(PITCH_ALIGN - 1), bytes;
-    if (row < width || __builtin_mul_overflow(row, (uint64_t)height, &bytes))
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (row < width || __builtin_mul_overflow(row, (uint64_t)height, &bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = mem_alloc(bytes, dptr);
-    if (r == CUDA_SUCCESS)
-        *pitch = (size_t)row;
+    if (r == CUDA_SUCCESS) *pitch = (size_t)row;
     return r;
 }
 
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) return CUDA_ERROR_INVALID_VALUE;
     return mem_alloc(bytesize, dptr);
 }
 
@@ -66,8 +58,7 @@ CUresult fake_mem_free(CUresult r, CUdeviceptr dptr)
     struct obj *mem;
     if (r == CUDA_SUCCESS && !fake_obj_find(K_MEM, dptr) && fake_obj_find(K_GMEM, dptr))
         return fake_gmem_free(dptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS)
-        r = fake_find(K_MEM, dptr, CUDA_ERROR_INVALID_VALUE, &mem);
+    if (r == CUDA_SUCCESS) r = fake_find(K_MEM, dptr, CUDA_ERROR_INVALID_VALUE, &mem);
     if (r == CUDA_SUCCESS && mem->parent) {
         fake_pool_free_mem(mem);
     } else if (r == CUDA_SUCCESS) {
@@ -88,8 +79,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    if (!free_bytes || !total_bytes)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct fctx *c;
     CUresult r = fake_current_ctx(&c);
@@ -113,8 +103,7 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
     lock();
     CUresult r = fake_check_device_location(&prop->location);
     unlock();
-    if (r == CUDA_SUCCESS)
-        *granularity = GRANULARITY;
+    if (r == CUDA_SUCCESS) *granularity = GRANULARITY;
     return r;
 }
 
@@ -126,8 +115,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
         return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_device_location(&prop->location);
-    if (r == CUDA_SUCCESS)
-        r = fake_charge(prop->location.id, size);
+    if (r == CUDA_SUCCESS) r = fake_charge(prop->location.id, size);
     if (r == CUDA_SUCCESS) {
         struct obj *o = fake_obj_new(K_VMM, 0);
         if (!o) {
@@ -175,14 +163,13 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags)
 {
-    (void)addr;                           /* a hint; the real driver may ignore it too */
+    (void)addr; /* a hint; the real driver may ignore it too */
     if (!ptr || size == 0 || size % GRANULARITY != 0 || flags != 0 || (alignment & (alignment - 1)) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_init();
     CUdeviceptr va = 0;
-    if (r == CUDA_SUCCESS)
-        r = fake_reserve_va(size, alignment, &va);
+    if (r == CUDA_SUCCESS) r = fake_reserve_va(size, alignment, &va);
     if (r == CUDA_SUCCESS) {
         struct obj *o = fake_obj_new(K_VA, va);
         if (!o) {
@@ -200,16 +187,14 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
 static struct obj *mapping_at(uint64_t p)
 {
     for (struct obj *o = fake_all; o; o = o->next)
-        if (o->kind == K_MAP && p >= o->key && p - o->key < o->size)
-            return o;
+        if (o->kind == K_MAP && p >= o->key && p - o->key < o->size) return o;
     return NULL;
 }
 
 static int range_has_mapping(uint64_t start, uint64_t size)
 {
     for (struct obj *o = fake_all; o; o = o->next)
-        if (o->kind == K_MAP && o->key < start + size && start < o->key + o->size)
-            return 1;
+        if (o->kind == K_MAP && o->key < start + size && start < o->key + o->size) return 1;
     return 0;
 }
 
@@ -218,10 +203,8 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
     lock();
     struct obj *va;
     CUresult r = fake_find(K_VA, ptr, CUDA_ERROR_INVALID_VALUE, &va);
-    if (r == CUDA_SUCCESS && (va->size != size || range_has_mapping(ptr, size)))
-        r = CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS)
-        fake_obj_free(va);
+    if (r == CUDA_SUCCESS && (va->size != size || range_has_mapping(ptr, size))) r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) fake_obj_free(va);
     unlock();
     return r;
 }
@@ -229,22 +212,20 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
 static int inside_reservation(uint64_t start, uint64_t size)
 {
     for (struct obj *o = fake_all; o; o = o->next)
-        if (o->kind == K_VA && start >= o->key && size <= o->size && start - o->key <= o->size - size)
-            return 1;
+        if (o->kind == K_VA && start >= o->key && size <= o->size && start - o->key <= o->size - size) return 1;
     return 0;
 }
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags)
 {
-    if (flags != 0 || size == 0 || size % GRANULARITY != 0 || offset % GRANULARITY != 0 ||
-        ptr % GRANULARITY != 0)
+    if (flags != 0 || size == 0 || size % GRANULARITY != 0 || offset % GRANULARITY != 0 || ptr % GRANULARITY != 0)
         return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct obj *h;
     CUresult r = find_vmm(handle, CUDA_ERROR_INVALID_HANDLE, &h);
-    if (r == CUDA_SUCCESS && (offset > h->size || size > h->size - offset ||
-                              !inside_reservation(ptr, size) || range_has_mapping(ptr, size)))
+    if (r == CUDA_SUCCESS &&
+        (offset > h->size || size > h->size - offset || !inside_reservation(ptr, size) || range_has_mapping(ptr, size)))
         r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
         struct obj *m = fake_obj_new(K_MAP, ptr);
@@ -263,26 +244,22 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_init();
     int found = 0;
-    for (struct obj *o = fake_all; r == CUDA_SUCCESS && o; o = o->next)   /* whole mappings only */
+    for (struct obj *o = fake_all; r == CUDA_SUCCESS && o; o = o->next) /* whole mappings only */
         if (o->kind == K_MAP && o->key < ptr + size && ptr < o->key + o->size) {
-            if (o->key < ptr || o->key + o->size > ptr + size)
-                r = CUDA_ERROR_INVALID_VALUE;
+            if (o->key < ptr || o->key + o->size > ptr + size) r = CUDA_ERROR_INVALID_VALUE;
             found = 1;
         }
-    if (r == CUDA_SUCCESS && !found)
-        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && !found) r = CUDA_ERROR_INVALID_VALUE;
     for (struct obj *o = fake_all, *next; r == CUDA_SUCCESS && o; o = next) {
         next = o->next;
         if (o->kind == K_MAP && o->key >= ptr && o->key < ptr + size) {
             struct obj *h = o->parent;
             h->maps--;
-            if (next == h && h->flags && h->maps == 0)
-                next = h->next;
+            if (next == h && h->flags && h->maps == 0) next = h->next;
             fake_obj_free(o);
             vmm_drop_if_unused(h);
         }
@@ -293,8 +270,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-    if (!desc || count == 0 || size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_init();
     for (size_t i = 0; r == CUDA_SUCCESS && i < count; i++) {
@@ -303,7 +279,7 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
             desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             r = CUDA_ERROR_INVALID_VALUE;
     }
-    for (uint64_t p = ptr; r == CUDA_SUCCESS && p < ptr + size;) {   /* the range must be fully mapped */
+    for (uint64_t p = ptr; r == CUDA_SUCCESS && p < ptr + size;) { /* the range must be fully mapped */
         struct obj *m = mapping_at(p);
         if (!m)
             r = CUDA_ERROR_INVALID_VALUE;
@@ -319,9 +295,14 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *des
 static unsigned format_bytes(CUarray_format f)
 {
     switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT: return 4;
     }
     return 0;
 }
@@ -330,8 +311,7 @@ static unsigned format_bytes(CUarray_format f)
 static CUresult array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, uint64_t *out)
 {
     unsigned es = format_bytes(f);
-    if (w == 0 || (d != 0 && h == 0) || es == 0 || (ch != 1 && ch != 2 && ch != 4))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (w == 0 || (d != 0 && h == 0) || es == 0 || (ch != 1 && ch != 2 && ch != 4)) return CUDA_ERROR_INVALID_VALUE;
     uint64_t n = (uint64_t)es * ch;
     if (__builtin_mul_overflow(n, (uint64_t)w, &n) || __builtin_mul_overflow(n, (uint64_t)(h ? h : 1), &n) ||
         __builtin_mul_overflow(n, (uint64_t)(d ? d : 1), &n))
@@ -343,8 +323,7 @@ static CUresult array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsi
 CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
     uint64_t bytes;
-    if (!array || !desc)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!array || !desc) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, &bytes);
     return r == CUDA_SUCCESS ? fake_create_owned(K_ARRAY, bytes, 0, (void **)array) : r;
 }
@@ -352,8 +331,7 @@ CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
 CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
     uint64_t bytes;
-    if (!array || !desc)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!array || !desc) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, &bytes);
     return r == CUDA_SUCCESS ? fake_create_owned(K_ARRAY, bytes, 0, (void **)array) : r;
 }
@@ -363,24 +341,20 @@ CUresult cuArrayDestroy(CUarray array) { return fake_destroy(K_ARRAY, array, CUD
 /* A mipmap level halves each non-zero extent, down to 1; levels beyond the 1x1x1 level are invalid. */
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
 {
-    if (!array || !desc || levels == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!array || !desc || levels == 0) return CUDA_ERROR_INVALID_VALUE;
     size_t w = desc->Width, h = desc->Height, d = desc->Depth;
     uint64_t total = 0;
     for (unsigned l = 0; l < levels; l++) {
         uint64_t bytes;
-        if (l > 0 && w == 1 && h <= 1 && d <= 1)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (l > 0 && w == 1 && h <= 1 && d <= 1) return CUDA_ERROR_INVALID_VALUE;
         if (l > 0) {
             w = w > 1 ? w / 2 : 1;
             h = h > 1 ? h / 2 : h;
             d = d > 1 ? d / 2 : d;
         }
         CUresult r = array_bytes(w, h, d, desc->Format, desc->NumChannels, &bytes);
-        if (r != CUDA_SUCCESS)
-            return r;
-        if (__builtin_add_overflow(total, bytes, &total))
-            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (r != CUDA_SUCCESS) return r;
+        if (__builtin_add_overflow(total, bytes, &total)) return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return fake_create_owned(K_MIPMAP, total, 0, (void **)array);
 }

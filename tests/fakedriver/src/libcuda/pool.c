@@ -2,7 +2,7 @@
  * double only. */
 #include "internal.h"
 
-static struct obj *g_pools;            /* every pool, the devices' default pools too */
+static struct obj *g_pools; /* every pool, the devices' default pools too */
 
 /* Trims every pool of the device to its release threshold, as the driver does at synchronization. */
 void fake_trim_pools(int dev)
@@ -20,8 +20,7 @@ void fake_trim_pools(int dev)
 static void pool_drop(struct obj *pool)
 {
     struct obj **pp = &g_pools;
-    while (*pp != pool)
-        pp = &(*pp)->pool_next;
+    while (*pp != pool) pp = &(*pp)->pool_next;
     *pp = pool->pool_next;
     fake_obj_free(pool);
 }
@@ -41,8 +40,7 @@ void fake_pool_free_mem(struct obj *mem)
 static struct obj *pool_new(int dev)
 {
     struct obj *p = fake_obj_new(K_POOL, 0);
-    if (!p)
-        return NULL;
+    if (!p) return NULL;
     p->dev = dev;
     p->reuse[CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = 1;
     p->reuse[CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC] = 1;
@@ -55,24 +53,20 @@ static struct obj *pool_new(int dev)
 static struct obj *default_pool(int dev)
 {
     struct fdev *d = &fake_dev[dev];
-    if (!d->default_pool && (d->default_pool = pool_new(dev)))
-        d->default_pool->is_default = 1;
+    if (!d->default_pool && (d->default_pool = pool_new(dev))) d->default_pool->is_default = 1;
     return d->default_pool;
 }
 
 /* Serves from the pool's reserve, growing it (and the device charge) only by what is missing. */
 static CUresult pool_alloc(struct obj *pool, uint64_t bytes, CUdeviceptr *dptr)
 {
-    if (bytes == 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     uint64_t spare = pool->reserved - pool->used;
     uint64_t grow = bytes > spare ? bytes - spare : 0;
     CUdeviceptr va;
     CUresult r = fake_reserve_va(bytes, 0, &va);
-    if (r == CUDA_SUCCESS && grow)
-        r = fake_charge(pool->dev, grow);
-    if (r != CUDA_SUCCESS)
-        return r;
+    if (r == CUDA_SUCCESS && grow) r = fake_charge(pool->dev, grow);
+    if (r != CUDA_SUCCESS) return r;
     struct obj *o = fake_obj_new(K_MEM, va);
     if (!o) {
         fake_uncharge(pool->dev, grow);
@@ -91,31 +85,27 @@ static CUresult pool_alloc(struct obj *pool, uint64_t bytes, CUdeviceptr *dptr)
 
 static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
 {
-    if (!dptr)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct fctx *c;
     uint64_t *done;
     CUresult r = fake_stream_resolve(stream, &c, &done);
     struct obj *p = NULL, *captured = r == CUDA_SUCCESS ? fake_capture_of(stream) : NULL;
-    if (captured) {                    /* under capture: a memory allocation node, nothing allocated now */
+    if (captured) { /* under capture: a memory allocation node, nothing allocated now */
         CUDA_MEM_ALLOC_NODE_PARAMS params = {.poolProps = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
                                                            .location = {CU_MEM_LOCATION_TYPE_DEVICE, c->dev}},
                                              .bytesize = bytesize};
         CUgraphNode node;
         r = fake_gmem_node(captured, &node, &params);
-        if (r == CUDA_SUCCESS)
-            *dptr = params.dptr;
+        if (r == CUDA_SUCCESS) *dptr = params.dptr;
         unlock();
         return r;
     }
     if (r == CUDA_SUCCESS) {
         p = pool ? fake_handle_find(K_POOL, pool) : default_pool(c->dev);
-        if (!p || p->destroyed)
-            r = pool ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
+        if (!p || p->destroyed) r = pool ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (r == CUDA_SUCCESS)
-        r = pool_alloc(p, bytesize, dptr);
+    if (r == CUDA_SUCCESS) r = pool_alloc(p, bytesize, dptr);
     unlock();
     return r;
 }
@@ -147,7 +137,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
     uint64_t *done;
     CUresult r = fake_stream_resolve(stream, &c, &done);
     struct obj *captured = r == CUDA_SUCCESS ? fake_capture_of(stream) : NULL;
-    if (captured) {                    /* under capture: a memory free node */
+    if (captured) { /* under capture: a memory free node */
         CUgraphNode node;
         r = fake_gfree_node(captured, &node, dptr);
     } else {
@@ -161,15 +151,12 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) { return cuMemFr
 
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_device_location(&props->location);
     struct obj *p = NULL;
-    if (r == CUDA_SUCCESS && !(p = pool_new(props->location.id)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS)
-        *pool = (CUmemoryPool)p;
+    if (r == CUDA_SUCCESS && !(p = pool_new(props->location.id))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) *pool = (CUmemoryPool)p;
     unlock();
     return r;
 }
@@ -203,14 +190,12 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     lock();
     struct obj *p;
     CUresult r = find_pool(pool, &p);
-    if (r == CUDA_SUCCESS && p->is_default)
-        r = CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && p->is_default) r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
         fake_uncharge(p->dev, p->reserved - p->used);
         p->reserved = p->used;
         p->destroyed = 1;
-        if (p->used == 0)
-            pool_drop(p);
+        if (p->used == 0) pool_drop(p);
     }
     unlock();
     return r;
@@ -230,20 +215,16 @@ static CUresult pool_set(struct obj *p, CUmemPool_attribute attr, void *value)
         return CUDA_SUCCESS;
     }
     switch (attr) {
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-        p->threshold = *(cuuint64_t *)value;
-        return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:   /* only resets to the current value are allowed */
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = *(cuuint64_t *)value; return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: /* only resets to the current value are allowed */
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (*(cuuint64_t *)value != 0) return CUDA_ERROR_INVALID_VALUE;
         if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
             p->reserved_high = p->reserved;
         else
             p->used_high = p->used;
         return CUDA_SUCCESS;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
+    default: return CUDA_ERROR_INVALID_VALUE;
     }
 }
 
@@ -267,13 +248,11 @@ static CUresult pool_get(struct obj *p, CUmemPool_attribute attr, void *value)
 static CUresult pool_attribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value,
                                CUresult (*access)(struct obj *p, CUmemPool_attribute attr, void *value))
 {
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
     lock();
     struct obj *p;
     CUresult r = find_pool(pool, &p);
-    if (r == CUDA_SUCCESS)
-        r = access(p, attr, value);
+    if (r == CUDA_SUCCESS) r = access(p, attr, value);
     unlock();
     return r;
 }
@@ -290,15 +269,12 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_device(dev);
     struct obj *p = NULL;
-    if (r == CUDA_SUCCESS && !(p = default_pool(dev)))
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (r == CUDA_SUCCESS)
-        *pool = (CUmemoryPool)p;
+    if (r == CUDA_SUCCESS && !(p = default_pool(dev))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) *pool = (CUmemoryPool)p;
     unlock();
     return r;
 }

@@ -14,11 +14,9 @@ CUresult fake_stream_resolve(CUstream s, struct fctx **ctx, uint64_t **done)
         return fake_current_ctx(ctx);
     }
     CUresult r = fake_check_init();
-    if (r != CUDA_SUCCESS)
-        return r;
+    if (r != CUDA_SUCCESS) return r;
     struct obj *o = fake_handle_find(K_STREAM, s);
-    if (!o)
-        return CUDA_ERROR_INVALID_HANDLE;
+    if (!o) return CUDA_ERROR_INVALID_HANDLE;
     *ctx = o->ctx;
     *done = &o->point;
     return CUDA_SUCCESS;
@@ -42,16 +40,14 @@ CUresult cuCtxSynchronize(void)
     lock();
     struct fctx *c;
     CUresult r = fake_current_ctx(&c);
-    if (r == CUDA_SUCCESS)
-        wait_and_trim(c->dev, fake_timeline_tail(c->dev));
+    if (r == CUDA_SUCCESS) wait_and_trim(c->dev, fake_timeline_tail(c->dev));
     unlock();
     return r;
 }
 
 CUresult cuStreamCreate(CUstream *stream, unsigned int flags)
 {
-    if (!stream || (flags & ~1u))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!stream || (flags & ~1u)) return CUDA_ERROR_INVALID_VALUE;
     return fake_create_owned(K_STREAM, 0, flags, (void **)stream);
 }
 
@@ -65,8 +61,7 @@ CUresult cuStreamSynchronize(CUstream stream)
     struct fctx *c;
     uint64_t *done;
     CUresult r = fake_stream_resolve(stream, &c, &done);
-    if (r == CUDA_SUCCESS)
-        wait_and_trim(c->dev, completion_point(c, done));
+    if (r == CUDA_SUCCESS) wait_and_trim(c->dev, completion_point(c, done));
     unlock();
     return r;
 }
@@ -80,8 +75,7 @@ CUresult cuStreamQuery(CUstream stream)
     uint64_t *done;
     uint64_t at;
     CUresult r = fake_stream_resolve(stream, &c, &done);
-    if (r == CUDA_SUCCESS && !fake_timeline_reached(c->dev, completion_point(c, done), &at))
-        r = CUDA_ERROR_NOT_READY;
+    if (r == CUDA_SUCCESS && !fake_timeline_reached(c->dev, completion_point(c, done), &at)) r = CUDA_ERROR_NOT_READY;
     unlock();
     return r;
 }
@@ -102,26 +96,25 @@ CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int flags)
 
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags)
 {
-    if (!dptr || !p || flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    *dptr = (CUdeviceptr)(uintptr_t)p;   /* unified addressing: the host address */
+    if (!dptr || !p || flags) return CUDA_ERROR_INVALID_VALUE;
+    *dptr = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the host address */
     return CUDA_SUCCESS;
 }
 
 CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)
 {
     const char *off = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
-    if (off && !strcmp(off, "1"))
-        return CUDA_ERROR_NOT_SUPPORTED;
+    if (off && !strcmp(off, "1")) return CUDA_ERROR_NOT_SUPPORTED;
     lock();
     struct fctx *c;
     uint64_t *done;
     CUresult r = fake_stream_resolve(stream, &c, &done);
-    if (r == CUDA_SUCCESS && (!addr || flags))   /* greater-or-equal only */
+    if (r == CUDA_SUCCESS && (!addr || flags)) /* greater-or-equal only */
         r = CUDA_ERROR_INVALID_VALUE;
     int held = r == CUDA_SUCCESS && fake_timeline_hold(c->dev, (const uint32_t *)(uintptr_t)addr, value);
     unlock();
-    while (!held && r == CUDA_SUCCESS && (int32_t)(__atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE) - value) < 0)
+    while (!held && r == CUDA_SUCCESS &&
+           (int32_t)(__atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE) - value) < 0)
         usleep(20);
     return r;
 }
@@ -135,8 +128,7 @@ CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, unsigned int val
 
 CUresult cuEventCreate(CUevent *event, unsigned int flags)
 {
-    if (!event || (flags & ~7u))
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!event || (flags & ~7u)) return CUDA_ERROR_INVALID_VALUE;
     return fake_create_owned(K_EVENT, 0, flags, (void **)event);
 }
 
@@ -147,8 +139,7 @@ CUresult cuEventRecord(CUevent event, CUstream stream)
     uint64_t *done;
     struct obj *e;
     CUresult r = fake_stream_resolve(stream, &c, &done);
-    if (r == CUDA_SUCCESS)
-        r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
+    if (r == CUDA_SUCCESS) r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
     if (r == CUDA_SUCCESS) {
         e->dev = c->dev;
         e->point = completion_point(c, done);
@@ -166,8 +157,7 @@ CUresult cuEventSynchronize(CUevent event)
     lock();
     struct obj *e;
     CUresult r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
-    if (r == CUDA_SUCCESS && e->recorded)
-        wait_and_trim(e->dev, e->point);
+    if (r == CUDA_SUCCESS && e->recorded) wait_and_trim(e->dev, e->point);
     unlock();
     return r;
 }
@@ -178,27 +168,25 @@ CUresult cuEventQuery(CUevent event)
     struct obj *e;
     uint64_t at;
     CUresult r = fake_find(K_EVENT, (uintptr_t)event, CUDA_ERROR_INVALID_HANDLE, &e);
-    if (r == CUDA_SUCCESS && e->recorded && !fake_timeline_reached(e->dev, e->point, &at))
-        r = CUDA_ERROR_NOT_READY;
+    if (r == CUDA_SUCCESS && e->recorded && !fake_timeline_reached(e->dev, e->point, &at)) r = CUDA_ERROR_NOT_READY;
     unlock();
     return r;
 }
 
 CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
 {
-    if (!ms)
-        return CUDA_ERROR_INVALID_VALUE;
+    if (!ms) return CUDA_ERROR_INVALID_VALUE;
     lock();
     CUresult r = fake_check_init();
     struct obj *a = fake_handle_find(K_EVENT, start), *b = fake_handle_find(K_EVENT, end);
-    if (r == CUDA_SUCCESS && (!a || !b || !a->recorded || !b->recorded ||
-                              ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING)))
+    if (r == CUDA_SUCCESS &&
+        (!a || !b || !a->recorded || !b->recorded || ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING)))
         r = CUDA_ERROR_INVALID_HANDLE;
     uint64_t at_a, at_b;
-    if (r == CUDA_SUCCESS && (!fake_timeline_reached(a->dev, a->point, &at_a) ||
-                              !fake_timeline_reached(b->dev, b->point, &at_b)))
+    if (r == CUDA_SUCCESS &&
+        (!fake_timeline_reached(a->dev, a->point, &at_a) || !fake_timeline_reached(b->dev, b->point, &at_b)))
         r = CUDA_ERROR_NOT_READY;
-    if (r == CUDA_SUCCESS)   /* each event's time: when it was recorded, or when the work before it ran */
+    if (r == CUDA_SUCCESS) /* each event's time: when it was recorded, or when the work before it ran */
         *ms = (float)((double)((int64_t)(max_u64(at_b, b->recorded_ns) - max_u64(at_a, a->recorded_ns))) / 1e6);
     unlock();
     return r;

@@ -24,8 +24,8 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 
-#define SLOTS 32                       /* processes sharing one GPU */
-#define MARKS 512                      /* moments kept per process: events older than these read the oldest */
+#define SLOTS 32  /* processes sharing one GPU */
+#define MARKS 512 /* moments kept per process: events older than these read the oldest */
 
 struct mark {
     uint64_t at, served;
@@ -33,26 +33,26 @@ struct mark {
 
 struct slot {
     uint32_t taken;
-    uint32_t next;                     /* the ring's next mark */
-    uint64_t queued, served;           /* ns of work, since the slot was taken */
+    uint32_t next;           /* the ring's next mark */
+    uint64_t queued, served; /* ns of work, since the slot was taken */
     struct mark mark[MARKS];
 };
 
 struct shared_gpu {
-    uint64_t at;                       /* simulated up to this time */
+    uint64_t at; /* simulated up to this time */
     struct slot slot[SLOTS];
 };
 
 #define DATA_BYTES ((off_t)(FAKE_GPU_COUNT * sizeof(struct shared_gpu)))
 
 static const char *shared_path;
-static struct shared_gpu *shared;      /* FAKE_GPU_COUNT of them, mapped; NULL: each process its own GPU */
-static int shared_fd = -1;             /* this process's own open file description (locks are per description) */
-static int own_slot[FAKE_GPU_COUNT];   /* per machine GPU; -1 none yet */
+static struct shared_gpu *shared;    /* FAKE_GPU_COUNT of them, mapped; NULL: each process its own GPU */
+static int shared_fd = -1;           /* this process's own open file description (locks are per description) */
+static int own_slot[FAKE_GPU_COUNT]; /* per machine GPU; -1 none yet */
 static pid_t own_pid;
 
 #define HELD (1ull << 63)
-#define EPOCH_SHIFT 44                 /* offsets up to 2^44 ns (almost 5 hours) */
+#define EPOCH_SHIFT 44 /* offsets up to 2^44 ns (almost 5 hours) */
 #define EPOCHS (sizeof(((struct fdev *)0)->released_at) / sizeof(uint64_t))
 #define HOLD_POLL_NS 20000ull
 
@@ -64,8 +64,7 @@ static uint64_t held_point(const struct fdev *d, uint64_t offset)
 /* Places the held work once the word reaches the value (greater-or-equal, wrapping). */
 static void see_hold(struct fdev *d, uint64_t now)
 {
-    if (!d->hold_word || (int32_t)(__atomic_load_n(d->hold_word, __ATOMIC_ACQUIRE) - d->hold_value) < 0)
-        return;
+    if (!d->hold_word || (int32_t)(__atomic_load_n(d->hold_word, __ATOMIC_ACQUIRE) - d->hold_value) < 0) return;
     uint64_t start = max_u64(now, d->busy_until_ns);
     d->busy_until_ns = start + d->held_ns;
     d->released_at[d->hold_epoch % EPOCHS] = start;
@@ -77,13 +76,10 @@ static void see_hold(struct fdev *d, uint64_t now)
 int fake_timeline_hold(int dev, const uint32_t *word, uint32_t value)
 {
     struct fdev *d = &fake_dev[dev];
-    if (shared)
-        return 0;
+    if (shared) return 0;
     see_hold(d, now_ns());
-    if (d->hold_word)
-        return d->hold_word == word && d->hold_value == value;   /* another hold: the caller waits */
-    if ((int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) >= 0)
-        return 1;
+    if (d->hold_word) return d->hold_word == word && d->hold_value == value; /* another hold: the caller waits */
+    if ((int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) >= 0) return 1;
     d->hold_word = word;
     d->hold_value = value;
     return 1;
@@ -92,24 +88,21 @@ int fake_timeline_hold(int dev, const uint32_t *word, uint32_t value)
 static int reopen(void)
 {
     int fd = open(shared_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -1;
-    if (shared_fd >= 0)
-        close(shared_fd);              /* a forked child's copy of its parent's: its locks stay the parent's */
+    if (fd < 0) return -1;
+    if (shared_fd >= 0) close(shared_fd); /* a forked child's copy of its parent's: its locks stay the parent's */
     shared_fd = fd;
     own_pid = getpid();
-    for (int i = 0; i < FAKE_GPU_COUNT; i++)
-        own_slot[i] = -1;
+    for (int i = 0; i < FAKE_GPU_COUNT; i++) own_slot[i] = -1;
     return 0;
 }
 
 CUresult fake_timeline_init(void)
 {
     shared_path = getenv("FAKE_CUDA_SHARED_GPU");
-    if (!shared_path || !*shared_path)
-        return CUDA_SUCCESS;
+    if (!shared_path || !*shared_path) return CUDA_SUCCESS;
     void *map = reopen() < 0 || ftruncate(shared_fd, DATA_BYTES) < 0
-                    ? MAP_FAILED : mmap(NULL, (size_t)DATA_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, shared_fd, 0);
+                    ? MAP_FAILED
+                    : mmap(NULL, (size_t)DATA_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, shared_fd, 0);
     if (map == MAP_FAILED) {
         fprintf(stderr, "fake libcuda: FAKE_CUDA_SHARED_GPU=%s: %s\n", shared_path, strerror(errno));
         return CUDA_ERROR_UNKNOWN;
@@ -121,9 +114,8 @@ CUresult fake_timeline_init(void)
 /* The slot's ownership: its lock byte, taken (F_WRLCK), released, or asked about (F_OFD_GETLK). */
 static int slot_lock(int index, int i, int cmd, short type)
 {
-    struct flock l = { .l_type = type, .l_whence = SEEK_SET, .l_start = DATA_BYTES + index * SLOTS + i, .l_len = 1 };
-    if (fcntl(shared_fd, cmd, &l) < 0)
-        return -1;
+    struct flock l = {.l_type = type, .l_whence = SEEK_SET, .l_start = DATA_BYTES + index * SLOTS + i, .l_len = 1};
+    if (fcntl(shared_fd, cmd, &l) < 0) return -1;
     return cmd == F_OFD_GETLK ? l.l_type != F_UNLCK : 0;
 }
 
@@ -131,7 +123,7 @@ static int busy(const struct slot *s) { return s->taken && s->queued > s->served
 
 static void mark(struct slot *s, uint64_t at)
 {
-    s->mark[s->next % MARKS] = (struct mark){ at, s->served };
+    s->mark[s->next % MARKS] = (struct mark){at, s->served};
     s->next++;
 }
 
@@ -140,8 +132,7 @@ static void mark(struct slot *s, uint64_t at)
 static void mark_busy(struct shared_gpu *g, uint64_t at)
 {
     for (int i = 0; i < SLOTS; i++)
-        if (busy(&g->slot[i]))
-            mark(&g->slot[i], at);
+        if (busy(&g->slot[i])) mark(&g->slot[i], at);
 }
 
 /* The busy slots of g (into busy_slots, their count returned) and the least work one of them has left. */
@@ -152,8 +143,7 @@ static int busy_slots(const struct shared_gpu *g, int *busy_slots, uint64_t *lea
     for (int i = 0; i < SLOTS; i++)
         if (busy(&g->slot[i])) {
             busy_slots[k++] = i;
-            if (g->slot[i].queued - g->slot[i].served < *least)
-                *least = g->slot[i].queued - g->slot[i].served;
+            if (g->slot[i].queued - g->slot[i].served < *least) *least = g->slot[i].queued - g->slot[i].served;
         }
     return k;
 }
@@ -179,13 +169,12 @@ static void advance(struct shared_gpu *g, uint64_t now)
             g->at = now;
             break;
         }
-        int empties = now - g->at >= least * n;     /* a queue empties by now: the others' speeds change */
+        int empties = now - g->at >= least * n; /* a queue empties by now: the others' speeds change */
         uint64_t each = empties ? least : (now - g->at) / n;
         g->at += empties ? least * n : now - g->at;
         for (int j = 0; j < k; j++) {
             g->slot[served[j]].served += each;
-            if (empties)
-                mark(&g->slot[served[j]], g->at);
+            if (empties) mark(&g->slot[served[j]], g->at);
         }
     }
 }
@@ -244,8 +233,7 @@ uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point)
     if (!shared) {
         see_hold(d, now);
         uint64_t ahead = max_u64(now, d->busy_until_ns) - now + d->held_ns;
-        if (fake_kernel_ns && ahead > backlog)
-            return d->hold_word ? now + HOLD_POLL_NS : d->busy_until_ns - backlog;
+        if (fake_kernel_ns && ahead > backlog) return d->hold_word ? now + HOLD_POLL_NS : d->busy_until_ns - backlog;
         if (d->hold_word) {
             d->held_ns += work;
             *point = held_point(d, d->held_ns);
@@ -260,7 +248,7 @@ uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point)
             leave();
             return now + behind - backlog;
         }
-        if (!behind) {                 /* it starts now, and the others slow down */
+        if (!behind) { /* it starts now, and the others slow down */
             mark_busy(&shared[d->index], now);
             mark(s, now);
         }
@@ -289,12 +277,11 @@ uint64_t fake_timeline_tail(int dev)
  * simulation's present), at the speed it had there; the oldest mark kept where point is older. */
 static uint64_t reached_at(const struct shared_gpu *g, const struct slot *s, uint64_t point)
 {
-    struct mark after = { g->at, s->served };
+    struct mark after = {g->at, s->served};
     uint32_t kept = s->next < MARKS ? s->next : MARKS;
     for (uint32_t k = 1; k <= kept; k++) {
         const struct mark *m = &s->mark[(s->next - k) % MARKS];
-        if (m->served < point)
-            return m->at + (after.at - m->at) * (point - m->served) / (after.served - m->served);
+        if (m->served < point) return m->at + (after.at - m->at) * (point - m->served) / (after.served - m->served);
         after = *m;
     }
     return after.at;
@@ -309,7 +296,7 @@ int fake_timeline_reached(int dev, uint64_t point, uint64_t *at)
         if (point & HELD) {
             uint32_t epoch = (uint32_t)(point >> EPOCH_SHIFT) & 0xffff;
             if (d->hold_word && epoch == (d->hold_epoch & 0xffff)) {
-                *at = now + HOLD_POLL_NS;  /* still held: look again then */
+                *at = now + HOLD_POLL_NS; /* still held: look again then */
                 return 0;
             }
             point = d->released_at[epoch % EPOCHS] + (point & ((1ull << EPOCH_SHIFT) - 1));
@@ -319,8 +306,7 @@ int fake_timeline_reached(int dev, uint64_t point, uint64_t *at)
     }
     struct slot *s = enter(dev, &now);
     int done = s->served >= point;
-    if (done)
-        *at = reached_at(&shared[fake_dev[dev].index], s, point);
+    if (done) *at = reached_at(&shared[fake_dev[dev].index], s, point);
     leave();
     return done;
 }
@@ -329,7 +315,7 @@ void fake_timeline_wait(int dev, uint64_t point)
 {
     uint64_t until;
     while (!fake_timeline_reached(dev, point, &until)) {
-        if (shared) {                  /* private: the point is the time */
+        if (shared) { /* private: the point is the time */
             uint64_t now;
             struct slot *s = enter(dev, &now);
             until = next_change(&shared[fake_dev[dev].index], point > s->served ? point - s->served : 0);
@@ -344,12 +330,11 @@ void fake_timeline_wait(int dev, uint64_t point)
 /* A process that exits leaves nothing queued on the shared GPUs: the others speed up. */
 __attribute__((destructor)) static void release(void)
 {
-    if (!shared || own_pid != getpid())
-        return;
+    if (!shared || own_pid != getpid()) return;
     flock(shared_fd, LOCK_EX);
     for (int i = 0; i < FAKE_GPU_COUNT; i++)
         if (own_slot[i] >= 0) {
-            uint64_t now = max_u64(now_ns(), shared[i].at);   /* as in enter: the simulation never goes back */
+            uint64_t now = max_u64(now_ns(), shared[i].at); /* as in enter: the simulation never goes back */
             advance(&shared[i], now);
             shared[i].slot[own_slot[i]].taken = 0;
             mark_busy(&shared[i], now);

@@ -2,8 +2,8 @@
 #include "internal.h"
 
 #define NVIDIA_MAJOR 195u
-#define MIG_MINORS_FIRST 3u         /* mig-minors: config 1, monitor 2, then per GPU */
-#define MIG_MINORS_PER_GPU 135u     /* 15 GPU instances x (1 + 8 compute instances) */
+#define MIG_MINORS_FIRST 3u     /* mig-minors: config 1, monitor 2, then per GPU */
+#define MIG_MINORS_PER_GPU 135u /* 15 GPU instances x (1 + 8 compute instances) */
 #define MIG_MINORS_PER_GI 9u
 
 pthread_mutex_t fake_nvml_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -18,10 +18,8 @@ unsigned fake_visible_mig_count[FAKE_GPU_COUNT];
 static int is_char_device(const char *path, unsigned major_number, unsigned minor_number, int check_major)
 {
     struct stat st;
-    if (stat(path, &st) != 0 || !S_ISCHR(st.st_mode))
-        return 0;
-    if (minor(st.st_rdev) != minor_number)
-        return 0;
+    if (stat(path, &st) != 0 || !S_ISCHR(st.st_mode)) return 0;
+    if (minor(st.st_rdev) != minor_number) return 0;
     return !check_major || major(st.st_rdev) == major_number;
 }
 
@@ -35,8 +33,7 @@ static int cap_node_exists(unsigned cap_minor)
 
 static int mig_visible(const struct fake_gpu *gpu, const struct fake_mig *mig)
 {
-    unsigned gi_minor = MIG_MINORS_FIRST + gpu->minor * MIG_MINORS_PER_GPU
-                        + mig->gpu_instance_id * MIG_MINORS_PER_GI;
+    unsigned gi_minor = MIG_MINORS_FIRST + gpu->minor * MIG_MINORS_PER_GPU + mig->gpu_instance_id * MIG_MINORS_PER_GI;
     unsigned ci_minor = gi_minor + 1 + mig->compute_instance_id;
     return cap_node_exists(gi_minor) && cap_node_exists(ci_minor);
 }
@@ -79,26 +76,21 @@ int fake_initialized(void)
 /* A handle is valid if it is one of ours and was visible at the last init. */
 static nvmlReturn_t lookup(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
-    if (!fake_initialized())
-        return NVML_ERROR_UNINITIALIZED;
+    if (!fake_initialized()) return NVML_ERROR_UNINITIALIZED;
     const char *p = (const char *)handle;
     const char *g0 = (const char *)fake_gpus, *m0 = (const char *)migs;
     int in_gpus = p >= g0 && p < g0 + sizeof fake_gpus && (size_t)(p - g0) % sizeof fake_gpus[0] == 0;
     int in_migs = p >= m0 && p < m0 + sizeof migs && (size_t)(p - m0) % sizeof migs[0][0] == 0;
-    if (!in_gpus && !in_migs)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!handle->visible)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!in_gpus && !in_migs) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!handle->visible) return NVML_ERROR_INVALID_ARGUMENT;
     *out = handle;
     return NVML_SUCCESS;
 }
 
 static nvmlReturn_t copy_string(char *buf, unsigned length, const char *value)
 {
-    if (buf == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (strlen(value) + 1 > length)
-        return NVML_ERROR_INSUFFICIENT_SIZE;
+    if (buf == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
     memcpy(buf, value, strlen(value) + 1);
     return NVML_SUCCESS;
 }
@@ -106,35 +98,27 @@ static nvmlReturn_t copy_string(char *buf, unsigned length, const char *value)
 /* The start of a system query: NVML reports an uninitialized library before a missing output. */
 static nvmlReturn_t system_query(int outputs_given)
 {
-    if (!fake_initialized())
-        return NVML_ERROR_UNINITIALIZED;
+    if (!fake_initialized()) return NVML_ERROR_UNINITIALIZED;
     return outputs_given ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
 }
 
 API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
-    if (flags & ~(NVML_INIT_FLAG_NO_GPUS | NVML_INIT_FLAG_NO_ATTACH))
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!is_char_device("/dev/nvidiactl", NVIDIA_MAJOR, 255, 1))
-        return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (flags & ~(NVML_INIT_FLAG_NO_GPUS | NVML_INIT_FLAG_NO_ATTACH)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!is_char_device("/dev/nvidiactl", NVIDIA_MAJOR, 255, 1)) return NVML_ERROR_DRIVER_NOT_LOADED;
     pthread_mutex_lock(&fake_nvml_lock);
-    if (init_count++ == 0)
-        scan_devices();
+    if (init_count++ == 0) scan_devices();
     pthread_mutex_unlock(&fake_nvml_lock);
     return NVML_SUCCESS;
 }
 
-API nvmlReturn_t nvmlInit_v2(void)
-{
-    return nvmlInitWithFlags(0);
-}
+API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 
 API nvmlReturn_t nvmlShutdown(void)
 {
     pthread_mutex_lock(&fake_nvml_lock);
     nvmlReturn_t ret = init_count == 0 ? NVML_ERROR_UNINITIALIZED : NVML_SUCCESS;
-    if (init_count > 0)
-        init_count--;
+    if (init_count > 0) init_count--;
     pthread_mutex_unlock(&fake_nvml_lock);
     return ret;
 }
@@ -177,30 +161,26 @@ API const char *nvmlErrorString(nvmlReturn_t result)
 static void stall(void)
 {
     const char *seconds = getenv("FAKE_NVML_STALL_S");
-    if (seconds != NULL && *seconds != '\0')
-        sleep((unsigned)atoi(seconds));
+    if (seconds != NULL && *seconds != '\0') sleep((unsigned)atoi(seconds));
 }
 
 API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
     stall();
-    if (!fake_initialized())
-        return NVML_ERROR_UNINITIALIZED;
+    if (!fake_initialized()) return NVML_ERROR_UNINITIALIZED;
     return copy_string(version, length, FAKE_DRIVER_VERSION);
 }
 
 API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
 {
-    if (!fake_initialized())
-        return NVML_ERROR_UNINITIALIZED;
+    if (!fake_initialized()) return NVML_ERROR_UNINITIALIZED;
     return copy_string(version, length, FAKE_NVML_VERSION);
 }
 
 API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cuda_version)
 {
     nvmlReturn_t ret = system_query(cuda_version != NULL);
-    if (ret == NVML_SUCCESS)
-        *cuda_version = FAKE_CUDA_VERSION;
+    if (ret == NVML_SUCCESS) *cuda_version = FAKE_CUDA_VERSION;
     return ret;
 }
 
@@ -212,24 +192,21 @@ API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cuda_version)
 API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
     nvmlReturn_t ret = system_query(count != NULL);
-    if (ret == NVML_SUCCESS)
-        *count = visible_gpu_count;
+    if (ret == NVML_SUCCESS) *count = visible_gpu_count;
     return ret;
 }
 
 API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
     nvmlReturn_t ret = system_query(device != NULL && index < visible_gpu_count);
-    if (ret == NVML_SUCCESS)
-        *device = visible_gpus[index];
+    if (ret == NVML_SUCCESS) *device = visible_gpus[index];
     return ret;
 }
 
 API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
     nvmlReturn_t ret = system_query(uuid != NULL && device != NULL);
-    if (ret != NVML_SUCCESS)
-        return ret;
+    if (ret != NVML_SUCCESS) return ret;
     for (unsigned g = 0; g < FAKE_GPU_COUNT; g++) {
         if (fake_gpus[g].visible && strcmp(fake_gpus[g].gpu->uuid, uuid) == 0) {
             *device = &fake_gpus[g];
@@ -250,10 +227,8 @@ static int parse_bus_id(const char *text, unsigned *domain, unsigned *bus, unsig
 {
     unsigned function;
     char tail;
-    if (sscanf(text, "%x:%x:%x.%x%c", domain, bus, device, &function, &tail) == 4)
-        return 1;
-    if (sscanf(text, "%x:%x:%x%c", domain, bus, device, &tail) == 3)
-        return 1;
+    if (sscanf(text, "%x:%x:%x.%x%c", domain, bus, device, &function, &tail) == 4) return 1;
+    if (sscanf(text, "%x:%x:%x%c", domain, bus, device, &tail) == 3) return 1;
     *domain = 0;
     return sscanf(text, "%x:%x.%x%c", bus, device, &function, &tail) == 3;
 }
@@ -262,10 +237,8 @@ API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pci_bus_id, nvmlDe
 {
     unsigned domain, bus, dev;
     nvmlReturn_t ret = system_query(pci_bus_id != NULL && device != NULL);
-    if (ret == NVML_SUCCESS && !parse_bus_id(pci_bus_id, &domain, &bus, &dev))
-        ret = NVML_ERROR_INVALID_ARGUMENT;
-    if (ret != NVML_SUCCESS)
-        return ret;
+    if (ret == NVML_SUCCESS && !parse_bus_id(pci_bus_id, &domain, &bus, &dev)) ret = NVML_ERROR_INVALID_ARGUMENT;
+    if (ret != NVML_SUCCESS) return ret;
     for (unsigned i = 0; i < visible_gpu_count; i++) {
         unsigned d, b, v;
         parse_bus_id(visible_gpus[i]->gpu->pci_bus_id, &d, &b, &v);
@@ -281,8 +254,7 @@ API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pci_bus_id, nvmlDe
 nvmlReturn_t fake_lookup_gpu(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
     nvmlReturn_t ret = lookup(handle, out);
-    if (ret == NVML_SUCCESS && (*out)->mig != NULL)
-        return NVML_ERROR_NOT_SUPPORTED;
+    if (ret == NVML_SUCCESS && (*out)->mig != NULL) return NVML_ERROR_NOT_SUPPORTED;
     return ret;
 }
 
@@ -290,8 +262,7 @@ nvmlReturn_t fake_lookup_gpu(nvmlDevice_t handle, struct nvmlDevice_st **out)
 static nvmlReturn_t lookup_mig_capable(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
     nvmlReturn_t ret = fake_lookup_gpu(handle, out);
-    if (ret == NVML_SUCCESS && !(*out)->gpu->mig_capable)
-        return NVML_ERROR_NOT_SUPPORTED;
+    if (ret == NVML_SUCCESS && !(*out)->gpu->mig_capable) return NVML_ERROR_NOT_SUPPORTED;
     return ret;
 }
 
@@ -299,20 +270,16 @@ static nvmlReturn_t lookup_mig_capable(nvmlDevice_t handle, struct nvmlDevice_st
 static nvmlReturn_t lookup_mig(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
     nvmlReturn_t ret = lookup(handle, out);
-    if (ret == NVML_SUCCESS && (*out)->mig == NULL)
-        return NVML_ERROR_NOT_SUPPORTED;
+    if (ret == NVML_SUCCESS && (*out)->mig == NULL) return NVML_ERROR_NOT_SUPPORTED;
     return ret;
 }
-
-
 
 /* The start of a device query, in NVML's order of errors: the handle as `check` wants it (uninitialized,
  * invalid, not supported), then a NULL output pointer. */
 nvmlReturn_t fake_device_query(nvmlDevice_t handle, lookup_fn check, int outputs_given, struct nvmlDevice_st **dev)
 {
     nvmlReturn_t ret = check(handle, dev);
-    if (ret == NVML_SUCCESS && !outputs_given)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    if (ret == NVML_SUCCESS && !outputs_given) return NVML_ERROR_INVALID_ARGUMENT;
     return ret;
 }
 
@@ -341,24 +308,15 @@ DEVICE_QUERY(nvmlDeviceGetPciInfo_v3, lookup, nvmlPciInfo_t, pci_info(dev->gpu, 
 static nvmlDeviceArchitecture_t architecture(const struct fake_gpu *gpu)
 {
     int cc = gpu->cc_major * 10 + gpu->cc_minor;
-    if (cc >= 100)
-        return NVML_DEVICE_ARCH_BLACKWELL;
-    if (cc >= 90)
-        return NVML_DEVICE_ARCH_HOPPER;
-    if (cc == 89)
-        return NVML_DEVICE_ARCH_ADA;
-    if (cc >= 80)
-        return NVML_DEVICE_ARCH_AMPERE;
-    if (cc == 75)
-        return NVML_DEVICE_ARCH_TURING;
-    if (cc >= 70)
-        return NVML_DEVICE_ARCH_VOLTA;
-    if (cc >= 60)
-        return NVML_DEVICE_ARCH_PASCAL;
-    if (cc >= 50)
-        return NVML_DEVICE_ARCH_MAXWELL;
-    if (cc >= 30)
-        return NVML_DEVICE_ARCH_KEPLER;
+    if (cc >= 100) return NVML_DEVICE_ARCH_BLACKWELL;
+    if (cc >= 90) return NVML_DEVICE_ARCH_HOPPER;
+    if (cc == 89) return NVML_DEVICE_ARCH_ADA;
+    if (cc >= 80) return NVML_DEVICE_ARCH_AMPERE;
+    if (cc == 75) return NVML_DEVICE_ARCH_TURING;
+    if (cc >= 70) return NVML_DEVICE_ARCH_VOLTA;
+    if (cc >= 60) return NVML_DEVICE_ARCH_PASCAL;
+    if (cc >= 50) return NVML_DEVICE_ARCH_MAXWELL;
+    if (cc >= 30) return NVML_DEVICE_ARCH_KEPLER;
     return NVML_DEVICE_ARCH_UNKNOWN;
 }
 
@@ -375,8 +333,7 @@ DEVICE_QUERY(nvmlDeviceGetMemoryInfo, lookup, nvmlMemory_t,
 
 static nvmlReturn_t memory_info_v2(const struct nvmlDevice_st *dev, nvmlMemory_v2_t *memory)
 {
-    if (memory->version != nvmlMemory_v2)
-        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = memory_total(dev);
     memory->reserved = 0;
     memory->free = memory->total;
@@ -401,8 +358,7 @@ API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int
 {
     struct nvmlDevice_st *dev;
     nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
+    if (ret != NVML_SUCCESS) return ret;
     return copy_string(uuid, length, dev->mig ? dev->mig->uuid : dev->gpu->uuid);
 }
 
@@ -420,10 +376,8 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
 {
     struct nvmlDevice_st *dev;
     nvmlReturn_t ret = lookup(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (dev->mig == NULL)
-        return copy_string(name, length, dev->gpu->name);
+    if (ret != NVML_SUCCESS) return ret;
+    if (dev->mig == NULL) return copy_string(name, length, dev->gpu->name);
     char profile[32], full[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     mig_profile(dev->mig, profile, sizeof profile);
     snprintf(full, sizeof full, "%s MIG %s", dev->gpu->name, profile);
@@ -456,14 +410,11 @@ API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsign
 {
     struct nvmlDevice_st *dev;
     nvmlReturn_t ret = lookup_mig_capable(device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
+    if (ret != NVML_SUCCESS) return ret;
     unsigned max = dev->gpu->mig_enabled ? MAX_MIG_DEVICES : 0;
-    if (mig_device == NULL || index >= max)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    if (mig_device == NULL || index >= max) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned g = (unsigned)(dev - fake_gpus);
-    if (index >= fake_visible_mig_count[g])
-        return NVML_ERROR_NOT_FOUND;
+    if (index >= fake_visible_mig_count[g]) return NVML_ERROR_NOT_FOUND;
     *mig_device = fake_visible_migs[g][index];
     return NVML_SUCCESS;
 }
@@ -472,10 +423,8 @@ API nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mig_d
 {
     struct nvmlDevice_st *dev;
     nvmlReturn_t ret = lookup(mig_device, &dev);
-    if (ret != NVML_SUCCESS)
-        return ret;
-    if (dev->mig == NULL || device == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
+    if (ret != NVML_SUCCESS) return ret;
+    if (dev->mig == NULL || device == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     *device = dev->parent;
     return NVML_SUCCESS;
 }

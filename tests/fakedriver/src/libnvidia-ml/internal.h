@@ -22,17 +22,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/nvml_abi.h"
 #include "fake_machine.h"
-#include "nvml_abi.h"
 
 #define API __attribute__((visibility("default")))
-#define MAX_MIG_DEVICES 7u          /* nvmlDeviceGetMaxMigDeviceCount of A100/H100 */
+#define MAX_MIG_DEVICES 7u /* nvmlDeviceGetMaxMigDeviceCount of A100/H100 */
 
 struct nvmlDevice_st {
     const struct fake_gpu *gpu;
-    const struct fake_mig *mig;      /* NULL for a full GPU */
-    struct nvmlDevice_st *parent;    /* the full GPU of a MIG device */
-    unsigned index;                  /* position among the visible GPUs or the parent's MIGs */
+    const struct fake_mig *mig;   /* NULL for a full GPU */
+    struct nvmlDevice_st *parent; /* the full GPU of a MIG device */
+    unsigned index;               /* position among the visible GPUs or the parent's MIGs */
     int visible;
 };
 
@@ -49,21 +49,19 @@ extern unsigned fake_visible_mig_count[FAKE_GPU_COUNT];
 
 int fake_initialized(void);
 nvmlReturn_t fake_lookup_gpu(nvmlDevice_t handle, struct nvmlDevice_st **out);
-nvmlReturn_t fake_device_query(nvmlDevice_t handle, lookup_fn check, int outputs_given,
-                               struct nvmlDevice_st **dev);
+nvmlReturn_t fake_device_query(nvmlDevice_t handle, lookup_fn check, int outputs_given, struct nvmlDevice_st **dev);
 
 #pragma GCC visibility pop
 
 /* Defines the query `name(device, type *out)`: once the handle passed `check` and out is not NULL, the
  * statement `fill` answers from dev into out (it may set ret to an error of its own). */
-#define DEVICE_QUERY(name, check, type, fill)                                    \
-    API nvmlReturn_t name(nvmlDevice_t device, type *out)                        \
-    {                                                                            \
-        struct nvmlDevice_st *dev;                                               \
-        nvmlReturn_t ret = fake_device_query(device, check, out != NULL, &dev);  \
-        if (ret == NVML_SUCCESS)                                                 \
-            fill;                                                                \
-        return ret;                                                              \
+#define DEVICE_QUERY(name, check, type, fill) \
+    API nvmlReturn_t name(nvmlDevice_t device, type *out) \
+    { \
+        struct nvmlDevice_st *dev; \
+        nvmlReturn_t ret = fake_device_query(device, check, out != NULL, &dev); \
+        if (ret == NVML_SUCCESS) fill; \
+        return ret; \
     }
 
 #endif

@@ -1,0 +1,26 @@
+/* This process's devices (devices.c): each one's limits, region entry and scheduler entry, found by
+ * CUDA ordinal or by UUID key (NVML). */
+#ifndef NVC_DEVICES_H
+#define NVC_DEVICES_H
+
+#include <stdint.h>
+#include "base/ground.h"
+#include "base/real.h"
+
+struct nvc_sched_entry;
+struct nvc_device {
+    int valid;
+    int region_index;      /* index in the region's device table */
+    uint64_t memory_limit; /* 0 = unlimited */
+    unsigned compute;      /* percent; 100 = unthrottled */
+    unsigned weight;       /* share of the GPU among busy containers; 0 = not weighted */
+    unsigned sm_count;
+    struct nvc_sched_entry *sched; /* this container's scheduler entry, NULL when not scheduled */
+    int ordinal;                   /* CUDA ordinal; -1 when found by NVML handle */
+};
+struct nvc_device *nvc_device_by_ordinal(CUdevice dev);
+struct nvc_device *nvc_device_current(CUdevice *ordinal);
+struct nvc_device *nvc_device_by_key(const char *key, int nvml_index);
+void nvc_devices_fork(enum nvc_fork_phase phase);
+
+#endif

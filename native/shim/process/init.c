@@ -1,0 +1,129 @@
+/* Initialisation, once, at the first wrapped call: the limits (the container's read-only file, or
+ * for plain LD_PRELOAD use a directory's file or the environment), the shared region and the
+ * scheduler. The shim never installs signal handlers and never starts threads: it only runs inside
+ * the application's own CUDA/NVML calls. */
+#define _GNU_SOURCE
+#include "process/init.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "base/config.h"
+#include "base/ground.h"
+#include "base/region.h"
+#include "scheduling/sched.h"
+
+extern char **environ;
+
+struct nvc_config nvc_cfg;
+int nvc_mem_limited, nvc_compute_limited;
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int activated;
+
+static int read_file(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t got = 0;
+    ssize_t n;
+    while (got < size - 1 && (n = read(fd, buf + got, size - 1 - got)) != 0) {
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            close(fd);
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = '\0';
+    return got == size - 1 ? -2 : 0;
+}
+
+static void do_init(void)
+{
+    const char *lvl = getenv("NVC_SHARE_LOG");
+    if (lvl && *lvl >= '0' && *lvl <= '3' && !lvl[1])
+        nvc_set_log_level(*lvl - '0');
+    char err[256] = "", text[16384];
+    const char *limits = NVC_FIXED_DIR "/limits";
+    int rc = read_file(limits, text, sizeof text);
+    if (rc == 0 || errno != ENOENT) {
+        /* Inside a container: the hook's read-only file is the only authority; the environment,
+         * which the workload controls, is ignored (NVC_SHARE_DIR and the kill switch included). */
+        if (rc != 0) {
+            snprintf(err, sizeof err, "cannot read %s (%s)", limits, rc == -2 ? "too large" : strerror(errno));
+        } else if (nvc_parse_limits_text(text, &nvc_cfg, err, sizeof err) == 0) {
+            snprintf(nvc_cfg.dir, sizeof nvc_cfg.dir, "%s", NVC_FIXED_DIR);
+            err[0] = '\0';
+        }
+    } else {
+        const char *dir = getenv("NVC_SHARE_DIR");
+        char fallback[64];
+        if (!dir || !*dir) {
+            snprintf(fallback, sizeof fallback, "/tmp/nvc-share-%u", (unsigned)getuid());
+            dir = fallback;
+        }
+        char path[300];
+        snprintf(path, sizeof path, "%s/limits", dir);
+        rc = read_file(path, text, sizeof text);
+        if (rc == 0) {
+            if (nvc_parse_limits_text(text, &nvc_cfg, err, sizeof err) == 0)
+                err[0] = '\0';
+        } else {
+            nvc_config_from_env(environ, &nvc_cfg, err, sizeof err);
+        }
+        snprintf(nvc_cfg.dir, sizeof nvc_cfg.dir, "%s", dir);
+    }
+    nvc_set_fail_closed(nvc_cfg.on_error == NVC_FAIL_CLOSED); /* honoured even if another line is junk */
+    if (err[0]) {
+        nvc_fail(err);
+        return;
+    }
+    nvc_config_finish(&nvc_cfg);
+    if (!nvc_cfg.enabled) {
+        nvc_log(2, "disabled by configuration");
+        return;
+    }
+    nvc_mem_limited = nvc_cfg.memory_default != 0;
+    nvc_compute_limited = nvc_cfg.compute_default < 100;
+    for (int i = 0; i < nvc_cfg.nrules; i++) {
+        nvc_mem_limited |= nvc_cfg.rules[i].memory != 0;
+        nvc_compute_limited |=
+            (nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100) || nvc_cfg.rules[i].weight != 0;
+    }
+    nvc_compute_limited |= nvc_cfg.weight_default != 0;
+    if (!nvc_mem_limited && !nvc_compute_limited) {
+        nvc_log(2, "no limits configured");
+        return;
+    }
+    if (!nvc_cfg.from_file)
+        mkdir(nvc_cfg.dir, 0700); /* plain LD_PRELOAD use; an existing directory is fine */
+    if (nvc_region_open(nvc_cfg.dir, &nvc_cfg)) {
+        nvc_fail("cannot use the shared region");
+        return;
+    }
+    if (nvc_compute_limited)
+        nvc_sched_open(&nvc_cfg);
+    __atomic_store_n(&activated, 1, __ATOMIC_RELEASE);
+    nvc_set_active();
+    nvc_log(2, "active: memory default %llu, compute default %u%%, %d device rules, region %s/region",
+            (unsigned long long)nvc_cfg.memory_default, nvc_cfg.compute_default, nvc_cfg.nrules, nvc_cfg.dir);
+}
+
+enum nvc_state nvc_init(void)
+{
+    pthread_once(&init_once, do_init);
+    return nvc_current_state();
+}
+
+int nvc_init_activated(void)
+{
+    return __atomic_load_n(&activated, __ATOMIC_ACQUIRE);
+}

@@ -1,0 +1,16 @@
+/* Initialisation at the first wrapped call (init.c): the limits in force and which of them apply. */
+#ifndef NVC_INIT_H
+#define NVC_INIT_H
+
+#include "base/config.h"
+#include "base/ground.h"
+
+extern struct nvc_config nvc_cfg;
+extern int nvc_mem_limited;     /* some device has a memory limit */
+extern int nvc_compute_limited; /* some device has a compute share below 100 or a weight */
+enum nvc_state nvc_init(void);  /* idempotent */
+/* The limits were put in force in this process (the state may have failed since): from then on
+ * fork must take every shim mutex (shim.c's handlers do nothing before). */
+int nvc_init_activated(void);
+
+#endif

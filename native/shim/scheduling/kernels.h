@@ -1,0 +1,18 @@
+/* Each kernel's own running duration (kernels.c), for launch.c's queue estimates. */
+#ifndef NVC_KERNELS_H
+#define NVC_KERNELS_H
+
+#include <stdint.h>
+
+struct nvc_kernel_cost {
+    const void *key;
+    int64_t ns;      /* its elapsed time, running mean */
+    int64_t work_ns; /* its elapsed time when nothing slowed it: the least seen, creeping up */
+};
+/* The entry of a kernel (nvc_kernel_key), made on first use; NULL when its neighbourhood of the table
+ * is full. The caller serialises access (launch.c's mutex). */
+struct nvc_kernel_cost *nvc_kernel_slot(const void *key);
+/* A launch's kernel and grid size: the same function on another grid is other work. */
+const void *nvc_kernel_key(const void *f, unsigned gx, unsigned gy, unsigned gz);
+
+#endif

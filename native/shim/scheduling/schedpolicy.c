@@ -1,0 +1,106 @@
+/* See schedpolicy.h. */
+#include "scheduling/schedpolicy.h"
+
+void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now)
+{
+    v->capped = v->capped != 0;
+    v->weight = v->weight < 1 ? 1 : v->weight > NVC_WEIGHT_MAX ? NVC_WEIGHT_MAX : v->weight;
+    v->cap = 100; /* another's cap is enforced by its own shim: its weight bounds what it asks */
+    v->share_permille = v->share_permille > 1000 ? 1000 : v->share_permille;
+    if (v->seen_ns > now + NVC_SCHED_FUTURE_NS || v->busy_until_ns > now + NVC_SCHED_FUTURE_NS)
+        v->seen_ns = v->busy_until_ns = 0;
+}
+
+int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now)
+{
+    return now < v->busy_until_ns;
+}
+
+int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now)
+{
+    return !v->capped && (now < v->seen_ns + NVC_SCHED_ACTIVE_NS || nvc_sched_busy(v, now));
+}
+
+uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight)
+{
+    uint64_t w = who->weight ? who->weight : 1, total = total_weight > w ? total_weight : w;
+    uint64_t permille = w * 1000 / total, cap = who->cap && who->cap < 100 ? who->cap * 10ull : 1000;
+    return (uint32_t)(permille < cap ? permille : cap);
+}
+
+/* who's entitlement as a part of the useful work (‰) */
+static uint32_t part(const struct nvc_sched_view *who, uint64_t total_weight, uint64_t useful)
+{
+    return (uint32_t)(nvc_sched_entitled(who, total_weight) * useful / 1000);
+}
+
+enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n,
+                                         uint64_t now)
+{
+    uint64_t total = self->weight ? self->weight : 1, useful = self->share_permille;
+    for (int i = 0; i < n; i++)
+        if (nvc_sched_active(&others[i], now)) {
+            total += others[i].weight ? others[i].weight : 1;
+            useful += others[i].share_permille;
+        }
+    useful = useful < NVC_SCHED_USEFUL_FLOOR ? NVC_SCHED_USEFUL_FLOOR : useful > 1000 ? 1000 : useful;
+    if (self->share_permille <= part(self, total, useful) + NVC_SCHED_SLACK_PERMILLE)
+        return NVC_SCHED_RUN_WITHIN;
+    for (int i = 0; i < n; i++) {
+        const struct nvc_sched_view *o = &others[i];
+        if (nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
+            o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
+            return NVC_SCHED_WAIT; /* it wants more and competes for the GPU right now */
+    }
+    return NVC_SCHED_RUN;
+}
+
+uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t now)
+{
+    uint32_t sharing = 1;
+    for (int i = 0; i < n; i++)
+        sharing += (uint32_t)nvc_sched_busy(&others[i], now);
+    return sharing;
+}
+
+void nvc_sched_note(struct nvc_sched_history *h, uint64_t now, uint32_t sharing)
+{
+    uint32_t last = (h->n - 1) % NVC_SCHED_HISTORY;
+    if (h->n && (h->sharing[last] == sharing || now < h->at[last]))
+        return;
+    h->at[h->n % NVC_SCHED_HISTORY] = now;
+    h->sharing[h->n % NVC_SCHED_HISTORY] = sharing ? sharing : 1;
+    h->n++;
+}
+
+uint64_t nvc_sched_charge(const struct nvc_sched_history *h, uint64_t from, uint64_t to)
+{
+    if (to <= from)
+        return 0;
+    if (!h->n)
+        return to - from;
+    uint64_t charge = 0, end = to;
+    uint32_t kept = h->n < NVC_SCHED_HISTORY ? h->n : NVC_SCHED_HISTORY;
+    for (uint32_t k = 0; k < kept && end > from; k++) { /* newest first */
+        uint32_t i = (h->n - 1 - k) % NVC_SCHED_HISTORY;
+        uint64_t start = h->at[i] > from && k + 1 < kept ? h->at[i] : from;
+        if (start < end) {
+            charge += (end - start) / h->sharing[i];
+            end = start;
+        }
+    }
+    return charge;
+}
+
+uint64_t nvc_sched_decay(uint64_t acc, uint64_t elapsed_ns)
+{
+    if (elapsed_ns >= 100 * NVC_SCHED_WINDOW_NS)
+        return 0;
+    return (uint64_t)((unsigned __int128)acc * NVC_SCHED_WINDOW_NS / (NVC_SCHED_WINDOW_NS + elapsed_ns));
+}
+
+uint32_t nvc_sched_share(uint64_t acc)
+{
+    uint64_t permille = acc / (NVC_SCHED_WINDOW_NS / 1000);
+    return (uint32_t)(permille > 1000 ? 1000 : permille);
+}

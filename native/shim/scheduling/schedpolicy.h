@@ -1,0 +1,97 @@
+/* The weighted, work-conserving GPU-time scheduler's decision, as a pure function of what every
+ * tenant (container) publishes in its scheduler file: no clock, no I/O, so tests drive it on a fake
+ * clock (tests/share_programs/sched_sim.c). sched.c publishes and reads the files; launch.c asks
+ * before every throttled launch.
+ *
+ * Tenants are never serialised: the GPU time-slices the contexts that have work queued, so several
+ * tenants launching at once keep it busy (one's host-side gaps are filled by another's kernels). The
+ * scheduler only holds back a tenant that is over its weight's share while another tenant that is
+ * under its own share has work on the GPU; everyone else launches freely. A tenant's share is its
+ * measured GPU time divided by the number of tenants that had work on the GPU with it (the GPU's
+ * time-slicing splits it that way), decaying over NVC_SCHED_WINDOW_NS.
+ *
+ * Every other tenant's view is untrusted (it writes its own file): nvc_sched_sanitize makes garbage
+ * harmless, and since a tenant waits only while it is over its own entitlement (its weight over the
+ * active tenants' granted weights), no claim of another can push it below that. */
+#ifndef NVC_SCHEDPOLICY_H
+#define NVC_SCHEDPOLICY_H
+
+#include <stdint.h>
+
+#define NVC_SCHED_ACTIVE_NS 5000000ull     /* a tenant not seen launching for 5 ms, with nothing queued, is idle */
+#define NVC_SCHED_FUTURE_NS 10000000000ull /* a peer's timestamp further ahead than this is garbage */
+#define NVC_SCHED_WINDOW_NS 100000000ull   /* a share is measured over the last ~200 ms (decaying) */
+#define NVC_SCHED_SLACK_PERMILLE 10u       /* over or under an entitlement by more than a point */
+/* The active tenants' shares summed (the GPU's useful work: kernels' unslowed run times, without the
+ * gaps between kernels or the switches between contexts) is taken as no less than 70 %. Real training and
+ * inference pairs sum to about that (docs/performance.md); a floor above it raises every entitlement
+ * above what the GPU can give, and the lightest tenant is held too late. A peer claiming no share lowers
+ * another's entitlement to no less than 70 % of its weight's part, about what an honest busy peer leaves. */
+#define NVC_SCHED_USEFUL_FLOOR 700u
+#define NVC_WEIGHT_MAX 1000u
+
+/* What one tenant publishes about one device. */
+struct nvc_sched_view {
+    uint64_t id;             /* unique per tenant (its file's inode) */
+    uint64_t seen_ns;        /* last launch attempt (CLOCK_MONOTONIC) */
+    uint64_t busy_until_ns;  /* when its queued work should have drained */
+    uint32_t capped;         /* waiting for its own cap's credit: others must not wait for it */
+    uint32_t weight;         /* 1..NVC_WEIGHT_MAX: its own, or for another tenant the one granted to it */
+    uint32_t cap;            /* own view only: its cap, percent (100 = none) */
+    uint32_t share_permille; /* its share of the GPU (nvc_sched_share); another's is its claim */
+};
+
+/* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
+ * further ahead); RUN: over it, but no one wants more now. */
+enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1, NVC_SCHED_RUN_WITHIN = 2 };
+
+/* Another tenant's view as read from its file, made safe to decide on: capped 0 or 1, the weight in
+ * 1..NVC_WEIGHT_MAX, the share at most 1000 ‰, and a view with a timestamp absurdly far ahead of now
+ * counts as idle. */
+void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now);
+
+/* Wants the GPU (launched lately or still has work queued) and is not held back by its own cap. */
+int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now);
+
+/* Has work on the GPU now: it competes with this tenant's kernels for the GPU's time slices. */
+int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now);
+
+/* What `who` is entitled to, in ‰ of the GPU: its weight over `total_weight` (the active tenants',
+ * its own included), no more than its cap. */
+uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight);
+
+/* May `self` launch now? Yes while its share is within its entitlement (plus the slack), or while no
+ * other active tenant that is under its own entitlement has work on the GPU: an idle tenant's share,
+ * or one a tenant cannot use (its host is the bottleneck), goes to the others at once. Entitlements are
+ * parts of the GPU's useful work, the active tenants' shares summed (switching between contexts costs
+ * the GPU some of its time), taken as no less than NVC_SCHED_USEFUL_FLOOR: a peer claiming no share
+ * at all lowers another's entitlement by no more than that. */
+enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n,
+                                         uint64_t now);
+
+/* How many tenants have work on the GPU now, this one included (it is asking because it has or is
+ * about to queue work): the GPU time-slices between them. */
+uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t now);
+
+/* How many tenants shared the GPU when, as this process saw it (at every decision and measurement):
+ * the changes, newest last, in a ring. */
+#define NVC_SCHED_HISTORY 64
+struct nvc_sched_history {
+    uint64_t at[NVC_SCHED_HISTORY];
+    uint32_t sharing[NVC_SCHED_HISTORY];
+    uint32_t n; /* changes noted so far */
+};
+void nvc_sched_note(struct nvc_sched_history *h, uint64_t now, uint32_t sharing);
+
+/* The part of a kernel's elapsed time [from, to) that was this tenant's: the elapsed time holds the
+ * time slices of the others that had work on the GPU too, so each moment counts 1 / the number sharing
+ * it then (the history's oldest figure before what it remembers). */
+uint64_t nvc_sched_charge(const struct nvc_sched_history *h, uint64_t from, uint64_t to);
+
+/* The decaying account a share is read from: `acc` (charged ns) after `elapsed` ns keeps
+ * NVC_SCHED_WINDOW_NS / (NVC_SCHED_WINDOW_NS + elapsed) of itself, so a steady rate r of charged time
+ * settles at r x NVC_SCHED_WINDOW_NS; nvc_sched_share turns it into ‰ of the GPU. */
+uint64_t nvc_sched_decay(uint64_t acc, uint64_t elapsed_ns);
+uint32_t nvc_sched_share(uint64_t acc);
+
+#endif

@@ -1,0 +1,47 @@
+"""The native code the tests run: native/'s build, or its build with AddressSanitizer and UndefinedBehaviorSanitizer
+(``make sanitize``, native/sanitize/) where $NVC_TEST_SANITIZE is set, so that the same tests run it under them.
+
+A process the sanitized shim is preloaded into loads the ASan runtime first (:func:`preload_env`): it must come first
+in the initial library list, and the test programs are not built with it. Leak checking is off there (the test
+programs and the fake driver keep what they allocate until they exit). A finding ends the process with its report on
+stderr (-fno-sanitize-recover), which fails the test that ran it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from pathlib import Path
+
+NATIVE = Path(__file__).resolve().parent.parent.parent / "native"
+SANITIZED = bool(os.environ.get("NVC_TEST_SANITIZE"))
+BUILD = NATIVE / "sanitize" if SANITIZED else NATIVE
+SHIM = BUILD / "libnvc-share.so"
+HOOK_CLIENT = BUILD / "nvc-py-hook-client"
+
+
+def build() -> None:
+    """The shim and the hook client as the tests run them, by native/Makefile."""
+    subprocess.run(["make", "-s", "-C", str(NATIVE), *(["sanitize"] if SANITIZED else [])], check=True)
+
+
+@functools.cache
+def _asan_runtime() -> str:
+    """The compiler's ASan runtime, which native/Makefile's sanitized build links against."""
+    found = subprocess.run(
+        [os.environ.get("CC", "cc"), "-print-file-name=libasan.so"], check=True, capture_output=True, text=True
+    )
+    return found.stdout.strip()
+
+
+def preload_env(library: Path = SHIM, sanitized: bool = SANITIZED) -> dict[str, str]:
+    """The environment that preloads the shim (or another library) into a process, with the sanitizers' runtime
+    and options where it is sanitized."""
+    if not sanitized:
+        return {"LD_PRELOAD": str(library)}
+    return {
+        "LD_PRELOAD": f"{_asan_runtime()} {library}",
+        "ASAN_OPTIONS": "detect_leaks=0",
+        "UBSAN_OPTIONS": "print_stacktrace=1",
+    }
