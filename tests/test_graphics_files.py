@@ -141,6 +141,7 @@ def test_broken_and_looping_alternatives(fake_debian, tmp_path: Path, caplog: py
         ('{"ICD": {"library_path": "../../../../etc/shadow"}}', "is a path, not a library"),
         ('{"ICD": {"library_path": "libEGL_mesa.so.0"}}', "is none of the driver's libraries found"),
         ('{"ICD": {}}', "unreadable: no library_path"),
+        ('[{"ICD": {"library_path": "libEGL_nvidia.so.0"}}]', "unreadable: not a json object"),
         ("{", "unreadable: "),
     ],
 )

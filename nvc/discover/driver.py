@@ -228,11 +228,15 @@ def _manifest_libraries(path: str, kind: str) -> list[str]:
     if kind == "icd":
         return [data.decode().strip()]
     doc = json.loads(data)
-    entries = [doc.get("ICD"), doc.get("layer"), *(doc.get("layers") or [])]
+    if not isinstance(doc, dict):
+        raise ValueError("not a json object")
+    layers = doc.get("layers")
+    entries = [doc.get("ICD"), doc.get("layer"), *(layers if isinstance(layers, list) else [])]
     names = [e.get("library_path") for e in entries if isinstance(e, dict)]
-    if not names or not all(isinstance(n, str) for n in names):
+    found = [n for n in names if isinstance(n, str)]
+    if not found or len(found) != len(names):
         raise ValueError("no library_path")
-    return names
+    return found
 
 
 def _manifest_problem(path: str, kind: str, libraries: tuple[str, ...]) -> str | None:

@@ -310,9 +310,9 @@ def _links(binds: list[Operation], files: DriverFiles, container: ContainerFacts
     links: list[Operation] = []
     targets = {op.target for op in binds if isinstance(op, Bind) and op.what == "loader"}
     for f in files.loader_files:
-        target = f.target.replace(caps_mod.LIBDIR, container.lib_dir)
-        if f.link is not None and target in targets:
-            links.append(Symlink(f"{posixpath.dirname(target)}/{f.link}", posixpath.basename(target)))
+        where = f.target.replace(caps_mod.LIBDIR, container.lib_dir)
+        if f.link is not None and where in targets:
+            links.append(Symlink(f"{posixpath.dirname(where)}/{f.link}", posixpath.basename(where)))
     for op in binds:
         if not isinstance(op, Bind) or op.what != "library":
             continue
