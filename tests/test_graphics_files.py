@@ -79,6 +79,7 @@ def test_list_finds_debian_files_and_names_what_it_leaves_out(active_debian) -> 
         "/etc/OpenCL/vendors/nvidia.icd",
         "/usr/lib/nvidia/current/nvidia_drv.so",
         f"/usr/lib/nvidia/current/libglxserver_nvidia.so.{DEBIAN}",
+        "/etc/nvidia/current/nvidia-drm-outputclass.conf",
     ]
     # Debian's persistenced of another version and libnvidia-cfg's stray alternative: left out, named
     assert not [p for p in listing["binaries"] + listing["libraries"] if "persistenced" in p or "nvidia-cfg" in p]
@@ -226,9 +227,10 @@ def test_graphics_plan_gets_only_the_selected_gpus_drm_nodes(active_debian, debi
 def test_display_adds_the_x_driver_and_compute_only_opencl(active_debian, debian_rootfs: Path) -> None:
     display = _dry_run(active_debian, debian_rootfs, "--device=0", "--display")
     targets = [line.split(" -> ")[1].split(" [")[0] for line in display if line.startswith("bind    loader")]
-    assert targets[-2:] == [
+    assert targets[-3:] == [
         "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
         f"/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{DEBIAN}",
+        "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",  # Debian's, from /etc/nvidia/current
     ]
     assert "bind    device    <root>/dev/nvidia-modeset -> /dev/nvidia-modeset [c 195:254, nosuid,noexec]" in display
     compute = _dry_run(active_debian, debian_rootfs, "--device=0", "--compute")

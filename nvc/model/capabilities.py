@@ -197,6 +197,17 @@ LOADER_FILES: tuple[LoaderFile, ...] = (
         "library",
         "the X server's GLX module for the NVIDIA driver",
     ),
+    LoaderFile(
+        "display",
+        (
+            "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+            "/etc/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+            "/etc/nvidia/current/nvidia-drm-outputclass.conf",
+        ),
+        "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+        "data",
+        "makes the X server load the NVIDIA driver for a device nvidia-drm drives",
+    ),
 )
 
 # Capability → loader file groups it brings (as CAPABILITY_LIBRARIES: video brings compute's).

@@ -119,6 +119,10 @@ def make_loader_files(root: Path, version: str, packaged: bool) -> None:
     (drivers / "nvidia_drv.so").write_bytes(f"fake X driver nvidia_drv.so {version}\n".encode())
     (extensions / f"libglxserver_nvidia.so.{version}").write_bytes(f"fake GLX module {version}\n".encode())
     (extensions / "libglxserver_nvidia.so").symlink_to(f"libglxserver_nvidia.so.{version}")
+    outputclass = 'Section "OutputClass"\n    MatchDriver "nvidia-drm"\n    Driver "nvidia"\nEndSection\n'
+    conf = root / ("etc/nvidia/current" if packaged else "usr/share/X11/xorg.conf.d")
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "nvidia-drm-outputclass.conf").write_text(outputclass)
     if packaged:
         for name in ("nvidia_drv.so", "libglxserver_nvidia.so"):
             where = "drivers" if name == "nvidia_drv.so" else "extensions"
