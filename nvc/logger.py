@@ -13,7 +13,7 @@ import sys
 
 
 class Logger:
-    """The ``debug``/``error`` part of ``logging.getLogger(name)``, as the modules use it."""
+    """The ``debug``/``warning``/``error`` part of ``logging.getLogger(name)``, as the modules use it."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -22,6 +22,12 @@ class Logger:
         logging = sys.modules.get("logging")
         if logging is not None:  # stacklevel 2: the record names the caller's file and line
             logging.getLogger(self.name).debug(msg, *args, stacklevel=2)
+
+    def warning(self, msg: str, *args: object) -> None:
+        """Something left out that the user should hear about; printed like an error."""
+        import logging
+
+        logging.getLogger(self.name).warning(msg, *args, stacklevel=2)
 
     def error(self, msg: str, *args: object) -> None:
         import logging

@@ -53,6 +53,17 @@ def fake_local_nvidia(tmp_path_factory: pytest.TempPathFactory):
     return _build(tmp_path_factory, "local-nvidia")
 
 
+@pytest.fixture(scope="session")
+def fake_debian(tmp_path_factory: pytest.TempPathFactory):
+    """Two GPUs with Debian's packaged layout (nvidia/current, alternatives, stray other-version files)."""
+    return _build(tmp_path_factory, "debian-nvidia")
+
+
+@pytest.fixture
+def active_debian(fake_debian) -> Iterator:
+    yield from _activated(fake_debian)
+
+
 @pytest.fixture
 def active_2gpu(fake_2gpu) -> Iterator:
     yield from _activated(fake_2gpu)

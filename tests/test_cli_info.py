@@ -85,6 +85,7 @@ def test_list_default_equals_explicit_flags(active_2gpu) -> None:
         "libraries32",
         "ipcs",
         "firmwares",
+        "loader_files",
     ]
 
 
@@ -109,7 +110,7 @@ def test_list_sections_and_flags(active_2gpu) -> None:
         "<root>/dev/nvidia-caps/nvidia-cap2",
     ]
     assert nvc("--root", root, "list", "-f", "--no-gsp-firmware").stdout == ""
-    libs = nvc("--root", root, "list", "-l").stdout.splitlines()
+    libs = json.loads(nvc("--root", root, "list", "-l", "--json").stdout)["libraries"]
     assert libs and all("/x86_64-linux-gnu/" in p for p in libs)
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.configurehook import HOOK, NVC, PROBE
+from harness.configurehook import NVC, PROBE
+from harness.configurehook import hook as _hook
 from harness.configurehook import paths as _tree
 from harness.configurehook import run as _run
 from harness.processes import children as _children
@@ -27,15 +28,6 @@ GPU0 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
 GPU1 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
 MIG_1_1 = "MIG-5a6b7c8d-9e0f-5a1b-8c2d-3e4f5a6b7c8d"  # GPU 1, GI 1 / CI 0
 V2_ROOT = "/sys/fs/cgroup/unified"
-
-
-def _hook(tmp_path: Path, fake, rootfs: Path, args: str, prefix: str = "") -> dict:
-    script = tmp_path / "hook.sh"
-    script.write_text(
-        HOOK.format(prefix=prefix, nvc=NVC, root=fake.root, args=args, rootfs=rootfs, log=tmp_path / "hook.log")
-    )
-    script.chmod(0o755)
-    return {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
 
 
 def test_runc_container_gets_the_selected_gpu(active_2gpu, debian_rootfs, runc, tmp_path):

@@ -362,7 +362,10 @@ def test_capability_lists() -> None:
     every = capabilities.all_library_prefixes()
     assert len(every) == len(set(every)), "a prefix listed twice"
     video = capabilities.library_prefixes(["video"])
-    assert video == capabilities.LIBRARY_GROUPS["compute"] + capabilities.LIBRARY_GROUPS["video"]  # listing order
+    groups = capabilities.LIBRARY_GROUPS
+    assert video == groups["compute"] + groups["allocator"] + groups["video"]  # listing order
+    assert "libvdpau_nvidia.so" not in video  # a loader file: <libdir>/vdpau/, outside the ld cache
+    assert set(groups["allocator"]) < set(capabilities.library_prefixes(["graphics"]))  # GBM's backend
     assert capabilities.library_prefixes(["compute", "video"]) == capabilities.library_prefixes(["video"])
     assert capabilities.library_prefixes(["utility"]) == ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so")
     assert "libGL.so" in capabilities.library_prefixes(["display"]) and capabilities.is_compat_gl("libGL.so")

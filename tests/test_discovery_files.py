@@ -184,7 +184,7 @@ def test_elf_of_garbage(tmp_path: Path, libroot: Path) -> None:
 ELF_HEAD = b"\x7fELF\x02\x01\x01" + bytes(9) + b"\x02\x00\x3e\x00" + bytes(44)
 
 
-def _exe(path: Path, mode: int = 0o755, content: bytes = ELF_HEAD) -> None:
+def _exe(path: Path, mode: int = 0o755, content: bytes = ELF_HEAD + VERSION.encode()) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     path.chmod(mode)
@@ -199,9 +199,10 @@ def test_binaries_fixed_path_then_library_siblings(tmp_path: Path) -> None:
     os.symlink("/usr/local/nvidia/bin/nvidia-smi", tmp_path / "usr/bin/nv-fabricmanager")  # resolved in root
     # A host wrapper script that execs the real binary by path would fail alone in a container.
     _exe(tmp_path / "usr/bin/nvidia-smi", content=b'#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
+    _exe(tmp_path / "usr/sbin/nv-fabricmanager", content=ELF_HEAD + b"470.256.02")  # another driver's: passed over
     dirs = driver.binary_dirs(("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64"))
     assert dirs == (*driver.BINARY_PATH, "/usr/local/nvidia/bin")
-    assert driver.find_binaries(str(tmp_path), dirs) == (
+    assert driver.find_binaries(str(tmp_path), dirs, VERSION) == (
         "/usr/local/nvidia/bin/nvidia-smi",
         "/usr/bin/nvidia-debugdump",
         "/usr/local/nvidia/bin/nvidia-persistenced",

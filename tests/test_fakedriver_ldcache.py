@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
-from fakedriver.libraries import LIBRARY_GROUPS
+from fakedriver.libraries import LIBRARY_GROUPS, VDPAU, file_name
 
 CACHE_LINE = re.compile(r"\s+(\S+) \(([^)]*)\) => (\S+)")
 ARCH_TAGS = {64: "libc6,x86-64", 32: "libc6"}
@@ -35,11 +35,12 @@ def cache_entries(root: Path) -> set[tuple[str, str, str]]:
 
 
 def expected_sonames(version: str) -> dict[str, str]:
-    """Library name -> SONAME, from the build's own table."""
+    """Library name -> SONAME, from the build's own table; libvdpau_nvidia is in no cache (vdpau/)."""
     return {
         name: f"{name}.{suffix}" if suffix else f"{name}.{version}"
         for group in LIBRARY_GROUPS.values()
         for name, suffix in group.items()
+        if name != VDPAU
     }
 
 
@@ -103,11 +104,19 @@ def test_cache_entries_resolve_to_versioned_files_with_that_soname(fake):
     by_soname = {soname: name for name, soname in sonames.items()}
     for key, tags, path in cache_entries(fake.root):
         target = resolve_in_root(fake.root, path)
-        assert target.name == f"{by_soname[key]}.{fake.driver_version}"
+        assert target.name == file_name(by_soname[key], fake.driver_version)
         elfclass, soname, needed, _ = elf_facts(target)
         assert soname == key
         assert elfclass == (64 if tags == ARCH_TAGS[64] else 32)
         assert "libc.so.6" in needed
+
+
+def test_vdpau_is_under_vdpau_outside_the_cache(fake):
+    """libvdpau loads its driver from <libdir>/vdpau/, which no ld.so.conf lists (both installers)."""
+    vdpau = fake.lib_dir / "vdpau" / f"{VDPAU}.1"
+    assert os.readlink(vdpau) == f"{VDPAU}.{fake.driver_version}"
+    assert elf_facts(vdpau)[1] == f"{VDPAU}.1"
+    assert not [e for e in cache_entries(fake.root) if e[0].startswith(VDPAU)]
 
 
 def test_tls_carries_the_gnu_abi_note(fake):

@@ -35,7 +35,7 @@ def test_sizes_and_bus_ids_are_normalised(tmp_path):
     "edit, message",
     [
         (lambda d: d.pop("driver_version"), "top level: missing key(s) driver_version"),
-        (lambda d: d.update(layout="rpm"), "layout: expected one of distro, nvidia, got 'rpm'"),
+        (lambda d: d.update(layout="rpm"), "layout: expected one of distro, debian, nvidia, got 'rpm'"),
         (lambda d: d.update(colour="green"), "top level: unknown key(s) colour"),
         (lambda d: d["gpus"][0].update(memory="80GB"), "gpus[0].memory: expected a positive size"),
         (lambda d: d["gpus"][0].update(brand="Radeon"), "gpus[0].brand: expected one of"),

@@ -82,7 +82,10 @@ def test_symlinked_image(active_2gpu, hook_config, make_rootfs, runc, tmp_path, 
 
 # Mount points of driver files (firmware with its directories) and the library links next to
 # them (ldconfig's SONAME links, libcuda.so); ldconfig rewrites /etc/ld.so.cache, which exists already.
-REFERENCE_WRITES = re.compile(r"^usr/bin/nv|^usr/lib/x86_64-linux-gnu/lib(nvidia|cuda)|^usr/lib/firmware(/|$)")
+# And compute's OpenCL vendor file, which NVIDIA's toolkit injects too (#54).
+REFERENCE_WRITES = re.compile(
+    r"^usr/bin/nv|^usr/lib/x86_64-linux-gnu/lib(nvidia|cuda)|^usr/lib/firmware(/|$)|^etc/OpenCL(/vendors(/nvidia\.icd)?)?$"
+)
 
 
 def test_made_directories_and_mount_points_belong_to_the_container(

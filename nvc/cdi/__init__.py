@@ -5,7 +5,8 @@
 With CDI the engine itself (podman >= 4.1, containerd >= 1.7 with enable_cdi) applies the
 edits: device nodes, driver file mounts, and ``createContainer`` hooks that run
 ``nvc-py-hook`` for what mounts cannot do (library symlinks, the ld cache). Kind
-``nvidia.com/gpu``: one device per GPU and per MIG device, plus ``all``. Every hook carries
+``nvidia.com/gpu``: one device per GPU and per MIG device (with its GPU's DRM nodes), plus ``all``;
+the files loaders read from fixed places are mounted where the host has them. Every hook carries
 an explicit environment: a hook without one inherits the container's (CVE-2025-23266).
 
 Planning is pure over discovered facts (:func:`build`); :func:`generate` does the discovery
@@ -44,9 +45,14 @@ def _hook(hook_path: str, env: list[str], *args: str) -> dict[str, Any]:
     return {"hookName": "createContainer", "path": hook_path, "args": ["nvc-py-hook", *args], "env": list(env)}
 
 
-def _links(libraries: Sequence[str]) -> list[str]:
-    """``target::link`` pairs for the links ldconfig does not make (libcuda.so -> libcuda.so.1...)."""
-    pairs = []
+def _links(libraries: Sequence[str], files: DriverFiles) -> list[str]:
+    """``target::link`` pairs for the links ldconfig does not make (libcuda.so -> libcuda.so.1...,
+    vdpau/libvdpau_nvidia.so.1 -> the versioned file beside it)."""
+    pairs = [
+        f"{posixpath.basename(f.host_target)}::{posixpath.join(posixpath.dirname(f.host_target), f.link)}"
+        for f in files.loader_files
+        if f.link is not None
+    ]
     for lib in libraries:
         name = posixpath.basename(lib)
         for prefix, (link, target) in mountplan.LIBRARY_LINKS.items():
@@ -66,8 +72,12 @@ def common_edits(
     mounts += [
         _mount(root, p, IPC_OPTIONS) for p in (files.persistenced_socket, files.fabricmanager_socket) if p is not None
     ]
+    mounts += [
+        {"hostPath": f.source, "containerPath": f.host_target, "options": list(MOUNT_OPTIONS)}
+        for f in files.loader_files
+    ]
     hooks = []
-    links = _links(libraries)
+    links = _links(libraries, files)
     if links:
         hooks.append(_hook(hook_path, hook_env, "create-symlinks", *(a for pair in links for a in ("--link", pair))))
     folders = list(dict.fromkeys(posixpath.dirname(lib) for lib in libraries))
@@ -140,7 +150,7 @@ def generate(
     """Discover the driver under ``root`` and build its spec (NVML is asked: MIG devices need it);
     ``hook``: the installed program the spec's createContainer hooks run."""
     from nvc.cdi import devnodes
-    from nvc.discover import driver, nodes, procfs
+    from nvc.discover import driver, drm, nodes, procfs
     from nvc.plan.request import Request
     from nvc.rpc import driver_service
 
@@ -153,6 +163,7 @@ def generate(
 
     def nodes_of(chosen: Selection) -> list[DeviceNode]:
         specs = mountplan.needed_nodes(chosen, majors, mig_minors, Request())
+        specs += tuple(s for gpu in chosen.gpus for s in drm.gpu_nodes(gpu.bus_id))
         return [n for n in devnodes.find_all(root, specs) if n.path not in ctl_paths]
 
     return build(root, files, inv.gpus, control, nodes_of, hook, hook_env, strategy)

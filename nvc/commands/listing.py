@@ -3,7 +3,8 @@
 Order (the reference tool's): control device nodes, then GPU nodes; per MIG device its
 GPU-instance and compute-instance access files plus, where caps are device nodes, their
 ``nvidia-cap<N>`` nodes; IMEX channel nodes; MIG config/monitor files and nodes;
-binaries; libraries; 32-bit libraries; IPC endpoints; firmware. Building the listing is
+binaries; libraries; 32-bit libraries; IPC endpoints; firmware; the files loaders read from
+fixed places (ICD json files, the VDPAU and GBM backends, the X driver). Building the listing is
 pure over already discovered facts, apart from checking that device nodes exist.
 """
 
@@ -56,6 +57,7 @@ class Listing(NamedTuple):
     libraries32: tuple[str, ...] = ()
     ipcs: tuple[str, ...] = ()
     firmwares: tuple[str, ...] = ()
+    loader_files: tuple[str, ...] = ()
 
     def text(self) -> str:
         """One path per line."""
@@ -141,4 +143,5 @@ def build(
         libraries32=files.libraries32 if request.libraries and request.compat32 else (),
         ipcs=tuple(ipcs) if request.ipcs else (),
         firmwares=files.firmwares if request.firmwares and not request.no_gsp_firmware else (),
+        loader_files=tuple(f.source for f in files.loader_files) if request.libraries else (),
     )

@@ -169,6 +169,15 @@ def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selectio
     requirements.check(req.requirements, per_gpu or [base])
 
 
+def _drm_nodes(req: Request, chosen: selection.Selection) -> dict[str, tuple[NodeSpec, ...]]:
+    """graphics/display: each selected GPU's DRM nodes by normalised bus id (sysfs; none without)."""
+    from nvc.discover import drm
+
+    if not req.capabilities & capabilities.GRAPHICS_CAPABILITIES:
+        return {}
+    return {procfs.normalize_bus_id(g.bus_id) or g.bus_id: drm.gpu_nodes(g.bus_id) for g in chosen.gpus}
+
+
 def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Discovered:
     """Step: what the host has for the checked request ``req``: its GPUs selected (their
     requirements checked), the driver's files, its device nodes (with --load-kmods, those to make
@@ -180,7 +189,11 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
     chosen = selection.select(inv.gpus, req.selectors)
     _check_requirements(req, inv, chosen)
     files = driver.discover(
-        glob.root, inv.driver_version, glob.ldcache, prefixes=capabilities.library_prefixes(req.capabilities)
+        glob.root,
+        inv.driver_version,
+        glob.ldcache,
+        prefixes=capabilities.library_prefixes(req.capabilities),
+        loaders=capabilities.loader_files(req.capabilities),
     )
     majors = nodes.read_majors()
     mig_minors = _mig_minors(req, proc)
@@ -192,6 +205,13 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
             found[spec.path] = node.path
         elif any(made[:3] == spec[:3] for made in to_make):
             found[spec.path] = rootpath.host_path(glob.root, spec.path)
+    drm_specs = _drm_nodes(req, chosen)
+    for spec in (s for specs in drm_specs.values() for s in specs):
+        node = nodes.find(glob.root, spec)
+        if node is None:
+            log.debug("%s: not under %s, left out", spec.path, glob.root)
+        else:
+            found[spec.path] = node.path
     host = HostFacts(
         root=glob.root,
         files=files,
@@ -202,20 +222,23 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
         mig_minors=mig_minors,
         caps_dir=str(procfs.caps_dir(proc)),
         missing_nodes=to_make,
+        drm=drm_specs,
     )
     return Discovered(host, chosen)
 
 
 def device_nodes(glob: GlobalOptions, req: Request) -> tuple[NodeSpec, ...]:
     """The device nodes a container asking for ``req`` gets (no selectors: driver only, control
-    nodes), for a runtime to create itself (the runtime wrapper). NVML only for selectors /proc
+    nodes; graphics/display: the GPUs' DRM nodes too), for a runtime to create itself (the runtime
+    wrapper). NVML only for selectors /proc
     cannot answer: requirements are the hook's to check."""
     from nvc.discover import nodes
     from nvc.plan import mountplan
 
     use_nvml = bool(req.selectors) and selection.needs_nvml(req.selectors, req.mig_config or req.mig_monitor)
     chosen = selection.select(_inventory(glob, use_nvml, procfs.PROC).gpus, req.selectors)
-    return mountplan.needed_nodes(chosen, nodes.read_majors(), _mig_minors(req, procfs.PROC), req)
+    needed = mountplan.needed_nodes(chosen, nodes.read_majors(), _mig_minors(req, procfs.PROC), req)
+    return needed + tuple(s for specs in _drm_nodes(req, chosen).values() for s in specs)
 
 
 # ---- plan and the sequence ------------------------------------------------------------------

@@ -69,6 +69,8 @@ class HostFacts(NamedTuple):
     mig_minors: Mapping[str, int]  # /proc/driver/nvidia-caps/mig-minors
     caps_dir: str = f"{PROC_NVIDIA}/capabilities"  # host path of the MIG capability tree
     missing_nodes: tuple[NodeSpec, ...] = ()  # --load-kmods: to make under root first (found in ``nodes`` too)
+    # graphics/display: normalised bus id -> the GPU's DRM nodes (sysfs; those in ``nodes`` exist)
+    drm: Mapping[str, tuple[NodeSpec, ...]] = {}
 
 
 # ---- planning -------------------------------------------------------------------------------
@@ -158,6 +160,16 @@ def _node_bind(spec: nodes.NodeSpec, host: HostFacts, what: str) -> Bind:
     return Bind(host.nodes[spec.path], spec.path, int(DEVICE), "device", what, os.makedev(spec.major, spec.minor))
 
 
+def _loader_targets(files: DriverFiles, caps: frozenset[str]) -> set[str]:
+    """Targets of the found loader files ``caps`` bring (a LoaderFile's target, or its dir + name)."""
+    wanted = caps_mod.loader_files(caps)
+    return {
+        f.target
+        for f in files.loader_files
+        if any(f.target == w.target or (w.target.endswith("/") and f.target.startswith(w.target)) for w in wanted)
+    }
+
+
 def _driver_files(host: HostFacts, container: ContainerFacts, request: Request) -> list[Operation]:
     caps = request.capabilities
     prefixes = caps_mod.library_prefixes(caps)  # video brings compute's, see nvc.model.capabilities
@@ -191,7 +203,13 @@ def _driver_files(host: HostFacts, container: ContainerFacts, request: Request) 
         (files.mps_pipe_dir, "compute" in caps, "dir"),
     ]
     ops += [Bind(path, inner_path(host.root, path), int(IPC), kind, "ipc") for path, on, kind in ipcs if path and on]
+    loader_targets = _loader_targets(files, caps)
     ops += [Bind(fw, inner_path(host.root, fw), int(RO_NOEXEC), what="firmware") for fw in files.firmwares]
+    ops += [
+        Bind(f.source, f.target.replace(caps_mod.LIBDIR, container.lib_dir), int(RO), what="loader")
+        for f in files.loader_files
+        if f.target in loader_targets
+    ]
     return ops
 
 
@@ -233,6 +251,11 @@ def _proc_ops(host: HostFacts, container: ContainerFacts, selection: Selection, 
     return ops
 
 
+def drm_nodes(host: HostFacts, bus_id: str) -> tuple[NodeSpec, ...]:
+    """The DRM card and render nodes discovery found for the GPU at ``bus_id``."""
+    return host.drm.get(normalize_bus_id(bus_id) or bus_id, ())
+
+
 def _require(spec: nodes.NodeSpec, host: HostFacts) -> nodes.NodeSpec:
     if spec.path not in host.nodes:
         raise DeviceError(f"{spec.path}: no such device node under {host.root} (see --load-kmods)")
@@ -249,6 +272,8 @@ def _device_ops(host: HostFacts, selection: Selection, request: Request) -> tupl
     majors = dict(host.majors)
     specs = [s for s in control_nodes(majors, request.capabilities) if s.path in host.nodes]
     specs += [_require(nodes.gpu_spec(majors, gpu.minor), host) for gpu in selection.gpus]
+    if request.capabilities & caps_mod.GRAPHICS_CAPABILITIES:
+        specs += [s for gpu in selection.gpus for s in drm_nodes(host, gpu.bus_id) if s.path in host.nodes]
     whole = request.mig_config or request.mig_monitor
     caps_specs = [
         s
@@ -279,8 +304,15 @@ def _device_ops(host: HostFacts, selection: Selection, request: Request) -> tupl
     return ops, rules
 
 
-def _links(binds: list[Operation]) -> list[Operation]:
+def _links(binds: list[Operation], files: DriverFiles, container: ContainerFacts) -> list[Operation]:
+    """The links ldconfig does not make: LIBRARY_LINKS beside the libraries, and a loader file's
+    link in its directory (vdpau/libvdpau_nvidia.so.1 -> libvdpau_nvidia.so.<version>)."""
     links: list[Operation] = []
+    targets = {op.target for op in binds if isinstance(op, Bind) and op.what == "loader"}
+    for f in files.loader_files:
+        where = f.target.replace(caps_mod.LIBDIR, container.lib_dir)
+        if f.link is not None and where in targets:
+            links.append(Symlink(f"{posixpath.dirname(where)}/{f.link}", posixpath.basename(where)))
     for op in binds:
         if not isinstance(op, Bind) or op.what != "library":
             continue
@@ -309,7 +341,13 @@ def build(
     files_ops = _driver_files(host, container, request)
     device_ops, rules = _device_ops(host, selection, request)
     extra = (*request.extra_mounts, *(share_mounts(share) if share is not None else ()))
-    ops = [*files_ops, *device_ops, *_proc_ops(host, container, selection, request), *_links(files_ops), *_extra(extra)]
+    ops = [
+        *files_ops,
+        *device_ops,
+        *_proc_ops(host, container, selection, request),
+        *_links(files_ops, host.files, container),
+        *_extra(extra),
+    ]
     lib_dirs = [
         d
         for d, what in ((container.lib_dir, "library"), (container.lib32_dir, "library32"))

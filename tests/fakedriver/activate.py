@@ -111,7 +111,8 @@ def private_mounts() -> Iterator[None]:
 
 @contextmanager
 def activate(fake: FakeDriver) -> Iterator[FakeDriver]:  # noqa: F821 (build.FakeDriver)
-    """Show ``fake``'s /proc/driver, /proc/devices and /dev nodes at the real paths until exit."""
+    """Show ``fake``'s /proc/driver, /proc/devices, /dev nodes and sysfs PCI devices at the real
+    paths until exit."""
     staging = Path(tempfile.mkdtemp(prefix="nvc-fake-dev-"))
     try:
         with private_mounts():
@@ -126,6 +127,7 @@ def show(fake: FakeDriver, staging: Path) -> None:  # noqa: F821 (build.FakeDriv
     one (:func:`activate`, or a child's that ends with it: demo/try.py); ``staging`` holds /dev's overlay."""
     bind(fake.proc / "driver", "/proc/driver")
     bind(fake.proc / "devices", "/proc/devices")
+    bind(fake.sys, "/sys/bus/pci/devices")
     _overlay_dev(fake.root / "dev", staging)
 
 

@@ -13,17 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .driverfiles import make_devices, make_files, make_proc
-from .libraries import build_libraries, install_binaries, make_ldcache
+from .driverfiles import make_devices, make_files, make_loader_files, make_proc, make_sys
+from .libraries import build_libraries, install_binaries, link_libraries, make_ldcache
 from .machine import LAYOUTS, Layout, load_machine, machine_header
 
 
 @dataclass(frozen=True)
 class FakeDriver:
-    """A built fake driver: ``root`` is the driver root, ``proc`` stands in for /proc."""
+    """A built fake driver: ``root`` is the driver root, ``proc`` stands in for /proc, ``sys`` for
+    /sys/bus/pci/devices."""
 
     root: Path
     proc: Path
+    sys: Path
     machine: dict[str, Any]
     driver_version: str
 
@@ -52,15 +54,19 @@ def build(machine_yaml: Path, out: Path) -> FakeDriver:
     machine = load_machine(machine_yaml)
     layout = LAYOUTS[machine["layout"]]
     out = out.resolve()
-    root, proc, gen, obj = out / "root", out / "proc", out / "gen", out / "obj"
-    for path in (root, proc, gen, obj):
+    root, proc, gen, obj, sys = out / "root", out / "proc", out / "gen", out / "obj", out / "sys"
+    for path in (root, proc, gen, obj, sys):
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
     (gen / "fake_machine.h").write_text(machine_header(machine, machine_yaml.name))
-    build_libraries(machine, gen, obj, {64: root / layout.lib, 32: root / layout.lib32})
-    install_binaries(root / layout.bin, obj)
+    version = machine["driver_version"]
+    build_libraries(machine, gen, obj, {64: root / layout.lib, 32: root / layout.lib32}, layout.packaged)
+    link_libraries(root, layout, version, machine["strays"])
+    install_binaries(root / layout.bin, obj, version, machine["strays"])
     make_ldcache(root, layout)
-    make_files(root, machine["driver_version"])
+    make_files(root, version)
+    make_loader_files(root, version, layout.packaged)
     make_devices(machine, root / "dev")
     make_proc(machine, proc)
-    return FakeDriver(root=root, proc=proc, machine=machine, driver_version=machine["driver_version"])
+    make_sys(machine, sys / "devices")
+    return FakeDriver(root=root, proc=proc, sys=sys / "devices", machine=machine, driver_version=version)

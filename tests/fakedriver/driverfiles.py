@@ -1,9 +1,12 @@
-"""The fake driver's files besides its libraries: device nodes, firmware, the persistenced IPC
-directory, and a separate ``proc`` tree shaped like ``/proc/driver/nvidia``. Test double only.
+"""The fake driver's files besides its libraries: device nodes (DRM's too), firmware, the
+persistenced IPC directory, the files loaders read from fixed places (ICD json files, the X
+driver), a separate ``proc`` tree shaped like ``/proc/driver/nvidia`` and a ``sys`` one shaped
+like ``/sys/bus/pci/devices``. Test double only.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -17,6 +20,8 @@ MIG_MINORS_PER_GPU = 135  # 15 GPU instances x (1 access + 8 compute instances)
 MIG_MINORS_PER_GI = 9
 MIG_MINORS_GPUS = 32  # a real driver's mig-minors lists 32 GPUs, whatever the machine has
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+DRM_MAJOR = 226
+BMC_BUS_ID = "0000:00:01.0"  # a server's BMC VGA: DRM's card0, no NVIDIA GPU
 
 
 def _mig_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
@@ -46,8 +51,83 @@ def make_devices(machine: dict[str, Any], dev: Path) -> None:
                 node = dev / f"nvidia-caps/nvidia-cap{minor}"
                 if not node.exists():  # MIG devices of one GPU instance share its access node
                     _mknod(node, 0o444, CAPS_MAJOR, minor)
+    for nodes in drm_nodes(machine).values():
+        for name, minor in nodes:
+            _mknod(dev / "dri" / name, 0o666, DRM_MAJOR, minor)
     for channel in range(machine["imex_channels"]):
         _mknod(dev / f"nvidia-caps-imex-channels/channel{channel}", 0o666, IMEX_MAJOR, channel)
+
+
+def drm_nodes(machine: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:
+    """sysfs PCI device name -> its DRM nodes (name, minor): the BMC's card0, then each GPU's
+    card<index + 1> and renderD<128 + index>; none without ``drm``."""
+    if not machine["drm"]:
+        return {}
+    nodes = {BMC_BUS_ID: [("card0", 0)]}
+    for gpu in machine["gpus"]:
+        i = gpu["index"]
+        nodes[_proc_bus_id(gpu["pci_bus_id"])] = [(f"card{i + 1}", i + 1), (f"renderD{128 + i}", 128 + i)]
+    return nodes
+
+
+def make_sys(machine: dict[str, Any], devices: Path) -> None:
+    """``/sys/bus/pci/devices/<busid>/drm/<node>/dev`` for every DRM node."""
+    devices.mkdir(parents=True)
+    for gpu in machine["gpus"]:
+        (devices / _proc_bus_id(gpu["pci_bus_id"])).mkdir(exist_ok=True)
+    for bus_id, nodes in drm_nodes(machine).items():
+        for name, minor in nodes:
+            node = devices / bus_id / "drm" / name
+            node.mkdir(parents=True)
+            (node / "dev").write_text(f"{DRM_MAJOR}:{minor}\n")
+
+
+def _manifest(path: Path, library: str, key: str = "ICD", **extra: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"file_format_version": "1.0.0", key: {"library_path": library, **extra}}, indent=4))
+
+
+def make_loader_files(root: Path, version: str, packaged: bool) -> None:
+    """The files loaders read from fixed places, where the .run installer puts them or, ``packaged``,
+    where Debian's packages do (some behind /etc/alternatives links, X's under /usr/lib/nvidia/current)."""
+    share = root / "usr/share"
+    icd = (share / "nvidia/current" if packaged else share / "vulkan/icd.d") / "nvidia_icd.json"
+    _manifest(icd, "libGLX_nvidia.so.0", api_version="1.3.242")
+    if packaged:
+        (root / "etc/vulkan/icd.d").mkdir(parents=True)
+        (root / "etc/vulkan/icd.d/nvidia_icd.json").symlink_to("/etc/alternatives/nvidia--nvidia_icd.json")
+        (root / "etc/alternatives/nvidia--nvidia_icd.json").symlink_to("/usr/share/nvidia/current/nvidia_icd.json")
+    _manifest(
+        share / "vulkan/implicit_layer.d/nvidia_layers.json",
+        "libGLX_nvidia.so.0",
+        key="layer",
+        name="VK_LAYER_NV_optimus",
+        type="INSTANCE",
+    )
+    _manifest(share / "glvnd/egl_vendor.d/10_nvidia.json", "libEGL_nvidia.so.0")
+    _manifest(share / "egl/egl_external_platform.d/10_nvidia_wayland.json", "libnvidia-egl-wayland.so.1")
+    _manifest(share / "egl/egl_external_platform.d/15_nvidia_gbm.json", "libnvidia-egl-gbm.so.1")
+    (root / "etc/OpenCL/vendors").mkdir(parents=True)
+    (root / "etc/OpenCL/vendors/nvidia.icd").write_text("libnvidia-opencl.so.1\n")
+    (share / "nvidia").mkdir(parents=True, exist_ok=True)
+    (share / "nvidia/nvoptix.bin").write_bytes(b"fake OptiX denoiser weights\n")
+    xorg = root / "usr/lib/xorg/modules"
+    x_dir = root / "usr/lib/nvidia/current" if packaged else xorg
+    drivers, extensions = (x_dir, x_dir) if packaged else (xorg / "drivers", xorg / "extensions")
+    for d in (drivers, extensions, xorg / "drivers", xorg / "extensions"):
+        d.mkdir(parents=True, exist_ok=True)
+    (drivers / "nvidia_drv.so").write_bytes(f"fake X driver nvidia_drv.so {version}\n".encode())
+    (extensions / f"libglxserver_nvidia.so.{version}").write_bytes(f"fake GLX module {version}\n".encode())
+    (extensions / "libglxserver_nvidia.so").symlink_to(f"libglxserver_nvidia.so.{version}")
+    outputclass = 'Section "OutputClass"\n    MatchDriver "nvidia-drm"\n    Driver "nvidia"\nEndSection\n'
+    conf = root / ("etc/nvidia/current" if packaged else "usr/share/X11/xorg.conf.d")
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "nvidia-drm-outputclass.conf").write_text(outputclass)
+    if packaged:
+        for name in ("nvidia_drv.so", "libglxserver_nvidia.so"):
+            where = "drivers" if name == "nvidia_drv.so" else "extensions"
+            (xorg / where / name).symlink_to(f"/etc/alternatives/nvidia--{name}")
+            (root / "etc/alternatives" / f"nvidia--{name}").symlink_to(f"/usr/lib/nvidia/current/{name}")
 
 
 def make_files(root: Path, version: str) -> None:

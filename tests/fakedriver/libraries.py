@@ -35,13 +35,13 @@ LIBRARY_GROUPS: dict[str, dict[str, str | None]] = {
         "libnvidia-gpucomp.so": None,
         "libnvidia-ptxjitcompiler.so": "1",
         "libnvidia-fatbinaryloader.so": None,
-        "libnvidia-allocator.so": "1",
         "libnvidia-compiler.so": None,
         "libnvidia-pkcs11.so": None,
         "libnvidia-pkcs11-openssl3.so": None,
         "libnvidia-nvvm.so": "4",
         "libnvidia-tileiras.so": "1",
     },
+    "allocator": {"libnvidia-allocator.so": "1"},
     "video": {
         "libvdpau_nvidia.so": "1",
         "libnvidia-encode.so": "1",
@@ -57,6 +57,7 @@ LIBRARY_GROUPS: dict[str, dict[str, str | None]] = {
         "libnvidia-ifr.so": "1",
         "libnvidia-rtcore.so": None,
         "libnvoptix.so": "1",
+        "libnvidia-vulkan-producer.so": None,
     },
     "graphics_glvnd": {
         "libGLX_nvidia.so": "0",
@@ -67,8 +68,13 @@ LIBRARY_GROUPS: dict[str, dict[str, str | None]] = {
         "libnvidia-cbl.so": None,
     },
     "graphics_compat": {"libGL.so": "1", "libEGL.so": "1", "libGLESv1_CM.so": "1", "libGLESv2.so": "2"},
+    "graphics_platform": {"libnvidia-egl-wayland.so": "1", "libnvidia-egl-gbm.so": "1"},
     "ngx": {"libnvidia-ngx.so": "1"},
 }
+# Libraries of their own version, not the driver's (the EGL platforms the driver bundles).
+OWN_VERSIONS = {"libnvidia-egl-wayland.so": "1.1.13", "libnvidia-egl-gbm.so": "1.1.1"}
+VDPAU = "libvdpau_nvidia.so"  # loaded by libvdpau from <libdir>/vdpau/, never through the ld cache
+ALLOCATOR = "libnvidia-allocator.so"  # also GBM's backend: <libdir>/gbm/nvidia-drm_gbm.so
 # Libraries built from their own sources instead of the stub: every C file of their folder in src/.
 IMPLEMENTED = {"libnvidia-ml.so": "libnvidia-ml", "libcuda.so": "libcuda"}
 ABI_NOTE_LIBRARIES = {"libnvidia-tls.so"}  # carry a GNU/Linux 2.3.99 ABI note
@@ -122,13 +128,29 @@ def _soname(name: str, suffix: str | None, version: str) -> str:
     return f"{name}.{suffix}" if suffix is not None else f"{name}.{version}"
 
 
-def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[int, Path]) -> None:
+def file_dir(libdir: Path, name: str, suffix: str | None, packaged: bool) -> Path:
+    """Where library ``name``'s file goes: Debian's packages keep those with a SONAME link in
+    nvidia/current (the links come from alternatives), the .run installer its VDPAU driver in vdpau/."""
+    if packaged and suffix is not None:
+        return libdir / PACKAGED_DIR
+    return libdir / "vdpau" if name == VDPAU else libdir
+
+
+PACKAGED_DIR = "nvidia/current"
+
+
+def file_name(name: str, version: str) -> str:
+    return f"{name}.{OWN_VERSIONS.get(name, version)}"
+
+
+def build_libraries(
+    machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[int, Path], packaged: bool = False
+) -> None:
     version = machine["driver_version"]
     cflags = ["-O1", "-Wall", "-Werror", f"-I{gen}", *INCLUDES]
     libraries = {name: suffix for group in LIBRARY_GROUPS.values() for name, suffix in group.items()}
     compiles, stub_links, glcore_links = [], [], []
     for bits, libdir in dirs.items():
-        libdir.mkdir(parents=True, exist_ok=True)
         arch = ["-m32"] if bits == 32 else ["-m64"]
         emulation = ["-m", "elf_i386"] if bits == 32 else ["-m", "elf_x86_64"]
         libc = _libc(bits)
@@ -147,7 +169,9 @@ def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[in
                 ]
             )
         for name, suffix in libraries.items():
-            target = libdir / f"{name}.{version}"
+            where = file_dir(libdir, name, suffix, packaged)
+            where.mkdir(parents=True, exist_ok=True)
+            target = where / file_name(name, version)
             soname = _soname(name, suffix, version)
             sources = library_sources(name) if name in IMPLEMENTED else []
             if sources:
@@ -169,7 +193,8 @@ def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[in
             stub = obj / (f"stub-abi{bits}.o" if name in ABI_NOTE_LIBRARIES else f"stub{bits}.o")
             link = ["ld", *emulation, "-shared", "-soname", soname, "-o", str(target), str(stub), libc]
             if name in GLCORE_CLIENTS:
-                glcore_links.append(link + [str(libdir / f"libnvidia-glcore.so.{version}")])
+                glcore = file_dir(libdir, "libnvidia-glcore.so", None, packaged) / f"libnvidia-glcore.so.{version}"
+                glcore_links.append(link + [str(glcore)])
             else:
                 stub_links.append(link)
     for tool in ("nvidia-smi", "tool"):
@@ -179,10 +204,68 @@ def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[in
     _run_all(glcore_links)
 
 
-def install_binaries(bin_dir: Path, obj: Path) -> None:
+def install_binaries(bin_dir: Path, obj: Path, version: str, strays: str | None = None) -> None:
+    """The binaries; with ``strays`` (a version) nvidia-persistenced is another driver's, as Debian
+    ships it (its own package, its own version)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in BINARIES:
         shutil.copy2(obj / ("nvidia-smi" if name == "nvidia-smi" else "tool"), bin_dir / name)
+    if strays is not None:
+        persistenced = bin_dir / "nvidia-persistenced"
+        persistenced.write_bytes(persistenced.read_bytes().replace(version.encode(), strays.encode()))
+
+
+def _link(path: Path, target: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+
+
+def _alternative(root: Path, link: Path, name: str, target: str) -> None:
+    """``link`` -> /etc/alternatives/``name`` -> ``target``, as update-alternatives makes them."""
+    _link(link, f"/etc/alternatives/{name}")
+    _link(root / "etc/alternatives" / name, target)
+
+
+def link_libraries(root: Path, layout: Layout, version: str, strays: str | None) -> None:
+    """The links the installer makes beside the files: the .run installer's in vdpau/ and gbm/,
+    Debian's SONAME links in nvidia/current and their alternatives in the multiarch dirs (with
+    ``strays``, libnvidia-cfg's alternative left pointing at another driver's file)."""
+    libraries = {name: suffix for group in LIBRARY_GROUPS.values() for name, suffix in group.items()}
+    for rel in (layout.lib, layout.lib32):
+        libdir = root / rel
+        inner = f"/{rel}"
+        triplet = Path(rel).name
+        allocator = f"{ALLOCATOR}.1"
+        if not layout.packaged:
+            _link(libdir / "vdpau" / f"{VDPAU}.1", f"{VDPAU}.{version}")
+            _link(libdir / "gbm/nvidia-drm_gbm.so", f"../{allocator}")
+            continue
+        for name, suffix in libraries.items():
+            if suffix is None:
+                continue
+            soname = f"{name}.{suffix}"
+            _link(libdir / PACKAGED_DIR / soname, file_name(name, version))
+            if name != VDPAU:
+                _alternative(root, libdir / soname, f"nvidia--{soname}-{triplet}", f"{inner}/{PACKAGED_DIR}/{soname}")
+        _alternative(
+            root, libdir / "vdpau" / f"{VDPAU}.1", f"nvidia--{VDPAU}.1-{triplet}", f"{inner}/{PACKAGED_DIR}/{VDPAU}.1"
+        )
+        _alternative(
+            root,
+            libdir / "gbm/nvidia-drm_gbm.so",
+            f"nvidia--nvidia-drm_gbm.so-{triplet}",
+            f"{inner}/{PACKAGED_DIR}/{allocator}",
+        )
+    if layout.packaged and strays is not None:
+        legacy = root / layout.lib / f"nvidia/legacy-{strays}"
+        legacy.mkdir(parents=True)
+        shutil.copy2(
+            root / layout.lib / PACKAGED_DIR / f"libnvidia-cfg.so.{version}", legacy / f"libnvidia-cfg.so.{strays}"
+        )
+        _link(legacy / "libnvidia-cfg.so.1", f"libnvidia-cfg.so.{strays}")
+        alternative = root / "etc/alternatives" / f"nvidia--libnvidia-cfg.so.1-{Path(layout.lib).name}"
+        alternative.unlink()
+        alternative.symlink_to(f"/{layout.lib}/nvidia/legacy-{strays}/libnvidia-cfg.so.1")
 
 
 def make_ldcache(root: Path, layout: Layout) -> None:

@@ -45,23 +45,21 @@ class Layout:
     lib32: str
     bin: str
     ld_conf: dict[str, tuple[str, ...]]  # ld.so.conf.d file name -> directories
+    # Debian's packages: the files in <lib>/nvidia/current, reached through /etc/alternatives links
+    packaged: bool = False
 
+
+_MULTIARCH_CONF = {
+    "x86_64-linux-gnu.conf": ("/usr/local/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"),
+    "i386-linux-gnu.conf": ("/usr/local/lib/i386-linux-gnu", "/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu"),
+}
 
 LAYOUTS = {
-    # Debian/Ubuntu packages: multiarch dirs, listed in ld.so.conf.d as Debian's libc6 does.
-    "distro": Layout(
-        "usr/lib/x86_64-linux-gnu",
-        "usr/lib/i386-linux-gnu",
-        "usr/bin",
-        {
-            "x86_64-linux-gnu.conf": (
-                "/usr/local/lib/x86_64-linux-gnu",
-                "/lib/x86_64-linux-gnu",
-                "/usr/lib/x86_64-linux-gnu",
-            ),
-            "i386-linux-gnu.conf": ("/usr/local/lib/i386-linux-gnu", "/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu"),
-        },
-    ),
+    # NVIDIA's .run installer on a Debian/Ubuntu system: multiarch dirs, listed in ld.so.conf.d as
+    # Debian's libc6 does.
+    "distro": Layout("usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu", "usr/bin", _MULTIARCH_CONF),
+    # Debian's own packages (non-free): the same dirs, the files behind nvidia/current and alternatives.
+    "debian": Layout("usr/lib/x86_64-linux-gnu", "usr/lib/i386-linux-gnu", "usr/bin", _MULTIARCH_CONF, True),
     # GPU cloud images: everything under /usr/local/nvidia, found only through nvidia.conf.
     "nvidia": Layout(
         "usr/local/nvidia/lib64",
@@ -105,6 +103,11 @@ class _Checker:
             raise self.fail(where, f"unknown key(s) {', '.join(sorted(map(str, unknown)))}")
         return value
 
+    def boolean(self, value: Any, where: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(where, f"expected true or false, got {value!r}")
+        return value
+
     def integer(self, value: Any, where: str, low: int, high: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise self.fail(where, f"expected an integer in {low}..{high}, got {value!r}")
@@ -136,7 +139,9 @@ def load_machine(path: Path) -> dict[str, Any]:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise MachineError(f"{path.name}: not valid YAML: {err}") from err
-    top = check.mapping(raw, "top level", {"driver_version", "cuda_version", "layout", "gpus"}, {"imex_channels"})
+    top = check.mapping(
+        raw, "top level", {"driver_version", "cuda_version", "layout", "gpus"}, {"imex_channels", "drm", "strays"}
+    )
     layout = top["layout"]
     if layout not in LAYOUTS:
         raise check.fail("layout", f"expected one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -148,6 +153,10 @@ def load_machine(path: Path) -> dict[str, Any]:
         "cuda_version": check.integer(top["cuda_version"], "cuda_version", 1000, 99999),
         "layout": layout,
         "imex_channels": check.integer(top.get("imex_channels", 0), "imex_channels", 0, MAX_IMEX_CHANNELS),
+        # nvidia-drm loaded: each GPU has DRM nodes in sysfs and /dev/dri, after a BMC's card0
+        "drm": check.boolean(top.get("drm", True), "drm"),
+        # files of another driver version beside this one's (Debian: a persistenced, an alternative)
+        "strays": check.text(str(top["strays"]), "strays", _DRIVER_VERSION) if "strays" in top else None,
         "gpus": [_load_gpu(check, gpu, i) for i, gpu in enumerate(gpus_raw)],
     }
     _check_unique(check, machine["gpus"])

@@ -21,6 +21,16 @@ pid=$(sed -n 's/.*"pid": *\\([0-9]*\\).*/\\1/p')
 PROBE = 'probe() { if (exec 3<"$1") 2>&1 | grep -q "not permitted"; then echo "$1 denied"; else echo "$1 open"; fi; }'
 
 
+def hook(tmp_path: Path, fake, rootfs: Path, args: str, prefix: str = "") -> dict:
+    """The OCI prestart hook entry running :data:`HOOK` for ``fake``'s driver root with ``args``."""
+    script = tmp_path / "hook.sh"
+    script.write_text(
+        HOOK.format(prefix=prefix, nvc=NVC, root=fake.root, args=args, rootfs=rootfs, log=tmp_path / "hook.log")
+    )
+    script.chmod(0o755)
+    return {"path": str(script), "args": ["hook.sh"], "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]}
+
+
 def run(runc, tmp_path: Path, rootfs: Path, hook: dict, script: str, **bundle_args) -> subprocess.CompletedProcess:
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["sh", "-c", script], hooks={"prestart": [hook]}, **bundle_args)
     result = runc.create_start(bundle)

@@ -16,6 +16,10 @@
 #include <time.h>
 
 #include "base/nvml_abi.h"
+#include "fake_machine.h"
+
+/* The real tool carries its driver's version string; nvc-py checks for it. */
+static const char BUILT_FOR[] __attribute__((used)) = "nvidia-smi " FAKE_DRIVER_VERSION;
 
 #define TABLE_WIDTH 89 /* characters between the outer '|' of the summary table */
 
