@@ -96,7 +96,7 @@ def test_run_starts_a_container_through_podman_and_sees_the_gpu(podman_conf: dic
     )
 
 
-def test_the_containerd_line_names_commands_that_work(tmp_path: Path) -> None:
+def test_the_containerd_line_names_commands_that_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The containerd line names how to run a container through the registered runtime: the CRI handler
     for a RuntimeClass, and ctr's --runc-binary with the runtime setup registered (ctr's --runtime takes a
     shim's name, and `ctr run --runtime nvc-py` fails: invalid runtime name)."""
@@ -123,6 +123,7 @@ def test_the_containerd_line_names_commands_that_work(tmp_path: Path) -> None:
         capture_output=True,
         env={**os.environ, "NVC_PY_CONFIG": str(tmp_path / "c.yaml")},
     )
+    monkeypatch.setattr(engines, "running", lambda name: [])  # as where none runs: not the suite's own
     line = engines.containerd(str(main))[0]
     runtime = f"{entry.LIBDIR}/nvc-py-runtime"
     assert line.status == "ok" and "ctr --runtime" not in line.detail, line

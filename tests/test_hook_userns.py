@@ -140,7 +140,9 @@ def test_userns_ldconfig_failure_carries_ldconfigs_own_line(
     active_2gpu, runc: Runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
 ) -> None:
     """The rootfs owned by the mapped range but its /etc by host root: every mount works, ldconfig
-    (the container's root) cannot write its cache, and the error says what ldconfig said."""
+    (the container's root) cannot write its cache, and the error says what ldconfig said. The image
+    has OpenCL's vendors directory, where compute's nvidia.icd goes (none could be made in that /etc)."""
+    (debian_rootfs / "etc/OpenCL/vendors").mkdir(parents=True, exist_ok=True)
     _chown_to_mapped_range(debian_rootfs)
     os.chown(debian_rootfs / "etc", 0, 0)
     bundle = _userns_bundle(tmp_path / "bundle", debian_rootfs, ["true"], setup_dir)

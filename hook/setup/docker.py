@@ -332,6 +332,8 @@ def _symlink(path: str, target: str) -> None:
 def apply(plan: Plan) -> list[str]:
     """Make the changes of ``plan``; returns what was done, a line each."""
     done = []
+    if plan.removing:  # the backup first: daemon.json's directory goes only once empty
+        done += remove_files([plan.config + engineconf.BACKUP_SUFFIX])
     if plan.after is None:
         # the directory setup made for it (/etc/docker where Docker is not installed) goes too, once empty
         done += remove_files_and_dirs([plan.config]) if plan.before is not None else []
@@ -340,8 +342,6 @@ def apply(plan: Plan) -> list[str]:
         done.append(f"wrote {plan.config}")
     else:
         done.append(f"unchanged {plan.config}")
-    if plan.removing:
-        done += remove_files([plan.config + engineconf.BACKUP_SUFFIX])
     link = plan.link
     if link.after is None:
         done += remove_files([link.path]) if link.before is not None else []

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+import subprocess
 from collections.abc import Collection, Mapping
 
 from nvc.errors import InputError, shown
@@ -135,9 +137,9 @@ def _sync_directory(directory: str) -> None:
 
 def remove_files_and_dirs(paths: list[str]) -> list[str]:
     """:func:`remove_files`, then the directories of the files it removed and their parents, each
-    removed while it is empty (never a top-level one such as /etc): those :func:`write_files` made
-    where an engine had none (/etc/containerd/conf.d, /etc/containers/oci/hooks.d, /etc/cdi).
-    Returns a "removed PATH" line each."""
+    removed while it is empty (never a top-level one such as /etc, nor one a package owns, such as
+    docker.io's /etc/docker): those :func:`write_files` made where an engine had none
+    (/etc/containerd/conf.d, /etc/containers/oci/hooks.d, /etc/cdi). Returns a "removed PATH" line each."""
     present = [path for path in paths if os.path.lexists(path)]
     return remove_files(present) + _remove_empty_dirs(present)
 
@@ -145,7 +147,7 @@ def remove_files_and_dirs(paths: list[str]) -> list[str]:
 def _remove_empty_dirs(files: list[str]) -> list[str]:
     done = []
     for directory in sorted({os.path.dirname(os.path.abspath(f)) for f in files}, key=len, reverse=True):
-        while directory.count("/") > 1:
+        while directory.count("/") > 1 and not _packaged(directory):
             try:
                 os.rmdir(directory)
             except OSError:  # missing, not empty (or removed above): left as it is
@@ -153,6 +155,15 @@ def _remove_empty_dirs(files: list[str]) -> list[str]:
             done.append(f"removed {directory}")
             directory = os.path.dirname(directory)
     return done
+
+
+def _packaged(directory: str) -> bool:
+    """Whether dpkg's database names ``directory`` as a package's (kept, even empty, for its package)."""
+    dpkg = shutil.which("dpkg-query")
+    if dpkg is None:
+        return False
+    found = subprocess.run([dpkg, "--search", "--", directory], capture_output=True, text=True, check=False)
+    return found.returncode == 0 and any(line.rpartition(": ")[2] == directory for line in found.stdout.splitlines())
 
 
 def remove_files(paths: list[str]) -> list[str]:

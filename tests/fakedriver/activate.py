@@ -127,7 +127,8 @@ def show(fake: FakeDriver, staging: Path) -> None:  # noqa: F821 (build.FakeDriv
     one (:func:`activate`, or a child's that ends with it: demo/try.py); ``staging`` holds /dev's overlay."""
     bind(fake.proc / "driver", "/proc/driver")
     bind(fake.proc / "devices", "/proc/devices")
-    bind(fake.sys, "/sys/bus/pci/devices")
+    if any(fake.sys.glob("*/drm")):  # only then: under an overmount in /sys, a container with a user
+        bind(fake.sys, "/sys/bus/pci/devices")  # namespace may not mount a sysfs of its own (EPERM)
     _overlay_dev(fake.root / "dev", staging)
 
 

@@ -140,6 +140,7 @@ class Cluster:
                     "scratch": str(scratch),
                     "root": str(self.fake.root),
                     "proc": str(self.fake.proc),
+                    "sys": str(self.fake.sys),
                     "sysctls": KUBELET_SYSCTLS,
                     "ready": str(ready),
                 }

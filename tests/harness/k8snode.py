@@ -62,7 +62,7 @@ def hold(spec_file: str) -> None:
     _mount("tmpfs", "/run", "mode=0755")
     _overlay("/var/lib", scratch / "var-lib")
     (scratch / "dev").mkdir()
-    show(SimpleNamespace(root=Path(spec["root"]), proc=Path(spec["proc"])), scratch / "dev")
+    show(SimpleNamespace(root=Path(spec["root"]), proc=Path(spec["proc"]), sys=Path(spec["sys"])), scratch / "dev")
     (scratch / "sysctl").mkdir()
     for name, value in spec["sysctls"].items():
         fake = scratch / "sysctl" / name.replace("/", ".")
