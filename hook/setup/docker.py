@@ -332,16 +332,18 @@ def _symlink(path: str, target: str) -> None:
 def apply(plan: Plan) -> list[str]:
     """Make the changes of ``plan``; returns what was done, a line each."""
     done = []
-    if plan.removing:  # the backup first: daemon.json's directory goes only once empty
-        done += remove_files([plan.config + engineconf.BACKUP_SUFFIX])
+    backup = [plan.config + engineconf.BACKUP_SUFFIX] if plan.removing else []
     if plan.after is None:
-        # the directory setup made for it (/etc/docker where Docker is not installed) goes too, once empty
-        done += remove_files_and_dirs([plan.config]) if plan.before is not None else []
-    elif plan.after != plan.before:
-        write_files({plan.config: plan.after}, plan.mode, backup=(plan.config,))
-        done.append(f"wrote {plan.config}")
+        # the backup first: the directory setup made for daemon.json (/etc/docker where Docker is not
+        # installed) goes too, once empty
+        done += remove_files(backup) + (remove_files_and_dirs([plan.config]) if plan.before is not None else [])
     else:
-        done.append(f"unchanged {plan.config}")
+        if plan.after != plan.before:
+            write_files({plan.config: plan.after}, plan.mode, backup=(plan.config,))
+            done.append(f"wrote {plan.config}")
+        else:
+            done.append(f"unchanged {plan.config}")
+        done += remove_files(backup)  # after the write, which keeps the file it replaced as the backup
     link = plan.link
     if link.after is None:
         done += remove_files([link.path]) if link.before is not None else []
