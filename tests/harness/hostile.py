@@ -152,13 +152,17 @@ def alive(pids: set[int]) -> set[int]:
 def nvc_processes(session_dir: str) -> list[str]:
     """Processes that only nvc-py starts, its helpers (``nvc:[...]``) and the sandboxed ldconfig (run
     from a memfd), among those this session started (hostcheck.own_processes: another nvc-py on the
-    machine, a host hook server's helpers or a device plugin's, is not this test's to judge). What a
-    test leaves of these is a leak."""
+    machine, a host hook server's helpers or a device plugin's, is not this test's to judge), in this
+    PID namespace (the one-node cluster's hook server lives in its node's). What a test leaves of
+    these is a leak."""
     from hostcheck import own_processes
 
+    ours = os.readlink("/proc/self/ns/pid")
     found = []
     for pid in own_processes(session_dir):
         try:
+            if os.readlink(f"/proc/{pid}/ns/pid") != ours:
+                continue
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
