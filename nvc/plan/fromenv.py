@@ -14,7 +14,7 @@ at every container start, GPU or not): a GPU container's parsers are imported wh
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from nvc.containerenv import (
     ALL,
@@ -39,11 +39,11 @@ from nvc.containerenv import (
     split,
     volume_ids,
 )
-from nvc.containerenv.sharing import MAX_DEVICES, SCOPE, VARIABLES, parse_percent, parse_size, parse_value, scope_key
 from nvc.errors import InputError, shown
-from nvc.model.capabilities import CAPABILITIES
-from nvc.plan.request import Request, ShareRequest
 from nvc.system.untrusted import decimal
+
+if TYPE_CHECKING:
+    from nvc.plan.request import Request, ShareRequest
 
 
 def _is_legacy(env: Mapping[str, str]) -> bool:
@@ -96,6 +96,8 @@ def _visible_devices(
 
 
 def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
+    from nvc.model.capabilities import CAPABILITIES
+
     raw = env.get(DRIVER_CAPABILITIES)
     if raw is None:
         wanted = CAPABILITIES if _is_legacy(env) else DEFAULT_CAPABILITIES
@@ -185,7 +187,8 @@ def gpu_request(
     devices = _visible_devices(env, mounts, privileged, policy, warnings)
     if devices is False:
         return None
-    from nvc.plan import requirements, selection  # a GPU container's parsers
+    from nvc.plan import requirements, selection  # a GPU container's parsers and record
+    from nvc.plan.request import Request
 
     capabilities = frozenset(_capabilities(env, policy))
     wanted = _requirements(env, policy)
@@ -203,6 +206,9 @@ def gpu_request(
 
 def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
     """The sharing request in a container's env; None when it asks for no sharing."""
+    from nvc.containerenv.sharing import MAX_DEVICES, SCOPE, VARIABLES, parse_value, scope_key
+    from nvc.plan.request import ShareRequest
+
     found: dict[str, dict[str, int]] = {field: {} for field in ShareRequest._fields}
     asked = False
     for prefix, field, hami in VARIABLES:
@@ -232,6 +238,9 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
 def with_defaults(request: ShareRequest | None, memory: str | None, compute: int | None) -> ShareRequest:
     """With sharing enabled on the host (config file ``sharing``), every GPU container gets the shim:
     its own request, with the host's defaults where it set no value for every device."""
+    from nvc.containerenv.sharing import parse_percent, parse_size
+    from nvc.plan.request import ShareRequest
+
     request = request or ShareRequest()
     memory_rules, compute_rules = dict(request.memory), dict(request.compute)
     if memory is not None:
