@@ -137,7 +137,7 @@ def test_readme_walk_without_systemd(deb: Path, tmp_path: Path, rootfs_cache) ->
     with progress.phase("README's install and quick start in a throwaway root without systemd"):
         result = hostroot.run(WALK, tmp_path / "layers", 600, [(work, "/mnt"), (clone, "/root/nvc-py")])
     out = result.stdout
-    (tmp_path / "walk.log").write_text(out)  # the transcript, kept with the test's files
+    (tmp_path / "walk.log").write_text(out)  # the whole transcript, kept with a failed test's files
     assert result.returncode == 0 and out.rstrip().endswith("@@ done"), out[-6000:]
 
     def section(name: str) -> str:
