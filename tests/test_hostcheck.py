@@ -143,50 +143,9 @@ def test_make_clean_removes_the_suites_directories() -> None:
     assert hostcheck.CACHE_DIR in removed and hostcheck.WORK_DIR in removed
 
 
-def test_a_session_that_leaves_a_file_in_tmp_fails(tmp_path: Path) -> None:
-    """A nested session with this suite's conftest, whose one test passes but leaves a directory in
-    /tmp: the run fails, naming it."""
-    leak = Path("/tmp") / f"nvc-leak-{os.getpid()}"
-    (tmp_path / "test_leaky.py").write_text(f"import os\ndef test_leaks():\n    os.mkdir({str(leak)!r})\n")
-    try:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "conftest",
-                "--basetemp",
-                str(tmp_path / "basetemp"),
-                "--rootdir",
-                str(tmp_path),
-                str(tmp_path / "test_leaky.py"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(TESTS)},
-        )
-    finally:
-        if leak.exists():
-            leak.rmdir()
-    assert "1 passed" in result.stdout
-    assert result.returncode == 1, result.stdout
-    assert f"the test suite changed the host:\n  {leak}: left behind\n" in result.stdout
-
-
-def test_a_session_that_leaves_a_process_running_fails(tmp_path: Path) -> None:
-    """A nested session whose one test passes but leaves a process of its own running (it names the
-    session's directory): the run fails, naming it."""
-    (tmp_path / "test_leaky.py").write_text(
-        "import subprocess\ndef test_leaks(tmp_path):\n"
-        "    subprocess.Popen(['sleep', '30'], env={'WORK': str(tmp_path)}, start_new_session=True)\n"
-    )
-    result = subprocess.run(
+def _nested_session(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """pytest on ``tmp_path``'s test_leaky.py with this suite's conftest, its files in ``tmp_path``."""
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -208,6 +167,31 @@ def test_a_session_that_leaves_a_process_running_fails(tmp_path: Path) -> None:
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(TESTS)},
     )
+
+
+def test_a_session_that_leaves_a_file_in_tmp_fails(tmp_path: Path) -> None:
+    """A nested session with this suite's conftest, whose one test passes but leaves a directory in
+    /tmp: the run fails, naming it."""
+    leak = Path("/tmp") / f"nvc-leak-{os.getpid()}"
+    (tmp_path / "test_leaky.py").write_text(f"import os\ndef test_leaks():\n    os.mkdir({str(leak)!r})\n")
+    try:
+        result = _nested_session(tmp_path)
+    finally:
+        if leak.exists():
+            leak.rmdir()
+    assert "1 passed" in result.stdout
+    assert result.returncode == 1, result.stdout
+    assert f"the test suite changed the host:\n  {leak}: left behind\n" in result.stdout
+
+
+def test_a_session_that_leaves_a_process_running_fails(tmp_path: Path) -> None:
+    """A nested session whose one test passes but leaves a process of its own running (it names the
+    session's directory): the run fails, naming it."""
+    (tmp_path / "test_leaky.py").write_text(
+        "import subprocess\ndef test_leaks(tmp_path):\n"
+        "    subprocess.Popen(['sleep', '30'], env={'WORK': str(tmp_path)}, start_new_session=True)\n"
+    )
+    result = _nested_session(tmp_path)
     for pid, command in hostcheck.own_processes(str(tmp_path / "basetemp")).items():
         if command.startswith("sleep 30"):
             os.kill(pid, 9)

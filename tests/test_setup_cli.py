@@ -300,26 +300,22 @@ def test_setup_server_remove_where_systemd_runs(tmp_path: Path) -> None:
     assert record.read_text() == "disable --now nvc-py-hook.socket\nstop nvc-py-hook.service\ndaemon-reload\n"
 
 
+def _containerd(main: Path, drop_in: Path, tmp_path: Path, *more: str) -> list[str]:
+    """``nvc-py setup containerd`` on ``main`` and ``drop_in`` (``more``: ``--remove``); its lines."""
+    given = more or ("--no-server",)  # the no-server file goes beside the test's nvc-py configuration
+    env = {"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")}
+    done = run("setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), *given, check=True, env=env)
+    return done.stdout.splitlines()
+
+
 def test_setup_containerd_remove(tmp_path: Path) -> None:
     main = tmp_path / "config.toml"
     original = '# site\nversion = 2\nimports = ["/etc/site/other.toml"]\n\n[grpc]\n  address = "/run/s.sock"\n'
     main.write_text(original)
     drop_in = tmp_path / "conf.d" / "99-nvc-py.toml"
-    run(
-        "setup",
-        "containerd",
-        "--config",
-        str(main),
-        "--drop-in",
-        str(drop_in),
-        "--no-server",
-        check=True,
-        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")},
-    )  # the no-server file goes beside it
+    _containerd(main, drop_in, tmp_path)
     assert drop_in.exists() and str(drop_in) in main.read_text()
-    removed = run(
-        "setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove", check=True
-    ).stdout.splitlines()
+    removed = _containerd(main, drop_in, tmp_path, "--remove")
     assert removed == [
         f"removed {drop_in} from the imports of {main}",
         f"removed {main}.nvc-py.bak",
@@ -328,21 +324,9 @@ def test_setup_containerd_remove(tmp_path: Path) -> None:
     ]
     assert main.read_text() == original and not drop_in.parent.exists()  # setup made conf.d: gone with its file
     main.unlink()  # no containerd configuration: setup makes one, --remove removes it again
-    run(
-        "setup",
-        "containerd",
-        "--config",
-        str(main),
-        "--drop-in",
-        str(drop_in),
-        "--no-server",
-        check=True,
-        env={"NVC_PY_CONFIG": str(tmp_path / "nvc.yaml")},
-    )
+    _containerd(main, drop_in, tmp_path)
     assert main.exists()
-    removed = run(
-        "setup", "containerd", "--config", str(main), "--drop-in", str(drop_in), "--remove", check=True
-    ).stdout.splitlines()
+    removed = _containerd(main, drop_in, tmp_path, "--remove")
     assert removed == [f"removed {main}", f"removed {drop_in}", f"removed {drop_in.parent}"] and not main.exists()
 
 
