@@ -3,7 +3,7 @@
 # That machine has no network. What nvc-py needs travels with the working tree (both folders
 # are in .git/info/exclude, so name them in the device tool's carry):
 #   .whl/   cp312 wheels: click pyelftools pyyaml pyseccomp nvidia-ml-py pytest iniconfig pluggy
-#           packaging pygments tomlkit grpcio protobuf grpcio-tools typing-extensions prometheus-client bcrypt, plus pip setuptools wheel to install nvc-py itself, and
+#           packaging pygments tomlkit grpcio protobuf grpcio-tools typing-extensions prometheus-client bcrypt atheris, plus pip setuptools wheel to install nvc-py itself, and
 #           python-prctl's sdist (PyPI has no wheel: it is built there, once, against libcap-dev's
 #           headers from .debs and the machine's own libcap.so.2)
 #   .debs/  Debian 12 runc crun busybox-static libyajl2 (crun's JSON library) libcap-dev
@@ -11,7 +11,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 --platform any -d .whl click pyelftools pyyaml pyseccomp \
 #       nvidia-ml-py pytest iniconfig pluggy packaging pygments tomlkit grpcio protobuf grpcio-tools \
-#       typing-extensions prometheus-client bcrypt pip setuptools wheel
+#       typing-extensions prometheus-client bcrypt atheris pip setuptools wheel
 #   pip download --no-deps --no-binary=:all: -d .whl python-prctl
 #   (cd .debs && apt-get download runc crun busybox-static libyajl2 libcap-dev)
 #

@@ -200,12 +200,15 @@ def test_binaries_fixed_path_then_library_siblings(tmp_path: Path) -> None:
     # A host wrapper script that execs the real binary by path would fail alone in a container.
     _exe(tmp_path / "usr/bin/nvidia-smi", content=b'#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi "$@"\n')
     _exe(tmp_path / "usr/sbin/nv-fabricmanager", content=ELF_HEAD + b"470.256.02")  # another driver's: passed over
+    # No driver version in it at all (the H100's nvidia-cuda-mps-server, nvidia-debugdump): kept
+    _exe(tmp_path / "usr/bin/nvidia-cuda-mps-server", content=ELF_HEAD + b"CUDA 13.0 build 1.2.3")
     dirs = driver.binary_dirs(("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib64"))
     assert dirs == (*driver.BINARY_PATH, "/usr/local/nvidia/bin")
     assert driver.find_binaries(str(tmp_path), dirs, VERSION) == (
         "/usr/local/nvidia/bin/nvidia-smi",
         "/usr/bin/nvidia-debugdump",
         "/usr/local/nvidia/bin/nvidia-persistenced",
+        "/usr/bin/nvidia-cuda-mps-server",
     )
 
 

@@ -83,7 +83,7 @@ def test_list_finds_debian_files_and_names_what_it_leaves_out(active_debian) -> 
     ]
     # Debian's persistenced of another version and libnvidia-cfg's stray alternative: left out, named
     assert not [p for p in listing["binaries"] + listing["libraries"] if "persistenced" in p or "nvidia-cfg" in p]
-    assert f"left out {root}/usr/bin/nvidia-persistenced: not of driver {DEBIAN}" in done.stderr
+    assert f"left out {root}/usr/bin/nvidia-persistenced: of driver {STRAY}, not {DEBIAN}" in done.stderr
     assert f"legacy-{STRAY}/libnvidia-cfg.so.{STRAY}: not driver {DEBIAN}" in done.stderr
 
 
@@ -94,6 +94,21 @@ def test_run_layout_keeps_vdpau_under_vdpau(active_2gpu) -> None:
     assert not [p for p in listing["libraries"] if "vdpau" in p]
     assert f"{MULTIARCH}/vdpau/libvdpau_nvidia.so.{version}" in listing["loader_files"]
     assert "/usr/share/vulkan/icd.d/nvidia_icd.json" in listing["loader_files"]
+
+
+def test_a_self_contained_tree_keeps_vdpau_beside_the_libraries(active_local_nvidia) -> None:
+    """/usr/local/nvidia/lib64 (the H100 machine's driver) has libvdpau_nvidia.so.1 beside the other
+    libraries: it still goes where libvdpau looks, vdpau/."""
+    root = str(active_local_nvidia.root)
+    version = active_local_nvidia.driver_version
+    assert (active_local_nvidia.root / f"usr/local/nvidia/lib64/libvdpau_nvidia.so.{version}").is_file()
+    listing = json.loads(nvc("--root", root, "list", "--json").stdout.replace(root, ""))
+    assert not [p for p in listing["libraries"] if "vdpau" in p]
+    assert f"/usr/local/nvidia/lib64/libvdpau_nvidia.so.{version}" in listing["loader_files"]
+    vdpau = [f for f in _discover(active_local_nvidia.root, version).loader_files if "vdpau" in f.source]
+    assert [(f.target, f.link) for f in vdpau] == [
+        ("{libdir}/vdpau/libvdpau_nvidia.so." + version, "libvdpau_nvidia.so.1")
+    ]
 
 
 # --- version checks and bad input -------------------------------------------------------------------
@@ -166,8 +181,9 @@ def test_loader_files_of_another_version_are_left_out(fake_debian, tmp_path: Pat
     with caplog.at_level(logging.WARNING):
         files = _discover(root)
     assert not [f for f in files.loader_files if f.target.endswith("nvidia_drv.so")]
-    assert f"left out {root}/usr/lib/xorg/modules/drivers/nvidia_drv.so ({x_driver}): not of driver {DEBIAN}" in (
-        caplog.text
+    assert (
+        f"left out {root}/usr/lib/xorg/modules/drivers/nvidia_drv.so ({x_driver}): of driver {STRAY}, not {DEBIAN}"
+        in (caplog.text)
     )
 
 

@@ -158,14 +158,23 @@ def _through_alternatives(root: str, path: str) -> bool:
         return False
 
 
-def carries_version(path: str, version: str) -> bool:
-    """Whether the file at host path ``path`` holds the driver version string (NVIDIA's binaries
-    and X modules do, their name does not say it)."""
+# A driver version as NVIDIA writes it into its binaries (535.171.04, 550.54.15, 580.159.04).
+_DRIVER_VERSION = re.compile(rb"(?<![0-9.])[1-9][0-9]{2}\.[0-9]{2,3}(?:\.[0-9]{2})?(?![0-9.])")
+
+
+def other_version(path: str, version: str) -> str | None:
+    """The other driver version the file at host path ``path`` was built for, None when it holds
+    ``version`` or no driver version at all. NVIDIA's binaries and X modules carry their version
+    string (their name does not say it); some (nvidia-debugdump, nvidia-cuda-mps-server) carry none
+    and cannot be told apart, so they are taken as the running driver's."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
-            return False
+            return None
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return data.find(version.encode()) >= 0
+            if data.find(version.encode()) >= 0:
+                return None
+            found = _DRIVER_VERSION.search(data)
+            return found.group().decode() if found else None
 
 
 def library_dirs(entries: tuple[ldcache.CacheEntry, ...], libraries: tuple[str, ...]) -> tuple[str, ...]:
@@ -204,15 +213,16 @@ def _is_driver_binary(root: str, inner: str) -> bool:
 def find_binaries(root: str, dirs: tuple[str, ...], version: str) -> tuple[str, ...]:
     """Inner paths of the driver binaries: for each name the first ELF executable of driver
     ``version`` found along ``dirs`` (one of another version is named in a warning)."""
-    found, other = [], set()
+    found, passed_over = [], set()
     for name in capabilities.all_binaries():
         for d in dirs:
             inner = rootpath.resolve(root, f"{d}/{name}")
-            if inner is None or inner in other or not _is_driver_binary(root, inner):
+            if inner is None or inner in passed_over or not _is_driver_binary(root, inner):
                 continue
-            if not carries_version(rootpath.host_path(root, inner), version):
-                log.warning("left out %s: not of driver %s", rootpath.host_path(root, inner), version)
-                other.add(inner)
+            other = other_version(rootpath.host_path(root, inner), version)
+            if other is not None:
+                log.warning("left out %s: of driver %s, not %s", rootpath.host_path(root, inner), other, version)
+                passed_over.add(inner)
                 continue
             found.append(inner)
             break
@@ -278,8 +288,8 @@ def _loader_file(
             problem = _manifest_problem(host, spec.kind, libraries)
         elif spec.kind == "library" and not os.path.basename(inner).endswith(version):
             problem = f"not driver {version}"
-        elif spec.kind == "module" and not carries_version(host, version):
-            problem = f"not of driver {version}"
+        elif spec.kind == "module" and (other := other_version(host, version)) is not None:
+            problem = f"of driver {other}, not {version}"
         if problem is not None:
             log.warning("left out %s (%s): %s", rootpath.host_path(root, path), host, problem)
             return None

@@ -171,7 +171,8 @@ LOADER_FILES: tuple[LoaderFile, ...] = (
     ),
     LoaderFile(
         "video",
-        (f"{LIBDIR}/vdpau/libvdpau_nvidia.so.1",),
+        # a self-contained driver tree (/usr/local/nvidia/lib64) keeps it beside the other libraries
+        (f"{LIBDIR}/vdpau/libvdpau_nvidia.so.1", f"{LIBDIR}/libvdpau_nvidia.so.1"),
         f"{LIBDIR}/vdpau/",
         "library",
         "libvdpau loads <libdir>/vdpau/libvdpau_<driver>.so.1, outside the ld cache",

@@ -60,7 +60,7 @@ def build(machine_yaml: Path, out: Path) -> FakeDriver:
         path.mkdir(parents=True)
     (gen / "fake_machine.h").write_text(machine_header(machine, machine_yaml.name))
     version = machine["driver_version"]
-    build_libraries(machine, gen, obj, {64: root / layout.lib, 32: root / layout.lib32}, layout.packaged)
+    build_libraries(machine, gen, obj, {64: root / layout.lib, 32: root / layout.lib32}, layout)
     link_libraries(root, layout, version, machine["strays"])
     install_binaries(root / layout.bin, obj, version, machine["strays"])
     make_ldcache(root, layout)

@@ -128,12 +128,12 @@ def _soname(name: str, suffix: str | None, version: str) -> str:
     return f"{name}.{suffix}" if suffix is not None else f"{name}.{version}"
 
 
-def file_dir(libdir: Path, name: str, suffix: str | None, packaged: bool) -> Path:
+def file_dir(libdir: Path, name: str, suffix: str | None, layout: Layout) -> Path:
     """Where library ``name``'s file goes: Debian's packages keep those with a SONAME link in
     nvidia/current (the links come from alternatives), the .run installer its VDPAU driver in vdpau/."""
-    if packaged and suffix is not None:
+    if layout.packaged and suffix is not None:
         return libdir / PACKAGED_DIR
-    return libdir / "vdpau" if name == VDPAU else libdir
+    return libdir / "vdpau" if name == VDPAU and layout.vdpau_apart else libdir
 
 
 PACKAGED_DIR = "nvidia/current"
@@ -143,9 +143,7 @@ def file_name(name: str, version: str) -> str:
     return f"{name}.{OWN_VERSIONS.get(name, version)}"
 
 
-def build_libraries(
-    machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[int, Path], packaged: bool = False
-) -> None:
+def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[int, Path], layout: Layout) -> None:
     version = machine["driver_version"]
     cflags = ["-O1", "-Wall", "-Werror", f"-I{gen}", *INCLUDES]
     libraries = {name: suffix for group in LIBRARY_GROUPS.values() for name, suffix in group.items()}
@@ -169,7 +167,7 @@ def build_libraries(
                 ]
             )
         for name, suffix in libraries.items():
-            where = file_dir(libdir, name, suffix, packaged)
+            where = file_dir(libdir, name, suffix, layout)
             where.mkdir(parents=True, exist_ok=True)
             target = where / file_name(name, version)
             soname = _soname(name, suffix, version)
@@ -193,7 +191,7 @@ def build_libraries(
             stub = obj / (f"stub-abi{bits}.o" if name in ABI_NOTE_LIBRARIES else f"stub{bits}.o")
             link = ["ld", *emulation, "-shared", "-soname", soname, "-o", str(target), str(stub), libc]
             if name in GLCORE_CLIENTS:
-                glcore = file_dir(libdir, "libnvidia-glcore.so", None, packaged) / f"libnvidia-glcore.so.{version}"
+                glcore = file_dir(libdir, "libnvidia-glcore.so", None, layout) / f"libnvidia-glcore.so.{version}"
                 glcore_links.append(link + [str(glcore)])
             else:
                 stub_links.append(link)
@@ -237,7 +235,7 @@ def link_libraries(root: Path, layout: Layout, version: str, strays: str | None)
         triplet = Path(rel).name
         allocator = f"{ALLOCATOR}.1"
         if not layout.packaged:
-            _link(libdir / "vdpau" / f"{VDPAU}.1", f"{VDPAU}.{version}")
+            _link(libdir / ("vdpau" if layout.vdpau_apart else "") / f"{VDPAU}.1", f"{VDPAU}.{version}")
             _link(libdir / "gbm/nvidia-drm_gbm.so", f"../{allocator}")
             continue
         for name, suffix in libraries.items():

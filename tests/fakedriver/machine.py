@@ -47,6 +47,8 @@ class Layout:
     ld_conf: dict[str, tuple[str, ...]]  # ld.so.conf.d file name -> directories
     # Debian's packages: the files in <lib>/nvidia/current, reached through /etc/alternatives links
     packaged: bool = False
+    # the VDPAU driver in <lib>/vdpau/ (the .run installer, Debian); a self-contained tree keeps it in <lib>
+    vdpau_apart: bool = True
 
 
 _MULTIARCH_CONF = {
@@ -66,6 +68,7 @@ LAYOUTS = {
         "usr/local/nvidia/lib",
         "usr/local/nvidia/bin",
         {"nvidia.conf": ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib")},
+        vdpau_apart=False,  # as on the H100 machine
     ),
 }
 

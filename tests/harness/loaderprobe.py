@@ -26,7 +26,8 @@ def script(manifests: tuple[str, ...], probes: tuple[str, ...] = ()) -> str:
     )
     parts.append(f"echo '== vdpau'; readlink {VDPAU}; test -f {VDPAU} && echo regular")
     parts.append(f"echo '== gbm'; test -f {GBM} && echo regular")
-    parts.append("echo '== dri'; ls /dev/dri 2>/dev/null" + "".join(f"; probe {p}" for p in probes))
+    # a host without nvidia-drm (the H100 machine) has no /dev/dri: not the script's failure
+    parts.append("echo '== dri'; ls /dev/dri 2>/dev/null" + "".join(f"; probe {p}" for p in probes) + "; true")
     return "; ".join(parts)
 
 
