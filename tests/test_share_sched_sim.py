@@ -5,6 +5,7 @@ caps, idle and lying tenants. No GPU, no driver: nothing here is a GPU result.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import NamedTuple
 
@@ -17,18 +18,23 @@ class Simulated(NamedTuple):
     first: float  # GPU share in percent, first half of the run
     second: float  # second half
     wait_ms: int  # its longest wait
+    kernels: int  # kernels done
+    turnaround_us: int  # their mean time from launch to end
 
 
-def simulate(programs, *tenants: str, ms: int = 2000) -> tuple[list[Simulated], float]:
+def simulate(
+    programs, *tenants: str, ms: int = 2000, control: bool = True, slice_us: int = 0
+) -> tuple[list[Simulated], float]:
     """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE] under the shim's
-    scheduler decision on a GPU that time-slices between them (tests/share_programs/sched_sim.c); also
-    returns how busy the GPU was, in percent."""
+    scheduler decision (none: `control` False) on a GPU that time-slices between them, evenly or in
+    slices of `slice_us` (tests/share_programs/sched_sim.c); also returns how busy the GPU was, in percent."""
+    env = {**os.environ, "SCHED_SIM_NONE": "0" if control else "1", "SCHED_SIM_SLICE_US": str(slice_us)}
     out = subprocess.run(
-        [str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True, check=True, timeout=60
+        [str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True, check=True, timeout=60, env=env
     ).stdout
     lines = [line.split() for line in out.splitlines()]
     return (
-        [Simulated(int(f[2]) / 10, int(f[3]) / 10, int(f[4])) for f in lines if f[0] == "tenant"],
+        [Simulated(int(f[2]) / 10, int(f[3]) / 10, *map(int, f[4:7])) for f in lines if f[0] == "tenant"],
         next(int(f[1]) / 10 for f in lines if f[0] == "gpu"),
     )
 
@@ -89,3 +95,32 @@ def test_a_lying_tenant_cannot_push_an_honest_one_below_its_weight(programs, cla
     (honest, liar), _ = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
     assert honest.wait_ms <= 20 and honest.first >= 25 - 3 and honest.second >= 25 - 3, honest
     assert liar.first == liar.second == 0
+
+
+# A launch-bound service (10 us kernels, 40 us of host work before each: a batch-1 decode loop) beside
+# a trainer (200 us kernels back to back), always or in bursts, and each control nvc-py offers.
+SERVICE, TRAINER = "100:10:{}:40", "100:200:0:2000"
+
+
+@pytest.mark.parametrize("slice_us", [0, 200, 1000])
+@pytest.mark.parametrize("busy", ["0:2000", "500:1500"])
+@pytest.mark.parametrize(
+    ("service", "trainer", "favoured"),
+    [("9", "1", 0), ("1", "9", 1), ("1", "1", 0)],
+    ids=["service-heavier", "trainer-heavier", "equal"],
+)
+def test_a_setting_never_serves_the_tenant_it_favours_worse_than_no_control(
+    programs, slice_us, busy, service, trainer, favoured
+):
+    """Issue #48's invariant on the fake clock: the favoured tenant's kernels end no later (1.1x) and
+    no fewer are done than with no control; and since the launch-bound service never has a backlog,
+    weights hold nobody: the trainer keeps what it has with no control (work-conserving)."""
+    tenants = (f"{service}:{SERVICE.format(busy)}", f"{trainer}:{TRAINER}")
+    free, _ = simulate(programs, *tenants, control=False, slice_us=slice_us)
+    ruled, gpu = simulate(programs, *tenants, slice_us=slice_us)
+    mine, theirs = ruled[favoured], free[favoured]
+    assert mine.turnaround_us <= 1.1 * theirs.turnaround_us + 10 and mine.kernels >= 0.97 * theirs.kernels, (
+        ruled,
+        free,
+    )
+    assert ruled[1].second >= free[1].second - 2 and gpu >= 99, (ruled, free, gpu)

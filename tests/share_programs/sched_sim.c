@@ -16,7 +16,12 @@
  * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, a share of 0) or "garbage" (random values);
  * the others read every view through nvc_sched_sanitize and take its weight as WEIGHT (the granted
  * one, whatever it claims). Prints per tenant "tenant I <GPU share in ‰ in the first half> <in the
- * second half> <its longest wait in ms>" of the MS simulated milliseconds, and "gpu <busy ‰>". */
+ * second half> <its longest wait in ms> <kernels done> <their mean time from launch to end in us>" of
+ * the MS simulated milliseconds, and "gpu <busy ‰>". With SCHED_SIM_NONE=1 in the environment nothing
+ * is held (no sharing control: the GPU's time-slicing alone); with SCHED_SIM_SLICE_US=N the GPU runs
+ * one tenant at a time, each for N us or until its queue is empty, in turn (a kernel launched while
+ * another's slice runs waits for it: its elapsed time grows, its work does not). Each tenant publishes
+ * its backlog (its queued kernels' remaining work) as sched.c does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +51,8 @@ static struct tenant {
     uint64_t acc, acc_at, waiting_since, longest_wait;
     struct nvc_sched_history seen_sharing;
     uint64_t gpu[2];
+    uint64_t launched[MAX_Q]; /* when each queued kernel was launched */
+    uint64_t done, turnaround;
 } t[MAX_T];
 static int nt;
 
@@ -82,6 +89,9 @@ static uint64_t inflight(const struct tenant *x)
 int main(int argc, char **argv)
 {
     if (argc < 3) return 2;
+    const char *none = getenv("SCHED_SIM_NONE"), *sliced = getenv("SCHED_SIM_SLICE_US");
+    int control = !none || strcmp(none, "1"), current = 0;
+    uint64_t slice_ns = sliced ? strtoull(sliced, NULL, 10) * 1000 : 0, slice_left = 0;
     uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2, gpu_busy = 0;
     for (int i = 2; i < argc && nt < MAX_T; i++, nt++) {
         unsigned long long w, cap, us, from, until;
@@ -105,14 +115,21 @@ int main(int argc, char **argv)
             nvc_sched_sanitize(&seen[j], now);
             seen[j].weight = t[j].weight;
         }
-        /* the GPU: one step shared by the tenants with work queued */
+        /* the GPU: one step shared by the tenants with work queued, or all of it to the one whose time
+         * slice it is */
         int sharing = 0;
         for (int i = 0; i < nt; i++) sharing += t[i].qn > 0;
         gpu_busy += sharing ? STEP_NS : 0;
+        if (slice_ns && sharing && (!t[current].qn || slice_left < STEP_NS)) {
+            do current = (current + 1) % nt;
+            while (!t[current].qn);
+            slice_left = slice_ns;
+        }
+        slice_left -= slice_ns && sharing ? STEP_NS : 0;
         for (int i = 0; i < nt && sharing; i++) {
             struct tenant *x = &t[i];
-            if (!x->qn) continue;
-            uint64_t slice = STEP_NS / sharing;
+            if (!x->qn || (slice_ns && i != current)) continue;
+            uint64_t slice = slice_ns ? STEP_NS : STEP_NS / sharing;
             x->gpu[now >= half] += slice;
             x->queue[0] = x->queue[0] > slice ? x->queue[0] - slice : 0;
             if (x->queue[0]) continue;
@@ -121,11 +138,15 @@ int main(int argc, char **argv)
                 if (j != i) others[n++] = seen[j];
             x->estimate = now + STEP_NS - x->began;
             nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
-            x->acc = nvc_sched_decay(x->acc, now + STEP_NS - x->acc_at) +
-                     nvc_sched_charge(&x->seen_sharing, x->began, now + STEP_NS);
+            uint64_t charge = nvc_sched_charge(&x->seen_sharing, x->began, now + STEP_NS); /* its work where known */
+            x->acc = nvc_sched_decay(x->acc, now + STEP_NS - x->acc_at) + (charge < x->kernel_ns ? charge : x->kernel_ns);
             x->acc_at = now + STEP_NS;
             x->began = now + STEP_NS;
+            x->done++;
+            x->turnaround += now + STEP_NS - x->launched[0];
+            memmove(x->launched, x->launched + 1, (size_t)(x->qn - 1) * sizeof x->launched[0]);
             memmove(x->queue, x->queue + 1, (size_t)--x->qn * sizeof x->queue[0]);
+            x->v.backlog_ns = inflight(x);
             if (!x->qn)
                 x->v.busy_until_ns = now + STEP_NS; /* drained */
             else if (x->v.busy_until_ns < now + 2 * x->qn * x->estimate)
@@ -170,7 +191,7 @@ int main(int argc, char **argv)
             x->v.seen_ns = now;
             nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
             x->v.share_permille = nvc_sched_share(nvc_sched_decay(x->acc, now > x->acc_at ? now - x->acc_at : 0));
-            if (nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
+            if (control && nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
                 if (!x->waiting_since) x->waiting_since = now;
                 if (x->cap < 100) x->slice_end += STEP_NS; /* its slice waits too */
                 continue;
@@ -178,7 +199,9 @@ int main(int argc, char **argv)
             if (x->waiting_since && now - x->waiting_since > x->longest_wait) x->longest_wait = now - x->waiting_since;
             x->waiting_since = 0;
             if (!x->qn) x->began = now;
+            x->launched[x->qn] = now;
             x->queue[x->qn++] = x->kernel_ns;
+            x->v.backlog_ns = inflight(x);
             x->host_ready = now + x->host_ns;
             uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
             x->v.busy_until_ns = base + 2 * (x->estimate ? x->estimate : x->kernel_ns);
@@ -187,9 +210,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < nt; i++) {
         if (t[i].waiting_since && now - t[i].waiting_since > t[i].longest_wait)
             t[i].longest_wait = now - t[i].waiting_since; /* still waiting at the end */
-        printf("tenant %d %llu %llu %llu\n", i, (unsigned long long)(t[i].gpu[0] * 1000 / half),
+        printf("tenant %d %llu %llu %llu %llu %llu\n", i, (unsigned long long)(t[i].gpu[0] * 1000 / half),
                (unsigned long long)(t[i].gpu[1] * 1000 / (end_ns - half)),
-               (unsigned long long)(t[i].longest_wait / 1000000));
+               (unsigned long long)(t[i].longest_wait / 1000000), (unsigned long long)t[i].done,
+               (unsigned long long)(t[i].done ? t[i].turnaround / t[i].done / 1000 : 0));
     }
     printf("gpu %llu\n", (unsigned long long)(gpu_busy * 1000 / end_ns));
     return 0;

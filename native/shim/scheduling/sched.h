@@ -15,9 +15,10 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
 /* Before a launch: an enum nvc_sched_decision (schedpolicy.h): 0 = wait (over its share while another
  * wants more), else it may launch now (2: within its share). capped: held back by its own cap. */
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
-/* A launch goes in, or launches were measured: queued_ns of estimated work is now queued (0: none). */
-void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
-void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
+/* A launch goes in, or launches were measured: queued_ns of estimated work is now queued (0: none),
+ * backlog_ns of it at the kernels' unslowed lengths. */
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns, int64_t backlog_ns);
+void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns, int64_t backlog_ns);
 /* A launch measured: it ran on the GPU from began_ns to ended_ns (CLOCK_MONOTONIC), cost_ns of it at
  * the grid's part of the device. Charged its work_ns where known (what the kernel takes when nothing
  * slows it: its useful work, however the GPU time-sliced it with others), else the part of its elapsed
