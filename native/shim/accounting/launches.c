@@ -68,8 +68,9 @@ static struct {
  * event records per launch cost a launch-bound loop (a training step's) as much as the launches, and
  * settling a group (two elapsed-time queries and a charge) as much again. A cap judges its slices by
  * when each piece of work ended, and between weighted tenants a group's time is divided by who shared
- * the GPU during it: their groups stay short. An uncapped weight with no other tenant active has no
- * one to divide with, and its groups are ten times longer (a host-bound step pays short ones in its rate). */
+ * the GPU during it: their groups stay short. An uncapped weight with no other tenant backlogged (none
+ * active, or only launch-bound ones, which are never held for it) has no one its charge matters to, and
+ * its groups are ten times longer (a host-bound step pays short ones in its rate). */
 static int long_groups[NVC_MAX_DEVICES];
 #define GROUP_NS(dev) (long_groups[dev] ? 1000000ll : 100000ll)
 #define GROUP_MAX(dev) (long_groups[dev] ? 256 : 64)

@@ -80,7 +80,7 @@ static struct {  /* the others' views of our device d, as last read */
     struct nvc_sched_view v[MAX_PEERS];
 } read_of[NVC_MAX_DEVICES];
 static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES]; /* this process's view: under sched_mu */
-static uint32_t peers_active[NVC_MAX_DEVICES]; /* others active or with work queued on our device d, last look */
+static uint32_t peers_backlogged[NVC_MAX_DEVICES]; /* others with a backlog on our device d, last look */
 static struct sched_file scan_buf;             /* a peer's file as read at a rescan (under sched_mu) */
 static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -342,17 +342,17 @@ static int others_of(struct nvc_sched_entry *e, uint64_t now, struct nvc_sched_v
     rescan_locked(now);
     int n = others_locked(d, now, out);
     nvc_sched_note(&sharing_of[d], now, nvc_sched_sharing(out, n, now));
-    uint32_t active = 0;
+    uint32_t backlogged = 0;
     for (int i = 0; i < n; i++)
-        active += (uint32_t)(nvc_sched_active(&out[i], now) || nvc_sched_busy(&out[i], now));
-    __atomic_store_n(&peers_active[d], active, __ATOMIC_RELAXED);
+        backlogged += (uint32_t)nvc_sched_backlogged(&out[i], now);
+    __atomic_store_n(&peers_backlogged[d], backlogged, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&sched_mu);
     return n;
 }
 
 int nvc_sched_contended(const struct nvc_sched_entry *e)
 {
-    return __atomic_load_n(&peers_active[e - own->dev], __ATOMIC_RELAXED) > 0;
+    return __atomic_load_n(&peers_backlogged[e - own->dev], __ATOMIC_RELAXED) > 0;
 }
 
 void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now)

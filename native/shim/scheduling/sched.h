@@ -25,8 +25,9 @@ void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns
  * time the GPU was this tenant's (nvc_sched_charge). */
 void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns,
                         uint64_t work_ns);
-/* Whether another tenant was active on e's device, or had work queued there, at the last look (the
- * scheduler's last word at a launch): alone, nothing it is charged matters to anyone yet. */
+/* Whether another tenant had a backlog on e's device at the last look (the scheduler's last word at a
+ * launch): only such a tenant is ever held for this one's share, so otherwise (alone, or beside idle
+ * or launch-bound tenants) nothing it is charged matters to anyone yet. */
 int nvc_sched_contended(const struct nvc_sched_entry *e);
 /* Waiting for its own queue to drain: looks how many tenants share the GPU meanwhile. */
 void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now);
