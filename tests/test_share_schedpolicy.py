@@ -3,7 +3,7 @@ the pure function the shim asks before each launch, loaded from a shared object 
 own source. No clock, no GPU: the simulated runs of test_share_sched_sim.py show what the rule
 does over time; these pin the rule itself and its point of slack each way: a tenant more than a point
 (10 permille) over its entitlement waits while another more than a point under its own has work on the
-GPU (a backlog: half a millisecond of its work queued). Entitlements are parts of the GPU's useful work, the tenants' shares summed, taken as no less than
+GPU. Entitlements are parts of the GPU's useful work, the tenants' shares summed, taken as no less than
 70 %.
 """
 
@@ -27,7 +27,6 @@ class View(ctypes.Structure):
         ("id", ctypes.c_uint64),
         ("seen_ns", ctypes.c_uint64),
         ("busy_until_ns", ctypes.c_uint64),
-        ("backlog_ns", ctypes.c_uint64),
         ("capped", ctypes.c_uint32),
         ("weight", ctypes.c_uint32),
         ("cap", ctypes.c_uint32),
@@ -59,11 +58,10 @@ def decide(tmp_path_factory: pytest.TempPathFactory):
     fn.argtypes = [ctypes.POINTER(View), ctypes.POINTER(View), ctypes.c_int, ctypes.c_uint64]
     fn.restype = ctypes.c_int
 
-    def run(own_share: int, peer_share: int, peer_busy: bool = True, peer_backlog: int = 2_000_000) -> int:
-        """A weight-1 tenant asking while a weight-3 peer, seen launching just now, is busy or not, with
-        `peer_backlog` ns of unslowed work queued."""
-        own = View(1, NOW, NOW + 1_000_000, 1_000_000, 0, 1, 100, own_share)
-        peer = View(2, NOW, NOW + 1_000_000 if peer_busy else 0, peer_backlog, 0, 3, 100, peer_share)
+    def run(own_share: int, peer_share: int, peer_busy: bool = True) -> int:
+        """A weight-1 tenant asking while a weight-3 peer, seen launching just now, is busy or not."""
+        own = View(1, NOW, NOW + 1_000_000, 0, 1, 100, own_share)
+        peer = View(2, NOW, NOW + 1_000_000 if peer_busy else 0, 0, 3, 100, peer_share)
         return fn(ctypes.byref(own), ctypes.byref(peer), 1, NOW)
 
     return run
@@ -82,15 +80,6 @@ def test_more_than_a_point_over_waits_while_a_peer_more_than_a_point_under_has_w
 def test_over_its_entitlement_it_still_launches_when_nobody_under_theirs_competes(decide):
     assert decide(261, 740) == RUN  # the peer is a point under its entitlement, no more
     assert decide(261, 739, peer_busy=False) == RUN  # under it, but nothing of it on the GPU now
-
-
-def test_a_peer_without_a_backlog_holds_nobody(decide):
-    """A launch-bound peer (a batch-1 decode loop: microsecond kernels, its host the bottleneck) is
-    always busy and far under its weight's part, but holding others would gain it nothing (#48): only
-    a backlog of half a millisecond of unslowed work makes an over-share tenant wait."""
-    assert decide(600, 100, peer_backlog=100_000) == RUN
-    assert decide(600, 100, peer_backlog=499_999) == RUN
-    assert decide(600, 100, peer_backlog=500_000) == WAIT
 
 
 def test_entitlements_are_parts_of_the_useful_work_the_shares_sum_to(decide):

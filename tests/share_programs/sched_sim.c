@@ -20,8 +20,7 @@
  * the MS simulated milliseconds, and "gpu <busy ‰>". With SCHED_SIM_NONE=1 in the environment nothing
  * is held (no sharing control: the GPU's time-slicing alone); with SCHED_SIM_SLICE_US=N the GPU runs
  * one tenant at a time, each for N us or until its queue is empty, in turn (a kernel launched while
- * another's slice runs waits for it: its elapsed time grows, its work does not). Each tenant publishes
- * its backlog (its queued kernels' remaining work) as sched.c does. */
+ * another's slice runs waits for it: its elapsed time grows, its work does not). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,7 +145,6 @@ int main(int argc, char **argv)
             x->turnaround += now + STEP_NS - x->launched[0];
             memmove(x->launched, x->launched + 1, (size_t)(x->qn - 1) * sizeof x->launched[0]);
             memmove(x->queue, x->queue + 1, (size_t)--x->qn * sizeof x->queue[0]);
-            x->v.backlog_ns = inflight(x);
             if (!x->qn)
                 x->v.busy_until_ns = now + STEP_NS; /* drained */
             else if (x->v.busy_until_ns < now + 2 * x->qn * x->estimate)
@@ -201,7 +199,6 @@ int main(int argc, char **argv)
             if (!x->qn) x->began = now;
             x->launched[x->qn] = now;
             x->queue[x->qn++] = x->kernel_ns;
-            x->v.backlog_ns = inflight(x);
             x->host_ready = now + x->host_ns;
             uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
             x->v.busy_until_ns = base + 2 * (x->estimate ? x->estimate : x->kernel_ns);

@@ -42,7 +42,6 @@ struct pending { /* one launch, or a group of short ones on one stream */
     double factors;                /* their grid factors, summed */
     int64_t estimate;              /* what the scheduler was charged at launch time */
     int64_t queued_ns;             /* its expected duration: what it adds to the queue */
-    int64_t work_ns;               /* the same at its kernels' unslowed lengths */
     const void *key;               /* the kernel (or graph) of a launch measured alone */
     uint64_t launched_ns, last_ns; /* its first and last launch */
     int recorded;                  /* end event recorded (an unrecorded event queries as done) */
@@ -61,16 +60,15 @@ static unsigned head, tail;
  * before the next slice starts, so that what of it ran past a slice is charged. */
 static struct {
     int queued, unknown, behind;
-    int64_t inflight, work; /* elapsed as measured lately; unslowed (time-slicing stretches the first) */
+    int64_t inflight;
     uint32_t behind_gen;
 } queue_of[NVC_MAX_DEVICES];
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
  * event records per launch cost a launch-bound loop (a training step's) as much as the launches, and
  * settling a group (two elapsed-time queries and a charge) as much again. A cap judges its slices by
  * when each piece of work ended, and between weighted tenants a group's time is divided by who shared
- * the GPU during it: their groups stay short. An uncapped weight with no other tenant backlogged (none
- * active, or only launch-bound ones, which are never held for it) has no one its charge matters to, and
- * its groups are ten times longer (a host-bound step pays short ones in its rate). */
+ * the GPU during it: their groups stay short. An uncapped weight with no other tenant active has no
+ * one to divide with, and its groups are ten times longer (a host-bound step pays short ones in its rate). */
 static int long_groups[NVC_MAX_DEVICES];
 #define GROUP_NS(dev) (long_groups[dev] ? 1000000ll : 100000ll)
 #define GROUP_MAX(dev) (long_groups[dev] ? 256 : 64)
@@ -137,7 +135,6 @@ static void settle_locked(struct pending *p)
     queue_of[p->d].behind -= p->gate && p->gate == queue_of[p->d].behind_gen;
     queue_of[p->d].unknown -= p->count > 0 && p->queued_ns == 0;
     queue_of[p->d].inflight -= p->queued_ns;
-    queue_of[p->d].work -= p->work_ns;
     nvc_event_put(p->start, p->ctx);
     if (last_end[p->d].ev)
         nvc_event_put(last_end[p->d].ev, last_end[p->d].ctx);
@@ -168,8 +165,7 @@ static void harvest_locked(CUcontext ctx)
         head++;
     for (int d = 0; d < NVC_MAX_DEVICES; d++)
         if (settled[d])
-            nvc_sched_queued(settled[d], nvc_now_ns(), queue_of[d].queued ? queue_of[d].inflight : 0,
-                             queue_of[d].queued ? queue_of[d].work : 0);
+            nvc_sched_queued(settled[d], nvc_now_ns(), queue_of[d].queued ? queue_of[d].inflight : 0);
 }
 
 /* An event recorded on the launch's stream (the per-thread default stream where it is _ptsz). */
@@ -182,17 +178,15 @@ static void record(CUevent ev, CUstream stream, int ptsz)
 }
 
 /* Adds launches (or takes back a failed one) to a pending entry. Caller holds launch_mu. */
-static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued, int64_t work)
+static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued)
 {
     int was = p->count > 0 && p->queued_ns == 0;
     p->count += count;
     p->factors += factor;
     p->estimate += estimate;
     p->queued_ns += queued;
-    p->work_ns += work;
     queue_of[p->d].unknown += (p->count > 0 && p->queued_ns == 0) - was;
     queue_of[p->d].inflight += queued;
-    queue_of[p->d].work += work;
 }
 
 /* Records the end of the device's open group, so that it can complete and be measured. Only the
@@ -211,7 +205,7 @@ struct slot {    /* where before_launch put a launch */
     int pending; /* it has a pending entry, at ring index at */
     unsigned at;
     int alone; /* measured alone: its entry closes right after it */
-    int64_t estimate, queued, work;
+    int64_t estimate, queued;
 };
 
 /* This device's launches still queued that are not behind gate generation closed (0: none is
@@ -249,11 +243,10 @@ static uint32_t gate_stream(struct nvc_device *d, const struct nvc_launch *l, CU
 }
 
 /* The device's queue as a launch finds it, its context's completed launches settled first: the
- * estimated work queued ahead of measurement (-1: some of unknown cost), as elapsed lately and unslowed,
- * whether work not behind the closed gate is still queued, and the running estimate of one full-device
- * launch. */
+ * estimated work queued ahead of measurement (-1: some of unknown cost), whether work not behind the
+ * closed gate is still queued, and the running estimate of one full-device launch. */
 struct queue_view {
-    int64_t inflight, work;
+    int64_t inflight;
     int undrained;
     int64_t unit;
 };
@@ -263,8 +256,7 @@ static struct queue_view look_at_queue(int dev, CUcontext ctx)
     pthread_mutex_lock(&launch_mu);
     harvest_locked(ctx);
     struct queue_view q = {queue_of[dev].unknown ? -1 : queue_of[dev].inflight,
-                           queue_of[dev].unknown ? -1 : queue_of[dev].work, undrained_locked(dev, nvc_gate_closed(dev)),
-                           estimate_ns[dev]};
+                           undrained_locked(dev, nvc_gate_closed(dev)), estimate_ns[dev]};
     pthread_mutex_unlock(&launch_mu);
     return q;
 }
@@ -303,10 +295,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
     /* outside the slice a cap without a weight queues behind a gate, up to the next slice's length */
     int gating = wait > 0 && !d->weight;
     int decision = 1; /* nvc_sched_ready's: 0 wait, 1 run, 2 run within its share */
-    /* A cap judges its slices by elapsed time. A weight bounds unslowed work: a launch-bound loop's
-     * microsecond kernels stretched by another tenant's time slices must not make it wait for its queue. */
-    int64_t ahead = d->compute < 100 ? q->inflight : q->work;
-    if (ahead < 0 || ahead > queue_room(d, wait, gating, now)) {
+    if (q->inflight < 0 || q->inflight > queue_room(d, wait, gating, now)) {
         *step = q->unit / 4; /* let the queue drain */
         if (d->sched)
             nvc_sched_observe(d->sched, now);
@@ -425,26 +414,25 @@ static void enqueue_launch(struct nvc_device *d, const struct nvc_launch *l, CUc
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
     struct nvc_kernel_cost *own = nvc_kernel_slot(l->key);
-    int64_t queued = own && own->ns ? own->ns : estimate, work = own && own->work_ns ? own->work_ns : queued;
+    int64_t queued = own && own->ns ? own->ns : estimate;
     uint64_t now = nvc_now_ns();
     if (d->sched)
-        nvc_sched_launched(d->sched, now, queue_of[dev].inflight + queued, queue_of[dev].work + work);
-    /* a kernel of unknown or long duration (unslowed: another tenant's time slices stretch short ones) is
-     * measured alone; short ones join the open group */
+        nvc_sched_launched(d->sched, now, queue_of[dev].inflight + queued);
+    /* a kernel of unknown or long duration is measured alone; short ones join the open group */
     struct pending *g = has_open[dev] ? AT(open_at[dev]) : NULL;
-    int alone = !own || !own->work_ns || own->work_ns >= GROUP_NS(dev) / 4;
+    int alone = !own || !own->ns || own->ns >= GROUP_NS(dev) / 4;
     if (g && !joins_group(g, dev, l, ctx, gate, alone, now)) {
         close_locked(dev, ctx);
         alone |= has_open[dev]; /* another context's group stays open: this one goes alone */
         g = NULL;
     }
-    *slot = (struct slot){0, 0, alone, estimate, queued, work};
+    *slot = (struct slot){0, 0, alone, estimate, queued};
     unsigned at = open_at[dev];
     if (!g)
         g = new_entry_locked(d, l, ctx, gate, alone, now, &at);
     launches_seen++;
     if (g) {
-        add_locked(g, 1, l->factor, estimate, queued, work);
+        add_locked(g, 1, l->factor, estimate, queued);
         g->key = g->count == 1 ? l->key : NULL;
         g->last_ns = now;
         slot->pending = 1;
@@ -482,7 +470,7 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
         struct pending *p = AT(slot.at);
         if (slot.at - head < tail - head && !p->settled) { /* still queued (another thread may have settled it) */
             if (rc != CUDA_SUCCESS)
-                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued, -slot.work); /* nothing ran */
+                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued); /* nothing ran */
             if (slot.alone && !p->recorded) {
                 record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;

@@ -47,8 +47,7 @@ struct nvc_sched_entry { /* 128 bytes */
     uint64_t busy_ns;                   /* measured GPU time, cumulative */
     uint64_t share_acc_ns, share_at_ns; /* the decaying account its share is read from, and its time */
     uint32_t weight, cap, running, capped, share_permille, pad;
-    uint64_t backlog_ns; /* its queued work at its unslowed length */
-    uint64_t reserved;
+    uint64_t reserved[2];
 };
 
 struct sched_file { /* SCHED_FILE_SIZE bytes */
@@ -80,7 +79,7 @@ static struct {  /* the others' views of our device d, as last read */
     struct nvc_sched_view v[MAX_PEERS];
 } read_of[NVC_MAX_DEVICES];
 static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES]; /* this process's view: under sched_mu */
-static uint32_t peers_backlogged[NVC_MAX_DEVICES]; /* others with a backlog on our device d, last look */
+static uint32_t peers_active[NVC_MAX_DEVICES]; /* others active or with work queued on our device d, last look */
 static struct sched_file scan_buf;             /* a peer's file as read at a rescan (under sched_mu) */
 static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -289,7 +288,6 @@ static void view_of(const struct nvc_sched_entry *e, uint64_t id, struct nvc_sch
     v->id = id;
     v->seen_ns = __atomic_load_n(&e->seen_ns, __ATOMIC_ACQUIRE);
     v->busy_until_ns = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
-    v->backlog_ns = __atomic_load_n(&e->backlog_ns, __ATOMIC_ACQUIRE);
     v->capped = __atomic_load_n(&e->capped, __ATOMIC_ACQUIRE);
     v->weight = __atomic_load_n(&e->weight, __ATOMIC_ACQUIRE);
     v->cap = __atomic_load_n(&e->cap, __ATOMIC_ACQUIRE);
@@ -319,7 +317,6 @@ static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
         out[n] = (struct nvc_sched_view){.id = p->ino,
                                          .seen_ns = e.seen_ns,
                                          .busy_until_ns = e.busy_until_ns,
-                                         .backlog_ns = e.backlog_ns,
                                          .capped = e.capped,
                                          .weight = e.weight,
                                          .share_permille = e.share_permille};
@@ -342,17 +339,17 @@ static int others_of(struct nvc_sched_entry *e, uint64_t now, struct nvc_sched_v
     rescan_locked(now);
     int n = others_locked(d, now, out);
     nvc_sched_note(&sharing_of[d], now, nvc_sched_sharing(out, n, now));
-    uint32_t backlogged = 0;
+    uint32_t active = 0;
     for (int i = 0; i < n; i++)
-        backlogged += (uint32_t)nvc_sched_backlogged(&out[i], now);
-    __atomic_store_n(&peers_backlogged[d], backlogged, __ATOMIC_RELAXED);
+        active += (uint32_t)(nvc_sched_active(&out[i], now) || nvc_sched_busy(&out[i], now));
+    __atomic_store_n(&peers_active[d], active, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&sched_mu);
     return n;
 }
 
 int nvc_sched_contended(const struct nvc_sched_entry *e)
 {
-    return __atomic_load_n(&peers_backlogged[e - own->dev], __ATOMIC_RELAXED) > 0;
+    return __atomic_load_n(&peers_active[e - own->dev], __ATOMIC_RELAXED) > 0;
 }
 
 void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now)
@@ -399,20 +396,18 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
 /* Its queued work is published as busy until twice its estimate from now: the estimates are the
  * kernels' elapsed times as last measured, and while more tenants share the GPU than then, the queue
  * drains slower. One that is too early would make the others charge a shared moment as theirs alone;
- * one too late is cut short when the work is measured (the queue drained). Its backlog is the same
- * work at the kernels' unslowed lengths: how much more GPU time would serve it now. */
-void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns, int64_t backlog_ns)
+ * one too late is cut short when the work is measured (the queue drained). */
+void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
 {
-    __atomic_store_n(&e->backlog_ns, (uint64_t)(backlog_ns > 0 ? backlog_ns : 0), __ATOMIC_RELEASE);
     uint64_t until = __atomic_load_n(&e->busy_until_ns, __ATOMIC_ACQUIRE);
     uint64_t next = now + 2 * (uint64_t)(queued_ns > 0 ? queued_ns : 0);
     if (queued_ns <= 0 || next > until)
         __atomic_store_n(&e->busy_until_ns, queued_ns > 0 ? next : now, __ATOMIC_RELEASE);
 }
 
-void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns, int64_t backlog_ns)
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns)
 {
-    nvc_sched_queued(e, now, queued_ns > 0 ? queued_ns : 1, backlog_ns);
+    nvc_sched_queued(e, now, queued_ns > 0 ? queued_ns : 1);
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
 }
 

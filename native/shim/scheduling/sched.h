@@ -15,19 +15,17 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
 /* Before a launch: an enum nvc_sched_decision (schedpolicy.h): 0 = wait (over its share while another
  * wants more), else it may launch now (2: within its share). capped: held back by its own cap. */
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
-/* A launch goes in, or launches were measured: queued_ns of estimated work is now queued (0: none),
- * backlog_ns of it at the kernels' unslowed lengths. */
-void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns, int64_t backlog_ns);
-void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns, int64_t backlog_ns);
+/* A launch goes in, or launches were measured: queued_ns of estimated work is now queued (0: none). */
+void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
+void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);
 /* A launch measured: it ran on the GPU from began_ns to ended_ns (CLOCK_MONOTONIC), cost_ns of it at
  * the grid's part of the device. Charged its work_ns where known (what the kernel takes when nothing
  * slows it: its useful work, however the GPU time-sliced it with others), else the part of its elapsed
  * time the GPU was this tenant's (nvc_sched_charge). */
 void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns,
                         uint64_t work_ns);
-/* Whether another tenant had a backlog on e's device at the last look (the scheduler's last word at a
- * launch): only such a tenant is ever held for this one's share, so otherwise (alone, or beside idle
- * or launch-bound tenants) nothing it is charged matters to anyone yet. */
+/* Whether another tenant was active on e's device, or had work queued there, at the last look (the
+ * scheduler's last word at a launch): alone, nothing it is charged matters to anyone yet. */
 int nvc_sched_contended(const struct nvc_sched_entry *e);
 /* Waiting for its own queue to drain: looks how many tenants share the GPU meanwhile. */
 void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now);

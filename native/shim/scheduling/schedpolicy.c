@@ -7,19 +7,13 @@ void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now)
     v->weight = v->weight < 1 ? 1 : v->weight > NVC_WEIGHT_MAX ? NVC_WEIGHT_MAX : v->weight;
     v->cap = 100; /* another's cap is enforced by its own shim: its weight bounds what it asks */
     v->share_permille = v->share_permille > 1000 ? 1000 : v->share_permille;
-    if (v->seen_ns > now + NVC_SCHED_FUTURE_NS || v->busy_until_ns > now + NVC_SCHED_FUTURE_NS ||
-        v->backlog_ns > NVC_SCHED_FUTURE_NS)
-        v->seen_ns = v->busy_until_ns = v->backlog_ns = 0;
+    if (v->seen_ns > now + NVC_SCHED_FUTURE_NS || v->busy_until_ns > now + NVC_SCHED_FUTURE_NS)
+        v->seen_ns = v->busy_until_ns = 0;
 }
 
 int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now)
 {
     return now < v->busy_until_ns;
-}
-
-int nvc_sched_backlogged(const struct nvc_sched_view *v, uint64_t now)
-{
-    return nvc_sched_busy(v, now) && v->backlog_ns >= NVC_SCHED_BACKLOG_NS;
 }
 
 int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now)
@@ -54,7 +48,7 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
         return NVC_SCHED_RUN_WITHIN;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
-        if (nvc_sched_active(o, now) && nvc_sched_backlogged(o, now) &&
+        if (nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
             o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
             return NVC_SCHED_WAIT; /* it wants more and competes for the GPU right now */
     }

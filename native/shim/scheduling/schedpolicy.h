@@ -6,9 +6,7 @@
  * Tenants are never serialised: the GPU time-slices the contexts that have work queued, so several
  * tenants launching at once keep it busy (one's host-side gaps are filled by another's kernels). The
  * scheduler only holds back a tenant that is over its weight's share while another tenant that is
- * under its own share has a backlog on the GPU (more queued work than a launch-bound loop ever has:
- * holding others gains such a tenant nothing, its host is what it waits for); everyone else launches
- * freely. A tenant's share is its
+ * under its own share has work on the GPU; everyone else launches freely. A tenant's share is its
  * measured GPU time divided by the number of tenants that had work on the GPU with it (the GPU's
  * time-slicing splits it that way), decaying over NVC_SCHED_WINDOW_NS.
  *
@@ -31,17 +29,12 @@
  * another's entitlement to no less than 70 % of its weight's part, about what an honest busy peer leaves. */
 #define NVC_SCHED_USEFUL_FLOOR 700u
 #define NVC_WEIGHT_MAX 1000u
-/* A tenant with less unslowed work than this queued on the GPU has no backlog: a launch-bound loop (a
- * batch-1 decode step: microsecond kernels behind a host that launches them one by one) never has
- * more, a framework's training or inference step has milliseconds. */
-#define NVC_SCHED_BACKLOG_NS 500000ull
 
 /* What one tenant publishes about one device. */
 struct nvc_sched_view {
     uint64_t id;             /* unique per tenant (its file's inode) */
     uint64_t seen_ns;        /* last launch attempt (CLOCK_MONOTONIC) */
     uint64_t busy_until_ns;  /* when its queued work should have drained */
-    uint64_t backlog_ns;     /* its queued work, as long as it takes with nothing slowing it */
     uint32_t capped;         /* waiting for its own cap's credit: others must not wait for it */
     uint32_t weight;         /* 1..NVC_WEIGHT_MAX: its own, or for another tenant the one granted to it */
     uint32_t cap;            /* own view only: its cap, percent (100 = none) */
@@ -54,7 +47,7 @@ enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1, NVC_SCHED_RUN_W
 
 /* Another tenant's view as read from its file, made safe to decide on: capped 0 or 1, the weight in
  * 1..NVC_WEIGHT_MAX, the share at most 1000 ‰, and a view with a timestamp absurdly far ahead of now
- * (or a backlog longer than that) counts as idle. */
+ * counts as idle. */
 void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now);
 
 /* Wants the GPU (launched lately or still has work queued) and is not held back by its own cap. */
@@ -63,16 +56,13 @@ int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now);
 /* Has work on the GPU now: it competes with this tenant's kernels for the GPU's time slices. */
 int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now);
 
-/* Has a backlog on the GPU now (NVC_SCHED_BACKLOG_NS): more GPU time would serve it sooner. */
-int nvc_sched_backlogged(const struct nvc_sched_view *v, uint64_t now);
-
 /* What `who` is entitled to, in ‰ of the GPU: its weight over `total_weight` (the active tenants',
  * its own included), no more than its cap. */
 uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight);
 
 /* May `self` launch now? Yes while its share is within its entitlement (plus the slack), or while no
- * other active tenant that is under its own entitlement has a backlog on the GPU: an idle tenant's
- * share, or one a tenant cannot use (its host is the bottleneck), goes to the others at once. Entitlements are
+ * other active tenant that is under its own entitlement has work on the GPU: an idle tenant's share,
+ * or one a tenant cannot use (its host is the bottleneck), goes to the others at once. Entitlements are
  * parts of the GPU's useful work, the active tenants' shares summed (switching between contexts costs
  * the GPU some of its time), taken as no less than NVC_SCHED_USEFUL_FLOOR: a peer claiming no share
  * at all lowers another's entitlement by no more than that. */
