@@ -449,6 +449,40 @@ def share_status(as_json: bool, state_dir: str) -> None:
     click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
 
 
+@share.command("top", short_help="Every shared GPU live: memory, compute, latency class, backend, throttling.")
+@click.option("--once", is_flag=True, help="Print one frame as plain text (for scripts) and exit.")
+@click.option(
+    "--interval",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    metavar="SECONDS",
+    help="Seconds between refreshes; with --once, the time compute is measured over.",
+)
+@click.option(
+    "--state-dir",
+    default="/run/nvc-py/share",
+    show_default=True,
+    metavar="PATH",
+    help="Where the hook keeps the per-container sharing directories.",
+)
+def share_top(once: bool, interval: float, state_dir: str) -> None:
+    """Per shared GPU and container: memory used and its limit, compute used over the last interval
+    against its cap or weight, latency class, backend and throttled time, refreshed in place (q quits)."""
+    from nvc.commands import sharestatus, sharetop
+    from nvc.system.untrusted import directory_or_missing
+
+    directory_or_missing(state_dir)  # missing: no container shares a GPU
+
+    def read() -> list[sharestatus.ContainerShare]:
+        return sharestatus.status(state_dir)
+
+    if once or not sys.stdout.isatty():
+        click.echo(sharetop.once(read, interval), nl=False)
+    else:
+        sharetop.live(read, interval)
+
+
 from nvc.doctor.command import doctor as _doctor  # noqa: E402 - its own package (nvc/doctor/), registered here
 from nvc.exporter.command import exporter as _exporter  # noqa: E402 - its own package (nvc/exporter/), registered here
 from nvc.k8s.command import k8s as _k8s  # noqa: E402 - its own module (nvc/k8s/), registered here
