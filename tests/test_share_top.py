@@ -38,17 +38,17 @@ def _container(cid: str, busy_s: float, **device: object) -> ContainerShare:
 
 
 def test_a_frame_is_the_compute_used_between_two_readings() -> None:
-    """Compute is the GPU time used between the readings over the time between them: the region's
-    measure for a cap, the scheduler's for a weight; a first reading (or a restarted counter) has none
+    """Compute is the GPU time used between the readings over the time between them (the region's
+    measure, for a cap and for a weight alike); a first reading (or a restarted counter) has none
     or counts from zero; a container without a region yet is listed apart."""
     waiting = ContainerShare("new", "/x/new", {}, "not initialised: no CUDA process has initialised it yet")
-    before = sharetop.Reading(10.0, [_container("capped", 1.0), _container("weighted", 0.0, scheduled_busy_s=4.0)])
+    before = sharetop.Reading(10.0, [_container("capped", 1.0), _container("weighted", 4.0)])
     after = sharetop.Reading(
         12.0,
         [
             _container("capped", 2.0),
             _container("restarted", 0.5),
-            _container("weighted", 0.0, scheduled_busy_s=5.0, compute_percent=100, weight=3, latency_class="latency"),
+            _container("weighted", 5.0, compute_percent=100, weight=3, latency_class="latency"),
             waiting,
         ],
     )
@@ -83,20 +83,22 @@ def test_the_latency_class_and_backend_are_the_limits_per_device() -> None:
 
 
 def test_share_top_once_shows_each_container_on_the_fake_gpu(shim, programs, tmp_path):
-    """Two containers on the fake GPU: one holding memory, one launching kernels under a 50 % cap;
-    ``share top --once`` lists both under the GPU with their limits, and compute only for the busy one."""
+    """Three containers on the fake GPU: one holding memory, one launching kernels under a 50 % cap,
+    one launching them with a weight (its scheduler file beside the others');
+    ``share top --once`` lists them under the GPU with their limits, and compute for the busy ones only."""
     state = tmp_path / "state"
     shim.dir = prepared(state, "holder", {"NVC_SHARE_MEMORY_LIMIT": "4Gi"}, os.getpid())
-    holder = shim.holder("alloc", 600 * MIB, limits={})
-    shim.dir = prepared(state, "busy", {"NVC_SHARE_MEMORY_LIMIT": "2Gi", "NVC_SHARE_COMPUTE": "50"}, os.getpid())
-    busy = subprocess.Popen(
-        [str(programs["cuda_probe"]), "init", "ctx", "0", "launch", "100000", "264", "128", "sync"],
-        env=shim.env({"FAKE_CUDA_KERNEL_US": "1000"}),
-        stdout=subprocess.DEVNULL,
-    )
+    started = [shim.holder("alloc", 600 * MIB, limits={})]
+    launching = [str(programs["cuda_probe"]), "init", "ctx", "0", "launch", "100000", "264", "128", "sync"]
+    kernels = {"FAKE_CUDA_KERNEL_US": "1000"}
+    shim.dir = prepared(state, "capped", {"NVC_SHARE_MEMORY_LIMIT": "2Gi", "NVC_SHARE_COMPUTE": "50"}, os.getpid())
+    started.append(subprocess.Popen(launching, env=shim.env(kernels), stdout=subprocess.DEVNULL))
+    shim.dir = prepared(state, "weighted", {"NVC_SHARE_MEMORY_LIMIT": "1Gi", "NVC_SHARE_WEIGHT": "2"}, os.getpid())
+    scheduler = {"NVC_SHARE_SCHED_DIR": str(tmp_path / "gpu-sched"), "NVC_SHARE_TENANT": "weighted"}
+    started.append(subprocess.Popen(launching, env=shim.env(kernels | scheduler), stdout=subprocess.DEVNULL))
     try:
         deadline = time.monotonic() + 20
-        while not _busy_seen(state) and time.monotonic() < deadline:
+        while _busy(state) != {"capped", "weighted"} and time.monotonic() < deadline:
             time.sleep(0.1)
         result = subprocess.run(
             ["nvc-py", "share", "top", "--once", "--interval", "1", "--state-dir", str(state)],
@@ -105,21 +107,23 @@ def test_share_top_once_shows_each_container_on_the_fake_gpu(shim, programs, tmp
             timeout=30,
         )
     finally:
-        for proc in (holder, busy):
+        for proc in started:
             proc.kill()
             proc.wait()
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "nvc-py share top: 2 containers, compute over the last 1.0 s", result.stdout
-    assert lines[2].startswith(f"GPU {KEY}: 2 containers, 600 MiB used, compute "), result.stdout
-    busy_row, holder_row = (line.split() for line in lines[4:6])
-    assert busy_row[:5] == ["busy", "0", "B", "2", "GiB"] and busy_row[6:10] == ["cap", "50%", "-", "timeslice"]
-    assert 0 < float(busy_row[5].rstrip("%")) <= 100, result.stdout
-    assert holder_row == ["holder", "600", "MiB", "4", "GiB", "0.0%", "-", "-", "timeslice", "0.0s", "1"]
+    assert lines[0] == "nvc-py share top: 3 containers, compute over the last 1.0 s", result.stdout
+    assert lines[2].startswith(f"GPU {KEY}: 3 containers, 600 MiB used, compute "), result.stdout
+    capped, holder, weighted = (line.split() for line in lines[4:7])
+    assert capped[:5] == ["capped", "0", "B", "2", "GiB"] and capped[6:10] == ["cap", "50%", "-", "timeslice"]
+    assert weighted[:5] == ["weighted", "0", "B", "1", "GiB"] and weighted[6:9] == ["w", "2", "-"]
+    assert 0 < float(capped[5].rstrip("%")) <= 100 and 0 < float(weighted[5].rstrip("%")) <= 100, result.stdout
+    assert holder == ["holder", "600", "MiB", "4", "GiB", "0.0%", "-", "-", "timeslice", "0.0s", "1"]
 
 
-def _busy_seen(state) -> bool:
-    return any(d.busy_s > 0 for c in sharestatus.status(str(state)) for d in c.devices)
+def _busy(state) -> set[str]:  # noqa: ANN001 - a Path
+    """The containers whose GPU time has been measured."""
+    return {c.id for c in sharestatus.status(str(state)) for d in c.devices if d.busy_s > 0}
 
 
 def test_share_top_redraws_in_a_terminal_until_q(tmp_path):

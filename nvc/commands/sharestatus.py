@@ -49,7 +49,6 @@ class Device(NamedTuple):
     launches: int
     weight: int | None = None  # None: not weighted
     share_percent: float | None = None  # measured share of the GPU while busy; None: idle or unknown
-    scheduled_busy_s: float = 0.0  # GPU time the weighted scheduler measured (its file), cumulative
     latency_class: str | None = None  # the limits' priority for it; None: none given
     backend: str = DEFAULT_BACKEND  # the sharing backend the limits name for it
 
@@ -198,7 +197,6 @@ def container_share(
             d.launches,
             _weight(limits, d.key),
             share_of(d.key),
-            sched[d.key].busy_ns / 1e9 if d.key in sched else 0.0,
             _per_device(limits, "priority", d.key),
             _per_device(limits, "backend", d.key) or DEFAULT_BACKEND,
         )

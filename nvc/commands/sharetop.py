@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nvc.commands.sharestatus import ContainerShare, Device, size_text
+from nvc.commands.sharestatus import ContainerShare, size_text
 from nvc.errors import one_line
 
 
@@ -53,24 +53,18 @@ class Frame:
     rows: tuple[Row, ...]
 
 
-def _busy(device: Device) -> float:
-    """GPU seconds a container's device used: the region's (throttled launches) or the weighted
-    scheduler's measure, whichever saw more (a weight without a cap is measured by the latter)."""
-    return max(device.busy_s, device.scheduled_busy_s)
-
-
 def frame(before: Reading | None, after: Reading) -> Frame:
     """The rows of ``after``, with each device's compute over the time since ``before`` (a container
     or device absent before, or a counter that went back, as a process restarted it, counts from 0)."""
     seconds = after.at - before.at if before else 0.0
-    earlier = {(c.id, d.key): _busy(d) for c in before.containers for d in c.devices} if before else {}
+    earlier = {(c.id, d.key): d.busy_s for c in before.containers for d in c.devices} if before else {}
     rows: list[Row] = []
     for c in after.containers:
         if not c.devices:
             note = "no CUDA process yet" if c.region.startswith("not initialised") else c.region
             rows.append(Row(c.id, "-", 0, 0, None, 100, None, None, "-", 0.0, len(c.processes), note))
         for d in c.devices:
-            busy = _busy(d)
+            busy = d.busy_s  # SM-weighted GPU seconds of its measured launches (a cap's or a weight's)
             used = busy - earlier.get((c.id, d.key), 0.0)
             compute = 100 * max(used if used >= 0 else busy, 0.0) / seconds if seconds > 0 else None
             rows.append(
