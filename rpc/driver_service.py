@@ -281,7 +281,15 @@ class DriverClient:
 
 
 # The driver helper forked ahead (see :func:`prefork`, :func:`prestart`) until open_driver takes it.
-_ahead = WarmHelper("driver", serve_driver, warm=_warm, failure=DriverError)
+def _stamp(params: dict[str, Any]) -> object:
+    """The driver a helper started with ``params`` loads (its NVML stays loaded: one started before
+    an upgrade would serve the old driver's answers)."""
+    from nvc.discover import driverstamp
+
+    return driverstamp.take(params["root"])
+
+
+_ahead = WarmHelper("driver", serve_driver, warm=_warm, failure=DriverError, stamp=_stamp)
 
 
 def prefork() -> None:

@@ -5,7 +5,9 @@ first use. A process that knows it will need one starts it early: the CLI before
 command line (:meth:`WarmHelper.prefork`, parameters unknown yet), a hook server's idle worker before
 a call comes (:meth:`WarmHelper.prepare`). The call then takes it (:meth:`WarmHelper.take`) where it
 was started for the same parameters, or was not started yet; anything else is closed and a helper
-forked for the call. One never taken exits with the process that forked it.
+forked for the call. A kind whose set-up loads something that can change under it (the driver helper's
+NVML: a driver upgrade) gives a ``stamp`` of what it loads: a helper started before the stamp changed
+is closed too. One never taken exits with the process that forked it.
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ class WarmHelper:
         failure: type[errors.NvcError],
         warm: Callable[[], None] | None = None,
         journal: bool = False,
+        stamp: Callable[[dict[str, Any]], object] | None = None,
     ) -> None:
         self.name = name
         self.setup = setup
         self.failure = failure
         self.warm = warm  # what a preforked helper does before its parameters come (imports)
         self.journal = journal
+        self.stamp = stamp  # the identity of what a set-up with these parameters loads, taken at its start
         self.kept: HelperClient | None = None
         self._params: dict[str, Any] | None = None  # what ``kept`` was started with; None: not yet
+        self._stamp: object = None  # ``stamp`` when ``kept`` was started
 
     def fork(self, params: dict[str, Any], timeout: float, wait: bool) -> HelperClient:
         """A helper of this kind started with ``params`` now, never the warm one (see
@@ -58,6 +63,7 @@ class WarmHelper:
 
     def prepare(self, **params: Any) -> None:
         """Fork the helper and start it with ``params`` now: its set-up runs before any call needs it."""
+        self._stamp = self.stamp(params) if self.stamp else None
         self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False), params
 
     def report_fd(self) -> int | None:
@@ -78,12 +84,15 @@ class WarmHelper:
 
     def take(self, params: dict[str, Any], timeout: float, wait: bool) -> HelperClient:
         """The helper for a call with ``params``: the warm one where it is alive and was started
-        with the same (or not started yet: it is started now), else one forked now (the warm one is
-        closed). ``wait``: return once its set-up is done (and raise its failure), else its first
-        call waits."""
+        with the same, over what is still there (its stamp unchanged), or not started yet (it is
+        started now); else one forked now (the warm one is closed). ``wait``: return once its set-up
+        is done (and raise its failure), else its first call waits."""
         helper, started = self.kept, self._params
         self.kept = self._params = None
-        if helper is not None and (not helper.alive or (started is not None and started != params)):
+        outdated = started is not None and (
+            started != params or (self.stamp is not None and self.stamp(params) != self._stamp)
+        )
+        if helper is not None and (not helper.alive or outdated):
             helper.close()
             helper = None
         if helper is None:

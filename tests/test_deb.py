@@ -79,6 +79,9 @@ gone /etc/systemd/system/multi-user.target.wants/nvc-py-device-plugin.service \
      /etc/systemd/system/multi-user.target.wants/nvc-py-exporter.service /run/nvc-py/hook.sock
 test -f /etc/logrotate.d/nvc-py && test -f /lib/systemd/system/nvc-py-device-plugin.service && \
     test -f /lib/systemd/system/nvc-py-exporter.service
+test -L /etc/systemd/system/multi-user.target.wants/nvc-py-cdi-refresh.path && \
+    test -L /etc/systemd/system/timers.target.wants/nvc-py-cdi-refresh.timer && \
+    test -f /lib/systemd/system/nvc-py-cdi-refresh.service
 test -n "$(find /usr/lib/nvc-py/venv -name '*.pyc' | head -n 1)"
 for module in pytest grpc_tools pygments pip setuptools; do
 	if /usr/lib/nvc-py/venv/bin/python -I -c "import $module" 2>/dev/null; then echo "bundled: $module"; exit 1; fi
@@ -125,6 +128,7 @@ say systemctl-setup-remove; cat systemctl.log
 say setup-again
 nvc-py setup podman --hooks-dir /etc/containers/oci/hooks.d; verified setup podman --hooks-dir
 NVC_PY_CONFIG=/mnt/config.yaml nvc-py cdi generate --output /etc/cdi/nvidia.yaml
+say cdi-refresh; NVC_PY_CONFIG=/mnt/config.yaml nvc-py cdi refresh
 nvc-py setup podman --no-server; verified setup podman --no-server
 gone /etc/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service
 test -f /etc/containerd/conf.d/99-nvc-py.toml && test -f /etc/cdi/nvidia.yaml && test -f /etc/nvc-py/no-server
@@ -221,6 +225,8 @@ def test_two_builds_list_the_same_files(debs: dict[str, Path]) -> None:
         "./usr/lib/nvc-py/nvc-py-hook",
         "./etc/nvc-py/config.yaml",
         "./lib/systemd/system/nvc-py-hook.socket",
+        "./lib/systemd/system/nvc-py-cdi-refresh.path",
+        "./lib/systemd/system/nvc-py-cdi-refresh.timer",
         "./usr/share/containers/oci/hooks.d/oci-nvc-py-hook.json",
     } <= paths
     assert not [p for p in paths if "__pycache__" in p or "/pytest" in p or "/grpc_tools" in p or "/pygments" in p]
@@ -302,8 +308,10 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     assert calls == ["disable --now nvc-py-hook.socket", "stop nvc-py-hook.service"], calls
     calls = out.split("== systemctl-remove\n", 1)[1].split("\n== ", 1)[0].splitlines()
     assert calls[0] == (
-        "stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service nvc-py-exporter.service"
+        "stop nvc-py-hook.socket nvc-py-hook.service nvc-py-device-plugin.service nvc-py-exporter.service "
+        "nvc-py-cdi-refresh.path nvc-py-cdi-refresh.timer nvc-py-cdi-refresh.service"
     ), calls
+    assert "/etc/cdi/nvidia.yaml: today's already" in out.split("== cdi-refresh\n", 1)[1], out
     refused = out.split("== purge-refused\n", 1)[1]
     assert "nvc-py: not purged: /run/nvc-py/share holds the GPU-sharing state of containers (ctr-1); run" in refused
     assert "install ok config-files" in refused  # dpkg removed the configuration file, the rest waits

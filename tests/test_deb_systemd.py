@@ -41,6 +41,8 @@ zombies() { sleep 1; ps -eo stat=,user=,args= | awk '$1 ~ /^Z/'; }
 
 say install; apt install ./nvc-py.deb; verified install
 say loaded; loaded
+say refresh-units; systemctl is-active nvc-py-cdi-refresh.path nvc-py-cdi-refresh.timer || true
+systemctl start nvc-py-cdi-refresh.service; systemctl show -p ConditionResult --value nvc-py-cdi-refresh.service
 for engine in podman crio containerd docker; do
 	say "setup $engine"; nvc-py setup $engine; verified setup $engine
 done
@@ -95,6 +97,8 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
     units = ["/lib/systemd/system/nvc-py-hook.socket", "/lib/systemd/system/nvc-py-hook.service"]
     assert section("loaded") == units and section("loaded-after-setup") == units, out
     assert not [line for line in out.splitlines() if "/etc/systemd/system/nvc-py-hook" in line], out
+    # the CDI refresh's path and timer run from the install on; without a driver its service is skipped
+    assert section("refresh-units") == ["active", "active", "no"], out
     assert section("server-removed") == ["disabled", "inactive"], out
     refusal = "refused: nvc-py-hook: initialization error: /proc/driver/nvidia/version: not found"
     assert [line for line in out.splitlines() if line.startswith("refused: ")] == [

@@ -57,6 +57,8 @@ PURGE_MARK = "@PURGE_PY@"
 MAINTAINER = "nvc-py developers <dev@nvc-py.invalid>"
 # Shipped, never enabled: the admin turns them on where a node runs them.
 OPTIONAL_UNITS = (Path("deploy/systemd/nvc-py-device-plugin.service"), Path("deploy/systemd/nvc-py-exporter.service"))
+# Shipped and enabled by postinst: `nvc-py cdi refresh` after a driver install or reload, and at boot.
+REFRESH_UNITS = tuple(Path(f"deploy/systemd/nvc-py-cdi-refresh.{suffix}") for suffix in ("service", "path", "timer"))
 STATIC_FILES = {  # source (under DEBIAN) -> path in the package
     "postinst": "DEBIAN/postinst",
     "prerm": "DEBIAN/prerm",
@@ -395,7 +397,7 @@ def files(source: Path, root: Path) -> None:
     units = root / unit_dir()
     texts[str(units / engines.SOCKET_UNIT)] = engines.socket_unit()
     texts[str(units / engines.SERVER_UNIT)] = engines.server_unit()
-    for unit in OPTIONAL_UNITS:
+    for unit in (*OPTIONAL_UNITS, *REFRESH_UNITS):
         texts[str(units / unit.name)] = (source / unit).read_text()
     texts[str(root / "usr/share/bash-completion/completions" / PACKAGE)] = run(
         [f"{LIBDIR}/nvc-py-python"], env={"PATH": "/usr/bin:/bin", "_NVC_PY_COMPLETE": "bash_source"}

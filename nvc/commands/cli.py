@@ -425,35 +425,47 @@ def cdi_generate(
     click.echo(f"wrote {output}")
 
 
-@cli.group(short_help="GPU sharing: each container's limits and usage.")
-def share() -> None:
-    """GPU sharing (memory budget and compute share per container, enforced by libnvc-share)."""
-
-
-@share.command("status", short_help="Per container: limits, memory, compute share and throttling.")
-@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@cdi.command("refresh", short_help="Regenerate nvc-py's CDI specs for today's driver (after an upgrade).")
 @click.option(
-    "--state-dir",
-    default="/run/nvc-py/share",
-    show_default=True,
+    "--spec-dir",
+    "spec_dirs",
     metavar="PATH",
-    help="Where the hook keeps the per-container sharing directories.",
+    multiple=True,
+    help="A directory of CDI specs (repeatable; default: where podman reads them, /etc/cdi and /var/run/cdi).",
 )
-def share_status(as_json: bool, state_dir: str) -> None:
-    """Per container: limits, memory used per process, compute share and throttling."""
-    from nvc.commands import sharestatus
-    from nvc.system.untrusted import directory_or_missing
+@_pass_options
+def cdi_refresh(opts: GlobalOptions, spec_dirs: tuple[str, ...]) -> None:
+    """Regenerate the CDI specs nvc-py wrote (after a driver upgrade: they name its files), each as it
+    was generated (device names, hook configuration, format); a spec that is today's is left as it is."""
+    from nvc import cdi as cdi_spec
+    from nvc.cdi import specfiles
+    from nvc.hook.setup import files as setupfiles
+    from nvc.hook.setup import hooksdirs
+    from nvc.system import programs
 
-    directory_or_missing(state_dir)  # missing: no container shares a GPU
-    containers = sharestatus.status(state_dir)
-    click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
+    dirs = spec_dirs or hooksdirs.cdi_dirs()
+    specs = specfiles.found(hooksdirs.spec_files(dirs))
+    if not specs:
+        click.echo(f"no nvc-py CDI spec in {', '.join(dirs)}")
+        return
+
+    def generate(strategy: str, hook_env: list[str]) -> dict:
+        hook = programs.installed_program(programs.HOOK_SCRIPT)
+        return cdi_spec.generate(opts.root, opts.ldcache, opts.user, strategy, hook, hook_env)
+
+    done = specfiles.refresh(specs, generate)
+    setupfiles.write_files(done.changed)
+    for path in sorted([*done.changed, *done.unchanged]):
+        click.echo(f"refreshed {path}" if path in done.changed else f"{path}: today's already")
 
 
+from nvc.commands.sharecli import share as _share  # noqa: E402 - its own module, registered here
 from nvc.doctor.command import doctor as _doctor  # noqa: E402 - its own package (nvc/doctor/), registered here
 from nvc.exporter.command import exporter as _exporter  # noqa: E402 - its own package (nvc/exporter/), registered here
 from nvc.k8s.command import k8s as _k8s  # noqa: E402 - its own module (nvc/k8s/), registered here
 
 cli.add_command(engine_setup.setup)
+cli.add_command(_share)
 cli.add_command(_doctor)
 cli.add_command(_exporter)
 cli.add_command(_k8s)

@@ -29,6 +29,7 @@ from nvc.share.sched import SIZE as SCHED_SIZE
 from nvc.system import untrusted
 
 _MAX_LIMITS = 16384  # what the shim reads of a limits file (native/shim/process/init.c)
+DEFAULT_BACKEND = "timeslice"  # the shim's own time slicing, where the limits name no other backend
 
 
 class Process(NamedTuple):
@@ -48,6 +49,8 @@ class Device(NamedTuple):
     launches: int
     weight: int | None = None  # None: not weighted
     share_percent: float | None = None  # measured share of the GPU while busy; None: idle or unknown
+    latency_class: str | None = None  # the limits' priority for it; None: none given
+    backend: str = DEFAULT_BACKEND  # the sharing backend the limits name for it
 
 
 class ContainerShare(NamedTuple):
@@ -123,14 +126,20 @@ def _sched(sched_dir: str, cid: str) -> dict[str, SchedDevice]:
         os.close(dir_fd)
 
 
-def _weight(limits: dict[str, str], key: str) -> int | None:
-    """The weight the limits give device ``key`` (a UUID key): its GPU-/MIG- UUID's, else the default."""
+def _per_device(limits: dict[str, str], name: str, key: str) -> str | None:
+    """The value the limits give ``name`` on device ``key`` (a UUID key): its GPU-/MIG- UUID's, else
+    the default (no scope); None where neither is given."""
     by_uuid = {
-        name[len("compute_weight.") + 4 :].lower(): value
-        for name, value in limits.items()
-        if name.startswith(("compute_weight.GPU-", "compute_weight.MIG-"))
+        entry[len(name) + 5 :].lower(): value
+        for entry, value in limits.items()
+        if entry.startswith((f"{name}.GPU-", f"{name}.MIG-"))
     }
-    return untrusted.decimal(by_uuid.get(key.lower()) or limits.get("compute_weight") or "", 4)
+    return by_uuid.get(key.lower()) or limits.get(name)
+
+
+def _weight(limits: dict[str, str], key: str) -> int | None:
+    """The weight the limits give device ``key``."""
+    return untrusted.decimal(_per_device(limits, "compute_weight", key) or "", 4)
 
 
 def container_share(
@@ -188,6 +197,8 @@ def container_share(
             d.launches,
             _weight(limits, d.key),
             share_of(d.key),
+            _per_device(limits, "priority", d.key),
+            _per_device(limits, "backend", d.key) or DEFAULT_BACKEND,
         )
         for i, d in enumerate(region.devices)
     )

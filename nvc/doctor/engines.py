@@ -16,21 +16,11 @@ from nvc.doctor import FAIL, Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
 from nvc.hook.setup.processes import Daemon, processes, running
+from nvc.system.programs import is_ours
 
 _MAX_CONFIG = 1 << 20
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"  # containerd's default --config
 CLOCK_SLACK = 1.0  # seconds: a process's start time is known to the boot time's whole second
-
-
-def _ours(path: str) -> bool:
-    """Whether ``path`` names one of nvc-py's programs (a hook or runtime entry pointing at it)."""
-    from nvc.system import programs
-
-    real = os.path.realpath(path)
-    return real.startswith(programs.LIBDIR + "/") or os.path.basename(real) in (
-        programs.HOOK_SCRIPT,
-        programs.RUNTIME_SCRIPT,
-    )
 
 
 def _hook_file(path: str) -> str | None:
@@ -111,7 +101,7 @@ def docker() -> tuple[list[Check], Daemon | None]:
     ours = sorted(
         name
         for name, entry in doc.get(registration.RUNTIMES, {}).items()
-        if isinstance(entry.get("path"), str) and _ours(entry["path"])
+        if isinstance(entry.get("path"), str) and is_ours(entry["path"])
     )
     found = [
         ok("docker", f"runtime {ours[0]} in {config_path} (docker run --runtime {ours[0]} ...)")
@@ -125,7 +115,7 @@ def docker() -> tuple[list[Check], Daemon | None]:
             fail("docker --gpus", f"no {GPUS_HOOK} on dockerd's PATH: `docker run --gpus` fails", "nvc-py setup docker")
         )
     else:
-        whose = "nvc-py's hook" if _ours(program) else "not nvc-py's (NVIDIA's toolkit?): --gpus runs it"
+        whose = "nvc-py's hook" if is_ours(program) else "not nvc-py's (NVIDIA's toolkit?): --gpus runs it"
         found.append(ok("docker --gpus", f"{program} is {whose}"))
     if daemon is None:  # nothing fails for a dockerd that does not run: what to do, for one started later
         found = [
@@ -216,13 +206,14 @@ def _runtimes_of(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
         if isinstance(entry, dict)
         and isinstance(entry.get("options"), dict)
         and isinstance(entry["options"].get("BinaryName"), str)
-        and _ours(entry["options"]["BinaryName"])
+        and is_ours(entry["options"]["BinaryName"])
     )
 
 
 def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = None) -> Check:
     """The CDI specs naming nvc-py's hook, where podman reads them (``dirs``: its cdi_spec_dirs by
     default): each lists today's devices (``fresh``: the spec ``cdi generate`` would write now)."""
+    from nvc.cdi import specfiles
     from nvc.hook.setup import hooksdirs
 
     try:
@@ -230,14 +221,7 @@ def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = Non
         paths = hooksdirs.spec_files(dirs)
     except NvcError as err:
         return fail("CDI", str(err), "fix that: podman would refuse it too")
-    specs = []
-    for path in paths:
-        try:
-            doc = _spec(path)
-        except (OSError, NvcError):
-            continue
-        if isinstance(doc, dict) and _ours_spec(doc):
-            specs.append((path, doc))
+    specs = specfiles.found(paths)
     if not specs:
         return skip(
             "CDI",
@@ -256,25 +240,6 @@ def cdi(fresh: Callable[[], Mapping[str, Any]], dirs: Sequence[str] | None = Non
             f"nvc-py cdi generate --output {stale[0]}",
         )
     return ok("CDI", f"{', '.join(p for p, _ in specs)} lists today's {len(want)} device names")
-
-
-def _spec(path: str) -> Any:
-    from nvc.system.untrusted import read_file
-
-    raw, _ = read_file(path, _MAX_CONFIG * 16)
-    if path.endswith(".json"):
-        return json.loads(raw)
-    import yaml
-
-    try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        raise InputError(f"{path}: not valid YAML ({err})") from None
-
-
-def _ours_spec(doc: Mapping[str, Any]) -> bool:
-    hooks = doc.get("containerEdits", {}).get("hooks", []) if isinstance(doc.get("containerEdits"), dict) else []
-    return any(isinstance(h, dict) and isinstance(h.get("path"), str) and _ours(h["path"]) for h in hooks)
 
 
 def _devices(doc: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:

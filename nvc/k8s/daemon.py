@@ -3,8 +3,9 @@
 One thread does everything but answering gRPC calls, in ticks of about a second, each the wait
 for NVML's XID events in the driver helper:
 
-- NVML: one driver helper (nvc.rpc.driver_service) for the plugin's life; discovery reuses
-  nvc-py's inventory. NVML that cannot load or fails is one log line: the plugin keeps running,
+- NVML: one driver helper (nvc.rpc.driver_service) while the driver stays the same; discovery reuses
+  nvc-py's inventory. A driver upgrade (nvc.discover.driverstamp, checked every tick) closes it and
+  discovers again, so the new driver's devices are advertised without a restart. NVML that cannot load or fails is one log line: the plugin keeps running,
   advertising no devices (or its devices as unhealthy, once NVML fails later), and tries again every
   ``k8s.nvml-retry`` seconds; it never exits for it, so a node without a working driver has no crash loop.
 - The kubelet: a restarted kubelet makes a new ``kubelet.sock`` and empties the directory. A
@@ -25,6 +26,7 @@ from typing import Any
 
 from nvc.config import K8s
 from nvc.config.options import GlobalOptions
+from nvc.discover import driverstamp
 from nvc.errors import NvcError
 from nvc.k8s import published, resources
 from nvc.k8s.health import Health
@@ -67,6 +69,7 @@ class Plugin:
         self.watched: list[str] | None = None
         self.health_file = health_file
         self.published: published.Published | None = None  # what health_file holds (None: nothing written)
+        self.stamp: driverstamp.DriverStamp | None = None  # the driver self.driver was opened on
 
     def say(self, topic: str, line: str, level: int = logging.WARNING) -> None:
         """Log ``line`` unless it is what was last said about ``topic``."""
@@ -95,6 +98,7 @@ class Plugin:
         from nvc.discover import inventory
         from nvc.rpc import driver_service
 
+        self.stamp = driverstamp.take(self.opts.root, self.opts.ldcache)
         try:
             driver = self.stack.enter_context(driver_service.open_driver(self.opts.root, self.opts.user, events=True))
             inv = inventory.from_snapshot(driver.snapshot())
@@ -120,6 +124,18 @@ class Plugin:
             logging.INFO,
         )
         self.publish(resources=planned, topology=topology, all_unhealthy=False)
+
+    def driver_changed(self) -> bool:
+        """Whether the driver was upgraded since the helper opened it; if so the helper is closed, for
+        :meth:`discover` to open the new one at once."""
+        now = driverstamp.take(self.opts.root, self.opts.ldcache)
+        if self.stamp is None or now == self.stamp:
+            return False
+        log.info("%s: discovering the devices again", driverstamp.changed(self.stamp, now))
+        self.stack.close()
+        self.driver = self.watched = None
+        self.retry_at = 0.0
+        return True
 
     def watch_events(self) -> None:
         """One tick: wait for critical XIDs, then give devices whose quiet period is over their check."""
@@ -205,6 +221,8 @@ class Plugin:
             signal.signal(sig, lambda number, frame: stop.append(number))
         try:
             while not stop:
+                if self.driver is not None:
+                    self.driver_changed()
                 if self.driver is None and time.monotonic() >= self.retry_at:
                     self.discover()
                     self.kubelet = None if self.driver is not None else self.kubelet  # new resources: register anew

@@ -24,6 +24,12 @@ def installed_program(name: str) -> str:
     return os.path.join(LIBDIR, name)
 
 
+def is_ours(path: str) -> bool:
+    """Whether ``path`` names one of nvc-py's programs (a hook or runtime entry pointing at it)."""
+    real = os.path.realpath(path)
+    return real.startswith(LIBDIR + "/") or os.path.basename(real) in (HOOK_SCRIPT, RUNTIME_SCRIPT)
+
+
 def hook_env(config_path: str | None) -> list[str]:
     """The whole environment a hook gets: fixed PATH, and the configuration file when not the default."""
     return [FIXED_PATH] + ([f"NVC_PY_CONFIG={config_path}"] if config_path else [])

@@ -4,7 +4,8 @@ Discovery asks NVML once through the confined driver helper (as ``nvc-py list`` 
 nvc-py's CDI spec of the node (devices by UUID), which claims are prepared from; NVML that cannot
 answer is one log line and another try every ``RETRY_S``, with nothing served meanwhile. Slices are
 published then and checked again every ``--resync`` seconds (made again if someone removed or changed
-them). Prepared claims live in the checkpoint (nvc.k8s.dra.checkpoint); a claim is prepared under a
+them). A driver upgrade (nvc.discover.driverstamp, checked every tick and before a claim is prepared)
+discovers again and publishes the new driver's slices; claims prepared after it get its files. Prepared claims live in the checkpoint (nvc.k8s.dra.checkpoint); a claim is prepared under a
 lock, its CDI spec written before the checkpoint, the checkpoint before the kubelet hears of it.
 """
 
@@ -19,6 +20,7 @@ import time
 from typing import Any, NamedTuple
 
 from nvc.config.options import GlobalOptions
+from nvc.discover import driverstamp
 from nvc.errors import InputError, NvcError
 from nvc.k8s.dra import checkpoint, claims, kubeapi, slices
 
@@ -55,6 +57,7 @@ class Driver:
         self.claims: checkpoint.Claims = checkpoint.load(self.checkpoint_path)
         self.devices: dict[str, slices.Device] = {}
         self.node_spec: dict[str, Any] | None = None
+        self.stamp: driverstamp.DriverStamp | None = None  # the driver node_spec was made of
         self.said: dict[str, str] = {}
 
     def say(self, topic: str, line: str, level: int = logging.WARNING) -> None:
@@ -69,6 +72,7 @@ class Driver:
         from nvc.rpc import driver_service
         from nvc.system import programs
 
+        stamp = driverstamp.take(self.opts.root, self.opts.ldcache)
         try:
             inv = driver_service.inventory(self.opts.root, self.opts.user)
             spec = cdi.generate(
@@ -85,13 +89,21 @@ class Driver:
         found = slices.devices(inv.gpus, inv.driver_version, inv.cuda_version)
         with self.lock:
             self.devices = {d.name: d for d in found}
-            self.node_spec = spec
+            self.node_spec, self.stamp = spec, stamp
         self.say(
             "nvml",
             f"NVML: driver {inv.driver_version}, devices: "
             + (", ".join(f"{d.name}={d.uuid}" for d in found) or "none"),
             logging.INFO,
         )
+        return True
+
+    def driver_changed(self) -> bool:
+        """Whether the driver was upgraded since the devices were discovered (said once)."""
+        now = driverstamp.take(self.opts.root, self.opts.ldcache)
+        if self.stamp is None or now == self.stamp:
+            return False
+        self.say("driver", f"{driverstamp.changed(self.stamp, now)}: discovering the devices again", logging.INFO)
         return True
 
     def publish(self) -> None:
@@ -132,6 +144,8 @@ class Driver:
     # ---- the kubelet's calls -------------------------------------------------------------------
 
     def prepare(self, ref: claims.ClaimRef) -> tuple[claims.Prepared, ...]:
+        if self.driver_changed() and not self.discover():  # the loop notices within a tick: not the old files meanwhile
+            raise InputError(f"claim {ref}: the driver changed and its devices are not discovered yet (NVML)")
         with self.lock:
             known = self.claims.get(ref.uid)
             if known is not None:
@@ -194,14 +208,17 @@ class Driver:
         )
         log.info("%d claims prepared before (%s)", len(self.claims), self.checkpoint_path)
         discovered, retry_at, resync_at = False, 0.0, 0.0
+        published: driverstamp.DriverStamp | None = None  # the driver the slices were last published for
         try:
             while not stop:
                 now = time.monotonic()
+                if discovered and self.driver_changed():
+                    discovered, retry_at = False, 0.0
                 if not discovered and now >= retry_at:
                     discovered, retry_at = self.discover(), now + RETRY_S
-                if discovered and now >= resync_at:
+                if discovered and (now >= resync_at or self.stamp != published):  # a claim's check rediscovered
                     self.publish()
-                    resync_at = now + self.settings.resync_s
+                    resync_at, published = now + self.settings.resync_s, self.stamp
                 if discovered and any(s.gone() for s in served):
                     for socket in served:  # the DRA socket first: the kubelet dials it once registered
                         socket.stop()
