@@ -23,11 +23,10 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from nvc.containerenv.sharing import BACKEND, PRIORITY
+from nvc.containerenv.sharing import BACKEND, BACKENDS, PRIORITY
 from nvc.errors import InputError, shown
 
 KIND = "GpuSharingConfig"
-BACKENDS = ("timeslice", "mps")
 _CLASS = re.compile(r"[a-z][a-z0-9-]{0,31}")
 _FIELDS = {"apiVersion", "kind", "memoryLimit", "computeShare", "weight", "latencyClass", "backend"}
 
