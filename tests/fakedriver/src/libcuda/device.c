@@ -1,7 +1,7 @@
 /* The fake libcuda's cuInit (the machine's present GPUs, filtered by CUDA_VISIBLE_DEVICES) and the
  * device queries. Test double only. */
-#include "internal.h"
 #include <fcntl.h>
+#include "internal.h"
 
 /* ---------------------------------------------------------------- cuInit */
 
