@@ -26,6 +26,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
@@ -204,19 +205,23 @@ def _start(client: mpsplan.MpsClient, device_fd: int) -> None:
         _clear(pipe_fd)
         os.close(_subdir(device_fd, "log"))
         env = mpsplan.daemon_env(client.device, client.pipe_dir, client.log_dir)
-        try:
-            done = subprocess.run(
-                [client.control, "-d"],
-                env=env,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=START_WAIT,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise ContainerError(f"{client.device}: cannot start {client.control} -d: {err}") from None
+        # its output to a file, never a pipe: a daemon that kept the pipe open would hold this call
+        with tempfile.TemporaryFile() as output:
+            try:
+                done = subprocess.run(
+                    [client.control, "-d"],
+                    env=env,
+                    cwd="/",
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=output,
+                    timeout=START_WAIT,
+                )
+            except (OSError, subprocess.TimeoutExpired) as err:
+                raise ContainerError(f"{client.device}: cannot start {client.control} -d: {err}") from None
+            output.seek(0)
+            said = output.read(4096).decode(errors="replace").strip().splitlines()
         if done.returncode != 0:
-            said = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
             raise ContainerError(
                 f"{client.device}: {client.control} -d exited with {done.returncode}"
                 f"{': ' + said[-1] if said else ''} (its log: {client.log_dir})"

@@ -92,7 +92,7 @@ static CUresult mps_connect(void)
     char path[4096], line[2048];
     snprintf(path, sizeof path, "%s/control", dir && *dir ? dir : "/tmp/nvidia-mps");
     int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errno == ENXIO ? (CUresult)805 : CUDA_SUCCESS;
+    if (fd < 0) return errno == ENXIO ? CUDA_ERROR_MPS_CONNECTION_FAILED : CUDA_SUCCESS;
     int n = snprintf(line, sizeof line, "client pid=%d uid=%u", (int)getpid(), (unsigned)getuid());
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const char *value = getenv(names[i]);
@@ -101,7 +101,7 @@ static CUresult mps_connect(void)
     line[n++] = '\n';
     ssize_t put = write(fd, line, (size_t)n);
     close(fd);
-    return put == n ? CUDA_SUCCESS : (CUresult)805;
+    return put == n ? CUDA_SUCCESS : CUDA_ERROR_MPS_CONNECTION_FAILED;
 }
 
 static CUresult do_init(void)
