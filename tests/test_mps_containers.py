@@ -121,8 +121,22 @@ def _waits(name: str) -> str:
 
 
 @pytest.fixture
-def containers(runc, debian_rootfs, fake_2gpu, tmp_path, programs, mps_dir) -> Callable[[str], Containers]:  # noqa: F811
-    return lambda config="": Containers(runc, debian_rootfs, fake_2gpu, tmp_path, programs, config)
+def containers(runc, debian_rootfs, fake_2gpu, tmp_path, programs, mps_dir) -> Iterator[Callable[[str], Containers]]:  # noqa: F811
+    """Makes the test's Containers; at the end, every container still waiting is let go and removed."""
+    made: list[Containers] = []
+
+    def make(config: str = "") -> Containers:
+        made.append(Containers(runc, debian_rootfs, fake_2gpu, tmp_path, programs, config))
+        return made[-1]
+
+    yield make
+    for ctrs in made:
+        for name in ctrs.threads:
+            for go in ("", "2"):
+                (ctrs.barrier / f"done-{name}{go}").touch()
+        for name, thread in ctrs.threads.items():
+            thread.join(timeout=90)
+            runc.delete(f"nvc-mps-{name}")
 
 
 def _client_lines(device: str) -> list[str]:
@@ -138,9 +152,9 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     cuInit; share status says it runs. The first container's poststop leaves it to the second, whose
     poststop stops it and removes its directory."""
     ctrs = containers(f"sharing: {{backend: {{{GPU0}: mps}}}}\n")
-    script = (
-        "env | grep ^CUDA_MPS_ | sort; ls /tmp/nvidia-mps; grep -c memory_limit /var/run/nvc-share/limits; "
-        "grep -c compute_ /var/run/nvc-share/limits; cuda_probe init; {waits}"
+    script = (  # (the image's shell and tools are busybox's, static: cuda_probe shows what a process gets)
+        "ls /tmp/nvidia-mps; grep -c memory_limit /var/run/nvc-share/limits; "
+        "grep -c compute_ /var/run/nvc-share/limits; grep -c ^mps /var/run/nvc-share/limits; cuda_probe init; {waits}"
     )
     first = {
         "NVC_SHARE_MEMORY_LIMIT": "2Gi",
@@ -163,9 +177,10 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
         f"{k}={v}" for k, v in mpsplan.daemon_env(GPU0, f"{mpsplan.MPS_DIR}/{GPU0}/pipe", str(log)).items()
     )
     clients = [line.split(" ", 3)[3] for line in _client_lines(GPU0)]
+    pipe = "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
     assert clients == [
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=0",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M CUDA_MPS_CLIENT_PRIORITY=1",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=0 {pipe}",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M CUDA_MPS_CLIENT_PRIORITY=1 {pipe}",
     ]
     shown = subprocess.run([str(SCRIPTS / "nvc-py"), "share", "status"], capture_output=True, text=True, check=True)
     assert (
@@ -176,14 +191,11 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     a = ctrs.finish("a")
     assert a.returncode == 0, a.stderr
     assert a.stdout.splitlines() == [
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
-        "CUDA_MPS_CLIENT_PRIORITY=0",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M",
-        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
         "control",
         "nvidia-cuda-mps-control.pid",
         "1",  # the memory limit stays with the shim
         "0",  # no compute line: MPS shares the SMs, not the shim's slices
+        "4",  # the four MPS variables the shim sets
         "init CUDA_SUCCESS",
     ]
     [state_after] = mps.status()  # a's poststop: the daemon stays for b
@@ -191,12 +203,7 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
 
     b = ctrs.finish("b")
     assert b.returncode == 0, b.stderr
-    assert b.stdout.splitlines()[:4] == [
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75",
-        "CUDA_MPS_CLIENT_PRIORITY=1",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M",
-        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
-    ]
+    assert b.stdout.splitlines() == ["control", "nvidia-cuda-mps-control.pid", "1", "0", "4", "init CUDA_SUCCESS"]
     _until(lambda: not Path(f"/proc/{state.pid}").exists(), "the daemon to quit")
     assert mps.status() == [] and not (Path(mpsplan.MPS_DIR) / GPU0).exists()
 

@@ -87,7 +87,7 @@ static int select_visible(const int *present, int npresent, int *out)
 static CUresult mps_connect(void)
 {
     static const char *const names[] = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-                                        "CUDA_MPS_CLIENT_PRIORITY"};
+                                        "CUDA_MPS_CLIENT_PRIORITY", "CUDA_MPS_PIPE_DIRECTORY"};
     const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
     char path[4096], line[2048];
     snprintf(path, sizeof path, "%s/control", dir && *dir ? dir : "/tmp/nvidia-mps");
