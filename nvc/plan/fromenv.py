@@ -14,7 +14,7 @@ at every container start, GPU or not): a GPU container's parsers are imported wh
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from nvc.containerenv import (
@@ -220,7 +220,7 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
 
     found: dict[str, dict[str, int | str]] = {field: {} for field in ShareRequest._fields}
     asked = False
-    readers = [
+    readers: list[tuple[str, str, bool, Callable[..., int | str]]] = [
         (prefix, field, hami, functools.partial(parse_value, field=field, hami=hami))
         for prefix, field, hami in VARIABLES
     ]
