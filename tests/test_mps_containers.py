@@ -23,10 +23,11 @@ from harness.hookfixtures import default_run_dir  # noqa: F401  (fixture)
 from harness.hookserver import umount_when_free
 from harness.installed import SCRIPTS
 from harness.shim import programs  # noqa: F401  (fixture)
-from nvc.apply import mps
+from nvc.apply import mps, sharefiles
 from nvc.plan import mps as mpsplan
 
 GPU0 = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
+GPU1 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
 WAIT = 20.0  # seconds a test waits for a container to reach a point (a hang fails, never a slow machine)
 
 
@@ -260,7 +261,11 @@ def test_refusals_leave_nothing(containers, fake_2gpu, runc) -> None:
     assert mps.status() == []
 
     both = runc.create_start(ctrs.bundle("two", "true", {**env, "NVIDIA_VISIBLE_DEVICES": "0,1"}), container_id="two")
-    _refused(both, "sharing backend mps serves a container one device")
+    _refused(
+        both,
+        f"{GPU0}, {GPU1}: sharing backend mps serves a container one device (its processes reach one MPS daemon), "
+        f"this container has 2: {GPU0}, {GPU1}",
+    )
     server = fake_2gpu.root / "usr/bin" / mpsplan.SERVER
     os.rename(server, server.with_name("moved-away"))
     try:
@@ -283,8 +288,10 @@ def test_setup_remove_and_purge_leave_nothing(containers, fake_2gpu, tmp_path) -
     assert ctrs.runc.create_start(bundle, container_id="nvc-mps-left").returncode == 0
     [left] = mps.status()
     assert left.pid
+    sharefiles.remove("nvc-mps-left")  # its sharing directory, which no poststop removed
+    setup = ["setup", "server", "--unit-dir", str(tmp_path / "units"), "--config", str(ctrs.config), "--remove"]
     removed = subprocess.run(
-        [str(SCRIPTS / "nvc-py"), "setup", "server", "--unit-dir", str(tmp_path / "units"), "--remove"],
+        [str(SCRIPTS / "nvc-py"), *setup],
         capture_output=True,
         text=True,
         check=True,
