@@ -5,7 +5,8 @@ config.json). ``prestart`` reads the OCI state on stdin, loads the bundle's spec
 devices and capabilities from it (:mod:`nvc.plan.fromenv`) and runs the configure logic in
 this same process: a container start pays for one interpreter, not two. A container asking
 for GPU sharing (``NVC_SHARE_*``, HAMi's ``CUDA_DEVICE_*`` env) also gets the sharing shim
-(:mod:`nvc.containerenv.sharing`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
+(:mod:`nvc.containerenv.sharing`), through MPS a daemon nvc-py runs (:mod:`nvc.apply.mps`);
+``poststop`` drops its sharing directory and its place on that daemon. ``poststart`` has nothing to do.
 
 A failure prints one line on stderr (the engine shows it to the user) and exits non-zero,
 which makes the runtime abort the start. Every invocation leaves one structured line in

@@ -145,6 +145,8 @@ def _clients(device_fd: int) -> list[Client]:
     try:
         found = []
         for name in sorted(os.listdir(clients_fd)):
+            if name.startswith("."):  # a record being written (no container id starts with '.')
+                continue
             doc = _read_json(clients_fd, name)
             if doc is None:
                 continue
