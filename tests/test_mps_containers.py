@@ -23,6 +23,7 @@ from harness.hookfixtures import default_run_dir  # noqa: F401  (fixture)
 from harness.hookserver import umount_when_free
 from harness.installed import SCRIPTS
 from harness.shim import programs  # noqa: F401  (fixture)
+from harness.standins import target_process  # noqa: F401  (fixture)
 from nvc.apply import mps, sharefiles
 from nvc.plan import mps as mpsplan
 
@@ -310,3 +311,37 @@ def test_setup_remove_and_purge_leave_nothing(containers, fake_2gpu, tmp_path) -
     assert purge.purge(str(tree)).left == []
     _until(lambda: not Path(f"/proc/{stale.pid}").exists(), "the purged daemon to exit")
     assert not mps_dir.exists()
+
+
+def test_the_plan_names_the_daemon_and_a_failed_start_releases_it(
+    mps_dir, active_2gpu, make_rootfs, target_process
+) -> None:
+    """configure's dry run prints the daemon as a host step and changes nothing; a later step of the
+    start failing (a mount in the container) takes the container off the daemon again, which, its
+    last container gone, is stopped: nothing is left."""
+    from nvc.config.options import GlobalOptions
+    from nvc.errors import MountError
+    from nvc.pipeline import configure
+    from nvc.pipeline.apply import apply, ldcache
+    from nvc.plan import fromenv
+    from nvc.plan.request import HostMount, from_flags
+
+    rootfs = make_rootfs("debian", name="mps-plan-rootfs")
+    glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
+    asked = fromenv.parse_share_env({"NVC_SHARE_BACKEND": "mps", "NVC_SHARE_MEMORY_LIMIT": "1Gi"})
+    req = from_flags(str(rootfs), target_process, devices=("0",), capabilities=("compute", "utility"), no_cgroups=True)
+    req = req._replace(sharing=asked, container_id="ctr-mps-plan")
+    plan = configure.dry_plan(glob, req)
+    assert (
+        f"mps     host      {mpsplan.MPS_DIR}/{GPU0} (nvidia-cuda-mps-control -d for {GPU0} unless running; "
+        "client uid 0, limits added to its limits file)"
+    ) in plan.text().splitlines()
+    assert f"bind    extra     {mpsplan.MPS_DIR}/{GPU0}/pipe -> /tmp/nvidia-mps [nosuid,nodev]" in plan.text()
+    assert os.listdir(mps_dir) == []  # the dry run started nothing
+    missing = HostMount(str(mps_dir / "no-such-file"), "/opt/missing")
+    failing = configure.dry_plan(glob, req._replace(extra_mounts=(missing,)))
+    with pytest.raises(MountError, match="no-such-file"):
+        with configure.container(req) as ctr, apply(failing, ctr.handle) as applied:
+            ldcache(applied)
+    assert mps.status() == [] and os.listdir(mps_dir) == [".lock"]
+    assert not os.path.lexists("/run/nvc-py/share/ctr-mps-plan")

@@ -107,7 +107,9 @@ def test_which_device_a_container_shares_through_mps() -> None:
     with pytest.raises(ContainerError, match=f"{GPU1}: sharing backend mps serves a container one device .* has 2: "):
         mps.client(_request(backend=((GPU1, "mps"),)), (GPU0, GPU1), BINARIES, "c", 0)
     for missing in (mps.CONTROL, mps.SERVER):
-        with pytest.raises(ContainerError, match=f"error: {GPU0}: sharing backend mps, but the driver has no {missing} "):
+        with pytest.raises(
+            ContainerError, match=f"error: {GPU0}: sharing backend mps, but the driver has no {missing} "
+        ):
             mps.client(_request(backend=(("", "mps"),)), (GPU0,), [b for b in BINARIES if missing not in b], "c", 0)
 
 
