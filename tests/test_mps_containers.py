@@ -345,3 +345,39 @@ def test_the_plan_names_the_daemon_and_a_failed_start_releases_it(
             ldcache(applied)
     assert mps.status() == [] and os.listdir(mps_dir) == [".lock"]
     assert not os.path.lexists("/run/nvc-py/share/ctr-mps-plan")
+
+
+def test_where_systemd_runs_the_daemon_is_a_transient_unit(mps_dir, fake_2gpu, tmp_path, monkeypatch) -> None:
+    """Where systemd runs, the daemon is started as a transient service of its own through
+    systemd-run (out of the hook's cgroup and subreapers), with the daemon's whole environment; a
+    stand-in systemd-run records its arguments and starts the command as systemd would."""
+    record = tmp_path / "systemd-run.args"
+    stand_in = tmp_path / "systemd-run"
+    stand_in.write_text(
+        f'#!/bin/sh\necho "$@" > {record}\n'
+        'while [ $# -gt 0 ]; do case "$1" in --setenv=*) export "${1#--setenv=}";; --*) ;; *) break;; esac; '
+        'shift; done\nexec "$@"\n'
+    )
+    stand_in.chmod(0o755)
+    (tmp_path / "systemd").mkdir()
+    monkeypatch.setattr(mps, "SYSTEMD_DIR", str(tmp_path / "systemd"))
+    monkeypatch.setattr(mps, "SYSTEMD_RUN", str(stand_in))
+    control = str(fake_2gpu.root / "usr/bin" / mpsplan.CONTROL)
+    client = mpsplan.MpsClient("ctr-unit", GPU0, control, 0)
+    mps.attach(client, None)
+    env = mpsplan.daemon_env(GPU0, client.pipe_dir, client.log_dir)
+    assert record.read_text().split() == [
+        f"--unit=nvc-py-mps-{GPU0}",
+        "--property=Type=forking",
+        "--collect",
+        "--quiet",
+        *(f"--setenv={name}={value}" for name, value in env.items()),
+        control,
+        "-d",
+    ]
+    [state] = mps.status()
+    assert state.pid and sorted((Path(client.log_dir) / "env").read_text().splitlines()) == sorted(
+        f"{name}={value}" for name, value in env.items()
+    )
+    mps.release("ctr-unit")
+    assert mps.status() == []

@@ -38,6 +38,8 @@ from nvc.plan import mps as mpsplan
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
 
+SYSTEMD_DIR = "/run/systemd/system"  # there where systemd runs (sd_booted(3))
+SYSTEMD_RUN = "/usr/bin/systemd-run"
 LOCK = ".lock"
 DAEMON = "daemon"
 CLIENTS = "clients"
@@ -211,7 +213,7 @@ def _start(client: mpsplan.MpsClient, device_fd: int) -> None:
         with tempfile.TemporaryFile() as output:
             try:
                 done = subprocess.run(
-                    [client.control, "-d"],
+                    _launcher(client, env),
                     env=env,
                     cwd="/",
                     stdin=subprocess.DEVNULL,
@@ -237,6 +239,19 @@ def _start(client: mpsplan.MpsClient, device_fd: int) -> None:
             f"{client.device}: {client.control} -d started no daemon within {START_WAIT:g} s (its log: {client.log_dir})"
         )
     _write_json(device_fd, DAEMON, {"pid": pid, "start_time": started, "control": client.control})
+
+
+def _launcher(client: mpsplan.MpsClient, env: dict[str, str]) -> list[str]:
+    """How the daemon is started: where systemd runs, as a transient service of its own
+    (``nvc-py-mps-<UUID>``), so that it is neither in the hook's cgroup nor adopted by the hook's
+    subreapers (a restart of the hook server's unit, which kills what is left in its cgroup, leaves
+    it running); elsewhere directly."""
+    argv = [client.control, "-d"]
+    if not os.path.isdir(SYSTEMD_DIR) or not os.access(SYSTEMD_RUN, os.X_OK):
+        return argv
+    setenv = [f"--setenv={name}={value}" for name, value in env.items()]
+    unit = [f"--unit=nvc-py-mps-{client.device}", "--property=Type=forking", "--collect", "--quiet"]
+    return [SYSTEMD_RUN, *unit, *setenv, *argv]
 
 
 def _wait_pid(pipe_fd: int) -> int | None:
