@@ -46,6 +46,7 @@ def test_k8s_section_is_validated_and_shown(tmp_path: Path) -> None:
         "share-slice": "4Gi",
         "share-compute": "proportional",
         "share-weight": True,
+        "share-backend": "timeslice",
         "device-list-strategy": "volume-mounts",
         "cdi-devices": False,
         "ignored-xids": [13, 43],

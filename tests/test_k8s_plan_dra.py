@@ -148,7 +148,7 @@ def _params(**fields: object) -> dict:
         ({"computeShare": 0}, r"x\.computeShare='0': not a percentage"),
         ({"weight": 1001}, r"x\.weight='1001': not a weight"),
         ({"weight": True}, r"x\.weight='True': not a number or string"),
-        ({"latencyClass": "Batch!"}, r"x\.latencyClass='Batch!': not a class name"),
+        ({"latencyClass": "Batch!"}, r"x\.latencyClass='Batch!': not one of latency-critical, batch"),
         ({"backend": "gang"}, r"x\.backend='gang': not one of timeslice, mps"),
         ({"memory": "1Gi"}, r"x\.memory: unknown field"),
     ],

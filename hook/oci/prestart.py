@@ -5,7 +5,8 @@ config.json). ``prestart`` reads the OCI state on stdin, loads the bundle's spec
 devices and capabilities from it (:mod:`nvc.plan.fromenv`) and runs the configure logic in
 this same process: a container start pays for one interpreter, not two. A container asking
 for GPU sharing (``NVC_SHARE_*``, HAMi's ``CUDA_DEVICE_*`` env) also gets the sharing shim
-(:mod:`nvc.containerenv.sharing`); ``poststop`` drops its sharing directory. ``poststart`` has nothing to do.
+(:mod:`nvc.containerenv.sharing`), through MPS a daemon nvc-py runs (:mod:`nvc.apply.mps`);
+``poststop`` drops its sharing directory and its place on that daemon. ``poststart`` has nothing to do.
 
 A failure prints one line on stderr (the engine shows it to the user) and exits non-zero,
 which makes the runtime abort the start. Every invocation leaves one structured line in
@@ -72,6 +73,7 @@ def container_request(
         sharing=sharing,
         container_id=state.id,
         bundle=state.bundle,
+        uid=ctr.uid,
     )
 
 
@@ -107,9 +109,15 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     sharing = fromenv.parse_share_env(share_env(ctr.env, ctr.mounts, policy(config)))
     if config.sharing.enabled:
         sharing = fromenv.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
+    if sharing is not None:
+        from nvc.plan.mps import with_configured
+
+        sharing = sharing._replace(backend=with_configured(sharing.backend, config.sharing.backend))
     configure(global_options(config), container_request(config, state, ctr, req, sharing))
     if sharing:
         record["share"] = {"memory": dict(sharing.memory), "compute": dict(sharing.compute)}
+        if any(backend == "mps" for _, backend in sharing.backend):
+            record["share"]["backend"] = dict(sharing.backend)
     record["outcome"] = "configured"
 
 
@@ -133,14 +141,17 @@ def _stdin(given: bytes | None) -> bytes:
 
 def _poststop(stdin: bytes) -> int:
     """Drop the container's GPU-sharing directory, if it had one and it is this container's (not a
-    running one's of the same id under another runtime root); never fails the teardown. Only the
-    id and bundle are read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
-    from nvc.apply import sharefiles
+    running one's of the same id under another runtime root), and its place on an MPS daemon (the
+    daemon stopped when it was the last); never fails the teardown. Only the id and bundle are
+    read: a stopped container's state may carry pid 0 (crun), which parse_state refuses."""
+    from nvc.apply import mps, sharefiles
     from nvc.hook.oci import spec
 
     try:
-        sharefiles.remove_stopped(*spec.stopped(stdin))
-    except NvcError:
+        container_id, bundle = spec.stopped(stdin)
+        if sharefiles.remove_stopped(container_id, bundle):
+            mps.release(container_id)
+    except (NvcError, OSError):
         pass
     return 0
 

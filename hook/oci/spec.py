@@ -29,6 +29,7 @@ _SHAPE: tuple[tuple[str, type, type | None], ...] = (
     ("ociVersion", str, None),
     ("process", dict, None),
     ("process.env", list, str),
+    ("process.user", dict, None),
     ("process.capabilities", dict, None),
     ("process.capabilities.bounding", list, str),
     ("root", dict, None),
@@ -62,6 +63,7 @@ class Container(NamedTuple):
     mounts: tuple[Mapping[str, Any], ...]
     privileged: bool  # CAP_SYS_ADMIN in the bounding set, the toolkit's definition
     joined_mount_ns: str | None = None  # linux.namespaces' mount entry's path: another process's namespace
+    uid: int | None = 0  # process.user.uid (in the container's user namespace); None: not a uid
 
 
 def _described(value: Any) -> str:
@@ -207,7 +209,13 @@ def container(bundle: str, config: Mapping[str, Any]) -> Container:
         mounts=tuple(config.get("mounts", ())),
         privileged=CAP_SYS_ADMIN in bounding,
         joined_mount_ns=_joined_mount_ns(config),
+        uid=_uid(process.get("user", {}).get("uid", 0)),
     )
+
+
+def _uid(value: Any) -> int | None:
+    """A user id of the spec; None for anything else (the runtime refuses it; MPS needs the uid)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 32 else None
 
 
 def _joined_mount_ns(config: Mapping[str, Any]) -> str | None:

@@ -17,7 +17,8 @@ it to (podman's hooks.d files apply to every container): on removal they are und
 wherever podman and CRI-O read them, containerd's drop-in and imports entry, Docker's daemon.json runtime and
 --gpus hook link (setup docker's defaults; a running dockerd reading that daemon.json is told to reload
 it, SIGHUP, and drops the runtime, or is named with what to do), the units in
-/etc/systemd/system, CDI specs naming the hook). ``--packaged``: the hooks.d files in the package's
+/etc/systemd/system, CDI specs naming the hook), and the MPS daemons no running container uses are
+stopped (nvc.apply.mps). ``--packaged``: the hooks.d files in the package's
 own directory are the package manager's to remove. The configuration and the no-server file stay.
 """
 
@@ -160,6 +161,7 @@ def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str],
         _unregister_docker,
         lambda: engines.remove_units(systemctl=systemctl),
         remove_cdi_specs,
+        _stop_mps_daemons,
     )
     done: list[str] = []
     failed: list[str] = []
@@ -169,6 +171,15 @@ def unregister(packaged: bool, systemctl: str = "systemctl") -> tuple[list[str],
         except InputError as err:
             failed.append(str(err))
     return done, failed
+
+
+def _stop_mps_daemons() -> list[str]:
+    """The MPS daemons nvc-py started (their control binary is the driver's, not the package's) and
+    no running container uses, stopped; those of running containers named."""
+    from nvc.apply import mps
+
+    done, left = mps.stop_idle()
+    return done + left
 
 
 def _unregister_docker() -> list[str]:

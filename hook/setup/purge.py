@@ -1,6 +1,7 @@
 """What ``dpkg --purge nvc-py`` removes of the files nvc-py's programs made at run time: the hooks'
-run directory /run/nvc-py (the scheduler's tmpfs on its gpu-sched unmounted first), the log and its
-rotations in /var/log, the no-server file and /etc/nvc-py once empty.
+run directory /run/nvc-py (the scheduler's tmpfs on its gpu-sched unmounted first), the MPS daemons'
+directory /run/nvc-py-mps (each daemon its record names told to quit, killed when it does not), the
+log and its rotations in /var/log, the no-server file and /etc/nvc-py once empty.
 
 Any of these paths may have been replaced by a symlink (a local administrator's mistake, a container
 that wrote through a bind mount, someone who wants root to remove or unmount their target for them).
@@ -32,6 +33,8 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 RUN_DIR = "run/nvc-py"
+MPS_DIR = "run/nvc-py-mps"  # nvc.plan.mps.MPS_DIR: <UUID>/daemon is root's record of the daemon started
+MPS_STOP_WAIT = 10.0  # seconds for a daemon told to quit to exit
 SHARING_DIRS = ("share", "gpu-sched")  # the containers' state: a purge waits until they are empty
 SCHED_DIR = "gpu-sched"
 LOG_DIR = "var/log"
@@ -271,6 +274,86 @@ def _purge_run(root_fd: int, base: str, outcome: Outcome) -> str:
         os.close(parent_fd)
 
 
+def _start_time(pid: int) -> int | None:
+    """/proc/PID/stat's start time (field 22), None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def stop_mps_daemon(device_fd: int, device: str, pipe_dir: str, log_dir: str) -> None:
+    """The daemon root's record in the device directory names (the same pid and start time: the pid
+    file in its pipe directory, which containers can write, is not believed) told to quit through
+    its control binary, killed when it has not exited ``MPS_STOP_WAIT`` s later."""
+    import json
+    import select
+    import signal
+    import subprocess
+
+    try:
+        fd = os.open("daemon", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=device_fd)
+        try:
+            if os.fstat(fd).st_uid != 0:
+                return
+            doc = json.loads(os.read(fd, 4096))
+        finally:
+            os.close(fd)
+        pid, started, control = int(doc["pid"]), int(doc["start_time"]), str(doc["control"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if _start_time(pid) != started:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        env = {"CUDA_VISIBLE_DEVICES": device, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir, "CUDA_MPS_LOG_DIRECTORY": log_dir}
+        try:
+            subprocess.run([control], input=b"quit\n", env=env, cwd="/", capture_output=True, timeout=MPS_STOP_WAIT)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if not select.select([pidfd], [], [], MPS_STOP_WAIT)[0] and _start_time(pid) == started:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
+
+
+def _purge_mps(root_fd: int, base: str, outcome: Outcome) -> None:
+    """/run/nvc-py-mps: each device's daemon stopped, then the tree removed."""
+    path = f"{base}/{MPS_DIR}"
+    try:
+        opened = open_path(root_fd, MPS_DIR, base)
+    except NotOurs as err:
+        outcome.left.append(str(err))
+        return
+    if opened is None:
+        return
+    parent_fd, mps_fd = opened
+    try:
+        for device in _entries(mps_fd):
+            try:
+                device_fd = open_dir(mps_fd, device, f"{path}/{device}")
+            except NotOurs:
+                continue  # the removal below names it
+            if device_fd is None:
+                continue
+            try:
+                where = f"/{MPS_DIR}/{device}"
+                stop_mps_daemon(device_fd, device, f"{where}/pipe", f"{where}/log")
+            finally:
+                os.close(device_fd)
+        remove_tree(parent_fd, os.path.basename(MPS_DIR), path, outcome)
+    finally:
+        os.close(mps_fd)
+        os.close(parent_fd)
+
+
 def _purge_files(
     root_fd: int, base: str, relative: str, wanted: Callable[[str], bool], outcome: Outcome, *, then_dir: bool
 ) -> None:
@@ -322,6 +405,7 @@ def purge(root: str = "/") -> Outcome:
         refusal = _purge_run(root_fd, base, outcome)
         if refusal:
             return Outcome(refusal, [])
+        _purge_mps(root_fd, base, outcome)
         _purge_files(root_fd, base, LOG_DIR, lambda name: LOG_FILE.fullmatch(name) is not None, outcome, then_dir=False)
         _purge_files(root_fd, base, ETC_DIR, lambda name: name in ETC_FILES, outcome, then_dir=True)
     finally:

@@ -286,11 +286,12 @@ def remove(container_id: str, state_dir: str = STATE_DIR, sched_dir: str | None 
         os.close(state_fd)
 
 
-def remove_stopped(container_id: str, bundle: str, state_dir: str = STATE_DIR) -> None:
+def remove_stopped(container_id: str, bundle: str, state_dir: str = STATE_DIR) -> bool:
     """poststop: :func:`remove` the directory of ``container_id`` only when it is the stopped
     container's (``bundle``: its state's, "" when none): by the owner record prestart wrote, its
     process gone and its bundle the same. A directory without a record (made before records were)
-    is removed by id, as it was then."""
+    is removed by id, as it was then. True when the container was this one (its directory, if
+    any, removed)."""
     from nvc.apply import shareowner
 
     container_dir(container_id, state_dir)
@@ -307,6 +308,8 @@ def remove_stopped(container_id: str, bundle: str, state_dir: str = STATE_DIR) -
             os.close(dir_fd)
     if record is None or shareowner.stopped(record, bundle):
         remove(container_id, state_dir)
+        return True
+    return False
 
 
 def _unmount_shared(state_fd: int, name: str, path: str) -> bool:

@@ -42,6 +42,10 @@ class IdMaps(NamedTuple):
         found = (_lookup(self.uids, uid, outward=False), _lookup(self.gids, gid, outward=False))
         return None if None in found else found  # type: ignore[return-value]
 
+    def host_uid(self, uid: int) -> int | None:
+        """The host uid of ``uid`` inside the namespace; None where it is not mapped."""
+        return _lookup(self.uids, uid, outward=True)
+
     def root(self) -> tuple[int, int] | None:
         """The host uid and gid of the namespace's root (0 inside); None where it has none."""
         found = (_lookup(self.uids, 0, outward=True), _lookup(self.gids, 0, outward=True))

@@ -79,6 +79,15 @@ def _echo_lines(lines: list[str]) -> None:
         click.echo(line)
 
 
+def _stop_mps_daemons() -> None:
+    """``--remove``: the MPS daemons nvc-py started and no running container uses stopped, their
+    directories removed (nvc.apply.mps); those of running containers named."""
+    from nvc.apply import mps
+
+    done, left = mps.stop_idle()
+    _echo_lines(done + left)
+
+
 _HOOKS_DIR = click.option(
     "--hooks-dir",
     default=None,
@@ -121,6 +130,7 @@ def _hooks_command(engine_name: str, short: str, summary: str) -> None:
         engine = hooksdirs.CRIO if engine_name == "crio" else hooksdirs.PODMAN
         if remove:
             _echo_lines(engines.remove_hooks(engine, hooks_dir))
+            _stop_mps_daemons()
             return
         config_path = hook_config_file(config_path)
         done, warnings = engines.install_hooks(engine, hooks_dir, config_path)
@@ -165,6 +175,7 @@ def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove:
 
     if remove:
         _echo_lines(engines.remove_server(unit_dir, config_path, systemctl))
+        _stop_mps_daemons()
         return
     _setup_server(False, unit_dir, hook_config_file(config_path), systemctl)
 
@@ -207,6 +218,7 @@ def setup_containerd(
 
     if remove:
         _echo_lines(engines.remove_containerd(config_path, drop_in))
+        _stop_mps_daemons()
         return
     texts = engines.install_containerd(config_path, drop_in, runtime_name, set_as_default, dry_run)
     for path, text in texts.items():
@@ -289,6 +301,8 @@ def setup_docker(
         _echo_lines(docker.preview(plan))
         return
     _echo_lines(docker.apply(plan))
-    if not remove:  # the runtime's and --gpus's hooks read the default configuration file (or $NVC_PY_CONFIG)
+    if remove:
+        _stop_mps_daemons()
+    else:  # the runtime's and --gpus's hooks read the default configuration file (or $NVC_PY_CONFIG)
         _setup_server(no_server, unit_dir, os.environ.get("NVC_PY_CONFIG") or None, systemctl)
     _echo_lines(dockerd.restart(plan, systemctl, runtime_name) if restart_docker else docker.restart_lines(plan))

@@ -24,12 +24,13 @@ def share() -> None:
 )
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
+    from nvc.apply import mps
     from nvc.commands import sharestatus
     from nvc.system.untrusted import directory_or_missing
 
     directory_or_missing(state_dir)  # missing: no container shares a GPU
-    containers = sharestatus.status(state_dir)
-    click.echo(sharestatus.as_json(containers) if as_json else sharestatus.text(containers), nl=False)
+    containers, daemons = sharestatus.status(state_dir), mps.status()
+    click.echo(sharestatus.as_json(containers, daemons) if as_json else sharestatus.text(containers, daemons), nl=False)
 
 
 @share.command("top", short_help="Every shared GPU live: memory, compute, latency class, backend, throttling.")

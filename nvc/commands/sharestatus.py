@@ -17,10 +17,11 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from nvc.apply import shareowner
+from nvc.apply.mps import DeviceState
 from nvc.errors import one_line
 from nvc.plan import share
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
@@ -260,12 +261,18 @@ def _memory_text(used: int, limit: int) -> str:
     return f"memory {size_text(used)} used of {size_text(limit)} ({100 * used / limit:.0f} %)"
 
 
-def text(containers: list[ContainerShare]) -> str:
+def text(containers: list[ContainerShare], daemons: Sequence[DeviceState] = ()) -> str:
     """The human form: sizes in binary units, shares in percent, times in seconds (``--json`` keeps
-    bytes, and the file's keys and values as they are)."""
-    if not containers:
-        return "no container shares a GPU on this host\n"
-    return "".join(f"{line}\n" for c in containers for line in _lines(c))
+    bytes, and the file's keys and values as they are); then each MPS daemon nvc-py runs."""
+    found = "".join(f"{line}\n" for c in containers for line in _lines(c)) if containers else ""
+    found = found or "no container shares a GPU on this host\n"
+    return found + "".join(f"{_daemon_line(d)}\n" for d in daemons)
+
+
+def _daemon_line(d: DeviceState) -> str:
+    state = f"running (pid {d.pid})" if d.pid else "not running (the next container of the GPU starts it again)"
+    clients = ", ".join(f"{one_line(c.container_id)} (uid {c.uid})" for c in d.clients) or "none"
+    return f"MPS daemon of {one_line(d.device, 64)}: {state}; containers: {clients}"
 
 
 def _lines(c: ContainerShare) -> Iterator[str]:
@@ -301,5 +308,6 @@ def _plain(value: object) -> object:
     return value
 
 
-def as_json(containers: list[ContainerShare]) -> str:
-    return json.dumps({"containers": [_plain(c) for c in containers]}, indent=2) + "\n"
+def as_json(containers: list[ContainerShare], daemons: Sequence[DeviceState] = ()) -> str:
+    doc = {"containers": [_plain(c) for c in containers], "mps": [_plain(d) for d in daemons]}
+    return json.dumps(doc, indent=2) + "\n"

@@ -40,6 +40,8 @@ class Sharing(NamedTuple):
     enabled: bool = False  # inject the sharing shim into GPU containers
     device_memory_limit: str | None = None  # CUDA_DEVICE_MEMORY_LIMIT grammar, e.g. "8g"
     device_sm_limit: int | None = None  # percent, 1..100
+    # each GPU's sharing backend: (GPU, backend) pairs, GPU "all", a UUID or an NVML index (nvc.plan.mps)
+    backend: tuple[tuple[str, str], ...] = (("all", "timeslice"),)
 
 
 # The XIDs NVIDIA's device plugin also leaves out: errors of one application (its own illegal
@@ -47,6 +49,8 @@ class Sharing(NamedTuple):
 APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts")
 SHARE_COMPUTE = ("proportional", "none")
+# nvc.containerenv.sharing.BACKENDS (a layer above this one; tests/test_mps_config.py checks they agree)
+SHARE_BACKENDS = ("timeslice", "mps")
 
 
 class K8s(NamedTuple):
@@ -60,6 +64,7 @@ class K8s(NamedTuple):
     share_slice: str = "1Gi"  # the memory of one share unit
     share_compute: str = "proportional"  # compute cap: the unit's fraction of the GPU's memory, or none
     share_weight: bool = True  # a scheduling weight of one per unit
+    share_backend: str = "timeslice"  # mps: the shares' GPUs shared through CUDA MPS (NVC_SHARE_BACKEND_<UUID>)
     device_list_strategy: str = "envvar"  # how Allocate names the devices to the hook
     cdi_devices: bool = False  # also answer CDI device names (nvidia.com/gpu=<UUID>)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS  # critical XIDs that leave a device healthy
@@ -93,7 +98,15 @@ class Config(NamedTuple):
 
     def as_dict(self) -> dict[str, Any]:
         """The file's form (dashed keys), as ``config show`` prints it."""
-        return _to_file({**self._asdict(), "sharing": self.sharing._asdict(), "k8s": self.k8s._asdict()})
+        sharing = {**self.sharing._asdict(), "backend": _backend_form(self.sharing.backend)}
+        return _to_file({**self._asdict(), "sharing": sharing, "k8s": self.k8s._asdict()})
+
+
+def _backend_form(backend: tuple[tuple[str, str], ...]) -> str | dict[str, str]:
+    """``sharing.backend`` as the file writes it: one backend for all GPUs, or a mapping."""
+    if len(backend) == 1 and backend[0][0] == "all":
+        return backend[0][1]
+    return dict(backend)
 
 
 def _to_file(values: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +118,7 @@ def _to_file(values: dict[str, Any]) -> dict[str, Any]:
             out.setdefault("log", {})["file"] = value
         elif key == "log_level":
             out.setdefault("log", {})["level"] = value
-        elif isinstance(value, dict):
+        elif isinstance(value, dict) and key != "backend":  # backend's keys are GPUs
             out[key.replace("_", "-")] = _to_file(value)
         else:
             out[key.replace("_", "-")] = list(value) if isinstance(value, tuple) else value
@@ -185,6 +198,25 @@ def _memory_limit(value: Any) -> str | None:
     return text
 
 
+_GPU = re.compile(r"all|[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Fa-f-]{1,36}")  # nvc.containerenv.sharing.SCOPE's devices
+
+
+def _backend(value: Any) -> tuple[tuple[str, str], ...]:
+    """One backend for every GPU, or a mapping of GPUs (``all``, a UUID, an NVML index) to backends."""
+    if isinstance(value, str):
+        value = {"all": value}
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"expected one of {', '.join(SHARE_BACKENDS)}, or a mapping of GPUs to them")
+    found = {"all": "timeslice"}
+    for gpu, backend in value.items():
+        if isinstance(gpu, bool) or not isinstance(gpu, (str, int)) or not _GPU.fullmatch(str(gpu)):
+            raise ValueError(f"{one_line(repr(gpu), SHOWN_LIMIT)}: not a GPU (all, a GPU- or MIG- UUID, an index)")
+        if backend not in SHARE_BACKENDS:
+            raise ValueError(f"{gpu}: expected one of {', '.join(SHARE_BACKENDS)}")
+        found[str(int(gpu)) if isinstance(gpu, int) or str(gpu).isdigit() else str(gpu)] = backend
+    return tuple(sorted(found.items(), key=lambda item: item[0] != "all"))
+
+
 def _percent(value: Any) -> int | None:
     if value is None:
         return None
@@ -251,6 +283,7 @@ _K8S: dict[str, tuple[str, Check]] = {
     "share-slice": ("share_slice", _slice),
     "share-compute": ("share_compute", _choice(*SHARE_COMPUTE)),
     "share-weight": ("share_weight", _bool),
+    "share-backend": ("share_backend", _choice(*SHARE_BACKENDS)),
     "device-list-strategy": ("device_list_strategy", _choice(*DEVICE_LIST_STRATEGIES)),
     "cdi-devices": ("cdi_devices", _bool),
     "ignored-xids": ("ignored_xids", _xids),
@@ -261,6 +294,7 @@ _SHARING: dict[str, tuple[str, Check]] = {
     "enabled": ("enabled", _bool),
     "device-memory-limit": ("device_memory_limit", _memory_limit),
     "device-sm-limit": ("device_sm_limit", _percent),
+    "backend": ("backend", _backend),
 }
 _LOG: dict[str, tuple[str, Check]] = {
     "file": ("log_file", _opt_abs_path),

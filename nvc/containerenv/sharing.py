@@ -27,8 +27,14 @@ CONTAINER_SCHED = "/var/run/nvc-share-sched"
 CONTAINER_PEERS = "/var/run/nvc-share-peers"
 
 MEMORY_LIMIT, COMPUTE, WEIGHT = "NVC_SHARE_MEMORY_LIMIT", "NVC_SHARE_COMPUTE", "NVC_SHARE_WEIGHT"
-# A latency class and a sharing backend per GPU, as the DRA driver writes them (read by nothing yet: #42)
+# A latency class and a sharing backend per GPU (the DRA driver and the device plugin write them too)
 PRIORITY, BACKEND = "NVC_SHARE_PRIORITY", "NVC_SHARE_BACKEND"
+# How a GPU is shared: the shim's time slices, or CUDA MPS with a control daemon nvc-py runs (nvc.plan.mps)
+BACKENDS = ("timeslice", "mps")
+# The latency classes, most urgent first (under MPS: CUDA_MPS_CLIENT_PRIORITY 0, normal, and 1, below normal)
+PRIORITY_CLASSES = ("latency-critical", "batch")
+# (env prefix, ShareRequest field, the values it takes): the variables that name a choice, not a number
+CHOICE_VARIABLES = ((BACKEND, "backend", BACKENDS), (PRIORITY, "priority", PRIORITY_CLASSES))
 HAMI_MEMORY_LIMIT, HAMI_SM_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"
 # (env prefix, ShareRequest field, HAMi semantics). HAMi's names come first so that NVC_SHARE_* win
 # at the same scope, as in the shim; a per-device value beats a global one whatever its name.
@@ -97,6 +103,13 @@ def parse_value(name: str, field: str, text: str, hami: bool) -> int:
     return parse_percent(name, text, hami)
 
 
+def parse_choice(name: str, text: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``, exactly as written (a backend, a latency class)."""
+    if text not in choices:
+        raise InputError(f"{name}={shown(text)}: not one of {', '.join(choices)}")
+    return text
+
+
 def scope_key(text: str) -> str:
     """A scope as the limits file names it: an index without leading zeros, a UUID as given."""
     return str(int(text)) if text.isdigit() else text
@@ -114,13 +127,14 @@ def share_env(env: Mapping[str, str], mounts: Iterable[Mapping[str, object]], po
     return env
 
 
-def device_limits(device: str, memory: int, compute: int | None = None, weight: int | None = None) -> dict[str, str]:
+def device_limits(
+    device: str, memory: int, compute: int | None = None, weight: int | None = None, backend: str | None = None
+) -> dict[str, str]:
     """The variables limiting one device (its UUID: the shim applies them to that device alone,
-    whatever index the container gives it): its memory in bytes, its compute percent and weight
-    when given."""
+    whatever index the container gives it): its memory in bytes, its compute percent, weight and
+    sharing backend when given."""
     limits = {f"{MEMORY_LIMIT}_{device}": str(memory)}
-    if compute is not None:
-        limits[f"{COMPUTE}_{device}"] = str(compute)
-    if weight is not None:
-        limits[f"{WEIGHT}_{device}"] = str(weight)
+    for name, value in ((COMPUTE, compute), (WEIGHT, weight), (BACKEND, backend)):
+        if value is not None:
+            limits[f"{name}_{device}"] = str(value)
     return limits

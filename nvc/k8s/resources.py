@@ -269,5 +269,7 @@ def _share_env(units: Sequence[Unit], uuids: Sequence[str], k8s: K8s) -> dict[st
         compute = None
         if k8s.share_compute == "proportional" and mine[0].gpu_memory:
             compute = min(MAX_PERCENT, max(1, math.ceil(MAX_PERCENT * memory / mine[0].gpu_memory)))
-        envs.update(device_limits(uuid, memory, compute, min(MAX_WEIGHT, len(mine)) if k8s.share_weight else None))
+        weight = min(MAX_WEIGHT, len(mine)) if k8s.share_weight else None
+        backend = k8s.share_backend if k8s.share_backend != "timeslice" else None  # timeslice: the node's choice
+        envs.update(device_limits(uuid, memory, compute, weight, backend))
     return envs

@@ -59,11 +59,21 @@ def _host_steps(plan: Plan, handle: ContainerHandle | None) -> Iterator[None]:
         return
     from nvc.apply import sharefiles
 
-    sharefiles.make(plan.share, handle)
+    share = plan.share
+    if plan.mps is not None:  # its daemon first: the limits file gets the MPS limits it decides
+        from nvc.apply import mps
+
+        share = share._replace(limits=share.limits + mps.attach(plan.mps, handle))
     try:
-        yield
+        sharefiles.make(share, handle)
+        try:
+            yield
+        except BaseException:
+            sharefiles.remove(share.container_id, share.state_dir, share.sched_dir)
+            raise
     except BaseException:
-        sharefiles.remove(plan.share.container_id, plan.share.state_dir, plan.share.sched_dir)
+        if plan.mps is not None:
+            mps.release(plan.mps.container_id, plan.mps.mps_dir)
         raise
 
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
     from nvc.discover.inventory import Inventory
     from nvc.discover.nodes import NodeSpec
+    from nvc.plan.mps import MpsClient
     from nvc.plan.request import ShareRequest
 
 log = Logger(__name__)
@@ -245,10 +246,28 @@ def device_nodes(glob: GlobalOptions, req: Request) -> tuple[NodeSpec, ...]:
 
 
 def plan(found: Discovered, ctr: Container, req: Request) -> Plan:
-    """Step: everything the container gets, as pure data (:mod:`nvc.plan.mountplan`)."""
+    """Step: everything the container gets, as pure data (:mod:`nvc.plan.mountplan`); a shared
+    container of an MPS device with its daemon (:mod:`nvc.plan.mps`)."""
     from nvc.plan import mountplan
 
-    return mountplan.build(found.host, ctr.facts, found.chosen, req, ctr.share)
+    share, mps = ctr.share, None
+    if req.sharing is not None and share is not None:
+        mps = _mps_client(found, req)
+        if mps is not None:
+            share = shareplan.without_time_slices(share, req.sharing)
+    return mountplan.build(found.host, ctr.facts, found.chosen, req, share, mps)
+
+
+def _mps_client(found: Discovered, req: Request) -> MpsClient | None:
+    """The MPS client a shared container is, when its device's backend is mps (else None)."""
+    from nvc.plan import mps
+
+    assert req.sharing is not None
+    devices = (*(gpu.uuid for gpu in found.chosen.gpus), *(mig.uuid for _, mig in found.chosen.migs))
+    client = mps.client(req.sharing._asdict(), devices, found.host.files.binaries, req.container_id, req.uid or 0)
+    if client is not None and req.uid is None:
+        raise ContainerError(f"{client.device}: sharing backend mps needs the container's user id (process.user.uid)")
+    return client
 
 
 def dry_plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Plan:

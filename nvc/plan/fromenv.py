@@ -13,7 +13,8 @@ at every container start, GPU or not): a GPU container's parsers are imported wh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from nvc.containerenv import (
@@ -206,12 +207,28 @@ def gpu_request(
 
 def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
     """The sharing request in a container's env; None when it asks for no sharing."""
-    from nvc.containerenv.sharing import MAX_DEVICES, SCOPE, VARIABLES, parse_value, scope_key
+    from nvc.containerenv.sharing import (
+        CHOICE_VARIABLES,
+        MAX_DEVICES,
+        SCOPE,
+        VARIABLES,
+        parse_choice,
+        parse_value,
+        scope_key,
+    )
     from nvc.plan.request import ShareRequest
 
-    found: dict[str, dict[str, int]] = {field: {} for field in ShareRequest._fields}
+    found: dict[str, dict[str, int | str]] = {field: {} for field in ShareRequest._fields}
     asked = False
-    for prefix, field, hami in VARIABLES:
+    readers: list[tuple[str, str, bool, Callable[..., int | str]]] = [
+        (prefix, field, hami, functools.partial(parse_value, field=field, hami=hami))
+        for prefix, field, hami in VARIABLES
+    ]
+    readers += [
+        (prefix, field, False, functools.partial(parse_choice, choices=choices))
+        for prefix, field, choices in CHOICE_VARIABLES
+    ]
+    for prefix, field, hami, parse in readers:
         for name in sorted(env):
             if not name.startswith(prefix):
                 continue
@@ -224,15 +241,14 @@ def parse_share_env(env: Mapping[str, str]) -> ShareRequest | None:
                     f"{name}: unknown sharing variable (want {prefix}, {prefix}_<index> or "
                     f"{prefix}_<GPU- or MIG- UUID>)"
                 )
-            parsed = parse_value(name, field, env[name], hami)
-            found[field][scope_key(scope.group(1)) if scope else ""] = parsed
+            found[field][scope_key(scope.group(1)) if scope else ""] = parse(name, text=env[name])
             asked = True
     if not asked:
         return None
     devices = {scope for values in found.values() for scope in values if scope}
     if len(devices) > MAX_DEVICES:
         raise InputError(f"sharing variables name {len(devices)} devices (at most {MAX_DEVICES})")
-    return ShareRequest(**{field: tuple(sorted(values.items())) for field, values in found.items()})
+    return ShareRequest(**{field: tuple(sorted(values.items())) for field, values in found.items()})  # type: ignore[arg-type]
 
 
 def with_defaults(request: ShareRequest | None, memory: str | None, compute: int | None) -> ShareRequest:
@@ -247,6 +263,4 @@ def with_defaults(request: ShareRequest | None, memory: str | None, compute: int
         memory_rules.setdefault("", parse_size("sharing.device-memory-limit", memory))
     if compute is not None:
         compute_rules.setdefault("", parse_percent("sharing.device-sm-limit", str(compute), False))
-    return ShareRequest(
-        memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())), weight=request.weight
-    )
+    return request._replace(memory=tuple(sorted(memory_rules.items())), compute=tuple(sorted(compute_rules.items())))

@@ -27,6 +27,7 @@ from nvc.discover.procfs import normalize_bus_id
 from nvc.errors import DeviceError, InputError
 from nvc.model import capabilities as caps_mod
 from nvc.plan.devfilter import DeviceRule
+from nvc.plan.mps import CONTAINER_PIPE_DIR, MpsClient
 from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
 from nvc.plan.request import HostMount, Request
 from nvc.plan.selection import Selection
@@ -334,13 +335,21 @@ def _extra(mounts: tuple[HostMount, ...]) -> list[Operation]:
 
 
 def build(
-    host: HostFacts, container: ContainerFacts, selection: Selection, request: Request, share: ShareFiles | None = None
+    host: HostFacts,
+    container: ContainerFacts,
+    selection: Selection,
+    request: Request,
+    share: ShareFiles | None = None,
+    mps: MpsClient | None = None,
 ) -> Plan:
     """The plan for one container (``share``: its sharing files, their mounts after the request's
-    extra mounts). Raises DeviceError for a selected device the host lacks."""
+    extra mounts; ``mps``: its device's MPS daemon, whose pipe directory it gets at CUDA's default).
+    Raises DeviceError for a selected device the host lacks."""
     files_ops = _driver_files(host, container, request)
     device_ops, rules = _device_ops(host, selection, request)
     extra = (*request.extra_mounts, *(share_mounts(share) if share is not None else ()))
+    if mps is not None:
+        extra = (*extra, HostMount(source=mps.pipe_dir, target=CONTAINER_PIPE_DIR, readonly=False, directory=True))
     ops = [
         *files_ops,
         *device_ops,
@@ -367,4 +376,5 @@ def build(
         host_nodes=host.missing_nodes,
         host_root=host.root,
         share=share,
+        mps=mps,
     )

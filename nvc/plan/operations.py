@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from nvc.discover.nodes import NodeSpec
 from nvc.plan.devfilter import DeviceRule
+from nvc.plan.mps import MpsClient
 from nvc.plan.share import GRANTED_DIR, ShareFiles
 from nvc.system.syscalls import MountAttr
 
@@ -142,12 +143,23 @@ class Plan(NamedTuple):
     host_nodes: tuple[NodeSpec, ...] = ()
     host_root: str = "/"
     share: ShareFiles | None = None  # GPU sharing's host files, made next (removed if a later step fails)
+    mps: MpsClient | None = None  # its device's MPS daemon, started before the sharing files (nvc.plan.mps)
 
     def text(self) -> str:
         """The human-readable rendering ``configure --dry-run`` prints."""
         pid = "standalone" if self.pid is None else f"pid {self.pid}"
         root = self.host_root.rstrip("/")
         lines = [f"mknod   host      {root}{n.path} c {n.major}:{n.minor} mode {n.mode:o}" for n in self.host_nodes]
+        if self.mps is not None:
+            lines.append(
+                _line(
+                    "mps",
+                    self.mps.directory,
+                    f" (nvidia-cuda-mps-control -d for {self.mps.device} unless running; "
+                    f"client uid {self.mps.uid}, limits added to its limits file)",
+                    what="host",
+                )
+            )
         lines += _share_lines(self.share) if self.share is not None else []
         lines.append(f"rootfs  {self.rootfs} ({pid}, owner {self.owner[0]}:{self.owner[1]})")
         lines += [op.text() for op in self.operations]
@@ -169,6 +181,7 @@ class Plan(NamedTuple):
             "host_nodes": [list(n) for n in self.host_nodes],
             "host_root": self.host_root,
             "share": None if self.share is None else self.share._asdict(),
+            "mps": None if self.mps is None else self.mps._asdict(),
         }
 
     @classmethod
@@ -188,4 +201,5 @@ class Plan(NamedTuple):
             host_nodes=tuple(NodeSpec(*n) for n in data["host_nodes"]),
             host_root=data["host_root"],
             share=None if data["share"] is None else ShareFiles(**data["share"]),
+            mps=None if data.get("mps") is None else MpsClient(**data["mps"]),
         )

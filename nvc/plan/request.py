@@ -36,11 +36,14 @@ class HostMount(NamedTuple):
 class ShareRequest(NamedTuple):
     """What a container asked of GPU sharing. Scope "" means every device, else an NVML index (as the
     container numbers its GPUs) or a GPU/MIG UUID. Sizes in bytes; percents 1..100 (100 = unthrottled, the cap);
-    weights 1..1000 (its share of the GPU among busy weighted containers)."""
+    weights 1..1000 (its share of the GPU among busy weighted containers); a backend and a latency
+    class by name (nvc.containerenv.sharing's BACKENDS and PRIORITY_CLASSES)."""
 
     memory: tuple[tuple[str, int], ...] = ()
     compute: tuple[tuple[str, int], ...] = ()
     weight: tuple[tuple[str, int], ...] = ()
+    backend: tuple[tuple[str, str], ...] = ()
+    priority: tuple[tuple[str, str], ...] = ()
 
 
 class Request(NamedTuple):
@@ -63,6 +66,7 @@ class Request(NamedTuple):
     sharing: ShareRequest | None = None  # GPU sharing: the shim and its files (planned as host steps)
     container_id: str = ""  # names the sharing files (the OCI container id)
     bundle: str = ""  # the OCI bundle: with the container's process, whose sharing files they are
+    uid: int | None = 0  # the container's process user (its user namespace's id): an MPS daemon serves one
 
 
 def _check_target(rootfs: str, pid: int | None, ldconfig: str) -> None:

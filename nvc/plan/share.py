@@ -134,6 +134,14 @@ def files(
     )
 
 
+def without_time_slices(planned: ShareFiles, request: ShareRequest) -> ShareFiles:
+    """The files of a container whose device is shared through MPS (nvc.plan.mps): no compute lines
+    in its limits file (MPS shares the SMs, the shim's slices and weights stay off; its memory
+    accounting stays), no scheduler file. Its MPS lines are added when its daemon is known."""
+    limits = limits_text(request._replace(compute=(), weight=()), origin=f"container {planned.container_id}")
+    return planned._replace(limits=limits, scheduled=False, granted="")
+
+
 def mounts(planned: ShareFiles) -> tuple[HostMount, ...]:
     """Where the container gets the files :func:`nvc.apply.sharefiles.make` makes (its extra mounts)."""
     path = planned.directory

@@ -90,6 +90,10 @@ BINARIES = (
 )
 
 
+# The binaries with a program of their own (src/<program>.c); the others are src/tool.c
+_BINARY_PROGRAMS = {"nvidia-smi": "nvidia-smi", "nvidia-cuda-mps-control": "mps_control"}
+
+
 class BuildError(RuntimeError):
     """A compiler, linker or ldconfig step failed; the message carries its command and output."""
 
@@ -195,7 +199,7 @@ def build_libraries(machine: dict[str, Any], gen: Path, obj: Path, dirs: dict[in
                 glcore_links.append(link + [str(glcore)])
             else:
                 stub_links.append(link)
-    for tool in ("nvidia-smi", "tool"):
+    for tool in ("nvidia-smi", "tool", "mps_control"):
         compiles.append(["gcc", "-m64", *cflags, str(SRC / f"{tool}.c"), "-o", str(obj / tool)])
     _run_all(compiles)
     _run_all(stub_links)  # libnvidia-glcore first: the compat GL libraries link against it
@@ -207,7 +211,7 @@ def install_binaries(bin_dir: Path, obj: Path, version: str, strays: str | None 
     ships it (its own package, its own version)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in BINARIES:
-        shutil.copy2(obj / ("nvidia-smi" if name == "nvidia-smi" else "tool"), bin_dir / name)
+        shutil.copy2(obj / _BINARY_PROGRAMS.get(name, "tool"), bin_dir / name)
     if strays is not None:
         persistenced = bin_dir / "nvidia-persistenced"
         persistenced.write_bytes(persistenced.read_bytes().replace(version.encode(), strays.encode()))

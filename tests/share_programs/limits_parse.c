@@ -6,7 +6,7 @@
  *
  * Prints "error <message>", or "default memory=M compute=C weight=W" and then, in the canonical order
  * (nvc_config_finish), one "rule index=I key=K memory=M compute=C weight=W" per device rule (key "-"
- * for an index rule; 0: not given). */
+ * for an index rule; 0: not given), then one "mps NAME=VALUE" per MPS client variable it sets. */
 #include <stdio.h>
 #include <string.h>
 
@@ -40,5 +40,7 @@ int main(int argc, char **argv)
         printf("rule index=%d key=%s memory=%llu compute=%u weight=%u\n", r->index, r->key[0] ? r->key : "-",
                (unsigned long long)r->memory, r->compute, r->weight);
     }
+    for (int i = 0; i < NVC_MPS_VARS; i++)
+        if (cfg.mps_env[i][0]) printf("mps %s=%s\n", nvc_mps_names[i], cfg.mps_env[i]);
     return 0;
 }

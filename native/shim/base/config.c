@@ -15,6 +15,9 @@
  *     matched without its GPU- or MIG- prefix and without case (the hook writes GPU-/MIG- UUIDs),
  *     not empty without it;
  *     at most 2 * NVC_MAX_DEVICES devices in one file (a file naming more is refused whole);
+ *   - mps.NAME=VALUE: NAME one of nvc_mps_names, VALUE 1 to 63 letters, digits and "=-_/.,": a
+ *     variable of MPS's client the shim sets in the process's environment as it loads (a container
+ *     shared through MPS, nvc/plan/mps.py);
  *   - on_error=pass-through|fail-closed, context_overhead=SIZE or 0, enabled=0|1 (never written by
  *     the hook: for hand-written files).
  * tests/test_share_native.py (test_config_*) feeds one table of values to this parser and to the
@@ -25,6 +28,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+const char *const nvc_mps_names[NVC_MPS_VARS] = {
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    "CUDA_MPS_CLIENT_PRIORITY",
+    "CUDA_MPS_PIPE_DIRECTORY",
+};
 
 int nvc_parse_size(const char *text, uint64_t *out)
 {
@@ -137,6 +147,18 @@ static int apply(struct nvc_config *cfg, const char *key, const char *value, int
 {
     const char *dot = strchr(key, '.');
     size_t base = dot ? (size_t)(dot - key) : strlen(key);
+    if (base == 3 && !strncmp(key, "mps", base) && dot) {
+        size_t n = strlen(value);
+        const char *allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=-_/.,";
+        if (!n || n >= NVC_MPS_VALUE_LEN || strspn(value, allowed) != n)
+            return -1;
+        for (int i = 0; i < NVC_MPS_VARS; i++)
+            if (!strcmp(dot + 1, nvc_mps_names[i])) {
+                memcpy(cfg->mps_env[i], value, n + 1);
+                return 0;
+            }
+        return -1;
+    }
     if (base == 12 && !strncmp(key, "memory_limit", base)) {
         uint64_t bytes;
         if (nvc_parse_size(value, &bytes))

@@ -11,6 +11,11 @@
 
 enum nvc_on_error { NVC_PASS_THROUGH = 0, NVC_FAIL_CLOSED = 1 };
 
+/* MPS's per-client variables the limits file may give (nvc/plan/mps.py CLIENT_VARIABLES), in this order */
+#define NVC_MPS_VARS 4
+#define NVC_MPS_VALUE_LEN 64
+extern const char *const nvc_mps_names[NVC_MPS_VARS];
+
 struct nvc_limit_rule {
     char key[NVC_UUID_KEY_LEN]; /* UUID key (prefix dropped), or "" when by index */
     int index;                  /* NVML index, or -1 when by UUID */
@@ -29,8 +34,9 @@ struct nvc_config {
     uint64_t context_overhead; /* bytes charged per process per device with a context */
     int nrules;
     struct nvc_limit_rule rules[2 * NVC_MAX_DEVICES];
-    char dir[256]; /* per-container directory holding the region */
-    uint64_t hash; /* FNV-1a of the canonical limits, stored in the region */
+    char dir[256];                                 /* per-container directory holding the region */
+    char mps_env[NVC_MPS_VARS][NVC_MPS_VALUE_LEN]; /* values of nvc_mps_names to set; "" = none */
+    uint64_t hash;                                 /* FNV-1a of the canonical limits, stored in the region */
 };
 
 int nvc_parse_size(const char *text, uint64_t *out);

@@ -1,4 +1,5 @@
-/* The top of libnvc-share: fork handling. Every file with a mutex has a fork hook; fork takes them
+/* The top of libnvc-share: fork handling, and MPS's client variables set as the library loads.
+ * Every file with a mutex has a fork hook; fork takes them
  * all, in one lock order, once the limits are in force in this process (before that no mutex guards
  * anything the child could inherit half-written). The handlers are registered when the library is
  * loaded, so that init.c, which every wrapper calls, need not know the files above it. */
@@ -62,4 +63,5 @@ static void atfork_child(void)
 __attribute__((constructor)) static void register_fork_handlers(void)
 {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    nvc_mps_env(); /* before main: the driver reads CUDA_MPS_* at cuInit, whichever path reaches it */
 }

@@ -117,6 +117,17 @@ static void do_init(void)
             (unsigned long long)nvc_cfg.memory_default, nvc_cfg.compute_default, nvc_cfg.nrules, nvc_cfg.dir);
 }
 
+void nvc_mps_env(void)
+{
+    static struct nvc_config cfg; /* the constructor runs once, before any thread */
+    char text[16384], err[256];
+    if (read_file(NVC_FIXED_DIR "/limits", text, sizeof text) || nvc_parse_limits_text(text, &cfg, err, sizeof err))
+        return; /* nvc_init reports a junk file at the first wrapped call */
+    for (int i = 0; i < NVC_MPS_VARS; i++)
+        if (cfg.mps_env[i][0])
+            setenv(nvc_mps_names[i], cfg.mps_env[i], 1);
+}
+
 enum nvc_state nvc_init(void)
 {
     pthread_once(&init_once, do_init);

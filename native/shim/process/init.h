@@ -12,5 +12,8 @@ enum nvc_state nvc_init(void);  /* idempotent */
 /* The limits were put in force in this process (the state may have failed since): from then on
  * fork must take every shim mutex (shim.c's handlers do nothing before). */
 int nvc_init_activated(void);
+/* A container shared through MPS: its limits file's mps.NAME=VALUE lines set in this process's
+ * environment (called as the library loads, before anything can reach the driver's cuInit). */
+void nvc_mps_env(void);
 
 #endif

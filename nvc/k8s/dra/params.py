@@ -8,7 +8,7 @@ driver's name and ``parameters``::
     memoryLimit: 4Gi        # each container's device memory on each of the claim's devices
     computeShare: 50        # percent of the GPU's compute, 1..100
     weight: 2               # scheduling weight between the GPU's containers, 1..1000
-    latencyClass: batch     # handed to the hook as NVC_SHARE_PRIORITY_<UUID>
+    latencyClass: batch     # latency-critical or batch: handed to the hook as NVC_SHARE_PRIORITY_<UUID>
     backend: timeslice      # timeslice or mps: handed to the hook as NVC_SHARE_BACKEND_<UUID>
 
 Every field is optional; the parameters of later configurations (the claim's after the class's) replace
@@ -19,16 +19,13 @@ with an error naming it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from nvc.containerenv.sharing import BACKEND, PRIORITY
+from nvc.containerenv.sharing import BACKEND, BACKENDS, PRIORITY, PRIORITY_CLASSES
 from nvc.errors import InputError, shown
 
 KIND = "GpuSharingConfig"
-BACKENDS = ("timeslice", "mps")
-_CLASS = re.compile(r"[a-z][a-z0-9-]{0,31}")
 _FIELDS = {"apiVersion", "kind", "memoryLimit", "computeShare", "weight", "latencyClass", "backend"}
 
 
@@ -56,7 +53,7 @@ def _text(where: str, value: object) -> str:
 
 def parse(parameters: object, driver: str, where: str) -> Sharing:
     """The sharing parameters of one opaque configuration; ``where`` names it in errors."""
-    from nvc.containerenv.sharing import parse_percent, parse_size, parse_weight
+    from nvc.containerenv.sharing import parse_choice, parse_percent, parse_size, parse_weight
 
     if not isinstance(parameters, Mapping):
         raise InputError(f"{where}: not an object (want apiVersion {api_version(driver)}, kind {KIND})")
@@ -78,18 +75,13 @@ def parse(parameters: object, driver: str, where: str) -> Sharing:
     if "weight" in parameters:
         name = f"{where}.weight"
         found = found._replace(weight=parse_weight(name, _text(name, parameters["weight"])))
+    # the classes and backends the hook reads (nvc.containerenv.sharing), so it never refuses what is handed it
     if "latencyClass" in parameters:
-        value = parameters["latencyClass"]
-        if not isinstance(value, str) or not _CLASS.fullmatch(value):
-            raise InputError(
-                f"{where}.latencyClass={shown(str(value))}: not a class name (lower-case letters, "
-                "digits and '-', at most 32)"
-            )
-        found = found._replace(latency_class=value)
+        name = f"{where}.latencyClass"
+        found = found._replace(latency_class=parse_choice(name, str(parameters["latencyClass"]), PRIORITY_CLASSES))
     if "backend" in parameters:
-        if parameters["backend"] not in BACKENDS:
-            raise InputError(f"{where}.backend={shown(str(parameters['backend']))}: not one of {', '.join(BACKENDS)}")
-        found = found._replace(backend=parameters["backend"])
+        name = f"{where}.backend"
+        found = found._replace(backend=parse_choice(name, str(parameters["backend"]), BACKENDS))
     return found
 
 

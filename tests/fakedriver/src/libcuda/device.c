@@ -1,5 +1,6 @@
 /* The fake libcuda's cuInit (the machine's present GPUs, filtered by CUDA_VISIBLE_DEVICES) and the
  * device queries. Test double only. */
+#include <fcntl.h>
 #include "internal.h"
 
 /* ---------------------------------------------------------------- cuInit */
@@ -79,6 +80,30 @@ static int select_visible(const int *present, int npresent, int *out)
     return n;
 }
 
+/* An MPS client, as far as the fake MPS daemon (src/mps_control.c) needs: with its control FIFO in the
+ * pipe directory (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps), cuInit tells it who connected with
+ * which of MPS's client variables; a FIFO that no daemon reads (it died) fails cuInit with
+ * CUDA_ERROR_MPS_CONNECTION_FAILED (805), as a client finds no server. */
+static CUresult mps_connect(void)
+{
+    static const char *const names[] = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+                                        "CUDA_MPS_CLIENT_PRIORITY", "CUDA_MPS_PIPE_DIRECTORY"};
+    const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    char path[4096], line[2048];
+    snprintf(path, sizeof path, "%s/control", dir && *dir ? dir : "/tmp/nvidia-mps");
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errno == ENXIO ? CUDA_ERROR_MPS_CONNECTION_FAILED : CUDA_SUCCESS;
+    int n = snprintf(line, sizeof line, "client pid=%d uid=%u", (int)getpid(), (unsigned)getuid());
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *value = getenv(names[i]);
+        n += snprintf(line + n, sizeof line - (size_t)n, " %s=%.100s", names[i], value ? value : "-");
+    }
+    line[n++] = '\n';
+    ssize_t put = write(fd, line, (size_t)n);
+    close(fd);
+    return put == n ? CUDA_SUCCESS : CUDA_ERROR_MPS_CONNECTION_FAILED;
+}
+
 static CUresult do_init(void)
 {
     uint64_t us = 0;
@@ -90,6 +115,7 @@ static CUresult do_init(void)
     CUresult r = fake_timeline_init();
     if (r != CUDA_SUCCESS) return r;
     if (!node_exists("/dev/nvidiactl")) return CUDA_ERROR_NO_DEVICE;
+    if ((r = mps_connect()) != CUDA_SUCCESS) return r;
     int present[FAKE_GPU_COUNT], npresent = 0, visible[FAKE_GPU_COUNT];
     for (int i = 0; i < FAKE_GPU_COUNT; i++) {
         char path[64];
