@@ -82,6 +82,16 @@ def test_the_latency_class_and_backend_are_the_limits_per_device() -> None:
     assert sharestatus._per_device({}, "backend", KEY) is None
 
 
+def test_an_mps_client_shows_its_backend_and_class() -> None:
+    """A container shared through MPS has MPS's client variables in its limits file (nvc.plan.mps):
+    its backend is mps and its class the one its priority stands for."""
+    client = {"memory_limit": "1", "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75", "mps.CUDA_MPS_CLIENT_PRIORITY": "1"}
+    assert sharestatus._mps_client(client) and not sharestatus._mps_client({"memory_limit": "1"})
+    assert sharestatus._mps_class(client) == "batch"
+    assert sharestatus._mps_class({**client, "mps.CUDA_MPS_CLIENT_PRIORITY": "0"}) == "latency-critical"
+    assert sharestatus._mps_class({"mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "75"}) is None
+
+
 def test_share_top_once_shows_each_container_on_the_fake_gpu(shim, programs, tmp_path):
     """Three containers on the fake GPU: one holding memory, one launching kernels under a 50 % cap,
     one launching them with a weight (its scheduler file beside the others');

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from nvc.apply import shareowner
 from nvc.apply.mps import DeviceState
 from nvc.errors import one_line
-from nvc.plan import share
+from nvc.plan import mps, share
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE
@@ -138,6 +138,18 @@ def _per_device(limits: dict[str, str], name: str, key: str) -> str | None:
     return by_uuid.get(key.lower()) or limits.get(name)
 
 
+def _mps_client(limits: dict[str, str]) -> bool:
+    """Whether the container is shared through MPS: the hook wrote MPS's client variables into its
+    limits file (nvc.plan.mps: ``mps.NAME=VALUE``)."""
+    return any(entry.startswith("mps.") for entry in limits)
+
+
+def _mps_class(limits: dict[str, str]) -> str | None:
+    """The latency class an MPS client's priority variable stands for (None: none given)."""
+    priority = limits.get(f"mps.{mps.CLIENT_PRIORITY}")
+    return next((name for name, value in mps.PRIORITY_OF_CLASS.items() if str(value) == priority), None)
+
+
 def _weight(limits: dict[str, str], key: str) -> int | None:
     """The weight the limits give device ``key``."""
     return untrusted.decimal(_per_device(limits, "compute_weight", key) or "", 4)
@@ -198,8 +210,8 @@ def container_share(
             d.launches,
             _weight(limits, d.key),
             share_of(d.key),
-            _per_device(limits, "priority", d.key),
-            _per_device(limits, "backend", d.key) or DEFAULT_BACKEND,
+            _per_device(limits, "priority", d.key) or _mps_class(limits),
+            _per_device(limits, "backend", d.key) or ("mps" if _mps_client(limits) else DEFAULT_BACKEND),
         )
         for i, d in enumerate(region.devices)
     )
