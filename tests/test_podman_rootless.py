@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,22 @@ def _user_script(home: Path, run: Path, image_tar: Path) -> str:
     )
 
 
+def _stop_pause_process(run: Path) -> None:
+    """End the process rootless podman leaves to hold the user's namespace (its pid in the user's
+    runtime directory), and wait until it is gone."""
+    try:
+        pid = int((run / "libpod/tmp/pause.pid").read_text())
+    except FileNotFoundError:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_rootless_podman_gets_gpu_through_cdi(
     active_2gpu, fake_2gpu, rootfs_cache, setup_dir: Path, tmp_path: Path
 ) -> None:
@@ -104,25 +122,28 @@ def test_rootless_podman_gets_gpu_through_cdi(
     ]
     script = AS_USER % {"user": USER, "uid": UID, "subids": SUBIDS}
     user_script = _user_script(home, run, image_tar)
-    result = subprocess.run(
-        [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            user_script,
-            str(scratch),
-            str(home),
-            *generate,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    try:
+        result = subprocess.run(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                script,
+                user_script,
+                str(scratch),
+                str(home),
+                *generate,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        _stop_pause_process(run)
     assert result.returncode == 0, result.stderr
     assert uuids(result.stdout) == [H100]
     lines = result.stdout.splitlines()
