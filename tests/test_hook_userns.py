@@ -60,26 +60,18 @@ def _runtime(name: str, tmp_path: Path, rootfs: Path) -> Runc:
 def _userns_bundle(
     dir: Path, rootfs: Path, args: list[str], setup_dir: Path, env: dict[str, str] | None = None
 ) -> Path:
-    """A bundle with a user namespace (0 -> 100000, 65536) and the runtime's /dev tmpfs. /proc and
-    /sys are binds of this process's: the fake driver's mounts over them here make a fresh proc or
-    sysfs one the kernel refuses to a user namespace (it would reveal what they cover)."""
+    """A bundle with a user namespace (0 -> 100000, 65536) and the runtime's /dev tmpfs; /proc and /sys
+    binds of this process's (make_bundle's ``host_proc_sys``: the fake driver's mounts over them)."""
     reachable_from_userns(rootfs)
-    bundle = make_bundle(
+    return make_bundle(
         dir,
         rootfs,
         args,
         env={"NVIDIA_VISIBLE_DEVICES": "0", **(env or {})},
         hooks={"prestart": [_hook(setup_dir)], "poststop": [{**_hook(setup_dir), "args": ["nvc-py-hook", "poststop"]}]},
         id_map=(HOST_ID, SIZE),
+        host_proc_sys=True,
     )
-    config = json.loads((bundle / "config.json").read_text())
-    for mount in config["mounts"]:
-        if mount["destination"] in ("/proc", "/sys"):
-            options = ["rbind", "nosuid", "noexec", "nodev"] + (["ro"] if mount["destination"] == "/sys" else [])
-            mount.update(type="bind", source=mount["destination"], options=options)
-    config["mounts"] = [m for m in config["mounts"] if m["destination"] != "/sys/fs/cgroup"]
-    (bundle / "config.json").write_text(json.dumps(config, indent=2))
-    return bundle
 
 
 def _chown_to_mapped_range(rootfs: Path) -> None:
