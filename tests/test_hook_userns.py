@@ -21,6 +21,7 @@ import pytest
 from harness.bundle import make_bundle, reachable_from_userns
 from harness.fakegpus import H100, uuids
 from harness.hookfixtures import default_run_dir, setup_dir  # noqa: F401  (fixtures)
+from harness.idmap import idmapped
 from harness.installed import SCRIPTS
 from harness.runtime import Runc
 from nvc.containerenv import sharing
@@ -126,6 +127,28 @@ def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(
     last = json.loads((setup_dir / "hook.log").read_text().splitlines()[-1])
     assert last["outcome"] == "error" and "user namespace" in last["error"]
     assert sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*")) == before
+
+
+def test_userns_container_on_an_idmapped_host_root_rootfs_gets_gpu(
+    active_2gpu, runc: Runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
+    """The rootfs owned by host root, given to the container through an idmapped mount (on-disk 0 shown
+    as 100000, the container's root): the same GPU, nodes and ld cache, what nvc-py made the
+    container root's inside, and host root's on disk."""
+    shown = tmp_path / "idmapped"
+    shown.mkdir()
+    reachable_from_userns(debian_rootfs)
+    with idmapped(debian_rootfs, shown, HOST_ID, SIZE):
+        bundle = _userns_bundle(tmp_path / "bundle", shown, ["sh", "-c", CHECK], setup_dir)
+        result = runc.create_start(bundle)
+    assert result.returncode == 0, result.stderr
+    assert uuids(result.stdout) == [H100]
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("nvidia")] == SEEN, result.stdout
+    assert any(line.startswith("libcuda.so.1 (libc6,x86-64) => ") for line in lines), result.stdout
+    assert "owner 0:0 /etc/ld.so.cache" in lines and "owner 0:0 /proc/driver/nvidia" in lines, result.stdout
+    cache = (debian_rootfs / "etc/ld.so.cache").stat()
+    assert (cache.st_uid, cache.st_gid) == (0, 0)
 
 
 def test_userns_ldconfig_failure_carries_ldconfigs_own_line(
