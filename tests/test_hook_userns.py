@@ -151,6 +151,39 @@ def test_userns_container_on_an_idmapped_host_root_rootfs_gets_gpu(
     assert (cache.st_uid, cache.st_gid) == (0, 0)
 
 
+def test_a_user_namespace_that_maps_no_root_is_refused_in_one_line(
+    active_2gpu, fake_2gpu, debian_rootfs: Path, tmp_path: Path
+) -> None:
+    """`nvc-py configure --pid` of a process whose user namespace maps uids 1.. but not 0 (runc refuses
+    such a spec itself; podman's `--userns=nomap` leaves the user's own uid out): one line naming that
+    namespace and what to do, nothing made in the rootfs."""
+    _chown_to_mapped_range(debian_rootfs)
+    reachable_from_userns(debian_rootfs)
+    before = sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*"))
+    holder = subprocess.Popen(["unshare", "--user", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        while os.readlink(f"/proc/{holder.pid}/ns/user") == os.readlink("/proc/self/ns/user"):
+            time.sleep(0.005)
+        for name in ("uid_map", "gid_map"):
+            Path(f"/proc/{holder.pid}/{name}").write_text(f"1 {HOST_ID + 1} {SIZE - 1}\n")
+        result = subprocess.run(
+            [str(SCRIPTS / "nvc-py"), "--root", str(fake_2gpu.root), "configure", "--pid", str(holder.pid)]
+            + ["--device=0", "--compute", "--utility", "--no-cgroups", str(debian_rootfs)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode != 0 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert (
+        f"the user namespace of container process {holder.pid} maps no root (uid and gid 0): nvc-py makes the "
+        "container's files as its root; map 0 inside (podman: not --userns=nomap)"
+    ) in result.stderr, result.stderr
+    assert sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*")) == before
+
+
 def test_userns_ldconfig_failure_carries_ldconfigs_own_line(
     active_2gpu, runc: Runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
 ) -> None:
