@@ -103,17 +103,29 @@ def test_userns_container_gets_gpu_owned_by_its_root(
     assert (cache.st_uid, cache.st_gid) == (HOST_ID, HOST_ID)
 
 
-@pytest.mark.parametrize("runtime_name", ["runc", "crun"])
+@pytest.mark.parametrize(
+    ("runtime_name", "dev"),
+    [("runc", "tmpfs"), ("crun", "tmpfs"), ("runc", "rootfs's")],
+    ids=["runc", "crun", "no-dev-tmpfs"],
+)
 def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(
-    active_2gpu, runtime_name: str, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+    active_2gpu, runtime_name: str, dev: str, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
 ) -> None:
     """The same container on a rootfs owned by host root (no idmapped mount): its own root cannot write
     its rootfs, nor can nvc-py's steps that run as that root. The start fails with one line naming the
     user namespace and what to do, on the runtime's stderr (not only in the hook log); nothing is
-    left in the rootfs."""
+    left in the rootfs. Also with the rootfs's own /dev, no tmpfs over it (#51's fourth row, once an
+    ldcache error without ldconfig's line)."""
     runtime = _runtime(runtime_name, tmp_path, debian_rootfs)
+    if dev != "tmpfs":  # the runtime makes its nodes and mount points in /dev as the container's root
+        (debian_rootfs / "dev").mkdir(exist_ok=True)
+        os.chown(debian_rootfs / "dev", HOST_ID, HOST_ID)
     before = sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*"))
     bundle = _userns_bundle(tmp_path / "bundle", debian_rootfs, ["sh", "-c", CHECK], setup_dir)
+    if dev != "tmpfs":
+        config = json.loads((bundle / "config.json").read_text())
+        config["mounts"] = [m for m in config["mounts"] if m["destination"] != "/dev"]
+        (bundle / "config.json").write_text(json.dumps(config))
     result = runtime.create_start(bundle)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "nvc-py-hook:" in line]
@@ -126,7 +138,9 @@ def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(
     ) in lines[0], lines[0]
     last = json.loads((setup_dir / "hook.log").read_text().splitlines()[-1])
     assert last["outcome"] == "error" and "user namespace" in last["error"]
-    assert sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*")) == before
+    left = {str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*")} - set(before)
+    # the runtime's own /dev nodes and links stay where /dev is the rootfs's; nothing of nvc-py's
+    assert all(p.startswith("dev/") and "nvidia" not in p for p in left) and (dev != "tmpfs" or not left), left
 
 
 def test_userns_container_on_an_idmapped_host_root_rootfs_gets_gpu(
