@@ -193,7 +193,10 @@ def test_a_pod_without_host_users_sees_its_gpu(k8s_cluster: Cluster, plugin) -> 
                 f"kubelet: {_sandbox_failure(k8s_cluster, ns)}: containerd 2.2 reports user namespaces only for a "
                 "runtime whose `runc features` list the user namespace and idmapped mounts "
                 f"(linux.mountExtensions.idmap, runc 1.2 and later); the node's runc is {_runc_without_idmap()}. "
-                "A hostUsers: false pod needs runc 1.2 or later as nvc-py-runtime's runc"
+                "A hostUsers: false pod needs runc 1.2 or later as nvc-py-runtime's runc, and on this test node "
+                "a /proc with nothing mounted over it: with runc 1.2.6 the kubelet accepts the pod, and runc "
+                "cannot mount the pod's fresh /proc in its user namespace (EPERM) while the fake driver's "
+                "/proc/driver/nvidia and /proc/devices and the kubelet's /proc/sys files cover parts of the node's"
             )
         k8s_cluster.wait_phase(ns, "userns", "Succeeded")
         out = k8s_cluster.logs(ns, "userns")
