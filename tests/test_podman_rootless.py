@@ -52,7 +52,7 @@ CHECK = (
 )
 
 
-def _user_script(home: Path, run: Path, image_tar: Path) -> str:
+def _user_script(home: Path, run: Path, image_tar: Path, userns: list[str]) -> str:
     """The user's commands: its own podman configuration and storage, the image imported, the GPU run."""
     env = (
         f"HOME={home} XDG_RUNTIME_DIR={run} CONTAINERS_CONF={home}/containers.conf "
@@ -61,7 +61,7 @@ def _user_script(home: Path, run: Path, image_tar: Path) -> str:
     podman = f"env {env} podman"
     return (
         f"{podman} import --quiet {image_tar} localhost/nvc-rootless:debian >/dev/null && "
-        f"exec {podman} --hooks-dir {home}/hooks.d run --rm --pull never --network none "
+        f"exec {podman} --hooks-dir {home}/hooks.d run --rm --pull never --network none {' '.join(userns)} "
         f'--device nvidia.com/gpu=0 -v /proc:/proc:rbind localhost/nvc-rootless:debian sh -c "{CHECK}"'
     )
 
@@ -82,12 +82,29 @@ def _stop_pause_process(run: Path) -> None:
         time.sleep(0.01)
 
 
+# podman's --userns modes -> the container's uid (id -u) and its uid_map as the container reads it: without
+# a mode the container is in podman's own user namespace (host ids); keep-id and nomap give it one inside
+# that namespace, where 0 is the user and 1.. its range (keep-id: the user's uid is the user; nomap: the
+# user is not mapped at all).
+USERNS_MODES = {
+    "default": ([], "0", [["0", str(UID), "1"], ["1", "300000", "65536"]]),
+    "keep-id": (
+        ["--userns=keep-id"],
+        str(UID),
+        [["0", "1", str(UID)], [str(UID), "0", "1"], ["45679", "45679", "19858"]],
+    ),
+    "nomap": (["--userns=nomap"], "0", [["0", "1", "65536"]]),
+}
+
+
+@pytest.mark.parametrize("mode", USERNS_MODES)
 def test_rootless_podman_gets_gpu_through_cdi(
-    active_2gpu, fake_2gpu, rootfs_cache, setup_dir: Path, tmp_path: Path
+    active_2gpu, fake_2gpu, rootfs_cache, setup_dir: Path, tmp_path: Path, mode: str
 ) -> None:
-    """An ordinary user's `podman run --device nvidia.com/gpu=0`: GPU 0 and its nodes, libcuda in a
-    working ld cache that belongs to the container's root (the user, outside), a user namespace that
-    maps uid 0 to the user."""
+    """An ordinary user's `podman run --device nvidia.com/gpu=0`, with no --userns and with rootless podman's
+    keep-id and nomap (where NVIDIA's stack fails: libnvidia-container #115, toolkit #648): GPU 0 and its
+    nodes, libcuda in a working ld cache, the ld cache and the libcuda.so link the container root's, the
+    uid and uid map of the mode."""
     try:
         pwd.getpwuid(UID)
         pytest.skip(f"uid {UID} is taken on this host")
@@ -121,7 +138,8 @@ def test_rootless_podman_gets_gpu_through_cdi(
         str(setup_dir / "config.yaml"),
     ]
     script = AS_USER % {"user": USER, "uid": UID, "subids": SUBIDS}
-    user_script = _user_script(home, run, image_tar)
+    userns, uid, uid_map = USERNS_MODES[mode]
+    user_script = _user_script(home, run, image_tar, userns)
     try:
         result = subprocess.run(
             [
@@ -159,5 +177,6 @@ def test_rootless_podman_gets_gpu_through_cdi(
     ), result.stdout
     assert "owner 0:0 /etc/ld.so.cache" in lines, result.stdout
     assert "owner 0:0 /usr/lib/x86_64-linux-gnu/libcuda.so" in lines, result.stdout
-    assert lines[-3] == "0" and lines[-2].split() == ["0", str(UID), "1"], result.stdout
-    assert lines[-1].split() == ["1", "300000", "65536"], result.stdout
+    owners = lines.index("owner 0:0 /usr/lib/x86_64-linux-gnu/libcuda.so")
+    assert lines[owners + 1] == uid, result.stdout
+    assert [line.split() for line in lines[owners + 2 :]] == uid_map, result.stdout
