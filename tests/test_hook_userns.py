@@ -279,6 +279,38 @@ def test_podman_userns_modes(
     assert last["outcome"] == "configured" and last["devices"] == ["0"]
 
 
+def test_podman_uidmap_with_the_cdi_spec(active_2gpu, fake_2gpu, podman, setup_dir: Path, tmp_path: Path) -> None:
+    """Rootful podman `--uidmap` through nvc-py's CDI spec instead of its hook: its createContainer hooks
+    run in the container's user namespace, so the link and the ld cache they make are the container
+    root's there."""
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    reachable_from_userns(setup_dir / "config.yaml")  # read by the hooks, in the container's namespace
+    subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "--root", str(fake_2gpu.root), "cdi", "generate"]
+        + ["--output", str(spec_dir / "nvidia.yaml"), "--config", str(setup_dir / "config.yaml")],
+        check=True,
+        capture_output=True,
+    )
+    check = (
+        "nvidia-smi -L 2>&1; ldconfig -p | grep -o 'libcuda.so.1 (.*'; "
+        "stat -c 'owner %u:%g %n' /etc/ld.so.cache /usr/lib/x86_64-linux-gnu/libcuda.so; cat /proc/self/uid_map"
+    )
+    result = podman.run(
+        podman.image(),
+        ["sh", "-c", check],
+        extra_args=[*PODMAN_MODES[0][0], "-v", "/proc:/proc:rbind", "--device", "nvidia.com/gpu=0"],
+        cdi_spec_dir=spec_dir,
+    )
+    assert result.returncode == 0, result.stderr
+    assert uuids(result.stdout) == [H100]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("libcuda.so.1 (libc6,x86-64) => ") for line in lines), result.stdout
+    assert "owner 0:0 /etc/ld.so.cache" in lines, result.stdout
+    assert "owner 0:0 /usr/lib/x86_64-linux-gnu/libcuda.so" in lines, result.stdout
+    assert lines[-1].split() == PODMAN_MODES[0][1].split(), result.stdout
+
+
 @pytest.mark.parametrize("mode", ["keep-id", "nomap"])
 def test_podman_rootless_only_userns_modes_are_podmans_refusal(active_2gpu, podman, setup_dir: Path, mode: str) -> None:
     """`--userns=keep-id` and `--userns=nomap` are rootless podman's: podman refuses them for root
