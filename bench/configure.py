@@ -22,6 +22,14 @@ stage tables):
 Every row is also given as a ratio to the no-hook start of the same run, so it can be set beside
 the reference's figures (measured the same way, in other runs: see ../shared/reference).
 
+``--userns``: the hook's cost with a user namespace beside without (#51: within 10 %). The same
+container, GPU 0, with and without uid/gid maps 0 -> 100000 (65536; its rootfs copy chowned to that
+range before the clock starts), rows interleaved: no hook, the hook served and with no server, each
+in both. Every row, mapped or not, has /proc and /sys as binds of the bench's (the fake driver's
+mounts over /proc keep a user namespace from a fresh proc), so the maps are the only difference. A
+hook's cost is its start minus the no-hook start of the same kind; the table gives it with and
+without the maps, their ratio, and the same for the hook's own ``duration_ms`` (its log).
+
 Stages of configure come from the CLI's own ``--debug`` log (its ``timing`` lines: discovery and
 plan, apply setup, mounts, ldconfig, cgroup; glog time stamps) and the hook's wall clock (bash's
 $EPOCHREALTIME around the nvc-py call): what comes before the first stage is interpreter start,
@@ -53,7 +61,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from harness.bundle import make_bundle  # noqa: E402
+from harness.bundle import make_bundle, reachable_from_userns  # noqa: E402
 from harness.hookserver import client_hook, client_path, hook_server, program_interpreter  # noqa: E402
 from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
 from harness.timing import median_row, start_container  # noqa: E402
@@ -79,6 +87,7 @@ class Row(NamedTuple):
     served: bool = False
     gpu: bool = True
     tuned: bool = False
+    userns: bool = False  # uid/gid maps ID_MAP, the rootfs chowned to them (--userns)
 
 
 ROWS = (
@@ -92,7 +101,18 @@ ROWS = (
     Row("TUNED nvc-py-hook, GPU 0, served", "hook", served=True, tuned=True),
     Row("TUNED nvc-py-hook, GPU 0, no server", "hook", tuned=True),
 )
-CLI_ROWS = tuple(i for i, row in enumerate(ROWS) if row.kind == "cli")
+USERNS = ", userns"  # a row with the maps
+# --userns: each row without the maps, then with them.
+USERNS_ROWS = tuple(
+    variant
+    for row in (
+        Row("no hook", "none"),
+        Row("nvc-py-hook, GPU 0, served", "hook", served=True),
+        Row("nvc-py-hook, GPU 0, no server", "hook"),
+    )
+    for variant in (row, row._replace(label=row.label + USERNS, userns=True))
+)
+ID_MAP = (100000, 65536)  # host id of uid and gid 0 inside, size
 STAGES = ("discovery+plan", "setup", "mounts", "ldconfig", "cgroup", "finish")
 STAGE_LABELS = {
     "setup": "apply setup (ldconfig fork, helper imports)",
@@ -159,6 +179,43 @@ def hook_stages(log: str, via: str | None) -> list[dict[str, float]]:
     return runs[1:]  # the first run warms caches
 
 
+def userns_costs(rows: tuple[Row, ...], times: dict[str, list[float]]) -> list[tuple[str, float, float]]:
+    """Per hook row without the maps: (its label, its median start over the median no-hook start
+    without the maps, the same with them), in ms."""
+    baseline = {row.userns: statistics.median(times[row.label]) for row in rows if row.kind == "none"}
+    median = {row.label: statistics.median(times[row.label]) for row in rows}
+    return [
+        (row.label, median[row.label] - baseline[False], median[row.label + USERNS] - baseline[True])
+        for row in rows
+        if row.kind != "none" and not row.userns
+    ]
+
+
+def hook_durations(log: str, rows: tuple[Row, ...]) -> dict[str, list[float]]:
+    """Each row's configured GPU 0 hook runs' ``duration_ms`` from the hook's log (its container id
+    names the round and the row: ``nvc-bench-ROUND-ROW``), round 0's left out."""
+    found: dict[str, list[float]] = {row.label: [] for row in rows}
+    for line in log.splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        round_no, _, row_no = str(record.get("container", "")).removeprefix("nvc-bench-").partition("-")
+        if record.get("outcome") == "configured" and round_no.isdigit() and round_no != "0" and row_no.isdigit():
+            found[rows[int(row_no)].label].append(record["duration_ms"])
+    return found
+
+
+def print_userns_table(rows: tuple[Row, ...], times: dict[str, list[float]], durations: dict[str, list[float]]) -> None:
+    """The hook's cost with the maps beside without, and their ratio (#51: within 10 %)."""
+    header = f"{'hook cost, medians (ms)':<50} {'no maps':>9} {'maps':>9}  maps / no maps"
+    print(f"\n{header}\n{'-' * len(header)}")
+    for label, plain, mapped in userns_costs(rows, times):
+        print(f"{label + ': start - no-hook start':<50} {plain:>9.1f} {mapped:>9.1f}  {mapped / plain:.2f}")
+        if durations.get(label) and durations.get(label + USERNS):
+            own, own_mapped = statistics.median(durations[label]), statistics.median(durations[label + USERNS])
+            print(f"{label + ': duration_ms':<50} {own:>9.1f} {own_mapped:>9.1f}  {own_mapped / own:.2f}")
+
+
 def floor(python: str) -> float:
     t0 = time.perf_counter()
     subprocess.run([python, "-I", "-S", "-c", "pass"], check=True)
@@ -206,6 +263,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15, help="rounds (default 15, at least 10)")
     parser.add_argument("--runtime", default=None, help="crun or runc (default: crun if installed, else runc)")
     parser.add_argument("--fake", action="store_true", help="use the fake driver even on a GPU host")
+    parser.add_argument("--userns", action="store_true", help="the hook with uid/gid maps beside without")
     args = parser.parse_args()
     if args.runs < 10:
         parser.error("--runs must be at least 10")
@@ -214,6 +272,8 @@ def main() -> int:
     nvc, hook_script = default_script("nvc-py"), default_script("nvc-py-hook")
     python = program_interpreter(nvc) or sys.executable
     real = Path("/proc/driver/nvidia/version").exists() and not args.fake
+    rows = USERNS_ROWS if args.userns else ROWS
+    cli_rows = tuple(i for i, row in enumerate(rows) if row.kind == "cli")
     with tempfile.TemporaryDirectory(prefix="nvc-bench-configure-") as tmp:
         work = Path(tmp)
         if real:
@@ -235,10 +295,10 @@ def main() -> int:
         )
         sock = work / "run" / "hook.sock"
         wrappers = {}
-        for row_no in CLI_ROWS:
+        for row_no in cli_rows:
             command = (
                 f"NVC_PY_HOOK_SOCKET={sock} {client_path()} {nvc}"
-                if ROWS[row_no].served
+                if rows[row_no].served
                 else f"NVC_PY_HOOK_SOCKET=none {nvc}"
             )
             wrappers[row_no] = work / f"configure-hook-{row_no}.sh"
@@ -261,17 +321,20 @@ def main() -> int:
             hooks_by_config[tuned, True] = client_hook(hook_script, sock, hook_env)
         base = RootfsCache(work / "cache").get("debian")
         state = work / "state"
-        times: dict[str, list[float]] = {row.label: [] for row in ROWS}
+        times: dict[str, list[float]] = {row.label: [] for row in rows}
         floors: list[float] = []
-        stages: dict[int, list[dict[str, float]]] = {row_no: [] for row_no in CLI_ROWS}
+        stages: dict[int, list[dict[str, float]]] = {row_no: [] for row_no in cli_rows}
         failures: list[str] = []
         with activation, hook_server(hook_script, sock):
             for round_no in range(args.runs + 1):
-                for row_no, row in enumerate(ROWS):
+                for row_no, row in enumerate(rows):
                     tag = f"{round_no}-{row_no}"
                     bundle = work / f"b{tag}"
                     bundle.mkdir()
                     rootfs = copy_rootfs(base, bundle / "rootfs")
+                    if row.userns:
+                        subprocess.run(["chown", "-R", "-h", f"{ID_MAP[0]}:{ID_MAP[0]}", str(rootfs)], check=True)
+                        reachable_from_userns(rootfs)
                     hooks, env = None, {}
                     if row.kind == "cli":
                         wrapper = wrappers[row_no]
@@ -283,14 +346,22 @@ def main() -> int:
                     elif row.kind == "hook":
                         hooks = {"prestart": [hooks_by_config[row.tuned, row.served]]}
                         env = {"NVIDIA_VISIBLE_DEVICES": "0"} if row.gpu else {}
-                    make_bundle(bundle, rootfs, ["true"], env=env, hooks=hooks)
+                    make_bundle(
+                        bundle,
+                        rootfs,
+                        ["true"],
+                        env=env,
+                        hooks=hooks,
+                        id_map=ID_MAP if row.userns else None,
+                        host_proc_sys=args.userns,
+                    )
                     elapsed, error = start_container(runtime, state, bundle, f"nvc-bench-{tag}")
                     shutil.rmtree(bundle, ignore_errors=True)
                     if error:
                         failures.append(f"{row.label}: {error}")
                     elif round_no:  # round 0 warms caches
                         times[row.label].append(elapsed)
-                        if row_no in CLI_ROWS:
+                        if row_no in cli_rows:
                             stages[row_no].append(configure_stages(work, tag))
                 if round_no:
                     floors.append(floor(python))
@@ -314,18 +385,21 @@ def main() -> int:
 
     header = f"{'container start (start to exit of `true`)':<44} {'median ms':>9} {'min':>7} {'max':>7}  vs no hook"
     print(f"\n{header}\n{'-' * len(header)}")
-    baseline = statistics.median(times[ROWS[0].label])
-    for row in ROWS:
+    baseline = statistics.median(times[rows[0].label])
+    for row in rows:
         m = statistics.median(times[row.label])
-        note = "1.00 (baseline)" if row == ROWS[0] else f"{m / baseline:.2f}  (+{m - baseline:.1f} ms overhead)"
+        note = "1.00 (baseline)" if row == rows[0] else f"{m / baseline:.2f}  (+{m - baseline:.1f} ms overhead)"
         print(median_row(row.label, times[row.label], note))
+    if args.userns:
+        print_userns_table(rows, times, hook_durations(hook_log, rows))
+        return 0
     for via, values in durations.items():
         if values:
             print(median_row(f"default nvc-py-hook, GPU 0, {via}: duration_ms", values, "the hook's own log"))
 
-    for row_no in CLI_ROWS:
+    for row_no in cli_rows:
         print_cli_stages(
-            f"{ROWS[row_no].label}, by stage", stages[row_no], None if ROWS[row_no].served else floors, baseline
+            f"{rows[row_no].label}, by stage", stages[row_no], None if rows[row_no].served else floors, baseline
         )
     for title, runs in hook_runs.items():
         if not runs:

@@ -21,6 +21,7 @@ import pytest
 from harness.bundle import make_bundle, reachable_from_userns
 from harness.fakegpus import H100, uuids
 from harness.hookfixtures import default_run_dir, setup_dir  # noqa: F401  (fixtures)
+from harness.idmap import idmapped
 from harness.installed import SCRIPTS
 from harness.runtime import Runc
 from nvc.containerenv import sharing
@@ -60,26 +61,18 @@ def _runtime(name: str, tmp_path: Path, rootfs: Path) -> Runc:
 def _userns_bundle(
     dir: Path, rootfs: Path, args: list[str], setup_dir: Path, env: dict[str, str] | None = None
 ) -> Path:
-    """A bundle with a user namespace (0 -> 100000, 65536) and the runtime's /dev tmpfs. /proc and
-    /sys are binds of this process's: the fake driver's mounts over them here make a fresh proc or
-    sysfs one the kernel refuses to a user namespace (it would reveal what they cover)."""
+    """A bundle with a user namespace (0 -> 100000, 65536) and the runtime's /dev tmpfs; /proc and /sys
+    binds of this process's (make_bundle's ``host_proc_sys``: the fake driver's mounts over them)."""
     reachable_from_userns(rootfs)
-    bundle = make_bundle(
+    return make_bundle(
         dir,
         rootfs,
         args,
         env={"NVIDIA_VISIBLE_DEVICES": "0", **(env or {})},
         hooks={"prestart": [_hook(setup_dir)], "poststop": [{**_hook(setup_dir), "args": ["nvc-py-hook", "poststop"]}]},
         id_map=(HOST_ID, SIZE),
+        host_proc_sys=True,
     )
-    config = json.loads((bundle / "config.json").read_text())
-    for mount in config["mounts"]:
-        if mount["destination"] in ("/proc", "/sys"):
-            options = ["rbind", "nosuid", "noexec", "nodev"] + (["ro"] if mount["destination"] == "/sys" else [])
-            mount.update(type="bind", source=mount["destination"], options=options)
-    config["mounts"] = [m for m in config["mounts"] if m["destination"] != "/sys/fs/cgroup"]
-    (bundle / "config.json").write_text(json.dumps(config, indent=2))
-    return bundle
 
 
 def _chown_to_mapped_range(rootfs: Path) -> None:
@@ -110,17 +103,29 @@ def test_userns_container_gets_gpu_owned_by_its_root(
     assert (cache.st_uid, cache.st_gid) == (HOST_ID, HOST_ID)
 
 
-@pytest.mark.parametrize("runtime_name", ["runc", "crun"])
+@pytest.mark.parametrize(
+    ("runtime_name", "dev"),
+    [("runc", "tmpfs"), ("crun", "tmpfs"), ("runc", "rootfs's")],
+    ids=["runc", "crun", "no-dev-tmpfs"],
+)
 def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(
-    active_2gpu, runtime_name: str, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+    active_2gpu, runtime_name: str, dev: str, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
 ) -> None:
     """The same container on a rootfs owned by host root (no idmapped mount): its own root cannot write
     its rootfs, nor can nvc-py's steps that run as that root. The start fails with one line naming the
     user namespace and what to do, on the runtime's stderr (not only in the hook log); nothing is
-    left in the rootfs."""
+    left in the rootfs. Also with the rootfs's own /dev, no tmpfs over it (#51's fourth row, once an
+    ldcache error without ldconfig's line)."""
     runtime = _runtime(runtime_name, tmp_path, debian_rootfs)
+    if dev != "tmpfs":  # the runtime makes its nodes and mount points in /dev as the container's root
+        (debian_rootfs / "dev").mkdir(exist_ok=True)
+        os.chown(debian_rootfs / "dev", HOST_ID, HOST_ID)
     before = sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*"))
     bundle = _userns_bundle(tmp_path / "bundle", debian_rootfs, ["sh", "-c", CHECK], setup_dir)
+    if dev != "tmpfs":
+        config = json.loads((bundle / "config.json").read_text())
+        config["mounts"] = [m for m in config["mounts"] if m["destination"] != "/dev"]
+        (bundle / "config.json").write_text(json.dumps(config))
     result = runtime.create_start(bundle)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "nvc-py-hook:" in line]
@@ -133,6 +138,63 @@ def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(
     ) in lines[0], lines[0]
     last = json.loads((setup_dir / "hook.log").read_text().splitlines()[-1])
     assert last["outcome"] == "error" and "user namespace" in last["error"]
+    left = {str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*")} - set(before)
+    # the runtime's own /dev nodes and links stay where /dev is the rootfs's; nothing of nvc-py's
+    assert all(p.startswith("dev/") and "nvidia" not in p for p in left) and (dev != "tmpfs" or not left), left
+
+
+def test_userns_container_on_an_idmapped_host_root_rootfs_gets_gpu(
+    active_2gpu, runc: Runc, debian_rootfs: Path, setup_dir: Path, tmp_path: Path
+) -> None:
+    """The rootfs owned by host root, given to the container through an idmapped mount (on-disk 0 shown
+    as 100000, the container's root): the same GPU, nodes and ld cache, what nvc-py made the
+    container root's inside, and host root's on disk."""
+    shown = tmp_path / "idmapped"
+    shown.mkdir()
+    reachable_from_userns(debian_rootfs)
+    with idmapped(debian_rootfs, shown, HOST_ID, SIZE):
+        bundle = _userns_bundle(tmp_path / "bundle", shown, ["sh", "-c", CHECK], setup_dir)
+        result = runc.create_start(bundle)
+    assert result.returncode == 0, result.stderr
+    assert uuids(result.stdout) == [H100]
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("nvidia")] == SEEN, result.stdout
+    assert any(line.startswith("libcuda.so.1 (libc6,x86-64) => ") for line in lines), result.stdout
+    assert "owner 0:0 /etc/ld.so.cache" in lines and "owner 0:0 /proc/driver/nvidia" in lines, result.stdout
+    cache = (debian_rootfs / "etc/ld.so.cache").stat()
+    assert (cache.st_uid, cache.st_gid) == (0, 0)
+
+
+def test_a_user_namespace_that_maps_no_root_is_refused_in_one_line(
+    active_2gpu, fake_2gpu, debian_rootfs: Path, tmp_path: Path
+) -> None:
+    """`nvc-py configure --pid` of a process whose user namespace maps uids 1.. but not 0 (runc refuses
+    such a spec itself; podman's `--userns=nomap` leaves the user's own uid out): one line naming that
+    namespace and what to do, nothing made in the rootfs."""
+    _chown_to_mapped_range(debian_rootfs)
+    reachable_from_userns(debian_rootfs)
+    before = sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*"))
+    holder = subprocess.Popen(["unshare", "--user", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        while os.readlink(f"/proc/{holder.pid}/ns/user") == os.readlink("/proc/self/ns/user"):
+            time.sleep(0.005)
+        for name in ("uid_map", "gid_map"):
+            Path(f"/proc/{holder.pid}/{name}").write_text(f"1 {HOST_ID + 1} {SIZE - 1}\n")
+        result = subprocess.run(
+            [str(SCRIPTS / "nvc-py"), "--root", str(fake_2gpu.root), "configure", "--pid", str(holder.pid)]
+            + ["--device=0", "--compute", "--utility", "--no-cgroups", str(debian_rootfs)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode != 0 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert (
+        f"the user namespace of container process {holder.pid} maps no root (uid and gid 0): nvc-py makes the "
+        "container's files as its root; map 0 inside (podman: not --userns=nomap)"
+    ) in result.stderr, result.stderr
     assert sorted(str(p.relative_to(debian_rootfs)) for p in debian_rootfs.rglob("*")) == before
 
 
@@ -215,6 +277,38 @@ def test_podman_userns_modes(
     assert lines[-2] == "0" and lines[-1].split() == uid_map.split(), result.stdout
     last = json.loads((setup_dir / "hook.log").read_text().splitlines()[-1])
     assert last["outcome"] == "configured" and last["devices"] == ["0"]
+
+
+def test_podman_uidmap_with_the_cdi_spec(active_2gpu, fake_2gpu, podman, setup_dir: Path, tmp_path: Path) -> None:
+    """Rootful podman `--uidmap` through nvc-py's CDI spec instead of its hook: its createContainer hooks
+    run in the container's user namespace, so the link and the ld cache they make are the container
+    root's there."""
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    reachable_from_userns(setup_dir / "config.yaml")  # read by the hooks, in the container's namespace
+    subprocess.run(
+        [str(SCRIPTS / "nvc-py"), "--root", str(fake_2gpu.root), "cdi", "generate"]
+        + ["--output", str(spec_dir / "nvidia.yaml"), "--config", str(setup_dir / "config.yaml")],
+        check=True,
+        capture_output=True,
+    )
+    check = (
+        "nvidia-smi -L 2>&1; ldconfig -p | grep -o 'libcuda.so.1 (.*'; "
+        "stat -c 'owner %u:%g %n' /etc/ld.so.cache /usr/lib/x86_64-linux-gnu/libcuda.so; cat /proc/self/uid_map"
+    )
+    result = podman.run(
+        podman.image(),
+        ["sh", "-c", check],
+        extra_args=[*PODMAN_MODES[0][0], "-v", "/proc:/proc:rbind", "--device", "nvidia.com/gpu=0"],
+        cdi_spec_dir=spec_dir,
+    )
+    assert result.returncode == 0, result.stderr
+    assert uuids(result.stdout) == [H100]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("libcuda.so.1 (libc6,x86-64) => ") for line in lines), result.stdout
+    assert "owner 0:0 /etc/ld.so.cache" in lines, result.stdout
+    assert "owner 0:0 /usr/lib/x86_64-linux-gnu/libcuda.so" in lines, result.stdout
+    assert lines[-1].split() == PODMAN_MODES[0][1].split(), result.stdout
 
 
 @pytest.mark.parametrize("mode", ["keep-id", "nomap"])

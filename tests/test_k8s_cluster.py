@@ -11,7 +11,9 @@ a GPU made unhealthy by an XID is no longer allocated. The kubelet stand-in's te
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -145,6 +147,63 @@ def test_a_pod_sees_the_memory_limit_of_its_gpu_shares(k8s_cluster: Cluster, plu
         k8s_cluster.wait_phase(ns, "share", "Succeeded")
         out = k8s_cluster.logs(ns, "share")
     assert uuids(out) == [H100] and str(16 * GIB) in out and str(64 * GIB) not in out, out
+
+
+def _supports_user_namespaces(cluster: Cluster) -> bool:
+    """Whether the node's default runtime handler says it supports user namespaces (containerd 2 does
+    for a runc whose ``runc features`` show ``user`` namespaces and idmapped mounts)."""
+    handlers = cluster.get("node", NODE)["status"].get("runtimeHandlers", [])
+    return any(h.get("name", "") == "" and h.get("features", {}).get("userNamespaces") for h in handlers)
+
+
+def _sandbox_failure(cluster: Cluster, namespace: str) -> str:
+    """The kubelet's reason for not creating a pod sandbox in ``namespace`` (its event's message)."""
+
+    def message() -> str | None:
+        events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
+        return next((e["message"] for e in events if e.get("reason") == "FailedCreatePodSandBox"), None)
+
+    return wait_until("FailedCreatePodSandBox event", message, 60)
+
+
+def _runc_without_idmap() -> str:
+    """What the node's runc (nvc-py-runtime's) is and says of idmapped mounts."""
+    version = subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    linux = json.loads(subprocess.run(["runc", "features"], capture_output=True, text=True).stdout or "{}").get(
+        "linux", {}
+    )
+    idmap = (linux.get("mountExtensions") or {}).get("idmap")
+    return f"{' '.join(version) or 'runc'}, whose `runc features` give linux.mountExtensions.idmap: {idmap}"
+
+
+def test_a_pod_without_host_users_sees_its_gpu(k8s_cluster: Cluster, plugin) -> None:
+    """A GPU pod with ``hostUsers: false`` (its own user namespace, #51): the H100, its node and libcuda in
+    its ld cache, and a uid map that is not the host's identity map. Skipped, with the kubelet's own
+    reason, where containerd says its runtime cannot give a pod a user namespace."""
+    plugin()
+    _allocatable(k8s_cluster, "nvidia.com/gpu", 1)
+    show = [SHOW[0], SHOW[1], SHOW[2] + "; ldconfig -p | grep -o 'libcuda.so.1 (.*'; cat /proc/self/uid_map"]
+    pod = _pod("", "userns", show, {"nvidia.com/gpu": 1})
+    pod["spec"]["hostUsers"] = False
+    with k8s_cluster.namespace("userns") as ns:
+        pod["metadata"]["namespace"] = ns
+        k8s_cluster.apply(pod)
+        if not _supports_user_namespaces(k8s_cluster):
+            pytest.skip(
+                f"kubelet: {_sandbox_failure(k8s_cluster, ns)}: containerd 2.2 reports user namespaces only for a "
+                "runtime whose `runc features` list the user namespace and idmapped mounts "
+                f"(linux.mountExtensions.idmap, runc 1.2 and later); the node's runc is {_runc_without_idmap()}. "
+                "A hostUsers: false pod needs runc 1.2 or later as nvc-py-runtime's runc, and on this test node "
+                "a /proc with nothing mounted over it: with runc 1.2.6 the kubelet accepts the pod, and runc "
+                "cannot mount the pod's fresh /proc in its user namespace (EPERM) while the fake driver's "
+                "/proc/driver/nvidia and /proc/devices and the kubelet's /proc/sys files cover parts of the node's"
+            )
+        k8s_cluster.wait_phase(ns, "userns", "Succeeded")
+        out = k8s_cluster.logs(ns, "userns")
+    assert uuids(out) == [H100] and _devices(out) == {"nvidia0"}, out
+    assert "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in out, out
+    uid_map = [line.split() for line in out.splitlines() if line.split()[:1] == ["0"]]
+    assert len(uid_map) == 1 and uid_map[0] != ["0", "0", "4294967295"], out
 
 
 def test_restarts_of_the_kubelet_and_the_plugin_keep_a_running_pod_and_its_gpu(

@@ -28,19 +28,20 @@ def _options(args: Sequence[str], name: str) -> list[str]:
     return values
 
 
-def _rootfs(stdin: bytes) -> tuple[str, int | None]:
+def _rootfs(stdin: bytes) -> str:
     from nvc.hook.oci import spec
 
     state = spec.parse_state(stdin)
-    return spec.container(state.bundle, spec.load_config(state.bundle)).rootfs, state.pid
+    return spec.container(state.bundle, spec.load_config(state.bundle)).rootfs
 
 
-def _owner(pid: int | None) -> tuple[int, int]:
-    """The container process's uid and gid (files nvc-py creates are the container's)."""
-    if pid is None:
-        return 0, 0
-    st = os.stat(f"/proc/{pid}")
-    return st.st_uid, st.st_gid
+def _owner() -> tuple[int, int]:
+    """The container's uid and gid, which files nvc-py creates get: this hook's own. A createContainer
+    hook runs in the container's namespaces as its init (runc and crun run it from there), so in a
+    user namespace it is the container's root there (rootless podman: the user). Not the state's pid:
+    runc gives init's pid in the container's pid namespace (1), which this /proc, the host's before
+    the pivot, does not name (its pid 1, the host's init, is nobody in a user namespace)."""
+    return os.getuid(), os.getgid()
 
 
 def create_symlinks(args: Sequence[str], stdin: bytes) -> None:
@@ -52,8 +53,8 @@ def create_symlinks(args: Sequence[str], stdin: bytes) -> None:
         if not sep or not target or not os.path.isabs(link):
             raise InputError(f"--link {pair!r}: expected TARGET::/ABSOLUTE/LINK")
         links.append((target, link))
-    root, pid = _rootfs(stdin)
-    owner = _owner(pid)
+    root = _rootfs(stdin)
+    owner = _owner()
     try:  # a rootfs that is a symlink is refused, as configure refuses it
         root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
@@ -76,6 +77,5 @@ def update_ldcache(args: Sequence[str], stdin: bytes, ldconfig: str) -> None:
     folders = _options(args, "folder")
     if not all(os.path.isabs(f) for f in folders):
         raise InputError("--folder: expected absolute paths inside the container")
-    root, pid = _rootfs(stdin)
-    if not run_ldconfig(ldconfig, root, folders, owner=_owner(pid)):
+    if not run_ldconfig(ldconfig, _rootfs(stdin), folders, owner=_owner()):
         raise LdcacheError(f"{ldconfig}: no ldconfig to run")

@@ -98,6 +98,14 @@ MASKED_PATHS = [
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
+def _host_bind(mount: Mapping[str, Any]) -> dict[str, Any]:
+    """``mount``, but /proc and /sys as binds of this process's (see make_bundle's ``host_proc_sys``)."""
+    if mount["destination"] not in ("/proc", "/sys"):
+        return dict(mount)
+    options = ["rbind", "nosuid", "noexec", "nodev"] + (["ro"] if mount["destination"] == "/sys" else [])
+    return {"destination": mount["destination"], "type": "bind", "source": mount["destination"], "options": options}
+
+
 def _root_path(bundle: Path, rootfs: Path) -> str:
     """Relative like `runc spec` when the rootfs sits in the bundle, else absolute."""
     rootfs = Path(rootfs).absolute()
@@ -115,6 +123,7 @@ def make_config(
     cgroups_path: str | None = None,
     network_ns: bool = True,
     id_map: tuple[int, int] | None = None,
+    host_proc_sys: bool = False,
 ) -> dict[str, Any]:
     """The config.json document; see make_bundle."""
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
@@ -151,7 +160,11 @@ def make_config(
         },
         "root": {"path": _root_path(Path(bundle).absolute(), rootfs), "readonly": readonly},
         "hostname": "nvc-test",
-        "mounts": [dict(m) for m in MOUNTS],
+        "mounts": [
+            _host_bind(m) if host_proc_sys else dict(m)
+            for m in MOUNTS
+            if not host_proc_sys or m["destination"] != "/sys/fs/cgroup"
+        ],
         "linux": linux,
     }
     if hooks:
@@ -170,6 +183,7 @@ def make_bundle(
     cgroups_path: str | None = None,
     network_ns: bool = True,
     id_map: tuple[int, int] | None = None,
+    host_proc_sys: bool = False,
 ) -> Path:
     """Write `dir`/config.json and return the bundle dir.
 
@@ -177,11 +191,16 @@ def make_bundle(
     "createRuntime", …) to hook dicts ({"path", "args", "env", "timeout"});
     `devices` are linux.devices entries (path, type, major, minor, …), each
     also allowed rwm in the device cgroup. `id_map` (host id, size): a user
-    namespace whose uids and gids 0.. are those host ids.
+    namespace whose uids and gids 0.. are those host ids. `host_proc_sys`:
+    /proc and /sys are binds of this process's, and no /sys/fs/cgroup: the
+    fake driver's mounts over /proc make a fresh proc or sysfs one the kernel
+    refuses to a user namespace (it would reveal what they cover).
     """
     bundle = Path(dir).absolute()
     bundle.mkdir(parents=True, exist_ok=True)
-    config = make_config(bundle, rootfs, args, env, hooks, devices, readonly, cgroups_path, network_ns, id_map)
+    config = make_config(
+        bundle, rootfs, args, env, hooks, devices, readonly, cgroups_path, network_ns, id_map, host_proc_sys
+    )
     (bundle / "config.json").write_text(json.dumps(config, indent=2))
     return bundle
 

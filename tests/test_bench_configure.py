@@ -1,0 +1,79 @@
+"""bench/configure.py's ``--userns`` mode without running containers: its rows differ from their pair only
+in the maps, its bundles only in the user namespace, and its table's figures are the hook's cost (its start
+over the no-hook start of the same kind) and its own log's ``duration_ms``, by row."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.bundle import make_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bench():
+    loader = importlib.machinery.SourceFileLoader("bench_configure", str(REPO / "bench" / "configure.py"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_configure", loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_each_userns_row_is_its_pair_with_the_maps(bench) -> None:
+    rows = bench.USERNS_ROWS
+    assert [row.userns for row in rows] == [False, True] * 3
+    for plain, mapped in zip(rows[::2], rows[1::2], strict=True):
+        assert mapped == plain._replace(label=plain.label + bench.USERNS, userns=True)
+    assert {row.kind for row in rows} == {"none", "hook"} and all(row.gpu and not row.tuned for row in rows)
+
+
+def test_a_mapped_bundle_differs_only_in_its_user_namespace(bench, tmp_path: Path) -> None:
+    """What the bench writes for a row and its mapped pair: the same but the user namespace and its maps."""
+    plain, mapped = (
+        make_config(tmp_path, tmp_path / "rootfs", ["true"], id_map=id_map, host_proc_sys=True)
+        for id_map in (None, bench.ID_MAP)
+    )
+    assert {"type": "user"} in mapped["linux"]["namespaces"]
+    assert mapped["linux"].pop("uidMappings") == [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    assert mapped["linux"].pop("gidMappings") == [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    mapped["linux"]["namespaces"].remove({"type": "user"})
+    assert mapped == plain
+    assert {m["destination"]: m["type"] for m in plain["mounts"]}["/proc"] == "bind"
+
+
+def test_hook_cost_is_over_the_no_hook_start_of_the_same_kind(bench) -> None:
+    labels = [row.label for row in bench.USERNS_ROWS]
+    medians = dict(zip(labels, (100.0, 104.0, 130.0, 140.0, 250.0, 258.0), strict=True))
+    times = {label: [m - 1, m, m + 50] for label, m in medians.items()}  # medians, whatever the spread
+    assert bench.userns_costs(bench.USERNS_ROWS, times) == [
+        ("nvc-py-hook, GPU 0, served", 30.0, 36.0),
+        ("nvc-py-hook, GPU 0, no server", 150.0, 154.0),
+    ]
+
+
+def test_hook_durations_are_read_by_row_from_the_container_id(bench) -> None:
+    """Round 0 (the warm-up), failures and other containers' lines left out."""
+    rows = bench.USERNS_ROWS
+
+    def line(container: str, outcome: str = "configured", ms: float = 10.0) -> str:
+        return json.dumps({"container": container, "outcome": outcome, "duration_ms": ms})
+
+    log = "\n".join(
+        [
+            line("nvc-bench-0-1", ms=99.0),
+            line("nvc-bench-1-1", ms=20.0),
+            line("nvc-bench-2-1", ms=22.0),
+            line("nvc-bench-1-3", ms=30.0),
+            line("nvc-bench-1-2", outcome="error"),
+            line("other"),
+            "I1125 15:00:00.000000 1 x] timing mounts 1.0 ms",
+        ]
+    )
+    found = bench.hook_durations(log, rows)
+    assert found[rows[1].label] == [20.0, 22.0] and found[rows[3].label] == [30.0]
+    assert found[rows[2].label] == [] and found[rows[0].label] == []
