@@ -39,18 +39,20 @@ def test_two_pytorch_containers_share_gpu0_through_nvc_pys_mps_daemon(torch_root
     seen: dict[str, list[mps.DeviceState]] = {}
     results = {}
 
-    def run(name: str, env: dict[str, str]) -> None:
+    def bundle(name: str, env: dict[str, str]) -> Path:
+        """Made before the threads start: the rootfs cache builds one image at a time."""
         full = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_BACKEND": "mps", "HOME": "/tmp", **env}
-        bundle = make_bundle(
-            tmp_path / name, torch_rootfs(f"rootfs-{name}"), ["sh", "-c", script], env=full, hooks=hooks
-        )
+        return make_bundle(tmp_path / name, torch_rootfs(f"rootfs-{name}"), ["sh", "-c", script], env=full, hooks=hooks)
+
+    def run(name: str, bundle: Path) -> None:
         results[name] = Runc(tmp_path / f"state-{name}", runc).create_start(bundle, timeout=300)
 
     envs = {
         "fast": {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_PRIORITY": "latency-critical"},
         "batch": {"NVC_SHARE_MEMORY_LIMIT": "4Gi", "NVC_SHARE_COMPUTE": "30", "NVC_SHARE_PRIORITY": "batch"},
     }
-    threads = [threading.Thread(target=run, args=(name, env)) for name, env in envs.items()]
+    bundles = {name: bundle(name, env) for name, env in envs.items()}
+    threads = [threading.Thread(target=run, args=item) for item in bundles.items()]
     for thread in threads:
         thread.start()
     while any(thread.is_alive() for thread in threads):
