@@ -138,7 +138,8 @@ int main(int argc, char **argv)
             x->estimate = now + STEP_NS - x->began;
             nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
             uint64_t charge = nvc_sched_charge(&x->seen_sharing, x->began, now + STEP_NS); /* its work where known */
-            x->acc = nvc_sched_decay(x->acc, now + STEP_NS - x->acc_at) + (charge < x->kernel_ns ? charge : x->kernel_ns);
+            x->acc =
+                nvc_sched_decay(x->acc, now + STEP_NS - x->acc_at) + (charge < x->kernel_ns ? charge : x->kernel_ns);
             x->acc_at = now + STEP_NS;
             x->began = now + STEP_NS;
             x->done++;
