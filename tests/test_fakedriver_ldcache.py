@@ -34,13 +34,14 @@ def cache_entries(root: Path) -> set[tuple[str, str, str]]:
     return {m.groups() for m in map(CACHE_LINE.match, listing.splitlines()[1:]) if m}
 
 
-def expected_sonames(version: str) -> dict[str, str]:
-    """Library name -> SONAME, from the build's own table; libvdpau_nvidia is in no cache (vdpau/)."""
+def expected_sonames(fake) -> dict[str, str]:
+    """Library name -> SONAME, from the build's own table; libvdpau_nvidia is in no cache where it is
+    in vdpau/ (the installers), in the cache where it is beside the others (a self-contained tree)."""
     return {
-        name: f"{name}.{suffix}" if suffix else f"{name}.{version}"
+        name: f"{name}.{suffix}" if suffix else f"{name}.{fake.driver_version}"
         for group in LIBRARY_GROUPS.values()
         for name, suffix in group.items()
-        if name != VDPAU
+        if name != VDPAU or not fake.layout.vdpau_apart
     }
 
 
@@ -92,7 +93,7 @@ def test_cache_lists_nvml_and_cuda_for_both_architectures(fake):
 
 def test_cache_lists_every_library_for_both_architectures(fake):
     entries = cache_entries(fake.root)
-    sonames = expected_sonames(fake.driver_version)
+    sonames = expected_sonames(fake)
     for bits, libdir in ((64, fake.layout.lib), (32, fake.layout.lib32)):
         for soname in sonames.values():
             assert (soname, ARCH_TAGS[bits], f"/{libdir}/{soname}") in entries
@@ -100,7 +101,7 @@ def test_cache_lists_every_library_for_both_architectures(fake):
 
 
 def test_cache_entries_resolve_to_versioned_files_with_that_soname(fake):
-    sonames = expected_sonames(fake.driver_version)
+    sonames = expected_sonames(fake)
     by_soname = {soname: name for name, soname in sonames.items()}
     for key, tags, path in cache_entries(fake.root):
         target = resolve_in_root(fake.root, path)
@@ -112,11 +113,13 @@ def test_cache_entries_resolve_to_versioned_files_with_that_soname(fake):
 
 
 def test_vdpau_is_under_vdpau_outside_the_cache(fake):
-    """libvdpau loads its driver from <libdir>/vdpau/, which no ld.so.conf lists (both installers)."""
-    vdpau = fake.lib_dir / "vdpau" / f"{VDPAU}.1"
+    """libvdpau loads its driver from <libdir>/vdpau/, which no ld.so.conf lists (both installers); a
+    self-contained tree (/usr/local/nvidia/lib64, as on the H100 machine) keeps it beside the others."""
+    apart = fake.layout.vdpau_apart
+    vdpau = fake.lib_dir / ("vdpau" if apart else "") / f"{VDPAU}.1"
     assert os.readlink(vdpau) == f"{VDPAU}.{fake.driver_version}"
     assert elf_facts(vdpau)[1] == f"{VDPAU}.1"
-    assert not [e for e in cache_entries(fake.root) if e[0].startswith(VDPAU)]
+    assert bool([e for e in cache_entries(fake.root) if e[0].startswith(VDPAU)]) == (not apart)
 
 
 def test_tls_carries_the_gnu_abi_note(fake):

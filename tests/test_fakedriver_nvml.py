@@ -306,16 +306,20 @@ def test_nvidia_smi_table(active_2gpu):
     assert "MIG devices:" in text and "2g.10gb" in text and "3g.20gb" in text
 
 
-def test_helper_binaries_run(fake_2gpu):
-    for name in (
-        "nvidia-debugdump",
-        "nvidia-persistenced",
-        "nv-fabricmanager",
-        "nvidia-cuda-mps-control",
-        "nvidia-cuda-mps-server",
-    ):
+def test_helper_binaries_run(fake_2gpu, tmp_path):
+    for name in ("nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager", "nvidia-cuda-mps-server"):
         result = subprocess.run([str(fake_2gpu.bin_dir / name)], capture_output=True, text=True, timeout=10)
         assert result.stdout == f"{name} 580.95.05 (fake NVIDIA driver)\n"
+    # the MPS control client (tests/fakedriver/src/mps_control.c), with no daemon on its pipe directory
+    result = subprocess.run(
+        [str(fake_2gpu.bin_dir / "nvidia-cuda-mps-control")],
+        input="get_server_list\n",
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)},
+    )
+    assert (result.returncode, result.stderr) == (1, "Cannot find MPS control daemon process\n")
 
 
 def test_nvml_without_active_driver_reports_driver_not_loaded(fake_2gpu):
