@@ -4,16 +4,23 @@ The runtime wrapper (:mod:`nvc.hook.oci.runtime`) and the CDI generator (:mod:`n
 nodes in the spec itself, so that the runtime creates them and owns their cgroup rules: rules added
 behind the runtime's back (by a hook) vanish on a systemd daemon-reload, the reference stack's
 best-known failure. Which nodes a request needs is the pipeline's (:func:`nvc.pipeline.configure.device_nodes`).
+Rules in the spec survive a reload only where systemd was told of them: runc (1.1, systemd cgroup
+driver) names each as ``DeviceAllow=/dev/char/MAJOR:MINOR`` and skips a node whose link is missing,
+and udev makes none for the nodes nvidia-modprobe makes, hence :func:`char_links`
+(tests/test_systemd_reload.py).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from typing import Any
 
 from nvc.discover import nodes
 from nvc.discover.nodes import DeviceNode
 from nvc.plan import mountplan
+
+CHAR_DIR = "/dev/char"  # udev's MAJOR:MINOR links to character devices
 
 
 def find_all(root: str, specs: Iterable[nodes.NodeSpec]) -> list[DeviceNode]:
@@ -52,3 +59,22 @@ def add_to_spec(spec: dict[str, Any], root: str, found: Iterable[DeviceNode]) ->
         have.add(entry["path"])
         changed = True
     return changed
+
+
+def char_links(found: Iterable[DeviceNode], char_dir: str = CHAR_DIR) -> list[str]:
+    """The ``char_dir/MAJOR:MINOR`` link made for each node of ``/dev`` in ``found`` that has none, so
+    that runc passes its rule on to systemd (module docstring); what could not be made, one line each.
+    Nodes outside ``/dev`` (a driver root elsewhere) are left alone: runc's links are the host's."""
+    failed = []
+    for node in found:
+        if not node.path.startswith("/dev/"):
+            continue
+        link = os.path.join(char_dir, f"{node.major}:{node.minor}")
+        try:
+            os.makedirs(char_dir, mode=0o755, exist_ok=True)
+            os.symlink(node.path, link)
+        except FileExistsError:
+            continue  # udev's, or an earlier start's: the same device either way
+        except OSError as err:
+            failed.append(f"cannot make {link}: {err.strerror}")
+    return failed
