@@ -221,3 +221,14 @@ def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], 
     )
     assert call.returncode == 0, call.stderr
     assert not os.path.exists(DEFAULT_SOCKET)
+
+
+def test_without_systemd_no_reload_takes_a_hooks_gpus() -> None:
+    """This machine runs no systemd: the daemon-reload line does not apply (tests/test_systemd_reload.py
+    has it fail where systemd is PID 1 and manages podman's cgroups)."""
+    from nvc.doctor import SKIP, ok
+    from nvc.doctor.engines import systemd_reload
+
+    assert not os.path.exists("/run/systemd/system")
+    found = systemd_reload([(ok("podman", "hook"), "podman")], {})
+    assert (found.name, found.status) == ("daemon-reload", SKIP) and "systemd is not PID 1" in found.detail

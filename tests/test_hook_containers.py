@@ -9,6 +9,7 @@ exactly the GPUs whose device nodes it finds there.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -312,6 +313,12 @@ def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup
         "devices"
     ]
     assert not runtime.rewrite(spec, str(bundle), config)  # idempotent: nothing added twice
+    # With the driver's nodes in /dev (the fake's, over this namespace's /dev), their /dev/char links
+    # too: runc tells systemd of a node only through its link (tests/test_systemd_reload.py).
+    assert not os.path.lexists("/dev/char/195:1")
+    fresh = json.loads((bundle / "config.json").read_text())
+    assert runtime.rewrite(fresh, str(bundle), config._replace(root="/"))
+    assert os.readlink("/dev/char/195:1") == "/dev/nvidia1" and os.readlink("/dev/char/195:255") == "/dev/nvidiactl"
     plain = json.loads(make_bundle(tmp_path / "p", debian_rootfs, ["true"]).joinpath("config.json").read_text())
     assert not runtime.rewrite(plain, str(tmp_path / "p"), config) and "hooks" not in plain
 

@@ -58,6 +58,19 @@ LINKS = (
     "from nvc.discover.nodes import DeviceNode\n"
     "assert char_links([DeviceNode('/dev/nvidia1', 195, 1)]) == []\n"
 )
+# What setup and doctor say about the hook where systemd runs: podman's default cgroup manager, then
+# a containers.conf that names cgroupfs (whose containers' rules no reload rewrites).
+SAYS = (
+    "from nvc.doctor import ok\n"
+    "from nvc.doctor.engines import systemd_reload\n"
+    "from nvc.hook.setup import engines, hooksdirs\n"
+    "podman = ok('podman', 'hook')\n"
+    "open('/tmp/cgroupfs.conf', 'w').write('[engine]\\ncgroup_manager = \"cgroupfs\"\\n')\n"
+    "for manager, env in (('systemd', {}), ('cgroupfs', {'CONTAINERS_CONF': '/tmp/cgroupfs.conf'})):\n"
+    "    print(f'doctor {manager}:', systemd_reload([(podman, 'podman')], env).status)\n"
+    "    _, warnings = engines.install_hooks(hooksdirs.PODMAN, '/tmp/hooks', None, env)\n"
+    "    print(f'setup {manager}:', any('daemon-reload' in w for w in warnings))\n"
+)
 SCRIPT = r"""set -u
 runc() { RUNC --root /run/nvc-test-runc "$@"; }
 for node in 0 1; do mknod -m 666 /dev/nvidia$node c 195 $node; done
@@ -78,6 +91,7 @@ probe reloaded
 for mode in MODES; do systemctl set-property --runtime nvc-$mode.scope CPUWeight=50; done
 probe set-property
 for mode in MODES; do runc delete -f nvc-$mode; done
+NVCPY -I -c "$SAYS"
 echo "== done"
 """
 
@@ -115,8 +129,8 @@ def _bundle(bundle: Path, mode: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def opens(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], str]:
-    """Each open's result by (moment, mode, node), from one boot: ``ALLOWED``, ``DENIED`` or the error."""
+def booted_out(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """What the script said in one boot."""
     from harness.booted import booted
 
     tmp = tmp_path_factory.mktemp("reload")
@@ -127,13 +141,20 @@ def opens(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str]
     for mode in MODES:
         _bundle(work / mode, mode)
     script = SCRIPT.replace("RUNC", RUNC).replace("MODES", " ".join(MODES)).replace("NVCPY", f"{NVC}/venv/bin/python")
-    script = f"LINKS={shlex.quote(LINKS)}\n{script}"
+    script = f"LINKS={shlex.quote(LINKS)}\nSAYS={shlex.quote(SAYS)}\n{script}"
     binds = [(work, "/mnt"), (Path(NVC), NVC), (Path(runc), RUNC)]
     with progress.phase("GPU nodes through daemon-reload in a root booted with systemd on cgroup v2"):
         with booted(root, binds, tmp / "console.log", unified=True) as machine:
             out = machine.run(script, 300).stdout
     assert out.rstrip().endswith("== done") and "failed" not in out, out
     assert "cgroups: active active active" in out, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def opens(booted_out: str) -> dict[tuple[str, str, str], str]:
+    """Each open's result by (moment, mode, node): ``ALLOWED``, ``DENIED`` or the error."""
+    out = booted_out
     results = {}
     for line in out.splitlines():
         match = re.fullmatch(r"(started|reloaded|set-property) (\w+) (nvidia\d): (.*)", line)
@@ -171,3 +192,10 @@ def test_rules_in_the_spec_survive_where_the_dev_char_link_exists(
     for nodes whose /dev/char link exists: nvidia1's survives, nvidia0's is dropped as the hook's."""
     assert opens[moment, mode, "nvidia1"] == ALLOWED
     assert opens[moment, mode, "nvidia0"] == DENIED
+
+
+def test_setup_and_doctor_say_the_hook_loses_the_gpus_where_systemd_manages_cgroups(booted_out: str) -> None:
+    """With systemd as PID 1: `setup podman` warns and doctor's daemon-reload line fails under podman's
+    default cgroup manager (systemd); neither where containers.conf names cgroupfs."""
+    said = [line for line in booted_out.splitlines() if line.startswith(("doctor ", "setup "))]
+    assert said == ["doctor systemd: fail", "setup systemd: True", "doctor cgroupfs: ok", "setup cgroupfs: False"]

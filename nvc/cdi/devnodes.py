@@ -13,7 +13,7 @@ and udev makes none for the nodes nvidia-modprobe makes, hence :func:`char_links
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nvc.discover import nodes
@@ -59,6 +59,27 @@ def add_to_spec(spec: dict[str, Any], root: str, found: Iterable[DeviceNode]) ->
         have.add(entry["path"])
         changed = True
     return changed
+
+
+def spec_nodes(doc: Mapping[str, Any]) -> list[DeviceNode]:
+    """The host's character nodes a CDI spec of nvc-py's names (``deviceNodes`` of its common edits
+    and of each device), once each: an engine puts them in its containers' specs."""
+    edits = [
+        doc.get("containerEdits"),
+        *(d.get("containerEdits") for d in doc.get("devices", []) if isinstance(d, Mapping)),
+    ]
+    found = {}
+    for edit in edits:
+        for entry in edit.get("deviceNodes", []) if isinstance(edit, Mapping) else []:
+            path, major, minor = entry.get("hostPath", entry.get("path")), entry.get("major"), entry.get("minor")
+            if (
+                entry.get("type", "c") == "c"
+                and isinstance(path, str)
+                and isinstance(major, int)
+                and isinstance(minor, int)
+            ):
+                found[path] = DeviceNode(path, major, minor)
+    return list(found.values())
 
 
 def char_links(found: Iterable[DeviceNode], char_dir: str = CHAR_DIR) -> list[str]:

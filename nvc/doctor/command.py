@@ -28,8 +28,8 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
         check, gpus = host.nvml(conf)
         found += [check, host.device_nodes(conf.root, gpus)]
     found += [host.cgroup_version(), host.ldconfig(conf), engines.server(config_path)]
-    podman = engines.hooks_engine("podman", "podman")
-    found += [podman, engines.hooks_engine("CRI-O", "crio")]
+    podman, crio = engines.hooks_engine("podman", "podman"), engines.hooks_engine("CRI-O", "crio")
+    found += [podman, crio, engines.systemd_reload([(podman, "podman"), (crio, "CRI-O")])]
     docker, dockerd = engines.docker()
     found += [*docker, *engines.containerd()]
     if gpus:

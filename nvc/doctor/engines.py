@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nvc.doctor import FAIL, Check, fail, ok, skip
+from nvc.doctor import FAIL, OK, Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
 from nvc.hook.setup.processes import Daemon, processes, running
@@ -64,6 +64,32 @@ def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -
     return fail(
         name, f"no nvc-py hook where {hooksdirs.described(engine, resolved)}{elsewhere}", f"nvc-py setup {command}"
     )
+
+
+def systemd_reload(registered: Sequence[tuple[Check, str]], env: Mapping[str, str] | None = None) -> Check:
+    """Whether the GPUs of containers started through the hook survive ``systemctl daemon-reload``:
+    not where systemd runs and manages their engine's cgroups (``registered``: each hooks engine's
+    check and its name, "podman" or "CRI-O"; tests/test_systemd_reload.py)."""
+    from nvc.hook.setup import engines, hooksdirs
+
+    name = "daemon-reload"
+    if not os.path.isdir(engines.SYSTEMD_RUNNING):
+        return skip(name, "systemd is not PID 1: no reload rewrites a container's device rules")
+    lost = [
+        engine
+        for check, engine in registered
+        if check.status == OK
+        and engines.reload_drops_hook_rules(hooksdirs.CRIO if engine == "CRI-O" else hooksdirs.PODMAN, env)
+    ]
+    if lost:
+        return fail(
+            name,
+            f"{' and '.join(lost)} start GPU containers through nvc-py's hook with systemd managing their "
+            "cgroups: `systemctl daemon-reload` takes the GPUs of running containers away",
+            "give them GPUs through CDI (nvc-py cdi generate --output /etc/cdi/nvidia.yaml; "
+            'podman run --device nvidia.com/gpu=0 ...; docs/engines.md, "systemd reloads")',
+        )
+    return ok(name, "no engine starts GPU containers through the hook with systemd managing their cgroups")
 
 
 def _started_after(daemon: Daemon | None, name: str, path: str) -> Check | None:
