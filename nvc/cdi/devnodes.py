@@ -64,13 +64,17 @@ def add_to_spec(spec: dict[str, Any], root: str, found: Iterable[DeviceNode]) ->
 def spec_nodes(doc: Mapping[str, Any]) -> list[DeviceNode]:
     """The host's character nodes a CDI spec of nvc-py's names (``deviceNodes`` of its common edits
     and of each device), once each: an engine puts them in its containers' specs."""
+    devices = doc.get("devices")
     edits = [
         doc.get("containerEdits"),
-        *(d.get("containerEdits") for d in doc.get("devices", []) if isinstance(d, Mapping)),
+        *(d.get("containerEdits") for d in (devices if isinstance(devices, list) else []) if isinstance(d, Mapping)),
     ]
     found = {}
     for edit in edits:
-        for entry in edit.get("deviceNodes", []) if isinstance(edit, Mapping) else []:
+        entries = edit.get("deviceNodes") if isinstance(edit, Mapping) else None
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, Mapping):
+                continue
             path, major, minor = entry.get("hostPath", entry.get("path")), entry.get("major"), entry.get("minor")
             if (
                 entry.get("type", "c") == "c"
@@ -86,14 +90,17 @@ def char_links(found: Iterable[DeviceNode], char_dir: str = CHAR_DIR) -> list[st
     """The ``char_dir/MAJOR:MINOR`` link made for each node of ``/dev`` in ``found`` that has none, so
     that runc passes its rule on to systemd (module docstring); what could not be made, one line each.
     Nodes outside ``/dev`` (a driver root elsewhere) are left alone: runc's links are the host's."""
+    wanted = {os.path.join(char_dir, f"{n.major}:{n.minor}"): n.path for n in found if n.path.startswith("/dev/")}
+    if not wanted:
+        return []
+    try:
+        os.makedirs(char_dir, mode=0o755, exist_ok=True)
+    except OSError as err:
+        return [f"cannot make {char_dir}: {err.strerror}"]
     failed = []
-    for node in found:
-        if not node.path.startswith("/dev/"):
-            continue
-        link = os.path.join(char_dir, f"{node.major}:{node.minor}")
+    for link, target in wanted.items():
         try:
-            os.makedirs(char_dir, mode=0o755, exist_ok=True)
-            os.symlink(node.path, link)
+            os.symlink(target, link)
         except FileExistsError:
             continue  # udev's, or an earlier start's: the same device either way
         except OSError as err:
