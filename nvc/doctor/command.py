@@ -29,9 +29,10 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
         found += [check, host.device_nodes(conf.root, gpus)]
     found += [host.cgroup_version(), host.ldconfig(conf), engines.server(config_path)]
     podman, crio = engines.hooks_engine("podman", "podman"), engines.hooks_engine("CRI-O", "crio")
-    found += [podman, crio, engines.systemd_reload([(podman, "podman"), (crio, "CRI-O")])]
+    found += [podman, crio]
     docker, dockerd = engines.docker()
     found += [*docker, *engines.containerd()]
+    found.append(engines.systemd_reload([(podman, "podman"), (crio, "CRI-O")], dockerd=dockerd))
     if gpus:
         found.append(engines.cdi(lambda: _fresh_spec(conf)))
     if run:
