@@ -52,6 +52,13 @@ V2_MOUNTINFO = """\
         ),
         # Hybrid without a v1 devices hierarchy: the v2 hierarchy decides.
         ("1:name=systemd:/a\n0::/a/b\n", HYBRID_MOUNTINFO, DeviceCgroup(2, "/sys/fs/cgroup/unified/a/b")),
+        # The top of a v1 devices hierarchy this view does not mount (systemd on v2 alone in a
+        # container on a hybrid host): v2 decides.
+        (
+            "5:devices:/\n0::/system.slice/x.scope\n",
+            V2_MOUNTINFO,
+            DeviceCgroup(2, "/sys/fs/cgroup/system.slice/x.scope"),
+        ),
         # The root cgroup is the mount point itself.
         ("0::/\n", V2_MOUNTINFO, DeviceCgroup(2, "/sys/fs/cgroup")),
         # A cgroup namespace: the mount shows the container's own cgroup as its root.
@@ -74,7 +81,16 @@ V2_MOUNTINFO = """\
             DeviceCgroup(1, "/sys/fs/cgroup/devices/a:b"),
         ),
     ],
-    ids=["hybrid-v1", "v2-only", "hybrid-no-v1-devices", "v2-root", "cgroupns", "second-mount", "malformed-lines"],
+    ids=[
+        "hybrid-v1",
+        "v2-only",
+        "hybrid-no-v1-devices",
+        "v1-top-unmounted",
+        "v2-root",
+        "cgroupns",
+        "second-mount",
+        "malformed-lines",
+    ],
 )
 def test_locate_device_cgroup(cgroup: str, mountinfo: str, expected: DeviceCgroup) -> None:
     assert locate_device_cgroup(cgroup, mountinfo) == expected
@@ -96,6 +112,7 @@ def test_parse_proc_cgroup_controllers() -> None:
         ("0::/../sibling\n", V2_MOUNTINFO, "outside the visible cgroup tree"),
         ("1:net_cls:/\n1:name=systemd:/\n", HYBRID_MOUNTINFO, "cgroup subsystem devices not found"),
         ("6:devices:/docker/1\n", V2_MOUNTINFO, "no devices cgroup v1 mount shows cgroup /docker/1"),
+        ("6:devices:/docker/1\n0::/docker/1\n", V2_MOUNTINFO, "no devices cgroup v1 mount shows cgroup /docker/1"),
         ("0::/a\n", "40 30 0:26 /b /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n", "no cgroup v2 mount shows cgroup /a"),
     ],
 )

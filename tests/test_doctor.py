@@ -221,3 +221,33 @@ def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], 
     )
     assert call.returncode == 0, call.stderr
     assert not os.path.exists(DEFAULT_SOCKET)
+
+
+def test_without_systemd_no_reload_takes_a_hooks_gpus() -> None:
+    """This machine runs no systemd: the daemon-reload line does not apply (tests/test_systemd_reload.py
+    has it fail where systemd is PID 1 and manages podman's cgroups)."""
+    from nvc.doctor import SKIP, ok
+    from nvc.doctor.engines import systemd_reload
+
+    assert not os.path.exists("/run/systemd/system")
+    found = systemd_reload([(ok("podman", "hook"), "podman")], {})
+    assert (found.name, found.status) == ("daemon-reload", SKIP) and "systemd is not PID 1" in found.detail
+
+
+@pytest.mark.parametrize(
+    ("doc", "flag", "cgroup2", "driver"),
+    [
+        ({}, None, True, "systemd"),  # dockerd's default on cgroup v2 (20.10 and later)
+        ({}, None, False, "cgroupfs"),
+        ({"exec-opts": ["native.cgroupdriver=cgroupfs"]}, None, True, "cgroupfs"),
+        ({"exec-opts": ["native.umask=normal", " native.cgroupdriver = systemd"]}, None, False, "systemd"),
+        ({"exec-opts": "native.cgroupdriver=cgroupfs"}, "native.cgroupdriver=systemd", False, "systemd"),
+    ],
+)
+def test_dockers_cgroup_driver_decides_whether_gpus_containers_lose_their_gpus(
+    doc: dict, flag: str | None, cgroup2: bool, driver: str
+) -> None:
+    """Where it is systemd, `docker run --gpus` (nvc-py's hook) loses the GPUs on a daemon-reload."""
+    from nvc.doctor.engines import docker_cgroup_driver
+
+    assert docker_cgroup_driver(doc, flag, cgroup2) == driver

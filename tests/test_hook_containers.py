@@ -9,6 +9,7 @@ exactly the GPUs whose device nodes it finds there.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -312,8 +313,36 @@ def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup
         "devices"
     ]
     assert not runtime.rewrite(spec, str(bundle), config)  # idempotent: nothing added twice
+    # With the driver's nodes in /dev (the fake's, over this namespace's /dev), their /dev/char links
+    # too: runc tells systemd of a node only through its link (tests/test_systemd_reload.py).
+    assert not os.path.lexists("/dev/char/195:1")
+    fresh = json.loads((bundle / "config.json").read_text())
+    assert runtime.rewrite(fresh, str(bundle), config._replace(root="/"))
+    assert os.readlink("/dev/char/195:1") == "/dev/nvidia1" and os.readlink("/dev/char/195:255") == "/dev/nvidiactl"
     plain = json.loads(make_bundle(tmp_path / "p", debian_rootfs, ["true"]).joinpath("config.json").read_text())
     assert not runtime.rewrite(plain, str(tmp_path / "p"), config) and "hooks" not in plain
+
+
+def test_cdi_spec_nodes_get_their_dev_char_links(tmp_path: Path) -> None:
+    """`cdi generate` and `cdi refresh` link each /dev node of a spec (docs/engines.md, "systemd reloads");
+    a node outside /dev, an entry that is no node, and a place that cannot hold links are not."""
+    from nvc.cdi import devnodes
+    from nvc.discover.nodes import DeviceNode
+
+    ctl = {"path": "/dev/nvidiactl", "hostPath": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}
+    gpu0 = {"path": "/dev/nvidia0", "major": 195, "minor": 0}
+    doc = {"containerEdits": {"deviceNodes": [ctl]}, "devices": [{"containerEdits": {"deviceNodes": [gpu0, "x"]}}, 7]}
+    found = devnodes.spec_nodes(doc)
+    assert found == [DeviceNode("/dev/nvidiactl", 195, 255), DeviceNode("/dev/nvidia0", 195, 0)]
+    char = tmp_path / "char"
+    assert devnodes.char_links([*found, DeviceNode("/srv/driver/dev/nvidia1", 195, 1)], str(char)) == []
+    assert {n: os.readlink(char / n) for n in os.listdir(char)} == {
+        "195:255": "/dev/nvidiactl",
+        "195:0": "/dev/nvidia0",
+    }
+    assert devnodes.char_links(found, str(char)) == []  # links already there are kept
+    (tmp_path / "file").write_text("")
+    assert devnodes.char_links(found, str(tmp_path / "file")) == [f"cannot make {tmp_path / 'file'}: File exists"]
 
 
 def test_setup_containerd_keeps_unrelated_settings(tmp_path: Path) -> None:

@@ -68,6 +68,18 @@ def test_containers_conf_replaces_the_chain_and_the_override_comes_last(tmp_path
     assert resolve(PODMAN, {"CONTAINERS_CONF_OVERRIDE": override}, str(tmp_path)).dirs == ("/override",)
 
 
+def test_the_cgroup_manager_is_systemd_unless_the_last_file_setting_it_says_otherwise(tmp_path: Path) -> None:
+    """Which engines' containers have their device rules rewritten by a systemd reload (nvc-py doctor)."""
+    assert hooksdirs.cgroup_manager(PODMAN, {}, str(tmp_path)) == "systemd"
+    assert hooksdirs.cgroup_manager(CRIO, {}, str(tmp_path)) == "systemd"
+    _write(tmp_path, "/usr/share/containers/containers.conf", '[engine]\ncgroup_manager = "cgroupfs"\n')
+    _write(tmp_path, "/etc/crio/crio.conf.d/10-x.conf", '[crio.runtime]\ncgroup_manager = "cgroupfs"\n')
+    assert hooksdirs.cgroup_manager(PODMAN, {}, str(tmp_path)) == "cgroupfs"
+    assert hooksdirs.cgroup_manager(CRIO, {}, str(tmp_path)) == "cgroupfs"
+    _write(tmp_path, "/etc/containers/containers.conf.d/20-y.conf", '[engine]\ncgroup_manager = "systemd"\n')
+    assert hooksdirs.cgroup_manager(PODMAN, {}, str(tmp_path)) == "systemd"
+
+
 def test_crio_reads_crio_conf_and_its_drop_ins(tmp_path: Path) -> None:
     assert resolve(CRIO, {}, str(tmp_path)).dirs == (DEFAULT_HOOKS_DIR,)
     _write(tmp_path, "/etc/crio/crio.conf", '[crio.runtime]\nhooks_dir = ["/x"]\n[crio.image]\npause_image = "p"\n')

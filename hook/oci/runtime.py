@@ -3,9 +3,10 @@
 containerd (and anything else that only knows runtimes, not hooks) runs it in place of
 runc. On ``create`` it reads the bundle's ``config.json``; when the spec asks for GPUs it
 adds the ``nvc-py-hook`` prestart hook and the poststop one (which cleans up after GPU
-sharing) unless they are there, the device nodes and their cgroup rules, writes the spec
-back atomically, and then execs the real runtime with the original arguments. Every other
-subcommand is passed straight through.
+sharing) unless they are there, the device nodes and their cgroup rules (and the nodes'
+/dev/char links, without which systemd drops the rules on a reload:
+:func:`nvc.cdi.devnodes.char_links`), writes the spec back atomically, and then execs the
+real runtime with the original arguments. Every other subcommand is passed straight through.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
             spec.setdefault("hooks", {}).setdefault(stage, []).append(oci_hook(stage, config.path))
             changed = True
     found = devnodes.find_all(config.root, device_nodes(global_options(config), req))
+    for problem in devnodes.char_links(found):
+        print(f"{PROG}: warning: {problem}: access lost on systemctl daemon-reload", file=sys.stderr)
     return devnodes.add_to_spec(spec, config.root, found) or changed
 
 

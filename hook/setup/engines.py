@@ -18,7 +18,7 @@ import sysconfig
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nvc.errors import InputError
+from nvc.errors import InputError, NvcError
 from nvc.hook.setup import engineconf, packaged
 from nvc.hook.setup.files import holds, remove_files, remove_files_and_dirs, write_files
 from nvc.system.programs import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
@@ -100,7 +100,34 @@ def install_hooks(
         if os.path.normpath(target) in resolved.dirs
         else [f"{hooksdirs.described(engine, resolved)}: it will not read {target}"]
     )
+    if reload_drops_hook_rules(engine, env):
+        warnings.append(RELOAD_WARNING.format(engine=engine.name))
     return done, warnings
+
+
+# Where systemd is PID 1 and manages an engine's containers' cgroups, a reload (or a set-property on
+# a container's scope) rewrites their device rules from the scope's DeviceAllow= list, which the
+# rules the hook adds at prestart are not on (tests/test_systemd_reload.py; docs/engines.md).
+RELOAD_WARNING = (
+    "{engine}'s containers get their GPUs through the hook while systemd manages their cgroups: "
+    "`systemctl daemon-reload` takes the GPUs away from running containers; where that matters, "
+    'use CDI (nvc-py cdi generate; docs/engines.md, "systemd reloads")'
+)
+
+
+def reload_drops_hook_rules(
+    engine: Engine, env: Mapping[str, str] | None = None, running: str = SYSTEMD_RUNNING
+) -> bool:
+    """Whether systemd runs and manages ``engine``'s containers' cgroups (a configuration file it
+    cannot read: the engine's own check says so, nothing here)."""
+    from nvc.hook.setup import hooksdirs
+
+    if not os.path.isdir(running):
+        return False
+    try:
+        return hooksdirs.cgroup_manager(engine, env) == hooksdirs.SYSTEMD_CGROUPS
+    except NvcError:
+        return False
 
 
 def remove_hooks(

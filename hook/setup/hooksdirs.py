@@ -31,6 +31,7 @@ from nvc.hook.setup import engineconf
 
 DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 LEGACY_HOOKS_DIR = "/etc/containers/oci/hooks.d"  # where nvc-py wrote before it resolved the chain
+SYSTEMD_CGROUPS = "systemd"  # the cgroup manager podman and CRI-O default to where systemd runs
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # the CDI specification's and the engines' default
 
 
@@ -106,14 +107,19 @@ def _parse(path: str) -> Mapping[str, Any]:
     return doc.unwrap()
 
 
-def dirs_in(doc: Mapping[str, Any], table: Sequence[str], key: str, path: str) -> tuple[str, ...] | None:
-    """The directory list ``key`` of one parsed file (None where it sets none); a value that is no
-    list of absolute paths is an error naming the file."""
+def _value(doc: Mapping[str, Any], table: Sequence[str], key: str) -> Any:
+    """``key`` of ``table`` in one parsed file (None where it sets none)."""
     for name in table:
         doc = doc.get(name, {})
         if not isinstance(doc, Mapping):
             return None
-    value = doc.get(key)
+    return doc.get(key)
+
+
+def dirs_in(doc: Mapping[str, Any], table: Sequence[str], key: str, path: str) -> tuple[str, ...] | None:
+    """The directory list ``key`` of one parsed file (None where it sets none); a value that is no
+    list of absolute paths is an error naming the file."""
+    value = _value(doc, table, key)
     if value is None:
         return None
     if isinstance(value, str):
@@ -143,6 +149,18 @@ def setting(
 def resolve(engine: Engine, env: Mapping[str, str] | None = None, root: str = "/") -> Resolved:
     """The hooks directories ``engine`` reads on this host."""
     return setting(engine, "hooks_dir", (DEFAULT_HOOKS_DIR,), env, root)
+
+
+def cgroup_manager(engine: Engine, env: Mapping[str, str] | None = None, root: str = "/") -> str:
+    """Who manages ``engine``'s containers' cgroups, ``systemd`` (both engines' default where systemd
+    runs) or ``cgroupfs``: the last file of its chain that sets ``cgroup_manager`` decides."""
+    env = os.environ if env is None else env
+    found = SYSTEMD_CGROUPS
+    for path in config_files(engine, env, root):
+        value = _value(_parse(path), engine.table, "cgroup_manager")
+        if isinstance(value, str) and value:
+            found = value
+    return found
 
 
 def cdi_dirs(env: Mapping[str, str] | None = None, root: str = "/") -> tuple[str, ...]:

@@ -102,6 +102,10 @@ def locate_device_cgroup(proc_cgroup: str, mountinfo: str) -> DeviceCgroup:
     entries = parse_proc_cgroup(proc_cgroup)
     mounts = parse_mountinfo(mountinfo)
     v1 = [e for e in entries if e.hierarchy != 0 and "devices" in e.controllers]
+    if v1 and v1[0].path == "/" and not any(m.fstype == "cgroup" and "devices" in m.options for m in mounts):
+        # The top of a v1 devices hierarchy this view does not mount (a container of systemd on v2
+        # alone, on a hybrid host) restricts nothing below it that could be written: v2 decides.
+        v1 = []
     if v1:
         version, entry = 1, v1[0]
         candidates = [m for m in mounts if m.fstype == "cgroup" and "devices" in m.options]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -418,6 +418,7 @@ def cdi_generate(
         programs.hook_env(config_path),
     )
     text = cdi_spec.render(spec, fmt)
+    _char_links([spec])
     if output is None:
         click.echo(text, nl=False)
         return
@@ -457,6 +458,17 @@ def cdi_refresh(opts: GlobalOptions, spec_dirs: tuple[str, ...]) -> None:
     setupfiles.write_files(done.changed)
     for path in sorted([*done.changed, *done.unchanged]):
         click.echo(f"refreshed {path}" if path in done.changed else f"{path}: today's already")
+    _char_links([specfiles.read(path) for path in sorted([*done.changed, *done.unchanged])])
+
+
+def _char_links(specs: list[Any]) -> None:
+    """The /dev/char links of the specs' nodes, without which an engine's runc does not tell systemd
+    of them and a daemon-reload takes the GPUs away (:func:`nvc.cdi.devnodes.char_links`); made at
+    each refresh too, as /dev is new at each boot (the package's timer refreshes at boot)."""
+    from nvc.cdi import devnodes
+
+    for problem in devnodes.char_links([n for doc in specs if isinstance(doc, dict) for n in devnodes.spec_nodes(doc)]):
+        click.echo(f"warning: {problem}: GPU access of CDI containers lost on systemctl daemon-reload", err=True)
 
 
 from nvc.commands.sharecli import share as _share  # noqa: E402 - its own module, registered here

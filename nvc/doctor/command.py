@@ -28,10 +28,11 @@ def checks(config_path: str | None, root: str | None, run: bool) -> list[Check]:
         check, gpus = host.nvml(conf)
         found += [check, host.device_nodes(conf.root, gpus)]
     found += [host.cgroup_version(), host.ldconfig(conf), engines.server(config_path)]
-    podman = engines.hooks_engine("podman", "podman")
-    found += [podman, engines.hooks_engine("CRI-O", "crio")]
+    podman, crio = engines.hooks_engine("podman", "podman"), engines.hooks_engine("CRI-O", "crio")
+    found += [podman, crio]
     docker, dockerd = engines.docker()
     found += [*docker, *engines.containerd()]
+    found.append(engines.systemd_reload([(podman, "podman"), (crio, "CRI-O")], dockerd=dockerd))
     if gpus:
         found.append(engines.cdi(lambda: _fresh_spec(conf)))
     if run:

@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from nvc.doctor import FAIL, Check, fail, ok, skip
+from nvc.doctor import FAIL, OK, Check, fail, ok, skip
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup.docker import DAEMON_JSON, GPUS_HOOK
+from nvc.hook.setup.hooksdirs import SYSTEMD_CGROUPS
 from nvc.hook.setup.processes import Daemon, processes, running
 from nvc.system.programs import is_ours
 
@@ -66,6 +67,36 @@ def hooks_engine(name: str, binary: str, env: Mapping[str, str] | None = None) -
     )
 
 
+def systemd_reload(
+    registered: Sequence[tuple[Check, str]], env: Mapping[str, str] | None = None, dockerd: Daemon | None = None
+) -> Check:
+    """Whether the GPUs of containers started through the hook survive ``systemctl daemon-reload``:
+    not where systemd runs and manages their engine's cgroups (``registered``: each hooks engine's
+    check and its name, "podman" or "CRI-O"; ``docker run --gpus`` runs the hook too, under
+    ``dockerd``'s cgroup driver; tests/test_systemd_reload.py)."""
+    from nvc.hook.setup import engines, hooksdirs
+
+    name = "daemon-reload"
+    if not os.path.isdir(engines.SYSTEMD_RUNNING):
+        return skip(name, "systemd is not PID 1: no reload rewrites a container's device rules")
+    lost = [
+        engine
+        for check, engine in registered
+        if check.status == OK
+        and engines.reload_drops_hook_rules(hooksdirs.CRIO if engine == "CRI-O" else hooksdirs.PODMAN, env)
+    ] + (["docker run --gpus"] if _docker_gpus_under_systemd(dockerd) else [])
+    if lost:
+        return fail(
+            name,
+            f"{' and '.join(lost)} start GPU containers through nvc-py's hook with systemd managing their "
+            "cgroups: `systemctl daemon-reload` takes the GPUs of running containers away",
+            "give them GPUs through CDI (nvc-py cdi generate --output /etc/cdi/nvidia.yaml; "
+            "podman run --device nvidia.com/gpu=0 ...) or Docker's through `--runtime nvc-py` "
+            '(docs/engines.md, "systemd reloads")',
+        )
+    return ok(name, "no engine starts GPU containers through the hook with systemd managing their cgroups")
+
+
 def _started_after(daemon: Daemon | None, name: str, path: str) -> Check | None:
     """A failing check when ``daemon`` started before ``path`` last changed (it runs with the
     configuration it read at its start); None where that holds or it does not run."""
@@ -92,10 +123,9 @@ def docker() -> tuple[list[Check], Daemon | None]:
         return [skip("docker", "not installed (dockerd not on PATH)")], None
     daemons = running("dockerd")
     daemon = daemons[0] if daemons else None
-    config_path = (daemon.flag("--config-file") if daemon else None) or DAEMON_JSON
+    config_path = _docker_config_path(daemon)
     try:
-        text, _ = registration.read_config(config_path)
-        doc = registration.parse(text, config_path) if text is not None else {}
+        doc = _docker_config(config_path)
     except NvcError as err:
         return [fail("docker", str(err), f"correct {config_path}: dockerd would refuse it too")], daemon
     ours = sorted(
@@ -108,8 +138,7 @@ def docker() -> tuple[list[Check], Daemon | None]:
         if ours
         else fail("docker", f"{config_path} registers no nvc-py runtime", "nvc-py setup docker")
     ]
-    path = daemon.path if daemon else None
-    program = shutil.which(GPUS_HOOK, path=path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    program = _gpus_program(daemon)
     if program is None:
         found.append(
             fail("docker --gpus", f"no {GPUS_HOOK} on dockerd's PATH: `docker run --gpus` fails", "nvc-py setup docker")
@@ -124,6 +153,54 @@ def docker() -> tuple[list[Check], Daemon | None]:
         found.append(skip("dockerd", "not running"))
     stale = _started_after(daemon, "dockerd", config_path)
     return found + ([stale] if stale else []), daemon
+
+
+def _docker_config_path(daemon: Daemon | None) -> str:
+    """The daemon.json the running dockerd reads (its --config-file), else the default."""
+    return (daemon.flag("--config-file") if daemon else None) or DAEMON_JSON
+
+
+def _docker_config(path: str) -> Mapping[str, Any]:
+    """daemon.json as dockerd reads it ({} where there is none); one that it would refuse is an error."""
+    from nvc.hook.setup import docker as registration
+
+    text, _ = registration.read_config(path)
+    return registration.parse(text, path) if text is not None else {}
+
+
+def _gpus_program(daemon: Daemon | None) -> str | None:
+    """The program ``docker run --gpus`` runs: the hook's name on dockerd's PATH."""
+    path = daemon.path if daemon else None
+    return shutil.which(GPUS_HOOK, path=path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+def docker_cgroup_driver(doc: Mapping[str, Any], exec_opt: str | None, cgroup2: bool) -> str:
+    """dockerd's cgroup driver: the last ``native.cgroupdriver`` of daemon.json's ``exec-opts`` and
+    its ``--exec-opt``, else its default (systemd on cgroup v2, since 20.10; cgroupfs on v1)."""
+    given = doc.get("exec-opts")
+    opts = [o for o in given if isinstance(o, str)] if isinstance(given, list) else []
+    driver = SYSTEMD_CGROUPS if cgroup2 else "cgroupfs"
+    for opt in [*opts, *([exec_opt] if exec_opt else [])]:
+        key, _, value = opt.partition("=")
+        if key.strip() == "native.cgroupdriver":
+            driver = value.strip()
+    return driver
+
+
+def _docker_gpus_under_systemd(daemon: Daemon | None) -> bool:
+    """Whether ``docker run --gpus`` runs nvc-py's hook in containers whose cgroups systemd manages."""
+    from nvc.doctor.host import is_cgroup2
+
+    program = _gpus_program(daemon)
+    if program is None or not is_ours(program):
+        return False
+    try:
+        doc = _docker_config(_docker_config_path(daemon))
+        cgroup2 = is_cgroup2()
+    except (NvcError, OSError):
+        return False  # the docker and cgroups lines say so
+    exec_opt = daemon.flag("--exec-opt") if daemon else None
+    return docker_cgroup_driver(doc, exec_opt, cgroup2) == SYSTEMD_CGROUPS
 
 
 def containerd(config_path: str = CONTAINERD_CONFIG) -> list[Check]:

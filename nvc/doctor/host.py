@@ -88,10 +88,15 @@ def device_nodes(root: str, gpus: Sequence[Gpu]) -> Check:
     return ok("device nodes", f"{len(wanted)} present ({', '.join('/' + n for n in wanted)})")
 
 
+def is_cgroup2(path: str = "/sys/fs/cgroup") -> bool:
+    """Whether ``path`` is the cgroup v2 hierarchy (a host on v2 alone); OSError where it cannot be read."""
+    return _fs_type(path) == CGROUP2_MAGIC
+
+
 def cgroup_version(path: str = "/sys/fs/cgroup") -> Check:
     """Which device cgroup the hook programs: v2's eBPF filter, or v1's devices.allow."""
     try:
-        v2 = _fs_type(path) == CGROUP2_MAGIC
+        v2 = is_cgroup2(path)
     except OSError as err:
         return fail("cgroups", f"{path}: {err.strerror}", "mount the cgroup filesystem (or set no-cgroups: true)")
     if v2:

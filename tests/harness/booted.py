@@ -5,7 +5,11 @@ nspawn runs with ``--register=no --keep-unit``: this machine runs no systemd (no
 with, no scope to move to); ``SYSTEMD_SECCOMP=0`` and ``--capability=all``: the container's systemd
 and nvc-py's server set their own filters and need the capabilities a host's root has (mount
 namespaces, the device cgroup). The machine's cgroups are mounted side by side (v1 and v2), which
-nspawn 252 gives the container as they are.
+nspawn 252 gives the container as they are: its v1 controllers read-only, so its systemd manages none
+of them. With ``unified``, nspawn gives the container the v2 hierarchy alone, a cgroup namespace of
+its own and that subtree writable (``SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1``): its systemd then manages
+its units' cgroups, device access included (v2 filters device access by eBPF, which needs no
+controller), as on a host with cgroup v2.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ class Booted:
 
 
 @contextmanager
-def booted(root: Path, binds: Sequence[tuple[Path, str]], console: Path) -> Iterator[Booted]:
-    """``root`` booted (its console's output in ``console``) until the block ends, then powered off."""
+def booted(root: Path, binds: Sequence[tuple[Path, str]], console: Path, unified: bool = False) -> Iterator[Booted]:
+    """``root`` booted (its console's output in ``console``) until the block ends, then powered off;
+    ``unified``: on cgroup v2 alone, its cgroups managed by its systemd."""
     import shutil
 
     nspawn = shutil.which("systemd-nspawn")
@@ -75,7 +80,11 @@ def booted(root: Path, binds: Sequence[tuple[Path, str]], console: Path) -> Iter
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "SYSTEMD_SECCOMP": "0"},
+            env={
+                **os.environ,
+                "SYSTEMD_SECCOMP": "0",
+                **({"SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1"} if unified else {}),
+            },
             start_new_session=True,
         )
     try:
