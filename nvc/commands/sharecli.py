@@ -13,15 +13,18 @@ def share() -> None:
     """GPU sharing (memory budget and compute share per container, enforced by libnvc-share)."""
 
 
-@share.command("status", short_help="Per container: limits, memory, compute share and throttling.")
-@click.option("--json", "as_json", is_flag=True, help="JSON output.")
-@click.option(
+_state_dir = click.option(
     "--state-dir",
     default="/run/nvc-py/share",
     show_default=True,
     metavar="PATH",
     help="Where the hook keeps the per-container sharing directories.",
 )
+
+
+@share.command("status", short_help="Per container: limits, memory, compute share and throttling.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+@_state_dir
 def share_status(as_json: bool, state_dir: str) -> None:
     """Per container: limits, memory used per process, compute share and throttling."""
     from nvc.apply import mps
@@ -43,13 +46,7 @@ def share_status(as_json: bool, state_dir: str) -> None:
     metavar="SECONDS",
     help="Seconds between refreshes; with --once, the time compute is measured over.",
 )
-@click.option(
-    "--state-dir",
-    default="/run/nvc-py/share",
-    show_default=True,
-    metavar="PATH",
-    help="Where the hook keeps the per-container sharing directories.",
-)
+@_state_dir
 def share_top(once: bool, interval: float, state_dir: str) -> None:
     """Per shared GPU and container: memory used and its limit, compute used over the last interval
     against its cap or weight, latency class, backend and throttled time, refreshed in place (q quits)."""

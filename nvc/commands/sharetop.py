@@ -66,7 +66,9 @@ def frame(before: Reading | None, after: Reading) -> Frame:
         for d in c.devices:
             busy = d.busy_s  # SM-weighted GPU seconds of its measured launches (a cap's or a weight's)
             used = busy - earlier.get((c.id, d.key), 0.0)
-            compute = 100 * max(used if used >= 0 else busy, 0.0) / seconds if seconds > 0 else None
+            # launches settle at their end: one that ran across the last reading counts here whole,
+            # so a device kept busy can sum past the interval; the GPU gave at most all of it
+            compute = min(100.0, 100 * max(used if used >= 0 else busy, 0.0) / seconds) if seconds > 0 else None
             rows.append(
                 Row(
                     c.id,
