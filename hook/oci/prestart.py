@@ -74,6 +74,7 @@ def container_request(
         container_id=state.id,
         bundle=state.bundle,
         uid=ctr.uid,
+        pod=ctr.pod,
     )
 
 

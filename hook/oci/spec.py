@@ -64,6 +64,7 @@ class Container(NamedTuple):
     privileged: bool  # CAP_SYS_ADMIN in the bounding set, the toolkit's definition
     joined_mount_ns: str | None = None  # linux.namespaces' mount entry's path: another process's namespace
     uid: int | None = 0  # process.user.uid (in the container's user namespace); None: not a uid
+    pod: bool = False  # a Kubernetes pod's container (nvc.plan.share.POD_ANNOTATIONS)
 
 
 def _described(value: Any) -> str:
@@ -210,7 +211,14 @@ def container(bundle: str, config: Mapping[str, Any]) -> Container:
         privileged=CAP_SYS_ADMIN in bounding,
         joined_mount_ns=_joined_mount_ns(config),
         uid=_uid(process.get("user", {}).get("uid", 0)),
+        pod=_pod(config.get("annotations")),
     )
+
+
+def _pod(annotations: Any) -> bool:
+    from nvc.plan.share import POD_ANNOTATIONS
+
+    return isinstance(annotations, dict) and any(name in annotations for name in POD_ANNOTATIONS)
 
 
 def _uid(value: Any) -> int | None:

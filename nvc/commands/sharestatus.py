@@ -254,7 +254,7 @@ def size_text(n: int) -> str:
     return f"{value:.0f} {_UNITS[unit]}" if value == int(value) or unit == 0 else f"{value:.1f} {_UNITS[unit]}"
 
 
-def _limit_text(key: str, value: str) -> str:
+def limit_text(key: str, value: str) -> str:
     """One entry of a limits file as a person reads it (``memory 4 GiB on GPU 1``); anything the hook
     does not write (the container cannot change the file, but an older or newer hook may have) as it is."""
     name, _, scope = key.partition(".")
@@ -290,7 +290,7 @@ def _daemon_line(d: DeviceState) -> str:
 def _lines(c: ContainerShare) -> Iterator[str]:
     """The text form; every string read from the container's files goes through ``one_line``."""
     yield f"container {one_line(c.id)}"
-    yield "  limits: " + (", ".join(_limit_text(k, v) for k, v in c.limits.items()) or "none")
+    yield "  limits: " + (", ".join(limit_text(k, v) for k, v in c.limits.items()) or "none")
     if c.region.startswith("not initialised: "):
         yield f"  usage: none recorded yet ({one_line(c.region.removeprefix('not initialised: '))})"
     elif c.region != "ok":

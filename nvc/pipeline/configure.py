@@ -68,6 +68,7 @@ def share_files(
     rootfs: str,
     *,
     bundle: str = "",
+    pod: bool = False,
     library: str = shareplan.HOST_LIBRARY,
     state_dir: str = shareplan.STATE_DIR,
     sched_dir: str | None = None,
@@ -82,7 +83,14 @@ def share_files(
         raise ContainerError(f"GPU sharing requested but the shim {library} is not installed")
     preload = image_preload(_opener(root_fd), PRELOAD, rootfs)
     return shareplan.files(
-        sharing, container_id, preload, library=library, state_dir=state_dir, sched_dir=sched_dir, bundle=bundle
+        sharing,
+        container_id,
+        preload,
+        library=library,
+        state_dir=state_dir,
+        sched_dir=sched_dir,
+        bundle=bundle,
+        pod=pod,
     )
 
 
@@ -120,7 +128,7 @@ def container(req: Request) -> Iterator[Container]:
             share = (
                 None
                 if req.sharing is None
-                else share_files(req.sharing, req.container_id, root_fd, req.rootfs, bundle=req.bundle)
+                else share_files(req.sharing, req.container_id, root_fd, req.rootfs, bundle=req.bundle, pod=req.pod)
             )
         finally:
             os.close(root_fd)

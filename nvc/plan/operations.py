@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from nvc.discover.nodes import NodeSpec
 from nvc.plan.devfilter import DeviceRule
 from nvc.plan.mps import MpsClient
-from nvc.plan.share import GRANTED_DIR, ShareFiles
+from nvc.plan.share import BOUNDS_FILE, GRANTED_DIR, ShareFiles
 from nvc.system.syscalls import MountAttr
 
 
@@ -114,6 +114,11 @@ def _share_lines(share: ShareFiles) -> list[str]:
         _line("tmpfs", f"{where}/shared", " (limits, region)", what="host"),
         _written(f"{where}/shared/limits", share.limits, "host"),
         _written(f"{where}/ld.so.preload", share.preload, "host"),
+        *(
+            [_line("write", f"{where}/{BOUNDS_FILE}", " (the pod's grant: share set stays within)", what="host")]
+            if share.bounds
+            else []
+        ),
     ]
     if share.scheduled:
         sched = share.sched_dir.rstrip("/")

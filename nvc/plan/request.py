@@ -66,6 +66,7 @@ class Request(NamedTuple):
     sharing: ShareRequest | None = None  # GPU sharing: the shim and its files (planned as host steps)
     container_id: str = ""  # names the sharing files (the OCI container id)
     bundle: str = ""  # the OCI bundle: with the container's process, whose sharing files they are
+    pod: bool = False  # a Kubernetes pod's container: its sharing limits are its pod's grant
     uid: int | None = 0  # the container's process user (its user namespace's id): an MPS daemon serves one
 
 

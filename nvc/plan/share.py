@@ -29,6 +29,11 @@ STATE_DIR = "/run/nvc-py/share"
 # the compute lines of its limits file (0444; no container id starts with '.', so no name clash). Another
 # container's shim takes its weight from there, never from the file the container writes itself.
 GRANTED_DIR = ".granted"
+# Beside the owner record (never mounted into the container), a pod's container's limits as its pod was
+# granted them (the device plugin's or DRA driver's allocation): `nvc-py share set` keeps within them.
+BOUNDS_FILE = "bounds"
+# Annotations the kubelet's container runtimes put on a pod's containers (containerd's CRI, CRI-O)
+POD_ANNOTATIONS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
 GRANTED_MAX = 8192  # bytes of one container's granted limits there (native/shim/scheduling/sched.c GRANTED_MAX)
 
 LIMITS_VERSION = 1
@@ -54,6 +59,7 @@ class ShareFiles(NamedTuple):
     scheduled: bool = False
     bundle: str = ""  # the container's OCI bundle, recorded as its owner (nvc.apply.shareowner)
     granted: str = ""  # with ``scheduled``: what other containers' shims trust of it (granted_text)
+    bounds: str = ""  # a pod's container: its limits as granted (BOUNDS_FILE); "" = none
 
     @property
     def directory(self) -> Path:
@@ -71,6 +77,78 @@ def limits_text(request: ShareRequest, origin: str = "") -> str:
     for field, key in LIMITS_KEYS:
         lines += [f"{key}{'.' + scope if scope else ''}={value}" for scope, value in getattr(request, field)]
     return "\n".join(lines) + "\n"
+
+
+class Limits(NamedTuple):
+    """A limits file read back (:func:`parse_limits`): the rules :func:`limits_text` wrote and the MPS
+    client's lines (``mps.NAME=VALUE``, :mod:`nvc.plan.mps`), kept as they are."""
+
+    request: ShareRequest
+    mps: tuple[tuple[str, str], ...] = ()
+
+
+class Change(NamedTuple):
+    """What `nvc-py share set` changes of a running container's share: each field's new value on
+    ``gpu`` (a UUID or index as the container numbers its GPUs; "" = every GPU), None = unchanged."""
+
+    gpu: str = ""
+    memory: int | None = None
+    compute: int | None = None
+    weight: int | None = None
+    priority: str | None = None
+
+
+def parse_limits(text: str, origin: str) -> Limits:
+    """The limits file :func:`limits_text` wrote (and :mod:`nvc.plan.mps` extended), read back; a line
+    nvc-py never writes is refused (``origin`` names the file)."""
+    keys = {key: field for field, key in LIMITS_KEYS}
+    rules: dict[str, list[tuple[str, int]]] = {field: [] for field, _ in LIMITS_KEYS}
+    mps: list[tuple[str, str]] = []
+    entries = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not entries or entries[0] != f"version={LIMITS_VERSION}":
+        raise ContainerError(f"{origin}: not a limits file of version {LIMITS_VERSION}")
+    for entry in entries[1:]:
+        name, _, value = entry.partition("=")
+        key, _, scope = name.partition(".")
+        if key == "mps" and scope:
+            mps.append((scope, value))
+        elif key in keys and value.isascii() and value.isdigit():
+            rules[keys[key]].append((scope, int(value)))
+        else:
+            raise ContainerError(f"{origin}: {entry!r} is not a line nvc-py writes")
+    return Limits(
+        ShareRequest(memory=tuple(rules["memory"]), compute=tuple(rules["compute"]), weight=tuple(rules["weight"])),
+        tuple(mps),
+    )
+
+
+def changed_rules(rules: tuple[tuple[str, int], ...], gpu: str, value: int | None) -> tuple[tuple[str, int], ...]:
+    """One field's rules after a change: on one GPU, its rule replaced; on every GPU (``gpu`` ""), the
+    field's rules replaced by one default. None: unchanged."""
+    if value is None:
+        return rules
+    kept = tuple(rule for rule in rules if gpu and rule[0].lower() != gpu.lower())
+    return (*kept, (gpu, value))
+
+
+def effective(rules: tuple[tuple[str, int], ...], scope: str) -> int | None:
+    """A field's value on one scope: its own rule, else the default; None: neither."""
+    found = {where.lower(): value for where, value in rules}
+    return found.get(scope.lower(), found.get(""))
+
+
+def beyond(limits: ShareRequest, bounds: ShareRequest) -> list[str]:
+    """Where ``limits`` go past ``bounds`` (the pod's grant): each field, on every scope either names,
+    at most the bound's value; a field the bounds limit cannot be left unlimited."""
+    found = []
+    for field, _ in LIMITS_KEYS:
+        mine, most = getattr(limits, field), getattr(bounds, field)
+        for scope in sorted({"", *(s for s, _ in mine), *(s for s, _ in most)}):
+            bound, value = effective(most, scope), effective(mine, scope)
+            if bound is not None and (value is None or value > bound):
+                where = f" on {scope}" if scope else ""
+                found.append(f"{field} {'unlimited' if value is None else value}{where} (granted {bound})")
+    return found
 
 
 def granted_text(limits: str) -> str:
@@ -112,10 +190,11 @@ def files(
     state_dir: str = STATE_DIR,
     sched_dir: str | None = None,
     bundle: str = "",
+    pod: bool = False,
 ) -> ShareFiles:
     """The host files of one container (``image_preload``: the image's own /etc/ld.so.preload),
     decided, not made: an id that cannot name a directory, granted limits the scheduler's tmpfs has
-    no room for, are refused here."""
+    no room for, are refused here. A pod's container (``pod``) keeps its limits as its bounds."""
     container_dir(container_id, state_dir)
     limits, takes_part = limits_text(request, origin=f"container {container_id}"), scheduled(request)
     granted = granted_text(limits) if takes_part else ""
@@ -131,6 +210,7 @@ def files(
         scheduled=takes_part,
         bundle=bundle,
         granted=granted,
+        bounds=limits if pod else "",
     )
 
 

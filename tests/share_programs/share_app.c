@@ -3,10 +3,11 @@
  * default or per-thread stream). Test program for libnvc-share; one output line per operation.
  *
  *   [--ptds] init | alloc BYTES | async BYTES | free SLOT | meminfo | which NAME | pool | frompool BYTES |
- *   freeasync SLOT | trim KEEP | defaulttrim | hold | fork OPERATION... end
+ *   freeasync SLOT | trim KEEP | defaulttrim | hold | fork OPERATION... end | stdin
  * (async: the device's default pool; trim: the pool frompool made; defaulttrim: the default pool to 0;
  * fork: a child runs the operations up to end and exits, the parent waits for it, says `forked
- * STATUS` and goes on after end)
+ * STATUS` and goes on after end; stdin: then the operations of each line of standard input, a line at a
+ * time, so that a test can drive a running process)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -36,6 +37,22 @@ static void *resolve(const char *name)
 
 #define CALL(type, name) ((__typeof__(&type))resolve(name))
 
+static int run(int argc, char **argv);
+
+/* stdin: the operations of each line read, one line at a time, until end of input */
+static int from_stdin(void)
+{
+    char line[512];
+    while (fgets(line, sizeof line, stdin)) {
+        char *words[32] = {"share_app"};
+        int n = 1;
+        for (char *w = strtok(line, " \t\n"); w && n < 31; w = strtok(NULL, " \t\n")) words[n++] = w;
+        int rc = run(n, words);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW);
@@ -44,6 +61,11 @@ int main(int argc, char **argv)
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    return run(argc, argv);
+}
+
+static int run(int argc, char **argv)
+{
     for (int i = 1; i < argc; i++) {
         const char *op = argv[i];
         CUresult r;
@@ -103,6 +125,9 @@ int main(int argc, char **argv)
             printf("forked %d\n", status);
         } else if (!strcmp(op, "end")) {
             return 0;
+        } else if (!strcmp(op, "stdin")) {
+            int rc = from_stdin();
+            if (rc) return rc;
         } else if (!strcmp(op, "hold")) {
             printf("holding\n");
             pause();

@@ -25,9 +25,11 @@
 #include "base/config.h"
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *const nvc_mps_names[NVC_MPS_VARS] = {
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
@@ -296,6 +298,27 @@ static const struct {
 };
 
 /* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/containerenv/sharing.py _SCOPE). */
+int nvc_read_text(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t got = 0;
+    ssize_t n;
+    while (got < size - 1 && (n = read(fd, buf + got, size - 1 - got)) != 0) {
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            close(fd);
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    buf[got] = '\0';
+    return got == size - 1 ? -2 : 0;
+}
+
 static int env_scope(const char *s, size_t n)
 {
     if (n >= 1 && n <= 3)

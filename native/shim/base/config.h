@@ -43,6 +43,8 @@ int nvc_parse_size(const char *text, uint64_t *out);
 int nvc_parse_percent(const char *text, int allow_zero, unsigned *out);
 /* Parse limits-file text; on error writes a message naming the line into err and returns -1. */
 int nvc_parse_limits_text(const char *text, struct nvc_config *cfg, char *err, size_t errlen);
+/* A text file's content (at most size - 1 bytes, NUL-terminated): 0, -1 with errno, or -2 when larger. */
+int nvc_read_text(const char *path, char *buf, size_t size);
 int nvc_config_from_env(char *const *envp, struct nvc_config *cfg, char *err, size_t errlen);
 void nvc_config_finish(struct nvc_config *cfg);
 /* Limits for one device: key = UUID key, index = NVML index or -1 when unknown. */

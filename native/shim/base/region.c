@@ -129,6 +129,22 @@ static void init_header(const struct nvc_config *cfg)
     region->compute_default = cfg->compute_default;
 }
 
+static void relimit(const struct nvc_config *cfg)
+{
+    region->config_hash = cfg->hash;
+    region->memory_default = cfg->memory_default;
+    region->compute_default = cfg->compute_default;
+}
+
+void nvc_region_relimit(const struct nvc_config *cfg)
+{
+    if (!region)
+        return;
+    lock_region();
+    relimit(cfg);
+    unlock_region();
+}
+
 static void use_private_region(const struct nvc_config *cfg)
 {
     void *mem = mmap(NULL, sizeof *region, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -214,7 +230,12 @@ int nvc_region_open(const char *dir, const struct nvc_config *cfg)
             nvc_log(1, "re-initialising shared region %s (unknown layout or version)", region_path);
         init_header(cfg);
     } else if (region->config_hash != cfg->hash) {
-        if (live_slots() == 0) {
+        if (region_fixed) {
+            /* The hook's limits file is the container's only authority: a region written under other
+             * limits means they were changed since (`nvc-py share set`), and the processes already
+             * running take the change within NVC_RELOAD_NS. */
+            relimit(cfg);
+        } else if (live_slots() == 0) {
             nvc_log(1, "re-initialising stale shared region %s (written under other limits)", region_path);
             init_header(cfg);
         } else {

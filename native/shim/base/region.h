@@ -58,6 +58,8 @@ struct nvc_region {
 
 /* ---- the region's API (region.c) ---- */
 int nvc_region_open(const char *dir, const struct nvc_config *cfg);
+/* The limits changed: the header records them, so processes starting under them join this region. */
+void nvc_region_relimit(const struct nvc_config *cfg);
 int nvc_region_device(const char *key, uint64_t memory_limit, unsigned compute, unsigned sm_count);
 /* Charge bytes to this process on region device d; fails (returns -1) when over limit. */
 int nvc_region_charge(int d, uint64_t bytes, uint64_t limit);

@@ -12,12 +12,13 @@
 #include "entry/wrap.h"
 #include "process/devices.h"
 #include "process/init.h"
+#include "process/reload.h"
 
 NVC_API CUresult cuInit(unsigned int flags)
 {
     if (!nvc_load_cuda() || !nvc_cuda.cuInit)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!nvc_depth && nvc_init() == NVC_CLOSED)
+    if (!nvc_depth && nvc_ready() == NVC_CLOSED)
         return CUDA_ERROR_NOT_INITIALIZED;
     return nvc_cuda.cuInit(flags);
 }

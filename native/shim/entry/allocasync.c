@@ -13,6 +13,7 @@
 #include "entry/wrap.h"
 #include "process/devices.h"
 #include "process/init.h"
+#include "process/reload.h"
 
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream, int ptsz)
 {

@@ -11,6 +11,7 @@
 #include "entry/wrap.h"
 #include "process/devices.h"
 #include "process/init.h"
+#include "process/reload.h"
 
 /* ---- node creation ---- */
 

@@ -7,6 +7,7 @@
 #include "base/real.h"
 #include "process/devices.h"
 #include "process/init.h"
+#include "process/reload.h"
 #include "scheduling/kernels.h"
 
 /* The fraction of the device a grid occupies: min(1, 2 x blocks / SMs). A grid of half the SMs or more
@@ -20,7 +21,7 @@ static double grid_factor(struct nvc_device *d, unsigned gx, unsigned gy, unsign
 
 static int limited(void)
 {
-    return !nvc_depth && nvc_init() == NVC_ACTIVE && nvc_compute_limited;
+    return !nvc_depth && nvc_ready() == NVC_ACTIVE && nvc_compute_limited;
 }
 
 /* ---- the entry points ---- */
@@ -136,7 +137,7 @@ static CUresult call_graph(const void *a)
     { \
         if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
             return CUDA_ERROR_NOT_INITIALIZED; \
-        if (nvc_depth || nvc_init() != NVC_ACTIVE) \
+        if (nvc_depth || nvc_ready() != NVC_ACTIVE) \
             return nvc_cuda.name(exec, stream); \
         CUresult rc; \
         if (nvc_compute_limited) { \

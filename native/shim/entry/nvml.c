@@ -6,12 +6,13 @@
 #include "base/real.h"
 #include "process/devices.h"
 #include "process/init.h"
+#include "process/reload.h"
 
 static struct nvc_device *device_for(nvmlDevice_t dev)
 {
     char uuid[96], key[NVC_UUID_KEY_LEN];
     unsigned index;
-    if (nvc_init() != NVC_ACTIVE || !nvc_mem_limited || !nvc_nvml.nvmlDeviceGetUUID ||
+    if (nvc_ready() != NVC_ACTIVE || !nvc_mem_limited || !nvc_nvml.nvmlDeviceGetUUID ||
         nvc_nvml.nvmlDeviceGetUUID(dev, uuid, sizeof uuid) != NVML_SUCCESS)
         return NULL;
     nvc_uuid_key(uuid, key);

@@ -12,6 +12,7 @@
 #include "base/region.h"
 #include "process/devices.h"
 #include "process/init.h"
+#include "process/reload.h"
 #include "scheduling/gate.h"
 #include "scheduling/sched.h"
 
@@ -20,7 +21,7 @@
  * lock. */
 static __thread int guarded;
 
-/* Lock order: devices, memory (pools, allocation records, graphs), launches, gates, scheduler, region. */
+/* Lock order: reload, devices, memory (pools, allocation records, graphs), launches, gates, scheduler, region. */
 static void fork_all(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE)
@@ -28,6 +29,7 @@ static void fork_all(enum nvc_fork_phase phase)
     if (!guarded)
         return;
     if (phase == NVC_FORK_PREPARE) {
+        nvc_reload_fork(phase);
         nvc_devices_fork(phase);
         nvc_pools_fork(phase);
         nvc_memory_fork(phase);
@@ -45,6 +47,7 @@ static void fork_all(enum nvc_fork_phase phase)
         nvc_memory_fork(phase);
         nvc_pools_fork(phase);
         nvc_devices_fork(phase);
+        nvc_reload_fork(phase);
     }
 }
 static void atfork_prepare(void)

@@ -6,6 +6,7 @@
 #include "base/ground.h"
 #include "base/real.h"
 #include "process/init.h"
+#include "process/reload.h"
 
 enum nvc_path { NVC_PASS, NVC_ACCOUNT, NVC_PATH_CLOSED };
 static inline enum nvc_path nvc_path_for(void *real)
@@ -14,7 +15,7 @@ static inline enum nvc_path nvc_path_for(void *real)
         return NVC_PATH_CLOSED;
     if (nvc_depth)
         return NVC_PASS;
-    switch (nvc_init()) {
+    switch (nvc_ready()) {
     case NVC_ACTIVE: return nvc_mem_limited ? NVC_ACCOUNT : NVC_PASS;
     case NVC_CLOSED: return NVC_PATH_CLOSED;
     default: return NVC_PASS;

@@ -48,20 +48,46 @@ static int nvml_index_of(const char *key)
     return -1;
 }
 
+/* The limits of device d in nvc_cfg, put in force: read without the lock by the allocation and launch
+ * paths, which see the old or the new value of each; sm_count: the device's SMs, 0 when not known here.
+ * Caller holds dev_mu. */
+static int apply_limits(struct nvc_device *d, unsigned sm_count)
+{
+    uint64_t memory = nvc_config_memory(&nvc_cfg, d->key, d->nvml_index);
+    unsigned compute = nvc_config_compute(&nvc_cfg, d->key, d->nvml_index);
+    unsigned weight = nvc_config_weight(&nvc_cfg, d->key, d->nvml_index);
+    __atomic_store_n(&d->memory_limit, memory, __ATOMIC_RELEASE);
+    __atomic_store_n(&d->compute, compute, __ATOMIC_RELEASE);
+    __atomic_store_n(&d->weight, weight, __ATOMIC_RELEASE);
+    struct nvc_sched_entry *sched =
+        compute < 100 || weight ? nvc_sched_device(d->key, weight ? weight : 1, compute) : NULL;
+    __atomic_store_n(&d->sched, sched, __ATOMIC_RELEASE);
+    return nvc_region_device(d->key, memory, compute, sm_count);
+}
+
 static void fill_device(struct nvc_device *d, const char *key, int nvml_index, unsigned sm_count)
 {
-    d->memory_limit = nvc_config_memory(&nvc_cfg, key, nvml_index);
-    d->compute = nvc_config_compute(&nvc_cfg, key, nvml_index);
-    d->weight = nvc_config_weight(&nvc_cfg, key, nvml_index);
+    snprintf(d->key, sizeof d->key, "%s", key);
+    d->nvml_index = nvml_index;
     d->sm_count = sm_count ? sm_count : 1;
-    if (d->compute < 100 || d->weight)
-        d->sched = nvc_sched_device(key, d->weight ? d->weight : 1, d->compute);
-    d->region_index = nvc_region_device(key, d->memory_limit, d->compute, sm_count);
+    d->region_index = apply_limits(d, sm_count);
     if (d->region_index < 0) {
         nvc_fail("shared region device table is full");
         return;
     }
     __atomic_store_n(&d->valid, 1, __ATOMIC_RELEASE);
+}
+
+void nvc_devices_reconfigure(const struct nvc_config *cfg)
+{
+    pthread_mutex_lock(&dev_mu);
+    nvc_cfg = *cfg;
+    for (int i = 0; i < MAX_ORDINALS; i++)
+        if (by_ordinal[i].valid)
+            apply_limits(&by_ordinal[i], 0);
+    for (int i = 0; i < nkeys; i++)
+        apply_limits(&by_key[i].dev, 0);
+    pthread_mutex_unlock(&dev_mu);
 }
 
 struct nvc_device *nvc_device_by_ordinal(CUdevice ordinal)

@@ -4,6 +4,7 @@
 #define NVC_DEVICES_H
 
 #include <stdint.h>
+#include "base/config.h"
 #include "base/ground.h"
 #include "base/real.h"
 
@@ -17,10 +18,15 @@ struct nvc_device {
     unsigned sm_count;
     struct nvc_sched_entry *sched; /* this container's scheduler entry, NULL when not scheduled */
     int ordinal;                   /* CUDA ordinal; -1 when found by NVML handle */
+    int nvml_index;                /* NVML index for index-keyed limits; -1 when unknown */
+    char key[NVC_UUID_KEY_LEN];    /* UUID key (the limits' and the region's) */
 };
 struct nvc_device *nvc_device_by_ordinal(CUdevice dev);
 struct nvc_device *nvc_device_current(CUdevice *ordinal);
 struct nvc_device *nvc_device_by_key(const char *key, int nvml_index);
+/* The limits changed (reload.c): `cfg` becomes nvc_cfg, and every device this process uses takes its
+ * new memory limit, compute cap and weight at once (its region and scheduler entries too). */
+void nvc_devices_reconfigure(const struct nvc_config *cfg);
 void nvc_devices_fork(enum nvc_fork_phase phase);
 
 #endif

@@ -25,25 +25,15 @@ int nvc_mem_limited, nvc_compute_limited;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int activated;
 
-static int read_file(const char *path, char *buf, size_t size)
+void nvc_limits_in_force(const struct nvc_config *cfg)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    size_t got = 0;
-    ssize_t n;
-    while (got < size - 1 && (n = read(fd, buf + got, size - 1 - got)) != 0) {
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            close(fd);
-            return -1;
-        }
-        got += (size_t)n;
+    int mem = cfg->memory_default != 0, compute = cfg->compute_default < 100 || cfg->weight_default != 0;
+    for (int i = 0; i < cfg->nrules; i++) {
+        mem |= cfg->rules[i].memory != 0;
+        compute |= (cfg->rules[i].compute != 0 && cfg->rules[i].compute < 100) || cfg->rules[i].weight != 0;
     }
-    close(fd);
-    buf[got] = '\0';
-    return got == size - 1 ? -2 : 0;
+    nvc_mem_limited |= mem;
+    nvc_compute_limited |= compute;
 }
 
 static void do_init(void)
@@ -53,7 +43,7 @@ static void do_init(void)
         nvc_set_log_level(*lvl - '0');
     char err[256] = "", text[16384];
     const char *limits = NVC_FIXED_DIR "/limits";
-    int rc = read_file(limits, text, sizeof text);
+    int rc = nvc_read_text(limits, text, sizeof text);
     if (rc == 0 || errno != ENOENT) {
         /* Inside a container: the hook's read-only file is the only authority; the environment,
          * which the workload controls, is ignored (NVC_SHARE_DIR and the kill switch included). */
@@ -72,7 +62,7 @@ static void do_init(void)
         }
         char path[300];
         snprintf(path, sizeof path, "%s/limits", dir);
-        rc = read_file(path, text, sizeof text);
+        rc = nvc_read_text(path, text, sizeof text);
         if (rc == 0) {
             if (nvc_parse_limits_text(text, &nvc_cfg, err, sizeof err) == 0)
                 err[0] = '\0';
@@ -91,14 +81,7 @@ static void do_init(void)
         nvc_log(2, "disabled by configuration");
         return;
     }
-    nvc_mem_limited = nvc_cfg.memory_default != 0;
-    nvc_compute_limited = nvc_cfg.compute_default < 100;
-    for (int i = 0; i < nvc_cfg.nrules; i++) {
-        nvc_mem_limited |= nvc_cfg.rules[i].memory != 0;
-        nvc_compute_limited |=
-            (nvc_cfg.rules[i].compute != 0 && nvc_cfg.rules[i].compute < 100) || nvc_cfg.rules[i].weight != 0;
-    }
-    nvc_compute_limited |= nvc_cfg.weight_default != 0;
+    nvc_limits_in_force(&nvc_cfg);
     if (!nvc_mem_limited && !nvc_compute_limited) {
         nvc_log(2, "no limits configured");
         return;
@@ -121,7 +104,7 @@ void nvc_mps_env(void)
 {
     static struct nvc_config cfg; /* the constructor runs once, before any thread */
     char text[16384], err[256];
-    if (read_file(NVC_FIXED_DIR "/limits", text, sizeof text) || nvc_parse_limits_text(text, &cfg, err, sizeof err))
+    if (nvc_read_text(NVC_FIXED_DIR "/limits", text, sizeof text) || nvc_parse_limits_text(text, &cfg, err, sizeof err))
         return; /* nvc_init reports a junk file at the first wrapped call */
     for (int i = 0; i < NVC_MPS_VARS; i++)
         if (cfg.mps_env[i][0])

@@ -9,6 +9,9 @@ extern struct nvc_config nvc_cfg;
 extern int nvc_mem_limited;     /* some device has a memory limit */
 extern int nvc_compute_limited; /* some device has a compute share below 100 or a weight */
 enum nvc_state nvc_init(void);  /* idempotent */
+/* Sets the two flags above for these limits (at init, and when they change: a flag once set stays set, so
+ * memory charged before a change is still released, and launches already queued are still tracked). */
+void nvc_limits_in_force(const struct nvc_config *cfg);
 /* The limits were put in force in this process (the state may have failed since): from then on
  * fork must take every shim mutex (shim.c's handlers do nothing before). */
 int nvc_init_activated(void);

@@ -68,6 +68,7 @@ static struct peer {
     uint64_t ino, dev;
     int seen;
     struct nvc_config *granted;       /* the limits the hook granted it; NULL: none (plain use) */
+    struct stat granted_st;           /* that file as last read (`nvc-py share set` replaces it) */
     int8_t at[NVC_MAX_DEVICES];       /* its entry for our device d; -1: none */
     uint16_t weight[NVC_MAX_DEVICES]; /* its granted weight there; 0: take its claim */
 } peers[MAX_PEERS];
@@ -86,6 +87,8 @@ static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int nvc_sched_open(const struct nvc_config *cfg)
 {
+    if (own)
+        return 1; /* opened before the limits changed */
     char self[600];
     int fixed = cfg->from_file && !strcmp(cfg->dir, NVC_FIXED_DIR);
     if (fixed) {
@@ -196,6 +199,23 @@ static struct nvc_config *read_granted(int dir_fd, const char *name)
     return cfg;
 }
 
+/* The peer's granted limits, read again when their file was replaced or rewritten since. Caller holds sched_mu. */
+static void refresh_granted(struct peer *p, int dir_fd, const char *name)
+{
+    char path[300];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", GRANTED_DIR, name);
+    if (fstatat(dir_fd, path, &st, AT_SYMLINK_NOFOLLOW))
+        memset(&st, 0, sizeof st);
+    const struct stat *was = &p->granted_st;
+    if (p->granted && st.st_ino == was->st_ino && st.st_size == was->st_size &&
+        st.st_mtim.tv_sec == was->st_mtim.tv_sec && st.st_mtim.tv_nsec == was->st_mtim.tv_nsec)
+        return;
+    free(p->granted);
+    p->granted = read_granted(dir_fd, name);
+    p->granted_st = st;
+}
+
 /* Whether the peer's descriptor still names its file (the application may have closed it and opened
  * something else under that number). */
 static int still_ours(const struct peer *p)
@@ -267,8 +287,7 @@ static void rescan_locked(uint64_t now)
         if (!p)
             continue;
         p->seen = 1;
-        if (!p->granted)
-            p->granted = read_granted(dirfd(dir), de->d_name);
+        refresh_granted(p, dirfd(dir), de->d_name);
         locate(p);
     }
     closedir(dir);

@@ -10,7 +10,7 @@ struct nvc_sched_entry;
 /* Opens this container's scheduler file and its peers' directory (fixed paths in a container,
  * NVC_SHARE_SCHED_DIR/NVC_SHARE_TENANT otherwise); 0 when there is none (no cross-container
  * scheduling: the cap alone applies). */
-int nvc_sched_open(const struct nvc_config *cfg);
+int nvc_sched_open(const struct nvc_config *cfg); /* again: 1 when open already */
 struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap);
 /* Before a launch: an enum nvc_sched_decision (schedpolicy.h): 0 = wait (over its share while another
  * wants more), else it may launch now (2: within its share). capped: held back by its own cap. */
