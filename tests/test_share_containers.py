@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import pytest
 
-from harness.hookfixtures import default_run_dir, setup_dir  # noqa: F401  (fixtures)
+from harness.hookfixtures import default_run_dir, fake_driver_config, oci_hooks, setup_dir  # noqa: F401  (fixtures)
 from harness.sharedirs import mountpoints as _mountpoints
 from harness.shim import GIB, WAITS_LOG, programs  # noqa: F401  (fixture)
 from harness.standins import target_process  # noqa: F401  (fixture)
@@ -119,17 +119,8 @@ def test_hook_injects_the_shim_into_a_runc_container(
     directory, following nothing the container planted; junk limits, or a FIFO as the image's ld.so.preload, refuse the start and leave
     nothing behind (the FIFO never opened)."""
     from harness.bundle import make_bundle
-    from harness.installed import SCRIPTS
 
-    config = tmp_path / "config.yaml"
-    log = f"log: {{file: {tmp_path / 'hook.log'}}}\n"  # not the host's log
-    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\n{log}")
-    hook = {
-        "path": str(SCRIPTS / "nvc-py-hook"),
-        "args": ["nvc-py-hook", "prestart"],
-        "env": [f"NVC_PY_CONFIG={config}"],
-    }
-    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    hooks = oci_hooks(fake_driver_config(tmp_path / "config.yaml", fake_2gpu.root))
     fill = (
         "stat -f -c 'free %f' /var/run/nvc-share; dd if=/dev/zero of=/var/run/nvc-share/region bs=64k "
         "count=1000 oflag=append conv=notrunc 2>&1 | grep -o 'No space left on device'; "
@@ -174,7 +165,8 @@ def test_hook_injects_the_shim_into_a_runc_container(
     # Sharing enabled on the host: a container that asks for nothing gets the host's default.
     enabled = tmp_path / "enabled.yaml"
     enabled.write_text(
-        f"root: {fake_2gpu.root}\nload-kmods: false\n{log}sharing: {{enabled: true, device-memory-limit: 2g}}\n"
+        f"root: {fake_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n"
+        "sharing: {enabled: true, device-memory-limit: 2g}\n"
     )
     host_hooks = {stage: [{**h, "env": [f"NVC_PY_CONFIG={enabled}"]} for h in hs] for stage, hs in hooks.items()}
     plain = make_bundle(
@@ -218,17 +210,9 @@ def test_poststop_removes_only_the_sharing_files_of_the_container_that_stopped(
     sharing container runs: its poststop leaves the running container's directory and scheduler
     file alone (prestart recorded their owner: bundle and process). The right poststop removes them."""
     from harness.bundle import make_bundle
-    from harness.installed import SCRIPTS
     from harness.runtime import Runc
 
-    config = tmp_path / "config.yaml"
-    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {
-        "path": str(SCRIPTS / "nvc-py-hook"),
-        "args": ["nvc-py-hook", "prestart"],
-        "env": [f"NVC_PY_CONFIG={config}"],
-    }
-    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    hooks = oci_hooks(fake_driver_config(tmp_path / "config.yaml", fake_2gpu.root))
     cid = "nvc-share-same-id"
     gpu = make_bundle(
         tmp_path / "gpu",

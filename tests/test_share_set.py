@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.hookfixtures import default_run_dir, setup_dir  # noqa: F401  (fixtures)
+from harness.hookfixtures import default_run_dir, fake_driver_config, oci_hooks, setup_dir  # noqa: F401  (fixtures)
 from harness.installed import SCRIPTS
 from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture)
 from harness.shim import GIB, MIB, SHIM, foreground, programs, share  # noqa: F401  (fixtures)
@@ -262,14 +262,7 @@ def test_share_set_on_a_runc_container_through_the_hook(
     from harness.bundle import make_bundle
     from nvc.plan import share as plan
 
-    config = tmp_path / "config.yaml"
-    config.write_text(f"root: {fake_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")
-    hook = {
-        "path": str(SCRIPTS / "nvc-py-hook"),
-        "args": ["nvc-py-hook", "prestart"],
-        "env": [f"NVC_PY_CONFIG={config}"],
-    }
-    hooks = {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+    hooks = oci_hooks(fake_driver_config(tmp_path / "config.yaml", fake_2gpu.root))
     talk = tmp_path / "talk"
     talk.mkdir()
     for name in ("a", "b"):

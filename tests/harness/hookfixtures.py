@@ -19,6 +19,22 @@ from .hookserver import hook_server, umount_when_free
 from .installed import HOOK, SCRIPTS
 
 
+def oci_hooks(config: Path) -> dict[str, list[dict]]:
+    """A bundle's prestart and poststop hooks: the installed nvc-py-hook with the configuration ``config``."""
+    hook = {
+        "path": str(SCRIPTS / "nvc-py-hook"),
+        "args": ["nvc-py-hook", "prestart"],
+        "env": [f"NVC_PY_CONFIG={config}"],
+    }
+    return {"prestart": [hook], "poststop": [{**hook, "args": ["nvc-py-hook", "poststop"]}]}
+
+
+def fake_driver_config(path: Path, root: Path) -> Path:
+    """The hook's configuration at ``path``: the fake driver at ``root``, its log beside the file (not the host's)."""
+    path.write_text(f"root: {root}\nload-kmods: false\nlog: {{file: {path.parent / 'hook.log'}}}\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def setup_dir(fake_2gpu, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A configuration for the fake driver, and the hooks.d dir `nvc-py setup podman` writes for it."""
