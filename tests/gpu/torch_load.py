@@ -11,9 +11,12 @@ until START_AT (a time.time() value; concurrent runs start together; "late S" if
 seconds after it), then prints "sec I N" for each
 second (N iterations completed in second I, the GPU synchronised at each boundary),
 "rate R" (iterations per second over the whole run) and "cpu_us C" (the process's CPU time per
-iteration: near 1e6 / R, the loop is bound by its host side, not by the GPU).
+iteration: near 1e6 / R, the loop is bound by its host side, not by the GPU). With TORCH_LOAD_STEPS=1
+in its environment it also synchronises the GPU after every iteration and prints "step T", T the
+time.time() it ended (how fast it follows a change: tests/test_share_set_gpu.py).
 """
 
+import os
 import sys
 import time
 
@@ -69,6 +72,7 @@ def main() -> None:
         print(f"late {time.time() - start_at:.2f}", flush=True)  # it does not start with the others
     if start_at > time.time():
         time.sleep(start_at - time.time())
+    steps = os.environ.get("TORCH_LOAD_STEPS") == "1"
     start, cpu = time.monotonic(), time.process_time()
     total, second = 0, 1
     while second <= seconds:
@@ -76,6 +80,9 @@ def main() -> None:
         while time.monotonic() - start < second:
             run()
             n += 1
+            if steps:
+                torch.cuda.synchronize()
+                print(f"step {time.time():.4f}", flush=True)
         torch.cuda.synchronize()
         print(f"sec {second} {n}", flush=True)
         total += n
