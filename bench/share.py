@@ -18,8 +18,9 @@ in the same run. Prints two tables:
   weight's share; one going idle half way; one alone;
 * a launch-bound pair (issue 48): a batch-1 decode service (tests/gpu/torch_decode.py: requests at a
   fixed rate, NVC_BENCH_SERVE_LOAD of its own capacity, 0.7 by default; latency from arrival) beside a
-  ResNet-50 training loop, for no control, weights 9:1 favouring the service and a cap of 50 on the
-  trainer: the service's p50 / p99 and the trainer's throughput as % of alone.
+  ResNet-50 training loop, for no control, weights 9:1 favouring the service, a cap of 50 on the
+  trainer and latency classes (the service latency-critical, the trainer batch): the service's p50 / p99
+  and the trainer's throughput as % of alone.
 
 Each figure is the median over RUNS runs of each run's median (and 10th percentile) of SAMPLES
 samples, native and shim runs interleaved in pairs so clock drift hits both; the overhead is the
@@ -254,6 +255,11 @@ LAUNCH_BOUND_CONTROLS = (
     ("no control", None, None),
     ("weights 9:1, the service heavier", {"NVC_SHARE_WEIGHT": "9"}, {"NVC_SHARE_WEIGHT": "1"}),
     ("cap 50 on the trainer", None, {"NVC_SHARE_COMPUTE": "50"}),
+    (
+        "latency classes: service urgent",
+        {"NVC_SHARE_PRIORITY": "latency-critical"},
+        {"NVC_SHARE_PRIORITY": "batch"},
+    ),
 )
 
 

@@ -159,7 +159,7 @@ def test_the_shim_reads_the_mps_lines(programs) -> None:  # noqa: F811
     env = mps.client_env(mps.MpsClient("c", GPU0, "/bin/ctl", 0, 40, None, 1 << 30, 1), [])
     text = share.limits_text(ShareRequest(memory=(("", 1 << 30),))) + mps.limits_lines(env)
     assert shim_reads(text) == [
-        "default memory=1073741824 compute=100 weight=0",
+        "default memory=1073741824 compute=100 weight=0 priority=-",
         *(f"mps {name}={env[name]}" for name in mps.CLIENT_VARIABLES),
     ]
     for junk in ("mps.LD_PRELOAD=/x.so", "mps.CUDA_MPS_CLIENT_PRIORITY=1 2", "mps=1", f"mps.{mps.THREADS}=" + "9" * 64):

@@ -183,6 +183,10 @@ CONFIG_TABLE = [
         (f"NVC_SHARE_WEIGHT_{key}", "3", STRICTER)
         for key in ("1234", "gpu-abc", "GPU0", "GPU-", "GPU-" + "a" * 37, "GPU-zz", "GPU-12/gi", "x", "", "_0", "-1")
     ],
+    # latency classes: latency-critical or batch, exactly
+    *[("NVC_SHARE_PRIORITY", text, READ) for text in ("latency-critical", "batch")],
+    *[(f"NVC_SHARE_PRIORITY_{key}", "batch", READ) for key in ("1", GPU0)],
+    *[("NVC_SHARE_PRIORITY", text, REFUSED) for text in ("", "urgent", "Batch", "batch ", "0")],
     (f"CUDA_DEVICE_SM_LIMIT_{GPU0}", "0", READ),
     ("CUDA_DEVICE_SM_LIMIT_POLICY", "force", READ),  # another HAMi variable: a limit to neither
 ]
@@ -219,15 +223,15 @@ def as_the_shim_keys(request: ShareRequest | None) -> list[str]:
     """``request`` in limits_parse's words: its defaults (100 % compute, no memory limit or weight when
     unset) and one rule per device, keyed as the shim keys them (an index as a number, a UUID without
     its GPU-/MIG- prefix, lower case), in the shim's order."""
-    defaults = {"memory": 0, "compute": 100, "weight": 0}
-    rules: dict[tuple[int, str], dict[str, int]] = {}
-    for field in ShareRequest._fields:
+    defaults: dict[str, int | str] = {"memory": 0, "compute": 100, "weight": 0, "priority": "-"}
+    rules: dict[tuple[int, str], dict[str, int | str]] = {}
+    for field in defaults:
         for scope, value in getattr(request or ShareRequest(), field):
             if not scope:
                 defaults[field] = value
                 continue
             key = (int(scope), "-") if scope.isdigit() else (-1, scope[4:].lower())  # the hook's: GPU-/MIG- UUIDs
-            rules.setdefault(key, dict.fromkeys(defaults, 0))[field] = value
+            rules.setdefault(key, {"memory": 0, "compute": 0, "weight": 0, "priority": "-"})[field] = value
     return [
         " ".join(["default", *(f"{f}={v}" for f, v in defaults.items())]),
         *(

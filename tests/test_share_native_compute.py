@@ -231,13 +231,15 @@ def tenant(
     burst: int = 0,
     kernel_us: int = 1000,
     log: bool = False,
+    klass: str | None = None,
 ) -> subprocess.Popen:
     """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
     ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0 back to back, then synchronising;
     or with host_us, waiting for each and then spending host_us on its host (a training-like loop); or
     with burst, `launches` steps of a framework: burst kernels, host_us after each, one wait. With gpu,
     the fake GPU is the one shared by the processes naming that file (FAKE_CUDA_SHARED_GPU), and weight
-    0 runs it without the shim. With log, its shim says at exit where its launches waited."""
+    0 runs it without the shim. With log, its shim says at exit where its launches waited; klass: its
+    latency class (NVC_SHARE_PRIORITY)."""
     limits = {
         "NVC_SHARE_WEIGHT": str(weight),
         "FAKE_CUDA_KERNEL_US": str(kernel_us),
@@ -246,6 +248,7 @@ def tenant(
         **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {}),
         **({"FAKE_CUDA_SHARED_GPU": str(gpu)} if gpu else {}),
         **({"NVC_SHARE_LOG": "2"} if log else {}),
+        **({"NVC_SHARE_PRIORITY": klass} if klass else {}),
     }
     env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
     if not weight:
@@ -325,6 +328,38 @@ def test_weighted_tenants_on_one_time_sliced_gpu_share_it_by_weight_and_keep_it_
     )
     assert abs(part - 25) <= 5, (part, weighted)
     assert sum(weighted) >= least * sum(native), (weighted, native)
+
+
+def test_a_latency_critical_tenant_keeps_its_latency_beside_a_busy_batch_tenant(share, programs, tmp_path):
+    """On one fake GPU that time-slices between processes: a latency-critical tenant doing 200 steps (a 500 us
+    kernel, waited for, then 500 us on its host) beside a batch tenant keeping the GPU busy with 1 ms
+    kernels. Without classes the GPU's time-slicing slows every step of the first; with them the batch
+    tenant holds while the other serves and its steps take about what they take alone; the batch tenant
+    still gets its work done, in the other's idle time (work-conserving)."""
+    gpu = tmp_path / "gpu"
+
+    def pair(classes: tuple[str | None, str | None] | None) -> tuple[float, float | None]:
+        sched = tmp_path / f"sched-{classes}"
+        sched.mkdir()
+        urgent, batch = classes or (None, None)
+        served = tenant(
+            share, programs, sched, f"service-{classes}", 1, 200, host_us=500, gpu=gpu, kernel_us=500, klass=urgent
+        )
+        trainer = None
+        if classes is not None:
+            trainer = tenant(share, programs, sched, f"trainer-{classes}", 1, 1200, gpu=gpu, klass=batch)
+        return wall_s(served, timeout=60), None if trainer is None else wall_s(trainer, timeout=60)
+
+    alone, _ = pair(None)
+    plain, _ = pair((None, None))
+    urgent, trainer = pair(("latency-critical", "batch"))
+    unclassed, _ = pair(("latency-critical", None))  # no class beside a latency-critical one: it holds too
+    print(
+        f"service steps alone {alone:.3f} s, beside the trainer {plain:.3f} s, as latency-critical {urgent:.3f} / {unclassed:.3f} s; trainer {trainer:.3f} s"
+    )
+    assert plain >= 1.3 * alone
+    assert urgent <= 1.15 * alone and unclassed <= 1.15 * alone
+    assert trainer is not None and trainer <= 1.2 + urgent + 0.5
 
 
 def wall_s(proc: subprocess.Popen, timeout: float) -> float:

@@ -23,12 +23,18 @@ class Simulated(NamedTuple):
 
 
 def simulate(
-    programs, *tenants: str, ms: int = 2000, control: bool = True, slice_us: int = 0
+    programs, *tenants: str, ms: int = 2000, control: bool = True, slice_us: int = 0, classes: str = ""
 ) -> tuple[list[Simulated], float]:
     """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE] under the shim's
     scheduler decision (none: `control` False) on a GPU that time-slices between them, evenly or in
-    slices of `slice_us` (tests/share_programs/sched_sim.c); also returns how busy the GPU was, in percent."""
-    env = {**os.environ, "SCHED_SIM_NONE": "0" if control else "1", "SCHED_SIM_SLICE_US": str(slice_us)}
+    slices of `slice_us`, their latency classes `classes` (tests/share_programs/sched_sim.c); also returns
+    how busy the GPU was, in percent."""
+    env = {
+        **os.environ,
+        "SCHED_SIM_NONE": "0" if control else "1",
+        "SCHED_SIM_SLICE_US": str(slice_us),
+        "SCHED_SIM_CLASSES": classes,
+    }
     out = subprocess.run(
         [str(programs["sched_sim"]), str(ms), *tenants], capture_output=True, text=True, check=True, timeout=60, env=env
     ).stdout
@@ -125,3 +131,21 @@ def test_a_setting_never_serves_the_tenant_it_favours_worse_than_no_control(
         free,
     )
     assert ruled[1].second >= free[1].second - 2 and gpu >= 99, (ruled, free, gpu)
+
+
+@pytest.mark.parametrize("slice_us", [0, 200, 1000])
+@pytest.mark.parametrize("busy", ["0:2000", "500:1500"])
+def test_a_latency_critical_service_is_served_as_if_alone_and_the_trainer_gets_the_rest(programs, slice_us, busy):
+    """Latency classes on the fake clock: the launch-bound service (10 us kernels, 40 us of host work
+    before each) latency-critical, the trainer (200 us kernels back to back) batch. The service's kernels
+    end as soon as alone (1.1x, +10 us for the trainer's queued work it may find at its start) and as many
+    are done: better than with no control, where they wait for the trainer's slices. Outside the service's
+    busy time the trainer has the whole GPU (work-conserving)."""
+    service, trainer = f"1:{SERVICE.format(busy)}", f"1:{TRAINER}"
+    (alone,), _ = simulate(programs, service, slice_us=slice_us)
+    free, _ = simulate(programs, service, trainer, control=False, slice_us=slice_us)
+    ruled, _ = simulate(programs, service, trainer, slice_us=slice_us, classes="2,1")
+    assert ruled[0].turnaround_us <= 1.1 * alone.turnaround_us + 10, (ruled, alone)
+    assert ruled[0].kernels >= 0.97 * alone.kernels and ruled[0].turnaround_us <= free[0].turnaround_us, (ruled, free)
+    if busy == "500:1500":  # the trainer alone for the first 500 ms of each half
+        assert ruled[1].first >= 45 and ruled[1].second >= 45, ruled

@@ -31,6 +31,7 @@ class View(ctypes.Structure):
         ("weight", ctypes.c_uint32),
         ("cap", ctypes.c_uint32),
         ("share_permille", ctypes.c_uint32),
+        ("klass", ctypes.c_uint32),
     ]
 
 
@@ -57,6 +58,7 @@ def decide(tmp_path_factory: pytest.TempPathFactory):
     fn = ctypes.CDLL(str(lib)).nvc_sched_decide
     fn.argtypes = [ctypes.POINTER(View), ctypes.POINTER(View), ctypes.c_int, ctypes.c_uint64]
     fn.restype = ctypes.c_int
+    decide_views.fn = fn
 
     def run(own_share: int, peer_share: int, peer_busy: bool = True) -> int:
         """A weight-1 tenant asking while a weight-3 peer, seen launching just now, is busy or not."""
@@ -93,3 +95,58 @@ def test_a_peer_claiming_little_share_lowers_an_entitlement_no_further_than_the_
     # 185 + 20 sum to about 20 % of the GPU, taken as 70 %: the light tenant's quarter is still 175 (+ a point)
     assert decide(185, 20) == RUN_WITHIN
     assert decide(186, 20) == WAIT
+
+
+# ---------------------------------------------------------------- latency classes
+
+NONE, BATCH, LATENCY_CRITICAL = 0, 1, 2
+MS = 1_000_000
+
+
+def decide_views(own: View, *others: View) -> int:
+    """nvc_sched_decide on these views at NOW (the decide fixture loads it)."""
+    peers = (View * len(others))(*others)
+    return decide_views.fn(ctypes.byref(own), peers, len(others), NOW)
+
+
+def tenant(
+    klass: int, share: int = 100, seen_ago: int = 0, busy: bool = False, weight: int = 1, capped: int = 0
+) -> View:
+    return View(1000 * klass + share, NOW - seen_ago, NOW + MS if busy else 0, capped, weight, 100, share, klass)
+
+
+def test_every_other_tenant_holds_while_a_latency_critical_one_serves(decide):
+    """A batch tenant, or one with no class, waits while a latency-critical tenant launched within the
+    last 2 ms or has work queued, however far under its own share it is; once that one has been idle
+    2 ms with nothing queued, it runs (work-conserving)."""
+    for klass in (BATCH, NONE):
+        assert decide_views(tenant(klass, share=0), tenant(LATENCY_CRITICAL, seen_ago=1 * MS)) == WAIT
+        assert decide_views(tenant(klass, share=0), tenant(LATENCY_CRITICAL, seen_ago=50 * MS, busy=True)) == WAIT
+        assert decide_views(tenant(klass, share=0), tenant(LATENCY_CRITICAL, seen_ago=2 * MS + 1)) == RUN_WITHIN
+    # held back by its own cap, it is not serving: nobody waits for it
+    assert decide_views(tenant(BATCH, share=0), tenant(LATENCY_CRITICAL, capped=1, busy=True)) == RUN_WITHIN
+
+
+def test_a_latency_critical_tenant_never_waits_for_the_others(decide):
+    """Over its weight's share, while a batch tenant far under its own is busy: it launches, and the
+    batch tenant counts for nothing in its weighing."""
+    urgent = tenant(LATENCY_CRITICAL, share=900)
+    assert decide_views(urgent, tenant(BATCH, share=0, busy=True, weight=1000)) == RUN_WITHIN
+    assert decide_views(urgent, tenant(NONE, share=0, busy=True, weight=1000)) == RUN_WITHIN
+
+
+def test_weights_still_divide_each_class(decide):
+    """Two latency-critical tenants weigh among themselves as any two tenants do (1:3: the light one over
+    its quarter waits while the heavy one under its share is busy); two batch tenants likewise while no
+    latency-critical tenant serves."""
+    for klass in (LATENCY_CRITICAL, BATCH):
+        light = tenant(klass, share=261, weight=1)
+        assert decide_views(light, tenant(klass, share=739, busy=True, weight=3)) == WAIT
+        assert (
+            decide_views(
+                light,
+                tenant(klass, share=739, busy=True, weight=3),
+                tenant(LATENCY_CRITICAL if klass == BATCH else BATCH, seen_ago=10 * MS),
+            )
+            == WAIT
+        )

@@ -153,19 +153,19 @@ def test_a_cap_change_is_the_running_work_s_next_launches(share, programs, priva
 
 
 def test_the_limits_it_refuses_and_who_may(container, tmp_path):
-    """A weight for a container with no scheduler file, a latency class under time slices, bad input,
+    """A weight or latency class for a container with no scheduler file, a memory limit for one whose
+    memory is not counted, bad input,
     a container that is not there, and anyone but root: refused, the limits file untouched."""
     state, _ = container
     limits = state / "ctr" / "shared" / "limits"
     before = limits.read_text()
     prepared(state, "memory-only", {"NVC_SHARE_MEMORY_LIMIT": "1Gi"})
-    with pytest.raises(ContainerError, match="no scheduler file: it can be given a compute cap now"):
-        shareset.change("memory-only", Change(weight=3), str(state))
+    for wanted in (Change(weight=3), Change(priority="batch")):
+        with pytest.raises(ContainerError, match="no scheduler file: it can be given a compute cap now"):
+            shareset.change("memory-only", wanted, str(state))
     prepared(state, "compute-only", {"NVC_SHARE_COMPUTE": "50"})
     with pytest.raises(ContainerError, match="started without a memory limit, so its memory is not counted"):
         shareset.change("compute-only", Change(memory=GIB), str(state))
-    with pytest.raises(ContainerError, match="time slices, which have no latency classes"):
-        shareset.change("ctr", Change(priority="batch"), str(state))
     with pytest.raises(ContainerError, match="no container nope shares a GPU here"):
         shareset.change("nope", Change(memory=GIB), str(state))
     cli = [str(SCRIPTS / "nvc-py"), "share", "set", "--state-dir", str(state), "ctr"]
@@ -257,8 +257,8 @@ def test_share_set_on_a_runc_container_through_the_hook(
 ):  # noqa: F811
     """A runc container started through the hook with memory 1 GiB, cap 50 and weight 1 runs two
     processes; `nvc-py share set` raises its memory, then its cap and weight: the process the old
-    limit refused allocates at its next call, `share status` shows the new values, the other
-    containers' view of its weight (its granted file) is the new one."""
+    limit refused allocates at its next call, `share status` shows the new values (a latency class
+    too), the other containers' view of its weight and class (its granted file) is the new one."""
     from harness.bundle import make_bundle
     from nvc.plan import share as plan
 
@@ -323,16 +323,17 @@ def test_share_set_on_a_runc_container_through_the_hook(
         time.sleep(RELOAD_S + 0.05)
         assert ask("b", f"alloc {600 * MIB}") == ["alloc", "0", "0"]
 
-        result = nvc("set", cid, "--compute", "80", "--weight", "3")
+        result = nvc("set", cid, "--compute", "80", "--weight", "3", "--priority", "latency-critical")
         assert result.returncode == 0, result.stderr
         granted = Path(plan.sched_dir_for(plan.STATE_DIR)) / plan.GRANTED_DIR / cid
-        assert granted.read_text() == "version=1\ncompute_percent=80\ncompute_weight=3\n"
+        assert granted.read_text() == "version=1\ncompute_percent=80\ncompute_weight=3\npriority=latency-critical\n"
         time.sleep(RELOAD_S + 0.05)
         assert ask("a", "meminfo")[3] == str(2 * GIB)
         shown = json.loads(nvc("status", "--json").stdout)
         (mine,) = [c for c in shown["containers"] if c["id"] == cid]
         assert (mine["limits"]["memory_limit"], mine["limits"]["compute_percent"]) == (str(2 * GIB), "80")
-        assert mine["devices"][0]["compute_percent"] == 80 and mine["devices"][0]["weight"] == 3
+        device = mine["devices"][0]
+        assert (device["compute_percent"], device["weight"], device["latency_class"]) == (80, 3, "latency-critical")
     finally:
         for fd in writers.values():
             os.close(fd)  # end of input: both processes exit

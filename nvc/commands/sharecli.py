@@ -76,7 +76,7 @@ def share_top(once: bool, interval: float, state_dir: str) -> None:
 @click.option("--memory", metavar="SIZE", help="Memory limit (bytes, or K/M/G/T with an optional i).")
 @click.option("--compute", metavar="PERCENT", help="Compute cap, 1-100 (100: none).")
 @click.option("--weight", metavar="N", help="Weight among the containers sharing the GPU, 1-1000.")
-@click.option("--priority", metavar="CLASS", help="Latency class: latency-critical or batch (backend mps).")
+@click.option("--priority", metavar="CLASS", help="Latency class: latency-critical or batch.")
 @_state_dir
 def share_set(
     container: str,

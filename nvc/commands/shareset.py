@@ -50,10 +50,10 @@ def change(container_id: str, wanted: share.Change, state_dir: str = share.STATE
 
 def _changed(request: ShareRequest, wanted: share.Change) -> ShareRequest:
     return request._replace(
-        **{
-            field: share.changed_rules(getattr(request, field), wanted.gpu, getattr(wanted, field))
-            for field, _ in share.LIMITS_KEYS
-        }
+        memory=share.changed_rules(request.memory, wanted.gpu, wanted.memory),
+        compute=share.changed_rules(request.compute, wanted.gpu, wanted.compute),
+        weight=share.changed_rules(request.weight, wanted.gpu, wanted.weight),
+        priority=share.changed_rules(request.priority, wanted.gpu, wanted.priority),
     )
 
 
@@ -61,15 +61,10 @@ def _timeslice(
     container_id: str, limits: share.Limits, wanted: share.Change, scheduled: bool
 ) -> tuple[str, ShareRequest, list[str]]:
     """The new limits under the shim's time slices: every field at once."""
-    if wanted.priority is not None:
+    if (wanted.weight is not None or wanted.priority is not None) and not scheduled:
         raise ContainerError(
-            f"container {container_id} shares its GPU by time slices, which have no latency classes "
-            "(the mps backend has them)"
-        )
-    if wanted.weight is not None and not scheduled:
-        raise ContainerError(
-            f"container {container_id} started without a weight or compute cap, so it has no scheduler file: "
-            "it can be given a compute cap now, a weight only at its start"
+            f"container {container_id} started without a weight, compute cap or latency class, so it has no "
+            "scheduler file: it can be given a compute cap now, a weight or latency class only at its start"
         )
     if wanted.memory is not None and not limits.request.memory:
         raise ContainerError(
@@ -98,7 +93,7 @@ def _mps(container_id: str, limits: share.Limits, wanted: share.Change) -> tuple
             env[mpsplan.THREADS] = str(wanted.compute)
     if wanted.priority is not None:
         env[mpsplan.CLIENT_PRIORITY] = str(mpsplan.PRIORITY_OF_CLASS[wanted.priority])
-    text = share.limits_text(request._replace(compute=()), origin=f"container {container_id}")
+    text = share.limits_text(request._replace(compute=(), priority=()), origin=f"container {container_id}")
     notes = []
     if wanted.compute is not None or wanted.priority is not None:
         notes.append(

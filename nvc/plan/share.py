@@ -16,11 +16,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
-from nvc.containerenv.sharing import CONTAINER_DIR, CONTAINER_LIBRARY, CONTAINER_PEERS, CONTAINER_SCHED, PRELOAD
+from nvc.containerenv.sharing import (
+    CONTAINER_DIR,
+    CONTAINER_LIBRARY,
+    CONTAINER_PEERS,
+    CONTAINER_SCHED,
+    PRELOAD,
+    PRIORITY_CLASSES,
+)
 from nvc.errors import ContainerError, InputError
 from nvc.plan.request import HostMount, ShareRequest
+
+T = TypeVar("T")
 
 # Host side: the installed shim and the per-container directories (`share status` reads them).
 HOST_LIBRARY = "/usr/lib/nvc-py/libnvc-share.so"
@@ -37,9 +46,11 @@ POD_ANNOTATIONS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.Cont
 GRANTED_MAX = 8192  # bytes of one container's granted limits there (native/shim/scheduling/sched.c GRANTED_MAX)
 
 LIMITS_VERSION = 1
-# The limits file's key for each ShareRequest field (native/shim/base/config.c).
+# The limits file's key for each ShareRequest field (native/shim/base/config.c): numbers, then the latency
+# class (a name, nvc.containerenv.sharing.PRIORITY_CLASSES).
 LIMITS_KEYS = (("memory", "memory_limit"), ("compute", "compute_percent"), ("weight", "compute_weight"))
-_GRANTED_KEYS = ("version=", *(key for field, key in LIMITS_KEYS if field != "memory"))
+CLASS_KEY = ("priority", "priority")
+_GRANTED_KEYS = ("version=", *(key for field, key in (*LIMITS_KEYS, CLASS_KEY) if field != "memory"))
 
 
 class ShareFiles(NamedTuple):
@@ -74,7 +85,7 @@ def limits_text(request: ShareRequest, origin: str = "") -> str:
         f"# written by nvc-py{' for ' + origin if origin else ''}; read-only in the container",
         f"version={LIMITS_VERSION}",
     ]
-    for field, key in LIMITS_KEYS:
+    for field, key in (*LIMITS_KEYS, CLASS_KEY):
         lines += [f"{key}{'.' + scope if scope else ''}={value}" for scope, value in getattr(request, field)]
     return "\n".join(lines) + "\n"
 
@@ -103,6 +114,7 @@ def parse_limits(text: str, origin: str) -> Limits:
     nvc-py never writes is refused (``origin`` names the file)."""
     keys = {key: field for field, key in LIMITS_KEYS}
     rules: dict[str, list[tuple[str, int]]] = {field: [] for field, _ in LIMITS_KEYS}
+    classes: list[tuple[str, str]] = []
     mps: list[tuple[str, str]] = []
     entries = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if not entries or entries[0] != f"version={LIMITS_VERSION}":
@@ -112,17 +124,24 @@ def parse_limits(text: str, origin: str) -> Limits:
         key, _, scope = name.partition(".")
         if key == "mps" and scope:
             mps.append((scope, value))
+        elif key == CLASS_KEY[1] and value in PRIORITY_CLASSES:
+            classes.append((scope, value))
         elif key in keys and value.isascii() and value.isdigit():
             rules[keys[key]].append((scope, int(value)))
         else:
             raise ContainerError(f"{origin}: {entry!r} is not a line nvc-py writes")
     return Limits(
-        ShareRequest(memory=tuple(rules["memory"]), compute=tuple(rules["compute"]), weight=tuple(rules["weight"])),
+        ShareRequest(
+            memory=tuple(rules["memory"]),
+            compute=tuple(rules["compute"]),
+            weight=tuple(rules["weight"]),
+            priority=tuple(classes),
+        ),
         tuple(mps),
     )
 
 
-def changed_rules(rules: tuple[tuple[str, int], ...], gpu: str, value: int | None) -> tuple[tuple[str, int], ...]:
+def changed_rules(rules: tuple[tuple[str, T], ...], gpu: str, value: T | None) -> tuple[tuple[str, T], ...]:
     """One field's rules after a change: on one GPU, its rule replaced; on every GPU (``gpu`` ""), the
     field's rules replaced by one default. None: unchanged."""
     if value is None:
@@ -165,8 +184,9 @@ def preload_text(image_preload: str, library: str = CONTAINER_LIBRARY) -> str:
 
 
 def scheduled(request: ShareRequest) -> bool:
-    """Whether the container takes part in the GPU-time scheduler: a weight or a cap below 100 %."""
-    return bool(request.weight) or any(value < 100 for _, value in request.compute)
+    """Whether the container takes part in the GPU-time scheduler: a weight, a cap below 100 % or a
+    latency class."""
+    return bool(request.weight or request.priority) or any(value < 100 for _, value in request.compute)
 
 
 def sched_dir_for(state_dir: str) -> str:
@@ -218,7 +238,9 @@ def without_time_slices(planned: ShareFiles, request: ShareRequest) -> ShareFile
     """The files of a container whose device is shared through MPS (nvc.plan.mps): no compute lines
     in its limits file (MPS shares the SMs, the shim's slices and weights stay off; its memory
     accounting stays), no scheduler file. Its MPS lines are added when its daemon is known."""
-    limits = limits_text(request._replace(compute=(), weight=()), origin=f"container {planned.container_id}")
+    limits = limits_text(
+        request._replace(compute=(), weight=(), priority=()), origin=f"container {planned.container_id}"
+    )
     return planned._replace(limits=limits, scheduled=False, granted="")
 
 

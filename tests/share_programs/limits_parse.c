@@ -4,9 +4,9 @@
  *   limits_parse file             parses a limits file's text from stdin
  *   limits_parse env NAME=VALUE…  parses the arguments as the environment
  *
- * Prints "error <message>", or "default memory=M compute=C weight=W" and then, in the canonical order
- * (nvc_config_finish), one "rule index=I key=K memory=M compute=C weight=W" per device rule (key "-"
- * for an index rule; 0: not given), then one "mps NAME=VALUE" per MPS client variable it sets. */
+ * Prints "error <message>", or "default memory=M compute=C weight=W priority=P" and then, in the canonical
+ * order (nvc_config_finish), one "rule index=I key=K memory=M compute=C weight=W priority=P" per device rule
+ * (key "-" for an index rule; 0 or "-": not given), then one "mps NAME=VALUE" per MPS client variable it sets. */
 #include <stdio.h>
 #include <string.h>
 
@@ -33,12 +33,13 @@ int main(int argc, char **argv)
         return 0;
     }
     nvc_config_finish(&cfg);
-    printf("default memory=%llu compute=%u weight=%u\n", (unsigned long long)cfg.memory_default, cfg.compute_default,
-           cfg.weight_default);
+    static const char *const classes[] = {"-", "batch", "latency-critical"};
+    printf("default memory=%llu compute=%u weight=%u priority=%s\n", (unsigned long long)cfg.memory_default,
+           cfg.compute_default, cfg.weight_default, classes[cfg.class_default]);
     for (int i = 0; i < cfg.nrules; i++) {
         const struct nvc_limit_rule *r = &cfg.rules[i];
-        printf("rule index=%d key=%s memory=%llu compute=%u weight=%u\n", r->index, r->key[0] ? r->key : "-",
-               (unsigned long long)r->memory, r->compute, r->weight);
+        printf("rule index=%d key=%s memory=%llu compute=%u weight=%u priority=%s\n", r->index,
+               r->key[0] ? r->key : "-", (unsigned long long)r->memory, r->compute, r->weight, classes[r->klass]);
     }
     for (int i = 0; i < NVC_MPS_VARS; i++)
         if (cfg.mps_env[i][0]) printf("mps %s=%s\n", nvc_mps_names[i], cfg.mps_env[i]);

@@ -20,7 +20,10 @@
  * the MS simulated milliseconds, and "gpu <busy ‰>". With SCHED_SIM_NONE=1 in the environment nothing
  * is held (no sharing control: the GPU's time-slicing alone); with SCHED_SIM_SLICE_US=N the GPU runs
  * one tenant at a time, each for N us or until its queue is empty, in turn (a kernel launched while
- * another's slice runs waits for it: its elapsed time grows, its work does not). */
+ * another's slice runs waits for it: its elapsed time grows, its work does not). SCHED_SIM_CLASSES=C,C,...
+ * gives the tenants their latency classes in order (base/config.h enum nvc_class: 0 none, 1 batch,
+ * 2 latency-critical), each the granted one the others read; a queue of at most 2 ms is also the budget
+ * a tenant yielding to a latency-critical one keeps (NVC_SCHED_URGENT_BUDGET_NS). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +44,7 @@ static struct tenant {
     struct nvc_sched_view v;
     unsigned weight, cap;
     enum lie lie;
+    unsigned klass;
     uint64_t kernel_ns, host_ns, from_ns, until_ns, host_ready, slice_end;
     uint64_t queue[MAX_Q]; /* its kernels' remaining GPU time, oldest first */
     uint64_t began;        /* when its oldest kernel could start */
@@ -89,6 +93,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3) return 2;
     const char *none = getenv("SCHED_SIM_NONE"), *sliced = getenv("SCHED_SIM_SLICE_US");
+    const char *classes = getenv("SCHED_SIM_CLASSES");
     int control = !none || strcmp(none, "1"), current = 0;
     uint64_t slice_ns = sliced ? strtoull(sliced, NULL, 10) * 1000 : 0, slice_left = 0;
     uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2, gpu_busy = 0;
@@ -106,6 +111,11 @@ int main(int argc, char **argv)
             if (!strcmp(how, lies[l])) t[nt].lie = l;
         if (!t[nt].lie && how[0]) t[nt].host_ns = strtoull(how, NULL, 10) * 1000;
     }
+    for (int i = 0; classes && *classes && i < nt; i++) {
+        char *end;
+        t[i].klass = t[i].v.klass = (unsigned)strtoul(classes, &end, 10);
+        classes = *end == ',' ? end + 1 : end;
+    }
     uint64_t now, refill = 0;
     struct nvc_sched_view others[MAX_T], seen[MAX_T];
     for (now = 0; now < end_ns; now += STEP_NS) {
@@ -113,6 +123,7 @@ int main(int argc, char **argv)
             seen[j] = t[j].v;
             nvc_sched_sanitize(&seen[j], now);
             seen[j].weight = t[j].weight;
+            seen[j].klass = t[j].klass;
         }
         /* the GPU: one step shared by the tenants with work queued, or all of it to the one whose time
          * slice it is */

@@ -23,6 +23,7 @@
 #include "scheduling/gate.h"
 #include "scheduling/kernels.h"
 #include "scheduling/sched.h"
+#include "scheduling/schedpolicy.h"
 
 #define MAX_PENDING 512
 #define MAX_WAIT_STEP_NS 10000000ll /* re-check at least every 10 ms */
@@ -272,6 +273,8 @@ static int64_t queue_room(const struct nvc_device *d, int64_t wait, int gating, 
         room = (int64_t)(nvc_region_slice_end(dev) - now);
     if (gating)
         room = (int64_t)nvc_region_slice_length(d->compute);
+    if (d->sched && nvc_sched_yields(d->sched) && room > NVC_SCHED_URGENT_BUDGET_NS)
+        room = NVC_SCHED_URGENT_BUDGET_NS; /* ahead of a latency-critical tenant's next kernel */
     return room;
 }
 

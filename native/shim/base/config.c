@@ -11,6 +11,7 @@
  *     powers of 1024), not 0, below 2^64;
  *   - compute_percent[.SCOPE]=1..100 (decimal digits);
  *   - compute_weight[.SCOPE]=1..1000 (decimal digits);
+ *   - priority[.SCOPE]=latency-critical|batch: the latency class (scheduling/schedpolicy.h);
  *   - SCOPE: an NVML index of 1 to 3 digits, or a device UUID of at most 40 letters, digits and '-',
  *     matched without its GPU- or MIG- prefix and without case (the hook writes GPU-/MIG- UUIDs),
  *     not empty without it;
@@ -204,6 +205,22 @@ static int apply(struct nvc_config *cfg, const char *key, const char *value, int
         rule->weight = (unsigned)weight;
         return 0;
     }
+    if (base == 8 && !strncmp(key, "priority", base)) {
+        unsigned klass = !strcmp(value, "latency-critical") ? NVC_CLASS_LATENCY_CRITICAL
+                         : !strcmp(value, "batch")          ? NVC_CLASS_BATCH
+                                                            : NVC_CLASS_NONE;
+        if (klass == NVC_CLASS_NONE)
+            return -1;
+        if (!dot) {
+            cfg->class_default = klass;
+            return 0;
+        }
+        struct nvc_limit_rule *rule = rule_for(cfg, dot + 1);
+        if (!rule)
+            return -1;
+        rule->klass = klass;
+        return 0;
+    }
     if (dot)
         return -1;
     if (!strcmp(key, "on_error")) {
@@ -294,10 +311,9 @@ static const struct {
 } env_names[] = {
     {"CUDA_DEVICE_MEMORY_LIMIT", "memory_limit", 1}, {"CUDA_DEVICE_SM_LIMIT", "compute_percent", 1},
     {"NVC_SHARE_MEMORY_LIMIT", "memory_limit", 0},   {"NVC_SHARE_COMPUTE", "compute_percent", 0},
-    {"NVC_SHARE_WEIGHT", "compute_weight", 0},
+    {"NVC_SHARE_WEIGHT", "compute_weight", 0},       {"NVC_SHARE_PRIORITY", "priority", 0},
 };
 
-/* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/containerenv/sharing.py _SCOPE). */
 int nvc_read_text(const char *path, char *buf, size_t size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -319,6 +335,7 @@ int nvc_read_text(const char *path, char *buf, size_t size)
     return got == size - 1 ? -2 : 0;
 }
 
+/* A variable's device suffix: an NVML index (1-3 digits) or a GPU-/MIG- UUID (nvc/containerenv/sharing.py _SCOPE). */
 static int env_scope(const char *s, size_t n)
 {
     if (n >= 1 && n <= 3)
@@ -398,6 +415,7 @@ void nvc_config_finish(struct nvc_config *cfg)
     h = fnv(h, &cfg->compute_default, sizeof cfg->compute_default);
     h = fnv(h, &cfg->context_overhead, sizeof cfg->context_overhead);
     h = fnv(h, &cfg->weight_default, sizeof cfg->weight_default);
+    h = fnv(h, &cfg->class_default, sizeof cfg->class_default);
     for (int i = 0; i < cfg->nrules; i++) {
         const struct nvc_limit_rule *r = &cfg->rules[i];
         h = fnv(h, r->key, strlen(r->key) + 1);
@@ -405,18 +423,24 @@ void nvc_config_finish(struct nvc_config *cfg)
         h = fnv(h, &r->memory, sizeof r->memory);
         h = fnv(h, &r->compute, sizeof r->compute);
         h = fnv(h, &r->weight, sizeof r->weight);
+        h = fnv(h, &r->klass, sizeof r->klass);
     }
     cfg->hash = h;
 }
 
-enum field { F_MEMORY, F_COMPUTE, F_WEIGHT };
+enum field { F_MEMORY, F_COMPUTE, F_WEIGHT, F_CLASS };
+
+static unsigned rule_field(const struct nvc_limit_rule *r, enum field f)
+{
+    return f == F_MEMORY ? r->memory != 0 : f == F_COMPUTE ? r->compute : f == F_WEIGHT ? r->weight : r->klass;
+}
 
 static const struct nvc_limit_rule *find(const struct nvc_config *cfg, const char *key, int index, enum field f)
 {
     const struct nvc_limit_rule *by_index = NULL;
     for (int i = 0; i < cfg->nrules; i++) {
         const struct nvc_limit_rule *r = &cfg->rules[i];
-        if (f == F_MEMORY ? !r->memory : f == F_COMPUTE ? !r->compute : !r->weight)
+        if (!rule_field(r, f))
             continue;
         if (r->key[0] && key && !strcmp(r->key, key))
             return r; /* a UUID rule beats an index rule */
@@ -444,16 +468,34 @@ unsigned nvc_config_weight(const struct nvc_config *cfg, const char *key, int in
     return r ? r->weight : cfg->weight_default;
 }
 
+unsigned nvc_config_class(const struct nvc_config *cfg, const char *key, int index)
+{
+    const struct nvc_limit_rule *r = find(cfg, key, index, F_CLASS);
+    return r ? r->klass : cfg->class_default;
+}
+
+/* A field's value on device `key` whose NVML index is unknown: its UUID rule, else the largest of the
+ * default and the index rules'. */
+static unsigned bound(const struct nvc_config *cfg, const char *key, enum field f, unsigned default_value)
+{
+    const struct nvc_limit_rule *r = find(cfg, key, -1, f);
+    if (r)
+        return rule_field(r, f);
+    unsigned most = default_value;
+    for (int i = 0; i < cfg->nrules; i++)
+        if (cfg->rules[i].index >= 0 && rule_field(&cfg->rules[i], f) > most)
+            most = rule_field(&cfg->rules[i], f);
+    return most;
+}
+
 unsigned nvc_config_weight_bound(const struct nvc_config *cfg, const char *key)
 {
-    const struct nvc_limit_rule *r = find(cfg, key, -1, F_WEIGHT);
-    if (r)
-        return r->weight;
-    unsigned most = cfg->weight_default;
-    for (int i = 0; i < cfg->nrules; i++)
-        if (cfg->rules[i].index >= 0 && cfg->rules[i].weight > most)
-            most = cfg->rules[i].weight;
-    return most;
+    return bound(cfg, key, F_WEIGHT, cfg->weight_default);
+}
+
+unsigned nvc_config_class_bound(const struct nvc_config *cfg, const char *key)
+{
+    return bound(cfg, key, F_CLASS, cfg->class_default);
 }
 
 int nvc_config_has_index_rules(const struct nvc_config *cfg)

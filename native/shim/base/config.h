@@ -16,12 +16,17 @@ enum nvc_on_error { NVC_PASS_THROUGH = 0, NVC_FAIL_CLOSED = 1 };
 #define NVC_MPS_VALUE_LEN 64
 extern const char *const nvc_mps_names[NVC_MPS_VARS];
 
+/* Latency classes (priority=...), most urgent highest; NONE: none given (counts as batch beside a
+ * latency-critical tenant) */
+enum nvc_class { NVC_CLASS_NONE = 0, NVC_CLASS_BATCH = 1, NVC_CLASS_LATENCY_CRITICAL = 2 };
+
 struct nvc_limit_rule {
     char key[NVC_UUID_KEY_LEN]; /* UUID key (prefix dropped), or "" when by index */
     int index;                  /* NVML index, or -1 when by UUID */
     uint64_t memory;            /* bytes; 0 = not given */
     unsigned compute;           /* percent 1..100; 0 = not given */
     unsigned weight;            /* 1..1000; 0 = not given */
+    unsigned klass;             /* enum nvc_class; NONE = not given */
 };
 
 struct nvc_config {
@@ -31,6 +36,7 @@ struct nvc_config {
     uint64_t memory_default;   /* 0 = unlimited */
     unsigned compute_default;  /* 100 = unthrottled */
     unsigned weight_default;   /* 0 = not weighted */
+    unsigned class_default;    /* enum nvc_class */
     uint64_t context_overhead; /* bytes charged per process per device with a context */
     int nrules;
     struct nvc_limit_rule rules[2 * NVC_MAX_DEVICES];
@@ -55,6 +61,10 @@ unsigned nvc_config_weight(const struct nvc_config *cfg, const char *key, int in
  * that container numbers its GPUs): its UUID rule, else the largest it could be (the default or any
  * index rule's). 0 = not weighted. */
 unsigned nvc_config_weight_bound(const struct nvc_config *cfg, const char *key);
+unsigned nvc_config_class(const struct nvc_config *cfg, const char *key, int index);
+/* The latency class of device `key` when its NVML index is unknown (as nvc_config_weight_bound): its UUID
+ * rule, else the most urgent it could be. */
+unsigned nvc_config_class_bound(const struct nvc_config *cfg, const char *key);
 int nvc_config_has_index_rules(const struct nvc_config *cfg);
 void nvc_uuid_key(const char *uuid, char key[NVC_UUID_KEY_LEN]);
 

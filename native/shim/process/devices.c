@@ -48,7 +48,7 @@ static int nvml_index_of(const char *key)
     return -1;
 }
 
-/* The limits of device d in nvc_cfg, put in force: read without the lock by the allocation and launch
+/* The limits of device d in nvc_cfg (its latency class too), put in force: read without the lock by the allocation and launch
  * paths, which see the old or the new value of each; sm_count: the device's SMs, 0 when not known here.
  * Caller holds dev_mu. */
 static int apply_limits(struct nvc_device *d, unsigned sm_count)
@@ -56,11 +56,12 @@ static int apply_limits(struct nvc_device *d, unsigned sm_count)
     uint64_t memory = nvc_config_memory(&nvc_cfg, d->key, d->nvml_index);
     unsigned compute = nvc_config_compute(&nvc_cfg, d->key, d->nvml_index);
     unsigned weight = nvc_config_weight(&nvc_cfg, d->key, d->nvml_index);
+    unsigned klass = nvc_config_class(&nvc_cfg, d->key, d->nvml_index);
     __atomic_store_n(&d->memory_limit, memory, __ATOMIC_RELEASE);
     __atomic_store_n(&d->compute, compute, __ATOMIC_RELEASE);
     __atomic_store_n(&d->weight, weight, __ATOMIC_RELEASE);
     struct nvc_sched_entry *sched =
-        compute < 100 || weight ? nvc_sched_device(d->key, weight ? weight : 1, compute) : NULL;
+        compute < 100 || weight || klass ? nvc_sched_device(d->key, weight ? weight : 1, compute, klass) : NULL;
     __atomic_store_n(&d->sched, sched, __ATOMIC_RELEASE);
     return nvc_region_device(d->key, memory, compute, sm_count);
 }

@@ -27,10 +27,12 @@ static int activated;
 
 void nvc_limits_in_force(const struct nvc_config *cfg)
 {
-    int mem = cfg->memory_default != 0, compute = cfg->compute_default < 100 || cfg->weight_default != 0;
+    int mem = cfg->memory_default != 0,
+        compute = cfg->compute_default < 100 || cfg->weight_default != 0 || cfg->class_default != NVC_CLASS_NONE;
     for (int i = 0; i < cfg->nrules; i++) {
-        mem |= cfg->rules[i].memory != 0;
-        compute |= (cfg->rules[i].compute != 0 && cfg->rules[i].compute < 100) || cfg->rules[i].weight != 0;
+        const struct nvc_limit_rule *r = &cfg->rules[i];
+        mem |= r->memory != 0;
+        compute |= (r->compute != 0 && r->compute < 100) || r->weight != 0 || r->klass != NVC_CLASS_NONE;
     }
     nvc_mem_limited |= mem;
     nvc_compute_limited |= compute;

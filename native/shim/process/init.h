@@ -7,7 +7,7 @@
 
 extern struct nvc_config nvc_cfg;
 extern int nvc_mem_limited;     /* some device has a memory limit */
-extern int nvc_compute_limited; /* some device has a compute share below 100 or a weight */
+extern int nvc_compute_limited; /* some device has a compute share below 100, a weight or a latency class */
 enum nvc_state nvc_init(void);  /* idempotent */
 /* Sets the two flags above for these limits (at init, and when they change: a flag once set stays set, so
  * memory charged before a change is still released, and launches already queued are still tracked). */

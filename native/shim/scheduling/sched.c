@@ -46,7 +46,7 @@ struct nvc_sched_entry { /* 128 bytes */
     uint64_t busy_until_ns;
     uint64_t busy_ns;                   /* measured GPU time, cumulative */
     uint64_t share_acc_ns, share_at_ns; /* the decaying account its share is read from, and its time */
-    uint32_t weight, cap, running, capped, share_permille, pad;
+    uint32_t weight, cap, running, capped, share_permille, klass; /* klass: enum nvc_class */
     uint64_t reserved[2];
 };
 
@@ -71,6 +71,7 @@ static struct peer {
     struct stat granted_st;           /* that file as last read (`nvc-py share set` replaces it) */
     int8_t at[NVC_MAX_DEVICES];       /* its entry for our device d; -1: none */
     uint16_t weight[NVC_MAX_DEVICES]; /* its granted weight there; 0: take its claim */
+    uint8_t klass[NVC_MAX_DEVICES];   /* its granted latency class there (with granted limits) */
 } peers[MAX_PEERS];
 static int npeers;
 static uint64_t last_scan;
@@ -81,6 +82,7 @@ static struct {  /* the others' views of our device d, as last read */
 } read_of[NVC_MAX_DEVICES];
 static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES]; /* this process's view: under sched_mu */
 static uint32_t peers_active[NVC_MAX_DEVICES]; /* others active or with work queued on our device d, last look */
+static uint32_t yields[NVC_MAX_DEVICES];       /* a latency-critical other on our device d, and we are not one */
 static struct sched_file scan_buf;             /* a peer's file as read at a rescan (under sched_mu) */
 static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -131,7 +133,7 @@ int nvc_sched_open(const struct nvc_config *cfg)
     return 1;
 }
 
-struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap)
+struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass)
 {
     if (!own)
         return NULL;
@@ -147,8 +149,9 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
         __atomic_store_n(&own->ndevices, n + 1, __ATOMIC_RELEASE);
     }
     if (e) {
-        e->weight = weight;
-        e->cap = cap;
+        __atomic_store_n(&e->weight, weight, __ATOMIC_RELEASE);
+        __atomic_store_n(&e->cap, cap, __ATOMIC_RELEASE);
+        __atomic_store_n(&e->klass, klass, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&sched_mu);
     return e;
@@ -251,6 +254,7 @@ static void locate(struct peer *p)
         p->weight[d] = p->granted ? (uint16_t)nvc_config_weight_bound(p->granted, own->dev[d].key) : 0;
         if (p->granted && !p->weight[d])
             p->weight[d] = 1; /* granted a cap and no weight: it counts with weight 1 */
+        p->klass[d] = p->granted ? (uint8_t)nvc_config_class_bound(p->granted, own->dev[d].key) : 0;
     }
 }
 
@@ -311,6 +315,7 @@ static void view_of(const struct nvc_sched_entry *e, uint64_t id, struct nvc_sch
     v->weight = __atomic_load_n(&e->weight, __ATOMIC_ACQUIRE);
     v->cap = __atomic_load_n(&e->cap, __ATOMIC_ACQUIRE);
     v->share_permille = __atomic_load_n(&e->share_permille, __ATOMIC_ACQUIRE);
+    v->klass = __atomic_load_n(&e->klass, __ATOMIC_ACQUIRE);
 }
 
 /* The other tenants' views of our device d: each one entry, read afresh (a copy: what the file says
@@ -338,10 +343,13 @@ static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
                                          .busy_until_ns = e.busy_until_ns,
                                          .capped = e.capped,
                                          .weight = e.weight,
-                                         .share_permille = e.share_permille};
+                                         .share_permille = e.share_permille,
+                                         .klass = e.klass};
         nvc_sched_sanitize(&out[n], now);
         if (p->weight[d])
             out[n].weight = p->weight[d];
+        if (p->granted)
+            out[n].klass = p->klass[d]; /* the class the hook granted it, never its claim */
         n++;
     }
     read_of[d].at = now;
@@ -358,10 +366,13 @@ static int others_of(struct nvc_sched_entry *e, uint64_t now, struct nvc_sched_v
     rescan_locked(now);
     int n = others_locked(d, now, out);
     nvc_sched_note(&sharing_of[d], now, nvc_sched_sharing(out, n, now));
-    uint32_t active = 0;
-    for (int i = 0; i < n; i++)
+    uint32_t active = 0, urgent_peer = 0;
+    for (int i = 0; i < n; i++) {
         active += (uint32_t)(nvc_sched_active(&out[i], now) || nvc_sched_busy(&out[i], now));
+        urgent_peer |= out[i].klass == NVC_CLASS_LATENCY_CRITICAL;
+    }
     __atomic_store_n(&peers_active[d], active, __ATOMIC_RELAXED);
+    __atomic_store_n(&yields[d], urgent_peer && e->klass != NVC_CLASS_LATENCY_CRITICAL, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&sched_mu);
     return n;
 }
@@ -369,6 +380,11 @@ static int others_of(struct nvc_sched_entry *e, uint64_t now, struct nvc_sched_v
 int nvc_sched_contended(const struct nvc_sched_entry *e)
 {
     return __atomic_load_n(&peers_active[e - own->dev], __ATOMIC_RELAXED) > 0;
+}
+
+int nvc_sched_yields(const struct nvc_sched_entry *e)
+{
+    return __atomic_load_n(&yields[e - own->dev], __ATOMIC_RELAXED) != 0;
 }
 
 void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now)

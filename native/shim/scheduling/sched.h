@@ -11,7 +11,11 @@ struct nvc_sched_entry;
  * NVC_SHARE_SCHED_DIR/NVC_SHARE_TENANT otherwise); 0 when there is none (no cross-container
  * scheduling: the cap alone applies). */
 int nvc_sched_open(const struct nvc_config *cfg); /* again: 1 when open already */
-struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap);
+/* This tenant's entry for device `key`, its weight, cap and latency class (enum nvc_class) set. */
+struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass);
+/* Whether a latency-critical tenant shares e's device and e is not one (at the last look): e's queue is
+ * kept within NVC_SCHED_URGENT_BUDGET_NS, all that may run ahead of the urgent tenant's next kernel. */
+int nvc_sched_yields(const struct nvc_sched_entry *e);
 /* Before a launch: an enum nvc_sched_decision (schedpolicy.h): 0 = wait (over its share while another
  * wants more), else it may launch now (2: within its share). capped: held back by its own cap. */
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);

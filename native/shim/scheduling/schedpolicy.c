@@ -7,6 +7,7 @@ void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now)
     v->weight = v->weight < 1 ? 1 : v->weight > NVC_WEIGHT_MAX ? NVC_WEIGHT_MAX : v->weight;
     v->cap = 100; /* another's cap is enforced by its own shim: its weight bounds what it asks */
     v->share_permille = v->share_permille > 1000 ? 1000 : v->share_permille;
+    v->klass = v->klass > NVC_CLASS_LATENCY_CRITICAL ? NVC_CLASS_NONE : v->klass;
     if (v->seen_ns > now + NVC_SCHED_FUTURE_NS || v->busy_until_ns > now + NVC_SCHED_FUTURE_NS)
         v->seen_ns = v->busy_until_ns = 0;
 }
@@ -19,6 +20,19 @@ int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now)
 int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now)
 {
     return !v->capped && (now < v->seen_ns + NVC_SCHED_ACTIVE_NS || nvc_sched_busy(v, now));
+}
+
+int nvc_sched_urgent(const struct nvc_sched_view *v, uint64_t now)
+{
+    return v->klass == NVC_CLASS_LATENCY_CRITICAL && !v->capped &&
+           (now < v->seen_ns + NVC_SCHED_URGENT_NS || nvc_sched_busy(v, now));
+}
+
+/* Whether `o` takes part in self's weighing: latency-critical tenants among themselves, the others among
+ * themselves. */
+static int same_tier(const struct nvc_sched_view *self, const struct nvc_sched_view *o)
+{
+    return (self->klass == NVC_CLASS_LATENCY_CRITICAL) == (o->klass == NVC_CLASS_LATENCY_CRITICAL);
 }
 
 uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight)
@@ -37,9 +51,13 @@ static uint32_t part(const struct nvc_sched_view *who, uint64_t total_weight, ui
 enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n,
                                          uint64_t now)
 {
+    if (self->klass != NVC_CLASS_LATENCY_CRITICAL)
+        for (int i = 0; i < n; i++)
+            if (nvc_sched_urgent(&others[i], now))
+                return NVC_SCHED_WAIT; /* a latency-critical tenant is serving */
     uint64_t total = self->weight ? self->weight : 1, useful = self->share_permille;
     for (int i = 0; i < n; i++)
-        if (nvc_sched_active(&others[i], now)) {
+        if (same_tier(self, &others[i]) && nvc_sched_active(&others[i], now)) {
             total += others[i].weight ? others[i].weight : 1;
             useful += others[i].share_permille;
         }
@@ -48,7 +66,7 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
         return NVC_SCHED_RUN_WITHIN;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
-        if (nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
+        if (same_tier(self, o) && nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
             o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
             return NVC_SCHED_WAIT; /* it wants more and competes for the GPU right now */
     }

@@ -17,6 +17,7 @@
 #define NVC_SCHEDPOLICY_H
 
 #include <stdint.h>
+#include "base/config.h"
 
 #define NVC_SCHED_ACTIVE_NS 5000000ull     /* a tenant not seen launching for 5 ms, with nothing queued, is idle */
 #define NVC_SCHED_FUTURE_NS 10000000000ull /* a peer's timestamp further ahead than this is garbage */
@@ -29,6 +30,14 @@
  * another's entitlement to no less than 70 % of its weight's part, about what an honest busy peer leaves. */
 #define NVC_SCHED_USEFUL_FLOOR 700u
 #define NVC_WEIGHT_MAX 1000u
+/* Latency classes (base/config.h enum nvc_class). A latency-critical tenant that launched within the last
+ * NVC_SCHED_URGENT_NS, or has work queued, holds every other tenant of the device: they launch nothing new
+ * until it has been idle that long (its requests' kernels run on a GPU that holds at most the others'
+ * already-queued work, bounded by NVC_SCHED_URGENT_BUDGET_NS), and between its requests they have the GPU
+ * (work-conserving). It does not wait for them. Weights apply among the latency-critical tenants, and
+ * among the others. */
+#define NVC_SCHED_URGENT_NS 2000000ull
+#define NVC_SCHED_URGENT_BUDGET_NS 2000000ll
 
 /* What one tenant publishes about one device. */
 struct nvc_sched_view {
@@ -39,6 +48,7 @@ struct nvc_sched_view {
     uint32_t weight;         /* 1..NVC_WEIGHT_MAX: its own, or for another tenant the one granted to it */
     uint32_t cap;            /* own view only: its cap, percent (100 = none) */
     uint32_t share_permille; /* its share of the GPU (nvc_sched_share); another's is its claim */
+    uint32_t klass;          /* enum nvc_class: its own, or for another tenant the one granted to it */
 };
 
 /* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
@@ -46,12 +56,15 @@ struct nvc_sched_view {
 enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1, NVC_SCHED_RUN_WITHIN = 2 };
 
 /* Another tenant's view as read from its file, made safe to decide on: capped 0 or 1, the weight in
- * 1..NVC_WEIGHT_MAX, the share at most 1000 ‰, and a view with a timestamp absurdly far ahead of now
- * counts as idle. */
+ * 1..NVC_WEIGHT_MAX, the share at most 1000 ‰, a class it does not know NONE, and a view with a timestamp
+ * absurdly far ahead of now counts as idle. */
 void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now);
 
 /* Wants the GPU (launched lately or still has work queued) and is not held back by its own cap. */
 int nvc_sched_active(const struct nvc_sched_view *v, uint64_t now);
+
+/* A latency-critical tenant with work now, or launching within NVC_SCHED_URGENT_NS: the others hold. */
+int nvc_sched_urgent(const struct nvc_sched_view *v, uint64_t now);
 
 /* Has work on the GPU now: it competes with this tenant's kernels for the GPU's time slices. */
 int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now);
