@@ -464,6 +464,8 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
         nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime ||
         !nvc_cuda.cuEventRecord)
         return fn(args);
+    if (d->compute >= 100 && nvc_sched_unhindered(d->sched, nvc_now_ns()))
+        return fn(args); /* latency-critical: no turn to wait for, nothing to measure */
     nvc_depth++;
     struct slot slot;
     before_launch(d, l, ctx, &slot);

@@ -81,9 +81,11 @@ static struct {  /* the others' views of our device d, as last read */
     struct nvc_sched_view v[MAX_PEERS];
 } read_of[NVC_MAX_DEVICES];
 static struct nvc_sched_history sharing_of[NVC_MAX_DEVICES]; /* this process's view: under sched_mu */
-static uint32_t peers_active[NVC_MAX_DEVICES]; /* others active or with work queued on our device d, last look */
-static uint32_t yields[NVC_MAX_DEVICES];       /* a latency-critical other on our device d, and we are not one */
-static struct sched_file scan_buf;             /* a peer's file as read at a rescan (under sched_mu) */
+static uint32_t peers_active[NVC_MAX_DEVICES];  /* others active or with work queued on our device d, last look */
+static uint32_t yields[NVC_MAX_DEVICES];        /* a latency-critical other on our device d, and we are not one */
+static uint32_t urgent_others[NVC_MAX_DEVICES]; /* latency-critical others on our device d, last look */
+static uint64_t looked_at[NVC_MAX_DEVICES];     /* when others_of last looked at our device d */
+static struct sched_file scan_buf;              /* a peer's file as read at a rescan (under sched_mu) */
 static char granted_buf[GRANTED_MAX + 1];
 static pthread_mutex_t sched_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -373,6 +375,8 @@ static int others_of(struct nvc_sched_entry *e, uint64_t now, struct nvc_sched_v
     }
     __atomic_store_n(&peers_active[d], active, __ATOMIC_RELAXED);
     __atomic_store_n(&yields[d], urgent_peer && e->klass != NVC_CLASS_LATENCY_CRITICAL, __ATOMIC_RELAXED);
+    __atomic_store_n(&urgent_others[d], urgent_peer, __ATOMIC_RELAXED);
+    __atomic_store_n(&looked_at[d], now, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&sched_mu);
     return n;
 }
@@ -385,6 +389,21 @@ int nvc_sched_contended(const struct nvc_sched_entry *e)
 int nvc_sched_yields(const struct nvc_sched_entry *e)
 {
     return __atomic_load_n(&yields[e - own->dev], __ATOMIC_RELAXED) != 0;
+}
+
+int nvc_sched_unhindered(struct nvc_sched_entry *e, uint64_t now)
+{
+    if (!e || __atomic_load_n(&e->klass, __ATOMIC_ACQUIRE) != NVC_CLASS_LATENCY_CRITICAL)
+        return 0;
+    uint32_t d = (uint32_t)(e - own->dev);
+    if (now - __atomic_load_n(&looked_at[d], __ATOMIC_RELAXED) > RESCAN_NS) {
+        struct nvc_sched_view others[MAX_PEERS];
+        others_of(e, now, others);
+    }
+    if (__atomic_load_n(&urgent_others[d], __ATOMIC_RELAXED))
+        return 0;
+    __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
+    return 1;
 }
 
 void nvc_sched_observe(struct nvc_sched_entry *e, uint64_t now)

@@ -16,6 +16,11 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
 /* Whether a latency-critical tenant shares e's device and e is not one (at the last look): e's queue is
  * kept within NVC_SCHED_URGENT_BUDGET_NS, all that may run ahead of the urgent tenant's next kernel. */
 int nvc_sched_yields(const struct nvc_sched_entry *e);
+/* A latency-critical tenant alone in its class on e's device (no other latency-critical tenant there at the
+ * last look, taken again every RESCAN_NS): nothing holds its launches and nothing it is charged matters to
+ * anyone, so it only publishes that it launched now (the others hold while it does) and launches; 0 for
+ * any other tenant, or NULL. */
+int nvc_sched_unhindered(struct nvc_sched_entry *e, uint64_t now);
 /* Before a launch: an enum nvc_sched_decision (schedpolicy.h): 0 = wait (over its share while another
  * wants more), else it may launch now (2: within its share). capped: held back by its own cap. */
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
