@@ -50,10 +50,14 @@ BASE: dict[tuple[str, ...], Callable[[Scratch], str]] = {
     ("rootfs",): lambda s: s.path("rootfs"),
     ("listen",): lambda s: f"unix:{s.path('metrics.sock')}",  # the exporter's: no port shared between cases
     ("k8s", "dra-driver", "kubeconfig"): lambda s: _kubeconfig(s),
+    ("share", "set", "container"): lambda s: _shared_container(s),
     # short: its sockets' paths must fit a sockaddr_un, as they must for the kubelet that dials them
     ("k8s", "dra-driver", "kubelet_dir"): lambda s: _scratch(s, "k", True),
 }
-BASE_FLAGS = {("configure",): ["--dry-run"]}  # standalone configure would mount into the scratch rootfs
+BASE_FLAGS = {
+    ("configure",): ["--dry-run"],  # standalone configure would mount into the scratch rootfs
+    ("share", "set"): ["--memory=1G"],
+}
 DAEMONS = {("k8s", "device-plugin"), ("k8s", "dra-driver"), ("exporter",)}
 # Where every hostile value of the global options is tried (the group reads --debug for all; a driver
 # command and the device plugin resolve --root, --ldcache and --user, each its own way); every other
@@ -74,6 +78,15 @@ def _kubeconfig(scratch: Scratch) -> str:
         "contexts: [{name: c, context: {cluster: k, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
     )
     return str(path)
+
+
+def _shared_container(scratch: Scratch) -> str:
+    """A container sharing a GPU under the case's state directory (its limits file as the hook writes
+    it, in a plain directory): `share set` changes it."""
+    shared = scratch.dir / "share" / "c" / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    (shared / "limits").write_text("version=1\nmemory_limit=2147483648\n")
+    return "c"
 
 
 def _scratch(scratch: Scratch, name: str, directory: bool) -> str:

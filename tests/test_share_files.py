@@ -154,7 +154,15 @@ def test_applying_the_sharing_files_plans_nothing() -> None:
         for alias in node.names
     }
     assert "ShareFiles" in taken
-    assert taken <= {"ShareFiles", "STATE_DIR", "GRANTED_DIR", "GRANTED_MAX", "container_dir", "sched_dir_for"}
+    assert taken <= {
+        "ShareFiles",
+        "STATE_DIR",
+        "GRANTED_DIR",
+        "GRANTED_MAX",
+        "BOUNDS_FILE",
+        "container_dir",
+        "sched_dir_for",
+    }
 
 
 def test_prepare_refuses_a_state_dir_others_can_write(private_mounts, rootfs, tmp_path):

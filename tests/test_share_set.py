@@ -345,3 +345,24 @@ def test_share_set_on_a_runc_container_through_the_hook(
                 subprocess.run(["umount", "-l", str(default_run_dir / "gpu-sched")], check=True)
     assert started.returncode == 0, started.stderr
     assert not (Path(plan.STATE_DIR) / cid).exists()  # poststop removed its files
+
+
+@pytest.mark.parametrize(
+    ("annotations", "pod"),
+    [
+        ({"io.kubernetes.cri.container-type": "container"}, True),  # containerd's CRI
+        ({"io.kubernetes.cri-o.ContainerType": "container"}, True),  # CRI-O
+        ({"org.opencontainers.image.title": "x"}, False),
+        (None, False),
+        (["io.kubernetes.cri.container-type"], False),  # not an object: no annotations
+    ],
+)
+def test_a_pod_s_container_is_known_by_its_runtime_s_annotations(annotations, pod, tmp_path):
+    """The hook takes a container for a pod's (its start limits recorded as bounds) by the annotations
+    the kubelet's runtimes give a pod's containers."""
+    from nvc.hook.oci import spec
+
+    config = {"root": {"path": "rootfs"}, "process": {"env": [], "args": ["true"]}}
+    if annotations is not None:
+        config["annotations"] = annotations
+    assert spec.container(str(tmp_path), config).pod is pod

@@ -15,6 +15,9 @@ from typing import Any, NamedTuple
 from nvc.errors import SHOWN_LIMIT, InputError, one_line, shown
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+# Annotations the kubelet's container runtimes put on a pod's containers (containerd's CRI, CRI-O): such a
+# container's sharing limits are its pod's grant (nvc.plan.share.BOUNDS_FILE)
+POD_ANNOTATIONS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
 MAX_STATE_SIZE = 4 << 20  # bytes: a state is an id, a pid, paths and the annotations
 MAX_SPEC_SIZE = 64 << 20  # bytes: a spec with a large seccomp profile and environment stays far below
 PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT
@@ -64,7 +67,7 @@ class Container(NamedTuple):
     privileged: bool  # CAP_SYS_ADMIN in the bounding set, the toolkit's definition
     joined_mount_ns: str | None = None  # linux.namespaces' mount entry's path: another process's namespace
     uid: int | None = 0  # process.user.uid (in the container's user namespace); None: not a uid
-    pod: bool = False  # a Kubernetes pod's container (nvc.plan.share.POD_ANNOTATIONS)
+    pod: bool = False  # a Kubernetes pod's container (POD_ANNOTATIONS)
 
 
 def _described(value: Any) -> str:
@@ -216,8 +219,6 @@ def container(bundle: str, config: Mapping[str, Any]) -> Container:
 
 
 def _pod(annotations: Any) -> bool:
-    from nvc.plan.share import POD_ANNOTATIONS
-
     return isinstance(annotations, dict) and any(name in annotations for name in POD_ANNOTATIONS)
 
 

@@ -41,8 +41,6 @@ GRANTED_DIR = ".granted"
 # Beside the owner record (never mounted into the container), a pod's container's limits as its pod was
 # granted them (the device plugin's or DRA driver's allocation): `nvc-py share set` keeps within them.
 BOUNDS_FILE = "bounds"
-# Annotations the kubelet's container runtimes put on a pod's containers (containerd's CRI, CRI-O)
-POD_ANNOTATIONS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
 GRANTED_MAX = 8192  # bytes of one container's granted limits there (native/shim/scheduling/sched.c GRANTED_MAX)
 
 LIMITS_VERSION = 1
