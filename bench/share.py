@@ -19,8 +19,10 @@ in the same run. Prints two tables:
 * a launch-bound pair (issue 48): a batch-1 decode service (tests/gpu/torch_decode.py: requests at a
   fixed rate, NVC_BENCH_SERVE_LOAD of its own capacity, 0.7 by default; latency from arrival) beside a
   ResNet-50 training loop, for no control, weights 9:1 favouring the service, a cap of 50 on the
-  trainer and latency classes (the service latency-critical, the trainer batch): the service's p50 / p99
-  and the trainer's throughput as % of alone.
+  trainer, latency classes (the service latency-critical, the trainer batch) and the two as clients of
+  one CUDA MPS control daemon (plain; the trainer at 50 % of the threads and a lower priority): the
+  service's p50 / p99 and the trainer's throughput as % of alone. NVC_BENCH_ROWS=WORD,... keeps the
+  rows whose label has one of the words.
 
 Each figure is the median over RUNS runs of each run's median (and 10th percentile) of SAMPLES
 samples, native and shim runs interleaved in pairs so clock drift hits both; the overhead is the
@@ -36,12 +38,15 @@ of K runs, 3 by default: real-weights:1 fits in ten minutes on an H100; launch-b
 default: about seven minutes on an H100)
 """
 
+import contextlib
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
@@ -263,6 +268,36 @@ LAUNCH_BOUND_CONTROLS = (
 )
 
 
+# (label, the service's CUDA_MPS_* variables, the trainer's): both clients of one MPS control daemon, no shim
+MPS_CONTROLS = (
+    ("MPS, plain", {}, {}),
+    (
+        "MPS, trainer 50 % threads, priority 1",
+        {"CUDA_MPS_CLIENT_PRIORITY": "0"},
+        {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_CLIENT_PRIORITY": "1"},
+    ),
+)
+
+
+@contextlib.contextmanager
+def mps_daemon(path: Path) -> Iterator[dict[str, str]]:
+    """The driver's MPS control daemon for GPU 0, its pipe and log directories under path (as nvc-py's MPS
+    backend runs it: nvc.plan.mps.daemon_env); yields what its clients' environment needs."""
+    from nvc.plan import mps
+
+    control = shutil.which(mps.CONTROL) or f"/usr/local/nvidia/bin/{mps.CONTROL}"
+    pipe, log = path / "pipe", path / "log"
+    pipe.mkdir(parents=True)
+    log.mkdir()
+    env = mps.daemon_env("0", str(pipe), str(log))
+    env["PATH"] = f"{os.path.dirname(control)}:{env['PATH']}"  # the server beside the control daemon
+    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+    try:
+        yield {mps.PIPE: str(pipe)}
+    finally:
+        subprocess.run([control], input="quit\n", env=env, text=True, timeout=30, check=False)
+
+
 def tenant_env(sched: Path, name: str, limits: dict[str, str] | None) -> dict[str, str]:
     """A tenant's environment: no shim (limits None), or the shim with these limits, its scheduler file
     `name` in sched."""
@@ -298,18 +333,29 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
         f"{'service alone':>34}{statistics.median(s.p50_ms for s in alone):9.1f}"
         f"{statistics.median(s.p99_ms for s in alone):9.1f}"
     )
-    rows: dict[str, list[tuple[sharegpu.Served, float]]] = {label: [] for label, _, _ in LAUNCH_BOUND_CONTROLS}
+    wanted = [w for w in os.environ.get("NVC_BENCH_ROWS", "").split(",") if w]
+    through_mps = {label for label, _, _ in MPS_CONTROLS}
+    controls = [
+        (label, service, trainer, label in through_mps)
+        for label, service, trainer in (*LAUNCH_BOUND_CONTROLS, *MPS_CONTROLS)
+        if not wanted or any(w in label for w in wanted)
+    ]
+    rows: dict[str, list[tuple[sharegpu.Served, float]]] = {label: [] for label, *_ in controls}
     for k in range(runs):
-        for n, (label, service_limits, trainer_limits) in enumerate(LAUNCH_BOUND_CONTROLS):
+        for n, (label, service_limits, trainer_limits, mps_row) in enumerate(controls):
             sched = tmp_path / f"lb-{n}-{k}"
             sched.mkdir()
-            start_at = time.time() + 15
-            trainer = sharegpu.torch_run(
-                "resnet-train", tenant_env(sched, "trainer", trainer_limits), SERVE_SECONDS, start_at
-            )
-            service = sharegpu.serve_run(tenant_env(sched, "service", service_limits), SERVE_SECONDS, rate, start_at)
-            served = sharegpu.serve_result(service)
-            rows[label].append((served, 100 * sharegpu.torch_output(trainer)[0] / trainer_alone))
+            with mps_daemon(sched / "mps") if mps_row else contextlib.nullcontext({}) as mps_env:
+                if mps_row:
+                    service_env = sharegpu.shim_env(None, **mps_env, **service_limits)
+                    trainer_env = sharegpu.shim_env(None, **mps_env, **trainer_limits)
+                else:
+                    service_env = tenant_env(sched, "service", service_limits)
+                    trainer_env = tenant_env(sched, "trainer", trainer_limits)
+                start_at = time.time() + 15
+                trainer = sharegpu.torch_run("resnet-train", trainer_env, SERVE_SECONDS, start_at)
+                served = sharegpu.serve_result(sharegpu.serve_run(service_env, SERVE_SECONDS, rate, start_at))
+                rows[label].append((served, 100 * sharegpu.torch_output(trainer)[0] / trainer_alone))
     for label, results in rows.items():
         p50s, p99s, parts = (
             [s.p50_ms for s, _ in results],

@@ -49,6 +49,7 @@ def test_the_bench_loads_and_its_workloads_parse(tmp_path):
     loader.exec_module(bench)
     labels = [label for label, _, _ in bench.LAUNCH_BOUND_CONTROLS]
     assert labels[0] == "no control" and any("9:1" in label for label in labels)
+    assert any("latency classes" in label for label in labels) and len(bench.MPS_CONTROLS) == 2
     assert "LD_PRELOAD" not in bench.tenant_env(tmp_path, "service", None)
     env = bench.tenant_env(tmp_path, "service", {"NVC_SHARE_WEIGHT": "9"})
     assert env["NVC_SHARE_TENANT"] == "service" and env["NVC_SHARE_SCHED_DIR"] == str(tmp_path)
