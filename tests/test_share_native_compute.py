@@ -344,20 +344,8 @@ def test_a_latency_critical_tenant_keeps_its_latency_beside_a_busy_batch_tenant(
         sched.mkdir()
         weight = 1 if classes else 0
         urgent, batch = classes or (None, None)
-        procs = [
-            tenant(
-                share,
-                programs,
-                sched,
-                f"service-{name}",
-                weight,
-                200,
-                host_us=500,
-                gpu=gpu,
-                kernel_us=500,
-                klass=urgent,
-            )
-        ]
+        steps = {"host_us": 500, "gpu": gpu, "kernel_us": 500, "klass": urgent}
+        procs = [tenant(share, programs, sched, f"service-{name}", weight, 200, **steps)]
         if trainer:
             procs.append(tenant(share, programs, sched, f"trainer-{name}", weight, 1200, gpu=gpu, klass=batch))
         walls = [wall_s(proc, timeout=60) for proc in procs]
