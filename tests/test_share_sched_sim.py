@@ -149,3 +149,16 @@ def test_a_latency_critical_service_is_served_as_if_alone_and_the_trainer_gets_t
     assert ruled[0].kernels >= 0.97 * alone.kernels and ruled[0].turnaround_us <= free[0].turnaround_us, (ruled, free)
     if busy == "500:1500":  # the trainer alone for the first 500 ms of each half
         assert ruled[1].first >= 45 and ruled[1].second >= 45, ruled
+
+
+@pytest.mark.parametrize("slice_us", [0, 200, 1000])
+@pytest.mark.parametrize("busy", ["0:2000", "500:1500"])
+def test_a_cap_on_the_trainer_never_serves_the_service_worse_than_no_control(programs, slice_us, busy):
+    """Issue #48's invariant for a cap: the trainer capped at 50 % favours the launch-bound service, whose
+    kernels end no later (1.1x) and no fewer are done than with no control; the trainer gets about its cap
+    (not work-conserving: a cap is a ceiling)."""
+    tenants = (f"1:{SERVICE.format(busy)}", "1:50:200:0:2000")
+    free, _ = simulate(programs, *tenants, control=False, slice_us=slice_us)
+    ruled, _ = simulate(programs, *tenants, slice_us=slice_us)
+    assert ruled[0].turnaround_us <= 1.1 * free[0].turnaround_us + 10, (ruled, free)
+    assert ruled[0].kernels >= 0.97 * free[0].kernels and 35 <= ruled[1].second <= 50, (ruled, free)
