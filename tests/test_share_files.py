@@ -182,7 +182,7 @@ def test_failure_midway_leaves_nothing(private_mounts, rootfs, tmp_path, monkeyp
     """The tmpfs is mounted and filled, then writing ld.so.preload fails: the tmpfs is unmounted, the
     directory gone, and the failure is one ContainerError."""
     state = tmp_path / "state"
-    original = sharefiles._write_new
+    original = sharefiles.write_new
 
     def full_on_preload(dir_fd: int, name: str, data: bytes, mode: int) -> None:
         if name == "ld.so.preload":
@@ -190,7 +190,7 @@ def test_failure_midway_leaves_nothing(private_mounts, rootfs, tmp_path, monkeyp
             raise OSError(28, "No space left on device")
         original(dir_fd, name, data, mode)
 
-    monkeypatch.setattr(sharefiles, "_write_new", full_on_preload)
+    monkeypatch.setattr(sharefiles, "write_new", full_on_preload)
     with pytest.raises(
         ContainerError,
         match=f"^container error: cannot make the sharing files of container ctr in {state}: No space left on device$",

@@ -184,6 +184,14 @@ def test_the_limits_it_refuses_and_who_may(container, tmp_path):
     assert "only root changes the share of container ctr" in result.stderr
     assert limits.read_text() == before
 
+    # what docs/sharing.md shows: one GPU's limit, by its UUID, through the installed command
+    uuid = "GPU-4f6a2c1e-8b3d-5e7f-9a1b-2c3d4e5f6a7b"
+    result = subprocess.run([*cli, "--gpu", uuid, "--compute", "30", "--weight", "3"], capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (
+        0,
+        f"ctr: memory 1 GiB, compute cap 50 %, compute cap 30 % on {uuid}, weight 3 on {uuid}\n",
+    ), result.stderr
+
 
 def test_a_pod_s_container_stays_within_its_grant(share, private_mounts, tmp_path):  # noqa: F811
     """A pod's container (its spec's CRI annotations) has its start limits recorded as its bounds:
@@ -219,7 +227,7 @@ def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private
     """A container shared through MPS: its memory limit (the shim's) and its MPS client lines change;
     the compute share and latency class are said to apply to processes started from now on."""
     from harness.sharedirs import prepare
-    from nvc.apply import sharefiles
+    from nvc.apply import sharechange
     from nvc.plan import fromenv, mps
 
     state = tmp_path / "state"
@@ -229,9 +237,9 @@ def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private
     library.write_bytes(b"")
     asked = fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
     prepare(asked, "mps-ctr", str(rootfs), None, state_dir=str(state), library=str(library))
-    with sharefiles.locked("mps-ctr", str(state)) as current:  # as the hook writes an MPS client's file
+    with sharechange.locked("mps-ctr", str(state)) as current:  # as the hook writes an MPS client's file
         lines = mps.limits_lines({mps.PIPE: mps.CONTAINER_PIPE_DIR, mps.THREADS: "50", mps.PINNED: "0=4096M"})
-        sharefiles.rewrite("mps-ctr", current.limits + lines, None, str(state))
+        sharechange.rewrite("mps-ctr", current.limits + lines, None, str(state))
 
     said = shareset.change("mps-ctr", Change(memory=2 * GIB, compute=30, priority="latency-critical"), str(state))
     assert said[1].startswith("container mps-ctr shares its GPU through MPS, which fixes a process's thread")

@@ -1,6 +1,6 @@
 """`nvc-py share set`: a running container's share changed without restarting it.
 
-The limits file is rewritten in place under the container directory's lock (:mod:`nvc.apply.sharefiles`),
+The limits file is rewritten in place under the container directory's lock (:mod:`nvc.apply.sharechange`),
 and the shim in each of the container's processes puts the change in force within 200 ms
 (native/shim/process/reload.c). Under the shim's time slices every limit changes at once; under MPS
 the memory limit does (the shim's accounting), while the thread percentage and client priority are
@@ -26,11 +26,11 @@ _MIB = 1 << 20
 
 def change(container_id: str, wanted: share.Change, state_dir: str = share.STATE_DIR) -> list[str]:
     """Changes the running container's share as ``wanted`` says; the lines that tell what it did."""
-    from nvc.apply import sharefiles
+    from nvc.apply import sharechange
 
     if os.geteuid() != 0:
         raise PrivilegeError(f"only root changes the share of container {container_id} (its files are root's)")
-    with sharefiles.locked(container_id, state_dir) as current:
+    with sharechange.locked(container_id, state_dir) as current:
         origin = f"{share.container_dir(container_id, state_dir)}/shared/limits"
         limits = share.parse_limits(current.limits, origin)
         if limits.mps:
@@ -44,7 +44,7 @@ def change(container_id: str, wanted: share.Change, state_dir: str = share.STATE
                     f"container {container_id} would exceed what its pod was granted: {'; '.join(over)}"
                 )
         granted = share.granted_text(text) if current.scheduled else None
-        sharefiles.rewrite(container_id, text, granted, state_dir)
+        sharechange.rewrite(container_id, text, granted, state_dir)
     return [_summary(container_id, text), *notes, *_held_above(container_id, checked, state_dir)]
 
 

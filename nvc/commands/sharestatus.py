@@ -29,7 +29,6 @@ from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE
 from nvc.system import untrusted
 
-_MAX_LIMITS = 16384  # what the shim reads of a limits file (native/shim/process/init.c)
 DEFAULT_BACKEND = "timeslice"  # the shim's own time slicing, where the limits name no other backend
 
 
@@ -169,7 +168,7 @@ def container_share(
             os.close(dir_fd)
         try:
             limits = _limits(
-                _read(shared_fd, "limits", f"{directory}/shared/limits", max_size=_MAX_LIMITS).decode(
+                _read(shared_fd, "limits", f"{directory}/shared/limits", max_size=share.LIMITS_MAX).decode(
                     "utf-8", "replace"
                 )
             )

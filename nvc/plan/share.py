@@ -41,6 +41,7 @@ GRANTED_DIR = ".granted"
 # Beside the owner record (never mounted into the container), a pod's container's limits as its pod was
 # granted them (the device plugin's or DRA driver's allocation): `nvc-py share set` keeps within them.
 BOUNDS_FILE = "bounds"
+LIMITS_MAX = 16384  # bytes of a limits file the shim reads (native/shim/process/init.c)
 GRANTED_MAX = 8192  # bytes of one container's granted limits there (native/shim/scheduling/sched.c GRANTED_MAX)
 
 LIMITS_VERSION = 1

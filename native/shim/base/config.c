@@ -27,6 +27,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,21 @@ static void config_defaults(struct nvc_config *cfg)
     cfg->compute_default = 100;
 }
 
+/* A value for every device (no scope: *default_value) or for the scope's rule (its unsigned field at
+ * offset `field`). */
+static int put(struct nvc_config *cfg, const char *dot, unsigned value, unsigned *default_value, size_t field)
+{
+    if (!dot) {
+        *default_value = value;
+        return 0;
+    }
+    struct nvc_limit_rule *rule = rule_for(cfg, dot + 1);
+    if (!rule)
+        return -1;
+    *(unsigned *)((char *)rule + field) = value;
+    return 0;
+}
+
 /* One key=value of the limits file (and, translated, of the environment). */
 static int apply(struct nvc_config *cfg, const char *key, const char *value, int hami_percent)
 {
@@ -180,30 +196,14 @@ static int apply(struct nvc_config *cfg, const char *key, const char *value, int
         unsigned percent;
         if (nvc_parse_percent(value, hami_percent, &percent))
             return -1;
-        if (!dot) {
-            cfg->compute_default = percent;
-            return 0;
-        }
-        struct nvc_limit_rule *rule = rule_for(cfg, dot + 1);
-        if (!rule)
-            return -1;
-        rule->compute = percent;
-        return 0;
+        return put(cfg, dot, percent, &cfg->compute_default, offsetof(struct nvc_limit_rule, compute));
     }
     if (base == 14 && !strncmp(key, "compute_weight", base)) {
         char *end = "";
         unsigned long weight = isdigit((unsigned char)*value) ? strtoul(value, &end, 10) : 0;
         if (!weight || *end || weight > 1000)
             return -1;
-        if (!dot) {
-            cfg->weight_default = (unsigned)weight;
-            return 0;
-        }
-        struct nvc_limit_rule *rule = rule_for(cfg, dot + 1);
-        if (!rule)
-            return -1;
-        rule->weight = (unsigned)weight;
-        return 0;
+        return put(cfg, dot, (unsigned)weight, &cfg->weight_default, offsetof(struct nvc_limit_rule, weight));
     }
     if (base == 8 && !strncmp(key, "priority", base)) {
         unsigned klass = !strcmp(value, "latency-critical") ? NVC_CLASS_LATENCY_CRITICAL
@@ -211,15 +211,7 @@ static int apply(struct nvc_config *cfg, const char *key, const char *value, int
                                                             : NVC_CLASS_NONE;
         if (klass == NVC_CLASS_NONE)
             return -1;
-        if (!dot) {
-            cfg->class_default = klass;
-            return 0;
-        }
-        struct nvc_limit_rule *rule = rule_for(cfg, dot + 1);
-        if (!rule)
-            return -1;
-        rule->klass = klass;
-        return 0;
+        return put(cfg, dot, klass, &cfg->class_default, offsetof(struct nvc_limit_rule, klass));
     }
     if (dot)
         return -1;
