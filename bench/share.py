@@ -19,10 +19,14 @@ in the same run. Prints two tables:
 * a launch-bound pair (issue 48): a batch-1 decode service (tests/gpu/torch_decode.py: requests at a
   fixed rate, NVC_BENCH_SERVE_LOAD of its own capacity, 0.7 by default; latency from arrival) beside a
   ResNet-50 training loop, for no control, weights 9:1 favouring the service, a cap of 50 on the
-  trainer, latency classes (the service latency-critical, the trainer batch) and the two as clients of
-  one CUDA MPS control daemon (plain; the trainer at 50 % of the threads and a lower priority): the
-  service's p50 / p99 and the trainer's throughput as % of alone. NVC_BENCH_ROWS=WORD,... keeps the
-  rows whose label has one of the words.
+  trainer, latency classes (the service latency-critical, the trainer batch), and the two as clients of
+  one CUDA MPS control daemon: plain (the driver's MPS as it is), and as nvc-py's MPS backend serves
+  them (the shim with the limits file the hook writes: the service latency-critical and the trainer
+  batch at a compute share of 50; weights 9:1): the service's p50 / p99 and the trainer's throughput as
+  % of alone. NVC_BENCH_ROWS=WORD,... keeps the rows whose label has one of the words;
+* backends (issue 42): two transformer training steps started together, with no control and weighted
+  1:3, under time slices and under MPS (plain and nvc-py's backend): their sum as % of one alone, the
+  heavier one's part of it.
 
 Each figure is the median over RUNS runs of each run's median (and 10th percentile) of SAMPLES
 samples, native and shim runs interleaved in pairs so clock drift hits both; the overhead is the
@@ -30,12 +34,13 @@ median of the pairs' differences (a 1 MiB cudaMalloc+cudaFree varies by +-20 us 
 to the next, far more than the shim costs, so unpaired medians of a few runs mostly measure that).
 Every process runs on one CPU (this process's last allowed one).
 Usage: bench/share.py [RUNS] [SAMPLES] [PARTS]   (PARTS: comma-separated of overhead,fma,duty,torch,weights,real,
-launch-bound;
+launch-bound,backends;
 default all; torch:WORKLOAD runs one PyTorch workload's rows; duty, the host's own speed under a duty cycle,
 comes with the training step's rows; real: caps and weighted tenants on real workloads (tests/gpu/torch_models.py),
 real-caps, real-weights: only their caps, only their weighted tenants; each of them as NAME:K takes medians
-of K runs, 3 by default: real-weights:1 fits in ten minutes on an H100; launch-bound:K likewise, 3 by
-default: about seven minutes on an H100)
+of K runs, 3 by default: real-weights:1 fits in ten minutes on an H100; launch-bound:K and backends:K likewise,
+3 by default: launch-bound:3 with four rows (NVC_BENCH_ROWS) about seven minutes on an H100, backends:2
+four minutes)
 """
 
 import contextlib
@@ -268,14 +273,17 @@ LAUNCH_BOUND_CONTROLS = (
 )
 
 
-# (label, the service's CUDA_MPS_* variables, the trainer's): both clients of one MPS control daemon, no shim
+# (label, the service's limits, the trainer's) under nvc-py's MPS backend (nvc.plan.mps: both clients of one
+# control daemon, their shares as MPS's client variables, the shim's memory accounting on top); None: a
+# client with no shim and no limits (the driver's MPS as it is).
 MPS_CONTROLS = (
-    ("MPS, plain", {}, {}),
+    ("MPS, plain", None, None),
     (
-        "MPS, trainer 50 % threads, priority 1",
-        {"CUDA_MPS_CLIENT_PRIORITY": "0"},
-        {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_CLIENT_PRIORITY": "1"},
+        "nvc MPS: service urgent, trainer batch 50 %",
+        {"NVC_SHARE_PRIORITY": "latency-critical"},
+        {"NVC_SHARE_PRIORITY": "batch", "NVC_SHARE_COMPUTE": "50"},
     ),
+    ("nvc MPS: weights 9:1", {"NVC_SHARE_WEIGHT": "9"}, {"NVC_SHARE_WEIGHT": "1"}),
 )
 
 
@@ -296,6 +304,36 @@ def mps_daemon(path: Path) -> Iterator[dict[str, str]]:
         yield {mps.PIPE: str(pipe)}
     finally:
         subprocess.run([control], input="quit\n", env=env, text=True, timeout=30, check=False)
+
+
+def mps_tenant_env(
+    path: Path, limits: dict[str, str] | None, other_weights: list[int], mps_env: dict[str, str]
+) -> dict[str, str]:
+    """A client of the bench's MPS daemon (mps_env) as nvc-py's MPS backend serves a container with these
+    limits (nvc.plan.mps.client_env, the hook's limits file: no time slices, its memory counted), the
+    others on the device having other_weights; limits None: no shim at all."""
+    if limits is None:
+        return sharegpu.shim_env(None, **mps_env)
+    from nvc.apply import sharefiles
+    from nvc.plan import fromenv, mps, share
+
+    request = fromenv.parse_share_env({**limits, "NVC_SHARE_BACKEND": "mps"})
+    assert request is not None, limits
+    binaries = [f"/driver/{mps.CONTROL}", f"/driver/{mps.SERVER}"]
+    client = mps.client(request._asdict(), ("GPU-bench",), binaries, path.name, os.getuid())
+    assert client is not None
+    variables = {k: v for k, v in mps.client_env(client, other_weights).items() if k != mps.PIPE}
+    path.mkdir(parents=True)
+    text = share.limits_text(request._replace(compute=(), weight=(), priority=(), backend=())) + mps.limits_lines(
+        variables
+    )
+    sharefiles.write_share_dir(path, text)
+    return sharegpu.shim_env(path, **mps_env)
+
+
+def weights_of(*limits: dict[str, str] | None) -> list[int]:
+    """Each tenant's weight (0: none)."""
+    return [int((given or {}).get("NVC_SHARE_WEIGHT", 0)) for given in limits]
 
 
 def tenant_env(sched: Path, name: str, limits: dict[str, str] | None) -> dict[str, str]:
@@ -347,8 +385,9 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
             sched.mkdir()
             with mps_daemon(sched / "mps") if mps_row else contextlib.nullcontext({}) as mps_env:
                 if mps_row:
-                    service_env = sharegpu.shim_env(None, **mps_env, **service_limits)
-                    trainer_env = sharegpu.shim_env(None, **mps_env, **trainer_limits)
+                    w_service, w_trainer = weights_of(service_limits, trainer_limits)
+                    service_env = mps_tenant_env(sched / "service", service_limits, [w_trainer], mps_env)
+                    trainer_env = mps_tenant_env(sched / "trainer", trainer_limits, [w_service], mps_env)
                 else:
                     service_env = tenant_env(sched, "service", service_limits)
                     trainer_env = tenant_env(sched, "trainer", trainer_limits)
@@ -356,6 +395,9 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                 trainer = sharegpu.torch_run("resnet-train", trainer_env, SERVE_SECONDS, start_at)
                 served = sharegpu.serve_result(sharegpu.serve_run(service_env, SERVE_SECONDS, rate, start_at))
                 rows[label].append((served, 100 * sharegpu.torch_output(trainer)[0] / trainer_alone))
+                print(
+                    f"  run {k + 1}: {label}: {served.p50_ms:.1f} / {served.p99_ms:.1f} ms, {rows[label][-1][1]:.1f} %"
+                )
     for label, results in rows.items():
         p50s, p99s, parts = (
             [s.p50_ms for s, _ in results],
@@ -368,17 +410,70 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
         )
 
 
+# Issue 42's throughput pair for each backend: two transformer trainers weighted 1:3 (None: no limits), as
+# (label, through MPS, the first's limits, the second's)
+BACKEND_PAIRS = (
+    ("no control (time slices)", False, None, None),
+    ("time slices, weights 1:3", False, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
+    ("MPS, plain", True, None, None),
+    ("nvc MPS: weights 1:3", True, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
+)
+
+
+def backend_pairs(tmp_path: Path, runs: int = 3) -> None:
+    """Two transformer training steps started together under each backend: their sum as % of one alone and
+    the second's part of the sum (its weight's: 75 %); medians of `runs` runs, rows interleaved run by run."""
+    alone = statistics.median(
+        sharegpu.torch_output(sharegpu.torch_run("transformer", sharegpu.shim_env(None), REAL_SECONDS))[0]
+        for _ in range(runs)
+    )
+    rows: dict[str, list[list[float]]] = {label: [] for label, *_ in BACKEND_PAIRS}
+    for k in range(runs):
+        for n, (label, through_mps, first, second) in enumerate(BACKEND_PAIRS):
+            path = tmp_path / f"pair-{n}-{k}"
+            path.mkdir()
+            with mps_daemon(path / "mps") if through_mps else contextlib.nullcontext({}) as mps_env:
+                w_first, w_second = weights_of(first, second)
+                envs = (
+                    [
+                        mps_tenant_env(path / "a", first, [w_second], mps_env),
+                        mps_tenant_env(path / "b", second, [w_first], mps_env),
+                    ]
+                    if through_mps
+                    else [tenant_env(path, "a", first), tenant_env(path, "b", second)]
+                )
+                start_at = time.time() + 15
+                procs = [sharegpu.torch_run("transformer", env, REAL_SECONDS, start_at) for env in envs]
+                rates = [100 * sharegpu.torch_output(p)[0] / alone for p in procs]
+            rows[label].append(rates)
+            print(f"  run {k + 1}: {label}: {rates[0]:.1f} + {rates[1]:.1f} %")
+    print(
+        f"\ntwo transformer trainers by backend ({alone:.2f} it/s alone), {REAL_SECONDS} s, started together; medians of "
+        f"{runs} runs"
+    )
+    print(f"{'pair':>30}{'sum':>8}{'second part':>13}{'want':>6}{'sum range':>16}{'part range':>16}")
+    for label, _, first, _second in BACKEND_PAIRS:
+        sums = [sum(r) for r in rows[label]]
+        parts = [100 * r[1] / sum(r) for r in rows[label]]
+        want = "75 %" if first else ""
+        print(
+            f"{label:>30}{statistics.median(sums):7.1f}%{statistics.median(parts):12.1f}%{want:>6}"
+            f"{_range(sums):>16}{_range(parts):>16}"
+        )
+
+
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 25
     samples = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
     parts = (
         set(sys.argv[3].split(","))
         if len(sys.argv) > 3
-        else {"overhead", "fma", "duty", "torch", "weights", "real", "launch-bound"}
+        else {"overhead", "fma", "duty", "torch", "weights", "real", "launch-bound", "backends"}
     )
     real_runs = max((int(p.split(":", 1)[1]) for p in parts if p.startswith("real") and ":" in p), default=3)
     launch_bound_runs = max((int(p.split(":", 1)[1]) for p in parts if p.startswith("launch-bound:")), default=3)
-    parts = {p.split(":", 1)[0] if p.startswith(("real", "launch-bound")) else p for p in parts}
+    backend_runs = max((int(p.split(":", 1)[1]) for p in parts if p.startswith("backends:")), default=3)
+    parts = {p.split(":", 1)[0] if p.startswith(("real", "launch-bound", "backends")) else p for p in parts}
     cpu = max(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -405,6 +500,8 @@ def main() -> None:
                 real_weights(tmp_path, alone, real_runs)
         if "launch-bound" in parts:
             launch_bound(tmp_path, launch_bound_runs)
+        if "backends" in parts:
+            backend_pairs(tmp_path, backend_runs)
         if workloads or "weights" in parts:
             natives = torch_shares(tmp_path, sharegpu.shim_env(None), workloads) if workloads else {}
             if "weights" in parts:

@@ -11,6 +11,7 @@ result.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -94,6 +95,29 @@ def test_junk_limits_file_is_loud(share, text):
     out, err = share.run("cuda_probe", "init", "ctx", 0, "meminfo")
     assert "FAILED" in err and "limits" in err
     assert meminfo(out[2])[1] == 80 * GIB
+
+
+def test_mps_lines_of_a_plain_limits_file_reach_cuinit(share, tmp_path):
+    """Outside a container (NVC_SHARE_DIR's limits file, as bench/share.py runs nvc-py's MPS backend) the
+    shim puts the file's MPS client variables in the environment before cuInit, as it does with the
+    hook's file: the fake libcuda tells the fake daemon's control FIFO what it saw."""
+    share.dir.mkdir()
+    (share.dir / "limits").write_text(
+        "version=1\nmps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\nmps.CUDA_MPS_CLIENT_PRIORITY=1\n"
+    )
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    os.mkfifo(pipe / "control")
+    reader = os.open(pipe / "control", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        share.run("cuda_probe", "init", limits={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+        said = os.read(reader, 4096).decode()
+    finally:
+        os.close(reader)
+    assert said.startswith("client ") and said.split(" ", 3)[3] == (
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=- CUDA_MPS_CLIENT_PRIORITY=1 "
+        f"CUDA_MPS_PIPE_DIRECTORY={pipe}\n"
+    ), said
 
 
 # ---------------------------------------------------------------- one grammar for the hook and the shim

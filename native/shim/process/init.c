@@ -38,6 +38,16 @@ void nvc_limits_in_force(const struct nvc_config *cfg)
     nvc_compute_limited |= compute;
 }
 
+/* Outside a container (plain LD_PRELOAD use): the directory of the limits file, NVC_SHARE_DIR or the user's own. */
+static void plain_dir(char *dir, size_t size)
+{
+    const char *given = getenv("NVC_SHARE_DIR");
+    if (given && *given)
+        snprintf(dir, size, "%s", given);
+    else
+        snprintf(dir, size, "/tmp/nvc-share-%u", (unsigned)getuid());
+}
+
 static void do_init(void)
 {
     const char *lvl = getenv("NVC_SHARE_LOG");
@@ -56,13 +66,8 @@ static void do_init(void)
             err[0] = '\0';
         }
     } else {
-        const char *dir = getenv("NVC_SHARE_DIR");
-        char fallback[64];
-        if (!dir || !*dir) {
-            snprintf(fallback, sizeof fallback, "/tmp/nvc-share-%u", (unsigned)getuid());
-            dir = fallback;
-        }
-        char path[300];
+        char dir[256], path[300];
+        plain_dir(dir, sizeof dir);
         snprintf(path, sizeof path, "%s/limits", dir);
         rc = nvc_read_text(path, text, sizeof text);
         if (rc == 0) {
@@ -105,8 +110,14 @@ static void do_init(void)
 void nvc_mps_env(void)
 {
     static struct nvc_config cfg; /* the constructor runs once, before any thread */
-    char text[16384], err[256];
-    if (nvc_read_text(NVC_FIXED_DIR "/limits", text, sizeof text) || nvc_parse_limits_text(text, &cfg, err, sizeof err))
+    char text[16384], err[256], dir[256], path[300];
+    int rc = nvc_read_text(NVC_FIXED_DIR "/limits", text, sizeof text);
+    if (rc && errno == ENOENT) { /* plain use, as nvc_init reads it */
+        plain_dir(dir, sizeof dir);
+        snprintf(path, sizeof path, "%s/limits", dir);
+        rc = nvc_read_text(path, text, sizeof text);
+    }
+    if (rc || nvc_parse_limits_text(text, &cfg, err, sizeof err))
         return; /* nvc_init reports a junk file at the first wrapped call */
     for (int i = 0; i < NVC_MPS_VARS; i++)
         if (cfg.mps_env[i][0])
