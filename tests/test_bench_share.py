@@ -49,9 +49,36 @@ def test_the_bench_loads_and_its_workloads_parse(tmp_path):
     loader.exec_module(bench)
     labels = [label for label, _, _ in bench.LAUNCH_BOUND_CONTROLS]
     assert labels[0] == "no control" and any("9:1" in label for label in labels)
-    assert any("latency classes" in label for label in labels) and len(bench.MPS_CONTROLS) == 2
+    assert any("latency classes" in label for label in labels)
     assert "LD_PRELOAD" not in bench.tenant_env(tmp_path, "service", None)
     env = bench.tenant_env(tmp_path, "service", {"NVC_SHARE_WEIGHT": "9"})
     assert env["NVC_SHARE_TENANT"] == "service" and env["NVC_SHARE_SCHED_DIR"] == str(tmp_path)
+
+
+def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path):
+    """A tenant of an nvc-py MPS row gets the limits file the hook writes for an MPS client: its class and
+    cap (or its weight's part of the device's weights) as MPS's client variables, no time-slice lines,
+    the bench daemon's pipe in its environment (the shim would otherwise set the container's)."""
+    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share.py"))
+    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
+    loader.exec_module(bench)
+    pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
+    assert bench.mps_tenant_env(tmp_path / "plain", None, [], pipe) == {**sharegpu.shim_env(None), **pipe}
+    trainer = {"NVC_SHARE_PRIORITY": "batch", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_MEMORY_LIMIT": "4g"}
+    env = bench.mps_tenant_env(tmp_path / "trainer", trainer, [], pipe)
+    assert env["LD_PRELOAD"] and env["CUDA_MPS_PIPE_DIRECTORY"] == pipe["CUDA_MPS_PIPE_DIRECTORY"]
+    lines = (Path(env["NVC_SHARE_DIR"]) / "limits").read_text().splitlines()
+    assert [line for line in lines if not line.startswith("#")] == [
+        "version=1",
+        "memory_limit=4294967296",
+        "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M",
+        "mps.CUDA_MPS_CLIENT_PRIORITY=1",
+    ]
+    light, heavy = ({"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"})
+    assert bench.weights_of(light, heavy, None) == [1, 3, 0]
+    env = bench.mps_tenant_env(tmp_path / "light", light, [3], pipe)
+    assert "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in (Path(env["NVC_SHARE_DIR"]) / "limits").read_text()
+    assert [row[0] for row in bench.BACKEND_PAIRS if row[1]] == ["MPS, plain", "nvc MPS: weights 1:3"]
     for script in ("torch_decode.py", "torch_load.py", "torch_models.py"):
         ast.parse((REPO / "tests" / "gpu" / script).read_text())
