@@ -30,6 +30,11 @@ mounts over /proc keep a user namespace from a fresh proc), so the maps are the 
 hook's cost is its start minus the no-hook start of the same kind; the table gives it with and
 without the maps, their ratio, and the same for the hook's own ``duration_ms`` (its log).
 
+``--cold``: every row also started right after the page cache was dropped (``sync``, then
+``/proc/sys/vm/drop_caches``), as the first container start after boot finds it, in the same round
+just before the row's warm start; each against the no-hook start of its kind. The pages a running
+process maps stay (a running server's interpreter and modules): what a server gains cold is in its row.
+
 Stages of configure come from the CLI's own ``--debug`` log (its ``timing`` lines: discovery and
 plan, apply setup, mounts, ldconfig, cgroup; glog time stamps) and the hook's wall clock (bash's
 $EPOCHREALTIME around the nvc-py call): what comes before the first stage is interpreter start,
@@ -88,6 +93,7 @@ class Row(NamedTuple):
     gpu: bool = True
     tuned: bool = False
     userns: bool = False  # uid/gid maps ID_MAP, the rootfs chowned to them (--userns)
+    cold: bool = False  # started right after the page cache was dropped (--cold)
 
 
 ROWS = (
@@ -112,6 +118,9 @@ USERNS_ROWS = tuple(
     )
     for variant in (row, row._replace(label=row.label + USERNS, userns=True))
 )
+COLD = ", cold"  # a row started right after dropping the page cache
+# --cold: each row's cold start, then the same row warm, in every round.
+COLD_ROWS = tuple(variant for row in ROWS for variant in (row._replace(label=row.label + COLD, cold=True), row))
 ID_MAP = (100000, 65536)  # host id of uid and gid 0 inside, size
 STAGES = ("discovery+plan", "setup", "mounts", "ldconfig", "cgroup", "finish")
 STAGE_LABELS = {
@@ -163,9 +172,12 @@ def configure_stages(work: Path, tag: str) -> dict[str, float]:
     return stages
 
 
-def hook_stages(log: str, via: str | None) -> list[dict[str, float]]:
+def hook_stages(
+    log: str, via: str | None, cold: bool | None = None, rows: tuple[Row, ...] = ()
+) -> list[dict[str, float]]:
     """Per configured nvc-py-hook run (GPU 0) run directly (``via`` None) or by a server's worker:
-    its timing lines (by pid) and its JSON line's duration_ms."""
+    its timing lines (by pid) and its JSON line's duration_ms; with ``cold`` given, only the runs of
+    ``rows`` of that kind (the container id names the row: ``nvc-bench-ROUND-ROW``)."""
     by_pid: dict[str, dict[str, float]] = {}
     runs = []
     for line in log.splitlines():
@@ -174,6 +186,9 @@ def hook_stages(log: str, via: str | None) -> list[dict[str, float]]:
             by_pid.setdefault(m[2], {})[m[3]] = float(m[4])
         elif line.startswith("{"):
             record = json.loads(line)
+            row_no = str(record.get("container", "")).rpartition("-")[2]
+            if cold is not None and not (row_no.isdigit() and rows[int(row_no)].cold == cold):
+                continue
             if record.get("devices") == ["0"] and record.get("outcome") == "configured" and record.get("via") == via:
                 runs.append({**by_pid.get(str(record["pid"]), {}), "duration_ms": record["duration_ms"]})
     return runs[1:]  # the first run warms caches
@@ -214,6 +229,13 @@ def print_userns_table(rows: tuple[Row, ...], times: dict[str, list[float]], dur
         if durations.get(label) and durations.get(label + USERNS):
             own, own_mapped = statistics.median(durations[label]), statistics.median(durations[label + USERNS])
             print(f"{label + ': duration_ms':<50} {own:>9.1f} {own_mapped:>9.1f}  {own_mapped / own:.2f}")
+
+
+def drop_page_cache() -> None:
+    """What a first start after boot finds: nothing of the runtime's, the package's or the image's files in
+    the page cache (written back first; pages mapped by running processes, a server's, stay)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def floor(python: str) -> float:
@@ -264,15 +286,18 @@ def main() -> int:
     parser.add_argument("--runtime", default=None, help="crun or runc (default: crun if installed, else runc)")
     parser.add_argument("--fake", action="store_true", help="use the fake driver even on a GPU host")
     parser.add_argument("--userns", action="store_true", help="the hook with uid/gid maps beside without")
+    parser.add_argument("--cold", action="store_true", help="each row also right after dropping the page cache")
     args = parser.parse_args()
     if args.runs < 10:
         parser.error("--runs must be at least 10")
+    if args.cold and args.userns:
+        parser.error("--cold and --userns are separate runs")
     runtime = args.runtime or ("crun" if shutil.which("crun") else "runc")
     runtime = shutil.which(runtime) or sys.exit(f"bench/configure.py: {runtime} not found")
     nvc, hook_script = default_script("nvc-py"), default_script("nvc-py-hook")
     python = program_interpreter(nvc) or sys.executable
     real = Path("/proc/driver/nvidia/version").exists() and not args.fake
-    rows = USERNS_ROWS if args.userns else ROWS
+    rows = USERNS_ROWS if args.userns else COLD_ROWS if args.cold else ROWS
     cli_rows = tuple(i for i, row in enumerate(rows) if row.kind == "cli")
     with tempfile.TemporaryDirectory(prefix="nvc-bench-configure-") as tmp:
         work = Path(tmp)
@@ -355,6 +380,8 @@ def main() -> int:
                         id_map=ID_MAP if row.userns else None,
                         host_proc_sys=args.userns,
                     )
+                    if row.cold:
+                        drop_page_cache()
                     elapsed, error = start_container(runtime, state, bundle, f"nvc-bench-{tag}")
                     shutil.rmtree(bundle, ignore_errors=True)
                     if error:
@@ -368,13 +395,16 @@ def main() -> int:
         hook_err = (work / "hook.err").read_text() if (work / "hook.err").exists() else ""
         hook_log = (work / "hook.log").read_text() if (work / "hook.log").exists() else ""
         tuned_log = (work / "tuned.log").read_text() if (work / "tuned.log").exists() else ""
+        kinds = (True, False) if args.cold else (None,)
         durations = {
-            "served": [r["duration_ms"] for r in hook_stages(hook_log, "server")],
-            "no server": [r["duration_ms"] for r in hook_stages(hook_log, None)],
+            f"{via}{COLD if cold else ''}": [r["duration_ms"] for r in hook_stages(hook_log, by, cold, rows)]
+            for cold in kinds
+            for via, by in (("served", "server"), ("no server", None))
         }
         hook_runs = {
-            "TUNED nvc-py-hook, GPU 0, no server": hook_stages(tuned_log, None),
-            "TUNED nvc-py-hook, GPU 0, served": hook_stages(tuned_log, "server"),
+            f"TUNED nvc-py-hook, GPU 0, {via}{COLD if cold else ''}": hook_stages(tuned_log, by, cold, rows)
+            for cold in kinds
+            for via, by in (("no server", None), ("served", "server"))
         }
     for message in failures[:5]:
         print(f"FAILED {message}")
@@ -385,10 +415,11 @@ def main() -> int:
 
     header = f"{'container start (start to exit of `true`)':<44} {'median ms':>9} {'min':>7} {'max':>7}  vs no hook"
     print(f"\n{header}\n{'-' * len(header)}")
-    baseline = statistics.median(times[rows[0].label])
+    # each row against the no-hook start of its kind (cold or warm)
+    baselines = {row.cold: statistics.median(times[row.label]) for row in rows if row.kind == "none"}
     for row in rows:
-        m = statistics.median(times[row.label])
-        note = "1.00 (baseline)" if row == rows[0] else f"{m / baseline:.2f}  (+{m - baseline:.1f} ms overhead)"
+        m, baseline = statistics.median(times[row.label]), baselines[row.cold]
+        note = "1.00 (baseline)" if row.kind == "none" else f"{m / baseline:.2f}  (+{m - baseline:.1f} ms overhead)"
         print(median_row(row.label, times[row.label], note))
     if args.userns:
         print_userns_table(rows, times, hook_durations(hook_log, rows))
@@ -398,9 +429,8 @@ def main() -> int:
             print(median_row(f"default nvc-py-hook, GPU 0, {via}: duration_ms", values, "the hook's own log"))
 
     for row_no in cli_rows:
-        print_cli_stages(
-            f"{rows[row_no].label}, by stage", stages[row_no], None if rows[row_no].served else floors, baseline
-        )
+        row = rows[row_no]
+        print_cli_stages(f"{row.label}, by stage", stages[row_no], None if row.served else floors, baselines[row.cold])
     for title, runs in hook_runs.items():
         if not runs:
             continue

@@ -77,3 +77,42 @@ def test_hook_durations_are_read_by_row_from_the_container_id(bench) -> None:
     found = bench.hook_durations(log, rows)
     assert found[rows[1].label] == [20.0, 22.0] and found[rows[3].label] == [30.0]
     assert found[rows[2].label] == [] and found[rows[0].label] == []
+
+
+def test_each_cold_row_comes_right_before_its_warm_pair(bench) -> None:
+    """--cold: every row of the default table started once right after the page cache is dropped, then warm."""
+    rows = bench.COLD_ROWS
+    assert [row.cold for row in rows] == [True, False] * len(bench.ROWS)
+    assert list(rows[1::2]) == list(bench.ROWS)
+    for cold, warm in zip(rows[::2], rows[1::2], strict=True):
+        assert cold == warm._replace(label=warm.label + bench.COLD, cold=True)
+
+
+def test_a_hook_s_stages_are_read_by_kind_cold_or_warm(bench) -> None:
+    """Each kind's runs of the hook with no server (its JSON lines, by the row in the container id), round 0
+    (the warm-up) left out; a server's runs and other rows' are not theirs."""
+    rows = bench.COLD_ROWS
+    cold, warm = (
+        next(i for i, r in enumerate(rows) if r.label == f"nvc-py-hook, GPU 0, no server{suffix}")
+        for suffix in (bench.COLD, "")
+    )
+    served = next(i for i, r in enumerate(rows) if r.label == "nvc-py-hook, GPU 0, served")
+
+    def line(round_no: int, row_no: int, ms: float, via: str | None = None) -> str:
+        record = {"container": f"nvc-bench-{round_no}-{row_no}", "pid": 1, "outcome": "configured", "devices": ["0"]}
+        return json.dumps({**record, "duration_ms": ms, **({"via": via} if via else {})})
+
+    log = "\n".join(
+        [
+            line(0, cold, 99.0),
+            line(0, warm, 98.0),
+            line(1, cold, 60.0),
+            line(1, warm, 30.0),
+            line(1, served, 10.0, "server"),
+            line(2, cold, 62.0),
+            line(2, warm, 31.0),
+        ]
+    )
+    assert [r["duration_ms"] for r in bench.hook_stages(log, None, True, rows)] == [60.0, 62.0]
+    assert [r["duration_ms"] for r in bench.hook_stages(log, None, False, rows)] == [30.0, 31.0]
+    assert [r["duration_ms"] for r in bench.hook_stages(log, None)] == [98.0, 60.0, 30.0, 62.0, 31.0]
