@@ -330,3 +330,34 @@ def test_the_container_helper_killed_mid_apply_is_rolled_back(setup_dir: Path, c
     after = state(container.pid, container.rootfs)
     assert after.rootfs ^ before.rootfs == set()
     assert after == before
+
+
+def test_links_ldconfig_added_go_with_a_dead_helper_s_journal(tmp_path: Path) -> None:
+    """The container helper killed after ldconfig ran, before its commit (the window the test above hits
+    now and then): it cannot roll back, and a fresh helper undoes from its journal the links ldconfig
+    added in the plan's library dirs (the names there before were noted), leaving what was there and
+    anything that is not a link. Standalone mode, a plain directory as the rootfs."""
+    from nvc.errors import MountError
+    from nvc.plan.operations import Plan
+    from nvc.rpc.container_service import open_container
+
+    rootfs, lib = tmp_path / "rootfs", tmp_path / "rootfs" / "usr" / "lib"
+    lib.mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (lib / "libold.so.1.0").write_bytes(b"")
+    (lib / "libold.so.1").symlink_to("libold.so.1.0")
+    plan = Plan(str(rootfs), None, (0, 0), (), ldconfig="/sbin/ldconfig", ldconfig_dirs=("/usr/lib",))
+    with open_container(5.0) as client:
+        client.mount(plan, None)
+        (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.1")  # what ldconfig adds
+        (lib / "notes").write_text("not a link: not ldconfig's")
+        os.kill(client.helper.pid, signal.SIGKILL)
+        stat = Path(f"/proc/{client.helper.pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the helper did not die"
+            time.sleep(0.01)
+        with pytest.raises(MountError, match=r"helper killed by signal SIGKILL (in|before) commit"):
+            client.commit()
+        assert client.recover(plan) == []
+    assert sorted(os.listdir(lib)) == ["libold.so.1", "libold.so.1.0", "notes"]

@@ -14,8 +14,9 @@ links the image's ldconfig would make).
 A helper killed mid-apply cannot roll back: it notes each mount and each file or directory it
 makes as it makes it (``record``: the helper's journal), and a fresh helper undoes what the
 journal names (:meth:`Applier.undo`), each only where it still finds that very mount or inode.
-What the dead helper kept only in memory is not undone then: the ld cache as it was before
-ldconfig replaced it, and the names ldconfig added.
+The names in the plan's library dirs before ldconfig ran are noted too, so the links it added
+go; what the dead helper kept only in memory is not undone then: the ld cache as it was before
+ldconfig replaced it.
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ class Applier:
                 names[folder] = set(os.listdir(fd))
             finally:
                 os.close(fd)
+            self._note("ldconfig", folder, *sorted(names[folder]))
         self.done.append(("ldconfig", (saved, names)))
 
     def _step(self, index: int, op: Operation) -> None:
@@ -354,13 +356,7 @@ class Applier:
         problems = []
         for folder, before in names.items():
             try:
-                fd = inroot.open_in_root(self.root_fd, folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
-                try:
-                    for name in sorted(set(os.listdir(fd)) - before):  # ldconfig makes only links
-                        if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                            os.unlink(name, dir_fd=fd)
-                finally:
-                    os.close(fd)
+                self._remove_links_since(folder, before)
             except OSError as err:
                 problems.append(f"{folder}: {err.strerror}")
         for file in saved:
@@ -369,6 +365,17 @@ class Applier:
             except OSError as err:
                 problems.append(f"cannot restore {file.path}: {err.strerror}")
         return problems
+
+    def _remove_links_since(self, folder: str, before: set[str]) -> None:
+        """Remove the links in ``folder`` (inside the root) that are not among the names ``before``:
+        what ldconfig added (it makes only links)."""
+        fd = inroot.open_in_root(self.root_fd, folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+        try:
+            for name in sorted(set(os.listdir(fd)) - before):
+                if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
 
     def undo(self, journal: list[Any], handle: ContainerHandle | None) -> list[str]:
         """Undo what a helper that died noted in its journal (see the module's docstring), newest
@@ -395,6 +402,9 @@ class Applier:
 
     def _undo_one(self, kind: str, path: str, identity: list[int]) -> None:
         """Undo one journal entry (see undo())."""
+        if kind == "ldconfig":  # the folder's names before ldconfig ran: the links it added go
+            self._remove_links_since(path, set(identity))
+            return
         if kind == "mount":
             fd = inroot.open_in_root(self.root_fd, path, os.O_PATH)
             if mount_id(fd) == identity[0]:
