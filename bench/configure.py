@@ -172,6 +172,14 @@ def configure_stages(work: Path, tag: str) -> dict[str, float]:
     return stages
 
 
+def row_of(record: dict[str, object], rows: tuple[Row, ...]) -> tuple[int, Row] | None:
+    """The round and the row of a hook log line's container (``nvc-bench-ROUND-ROW``); None for another's."""
+    round_no, _, row_no = str(record.get("container", "")).removeprefix("nvc-bench-").partition("-")
+    if not (round_no.isdigit() and row_no.isdigit() and int(row_no) < len(rows)):
+        return None
+    return int(round_no), rows[int(row_no)]
+
+
 def hook_stages(
     log: str, via: str | None, cold: bool | None = None, rows: tuple[Row, ...] = ()
 ) -> list[dict[str, float]]:
@@ -186,8 +194,8 @@ def hook_stages(
             by_pid.setdefault(m[2], {})[m[3]] = float(m[4])
         elif line.startswith("{"):
             record = json.loads(line)
-            row_no = str(record.get("container", "")).rpartition("-")[2]
-            if cold is not None and not (row_no.isdigit() and rows[int(row_no)].cold == cold):
+            where = row_of(record, rows)
+            if cold is not None and (where is None or where[1].cold != cold):
                 continue
             if record.get("devices") == ["0"] and record.get("outcome") == "configured" and record.get("via") == via:
                 runs.append({**by_pid.get(str(record["pid"]), {}), "duration_ms": record["duration_ms"]})
@@ -214,9 +222,9 @@ def hook_durations(log: str, rows: tuple[Row, ...]) -> dict[str, list[float]]:
         if not line.startswith("{"):
             continue
         record = json.loads(line)
-        round_no, _, row_no = str(record.get("container", "")).removeprefix("nvc-bench-").partition("-")
-        if record.get("outcome") == "configured" and round_no.isdigit() and round_no != "0" and row_no.isdigit():
-            found[rows[int(row_no)].label].append(record["duration_ms"])
+        where = row_of(record, rows)
+        if record.get("outcome") == "configured" and where and where[0]:
+            found[where[1].label].append(record["duration_ms"])
     return found
 
 

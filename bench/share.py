@@ -324,10 +324,7 @@ def mps_tenant_env(
     assert client is not None
     variables = {k: v for k, v in mps.client_env(client, other_weights).items() if k != mps.PIPE}
     path.mkdir(parents=True)
-    text = share.limits_text(request._replace(compute=(), weight=(), priority=(), backend=())) + mps.limits_lines(
-        variables
-    )
-    sharefiles.write_share_dir(path, text)
+    sharefiles.write_share_dir(path, share.mps_limits_text(request) + mps.limits_lines(variables))
     return sharegpu.shim_env(path, **mps_env)
 
 

@@ -237,10 +237,14 @@ def without_time_slices(planned: ShareFiles, request: ShareRequest) -> ShareFile
     """The files of a container whose device is shared through MPS (nvc.plan.mps): no compute lines
     in its limits file (MPS shares the SMs, the shim's slices and weights stay off; its memory
     accounting stays), no scheduler file. Its MPS lines are added when its daemon is known."""
-    limits = limits_text(
-        request._replace(compute=(), weight=(), priority=()), origin=f"container {planned.container_id}"
+    return planned._replace(
+        limits=mps_limits_text(request, f"container {planned.container_id}"), scheduled=False, granted=""
     )
-    return planned._replace(limits=limits, scheduled=False, granted="")
+
+
+def mps_limits_text(request: ShareRequest, origin: str = "") -> str:
+    """The limits file of an MPS client before its MPS lines: its memory limit, no compute lines."""
+    return limits_text(request._replace(compute=(), weight=(), priority=()), origin)
 
 
 def mounts(planned: ShareFiles) -> tuple[HostMount, ...]:

@@ -38,14 +38,18 @@ void nvc_limits_in_force(const struct nvc_config *cfg)
     nvc_compute_limited |= compute;
 }
 
-/* Outside a container (plain LD_PRELOAD use): the directory of the limits file, NVC_SHARE_DIR or the user's own. */
-static void plain_dir(char *dir, size_t size)
+/* Outside a container (plain LD_PRELOAD use): reads `dir`/limits, dir being NVC_SHARE_DIR or the user's own;
+ * nvc_read_text's result. */
+static int read_plain_limits(char *dir, size_t dir_size, char *text, size_t text_size)
 {
     const char *given = getenv("NVC_SHARE_DIR");
     if (given && *given)
-        snprintf(dir, size, "%s", given);
+        snprintf(dir, dir_size, "%s", given);
     else
-        snprintf(dir, size, "/tmp/nvc-share-%u", (unsigned)getuid());
+        snprintf(dir, dir_size, "/tmp/nvc-share-%u", (unsigned)getuid());
+    char path[300];
+    snprintf(path, sizeof path, "%s/limits", dir);
+    return nvc_read_text(path, text, text_size);
 }
 
 static void do_init(void)
@@ -66,10 +70,8 @@ static void do_init(void)
             err[0] = '\0';
         }
     } else {
-        char dir[256], path[300];
-        plain_dir(dir, sizeof dir);
-        snprintf(path, sizeof path, "%s/limits", dir);
-        rc = nvc_read_text(path, text, sizeof text);
+        char dir[256];
+        rc = read_plain_limits(dir, sizeof dir, text, sizeof text);
         if (rc == 0) {
             if (nvc_parse_limits_text(text, &nvc_cfg, err, sizeof err) == 0)
                 err[0] = '\0';
@@ -110,13 +112,10 @@ static void do_init(void)
 void nvc_mps_env(void)
 {
     static struct nvc_config cfg; /* the constructor runs once, before any thread */
-    char text[16384], err[256], dir[256], path[300];
+    char text[16384], err[256], dir[256];
     int rc = nvc_read_text(NVC_FIXED_DIR "/limits", text, sizeof text);
-    if (rc && errno == ENOENT) { /* plain use, as nvc_init reads it */
-        plain_dir(dir, sizeof dir);
-        snprintf(path, sizeof path, "%s/limits", dir);
-        rc = nvc_read_text(path, text, sizeof text);
-    }
+    if (rc && errno == ENOENT) /* plain use, as nvc_init reads it */
+        rc = read_plain_limits(dir, sizeof dir, text, sizeof text);
     if (rc || nvc_parse_limits_text(text, &cfg, err, sizeof err))
         return; /* nvc_init reports a junk file at the first wrapped call */
     for (int i = 0; i < NVC_MPS_VARS; i++)
