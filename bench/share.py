@@ -20,13 +20,15 @@ in the same run. Prints two tables:
   fixed rate, NVC_BENCH_SERVE_LOAD of its own capacity, 0.7 by default; latency from arrival) beside a
   ResNet-50 training loop, for no control, weights 9:1 favouring the service, a cap of 50 on the
   trainer, latency classes (the service latency-critical, the trainer batch), and the two as clients of
-  one CUDA MPS control daemon: plain (the driver's MPS as it is), and as nvc-py's MPS backend serves
-  them (the shim with the limits file the hook writes: the service latency-critical and the trainer
-  batch at a compute share of 50; weights 9:1): the service's p50 / p99 and the trainer's throughput as
-  % of alone. NVC_BENCH_ROWS=WORD,... keeps the rows whose label has one of the words;
-* backends (issue 42): two transformer training steps started together, with no control and weighted
-  1:3, under time slices and under MPS (plain and nvc-py's backend): their sum as % of one alone, the
+  one CUDA MPS control daemon: plain (the driver's MPS as it is), as nvc-py's MPS backend serves them
+  (the shim with the limits file the hook writes: the latency classes, with and without a compute share
+  of 50 for the trainer; weights 9:1) and with MPS's own client variables set by hand: the service's
+  p50 / p99 and the trainer's throughput as % of alone;
+* backends (issue 42): two transformer training steps (NVC_BENCH_PAIR: another workload of
+  tests/gpu/torch_models.py) started together, with no control and weighted 1:3, under time slices and
+  under MPS (plain, nvc-py's backend, MPS's client variables by hand): their sum as % of one alone, the
   heavier one's part of it.
+NVC_BENCH_ROWS=WORD,... keeps the launch-bound and backends rows whose label has one of the words.
 
 Each figure is the median over RUNS runs of each run's median (and 10th percentile) of SAMPLES
 samples, native and shim runs interleaved in pairs so clock drift hits both; the overhead is the
@@ -45,13 +47,11 @@ four minutes)
 
 import contextlib
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
@@ -273,9 +273,11 @@ LAUNCH_BOUND_CONTROLS = (
 )
 
 
-# (label, the service's limits, the trainer's) under nvc-py's MPS backend (nvc.plan.mps: both clients of one
-# control daemon, their shares as MPS's client variables, the shim's memory accounting on top); None: a
-# client with no shim and no limits (the driver's MPS as it is).
+# (label, the service's limits, the trainer's) as clients of one MPS control daemon
+# (sharegpu.mps_client_env): None, the driver's MPS as it is; NVC_SHARE_* variables, as nvc-py's MPS
+# backend serves a container with them (nvc.plan.mps: their shares as MPS's client variables, the shim's
+# memory accounting on top); CUDA_MPS_* variables, the driver's MPS tuned by hand (no shim).
+THREADS, PRIORITY = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_CLIENT_PRIORITY"
 MPS_CONTROLS = (
     ("MPS, plain", None, None),
     (
@@ -283,49 +285,20 @@ MPS_CONTROLS = (
         {"NVC_SHARE_PRIORITY": "latency-critical"},
         {"NVC_SHARE_PRIORITY": "batch", "NVC_SHARE_COMPUTE": "50"},
     ),
+    ("MPS by hand: trainer threads 50 %, priority 1", None, {THREADS: "50", PRIORITY: "1"}),
+    (
+        "nvc MPS: service urgent, trainer batch",
+        {"NVC_SHARE_PRIORITY": "latency-critical"},
+        {"NVC_SHARE_PRIORITY": "batch"},
+    ),
     ("nvc MPS: weights 9:1", {"NVC_SHARE_WEIGHT": "9"}, {"NVC_SHARE_WEIGHT": "1"}),
 )
 
 
-@contextlib.contextmanager
-def mps_daemon(path: Path) -> Iterator[dict[str, str]]:
-    """The driver's MPS control daemon for GPU 0, its pipe and log directories under path (as nvc-py's MPS
-    backend runs it: nvc.plan.mps.daemon_env); yields what its clients' environment needs."""
-    from nvc.plan import mps
-
-    control = shutil.which(mps.CONTROL) or f"/usr/local/nvidia/bin/{mps.CONTROL}"
-    pipe, log = path / "pipe", path / "log"
-    pipe.mkdir(parents=True)
-    log.mkdir()
-    env = mps.daemon_env("0", str(pipe), str(log))
-    env["PATH"] = f"{os.path.dirname(control)}:{env['PATH']}"  # the server beside the control daemon
-    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
-    try:
-        yield {mps.PIPE: str(pipe)}
-    finally:
-        subprocess.run([control], input="quit\n", env=env, text=True, timeout=30, check=False)
-
-
-def mps_tenant_env(
-    path: Path, limits: dict[str, str] | None, other_weights: list[int], mps_env: dict[str, str]
-) -> dict[str, str]:
-    """A client of the bench's MPS daemon (mps_env) as nvc-py's MPS backend serves a container with these
-    limits (nvc.plan.mps.client_env, the hook's limits file: no time slices, its memory counted), the
-    others on the device having other_weights; limits None: no shim at all."""
-    if limits is None:
-        return sharegpu.shim_env(None, **mps_env)
-    from nvc.apply import sharefiles
-    from nvc.plan import fromenv, mps, share
-
-    request = fromenv.parse_share_env({**limits, "NVC_SHARE_BACKEND": "mps"})
-    assert request is not None, limits
-    binaries = [f"/driver/{mps.CONTROL}", f"/driver/{mps.SERVER}"]
-    client = mps.client(request._asdict(), ("GPU-bench",), binaries, path.name, os.getuid())
-    assert client is not None
-    variables = {k: v for k, v in mps.client_env(client, other_weights).items() if k != mps.PIPE}
-    path.mkdir(parents=True)
-    sharefiles.write_share_dir(path, share.mps_limits_text(request) + mps.limits_lines(variables))
-    return sharegpu.shim_env(path, **mps_env)
+def wanted(labels: Iterable[str]) -> list[str]:
+    """The rows to run: those whose label has one of NVC_BENCH_ROWS's comma-separated words (all if unset)."""
+    words = [w for w in os.environ.get("NVC_BENCH_ROWS", "").split(",") if w]
+    return [label for label in labels if not words or any(w in label for w in words)]
 
 
 def weights_of(*limits: dict[str, str] | None) -> list[int]:
@@ -368,23 +341,23 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
         f"{'service alone':>34}{statistics.median(s.p50_ms for s in alone):9.1f}"
         f"{statistics.median(s.p99_ms for s in alone):9.1f}"
     )
-    wanted = [w for w in os.environ.get("NVC_BENCH_ROWS", "").split(",") if w]
     through_mps = {label for label, _, _ in MPS_CONTROLS}
+    chosen = wanted(label for label, _, _ in (*LAUNCH_BOUND_CONTROLS, *MPS_CONTROLS))
     controls = [
         (label, service, trainer, label in through_mps)
         for label, service, trainer in (*LAUNCH_BOUND_CONTROLS, *MPS_CONTROLS)
-        if not wanted or any(w in label for w in wanted)
+        if label in chosen
     ]
     rows: dict[str, list[tuple[sharegpu.Served, float]]] = {label: [] for label, *_ in controls}
     for k in range(runs):
         for n, (label, service_limits, trainer_limits, mps_row) in enumerate(controls):
             sched = tmp_path / f"lb-{n}-{k}"
             sched.mkdir()
-            with mps_daemon(sched / "mps") if mps_row else contextlib.nullcontext({}) as mps_env:
+            with sharegpu.mps_daemon(sched / "mps") if mps_row else contextlib.nullcontext({}) as mps_env:
                 if mps_row:
                     w_service, w_trainer = weights_of(service_limits, trainer_limits)
-                    service_env = mps_tenant_env(sched / "service", service_limits, [w_trainer], mps_env)
-                    trainer_env = mps_tenant_env(sched / "trainer", trainer_limits, [w_service], mps_env)
+                    service_env = sharegpu.mps_client_env(sched / "service", service_limits, [w_trainer], mps_env)
+                    trainer_env = sharegpu.mps_client_env(sched / "trainer", trainer_limits, [w_service], mps_env)
                 else:
                     service_env = tenant_env(sched, "service", service_limits)
                     trainer_env = tenant_env(sched, "trainer", trainer_limits)
@@ -407,49 +380,53 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
         )
 
 
-# Issue 42's throughput pair for each backend: two transformer trainers weighted 1:3 (None: no limits), as
-# (label, through MPS, the first's limits, the second's)
+# Issue 42's throughput pair for each backend: two transformer trainers weighted 1:3, as (label, through MPS,
+# the first's limits, the second's): None, no limits; under MPS, what sharegpu.mps_client_env takes
 BACKEND_PAIRS = (
     ("no control (time slices)", False, None, None),
     ("time slices, weights 1:3", False, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
     ("MPS, plain", True, None, None),
     ("nvc MPS: weights 1:3", True, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
+    ("MPS by hand: threads 25/100, priority 1/0", True, {THREADS: "25", PRIORITY: "1"}, {}),
+    ("MPS by hand: threads 34/100, priority 1/0", True, {THREADS: "34", PRIORITY: "1"}, {}),
+    ("MPS by hand: priority 1/0", True, {PRIORITY: "1"}, {}),
 )
 
 
-def backend_pairs(tmp_path: Path, runs: int = 3) -> None:
-    """Two transformer training steps started together under each backend: their sum as % of one alone and
+def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") -> None:
+    """Two training steps of workload started together under each backend: their sum as % of one alone and
     the second's part of the sum (its weight's: 75 %); medians of `runs` runs, rows interleaved run by run."""
     alone = statistics.median(
-        sharegpu.torch_output(sharegpu.torch_run("transformer", sharegpu.shim_env(None), REAL_SECONDS))[0]
+        sharegpu.torch_output(sharegpu.torch_run(workload, sharegpu.shim_env(None), REAL_SECONDS))[0]
         for _ in range(runs)
     )
-    rows: dict[str, list[list[float]]] = {label: [] for label, *_ in BACKEND_PAIRS}
+    pairs = [row for row in BACKEND_PAIRS if row[0] in wanted(label for label, *_ in BACKEND_PAIRS)]
+    rows: dict[str, list[list[float]]] = {label: [] for label, *_ in pairs}
     for k in range(runs):
-        for n, (label, through_mps, first, second) in enumerate(BACKEND_PAIRS):
+        for n, (label, through_mps, first, second) in enumerate(pairs):
             path = tmp_path / f"pair-{n}-{k}"
             path.mkdir()
-            with mps_daemon(path / "mps") if through_mps else contextlib.nullcontext({}) as mps_env:
+            with sharegpu.mps_daemon(path / "mps") if through_mps else contextlib.nullcontext({}) as mps_env:
                 w_first, w_second = weights_of(first, second)
                 envs = (
                     [
-                        mps_tenant_env(path / "a", first, [w_second], mps_env),
-                        mps_tenant_env(path / "b", second, [w_first], mps_env),
+                        sharegpu.mps_client_env(path / "a", first, [w_second], mps_env),
+                        sharegpu.mps_client_env(path / "b", second, [w_first], mps_env),
                     ]
                     if through_mps
                     else [tenant_env(path, "a", first), tenant_env(path, "b", second)]
                 )
                 start_at = time.time() + 15
-                procs = [sharegpu.torch_run("transformer", env, REAL_SECONDS, start_at) for env in envs]
+                procs = [sharegpu.torch_run(workload, env, REAL_SECONDS, start_at) for env in envs]
                 rates = [100 * sharegpu.torch_output(p)[0] / alone for p in procs]
             rows[label].append(rates)
             print(f"  run {k + 1}: {label}: {rates[0]:.1f} + {rates[1]:.1f} %")
     print(
-        f"\ntwo transformer trainers by backend ({alone:.2f} it/s alone), {REAL_SECONDS} s, started together; medians of "
+        f"\ntwo {workload} trainers by backend ({alone:.2f} it/s alone), {REAL_SECONDS} s, started together; medians of "
         f"{runs} runs"
     )
     print(f"{'pair':>30}{'sum':>8}{'second part':>13}{'want':>6}{'sum range':>16}{'part range':>16}")
-    for label, _, first, _second in BACKEND_PAIRS:
+    for label, _, first, _second in pairs:
         sums = [sum(r) for r in rows[label]]
         parts = [100 * r[1] / sum(r) for r in rows[label]]
         want = "75 %" if first else ""
@@ -498,7 +475,7 @@ def main() -> None:
         if "launch-bound" in parts:
             launch_bound(tmp_path, launch_bound_runs)
         if "backends" in parts:
-            backend_pairs(tmp_path, backend_runs)
+            backend_pairs(tmp_path, backend_runs, os.environ.get("NVC_BENCH_PAIR", "transformer"))
         if workloads or "weights" in parts:
             natives = torch_shares(tmp_path, sharegpu.shim_env(None), workloads) if workloads else {}
             if "weights" in parts:

@@ -55,7 +55,7 @@ def test_the_bench_loads_and_its_workloads_parse(tmp_path):
     assert env["NVC_SHARE_TENANT"] == "service" and env["NVC_SHARE_SCHED_DIR"] == str(tmp_path)
 
 
-def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path):
+def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, monkeypatch):
     """A tenant of an nvc-py MPS row gets the limits file the hook writes for an MPS client: its class and
     cap (or its weight's part of the device's weights) as MPS's client variables, no time-slice lines,
     the bench daemon's pipe in its environment (the shim would otherwise set the container's)."""
@@ -63,9 +63,9 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path):
     bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
     loader.exec_module(bench)
     pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
-    assert bench.mps_tenant_env(tmp_path / "plain", None, [], pipe) == {**sharegpu.shim_env(None), **pipe}
+    assert sharegpu.mps_client_env(tmp_path / "plain", None, [], pipe) == {**sharegpu.shim_env(None), **pipe}
     trainer = {"NVC_SHARE_PRIORITY": "batch", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_MEMORY_LIMIT": "4g"}
-    env = bench.mps_tenant_env(tmp_path / "trainer", trainer, [], pipe)
+    env = sharegpu.mps_client_env(tmp_path / "trainer", trainer, [], pipe)
     assert env["LD_PRELOAD"] and env["CUDA_MPS_PIPE_DIRECTORY"] == pipe["CUDA_MPS_PIPE_DIRECTORY"]
     lines = (Path(env["NVC_SHARE_DIR"]) / "limits").read_text().splitlines()
     assert [line for line in lines if not line.startswith("#")] == [
@@ -77,8 +77,15 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path):
     ]
     light, heavy = ({"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"})
     assert bench.weights_of(light, heavy, None) == [1, 3, 0]
-    env = bench.mps_tenant_env(tmp_path / "light", light, [3], pipe)
+    env = sharegpu.mps_client_env(tmp_path / "light", light, [3], pipe)
     assert "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in (Path(env["NVC_SHARE_DIR"]) / "limits").read_text()
-    assert [row[0] for row in bench.BACKEND_PAIRS if row[1]] == ["MPS, plain", "nvc MPS: weights 1:3"]
+    assert [row[0] for row in bench.BACKEND_PAIRS if row[1]][:2] == ["MPS, plain", "nvc MPS: weights 1:3"]
+    by_hand = sharegpu.mps_client_env(tmp_path / "hand", {bench.THREADS: "25", bench.PRIORITY: "1"}, [], pipe)
+    assert "LD_PRELOAD" not in by_hand and not (tmp_path / "hand").exists()
+    assert (by_hand[bench.THREADS], by_hand[bench.PRIORITY]) == ("25", "1")
+    monkeypatch.setenv("NVC_BENCH_ROWS", "plain,by hand")
+    assert bench.wanted(label for label, *_ in bench.BACKEND_PAIRS) == [
+        label for label, *_ in bench.BACKEND_PAIRS if label == "MPS, plain" or label.startswith("MPS by hand")
+    ]
     for script in ("torch_decode.py", "torch_load.py", "torch_models.py"):
         ast.parse((REPO / "tests" / "gpu" / script).read_text())

@@ -1,6 +1,7 @@
 """libnvc-share on a real GPU (H100, driver 580, CUDA 13): the acceptance checks of issue 6 with
-LD_PRELOAD and a share directory written by nvc.apply.sharefiles (the hook's limits writer). Run by
-`make test-gpu` on the GPU machine; deselected elsewhere.
+LD_PRELOAD and a share directory written by nvc.apply.sharefiles (the hook's limits writer); the memory
+checks under each backend (time slices, and a client of an MPS daemon as nvc-py's MPS backend serves
+it). Run by `make test-gpu` on the GPU machine; deselected elsewhere.
 """
 
 from __future__ import annotations
@@ -36,9 +37,22 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def limited(tmp_path: Path) -> dict[str, str]:
-    """Environment of a process under a 4 GiB budget."""
-    return sharegpu.shim_env(sharegpu.limits_dir(tmp_path, {"NVC_SHARE_MEMORY_LIMIT": "4Gi"}))
+def mps_daemon(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """An MPS control daemon for GPU 0 as nvc-py's MPS backend runs it, stopped (its server with it)
+    after the test: what a client's environment needs to reach it."""
+    with sharegpu.mps_daemon(tmp_path / "mps") as daemon:
+        yield daemon
+
+
+@pytest.fixture(params=["timeslice", "mps"])
+def limited(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """Environment of a process under a 4 GiB budget, under each sharing backend: time slices (the shim
+    alone), and as a client of nvc-py's MPS backend (the shim's accounting and MPS's own pinned memory
+    limit both on it)."""
+    limits = {"NVC_SHARE_MEMORY_LIMIT": "4Gi"}
+    if request.param == "mps":
+        return sharegpu.mps_client_env(tmp_path / "client", limits, [], request.getfixturevalue("mps_daemon"))
+    return sharegpu.shim_env(sharegpu.limits_dir(tmp_path, limits))
 
 
 def test_cudamalloc_gets_oom_once_the_limit_is_allocated(program, limited):

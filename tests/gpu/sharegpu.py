@@ -9,10 +9,13 @@ file nvc.plan.share wrote>, the same file the hook mounts read-only in container
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -68,6 +71,50 @@ def shim_env(share_dir: Path | None, **extra: str) -> dict[str, str]:
     if share_dir is not None:
         env.update(LD_PRELOAD=str(SHIM), NVC_SHARE_DIR=str(share_dir / "shared"))
     return env
+
+
+@contextlib.contextmanager
+def mps_daemon(path: Path) -> Iterator[dict[str, str]]:
+    """The driver's MPS control daemon for GPU 0, its pipe and log directories under path (as nvc-py's MPS
+    backend runs it: nvc.plan.mps.daemon_env); yields what its clients' environment needs."""
+    sys.path.insert(0, str(REPO))
+    from nvc.plan import mps
+
+    control = shutil.which(mps.CONTROL) or f"/usr/local/nvidia/bin/{mps.CONTROL}"
+    pipe, log = path / "pipe", path / "log"
+    pipe.mkdir(parents=True)
+    log.mkdir()
+    env = mps.daemon_env("0", str(pipe), str(log))
+    env["PATH"] = f"{os.path.dirname(control)}:{env['PATH']}"  # the server beside the control daemon
+    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+    try:
+        yield {mps.PIPE: str(pipe)}
+    finally:
+        subprocess.run([control], input="quit\n", env=env, text=True, timeout=30, check=False)
+
+
+def mps_client_env(
+    path: Path, limits: dict[str, str] | None, other_weights: list[int], daemon: dict[str, str]
+) -> dict[str, str]:
+    """A client of an MPS daemon (daemon: what mps_daemon yields). limits: None, the driver's MPS as it is
+    (no shim); CUDA_MPS_* variables, the driver's MPS tuned by hand (no shim); NVC_SHARE_* variables, as
+    nvc-py's MPS backend serves a container with them (nvc.plan.mps.client_env, the hook's limits file in
+    path: no time slices, its memory counted), the device's other clients having other_weights."""
+    if limits is None or all(name.startswith("CUDA_MPS_") for name in limits):
+        return shim_env(None, **daemon, **(limits or {}))
+    sys.path.insert(0, str(REPO))
+    from nvc.apply import sharefiles
+    from nvc.plan import fromenv, mps, share
+
+    request = fromenv.parse_share_env({**limits, "NVC_SHARE_BACKEND": "mps"})
+    assert request is not None, limits
+    binaries = [f"/driver/{mps.CONTROL}", f"/driver/{mps.SERVER}"]
+    client = mps.client(request._asdict(), ("GPU-bench",), binaries, path.name, os.getuid())
+    assert client is not None
+    variables = {k: v for k, v in mps.client_env(client, other_weights).items() if k != mps.PIPE}
+    path.mkdir(parents=True)
+    sharefiles.write_share_dir(path, share.mps_limits_text(request) + mps.limits_lines(variables))
+    return shim_env(path, **daemon)
 
 
 def run(argv: list[str], env: dict[str, str], timeout: float = 120) -> dict[str, list[str]]:
