@@ -129,10 +129,11 @@ def test_the_share_becomes_mps_client_limits() -> None:
     }
     weighted = base._replace(weight=1)
     assert mps.thread_percentage(weighted, []) is None
-    assert mps.thread_percentage(weighted, [3]) == 25
-    assert mps.thread_percentage(base._replace(weight=3), [1]) == 75
-    assert mps.thread_percentage(base._replace(weight=1), [1, 1]) == 34  # rounded up
-    assert mps.thread_percentage(base._replace(compute=100, weight=1), [1]) == 50  # a cap of 100 is none
+    assert mps.thread_percentage(weighted, [3]) == 34  # a part of the heaviest, rounded up
+    assert mps.thread_percentage(base._replace(weight=3), [1]) is None  # the heaviest: every SM
+    assert mps.thread_percentage(base._replace(weight=2), [8, 1]) == 25
+    assert mps.thread_percentage(base._replace(weight=1), [1, 1]) is None  # equal weights: no ceilings
+    assert mps.thread_percentage(base._replace(compute=100, weight=1), [2]) == 50  # a cap of 100 is none
     assert mps.PRIORITY_OF_CLASS.keys() == set(sharing.PRIORITY_CLASSES)
 
 

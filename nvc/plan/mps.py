@@ -8,7 +8,7 @@ configuration's ``sharing.backend``) is served by one ``nvidia-cuda-mps-control 
 container sees the pipe directory at CUDA's default, ``/tmp/nvidia-mps``, and gets its share as MPS's
 own per-client limits (:func:`limits_lines`), which the shim puts in each process's environment
 before the driver reads them: the compute cap as the active thread percentage (a weight alone as its
-share of the weights on the device), the memory limit as the pinned device memory limit, the latency
+part of the heaviest weight on the device), the memory limit as the pinned device memory limit, the latency
 class as the client priority. The shim's time slices are off for that container (MPS shares the
 SMs); its memory accounting stays.
 
@@ -142,14 +142,15 @@ def client(
 
 
 def thread_percentage(mps: MpsClient, other_weights: Iterable[int]) -> int | None:
-    """The active thread percentage: the cap; without one, a weight's share of the weights of the
-    device's clients when it starts (its own included), rounded up; None: no limit."""
+    """The active thread percentage: the cap; without one, the weight as a part of the heaviest weight
+    among the device's clients when it starts (its own included), rounded up; None: no limit. The
+    heaviest gets every SM and a lighter one a ceiling in proportion: two busy clients still overlap
+    their kernels where MPS can, and split the GPU near their weights (docs/performance.md)."""
     if mps.compute is not None and mps.compute < 100:
         return mps.compute
     if mps.weight is None:
         return None
-    total = mps.weight + sum(other_weights)
-    share = math.ceil(100 * mps.weight / total)
+    share = math.ceil(100 * mps.weight / max([mps.weight, *other_weights]))
     return None if share >= 100 else share
 
 
