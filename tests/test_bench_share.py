@@ -72,7 +72,7 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
         "version=1",
         "memory_limit=4294967296",
         "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
-        "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M",
+        "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M",
         "mps.CUDA_MPS_CLIENT_PRIORITY=1",
     ]
     light, heavy = ({"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"})

@@ -181,8 +181,8 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     clients = [line.split(" ", 3)[3] for line in _client_lines(GPU0)]
     pipe = "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
     assert clients == [
-        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=0 {pipe}",
-        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=34 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M CUDA_MPS_CLIENT_PRIORITY=1 {pipe}",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M CUDA_MPS_CLIENT_PRIORITY=0 {pipe}",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=34 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=1 {pipe}",
     ]
     shown = subprocess.run([str(SCRIPTS / "nvc-py"), "share", "status"], capture_output=True, text=True, check=True)
     assert (

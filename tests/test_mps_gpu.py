@@ -66,7 +66,7 @@ def test_two_pytorch_containers_share_gpu0_through_nvc_pys_mps_daemon(torch_root
         lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
         assert lines["mem_get_info"].split()[1] == str(4 * GIB)
         assert (lines["alloc3"], lines["alloc2"]) == ("ok", "OutOfMemoryError")
-    pinned = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M"
+    pinned = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M"
     pipe = "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
     assert results["fast"].stdout.splitlines()[0] == f"env {['CUDA_MPS_CLIENT_PRIORITY=0', pinned, pipe]}"
     assert results["batch"].stdout.splitlines()[0] == (

@@ -124,7 +124,7 @@ def test_the_share_becomes_mps_client_limits() -> None:
     assert mps.client_env(capped, [1]) == {
         mps.PIPE: "/tmp/nvidia-mps",
         mps.THREADS: "30",
-        mps.PINNED: "0=4096M",
+        mps.PINNED: "0=5120M",
         mps.CLIENT_PRIORITY: "0",
     }
     weighted = base._replace(weight=1)

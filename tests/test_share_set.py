@@ -238,7 +238,7 @@ def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private
     asked = fromenv.parse_share_env({"NVC_SHARE_MEMORY_LIMIT": "4Gi"})
     prepare(asked, "mps-ctr", str(rootfs), None, state_dir=str(state), library=str(library))
     with sharechange.locked("mps-ctr", str(state)) as current:  # as the hook writes an MPS client's file
-        lines = mps.limits_lines({mps.PIPE: mps.CONTAINER_PIPE_DIR, mps.THREADS: "50", mps.PINNED: "0=4096M"})
+        lines = mps.limits_lines({mps.PIPE: mps.CONTAINER_PIPE_DIR, mps.THREADS: "50", mps.PINNED: "0=5120M"})
         sharechange.rewrite("mps-ctr", current.limits + lines, None, str(state))
 
     said = shareset.change("mps-ctr", Change(memory=2 * GIB, compute=30, priority="latency-critical"), str(state))
@@ -248,7 +248,7 @@ def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private
     assert f"memory_limit={2 * GIB}\n" in text and "compute_percent" not in text
     for line in (
         "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
-        "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M",
+        "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M",
         "mps.CUDA_MPS_CLIENT_PRIORITY=0",
         f"mps.CUDA_MPS_PIPE_DIRECTORY={mps.CONTAINER_PIPE_DIR}",
     ):

@@ -21,8 +21,6 @@ from nvc.plan import mps as mpsplan
 from nvc.plan import share
 from nvc.plan.request import ShareRequest
 
-_MIB = 1 << 20
-
 
 def change(container_id: str, wanted: share.Change, state_dir: str = share.STATE_DIR) -> list[str]:
     """Changes the running container's share as ``wanted`` says; the lines that tell what it did."""
@@ -86,7 +84,7 @@ def _mps(container_id: str, limits: share.Limits, wanted: share.Change) -> tuple
     request = _changed(limits.request, wanted)
     env = dict(limits.mps)
     if wanted.memory is not None:
-        env[mpsplan.PINNED] = f"0={max(1, wanted.memory // _MIB)}M"
+        env[mpsplan.PINNED] = mpsplan.pinned_limit(wanted.memory)
     if wanted.compute is not None:
         env.pop(mpsplan.THREADS, None)
         if wanted.compute < 100:

@@ -43,6 +43,11 @@ CLIENT_VARIABLES = (THREADS, PINNED, CLIENT_PRIORITY, PIPE)
 # MPS's client priority of each latency class (nvc.containerenv.sharing.PRIORITY_CLASSES): 0 normal, 1 below
 PRIORITY_OF_CLASS = {"latency-critical": 0, "batch": 1}
 _MIB = 1 << 20
+# MPS counts a client's own context against its pinned memory limit (a 4 GiB limit let an H200 client,
+# driver 580, allocate 3.25-3.5 GiB); the shim counts allocations only. The pinned limit is the memory
+# limit and this much more, so that a process meets the shim's limit, exact on every allocation path
+# and what it is told its memory is, and MPS's stays a backstop one context above it.
+CONTEXT_RESERVE_MIB = 1024
 
 
 class MpsClient(NamedTuple):
@@ -162,10 +167,16 @@ def client_env(mps: MpsClient, other_weights: Iterable[int]) -> dict[str, str]:
     if threads is not None:
         env[THREADS] = str(threads)
     if mps.memory is not None:
-        env[PINNED] = f"0={max(1, mps.memory // _MIB)}M"
+        env[PINNED] = pinned_limit(mps.memory)
     if mps.priority is not None:
         env[CLIENT_PRIORITY] = str(mps.priority)
     return env
+
+
+def pinned_limit(memory: int) -> str:
+    """MPS's pinned device memory limit for a memory limit of ``memory`` bytes on the client's device 0
+    (its only one), with its context's room on top (CONTEXT_RESERVE_MIB)."""
+    return f"0={max(1, memory // _MIB) + CONTEXT_RESERVE_MIB}M"
 
 
 def limits_lines(env: Mapping[str, str]) -> str:
