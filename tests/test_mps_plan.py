@@ -114,10 +114,11 @@ def test_which_device_a_container_shares_through_mps() -> None:
 
 
 def test_the_share_becomes_mps_client_limits() -> None:
-    """A cap is the active thread percentage; a weight alone its share of the weights of the device's
-    clients as it starts (alone: no limit); the memory limit the pinned limit of device 0 in MiB;
-    the latency class MPS's client priority (latency-critical 0, batch 1); the pipe directory
-    always CUDA's default, where the hook mounts it."""
+    """A cap is the active thread percentage; a weight alone its part of the heaviest weight of the
+    device's clients as it starts (the heaviest, and one alone: no limit); the memory limit, with a
+    context's room on top, the pinned limit of device 0 in MiB; the latency class MPS's client
+    priority (latency-critical 0, batch 1); the pipe directory always CUDA's default, where the hook
+    mounts it."""
     base = mps.MpsClient("c", GPU0, "/bin/ctl", 0)
     assert mps.client_env(base, []) == {mps.PIPE: "/tmp/nvidia-mps"}
     capped = base._replace(compute=30, weight=5, memory=(4 << 30) + 1, priority=0)
