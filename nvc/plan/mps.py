@@ -8,9 +8,9 @@ configuration's ``sharing.backend``) is served by one ``nvidia-cuda-mps-control 
 container sees the pipe directory at CUDA's default, ``/tmp/nvidia-mps``, and gets its share as MPS's
 own per-client limits (:func:`limits_lines`), which the shim puts in each process's environment
 before the driver reads them: the compute cap as the active thread percentage (a weight alone as its
-part of the heaviest weight on the device), the memory limit as the pinned device memory limit, the latency
-class as the client priority. The shim's time slices are off for that container (MPS shares the
-SMs); its memory accounting stays.
+part of the heaviest weight on the device), the memory limit as the pinned device memory limit (with
+room for the context), the latency class as the client priority. The shim's time slices are off for
+that container (MPS shares the SMs); its memory accounting stays.
 
 A process reaches one MPS daemon (one pipe directory), so MPS serves a container one device: a
 container with several devices, any of them ``mps``, is refused. So is one whose driver lacks the
