@@ -28,7 +28,8 @@ in the same run. Prints two tables:
   tests/gpu/torch_models.py) started together, with no control and weighted 1:3, under time slices and
   under MPS (plain, nvc-py's backend, MPS's client variables by hand): their sum as % of one alone, the
   heavier one's part of it.
-NVC_BENCH_ROWS=WORD,... keeps the launch-bound and backends rows whose label has one of the words.
+NVC_BENCH_ROWS=WORD,... keeps the launch-bound and backends rows whose label has one of the words (a comma
+followed by a space is part of a word: "MPS, plain").
 
 Each figure is the median over RUNS runs of each run's median (and 10th percentile) of SAMPLES
 samples, native and shim runs interleaved in pairs so clock drift hits both; the overhead is the
@@ -47,6 +48,7 @@ four minutes)
 
 import contextlib
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -296,8 +298,9 @@ MPS_CONTROLS = (
 
 
 def wanted(labels: Iterable[str]) -> list[str]:
-    """The rows to run: those whose label has one of NVC_BENCH_ROWS's comma-separated words (all if unset)."""
-    words = [w for w in os.environ.get("NVC_BENCH_ROWS", "").split(",") if w]
+    """The rows to run: those whose label has one of NVC_BENCH_ROWS's words (all if unset), separated by commas
+    that no space follows: a label's own ", " stays in its word ("no control,MPS, plain")."""
+    words = [w for w in re.split(r",(?! )", os.environ.get("NVC_BENCH_ROWS", "")) if w]
     return [label for label in labels if not words or any(w in label for w in words)]
 
 
