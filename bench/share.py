@@ -451,6 +451,8 @@ def main() -> None:
     backend_runs = max((int(p.split(":", 1)[1]) for p in parts if p.startswith("backends:")), default=3)
     parts = {p.split(":", 1)[0] if p.startswith(("real", "launch-bound", "backends")) else p for p in parts}
     cpu = max(os.sched_getaffinity(0))
+    if busy := sharegpu.gpu_users():
+        sys.exit(f"bench/share.py: GPU 0 runs other CUDA processes (pids {busy}): their work would be in every figure")
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         program = sharegpu.build(tmp_path)

@@ -236,6 +236,19 @@ def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tupl
     return torch_result(proc)[0], statistics.median(clocks)
 
 
+def gpu_users() -> list[int]:
+    """The pids of the processes with a CUDA context on GPU 0 (NVML): a bench's figures are its own only
+    on a GPU no one else uses (a test run killed by a timeout leaves its PyTorch processes behind)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return [process.pid for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class Together(NamedTuple):
     rates: list[float]  # iterations per second, tenant by tenant
     gpu_parts: list[float]  # % of the GPU time charged to them all (weighted tenants; else empty)
