@@ -1,7 +1,8 @@
 """nvc-py-runtime's front passes calls that need nothing of nvc-py straight to the runtime, as the Python
 program would: the same runtime, arguments, environment, descriptors, stdin, process (signals reach the
-runtime) and exit status; a create whose spec could ask for a GPU, --help/--version, and any doubt about
-the runtime cache go to the program (native/client/runtime_front.c, hook/oci/runtimecache.py)."""
+runtime) and exit status; a create whose spec could ask for a GPU goes to a hook server's worker for its
+spec, then the front executes the runtime (no server: the program runs it); --help/--version, and any
+doubt about the runtime cache go to the program (native/client/runtime_front.c, hook/oci/runtimecache.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.hookfixtures import served  # noqa: F401  (fixture)
 from harness.hookserver import LIBDIR
 from nvc.hook.oci.runtimecache import CACHE_PATH as CACHE
 
@@ -250,3 +252,40 @@ def test_a_refused_call_appends_its_line_to_the_hook_log(tmp_path: Path, case: s
         "error",
     )
     assert line["error"] and line["error"] in result.stderr and line["bundle"] == str(bundle)
+
+
+@pytest.mark.parametrize("asked", ["0", "7"], ids=["gpu", "no-such-gpu"])
+def test_a_gpu_create_is_rewritten_by_the_hook_server_and_run_here(
+    active_2gpu, served: Path, standin, tmp_path: Path, asked: str
+) -> None:
+    """With a hook server up, a create that asks for a GPU is handed over: a worker rewrites its spec (the
+    hook, the device nodes) and the front then executes the runtime itself with the call's arguments and
+    environment; no program runs (the runtime cache, which the program writes anew at every run, stays).
+    A GPU the host does not have is refused with the program's own line and status, and no runtime runs."""
+    env, out = standin
+    Path(env["NVC_PY_CONFIG"]).write_text(
+        f"root: {active_2gpu.root}\nload-kmods: false\nruntimes: [{tmp_path / 'standin-runtime'}]\n"
+    )
+    run(["state", "c1"], {**env, "NVC_PY_HOOK_SOCKET": "none"})  # the program writes the runtime cache
+    bundle = bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
+    args = ["--log", str(tmp_path / "runtime.log"), "create", "--bundle", str(bundle), "c1"]
+    by_program = run(args, {**env, "NVC_PY_HOOK_SOCKET": "none"})
+    program_spec = json.loads((bundle / "config.json").read_text())
+    bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
+    for name in ("args", "env"):
+        (out / name).unlink(missing_ok=True)
+    before = cache_stamp()
+    served_call = run(args, {**env, "NVC_PY_HOOK_SOCKET": str(served)})
+    assert cache_stamp() == before
+    assert (served_call.returncode, served_call.stderr) == (by_program.returncode, by_program.stderr)
+    spec = json.loads((bundle / "config.json").read_text())
+    assert spec == program_spec
+    if asked == "7":
+        assert served_call.returncode == 2 and served_call.stderr.count("\n") == 1, served_call.stderr
+        assert not (out / "args").exists() and "hooks" not in spec
+        return
+    assert served_call.returncode == 7
+    assert (out / "args").read_text().splitlines() == args
+    assert "KEPT=x y" in (out / "env").read_text().split("\0")
+    assert [os.path.basename(h["path"]) for h in spec["hooks"]["prestart"]] in (["nvc-py-hook"], ["nvc-py-hook-client"])
+    assert "/dev/nvidia0" in {d["path"] for d in spec["linux"]["devices"]}

@@ -191,6 +191,36 @@ def log_refusal(config: Config | None, args: list[str], err: NvcError, started: 
     )
 
 
+def prepare(args: list[str], config: Config) -> None:
+    """On ``create``: the bundle's spec rewritten where it asks for GPUs (:func:`rewrite`)."""
+    create = find_create(args)
+    if create is not None:
+        from nvc.hook.oci import spec as oci
+
+        bundle = create[1]
+        spec = oci.load_config(bundle)
+        if rewrite(spec, bundle, config):
+            write_atomic(os.path.join(bundle, "config.json"), spec)
+
+
+def served_create(args: list[str]) -> int:
+    """A create the front hands to a hook server's worker (native/client/runtime_front.c): the spec rewritten
+    as :func:`main` rewrites it, the same lines and status where it cannot be; the front then executes the
+    runtime the runtime cache names (the one :func:`main` would), in the caller's process."""
+    started = time.monotonic()
+    config = None
+    try:
+        from nvc import config as config_file
+
+        config = config_file.load()
+        prepare(args, config)
+    except NvcError as err:
+        report(args, f"{PROG}: {err}")
+        log_refusal(config, args, err, started)
+        return err.exit_code
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Rewrite the spec on create, then become the real runtime."""
     args = sys.argv[1:] if argv is None else argv
@@ -209,14 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             if runtime is None:
                 return 0
             os.execv(runtime, [runtime, *args])
-        create = find_create(args)
-        if create is not None:
-            from nvc.hook.oci import spec as oci
-
-            bundle = create[1]
-            spec = oci.load_config(bundle)
-            if rewrite(spec, bundle, config):
-                write_atomic(os.path.join(bundle, "config.json"), spec)
+        prepare(args, config)
         runtime = real_runtime(config)
         from nvc.hook.oci import runtimecache
 

@@ -52,6 +52,7 @@ PRELOAD = (
     "nvc.apply.hostnodes",
     "nvc.debuglog",
     "nvc.hook.oci.cdihooks",
+    "nvc.cdi.devnodes",
     "nvc.commands.cli",
     "nvc.rpc.driver_service",
     "nvc.commands.infoformat",
@@ -101,10 +102,15 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
         importlib.import_module(module)
     from nvc.commands.cli import main as cli_main
     from nvc.hook.oci.prestart import main as hook_main
+    from nvc.hook.oci.runtime import served_create
 
     scratch = os.path.abspath(os.path.dirname(path) or ".")  # checked by socket_directory
     warm_up(scratch)
-    programs: Programs = {"nvc-py-hook": lambda args: hook_main(args, via="server"), "nvc-py": cli_main}
+    programs: Programs = {
+        "nvc-py-hook": lambda args: hook_main(args, via="server"),
+        "nvc-py": cli_main,
+        "nvc-py-runtime": served_create,
+    }
 
     import prctl
 

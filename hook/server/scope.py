@@ -1,4 +1,5 @@
-"""What a hook server runs for its callers: the hook, and the read-only commands a hook needs.
+"""What a hook server runs for its callers: the hook, the read-only commands a hook needs, and the spec
+rewrite of nvc-py-runtime's create.
 
 The server is a root daemon every GPU container start goes through; a call it runs gets a warm
 worker with everything imported, nothing more. Commands that change the host (``setup``,
@@ -15,10 +16,15 @@ CLI_COMMANDS = ("configure", "info", "list")
 
 
 def served(argv: list[str]) -> bool:
-    """Whether a server runs ``argv`` (argv[0]: the program, by its basename)."""
+    """Whether a server runs ``argv`` (argv[0]: the program, by its basename): for nvc-py-runtime, a
+    create's spec rewrite (the front executes the runtime itself afterwards)."""
     program = os.path.basename(argv[0])
     if program == "nvc-py-hook":
         return len(argv) > 1 and argv[1] in HOOK_STAGES
+    if program == "nvc-py-runtime":
+        from nvc.hook.oci.runtime import find_create
+
+        return find_create(argv[1:]) is not None
     return program == "nvc-py" and cli_command(argv[1:]) in CLI_COMMANDS
 
 

@@ -9,8 +9,9 @@
  * and nvc-py-hook console scripts were, so `nvc-py info` is handed over as it is typed, and so are
  * hooks that name nvc-py-hook (CDI's). The Python program it stands for is then
  * /usr/lib/nvc-py/NAME-python (a launcher make install writes). The name is the installed file's
- * (/proc/self/exe), not argv[0]'s. As nvc-py-runtime's front it hands nothing over: it executes the runtime
- * itself where the call only passes through (runtime_front.c), else the program.
+ * (/proc/self/exe), not argv[0]'s. As nvc-py-runtime's front it executes the runtime itself where the call
+ * only passes through (runtime_front.c); a create that may ask for a GPU it hands over, and executes the
+ * runtime once the worker rewrote the spec; anything else, the program.
  *
  * Whatever the name, it first drops from its environment every variable of nvc/system/unsafe-environment.list
  * (environment.c): neither the Python program it executes nor the server's worker sees them.
@@ -535,9 +536,10 @@ int main(int argc, char **argv)
     if (take_call(base, &argc, &argv, program, sizeof program))
         return 2;
     /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
-    if (target == program && !strcmp(base, "nvc-py-runtime"))
-        runtime_pass_through(argc, argv); /* returns where the program must run */
-    if (is_serve(argc, argv) || (target == program && !is_served(base)))
+    const char *runtime = NULL; /* nvc-py-runtime's create: the runtime to execute once a worker rewrote the spec */
+    if (target == program && !strcmp(base, "nvc-py-runtime") && !(runtime = runtime_pass_through(argc, argv)))
+        fall_back(argv);
+    if (is_serve(argc, argv) || (target == program && !is_served(base) && !runtime))
         fall_back(argv);
     open_closed_streams(argv);
     struct call c = {.argc = argc, .argv = argv};
@@ -552,5 +554,12 @@ int main(int argc, char **argv)
         close(held);
     }
     int proof = worker_connection(reply);
-    return proof >= 0 ? run_by_worker(&c, sock, proof, worker, reply, sizeof reply) : refused(reply, argv);
+    int status = proof >= 0 ? run_by_worker(&c, sock, proof, worker, reply, sizeof reply) : refused(reply, argv);
+    if (runtime && status == 0) { /* the spec is rewritten: the runtime runs here, as the program would execute it */
+        argv[0] = (char *)runtime;
+        execv(runtime, argv);
+        argv[0] = (char *)base; /* gone since the cache named it: the program says what is wrong */
+        give_up(argv);
+    }
+    return status;
 }

@@ -13,6 +13,12 @@
  *   and this front believes only root's own file in root's own /run/nvc-py, and a key equal to what it
  *   computes now. Any doubt (another user, no cache, an edited configuration, an unreadable bundle) runs the
  *   program, which gives the same result and today's errors.
+ *
+ * A create whose spec may ask for a GPU, the cache naming the runtime, is handed to a running hook server
+ * (hook_client.c), whose worker rewrites the spec as the program would (hook/oci/runtime.py's served_create);
+ * once it says 0 the front executes the runtime itself, in the caller's process as the program would have. No
+ * server, or any answer but 0, is what it is without one: the program runs the call, or the worker's status
+ * and lines are the call's.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -195,21 +201,27 @@ static int spec_without_gpu(const char *bundle)
     return without;
 }
 
-/* Whether the Python program would only execute the runtime with these arguments (argv[1..]). */
-static int passes_through(int argc, char **argv)
+/* What the Python program would do with these arguments (argv[1..]). */
+enum call_kind {
+    CALL_PROGRAM,      /* something of its own: --help, --version, no command */
+    CALL_PASS_THROUGH, /* only execute the runtime */
+    CALL_CREATE,       /* a create whose spec may ask for a GPU: rewrite it, then execute the runtime */
+};
+
+static enum call_kind call_kind(int argc, char **argv)
 {
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--version") ||
             !strcmp(argv[i], "-v"))
-            return 0; /* the program says what it is first */
+            return CALL_PROGRAM; /* the program says what it is first */
         if (!strchr(argv[i], '=') && is_value_option(argv[i]) && i + 1 < argc)
             i++;
     }
     if (i >= argc)
-        return 0;
+        return CALL_PROGRAM;
     if (strcmp(argv[i], "create"))
-        return 1;
+        return CALL_PASS_THROUGH;
     const char *bundle = ".";
     for (int j = i + 1; j < argc; j++) {
         if ((!strcmp(argv[j], "--bundle") || !strcmp(argv[j], "-b")) && j + 1 < argc)
@@ -217,16 +229,16 @@ static int passes_through(int argc, char **argv)
         else if (!strncmp(argv[j], "--bundle=", 9))
             bundle = argv[j] + 9;
     }
-    return spec_without_gpu(bundle);
+    return spec_without_gpu(bundle) ? CALL_PASS_THROUGH : CALL_CREATE;
 }
 
-void runtime_pass_through(int argc, char **argv)
+const char *runtime_pass_through(int argc, char **argv)
 {
-    if (!passes_through(argc, argv))
-        return;
-    const char *runtime = cached_runtime();
-    if (!runtime)
-        return;
+    enum call_kind kind = call_kind(argc, argv);
+    const char *runtime = kind == CALL_PROGRAM ? NULL : cached_runtime();
+    if (!runtime || kind == CALL_CREATE)
+        return runtime;
     argv[0] = (char *)runtime;
     execv(runtime, argv); /* on failure the program runs, and says what is wrong */
+    return NULL;
 }
