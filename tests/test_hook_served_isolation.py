@@ -38,11 +38,13 @@ from nvc.hook.server import handover
         ["/x/nvc-py", "--bogus", "info"],
         ["/x/nvc-py", "--root", "/", "hook", "prestart"],
         ["/x/nvc-py-hook", "bogus"],
+        ["/x/nvc-py-runtime", "--root", "{tmp}/state", "delete", "c1"],
     ],
-    ids=["setup", "config", "share", "version", "unknown-option", "cli-hook", "hook-usage"],
+    ids=["setup", "config", "share", "version", "unknown-option", "cli-hook", "hook-usage", "runtime-delete"],
 )
 def test_the_server_runs_only_the_hook_and_read_only_commands(served: Path, tmp_path: Path, argv: list[str]) -> None:
-    """Anything but the hook's stages and configure/info/list is the caller's to run, as itself."""
+    """Anything but the hook's stages, configure/info/list and nvc-py-runtime's create is the caller's to
+    run, as itself."""
     answers, err = call_directly(served, [word.format(tmp=tmp_path) for word in argv])
     assert (answers, err) == ([b"fall back"], "")
     assert not (tmp_path / "hooks.d").exists()
