@@ -14,6 +14,12 @@ Columns: one call (``list``), and containerd's four calls for one container that
 (``create``, ``start``, ``state``, ``delete`` of a busybox ``true``). Medians of the rounds in ms,
 with each row's ratio to the baseline of the same run. Run it as root with the installed nvc-py's
 interpreter: ``/usr/lib/nvc-py/venv/bin/python bench/runtime.py``.
+
+``--gpu-create``: instead, what nvc-py-runtime itself costs a ``create`` whose spec asks for GPU 0 (its
+spec rewritten: the hook, the device nodes), with ``true`` as the runtime it then executes: with a hook
+server running (its worker rewrites the spec, the front executes the runtime) and with none (the Python
+program does both), rows interleaved, the spec restored before each call. On a host without an NVIDIA
+driver it uses the test suite's fake driver (a test double: not GPU results).
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from harness.bundle import make_bundle  # noqa: E402
+from harness.hookserver import hook_server  # noqa: E402
 from harness.rootfs import RootfsCache  # noqa: E402
 
 LIBDIR = Path("/usr/lib/nvc-py")
 CALLS = ("create", "start", "state", "delete")
+FAKE_MACHINE = REPO / "tests" / "fakedriver" / "machines" / "local-nvidia.yaml"
 
 
 def timed(argv: list[str]) -> float:
@@ -63,12 +71,62 @@ def container_calls(program: str, state: Path, bundle: Path, name: str) -> float
     return total + timed([*base, "delete", name])
 
 
+def gpu_create(runs: int) -> int:
+    """--gpu-create: nvc-py-runtime's own cost of a GPU create, served and with no server."""
+    from contextlib import nullcontext
+
+    real = Path("/proc/driver/nvidia/version").exists()
+    with tempfile.TemporaryDirectory(prefix="nvc-bench-runtime-") as tmp:
+        work = Path(tmp)
+        if real:
+            root, activation, driver = "/", nullcontext(), "the REAL NVIDIA driver"
+        else:
+            from fakedriver.activate import activate
+            from fakedriver.build import build
+
+            fake = build(FAKE_MACHINE, work / "fake")
+            root, activation, driver = (
+                str(fake.root),
+                activate(fake),
+                "the FAKE driver (a test double: NOT GPU results)",
+            )
+        config = work / "config.yaml"
+        config.write_text(f"root: {root}\nload-kmods: false\nruntimes: [{shutil.which('true')}]\n")
+        (work / "rootfs").mkdir()
+        spec_path = make_bundle(work / "bundle", work / "rootfs", ["/bin/true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
+        spec = (spec_path / "config.json").read_bytes()
+        sock = work / "run" / "hook.sock"
+        base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config)}
+        rows = {"served (a hook server's worker)": str(sock), "no server (the Python program)": "none"}
+        times: dict[str, list[float]] = {label: [] for label in rows}
+        argv = [str(LIBDIR / "nvc-py-runtime"), "create", "--bundle", str(spec_path), "c1"]
+        with activation, hook_server(LIBDIR / "nvc-py-hook", sock):
+            for round_no in range(runs + 1):
+                for label, socket_path in rows.items():
+                    (spec_path / "config.json").write_bytes(spec)
+                    env = {**base, "NVC_PY_HOOK_SOCKET": socket_path}
+                    start = time.perf_counter()
+                    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+                    took = (time.perf_counter() - start) * 1e3
+                    if result.returncode != 0 or b"nvidia0" not in (spec_path / "config.json").read_bytes():
+                        sys.exit(f"bench/runtime: {label}: exit {result.returncode}: {result.stderr.strip()}")
+                    if round_no:
+                        times[label].append(took)
+    print(f"== bench/runtime --gpu-create: {driver}; {runs} rounds, medians in ms; the runtime is `true` ==")
+    for label, got in times.items():
+        print(f"{label:<34} {statistics.median(got):8.1f}  (min {min(got):.1f}, max {max(got):.1f})")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="rounds after the warm-up (default 20)")
     parser.add_argument("--runtime", default="runc", help="the wrapped runtime (default runc)")
     parser.add_argument("--nvidia", help="NVIDIA's nvidia-container-runtime, to measure beside")
+    parser.add_argument("--gpu-create", action="store_true", help="a GPU create, served and with no server")
     args = parser.parse_args()
+    if args.gpu_create:
+        return gpu_create(args.runs)
     runtime = shutil.which(args.runtime) or sys.exit(f"bench/runtime: {args.runtime} not found")
     rows = {
         f"{args.runtime} alone": runtime,
