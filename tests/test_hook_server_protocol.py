@@ -52,7 +52,10 @@ def test_only_nvc_py_programs_are_run(served: Path) -> None:
         [str(CLIENT), "/bin/true"], capture_output=True, text=True, env={handover.SOCKET_ENV: str(served)}, timeout=30
     )
     assert result.returncode == 2
-    assert result.stderr == "nvc-py-hook serve: refused a call: /bin/true: not one of nvc-py-hook, nvc-py\n"
+    assert (
+        result.stderr
+        == "nvc-py-hook serve: refused a call: /bin/true: not one of nvc-py-hook, nvc-py, nvc-py-runtime\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -108,7 +111,7 @@ BOGUS = raw_fields(
             "cwd",
             b"go",
             "streams",
-            [REFUSED + b"/bin/true: not one of nvc-py-hook, nvc-py\n"],
+            [REFUSED + b"/bin/true: not one of nvc-py-hook, nvc-py, nvc-py-runtime\n"],
         ),
         (POSTSTART, "cwd", b"go", "two", [b"ready", REFUSED + b"truncated message or not 4 descriptors\n"]),
         (POSTSTART, "cwd", b"went", "streams", [b"ready", REFUSED + b"no go\n"]),
