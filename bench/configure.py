@@ -59,7 +59,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
@@ -69,9 +68,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness.bundle import make_bundle, reachable_from_userns  # noqa: E402
 from harness.hookserver import client_hook, client_path, hook_server, program_interpreter  # noqa: E402
 from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
-from harness.timing import median_row, start_container  # noqa: E402
+from harness.timing import BenchDriver, median_row, start_container  # noqa: E402
 
-FAKE_MACHINE = REPO / "tests" / "fakedriver" / "machines" / "local-nvidia.yaml"
 HOOK_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # bash, for $EPOCHREALTIME and a pid read without forking sed: the wrapper costs one bash start.
 WRAPPER = """#!/bin/bash
@@ -304,22 +302,16 @@ def main() -> int:
     runtime = shutil.which(runtime) or sys.exit(f"bench/configure.py: {runtime} not found")
     nvc, hook_script = default_script("nvc-py"), default_script("nvc-py-hook")
     python = program_interpreter(nvc) or sys.executable
-    real = Path("/proc/driver/nvidia/version").exists() and not args.fake
     rows = USERNS_ROWS if args.userns else COLD_ROWS if args.cold else ROWS
     cli_rows = tuple(i for i, row in enumerate(rows) if row.kind == "cli")
     with tempfile.TemporaryDirectory(prefix="nvc-bench-configure-") as tmp:
         work = Path(tmp)
-        if real:
-            driver = Path("/proc/driver/nvidia/version").read_text().splitlines()[0].strip()
-            print(f"== bench/configure.py: REAL NVIDIA driver ({driver}) ==")
-            root, activation = "/", nullcontext()
+        driver = BenchDriver(work, args.fake)
+        if driver.real:
+            print(f"== bench/configure.py: REAL NVIDIA driver ({driver.version}) ==")
         else:
             print("== bench/configure.py: FAKE driver (test double, one fake H100): NOT GPU results ==")
-            from fakedriver.activate import activate
-            from fakedriver.build import build
-
-            fake = build(FAKE_MACHINE, work / "fake")
-            root, activation = str(fake.root), activate(fake)
+        root, activation = driver.root, driver.activation
         version = subprocess.run([runtime, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
         print(
             f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; runtime: {version}; "

@@ -39,10 +39,10 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import hook_server  # noqa: E402
 from harness.rootfs import RootfsCache  # noqa: E402
+from harness.timing import BenchDriver  # noqa: E402
 
 LIBDIR = Path("/usr/lib/nvc-py")
 CALLS = ("create", "start", "state", "delete")
-FAKE_MACHINE = REPO / "tests" / "fakedriver" / "machines" / "local-nvidia.yaml"
 
 
 def timed(argv: list[str]) -> float:
@@ -73,25 +73,13 @@ def container_calls(program: str, state: Path, bundle: Path, name: str) -> float
 
 def gpu_create(runs: int) -> int:
     """--gpu-create: nvc-py-runtime's own cost of a GPU create, served and with no server."""
-    from contextlib import nullcontext
-
-    real = Path("/proc/driver/nvidia/version").exists()
     with tempfile.TemporaryDirectory(prefix="nvc-bench-runtime-") as tmp:
         work = Path(tmp)
-        if real:
-            root, activation, driver = "/", nullcontext(), "the REAL NVIDIA driver"
-        else:
-            from fakedriver.activate import activate
-            from fakedriver.build import build
-
-            fake = build(FAKE_MACHINE, work / "fake")
-            root, activation, driver = (
-                str(fake.root),
-                activate(fake),
-                "the FAKE driver (a test double: NOT GPU results)",
-            )
+        driver = BenchDriver(work)
+        described = "the REAL NVIDIA driver" if driver.real else "the FAKE driver (a test double: NOT GPU results)"
+        root = driver.root
         config = work / "config.yaml"
-        config.write_text(f"root: {root}\nload-kmods: false\nruntimes: [{shutil.which('true')}]\n")
+        config.write_text(f"root: {root}\nruntimes: [{shutil.which('true')}]\n")
         (work / "rootfs").mkdir()
         spec_path = make_bundle(work / "bundle", work / "rootfs", ["/bin/true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
         spec = (spec_path / "config.json").read_bytes()
@@ -100,7 +88,7 @@ def gpu_create(runs: int) -> int:
         rows = {"served (a hook server's worker)": str(sock), "no server (the Python program)": "none"}
         times: dict[str, list[float]] = {label: [] for label in rows}
         argv = [str(LIBDIR / "nvc-py-runtime"), "create", "--bundle", str(spec_path), "c1"]
-        with activation, hook_server(LIBDIR / "nvc-py-hook", sock):
+        with driver.activation, hook_server(LIBDIR / "nvc-py-hook", sock):
             for round_no in range(runs + 1):
                 for label, socket_path in rows.items():
                     (spec_path / "config.json").write_bytes(spec)
@@ -112,7 +100,7 @@ def gpu_create(runs: int) -> int:
                         sys.exit(f"bench/runtime: {label}: exit {result.returncode}: {result.stderr.strip()}")
                     if round_no:
                         times[label].append(took)
-    print(f"== bench/runtime --gpu-create: {driver}; {runs} rounds, medians in ms; the runtime is `true` ==")
+    print(f"== bench/runtime --gpu-create: {described}; {runs} rounds, medians in ms; the runtime is `true` ==")
     for label, got in times.items():
         print(f"{label:<34} {statistics.median(got):8.1f}  (min {min(got):.1f}, max {max(got):.1f})")
     return 0

@@ -6,6 +6,7 @@ doubt about the runtime cache go to the program (native/client/runtime_front.c, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.hookfixtures import served  # noqa: F401  (fixture)
-from harness.hookserver import LIBDIR
+from harness.hookfixtures import default_run_dir, served  # noqa: F401  (fixtures)
+from harness.hookserver import LIBDIR, hook_server
+from harness.installed import HOOK
 from nvc.hook.oci.runtimecache import CACHE_PATH as CACHE
 
 RUNTIME = LIBDIR / "nvc-py-runtime"
@@ -254,35 +256,46 @@ def test_a_refused_call_appends_its_line_to_the_hook_log(tmp_path: Path, case: s
     assert line["error"] and line["error"] in result.stderr and line["bundle"] == str(bundle)
 
 
+@pytest.mark.parametrize("socket", ["default", "named"])
 @pytest.mark.parametrize("asked", ["0", "7"], ids=["gpu", "no-such-gpu"])
 def test_a_gpu_create_is_rewritten_by_the_hook_server_and_run_here(
-    active_2gpu, served: Path, standin, tmp_path: Path, asked: str
+    active_2gpu, standin, tmp_path: Path, asked: str, socket: str, request: pytest.FixtureRequest
 ) -> None:
-    """With a hook server up, a create that asks for a GPU is handed over: a worker rewrites its spec (the
-    hook, the device nodes) and the front then executes the runtime itself with the call's arguments and
-    environment; no program runs (the runtime cache, which the program writes anew at every run, stays).
-    A GPU the host does not have is refused with the program's own line and status, and no runtime runs."""
+    """With a hook server up (at /run/nvc-py/hook.sock, where the fronts look with nothing set, or at the
+    socket NVC_PY_HOOK_SOCKET names), a create that asks for a GPU is handed over: a worker rewrites its
+    spec (the hook, the device nodes) and the front then executes the runtime itself with the call's
+    arguments and environment; no program runs (the runtime cache, which the program writes anew at every
+    run, stays). A GPU the host does not have is refused with the program's own line (on stderr and in the
+    runtime's --log) and status, and no runtime runs."""
     env, out = standin
-    Path(env["NVC_PY_CONFIG"]).write_text(
-        f"root: {active_2gpu.root}\nload-kmods: false\nruntimes: [{tmp_path / 'standin-runtime'}]\n"
-    )
-    run(["state", "c1"], {**env, "NVC_PY_HOOK_SOCKET": "none"})  # the program writes the runtime cache
-    bundle = bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
-    args = ["--log", str(tmp_path / "runtime.log"), "create", "--bundle", str(bundle), "c1"]
-    by_program = run(args, {**env, "NVC_PY_HOOK_SOCKET": "none"})
-    program_spec = json.loads((bundle / "config.json").read_text())
-    bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
-    for name in ("args", "env"):
-        (out / name).unlink(missing_ok=True)
-    before = cache_stamp()
-    served_call = run(args, {**env, "NVC_PY_HOOK_SOCKET": str(served)})
-    assert cache_stamp() == before
+    Path(env["NVC_PY_CONFIG"]).write_text(f"root: {active_2gpu.root}\nruntimes: [{tmp_path / 'standin-runtime'}]\n")
+    with contextlib.ExitStack() as stack:
+        if socket == "default":
+            run_dir = request.getfixturevalue("default_run_dir")
+            stack.enter_context(hook_server(HOOK, run_dir / "hook.sock"))
+            served_env = env
+        else:
+            served_env = {**env, "NVC_PY_HOOK_SOCKET": str(request.getfixturevalue("served"))}
+        run(["state", "c1"], {**env, "NVC_PY_HOOK_SOCKET": "none"})  # the program writes the runtime cache
+        bundle = bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
+        log = tmp_path / "runtime.log"
+        args = ["--log", str(log), "create", "--bundle", str(bundle), "c1"]
+        by_program = run(args, {**env, "NVC_PY_HOOK_SOCKET": "none"})
+        program_spec = json.loads((bundle / "config.json").read_text())
+        bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
+        for name in ("args", "env"):
+            (out / name).unlink(missing_ok=True)
+        before = cache_stamp()
+        served_call = run(args, served_env)
+        assert cache_stamp() == before
     assert (served_call.returncode, served_call.stderr) == (by_program.returncode, by_program.stderr)
     spec = json.loads((bundle / "config.json").read_text())
     assert spec == program_spec
     if asked == "7":
         assert (served_call.returncode, served_call.stderr) == (6, "nvc-py-runtime: device error: 7: unknown device\n")
         assert not (out / "args").exists() and "hooks" not in spec
+        logged = [line.split(" level=", 1)[1] for line in log.read_text().splitlines()]
+        assert logged == ['error msg="nvc-py-runtime: device error: 7: unknown device"'] * 2
         return
     assert served_call.returncode == 7
     assert (out / "args").read_text().splitlines() == args

@@ -5,7 +5,33 @@ from __future__ import annotations
 import statistics
 import subprocess
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
+
+FAKE_MACHINE = Path(__file__).resolve().parent.parent / "fakedriver" / "machines" / "local-nvidia.yaml"
+
+
+class BenchDriver:
+    """The driver a benchmark runs on: the real one where the host has one (and ``fake`` is not asked),
+    else the test suite's fake driver (one fake H100, a test double), built in ``work``. ``root`` is the
+    driver root for nvc-py's configuration; ``activation`` shows a fake one at the real paths while it is
+    entered (a no-op for the real one); ``real`` says which, so a table can say that fake figures are not
+    GPU results."""
+
+    def __init__(self, work: Path, fake: bool = False) -> None:
+        version = Path("/proc/driver/nvidia/version")
+        self.real = version.exists() and not fake
+        self.activation: AbstractContextManager[Any]
+        if self.real:
+            self.root, self.activation = "/", nullcontext()
+            self.version = version.read_text().splitlines()[0].strip()
+        else:
+            from fakedriver.activate import activate
+            from fakedriver.build import build
+
+            built = build(FAKE_MACHINE, work / "fake")
+            self.root, self.activation, self.version = str(built.root), activate(built), ""
 
 
 def start_container(runtime: str, state: Path, bundle: Path, cid: str) -> tuple[float, str | None]:
