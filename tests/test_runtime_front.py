@@ -264,7 +264,7 @@ def test_a_gpu_create_is_rewritten_by_the_hook_server_and_run_here(
     """With a hook server up (at /run/nvc-py/hook.sock, where the fronts look with nothing set, or at the
     socket NVC_PY_HOOK_SOCKET names), a create that asks for a GPU is handed over: a worker rewrites its
     spec (the hook, the device nodes) and the front then executes the runtime itself with the call's
-    arguments and environment; no program runs (the runtime cache, which the program writes anew at every
+    arguments, environment and descriptors; no program runs (the runtime cache, which the program writes anew at every
     run, stays). A GPU the host does not have is refused with the program's own line (on stderr and in the
     runtime's --log) and status, and no runtime runs."""
     env, out = standin
@@ -280,13 +280,17 @@ def test_a_gpu_create_is_rewritten_by_the_hook_server_and_run_here(
         bundle = bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
         log = tmp_path / "runtime.log"
         args = ["--log", str(log), "create", "--bundle", str(bundle), "c1"]
-        by_program = run(args, {**env, "NVC_PY_HOOK_SOCKET": "none"})
+        kept, write_end = os.pipe()  # a descriptor the caller passes on (as --preserve-fds would have it)
+        stack.callback(os.close, kept)
+        stack.callback(os.close, write_end)
+        by_program = run(args, {**env, "NVC_PY_HOOK_SOCKET": "none"}, pass_fds=(kept,))
         program_spec = json.loads((bundle / "config.json").read_text())
+        program_fds = (out / "fds").read_text() if (out / "fds").exists() else None
         bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES=asked))
-        for name in ("args", "env"):
+        for name in ("args", "env", "fds"):
             (out / name).unlink(missing_ok=True)
         before = cache_stamp()
-        served_call = run(args, served_env)
+        served_call = run(args, served_env, pass_fds=(kept,))
         assert cache_stamp() == before
     assert (served_call.returncode, served_call.stderr) == (by_program.returncode, by_program.stderr)
     spec = json.loads((bundle / "config.json").read_text())
@@ -299,6 +303,8 @@ def test_a_gpu_create_is_rewritten_by_the_hook_server_and_run_here(
         return
     assert served_call.returncode == 7
     assert (out / "args").read_text().splitlines() == args
+    assert program_fds is not None and (out / "fds").read_text() == program_fds
+    assert str(kept) in program_fds.split()
     assert "KEPT=x y" in (out / "env").read_text().split("\0")
     assert [os.path.basename(h["path"]) for h in spec["hooks"]["prestart"]] in (["nvc-py-hook"], ["nvc-py-hook-client"])
     assert "/dev/nvidia0" in {d["path"] for d in spec["linux"]["devices"]}
