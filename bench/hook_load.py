@@ -7,10 +7,16 @@ DEFAULT configuration (only the log file's place is set: ``load-kmods: true``), 
 Rows, in the same run and interleaved round by round so drift hits every row alike:
 
   no hook              the baseline
-  installed, no server GPU 0 as a host without systemd has it after ``make install && nvc-py setup
-                       podman``: the installed native front (nvc-py-hook) finds no server and
-                       starts one on demand (native/client/server_start.c); no server runs when
-                       the round starts (the bench stops the one the round before started)
+  installed, setup's server
+                       GPU 0 as a host without systemd has it after ``make install && nvc-py setup
+                       podman``: the installed native front (nvc-py-hook) hands each call to the
+                       server setup started to stay (``nvc-py-hook start-server``: not the
+                       runtime's child, no idle exit), started by the bench before the storm (a
+                       second before its clock) and stopped after it
+  installed, no server GPU 0 where no server runs yet (a host restarted since setup): the installed
+                       front finds no server and starts one on demand
+                       (native/client/server_start.c); no server runs when the round starts (the
+                       bench stops the one the round before started)
   installed, its server
                        GPU 0, the next storm, served by the server the row above started; the
                        bench then stops it (by its pid), so the host is left as it was. Under a
@@ -105,6 +111,7 @@ class Row(NamedTuple):
 
 ROWS = (
     Row("no hook", None, "direct"),
+    Row("installed, setup's server", GPU0, "installed"),
     Row("installed, no server", GPU0, "installed"),
     Row("installed, its server", GPU0, "installed"),
     Row("installed, server stopped", GPU0, "installed", "stop", "installed, its server"),
@@ -118,6 +125,7 @@ ROWS = (
     Row("server, GPU 0, killed", GPU0, "fault-server", "kill", "server, GPU 0"),
     Row("server, all GPUs", {"NVIDIA_VISIBLE_DEVICES": "all"}, "server"),
 )
+SETUP_SETTLE = 1.0  # seconds between start-server and the storm: setup ran before any start
 FAULT_ROWS = (
     "no hook",
     "installed, no server",
@@ -198,6 +206,19 @@ def stop_servers(sock: Path) -> int:
         time.sleep(0.05)
         found = servers_of(sock)
     return len(servers)
+
+
+def start_to_stay(hook_path: str, env: list[str]) -> None:
+    """``nvc-py-hook start-server`` as ``nvc-py setup`` runs it where systemd does not, on the
+    installed rows' socket, then SETUP_SETTLE seconds for its spares to warm up."""
+    subprocess.run(
+        [hook_path, "start-server"],
+        env=dict(entry.split("=", 1) for entry in env),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=60,
+    )
+    time.sleep(SETUP_SETTLE)
 
 
 def installed_front(hook_path: str) -> bool:
@@ -477,6 +498,8 @@ def main() -> int:
                     for number, row in enumerate(rows):
                         if row.label == "installed, no server":
                             stopped += stop_servers(installed_sock)  # none, unless one outlived a failure
+                        if row.label == "installed, setup's server":
+                            start_to_stay(hook_path, installed_hook["env"])
                         seen = len(stats.read_text().splitlines()) if stats.exists() else 0
                         own = process_cpu_ms(server.pid)
                         tag = f"r{round_no}-{number}"
@@ -508,7 +531,7 @@ def main() -> int:
                         if row.via == "server":
                             calls[row.label] += new_lines(stats, seen, args.containers)
                             cpu[row.label] += process_cpu_ms(server.pid) - own
-                        if row.label == "installed, its server":
+                        if row.label in ("installed, its server", "installed, setup's server"):
                             stopped += stop_servers(installed_sock)
                         print(
                             f"round {round_no + 1}, {row.label}: p50 {statistics.median(t):.1f} ms, {len(f)} failed "
@@ -547,10 +570,12 @@ def main() -> int:
         )
     if any(row.via == "installed" for row in rows):
         fault_starts = sum(logged[row.label][1] for row in rows if row.via == "installed" and row.fault)
+        setup_starts = args.rounds if any(row.label == "installed, setup's server" for row in rows) else 0
         print(
-            f"\n* client side only (the on-demand server is not the bench's child). On-demand servers: "
-            f"{started - fault_starts} started by the plain rows (one per round expected) and {fault_starts} by "
-            f"the fault rows, {stopped} stopped by the bench, {len(leftover)} left"
+            f"\n* client side only (the installed rows' server is not the bench's child). Servers: {setup_starts} "
+            f"started to stay for setup's row, {started - fault_starts - setup_starts} on demand by the plain rows "
+            f"(one per round expected) and {fault_starts} by the fault rows, {stopped} stopped by the bench, "
+            f"{len(leftover)} left"
         )
     if any(row.fault for row in rows):
         fault_table(rows, by_round, times, failures, faulted, logged)

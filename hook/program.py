@@ -13,7 +13,7 @@ from nvc.errors import InputError, NvcError
 from nvc.hook.oci.prestart import PROG, USAGE
 from nvc.hook.oci.prestart import main as stages
 from nvc.hook.server.handover import hand_over
-from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
+from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV, installed_program
 
 
 def _serve(args: list[str]) -> int:
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["serve"]:
         return _serve(args[1:])
+    if args[:1] == ["start-server"]:  # what the native front does, starting a server detached
+        print(f"{PROG}: start-server: run {installed_program(PROG)}, the installed front", file=sys.stderr)
+        return InputError.exit_code
     return stages(args)
 
 

@@ -86,6 +86,18 @@ def test_systemds_server_is_left_to_systemd(spawn) -> None:  # noqa: ANN001
         assert maintainer.servers_to_stop([_process(server, cgroup)]) == []
 
 
+def test_the_servers_of_one_socket(spawn) -> None:  # noqa: ANN001
+    """``setup server --remove`` where systemd does not run stops the server of the hooks' socket alone."""
+    default = _process(spawn(SERVER, *SERVER_ARGS)).ppid
+    unnamed = _process(spawn(SERVER, *SERVER_ARGS[:2])).ppid  # `nvc-py-hook serve`: the default socket
+    other = _process(spawn(SERVER, *SERVER_ARGS[:3], "/tmp/other.sock")).ppid
+    processes = [_process(pid) for pid in (default, unnamed, other)]
+    assert maintainer.servers_to_stop(processes, "/run/nvc-py/hook.sock") == sorted([default, unnamed])
+    assert maintainer.servers_to_stop(processes, "/tmp/other.sock") == [other]
+    assert maintainer.servers_to_stop(processes) == sorted([default, unnamed, other])
+    assert not maintainer.serves_socket(("python", "-IS", "x", "serve", "--socket", "/run/nvc-py/hook.sock"), "/x")
+
+
 def test_parse_process_reads_a_name_with_spaces_and_parentheses() -> None:
     stat = b"42 (a) b (c) S 7 42 42 0 -1 4194560"
     status = b"Name:\ta) b (c\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000004000\n"

@@ -35,7 +35,8 @@ USAGE = (
     f"usage: {PROG} prestart|poststart|poststop  (OCI state on stdin)\n"
     f"       {PROG} create-symlinks --link TARGET::LINK ... | update-ldcache --folder DIR ...  (CDI hooks)\n"
     f"       {PROG} serve [--socket PATH]  (answer nvc-py-hook-client's calls; default ${SOCKET_ENV} "
-    f"or {DEFAULT_SOCKET})"
+    f"or {DEFAULT_SOCKET})\n"
+    f"       {PROG} start-server  (the installed front's: a server that stays, where no systemd runs it)"
 )
 CDI_STAGES = ("create-symlinks", "update-ldcache")
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from nvc.errors import InputError, NvcError
 from nvc.hook.setup import engineconf, packaged
 from nvc.hook.setup.files import holds, remove_files, remove_files_and_dirs, write_files
-from nvc.system.programs import LIBDIR, RUNTIME_SCRIPT, hook_env, installed_program, oci_hook
+from nvc.system.programs import LIBDIR, RUNTIME_SCRIPT, SOCKET_ENV, hook_env, installed_program, oci_hook
 
 if TYPE_CHECKING:
     from nvc.hook.setup.hooksdirs import Engine
@@ -220,18 +220,21 @@ def install_server(
 
     Where systemd runs: the socket and service units in ``unit_dir`` (default: the system's), and
     where that is the system's, the socket enabled and started (and a running server restarted on
-    them where they changed). Where it does not and no ``unit_dir`` was asked for: nothing (the
-    native front starts a server on demand). On a packaged install the package's units serve: none
-    written to the system's directory (:func:`_packaged_server`).
+    them where they changed). Where it does not: a server that stays started now
+    (:func:`start_server`), and units only where a ``unit_dir`` was asked for. On a packaged install
+    the package's units serve: none written to the system's directory (:func:`_packaged_server`).
     """
     running = os.path.isdir(SYSTEMD_RUNNING)
     if unit_dir is None and not running:
-        return ["systemd is not running: no units written (the hook client starts the server on demand)"]
+        return ["systemd is not running: no units written", start_server()]
     unit_dir = unit_dir or SYSTEMD_UNIT_DIR
     theirs = packaged.unit_dir(SOCKET_UNIT, packaged.files())
     if theirs is not None and os.path.realpath(unit_dir) == os.path.realpath(SYSTEMD_UNIT_DIR):
         if not running:
-            return [f"no units written: the {packaged.PACKAGE} package's in {theirs} serve where systemd runs"]
+            return [
+                f"no units written: the {packaged.PACKAGE} package's in {theirs} serve where systemd runs",
+                start_server(),
+            ]
         return _packaged_server(theirs, systemctl)
     texts = {
         os.path.join(unit_dir, SOCKET_UNIT): socket_unit(),
@@ -242,7 +245,11 @@ def install_server(
     done = [f"wrote {path}" for path in changed]
     if not _systemd_manages(unit_dir):
         why = "systemd is not running" if not running else f"{unit_dir} is not {SYSTEMD_UNIT_DIR}"
-        return [*done, f"not enabled ({why}): systemctl enable --now {SOCKET_UNIT}"]
+        return [
+            *done,
+            f"not enabled ({why}): systemctl enable --now {SOCKET_UNIT}",
+            *([] if running else [start_server()]),
+        ]
     # try-restart: a server already running takes the changed units over (a server of older code
     # restarts itself at its next call); units as they were: the running server stays
     _systemctl(
@@ -252,6 +259,29 @@ def install_server(
         *([["try-restart", SERVER_UNIT]] if changed else []),
     )
     return [*done, f"enabled and started {SOCKET_UNIT}"]
+
+
+def start_server() -> str:
+    """Where systemd does not run: a server that stays, started now by the installed front
+    (``nvc-py-hook start-server``: detached, reparented to init, in PID 1's cgroups, without the idle
+    exit of one a hook call starts), so that no start waits for a server's start-up, and none is
+    started by, and adopted by, a runtime that waits for it (crun's ``run``). Returns what was done;
+    where none could start, why, and that the hook calls start one on demand. It lives until the host
+    restarts: then the first hook call starts one on demand (docs/hook-server.md). Its socket is the
+    default, which the registered hooks use (setup itself runs with ``NVC_PY_HOOK_SOCKET=none``
+    where the front ran it)."""
+    front = installed_program("nvc-py-hook")
+    env = {key: value for key, value in os.environ.items() if key != SOCKET_ENV}  # the registered hooks' socket
+    try:
+        done = subprocess.run(
+            [front, "start-server"], stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env
+        )
+    except OSError as err:
+        return f"no hook server started ({front}: {err.strerror}): the hook calls start one on demand"
+    if done.returncode == 0:
+        return done.stdout.strip().removeprefix("nvc-py-hook: ")
+    why = done.stderr.strip().removeprefix("nvc-py-hook: ") or f"{front} start-server: exit status {done.returncode}"
+    return f"{why}: the hook calls start one on demand"
 
 
 def _packaged_server(units: str, systemctl: str) -> list[str]:

@@ -59,9 +59,20 @@ def is_server(argv: Sequence[str]) -> bool:
     return any(tuple(argv[i : i + 2]) == SERVER_ARGV for i in range(len(argv) - 1))
 
 
-def servers_to_stop(processes: Iterable[Process]) -> list[int]:
-    """The pids of the servers ``stop-servers`` stops (see the module's docstring)."""
-    servers = {p.pid: p for p in processes if is_server(p.argv)}
+def serves_socket(argv: Sequence[str], socket: str) -> bool:
+    """Whether the server ``argv`` runs listens on ``socket``: its ``--socket``, else the default
+    (its environment's ``NVC_PY_HOOK_SOCKET`` aside: the front starts servers with ``--socket``)."""
+    for i in range(len(argv) - 1):
+        if tuple(argv[i : i + 2]) == SERVER_ARGV:
+            given = list(argv[i + 2 : i + 4])
+            return given == ["--socket", socket] if given else socket == programs.DEFAULT_SOCKET
+    return False
+
+
+def servers_to_stop(processes: Iterable[Process], socket: str | None = None) -> list[int]:
+    """The pids of the servers ``stop-servers`` stops (see the module's docstring); those of
+    ``socket`` alone where it is given."""
+    servers = {p.pid: p for p in processes if is_server(p.argv) and (socket is None or serves_socket(p.argv, socket))}
     unit = "/" + engines.SERVER_UNIT
     return sorted(
         p.pid
@@ -105,18 +116,27 @@ def _processes() -> list[Process]:
     return [p for p in found if p is not None]
 
 
-def stop_servers() -> tuple[list[str], list[str]]:
-    """Stop the servers :func:`servers_to_stop` names; returns (what was done, what failed)."""
+def _own_mount_namespace(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False
+
+
+def stop_servers(socket: str | None = None) -> tuple[list[str], list[str]]:
+    """Stop the servers :func:`servers_to_stop` names (of ``socket`` alone where it is given: those
+    of this mount namespace, where the path is that socket); returns (what was done, what failed)."""
     done: list[str] = []
     failed: list[str] = []
-    for pid in servers_to_stop(_processes()):
+    found = servers_to_stop(_processes(), socket)
+    for pid in found if socket is None else [pid for pid in found if _own_mount_namespace(pid)]:
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
             continue
         try:
             again = _process(pid)  # the pidfd pins the process: still the server we found?
-            if again is None or again.pid not in servers_to_stop([again]):
+            if again is None or again.pid not in servers_to_stop([again], socket):
                 continue
             signal.pidfd_send_signal(pidfd, signal.SIGTERM)
             if select.select([pidfd], [], [], STOP_WAIT)[0]:  # readable once the process has exited

@@ -535,6 +535,14 @@ int main(int argc, char **argv)
     char program[4096];
     if (take_call(base, &argc, &argv, program, sizeof program))
         return 2;
+    if (target == program && !strcmp(base, "nvc-py-hook") && argc == 2 && !strcmp(argv[1], "start-server")) {
+        const char *path = getenv("NVC_PY_HOOK_SOCKET");
+        if (path && !strcmp(path, NO_SERVER)) {
+            fprintf(stderr, "%s: no hook server to start: NVC_PY_HOOK_SOCKET is %s\n", base, NO_SERVER);
+            return 2;
+        }
+        return server_start_command(path && *path ? path : DEFAULT_SOCKET);
+    }
     /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
     const char *runtime = NULL; /* nvc-py-runtime's create: the runtime to execute once a worker rewrote the spec */
     if (target == program && !strcmp(base, "nvc-py-runtime") && !(runtime = runtime_pass_through(argc, argv)))

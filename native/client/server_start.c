@@ -30,6 +30,12 @@
  *   `nvc-py-hook serve --socket` this very socket (never another program, never PID 1: systemd's socket), ends it
  *   (SIGKILL through a pidfd; its idle workers die with it, its busy ones finish their calls), says so in
  *   server.log, and starts the next one as above: one server at a time serves the socket.
+ * - `nvc-py-hook start-server` (what `nvc-py setup` runs where systemd does not) starts the same way a server
+ *   with no idle exit: one that a runtime never adopts (started outside any container start, so that crun's
+ *   `run`, which waits for every child it adopted, never waits for it) and that serves every later start. It
+ *   takes the start lock (after an on-demand start under way), keeps a server there that stays (started so
+ *   before, by hand, or systemd's socket) and ends one started on demand (as a wedged one is ended) to take
+ *   its place.
  * NVC_PY_HOST_PID names another process whose namespaces and cgroups stand for the host's (tests
  * run in a private mount namespace).
  */
@@ -61,8 +67,10 @@
 #define NO_SERVER_FILE "no-server"
 #define SERVER_PROGRAM PROGRAM_DIR "/nvc-py-hook-python"
 #define SERVER_ENV_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-#define IDLE_EXIT_ENV "NVC_PY_SERVE_IDLE_EXIT=600" /* seconds; hook/server/activation.py reads it */
-#define LOCK_FD 3                                  /* NVC_PY_SERVE_LOCK_FD, as passed */
+#define IDLE_EXIT_NAME "NVC_PY_SERVE_IDLE_EXIT" /* seconds; hook/server/activation.py reads it */
+#define IDLE_EXIT_ENV IDLE_EXIT_NAME "=600"
+#define COMMAND_WAIT_MS 30000 /* at most for the server `start-server` started to listen */
+#define LOCK_FD 3             /* NVC_PY_SERVE_LOCK_FD, as passed */
 #define LOCK_NAME "server.lock"
 #define LOCK_FORBIDDEN 077 /* whoever could open the lock could hold it, and no server would start */
 #define LOG_NAME "server.log"
@@ -169,8 +177,9 @@ static void join_host_cgroups(void)
     fclose(f);
 }
 
-/* The detached server's process (the grandchild), holding nothing of the caller's (detach): never returns. */
-static void exec_server(const char *socket_path)
+/* The detached server's process (the grandchild), holding nothing of the caller's (detach): never returns.
+ * persistent: no idle exit (`start-server`'s). */
+static void exec_server(const char *socket_path, int persistent)
 {
     join_host_cgroups();
     if (chdir("/")) {
@@ -184,7 +193,7 @@ static void exec_server(const char *socket_path)
         signal(sig, SIG_DFL);
     char lock_env[32];
     snprintf(lock_env, sizeof lock_env, "NVC_PY_SERVE_LOCK_FD=%d", LOCK_FD);
-    char *const env[] = {SERVER_ENV_PATH, lock_env, IDLE_EXIT_ENV, NULL};
+    char *const env[] = {SERVER_ENV_PATH, lock_env, persistent ? NULL : IDLE_EXIT_ENV, NULL};
     char *const args[] = {"nvc-py-hook", "serve", "--socket", (char *)socket_path, NULL};
     execve(SERVER_PROGRAM, args, env);
     _exit(127);
@@ -206,7 +215,7 @@ static void detach(int lock, int log)
 }
 
 /* Starts the server detached, passing it the held lock and log (-1: none); 0 when it could not be forked. */
-static int spawn_server(int lock, int log, const char *socket_path)
+static int spawn_server(int lock, int log, const char *socket_path, int persistent)
 {
     pid_t child = fork();
     if (child < 0)
@@ -216,7 +225,7 @@ static int spawn_server(int lock, int log, const char *socket_path)
         setsid();
         pid_t server = fork();
         if (server == 0)
-            exec_server(socket_path);
+            exec_server(socket_path, persistent);
         _exit(server < 0);
     }
     int status;
@@ -239,22 +248,27 @@ static int open_roots_file(int dirfd, const char *name, int flags, mode_t forbid
     return fd;
 }
 
-/* Waits (bounded) until nobody holds the start lock in dirfd, then connects. */
-static int wait_and_connect(int dirfd, const struct sockaddr_un *addr)
+/* flock(fd, op) within about ms milliseconds (polled each millisecond); whether it was taken. */
+static int lock_within(int fd, int op, int ms)
+{
+    struct timespec pause = {.tv_nsec = 1000000};
+    for (int waited = 0; flock(fd, op | LOCK_NB) < 0; waited++) {
+        if (waited >= ms)
+            return 0;
+        nanosleep(&pause, NULL);
+    }
+    return 1;
+}
+
+/* Waits (at most wait_ms) until nobody holds the start lock in dirfd, then connects. */
+static int wait_and_connect(int dirfd, const struct sockaddr_un *addr, int wait_ms)
 {
     int lock = open_roots_file(dirfd, LOCK_NAME, O_RDONLY, LOCK_FORBIDDEN);
     if (lock < 0)
         return -1;
-    struct timespec pause = {.tv_nsec = 1000000};
-    for (int waited = 0; flock(lock, LOCK_SH | LOCK_NB) < 0; waited++) {
-        if (waited >= START_WAIT_MS) {
-            close(lock);
-            return -1;
-        }
-        nanosleep(&pause, NULL);
-    }
+    int locked = lock_within(lock, LOCK_SH, wait_ms);
     close(lock);
-    return try_connect(addr);
+    return locked ? try_connect(addr) : -1;
 }
 
 static pid_t listener_of(int sock)
@@ -278,8 +292,9 @@ static int serves(pid_t pid, const char *socket_path)
     return n > 0 && memmem(cmdline, (size_t)n, wanted, (size_t)len) != NULL;
 }
 
-/* Ends the wedged server pid, the listener of socket_path (see the top of this file); 1 once it is gone. */
-static int end_wedged(pid_t pid, const char *socket_path, int log)
+/* Ends the server pid, the listener of socket_path found wedged, or started on demand where `start-server`
+ * puts a persistent one (what, for the log line; see the top of this file); 1 once it is gone. */
+static int end_server(pid_t pid, const char *socket_path, int log, const char *what)
 {
     if (pid <= 1)
         return 0;
@@ -292,7 +307,7 @@ static int end_wedged(pid_t pid, const char *socket_path, int log)
         syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
         gone = poll(&exited, 1, END_WAIT_MS) > 0;
         if (gone && log >= 0)
-            dprintf(log, "nvc-py-hook-client: ended the wedged hook server (pid %d) to start another\n", (int)pid);
+            dprintf(log, "nvc-py-hook-client: ended the %s hook server (pid %d) to start another\n", what, (int)pid);
     }
     close(pidfd);
     return gone;
@@ -318,8 +333,8 @@ static int start_in(int dirfd, const struct sockaddr_un *addr, pid_t wedged, con
         int spawned = 0;
         if (sock >= 0)
             close(sock);
-        if (sock < 0 || end_wedged(wedged, addr->sun_path, log))
-            spawned = spawn_server(lock, log, addr->sun_path);
+        if (sock < 0 || end_server(wedged, addr->sun_path, log, "wedged"))
+            spawned = spawn_server(lock, log, addr->sun_path, 0);
         if (log >= 0)
             close(log);
         if (!spawned) {
@@ -328,15 +343,15 @@ static int start_in(int dirfd, const struct sockaddr_un *addr, pid_t wedged, con
         }
     }
     close(lock); /* the server holds the lock now, until it listens */
-    return wait_and_connect(dirfd, addr);
+    return wait_and_connect(dirfd, addr, START_WAIT_MS);
 }
 
-int server_start_and_connect(const struct sockaddr_un *addr, pid_t wedged, const char **why)
+/* The socket's directory (created 0700 where absent), opened and checked as socket_dir.h says; -1 where it
+ * cannot be made or opened, or (*why set then) is not one to start a server in. */
+static int checked_dir(const struct sockaddr_un *addr, const char **why)
 {
     char dir[sizeof addr->sun_path];
-    if (geteuid() != 0 || !dir_of(addr->sun_path, dir, sizeof dir) || start_disabled() || !in_host_namespaces())
-        return -1;
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+    if (!dir_of(addr->sun_path, dir, sizeof dir) || (mkdir(dir, 0700) < 0 && errno != EEXIST))
         return -1;
     int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
@@ -346,7 +361,112 @@ int server_start_and_connect(const struct sockaddr_un *addr, pid_t wedged, const
             close(dirfd);
         return -1;
     }
+    return dirfd;
+}
+
+int server_start_and_connect(const struct sockaddr_un *addr, pid_t wedged, const char **why)
+{
+    if (geteuid() != 0 || start_disabled() || !in_host_namespaces())
+        return -1;
+    int dirfd = checked_dir(addr, why);
+    if (dirfd < 0)
+        return -1;
     int sock = start_in(dirfd, addr, wedged, why);
     close(dirfd);
     return sock;
+}
+
+/* Whether process pid was started on demand: its environment (as it was executed) sets the idle exit. */
+static int started_on_demand(pid_t pid)
+{
+    char path[64], env[MAX_CMDLINE];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, env, sizeof env - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    env[n] = '\0';
+    for (const char *entry = env; entry < env + n; entry += strlen(entry) + 1)
+        if (!strncmp(entry, IDLE_EXIT_NAME "=", sizeof IDLE_EXIT_NAME))
+            return 1;
+    return 0;
+}
+
+/* With the start lock held: the listener a persistent server is, after ending one started on demand and
+ * starting one in its place where needed; 0 with *why set where none could be. *started: whether it is new. */
+static pid_t persistent_in(int dirfd, int lock, const struct sockaddr_un *addr, int *started, const char **why)
+{
+    int sock = try_connect(addr);
+    pid_t listener = sock >= 0 ? listener_of(sock) : 0;
+    if (sock >= 0)
+        close(sock); /* a spare sees a call that ends before its message, and takes the next */
+    *started = 0;
+    if (sock >= 0 && listener <= 0) {
+        *why = "its listener's credentials cannot be read";
+        return 0;
+    }
+    if (sock >= 0 && (listener == 1 || !started_on_demand(listener)))
+        return listener; /* PID 1: systemd's socket; else one started to stay */
+    int log = open_roots_file(dirfd, LOG_NAME, O_WRONLY | O_APPEND | O_CREAT, 022);
+    int spawned = 0;
+    if (sock < 0 || end_server(listener, addr->sun_path, log, "on-demand"))
+        spawned = spawn_server(lock, log, addr->sun_path, 1);
+    if (log >= 0)
+        close(log);
+    if (!spawned) {
+        *why = sock < 0 ? "it could not be forked" : "the on-demand server there did not end";
+        return 0;
+    }
+    close(lock); /* the server holds the lock now, until it listens */
+    sock = wait_and_connect(dirfd, addr, COMMAND_WAIT_MS);
+    *started = 1;
+    if (sock < 0) {
+        *why = "it did not listen in time (its server.log may say why)";
+        return 0;
+    }
+    listener = listener_of(sock);
+    close(sock);
+    return listener;
+}
+
+int server_start_command(const char *socket_path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    const char *why = NULL;
+    int dirfd = -1, lock = -1, started = 0;
+    pid_t listener = 0;
+    if (strlen(socket_path) >= sizeof addr.sun_path)
+        why = "the path is too long";
+    else if (geteuid() != 0)
+        why = "not root";
+    else if (!in_host_namespaces())
+        why = "not in the host's namespaces (PID 1's mount, pid, user and network namespaces)";
+    else if (strcpy(addr.sun_path, socket_path), (dirfd = checked_dir(&addr, &why)) < 0) {
+        if (!why)
+            why = "its directory cannot be made";
+    } else if ((lock = open_roots_file(dirfd, LOCK_NAME, O_RDWR | O_CREAT, LOCK_FORBIDDEN)) < 0)
+        why = "its " LOCK_NAME " is not a regular file only root can open";
+    else if (!lock_within(lock, LOCK_EX, COMMAND_WAIT_MS)) /* an on-demand start under way: after it */
+        why = "its " LOCK_NAME " stayed locked";
+    else
+        listener = persistent_in(dirfd, lock, &addr, &started, &why);
+    if (lock >= 0 && !started)
+        close(lock);
+    if (dirfd >= 0)
+        close(dirfd);
+    if (!listener) {
+        fprintf(stderr, "nvc-py-hook: no hook server started on %s: %s\n", socket_path, why);
+        return 1;
+    }
+    if (started)
+        printf("nvc-py-hook: started the hook server on %s (pid %d), to stay (no idle exit)\n", socket_path,
+               (int)listener);
+    else if (listener == 1)
+        printf("nvc-py-hook: systemd's socket serves %s\n", socket_path);
+    else
+        printf("nvc-py-hook: the hook server on %s (pid %d) runs already, to stay\n", socket_path, (int)listener);
+    return 0;
 }

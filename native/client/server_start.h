@@ -7,6 +7,11 @@
 
 #ifndef PROGRAM_DIR
 #define PROGRAM_DIR "/usr/lib/nvc-py" /* where make install writes the Python programs' launchers */
+/* `nvc-py-hook start-server`: a server on socket_path that stays (no idle exit), for hosts where no systemd
+ * runs it (`nvc-py setup`): started detached as on demand, in the place of one started on demand there; one
+ * that stays already, or systemd's socket, is kept. One line on stdout, or why not on stderr; the exit status. */
+int server_start_command(const char *socket_path);
+
 #endif
 
 /* Whether this call (argv[0] the program's name) is a container start's hook call: those start a server. */
@@ -17,5 +22,10 @@ int server_start_wanted(int argc, char **argv);
  * the socket's directory, or the start lock there, is not one to start a server with). wedged: the pid of a
  * server the call found wedged, which this start replaces (0: none). */
 int server_start_and_connect(const struct sockaddr_un *addr, pid_t wedged, const char **why);
+
+/* `nvc-py-hook start-server`: a server on socket_path that stays (no idle exit), for hosts where no systemd
+ * runs it (`nvc-py setup`): started detached as on demand, in the place of one started on demand there; one
+ * that stays already, or systemd's socket, is kept. One line on stdout, or why not on stderr; the exit status. */
+int server_start_command(const char *socket_path);
 
 #endif

@@ -155,6 +155,20 @@ _hooks_command(
 )
 
 
+def _stop_started_server() -> None:
+    """Where systemd does not run, the server of the registered hooks' socket (the default: setup's,
+    or one a hook call started) stopped: none is left serving the removed setup."""
+    from nvc.hook.setup import engines, maintainer
+    from nvc.system.programs import DEFAULT_SOCKET
+
+    if os.path.isdir(engines.SYSTEMD_RUNNING):
+        return
+    done, failed = maintainer.stop_servers(DEFAULT_SOCKET)
+    _echo_lines(done)
+    if failed:
+        raise InputError("; ".join(failed))
+
+
 @setup.command("server", short_help="The hook server's systemd socket and service units.")
 @click.option(
     "--unit-dir", metavar="PATH", default="/etc/systemd/system", show_default=True, help="systemd unit directory."
@@ -170,11 +184,13 @@ _hooks_command(
 @_REMOVE
 def setup_server(unit_dir: str, config_path: str | None, systemctl: str, remove: bool) -> None:
     """Install the systemd socket and service units of `nvc-py-hook serve` (enabled where systemd runs;
-    --remove: stopped, disabled and removed, with the no-server file beside the configuration)."""
+    elsewhere a server that stays is started now; --remove: stopped, disabled and removed, with the
+    no-server file beside the configuration)."""
     from nvc.hook.setup import engines
 
     if remove:
         _echo_lines(engines.remove_server(unit_dir, config_path, systemctl))
+        _stop_started_server()
         _stop_mps_daemons()
         return
     _setup_server(False, unit_dir, hook_config_file(config_path), systemctl)

@@ -341,7 +341,7 @@ def server(config_path: str | None = None) -> Check:
     """The hook server: its socket answers, and the process serving runs the installed code; where none
     runs, what a hook call reading ``config_path`` does then (the no-server file beside it: no start)."""
     from nvc.hook.setup import engines
-    from nvc.system.programs import DEFAULT_SOCKET
+    from nvc.system.programs import DEFAULT_SOCKET, installed_program
 
     managed = os.path.isdir(engines.SYSTEMD_RUNNING)
     if not os.path.exists(DEFAULT_SOCKET):
@@ -357,7 +357,11 @@ def server(config_path: str | None = None) -> Check:
                 "hook server",
                 f"not running; hook calls run the hook themselves and start none ({no_server}: setup's --no-server)",
             )
-        return skip("hook server", f"not running ({DEFAULT_SOCKET}); {ON_DEMAND}")
+        return skip(
+            "hook server",
+            f"not running ({DEFAULT_SOCKET}); {ON_DEMAND}; nvc-py setup (or {installed_program('nvc-py-hook')} "
+            "start-server) starts one that stays",
+        )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     probe.settimeout(2)
     try:
