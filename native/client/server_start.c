@@ -278,16 +278,24 @@ static pid_t listener_of(int sock)
     return getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &len) == 0 ? peer.pid : 0;
 }
 
+/* The start of /proc/PID/NAME (a list of NUL-terminated strings) into buf; its length, or -1. */
+static ssize_t proc_strings(pid_t pid, const char *name, char *buf, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, size);
+    close(fd);
+    return n;
+}
+
 /* Whether process pid's command line holds `serve --socket SOCKET_PATH` (the server of this socket). */
 static int serves(pid_t pid, const char *socket_path)
 {
-    char path[64], cmdline[MAX_CMDLINE], wanted[sizeof((struct sockaddr_un *)0)->sun_path + 32];
-    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, cmdline, sizeof cmdline);
-    close(fd);
+    char cmdline[MAX_CMDLINE], wanted[sizeof((struct sockaddr_un *)0)->sun_path + 32];
+    ssize_t n = proc_strings(pid, "cmdline", cmdline, sizeof cmdline);
     int len = snprintf(wanted, sizeof wanted, "%cserve%c--socket%c%s%c", 0, 0, 0, socket_path, 0);
     return n > 0 && memmem(cmdline, (size_t)n, wanted, (size_t)len) != NULL;
 }
@@ -379,13 +387,8 @@ int server_start_and_connect(const struct sockaddr_un *addr, pid_t wedged, const
 /* Whether process pid was started on demand: its environment (as it was executed) sets the idle exit. */
 static int started_on_demand(pid_t pid)
 {
-    char path[64], env[MAX_CMDLINE];
-    snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, env, sizeof env - 1);
-    close(fd);
+    char env[MAX_CMDLINE];
+    ssize_t n = proc_strings(pid, "environ", env, sizeof env - 1);
     if (n <= 0)
         return 0;
     env[n] = '\0';
