@@ -112,6 +112,34 @@ def test_a_server_that_stays_is_not_stopped_idle_where_a_subreaper_adopted_it(no
     assert "no call for" not in sock.with_name("server.log").read_text()
 
 
+def test_a_server_that_stays_starts_its_successor_after_an_upgrade(no_gpu_state) -> None:
+    """An upgrade replaces the installed code: the next call falls back (its caller runs the new code),
+    and the server that stays, told to stop, starts the next one of the new code, which stays too."""
+    import nvc.hook
+
+    env, bundle = no_gpu_state
+    sock = Path(env[handover.SOCKET_ENV])
+    assert start_server(env).returncode == 0
+    [first] = servers(sock)
+    marker = Path(nvc.hook.__file__).with_name(f".upgrade-{os.getpid()}")
+    marker.touch()  # what an upgrade does to the package's directory: it changes
+    marker.unlink()
+    assert prestart(env, bundle, "upgraded").returncode == 0
+    assert "via" not in log_lines(env)[-1]  # run by its caller, the new code
+    deadline = time.monotonic() + 30
+    while (len(servers(sock)) != 1 or servers(sock) == [first]) and time.monotonic() < deadline:
+        time.sleep(0.05)  # meanwhile the old one's spares, still holding its socket, may look like servers
+    [second] = servers(sock)
+    assert second != first and not started_on_demand(second)
+    log = sock.with_name("server.log").read_text()
+    assert (
+        f"nvc-py-hook serve: the installed code changed: nvc-py-hook: started the hook server on {sock} "
+        f"(pid {second}), to stay (no idle exit)\n" in log
+    ), log
+    assert prestart(env, bundle, "after").returncode == 0 and log_lines(env)[-1].get("via") == "server"
+    assert servers(sock) == [second]
+
+
 def test_start_server_refuses_outside_the_hosts_namespaces_and_an_open_directory(no_gpu_state, tmp_path: Path) -> None:
     env, _ = no_gpu_state
     sock = Path(env[handover.SOCKET_ENV])

@@ -8,6 +8,7 @@ import gc
 import os
 import select
 import signal
+import subprocess
 import sys
 import time
 
@@ -22,6 +23,8 @@ DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its s
 # Seconds a stopping server waits for the calls its workers run (a client gives one 60 s by default),
 # below systemd's stop timeout (90 s), after which KillMode=mixed kills what is left of the unit.
 STOP_WAIT = 75.0
+HOST_PID_ENV = "NVC_PY_HOST_PID"  # another process standing for the host's PID 1 (native/client/server_start.c)
+SUCCESSOR_TIMEOUT = 60  # seconds for start-server to start an upgraded server that stays
 ADOPTED_IDLE_EXIT = 0.5  # seconds without a call after which an on-demand server a runtime adopted stops
 # Workers forked ahead and waiting in accept(): a storm of calls is taken by as many at once while
 # the server forks their replacements, instead of each call waiting for the fork of the one before.
@@ -167,6 +170,12 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                     limit = dog.due_in() if wait is None else min(dog.due_in(), quiet_since + wait - time.monotonic())
                 ready = select.select([*spares, stop_r, notes_r], [], [], None if limit is None else max(0.0, limit))[0]
                 if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
+                    if owned and idle is None and upgrade.changed():  # one that stays: after an upgrade
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name, dir_fd=directory_fd)
+                        owned = False
+                        sock.close()
+                        _start_successor(path)
                     return 0
                 if notes_r in ready:
                     _say_new(notes_r, said)
@@ -203,6 +212,31 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 os.unlink(name, dir_fd=directory_fd)
             except OSError:
                 pass
+
+
+def _start_successor(path: str) -> None:
+    """A server that stays (``nvc-py-hook start-server``'s: owned socket, no idle exit), stopped
+    after an upgrade replaced the installed code (a worker's :func:`.upgrade.stale`, or the package's
+    ``stop-servers``), starts the next one of the new code the same way once its socket is gone, so
+    that the host stays served; it says what it did (its server.log)."""
+    from nvc.system.programs import SOCKET_ENV, installed_program
+
+    env = {"PATH": os.environ.get("PATH", ""), SOCKET_ENV: path}
+    if HOST_PID_ENV in os.environ:  # tests: the process standing for the host's (native/client/server_start.c)
+        env[HOST_PID_ENV] = os.environ[HOST_PID_ENV]
+    try:  # SIGCHLD is ignored here: no exit status comes back, what it printed says
+        done = subprocess.run(
+            [installed_program("nvc-py-hook"), "start-server"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=SUCCESSOR_TIMEOUT,
+        )
+        said = (done.stdout + done.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as err:
+        said = f"nvc-py-hook start-server: {err}"
+    print(f"nvc-py-hook serve: the installed code changed: {said}", file=sys.stderr, flush=True)
 
 
 def _say_new(notes: int, said: set[str]) -> None:

@@ -31,14 +31,19 @@ def note_start() -> None:
     _started_code = code_stamp()
 
 
-def stale() -> bool:
-    """Whether nvc-py's installed code changed since the server started; if so the server is told
-    to stop (SIGTERM): an on-demand one unlinks its socket and the next hook call starts a server
-    of the new code, a socket-activated one is started again by systemd at the next connection."""
+def changed() -> bool:
+    """Whether nvc-py's installed code changed since the server started (or cannot be read)."""
     try:
-        changed = code_stamp() != _started_code
+        return code_stamp() != _started_code
     except OSError:
-        changed = True
-    if changed:
+        return True
+
+
+def stale() -> bool:
+    """:func:`changed`, in a worker; if so the server is told to stop (SIGTERM): an on-demand one
+    unlinks its socket and the next hook call starts a server of the new code, a socket-activated one
+    is started again by systemd at the next connection, and one that stays starts its successor."""
+    if changed():
         os.kill(os.getppid(), signal.SIGTERM)
-    return changed
+        return True
+    return False

@@ -191,9 +191,18 @@ static void exec_server(const char *socket_path, int persistent)
     sigprocmask(SIG_SETMASK, &none, NULL);
     for (int sig = 1; sig < NSIG; sig++)
         signal(sig, SIG_DFL);
-    char lock_env[32];
+    char lock_env[32], host_env[64];
     snprintf(lock_env, sizeof lock_env, "NVC_PY_SERVE_LOCK_FD=%d", LOCK_FD);
-    char *const env[] = {SERVER_ENV_PATH, lock_env, persistent ? NULL : IDLE_EXIT_ENV, NULL};
+    /* a stand-in for the host's PID 1 (tests) goes on to the start of a successor (hook/server/loop.py) */
+    const char *stand_in = getenv(HOST_PID_ENV);
+    snprintf(host_env, sizeof host_env, HOST_PID_ENV "=%s", stand_in ? stand_in : "");
+    char *env[5] = {SERVER_ENV_PATH, lock_env};
+    size_t n = 2;
+    if (!persistent)
+        env[n++] = IDLE_EXIT_ENV;
+    if (stand_in)
+        env[n++] = host_env;
+    env[n] = NULL;
     char *const args[] = {"nvc-py-hook", "serve", "--socket", (char *)socket_path, NULL};
     execve(SERVER_PROGRAM, args, env);
     _exit(127);
