@@ -78,7 +78,7 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
     light, heavy = ({"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"})
     assert bench.weights_of(light, heavy, None) == [1, 3, 0]
     env = sharegpu.mps_client_env(tmp_path / "light", light, [3], pipe)
-    assert "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=34" in (Path(env["NVC_SHARE_DIR"]) / "limits").read_text()
+    assert "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in (Path(env["NVC_SHARE_DIR"]) / "limits").read_text()
     assert [row[0] for row in bench.BACKEND_PAIRS if row[1]][:2] == ["MPS, plain", "nvc MPS: weights 1:3"]
     by_hand = sharegpu.mps_client_env(tmp_path / "hand", {bench.THREADS: "25", bench.PRIORITY: "1"}, [], pipe)
     assert "LD_PRELOAD" not in by_hand and not (tmp_path / "hand").exists()

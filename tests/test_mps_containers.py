@@ -149,7 +149,7 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     """GPU 0's backend is mps by the configuration: the first container's hook starts one daemon
     (CUDA_VISIBLE_DEVICES its UUID, its directories under /run/nvc-py-mps), the second's finds it;
     both see its pipe directory at /tmp/nvidia-mps and their shares as MPS's client variables
-    (the cap as the thread percentage, a weight as its part of the heaviest, the memory limit as
+    (the cap as the thread percentage, a lighter weight as its share of the sum, the memory limit as
     the pinned limit, the latency class as the priority), which the fake daemon receives at their
     cuInit; share status says it runs. The first container's poststop leaves it to the second, whose
     poststop stops it and removes its directory."""
@@ -182,7 +182,7 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     pipe = "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
     assert clients == [
         f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M CUDA_MPS_CLIENT_PRIORITY=0 {pipe}",
-        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=34 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=1 {pipe}",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=1 {pipe}",
     ]
     shown = subprocess.run([str(SCRIPTS / "nvc-py"), "share", "status"], capture_output=True, text=True, check=True)
     assert (

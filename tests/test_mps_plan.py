@@ -114,8 +114,8 @@ def test_which_device_a_container_shares_through_mps() -> None:
 
 
 def test_the_share_becomes_mps_client_limits() -> None:
-    """A cap is the active thread percentage; a weight alone its part of the heaviest weight of the
-    device's clients as it starts (the heaviest, and one alone: no limit); the memory limit, with a
+    """A cap is the active thread percentage; a weight below the heaviest of the device's clients as
+    it starts its share of their sum (the heaviest, and one alone: no limit); the memory limit, with a
     context's room on top, the pinned limit of device 0 in MiB; the latency class MPS's client
     priority (latency-critical 0, batch 1); the pipe directory always CUDA's default, where the hook
     mounts it."""
@@ -130,11 +130,12 @@ def test_the_share_becomes_mps_client_limits() -> None:
     }
     weighted = base._replace(weight=1)
     assert mps.thread_percentage(weighted, []) is None
-    assert mps.thread_percentage(weighted, [3]) == 34  # a part of the heaviest, rounded up
+    assert mps.thread_percentage(weighted, [3]) == 25  # its share of the sum
     assert mps.thread_percentage(base._replace(weight=3), [1]) is None  # the heaviest: every SM
-    assert mps.thread_percentage(base._replace(weight=2), [8, 1]) == 25
+    assert mps.thread_percentage(base._replace(weight=2), [8, 1]) == 19  # 18.2, rounded up
+    assert mps.thread_percentage(base._replace(weight=1), [1, 2]) == 25
     assert mps.thread_percentage(base._replace(weight=1), [1, 1]) is None  # equal weights: no ceilings
-    assert mps.thread_percentage(base._replace(compute=100, weight=1), [2]) == 50  # a cap of 100 is none
+    assert mps.thread_percentage(base._replace(compute=100, weight=1), [2]) == 34  # a cap of 100 is none
     assert mps.PRIORITY_OF_CLASS.keys() == set(sharing.PRIORITY_CLASSES)
 
 

@@ -7,8 +7,8 @@ configuration's ``sharing.backend``) is served by one ``nvidia-cuda-mps-control 
 (:mod:`nvc.apply.mps` starts it, restarts it when it died, stops it after its last container). The
 container sees the pipe directory at CUDA's default, ``/tmp/nvidia-mps``, and gets its share as MPS's
 own per-client limits (:func:`limits_lines`), which the shim puts in each process's environment
-before the driver reads them: the compute cap as the active thread percentage (a weight alone as its
-part of the heaviest weight on the device), the memory limit as the pinned device memory limit (with
+before the driver reads them: the compute cap as the active thread percentage (a weight below the
+heaviest on the device as its share of their sum), the memory limit as the pinned device memory limit (with
 room for the context), the latency class as the client priority. The shim's time slices are off for
 that container (MPS shares the SMs); its memory accounting stays.
 
@@ -147,15 +147,19 @@ def client(
 
 
 def thread_percentage(mps: MpsClient, other_weights: Iterable[int]) -> int | None:
-    """The active thread percentage: the cap; without one, the weight as a part of the heaviest weight
-    among the device's clients when it starts (its own included), rounded up; None: no limit. The
-    heaviest gets every SM and a lighter one a ceiling in proportion: two busy clients still overlap
-    their kernels where MPS can, and split the GPU near their weights (docs/performance.md)."""
+    """The active thread percentage: the cap; without one, for a weight below the heaviest among the
+    device's clients when it starts, its share of their weights' sum, rounded up; None: no limit (the
+    heaviest, and a weight alone). The lighter ones are held to their shares of the SMs while the
+    heaviest, unlimited, takes the rest and overlaps its kernels with theirs where MPS can; alone it
+    has every SM (docs/performance.md: the splits and sums measured)."""
     if mps.compute is not None and mps.compute < 100:
         return mps.compute
     if mps.weight is None:
         return None
-    share = math.ceil(100 * mps.weight / max([mps.weight, *other_weights]))
+    weights = [mps.weight, *other_weights]
+    if mps.weight >= max(weights):
+        return None
+    share = math.ceil(100 * mps.weight / sum(weights))
     return None if share >= 100 else share
 
 
