@@ -15,6 +15,14 @@ Columns: one call (``list``), and containerd's four calls for one container that
 with each row's ratio to the baseline of the same run. Run it as root with the installed nvc-py's
 interpreter: ``/usr/lib/nvc-py/venv/bin/python bench/runtime.py``.
 
+``--gpu-start``: instead, containerd's four calls for a container that asks for GPU 0 (the wrapper
+rewrites its spec, its prestart hook configures it) and for one that asks for none, through RUNTIME
+alone (a GPU asked is not given: the baseline) and through nvc-py-runtime with a hook server running,
+as a host with nvc-py's server has them (crun by default, as issue 53's H100 rows). The bench runs in
+a private mount namespace of its own with a tmpfs on /run/nvc-py, where its server listens on the
+default socket the injected hook uses: the host's own server, if any, is neither used nor touched.
+The hook's log says whether each call was served.
+
 ``--gpu-create``: instead, what nvc-py-runtime itself costs a ``create`` whose spec asks for GPU 0 (its
 spec rewritten: the hook, the device nodes), with ``true`` as the runtime it then executes: with a hook
 server running (its worker rewrites the spec, the front executes the runtime) and with none (the Python
@@ -25,6 +33,8 @@ driver it uses the test suite's fake driver (a test double: not GPU results).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -39,7 +49,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import hook_server  # noqa: E402
 from harness.rootfs import RootfsCache  # noqa: E402
-from harness.timing import BenchDriver  # noqa: E402
+from harness.timing import BenchDriver, median_row  # noqa: E402
+from nvc.system.programs import DEFAULT_SOCKET  # noqa: E402
 
 LIBDIR = Path("/usr/lib/nvc-py")
 CALLS = ("create", "start", "state", "delete")
@@ -106,15 +117,78 @@ def gpu_create(runs: int) -> int:
     return 0
 
 
+PRIVATE_ENV = "NVC_BENCH_RUNTIME_PRIVATE"  # set once the bench runs in its own mount namespace
+
+
+def in_private_run_dir() -> None:
+    """Re-run this bench in a private mount namespace with a tmpfs on /run/nvc-py (see the module's
+    docstring), unless it runs there already."""
+    if os.environ.get(PRIVATE_ENV) == "1":
+        return
+    run_dir = Path(DEFAULT_SOCKET).parent
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mount = f'mount -t tmpfs -o mode=0700 tmpfs {run_dir} && exec "$@"'
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", sys.executable, *sys.argv]
+    os.execvpe("unshare", argv, {**os.environ, PRIVATE_ENV: "1"})
+
+
+def gpu_starts(runs: int, runtime_name: str) -> int:
+    """--gpu-start: containerd's calls for a GPU container and a plain one, RUNTIME alone and wrapped."""
+    in_private_run_dir()
+    runtime = shutil.which(runtime_name) or sys.exit(f"bench/runtime: {runtime_name} not found")
+    with tempfile.TemporaryDirectory(prefix="nvc-bench-runtime-") as tmp:
+        work = Path(tmp)
+        driver = BenchDriver(work)
+        described = "the REAL NVIDIA driver" if driver.real else "the FAKE driver (a test double: NOT GPU results)"
+        config, log = work / "config.yaml", work / "hook.log"
+        config.write_text(f"root: {driver.root}\nruntimes: [{runtime}]\nlog: {{file: {log}}}\n")
+        os.environ["NVC_PY_CONFIG"] = str(config)
+        rootfs = RootfsCache(work / "cache").get("debian")
+        gpu = make_bundle(work / "gpu", rootfs, ["/bin/true"], env={"NVIDIA_VISIBLE_DEVICES": "0"})
+        plain = make_bundle(work / "plain", rootfs, ["/bin/true"])
+        specs = {bundle: (bundle / "config.json").read_bytes() for bundle in (gpu, plain)}
+        wrapper = str(LIBDIR / "nvc-py-runtime")
+        rows = {
+            f"{runtime_name} alone, GPU 0 asked (not given)": (runtime, gpu),
+            "nvc-py-runtime, GPU 0, served": (wrapper, gpu),
+            f"{runtime_name} alone, no GPU asked": (runtime, plain),
+            "nvc-py-runtime, no GPU asked": (wrapper, plain),
+        }
+        times: dict[str, list[float]] = {label: [] for label in rows}
+        with driver.activation, hook_server(LIBDIR / "nvc-py-hook", Path(DEFAULT_SOCKET)):
+            for round_no in range(runs + 1):
+                for n, (label, (program, bundle)) in enumerate(rows.items()):
+                    (bundle / "config.json").write_bytes(specs[bundle])
+                    took = container_calls(program, work / f"state-{n}", bundle, f"nvc-bench-{n}-{round_no}")
+                    if program == wrapper and bundle == gpu and b"nvidia0" not in (bundle / "config.json").read_bytes():
+                        sys.exit(f"bench/runtime: {label}: the spec was not given GPU 0")
+                    if round_no:
+                        times[label].append(took)
+        lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    configured = [line for line in lines if line.get("outcome") == "configured"]
+    served = sum(line.get("via") == "server" for line in configured)
+    print(f"== bench/runtime --gpu-start: {described}; {runtime} wrapped; {runs} rounds, medians in ms ==")
+    print(f"{'create+start+state+delete':<44} {'median':>9} {'min':>7} {'max':>7}  vs {runtime_name} alone")
+    for label, got in times.items():
+        base = times[f"{runtime_name} alone, {'GPU 0 asked (not given)' if 'GPU 0' in label else 'no GPU asked'}"]
+        print(f"{median_row(label, got)}{statistics.median(got) / statistics.median(base):.2f}x")
+    print(f"the prestart hooks: {len(configured)} configured GPU 0, {served} of them served")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="rounds after the warm-up (default 20)")
-    parser.add_argument("--runtime", default="runc", help="the wrapped runtime (default runc)")
+    parser.add_argument("--runtime", help="the wrapped runtime (default runc; crun with --gpu-start)")
     parser.add_argument("--nvidia", help="NVIDIA's nvidia-container-runtime, to measure beside")
     parser.add_argument("--gpu-create", action="store_true", help="a GPU create, served and with no server")
+    parser.add_argument("--gpu-start", action="store_true", help="a GPU container's calls (default runtime crun)")
     args = parser.parse_args()
     if args.gpu_create:
         return gpu_create(args.runs)
+    if args.gpu_start:
+        return gpu_starts(args.runs, args.runtime or "crun")
+    args.runtime = args.runtime or "runc"
     runtime = shutil.which(args.runtime) or sys.exit(f"bench/runtime: {args.runtime} not found")
     rows = {
         f"{args.runtime} alone": runtime,
