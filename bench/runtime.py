@@ -2,8 +2,9 @@
 """What nvc-py-runtime costs an engine's calls, beside the runtime it wraps.
 
 An engine calls its runtime several times for every container; where nvc-py-runtime is the runtime,
-most of those calls only pass through. Rows, interleaved in each round after one warm-up round, each
-a runtime as an engine would call it (its own ``--root`` state directory):
+most of those calls only pass through. Rows, interleaved in each round (each round starting one row
+later, each after SETTLE seconds idle) after one warm-up round, each a runtime as an engine would call
+it (its own ``--root`` state directory):
 
   RUNTIME alone                 runc (or crun): the baseline
   nvc-py-runtime                the installed one (/usr/lib/nvc-py/nvc-py-runtime: the native front)
@@ -41,7 +42,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -54,6 +57,8 @@ from nvc.system.programs import DEFAULT_SOCKET  # noqa: E402
 
 LIBDIR = Path("/usr/lib/nvc-py")
 CALLS = ("create", "start", "state", "delete")
+T = TypeVar("T")
+SETTLE = 0.2  # seconds before each row's calls
 
 
 def timed(argv: list[str]) -> float:
@@ -67,6 +72,18 @@ def timed(argv: list[str]) -> float:
             err.seek(0)
             sys.exit(f"bench/runtime: {' '.join(argv)}: exit {result.returncode}: {err.read().decode().strip()}")
     return took
+
+
+def rotated(rows: dict[str, T], round_no: int) -> Iterator[tuple[int, tuple[str, T]]]:
+    """The rows numbered, in the order of round ``round_no``: each round starts one row later, so that
+    no row always follows the same one, and each after SETTLE seconds (a row right after a served GPU
+    start or the Python program's calls was measured up to 2x slower on the H100: the machine still
+    busy with the one before)."""
+    items = list(enumerate(rows.items()))
+    shift = round_no % len(items)
+    for item in items[shift:] + items[:shift]:
+        time.sleep(SETTLE)
+        yield item
 
 
 def container_calls(program: str, state: Path, bundle: Path, name: str) -> float:
@@ -157,7 +174,7 @@ def gpu_starts(runs: int, runtime_name: str) -> int:
         times: dict[str, list[float]] = {label: [] for label in rows}
         with driver.activation, hook_server(LIBDIR / "nvc-py-hook", Path(DEFAULT_SOCKET)):
             for round_no in range(runs + 1):
-                for n, (label, (program, bundle)) in enumerate(rows.items()):
+                for n, (label, (program, bundle)) in rotated(rows, round_no):
                     (bundle / "config.json").write_bytes(specs[bundle])
                     took = container_calls(program, work / f"state-{n}", bundle, f"nvc-bench-{n}-{round_no}")
                     if program == wrapper and bundle == gpu and b"nvidia0" not in (bundle / "config.json").read_bytes():
@@ -200,10 +217,13 @@ def main() -> int:
     times: dict[str, dict[str, list[float]]] = {label: {"one": [], "four": []} for label in rows}
     with tempfile.TemporaryDirectory(prefix="nvc-bench-runtime-") as tmp:
         work = Path(tmp)
+        config = work / "config.yaml"  # the wrapper wraps the baseline's runtime
+        config.write_text(f"runtimes: [{runtime}]\n")
+        os.environ["NVC_PY_CONFIG"] = str(config)
         rootfs = RootfsCache(work / "cache").get("debian")
         bundle = make_bundle(work / "bundle", rootfs, ["/bin/true"])
         for round_no in range(args.runs + 1):
-            for n, (label, program) in enumerate(rows.items()):
+            for n, (label, program) in rotated(rows, round_no):
                 state = work / f"state-{n}"
                 one = timed([program, "--root", str(state), "list"])
                 four = container_calls(program, state, bundle, f"nvc-bench-{n}-{round_no}")
