@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.hookfixtures import default_run_dir  # noqa: F401  (fixture)
 from harness.hookserver import LIBDIR
 from harness.installed import FRONT
@@ -27,6 +29,7 @@ from harness.ondemand import (
     servers,
 )
 from nvc.hook.server import handover
+from nvc.hook.setup import maintainer
 
 IDLE_EXIT = b"NVC_PY_SERVE_IDLE_EXIT="
 
@@ -60,6 +63,7 @@ def test_start_server_starts_a_server_that_stays_and_keeps_it(no_gpu_state) -> N
     assert result.stdout == f"nvc-py-hook: started the hook server on {sock} (pid {pid}), to stay (no idle exit)\n"
     assert result.stderr == ""
     assert not started_on_demand(pid)
+    assert b"NVC_PY_SERVE_STAYS=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")  # its successor its job
     assert os.getsid(pid) != os.getsid(0)  # detached, as one started on demand
     assert Path(f"/proc/{pid}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()  # the "host's"
     again = start_server(env)
@@ -112,9 +116,12 @@ def test_a_server_that_stays_is_not_stopped_idle_where_a_subreaper_adopted_it(no
     assert "no call for" not in sock.with_name("server.log").read_text()
 
 
-def test_a_server_that_stays_starts_its_successor_after_an_upgrade(no_gpu_state) -> None:
-    """An upgrade replaces the installed code: the next call falls back (its caller runs the new code),
-    and the server that stays, told to stop, starts the next one of the new code, which stays too."""
+@pytest.mark.parametrize("stopped_by", ["the next call", "the package's stop-servers"])
+def test_a_server_that_stays_starts_its_successor_after_an_upgrade(no_gpu_state, stopped_by: str) -> None:
+    """An upgrade replaces the installed code: the next call falls back (its caller runs the new code)
+    and tells the server to stop, or the package's postinst does (SIGTERM); the server that stays then
+    starts the next one of the new code, which stays too. Stopped with its code unchanged (setup
+    server --remove, a removal) it starts none: test_setup_starts_a_server_that_stays_…"""
     import nvc.hook
 
     env, bundle = no_gpu_state
@@ -124,8 +131,11 @@ def test_a_server_that_stays_starts_its_successor_after_an_upgrade(no_gpu_state)
     marker = Path(nvc.hook.__file__).with_name(f".upgrade-{os.getpid()}")
     marker.touch()  # what an upgrade does to the package's directory: it changes
     marker.unlink()
-    assert prestart(env, bundle, "upgraded").returncode == 0
-    assert "via" not in log_lines(env)[-1]  # run by its caller, the new code
+    if stopped_by == "the next call":
+        assert prestart(env, bundle, "upgraded").returncode == 0
+        assert "via" not in log_lines(env)[-1]  # run by its caller, the new code
+    else:
+        assert maintainer.stop_servers(str(sock)) == ([f"stopped nvc-py-hook server {first}"], [])
     deadline = time.monotonic() + 30
     while (len(servers(sock)) != 1 or servers(sock) == [first]) and time.monotonic() < deadline:
         time.sleep(0.05)  # meanwhile the old one's spares, still holding its socket, may look like servers

@@ -9,7 +9,9 @@ On demand (native/client/server_start.c): the first hook client that finds no se
 passes it the start lock (``NVC_PY_SERVE_LOCK_FD``), held until the server listens, so clients
 of a start storm wait for this server instead of starting their own, and an idle time
 (``NVC_PY_SERVE_IDLE_EXIT``, seconds) after which the server unlinks its socket, serves what was
-queued and exits.
+queued and exits. Started to stay (``nvc-py-hook start-server``, what setup runs where systemd does
+not): no idle time, and ``NVC_PY_SERVE_STAYS=1``, so that after an upgrade it starts its successor
+(nvc.hook.server.loop); a server started any other way (by hand, by another supervisor) does not.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from nvc.errors import InputError
 LISTEN_FD = 3  # SD_LISTEN_FDS_START
 LOCK_FD_ENV = "NVC_PY_SERVE_LOCK_FD"
 IDLE_EXIT_ENV = "NVC_PY_SERVE_IDLE_EXIT"
+STAYS_ENV = "NVC_PY_SERVE_STAYS"
 ACTIVATION_ENV = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
 
 
@@ -60,6 +63,11 @@ def release_start_lock() -> None:
             os.close(int(fd))
         except OSError:
             pass
+
+
+def stays() -> bool:
+    """Whether ``nvc-py-hook start-server`` started this server, to stay (its successor its own job)."""
+    return os.environ.pop(STAYS_ENV, "") == "1"
 
 
 def idle_exit() -> float | None:

@@ -133,6 +133,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
     sock = inherited if inherited is not None else listen(directory_fd, name, path)
     owned = inherited is None  # a name this server bound: unlinked when it stops
     idle = activation.idle_exit() if owned else None  # systemd's socket is not this server's to unlink
+    stays = activation.stays() and owned and idle is None
     dog = watchdog.from_environment()
     with contextlib.suppress(OSError):  # calls that found its predecessor wedged try this one at once
         os.unlink(wedge.MARKER, dir_fd=directory_fd)
@@ -170,7 +171,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                     limit = dog.due_in() if wait is None else min(dog.due_in(), quiet_since + wait - time.monotonic())
                 ready = select.select([*spares, stop_r, notes_r], [], [], None if limit is None else max(0.0, limit))[0]
                 if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
-                    if owned and idle is None and upgrade.changed():  # one that stays: after an upgrade
+                    if stays and upgrade.changed():  # start-server's, after an upgrade: its successor
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(name, dir_fd=directory_fd)
                         owned = False
@@ -215,12 +216,17 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
 
 
 def _start_successor(path: str) -> None:
-    """A server that stays (``nvc-py-hook start-server``'s: owned socket, no idle exit), stopped
+    """A server that stays (``nvc-py-hook start-server``'s: :func:`.activation.stays`), stopped
     after an upgrade replaced the installed code (a worker's :func:`.upgrade.stale`, or the package's
     ``stop-servers``), starts the next one of the new code the same way once its socket is gone, so
     that the host stays served; it says what it did (its server.log)."""
+    import prctl
+
     from nvc.system.programs import SOCKET_ENV, installed_program
 
+    # Not this subreaper's to adopt: its stop waits for every child it has (_stop), and the successor
+    # would be one, orphaned by start-server's double fork.
+    prctl.set_child_subreaper(False)
     env = {"PATH": os.environ.get("PATH", ""), SOCKET_ENV: path}
     if HOST_PID_ENV in os.environ:  # tests: the process standing for the host's (native/client/server_start.c)
         env[HOST_PID_ENV] = os.environ[HOST_PID_ENV]

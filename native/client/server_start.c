@@ -69,8 +69,9 @@
 #define SERVER_ENV_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #define IDLE_EXIT_NAME "NVC_PY_SERVE_IDLE_EXIT" /* seconds; hook/server/activation.py reads it */
 #define IDLE_EXIT_ENV IDLE_EXIT_NAME "=600"
-#define COMMAND_WAIT_MS 30000 /* at most for the server `start-server` started to listen */
-#define LOCK_FD 3             /* NVC_PY_SERVE_LOCK_FD, as passed */
+#define STAYS_ENV "NVC_PY_SERVE_STAYS=1" /* start-server's: it starts its successor after an upgrade */
+#define COMMAND_WAIT_MS 30000            /* at most for the server `start-server` started to listen */
+#define LOCK_FD 3                        /* NVC_PY_SERVE_LOCK_FD, as passed */
 #define LOCK_NAME "server.lock"
 #define LOCK_FORBIDDEN 077 /* whoever could open the lock could hold it, and no server would start */
 #define LOG_NAME "server.log"
@@ -198,8 +199,7 @@ static void exec_server(const char *socket_path, int persistent)
     snprintf(host_env, sizeof host_env, HOST_PID_ENV "=%s", stand_in ? stand_in : "");
     char *env[5] = {SERVER_ENV_PATH, lock_env};
     size_t n = 2;
-    if (!persistent)
-        env[n++] = IDLE_EXIT_ENV;
+    env[n++] = persistent ? STAYS_ENV : IDLE_EXIT_ENV;
     if (stand_in)
         env[n++] = host_env;
     env[n] = NULL;
