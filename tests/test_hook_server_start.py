@@ -11,6 +11,7 @@ end of their test.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -136,16 +137,19 @@ def test_a_server_that_stays_starts_its_successor_after_an_upgrade(no_gpu_state,
         assert "via" not in log_lines(env)[-1]  # run by its caller, the new code
     else:
         assert maintainer.stop_servers(str(sock)) == ([f"stopped nvc-py-hook server {first}"], [])
+    log = sock.with_name("server.log")
+    said = re.compile(
+        rf"nvc-py-hook serve: the installed code changed: nvc-py-hook: started the hook server on {re.escape(str(sock))} "
+        r"\(pid (\d+)\), to stay \(no idle exit\)\n"
+    )
     deadline = time.monotonic() + 30
-    while (len(servers(sock)) != 1 or servers(sock) == [first]) and time.monotonic() < deadline:
-        time.sleep(0.05)  # meanwhile the old one's spares, still holding its socket, may look like servers
-    [second] = servers(sock)
-    assert second != first and not started_on_demand(second)
-    log = sock.with_name("server.log").read_text()
-    assert (
-        f"nvc-py-hook serve: the installed code changed: nvc-py-hook: started the hook server on {sock} "
-        f"(pid {second}), to stay (no idle exit)\n" in log
-    ), log
+    while not (found := said.search(log.read_text())) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until then the old one's spares hold its socket: servers() would name one
+    assert found, log.read_text()
+    second = int(found[1])
+    while servers(sock) != [second] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the old one gone, its spares with it
+    assert servers(sock) == [second] and second != first and not started_on_demand(second)
     assert prestart(env, bundle, "after").returncode == 0 and log_lines(env)[-1].get("via") == "server"
     assert servers(sock) == [second]
 

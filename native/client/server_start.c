@@ -441,6 +441,8 @@ static pid_t persistent_in(int dirfd, int lock, const struct sockaddr_un *addr, 
     }
     listener = listener_of(sock);
     close(sock);
+    if (listener <= 0)
+        *why = "its listener's credentials cannot be read";
     return listener;
 }
 
@@ -469,7 +471,7 @@ int server_start_command(const char *socket_path)
         close(lock);
     if (dirfd >= 0)
         close(dirfd);
-    if (!listener) {
+    if (listener <= 0) {
         fprintf(stderr, "nvc-py-hook: no hook server started on %s: %s\n", socket_path, why);
         return 1;
     }

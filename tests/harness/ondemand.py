@@ -61,14 +61,29 @@ def _listening_sockets() -> set[str]:
 
 
 def kill_servers(sock: Path) -> None:
-    for pid in servers(sock):
+    """Every process of ``sock``'s servers killed: the servers, and their spares and workers too (a
+    server that died first, or stopped mid-test, can leave them running, holding its socket)."""
+    for pid in _processes_of(sock):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + 10
-    while servers(sock) and time.monotonic() < deadline:
+    while _processes_of(sock) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def _processes_of(sock: Path) -> list[int]:
+    """Pids whose command line is ``nvc-py-hook serve --socket SOCK`` (a server, its spares and workers)
+    and that have not exited (zombies aside)."""
+    wanted = f"\0serve\0--socket\0{sock}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        with suppress(OSError, IndexError):
+            if entry.name.isdigit() and wanted in (entry / "cmdline").read_bytes():
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+    return found
 
 
 @pytest.fixture
