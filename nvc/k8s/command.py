@@ -17,6 +17,18 @@ _log_level = click.option(
 )
 
 
+def _stops() -> list[int]:
+    """SIGTERM and SIGINT noted from the daemon's first line on: the kubelet or a test may stop it
+    while it still imports and discovers, and it then stops at once with status 0 instead of dying of
+    the signal. Its loop ends once the list is not empty."""
+    import signal
+
+    stop: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda number, frame: stop.append(number))
+    return stop
+
+
 @click.group("k8s", short_help="Kubernetes: the kubelet device plugin and the DRA driver.")
 def k8s() -> None:
     """Kubernetes: the kubelet device plugin and the DRA driver (docs/kubernetes.md)."""
@@ -54,6 +66,7 @@ def device_plugin(
     nvidia.com/mig-<profile> (MIG devices) and nvc-py.io/gpu-share (memory slices of the GPUs in
     k8s.share-gpus), with health from NVML's critical XIDs; re-registers when the kubelet restarts.
     The global --root and --user choose the driver root and the NVML helper's identity, as for `info`."""
+    stop = _stops()
     import os
 
     from nvc.errors import InputError
@@ -80,7 +93,7 @@ def device_plugin(
     _logging("device-plugin", log_level)
     from nvc.k8s import daemon
 
-    ctx.exit(daemon.run(opts, k8s_conf, health_file))
+    ctx.exit(daemon.run(opts, k8s_conf, stop, health_file))
 
 
 def _options(ctx: click.Context, config_path: str | None) -> tuple[Any, Any]:
@@ -193,6 +206,7 @@ def dra_driver(
     """Run the DRA driver until SIGTERM: publishes this node's GPUs and MIG devices as ResourceSlices,
     registers with the kubelet and prepares each allocated ResourceClaim as a CDI spec of its own, with
     the sharing limits of the claim's opaque configuration (docs/kubernetes.md)."""
+    stop = _stops()
     import os
     import re
 
@@ -226,4 +240,4 @@ def dra_driver(
         config_path,
     )
     _logging("dra-driver", log_level)
-    ctx.exit(driver.Driver(opts, settings, api).run())
+    ctx.exit(driver.Driver(opts, settings, api).run(stop))

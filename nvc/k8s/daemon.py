@@ -215,10 +215,8 @@ class Plugin:
 
     # ---- the loop ------------------------------------------------------------------------------
 
-    def run(self) -> int:
-        stop: list[int] = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda number, frame: stop.append(number))
+    def run(self, stop: list[int]) -> int:
+        """Until ``stop`` holds a signal's number (its command's handlers append it)."""
         try:
             while not stop:
                 if self.driver is not None:
@@ -245,5 +243,5 @@ def _rpc_text(err: Exception) -> str:
     return f"{err.code().name}: {details()}" if callable(details) and callable(getattr(err, "code", None)) else str(err)
 
 
-def run(opts: GlobalOptions, k8s: K8s, health_file: str | None = None) -> int:
-    return Plugin(opts, k8s, health_file or published.FILE).run()
+def run(opts: GlobalOptions, k8s: K8s, stop: list[int], health_file: str | None = None) -> int:
+    return Plugin(opts, k8s, health_file or published.FILE).run(stop)

@@ -191,12 +191,10 @@ class Driver:
 
     # ---- the loop ------------------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self, stop: list[int]) -> int:
+        """Until ``stop`` holds a signal's number (its command's handlers append it)."""
         from nvc.k8s.dra import service
 
-        stop: list[int] = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda number, frame: stop.append(number))
         os.makedirs(self.settings.plugin_dir, 0o750, exist_ok=True)
         served = service.sockets(
             self.settings.driver,
