@@ -56,7 +56,6 @@ from harness.timing import BenchDriver, median_row  # noqa: E402
 from nvc.system.programs import DEFAULT_SOCKET  # noqa: E402
 
 LIBDIR = Path("/usr/lib/nvc-py")
-CALLS = ("create", "start", "state", "delete")
 T = TypeVar("T")
 SETTLE = 0.2  # seconds before each row's calls
 

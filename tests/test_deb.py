@@ -92,6 +92,11 @@ say completion; COMP_WORDS="nvc-py se" COMP_CWORD=1 _NVC_PY_COMPLETE=bash_comple
 say hook; hook; hook
 nvc-py-hook prestart < state.json  # the default configuration: its log is /var/log/nvc-py.log
 old=$(servers); test -n "$old"; echo "server $old"
+stays() { tr '\0' '\n' < /proc/$1/environ | grep -qx NVC_PY_SERVE_STAYS=1; }
+say setup-without-systemd; nvc-py setup podman
+set -- $(servers)
+if [ $# != 1 ] || [ "$1" = "$old" ] || ! stays $1; then echo "servers after setup: $* (before: $old)"; exit 1; fi
+old=$1
 mkdir -p /run/nvc-py/share/ctr-1 && echo held > /run/nvc-py/share/ctr-1/limits
 echo "# the admin's edit" >> /etc/nvc-py/config.yaml
 
@@ -107,6 +112,7 @@ grep -q "the admin's edit" /etc/nvc-py/config.yaml
 test -f /run/nvc-py/share/ctr-1/limits
 say systemctl; cat systemctl.log
 hook; new=$(servers); test -n "$new" && test "$new" != "$old"; echo "server $new"
+stays $new || { echo "server $new: not the successor setup's server starts"; exit 1; }
 
 # The package's files as dpkg installed them (the configuration file is the admin's to edit).
 verified() {
@@ -281,6 +287,17 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     assert "plain,setup" in out.split("== completion\n", 1)[1]
     log = (work / "hook.log").read_text().splitlines()
     assert len(log) == 3 and all('"outcome":"no-gpu"' in line and '"via":"server"' in line for line in log), log
+    # Without systemd, setup starts a server that stays in place of the one the hooks started; the
+    # upgrade's stop-servers has it start its successor of the new code (the script checks both).
+    alone = out.split("== setup-without-systemd\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert "systemd is not running: no units written" in alone, alone
+    assert [
+        line
+        for line in alone
+        if re.fullmatch(
+            r"started the hook server on /run/nvc-py/hook\.sock \(pid \d+\), to stay \(no idle exit\)", line
+        )
+    ], alone
     upgrade = out.split("== upgrade\n", 1)[1]
     assert f"\n{version()}\n" in upgrade  # the version dpkg reports after it
     calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]

@@ -175,7 +175,7 @@ def test_no_server_says_what_a_hook_call_does_then(podman_conf: dict[str, str], 
     assert not os.path.exists(DEFAULT_SOCKET)
     assert _checks(env=podman_conf)["hook server"]["detail"] == (
         f"not running ({DEFAULT_SOCKET}); a hook call as root in PID 1's namespaces starts one (it stops after 600 s "
-        "without a call, 0.5 s where a runtime adopted it); other calls run the hook themselves; nvc-py setup (or "
+        "without a call, 0.5 s where a runtime adopted it); other calls run the hook themselves; nvc-py setup server (or "
         "/usr/lib/nvc-py/nvc-py-hook start-server) starts one that stays"
     )
     env = {**os.environ, **podman_conf}

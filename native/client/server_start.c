@@ -73,6 +73,7 @@
 #define COMMAND_WAIT_MS 30000            /* at most for the server `start-server` started to listen */
 #define LOCK_FD 3                        /* NVC_PY_SERVE_LOCK_FD, as passed */
 #define LOCK_NAME "server.lock"
+#define LOCK_PROBLEM "its " LOCK_NAME " is not a regular file only root can open"
 #define LOCK_FORBIDDEN 077 /* whoever could open the lock could hold it, and no server would start */
 #define LOG_NAME "server.log"
 
@@ -226,6 +227,9 @@ static void detach(int lock, int log)
 /* Starts the server detached, passing it the held lock and log (-1: none); 0 when it could not be forked. */
 static int spawn_server(int lock, int log, const char *socket_path, int persistent)
 {
+    /* the child's status is read below: not reaped by the kernel where the caller ignored SIGCHLD (a server
+     * starting its successor does, and an ignored disposition outlives exec) */
+    signal(SIGCHLD, SIG_DFL);
     pid_t child = fork();
     if (child < 0)
         return 0;
@@ -237,10 +241,11 @@ static int spawn_server(int lock, int log, const char *socket_path, int persiste
             exec_server(socket_path, persistent);
         _exit(server < 0);
     }
-    int status;
-    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+    int status = 0;
+    pid_t got;
+    while ((got = waitpid(child, &status, 0)) < 0 && errno == EINTR)
         ;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return got == child && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 /* name in the checked socket directory dirfd, opened with flags without blocking (a FIFO) or following a
@@ -330,13 +335,27 @@ static int end_server(pid_t pid, const char *socket_path, int log, const char *w
     return gone;
 }
 
+/* With the start lock held in dirfd: a server started (persistent: with no idle exit), in the place of victim
+ * (the listener found there, ended first; what: why, for the log line) or where none listened (victim 0), its
+ * stderr on server.log; 1 once it is forked (it holds the lock until it listens). */
+static int replace_server(int dirfd, int lock, const struct sockaddr_un *addr, pid_t victim, const char *what,
+                          int persistent)
+{
+    int log = open_roots_file(dirfd, LOG_NAME, O_WRONLY | O_APPEND | O_CREAT, 022);
+    int spawned = (victim <= 0 || end_server(victim, addr->sun_path, log, what)) &&
+                  spawn_server(lock, log, addr->sun_path, persistent);
+    if (log >= 0)
+        close(log);
+    return spawned;
+}
+
 /* With dirfd the checked socket directory: the connection, after starting a server (in place of the wedged one,
  * where wedged is its pid) or waiting for one. */
 static int start_in(int dirfd, const struct sockaddr_un *addr, pid_t wedged, const char **why)
 {
     int lock = open_roots_file(dirfd, LOCK_NAME, O_RDWR | O_CREAT, LOCK_FORBIDDEN);
     if (lock < 0) {
-        *why = "its " LOCK_NAME " is not a regular file only root can open";
+        *why = LOCK_PROBLEM;
         return -1;
     }
     if (flock(lock, LOCK_EX | LOCK_NB) == 0) {
@@ -346,15 +365,9 @@ static int start_in(int dirfd, const struct sockaddr_un *addr, pid_t wedged, con
             close(lock);
             return sock;
         }
-        int log = open_roots_file(dirfd, LOG_NAME, O_WRONLY | O_APPEND | O_CREAT, 022);
-        int spawned = 0;
         if (sock >= 0)
             close(sock);
-        if (sock < 0 || end_server(wedged, addr->sun_path, log, "wedged"))
-            spawned = spawn_server(lock, log, addr->sun_path, 0);
-        if (log >= 0)
-            close(log);
-        if (!spawned) {
+        if (!replace_server(dirfd, lock, addr, sock >= 0 ? wedged : 0, "wedged", 0)) {
             close(lock);
             return -1;
         }
@@ -422,13 +435,7 @@ static pid_t persistent_in(int dirfd, int lock, const struct sockaddr_un *addr, 
     }
     if (sock >= 0 && (listener == 1 || !started_on_demand(listener)))
         return listener; /* PID 1: systemd's socket; else one started to stay */
-    int log = open_roots_file(dirfd, LOG_NAME, O_WRONLY | O_APPEND | O_CREAT, 022);
-    int spawned = 0;
-    if (sock < 0 || end_server(listener, addr->sun_path, log, "on-demand"))
-        spawned = spawn_server(lock, log, addr->sun_path, 1);
-    if (log >= 0)
-        close(log);
-    if (!spawned) {
+    if (!replace_server(dirfd, lock, addr, sock >= 0 ? listener : 0, "on-demand", 1)) {
         *why = sock < 0 ? "it could not be forked" : "the on-demand server there did not end";
         return 0;
     }
@@ -462,7 +469,7 @@ int server_start_command(const char *socket_path)
         if (!why)
             why = "its directory cannot be made";
     } else if ((lock = open_roots_file(dirfd, LOCK_NAME, O_RDWR | O_CREAT, LOCK_FORBIDDEN)) < 0)
-        why = "its " LOCK_NAME " is not a regular file only root can open";
+        why = LOCK_PROBLEM;
     else if (!lock_within(lock, LOCK_EX, COMMAND_WAIT_MS)) /* an on-demand start under way: after it */
         why = "its " LOCK_NAME " stayed locked";
     else

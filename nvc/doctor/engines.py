@@ -359,7 +359,7 @@ def server(config_path: str | None = None) -> Check:
             )
         return skip(
             "hook server",
-            f"not running ({DEFAULT_SOCKET}); {ON_DEMAND}; nvc-py setup (or {installed_program('nvc-py-hook')} "
+            f"not running ({DEFAULT_SOCKET}); {ON_DEMAND}; nvc-py setup server (or {installed_program('nvc-py-hook')} "
             "start-server) starts one that stays",
         )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
