@@ -2,12 +2,14 @@
 nvc-py, before or after its restart, nor a program it starts (CVE-2025-23266's class): each installed
 program is started as an engine that dropped the hook's explicit ``env`` would start it, with an image's
 or an administrator's LD_PRELOAD, LD_LIBRARY_PATH, GCONV_PATH, GLIBC_TUNABLES, PYTHONPATH (with a
-sitecustomize), PYTHONHOME, PYTHONSTARTUP and PYTHONUSERBASE (with a usercustomize)."""
+sitecustomize), PYTHONHOME, PYTHONSTARTUP and PYTHONUSERBASE (with a usercustomize). The one exception
+is the runtime nvc-py-runtime executes: it gets the engine's environment whole, as without the wrapper."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +27,7 @@ SHADOWED = ("libffi.so.8",)
 ENTRY_POINTS = {
     "hook": [LIBDIR / "nvc-py-hook", "prestart"],
     "cdi-hook": [LIBDIR / "nvc-py-hook", "update-ldcache", "--folder", "/nonexistent"],
-    "runtime": [LIBDIR / "nvc-py-runtime", "--version"],
+    "runtime": [LIBDIR / "nvc-py-runtime", "create", "--bundle", "/nonexistent", "c1"],  # no runtime runs
     "cli": [LIBDIR / "nvc-py", "--version"],
     "client": [LIBDIR / "nvc-py-hook-client", LIBDIR / "nvc-py-hook-python", "poststart"],
 }
@@ -104,23 +106,29 @@ def test_the_front_drops_what_the_python_programs_drop(
     assert set(HARMLESS) <= _names(dump) and not marker.exists()
 
 
-def test_the_runtime_hands_its_runtime_no_unsafe_variable(
-    hostile_env: tuple[dict[str, str], Path], tmp_path: Path
+@pytest.mark.parametrize("args", [["state", "c1"], ["--version"]], ids=["passed through", "the program"])
+def test_the_runtime_gets_the_callers_environment_whole(
+    hostile_env: tuple[dict[str, str], Path], tmp_path: Path, args: list[str]
 ) -> None:
+    """runc, started by nvc-py-runtime, gets the engine's environment as it would without the wrapper (an
+    engine's, not a container's), the variables the front and the Python program ran without included, while
+    neither of them loaded the LD_PRELOAD library: only the runtime's own processes did."""
     env, marker = hostile_env
     program, dump = _dumper(tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(f"runtimes: [{program}]\n")
-    result = subprocess.run(
-        [str(LIBDIR / "nvc-py-runtime"), "state", "some-container"],
-        env={**env, "NVC_PY_CONFIG": str(config)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert not any(is_unsafe(name) for name in _names(dump)) and set(HARMLESS) <= _names(dump)
-    assert not marker.exists(), marker.read_text()
+    env = {**env, "NVC_PY_CONFIG": str(config)}
+    for _ in range(2):  # the first call of a pass-through command writes the runtime cache
+        dump.unlink(missing_ok=True)
+        result = subprocess.run(
+            [str(LIBDIR / "nvc-py-runtime"), *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+        got = dict(entry.split("=", 1) for entry in dump.read_text().split("\0") if entry)
+        assert {name: value for name, value in got.items() if name != "PWD"} == env
+    runtime_programs = {os.path.realpath("/bin/sh"), os.path.realpath(shutil.which("env") or "env")}
+    loaded_in = {line.split()[2] for line in marker.read_text().splitlines()}
+    assert loaded_in and loaded_in <= runtime_programs, loaded_in
 
 
 def test_every_installed_command_is_a_front_of_an_isolated_program() -> None:

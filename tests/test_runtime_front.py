@@ -42,7 +42,18 @@ def standin(tmp_path: Path) -> tuple[dict[str, str], Path]:
     program.chmod(0o755)
     config = tmp_path / "config.yaml"
     config.write_text(f"runtimes: [{program}]\n")
-    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config), "KEPT": "x y"}, out
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "NVC_PY_CONFIG": str(config),
+        "KEPT": "x y",
+        "LD_LIBRARY_PATH": str(tmp_path / "engine-libs"),  # the engine's own: the runtime gets it, Python not
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }, out
+
+
+def received_env(out: Path) -> dict[str, str]:
+    got = dict(entry.split("=", 1) for entry in (out / "env").read_text().split("\0") if entry)
+    return {k: v for k, v in got.items() if k != "PWD"}
 
 
 def cache_stamp() -> tuple[int, int] | None:
@@ -92,6 +103,7 @@ def test_a_pass_through_call_is_the_runtime_itself(standin, args: list[str]) -> 
     env, out = standin
     first = run(args, env, input="in")  # the program resolves the runtime and writes the cache
     assert first.returncode == 7 and cache_stamp(), first.stderr
+    assert received_env(out) == env  # the program's exec hands it on whole too
     before = cache_stamp()
     proc = subprocess.Popen(
         [str(RUNTIME), *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -102,8 +114,16 @@ def test_a_pass_through_call_is_the_runtime_itself(standin, args: list[str]) -> 
     assert int((out / "pid").read_text()) == proc.pid  # the same process: a signal to it reaches the runtime
     assert (out / "args").read_text().splitlines() == args
     assert (out / "stdin").read_text() == "the stdin"
-    got = dict(entry.split("=", 1) for entry in (out / "env").read_text().split("\0") if entry)
-    assert {k: v for k, v in got.items() if k != "PWD"} == env
+    assert received_env(out) == env
+
+
+@pytest.mark.parametrize("locale", [{}, {"LC_CTYPE": "POSIX"}, {"LC_ALL": "C"}], ids=["none", "LC_CTYPE", "LC_ALL"])
+def test_the_program_hands_the_runtime_the_callers_locale(standin, locale: dict[str, str]) -> None:
+    """Python sets LC_CTYPE itself where the locale is C (PEP 538): the runtime still gets the caller's."""
+    env, out = standin
+    env = {**env, **locale}
+    assert run(["--version"], env).returncode == 7  # the program answers, then executes the runtime
+    assert received_env(out) == env
 
 
 def test_preserved_descriptors_and_a_console_socket_reach_the_runtime(standin, tmp_path: Path) -> None:
@@ -305,6 +325,6 @@ def test_a_gpu_create_is_rewritten_by_the_hook_server_and_run_here(
     assert (out / "args").read_text().splitlines() == args
     assert program_fds is not None and (out / "fds").read_text() == program_fds
     assert str(kept) in program_fds.split()
-    assert "KEPT=x y" in (out / "env").read_text().split("\0")
+    assert received_env(out) == served_env
     assert [os.path.basename(h["path"]) for h in spec["hooks"]["prestart"]] in (["nvc-py-hook"], ["nvc-py-hook-client"])
     assert "/dev/nvidia0" in {d["path"] for d in spec["linux"]["devices"]}

@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, NvcError
+from nvc.system.loaderenv import runtime_environment
 
 if TYPE_CHECKING:
     from nvc.config import Config
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             print(about(config, runtime), flush=True)
             if runtime is None:
                 return 0
-            os.execv(runtime, [runtime, *args])
+            os.execve(runtime, [runtime, *args], runtime_environment())
         prepare(args, config)
         runtime = real_runtime(config)
         from nvc.hook.oci import runtimecache
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         report(args, f"{PROG}: {err}")
         log_refusal(config, args, err, started)
         return err.exit_code
-    os.execv(runtime, [runtime, *args])
+    os.execve(runtime, [runtime, *args], runtime_environment())
     return 0  # not reached
 
 
@@ -262,5 +263,5 @@ def run() -> None:
     from nvc.system.loaderenv import restart_without_unsafe_variables
     from nvc.system.stdio import guarded
 
-    restart_without_unsafe_variables()
+    restart_without_unsafe_variables(stash=True)
     sys.exit(guarded(PROG, main))

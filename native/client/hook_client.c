@@ -14,7 +14,8 @@
  * runtime once the worker rewrote the spec; anything else, the program.
  *
  * Whatever the name, it first drops from its environment every variable of nvc/system/unsafe-environment.list
- * (environment.c): neither the Python program it executes nor the server's worker sees them.
+ * (environment.c): neither the Python program it executes nor the server's worker sees them. The runtime
+ * nvc-py-runtime executes alone gets the caller's environment whole, as runc would from the engine.
  *
  * A Python program pays for an interpreter start and its imports at every run (most of its cost:
  * docs/performance.md); the server has
@@ -545,8 +546,11 @@ int main(int argc, char **argv)
     }
     /* From here argv is the call; the server runs the program its argv[0]'s basename names. */
     const char *runtime = NULL; /* nvc-py-runtime's create: the runtime to execute once a worker rewrote the spec */
-    if (target == program && !strcmp(base, "nvc-py-runtime") && !(runtime = runtime_pass_through(argc, argv)))
-        fall_back(argv);
+    if (target == program && !strcmp(base, "nvc-py-runtime")) {
+        environment_stash_for_runtime(); /* for the program's exec of the runtime */
+        if (!(runtime = runtime_pass_through(argc, argv)))
+            fall_back(argv);
+    }
     if (is_serve(argc, argv) || (target == program && !is_served(base) && !runtime))
         fall_back(argv);
     open_closed_streams(argv);
@@ -565,7 +569,7 @@ int main(int argc, char **argv)
     int status = proof >= 0 ? run_by_worker(&c, sock, proof, worker, reply, sizeof reply) : refused(reply, argv);
     if (runtime && status == 0) { /* the spec is rewritten: the runtime runs here, as the program would execute it */
         argv[0] = (char *)runtime;
-        execv(runtime, argv);
+        execve(runtime, argv, environment_original());
         argv[0] = (char *)base; /* gone since the cache named it: the program says what is wrong */
         give_up(argv);
     }

@@ -1,8 +1,8 @@
 /* nvc-py-runtime stands where an engine runs runc: containerd and dockerd call it several times for every
  * container (create, start, state, kill, delete), and all but a GPU container's create only hand their
  * arguments to the runtime. Starting Python for those costs tens of milliseconds each; the front execs the
- * runtime itself, with the same arguments, environment (less the unsafe variables), descriptors and so exit
- * status, where it can tell the Python program would do just that:
+ * runtime itself, with the same arguments, environment (the caller's whole: environment.c), descriptors and so
+ * exit status, where it can tell the Python program would do just that:
  *
  * - the command is not create (nor --help/--version, which the program answers first), or it is create and the
  *   bundle's config.json is a JSON object none of whose bytes could ask for a GPU (no NVIDIA_VISIBLE_DEVICES,
@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "environment.h"
 #include "runtime_front.h"
 #include "socket_dir.h"
 
@@ -239,6 +240,6 @@ const char *runtime_pass_through(int argc, char **argv)
     if (!runtime || kind == CALL_CREATE)
         return runtime;
     argv[0] = (char *)runtime;
-    execv(runtime, argv); /* on failure the program runs, and says what is wrong */
+    execve(runtime, argv, environment_original()); /* on failure the program runs, and says what is wrong */
     return NULL;
 }

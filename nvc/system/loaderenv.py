@@ -13,7 +13,7 @@ the native front (native/client), which drops them before it executes anything, 
 interpreters run isolated (``-I``: no PYTHON* variable, user site or working directory).
 
 The names are those of ``unsafe-environment.list`` beside this module, the one list the front
-is compiled with too.
+is compiled with too. The runtime the wrapper executes is the exception (:func:`runtime_environment`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def read_list(path: str = LIST) -> tuple[frozenset[str], tuple[str, ...]]:
 
 
 UNSAFE_NAMES, UNSAFE_PREFIXES = read_list()
+RUNTIME_STASH = "NVC_PY_RUNTIME_CALLER_ENVIRONMENT"  # as native/client/environment.h's
 
 
 def is_unsafe(name: str) -> bool:
@@ -48,13 +49,41 @@ def is_unsafe(name: str) -> bool:
     return name in UNSAFE_NAMES or name.startswith(UNSAFE_PREFIXES)
 
 
-def restart_without_unsafe_variables() -> None:
+def restart_without_unsafe_variables(*, stash: bool = False) -> None:
     """Execute this interpreter again, same command line, without the unsafe variables (if any).
 
     Returns only when there were none. File descriptors (the OCI state on a hook's stdin)
-    and the working directory carry over unchanged.
+    and the working directory carry over unchanged. With ``stash`` (the runtime wrapper) the
+    dropped entries travel as data in :data:`RUNTIME_STASH`, as the native front hands them.
     """
-    if not any(is_unsafe(name) for name in os.environ):
+    dropped = [name for name in os.environb if is_unsafe(os.fsdecode(name))]
+    if not dropped:
         return
-    env = {name: value for name, value in os.environ.items() if not is_unsafe(name)}
+    env = {name: value for name, value in os.environb.items() if name not in dropped}
+    if stash:
+        kept = [*dropped, *([b"LC_CTYPE"] if b"LC_CTYPE" in env else [])]
+        env[os.fsencode(RUNTIME_STASH)] = b"\0".join(name + b"=" + os.environb[name] for name in kept).hex().encode()
     os.execve(sys.executable, sys.orig_argv, env)
+
+
+def runtime_environment() -> dict[bytes, bytes]:
+    """The caller's environment as it came, for the runtime nvc-py-runtime executes.
+
+    The engine's environment is its own, not a container's: runc gets it whole where no wrapper
+    stands in between, so the wrapper hands it on: the entries its interpreter ran without, and the
+    caller's LC_CTYPE in place of the one the interpreter may have set (PEP 538), from :data:`RUNTIME_STASH`.
+    """
+    env = dict(os.environb)
+    stashed = env.pop(os.fsencode(RUNTIME_STASH), None)
+    if stashed is None:
+        return env
+    try:
+        entries = bytes.fromhex(stashed.decode("ascii")).split(b"\0")
+    except ValueError:  # not what the front writes: nothing to restore
+        return env
+    env.pop(b"LC_CTYPE", None)
+    for entry in entries:
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[name] = value
+    return env
