@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness.bundle import make_bundle, reachable_from_userns  # noqa: E402
 from harness.hookserver import client_hook, client_path, hook_server, program_interpreter  # noqa: E402
 from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
-from harness.timing import BenchDriver, median_row, start_container  # noqa: E402
+from harness.timing import BenchDriver, drop_page_cache, median_row, start_container  # noqa: E402
 
 HOOK_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # bash, for $EPOCHREALTIME and a pid read without forking sed: the wrapper costs one bash start.
@@ -235,13 +235,6 @@ def print_userns_table(rows: tuple[Row, ...], times: dict[str, list[float]], dur
         if durations.get(label) and durations.get(label + USERNS):
             own, own_mapped = statistics.median(durations[label]), statistics.median(durations[label + USERNS])
             print(f"{label + ': duration_ms':<50} {own:>9.1f} {own_mapped:>9.1f}  {own_mapped / own:.2f}")
-
-
-def drop_page_cache() -> None:
-    """What a first start after boot finds: nothing of the runtime's, the package's or the image's files in
-    the page cache (written back first; pages mapped by running processes, a server's, stay)."""
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def floor(python: str) -> float:

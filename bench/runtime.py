@@ -22,7 +22,9 @@ alone (a GPU asked is not given: the baseline) and through nvc-py-runtime with a
 as a host with nvc-py's server has them (crun by default, as issue 53's H100 rows). The bench runs in
 a private mount namespace of its own with a tmpfs on /run/nvc-py, where its server listens on the
 default socket the injected hook uses: the host's own server, if any, is neither used nor touched.
-The hook's log says whether each call was served.
+The hook's log says whether each call was served; a last table gives each call's median. With
+``--cold`` every row is also run right after the page cache was dropped (as the first start after boot
+finds it), each against the runtime alone's cold row.
 
 ``--gpu-create``: instead, what nvc-py-runtime itself costs a ``create`` whose spec asks for GPU 0 (its
 spec rewritten: the hook, the device nodes), with ``true`` as the runtime it then executes: with a hook
@@ -52,7 +54,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import hook_server  # noqa: E402
 from harness.rootfs import RootfsCache  # noqa: E402
-from harness.timing import BenchDriver, median_row  # noqa: E402
+from harness.timing import BenchDriver, drop_page_cache, median_row  # noqa: E402
 from nvc.system.programs import DEFAULT_SOCKET  # noqa: E402
 
 LIBDIR = Path("/usr/lib/nvc-py")
@@ -85,17 +87,18 @@ def rotated(rows: dict[str, T], round_no: int) -> Iterator[tuple[int, tuple[str,
         yield item
 
 
-def container_calls(program: str, state: Path, bundle: Path, name: str) -> float:
-    """containerd's calls for one container, in ms altogether."""
+CALLS = ("create", "start", "state", "delete")
+
+
+def container_calls(program: str, state: Path, bundle: Path, name: str) -> list[float]:
+    """containerd's calls for one container (CALLS), ms each."""
     base = [program, "--root", str(state)]
-    total = timed([*base, "create", "--bundle", str(bundle), name])
-    total += timed([*base, "start", name])
+    took = [timed([*base, "create", "--bundle", str(bundle), name]), timed([*base, "start", name])]
     deadline = time.monotonic() + 10
     while "stopped" not in subprocess.run([*base, "state", name], capture_output=True, text=True).stdout:
         if time.monotonic() > deadline:
             sys.exit(f"bench/runtime: {name} did not stop")
-    total += timed([*base, "state", name])
-    return total + timed([*base, "delete", name])
+    return [*took, timed([*base, "state", name]), timed([*base, "delete", name])]
 
 
 def gpu_create(runs: int) -> int:
@@ -148,8 +151,9 @@ def in_private_run_dir() -> None:
     os.execvpe("unshare", argv, {**os.environ, PRIVATE_ENV: "1"})
 
 
-def gpu_starts(runs: int, runtime_name: str) -> int:
-    """--gpu-start: containerd's calls for a GPU container and a plain one, RUNTIME alone and wrapped."""
+def gpu_starts(runs: int, runtime_name: str, cold: bool) -> int:
+    """--gpu-start: containerd's calls for a GPU container and a plain one, RUNTIME alone and wrapped;
+    with ``cold`` each row also right after the page cache was dropped."""
     in_private_run_dir()
     runtime = shutil.which(runtime_name) or sys.exit(f"bench/runtime: {runtime_name} not found")
     with tempfile.TemporaryDirectory(prefix="nvc-bench-runtime-") as tmp:
@@ -164,31 +168,44 @@ def gpu_starts(runs: int, runtime_name: str) -> int:
         plain = make_bundle(work / "plain", rootfs, ["/bin/true"])
         specs = {bundle: (bundle / "config.json").read_bytes() for bundle in (gpu, plain)}
         wrapper = str(LIBDIR / "nvc-py-runtime")
-        rows = {
+        kinds = {
             f"{runtime_name} alone, GPU 0 asked (not given)": (runtime, gpu),
             "nvc-py-runtime, GPU 0, served": (wrapper, gpu),
             f"{runtime_name} alone, no GPU asked": (runtime, plain),
             "nvc-py-runtime, no GPU asked": (wrapper, plain),
         }
+        rows = {
+            f"{label}{suffix}": (program, bundle, bool(suffix))
+            for label, (program, bundle) in kinds.items()
+            for suffix in ((", cold", "") if cold else ("",))
+        }
         times: dict[str, list[float]] = {label: [] for label in rows}
+        calls: dict[str, list[list[float]]] = {label: [] for label in rows}
         with driver.activation, hook_server(LIBDIR / "nvc-py-hook", Path(DEFAULT_SOCKET)):
             for round_no in range(runs + 1):
-                for n, (label, (program, bundle)) in rotated(rows, round_no):
+                for n, (label, (program, bundle, row_cold)) in rotated(rows, round_no):
                     (bundle / "config.json").write_bytes(specs[bundle])
+                    if row_cold:
+                        drop_page_cache()
                     took = container_calls(program, work / f"state-{n}", bundle, f"nvc-bench-{n}-{round_no}")
                     if program == wrapper and bundle == gpu and b"nvidia0" not in (bundle / "config.json").read_bytes():
                         sys.exit(f"bench/runtime: {label}: the spec was not given GPU 0")
                     if round_no:
-                        times[label].append(took)
+                        times[label].append(sum(took))
+                        calls[label].append(took)
         lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     configured = [line for line in lines if line.get("outcome") == "configured"]
     served = sum(line.get("via") == "server" for line in configured)
     print(f"== bench/runtime --gpu-start: {described}; {runtime} wrapped; {runs} rounds, medians in ms ==")
     print(f"{'create+start+state+delete':<44} {'median':>9} {'min':>7} {'max':>7}  vs {runtime_name} alone")
     for label, got in times.items():
-        base = times[f"{runtime_name} alone, {'GPU 0 asked (not given)' if 'GPU 0' in label else 'no GPU asked'}"]
+        kind = "GPU 0 asked (not given)" if "GPU 0" in label else "no GPU asked"
+        base = times[f"{runtime_name} alone, {kind}{', cold' if label.endswith(', cold') else ''}"]
         print(f"{median_row(label, got)}{statistics.median(got) / statistics.median(base):.2f}x")
     print(f"the prestart hooks: {len(configured)} configured GPU 0, {served} of them served")
+    print(f"{'each call, median ms':<44} " + " ".join(f"{call:>7}" for call in CALLS))
+    for label, rounds in calls.items():
+        print(f"{label:<44} " + " ".join(f"{statistics.median(each):7.1f}" for each in zip(*rounds, strict=True)))
     return 0
 
 
@@ -199,11 +216,12 @@ def main() -> int:
     parser.add_argument("--nvidia", help="NVIDIA's nvidia-container-runtime, to measure beside")
     parser.add_argument("--gpu-create", action="store_true", help="a GPU create, served and with no server")
     parser.add_argument("--gpu-start", action="store_true", help="a GPU container's calls (default runtime crun)")
+    parser.add_argument("--cold", action="store_true", help="with --gpu-start: each row also after dropping caches")
     args = parser.parse_args()
     if args.gpu_create:
         return gpu_create(args.runs)
     if args.gpu_start:
-        return gpu_starts(args.runs, args.runtime or "crun")
+        return gpu_starts(args.runs, args.runtime or "crun", args.cold)
     args.runtime = args.runtime or "runc"
     runtime = shutil.which(args.runtime) or sys.exit(f"bench/runtime: {args.runtime} not found")
     rows = {
@@ -225,7 +243,7 @@ def main() -> int:
             for n, (label, program) in rotated(rows, round_no):
                 state = work / f"state-{n}"
                 one = timed([program, "--root", str(state), "list"])
-                four = container_calls(program, state, bundle, f"nvc-bench-{n}-{round_no}")
+                four = sum(container_calls(program, state, bundle, f"nvc-bench-{n}-{round_no}"))
                 if round_no:
                     times[label]["one"].append(one)
                     times[label]["four"].append(four)

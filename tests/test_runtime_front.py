@@ -328,3 +328,30 @@ def test_a_gpu_create_is_rewritten_by_the_hook_server_and_run_here(
     assert received_env(out) == served_env
     assert [os.path.basename(h["path"]) for h in spec["hooks"]["prestart"]] in (["nvc-py-hook"], ["nvc-py-hook-client"])
     assert "/dev/nvidia0" in {d["path"] for d in spec["linux"]["devices"]}
+
+
+@pytest.mark.parametrize(
+    ("env", "config", "poststop"),
+    [
+        ({}, "", False),
+        ({"NVC_SHARE_MEMORY_LIMIT": "1g"}, "", True),
+        ({}, "sharing: {enabled: true}\n", True),
+        ({"NVC_SHARE_MEMORY_LIMIT": "lots"}, "", True),  # the prestart hook refuses it with its own line
+    ],
+    ids=["not shared", "shared", "shared by the configuration", "limits that do not parse"],
+)
+def test_the_poststop_hook_only_where_the_container_may_share(
+    active_2gpu, standin, tmp_path: Path, env: dict[str, str], config: str, poststop: bool
+) -> None:
+    """The poststop hook only drops a sharing container's files: a container sharing nothing is spared a
+    hook call at its delete."""
+    caller_env, _ = standin
+    Path(caller_env["NVC_PY_CONFIG"]).write_text(
+        f"root: {active_2gpu.root}\nruntimes: [{tmp_path / 'standin-runtime'}]\n{config}"
+    )
+    bundle = bundle_with(tmp_path, plain_spec(NVIDIA_VISIBLE_DEVICES="0", **env))
+    result = run(["create", "--bundle", str(bundle), "c1"], {**caller_env, "NVC_PY_HOOK_SOCKET": "none"})
+    assert result.returncode == 7, result.stderr
+    hooks = json.loads((bundle / "config.json").read_text())["hooks"]
+    assert "prestart" in hooks and ("poststop" in hooks) == poststop
+

@@ -79,6 +79,22 @@ def container_request(
     )
 
 
+def share_request(config: Config, ctr: Container) -> ShareRequest | None:
+    """The container's GPU sharing (its env or a device plugin's mounts, the configuration's defaults),
+    None where it shares nothing; :class:`InputError` for limits that do not parse."""
+    from nvc.containerenv.sharing import share_env
+    from nvc.plan import fromenv
+
+    sharing = fromenv.parse_share_env(share_env(ctr.env, ctr.mounts, policy(config)))
+    if config.sharing.enabled:
+        sharing = fromenv.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
+    if sharing is None:
+        return None
+    from nvc.plan.mps import with_configured
+
+    return sharing._replace(backend=with_configured(sharing.backend, config.sharing.backend))
+
+
 def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
     """Configure the container of the state in ``stdin``; ``record`` collects the log line's fields."""
     from nvc.hook.oci import spec
@@ -104,17 +120,10 @@ def prestart(config: Config, stdin: bytes, record: dict[str, Any]) -> None:
             "process (linux.namespaces): nvc-py configures only a container with a mount "
             "namespace of its own; give it one, or ask for no GPU"
         )
-    from nvc.containerenv.sharing import share_env
     from nvc.pipeline.configure import configure
 
     # junk limits refuse the container before anything changes; its sharing files are steps of the plan
-    sharing = fromenv.parse_share_env(share_env(ctr.env, ctr.mounts, policy(config)))
-    if config.sharing.enabled:
-        sharing = fromenv.with_defaults(sharing, config.sharing.device_memory_limit, config.sharing.device_sm_limit)
-    if sharing is not None:
-        from nvc.plan.mps import with_configured
-
-        sharing = sharing._replace(backend=with_configured(sharing.backend, config.sharing.backend))
+    sharing = share_request(config, ctr)
     configure(global_options(config), container_request(config, state, ctr, req, sharing))
     if sharing:
         record["share"] = {"memory": dict(sharing.memory), "compute": dict(sharing.compute)}

@@ -2,9 +2,9 @@
 
 containerd (and anything else that only knows runtimes, not hooks) runs it in place of
 runc. On ``create`` it reads the bundle's ``config.json``; when the spec asks for GPUs it
-adds the ``nvc-py-hook`` prestart hook and the poststop one (which cleans up after GPU
-sharing) unless they are there, the device nodes and their cgroup rules (and the nodes'
-/dev/char links, without which systemd drops the rules on a reload:
+adds the ``nvc-py-hook`` prestart hook and, where the container may share a GPU, the
+poststop one (which cleans up after GPU sharing) unless they are there, the device nodes and
+their cgroup rules (and the nodes' /dev/char links, without which systemd drops the rules on a reload:
 :func:`nvc.cdi.devnodes.char_links`), writes the spec back atomically, and then execs the
 real runtime with the original arguments. Every other subcommand is passed straight through.
 """
@@ -23,6 +23,7 @@ from nvc.system.loaderenv import runtime_environment
 
 if TYPE_CHECKING:
     from nvc.config import Config
+    from nvc.hook.oci.spec import Container
 
 PROG = "nvc-py-runtime"
 # runc/crun global options that take a value (as a separate word) before the subcommand.
@@ -69,8 +70,20 @@ def has_nvc_hook(spec: dict[str, Any], stage: str) -> bool:
     )
 
 
+def shares(config: Config, ctr: Container) -> bool:
+    """Whether the container may share its GPUs, so that its poststop hook has something to drop: limits
+    that do not parse count (the prestart hook refuses them with its own line)."""
+    from nvc.hook.oci.prestart import share_request
+
+    try:
+        return share_request(config, ctr) is not None
+    except InputError:
+        return True
+
+
 def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
-    """Add the hook, device nodes and cgroup rules to ``spec`` if it asks for GPUs; True if changed."""
+    """Add the hook (and the poststop one where the container may share a GPU), device nodes and cgroup
+    rules to ``spec`` if it asks for GPUs; True if changed."""
     from nvc.cdi import devnodes
     from nvc.hook.oci import spec as oci
     from nvc.hook.oci.prestart import global_options, policy
@@ -83,7 +96,7 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
     if req is None:
         return False
     changed = False
-    for stage in ("prestart", "poststop"):
+    for stage in ("prestart", "poststop") if shares(config, ctr) else ("prestart",):
         if not has_nvc_hook(spec, stage):
             spec.setdefault("hooks", {}).setdefault(stage, []).append(oci_hook(stage, config.path))
             changed = True
@@ -94,7 +107,8 @@ def rewrite(spec: dict[str, Any], bundle: str, config: Config) -> bool:
 
 
 def write_atomic(path: str, spec: dict[str, Any]) -> None:
-    """Replace ``path`` with ``spec``: a reader sees the old file or the new one, never a torn one."""
+    """Replace ``path`` with ``spec``: a reader sees the old file or the new one, never a torn one. No
+    fsync: a bundle lives as long as its container, which a crash ends (the engine writes it anew)."""
     tmp = f"{path}.nvc-py.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
@@ -102,7 +116,6 @@ def write_atomic(path: str, spec: dict[str, Any]) -> None:
             json.dump(spec, f)
             f.flush()
             os.fchmod(f.fileno(), os.stat(path).st_mode & 0o7777)
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.lexists(tmp):
@@ -162,8 +175,8 @@ def about(config: Config, runtime: str | None) -> str:
     execs = runtime or f"no runtime found (tried {', '.join(config.runtimes)})"
     return (
         f"{PROG} {__version__} (nvc-py): an OCI runtime that is runc or crun plus nvc-py's hooks for GPU\n"
-        f"containers (on create it adds the nvc-py-hook prestart and poststop hooks, the device nodes\n"
-        f"and their cgroup rules to a spec asking for GPUs); every command is then run by\n"
+        f"containers (on create it adds the nvc-py-hook prestart hook, and poststop where GPUs are shared,\n"
+        f"the device nodes and their cgroup rules to a spec asking for GPUs); every command is then run by\n"
         f"{execs} (configuration: {config.path or 'built-in defaults'}, its 'runtimes' key).\n"
     )
 
