@@ -397,14 +397,13 @@ BACKEND_PAIRS = (
 
 def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") -> None:
     """Two training steps of workload started together under each backend: their sum as % of one alone and
-    the second's part of the sum (its weight's: 75 %); medians of `runs` runs, rows interleaved run by run."""
-    alone = statistics.median(
-        sharegpu.torch_output(sharegpu.torch_run(workload, sharegpu.shim_env(None), REAL_SECONDS))[0]
-        for _ in range(runs)
-    )
+    the second's part of the sum (its weight's: 75 %); medians of `runs` runs, rows interleaved run by run,
+    each run with one alone among them (the GPU's speed drifts between calls by as much as 10 %)."""
     pairs = [row for row in BACKEND_PAIRS if row[0] in wanted(label for label, *_ in BACKEND_PAIRS)]
     rows: dict[str, list[list[float]]] = {label: [] for label, *_ in pairs}
+    alone_runs: list[float] = []
     for k in range(runs):
+        alone_runs.append(sharegpu.torch_output(sharegpu.torch_run(workload, sharegpu.shim_env(None), REAL_SECONDS))[0])
         for n, (label, through_mps, first, second) in enumerate(pairs):
             path = tmp_path / f"pair-{n}-{k}"
             path.mkdir()
@@ -420,12 +419,14 @@ def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") 
                 )
                 start_at = time.time() + 15
                 procs = [sharegpu.torch_run(workload, env, REAL_SECONDS, start_at) for env in envs]
-                rates = [100 * sharegpu.torch_output(p)[0] / alone for p in procs]
+                rates = [sharegpu.torch_output(p)[0] for p in procs]
             rows[label].append(rates)
-            print(f"  run {k + 1}: {label}: {rates[0]:.1f} + {rates[1]:.1f} %")
+            print(f"  run {k + 1}: {label}: {rates[0]:.2f} + {rates[1]:.2f} it/s (alone {alone_runs[-1]:.2f})")
+    alone = statistics.median(alone_runs)
+    rows = {label: [[100 * r / alone for r in rates] for rates in got] for label, got in rows.items()}
     print(
-        f"\ntwo {workload} trainers by backend ({alone:.2f} it/s alone), {REAL_SECONDS} s, started together; medians of "
-        f"{runs} runs"
+        f"\ntwo {workload} trainers by backend ({alone:.2f} it/s alone: {_range(alone_runs)}), {REAL_SECONDS} s, "
+        f"started together; medians of {runs} runs"
     )
     print(f"{'pair':>30}{'sum':>8}{'second part':>13}{'want':>6}{'sum range':>16}{'part range':>16}")
     for label, _, first, _second in pairs:
