@@ -131,8 +131,8 @@ lint-python: pip-deps
 	$(ENV_PYTHON) -m mypy --no-incremental
 
 # The C files kept in clang-format's style: .clang-format, and tests/.clang-format for the test doubles' (the
-# generated client/unsafe_env.h aside).
-C_FILES = $(shell find native tests/fakedriver/src tests/share_programs -name '*.[ch]' ! -name unsafe_env.h | sort)
+# generated client/unsafe_env.h and version.h aside).
+C_FILES = $(shell find native tests/fakedriver/src tests/share_programs -name '*.[ch]' ! -name unsafe_env.h ! -name version.h | sort)
 
 ## lint-c: the C checks: every C file in clang-format's style (make format-c applies it), and the shim and the
 ## hook client compiled with warnings as errors (native/Makefile's WARNINGS)

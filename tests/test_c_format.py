@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 FORMATTED = (REPO / "native", REPO / "tests" / "fakedriver", REPO / "tests" / "share_programs")
-GENERATED = {"unsafe_env.h"}  # native/Makefile writes it from nvc/system/unsafe-environment.list
+GENERATED = {"unsafe_env.h", "version.h"}  # native/Makefile writes them (the unsafe list, the version)
 
 
 def make(*args: str) -> subprocess.CompletedProcess[str]:

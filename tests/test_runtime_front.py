@@ -17,6 +17,7 @@ import pytest
 from harness.hookfixtures import default_run_dir, served  # noqa: F401  (fixtures)
 from harness.hookserver import LIBDIR, hook_server
 from harness.installed import HOOK
+from nvc import __version__
 from nvc.hook.oci.runtimecache import CACHE_PATH as CACHE
 
 RUNTIME = LIBDIR / "nvc-py-runtime"
@@ -191,13 +192,36 @@ def test_a_create_that_could_ask_for_a_gpu_goes_to_the_program(standin, tmp_path
         assert result.stderr.startswith("nvc-py-runtime: initialization error:"), result.stderr
 
 
-@pytest.mark.parametrize("option", ["--version", "--help"])
+@pytest.mark.parametrize("option", ["--version", "--help", "-v", "-h"])
 def test_help_and_version_say_what_nvc_py_runtime_is_first(standin, option: str) -> None:
+    """The program says what nvc-py-runtime is, then the runtime answers; once the program stored its
+    answer in the runtime cache the front gives the same without Python. Among other words it is the
+    program's (runc takes --version only alone)."""
     env, out = standin
-    run(["state", "c1"], env)
-    result = run([option], env)
-    assert result.returncode == 7 and result.stdout.startswith("nvc-py-runtime "), result.stdout
+    Path(CACHE).unlink(missing_ok=True)
+    by_program = run([option], env)
+    assert by_program.returncode == 7 and by_program.stdout.startswith("nvc-py-runtime "), by_program.stdout
+    assert by_program.stdout.endswith("'runtimes' key).\n\n") and (out / "args").read_text().splitlines() == [option]
+    (out / "args").unlink()
+    before = cache_stamp()
+    by_front = run([option], env)
+    assert cache_stamp() == before  # no Python: the program writes the cache anew at every run
+    assert (by_front.returncode, by_front.stdout, by_front.stderr) == (7, by_program.stdout, by_program.stderr)
     assert (out / "args").read_text().splitlines() == [option]
+    assert run(["--debug", option], env).returncode == 7 and cache_stamp() != before  # the program's
+
+
+def test_an_older_programs_cache_is_not_believed(standin) -> None:
+    """An upgrade's front believes no runtime cache an older program wrote (its about text says the older
+    version): the magic carries nvc-py's version."""
+    env, _ = standin
+    assert run(["state", "c1"], env).returncode == 7
+    text = Path(CACHE).read_bytes()
+    older = text.replace(f"nvc-py-runtime/2 {__version__}\0".encode(), b"nvc-py-runtime/2 0.0.1\0", 1)
+    assert older != text
+    Path(CACHE).write_bytes(older)
+    before = cache_stamp()
+    assert run(["state", "c1"], env).returncode == 7 and cache_stamp() != before  # the program ran
 
 
 def test_a_changed_configuration_or_path_is_seen_at_once(standin, tmp_path: Path) -> None:
@@ -230,7 +254,7 @@ def test_only_roots_own_cache_is_believed(standin, tmp_path: Path, tamper: str) 
         os.unlink(CACHE)
         os.symlink(copy, CACHE)
     else:
-        Path(CACHE).write_bytes(Path(CACHE).read_bytes().replace(b"nvc-py-runtime/1", b"nvc-py-runtime/0"))
+        Path(CACHE).write_bytes(Path(CACHE).read_bytes().replace(b"nvc-py-runtime/2", b"nvc-py-runtime/0"))
     before = cache_stamp()
     assert run(["state", "c1"], env).returncode == 7  # the program ran the stand-in, and rewrote the cache
     assert cache_stamp() != before and os.stat(CACHE).st_mode & 0o777 == 0o600
@@ -354,4 +378,3 @@ def test_the_poststop_hook_only_where_the_container_may_share(
     assert result.returncode == 7, result.stderr
     hooks = json.loads((bundle / "config.json").read_text())["hooks"]
     assert "prestart" in hooks and ("poststop" in hooks) == poststop
-

@@ -169,7 +169,7 @@ _ABOUT_OPTIONS = ("--help", "-h", "--version", "-v")
 
 
 def about(config: Config, runtime: str | None) -> str:
-    """What ``--help``/``--version`` print before the real runtime's own answer."""
+    """What ``--help``/``--version`` print before the real runtime's own answer (a blank line between)."""
     from nvc import __version__
 
     execs = runtime or f"no runtime found (tried {', '.join(config.runtimes)})"
@@ -177,7 +177,7 @@ def about(config: Config, runtime: str | None) -> str:
         f"{PROG} {__version__} (nvc-py): an OCI runtime that is runc or crun plus nvc-py's hooks for GPU\n"
         f"containers (on create it adds the nvc-py-hook prestart hook, and poststop where GPUs are shared,\n"
         f"the device nodes and their cgroup rules to a spec asking for GPUs); every command is then run by\n"
-        f"{execs} (configuration: {config.path or 'built-in defaults'}, its 'runtimes' key).\n"
+        f"{execs} (configuration: {config.path or 'built-in defaults'}, its 'runtimes' key).\n\n"
     )
 
 
@@ -249,15 +249,16 @@ def main(argv: list[str] | None = None) -> int:
                 runtime = real_runtime(config)
             except InputError:
                 runtime = None
-            print(about(config, runtime), flush=True)
+            print(about(config, runtime), end="", flush=True)
             if runtime is None:
                 return 0
-            os.execve(runtime, [runtime, *args], runtime_environment())
-        prepare(args, config)
-        runtime = real_runtime(config)
+        else:
+            prepare(args, config)
+            runtime = real_runtime(config)
         from nvc.hook.oci import runtimecache
 
-        runtimecache.store(config_file.config_path(), runtime)  # the front passes calls through from now on
+        # the front passes calls through from now on, and answers --help/--version as this program did
+        runtimecache.store(config_file.config_path(), runtime, about(config, runtime))
     except NvcError as err:
         report(args, f"{PROG}: {err}")
         log_refusal(config, args, err, started)

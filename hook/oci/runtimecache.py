@@ -7,17 +7,20 @@ sees: the configuration file's identity (a missing file is "absent": the default
 of each of its directories (a runtime installed or removed in one of them changes it). Any difference,
 and the front runs the program, which resolves the runtime again and writes the file anew.
 
-Its format is the front's: NUL-terminated fields (magic, configuration file, its identity, PATH, its
-directories' identities joined by ``;``, the runtime). Root's own file in root's /run/nvc-py, as every
-cache there (:mod:`nvc.system.runcache`).
+Its format is the front's: NUL-terminated fields (magic, with nvc-py's version: an upgraded front
+believes no older program's file; configuration file, its identity, PATH, its directories' identities
+joined by ``;``, the runtime, and what ``--help``/``--version`` print before the runtime answers). Root's
+own file in root's /run/nvc-py, as every cache there (:mod:`nvc.system.runcache`).
 """
 
 from __future__ import annotations
 
 import os
 
+from nvc import __version__
+
 CACHE_PATH = "/run/nvc-py/runtime-cache"
-MAGIC = "nvc-py-runtime/1"
+MAGIC = f"nvc-py-runtime/2 {__version__}"  # as native/client/runtime_front.c's CACHE_MAGIC
 
 
 def identity(path: str) -> str:
@@ -49,11 +52,12 @@ def key(config_file: str, search_path: str | None) -> list[str] | None:
     return [MAGIC, config_file, config, search_path, ";".join(found)]
 
 
-def store(config_file: str, runtime: str) -> None:
-    """Record ``runtime`` as what this process's configuration file and PATH resolve to; best effort."""
+def store(config_file: str, runtime: str, about: str) -> None:
+    """Record ``runtime`` as what this process's configuration file and PATH resolve to, and ``about``
+    (nvc-py-runtime's own lines before a runtime's --help or --version); best effort."""
     from nvc.system import runcache
 
     fields = key(config_file, os.environ.get("PATH"))
-    if fields is None or not os.path.isabs(runtime):
+    if fields is None or not os.path.isabs(runtime) or "\0" in about:
         return
-    runcache.store(CACHE_PATH, b"".join(os.fsencode(field) + b"\0" for field in [*fields, runtime]))
+    runcache.store(CACHE_PATH, b"".join(os.fsencode(field) + b"\0" for field in [*fields, runtime, about]))

@@ -4,7 +4,7 @@
  * runtime itself, with the same arguments, environment (the caller's whole: environment.c), descriptors and so
  * exit status, where it can tell the Python program would do just that:
  *
- * - the command is not create (nor --help/--version, which the program answers first), or it is create and the
+ * - the command is not create (--help or --version alone: the about text the program stored first), or it is create and the
  *   bundle's config.json is a JSON object none of whose bytes could ask for a GPU (no NVIDIA_VISIBLE_DEVICES,
  *   no CUDA_VERSION (a legacy image's default), no nvidia-container-devices volume, no \u escape that could
  *   spell one): nvc/plan/fromenv.py's gpu_request would find nothing in it;
@@ -32,13 +32,13 @@
 #include "environment.h"
 #include "runtime_front.h"
 #include "socket_dir.h"
+#include "version.h"
 
 #define CACHE_DIR "/run/nvc-py"
 #define CACHE_NAME "runtime-cache"
-#define CACHE_MAGIC "nvc-py-runtime/1"
-#define CACHE_FIELDS 6        /* magic, configuration file, its identity, PATH, its directories, runtime */
-#define MAX_CACHE (64 * 1024) /* bytes: paths and a few numbers */
-#define MAX_SPEC (64ll << 20) /* as hook/oci/spec.py's MAX_SPEC_SIZE */
+#define CACHE_MAGIC "nvc-py-runtime/2 " NVC_VERSION /* an upgrade's front believes no older program's */
+#define MAX_CACHE (64 * 1024)                       /* bytes: paths and a few numbers */
+#define MAX_SPEC (64ll << 20)                       /* as hook/oci/spec.py's MAX_SPEC_SIZE */
 #define CONFIG_ENV "NVC_PY_CONFIG"
 #define DEFAULT_CONFIG "/etc/nvc-py/config.yaml"
 
@@ -130,8 +130,9 @@ static int cache_key(struct text *key)
     return !key->full;
 }
 
-/* The runtime the cache names for this call, or NULL. Only root's own file in root's own directory. */
-static const char *cached_runtime(void)
+/* The runtime the cache names for this call, or NULL; *about: what --help/--version print first. Only root's own
+ * file in root's own directory. */
+static const char *cached_runtime(const char **about)
 {
     static struct text key;
     static char cache[MAX_CACHE + 1];
@@ -152,10 +153,29 @@ static const char *cached_runtime(void)
     close(fd);
     if (n <= 0 || n > MAX_CACHE || (size_t)n <= key.len || memcmp(cache, key.buf, key.len) != 0 || cache[n - 1])
         return NULL;
-    const char *runtime = cache + key.len; /* the last field: one NUL-terminated path */
-    if ((size_t)n != key.len + strlen(runtime) + 1 || runtime[0] != '/' || access(runtime, X_OK) != 0)
+    const char *runtime = cache + key.len; /* then two NUL-terminated fields: a path and a text */
+    size_t runtime_len = strlen(runtime) + 1;
+    if (key.len + runtime_len >= (size_t)n)
+        return NULL;
+    *about = runtime + runtime_len;
+    if ((size_t)n != key.len + runtime_len + strlen(*about) + 1 || runtime[0] != '/' || access(runtime, X_OK) != 0)
         return NULL;
     return runtime;
+}
+
+/* All of text on stdout, or 0. */
+static int write_all(const char *text)
+{
+    for (size_t left = strlen(text); left;) {
+        ssize_t n = write(STDOUT_FILENO, text, left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return 0;
+        text += n;
+        left -= (size_t)n;
+    }
+    return 1;
 }
 
 static int is_value_option(const char *word)
@@ -204,17 +224,24 @@ static int spec_without_gpu(const char *bundle)
 
 /* What the Python program would do with these arguments (argv[1..]). */
 enum call_kind {
-    CALL_PROGRAM,      /* something of its own: --help, --version, no command */
+    CALL_PROGRAM,      /* something of its own: --help or --version among others, no command */
+    CALL_ABOUT,        /* --help or --version alone: say what nvc-py-runtime is, then execute the runtime */
     CALL_PASS_THROUGH, /* only execute the runtime */
     CALL_CREATE,       /* a create whose spec may ask for a GPU: rewrite it, then execute the runtime */
 };
 
+static int is_about_option(const char *word)
+{
+    return !strcmp(word, "--help") || !strcmp(word, "-h") || !strcmp(word, "--version") || !strcmp(word, "-v");
+}
+
 static enum call_kind call_kind(int argc, char **argv)
 {
+    if (argc == 2 && is_about_option(argv[1]))
+        return CALL_ABOUT; /* as hook/oci/runtime.py's _ABOUT_OPTIONS */
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || !strcmp(argv[i], "--version") ||
-            !strcmp(argv[i], "-v"))
+        if (is_about_option(argv[i]))
             return CALL_PROGRAM; /* the program says what it is first */
         if (!strchr(argv[i], '=') && is_value_option(argv[i]) && i + 1 < argc)
             i++;
@@ -236,9 +263,12 @@ static enum call_kind call_kind(int argc, char **argv)
 const char *runtime_pass_through(int argc, char **argv)
 {
     enum call_kind kind = call_kind(argc, argv);
-    const char *runtime = kind == CALL_PROGRAM ? NULL : cached_runtime();
+    const char *about = NULL;
+    const char *runtime = kind == CALL_PROGRAM ? NULL : cached_runtime(&about);
     if (!runtime || kind == CALL_CREATE)
         return runtime;
+    if (kind == CALL_ABOUT && !write_all(about))
+        return NULL; /* the program says what is wrong with stdout */
     argv[0] = (char *)runtime;
     execve(runtime, argv, environment_original()); /* on failure the program runs, and says what is wrong */
     return NULL;
