@@ -11,7 +11,8 @@ it (its own ``--root`` state directory):
   the Python program alone      /usr/lib/nvc-py/nvc-py-runtime-python: every call through Python
   NVIDIA's runtime              --nvidia PATH, where one was built (its own configuration)
 
-Columns: one call (``list``), and containerd's four calls for one container that asks for no GPU
+Columns: one call (``list``), ``--version`` (which nvc-py-runtime answers first, then the runtime), and
+containerd's four calls for one container that asks for no GPU
 (``create``, ``start``, ``state``, ``delete`` of a busybox ``true``). Medians of the rounds in ms,
 with each row's ratio to the baseline of the same run. Run it as root with the installed nvc-py's
 interpreter: ``/usr/lib/nvc-py/venv/bin/python bench/runtime.py``.
@@ -59,7 +60,7 @@ from nvc.system.programs import DEFAULT_SOCKET  # noqa: E402
 
 LIBDIR = Path("/usr/lib/nvc-py")
 T = TypeVar("T")
-SETTLE = 0.2  # seconds before each row's calls
+SETTLE = 0.2  # seconds before each row's calls (--settle)
 
 
 def timed(argv: list[str]) -> float:
@@ -75,7 +76,7 @@ def timed(argv: list[str]) -> float:
     return took
 
 
-def rotated(rows: dict[str, T], round_no: int) -> Iterator[tuple[int, tuple[str, T]]]:
+def rotated(rows: dict[str, T], round_no: int, settle: float = SETTLE) -> Iterator[tuple[int, tuple[str, T]]]:
     """The rows numbered, in the order of round ``round_no``: each round starts one row later, so that
     no row always follows the same one, and each after SETTLE seconds (a row right after a served GPU
     start or the Python program's calls was measured up to 2x slower on the H100: the machine still
@@ -83,7 +84,7 @@ def rotated(rows: dict[str, T], round_no: int) -> Iterator[tuple[int, tuple[str,
     items = list(enumerate(rows.items()))
     shift = round_no % len(items)
     for item in items[shift:] + items[:shift]:
-        time.sleep(SETTLE)
+        time.sleep(settle)
         yield item
 
 
@@ -151,7 +152,7 @@ def in_private_run_dir() -> None:
     os.execvpe("unshare", argv, {**os.environ, PRIVATE_ENV: "1"})
 
 
-def gpu_starts(runs: int, runtime_name: str, cold: bool) -> int:
+def gpu_starts(runs: int, runtime_name: str, cold: bool, settle: float) -> int:
     """--gpu-start: containerd's calls for a GPU container and a plain one, RUNTIME alone and wrapped;
     with ``cold`` each row also right after the page cache was dropped."""
     in_private_run_dir()
@@ -183,7 +184,7 @@ def gpu_starts(runs: int, runtime_name: str, cold: bool) -> int:
         calls: dict[str, list[list[float]]] = {label: [] for label in rows}
         with driver.activation, hook_server(LIBDIR / "nvc-py-hook", Path(DEFAULT_SOCKET)):
             for round_no in range(runs + 1):
-                for n, (label, (program, bundle, row_cold)) in rotated(rows, round_no):
+                for n, (label, (program, bundle, row_cold)) in rotated(rows, round_no, settle):
                     (bundle / "config.json").write_bytes(specs[bundle])
                     if row_cold:
                         drop_page_cache()
@@ -196,7 +197,10 @@ def gpu_starts(runs: int, runtime_name: str, cold: bool) -> int:
         lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     configured = [line for line in lines if line.get("outcome") == "configured"]
     served = sum(line.get("via") == "server" for line in configured)
-    print(f"== bench/runtime --gpu-start: {described}; {runtime} wrapped; {runs} rounds, medians in ms ==")
+    print(
+        f"== bench/runtime --gpu-start: {described}; {runtime} wrapped; {runs} rounds, each row after {settle} s idle, "
+        "medians in ms =="
+    )
     print(f"{'create+start+state+delete':<44} {'median':>9} {'min':>7} {'max':>7}  vs {runtime_name} alone")
     for label, got in times.items():
         kind = "GPU 0 asked (not given)" if "GPU 0" in label else "no GPU asked"
@@ -217,11 +221,12 @@ def main() -> int:
     parser.add_argument("--gpu-create", action="store_true", help="a GPU create, served and with no server")
     parser.add_argument("--gpu-start", action="store_true", help="a GPU container's calls (default runtime crun)")
     parser.add_argument("--cold", action="store_true", help="with --gpu-start: each row also after dropping caches")
+    parser.add_argument("--settle", type=float, default=SETTLE, help=f"idle seconds before each row (default {SETTLE})")
     args = parser.parse_args()
     if args.gpu_create:
         return gpu_create(args.runs)
     if args.gpu_start:
-        return gpu_starts(args.runs, args.runtime or "crun", args.cold)
+        return gpu_starts(args.runs, args.runtime or "crun", args.cold, args.settle)
     args.runtime = args.runtime or "runc"
     runtime = shutil.which(args.runtime) or sys.exit(f"bench/runtime: {args.runtime} not found")
     rows = {
@@ -231,7 +236,7 @@ def main() -> int:
     }
     if args.nvidia:
         rows["NVIDIA's runtime"] = args.nvidia
-    times: dict[str, dict[str, list[float]]] = {label: {"one": [], "four": []} for label in rows}
+    times: dict[str, dict[str, list[float]]] = {label: {"one": [], "version": [], "four": []} for label in rows}
     with tempfile.TemporaryDirectory(prefix="nvc-bench-runtime-") as tmp:
         work = Path(tmp)
         config = work / "config.yaml"  # the wrapper wraps the baseline's runtime
@@ -240,22 +245,24 @@ def main() -> int:
         rootfs = RootfsCache(work / "cache").get("debian")
         bundle = make_bundle(work / "bundle", rootfs, ["/bin/true"])
         for round_no in range(args.runs + 1):
-            for n, (label, program) in rotated(rows, round_no):
+            for n, (label, program) in rotated(rows, round_no, args.settle):
                 state = work / f"state-{n}"
                 one = timed([program, "--root", str(state), "list"])
+                version = timed([program, "--version"])
                 four = sum(container_calls(program, state, bundle, f"nvc-bench-{n}-{round_no}"))
                 if round_no:
                     times[label]["one"].append(one)
+                    times[label]["version"].append(version)
                     times[label]["four"].append(four)
     base = times[f"{args.runtime} alone"]
     print(f"== bench/runtime: {runtime} wrapped; {args.runs} rounds, medians in ms (ratio to {args.runtime} alone) ==")
-    print(f"{'':<28} {'one call (list)':>20} {'create+start+state+delete':>28}")
+    print(f"{'':<28} {'one call (list)':>20} {'--version':>20} {'create+start+state+delete':>28}")
     for label, got in times.items():
-        one, four = statistics.median(got["one"]), statistics.median(got["four"])
-        print(
-            f"{label:<28} {one:>11.1f} ({one / statistics.median(base['one']):4.2f}x) "
-            f"{four:>19.1f} ({four / statistics.median(base['four']):4.2f}x)"
-        )
+        cells = []
+        for column, width in (("one", 11), ("version", 11), ("four", 19)):
+            value = statistics.median(got[column])
+            cells.append(f"{value:>{width}.1f} ({value / statistics.median(base[column]):4.2f}x)")
+        print(f"{label:<28} " + " ".join(cells))
     return 0
 
 
