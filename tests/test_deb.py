@@ -97,6 +97,16 @@ say setup-without-systemd; nvc-py setup podman
 set -- $(servers)
 if [ $# != 1 ] || [ "$1" = "$old" ] || ! stays $1; then echo "servers after setup: $* (before: $old)"; exit 1; fi
 old=$1
+say init-script  # what the init (not systemd) runs at boot and shutdown: registered by postinst
+ls /etc/rc2.d /etc/rc0.d | grep -x '[SK][0-9][0-9]nvc-py-hook'
+/etc/init.d/nvc-py-hook status
+/etc/init.d/nvc-py-hook stop
+if alive $old; then echo "server $old still runs after stop"; exit 1; fi
+if /etc/init.d/nvc-py-hook status; then exit 1; else echo "status: $?"; fi
+/etc/init.d/nvc-py-hook start
+set -- $(servers)
+if [ $# != 1 ] || ! stays $1; then echo "servers after the init script's start: $*"; exit 1; fi
+old=$1
 mkdir -p /run/nvc-py/share/ctr-1 && echo held > /run/nvc-py/share/ctr-1/limits
 echo "# the admin's edit" >> /etc/nvc-py/config.yaml
 
@@ -146,6 +156,7 @@ gone /usr/lib/nvc-py /usr/bin/nvc-py /usr/bin/nvc-py-hook /usr/bin/nvc-py-runtim
 	/etc/containerd /etc/cdi /lib/systemd/system/nvc-py-hook.socket /etc/systemd/system/nvc-py-hook.service
 test -f /etc/nvc-py/config.yaml && test -f /etc/nvc-py/no-server
 test -z "$(servers)"
+test -z "$(/etc/init.d/nvc-py-hook start)"  # a conffile until the purge: nothing to start
 say systemctl-remove; cat systemctl.log
 
 say purge-refused
@@ -156,6 +167,7 @@ rm -r /run/nvc-py/share/ctr-1
 mkdir -p /run/nvc-py/gpu-sched && mount -t tmpfs -o mode=0755 tmpfs /run/nvc-py/gpu-sched  # nvc-py's own tmpfs
 echo rotated > /var/log/nvc-py.log.1
 say purge; apt purge nvc-py
+gone /etc/init.d/nvc-py-hook /etc/rc2.d/S01nvc-py-hook /etc/rc0.d/K01nvc-py-hook
 if grep -q ' /run/nvc-py/gpu-sched ' /proc/self/mountinfo; then echo "nvc-py's tmpfs left mounted"; exit 1; fi
 rm -r /run/systemd /usr/bin/systemctl
 
@@ -298,6 +310,12 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
             r"started the hook server on /run/nvc-py/hook\.sock \(pid \d+\), to stay \(no idle exit\)", line
         )
     ], alone
+    init = out.split("== init-script\n", 1)[1].split("\n== ", 1)[0].splitlines()
+    assert init[:2] == ["S01nvc-py-hook", "K01nvc-py-hook"], init
+    assert re.fullmatch(r"nvc-py-hook server \d+ serves /run/nvc-py/hook\.sock", init[2]), init
+    assert re.fullmatch(r"stopped nvc-py-hook server \d+", init[3]), init
+    assert init[4:6] == ["no nvc-py-hook server serves /run/nvc-py/hook.sock", "status: 3"], init
+    assert re.fullmatch(r"started the hook server on /run/nvc-py/hook\.sock \(pid \d+\), to stay.*", init[6]), init
     upgrade = out.split("== upgrade\n", 1)[1]
     assert f"\n{version()}\n" in upgrade  # the version dpkg reports after it
     calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]

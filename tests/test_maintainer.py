@@ -98,6 +98,16 @@ def test_the_servers_of_one_socket(spawn) -> None:  # noqa: ANN001
     assert not maintainer.serves_socket(("python", "-IS", "x", "serve", "--socket", "/run/nvc-py/hook.sock"), "/x")
 
 
+def test_server_status_names_a_sockets_servers(spawn) -> None:  # noqa: ANN001
+    """The init script's ``status``: each server of the socket, exit status 0; none: 3 (LSB's "not running")."""
+    other = _process(spawn(SERVER, *SERVER_ARGS[:3], "/tmp/nvc-test-status.sock")).ppid
+    command = [sys.executable, "-I", "-m", "nvc.hook.setup.maintainer", "server-status", "--socket"]
+    found = subprocess.run([*command, "/tmp/nvc-test-status.sock"], capture_output=True, text=True, timeout=30)
+    assert (found.returncode, found.stdout) == (0, f"nvc-py-hook server {other} serves /tmp/nvc-test-status.sock\n")
+    none = subprocess.run([*command, "/tmp/nvc-test-none.sock"], capture_output=True, text=True, timeout=30)
+    assert (none.returncode, none.stdout) == (3, "no nvc-py-hook server serves /tmp/nvc-test-none.sock\n")
+
+
 def test_parse_process_reads_a_name_with_spaces_and_parentheses() -> None:
     stat = b"42 (a) b (c) S 7 42 42 0 -1 4194560"
     status = b"Name:\ta) b (c\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000004000\n"

@@ -64,6 +64,7 @@ STATIC_FILES = {  # source (under DEBIAN) -> path in the package
     "prerm": "DEBIAN/prerm",
     "postrm": "DEBIAN/postrm",
     "logrotate": "etc/logrotate.d/nvc-py",
+    "init.d": "etc/init.d/nvc-py-hook",
     "lintian-overrides": "usr/share/lintian/overrides/nvc-py",
 }
 DEPENDS = ("libseccomp2", "init-system-helpers (>= 1.54~)")
@@ -433,6 +434,8 @@ def finish(root: Path, source: Path, version: str, maintainer: str, epoch: int, 
         (root / dest).parent.mkdir(parents=True, exist_ok=True)
         text = (source / DEBIAN / name).read_text()
         (root / dest).write_text(with_purge(text, (source / PURGE_MODULE).read_text()) if name == "postrm" else text)
+        if dest.startswith("etc/init.d/"):
+            (root / dest).chmod(0o755)
     doc = root / "usr/share/doc" / PACKAGE
     doc.mkdir(parents=True)
     site_in_package = "/" + str(site.relative_to(root))

@@ -1,5 +1,6 @@
 """What the Debian package's maintainer scripts and ``make uninstall`` ask of nvc-py itself:
-``python -I -m nvc.hook.setup.maintainer stop-servers`` and ``unregister [--packaged]``.
+``python -I -m nvc.hook.setup.maintainer stop-servers [--socket PATH]``, ``server-status [--socket PATH]``
+(the package's /etc/init.d/nvc-py-hook) and ``unregister [--packaged]``.
 
 ``stop-servers``: after an upgrade no server of the replaced code may stay (it would answer the next
 call "fall back" and stop, see nvc.hook.server, but until then it holds the old files), and after a
@@ -123,6 +124,13 @@ def _own_mount_namespace(pid: int) -> bool:
         return False
 
 
+def server_status(socket: str) -> list[str]:
+    """A line for each server of ``socket`` that stop-servers would stop (this mount namespace's): an
+    init script's ``status``."""
+    found = [pid for pid in servers_to_stop(_processes(), socket) if _own_mount_namespace(pid)]
+    return [f"nvc-py-hook server {pid} serves {socket}" for pid in found]
+
+
 def stop_servers(socket: str | None = None) -> tuple[list[str], list[str]]:
     """Stop the servers :func:`servers_to_stop` names (of ``socket`` alone where it is given: those
     of this mount namespace, where the path is that socket); returns (what was done, what failed)."""
@@ -215,7 +223,10 @@ def _unregister_docker() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvc.hook.setup.maintainer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("stop-servers", help="stop the hook servers not run by systemd")
+    stop = commands.add_parser("stop-servers", help="stop the hook servers not run by systemd")
+    status = commands.add_parser("server-status", help="the servers of a socket (exit status 3: none, as LSB's)")
+    for command in (stop, status):
+        command.add_argument("--socket", help="those of this socket alone (and of this mount namespace)")
     registrations = commands.add_parser("unregister", help="undo every registration with the container engines")
     registrations.add_argument(
         "--packaged",
@@ -223,7 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="leave the hooks.d files in the package's own directory (its package manager's)",
     )
     args = parser.parse_args(argv)
-    done, failed = stop_servers() if args.command == "stop-servers" else unregister(args.packaged)
+    if args.command == "server-status":
+        running = server_status(args.socket or programs.DEFAULT_SOCKET)
+        print("\n".join(running) or f"no nvc-py-hook server serves {args.socket or programs.DEFAULT_SOCKET}")
+        return 0 if running else 3
+    done, failed = stop_servers(args.socket) if args.command == "stop-servers" else unregister(args.packaged)
     for line in done:
         print(line)
     for line in failed:
