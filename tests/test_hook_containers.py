@@ -287,7 +287,8 @@ def test_containerd_runtime_wrapper(active_2gpu, rootfs_cache, setup_dir: Path, 
 
 
 def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup_dir: Path, tmp_path: Path) -> None:
-    """On create: hook (once), device nodes and cgroup rules in the spec; other specs untouched."""
+    """On create: hook (once; the poststop one only where the container shares its GPU), device nodes
+    and cgroup rules in the spec; other specs untouched."""
     from nvc import config as config_file
     from nvc.hook.oci import runtime
 
@@ -303,10 +304,20 @@ def test_runtime_rewrites_only_gpu_specs(active_2gpu, debian_rootfs: Path, setup
     bundle = make_bundle(tmp_path / "b", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "1"})
     spec = json.loads((bundle / "config.json").read_text())
     assert runtime.rewrite(spec, str(bundle), config)
+    assert [(h["path"], h["args"]) for h in spec["hooks"]["prestart"]] == [
+        ("/usr/lib/nvc-py/nvc-py-hook", ["nvc-py-hook", "prestart"])
+    ]
+    assert "poststop" not in spec["hooks"]
+    shared = make_bundle(
+        tmp_path / "s", debian_rootfs, ["true"], env={"NVIDIA_VISIBLE_DEVICES": "1", "NVC_SHARE_MEMORY_LIMIT": "1g"}
+    )
+    shared_spec = json.loads((shared / "config.json").read_text())
+    assert runtime.rewrite(shared_spec, str(shared), config)
     for stage in ("prestart", "poststop"):
-        assert [(h["path"], h["args"]) for h in spec["hooks"][stage]] == [
+        assert [(h["path"], h["args"]) for h in shared_spec["hooks"][stage]] == [
             ("/usr/lib/nvc-py/nvc-py-hook", ["nvc-py-hook", stage])
         ]
+    assert not runtime.rewrite(shared_spec, str(shared), config)
     paths = [d["path"] for d in spec["linux"]["devices"]]
     assert paths == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1"]
     assert {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rw"} in spec["linux"]["resources"][
