@@ -311,11 +311,12 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
         )
     ], alone
     init = out.split("== init-script\n", 1)[1].split("\n== ", 1)[0].splitlines()
-    assert init[:2] == ["S01nvc-py-hook", "K01nvc-py-hook"], init
+    assert init[:2] == ["K01nvc-py-hook", "S01nvc-py-hook"], init  # rc0.d, rc2.d
     assert re.fullmatch(r"nvc-py-hook server \d+ serves /run/nvc-py/hook\.sock", init[2]), init
     assert re.fullmatch(r"stopped nvc-py-hook server \d+", init[3]), init
     assert init[4:6] == ["no nvc-py-hook server serves /run/nvc-py/hook.sock", "status: 3"], init
-    assert re.fullmatch(r"started the hook server on /run/nvc-py/hook\.sock \(pid \d+\), to stay.*", init[6]), init
+    start_line = r"nvc-py-hook: started the hook server on /run/nvc-py/hook\.sock \(pid \d+\), to stay.*"
+    assert re.fullmatch(start_line, init[6]), init
     upgrade = out.split("== upgrade\n", 1)[1]
     assert f"\n{version()}\n" in upgrade  # the version dpkg reports after it
     calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]

@@ -23,6 +23,9 @@ NO_SERVER=/etc/nvc-py/no-server
 
 [ -x $FRONT ] || exit 0 # removed, not purged
 
+# Where systemd runs, this hands the command to systemctl (nvc-py-hook.service) and exits.
+. /lib/lsb/init-functions
+
 servers() {
 	$PYTHON -I -m nvc.hook.setup.maintainer "$1" --socket $SOCKET
 }
