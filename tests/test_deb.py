@@ -106,6 +106,10 @@ if /etc/init.d/nvc-py-hook status; then exit 1; else echo "status: $?"; fi
 /etc/init.d/nvc-py-hook start
 set -- $(servers)
 if [ $# != 1 ] || ! stays $1; then echo "servers after the init script's start: $*"; exit 1; fi
+/etc/init.d/nvc-py-hook restart
+if alive $1; then echo "server $1 still runs after restart"; exit 1; fi
+set -- $(servers)
+if [ $# != 1 ] || ! stays $1; then echo "servers after the init script's restart: $*"; exit 1; fi
 old=$1
 mkdir -p /run/nvc-py/share/ctr-1 && echo held > /run/nvc-py/share/ctr-1/limits
 echo "# the admin's edit" >> /etc/nvc-py/config.yaml
@@ -317,6 +321,7 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
     assert init[4:6] == ["no nvc-py-hook server serves /run/nvc-py/hook.sock", "status: 3"], init
     start_line = r"nvc-py-hook: started the hook server on /run/nvc-py/hook\.sock \(pid \d+\), to stay.*"
     assert re.fullmatch(start_line, init[6]), init
+    assert re.fullmatch(r"stopped nvc-py-hook server \d+", init[7]) and re.fullmatch(start_line, init[8]), init
     upgrade = out.split("== upgrade\n", 1)[1]
     assert f"\n{version()}\n" in upgrade  # the version dpkg reports after it
     calls = out.split("== systemctl\n", 1)[1].split("\n== ", 1)[0]

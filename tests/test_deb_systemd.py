@@ -41,6 +41,9 @@ zombies() { sleep 1; ps -eo stat=,user=,args= | awk '$1 ~ /^Z/'; }
 
 say install; apt install ./nvc-py.deb; verified install
 say loaded; loaded
+# The package's init script is for inits other than systemd: here it hands the command to systemctl.
+say init-script; /etc/init.d/nvc-py-hook start; systemctl is-active nvc-py-hook.service
+/usr/lib/nvc-py/venv/bin/python -I -m nvc.hook.setup.maintainer server-status || echo "status $?"
 say refresh-units; systemctl is-active nvc-py-cdi-refresh.path nvc-py-cdi-refresh.timer || true
 systemctl start nvc-py-cdi-refresh.service; systemctl show -p ConditionResult --value nvc-py-cdi-refresh.service
 for engine in podman crio containerd docker; do
@@ -96,6 +99,11 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
     assert out.rstrip().endswith("== done"), out[-6000:]
     units = ["/lib/systemd/system/nvc-py-hook.socket", "/lib/systemd/system/nvc-py-hook.service"]
     assert section("loaded") == units and section("loaded-after-setup") == units, out
+    assert section("init-script")[-3:] == [  # systemd's server is systemd's: no other stays
+        "active",
+        "no nvc-py-hook server serves /run/nvc-py/hook.sock",
+        "status 3",
+    ], out
     assert not [line for line in out.splitlines() if "/etc/systemd/system/nvc-py-hook" in line], out
     # the CDI refresh's path and timer run from the install on; without a driver its service is skipped
     assert section("refresh-units") == ["active", "active", "no"], out

@@ -249,16 +249,18 @@ def main(argv: list[str] | None = None) -> int:
                 runtime = real_runtime(config)
             except InputError:
                 runtime = None
-            print(about(config, runtime), end="", flush=True)
+            text = about(config, runtime)
+            print(text, end="", flush=True)
             if runtime is None:
                 return 0
         else:
             prepare(args, config)
             runtime = real_runtime(config)
+            text = about(config, runtime)
         from nvc.hook.oci import runtimecache
 
         # the front passes calls through from now on, and answers --help/--version as this program did
-        runtimecache.store(config_file.config_path(), runtime, about(config, runtime))
+        runtimecache.store(config_file.config_path(), runtime, text)
     except NvcError as err:
         report(args, f"{PROG}: {err}")
         log_refusal(config, args, err, started)

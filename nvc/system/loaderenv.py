@@ -54,7 +54,9 @@ def restart_without_unsafe_variables(*, stash: bool = False) -> None:
 
     Returns only when there were none. File descriptors (the OCI state on a hook's stdin)
     and the working directory carry over unchanged. With ``stash`` (the runtime wrapper) the
-    dropped entries travel as data in :data:`RUNTIME_STASH`, as the native front hands them.
+    dropped entries travel as data in :data:`RUNTIME_STASH`, as the native front hands them; the
+    LC_CTYPE stashed with them may be this interpreter's own (PEP 538), which only the front, started
+    before any interpreter, can tell from the caller's.
     """
     dropped = [name for name in os.environb if is_unsafe(os.fsdecode(name))]
     if not dropped:
