@@ -7,6 +7,8 @@ GPU and returns one step as a callable.
   the optimizer's) to milliseconds (GEMMs, attention), with the host's Python and autograd between.
 * resnet-train: ResNet-50 (the torchvision layout: bottlenecks 3-4-6-3), batch 64 of 224x224 images,
   channels_last, bf16 autocast, SGD with momentum.
+* resnet-train-32, resnet-train-16: the same at batch 32 and 16: on the H100 host as many steps a second as
+  at 64 (its Python and launches bound them), a pair with room on the GPU (docs/performance.md).
 * resnet-infer: the same network's forward pass, batch 256, bf16, no gradients.
 """
 
@@ -97,12 +99,12 @@ def transformer() -> Callable[[], None]:
     return training_step(loss, opt)
 
 
-def resnet_train() -> Callable[[], None]:
+def resnet_train(batch: int = 64) -> Callable[[], None]:
     torch.backends.cudnn.benchmark = True
     model = resnet50().to("cuda", memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (64,), device="cuda")
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
 
     return training_step(lambda: nn.functional.cross_entropy(model(x), y), opt)
 
@@ -122,5 +124,7 @@ def resnet_infer() -> Callable[[], None]:
 WORKLOADS: dict[str, Callable[[], Callable[[], None]]] = {
     "transformer": transformer,
     "resnet-train": resnet_train,
+    "resnet-train-32": lambda: resnet_train(32),
+    "resnet-train-16": lambda: resnet_train(16),
     "resnet-infer": resnet_infer,
 }
