@@ -252,6 +252,7 @@ def gpu_users() -> list[int]:
 class Together(NamedTuple):
     rates: list[float]  # iterations per second, tenant by tenant
     gpu_parts: list[float]  # % of the GPU time charged to them all (weighted tenants; else empty)
+    charged: float  # the GPU time charged to them all, % of the wall time (weighted tenants; else 0)
 
 
 def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> Together:
@@ -278,6 +279,7 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
     return Together(
         [torch_output(p)[0] for p in procs],
         [100 * charged.get(f"t{i}", (0, 0))[1] / total for i in range(len(tenants))] if total else [],
+        100 * total / ((seconds - 1) * 1e9),
     )
 
 
