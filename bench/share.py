@@ -27,7 +27,7 @@ in the same run. Prints two tables:
 * backends (issue 42): two transformer training steps (NVC_BENCH_PAIR: another workload of
   tests/gpu/torch_models.py) started together, with no control and weighted 1:3, under time slices and
   under MPS (plain, nvc-py's backend, MPS's client variables by hand): their sum as % of one alone, the
-  heavier one's part of it.
+  heavier one's part of it, and the most a 1:3 split made in time can keep of plain MPS's overlap.
 NVC_BENCH_ROWS=WORD,... keeps the launch-bound and backends rows whose label has one of the words (a comma
 followed by a space is part of a word: "MPS, plain").
 
@@ -395,6 +395,16 @@ BACKEND_PAIRS = (
 )
 
 
+def split_in_time(overlap: float, ratio: float = 3.0) -> float:
+    """The pair's sum (% of one alone) where a 1:ratio split is made in time: both run part of the time at
+    their 50/50 overlap (`overlap`: that pair's sum, each at half of it), the heavier alone the rest. At a
+    fraction f both run: the lighter does overlap/2 x f, the heavier that plus 100 (1 - f), ratio times the
+    lighter's; the sum is 100 + f (overlap - 100). A split by holds, or a lighter that is idle part of the
+    time, gets at most this; a thread ceiling came just under it on the H100 (docs/performance.md)."""
+    f = 100 / (100 + (ratio - 1) * overlap / 2)
+    return 100 + f * (overlap - 100)
+
+
 def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") -> None:
     """Two training steps of workload started together under each backend: their sum as % of one alone and
     the second's part of the sum (its weight's: 75 %); medians of `runs` runs, rows interleaved run by run,
@@ -438,6 +448,11 @@ def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") 
         print(
             f"{label:>30}{statistics.median(sums):7.1f}%{statistics.median(parts):12.1f}%{want:>6}"
             f"{_range(sums):>16}{_range(parts):>16}"
+        )
+    plain = [sum(r) for r in rows.get("MPS, plain", [])]
+    if plain:
+        print(
+            f"a 1:3 split made in time from MPS, plain's overlap gives at most {split_in_time(statistics.median(plain)):.1f}%"
         )
 
 

@@ -10,12 +10,21 @@ import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 import sharegpu  # noqa: E402
+
+
+def _bench() -> ModuleType:
+    """bench/share.py, loaded as a module (it is a script, not a package's)."""
+    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share.py"))
+    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
+    loader.exec_module(bench)
+    return bench
 
 
 def test_latency_runs_from_arrival_not_from_service():
@@ -44,9 +53,7 @@ def test_a_run_that_served_nothing_is_an_error_not_a_zero():
 
 
 def test_the_bench_loads_and_its_workloads_parse(tmp_path):
-    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share.py"))
-    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
-    loader.exec_module(bench)
+    bench = _bench()
     labels = [label for label, _, _ in bench.LAUNCH_BOUND_CONTROLS]
     assert labels[0] == "no control" and any("9:1" in label for label in labels)
     assert any("latency classes" in label for label in labels)
@@ -55,13 +62,22 @@ def test_the_bench_loads_and_its_workloads_parse(tmp_path):
     assert env["NVC_SHARE_TENANT"] == "service" and env["NVC_SHARE_SCHED_DIR"] == str(tmp_path)
 
 
+def test_a_split_in_time_keeps_what_the_overlap_allows():
+    """A pair that does not overlap keeps one alone's worth whatever the split; an even split keeps the
+    whole overlap; 1:3 keeps 107.7 % of a 116.8 % overlap (the H100's ResNet-50 pair) and needs 150 % for
+    issue 42's 120 %."""
+    bench = _bench()
+    assert bench.split_in_time(100.0) == pytest.approx(100.0)
+    assert bench.split_in_time(116.8, ratio=1.0) == pytest.approx(116.8)
+    assert bench.split_in_time(116.8) == pytest.approx(107.7, abs=0.1)
+    assert bench.split_in_time(150.0) == pytest.approx(120.0)
+
+
 def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, monkeypatch):
     """A tenant of an nvc-py MPS row gets the limits file the hook writes for an MPS client: its class and
     cap (or its weight's part of the device's weights) as MPS's client variables, no time-slice lines,
     the bench daemon's pipe in its environment (the shim would otherwise set the container's)."""
-    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share.py"))
-    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
-    loader.exec_module(bench)
+    bench = _bench()
     pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
     assert sharegpu.mps_client_env(tmp_path / "plain", None, [], pipe) == {**sharegpu.shim_env(None), **pipe}
     trainer = {"NVC_SHARE_PRIORITY": "batch", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_MEMORY_LIMIT": "4g"}
