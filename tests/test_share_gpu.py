@@ -319,11 +319,11 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
 
 def test_weighted_transformer_steps_share_by_weight_and_keep_the_gpu_busy(tmp_path):
     """Two transformer training steps (tests/gpu/torch_models.py) started together, weights 1 and 3, against
-    the same two with no shim in the same test: issue #27's contract, as _assert_pair_contract states it."""
+    the same two with no shim in the same test: issue #27's contract, as _pair_contract states it."""
     alone, native = _transformer_pair_without_shim(tmp_path)
     together = sharegpu.tenants_together(tmp_path / "nvc", TRANSFORMER_PAIR, True, 6)
     shared = [100 * r / alone for r in together.rates]
-    _assert_pair_contract("transformer 1:3", native, shared, together.gpu_parts, together.charged)
+    _pair_contract("transformer 1:3", native, shared, together.gpu_parts, together.charged)
 
 
 TRANSFORMER_PAIR = [("transformer", 1), ("transformer", 3)]
@@ -340,9 +340,7 @@ def _transformer_pair_without_shim(tmp_path: Path) -> tuple[float, list[float]]:
     return alone, [100 * r / alone for r in rates]
 
 
-def _assert_pair_contract(
-    what: str, native: list[float], shared: list[float], gpu_parts: list[float], charged: float
-) -> None:
+def _pair_contract(what: str, native: list[float], shared: list[float], gpu: list[float], charged: float) -> None:
     """The weights divide the GPU's time: the light tenant's part of the time charged to the two is its
     weight's within 5 points. Where the steps are bound by the GPU (with no shim the pair's sum is at most
     one alone), that is their throughput: the light tenant's part of the summed throughput (each as a share
@@ -356,10 +354,10 @@ def _assert_pair_contract(
         f"{what}: no shim {native[0]:.1f} + {native[1]:.1f} = {sum(native):.1f} %; nvc {shared[0]:.1f} + "
         f"{shared[1]:.1f} = {sum(shared):.1f} % (parts {parts[0]:.1f} / {parts[1]:.1f}, sum "
         f"{100 * sum(shared) / sum(native):.0f} % of the no-shim pair's; GPU time "
-        f"{' / '.join(f'{p:.1f}' for p in gpu_parts)}, charged {charged:.1f} % of the wall time)"
+        f"{' / '.join(f'{p:.1f}' for p in gpu)}, charged {charged:.1f} % of the wall time)"
     )
     print(figures)
-    assert len(gpu_parts) == 2 and abs(gpu_parts[0] - 25) <= 5, figures
+    assert len(gpu) == 2 and abs(gpu[0] - 25) <= 5, figures
     if sum(native) <= 100:
         assert abs(parts[0] - 25) <= 5, figures
         assert sum(shared) >= 0.95 * sum(native), figures
@@ -371,7 +369,7 @@ def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tm
     """Two crun containers started through nvc-py-hook with weights 1 and 3 in their env, each running
     the transformer training step from one moment on, against the step alone and the same pair with no
     shim on the host in the same test: the weights reach the scheduler through the hook, so the pair
-    keeps the contract as the host pair does (_assert_pair_contract)."""
+    keeps the contract as the host pair does (_pair_contract)."""
     from nvc.plan import share as share_plan
 
     alone, native = _transformer_pair_without_shim(tmp_path)
@@ -392,17 +390,13 @@ def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tm
         charged = sharegpu.charged_between(
             Path(share_plan.sched_dir_for(share_plan.STATE_DIR)), start_at + 0.5, start_at + 5.5
         )
-    by_weight = {weight: sum(ns for w, ns in charged.values() if w == weight) for _, weight in TRANSFORMER_PAIR}
-    charged_part = 100 * sum(by_weight.values()) / 5e9
-    gpu_parts = [100 * by_weight[w] / max(sum(by_weight.values()), 1) for _, w in TRANSFORMER_PAIR]
+    gpu_parts, charged_part = sharegpu.split_by_weight(charged, [w for _, w in TRANSFORMER_PAIR], 5.0)
     shared = []
     for _weight, result in sorted(results.items()):
         assert result.returncode == 0, result.stderr
         assert "late" not in result.stdout, result.stdout  # its warm-up ended before the common start
         shared.append(100 * sharegpu.torch_output_of(result.stdout)[0] / alone)
-    _assert_pair_contract(
-        "transformer 1:3 in two crun containers through the hook", native, shared, gpu_parts, charged_part
-    )
+    _pair_contract("transformer 1:3 in two crun containers", native, shared, gpu_parts, charged_part)
 
 
 @contextmanager

@@ -283,6 +283,16 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
     )
 
 
+def split_by_weight(
+    charged: dict[str, tuple[int, int]], weights: list[int], seconds: float
+) -> tuple[list[float], float]:
+    """From charged_between's figures: each weight's % of the GPU time charged to them all (tenants of one
+    weight together), and that time as % of the `seconds` it was charged over."""
+    by_weight = {weight: sum(ns for w, ns in charged.values() if w == weight) for weight in weights}
+    total = sum(by_weight.values())
+    return [100 * by_weight[w] / max(total, 1) for w in weights], 100 * total / (seconds * 1e9)
+
+
 def charged_between(sched: Path, start: float, end: float) -> dict[str, tuple[int, int]]:
     """Each tenant's (weight, GPU time charged to it between the wall times start and end, in ns) from
     the scheduler files in sched, by file name, read while the tenants run: what the weights divide.
