@@ -149,8 +149,8 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     """GPU 0's backend is mps by the configuration: the first container's hook starts one daemon
     (CUDA_VISIBLE_DEVICES its UUID, its directories under /run/nvc-py-mps), the second's finds it;
     both see its pipe directory at /tmp/nvidia-mps and their shares as MPS's client variables
-    (the cap as the thread percentage, a lighter weight as its share of the sum, the memory limit as
-    the pinned limit, the latency class as the priority), which the fake daemon receives at their
+    (the cap as the thread percentage, the memory limit as the pinned limit, the latency class as
+    the priority; a lighter weight as the shim's duty cycle, 40 % at 1:3), which the fake daemon receives at their
     cuInit; share status says it runs. The first container's poststop leaves it to the second, whose
     poststop stops it and removes its directory."""
     ctrs = containers(f"sharing: {{backend: {{{GPU0}: mps}}}}\n")
@@ -182,7 +182,7 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     pipe = "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
     assert clients == [
         f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M CUDA_MPS_CLIENT_PRIORITY=0 {pipe}",
-        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=1 {pipe}",
+        f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=- CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M CUDA_MPS_CLIENT_PRIORITY=1 {pipe}",
     ]
     shown = subprocess.run([str(SCRIPTS / "nvc-py"), "share", "status"], capture_output=True, text=True, check=True)
     assert (
@@ -205,7 +205,9 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
 
     b = ctrs.finish("b")
     assert b.returncode == 0, b.stderr
-    assert b.stdout.splitlines() == ["control", "nvidia-cuda-mps-control.pid", "1", "0", "4", "init CUDA_SUCCESS"]
+    # its weight, lighter than a's, is a duty cycle: the shim's compute cap, no thread percentage
+    assert b.stdout.splitlines() == ["control", "nvidia-cuda-mps-control.pid", "1", "1", "3", "init CUDA_SUCCESS"]
+    assert "scheduler file" not in b.stderr  # an MPS client has none by design: its cap applies alone
     _until(lambda: not Path(f"/proc/{state.pid}").exists(), "the daemon to quit")
     assert mps.status() == [] and not (Path(mpsplan.MPS_DIR) / GPU0).exists()
 

@@ -114,28 +114,32 @@ def test_which_device_a_container_shares_through_mps() -> None:
 
 
 def test_the_share_becomes_mps_client_limits() -> None:
-    """A cap is the active thread percentage; a weight below the heaviest of the device's clients as
-    it starts its share of their sum (the heaviest, and one alone: no limit); the memory limit, with a
-    context's room on top, the pinned limit of device 0 in MiB; the latency class MPS's client
-    priority (latency-critical 0, batch 1); the pipe directory always CUDA's default, where the hook
-    mounts it."""
+    """A cap is the active thread percentage; the memory limit, with a context's room on top, the
+    pinned limit of device 0 in MiB; the latency class MPS's client priority (latency-critical 0,
+    batch 1); the pipe directory always CUDA's default, where the hook mounts it. A weight below the
+    heaviest of the device's clients as it starts is a duty cycle, the shim's compute cap: the part of
+    the time that splits a pair with an overlap of 150 % by their weights (the heaviest, one alone and
+    a container with a cap: none)."""
     base = mps.MpsClient("c", GPU0, "/bin/ctl", 0)
-    assert mps.client_env(base, []) == {mps.PIPE: "/tmp/nvidia-mps"}
-    capped = base._replace(compute=30, weight=5, memory=(4 << 30) + 1, priority=0)
-    assert mps.client_env(capped, [1]) == {
+    assert mps.client_env(base) == {mps.PIPE: "/tmp/nvidia-mps"}
+    capped = base._replace(compute=30, weight=1, memory=(4 << 30) + 1, priority=0)
+    assert mps.client_env(capped) == {
         mps.PIPE: "/tmp/nvidia-mps",
         mps.THREADS: "30",
         mps.PINNED: "0=5120M",
         mps.CLIENT_PRIORITY: "0",
     }
+    assert mps.duty_cycle(capped, [3]) is None  # its cap holds it: no duty cycle
     weighted = base._replace(weight=1)
-    assert mps.thread_percentage(weighted, []) is None
-    assert mps.thread_percentage(weighted, [3]) == 25  # its share of the sum
-    assert mps.thread_percentage(base._replace(weight=3), [1]) is None  # the heaviest: every SM
-    assert mps.thread_percentage(base._replace(weight=2), [8, 1]) == 19  # 18.2, rounded up
-    assert mps.thread_percentage(base._replace(weight=1), [1, 2]) == 25
-    assert mps.thread_percentage(base._replace(weight=1), [1, 1]) is None  # equal weights: no ceilings
-    assert mps.thread_percentage(base._replace(compute=100, weight=1), [2]) == 34  # a cap of 100 is none
+    assert mps.client_env(weighted) == {mps.PIPE: "/tmp/nvidia-mps"}  # every SM
+    assert mps.duty_cycle(weighted, []) is None
+    assert mps.duty_cycle(weighted, [3]) == 40  # 100 / (100 + 150)
+    assert mps.duty_cycle(weighted, [9]) == 15  # 14.3, rounded up
+    assert mps.duty_cycle(base._replace(weight=2), [3]) == 73  # 72.7
+    assert mps.duty_cycle(base._replace(weight=3), [1]) is None  # the heaviest: always
+    assert mps.duty_cycle(base._replace(weight=1), [1, 1]) is None  # equal weights: no duty cycles
+    assert mps.duty_cycle(base._replace(compute=100, weight=1), [3]) == 40  # a cap of 100 is none
+    assert mps.client_lines(weighted, [3]) == "compute_percent=40\nmps.CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps\n"
     assert mps.PRIORITY_OF_CLASS.keys() == set(sharing.PRIORITY_CLASSES)
 
 
@@ -159,7 +163,7 @@ def test_the_shim_reads_the_mps_lines(programs) -> None:  # noqa: F811
             [str(programs["limits_parse"]), "file"], input=text, capture_output=True, text=True, timeout=10, check=True
         ).stdout.splitlines()
 
-    env = mps.client_env(mps.MpsClient("c", GPU0, "/bin/ctl", 0, 40, None, 1 << 30, 1), [])
+    env = mps.client_env(mps.MpsClient("c", GPU0, "/bin/ctl", 0, 40, None, 1 << 30, 1))
     text = share.limits_text(ShareRequest(memory=(("", 1 << 30),))) + mps.limits_lines(env)
     assert shim_reads(text) == [
         "default memory=1073741824 compute=100 weight=0 priority=-",

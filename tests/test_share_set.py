@@ -225,7 +225,8 @@ def test_a_pod_s_container_stays_within_its_grant(share, private_mounts, tmp_pat
 
 def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private_mounts, tmp_path):  # noqa: F811
     """A container shared through MPS: its memory limit (the shim's) and its MPS client lines change;
-    the compute share and latency class are said to apply to processes started from now on."""
+    the compute share and latency class are said to apply to processes started from now on. Its duty
+    cycle (a lighter weight's, the shim's compute cap) stays until a cap replaces it."""
     from harness.sharedirs import prepare
     from nvc.apply import sharechange
     from nvc.plan import fromenv, mps
@@ -239,8 +240,10 @@ def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private
     prepare(asked, "mps-ctr", str(rootfs), None, state_dir=str(state), library=str(library))
     with sharechange.locked("mps-ctr", str(state)) as current:  # as the hook writes an MPS client's file
         lines = mps.limits_lines({mps.PIPE: mps.CONTAINER_PIPE_DIR, mps.THREADS: "50", mps.PINNED: "0=5120M"})
-        sharechange.rewrite("mps-ctr", current.limits + lines, None, str(state))
+        sharechange.rewrite("mps-ctr", current.limits + "compute_percent=40\n" + lines, None, str(state))
 
+    shareset.change("mps-ctr", Change(memory=3 * GIB), str(state))
+    assert "compute_percent=40\n" in (state / "mps-ctr" / "shared" / "limits").read_text()
     said = shareset.change("mps-ctr", Change(memory=2 * GIB, compute=30, priority="latency-critical"), str(state))
     assert said[1].startswith("container mps-ctr shares its GPU through MPS, which fixes a process's thread")
     assert said[1].endswith("they apply to its processes started from now on (memory at once)")
@@ -253,7 +256,7 @@ def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private
         f"mps.CUDA_MPS_PIPE_DIRECTORY={mps.CONTAINER_PIPE_DIR}",
     ):
         assert line in text.splitlines()
-    with pytest.raises(ContainerError, match="through MPS, where a weight becomes its thread percentage"):
+    with pytest.raises(ContainerError, match="through MPS, where a weight becomes its duty cycle"):
         shareset.change("mps-ctr", Change(weight=2), str(state))
 
 

@@ -280,7 +280,7 @@ def _wait_pid(pipe_fd: int) -> int | None:
 
 def attach(client: mpsplan.MpsClient, handle: ContainerHandle | None) -> str:
     """Make the device's daemon serve the container (started when none runs: the first container,
-    or the last one died) and record the container; returns its limits file's MPS lines. A
+    or the last one died) and record the container; returns its limits file's MPS lines (and duty cycle). A
     container of another user than the daemon's present clients is refused."""
     uid = _host_uid(client, handle)
     with _locked(client.mps_dir) as dir_fd:
@@ -305,7 +305,7 @@ def attach(client: mpsplan.MpsClient, handle: ContainerHandle | None) -> str:
                 os.close(clients_fd)
         finally:
             os.close(device_fd)
-    return mpsplan.limits_lines(mpsplan.client_env(client, [c.weight for c in present if c.weight]))
+    return mpsplan.client_lines(client, [c.weight for c in present if c.weight])
 
 
 def release(container_id: str, mps_dir: str = mpsplan.MPS_DIR) -> None:

@@ -78,8 +78,8 @@ def _mps(container_id: str, limits: share.Limits, wanted: share.Change) -> tuple
     client variables (its limits file's mps lines) for the processes that start from now on."""
     if wanted.weight is not None:
         raise ContainerError(
-            f"container {container_id} shares its GPU through MPS, where a weight becomes its thread "
-            "percentage as it starts: change its --compute instead"
+            f"container {container_id} shares its GPU through MPS, where a weight becomes its duty cycle "
+            "as it starts: change its --compute instead"
         )
     request = _changed(limits.request, wanted)
     env = dict(limits.mps)
@@ -91,7 +91,9 @@ def _mps(container_id: str, limits: share.Limits, wanted: share.Change) -> tuple
             env[mpsplan.THREADS] = str(wanted.compute)
     if wanted.priority is not None:
         env[mpsplan.CLIENT_PRIORITY] = str(mpsplan.PRIORITY_OF_CLASS[wanted.priority])
-    text = share.limits_text(request._replace(compute=(), priority=()), origin=f"container {container_id}")
+    # a cap replaces its duty cycle (the file's compute lines) with a thread percentage
+    duty = () if wanted.compute is not None else limits.request.compute
+    text = share.limits_text(request._replace(compute=duty, priority=()), origin=f"container {container_id}")
     notes = []
     if wanted.compute is not None or wanted.priority is not None:
         notes.append(

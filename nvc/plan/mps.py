@@ -7,10 +7,10 @@ configuration's ``sharing.backend``) is served by one ``nvidia-cuda-mps-control 
 (:mod:`nvc.apply.mps` starts it, restarts it when it died, stops it after its last container). The
 container sees the pipe directory at CUDA's default, ``/tmp/nvidia-mps``, and gets its share as MPS's
 own per-client limits (:func:`limits_lines`), which the shim puts in each process's environment
-before the driver reads them: the compute cap as the active thread percentage (a weight below the
-heaviest on the device as its share of their sum), the memory limit as the pinned device memory limit (with
-room for the context), the latency class as the client priority. The shim's time slices are off for
-that container (MPS shares the SMs); its memory accounting stays.
+before the driver reads them: the compute cap as the active thread percentage, the memory limit as the
+pinned device memory limit (with room for the context), the latency class as the client priority. The
+shim's time slices and weights are off for that container (MPS shares the SMs) but for a weight below
+the heaviest on the device, which becomes a duty cycle (:func:`duty_cycle`); its memory accounting stays.
 
 A process reaches one MPS daemon (one pipe directory), so MPS serves a container one device: a
 container with several devices, any of them ``mps``, is refused. So is one whose driver lacks the
@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from nvc.errors import ContainerError
+from nvc.plan.share import LIMITS_KEYS
 
 # The daemons' directories: not under /run/nvc-py, which is root's alone (0700), because the MPS
 # server the control daemon starts for a non-root client runs as that user and must reach its pipe
@@ -48,6 +49,10 @@ _MIB = 1 << 20
 # limit and this much more, so that a process meets the shim's limit, exact on every allocation path
 # and what it is told its memory is, and MPS's stays a backstop one context above it.
 CONTEXT_RESERVE_MIB = 1024
+# The 50/50 overlap (the pair's throughput, % of one alone) a duty cycle is planned for: training pairs
+# under MPS measured 110-190 % on the H100, and where the lighter runs a part f of the time the split is
+# 1:r at f = 100 / (100 + (r - 1) x overlap / 2) (docs/performance.md)
+PLANNED_OVERLAP = 150
 
 
 class MpsClient(NamedTuple):
@@ -146,28 +151,31 @@ def client(
     )
 
 
-def thread_percentage(mps: MpsClient, other_weights: Iterable[int]) -> int | None:
-    """The active thread percentage: the cap; without one, for a weight below the heaviest among the
-    device's clients when it starts, its share of their weights' sum, rounded up; None: no limit (the
-    heaviest, and a weight alone). The lighter ones are held to their shares of the SMs while the
-    heaviest, unlimited, takes the rest and overlaps its kernels with theirs where MPS can; alone it
-    has every SM (docs/performance.md: the splits and sums measured)."""
-    if mps.compute is not None and mps.compute < 100:
-        return mps.compute
-    if mps.weight is None:
-        return None
-    weights = [mps.weight, *other_weights]
-    if mps.weight >= max(weights):
-        return None
-    share = math.ceil(100 * mps.weight / sum(weights))
-    return None if share >= 100 else share
+def thread_percentage(mps: MpsClient) -> int | None:
+    """The active thread percentage: the compute cap; None: no limit."""
+    return mps.compute if mps.compute is not None and mps.compute < 100 else None
 
 
-def client_env(mps: MpsClient, other_weights: Iterable[int]) -> dict[str, str]:
+def duty_cycle(mps: MpsClient, other_weights: Iterable[int]) -> int | None:
+    """The part of the time (percent) a container without a cap launches, the shim's compute cap: for a
+    weight below the heaviest among the device's clients when it starts, the part that splits a pair by
+    their weights at PLANNED_OVERLAP (1:3: 40 %), rounded up; None: no limit (the heaviest, a weight
+    alone, a container with a cap: its thread percentage). Meanwhile the heavier run alone at their full
+    rate and pay nothing per launch, and when both run their kernels overlap: on the H100 it kept more
+    of MPS's own sum than a thread ceiling at the weights' share of the SMs (docs/performance.md)."""
+    if mps.weight is None or thread_percentage(mps) is not None:
+        return None
+    ratio = max([mps.weight, *other_weights]) / mps.weight
+    if ratio <= 1:
+        return None
+    return math.ceil(100 * 100 / (100 + (ratio - 1) * PLANNED_OVERLAP / 2))
+
+
+def client_env(mps: MpsClient) -> dict[str, str]:
     """The CUDA_MPS_* variables of the container's processes (the device is their device 0: the
     only one the daemon shows them)."""
     env = {PIPE: CONTAINER_PIPE_DIR}
-    threads = thread_percentage(mps, other_weights)
+    threads = thread_percentage(mps)
     if threads is not None:
         env[THREADS] = str(threads)
     if mps.memory is not None:
@@ -186,3 +194,11 @@ def pinned_limit(memory: int) -> str:
 def limits_lines(env: Mapping[str, str]) -> str:
     """The limits file's lines that make the shim set ``env`` (native/shim/base/config.c: ``mps.NAME=VALUE``)."""
     return "".join(f"mps.{name}={value}\n" for name, value in env.items())
+
+
+def client_lines(mps: MpsClient, other_weights: Iterable[int]) -> str:
+    """What the container's limits file gets once its daemon is known: its MPS variables, and its duty
+    cycle as the shim's compute cap."""
+    duty = duty_cycle(mps, other_weights)
+    cap = "" if duty is None else f"{dict(LIMITS_KEYS)['compute']}={duty}\n"
+    return cap + limits_lines(client_env(mps))

@@ -236,7 +236,8 @@ def files(
 def without_time_slices(planned: ShareFiles, request: ShareRequest) -> ShareFiles:
     """The files of a container whose device is shared through MPS (nvc.plan.mps): no compute lines
     in its limits file (MPS shares the SMs, the shim's slices and weights stay off; its memory
-    accounting stays), no scheduler file. Its MPS lines are added when its daemon is known."""
+    accounting stays), no scheduler file. Its MPS lines, and a lighter weight's duty cycle, are added
+    when its daemon is known (nvc.plan.mps.client_lines)."""
     return planned._replace(
         limits=mps_limits_text(request, f"container {planned.container_id}"), scheduled=False, granted=""
     )

@@ -98,7 +98,7 @@ def mps_client_env(
 ) -> dict[str, str]:
     """A client of an MPS daemon (daemon: what mps_daemon yields). limits: None, the driver's MPS as it is
     (no shim); CUDA_MPS_* variables, the driver's MPS tuned by hand (no shim); NVC_SHARE_* variables, as
-    nvc-py's MPS backend serves a container with them (nvc.plan.mps.client_env, the hook's limits file in
+    nvc-py's MPS backend serves a container with them (nvc.plan.mps.client_lines, the hook's limits file in
     path: no time slices, its memory counted), the device's other clients having other_weights."""
     if limits is None or all(name.startswith("CUDA_MPS_") for name in limits):
         return shim_env(None, **daemon, **(limits or {}))
@@ -111,9 +111,11 @@ def mps_client_env(
     binaries = [f"/driver/{mps.CONTROL}", f"/driver/{mps.SERVER}"]
     client = mps.client(request._asdict(), ("GPU-bench",), binaries, path.name, os.getuid())
     assert client is not None
-    variables = {k: v for k, v in mps.client_env(client, other_weights).items() if k != mps.PIPE}
+    pipe = mps.limits_lines({mps.PIPE: mps.CONTAINER_PIPE_DIR})  # the daemon's own is in its environment
     path.mkdir(parents=True)
-    sharefiles.write_share_dir(path, share.mps_limits_text(request) + mps.limits_lines(variables))
+    sharefiles.write_share_dir(
+        path, share.mps_limits_text(request) + mps.client_lines(client, other_weights).replace(pipe, "")
+    )
     return shim_env(path, **daemon)
 
 

@@ -115,8 +115,11 @@ int nvc_sched_open(const struct nvc_config *cfg)
     struct stat st;
     if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) ||
         (st.st_size != SCHED_FILE_SIZE && (fixed || st.st_size || ftruncate(fd, SCHED_FILE_SIZE)))) {
+        int mps_client = 0; /* has none by design: its cap is a duty cycle (nvc/plan/mps.py) */
+        for (int i = 0; i < NVC_MPS_VARS; i++)
+            mps_client |= cfg->mps_env[i][0] != '\0';
         if (fd >= 0 || fixed)
-            nvc_log(1, "no usable scheduler file %s: weights do not apply, caps do", self);
+            nvc_log(mps_client ? 2 : 1, "no usable scheduler file %s: weights do not apply, caps do", self);
         if (fd >= 0)
             close(fd);
         return 0;
