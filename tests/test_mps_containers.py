@@ -189,6 +189,8 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
         f"MPS daemon of {GPU0}: running (pid {state.pid}); containers: nvc-mps-a (uid 0), nvc-mps-b (uid 0)"
         in shown.stdout.splitlines()
     )
+    b_limits = shown.stdout.split("container nvc-mps-b\n", 1)[1].splitlines()[0]
+    assert "compute cap 40 %" in b_limits, shown.stdout  # its duty cycle, as share status says it
 
     a = ctrs.finish("a")
     assert a.returncode == 0, a.stderr
