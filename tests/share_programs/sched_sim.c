@@ -4,11 +4,13 @@
  * contexts averages out). Deterministic test program for tests/test_share_native.py; nothing here is
  * a GPU result.
  *
- *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US|:LIE]
+ *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US[s]|:LIE]
  *
  * Each tenant launches kernels of KERNEL_US while busy, its host spending HOST_US (default 0) before
  * each launch, keeping at most 2 ms of its work queued (as the shim does), asking nvc_sched_decide
- * before each launch. Its own cap (percent, 100 = none) is enforced as the shim's region.c does:
+ * before each launch; with HOST_USs its host waits for each kernel's end before its HOST_US (one
+ * kernel in flight: a decode loop that needs each token before the next). Its own cap (percent,
+ * 100 = none) is enforced as the shim's region.c does:
  * slices of cap % of every 50 ms of wall time, extended while the scheduler holds it; work past a
  * slice's end is charged to the next. It measures each kernel's elapsed time from when its stream
  * could start it to its end and charges it with nvc_sched_charge (over how many it saw sharing the GPU at each decision and measurement) into its decaying share account, as
@@ -49,7 +51,7 @@ static struct tenant {
     uint64_t queue[MAX_Q]; /* its kernels' remaining GPU time, oldest first */
     uint64_t began;        /* when its oldest kernel could start */
     uint64_t estimate;     /* a kernel's elapsed time as last measured (the shim's estimate) */
-    int qn;
+    int qn, sync;          /* sync: its host waits for its kernel (HOST_USs) */
     int64_t credit;
     uint64_t acc, acc_at, waiting_since, longest_wait;
     struct nvc_sched_history seen_sharing;
@@ -109,7 +111,11 @@ int main(int argc, char **argv)
                                 .until_ns = until * 1000000};
         for (enum lie l = HONEST; l <= GARBAGE; l++)
             if (!strcmp(how, lies[l])) t[nt].lie = l;
-        if (!t[nt].lie && how[0]) t[nt].host_ns = strtoull(how, NULL, 10) * 1000;
+        if (!t[nt].lie && how[0]) {
+            char *end;
+            t[nt].host_ns = strtoull(how, &end, 10) * 1000;
+            t[nt].sync = *end == 's';
+        }
     }
     for (int i = 0; classes && *classes && i < nt; i++) {
         char *end;
@@ -157,8 +163,9 @@ int main(int argc, char **argv)
             x->turnaround += now + STEP_NS - x->launched[0];
             memmove(x->launched, x->launched + 1, (size_t)(x->qn - 1) * sizeof x->launched[0]);
             memmove(x->queue, x->queue + 1, (size_t)--x->qn * sizeof x->queue[0]);
-            if (!x->qn)
-                x->v.busy_until_ns = now + STEP_NS; /* drained */
+            if (!x->qn) x->v.busy_until_ns = now + STEP_NS; /* drained */
+            if (!x->qn && x->sync)
+                x->host_ready = now + STEP_NS + x->host_ns; /* its host had waited for this kernel */
             else if (x->v.busy_until_ns < now + 2 * x->qn * x->estimate)
                 x->v.busy_until_ns = now + 2 * x->qn * x->estimate;
         }
@@ -182,8 +189,9 @@ int main(int argc, char **argv)
                 if (j != i) others[n++] = seen[j];
             if (x->qn && now % SAMPLE_NS == 0) /* the shim looks while it waits for room in its queue */
                 nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
-            if (now < x->host_ready || x->qn == MAX_Q || (x->qn && inflight(x) + x->kernel_ns > MAX_INFLIGHT_NS))
-                continue;                              /* its host is busy, or its queue full */
+            if (now < x->host_ready || x->qn == MAX_Q ||
+                (x->qn && (x->sync || inflight(x) + x->kernel_ns > MAX_INFLIGHT_NS)))
+                continue;                              /* its host is busy or waits, or its queue full */
             if (x->cap < 100 && now >= x->slice_end) { /* outside its slice */
                 if (x->qn) continue;                   /* its last slice's work drains first */
                 if (x->began > x->slice_end) {         /* and what ran past the slice is charged */
@@ -211,7 +219,7 @@ int main(int argc, char **argv)
             if (!x->qn) x->began = now;
             x->launched[x->qn] = now;
             x->queue[x->qn++] = x->kernel_ns;
-            x->host_ready = now + x->host_ns;
+            x->host_ready = x->sync ? UINT64_MAX : now + x->host_ns; /* a waiting host: until the kernel ends */
             uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
             x->v.busy_until_ns = base + 2 * (x->estimate ? x->estimate : x->kernel_ns);
         }
