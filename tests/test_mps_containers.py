@@ -214,6 +214,26 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
     assert mps.status() == [] and not (Path(mpsplan.MPS_DIR) / GPU0).exists()
 
 
+def test_a_lighter_containers_duty_cycle_follows_the_heavier_ones(containers) -> None:
+    """Weights 1:3 whichever container starts first: b (weight 1) starts alone and runs free (no compute
+    line in its limits file); a (weight 3) comes, and b's limits file, as b sees it, gets the duty cycle
+    of 1:3 (40 %); a goes (its poststop), and b runs free again."""
+    ctrs = containers(f"sharing: {{backend: {{{GPU0}: mps}}}}\n")
+    show = "grep compute_ /var/run/nvc-share/limits || echo none"
+    ctrs.start("b", f"{show}; {_waits('b')}; {show}; {_waits('b2')}; {show}", {"NVC_SHARE_WEIGHT": "1"})
+    ctrs.reached("b")
+    ctrs.start("a", _waits("a"), {"NVC_SHARE_WEIGHT": "3"})
+    ctrs.reached("a")
+    (ctrs.barrier / "done-b").touch()
+    ctrs.reached("b2")
+    a = ctrs.finish("a")
+    assert a.returncode == 0, a.stderr
+    b = ctrs.finish("b", go="b2")
+    assert b.returncode == 0, b.stderr
+    assert b.stdout.splitlines() == ["none", "compute_percent=40", "none"]
+    assert "keeps its duty cycle" not in a.stderr + b.stderr
+
+
 def test_a_killed_daemon_is_started_again_by_the_next_container(containers) -> None:
     """The daemon dies with a container attached: that container's next cuInit fails
     (CUDA_ERROR_MPS_CONNECTION_FAILED, as a client that finds no server) and share status says it is

@@ -143,6 +143,32 @@ def test_the_share_becomes_mps_client_limits() -> None:
     assert mps.PRIORITY_OF_CLASS.keys() == set(sharing.PRIORITY_CLASSES)
 
 
+def test_a_duty_cycle_follows_the_clients_of_the_device() -> None:
+    """A running client's limits file gets its duty cycle among the device's clients now: a lighter one
+    that started alone is held once a heavier one comes, runs free again once it is gone, and a heavier
+    one of 9 takes it from 40 % to 15 %. Its memory limit and MPS lines stay as they were; a client with
+    a thread percentage (a cap) or no weight gets none; an unchanged file is None (nothing to write)."""
+    lighter = mps.MpsClient("b", GPU0, "/bin/ctl", 0, weight=1, memory=1 << 30)
+    memory = share.mps_limits_text(ShareRequest(memory=(("", 1 << 30),)), "container b")
+    alone = memory + mps.client_lines(lighter, [])
+    assert "compute_percent" not in alone
+    held = mps.rebalanced(alone, 1, [3], "container b")
+    assert held == memory + mps.client_lines(lighter, [3])
+    assert held.splitlines()[2:] == [
+        "memory_limit=1073741824",
+        "compute_percent=40",
+        "mps.CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M",
+    ]
+    assert mps.rebalanced(held, 1, [3, 1], "container b") is None  # still 40 %
+    assert "compute_percent=15\n" in mps.rebalanced(held, 1, [9], "container b")
+    assert mps.rebalanced(held, 1, [], "container b") == alone  # the heavier one gone
+    assert mps.rebalanced(held, 0, [3], "container b") == alone  # no weight, no duty cycle
+    capped = mps.client_lines(lighter._replace(compute=30), [3])
+    capped_text = share.mps_limits_text(ShareRequest(), "container b") + capped
+    assert mps.rebalanced(capped_text, 1, [3], "container b") is None  # its thread percentage holds it
+
+
 def test_an_mps_container_is_out_of_the_time_slices() -> None:
     """Its limits file keeps the memory limit and loses the compute lines; no scheduler file."""
     request = ShareRequest(memory=(("", 1 << 30),), compute=(("", 50),), weight=(("", 2),))

@@ -256,7 +256,7 @@ def test_under_mps_memory_changes_at_once_and_the_rest_for_new_processes(private
         f"mps.CUDA_MPS_PIPE_DIRECTORY={mps.CONTAINER_PIPE_DIR}",
     ):
         assert line in text.splitlines()
-    with pytest.raises(ContainerError, match="through MPS, where a weight becomes its duty cycle"):
+    with pytest.raises(ContainerError, match="through MPS, where its weight, fixed at its start, sets its duty cycle"):
         shareset.change("mps-ctr", Change(weight=2), str(state))
 
 

@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from nvc.apply.container import start_time
 from nvc.errors import ContainerError
+from nvc.logger import Logger
 from nvc.plan import mps as mpsplan
+from nvc.plan.share import STATE_DIR
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
@@ -48,6 +50,7 @@ START_WAIT = 10.0  # seconds for a started daemon to write its pid file
 STOP_WAIT = 10.0  # seconds for a daemon told to quit to exit
 _MAX_RECORD = 4096
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+log = Logger(__name__)
 
 
 class Daemon(NamedTuple):
@@ -278,10 +281,12 @@ def _wait_pid(pipe_fd: int) -> int | None:
     return None
 
 
-def attach(client: mpsplan.MpsClient, handle: ContainerHandle | None) -> str:
+def attach(client: mpsplan.MpsClient, handle: ContainerHandle | None, state_dir: str = STATE_DIR) -> str:
     """Make the device's daemon serve the container (started when none runs: the first container,
-    or the last one died) and record the container; returns its limits file's MPS lines (and duty cycle). A
-    container of another user than the daemon's present clients is refused."""
+    or the last one died) and record the container; returns its limits file's MPS lines (and duty cycle).
+    The device's other running containers get their duty cycles among the new set of weights
+    (``state_dir``: where their limits files are). A container of another user than the daemon's present
+    clients is refused."""
     uid = _host_uid(client, handle)
     with _locked(client.mps_dir) as dir_fd:
         device_fd = _subdir(dir_fd, client.device)
@@ -305,12 +310,15 @@ def attach(client: mpsplan.MpsClient, handle: ContainerHandle | None) -> str:
                 os.close(clients_fd)
         finally:
             os.close(device_fd)
-    return mpsplan.client_lines(client, [c.weight for c in present if c.weight])
+        weights = [c.weight for c in present if c.weight]
+        _rebalance(present, [*weights, client.weight] if client.weight else weights, state_dir)
+    return mpsplan.client_lines(client, weights)
 
 
-def release(container_id: str, mps_dir: str = mpsplan.MPS_DIR) -> None:
+def release(container_id: str, mps_dir: str = mpsplan.MPS_DIR, state_dir: str = STATE_DIR) -> None:
     """poststop (or a later step of the start failing): the container's records gone; a daemon
-    left with no running container stopped, its directory removed. Never fails the teardown."""
+    left with no running container stopped, its directory removed, the others' duty cycles recomputed
+    without its weight. Never fails the teardown."""
     if not os.path.isdir(mps_dir):
         return
     with _locked(mps_dir) as dir_fd:
@@ -324,6 +332,28 @@ def release(container_id: str, mps_dir: str = mpsplan.MPS_DIR) -> None:
                 os.close(device_fd)
             if not left:
                 _stop(dir_fd, device, mps_dir)
+            _rebalance(left, [c.weight for c in left if c.weight], state_dir)
+
+
+def _rebalance(clients: list[Client], weights: list[int], state_dir: str) -> None:
+    """Each client's duty cycle among the device's ``weights`` now (nvc.plan.mps.rebalanced), its limits
+    file rewritten where it changed: its processes put it in force within 200 ms (the shim rereads the
+    file), so a lighter container started first is held once a heavier one comes, and runs free once
+    the heavier ones are gone. One whose file cannot be rewritten keeps its duty cycle, and is named."""
+    from nvc.apply import sharechange
+
+    for client in clients:
+        others = list(weights)
+        if client.weight:
+            others.remove(client.weight)
+        origin = f"container {client.container_id}"
+        try:
+            with sharechange.locked(client.container_id, state_dir) as current:
+                text = mpsplan.rebalanced(current.limits, client.weight, others, origin)
+                if text is not None:
+                    sharechange.rewrite(client.container_id, text, None, state_dir)
+        except (ContainerError, OSError) as err:
+            log.warning("%s keeps its duty cycle: %s", origin, err)
 
 
 def _devices(dir_fd: int) -> list[str]:

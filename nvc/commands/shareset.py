@@ -78,8 +78,8 @@ def _mps(container_id: str, limits: share.Limits, wanted: share.Change) -> tuple
     client variables (its limits file's mps lines) for the processes that start from now on."""
     if wanted.weight is not None:
         raise ContainerError(
-            f"container {container_id} shares its GPU through MPS, where a weight becomes its duty cycle "
-            "as it starts: change its --compute instead"
+            f"container {container_id} shares its GPU through MPS, where its weight, fixed at its start, "
+            "sets its duty cycle among the GPU's containers: change its --compute instead"
         )
     request = _changed(limits.request, wanted)
     env = dict(limits.mps)

@@ -63,7 +63,7 @@ def _host_steps(plan: Plan, handle: ContainerHandle | None) -> Iterator[None]:
     if plan.mps is not None:  # its daemon first: the limits file gets the MPS limits it decides
         from nvc.apply import mps
 
-        share = share._replace(limits=share.limits + mps.attach(plan.mps, handle))
+        share = share._replace(limits=share.limits + mps.attach(plan.mps, handle, share.state_dir))
     try:
         sharefiles.make(share, handle)
         try:
@@ -73,7 +73,7 @@ def _host_steps(plan: Plan, handle: ContainerHandle | None) -> Iterator[None]:
             raise
     except BaseException:
         if plan.mps is not None:
-            mps.release(plan.mps.container_id, plan.mps.mps_dir)
+            mps.release(plan.mps.container_id, plan.mps.mps_dir, share.state_dir)
         raise
 
 

@@ -10,7 +10,8 @@ own per-client limits (:func:`limits_lines`), which the shim puts in each proces
 before the driver reads them: the compute cap as the active thread percentage, the memory limit as the
 pinned device memory limit (with room for the context), the latency class as the client priority. The
 shim's time slices and weights are off for that container (MPS shares the SMs) but for a weight below
-the heaviest on the device, which becomes a duty cycle (:func:`duty_cycle`); its memory accounting stays.
+the heaviest among the device's clients, which becomes a duty cycle (:func:`duty_cycle`), recomputed for
+every running client as containers come and go (:func:`rebalanced`); its memory accounting stays.
 
 A process reaches one MPS daemon (one pipe directory), so MPS serves a container one device: a
 container with several devices, any of them ``mps``, is refused. So is one whose driver lacks the
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from nvc.errors import ContainerError
-from nvc.plan.share import LIMITS_KEYS
+from nvc.plan import share
 
 # The daemons' directories: not under /run/nvc-py, which is root's alone (0700), because the MPS
 # server the control daemon starts for a non-root client runs as that user and must reach its pipe
@@ -157,18 +158,39 @@ def thread_percentage(mps: MpsClient) -> int | None:
 
 
 def duty_cycle(mps: MpsClient, other_weights: Iterable[int]) -> int | None:
-    """The part of the time (percent) a container without a cap launches, the shim's compute cap: for a
-    weight below the heaviest among the device's clients when it starts, the part that splits a pair by
-    their weights at PLANNED_OVERLAP (1:3: 40 %), rounded up; None: no limit (the heaviest, a weight
-    alone, a container with a cap: its thread percentage). Meanwhile the heavier run alone at their full
-    rate and pay nothing per launch, and when both run their kernels overlap: on the H100 it kept more
-    of MPS's own sum than a thread ceiling at the weights' share of the SMs (docs/performance.md)."""
+    """The part of the time (percent) a container without a cap launches, the shim's compute cap
+    (:func:`weight_duty`); None: no limit (the heaviest, a weight alone, a container with a cap: its thread
+    percentage)."""
     if mps.weight is None or thread_percentage(mps) is not None:
         return None
-    ratio = max([mps.weight, *other_weights]) / mps.weight
+    return weight_duty(mps.weight, other_weights)
+
+
+def weight_duty(weight: int, other_weights: Iterable[int]) -> int | None:
+    """The duty cycle of a weight below the heaviest among the device's clients now: the part that splits
+    a pair by their weights at PLANNED_OVERLAP (1:3: 40 %), rounded up; None for the heaviest. Meanwhile
+    the heavier run alone at their full rate and pay nothing per launch, and when both run their kernels
+    overlap: on the H100 it kept more of MPS's own sum than a thread ceiling at the weights' share of the
+    SMs (docs/performance.md). It follows the clients as they come and go (:func:`rebalanced`)."""
+    ratio = max([weight, *other_weights]) / weight
     if ratio <= 1:
         return None
     return math.ceil(100 * 100 / (100 + (ratio - 1) * PLANNED_OVERLAP / 2))
+
+
+def rebalanced(text: str, weight: int, other_weights: Iterable[int], origin: str) -> str | None:
+    """A running client's limits file (``text``, as :func:`client_lines` completed it) with the duty cycle
+    of its ``weight`` (0: none) among the device's clients now; None when that changes nothing. Its memory
+    limit and MPS lines stay; a client with a thread percentage (a cap) has no duty cycle."""
+    limits = share.parse_limits(text, origin)
+    mps_env = dict(limits.mps)
+    duty = None if not weight or THREADS in mps_env else weight_duty(weight, other_weights)
+    new = share.mps_limits_text(limits.request, origin) + _duty_line(duty) + limits_lines(mps_env)
+    return None if new == text else new
+
+
+def _duty_line(duty: int | None) -> str:
+    return "" if duty is None else f"{dict(share.LIMITS_KEYS)['compute']}={duty}\n"
 
 
 def client_env(mps: MpsClient) -> dict[str, str]:
@@ -197,8 +219,6 @@ def limits_lines(env: Mapping[str, str]) -> str:
 
 
 def client_lines(mps: MpsClient, other_weights: Iterable[int]) -> str:
-    """What the container's limits file gets once its daemon is known: its MPS variables, and its duty
-    cycle as the shim's compute cap."""
-    duty = duty_cycle(mps, other_weights)
-    cap = "" if duty is None else f"{dict(LIMITS_KEYS)['compute']}={duty}\n"
-    return cap + limits_lines(client_env(mps))
+    """What the container's limits file gets once its daemon is known: its duty cycle as the shim's
+    compute cap, and its MPS variables."""
+    return _duty_line(duty_cycle(mps, other_weights)) + limits_lines(client_env(mps))
