@@ -393,6 +393,13 @@ BACKEND_PAIRS = (
     ("time slices, weights 1:3", False, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
     ("MPS, plain", True, None, None),
     ("nvc MPS: weights 1:3", True, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
+    (
+        "nvc MPS: weights 1:3, the lighter batch",
+        True,
+        {"NVC_SHARE_WEIGHT": "1", "NVC_SHARE_PRIORITY": "batch"},
+        {"NVC_SHARE_WEIGHT": "3"},
+    ),
+    ("MPS by hand: the lighter at client priority 1 alone", True, {PRIORITY: "1"}, {}),
     ("MPS by hand: threads 34/100 (a part of the heaviest)", True, {THREADS: "34"}, {}),
     ("MPS by hand: threads 60/100, priority 1/0", True, {THREADS: "60", PRIORITY: "1"}, {}),
     ("MPS by hand: threads 25/100, priority 1/0", True, {THREADS: "25", PRIORITY: "1"}, {}),

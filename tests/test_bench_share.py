@@ -75,7 +75,7 @@ def test_a_split_in_time_keeps_what_the_overlap_allows():
 
 def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, monkeypatch):
     """A tenant of an nvc-py MPS row gets the limits file the hook writes for an MPS client: its class and
-    cap as MPS's client variables (a lighter weight as the shim's duty cycle), no other time-slice lines,
+    cap as MPS's client variables (a lighter weight as the shim's duty cycle), its weight, no other time-slice lines,
     the bench daemon's pipe in its environment (the shim would otherwise set the container's)."""
     bench = _bench()
     pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
@@ -95,7 +95,13 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
     assert bench.weights_of(light, heavy, None) == [1, 3, 0]
     env = sharegpu.mps_client_env(tmp_path / "light", light, [3], pipe)
     lines = (Path(env["NVC_SHARE_DIR"]) / "limits").read_text().splitlines()
-    assert [line for line in lines if not line.startswith("#")] == ["version=1", "compute_percent=40"]
+    assert [line for line in lines if not line.startswith("#")] == [
+        "version=1",
+        "compute_weight=1",
+        "compute_percent=40",
+    ]
+    # a weight's scheduler file beside its directory, as the hook gives an MPS client one
+    assert (env["NVC_SHARE_SCHED_DIR"], env["NVC_SHARE_TENANT"]) == (str(tmp_path / "mps-sched"), "light")
     assert [row[0] for row in bench.BACKEND_PAIRS if row[1]][:2] == ["MPS, plain", "nvc MPS: weights 1:3"]
     by_hand = sharegpu.mps_client_env(tmp_path / "hand", {bench.THREADS: "25", bench.PRIORITY: "1"}, [], pipe)
     assert "LD_PRELOAD" not in by_hand and not (tmp_path / "hand").exists()

@@ -198,7 +198,7 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
         "control",
         "nvidia-cuda-mps-control.pid",
         "1",  # the memory limit stays with the shim
-        "0",  # no compute line: MPS shares the SMs, not the shim's slices
+        "1",  # its weight, no cap line: MPS shares the SMs, not the shim's slices
         "4",  # the four MPS variables the shim sets
         "init CUDA_SUCCESS",
     ]
@@ -207,9 +207,9 @@ def test_two_containers_share_one_daemon_and_get_their_limits(containers) -> Non
 
     b = ctrs.finish("b")
     assert b.returncode == 0, b.stderr
-    # its weight, lighter than a's, is a duty cycle: the shim's compute cap, no thread percentage
-    assert b.stdout.splitlines() == ["control", "nvidia-cuda-mps-control.pid", "1", "1", "3", "init CUDA_SUCCESS"]
-    assert "scheduler file" not in b.stderr  # an MPS client has none by design: its cap applies alone
+    # its weight, lighter than a's, is a duty cycle: the shim's compute cap (and its weight), no thread percentage
+    assert b.stdout.splitlines() == ["control", "nvidia-cuda-mps-control.pid", "1", "2", "3", "init CUDA_SUCCESS"]
+    assert "scheduler file" not in b.stderr  # it has one: whether a heavier client is backlogged decides its cap
     _until(lambda: not Path(f"/proc/{state.pid}").exists(), "the daemon to quit")
     assert mps.status() == [] and not (Path(mpsplan.MPS_DIR) / GPU0).exists()
 
@@ -219,7 +219,7 @@ def test_a_lighter_containers_duty_cycle_follows_the_heavier_ones(containers) ->
     line in its limits file); a (weight 3) comes, and b's limits file, as b sees it, gets the duty cycle
     of 1:3 (40 %); a goes (its poststop), and b runs free again."""
     ctrs = containers(f"sharing: {{backend: {{{GPU0}: mps}}}}\n")
-    show = "grep compute_ /var/run/nvc-share/limits || echo none"
+    show = "grep compute_percent /var/run/nvc-share/limits || echo none"
     ctrs.start("b", f"{show}; {_waits('b')}; {show}; {_waits('b2')}; {show}", {"NVC_SHARE_WEIGHT": "1"})
     ctrs.reached("b")
     ctrs.start("a", _waits("a"), {"NVC_SHARE_WEIGHT": "3"})

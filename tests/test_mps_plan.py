@@ -170,11 +170,16 @@ def test_a_duty_cycle_follows_the_clients_of_the_device() -> None:
 
 
 def test_an_mps_container_is_out_of_the_time_slices() -> None:
-    """Its limits file keeps the memory limit and loses the compute lines; no scheduler file."""
+    """Its limits file keeps the memory limit and the weight and loses the cap; a scheduler file only with a
+    weight (its granted weight the others trust), where its shim says whether it keeps work queued."""
     request = ShareRequest(memory=(("", 1 << 30),), compute=(("", 50),), weight=(("", 2),))
     planned = share.files(request, "ctr", "", library="/lib/shim.so", state_dir="/st")
     assert planned.scheduled and "compute_percent=50" in planned.limits
     out = share.without_time_slices(planned, request)
+    assert out.scheduled and out.granted == "version=1\ncompute_weight=2\n"
+    assert out.limits.splitlines()[1:] == ["version=1", "memory_limit=1073741824", "compute_weight=2"]
+    capped = request._replace(weight=())
+    out = share.without_time_slices(share.files(capped, "ctr", "", state_dir="/st"), capped)
     assert not out.scheduled and not out.granted
     assert out.limits.splitlines()[1:] == ["version=1", "memory_limit=1073741824"]
 

@@ -102,8 +102,6 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
         assert not os.path.lexists(sched) and not os.path.lexists(granted)
     finally:
         sharefiles.remove("ctr-plan")
-        if os.path.ismount(default_run_dir / "gpu-sched"):  # the scheduler's tmpfs, mounted on first use
-            subprocess.run(["umount", "-l", str(default_run_dir / "gpu-sched")], check=True)
     assert not os.path.lexists(where) and not os.path.lexists(sched) and not os.path.lexists(granted)
 
 
@@ -241,8 +239,6 @@ def test_poststop_removes_only_the_sharing_files_of_the_container_that_stopped(
         assert not where.exists() and not sched.exists()
     finally:
         runc.delete(cid)
-        if os.path.ismount(default_run_dir / "gpu-sched"):
-            subprocess.run(["umount", "-l", str(default_run_dir / "gpu-sched")], check=True)
 
 
 # ---------------------------------------------------------------- two weighted containers, through the hook
@@ -278,9 +274,7 @@ def test_two_weighted_containers_share_the_gpu_by_weight(
         time.sleep(0.3)  # both busy for a while: the share is measured
         return sharestatus.status()
 
-    results, status = _at_once(
-        podman, setup_dir, programs, default_run_dir, barrier, script, envs, [], busy_for_a_while
-    )
+    results, status = _at_once(podman, setup_dir, programs, barrier, script, envs, [], busy_for_a_while)
     walls = {}
     for weight, result in results.items():
         assert result.returncode == 0, result.stderr
@@ -309,7 +303,6 @@ def _at_once(
     podman,
     setup_dir: Path,
     programs: dict[str, Path],
-    run_dir: Path,
     barrier: Path,
     script: str,
     envs: dict[int, dict[str, str]],
@@ -318,8 +311,7 @@ def _at_once(
 ) -> tuple[dict[int, subprocess.CompletedProcess[str]], T]:
     """Podman containers through the hook, one per weight with its env (on GPU 0, 1 ms fake kernels),
     started at once with cuda_probe and the barrier directory mounted; `during` runs once all are past
-    the barrier. Returns their results and what `during` returned; unmounts the hooks' scheduler
-    directory after."""
+    the barrier. Returns their results and what `during` returned."""
     import threading
 
     image = podman.image()
@@ -351,17 +343,12 @@ def _at_once(
     threads = [threading.Thread(target=run, args=(weight,)) for weight in envs]
     for thread in threads:
         thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(barrier.iterdir())) < len(envs) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        seen = during()
-        for thread in threads:
-            thread.join(timeout=120)
-    finally:
-        sched = run_dir / "gpu-sched"
-        if os.path.ismount(sched):
-            subprocess.run(["umount", "-l", str(sched)], check=True)
+    deadline = time.monotonic() + 60
+    while len(list(barrier.iterdir())) < len(envs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = during()
+    for thread in threads:
+        thread.join(timeout=120)
     return results, seen
 
 
@@ -381,9 +368,7 @@ def test_two_weighted_containers_on_one_time_sliced_gpu_get_it_by_weight(
         weight: {"WORK": f"launch {n} 264 128 sync", "FAKE_CUDA_SHARED_GPU": "/fake-gpu"}
         for weight, n in ((1, 1200), (3, 800))
     }
-    results, _ = _at_once(
-        podman, setup_dir, programs, default_run_dir, barrier, script, envs, ["-v", f"{gpu}:/fake-gpu"], lambda: None
-    )
+    results, _ = _at_once(podman, setup_dir, programs, barrier, script, envs, ["-v", f"{gpu}:/fake-gpu"], lambda: None)
     walls = {}
     for weight, result in results.items():
         assert result.returncode == 0, result.stderr

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.fakegpus import H100 as GPU0
-from harness.shim import WAITS_LOG, foreground, programs, share  # noqa: F401  (fixtures)
+from harness.shim import WAITS_LOG, probe_started, programs, share  # noqa: F401  (fixtures)
 
 # ---------------------------------------------------------------- compute share
 
@@ -260,14 +260,7 @@ def tenant(
         if host_us is None
         else ["steps", str(launches), "264", "128", str(host_us)]
     )
-    return subprocess.Popen(
-        [str(programs["cuda_probe"]), "init", "ctx", "0", *work],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=foreground,
-    )
+    return probe_started(programs, env, *work)
 
 
 # kernel µs, kernels per step and host µs after each (0: back to back, one wait at the end), the light

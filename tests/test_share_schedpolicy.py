@@ -32,6 +32,8 @@ class View(ctypes.Structure):
         ("cap", ctypes.c_uint32),
         ("share_permille", ctypes.c_uint32),
         ("klass", ctypes.c_uint32),
+        ("mps", ctypes.c_uint32),
+        ("backlog_permille", ctypes.c_uint32),
     ]
 
 
@@ -55,10 +57,16 @@ def decide(tmp_path_factory: pytest.TempPathFactory):
         ],
         check=True,
     )
-    fn = ctypes.CDLL(str(lib)).nvc_sched_decide
-    fn.argtypes = [ctypes.POINTER(View), ctypes.POINTER(View), ctypes.c_int, ctypes.c_uint64]
-    fn.restype = ctypes.c_int
+    built = ctypes.CDLL(str(lib))
+    fn = built.nvc_sched_decide
+    for pure in (fn, built.nvc_sched_duty_holds):
+        pure.argtypes = [ctypes.POINTER(View), ctypes.POINTER(View), ctypes.c_int, ctypes.c_uint64]
+        pure.restype = ctypes.c_int
     decide_views.fn = fn
+    duty_holds.fn = built.nvc_sched_duty_holds
+    built.nvc_sched_backlog_after.argtypes = [ctypes.c_uint32, ctypes.c_int]
+    built.nvc_sched_backlog_after.restype = ctypes.c_uint32
+    backlog_after.fn = built.nvc_sched_backlog_after
 
     def run(own_share: int, peer_share: int, peer_busy: bool = True) -> int:
         """A weight-1 tenant asking while a weight-3 peer, seen launching just now, is busy or not."""
@@ -150,3 +158,47 @@ def test_weights_still_divide_each_class(decide):
             )
             == WAIT
         )
+
+
+# ---------------------------------------------------------------- MPS clients
+
+
+def mps_client(weight: int, backlog: int, seen_ago: int = 0) -> View:
+    return View(weight * 10_000 + backlog, NOW - seen_ago, 0, 0, weight, 100, 0, NONE, 1, backlog)
+
+
+def duty_holds(own: View, *others: View) -> int:
+    """nvc_sched_duty_holds on these views at NOW (the decide fixture loads it)."""
+    peers = (View * len(others))(*others)
+    return duty_holds.fn(ctypes.byref(own), peers, len(others), NOW)
+
+
+def backlog_after(permille: int, backlogged: bool) -> int:
+    return backlog_after.fn(permille, int(backlogged))
+
+
+def test_a_lighter_mps_clients_duty_cycle_holds_while_a_heavier_one_is_backlogged(decide):
+    """A weight-1 MPS client's duty cycle holds while a heavier MPS client, seen launching within 5 ms, found
+    its work still queued at half or more of its recent looks; not beside one backlogged less often (a
+    launch-bound service), an idle one, one no heavier, or a tenant of the time slices."""
+    light = mps_client(1, 0)
+    assert duty_holds(light, mps_client(3, 500)) == 1
+    assert duty_holds(light, mps_client(3, 499)) == 0
+    assert duty_holds(light, mps_client(3, 1000, seen_ago=5 * MS + 1)) == 0
+    assert duty_holds(light, mps_client(1, 1000)) == 0
+    assert duty_holds(light, tenant(NONE, busy=True, weight=3)) == 0
+    assert duty_holds(light, mps_client(1, 1000), mps_client(2, 0), mps_client(9, 800)) == 1
+    # and the time slices' weighing leaves MPS clients out: a busy heavy one under its share holds no one
+    heavy = mps_client(3, 1000)
+    heavy.busy_until_ns, heavy.share_permille = NOW + MS, 0
+    assert decide_views(tenant(NONE, share=900, weight=1), heavy) == RUN_WITHIN
+
+
+def test_the_backlog_is_the_decaying_part_of_the_looks_that_found_work_queued(decide):
+    """An eighth of the way to 1000 at each backlogged look, an eighth of the way to 0 at each other one:
+    six backlogged looks in a row from none cross half; 1000 stays 1000."""
+    permille = 0
+    for _ in range(5):
+        permille = backlog_after(permille, True)
+    assert permille < 500 <= backlog_after(permille, True)
+    assert backlog_after(1000, True) == 1000 and backlog_after(1000, False) == 875

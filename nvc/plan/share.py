@@ -234,18 +234,21 @@ def files(
 
 
 def without_time_slices(planned: ShareFiles, request: ShareRequest) -> ShareFiles:
-    """The files of a container whose device is shared through MPS (nvc.plan.mps): no compute lines
-    in its limits file (MPS shares the SMs, the shim's slices and weights stay off; its memory
-    accounting stays), no scheduler file. Its MPS lines, and a lighter weight's duty cycle, are added
-    when its daemon is known (nvc.plan.mps.client_lines)."""
-    return planned._replace(
-        limits=mps_limits_text(request, f"container {planned.container_id}"), scheduled=False, granted=""
-    )
+    """The files of a container whose device is shared through MPS (nvc.plan.mps): no cap or class lines
+    in its limits file (MPS shares the SMs, the shim's slices stay off; its memory accounting stays), and
+    a scheduler file only with a weight, where the shim publishes whether it keeps work queued: a lighter
+    weight's duty cycle holds while a heavier client does (native/shim/scheduling/schedpolicy.h). Its MPS
+    lines, and a lighter weight's duty cycle, are added when its daemon is known
+    (nvc.plan.mps.client_lines)."""
+    limits = mps_limits_text(request, f"container {planned.container_id}")
+    weighted = bool(request.weight)
+    return planned._replace(limits=limits, scheduled=weighted, granted=granted_text(limits) if weighted else "")
 
 
 def mps_limits_text(request: ShareRequest, origin: str = "") -> str:
-    """The limits file of an MPS client before its MPS lines: its memory limit, no compute lines."""
-    return limits_text(request._replace(compute=(), weight=(), priority=()), origin)
+    """The limits file of an MPS client before its MPS lines: its memory limit and weight, no cap or class
+    lines."""
+    return limits_text(request._replace(compute=(), priority=()), origin)
 
 
 def mounts(planned: ShareFiles) -> tuple[HostMount, ...]:

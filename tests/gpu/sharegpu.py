@@ -99,7 +99,8 @@ def mps_client_env(
     """A client of an MPS daemon (daemon: what mps_daemon yields). limits: None, the driver's MPS as it is
     (no shim); CUDA_MPS_* variables, the driver's MPS tuned by hand (no shim); NVC_SHARE_* variables, as
     nvc-py's MPS backend serves a container with them (nvc.plan.mps.client_lines, the hook's limits file in
-    path: no time slices, its memory counted), the device's other clients having other_weights."""
+    path: no time slices, its memory counted; with a weight, its scheduler file in mps-sched beside path, as
+    the hook gives one), the device's other clients having other_weights."""
     if limits is None or all(name.startswith("CUDA_MPS_") for name in limits):
         return shim_env(None, **daemon, **(limits or {}))
     sys.path.insert(0, str(REPO))
@@ -116,7 +117,11 @@ def mps_client_env(
     sharefiles.write_share_dir(
         path, share.mps_limits_text(request) + mps.client_lines(client, other_weights).replace(pipe, "")
     )
-    return shim_env(path, **daemon)
+    if not request.weight:
+        return shim_env(path, **daemon)
+    sched = path.parent / "mps-sched"
+    sched.mkdir(exist_ok=True)
+    return shim_env(path, NVC_SHARE_SCHED_DIR=str(sched), NVC_SHARE_TENANT=path.name, **daemon)
 
 
 def run(argv: list[str], env: dict[str, str], timeout: float = 120) -> dict[str, list[str]]:

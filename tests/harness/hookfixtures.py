@@ -5,6 +5,7 @@ tmpfs of the test's own."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -87,6 +88,9 @@ def default_run_dir(active_2gpu) -> Iterator[Path]:
     try:
         yield run_dir
     finally:
+        sched = run_dir / "gpu-sched"  # the scheduler's tmpfs, mounted at a weighted container's first start
+        if os.path.ismount(sched):
+            subprocess.run(["umount", "-l", str(sched)], check=True)
         umount_when_free(run_dir)
         if created:
             run_dir.rmdir()

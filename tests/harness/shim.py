@@ -33,6 +33,19 @@ def foreground() -> None:
     os.nice(-15)
 
 
+def probe_started(programs: dict[str, Path], env: dict[str, str], *work: str) -> subprocess.Popen:
+    """cuda_probe doing `work` on its device 0 in the background, ahead of the machine's other load, its
+    output piped."""
+    return subprocess.Popen(
+        [str(programs["cuda_probe"]), "init", "ctx", "0", *work],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=foreground,
+    )
+
+
 # what a process's launches waited for, logged by the shim at exit (NVC_SHARE_LOG=2)
 WAITS_LOG = re.compile(
     r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "

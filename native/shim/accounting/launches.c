@@ -295,8 +295,9 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
     int64_t wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !q->undrained) : 0;
     if (d->compute < 100 && !wait)
         nvc_gate_open(dev);
-    /* outside the slice a cap without a weight queues behind a gate, up to the next slice's length */
-    int gating = wait > 0 && !d->weight;
+    /* outside the slice a cap without a weight to weigh (time slices') queues behind a gate, up to the next
+     * slice's length */
+    int gating = wait > 0 && !(d->weight && d->sched);
     int decision = 1; /* nvc_sched_ready's: 0 wait, 1 run, 2 run within its share */
     if (q->inflight < 0 || q->inflight > queue_room(d, wait, gating, now)) {
         *step = q->unit / 4; /* let the queue drain */
@@ -455,15 +456,53 @@ static void before_launch(struct nvc_device *d, const struct nvc_launch *l, CUco
     enqueue_launch(d, l, ctx, gate, slot);
 }
 
-/* The throttled path: wait for the slice and the turn, then launch between two events. */
+/* An MPS client's look at its backlog (schedpolicy.h's MPS clients), at most every NVC_SCHED_BACKLOG_LOOK_NS as
+ * it launches: one event per device, recorded on the launching stream at each look; still pending at the
+ * next look, the work queued before it had not run yet. Skipped while another thread launches. */
+static struct {
+    CUevent ev;
+    CUcontext ctx;
+    uint64_t at;
+} look_of[NVC_MAX_DEVICES];
+
+static void look_at_backlog(struct nvc_device *d, const struct nvc_launch *l, CUcontext ctx, uint64_t now)
+{
+    int dev = d->region_index;
+    if (now - __atomic_load_n(&look_of[dev].at, __ATOMIC_RELAXED) < NVC_SCHED_BACKLOG_LOOK_NS ||
+        pthread_mutex_trylock(&launch_mu))
+        return;
+    if (look_of[dev].ev && look_of[dev].ctx != ctx) {
+        nvc_event_put(look_of[dev].ev, look_of[dev].ctx);
+        look_of[dev].ev = NULL;
+    }
+    int backlogged = look_of[dev].ev && nvc_cuda.cuEventQuery(look_of[dev].ev) == CUDA_ERROR_NOT_READY;
+    if (!look_of[dev].ev) {
+        look_of[dev].ev = nvc_event_get(ctx);
+        look_of[dev].ctx = ctx;
+    }
+    if (look_of[dev].ev)
+        record(look_of[dev].ev, l->stream, l->ptsz);
+    __atomic_store_n(&look_of[dev].at, now, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&launch_mu);
+    nvc_sched_backlog(d->mps, now, backlogged);
+}
+
+/* The throttled path: wait for the slice and the turn, then launch between two events. An MPS client only
+ * looks at its backlog, and launches freely unless its duty cycle holds now. */
 CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, const void *args)
 {
     CUcontext ctx = NULL;
     struct nvc_device *d = nvc_device_current(NULL);
-    if (!d || (d->compute >= 100 && !d->sched) || !nvc_cuda.cuCtxGetCurrent ||
+    if (!d || (d->compute >= 100 && !d->sched && !d->mps) || !nvc_cuda.cuCtxGetCurrent ||
         nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime ||
         !nvc_cuda.cuEventRecord)
         return fn(args);
+    if (d->mps) {
+        uint64_t now = nvc_now_ns();
+        look_at_backlog(d, l, ctx, now);
+        if (d->compute >= 100 || !nvc_sched_on_duty(d->mps, now))
+            return fn(args);
+    }
     if (d->compute >= 100 && nvc_sched_unhindered(d->sched, nvc_now_ns()))
         return fn(args); /* latency-critical: no turn to wait for, nothing to measure */
     nvc_depth++;
@@ -517,6 +556,7 @@ void nvc_launches_fork(enum nvc_fork_phase phase)
         memset(queue_of, 0, sizeof queue_of);
         memset(within_of, 0, sizeof within_of);
         memset(long_groups, 0, sizeof long_groups);
+        memset(look_of, 0, sizeof look_of);
         memset(waited_for, 0, sizeof waited_for);
         entries_made = launches_seen = 0;
     }

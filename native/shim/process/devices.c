@@ -60,9 +60,13 @@ static int apply_limits(struct nvc_device *d, unsigned sm_count)
     __atomic_store_n(&d->memory_limit, memory, __ATOMIC_RELEASE);
     __atomic_store_n(&d->compute, compute, __ATOMIC_RELEASE);
     __atomic_store_n(&d->weight, weight, __ATOMIC_RELEASE);
+    int mps = 0; /* a client of the device's MPS daemon (its limits file sets MPS's variables) */
+    for (int i = 0; i < NVC_MPS_VARS; i++)
+        mps |= nvc_cfg.mps_env[i][0] != '\0';
     struct nvc_sched_entry *sched =
-        compute < 100 || weight || klass ? nvc_sched_device(d->key, weight ? weight : 1, compute, klass) : NULL;
-    __atomic_store_n(&d->sched, sched, __ATOMIC_RELEASE);
+        compute < 100 || weight || klass ? nvc_sched_device(d->key, weight ? weight : 1, compute, klass, mps) : NULL;
+    __atomic_store_n(&d->sched, mps ? NULL : sched, __ATOMIC_RELEASE);
+    __atomic_store_n(&d->mps, mps && weight ? sched : NULL, __ATOMIC_RELEASE);
     return nvc_region_device(d->key, memory, compute, sm_count);
 }
 

@@ -16,7 +16,8 @@ struct nvc_device {
     unsigned compute;      /* percent; 100 = unthrottled */
     unsigned weight;       /* share of the GPU among busy containers; 0 = not weighted */
     unsigned sm_count;
-    struct nvc_sched_entry *sched; /* this container's scheduler entry, NULL when not scheduled */
+    struct nvc_sched_entry *sched; /* this container's scheduler entry, NULL when not time-sliced */
+    struct nvc_sched_entry *mps;   /* the same for an MPS client with a weight (schedpolicy.h), else NULL */
     int ordinal;                   /* CUDA ordinal; -1 when found by NVML handle */
     int nvml_index;                /* NVML index for index-keyed limits; -1 when unknown */
     char key[NVC_UUID_KEY_LEN];    /* UUID key (the limits' and the region's) */

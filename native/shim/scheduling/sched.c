@@ -47,7 +47,8 @@ struct nvc_sched_entry { /* 128 bytes */
     uint64_t busy_ns;                   /* measured GPU time, cumulative */
     uint64_t share_acc_ns, share_at_ns; /* the decaying account its share is read from, and its time */
     uint32_t weight, cap, running, capped, share_permille, klass; /* klass: enum nvc_class */
-    uint64_t reserved[2];
+    uint32_t mps, backlog_permille;                               /* schedpolicy.h's MPS clients */
+    uint64_t reserved;
 };
 
 struct sched_file { /* SCHED_FILE_SIZE bytes */
@@ -115,11 +116,8 @@ int nvc_sched_open(const struct nvc_config *cfg)
     struct stat st;
     if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) ||
         (st.st_size != SCHED_FILE_SIZE && (fixed || st.st_size || ftruncate(fd, SCHED_FILE_SIZE)))) {
-        int mps_client = 0; /* has none by design: its cap is a duty cycle (nvc/plan/mps.py) */
-        for (int i = 0; i < NVC_MPS_VARS; i++)
-            mps_client |= cfg->mps_env[i][0] != '\0';
         if (fd >= 0 || fixed)
-            nvc_log(mps_client ? 2 : 1, "no usable scheduler file %s: weights do not apply, caps do", self);
+            nvc_log(1, "no usable scheduler file %s: weights do not apply, caps do", self);
         if (fd >= 0)
             close(fd);
         return 0;
@@ -138,7 +136,7 @@ int nvc_sched_open(const struct nvc_config *cfg)
     return 1;
 }
 
-struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass)
+struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass, int mps)
 {
     if (!own)
         return NULL;
@@ -157,6 +155,7 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
         __atomic_store_n(&e->weight, weight, __ATOMIC_RELEASE);
         __atomic_store_n(&e->cap, cap, __ATOMIC_RELEASE);
         __atomic_store_n(&e->klass, klass, __ATOMIC_RELEASE);
+        __atomic_store_n(&e->mps, (uint32_t)(mps != 0), __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&sched_mu);
     return e;
@@ -321,6 +320,8 @@ static void view_of(const struct nvc_sched_entry *e, uint64_t id, struct nvc_sch
     v->cap = __atomic_load_n(&e->cap, __ATOMIC_ACQUIRE);
     v->share_permille = __atomic_load_n(&e->share_permille, __ATOMIC_ACQUIRE);
     v->klass = __atomic_load_n(&e->klass, __ATOMIC_ACQUIRE);
+    v->mps = __atomic_load_n(&e->mps, __ATOMIC_ACQUIRE);
+    v->backlog_permille = __atomic_load_n(&e->backlog_permille, __ATOMIC_ACQUIRE);
 }
 
 /* The other tenants' views of our device d: each one entry, read afresh (a copy: what the file says
@@ -349,7 +350,9 @@ static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
                                          .capped = e.capped,
                                          .weight = e.weight,
                                          .share_permille = e.share_permille,
-                                         .klass = e.klass};
+                                         .klass = e.klass,
+                                         .mps = e.mps,
+                                         .backlog_permille = e.backlog_permille};
         nvc_sched_sanitize(&out[n], now);
         if (p->weight[d])
             out[n].weight = p->weight[d];
@@ -448,6 +451,21 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
     enum nvc_sched_decision decision = nvc_sched_decide(&self, others, n, now);
     __atomic_store_n(&e->running, (uint32_t)(decision != NVC_SCHED_WAIT), __ATOMIC_RELEASE);
     return (int)decision;
+}
+
+void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged)
+{
+    __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
+    uint32_t was = __atomic_load_n(&e->backlog_permille, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&e->backlog_permille, nvc_sched_backlog_after(was, backlogged), __ATOMIC_RELEASE);
+}
+
+int nvc_sched_on_duty(struct nvc_sched_entry *e, uint64_t now)
+{
+    struct nvc_sched_view others[MAX_PEERS], self;
+    int n = others_of(e, now, others);
+    view_of(e, own_id, &self);
+    return nvc_sched_duty_holds(&self, others, n, now);
 }
 
 /* Its queued work is published as busy until twice its estimate from now: the estimates are the

@@ -11,8 +11,14 @@ struct nvc_sched_entry;
  * NVC_SHARE_SCHED_DIR/NVC_SHARE_TENANT otherwise); 0 when there is none (no cross-container
  * scheduling: the cap alone applies). */
 int nvc_sched_open(const struct nvc_config *cfg); /* again: 1 when open already */
-/* This tenant's entry for device `key`, its weight, cap and latency class (enum nvc_class) set. */
-struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass);
+/* This tenant's entry for device `key`, its weight, cap and latency class (enum nvc_class) set, and whether
+ * it is a client of the device's MPS daemon. */
+struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass, int mps);
+/* An MPS client launches (schedpolicy.h's MPS clients): it is active now, and its look found the work queued
+ * at its previous look still queued (backlogged) or not. */
+void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged);
+/* Whether an MPS client's duty cycle holds now: a heavier MPS client on e's device is active and backlogged. */
+int nvc_sched_on_duty(struct nvc_sched_entry *e, uint64_t now);
 /* Whether a latency-critical tenant shares e's device and e is not one (at the last look): e's queue is
  * kept within NVC_SCHED_URGENT_BUDGET_NS, all that may run ahead of the urgent tenant's next kernel. */
 int nvc_sched_yields(const struct nvc_sched_entry *e);

@@ -8,6 +8,8 @@ void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now)
     v->cap = 100; /* another's cap is enforced by its own shim: its weight bounds what it asks */
     v->share_permille = v->share_permille > 1000 ? 1000 : v->share_permille;
     v->klass = v->klass > NVC_CLASS_LATENCY_CRITICAL ? NVC_CLASS_NONE : v->klass;
+    v->mps = v->mps != 0;
+    v->backlog_permille = v->backlog_permille > 1000 ? 1000 : v->backlog_permille;
     if (v->seen_ns > now + NVC_SCHED_FUTURE_NS || v->busy_until_ns > now + NVC_SCHED_FUTURE_NS)
         v->seen_ns = v->busy_until_ns = 0;
 }
@@ -29,10 +31,10 @@ int nvc_sched_urgent(const struct nvc_sched_view *v, uint64_t now)
 }
 
 /* Whether `o` takes part in self's weighing: latency-critical tenants among themselves, the others among
- * themselves. */
+ * themselves; MPS clients in neither (they do not take time slices). */
 static int same_tier(const struct nvc_sched_view *self, const struct nvc_sched_view *o)
 {
-    return (self->klass == NVC_CLASS_LATENCY_CRITICAL) == (o->klass == NVC_CLASS_LATENCY_CRITICAL);
+    return !o->mps && (self->klass == NVC_CLASS_LATENCY_CRITICAL) == (o->klass == NVC_CLASS_LATENCY_CRITICAL);
 }
 
 uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight)
@@ -53,7 +55,7 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
 {
     if (self->klass != NVC_CLASS_LATENCY_CRITICAL)
         for (int i = 0; i < n; i++)
-            if (nvc_sched_urgent(&others[i], now))
+            if (!others[i].mps && nvc_sched_urgent(&others[i], now))
                 return NVC_SCHED_WAIT; /* a latency-critical tenant is serving */
     uint64_t total = self->weight ? self->weight : 1, useful = self->share_permille;
     for (int i = 0; i < n; i++)
@@ -71,6 +73,20 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
             return NVC_SCHED_WAIT; /* it wants more and competes for the GPU right now */
     }
     return NVC_SCHED_RUN;
+}
+
+int nvc_sched_duty_holds(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now)
+{
+    for (int i = 0; i < n; i++)
+        if (others[i].mps && others[i].weight > self->weight && nvc_sched_active(&others[i], now) &&
+            others[i].backlog_permille >= NVC_SCHED_BACKLOGGED_PERMILLE)
+            return 1;
+    return 0;
+}
+
+uint32_t nvc_sched_backlog_after(uint32_t permille, int backlogged)
+{
+    return permille - permille / 8 + (backlogged ? 125u : 0u);
 }
 
 uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t now)

@@ -41,14 +41,16 @@
 
 /* What one tenant publishes about one device. */
 struct nvc_sched_view {
-    uint64_t id;             /* unique per tenant (its file's inode) */
-    uint64_t seen_ns;        /* last launch attempt (CLOCK_MONOTONIC) */
-    uint64_t busy_until_ns;  /* when its queued work should have drained */
-    uint32_t capped;         /* waiting for its own cap's credit: others must not wait for it */
-    uint32_t weight;         /* 1..NVC_WEIGHT_MAX: its own, or for another tenant the one granted to it */
-    uint32_t cap;            /* own view only: its cap, percent (100 = none) */
-    uint32_t share_permille; /* its share of the GPU (nvc_sched_share); another's is its claim */
-    uint32_t klass;          /* enum nvc_class: its own, or for another tenant the one granted to it */
+    uint64_t id;               /* unique per tenant (its file's inode) */
+    uint64_t seen_ns;          /* last launch attempt (CLOCK_MONOTONIC) */
+    uint64_t busy_until_ns;    /* when its queued work should have drained */
+    uint32_t capped;           /* waiting for its own cap's credit: others must not wait for it */
+    uint32_t weight;           /* 1..NVC_WEIGHT_MAX: its own, or for another tenant the one granted to it */
+    uint32_t cap;              /* own view only: its cap, percent (100 = none) */
+    uint32_t share_permille;   /* its share of the GPU (nvc_sched_share); another's is its claim */
+    uint32_t klass;            /* enum nvc_class: its own, or for another tenant the one granted to it */
+    uint32_t mps;              /* a client of the device's MPS daemon: out of the time slices (its own claim) */
+    uint32_t backlog_permille; /* MPS: the part of its recent looks that found its work queued (‰) */
 };
 
 /* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
@@ -81,6 +83,19 @@ uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_wei
  * at all lowers another's entitlement by no more than that. */
 enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n,
                                          uint64_t now);
+
+/* MPS clients (nvc/plan/mps.py): MPS shares the SMs, so weights do not divide time there, and a weight
+ * below the heaviest is a duty cycle (the shim's compute cap) that holds only while another MPS client of a
+ * greater weight on the device is active and keeps work queued: at least half of its recent looks (one
+ * every NVC_SCHED_BACKLOG_LOOK_NS at most, as it launches) found the work queued at its previous look still
+ * there. A heavier client that leaves the GPU idle between its launches (a launch-bound service), or is
+ * idle, holds no one: the lighter one runs free beside it (work-conserving). The backlog is a peer's own
+ * claim: a lying peer holds a lighter one to the duty cycle the granted weights give it, no further. */
+#define NVC_SCHED_BACKLOG_LOOK_NS 250000ull
+#define NVC_SCHED_BACKLOGGED_PERMILLE 500u
+int nvc_sched_duty_holds(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now);
+/* The part of the looks (‰) that found work queued, decaying, after one more look. */
+uint32_t nvc_sched_backlog_after(uint32_t permille, int backlogged);
 
 /* How many tenants have work on the GPU now, this one included (it is asking because it has or is
  * about to queue work): the GPU time-slices between them. */

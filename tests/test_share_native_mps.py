@@ -1,0 +1,83 @@
+"""libnvc-share (native/) against the fake driver as a client of nvc-py's MPS backend with a weight: a lighter
+weight's duty cycle (its compute cap) holds only while a heavier client keeps work queued, so a heavier
+client that leaves the GPU idle between its launches, or none at all, leaves the lighter one the GPU.
+
+Each tenant gets the limits file the hook writes for an MPS client (its weight, the lighter one's duty
+cycle, an MPS line: the fake libcuda finds no daemon there and runs it on the fake GPU shared by the
+tenants, FAKE_CUDA_SHARED_GPU) and a scheduler file in one directory. Test double only: nothing here is
+a GPU result.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+
+from harness.shim import probe_started, programs, share  # noqa: F401  (fixtures)
+
+LIGHT_KERNELS = 300  # of 1 ms: 0.3 s alone
+
+
+def mps_tenant(share, programs, tmp_path: Path, name: str, weight: int, duty: int | None, *work: str):  # noqa: F811
+    """cuda_probe doing `work` on fake GPU 0 as an MPS client of weight `weight` with duty cycle `duty`."""
+    directory = tmp_path / name
+    directory.mkdir(parents=True)
+    lines = ["version=1", f"compute_weight={weight}", *([f"compute_percent={duty}"] if duty else [])]
+    lines.append("mps.CUDA_MPS_PIPE_DIRECTORY=/nonexistent/mps-pipe")  # no daemon there
+    (directory / "limits").write_text("\n".join(lines) + "\n")
+    (tmp_path / "sched").mkdir(exist_ok=True)
+    fake = {"FAKE_CUDA_KERNEL_US": "1000", "FAKE_CUDA_SHARED_GPU": str(tmp_path / "gpu")}
+    env = {
+        **share.env({**fake, "NVC_SHARE_SCHED_DIR": str(tmp_path / "sched"), "NVC_SHARE_TENANT": name}),
+        "NVC_SHARE_DIR": str(directory),
+    }
+    return probe_started(programs, env, *work)
+
+
+def light_wall(share, programs, tmp_path: Path, heavy: tuple[str, ...] | None) -> float:  # noqa: F811
+    """Seconds the weight-1 client (duty cycle 40 %, 1:3) takes for its kernels back to back, beside a
+    weight-3 client doing `heavy` (None: none)."""
+    others = [mps_tenant(share, programs, tmp_path, "heavy", 3, None, *heavy)] if heavy else []
+    if heavy:
+        _until_launching(tmp_path / "sched" / "heavy")
+    light = mps_tenant(share, programs, tmp_path, "light", 1, 40, "launch", str(LIGHT_KERNELS), "264", "128", "sync")
+    out, err = light.communicate(timeout=60)
+    for other in others:
+        other.kill()
+        other.communicate()
+    assert light.returncode == 0, err
+    timed = {f[0]: f for f in (line.split() for line in out.splitlines()) if f[0] in ("launch", "sync")}
+    assert timed["launch"][1] == timed["sync"][1] == "CUDA_SUCCESS", out
+    return (float(timed["launch"][2]) + float(timed["sync"][2])) / 1e6
+
+
+def _until_launching(sched_file: Path) -> None:
+    """Until the heavier client's scheduler file says it launched (its first device entry's last launch,
+    native/shim/scheduling/sched.c's layout), and 0.1 s more: a few dozen looks at its backlog."""
+    deadline = time.monotonic() + 20
+    while True:
+        data = sched_file.read_bytes() if sched_file.exists() else b""
+        if len(data) >= 64 + 128 and struct.unpack_from("<Q", data, 64 + 48)[0]:
+            break
+        assert time.monotonic() < deadline, "the heavier client never launched"
+        time.sleep(0.01)
+    time.sleep(0.1)
+
+
+def test_a_lighter_clients_duty_cycle_holds_only_beside_a_backlogged_heavier_one(share, programs, tmp_path):  # noqa: F811
+    """Alone (no heavier client) the lighter one runs free; beside a heavier one that keeps the GPU busy
+    (1 ms kernels back to back: its work queued at every look) its duty cycle holds, and it takes several
+    times as long; beside a heavier one that waits for each kernel and then spends 2 ms on its host (the
+    GPU idle two thirds of the time, nothing queued at its looks) it runs free again, slowed only where
+    their kernels meet on the GPU."""
+    alone = light_wall(share, programs, tmp_path / "alone", None)
+    busy = light_wall(share, programs, tmp_path / "busy", ("launch", "20000", "264", "128", "sync"))
+    idle_between = light_wall(share, programs, tmp_path / "launch-bound", ("steps", "5000", "264", "128", "2000"))
+    print(
+        f"the lighter client's {LIGHT_KERNELS} kernels: alone {alone:.3f} s, beside a busy heavier one {busy:.3f} s, "
+        f"beside a launch-bound one {idle_between:.3f} s"
+    )
+    assert alone <= 1.5 * LIGHT_KERNELS / 1000, alone
+    assert busy >= 2.5 * alone, (busy, alone)
+    assert idle_between <= 1.8 * alone, (idle_between, alone)
