@@ -75,10 +75,10 @@ def test_a_split_in_time_keeps_what_the_overlap_allows():
 
 def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, monkeypatch):
     """A tenant of an nvc-py MPS row gets the limits file the hook writes for an MPS client: its class and
-    cap as MPS's client variables (a lighter weight as the shim's duty cycle), its weight, no other time-slice lines,
-    the bench daemon's pipe in its environment (the shim would otherwise set the container's)."""
+    cap as MPS's client variables (a lighter weight as the shim's duty cycle), its weight, no other time-slice
+    lines, the bench daemon's pipe where the container's would be."""
     bench = _bench()
-    pipe = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
+    pipe = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/bench-mps/pipe"}
     assert sharegpu.mps_client_env(tmp_path / "plain", None, [], pipe) == {**sharegpu.shim_env(None), **pipe}
     trainer = {"NVC_SHARE_PRIORITY": "batch", "NVC_SHARE_COMPUTE": "50", "NVC_SHARE_MEMORY_LIMIT": "4g"}
     env = sharegpu.mps_client_env(tmp_path / "trainer", trainer, [], pipe)
@@ -87,6 +87,7 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
     assert [line for line in lines if not line.startswith("#")] == [
         "version=1",
         "memory_limit=4294967296",
+        "mps.CUDA_MPS_PIPE_DIRECTORY=/tmp/bench-mps/pipe",  # the bench daemon's: the shim sets it
         "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
         "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M",
         "mps.CUDA_MPS_CLIENT_PRIORITY=1",
@@ -99,6 +100,7 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
         "version=1",
         "compute_weight=1",
         "compute_percent=40",
+        "mps.CUDA_MPS_PIPE_DIRECTORY=/tmp/bench-mps/pipe",
     ]
     # a weight's scheduler file beside its directory, as the hook gives an MPS client one
     assert (env["NVC_SHARE_SCHED_DIR"], env["NVC_SHARE_TENANT"]) == (str(tmp_path / "mps-sched"), "light")

@@ -112,10 +112,14 @@ def mps_client_env(
     binaries = [f"/driver/{mps.CONTROL}", f"/driver/{mps.SERVER}"]
     client = mps.client(request._asdict(), ("GPU-bench",), binaries, path.name, os.getuid())
     assert client is not None
-    pipe = mps.limits_lines({mps.PIPE: mps.CONTAINER_PIPE_DIR})  # the daemon's own is in its environment
+    # the daemon's own pipe directory instead of the container's (the shim sets it: it must fit the limits
+    # file's 63 characters); an MPS line is also what makes the shim a client of the MPS backend
+    container_pipe = mps.limits_lines({mps.PIPE: mps.CONTAINER_PIPE_DIR})
+    own_pipe = mps.limits_lines({mps.PIPE: daemon[mps.PIPE]})
+    assert len(daemon[mps.PIPE]) <= 63, daemon
     path.mkdir(parents=True)
     sharefiles.write_share_dir(
-        path, share.mps_limits_text(request) + mps.client_lines(client, other_weights).replace(pipe, "")
+        path, share.mps_limits_text(request) + mps.client_lines(client, other_weights).replace(container_pipe, own_pipe)
     )
     if not request.weight:
         return shim_env(path, **daemon)
