@@ -493,14 +493,22 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
 {
     CUcontext ctx = NULL;
     struct nvc_device *d = nvc_device_current(NULL);
-    if (!d || (d->compute >= 100 && !d->sched && !d->mps) || !nvc_cuda.cuCtxGetCurrent ||
+    if (d && d->mps && d->compute >= 100) { /* no duty cycle: a look now and then, nothing else */
+        uint64_t now = nvc_now_ns();
+        if (now - __atomic_load_n(&look_of[d->region_index].at, __ATOMIC_RELAXED) >= NVC_SCHED_BACKLOG_LOOK_NS &&
+            nvc_cuda.cuCtxGetCurrent && nvc_cuda.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && nvc_cuda.cuEventQuery &&
+            nvc_cuda.cuEventRecord)
+            look_at_backlog(d, l, ctx, now);
+        return fn(args);
+    }
+    if (!d || (d->compute >= 100 && !d->sched) || !nvc_cuda.cuCtxGetCurrent ||
         nvc_cuda.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !nvc_cuda.cuEventQuery || !nvc_cuda.cuEventElapsedTime ||
         !nvc_cuda.cuEventRecord)
         return fn(args);
-    if (d->mps) {
+    if (d->mps) { /* a duty cycle: in force only while a heavier client is backlogged */
         uint64_t now = nvc_now_ns();
         look_at_backlog(d, l, ctx, now);
-        if (d->compute >= 100 || !nvc_sched_on_duty(d->mps, now))
+        if (!nvc_sched_on_duty(d->mps, now))
             return fn(args);
     }
     if (d->compute >= 100 && nvc_sched_unhindered(d->sched, nvc_now_ns()))

@@ -88,10 +88,12 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
  * below the heaviest is a duty cycle (the shim's compute cap) that holds only while another MPS client of a
  * greater weight on the device is active and keeps work queued: at least half of its recent looks (one
  * every NVC_SCHED_BACKLOG_LOOK_NS at most, as it launches) found the work queued at its previous look still
- * there. A heavier client that leaves the GPU idle between its launches (a launch-bound service), or is
- * idle, holds no one: the lighter one runs free beside it (work-conserving). The backlog is a peer's own
- * claim: a lying peer holds a lighter one to the duty cycle the granted weights give it, no further. */
-#define NVC_SCHED_BACKLOG_LOOK_NS 250000ull
+ * there, more than a millisecond of work ahead of its host (a trainer's host runs that far ahead). A heavier
+ * client that waits for its work every token or request, with less than that queued (a decode loop), or
+ * that leaves the GPU idle between its launches, or is idle, holds no one: the lighter one runs free beside
+ * it (work-conserving). The backlog is a peer's own claim: a lying peer holds a lighter one to the duty
+ * cycle the granted weights give it, no further. */
+#define NVC_SCHED_BACKLOG_LOOK_NS 1000000ull
 #define NVC_SCHED_BACKLOGGED_PERMILLE 500u
 int nvc_sched_duty_holds(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now);
 /* The part of the looks (‰) that found work queued, decaying, after one more look. */
