@@ -53,8 +53,9 @@ def main() -> None:
         arrival = served / rate if rate else time.monotonic() - start
         if arrival >= seconds:
             break
-        if arrival > time.monotonic() - start:
-            time.sleep(arrival - (time.monotonic() - start))
+        early = arrival - (time.monotonic() - start)
+        if early > 0:
+            time.sleep(early)
         request()
         print(f"req {arrival:.6f} {time.monotonic() - start:.6f}", flush=True)
         served += 1
