@@ -324,15 +324,18 @@ def release(container_id: str, mps_dir: str = mpsplan.MPS_DIR, state_dir: str = 
     with _locked(mps_dir) as dir_fd:
         for device in _devices(dir_fd):
             device_fd = os.open(device, _DIR_FLAGS, dir_fd=dir_fd)
+            gone = False
             try:
                 with contextlib.suppress(OSError):
                     os.unlink(f"{CLIENTS}/{container_id}", dir_fd=device_fd)
+                    gone = True
                 left = [c for c in _clients(device_fd) if _live(c)]
             finally:
                 os.close(device_fd)
             if not left:
                 _stop(dir_fd, device, mps_dir)
-            _rebalance(left, [c.weight for c in left if c.weight], state_dir)
+            elif gone:
+                _rebalance(left, [c.weight for c in left if c.weight], state_dir)
 
 
 def _rebalance(clients: list[Client], weights: list[int], state_dir: str) -> None:

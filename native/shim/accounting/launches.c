@@ -458,7 +458,8 @@ static void before_launch(struct nvc_device *d, const struct nvc_launch *l, CUco
 
 /* An MPS client's look at its backlog (schedpolicy.h's MPS clients), at most every NVC_SCHED_BACKLOG_LOOK_NS as
  * it launches: one event per device, recorded on the launching stream at each look; still pending at the
- * next look, the work queued before it had not run yet. Skipped while another thread launches. */
+ * next look, the work queued before it had not run yet. Skipped while another thread launches, and on a
+ * stream being captured into a graph (the event would land in the graph). */
 static struct {
     CUevent ev;
     CUcontext ctx;
@@ -469,7 +470,7 @@ static void look_at_backlog(struct nvc_device *d, const struct nvc_launch *l, CU
 {
     int dev = d->region_index;
     if (now - __atomic_load_n(&look_of[dev].at, __ATOMIC_RELAXED) < NVC_SCHED_BACKLOG_LOOK_NS ||
-        pthread_mutex_trylock(&launch_mu))
+        nvc_stream_capturing(l->stream, l->ptsz) || pthread_mutex_trylock(&launch_mu))
         return;
     if (look_of[dev].ev && look_of[dev].ctx != ctx) {
         nvc_event_put(look_of[dev].ev, look_of[dev].ctx);

@@ -223,9 +223,7 @@ static int thread_running_locked(nvc_gate_drained_fn drained)
     return thread_state > 0;
 }
 
-/* A stream being captured into a graph records what is launched on it: a wait there would land in
- * the graph. */
-static int capturing(CUstream stream, int ptsz)
+int nvc_stream_capturing(CUstream stream, int ptsz)
 {
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult rc = ptsz && nvc_cuda.cuStreamGetCaptureInfo_v2_ptsz
@@ -271,7 +269,7 @@ uint32_t nvc_gate_stream(int dev, unsigned percent, CUcontext ctx, CUstream stre
         return gen;
     /* No lock held across these calls: a queue the driver finds full blocks them until the GPU takes
      * work, which may need the gate thread. The gate may open meanwhile: the wait then passes at once. */
-    if (capturing(stream, ptsz))
+    if (nvc_stream_capturing(stream, ptsz))
         return 0;
     CUresult rc = wait_value(s, flag, gen, CU_STREAM_WAIT_VALUE_GEQ);
     pthread_mutex_lock(&gate_mu);

@@ -27,5 +27,8 @@ void nvc_gate_open(int dev);
  * GPU timeline; 0 when unknown (still closed, or long ago). */
 uint64_t nvc_gate_opened_ns(int dev, uint32_t gen);
 void nvc_gate_fork(enum nvc_fork_phase phase);
+/* Whether the stream is being captured into a graph (or that cannot be asked): it records what is
+ * launched on it, so a wait or an event of the shim's there would land in the graph. */
+int nvc_stream_capturing(CUstream stream, int ptsz);
 
 #endif
