@@ -406,3 +406,22 @@ def test_where_systemd_runs_the_daemon_is_a_transient_unit(mps_dir, fake_2gpu, t
     )  # (sh adds PWD)
     mps.release("ctr-unit")
     assert mps.status() == []
+
+
+def test_a_container_whose_limits_cannot_be_rewritten_keeps_its_duty_cycle(mps_dir, fake_2gpu, tmp_path, caplog):
+    """A heavier container attaching beside a lighter one whose limits file is gone (its directory
+    removed under it) still starts; the lighter one's duty cycle stays as it was, and the warning names
+    it and why."""
+    control = str(fake_2gpu.root / "usr/bin" / mpsplan.CONTROL)
+    state = str(tmp_path / "state")  # no container directory in it
+    mps.attach(mpsplan.MpsClient("light", GPU0, control, 0, weight=1), None, state)
+    lines = mps.attach(mpsplan.MpsClient("heavy", GPU0, control, 0, weight=3), None, state)
+    assert "compute_percent" not in lines  # the heaviest: no duty cycle of its own
+    [warned] = [r.getMessage() for r in caplog.records if "keeps its duty cycle" in r.getMessage()]
+    assert (
+        warned
+        == f"container light keeps its duty cycle: container error: no container light shares a GPU here (no {state}/light)"
+    )
+    mps.release("heavy", state_dir=state)
+    mps.release("light", state_dir=state)
+    assert mps.status() == []
