@@ -68,10 +68,11 @@ def decide(tmp_path_factory: pytest.TempPathFactory):
     built.nvc_sched_backlog_after.restype = ctypes.c_uint32
     backlog_after.fn = built.nvc_sched_backlog_after
 
-    def run(own_share: int, peer_share: int, peer_busy: bool = True) -> int:
-        """A weight-1 tenant asking while a weight-3 peer, seen launching just now, is busy or not."""
+    def run(own_share: int, peer_share: int, peer_busy: bool = True, peer_backlog: int = 1000) -> int:
+        """A weight-1 tenant asking while a weight-3 peer, seen launching just now, is busy or not, its
+        work backlogged at peer_backlog ‰ of its looks."""
         own = View(1, NOW, NOW + 1_000_000, 0, 1, 100, own_share)
-        peer = View(2, NOW, NOW + 1_000_000 if peer_busy else 0, 0, 3, 100, peer_share)
+        peer = View(2, NOW, NOW + 1_000_000 if peer_busy else 0, 0, 3, 100, peer_share, 0, 0, peer_backlog)
         return fn(ctypes.byref(own), ctypes.byref(peer), 1, NOW)
 
     return run
@@ -90,6 +91,15 @@ def test_more_than_a_point_over_waits_while_a_peer_more_than_a_point_under_has_w
 def test_over_its_entitlement_it_still_launches_when_nobody_under_theirs_competes(decide):
     assert decide(261, 740) == RUN  # the peer is a point under its entitlement, no more
     assert decide(261, 739, peer_busy=False) == RUN  # under it, but nothing of it on the GPU now
+
+
+def test_over_its_entitlement_it_still_launches_beside_a_peer_that_is_not_backlogged(decide):
+    """Work-conserving for a peer that does not keep the GPU busy: under its share and with work on the
+    GPU, but its work was still queued at fewer than half of its recent looks (a decode loop waits for
+    every token), it holds no one: holding for it would leave the GPU idle between its launches."""
+    assert decide(261, 739, peer_backlog=500) == WAIT
+    assert decide(261, 739, peer_backlog=499) == RUN
+    assert decide(261, 739, peer_backlog=0) == RUN
 
 
 def test_entitlements_are_parts_of_the_useful_work_the_shares_sum_to(decide):
@@ -120,7 +130,11 @@ def decide_views(own: View, *others: View) -> int:
 def tenant(
     klass: int, share: int = 100, seen_ago: int = 0, busy: bool = False, weight: int = 1, capped: int = 0
 ) -> View:
-    return View(1000 * klass + share, NOW - seen_ago, NOW + MS if busy else 0, capped, weight, 100, share, klass)
+    """A time-sliced tenant's view; busy: work on the GPU, queued at every look (backlogged)."""
+    backlog = 1000 if busy else 0
+    return View(
+        1000 * klass + share, NOW - seen_ago, NOW + MS if busy else 0, capped, weight, 100, share, klass, 0, backlog
+    )
 
 
 def test_every_other_tenant_holds_while_a_latency_critical_one_serves(decide):

@@ -14,8 +14,11 @@
  * slices of cap % of every 50 ms of wall time, extended while the scheduler holds it; work past a
  * slice's end is charged to the next. It measures each kernel's elapsed time from when its stream
  * could start it to its end and charges it with nvc_sched_charge (over how many it saw sharing the GPU at each decision and measurement) into its decaying share account, as
- * sched.c does, and publishes when its queued work should have drained from that measured time. A tenant with a LIE launches nothing while busy and publishes, every step, one claim:
- * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, a share of 0) or "garbage" (random values);
+ * sched.c does, and publishes when its queued work should have drained from that measured time, and its
+ * backlog: at most every millisecond, as its host reaches a launch, whether the work it had queued at its
+ * last look is still queued, or it had more than a millisecond of work queued at once since (launches.c's
+ * look_at_backlog). A tenant with a LIE launches nothing while busy and publishes, every step, one claim:
+ * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, always backlogged, a share of 0) or "garbage" (random values);
  * the others read every view through nvc_sched_sanitize and take its weight as WEIGHT (the granted
  * one, whatever it claims). Prints per tenant "tenant I <GPU share in ‰ in the first half> <in the
  * second half> <its longest wait in ms> <kernels done> <their mean time from launch to end in us>" of
@@ -58,6 +61,9 @@ static struct tenant {
     uint64_t gpu[2];
     uint64_t launched[MAX_Q]; /* when each queued kernel was launched */
     uint64_t done, turnaround;
+    uint64_t look_at, look_until; /* its last look at its backlog, and the kernels done when its event completes */
+    uint64_t peak;                /* the most work it had queued at once since that look */
+    int looked, at_launch;        /* at_launch: its host is in a launch call, which waits until it may go */
 } t[MAX_T];
 static int nt;
 
@@ -73,15 +79,19 @@ static uint64_t random64(void)
 static void lie(struct tenant *x, uint64_t now)
 {
     if (x->lie == BUSY)
-        x->v = (struct nvc_sched_view){
-            .id = x->v.id, .seen_ns = now, .busy_until_ns = now + NVC_SCHED_FUTURE_NS - 1, .weight = NVC_WEIGHT_MAX};
+        x->v = (struct nvc_sched_view){.id = x->v.id,
+                                       .seen_ns = now,
+                                       .busy_until_ns = now + NVC_SCHED_FUTURE_NS - 1,
+                                       .weight = NVC_WEIGHT_MAX,
+                                       .backlog_permille = 1000};
     else
         x->v = (struct nvc_sched_view){.id = x->v.id,
                                        .seen_ns = random64(),
                                        .busy_until_ns = random64(),
                                        .capped = (uint32_t)random64(),
                                        .weight = (uint32_t)random64(),
-                                       .share_permille = (uint32_t)random64()};
+                                       .share_permille = (uint32_t)random64(),
+                                       .backlog_permille = (uint32_t)random64()};
 }
 
 static uint64_t inflight(const struct tenant *x)
@@ -189,6 +199,17 @@ int main(int argc, char **argv)
                 if (j != i) others[n++] = seen[j];
             if (x->qn && now % SAMPLE_NS == 0) /* the shim looks while it waits for room in its queue */
                 nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
+            if (now >= x->host_ready && !(x->qn && x->sync) && !x->at_launch) {
+                x->at_launch = 1; /* its host calls a launch: a look at its backlog first, at most every 1 ms */
+                if (now - x->look_at >= NVC_SCHED_BACKLOG_LOOK_NS) {
+                    int backlogged = (x->looked && x->done < x->look_until) || x->peak >= NVC_SCHED_BACKLOG_LOOK_NS;
+                    x->v.backlog_permille = nvc_sched_backlog_after(x->v.backlog_permille, backlogged);
+                    x->peak = inflight(x);
+                    x->look_until = x->done + (uint64_t)x->qn; /* the event completes behind the work queued now */
+                    x->look_at = now;
+                    x->looked = 1;
+                }
+            }
             if (now < x->host_ready || x->qn == MAX_Q ||
                 (x->qn && (x->sync || inflight(x) + x->kernel_ns > MAX_INFLIGHT_NS)))
                 continue;                              /* its host is busy or waits, or its queue full */
@@ -219,6 +240,8 @@ int main(int argc, char **argv)
             if (!x->qn) x->began = now;
             x->launched[x->qn] = now;
             x->queue[x->qn++] = x->kernel_ns;
+            x->at_launch = 0;
+            if (inflight(x) > x->peak) x->peak = inflight(x);
             x->host_ready = x->sync ? UINT64_MAX : now + x->host_ns; /* a waiting host: until the kernel ends */
             uint64_t base = x->v.busy_until_ns > now ? x->v.busy_until_ns : now;
             x->v.busy_until_ns = base + 2 * (x->estimate ? x->estimate : x->kernel_ns);

@@ -58,10 +58,11 @@ static unsigned head, tail;
 #define AT(i) (&ring[(i) % MAX_PENDING])
 /* Each device's launches not yet measured: queued, of unknown cost, their estimated GPU time, and those
  * behind the newest gate (generation behind_gen): the rest, earlier gates' work included, must complete
- * before the next slice starts, so that what of it ran past a slice is charged. */
+ * before the next slice starts, so that what of it ran past a slice is charged. peak: the most estimated
+ * work queued at once since the last look at the backlog. */
 static struct {
     int queued, unknown, behind;
-    int64_t inflight;
+    int64_t inflight, peak;
     uint32_t behind_gen;
 } queue_of[NVC_MAX_DEVICES];
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
@@ -188,6 +189,8 @@ static void add_locked(struct pending *p, int count, double factor, int64_t esti
     p->queued_ns += queued;
     queue_of[p->d].unknown += (p->count > 0 && p->queued_ns == 0) - was;
     queue_of[p->d].inflight += queued;
+    if (queue_of[p->d].inflight > queue_of[p->d].peak)
+        queue_of[p->d].peak = queue_of[p->d].inflight;
 }
 
 /* Records the end of the device's open group, so that it can complete and be measured. Only the
@@ -456,17 +459,21 @@ static void before_launch(struct nvc_device *d, const struct nvc_launch *l, CUco
     enqueue_launch(d, l, ctx, gate, slot);
 }
 
-/* An MPS client's look at its backlog (schedpolicy.h's MPS clients), at most every NVC_SCHED_BACKLOG_LOOK_NS as
- * it launches: one event per device, recorded on the launching stream at each look; still pending at the
- * next look, the work queued before it had not run yet. Skipped while another thread launches, and on a
- * stream being captured into a graph (the event would land in the graph). */
+/* A look at the tenant's backlog (schedpolicy.h: what lets a weight hold the others, time-sliced or MPS), at
+ * most every NVC_SCHED_BACKLOG_LOOK_NS as it launches: one event per device, recorded on the launching
+ * stream at each look; still pending at the next look, the work queued before it had not run yet. A host
+ * that queues its work faster than that and then waits for it finds every look's event done: where its
+ * launches are measured (time slices, a duty cycle), more than that much estimated work queued at once
+ * since the last look counts too. Skipped while another thread launches, and on a stream being captured
+ * into a graph (the event would land in the graph). */
 static struct {
     CUevent ev;
     CUcontext ctx;
     uint64_t at;
 } look_of[NVC_MAX_DEVICES];
 
-static void look_at_backlog(struct nvc_device *d, const struct nvc_launch *l, CUcontext ctx, uint64_t now)
+static void look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, const struct nvc_launch *l, CUcontext ctx,
+                            uint64_t now)
 {
     int dev = d->region_index;
     if (now - __atomic_load_n(&look_of[dev].at, __ATOMIC_RELAXED) < NVC_SCHED_BACKLOG_LOOK_NS ||
@@ -476,7 +483,9 @@ static void look_at_backlog(struct nvc_device *d, const struct nvc_launch *l, CU
         nvc_event_put(look_of[dev].ev, look_of[dev].ctx);
         look_of[dev].ev = NULL;
     }
-    int backlogged = look_of[dev].ev && nvc_cuda.cuEventQuery(look_of[dev].ev) == CUDA_ERROR_NOT_READY;
+    int backlogged = (look_of[dev].ev && nvc_cuda.cuEventQuery(look_of[dev].ev) == CUDA_ERROR_NOT_READY) ||
+                     queue_of[dev].peak >= (int64_t)NVC_SCHED_BACKLOG_LOOK_NS;
+    queue_of[dev].peak = queue_of[dev].inflight;
     if (!look_of[dev].ev) {
         look_of[dev].ev = nvc_event_get(ctx);
         look_of[dev].ctx = ctx;
@@ -485,7 +494,7 @@ static void look_at_backlog(struct nvc_device *d, const struct nvc_launch *l, CU
         record(look_of[dev].ev, l->stream, l->ptsz);
     __atomic_store_n(&look_of[dev].at, now, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&launch_mu);
-    nvc_sched_backlog(d->mps, now, backlogged);
+    nvc_sched_backlog(e, now, backlogged);
 }
 
 /* The throttled path: wait for the slice and the turn, then launch between two events. An MPS client only
@@ -499,7 +508,7 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
         if (now - __atomic_load_n(&look_of[d->region_index].at, __ATOMIC_RELAXED) >= NVC_SCHED_BACKLOG_LOOK_NS &&
             nvc_cuda.cuCtxGetCurrent && nvc_cuda.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && nvc_cuda.cuEventQuery &&
             nvc_cuda.cuEventRecord)
-            look_at_backlog(d, l, ctx, now);
+            look_at_backlog(d, d->mps, l, ctx, now);
         return fn(args);
     }
     if (!d || (d->compute >= 100 && !d->sched) || !nvc_cuda.cuCtxGetCurrent ||
@@ -508,12 +517,14 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
         return fn(args);
     if (d->mps) { /* a duty cycle: in force only while a heavier client is backlogged */
         uint64_t now = nvc_now_ns();
-        look_at_backlog(d, l, ctx, now);
+        look_at_backlog(d, d->mps, l, ctx, now);
         if (!nvc_sched_on_duty(d->mps, now))
             return fn(args);
     }
     if (d->compute >= 100 && nvc_sched_unhindered(d->sched, nvc_now_ns()))
         return fn(args); /* latency-critical: no turn to wait for, nothing to measure */
+    if (d->sched)
+        look_at_backlog(d, d->sched, l, ctx, nvc_now_ns());
     nvc_depth++;
     struct slot slot;
     before_launch(d, l, ctx, &slot);

@@ -14,7 +14,7 @@ int nvc_sched_open(const struct nvc_config *cfg); /* again: 1 when open already 
 /* This tenant's entry for device `key`, its weight, cap and latency class (enum nvc_class) set, and whether
  * it is a client of the device's MPS daemon. */
 struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass, int mps);
-/* An MPS client launches (schedpolicy.h's MPS clients): it is active now, and its look found the work queued
+/* A tenant launches (schedpolicy.h: its backlog): it is active now, and its look found the work queued
  * at its previous look still queued (backlogged) or not. */
 void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged);
 /* Whether an MPS client's duty cycle holds now: a heavier MPS client on e's device is active and backlogged. */

@@ -69,8 +69,9 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
         if (same_tier(self, o) && nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
+            o->backlog_permille >= NVC_SCHED_BACKLOGGED_PERMILLE &&
             o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
-            return NVC_SCHED_WAIT; /* it wants more and competes for the GPU right now */
+            return NVC_SCHED_WAIT; /* it wants more, keeps the GPU busy and competes for it right now */
     }
     return NVC_SCHED_RUN;
 }

@@ -6,7 +6,8 @@
  * Tenants are never serialised: the GPU time-slices the contexts that have work queued, so several
  * tenants launching at once keep it busy (one's host-side gaps are filled by another's kernels). The
  * scheduler only holds back a tenant that is over its weight's share while another tenant that is
- * under its own share has work on the GPU; everyone else launches freely. A tenant's share is its
+ * under its own share has work on the GPU and keeps it queued (backlogged: below); everyone else
+ * launches freely. A tenant's share is its
  * measured GPU time divided by the number of tenants that had work on the GPU with it (the GPU's
  * time-slicing splits it that way), decaying over NVC_SCHED_WINDOW_NS.
  *
@@ -50,7 +51,7 @@ struct nvc_sched_view {
     uint32_t share_permille;   /* its share of the GPU (nvc_sched_share); another's is its claim */
     uint32_t klass;            /* enum nvc_class: its own, or for another tenant the one granted to it */
     uint32_t mps;              /* a client of the device's MPS daemon: out of the time slices (its own claim) */
-    uint32_t backlog_permille; /* MPS: the part of its recent looks that found its work queued (‰) */
+    uint32_t backlog_permille; /* the part of its recent looks that found its work queued (‰) */
 };
 
 /* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
@@ -76,8 +77,13 @@ int nvc_sched_busy(const struct nvc_sched_view *v, uint64_t now);
 uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight);
 
 /* May `self` launch now? Yes while its share is within its entitlement (plus the slack), or while no
- * other active tenant that is under its own entitlement has work on the GPU: an idle tenant's share,
- * or one a tenant cannot use (its host is the bottleneck), goes to the others at once. Entitlements are
+ * other active tenant that is under its own entitlement has work on the GPU and is backlogged (as an MPS
+ * client's backlog below: at half or more of its recent looks the work it had queued a millisecond
+ * before was still queued): an idle tenant's share, or one a tenant cannot use (its host is the
+ * bottleneck), goes to the others at once. A tenant that waits for its work every token or request (a
+ * decode loop) is never backlogged: holding the others for it would leave the GPU idle between its
+ * launches, and under time slices it would have to hold them for all of its busy time, so a weight
+ * gives it nothing over no control (a latency class does). Entitlements are
  * parts of the GPU's useful work, the active tenants' shares summed (switching between contexts costs
  * the GPU some of its time), taken as no less than NVC_SCHED_USEFUL_FLOOR: a peer claiming no share
  * at all lowers another's entitlement by no more than that. */
