@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-WAIT, RUN, RUN_WITHIN = 0, 1, 2
+WAIT, RUN, RUN_WITHIN, RUN_FREE = 0, 1, 2, 3
 NOW = 10_000_000_000
 
 
@@ -96,11 +96,13 @@ def test_over_its_entitlement_it_still_launches_when_nobody_under_theirs_compete
 def test_over_its_entitlement_it_still_launches_beside_a_peer_that_is_not_backlogged(decide):
     """Work-conserving for a peer that does not keep the GPU busy: under its share and with work on the
     GPU, but its work was still queued at fewer than half of its recent looks (a decode loop waits for
-    every token), it holds no one: holding for it would leave the GPU idle between its launches. And as
-    nothing would hold it, its queue may run ahead as far as within its share (as with no control)."""
+    every token), it holds no one: holding for it would leave the GPU idle between its launches. As nothing
+    can hold it and no decision depends on its share, it runs as if alone (its queue as far ahead, its
+    launches measured in long groups)."""
     assert decide(261, 739, peer_backlog=500) == WAIT
-    assert decide(261, 739, peer_backlog=499) == RUN_WITHIN  # nothing would hold it: its queue may run ahead
-    assert decide(261, 739, peer_backlog=0) == RUN_WITHIN
+    assert decide(261, 739, peer_backlog=499) == RUN_FREE  # nothing can hold it: it runs as if alone
+    assert decide(261, 739, peer_backlog=0) == RUN_FREE
+    assert decide(200, 800, peer_backlog=0) == RUN_FREE  # within its share too
 
 
 def test_entitlements_are_parts_of_the_useful_work_the_shares_sum_to(decide):
@@ -145,17 +147,17 @@ def test_every_other_tenant_holds_while_a_latency_critical_one_serves(decide):
     for klass in (BATCH, NONE):
         assert decide_views(tenant(klass, share=0), tenant(LATENCY_CRITICAL, seen_ago=1 * MS)) == WAIT
         assert decide_views(tenant(klass, share=0), tenant(LATENCY_CRITICAL, seen_ago=50 * MS, busy=True)) == WAIT
-        assert decide_views(tenant(klass, share=0), tenant(LATENCY_CRITICAL, seen_ago=2 * MS + 1)) == RUN_WITHIN
+        assert decide_views(tenant(klass, share=0), tenant(LATENCY_CRITICAL, seen_ago=2 * MS + 1)) == RUN_FREE
     # held back by its own cap, it is not serving: nobody waits for it
-    assert decide_views(tenant(BATCH, share=0), tenant(LATENCY_CRITICAL, capped=1, busy=True)) == RUN_WITHIN
+    assert decide_views(tenant(BATCH, share=0), tenant(LATENCY_CRITICAL, capped=1, busy=True)) == RUN_FREE
 
 
 def test_a_latency_critical_tenant_never_waits_for_the_others(decide):
     """Over its weight's share, while a batch tenant far under its own is busy: it launches, and the
     batch tenant counts for nothing in its weighing."""
     urgent = tenant(LATENCY_CRITICAL, share=900)
-    assert decide_views(urgent, tenant(BATCH, share=0, busy=True, weight=1000)) == RUN_WITHIN
-    assert decide_views(urgent, tenant(NONE, share=0, busy=True, weight=1000)) == RUN_WITHIN
+    assert decide_views(urgent, tenant(BATCH, share=0, busy=True, weight=1000)) == RUN_FREE
+    assert decide_views(urgent, tenant(NONE, share=0, busy=True, weight=1000)) == RUN_FREE
 
 
 def test_weights_still_divide_each_class(decide):
@@ -206,7 +208,7 @@ def test_a_lighter_mps_clients_duty_cycle_holds_while_a_heavier_one_is_backlogge
     # and the time slices' weighing leaves MPS clients out: a busy heavy one under its share holds no one
     heavy = mps_client(3, 1000)
     heavy.busy_until_ns, heavy.share_permille = NOW + MS, 0
-    assert decide_views(tenant(NONE, share=900, weight=1), heavy) == RUN_WITHIN
+    assert decide_views(tenant(NONE, share=900, weight=1), heavy) == RUN_FREE
 
 
 def test_the_backlog_is_the_decaying_part_of_the_looks_that_found_work_queued(decide):

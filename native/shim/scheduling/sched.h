@@ -28,7 +28,8 @@ int nvc_sched_yields(const struct nvc_sched_entry *e);
  * any other tenant, or NULL. */
 int nvc_sched_unhindered(struct nvc_sched_entry *e, uint64_t now);
 /* Before a launch: an enum nvc_sched_decision (schedpolicy.h): 0 = wait (over its share while another
- * wants more), else it may launch now (2: within its share). capped: held back by its own cap. */
+ * wants more), else it may launch now (2: within its share; 3: nothing can hold it). capped: held back by
+ * its own cap. */
 int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped);
 /* A launch goes in, or launches were measured: queued_ns of estimated work is now queued (0: none). */
 void nvc_sched_launched(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns);

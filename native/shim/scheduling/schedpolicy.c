@@ -64,18 +64,22 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
             useful += others[i].share_permille;
         }
     useful = useful < NVC_SCHED_USEFUL_FLOOR ? NVC_SCHED_USEFUL_FLOOR : useful > 1000 ? 1000 : useful;
+    int could_hold = 0; /* an active peer that keeps the GPU busy: it may want more at any moment */
+    for (int i = 0; i < n; i++)
+        could_hold |= same_tier(self, &others[i]) && nvc_sched_active(&others[i], now) &&
+                      others[i].backlog_permille >= NVC_SCHED_BACKLOGGED_PERMILLE;
+    if (!could_hold)
+        return NVC_SCHED_RUN_FREE;
     if (self->share_permille <= part(self, total, useful) + NVC_SCHED_SLACK_PERMILLE)
         return NVC_SCHED_RUN_WITHIN;
-    int could_hold = 0; /* an active peer that keeps the GPU busy: it may want more at any moment */
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
-        if (!same_tier(self, o) || !nvc_sched_active(o, now) || o->backlog_permille < NVC_SCHED_BACKLOGGED_PERMILLE)
-            continue;
-        could_hold = 1;
-        if (nvc_sched_busy(o, now) && o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
+        if (same_tier(self, o) && nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
+            o->backlog_permille >= NVC_SCHED_BACKLOGGED_PERMILLE &&
+            o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
             return NVC_SCHED_WAIT; /* it wants more, keeps the GPU busy and competes for it right now */
     }
-    return could_hold ? NVC_SCHED_RUN : NVC_SCHED_RUN_WITHIN;
+    return NVC_SCHED_RUN;
 }
 
 int nvc_sched_duty_holds(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now)

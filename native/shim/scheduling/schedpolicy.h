@@ -54,10 +54,10 @@ struct nvc_sched_view {
     uint32_t backlog_permille; /* the part of its recent looks that found its work queued (‰) */
 };
 
-/* RUN_WITHIN: its share is within its entitlement, or no active peer keeps the GPU busy (nothing would
- * hold it for a while: its queue may run further ahead, as with no control); RUN: over it, but no one
- * wants more now. */
-enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1, NVC_SCHED_RUN_WITHIN = 2 };
+/* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
+ * further ahead); RUN: over it, but no one wants more now; RUN_FREE: no active peer of its tier keeps the
+ * GPU busy, so nothing can hold it and no decision depends on its share: it runs as if alone. */
+enum nvc_sched_decision { NVC_SCHED_WAIT = 0, NVC_SCHED_RUN = 1, NVC_SCHED_RUN_WITHIN = 2, NVC_SCHED_RUN_FREE = 3 };
 
 /* Another tenant's view as read from its file, made safe to decide on: capped 0 or 1, the weight in
  * 1..NVC_WEIGHT_MAX, the share at most 1000 ‰, a class it does not know NONE, and a view with a timestamp
