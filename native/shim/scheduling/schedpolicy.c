@@ -37,6 +37,12 @@ static int same_tier(const struct nvc_sched_view *self, const struct nvc_sched_v
     return !o->mps && (self->klass == NVC_CLASS_LATENCY_CRITICAL) == (o->klass == NVC_CLASS_LATENCY_CRITICAL);
 }
 
+/* Whether `o` could hold self back: in self's weighing, active, and keeping the GPU busy (backlogged). */
+static int could_hold(const struct nvc_sched_view *self, const struct nvc_sched_view *o, uint64_t now)
+{
+    return same_tier(self, o) && nvc_sched_active(o, now) && o->backlog_permille >= NVC_SCHED_BACKLOGGED_PERMILLE;
+}
+
 uint32_t nvc_sched_entitled(const struct nvc_sched_view *who, uint64_t total_weight)
 {
     uint64_t w = who->weight ? who->weight : 1, total = total_weight > w ? total_weight : w;
@@ -64,18 +70,16 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
             useful += others[i].share_permille;
         }
     useful = useful < NVC_SCHED_USEFUL_FLOOR ? NVC_SCHED_USEFUL_FLOOR : useful > 1000 ? 1000 : useful;
-    int could_hold = 0; /* an active peer that keeps the GPU busy: it may want more at any moment */
+    int held_by_any = 0; /* an active peer that keeps the GPU busy: it may want more at any moment */
     for (int i = 0; i < n; i++)
-        could_hold |= same_tier(self, &others[i]) && nvc_sched_active(&others[i], now) &&
-                      others[i].backlog_permille >= NVC_SCHED_BACKLOGGED_PERMILLE;
-    if (!could_hold)
+        held_by_any |= could_hold(self, &others[i], now);
+    if (!held_by_any)
         return NVC_SCHED_RUN_FREE;
     if (self->share_permille <= part(self, total, useful) + NVC_SCHED_SLACK_PERMILLE)
         return NVC_SCHED_RUN_WITHIN;
     for (int i = 0; i < n; i++) {
         const struct nvc_sched_view *o = &others[i];
-        if (same_tier(self, o) && nvc_sched_active(o, now) && nvc_sched_busy(o, now) &&
-            o->backlog_permille >= NVC_SCHED_BACKLOGGED_PERMILLE &&
+        if (could_hold(self, o, now) && nvc_sched_busy(o, now) &&
             o->share_permille + NVC_SCHED_SLACK_PERMILLE < part(o, total, useful))
             return NVC_SCHED_WAIT; /* it wants more, keeps the GPU busy and competes for it right now */
     }
