@@ -1,6 +1,6 @@
 """libnvc-share (native/) against the fake driver, its compute share: caps as a share of the workload's
-own throughput, the weighted scheduler between real tenants (on a fake clock: test_share_sched_sim.py),
-and what a hostile tenant can do with its own scheduler file.
+own throughput, and the weighted scheduler between real tenants (on a fake clock: test_share_sched_sim.py;
+what a hostile tenant can do with its own scheduler file: test_share_native_sched_file.py).
 
 Programs run with LD_PRELOAD=native/libnvc-share.so and the fake driver's libraries
 (tests/harness/shim.py); the fake libcuda charges every path against its own capacity, so the shim's
@@ -10,18 +10,11 @@ result.
 
 from __future__ import annotations
 
-import os
-import signal
-import struct
-import subprocess
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from harness.fakegpus import H100 as GPU0
-from harness.shim import WAITS_LOG, probe_started, programs, share  # noqa: F401  (fixtures)
+from harness.shim import WAITS_LOG, programs, share, tenant, wall_and_log, wall_s  # noqa: F401  (fixtures)
 
 # ---------------------------------------------------------------- compute share
 
@@ -233,49 +226,22 @@ def test_a_heavier_tenant_that_waits_for_each_small_kernel_holds_no_one(share, p
     assert running and logged and float(logged.group(5)) <= 5 and wall <= 0.4, (running, wall, log)
 
 
-def tenant(
-    share,
-    programs,
-    sched: Path,
-    name: str,
-    weight: int,
-    launches: int,
-    cap: int | None = None,
-    host_us: int | None = None,
-    gpu: Path | None = None,
-    burst: int = 0,
-    kernel_us: int = 1000,
-    log: bool = False,
-    klass: str | None = None,
-) -> subprocess.Popen:
-    """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
-    ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0 back to back, then synchronising;
-    or with host_us, waiting for each and then spending host_us on its host (a training-like loop); or
-    with burst, `launches` steps of a framework: burst kernels, host_us after each, one wait. With gpu,
-    the fake GPU is the one shared by the processes naming that file (FAKE_CUDA_SHARED_GPU), and weight
-    0 runs it without the shim. With log, its shim says at exit where its launches waited; klass: its
-    latency class (NVC_SHARE_PRIORITY)."""
-    limits = {
-        "NVC_SHARE_WEIGHT": str(weight),
-        "FAKE_CUDA_KERNEL_US": str(kernel_us),
-        "NVC_SHARE_SCHED_DIR": str(sched),
-        "NVC_SHARE_TENANT": name,
-        **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {}),
-        **({"FAKE_CUDA_SHARED_GPU": str(gpu)} if gpu else {}),
-        **({"NVC_SHARE_LOG": "2"} if log else {}),
-        **({"NVC_SHARE_PRIORITY": klass} if klass else {}),
-    }
-    env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
-    if not weight:
-        del env["LD_PRELOAD"]
-    work = (
-        ["burst", str(launches), str(burst), str(host_us)]
-        if burst
-        else ["launch", str(launches), "264", "128", "sync"]
-        if host_us is None
-        else ["steps", str(launches), "264", "128", str(host_us)]
-    )
-    return probe_started(programs, env, *work)
+def test_a_heavier_tenant_whose_kernels_the_others_slow_holds_no_one(share, programs, tmp_path):
+    """The same where the GPU time-slices (FAKE_CUDA_SHARED_GPU): steps of 25 kernels of 30 us (0.75 ms of
+    work, under the millisecond queued that counts as a backlog) queued at once and waited for, weighted 9.
+    Beside the busy tenant weighted 1 each kernel takes twice as long; counted at that length a step would be
+    1.5 ms queued and the loop would hold the other. Its backlog counts its kernels as they take alone."""
+    (tmp_path / "sched").mkdir()
+    gpu = tmp_path / "gpu"
+    steps = tenant(share, programs, tmp_path / "sched", "steps", 9, 100000, host_us=10, burst=25, kernel_us=30, gpu=gpu)
+    time.sleep(0.2)  # its kernels measured alone first, as a service warms up
+    batch = tenant(share, programs, tmp_path / "sched", "batch", 1, 300, gpu=gpu, log=True)
+    wall, log = wall_and_log(batch, timeout=30)
+    running = steps.poll() is None
+    steps.kill()
+    steps.wait()
+    logged = WAITS_LOG.search(log)
+    assert running and logged and float(logged.group(5)) <= 5, (running, wall, log)
 
 
 # kernel µs, kernels per step and host µs after each (0: back to back, one wait at the end), the light
@@ -370,151 +336,3 @@ def test_a_latency_critical_tenant_keeps_its_latency_beside_a_busy_batch_tenant(
     assert plain >= 1.3 * alone
     assert urgent <= 1.15 * alone and unclassed <= 1.15 * alone
     assert batch <= 1.2 + urgent + 0.5
-
-
-def wall_s(proc: subprocess.Popen, timeout: float) -> float:
-    """Seconds a tenant took to launch its kernels and see them done; it must exit 0 in time."""
-    return wall_and_log(proc, timeout)[0]
-
-
-def wall_and_log(proc: subprocess.Popen, timeout: float) -> tuple[float, str]:
-    """wall_s's seconds, and what the tenant's shim logged (its waits, with log=True)."""
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, (proc.returncode, err)
-    lines = [line.split() for line in out.splitlines()]
-    return sum(int(line[2]) for line in lines[2:]) / 1e6, err
-
-
-# ---------------------------------------------------------------- a hostile tenant's own scheduler file
-
-ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")  # native/shim/scheduling/sched.c struct nvc_sched_entry
-
-
-def lying_sched_file() -> bytes:
-    """A scheduler file as a hostile tenant writes it: 2**32 - 1 devices claimed, fifteen entries of
-    0xff with keys that never end, then the honest tenants' GPU held for ever: holding the turn, busy
-    now with 5 s of work queued, vtime 0, weight 1000."""
-    now = time.monotonic_ns()
-    junk = ENTRY.pack(b"A" * 40, *[2**64 - 1] * 6, *[2**32 - 1] * 6, -1, 2**64 - 1)
-    lie = ENTRY.pack(GPU0[4:].encode(), 0, now, now + 5 * 10**9, 0, 0, 0, 1000, 100, 1, 0, 1000, 0, 0, 0)
-    return (struct.pack("<8sII48x", b"NVCSCHD\0", 1, 2**32 - 1) + junk * 15 + lie).ljust(4096, b"\xff")
-
-
-def attack(how: str, path: Path) -> None:
-    """What a container may do to its own scheduler file (plain LD_PRELOAD use may also replace it)."""
-    if how == "truncate":
-        os.truncate(path, 0)
-    elif how == "extend":
-        os.truncate(path, 1 << 20)
-    elif how == "sparse":
-        subprocess.run(["fallocate", "--punch-hole", "--offset", "0", "--length", "4096", str(path)], check=True)
-    elif how == "replace":
-        new = path.with_name(".replacing")
-        new.write_bytes(lying_sched_file())
-        os.rename(new, path)
-    else:  # garbage, written over it (never truncating it)
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.pwrite(fd, lying_sched_file(), 0)
-        finally:
-            os.close(fd)
-
-
-@pytest.fixture
-def hook_sched(tmp_path):
-    """The scheduler directory as the hook makes it (nvc.apply.sharefiles: its tmpfs, each tenant's file
-    and the limits granted to it); unmounted afterwards. Yields it and ``grant(name, ShareRequest)``."""
-    from nvc.apply import sharefiles
-    from nvc.plan.share import granted_text, limits_text
-
-    sched = tmp_path / "sched"
-
-    def grant(name: str, request) -> None:
-        sharefiles._write_sched_file(str(sched), name, granted_text(limits_text(request)).encode())
-
-    yield sched, grant
-    if os.path.ismount(sched):
-        subprocess.run(["umount", "-l", str(sched)], check=True)
-
-
-@pytest.fixture
-def started():
-    """Processes a test starts, killed at its end (a hostile tenant runs until then)."""
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-
-
-@pytest.mark.parametrize("how", ["truncate", "extend", "garbage", "sparse", "replace"])
-def test_a_tenant_can_hurt_only_itself(share, programs, hook_sched, started, how):
-    """Two honest tenants (weights 1 and 3) and a hostile one (granted weight 1, claiming 1000), each
-    a process busy with 1 ms kernels, the scheduler directory made as the hook makes it. While they
-    run, the test truncates, extends, keeps writing garbage over, punches a hole in or replaces the
-    hostile tenant's file. No honest process crashes or hangs, and each gets at least its weight's
-    share (1/5 and 3/5 of the time with the hostile one busy: 800 and 2400 kernels in 4 s at most, 5 s
-    with the time the attack takes). Truncating its own file kills the hostile tenant's own process
-    (SIGBUS), and only that. (Each process's fake GPU is its own.)"""
-    from nvc.plan.request import ShareRequest
-
-    sched, grant = hook_sched
-    for name, weight in (("t0", 1), ("t1", 3), ("hostile", 1)):
-        grant(name, ShareRequest(weight=(("", weight),)))
-    started += [
-        tenant(share, programs, sched, "t0", 1, 800),
-        tenant(share, programs, sched, "t1", 3, 2400),
-        tenant(share, programs, sched, "hostile", 1000, 1_000_000),
-    ]
-    time.sleep(0.3)
-    attack(how, sched / "hostile")
-    stop = threading.Event()
-
-    def rewrite() -> None:  # the garbage again, fresh, every 2 ms while the honest ones run
-        while not stop.wait(0.002):
-            attack(how, sched / "hostile")
-
-    rewriter = threading.Thread(target=rewrite)
-    if how == "garbage":
-        rewriter.start()
-    try:
-        walls = [wall_s(proc, timeout=20) for proc in started[:2]]
-    finally:
-        stop.set()
-        if rewriter.is_alive():
-            rewriter.join()
-    print(f"walls {walls}")
-    assert walls[0] <= 5 and walls[1] <= 5, walls
-    assert started[2].poll() == (-signal.SIGBUS if how == "truncate" else None)
-
-
-@pytest.mark.parametrize(
-    ("granted", "low", "high"),
-    [
-        ((("", 1),), 0.35, 0.7),  # granted 1 for every device
-        ((("", 1000), (GPU0, 1)), 0.35, 0.7),  # 1 for this GPU, by UUID
-        ((("0", 1), ("1", 3)), 0.8, 2.5),  # by NVML index, unknown here: at most 3
-    ],
-)
-def test_a_peers_weight_is_the_one_the_hook_granted(share, programs, hook_sched, started, granted, low, high):
-    """A peer claiming weight 1000 (its own env, its own file) runs a loop that keeps the GPU busy about
-    62 % of the time (1 ms kernels, 0.6 ms of host work after each), and the honest tenant (weight 1,
-    400 kernels of 1 ms back to back) is held while the peer has work only if the peer is under what
-    the hook granted it, read with the limits grammar from the peer's granted limits for this GPU: with
-    1 (for all devices, or by UUID over a default of 1000) half, which its 62 % is over, so the honest
-    one runs free (0.45 s); where the peer's weights are by NVML index, which is the peer's own
-    numbering, the largest of them (3: three quarters), under which it stays, so the honest one is held
-    to its quarter of the useful work while the peer has work (1.6-1.7 s: the peer publishes itself busy
-    into its host gaps). Taken at its word (1000), the peer would hold it to a thousandth (5.5 s)."""
-    from nvc.plan.request import ShareRequest
-
-    sched, grant = hook_sched
-    grant("honest", ShareRequest(weight=(("", 1),)))
-    grant("peer", ShareRequest(weight=granted))
-    started += [
-        tenant(share, programs, sched, "honest", 1, 400),
-        tenant(share, programs, sched, "peer", 1000, 1_000_000, host_us=600),
-    ]
-    wall = wall_s(started[0], timeout=20)
-    print(f"wall {wall}")
-    assert low <= wall <= high, wall

@@ -129,3 +129,61 @@ def share(programs, active_2gpu, tmp_path):
 def meminfo(line: list[str]) -> tuple[int, int]:
     assert line[:2] == ["meminfo", "CUDA_SUCCESS"], line
     return int(line[2]), int(line[3])
+
+
+def tenant(
+    share,
+    programs,
+    sched: Path,
+    name: str,
+    weight: int,
+    launches: int,
+    cap: int | None = None,
+    host_us: int | None = None,
+    gpu: Path | None = None,
+    burst: int = 0,
+    kernel_us: int = 1000,
+    log: bool = False,
+    klass: str | None = None,
+) -> subprocess.Popen:
+    """A tenant's process with plain LD_PRELOAD use (its own share directory, its scheduler file
+    ``name`` in ``sched``) launching 1 ms kernels on its own fake GPU 0 back to back, then synchronising;
+    or with host_us, waiting for each and then spending host_us on its host (a training-like loop); or
+    with burst, `launches` steps of a framework: burst kernels, host_us after each, one wait. With gpu,
+    the fake GPU is the one shared by the processes naming that file (FAKE_CUDA_SHARED_GPU), and weight
+    0 runs it without the shim. With log, its shim says at exit where its launches waited; klass: its
+    latency class (NVC_SHARE_PRIORITY)."""
+    limits = {
+        "NVC_SHARE_WEIGHT": str(weight),
+        "FAKE_CUDA_KERNEL_US": str(kernel_us),
+        "NVC_SHARE_SCHED_DIR": str(sched),
+        "NVC_SHARE_TENANT": name,
+        **({"NVC_SHARE_COMPUTE": str(cap)} if cap else {}),
+        **({"FAKE_CUDA_SHARED_GPU": str(gpu)} if gpu else {}),
+        **({"NVC_SHARE_LOG": "2"} if log else {}),
+        **({"NVC_SHARE_PRIORITY": klass} if klass else {}),
+    }
+    env = dict(share.env(limits), NVC_SHARE_DIR=str(share.dir.parent / name))
+    if not weight:
+        del env["LD_PRELOAD"]
+    work = (
+        ["burst", str(launches), str(burst), str(host_us)]
+        if burst
+        else ["launch", str(launches), "264", "128", "sync"]
+        if host_us is None
+        else ["steps", str(launches), "264", "128", str(host_us)]
+    )
+    return probe_started(programs, env, *work)
+
+
+def wall_s(proc: subprocess.Popen, timeout: float) -> float:
+    """Seconds a tenant took to launch its kernels and see them done; it must exit 0 in time."""
+    return wall_and_log(proc, timeout)[0]
+
+
+def wall_and_log(proc: subprocess.Popen, timeout: float) -> tuple[float, str]:
+    """wall_s's seconds, and what the tenant's shim logged (its waits, with log=True)."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, (proc.returncode, err)
+    lines = [line.split() for line in out.splitlines()]
+    return sum(int(line[2]) for line in lines[2:]) / 1e6, err

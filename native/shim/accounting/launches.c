@@ -1,14 +1,13 @@
-/* Compute share: the launch queue, where a throttled launch waits for its turn and is measured and
- * charged. A cap (percent < 100) is a share of wall time, sliced (region.c): the container's processes
- * launch freely during their slice; outside it they queue behind a closed gate (gate.c), up to the
- * next slice's length, or wait where streams cannot be gated. Each launch is bracketed by CUDA events,
- * and when they complete the launch's end on the GPU is reconstructed (it started when it was
- * launched, when this process's previous work ended or when its gate opened, whichever is latest, and
- * ran its measured time), so work that ran past its slice's end is charged too. Weights (sched.c)
- * divide measured GPU time, weighted by the fraction of the device's SMs a grid can occupy, each
- * moment divided among the containers that had work on the GPU then. At most MAX_INFLIGHT_NS of
- * estimated work may be queued ahead of measurement, so a burst of asynchronous launches cannot run
- * far past a slice or a share. */
+/* Compute share: the launch queue, where a throttled launch waits for its turn and is measured and charged.
+ * A cap (percent < 100) is a share of wall time, sliced (region.c): the container's processes launch freely
+ * during their slice; outside it they queue behind a closed gate (gate.c), up to the next slice's length, or
+ * wait where streams cannot be gated. Each launch is bracketed by CUDA events, and when they complete the
+ * launch's end on the GPU is reconstructed (it started when it was launched, when this process's previous
+ * work ended or when its gate opened, whichever is latest, and ran its measured time), so work that ran past
+ * its slice's end is charged too. Weights (sched.c) divide measured GPU time, weighted by the fraction of
+ * the device's SMs a grid can occupy, each moment divided among the containers that had work on the GPU
+ * then. At most MAX_INFLIGHT_NS of estimated work may be queued ahead of measurement, so a burst of
+ * asynchronous launches cannot run far past a slice or a share. */
 #define _GNU_SOURCE
 #include "accounting/launches.h"
 #include <pthread.h>
@@ -35,18 +34,16 @@ struct pending { /* one launch, or a group of short ones on one stream */
     CUevent start, end;
     CUcontext ctx;
     CUstream stream;
-    int ptsz;
-    int d;
+    int ptsz, d;
     struct nvc_sched_entry *sched;
     unsigned percent;
     int count;                     /* launches in it */
     double factors;                /* their grid factors, summed */
     int64_t estimate;              /* what the scheduler was charged at launch time */
-    int64_t queued_ns;             /* its expected duration: what it adds to the queue */
+    int64_t queued_ns, work_ns;    /* its expected duration (what it adds to the queue), unslowed (to the backlog) */
     const void *key;               /* the kernel (or graph) of a launch measured alone */
     uint64_t launched_ns, last_ns; /* its first and last launch */
-    int recorded;                  /* end event recorded (an unrecorded event queries as done) */
-    int settled;                   /* measured, waiting for older launches of other contexts */
+    int recorded, settled;         /* end event recorded (unrecorded, it queries as done); measured, waiting */
     uint32_t gate;                 /* the generation of the gate it was queued behind; 0: none */
 };
 
@@ -58,20 +55,18 @@ static unsigned head, tail;
 #define AT(i) (&ring[(i) % MAX_PENDING])
 /* Each device's launches not yet measured: queued, of unknown cost, their estimated GPU time, and those
  * behind the newest gate (generation behind_gen): the rest, earlier gates' work included, must complete
- * before the next slice starts, so that what of it ran past a slice is charged. peak: the most estimated
- * work queued at once since the last look at the backlog. */
+ * before the next slice starts, so that what of it ran past a slice is charged. work: their GPU time as when
+ * nothing slows them; peak: the most of it queued at once since the last look at the backlog. */
 static struct {
     int queued, unknown, behind;
-    int64_t inflight, peak;
+    int64_t inflight, work, peak;
     uint32_t behind_gen;
 } queue_of[NVC_MAX_DEVICES];
 /* Short kernels share one pair of events, up to GROUP_NS of expected work or GROUP_MAX launches: two
  * event records per launch cost a launch-bound loop (a training step's) as much as the launches, and
- * settling a group (two elapsed-time queries and a charge) as much again. A cap judges its slices by
- * when each piece of work ended, and between weighted tenants a group's time is divided by who shared
- * the GPU during it: their groups stay short. An uncapped weight with no other tenant active, or none
- * that keeps the GPU busy (nothing can hold it, no decision depends on its share), has no one to divide
- * with, and its groups are ten times longer (a host-bound step pays short ones in its rate: a ResNet-50
+ * settling a group as much again. A cap judges its slices by when each piece of work ended, and weighted
+ * tenants divide a group's time by who shared the GPU during it: their groups stay short. An uncapped
+ * weight that no one can hold (no decision depends on its share) has ten times longer ones (a ResNet-50
  * trainer beside a decode loop, on the H100, did 65-69 % of its rate alone with short ones). */
 static int long_groups[NVC_MAX_DEVICES];
 #define GROUP_NS(dev) (long_groups[dev] ? 1000000ll : 100000ll)
@@ -88,10 +83,12 @@ static struct {
 } last_end[NVC_MAX_DEVICES]; /* the end event of the last launch settled */
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Where this process's launches waited, logged at exit (NVC_SHARE_LOG=2): a workload slower under a
- * cap than its share says whether the slice, the queue bound or other containers' shares held it. */
+/* Where this process's launches waited, logged at exit (NVC_SHARE_LOG=2): a workload slower under a cap or a
+ * weight than its share says whether the slice, the queue bound or other containers' shares held it, */
 enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_SHARE, WAIT_REASONS };
-static uint64_t waited_for[WAIT_REASONS], entries_made, launches_seen;
+static struct { /* and what the scheduler said (enum nvc_sched_decision), what the looks at the backlog found */
+    uint64_t waited_for[WAIT_REASONS], entries, launches, decided[NVC_SCHED_RUN_FREE + 1], looks, pending, deep;
+} tally;
 
 /* Replaces a completed launch's estimate by its measured cost and tells a cap when the work ended.
  * Caller holds launch_mu. */
@@ -112,6 +109,7 @@ static void settle_locked(struct pending *p)
         if (own) {
             own->ns = own->ns ? (own->ns + full) / 2 : full;
             own->work_ns = !own->work_ns || full < own->work_ns ? full : own->work_ns + (full - own->work_ns) / 256;
+            own->least_ns = !own->least_ns || full < own->least_ns ? full : own->least_ns;
             work = (int64_t)((double)own->work_ns * factor);
         }
         /* When it ended: launched behind queued work, the previous end plus the time between the
@@ -139,6 +137,7 @@ static void settle_locked(struct pending *p)
     queue_of[p->d].behind -= p->gate && p->gate == queue_of[p->d].behind_gen;
     queue_of[p->d].unknown -= p->count > 0 && p->queued_ns == 0;
     queue_of[p->d].inflight -= p->queued_ns;
+    queue_of[p->d].work -= p->work_ns;
     nvc_event_put(p->start, p->ctx);
     if (last_end[p->d].ev)
         nvc_event_put(last_end[p->d].ev, last_end[p->d].ctx);
@@ -182,7 +181,7 @@ static void record(CUevent ev, CUstream stream, int ptsz)
 }
 
 /* Adds launches (or takes back a failed one) to a pending entry. Caller holds launch_mu. */
-static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued)
+static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued, int64_t work)
 {
     int was = p->count > 0 && p->queued_ns == 0;
     p->count += count;
@@ -191,8 +190,10 @@ static void add_locked(struct pending *p, int count, double factor, int64_t esti
     p->queued_ns += queued;
     queue_of[p->d].unknown += (p->count > 0 && p->queued_ns == 0) - was;
     queue_of[p->d].inflight += queued;
-    if (queue_of[p->d].inflight > queue_of[p->d].peak)
-        queue_of[p->d].peak = queue_of[p->d].inflight;
+    p->work_ns += work;
+    queue_of[p->d].work += work;
+    if (queue_of[p->d].work > queue_of[p->d].peak)
+        queue_of[p->d].peak = queue_of[p->d].work;
 }
 
 /* Records the end of the device's open group, so that it can complete and be measured. Only the
@@ -211,7 +212,7 @@ struct slot {    /* where before_launch put a launch */
     int pending; /* it has a pending entry, at ring index at */
     unsigned at;
     int alone; /* measured alone: its entry closes right after it */
-    int64_t estimate, queued;
+    int64_t estimate, queued, work;
 };
 
 /* This device's launches still queued that are not behind gate generation closed (0: none is
@@ -317,6 +318,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
         *step = SCHED_WAIT_STEP_NS; /* over its share while another wants more: the cap's slice waits too */
         *reason = WAIT_SHARE;
         within_of[dev] = 0;
+        tally.decided[NVC_SCHED_WAIT]++;
         if (d->compute < 100) {
             if (!t->from) {
                 t->from = now;
@@ -325,6 +327,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
             nvc_region_slice_extend(dev, t->end + (now - t->from) + (uint64_t)*step);
         }
     } else {
+        tally.decided[decision] += d->sched != NULL;
         within_of[dev] = decision >= NVC_SCHED_RUN_WITHIN;
         long_groups[dev] =
             d->sched && d->compute >= 100 && (decision == NVC_SCHED_RUN_FREE || !nvc_sched_contended(d->sched));
@@ -343,7 +346,7 @@ static uint64_t pause_launch(int dev, CUcontext ctx, int64_t step, uint64_t now,
     step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
     nvc_sleep_ns(step);
     uint64_t slept = nvc_now_ns() - now;
-    __atomic_add_fetch(&waited_for[reason], slept, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&tally.waited_for[reason], slept, __ATOMIC_RELAXED);
     return slept;
 }
 
@@ -411,7 +414,7 @@ static struct pending *new_entry_locked(struct nvc_device *d, const struct nvc_l
         has_open[dev] = 1;
     }
     *at = tail;
-    entries_made++;
+    tally.entries++;
     return AT(tail++);
 }
 
@@ -424,7 +427,7 @@ static void enqueue_launch(struct nvc_device *d, const struct nvc_launch *l, CUc
     pthread_mutex_lock(&launch_mu);
     int64_t estimate = (int64_t)((double)estimate_ns[dev] * l->factor);
     struct nvc_kernel_cost *own = nvc_kernel_slot(l->key);
-    int64_t queued = own && own->ns ? own->ns : estimate;
+    int64_t queued = own && own->ns ? own->ns : estimate, work = own && own->least_ns ? own->least_ns : queued;
     uint64_t now = nvc_now_ns();
     if (d->sched)
         nvc_sched_launched(d->sched, now, queue_of[dev].inflight + queued);
@@ -436,13 +439,13 @@ static void enqueue_launch(struct nvc_device *d, const struct nvc_launch *l, CUc
         alone |= has_open[dev]; /* another context's group stays open: this one goes alone */
         g = NULL;
     }
-    *slot = (struct slot){0, 0, alone, estimate, queued};
+    *slot = (struct slot){0, 0, alone, estimate, queued, work};
     unsigned at = open_at[dev];
     if (!g)
         g = new_entry_locked(d, l, ctx, gate, alone, now, &at);
-    launches_seen++;
+    tally.launches++;
     if (g) {
-        add_locked(g, 1, l->factor, estimate, queued);
+        add_locked(g, 1, l->factor, estimate, queued, work);
         g->key = g->count == 1 ? l->key : NULL;
         g->last_ns = now;
         slot->pending = 1;
@@ -465,10 +468,10 @@ static void before_launch(struct nvc_device *d, const struct nvc_launch *l, CUco
 /* A look at the tenant's backlog (schedpolicy.h: what lets a weight hold the others, time-sliced or MPS), at
  * most every NVC_SCHED_BACKLOG_LOOK_NS as it launches: one event per device, recorded on the launching
  * stream at each look; still pending at the next look, the work queued before it had not run yet. A host
- * that queues its work faster than that and then waits for it finds every look's event done: where its
- * launches are measured (time slices, a duty cycle), more than that much estimated work queued at once
- * since the last look counts too. Skipped while another thread launches, and on a stream being captured
- * into a graph (the event would land in the graph). */
+ * that queues its work faster and then waits for it finds every look's event done: where its launches are
+ * measured, more than that much work queued at once since the last look counts too, as its kernels take
+ * alone (the others' time slices stretch a decode loop's kernels past that). Skipped while another thread
+ * launches, and on a stream being captured into a graph (the event would land in the graph). */
 static struct {
     CUevent ev;
     CUcontext ctx;
@@ -486,9 +489,12 @@ static void look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, con
         nvc_event_put(look_of[dev].ev, look_of[dev].ctx);
         look_of[dev].ev = NULL;
     }
-    int backlogged = (look_of[dev].ev && nvc_cuda.cuEventQuery(look_of[dev].ev) == CUDA_ERROR_NOT_READY) ||
-                     queue_of[dev].peak >= (int64_t)NVC_SCHED_BACKLOG_LOOK_NS;
-    queue_of[dev].peak = queue_of[dev].inflight;
+    int pending = look_of[dev].ev && nvc_cuda.cuEventQuery(look_of[dev].ev) == CUDA_ERROR_NOT_READY;
+    int deep = queue_of[dev].peak >= (int64_t)NVC_SCHED_BACKLOG_LOOK_NS, backlogged = pending || deep;
+    tally.looks++;
+    tally.pending += (uint64_t)pending;
+    tally.deep += (uint64_t)deep;
+    queue_of[dev].peak = queue_of[dev].work;
     if (!look_of[dev].ev) {
         look_of[dev].ev = nvc_event_get(ctx);
         look_of[dev].ctx = ctx;
@@ -537,7 +543,7 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
         struct pending *p = AT(slot.at);
         if (slot.at - head < tail - head && !p->settled) { /* still queued (another thread may have settled it) */
             if (rc != CUDA_SUCCESS)
-                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued); /* nothing ran */
+                add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued, -slot.work); /* nothing ran */
             if (slot.alone && !p->recorded) {
                 record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
@@ -554,14 +560,22 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
 
 __attribute__((destructor)) static void log_waits(void)
 {
-    if (launches_seen)
-        nvc_log(
-            2,
-            "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for "
-            "queue room, %.1f ms for other containers' shares; %llu slices started, %.1f ms charged past their ends",
-            (unsigned long long)launches_seen, (unsigned long long)entries_made, waited_for[WAIT_SLICE] / 1e6,
-            waited_for[WAIT_QUEUE] / 1e6, waited_for[WAIT_SHARE] / 1e6, (unsigned long long)nvc_region_slices_started,
-            nvc_region_overrun_charged_ns / 1e6);
+    if (tally.launches)
+        nvc_log(2,
+                "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for queue "
+                "room, %.1f ms for other containers' shares; %llu slices started, %.1f ms charged past their ends",
+                (unsigned long long)tally.launches, (unsigned long long)tally.entries,
+                tally.waited_for[WAIT_SLICE] / 1e6, tally.waited_for[WAIT_QUEUE] / 1e6,
+                tally.waited_for[WAIT_SHARE] / 1e6, (unsigned long long)nvc_region_slices_started,
+                nvc_region_overrun_charged_ns / 1e6);
+    if (tally.looks)
+        nvc_log(2,
+                "scheduler: %llu waits, %llu runs over the share, %llu within it, %llu free; %llu looks at the "
+                "backlog, %llu found earlier work queued, %llu more than %.1f ms queued at once",
+                (unsigned long long)tally.decided[NVC_SCHED_WAIT], (unsigned long long)tally.decided[NVC_SCHED_RUN],
+                (unsigned long long)tally.decided[NVC_SCHED_RUN_WITHIN],
+                (unsigned long long)tally.decided[NVC_SCHED_RUN_FREE], (unsigned long long)tally.looks,
+                (unsigned long long)tally.pending, (unsigned long long)tally.deep, NVC_SCHED_BACKLOG_LOOK_NS / 1e6);
 }
 
 void nvc_launches_fork(enum nvc_fork_phase phase)
@@ -580,8 +594,7 @@ void nvc_launches_fork(enum nvc_fork_phase phase)
         memset(within_of, 0, sizeof within_of);
         memset(long_groups, 0, sizeof long_groups);
         memset(look_of, 0, sizeof look_of);
-        memset(waited_for, 0, sizeof waited_for);
-        entries_made = launches_seen = 0;
+        memset(&tally, 0, sizeof tally);
     }
     pthread_mutex_unlock(&launch_mu);
 }

@@ -6,8 +6,9 @@
 
 struct nvc_kernel_cost {
     const void *key;
-    int64_t ns;      /* its elapsed time, running mean */
-    int64_t work_ns; /* its elapsed time when nothing slowed it: the least seen, creeping up */
+    int64_t ns;       /* its elapsed time, running mean */
+    int64_t work_ns;  /* its elapsed time when nothing slowed it: the least seen, creeping up */
+    int64_t least_ns; /* the least it ever took: its work as a look at the backlog counts it (launches.c) */
 };
 /* The entry of a kernel (nvc_kernel_key), made on first use; NULL when its neighbourhood of the table
  * is full. The caller serialises access (launch.c's mutex). */
