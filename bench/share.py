@@ -23,7 +23,8 @@ in the same run. Prints two tables:
   one CUDA MPS control daemon: plain (the driver's MPS as it is), as nvc-py's MPS backend serves them
   (the shim with the limits file the hook writes: the latency classes, with and without a compute share
   of 50 for the trainer; weights 9:1) and with MPS's own client variables set by hand: the service's
-  p50 / p99 and the trainer's throughput as % of alone;
+  p50 / p99 and the trainer's throughput as % of alone, with where the trainer's rate went: its host's
+  CPU per step, and the time its launches waited for the service's share (its shim's NVC_SHARE_LOG=2 line);
 * backends (issue 42): two transformer training steps (NVC_BENCH_PAIR: another workload of
   tests/gpu/torch_models.py) started together, with no control and weighted 1:3, under time slices and
   under MPS (plain, nvc-py's backend, MPS's client variables by hand): their sum as % of one alone, the
@@ -55,6 +56,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # nvc.share.region, for the shim's counters
@@ -330,16 +332,22 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
         sharegpu.serve_result(sharegpu.serve_run(native, 4, 0)).per_second for _ in range(runs)
     )
     rate = load * capacity
-    trainer_alone = statistics.median(
-        sharegpu.torch_output(sharegpu.torch_run("resnet-train", native, SERVE_SECONDS))[0] for _ in range(runs)
-    )
+    trainer_runs = [
+        sharegpu.torch_output(sharegpu.torch_run("resnet-train", native, SERVE_SECONDS)) for _ in range(runs)
+    ]
+    trainer_alone = statistics.median(run[0] for run in trainer_runs)
+    trainer_cpu = statistics.median(run[2] for run in trainer_runs) / 1000
     alone = [sharegpu.serve_result(sharegpu.serve_run(native, SERVE_SECONDS, rate)) for _ in range(runs)]
     print(
         f"\nlaunch-bound pair: batch-1 decode service ({capacity:.1f} requests/s back to back, arriving at "
-        f"{rate:.1f}/s, {100 * load:.0f} %) beside resnet-train ({trainer_alone:.2f} it/s alone), {SERVE_SECONDS} s, "
-        f"medians of {runs} runs; latency from arrival"
+        f"{rate:.1f}/s, {100 * load:.0f} %) beside resnet-train ({trainer_alone:.2f} it/s alone, CPU {trainer_cpu:.1f} "
+        f"ms/step), {SERVE_SECONDS} s, medians of {runs} runs; latency from arrival; the trainer's CPU per step, and "
+        "how long its launches waited for the service's share"
     )
-    print(f"{'control':>34}{'p50 ms':>9}{'p99 ms':>9}{'trainer':>9}{'p50 range':>16}{'trainer range':>16}")
+    print(
+        f"{'control':>34}{'p50 ms':>9}{'p99 ms':>9}{'trainer':>9}{'p50 range':>16}{'trainer range':>16}"
+        f"{'CPU/step':>10}{'held ms':>9}"
+    )
     print(
         f"{'service alone':>34}{statistics.median(s.p50_ms for s in alone):9.1f}"
         f"{statistics.median(s.p99_ms for s in alone):9.1f}"
@@ -351,7 +359,7 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
         for label, service, trainer in (*LAUNCH_BOUND_CONTROLS, *MPS_CONTROLS)
         if label in chosen
     ]
-    rows: dict[str, list[tuple[sharegpu.Served, float]]] = {label: [] for label, *_ in controls}
+    rows: dict[str, list[LaunchBoundRun]] = {label: [] for label, *_ in controls}
     for k in range(runs):
         for n, (label, service_limits, trainer_limits, mps_row) in enumerate(controls):
             sched = tmp_path / f"lb-{n}-{k}"
@@ -365,21 +373,43 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                     service_env = tenant_env(sched, "service", service_limits)
                     trainer_env = tenant_env(sched, "trainer", trainer_limits)
                 start_at = time.time() + 15
-                trainer = sharegpu.torch_run("resnet-train", trainer_env, SERVE_SECONDS, start_at)
+                log = sched / "trainer.log"
+                trainer_env = {**trainer_env, "NVC_SHARE_LOG": "2"}  # only its exit line: where it waited
+                trainer = sharegpu.torch_run("resnet-train", trainer_env, SERVE_SECONDS, start_at, log)
                 served = sharegpu.serve_result(sharegpu.serve_run(service_env, SERVE_SECONDS, rate, start_at))
-                rows[label].append((served, 100 * sharegpu.torch_output(trainer)[0] / trainer_alone))
-                print(
-                    f"  run {k + 1}: {label}: {served.p50_ms:.1f} / {served.p99_ms:.1f} ms, {rows[label][-1][1]:.1f} %"
+                trained, _, cpu_us = sharegpu.torch_output(trainer)
+                rows[label].append(
+                    LaunchBoundRun(served, 100 * trained / trainer_alone, cpu_us / 1000, sharegpu.held_ms(log))
                 )
+                print(f"  run {k + 1}: {label}: {rows[label][-1]}")
     for label, results in rows.items():
         p50s, p99s, parts = (
-            [s.p50_ms for s, _ in results],
-            [s.p99_ms for s, _ in results],
-            [part for _, part in results],
+            [r.served.p50_ms for r in results],
+            [r.served.p99_ms for r in results],
+            [r.part for r in results],
         )
+        held = [r.held_ms for r in results if r.held_ms is not None]
         print(
             f"{label:>34}{statistics.median(p50s):9.1f}{statistics.median(p99s):9.1f}"
             f"{statistics.median(parts):8.1f}%{_range(p50s):>16}{_range(parts):>16}"
+            f"{statistics.median(r.cpu_ms for r in results):10.1f}{f'{statistics.median(held):.1f}' if held else '-':>9}"
+        )
+
+
+class LaunchBoundRun(NamedTuple):
+    """One run of a launch-bound row: the service's latencies, the trainer's rate (% of alone), its host's CPU
+    per step and how long its launches waited for the service's share (None: no shim logged it)."""
+
+    served: sharegpu.Served
+    part: float
+    cpu_ms: float
+    held_ms: float | None
+
+    def __str__(self) -> str:
+        held = "" if self.held_ms is None else f", held {self.held_ms:.1f} ms"
+        return (
+            f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, {self.part:.1f} %, "
+            f"CPU {self.cpu_ms:.1f} ms/step{held}"
         )
 
 

@@ -1,6 +1,7 @@
 """bench/share.py's parts that need no GPU: the launch-bound pair's latency figures, read from what
 tests/gpu/torch_decode.py prints (latency from each request's arrival, not from when it was served), and
-the bench and its PyTorch workloads at least loading (the GPU machine runs them; this one has no torch).
+the bench and its PyTorch workloads at least loading (the GPU machine runs them; this one has no torch), and
+the trainer's wait for shares read from the line the real shim logs at exit (on the fake driver).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from harness.shim import WAITS_LOG, programs, share, tenant  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
@@ -116,3 +119,15 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
     assert bench.wanted(label for label, *_ in bench.BACKEND_PAIRS) == ["no control (time slices)", "MPS, plain"]
     for script in ("torch_decode.py", "torch_load.py", "torch_models.py"):
         ast.parse((REPO / "tests" / "gpu" / script).read_text())
+
+
+def test_the_trainers_wait_for_shares_is_read_from_its_shims_exit_line(share, programs, tmp_path):  # noqa: F811
+    """The launch-bound rows' "held ms": what a weighted process's shim (the fake driver's) says it waited for
+    other containers' shares; nothing for a process without the shim."""
+    (tmp_path / "sched").mkdir()
+    _, err = tenant(share, programs, tmp_path / "sched", "trainer", 1, 20, log=True).communicate(timeout=30)
+    logged, unshimmed = tmp_path / "trainer.log", tmp_path / "plain.log"
+    logged.write_text(err)
+    unshimmed.write_text("rate 12.5\n")
+    assert sharegpu.held_ms(logged) == float(WAITS_LOG.search(err).group(5))
+    assert sharegpu.held_ms(unshimmed) is None and sharegpu.held_ms(tmp_path / "absent.log") is None

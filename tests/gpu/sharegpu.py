@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,14 +150,29 @@ def holder(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
 TORCH_LOAD = GPU_DIR / "torch_load.py"
 
 
-def torch_run(workload: str, env: dict[str, str], seconds: float, start_at: float = 0.0) -> subprocess.Popen:
-    """torch_load.py WORKLOAD SECONDS START_AT, started (several run together with one START_AT)."""
-    return subprocess.Popen(
-        [TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def torch_run(
+    workload: str, env: dict[str, str], seconds: float, start_at: float = 0.0, log: Path | None = None
+) -> subprocess.Popen:
+    """torch_load.py WORKLOAD SECONDS START_AT, started (several run together with one START_AT); its stderr
+    (what its shim logs) into log where given."""
+    with open(log, "w") if log else contextlib.nullcontext(None) as stderr:
+        return subprocess.Popen(
+            [TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+
+
+HELD_FOR_SHARES = re.compile(r"compute: .* ([\d.]+) ms for other containers' shares")
+
+
+def held_ms(log: Path) -> float | None:
+    """How long a process's launches waited for other containers' shares, from its shim's exit line
+    (NVC_SHARE_LOG=2; None where no shim logged one)."""
+    found = HELD_FOR_SHARES.search(log.read_text()) if log.exists() else None
+    return float(found.group(1)) if found else None
 
 
 def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
