@@ -511,7 +511,7 @@ static void look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, con
 CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, const void *args)
 {
     CUcontext ctx = NULL;
-    struct nvc_device *d = nvc_device_current(NULL);
+    struct nvc_device *d = l->dev;
     if (d && d->mps && d->compute >= 100) { /* no duty cycle: a look now and then, nothing else */
         uint64_t now = nvc_now_ns();
         if (now - __atomic_load_n(&look_of[d->region_index].at, __ATOMIC_RELAXED) >= NVC_SCHED_BACKLOG_LOOK_NS &&

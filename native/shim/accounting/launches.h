@@ -5,9 +5,12 @@
 #include "base/ground.h"
 #include "base/real.h"
 
+struct nvc_device;
+
 /* One launch as the queue sees it. */
 struct nvc_launch {
-    int ptsz; /* on the per-thread default stream */
+    struct nvc_device *dev; /* the current context's device (devices.h; NULL: not one the shim knows) */
+    int ptsz;               /* on the per-thread default stream */
     CUstream stream;
     double factor;   /* the fraction of the device its grid occupies */
     const void *key; /* the CUfunction or CUgraphExec */

@@ -19,6 +19,13 @@ static double grid_factor(struct nvc_device *d, unsigned gx, unsigned gy, unsign
     return d && d->sm_count && blocks < d->sm_count ? blocks / d->sm_count : 1.0;
 }
 
+/* A kernel launch as the queue sees it: the current device looked up once, for the grid's factor and the queue. */
+static struct nvc_launch grid_launch(int ptsz, CUstream stream, CUfunction f, unsigned gx, unsigned gy, unsigned gz)
+{
+    struct nvc_device *d = nvc_device_current(NULL);
+    return (struct nvc_launch){d, ptsz, stream, grid_factor(d, gx, gy, gz), nvc_kernel_key(f, gx, gy, gz)};
+}
+
 static int limited(void)
 {
     return !nvc_depth && nvc_ready() == NVC_ACTIVE && nvc_compute_limited;
@@ -51,8 +58,7 @@ static CUresult call_kernel(const void *a)
         if (__builtin_expect(!limited(), 1)) \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra); \
         struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra}; \
-        struct nvc_launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), \
-                               nvc_kernel_key(f, gx, gy, gz)}; \
+        struct nvc_launch l = grid_launch(ptsz, stream, f, gx, gy, gz); \
         return nvc_launch_throttled(&l, call_kernel, &a); \
     }
 KERNEL_WRAPPER(cuLaunchKernel, 0)
@@ -81,8 +87,7 @@ static CUresult call_coop(const void *a)
         if (__builtin_expect(!limited(), 1)) \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params); \
         struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params}; \
-        struct nvc_launch l = {ptsz, stream, grid_factor(nvc_device_current(NULL), gx, gy, gz), \
-                               nvc_kernel_key(f, gx, gy, gz)}; \
+        struct nvc_launch l = grid_launch(ptsz, stream, f, gx, gy, gz); \
         return nvc_launch_throttled(&l, call_coop, &a); \
     }
 COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
@@ -109,10 +114,8 @@ static CUresult call_ex(const void *a)
         if (__builtin_expect(!limited(), 1) || !config) \
             return nvc_cuda.name(config, f, params, extra); \
         struct ex_args a = {nvc_cuda.name, config, f, params, extra}; \
-        struct nvc_launch l = { \
-            ptsz, config->hStream, \
-            grid_factor(nvc_device_current(NULL), config->gridDimX, config->gridDimY, config->gridDimZ), \
-            nvc_kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ)}; \
+        struct nvc_launch l = \
+            grid_launch(ptsz, config->hStream, f, config->gridDimX, config->gridDimY, config->gridDimZ); \
         return nvc_launch_throttled(&l, call_ex, &a); \
     }
 EX_WRAPPER(cuLaunchKernelEx, 0)
@@ -142,7 +145,7 @@ static CUresult call_graph(const void *a)
         CUresult rc; \
         if (nvc_compute_limited) { \
             struct graph_args a = {nvc_cuda.name, exec, stream}; \
-            struct nvc_launch l = {ptsz, stream, 1.0, exec}; \
+            struct nvc_launch l = {nvc_device_current(NULL), ptsz, stream, 1.0, exec}; \
             rc = nvc_launch_throttled(&l, call_graph, &a); \
         } else { \
             rc = nvc_cuda.name(exec, stream); \
