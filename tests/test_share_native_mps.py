@@ -81,3 +81,44 @@ def test_a_lighter_clients_duty_cycle_holds_only_beside_a_backlogged_heavier_one
     assert alone <= 1.5 * LIGHT_KERNELS / 1000, alone
     assert busy >= 2.5 * alone, (busy, alone)
     assert idle_between <= 1.8 * alone, (idle_between, alone)
+
+
+def _duty(limits: Path, duty: int | None) -> None:
+    """The lighter client's limits file as a start or poststop of another container on its daemon rewrites it
+    (nvc.plan.mps.rebalanced): with the duty cycle `duty`, or none; replaced whole, as the hook replaces it."""
+    lines = [line for line in limits.read_text().splitlines() if not line.startswith("compute_percent=")]
+    new = limits.with_name("limits.new")
+    new.write_text("\n".join([*lines[:2], *([f"compute_percent={duty}"] if duty else []), *lines[2:]]) + "\n")
+    new.replace(limits)
+
+
+def test_a_lighter_client_given_its_duty_cycle_mid_run_and_freed_again_is_never_stalled(share, programs, tmp_path):  # noqa: F811
+    """As the lighter container that started first on the H100 (make test-gpu, the lighter-first MPS pair): it
+    runs free, goes idle on its host, gets its duty cycle while a heavier client keeps the GPU busy, runs
+    under it, and loses it when the heavier one goes (killed). Its 3000 kernels of 1 ms then finish within
+    twice the time they take alone (3 s; 2.7 s measured): nothing left it behind a gate nobody opens."""
+    light = mps_tenant(
+        share,
+        programs,
+        tmp_path,
+        "light",
+        1,
+        None,
+        *("launch", "100", "264", "128", "sync"),
+        *("steps", "1", "264", "128", "800000"),  # 0.8 s on its host, the GPU idle
+        *("launch", "3000", "264", "128", "sync"),
+    )
+    time.sleep(0.2)
+    heavy = mps_tenant(share, programs, tmp_path, "heavy", 3, None, "launch", "20000", "264", "128", "sync")
+    _until_launching(tmp_path / "sched" / "heavy")
+    _duty(tmp_path / "light" / "limits", 40)
+    time.sleep(2.0)
+    heavy.kill()
+    heavy.communicate()
+    _duty(tmp_path / "light" / "limits", None)
+    freed = time.monotonic()
+    out, err = light.communicate(timeout=60)
+    after = time.monotonic() - freed
+    assert light.returncode == 0, err
+    assert all(line.split()[1] == "CUDA_SUCCESS" for line in out.splitlines()), out
+    assert after <= 2 * 3.0, (after, out)
