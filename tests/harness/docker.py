@@ -6,7 +6,10 @@ of its own. It starts a containerd of its own, under its exec root (short: conta
 there): the session's tmpfs on /run/containerd hides a host containerd's socket, which dockerd would
 otherwise use. daemon.json's ``deprecated-key-path`` keeps dockerd 20.10's identity key out of
 /etc/docker; /run/docker, where dockerd makes its plugin directory whatever it is told, is one of the
-session's private tmpfs (tests/hostcheck.py). The binaries are named by path: /usr/local/bin/docker may
+session's private tmpfs (tests/hostcheck.py). TMPDIR is a directory of the test's: dockerd restarts a
+containerd that stops answering its health checks, first asking it with SIGUSR1 for a dump of its stacks,
+which containerd writes to its temporary directory (/tmp by default, a place the suite keeps as it found
+it). The binaries are named by path: /usr/local/bin/docker may
 be another client than Debian's.
 
 Stopped by pid (SIGTERM, which stops the containers and its containerd, then SIGKILL), then any mount
@@ -65,7 +68,14 @@ class Dockerd:
         self.log = self.workdir / "dockerd.log"
         self.client_env = {**os.environ, "DOCKER_CONFIG": str(self.workdir / "client")}
         self.client_env.pop("DOCKER_HOST", None)
-        daemon_env = {**os.environ, **(env or {}), "PATH": ":".join([*map(str, path), SYSTEM_PATH])}
+        tmp = self.workdir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        daemon_env = {
+            **os.environ,
+            **(env or {}),
+            "PATH": ":".join([*map(str, path), SYSTEM_PATH]),
+            "TMPDIR": str(tmp),
+        }
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [
