@@ -30,6 +30,9 @@ mounts over /proc keep a user namespace from a fresh proc), so the maps are the 
 hook's cost is its start minus the no-hook start of the same kind; the table gives it with and
 without the maps, their ratio, and the same for the hook's own ``duration_ms`` (its log).
 
+``--reference PATH``: NVIDIA's ``nvidia-container-cli`` at PATH in a bash prestart hook, a row of its own
+in the same rounds (bench/reference.py), and every hook row's overhead as a multiple of its overhead.
+
 ``--cold``: every row also started right after the page cache was dropped (``sync``, then
 ``/proc/sys/vm/drop_caches``), as the first container start after boot finds it, in the same round
 just before the row's warm start; each against the no-hook start of its kind. The pages a running
@@ -64,6 +67,9 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))  # reference.py, also where the module is loaded by path (its tests)
+
+import reference  # noqa: E402
 
 from harness.bundle import make_bundle, reachable_from_userns  # noqa: E402
 from harness.hookserver import client_hook, client_path, hook_server, program_interpreter  # noqa: E402
@@ -86,7 +92,8 @@ CONFIGURE_ARGS = "--device=0 --compute --utility"
 
 class Row(NamedTuple):
     label: str
-    kind: str  # "none" (no hook), "hook" (nvc-py-hook prestart), "cli" (the wrapper running nvc-py configure)
+    kind: str  # "none" (no hook), "hook" (nvc-py-hook prestart), "cli" (the wrapper running nvc-py configure),
+    # "reference" (the wrapper running nvidia-container-cli configure)
     served: bool = False
     gpu: bool = True
     tuned: bool = False
@@ -117,8 +124,18 @@ USERNS_ROWS = tuple(
     for variant in (row, row._replace(label=row.label + USERNS, userns=True))
 )
 COLD = ", cold"  # a row started right after dropping the page cache
-# --cold: each row's cold start, then the same row warm, in every round.
-COLD_ROWS = tuple(variant for row in ROWS for variant in (row._replace(label=row.label + COLD, cold=True), row))
+
+
+def cold_rows(rows: tuple[Row, ...]) -> tuple[Row, ...]:
+    """--cold: each row's cold start, then the same row warm, in every round."""
+    return tuple(variant for row in rows for variant in (row._replace(label=row.label + COLD, cold=True), row))
+
+
+def with_reference(rows: tuple[Row, ...]) -> tuple[Row, ...]:
+    """The rows with the reference's right after the baseline."""
+    return (rows[0], Row(reference.LABEL, "reference"), *rows[1:])
+
+
 ID_MAP = (100000, 65536)  # host id of uid and gid 0 inside, size
 STAGES = ("discovery+plan", "setup", "mounts", "ldconfig", "cgroup", "finish")
 STAGE_LABELS = {
@@ -286,16 +303,18 @@ def main() -> int:
     parser.add_argument("--fake", action="store_true", help="use the fake driver even on a GPU host")
     parser.add_argument("--userns", action="store_true", help="the hook with uid/gid maps beside without")
     parser.add_argument("--cold", action="store_true", help="each row also right after dropping the page cache")
+    parser.add_argument("--reference", type=Path, help="nvidia-container-cli to time beside, in a bash hook")
     args = parser.parse_args()
     if args.runs < 10:
         parser.error("--runs must be at least 10")
-    if args.cold and args.userns:
-        parser.error("--cold and --userns are separate runs")
+    if args.userns and (args.cold or args.reference):
+        parser.error("--userns is a run of its own (no --cold, no --reference)")
     runtime = args.runtime or ("crun" if shutil.which("crun") else "runc")
     runtime = shutil.which(runtime) or sys.exit(f"bench/configure.py: {runtime} not found")
     nvc, hook_script = default_script("nvc-py"), default_script("nvc-py-hook")
     python = program_interpreter(nvc) or sys.executable
-    rows = USERNS_ROWS if args.userns else COLD_ROWS if args.cold else ROWS
+    rows = with_reference(ROWS) if args.reference else ROWS
+    rows = USERNS_ROWS if args.userns else cold_rows(rows) if args.cold else rows
     cli_rows = tuple(i for i, row in enumerate(rows) if row.kind == "cli")
     with tempfile.TemporaryDirectory(prefix="nvc-bench-configure-") as tmp:
         work = Path(tmp)
@@ -337,6 +356,9 @@ def main() -> int:
                 "env": [*hook_env, "NVC_PY_HOOK_SOCKET=none"],
             }
             hooks_by_config[tuned, True] = client_hook(hook_script, sock, hook_env)
+        reference_hook = (
+            reference.write_hook(args.reference, root, work / "reference-hook.sh") if args.reference else {}
+        )
         base = RootfsCache(work / "cache").get("debian")
         state = work / "state"
         times: dict[str, list[float]] = {row.label: [] for row in rows}
@@ -361,6 +383,8 @@ def main() -> int:
                                 {"path": str(wrapper), "args": [wrapper.name, tag, str(rootfs)], "env": [HOOK_PATH]}
                             ]
                         }
+                    elif row.kind == "reference":
+                        hooks = {"prestart": [reference_hook]}
                     elif row.kind == "hook":
                         hooks = {"prestart": [hooks_by_config[row.tuned, row.served]]}
                         env = {"NVIDIA_VISIBLE_DEVICES": "0"} if row.gpu else {}
@@ -410,9 +434,15 @@ def main() -> int:
     print(f"\n{header}\n{'-' * len(header)}")
     # each row against the no-hook start of its kind (cold or warm)
     baselines = {row.cold: statistics.median(times[row.label]) for row in rows if row.kind == "none"}
+    # and each hook's overhead against the reference's of its kind, where the run has one
+    references = {
+        row.cold: statistics.median(times[row.label]) - baselines[row.cold] for row in rows if row.kind == "reference"
+    }
     for row in rows:
         m, baseline = statistics.median(times[row.label]), baselines[row.cold]
         note = "1.00 (baseline)" if row.kind == "none" else f"{m / baseline:.2f}  (+{m - baseline:.1f} ms overhead)"
+        if row.kind not in ("none", "reference") and references:
+            note += f", {reference.ratio(m - baseline, references.get(row.cold))} the reference's"
         print(median_row(row.label, times[row.label], note))
     if args.userns:
         print_userns_table(rows, times, hook_durations(hook_log, rows))

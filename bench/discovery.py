@@ -20,7 +20,9 @@ Rows:
                   that helper to exit; each such run comes 0.1 s after the one before (as typed
                   commands do)
 The other rows are pointed at a socket where no server listens, so a server of the host's own
-never answers them.
+never answers them. With ``--reference PATH``, NVIDIA's ``nvidia-container-cli info`` and ``list`` (the one
+at PATH, bench/reference.py) are timed in the same rounds, and every ``info`` and ``list`` row is also
+given as a multiple of the reference's.
 
 On a host with an NVIDIA driver (/proc/driver/nvidia/version) it times the real driver.
 Otherwise, or with --fake, it builds the test suite's FAKE driver (a test double with one
@@ -45,6 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))  # reference.py, also where the module is loaded by path
+
+import reference  # noqa: E402
+
 FAKE_MACHINE = REPO / "tests" / "fakedriver" / "machines" / "local-nvidia.yaml"
 
 
@@ -58,6 +64,7 @@ class Case:
     argv: tuple[str, ...]
     socket: str  # NVC_PY_HOOK_SOCKET for the run
     served: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # added to the environment of its runs
 
 
 def default_nvc_py() -> str:
@@ -92,9 +99,20 @@ _NVML_INIT = (
 )
 
 
-def run_once(argv: tuple[str, ...], sock: str | None = None) -> tuple[float, str]:
+def reference_cases(cli: Path, root: str, no_server: str) -> list[Case]:
+    """NVIDIA's CLI answering the same questions (its own driver helper and NVML, every run)."""
+    env = tuple(reference.environment(cli).items())
+    return [
+        Case(f"reference {command}", "nvidia-container-cli", (str(cli), "--root", root, command), no_server, env=env)
+        for command in ("info", "list")
+    ]
+
+
+def run_once(
+    argv: tuple[str, ...], sock: str | None = None, extra: tuple[tuple[str, str], ...] = ()
+) -> tuple[float, str]:
     """Wall time in ms of one run and its output; a failing run ends the benchmark."""
-    env = None if sock is None else {**os.environ, "NVC_PY_HOOK_SOCKET": sock}
+    env = {**os.environ, **dict(extra), **({} if sock is None else {"NVC_PY_HOOK_SOCKET": sock})}
     start = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, env=env)
     elapsed = (time.perf_counter() - start) * 1000
@@ -108,12 +126,12 @@ def measure(all_cases: list[Case], runs: int) -> tuple[dict[str, list[float]], d
     times: dict[str, list[float]] = {c.label: [] for c in all_cases}
     outputs: dict[str, str] = {}
     for c in all_cases:
-        run_once(c.argv, c.socket)
+        run_once(c.argv, c.socket, c.env)
     for _ in range(runs):
         for c in all_cases:
             if c.served:
                 time.sleep(SERVED_PAUSE)
-            elapsed, outputs[c.label] = run_once(c.argv, c.socket)
+            elapsed, outputs[c.label] = run_once(c.argv, c.socket, c.env)
             times[c.label].append(elapsed)
     return times, outputs
 
@@ -174,13 +192,17 @@ def phases(python: str, root: str, runs: int) -> str:
 
 def table(all_cases: list[Case], times: dict[str, list[float]]) -> str:
     floor = statistics.median(times[all_cases[0].label])
-    header = f"{'command':<22} {'answered by':<30} {'median ms':>9} {'min':>7} {'max':>7} {'x floor':>8}"
+    header = f"{'command':<22} {'answered by':<30} {'median ms':>9} {'min':>7} {'max':>7} {'x floor':>8} {'x ref':>7}"
     lines = [header, "-" * len(header)]
     for c in all_cases:
         t = times[c.label]
         median = statistics.median(t)
+        command = c.label.split()[1] if c.label.startswith("nvc-py ") else ""
+        against = times.get(f"reference {command}")
+        versus = reference.ratio(median, statistics.median(against) if against else None)
         lines.append(
-            f"{c.label:<22} {c.source:<30} {median:>9.1f} {min(t):>7.1f} {max(t):>7.1f} {median / floor:>8.2f}"
+            f"{c.label:<22} {c.source:<30} {median:>9.1f} {min(t):>7.1f} {max(t):>7.1f} {median / floor:>8.2f} "
+            f"{versus:>7}"
         )
     return "\n".join(lines)
 
@@ -206,6 +228,7 @@ def main() -> int:
     parser.add_argument("--root", default="/", help="driver root on a real driver (default /)")
     parser.add_argument("--fake", action="store_true", help="time the fake driver even where a real one exists")
     parser.add_argument("--phases", action="store_true", help="also time info's stages in-process")
+    parser.add_argument("--reference", type=Path, help="nvidia-container-cli to time beside")
     args = parser.parse_args()
     if args.runs < 10:
         parser.error("--runs must be at least 10 (medians of fewer runs are noise)")
@@ -234,6 +257,8 @@ def main() -> int:
             f"python: {python}; {args.runs} timed runs each after one warm-up, interleaved"
         )
         all_cases = cases(nvc_py, python, root, str(sock), no_server)
+        if args.reference:
+            all_cases += reference_cases(args.reference, root, no_server)
         times, outputs = measure(all_cases, args.runs)
         stages = phases(python, root, args.runs) if args.phases else None
     shutil.rmtree(work, ignore_errors=True)

@@ -32,6 +32,10 @@ Rows, in the same run and interleaved round by round so drift hits every row ali
   server, ...          the last three again through nvc-py-hook-client and a ``nvc-py-hook
                        serve`` the bench started (spare workers forked ahead: a storm may queue)
 
+With ``--reference PATH``, a row of NVIDIA's ``nvidia-container-cli`` at PATH in a bash prestart hook
+(bench/reference.py) follows the baseline, and a last table gives every row's p50 and p99 as multiples of
+the reference's.
+
 Fault rows (GPU 0; ``--faults`` runs only these, their healthy storms and the baseline): the server
 wedged (SIGSTOP of the server process FAULT_AT s into the storm: its idle workers still take a call
 each, it forks no more) or crashing (SIGKILL FAULT_AT s in and every KILL_EVERY s through the storm), in the default
@@ -92,6 +96,9 @@ from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import LIBDIR, client_hook, hook_server  # noqa: E402
 from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
 
+sys.path.insert(0, str(REPO / "bench"))
+import reference  # noqa: E402
+
 FAKE_MACHINE = REPO / "tests" / "fakedriver" / "machines" / "two-gpu-mig.yaml"
 GPU0 = {"NVIDIA_VISIBLE_DEVICES": "0"}
 FAULT_AT = 0.05  # seconds into a storm at which the server is stopped, or first killed (a storm of 32
@@ -104,7 +111,7 @@ ACK_TIMEOUT_MS = 2000  # the clients' hand-over timeout (nvc.hook.server.handove
 class Row(NamedTuple):
     label: str
     env: dict[str, str] | None  # the container's; None: no hook
-    via: str  # "direct", "server" (the bench's), "installed" (the front; a server it starts)
+    via: str  # "direct", "server" (the bench's), "installed" (the front; a server it starts), "reference"
     fault: str = ""  # "stop" or "kill": done to the server through the storm
     healthy: str = ""  # the row of the same hook without the fault
 
@@ -423,6 +430,16 @@ def fault_table(
         )
 
 
+def reference_table(rows: tuple[Row, ...], times: dict[str, list[float]]) -> None:
+    """Every row's p50 and p99 as multiples of the reference's in the same storms."""
+    p50, p99 = statistics.median(times[reference.LABEL]), percentile(times[reference.LABEL], 99)
+    print(f"\n{'against the reference':<27}{'p50':>9}{'p99':>9}")
+    for row in rows:
+        if row.via != "reference":
+            mine = times[row.label]
+            print(f"{row.label:<27}{statistics.median(mine) / p50:>8.2f}x{percentile(mine, 99) / p99:>8.2f}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--containers", type=int, default=32)
@@ -432,6 +449,7 @@ def main() -> int:
     parser.add_argument(
         "--faults", action="store_true", help="only the fault rows, their healthy storms and the baseline"
     )
+    parser.add_argument("--reference", type=Path, help="nvidia-container-cli to time beside, in a bash hook")
     args = parser.parse_args()
     runtime = shutil.which(args.runtime or ("crun" if shutil.which("crun") else "runc"))
     if runtime is None:
@@ -471,6 +489,8 @@ def main() -> int:
             "env": [*hook_env, f"NVC_PY_HOOK_SOCKET={installed_sock}", *stand_in],
         }
         rows = tuple(row for row in ROWS if row.label in FAULT_ROWS) if args.faults else ROWS
+        if args.reference:
+            rows = (rows[0], Row(reference.LABEL, GPU0, "reference"), *rows[1:])
         if not installed_front(hook_path):
             print(f"(no installed rows: {hook_path} is not the native front; run `make install`)")
             rows = tuple(row for row in rows if row.via != "installed")
@@ -481,6 +501,8 @@ def main() -> int:
             "installed": installed_hook,
             "fault-server": client_hook(hook_path, fault_sock, hook_env),
         }
+        if args.reference:
+            hooks["reference"] = reference.write_hook(args.reference, root, work / "reference-hook.sh")
         stats = work / "server-stats.jsonl"
         base = RootfsCache(work / "cache").get("debian")
         times: dict[str, list[float]] = {row.label: [] for row in rows}
@@ -579,6 +601,8 @@ def main() -> int:
         )
     if any(row.fault for row in rows):
         fault_table(rows, by_round, times, failures, faulted, logged)
+    if args.reference:
+        reference_table(rows, times)
     print(f"\nhook log: {len(lines)} lines; the hook's own duration (duration_ms), p50 / max, by request:")
     for via, asked in sorted({(line.get("via", "direct"), str(line.get("devices", "-"))) for line in lines}):
         mine = [line for line in lines if (line.get("via", "direct"), str(line.get("devices", "-"))) == (via, asked)]

@@ -81,7 +81,7 @@ def test_hook_durations_are_read_by_row_from_the_container_id(bench) -> None:
 
 def test_each_cold_row_comes_right_before_its_warm_pair(bench) -> None:
     """--cold: every row of the default table started once right after the page cache is dropped, then warm."""
-    rows = bench.COLD_ROWS
+    rows = bench.cold_rows(bench.ROWS)
     assert [row.cold for row in rows] == [True, False] * len(bench.ROWS)
     assert list(rows[1::2]) == list(bench.ROWS)
     for cold, warm in zip(rows[::2], rows[1::2], strict=True):
@@ -91,7 +91,7 @@ def test_each_cold_row_comes_right_before_its_warm_pair(bench) -> None:
 def test_a_hook_s_stages_are_read_by_kind_cold_or_warm(bench) -> None:
     """Each kind's runs of the hook with no server (its JSON lines, by the row in the container id), round 0
     (the warm-up) left out; a server's runs and other rows' are not theirs."""
-    rows = bench.COLD_ROWS
+    rows = bench.cold_rows(bench.ROWS)
     cold, warm = (
         next(i for i, r in enumerate(rows) if r.label == f"nvc-py-hook, GPU 0, no server{suffix}")
         for suffix in (bench.COLD, "")
