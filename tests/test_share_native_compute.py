@@ -174,6 +174,38 @@ def test_a_weight_alone_measures_its_launches_in_long_groups(share, programs, tm
     assert launches == 800 and pairs >= launches / 2, (launches, pairs)
 
 
+def test_a_launch_bound_loop_asks_the_driver_about_its_work_far_less_than_once_a_launch(share, tmp_path):
+    """A weighted tenant launching 5 µs kernels back to back (a training step's loop, bound by what each
+    launch costs its host) looks for completed work at the first look of a launch at most every 50 µs, and
+    afresh only where the queue's bound would hold the launch: each look is a driver call (an event query),
+    and most would find its oldest group still running. All its work is still measured and done."""
+    sched = tmp_path / "sched"
+    sched.mkdir()
+    out, err = share.run(
+        "cuda_probe",
+        "init",
+        "ctx",
+        0,
+        "launch",
+        20000,
+        264,
+        128,
+        "sync",
+        "queries",
+        limits={
+            "NVC_SHARE_WEIGHT": "1",
+            "FAKE_CUDA_KERNEL_US": "5",
+            "NVC_SHARE_LOG": "2",
+            "NVC_SHARE_SCHED_DIR": str(sched),
+            "NVC_SHARE_TENANT": "loop",
+        },
+    )
+    logged = WAITS_LOG.search(err)
+    assert logged and out[-2][:2] == ["sync", "CUDA_SUCCESS"], (out, err)
+    launches, queries = int(logged.group(1)), int(out[-1][1])
+    assert launches == 20000 and queries <= launches / 4, (launches, queries)
+
+
 # (weight, cap or None, 1 ms kernels, host µs after each or None: back to back) per tenant -> (lowest,
 # highest) wall time in seconds of each
 TENANT_CASES = {

@@ -12,6 +12,7 @@
 #include "accounting/launches.h"
 #include <pthread.h>
 #include <string.h>
+#include "accounting/launchlog.h"
 #include "base/config.h"
 #include "base/ground.h"
 #include "base/real.h"
@@ -29,6 +30,7 @@
 #define MAX_INFLIGHT_NS 2000000ll   /* queued GPU work allowed ahead of measurement */
 #define WITHIN_SHARE_NS 20000000ll  /* the same for an uncapped tenant within its share: nothing holds it */
 #define SCHED_WAIT_STEP_NS 100000ll /* re-ask the scheduler every 100 us */
+#define HARVEST_EVERY_NS 50000ll    /* a launch's look for completed work, at most this often (below) */
 
 struct pending { /* one launch, or a group of short ones on one stream */
     CUevent start, end;
@@ -82,13 +84,6 @@ static struct {
     CUcontext ctx;
 } last_end[NVC_MAX_DEVICES]; /* the end event of the last launch settled */
 static pthread_mutex_t launch_mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* Where this process's launches waited, logged at exit (NVC_SHARE_LOG=2): a workload slower under a cap or a
- * weight than its share says whether the slice, the queue bound or other containers' shares held it, */
-enum wait_reason { WAIT_QUEUE, WAIT_SLICE, WAIT_SHARE, WAIT_REASONS };
-static struct { /* and what the scheduler said (enum nvc_sched_decision), what the looks at the backlog found */
-    uint64_t waited_for[WAIT_REASONS], entries, launches, decided[NVC_SCHED_RUN_FREE + 1], looks, pending, deep;
-} tally;
 
 /* Replaces a completed launch's estimate by its measured cost and tells a cap when the work ended.
  * Caller holds launch_mu. */
@@ -148,8 +143,8 @@ static void settle_locked(struct pending *p)
 
 /* Settles this context's completed launches in launch order, stopping at its first one still
  * running (a context's work completes in order; across streams a later one just waits for the next
- * harvest): one event query per launch, however many are queued. Another context's older launches
- * are left for its own thread. Caller holds launch_mu. */
+ * harvest): one event query, however many are queued. Another context's older launches are left for
+ * its own thread. Caller holds launch_mu. */
 static void harvest_locked(CUcontext ctx)
 {
     struct nvc_sched_entry *settled[NVC_MAX_DEVICES] = {0};
@@ -258,10 +253,20 @@ struct queue_view {
     int64_t unit;
 };
 
-static struct queue_view look_at_queue(int dev, CUcontext ctx)
+/* A launch-bound loop launches every few microseconds while its oldest group runs for up to a millisecond: a
+ * query at each launch costs it a driver call and finds that group running. An uncapped launch's first look
+ * harvests only HARVEST_EVERY_NS after the last (its scheduler's word does not depend on it), and looks again,
+ * fresh, where the queue's bound would hold it; a cap's slices start when its work is done: always fresh. */
+static uint64_t harvest_at[NVC_MAX_DEVICES];
+
+static struct queue_view look_at_queue(int dev, CUcontext ctx, int fresh)
 {
     pthread_mutex_lock(&launch_mu);
-    harvest_locked(ctx);
+    uint64_t now = nvc_now_ns();
+    if (fresh || now >= harvest_at[dev]) {
+        harvest_locked(ctx);
+        harvest_at[dev] = now + HARVEST_EVERY_NS;
+    }
     struct queue_view q = {queue_of[dev].unknown ? -1 : queue_of[dev].inflight,
                            undrained_locked(dev, nvc_gate_closed(dev)), estimate_ns[dev]};
     pthread_mutex_unlock(&launch_mu);
@@ -295,7 +300,7 @@ struct turn {
  * (*reason): the queue's room, the cap's slice (outside it, a cap without a weight gates the stream
  * where it can), the scheduler's leave (a cap's slice waits for it too, extended by the wait). */
 static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontext ctx, const struct queue_view *q,
-                      uint64_t now, struct turn *t, int64_t *step, enum wait_reason *reason)
+                      uint64_t now, struct turn *t, int64_t *step, enum nvc_wait_reason *reason)
 {
     int dev = d->region_index;
     int64_t wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !q->undrained) : 0;
@@ -311,14 +316,14 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
             nvc_sched_observe(d->sched, now);
     } else if (wait > 0 && !(gating && (t->gate = gate_stream(d, l, ctx)))) {
         *step = wait;
-        *reason = WAIT_SLICE;
+        *reason = NVC_WAIT_SLICE;
         if (d->sched)
             nvc_sched_ready(d->sched, now, 1);
     } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, t->gate != 0)) && !t->gate) {
         *step = SCHED_WAIT_STEP_NS; /* over its share while another wants more: the cap's slice waits too */
-        *reason = WAIT_SHARE;
+        *reason = NVC_WAIT_SHARE;
         within_of[dev] = 0;
-        tally.decided[NVC_SCHED_WAIT]++;
+        nvc_launch_tally.decided[NVC_SCHED_WAIT]++;
         if (d->compute < 100) {
             if (!t->from) {
                 t->from = now;
@@ -327,7 +332,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
             nvc_region_slice_extend(dev, t->end + (now - t->from) + (uint64_t)*step);
         }
     } else {
-        tally.decided[decision] += d->sched != NULL;
+        nvc_launch_tally.decided[decision] += d->sched != NULL;
         within_of[dev] = decision >= NVC_SCHED_RUN_WITHIN;
         long_groups[dev] =
             d->sched && d->compute >= 100 && (decision == NVC_SCHED_RUN_FREE || !nvc_sched_contended(d->sched));
@@ -338,7 +343,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
 
 /* Sleeps step (bounded), the device's open group closed first so that what the launch waits for can
  * complete; counts the time slept (since now) for reason and returns it. */
-static uint64_t pause_launch(int dev, CUcontext ctx, int64_t step, uint64_t now, enum wait_reason reason)
+static uint64_t pause_launch(int dev, CUcontext ctx, int64_t step, uint64_t now, enum nvc_wait_reason reason)
 {
     pthread_mutex_lock(&launch_mu);
     close_locked(dev, ctx);
@@ -346,7 +351,7 @@ static uint64_t pause_launch(int dev, CUcontext ctx, int64_t step, uint64_t now,
     step = step > MAX_WAIT_STEP_NS ? MAX_WAIT_STEP_NS : step < 50000 ? 50000 : step;
     nvc_sleep_ns(step);
     uint64_t slept = nvc_now_ns() - now;
-    __atomic_add_fetch(&tally.waited_for[reason], slept, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&nvc_launch_tally.waited_for[reason], slept, __ATOMIC_RELAXED);
     return slept;
 }
 
@@ -355,14 +360,15 @@ static uint64_t wait_for_turn(struct nvc_device *d, const struct nvc_launch *l, 
 {
     struct turn t = {0, 0, 0};
     uint64_t waited = 0;
-    for (;;) {
-        struct queue_view q = look_at_queue(d->region_index, ctx);
+    for (int fresh = d->compute < 100;; fresh = 1) {
+        struct queue_view q = look_at_queue(d->region_index, ctx, fresh);
         uint64_t now = nvc_now_ns();
         int64_t step = 0;
-        enum wait_reason reason = WAIT_QUEUE;
+        enum nvc_wait_reason reason = NVC_WAIT_QUEUE;
         if (may_launch(d, l, ctx, &q, now, &t, &step, &reason))
             break;
-        waited += pause_launch(d->region_index, ctx, step, now, reason);
+        if (fresh || reason != NVC_WAIT_QUEUE)
+            waited += pause_launch(d->region_index, ctx, step, now, reason);
     }
     *gate = t.gate;
     return waited;
@@ -414,7 +420,7 @@ static struct pending *new_entry_locked(struct nvc_device *d, const struct nvc_l
         has_open[dev] = 1;
     }
     *at = tail;
-    tally.entries++;
+    nvc_launch_tally.entries++;
     return AT(tail++);
 }
 
@@ -443,7 +449,7 @@ static void enqueue_launch(struct nvc_device *d, const struct nvc_launch *l, CUc
     unsigned at = open_at[dev];
     if (!g)
         g = new_entry_locked(d, l, ctx, gate, alone, now, &at);
-    tally.launches++;
+    nvc_launch_tally.launches++;
     if (g) {
         add_locked(g, 1, l->factor, estimate, queued, work);
         g->key = g->count == 1 ? l->key : NULL;
@@ -491,9 +497,9 @@ static void look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, con
     }
     int pending = look_of[dev].ev && nvc_cuda.cuEventQuery(look_of[dev].ev) == CUDA_ERROR_NOT_READY;
     int deep = queue_of[dev].peak >= (int64_t)NVC_SCHED_BACKLOG_LOOK_NS, backlogged = pending || deep;
-    tally.looks++;
-    tally.pending += (uint64_t)pending;
-    tally.deep += (uint64_t)deep;
+    nvc_launch_tally.looks++;
+    nvc_launch_tally.pending += (uint64_t)pending;
+    nvc_launch_tally.deep += (uint64_t)deep;
     queue_of[dev].peak = queue_of[dev].work;
     if (!look_of[dev].ev) {
         look_of[dev].ev = nvc_event_get(ctx);
@@ -558,26 +564,6 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
     return rc;
 }
 
-__attribute__((destructor)) static void log_waits(void)
-{
-    if (tally.launches)
-        nvc_log(2,
-                "compute: %llu throttled launches, %llu event pairs; waited %.1f ms for the slice, %.1f ms for queue "
-                "room, %.1f ms for other containers' shares; %llu slices started, %.1f ms charged past their ends",
-                (unsigned long long)tally.launches, (unsigned long long)tally.entries,
-                tally.waited_for[WAIT_SLICE] / 1e6, tally.waited_for[WAIT_QUEUE] / 1e6,
-                tally.waited_for[WAIT_SHARE] / 1e6, (unsigned long long)nvc_region_slices_started,
-                nvc_region_overrun_charged_ns / 1e6);
-    if (tally.looks)
-        nvc_log(2,
-                "scheduler: %llu waits, %llu runs over the share, %llu within it, %llu free; %llu looks at the "
-                "backlog, %llu found earlier work queued, %llu more than %.1f ms queued at once",
-                (unsigned long long)tally.decided[NVC_SCHED_WAIT], (unsigned long long)tally.decided[NVC_SCHED_RUN],
-                (unsigned long long)tally.decided[NVC_SCHED_RUN_WITHIN],
-                (unsigned long long)tally.decided[NVC_SCHED_RUN_FREE], (unsigned long long)tally.looks,
-                (unsigned long long)tally.pending, (unsigned long long)tally.deep, NVC_SCHED_BACKLOG_LOOK_NS / 1e6);
-}
-
 void nvc_launches_fork(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE) {
@@ -594,7 +580,8 @@ void nvc_launches_fork(enum nvc_fork_phase phase)
         memset(within_of, 0, sizeof within_of);
         memset(long_groups, 0, sizeof long_groups);
         memset(look_of, 0, sizeof look_of);
-        memset(&tally, 0, sizeof tally);
+        memset(harvest_at, 0, sizeof harvest_at);
+        memset(&nvc_launch_tally, 0, sizeof nvc_launch_tally);
     }
     pthread_mutex_unlock(&launch_mu);
 }

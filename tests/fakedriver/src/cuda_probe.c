@@ -8,7 +8,8 @@
  *   async BYTES | freeasync SLOT | pool | threshold BYTES
  *   array W H FMT CH | array3d W H D FMT CH | mipmap W H D FMT CH LEVELS | arrayfree SLOT
  *   procaddr NAME VERSION FLAGS
- *   launch N GRID BLOCK | coop GRID BLOCK | graph NODES LAUNCHES | events N | stats I
+ *   launch N GRID BLOCK | coop GRID BLOCK | graph NODES LAUNCHES | events N | stats I | queries (the fake's count
+ *     of cuEventQuery calls so far)
  *   steps N GRID BLOCK HOST_US (launch, wait, host work) | burst N K HOST_US (K launches each followed by
  *     host work, then one wait: a framework's step) | gatewait K HOLD_US (the NULL stream waits for a
  *     host word, K kernels and an event behind it; the word written HOLD_US later: prints the wait
@@ -37,6 +38,7 @@ CUDA_ABI_ENTRY_POINTS(FN)
 #undef FN
 
 static int (*p_stats)(int, unsigned long long *, unsigned long long *, unsigned long long *);
+static unsigned long long (*p_queries)(void);
 
 enum slot_kind { S_FREE, S_MEM, S_VMM, S_ARRAY, S_MIPMAP, S_GRAPH };
 static struct slot {
@@ -555,6 +557,10 @@ static int run(char **argv, int argc)
         printf("stats %d launches=%llu busy_ns=%llu used=%llu\n", rc, launches, busy, used);
         return 2;
     }
+    if (!strcmp(op, "queries")) {
+        printf("queries %llu\n", p_queries ? p_queries() : 0ULL);
+        return 1;
+    }
     return 0;
 #undef NEED
 }
@@ -570,6 +576,7 @@ int main(int argc, char **argv)
     CUDA_ABI_ENTRY_POINTS(FN)
 #undef FN
     p_stats = (__typeof__(p_stats))dlsym(lib, "fakeCudaDeviceStats");
+    p_queries = (__typeof__(p_queries))dlsym(lib, "fakeCudaEventQueries");
     if (!p_cuGetErrorName) {
         fprintf(stderr, "cuda_probe: libcuda.so.1 has no cuGetErrorName\n");
         return 2;

@@ -10,5 +10,7 @@
  * that wraps cu* names leaves them alone). Counters are per process. */
 int fakeCudaDeviceStats(int ordinal, unsigned long long *launches, unsigned long long *busy_ns,
                         unsigned long long *used_bytes);
+/* cuEventQuery calls so far: what a sharing shim asks the driver per launch. */
+unsigned long long fakeCudaEventQueries(void);
 
 #endif

@@ -162,8 +162,13 @@ CUresult cuEventSynchronize(CUevent event)
     return r;
 }
 
+static unsigned long long event_queries; /* fakeCudaEventQueries */
+
+unsigned long long fakeCudaEventQueries(void) { return __atomic_load_n(&event_queries, __ATOMIC_RELAXED); }
+
 CUresult cuEventQuery(CUevent event)
 {
+    __atomic_add_fetch(&event_queries, 1, __ATOMIC_RELAXED);
     lock();
     struct obj *e;
     uint64_t at;
