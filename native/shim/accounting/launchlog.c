@@ -1,6 +1,6 @@
 /* The exit log of where this process's throttled launches waited (launchlog.h). */
 #include "accounting/launchlog.h"
-#include "base/config.h"
+#include "base/ground.h"
 #include "base/region.h"
 
 struct nvc_launch_tally nvc_launch_tally;
