@@ -58,6 +58,10 @@ for i in range(out["count"]):
                by_short_bus_id=n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId(pci.busId[4:])),
                multi_gpu_board=n.nvmlDeviceGetMultiGpuBoard(h), is_mig=n.nvmlDeviceIsMigDeviceHandle(h).value,
                gi_on_gpu=code(n.nvmlDeviceGetGpuInstanceId, h), migs=[])
+    # the unversioned export, nvml.h's first layout (52 bytes): what is past it must stay as it was
+    v1 = ctypes.create_string_buffer(b"\xaa" * 68, 68)
+    gpu["pci_v1"] = [lib.nvmlDeviceGetPciInfo(h, v1), v1.raw[:16].split(b"\0")[0].decode(),
+                     list(memoryview(v1.raw[16:28]).cast("I")), v1.raw[52:] == b"\xaa" * 16]
     gpu["mig_mode"] = call(n.nvmlDeviceGetMigMode, h)
     gpu["max_migs"] = call(n.nvmlDeviceGetMaxMigDeviceCount, h)
     max_migs = gpu["max_migs"] if isinstance(gpu["max_migs"], int) else 0
@@ -148,6 +152,7 @@ def expected_gpu(machine_gpu: dict, index: int) -> dict:
         "by_uuid": index,
         "by_bus_id": index,
         "by_short_bus_id": index,
+        "pci_v1": [0, f"{domain[4:]}:{bus}:{device}.0", [int(domain, 16), int(bus, 16), int(device, 16)], True],
         "multi_gpu_board": 0,
         "is_mig": 0,
         "gi_on_gpu": NVML_ERROR_NOT_SUPPORTED,

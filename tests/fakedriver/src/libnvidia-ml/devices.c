@@ -305,6 +305,27 @@ static void pci_info(const struct fake_gpu *gpu, nvmlPciInfo_t *pci)
 
 DEVICE_QUERY(nvmlDeviceGetPciInfo_v3, lookup, nvmlPciInfo_t, pci_info(dev->gpu, out))
 
+/* The unversioned export keeps nvml.h's first layout, as the real library's does for old callers (NVIDIA's
+ * nvidia-container-cli looks the bare name up): the 16-byte bus id, the ids, four reserved words. */
+struct pci_info_v1 {
+    char busId[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId, reserved[4];
+};
+
+static void pci_info_v1(const struct fake_gpu *gpu, struct pci_info_v1 *pci)
+{
+    nvmlPciInfo_t now;
+    pci_info(gpu, &now);
+    *pci = (struct pci_info_v1){.domain = now.domain,
+                                .bus = now.bus,
+                                .device = now.device,
+                                .pciDeviceId = now.pciDeviceId,
+                                .pciSubSystemId = now.pciSubSystemId};
+    memcpy(pci->busId, now.busIdLegacy, sizeof pci->busId);
+}
+
+DEVICE_QUERY(nvmlDeviceGetPciInfo, lookup, struct pci_info_v1, pci_info_v1(dev->gpu, out))
+
 static nvmlDeviceArchitecture_t architecture(const struct fake_gpu *gpu)
 {
     int cc = gpu->cc_major * 10 + gpu->cc_minor;
