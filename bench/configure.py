@@ -324,6 +324,8 @@ def main() -> int:
         else:
             print("== bench/configure.py: FAKE driver (test double, one fake H100): NOT GPU results ==")
         root, activation = driver.root, driver.activation
+        if args.reference and not driver.real:
+            sys.exit(f"bench/configure.py: --reference needs the real driver ({reference.NEEDS_REAL})")
         version = subprocess.run([runtime, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
         print(
             f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; runtime: {version}; "

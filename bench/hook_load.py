@@ -455,6 +455,8 @@ def main() -> int:
     if runtime is None:
         parser.error(f"{args.runtime or 'runc'} not found")
     real = Path("/proc/driver/nvidia/version").exists() and not args.fake
+    if args.reference and not real:
+        parser.error(f"--reference needs the real driver ({reference.NEEDS_REAL})")
     hook_path = str(Path(sysconfig.get_path("scripts")) / "nvc-py-hook")
     with tempfile.TemporaryDirectory(prefix="nvc-hook-load-") as tmp:
         work = Path(tmp)

@@ -1,9 +1,11 @@
 """The reference beside nvc-py in the benches: NVIDIA's ``nvidia-container-cli`` (libnvidia-container),
 timed the way ../shared/reference/h100-measurements.md timed it, in the same run as nvc-py's rows.
 
-Nothing here builds or ships it: ``--reference PATH`` names a copy the user has (an install, or a build
-of their own). Where a ``lib`` directory sits beside the directory holding it (``.../bin/nvidia-container-cli``
-and ``.../lib``), its runs get that directory first in LD_LIBRARY_PATH, and only its runs.
+Nothing here builds or ships it: ``--reference PATH`` names a copy the user has (an install, or a build of
+their own). Where a ``lib`` directory sits beside the directory holding it (``.../bin/nvidia-container-cli``
+and ``.../lib``), its runs get that directory first in LD_LIBRARY_PATH, and only its runs. Its ``info`` and
+``list`` run on the test suite's fake driver too (bench/discovery.py); its ``configure`` needs the real one
+(NEEDS_REAL).
 
 As a prestart hook it runs in a bash wrapper that reads the container's pid and bundle from the OCI state
 on stdin (the shape of the reference's published measurement: its CLI in a bash hook), with the flags
@@ -19,6 +21,11 @@ import shlex
 from pathlib import Path
 
 LABEL = "reference (nvidia-container-cli)"
+# Why its configure cannot run on the test suite's fake driver, whose /proc tree is mounted over the host's:
+NEEDS_REAL = (
+    "nvidia-container-cli configure reads the driver's /proc under its --root, and masks /proc/driver/nvidia in "
+    "a container's own /proc"
+)
 
 # bash: the pid and the bundle out of the state without forking; the rootfs is the bundle's.
 HOOK = """#!/bin/bash
@@ -55,7 +62,8 @@ def ldconfig() -> str:
 def hook_script(cli: Path, root: str) -> str:
     """The prestart hook's bash wrapper around ``cli``, for driver root ``root``."""
     env = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in environment(cli).items())
-    return HOOK.format(env=env, cli=shlex.quote(str(cli)), root=shlex.quote(root), ldconfig=ldconfig())
+    # absolute: a runtime runs the hook in the bundle's directory
+    return HOOK.format(env=env, cli=shlex.quote(str(cli.resolve())), root=shlex.quote(root), ldconfig=ldconfig())
 
 
 def write_hook(cli: Path, root: str, path: Path) -> dict:

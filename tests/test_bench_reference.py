@@ -48,17 +48,23 @@ def stand_in(tmp_path: Path, with_lib: bool) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("spacing", ["", " "])
-def test_the_hook_configures_the_containers_pid_and_rootfs_as_nvidias_hook_would(reference, tmp_path, spacing):
-    """The OCI state on stdin (crun's spacing or runc's) gives the pid and the bundle; the CLI gets the driver
-    root, --load-kmods and configure's flags for GPU 0, compute and utility, and the bundle's rootfs; its own
-    lib directory comes first in its LD_LIBRARY_PATH."""
+def test_the_hook_configures_the_containers_pid_and_rootfs_as_nvidias_hook_would(
+    reference, tmp_path, spacing, monkeypatch
+):
+    """The OCI state on stdin (crun's spacing or runc's) gives the pid and the bundle; the CLI (named by a path
+    relative to the bench's directory, run from the bundle's) gets the driver root, --load-kmods and
+    configure's flags for GPU 0, compute and utility, and the bundle's rootfs; its own lib directory comes
+    first in its LD_LIBRARY_PATH."""
     cli, out = stand_in(tmp_path, with_lib=True)
-    entry = reference.write_hook(cli, "/drivers root", tmp_path / "hook.sh")
+    monkeypatch.chdir(tmp_path)
+    entry = reference.write_hook(cli.relative_to(tmp_path), "/drivers root", tmp_path / "hook.sh")
     state = json.dumps(
         {"ociVersion": "1.0.2", "id": "c", "pid": 4242, "bundle": "/b/c 1"}, separators=(",", ":" + spacing)
     )
     env = dict(e.split("=", 1) for e in entry["env"])
-    subprocess.run([entry["path"], *entry["args"][1:]], input=state, text=True, env=env, check=True)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    subprocess.run([entry["path"], *entry["args"][1:]], input=state, text=True, env=env, check=True, cwd=bundle)
     argv = out.read_text().splitlines()
     assert argv[:-1] == [
         "--root",
