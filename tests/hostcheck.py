@@ -54,7 +54,7 @@ K8S_CACHE_DIR = "/var/cache/nvc-py-k8s"  # the test cluster's programs (Makefile
 OWN = (os.path.basename(CACHE_DIR), os.path.basename(WORK_DIR), os.path.basename(K8S_CACHE_DIR))
 DEPTH = 4  # levels under each watched directory compared: enough for /run/nvc-py/share/<id>/shared
 # nvc-py's and its tests' own (nvc-*, the MPS pipe directory), tempfile's default, pytest's, and
-# the container tools'.
+# the container tools' and lintian's.
 TMP_PREFIXES = (
     "nvc",
     "nvidia",
@@ -70,6 +70,7 @@ TMP_PREFIXES = (
     "buildah",
     "ctr",
     "docker",
+    "mldbm-",  # lintian's database files
 )
 SHARED = {"/tmp": TMP_PREFIXES, "/var/tmp": TMP_PREFIXES, "/var/cache": ("",)}
 PYTEST_DIRS = "pytest-of-"  # pytest's default base directories in /tmp: their runs' directories are watched too

@@ -28,6 +28,7 @@ package's maintainer scripts look for servers in /proc, and must see the root's 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -269,8 +270,10 @@ def test_control_pins_the_interpreter(debs: dict[str, Path]) -> None:
     assert f"Version: {version()}\n" in control
 
 
-def test_lintian_has_no_error_or_unexplained_warning(debs: dict[str, Path], summary_line) -> None:  # noqa: ANN001
-    result = subprocess.run(["lintian", str(debs["new"])], capture_output=True, text=True, timeout=300)
+def test_lintian_has_no_error_or_unexplained_warning(debs: dict[str, Path], tmp_path: Path, summary_line) -> None:  # noqa: ANN001
+    # lintian leaves a database file (mldbm-elf-*) in its temporary directory: the test's, not the host's /tmp
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run(["lintian", str(debs["new"])], capture_output=True, text=True, timeout=300, env=env)
     reported = [line for line in result.stdout.splitlines() if line[:2] in ("E:", "W:")]
     assert result.returncode == 0 and not reported, result.stdout + result.stderr
     summary_line(f"DEB lintian: {len(reported)} errors or warnings (overrides: deploy/debian/lintian-overrides)")
