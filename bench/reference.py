@@ -10,8 +10,9 @@ and ``.../lib``), its runs get that directory first in LD_LIBRARY_PATH, and only
 As a prestart hook it runs in a bash wrapper that reads the container's pid and bundle from the OCI state
 on stdin (the shape of the reference's published measurement: its CLI in a bash hook), with the flags
 NVIDIA's hook passes for ``NVIDIA_VISIBLE_DEVICES=0``, ``compute,utility``: ``--load-kmods configure
---ldconfig=@LDCONFIG --no-cgroups --device=0 --compute --utility --pid=PID ROOTFS``. ``--no-cgroups``: the
-bench's specs ask no device access, as for nvc-py's rows.
+--ldconfig=@LDCONFIG --no-cgroups --device=0 --compute --utility --pid=PID ROOTFS``. ``--no-cgroups`` as in
+the reference's published figures: its row grants no device cgroup access, which nvc-py's rows do (their
+``cgroup`` stage), so the reference's row does that much less work.
 """
 
 from __future__ import annotations

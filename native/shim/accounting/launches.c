@@ -251,6 +251,7 @@ struct queue_view {
     int64_t inflight;
     int undrained;
     int64_t unit;
+    int fresh; /* its context's completed launches were settled just now */
 };
 
 /* A launch-bound loop launches every few microseconds while its oldest group runs for up to a millisecond: a
@@ -263,12 +264,13 @@ static struct queue_view look_at_queue(int dev, CUcontext ctx, int fresh)
 {
     pthread_mutex_lock(&launch_mu);
     uint64_t now = nvc_now_ns();
-    if (fresh || now >= harvest_at[dev]) {
+    fresh |= now >= harvest_at[dev];
+    if (fresh) {
         harvest_locked(ctx);
         harvest_at[dev] = now + HARVEST_EVERY_NS;
     }
     struct queue_view q = {queue_of[dev].unknown ? -1 : queue_of[dev].inflight,
-                           undrained_locked(dev, nvc_gate_closed(dev)), estimate_ns[dev]};
+                           undrained_locked(dev, nvc_gate_closed(dev)), estimate_ns[dev], fresh};
     pthread_mutex_unlock(&launch_mu);
     return q;
 }
@@ -367,7 +369,7 @@ static uint64_t wait_for_turn(struct nvc_device *d, const struct nvc_launch *l, 
         enum nvc_wait_reason reason = NVC_WAIT_QUEUE;
         if (may_launch(d, l, ctx, &q, now, &t, &step, &reason))
             break;
-        if (fresh || reason != NVC_WAIT_QUEUE)
+        if (q.fresh || reason != NVC_WAIT_QUEUE)
             waited += pause_launch(d->region_index, ctx, step, now, reason);
     }
     *gate = t.gate;
