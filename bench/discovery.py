@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,10 +243,12 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="nvc-bench-discovery-"))
     sock, no_server = work / "hook.sock", str(work / "no-server.sock")
-    with (
-        nullcontext(args.root) if real else fake_driver() as root,
-        hook_server(Path(nvc_py).with_name("nvc-py-hook"), sock),
-    ):
+    with ExitStack() as stack:
+        root = args.root if real else stack.enter_context(fake_driver())
+        if root != "/":  # the server warms up for the driver root its configuration names, as a host's would
+            (work / "config.yaml").write_text(f"root: {root}\n")
+            os.environ["NVC_PY_CONFIG"] = str(work / "config.yaml")
+        stack.enter_context(hook_server(Path(nvc_py).with_name("nvc-py-hook"), sock))
         if real:
             driver = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
             print(f"== bench/discovery.py: REAL NVIDIA driver ({driver.strip()}) ==")

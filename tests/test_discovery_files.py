@@ -4,6 +4,7 @@ once per module), binaries, firmware, IPC."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -175,6 +176,33 @@ def test_elf_of_garbage(tmp_path: Path, libroot: Path) -> None:
         assert not elf.matches(str(tmp_path / name), "x86_64")
     lib = libroot / f"usr/lib/i386-linux-gnu/libnvidia-ml.so.{VERSION}"
     assert elf.identity(str(lib)) == (32, elf.EM_386) and elf.matches(str(lib), "i386")
+
+
+def test_elf_links_are_parsed_once_per_file_identity(
+    tmp_path: Path, libroot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm process (the hook server's workers) reads a library's links once; a file replaced or
+    rewritten is read again."""
+    from nvc.discover import elf
+
+    parsed: list[str] = []
+    parse = elf._parse_links
+    monkeypatch.setattr(elf, "_parse_links", lambda path, stream: parsed.append(path) or parse(path, stream))
+    current, older = (
+        root / f"libnvidia-tls.so.{VERSION}" for root in (libroot / "usr/lib/x86_64-linux-gnu", libroot / "opt/b")
+    )
+    lib = tmp_path / "libnvidia-tls.so"
+    shutil.copy(current, lib)
+    for _ in range(3):
+        assert elf.read_links(str(lib)) == elf.Links((), (2, 3, 99))
+    assert parsed == [str(lib)]
+    shutil.copy(older, tmp_path / "new")
+    os.replace(tmp_path / "new", lib)  # an upgrade's rename: another inode
+    assert elf.read_links(str(lib)) == elf.Links((), (2, 2, 5))
+    lib.write_bytes(current.read_bytes())  # rewritten in place, the same inode
+    os.utime(lib, ns=(1, 1))
+    assert elf.read_links(str(lib)) == elf.Links((), (2, 3, 99))
+    assert len(parsed) == 3
 
 
 # --- binaries, firmware, IPC -----------------------------------------------------------------

@@ -8,13 +8,15 @@ driver's own when they link against ``libnvidia-glcore``/``libnvidia-eglcore``.
 
 Class and machine sit in the first 20 bytes and are read with ``struct`` (every listed
 library needs them, and a full parse of ~80 files would dominate ``list``); notes and
-DT_NEEDED are read with pyelftools, imported lazily, for the few libraries that need them.
+DT_NEEDED are read with pyelftools, imported lazily, for the few libraries that need them, once per
+file identity in a process.
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from nvc.logger import Logger
 
@@ -66,27 +68,51 @@ class Links(NamedTuple):
         return any(n.startswith(prefixes) for n in self.needed)
 
 
+# Links already parsed, by the identity of the file they were read from (device, inode, mtime, size): a
+# warm process (the hook server, whose workers inherit what its warm-up read) parses each library once,
+# where pyelftools' parse of the TLS and compat-GL libraries was most of a served ``list``. A replaced
+# or rewritten file has another identity, so it is parsed again.
+_LinksKey = tuple[str, int, int, int, int]
+_parsed: dict[_LinksKey, Links | None] = {}
+PARSED_KEPT = 64  # identities remembered; past that the memory starts over (a driver upgrade's leftovers)
+
+
 def read_links(path: str) -> Links | None:
     """DT_NEEDED and ABI note of the ELF file at ``path``, or None if it cannot be parsed."""
+    try:
+        with open(path, "rb") as stream:
+            st = os.fstat(stream.fileno())
+            key = (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            if key not in _parsed:
+                if len(_parsed) >= PARSED_KEPT:
+                    _parsed.clear()
+                _parsed[key] = _parse_links(path, stream)
+            return _parsed[key]
+    except OSError as err:
+        log.debug("%s: not a parsable ELF file: %s", path, err)
+        return None
+
+
+def _parse_links(path: str, stream: BinaryIO) -> Links | None:
+    """What :func:`read_links` returns, parsed from the open file."""
     from elftools.common.exceptions import ELFError
     from elftools.elf.dynamic import DynamicSegment
     from elftools.elf.elffile import ELFFile
     from elftools.elf.segments import NoteSegment
 
     try:
-        with open(path, "rb") as stream:
-            elf = ELFFile(stream)
-            needed: list[str] = []
-            abi_tag = None
-            for segment in elf.iter_segments():
-                if isinstance(segment, DynamicSegment):
-                    needed.extend(t.needed for t in segment.iter_tags() if t.entry.d_tag == "DT_NEEDED")  # type: ignore[attr-defined]  # set on DT_NEEDED tags only
-                elif isinstance(segment, NoteSegment):
-                    for note in segment.iter_notes():
-                        desc = note["n_desc"]
-                        if note["n_type"] == "NT_GNU_ABI_TAG" and desc["abi_os"] == "ELF_NOTE_OS_LINUX":
-                            abi_tag = (desc["abi_major"], desc["abi_minor"], desc["abi_tiny"])
-            return Links(tuple(needed), abi_tag)
+        elf = ELFFile(stream)
+        needed: list[str] = []
+        abi_tag = None
+        for segment in elf.iter_segments():
+            if isinstance(segment, DynamicSegment):
+                needed.extend(t.needed for t in segment.iter_tags() if t.entry.d_tag == "DT_NEEDED")  # type: ignore[attr-defined]  # set on DT_NEEDED tags only
+            elif isinstance(segment, NoteSegment):
+                for note in segment.iter_notes():
+                    desc = note["n_desc"]
+                    if note["n_type"] == "NT_GNU_ABI_TAG" and desc["abi_os"] == "ELF_NOTE_OS_LINUX":
+                        abi_tag = (desc["abi_major"], desc["abi_minor"], desc["abi_tiny"])
+        return Links(tuple(needed), abi_tag)
     except (OSError, ELFError, ValueError, struct.error) as err:
         log.debug("%s: not a parsable ELF file: %s", path, err)
         return None
