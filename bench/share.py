@@ -24,7 +24,8 @@ in the same run. Prints two tables:
   (the shim with the limits file the hook writes: the latency classes, with and without a compute share
   of 50 for the trainer; weights 9:1) and with MPS's own client variables set by hand: the service's
   p50 / p99 and the trainer's throughput as % of alone, with where the trainer's rate went: its host's
-  CPU per step, and the time its launches waited for the service's share (its shim's NVC_SHARE_LOG=2 line);
+  CPU per step, the time its launches waited for the service's share, and its launches per pair of CUDA
+  events that measured them (its shim's NVC_SHARE_LOG=2 line);
 * backends (issue 42): two transformer training steps (NVC_BENCH_PAIR: another workload of
   tests/gpu/torch_models.py) started together, with no control and weighted 1:3, under time slices and
   under MPS (plain, nvc-py's backend, MPS's client variables by hand): their sum as % of one alone, the
@@ -379,7 +380,13 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                 served = sharegpu.serve_result(sharegpu.serve_run(service_env, SERVE_SECONDS, rate, start_at))
                 trained, _, cpu_us = sharegpu.torch_output(trainer)
                 rows[label].append(
-                    LaunchBoundRun(served, 100 * trained / trainer_alone, cpu_us / 1000, sharegpu.held_ms(log))
+                    LaunchBoundRun(
+                        served,
+                        100 * trained / trainer_alone,
+                        cpu_us / 1000,
+                        sharegpu.held_ms(log),
+                        sharegpu.shim_launches(log),
+                    )
                 )
                 print(f"  run {k + 1}: {label}: {rows[label][-1]}")
     for label, results in rows.items():
@@ -398,18 +405,21 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
 
 class LaunchBoundRun(NamedTuple):
     """One run of a launch-bound row: the service's latencies, the trainer's rate (% of alone), its host's CPU
-    per step and how long its launches waited for the service's share (None: no shim logged it)."""
+    per step, how long its launches waited for the service's share and how many it made, measured by how
+    many event pairs (None: no shim logged them)."""
 
     served: sharegpu.Served
     part: float
     cpu_ms: float
     held_ms: float | None
+    launches: sharegpu.ShimLaunches | None  # the trainer's throttled launches and their event pairs
 
     def __str__(self) -> str:
         held = "" if self.held_ms is None else f", held {self.held_ms:.1f} ms"
+        launches = "" if self.launches is None else f", {self.launches}"
         return (
             f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, {self.part:.1f} %, "
-            f"CPU {self.cpu_ms:.1f} ms/step{held}"
+            f"CPU {self.cpu_ms:.1f} ms/step{held}{launches}"
         )
 
 

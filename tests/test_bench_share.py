@@ -121,13 +121,18 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
         ast.parse((REPO / "tests" / "gpu" / script).read_text())
 
 
-def test_the_trainers_wait_for_shares_is_read_from_its_shims_exit_line(share, programs, tmp_path):  # noqa: F811
+def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share, programs, tmp_path):  # noqa: F811
     """The launch-bound rows' "held ms": what a weighted process's shim (the fake driver's) says it waited for
-    other containers' shares; nothing for a process without the shim."""
+    other containers' shares, and its launches and their event pairs; nothing for a process without the shim."""
     (tmp_path / "sched").mkdir()
     _, err = tenant(share, programs, tmp_path / "sched", "trainer", 1, 20, log=True).communicate(timeout=30)
     logged, unshimmed = tmp_path / "trainer.log", tmp_path / "plain.log"
     logged.write_text(err)
     unshimmed.write_text("rate 12.5\n")
-    assert sharegpu.held_ms(logged) == float(WAITS_LOG.search(err).group(5))
+    waits = WAITS_LOG.search(err)
+    assert sharegpu.held_ms(logged) == float(waits.group(5))
     assert sharegpu.held_ms(unshimmed) is None and sharegpu.held_ms(tmp_path / "absent.log") is None
+    launches = sharegpu.shim_launches(logged)
+    assert launches == (int(waits.group(1)), int(waits.group(2))) and launches.launches >= launches.pairs > 0
+    assert str(launches).startswith(f"{launches.launches} launches, ")
+    assert sharegpu.shim_launches(unshimmed) is None

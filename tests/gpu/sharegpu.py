@@ -175,6 +175,28 @@ def held_ms(log: Path) -> float | None:
     return float(found.group(1)) if found else None
 
 
+SHIM_LAUNCHES = re.compile(r"compute: (\d+) throttled launches, (\d+) event pairs")
+
+
+class ShimLaunches(NamedTuple):
+    """A process's throttled launches and the CUDA event pairs that measured them (a pair brackets one
+    launch, or a group of short ones): the driver calls its launches' measurement cost."""
+
+    launches: int
+    pairs: int
+
+    def __str__(self) -> str:
+        shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
+        return f"{self.launches} launches{shared}"
+
+
+def shim_launches(log: Path) -> ShimLaunches | None:
+    """A process's throttled launches and event pairs, from its shim's exit line (NVC_SHARE_LOG=2; None
+    where no shim logged one)."""
+    found = SHIM_LAUNCHES.search(log.read_text()) if log.exists() else None
+    return ShimLaunches(int(found.group(1)), int(found.group(2))) if found else None
+
+
 def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
     """(iterations per second, iterations in each second, process CPU µs per iteration) of a finished
     torch_load run."""
