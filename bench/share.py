@@ -384,8 +384,7 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                         served,
                         100 * trained / trainer_alone,
                         cpu_us / 1000,
-                        sharegpu.held_ms(log),
-                        sharegpu.shim_launches(log),
+                        sharegpu.shim_exit(log),
                     )
                 )
                 print(f"  run {k + 1}: {label}: {rows[label][-1]}")
@@ -395,7 +394,7 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
             [r.served.p99_ms for r in results],
             [r.part for r in results],
         )
-        held = [r.held_ms for r in results if r.held_ms is not None]
+        held = [r.shim.held_ms for r in results if r.shim is not None]
         print(
             f"{label:>34}{statistics.median(p50s):9.1f}{statistics.median(p99s):9.1f}"
             f"{statistics.median(parts):8.1f}%{_range(p50s):>16}{_range(parts):>16}"
@@ -405,21 +404,19 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
 
 class LaunchBoundRun(NamedTuple):
     """One run of a launch-bound row: the service's latencies, the trainer's rate (% of alone), its host's CPU
-    per step, how long its launches waited for the service's share and how many it made, measured by how
-    many event pairs (None: no shim logged them)."""
+    per step, and what its shim said of its launches: how long they waited for the service's share, how many
+    it made and how many event pairs measured them (None: no shim logged it)."""
 
     served: sharegpu.Served
     part: float
     cpu_ms: float
-    held_ms: float | None
-    launches: sharegpu.ShimLaunches | None  # the trainer's throttled launches and their event pairs
+    shim: sharegpu.ShimExit | None
 
     def __str__(self) -> str:
-        held = "" if self.held_ms is None else f", held {self.held_ms:.1f} ms"
-        launches = "" if self.launches is None else f", {self.launches}"
+        shim = "" if self.shim is None else f", {self.shim}"
         return (
             f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, {self.part:.1f} %, "
-            f"CPU {self.cpu_ms:.1f} ms/step{held}{launches}"
+            f"CPU {self.cpu_ms:.1f} ms/step{shim}"
         )
 
 

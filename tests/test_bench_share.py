@@ -130,9 +130,9 @@ def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share,
     logged.write_text(err)
     unshimmed.write_text("rate 12.5\n")
     waits = WAITS_LOG.search(err)
-    assert sharegpu.held_ms(logged) == float(waits.group(5))
-    assert sharegpu.held_ms(unshimmed) is None and sharegpu.held_ms(tmp_path / "absent.log") is None
-    launches = sharegpu.shim_launches(logged)
-    assert launches == (int(waits.group(1)), int(waits.group(2))) and launches.launches >= launches.pairs > 0
-    assert str(launches).startswith(f"{launches.launches} launches, ")
-    assert sharegpu.shim_launches(unshimmed) is None
+    shim = sharegpu.shim_exit(logged)
+    assert shim is not None and shim.held_ms == float(waits.group(5))
+    assert sharegpu.shim_exit(unshimmed) is None and sharegpu.shim_exit(tmp_path / "absent.log") is None
+    assert (shim.launches, shim.pairs) == (int(waits.group(1)), int(waits.group(2)))
+    assert shim.launches >= shim.pairs > 0
+    assert f", {shim.launches} launches, " in str(shim)

@@ -165,36 +165,29 @@ def torch_run(
         )
 
 
-HELD_FOR_SHARES = re.compile(r"compute: .* ([\d.]+) ms for other containers' shares")
+SHIM_EXIT = re.compile(
+    r"compute: (\d+) throttled launches, (\d+) event pairs; .* ([\d.]+) ms for other containers' shares"
+)
 
 
-def held_ms(log: Path) -> float | None:
-    """How long a process's launches waited for other containers' shares, from its shim's exit line
-    (NVC_SHARE_LOG=2; None where no shim logged one)."""
-    found = HELD_FOR_SHARES.search(log.read_text()) if log.exists() else None
-    return float(found.group(1)) if found else None
-
-
-SHIM_LAUNCHES = re.compile(r"compute: (\d+) throttled launches, (\d+) event pairs")
-
-
-class ShimLaunches(NamedTuple):
-    """A process's throttled launches and the CUDA event pairs that measured them (a pair brackets one
-    launch, or a group of short ones): the driver calls its launches' measurement cost."""
+class ShimExit(NamedTuple):
+    """What a process's shim says at exit (NVC_SHARE_LOG=2) of where its launches went: how many were
+    throttled, the CUDA event pairs that measured them (a pair brackets one launch, or a group of short
+    ones: the driver calls measurement costs) and how long they waited for other containers' shares."""
 
     launches: int
     pairs: int
+    held_ms: float
 
     def __str__(self) -> str:
         shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
-        return f"{self.launches} launches{shared}"
+        return f"held {self.held_ms:.1f} ms, {self.launches} launches{shared}"
 
 
-def shim_launches(log: Path) -> ShimLaunches | None:
-    """A process's throttled launches and event pairs, from its shim's exit line (NVC_SHARE_LOG=2; None
-    where no shim logged one)."""
-    found = SHIM_LAUNCHES.search(log.read_text()) if log.exists() else None
-    return ShimLaunches(int(found.group(1)), int(found.group(2))) if found else None
+def shim_exit(log: Path) -> ShimExit | None:
+    """A process's :class:`ShimExit`, from its shim's exit line in ``log`` (None where no shim logged one)."""
+    found = SHIM_EXIT.search(log.read_text()) if log.exists() else None
+    return ShimExit(int(found.group(1)), int(found.group(2)), float(found.group(3))) if found else None
 
 
 def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
