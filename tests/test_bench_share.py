@@ -122,8 +122,9 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
 
 
 def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share, programs, tmp_path):  # noqa: F811
-    """The launch-bound rows' "held ms": what a weighted process's shim (the fake driver's) says it waited for
-    other containers' shares, and its launches and their event pairs; nothing for a process without the shim."""
+    """The launch-bound rows' "held ms" and "queue ms": what a weighted process's shim (the fake driver's) says it
+    waited for other containers' shares and for queue room, and its launches and their event pairs; nothing for a
+    process without the shim."""
     (tmp_path / "sched").mkdir()
     _, err = tenant(share, programs, tmp_path / "sched", "trainer", 1, 20, log=True).communicate(timeout=30)
     logged, unshimmed = tmp_path / "trainer.log", tmp_path / "plain.log"
@@ -131,7 +132,7 @@ def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share,
     unshimmed.write_text("rate 12.5\n")
     waits = WAITS_LOG.search(err)
     shim = sharegpu.shim_exit(logged)
-    assert shim is not None and shim.held_ms == float(waits.group(5))
+    assert shim is not None and (shim.queue_ms, shim.held_ms) == (float(waits.group(4)), float(waits.group(5)))
     assert sharegpu.shim_exit(unshimmed) is None and sharegpu.shim_exit(tmp_path / "absent.log") is None
     assert (shim.launches, shim.pairs) == (int(waits.group(1)), int(waits.group(2)))
     assert shim.launches >= shim.pairs > 0

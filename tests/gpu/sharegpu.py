@@ -166,28 +166,33 @@ def torch_run(
 
 
 SHIM_EXIT = re.compile(
-    r"compute: (\d+) throttled launches, (\d+) event pairs; .* ([\d.]+) ms for other containers' shares"
+    r"compute: (\d+) throttled launches, (\d+) event pairs; .* ([\d.]+) ms for queue room, "
+    r"([\d.]+) ms for other containers' shares"
 )
 
 
 class ShimExit(NamedTuple):
     """What a process's shim says at exit (NVC_SHARE_LOG=2) of where its launches went: how many were
     throttled, the CUDA event pairs that measured them (a pair brackets one launch, or a group of short
-    ones: the driver calls measurement costs) and how long they waited for other containers' shares."""
+    ones: the driver calls measurement costs), how long they waited for room in the queue its share bounds
+    (work queued ahead of measurement) and for other containers' shares."""
 
     launches: int
     pairs: int
+    queue_ms: float
     held_ms: float
 
     def __str__(self) -> str:
         shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
-        return f"held {self.held_ms:.1f} ms, {self.launches} launches{shared}"
+        return f"held {self.held_ms:.1f} ms, queue room {self.queue_ms:.1f} ms, {self.launches} launches{shared}"
 
 
 def shim_exit(log: Path) -> ShimExit | None:
     """A process's :class:`ShimExit`, from its shim's exit line in ``log`` (None where no shim logged one)."""
     found = SHIM_EXIT.search(log.read_text()) if log.exists() else None
-    return ShimExit(int(found.group(1)), int(found.group(2)), float(found.group(3))) if found else None
+    if not found:
+        return None
+    return ShimExit(int(found.group(1)), int(found.group(2)), float(found.group(3)), float(found.group(4)))
 
 
 def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
