@@ -3,10 +3,12 @@ once per module), binaries, firmware, IPC."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,6 +190,7 @@ def test_elf_links_are_parsed_once_per_file_identity(
     parsed: list[str] = []
     parse = elf._parse_links
     monkeypatch.setattr(elf, "_parse_links", lambda path, stream: parsed.append(path) or parse(path, stream))
+    monkeypatch.setattr(elf, "LINKS_CACHE", str(tmp_path / "run" / "elf-links.json"))
     current, older = (
         root / f"libnvidia-tls.so.{VERSION}" for root in (libroot / "usr/lib/x86_64-linux-gnu", libroot / "opt/b")
     )
@@ -203,6 +206,35 @@ def test_elf_links_are_parsed_once_per_file_identity(
     os.utime(lib, ns=(1, 1))
     assert elf.read_links(str(lib)) == elf.Links((), (2, 3, 99))
     assert len(parsed) == 3
+
+
+def test_elf_links_outlive_the_process_that_parsed_them(tmp_path: Path, libroot: Path) -> None:
+    """A start with no server to ask (a fresh process) finds the links an earlier process parsed in root's
+    own cache file, and imports no pyelftools; an entry of another shape is parsed again, and so is a
+    library rewritten since (another identity)."""
+    cache, lib = tmp_path / "run" / "elf-links.json", tmp_path / "libnvidia-tls.so"
+    shutil.copy(libroot / f"usr/lib/x86_64-linux-gnu/libnvidia-tls.so.{VERSION}", lib)
+    fresh = (
+        "import sys; from nvc.discover import elf; elf.LINKS_CACHE = sys.argv[1]; "
+        "print(elf.read_links(sys.argv[2]), 'elftools' in sys.modules)"
+    )
+
+    def fresh_process() -> str:
+        done = subprocess.run([sys.executable, "-c", fresh, str(cache), str(lib)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    parsed, cached = "Links(needed=(), abi_tag=(2, 3, 99)) True", "Links(needed=(), abi_tag=(2, 3, 99)) False"
+    assert fresh_process() == parsed
+    assert oct(cache.stat().st_mode & 0o777) == "0o600"
+    assert fresh_process() == cached
+    entry = json.loads(cache.read_text())
+    for shape in ([[*entry[0][:6], [2, 3, "99"]]], [[*entry[0][:5], "libc.so.6", None]], {"x": 1}, [entry[0][:6]]):
+        cache.write_text(json.dumps(shape))
+        assert fresh_process() == parsed, shape
+    assert fresh_process() == cached
+    os.utime(lib, ns=(1, 1))
+    assert fresh_process() == parsed
 
 
 # --- binaries, firmware, IPC -----------------------------------------------------------------

@@ -9,14 +9,15 @@ driver's own when they link against ``libnvidia-glcore``/``libnvidia-eglcore``.
 Class and machine sit in the first 20 bytes and are read with ``struct`` (every listed
 library needs them, and a full parse of ~80 files would dominate ``list``); notes and
 DT_NEEDED are read with pyelftools, imported lazily, for the few libraries that need them, once per
-file identity in a process.
+file identity: what a process parsed is kept in root's own tmpfs (:mod:`nvc.system.runcache`), so
+that a start with no server to ask (a fresh process) imports pyelftools only after a driver upgrade.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from nvc.logger import Logger
 
@@ -75,6 +76,11 @@ class Links(NamedTuple):
 _LinksKey = tuple[str, int, int, int, int]
 _parsed: dict[_LinksKey, Links | None] = {}
 PARSED_KEPT = 64  # identities remembered; past that the memory starts over (a driver upgrade's leftovers)
+# What processes parsed since boot, as a JSON list of [path, device, inode, mtime ns, size, DT_NEEDED or
+# null (not parsable), ABI note or null]; read once by a process, the first time it needs links.
+LINKS_CACHE = "/run/nvc-py/elf-links.json"
+MAX_LINKS_CACHE = 256 * 1024
+_cache_read = False
 
 
 def read_links(path: str) -> Links | None:
@@ -84,13 +90,78 @@ def read_links(path: str) -> Links | None:
             st = os.fstat(stream.fileno())
             key = (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
             if key not in _parsed:
+                _read_cache()
+            if key not in _parsed:
                 if len(_parsed) >= PARSED_KEPT:
                     _parsed.clear()
                 _parsed[key] = _parse_links(path, stream)
+                _store_cache()
             return _parsed[key]
     except OSError as err:
         log.debug("%s: not a parsable ELF file: %s", path, err)
         return None
+
+
+def _read_cache() -> None:
+    """Adds what :data:`LINKS_CACHE` holds to this process's links, once; an entry of any other shape
+    (or a file that is not root's own) is ignored, and parsed again when needed."""
+    global _cache_read
+    if _cache_read:
+        return
+    _cache_read = True
+    from nvc.system import runcache
+
+    raw = runcache.load(LINKS_CACHE, MAX_LINKS_CACHE)
+    if raw is None:
+        return
+    import json
+
+    try:
+        entries = json.loads(raw)
+    except (ValueError, RecursionError):
+        return
+    if not isinstance(entries, list) or len(entries) > PARSED_KEPT:
+        return
+    for entry in entries:
+        decoded = _decoded(entry)
+        if decoded is not None and len(_parsed) < PARSED_KEPT:
+            _parsed.setdefault(*decoded)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _decoded(entry: Any) -> tuple[_LinksKey, Links | None] | None:
+    """A cache entry (JSON) as (key, links), or None where it is not one."""
+    if not isinstance(entry, list) or len(entry) != 7:
+        return None
+    path, dev, ino, mtime, size, needed, abi_tag = entry
+    if not isinstance(path, str) or not all(_is_int(n) for n in (dev, ino, mtime, size)):
+        return None
+    key = (path, dev, ino, mtime, size)
+    if needed is None:
+        return (key, None) if abi_tag is None else None
+    if not isinstance(needed, list) or not all(isinstance(n, str) for n in needed):
+        return None
+    if abi_tag is None:
+        return key, Links(tuple(needed), None)
+    if not isinstance(abi_tag, list) or len(abi_tag) != 3 or not all(_is_int(n) for n in abi_tag):
+        return None
+    return key, Links(tuple(needed), (abi_tag[0], abi_tag[1], abi_tag[2]))
+
+
+def _store_cache() -> None:
+    """Writes this process's links to :data:`LINKS_CACHE` (best effort: root only)."""
+    import json
+
+    from nvc.system import runcache
+
+    entries = [
+        [*key, None, None] if links is None else [*key, list(links.needed), links.abi_tag]
+        for key, links in _parsed.items()
+    ]
+    runcache.store(LINKS_CACHE, json.dumps(entries).encode())
 
 
 def _parse_links(path: str, stream: BinaryIO) -> Links | None:
