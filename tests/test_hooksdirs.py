@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from harness.fakegpus import H100
 from harness.fakegpus import uuids as _uuids
 from harness.installed import SCRIPTS
+from harness.podman import own_engine_config
 from nvc.errors import InputError
 from nvc.hook.setup import hooksdirs
 from nvc.hook.setup.hooksdirs import CRIO, DEFAULT_HOOKS_DIR, PODMAN, Resolved, resolve
@@ -164,10 +164,7 @@ def test_setup_podman_then_podman_with_its_own_defaults_sees_the_gpu(active_2gpu
     --hooks-dir and no containers.conf of the test's: the container sees the GPU it asked for. An
     install of an earlier version, in /etc/containers/oci/hooks.d (which Debian 12's podman does not
     read: before, the container started with no GPU and no word), is moved; --remove removes it all."""
-    for directory in ("/usr/share/containers", "/etc/containers"):
-        copy = tmp_path / directory.strip("/").replace("/", "-")
-        shutil.copytree(directory, copy, symlinks=True)
-        subprocess.run(["mount", "--bind", str(copy), directory], check=True)  # this test's namespace only
+    own_engine_config(tmp_path)
     made = [d for d in (DEFAULT_HOOKS_DIR, os.path.dirname(DEFAULT_HOOKS_DIR)) if not os.path.exists(d)]  # by setup
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n")

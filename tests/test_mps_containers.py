@@ -1,6 +1,7 @@
 """GPU sharing's MPS backend through container starts: runc containers configured by the hook share
 the fake GPU 0 through the fake MPS control daemon (tests/fakedriver/src/mps_control.c), which
-nvc-py starts, restarts and stops; the refusals; nothing left after ``setup --remove`` or a purge.
+nvc-py starts, restarts and stops, and a podman container as a user runs one (setup's hooks.d, podman's
+own defaults); the refusals; nothing left after ``setup --remove`` or a purge.
 Test double only: nothing here is a GPU result (the fake libcuda tells the fake daemon which MPS
 variables each client had at cuInit).
 """
@@ -22,6 +23,7 @@ from harness.bundle import make_bundle
 from harness.hookfixtures import default_run_dir  # noqa: F401  (fixture)
 from harness.hookserver import umount_when_free
 from harness.installed import SCRIPTS
+from harness.podman import own_engine_config
 from harness.shim import programs  # noqa: F401  (fixture)
 from harness.standins import target_process  # noqa: F401  (fixture)
 from nvc.apply import mps, sharefiles
@@ -259,6 +261,48 @@ def test_a_killed_daemon_is_started_again_by_the_next_container(containers) -> N
     assert a.stdout.splitlines() == ["init CUDA_ERROR_MPS_CONNECTION_FAILED", "init CUDA_SUCCESS"]
     assert b.stdout.splitlines() == ["init CUDA_SUCCESS"]
     assert mps.status() == []
+
+
+def test_podman_with_its_own_defaults_runs_a_container_on_the_daemon(
+    active_2gpu,
+    podman,
+    programs,
+    mps_dir,
+    tmp_path,  # noqa: F811
+) -> None:
+    """The MPS backend as a user has it: `nvc-py setup podman` with GPU 0's backend mps in its configuration,
+    then `podman run --rm` with no --hooks-dir and no configuration of the test's. The container's hook
+    starts GPU 0's daemon; the container sees its pipe directory and its share as MPS's client variables,
+    and its process reaches the daemon; its poststop stops the daemon and removes its directory."""
+    own_engine_config(tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"root: {active_2gpu.root}\nload-kmods: false\nlog: {{file: {tmp_path / 'hook.log'}}}\n"
+        f"sharing: {{backend: {{{GPU0}: mps}}}}\n"
+    )
+    setup = [str(SCRIPTS / "nvc-py"), "setup", "podman"]
+    done = subprocess.run([*setup, "--config", str(config), "--no-server"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    try:
+        ran = podman.run(
+            podman.image(),
+            ["sh", "-c", "ls /tmp/nvidia-mps; grep ^mps /var/run/nvc-share/limits; cuda_probe init"],
+            env={"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_MEMORY_LIMIT": "1Gi", "NVC_SHARE_COMPUTE": "50"},
+            extra_args=["-v", f"{programs['cuda_probe']}:/usr/local/bin/cuda_probe:ro"],
+            hooks_dirs=None,
+        )
+    finally:
+        subprocess.run([*setup, "--remove"], capture_output=True, timeout=60, check=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        "control",
+        "nvidia-cuda-mps-control.pid",
+        "mps.CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "mps.CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+        "mps.CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M",  # the memory limit and a context's reserve
+        "init CUDA_SUCCESS",  # the fake daemon answered its cuInit
+    ]
+    assert mps.status() == [] and not (Path(mpsplan.MPS_DIR) / GPU0).exists()
 
 
 def _refused(result: subprocess.CompletedProcess[str], line: str) -> None:

@@ -10,6 +10,7 @@ images and containers, read no host hooks, and never reach for a registry
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -201,3 +202,13 @@ class Podman:
         return subprocess.run(
             cmd, capture_output=True, text=True, env=self.env, timeout=timeout, stdin=subprocess.DEVNULL
         )
+
+
+def own_engine_config(tmp_path: Path) -> None:
+    """Copies of podman's and CRI-O's configuration directories (/usr/share/containers, /etc/containers)
+    bound over them in the calling test's private mount namespace (active_2gpu's): `nvc-py setup` writes
+    there as on a user's host, and the host's own stay untouched."""
+    for directory in ("/usr/share/containers", "/etc/containers"):
+        copy = tmp_path / directory.strip("/").replace("/", "-")
+        shutil.copytree(directory, copy, symlinks=True)
+        subprocess.run(["mount", "--bind", str(copy), directory], check=True)
