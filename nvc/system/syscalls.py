@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import errno
+import functools
 import os
 import select
 from collections.abc import Sequence
@@ -150,12 +151,18 @@ PR_SET_PDEATHSIG = 1
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
+@functools.cache
+def _machine() -> str:
+    """The machine's architecture, asked once: a configure makes some 200 system calls through here."""
+    return os.uname().machine
+
+
 def _nr(name: str) -> int:
     """Syscall number on this machine; ENOSYS where nvc-py does not know the arch."""
     try:
-        return _NUMBERS[os.uname().machine][name]
+        return _NUMBERS[_machine()][name]
     except KeyError:
-        raise OSError(38, f"{name}: unsupported architecture {os.uname().machine}") from None
+        raise OSError(38, f"{name}: unsupported architecture {_machine()}") from None
 
 
 def _enc(path: str | bytes | None) -> bytes | None:
