@@ -266,9 +266,9 @@ def test_a_killed_daemon_is_started_again_by_the_next_container(containers) -> N
 def test_podman_with_its_own_defaults_runs_a_container_on_the_daemon(
     active_2gpu,
     podman,
-    programs,
+    programs,  # noqa: F811
     mps_dir,
-    tmp_path,  # noqa: F811
+    tmp_path,
 ) -> None:
     """The MPS backend as a user has it: `nvc-py setup podman` with GPU 0's backend mps in its configuration,
     then `podman run --rm` with no --hooks-dir and no configuration of the test's. The container's hook
