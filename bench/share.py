@@ -31,7 +31,8 @@ in the same run. Prints two tables:
   under MPS (plain, nvc-py's backend, MPS's client variables by hand): their sum as % of one alone, the
   heavier one's part of it, and what a 1:3 split made in time keeps of plain MPS's overlap.
 NVC_BENCH_ROWS=WORD,... keeps the launch-bound and backends rows whose label has one of the words (a comma
-followed by a space is part of a word: "MPS, plain").
+followed by a space is part of a word: "MPS, plain"); the launch-bound rows labelled "diagnostic:" (one
+tenant under the shim, the other without it: whose shim costs the trainer what) run only when named so.
 
 Each figure is the median over RUNS runs of each run's median (and 10th percentile) of SAMPLES
 samples, native and shim runs interleaved in pairs so clock drift hits both; the overhead is the
@@ -265,7 +266,9 @@ def real_weights(tmp_path: Path, alone: dict[str, float], runs: int = 3) -> None
 
 
 SERVE_SECONDS = 6
+DIAGNOSTIC = "diagnostic:"
 # (label, the service's limits, the trainer's limits); None: no shim. Weighted tenants share a scheduler directory.
+# The diagnostic rows put the shim in one tenant only, to tell whose shim costs the trainer its rate.
 LAUNCH_BOUND_CONTROLS = (
     ("no control", None, None),
     ("weights 9:1, the service heavier", {"NVC_SHARE_WEIGHT": "9"}, {"NVC_SHARE_WEIGHT": "1"}),
@@ -275,6 +278,9 @@ LAUNCH_BOUND_CONTROLS = (
         {"NVC_SHARE_PRIORITY": "latency-critical"},
         {"NVC_SHARE_PRIORITY": "batch"},
     ),
+    (f"{DIAGNOSTIC} the service's shim only, weight 9", {"NVC_SHARE_WEIGHT": "9"}, None),
+    (f"{DIAGNOSTIC} the trainer's shim only, weight 1", None, {"NVC_SHARE_WEIGHT": "1"}),
+    (f"{DIAGNOSTIC} the trainer's shim only, a memory limit", None, {"NVC_SHARE_MEMORY_LIMIT": "64Gi"}),
 )
 
 
@@ -301,10 +307,13 @@ MPS_CONTROLS = (
 
 
 def wanted(labels: Iterable[str]) -> list[str]:
-    """The rows to run: those whose label has one of NVC_BENCH_ROWS's words (all if unset), separated by commas
-    that no space follows: a label's own ", " stays in its word ("no control,MPS, plain")."""
+    """The rows to run: those whose label has one of NVC_BENCH_ROWS's words (unset: all but the diagnostic
+    ones), separated by commas that no space follows: a label's own ", " stays in its word ("no control,MPS,
+    plain")."""
     words = [w for w in re.split(r",(?! )", os.environ.get("NVC_BENCH_ROWS", "")) if w]
-    return [label for label in labels if not words or any(w in label for w in words)]
+    if not words:
+        return [label for label in labels if not label.startswith(DIAGNOSTIC)]
+    return [label for label in labels if any(w in label for w in words)]
 
 
 def weights_of(*limits: dict[str, str] | None) -> list[int]:

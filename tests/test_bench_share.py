@@ -115,6 +115,12 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
     assert bench.wanted(label for label, *_ in bench.BACKEND_PAIRS) == [
         label for label, *_ in bench.BACKEND_PAIRS if label == "MPS, plain" or label.startswith("MPS by hand")
     ]
+    monkeypatch.delenv("NVC_BENCH_ROWS")
+    controls = [label for label, *_ in bench.LAUNCH_BOUND_CONTROLS]
+    diagnostic = [label for label in controls if label.startswith(bench.DIAGNOSTIC)]
+    assert len(diagnostic) == 3 and bench.wanted(controls) == [c for c in controls if c not in diagnostic]
+    monkeypatch.setenv("NVC_BENCH_ROWS", "no control,diagnostic")
+    assert bench.wanted(controls) == ["no control", *diagnostic]
     monkeypatch.setenv("NVC_BENCH_ROWS", "no control,MPS, plain")  # a label's own ", " is not a separator
     assert bench.wanted(label for label, *_ in bench.BACKEND_PAIRS) == ["no control (time slices)", "MPS, plain"]
     for script in ("torch_decode.py", "torch_load.py", "torch_models.py"):
