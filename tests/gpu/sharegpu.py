@@ -165,9 +165,11 @@ def torch_run(
         )
 
 
+# The shim's exit line (NVC_SHARE_LOG=2): launches, event pairs, ms waited for the slice, for queue room and for
+# other containers' shares, slices started. The fake-driver tests read it too (tests/harness/shim.py).
 SHIM_EXIT = re.compile(
-    r"compute: (\d+) throttled launches, (\d+) event pairs; .* ([\d.]+) ms for queue room, "
-    r"([\d.]+) ms for other containers' shares"
+    r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
+    r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started"
 )
 
 
@@ -192,7 +194,7 @@ def shim_exit(log: Path) -> ShimExit | None:
     found = SHIM_EXIT.search(log.read_text()) if log.exists() else None
     if not found:
         return None
-    return ShimExit(int(found.group(1)), int(found.group(2)), float(found.group(3)), float(found.group(4)))
+    return ShimExit(int(found.group(1)), int(found.group(2)), float(found.group(4)), float(found.group(5)))
 
 
 def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:

@@ -8,8 +8,8 @@ Test double only: nothing here is a GPU result.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,11 +46,11 @@ def probe_started(programs: dict[str, Path], env: dict[str, str], *work: str) ->
     )
 
 
-# what a process's launches waited for, logged by the shim at exit (NVC_SHARE_LOG=2)
-WAITS_LOG = re.compile(
-    r"compute: (\d+) throttled launches, (\d+) event pairs; waited ([\d.]+) ms for the slice, "
-    r"([\d.]+) ms for queue room, ([\d.]+) ms for other containers' shares; (\d+) slices started"
-)
+# what a process's launches waited for, logged by the shim at exit (NVC_SHARE_LOG=2): the GPU bench's parser
+sys.path.insert(0, str(TESTS / "gpu"))
+import sharegpu  # noqa: E402
+
+WAITS_LOG = sharegpu.SHIM_EXIT
 
 
 @pytest.fixture(scope="module")
