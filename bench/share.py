@@ -3,7 +3,9 @@
 in the same run. Prints two tables:
 
 * cudaMalloc+cudaFree (1 MiB) pair and empty-kernel launch medians, native vs the shim with a memory
-  limit and no compute limit (targets: pair <= native + 2 us, launch <= native + 0.2 us), and the
+  limit and no compute limit (targets: pair <= native + 2 us, launch <= native + 0.2 us), a launch's
+  median, 10th percentile and mean through the throttled path of a weight alone on the GPU (what a
+  host-bound trainer's launches pay where no one holds it), and the
   shim's cost on the driver's alloc+free pair measured inside one process (wrapper and driver
   alternating pair by pair, which the process-to-process spread cannot blur);
 * compute-bound kernel throughput at a requested share vs native (achieved share), for the FMA
@@ -566,37 +568,47 @@ def main() -> None:
 
 def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
     cpu = max(os.sched_getaffinity(0))
-    native = sharegpu.shim_env(None)
-    shim = sharegpu.shim_env(sharegpu.limits_dir(tmp_path / "mem", {"NVC_SHARE_MEMORY_LIMIT": "64Gi"}))
-    # figures[side][op] = per run (median, 10th percentile) of that run's samples
-    figures: dict[str, dict[str, list[tuple[float, float]]]] = {"native": {}, "shim": {}}
+    (tmp_path / "alone").mkdir()
+    envs = {
+        "native": sharegpu.shim_env(None),
+        "shim": sharegpu.shim_env(sharegpu.limits_dir(tmp_path / "mem", {"NVC_SHARE_MEMORY_LIMIT": "64Gi"})),
+        # the throttled path of a weight that no one can hold: every decision `free`, nothing waits
+        "weight": tenant_env(tmp_path / "alone", "alone", {"NVC_SHARE_WEIGHT": "1"}),
+    }
+    # figures[side][op] = per run (median, 10th percentile[, mean]) of that run's samples
+    figures: dict[str, dict[str, list[tuple[float, ...]]]] = {side: {} for side in envs}
     # in_process[side] = per run, median of (through dlsym - through glibc's dlsym) pair times
     in_process: dict[str, list[float]] = {"native": [], "shim": []}
     for _ in range(runs):
-        for name, env in (("native", native), ("shim", shim)):
+        for name, env in envs.items():
             out = sharegpu.run([program, "bench", samples], env)
             for key in ("pair_us", "launch_us"):
-                figures[name].setdefault(key, []).append((float(out[key][0]), float(out[key][1])))
-            ab = sharegpu.run([program, "pairab", samples], env)["pairab"]
-            in_process[name].append(float(ab[2]))
+                figures[name].setdefault(key, []).append(tuple(float(v) for v in out[key]))
+            if name in in_process:
+                in_process[name].append(float(sharegpu.run([program, "pairab", samples], env)["pairab"][2]))
     print(
         f"overhead, {runs} pairs of runs x {samples} samples each, pinned to CPU {cpu} (us); delta: median"
         " of the pairs' differences"
     )
     print(f"{'':36}{'native':>10}{'shim':>10}{'delta':>10}{'target':>10}    pair deltas")
-    for key, label, budget in (
-        ("pair_us", "cudaMalloc+cudaFree 1 MiB", 2.0),
-        ("launch_us", "empty kernel launch", 0.2),
+    for key, label, budget, side in (
+        ("pair_us", "cudaMalloc+cudaFree 1 MiB", 2.0, "shim"),
+        ("launch_us", "empty kernel launch", 0.2, "shim"),
+        ("launch_us", "launch, weight 1 alone", None, "weight"),
     ):
-        for stat, stat_label in ((0, "median"), (1, "p10")):
+        for stat, stat_label in ((0, "median"), (1, "p10"), (2, "mean")):
+            if stat >= len(figures[side][key][0]):
+                continue  # the alloc+free pair has no mean
             natives = [run[stat] for run in figures["native"][key]]
-            shims = [run[stat] for run in figures["shim"][key]]
+            shims = [run[stat] for run in figures[side][key]]
             deltas = [s - n for n, s in zip(natives, shims, strict=True)]
             delta = statistics.median(deltas)
+            verdict = (
+                f"{'<= +' + str(budget):>10}  {'ok' if delta <= budget else 'OVER'}" if budget else f"{'':>10}    "
+            )
             print(
                 f"{label + ', ' + stat_label:36}{statistics.median(natives):10.2f}"
-                f"{statistics.median(shims):10.2f}{delta:+10.2f}{'<= +' + str(budget):>10}"
-                f"  {'ok' if delta <= budget else 'OVER'}  " + " ".join(f"{d:+.1f}" for d in deltas)
+                f"{statistics.median(shims):10.2f}{delta:+10.2f}{verdict}  " + " ".join(f"{d:+.1f}" for d in deltas)
             )
     control, wrapped = statistics.median(in_process["native"]), statistics.median(in_process["shim"])
     print(

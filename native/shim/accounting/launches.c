@@ -12,6 +12,7 @@
 #include "accounting/launches.h"
 #include <pthread.h>
 #include <string.h>
+#include "accounting/freerun.h"
 #include "accounting/launchlog.h"
 #include "base/config.h"
 #include "base/ground.h"
@@ -76,7 +77,7 @@ static int long_groups[NVC_MAX_DEVICES];
 static unsigned open_at[NVC_MAX_DEVICES]; /* the group still taking launches */
 static int has_open[NVC_MAX_DEVICES];
 static int64_t estimate_ns[NVC_MAX_DEVICES]; /* running estimate of one full-device launch */
-static int within_of[NVC_MAX_DEVICES];       /* the scheduler's last word: within its share */
+static int decided_of[NVC_MAX_DEVICES];      /* the scheduler's last word (enum nvc_sched_decision) */
 
 static uint64_t gpu_done_ns[NVC_MAX_DEVICES]; /* when this process's measured work ended on the GPU */
 static struct {
@@ -102,9 +103,7 @@ static void settle_locked(struct pending *p)
         }
         struct nvc_kernel_cost *own = p->key ? nvc_kernel_slot(p->key) : NULL;
         if (own) {
-            own->ns = own->ns ? (own->ns + full) / 2 : full;
-            own->work_ns = !own->work_ns || full < own->work_ns ? full : own->work_ns + (full - own->work_ns) / 256;
-            own->least_ns = !own->least_ns || full < own->least_ns ? full : own->least_ns;
+            nvc_kernel_measured(own, full);
             work = (int64_t)((double)own->work_ns * factor);
         }
         /* When it ended: launched behind queued work, the previous end plus the time between the
@@ -166,15 +165,6 @@ static void harvest_locked(CUcontext ctx)
             nvc_sched_queued(settled[d], nvc_now_ns(), queue_of[d].queued ? queue_of[d].inflight : 0);
 }
 
-/* An event recorded on the launch's stream (the per-thread default stream where it is _ptsz). */
-static void record(CUevent ev, CUstream stream, int ptsz)
-{
-    if (ptsz && nvc_cuda.cuEventRecord_ptsz)
-        nvc_cuda.cuEventRecord_ptsz(ev, stream);
-    else
-        nvc_cuda.cuEventRecord(ev, stream);
-}
-
 /* Adds launches (or takes back a failed one) to a pending entry. Caller holds launch_mu. */
 static void add_locked(struct pending *p, int count, double factor, int64_t estimate, int64_t queued, int64_t work)
 {
@@ -198,7 +188,7 @@ static void close_locked(int dev, CUcontext ctx)
     struct pending *p = AT(open_at[dev]);
     if (!has_open[dev] || p->ctx != ctx)
         return;
-    record(p->end, p->stream, p->ptsz);
+    nvc_event_record(p->end, p->stream, p->ptsz);
     p->recorded = 1;
     has_open[dev] = 0;
 }
@@ -281,7 +271,8 @@ static struct queue_view look_at_queue(int dev, CUcontext ctx, int fresh)
 static int64_t queue_room(const struct nvc_device *d, int64_t wait, int gating, uint64_t now)
 {
     int dev = d->region_index;
-    int64_t room = d->sched && d->compute >= 100 && within_of[dev] ? WITHIN_SHARE_NS : MAX_INFLIGHT_NS;
+    int64_t room =
+        d->sched && d->compute >= 100 && decided_of[dev] >= NVC_SCHED_RUN_WITHIN ? WITHIN_SHARE_NS : MAX_INFLIGHT_NS;
     if (d->compute < 100 && !wait && nvc_region_slice_end(dev) > now + (uint64_t)room)
         room = (int64_t)(nvc_region_slice_end(dev) - now);
     if (gating)
@@ -324,7 +315,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
     } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, t->gate != 0)) && !t->gate) {
         *step = SCHED_WAIT_STEP_NS; /* over its share while another wants more: the cap's slice waits too */
         *reason = NVC_WAIT_SHARE;
-        within_of[dev] = 0;
+        decided_of[dev] = NVC_SCHED_WAIT;
         nvc_launch_tally.decided[NVC_SCHED_WAIT]++;
         if (d->compute < 100) {
             if (!t->from) {
@@ -335,7 +326,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
         }
     } else {
         nvc_launch_tally.decided[decision] += d->sched != NULL;
-        within_of[dev] = decision >= NVC_SCHED_RUN_WITHIN;
+        decided_of[dev] = decision;
         long_groups[dev] =
             d->sched && d->compute >= 100 && (decision == NVC_SCHED_RUN_FREE || !nvc_sched_contended(d->sched));
         return 1;
@@ -400,7 +391,7 @@ static struct pending *new_entry_locked(struct nvc_device *d, const struct nvc_l
             nvc_event_put(start, ctx);
         return NULL;
     }
-    record(start, l->stream, l->ptsz);
+    nvc_event_record(start, l->stream, l->ptsz);
     *AT(tail) = (struct pending){.start = start,
                                  .end = end,
                                  .ctx = ctx,
@@ -486,19 +477,21 @@ static struct {
     uint64_t at;
 } look_of[NVC_MAX_DEVICES];
 
-static void look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, const struct nvc_launch *l, CUcontext ctx,
-                            uint64_t now)
+static int look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, const struct nvc_launch *l, CUcontext ctx,
+                           uint64_t now)
 {
     int dev = d->region_index;
     if (now - __atomic_load_n(&look_of[dev].at, __ATOMIC_RELAXED) < NVC_SCHED_BACKLOG_LOOK_NS ||
         nvc_stream_capturing(l->stream, l->ptsz) || pthread_mutex_trylock(&launch_mu))
-        return;
+        return -1;
     if (look_of[dev].ev && look_of[dev].ctx != ctx) {
         nvc_event_put(look_of[dev].ev, look_of[dev].ctx);
         look_of[dev].ev = NULL;
     }
     int pending = look_of[dev].ev && nvc_cuda.cuEventQuery(look_of[dev].ev) == CUDA_ERROR_NOT_READY;
-    int deep = queue_of[dev].peak >= (int64_t)NVC_SCHED_BACKLOG_LOOK_NS, backlogged = pending || deep;
+    int64_t ran_free = nvc_freerun_launched(); /* as the queue's peak: its host may have waited since */
+    int64_t most = queue_of[dev].peak > ran_free ? queue_of[dev].peak : ran_free;
+    int deep = most >= (int64_t)NVC_SCHED_BACKLOG_LOOK_NS, backlogged = pending || deep;
     nvc_launch_tally.looks++;
     nvc_launch_tally.pending += (uint64_t)pending;
     nvc_launch_tally.deep += (uint64_t)deep;
@@ -508,10 +501,26 @@ static void look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, con
         look_of[dev].ctx = ctx;
     }
     if (look_of[dev].ev)
-        record(look_of[dev].ev, l->stream, l->ptsz);
+        nvc_event_record(look_of[dev].ev, l->stream, l->ptsz);
     __atomic_store_n(&look_of[dev].at, now, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&launch_mu);
     nvc_sched_backlog(e, now, backlogged);
+    nvc_sched_ran(e, now, (uint64_t)ran_free);
+    return backlogged;
+}
+
+/* After a launch on d through the whole path: launches let go free (freerun.c) where the scheduler found the
+ * tenant within its share or no one to hold it, and the look found no backlog (looked: 0). While they go free,
+ * the open group is closed: nothing else would, and its work is measured when it completes. */
+static void let_go_free(struct nvc_device *d, CUcontext ctx, int looked)
+{
+    int dev = d->region_index;
+    int may = decided_of[dev] >= NVC_SCHED_RUN_WITHIN && d->compute >= 100 && !nvc_sched_yields(d->sched) && !looked;
+    if (!nvc_freerun_after(dev, may ? d->sched : NULL, nvc_now_ns()))
+        return;
+    pthread_mutex_lock(&launch_mu);
+    close_locked(dev, ctx);
+    pthread_mutex_unlock(&launch_mu);
 }
 
 /* The throttled path: wait for the slice and the turn, then launch between two events. An MPS client only
@@ -540,8 +549,7 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
     }
     if (d->compute >= 100 && nvc_sched_unhindered(d->sched, nvc_now_ns()))
         return fn(args); /* latency-critical: no turn to wait for, nothing to measure */
-    if (d->sched)
-        look_at_backlog(d, d->sched, l, ctx, nvc_now_ns());
+    int looked = d->sched ? look_at_backlog(d, d->sched, l, ctx, nvc_now_ns()) : -1;
     nvc_depth++;
     struct slot slot;
     before_launch(d, l, ctx, &slot);
@@ -553,7 +561,7 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
             if (rc != CUDA_SUCCESS)
                 add_locked(p, -1, -l->factor, -slot.estimate, -slot.queued, -slot.work); /* nothing ran */
             if (slot.alone && !p->recorded) {
-                record(p->end, p->stream, p->ptsz);
+                nvc_event_record(p->end, p->stream, p->ptsz);
                 p->recorded = 1;
             } else if (has_open[p->d] && open_at[p->d] == slot.at &&
                        (p->queued_ns >= GROUP_NS(p->d) || p->count >= GROUP_MAX(p->d))) {
@@ -562,6 +570,8 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
         }
         pthread_mutex_unlock(&launch_mu);
     }
+    if (d->sched)
+        let_go_free(d, ctx, looked);
     nvc_depth--;
     return rc;
 }
@@ -579,7 +589,8 @@ void nvc_launches_fork(enum nvc_fork_phase phase)
         memset(gpu_done_ns, 0, sizeof gpu_done_ns);
         memset(last_end, 0, sizeof last_end);
         memset(queue_of, 0, sizeof queue_of);
-        memset(within_of, 0, sizeof within_of);
+        memset(decided_of, 0, sizeof decided_of);
+        nvc_freerun_forget();
         memset(long_groups, 0, sizeof long_groups);
         memset(look_of, 0, sizeof look_of);
         memset(harvest_at, 0, sizeof harvest_at);

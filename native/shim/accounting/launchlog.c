@@ -17,10 +17,12 @@ __attribute__((destructor)) static void log_waits(void)
                 (unsigned long long)nvc_region_slices_started, nvc_region_overrun_charged_ns / 1e6);
     if (t->looks)
         nvc_log(2,
-                "scheduler: %llu waits, %llu runs over the share, %llu within it, %llu free; %llu looks at the "
-                "backlog, %llu found earlier work queued, %llu more than %.1f ms queued at once",
+                "scheduler: %llu waits, %llu runs over the share, %llu within it, %llu free (%llu launches ran free "
+                "after them); %llu looks at the backlog, %llu found earlier work queued, %llu more than %.1f ms "
+                "queued at once",
                 (unsigned long long)t->decided[NVC_SCHED_WAIT], (unsigned long long)t->decided[NVC_SCHED_RUN],
                 (unsigned long long)t->decided[NVC_SCHED_RUN_WITHIN],
-                (unsigned long long)t->decided[NVC_SCHED_RUN_FREE], (unsigned long long)t->looks,
-                (unsigned long long)t->pending, (unsigned long long)t->deep, NVC_SCHED_BACKLOG_LOOK_NS / 1e6);
+                (unsigned long long)t->decided[NVC_SCHED_RUN_FREE], (unsigned long long)t->free,
+                (unsigned long long)t->looks, (unsigned long long)t->pending, (unsigned long long)t->deep,
+                NVC_SCHED_BACKLOG_LOOK_NS / 1e6);
 }

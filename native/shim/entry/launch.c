@@ -1,6 +1,7 @@
 /* Entry points: the launches a compute share throttles (cuLaunchKernel, cuLaunchKernelEx,
  * cuLaunchCooperativeKernel, cuGraphLaunch and their _ptsz forms). Without a compute limit a wrapper
  * adds one branch; with one, it hands the launch to the launch queue (accounting/launches.c). */
+#include "accounting/freerun.h"
 #include "accounting/graphmem.h"
 #include "accounting/launches.h"
 #include "base/ground.h"
@@ -26,6 +27,8 @@ static struct nvc_launch grid_launch(int ptsz, CUstream stream, CUfunction f, un
     return (struct nvc_launch){d, ptsz, stream, grid_factor(d, gx, gy, gz), nvc_kernel_key(f, gx, gy, gz)};
 }
 
+/* Whether a launch goes to the launch queue: a compute limit or weight is in force (and the queue does not let
+ * the kernel go straight to the driver now: launches.h). */
 static int limited(void)
 {
     return !nvc_depth && nvc_ready() == NVC_ACTIVE && nvc_compute_limited;
@@ -55,7 +58,7 @@ static CUresult call_kernel(const void *a)
     { \
         if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
             return CUDA_ERROR_NOT_INITIALIZED; \
-        if (__builtin_expect(!limited(), 1)) \
+        if (__builtin_expect(!limited(), 1) || nvc_launches_free(nvc_kernel_key(f, gx, gy, gz))) \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra); \
         struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra}; \
         struct nvc_launch l = grid_launch(ptsz, stream, f, gx, gy, gz); \
@@ -84,7 +87,7 @@ static CUresult call_coop(const void *a)
     { \
         if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
             return CUDA_ERROR_NOT_INITIALIZED; \
-        if (__builtin_expect(!limited(), 1)) \
+        if (__builtin_expect(!limited(), 1) || nvc_launches_free(nvc_kernel_key(f, gx, gy, gz))) \
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params); \
         struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params}; \
         struct nvc_launch l = grid_launch(ptsz, stream, f, gx, gy, gz); \
@@ -111,7 +114,8 @@ static CUresult call_ex(const void *a)
     { \
         if (__builtin_expect(!nvc_cuda.name, 0) && (!nvc_load_cuda() || !nvc_cuda.name)) \
             return CUDA_ERROR_NOT_INITIALIZED; \
-        if (__builtin_expect(!limited(), 1) || !config) \
+        if (__builtin_expect(!limited(), 1) || !config || \
+            nvc_launches_free(nvc_kernel_key(f, config->gridDimX, config->gridDimY, config->gridDimZ))) \
             return nvc_cuda.name(config, f, params, extra); \
         struct ex_args a = {nvc_cuda.name, config, f, params, extra}; \
         struct nvc_launch l = \
@@ -143,7 +147,7 @@ static CUresult call_graph(const void *a)
         if (nvc_depth || nvc_ready() != NVC_ACTIVE) \
             return nvc_cuda.name(exec, stream); \
         CUresult rc; \
-        if (nvc_compute_limited) { \
+        if (nvc_compute_limited && !nvc_launches_free(exec)) { \
             struct graph_args a = {nvc_cuda.name, exec, stream}; \
             struct nvc_launch l = {nvc_device_current(NULL), ptsz, stream, 1.0, exec}; \
             rc = nvc_launch_throttled(&l, call_graph, &a); \

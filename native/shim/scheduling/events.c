@@ -37,3 +37,11 @@ void nvc_events_forget(void)
 {
     nfree = 0;
 }
+
+void nvc_event_record(CUevent ev, CUstream stream, int ptsz)
+{
+    if (ptsz && nvc_cuda.cuEventRecord_ptsz)
+        nvc_cuda.cuEventRecord_ptsz(ev, stream);
+    else
+        nvc_cuda.cuEventRecord(ev, stream);
+}

@@ -9,6 +9,8 @@
 CUevent nvc_event_get(CUcontext ctx);
 /* Back to the pool (destroyed when it is full). */
 void nvc_event_put(CUevent ev, CUcontext ctx);
+/* Records ev on the launch's stream (the per-thread default stream where it is _ptsz). */
+void nvc_event_record(CUevent ev, CUstream stream, int ptsz);
 /* In a forked child: the parent's events mean nothing there. */
 void nvc_events_forget(void);
 

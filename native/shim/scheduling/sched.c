@@ -504,6 +504,15 @@ void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_
     account(e, now, charged);
 }
 
+void nvc_sched_ran(struct nvc_sched_entry *e, uint64_t now, uint64_t work_ns)
+{
+    if (!work_ns)
+        return;
+    __atomic_add_fetch(&e->busy_ns, work_ns, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&e->charged_ns, work_ns, __ATOMIC_RELAXED);
+    account(e, now, work_ns);
+}
+
 /* The mappings survive fork (MAP_SHARED): the child is the same tenant; what it saw is its parent's. */
 void nvc_sched_fork(enum nvc_fork_phase phase)
 {

@@ -40,6 +40,9 @@ void nvc_sched_queued(struct nvc_sched_entry *e, uint64_t now, int64_t queued_ns
  * time the GPU was this tenant's (nvc_sched_charge). */
 void nvc_sched_measured(struct nvc_sched_entry *e, uint64_t now, uint64_t began_ns, uint64_t ended_ns, uint64_t cost_ns,
                         uint64_t work_ns);
+/* Launches not measured (they ran free: accounting/freerun.c): charged their work_ns, their kernels' least
+ * times, as a measured launch whose work is known is. */
+void nvc_sched_ran(struct nvc_sched_entry *e, uint64_t now, uint64_t work_ns);
 /* Whether another tenant was active on e's device, or had work queued there, at the last look (the
  * scheduler's last word at a launch): alone, nothing it is charged matters to anyone yet. */
 int nvc_sched_contended(const struct nvc_sched_entry *e);

@@ -296,6 +296,7 @@ static int run(char **argv, int argc)
         CUcontext c;
         r = p_cuDevicePrimaryCtxRetain(&c, atoi(argv[1]));
         if (r == CUDA_SUCCESS) r = p_cuCtxSetCurrent(c);
+        if (r == CUDA_SUCCESS) module = NULL; /* a module is its context's: the next launch loads one in this one */
         printf("ctx %s\n", ename(r));
         return 2;
     }
