@@ -12,7 +12,7 @@ enum nvc_wait_reason { NVC_WAIT_QUEUE, NVC_WAIT_SLICE, NVC_WAIT_SHARE, NVC_WAIT_
 extern struct nvc_launch_tally {
     uint64_t waited_for[NVC_WAIT_REASONS];    /* ns slept, by reason */
     uint64_t entries, launches;               /* event pairs, throttled launches */
-    uint64_t free;                            /* launches let go straight to the driver (launches.h) */
+    uint64_t free;                            /* launches let go straight to the driver (freerun.h) */
     uint64_t decided[NVC_SCHED_RUN_FREE + 1]; /* the scheduler's decisions (enum nvc_sched_decision) */
     uint64_t looks, pending, deep; /* looks at the backlog; those that found earlier work queued, or much queued */
 } nvc_launch_tally;

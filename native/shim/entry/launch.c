@@ -27,8 +27,8 @@ static struct nvc_launch grid_launch(int ptsz, CUstream stream, CUfunction f, un
     return (struct nvc_launch){d, ptsz, stream, grid_factor(d, gx, gy, gz), nvc_kernel_key(f, gx, gy, gz)};
 }
 
-/* Whether a launch goes to the launch queue: a compute limit or weight is in force (and the queue does not let
- * the kernel go straight to the driver now: launches.h). */
+/* Whether a compute limit or weight is in force for this launch: the wrappers then still send it straight to
+ * the driver where freerun.h lets it, else to the launch queue. */
 static int limited(void)
 {
     return !nvc_depth && nvc_ready() == NVC_ACTIVE && nvc_compute_limited;
