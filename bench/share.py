@@ -5,7 +5,8 @@ in the same run. Prints two tables:
 * cudaMalloc+cudaFree (1 MiB) pair and empty-kernel launch medians, native vs the shim with a memory
   limit and no compute limit (targets: pair <= native + 2 us, launch <= native + 0.2 us), a launch's
   median, 10th percentile and mean under a weight alone on the GPU (what a host-bound trainer's launches
-  pay where no one holds it: most of them run free, native/shim/accounting/freerun.c), and the
+  pay where no one holds it: most of them run free, native/shim/accounting/freerun.c, and the row says
+  what part did), and the
   shim's cost on the driver's alloc+free pair measured inside one process (wrapper and driver
   alternating pair by pair, which the process-to-process spread cannot blur);
 * compute-bound kernel throughput at a requested share vs native (achieved share), for the FMA
@@ -577,11 +578,14 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
     }
     # figures[side][op] = per run (median, 10th percentile[, mean]) of that run's samples
     figures: dict[str, dict[str, list[tuple[float, ...]]]] = {side: {} for side in envs}
+    ran_free: list[float] = []  # per run, the part of the weight's launches that went straight to the driver
     # in_process[side] = per run, median of (through dlsym - through glibc's dlsym) pair times
     in_process: dict[str, list[float]] = {"native": [], "shim": []}
     for _ in range(runs):
         for name, env in envs.items():
-            out = sharegpu.run([program, "bench", samples], env)
+            out, err = sharegpu.run_logged([program, "bench", samples], {**env, "NVC_SHARE_LOG": "2"})
+            if name == "weight" and (shim := sharegpu.shim_exit_of(err)):
+                ran_free.append(100 * shim.free / (shim.free + shim.launches))
             for key in ("pair_us", "launch_us"):
                 figures[name].setdefault(key, []).append(tuple(float(v) for v in out[key]))
             if name in in_process:
@@ -610,6 +614,8 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
                 f"{label + ', ' + stat_label:36}{statistics.median(natives):10.2f}"
                 f"{statistics.median(shims):10.2f}{delta:+10.2f}{verdict}  " + " ".join(f"{d:+.1f}" for d in deltas)
             )
+    if ran_free:
+        print(f"weight 1 alone: {statistics.median(ran_free):.1f} % of its launches ran free {_range(ran_free)}")
     control, wrapped = statistics.median(in_process["native"]), statistics.median(in_process["shim"])
     print(
         f"\nthe same in one process: cuMemAlloc_v2+cuMemFree_v2 1 MiB through dlsym's pointer (the shim's"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -129,8 +130,8 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
 
 def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share, programs, tmp_path):  # noqa: F811
     """The launch-bound rows' "held ms" and "queue ms": what a weighted process's shim (the fake driver's) says it
-    waited for other containers' shares and for queue room, and its launches and their event pairs; nothing for a
-    process without the shim."""
+    waited for other containers' shares and for queue room, its launches and their event pairs, and those that
+    went straight to the driver; nothing for a process without the shim."""
     (tmp_path / "sched").mkdir()
     _, err = tenant(share, programs, tmp_path / "sched", "trainer", 1, 20, log=True).communicate(timeout=30)
     logged, unshimmed = tmp_path / "trainer.log", tmp_path / "plain.log"
@@ -143,3 +144,6 @@ def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share,
     assert (shim.launches, shim.pairs) == (int(waits.group(1)), int(waits.group(2)))
     assert shim.launches >= shim.pairs > 0
     assert f", {shim.launches} launches, " in str(shim)
+    # launches that ran free between its looks (a weight alone): the scheduler's exit line counts them
+    ran_free = re.search(r"\((\d+) launches ran free after them\)", err)
+    assert ran_free and shim.free == int(ran_free.group(1)) and sharegpu.shim_exit_of(err) == shim

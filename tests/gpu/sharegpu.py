@@ -131,10 +131,15 @@ def mps_client_env(
 
 def run(argv: list[str], env: dict[str, str], timeout: float = 120) -> dict[str, list[str]]:
     """Runs a program printing "op value..." lines; returns {op: values} (the last line of each op)."""
+    return run_logged(argv, env, timeout)[0]
+
+
+def run_logged(argv: list[str], env: dict[str, str], timeout: float = 120) -> tuple[dict[str, list[str]], str]:
+    """:func:`run`'s figures, and what the program wrote to its stderr (its shim's exit lines, say)."""
     result = subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{argv} exited {result.returncode}: {result.stderr.strip()}")
-    return {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.strip()}
+    return {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.strip()}, result.stderr
 
 
 def holder(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -177,24 +182,44 @@ class ShimExit(NamedTuple):
     """What a process's shim says at exit (NVC_SHARE_LOG=2) of where its launches went: how many were
     throttled, the CUDA event pairs that measured them (a pair brackets one launch, or a group of short
     ones: the driver calls measurement costs), how long they waited for room in the queue its share bounds
-    (work queued ahead of measurement) and for other containers' shares."""
+    (work queued ahead of measurement) and for other containers' shares, and how many went straight to the
+    driver instead (they ran free: native/shim/accounting/freerun.c)."""
 
     launches: int
     pairs: int
     queue_ms: float
     held_ms: float
+    free: int = 0
 
     def __str__(self) -> str:
         shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
-        return f"held {self.held_ms:.1f} ms, queue room {self.queue_ms:.1f} ms, {self.launches} launches{shared}"
+        ran_free = f", {self.free} more ran free" if self.free else ""
+        return (
+            f"held {self.held_ms:.1f} ms, queue room {self.queue_ms:.1f} ms, {self.launches} launches{shared}{ran_free}"
+        )
+
+
+# The shim's scheduler line at exit: how many launches ran free.
+SHIM_FREE = re.compile(r"\((\d+) launches ran free after them\)")
+
+
+def shim_exit_of(text: str) -> ShimExit | None:
+    """A process's :class:`ShimExit`, from its shim's exit lines in ``text`` (None where no shim logged one)."""
+    found, free = SHIM_EXIT.search(text), SHIM_FREE.search(text)
+    if not found:
+        return None
+    return ShimExit(
+        int(found.group(1)),
+        int(found.group(2)),
+        float(found.group(4)),
+        float(found.group(5)),
+        int(free.group(1)) if free else 0,
+    )
 
 
 def shim_exit(log: Path) -> ShimExit | None:
-    """A process's :class:`ShimExit`, from its shim's exit line in ``log`` (None where no shim logged one)."""
-    found = SHIM_EXIT.search(log.read_text()) if log.exists() else None
-    if not found:
-        return None
-    return ShimExit(int(found.group(1)), int(found.group(2)), float(found.group(4)), float(found.group(5)))
+    """:func:`shim_exit_of` what the process wrote to ``log`` (None where it wrote none)."""
+    return shim_exit_of(log.read_text()) if log.exists() else None
 
 
 def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:

@@ -8,7 +8,6 @@ Test double only: nothing here is a GPU result.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,15 +51,13 @@ sys.path.insert(0, str(TESTS / "gpu"))
 import sharegpu  # noqa: E402
 
 WAITS_LOG = sharegpu.SHIM_EXIT
-# The scheduler's exit line: how many launches went straight to the driver (native/shim/accounting/freerun.c).
-FREE_LOG = re.compile(r"\((\d+) launches ran free after them\)")
 
 
 def launches_logged(err: str) -> tuple[int, int]:
     """What a process's shim logged at exit (NVC_SHARE_LOG=2): its throttled launches, and those that ran free."""
-    throttled, free = WAITS_LOG.search(err), FREE_LOG.search(err)
-    assert throttled, err
-    return int(throttled.group(1)), int(free.group(1)) if free else 0
+    found = sharegpu.shim_exit_of(err)
+    assert found, err
+    return found.launches, found.free
 
 
 @pytest.fixture(scope="module")
