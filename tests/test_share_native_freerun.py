@@ -2,11 +2,11 @@
 
 A weight within its share, or that no one can hold, waits for nothing, and the launch queue's path cost a
 host-bound training step 10 % of its rate on the H100 (bench/share.py's overhead rows): between two looks at its
-backlog its launches go straight to the driver. These tests check when they may (alone, or within its share beside a busy tenant, its
-work never more than a look can see queued; charged all the same) and when they may not (a loop that keeps the
-GPU busy, a latency-critical peer, a process on two devices), from what the shim logs at exit (NVC_SHARE_LOG=2),
-its scheduler file and the fake driver's count of event queries. Test double only: nothing here is a GPU
-result.
+backlog its launches go straight to the driver. These tests check when they may (alone, or within its share
+beside a busy tenant, its work never more than a look can see queued; charged all the same) and when they may
+not (a loop that keeps the GPU busy, a latency-critical peer, a process on two devices), from what the shim logs
+at exit (NVC_SHARE_LOG=2), its scheduler file and the fake driver's count of event queries. Test double only:
+nothing here is a GPU result.
 """
 
 from __future__ import annotations
