@@ -574,7 +574,7 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
         "native": sharegpu.shim_env(None),
         "shim": sharegpu.shim_env(sharegpu.limits_dir(tmp_path / "mem", {"NVC_SHARE_MEMORY_LIMIT": "64Gi"})),
         # a weight that no one can hold: every decision `free`, nothing waits, most launches run free
-        "weight": tenant_env(tmp_path / "alone", "alone", {"NVC_SHARE_WEIGHT": "1"}),
+        "weight": {**tenant_env(tmp_path / "alone", "alone", {"NVC_SHARE_WEIGHT": "1"}), "NVC_SHARE_LOG": "2"},
     }
     # figures[side][op] = per run (median, 10th percentile[, mean]) of that run's samples
     figures: dict[str, dict[str, list[tuple[float, ...]]]] = {side: {} for side in envs}
@@ -583,7 +583,7 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
     in_process: dict[str, list[float]] = {"native": [], "shim": []}
     for _ in range(runs):
         for name, env in envs.items():
-            out, err = sharegpu.run_logged([program, "bench", samples], {**env, "NVC_SHARE_LOG": "2"})
+            out, err = sharegpu.run_logged([program, "bench", samples], env)
             if name == "weight" and (shim := sharegpu.shim_exit_of(err)):
                 ran_free.append(100 * shim.free / (shim.free + shim.launches))
             for key in ("pair_us", "launch_us"):
