@@ -147,3 +147,7 @@ def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share,
     # launches that ran free between its looks (a weight alone): the scheduler's exit line counts them
     ran_free = re.search(r"\((\d+) launches ran free after them\)", err)
     assert ran_free and shim.free == int(ran_free.group(1)) and sharegpu.shim_exit_of(err) == shim
+    # and what its looks at its backlog found (what sends a weight no one holds through the queue's path)
+    looked = re.search(r"(\d+) looks at the backlog, (\d+) found earlier work queued, (\d+) more than", err)
+    assert looked and (shim.looks, shim.found_queued, shim.found_deep) == tuple(int(g) for g in looked.groups())
+    assert shim.looks > 0 and f"; {shim.looks} looks, {shim.found_queued} found its work queued" in str(shim)

@@ -182,30 +182,44 @@ class ShimExit(NamedTuple):
     """What a process's shim says at exit (NVC_SHARE_LOG=2) of where its launches went: how many were
     throttled, the CUDA event pairs that measured them (a pair brackets one launch, or a group of short
     ones: the driver calls measurement costs), how long they waited for room in the queue its share bounds
-    (work queued ahead of measurement) and for other containers' shares, and how many went straight to the
-    driver instead (they ran free: native/shim/accounting/freerun.c)."""
+    (work queued ahead of measurement) and for other containers' shares, how many went straight to the
+    driver instead (they ran free: native/shim/accounting/freerun.c), and its looks at its backlog: how
+    many, how many found earlier work still queued, how many more than a millisecond queued at once (after
+    either, its launches take the queue's path: what keeps a weight that no one holds measured)."""
 
     launches: int
     pairs: int
     queue_ms: float
     held_ms: float
     free: int = 0
+    looks: int = 0
+    found_queued: int = 0
+    found_deep: int = 0
 
     def __str__(self) -> str:
         shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
         ran_free = f", {self.free} more ran free" if self.free else ""
+        looked = (
+            f"; {self.looks} looks, {self.found_queued} found its work queued, {self.found_deep} a millisecond of it"
+            if self.looks
+            else ""
+        )
         return (
-            f"held {self.held_ms:.1f} ms, queue room {self.queue_ms:.1f} ms, {self.launches} launches{shared}{ran_free}"
+            f"held {self.held_ms:.1f} ms, queue room {self.queue_ms:.1f} ms, {self.launches} launches{shared}"
+            f"{ran_free}{looked}"
         )
 
 
-# The shim's scheduler line at exit: how many launches ran free.
-SHIM_FREE = re.compile(r"\((\d+) launches ran free after them\)")
+# The shim's scheduler line at exit: how many launches ran free, and what its looks at its backlog found.
+SHIM_SCHEDULER = re.compile(
+    r"\((\d+) launches ran free after them\); (\d+) looks at the backlog, (\d+) found earlier work queued, "
+    r"(\d+) more than"
+)
 
 
 def shim_exit_of(text: str) -> ShimExit | None:
     """A process's :class:`ShimExit`, from its shim's exit lines in ``text`` (None where no shim logged one)."""
-    found, free = SHIM_EXIT.search(text), SHIM_FREE.search(text)
+    found, scheduler = SHIM_EXIT.search(text), SHIM_SCHEDULER.search(text)
     if not found:
         return None
     return ShimExit(
@@ -213,7 +227,7 @@ def shim_exit_of(text: str) -> ShimExit | None:
         int(found.group(2)),
         float(found.group(4)),
         float(found.group(5)),
-        int(free.group(1)) if free else 0,
+        *((int(scheduler.group(k)) for k in range(1, 5)) if scheduler else ()),
     )
 
 
