@@ -373,11 +373,19 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                     service_env = tenant_env(sched, "service", service_limits)
                     trainer_env = tenant_env(sched, "trainer", trainer_limits)
                 start_at = time.time() + 15
-                log = sched / "trainer.log"
-                trainer_env = {**trainer_env, "NVC_SHARE_LOG": "2"}  # only its exit line: where it waited
-                trainer = sharegpu.torch_run("resnet-train", trainer_env, SERVE_SECONDS, start_at, log)
-                served = sharegpu.serve_result(sharegpu.serve_run(service_env, SERVE_SECONDS, rate, start_at))
-                rows[label].append(LaunchBoundRun(served, sharegpu.torch_output(trainer)[0], sharegpu.shim_exit(log)))
+                log, service_log = sched / "trainer.log", sched / "service.log"
+                logged = {"NVC_SHARE_LOG": "2"}  # only the shims' exit lines: where their launches went
+                trainer = sharegpu.torch_run("resnet-train", {**trainer_env, **logged}, SERVE_SECONDS, start_at, log)
+                service = sharegpu.serve_run({**service_env, **logged}, SERVE_SECONDS, rate, start_at, service_log)
+                served = sharegpu.serve_result(service)
+                rows[label].append(
+                    LaunchBoundRun(
+                        served,
+                        sharegpu.torch_output(trainer)[0],
+                        sharegpu.shim_exit(log),
+                        sharegpu.shim_exit(service_log),
+                    )
+                )
                 print(f"  run {k + 1}: {label}: {rows[label][-1]}")
     baseline = statistics.median(trainer_alone)
     print(
@@ -417,17 +425,20 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
 
 
 class LaunchBoundRun(NamedTuple):
-    """One run of a launch-bound row: the service's latencies, the trainer's rate (it/s), and what its shim
-    said of its launches: how long they waited for queue room and for the service's share, how many it made
-    and how many event pairs measured them (None: no shim logged it)."""
+    """One run of a launch-bound row: the service's latencies, the trainer's rate (it/s), and what each one's
+    shim said of its launches (sharegpu.ShimExit; None: no shim logged it): the trainer's waits for queue
+    room and for the service's share, and for both how many launches were measured, ran free, and what
+    their looks at their backlog found."""
 
     served: sharegpu.Served
     trained: float
     shim: sharegpu.ShimExit | None
+    service_shim: sharegpu.ShimExit | None = None
 
     def __str__(self) -> str:
         shim = "" if self.shim is None else f", {self.shim}"
-        return f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, trainer {self.trained:.2f} it/s{shim}"
+        service = "" if self.service_shim is None else f"\n      the service's shim: {self.service_shim}"
+        return f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, trainer {self.trained:.2f} it/s{shim}{service}"
 
 
 # Issue 42's throughput pair for each backend: two transformer trainers weighted 1:3, as (label, through MPS,

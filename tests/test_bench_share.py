@@ -151,3 +151,21 @@ def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share,
     looked = re.search(r"(\d+) looks at the backlog, (\d+) found earlier work queued, (\d+) more than", err)
     assert looked and (shim.looks, shim.found_queued, shim.found_deep) == tuple(int(g) for g in looked.groups())
     assert shim.looks > 0 and f"; {shim.looks} looks, {shim.found_queued} found its work queued" in str(shim)
+
+
+def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
+    """Both tenants log their shims' exit lines: the run line shows the trainer's on the line and the service's
+    below it (what showed, on the H100, that the service's launches run free and the trainer is never held)."""
+    bench = _bench()
+    served = sharegpu.Served(2862.7, 4321.6, 21.0)
+    trainer = sharegpu.ShimExit(145726, 8512, 97.8, 0.0, 71395, 6296, 3040, 3791)
+    service = sharegpu.ShimExit(5330, 5137, 0.0, 0.0, 229358, 5077, 9, 7)
+    line = str(bench.LaunchBoundRun(served, 36.39, trainer, service))
+    first, second = line.split("\n")
+    assert first.startswith("2862.7 / 4321.6 ms, trainer 36.39 it/s, held 0.0 ms, queue room 97.8 ms, 145726 launches")
+    assert first.endswith("71395 more ran free; 6296 looks, 3040 found its work queued, 3791 a millisecond of it")
+    assert second == (
+        "      the service's shim: held 0.0 ms, queue room 0.0 ms, 5330 launches, 1.0 a pair of events, 229358 more "
+        "ran free; 5077 looks, 9 found its work queued, 7 a millisecond of it"
+    )
+    assert str(bench.LaunchBoundRun(served, 36.39, None)) == "2862.7 / 4321.6 ms, trainer 36.39 it/s"

@@ -261,11 +261,19 @@ def torch_result(proc: subprocess.Popen) -> tuple[float, list[int]]:
 DECODE = GPU_DIR / "torch_decode.py"
 
 
-def serve_run(env: dict[str, str], seconds: float, rate: float, start_at: float = 0.0) -> subprocess.Popen:
-    """torch_decode.py SECONDS RATE START_AT, started: the launch-bound service (RATE 0: back to back)."""
-    return subprocess.Popen(
-        [TORCH_PYTHON, str(DECODE), str(seconds), str(rate), str(start_at)], env=env, stdout=subprocess.PIPE, text=True
-    )
+def serve_run(
+    env: dict[str, str], seconds: float, rate: float, start_at: float = 0.0, log: Path | None = None
+) -> subprocess.Popen:
+    """torch_decode.py SECONDS RATE START_AT, started: the launch-bound service (RATE 0: back to back); its
+    stderr (what its shim logs) into log where given."""
+    with open(log, "w") if log else contextlib.nullcontext(None) as stderr:
+        return subprocess.Popen(
+            [TORCH_PYTHON, str(DECODE), str(seconds), str(rate), str(start_at)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
 
 
 class Served(NamedTuple):
