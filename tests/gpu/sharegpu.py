@@ -160,14 +160,13 @@ def torch_run(
 ) -> subprocess.Popen:
     """torch_load.py WORKLOAD SECONDS START_AT, started (several run together with one START_AT); its stderr
     (what its shim logs) into log where given."""
+    return started([TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)], env, log)
+
+
+def started(argv: list[str], env: dict[str, str], log: Path | None) -> subprocess.Popen:
+    """argv started, its stdout read as text, its stderr into log where given."""
     with open(log, "w") if log else contextlib.nullcontext(None) as stderr:
-        return subprocess.Popen(
-            [TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
 # The shim's exit line (NVC_SHARE_LOG=2): launches, event pairs, ms waited for the slice, for queue room and for
@@ -266,14 +265,7 @@ def serve_run(
 ) -> subprocess.Popen:
     """torch_decode.py SECONDS RATE START_AT, started: the launch-bound service (RATE 0: back to back); its
     stderr (what its shim logs) into log where given."""
-    with open(log, "w") if log else contextlib.nullcontext(None) as stderr:
-        return subprocess.Popen(
-            [TORCH_PYTHON, str(DECODE), str(seconds), str(rate), str(start_at)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
+    return started([TORCH_PYTHON, str(DECODE), str(seconds), str(rate), str(start_at)], env, log)
 
 
 class Served(NamedTuple):
