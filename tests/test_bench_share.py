@@ -163,9 +163,9 @@ def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
     line = str(bench.LaunchBoundRun(served, 36.39, trainer, service))
     first, second = line.split("\n")
     assert first.startswith("2862.7 / 4321.6 ms, trainer 36.39 it/s, held 0.0 ms, queue room 97.8 ms, 145726 launches")
-    assert first.endswith("71395 more ran free; 6296 looks, 3040 found its work queued, 3791 a millisecond of it")
+    assert first.endswith("71395 more ran free; 6296 looks, 3040 found its work queued, 3791 over 1 ms at once")
     assert second == (
         "      the service's shim: held 0.0 ms, queue room 0.0 ms, 5330 launches, 1.0 a pair of events, 229358 more "
-        "ran free; 5077 looks, 9 found its work queued, 7 a millisecond of it"
+        "ran free; 5077 looks, 9 found its work queued, 7 over 1 ms at once"
     )
     assert str(bench.LaunchBoundRun(served, 36.39, None)) == "2862.7 / 4321.6 ms, trainer 36.39 it/s"

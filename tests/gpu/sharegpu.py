@@ -199,7 +199,7 @@ class ShimExit(NamedTuple):
         shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
         ran_free = f", {self.free} more ran free" if self.free else ""
         looked = (
-            f"; {self.looks} looks, {self.found_queued} found its work queued, {self.found_deep} a millisecond of it"
+            f"; {self.looks} looks, {self.found_queued} found its work queued, {self.found_deep} over 1 ms at once"
             if self.looks
             else ""
         )
