@@ -4,9 +4,9 @@ in the same run. Prints two tables:
 
 * cudaMalloc+cudaFree (1 MiB) pair and empty-kernel launch medians, native vs the shim with a memory
   limit and no compute limit (targets: pair <= native + 2 us, launch <= native + 0.2 us), a launch's
-  median, 10th percentile and mean under a weight alone on the GPU (what a host-bound trainer's launches
-  pay where no one holds it: most of them run free, native/shim/accounting/freerun.c, and the row says
-  what part did), and the
+  median, 10th percentile and mean under a weight alone on the GPU (where no one holds it, its launches
+  run free, native/shim/accounting/freerun.c, while its looks find no work queued: 256 empty kernels
+  between syncs outrun the H100, so about half did; the row says what part), and the
   shim's cost on the driver's alloc+free pair measured inside one process (wrapper and driver
   alternating pair by pair, which the process-to-process spread cannot blur);
 * compute-bound kernel throughput at a requested share vs native (achieved share), for the FMA
@@ -584,7 +584,7 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
     envs = {
         "native": sharegpu.shim_env(None),
         "shim": sharegpu.shim_env(sharegpu.limits_dir(tmp_path / "mem", {"NVC_SHARE_MEMORY_LIMIT": "64Gi"})),
-        # a weight that no one can hold: every decision `free`, nothing waits, most launches run free
+        # a weight that no one can hold: every decision `free`, nothing waits, launches run free between looks
         "weight": {**tenant_env(tmp_path / "alone", "alone", {"NVC_SHARE_WEIGHT": "1"}), "NVC_SHARE_LOG": "2"},
     }
     # figures[side][op] = per run (median, 10th percentile[, mean]) of that run's samples

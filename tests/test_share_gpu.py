@@ -368,8 +368,8 @@ def _pair_contract(what: str, native: list[float], shared: list[float], gpu: lis
 def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tmp_path):
     """Two crun containers through nvc-py-hook, weights 1 and 3 in their env, running the transformer step from
     one moment on, against the step alone and the no-shim pair on the host: the weights reach the scheduler
-    through the hook, so the pair keeps _pair_contract. Measured limit (H100 and H200, sessions 19-33): the light
-    one's throughput part ran 24.5-30.3 % (GPU time 25.9-27.9 %): now and then a run fails by tenths."""
+    through the hook, so the pair keeps _pair_contract. Measured limit (sessions 19-33): the light one's part ran
+    24.5-30.3 % (GPU time 25.9-27.9 %); both H100 runs of session 33 failed, at 30.3 % (docs/performance.md)."""
     from nvc.plan import share as share_plan
 
     alone, native = _transformer_pair_without_shim(tmp_path)
