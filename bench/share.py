@@ -20,7 +20,10 @@ in the same run. Prints two tables:
   with weights, started together; each one's throughput as a share of one alone, against its
   weight's share; one going idle half way; one alone;
 * a launch-bound pair (issue 48): a batch-1 decode service (tests/gpu/torch_decode.py: requests at a
-  fixed rate, NVC_BENCH_SERVE_LOAD of its own capacity, 0.7 by default; latency from arrival) beside a
+  fixed rate, NVC_BENCH_SERVE_LOAD of its own capacity, 0.7 by default: of its capacity alone, or with
+  NVC_BENCH_SERVE_BASIS=beside of its capacity beside the trainer with no control, a load the no-control
+  pair keeps up with, so that its p50 and p99 are latencies and not a queue grown over the run; latency
+  from arrival) beside a
   ResNet-50 training loop, for no control, weights 9:1 favouring the service, a cap of 50 on the
   trainer, latency classes (the service latency-critical, the trainer batch), and the two as clients of
   one CUDA MPS control daemon: plain (the driver's MPS as it is), as nvc-py's MPS backend serves them
@@ -334,18 +337,41 @@ def tenant_env(sched: Path, name: str, limits: dict[str, str] | None) -> dict[st
     )
 
 
+def serve_basis() -> str:
+    """NVC_BENCH_SERVE_BASIS: what the service's load is a part of: its capacity alone (`alone`, the
+    default) or beside the trainer with no control (`beside`)."""
+    basis = os.environ.get("NVC_BENCH_SERVE_BASIS", "alone")
+    if basis not in ("alone", "beside"):
+        sys.exit(f"bench/share.py: NVC_BENCH_SERVE_BASIS={basis!r}: give alone or beside")
+    return basis
+
+
+def capacity_beside_trainer() -> float:
+    """The service's requests a second back to back beside the trainer, neither under a shim: what the GPU's
+    own time slices leave it, the most a load can be for the no-control pair to keep up."""
+    native, start_at = sharegpu.shim_env(None), time.time() + 15
+    trainer = sharegpu.torch_run("resnet-train", native, SERVE_SECONDS, start_at)
+    served = sharegpu.serve_result(sharegpu.serve_run(native, SERVE_SECONDS, 0, start_at))
+    sharegpu.torch_output(trainer)
+    return served.per_second
+
+
 def launch_bound(tmp_path: Path, runs: int = 3) -> None:
     """The launch-bound pair: the decode service at a fixed arrival rate beside ResNet-50 training, each
     control's rows medians of `runs` runs (controls interleaved run by run, and the trainer alone in each
     round: one alone ran 32-44 it/s within a call on the H100, so a baseline taken once, before the pairs,
     moved whole rows by 10 points). Issue 48's contract: the favoured service's p50 and p99 at most 1.1x the
-    no-control pair's, the trainer at least 90 % of its rate alone under weights."""
-    load = float(os.environ.get("NVC_BENCH_SERVE_LOAD", "0.7"))
+    no-control pair's, the trainer at least 90 % of its rate alone under weights. Requests arrive at a part
+    of the service's capacity alone, or beside the trainer (serve_basis): at 70 % of its capacity alone the
+    service's queue grew for the whole run on most H100 leases with no control too, so p50 and p99 there
+    measure its throughput beside the trainer."""
+    load, beside_trainer = float(os.environ.get("NVC_BENCH_SERVE_LOAD", "0.7")), serve_basis() == "beside"
     native = sharegpu.shim_env(None)
     capacity = statistics.median(
         sharegpu.serve_result(sharegpu.serve_run(native, 4, 0)).per_second for _ in range(runs)
     )
-    rate = load * capacity
+    beside = statistics.median(capacity_beside_trainer() for _ in range(runs)) if beside_trainer else None
+    rate = load * (beside or capacity)
     alone = [sharegpu.serve_result(sharegpu.serve_run(native, SERVE_SECONDS, rate)) for _ in range(runs)]
     through_mps = {label for label, _, _ in MPS_CONTROLS}
     chosen = wanted(label for label, _, _ in (*LAUNCH_BOUND_CONTROLS, *MPS_CONTROLS))
@@ -389,8 +415,9 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                 print(f"  run {k + 1}: {label}: {rows[label][-1]}")
     baseline = statistics.median(trainer_alone)
     print(
-        f"\nlaunch-bound pair: batch-1 decode service ({capacity:.1f} requests/s back to back, arriving at "
-        f"{rate:.1f}/s, {100 * load:.0f} %) beside resnet-train ({baseline:.2f} it/s alone: {_range(trainer_alone)}, "
+        f"\nlaunch-bound pair: batch-1 decode service ({capacity:.1f} requests/s back to back alone"
+        + (f", {beside:.1f} beside the trainer with no control" if beside else "")
+        + f", arriving at {rate:.1f}/s, {100 * load:.0f} % of the {'latter' if beside else 'former'}) beside resnet-train ({baseline:.2f} it/s alone: {_range(trainer_alone)}, "
         f"one alone run in each round), {SERVE_SECONDS} s, medians of {runs} runs; latency from arrival; the "
         "trainer as % of the alone runs' median, and how long its launches waited for queue room and for the "
         "service's share"

@@ -169,3 +169,16 @@ def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
         "ran free; 5077 looks, 9 found its work queued, 7 over 1 ms at once"
     )
     assert str(bench.LaunchBoundRun(served, 36.39, None)) == "2862.7 / 4321.6 ms, trainer 36.39 it/s"
+
+
+def test_the_services_load_is_a_part_of_its_capacity_alone_or_beside_the_trainer(monkeypatch):
+    """Alone by default (the load issue 48 defines); beside the trainer where asked; any other word stops the
+    bench before it runs anything, naming the variable."""
+    bench = _bench()
+    monkeypatch.delenv("NVC_BENCH_SERVE_BASIS", raising=False)
+    assert bench.serve_basis() == "alone"
+    monkeypatch.setenv("NVC_BENCH_SERVE_BASIS", "beside")
+    assert bench.serve_basis() == "beside"
+    monkeypatch.setenv("NVC_BENCH_SERVE_BASIS", "besides")
+    with pytest.raises(SystemExit, match="NVC_BENCH_SERVE_BASIS='besides'"):
+        bench.serve_basis()
