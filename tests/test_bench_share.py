@@ -182,3 +182,12 @@ def test_the_services_load_is_a_part_of_its_capacity_alone_or_beside_the_trainer
     monkeypatch.setenv("NVC_BENCH_SERVE_BASIS", "besides")
     with pytest.raises(SystemExit, match="NVC_BENCH_SERVE_BASIS='besides'"):
         bench.serve_basis()
+
+
+def test_a_steady_rate_leaves_out_the_first_second():
+    """The weighted pairs' throughput is counted after the first second, where the scheduler starts with no
+    shares and the tenants' first steps race; one second is not a rate after it."""
+    assert sharegpu.steady_rate([18, 14, 15, 15, 14, 15]) == pytest.approx(14.6)
+    assert sharegpu.steady_rate([4, 6]) == 6.0
+    with pytest.raises(ValueError, match="two seconds or more"):
+        sharegpu.steady_rate([23])
