@@ -254,8 +254,8 @@ def torch_output_of(out: str) -> tuple[float, list[int], float]:
 def steady_rate(per_second: list[int]) -> float:
     """Iterations per second after the first second of a run started together with others: in the first the
     weighted scheduler knows nothing yet (shares start from none and decay over ~200 ms) and the tenants'
-    first steps race for the GPU (on the H100 that second alone put a 1:3 pair's light part at 18 % in one
-    run and 38 % in the next, where the seconds after it held 25-30 %)."""
+    first steps race for the GPU (on the H100 that second alone put a 1:3 pair's light part at 38 % in one
+    run and 18 % in the next, where the seconds after it held 25-30 %)."""
     if len(per_second) < 2:
         raise ValueError(f"a steady rate needs two seconds or more, not {len(per_second)}")
     return sum(per_second[1:]) / (len(per_second) - 1)
