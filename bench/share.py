@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "gpu"))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # nvc.share.region, for the shim's counters
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # nvc, where it is not installed: the shim's counters
 import sharegpu  # noqa: E402
 
 TORCH_SECONDS = 4

@@ -52,9 +52,16 @@ def build(out: Path) -> Path:
     return program
 
 
+def _with_nvc() -> None:
+    """nvc importable: the installed package where there is one (what the tests and the hook run), else this
+    tree's; put first, the tree would shadow the installed package for the rest of the process."""
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+
+
 def limits_dir(path: Path, env: dict[str, str]) -> Path:
     """A share directory prepared as the hook prepares it from a container env (e.g. NVC_SHARE_MEMORY_LIMIT)."""
-    sys.path.insert(0, str(REPO))
+    _with_nvc()
     from nvc.apply import sharefiles
     from nvc.plan import fromenv, share
 
@@ -78,7 +85,7 @@ def shim_env(share_dir: Path | None, **extra: str) -> dict[str, str]:
 def mps_daemon(path: Path) -> Iterator[dict[str, str]]:
     """The driver's MPS control daemon for GPU 0, its pipe and log directories under path (as nvc-py's MPS
     backend runs it: nvc.plan.mps.daemon_env); yields what its clients' environment needs."""
-    sys.path.insert(0, str(REPO))
+    _with_nvc()
     from nvc.plan import mps
 
     control = shutil.which(mps.CONTROL) or f"/usr/local/nvidia/bin/{mps.CONTROL}"
@@ -104,7 +111,7 @@ def mps_client_env(
     the hook gives one), the device's other clients having other_weights."""
     if limits is None or all(name.startswith("CUDA_MPS_") for name in limits):
         return shim_env(None, **daemon, **(limits or {}))
-    sys.path.insert(0, str(REPO))
+    _with_nvc()
     from nvc.apply import sharefiles
     from nvc.plan import fromenv, mps, share
 
