@@ -232,13 +232,13 @@ def _range(values: Iterable[float]) -> str:
 
 def real_weights(tmp_path: Path, alone: dict[str, float], runs: int = 3) -> None:
     """Weighted tenants on real workloads against the same tenants with no shim, in the same run: each
-    one's throughput as % of itself alone; its part of the sum against its weight's (the contract: +-5
+    one's throughput after the first second (tenants_together) as % of itself alone; its part of the sum against its weight's (the contract: +-5
     points) and the sum against the no-shim sum (the contract: >= 95 %); its part of the GPU time charged
     to them all (what the weights divide). Medians of `runs` runs (the no-shim and the weighted runs
     alternate), and the range of each part."""
     print(
-        f"\nweighted tenants, real workloads, {REAL_SECONDS} s, started together; % of each alone; medians of "
-        f"{runs} runs"
+        f"\nweighted tenants, real workloads, {REAL_SECONDS} s, started together; rates after the first second "
+        f"(sharegpu.steady_rate) as % of each alone; medians of {runs} runs"
     )
     print(
         f"{'tenants':>52}{'tenant':>14}{'w':>3}{'no shim':>9}{'nvc':>7}{'part':>7}{'want':>7}{'error':>7}"

@@ -322,7 +322,7 @@ def test_weighted_transformer_steps_share_by_weight_and_keep_the_gpu_busy(tmp_pa
     the same two with no shim in the same test: issue #27's contract, as _pair_contract states it."""
     alone, native = _transformer_pair_without_shim(tmp_path)
     together = sharegpu.tenants_together(tmp_path / "nvc", TRANSFORMER_PAIR, True, PAIR_SECONDS)
-    shared = [100 * r / alone for r in together.steady]
+    shared = [100 * r / alone for r in together.rates]
     _pair_contract("transformer 1:3", native, shared, together.gpu_parts, together.charged)
 
 
@@ -336,7 +336,7 @@ def _transformer_pair_without_shim(tmp_path: Path) -> tuple[float, list[float]]:
         pytest.skip("no PyTorch interpreter")
     alone_run = sharegpu.torch_run("transformer", sharegpu.shim_env(None), PAIR_SECONDS)
     alone = sharegpu.steady_rate(sharegpu.torch_result(alone_run)[1])
-    rates = sharegpu.tenants_together(tmp_path / "native", TRANSFORMER_PAIR, False, PAIR_SECONDS).steady
+    rates = sharegpu.tenants_together(tmp_path / "native", TRANSFORMER_PAIR, False, PAIR_SECONDS).rates
     return alone, [100 * r / alone for r in rates]
 
 

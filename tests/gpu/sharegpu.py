@@ -355,17 +355,16 @@ def gpu_users() -> list[int]:
 
 
 class Together(NamedTuple):
-    rates: list[float]  # iterations per second, tenant by tenant
+    rates: list[float]  # iterations per second after the first second (steady_rate), tenant by tenant
     gpu_parts: list[float]  # % of the GPU time charged to them all (weighted tenants; else empty)
     charged: float  # the GPU time charged to them all, % of the wall time (weighted tenants; else 0)
-    steady: list[float]  # iterations per second after the first second (steady_rate), tenant by tenant
 
 
 def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> Together:
     """torch_load workloads started together, (workload, weight) each: under the shim with their weights,
     each its own tenant in one scheduler directory, or with no shim at all (the GPU's own time-slicing
-    between them). The GPU time is charged over the seconds of their steady rates (from the first second's
-    end), until half a second before the last ends."""
+    between them). Their rates and the GPU time charged are both taken after the first second (steady_rate),
+    the GPU time until half a second before the last second ends."""
     import time
 
     sched = path / "sched"
@@ -383,12 +382,10 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
         procs.append(torch_run(workload, env, seconds, start_at))
     charged = charged_between(sched, start_at + 1, start_at + seconds - 0.5) if weighted else {}
     total = sum(c for _, c in charged.values())
-    outputs = [torch_output(p) for p in procs]
     return Together(
-        [rate for rate, _, _ in outputs],
+        [steady_rate(torch_output(p)[1]) for p in procs],
         [100 * charged.get(f"t{i}", (0, 0))[1] / total for i in range(len(tenants))] if total else [],
         100 * total / ((seconds - 1.5) * 1e9),
-        [steady_rate(per_second) for _, per_second, _ in outputs],
     )
 
 
