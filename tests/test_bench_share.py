@@ -191,3 +191,19 @@ def test_a_steady_rate_leaves_out_the_first_second():
     assert sharegpu.steady_rate([4, 6]) == 6.0
     with pytest.raises(ValueError, match="two seconds or more"):
         sharegpu.steady_rate([23])
+
+
+def test_the_pairs_are_compared_in_interleaved_runs():
+    """Baseline, trial, trial, baseline, each run told its round; and the pair's figures are the runs' means."""
+    order: list[str] = []
+
+    def run(kind: str):
+        return lambda k: order.append(f"{kind}{k}") or f"{kind}{k}"
+
+    assert sharegpu.interleaved(run("no shim "), run("nvc ")) == (["no shim 0", "no shim 1"], ["nvc 0", "nvc 1"])
+    assert order == ["no shim 0", "nvc 0", "nvc 1", "no shim 1"]
+    mean = sharegpu.mean_together(
+        [sharegpu.Together([6.0, 16.0], [26.0, 74.0], 78.0), sharegpu.Together([5.0, 15.0], [28.0, 72.0], 80.0)]
+    )
+    assert mean == sharegpu.Together([5.5, 15.5], [27.0, 73.0], 79.0)
+    assert sharegpu.mean_together([sharegpu.Together([9.0, 9.0], [], 0.0)] * 2).gpu_parts == []

@@ -12,14 +12,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from harness.bundle import make_bundle
-from harness.gpufixtures import crun, gpu_driver, hook_with_log, runtime, torch_rootfs  # noqa: F401  (fixtures)
+from harness.gpufixtures import gpu_driver, hook_with_log, runtime, started_together, torch_rootfs  # noqa: F401  (fixtures)
 from harness.installed import SCRIPTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
@@ -317,114 +315,6 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
     assert shares[2] >= 90
 
 
-def test_weighted_transformer_steps_share_by_weight_and_keep_the_gpu_busy(tmp_path):
-    """Two transformer training steps (tests/gpu/torch_models.py) started together, weights 1 and 3, against
-    the same two with no shim in the same test: issue #27's contract, as _pair_contract states it."""
-    alone, native = _transformer_pair_without_shim(tmp_path)
-    together = sharegpu.tenants_together(tmp_path / "nvc", TRANSFORMER_PAIR, True, PAIR_SECONDS)
-    shared = [100 * r / alone for r in together.rates]
-    _pair_contract("transformer 1:3", native, shared, together.gpu_parts, together.charged)
-
-
-TRANSFORMER_PAIR, PAIR_SECONDS, HOST_BOUND_SUM = [("transformer", 1), ("transformer", 3)], 11, 0.80
-
-
-def _transformer_pair_without_shim(tmp_path: Path) -> tuple[float, list[float]]:
-    """The transformer step's rate alone, and the weighted pair's two rates (% of alone) with no shim:
-    the GPU's own time-slicing, the baseline of the pair's sum."""
-    if not Path(sharegpu.TORCH_PYTHON).exists():
-        pytest.skip("no PyTorch interpreter")
-    alone_run = sharegpu.torch_run("transformer", sharegpu.shim_env(None), PAIR_SECONDS)
-    alone = sharegpu.steady_rate(sharegpu.torch_result(alone_run)[1])
-    rates = sharegpu.tenants_together(tmp_path / "native", TRANSFORMER_PAIR, False, PAIR_SECONDS).rates
-    return alone, [100 * r / alone for r in rates]
-
-
-def _pair_contract(what: str, native: list[float], shared: list[float], gpu: list[float], charged: float) -> None:
-    """The weights divide the GPU's time: the light tenant's part of the time charged to the two is its
-    weight's within 5 points. Where the steps are bound by the GPU (with no shim the pair's sum is at most
-    one alone), that is their throughput: the light tenant's part of the summed steady rates (each as a share
-    of one alone's; sharegpu.steady_rate) within 5 points of its weight's, and the sum at least 95 % of the
-    no-shim pair's. Where they are bound by their host side (the no-shim pair overlaps, above one alone), the
-    measured limit: a tenant cannot use more of the GPU than its host side feeds it and the other gets what it
-    leaves (throughput parts up to 43 % for the weight-1 step), and the sum is at least 80 % of the no-shim
-    pair's (H100, 2026-11-24: 83-94 %; docs/performance.md)."""
-    parts = [100 * s / sum(shared) for s in shared]
-    figures = (
-        f"{what}: no shim {native[0]:.1f} + {native[1]:.1f} = {sum(native):.1f} %; nvc {shared[0]:.1f} + "
-        f"{shared[1]:.1f} = {sum(shared):.1f} % (parts {parts[0]:.1f} / {parts[1]:.1f}, sum "
-        f"{100 * sum(shared) / sum(native):.0f} % of the no-shim pair's; GPU time "
-        f"{' / '.join(f'{p:.1f}' for p in gpu)}, charged {charged:.1f} % of the wall time)"
-    )
-    print(figures)
-    assert len(gpu) == 2 and abs(gpu[0] - 25) <= 5, figures
-    if sum(native) <= 100:
-        assert abs(parts[0] - 25) <= 5, figures
-        assert sum(shared) >= 0.95 * sum(native), figures
-    else:
-        assert sum(shared) >= HOST_BOUND_SUM * sum(native), figures
-
-
-def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tmp_path):
-    """Two crun containers through nvc-py-hook, weights 1 and 3 in their env, running the transformer step from
-    one moment on, against the step alone and the no-shim pair on the host: the weights reach the scheduler
-    through the hook, so the pair keeps _pair_contract. Over whole 6 s runs (sessions 19-33) the light one's part
-    ran 24.5-30.3 %, its GPU time 25.9-27.9 %; its steady part has not run on a GPU yet (docs/performance.md)."""
-    from nvc.plan import share as share_plan
-
-    alone, native = _transformer_pair_without_shim(tmp_path)
-    start_at = time.time() + 60  # both containers up, PyTorch imported and warmed up by then
-    bundles = {}
-    for _, weight in TRANSFORMER_PAIR:
-        (tmp_path / f"log{weight}").mkdir()
-        env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVC_SHARE_WEIGHT": str(weight), "HOME": "/tmp"}
-        argv = ["/opt/torch/.venv/bin/python3", "/gpu/torch_load.py", "transformer", str(PAIR_SECONDS), str(start_at)]
-        bundles[weight] = make_bundle(
-            tmp_path / f"bundle{weight}",
-            torch_rootfs(f"rootfs-weight{weight}"),
-            argv,
-            env=env,
-            hooks=hook_with_log(tmp_path / f"log{weight}"),
-        )
-    with _started_together(crun, bundles, timeout=300) as results:
-        charged = sharegpu.charged_between(
-            Path(share_plan.sched_dir_for(share_plan.STATE_DIR)), start_at + 1, start_at + PAIR_SECONDS - 0.5
-        )
-    gpu_parts, charged_part = sharegpu.split_by_weight(charged, [w for _, w in TRANSFORMER_PAIR], PAIR_SECONDS - 1.5)
-    shared = []
-    for _weight, result in sorted(results.items()):
-        assert result.returncode == 0, result.stderr
-        assert "late" not in result.stdout, result.stdout  # its warm-up ended before the common start
-        shared.append(100 * sharegpu.steady_rate(sharegpu.torch_output_of(result.stdout)[1]) / alone)
-    _pair_contract("transformer 1:3 in two crun containers", native, shared, gpu_parts, charged_part)
-
-
-@contextmanager
-def _started_together(runtime, bundles: dict[int, Path], timeout: float) -> Iterator[dict[int, Any]]:
-    """Starts each bundle's container in its own thread; on leaving, waits for them (their results, by
-    key, in the dict yielded) and unmounts the hooks' scheduler directory where this test mounted it."""
-    import threading
-
-    from nvc.plan import share as share_plan
-
-    sched = Path(share_plan.sched_dir_for(share_plan.STATE_DIR))
-    was_mounted = os.path.ismount(sched)
-    results: dict[int, Any] = {}
-    threads = [
-        threading.Thread(target=lambda k=key: results.__setitem__(k, runtime.create_start(bundles[k], timeout=timeout)))
-        for key in bundles
-    ]
-    try:
-        for thread in threads:
-            thread.start()
-        yield results
-        for thread in threads:
-            thread.join(timeout=timeout + 60)
-    finally:
-        if not was_mounted and os.path.ismount(sched):
-            subprocess.run(["umount", "-l", str(sched)], check=True)
-
-
 def _scrape_while_busy(barrier: Path, url: str) -> list[str]:
     """The exporter's sharing series, scraped once both containers have been busy for two seconds."""
     import urllib.request
@@ -491,7 +381,7 @@ def test_two_weighted_containers_share_the_gpu_by_weight(runtime, make_rootfs, p
         text=True,
     )
     try:
-        with _started_together(runtime, bundles, timeout=120) as results:
+        with started_together(runtime, bundles, timeout=120) as results:
             series = _scrape_while_busy(barrier, "http://127.0.0.1:9499/metrics")
     finally:
         exporter.terminate()

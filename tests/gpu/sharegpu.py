@@ -1,5 +1,5 @@
-"""Building and running the real-GPU programs of libnvc-share, for tests/test_share_gpu.py and
-bench/share. Plain standard library plus nvc's sharing modules (the hook's own limits writer, the
+"""Building and running the real-GPU programs of libnvc-share, for tests/test_share_gpu.py,
+tests/test_share_pairs_gpu.py and bench/share. Plain standard library plus nvc's sharing modules (the hook's own limits writer, the
 scheduler files' reader) and NVML's bindings (nvidia-ml-py, for the SM clock), so it runs on the GPU
 machine with PYTHONPATH pointing at the source tree.
 
@@ -16,9 +16,9 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 GPU_DIR = Path(__file__).resolve().parent
 REPO = GPU_DIR.parent.parent
@@ -387,6 +387,29 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
         [100 * charged.get(f"t{i}", (0, 0))[1] / total for i in range(len(tenants))] if total else [],
         100 * total / ((seconds - 1.5) * 1e9),
     )
+
+
+def mean_together(runs: list[Together]) -> Together:
+    """The mean of runs of the same tenants: each tenant's rate and GPU part, and the charged time."""
+    return Together(
+        [sum(r.rates[i] for r in runs) / len(runs) for i in range(len(runs[0].rates))],
+        [sum(r.gpu_parts[i] for r in runs) / len(runs) for i in range(len(runs[0].gpu_parts))],
+        sum(r.charged for r in runs) / len(runs),
+    )
+
+
+Run = TypeVar("Run")
+
+
+def interleaved(baseline: Callable[[int], Run], trial: Callable[[int], Run]) -> tuple[list[Run], list[Run]]:
+    """Two runs of each, in the order baseline, trial, trial, baseline (each given its round, 0 or 1): a drift
+    of the GPU's clocks or of the host's load over the four falls on both alike, and a comparison of their
+    means is not one run's against one other's (on the H100, 2026-11-27, a transformer pair with no shim ran
+    96.9 % of one alone in one test and 105.2 % in the next)."""
+    base, tried = [baseline(0)], [trial(0)]
+    tried.append(trial(1))
+    base.append(baseline(1))
+    return base, tried
 
 
 def split_by_weight(

@@ -1,13 +1,16 @@
 """pytest fixtures of the GPU tests (marked gpu, run by make test-gpu): the real driver, the UUID of
-its GPU 0, the runtimes a GPU test starts containers with, nvc-py-hook as their hook, and container
-root filesystems that run the GPU machine's own PyTorch."""
+its GPU 0, the runtimes a GPU test starts containers with, nvc-py-hook as their hook, container
+root filesystems that run the GPU machine's own PyTorch, and containers started together."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +109,29 @@ def torch_rootfs(make_rootfs: Callable[..., Path], tmp_path: Path) -> Iterator[C
     finally:
         for target in reversed(mounted):
             subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+@contextmanager
+def started_together(runtime: Runc, bundles: dict[int, Path], timeout: float) -> Iterator[dict[int, Any]]:
+    """Starts each bundle's container in its own thread; on leaving, waits for them (their results, by
+    key, in the dict yielded) and unmounts the hooks' scheduler directory where this test mounted it."""
+    import threading
+
+    from nvc.plan import share as share_plan
+
+    sched = Path(share_plan.sched_dir_for(share_plan.STATE_DIR))
+    was_mounted = os.path.ismount(sched)
+    results: dict[int, Any] = {}
+    threads = [
+        threading.Thread(target=lambda k=key: results.__setitem__(k, runtime.create_start(bundles[k], timeout=timeout)))
+        for key in bundles
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        yield results
+        for thread in threads:
+            thread.join(timeout=timeout + 60)
+    finally:
+        if not was_mounted and os.path.ismount(sched):
+            subprocess.run(["umount", "-l", str(sched)], check=True)
