@@ -83,7 +83,8 @@ def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tm
     one moment on, against the step alone and the no-shim pair on the host, two runs of each interleaved: the
     weights reach the scheduler through the hook, so the pair keeps _pair_contract. Over whole 6 s runs
     (sessions 19-33) the light one's part ran 24.5-30.3 %, its GPU time 25.9-27.9 %; after the first second
-    27.7 % in one run (H100, 2026-11-27; docs/performance.md)."""
+    27.7 % in one run and 27.9 % over two, the sum 93 % and 97 % of the no-shim pair's (H100, 2026-11-27;
+    docs/performance.md)."""
     from nvc.plan import share as share_plan
 
     def in_containers(k: int) -> sharegpu.Together:
