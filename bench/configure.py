@@ -2,11 +2,11 @@
 """Time ``nvc-py configure`` inside a prestart hook, stage by stage, and the container start overhead.
 
 Each round starts one container per row, interleaved so that drift hits every row alike; same
-runtime (crun by default, as the reference measurement), same command (``true``), a fresh rootfs
-copy per container made before the clock starts, no NVIDIA device in the spec, cgroups on. The
-rows use nvc-py's DEFAULT configuration (only the log file's place is set; ``load-kmods: true``),
-which is what a user gets; two rows labelled TUNED follow (``load-kmods: false``, debug log for the
-stage tables):
+runtime (crun by default, as the reference measurement; runc where crun refuses the host's cgroups),
+same command (``true``), a fresh rootfs copy per container made before the clock starts, no NVIDIA
+device in the spec, cgroups on. The rows use nvc-py's DEFAULT configuration (only the log file's
+place is set; ``load-kmods: true``), which is what a user gets; two rows labelled TUNED follow
+(``load-kmods: false``, debug log for the stage tables):
 
   no hook                          the baseline
   nvc-py-hook, GPU 0 / no GPU, served     the OCI hook (NVIDIA_VISIBLE_DEVICES=0, or nothing asked:
@@ -74,7 +74,7 @@ import reference  # noqa: E402
 from harness.bundle import make_bundle, reachable_from_userns  # noqa: E402
 from harness.hookserver import client_hook, client_path, hook_server, program_interpreter  # noqa: E402
 from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
-from harness.timing import BenchDriver, drop_page_cache, median_row, start_container  # noqa: E402
+from harness.timing import BenchDriver, bench_runtime, drop_page_cache, median_row, start_container  # noqa: E402
 
 HOOK_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # bash, for $EPOCHREALTIME and a pid read without forking sed: the wrapper costs one bash start.
@@ -299,7 +299,7 @@ def print_cli_stages(title: str, stages: list[dict[str, float]], floors: list[fl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=15, help="rounds (default 15, at least 10)")
-    parser.add_argument("--runtime", default=None, help="crun or runc (default: crun if installed, else runc)")
+    parser.add_argument("--runtime", default=None, help="crun or runc (default: crun, else runc; harness.timing)")
     parser.add_argument("--fake", action="store_true", help="use the fake driver even on a GPU host")
     parser.add_argument("--userns", action="store_true", help="the hook with uid/gid maps beside without")
     parser.add_argument("--cold", action="store_true", help="each row also right after dropping the page cache")
@@ -309,8 +309,7 @@ def main() -> int:
         parser.error("--runs must be at least 10")
     if args.userns and (args.cold or args.reference):
         parser.error("--userns is a run of its own (no --cold, no --reference)")
-    runtime = args.runtime or ("crun" if shutil.which("crun") else "runc")
-    runtime = shutil.which(runtime) or sys.exit(f"bench/configure.py: {runtime} not found")
+    runtime, runtime_why = bench_runtime(args.runtime)
     nvc, hook_script = default_script("nvc-py"), default_script("nvc-py-hook")
     python = program_interpreter(nvc) or sys.executable
     rows = with_reference(ROWS) if args.reference else ROWS
@@ -328,7 +327,8 @@ def main() -> int:
             sys.exit(f"bench/configure.py: --reference needs the real driver ({reference.NEEDS_REAL})")
         version = subprocess.run([runtime, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
         print(
-            f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; runtime: {version}; "
+            f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; runtime: {version} "
+            f"({runtime_why}); "
             f"nvc-py: {nvc}; python: {python}; {args.runs} rounds after one warm-up, rows interleaved",
             flush=True,
         )

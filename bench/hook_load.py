@@ -95,6 +95,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import LIBDIR, client_hook, hook_server  # noqa: E402
 from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
+from harness.timing import bench_runtime  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 import reference  # noqa: E402
@@ -444,16 +445,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--containers", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--runtime", default=None, help="crun or runc (default: crun if installed, else runc)")
+    parser.add_argument("--runtime", default=None, help="crun or runc (default: crun, else runc; harness.timing)")
     parser.add_argument("--fake", action="store_true", help="use the fake driver even on a GPU host")
     parser.add_argument(
         "--faults", action="store_true", help="only the fault rows, their healthy storms and the baseline"
     )
     parser.add_argument("--reference", type=Path, help="nvidia-container-cli to time beside, in a bash hook")
     args = parser.parse_args()
-    runtime = shutil.which(args.runtime or ("crun" if shutil.which("crun") else "runc"))
-    if runtime is None:
-        parser.error(f"{args.runtime or 'runc'} not found")
+    runtime, runtime_why = bench_runtime(args.runtime)
     real = Path("/proc/driver/nvidia/version").exists() and not args.fake
     if args.reference and not real:
         parser.error(f"--reference needs the real driver ({reference.NEEDS_REAL})")
@@ -571,7 +570,7 @@ def main() -> int:
         server_log = installed_sock.with_name("server.log")
         started = server_log.read_text().count(": listening on ") if server_log.exists() else 0
     print(
-        f"{args.containers} concurrent `{Path(runtime).name} run` per round, {args.rounds} rounds "
+        f"{args.containers} concurrent `{Path(runtime).name} run` ({runtime_why}) per round, {args.rounds} rounds "
         f"({args.containers * args.rounds} starts per row); times are start-to-exit of `true`\n"
     )
     print(

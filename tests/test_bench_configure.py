@@ -116,3 +116,28 @@ def test_a_hook_s_stages_are_read_by_kind_cold_or_warm(bench) -> None:
     assert [r["duration_ms"] for r in bench.hook_stages(log, None, True, rows)] == [60.0, 62.0]
     assert [r["duration_ms"] for r in bench.hook_stages(log, None, False, rows)] == [30.0, 31.0]
     assert [r["duration_ms"] for r in bench.hook_stages(log, None)] == [98.0, 60.0, 30.0, 62.0, 31.0]
+
+
+V2_ONLY = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+V1_ONLY = "35 31 0:32 / /sys/fs/cgroup/devices rw,nosuid,nodev,noexec shared:13 - cgroup cgroup rw,devices\n"
+HYBRID = V1_ONLY + "32 31 0:29 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate\n"
+
+
+def test_a_bench_starts_runc_where_crun_refuses_the_hosts_hybrid_cgroups(monkeypatch) -> None:
+    """crun 1.8 refuses a host that mounts v1 hierarchies beside the v2 one, so the benches' default there is
+    runc, and they print why; a runtime asked for is taken as it is, and one not installed stops the bench."""
+    from harness import timing
+
+    assert timing.hybrid_cgroups(HYBRID)
+    assert not timing.hybrid_cgroups(V2_ONLY) and not timing.hybrid_cgroups(V1_ONLY)
+    monkeypatch.setattr(timing.shutil, "which", {"crun": "/usr/bin/crun", "runc": "/usr/sbin/runc"}.get)
+    monkeypatch.setattr(timing.Path, "read_text", lambda self: V2_ONLY)
+    assert timing.bench_runtime(None) == ("/usr/bin/crun", "the default")
+    monkeypatch.setattr(timing.Path, "read_text", lambda self: HYBRID)
+    runtime, why = timing.bench_runtime(None)
+    assert runtime == "/usr/sbin/runc" and "hybrid cgroups" in why
+    assert timing.bench_runtime("crun") == ("/usr/bin/crun", "asked for")
+    monkeypatch.setattr(timing.shutil, "which", {"runc": "/usr/sbin/runc"}.get)
+    assert timing.bench_runtime(None) == ("/usr/sbin/runc", "crun is not installed")
+    with pytest.raises(SystemExit, match="crun is not installed"):
+        timing.bench_runtime("crun")

@@ -1,7 +1,7 @@
 """Building and running the real-GPU programs of libnvc-share, for tests/test_share_gpu.py,
-tests/test_share_pairs_gpu.py and bench/share. Plain standard library plus nvc's sharing modules (the hook's own limits writer, the
-scheduler files' reader) and NVML's bindings (nvidia-ml-py, for the SM clock), so it runs on the GPU
-machine with PYTHONPATH pointing at the source tree.
+tests/test_share_pairs_gpu.py and bench/share. Plain standard library plus nvc's sharing modules (the
+hook's own limits writer, the scheduler files' reader) and NVML's bindings (nvidia-ml-py, for the SM
+clock), so it runs on the GPU machine with PYTHONPATH pointing at the source tree.
 
 Programs run with LD_PRELOAD=native/libnvc-share.so and NVC_SHARE_DIR=<a directory whose limits
 file nvc.plan.share wrote>, the same file the hook mounts read-only in containers.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import time
@@ -33,6 +34,33 @@ class BenchDriver:
 
             built = build(FAKE_MACHINE, work / "fake")
             self.root, self.activation, self.version = str(built.root), activate(built), ""
+
+
+def hybrid_cgroups(mountinfo: str) -> bool:
+    """Whether a host mounts v1 cgroup hierarchies beside the v2 one (systemd's hybrid layout), which crun
+    1.8 refuses to run a container on ("cgroups in hybrid mode not supported")."""
+    from nvc.apply.cgroups import parse_mountinfo
+
+    kinds = {mount.fstype for mount in parse_mountinfo(mountinfo)}
+    return kinds == {"cgroup", "cgroup2"}
+
+
+def bench_runtime(asked: str | None) -> tuple[str, str]:
+    """The runtime a bench starts its containers with (its path) and why: the one asked for; else crun where
+    it is installed, as the reference's measurements, but for a host with hybrid cgroups (crun refuses it);
+    else runc. SystemExit where it is not installed."""
+    if asked:
+        name, why = asked, "asked for"
+    elif not shutil.which("crun"):
+        name, why = "runc", "crun is not installed"
+    elif hybrid_cgroups(Path("/proc/self/mountinfo").read_text()):
+        name, why = "runc", "crun refuses this host's hybrid cgroups (v1 and v2 mounted side by side)"
+    else:
+        name, why = "crun", "the default"
+    path = shutil.which(name)
+    if path is None:
+        raise SystemExit(f"{name} is not installed (--runtime names another)")
+    return path, why
 
 
 def start_container(runtime: str, state: Path, bundle: Path, cid: str) -> tuple[float, str | None]:
