@@ -13,6 +13,7 @@
 #       nvidia-ml-py pytest iniconfig pluggy packaging pygments tomlkit grpcio protobuf grpcio-tools \
 #       typing-extensions prometheus-client bcrypt atheris pip setuptools wheel
 #   pip download --no-deps --no-binary=:all: -d .whl python-prctl
+#   (pip runs the sdist's setup.py for its metadata, which wants libcap-dev's headers: `make deps` first)
 #   (cd .debs && apt-get download runc crun busybox-static libyajl2 libcap-dev)
 #
 # It makes a clean virtual environment at /tmp/site (from the base interpreter, so none of the
