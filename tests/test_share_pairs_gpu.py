@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def test_weighted_transformer_steps_share_by_weight_and_keep_the_gpu_busy(tmp_pa
     _pair_contract states it."""
     alone = _transformer_alone()
     native, shared = sharegpu.interleaved(
-        lambda k: sharegpu.tenants_together(tmp_path / f"native{k}", TRANSFORMER_PAIR, False, PAIR_SECONDS),
+        _without_shim(tmp_path),
         lambda k: sharegpu.tenants_together(tmp_path / f"nvc{k}", TRANSFORMER_PAIR, True, PAIR_SECONDS),
     )
     _pair_contract("transformer 1:3", alone, native, shared)
@@ -41,6 +42,11 @@ def _transformer_alone() -> float:
         pytest.skip("no PyTorch interpreter")
     alone_run = sharegpu.torch_run("transformer", sharegpu.shim_env(None), PAIR_SECONDS)
     return sharegpu.steady_rate(sharegpu.torch_result(alone_run)[1])
+
+
+def _without_shim(tmp_path: Path) -> Callable[[int], sharegpu.Together]:
+    """The pair's run with no shim, the GPU's own time-slicing: the baseline of its sum."""
+    return lambda k: sharegpu.tenants_together(tmp_path / f"native{k}", TRANSFORMER_PAIR, False, PAIR_SECONDS)
 
 
 def _pair_contract(
@@ -123,7 +129,7 @@ def test_weighted_transformer_containers_through_the_hook(crun, torch_rootfs, tm
 
     alone = _transformer_alone()
     native, shared = sharegpu.interleaved(
-        lambda k: sharegpu.tenants_together(tmp_path / f"native{k}", TRANSFORMER_PAIR, False, PAIR_SECONDS),
+        _without_shim(tmp_path),
         in_containers,
     )
     _pair_contract("transformer 1:3 in two crun containers", alone, native, shared)
