@@ -326,7 +326,6 @@ def run_list(
     from nvc.commands import listing
     from nvc.discover import driver, inventory, nodes, procfs
     from nvc.plan import selection
-    from nvc.rpc import driver_service
 
     selectors = selection.parse(devices)
     mig_files = request.mig_config or request.mig_monitor
@@ -334,7 +333,12 @@ def run_list(
         raise InputError("cannot enable mig-config with specific MIG devices selected")
     if use_nvml is None:
         use_nvml = selection.needs_nvml(selectors, mig_files)
-    inv = driver_service.inventory(opts.root, opts.user) if use_nvml else inventory.from_procfs()
+    if use_nvml:
+        from nvc.rpc import driver_service  # its helper's client: not imported where /proc answers
+
+        inv = driver_service.inventory(opts.root, opts.user)
+    else:
+        inv = inventory.from_procfs()
     chosen = selection.select(inv.gpus, selectors) if request.devices else None
     files = driver.discover(opts.root, inv.driver_version, opts.ldcache) if request.needs_driver_files else None
     majors = nodes.read_majors() if request.needs_nodes else {}

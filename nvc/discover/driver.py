@@ -19,9 +19,10 @@ import os
 import posixpath
 import re
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from nvc.discover import elf, ldcache, rootpath
 from nvc.errors import DetectionError
@@ -68,6 +69,12 @@ class DriverFiles(NamedTuple):
     fabricmanager_socket: str | None
     mps_pipe_dir: str | None
     loader_files: tuple[LoaderFound, ...] = ()
+
+
+def _left_out(msg: str, *args: object) -> None:
+    """A file left out, said at every call (a discovery that warns is never kept: nvc.discover.keptfiles)."""
+    rootpath.warned()
+    log.warning(msg, *args)
 
 
 def _passes(prefix: str, path: str, arch: str) -> bool:
@@ -146,7 +153,7 @@ def select_libraries(
         )
     for prefix, why in missed.items():
         if prefix not in chosen:
-            log.warning("left out %s (%s): %s", prefix, arch, "; ".join(dict.fromkeys(why)))
+            _left_out("left out %s (%s): %s", prefix, arch, "; ".join(dict.fromkeys(why)))
     return tuple(dict.fromkeys(chosen[p] for p in prefixes if p in chosen))
 
 
@@ -221,7 +228,7 @@ def find_binaries(root: str, dirs: tuple[str, ...], version: str) -> tuple[str, 
                 continue
             other = other_version(rootpath.host_path(root, inner), version)
             if other is not None:
-                log.warning("left out %s: of driver %s, not %s", rootpath.host_path(root, inner), other, version)
+                _left_out("left out %s: of driver %s, not %s", rootpath.host_path(root, inner), other, version)
                 passed_over.add(inner)
                 continue
             found.append(inner)
@@ -281,7 +288,7 @@ def _loader_file(
             continue
         host = rootpath.host_path(root, inner)
         if not stat.S_ISREG(os.stat(host).st_mode):
-            log.warning("left out %s: not a regular file", host)
+            _left_out("left out %s: not a regular file", host)
             return None
         problem = None
         if spec.kind in ("json", "icd"):
@@ -291,7 +298,7 @@ def _loader_file(
         elif spec.kind == "module" and (other := other_version(host, version)) is not None:
             problem = f"of driver {other}, not {version}"
         if problem is not None:
-            log.warning("left out %s (%s): %s", rootpath.host_path(root, path), host, problem)
+            _left_out("left out %s (%s): %s", rootpath.host_path(root, path), host, problem)
             return None
         name, searched_name = os.path.basename(inner), os.path.basename(path)
         target = spec.target + name if spec.target.endswith("/") else spec.target
@@ -333,7 +340,7 @@ def find_firmwares(root: str, version: str, dirs: tuple[str, ...]) -> tuple[str,
         fw_dir = rootpath.resolve(root, f"{d}/nvidia/{version}")
         if fw_dir is None or not os.path.isdir(rootpath.host_path(root, fw_dir)):
             continue
-        for name in sorted(os.listdir(rootpath.host_path(root, fw_dir))):
+        for name in sorted(rootpath.listdir(rootpath.host_path(root, fw_dir))):
             if name in found or not fnmatch.fnmatchcase(name, "gsp*.bin"):
                 continue
             inner = rootpath.resolve(root, f"{fw_dir}/{name}")
@@ -368,7 +375,8 @@ def discover(
     prefixes: tuple[str, ...] | None = None,
     loaders: tuple[capabilities.LoaderFile, ...] = capabilities.LOADER_FILES,
 ) -> DriverFiles:
-    """All driver files of RM ``version`` under ``root``.
+    """All driver files of RM ``version`` under ``root``: as an earlier call found them while nothing
+    they were found from has changed (:mod:`nvc.discover.keptfiles`), else found now.
 
     ``ldcache_path`` is resolved inside the root. Defaults: the running machine's
     architecture and kernel release, the live firmware_class.path and
@@ -377,31 +385,25 @@ def discover(
     libraries' ELF notes costs more than everything else discovery does), ``loaders`` the loader
     files (configure: its capabilities' ones, whose json files name libraries of those prefixes).
     """
+    from nvc.discover import keptfiles
+
     uname = os.uname()
-    native, compat = ldcache.native_arches(machine or uname.machine)
-    cache_inner = rootpath.resolve(root, ldcache_path)
-    cache_path = Path(rootpath.host_path(root, cache_inner if cache_inner else ldcache_path))
-    entries = ldcache.read(cache_path)
-    native_entries = ldcache.select(entries, native)
-    libs = select_libraries(root, native_entries, native, version, prefixes)
-    libs32 = select_libraries(root, ldcache.select(entries, compat), compat, version, prefixes) if compat else ()
-    bins = find_binaries(root, binary_dirs(tuple(dict.fromkeys(os.path.dirname(p) for p in libs))), version)
-    found_loaders = find_loader_files(root, version, library_dirs(native_entries, libs), libs, loaders)
-    fw_class = read_firmware_class_path() if firmware_class_path is None else firmware_class_path
-    fws = find_firmwares(root, version, firmware_dirs(kernel_release or uname.release, fw_class))
-    mps = mps_pipe_dir or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY
-    host = functools.partial(rootpath.host_path, root)
-    files = DriverFiles(
-        version=version,
-        libraries=tuple(map(host, libs)),
-        libraries32=tuple(map(host, libs32)),
-        binaries=tuple(map(host, bins)),
-        firmwares=tuple(map(host, fws)),
-        persistenced_socket=_find_of_type(root, PERSISTENCED_SOCKET, stat.S_ISSOCK),
-        fabricmanager_socket=_find_of_type(root, FABRICMANAGER_SOCKET, stat.S_ISSOCK),
-        mps_pipe_dir=_find_of_type(root, mps, stat.S_ISDIR),
-        loader_files=found_loaders,
+    where = _Where(
+        root,
+        version,
+        ldcache_path,
+        machine or uname.machine,
+        kernel_release or uname.release,
+        read_firmware_class_path() if firmware_class_path is None else firmware_class_path,
+        mps_pipe_dir or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY,
     )
+    key = [*where, None if prefixes is None else list(prefixes), [list(spec) for spec in loaders]]
+    files = _decoded(keptfiles.load(key))
+    if files is None:
+        started = time.time_ns()
+        with rootpath.recording() as lookups:
+            files = _find(where, prefixes, loaders)
+        keptfiles.store(key, _encoded(files), lookups, started)
     log.debug(
         "driver %s under %s: %d libraries, %d 32-bit, %d binaries, %d firmwares, %d loader files",
         version,
@@ -413,3 +415,69 @@ def discover(
         len(files.loader_files),
     )
     return files
+
+
+class _Where(NamedTuple):
+    """What discovery looks for and where, every default filled in."""
+
+    root: str
+    version: str
+    ldcache_path: str
+    machine: str
+    kernel_release: str
+    firmware_class_path: str
+    mps_pipe_dir: str
+
+
+def _find(where: _Where, prefixes: tuple[str, ...] | None, loaders: tuple[capabilities.LoaderFile, ...]) -> DriverFiles:
+    root, version = where.root, where.version
+    native, compat = ldcache.native_arches(where.machine)
+    cache_inner = rootpath.resolve(root, where.ldcache_path)
+    cache_path = Path(rootpath.host_path(root, cache_inner if cache_inner else where.ldcache_path))
+    entries = ldcache.read(cache_path)
+    native_entries = ldcache.select(entries, native)
+    libs = select_libraries(root, native_entries, native, version, prefixes)
+    libs32 = select_libraries(root, ldcache.select(entries, compat), compat, version, prefixes) if compat else ()
+    bins = find_binaries(root, binary_dirs(tuple(dict.fromkeys(os.path.dirname(p) for p in libs))), version)
+    found_loaders = find_loader_files(root, version, library_dirs(native_entries, libs), libs, loaders)
+    fws = find_firmwares(root, version, firmware_dirs(where.kernel_release, where.firmware_class_path))
+    host = functools.partial(rootpath.host_path, root)
+    return DriverFiles(
+        version=version,
+        libraries=tuple(map(host, libs)),
+        libraries32=tuple(map(host, libs32)),
+        binaries=tuple(map(host, bins)),
+        firmwares=tuple(map(host, fws)),
+        persistenced_socket=_find_of_type(root, PERSISTENCED_SOCKET, stat.S_ISSOCK),
+        fabricmanager_socket=_find_of_type(root, FABRICMANAGER_SOCKET, stat.S_ISSOCK),
+        mps_pipe_dir=_find_of_type(root, where.mps_pipe_dir, stat.S_ISDIR),
+        loader_files=found_loaders,
+    )
+
+
+def _encoded(files: DriverFiles) -> list[Any]:
+    return [*files[:-1], [list(found) for found in files.loader_files]]
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _decoded(value: Any) -> DriverFiles | None:
+    """A kept result (:func:`_encoded`) as DriverFiles, None where it is not one."""
+    if not isinstance(value, list) or len(value) != len(DriverFiles._fields):
+        return None
+    version, libs, libs32, bins, fws, persistenced, fabricmanager, mps, loaders = value
+    optional = (persistenced, fabricmanager, mps)
+    if not isinstance(version, str) or not all(_strings(v) for v in (libs, libs32, bins, fws)):
+        return None
+    if not all(v is None or isinstance(v, str) for v in optional) or not isinstance(loaders, list):
+        return None
+    found = []
+    for entry in loaders:
+        if not isinstance(entry, list) or len(entry) != 4 or not _strings(entry[:3]):
+            return None
+        if entry[3] is not None and not isinstance(entry[3], str):
+            return None
+        found.append(LoaderFound(*entry))
+    return DriverFiles(version, tuple(libs), tuple(libs32), tuple(bins), tuple(fws), *optional, tuple(found))

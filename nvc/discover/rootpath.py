@@ -8,6 +8,9 @@ whatever the links say. Resolution is manual (no ``realpath``) for exactly that 
 This module names files (discovery reports paths and opens them to read ELF headers).
 Creating or mounting files in an untrusted container rootfs, where check/use races
 matter, goes through the fd-based :mod:`nvc.apply.rootfs` instead.
+
+While :func:`recording`, every lookup's answer is noted, so that a result found from them can be
+kept until one of them answers otherwise (:mod:`nvc.discover.keptfiles`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,69 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from nvc.errors import DetectionError
 
 MAX_SYMLINKS = 40  # the kernel's limit (ELOOP)
+
+# What a path names (not followed): type, device, inode, and but for a directory that was not
+# listed, size, mtime ns and ctime ns. A directory's times change with any entry made in it (/tmp
+# all the time); a lookup depends only on the names it looks up, each of them noted in turn.
+Signature = list[int]
+
+
+class Lookups:
+    """The lookups made while recording: host path -> its signature (None: missing), the
+    directories listed, and whether what was found from them warned."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Signature | None] = {}
+        self.listed: set[str] = set()
+        self.warned = False
+
+
+_recording: Lookups | None = None
+
+
+@contextmanager
+def recording() -> Iterator[Lookups]:
+    """Note every lookup :func:`resolve` makes until the ``with`` ends."""
+    global _recording
+    outer, _recording = _recording, Lookups()
+    try:
+        yield _recording
+    finally:
+        _recording = outer
+
+
+def warned() -> None:
+    """What is being found from the lookups recorded now warned the user (never kept: each call warns)."""
+    if _recording is not None:
+        _recording.warned = True
+
+
+def signature(st: os.stat_result, listed: bool = False) -> Signature:
+    if stat.S_ISDIR(st.st_mode) and not listed:
+        return [st.st_mode, st.st_dev, st.st_ino]
+    return [st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def lookup(host: str, listed: bool = False) -> Signature | None:
+    """What an lstat of ``host`` answers now, as recorded (None: no such path)."""
+    try:
+        return signature(os.lstat(host), listed)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def listdir(host: str) -> list[str]:
+    """The names in directory ``host`` (a resolved path), the listing noted while recording."""
+    if _recording is not None:
+        _recording.seen[host] = lookup(host, listed=True)
+        _recording.listed.add(host)
+    return os.listdir(host)
 
 
 def host_path(root: str, inner: str) -> str:
@@ -47,12 +109,15 @@ def resolve(root: str, path: str) -> str | None:
         inner = "/" + "/".join(done + [name])
         try:
             st = os.lstat(host_path(root, inner))
-        except FileNotFoundError:
-            return None
-        except NotADirectoryError:
+        except (FileNotFoundError, NotADirectoryError):
+            if _recording is not None:
+                _recording.seen[host_path(root, inner)] = None
             return None
         except OSError as err:
             raise DetectionError(f"{host_path(root, inner)}: {err.strerror}") from None
+        if _recording is not None:
+            host = host_path(root, inner)
+            _recording.seen[host] = signature(st, host in _recording.listed)
         if not stat.S_ISLNK(st.st_mode):
             done.append(name)
             continue
