@@ -16,6 +16,7 @@ its descriptors, sent with the call (SCM_RIGHTS), never its pid to look up again
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -95,11 +96,12 @@ class ContainerClient:
         when its work is done, the ``with`` of whoever forked it closes it on any other path)."""
         self.helper.close()
 
-    def mount(self, plan: Any, handle: ContainerHandle | None) -> int:  # Plan: Any, as for recover
-        """Apply the plan's operations in the container of ``handle`` (its process: None standalone);
-        on failure the helper has already undone them."""
+    def mount(self, plan: Any, handle: ContainerHandle | None) -> Callable[[], int]:  # Plan: Any, as for recover
+        """Start applying the plan's operations in the container of ``handle`` (its process: None
+        standalone); the function returned waits until they are (the number of changes made). On
+        failure it raises, the helper having undone them already."""
         self.handle = handle
-        return self.helper.call("mount", fds=_fds(handle), plan=plan.to_wire())
+        return self.helper.begin("mount", fds=_fds(handle), plan=plan.to_wire())
 
     def rollback(self) -> list[str]:
         """Undo what ``mount`` did; return what could not be undone."""

@@ -346,6 +346,11 @@ class HelperClient:
     def call(self, method: str, /, fds: tuple[int, ...] = (), **params: Any) -> Any:
         """Run ``method`` in the helper and return its result, within the client's timeout; ``fds``
         are sent with it (the helper's callable gets its own copies as ``fds``)."""
+        return self.begin(method, fds, **params)()
+
+    def begin(self, method: str, /, fds: tuple[int, ...] = (), **params: Any) -> Callable[[], Any]:
+        """Send ``method`` (as :meth:`call`) and return at once a function that waits for its result:
+        the caller works while the helper does. Nothing else may be called before that function."""
         if self._sock is None:
             raise self.failure(f"{self.name} rpc error: helper is not running")
         self.wait_ready()
@@ -357,10 +362,14 @@ class HelperClient:
             raise self._fail(f"timed out after {self.timeout:.1f} s sending {method}") from None
         except OSError:  # EPIPE / ECONNRESET: the helper is gone
             raise self._fail(f"helper {self._reap(kill=False)} before {method}") from None
-        response = self._receive(request.id, method)
-        if response.error is not None:
-            raise_remote(response.error)
-        return response.result
+
+        def result() -> Any:
+            response = self._receive(request.id, method)
+            if response.error is not None:
+                raise_remote(response.error)
+            return response.result
+
+        return result
 
     def _receive(self, request_id: int, method: str) -> protocol.Response:
         assert self._sock is not None

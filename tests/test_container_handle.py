@@ -178,6 +178,57 @@ def test_configure_resolves_the_container_once_and_lets_it_go(active_2gpu, debia
         assert set(os.listdir("/proc/self/fd")) == mine
 
 
+def _configure_with_cgroups(root: Path, rootfs: Path, pid: int) -> None:
+    from nvc.config.options import GlobalOptions
+    from nvc.pipeline import configure
+    from nvc.plan.request import from_flags
+
+    glob = GlobalOptions(str(root), "/etc/ld.so.cache", (0, 0), False)
+    configure.configure(glob, from_flags(str(rootfs), pid, ("0",), ("compute",)))
+
+
+def test_a_cgroup_step_failing_while_the_helper_mounts_undoes_the_mounts(
+    active_2gpu, debian_rootfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The device cgroup is programmed while the helper mounts: where it fails, the mounts are
+    waited for and undone, and the error is the cgroup's."""
+    from nvc.apply import cgroups
+    from nvc.errors import PrivilegeError
+
+    def refuse(*args: object) -> None:
+        raise PrivilegeError("cgroup refused (test)")
+
+    monkeypatch.setattr(cgroups, "allow_devices", refuse)
+    with sleeper() as proc:
+        mounts = Path(f"/proc/{proc.pid}/mountinfo").read_text()
+        with pytest.raises(PrivilegeError, match=r"cgroup refused \(test\)"):
+            _configure_with_cgroups(active_2gpu.root, debian_rootfs, proc.pid)
+        assert Path(f"/proc/{proc.pid}/mountinfo").read_text() == mounts
+    assert not os.path.lexists(debian_rootfs / "dev/nvidia0")
+
+
+def test_mounts_failing_while_the_cgroup_is_programmed_fail_the_start(
+    active_2gpu, debian_rootfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other way round: the cgroup step done, the helper's mounts refused (an image with a
+    directory where a device node goes); the error is the mounts', and nothing stays mounted."""
+    from nvc.apply import cgroups
+    from nvc.errors import MountError
+
+    granted: list[object] = []
+    monkeypatch.setattr(cgroups, "allow_devices", lambda cgroup, rules: granted.append(rules))
+    (debian_rootfs / "dev/nvidia0").mkdir(parents=True)
+    try:
+        with sleeper() as proc:
+            mounts = Path(f"/proc/{proc.pid}/mountinfo").read_text()
+            with pytest.raises(MountError, match="nvidia0"):
+                _configure_with_cgroups(active_2gpu.root, debian_rootfs, proc.pid)
+            assert Path(f"/proc/{proc.pid}/mountinfo").read_text() == mounts
+        assert granted
+    finally:
+        (debian_rootfs / "dev/nvidia0").rmdir()
+
+
 # The container's process is resolved from its pid in one place below the programs, the pipeline's
 # container step: every other step is handed that handle (a step that resolved the pid again might
 # reach another process).

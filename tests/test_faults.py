@@ -348,7 +348,7 @@ def test_links_ldconfig_added_go_with_a_dead_helper_s_journal(tmp_path: Path) ->
     (lib / "libold.so.1").symlink_to("libold.so.1.0")
     plan = Plan(str(rootfs), None, (0, 0), (), ldconfig="/sbin/ldconfig", ldconfig_dirs=("/usr/lib",))
     with open_container(5.0) as client:
-        client.mount(plan, None)
+        client.mount(plan, None)()
         (lib / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.1")  # what ldconfig adds
         (lib / "notes").write_text("not a link: not ldconfig's")
         os.kill(client.helper.pid, signal.SIGKILL)

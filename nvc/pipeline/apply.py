@@ -2,9 +2,9 @@
 
 The host side first (the driver nodes ``--load-kmods`` found missing, like udev: they stay; the
 sharing files, in this process's mount namespace), then the mounts (the container helper,
-:mod:`nvc.rpc.container_service`, which only carries the calls), then the device cgroup; the ld
-cache is rebuilt in ldconfig's sandbox, which is forked before the mounts (it loads its modules
-while the helper mounts) and runs while the cgroup is programmed. Where any step fails, the
+:mod:`nvc.rpc.container_service`, which only carries the calls). While the helper mounts, this
+process forks ldconfig's sandbox (it loads its modules meanwhile) and programs the device cgroup;
+the ld cache is rebuilt in that sandbox once the mounts are done. Where any step fails, the
 mounts and the sharing files are undone; where the helper died mid-apply, a fresh one undoes what
 its journal names.
 """
@@ -77,13 +77,15 @@ def _host_steps(plan: Plan, handle: ContainerHandle | None) -> Iterator[None]:
         raise
 
 
-def _cgroup(plan: Plan, handle: ContainerHandle | None, start: float) -> None:
-    """The device cgroup's rules for the plan's nodes (none standalone, or with --no-cgroups)."""
+def _cgroup(plan: Plan, handle: ContainerHandle | None, start: float) -> float:
+    """The device cgroup's rules for the plan's nodes (none standalone, or with --no-cgroups); returns
+    when it is done."""
     if plan.cgroup_rules and handle is not None:
         from nvc.apply import cgroups
 
         cgroups.allow_devices(handle.device_cgroup(), plan.cgroup_rules)
-        _timed("cgroup", start)
+        return _timed("cgroup", start)
+    return start
 
 
 @contextmanager
@@ -92,25 +94,35 @@ def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | 
     ``helper`` (forked ahead by :func:`nvc.rpc.container_service.open_container` and shut down once
     its work is done; None: one forked now). Committed when the ``with`` ends, undone when it fails."""
     from nvc.apply import ldconfig
+    from nvc.errors import NvcError
     from nvc.rpc import container_service
 
     start = time.perf_counter()
+    pending = None
     with _host_steps(plan, handle):
-        pending = None
-        if plan.ldconfig is not None:
-            pending = ldconfig.start_ldconfig(
-                plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner, handle=handle
-            )
         try:
-            start = _timed("setup", start)
             with helper if helper is not None else container_service.open_container() as client:
                 try:
-                    client.mount(plan, handle)
-                    start = _timed("mounts", start)
+                    mounted = client.mount(plan, handle)
+                    try:  # while the helper mounts: ldconfig's sandbox forked, the device cgroup programmed
+                        if plan.ldconfig is not None:
+                            pending = ldconfig.start_ldconfig(
+                                plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner, handle=handle
+                            )
+                        start = _cgroup(plan, handle, _timed("setup", start))
+                    except BaseException:
+                        try:
+                            mounted()  # done before they are undone
+                        except NvcError:
+                            pass  # failed too: the helper undid them
+                        else:
+                            _incomplete(client.rollback())
+                        raise
+                    mounted()
+                    start = _timed("mounts", start)  # what is left of them after the steps beside
                     try:
                         if pending is not None:
                             pending.start()
-                        _cgroup(plan, handle, start)
                         yield Applied(plan, pending)
                     except BaseException:
                         if pending is not None:
