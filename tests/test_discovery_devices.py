@@ -143,6 +143,38 @@ def test_mig_caps_filled_from_proc(tmp_path: Path) -> None:
         procfs.read_mig_minors(tmp_path)
 
 
+def test_mig_minors_are_read_once_per_loaded_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver writes mig-minors anew at each read (thousands of lines); its text is kept, in the
+    process and in root's own file for the next, while the driver's version line and the /proc entry
+    are the same: another entry (a module loaded again), another version or another text is read again."""
+    proc = tmp_path / "proc"
+    (proc / "driver/nvidia").mkdir(parents=True)
+    (proc / "driver/nvidia-caps").mkdir()
+    version, minors = proc / "driver/nvidia/version", proc / "driver/nvidia-caps/mig-minors"
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build\n")
+    minors.write_text("config 1\nmonitor 2\n")
+    reads: list[Path] = []
+    read = procfs._read_minors
+    monkeypatch.setattr(procfs, "_read_minors", lambda path: reads.append(path) or read(path))
+    monkeypatch.setattr(procfs, "MIG_MINORS_KEPT", str(tmp_path / "run/mig-minors"))
+    monkeypatch.setattr(procfs, "_kept_minors", None)
+    for _ in range(3):
+        assert procfs.lookup_mig_minors(["monitor"], proc) == {"monitor": 2}
+    monkeypatch.setattr(procfs, "_kept_minors", None)  # a fresh process: root's own file
+    assert procfs.read_mig_minors(proc) == {"config": 1, "monitor": 2}
+    assert len(reads) == 1 and oct((tmp_path / "run/mig-minors").stat().st_mode & 0o777) == "0o600"
+    minors.rename(tmp_path / "old")
+    minors.write_text("config 1\nmonitor 3\n")  # another entry
+    assert procfs.lookup_mig_minors(["monitor"], proc) == {"monitor": 3}
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  590.1.2  Release Build\n")
+    assert procfs.lookup_mig_minors(["monitor"], proc) == {"monitor": 3}
+    assert len(reads) == 3
+    (tmp_path / "run/mig-minors").chmod(0o644)  # not root's own as nvc-py writes it: not believed
+    monkeypatch.setattr(procfs, "_kept_minors", None)
+    assert procfs.lookup_mig_minors(["monitor"], proc) == {"monitor": 3}
+    assert len(reads) == 4
+
+
 # --- the --device grammar -------------------------------------------------------------------
 
 GPUS = (
