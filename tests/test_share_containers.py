@@ -31,6 +31,14 @@ T = TypeVar("T")
 # ---------------------------------------------------------------- steps of the container's plan
 
 
+def _state(run_dir: Path) -> list[str]:
+    """What ``run_dir`` holds but the discoveries kept there (nvc.discover.keptfiles): what a dry run
+    found is kept for the next call, a cache and no step of the plan."""
+    from nvc.discover import keptfiles
+
+    return sorted(str(p) for p in run_dir.rglob("*") if not str(p).startswith(keptfiles.DIRECTORY))
+
+
 def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_rootfs, target_process):
     """configure's plan has the sharing files as host steps, before the container's: the dry run
     prints them and makes nothing; applying makes them, then the mounts that show them in the
@@ -49,7 +57,7 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     )._replace(sharing=asked, container_id="ctr-plan")
     where, sched = f"{share.STATE_DIR}/ctr-plan", f"{share.sched_dir_for(share.STATE_DIR)}/ctr-plan"
     host_mounts = Path("/proc/self/mountinfo").read_text()
-    listing_before = sorted(str(p) for p in default_run_dir.rglob("*"))
+    listing_before = _state(default_run_dir)
 
     plan = configure.dry_plan(glob, req)
 
@@ -77,7 +85,7 @@ def test_sharing_files_are_steps_of_the_plan(default_run_dir, active_2gpu, make_
     assert f"bind    extra     {where}/shared -> {sharing.CONTAINER_DIR} [nosuid,nodev]" in lines
     assert "memory_limit=1073741824\ncompute_percent=50\n" in plan.share.limits
     # the dry run changed nothing on the host
-    assert sorted(str(p) for p in default_run_dir.rglob("*")) == listing_before
+    assert _state(default_run_dir) == listing_before
     assert Path("/proc/self/mountinfo").read_text() == host_mounts
 
     missing = HostMount(str(default_run_dir / "no-such-file"), "/opt/missing")
