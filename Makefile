@@ -58,9 +58,10 @@ INSTALL_INPUTS := $(shell find nvc hook rpc -name __pycache__ -prune -o -type f 
 INSTALL_CURRENT := $(and $(filter file://$(CURDIR),$(INSTALLED_FROM)),\
 	$(if $(filter-out $(INSTALL_INPUTS),$(shell cat $(INSTALL_STAMP) 2>/dev/null)),,current))
 # What the hooks, their server and the device plugin leave in RUN_DIR beside the containers' sharing
-# state (share/, gpu-sched/), for `make uninstall`.
+# state (share/, gpu-sched/), for `make uninstall` (driver-files: a directory of kept discoveries).
 RUN_DIR := /run/nvc-py
-RUN_FILES := config-cache.json runtime-cache ldconfig-seccomp.bpf hook.sock server.lock server.log device-plugin.json
+RUN_FILES := config-cache.json runtime-cache ldconfig-seccomp.bpf elf-links.json mig-minors driver-files hook.sock \
+	server.lock server.log device-plugin.json
 # The Debian package's state where it is installed (dpkg-query: installed, unpacked, ...): its files are
 # $(LIBDIR), which this tree's install would overwrite. Then install, uninstall and what needs this tree
 # installed (build, test, fuzz) refuse in one line, and try and demo use the package as installed.
@@ -291,7 +292,7 @@ uninstall: unpackaged
 		then echo "kept $$dir: it holds containers' GPU-sharing state (remove it once they have stopped)"; continue; fi; \
 		if mountpoint -q $$dir; then umount $$dir; fi; rm -rv $$dir; \
 	done
-	@for name in $(RUN_FILES); do rm -fv $(RUN_DIR)/$$name; done
+	@for name in $(RUN_FILES); do rm -rfv $(RUN_DIR)/$$name; done
 	@for dir in $(RUN_DIR) $(if $(PURGE),,/etc/nvc-py); do \
 		[ ! -d $$dir ] || rmdir -v --ignore-fail-on-non-empty $$dir; done
 	$(if $(PURGE),@rm -rfv /var/log/nvc-py.log /var/log/nvc-py.log.[0-9]* /etc/nvc-py)
