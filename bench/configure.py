@@ -68,6 +68,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))  # reference.py, also where the module is loaded by path (its tests)
+sys.path.append(str(REPO))  # nvc, where the interpreter has none installed (harness.timing reads mountinfo with it)
 
 import reference  # noqa: E402
 

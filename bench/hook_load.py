@@ -91,6 +91,7 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.append(str(REPO))  # nvc, where the interpreter has none installed (harness.timing reads mountinfo with it)
 
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import LIBDIR, client_hook, hook_server  # noqa: E402
