@@ -204,3 +204,31 @@ def test_only_roots_own_kept_file_is_believed(root: Path, fake_2gpu, monkeypatch
     kept.chmod(0o644)  # readable by others: not what nvc-py writes
     assert _discover(root, fake_2gpu.driver_version) == first
     assert len(found) == 2
+
+
+def test_each_thread_records_its_own_lookups(tmp_path: Path) -> None:
+    """A daemon's threads may discover at once (the device plugin's and the DRA driver's calls): each
+    recording holds its own thread's lookups, all of them, and nothing of the other's."""
+    import threading
+
+    from nvc.discover import rootpath
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    both = threading.Barrier(2)
+    seen: dict[str, set[str]] = {}
+
+    def discover(name: str) -> None:
+        with rootpath.recording() as lookups:
+            both.wait()
+            rootpath.resolve(str(tmp_path), f"/{name}/missing")
+            both.wait()
+        seen[name] = set(lookups.seen)
+
+    threads = [threading.Thread(target=discover, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {name: {f"{tmp_path}/{name}", f"{tmp_path}/{name}/missing"} for name in ("a", "b")}
+    assert not rootpath._recording

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from _thread import get_ident
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -41,24 +42,34 @@ class Lookups:
         self.warned = False
 
 
-_recording: Lookups | None = None
+_recording: dict[int, Lookups] = {}  # by thread: a daemon's threads may discover at once
 
 
 @contextmanager
 def recording() -> Iterator[Lookups]:
-    """Note every lookup :func:`resolve` makes until the ``with`` ends."""
-    global _recording
-    outer, _recording = _recording, Lookups()
+    """Note every lookup :func:`resolve` makes in this thread until the ``with`` ends."""
+    me = get_ident()
+    outer = _recording.get(me)
+    lookups = _recording[me] = Lookups()
     try:
-        yield _recording
+        yield lookups
     finally:
-        _recording = outer
+        if outer is None:
+            del _recording[me]
+        else:
+            _recording[me] = outer
+
+
+def _noting() -> Lookups | None:
+    """This thread's recording, if any."""
+    return _recording.get(get_ident()) if _recording else None
 
 
 def warned() -> None:
     """What is being found from the lookups recorded now warned the user (never kept: each call warns)."""
-    if _recording is not None:
-        _recording.warned = True
+    noting = _noting()
+    if noting is not None:
+        noting.warned = True
 
 
 def signature(st: os.stat_result, listed: bool = False) -> Signature:
@@ -77,9 +88,10 @@ def lookup(host: str, listed: bool = False) -> Signature | None:
 
 def listdir(host: str) -> list[str]:
     """The names in directory ``host`` (a resolved path), the listing noted while recording."""
-    if _recording is not None:
-        _recording.seen[host] = lookup(host, listed=True)
-        _recording.listed.add(host)
+    noting = _noting()
+    if noting is not None:
+        noting.seen[host] = lookup(host, listed=True)
+        noting.listed.add(host)
     return os.listdir(host)
 
 
@@ -96,6 +108,7 @@ def resolve(root: str, path: str) -> str | None:
     ``path`` is read as a path inside the root (absolute or relative to its top). Every
     component, the last one included, has its symlinks followed within the root.
     """
+    noting = _noting()
     pending = [c for c in path.split("/") if c not in ("", ".")]
     pending.reverse()  # a stack: the next component is at the end
     done: list[str] = []
@@ -110,14 +123,14 @@ def resolve(root: str, path: str) -> str | None:
         try:
             st = os.lstat(host_path(root, inner))
         except (FileNotFoundError, NotADirectoryError):
-            if _recording is not None:
-                _recording.seen[host_path(root, inner)] = None
+            if noting is not None:
+                noting.seen[host_path(root, inner)] = None
             return None
         except OSError as err:
             raise DetectionError(f"{host_path(root, inner)}: {err.strerror}") from None
-        if _recording is not None:
+        if noting is not None:
             host = host_path(root, inner)
-            _recording.seen[host] = signature(st, host in _recording.listed)
+            noting.seen[host] = signature(st, host in noting.listed)
         if not stat.S_ISLNK(st.st_mode):
             done.append(name)
             continue
