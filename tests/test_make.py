@@ -47,3 +47,32 @@ def test_install_again_only_once_a_file_of_the_package_changed() -> None:
     finally:
         STAMP.write_text(installed)
     assert not _installs()
+
+
+def test_make_uninstall_names_every_file_the_programs_keep_in_the_run_directory() -> None:
+    """What the programs write to /run/nvc-py beside the containers' sharing state (caches, the
+    server's socket, the device plugin's file) is each in the Makefile's RUN_FILES, which `make
+    uninstall` removes; else the run directory outlives the uninstall."""
+    import re
+
+    from nvc.config import yamlfile
+    from nvc.discover import elf, keptfiles, procfs
+    from nvc.hook.oci import runtimecache
+    from nvc.k8s import published
+    from nvc.system import confinement, programs
+
+    listed = re.search(r"^RUN_FILES := ((?:.*\\\n)*.*)$", (REPO / "Makefile").read_text(), re.M)
+    assert listed is not None
+    names = set(listed[1].replace("\\\n", " ").split())
+    kept = [
+        yamlfile.CACHE_PATH,
+        elf.LINKS_CACHE,
+        procfs.MIG_MINORS_KEPT,
+        keptfiles.DIRECTORY,
+        runtimecache.CACHE_PATH,
+        programs.DEFAULT_SOCKET,
+        published.FILE,
+        *(confinement.SECCOMP_CACHE.format(name) for name in confinement.SECCOMP_FILTERS),
+    ]
+    assert all(path.startswith("/run/nvc-py/") for path in kept)
+    assert {path.removeprefix("/run/nvc-py/") for path in kept} - names == set()
