@@ -32,6 +32,9 @@ Rows, in the same run and interleaved round by round so drift hits every row ali
   server, ...          the last three again through nvc-py-hook-client and a ``nvc-py-hook
                        serve`` the bench started (spare workers forked ahead: a storm may queue)
 
+``--row LABEL`` (again for more) runs only those rows, with the baseline (and a fault row's healthy
+storm): a few rows' storms at less cost.
+
 With ``--reference PATH``, a row of NVIDIA's ``nvidia-container-cli`` at PATH in a bash prestart hook
 (bench/reference.py) follows the baseline, and a last table gives every row's p50 and p99 as multiples of
 the reference's.
@@ -442,6 +445,15 @@ def reference_table(rows: tuple[Row, ...], times: dict[str, list[float]]) -> Non
             print(f"{row.label:<27}{statistics.median(mine) / p50:>8.2f}x{percentile(mine, 99) / p99:>8.2f}x")
 
 
+def chosen(rows: tuple[Row, ...], wanted: set[str]) -> tuple[Row, ...]:
+    """``rows`` cut to the ``wanted`` labels (none: all), in their order, with the baseline (the first
+    row) and each wanted fault row's healthy storm, which its ratios need."""
+    if not wanted:
+        return rows
+    healthy = {row.healthy for row in rows if row.label in wanted}
+    return tuple(row for row in rows if row.label in wanted | healthy or row is rows[0])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--containers", type=int, default=32)
@@ -452,7 +464,16 @@ def main() -> int:
         "--faults", action="store_true", help="only the fault rows, their healthy storms and the baseline"
     )
     parser.add_argument("--reference", type=Path, help="nvidia-container-cli to time beside, in a bash hook")
+    parser.add_argument(
+        "--row",
+        action="append",
+        metavar="LABEL",
+        help="only this row (again for more), with the baseline and a fault row's healthy storm",
+    )
     args = parser.parse_args()
+    wanted = set(args.row or ())
+    if wanted - {row.label for row in ROWS}:
+        parser.error(f"--row: no such row: {'; '.join(sorted(wanted - {row.label for row in ROWS}))}")
     runtime, runtime_why = bench_runtime(args.runtime)
     real = Path("/proc/driver/nvidia/version").exists() and not args.fake
     if args.reference and not real:
@@ -491,6 +512,7 @@ def main() -> int:
             "env": [*hook_env, f"NVC_PY_HOOK_SOCKET={installed_sock}", *stand_in],
         }
         rows = tuple(row for row in ROWS if row.label in FAULT_ROWS) if args.faults else ROWS
+        rows = chosen(rows, wanted)
         if args.reference:
             rows = (rows[0], Row(reference.LABEL, GPU0, "reference"), *rows[1:])
         if not installed_front(hook_path):
