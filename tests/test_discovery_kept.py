@@ -33,9 +33,9 @@ def root(fake_2gpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return copy
 
 
-def _discover(root: Path, version: str) -> driver.DriverFiles:
+def _discover(root: Path, version: str, mps_pipe_dir: str = "/mps") -> driver.DriverFiles:
     return driver.discover(
-        str(root), version, machine="x86_64", kernel_release="6.1.0", firmware_class_path="", mps_pipe_dir="/mps"
+        str(root), version, machine="x86_64", kernel_release="6.1.0", firmware_class_path="", mps_pipe_dir=mps_pipe_dir
     )
 
 
@@ -232,3 +232,23 @@ def test_each_thread_records_its_own_lookups(tmp_path: Path) -> None:
         thread.join()
     assert seen == {name: {f"{tmp_path}/{name}", f"{tmp_path}/{name}/missing"} for name in ("a", "b")}
     assert not rootpath._recording
+
+
+def test_past_the_most_kept_the_oldest_written_results_go(
+    root: Path, fake_2gpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request's inputs keep a file (here the MPS pipe directory differs); past MAX_KEPT of them the
+    oldest written is removed as the next is stored, and a request whose result went is found again."""
+    monkeypatch.setattr(keptfiles, "MAX_KEPT", 2)
+    found = _finds(monkeypatch)
+    files = {}
+    for name in ("a", "b", "c"):
+        before = set(Path(keptfiles.DIRECTORY).glob("*.json")) if Path(keptfiles.DIRECTORY).exists() else set()
+        _discover(root, fake_2gpu.driver_version, f"/mps-{name}")
+        (files[name],) = set(Path(keptfiles.DIRECTORY).glob("*.json")) - before
+        time.sleep(0.01)  # distinct mtimes
+    assert sorted(Path(keptfiles.DIRECTORY).iterdir()) == sorted([files["b"], files["c"]])
+    _discover(root, fake_2gpu.driver_version, "/mps-c")
+    assert len(found) == 3  # the newest is used again
+    _discover(root, fake_2gpu.driver_version, "/mps-a")
+    assert len(found) == 4 and sorted(Path(keptfiles.DIRECTORY).iterdir()) == sorted([files["c"], files["a"]])

@@ -398,12 +398,13 @@ def discover(
         mps_pipe_dir or os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY,
     )
     key = [*where, None if prefixes is None else list(prefixes), [list(spec) for spec in loaders]]
-    files = _decoded(keptfiles.load(key))
+    slot = keptfiles.slot(key)
+    files = _decoded(slot.load())
     if files is None:
         started = time.time_ns()
         with rootpath.recording() as lookups:
             files = _find(where, prefixes, loaders)
-        keptfiles.store(key, _encoded(files), lookups, started)
+        slot.store(_encoded(files), lookups, started)
     log.debug(
         "driver %s under %s: %d libraries, %d 32-bit, %d binaries, %d firmwares, %d loader files",
         version,

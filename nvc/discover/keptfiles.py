@@ -15,7 +15,9 @@ Timestamps are taken at a clock tick, not to the nanosecond, so a change made wi
 lookup could leave the times it saw unchanged: a result whose paths changed less than
 :data:`SETTLE_NS` before it was found is not kept (git's racy index, the same rule). A result that
 warned (a file left out) is not kept either, so every call still says so. Files are
-:mod:`nvc.system.runcache`'s: root's own, one per key, written atomically.
+:mod:`nvc.system.runcache`'s: root's own, one per key, written atomically; at most :data:`MAX_KEPT`,
+the oldest written going first (a driver upgrade or a capability set no longer asked for leaves
+its results behind until a reboot otherwise).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from nvc.discover import rootpath
 from nvc.system import runcache
@@ -31,6 +33,7 @@ from nvc.system import runcache
 DIRECTORY = "/run/nvc-py/driver-files"
 MAX_FILE = 512 * 1024  # bytes of one kept result
 SETTLE_NS = 2_000_000_000  # a result whose lookups changed this recently is not kept
+MAX_KEPT = 64  # results kept: a host asks for a few (a root, a driver version, a set of capabilities each)
 FORMAT = 1
 
 
@@ -50,43 +53,68 @@ def _code_identity() -> list[int]:
     return identity
 
 
-def _whole(key: list[Any]) -> tuple[list[Any], str]:
-    """The key with the format and nvc-py's code, as read back from JSON (tuples are lists), and its
-    file: named by its checksum (the file holds the whole key, compared on reading)."""
-    text = json.dumps([FORMAT, _code_identity(), key])
-    return json.loads(text), f"{DIRECTORY}/{zlib.crc32(text.encode()):08x}.json"
+class Slot(NamedTuple):
+    """Where one request's result is kept: its whole key (with the format and nvc-py's code, as read
+    back from JSON: tuples are lists) and its file, named by the key's checksum (the file holds the
+    whole key, compared on reading)."""
 
+    key: list[Any]
+    path: str
 
-def load(key: list[Any]) -> Any | None:
-    """The value kept for ``key`` (JSON data), or None: nothing kept, or a path it was found from
-    has changed since."""
-    key, path = _whole(key)
-    raw = runcache.load(path, MAX_FILE)
-    if raw is None:
-        return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or doc.get("key") != key or not isinstance(doc.get("lookups"), list):
-        return None
-    for entry in doc["lookups"]:
-        if not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], str):
+    def load(self) -> Any | None:
+        """The value kept (JSON data), or None: nothing kept, or a path it was found from has changed
+        since."""
+        raw = runcache.load(self.path, MAX_FILE)
+        if raw is None:
             return None
-        if rootpath.lookup(entry[0], entry[2] is True) != entry[1]:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
             return None
-    return doc.get("value")
+        if not isinstance(doc, dict) or doc.get("key") != self.key or not isinstance(doc.get("lookups"), list):
+            return None
+        for entry in doc["lookups"]:
+            if not isinstance(entry, list) or len(entry) != 3 or not isinstance(entry[0], str):
+                return None
+            if rootpath.lookup(entry[0], entry[2] is True) != entry[1]:
+                return None
+        return doc.get("value")
 
-
-def store(key: list[Any], value: Any, lookups: rootpath.Lookups, started_ns: int) -> None:
-    """Keep ``value`` for ``key`` with the ``lookups`` it was found from (best effort), unless one of
-    them changed within :data:`SETTLE_NS` before ``started_ns`` or the discovery warned."""
-    if lookups.warned:
-        return
-    settled = started_ns - SETTLE_NS
-    for signature in lookups.seen.values():
-        if signature is not None and len(signature) > 3 and max(signature[4], signature[5]) >= settled:
+    def store(self, value: Any, lookups: rootpath.Lookups, started_ns: int) -> None:
+        """Keep ``value`` with the ``lookups`` it was found from (best effort), unless one of them
+        changed within :data:`SETTLE_NS` before ``started_ns`` or the discovery warned; then drop the
+        oldest written past :data:`MAX_KEPT`."""
+        if lookups.warned:
             return
-    key, path = _whole(key)
-    seen = [[name, signature, name in lookups.listed] for name, signature in lookups.seen.items()]
-    runcache.store(path, json.dumps({"key": key, "lookups": seen, "value": value}).encode())
+        settled = started_ns - SETTLE_NS
+        for signature in lookups.seen.values():
+            if signature is not None and len(signature) > 3 and max(signature[4], signature[5]) >= settled:
+                return
+        seen = [[name, signature, name in lookups.listed] for name, signature in lookups.seen.items()]
+        runcache.store(self.path, json.dumps({"key": self.key, "lookups": seen, "value": value}).encode())
+        _evict()
+
+
+def slot(key: list[Any]) -> Slot:
+    """The slot of a request's inputs ``key`` (JSON data)."""
+    text = json.dumps([FORMAT, _code_identity(), key])
+    return Slot(json.loads(text), f"{DIRECTORY}/{zlib.crc32(text.encode()):08x}.json")
+
+
+def _evict() -> None:
+    """Remove the oldest written of the kept results past :data:`MAX_KEPT` (best effort: another
+    process may remove or write one meanwhile)."""
+    try:
+        with os.scandir(DIRECTORY) as entries:
+            kept = [
+                (entry.stat(follow_symlinks=False).st_mtime_ns, entry.name)
+                for entry in entries
+                if entry.name.endswith(".json")  # not another process's file still being written
+            ]
+    except OSError:
+        return
+    for _, name in sorted(kept)[: max(0, len(kept) - MAX_KEPT)]:
+        try:
+            os.unlink(os.path.join(DIRECTORY, name))
+        except OSError:
+            pass
