@@ -168,5 +168,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:  #
         terminalreporter.write_line(line)
 
 
-# Container harness fixtures: rootfs_cache, make_rootfs, debian_rootfs, lib64_rootfs, runc, podman, containerd.
+# Fixtures used by several test files are registered here, once: a fixture imported into each file that
+# uses it is a fixture of each file, so a session-scoped one would be made once per file. The Debian
+# package (deb, debs); the container harness (rootfs_cache, make_rootfs, debian_rootfs, lib64_rootfs, runc,
+# podman, containerd); the shim and its test programs (programs).
+from harness.debbuild import deb, debs  # noqa: E402,F401
 from harness.fixtures import *  # noqa: E402,F401,F403
+from harness.shim import programs  # noqa: E402,F401

@@ -4,24 +4,20 @@ over the no-hook start of the same kind) and its own log's ``duration_ms``, by r
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from harness import benchscript
 from harness.bundle import make_config
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def bench():
-    loader = importlib.machinery.SourceFileLoader("bench_configure", str(REPO / "bench" / "configure.py"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_configure", loader))
-    loader.exec_module(module)
-    return module
+def bench():  # noqa: ANN201
+    return benchscript.load("configure")
 
 
 def test_each_userns_row_is_its_pair_with_the_maps(bench) -> None:

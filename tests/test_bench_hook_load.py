@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from test_bench_reference import REPO, load
+from harness.benchscript import REPO, load
 
 
 def test_chosen_rows_keep_the_baseline_and_a_fault_rows_healthy_storm_in_order() -> None:

@@ -3,8 +3,6 @@ a stand-in program records the arguments and environment it was run with, which 
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.benchscript import load
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def load(name: str):  # noqa: ANN201
-    loader = importlib.machinery.SourceFileLoader(f"bench_{name}", str(REPO / "bench" / f"{name}.py"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(f"bench_{name}", loader))
-    loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

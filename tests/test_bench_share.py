@@ -7,8 +7,6 @@ the trainer's wait for shares read from the line the real shim logs at exit (on 
 from __future__ import annotations
 
 import ast
-import importlib.machinery
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -16,7 +14,8 @@ from types import ModuleType
 
 import pytest
 
-from harness.shim import WAITS_LOG, programs, share, tenant  # noqa: F401  (fixtures)
+from harness import benchscript
+from harness.shim import WAITS_LOG, share, tenant  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
@@ -24,11 +23,7 @@ import sharegpu  # noqa: E402
 
 
 def _bench() -> ModuleType:
-    """bench/share.py, loaded as a module (it is a script, not a package's)."""
-    loader = importlib.machinery.SourceFileLoader("bench_share", str(REPO / "bench" / "share.py"))
-    bench = importlib.util.module_from_spec(importlib.util.spec_from_loader("bench_share", loader))
-    loader.exec_module(bench)
-    return bench
+    return benchscript.load("share")
 
 
 def test_latency_runs_from_arrival_not_from_service():

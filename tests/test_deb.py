@@ -39,7 +39,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from harness import debroot, progress
-from harness.debbuild import deb, debs, version  # noqa: F401  (fixtures)
+from harness.debbuild import version
 
 REPO = debroot.REPO
 # What the package depends on beyond a minbase root: apt finds it installed and fetches nothing.

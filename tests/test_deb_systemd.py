@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from harness import debroot, progress
-from harness.debbuild import deb, debs  # noqa: F401  (fixtures)
 
 # The systemd root: what the package depends on, and systemd as its PID 1 (apt fetches nothing).
 SYSTEMD_INCLUDE = "python3,systemd,systemd-sysv,dbus,procps"

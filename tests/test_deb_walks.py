@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 from harness import debroot, progress
-from harness.debbuild import deb, debs  # noqa: F401  (fixtures)
 
 # In a throwaway copy of this host's root (harness.hostroot): the package installed as README says
 # (the suite's own make install removed first, as a host with the package has none), then the

@@ -31,7 +31,7 @@ from harness.hookserver import hook_server
 from harness.installed import SCRIPTS
 from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture: tmpfs mounts of this test's own)
 from harness.shareregion import Device, Entry, Slot, region_bytes, sched_bytes
-from harness.shim import GIB, MIB, programs  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB  # noqa: F401  (fixtures)
 from harness.shim import share as shim  # noqa: F401  (a fixture)
 from nvc.apply import sharefiles
 from nvc.exporter import unixdiag

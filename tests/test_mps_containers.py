@@ -24,7 +24,6 @@ from harness.hookfixtures import default_run_dir  # noqa: F401  (fixture)
 from harness.hookserver import umount_when_free
 from harness.installed import SCRIPTS
 from harness.podman import own_engine_config
-from harness.shim import programs  # noqa: F401  (fixture)
 from harness.standins import target_process  # noqa: F401  (fixture)
 from nvc.apply import mps, sharefiles
 from nvc.plan import mps as mpsplan

@@ -10,7 +10,6 @@ import subprocess
 
 import pytest
 
-from harness.shim import programs  # noqa: F401  (fixture)
 from nvc import config
 from nvc.containerenv import sharing
 from nvc.errors import ContainerError, InputError

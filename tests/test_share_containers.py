@@ -18,7 +18,7 @@ import pytest
 
 from harness.hookfixtures import default_run_dir, fake_driver_config, oci_hooks, setup_dir  # noqa: F401  (fixtures)
 from harness.sharedirs import mountpoints as _mountpoints
-from harness.shim import GIB, WAITS_LOG, programs  # noqa: F401  (fixture)
+from harness.shim import GIB, WAITS_LOG  # noqa: F401  (fixtures)
 from harness.standins import target_process  # noqa: F401  (fixture)
 from nvc.apply import sharefiles
 from nvc.commands import sharestatus

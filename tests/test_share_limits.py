@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from harness.sharedirs import prepared
-from harness.shim import GIB, MIB, meminfo, programs  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB, meminfo  # noqa: F401  (fixtures)
 from harness.shim import share as shim  # noqa: F401  (a fixture)
 from nvc.apply import sharefiles
 from nvc.containerenv import sharing

@@ -18,7 +18,7 @@ import subprocess
 import pytest
 
 from harness.fakegpus import H100 as GPU0
-from harness.shim import GIB, MIB, meminfo, programs, share  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB, meminfo, share  # noqa: F401  (fixtures)
 from nvc.errors import InputError
 from nvc.plan.fromenv import parse_share_env
 from nvc.plan.request import ShareRequest

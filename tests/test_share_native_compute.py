@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from harness.shim import WAITS_LOG, launches_logged, programs, share, tenant, wall_and_log, wall_s  # noqa: F401  (fixtures)
+from harness.shim import WAITS_LOG, launches_logged, share, tenant, wall_and_log, wall_s  # noqa: F401  (fixtures)
 
 # ---------------------------------------------------------------- compute share
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from harness.shim import launches_logged, programs, share, tenant  # noqa: F401  (fixtures)
+from harness.shim import launches_logged, share, tenant  # noqa: F401  (fixtures)
 from nvc.share.sched import parse_sched
 
 

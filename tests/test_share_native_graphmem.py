@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.shim import GIB, MIB, meminfo, programs, share  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB, meminfo, share  # noqa: F401  (fixtures)
 
 
 def graph_run(share, *ops: object, limit: str = "1Gi") -> list[list[str]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.shim import GIB, MIB, REPO, meminfo, programs, share  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB, REPO, meminfo, share  # noqa: F401  (fixtures)
 from nvc.share.region import SIZE as REGION_SIZE
 
 # ---------------------------------------------------------------- accounting

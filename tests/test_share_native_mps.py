@@ -14,7 +14,7 @@ import struct
 import time
 from pathlib import Path
 
-from harness.shim import probe_started, programs, share  # noqa: F401  (fixtures)
+from harness.shim import probe_started, share  # noqa: F401  (fixtures)
 
 LIGHT_KERNELS = 300  # of 1 ms: 0.3 s alone
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.fakegpus import H100 as GPU0
-from harness.shim import programs, share, tenant, wall_s  # noqa: F401  (fixtures)
+from harness.shim import share, tenant, wall_s  # noqa: F401  (fixtures)
 
 ENTRY = struct.Struct("<40sQQQQQQIIIIIIqQ")  # native/shim/scheduling/sched.c struct nvc_sched_entry
 

@@ -11,8 +11,6 @@ from typing import NamedTuple
 
 import pytest
 
-from harness.shim import programs  # noqa: F401  (fixture)
-
 
 class Simulated(NamedTuple):
     first: float  # GPU share in percent, first half of the run

@@ -22,7 +22,7 @@ import pytest
 from harness.hookfixtures import default_run_dir, fake_driver_config, oci_hooks, setup_dir  # noqa: F401  (fixtures)
 from harness.installed import SCRIPTS
 from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture)
-from harness.shim import GIB, MIB, SHIM, foreground, programs, share  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB, SHIM, foreground, share  # noqa: F401  (fixtures)
 from nvc.commands import shareset, sharestatus
 from nvc.errors import ContainerError, PrivilegeError
 from nvc.plan import share as shareplan

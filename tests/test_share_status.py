@@ -16,7 +16,7 @@ import pytest
 
 from harness.fakegpus import H100 as GPU0
 from harness.sharedirs import prepared, private_mounts  # noqa: F401  (fixture)
-from harness.shim import GIB, MIB, programs  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB  # noqa: F401  (fixtures)
 from harness.shim import share as shim  # noqa: F401  (a fixture)
 from nvc.apply import sharefiles
 from nvc.commands import sharestatus

@@ -16,7 +16,7 @@ import time
 
 from harness.fakegpus import H100 as GPU0
 from harness.sharedirs import prepared
-from harness.shim import GIB, MIB, programs  # noqa: F401  (fixtures)
+from harness.shim import GIB, MIB  # noqa: F401  (fixtures)
 from harness.shim import share as shim  # noqa: F401  (a fixture)
 from nvc.commands import sharestatus, sharetop
 from nvc.commands.sharestatus import ContainerShare, Device, Process

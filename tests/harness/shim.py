@@ -60,9 +60,10 @@ def launches_logged(err: str) -> tuple[int, int]:
     return found.launches, found.free
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The shim (built by its Makefile) and the test programs."""
+    """The shim (built by its Makefile) and the test programs, once per session (tests/conftest.py
+    registers it); no test writes them."""
     native.build()
     out = tmp_path_factory.mktemp("share_programs")
     built = {
