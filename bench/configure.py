@@ -3,7 +3,8 @@
 
 Each round starts one container per row, interleaved so that drift hits every row alike; same
 runtime (crun by default, as the reference measurement; runc where crun refuses the host's cgroups),
-same command (``true``), a fresh rootfs copy per container made before the clock starts, no NVIDIA
+same command (``true``), each container on an overlay of one rootfs (an engine's snapshot) mounted
+before the clock starts, no NVIDIA
 device in the spec, cgroups on. The rows use nvc-py's DEFAULT configuration (only the log file's
 place is set; ``load-kmods: true``), which is what a user gets; two rows labelled TUNED follow
 (``load-kmods: false``, debug log for the stage tables):
@@ -62,6 +63,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import NamedTuple
 
@@ -74,7 +76,7 @@ import reference  # noqa: E402
 
 from harness.bundle import make_bundle, reachable_from_userns  # noqa: E402
 from harness.hookserver import client_hook, client_path, hook_server, program_interpreter  # noqa: E402
-from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
+from harness.rootfs import RootfsCache, copy_rootfs, overlay_rootfs  # noqa: E402
 from harness.timing import BenchDriver, bench_runtime, drop_page_cache, median_row, start_container  # noqa: E402
 
 HOOK_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -255,6 +257,19 @@ def print_userns_table(rows: tuple[Row, ...], times: dict[str, list[float]], dur
             print(f"{label + ': duration_ms':<50} {own:>9.1f} {own_mapped:>9.1f}  {own_mapped / own:.2f}")
 
 
+def container_root(base: Path, bundle: Path, roots: ExitStack, *, userns_run: bool, mapped: bool) -> Path:
+    """A container's rootfs in ``bundle``: an overlay of ``base`` (harness.rootfs.overlay_rootfs), unmounted
+    when ``roots`` closes. A --userns run copies it for every row and chowns the mapped rows' copies: a chown
+    through an overlay would copy every file up, and the maps must be the rows' only difference."""
+    if not userns_run:
+        return roots.enter_context(overlay_rootfs(base, bundle))
+    rootfs = copy_rootfs(base, bundle / "rootfs")
+    if mapped:
+        subprocess.run(["chown", "-R", "-h", f"{ID_MAP[0]}:{ID_MAP[0]}", str(rootfs)], check=True)
+        reachable_from_userns(rootfs)
+    return rootfs
+
+
 def floor(python: str) -> float:
     t0 = time.perf_counter()
     subprocess.run([python, "-I", "-S", "-c", "pass"], check=True)
@@ -374,35 +389,33 @@ def main() -> int:
                     tag = f"{round_no}-{row_no}"
                     bundle = work / f"b{tag}"
                     bundle.mkdir()
-                    rootfs = copy_rootfs(base, bundle / "rootfs")
-                    if row.userns:
-                        subprocess.run(["chown", "-R", "-h", f"{ID_MAP[0]}:{ID_MAP[0]}", str(rootfs)], check=True)
-                        reachable_from_userns(rootfs)
-                    hooks, env = None, {}
-                    if row.kind == "cli":
-                        wrapper = wrappers[row_no]
-                        hooks = {
-                            "prestart": [
-                                {"path": str(wrapper), "args": [wrapper.name, tag, str(rootfs)], "env": [HOOK_PATH]}
-                            ]
-                        }
-                    elif row.kind == "reference":
-                        hooks = {"prestart": [reference_hook]}
-                    elif row.kind == "hook":
-                        hooks = {"prestart": [hooks_by_config[row.tuned, row.served]]}
-                        env = {"NVIDIA_VISIBLE_DEVICES": "0"} if row.gpu else {}
-                    make_bundle(
-                        bundle,
-                        rootfs,
-                        ["true"],
-                        env=env,
-                        hooks=hooks,
-                        id_map=ID_MAP if row.userns else None,
-                        host_proc_sys=args.userns,
-                    )
-                    if row.cold:
-                        drop_page_cache()
-                    elapsed, error = start_container(runtime, state, bundle, f"nvc-bench-{tag}")
+                    with ExitStack() as roots:
+                        rootfs = container_root(base, bundle, roots, userns_run=args.userns, mapped=row.userns)
+                        hooks, env = None, {}
+                        if row.kind == "cli":
+                            wrapper = wrappers[row_no]
+                            hooks = {
+                                "prestart": [
+                                    {"path": str(wrapper), "args": [wrapper.name, tag, str(rootfs)], "env": [HOOK_PATH]}
+                                ]
+                            }
+                        elif row.kind == "reference":
+                            hooks = {"prestart": [reference_hook]}
+                        elif row.kind == "hook":
+                            hooks = {"prestart": [hooks_by_config[row.tuned, row.served]]}
+                            env = {"NVIDIA_VISIBLE_DEVICES": "0"} if row.gpu else {}
+                        make_bundle(
+                            bundle,
+                            rootfs,
+                            ["true"],
+                            env=env,
+                            hooks=hooks,
+                            id_map=ID_MAP if row.userns else None,
+                            host_proc_sys=args.userns,
+                        )
+                        if row.cold:
+                            drop_page_cache()
+                        elapsed, error = start_container(runtime, state, bundle, f"nvc-bench-{tag}")
                     shutil.rmtree(bundle, ignore_errors=True)
                     if error:
                         failures.append(f"{row.label}: {error}")

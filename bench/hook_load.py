@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Start storms: 32 containers started at once (crun, else runc), with nvc-py-hook as prestart hook.
 
-Each round starts N containers concurrently (``RUNTIME run`` of ``true``, one fresh rootfs copy
-per container, made before the clock starts) and times each start to exit. nvc-py runs with its
+Each round starts N containers concurrently (``RUNTIME run`` of ``true``, each on an overlay of one
+rootfs, as an engine's snapshot, mounted before the clock starts) and times each start to exit. nvc-py runs with its
 DEFAULT configuration (only the log file's place is set: ``load-kmods: true``), as a user gets it.
 Rows, in the same run and interleaved round by round so drift hits every row alike:
 
@@ -98,7 +98,7 @@ sys.path.append(str(REPO))  # nvc, where the interpreter has none installed (har
 
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import LIBDIR, client_hook, hook_server  # noqa: E402
-from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
+from harness.rootfs import RootfsCache, overlay_rootfs  # noqa: E402
 from harness.timing import bench_runtime  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -297,13 +297,23 @@ def one_round(
     """Start ``count`` containers at once (``during``: run in a thread through the storm, told by the
     event when it is over); (start times in ms, failure messages, CPU ms of the runtimes, hooks and
     their helpers)."""
-    bundles = []
+    with ExitStack() as roots:
+        bundles = []
+        for i in range(count):
+            rootfs = roots.enter_context(overlay_rootfs(base_rootfs, work / f"{tag}-{i}"))
+            hooks = {"prestart": [hook]} if env is not None else None
+            bundles.append(make_bundle(work / f"{tag}-{i}", rootfs, ["true"], env=env or {}, hooks=hooks))
+        results, cpu = storm(runtime, work / "runtime-state", bundles, tag, during)
     for i in range(count):
-        (work / f"{tag}-{i}").mkdir()
-        rootfs = copy_rootfs(base_rootfs, work / f"{tag}-{i}" / "rootfs")
-        hooks = {"prestart": [hook]} if env is not None else None
-        bundles.append(make_bundle(work / f"{tag}-{i}", rootfs, ["true"], env=env or {}, hooks=hooks))
-    state = work / "runtime-state"
+        shutil.rmtree(work / f"{tag}-{i}", ignore_errors=True)
+    return [t for t, _ in results], [e for _, e in results if e], cpu
+
+
+def storm(
+    runtime: str, state: Path, bundles: list[Path], tag: str, during: Callable[[threading.Event], None] | None
+) -> tuple[list[tuple[float, str | None]], float]:
+    """Start the bundles at once; each one's (start time in ms, failure message), and the CPU ms of the runtimes,
+    hooks and their helpers."""
 
     def start(i: int) -> tuple[float, str | None]:
         cid = f"nvc-load-{tag}-{i}"
@@ -322,19 +332,16 @@ def one_round(
     cpu = children_cpu_ms()
     over = threading.Event()
     thread = threading.Thread(target=during, args=(over,)) if during is not None else None
-    with ThreadPoolExecutor(max_workers=count) as pool:
+    with ThreadPoolExecutor(max_workers=len(bundles)) as pool:
         if thread is not None:
             thread.start()
         try:
-            results = list(pool.map(start, range(count)))
+            results = list(pool.map(start, range(len(bundles))))
         finally:
             over.set()
             if thread is not None:
                 thread.join()
-    cpu = children_cpu_ms() - cpu
-    for i in range(count):
-        shutil.rmtree(work / f"{tag}-{i}", ignore_errors=True)
-    return [t for t, _ in results], [e for _, e in results if e], cpu
+    return results, children_cpu_ms() - cpu
 
 
 def new_lines(path: Path, seen: int, want: int) -> list[dict]:

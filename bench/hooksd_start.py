@@ -7,7 +7,8 @@ read it (containers.conf's hooks_dir, resolved as podman resolves it) is given t
 would pass it on, unchanged: its program (the native front), its fixed environment (the default
 configuration), so a call is served by the installed server (systemd's socket, or one the hook
 starts on demand). Rows, interleaved in each round after one warm-up round, same runtime and
-command (``true``), a fresh rootfs copy per container made before the clock starts:
+command (``true``), each container on an overlay of one rootfs (an engine's snapshot) mounted before the
+clock starts:
 
   no hook                       the baseline
   hooks.d entry, GPU 0          NVIDIA_VISIBLE_DEVICES=0
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from harness.bundle import make_bundle  # noqa: E402
-from harness.rootfs import RootfsCache, copy_rootfs  # noqa: E402
+from harness.rootfs import RootfsCache, overlay_rootfs  # noqa: E402
 from harness.timing import median_row, start_container  # noqa: E402
 
 ROWS = (("no hook", None), ("hooks.d entry, GPU 0", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("hooks.d entry, no GPU", {}))
@@ -64,11 +65,10 @@ def main() -> int:
             for row_no, (label, env) in enumerate(ROWS):
                 bundle = work / f"b{round_no}-{row_no}"
                 bundle.mkdir()
-                rootfs = copy_rootfs(base, bundle / "rootfs")
-                make_bundle(
-                    bundle, rootfs, ["true"], env=env or {}, hooks=None if env is None else {"prestart": [hook]}
-                )
-                elapsed, error = start_container(runtime, work / "state", bundle, f"nvc-hooksd-{round_no}-{row_no}")
+                with overlay_rootfs(base, bundle) as rootfs:
+                    hooks = None if env is None else {"prestart": [hook]}
+                    make_bundle(bundle, rootfs, ["true"], env=env or {}, hooks=hooks)
+                    elapsed, error = start_container(runtime, work / "state", bundle, f"nvc-hooksd-{round_no}-{row_no}")
                 shutil.rmtree(bundle, ignore_errors=True)
                 if error:
                     failures.append(f"{label}: {error}")

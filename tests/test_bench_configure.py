@@ -1,10 +1,13 @@
-"""bench/configure.py's ``--userns`` mode without running containers: its rows differ from their pair only
-in the maps, its bundles only in the user namespace, and its table's figures are the hook's cost (its start
-over the no-hook start of the same kind) and its own log's ``duration_ms``, by row."""
+"""bench/configure.py without running containers: its ``--userns`` rows differ from their pair only in the
+maps, its bundles only in the user namespace, and its table's figures are the hook's cost (its start over the
+no-hook start of the same kind) and its own log's ``duration_ms``, by row; each container's root is an overlay
+of one rootfs, or in a ``--userns`` run a copy."""
 
 from __future__ import annotations
 
 import json
+import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,44 @@ def test_a_mapped_bundle_differs_only_in_its_user_namespace(bench, tmp_path: Pat
     mapped["linux"]["namespaces"].remove({"type": "user"})
     assert mapped == plain
     assert {m["destination"]: m["type"] for m in plain["mounts"]}["/proc"] == "bind"
+
+
+def _mounted(path: Path) -> bool:
+    return any(line.split()[4] == str(path) for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def test_a_containers_root_is_an_overlay_whose_writes_leave_the_base_as_it_was(bench, tmp_path: Path) -> None:
+    """A start writes into its own upper layer; the shared base (every container's lower) stays as it was, and
+    nothing stays mounted once the container is done."""
+    base = tmp_path / "base"
+    (base / "etc").mkdir(parents=True)
+    (base / "etc" / "ld.so.cache").write_text("base")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    with ExitStack() as roots:
+        rootfs = bench.container_root(base, bundle, roots, userns_run=False, mapped=False)
+        assert rootfs == bundle / "rootfs" and _mounted(rootfs)
+        (rootfs / "etc" / "ld.so.cache").write_text("the container's")
+        (rootfs / "libcuda.so.1").touch()
+    assert not _mounted(rootfs)
+    assert (base / "etc" / "ld.so.cache").read_text() == "base" and not (base / "libcuda.so.1").exists()
+    assert (bundle / "upper" / "etc" / "ld.so.cache").read_text() == "the container's"
+
+
+def test_a_userns_run_copies_each_rows_root_and_chowns_only_the_mapped_ones(bench, tmp_path: Path) -> None:
+    """With --userns every row has a copy (a chown through an overlay would copy every file up, so the mapped
+    rows could not have one): the maps stay the rows' only difference."""
+    base = tmp_path / "base"
+    (base / "usr" / "bin").mkdir(parents=True)
+    roots = {}
+    for mapped in (False, True):
+        bundle = tmp_path / f"bundle-{mapped}"
+        bundle.mkdir()
+        with ExitStack() as stack:
+            roots[mapped] = bench.container_root(base, bundle, stack, userns_run=True, mapped=mapped)
+        assert not _mounted(roots[mapped])
+    assert os.stat(roots[False] / "usr" / "bin").st_uid == 0
+    assert os.stat(roots[True] / "usr" / "bin").st_uid == bench.ID_MAP[0]
 
 
 def test_hook_cost_is_over_the_no_hook_start_of_the_same_kind(bench) -> None:

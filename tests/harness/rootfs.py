@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +151,24 @@ def copy_rootfs(src: Path, dest: Path) -> Path:
     """Copy a cached rootfs for one test; `cp -a` keeps links, modes and owners."""
     subprocess.run(["cp", "-a", str(src), str(dest)], check=True)
     return Path(dest)
+
+
+@contextmanager
+def overlay_rootfs(lower: Path, dest: Path) -> Iterator[Path]:
+    """`lower` through an overlay at dest/rootfs whose writes land in dest/upper, as an engine's overlay
+    snapshot gives a container its root: a start creates only what the runtime and its hooks add. The benches
+    start hundreds of containers; a copy of the whole rootfs for each, deleted after it, leaves tens of
+    thousands of inodes just freed, and on a file system without a journal (the H100 machine's) ext4 skips
+    each of them while it looks for a free one, for every file a later start creates (docs/performance.md)."""
+    for sub in ("upper", "work", "rootfs"):
+        (dest / sub).mkdir(parents=True)
+    rootfs = dest / "rootfs"
+    layers = f"lowerdir={lower},upperdir={dest / 'upper'},workdir={dest / 'work'}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", layers, str(rootfs)], check=True)
+    try:
+        yield rootfs
+    finally:
+        subprocess.run(["umount", "--lazy", str(rootfs)], check=True)
 
 
 def tar_rootfs(root: Path, tarball: Path) -> Path:
