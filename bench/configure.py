@@ -61,7 +61,6 @@ import statistics
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -77,7 +76,7 @@ import reference  # noqa: E402
 from harness.bundle import make_bundle, reachable_from_userns  # noqa: E402
 from harness.hookserver import client_hook, client_path, hook_server, program_interpreter  # noqa: E402
 from harness.rootfs import RootfsCache, copy_rootfs, overlay_rootfs  # noqa: E402
-from harness.timing import BenchDriver, bench_runtime, drop_page_cache, median_row, start_container  # noqa: E402
+from harness.timing import BenchDriver, bench_runtime, bench_workdir, drop_page_cache, median_row, start_container  # noqa: E402
 
 HOOK_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # bash, for $EPOCHREALTIME and a pid read without forking sed: the wrapper costs one bash start.
@@ -331,8 +330,7 @@ def main() -> int:
     rows = with_reference(ROWS) if args.reference else ROWS
     rows = USERNS_ROWS if args.userns else cold_rows(rows) if args.cold else rows
     cli_rows = tuple(i for i, row in enumerate(rows) if row.kind == "cli")
-    with tempfile.TemporaryDirectory(prefix="nvc-bench-configure-") as tmp:
-        work = Path(tmp)
+    with bench_workdir("nvc-bench-configure-") as work:
         driver = BenchDriver(work, args.fake)
         if driver.real:
             print(f"== bench/configure.py: REAL NVIDIA driver ({driver.version}) ==")

@@ -83,7 +83,6 @@ import statistics
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -99,7 +98,7 @@ sys.path.append(str(REPO))  # nvc, where the interpreter has none installed (har
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import LIBDIR, client_hook, hook_server  # noqa: E402
 from harness.rootfs import RootfsCache, overlay_rootfs  # noqa: E402
-from harness.timing import bench_runtime  # noqa: E402
+from harness.timing import bench_runtime, bench_workdir  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 import reference  # noqa: E402
@@ -486,8 +485,7 @@ def main() -> int:
     if args.reference and not real:
         parser.error(f"--reference needs the real driver ({reference.NEEDS_REAL})")
     hook_path = str(Path(sysconfig.get_path("scripts")) / "nvc-py-hook")
-    with tempfile.TemporaryDirectory(prefix="nvc-hook-load-") as tmp:
-        work = Path(tmp)
+    with bench_workdir("nvc-hook-load-") as work:
         if real:
             print("== bench/hook_load.py: real NVIDIA driver on this host ==")
             root, activation = "/", nullcontext()

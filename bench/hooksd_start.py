@@ -25,7 +25,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,7 +32,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from harness.bundle import make_bundle  # noqa: E402
 from harness.rootfs import RootfsCache, overlay_rootfs  # noqa: E402
-from harness.timing import median_row, start_container  # noqa: E402
+from harness.timing import bench_workdir, median_row, start_container  # noqa: E402
 
 ROWS = (("no hook", None), ("hooks.d entry, GPU 0", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("hooks.d entry, no GPU", {}))
 
@@ -58,8 +57,7 @@ def main() -> int:
     )
     times: dict[str, list[float]] = {label: [] for label, _ in ROWS}
     failures = []
-    with tempfile.TemporaryDirectory(prefix="nvc-bench-hooksd-") as tmp:
-        work = Path(tmp)
+    with bench_workdir("nvc-bench-hooksd-") as work:
         base = RootfsCache(work / "cache").get("debian")
         for round_no in range(args.runs + 1):
             for row_no, (label, env) in enumerate(ROWS):

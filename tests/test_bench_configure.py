@@ -45,8 +45,15 @@ def test_a_mapped_bundle_differs_only_in_its_user_namespace(bench, tmp_path: Pat
     assert {m["destination"]: m["type"] for m in plain["mounts"]}["/proc"] == "bind"
 
 
+def _mounts_at(path: Path) -> list[list[str]]:
+    """The mountinfo lines (as fields) of mounts at ``path``."""
+    return [
+        line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[4] == str(path)
+    ]
+
+
 def _mounted(path: Path) -> bool:
-    return any(line.split()[4] == str(path) for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return bool(_mounts_at(path))
 
 
 def test_a_containers_root_is_an_overlay_whose_writes_leave_the_base_as_it_was(bench, tmp_path: Path) -> None:
@@ -178,3 +185,15 @@ def test_a_bench_starts_runc_where_crun_refuses_the_hosts_hybrid_cgroups(monkeyp
     assert timing.bench_runtime(None) == ("/usr/sbin/runc", "crun is not installed")
     with pytest.raises(SystemExit, match="crun is not installed"):
         timing.bench_runtime("crun")
+
+
+def test_a_benchs_work_is_on_a_tmpfs_of_its_own_gone_with_it() -> None:
+    """The bundles and rootfs of a bench are on a tmpfs mounted for it (a file's creation costs every row the
+    same), and nothing of it stays: neither the mount nor the directory."""
+    from harness import timing
+
+    with timing.bench_workdir("nvc-test-bench-") as work:
+        [fields] = _mounts_at(work)
+        assert fields[fields.index("-") + 1] == "tmpfs"
+        (work / "bundle").mkdir()
+    assert not work.exists() and not _mounted(work)

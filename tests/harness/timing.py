@@ -6,8 +6,10 @@ import os
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,22 @@ class BenchDriver:
 
             built = build(FAKE_MACHINE, work / "fake")
             self.root, self.activation, self.version = str(built.root), activate(built), ""
+
+
+@contextmanager
+def bench_workdir(prefix: str) -> Iterator[Path]:
+    """A fresh directory on a tmpfs of its own for a bench's bundles and rootfs. Creating a file is not the
+    same cost on every file system: ext4 without a journal (the H100 machine's root) looks past every inode
+    freed in the last 30 s for each one it gives out (docs/performance.md), so with the bundles there each row
+    of a bench would pay for the files the rows before it deleted. A journaled ext4 or XFS, where engines keep
+    containers, has no such search; a tmpfs neither, and it is the same for every row."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "nvc-bench", str(work)], check=True)
+        try:
+            yield work
+        finally:
+            subprocess.run(["umount", "--lazy", str(work)], check=True)
 
 
 def hybrid_cgroups(mountinfo: str) -> bool:
