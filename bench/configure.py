@@ -4,7 +4,7 @@
 Each round starts one container per row, interleaved so that drift hits every row alike; same
 runtime (crun by default, as the reference measurement; runc where crun refuses the host's cgroups),
 same command (``true``), each container on an overlay of one rootfs (an engine's snapshot) mounted
-before the clock starts, no NVIDIA
+before the clock starts, all on a tmpfs of the bench's own (harness.timing.bench_workdir), no NVIDIA
 device in the spec, cgroups on. The rows use nvc-py's DEFAULT configuration (only the log file's
 place is set; ``load-kmods: true``), which is what a user gets; two rows labelled TUNED follow
 (``load-kmods: false``, debug log for the stage tables):

@@ -2,8 +2,9 @@
 """Start storms: 32 containers started at once (crun, else runc), with nvc-py-hook as prestart hook.
 
 Each round starts N containers concurrently (``RUNTIME run`` of ``true``, each on an overlay of one
-rootfs, as an engine's snapshot, mounted before the clock starts) and times each start to exit. nvc-py runs with its
-DEFAULT configuration (only the log file's place is set: ``load-kmods: true``), as a user gets it.
+rootfs, as an engine's snapshot, mounted before the clock starts, all on a tmpfs of the bench's own:
+harness.timing.bench_workdir) and times each start to exit. nvc-py runs with its DEFAULT
+configuration (only the log file's place is set: ``load-kmods: true``), as a user gets it.
 Rows, in the same run and interleaved round by round so drift hits every row alike:
 
   no hook              the baseline

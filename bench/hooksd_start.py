@@ -8,7 +8,7 @@ would pass it on, unchanged: its program (the native front), its fixed environme
 configuration), so a call is served by the installed server (systemd's socket, or one the hook
 starts on demand). Rows, interleaved in each round after one warm-up round, same runtime and
 command (``true``), each container on an overlay of one rootfs (an engine's snapshot) mounted before the
-clock starts:
+clock starts, all on a tmpfs of the bench's own (harness.timing.bench_workdir):
 
   no hook                       the baseline
   hooks.d entry, GPU 0          NVIDIA_VISIBLE_DEVICES=0
