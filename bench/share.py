@@ -52,7 +52,7 @@ comes with the training step's rows; real: caps and weighted tenants on real wor
 real-caps, real-weights: only their caps, only their weighted tenants; each of them as NAME:K takes medians
 of K runs, 3 by default: real-weights:1 fits in ten minutes on an H100; launch-bound:K and backends:K likewise,
 3 by default: launch-bound:3 with four rows (NVC_BENCH_ROWS) about seven minutes on an H100, backends:2
-four minutes)
+about five minutes)
 """
 
 import contextlib
@@ -507,14 +507,20 @@ def split_in_time(overlap: float, ratio: float = 3.0) -> float:
 def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") -> None:
     """Two training steps of workload started together under each backend: their sum as % of one alone and
     the second's part of the sum (its weight's: 75 %); medians of `runs` runs, rows interleaved run by run,
-    each run with one alone among them, started as a pair's are (measured right after its warm-up, one
-    alone ran 43-52 it/s in one call on the H100 while every pair's rates held within 1 %)."""
+    each run with one alone before its pairs and one after, started as a pair's are (measured right after
+    its warm-up). The alone runs swing most: ResNet-50 training alone ran 31-43 it/s in one call on the H100
+    while every pair's rates held within 2 %, so the sums are over the median of twice as many of them."""
     pairs = [row for row in BACKEND_PAIRS if row[0] in wanted(label for label, *_ in BACKEND_PAIRS)]
     rows: dict[str, list[list[float]]] = {label: [] for label, *_ in pairs}
     alone_runs: list[float] = []
+
+    def one_alone() -> float:
+        return sharegpu.torch_output(
+            sharegpu.torch_run(workload, sharegpu.shim_env(None), REAL_SECONDS, time.time() + 15)
+        )[0]
+
     for k in range(runs):
-        alone = sharegpu.torch_run(workload, sharegpu.shim_env(None), REAL_SECONDS, time.time() + 15)  # as a pair
-        alone_runs.append(sharegpu.torch_output(alone)[0])
+        alone_runs.append(one_alone())
         for n, (label, through_mps, first, second) in enumerate(pairs):
             path = tmp_path / f"pair-{n}-{k}"
             path.mkdir()
@@ -532,11 +538,14 @@ def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") 
                 procs = [sharegpu.torch_run(workload, env, REAL_SECONDS, start_at) for env in envs]
                 rates = [sharegpu.torch_output(p)[0] for p in procs]
             rows[label].append(rates)
-            print(f"  run {k + 1}: {label}: {rates[0]:.2f} + {rates[1]:.2f} it/s (alone {alone_runs[-1]:.2f})")
+            print(f"  run {k + 1}: {label}: {rates[0]:.2f} + {rates[1]:.2f} it/s (alone before {alone_runs[-1]:.2f})")
+        alone_runs.append(one_alone())
+        print(f"  run {k + 1}: alone after the pairs: {alone_runs[-1]:.2f} it/s")
     alone = statistics.median(alone_runs)
     rows = {label: [[100 * r / alone for r in rates] for rates in got] for label, got in rows.items()}
     print(
-        f"\ntwo {workload} trainers by backend ({alone:.2f} it/s alone: {_range(alone_runs)}), {REAL_SECONDS} s, "
+        f"\ntwo {workload} trainers by backend ({alone:.2f} it/s alone, the median of {len(alone_runs)}: "
+        f"{_range(alone_runs)}), {REAL_SECONDS} s, "
         f"started together; medians of {runs} runs"
     )
     print(f"{'pair':>30}{'sum':>8}{'second part':>13}{'want':>6}{'sum range':>16}{'part range':>16}")
