@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from harness import benchscript
 from harness.bundle import make_config
+from harness.sharedirs import mountpoints
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,15 +47,8 @@ def test_a_mapped_bundle_differs_only_in_its_user_namespace(bench, tmp_path: Pat
     assert {m["destination"]: m["type"] for m in plain["mounts"]}["/proc"] == "bind"
 
 
-def _mounts_at(path: Path) -> list[list[str]]:
-    """The mountinfo lines (as fields) of mounts at ``path``."""
-    return [
-        line.split() for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[4] == str(path)
-    ]
-
-
 def _mounted(path: Path) -> bool:
-    return bool(_mounts_at(path))
+    return str(path) in mountpoints()
 
 
 def test_a_containers_root_is_an_overlay_whose_writes_leave_the_base_as_it_was(bench, tmp_path: Path) -> None:
@@ -193,7 +188,9 @@ def test_a_benchs_work_is_on_a_tmpfs_of_its_own_gone_with_it() -> None:
     from harness import timing
 
     with timing.bench_workdir("nvc-test-bench-") as work:
-        [fields] = _mounts_at(work)
-        assert fields[fields.index("-") + 1] == "tmpfs"
+        assert _mounted(work)
+        assert (
+            subprocess.run(["stat", "-f", "-c", "%T", work], capture_output=True, text=True).stdout.strip() == "tmpfs"
+        )
         (work / "bundle").mkdir()
     assert not work.exists() and not _mounted(work)
