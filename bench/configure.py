@@ -40,7 +40,7 @@ just before the row's warm start; each against the no-hook start of its kind. Th
 process maps stay (a running server's interpreter and modules): what a server gains cold is in its row.
 
 Stages of configure come from the CLI's own ``--debug`` log (its ``timing`` lines: discovery and
-plan, apply setup, mounts, ldconfig, cgroup; glog time stamps) and the hook's wall clock (bash's
+plan, apply setup, mounts, the mounts beside ldconfig, ldconfig, cgroup; glog time stamps) and the hook's wall clock (bash's
 $EPOCHREALTIME around the nvc-py call): what comes before the first stage is interpreter start,
 imports and argument parsing, what comes after the last is the exit. The interpreter floor
 (``python -I -S -c pass`` of nvc-py's interpreter) is timed in the same run to split the first.
@@ -139,9 +139,12 @@ def with_reference(rows: tuple[Row, ...]) -> tuple[Row, ...]:
 
 
 ID_MAP = (100000, 65536)  # host id of uid and gid 0 inside, size
-STAGES = ("discovery+plan", "setup", "mounts", "ldconfig", "cgroup", "finish")
+STAGES = ("discovery+plan", "setup", "mounts", "mounts-beside-ldconfig", "ldconfig", "cgroup", "finish")
 STAGE_LABELS = {
     "setup": "apply setup (ldconfig fork, helper imports)",
+    "mounts": "mounts ldconfig reads",
+    "mounts-beside-ldconfig": "the other mounts, ldconfig beside",
+    "ldconfig": "ldconfig (the rest of its run)",
     "finish": "finish (helpers exit)",
     "between": "between stages (lazy imports, helper fork)",
     "exit": "exit",

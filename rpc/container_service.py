@@ -62,6 +62,11 @@ def serve_container() -> Dispatch:
             raise
         return len(applier.done)
 
+    def mount_rest() -> int:  # a failure is not rolled back here: the caller stops ldconfig first
+        applier = state["plan"]
+        applier.execute_rest()
+        return len(applier.done)
+
     def rollback() -> list[str]:
         return state.pop("plan").rollback() if "plan" in state else []
 
@@ -74,7 +79,7 @@ def serve_container() -> Dispatch:
         with _received(applier.plan.pid, fds) as handle:
             return applier.undo(journal, handle)
 
-    return {"mount": mount, "rollback": rollback, "commit": commit, "undo": undo}
+    return {"mount": mount, "mount_rest": mount_rest, "rollback": rollback, "commit": commit, "undo": undo}
 
 
 class ContainerClient:
@@ -98,10 +103,17 @@ class ContainerClient:
 
     def mount(self, plan: Any, handle: ContainerHandle | None) -> Callable[[], int]:  # Plan: Any, as for recover
         """Start applying the plan's operations in the container of ``handle`` (its process: None
-        standalone); the function returned waits until they are (the number of changes made). On
-        failure it raises, the helper having undone them already."""
+        standalone), up to those ldconfig reads (:meth:`mount_rest` does the rest); the function
+        returned waits until they are (the number of changes made). On failure it raises, the helper
+        having undone them already."""
         self.handle = handle
         return self.helper.begin("mount", fds=_fds(handle), plan=plan.to_wire())
+
+    def mount_rest(self) -> Callable[[], int]:
+        """Start applying the operations after those ldconfig reads (the plan's ``before_ldconfig``),
+        which :meth:`mount` left for ldconfig's run to go beside; the function returned waits until
+        they are. On failure it raises, and nothing is undone: the caller stops ldconfig, then rolls back."""
+        return self.helper.begin("mount_rest")
 
     def rollback(self) -> list[str]:
         """Undo what ``mount`` did; return what could not be undone."""

@@ -1,9 +1,10 @@
 """Faults inside a hook call, on the fake driver (a test double): the NVML helper killed or hung
-mid-call, the container helper killed mid-apply, the container's process gone before the hook runs,
-/run full while the sharing files are made, the driver's /proc files and device nodes coming and
-going through a storm of starts. Each ends in one line on stderr and a stable status, or in a
-configured container, and leaves nothing behind: no mount in the container or on the host, no file
-of the container's under /run/nvc-py, no helper process, the rootfs as it was.
+mid-call, the container helper killed mid-apply, a mount failing while ldconfig runs beside it, the
+container's process gone before the hook runs, /run full while the sharing files are made, the
+driver's /proc files and device nodes coming and going through a storm of starts. Each ends in one
+line on stderr and a stable status, or in a configured container, and leaves nothing behind: no mount
+in the container or on the host, no file of the container's under /run/nvc-py, no helper process, the
+rootfs as it was.
 """
 
 from __future__ import annotations
@@ -361,3 +362,52 @@ def test_links_ldconfig_added_go_with_a_dead_helper_s_journal(tmp_path: Path) ->
             client.commit()
         assert client.recover(plan) == []
     assert sorted(os.listdir(lib)) == ["libold.so.1", "libold.so.1.0", "notes"]
+
+
+def test_a_mount_failing_beside_ldconfig_puts_back_the_cache_it_wrote(tmp_path: Path, monkeypatch) -> None:
+    """ldconfig starts once the mounts it reads are done, beside the rest (Plan.before_ldconfig); a
+    mount of the rest that fails after ldconfig has replaced the cache fails the call, and the rollback
+    puts the image's cache back as it was and removes the library's mount and the links ldconfig made.
+    Standalone mode, a plain directory as the rootfs, the host's ldconfig; the rest waits until ldconfig
+    has renamed its cache into place, so the failure comes after it, every time."""
+    from nvc.errors import MountError
+    from nvc.pipeline.apply import apply, ldcache
+    from nvc.plan.mountplan import RO
+    from nvc.plan.operations import Bind, Plan
+    from nvc.rpc import container_service
+
+    rootfs, lib = tmp_path / "rootfs", tmp_path / "rootfs" / "usr" / "lib"
+    lib.mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (rootfs / "lib" / "firmware").mkdir(parents=True)  # a directory where the firmware file goes: refused
+    cache = rootfs / "etc" / "ld.so.cache"
+    cache.write_bytes(b"the image's own cache")
+    source = tmp_path / "libnvidia-ml.so.580.1"
+    source.write_bytes(Path("/usr/lib/x86_64-linux-gnu/libc.so.6").read_bytes())  # any ELF library
+    before = sorted(os.listdir(lib))
+    library = Bind(str(source), "/usr/lib/libnvidia-ml.so.580.1", int(RO))
+    firmware = Bind(str(tmp_path / "gsp.bin"), "/lib/firmware", int(RO), what="firmware")
+    (tmp_path / "gsp.bin").write_bytes(b"")
+    plan = Plan(
+        str(rootfs),
+        None,
+        (0, 0),
+        (library, firmware),
+        ldconfig="@/sbin/ldconfig",
+        ldconfig_dirs=("/usr/lib",),
+        before_ldconfig=1,
+    )
+    original = container_service.ContainerClient.mount_rest
+
+    def after_ldconfig(client: container_service.ContainerClient):  # noqa: ANN202 - the waiter
+        wait_for(lambda: cache.read_bytes() != b"the image's own cache", timeout=10)
+        return original(client)
+
+    monkeypatch.setattr(container_service.ContainerClient, "mount_rest", after_ldconfig)
+    mounts = Path("/proc/self/mountinfo").read_text()
+    with pytest.raises(MountError, match="refusing to mount over /lib/firmware: it is a directory"):
+        with apply(plan, None) as applied:
+            ldcache(applied)
+    assert cache.read_bytes() == b"the image's own cache"
+    assert sorted(os.listdir(lib)) == before  # no mount point, no libnvidia-ml.so.1 link left
+    assert Path("/proc/self/mountinfo").read_text() == mounts

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle, reachable_from_userns
-from harness.fakegpus import H100, uuids
+from harness.fakegpus import DRIVER_VERSION, H100, uuids
 from harness.hookfixtures import default_run_dir, setup_dir  # noqa: F401  (fixtures)
 from harness.idmap import idmapped
 from harness.installed import SCRIPTS
@@ -130,7 +130,8 @@ def test_userns_container_on_a_host_root_rootfs_is_refused_in_one_line(
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if "nvc-py-hook:" in line]
     assert len(lines) == 1, result.stderr
-    assert "nvc-py-hook: mount error: cannot mount on /usr/bin/nvidia-smi: " in lines[0], lines[0]
+    first = f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{DRIVER_VERSION}"  # the plan's first mount
+    assert f"nvc-py-hook: mount error: cannot mount on {first}: " in lines[0], lines[0]
     assert (
         f"the container's root (host uid {HOST_ID}) cannot write there in its user namespace: the rootfs is "
         "owned by a host uid that namespace does not map; give the container a rootfs owned by the "

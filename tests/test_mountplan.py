@@ -297,6 +297,34 @@ def test_extra_mounts_come_last():
         _plan(extra_mounts=(HostMount("rel", "/x"),))
 
 
+def _ldconfig_takes(path: str) -> bool:
+    """Whether ldconfig could take the file at ``path`` for a library: it looks only at names that
+    start with lib or ld- and hold .so, and its sandbox hides /dev and /proc."""
+    name = os.path.basename(path)
+    hidden = path.startswith(("/dev/", "/proc/"))
+    return not hidden and name.startswith(("lib", "ld-")) and ".so" in name
+
+
+def test_ldconfig_starts_once_the_libraries_and_their_links_are_made():
+    """The plan puts first what ldconfig reads (libraries, loader files, their links) and says how many
+    operations that is; ldconfig runs beside the rest, none of which it could take for a library."""
+    plan = _plan(caps=("compute", "utility", "compat32"), migs=((GPU1, MIG),), imex_channels=(3,))
+    read, rest = plan.operations[: plan.before_ldconfig], plan.operations[plan.before_ldconfig :]
+    assert {op.what for op in read if isinstance(op, Bind)} == {"library", "library32"}
+    assert any(isinstance(op, Symlink) for op in read) and not any(isinstance(op, Symlink) for op in rest)
+    unread = {"binary", "ipc", "firmware", "device", "mig", "imex", "proc"}
+    assert {op.what for op in rest if isinstance(op, Bind)} == unread
+    assert {type(op) for op in rest} >= {Tmpfs, WriteFile, Seal}
+    assert not [op.target for op in rest if _ldconfig_takes(op.target)]
+    assert [op for op in _plan().operations if isinstance(op, Bind) and op.what == "library"] == list(
+        _plan().operations[: len(_binds(_plan(), "library"))]
+    )  # the libraries lead
+    # an extra mount may land in a library directory: ldconfig waits for every operation
+    assert _plan(extra_mounts=(HostMount("/x/l.so", "/usr/lib/l.so"),)).before_ldconfig is None
+    assert _plan(caps=()).before_ldconfig is None  # no library, no ldconfig
+    assert _plan(ldconfig=None).before_ldconfig is None
+
+
 def test_sharing_files_are_mounted_by_the_plan_after_the_requests_own():
     """The plan takes the sharing files' mounts from the planned files (nvc.plan.share.mounts), after the
     request's extra mounts: nothing adds them to the request after discovery (request -> plan, one way)."""

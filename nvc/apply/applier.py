@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 log = Logger(__name__)
 
+_STEP_CAPS = ("sys_admin", "dac_override", "dac_read_search", "fowner", "chown")  # what the steps use
 SEALED = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV | MountAttr.NOEXEC
 PSEUDO_FS = {syscalls.PROC_SUPER_MAGIC: "procfs", syscalls.SYSFS_MAGIC: "sysfs"}  # no bind lands there
 
@@ -146,17 +147,32 @@ class Applier:
         self.shared = shared_mounts()
 
     def execute(self) -> None:
-        """Run every operation in order; the caller rolls back on an exception."""
-        with raised("sys_admin", "dac_override", "dac_read_search", "fowner", "chown"):
-            for index, op in enumerate(self.plan.operations):
-                try:
-                    self._step(index, op)
-                except OSError as err:
-                    raise MountError(
-                        f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}{self._advice(err.errno)}"
-                    ) from None
+        """Run the operations ldconfig reads (the plan's ``before_ldconfig``, all where it has none) in
+        order, then save what ldconfig may change; the caller rolls back on an exception."""
+        with raised(*_STEP_CAPS):
+            self._run(0, self._split())
             if self.plan.ldconfig is not None:
                 self._save_for_ldconfig()
+
+    def execute_rest(self) -> None:
+        """Run the operations after those :meth:`execute` ran (while ldconfig runs); the caller stops
+        ldconfig, then rolls back on an exception."""
+        with raised(*_STEP_CAPS):
+            self._run(self._split(), len(self.plan.operations))
+
+    def _split(self) -> int:
+        split = self.plan.before_ldconfig
+        return len(self.plan.operations) if split is None else split
+
+    def _run(self, first: int, end: int) -> None:
+        for index in range(first, end):
+            op = self.plan.operations[index]
+            try:
+                self._step(index, op)
+            except OSError as err:
+                raise MountError(
+                    f"{type(op).__name__.lower()} failed: {op.target}: {err.strerror}{self._advice(err.errno)}"
+                ) from None
 
     def _save_for_ldconfig(self) -> None:
         """What the ldconfig that follows may replace (its cache) or add (links in the plan's

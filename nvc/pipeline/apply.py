@@ -4,7 +4,8 @@ The host side first (the driver nodes ``--load-kmods`` found missing, like udev:
 sharing files, in this process's mount namespace), then the mounts (the container helper,
 :mod:`nvc.rpc.container_service`, which only carries the calls). While the helper mounts, this
 process forks ldconfig's sandbox (it loads its modules meanwhile) and programs the device cgroup;
-the ld cache is rebuilt in that sandbox once the mounts are done. Where any step fails, the
+the ld cache is rebuilt in that sandbox once the mounts it reads are done (the libraries and their
+links), while the helper mounts the rest (:attr:`nvc.plan.operations.Plan.before_ldconfig`). Where any step fails, the
 mounts and the sharing files are undone; where the helper died mid-apply, a fresh one undoes what
 its journal names.
 """
@@ -123,6 +124,9 @@ def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | 
                     try:
                         if pending is not None:
                             pending.start()
+                        if plan.before_ldconfig is not None and plan.before_ldconfig < len(plan.operations):
+                            client.mount_rest()()  # the mounts ldconfig does not read, beside it
+                            start = _timed("mounts-beside-ldconfig", start)
                         yield Applied(plan, pending)
                     except BaseException:
                         if pending is not None:

@@ -7,8 +7,12 @@ out. Nothing here touches the system, so every rule (which capability brings whi
 nodes, which cgroup rules) is testable without root, and ``configure --dry-run`` prints exactly
 what the applier (:mod:`nvc.apply.applier`) would do.
 
-Order matters and is the applier's order: driver files, device nodes, the tmpfs over
-/proc/driver/nvidia with its contents (then sealed read-only), symlinks, extra mounts.
+Order matters and is the applier's order: the driver files ldconfig reads (libraries, loader files)
+and their symlinks, the driver files it never reads (binaries, IPC sockets, firmware: no name of
+theirs is a library's), device nodes, the tmpfs over /proc/driver/nvidia with its contents (then
+sealed read-only), extra mounts. ldconfig starts once the first group is done (its sandbox hides
+/dev and /proc), beside the rest: :attr:`Plan.before_ldconfig`. An extra mount may land in a library
+directory, so a plan with one has ldconfig wait for all of them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ DEVICE = MountAttr.NOSUID | MountAttr.NOEXEC
 
 CAPS_DIR = "/dev/nvidia-caps"
 BIN_DIR = "/usr/bin"
+# driver files whose names ldconfig never takes for a library (only lib*.so* and ld-*.so* are)
+_UNREAD_BY_LDCONFIG = frozenset({"binary", "ipc", "firmware"})
 
 # Links applications expect but ldconfig does not make (it only makes SONAME links):
 # library prefix -> (link name, target; None = the mounted file itself).
@@ -350,12 +356,17 @@ def build(
     extra = (*request.extra_mounts, *(share_mounts(share) if share is not None else ()))
     if mps is not None:
         extra = (*extra, HostMount(source=mps.pipe_dir, target=CONTAINER_PIPE_DIR, readonly=False, directory=True))
+    read = [
+        *(op for op in files_ops if isinstance(op, Bind) and op.what not in _UNREAD_BY_LDCONFIG),
+        *_links(files_ops, host.files, container),
+    ]
+    extra_ops = _extra(extra)
     ops = [
-        *files_ops,
+        *read,
+        *(op for op in files_ops if isinstance(op, Bind) and op.what in _UNREAD_BY_LDCONFIG),
         *device_ops,
         *_proc_ops(host, container, selection, request),
-        *_links(files_ops, host.files, container),
-        *_extra(extra),
+        *extra_ops,
     ]
     lib_dirs = [
         d
@@ -377,4 +388,5 @@ def build(
         host_root=host.root,
         share=share,
         mps=mps,
+        before_ldconfig=len(read) if lib_dirs and request.ldconfig is not None and not extra_ops else None,
     )

@@ -149,6 +149,9 @@ class Plan(NamedTuple):
     host_root: str = "/"
     share: ShareFiles | None = None  # GPU sharing's host files, made next (removed if a later step fails)
     mps: MpsClient | None = None  # its device's MPS daemon, started before the sharing files (nvc.plan.mps)
+    # How many leading operations make what ldconfig reads: it starts once they are done, beside the
+    # rest (nvc.plan.mountplan orders them so); None: all of them
+    before_ldconfig: int | None = None
 
     def text(self) -> str:
         """The human-readable rendering ``configure --dry-run`` prints."""
@@ -187,6 +190,7 @@ class Plan(NamedTuple):
             "host_root": self.host_root,
             "share": None if self.share is None else self.share._asdict(),
             "mps": None if self.mps is None else self.mps._asdict(),
+            "before_ldconfig": self.before_ldconfig,
         }
 
     @classmethod
@@ -207,4 +211,5 @@ class Plan(NamedTuple):
             host_root=data["host_root"],
             share=None if data["share"] is None else ShareFiles(**data["share"]),
             mps=None if data.get("mps") is None else MpsClient(**data["mps"]),
+            before_ldconfig=data.get("before_ldconfig"),
         )

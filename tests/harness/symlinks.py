@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bundle import make_bundle
+from .fakegpus import DRIVER_VERSION
 from .runtime import Runc
 
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -187,7 +188,7 @@ VARIANTS = (
         "rootfs-on-readonly-mount",
         "refused (file creation failed: ...: Read-only file system)",
         lambda r, away, v: None,
-        refusal="/usr/bin/nvidia-smi does not exist and cannot be created: Read-only file system",
+        refusal=f"/{LIBDIR}/libnvidia-ml.so.{DRIVER_VERSION} does not exist and cannot be created: Read-only file system",
         ro_mount=True,
     ),
     Variant("busybox-applets", "started", lambda r, away, v: _applets_absolute(r), lambda away: "/usr/bin"),
