@@ -445,3 +445,30 @@ def test_a_request_the_plan_refuses_leaves_no_helper_behind(active_2gpu, debian_
     configure.configure(glob, from_flags(str(debian_rootfs), target_process, ("0",), ("compute",), no_cgroups=True))
     assert _children() == before
     assert f" {debian_rootfs}/dev/nvidia0 " in Path(f"/proc/{target_process}/mountinfo").read_text()
+
+
+def test_a_device_cgroup_failing_beside_ldconfig_leaves_nothing(
+    active_2gpu, debian_rootfs, target_process, monkeypatch
+):
+    """The device cgroup is programmed while ldconfig runs and the helper mounts what ldconfig does not
+    read; where the cgroup fails, ldconfig is stopped and everything is undone: no mount, no file made,
+    the image's ld cache as it was, and the cgroup's error is the one told."""
+    from nvc.apply import cgroups
+    from nvc.config.options import GlobalOptions
+    from nvc.errors import ContainerError
+    from nvc.pipeline import configure
+    from nvc.plan.request import from_flags
+
+    def refused(cgroup: cgroups.DeviceCgroup, rules: object) -> None:
+        raise ContainerError(f"cannot attach device filter to {cgroup.path}: Operation not permitted")
+
+    monkeypatch.setattr(cgroups, "allow_devices", refused)
+    cache = debian_rootfs / "etc" / "ld.so.cache"
+    before, cached = _tree(debian_rootfs), cache.read_bytes()
+    mounts = Path(f"/proc/{target_process}/mountinfo").read_text()
+    glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
+    with pytest.raises(ContainerError, match="cannot attach device filter to .*: Operation not permitted"):
+        configure.configure(glob, from_flags(str(debian_rootfs), target_process, ("0",), ("compute", "utility")))
+    assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts
+    assert _tree(debian_rootfs) == before
+    assert cache.read_bytes() == cached

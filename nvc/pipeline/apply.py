@@ -3,11 +3,11 @@
 The host side first (the driver nodes ``--load-kmods`` found missing, like udev: they stay; the
 sharing files, in this process's mount namespace), then the mounts (the container helper,
 :mod:`nvc.rpc.container_service`, which only carries the calls). While the helper mounts, this
-process forks ldconfig's sandbox (it loads its modules meanwhile) and programs the device cgroup;
-the ld cache is rebuilt in that sandbox once the mounts it reads are done (the libraries and their
-links), while the helper mounts the rest (:attr:`nvc.plan.operations.Plan.before_ldconfig`). Where any step fails, the
-mounts and the sharing files are undone; where the helper died mid-apply, a fresh one undoes what
-its journal names.
+process forks ldconfig's sandbox (it loads its modules meanwhile). The ld cache is rebuilt in that
+sandbox once the mounts it reads are done (the libraries and their links); while it runs, the helper
+mounts the rest (:attr:`nvc.plan.operations.Plan.before_ldconfig`) and this process programs the
+device cgroup (beside the mounts where no ldconfig runs). Where any step fails, the mounts and the
+sharing files are undone; where the helper died mid-apply, a fresh one undoes what its journal names.
 """
 
 from __future__ import annotations
@@ -89,6 +89,29 @@ def _cgroup(plan: Plan, handle: ContainerHandle | None, start: float) -> float:
     return start
 
 
+def _beside_ldconfig(plan: Plan, handle: ContainerHandle | None, client: ContainerClient, start: float) -> float:
+    """While ldconfig runs (the longest step): the mounts it does not read, and the device cgroup;
+    returns when both are done. A failure of either is not undone here (the caller stops ldconfig,
+    then rolls back)."""
+    from nvc.errors import NvcError
+
+    rest = plan.before_ldconfig is not None and plan.before_ldconfig < len(plan.operations)
+    mounted = client.mount_rest() if rest else None
+    try:
+        start = _cgroup(plan, handle, start)
+    except BaseException:
+        if mounted is not None:
+            try:
+                mounted()  # done before they are undone
+            except NvcError:
+                pass  # the cgroup's failure is the one to tell
+        raise
+    if mounted is not None:
+        mounted()
+        start = _timed("mounts-beside-ldconfig", start)
+    return start
+
+
 @contextmanager
 def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | None = None) -> Iterator[Applied]:
     """Step: apply ``plan`` to the container of ``handle`` (its process; None standalone), with
@@ -105,12 +128,14 @@ def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | 
             with helper if helper is not None else container_service.open_container() as client:
                 try:
                     mounted = client.mount(plan, handle)
-                    try:  # while the helper mounts: ldconfig's sandbox forked, the device cgroup programmed
+                    try:  # while the helper mounts: ldconfig's sandbox forked, else the device cgroup programmed
                         if plan.ldconfig is not None:
                             pending = ldconfig.start_ldconfig(
                                 plan.ldconfig, plan.rootfs, plan.ldconfig_dirs, owner=plan.owner, handle=handle
                             )
-                        start = _cgroup(plan, handle, _timed("setup", start))
+                            start = _timed("setup", start)
+                        else:
+                            start = _cgroup(plan, handle, start)
                     except BaseException:
                         try:
                             mounted()  # done before they are undone
@@ -124,9 +149,7 @@ def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | 
                     try:
                         if pending is not None:
                             pending.start()
-                        if plan.before_ldconfig is not None and plan.before_ldconfig < len(plan.operations):
-                            client.mount_rest()()  # the mounts ldconfig does not read, beside it
-                            start = _timed("mounts-beside-ldconfig", start)
+                            start = _beside_ldconfig(plan, handle, client, start)
                         yield Applied(plan, pending)
                     except BaseException:
                         if pending is not None:
