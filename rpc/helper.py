@@ -43,6 +43,9 @@ from nvc.rpc import protocol
 
 Dispatch = Mapping[str, Callable[..., Any]]
 Setup = Callable[..., Dispatch]  # called with no arguments, or a preforked helper's parameters
+# what a helper started ahead does while it waits for its first call; its argument says whether that came
+Idle = Callable[[Callable[[], bool]], object]
+IDLE_AFTER = 0.02  # seconds a helper started ahead waits for its first call before it runs its Idle
 
 DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded limit
 DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
@@ -134,9 +137,12 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def _serve(sock: socket.socket, dispatch: Dispatch, failure: type[errors.NvcError]) -> int:
-    """Answer requests until the parent says "shutdown" or goes away; return the exit status."""
+def _serve(sock: socket.socket, dispatch: Dispatch, failure: type[errors.NvcError], idle: Idle | None = None) -> int:
+    """Answer requests until the parent says "shutdown" or goes away; return the exit status. ``idle``
+    runs once no request has come for :data:`IDLE_AFTER` seconds, until one does."""
     handlers: Dispatch = {"shutdown": lambda: None, **dispatch}
+    if idle is not None and not select.select([sock], [], [], IDLE_AFTER)[0]:
+        idle(lambda: bool(select.select([sock], [], [], 0)[0]))
     while True:
         fds: list[int] = []
         try:
@@ -191,6 +197,7 @@ def _child_main(
     deferred: bool,
     failure: type[errors.NvcError],
     journal: int,
+    idle: Idle | None = None,
 ) -> int:
     sock = _isolate(name, sock, parent_pid, journal)
     try:
@@ -204,7 +211,7 @@ def _child_main(
         protocol.send_message(sock, protocol.Response(_READY_ID, error=_remote_error(exc, "setup", failure)))
         return 1
     protocol.send_message(sock, protocol.Response(_READY_ID, result=os.getpid()))
-    return _serve(sock, dispatch, failure)
+    return _serve(sock, dispatch, failure, idle)
 
 
 class HelperClient:
@@ -249,15 +256,17 @@ class HelperClient:
         wait: bool = True,
         failure: type[errors.NvcError],
         journal: bool = False,
+        idle: Idle | None = None,
     ) -> HelperClient:
         """Fork a helper named ``nvc:[name]`` that runs ``setup`` and then serves its table.
 
         Returns once the child reported its setup done, and a setup error is re-raised here;
         with ``wait=False`` it returns at once and the first :meth:`call` waits (and re-raises)
         instead, so the caller's own work overlaps the child's setup (NVML's load, for one).
-        ``journal``: the helper keeps a journal (see the module's docstring).
+        ``journal``: the helper keeps a journal (see the module's docstring). ``idle``: what the
+        child does while it waits for its first call (:func:`_serve`).
         """
-        client = cls._fork(name, setup, None, False, timeout, grace, failure, journal)
+        client = cls._fork(name, setup, None, False, timeout, grace, failure, journal, idle)
         if wait:
             client.wait_ready()
         return client
@@ -279,7 +288,7 @@ class HelperClient:
         come. A process can so begin a helper's slow part before it has parsed its command
         line. A helper never started exits when the client is closed or the parent dies.
         """
-        return cls._fork(name, setup, warm, True, timeout, grace, failure, False)
+        return cls._fork(name, setup, warm, True, timeout, grace, failure, False, None)
 
     def start(self, **params: Any) -> None:
         """Send a preforked helper its setup parameters; the first :meth:`call` waits for its report."""
@@ -303,6 +312,7 @@ class HelperClient:
         grace: float,
         failure: type[errors.NvcError],
         journal: bool,
+        idle: Idle | None,
     ) -> HelperClient:
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         memfd = os.memfd_create(f"nvc-{name}-journal", os.MFD_CLOEXEC) if journal else -1
@@ -319,7 +329,7 @@ class HelperClient:
             status = 1
             try:
                 parent_sock.close()
-                status = _child_main(name, child_sock, parent_pid, setup, warm, deferred, failure, memfd)
+                status = _child_main(name, child_sock, parent_pid, setup, warm, deferred, failure, memfd, idle)
             finally:
                 os._exit(status)
         child_sock.close()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvc import errors
-from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, Setup
+from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, Idle, Setup
 
 
 class WarmHelper:
@@ -32,6 +32,7 @@ class WarmHelper:
         warm: Callable[[], None] | None = None,
         journal: bool = False,
         stamp: Callable[[dict[str, Any]], object] | None = None,
+        idle: Idle | None = None,
     ) -> None:
         self.name = name
         self.setup = setup
@@ -39,13 +40,14 @@ class WarmHelper:
         self.warm = warm  # what a preforked helper does before its parameters come (imports)
         self.journal = journal
         self.stamp = stamp  # the identity of what a set-up with these parameters loads, taken at its start
+        self.idle = idle  # what a helper started ahead (prepare) does while it waits for its call
         self.kept: HelperClient | None = None
         self._params: dict[str, Any] | None = None  # what ``kept`` was started with; None: not yet
         self._stamp: object = None  # ``stamp`` when ``kept`` was started
 
-    def fork(self, params: dict[str, Any], timeout: float, wait: bool) -> HelperClient:
+    def fork(self, params: dict[str, Any], timeout: float, wait: bool, idle: Idle | None = None) -> HelperClient:
         """A helper of this kind started with ``params`` now, never the warm one (see
-        :meth:`HelperClient.spawn` for ``wait``)."""
+        :meth:`HelperClient.spawn` for ``wait`` and ``idle``)."""
         return HelperClient.spawn(
             self.name,
             functools.partial(self.setup, **params),
@@ -53,6 +55,7 @@ class WarmHelper:
             wait=wait,
             failure=self.failure,
             journal=self.journal,
+            idle=idle,
         )
 
     def prefork(self) -> None:
@@ -62,9 +65,10 @@ class WarmHelper:
         self._params = None
 
     def prepare(self, **params: Any) -> None:
-        """Fork the helper and start it with ``params`` now: its set-up runs before any call needs it."""
+        """Fork the helper and start it with ``params`` now: its set-up runs before any call needs it,
+        then its ``idle`` while no call has come."""
         self._stamp = self.stamp(params) if self.stamp else None
-        self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False), params
+        self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False, idle=self.idle), params
 
     def report_fd(self) -> int | None:
         """The kept helper's :meth:`HelperClient.report_fd` (None: no helper kept)."""

@@ -167,6 +167,28 @@ def test_preforked_helper_serves_after_start() -> None:
     assert _children() == before
 
 
+def test_a_helper_waiting_runs_its_idle_until_the_call_comes() -> None:
+    """``idle`` runs once no call has come for IDLE_AFTER seconds and learns from ``busy()`` that
+    one has: the call is answered once it returns, and what idle did is there."""
+    from nvc.rpc.pool import WarmHelper
+
+    def idle(busy) -> None:  # noqa: ANN001 - the helper's look at its socket
+        while not busy():
+            time.sleep(0.001)
+        sys.modules["nvc_idle_done"] = sys  # what the call reads back: idle ran, and stopped for it
+
+    ahead = WarmHelper(
+        "test", lambda: {"idled": lambda: "nvc_idle_done" in sys.modules}, failure=errors.DriverError, idle=idle
+    )
+    ahead.prepare()
+    time.sleep(helper.IDLE_AFTER * 5)
+    with ahead.take({}, 5.0, wait=True) as client:
+        assert client.call("idled") is True
+    # forked for its call, a helper never idles
+    with ahead.take({}, 5.0, wait=True) as client:
+        assert client.call("idled") is False
+
+
 def test_preforked_helper_never_started_exits_cleanly() -> None:
     before = _children()
     client = HelperClient.prefork("test", lambda: {}, failure=errors.DriverError)

@@ -38,7 +38,8 @@ def spare(
 ) -> None:
     """A worker forked ahead of its call: waits for the next connection (idle, it readies the call's
     path: ``scratch`` is the dry plan's rootfs; a helper that fails to start is reaped and its reason
-    written to ``notes``, for the server to say once), tells the server it was taken (so the server
+    written to ``notes``, for the server to say once; then it copies ahead what it shares with the
+    server, :mod:`nvc.system.prefault`), tells the server it was taken (so the server
     forks another spare), then serves it at ``nice``, the nice value the server started with. Never
     returns."""
     import prctl
@@ -56,6 +57,9 @@ def spare(
             warming = _prestart_helpers()
             warm_up(scratch, say=False)
             _settle(sock, warming, notes)
+            from nvc.system import prefault  # then its own copy of the server's memory (the call's faults)
+
+            prefault.copy_ahead(lambda: bool(select.select([sock], [], [], 0)[0]))
         while True:
             try:
                 conn, _ = sock.accept()
