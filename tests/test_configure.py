@@ -472,3 +472,26 @@ def test_a_device_cgroup_failing_beside_ldconfig_leaves_nothing(
     assert Path(f"/proc/{target_process}/mountinfo").read_text() == mounts
     assert _tree(debian_rootfs) == before
     assert cache.read_bytes() == cached
+
+
+def test_a_plan_whose_ldconfig_does_not_run_is_mounted_in_one_call(tmp_path: Path) -> None:
+    """``before_ldconfig`` splits the mounts only around a run of ldconfig: without one, the helper's
+    first call mounts them all (none is left for a call that never comes). Standalone, a plain root."""
+    from nvc.plan.mountplan import RO
+    from nvc.plan.operations import Bind, Plan
+    from nvc.rpc.container_service import open_container
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "bin").mkdir(parents=True)
+    sources = [tmp_path / name for name in ("libx.so.1", "tool")]
+    for source in sources:
+        source.write_bytes(b"")
+    binds = tuple(Bind(str(s), f"/usr/bin/{s.name}", int(RO)) for s in sources)
+    plan = Plan(str(rootfs), None, (0, 0), binds, ldconfig=None, before_ldconfig=1)
+    mounts = Path("/proc/self/mountinfo").read_text()
+    with open_container(5.0) as client:
+        client.mount(plan, None)()
+        mounted = Path("/proc/self/mountinfo").read_text()
+        assert all(f" {rootfs}/usr/bin/{s.name} " in mounted for s in sources), mounted  # in the one call
+        assert client.rollback() == []
+    assert Path("/proc/self/mountinfo").read_text() == mounts

@@ -161,8 +161,9 @@ class Applier:
             self._run(self._split(), len(self.plan.operations))
 
     def _split(self) -> int:
+        """Where :meth:`execute` stops: the plan's ``before_ldconfig``, all operations where no ldconfig runs."""
         split = self.plan.before_ldconfig
-        return len(self.plan.operations) if split is None else split
+        return len(self.plan.operations) if split is None or self.plan.ldconfig is None else split
 
     def _run(self, first: int, end: int) -> None:
         for index in range(first, end):
