@@ -86,3 +86,13 @@ def test_a_forked_child_copies_ahead_what_it_shares_and_nothing_it_never_had() -
         assert done == 0 and faults >= pages * 0.9
     finally:
         unused.close()
+
+
+def test_a_process_that_cannot_read_its_maps_copies_nothing_and_goes_on(monkeypatch) -> None:
+    """An idle spare or helper must not die of it (the server would fork spare after spare)."""
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", "/proc/self/maps")
+
+    monkeypatch.setattr(prefault, "open", refused, raising=False)
+    assert prefault.copy_ahead(lambda: False) == 0

@@ -54,8 +54,11 @@ def copy_ahead(busy: Callable[[], bool]) -> int:
     chunk until ``busy()`` says the call has come; return the bytes done. Best effort: a kernel
     without MADV_POPULATE_WRITE, or a range that refuses it, is left as it is."""
     page = os.sysconf("SC_PAGE_SIZE")
-    with open("/proc/self/maps") as maps:
-        ranges = list(writable_private(maps.read()))
+    try:
+        with open("/proc/self/maps") as maps:
+            ranges = list(writable_private(maps.read()))
+    except OSError:  # no /proc to read: the call takes its faults, as before
+        return 0
     done = 0
     for start, end in ranges:
         for low in range(start, end, CHUNK):
