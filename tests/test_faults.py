@@ -411,3 +411,48 @@ def test_a_mount_failing_beside_ldconfig_puts_back_the_cache_it_wrote(tmp_path: 
     assert cache.read_bytes() == b"the image's own cache"
     assert sorted(os.listdir(lib)) == before  # no mount point, no libnvidia-ml.so.1 link left
     assert Path("/proc/self/mountinfo").read_text() == mounts
+
+
+def test_the_container_helper_killed_before_the_mounts_beside_ldconfig(tmp_path: Path, monkeypatch) -> None:
+    """Killed between its two calls (the mounts ldconfig reads done, the rest not asked for yet): the
+    call fails naming the kill, and a fresh helper undoes what its journal names (recover), not a
+    rollback asked of the dead one: every mount and every file made goes (the ld cache ldconfig wrote
+    stays, as the applier's module says). Standalone mode, a plain directory as the rootfs."""
+    from nvc.errors import MountError
+    from nvc.pipeline.apply import apply, ldcache
+    from nvc.plan.mountplan import RO
+    from nvc.plan.operations import Bind, Plan
+    from nvc.rpc import container_service
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "lib").mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (rootfs / "etc" / "ld.so.cache").write_bytes(b"")  # its content is what a dead helper cannot put back
+    sources = [tmp_path / "libnvidia-ml.so.580.1", tmp_path / "gsp.bin"]
+    for source in sources:
+        source.write_bytes(b"")
+    library = Bind(str(sources[0]), "/usr/lib/libnvidia-ml.so.580.1", int(RO))
+    firmware = Bind(str(sources[1]), "/lib/firmware/gsp.bin", int(RO), what="firmware")
+    plan = Plan(
+        str(rootfs),
+        None,
+        (0, 0),
+        (library, firmware),
+        ldconfig="@/sbin/ldconfig",
+        ldconfig_dirs=("/usr/lib",),
+        before_ldconfig=1,
+    )
+    original = container_service.ContainerClient.mount_rest
+
+    def killed_first(client: container_service.ContainerClient):  # noqa: ANN202 - the waiter
+        os.kill(client.helper.pid, signal.SIGKILL)
+        wait_for(lambda: Path(f"/proc/{client.helper.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+        return original(client)
+
+    monkeypatch.setattr(container_service.ContainerClient, "mount_rest", killed_first)
+    before, mounts = _tree(rootfs), Path("/proc/self/mountinfo").read_text()
+    with pytest.raises(MountError, match=r"helper killed by signal SIGKILL (in|before) mount_rest"):
+        with apply(plan, None) as applied:
+            ldcache(applied)
+    assert Path("/proc/self/mountinfo").read_text() == mounts
+    assert _tree(rootfs) == before

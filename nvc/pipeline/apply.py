@@ -154,7 +154,8 @@ def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | 
                     except BaseException:
                         if pending is not None:
                             pending.cancel()  # ldconfig is dead before its changes are undone
-                        _incomplete(client.rollback())
+                        if client.helper.alive:  # else its journal is undone below (recover)
+                            _incomplete(client.rollback())
                         raise
                     start = time.perf_counter()
                     client.commit()
