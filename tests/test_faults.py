@@ -17,10 +17,10 @@ import subprocess
 import sysconfig
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 
@@ -28,6 +28,10 @@ from harness.bundle import make_bundle
 from harness.configurehook import paths as _tree
 from harness.hookfixtures import served, setup_dir  # noqa: F401  (fixtures)
 from harness.standins import target_process  # noqa: F401  (fixture)
+from nvc.plan.operations import Plan
+
+if TYPE_CHECKING:
+    from nvc.rpc.container_service import ContainerClient
 
 HOOK = Path(sysconfig.get_path("scripts")) / "nvc-py-hook"
 RUN = Path("/run/nvc-py")  # a tmpfs of the test session's own (conftest.private_run_dir)
@@ -339,7 +343,6 @@ def test_links_ldconfig_added_go_with_a_dead_helper_s_journal(tmp_path: Path) ->
     added in the plan's library dirs (the names there before were noted), leaving what was there and
     anything that is not a link. Standalone mode, a plain directory as the rootfs."""
     from nvc.errors import MountError
-    from nvc.plan.operations import Plan
     from nvc.rpc.container_service import open_container
 
     rootfs, lib = tmp_path / "rootfs", tmp_path / "rootfs" / "usr" / "lib"
@@ -364,53 +367,78 @@ def test_links_ldconfig_added_go_with_a_dead_helper_s_journal(tmp_path: Path) ->
     assert sorted(os.listdir(lib)) == ["libold.so.1", "libold.so.1.0", "notes"]
 
 
+def _split_plan(tmp_path: Path, firmware_target: str, library: bytes = b"") -> Plan:
+    """A standalone plan over ``tmp_path/rootfs`` (a plain directory with usr/lib and etc): a library
+    ldconfig reads (``library``, its content), then a firmware file at ``firmware_target``, which it
+    does not read and which is mounted beside it; the host's ldconfig."""
+    from nvc.plan.mountplan import RO
+    from nvc.plan.operations import Bind
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "lib").mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    sources = (tmp_path / "libnvidia-ml.so.580.1", tmp_path / "gsp.bin")
+    sources[0].write_bytes(library)
+    sources[1].write_bytes(b"")
+    ops = (
+        Bind(str(sources[0]), "/usr/lib/libnvidia-ml.so.580.1", int(RO)),
+        Bind(str(sources[1]), firmware_target, int(RO), what="firmware"),
+    )
+    return Plan(
+        str(rootfs), None, (0, 0), ops, ldconfig="@/sbin/ldconfig", ldconfig_dirs=("/usr/lib",), before_ldconfig=1
+    )
+
+
+def _apply_failing(
+    plan: Plan, monkeypatch: pytest.MonkeyPatch, before_rest: Callable[[ContainerClient], object], match: str
+) -> None:
+    """Apply ``plan`` with ldconfig, ``before_rest(client)`` run just before the mounts beside ldconfig
+    are asked for; the apply must fail with a MountError matching ``match``."""
+    from nvc.errors import MountError
+    from nvc.pipeline.apply import apply, ldcache
+    from nvc.rpc import container_service
+
+    original = container_service.ContainerClient.mount_rest
+
+    def first(client: ContainerClient):  # noqa: ANN202 - the waiter
+        before_rest(client)
+        return original(client)
+
+    monkeypatch.setattr(container_service.ContainerClient, "mount_rest", first)
+    with pytest.raises(MountError, match=match):
+        with apply(plan, None) as applied:
+            ldcache(applied)
+
+
 def test_a_mount_failing_beside_ldconfig_puts_back_the_cache_it_wrote(tmp_path: Path, monkeypatch) -> None:
     """ldconfig starts once the mounts it reads are done, beside the rest (Plan.before_ldconfig); a
     mount of the rest that fails after ldconfig has replaced the cache fails the call, and the rollback
     puts the image's cache back as it was and removes the library's mount and the links ldconfig made.
     Standalone mode, a plain directory as the rootfs, the host's ldconfig; the rest waits until ldconfig
     has renamed its cache into place, so the failure comes after it, every time."""
-    from nvc.errors import MountError
-    from nvc.pipeline.apply import apply, ldcache
-    from nvc.plan.mountplan import RO
-    from nvc.plan.operations import Bind, Plan
-    from nvc.rpc import container_service
-
-    rootfs, lib = tmp_path / "rootfs", tmp_path / "rootfs" / "usr" / "lib"
-    lib.mkdir(parents=True)
-    (rootfs / "etc").mkdir()
+    elf = Path("/usr/lib/x86_64-linux-gnu/libc.so.6").read_bytes()  # any ELF library: ldconfig links it
+    plan = _split_plan(tmp_path, "/lib/firmware", elf)
+    rootfs = Path(plan.rootfs)
     (rootfs / "lib" / "firmware").mkdir(parents=True)  # a directory where the firmware file goes: refused
-    cache = rootfs / "etc" / "ld.so.cache"
+    cache, lib = rootfs / "etc" / "ld.so.cache", rootfs / "usr" / "lib"
     cache.write_bytes(b"the image's own cache")
-    source = tmp_path / "libnvidia-ml.so.580.1"
-    source.write_bytes(Path("/usr/lib/x86_64-linux-gnu/libc.so.6").read_bytes())  # any ELF library
-    before = sorted(os.listdir(lib))
-    library = Bind(str(source), "/usr/lib/libnvidia-ml.so.580.1", int(RO))
-    firmware = Bind(str(tmp_path / "gsp.bin"), "/lib/firmware", int(RO), what="firmware")
-    (tmp_path / "gsp.bin").write_bytes(b"")
-    plan = Plan(
-        str(rootfs),
-        None,
-        (0, 0),
-        (library, firmware),
-        ldconfig="@/sbin/ldconfig",
-        ldconfig_dirs=("/usr/lib",),
-        before_ldconfig=1,
+    before, mounts = sorted(os.listdir(lib)), Path("/proc/self/mountinfo").read_text()
+    _apply_failing(
+        plan,
+        monkeypatch,
+        lambda client: wait_for(lambda: cache.read_bytes() != b"the image's own cache", timeout=10),
+        "refusing to mount over /lib/firmware: it is a directory",
     )
-    original = container_service.ContainerClient.mount_rest
-
-    def after_ldconfig(client: container_service.ContainerClient):  # noqa: ANN202 - the waiter
-        wait_for(lambda: cache.read_bytes() != b"the image's own cache", timeout=10)
-        return original(client)
-
-    monkeypatch.setattr(container_service.ContainerClient, "mount_rest", after_ldconfig)
-    mounts = Path("/proc/self/mountinfo").read_text()
-    with pytest.raises(MountError, match="refusing to mount over /lib/firmware: it is a directory"):
-        with apply(plan, None) as applied:
-            ldcache(applied)
     assert cache.read_bytes() == b"the image's own cache"
-    assert sorted(os.listdir(lib)) == before  # no mount point, no libnvidia-ml.so.1 link left
+    assert sorted(os.listdir(lib)) == before  # no mount point, no link ldconfig made left
     assert Path("/proc/self/mountinfo").read_text() == mounts
+
+
+def _kill(client: ContainerClient) -> None:
+    """SIGKILL the client's helper, and wait until it is a zombie."""
+    pid = client.helper.pid
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
 
 
 def test_the_container_helper_killed_before_the_mounts_beside_ldconfig(tmp_path: Path, monkeypatch) -> None:
@@ -418,41 +446,10 @@ def test_the_container_helper_killed_before_the_mounts_beside_ldconfig(tmp_path:
     call fails naming the kill, and a fresh helper undoes what its journal names (recover), not a
     rollback asked of the dead one: every mount and every file made goes (the ld cache ldconfig wrote
     stays, as the applier's module says). Standalone mode, a plain directory as the rootfs."""
-    from nvc.errors import MountError
-    from nvc.pipeline.apply import apply, ldcache
-    from nvc.plan.mountplan import RO
-    from nvc.plan.operations import Bind, Plan
-    from nvc.rpc import container_service
-
-    rootfs = tmp_path / "rootfs"
-    (rootfs / "usr" / "lib").mkdir(parents=True)
-    (rootfs / "etc").mkdir()
+    plan = _split_plan(tmp_path, "/lib/firmware/gsp.bin")
+    rootfs = Path(plan.rootfs)
     (rootfs / "etc" / "ld.so.cache").write_bytes(b"")  # its content is what a dead helper cannot put back
-    sources = [tmp_path / "libnvidia-ml.so.580.1", tmp_path / "gsp.bin"]
-    for source in sources:
-        source.write_bytes(b"")
-    library = Bind(str(sources[0]), "/usr/lib/libnvidia-ml.so.580.1", int(RO))
-    firmware = Bind(str(sources[1]), "/lib/firmware/gsp.bin", int(RO), what="firmware")
-    plan = Plan(
-        str(rootfs),
-        None,
-        (0, 0),
-        (library, firmware),
-        ldconfig="@/sbin/ldconfig",
-        ldconfig_dirs=("/usr/lib",),
-        before_ldconfig=1,
-    )
-    original = container_service.ContainerClient.mount_rest
-
-    def killed_first(client: container_service.ContainerClient):  # noqa: ANN202 - the waiter
-        os.kill(client.helper.pid, signal.SIGKILL)
-        wait_for(lambda: Path(f"/proc/{client.helper.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
-        return original(client)
-
-    monkeypatch.setattr(container_service.ContainerClient, "mount_rest", killed_first)
     before, mounts = _tree(rootfs), Path("/proc/self/mountinfo").read_text()
-    with pytest.raises(MountError, match=r"helper killed by signal SIGKILL (in|before) mount_rest"):
-        with apply(plan, None) as applied:
-            ldcache(applied)
+    _apply_failing(plan, monkeypatch, _kill, r"helper killed by signal SIGKILL (in|before) mount_rest")
     assert Path("/proc/self/mountinfo").read_text() == mounts
     assert _tree(rootfs) == before
