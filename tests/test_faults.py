@@ -444,12 +444,14 @@ def _kill(client: ContainerClient) -> None:
 def test_the_container_helper_killed_before_the_mounts_beside_ldconfig(tmp_path: Path, monkeypatch) -> None:
     """Killed between its two calls (the mounts ldconfig reads done, the rest not asked for yet): the
     call fails naming the kill, and a fresh helper undoes what its journal names (recover), not a
-    rollback asked of the dead one: every mount and every file made goes (the ld cache ldconfig wrote
-    stays, as the applier's module says). Standalone mode, a plain directory as the rootfs."""
+    rollback asked of the dead one: every mount and every file made goes. ldconfig, started already,
+    runs to its end: the cache it wrote stays (as the applier's module says), whole, and no temporary
+    file of its run is left half written. Standalone mode, a plain directory as the rootfs."""
     plan = _split_plan(tmp_path, "/lib/firmware/gsp.bin")
     rootfs = Path(plan.rootfs)
     (rootfs / "etc" / "ld.so.cache").write_bytes(b"")  # its content is what a dead helper cannot put back
     before, mounts = _tree(rootfs), Path("/proc/self/mountinfo").read_text()
     _apply_failing(plan, monkeypatch, _kill, r"helper killed by signal SIGKILL (in|before) mount_rest")
     assert Path("/proc/self/mountinfo").read_text() == mounts
-    assert _tree(rootfs) == before
+    assert _tree(rootfs) == before  # no ld.so.cache~ among them
+    assert (rootfs / "etc" / "ld.so.cache").read_bytes().startswith(b"glibc-ld.so.cache")  # ldconfig's, whole

@@ -89,6 +89,18 @@ def _cgroup(plan: Plan, handle: ContainerHandle | None, start: float) -> float:
     return start
 
 
+def _let_finish(pending: PendingLdconfig) -> None:
+    """After the container helper died: ldconfig, once started, runs to its end. The dead helper's
+    journal cannot put the cache back, and a run stopped midway would leave its temporary file
+    (``/etc/ld.so.cache~``) half written in the image; one never started is cancelled."""
+    from nvc.errors import NvcError
+
+    try:
+        pending.wait()
+    except NvcError:
+        pending.cancel()
+
+
 def _beside_ldconfig(plan: Plan, handle: ContainerHandle | None, client: ContainerClient, start: float) -> float:
     """While ldconfig runs (the longest step): the mounts it does not read, and the device cgroup;
     returns when both are done. A failure of either is not undone here (the caller stops ldconfig,
@@ -152,10 +164,12 @@ def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | 
                             start = _beside_ldconfig(plan, handle, client, start)
                         yield Applied(plan, pending)
                     except BaseException:
-                        if pending is not None:
-                            pending.cancel()  # ldconfig is dead before its changes are undone
-                        if client.helper.alive:  # else its journal is undone below (recover)
+                        if client.helper.alive:
+                            if pending is not None:
+                                pending.cancel()  # ldconfig is dead before its changes are undone
                             _incomplete(client.rollback())
+                        elif pending is not None:  # its journal is undone below (recover)
+                            _let_finish(pending)
                         raise
                     start = time.perf_counter()
                     client.commit()
