@@ -40,8 +40,8 @@ just before the row's warm start; each against the no-hook start of its kind. Th
 process maps stay (a running server's interpreter and modules): what a server gains cold is in its row.
 
 Stages of configure come from the CLI's own ``--debug`` log (its ``timing`` lines: discovery and
-plan, apply setup, mounts, the mounts beside ldconfig, ldconfig, cgroup; glog time stamps) and the hook's wall clock (bash's
-$EPOCHREALTIME around the nvc-py call): what comes before the first stage is interpreter start,
+plan, apply setup, mounts, the mounts beside ldconfig, ldconfig, cgroup; glog time stamps) and the
+hook's wall clock (bash's $EPOCHREALTIME around the nvc-py call): what comes before the first stage is interpreter start,
 imports and argument parsing, what comes after the last is the exit. The interpreter floor
 (``python -I -S -c pass`` of nvc-py's interpreter) is timed in the same run to split the first.
 

@@ -147,10 +147,10 @@ class Applier:
         self.shared = shared_mounts()
 
     def execute(self) -> None:
-        """Run the operations ldconfig reads (the plan's ``before_ldconfig``, all where it has none) in
-        order, then save what ldconfig may change; the caller rolls back on an exception."""
+        """Run the operations ldconfig reads (:meth:`Plan.ldconfig_start`) in order, then save what
+        ldconfig may change; the caller rolls back on an exception."""
         with raised(*_STEP_CAPS):
-            self._run(0, self._split())
+            self._run(0, self.plan.ldconfig_start())
             if self.plan.ldconfig is not None:
                 self._save_for_ldconfig()
 
@@ -158,12 +158,7 @@ class Applier:
         """Run the operations after those :meth:`execute` ran (while ldconfig runs); the caller stops
         ldconfig, then rolls back on an exception."""
         with raised(*_STEP_CAPS):
-            self._run(self._split(), len(self.plan.operations))
-
-    def _split(self) -> int:
-        """Where :meth:`execute` stops: the plan's ``before_ldconfig``, all operations where no ldconfig runs."""
-        split = self.plan.before_ldconfig
-        return len(self.plan.operations) if split is None or self.plan.ldconfig is None else split
+            self._run(self.plan.ldconfig_start(), len(self.plan.operations))
 
     def _run(self, first: int, end: int) -> None:
         for index in range(first, end):

@@ -107,8 +107,7 @@ def _beside_ldconfig(plan: Plan, handle: ContainerHandle | None, client: Contain
     then rolls back)."""
     from nvc.errors import NvcError
 
-    rest = plan.before_ldconfig is not None and plan.before_ldconfig < len(plan.operations)
-    mounted = client.mount_rest() if rest else None
+    mounted = client.mount_rest() if plan.ldconfig_start() < len(plan.operations) else None
     try:
         start = _cgroup(plan, handle, start)
     except BaseException:

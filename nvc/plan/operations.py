@@ -153,6 +153,13 @@ class Plan(NamedTuple):
     # rest (nvc.plan.mountplan orders them so); None: all of them
     before_ldconfig: int | None = None
 
+    def ldconfig_start(self) -> int:
+        """How many operations are done before ldconfig starts: ``before_ldconfig`` where ldconfig runs,
+        all of them otherwise; the applier runs the rest beside it."""
+        if self.ldconfig is None or self.before_ldconfig is None:
+            return len(self.operations)
+        return self.before_ldconfig
+
     def text(self) -> str:
         """The human-readable rendering ``configure --dry-run`` prints."""
         pid = "standalone" if self.pid is None else f"pid {self.pid}"
