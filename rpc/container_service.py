@@ -26,6 +26,7 @@ from nvc.rpc.pool import WarmHelper
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
+    from nvc.plan.operations import Bind, Plan
 
 HELPER_TIMEOUT = 10.0  # seconds per helper call
 
@@ -141,21 +142,34 @@ def _fds(handle: ContainerHandle | None) -> tuple[int, ...]:
 
 
 def _copy_ahead(busy: Callable[[], bool]) -> None:
-    """A helper started ahead, waiting: its own copy of what it shares with its parent, so that the
+    """A helper started ahead, waiting: the host sources :func:`prestart` expects cloned
+    (:mod:`nvc.apply.cloneahead`), then its own copy of what it shares with its parent, so that the
     call's first touches take no faults (:mod:`nvc.system.prefault`)."""
+    from nvc.apply import cloneahead
+    from nvc.apply.applier import raised
     from nvc.system import prefault
 
+    with raised("sys_admin", "dac_read_search", "dac_override"):
+        cloneahead.clone(_expected, busy)
     prefault.copy_ahead(busy)
 
 
 # The container helper forked ahead of any call (see :func:`prestart`) until open_container takes it.
 _ahead = WarmHelper("container", serve_container, failure=MountError, journal=True, idle=_copy_ahead)
+_expected: tuple[Bind, ...] = ()  # the mounts whose host sources it clones while it waits
 
 
-def prestart() -> WarmHelper:
+def prestart(expected: Plan | None = None) -> WarmHelper:
     """Fork the container helper now, before a call is known: the hook server's idle workers keep
     one so, and the call's :func:`open_container` takes it (fork and confinement already done).
-    One never taken exits with this process. Returns the warm helper (see driver_service.prestart)."""
+    While it waits, it clones the host sources of ``expected`` (a dry plan), which a call's mounts
+    of the same files take. One never taken exits with this process. Returns the warm helper (see
+    driver_service.prestart)."""
+    global _expected
+    from nvc.plan.operations import Bind
+
+    ops = () if expected is None else expected.operations
+    _expected = tuple(op for op in ops if isinstance(op, Bind) and not op.in_rootfs)
     _ahead.prepare()
     return _ahead
 

@@ -70,6 +70,54 @@ def test_an_idle_spare_keeps_a_container_helper_ready(served: Path) -> None:
         time.sleep(0.05)
 
 
+def test_an_idle_spares_container_helper_clones_the_driver_files_ahead(
+    active_2gpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While it waits, the container helper an idle spare keeps holds clones (detached mounts) of
+    the dry plan's host sources, which the call's mounts take: here the driver's libcuda, under the
+    driver root the server's configuration names."""
+    from glob import glob
+
+    from harness.hookfixtures import fake_driver_config
+
+    libs = glob(f"{active_2gpu.root}/usr/lib/x86_64-linux-gnu/libcuda.so.*.*")
+    inode = next(Path(p) for p in libs if not Path(p).is_symlink()).stat().st_ino
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    try:
+        monkeypatch.setenv("NVC_PY_CONFIG", str(fake_driver_config(top / "config.yaml", active_2gpu.root)))
+        with hook_server(HOOK, top / "hook.sock") as proc:
+            deadline = time.monotonic() + 10
+            while True:
+                helpers = [h for s in _children(proc.pid) for h in _children(s) if _names_of(h) == "nvc:[container]"]
+                if helpers and all(inode in _detached_inodes(h) for h in helpers):
+                    break
+                assert time.monotonic() < deadline, (inode, {h: _detached_inodes(h) for h in helpers})
+                time.sleep(0.05)
+    finally:
+        shutil.rmtree(top)
+
+
+def _names_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _detached_inodes(pid: int) -> set[int]:
+    """The inodes of process ``pid``'s descriptors of detached mounts (a clone's path reads "/")."""
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd) != "/":
+                continue
+            info = Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
+        except OSError:
+            continue
+        found.update(int(line.split()[1]) for line in info.splitlines() if line.startswith("ino:"))
+    return found
+
+
 def test_the_server_forks_at_a_higher_priority_than_its_workers_run(served: Path) -> None:
     """In a start storm the server's one job, forking the next spare, must not wait for a CPU behind
     the runtimes and workers: it runs SERVER_NICE_BOOST below the nice value it was started with,

@@ -26,6 +26,7 @@ from nvc.hook.server.exchange import Programs, run_call, say
 from nvc.hook.server.peer import Standing
 
 if TYPE_CHECKING:
+    from nvc.plan.operations import Plan
     from nvc.rpc.pool import WarmHelper
 
 IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts its helpers and warms up
@@ -54,8 +55,7 @@ def spare(
         gc.disable()  # a worker lives for one call: no collections during it
         ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_HELPERS)
         if not ready:  # idle: ready what a call would otherwise start or touch first
-            warming = _prestart_helpers()
-            warm_up(scratch, say=False)
+            warming = _prestart_helpers(scratch)
             _settle(sock, warming, notes)
             from nvc.system import prefault  # then its own copy of the server's memory (the call's faults)
 
@@ -77,21 +77,27 @@ def spare(
     _worker(conn, programs, ours, accepted_ns, stats)
 
 
-def _prestart_helpers() -> list[WarmHelper]:
+def _prestart_helpers(scratch: str) -> list[WarmHelper]:
     """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken
-    over by a call that asks for the same (see driver_service.open_driver), and a container
-    helper forked and confined for configure (container_service.open_container); each killed
-    with the worker when its call does not take it. Best effort: a call that needs one and
-    finds none starts its own, and finds out why. Returns those started, their set-up still running."""
+    over by a call that asks for the same (see driver_service.open_driver); the dry plan
+    (:func:`warm_up`); and a container helper forked and confined for configure
+    (container_service.open_container), which clones the dry plan's host sources while it waits.
+    Each is killed with the worker when its call does not take it. Best effort: a call that needs
+    one and finds none starts its own, and finds out why. Returns those started, their set-up
+    still running."""
     from nvc.errors import NvcError
     from nvc.rpc import container_service, driver_service
 
     started = []
-    for prestart in (driver_service.prestart, container_service.prestart):
-        try:
-            started.append(prestart())
-        except (NvcError, OSError):
-            pass
+    try:
+        started.append(driver_service.prestart())
+    except (NvcError, OSError):
+        pass
+    planned = warm_up(scratch, say=False)
+    try:
+        started.append(container_service.prestart(planned))
+    except (NvcError, OSError):
+        pass
     return started
 
 
@@ -119,13 +125,13 @@ def _settle(sock: socket.socket, warming: list[WarmHelper], notes: int) -> None:
                     pass
 
 
-def warm_up(scratch: str, say: bool = True) -> None:
+def warm_up(scratch: str, say: bool = True) -> Plan | None:
     """One dry plan with the directory ``scratch`` as its rootfs (the socket's directory: only read,
     nothing made that a kill could leave behind; no container, nothing changed), so what a first call
     builds lazily (compiled patterns, tables, the ld cache's pages) is in the server's memory
     before any worker is forked; run again by an idle spare, it copies ahead the pages a call's
-    plan writes (a worker shares the server's until it writes them). Best effort: a host
-    without a driver just skips it (``say``: and says so)."""
+    plan writes (a worker shares the server's until it writes them). Returns the plan. Best effort:
+    a host without a driver just skips it (``say``: and says so; None returned)."""
     from nvc import config as config_file
     from nvc.errors import NvcError
     from nvc.hook.oci.prestart import global_options
@@ -134,10 +140,13 @@ def warm_up(scratch: str, say: bool = True) -> None:
 
     try:
         cfg = config_file.load()
-        dry_plan(global_options(cfg), Request(rootfs=scratch, capabilities=frozenset(cfg.supported_capabilities)))
+        return dry_plan(
+            global_options(cfg), Request(rootfs=scratch, capabilities=frozenset(cfg.supported_capabilities))
+        )
     except (NvcError, OSError) as err:
         if say:
             print(f"nvc-py-hook serve: warm-up skipped: {err}", file=sys.stderr, flush=True)
+        return None
 
 
 def _worker(conn: socket.socket, programs: Programs, ours: Standing, accepted_ns: int, stats: int) -> None:

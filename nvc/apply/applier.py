@@ -1,7 +1,8 @@
 """Execute a mount plan: the thin layer with the side effects.
 
 Mounts happen in a forked helper (``nvc:[container]``, see :mod:`nvc.rpc.container_service`)
-that clones every host source while still in the host's mount namespace, then joins the
+that clones every host source while still in the host's mount namespace (or takes the clone a
+helper started ahead made while it waited, :mod:`nvc.apply.cloneahead`), then joins the
 container's mount namespace and attaches them there, on destinations resolved inside the
 rootfs (:mod:`nvc.apply.rootfs`) — the calling process never changes namespace. The helper keeps
 what it did (mounts, created files) until the caller says ``commit`` or ``rollback``, so a
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from nvc.apply import fdmount, userns
+from nvc.apply import cloneahead, fdmount, userns
 from nvc.apply import rootfs as inroot
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
@@ -111,6 +112,10 @@ class Applier:
         try:
             if source_fd is not None:
                 fdmount.check_source(fd, source, directory=op.kind == "dir", rdev=op.rdev)
+            else:
+                kept = cloneahead.take(op, fd)
+                if kept is not None:
+                    return kept
             return fdmount.clone_tree(fd, MountAttr(op.attrs), op.target, recursive=op.kind == "dir")
         except OSError as err:
             raise MountError(f"mount failed: {source} -> {op.target}: {err.strerror}") from None
