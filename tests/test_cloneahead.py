@@ -68,6 +68,20 @@ def test_a_clone_is_taken_only_by_a_mount_with_its_flags(tmp_path: Path) -> None
     assert len(cloneahead._kept) == 1  # still there for a mount that asks for its flags
 
 
+def test_a_directory_is_not_cloned_ahead(tmp_path: Path) -> None:
+    """A directory's clone takes the mounts below it as they are then: its mount clones it itself."""
+    source = tmp_path / "firmware"
+    source.mkdir()
+    directory = Bind(str(source), "/lib/firmware/nvidia", int(RO), kind="dir")
+    cloneahead.clone([directory], lambda: False)
+    assert not cloneahead._kept
+    fd = fdmount.open_source(str(source), directory=True)
+    try:
+        assert cloneahead.take(directory, fd) is None
+    finally:
+        os.close(fd)
+
+
 def test_cloning_stops_once_the_call_comes(tmp_path: Path) -> None:
     sources = [tmp_path / f"lib{n}.so.1" for n in range(4)]
     for source in sources:
