@@ -55,7 +55,7 @@ def clone(ops: Iterable[Bind], busy: Callable[[], bool]) -> None:
 def take(op: Bind, source_fd: int) -> int | None:
     """The clone kept of ``op``'s source, where it is a clone of the file ``source_fd`` (opened and
     checked by the call) is; else None (a clone kept of another file is closed)."""
-    kept = None if op.kind == "dir" else _kept.pop(_key(op), None)
+    kept = _kept.pop(_key(op), None)  # never a directory: none is kept
     if kept is None:
         return None
     tree, dev, ino = kept
