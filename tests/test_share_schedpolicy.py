@@ -10,12 +10,11 @@ GPU. Entitlements are parts of the GPU's useful work, the tenants' shares summed
 from __future__ import annotations
 
 import ctypes
-import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import native
+
 WAIT, RUN, RUN_WITHIN, RUN_FREE = 0, 1, 2, 3
 NOW = 10_000_000_000
 
@@ -40,23 +39,7 @@ class View(ctypes.Structure):
 @pytest.fixture(scope="module")
 def decide(tmp_path_factory: pytest.TempPathFactory):
     """nvc_sched_decide(self, others, n, now) from schedpolicy.c, built as it is into the shim."""
-    lib = tmp_path_factory.mktemp("schedpolicy") / "libschedpolicy.so"
-    subprocess.run(
-        [
-            "gcc",
-            "-O1",
-            "-Wall",
-            "-Werror",
-            "-shared",
-            "-fPIC",
-            "-iquote",
-            str(REPO / "native/shim"),
-            "-o",
-            str(lib),
-            str(REPO / "native/shim/scheduling/schedpolicy.c"),
-        ],
-        check=True,
-    )
+    lib = native.build_pure("scheduling/schedpolicy.c", tmp_path_factory.mktemp("schedpolicy") / "libschedpolicy.so")
     built = ctypes.CDLL(str(lib))
     fn = built.nvc_sched_decide
     for pure in (fn, built.nvc_sched_duty_holds):

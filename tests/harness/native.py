@@ -26,6 +26,17 @@ def build() -> None:
     subprocess.run(["make", "-s", "-C", str(NATIVE), *(["sanitize"] if SANITIZED else [])], check=True)
 
 
+def build_pure(source: str, out: Path) -> Path:
+    """One of the shim's pure C files (no CUDA, no clock: a policy or a reconstruction) built alone into a
+    shared object at out, as the shim builds it, for a test to call through ctypes."""
+    subprocess.run(
+        ["gcc", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-iquote", str(NATIVE / "shim"), "-o", str(out)]
+        + [str(NATIVE / "shim" / source)],
+        check=True,
+    )
+    return out
+
+
 @functools.cache
 def _asan_runtime() -> str:
     """The compiler's ASan runtime, which native/Makefile's sanitized build links against."""

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <string.h>
 #include "accounting/freerun.h"
+#include "accounting/launchend.h"
 #include "accounting/launchlog.h"
 #include "base/config.h"
 #include "base/ground.h"
@@ -106,18 +107,15 @@ static void settle_locked(struct pending *p)
             nvc_kernel_measured(own, full);
             work = (int64_t)((double)own->work_ns * factor);
         }
-        /* When it ended: launched behind queued work, the previous end plus the time between the
-         * two ends (the gap between kernels included: thousands of microsecond kernels add up);
-         * launched to an idle queue, its launch plus its duration. */
-        float between = 0;
-        if (p->launched_ns < gpu_done_ns[p->d] && last_end[p->d].ev && last_end[p->d].ctx == p->ctx &&
-            nvc_cuda.cuEventElapsedTime(&between, last_end[p->d].ev, p->end) == CUDA_SUCCESS && between >= 0)
-            gpu_done_ns[p->d] += (uint64_t)((double)between * 1e6);
-        else { /* a gated launch starts no earlier than its gate opened */
-            uint64_t from = p->launched_ns > gpu_done_ns[p->d] ? p->launched_ns : gpu_done_ns[p->d];
-            uint64_t opened = p->gate ? nvc_gate_opened_ns(p->d, p->gate) : 0;
-            gpu_done_ns[p->d] = (opened > from ? opened : from) + (uint64_t)full;
-        }
+        float since = 0; /* since the previous end event, where the two are comparable */
+        int64_t between = p->launched_ns < gpu_done_ns[p->d] && last_end[p->d].ev && last_end[p->d].ctx == p->ctx &&
+                                  nvc_cuda.cuEventElapsedTime(&since, last_end[p->d].ev, p->end) == CUDA_SUCCESS &&
+                                  since >= 0
+                              ? (int64_t)((double)since * 1e6)
+                              : -1;
+        uint64_t opened = between < 0 && p->gate ? nvc_gate_opened_ns(p->d, p->gate) : 0;
+        gpu_done_ns[p->d] =
+            nvc_launch_end_ns(gpu_done_ns[p->d], p->launched_ns, opened, (uint64_t)full, between, nvc_now_ns());
         if (p->percent < 100)
             nvc_region_done(p->d, gpu_done_ns[p->d]);
     }
