@@ -416,3 +416,17 @@ def test_processes_naming_one_shared_gpu_file_share_its_time(built, active_2gpu,
     assert 98 <= shared_ms <= 102 and 0.54 <= shared_s <= 0.6, (shared_ms, shared_s)
     after_kill_ms, _ = _busy_beside(built, shared, kill=True)
     assert 49 <= after_kill_ms <= 52, after_kill_ms
+
+
+def test_concurrent_streams_run_created_streams_side_by_side(built, active_2gpu):
+    """FAKE_CUDA_CONCURRENT_STREAMS=1: a created stream's kernels run beside another stream's, so 20 rounds of
+    four 1 ms kernels on one stream and one on another take the busier stream's 80 ms, not the 100 ms of one
+    in-order timeline, and the second stream's kernel ends before the first's last."""
+
+    def wall_ms(env: dict[str, str]) -> float:
+        line = probe(built, "init", "ctx", 0, "streams", 20, 4, env={"FAKE_CUDA_KERNEL_US": "1000", **env})[2]
+        assert line[:2] == ["streams", "CUDA_SUCCESS"], line
+        return int(line[2]) / 1000
+
+    in_order, side_by_side = wall_ms({}), wall_ms({"FAKE_CUDA_CONCURRENT_STREAMS": "1"})
+    assert 99 <= in_order <= 106 and 79 <= side_by_side <= 86, (in_order, side_by_side)

@@ -131,6 +131,37 @@ def test_a_capped_process_logs_where_its_launches_waited(share):
     assert "throttled launches" not in err
 
 
+def test_a_cap_holds_for_streams_whose_kernels_finish_out_of_order(share):
+    """Two streams that run side by side (FAKE_CUDA_CONCURRENT_STREAMS, as an MPS client's do): each round four
+    1 ms kernels on one and one on the other, which ends before the first's last. Capped at 50 %, the loop runs at
+    about half its uncapped speed. Each such end once pushed the shim's estimate of its work's end a kernel further
+    ahead of the clock, and the cap charged all the time up to it: on the H100 a capped MPS client stopped for good
+    (native/shim/accounting/launchend.c)."""
+
+    def wall_us(percent: int) -> int:
+        out, _ = share.run(
+            "cuda_probe",
+            "init",
+            "ctx",
+            0,
+            "streams",
+            100,
+            4,
+            limits={
+                "NVC_SHARE_COMPUTE": str(percent),
+                "FAKE_CUDA_KERNEL_US": "1000",
+                "FAKE_CUDA_CONCURRENT_STREAMS": "1",
+            },
+            timeout=30,
+        )
+        assert out[2][:2] == ["streams", "CUDA_SUCCESS"], out
+        return int(out[2][2])
+
+    native, capped = min(wall_us(100) for _ in range(2)), wall_us(50)
+    assert 0.4e6 <= native <= 0.6e6, native  # 100 rounds of 4 ms on the busier stream
+    assert 0.33 <= native / capped <= 0.6, (native, capped)  # 0.42 here; stalled 0.12
+
+
 def test_a_weight_alone_measures_its_launches_in_long_groups(share, programs, tmp_path):
     """A weighted tenant with no other tenant active measures its short kernels in groups of up to 1 ms
     (recording and settling events for each short group cost a host-bound loop its rate): 100 µs

@@ -14,6 +14,8 @@
  *     host work, then one wait: a framework's step) | gatewait K HOLD_US (the NULL stream waits for a
  *     host word, K kernels and an event behind it; the word written HOLD_US later: prints the wait
  *     call's µs, the event's query before the write, and µs from the write to the event)
+ *   streams N K (two created streams; N rounds of K launches on the first and one on the second, whose
+ *     kernel ends before the first's where the streams run side by side; then one wait: prints µs)
  *   gnode HOW BYTES (a graph with one memory allocation node, made by HOW: memalloc = cuGraphAddMemAllocNode,
  *     addnode / addnode2 = cuGraphAddNode / _v2, capture = cuMemAllocAsync under stream capture)
  *   ginst SLOT HOW (flags | autofree | params) | glaunch SLOT | gexecdestroy SLOT | gdestroy SLOT |
@@ -478,6 +480,23 @@ static int run(char **argv, int argc)
         }
         printf("burst %s %.0f\n", ename(r), now_us() - t0);
         return 4;
+    }
+    if (!strcmp(op, "streams")) {
+        NEED(2);
+        int n = atoi(argv[1]), k = atoi(argv[2]);
+        CUstream st[2] = {NULL, NULL};
+        CUfunction f;
+        double t0 = now_us();
+        r = load_function(&f);
+        for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++) r = p_cuStreamCreate(&st[i], 0);
+        for (int i = 0; i < n && r == CUDA_SUCCESS; i++)
+            for (int j = 0; j <= k && r == CUDA_SUCCESS; j++)
+                r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, st[j == k], NULL, NULL);
+        if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
+        for (int i = 0; i < 2; i++)
+            if (st[i]) p_cuStreamDestroy_v2(st[i]);
+        printf("streams %s %.0f\n", ename(r), now_us() - t0);
+        return 3;
     }
     if (!strcmp(op, "graph")) {
         NEED(2);

@@ -14,6 +14,7 @@
  *     in-order timeline per device; launches are asynchronous with at most 1024 kernels queued, and the
  *     synchronize calls wait until the work they cover has "run". This lets a compute limiter be measured.
  *     FAKE_CUDA_SHARED_GPU=FILE: processes naming one file share their GPUs, time-sliced (timeline.c);
+ *     FAKE_CUDA_CONCURRENT_STREAMS=1: created streams run beside each other instead (timeline.c);
  *   - cuGetProcAddress(_v2) with the real driver's versioned and per-thread-stream resolution.
  * All state sits behind one mutex; the current-context stack is per thread.
  *
@@ -182,7 +183,7 @@ CUresult fake_stream_resolve(CUstream s, struct fctx **ctx, uint64_t **done);
 
 /* timeline.c: where queued work runs (each process its own GPU, or FAKE_CUDA_SHARED_GPU's). */
 CUresult fake_timeline_init(void);
-uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point);
+uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, const uint64_t *after, uint64_t *point);
 uint64_t fake_timeline_tail(int dev);
 int fake_timeline_reached(int dev, uint64_t point, uint64_t *at);
 void fake_timeline_wait(int dev, uint64_t point);

@@ -95,7 +95,7 @@ CUresult fake_submit(CUfunction func, const struct launch *l, CUstream stream, C
             if (r == CUDA_SUCCESS && !memory_done) r = fake_graph_memory_launch(e);
             memory_done = 1;
         }
-        uint64_t point, wait = r == CUDA_SUCCESS ? fake_timeline_enqueue(c->dev, kernels, &point) : 0;
+        uint64_t point, wait = r == CUDA_SUCCESS ? fake_timeline_enqueue(c->dev, kernels, done, &point) : 0;
         if (r == CUDA_SUCCESS && !wait && done) *done = point;
         unlock();
         if (!wait) return r;

@@ -14,6 +14,11 @@
  * byte past the end of the data, which the kernel drops when the process dies: a dead process's queue
  * is dropped (its context gone), across PID namespaces too (containers sharing the file).
  *
+ * FAKE_CUDA_CONCURRENT_STREAMS=1 (private timelines only): a created stream's kernels run beside the
+ * other streams' instead of after them, each stream in order behind its own last work, as a GPU with
+ * SMs to spare runs them (an MPS client's side streams): their work then completes out of launch order.
+ * The default streams still wait for all of it.
+ *
  * A stream wait on a host word (cuStreamWaitValue32) holds a private timeline as a GPU holds the
  * stream: work queued behind it is counted, not placed, and its points say how far into the held
  * work they are (HELD, the hold's epoch, the offset); the first call that sees the word written places
@@ -46,6 +51,7 @@ struct shared_gpu {
 #define DATA_BYTES ((off_t)(FAKE_GPU_COUNT * sizeof(struct shared_gpu)))
 
 static const char *shared_path;
+static int concurrent;               /* FAKE_CUDA_CONCURRENT_STREAMS=1 */
 static struct shared_gpu *shared;    /* FAKE_GPU_COUNT of them, mapped; NULL: each process its own GPU */
 static int shared_fd = -1;           /* this process's own open file description (locks are per description) */
 static int own_slot[FAKE_GPU_COUNT]; /* per machine GPU; -1 none yet */
@@ -98,6 +104,8 @@ static int reopen(void)
 
 CUresult fake_timeline_init(void)
 {
+    const char *streams = getenv("FAKE_CUDA_CONCURRENT_STREAMS");
+    concurrent = streams && !strcmp(streams, "1");
     shared_path = getenv("FAKE_CUDA_SHARED_GPU");
     if (!shared_path || !*shared_path) return CUDA_SUCCESS;
     void *map = reopen() < 0 || ftruncate(shared_fd, DATA_BYTES) < 0
@@ -226,7 +234,7 @@ static struct slot *enter(int dev, uint64_t *now)
 
 static void leave(void) { flock(shared_fd, LOCK_UN); }
 
-uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point)
+uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, const uint64_t *after, uint64_t *point)
 {
     struct fdev *d = &fake_dev[dev];
     uint64_t now = now_ns(), work = kernels * fake_kernel_ns, backlog = MAX_QUEUED_KERNELS * fake_kernel_ns;
@@ -237,6 +245,9 @@ uint64_t fake_timeline_enqueue(int dev, uint64_t kernels, uint64_t *point)
         if (d->hold_word) {
             d->held_ns += work;
             *point = held_point(d, d->held_ns);
+        } else if (concurrent && after && !(*after & HELD)) {
+            *point = max_u64(now, *after) + work;
+            d->busy_until_ns = max_u64(d->busy_until_ns, *point);
         } else {
             d->busy_until_ns = max_u64(now, d->busy_until_ns) + work;
             *point = d->busy_until_ns;
