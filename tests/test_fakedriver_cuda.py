@@ -429,4 +429,5 @@ def test_concurrent_streams_run_created_streams_side_by_side(built, active_2gpu)
         return int(line[2]) / 1000
 
     in_order, side_by_side = wall_ms({}), wall_ms({"FAKE_CUDA_CONCURRENT_STREAMS": "1"})
-    assert 99 <= in_order <= 106 and 79 <= side_by_side <= 86, (in_order, side_by_side)
+    # each at least its kernels' time; a busy host's launch delays add to both alike
+    assert in_order >= 99 and 79 <= side_by_side <= in_order - 12, (in_order, side_by_side)
