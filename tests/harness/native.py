@@ -28,7 +28,7 @@ def build() -> None:
 
 def build_pure(source: str, out: Path) -> Path:
     """One of the shim's pure C files (no CUDA, no clock: a policy or a reconstruction) built alone into a
-    shared object at out, as the shim builds it, for a test to call through ctypes."""
+    shared object at out, with the shim's include path and warnings as errors, for a test to call through ctypes."""
     subprocess.run(
         ["gcc", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-iquote", str(NATIVE / "shim"), "-o", str(out)]
         + [str(NATIVE / "shim" / source)],
