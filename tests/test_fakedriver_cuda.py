@@ -424,8 +424,8 @@ def test_concurrent_streams_run_created_streams_side_by_side(built, active_2gpu)
     in-order timeline, and the second stream's kernel ends before the first's last."""
 
     def wall_ms(env: dict[str, str]) -> float:
-        line = probe(built, "init", "ctx", 0, "streams", 20, 4, env={"FAKE_CUDA_KERNEL_US": "1000", **env})[2]
-        assert line[:2] == ["streams", "CUDA_SUCCESS"], line
+        line = probe(built, "init", "ctx", 0, "sburst", 20, 5, 0, env={"FAKE_CUDA_KERNEL_US": "1000", **env})[2]
+        assert line[:2] == ["sburst", "CUDA_SUCCESS"], line
         return int(line[2]) / 1000
 
     in_order, side_by_side = wall_ms({}), wall_ms({"FAKE_CUDA_CONCURRENT_STREAMS": "1"})

@@ -144,9 +144,10 @@ def test_a_cap_holds_for_streams_whose_kernels_finish_out_of_order(share):
             "init",
             "ctx",
             0,
-            "streams",
+            "sburst",
             100,
-            4,
+            5,
+            0,
             limits={
                 "NVC_SHARE_COMPUTE": str(percent),
                 "FAKE_CUDA_KERNEL_US": "1000",
@@ -154,7 +155,7 @@ def test_a_cap_holds_for_streams_whose_kernels_finish_out_of_order(share):
             },
             timeout=30,
         )
-        assert out[2][:2] == ["streams", "CUDA_SUCCESS"], out
+        assert out[2][:2] == ["sburst", "CUDA_SUCCESS"], out
         return int(out[2][2])
 
     native, capped = min(wall_us(100) for _ in range(2)), wall_us(50)

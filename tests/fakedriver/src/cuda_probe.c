@@ -11,11 +11,10 @@
  *   launch N GRID BLOCK | coop GRID BLOCK | graph NODES LAUNCHES | events N | stats I | queries (the fake's count
  *     of cuEventQuery calls so far)
  *   steps N GRID BLOCK HOST_US (launch, wait, host work) | burst N K HOST_US (K launches each followed by
- *     host work, then one wait: a framework's step) | gatewait K HOLD_US (the NULL stream waits for a
+ *     host work, then one wait: a framework's step) | sburst N K HOST_US (burst's on two created streams, each
+ *     K's last on the second, one wait at the end) | gatewait K HOLD_US (the NULL stream waits for a
  *     host word, K kernels and an event behind it; the word written HOLD_US later: prints the wait
  *     call's µs, the event's query before the write, and µs from the write to the event)
- *   streams N K (two created streams; N rounds of K launches on the first and one on the second, whose
- *     kernel ends before the first's where the streams run side by side; then one wait: prints µs)
  *   gnode HOW BYTES (a graph with one memory allocation node, made by HOW: memalloc = cuGraphAddMemAllocNode,
  *     addnode / addnode2 = cuGraphAddNode / _v2, capture = cuMemAllocAsync under stream capture)
  *   ginst SLOT HOW (flags | autofree | params) | glaunch SLOT | gexecdestroy SLOT | gdestroy SLOT |
@@ -465,38 +464,23 @@ static int run(char **argv, int argc)
         printf("steps %s %.0f\n", ename(r), now_us() - t0);
         return 5;
     }
-    if (!strcmp(op, "burst")) { /* a framework's step: K launches, host work after each, one wait */
+    if (!strcmp(op, "burst") || !strcmp(op, "sburst")) { /* a framework's step: K launches, host work, a wait */
         NEED(3);
-        int n = atoi(argv[1]), k = atoi(argv[2]);
+        int n = atoi(argv[1]), k = atoi(argv[2]), two = op[0] == 's';
         double host_us = (double)num(argv[3]), t0 = now_us();
         CUfunction f;
+        CUstream st[2] = {NULL, NULL}; /* burst: the NULL stream */
         r = load_function(&f);
+        for (int i = 0; i < 2 * two && r == CUDA_SUCCESS; i++) r = p_cuStreamCreate(&st[i], 0);
         for (int i = 0; i < n && r == CUDA_SUCCESS; i++) {
             for (int j = 0; j < k && r == CUDA_SUCCESS; j++) {
-                r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+                r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, st[j == k - 1], NULL, NULL);
                 host_work(host_us);
             }
-            if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
+            if (r == CUDA_SUCCESS && (!two || i == n - 1)) r = p_cuCtxSynchronize();
         }
-        printf("burst %s %.0f\n", ename(r), now_us() - t0);
+        printf("%s %s %.0f\n", op, ename(r), now_us() - t0);
         return 4;
-    }
-    if (!strcmp(op, "streams")) {
-        NEED(2);
-        int n = atoi(argv[1]), k = atoi(argv[2]);
-        CUstream st[2] = {NULL, NULL};
-        CUfunction f;
-        double t0 = now_us();
-        r = load_function(&f);
-        for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++) r = p_cuStreamCreate(&st[i], 0);
-        for (int i = 0; i < n && r == CUDA_SUCCESS; i++)
-            for (int j = 0; j <= k && r == CUDA_SUCCESS; j++)
-                r = p_cuLaunchKernel(f, 264, 1, 1, 128, 1, 1, 0, st[j == k], NULL, NULL);
-        if (r == CUDA_SUCCESS) r = p_cuCtxSynchronize();
-        for (int i = 0; i < 2; i++)
-            if (st[i]) p_cuStreamDestroy_v2(st[i]);
-        printf("streams %s %.0f\n", ename(r), now_us() - t0);
-        return 3;
     }
     if (!strcmp(op, "graph")) {
         NEED(2);
