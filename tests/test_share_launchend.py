@@ -2,8 +2,9 @@
 launch queue makes as each launch's end event is seen complete, and that a cap charges its slices by. Loaded from a
 shared object built from the shim's own source; the times are made by hand.
 
-The fake driver runs a process's work on one in-order timeline, so its end events never complete out of order; an
-MPS client's kernels on several streams do on a real GPU, which is what the simulated streams below stand for.
+An MPS client's kernels on several streams complete out of launch order on a real GPU, which is what the simulated
+streams below stand for; test_share_native_compute.py runs the shim on such streams of the fake driver
+(FAKE_CUDA_CONCURRENT_STREAMS).
 """
 
 from __future__ import annotations
