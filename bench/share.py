@@ -34,8 +34,10 @@ in the same run. Prints two tables:
   launches per pair of CUDA events that measured them (its shim's NVC_SHARE_LOG=2 line);
 * backends (issue 42): two transformer training steps (NVC_BENCH_PAIR: another workload of
   tests/gpu/torch_models.py) started together, with no control and weighted 1:3, under time slices and
-  under MPS (plain, nvc-py's backend, MPS's client variables by hand): their sum as % of one alone, the
-  heavier one's part of it, and what a 1:3 split made in time keeps of plain MPS's overlap.
+  under MPS (plain, nvc-py's backend, MPS's client variables by hand), and under time slices the lighter
+  capped at 50 % (a duty cycle: a cap's slices, 25 ms of every 50) beside the heavier without the shim: their
+  sum as % of one alone, the heavier one's part of it, and what a 1:3 split made in time keeps of the
+  no-control pair's overlap and of plain MPS's.
 NVC_BENCH_ROWS=WORD,... keeps the launch-bound and backends rows whose label has one of the words (a comma
 followed by a space is part of a word: "MPS, plain"); the launch-bound rows labelled "diagnostic:" (one
 tenant under the shim, the other without it: whose shim costs the trainer what) run only when named so.
@@ -476,6 +478,7 @@ SHIM_ON_MPS = "the shim's own limits"
 BACKEND_PAIRS = (
     ("no control (time slices)", False, None, None),
     ("time slices, weights 1:3", False, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
+    ("time slices: the lighter capped 50 %, the heavier without the shim", False, {"NVC_SHARE_COMPUTE": "50"}, None),
     ("MPS, plain", True, None, None),
     ("nvc MPS: weights 1:3", True, {"NVC_SHARE_WEIGHT": "1"}, {"NVC_SHARE_WEIGHT": "3"}),
     (
@@ -557,9 +560,9 @@ def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") 
             f"{label:>30}{statistics.median(sums):7.1f}%{statistics.median(parts):12.1f}%{want:>6}"
             f"{_range(sums):>16}{_range(parts):>16}"
         )
-    plain = [sum(r) for r in rows.get("MPS, plain", [])]
-    if plain:
-        print(f"a 1:3 split made in time from MPS, plain's overlap: {split_in_time(statistics.median(plain)):.1f}%")
+    for basis in ("no control (time slices)", "MPS, plain"):
+        if sums := [sum(r) for r in rows.get(basis, [])]:
+            print(f"a 1:3 split made in time from {basis}'s overlap: {split_in_time(statistics.median(sums)):.1f}%")
 
 
 def main() -> None:

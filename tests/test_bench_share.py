@@ -72,6 +72,21 @@ def test_a_split_in_time_keeps_what_the_overlap_allows():
     assert bench.split_in_time(150.0) == pytest.approx(120.0)
 
 
+def test_the_time_slice_duty_row_caps_the_lighter_and_leaves_the_heavier_without_the_shim(tmp_path):
+    """The backends' duty-cycle row under time slices: the lighter trainer under the shim with a cap of 50
+    (the part of the time a 1:3 split takes where the pair does not overlap, as split_in_time's fraction
+    gives), the heavier one with no shim at all."""
+    bench = _bench()
+    [(label, through_mps, light, heavy)] = [row for row in bench.BACKEND_PAIRS if "capped 50" in row[0]]
+    assert not through_mps and heavy is None and "LD_PRELOAD" not in bench.tenant_env(tmp_path, "b", heavy)
+    env = bench.tenant_env(tmp_path, "a", light)
+    lines = (Path(env["NVC_SHARE_DIR"]) / "limits").read_text().splitlines()
+    assert env["LD_PRELOAD"] and [line for line in lines if not line.startswith("#")] == [
+        "version=1",
+        "compute_percent=50",
+    ], label
+
+
 def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, monkeypatch):
     """A tenant of an nvc-py MPS row gets the limits file the hook writes for an MPS client: its class and
     cap as MPS's client variables (a lighter weight as the shim's duty cycle), its weight, no other time-slice
