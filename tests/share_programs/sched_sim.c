@@ -7,7 +7,8 @@
  *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US[s]|:LIE]
  *
  * Each tenant launches kernels of KERNEL_US while busy, its host spending HOST_US (default 0) before
- * each launch, keeping at most 2 ms of its work queued (as the shim does), asking nvc_sched_decide
+ * each launch, keeping at most 2 ms of its work queued (the shim's bound for a tenant over its share; one
+ * within it may queue 20 ms, which this clock does not model), asking nvc_sched_decide
  * before each launch; with HOST_USs its host waits for each kernel's end before its HOST_US (one
  * kernel in flight: a decode loop that needs each token before the next). Its own cap (percent,
  * 100 = none) is enforced as the shim's region.c does:
