@@ -36,7 +36,16 @@ refused() {
 	if nvc-py-hook prestart < state.json 2> refused.err; then echo "a GPU start without a driver was not refused"; exit 1; fi
 	echo "refused: $(cat refused.err)"
 }
-zombies() { sleep 1; ps -eo stat=,user=,args= | awk '$1 ~ /^Z/'; }
+# Zombies left for 5 s (one whose parent died is reaped by systemd, in its own time), with their parents.
+zombies() {
+	for i in 1 2 3 4 5; do
+		sleep 1
+		found=$(ps -eo stat=,ppid=,user=,args= | awk '$1 ~ /^Z/')
+		[ -n "$found" ] || return 0
+	done
+	echo "$found"
+	ps -o pid=,args= -p "$(echo "$found" | awk '{print $2}' | sort -u | paste -sd, -)" || true
+}
 
 say install; apt install ./nvc-py.deb; verified install
 say loaded; loaded
