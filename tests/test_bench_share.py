@@ -72,11 +72,16 @@ def test_a_split_in_time_keeps_what_the_overlap_allows():
     assert bench.split_in_time(150.0) == pytest.approx(120.0)
 
 
-def test_the_time_slice_duty_row_caps_the_lighter_and_leaves_the_heavier_without_the_shim(tmp_path):
+def test_the_time_slice_duty_row_caps_the_lighter_and_leaves_the_heavier_without_the_shim(tmp_path, monkeypatch):
     """The backends' duty-cycle row under time slices: the lighter trainer under the shim with a cap of 50
     (the part of the time a 1:3 split takes where the pair does not overlap, as split_in_time's fraction
-    gives), the heavier one with no shim at all."""
+    gives), the heavier one with no shim at all; NVC_BENCH_ROWS="time slices" (docs/performance.md's
+    command) runs it with the no-control and weighted time-slice rows and no MPS row."""
     bench = _bench()
+    monkeypatch.setenv("NVC_BENCH_ROWS", "time slices")
+    assert bench.wanted(label for label, *_ in bench.BACKEND_PAIRS) == [
+        label for label, through_mps, *_ in bench.BACKEND_PAIRS if not through_mps
+    ]
     [(label, through_mps, light, heavy)] = [row for row in bench.BACKEND_PAIRS if "capped 50" in row[0]]
     assert not through_mps and heavy is None and "LD_PRELOAD" not in bench.tenant_env(tmp_path, "b", heavy)
     env = bench.tenant_env(tmp_path, "a", light)
