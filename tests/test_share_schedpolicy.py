@@ -36,6 +36,14 @@ class View(ctypes.Structure):
     ]
 
 
+def test_the_view_mirror_is_laid_out_as_the_c_struct(tmp_path):
+    """View is how every test here hands views to the policy: a field the C struct gains and the mirror lacks would
+    have the policy read past the end of each view (the peers' array too), whatever the test meant."""
+    names = [name for name, _ in View._fields_]
+    laid_out = native.c_layout("scheduling/schedpolicy.h", "nvc_sched_view", names, tmp_path / "layout")
+    assert laid_out == [ctypes.sizeof(View), *(getattr(View, name).offset for name in names)], laid_out
+
+
 @pytest.fixture(scope="module")
 def decide(tmp_path_factory: pytest.TempPathFactory):
     """nvc_sched_decide(self, others, n, now) from schedpolicy.c, built as it is into the shim."""

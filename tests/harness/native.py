@@ -37,6 +37,21 @@ def build_pure(source: str, out: Path) -> Path:
     return out
 
 
+def c_layout(header: str, struct: str, fields: list[str], out: Path) -> list[int]:
+    """The size of `struct <struct>` as the shim's header (a path under native/shim) declares it, then each field's
+    offset, as the C compiler lays them out: what a ctypes mirror of the struct must match."""
+    program = out.with_suffix(".c")
+    offsets = "".join(f'    printf(" %zu", offsetof(struct {struct}, {field}));\n' for field in fields)
+    program.write_text(
+        f'#include <stddef.h>\n#include <stdio.h>\n#include "{header}"\n'
+        f'int main(void)\n{{\n    printf("%zu", sizeof(struct {struct}));\n{offsets}    return 0;\n}}\n'
+    )
+    subprocess.run(
+        ["gcc", "-Wall", "-Werror", "-iquote", str(NATIVE / "shim"), "-o", str(out), str(program)], check=True
+    )
+    return [int(n) for n in subprocess.run([str(out)], check=True, capture_output=True, text=True).stdout.split()]
+
+
 @functools.cache
 def _asan_runtime() -> str:
     """The compiler's ASan runtime, which native/Makefile's sanitized build links against."""
