@@ -10,6 +10,7 @@ result.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -400,3 +401,32 @@ def test_a_latency_critical_tenant_keeps_its_latency_beside_a_busy_batch_tenant(
     assert plain >= 1.3 * alone
     assert urgent <= 1.15 * alone and unclassed <= 1.15 * alone
     assert batch <= 1.2 + urgent + 0.5
+
+
+DUTY_LOG = re.compile(r"a duty cycle beside a steady heavier tenant came into force (\d+) times")
+SLICES_LOG = re.compile(r"(\d+) slices started")
+
+
+@pytest.mark.parametrize("heavier_host_us", [None, 1000], ids=["back to back", "1 ms host gaps"])
+def test_a_lighter_weight_takes_a_duty_only_beside_a_steadily_busy_heavier_tenant(
+    share, programs, tmp_path, heavier_host_us
+):
+    """1:3 on one time-slicing fake GPU (schedpolicy.h nvc_sched_duty). Beside a weight-3 tenant launching 1 ms
+    kernels back to back (its looks find the previous look's work still queued), the weight-1 tenant's work
+    goes in a duty cycle's slices: its shim logs the duty coming into force and slices started. Beside one
+    that waits for each kernel and then spends 1 ms on its host, it takes none: those gaps are its to fill."""
+    sched, gpu = tmp_path / "sched", tmp_path / "gpu"
+    sched.mkdir()
+    heavier = tenant(share, programs, sched, "heavier", 3, 100000, host_us=heavier_host_us, gpu=gpu)
+    time.sleep(0.2)  # the heavier busy: its looks at its backlog published
+    _, log = wall_and_log(tenant(share, programs, sched, "lighter", 1, 300, gpu=gpu, log=True), timeout=30)
+    running = heavier.poll() is None
+    heavier.kill()
+    heavier.wait()
+    duties, slices = DUTY_LOG.search(log), SLICES_LOG.search(log)
+    assert running and slices, (running, log)
+    print(f"heavier {heavier_host_us} us on its host: duty {duties and duties.group(1)}, {slices.group(1)} slices")
+    if heavier_host_us is None:
+        assert duties and int(duties.group(1)) >= 1 and int(slices.group(1)) >= 3, log
+    else:
+        assert not duties and int(slices.group(1)) == 0, log

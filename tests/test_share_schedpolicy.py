@@ -33,6 +33,7 @@ class View(ctypes.Structure):
         ("klass", ctypes.c_uint32),
         ("mps", ctypes.c_uint32),
         ("backlog_permille", ctypes.c_uint32),
+        ("steady_permille", ctypes.c_uint32),
     ]
 
 
@@ -55,6 +56,12 @@ def decide(tmp_path_factory: pytest.TempPathFactory):
         pure.restype = ctypes.c_int
     decide_views.fn = fn
     duty_holds.fn = built.nvc_sched_duty_holds
+    built.nvc_sched_duty.argtypes = [ctypes.POINTER(View), ctypes.POINTER(View), ctypes.c_int, ctypes.c_uint64]
+    built.nvc_sched_duty.restype = ctypes.c_uint
+    duty.fn = built.nvc_sched_duty
+    built.nvc_sched_steady_after.argtypes = [ctypes.c_uint32, ctypes.c_int]
+    built.nvc_sched_steady_after.restype = ctypes.c_uint32
+    steady_after.fn = built.nvc_sched_steady_after
     built.nvc_sched_backlog_after.argtypes = [ctypes.c_uint32, ctypes.c_int]
     built.nvc_sched_backlog_after.restype = ctypes.c_uint32
     backlog_after.fn = built.nvc_sched_backlog_after
@@ -210,3 +217,80 @@ def test_the_backlog_is_the_decaying_part_of_the_looks_that_found_work_queued(de
         permille = backlog_after(permille, True)
     assert permille < 500 <= backlog_after(permille, True)
     assert backlog_after(1000, True) == 1000 and backlog_after(1000, False) == 875
+
+
+# ---------------------------------------------------------------- a time-sliced weight's duty cycle
+
+
+def duty(own: View, *others: View) -> int:
+    """nvc_sched_duty on these views at NOW (the decide fixture loads it): percent, 0 for none."""
+    peers = (View * len(others))(*others)
+    return duty.fn(ctypes.byref(own), peers, len(others), NOW)
+
+
+def steady(weight: int, steadiness: int = 1000, share: int = 525, seen_ago: int = 0) -> View:
+    """A busy time-sliced tenant whose looks found the previous look's work still queued at steadiness ‰."""
+    view = tenant(NONE, share=share, busy=seen_ago == 0, weight=weight, seen_ago=seen_ago)
+    view.steady_permille = steadiness
+    return view
+
+
+def test_a_lighter_weight_beside_one_steady_heavier_tenant_takes_a_duty_of_the_pairs_time(decide):
+    """2w / (w + W) of the wall time: 1:3 50 %, 1:9 20 %, 2:3 80 %; while its share is within its entitlement
+    (a quarter of the useful work, the shares summed and taken as no less than 70 %: 175 ‰ of 700)."""
+    assert duty(tenant(NONE, share=175), steady(3)) == 50
+    assert duty(tenant(NONE, share=70), steady(9, share=630)) == 20
+    assert duty(tenant(NONE, share=280, weight=2), steady(3, share=420)) == 80
+
+
+def test_the_duty_rises_two_points_for_each_point_its_share_is_short(decide):
+    """A lighter tenant whose work needs more of the time than the heavier's does for its part: 100 ‰ where 175
+    are its due is 7.5 points short, and the duty is 15 points over its start; never past the whole time
+    (then there is no duty, and the holds of nvc_sched_decide rule)."""
+    assert duty(tenant(NONE, share=100), steady(3)) == 65
+    assert duty(tenant(NONE, share=400), steady(3, share=500)) == 50
+    assert duty(tenant(NONE, share=0), steady(3, share=1000)) == 0
+
+
+def test_no_duty_without_exactly_one_steady_heavier_peer_of_its_tier(decide):
+    """Not beside a heavier tenant whose looks found earlier work queued less than 90 % of the time (its host
+    gaps are the lighter one's to fill), one idle for over 5 ms, one no heavier, two peers (their slices
+    need not line up), an MPS client or a tenant of the other class; and not for a tenant with a cap of its
+    own, a latency-critical one or an MPS client."""
+    light = tenant(NONE, share=175)
+    assert duty(light, steady(3, steadiness=900)) == 50
+    assert duty(light, steady(3, steadiness=899)) == 0
+    assert duty(light, steady(3, seen_ago=5 * MS + 1)) == 0
+    assert duty(light, steady(1)) == 0
+    assert duty(light, steady(3), steady(3)) == 0
+    assert duty(light, steady(3), steady(3, seen_ago=6 * MS)) == 50  # an idle second peer is no peer
+    client = steady(3)
+    client.mps = 1
+    urgent = steady(3)
+    urgent.klass = LATENCY_CRITICAL
+    assert duty(light, client) == 0 and duty(light, urgent) == 0
+    capped, critical, own_client = tenant(NONE, share=175), tenant(LATENCY_CRITICAL, share=175), tenant(NONE, 175)
+    capped.cap, own_client.mps = 50, 1
+    assert duty(capped, steady(3)) == 0 and duty(own_client, steady(3)) == 0
+    assert duty(critical, steady(3)) == 0
+
+
+def steady_after(permille: int, pending: bool) -> int:
+    return steady_after.fn(permille, int(pending))
+
+
+def test_steadiness_is_the_slowly_decaying_part_of_the_looks_that_found_earlier_work_queued(decide):
+    """A 32nd of the way at each look: a host that waits for its work once in 37 looks (a training step that
+    reads its loss back) stays steady, one whose looks find earlier work queued at one in two does not, and
+    one at nine in ten is just over the line; from none, some 70 looks (70 ms of launches) to get there."""
+
+    def after(pattern, looks: int = 400, permille: int = 0) -> int:
+        for i in range(looks):
+            permille = steady_after(permille, pattern(i))
+        return permille
+
+    assert after(lambda i: i % 37 != 0, permille=1000) >= 900
+    assert after(lambda i: i % 2 == 0) < 600
+    assert 900 <= after(lambda i: i % 10 != 0) < 950
+    assert after(lambda i: True, looks=60) < 900 <= after(lambda i: True, looks=80)
+    assert steady_after(1000, True) == 1000 and steady_after(1000, False) < 1000

@@ -21,6 +21,7 @@
 #include "base/region.h"
 #include "process/devices.h"
 #include "process/init.h"
+#include "scheduling/duty.h"
 #include "scheduling/events.h"
 #include "scheduling/gate.h"
 #include "scheduling/kernels.h"
@@ -79,6 +80,8 @@ static unsigned open_at[NVC_MAX_DEVICES]; /* the group still taking launches */
 static int has_open[NVC_MAX_DEVICES];
 static int64_t estimate_ns[NVC_MAX_DEVICES]; /* running estimate of one full-device launch */
 static int decided_of[NVC_MAX_DEVICES];      /* the scheduler's last word (enum nvc_sched_decision) */
+static unsigned in_force[NVC_MAX_DEVICES];   /* the cap in force at the last launch: its own, or a duty's */
+#define CAP(d) (in_force[(d)->region_index] ? in_force[(d)->region_index] : (d)->compute)
 
 static uint64_t gpu_done_ns[NVC_MAX_DEVICES]; /* when this process's measured work ended on the GPU */
 static struct {
@@ -191,7 +194,7 @@ static void close_locked(int dev, CUcontext ctx)
     has_open[dev] = 0;
 }
 
-struct slot {    /* where before_launch put a launch */
+struct slot {    /* where enqueue_launch put a launch */
     int pending; /* it has a pending entry, at ring index at */
     unsigned at;
     int alone; /* measured alone: its entry closes right after it */
@@ -207,8 +210,9 @@ static int undrained_locked(int dev, uint32_t closed)
 
 /* The gate thread's condition for a slice (gate.h): all not behind the closed gate (closed, never 0
  * here) is settled. */
-static int drained_before_gate(int dev, uint32_t closed)
+static int drained_before_gate(int dev, uint32_t closed, unsigned *percent)
 {
+    *percent = nvc_duty_in_force(dev, *percent, nvc_now_ns());
     if (pthread_mutex_trylock(&launch_mu))
         return 0; /* a launch holds it, maybe blocked in the driver: never wait */
     CUcontext seen = NULL;
@@ -229,7 +233,7 @@ static uint32_t gate_stream(struct nvc_device *d, const struct nvc_launch *l, CU
     if (has_open[d->region_index] && !AT(open_at[d->region_index])->gate)
         close_locked(d->region_index, ctx);
     pthread_mutex_unlock(&launch_mu);
-    return nvc_gate_stream(d->region_index, d->compute, ctx, l->stream, l->ptsz, drained_before_gate);
+    return nvc_gate_stream(d->region_index, CAP(d), ctx, l->stream, l->ptsz, drained_before_gate);
 }
 
 /* The device's queue as a launch finds it, its context's completed launches settled first: the
@@ -270,11 +274,11 @@ static int64_t queue_room(const struct nvc_device *d, int64_t wait, int gating, 
 {
     int dev = d->region_index;
     int64_t room =
-        d->sched && d->compute >= 100 && decided_of[dev] >= NVC_SCHED_RUN_WITHIN ? WITHIN_SHARE_NS : MAX_INFLIGHT_NS;
-    if (d->compute < 100 && !wait && nvc_region_slice_end(dev) > now + (uint64_t)room)
+        d->sched && CAP(d) >= 100 && decided_of[dev] >= NVC_SCHED_RUN_WITHIN ? WITHIN_SHARE_NS : MAX_INFLIGHT_NS;
+    if (CAP(d) < 100 && !wait && nvc_region_slice_end(dev) > now + (uint64_t)room)
         room = (int64_t)(nvc_region_slice_end(dev) - now);
     if (gating)
-        room = (int64_t)nvc_region_slice_length(d->compute);
+        room = (int64_t)nvc_region_slice_length(CAP(d));
     if (d->sched && nvc_sched_yields(d->sched) && room > NVC_SCHED_URGENT_BUDGET_NS)
         room = NVC_SCHED_URGENT_BUDGET_NS; /* ahead of a latency-critical tenant's next kernel */
     return room;
@@ -288,18 +292,21 @@ struct turn {
 };
 
 /* Looks once at whether the launch may go now (1), or else how long to wait (*step) and why
- * (*reason): the queue's room, the cap's slice (outside it, a cap without a weight gates the stream
- * where it can), the scheduler's leave (a cap's slice waits for it too, extended by the wait). */
+ * (*reason): the queue's room, the cap's slice (outside it, a cap without a weight, or a duty, gates the
+ * stream where it can), the scheduler's leave (a cap's slice waits for it too, extended by the wait; a
+ * duty's slices are instead of it). */
 static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontext ctx, const struct queue_view *q,
                       uint64_t now, struct turn *t, int64_t *step, enum nvc_wait_reason *reason)
 {
     int dev = d->region_index;
-    int64_t wait = d->compute < 100 ? nvc_region_slice(dev, d->compute, now, !q->undrained) : 0;
-    if (d->compute < 100 && !wait)
+    unsigned cap = CAP(d);
+    int duty = cap < d->compute, gating;
+    int64_t wait = cap < 100 ? nvc_region_slice(dev, cap, now, !q->undrained) : 0;
+    if (cap < 100 && !wait)
         nvc_gate_open(dev);
     /* outside the slice a cap without a weight to weigh (time slices') queues behind a gate, up to the next
      * slice's length */
-    int gating = wait > 0 && !(d->weight && d->sched);
+    gating = wait > 0 && (duty || !(d->weight && d->sched));
     int decision = 1; /* nvc_sched_ready's: enum nvc_sched_decision */
     if (q->inflight < 0 || q->inflight > queue_room(d, wait, gating, now)) {
         *step = q->unit / 4; /* let the queue drain */
@@ -310,7 +317,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
         *reason = NVC_WAIT_SLICE;
         if (d->sched)
             nvc_sched_ready(d->sched, now, 1);
-    } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, t->gate != 0)) && !t->gate) {
+    } else if (d->sched && !(decision = nvc_sched_ready(d->sched, now, t->gate != 0)) && !t->gate && !duty) {
         *step = SCHED_WAIT_STEP_NS; /* over its share while another wants more: the cap's slice waits too */
         *reason = NVC_WAIT_SHARE;
         decided_of[dev] = NVC_SCHED_WAIT;
@@ -325,8 +332,7 @@ static int may_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontex
     } else {
         nvc_launch_tally.decided[decision] += d->sched != NULL;
         decided_of[dev] = decision;
-        long_groups[dev] =
-            d->sched && d->compute >= 100 && (decision == NVC_SCHED_RUN_FREE || !nvc_sched_contended(d->sched));
+        long_groups[dev] = d->sched && cap >= 100 && (decision == NVC_SCHED_RUN_FREE || !nvc_sched_contended(d->sched));
         return 1;
     }
     return 0;
@@ -351,7 +357,7 @@ static uint64_t wait_for_turn(struct nvc_device *d, const struct nvc_launch *l, 
 {
     struct turn t = {0, 0, 0};
     uint64_t waited = 0;
-    for (int fresh = d->compute < 100;; fresh = 1) {
+    for (int fresh = CAP(d) < 100;; fresh = 1) {
         struct queue_view q = look_at_queue(d->region_index, ctx, fresh);
         uint64_t now = nvc_now_ns();
         int64_t step = 0;
@@ -397,7 +403,7 @@ static struct pending *new_entry_locked(struct nvc_device *d, const struct nvc_l
                                  .ptsz = l->ptsz,
                                  .d = dev,
                                  .sched = d->sched,
-                                 .percent = d->compute,
+                                 .percent = CAP(d),
                                  .launched_ns = now,
                                  .gate = gate};
     queue_of[dev].queued++;
@@ -451,17 +457,6 @@ static void enqueue_launch(struct nvc_device *d, const struct nvc_launch *l, CUc
     pthread_mutex_unlock(&launch_mu);
 }
 
-/* Waits for the cap's slice (or gates the stream), the scheduler's leave and room in the queue (at most
- * MAX_INFLIGHT_NS of estimated work ahead of measurement), then puts the launch in a pending entry. */
-static void before_launch(struct nvc_device *d, const struct nvc_launch *l, CUcontext ctx, struct slot *slot)
-{
-    uint32_t gate = 0;
-    uint64_t waited = wait_for_turn(d, l, ctx, &gate);
-    if (waited)
-        nvc_region_account_launch(d->region_index, 0, waited);
-    enqueue_launch(d, l, ctx, gate, slot);
-}
-
 /* A look at the tenant's backlog (schedpolicy.h: what lets a weight hold the others, time-sliced or MPS), at
  * most every NVC_SCHED_BACKLOG_LOOK_NS as it launches: one event per device, recorded on the launching
  * stream at each look; still pending at the next look, the work queued before it had not run yet. A host
@@ -502,7 +497,7 @@ static int look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, cons
         nvc_event_record(look_of[dev].ev, l->stream, l->ptsz);
     __atomic_store_n(&look_of[dev].at, now, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&launch_mu);
-    nvc_sched_backlog(e, now, backlogged);
+    nvc_sched_backlog(e, now, backlogged, pending);
     nvc_sched_ran(e, now, (uint64_t)ran_free);
     return backlogged;
 }
@@ -513,7 +508,7 @@ static int look_at_backlog(struct nvc_device *d, struct nvc_sched_entry *e, cons
 static void let_go_free(struct nvc_device *d, CUcontext ctx, int looked)
 {
     int dev = d->region_index;
-    int may = decided_of[dev] >= NVC_SCHED_RUN_WITHIN && d->compute >= 100 && !nvc_sched_yields(d->sched) && !looked;
+    int may = decided_of[dev] >= NVC_SCHED_RUN_WITHIN && CAP(d) >= 100 && !nvc_sched_yields(d->sched) && !looked;
     if (!nvc_freerun_after(dev, may ? d->sched : NULL, nvc_now_ns()))
         return;
     pthread_mutex_lock(&launch_mu);
@@ -548,9 +543,14 @@ CUresult nvc_launch_throttled(const struct nvc_launch *l, nvc_launch_fn fn, cons
     if (d->compute >= 100 && nvc_sched_unhindered(d->sched, nvc_now_ns()))
         return fn(args); /* latency-critical: no turn to wait for, nothing to measure */
     int looked = d->sched ? look_at_backlog(d, d->sched, l, ctx, nvc_now_ns()) : -1;
+    in_force[d->region_index] = nvc_duty_cap(d->region_index, d->sched, d->compute, d->weight, nvc_now_ns());
     nvc_depth++;
+    uint32_t gate = 0; /* the cap's slice (or a gate), the scheduler's leave, room in the queue, then an entry */
+    uint64_t waited = wait_for_turn(d, l, ctx, &gate);
+    if (waited)
+        nvc_region_account_launch(d->region_index, 0, waited);
     struct slot slot;
-    before_launch(d, l, ctx, &slot);
+    enqueue_launch(d, l, ctx, gate, &slot);
     CUresult rc = fn(args);
     if (slot.pending) {
         pthread_mutex_lock(&launch_mu);

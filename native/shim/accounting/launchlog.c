@@ -2,6 +2,7 @@
 #include "accounting/launchlog.h"
 #include "base/ground.h"
 #include "base/region.h"
+#include "scheduling/duty.h"
 
 struct nvc_launch_tally nvc_launch_tally;
 
@@ -25,4 +26,7 @@ __attribute__((destructor)) static void log_waits(void)
                 (unsigned long long)t->decided[NVC_SCHED_RUN_FREE], (unsigned long long)t->free,
                 (unsigned long long)t->looks, (unsigned long long)t->pending, (unsigned long long)t->deep,
                 NVC_SCHED_BACKLOG_LOOK_NS / 1e6);
+    if (nvc_duty_engaged)
+        nvc_log(2, "scheduler: a duty cycle beside a steady heavier tenant came into force %llu times",
+                (unsigned long long)nvc_duty_engaged);
 }

@@ -455,6 +455,12 @@ void nvc_region_slice_extend(int d, uint64_t until)
         atomic_max(&region->dev[d].slice_end_ns, until);
 }
 
+void nvc_region_slice_off(int d, uint64_t now)
+{
+    if (region && d >= 0 && d < NVC_REGION_DEVICES)
+        atomic_max(&region->dev[d].charged_until_ns, now);
+}
+
 void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns)
 {
     if (!region || d < 0 || d >= NVC_REGION_DEVICES)

@@ -75,6 +75,9 @@ uint64_t nvc_region_slice_end(int d);
 uint64_t nvc_region_slice_length(unsigned percent);  /* a cap's slice */
 void nvc_region_done(int d, uint64_t done);          /* measured work ran on the GPU until done */
 void nvc_region_slice_extend(int d, uint64_t until); /* the slice does not run while another holds the turn */
+/* The cap goes out of force now (a duty cycle's, schedpolicy.h): what runs from now on is not a slice's
+ * overrun, and is never charged as one when the cap comes back. */
+void nvc_region_slice_off(int d, uint64_t now);
 void nvc_region_account_launch(int d, uint64_t busy_ns, uint64_t waited_ns);
 
 #endif

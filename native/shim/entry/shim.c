@@ -13,6 +13,7 @@
 #include "process/devices.h"
 #include "process/init.h"
 #include "process/reload.h"
+#include "scheduling/duty.h"
 #include "scheduling/gate.h"
 #include "scheduling/sched.h"
 
@@ -21,7 +22,7 @@
  * lock. */
 static __thread int guarded;
 
-/* Lock order: reload, devices, memory (pools, allocation records, graphs), launches, gates, scheduler, region. */
+/* Lock order: reload, devices, memory (pools, allocation records, graphs), launches, gates, duty cycles, scheduler, region. */
 static void fork_all(enum nvc_fork_phase phase)
 {
     if (phase == NVC_FORK_PREPARE)
@@ -36,11 +37,13 @@ static void fork_all(enum nvc_fork_phase phase)
         nvc_graph_fork(phase);
         nvc_launches_fork(phase);
         nvc_gate_fork(phase);
+        nvc_duty_fork(phase);
         nvc_sched_fork(phase);
         nvc_region_fork(phase);
     } else {
         nvc_region_fork(phase);
         nvc_sched_fork(phase);
+        nvc_duty_fork(phase);
         nvc_gate_fork(phase);
         nvc_launches_fork(phase);
         nvc_graph_fork(phase);

@@ -147,11 +147,12 @@ static void *gate_main(void *unused)
                 continue;
             CUcontext ctx = g->ctx;
             uint32_t closed = g->target;
+            unsigned percent = g->percent;
             in_driver = 1;
             pthread_mutex_unlock(&gate_mu);
             if (nvc_cuda.cuCtxSetCurrent)
                 nvc_cuda.cuCtxSetCurrent(ctx);
-            int drained = drained_of(d, closed);
+            int drained = drained_of(d, closed, &percent);
             uint64_t now = nvc_now_ns();
             pthread_mutex_lock(&gate_mu);
             in_driver = 0;
@@ -162,7 +163,7 @@ static void *gate_main(void *unused)
                 g->undrained_since = drained ? 0 : now;
             else if (now - g->undrained_since > STUCK_NS)
                 drained = 1;
-            int64_t wait = nvc_region_slice(d, g->percent, now, drained);
+            int64_t wait = percent < 100 ? nvc_region_slice(d, percent, now, drained) : 0;
             if (!wait) {
                 open_locked(d, now);
                 opened_by_thread++;

@@ -10,8 +10,9 @@
 
 /* Whether the device's work not queued behind its closed gate of generation closed (earlier gates'
  * included) has all completed (launch.c answers, for the gate thread, which calls it with no lock of
- * its own held). */
-typedef int (*nvc_gate_drained_fn)(int dev, uint32_t closed);
+ * its own held); *percent, the cap the gate was closed at, becomes the cap in force now (a duty cycle
+ * moves, or goes out of force: 100 opens the gate). */
+typedef int (*nvc_gate_drained_fn)(int dev, uint32_t closed, unsigned *percent);
 
 /* Puts the stream behind region device dev's gate, closing the gate if it is open: work launched on it
  * from now on runs once the container's next slice starts. Returns the gate's generation (non-zero),

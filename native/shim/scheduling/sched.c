@@ -48,7 +48,8 @@ struct nvc_sched_entry { /* 128 bytes */
     uint64_t share_acc_ns, share_at_ns; /* the decaying account its share is read from, and its time */
     uint32_t weight, cap, running, capped, share_permille, klass; /* klass: enum nvc_class */
     uint32_t mps, backlog_permille;                               /* schedpolicy.h's MPS clients */
-    uint64_t reserved;
+    uint32_t steady_permille;                                     /* schedpolicy.h's duty cycle */
+    uint32_t reserved;
 };
 
 struct sched_file { /* SCHED_FILE_SIZE bytes */
@@ -322,6 +323,7 @@ static void view_of(const struct nvc_sched_entry *e, uint64_t id, struct nvc_sch
     v->klass = __atomic_load_n(&e->klass, __ATOMIC_ACQUIRE);
     v->mps = __atomic_load_n(&e->mps, __ATOMIC_ACQUIRE);
     v->backlog_permille = __atomic_load_n(&e->backlog_permille, __ATOMIC_ACQUIRE);
+    v->steady_permille = __atomic_load_n(&e->steady_permille, __ATOMIC_ACQUIRE);
 }
 
 /* The other tenants' views of our device d: each one entry, read afresh (a copy: what the file says
@@ -352,7 +354,8 @@ static int others_locked(uint32_t d, uint64_t now, struct nvc_sched_view *out)
                                          .share_permille = e.share_permille,
                                          .klass = e.klass,
                                          .mps = e.mps,
-                                         .backlog_permille = e.backlog_permille};
+                                         .backlog_permille = e.backlog_permille,
+                                         .steady_permille = e.steady_permille};
         nvc_sched_sanitize(&out[n], now);
         if (p->weight[d])
             out[n].weight = p->weight[d];
@@ -453,11 +456,22 @@ int nvc_sched_ready(struct nvc_sched_entry *e, uint64_t now, int capped)
     return (int)decision;
 }
 
-void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged)
+void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged, int pending)
 {
     __atomic_store_n(&e->seen_ns, now, __ATOMIC_RELEASE);
     uint32_t was = __atomic_load_n(&e->backlog_permille, __ATOMIC_ACQUIRE);
     __atomic_store_n(&e->backlog_permille, nvc_sched_backlog_after(was, backlogged), __ATOMIC_RELEASE);
+    was = __atomic_load_n(&e->steady_permille, __ATOMIC_ACQUIRE);
+    __atomic_store_n(&e->steady_permille, nvc_sched_steady_after(was, pending), __ATOMIC_RELEASE);
+}
+
+unsigned nvc_sched_duty_now(struct nvc_sched_entry *e, uint64_t now)
+{
+    struct nvc_sched_view others[MAX_PEERS], self;
+    int n = others_of(e, now, others);
+    view_of(e, own_id, &self);
+    self.share_permille = account(e, now, 0);
+    return nvc_sched_duty(&self, others, n, now);
 }
 
 int nvc_sched_on_duty(struct nvc_sched_entry *e, uint64_t now)

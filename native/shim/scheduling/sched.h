@@ -15,8 +15,10 @@ int nvc_sched_open(const struct nvc_config *cfg); /* again: 1 when open already 
  * it is a client of the device's MPS daemon. */
 struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsigned cap, unsigned klass, int mps);
 /* A tenant launches (schedpolicy.h: its backlog): it is active now, and its look found the work queued
- * at its previous look still queued (backlogged) or not. */
-void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged);
+ * at its previous look still queued (pending), or that much work queued at once since (backlogged). */
+void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged, int pending);
+/* A time-sliced weight's duty cycle now (schedpolicy.h nvc_sched_duty): percent, 0 for none. */
+unsigned nvc_sched_duty_now(struct nvc_sched_entry *e, uint64_t now);
 /* Whether an MPS client's duty cycle holds now: a heavier MPS client on e's device is active and backlogged. */
 int nvc_sched_on_duty(struct nvc_sched_entry *e, uint64_t now);
 /* Whether a latency-critical tenant shares e's device and e is not one (at the last look): e's queue is

@@ -10,6 +10,7 @@ void nvc_sched_sanitize(struct nvc_sched_view *v, uint64_t now)
     v->klass = v->klass > NVC_CLASS_LATENCY_CRITICAL ? NVC_CLASS_NONE : v->klass;
     v->mps = v->mps != 0;
     v->backlog_permille = v->backlog_permille > 1000 ? 1000 : v->backlog_permille;
+    v->steady_permille = v->steady_permille > 1000 ? 1000 : v->steady_permille;
     if (v->seen_ns > now + NVC_SCHED_FUTURE_NS || v->busy_until_ns > now + NVC_SCHED_FUTURE_NS)
         v->seen_ns = v->busy_until_ns = 0;
 }
@@ -98,6 +99,33 @@ int nvc_sched_duty_holds(const struct nvc_sched_view *self, const struct nvc_sch
 uint32_t nvc_sched_backlog_after(uint32_t permille, int backlogged)
 {
     return permille - permille / 8 + (backlogged ? 125u : 0u);
+}
+
+uint32_t nvc_sched_steady_after(uint32_t permille, int pending)
+{
+    uint32_t next = permille - permille / 32 + (pending ? 1000u / 32 : 0u);
+    return next > 1000 ? 1000 : next;
+}
+
+unsigned nvc_sched_duty(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now)
+{
+    if (self->mps || self->klass == NVC_CLASS_LATENCY_CRITICAL || (self->cap && self->cap < 100))
+        return 0;
+    const struct nvc_sched_view *peer = NULL;
+    for (int i = 0; i < n; i++)
+        if (same_tier(self, &others[i]) && nvc_sched_active(&others[i], now)) {
+            if (peer)
+                return 0; /* more than a pair: their slices need not line up */
+            peer = &others[i];
+        }
+    uint64_t w = self->weight ? self->weight : 1;
+    if (!peer || peer->weight <= w || peer->steady_permille < NVC_SCHED_STEADY_PERMILLE)
+        return 0;
+    uint64_t total = w + peer->weight, useful = (uint64_t)self->share_permille + peer->share_permille;
+    useful = useful < NVC_SCHED_USEFUL_FLOOR ? NVC_SCHED_USEFUL_FLOOR : useful > 1000 ? 1000 : useful;
+    uint64_t due = part(self, total, useful), share = self->share_permille;
+    uint64_t duty = 200 * w / total + (due > share ? 2 * (due - share) / 10 : 0);
+    return duty >= 100 ? 0 : (unsigned)duty;
 }
 
 uint32_t nvc_sched_sharing(const struct nvc_sched_view *others, int n, uint64_t now)

@@ -52,6 +52,7 @@ struct nvc_sched_view {
     uint32_t klass;            /* enum nvc_class: its own, or for another tenant the one granted to it */
     uint32_t mps;              /* a client of the device's MPS daemon: out of the time slices (its own claim) */
     uint32_t backlog_permille; /* the part of its recent looks that found its work queued (‰) */
+    uint32_t steady_permille;  /* the part of its recent looks whose previous look's work had not run yet (‰) */
 };
 
 /* RUN_WITHIN: its share is within its entitlement (nothing would hold it for a while: its queue may run
@@ -105,6 +106,27 @@ enum nvc_sched_decision nvc_sched_decide(const struct nvc_sched_view *self, cons
 int nvc_sched_duty_holds(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now);
 /* The part of the looks (‰) that found work queued, decaying, after one more look. */
 uint32_t nvc_sched_backlog_after(uint32_t permille, int backlogged);
+
+/* A weight beside one steadily busy heavier tenant, time-sliced: a duty cycle. Holding a lighter tenant
+ * a launch at a time leaves a little of its work between the heavier one's all the time, so the GPU
+ * switches between the two contexts throughout and the pair does less than with no control at all
+ * (docs/performance.md, two transformer trainers 1:3 on an H200). A cap's slices put the lighter one's
+ * work together, and the heavier has the GPU alone in between. So a tenant of weight w whose one active
+ * peer of its tier is heavier (W) and steady (NVC_SCHED_STEADY_PERMILLE or more of its looks found the
+ * work of its previous look, a millisecond before, still queued: its host runs ahead of the GPU) takes the
+ * duty 2w / (w + W) in percent of wall time: the part of the time a split of the pair's overlap by weight
+ * gives it. The duty rises by two points for each point its share is short of its entitlement (its work
+ * may need more time than the other's), and holds only while that peer is active. A heavier tenant with
+ * host gaps is not steady: the gaps are the lighter one's to fill, which the holds of nvc_sched_decide
+ * allow and a duty would not. Returns the duty in percent, 0 where none holds (then nvc_sched_decide
+ * rules). The peer's steadiness is its own claim: a lying peer holds the lighter to the duty its granted
+ * weight gives, which is no less than its entitlement of the time. */
+#define NVC_SCHED_STEADY_PERMILLE 900u
+/* The part of the looks (‰) whose previous look's work was still queued (pending), after one more look:
+ * decaying by a 32nd a look, so over some 30 ms of launches (a look a millisecond at most); a training
+ * step's host may wait for its work once a step (a loss read back) and stay steady. */
+uint32_t nvc_sched_steady_after(uint32_t permille, int pending);
+unsigned nvc_sched_duty(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now);
 
 /* How many tenants have work on the GPU now, this one included (it is asking because it has or is
  * about to queue work): the GPU time-slices between them. */
