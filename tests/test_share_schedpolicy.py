@@ -238,18 +238,28 @@ def steady(weight: int, steadiness: int = 1000, share: int = 525, seen_ago: int 
 def test_a_lighter_weight_beside_one_steady_heavier_tenant_takes_a_duty_of_the_pairs_time(decide):
     """2w / (w + W) of the wall time: 1:3 50 %, 1:9 20 %, 2:3 80 %; while its share is within its entitlement
     (a quarter of the useful work, the shares summed and taken as no less than 70 %: 175 ‰ of 700)."""
-    assert duty(tenant(NONE, share=175), steady(3)) == 50
-    assert duty(tenant(NONE, share=70), steady(9, share=630)) == 20
-    assert duty(tenant(NONE, share=280, weight=2), steady(3, share=420)) == 80
+    assert duty(steady(1, share=175), steady(3)) == 50
+    assert duty(steady(1, share=70), steady(9, share=630)) == 20
+    assert duty(steady(2, share=280), steady(3, share=420)) == 80
+
+
+def test_a_lighter_tenant_that_its_host_bounds_takes_no_duty(decide):
+    """A loop of small kernels that waits for them (less than half of its looks find work queued) uses less than
+    its share beside a steady heavier tenant: it runs free within its share, as the holds let it, never in a
+    duty's slices."""
+    loop, held = steady(1, share=20), steady(1, steadiness=0, share=175)
+    loop.backlog_permille, held.backlog_permille = 499, 500
+    assert duty(loop, steady(3)) == 0
+    assert duty(held, steady(3)) == 50  # held a launch at a time, its own queue is short: not steady, backlogged
 
 
 def test_the_duty_rises_two_points_for_each_point_its_share_is_short(decide):
     """A lighter tenant whose work needs more of the time than the heavier's does for its part: 100 ‰ where 175
     are its due is 7.5 points short, and the duty is 15 points over its start; never past the whole time
     (then there is no duty, and the holds of nvc_sched_decide rule)."""
-    assert duty(tenant(NONE, share=100), steady(3)) == 65
-    assert duty(tenant(NONE, share=400), steady(3, share=500)) == 50
-    assert duty(tenant(NONE, share=0), steady(3, share=1000)) == 0
+    assert duty(steady(1, share=100), steady(3)) == 65
+    assert duty(steady(1, share=400), steady(3, share=500)) == 50
+    assert duty(steady(1, share=0), steady(3, share=1000)) == 0
 
 
 def test_no_duty_without_exactly_one_steady_heavier_peer_of_its_tier(decide):
@@ -257,7 +267,7 @@ def test_no_duty_without_exactly_one_steady_heavier_peer_of_its_tier(decide):
     gaps are the lighter one's to fill), one idle for over 5 ms, one no heavier, two peers (their slices
     need not line up), an MPS client or a tenant of the other class; and not for a tenant with a cap of its
     own, a latency-critical one or an MPS client."""
-    light = tenant(NONE, share=175)
+    light = steady(1, share=175)
     assert duty(light, steady(3, steadiness=900)) == 50
     assert duty(light, steady(3, steadiness=899)) == 0
     assert duty(light, steady(3, seen_ago=5 * MS + 1)) == 0
@@ -269,8 +279,8 @@ def test_no_duty_without_exactly_one_steady_heavier_peer_of_its_tier(decide):
     urgent = steady(3)
     urgent.klass = LATENCY_CRITICAL
     assert duty(light, client) == 0 and duty(light, urgent) == 0
-    capped, critical, own_client = tenant(NONE, share=175), tenant(LATENCY_CRITICAL, share=175), tenant(NONE, 175)
-    capped.cap, own_client.mps = 50, 1
+    capped, critical, own_client = steady(1, share=175), steady(1, share=175), steady(1, share=175)
+    capped.cap, critical.klass, own_client.mps = 50, LATENCY_CRITICAL, 1
     assert duty(capped, steady(3)) == 0 and duty(own_client, steady(3)) == 0
     assert duty(critical, steady(3)) == 0
 

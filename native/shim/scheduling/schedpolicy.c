@@ -109,8 +109,9 @@ uint32_t nvc_sched_steady_after(uint32_t permille, int pending)
 
 unsigned nvc_sched_duty(const struct nvc_sched_view *self, const struct nvc_sched_view *others, int n, uint64_t now)
 {
-    if (self->mps || self->klass == NVC_CLASS_LATENCY_CRITICAL || (self->cap && self->cap < 100))
-        return 0;
+    if (self->mps || self->klass == NVC_CLASS_LATENCY_CRITICAL || (self->cap && self->cap < 100) ||
+        self->backlog_permille < NVC_SCHED_BACKLOGGED_PERMILLE)
+        return 0; /* a tenant whose host does not keep its own work queued runs free within its share */
     const struct nvc_sched_view *peer = NULL;
     for (int i = 0; i < n; i++)
         if (same_tier(self, &others[i]) && nvc_sched_active(&others[i], now)) {

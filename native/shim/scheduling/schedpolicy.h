@@ -116,7 +116,9 @@ uint32_t nvc_sched_backlog_after(uint32_t permille, int backlogged);
  * work of its previous look, a millisecond before, still queued: its host runs ahead of the GPU) takes the
  * duty 2w / (w + W) in percent of wall time: the part of the time a split of the pair's overlap by weight
  * gives it. The duty rises by two points for each point its share is short of its entitlement (its work
- * may need more time than the other's), and holds only while that peer is active. A heavier tenant with
+ * may need more time than the other's), and holds only while that peer is active. Only a backlogged tenant
+ * takes one (its own looks found work queued, as a heavier one's must to hold it): one whose host bounds
+ * it (a loop of small kernels waited for) uses less than its share and runs free, as the holds let it. A heavier tenant with
  * host gaps is not steady: the gaps are the lighter one's to fill, which the holds of nvc_sched_decide
  * allow and a duty would not. Returns the duty in percent, 0 where none holds (then nvc_sched_decide
  * rules). The peer's steadiness is its own claim: a lying peer holds the lighter to the duty its granted
