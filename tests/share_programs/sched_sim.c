@@ -21,12 +21,16 @@
  * look_at_backlog). A tenant with a LIE launches nothing while busy and publishes, every step, one claim:
  * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, always backlogged, a share of 0) or "garbage" (random values);
  * the others read every view through nvc_sched_sanitize and take its weight as WEIGHT (the granted
- * one, whatever it claims). Prints per tenant "tenant I <GPU share in ‰ in the first half> <in the
- * second half> <its longest wait in ms> <kernels done> <their mean time from launch to end in us>" of
- * the MS simulated milliseconds, and "gpu <busy ‰>". With SCHED_SIM_NONE=1 in the environment nothing
+ * one, whatever it claims). A tenant without a cap whose nvc_sched_duty gives it a duty cycle takes that
+ * as its cap (duty.c), no holds meanwhile, and what ran before its duty came or after it went is no slice's
+ * overrun; its looks publish its steadiness too. Prints per tenant "tenant I <GPU share in ‰ in the first
+ * half> <in the second half> <its longest wait in ms> <kernels done> <their mean time from launch to end in
+ * us> <slices started under a duty>" of the MS simulated milliseconds, and "gpu <busy ‰>". With SCHED_SIM_NONE=1 in the environment nothing
  * is held (no sharing control: the GPU's time-slicing alone); with SCHED_SIM_SLICE_US=N the GPU runs
  * one tenant at a time, each for N us or until its queue is empty, in turn (a kernel launched while
- * another's slice runs waits for it: its elapsed time grows, its work does not). SCHED_SIM_CLASSES=C,C,...
+ * another's slice runs waits for it: its elapsed time grows, its work does not), and with
+ * SCHED_SIM_SWITCH_US=N it does nothing for N us at each switch from one tenant to another (saving one
+ * context, loading the other: the GPU is busy, no one's work advances). SCHED_SIM_CLASSES=C,C,...
  * gives the tenants their latency classes in order (base/config.h enum nvc_class: 0 none, 1 batch,
  * 2 latency-critical), each the granted one the others read; a queue of at most 2 ms is also the budget
  * a tenant yielding to a latency-critical one keeps (NVC_SCHED_URGENT_BUDGET_NS). */
@@ -48,7 +52,9 @@ static const char *const lies[] = {"", "busy", "garbage"};
 
 static struct tenant {
     struct nvc_sched_view v;
-    unsigned weight, cap;
+    unsigned weight, cap, duty; /* duty: its duty cycle in force (schedpolicy.h nvc_sched_duty), 0 for none */
+    int fresh;                  /* its duty came or went since its last slice: what ran meanwhile is no overrun */
+    uint64_t duty_slices;       /* slices it started under a duty */
     enum lie lie;
     unsigned klass;
     uint64_t kernel_ns, host_ns, from_ns, until_ns, host_ready, slice_end;
@@ -108,7 +114,9 @@ int main(int argc, char **argv)
     const char *none = getenv("SCHED_SIM_NONE"), *sliced = getenv("SCHED_SIM_SLICE_US");
     const char *classes = getenv("SCHED_SIM_CLASSES");
     int control = !none || strcmp(none, "1"), current = 0;
+    const char *switching = getenv("SCHED_SIM_SWITCH_US");
     uint64_t slice_ns = sliced ? strtoull(sliced, NULL, 10) * 1000 : 0, slice_left = 0;
+    uint64_t switch_ns = switching ? strtoull(switching, NULL, 10) * 1000 : 0, switch_left = 0;
     uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2, gpu_busy = 0;
     for (int i = 2; i < argc && nt < MAX_T; i++, nt++) {
         unsigned long long w, cap, us, from, until;
@@ -148,12 +156,16 @@ int main(int argc, char **argv)
         for (int i = 0; i < nt; i++) sharing += t[i].qn > 0;
         gpu_busy += sharing ? STEP_NS : 0;
         if (slice_ns && sharing && (!t[current].qn || slice_left < STEP_NS)) {
+            int was = current;
             do current = (current + 1) % nt;
             while (!t[current].qn);
             slice_left = slice_ns;
+            switch_left = current != was ? switch_ns : 0; /* the GPU saves one context and loads the other */
         }
         slice_left -= slice_ns && sharing ? STEP_NS : 0;
-        for (int i = 0; i < nt && sharing; i++) {
+        int switching_now = switch_left >= STEP_NS;
+        switch_left -= switching_now ? STEP_NS : 0;
+        for (int i = 0; i < nt && sharing && !switching_now; i++) {
             struct tenant *x = &t[i];
             if (!x->qn || (slice_ns && i != current)) continue;
             uint64_t slice = slice_ns ? STEP_NS : STEP_NS / sharing;
@@ -181,7 +193,7 @@ int main(int argc, char **argv)
                 x->v.busy_until_ns = now + 2 * x->qn * x->estimate;
         }
         for (int i = 0; i < nt; i++) { /* the shims' credit refill, never above 0 */
-            t[i].credit += (int64_t)((now - refill) * t[i].cap / 100);
+            t[i].credit += (int64_t)((now - refill) * (t[i].duty ? t[i].duty : t[i].cap) / 100);
             if (t[i].credit > 0) t[i].credit = 0;
         }
         refill = now;
@@ -204,7 +216,9 @@ int main(int argc, char **argv)
                 x->at_launch = 1; /* its host calls a launch: a look at its backlog first, at most every 1 ms */
                 if (now - x->look_at >= NVC_SCHED_BACKLOG_LOOK_NS) {
                     int backlogged = (x->looked && x->done < x->look_until) || x->peak >= NVC_SCHED_BACKLOG_LOOK_NS;
+                    int pending = x->looked && x->done < x->look_until;
                     x->v.backlog_permille = nvc_sched_backlog_after(x->v.backlog_permille, backlogged);
+                    x->v.steady_permille = nvc_sched_steady_after(x->v.steady_permille, pending);
                     x->peak = inflight(x);
                     x->look_until = x->done + (uint64_t)x->qn; /* the event completes behind the work queued now */
                     x->look_at = now;
@@ -213,10 +227,15 @@ int main(int argc, char **argv)
             }
             if (now < x->host_ready || x->qn == MAX_Q ||
                 (x->qn && (x->sync || inflight(x) + x->kernel_ns > MAX_INFLIGHT_NS)))
-                continue;                              /* its host is busy or waits, or its queue full */
-            if (x->cap < 100 && now >= x->slice_end) { /* outside its slice */
-                if (x->qn) continue;                   /* its last slice's work drains first */
-                if (x->began > x->slice_end) {         /* and what ran past the slice is charged */
+                continue; /* its host is busy or waits, or its queue full */
+            x->v.share_permille = nvc_sched_share(nvc_sched_decay(x->acc, now > x->acc_at ? now - x->acc_at : 0));
+            unsigned duty = control && x->cap >= 100 ? nvc_sched_duty(&x->v, others, n, now) : 0;
+            x->fresh |= !x->duty != !duty; /* duty.c: only a capped launch's work is a slice's overrun */
+            x->duty = duty;
+            unsigned cap = duty ? duty : x->cap;            /* the cap in force */
+            if (cap < 100 && now >= x->slice_end) {         /* outside its slice */
+                if (x->qn) continue;                        /* its last slice's work drains first */
+                if (x->began > x->slice_end && !x->fresh) { /* and what ran past the slice is charged */
                     x->credit -= (int64_t)(x->began - x->slice_end);
                     x->slice_end = x->began;
                 }
@@ -224,14 +243,15 @@ int main(int argc, char **argv)
                     x->v.capped = 1;
                     continue;
                 }
-                x->slice_end = now + SLICE_PERIOD_NS * x->cap / 100;
-                x->credit -= (int64_t)(SLICE_PERIOD_NS * x->cap / 100);
+                x->slice_end = now + SLICE_PERIOD_NS * cap / 100;
+                x->fresh = 0;
+                x->duty_slices += duty != 0;
+                x->credit -= (int64_t)(SLICE_PERIOD_NS * cap / 100);
             }
             x->v.capped = 0;
             x->v.seen_ns = now;
             nvc_sched_note(&x->seen_sharing, now, nvc_sched_sharing(others, n, now));
-            x->v.share_permille = nvc_sched_share(nvc_sched_decay(x->acc, now > x->acc_at ? now - x->acc_at : 0));
-            if (control && nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
+            if (control && !duty && nvc_sched_decide(&x->v, others, n, now) == NVC_SCHED_WAIT) {
                 if (!x->waiting_since) x->waiting_since = now;
                 if (x->cap < 100) x->slice_end += STEP_NS; /* its slice waits too */
                 continue;
@@ -251,10 +271,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < nt; i++) {
         if (t[i].waiting_since && now - t[i].waiting_since > t[i].longest_wait)
             t[i].longest_wait = now - t[i].waiting_since; /* still waiting at the end */
-        printf("tenant %d %llu %llu %llu %llu %llu\n", i, (unsigned long long)(t[i].gpu[0] * 1000 / half),
+        printf("tenant %d %llu %llu %llu %llu %llu %llu\n", i, (unsigned long long)(t[i].gpu[0] * 1000 / half),
                (unsigned long long)(t[i].gpu[1] * 1000 / (end_ns - half)),
                (unsigned long long)(t[i].longest_wait / 1000000), (unsigned long long)t[i].done,
-               (unsigned long long)(t[i].done ? t[i].turnaround / t[i].done / 1000 : 0));
+               (unsigned long long)(t[i].done ? t[i].turnaround / t[i].done / 1000 : 0),
+               (unsigned long long)t[i].duty_slices);
     }
     printf("gpu %llu\n", (unsigned long long)(gpu_busy * 1000 / end_ns));
     return 0;
