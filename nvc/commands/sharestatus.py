@@ -51,6 +51,7 @@ class Device(NamedTuple):
     share_percent: float | None = None  # measured share of the GPU while busy; None: idle or unknown
     latency_class: str | None = None  # the limits' priority for it; None: none given
     backend: str = DEFAULT_BACKEND  # the sharing backend the limits name for it
+    duty_percent: int | None = None  # a weight's duty cycle beside a steady heavier container; None: none now
 
 
 class ContainerShare(NamedTuple):
@@ -193,9 +194,17 @@ def container_share(
     sched = _sched(sched_dir, cid) if sched_dir else {}
     now = time.monotonic_ns()
 
-    def share_of(key: str) -> float | None:
+    def busy_entry(key: str) -> SchedDevice | None:
         entry = sched.get(key)
-        return entry.share_permille / 10 if entry and now - entry.seen_ns < IDLE_NS else None
+        return entry if entry and now - entry.seen_ns < IDLE_NS else None
+
+    def share_of(key: str) -> float | None:
+        entry = busy_entry(key)
+        return entry.share_permille / 10 if entry else None
+
+    def duty_of(key: str) -> int | None:
+        entry = busy_entry(key)
+        return entry.duty_percent if entry and entry.duty_percent else None
 
     devices = tuple(
         Device(
@@ -211,6 +220,7 @@ def container_share(
             share_of(d.key),
             _per_device(limits, "priority", d.key) or _mps_class(limits),
             _per_device(limits, "backend", d.key) or ("mps" if _mps_client(limits) else DEFAULT_BACKEND),
+            duty_of(d.key),
         )
         for i, d in enumerate(region.devices)
     )
@@ -300,6 +310,8 @@ def _lines(c: ContainerShare) -> Iterator[str]:
         measured = (
             f", measured share {d.share_percent:.1f} %" if d.share_percent is not None else ", idle" if d.weight else ""
         )
+        if d.duty_percent:
+            measured += f", in a duty cycle of {d.duty_percent} % beside a steadily busy heavier container"
         yield (
             f"  {one_line(d.key, 64)}: {_memory_text(d.memory_used, d.memory_limit)}; {cap}{weight}{measured}, "
             f"busy {d.busy_s:.1f} s, throttled {d.throttled_s:.1f} s over {d.launches} launches"

@@ -17,7 +17,7 @@ DEVICES = 16
 IDLE_NS = 1_000_000_000  # not seen launching for a second: idle, no current share
 
 _HEADER = struct.Struct("<8sII48x")  # 64 bytes
-_ENTRY = struct.Struct("<40sQQQQQQIIIIII16x")  # 128 bytes
+_ENTRY = struct.Struct("<40sQQQQQQIIIIIIIIII")  # 128 bytes
 
 
 class SchedDevice(NamedTuple):
@@ -28,6 +28,7 @@ class SchedDevice(NamedTuple):
     charged_ns: int  # the part of it charged against its weight (shared moments divided), cumulative
     share_permille: int  # of the GPU over the last half second the container was busy
     seen_ns: int  # CLOCK_MONOTONIC of its last launch
+    duty_percent: int = 0  # the duty cycle it last found itself in (schedpolicy.h nvc_sched_duty), 0 for none
 
 
 class SchedFormatError(ValueError):
@@ -44,10 +45,9 @@ def parse_sched(data: bytes) -> tuple[SchedDevice, ...]:
         raise SchedFormatError(f"magic {magic!r} version {version}, want version {VERSION}")
     devices = []
     for i in range(min(ndevices, DEVICES)):
-        key, charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, _ = (
+        key, charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, *_, duty = (
             _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
         )
-        devices.append(
-            SchedDevice(key.rstrip(b"\0").decode("ascii", "replace"), weight, cap, busy, charged, permille, seen)
-        )
+        name = key.rstrip(b"\0").decode("ascii", "replace")
+        devices.append(SchedDevice(name, weight, cap, busy, charged, permille, seen, min(duty, 100)))
     return tuple(devices)

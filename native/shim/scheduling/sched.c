@@ -48,8 +48,7 @@ struct nvc_sched_entry { /* 128 bytes */
     uint64_t share_acc_ns, share_at_ns; /* the decaying account its share is read from, and its time */
     uint32_t weight, cap, running, capped, share_permille, klass; /* klass: enum nvc_class */
     uint32_t mps, backlog_permille;                               /* schedpolicy.h's MPS clients */
-    uint32_t steady_permille;                                     /* schedpolicy.h's duty cycle */
-    uint32_t reserved;
+    uint32_t steady_permille, duty; /* schedpolicy.h's duty cycle: the steadiness, the duty found (%, 0: none) */
 };
 
 struct sched_file { /* SCHED_FILE_SIZE bytes */
@@ -471,7 +470,9 @@ unsigned nvc_sched_duty_now(struct nvc_sched_entry *e, uint64_t now)
     int n = others_of(e, now, others);
     view_of(e, own_id, &self);
     self.share_permille = account(e, now, 0);
-    return nvc_sched_duty(&self, others, n, now);
+    unsigned duty = nvc_sched_duty(&self, others, n, now);
+    __atomic_store_n(&e->duty, duty, __ATOMIC_RELEASE); /* for `nvc-py share status` */
+    return duty;
 }
 
 int nvc_sched_on_duty(struct nvc_sched_entry *e, uint64_t now)

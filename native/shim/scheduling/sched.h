@@ -17,7 +17,8 @@ struct nvc_sched_entry *nvc_sched_device(const char *key, unsigned weight, unsig
 /* A tenant launches (schedpolicy.h: its backlog): it is active now, and its look found the work queued
  * at its previous look still queued (pending), or that much work queued at once since (backlogged). */
 void nvc_sched_backlog(struct nvc_sched_entry *e, uint64_t now, int backlogged, int pending);
-/* A time-sliced weight's duty cycle now (schedpolicy.h nvc_sched_duty): percent, 0 for none. */
+/* A time-sliced weight's duty cycle now (schedpolicy.h nvc_sched_duty): percent, 0 for none; published in
+ * e's entry. */
 unsigned nvc_sched_duty_now(struct nvc_sched_entry *e, uint64_t now);
 /* Whether an MPS client's duty cycle holds now: a heavier MPS client on e's device is active and backlogged. */
 int nvc_sched_on_duty(struct nvc_sched_entry *e, uint64_t now);
