@@ -144,6 +144,12 @@ def share_families(containers: Sequence[sharestatus.ContainerShare]) -> Iterator
         "its scheduler file reports it (busy weighted or capped containers only).",
         per_device,
     )
+    duty = _gauge(
+        "nvc_py_share_duty_ratio",
+        "The duty cycle (part of the wall time) a weighted container runs in beside a steadily busy heavier one, "
+        "as its scheduler file reports it (busy containers in one only).",
+        per_device,
+    )
     fair = _gauge(
         "nvc_py_share_fair_ratio",
         "The share its weight gives the container among the weighted containers busy on the device now.",
@@ -172,13 +178,29 @@ def share_families(containers: Sequence[sharestatus.ContainerShare]) -> Iterator
                 weight.add(labels, d.weight)
             if d.share_percent is not None:
                 measured.add(labels, d.share_percent / 100)
+            if d.duty_percent:
+                duty.add(labels, d.duty_percent / 100)
             if (c.id, d.key) in fair_shares:
                 fair.add(labels, fair_shares[(c.id, d.key)])
         running = sorted((p for p in c.processes if p.host_pid), key=lambda p: -sum(p.used.values()))
         for p in running[:MAX_PROCESSES]:
             for key, amount in p.used.items():
                 process.add((cid, device_label(key), str(p.host_pid)), amount)
-    for family in (count, region_ok, limit, used, process, cap, weight, measured, fair, busy, throttled, launches):
+    for family in (
+        count,
+        region_ok,
+        limit,
+        used,
+        process,
+        cap,
+        weight,
+        measured,
+        duty,
+        fair,
+        busy,
+        throttled,
+        launches,
+    ):
         yield family.metric
 
 

@@ -34,6 +34,7 @@ class Entry(NamedTuple):
     seen_ns: int | None = None  # CLOCK_MONOTONIC of its last launch; None: now (busy)
     cap: int = 100
     busy_ns: int = 0
+    duty_percent: int = 0  # the duty cycle it publishes (0: none)
 
 
 def region_bytes(
@@ -100,5 +101,9 @@ def sched_bytes(entries: Sequence[Entry], ndevices: int | None = None) -> bytes:
             0,
             e.share_permille,
             0,
+            0,
+            0,
+            0,
+            e.duty_percent,
         )
     return bytes(data)
