@@ -101,12 +101,15 @@ def test_a_tenant_that_cannot_use_its_share_leaves_it_to_the_others(programs):
 @pytest.mark.parametrize("claim", ["busy", "garbage"])
 def test_a_lying_tenant_cannot_push_an_honest_one_below_its_weight(programs, claim):
     """A tenant (granted weight 3) that launches nothing and claims, every step, to have work queued
-    for almost 10 s and no share at all, or publishes random values: an honest tenant (weight 1) is held
-    back only while it is over its own entitlement (a quarter), so it gets at least that, and waits no
-    longer than a few milliseconds at a time."""
+    for almost 10 s, steadily, and no share at all, or publishes random values: an honest tenant (weight 1) is
+    held back only while it is over its own entitlement (a quarter), so it gets at least that, and waits no
+    longer than a few milliseconds at a time. The steady claim puts it in a duty cycle, which leaves it half of
+    the time (2w / (w + W)), more than the holds would."""
     (honest, liar), _ = simulate(programs, "1:100:1600:0:2000", f"3:100:0:0:2000:{claim}")
     assert honest.wait_ms <= 20 and honest.first >= 25 - 3 and honest.second >= 25 - 3, honest
     assert liar.first == liar.second == 0
+    if claim == "busy":
+        assert honest.duty_slices > 0 and honest.second >= 50 - 3, honest
 
 
 # A launch-bound service (10 us kernels, 40 us of host work before each: a batch-1 decode loop) beside

@@ -19,7 +19,7 @@
  * backlog: at most every millisecond, as its host reaches a launch, whether the work it had queued at its
  * last look is still queued, or it had more than a millisecond of work queued at once since (launches.c's
  * look_at_backlog). A tenant with a LIE launches nothing while busy and publishes, every step, one claim:
- * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, always backlogged, a share of 0) or "garbage" (random values);
+ * "busy" (work queued for almost NVC_SCHED_FUTURE_NS, always backlogged and steady, a share of 0) or "garbage" (random values);
  * the others read every view through nvc_sched_sanitize and take its weight as WEIGHT (the granted
  * one, whatever it claims). A tenant without a cap whose nvc_sched_duty gives it a duty cycle takes that
  * as its cap (duty.c), no holds meanwhile, and what ran before its duty came or after it went is no slice's
@@ -90,7 +90,8 @@ static void lie(struct tenant *x, uint64_t now)
                                        .seen_ns = now,
                                        .busy_until_ns = now + NVC_SCHED_FUTURE_NS - 1,
                                        .weight = NVC_WEIGHT_MAX,
-                                       .backlog_permille = 1000};
+                                       .backlog_permille = 1000,
+                                       .steady_permille = 1000};
     else
         x->v = (struct nvc_sched_view){.id = x->v.id,
                                        .seen_ns = random64(),
@@ -98,7 +99,8 @@ static void lie(struct tenant *x, uint64_t now)
                                        .capped = (uint32_t)random64(),
                                        .weight = (uint32_t)random64(),
                                        .share_permille = (uint32_t)random64(),
-                                       .backlog_permille = (uint32_t)random64()};
+                                       .backlog_permille = (uint32_t)random64(),
+                                       .steady_permille = (uint32_t)random64()};
 }
 
 static uint64_t inflight(const struct tenant *x)

@@ -6,8 +6,8 @@
  * work ended or when its gate opened, whichever is latest, and ran its measured time), so work that ran past
  * its slice's end is charged too. Weights (sched.c) divide measured GPU time, weighted by the fraction of
  * the device's SMs a grid can occupy, each moment divided among the containers that had work on the GPU
- * then. At most MAX_INFLIGHT_NS of estimated work may be queued ahead of measurement, so a burst of
- * asynchronous launches cannot run far past a slice or a share. */
+ * then; a weight's duty cycle (duty.c) is a cap while it holds. At most MAX_INFLIGHT_NS of estimated work may
+ * be queued ahead of measurement, so a burst of asynchronous launches cannot run far past a slice or a share. */
 #define _GNU_SOURCE
 #include "accounting/launches.h"
 #include <pthread.h>
