@@ -14,6 +14,7 @@ import re
 import time
 
 import pytest
+import sharegpu  # tests/gpu: on the path once conftest imported harness.shim
 
 from harness.shim import WAITS_LOG, launches_logged, share, tenant, wall_and_log, wall_s  # noqa: F401  (fixtures)
 from nvc.share.sched import parse_sched
@@ -426,6 +427,7 @@ def test_a_lighter_weight_takes_a_duty_only_beside_a_steadily_busy_heavier_tenan
     heavier.wait()
     duties, slices = DUTY_LOG.search(log), SLICES_LOG.search(log)
     assert running and slices, (running, log)
+    assert sharegpu.shim_exit_of(log).duties == (int(duties.group(1)) if duties else 0)  # what bench/share.py reads
     (published,) = (entry.duty_percent for entry in parse_sched((sched / "lighter").read_bytes()))
     print(
         f"heavier {heavier_host_us} us on its host: duty {duties and duties.group(1)} times, last {published} %, "

@@ -201,6 +201,7 @@ class ShimExit(NamedTuple):
     looks: int = 0
     found_queued: int = 0
     found_deep: int = 0
+    duties: int = 0  # how many times a duty cycle beside a steady heavier tenant came into force
 
     def __str__(self) -> str:
         shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
@@ -210,9 +211,10 @@ class ShimExit(NamedTuple):
             if self.looks
             else ""
         )
+        duty = f"; a duty cycle came into force {self.duties} times" if self.duties else ""
         return (
             f"held {self.held_ms:.1f} ms, queue room {self.queue_ms:.1f} ms, {self.launches} launches{shared}"
-            f"{ran_free}{looked}"
+            f"{ran_free}{looked}{duty}"
         )
 
 
@@ -221,11 +223,12 @@ SHIM_SCHEDULER = re.compile(
     r"\((\d+) launches ran free after them\); (\d+) looks at the backlog, (\d+) found earlier work queued, "
     r"(\d+) more than"
 )
+SHIM_DUTY = re.compile(r"a duty cycle beside a steady heavier tenant came into force (\d+) times")
 
 
 def shim_exit_of(text: str) -> ShimExit | None:
     """A process's :class:`ShimExit`, from its shim's exit lines in ``text`` (None where no shim logged one)."""
-    found, scheduler = SHIM_EXIT.search(text), SHIM_SCHEDULER.search(text)
+    found, scheduler, duty = SHIM_EXIT.search(text), SHIM_SCHEDULER.search(text), SHIM_DUTY.search(text)
     if not found:
         return None
     return ShimExit(
@@ -233,7 +236,8 @@ def shim_exit_of(text: str) -> ShimExit | None:
         int(found.group(2)),
         float(found.group(4)),
         float(found.group(5)),
-        *((int(scheduler.group(k)) for k in range(1, 5)) if scheduler else ()),
+        *((int(scheduler.group(k)) for k in range(1, 5)) if scheduler else (0, 0, 0, 0)),
+        int(duty.group(1)) if duty else 0,
     )
 
 
