@@ -166,6 +166,10 @@ def test_the_trainers_wait_and_launches_are_read_from_its_shims_exit_line(share,
     looked = re.search(r"(\d+) looks at the backlog, (\d+) found earlier work queued, (\d+) more than", err)
     assert looked and (shim.looks, shim.found_queued, shim.found_deep) == tuple(int(g) for g in looked.groups())
     assert shim.looks > 0 and f"; {shim.looks} looks, {shim.found_queued} found its work queued" in str(shim)
+    # and the throttled path's own host time a call, apart from the driver's launch in it (launchlog.c)
+    path = re.search(r"own time ([\d.]+) us a call, the driver's launch in it ([\d.]+) us \((\d+) calls\)", err)
+    assert path and (shim.path_us, shim.driver_us) == (float(path.group(1)), float(path.group(2))), err
+    assert int(path.group(3)) >= shim.launches and shim.path_us > 0 and "; the path " in str(shim)
 
 
 def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():

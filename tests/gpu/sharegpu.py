@@ -202,6 +202,8 @@ class ShimExit(NamedTuple):
     found_queued: int = 0
     found_deep: int = 0
     duties: int = 0  # how many times a duty cycle beside a steady heavier tenant came into force
+    path_us: float = 0.0  # the throttled path's own host time a call (beyond the driver's launch and waits)
+    driver_us: float = 0.0  # the driver's launch within it, a call
 
     def __str__(self) -> str:
         shared = f", {self.launches / self.pairs:.1f} a pair of events" if self.pairs else ""
@@ -212,9 +214,10 @@ class ShimExit(NamedTuple):
             else ""
         )
         duty = f"; a duty cycle came into force {self.duties} times" if self.duties else ""
+        path = f"; the path {self.path_us:.2f} us a launch, the driver's {self.driver_us:.2f}" if self.path_us else ""
         return (
             f"held {self.held_ms:.1f} ms, queue room {self.queue_ms:.1f} ms, {self.launches} launches{shared}"
-            f"{ran_free}{looked}{duty}"
+            f"{ran_free}{looked}{duty}{path}"
         )
 
 
@@ -224,11 +227,13 @@ SHIM_SCHEDULER = re.compile(
     r"(\d+) more than"
 )
 SHIM_DUTY = re.compile(r"a duty cycle beside a steady heavier tenant came into force (\d+) times")
+SHIM_PATH = re.compile(r"the throttled path's own time ([\d.]+) us a call, the driver's launch in it ([\d.]+) us")
 
 
 def shim_exit_of(text: str) -> ShimExit | None:
     """A process's :class:`ShimExit`, from its shim's exit lines in ``text`` (None where no shim logged one)."""
     found, scheduler, duty = SHIM_EXIT.search(text), SHIM_SCHEDULER.search(text), SHIM_DUTY.search(text)
+    path = SHIM_PATH.search(text)
     if not found:
         return None
     return ShimExit(
@@ -238,6 +243,7 @@ def shim_exit_of(text: str) -> ShimExit | None:
         float(found.group(5)),
         *((int(scheduler.group(k)) for k in range(1, 5)) if scheduler else (0, 0, 0, 0)),
         int(duty.group(1)) if duty else 0,
+        *((float(path.group(1)), float(path.group(2))) if path else ()),
     )
 
 

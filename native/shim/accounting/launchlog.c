@@ -26,6 +26,13 @@ __attribute__((destructor)) static void log_waits(void)
                 (unsigned long long)t->decided[NVC_SCHED_RUN_FREE], (unsigned long long)t->free,
                 (unsigned long long)t->looks, (unsigned long long)t->pending, (unsigned long long)t->deep,
                 NVC_SCHED_BACKLOG_LOOK_NS / 1e6);
+    if (t->calls) {
+        uint64_t waited = t->waited_for[NVC_WAIT_QUEUE] + t->waited_for[NVC_WAIT_SLICE] + t->waited_for[NVC_WAIT_SHARE];
+        uint64_t own = t->path_ns > t->driver_ns + waited ? t->path_ns - t->driver_ns - waited : 0;
+        nvc_log(2,
+                "compute: the throttled path's own time %.2f us a call, the driver's launch in it %.2f us (%llu calls)",
+                own / 1e3 / t->calls, t->driver_ns / 1e3 / t->calls, (unsigned long long)t->calls);
+    }
     if (nvc_duty_engaged)
         nvc_log(2, "scheduler: a duty cycle beside a steady heavier tenant came into force %llu times",
                 (unsigned long long)nvc_duty_engaged);

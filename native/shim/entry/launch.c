@@ -4,6 +4,7 @@
 #include "accounting/freerun.h"
 #include "accounting/graphmem.h"
 #include "accounting/launches.h"
+#include "accounting/launchlog.h"
 #include "base/ground.h"
 #include "base/real.h"
 #include "process/devices.h"
@@ -34,6 +35,32 @@ static int limited(void)
     return !nvc_depth && nvc_ready() == NVC_ACTIVE && nvc_compute_limited;
 }
 
+/* The throttled path's own host time, logged at exit (launchlog.c): each call timed whole and its driver launch
+ * timed within it, so that what a weight costs a host-bound loop shows apart from what the driver costs. */
+struct timed {
+    nvc_launch_fn fn;
+    const void *args;
+};
+
+static CUresult call_timed(const void *a)
+{
+    const struct timed *t = a;
+    uint64_t at = nvc_now_ns();
+    CUresult rc = t->fn(t->args);
+    __atomic_add_fetch(&nvc_launch_tally.driver_ns, nvc_now_ns() - at, __ATOMIC_RELAXED);
+    return rc;
+}
+
+static CUresult throttled(const struct nvc_launch *l, nvc_launch_fn fn, const void *args)
+{
+    struct timed t = {fn, args};
+    uint64_t at = nvc_now_ns();
+    CUresult rc = nvc_launch_throttled(l, call_timed, &t);
+    __atomic_add_fetch(&nvc_launch_tally.path_ns, nvc_now_ns() - at, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&nvc_launch_tally.calls, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 /* ---- the entry points ---- */
 
 struct kernel_args {
@@ -62,7 +89,7 @@ static CUresult call_kernel(const void *a)
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra); \
         struct kernel_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra}; \
         struct nvc_launch l = grid_launch(ptsz, stream, f, gx, gy, gz); \
-        return nvc_launch_throttled(&l, call_kernel, &a); \
+        return throttled(&l, call_kernel, &a); \
     }
 KERNEL_WRAPPER(cuLaunchKernel, 0)
 KERNEL_WRAPPER(cuLaunchKernel_ptsz, 1)
@@ -91,7 +118,7 @@ static CUresult call_coop(const void *a)
             return nvc_cuda.name(f, gx, gy, gz, bx, by, bz, shmem, stream, params); \
         struct coop_args a = {nvc_cuda.name, f, gx, gy, gz, bx, by, bz, shmem, stream, params}; \
         struct nvc_launch l = grid_launch(ptsz, stream, f, gx, gy, gz); \
-        return nvc_launch_throttled(&l, call_coop, &a); \
+        return throttled(&l, call_coop, &a); \
     }
 COOP_WRAPPER(cuLaunchCooperativeKernel, 0)
 COOP_WRAPPER(cuLaunchCooperativeKernel_ptsz, 1)
@@ -120,7 +147,7 @@ static CUresult call_ex(const void *a)
         struct ex_args a = {nvc_cuda.name, config, f, params, extra}; \
         struct nvc_launch l = \
             grid_launch(ptsz, config->hStream, f, config->gridDimX, config->gridDimY, config->gridDimZ); \
-        return nvc_launch_throttled(&l, call_ex, &a); \
+        return throttled(&l, call_ex, &a); \
     }
 EX_WRAPPER(cuLaunchKernelEx, 0)
 EX_WRAPPER(cuLaunchKernelEx_ptsz, 1)
@@ -150,7 +177,7 @@ static CUresult call_graph(const void *a)
         if (nvc_compute_limited && !nvc_launches_free(exec)) { \
             struct graph_args a = {nvc_cuda.name, exec, stream}; \
             struct nvc_launch l = {nvc_device_current(NULL), ptsz, stream, 1.0, exec}; \
-            rc = nvc_launch_throttled(&l, call_graph, &a); \
+            rc = throttled(&l, call_graph, &a); \
         } else { \
             rc = nvc_cuda.name(exec, stream); \
         } \
