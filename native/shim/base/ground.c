@@ -26,6 +26,10 @@ void nvc_set_log_level(int level)
 {
     log_level = level;
 }
+int nvc_logs(int level)
+{
+    return level <= log_level;
+}
 void nvc_set_fail_closed(int closed)
 {
     fail_closed = closed;

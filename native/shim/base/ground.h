@@ -12,6 +12,7 @@ void nvc_set_active(void);            /* init.c, once the limits are in force */
 void nvc_set_log_level(int level);    /* 0..3: errors, warnings (default), info, debug */
 void nvc_set_fail_closed(int closed); /* what nvc_fail does: the limits' on_error */
 void nvc_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int nvc_logs(int level);         /* whether nvc_log at that level writes: what only a log needs is skipped otherwise */
 void nvc_fail(const char *what); /* loud one-time failure line; switches to on_error mode */
 uint64_t nvc_now_ns(void);       /* CLOCK_MONOTONIC */
 void nvc_sleep_ns(int64_t ns);

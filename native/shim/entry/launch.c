@@ -35,8 +35,9 @@ static int limited(void)
     return !nvc_depth && nvc_ready() == NVC_ACTIVE && nvc_compute_limited;
 }
 
-/* The throttled path's own host time, logged at exit (launchlog.c): each call timed whole and its driver launch
- * timed within it, so that what a weight costs a host-bound loop shows apart from what the driver costs. */
+/* The throttled path's own host time, logged at exit (launchlog.c, NVC_SHARE_LOG=2; not timed otherwise): each
+ * call timed whole and its driver launch within it, so that what a weight costs a host-bound loop shows apart
+ * from what the driver costs. */
 struct timed {
     nvc_launch_fn fn;
     const void *args;
@@ -53,6 +54,8 @@ static CUresult call_timed(const void *a)
 
 static CUresult throttled(const struct nvc_launch *l, nvc_launch_fn fn, const void *args)
 {
+    if (!nvc_logs(2))
+        return nvc_launch_throttled(l, fn, args);
     struct timed t = {fn, args};
     uint64_t at = nvc_now_ns();
     CUresult rc = nvc_launch_throttled(l, call_timed, &t);
