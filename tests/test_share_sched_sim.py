@@ -30,7 +30,8 @@ def simulate(
     classes: str = "",
     switch_us: int = 0,
 ) -> tuple[list[Simulated], float]:
-    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US[s]|:LIE] under the shim's
+    """Simulated tenants WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[@ON_MS/PERIOD_MS][:HOST_US[s]|:LIE] (in
+    bursts: busy the first ON_MS of every PERIOD_MS) under the shim's
     scheduler decision (none: `control` False) on a GPU that time-slices between them, evenly or in
     slices of `slice_us` (losing `switch_us` at each switch between two tenants), their latency classes
     `classes` (tests/share_programs/sched_sim.c); also returns how busy the GPU was, in percent."""
@@ -215,3 +216,19 @@ def test_two_weighted_trainers_lose_nothing_to_context_switches(programs, kernel
         heavy,
         free,
     )
+
+
+@pytest.mark.parametrize(("on_ms", "period_ms"), [(100, 200), (20, 40), (50, 200), (200, 250)])
+def test_a_duty_cycle_lets_go_while_its_steady_heavier_peer_pauses(programs, on_ms, period_ms):
+    """1:3 on the clock of the case above, the heavier tenant busy in bursts (its first on_ms of every
+    period_ms) and steady in each: the lighter takes its duty cycle in the bursts, and none in the pauses,
+    where the GPU is all its own (work-conserving: at least the pauses' part of the time, plus its part of
+    the bursts). The heavier, whom the weights favour, does better than with no control, and the pair does as
+    much work as with no control."""
+    tenants = ("1:100:1000:0:4000", f"3:100:1000:0:4000@{on_ms}/{period_ms}")
+    free, _ = simulate(programs, *tenants, ms=4000, control=False, slice_us=2000, switch_us=300)
+    (light, heavy), _ = simulate(programs, *tenants, ms=4000, slice_us=2000, switch_us=300)
+    paused = 100 * (1 - on_ms / period_ms)
+    assert light.duty_slices > 0 and heavy.duty_slices == 0, (light, heavy)
+    assert light.second >= paused + 2 and heavy.second >= free[1].second + 5, (light, heavy, free)
+    assert light.second + heavy.second >= free[0].second + free[1].second - 1, (light, heavy, free)

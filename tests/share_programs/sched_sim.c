@@ -4,9 +4,10 @@
  * contexts averages out). Deterministic test program for tests/test_share_native.py; nothing here is
  * a GPU result.
  *
- *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[:HOST_US[s]|:LIE]
+ *   sched_sim MS TENANT...    TENANT = WEIGHT:CAP:KERNEL_US:BUSY_FROM_MS:BUSY_UNTIL_MS[@ON_MS/PERIOD_MS][:HOST_US[s]|:LIE]
  *
- * Each tenant launches kernels of KERNEL_US while busy, its host spending HOST_US (default 0) before
+ * Each tenant launches kernels of KERNEL_US while busy (with @ON_MS/PERIOD_MS, in bursts: the first ON_MS of
+ * every PERIOD_MS from BUSY_FROM_MS), its host spending HOST_US (default 0) before
  * each launch, keeping at most 2 ms of its work queued (the shim's bound for a tenant over its share; one
  * within it may queue 20 ms, which this clock does not model), asking nvc_sched_decide
  * before each launch; with HOST_USs its host waits for each kernel's end before its HOST_US (one
@@ -58,10 +59,11 @@ static struct tenant {
     enum lie lie;
     unsigned klass;
     uint64_t kernel_ns, host_ns, from_ns, until_ns, host_ready, slice_end;
-    uint64_t queue[MAX_Q]; /* its kernels' remaining GPU time, oldest first */
-    uint64_t began;        /* when its oldest kernel could start */
-    uint64_t estimate;     /* a kernel's elapsed time as last measured (the shim's estimate) */
-    int qn, sync;          /* sync: its host waits for its kernel (HOST_USs) */
+    uint64_t on_ns, period_ns; /* bursts: busy the first on_ns of every period_ns of its busy time (0: all of it) */
+    uint64_t queue[MAX_Q];     /* its kernels' remaining GPU time, oldest first */
+    uint64_t began;            /* when its oldest kernel could start */
+    uint64_t estimate;         /* a kernel's elapsed time as last measured (the shim's estimate) */
+    int qn, sync;              /* sync: its host waits for its kernel (HOST_USs) */
     int64_t credit;
     uint64_t acc, acc_at, waiting_since, longest_wait;
     struct nvc_sched_history seen_sharing;
@@ -121,15 +123,21 @@ int main(int argc, char **argv)
     uint64_t switch_ns = switching ? strtoull(switching, NULL, 10) * 1000 : 0, switch_left = 0;
     uint64_t end_ns = strtoull(argv[1], NULL, 10) * 1000000ull, half = end_ns / 2, gpu_busy = 0;
     for (int i = 2; i < argc && nt < MAX_T; i++, nt++) {
-        unsigned long long w, cap, us, from, until;
+        unsigned long long w, cap, us, from, until, on = 0, period = 0;
         char how[16] = "";
-        if (sscanf(argv[i], "%llu:%llu:%llu:%llu:%llu:%15s", &w, &cap, &us, &from, &until, how) < 5) return 2;
+        int at = 0;
+        if (sscanf(argv[i], "%llu:%llu:%llu:%llu:%llu%n", &w, &cap, &us, &from, &until, &at) < 5) return 2;
+        const char *rest = argv[i] + at;
+        if (*rest == '@' && sscanf(rest, "@%llu/%llu%n", &on, &period, &at) == 2 && period) rest += at;
+        if (*rest == ':') sscanf(rest + 1, "%15s", how);
         t[nt] = (struct tenant){.v = {.id = (uint64_t)nt + 1, .weight = (uint32_t)w, .cap = (uint32_t)cap},
                                 .weight = (unsigned)w,
                                 .cap = (unsigned)cap,
                                 .kernel_ns = us * 1000,
                                 .from_ns = from * 1000000,
-                                .until_ns = until * 1000000};
+                                .until_ns = until * 1000000,
+                                .on_ns = on * 1000000,
+                                .period_ns = period * 1000000};
         for (enum lie l = HONEST; l <= GARBAGE; l++)
             if (!strcmp(how, lies[l])) t[nt].lie = l;
         if (!t[nt].lie && how[0]) {
@@ -201,7 +209,8 @@ int main(int argc, char **argv)
         refill = now;
         for (int i = 0; i < nt; i++) {
             struct tenant *x = &t[i];
-            if (now < x->from_ns || now >= x->until_ns) {
+            if (now < x->from_ns || now >= x->until_ns ||
+                (x->period_ns && (now - x->from_ns) % x->period_ns >= x->on_ns)) {
                 x->waiting_since = 0;
                 continue; /* idle */
             }
