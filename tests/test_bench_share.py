@@ -51,6 +51,21 @@ def test_a_run_that_served_nothing_is_an_error_not_a_zero():
         sharegpu.serve_latencies("cpu_us 0.0\n")
 
 
+def test_the_service_beside_a_late_trainer_counts_from_when_it_began():
+    """A trainer started with the service whose warm-up outlasted the wait says "late S"; the service's rate
+    beside it counts only the requests begun from then (back to back: each arrives as the last one ends)."""
+    assert sharegpu.late_of("late 2.50\nsec 1 40\nrate 40.0\ncpu_us 10.0\n") == 2.5
+    assert sharegpu.late_of("sec 1 40\nrate 40.0\ncpu_us 10.0\n") == 0.0
+    # alone for 2 s at 50 requests/s, then 20/s beside the trainer
+    alone = [(k / 50, (k + 1) / 50) for k in range(100)]
+    beside = [(2 + k / 20, 2 + (k + 1) / 20) for k in range(80)]
+    out = "".join(f"req {a:.6f} {d:.6f}\n" for a, d in alone + beside)
+    assert sharegpu.serve_latencies(out).per_second == pytest.approx(180 / 6)
+    assert sharegpu.serve_latencies(out, since=2.0).per_second == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="no requests served from 7.00 s on"):
+        sharegpu.serve_latencies(out, since=7.0)
+
+
 def test_the_bench_loads_and_its_workloads_parse(tmp_path):
     bench = _bench()
     labels = [label for label, _, _ in bench.LAUNCH_BOUND_CONTROLS]

@@ -252,13 +252,24 @@ def shim_exit(log: Path) -> ShimExit | None:
     return shim_exit_of(log.read_text()) if log.exists() else None
 
 
-def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
-    """(iterations per second, iterations in each second, process CPU µs per iteration) of a finished
-    torch_load run."""
+def torch_printed(proc: subprocess.Popen) -> str:
+    """What a torch_load run printed, once it has ended well."""
     out = proc.communicate(timeout=300)[0]
     if proc.returncode != 0:
         raise AssertionError(f"torch_load exited {proc.returncode}")
-    return torch_output_of(out)
+    return out
+
+
+def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
+    """(iterations per second, iterations in each second, process CPU µs per iteration) of a finished
+    torch_load run."""
+    return torch_output_of(torch_printed(proc))
+
+
+def late_of(out: str) -> float:
+    """How many seconds after its START_AT a torch_load run began ("late S": its warm-up outlasted the
+    wait; 0 where it began on time): the others started together with it ran without it meanwhile."""
+    return max((float(f[1]) for f in (line.split() for line in out.splitlines()) if f[:1] == ["late"]), default=0.0)
 
 
 def torch_output_of(out: str) -> tuple[float, list[int], float]:
@@ -309,22 +320,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(len(ordered) * q / 100) - 1))]
 
 
-def serve_latencies(out: str) -> Served:
+def serve_latencies(out: str, since: float = 0.0) -> Served:
     """A torch_decode run's figures from its "req ARRIVAL DONE" lines: each request's latency is from its
-    arrival (a request that waited for the one before it waited as a user would), not from when it began."""
-    requests = [(float(f[1]), float(f[2])) for f in (line.split() for line in out.splitlines()) if f[:1] == ["req"]]
+    arrival (a request that waited for the one before it waited as a user would), not from when it began.
+    Only the requests that arrived `since` seconds into the run or later count."""
+    lines = (line.split() for line in out.splitlines())
+    requests = [(float(f[1]), float(f[2])) for f in lines if f[:1] == ["req"] and float(f[1]) >= since]
     if not requests:
-        raise ValueError("no requests served")
+        raise ValueError(f"no requests served from {since:.2f} s on")
     latencies = [1000 * (done - arrival) for arrival, done in requests]
     span = max(done for _, done in requests) - min(arrival for arrival, _ in requests)
     return Served(percentile(latencies, 50), percentile(latencies, 99), len(requests) / span if span > 0 else 0.0)
 
 
-def serve_result(proc: subprocess.Popen) -> Served:
+def serve_result(proc: subprocess.Popen, since: float = 0.0) -> Served:
     out = proc.communicate(timeout=300)[0]
     if proc.returncode != 0:
         raise AssertionError(f"torch_decode exited {proc.returncode}")
-    return serve_latencies(out)
+    return serve_latencies(out, since)
 
 
 def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tuple[float, float]:
