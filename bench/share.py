@@ -412,13 +412,14 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                 logged = {"NVC_SHARE_LOG": "2"}  # only the shims' exit lines: where their launches went
                 trainer = sharegpu.torch_run("resnet-train", {**trainer_env, **logged}, SERVE_SECONDS, start_at, log)
                 service = sharegpu.serve_run({**service_env, **logged}, SERVE_SECONDS, rate, start_at, service_log)
-                served = sharegpu.serve_result(service)
+                served, printed = sharegpu.serve_result(service), sharegpu.torch_printed(trainer)
                 rows[label].append(
                     LaunchBoundRun(
                         served,
-                        sharegpu.torch_output(trainer)[0],
+                        sharegpu.torch_output_of(printed)[0],
                         sharegpu.shim_exit(log),
                         sharegpu.shim_exit(service_log),
+                        sharegpu.late_of(printed),
                     )
                 )
                 print(f"  run {k + 1}: {label}: {rows[label][-1]}")
@@ -470,11 +471,16 @@ class LaunchBoundRun(NamedTuple):
     trained: float
     shim: sharegpu.ShimExit | None
     service_shim: sharegpu.ShimExit | None = None
+    trainer_late: float = 0.0  # how late the trainer began (sharegpu.late_of): the service ran alone meanwhile
 
     def __str__(self) -> str:
+        late = f" (began {self.trainer_late:.1f} s late)" if self.trainer_late else ""
         shim = "" if self.shim is None else f", {self.shim}"
         service = "" if self.service_shim is None else f"\n      the service's shim: {self.service_shim}"
-        return f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, trainer {self.trained:.2f} it/s{shim}{service}"
+        return (
+            f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, trainer {self.trained:.2f} it/s{late}{shim}"
+            f"{service}"
+        )
 
 
 # Issue 42's throughput pair for each backend: two transformer trainers weighted 1:3, as (label, through MPS,

@@ -203,6 +203,9 @@ def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
         "ran free; 5077 looks, 9 found its work queued, 7 over 1 ms at once"
     )
     assert str(bench.LaunchBoundRun(served, 36.39, None)) == "2862.7 / 4321.6 ms, trainer 36.39 it/s"
+    assert str(bench.LaunchBoundRun(served, 36.39, None, None, 1.25)) == (
+        "2862.7 / 4321.6 ms, trainer 36.39 it/s (began 1.2 s late)"
+    )
     ducked = sharegpu.ShimExit(145726, 8512, 97.8, 0.0, 71395, 6296, 3040, 3791, 4)
     assert str(bench.LaunchBoundRun(served, 36.39, ducked)).endswith(
         "over 1 ms at once; a duty cycle came into force 4 times"
