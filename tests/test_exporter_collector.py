@@ -86,20 +86,41 @@ def _write(path: Path, data: bytes) -> None:
 def test_weighted_tenants_measured_and_fair_shares(private_mounts, tmp_path: Path) -> None:
     """Two busy weighted tenants of one GPU (weights 1 and 3) and an idle one: each one's measured share
     as its scheduler file says, and the share its weight gives it among the busy ones; the lighter's duty
-    cycle where its file says it is in one."""
+    cycle where its file says it is in one, and each busy one's looks at its backlog (queued, steady)."""
     state = tmp_path / "state"
     sched = Path(share.sched_dir_for(str(state)))
     for cid, weight, permille in (("a", 1, 300), ("b", 3, 700), ("c", 2, 0)):
         shared = prepared(state, cid, {"NVC_SHARE_WEIGHT": str(weight)})
         _write(shared / "region", region_bytes([Device(KEY, busy_ns=5 * 10**9, throttled_ns=10**9, launches=77)]))
         seen = None if permille else time.monotonic_ns() - 5 * 10**9  # c: last launch 5 s ago
-        _write(sched / cid, sched_bytes([Entry(KEY, weight, permille, seen, duty_percent=50 if cid == "a" else 0)]))
+        duty, looks = (50, (960, 125)) if cid == "a" else (0, (700, 950))
+        _write(
+            sched / cid,
+            sched_bytes(
+                [
+                    Entry(
+                        KEY,
+                        weight,
+                        permille,
+                        seen,
+                        duty_percent=duty,
+                        backlog_permille=looks[0],
+                        steady_permille=looks[1],
+                    )
+                ]
+            ),
+        )
     samples = _samples(_scrape(state, tmp_path))
     for cid, measured, fair in (("a", 0.3, 0.25), ("b", 0.7, 0.75), ("c", None, None)):
         labels = {"container_id": cid, "device": KEY}
         assert _of(samples, "nvc_py_share_measured_ratio", **labels) == measured
         assert _of(samples, "nvc_py_share_fair_ratio", **labels) == fair
         assert _of(samples, "nvc_py_share_duty_ratio", **labels) == (0.5 if cid == "a" else None)
+        looks = {"a": (0.96, 0.125), "b": (0.7, 0.95), "c": (None, None)}[cid]  # c idle: nothing now
+        assert (
+            _of(samples, "nvc_py_share_backlog_ratio", **labels),
+            _of(samples, "nvc_py_share_steady_ratio", **labels),
+        ) == looks
         assert _of(samples, "nvc_py_share_busy_seconds_total", **labels) == 5.0
         assert _of(samples, "nvc_py_share_throttled_seconds_total", **labels) == 1.0
         assert _of(samples, "nvc_py_share_launches_total", **labels) == 77

@@ -429,11 +429,14 @@ def test_a_lighter_weight_takes_a_duty_only_beside_a_steadily_busy_heavier_tenan
     assert running and slices, (running, log)
     assert sharegpu.shim_exit_of(log).duties == (int(duties.group(1)) if duties else 0)  # what bench/share.py reads
     (published,) = (entry.duty_percent for entry in parse_sched((sched / "lighter").read_bytes()))
+    (steady,) = (entry.steady_permille for entry in parse_sched((sched / "heavier").read_bytes()))
     print(
-        f"heavier {heavier_host_us} us on its host: duty {duties and duties.group(1)} times, last {published} %, "
-        f"{slices.group(1)} slices"
+        f"heavier {heavier_host_us} us on its host (steady {steady} ‰): duty {duties and duties.group(1)} times, "
+        f"last {published} %, {slices.group(1)} slices"
     )
     if heavier_host_us is None:  # its last look published the duty, for `nvc-py share status`
         assert duties and int(duties.group(1)) >= 1 and int(slices.group(1)) >= 3 and published >= 50, log
+        assert steady >= 900  # and the heavier's steadiness that gave it, which `share status` shows too
     else:
         assert not duties and int(slices.group(1)) == 0 and published == 0, log
+        assert steady < 900

@@ -97,7 +97,9 @@ def test_share_status_text_is_in_human_units_and_json_in_the_files_own() -> None
         (
             sharestatus.Device("GPU-abc"[4:], 4 * GIB, 600 * MIB, 50, 132, 12.25, 0.5, 10, 3, 24.96),
             sharestatus.Device("def", 0, 0, 100, 132, 0.0, 0.0, 0),
-            sharestatus.Device("ghi", 0, 0, 100, 132, 1.0, 0.0, 9, 1, 25.0, duty_percent=50),
+            sharestatus.Device(
+                "ghi", 0, 0, 100, 132, 1.0, 0.0, 9, 1, 25.0, duty_percent=50, backlog_percent=96.4, steady_percent=12.5
+            ),
         ),
         (sharestatus.Process(5, None, {"abc": 1536 * MIB}),),
     )
@@ -107,14 +109,16 @@ def test_share_status_text_is_in_human_units_and_json_in_the_files_own() -> None
         "  abc: memory 600 MiB used of 4 GiB (15 %); compute cap 50 %, weight 3, measured share 25.0 %, busy 12.2 s, "
         "throttled 0.5 s over 10 launches\n"
         "  def: memory 0 B used (no limit); no compute cap, busy 0.0 s, throttled 0.0 s over 0 launches\n"
-        "  ghi: memory 0 B used (no limit); no compute cap, weight 1, measured share 25.0 %, in a duty cycle of 50 % "
-        "beside a steadily busy heavier container, busy 1.0 s, throttled 0.0 s over 9 launches\n"
+        "  ghi: memory 0 B used (no limit); no compute cap, weight 1, measured share 25.0 %, work queued at 96 % of "
+        "its looks (steady 12 %), in a duty cycle of 50 % beside a steadily busy heavier container, busy 1.0 s, "
+        "throttled 0.0 s over 9 launches\n"
         "  pid 5 as the container reports it (not running in the container's pid namespace): abc 1.5 GiB\n"
     )
     doc = json.loads(sharestatus.as_json([ctr]))["containers"][0]
     assert doc["limits"]["memory_limit"] == str(4 * GIB) and doc["limits"]["future"] == "a\nb"
     assert doc["devices"][0]["memory_limit"] == 4 * GIB and doc["processes"][0]["used"] == {"abc": 1536 * MIB}
     assert [d["duty_percent"] for d in doc["devices"]] == [None, None, 50]
+    assert [(d["backlog_percent"], d["steady_percent"]) for d in doc["devices"]] == [(None, None)] * 2 + [(96.4, 12.5)]
     assert [sharestatus.size_text(n) for n in (0, 1023, 1024, 1536, 80 * GIB, 5 << 50)] == [
         "0 B",
         "1023 B",

@@ -52,6 +52,8 @@ class Device(NamedTuple):
     latency_class: str | None = None  # the limits' priority for it; None: none given
     backend: str = DEFAULT_BACKEND  # the sharing backend the limits name for it
     duty_percent: int | None = None  # a weight's duty cycle beside a steady heavier container; None: none now
+    backlog_percent: float | None = None  # its looks at its backlog that found its work queued; None: idle
+    steady_percent: float | None = None  # those whose previous look's work had not run yet; None: idle
 
 
 class ContainerShare(NamedTuple):
@@ -206,6 +208,10 @@ def container_share(
         entry = busy_entry(key)
         return entry.duty_percent if entry and entry.duty_percent else None
 
+    def looks_of(key: str) -> tuple[float | None, float | None]:
+        entry = busy_entry(key)
+        return (entry.backlog_permille / 10, entry.steady_permille / 10) if entry else (None, None)
+
     devices = tuple(
         Device(
             d.key,
@@ -221,6 +227,7 @@ def container_share(
             _per_device(limits, "priority", d.key) or _mps_class(limits),
             _per_device(limits, "backend", d.key) or ("mps" if _mps_client(limits) else DEFAULT_BACKEND),
             duty_of(d.key),
+            *looks_of(d.key),
         )
         for i, d in enumerate(region.devices)
     )
@@ -310,6 +317,8 @@ def _lines(c: ContainerShare) -> Iterator[str]:
         measured = (
             f", measured share {d.share_percent:.1f} %" if d.share_percent is not None else ", idle" if d.weight else ""
         )
+        if d.weight and d.backlog_percent is not None:
+            measured += f", work queued at {d.backlog_percent:.0f} % of its looks (steady {d.steady_percent:.0f} %)"
         if d.duty_percent:
             measured += f", in a duty cycle of {d.duty_percent} % beside a steadily busy heavier container"
         yield (

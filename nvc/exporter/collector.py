@@ -150,6 +150,18 @@ def share_families(containers: Sequence[sharestatus.ContainerShare]) -> Iterator
         "as its scheduler file reports it (busy containers in one only).",
         per_device,
     )
+    backlog = _gauge(
+        "nvc_py_share_backlog_ratio",
+        "The part of a busy weighted container's recent looks at its backlog that found its work queued (what lets "
+        "its weight hold the others), as its scheduler file reports it.",
+        per_device,
+    )
+    steady = _gauge(
+        "nvc_py_share_steady_ratio",
+        "The part of a busy weighted container's recent looks that found the previous look's work not yet run (a "
+        "steadily busy container: what gives a lighter one beside it a duty cycle), as its scheduler file reports it.",
+        per_device,
+    )
     fair = _gauge(
         "nvc_py_share_fair_ratio",
         "The share its weight gives the container among the weighted containers busy on the device now.",
@@ -180,6 +192,9 @@ def share_families(containers: Sequence[sharestatus.ContainerShare]) -> Iterator
                 measured.add(labels, d.share_percent / 100)
             if d.duty_percent:
                 duty.add(labels, d.duty_percent / 100)
+            if d.weight and d.backlog_percent is not None and d.steady_percent is not None:
+                backlog.add(labels, d.backlog_percent / 100)
+                steady.add(labels, d.steady_percent / 100)
             if (c.id, d.key) in fair_shares:
                 fair.add(labels, fair_shares[(c.id, d.key)])
         running = sorted((p for p in c.processes if p.host_pid), key=lambda p: -sum(p.used.values()))
@@ -196,6 +211,8 @@ def share_families(containers: Sequence[sharestatus.ContainerShare]) -> Iterator
         weight,
         measured,
         duty,
+        backlog,
+        steady,
         fair,
         busy,
         throttled,

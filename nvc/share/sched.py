@@ -29,6 +29,8 @@ class SchedDevice(NamedTuple):
     share_permille: int  # of the GPU over the last half second the container was busy
     seen_ns: int  # CLOCK_MONOTONIC of its last launch
     duty_percent: int = 0  # the duty cycle it last found itself in (schedpolicy.h nvc_sched_duty), 0 for none
+    backlog_permille: int = 0  # the part of its recent looks at its backlog that found its work queued
+    steady_permille: int = 0  # the part whose previous look's work had not run yet (what a duty beside it needs)
 
 
 class SchedFormatError(ValueError):
@@ -45,9 +47,28 @@ def parse_sched(data: bytes) -> tuple[SchedDevice, ...]:
         raise SchedFormatError(f"magic {magic!r} version {version}, want version {VERSION}")
     devices = []
     for i in range(min(ndevices, DEVICES)):
-        key, charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, *_, duty = (
-            _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
-        )
+        (
+            key,
+            charged,
+            seen,
+            _until,
+            busy,
+            _acc,
+            _acc_at,
+            weight,
+            cap,
+            _running,
+            _capped,
+            permille,
+            *_,
+            backlog,
+            steady,
+            duty,
+        ) = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
         name = key.rstrip(b"\0").decode("ascii", "replace")
-        devices.append(SchedDevice(name, weight, cap, busy, charged, permille, seen, min(duty, 100)))
+        devices.append(
+            SchedDevice(
+                name, weight, cap, busy, charged, permille, seen, min(duty, 100), min(backlog, 1000), min(steady, 1000)
+            )
+        )
     return tuple(devices)

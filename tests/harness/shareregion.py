@@ -35,6 +35,8 @@ class Entry(NamedTuple):
     cap: int = 100
     busy_ns: int = 0
     duty_percent: int = 0  # the duty cycle it publishes (0: none)
+    backlog_permille: int = 0  # its looks that found its work queued
+    steady_permille: int = 0  # those whose previous look's work had not run yet
 
 
 def region_bytes(
@@ -102,8 +104,8 @@ def sched_bytes(entries: Sequence[Entry], ndevices: int | None = None) -> bytes:
             e.share_permille,
             0,
             0,
-            0,
-            0,
+            e.backlog_permille,
+            e.steady_permille,
             e.duty_percent,
         )
     return bytes(data)
