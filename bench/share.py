@@ -642,6 +642,7 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
     # figures[side][op] = per run (median, 10th percentile[, mean]) of that run's samples
     figures: dict[str, dict[str, list[tuple[float, ...]]]] = {side: {} for side in envs}
     ran_free: list[float] = []  # per run, the part of the weight's launches that went straight to the driver
+    paths: list[tuple[float, float]] = []  # per run, its throttled path's own time a call and the driver's in it
     # in_process[side] = per run, median of (through dlsym - through glibc's dlsym) pair times
     in_process: dict[str, list[float]] = {"native": [], "shim": []}
     for _ in range(runs):
@@ -649,6 +650,7 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
             out, err = sharegpu.run_logged([program, "bench", samples], env)
             if name == "weight" and (shim := sharegpu.shim_exit_of(err)):
                 ran_free.append(100 * shim.free / (shim.free + shim.launches))
+                paths.append((shim.path_us, shim.driver_us))
             for key in ("pair_us", "launch_us"):
                 figures[name].setdefault(key, []).append(tuple(float(v) for v in out[key]))
             if name in in_process:
@@ -679,6 +681,11 @@ def overhead(tmp_path: Path, program: Path, runs: int, samples: int) -> None:
             )
     if ran_free:
         print(f"weight 1 alone: {statistics.median(ran_free):.1f} % of its launches ran free {_range(ran_free)}")
+        own, driver = ([p[k] for p in paths] for k in (0, 1))
+        print(
+            f"  the others through the throttled path: {statistics.median(own):.2f} us a call of its own {_range(own)}, "
+            f"the driver's launch in it {statistics.median(driver):.2f} us"
+        )
     control, wrapped = statistics.median(in_process["native"]), statistics.median(in_process["shim"])
     print(
         f"\nthe same in one process: cuMemAlloc_v2+cuMemFree_v2 1 MiB through dlsym's pointer (the shim's"
