@@ -7,7 +7,9 @@ the trainer's wait for shares read from the line the real shim logs at exit (on 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -210,6 +212,30 @@ def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
     assert str(bench.LaunchBoundRun(served, 36.39, ducked)).endswith(
         "over 1 ms at once; a duty cycle came into force 4 times"
     )
+
+
+def _printing(lines: list[str]) -> subprocess.Popen:
+    """A process that prints these lines, as the bench reads a torch_load or torch_decode run."""
+    return sharegpu.started(["printf", "%s\\n", *lines], dict(os.environ), None)
+
+
+@pytest.mark.parametrize("late", [0.0, 2.0, 5.5])
+def test_the_capacity_beside_the_trainer_counts_from_when_the_trainer_began(monkeypatch, capsys, late):
+    """The service's back-to-back rate beside the trainer, its first seconds alone where the trainer began late
+    left out (said so); a trainer so late that no time beside it is left stops the bench, saying why."""
+    bench = _bench()
+    alone = [f"req {k / 50:.6f} {(k + 1) / 50:.6f}" for k in range(100)]  # 50/s for 2 s, then 20/s
+    beside = [f"req {2 + k / 20:.6f} {2 + (k + 1) / 20:.6f}" for k in range(80)]
+    trainer = [f"late {late:.2f}"] if late else []
+    monkeypatch.setattr(sharegpu, "torch_run", lambda *a, **k: _printing([*trainer, "sec 1 40", "rate 40.0"]))
+    monkeypatch.setattr(sharegpu, "serve_run", lambda *a, **k: _printing(alone + beside))
+    if late > bench.SERVE_SECONDS - 1:
+        with pytest.raises(SystemExit, match="the trainer began 5.5 s late: no time beside it"):
+            bench.capacity_beside_trainer()
+        return
+    rate = bench.capacity_beside_trainer()
+    assert rate == pytest.approx(20.0 if late else 180 / 6)
+    assert ("the trainer began 2.0 s late" in capsys.readouterr().out) == bool(late)
 
 
 def test_the_services_load_is_a_part_of_its_capacity_alone_or_beside_the_trainer(monkeypatch):
