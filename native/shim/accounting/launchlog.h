@@ -15,8 +15,8 @@ extern struct nvc_launch_tally {
     uint64_t free;                            /* launches let go straight to the driver (freerun.h) */
     uint64_t decided[NVC_SCHED_RUN_FREE + 1]; /* the scheduler's decisions (enum nvc_sched_decision) */
     uint64_t looks, pending, deep; /* looks at the backlog; those that found earlier work queued, or much queued */
-    uint64_t calls, path_ns,
-        driver_ns; /* calls of the throttled path, their whole time, the driver's launches' in it */
+    /* calls of the throttled path (timed with NVC_SHARE_LOG=2 only), their whole time, the driver's launches' in it */
+    uint64_t calls, path_ns, driver_ns;
 } nvc_launch_tally;
 
 #endif
