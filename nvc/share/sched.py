@@ -47,24 +47,9 @@ def parse_sched(data: bytes) -> tuple[SchedDevice, ...]:
         raise SchedFormatError(f"magic {magic!r} version {version}, want version {VERSION}")
     devices = []
     for i in range(min(ndevices, DEVICES)):
-        (
-            key,
-            charged,
-            seen,
-            _until,
-            busy,
-            _acc,
-            _acc_at,
-            weight,
-            cap,
-            _running,
-            _capped,
-            permille,
-            *_,
-            backlog,
-            steady,
-            duty,
-        ) = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
+        fields = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
+        key, charged, seen, _until, busy, _acc, _acc_at, weight, cap, _running, _capped, permille, *_ = fields
+        backlog, steady, duty = fields[-3:]
         name = key.rstrip(b"\0").decode("ascii", "replace")
         devices.append(
             SchedDevice(
