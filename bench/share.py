@@ -47,6 +47,8 @@ samples, native and shim runs interleaved in pairs so clock drift hits both; the
 median of the pairs' differences (a 1 MiB cudaMalloc+cudaFree varies by +-20 us from one process
 to the next, far more than the shim costs, so unpaired medians of a few runs mostly measure that).
 Every process runs on one CPU (this process's last allowed one).
+The PyTorch runs of a pair, a triple or a launch-bound row begin their timed parts together once every one
+of them is warmed up (sharegpu.go_together), however long one's warm-up took; a run alone begins right after its own.
 Usage: bench/share.py [RUNS] [SAMPLES] [PARTS]   (PARTS: comma-separated of overhead,fma,duty,torch,weights,real,
 launch-bound,backends;
 default all; torch:WORKLOAD runs one PyTorch workload's rows; duty, the host's own speed under a duty cycle,
@@ -61,6 +63,7 @@ import contextlib
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -136,7 +139,6 @@ def weighted(tmp_path: Path, native_rate: float) -> None:
     for n, (label, tenants) in enumerate(cases):
         sched = tmp_path / f"sched{n}"
         sched.mkdir()
-        start_at = time.time() + 10
         procs = []
         for i, (weight, cap, busy) in enumerate(tenants):
             limits = {"NVC_SHARE_WEIGHT": str(weight)} | ({"NVC_SHARE_COMPUTE": str(cap)} if cap < 100 else {})
@@ -145,7 +147,8 @@ def weighted(tmp_path: Path, native_rate: float) -> None:
                 NVC_SHARE_SCHED_DIR=str(sched),
                 NVC_SHARE_TENANT=f"t{i}",
             )
-            procs.append(sharegpu.torch_run("matmul", env, seconds * busy, start_at))
+            procs.append(sharegpu.torch_run("matmul", env, seconds * busy, sched / "go"))
+        sharegpu.go_together(procs, sched / "go")
         results = [sharegpu.torch_result(p) for p in procs]
         # wanted shares while all are busy: weights, capped ones at their cap, the rest shared by weight
         capped = {i: cap / 100 for i, (_, cap, _) in enumerate(tenants) if cap < 100}
@@ -348,26 +351,23 @@ def serve_basis() -> str:
     return basis
 
 
-def capacity_beside_trainer(attempts: int = 3) -> float:
+def started_alone(workload: str, seconds: float, go: Path) -> subprocess.Popen:
+    """A torch_load run with no shim, its timed part begun as a pair's is: right after its warm-up."""
+    proc = sharegpu.torch_run(workload, sharegpu.shim_env(None), seconds, go)
+    sharegpu.go_together([proc], go)
+    return proc
+
+
+def capacity_beside_trainer(go: Path) -> float:
     """The service's requests a second back to back beside the trainer, neither under a shim: what the GPU's
-    own time slices leave it, the most a load can be for the no-control pair to keep up. Only the requests
-    begun once the trainer ran count: a trainer whose warm-up outlasted the wait (a first run, its files not
-    yet in the page cache) left the service alone meanwhile, and a rate counted from then on is not one
-    beside it. A trainer so late that no time beside it was left is run again (its files are cached then),
-    at most `attempts` times in all."""
+    own time slices leave it, the most a load can be for the no-control pair to keep up. The two begin
+    together once both are warmed up (sharegpu.go_together, through the file `go`)."""
     native = sharegpu.shim_env(None)
-    for _ in range(attempts):
-        start_at = time.time() + 15
-        trainer = sharegpu.torch_run("resnet-train", native, SERVE_SECONDS, start_at)
-        service = sharegpu.serve_run(native, SERVE_SECONDS, 0, start_at)
-        late = sharegpu.late_of(sharegpu.torch_printed(trainer))
-        if late < SERVE_SECONDS - 1:
-            if late:
-                print(f"  the trainer began {late:.1f} s late: the service's rate counted from then")
-            return sharegpu.serve_result(service, late).per_second
-        service.communicate(timeout=300)
-        print(f"  the trainer began {late:.1f} s late: no time beside it to measure the service; again")
-    sys.exit(f"bench/share.py: the trainer began too late to measure the service beside it, {attempts} times")
+    trainer = sharegpu.torch_run("resnet-train", native, SERVE_SECONDS, go)
+    service = sharegpu.serve_run(native, SERVE_SECONDS, 0, go)
+    sharegpu.go_together([trainer, service], go)
+    sharegpu.torch_printed(trainer)
+    return sharegpu.serve_result(service).per_second
 
 
 def launch_bound(tmp_path: Path, runs: int = 3) -> None:
@@ -384,7 +384,11 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
     capacity = statistics.median(
         sharegpu.serve_result(sharegpu.serve_run(native, 4, 0)).per_second for _ in range(runs)
     )
-    beside = statistics.median(capacity_beside_trainer() for _ in range(runs)) if beside_trainer else None
+    beside = (
+        statistics.median(capacity_beside_trainer(tmp_path / f"go-beside-{k}") for k in range(runs))
+        if beside_trainer
+        else None
+    )
     rate = load * (beside or capacity)
     alone = [sharegpu.serve_result(sharegpu.serve_run(native, SERVE_SECONDS, rate)) for _ in range(runs)]
     through_mps = {label for label, _, _ in MPS_CONTROLS}
@@ -398,7 +402,7 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
     rows: dict[str, list[LaunchBoundRun]] = {label: [] for label, *_ in controls}
     for k in range(runs):
         trainer_alone.append(
-            sharegpu.torch_output(sharegpu.torch_run("resnet-train", native, SERVE_SECONDS, time.time() + 15))[0]
+            sharegpu.torch_output(started_alone("resnet-train", SERVE_SECONDS, tmp_path / f"go-alone-{k}"))[0]
         )
         print(f"  run {k + 1}: the trainer alone: {trainer_alone[-1]:.2f} it/s")
         for n, (label, service_limits, trainer_limits, mps_row) in enumerate(controls):
@@ -412,19 +416,18 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
                 else:
                     service_env = tenant_env(sched, "service", service_limits)
                     trainer_env = tenant_env(sched, "trainer", trainer_limits)
-                start_at = time.time() + 15
-                log, service_log = sched / "trainer.log", sched / "service.log"
+                go, log, service_log = sched / "go", sched / "trainer.log", sched / "service.log"
                 logged = {"NVC_SHARE_LOG": "2"}  # only the shims' exit lines: where their launches went
-                trainer = sharegpu.torch_run("resnet-train", {**trainer_env, **logged}, SERVE_SECONDS, start_at, log)
-                service = sharegpu.serve_run({**service_env, **logged}, SERVE_SECONDS, rate, start_at, service_log)
-                served, printed = sharegpu.serve_result(service), sharegpu.torch_printed(trainer)
+                trainer = sharegpu.torch_run("resnet-train", {**trainer_env, **logged}, SERVE_SECONDS, go, log)
+                service = sharegpu.serve_run({**service_env, **logged}, SERVE_SECONDS, rate, go, service_log)
+                sharegpu.go_together([trainer, service], go)  # however long either one's warm-up
+                served = sharegpu.serve_result(service)
                 rows[label].append(
                     LaunchBoundRun(
                         served,
-                        sharegpu.torch_output_of(printed)[0],
+                        sharegpu.torch_output(trainer)[0],
                         sharegpu.shim_exit(log),
                         sharegpu.shim_exit(service_log),
-                        sharegpu.late_of(printed),
                     )
                 )
                 print(f"  run {k + 1}: {label}: {rows[label][-1]}")
@@ -476,16 +479,11 @@ class LaunchBoundRun(NamedTuple):
     trained: float
     shim: sharegpu.ShimExit | None
     service_shim: sharegpu.ShimExit | None = None
-    trainer_late: float = 0.0  # how late the trainer began (sharegpu.late_of): the service ran alone meanwhile
 
     def __str__(self) -> str:
-        late = f" (began {self.trainer_late:.1f} s late)" if self.trainer_late else ""
         shim = "" if self.shim is None else f", {self.shim}"
         service = "" if self.service_shim is None else f"\n      the service's shim: {self.service_shim}"
-        return (
-            f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, trainer {self.trained:.2f} it/s{late}{shim}"
-            f"{service}"
-        )
+        return f"{self.served.p50_ms:.1f} / {self.served.p99_ms:.1f} ms, trainer {self.trained:.2f} it/s{shim}{service}"
 
 
 # Issue 42's throughput pair for each backend: two transformer trainers weighted 1:3, as (label, through MPS,
@@ -535,13 +533,11 @@ def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") 
     rows: dict[str, list[list[float]]] = {label: [] for label, *_ in pairs}
     alone_runs: list[float] = []
 
-    def one_alone() -> float:
-        return sharegpu.torch_output(
-            sharegpu.torch_run(workload, sharegpu.shim_env(None), REAL_SECONDS, time.time() + 15)
-        )[0]
+    def one_alone(go: Path) -> float:
+        return sharegpu.torch_output(started_alone(workload, REAL_SECONDS, go))[0]
 
     for k in range(runs):
-        alone_runs.append(one_alone())
+        alone_runs.append(one_alone(tmp_path / f"go-alone-{k}"))
         for n, (label, through_mps, first, second) in enumerate(pairs):
             path = tmp_path / f"pair-{n}-{k}"
             path.mkdir()
@@ -555,12 +551,12 @@ def backend_pairs(tmp_path: Path, runs: int = 3, workload: str = "transformer") 
                     if through_mps is True
                     else [{**tenant_env(path, "a", first), **mps_env}, {**tenant_env(path, "b", second), **mps_env}]
                 )
-                start_at = time.time() + 15
-                procs = [sharegpu.torch_run(workload, env, REAL_SECONDS, start_at) for env in envs]
+                procs = [sharegpu.torch_run(workload, env, REAL_SECONDS, path / "go") for env in envs]
+                sharegpu.go_together(procs, path / "go")
                 rates = [sharegpu.torch_output(p)[0] for p in procs]
             rows[label].append(rates)
             print(f"  run {k + 1}: {label}: {rates[0]:.2f} + {rates[1]:.2f} it/s (alone before {alone_runs[-1]:.2f})")
-        alone_runs.append(one_alone())
+        alone_runs.append(one_alone(tmp_path / f"go-after-{k}"))
         print(f"  run {k + 1}: alone after the pairs: {alone_runs[-1]:.2f} it/s")
     alone = statistics.median(alone_runs)
     rows = {label: [[100 * r / alone for r in rates] for rates in got] for label, got in rows.items()}

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -51,21 +52,6 @@ def test_percentiles_are_latencies_some_request_had():
 def test_a_run_that_served_nothing_is_an_error_not_a_zero():
     with pytest.raises(ValueError, match="no requests"):
         sharegpu.serve_latencies("cpu_us 0.0\n")
-
-
-def test_the_service_beside_a_late_trainer_counts_from_when_it_began():
-    """A trainer started with the service whose warm-up outlasted the wait says "late S"; the service's rate
-    beside it counts only the requests begun from then (back to back: each arrives as the last one ends)."""
-    assert sharegpu.late_of("late 2.50\nsec 1 40\nrate 40.0\ncpu_us 10.0\n") == 2.5
-    assert sharegpu.late_of("sec 1 40\nrate 40.0\ncpu_us 10.0\n") == 0.0
-    # alone for 2 s at 50 requests/s, then 20/s beside the trainer
-    alone = [(k / 50, (k + 1) / 50) for k in range(100)]
-    beside = [(2 + k / 20, 2 + (k + 1) / 20) for k in range(80)]
-    out = "".join(f"req {a:.6f} {d:.6f}\n" for a, d in alone + beside)
-    assert sharegpu.serve_latencies(out).per_second == pytest.approx(180 / 6)
-    assert sharegpu.serve_latencies(out, since=2.0).per_second == pytest.approx(20.0)
-    with pytest.raises(ValueError, match="no requests served from 7.00 s on"):
-        sharegpu.serve_latencies(out, since=7.0)
 
 
 def test_the_bench_loads_and_its_workloads_parse(tmp_path):
@@ -156,7 +142,7 @@ def test_the_bench_runs_mps_tenants_as_nvc_py_s_backend_plans_them(tmp_path, mon
     assert bench.wanted(controls) == ["no control", *diagnostic]
     monkeypatch.setenv("NVC_BENCH_ROWS", "no control,MPS, plain")  # a label's own ", " is not a separator
     assert bench.wanted(label for label, *_ in bench.BACKEND_PAIRS) == ["no control (time slices)", "MPS, plain"]
-    for script in ("torch_decode.py", "torch_load.py", "torch_models.py"):
+    for script in ("torch_decode.py", "torch_load.py", "torch_models.py", "torch_start.py"):
         ast.parse((REPO / "tests" / "gpu" / script).read_text())
 
 
@@ -205,47 +191,70 @@ def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
         "ran free; 5077 looks, 9 found its work queued, 7 over 1 ms at once"
     )
     assert str(bench.LaunchBoundRun(served, 36.39, None)) == "2862.7 / 4321.6 ms, trainer 36.39 it/s"
-    assert str(bench.LaunchBoundRun(served, 36.39, None, None, 1.25)) == (
-        "2862.7 / 4321.6 ms, trainer 36.39 it/s (began 1.2 s late)"
-    )
     ducked = sharegpu.ShimExit(145726, 8512, 97.8, 0.0, 71395, 6296, 3040, 3791, 4)
     assert str(bench.LaunchBoundRun(served, 36.39, ducked)).endswith(
         "over 1 ms at once; a duty cycle came into force 4 times"
     )
 
 
-def _printing(lines: list[str]) -> subprocess.Popen:
-    """A process that prints these lines, as the bench reads a torch_load or torch_decode run."""
-    return sharegpu.started(["printf", "%s\\n", *lines], dict(os.environ), None)
+def _warming(seconds: float, *lines: str) -> Callable[..., subprocess.Popen]:
+    """A run as torch_load and torch_decode start, under go_together: a warm-up of `seconds`, then
+    torch_start.wait_for_start on its go file (argv[1], given by sharegpu.torch_run and serve_run), then its
+    lines and the time it began."""
+    program = (
+        "import sys, time; time.sleep(float(sys.argv[2])); import torch_start; torch_start.wait_for_start(sys.argv[1]); "
+        "print(f'began {time.time():.6f}'); print(*sys.argv[3:], sep=chr(10))"
+    )
+    gpu = str(REPO / "tests" / "gpu")
+    return lambda *args, **kwargs: sharegpu.started(
+        [sys.executable, "-c", program, str(args[3]), str(seconds), *lines], {**os.environ, "PYTHONPATH": gpu}, None
+    )
 
 
-@pytest.mark.parametrize("lates", [[0.0], [2.0], [5.5, 2.0], [5.5, 5.5, 5.5]])
-def test_the_capacity_beside_the_trainer_counts_from_when_the_trainer_began(monkeypatch, capsys, lates):
-    """The service's back-to-back rate beside the trainer, its first seconds alone where the trainer began late
-    left out (said so); a trainer so late that no time beside it is left is run again, and one that stays so
-    late stops the bench, saying why."""
+def test_the_pair_begins_together_however_long_one_warm_up_takes(monkeypatch, tmp_path):
+    """The trainer and the service of the capacity measurement (and of each launch-bound row) begin their timed
+    parts together once both are warmed up: one that took 1.5 s longer is not late, and the service's rate is
+    read from what it printed after the go."""
     bench = _bench()
-    alone = [f"req {k / 50:.6f} {(k + 1) / 50:.6f}" for k in range(100)]  # 50/s for 2 s, then 20/s
-    beside = [f"req {2 + k / 20:.6f} {2 + (k + 1) / 20:.6f}" for k in range(80)]
-    runs = iter(lates)
+    requests = [f"req {k / 20:.6f} {(k + 1) / 20:.6f}" for k in range(40)]  # 20/s
+    monkeypatch.setattr(sharegpu, "torch_run", _warming(1.5, "sec 1 40", "rate 40.0"))
+    monkeypatch.setattr(sharegpu, "serve_run", _warming(0.0, *requests))
+    began: list[float] = []
+    reading = sharegpu.torch_printed
+    monkeypatch.setattr(sharegpu, "torch_printed", lambda proc: _began(reading(proc), began))
+    serving = sharegpu.serve_latencies
+    monkeypatch.setattr(sharegpu, "serve_latencies", lambda out: serving(_began(out, began)))
+    assert bench.capacity_beside_trainer(tmp_path / "go") == pytest.approx(20.0)
+    start = float((tmp_path / "go").read_text())
+    assert len(began) == 2 and all(start <= t < start + 0.25 for t in began), (start, began)
 
-    def trainer(*args: object, **kwargs: object) -> subprocess.Popen:
-        late = next(runs)
-        return _printing([*([f"late {late:.2f}"] if late else []), "sec 1 40", "rate 40.0"])
 
-    monkeypatch.setattr(sharegpu, "torch_run", trainer)
-    monkeypatch.setattr(sharegpu, "serve_run", lambda *a, **k: _printing(alone + beside))
-    if lates[-1] > bench.SERVE_SECONDS - 1:
-        with pytest.raises(SystemExit, match="the trainer began too late to measure the service beside it, 3 times"):
-            bench.capacity_beside_trainer()
-        assert capsys.readouterr().out.count("5.5 s late: no time beside it to measure the service; again") == 3
-        return
-    rate = bench.capacity_beside_trainer()
-    assert rate == pytest.approx(20.0 if lates[-1] else 180 / 6)
-    out = capsys.readouterr().out
-    assert ("the trainer began 2.0 s late: the service's rate counted from then" in out) == bool(lates[-1])
-    assert ("5.5 s late: no time beside it to measure the service; again" in out) == (len(lates) > 1)
-    assert next(runs, None) is None
+def _began(out: str, began: list[float]) -> str:
+    """`out`, the time its run began (its "began T" line) noted in `began`."""
+    began += [float(line.split()[1]) for line in out.splitlines() if line.startswith("began ")]
+    return out
+
+
+def test_a_run_that_ends_before_it_is_ready_stops_the_group(tmp_path):
+    """A run that exits during its warm-up fails go_together, saying what it printed, and its partner waiting
+    for the go is killed, not left waiting for a file that never comes."""
+    go = tmp_path / "go"
+    waiting = _warming(0.0, "never")(None, None, None, go)
+    failed = sharegpu.started([sys.executable, "-c", "print('Traceback: CUDA out of memory')"], dict(os.environ), None)
+    with pytest.raises(AssertionError, match=r"printed b'Traceback: CUDA out of memory\\n' before it was ready"):
+        sharegpu.go_together([waiting, failed], go)
+    assert waiting.wait(timeout=10) < 0 and not go.exists()
+
+
+def test_a_start_time_in_the_past_is_late(tmp_path):
+    """START_AT as a time.time() value, as the other runs of bench/share.py give it: a warm-up that ended after
+    it says by how much, and the run begins at once."""
+    gpu = str(REPO / "tests" / "gpu")
+    program = "import sys, torch_start; torch_start.wait_for_start(sys.argv[1])"
+    out = subprocess.run(
+        [sys.executable, "-c", program, "1.0"], env={**os.environ, "PYTHONPATH": gpu}, capture_output=True, text=True
+    ).stdout
+    assert re.fullmatch(r"late \d+\.\d\d\n", out), out
 
 
 def test_the_services_load_is_a_part_of_its_capacity_alone_or_beside_the_trainer(monkeypatch):

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, TypeVar
@@ -159,14 +160,37 @@ def holder(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
     raise AssertionError(f"{argv} exited {proc.returncode} before holding")
 
 
+GO_LEAD = 0.5  # seconds from the go file's writing to the start it gives
+
+
+def go_together(procs: list[subprocess.Popen], go: Path) -> None:
+    """Start runs given the go file `go` as their START_AT (torch_start.py) together: once each printed "ready"
+    (its warm-up done; read a byte at a time, so that nothing after it is taken from the pipe), write the start
+    time, GO_LEAD from now, to it. A run that exits or prints anything else first fails the call."""
+    for proc in procs:
+        line = b""
+        while not line.endswith(b"\n"):
+            byte = os.read(proc.stdout.fileno(), 1)
+            if not byte:
+                break
+            line += byte
+        if line != b"ready\n":
+            for other in procs:
+                other.kill()
+            raise AssertionError(f"{proc.args} printed {line!r} before it was ready (exit {proc.wait()})")
+    written = go.with_name(go.name + ".new")
+    written.write_text(f"{time.time() + GO_LEAD:.6f}")
+    written.rename(go)  # whole: a run reads it as soon as it exists
+
+
 TORCH_LOAD = GPU_DIR / "torch_load.py"
 
 
 def torch_run(
-    workload: str, env: dict[str, str], seconds: float, start_at: float = 0.0, log: Path | None = None
+    workload: str, env: dict[str, str], seconds: float, start_at: float | Path = 0.0, log: Path | None = None
 ) -> subprocess.Popen:
-    """torch_load.py WORKLOAD SECONDS START_AT, started (several run together with one START_AT); its stderr
-    (what its shim logs) into log where given."""
+    """torch_load.py WORKLOAD SECONDS START_AT, started (several run together with one START_AT, or one go
+    file: go_together); its stderr (what its shim logs) into log where given."""
     return started([TORCH_PYTHON, str(TORCH_LOAD), workload, str(seconds), str(start_at)], env, log)
 
 
@@ -266,12 +290,6 @@ def torch_output(proc: subprocess.Popen) -> tuple[float, list[int], float]:
     return torch_output_of(torch_printed(proc))
 
 
-def late_of(out: str) -> float:
-    """How many seconds after its START_AT a torch_load run began ("late S": its warm-up outlasted the
-    wait; 0 where it began on time): the others started together with it ran without it meanwhile."""
-    return max((float(f[1]) for f in (line.split() for line in out.splitlines()) if f[:1] == ["late"]), default=0.0)
-
-
 def torch_output_of(out: str) -> tuple[float, list[int], float]:
     """torch_output's figures from torch_load's printed lines (a run in a container, say)."""
     lines = [line.split() for line in out.splitlines()]
@@ -299,7 +317,7 @@ DECODE = GPU_DIR / "torch_decode.py"
 
 
 def serve_run(
-    env: dict[str, str], seconds: float, rate: float, start_at: float = 0.0, log: Path | None = None
+    env: dict[str, str], seconds: float, rate: float, start_at: float | Path = 0.0, log: Path | None = None
 ) -> subprocess.Popen:
     """torch_decode.py SECONDS RATE START_AT, started: the launch-bound service (RATE 0: back to back); its
     stderr (what its shim logs) into log where given."""
@@ -320,24 +338,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(len(ordered) * q / 100) - 1))]
 
 
-def serve_latencies(out: str, since: float = 0.0) -> Served:
+def serve_latencies(out: str) -> Served:
     """A torch_decode run's figures from its "req ARRIVAL DONE" lines: each request's latency is from its
-    arrival (a request that waited for the one before it waited as a user would), not from when it began.
-    Only the requests that arrived `since` seconds into the run or later count."""
+    arrival (a request that waited for the one before it waited as a user would), not from when it began."""
     lines = (line.split() for line in out.splitlines())
-    requests = [(float(f[1]), float(f[2])) for f in lines if f[:1] == ["req"] and float(f[1]) >= since]
+    requests = [(float(f[1]), float(f[2])) for f in lines if f[:1] == ["req"]]
     if not requests:
-        raise ValueError(f"no requests served from {since:.2f} s on")
+        raise ValueError("no requests served")
     latencies = [1000 * (done - arrival) for arrival, done in requests]
     span = max(done for _, done in requests) - min(arrival for arrival, _ in requests)
     return Served(percentile(latencies, 50), percentile(latencies, 99), len(requests) / span if span > 0 else 0.0)
 
 
-def serve_result(proc: subprocess.Popen, since: float = 0.0) -> Served:
+def serve_result(proc: subprocess.Popen) -> Served:
     out = proc.communicate(timeout=300)[0]
     if proc.returncode != 0:
         raise AssertionError(f"torch_decode exited {proc.returncode}")
-    return serve_latencies(out, since)
+    return serve_latencies(out)
 
 
 def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tuple[float, float]:

@@ -7,7 +7,7 @@ Each request generates 64 tokens, one at a time: the token's embedding through 8
 1024x1024 and GELU, bf16), a head over a 4096-token vocabulary and its argmax, read back on the host to
 choose the next token (as a sampling loop does). Hundreds of kernels of a few microseconds each: the GPU
 idles between launches, the host is the bottleneck. Requests arrive every 1 / RATE seconds from START_AT
-(RATE 0: back to back, to measure the service's own capacity); each is served when the one before it is
+(torch_start.py; RATE 0: back to back, to measure the service's own capacity); each is served when the one before it is
 done, and its latency runs from its arrival, not from when it was served. Prints "req ARRIVAL DONE" (seconds
 from the first arrival) for each request arrived within SECONDS, then "cpu_us C" (the process's CPU time per
 request). sharegpu.serve_latencies reads these lines.
@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch
+import torch_start
 
 TOKENS, LAYERS, WIDTH, VOCAB = 64, 8, 1024, 4096
 
@@ -41,13 +42,11 @@ def decoder():
 
 def main() -> None:
     seconds, rate = float(sys.argv[1]), float(sys.argv[2])
-    start_at = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     request = decoder()
     for _ in range(5):
         request()
     torch.cuda.synchronize()
-    if start_at > time.time():
-        time.sleep(start_at - time.time())
+    torch_start.wait_for_start(sys.argv[3] if len(sys.argv) > 3 else "0")
     start, cpu, served = time.monotonic(), time.process_time(), 0
     while True:
         arrival = served / rate if rate else time.monotonic() - start

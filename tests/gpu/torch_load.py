@@ -7,8 +7,8 @@ convolution, 64x256x56x56, cuDNN), train (an MLP's forward, backward and AdamW s
 autocast: dozens of kernels from microseconds to about a millisecond), and the real workloads of
 bench/share.py (torch_models.py): transformer (a decoder-only transformer's training step), resnet-train
 (a ResNet-50 training step), resnet-infer (ResNet-50 inference). After a warm-up it waits
-until START_AT (a time.time() value; concurrent runs start together; "late S" if its warm-up ended S
-seconds after it), then prints "sec I N" for each
+until START_AT (torch_start.py: a time.time() value, or a file that gives it once every run of a group is
+warmed up), then prints "sec I N" for each
 second (N iterations completed in second I, the GPU synchronised at each boundary),
 "rate R" (iterations per second over the whole run) and "cpu_us C" (the process's CPU time per
 iteration: near 1e6 / R, the loop is bound by its host side, not by the GPU). With TORCH_LOAD_STEPS=1
@@ -21,6 +21,7 @@ import sys
 import time
 
 import torch
+import torch_start
 
 
 def workload(name: str):
@@ -63,15 +64,11 @@ def workload(name: str):
 
 def main() -> None:
     name, seconds = sys.argv[1], float(sys.argv[2])
-    start_at = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     run = workload(name)
     for _ in range(20):
         run()
     torch.cuda.synchronize()
-    if start_at and start_at < time.time():
-        print(f"late {time.time() - start_at:.2f}", flush=True)  # it does not start with the others
-    if start_at > time.time():
-        time.sleep(start_at - time.time())
+    torch_start.wait_for_start(sys.argv[3] if len(sys.argv) > 3 else "0")
     steps = os.environ.get("TORCH_LOAD_STEPS") == "1"
     start, cpu = time.monotonic(), time.process_time()
     total, second = 0, 1
