@@ -402,7 +402,7 @@ def launch_bound(tmp_path: Path, runs: int = 3) -> None:
     rows: dict[str, list[LaunchBoundRun]] = {label: [] for label, *_ in controls}
     for k in range(runs):
         trainer_alone.append(
-            sharegpu.torch_output(started_alone("resnet-train", SERVE_SECONDS, tmp_path / f"go-alone-{k}"))[0]
+            sharegpu.torch_output(started_alone("resnet-train", SERVE_SECONDS, tmp_path / f"go-trainer-alone-{k}"))[0]
         )
         print(f"  run {k + 1}: the trainer alone: {trainer_alone[-1]:.2f} it/s")
         for n, (label, service_limits, trainer_limits, mps_row) in enumerate(controls):
