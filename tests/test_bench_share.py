@@ -197,6 +197,34 @@ def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
     )
 
 
+def test_a_launch_bound_row_pools_its_runs_requests_for_one_p99_and_is_set_against_no_control():
+    """A run at a few requests a second has some dozens: its p99 is its slowest, and the median of three such
+    is noisy (Session 46's weights row: 1.58x no control's on one call). The row also gives the p99 of all its
+    runs' requests together, and each row's p50, p99 and that p99 over the no-control row's."""
+    bench = _bench()
+
+    def run(latencies: list[float], trained: float) -> object:
+        served = sharegpu.Served(
+            sharegpu.percentile(latencies, 50), sharegpu.percentile(latencies, 99), 5.0, tuple(latencies)
+        )
+        return bench.LaunchBoundRun(served, trained, None)
+
+    # three runs of 50 requests: each run's slowest is an outlier of its own, 20 ms to 300 ms
+    runs = [
+        run([10.0 + i % 7 for i in range(49)] + [slowest], rate)
+        for slowest, rate in ((300, 36.0), (20, 40.0), (250, 38.0))
+    ]
+    row = bench.launch_bound_row(runs, 40.0)
+    assert (row.p50_ms, row.p99_ms, row.trainer) == (13.0, 250.0, 95.0)
+    # 150 requests: the p99 is the second slowest of them, not the median of three maxima
+    assert row.pooled_p99_ms == 250.0
+    # a fourth run: 200 requests, the two outliers are its slowest 1 %, while the median of maxima halves
+    runs.append(run([10.0 + i % 7 for i in range(49)] + [20.0], 40.0))
+    assert bench.launch_bound_row(runs, 40.0)[:3] == (13.0, 135.0, 20.0)
+    none = bench.LaunchBoundRow(20.0, 200.0, 100.0, 97.0)
+    assert row.against(none) == "0.65x 1.25x 2.50x"
+
+
 def _warming(seconds: float, *lines: str) -> Callable[..., subprocess.Popen]:
     """A run as torch_load and torch_decode start, under go_together: a warm-up of `seconds`, then
     torch_start.wait_for_start on its go file (argv[1], given by sharegpu.torch_run and serve_run), then its

@@ -328,6 +328,7 @@ class Served(NamedTuple):
     p50_ms: float  # request latency from arrival
     p99_ms: float
     per_second: float  # requests served per second of the run
+    latencies_ms: tuple[float, ...] = ()  # every request's, for a percentile over several runs
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -347,7 +348,12 @@ def serve_latencies(out: str) -> Served:
         raise ValueError("no requests served")
     latencies = [1000 * (done - arrival) for arrival, done in requests]
     span = max(done for _, done in requests) - min(arrival for arrival, _ in requests)
-    return Served(percentile(latencies, 50), percentile(latencies, 99), len(requests) / span if span > 0 else 0.0)
+    return Served(
+        percentile(latencies, 50),
+        percentile(latencies, 99),
+        len(requests) / span if span > 0 else 0.0,
+        tuple(latencies),
+    )
 
 
 def serve_result(proc: subprocess.Popen) -> Served:
