@@ -199,11 +199,11 @@ def test_a_launch_bound_run_line_gives_each_shims_exit_where_it_logged_one():
 
 def test_a_launch_bound_row_pools_its_runs_requests_for_one_p99_and_is_set_against_no_control():
     """A run at a few requests a second has some dozens: its p99 is its slowest, and the median of three such
-    is noisy (Session 46's weights row: 1.58x no control's on one call). The row also gives the p99 of all its
-    runs' requests together, and each row's p50, p99 and that p99 over the no-control row's."""
+    moves with one slow request. The row also gives the p99 of all its runs' requests together, and each row's
+    p50, p99 and that p99 over the no-control row's."""
     bench = _bench()
 
-    def run(latencies: list[float], trained: float) -> object:
+    def run(latencies: list[float], trained: float) -> tuple:
         served = sharegpu.Served(
             sharegpu.percentile(latencies, 50), sharegpu.percentile(latencies, 99), 5.0, tuple(latencies)
         )
