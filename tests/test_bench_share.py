@@ -257,6 +257,25 @@ def test_the_pair_begins_together_however_long_one_warm_up_takes(monkeypatch, tm
     assert len(began) == 2 and all(start <= t < start + 0.25 for t in began), (start, began)
 
 
+def test_weighted_tenants_begin_together_and_their_gpu_time_is_taken_from_that_start(monkeypatch, tmp_path):
+    """tenants_together (the weighted pairs of the GPU tests and of bench/share) begins its tenants' timed
+    parts together once each is warmed up, however long one's warm-up took, and reads the GPU time charged to
+    them over the seconds after that common start: not after a fixed wait that a slow warm-up outlasts."""
+    lines = ("sec 1 40", "sec 2 41", "sec 3 43", "rate 41.0", "cpu_us 120")
+    warmups = iter((1.5, 0.0))
+    monkeypatch.setattr(sharegpu, "torch_run", lambda *args, **kwargs: _warming(next(warmups), *lines)(*args))
+    began: list[float] = []
+    reading = sharegpu.torch_printed
+    monkeypatch.setattr(sharegpu, "torch_printed", lambda proc: _began(reading(proc), began))
+    windows: list[tuple[float, float]] = []
+    monkeypatch.setattr(sharegpu, "charged_between", lambda sched, start, end: windows.append((start, end)) or {})
+    together = sharegpu.tenants_together(tmp_path / "pair", [("transformer", 1), ("transformer", 3)], True, 3.0)
+    start = float((tmp_path / "pair" / "go").read_text())
+    assert len(began) == 2 and all(start <= t < start + 0.25 for t in began), (start, began)
+    assert windows == [(start + 1, start + 2.5)]
+    assert together.rates == [42.0, 42.0] and together.gpu_parts == []
+
+
 def _began(out: str, began: list[float]) -> str:
     """`out`, the time its run began (its "began T" line) noted in `began`."""
     began += [float(line.split()[1]) for line in out.splitlines() if line.startswith("began ")]

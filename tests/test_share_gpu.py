@@ -254,11 +254,11 @@ def test_pytorch_through_the_hook_in_a_container(torch_rootfs, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def matmul_alone() -> tuple[float, float]:
+def matmul_alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[float, float]:
     """The matmul loop's rate without the shim, and the SM clock it ran at."""
     if not Path(sharegpu.TORCH_PYTHON).exists():
         pytest.skip("no PyTorch interpreter")
-    return sharegpu.timed_with_clock("matmul", sharegpu.shim_env(None), 4)
+    return sharegpu.timed_with_clock("matmul", sharegpu.shim_env(None), 4, tmp_path_factory.mktemp("alone") / "go")
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +277,7 @@ def test_pytorch_matmul_cap_within_three_points_or_its_clock_gain(matmul_alone, 
     within 3 points."""
     rate_alone, clock_alone = matmul_alone
     env = sharegpu.shim_env(sharegpu.limits_dir(tmp_path, {"NVC_SHARE_COMPUTE": str(percent)}))
-    rate, clock = sharegpu.timed_with_clock("matmul", env, 4)
+    rate, clock = sharegpu.timed_with_clock("matmul", env, 4, tmp_path / "go")
     achieved, gain = 100 * rate / rate_alone, clock / clock_alone
     print(
         f"matmul {percent}%: {achieved:.1f}% of native; SM clock {clock:.0f} MHz against {clock_alone:.0f} "
@@ -291,10 +291,7 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
     their summed throughput (each as a share of one alone) is its weight's (±5 points), and together
     they keep at least 90 % of one alone (the GPU's switching between the two contexts costs some:
     measured 93 % on the H100); the weight-3 one stops half way and the other then gets >= 90 %."""
-    import time
-
     procs = []
-    start_at = time.time() + 20
     (tmp_path / "sched").mkdir()
     for name, weight, seconds in (("a", 1, 8), ("b", 3, 4)):
         env = sharegpu.shim_env(
@@ -302,7 +299,8 @@ def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, 
             NVC_SHARE_SCHED_DIR=str(tmp_path / "sched"),
             NVC_SHARE_TENANT=name,
         )
-        procs.append(sharegpu.torch_run("matmul", env, seconds, start_at))
+        procs.append(sharegpu.torch_run("matmul", env, seconds, tmp_path / "go"))
+    sharegpu.go_together(procs, tmp_path / "go")
     (_, a), (_, b) = (sharegpu.torch_result(p) for p in procs)
     shares = (
         100 * sum(a[:4]) / 4 / native_matmul,

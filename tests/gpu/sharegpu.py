@@ -163,10 +163,11 @@ def holder(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
 GO_LEAD = 0.5  # seconds from the go file's writing to the start it gives
 
 
-def go_together(procs: list[subprocess.Popen], go: Path) -> None:
+def go_together(procs: list[subprocess.Popen], go: Path) -> float:
     """Start runs given the go file `go` as their START_AT (torch_start.py) together: once each printed "ready"
     (its warm-up done; read a byte at a time, so that nothing after it is taken from the pipe), write the start
-    time, GO_LEAD from now, to it. A run that exits or prints anything else first fails the call."""
+    time, GO_LEAD from now, to it, and return it. A run that exits or prints anything else first fails the
+    call."""
     for proc in procs:
         line = b""
         while not line.endswith(b"\n"):
@@ -178,9 +179,11 @@ def go_together(procs: list[subprocess.Popen], go: Path) -> None:
             for other in procs:
                 other.kill()
             raise AssertionError(f"{proc.args} printed {line!r} before it was ready (exit {proc.wait()})")
+    start = round(time.time() + GO_LEAD, 6)
     written = go.with_name(go.name + ".new")
-    written.write_text(f"{time.time() + GO_LEAD:.6f}")
+    written.write_text(f"{start:.6f}")
     written.rename(go)  # whole: a run reads it as soon as it exists
+    return start
 
 
 TORCH_LOAD = GPU_DIR / "torch_load.py"
@@ -363,17 +366,17 @@ def serve_result(proc: subprocess.Popen) -> Served:
     return serve_latencies(out)
 
 
-def timed_with_clock(workload: str, env: dict[str, str], seconds: float) -> tuple[float, float]:
-    """(iterations per second, median SM clock in MHz) of a torch_load run, the clock of GPU 0 sampled
-    through NVML every 20 ms while it runs: a GPU at its power limit lowers its clock, so a workload
-    that draws that limit runs faster whenever it is kept off part of the time."""
+def timed_with_clock(workload: str, env: dict[str, str], seconds: float, go: Path) -> tuple[float, float]:
+    """(iterations per second, median SM clock in MHz) of a torch_load run begun through the go file `go`
+    once warmed up, the clock of GPU 0 sampled through NVML every 20 ms while it runs: a GPU at its power
+    limit lowers its clock, so a workload that draws that limit runs faster whenever it is kept off part of
+    the time."""
     import statistics
-    import time
 
     import pynvml
 
-    start_at = time.time() + 12
-    proc = torch_run(workload, env, seconds, start_at)
+    proc = torch_run(workload, env, seconds, go)
+    start_at = go_together([proc], go)
     pynvml.nvmlInit()
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -409,13 +412,12 @@ class Together(NamedTuple):
 def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool, seconds: float) -> Together:
     """torch_load workloads started together, (workload, weight) each: under the shim with their weights,
     each its own tenant in one scheduler directory, or with no shim at all (the GPU's own time-slicing
-    between them). Their rates and the GPU time charged are both taken after the first second (steady_rate),
-    the GPU time until half a second before the last second ends."""
-    import time
-
+    between them), their timed parts begun together once all are warmed up (go_together). Their rates and
+    the GPU time charged are both taken after the first second (steady_rate), the GPU time until half a
+    second before the last second ends."""
     sched = path / "sched"
     sched.mkdir(parents=True)
-    start_at = time.time() + 15
+    go = path / "go"
     procs = []
     for i, (workload, weight) in enumerate(tenants):
         env = shim_env(None)
@@ -425,7 +427,8 @@ def tenants_together(path: Path, tenants: list[tuple[str, int]], weighted: bool,
                 NVC_SHARE_SCHED_DIR=str(sched),
                 NVC_SHARE_TENANT=f"t{i}",
             )
-        procs.append(torch_run(workload, env, seconds, start_at))
+        procs.append(torch_run(workload, env, seconds, go))
+    start_at = go_together(procs, go)
     charged = charged_between(sched, start_at + 1, start_at + seconds - 0.5) if weighted else {}
     total = sum(c for _, c in charged.values())
     return Together(
