@@ -6,6 +6,7 @@ server runs the stages, and nvc-py's CLI, for its callers: neither imports this 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -22,6 +23,7 @@ def _serve(args: list[str]) -> int:
     if args and (len(args) != 2 or args[0] != "--socket" or not args[1]):
         print(USAGE, file=sys.stderr)
         return InputError.exit_code
+    gc.enable()  # a server lives on: its own warm-up collects and freezes what it imported
     try:
         return serve(args[1] if args else os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
     except NvcError as err:
@@ -43,10 +45,14 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     """Console script entry point; exits without the interpreter's teardown (:mod:`nvc.system.quickexit`).
 
+    A call runs without the cyclic garbage collector, as a server's worker does: it lives for one
+    call, and at a start without a server its collections cost more than the garbage they would
+    free (``serve`` turns it back on).
     A hook or runtime may be handed a container's environment: restart without the loader
     variables before anything loads a shared library (this module's own imports load none).
     Its streams are guarded (:mod:`nvc.system.stdio`): a closed or full stdout is one line and a status.
     """
+    gc.disable()
     from nvc.system.loaderenv import restart_without_unsafe_variables
     from nvc.system.quickexit import exit_now
     from nvc.system.stdio import guarded, reopen_closed
