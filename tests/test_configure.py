@@ -495,3 +495,23 @@ def test_a_plan_whose_ldconfig_does_not_run_is_mounted_in_one_call(tmp_path: Pat
         assert all(f" {rootfs}/usr/bin/{s.name} " in mounted for s in sources), mounted  # in the one call
         assert client.rollback() == []
     assert Path("/proc/self/mountinfo").read_text() == mounts
+
+
+def test_a_plan_where_proc_answers_imports_no_nvml_client_nor_drm(active_2gpu, debian_rootfs, monkeypatch):
+    """A start without a server imports what its plan uses: GPU 0 with compute and utility needs neither
+    the NVML helper's client (/proc answers) nor the DRM module (no graphics). Each is blocked here, so
+    importing it fails; graphics, which needs the DRM module, shows the block holds."""
+    import nvc.discover
+    import nvc.rpc
+    from nvc.config.options import GlobalOptions
+    from nvc.pipeline import configure
+    from nvc.plan.request import from_flags
+
+    for package, name in ((nvc.rpc, "driver_service"), (nvc.discover, "drm")):
+        monkeypatch.delattr(package, name, raising=False)
+        monkeypatch.setitem(sys.modules, f"{package.__name__}.{name}", None)
+    glob = GlobalOptions(str(active_2gpu.root), "/etc/ld.so.cache", (0, 0), False)
+    plan = configure.dry_plan(glob, from_flags(str(debian_rootfs), None, ("0",), ("compute", "utility")))
+    assert "/dev/nvidia0" in {getattr(op, "target", None) for op in plan.operations}
+    with pytest.raises(ImportError, match="nvc.discover.drm"):
+        configure.dry_plan(glob, from_flags(str(debian_rootfs), None, ("0",), ("graphics",)))

@@ -153,11 +153,15 @@ def _needs_nvml(req: Request, proc: Path) -> bool:
 
 
 def _inventory(glob: GlobalOptions, use_nvml: bool, proc: Path) -> Inventory:
-    """The driver and its GPUs: from NVML (the driver helper) where /proc cannot tell, else /proc."""
-    from nvc.discover import inventory
-    from nvc.rpc import driver_service
+    """The driver and its GPUs: from NVML (the driver helper) where /proc cannot tell, else /proc (and
+    the helper's client is not imported)."""
+    if use_nvml:
+        from nvc.rpc import driver_service
 
-    return driver_service.inventory(glob.root, glob.user, proc) if use_nvml else inventory.from_procfs(proc)
+        return driver_service.inventory(glob.root, glob.user, proc)
+    from nvc.discover import inventory
+
+    return inventory.from_procfs(proc)
 
 
 def _mig_minors(req: Request, proc: Path) -> dict[str, int]:
@@ -180,10 +184,10 @@ def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selectio
 
 def _drm_nodes(req: Request, chosen: selection.Selection) -> dict[str, tuple[NodeSpec, ...]]:
     """graphics/display: each selected GPU's DRM nodes by normalised bus id (sysfs; none without)."""
-    from nvc.discover import drm
-
     if not req.capabilities & capabilities.GRAPHICS_CAPABILITIES:
         return {}
+    from nvc.discover import drm
+
     return {procfs.normalize_bus_id(g.bus_id) or g.bus_id: drm.gpu_nodes(g.bus_id) for g in chosen.gpus}
 
 
