@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from nvc import __version__
-from nvc.commands import engine_setup
+from nvc.commands.lazygroup import LazyGroup
 from nvc.config.options import GlobalOptions, parse_user
 from nvc.containerenv import MIG_FILE_VALUES
 from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError, NvcError
@@ -43,7 +43,17 @@ def _optional_user_value(argv: list[str]) -> list[str]:
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=LazyGroup,
+    lazy={  # their own modules, imported when named (nvc.commands.lazygroup)
+        "doctor": "nvc.doctor.command:doctor",
+        "exporter": "nvc.exporter.command:exporter",
+        "k8s": "nvc.k8s.command:k8s",
+        "setup": "nvc.commands.engine_setup:setup",
+        "share": "nvc.commands.sharecli:share",
+    },
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, "-V", "--version", prog_name="nvc-py", message="%(prog)s %(version)s")
 @click.option(
     "-r",
@@ -407,6 +417,7 @@ def cdi_generate(
 ) -> None:
     """Generate the nvidia.com/gpu CDI spec of this host's GPUs."""
     from nvc import cdi as cdi_spec
+    from nvc.commands import engine_setup
     from nvc.hook.setup import files as setupfiles
     from nvc.system import programs
 
@@ -473,18 +484,6 @@ def _char_links(specs: list[Any]) -> None:
 
     for problem in devnodes.char_links([n for doc in specs if isinstance(doc, dict) for n in devnodes.spec_nodes(doc)]):
         click.echo(f"warning: {problem}: GPU access of CDI containers lost on systemctl daemon-reload", err=True)
-
-
-from nvc.commands.sharecli import share as _share  # noqa: E402 - its own module, registered here
-from nvc.doctor.command import doctor as _doctor  # noqa: E402 - its own package (nvc/doctor/), registered here
-from nvc.exporter.command import exporter as _exporter  # noqa: E402 - its own package (nvc/exporter/), registered here
-from nvc.k8s.command import k8s as _k8s  # noqa: E402 - its own module (nvc/k8s/), registered here
-
-cli.add_command(engine_setup.setup)
-cli.add_command(_share)
-cli.add_command(_doctor)
-cli.add_command(_exporter)
-cli.add_command(_k8s)
 
 
 def main(argv: list[str] | None = None) -> int:
