@@ -23,8 +23,6 @@ Encoding and decoding are pure functions; the socket helpers on top of them take
 ``time.monotonic()`` deadline so a caller's timeout covers the whole message, not each read.
 """
 
-from __future__ import annotations
-
 import array
 import json
 import socket

@@ -4,8 +4,6 @@ Pure over the JSON text (the file reads are the only side effects), so what the 
 for a spec can be tested without starting a container.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re

@@ -11,8 +11,6 @@ hierarchy) and ``/proc/PID/mountinfo`` (where that hierarchy is mounted), throug
 devices controller sits on a v1 hierarchy, v1 is what the kernel enforces there.
 """
 
-from __future__ import annotations
-
 import os
 import posixpath
 import re

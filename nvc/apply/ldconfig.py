@@ -21,8 +21,6 @@ so nothing the container does to ``/proc/<pid>/exe`` reaches the host binary (CV
 Executing through execveat(AT_EMPTY_PATH) needs no /proc at all.
 """
 
-from __future__ import annotations
-
 import fcntl
 import os
 import select
@@ -248,7 +246,7 @@ def start_ldconfig(
     dirs: Sequence[str],
     *,
     owner: tuple[int, int],
-    handle: ContainerHandle | None = None,
+    handle: "ContainerHandle | None" = None,
     no_pivot: bool = False,
     output_fd: int | None = None,
     timeout: float = TIMEOUT,

@@ -9,8 +9,6 @@ The kernel does this for us with openat2(RESOLVE_IN_ROOT); where the kernel lack
 (ENOSYS) the same resolution is done by hand, one O_PATH|O_NOFOLLOW component at a time.
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import posixpath

@@ -10,8 +10,6 @@ opened and cloned before, in the host's namespaces: a bind of a host node onto a
 how a device reaches a user namespace, where mknod is refused.
 """
 
-from __future__ import annotations
-
 import errno
 import os
 from typing import NamedTuple

@@ -7,8 +7,6 @@ silently ignored in a security setting (``accept-volume-mounts``, ``ldconfig``) 
 than a container that does not start. A missing file means all defaults.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from collections.abc import Callable, Mapping

@@ -4,8 +4,6 @@ The OCI hook calls :func:`nvc.pipeline.configure.configure` in-process with thes
 for the CLI's imports at every container start.
 """
 
-from __future__ import annotations
-
 import os
 from typing import NamedTuple
 

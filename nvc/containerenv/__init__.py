@@ -14,8 +14,6 @@ this package imports nothing of the plan.
 Pure and light to import: the hook reads this package at every container start, GPU or not.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 

@@ -7,8 +7,6 @@ file (:func:`nvc.apply.rootfs.open_in_root`). Reads only; the owner of the conta
 caller's (it comes with the container's process).
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import posixpath

@@ -9,8 +9,6 @@ libraries are all of another version (Debian's alternatives pointing elsewhere) 
 :mod:`nvc.discover.rootpath`) and reported as a host path of the resolved file.
 """
 
-from __future__ import annotations
-
 import fnmatch
 import functools
 import json

@@ -7,8 +7,6 @@ CUDA version, brand or architecture) take that fast path. Both paths agree on wh
 they both know; index order on the fast path is bus id order, NVML's default order.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -38,7 +36,7 @@ def from_procfs(proc: Path = procfs.PROC) -> Inventory:
     return inventory
 
 
-def from_snapshot(snap: DriverSnapshot, proc: Path = procfs.PROC) -> Inventory:
+def from_snapshot(snap: "DriverSnapshot", proc: Path = procfs.PROC) -> Inventory:
     """What NVML reported (:func:`nvc.rpc.driver_service.inventory`), with each MIG device's
     /proc access files and nvidia-caps minors added."""
     minors = procfs.read_mig_minors(proc)

@@ -20,8 +20,6 @@ the oldest written going first (a driver upgrade or a capability set no longer a
 its results behind until a reboot otherwise).
 """
 
-from __future__ import annotations
-
 import json
 import os
 import zlib

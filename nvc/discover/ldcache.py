@@ -10,8 +10,6 @@ it is skipped using its entry count, the new header following at the next aligne
 offset. String offsets of new-format entries are relative to the new header.
 """
 
-from __future__ import annotations
-
 import struct
 from pathlib import Path
 from typing import NamedTuple

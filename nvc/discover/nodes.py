@@ -7,8 +7,6 @@ used when its device number is the one the driver registered: a stale or planted
 with another number must not be handed to a container.
 """
 
-from __future__ import annotations
-
 import os
 import stat
 from pathlib import Path

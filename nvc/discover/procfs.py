@@ -6,8 +6,6 @@ id, driver version) are answered from here. The files also hold what NVML does n
 tell: the MIG capability access files and their ``nvidia-caps`` minors.
 """
 
-from __future__ import annotations
-
 import os
 import re
 from collections.abc import Iterable, Iterator

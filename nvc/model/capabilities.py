@@ -9,8 +9,6 @@ places (:data:`LOADER_FILES`: ICD and vendor json files, the VDPAU and GBM backe
 driver); docs/capabilities.md tables them all.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 from typing import NamedTuple
 

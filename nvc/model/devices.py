@@ -5,8 +5,6 @@ the hook pays for at every container start) shared by discovery (NVML helper or 
 device selection, planning and the CLI's output.
 """
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 

@@ -6,8 +6,6 @@ resolved once into a handle that every later step uses, and the plan is pure dat
 ``--dry-run`` prints.
 """
 
-from __future__ import annotations
-
 import functools
 import os
 import time
@@ -46,7 +44,7 @@ _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
 class Container(NamedTuple):
     """The container, resolved once (:func:`container`)."""
 
-    handle: ContainerHandle | None  # its process (None standalone: a rootfs only)
+    handle: "ContainerHandle | None"  # its process (None standalone: a rootfs only)
     facts: ContainerFacts
     share: shareplan.ShareFiles | None  # its GPU sharing files, planned
 
@@ -62,7 +60,7 @@ class Discovered(NamedTuple):
 
 
 def share_files(
-    sharing: ShareRequest,
+    sharing: "ShareRequest",
     container_id: str,
     root_fd: int,
     rootfs: str,
@@ -101,7 +99,7 @@ def _opener(root_fd: int) -> Opener:
     return functools.partial(open_in_root, root_fd)
 
 
-def _owner(handle: ContainerHandle | None, root_fd: int) -> tuple[int, int]:
+def _owner(handle: "ContainerHandle | None", root_fd: int) -> tuple[int, int]:
     """Who owns the container: its process (or, standalone, its rootfs); with a user namespace of its
     own, that namespace's root (the host ids of uid and gid 0 inside), whatever user the process is."""
     if handle is not None:
@@ -152,7 +150,7 @@ def _needs_nvml(req: Request, proc: Path) -> bool:
     )
 
 
-def _inventory(glob: GlobalOptions, use_nvml: bool, proc: Path) -> Inventory:
+def _inventory(glob: GlobalOptions, use_nvml: bool, proc: Path) -> "Inventory":
     """The driver and its GPUs: from NVML (the driver helper) where /proc cannot tell, else /proc (and
     the helper's client is not imported)."""
     if use_nvml:
@@ -170,7 +168,7 @@ def _mig_minors(req: Request, proc: Path) -> dict[str, int]:
     return procfs.read_mig_minors(proc) if req.mig_config or req.mig_monitor else {}
 
 
-def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selection) -> None:
+def _check_requirements(req: Request, inv: "Inventory", chosen: selection.Selection) -> None:
     """Each requirement, per selected GPU (a MIG device's parent is one), or once with no GPU."""
     if not req.requirements:
         return
@@ -182,7 +180,7 @@ def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selectio
     requirements.check(req.requirements, per_gpu or [base])
 
 
-def _drm_nodes(req: Request, chosen: selection.Selection) -> dict[str, tuple[NodeSpec, ...]]:
+def _drm_nodes(req: Request, chosen: selection.Selection) -> "dict[str, tuple[NodeSpec, ...]]":
     """graphics/display: each selected GPU's DRM nodes by normalised bus id (sysfs; none without)."""
     if not req.capabilities & capabilities.GRAPHICS_CAPABILITIES:
         return {}
@@ -240,7 +238,7 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
     return Discovered(host, chosen)
 
 
-def device_nodes(glob: GlobalOptions, req: Request) -> tuple[NodeSpec, ...]:
+def device_nodes(glob: GlobalOptions, req: Request) -> "tuple[NodeSpec, ...]":
     """The device nodes a container asking for ``req`` gets (no selectors: driver only, control
     nodes; graphics/display: the GPUs' DRM nodes too), for a runtime to create itself (the runtime
     wrapper). NVML only for selectors /proc
@@ -270,7 +268,7 @@ def plan(found: Discovered, ctr: Container, req: Request) -> Plan:
     return mountplan.build(found.host, ctr.facts, found.chosen, req, share, mps)
 
 
-def _mps_client(found: Discovered, req: Request) -> MpsClient | None:
+def _mps_client(found: Discovered, req: Request) -> "MpsClient | None":
     """The MPS client a shared container is, when its device's backend is mps (else None)."""
     from nvc.plan import mps
 

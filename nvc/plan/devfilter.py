@@ -11,8 +11,6 @@ Everything here is pure: rules in, instruction bytes out (and back, to vet a pro
 the kernel).
 """
 
-from __future__ import annotations
-
 import struct
 import sys
 from collections.abc import Iterable, Sequence
@@ -63,7 +61,7 @@ class DeviceRule(_RuleFields):
 
     __slots__ = ()
 
-    def __new__(cls, type: str, major: int | None, minor: int | None, access: str) -> DeviceRule:  # noqa: A002
+    def __new__(cls, type: str, major: int | None, minor: int | None, access: str) -> "DeviceRule":  # noqa: A002
         rule = super().__new__(cls, type, major, minor, access)
         rule._check()
         return rule

@@ -15,8 +15,6 @@ sealed read-only), extra mounts. ldconfig starts once the first group is done (i
 directory, so a plan with one has ldconfig wait for all of them.
 """
 
-from __future__ import annotations
-
 import os
 import posixpath
 import re

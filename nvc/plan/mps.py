@@ -20,8 +20,6 @@ MPS binaries: a container that asked for MPS's limits does not silently run with
 Pure: the host's side is :mod:`nvc.apply.mps`.
 """
 
-from __future__ import annotations
-
 import math
 import posixpath
 from collections.abc import Iterable, Mapping

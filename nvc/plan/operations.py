@@ -9,8 +9,6 @@ container's rootfs). The wire form is each record's fields under its type's name
 the types: a new operation has its wire form with no second table to keep in step.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -201,7 +199,7 @@ class Plan(NamedTuple):
         }
 
     @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Plan:
+    def from_wire(cls, data: Mapping[str, Any]) -> "Plan":
         ops = []
         for raw in data["operations"]:
             fields = dict(raw)

@@ -6,8 +6,6 @@ term are AND-ed; a factor is ``name op value`` with op in ``= != < <= > >=``. ``
 ``!=`` only. Parsing rejects bad input before anything is changed.
 """
 
-from __future__ import annotations
-
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence

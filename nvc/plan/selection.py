@@ -7,8 +7,6 @@ a MIG device also selects its parent GPU. Parsing is separate from resolution so
 the caller can tell, before loading NVML, whether the request can be answered without it.
 """
 
-from __future__ import annotations
-
 import re
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -119,7 +117,7 @@ def select(gpus: tuple[GpuLike, ...], selectors: tuple[Selector, ...]) -> Select
     )
 
 
-def needs_nvml(selectors: tuple[Selector, ...], mig_files: bool, proc: Path = procfs.PROC) -> bool:
+def needs_nvml(selectors: tuple[Selector, ...], mig_files: bool, proc: "Path" = procfs.PROC) -> bool:
     """Whether answering needs NVML: MIG selectors, MIG config/monitor, or ``all`` with MIG devices present."""
     if mig_files or any(s.needs_mig for s in selectors):
         return True

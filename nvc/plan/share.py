@@ -12,8 +12,6 @@ The limits file is written only here (:func:`limits_text`), in the one grammar t
 Pure: the facts it needs (the image's own ld.so.preload) are read by the caller.
 """
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 from typing import NamedTuple, TypeVar

@@ -27,8 +27,6 @@ the host. (nvc.system.syscalls loads ctypes: the driver helper's parent, on ``nv
 path, leaves this module to the helper.)
 """
 
-from __future__ import annotations
-
 import errno
 import os
 import resource
