@@ -267,23 +267,24 @@ def native_matmul(matmul_alone: tuple[float, float]) -> float:
 
 
 @pytest.mark.parametrize("percent", [25, 50, 75])
-def test_pytorch_matmul_cap_within_three_points_or_its_clock_gain(matmul_alone, tmp_path, percent):
+def test_pytorch_matmul_cap_within_three_points_at_its_clock(matmul_alone, tmp_path, percent):
     """The bf16 8192² matmul loop (~1.6 ms cuBLAS kernels, fewer blocks than SMs) at a cap: at least the
-    cap less 3 points, and at most the cap plus 3 points or the cap times the SM clock it gained. The
+    cap less 3 points, and at most the cap plus 3 points, scaled by the SM clock it gained. The
     measured limit of a wall-time share: alone, the matmul draws the GPU's power limit and the SM clock
     drops; capped, it draws less and runs at a higher clock, so more work fits in its share of the time
     (H100, 2026-11-24: 1377 MHz alone, 1964 / 1816 / 1663 MHz capped at 25 / 50 / 75 %, which gave
-    29.4 / 57.2 / 81.9 % of the rate alone; native/README.md). Where the clock holds, this is the cap
-    within 3 points."""
+    29.4 / 57.2 / 81.9 % of the rate alone; native/README.md). The 3 points hold at any clock: a bound
+    of the cap times the gain alone left none (H200: 84.0 % at 75, x1.113, a share of its time of 75.5 %).
+    Where the clock holds, this is the cap within 3 points."""
     rate_alone, clock_alone = matmul_alone
     env = sharegpu.shim_env(sharegpu.limits_dir(tmp_path, {"NVC_SHARE_COMPUTE": str(percent)}))
     rate, clock = sharegpu.timed_with_clock("matmul", env, 4, tmp_path / "go")
     achieved, gain = 100 * rate / rate_alone, clock / clock_alone
     print(
         f"matmul {percent}%: {achieved:.1f}% of native; SM clock {clock:.0f} MHz against {clock_alone:.0f} "
-        f"alone (x{gain:.3f})"
+        f"alone (x{gain:.3f}); {achieved / gain:.1f}% at the clock alone"
     )
-    assert percent - 3 <= achieved <= max(percent + 3, percent * gain)
+    assert percent - 3 <= achieved <= (percent + 3) * max(1.0, gain)
 
 
 def test_weighted_tenants_share_by_weight_and_alone_take_the_gpu(native_matmul, tmp_path):
