@@ -9,6 +9,7 @@
 PYTHON ?= /usr/bin/python3
 # As native/client/hook_client.c's PROGRAM_DIR and hook/setup/engines.py's LIBDIR.
 LIBDIR := /usr/lib/nvc-py
+CODE_CACHE := $(LIBDIR)/code-cache
 VENV := $(LIBDIR)/venv
 # Where users find the commands (links to the programs in $(LIBDIR)).
 BINDIR ?= /usr/local/bin
@@ -166,10 +167,11 @@ native:
 # no PYTHONPATH, PYTHONHOME, PYTHONSTARTUP or user site from the caller's environment) that skips
 # the site module (-S: it costs every start several ms, more with .pth files that run code); the
 # launcher puts back the directories site would have added (SITE_PATH, taken at install time),
-# so nvc-py and its dependencies are found as under plain -I.
+# so nvc-py and its dependencies are found as under plain -I; then it maps the code cache that install
+# writes beside it (nvc/system/codecache.py: the compiled modules of a call, without a search per module).
 define launcher
-	printf '#!%s -IS\nimport sys\nsys.path.extend(%s)\nfrom $(2) import run\nrun()\n' \
-		"$$($(ENV_PYTHON) -c 'import sys; print(sys.executable)')" "$(SITE_PATH)" > $(LIBDIR)/$(1).new
+	printf '#!%s -IS\nimport sys\nsys.path.extend(%s)\nfrom nvc.system.codecache import use\nuse(%s)\nfrom $(2) import run\nrun()\n' \
+		"$$($(ENV_PYTHON) -c 'import sys; print(sys.executable)')" "$(SITE_PATH)" "'$(CODE_CACHE)'" > $(LIBDIR)/$(1).new
 	chmod 0755 $(LIBDIR)/$(1).new && mv $(LIBDIR)/$(1).new $(LIBDIR)/$(1)
 endef
 
@@ -199,6 +201,7 @@ $(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
 	@install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
 	@install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
 	@$(MAKE) -s --no-print-directory fronts
+	@$(ENV_PYTHON) -I -m nvc.hook.setup.maintainer code-cache $(CODE_CACHE) >/dev/null
 	@echo "install: $(LIBDIR)/nvc-py, nvc-py-hook and nvc-py-runtime, linked from $(BINDIR)"
 	@printf '%s\n' $(INSTALL_INPUTS) > $@
 

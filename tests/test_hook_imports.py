@@ -88,6 +88,32 @@ def _imported(stderr: str) -> set[str]:
     return {m[1] for m in re.finditer(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", stderr, re.MULTILINE)}
 
 
+def _direct_hook(fixtures: tuple, tmp_path: Path, env: dict[str, str], outcome: str, flag: str) -> str:
+    """The installed launcher as runc's prestart hook of a container with ``env``, under the
+    interpreter's ``flag`` (its stderr returned), twice: the first start after a configuration change
+    parses its YAML (then cached by text), and the first after a boot compiles ldconfig's filter."""
+    driver, runc, rootfs = fixtures
+    interpreter, flags = LAUNCHER.read_text().splitlines()[0][2:].split(" ", 1)
+    assert flags == "-IS"  # isolated, without site
+    config, log, err = tmp_path / "config.yaml", tmp_path / "hook.log", tmp_path / "hook.err"
+    config.write_text(f"root: {driver.root}\nlog: {{file: {log}}}\n")  # otherwise the defaults
+    wrapper = tmp_path / "hook.sh"  # runc shows a hook's stderr only when it fails
+    wrapper.write_text(f'#!/bin/sh\nexec {interpreter} {flags} {flag} {LAUNCHER} "$@" 2>{err}\n')
+    wrapper.chmod(0o755)
+    hook = {
+        "path": str(wrapper),
+        "args": ["hook.sh", "prestart"],
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}", "NVC_PY_HOOK_SOCKET=none"],
+    }
+    bundle = make_bundle(tmp_path / "bundle", rootfs, ["true"], env=env, hooks={"prestart": [hook]})
+    for _ in range(2):
+        result = runc.run(bundle)
+        assert result.returncode == 0, (result.stderr, err.read_text())
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(line["outcome"], "via" in line) for line in lines] == [(outcome, False)] * 2
+    return err.read_text()
+
+
 @pytest.mark.parametrize(
     ("env", "outcome", "never"),
     [({"NVIDIA_VISIBLE_DEVICES": "0"}, "configured", NEVER), ({}, "no-gpu", NEVER_WITHOUT_GPU)],
@@ -96,26 +122,24 @@ def _imported(stderr: str) -> set[str]:
 def test_direct_hook_imports_only_what_the_call_needs(
     active_2gpu, runc, debian_rootfs: Path, tmp_path: Path, env: dict[str, str], outcome: str, never: frozenset[str]
 ) -> None:
-    interpreter, flags = LAUNCHER.read_text().splitlines()[0][2:].split(" ", 1)
-    assert flags == "-IS"  # isolated, without site
-    config, log, err = tmp_path / "config.yaml", tmp_path / "hook.log", tmp_path / "hook.err"
-    config.write_text(f"root: {active_2gpu.root}\nlog: {{file: {log}}}\n")  # otherwise the defaults
-    wrapper = tmp_path / "hook.sh"  # runc shows a hook's stderr only when it fails
-    wrapper.write_text(f'#!/bin/sh\nexec {interpreter} {flags} -X importtime {LAUNCHER} "$@" 2>{err}\n')
-    wrapper.chmod(0o755)
-    hook = {
-        "path": str(wrapper),
-        "args": ["hook.sh", "prestart"],
-        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin", f"NVC_PY_CONFIG={config}", "NVC_PY_HOOK_SOCKET=none"],
-    }
-    bundle = make_bundle(tmp_path / "bundle", debian_rootfs, ["true"], env=env, hooks={"prestart": [hook]})
-    for _ in range(2):  # the first start after a configuration change parses its YAML (then cached by text),
-        # and the first after a boot compiles ldconfig's filter
-        result = runc.run(bundle)
-        assert result.returncode == 0, (result.stderr, err.read_text())
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [(line["outcome"], "via" in line) for line in lines] == [(outcome, False)] * 2
-    imported = _imported(err.read_text())
+    imported = _imported(_direct_hook((active_2gpu, runc, debian_rootfs), tmp_path, env, outcome, "-X importtime"))
+    interpreter = LAUNCHER.read_text().splitlines()[0][2:].split(" ", 1)[0]
     assert "nvc.hook.oci.prestart" in imported  # the profile is the hook's
     assert imported & never == set()
     assert _record_modules_with_string_annotations(interpreter, imported) == []
+
+
+def test_direct_hook_takes_its_modules_from_the_code_cache(
+    active_2gpu, runc, debian_rootfs: Path, tmp_path: Path
+) -> None:
+    """Every source module a direct GPU hook call imports once the launcher mapped the cache comes
+    from it (nvc/system/codecache.py): install wrote it with all a call imports."""
+    verbose = _direct_hook(
+        (active_2gpu, runc, debian_rootfs), tmp_path, {"NVIDIA_VISIBLE_DEVICES": "0"}, "configured", "-v"
+    )
+    loaders = dict(re.findall(r"^import '([\w.]+)' # <(\S+)", verbose, re.MULTILINE))
+    after = list(loaders)[list(loaders).index("nvc.system.codecache") + 1 :]
+    assert "nvc.hook.oci.prestart" in after and "nvc.pipeline.configure" in after
+    from_sources = [name for name in after if loaders[name].endswith("SourceFileLoader")]
+    assert from_sources == [], from_sources
+    assert {loaders[name] for name in after if name.startswith("nvc.")} == {"nvc.system.codecache._CachedLoader"}

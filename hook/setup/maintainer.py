@@ -1,6 +1,6 @@
 """What the Debian package's maintainer scripts and ``make uninstall`` ask of nvc-py itself:
 ``python -I -m nvc.hook.setup.maintainer stop-servers [--socket PATH]``, ``server-status [--socket PATH]``
-(the package's /etc/init.d/nvc-py-hook) and ``unregister [--packaged]``.
+(the package's /etc/init.d/nvc-py-hook), ``unregister [--packaged]`` and ``code-cache PATH``.
 
 ``stop-servers``: after an upgrade no server of the replaced code may stay (it would answer the next
 call "fall back" and stop, see nvc.hook.server, but until then it holds the old files), and after a
@@ -21,6 +21,10 @@ it, SIGHUP, and drops the runtime, or is named with what to do), the units in
 /etc/systemd/system, CDI specs naming the hook), and the MPS daemons no running container uses are
 stopped (nvc.apply.mps). ``--packaged``: the hooks.d files in the package's
 own directory are the package manager's to remove. The configuration and the no-server file stay.
+
+``code-cache``: the compiled code of what the launchers' calls import (:mod:`nvc.system.codecache`),
+written once the bytecode is (postinst, ``make install``). Run as ``python -I``: its sys.path is the
+launchers' (they run ``-I -S`` and put back what site adds), which the cache must match.
 """
 
 from __future__ import annotations
@@ -220,6 +224,19 @@ def _unregister_docker() -> list[str]:
     return done + dockerd.reload_running(plan, docker.RUNTIME_NAME) if plan.changes else done
 
 
+def write_code_cache(path: str) -> int:
+    """The cache of every module of nvc-py (but ``__main__``s) and all they import: whatever a
+    launcher's call imports, lazily or in its helpers, is there."""
+    import pkgutil
+
+    import nvc
+    from nvc.system import codecache
+
+    modules = (m.name for m in pkgutil.walk_packages(nvc.__path__, "nvc.") if not m.name.endswith(".__main__"))
+    print(f"{path}: {codecache.build(path, modules)} modules")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvc.hook.setup.maintainer", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -233,7 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="leave the hooks.d files in the package's own directory (its package manager's)",
     )
+    cache = commands.add_parser("code-cache", help="write the launchers' code cache")
+    cache.add_argument("path", help="the cache file (replaced whole)")
     args = parser.parse_args(argv)
+    if args.command == "code-cache":
+        return write_code_cache(args.path)
     if args.command == "server-status":
         running = server_status(args.socket or programs.DEFAULT_SOCKET)
         print("\n".join(running) or f"no nvc-py-hook server serves {args.socket or programs.DEFAULT_SOCKET}")
