@@ -21,6 +21,7 @@ from harness.hookcalls import call_directly
 from harness.hookfixtures import served  # noqa: F401  (fixture)
 from harness.hookserver import LIBDIR, hook_server
 from harness.installed import HOOK
+from nvc.errors import MountError
 
 
 def test_socket_is_root_only(served: Path) -> None:
@@ -250,6 +251,50 @@ def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once
         assert len(said) == 1 and "libnvidia-ml.so.1" in said[0], said
     finally:
         shutil.rmtree(top)
+
+
+def _fails_late() -> dict:
+    """A helper's set-up that fails after 0.3 s (an NVML that takes its time to refuse)."""
+    time.sleep(0.3)
+    raise MountError("late failure")
+
+
+def test_a_spare_a_call_woke_reaps_a_helper_that_fails_after() -> None:
+    """A call wakes every idle spare, and one takes it; the others wait in accept() for the next. A
+    helper of theirs whose set-up fails meanwhile is reaped all the same (no ``<defunct>`` under the
+    waiting spare), and its reason written to the server once. The spare's wait runs in a child of
+    this test (its signal handler and its helpers are its own), over a real helper and a socket a call
+    has come on."""
+    import json
+    import socket
+
+    from nvc.hook.server import worker
+    from nvc.rpc.pool import WarmHelper
+
+    result_r, result_w = os.pipe()
+    notes_r, notes_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the spare
+        try:
+            helper = WarmHelper("late", _fails_late, failure=MountError)
+            helper.prepare()
+            listening, caller = socket.socketpair()
+            caller.send(b"call")  # what woke every spare; another took it
+            pending = worker._settle(listening, [helper], notes_w)
+            woken = len(pending)  # its report still to come when the call woke it
+            worker._settle_later(pending, notes_w)
+            time.sleep(1.0)  # waiting for the next call, as in accept()
+            me = os.getpid()
+            found = {"pending": woken, "children": _children_states(me), "kept": helper.kept is not None}
+            os.write(result_w, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(result_w)
+    os.close(notes_w)
+    assert os.waitpid(pid, 0)[1] == 0
+    with os.fdopen(result_r) as result, os.fdopen(notes_r) as notes:
+        assert json.loads(result.read()) == {"pending": 1, "children": [], "kept": False}
+        assert notes.read() == "idle workers keep no late helper: mount error: late failure\n"
 
 
 def _children_states(pid: int) -> list[tuple[str, str]]:

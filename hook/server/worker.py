@@ -56,7 +56,7 @@ def spare(
         ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_HELPERS)
         if not ready:  # idle: ready what a call would otherwise start or touch first
             warming = _prestart_helpers(scratch)
-            _settle(sock, warming, notes)
+            _settle_later(_settle(sock, warming, notes), notes)
             from nvc.system import prefault  # then its own copy of the server's memory (the call's faults)
 
             prefault.copy_ahead(lambda: bool(select.select([sock], [], [], 0)[0]))
@@ -67,6 +67,7 @@ def spare(
                 break
             except InterruptedError:
                 continue
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the call waits for its helpers itself
         prctl.set_pdeathsig(0)  # ...a busy one finishes its call
         os.write(taken, b"t")
         os.close(taken)
@@ -101,28 +102,48 @@ def _prestart_helpers(scratch: str) -> list[WarmHelper]:
     return started
 
 
-def _settle(sock: socket.socket, warming: list[WarmHelper], notes: int) -> None:
-    """Until a call comes on ``sock``: take each prestarted helper's set-up report as it comes. One
-    whose set-up failed (no driver: NVML does not load) has exited; it is reaped now, not left a
-    zombie until a call, and its reason goes to the server on ``notes``, one line (the server says
-    each reason once, not once per spare)."""
-    from nvc.errors import NvcError
-
+def _settle(sock: socket.socket, warming: list[WarmHelper], notes: int) -> dict[int, WarmHelper]:
+    """Until a call comes on ``sock``: take each prestarted helper's set-up report as it comes (see
+    :func:`_take_report`). Returns those whose report had not come yet, by their report's descriptor."""
     pending = {fd: helper for helper in warming if (fd := helper.report_fd()) is not None}
     while pending:
         ready = select.select([sock, *pending], [], [])[0]
         if sock in ready:
-            return
+            break
         for fd in ready:
-            helper = pending.pop(fd)
-            try:
-                helper.settle()
-            except NvcError as err:
-                line = f"idle workers keep no {helper.name} helper: {err}".replace("\n", " ")[:NOTE_LIMIT]
-                try:
-                    os.write(notes, (line + "\n").encode(errors="replace"))
-                except OSError:  # a full pipe: the server has enough to say
-                    pass
+            _take_report(pending.pop(fd), notes)
+    return pending
+
+
+def _settle_later(pending: dict[int, WarmHelper], notes: int) -> None:
+    """The reports still ``pending`` when a call woke this spare, taken as their helpers exit (SIGCHLD)
+    until it accepts a call: the call that woke every spare is one spare's, and the others wait in
+    accept() for the next, where a helper whose set-up failed since would stay a zombie."""
+    if not pending:
+        return
+
+    def taken(signum: int, frame: object) -> None:
+        for fd in select.select(list(pending), [], [], 0)[0]:
+            _take_report(pending.pop(fd), notes)
+
+    signal.signal(signal.SIGCHLD, taken)
+    taken(signal.SIGCHLD, None)  # any that exited before the handler was in place
+
+
+def _take_report(helper: WarmHelper, notes: int) -> None:
+    """A prestarted helper's set-up report, come. One whose set-up failed (no driver: NVML does not
+    load) has exited; it is reaped now, not left a zombie until a call, and its reason goes to the
+    server on ``notes``, one line (the server says each reason once, not once per spare)."""
+    from nvc.errors import NvcError
+
+    try:
+        helper.settle()
+    except NvcError as err:
+        line = f"idle workers keep no {helper.name} helper: {err}".replace("\n", " ")[:NOTE_LIMIT]
+        try:
+            os.write(notes, (line + "\n").encode(errors="replace"))
+        except OSError:  # a full pipe: the server has enough to say
+            pass
 
 
 def warm_up(scratch: str, say: bool = True) -> Plan | None:
