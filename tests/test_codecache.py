@@ -99,6 +99,18 @@ def test_a_module_found_elsewhere_first_is_not_taken_from_the_cache(demo: Path) 
     assert (found["value"], found["loaders"]["demo.base"]) == ("shadow", "SourceFileLoader")
 
 
+def test_a_damaged_entry_is_compiled_from_its_source(demo: Path) -> None:
+    """Bytes of one module's code damaged on disk: that module comes from its source, the rest from
+    the cache."""
+    cache = demo / "cache"
+    data = bytearray(cache.read_bytes())
+    length = int.from_bytes(data[:8], "little")
+    data[8 + length :] = b"\xff" * (len(data) - 8 - length)  # every code object unreadable
+    cache.write_bytes(bytes(data))
+    found = _use(demo)
+    assert (found["used"], found["value"]) == (True, "cached")
+
+
 @pytest.mark.parametrize(
     "spoil",
     ["group-writable", "not root's", "a symlink", "another sys.path", "another Python", "truncated"],

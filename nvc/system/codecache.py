@@ -41,7 +41,10 @@ class _CachedLoader(SourceFileLoader):
         self._code = code
 
     def get_code(self, fullname: str) -> object:  # type: ignore[override]
-        return marshal.loads(self._code)
+        try:
+            return marshal.loads(self._code)
+        except (ValueError, EOFError, TypeError):  # a damaged entry: the source's own bytecode
+            return super().get_code(fullname)
 
 
 class _Finder:
