@@ -87,6 +87,8 @@ test -n "$(find /usr/lib/nvc-py/venv -name '*.pyc' | head -n 1)"
 for module in pytest grpc_tools pygments pip setuptools; do
 	if /usr/lib/nvc-py/venv/bin/python -I -c "import $module" 2>/dev/null; then echo "bundled: $module"; exit 1; fi
 done
+say code-cache  # the modules the packaged launchers load from the cache postinst wrote
+/usr/lib/nvc-py/venv/bin/python -I -S -v /usr/lib/nvc-py/nvc-py-python --version 2>&1 | grep -c '_CachedLoader object'
 say version; nvc-py --version
 say info; NVC_PY_CONFIG=/mnt/config.yaml nvc-py info
 say completion; COMP_WORDS="nvc-py se" COMP_CWORD=1 _NVC_PY_COMPLETE=bash_complete nvc-py
@@ -301,6 +303,7 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
         out = debroot.chroot(root, SCRIPT, 600, binds, own_pids=True).stdout
 
     assert f"== version\nnvc-py {version()}\n" in out
+    assert int(out.split("== code-cache\n", 1)[1].split("\n", 1)[0]) >= 20, out  # nvc-py's start, from the cache
     info = out.split("== info\n", 1)[1]
     assert "NVIDIA H100 80GB HBM3" in info and "NVIDIA A100-SXM4-40GB" in info
     assert "plain,setup" in out.split("== completion\n", 1)[1]
