@@ -9,7 +9,8 @@ site) and ``python -c pass`` (with site), so numbers from machines of different 
 compared.
 
 Rows:
-  import pynvml   what the driver helper imports, and with NVML then loaded in the driver root
+  import pynvml   what the driver helper imports (nvc.rpc.driver_service, then pynvml as its
+                  import_pynvml imports it), and with NVML then loaded in the driver root
   + nvmlInit      (its init and device count): the floor of the helper's critical path
   info            NVML through the driver helper (info always needs NVML: CUDA version, brand)
   list            default selection; /proc fast path unless MIG devices exist
@@ -83,7 +84,7 @@ def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> lis
     return [
         Case("python -S -c pass", "interpreter floor (baseline)", (python, "-S", "-c", "pass"), no_server),
         Case("python -c pass", "interpreter with site", (python, "-c", "pass"), no_server),
-        Case("  import pynvml", "what the driver helper imports", (python, "-c", "import pynvml"), no_server),
+        Case("  import pynvml", "what the driver helper imports", (python, "-c", _IMPORT_PYNVML), no_server),
         Case("  + nvmlInit", "... and NVML loaded in the root", (python, "-c", _NVML_INIT, root), no_server),
         Case("nvc-py info", "NVML (driver helper)", (*base, "info"), no_server),
         Case("nvc-py list", "/proc fast path", (*base, "list"), no_server),
@@ -93,10 +94,10 @@ def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> lis
     ]
 
 
-# The least the driver helper does before its first answer: pynvml, then NVML loaded inside the driver root.
-_NVML_INIT = (
-    "import os, sys, pynvml; os.chroot(sys.argv[1]); os.chdir('/'); pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"
-)
+# The least the driver helper does before its first answer: pynvml (imported as the helper imports it),
+# then NVML loaded inside the driver root.
+_IMPORT_PYNVML = "from nvc.rpc.driver_service import import_pynvml; pynvml = import_pynvml()"
+_NVML_INIT = f"import os, sys; {_IMPORT_PYNVML}; os.chroot(sys.argv[1]); os.chdir('/'); pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"
 
 
 def reference_cases(cli: Path, root: str, no_server: str) -> list[Case]:

@@ -7,6 +7,8 @@ Hardening is read back from /proc while the helper serves, not assumed from the 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +35,23 @@ def test_brand_names_follow_nvml_values() -> None:
     assert brand_name(pynvml, 11) == "CloudGaming"
     assert brand_name(pynvml, 16) == "TitanRTX"
     assert brand_name(pynvml, pynvml.NVML_BRAND_NVIDIA_NPU) == "Unknown"
+
+
+def test_pynvml_imports_without_what_ctypes_util_imports() -> None:
+    """The helper's pynvml comes without subprocess, shutil and tempfile; pynvml's find_library
+    still works, and a later import of ctypes.util gets the real module."""
+    code = (
+        "import sys; from nvc.rpc.driver_service import import_pynvml; nvml = import_pynvml()\n"
+        "assert import_pynvml() is nvml and nvml.nvmlInit and nvml.NVML_BRAND_TESLA == 2\n"
+        "print(sorted({'ctypes.util', 'subprocess', 'shutil', 'tempfile'} & set(sys.modules)))\n"
+        "print(nvml.find_library('c'))\n"
+        "import ctypes.util; print(ctypes.util.__file__ is not None, ctypes.util.find_library is not nvml.find_library)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    unwanted, library, real = done.stdout.splitlines()
+    assert unwanted == "[]"
+    assert library.startswith("libc.so")
+    assert real == "True True"
 
 
 def test_bus_id_is_normalised() -> None:
