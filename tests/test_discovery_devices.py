@@ -136,7 +136,7 @@ def test_mig_caps_filled_from_proc(tmp_path: Path) -> None:
     )
     assert (b.gi_caps_path, b.ci_caps_minor) == (None, None)
     assert procfs.any_mig_instances(tmp_path)
-    assert kmods.caps_access_path("gpu1/gi2/ci0/access", tmp_path) == caps / "ci0/access"
+    assert kmods.caps_access_path("gpu1/gi2/ci0/access", tmp_path) == f"{caps}/ci0/access"
     assert kmods.read_file_mode(caps / "access") == 0o444
     (tmp_path / "driver/nvidia-caps/mig-minors").write_text("config\n")
     with pytest.raises(DetectionError, match="mig-minors: line 1: malformed"):

@@ -29,9 +29,14 @@ LAUNCHER = LIBDIR / "nvc-py-hook-python"
 # named tuples: making dozens of dataclasses at import slowed the direct hook down), and the
 # Kubernetes device plugin's gRPC, protobuf and modules; nor, in the hook's helpers, pyseccomp (with
 # ctypes.util, which runs ``ldconfig -p`` twice): ldconfig's filter comes compiled from root's cache
-# once a start has made it; nor the exporter's prometheus_client.
+# once a start has made it; nor the exporter's prometheus_client; nor pathlib, with the urllib.parse and
+# ipaddress it imports (discovery joins its /proc and driver paths with os.path), nor fnmatch.
 NEVER = frozenset(
     {
+        "pathlib",
+        "urllib.parse",
+        "ipaddress",
+        "fnmatch",
         "click",
         "yaml",
         "elftools",
@@ -58,7 +63,6 @@ NEVER_WITHOUT_GPU = NEVER | {
     "nvc.rpc.helper",
     "ctypes",
     "socket",
-    "pathlib",
     "subprocess",
     "shutil",
     "tempfile",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from pathlib import Path
 
 from nvc.discover import kmods, nodes, procfs, rootpath
 from nvc.discover.nodes import NodeSpec
@@ -74,7 +73,10 @@ def make(root: str, specs: tuple[NodeSpec, ...]) -> tuple[str, ...]:
 
 
 def load(
-    root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES, sys_module: Path = kmods.SYS_MODULE
+    root: str,
+    proc: procfs.StrPath = procfs.PROC,
+    proc_devices: procfs.StrPath = nodes.PROC_DEVICES,
+    sys_module: procfs.StrPath = kmods.SYS_MODULE,
 ) -> tuple[str, ...]:
     """Create the missing nodes under ``root`` now (``info``, ``list``); host paths of those created."""
     return make(root, kmods.missing(root, proc, proc_devices, sys_module))

@@ -11,7 +11,7 @@ pure over already discovered facts, apart from checking that device nodes exist.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 from typing import NamedTuple
 
 from nvc.discover import nodes, procfs
@@ -98,15 +98,15 @@ def device_paths(root: str, majors: dict[str, int], selection: Selection) -> tup
 
 
 def mig_file_paths(
-    root: str, majors: dict[str, int], mig_minors: dict[str, int], names: tuple[str, ...], proc: Path
+    root: str, majors: dict[str, int], mig_minors: dict[str, int], names: tuple[str, ...], proc: procfs.StrPath
 ) -> list[str]:
     """``/proc/driver/nvidia/capabilities/mig/<name>`` and its caps node, for config and/or monitor."""
     paths: list[str] = []
     for name in names:
-        path = procfs.caps_dir(proc) / "mig" / name
-        if not path.is_file():
+        path = os.path.join(procfs.caps_dir(proc), "mig", name)
+        if not os.path.isfile(path):
             raise DeviceError(f"{path}: not found: MIG {name} is not supported by this driver")
-        paths.append(str(path))
+        paths.append(path)
         paths += _caps_node(root, majors, mig_minors.get(name))
     return paths
 
@@ -118,7 +118,7 @@ def build(
     selection: Selection | None,
     majors: dict[str, int],
     mig_minors: dict[str, int],
-    proc: Path = procfs.PROC,
+    proc: procfs.StrPath = procfs.PROC,
 ) -> Listing:
     """The listing for ``request``: ``selection`` is None without ``--device``, ``files`` None without -l/-b/-i/-f."""
     devices, migs = device_paths(root, majors, selection) if selection is not None else ([], [])

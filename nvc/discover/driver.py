@@ -9,7 +9,6 @@ libraries are all of another version (Debian's alternatives pointing elsewhere) 
 :mod:`nvc.discover.rootpath`) and reported as a host path of the resolved file.
 """
 
-import fnmatch
 import functools
 import json
 import mmap
@@ -19,7 +18,6 @@ import re
 import stat
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from nvc.discover import elf, ldcache, rootpath
@@ -35,7 +33,7 @@ DEFAULT_LDCACHE = "/etc/ld.so.cache"
 # result must not depend on who calls nvc-py (a hook runs with whatever PATH it got).
 BINARY_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
-FIRMWARE_CLASS_PATH = Path("/sys/module/firmware_class/parameters/path")
+FIRMWARE_CLASS_PATH = "/sys/module/firmware_class/parameters/path"
 
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
 FABRICMANAGER_SOCKET = "/var/run/nvidia-fabricmanager/socket"
@@ -339,7 +337,7 @@ def find_firmwares(root: str, version: str, dirs: tuple[str, ...]) -> tuple[str,
         if fw_dir is None or not os.path.isdir(rootpath.host_path(root, fw_dir)):
             continue
         for name in sorted(rootpath.listdir(rootpath.host_path(root, fw_dir))):
-            if name in found or not fnmatch.fnmatchcase(name, "gsp*.bin"):
+            if name in found or not (name.startswith("gsp") and name.endswith(".bin")):  # gsp*.bin
                 continue
             inner = rootpath.resolve(root, f"{fw_dir}/{name}")
             if inner is not None and stat.S_ISREG(os.stat(rootpath.host_path(root, inner)).st_mode):
@@ -354,10 +352,11 @@ def _find_of_type(root: str, path: str, is_type: Callable[[int], bool]) -> str |
     return rootpath.host_path(root, inner)
 
 
-def read_firmware_class_path(path: Path = FIRMWARE_CLASS_PATH) -> str:
+def read_firmware_class_path(path: str | os.PathLike[str] = FIRMWARE_CLASS_PATH) -> str:
     """The kernel's extra firmware directory (empty when unset or not readable)."""
     try:
-        return path.read_text().strip()
+        with open(path) as file:
+            return file.read().strip()
     except OSError:
         return ""
 
@@ -432,8 +431,7 @@ def _find(where: _Where, prefixes: tuple[str, ...] | None, loaders: tuple[capabi
     root, version = where.root, where.version
     native, compat = ldcache.native_arches(where.machine)
     cache_inner = rootpath.resolve(root, where.ldcache_path)
-    cache_path = Path(rootpath.host_path(root, cache_inner if cache_inner else where.ldcache_path))
-    entries = ldcache.read(cache_path)
+    entries = ldcache.read(rootpath.host_path(root, cache_inner if cache_inner else where.ldcache_path))
     native_entries = ldcache.select(entries, native)
     libs = select_libraries(root, native_entries, native, version, prefixes)
     libs32 = select_libraries(root, ldcache.select(entries, compat), compat, version, prefixes) if compat else ()

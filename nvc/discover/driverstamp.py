@@ -13,7 +13,6 @@ which :mod:`nvc.discover.ldcache` parses once while it is unchanged.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import NamedTuple
 
 from nvc.discover import ldcache, procfs, rootpath
@@ -38,7 +37,7 @@ def _identity(path: str) -> tuple[str, int, int, int]:
     return (path, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def take(root: str = "/", ldcache_path: str = DEFAULT_LDCACHE, proc: Path = procfs.PROC) -> DriverStamp:
+def take(root: str = "/", ldcache_path: str = DEFAULT_LDCACHE, proc: procfs.StrPath = procfs.PROC) -> DriverStamp:
     """The stamp of the driver under ``root`` now; never fails (what cannot be read is part of it)."""
     try:
         version = procfs.read_version(proc)
@@ -48,7 +47,7 @@ def take(root: str = "/", ldcache_path: str = DEFAULT_LDCACHE, proc: Path = proc
     cache = rootpath.host_path(root, inner if inner else ldcache_path)
     files = [_identity(cache)]
     try:
-        entries = ldcache.read(Path(cache))
+        entries = ldcache.read(cache)
     except NvcError:
         entries = ()
     for entry in entries:

@@ -7,7 +7,6 @@ CUDA version, brand or architecture) take that fast path. Both paths agree on wh
 they both know; index order on the fast path is bus id order, NVML's default order.
 """
 
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from nvc.discover import procfs
@@ -29,14 +28,14 @@ class Inventory(NamedTuple):
     gpus: tuple[Gpu, ...] | tuple[ProcGpu, ...]
 
 
-def from_procfs(proc: Path = procfs.PROC) -> Inventory:
+def from_procfs(proc: procfs.StrPath = procfs.PROC) -> Inventory:
     """The fast path: /proc/driver/nvidia only, NVML never loaded."""
     inventory = Inventory(procfs.read_version(proc), None, procfs.read_gpus(proc))
     log.debug("inventory from %s: driver %s, %d GPUs", proc, inventory.driver_version, len(inventory.gpus))
     return inventory
 
 
-def from_snapshot(snap: "DriverSnapshot", proc: Path = procfs.PROC) -> Inventory:
+def from_snapshot(snap: "DriverSnapshot", proc: procfs.StrPath = procfs.PROC) -> Inventory:
     """What NVML reported (:func:`nvc.rpc.driver_service.inventory`), with each MIG device's
     /proc access files and nvidia-caps minors added."""
     minors = procfs.read_mig_minors(proc)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 from nvc.discover import nodes, procfs, rootpath
 from nvc.discover.nodes import NodeSpec
@@ -32,34 +31,36 @@ from nvc.logger import Logger
 
 log = Logger(__name__)
 
-SYS_MODULE = Path("/sys/module")
+SYS_MODULE = "/sys/module"
 MODESET_MODULE = "nvidia_modeset"
 
 
-def caps_access_path(name: str, proc: Path = procfs.PROC) -> Path:
+def caps_access_path(name: str, proc: procfs.StrPath = procfs.PROC) -> str:
     """The /proc access file of a mig-minors entry (``config``, ``gpu0/gi1/ci0/access`` …)."""
     if "/" not in name:
-        return procfs.caps_dir(proc) / "mig" / name
+        return os.path.join(procfs.caps_dir(proc), "mig", name)
     gpu, rest = name.split("/", 1)
-    return procfs.caps_dir(proc) / gpu / "mig" / rest
+    return os.path.join(procfs.caps_dir(proc), gpu, "mig", rest)
 
 
-def read_file_mode(path: Path) -> int | None:
+def read_file_mode(path: procfs.StrPath) -> int | None:
     """``DeviceFileMode`` of a capability access file (decimal, as the driver writes it)."""
-    for line in path.read_text().splitlines():
+    with open(path) as file:
+        text = file.read()
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "DeviceFileMode" and value.strip().isascii() and value.strip().isdigit():
             return int(value.strip()) & 0o777
     return None
 
 
-def present_capabilities(proc: Path = procfs.PROC) -> tuple[str, ...]:
+def present_capabilities(proc: procfs.StrPath = procfs.PROC) -> tuple[str, ...]:
     """The mig-minors names whose /proc access file exists, found by walking the capability tree.
 
     Equivalent to testing every mig-minors entry (the reference's rule), but the tree holds
     only what exists: two files with MIG off, against 4,322 names in a 32-GPU driver's file.
     """
-    caps = str(procfs.caps_dir(proc))
+    caps = procfs.caps_dir(proc)
     found = [name for name in ("config", "monitor") if os.path.isfile(f"{caps}/mig/{name}")]
     for gpu in procfs.subdirs(caps, "gpu"):
         for gi in procfs.subdirs(f"{caps}/{gpu}/mig", "gi"):
@@ -72,8 +73,8 @@ def present_capabilities(proc: Path = procfs.PROC) -> tuple[str, ...]:
     return tuple(found)
 
 
-def module_loaded(name: str, sys_module: Path = SYS_MODULE) -> bool:
-    return (sys_module / name).is_dir()
+def module_loaded(name: str, sys_module: procfs.StrPath = SYS_MODULE) -> bool:
+    return os.path.isdir(os.path.join(sys_module, name))
 
 
 def node_specs(majors: dict[str, int], gpu_minors: tuple[int, ...], modeset: bool) -> tuple[NodeSpec, ...]:
@@ -102,7 +103,10 @@ def _present(root: str, spec: NodeSpec) -> bool:
 
 
 def missing(
-    root: str, proc: Path = procfs.PROC, proc_devices: Path = nodes.PROC_DEVICES, sys_module: Path = SYS_MODULE
+    root: str,
+    proc: procfs.StrPath = procfs.PROC,
+    proc_devices: procfs.StrPath = nodes.PROC_DEVICES,
+    sys_module: procfs.StrPath = SYS_MODULE,
 ) -> tuple[NodeSpec, ...]:
     """The nodes the loaded driver provides but ``root`` lacks (changes nothing): ``configure``
     plans their creation (:attr:`nvc.plan.operations.Plan.host_nodes`), so ``--dry-run`` shows it."""

@@ -10,8 +10,8 @@ it is skipped using its entry count, the new header following at the next aligne
 offset. String offsets of new-format entries are relative to the new header.
 """
 
+import os
 import struct
-from pathlib import Path
 from typing import NamedTuple
 
 from nvc.errors import DetectionError
@@ -123,16 +123,17 @@ def parse(data: bytes, path: str) -> tuple[CacheEntry, ...]:
 _last_parsed: tuple[bytes, tuple[CacheEntry, ...]] = (b"", ())
 
 
-def read(path: Path) -> tuple[CacheEntry, ...]:
+def read(path: str | os.PathLike[str]) -> tuple[CacheEntry, ...]:
     """Parse the cache file at ``path`` (a host path: callers resolve it inside the driver root)."""
     global _last_parsed
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as file:
+            data = file.read()
     except OSError as err:
         raise DetectionError(f"{path}: {err.strerror or err}") from None
     if data and data == _last_parsed[0]:
         return _last_parsed[1]
-    entries = parse(data, str(path))
+    entries = parse(data, os.fspath(path))
     _last_parsed = (data, entries)
     return entries
 

@@ -9,13 +9,12 @@ with another number must not be handed to a container.
 
 import os
 import stat
-from pathlib import Path
 from typing import NamedTuple
 
 from nvc.discover import rootpath
 from nvc.errors import DetectionError, DeviceError
 
-PROC_DEVICES = Path("/proc/devices")
+PROC_DEVICES = "/proc/devices"
 
 NVIDIA = "nvidia"  # major of nvidiactl, nvidia-modeset and nvidia<minor>
 NVIDIA_UVM = "nvidia-uvm"
@@ -59,9 +58,10 @@ def parse_proc_devices(text: str) -> dict[str, int]:
     return majors
 
 
-def read_majors(path: Path = PROC_DEVICES) -> dict[str, int]:
+def read_majors(path: str | os.PathLike[str] = PROC_DEVICES) -> dict[str, int]:
     try:
-        return parse_proc_devices(path.read_text())
+        with open(path) as file:
+            return parse_proc_devices(file.read())
     except OSError as err:
         raise DetectionError(f"{path}: {err.strerror}") from None
 

@@ -9,13 +9,16 @@ tell: the MIG capability access files and their ``nvidia-caps`` minors.
 import os
 import re
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 from nvc.errors import ContainerError, DetectionError, InitializationError
 from nvc.model.devices import Gpu, MigDevice
 
-PROC = Path("/proc")
+PROC = "/proc"
+# Where a /proc tree is read: a str, or a Path (tests point the readers at a tree of their own). Paths are
+# joined with os.path: pathlib and what it imports (urllib.parse, ipaddress) would cost a start without a
+# server more than all the /proc reads.
+StrPath = str | os.PathLike[str]
 
 _VERSION = re.compile(r"^NVRM version:.*?\s(\d+(?:\.\d+)+)(?:\s|$)")
 _BUS_ID = re.compile(r"^([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.0$")
@@ -45,7 +48,7 @@ class ProcGpu(NamedTuple):
     mig_devices: tuple[MigDevice, ...] = ()  # never known here: MIG needs NVML
 
 
-def subdirs(path: str | Path, prefix: str = "") -> Iterator[str]:
+def subdirs(path: StrPath, prefix: str = "") -> Iterator[str]:
     """Names of the subdirectories of ``path`` starting with ``prefix``: none where it is missing, or
     where it goes while listed (the driver unloading under a running start: what is read next says so)."""
     try:
@@ -55,18 +58,19 @@ def subdirs(path: str | Path, prefix: str = "") -> Iterator[str]:
         return
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: str) -> str:
     try:
-        return path.read_text()
+        with open(path) as file:
+            return file.read()
     except FileNotFoundError:
         raise InitializationError(f"{path}: not found: the NVIDIA kernel driver is not loaded") from None
     except OSError as err:
         raise DetectionError(f"{path}: {err.strerror}") from None
 
 
-def read_version(proc: Path = PROC) -> str:
+def read_version(proc: StrPath = PROC) -> str:
     """The kernel driver (RM) version, e.g. ``580.95.05``."""
-    path = proc / "driver/nvidia/version"
+    path = os.path.join(proc, "driver/nvidia/version")
     m = _VERSION.match(_read_text(path))
     if m is None:
         raise DetectionError(f"{path}: no NVRM version line")
@@ -86,18 +90,19 @@ def parse_information(text: str, path: str) -> dict[str, str]:
     return fields
 
 
-def read_gpus(proc: Path = PROC) -> tuple[ProcGpu, ...]:
+def read_gpus(proc: StrPath = PROC) -> tuple[ProcGpu, ...]:
     """GPUs the driver manages, in bus id order (assumed to be NVML's index order).
 
     GPUs marked ``GPU Excluded: Yes`` are left out, as NVML leaves them out.
     """
-    gpus_dir = proc / "driver/nvidia/gpus"
-    if not (proc / "driver/nvidia").is_dir():
-        raise InitializationError(f"{proc / 'driver/nvidia'}: not found: the NVIDIA kernel driver is not loaded")
+    driver_dir = os.path.join(proc, "driver/nvidia")
+    gpus_dir = os.path.join(driver_dir, "gpus")
+    if not os.path.isdir(driver_dir):
+        raise InitializationError(f"{driver_dir}: not found: the NVIDIA kernel driver is not loaded")
     found = []
     for name in sorted(subdirs(gpus_dir)):
-        path = gpus_dir / name / "information"
-        fields = parse_information(_read_text(path), str(path))
+        path = os.path.join(gpus_dir, name, "information")
+        fields = parse_information(_read_text(path), path)
         if fields.get("GPU Excluded", "No").lower() == "yes":
             continue
         bus_id = normalize_bus_id(fields["Bus Location"])
@@ -116,7 +121,7 @@ MAX_MIG_MINORS = 1 << 20
 _kept_minors: tuple[str, str] | None = None  # this process's: (identity, text)
 
 
-def _mig_minors_text(proc: Path) -> tuple[Path, str]:
+def _mig_minors_text(proc: StrPath) -> tuple[str, str]:
     """The mig-minors file's path and text ("" when missing: drivers without MIG support).
 
     The driver writes the file anew at each read: 109 KB for 32 GPUs, 6 ms on an H100, at every
@@ -124,7 +129,7 @@ def _mig_minors_text(proc: Path) -> tuple[Path, str]:
     this process and in root's own file for the next, under the driver's version line and the /proc
     entry's identity (a module loaded again is a new entry)."""
     global _kept_minors
-    path = proc / "driver/nvidia-caps/mig-minors"
+    path = os.path.join(proc, "driver/nvidia-caps/mig-minors")
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -132,7 +137,8 @@ def _mig_minors_text(proc: Path) -> tuple[Path, str]:
     except OSError as err:
         raise DetectionError(f"{path}: {err.strerror}") from None
     try:
-        version = (proc / "driver/nvidia/version").read_text().partition("\n")[0]
+        with open(os.path.join(proc, "driver/nvidia/version")) as file:
+            version = file.read().partition("\n")[0]
     except OSError:
         return path, _read_minors(path)  # no driver version to keep it under
     identity = f"{st.st_dev} {st.st_ino} {st.st_mtime_ns} {st.st_size} {version}"
@@ -149,21 +155,22 @@ def _mig_minors_text(proc: Path) -> tuple[Path, str]:
     return path, text
 
 
-def _read_minors(path: Path) -> str:
+def _read_minors(path: str) -> str:
     try:
-        return path.read_text()
+        with open(path) as file:
+            return file.read()
     except OSError as err:
         raise DetectionError(f"{path}: {err.strerror}") from None
 
 
-def _minor(path: Path, number: int, line: str) -> tuple[str, int]:
+def _minor(path: str, number: int, line: str) -> tuple[str, int]:
     fields = line.split()
     if len(fields) != 2 or not (fields[1].isascii() and fields[1].isdigit()):
         raise DetectionError(f"{path}: line {number}: malformed: {line!r}")
     return fields[0], int(fields[1])
 
 
-def read_mig_minors(proc: Path = PROC) -> dict[str, int]:
+def read_mig_minors(proc: StrPath = PROC) -> dict[str, int]:
     """``/proc/driver/nvidia-caps/mig-minors``: capability name (``gpu0/gi1/access``) → minor.
 
     Empty when the file is missing (drivers without MIG support).
@@ -172,7 +179,7 @@ def read_mig_minors(proc: Path = PROC) -> dict[str, int]:
     return dict(_minor(path, number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip())
 
 
-def lookup_mig_minors(names: Iterable[str], proc: Path = PROC) -> dict[str, int]:
+def lookup_mig_minors(names: Iterable[str], proc: StrPath = PROC) -> dict[str, int]:
     """The minors of just ``names`` in mig-minors (names it lacks are left out).
 
     A driver's file lists every capability of 32 GPUs, thousands of lines: parsing it whole at
@@ -191,33 +198,33 @@ def lookup_mig_minors(names: Iterable[str], proc: Path = PROC) -> dict[str, int]
     return found
 
 
-def caps_dir(proc: Path = PROC) -> Path:
+def caps_dir(proc: StrPath = PROC) -> str:
     """``/proc/driver/nvidia/capabilities``: the MIG capability tree."""
-    return proc / "driver/nvidia/capabilities"
+    return os.path.join(proc, "driver/nvidia/capabilities")
 
 
-def any_mig_instances(proc: Path = PROC) -> bool:
+def any_mig_instances(proc: StrPath = PROC) -> bool:
     """Whether some GPU has GPU instances: the driver adds ``gpu<N>/mig/gi<G>`` dirs as they are created.
 
     (Inferred from the driver's behaviour, not documented by NVIDIA.) It lets ``all``
     skip NVML on machines without MIG devices.
     """
     caps = caps_dir(proc)
-    return any(next(subdirs(caps / gpu / "mig", "gi"), None) for gpu in subdirs(caps, "gpu"))
+    return any(next(subdirs(os.path.join(caps, gpu, "mig"), "gi"), None) for gpu in subdirs(caps, "gpu"))
 
 
-def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
+def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: StrPath = PROC) -> Gpu:
     """``gpu`` with each MIG device's access files (those that exist) and their minors filled in."""
     migs = []
     for mig in gpu.mig_devices:
         gi = f"gpu{gpu.minor}/mig/gi{mig.gpu_instance_id}"
         ci = f"{gi}/ci{mig.compute_instance_id}"
-        gi_path = caps_dir(proc) / gi / "access"
-        ci_path = caps_dir(proc) / ci / "access"
+        gi_path = os.path.join(caps_dir(proc), gi, "access")
+        ci_path = os.path.join(caps_dir(proc), ci, "access")
         migs.append(
             mig._replace(
-                gi_caps_path=str(gi_path) if gi_path.is_file() else None,
-                ci_caps_path=str(ci_path) if ci_path.is_file() else None,
+                gi_caps_path=gi_path if os.path.isfile(gi_path) else None,
+                ci_caps_path=ci_path if os.path.isfile(ci_path) else None,
                 gi_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/access"),
                 ci_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access"),
             )
@@ -225,25 +232,27 @@ def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: Path = PROC) -> Gpu:
     return gpu._replace(mig_devices=tuple(migs))
 
 
-def read_driver_files(proc: Path = PROC) -> dict[str, str]:
+def read_driver_files(proc: StrPath = PROC) -> dict[str, str]:
     """The driver's ``params``, ``version`` and ``registry`` under /proc/driver/nvidia (those present)."""
     files = {}
     for name in ("params", "version", "registry"):
+        path = os.path.join(proc, "driver/nvidia", name)
         try:
-            files[name] = (proc / "driver/nvidia" / name).read_text()
+            with open(path) as file:
+                files[name] = file.read()
         except FileNotFoundError:
             continue
         except OSError as err:
-            raise ContainerError(f"{proc / 'driver/nvidia' / name}: {err.strerror}") from None
+            raise ContainerError(f"{path}: {err.strerror}") from None
     return files
 
 
-def gpu_dirs(proc: Path = PROC) -> dict[str, str]:
+def gpu_dirs(proc: StrPath = PROC) -> dict[str, str]:
     """Normalised bus id -> the GPU's /proc/driver/nvidia/gpus directory (host path)."""
-    gpus = proc / "driver/nvidia/gpus"
+    gpus = os.path.join(proc, "driver/nvidia/gpus")
     found = {}
     for name in sorted(subdirs(gpus)):
         bus_id = normalize_bus_id(name)
         if bus_id is not None:
-            found[bus_id] = str(gpus / name)
+            found[bus_id] = os.path.join(gpus, name)
     return found

@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from nvc.config.options import GlobalOptions
@@ -143,14 +142,14 @@ def container(req: Request) -> Iterator[Container]:
 # ---- discover -------------------------------------------------------------------------------
 
 
-def _needs_nvml(req: Request, proc: Path) -> bool:
+def _needs_nvml(req: Request, proc: procfs.StrPath) -> bool:
     props = {f.name for r in req.requirements for term in r.terms for f in term}
     return bool(props & _NVML_PROPERTIES) or selection.needs_nvml(
         req.selectors, req.mig_config or req.mig_monitor, proc
     )
 
 
-def _inventory(glob: GlobalOptions, use_nvml: bool, proc: Path) -> "Inventory":
+def _inventory(glob: GlobalOptions, use_nvml: bool, proc: procfs.StrPath) -> "Inventory":
     """The driver and its GPUs: from NVML (the driver helper) where /proc cannot tell, else /proc (and
     the helper's client is not imported)."""
     if use_nvml:
@@ -162,7 +161,7 @@ def _inventory(glob: GlobalOptions, use_nvml: bool, proc: Path) -> "Inventory":
     return inventory.from_procfs(proc)
 
 
-def _mig_minors(req: Request, proc: Path) -> dict[str, int]:
+def _mig_minors(req: Request, proc: procfs.StrPath) -> dict[str, int]:
     """The whole mig-minors table (thousands of lines): only --mig-config/--mig-monitor need it (a
     MIG device's own caps minors come with it from the inventory)."""
     return procfs.read_mig_minors(proc) if req.mig_config or req.mig_monitor else {}
@@ -189,7 +188,7 @@ def _drm_nodes(req: Request, chosen: selection.Selection) -> "dict[str, tuple[No
     return {procfs.normalize_bus_id(g.bus_id) or g.bus_id: drm.gpu_nodes(g.bus_id) for g in chosen.gpus}
 
 
-def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Discovered:
+def discover(glob: GlobalOptions, req: Request, proc: procfs.StrPath = procfs.PROC) -> Discovered:
     """Step: what the host has for the checked request ``req``: its GPUs selected (their
     requirements checked), the driver's files, its device nodes (with --load-kmods, those to make
     first: Plan.host_nodes) and its /proc state."""
@@ -231,7 +230,7 @@ def discover(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Dis
         proc_files=procfs.read_driver_files(proc),
         proc_gpu_dirs=procfs.gpu_dirs(proc),
         mig_minors=mig_minors,
-        caps_dir=str(procfs.caps_dir(proc)),
+        caps_dir=procfs.caps_dir(proc),
         missing_nodes=to_make,
         drm=drm_specs,
     )
@@ -280,7 +279,7 @@ def _mps_client(found: Discovered, req: Request) -> "MpsClient | None":
     return client
 
 
-def dry_plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Plan:
+def dry_plan(glob: GlobalOptions, req: Request, proc: procfs.StrPath = procfs.PROC) -> Plan:
     """check → container → discover → plan: everything :func:`configure` would do, changing nothing
     (``--dry-run``, the hook server's warm-up)."""
     req = check(req)
@@ -288,7 +287,7 @@ def dry_plan(glob: GlobalOptions, req: Request, proc: Path = procfs.PROC) -> Pla
         return _planned(glob, req, ctr, proc)
 
 
-def _planned(glob: GlobalOptions, req: Request, ctr: Container, proc: Path = procfs.PROC) -> Plan:
+def _planned(glob: GlobalOptions, req: Request, ctr: Container, proc: procfs.StrPath = procfs.PROC) -> Plan:
     start = time.perf_counter()
     result = plan(discover(glob, req, proc), ctr, req)
     log.debug(

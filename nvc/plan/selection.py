@@ -8,16 +8,13 @@ the caller can tell, before loading NVML, whether the request can be answered wi
 """
 
 import re
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from nvc.discover import procfs
 from nvc.discover.procfs import normalize_bus_id
 from nvc.errors import DeviceError, cut
 from nvc.model.devices import MigDevice
 from nvc.system.untrusted import decimal
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 _MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")
 
@@ -117,7 +114,7 @@ def select(gpus: tuple[GpuLike, ...], selectors: tuple[Selector, ...]) -> Select
     )
 
 
-def needs_nvml(selectors: tuple[Selector, ...], mig_files: bool, proc: "Path" = procfs.PROC) -> bool:
+def needs_nvml(selectors: tuple[Selector, ...], mig_files: bool, proc: procfs.StrPath = procfs.PROC) -> bool:
     """Whether answering needs NVML: MIG selectors, MIG config/monitor, or ``all`` with MIG devices present."""
     if mig_files or any(s.needs_mig for s in selectors):
         return True

@@ -13,8 +13,7 @@ Pure: the facts it needs (the image's own ld.so.preload) are read by the caller.
 """
 
 import os
-from pathlib import Path
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from nvc.containerenv.sharing import (
     CONTAINER_DIR,
@@ -26,6 +25,9 @@ from nvc.containerenv.sharing import (
 )
 from nvc.errors import ContainerError, InputError
 from nvc.plan.request import HostMount, ShareRequest
+
+if TYPE_CHECKING:  # pathlib is imported where a container shares a GPU: a plain start never pays for it
+    from pathlib import Path
 
 T = TypeVar("T")
 
@@ -70,8 +72,10 @@ class ShareFiles(NamedTuple):
     bounds: str = ""  # a pod's container: its limits as granted (BOUNDS_FILE); "" = none
 
     @property
-    def directory(self) -> Path:
+    def directory(self) -> "Path":
         """The container's host directory (its id checked by :func:`files`)."""
+        from pathlib import Path
+
         return Path(self.state_dir) / self.container_id
 
 
@@ -191,10 +195,12 @@ def sched_dir_for(state_dir: str) -> str:
     return os.path.join(os.path.dirname(state_dir.rstrip("/")), "gpu-sched")
 
 
-def container_dir(container_id: str, state_dir: str = STATE_DIR) -> Path:
+def container_dir(container_id: str, state_dir: str = STATE_DIR) -> "Path":
     """The host directory of one container (its id must be a plain name)."""
     if not container_id or "/" in container_id or container_id in (".", ".."):
         raise InputError(f"container id {container_id!r} cannot name a directory")
+    from pathlib import Path
+
     return Path(state_dir) / container_id
 
 
