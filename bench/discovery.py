@@ -84,8 +84,8 @@ def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> lis
     return [
         Case("python -S -c pass", "interpreter floor (baseline)", (python, "-S", "-c", "pass"), no_server),
         Case("python -c pass", "interpreter with site", (python, "-c", "pass"), no_server),
-        Case("  import pynvml", "what the driver helper imports", (python, "-c", _IMPORT_PYNVML), no_server),
-        Case("  + nvmlInit", "... and NVML loaded in the root", (python, "-c", _NVML_INIT, root), no_server),
+        Case("  import pynvml", "what the driver helper imports", (python, "-P", "-c", _IMPORT_PYNVML), no_server),
+        Case("  + nvmlInit", "... and NVML loaded in the root", (python, "-P", "-c", _NVML_INIT, root), no_server),
         Case("nvc-py info", "NVML (driver helper)", (*base, "info"), no_server),
         Case("nvc-py list", "/proc fast path", (*base, "list"), no_server),
         Case("nvc-py list --nvml", "NVML (driver helper)", (*base, "list", "--nvml"), no_server),
