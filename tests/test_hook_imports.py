@@ -30,9 +30,11 @@ LAUNCHER = LIBDIR / "nvc-py-hook-python"
 # Kubernetes device plugin's gRPC, protobuf and modules; nor, in the hook's helpers, pyseccomp (with
 # ctypes.util, which runs ``ldconfig -p`` twice): ldconfig's filter comes compiled from root's cache
 # once a start has made it; nor the exporter's prometheus_client; nor pathlib, with the urllib.parse and
-# ipaddress it imports (discovery joins its /proc and driver paths with os.path), nor fnmatch.
+# ipaddress it imports (discovery joins its /proc and driver paths with os.path), nor fnmatch; nor, for a
+# container that asks for no NVIDIA_REQUIRE_*, the requirements' grammar.
 NEVER = frozenset(
     {
+        "nvc.plan.requirements",
         "pathlib",
         "urllib.parse",
         "ipaddress",

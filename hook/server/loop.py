@@ -44,6 +44,7 @@ PRELOAD = (
     "nvc.hook.oci.log",
     "nvc.config",
     "nvc.pipeline.configure",
+    "nvc.plan.requirements",
     "nvc.pipeline.apply",
     "nvc.apply.applier",
     "nvc.apply.ldconfig",

@@ -19,7 +19,7 @@ from nvc.discover.container import ContainerFacts, Opener
 from nvc.errors import ContainerError
 from nvc.logger import Logger
 from nvc.model import capabilities
-from nvc.plan import requirements, selection
+from nvc.plan import selection
 from nvc.plan import share as shareplan
 from nvc.plan.mountplan import HostFacts
 from nvc.plan.operations import Plan
@@ -171,6 +171,8 @@ def _check_requirements(req: Request, inv: "Inventory", chosen: selection.Select
     """Each requirement, per selected GPU (a MIG device's parent is one), or once with no GPU."""
     if not req.requirements:
         return
+    from nvc.plan import requirements  # its grammar's patterns are compiled only for a request that has some
+
     cuda = None if inv.cuda_version is None else f"{inv.cuda_version // 1000}.{(inv.cuda_version % 100) // 10}"
     base = {"cuda": cuda, "driver": inv.driver_version}
     per_gpu = [

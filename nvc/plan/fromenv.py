@@ -45,6 +45,7 @@ from nvc.system.untrusted import decimal
 
 if TYPE_CHECKING:
     from nvc.plan.request import Request, ShareRequest
+    from nvc.plan.requirements import Requirement
 
 
 def _is_legacy(env: Mapping[str, str]) -> bool:
@@ -118,6 +119,16 @@ def _capabilities(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
     return tuple(sorted(set(wanted) & policy.supported_capabilities))
 
 
+def _parsed_requirements(texts: tuple[str, ...]) -> tuple[Requirement, ...]:
+    """The requirements' grammar is imported only for a container that states some: its patterns are
+    compiled at import."""
+    if not texts:
+        return ()
+    from nvc.plan.requirements import parse_requirement
+
+    return tuple(parse_requirement(text) for text in texts)
+
+
 def _requirements(env: Mapping[str, str], policy: Policy) -> tuple[str, ...]:
     if policy.disable_require or env.get(DISABLE_REQUIRE, "").strip().lower() in TRUE_WORDS:
         return ()
@@ -188,16 +199,16 @@ def gpu_request(
     devices = _visible_devices(env, mounts, privileged, policy, warnings)
     if devices is False:
         return None
-    from nvc.plan import requirements, selection  # a GPU container's parsers and record
+    from nvc.plan import selection  # a GPU container's parsers and record
     from nvc.plan.request import Request
 
     capabilities = frozenset(_capabilities(env, policy))
-    wanted = _requirements(env, policy)
+    wanted = _parsed_requirements(_requirements(env, policy))
     mig_config, mig_monitor = _mig(env, MIG_CONFIG_DEVICES, privileged), _mig(env, MIG_MONITOR_DEVICES, privileged)
     imex_channels = _imex_channels(env, mounts, privileged, policy, warnings)
     return Request(
         capabilities=capabilities,
-        requirements=tuple(requirements.parse_requirement(text) for text in wanted),
+        requirements=wanted,
         selectors=selection.parse(devices or ()),
         mig_config=mig_config,
         mig_monitor=mig_monitor,
