@@ -77,10 +77,11 @@ PURGE ?=
 # The Debian package (make deb): its version (DEB_VERSION=... builds another: the tests build a lower
 # one to upgrade from), where it is built, and what building it needs besides make (and git in a
 # clone, none in a release tarball): the compiler and headers for the native code and python-prctl
-# (no wheel), the venv module, dpkg-dev.
+# (no wheel), the venv module, dpkg-dev. DEB_XZ_LEVEL: xz's level for the package's data (default: dpkg-deb's).
 DEB_VERSION ?= $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' nvc/__init__.py)
 DEB_DIR ?= dist
 DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
+DEB_XZ_LEVEL ?=
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
 .PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
@@ -303,7 +304,8 @@ uninstall: unpackaged
 ## deb: $(DEB_DIR)/nvc-py_$(DEB_VERSION)_ARCH.deb for the distribution this runs on, as root (tools/debpkg.py;
 ## docs/install.md); the host's /usr/lib/nvc-py is left as it is
 deb: deb-deps
-	/usr/bin/python3 tools/debpkg.py build --version '$(DEB_VERSION)' --out $(DEB_DIR) --pip-cache $(DEB_PIP_CACHE)
+	/usr/bin/python3 tools/debpkg.py build --version '$(DEB_VERSION)' --out $(DEB_DIR) --pip-cache $(DEB_PIP_CACHE) \
+		$(if $(DEB_XZ_LEVEL),--xz-level $(DEB_XZ_LEVEL))
 
 deb-deps:
 	@$(MAKE) --no-print-directory apt-deps APT_PACKAGES="$(DEB_BUILD_PACKAGES)" APT_OPTIONAL=

@@ -298,9 +298,10 @@ def source_commit(source: Path) -> tuple[str, int]:
     return commit[:12], int(given) if given.isdigit() else int(epoch)
 
 
-def build(version: str, out: Path, maintainer: str, pip_cache: Path) -> Path:
+def build(version: str, out: Path, maintainer: str, pip_cache: Path, xz_level: int | None = None) -> Path:
     """The whole build; returns the .deb's path. ``pip_cache``: pip's cache for these builds alone (a
-    wheel pip built elsewhere, for another interpreter of the same tag, would come with its paths)."""
+    wheel pip built elsewhere, for another interpreter of the same tag, would come with its paths).
+    ``xz_level``: the data's compression level (None: dpkg-deb's own, 6)."""
     out = out.resolve()
     source, root, scratch = out / "src", out / "root", out / "ns"
     for path in (source, root, scratch):
@@ -333,7 +334,15 @@ def build(version: str, out: Path, maintainer: str, pip_cache: Path) -> Path:
     deb = out / f"{PACKAGE}_{version}_{arch}.deb"
     # xz: what every dpkg and lintian reads (Ubuntu's dpkg-deb would choose zstd, which Debian 12's cannot)
     run(
-        ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", root, deb],
+        [
+            "dpkg-deb",
+            "--root-owner-group",
+            "-Zxz",
+            *([] if xz_level is None else [f"-z{xz_level}"]),
+            "--build",
+            root,
+            deb,
+        ],
         env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)},
     )
     return deb
@@ -506,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--maintainer", default=MAINTAINER)
     b.add_argument("--pip-cache", type=Path, required=True)
+    b.add_argument("--xz-level", type=int, choices=range(10), help="xz's level (default: dpkg-deb's)")
     s = commands.add_parser("stage")
     for name in ("--source", "--root", "--scratch", "--pip-cache"):
         s.add_argument(name, type=Path, required=True)
@@ -515,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("lock")
     args = parser.parse_args(argv)
     if args.command == "build":
-        print(build(args.version, args.out, args.maintainer, args.pip_cache))
+        print(build(args.version, args.out, args.maintainer, args.pip_cache, args.xz_level))
     elif args.command == "stage":
         stage(args.source, args.root, args.scratch, args.pip_cache)
     elif args.command == "files":
