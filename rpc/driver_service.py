@@ -208,9 +208,8 @@ def import_pynvml() -> ModuleType:
     """pynvml, imported without what ``ctypes.util`` imports.
 
     pynvml imports ``ctypes.util.find_library`` and calls it only on Windows; ``ctypes.util``
-    imports subprocess, shutil and tempfile, which on the H200 host were more than half of
-    importing pynvml (23.6 of 40.4 ms under ``-X importtime``), on the helper's way to its first
-    answer. While pynvml imports, ``ctypes.util`` is a stand-in whose ``find_library`` imports the
+    imports subprocess, shutil and tempfile, more than half of importing pynvml, on the helper's way
+    to its first answer (docs/performance.md). While pynvml imports, ``ctypes.util`` is a stand-in whose ``find_library`` imports the
     real module when called; the stand-in is gone once pynvml is, so any later import gets the real one.
     """
     import sys

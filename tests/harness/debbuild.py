@@ -16,7 +16,7 @@ from harness import debroot, progress
 REPO = debroot.REPO
 PIP_CACHE = debroot.CACHE / "deb-pip"  # the builds' own pip cache (tools/debpkg.py says why), kept between runs
 # What the tests check is the package's files and what installing it does, not its size: xz's default level
-# took 14 of a package's 41 s on the 2-core test host, level 1 took 1.4 s (8.1 MB against 7.0).
+# is a third of a build's time, level 1 a few percent of it (docs/install.md).
 XZ_LEVEL = 1
 
 
