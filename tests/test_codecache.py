@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.bundle import reachable_from_userns
 from harness.hookserver import LIBDIR
 
 LAUNCHER = LIBDIR / "nvc-py-hook-python"
 CACHE = LIBDIR / "code-cache"
+NOBODY = int(Path("/proc/sys/kernel/overflowuid").read_text())
 
 
 def _launcher_path() -> list[str]:
@@ -30,11 +32,12 @@ def _launcher_path() -> list[str]:
     return ast.literal_eval(line[len("sys.path.extend(") : -1])
 
 
-def _python(code: str, *extra: Path) -> dict:
-    """Run ``code`` as a launcher would (its path, then ``extra``), and return what it printed (JSON)."""
+def _python(code: str, *extra: Path, wrapper: tuple[str, ...] = ()) -> dict:
+    """Run ``code`` as a launcher would (its path, then ``extra``; under ``wrapper``'s command), and
+    return what it printed (JSON)."""
     search = [*_launcher_path(), *map(str, extra)]
     run = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.extend({search!r})\n{code}"],
+        [*wrapper, sys.executable, "-I", "-S", "-c", f"import sys; sys.path.extend({search!r})\n{code}"],
         capture_output=True,
         text=True,
         check=True,
@@ -64,8 +67,8 @@ def demo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _use(demo: Path, cache: Path | None = None) -> dict:
-    return _python(_USE.format(cache=str(cache or demo / "cache")), demo / "lib")
+def _use(demo: Path, cache: Path | None = None, wrapper: tuple[str, ...] = ()) -> dict:
+    return _python(_USE.format(cache=str(cache or demo / "cache")), demo / "lib", wrapper=wrapper)
 
 
 def test_modules_come_from_the_cache_where_their_sources_are_unchanged(demo: Path) -> None:
@@ -113,7 +116,7 @@ def test_a_damaged_entry_is_compiled_from_its_source(demo: Path) -> None:
 
 @pytest.mark.parametrize(
     "spoil",
-    ["group-writable", "not root's", "a symlink", "another sys.path", "another Python", "truncated"],
+    ["group-writable", "not root's", "nobody's", "a symlink", "another sys.path", "another Python", "truncated"],
 )
 def test_a_cache_that_is_not_trusted_or_does_not_fit_is_ignored(demo: Path, spoil: str) -> None:
     cache = demo / "cache"
@@ -121,6 +124,8 @@ def test_a_cache_that_is_not_trusted_or_does_not_fit_is_ignored(demo: Path, spoi
         cache.chmod(0o664)
     elif spoil == "not root's":
         os.chown(cache, 1000, 1000)
+    elif spoil == "nobody's":  # the overflow uid, which the initial user namespace maps: a real owner
+        os.chown(cache, NOBODY, NOBODY)
     elif spoil == "a symlink":
         (demo / "link").symlink_to(cache)
         cache = demo / "link"
@@ -137,6 +142,30 @@ def test_a_cache_that_is_not_trusted_or_does_not_fit_is_ignored(demo: Path, spoi
     assert found["used"] is False
     assert set(found["loaders"].values()) == {"SourceFileLoader"}
     assert found["value"] == "cached"
+
+
+# An ordinary user in a user namespace of its own, mapped to root there (a rootless engine's hook):
+# the host's root is not mapped, so root's files show the kernel's overflow uid.
+ROOTLESS = ("runuser", "-u", "nobody", "--", "unshare", "--map-root-user")
+
+
+@pytest.mark.parametrize("directory", ["root's", "writable by all"])
+def test_a_rootless_user_namespace_takes_roots_cache_from_roots_directory(demo: Path, directory: str) -> None:
+    """Root's cache, as a rootless engine's hook sees it (an owner its namespace does not map, as the
+    sources beside it), is used; not where the directory holding it lets anyone replace it."""
+    reachable_from_userns(demo)
+    if directory == "writable by all":
+        demo.chmod(0o777)
+    shown = _python("import json, os; print(json.dumps(os.stat('/').st_uid))", wrapper=ROOTLESS)
+    assert shown == NOBODY  # root's, as the namespace shows it
+    found = _use(demo, wrapper=ROOTLESS)
+    assert found["value"] == "cached"
+    if directory == "root's":
+        assert found["used"] is True
+        assert set(found["loaders"].values()) == {"_CachedLoader"}
+    else:
+        assert found["used"] is False
+        assert set(found["loaders"].values()) == {"SourceFileLoader"}
 
 
 def test_the_launchers_map_the_installed_cache() -> None:

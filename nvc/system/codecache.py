@@ -9,7 +9,8 @@ compiled from. A launcher maps it (:func:`use`), and a module is taken from it o
 is unchanged (to the nanosecond, where a .pyc keeps whole seconds) and where the search would look
 first; any other is imported as usual. The whole file is ignored where another Python wrote it, for
 another sys.path, or where anyone but root (or the caller) could have written it: it is code that
-every hook runs, as trusted as the .pyc files beside the sources.
+every hook runs, as trusted as the .pyc files beside the sources. In a rootless engine's user
+namespace root's files show an owner the namespace does not map, the sources' as the cache's.
 """
 
 from __future__ import annotations
@@ -85,17 +86,48 @@ class _Finder:
         """Nothing to forget: each find checks its source."""
 
 
+def _unmapped_owner(proc: str = "/proc") -> int | None:
+    """The uid a file shows where this user namespace does not map its owner (the kernel's overflow
+    uid), or None where the namespace maps that uid too (the initial one maps every uid)."""
+    try:
+        with open(f"{proc}/sys/kernel/overflowuid") as file:
+            overflow = int(file.read())
+        with open(f"{proc}/self/uid_map") as file:
+            ranges = [tuple(map(int, line.split())) for line in file]
+    except (OSError, ValueError):
+        return None
+    mapped = any(len(r) == 3 and r[0] <= overflow < r[0] + r[2] for r in ranges)
+    return None if mapped else overflow
+
+
+def _trusted(path: str, st: os.stat_result) -> bool:
+    """Whether the cache is as trusted as the sources it stands for: writable by no one but its owner,
+    who is root or this user; or, in a user namespace (a rootless engine's hook), an owner it does not
+    map, as the host's root shows there, in a directory no one else can write either."""
+    if st.st_mode & 0o022:
+        return False
+    if st.st_uid in (0, os.geteuid()):
+        return True
+    if st.st_uid != _unmapped_owner():
+        return False
+    try:
+        parent = os.stat(os.path.dirname(path) or ".")
+    except OSError:
+        return False
+    return not parent.st_mode & 0o022 and parent.st_uid in (0, os.geteuid(), st.st_uid)
+
+
 def use(path: str) -> bool:
     """Put the cache at ``path`` on sys.meta_path, before the path search, where it is trusted
-    (root's or this user's, writable by no one else) and fits this interpreter and sys.path; return
-    whether it was (no cache, or an unusable one: imports as usual)."""
+    (:func:`_trusted`) and fits this interpreter and sys.path; return whether it was (no cache, or an
+    unusable one: imports as usual)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
         st = os.fstat(fd)
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022 or st.st_size < _LENGTH_BYTES:
+        if st.st_size < _LENGTH_BYTES or not _trusted(path, st):
             return False
         data = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
     except (OSError, ValueError):
