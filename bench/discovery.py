@@ -18,7 +18,7 @@ Rows:
   ... (server)    the same command while ``nvc-py-hook serve`` runs (started by the bench): it
                   hands the call to a worker forked ahead, whose NVML helper was started (NVML
                   loaded, GPUs attached) while it was idle, and which answers before it waits for
-                  that helper to exit; each such run comes 0.1 s after the one before (as typed
+                  that helper to exit; each such run comes 1 s after the one before (as typed
                   commands do)
 The other rows are pointed at a socket where no server listens, so a server of the host's own
 never answers them. With ``--reference PATH``, NVIDIA's ``nvidia-container-cli info`` and ``list`` (the one
@@ -55,7 +55,9 @@ import reference  # noqa: E402
 FAKE_MACHINE = REPO / "tests" / "fakedriver" / "machines" / "local-nvidia.yaml"
 
 
-SERVED_PAUSE = 0.1  # seconds before each run of a served row: the server's spare loads NVML when idle
+# Seconds before each run of a served row: a spare loads NVML once idle for half a second
+# (hook/server/worker.py), and typed commands come further apart.
+SERVED_PAUSE = 1.0
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ def test_an_idle_spare_worker_goes_with_the_server(active_2gpu) -> None:
 
 
 def test_an_idle_spare_keeps_a_container_helper_ready(served: Path) -> None:
-    """A spare left idle forks the container helper its call's configure takes (and the NVML
-    helper), so no helper fork is on a call's path; the spare itself stays the server's child."""
+    """A spare left idle forks the container helper its call's configure takes, so no helper fork is
+    on a call's path; the spare itself stays the server's child."""
     from nvc.hook.server.loop import SPARES
 
     server = next(
@@ -249,6 +249,35 @@ def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once
         assert proc.stderr is not None
         said = [line for line in proc.stderr.read().splitlines() if "idle workers keep no driver helper" in line]
         assert len(said) == 1 and "libnvidia-ml.so.1" in said[0], said
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_spare_loads_nvml_only_once_idle_for_half_a_second() -> None:
+    """Calls a tenth of a second apart (a storm's pace, slowed) take or wake every spare before it
+    loads NVML: none starts an NVML helper, whose failure on this host without a driver the server
+    would say, until the calls stop and a spare has waited half a second (IDLE_BEFORE_NVML)."""
+    import ctypes
+    import select
+
+    from nvc.hook.server.worker import IDLE_BEFORE_NVML
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        pytest.skip("NVML loads on this host: the driver helper's set-up cannot fail")
+    except OSError:
+        pass
+    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
+    try:
+        with hook_server(HOOK, top / "hook.sock") as proc:
+            assert proc.stderr is not None
+            until = time.monotonic() + 4 * IDLE_BEFORE_NVML
+            while time.monotonic() < until:
+                assert call_directly(top / "hook.sock", ["/x/nvc-py-hook", "poststart"]) == ([b"ready", b"exit 0"], "")
+                time.sleep(IDLE_BEFORE_NVML / 5)
+            assert select.select([proc.stderr], [], [], 0)[0] == [], proc.stderr.readline()
+            said = select.select([proc.stderr], [], [], 10)[0] and proc.stderr.readline()
+            assert said and "idle workers keep no driver helper" in said, said
     finally:
         shutil.rmtree(top)
 

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from nvc.plan.operations import Plan
     from nvc.rpc.pool import WarmHelper
 
-IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it starts its helpers and warms up
+IDLE_BEFORE_HELPERS = 0.05  # seconds a spare waits for a call before it readies a start's path
+# Seconds a spare waits, from its fork, before it loads NVML: only `info` and MIG devices need it, and
+# in a storm a spare is taken sooner (each NVML helper's start is CPU the storm's starts wait for).
+IDLE_BEFORE_NVML = 0.5
 STATS_ENV = "NVC_PY_SERVE_STATS"  # a file each worker appends its call's figures to (JSON lines)
 NOTE_LIMIT = 1000  # characters of a note to the server: one write under PIPE_BUF never interleaves
 
@@ -37,14 +40,15 @@ NOTE_LIMIT = 1000  # characters of a note to the server: one write under PIPE_BU
 def spare(
     sock: socket.socket, taken: int, programs: Programs, ours: Standing, stats: int, scratch: str, nice: int, notes: int
 ) -> None:
-    """A worker forked ahead of its call: waits for the next connection (idle, it readies the call's
+    """A worker forked ahead of its call: waits for the next connection (idle, it readies a start's
     path: ``scratch`` is the dry plan's rootfs; a helper that fails to start is reaped and its reason
     written to ``notes``, for the server to say once; then it copies ahead what it shares with the
-    server, :mod:`nvc.system.prefault`), tells the server it was taken (so the server
-    forks another spare), then serves it at ``nice``, the nice value the server started with. Never
-    returns."""
+    server, :mod:`nvc.system.prefault`; idle longer, it loads NVML), tells the server it was taken (so
+    the server forks another spare), then serves it at ``nice``, the nice value the server started
+    with. Never returns."""
     import prctl
 
+    forked = time.monotonic()
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)  # a worker runs as the server was started
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # its helpers are waited for
@@ -53,13 +57,14 @@ def spare(
         if os.getppid() == 1:
             os._exit(0)
         gc.disable()  # a worker lives for one call: no collections during it
-        ready, _, _ = select.select([sock], [], [], IDLE_BEFORE_HELPERS)
-        if not ready:  # idle: ready what a call would otherwise start or touch first
-            warming = _prestart_helpers(scratch)
-            _settle_later(_settle(sock, warming, notes), notes)
+        if not _called(sock, IDLE_BEFORE_HELPERS):  # idle: ready what a call would otherwise start or touch first
+            pending = _settle(sock, _prestart_container(scratch), notes)
             from nvc.system import prefault  # then its own copy of the server's memory (the call's faults)
 
-            prefault.copy_ahead(lambda: bool(select.select([sock], [], [], 0)[0]))
+            prefault.copy_ahead(lambda: _called(sock, 0))
+            if not _called(sock, max(0.0, forked + IDLE_BEFORE_NVML - time.monotonic())):
+                pending.update(_settle(sock, _prestart_driver(), notes))
+            _settle_later(pending, notes)
         while True:
             try:
                 conn, _ = sock.accept()
@@ -78,28 +83,37 @@ def spare(
     _worker(conn, programs, ours, accepted_ns, stats)
 
 
-def _prestart_helpers(scratch: str) -> list[WarmHelper]:
-    """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken
-    over by a call that asks for the same (see driver_service.open_driver); the dry plan
-    (:func:`warm_up`); and a container helper forked and confined for configure
-    (container_service.open_container), which clones the dry plan's host sources while it waits.
-    Each is killed with the worker when its call does not take it. Best effort: a call that needs
-    one and finds none starts its own, and finds out why. Returns those started, their set-up
-    still running."""
-    from nvc.errors import NvcError
-    from nvc.rpc import container_service, driver_service
+def _called(sock: socket.socket, timeout: float) -> bool:
+    """Whether a call came on ``sock`` within ``timeout`` seconds."""
+    return bool(select.select([sock], [], [], timeout)[0])
 
-    started = []
-    try:
-        started.append(driver_service.prestart())
-    except (NvcError, OSError):
-        pass
+
+def _prestart_container(scratch: str) -> list[WarmHelper]:
+    """The dry plan (:func:`warm_up`), then a container helper forked and confined for configure
+    (container_service.open_container), which clones the dry plan's host sources while it waits.
+    Killed with the worker when its call does not take it. Best effort: a call that finds none
+    starts its own, and finds out why. Returns it, its set-up still running (none where it failed)."""
+    from nvc.errors import NvcError
+    from nvc.rpc import container_service
+
     planned = warm_up(scratch, say=False)
     try:
-        started.append(container_service.prestart(planned))
+        return [container_service.prestart(planned)]
     except (NvcError, OSError):
-        pass
-    return started
+        return []
+
+
+def _prestart_driver() -> list[WarmHelper]:
+    """An NVML helper started for the CLI's defaults (driver root /, the overflow ids), taken over by
+    a call that asks for the same (see driver_service.open_driver); killed with the worker otherwise.
+    Best effort, as :func:`_prestart_container`."""
+    from nvc.errors import NvcError
+    from nvc.rpc import driver_service
+
+    try:
+        return [driver_service.prestart()]
+    except (NvcError, OSError):
+        return []
 
 
 def _settle(sock: socket.socket, warming: list[WarmHelper], notes: int) -> dict[int, WarmHelper]:
