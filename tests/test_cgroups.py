@@ -9,11 +9,21 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.mountns import in_private_ns
 from nvc.apply import bpf
-from nvc.apply.cgroups import DeviceCgroup, allow_devices, locate_device_cgroup, parse_proc_cgroup
+from nvc.apply.cgroups import (
+    INIT_CGROUP_NS_INO,
+    DeviceCgroup,
+    allow_devices,
+    locate_device_cgroup,
+    parse_proc_cgroup,
+    unified_at_default,
+)
 from nvc.apply.container import ContainerHandle
+from nvc.apply.rootfs import open_in_root
 from nvc.errors import ContainerError
 from nvc.plan.devfilter import ALU64_MOV_K, JMP_CALL, JMP_EXIT, DeviceRule, Insn, build_filter, encode
+from nvc.system import syscalls
 
 V1_ROOT = "/sys/fs/cgroup/devices"
 V2_ROOT = "/sys/fs/cgroup/unified"
@@ -193,6 +203,62 @@ def v2_cgroup() -> Iterator[str]:
 def _enter(cgroup: str, child: Prober) -> None:
     with open(f"{cgroup}/cgroup.procs", "w") as f:
         f.write(str(child.pid))
+
+
+CLONE_NEWCGROUP = 0x02000000
+
+
+@pytest.mark.parametrize(
+    ("mounted", "cgroup", "found"),
+    [
+        ("the hierarchy", "0::/{name}\n", True),
+        ("the hierarchy", "0::/\n", True),
+        ("the hierarchy", "4:devices:/a\n0::/{name}\n", False),  # v1 devices: mountinfo decides
+        ("the hierarchy", "1:name=systemd:/a\n", False),  # no v2 line
+        ("the hierarchy", "0::/../{name}\n", False),  # outside the reader's cgroup namespace
+        ("the hierarchy, read from a cgroup namespace", "0::/{name}\n", False),
+        ("a cgroup below its root", "0::/{name}\n", False),  # what a cgroup namespace mounts
+        ("tmpfs", "0::/{name}\n", False),
+        ("nothing", "0::/{name}\n", False),
+    ],
+)
+def test_v2_cgroup_found_without_mountinfo_only_where_plain(
+    tmp_path, v2_cgroup: str, mounted: str, cgroup: str, found: bool
+) -> None:
+    """Where a view has the whole v2 hierarchy at /sys/fs/cgroup, the cgroup is found there without
+    mountinfo, and it is the process's own; anything less plain is left to mountinfo (None)."""
+    if os.stat("/proc/self/ns/cgroup").st_ino != INIT_CGROUP_NS_INO:
+        pytest.skip("the tests run in a cgroup namespace of their own: their cgroup paths are not whole")
+    root = tmp_path / "root"
+    (root / "sys/fs/cgroup").mkdir(parents=True)
+    name = os.path.basename(v2_cgroup)
+    text = cgroup.format(name=name)
+
+    def look() -> object:
+        target = str(root / "sys/fs/cgroup")
+        if mounted.startswith("the hierarchy"):
+            syscalls.mount(V2_ROOT, target, None, syscalls.MS_BIND)
+        elif mounted == "a cgroup below its root":
+            syscalls.mount(v2_cgroup, target, None, syscalls.MS_BIND)
+        elif mounted == "tmpfs":
+            syscalls.mount("tmpfs", target, "tmpfs", 0)
+        if mounted.endswith("a cgroup namespace"):
+            syscalls.unshare(CLONE_NEWCGROUP)
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+        cgroup = unified_at_default(text, fd)
+        if cgroup is None:
+            return None
+        opened = open_in_root(fd, cgroup.path, os.O_RDONLY | os.O_DIRECTORY)
+        st = os.fstat(opened)
+        return [cgroup.version, cgroup.path, cgroup.root_fd == fd, [st.st_dev, st.st_ino]]
+
+    seen = in_private_ns(look)
+    if not found:
+        assert seen is None
+    else:
+        path = "/sys/fs/cgroup" + text.strip()[3:].rstrip("/")
+        st = os.stat(V2_ROOT + text.strip()[3:])
+        assert seen == [2, path or "/sys/fs/cgroup", True, [st.st_dev, st.st_ino]]
 
 
 # Fixture order matters: the cgroup is created first and removed last, after the child exited.

@@ -8,14 +8,13 @@ fallback.
 
 from __future__ import annotations
 
-import json
 import os
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from harness import mountns
 from nvc.apply import fdmount, rootfs
 from nvc.errors import MountError
 from nvc.system import syscalls
@@ -26,33 +25,16 @@ def _enosys(*_args: object, **_kwargs: object) -> None:
     raise OSError(38, "Function not implemented")
 
 
+def _classic_only() -> None:
+    """Mount as on a kernel without the new mount API (tmpfs through mount(2) on /proc/self/fd)."""
+    for name in ("open_tree", "mount_setattr", "fsopen"):
+        setattr(syscalls, name, _enosys)
+
+
 def in_private_ns(fn: Callable[[], object], classic: bool) -> object:
-    """Run ``fn`` in a child with its own mount namespace; return its JSON-able result."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            syscalls.unshare(syscalls.CLONE_NEWNS)
-            syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
-            if classic:
-                for name in ("open_tree", "mount_setattr", "fsopen"):
-                    setattr(syscalls, name, _enosys)
-            out = {"ok": fn()}
-        except BaseException as err:  # noqa: BLE001 - reported to the parent
-            out = {"error": type(err).__name__, "message": str(err), "tb": traceback.format_exc()}
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 65536):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    result = json.loads(data)
-    if "error" in result:
-        raise AssertionError(f"{result['error']}: {result['message']}\n{result['tb']}")
-    return result["ok"]
+    """Run ``fn`` in a child with its own mount namespace (with the classic calls only, if
+    ``classic``); return its JSON-able result."""
+    return mountns.in_private_ns(fn, _classic_only if classic else None)
 
 
 def _mountinfo(path: Path) -> list[str]:

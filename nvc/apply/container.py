@@ -123,14 +123,16 @@ class ContainerHandle:
         Read on first use, not at :meth:`open`: a plan with no device rules never needs it, and
         configures a container whose cgroup cannot be found."""
         if self._cgroup is None:
-            from nvc.apply.cgroups import locate_device_cgroup
+            from nvc.apply.cgroups import locate_device_cgroup, unified_at_default
 
-            texts = [self.read(name) for name in ("cgroup", "mountinfo")]
-            try:
-                found = locate_device_cgroup(*texts)
-            except ContainerError as err:
-                raise ContainerError(f"/proc/{self.pid}: {err.args[0]}") from None
-            self._cgroup = found._replace(root_fd=self.root)
+            text = self.read("cgroup")
+            found = unified_at_default(text, self.root)
+            if found is None:
+                try:
+                    found = locate_device_cgroup(text, self.read("mountinfo"))._replace(root_fd=self.root)
+                except ContainerError as err:
+                    raise ContainerError(f"/proc/{self.pid}: {err.args[0]}") from None
+            self._cgroup = found
         return self._cgroup
 
     def start_time(self) -> int | None:
