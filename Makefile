@@ -84,7 +84,7 @@ DEB_PIP_CACHE ?= $(DEB_DIR)/pip-cache
 DEB_XZ_LEVEL ?=
 DEB_BUILD_PACKAGES := build-essential dpkg-dev libcap-dev python3-dev python3-venv
 
-.PHONY: all deps apt-deps env pip-deps build native install fronts test test-gpu fuzz demo demo-plan try uninstall \
+.PHONY: all deps apt-deps env pip-deps build native install fronts code-cache test test-gpu fuzz demo demo-plan try uninstall \
 	print-test-python dev lint lint-python lint-c lint-c-format format-c sanitize sanitize-tests clean k8s-api k8s-cluster-bin deb deb-deps deb-lock unpackaged FORCE
 
 all: build
@@ -202,7 +202,7 @@ $(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
 	@install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
 	@install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
 	@$(MAKE) -s --no-print-directory fronts
-	@$(ENV_PYTHON) -I -m nvc.hook.setup.maintainer code-cache $(CODE_CACHE) >/dev/null
+	@$(MAKE) -s --no-print-directory code-cache
 	@echo "install: $(LIBDIR)/nvc-py, nvc-py-hook and nvc-py-runtime, linked from $(BINDIR)"
 	@printf '%s\n' $(INSTALL_INPUTS) > $@
 
@@ -218,6 +218,11 @@ fronts:
 	$(call front,nvc-py,nvc.__main__)
 	$(call front,nvc-py-hook,nvc.hook.program)
 	$(call front,nvc-py-runtime,nvc.hook.oci.runtime)
+
+## code-cache: the launchers' code cache ($(CODE_CACHE)) of the modules installed now (part of install;
+## again after anything rewrote them, such as a pip reinstall)
+code-cache:
+	@$(ENV_PYTHON) -I -m nvc.hook.setup.maintainer code-cache $(CODE_CACHE) >/dev/null
 
 ## test: the whole suite (GPU tests are deselected by setup.cfg's addopts)
 test: unpackaged deps build k8s-cluster-bin
