@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -216,14 +218,11 @@ def test_a_server_whose_installed_code_changed_stops_serving_it(active_2gpu, tmp
     assert not sock.exists()
 
 
-def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once() -> None:
-    """On a host where NVML does not load (no driver: this machine without the fake driver active), each
-    idle spare's NVML helper fails its set-up and exits: the spare reaps it at once (no
-    ``nvc:[driver] <defunct>`` under any spare while it waits for a call), and the server's stderr (the
-    journal, under systemd) says why once, not once per spare."""
+@contextmanager
+def _where_nvml_fails() -> Iterator[Path]:
+    """A scratch directory for a server's socket, on a host where NVML does not load (no driver: this
+    machine without the fake driver active), where each NVML helper's failure is what the server says."""
     import ctypes
-
-    from harness.spares import spare_pids
 
     try:
         ctypes.CDLL("libnvidia-ml.so.1")
@@ -232,6 +231,18 @@ def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once
         pass
     top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
     try:
+        yield top
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once() -> None:
+    """Each idle spare's NVML helper fails its set-up and exits: the spare reaps it at once (no
+    ``nvc:[driver] <defunct>`` under any spare while it waits for a call), and the server's stderr (the
+    journal, under systemd) says why once, not once per spare."""
+    from harness.spares import spare_pids
+
+    with _where_nvml_fails() as top:
         with hook_server(HOOK, top / "hook.sock") as proc:
             spares = spare_pids(proc)
             deadline = time.monotonic() + 10
@@ -249,37 +260,25 @@ def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once
         assert proc.stderr is not None
         said = [line for line in proc.stderr.read().splitlines() if "idle workers keep no driver helper" in line]
         assert len(said) == 1 and "libnvidia-ml.so.1" in said[0], said
-    finally:
-        shutil.rmtree(top)
 
 
 def test_a_spare_loads_nvml_only_once_idle_for_half_a_second() -> None:
     """Calls a tenth of a second apart (a storm's pace, slowed) take or wake every spare before it
-    loads NVML: none starts an NVML helper, whose failure on this host without a driver the server
-    would say, until the calls stop and a spare has waited half a second (IDLE_BEFORE_NVML)."""
-    import ctypes
+    loads NVML: none starts an NVML helper, whose failure the server would say, until the calls stop
+    and a spare has waited half a second (IDLE_BEFORE_NVML)."""
     import select
 
     from nvc.hook.server.worker import IDLE_BEFORE_NVML
 
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-        pytest.skip("NVML loads on this host: the driver helper's set-up cannot fail")
-    except OSError:
-        pass
-    top = Path(tempfile.mkdtemp(prefix="nvc-hook-server-"))
-    try:
-        with hook_server(HOOK, top / "hook.sock") as proc:
-            assert proc.stderr is not None
-            until = time.monotonic() + 4 * IDLE_BEFORE_NVML
-            while time.monotonic() < until:
-                assert call_directly(top / "hook.sock", ["/x/nvc-py-hook", "poststart"]) == ([b"ready", b"exit 0"], "")
-                time.sleep(IDLE_BEFORE_NVML / 5)
-            assert select.select([proc.stderr], [], [], 0)[0] == [], proc.stderr.readline()
-            said = select.select([proc.stderr], [], [], 10)[0] and proc.stderr.readline()
-            assert said and "idle workers keep no driver helper" in said, said
-    finally:
-        shutil.rmtree(top)
+    with _where_nvml_fails() as top, hook_server(HOOK, top / "hook.sock") as proc:
+        assert proc.stderr is not None
+        until = time.monotonic() + 4 * IDLE_BEFORE_NVML
+        while time.monotonic() < until:
+            assert call_directly(top / "hook.sock", ["/x/nvc-py-hook", "poststart"]) == ([b"ready", b"exit 0"], "")
+            time.sleep(IDLE_BEFORE_NVML / 5)
+        assert select.select([proc.stderr], [], [], 0)[0] == [], proc.stderr.readline()
+        said = select.select([proc.stderr], [], [], 10)[0] and proc.stderr.readline()
+        assert said and "idle workers keep no driver helper" in said, said
 
 
 def _fails_late() -> dict:
