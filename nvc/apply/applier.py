@@ -75,7 +75,8 @@ class Applier:
         self.userns_fd = -1  # the container's user namespace, where it has its own
         self.maps: userns.IdMaps | None = None  # its id maps
         self.owner = plan.owner  # who owns what the steps make, as the helper names ids (see enter)
-        self.shared: set[int] = set()  # ids of the container's shared mounts (see _refuse_shared)
+        self.in_container = False  # joined the container's mount namespace (see _refuse_shared)
+        self.shared: set[int] | None = None  # ids of its shared mounts, where mountinfo had to tell
 
     # -- host namespace ------------------------------------------------------------------
 
@@ -149,7 +150,7 @@ class Applier:
             if fd >= 0:
                 os.close(fd)
         self.ns_fd = self.userns_fd = -1
-        self.shared = shared_mounts()
+        self.in_container = True
 
     def execute(self) -> None:
         """Run the operations ldconfig reads (:meth:`Plan.ldconfig_start`) in order, then save what
@@ -255,11 +256,23 @@ class Applier:
     def _refuse_shared(self, parent: int, path: str) -> None:
         """A mount made on a shared mount propagates to its peers, which may be the host's own
         mounts (a rootfs under an ``rshared`` propagation): that would leak into the host."""
-        if self.shared and mount_id(parent) in self.shared:
+        if self.in_container and self._is_shared(parent):
             raise MountError(
                 f"refusing to mount on {path}: its mount is shared, the mount would propagate "
                 "out of the container (use private or slave rootfs propagation)"
             )
+
+    def _is_shared(self, fd: int) -> bool:
+        """Whether the mount ``fd`` lies on is shared: asked of the kernel for that mount alone
+        (statmount), else found in the namespace's mountinfo, read once. mountinfo is as long as
+        the mount table, which at a runtime's prestart is still a copy of the host's: under a start
+        storm one read took tens of milliseconds."""
+        if self.shared is None:
+            try:
+                return bool(syscalls.mount_propagation(syscalls.mount_unique_id(fd)) & syscalls.MS_SHARED)
+            except OSError:  # a kernel before 6.8, or one that refuses: mountinfo tells
+                self.shared = shared_mounts()
+        return mount_id(fd) in self.shared
 
     def _in_tmpfs(self, path: str) -> bool:
         return any(path.startswith(t.rstrip("/") + "/") for t in self.tmpfs)

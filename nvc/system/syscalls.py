@@ -15,6 +15,7 @@ import errno
 import functools
 import os
 import select
+import struct
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -37,6 +38,7 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "fsmount": 432,
         "openat2": 437,
         "mount_setattr": 442,
+        "statmount": 457,
     },
     "aarch64": {
         "bpf": 280,
@@ -53,6 +55,7 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "fsmount": 432,
         "openat2": 437,
         "mount_setattr": 442,
+        "statmount": 457,
     },
     "ppc64le": {"bpf": 361},
     "s390x": {"bpf": 351},
@@ -104,6 +107,11 @@ MFD_ALLOW_SEALING = 0x2
 MFD_EXEC = 0x10
 
 RENAME_NOREPLACE = 0x1
+
+# statx(2) and statmount(2) (Linux 6.8): one mount's propagation, asked by its unique id.
+STATX_MNT_ID_UNIQUE = 0x4000
+STATMOUNT_MNT_BASIC = 0x2
+MS_SHARED = 1 << 20
 
 # statfs f_type of the kernel's pseudo filesystems a container sees at /proc and /sys.
 PROC_SUPER_MAGIC = 0x9FA0
@@ -274,6 +282,28 @@ def fs_type(fd: int, name: str = "") -> int:
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes; f_type comes first, a long
     _check(_libc.fstatfs(fd, buf), name or f"fd {fd}")
     return ctypes.c_long.from_buffer(buf).value
+
+
+def mount_unique_id(fd: int) -> int:
+    """The unique id of the mount ``fd`` lies on (statx's STATX_MNT_ID_UNIQUE); ENOSYS where the
+    kernel has none (before 6.8)."""
+    buf = ctypes.create_string_buffer(256)  # struct statx
+    _check(_libc.statx(fd, b"", AT_EMPTY_PATH, STATX_MNT_ID_UNIQUE, buf), f"fd {fd}")
+    mask, mnt_id = struct.unpack_from("=I", buf.raw, 0)[0], struct.unpack_from("=Q", buf.raw, 144)[0]
+    if not mask & STATX_MNT_ID_UNIQUE:
+        raise OSError(errno.ENOSYS, "statx gives no unique mount id", f"fd {fd}")
+    return mnt_id
+
+
+def mount_propagation(mnt_id: int) -> int:
+    """statmount(2)'s ``mnt_propagation`` of the mount with unique id ``mnt_id`` in this process's
+    mount namespace (MS_SHARED, MS_SLAVE, MS_PRIVATE, MS_UNBINDABLE bits)."""
+    req = ctypes.create_string_buffer(struct.pack("=IIQQ", 24, 0, mnt_id, STATMOUNT_MNT_BASIC), 24)
+    buf = ctypes.create_string_buffer(512)  # struct statmount, with room for fields newer kernels add
+    _check(_syscall("statmount", req, buf, ctypes.sizeof(buf), 0), f"mount {mnt_id}")
+    if not struct.unpack_from("=Q", buf.raw, 8)[0] & STATMOUNT_MNT_BASIC:
+        raise OSError(errno.ENOSYS, "statmount gives no propagation", f"mount {mnt_id}")
+    return int(struct.unpack_from("=Q", buf.raw, 72)[0])
 
 
 def renameat2(old_dirfd: int, old: str, new_dirfd: int, new: str, flags: int) -> None:
