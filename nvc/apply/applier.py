@@ -77,6 +77,7 @@ class Applier:
         self.owner = plan.owner  # who owns what the steps make, as the helper names ids (see enter)
         self.in_container = False  # joined the container's mount namespace (see _refuse_shared)
         self.shared: set[int] | None = None  # ids of its shared mounts, where mountinfo had to tell
+        self.propagation: dict[int, bool] = {}  # whether shared, by unique mount id, as statmount told
 
     # -- host namespace ------------------------------------------------------------------
 
@@ -269,7 +270,10 @@ class Applier:
         storm one read took tens of milliseconds."""
         if self.shared is None:
             try:
-                return bool(syscalls.mount_propagation(syscalls.mount_unique_id(fd)) & syscalls.MS_SHARED)
+                mnt = syscalls.mount_unique_id(fd)
+                if mnt not in self.propagation:  # most targets lie on the rootfs's mount
+                    self.propagation[mnt] = bool(syscalls.mount_propagation(mnt) & syscalls.MS_SHARED)
+                return self.propagation[mnt]
             except OSError:  # a kernel before 6.8, or one that refuses: mountinfo tells
                 self.shared = shared_mounts()
         return mount_id(fd) in self.shared
