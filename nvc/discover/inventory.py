@@ -38,7 +38,8 @@ def from_procfs(proc: procfs.StrPath = procfs.PROC) -> Inventory:
 def from_snapshot(snap: "DriverSnapshot", proc: procfs.StrPath = procfs.PROC) -> Inventory:
     """What NVML reported (:func:`nvc.rpc.driver_service.inventory`), with each MIG device's
     /proc access files and nvidia-caps minors added."""
-    minors = procfs.read_mig_minors(proc)
+    names = [name for gpu in snap.gpus for mig in gpu.mig_devices for name in procfs.mig_minor_names(gpu, mig)]
+    minors = procfs.lookup_mig_minors(names, proc) if names else {}  # not the whole table: thousands of lines
     gpus = tuple(procfs.with_mig_caps(gpu, minors, proc) for gpu in snap.gpus)
     log.debug("inventory from NVML: driver %s, CUDA %d, %d GPUs", snap.driver_version, snap.cuda_version, len(gpus))
     return Inventory(snap.driver_version, snap.cuda_version, gpus)

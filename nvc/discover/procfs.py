@@ -8,7 +8,7 @@ tell: the MIG capability access files and their ``nvidia-caps`` minors.
 
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
 from nvc.errors import ContainerError, DetectionError, InitializationError
@@ -213,20 +213,28 @@ def any_mig_instances(proc: StrPath = PROC) -> bool:
     return any(next(subdirs(os.path.join(caps, gpu, "mig"), "gi"), None) for gpu in subdirs(caps, "gpu"))
 
 
-def with_mig_caps(gpu: Gpu, minors: dict[str, int], proc: StrPath = PROC) -> Gpu:
-    """``gpu`` with each MIG device's access files (those that exist) and their minors filled in."""
+def mig_minor_names(gpu: Gpu, mig: MigDevice) -> tuple[str, str]:
+    """The mig-minors names of a MIG device's GPU-instance and compute-instance access capabilities."""
+    gi = f"gpu{gpu.minor}/gi{mig.gpu_instance_id}"
+    return f"{gi}/access", f"{gi}/ci{mig.compute_instance_id}/access"
+
+
+def with_mig_caps(gpu: Gpu, minors: Mapping[str, int], proc: StrPath = PROC) -> Gpu:
+    """``gpu`` with each MIG device's access files (those that exist) and their minors filled in
+    (``minors``: at least those of :func:`mig_minor_names` for each of its MIG devices)."""
     migs = []
     for mig in gpu.mig_devices:
         gi = f"gpu{gpu.minor}/mig/gi{mig.gpu_instance_id}"
         ci = f"{gi}/ci{mig.compute_instance_id}"
         gi_path = os.path.join(caps_dir(proc), gi, "access")
         ci_path = os.path.join(caps_dir(proc), ci, "access")
+        gi_name, ci_name = mig_minor_names(gpu, mig)
         migs.append(
             mig._replace(
                 gi_caps_path=gi_path if os.path.isfile(gi_path) else None,
                 ci_caps_path=ci_path if os.path.isfile(ci_path) else None,
-                gi_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/access"),
-                ci_caps_minor=minors.get(f"gpu{gpu.minor}/gi{mig.gpu_instance_id}/ci{mig.compute_instance_id}/access"),
+                gi_caps_minor=minors.get(gi_name),
+                ci_caps_minor=minors.get(ci_name),
             )
         )
     return gpu._replace(mig_devices=tuple(migs))
