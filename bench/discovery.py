@@ -144,11 +144,11 @@ _PHASES_CODE = """
 import json, os, sys, time
 t = [time.perf_counter()]
 from nvc.rpc import driver_service
-driver_service.prefork()
+driver_service.prefork(["info"])
 t.append(time.perf_counter())
 import click, nvc.commands.cli
 t.append(time.perf_counter())
-from nvc.commands.cli import parse_user
+from nvc.config.options import parse_user
 cm = driver_service.open_driver(root=sys.argv[1], user=parse_user(None), wait=False)
 drv = cm.__enter__()
 t.append(time.perf_counter())
@@ -165,9 +165,9 @@ print(json.dumps([(b - a) * 1000 for a, b in zip(t, t[1:])]), flush=True)
 os._exit(0)
 """
 PHASES = (
-    "import helper client, prefork the helper",
+    "import helper client, start the helper",
     "import click + nvc.commands.cli (overlaps)",
-    "start the helper (send driver root, user)",
+    "take the helper (the root, user guessed?)",
     "import infoformat, inventory (overlaps)",
     "wait for NVML load + snapshot",
     "helper shutdown and reap",

@@ -13,17 +13,22 @@ hand_over(sys.argv)  # to a running server's warm worker (nvc-py-hook serve), wh
 if "info" in sys.argv[1:]:  # a guess that only affects speed: a wrong one costs an unused fork
     from nvc.rpc import driver_service
 
-    driver_service.prefork()  # pynvml imports in the helper while the CLI imports click
-
-from nvc.commands.cli import main  # noqa: E402
+    driver_service.prefork(sys.argv[1:])  # NVML loads in the helper while this process imports the rest
 
 
 def run() -> None:
     """Exit with the CLI's status (console-script entry point), without the interpreter's
-    teardown (:mod:`nvc.system.quickexit` says why)."""
+    teardown (:mod:`nvc.system.quickexit` says why). ``info`` and ``list`` without options run
+    without click (:mod:`nvc.commands.plain`)."""
+    from nvc.commands import plain
     from nvc.system.quickexit import exit_now
 
-    exit_now(main())
+    code = plain.run(sys.argv[1:])
+    if code is None:
+        from nvc.commands.cli import main
+
+        code = main()
+    exit_now(code)
 
 
 if __name__ == "__main__":

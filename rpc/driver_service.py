@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from nvc.errors import DriverError, InitializationError
+from nvc.errors import DriverError, InitializationError, NvcError
 from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient, die_with_parent
 from nvc.rpc.pool import WarmHelper
 
@@ -323,14 +323,27 @@ def _stamp(params: dict[str, Any]) -> object:
 _ahead = WarmHelper("driver", serve_driver, warm=_warm, failure=DriverError, stamp=_stamp)
 
 
-def prefork() -> None:
+def prefork(argv: list[str]) -> None:
     """Fork this process's driver helper now, before the command line is even parsed.
 
-    Importing pynvml and loading NVML take longer in the helper than everything the CLI
-    imports before it knows its options (``nvc-py info``); started this early, the helper
-    has done the imports by then. :func:`open_driver` takes it over with the real options;
-    one never taken exits with this process.
+    Importing pynvml and loading NVML take longer in the helper than everything the CLI imports
+    before it knows its options (``nvc-py info``). Where no global option comes before the command
+    (``argv``, the words after the program's name), the helper is started at once for the
+    configuration's root and user, so NVML loads while the CLI imports; else it only imports until
+    :func:`open_driver` sends it the real options. Either is a guess that affects speed only:
+    open_driver closes a helper started for other options than the call's, and one never taken exits
+    with this process.
     """
+    if argv[:1] and not argv[0].startswith("-"):
+        from nvc.config.options import resolve_options
+
+        try:
+            opts = resolve_options(None, None, None, False)
+        except NvcError:  # the CLI says what is wrong, later and in its own words
+            pass
+        else:
+            _ahead.prepare(stamped=False, **_setup(opts.root, opts.user))  # taken within this run
+            return
     _ahead.prefork()
 
 

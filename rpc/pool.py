@@ -64,10 +64,11 @@ class WarmHelper:
         self.kept = HelperClient.prefork(self.name, self.setup, warm=self.warm, failure=self.failure)
         self._params = None
 
-    def prepare(self, **params: Any) -> None:
+    def prepare(self, *, stamped: bool = True, **params: Any) -> None:
         """Fork the helper and start it with ``params`` now: its set-up runs before any call needs it,
-        then its ``idle`` while no call has come."""
-        self._stamp = self.stamp(params) if self.stamp else None
+        then its ``idle`` while no call has come. ``stamped=False``: no stamp is taken, nor compared
+        when it is taken, for a process whose call comes within its own short run (the CLI's)."""
+        self._stamp = self.stamp(params) if self.stamp and stamped else None
         self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False, idle=self.idle), params
 
     def report_fd(self) -> int | None:
@@ -94,7 +95,8 @@ class WarmHelper:
         helper, started = self.kept, self._params
         self.kept = self._params = None
         outdated = started is not None and (
-            started != params or (self.stamp is not None and self.stamp(params) != self._stamp)
+            started != params
+            or (self._stamp is not None and self.stamp is not None and self.stamp(params) != self._stamp)
         )
         if helper is not None and (not helper.alive or outdated):
             helper.close()

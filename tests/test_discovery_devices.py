@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from nvc.apply import hostnodes
-from nvc.commands.cli import GlobalOptions, run_list
 from nvc.commands.listing import ListRequest
+from nvc.commands.queries import run_list
+from nvc.config.options import GlobalOptions
 from nvc.discover import inventory, kmods, nodes, procfs
 from nvc.errors import DetectionError, DeviceError, InitializationError
 from nvc.model.devices import Gpu, MigDevice

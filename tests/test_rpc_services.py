@@ -143,6 +143,46 @@ def test_a_prestarted_helper_is_taken_for_the_same_options_only(active_2gpu) -> 
         assert not Path(f"/proc/{other}").exists()  # closed and reaped
 
 
+def _chrooted_to(pid: int, root: str, timeout: float = 5.0) -> bool:
+    """Whether process ``pid`` shows ``root`` as its root within ``timeout`` (a helper confines itself
+    at set-up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.readlink(f"/proc/{pid}/root") == root:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_the_cli_starts_nvml_ahead_for_the_configurations_options_where_none_are_given(
+    active_2gpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``nvc-py info`` forks its driver helper before it parses (driver_service.prefork): with no
+    global option before the command, the helper sets up (confined in the configuration's root) at
+    once; with one, or with a configuration it cannot use, it only imports until the call sends the
+    options. The call takes it either way."""
+    from nvc.rpc import driver_service
+
+    root = str(active_2gpu.root)
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("NVC_PY_CONFIG", str(config))
+    config.write_text(f"root: {root}\n")
+    driver_service.prefork(["info", "--json"])
+    ahead = driver_service._ahead.kept.pid
+    assert _chrooted_to(ahead, root), "the helper was not started for the configuration's root"
+    with open_driver(root=root) as driver:
+        assert driver.pid == ahead and len(driver.snapshot().gpus) == 2
+
+    for argv, text in ((["--root", root, "info"], f"root: {root}\n"), (["info"], "root: relative/path\n")):
+        config.write_text(text)
+        driver_service.prefork(argv)
+        ahead = driver_service._ahead.kept.pid
+        assert not _chrooted_to(ahead, root, timeout=0.3), argv
+        with open_driver(root=root) as driver:
+            assert driver.pid == ahead and len(driver.snapshot().gpus) == 2
+        assert not Path(f"/proc/{ahead}").exists()
+
+
 def test_a_prestarted_container_helper_is_confined_before_any_call_and_taken_once() -> None:
     """The hook server's idle workers fork the container helper ahead (container_service.prestart):
     before any call it holds only the mount capabilities, none effective, with NO_NEW_PRIVS; the

@@ -6,28 +6,25 @@ Every :class:`~nvc.errors.NvcError` becomes one line on stderr and its stable ex
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from nvc import __version__
+from nvc.commands import queries
 from nvc.commands.lazygroup import LazyGroup
-from nvc.config.options import GlobalOptions, parse_user
+from nvc.config.options import GlobalOptions, resolve_options
 from nvc.containerenv import MIG_FILE_VALUES
-from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError, NvcError
+from nvc.errors import InputError, NvcError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from nvc.commands.listing import Listing, ListRequest
 
 # Global options that take a separate value, and the one whose value is optional
 # (getopt's ``--user[=UID[:GID]]``: a value only when attached with '=').
 _GLOBAL_VALUE_OPTIONS = ("-r", "--root", "-l", "--ldcache", "-d", "--debug")
 _OPTIONAL_VALUE_OPTIONS = ("-u", "--user")
-DRIVER_VERSION = "/proc/driver/nvidia/version"  # there while the NVIDIA kernel driver is loaded
 
 
 def _optional_user_value(argv: list[str]) -> list[str]:
@@ -98,19 +95,8 @@ class _Given:
         self.root, self.ldcache, self.user, self.load_kmods = root, ldcache, user, load_kmods
 
     def resolve(self) -> GlobalOptions:
-        """The options, the configuration file's ``root``, ``ldcache`` and ``user`` standing in for
-        those not given (as the hook and the runtime wrapper read them)."""
-        root, ldcache, user = self.root, self.ldcache, self.user
-        if root is None or ldcache is None or user is None:
-            from nvc import config
-
-            conf = config.load()
-            root = conf.root if root is None else root
-            ldcache = conf.ldcache if ldcache is None else ldcache
-            user = conf.user if user is None else user
-        if not os.path.isabs(root) or not os.path.isdir(root):
-            raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
-        return GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), self.load_kmods)
+        """The options, the configuration's standing in for those not given (:func:`resolve_options`)."""
+        return resolve_options(self.root, self.ldcache, self.user, self.load_kmods)
 
 
 def _pass_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -137,15 +123,9 @@ def _with_options(command: Callable[..., None], before: Callable[[GlobalOptions]
     @functools.wraps(command)
     def with_options(*args: object, **kwargs: object) -> None:
         opts = click.get_current_context().find_object(_Given).resolve()
-        try:
+        with queries.driver_required():
             before(opts)
             command(opts, *args, **kwargs)
-        except InitializationError as err:
-            if os.path.exists(DRIVER_VERSION):
-                raise
-            raise InitializationError(
-                f"no NVIDIA driver is loaded on this host ({err.args[0]}); {TRY_WITHOUT_GPU}"
-            ) from None
 
     return with_options
 
@@ -156,17 +136,7 @@ def _with_options(command: Callable[..., None], before: Callable[[GlobalOptions]
 @_pass_options
 def info(opts: GlobalOptions, fmt: str | None) -> None:
     """Print the driver version and every GPU and MIG device (queries NVML)."""
-    from nvc.rpc.driver_service import open_driver
-
-    # The helper (preforked at start-up, see nvc.__main__; else forked here) loads NVML while
-    # this process imports the rest.
-    with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
-        from nvc.commands import infoformat
-        from nvc.discover import inventory
-
-        inv = inventory.from_snapshot(drv.snapshot())
-    render = {None: infoformat.text, "csv": infoformat.csv_text, "json": infoformat.json_text}[fmt]
-    click.echo(render(inv, inv.cuda_version), nl=False)
+    click.echo(queries.info_text(opts, fmt), nl=False)
 
 
 @cli.command("list", short_help="Print the host files a container would get.")
@@ -208,27 +178,21 @@ def list_(
     force_nvml: bool,
 ) -> None:
     """Print the host paths a container would get (with no selection flags: -d all --compat32 -l -b -i -f)."""
-    from nvc.commands import listing
-    from nvc.containerenv import parse_imex_channels
-
-    chosen = bool(devices) or libraries or binaries or ipcs or firmwares or compat32 or bool(mig_config or mig_monitor)
-    if not chosen:
-        devices, libraries, binaries, ipcs, firmwares, compat32 = ("all",), True, True, True, True, True
-    request = listing.ListRequest(
-        devices=bool(devices),
-        libraries=libraries,
-        binaries=binaries,
-        ipcs=ipcs,
-        firmwares=firmwares,
-        compat32=compat32,
-        mig_config=mig_config is not None,
-        mig_monitor=mig_monitor is not None,
-        imex_channels=parse_imex_channels(imex),
-        no_persistenced=no_persistenced,
-        no_fabricmanager=no_fabricmanager,
-        no_gsp_firmware=no_gsp_firmware,
+    request, devices = queries.list_request(
+        devices,
+        libraries,
+        binaries,
+        ipcs,
+        firmwares,
+        compat32,
+        mig_config,
+        mig_monitor,
+        imex,
+        no_persistenced,
+        no_fabricmanager,
+        no_gsp_firmware,
     )
-    result = run_list(opts, request, devices, use_nvml=True if force_nvml else None)
+    result = queries.run_list(opts, request, devices, use_nvml=True if force_nvml else None)
     click.echo(result.json() if as_json else result.text(), nl=False)
 
 
@@ -322,38 +286,6 @@ def configure(
     plan = run(opts, request, dry_run=dry_run)
     if dry_run:
         click.echo(plan.text(), nl=False)
-
-
-def run_list(
-    opts: GlobalOptions, request: ListRequest, devices: tuple[str, ...], use_nvml: bool | None = None
-) -> Listing:
-    """Discover what ``request`` needs and build the listing.
-
-    ``use_nvml`` None picks the cheapest source that can answer (see
-    :func:`nvc.plan.selection.needs_nvml`); True/False force one, which tests use to show
-    that both sources give the same listing.
-    """
-    from nvc.commands import listing
-    from nvc.discover import driver, inventory, nodes, procfs
-    from nvc.plan import selection
-
-    selectors = selection.parse(devices)
-    mig_files = request.mig_config or request.mig_monitor
-    if mig_files and any(s.needs_mig for s in selectors):
-        raise InputError("cannot enable mig-config with specific MIG devices selected")
-    if use_nvml is None:
-        use_nvml = selection.needs_nvml(selectors, mig_files)
-    if use_nvml:
-        from nvc.rpc import driver_service  # its helper's client: not imported where /proc answers
-
-        inv = driver_service.inventory(opts.root, opts.user)
-    else:
-        inv = inventory.from_procfs()
-    chosen = selection.select(inv.gpus, selectors) if request.devices else None
-    files = driver.discover(opts.root, inv.driver_version, opts.ldcache) if request.needs_driver_files else None
-    majors = nodes.read_majors() if request.needs_nodes else {}
-    mig_minors = procfs.read_mig_minors() if mig_files else {}
-    return listing.build(request, opts.root, files, chosen, majors, mig_minors)
 
 
 @cli.command(

@@ -47,3 +47,18 @@ def parse_user(value: str | None) -> tuple[int, int]:
     if decimal(uid, 10) is None or (sep and decimal(gid, 10) is None):
         raise InputError(f"{value}: invalid user (expected UID[:GID])")
     return int(uid), int(gid) if sep else int(uid)
+
+
+def resolve_options(root: str | None, ldcache: str | None, user: str | None, load_kmods: bool) -> GlobalOptions:
+    """The global options, the configuration file's ``root``, ``ldcache`` and ``user`` standing in for
+    those not given (as the hook and the runtime wrapper read them)."""
+    if root is None or ldcache is None or user is None:
+        from nvc import config
+
+        conf = config.load()
+        root = conf.root if root is None else root
+        ldcache = conf.ldcache if ldcache is None else ldcache
+        user = conf.user if user is None else user
+    if not os.path.isabs(root) or not os.path.isdir(root):
+        raise InputError(f"{root}: invalid driver root (must be an absolute path to a directory)")
+    return GlobalOptions(os.path.normpath(root), ldcache, parse_user(user), load_kmods)
