@@ -2,7 +2,8 @@
 """Time ``nvc-py info`` and ``nvc-py list`` end to end, with and without the /proc fast path.
 
 Each command runs as the user runs it (the installed ``nvc-py``: after ``make install`` the native
-front, which runs the Python program when no server answers; a fresh process per run); runs are
+front, which runs the Python program when no server answers; a fresh process per run; no global
+option: the driver root is the configuration's, which the bench writes for a root other than /); runs are
 interleaved round-robin so that drift hits every row alike. Ratios are against the interpreter
 floor of the Python program's interpreter, measured in the same run: ``python -S -c pass`` (no
 site) and ``python -c pass`` (with site), so numbers from machines of different speed can be
@@ -82,7 +83,9 @@ def default_nvc_py() -> str:
 
 
 def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> list[Case]:
-    base = (nvc_py, "--root", root)
+    """nvc-py's rows, as a user types them: the driver root is the configuration's (main writes one
+    naming any root but /)."""
+    base = (nvc_py,)
     return [
         Case("python -S -c pass", "interpreter floor (baseline)", (python, "-S", "-c", "pass"), no_server),
         Case("python -c pass", "interpreter with site", (python, "-c", "pass"), no_server),

@@ -328,23 +328,21 @@ def prefork(argv: list[str]) -> None:
 
     Importing pynvml and loading NVML take longer in the helper than everything the CLI imports
     before it knows its options (``nvc-py info``). Where no global option comes before the command
-    (``argv``, the words after the program's name), the helper is started at once for the
-    configuration's root and user, so NVML loads while the CLI imports; else it only imports until
+    (``argv``, the words after the program's name), the helper is sent the configuration's root
+    and user at once, so NVML loads while the CLI imports; else it only imports until
     :func:`open_driver` sends it the real options. Either is a guess that affects speed only:
     open_driver closes a helper started for other options than the call's, and one never taken exits
     with this process.
     """
+    _ahead.prefork()
     if argv[:1] and not argv[0].startswith("-"):
         from nvc.config.options import resolve_options
 
         try:
             opts = resolve_options(None, None, None, False)
         except NvcError:  # the CLI says what is wrong, later and in its own words
-            pass
-        else:
-            _ahead.prepare(stamped=False, **_setup(opts.root, opts.user))  # taken within this run
             return
-    _ahead.prefork()
+        _ahead.begin(**_setup(opts.root, opts.user))
 
 
 def prestart(root: str = "/", user: tuple[int, int] | None = None) -> WarmHelper:

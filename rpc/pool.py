@@ -62,13 +62,21 @@ class WarmHelper:
         """Fork the helper now, before its parameters are known: it runs ``warm`` meanwhile, and
         :meth:`take` sends it the call's."""
         self.kept = HelperClient.prefork(self.name, self.setup, warm=self.warm, failure=self.failure)
-        self._params = None
+        self._params = self._stamp = None
 
-    def prepare(self, *, stamped: bool = True, **params: Any) -> None:
+    def begin(self, **params: Any) -> None:
+        """Send the helper :meth:`prefork` forked its parameters now, before the call that takes it
+        (which must ask for the same): it sets up meanwhile. No stamp is taken: this is for a process
+        whose call comes within its own short run (the CLI's), not for one kept waiting."""
+        if self.kept is None or self._params is not None:
+            raise errors.NvcError(f"nvc:[{self.name}]: no helper forked ahead without its parameters")
+        self.kept.start(**params)
+        self._params = params
+
+    def prepare(self, **params: Any) -> None:
         """Fork the helper and start it with ``params`` now: its set-up runs before any call needs it,
-        then its ``idle`` while no call has come. ``stamped=False``: no stamp is taken, nor compared
-        when it is taken, for a process whose call comes within its own short run (the CLI's)."""
-        self._stamp = self.stamp(params) if self.stamp and stamped else None
+        then its ``idle`` while no call has come."""
+        self._stamp = self.stamp(params) if self.stamp else None
         self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False, idle=self.idle), params
 
     def report_fd(self) -> int | None:

@@ -8,9 +8,6 @@ fixed places (ICD json files, the VDPAU and GBM backends, the X driver). Buildin
 pure over already discovered facts, apart from checking that device nodes exist.
 """
 
-from __future__ import annotations
-
-import json
 import os
 from typing import NamedTuple
 
@@ -65,6 +62,8 @@ class Listing(NamedTuple):
 
     def json(self) -> str:
         """A JSON object with every section as a (possibly empty) list, keys in output order."""
+        import json  # for --json only: with its patterns, more than the rest of a listing imports
+
         return json.dumps({k: list(v) for k, v in self._asdict().items()}, indent=2) + "\n"
 
 

@@ -196,7 +196,7 @@ def _memory_limit(value: Any) -> str | None:
     return text
 
 
-_GPU = re.compile(r"all|[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Fa-f-]{1,36}")  # nvc.containerenv.sharing.SCOPE's devices
+_GPU = r"all|[0-9]{1,3}|(?:GPU|MIG)-[0-9A-Fa-f-]{1,36}"  # nvc.containerenv.sharing.SCOPE's devices
 
 
 def _backend(value: Any) -> tuple[tuple[str, str], ...]:
@@ -207,7 +207,7 @@ def _backend(value: Any) -> tuple[tuple[str, str], ...]:
         raise ValueError(f"expected one of {', '.join(SHARE_BACKENDS)}, or a mapping of GPUs to them")
     found = {"all": "timeslice"}
     for gpu, backend in value.items():
-        if isinstance(gpu, bool) or not isinstance(gpu, (str, int)) or not _GPU.fullmatch(str(gpu)):
+        if isinstance(gpu, bool) or not isinstance(gpu, (str, int)) or not re.fullmatch(_GPU, str(gpu)):
             raise ValueError(f"{one_line(repr(gpu), SHOWN_LIMIT)}: not a GPU (all, a GPU- or MIG- UUID, an index)")
         if backend not in SHARE_BACKENDS:
             raise ValueError(f"{gpu}: expected one of {', '.join(SHARE_BACKENDS)}")
@@ -223,18 +223,18 @@ def _percent(value: Any) -> int | None:
     return value
 
 
-_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_RESOURCE = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 
 
 def _resource(value: Any) -> str:
     """An extended resource name as the kubelet accepts it: ``domain/name``."""
-    if not isinstance(value, str) or not _RESOURCE.fullmatch(value) or len(value) > 253:
+    if not isinstance(value, str) or not re.fullmatch(_RESOURCE, value) or len(value) > 253:
         raise ValueError("expected an extended resource name, DOMAIN/NAME (e.g. nvidia.com/gpu)")
     return value
 
 
 def _resource_prefix(value: Any) -> str:
-    if not isinstance(value, str) or not _RESOURCE.fullmatch(value + "x"):
+    if not isinstance(value, str) or not re.fullmatch(_RESOURCE, value + "x"):
         raise ValueError("expected the start of an extended resource name, DOMAIN/PREFIX (e.g. nvidia.com/mig-)")
     return value
 

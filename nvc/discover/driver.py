@@ -162,7 +162,7 @@ def _through_alternatives(root: str, path: str) -> bool:
 
 
 # A driver version as NVIDIA writes it into its binaries (535.171.04, 550.54.15, 580.159.04).
-_DRIVER_VERSION = re.compile(rb"(?<![0-9.])[1-9][0-9]{2}\.[0-9]{2,3}(?:\.[0-9]{2})?(?![0-9.])")
+_DRIVER_VERSION = rb"(?<![0-9.])[1-9][0-9]{2}\.[0-9]{2,3}(?:\.[0-9]{2})?(?![0-9.])"
 
 
 def other_version(path: str, version: str) -> str | None:
@@ -176,7 +176,7 @@ def other_version(path: str, version: str) -> str | None:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             if data.find(version.encode()) >= 0:
                 return None
-            found = _DRIVER_VERSION.search(data)
+            found = re.search(_DRIVER_VERSION, data)
             return found.group().decode() if found else None
 
 

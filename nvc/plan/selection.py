@@ -16,7 +16,7 @@ from nvc.errors import DeviceError, cut
 from nvc.model.devices import MigDevice
 from nvc.system.untrusted import decimal
 
-_MIG_INDEX = re.compile(r"([0-9]{1,9}):([0-9]{1,9})")
+_MIG_INDEX = r"([0-9]{1,9}):([0-9]{1,9})"
 
 
 class GpuLike(Protocol):
@@ -55,7 +55,7 @@ def parse(spec: str | tuple[str, ...]) -> tuple[Selector, ...]:
         if not token:
             continue
         lower = token.lower()
-        mig = _MIG_INDEX.fullmatch(token)
+        mig = re.fullmatch(_MIG_INDEX, token)
         index = decimal(token, 9)
         if lower == "all":
             selectors.append(Selector(token, "all"))
