@@ -12,6 +12,7 @@ imported only in the child: nvc-py's own start-up never pays for it.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -67,11 +68,45 @@ def bus_id(domain: int, bus: int, device: int) -> str:
     return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
+class _EarlyInit:
+    """``nvmlInit_v2`` called in a thread of its own as soon as the helper is confined, while pynvml
+    imports (ctypes lets go of the GIL for the call): NVML's start, a third of ``info``'s wait, then
+    overlaps the import. pynvml's own init, after, finds NVML started and only counts one more user
+    (NVML's inits and shutdowns are counted); :meth:`shutdown` undoes this one. Its outcome is not
+    reported: where it failed, pynvml's init fails the same way and says why."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.library: Any = None
+        self.thread = threading.Thread(target=self._init, name="nvml-init", daemon=True)
+        self.thread.start()
+
+    def _init(self) -> None:
+        import ctypes
+
+        try:
+            library = ctypes.CDLL(NVML_SONAME)
+            if library.nvmlInit_v2() == 0:  # NVML_SUCCESS
+                self.library = library
+        except (OSError, AttributeError):
+            pass
+
+    def wait(self) -> None:
+        self.thread.join()
+
+    def shutdown(self) -> None:
+        if self.library is not None:
+            self.library.nvmlShutdown()
+            self.library = None
+
+
 class _Nvml:
     """NVML calls of one snapshot, with NVML errors turned into nvc-py errors."""
 
-    def __init__(self, pynvml: ModuleType) -> None:
+    def __init__(self, pynvml: ModuleType, early: _EarlyInit | None = None) -> None:
         self.nvml = pynvml
+        self.early = early
 
     def error_text(self, err: Exception) -> str:
         """NVML's own string for an error (the loaded library's, not pynvml's copy), lower case
@@ -87,6 +122,8 @@ class _Nvml:
         import ctypes
 
         try:
+            if self.early is not None:
+                self.early.wait()
             ctypes.CDLL(NVML_SONAME)  # pynvml hides dlerror(); this keeps the reason
         except OSError as err:
             reason = str(err).removeprefix(f"{NVML_SONAME}: ")
@@ -110,6 +147,8 @@ class _Nvml:
 
     def shutdown(self) -> None:
         self.call("nvmlShutdown")
+        if self.early is not None:
+            self.early.shutdown()
 
     def call(self, function: str, *args: Any) -> Any:
         try:
@@ -248,16 +287,22 @@ def _warm() -> None:
 def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatch:
     """Helper setup: confine, then load NVML from the driver root; return the methods (``events``:
     also the Kubernetes device plugin's XID events and topology, nvc.rpc.nvml_events)."""
-    pynvml = import_pynvml()  # here, before the chroot: the module's file lives on the host
-
     from nvc.system.confinement import DRIVER_HELPER, confine
 
     if events:
         from nvc.rpc import nvml_events
-    if root != "/":
-        _preload_host_libraries()
-    confine(DRIVER_HELPER, root, (uid, gid), rearm=die_with_parent)  # a driver root can at most lie to us
-    nvml = _Nvml(pynvml)
+    early = None
+    if root == "/" and "pynvml" not in sys.modules:
+        # pynvml's files stay where they are in a chroot to /: NVML starts, confined, while it imports
+        confine(DRIVER_HELPER, root, (uid, gid), rearm=die_with_parent)
+        early = _EarlyInit()
+        pynvml = import_pynvml()
+    else:
+        pynvml = import_pynvml()  # here, before the chroot: the module's file lives on the host
+        if root != "/":
+            _preload_host_libraries()
+        confine(DRIVER_HELPER, root, (uid, gid), rearm=die_with_parent)  # a driver root can at most lie to us
+    nvml = _Nvml(pynvml, early)
     nvml.load()
     nvml.attach()
     methods: Dispatch = {"snapshot": nvml.snapshot, "memory": nvml.memory, "shutdown": nvml.shutdown}
@@ -334,8 +379,9 @@ def prefork(argv: list[str]) -> None:
     open_driver closes a helper started for other options than the call's, and one never taken exits
     with this process.
     """
-    _ahead.prefork()
-    if argv[:1] and not argv[0].startswith("-"):
+    guess = bool(argv) and not argv[0].startswith("-")
+    _ahead.prefork(warm=not guess)  # a helper sent its options imports in their order (serve_driver)
+    if guess:
         from nvc.config.options import resolve_options
 
         try:

@@ -58,10 +58,10 @@ class WarmHelper:
             idle=idle,
         )
 
-    def prefork(self) -> None:
-        """Fork the helper now, before its parameters are known: it runs ``warm`` meanwhile, and
-        :meth:`take` sends it the call's."""
-        self.kept = HelperClient.prefork(self.name, self.setup, warm=self.warm, failure=self.failure)
+    def prefork(self, warm: bool = True) -> None:
+        """Fork the helper now, before its parameters are known: it runs ``warm`` meanwhile (unless
+        ``warm`` is False: for a caller about to :meth:`begin` it), and :meth:`take` sends it the call's."""
+        self.kept = HelperClient.prefork(self.name, self.setup, warm=self.warm if warm else None, failure=self.failure)
         self._params = self._stamp = None
 
     def begin(self, **params: Any) -> None:

@@ -143,6 +143,41 @@ def test_a_prestarted_helper_is_taken_for_the_same_options_only(active_2gpu) -> 
         assert not Path(f"/proc/{other}").exists()  # closed and reaped
 
 
+_SNAPSHOT_OF_ROOT = """
+import json, sys
+from nvc import errors
+from nvc.rpc import driver_service
+try:
+    with driver_service.open_driver(root=sys.argv[1], user=(0, 0)) as driver:  # the owner of pytest's dirs
+        print(json.dumps([[g.uuid, len(g.mig_devices)] for g in driver.snapshot().gpus]))
+except errors.NvcError as err:
+    print(f"{type(err).__name__}: {err}")
+print("pynvml" in sys.modules)
+"""
+
+
+def test_the_driver_helper_for_the_hosts_root_starts_nvml_while_pynvml_imports(active_2gpu) -> None:
+    """For the driver root / (pynvml's files stay in reach in a chroot to /) the helper confines itself
+    first, then starts NVML in a thread while pynvml imports: its snapshot is the one the other order
+    gives for the fake's own root, and without any NVML its error is that order's too. The fake NVML is
+    found at / through LD_LIBRARY_PATH, which the loader reads when a process starts: a child of its own."""
+
+    def snapshot(root: str, library_path: str | None) -> list[str]:
+        env = {key: value for key, value in os.environ.items() if key != "LD_LIBRARY_PATH"}
+        env.update({"LD_LIBRARY_PATH": library_path} if library_path else {})
+        code = [sys.executable, "-c", _SNAPSHOT_OF_ROOT, root]
+        return subprocess.run(code, env=env, capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+
+    root = str(active_2gpu.root)
+    through_root = snapshot(root, None)
+    assert through_root[0].startswith("[[") and through_root[1] == "False", through_root
+    assert snapshot("/", str(active_2gpu.lib_dir)) == through_root
+    missing = snapshot("/", None)
+    assert missing[0].startswith(
+        "InitializationError: initialization error: load library failed: libnvidia-ml.so.1: "
+    ), missing
+
+
 def _chrooted_to(pid: int, root: str, timeout: float = 5.0) -> bool:
     """Whether process ``pid`` shows ``root`` as its root within ``timeout`` (a helper confines itself
     at set-up)."""
