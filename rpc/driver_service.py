@@ -70,8 +70,8 @@ def bus_id(domain: int, bus: int, device: int) -> str:
 
 class _EarlyInit:
     """``nvmlInit_v2`` called in a thread of its own as soon as the helper is confined, while pynvml
-    imports (ctypes lets go of the GIL for the call): NVML's start, a third of ``info``'s wait, then
-    overlaps the import. pynvml's own init, after, finds NVML started and only counts one more user
+    imports (ctypes lets go of the GIL for the call), so that NVML's start overlaps the import.
+    pynvml's own init, after, finds NVML started and only counts one more user
     (NVML's inits and shutdowns are counted); :meth:`shutdown` undoes this one. Its outcome is not
     reported: where it failed, pynvml's init fails the same way and says why."""
 

@@ -69,7 +69,7 @@ class WarmHelper:
         (which must ask for the same): it sets up meanwhile. No stamp is taken: this is for a process
         whose call comes within its own short run (the CLI's), not for one kept waiting."""
         if self.kept is None or self._params is not None:
-            raise errors.NvcError(f"nvc:[{self.name}]: no helper forked ahead without its parameters")
+            raise self.failure(f"nvc:[{self.name}]: no helper forked ahead without its parameters")
         self.kept.start(**params)
         self._params = params
 
