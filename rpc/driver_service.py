@@ -69,16 +69,15 @@ def bus_id(domain: int, bus: int, device: int) -> str:
 
 
 class _EarlyInit:
-    """``nvmlInit_v2`` called in a thread of its own as soon as the helper is confined, while pynvml
-    imports (ctypes lets go of the GIL for the call), so that NVML's start overlaps the import.
-    pynvml's own init, after, finds NVML started and only counts one more user
-    (NVML's inits and shutdowns are counted); :meth:`shutdown` undoes this one. Its outcome is not
-    reported: where it failed, pynvml's init fails the same way and says why."""
+    """``nvmlInit_v2`` and every GPU's first handle (:meth:`_Nvml.attach`) called in a thread of their
+    own as soon as the helper is confined, while pynvml imports (ctypes lets go of the GIL for each
+    call), so that NVML's start overlaps the import. pynvml's own init, after, finds NVML started and
+    only counts one more user (NVML's inits are counted), and its handles are NVML's kept ones.
+    Its outcome is not reported: where it failed, pynvml's calls fail the same way and say why."""
 
     def __init__(self) -> None:
         import threading
 
-        self.library: Any = None
         self.thread = threading.Thread(target=self._init, name="nvml-init", daemon=True)
         self.thread.start()
 
@@ -87,18 +86,17 @@ class _EarlyInit:
 
         try:
             library = ctypes.CDLL(NVML_SONAME)
-            if library.nvmlInit_v2() == 0:  # NVML_SUCCESS
-                self.library = library
+            if library.nvmlInit_v2() != 0:  # NVML_SUCCESS
+                return
+            count, handle = ctypes.c_uint(), ctypes.c_void_p()
+            if library.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0:
+                for index in range(count.value):
+                    library.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
         except (OSError, AttributeError):
             pass
 
     def wait(self) -> None:
         self.thread.join()
-
-    def shutdown(self) -> None:
-        if self.library is not None:
-            self.library.nvmlShutdown()
-            self.library = None
 
 
 class _Nvml:
@@ -144,11 +142,6 @@ class _Nvml:
                 self.nvml.nvmlDeviceGetHandleByIndex(index)
         except self.nvml.NVMLError:
             pass
-
-    def shutdown(self) -> None:
-        self.call("nvmlShutdown")
-        if self.early is not None:
-            self.early.shutdown()
 
     def call(self, function: str, *args: Any) -> Any:
         try:
@@ -305,7 +298,8 @@ def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatc
     nvml = _Nvml(pynvml, early)
     nvml.load()
     nvml.attach()
-    methods: Dispatch = {"snapshot": nvml.snapshot, "memory": nvml.memory, "shutdown": nvml.shutdown}
+    # No "shutdown" method: the helper's exit ends NVML's use as nvmlShutdown would, sooner.
+    methods: Dispatch = {"snapshot": nvml.snapshot, "memory": nvml.memory}
     if not events:
         return methods
     watch = nvml_events.XidWatch(nvml)

@@ -6,7 +6,6 @@ container's spec, the CDI specs (the CLI's, the DRA driver's) name it in their h
 from __future__ import annotations
 
 import os
-from typing import Any
 
 HOOK_SCRIPT = "nvc-py-hook"
 RUNTIME_SCRIPT = "nvc-py-runtime"
@@ -35,7 +34,7 @@ def hook_env(config_path: str | None) -> list[str]:
     return [FIXED_PATH] + ([f"NVC_PY_CONFIG={config_path}"] if config_path else [])
 
 
-def oci_hook(stage: str, config_path: str | None = None) -> dict[str, Any]:
+def oci_hook(stage: str, config_path: str | None = None) -> dict[str, str | list[str]]:
     """The OCI hook entry that runs ``nvc-py-hook STAGE`` (prestart configures; poststop drops
     the GPU-sharing directory of a container that had one).
 

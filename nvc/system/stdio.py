@@ -23,12 +23,9 @@ from __future__ import annotations
 import io
 import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable  # loaded already by the launchers' code cache: typing is not
 
 from nvc.errors import NvcError, OutputError
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 _LOST: list[str] = []  # what could not be written besides stdout, one line each
 
