@@ -30,7 +30,9 @@ import struct
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
+
+from nvc.records import NamedTuple
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")

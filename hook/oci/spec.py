@@ -8,9 +8,10 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.errors import SHOWN_LIMIT, InputError, one_line, shown
+from nvc.records import NamedTuple
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 # Annotations the kubelet's container runtimes put on a pod's containers (containerd's CRI, CRI-O): such a

@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import NamedTuple
+
+from nvc.records import NamedTuple
 
 SO_PEERPIDFD = 77  # Linux's value; Python's socket module lacks the name before 3.13
 CHECKED_NAMESPACES = ("mnt", "pid", "user", "cgroup")

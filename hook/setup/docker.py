@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.errors import InputError, cut, shown
 from nvc.hook.setup import engineconf
 from nvc.hook.setup.engines import SYSTEMD_RUNNING, script_path
 from nvc.hook.setup.files import remove_files, remove_files_and_dirs, staging_name, write_files
+from nvc.records import NamedTuple
 from nvc.system.programs import FIXED_PATH, HOOK_SCRIPT, LIBDIR, RUNTIME_SCRIPT, installed_program
 
 GPUS_HOOK = "nvidia-container-runtime-hook"  # the command dockerd's --gpus runs, looked up on its PATH

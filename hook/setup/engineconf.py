@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from nvc.errors import InputError
+from nvc.records import NamedTuple
 from nvc.system.untrusted import PATH_MAX, UnexpectedFile, read_checked
 
 MAX_SIZE = 1 << 20  # bytes of one configuration file: a real one is a few KiB

@@ -24,10 +24,11 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.errors import InputError
 from nvc.hook.setup import engineconf
+from nvc.records import NamedTuple
 
 DEFAULT_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"
 LEGACY_HOOKS_DIR = "/etc/containers/oci/hooks.d"  # where nvc-py wrote before it resolved the chain

@@ -35,11 +35,11 @@ import select
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
 
 from nvc.errors import InputError
 from nvc.hook.setup import engines, hooksdirs
 from nvc.hook.setup import files as setupfiles
+from nvc.records import NamedTuple
 from nvc.system import programs
 
 SERVER_ARGV = (os.path.join(programs.LIBDIR, engines.SERVER_PROGRAM), "serve")

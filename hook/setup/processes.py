@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import NamedTuple
+
+from nvc.records import NamedTuple
 
 
 class Daemon(NamedTuple):

@@ -30,7 +30,8 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+
+from nvc.records import NamedTuple
 
 RUN_DIR = "run/nvc-py"
 MPS_DIR = "run/nvc-py-mps"  # nvc.plan.mps.MPS_DIR: <UUID>/daemon is root's record of the daemon started

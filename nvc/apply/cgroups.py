@@ -18,11 +18,11 @@ import os
 import posixpath
 import re
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from nvc.apply import bpf
 from nvc.errors import ContainerError
 from nvc.plan.devfilter import DeviceRule, build_filter
+from nvc.records import NamedTuple
 from nvc.system import syscalls
 
 FILTER_LICENSE = "Apache-2.0"  # no GPL-only helpers are used, so any licence loads

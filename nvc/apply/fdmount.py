@@ -16,9 +16,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import NamedTuple
 
 from nvc.errors import MountError
+from nvc.records import NamedTuple
 from nvc.system import syscalls
 from nvc.system.syscalls import MountAttr
 

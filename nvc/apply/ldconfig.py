@@ -28,9 +28,10 @@ import signal
 import stat
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from nvc.errors import LdcacheError, NvcError, cut
+from nvc.records import NamedTuple
 from nvc.system import confinement, syscalls
 from nvc.system.confinement import LDCONFIG_SANDBOX as SANDBOX
 

@@ -29,13 +29,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from nvc.apply.container import start_time
 from nvc.errors import ContainerError
 from nvc.logger import Logger
 from nvc.plan import mps as mpsplan
 from nvc.plan.share import STATE_DIR
+from nvc.records import NamedTuple
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle

@@ -15,8 +15,8 @@ import posixpath
 import stat
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
 
+from nvc.records import NamedTuple
 from nvc.system import syscalls
 
 _MAX_SYMLINKS = 40  # the kernel's limit (ELOOP beyond it)

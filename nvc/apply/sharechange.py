@@ -13,11 +13,11 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
 from nvc.apply.sharefiles import write_new
 from nvc.errors import ContainerError
 from nvc.plan.share import BOUNDS_FILE, GRANTED_DIR, LIMITS_MAX, STATE_DIR, container_dir, sched_dir_for
+from nvc.records import NamedTuple
 
 
 class Current(NamedTuple):

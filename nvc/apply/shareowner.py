@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from nvc.apply.container import start_time
+from nvc.records import NamedTuple
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle

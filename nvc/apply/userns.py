@@ -12,9 +12,9 @@ how a device reaches a user namespace, where mknod is refused.
 
 import errno
 import os
-from typing import NamedTuple
 
 from nvc.errors import MountError
+from nvc.records import NamedTuple
 from nvc.system import confinement, syscalls
 
 CLONE_NEWUSER = 0x10000000

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.errors import InputError
+from nvc.records import NamedTuple
 from nvc.system import programs
 from nvc.system.untrusted import read_file
 

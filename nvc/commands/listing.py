@@ -9,12 +9,12 @@ pure over already discovered facts, apart from checking that device nodes exist.
 """
 
 import os
-from typing import NamedTuple
 
 from nvc.discover import nodes, procfs
 from nvc.discover.driver import DriverFiles
 from nvc.errors import DeviceError
 from nvc.plan.selection import Selection
+from nvc.records import NamedTuple
 
 
 class ListRequest(NamedTuple):

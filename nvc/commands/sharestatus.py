@@ -18,12 +18,12 @@ import os
 import stat
 import time
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 from nvc.apply import shareowner
 from nvc.apply.mps import DeviceState
 from nvc.errors import one_line
 from nvc.plan import mps, share
+from nvc.records import NamedTuple
 from nvc.share.region import SIZE, Region, RegionFormatError, parse_region
 from nvc.share.sched import IDLE_NS, SchedDevice, SchedFormatError, parse_sched
 from nvc.share.sched import SIZE as SCHED_SIZE

@@ -10,11 +10,12 @@ than a container that does not start. A missing file means all defaults.
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.config.yamlfile import MAX_SIZE, yaml_document
 from nvc.errors import SHOWN_LIMIT, InputError, one_line
 from nvc.model.capabilities import CAPABILITIES
+from nvc.records import NamedTuple
 from nvc.system.untrusted import decimal, read_file
 
 Check = Callable[[Any], Any]  # a validator of one setting

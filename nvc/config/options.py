@@ -5,9 +5,9 @@ for the CLI's imports at every container start.
 """
 
 import os
-from typing import NamedTuple
 
 from nvc.errors import InputError
+from nvc.records import NamedTuple
 from nvc.system.untrusted import decimal
 
 OVERFLOW_IDS = ("/proc/sys/kernel/overflowuid", "/proc/sys/kernel/overflowgid")

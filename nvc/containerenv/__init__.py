@@ -15,10 +15,10 @@ Pure and light to import: the hook reads this package at every container start, 
 """
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple
 
 from nvc.errors import InputError
 from nvc.model.capabilities import CAPABILITIES
+from nvc.records import NamedTuple
 
 # The NVIDIA_* variables (and the legacy CUDA images' CUDA_VERSION), as NVIDIA's toolkit reads them.
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"

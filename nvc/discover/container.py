@@ -12,9 +12,9 @@ import os
 import posixpath
 import stat
 from collections.abc import Callable
-from typing import NamedTuple
 
 from nvc.errors import ContainerError
+from nvc.records import NamedTuple
 
 Opener = Callable[[str, int], int]  # (path inside the image, open flags) -> fd, resolved inside its root
 

@@ -18,12 +18,13 @@ import re
 import stat
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.discover import elf, ldcache, rootpath
 from nvc.errors import DetectionError
 from nvc.logger import Logger
 from nvc.model import capabilities
+from nvc.records import NamedTuple
 
 log = Logger(__name__)
 

@@ -13,11 +13,11 @@ which :mod:`nvc.discover.ldcache` parses once while it is unchanged.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 from nvc.discover import ldcache, procfs, rootpath
 from nvc.discover.driver import DEFAULT_LDCACHE
 from nvc.errors import NvcError
+from nvc.records import NamedTuple
 
 # The libraries whose files identify the driver's user-space half (NVML: what the helpers load).
 STAMPED = ("libnvidia-ml.so.1", "libcuda.so.1")

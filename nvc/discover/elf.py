@@ -15,9 +15,10 @@ that a start with no server to ask (a fresh process) imports pyelftools only aft
 
 import os
 import struct
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 from nvc.logger import Logger
+from nvc.records import NamedTuple
 
 log = Logger(__name__)
 

@@ -7,12 +7,13 @@ CUDA version, brand or architecture) take that fast path. Both paths agree on wh
 they both know; index order on the fast path is bus id order, NVML's default order.
 """
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from nvc.discover import procfs
 from nvc.discover.procfs import ProcGpu
 from nvc.logger import Logger
 from nvc.model.devices import Gpu
+from nvc.records import NamedTuple
 
 if TYPE_CHECKING:
     from nvc.model.devices import DriverSnapshot

@@ -23,9 +23,10 @@ its results behind until a reboot otherwise).
 import json
 import os
 import zlib
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.discover import rootpath
+from nvc.records import NamedTuple
 from nvc.system import runcache
 
 DIRECTORY = "/run/nvc-py/driver-files"

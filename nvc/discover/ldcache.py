@@ -12,9 +12,9 @@ offset. String offsets of new-format entries are relative to the new header.
 
 import os
 import struct
-from typing import NamedTuple
 
 from nvc.errors import DetectionError
+from nvc.records import NamedTuple
 
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"

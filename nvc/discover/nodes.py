@@ -9,10 +9,10 @@ with another number must not be handed to a container.
 
 import os
 import stat
-from typing import NamedTuple
 
 from nvc.discover import rootpath
 from nvc.errors import DetectionError, DeviceError
+from nvc.records import NamedTuple
 
 PROC_DEVICES = "/proc/devices"
 

@@ -9,10 +9,10 @@ tell: the MIG capability access files and their ``nvidia-caps`` minors.
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from typing import NamedTuple
 
 from nvc.errors import ContainerError, DetectionError, InitializationError
 from nvc.model.devices import Gpu, MigDevice
+from nvc.records import NamedTuple
 
 PROC = "/proc"
 # Where a /proc tree is read: a str, or a Path (tests point the readers at a tree of their own). Paths are

@@ -8,7 +8,7 @@ changes nothing; ``--run`` starts one small container per registered engine.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from nvc.records import NamedTuple
 
 OK, FAIL, SKIP = "ok", "fail", "skip"
 MARKS = {OK: "✓", FAIL: "✗", SKIP: "-"}

@@ -15,10 +15,10 @@ import sysconfig
 import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 from nvc import containerenv
 from nvc.doctor import OK, Check, fail, ok, skip
+from nvc.records import NamedTuple
 
 BUSYBOX = ("/usr/bin/busybox", "/bin/busybox")
 GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")

@@ -15,7 +15,6 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
-from typing import NamedTuple
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -31,6 +30,7 @@ from nvc.errors import one_line
 from nvc.exporter import hooklog, unixdiag
 from nvc.exporter.nvml import GpuMemory, GpuMemoryCache
 from nvc.k8s import published
+from nvc.records import NamedTuple
 
 MAX_PROCESSES = 32  # per container, the largest users of device memory first
 MAX_LABEL = 128  # characters of a label value taken from a file

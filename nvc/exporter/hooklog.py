@@ -16,7 +16,8 @@ import json
 import math
 import os
 import stat
-from typing import NamedTuple
+
+from nvc.records import NamedTuple
 
 OUTCOMES = ("configured", "no-gpu", "refused", "failed")
 VIA = ("server", "direct")  # run by the hook server's worker, or by a hook process of its own

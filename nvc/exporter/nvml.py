@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.config.options import GlobalOptions
 from nvc.errors import NvcError
+from nvc.records import NamedTuple
 
 
 class GpuMemory(NamedTuple):

@@ -37,11 +37,12 @@ import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.errors import InputError, shown
 from nvc.exporter.basicauth import BasicAuth
 from nvc.exporter.webconfig import WebConfig
+from nvc.records import NamedTuple
 
 DEFAULT_LISTEN = "127.0.0.1:9402"  # beside the DCGM exporter's 9400, which may run on the same node
 MAX_CONNECTIONS = 128  # connections served at once

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple
+
+from nvc.records import NamedTuple
 
 FILE = "/run/nvc-py/device-plugin.json"
 MAX_RESOURCES = 64  # what a reader takes: the plugin has one per MIG profile, a handful

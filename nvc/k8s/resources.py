@@ -16,13 +16,13 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
 
 from nvc import containerenv
 from nvc.cdi import qualified_name
 from nvc.config import K8s
 from nvc.errors import InputError, shown
 from nvc.model.devices import Gpu
+from nvc.records import NamedTuple
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"  # the kubelet's constants
 MAX_SHARE_UNITS = 1024  # per GPU: the kubelet lists every unit as a device of its own

@@ -10,9 +10,9 @@ driver); docs/capabilities.md tables them all.
 """
 
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from nvc.errors import InputError
+from nvc.records import NamedTuple
 
 # Library groups, in the order their files are listed.
 LIBRARY_GROUPS: dict[str, tuple[str, ...]] = {

@@ -5,7 +5,7 @@ the hook pays for at every container start) shared by discovery (NVML helper or 
 device selection, planning and the CLI's output.
 """
 
-from typing import NamedTuple
+from nvc.records import NamedTuple
 
 
 class MigDevice(NamedTuple):

@@ -13,9 +13,10 @@ sharing files are undone; where the helper died mid-apply, a fresh one undoes wh
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from nvc.logger import Logger
+from nvc.records import NamedTuple
 
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from nvc.config.options import GlobalOptions
 from nvc.discover import procfs
@@ -24,6 +24,7 @@ from nvc.plan import share as shareplan
 from nvc.plan.mountplan import HostFacts
 from nvc.plan.operations import Plan
 from nvc.plan.request import Request, check
+from nvc.records import NamedTuple
 from nvc.system import loaderenv
 
 if TYPE_CHECKING:

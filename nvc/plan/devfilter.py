@@ -14,9 +14,9 @@ the kernel).
 import struct
 import sys
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
 
 from nvc.errors import ContainerError, InputError
+from nvc.records import NamedTuple
 
 # Linux dev_t limits (12-bit major, 20-bit minor): they also keep every immediate positive.
 MAX_MAJOR = (1 << 12) - 1

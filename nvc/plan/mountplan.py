@@ -19,7 +19,6 @@ import os
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from nvc.discover import nodes
 from nvc.discover.container import COMPAT_DIR, PROC_NVIDIA, ContainerFacts
@@ -35,6 +34,7 @@ from nvc.plan.request import HostMount, Request
 from nvc.plan.selection import Selection
 from nvc.plan.share import ShareFiles
 from nvc.plan.share import mounts as share_mounts
+from nvc.records import NamedTuple
 from nvc.system.syscalls import MountAttr
 
 RO = MountAttr.RDONLY | MountAttr.NOSUID | MountAttr.NODEV

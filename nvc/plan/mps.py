@@ -23,10 +23,10 @@ Pure: the host's side is :mod:`nvc.apply.mps`.
 import math
 import posixpath
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
 from nvc.errors import ContainerError
 from nvc.plan import share
+from nvc.records import NamedTuple
 
 # The daemons' directories: not under /run/nvc-py, which is root's alone (0700), because the MPS
 # server the control daemon starts for a non-root client runs as that user and must reach its pipe

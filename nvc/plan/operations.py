@@ -11,12 +11,13 @@ the types: a new operation has its wire form with no second table to keep in ste
 
 import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.discover.nodes import NodeSpec
 from nvc.plan.devfilter import DeviceRule
 from nvc.plan.mps import MpsClient
 from nvc.plan.share import BOUNDS_FILE, GRANTED_DIR, ShareFiles
+from nvc.records import NamedTuple
 from nvc.system.syscalls import MountAttr
 
 

@@ -8,9 +8,10 @@ start, GPU or not): the parsers it calls are imported when a request is made.
 """
 
 import posixpath
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from nvc.errors import InputError
+from nvc.records import NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

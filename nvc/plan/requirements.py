@@ -9,9 +9,10 @@ term are AND-ed; a factor is ``name op value`` with op in ``= != < <= > >=``. ``
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.errors import InputError, RequirementError, shown
+from nvc.records import NamedTuple
 
 VERSION_PROPERTIES = frozenset({"cuda", "driver", "arch"})
 PROPERTIES = VERSION_PROPERTIES | {"brand"}

@@ -8,12 +8,13 @@ the caller can tell, before loading NVML, whether the request can be answered wi
 """
 
 import re
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from nvc.discover import procfs
 from nvc.discover.procfs import normalize_bus_id
 from nvc.errors import DeviceError, cut
 from nvc.model.devices import MigDevice
+from nvc.records import NamedTuple
 from nvc.system.untrusted import decimal
 
 _MIG_INDEX = r"([0-9]{1,9}):([0-9]{1,9})"

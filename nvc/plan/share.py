@@ -13,7 +13,7 @@ Pure: the facts it needs (the image's own ld.so.preload) are read by the caller.
 """
 
 import os
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from nvc.containerenv.sharing import (
     CONTAINER_DIR,
@@ -25,6 +25,7 @@ from nvc.containerenv.sharing import (
 )
 from nvc.errors import ContainerError, InputError
 from nvc.plan.request import HostMount, ShareRequest
+from nvc.records import NamedTuple
 
 if TYPE_CHECKING:  # pathlib is imported where a container shares a GPU: a plain start never pays for it
     from pathlib import Path

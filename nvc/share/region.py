@@ -8,7 +8,8 @@ no lock (native/README.md).
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+
+from nvc.records import NamedTuple
 
 MAGIC = b"NVCSHRG\0"
 VERSION = 1

@@ -8,7 +8,8 @@ own share is the container's word; the weight and cap that bind it are in its li
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+
+from nvc.records import NamedTuple
 
 MAGIC = b"NVCSCHD\0"
 VERSION = 2

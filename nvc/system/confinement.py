@@ -32,11 +32,11 @@ import os
 import resource
 import stat
 from collections.abc import Callable
-from typing import NamedTuple
 
 import prctl
 
 from nvc.errors import InitializationError, NvcError, PrivilegeError
+from nvc.records import NamedTuple
 from nvc.system import syscalls
 
 

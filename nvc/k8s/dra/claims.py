@@ -16,12 +16,13 @@ the claim). What a CDI device carries:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc import containerenv
 from nvc.errors import InputError, shown
 from nvc.k8s.dra import params
 from nvc.k8s.dra.slices import Device
+from nvc.records import NamedTuple
 
 CLASS = "claim"  # the CDI class: <driver>/claim
 _MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "bind"]

@@ -17,12 +17,13 @@ import os
 import signal
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.config.options import GlobalOptions
 from nvc.discover import driverstamp
 from nvc.errors import InputError, NvcError
 from nvc.k8s.dra import checkpoint, claims, kubeapi, slices
+from nvc.records import NamedTuple
 
 RETRY_S = 30.0
 TICK_S = 1.0

@@ -20,10 +20,11 @@ with an error naming it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.containerenv.sharing import BACKEND, BACKENDS, PRIORITY, PRIORITY_CLASSES
 from nvc.errors import InputError, shown
+from nvc.records import NamedTuple
 
 KIND = "GpuSharingConfig"
 _FIELDS = {"apiVersion", "kind", "memoryLimit", "computeShare", "weight", "latencyClass", "backend"}

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from nvc.k8s.resources import mig_profile
 from nvc.model.devices import Gpu
+from nvc.records import NamedTuple
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128  # per ResourceSlice (the API's limit)
