@@ -18,8 +18,17 @@ if TYPE_CHECKING:
 else:
     # what a record's body may not set, and what it has that is not copied onto the class (as typing's)
     _PROHIBITED = frozenset(
-        {"__new__", "__init__", "__slots__", "__getnewargs__", "_fields", "_field_defaults", "_make", "_replace"}
-        | {"_asdict", "_source"}
+        {
+            "__new__",
+            "__init__",
+            "__slots__",
+            "__getnewargs__",
+            "_fields",
+            "_field_defaults",
+            "_make",
+            "_replace",
+            "_asdict",
+        }
     )
     _SPECIAL = frozenset({"__module__", "__name__", "__annotations__"})
 
@@ -28,13 +37,17 @@ else:
             if not bases:  # NamedTuple itself
                 return super().__new__(mcls, typename, bases, ns)
             annotations = ns.get("__annotations__", {})
-            defaults = []
+            defaults: list[str] = []  # the fields given a value, which must come last
             for field in annotations:
                 if field in ns:
-                    defaults.append(ns[field])
+                    defaults.append(field)
                 elif defaults:
-                    raise TypeError(f"non-default namedtuple field {field} cannot follow default field(s)")
-            record = collections.namedtuple(typename, annotations, defaults=defaults, module=ns["__module__"])
+                    raise TypeError(
+                        f"Non-default namedtuple field {field} cannot follow default field"
+                        f"{'s' if len(defaults) > 1 else ''} {', '.join(defaults)}"
+                    )
+            values = [ns[field] for field in defaults]
+            record = collections.namedtuple(typename, annotations, defaults=values, module=ns["__module__"])
             record.__annotations__ = annotations
             for key, value in ns.items():
                 if key in _PROHIBITED:

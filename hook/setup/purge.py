@@ -30,8 +30,7 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Sequence
-
-from nvc.records import NamedTuple
+from typing import NamedTuple
 
 RUN_DIR = "run/nvc-py"
 MPS_DIR = "run/nvc-py-mps"  # nvc.plan.mps.MPS_DIR: <UUID>/daemon is root's record of the daemon started

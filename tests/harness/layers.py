@@ -15,7 +15,12 @@ SOURCES = {"nvc": REPO / "nvc", "nvc.rpc": REPO / "rpc", "nvc.hook": REPO / "hoo
 # (nvc.commands.cli, the program, and its setup commands, which drive nvc.hook's engine
 # registration, sit above the commands it runs).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("base", frozenset({"nvc", "nvc.errors", "nvc.logger", "nvc.debuglog", "nvc.system", "nvc.config", "nvc.model"})),
+    (
+        "base",
+        frozenset(
+            {"nvc", "nvc.errors", "nvc.records", "nvc.logger", "nvc.debuglog", "nvc.system", "nvc.config", "nvc.model"}
+        ),
+    ),
     ("discover", frozenset({"nvc.discover"})),
     ("plan", frozenset({"nvc.plan", "nvc.containerenv"})),
     ("apply", frozenset({"nvc.apply", "nvc.share"})),
