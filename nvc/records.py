@@ -28,6 +28,7 @@ else:
             "_make",
             "_replace",
             "_asdict",
+            "_source",
         }
     )
     _SPECIAL = frozenset({"__module__", "__name__", "__annotations__"})
