@@ -39,6 +39,10 @@ in the same rounds (bench/reference.py), and every hook row's overhead as a mult
 just before the row's warm start; each against the no-hook start of its kind. The pages a running
 process maps stay (a running server's interpreter and modules): what a server gains cold is in its row.
 
+``--spacing SECONDS``: each start that long after the last one ended (default 0: back to back). On an
+H200 the reference's hook took 18 ms longer in rounds spaced by 0.3 s than back to back, and the no-hook
+start no longer (docs/performance.md): what a start costs depends on what ran just before it.
+
 Stages of configure come from the CLI's own ``--debug`` log (its ``timing`` lines: discovery and
 plan, apply setup, mounts, the mounts beside ldconfig, ldconfig, cgroup; glog time stamps) and the
 hook's wall clock (bash's $EPOCHREALTIME around the nvc-py call): what comes before the first stage is interpreter start,
@@ -322,9 +326,12 @@ def main() -> int:
     parser.add_argument("--userns", action="store_true", help="the hook with uid/gid maps beside without")
     parser.add_argument("--cold", action="store_true", help="each row also right after dropping the page cache")
     parser.add_argument("--reference", type=Path, help="nvidia-container-cli to time beside, in a bash hook")
+    parser.add_argument("--spacing", type=float, default=0.0, help="seconds before each start (default 0)")
     args = parser.parse_args()
     if args.runs < 10:
         parser.error("--runs must be at least 10")
+    if not 0 <= args.spacing <= 10:
+        parser.error("--spacing is 0 to 10 seconds")
     if args.userns and (args.cold or args.reference):
         parser.error("--userns is a run of its own (no --cold, no --reference)")
     runtime, runtime_why = bench_runtime(args.runtime)
@@ -346,7 +353,8 @@ def main() -> int:
         print(
             f"host: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; runtime: {version} "
             f"({runtime_why}); "
-            f"nvc-py: {nvc}; python: {python}; {args.runs} rounds after one warm-up, rows interleaved",
+            f"nvc-py: {nvc}; python: {python}; {args.runs} rounds after one warm-up, rows interleaved"
+            + (f", each start {args.spacing:g} s after the last" if args.spacing else ""),
             flush=True,
         )
         sock = work / "run" / "hook.sock"
@@ -414,6 +422,7 @@ def main() -> int:
                             id_map=ID_MAP if row.userns else None,
                             host_proc_sys=args.userns,
                         )
+                        time.sleep(args.spacing)
                         if row.cold:
                             drop_page_cache()
                         elapsed, error = start_container(runtime, state, bundle, f"nvc-bench-{tag}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -180,6 +181,18 @@ def test_a_bench_starts_runc_where_crun_refuses_the_hosts_hybrid_cgroups(monkeyp
     assert timing.bench_runtime(None) == ("/usr/sbin/runc", "crun is not installed")
     with pytest.raises(SystemExit, match="crun is not installed"):
         timing.bench_runtime("crun")
+
+
+def test_a_spacing_out_of_range_is_refused_before_anything_starts() -> None:
+    """``--spacing`` is seconds from 0 to 10; anything else stops the bench at its arguments."""
+    for spacing in ("-1", "11", "x"):
+        run = subprocess.run(
+            [sys.executable, str(REPO / "bench/configure.py"), "--runs", "10", "--spacing", spacing],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 2 and "--spacing" in run.stderr and not run.stdout, (spacing, run)
 
 
 def test_a_benchs_work_is_on_a_tmpfs_of_its_own_gone_with_it() -> None:
