@@ -1,12 +1,14 @@
 """The Debian package as the tests build it (``make deb``): once from the clone (``deb``), and once more
-at a lower version from the tree a release tarball holds (``debs``: old and new), for the tests of
-tests/test_deb*.py; built once per session."""
+at a lower version from the tree a release tarball holds (``debs``: old and new, the two builds side
+by side), for the tests of tests/test_deb*.py; built once per session."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,23 +27,50 @@ def version() -> str:
     return text.split('__version__ = "', 1)[1].split('"', 1)[0]
 
 
+def _make_deb(tree: Path, out: Path, version: str) -> list[str]:
+    return [
+        "make",
+        "-C",
+        str(tree),
+        "--no-print-directory",
+        "deb",
+        f"DEB_DIR={out}",
+        f"DEB_VERSION={version}",
+        f"DEB_PIP_CACHE={PIP_CACHE}",
+        f"DEB_XZ_LEVEL={XZ_LEVEL}",
+    ]
+
+
+def _what(tree: Path, version: str) -> str:
+    return f"make deb: the package at version {version} from {tree}"
+
+
 def build_deb(tree: Path, out: Path, version: str) -> Path:
-    with progress.phase(f"make deb: the package at version {version} from {tree}"):
-        debroot.run(
-            [
-                "make",
-                "-C",
-                str(tree),
-                "--no-print-directory",
-                "deb",
-                f"DEB_DIR={out}",
-                f"DEB_VERSION={version}",
-                f"DEB_PIP_CACHE={PIP_CACHE}",
-                f"DEB_XZ_LEVEL={XZ_LEVEL}",
-            ],
-            600,
-        )
+    with progress.phase(_what(tree, version)):
+        debroot.run(_make_deb(tree, out, version), 600)
     return next(out.glob("nvc-py_*.deb"))
+
+
+@contextmanager
+def building_deb(tree: Path, out: Path, version: str) -> Iterator[Callable[[], Path]]:
+    """``build_deb`` begun in the background: the body runs beside it (the other build: on two cores
+    the two take about half as long as one after the other) and calls what it yields to wait for
+    the package. A build still running when the body fails is killed."""
+    with progress.phase(_what(tree, version) + ", in the background"), tempfile.TemporaryFile("w+") as log:
+        build = subprocess.Popen(_make_deb(tree, out, version), stdout=log, stderr=subprocess.STDOUT, text=True)
+
+        def package() -> Path:
+            status = build.wait(600)
+            log.seek(0)
+            assert status == 0, f"make deb in {tree} failed ({status}):\n{log.read()[-8000:]}"
+            return next(out.glob("nvc-py_*.deb"))
+
+        try:
+            yield package
+        finally:
+            if build.poll() is None:
+                build.kill()
+                build.wait()
 
 
 def _git(*args: str, env: dict[str, str] | None = None) -> str:
@@ -84,10 +113,12 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def debs(tmp_path_factory: pytest.TempPathFactory, deb: Path) -> dict[str, Path]:
+def debs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Path]:
     """The package built twice: ``old``, at a lower version, from this tree as a release tarball
-    holds it (no .git), and ``new`` from the clone."""
+    holds it (no .git), and ``new`` from the clone (``deb``, built meanwhile where no test has yet)."""
     base = tmp_path_factory.mktemp("deb")
     release = release_tree(base / "release")
     assert not (release / ".git").exists() and (release / "Makefile").is_file()
-    return {"old": build_deb(release, base / "old", f"{version()}~test1"), "new": deb}
+    with building_deb(release, base / "old", f"{version()}~test1") as old:
+        new = request.getfixturevalue("deb")
+        return {"old": old(), "new": new}
