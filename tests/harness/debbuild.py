@@ -17,6 +17,9 @@ from harness import debroot, progress
 
 REPO = debroot.REPO
 PIP_CACHE = debroot.CACHE / "deb-pip"  # the builds' own pip cache (tools/debpkg.py says why), kept between runs
+# The release tree's build, beside the clone's, has one of its own: pip's wheel cache is not safe for two
+# installs at once (each builds python-prctl and records the download's origin in the same file).
+RELEASE_PIP_CACHE = debroot.CACHE / "deb-pip-release"
 # What the tests check is the package's files and what installing it does, not its size: xz's default level
 # is a third of a build's time, level 1 a few percent of it (docs/install.md).
 XZ_LEVEL = 1
@@ -27,7 +30,7 @@ def version() -> str:
     return text.split('__version__ = "', 1)[1].split('"', 1)[0]
 
 
-def _make_deb(tree: Path, out: Path, version: str) -> list[str]:
+def _make_deb(tree: Path, out: Path, version: str, pip_cache: Path = PIP_CACHE) -> list[str]:
     return [
         "make",
         "-C",
@@ -36,7 +39,7 @@ def _make_deb(tree: Path, out: Path, version: str) -> list[str]:
         "deb",
         f"DEB_DIR={out}",
         f"DEB_VERSION={version}",
-        f"DEB_PIP_CACHE={PIP_CACHE}",
+        f"DEB_PIP_CACHE={pip_cache}",
         f"DEB_XZ_LEVEL={XZ_LEVEL}",
     ]
 
@@ -52,12 +55,12 @@ def build_deb(tree: Path, out: Path, version: str) -> Path:
 
 
 @contextmanager
-def building_deb(tree: Path, out: Path, version: str) -> Iterator[Callable[[], Path]]:
+def building_deb(tree: Path, out: Path, version: str, pip_cache: Path) -> Iterator[Callable[[], Path]]:
     """``build_deb`` begun in the background: the body runs beside it (the other build: on two cores
     the two take about half as long as one after the other) and calls what it yields to wait for
     the package. A build still running when the body fails is killed."""
     with progress.phase(_what(tree, version) + ", in the background"), tempfile.TemporaryFile("w+") as log:
-        build = subprocess.Popen(_make_deb(tree, out, version), stdout=log, stderr=subprocess.STDOUT, text=True)
+        build = subprocess.Popen(_make_deb(tree, out, version, pip_cache), stdout=log, stderr=subprocess.STDOUT, text=True)
 
         def package() -> Path:
             status = build.wait(600)
@@ -119,6 +122,6 @@ def debs(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReques
     base = tmp_path_factory.mktemp("deb")
     release = release_tree(base / "release")
     assert not (release / ".git").exists() and (release / "Makefile").is_file()
-    with building_deb(release, base / "old", f"{version()}~test1") as old:
+    with building_deb(release, base / "old", f"{version()}~test1", RELEASE_PIP_CACHE) as old:
         new = request.getfixturevalue("deb")
         return {"old": old(), "new": new}
