@@ -60,7 +60,9 @@ def building_deb(tree: Path, out: Path, version: str, pip_cache: Path) -> Iterat
     the two take about half as long as one after the other) and calls what it yields to wait for
     the package. A build still running when the body fails is killed."""
     with progress.phase(_what(tree, version) + ", in the background"), tempfile.TemporaryFile("w+") as log:
-        build = subprocess.Popen(_make_deb(tree, out, version, pip_cache), stdout=log, stderr=subprocess.STDOUT, text=True)
+        build = subprocess.Popen(
+            _make_deb(tree, out, version, pip_cache), stdout=log, stderr=subprocess.STDOUT, text=True
+        )
 
         def package() -> Path:
             status = build.wait(600)
