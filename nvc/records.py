@@ -11,9 +11,10 @@ Type checkers see ``typing.NamedTuple`` itself.
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
     from typing import NamedTuple as NamedTuple
 else:
     # what a record's body may not set, and what it has that is not copied onto the class (as typing's)

@@ -18,15 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
 
 from nvc.errors import MountError, NvcError
-from nvc.rpc.helper import Dispatch, HelperClient, note
+from nvc.rpc.helper import HelperClient, note
 from nvc.rpc.pool import WarmHelper
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from nvc.apply.container import ContainerHandle
     from nvc.plan.operations import Bind, Plan
+    from nvc.rpc.helper import Dispatch
 
 HELPER_TIMEOUT = 10.0  # seconds per helper call
 

@@ -16,16 +16,19 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
 
 from nvc.errors import DriverError, InitializationError, NvcError
-from nvc.rpc.helper import DEFAULT_TIMEOUT, Dispatch, HelperClient, die_with_parent
+from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, die_with_parent
 from nvc.rpc.pool import WarmHelper
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # imported where used: what this module loads delays the helper's fork (``info``)
+    from typing import Any
+
     from nvc.discover.inventory import Inventory
     from nvc.discover.procfs import StrPath
     from nvc.model.devices import DriverSnapshot
+    from nvc.rpc.helper import Dispatch
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Host libraries NVML needs, loaded before the chroot so a driver root that lacks them (or

@@ -34,17 +34,21 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, NoReturn
 
 import prctl
 
 from nvc import errors
 from nvc.rpc import protocol
 
-Dispatch = Mapping[str, Callable[..., Any]]
-Setup = Callable[..., Dispatch]  # called with no arguments, or a preforked helper's parameters
-# what a helper started ahead does while it waits for its first call; its argument says whether that came
-Idle = Callable[[Callable[[], bool]], object]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+    Dispatch = Mapping[str, Callable[..., Any]]
+    Setup = Callable[..., Dispatch]  # called with no arguments, or a preforked helper's parameters
+    # what a helper started ahead does while it waits for its first call; its argument says whether that came
+    Idle = Callable[[Callable[[], bool]], object]
+
 IDLE_AFTER = 0.02  # seconds a helper started ahead waits for its first call before it runs its Idle
 
 DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded limit

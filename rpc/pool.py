@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 from nvc import errors
-from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, Idle, Setup
+from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from nvc.rpc.helper import Idle, Setup
 
 
 class WarmHelper:

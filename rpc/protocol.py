@@ -23,6 +23,8 @@ Encoding and decoding are pure functions; the socket helpers on top of them take
 ``time.monotonic()`` deadline so a caller's timeout covers the whole message, not each read.
 """
 
+from __future__ import annotations
+
 import array
 import json
 import socket
@@ -30,9 +32,12 @@ import struct
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 from nvc.records import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")

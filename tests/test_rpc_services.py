@@ -54,6 +54,18 @@ def test_pynvml_imports_without_what_ctypes_util_imports() -> None:
     assert real == "True True"
 
 
+def test_the_driver_helpers_modules_import_without_typing() -> None:
+    """What ``info``'s driver helper imports before it starts NVML (its machinery, the confinement, pynvml)
+    leaves typing out: its import came before NVML's start (docs/performance.md)."""
+    code = (
+        "import sys; import nvc.rpc.helper, nvc.rpc.protocol, nvc.rpc.pool\n"
+        "from nvc.rpc import driver_service; driver_service._warm()\n"
+        "print('typing' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout == "False\n"
+
+
 def test_bus_id_is_normalised() -> None:
     assert bus_id(0, 0x3B, 0) == "00000000:3B:00.0"
     assert bus_id(0x10000, 0xA, 0x1F) == "00010000:0A:1F.0"

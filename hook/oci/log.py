@@ -16,10 +16,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
 
 from nvc.errors import one_line
 from nvc.system.untrusted import open_append
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}  # logging's numbers, without importing it
 MAX_STRING = 1000  # characters of one string field (an error message is cut at as many)

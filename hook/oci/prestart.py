@@ -18,12 +18,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
 
 from nvc.errors import ContainerError, InputError, NvcError, shown
 from nvc.system.programs import DEFAULT_SOCKET, SOCKET_ENV
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from nvc.config import Config
     from nvc.config.options import GlobalOptions
     from nvc.containerenv import Policy

@@ -16,12 +16,14 @@ import os
 import shutil
 import sys
 import time
-from typing import TYPE_CHECKING, Any
 
 from nvc.errors import InputError, NvcError
 from nvc.system.loaderenv import runtime_environment
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from nvc.config import Config
     from nvc.hook.oci.spec import Container
 

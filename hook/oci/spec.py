@@ -4,14 +4,19 @@ Pure over the JSON text (the file reads are the only side effects), so what the 
 for a spec can be tested without starting a container.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from nvc.errors import SHOWN_LIMIT, InputError, one_line, shown
 from nvc.records import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 # Annotations the kubelet's container runtimes put on a pod's containers (containerd's CRI, CRI-O): such a

@@ -26,7 +26,6 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
 
 from nvc.apply import cloneahead, fdmount, userns
 from nvc.apply import rootfs as inroot
@@ -36,7 +35,10 @@ from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, T
 from nvc.system import syscalls
 from nvc.system.syscalls import MountAttr
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from nvc.apply.container import ContainerHandle
 
 log = Logger(__name__)

@@ -23,10 +23,10 @@ from __future__ import annotations
 import errno
 import os
 import select
-from typing import TYPE_CHECKING
 
 from nvc.errors import ContainerError, proc_failure
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.apply.cgroups import DeviceCgroup
     from nvc.apply.userns import IdMaps

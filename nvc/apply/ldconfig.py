@@ -21,6 +21,8 @@ so nothing the container does to ``/proc/<pid>/exe`` reaches the host binary (CV
 Executing through execveat(AT_EMPTY_PATH) needs no /proc at all.
 """
 
+from __future__ import annotations
+
 import fcntl
 import os
 import select
@@ -28,14 +30,16 @@ import signal
 import stat
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 from nvc.errors import LdcacheError, NvcError, cut
 from nvc.records import NamedTuple
 from nvc.system import confinement, syscalls
 from nvc.system.confinement import LDCONFIG_SANDBOX as SANDBOX
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from nvc.apply.container import ContainerHandle
 
 # Wall-time limit of one run, from start() (the real ldconfig takes well under a second; CPU
@@ -247,7 +251,7 @@ def start_ldconfig(
     dirs: Sequence[str],
     *,
     owner: tuple[int, int],
-    handle: "ContainerHandle | None" = None,
+    handle: ContainerHandle | None = None,
     no_pivot: bool = False,
     output_fd: int | None = None,
     timeout: float = TIMEOUT,

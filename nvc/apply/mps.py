@@ -29,7 +29,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from nvc.apply.container import start_time
 from nvc.errors import ContainerError
@@ -38,6 +37,7 @@ from nvc.plan import mps as mpsplan
 from nvc.plan.share import STATE_DIR
 from nvc.records import NamedTuple
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nvc.errors import ContainerError, MountError
 from nvc.plan.share import BOUNDS_FILE, GRANTED_DIR, GRANTED_MAX, STATE_DIR, ShareFiles, container_dir, sched_dir_for
 from nvc.share.region import SIZE as REGION_SIZE
 from nvc.share.sched import SIZE as SCHED_FILE_SIZE
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
 
 from nvc.apply.container import start_time
 from nvc.records import NamedTuple
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
 

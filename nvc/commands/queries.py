@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.commands.listing import Listing, ListRequest
     from nvc.config.options import GlobalOptions

@@ -7,10 +7,11 @@ silently ignored in a security setting (``accept-volume-mounts``, ``ldconfig``) 
 than a container that does not start. A missing file means all defaults.
 """
 
+from __future__ import annotations
+
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from nvc.config.yamlfile import MAX_SIZE, yaml_document
 from nvc.errors import SHOWN_LIMIT, InputError, one_line
@@ -18,7 +19,11 @@ from nvc.model.capabilities import CAPABILITIES
 from nvc.records import NamedTuple
 from nvc.system.untrusted import decimal, read_file
 
-Check = Callable[[Any], Any]  # a validator of one setting
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    Check = Callable[[Any], Any]  # a validator of one setting
 
 DEFAULT_PATH = "/etc/nvc-py/config.yaml"
 ENV_VAR = "NVC_PY_CONFIG"

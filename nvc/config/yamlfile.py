@@ -8,10 +8,12 @@ document means (its keys, their checks) is :mod:`nvc.config`'s.
 
 from __future__ import annotations
 
-from typing import Any
-
 from nvc.errors import InputError, cut, shown
 from nvc.system.untrusted import MAX_DIGITS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CACHE_PATH = "/run/nvc-py/config-cache.json"
 MAX_SIZE = 1 << 20  # bytes of configuration text: a real file is a few hundred

@@ -9,6 +9,8 @@ libraries are all of another version (Debian's alternatives pointing elsewhere) 
 :mod:`nvc.discover.rootpath`) and reported as a host path of the resolved file.
 """
 
+from __future__ import annotations
+
 import functools
 import json
 import mmap
@@ -18,13 +20,16 @@ import re
 import stat
 import time
 from collections.abc import Callable
-from typing import Any
 
 from nvc.discover import elf, ldcache, rootpath
 from nvc.errors import DetectionError
 from nvc.logger import Logger
 from nvc.model import capabilities
 from nvc.records import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 log = Logger(__name__)
 

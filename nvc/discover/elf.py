@@ -13,12 +13,17 @@ file identity: what a process parsed is kept in root's own tmpfs (:mod:`nvc.syst
 that a start with no server to ask (a fresh process) imports pyelftools only after a driver upgrade.
 """
 
+from __future__ import annotations
+
 import os
 import struct
-from typing import Any, BinaryIO
 
 from nvc.logger import Logger
 from nvc.records import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
 
 log = Logger(__name__)
 

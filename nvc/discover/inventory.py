@@ -7,7 +7,7 @@ CUDA version, brand or architecture) take that fast path. Both paths agree on wh
 they both know; index order on the fast path is bus id order, NVML's default order.
 """
 
-from typing import TYPE_CHECKING
+from __future__ import annotations
 
 from nvc.discover import procfs
 from nvc.discover.procfs import ProcGpu
@@ -15,6 +15,7 @@ from nvc.logger import Logger
 from nvc.model.devices import Gpu
 from nvc.records import NamedTuple
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.model.devices import DriverSnapshot
 
@@ -36,7 +37,7 @@ def from_procfs(proc: procfs.StrPath = procfs.PROC) -> Inventory:
     return inventory
 
 
-def from_snapshot(snap: "DriverSnapshot", proc: procfs.StrPath = procfs.PROC) -> Inventory:
+def from_snapshot(snap: DriverSnapshot, proc: procfs.StrPath = procfs.PROC) -> Inventory:
     """What NVML reported (:func:`nvc.rpc.driver_service.inventory`), with each MIG device's
     /proc access files and nvidia-caps minors added."""
     names = [name for gpu in snap.gpus for mig in gpu.mig_devices for name in procfs.mig_minor_names(gpu, mig)]

@@ -20,14 +20,19 @@ the oldest written going first (a driver upgrade or a capability set no longer a
 its results behind until a reboot otherwise).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import zlib
-from typing import Any
 
 from nvc.discover import rootpath
 from nvc.records import NamedTuple
 from nvc.system import runcache
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DIRECTORY = "/run/nvc-py/driver-files"
 MAX_FILE = 512 * 1024  # bytes of one kept result

@@ -10,14 +10,16 @@ device cgroup (beside the mounts where no ldconfig runs). Where any step fails, 
 sharing files are undone; where the helper died mid-apply, a fresh one undoes what its journal names.
 """
 
+from __future__ import annotations
+
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from nvc.logger import Logger
 from nvc.records import NamedTuple
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
     from nvc.apply.ldconfig import PendingLdconfig
@@ -30,8 +32,8 @@ log = Logger(__name__)
 class Applied(NamedTuple):
     """A plan applied, not yet committed (:func:`apply`)."""
 
-    plan: "Plan"
-    ldconfig: "PendingLdconfig | None"  # started, for :func:`ldcache` to wait for
+    plan: Plan
+    ldconfig: PendingLdconfig | None  # started, for :func:`ldcache` to wait for
 
 
 def _incomplete(problems: list[str]) -> None:
@@ -47,7 +49,7 @@ def _timed(stage: str, start: float) -> float:
 
 
 @contextmanager
-def _host_steps(plan: "Plan", handle: "ContainerHandle | None") -> Iterator[None]:
+def _host_steps(plan: Plan, handle: ContainerHandle | None) -> Iterator[None]:
     """The plan's host steps: the missing driver nodes (they stay), the sharing files (removed again
     when the ``with`` fails; :func:`nvc.apply.sharefiles.make` undoes itself on its own failure)."""
     if plan.host_nodes:
@@ -77,7 +79,7 @@ def _host_steps(plan: "Plan", handle: "ContainerHandle | None") -> Iterator[None
         raise
 
 
-def _cgroup(plan: "Plan", handle: "ContainerHandle | None", start: float) -> float:
+def _cgroup(plan: Plan, handle: ContainerHandle | None, start: float) -> float:
     """The device cgroup's rules for the plan's nodes (none standalone, or with --no-cgroups); returns
     when it is done."""
     if plan.cgroup_rules and handle is not None:
@@ -88,7 +90,7 @@ def _cgroup(plan: "Plan", handle: "ContainerHandle | None", start: float) -> flo
     return start
 
 
-def _let_finish(pending: "PendingLdconfig") -> None:
+def _let_finish(pending: PendingLdconfig) -> None:
     """After the container helper died: ldconfig, once started, runs to its end. The dead helper's
     journal cannot put the cache back, and a run stopped midway would leave its temporary file
     (``/etc/ld.so.cache~``) half written in the image; one never started is cancelled."""
@@ -100,7 +102,7 @@ def _let_finish(pending: "PendingLdconfig") -> None:
         pending.cancel()
 
 
-def _beside_ldconfig(plan: "Plan", handle: "ContainerHandle | None", client: "ContainerClient", start: float) -> float:
+def _beside_ldconfig(plan: Plan, handle: ContainerHandle | None, client: ContainerClient, start: float) -> float:
     """While ldconfig runs (the longest step): the mounts it does not read, and the device cgroup;
     returns when both are done. A failure of either is not undone here (the caller stops ldconfig,
     then rolls back)."""
@@ -123,7 +125,7 @@ def _beside_ldconfig(plan: "Plan", handle: "ContainerHandle | None", client: "Co
 
 
 @contextmanager
-def apply(plan: "Plan", handle: "ContainerHandle | None", helper: "ContainerClient | None" = None) -> Iterator[Applied]:
+def apply(plan: Plan, handle: ContainerHandle | None, helper: ContainerClient | None = None) -> Iterator[Applied]:
     """Step: apply ``plan`` to the container of ``handle`` (its process; None standalone), with
     ``helper`` (forked ahead by :func:`nvc.rpc.container_service.open_container` and shut down once
     its work is done; None: one forked now). Committed when the ``with`` ends, undone when it fails."""

@@ -6,12 +6,13 @@ resolved once into a handle that every later step uses, and the plan is pure dat
 ``--dry-run`` prints.
 """
 
+from __future__ import annotations
+
 import functools
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from nvc.config.options import GlobalOptions
 from nvc.discover import procfs
@@ -27,6 +28,7 @@ from nvc.plan.request import Request, check
 from nvc.records import NamedTuple
 from nvc.system import loaderenv
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from nvc.apply.container import ContainerHandle
     from nvc.discover.inventory import Inventory
@@ -44,7 +46,7 @@ _NVML_PROPERTIES = frozenset({"cuda", "arch", "brand"})
 class Container(NamedTuple):
     """The container, resolved once (:func:`container`)."""
 
-    handle: "ContainerHandle | None"  # its process (None standalone: a rootfs only)
+    handle: ContainerHandle | None  # its process (None standalone: a rootfs only)
     facts: ContainerFacts
     share: shareplan.ShareFiles | None  # its GPU sharing files, planned
 
@@ -60,7 +62,7 @@ class Discovered(NamedTuple):
 
 
 def share_files(
-    sharing: "ShareRequest",
+    sharing: ShareRequest,
     container_id: str,
     root_fd: int,
     rootfs: str,
@@ -99,7 +101,7 @@ def _opener(root_fd: int) -> Opener:
     return functools.partial(open_in_root, root_fd)
 
 
-def _owner(handle: "ContainerHandle | None", root_fd: int) -> tuple[int, int]:
+def _owner(handle: ContainerHandle | None, root_fd: int) -> tuple[int, int]:
     """Who owns the container: its process (or, standalone, its rootfs); with a user namespace of its
     own, that namespace's root (the host ids of uid and gid 0 inside), whatever user the process is."""
     if handle is not None:
@@ -150,7 +152,7 @@ def _needs_nvml(req: Request, proc: procfs.StrPath) -> bool:
     )
 
 
-def _inventory(glob: GlobalOptions, use_nvml: bool, proc: procfs.StrPath) -> "Inventory":
+def _inventory(glob: GlobalOptions, use_nvml: bool, proc: procfs.StrPath) -> Inventory:
     """The driver and its GPUs: from NVML (the driver helper) where /proc cannot tell, else /proc (and
     the helper's client is not imported)."""
     if use_nvml:
@@ -168,7 +170,7 @@ def _mig_minors(req: Request, proc: procfs.StrPath) -> dict[str, int]:
     return procfs.read_mig_minors(proc) if req.mig_config or req.mig_monitor else {}
 
 
-def _check_requirements(req: Request, inv: "Inventory", chosen: selection.Selection) -> None:
+def _check_requirements(req: Request, inv: Inventory, chosen: selection.Selection) -> None:
     """Each requirement, per selected GPU (a MIG device's parent is one), or once with no GPU."""
     if not req.requirements:
         return
@@ -182,7 +184,7 @@ def _check_requirements(req: Request, inv: "Inventory", chosen: selection.Select
     requirements.check(req.requirements, per_gpu or [base])
 
 
-def _drm_nodes(req: Request, chosen: selection.Selection) -> "dict[str, tuple[NodeSpec, ...]]":
+def _drm_nodes(req: Request, chosen: selection.Selection) -> dict[str, tuple[NodeSpec, ...]]:
     """graphics/display: each selected GPU's DRM nodes by normalised bus id (sysfs; none without)."""
     if not req.capabilities & capabilities.GRAPHICS_CAPABILITIES:
         return {}
@@ -240,7 +242,7 @@ def discover(glob: GlobalOptions, req: Request, proc: procfs.StrPath = procfs.PR
     return Discovered(host, chosen)
 
 
-def device_nodes(glob: GlobalOptions, req: Request) -> "tuple[NodeSpec, ...]":
+def device_nodes(glob: GlobalOptions, req: Request) -> tuple[NodeSpec, ...]:
     """The device nodes a container asking for ``req`` gets (no selectors: driver only, control
     nodes; graphics/display: the GPUs' DRM nodes too), for a runtime to create itself (the runtime
     wrapper). NVML only for selectors /proc
@@ -270,7 +272,7 @@ def plan(found: Discovered, ctr: Container, req: Request) -> Plan:
     return mountplan.build(found.host, ctr.facts, found.chosen, req, share, mps)
 
 
-def _mps_client(found: Discovered, req: Request) -> "MpsClient | None":
+def _mps_client(found: Discovered, req: Request) -> MpsClient | None:
     """The MPS client a shared container is, when its device's backend is mps (else None)."""
     from nvc.plan import mps
 

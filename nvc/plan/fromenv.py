@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Literal
 
 from nvc.containerenv import (
     ALL,
@@ -43,7 +42,10 @@ from nvc.containerenv import (
 from nvc.errors import InputError, shown
 from nvc.system.untrusted import decimal
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Literal
+
     from nvc.plan.request import Request, ShareRequest
     from nvc.plan.requirements import Requirement
 

@@ -9,9 +9,10 @@ container's rootfs). The wire form is each record's fields under its type's name
 the types: a new operation has its wire form with no second table to keep in step.
 """
 
+from __future__ import annotations
+
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from nvc.discover.nodes import NodeSpec
 from nvc.plan.devfilter import DeviceRule
@@ -19,6 +20,10 @@ from nvc.plan.mps import MpsClient
 from nvc.plan.share import BOUNDS_FILE, GRANTED_DIR, ShareFiles
 from nvc.records import NamedTuple
 from nvc.system.syscalls import MountAttr
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class Bind(NamedTuple):
@@ -200,7 +205,7 @@ class Plan(NamedTuple):
         }
 
     @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> "Plan":
+    def from_wire(cls, data: Mapping[str, Any]) -> Plan:
         ops = []
         for raw in data["operations"]:
             fields = dict(raw)

@@ -7,12 +7,14 @@ satisfy whoever made it. Pure; light to import (the hook reads this module at ev
 start, GPU or not): the parsers it calls are imported when a request is made.
 """
 
+from __future__ import annotations
+
 import posixpath
-from typing import TYPE_CHECKING
 
 from nvc.errors import InputError
 from nvc.records import NamedTuple
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -51,9 +53,9 @@ class Request(NamedTuple):
 
     rootfs: str = ""
     pid: int | None = None
-    selectors: "tuple[Selector, ...]" = ()  # the --device grammar (nvc.plan.selection); () = no GPU
+    selectors: tuple[Selector, ...] = ()  # the --device grammar (nvc.plan.selection); () = no GPU
     capabilities: frozenset[str] = frozenset()  # names from nvc.model.capabilities
-    requirements: "tuple[Requirement, ...]" = ()  # nvc.plan.requirements
+    requirements: tuple[Requirement, ...] = ()  # nvc.plan.requirements
     ldconfig: str = DEFAULT_LDCONFIG  # "@HOSTPATH" = host binary (run from a memfd copy), else in-image path
     no_cgroups: bool = False
     no_devbind: bool = False
@@ -79,7 +81,7 @@ def _check_target(rootfs: str, pid: int | None, ldconfig: str) -> None:
         raise InputError(f"{ldconfig}: invalid ldconfig path (absolute path, or @ and an absolute host path)")
 
 
-def _check_mig(name: str, on: bool, selectors: "tuple[Selector, ...]") -> None:
+def _check_mig(name: str, on: bool, selectors: tuple[Selector, ...]) -> None:
     if on and any(s.needs_mig for s in selectors):
         raise InputError(f"cannot enable {name} with specific MIG devices selected")
 
@@ -105,7 +107,7 @@ def from_flags(
     rootfs: str,
     pid: int | None,
     devices: tuple[str, ...] = (),
-    capabilities: "Iterable[str]" = (),
+    capabilities: Iterable[str] = (),
     requirements: tuple[str, ...] = (),
     ldconfig: str = DEFAULT_LDCONFIG,
     no_cgroups: bool = False,

@@ -6,13 +6,18 @@ term are AND-ed; a factor is ``name op value`` with op in ``= != < <= > >=``. ``
 ``!=`` only. Parsing rejects bad input before anything is changed.
 """
 
+from __future__ import annotations
+
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from nvc.errors import InputError, RequirementError, shown
 from nvc.records import NamedTuple
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION_PROPERTIES = frozenset({"cuda", "driver", "arch"})
 PROPERTIES = VERSION_PROPERTIES | {"brand"}

@@ -7,8 +7,9 @@ a MIG device also selects its parent GPU. Parsing is separate from resolution so
 the caller can tell, before loading NVML, whether the request can be answered without it.
 """
 
+from __future__ import annotations
+
 import re
-from typing import Protocol
 
 from nvc.discover import procfs
 from nvc.discover.procfs import normalize_bus_id
@@ -17,22 +18,26 @@ from nvc.model.devices import MigDevice
 from nvc.records import NamedTuple
 from nvc.system.untrusted import decimal
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class GpuLike(Protocol):
+        """What selection and the mount plan read of a GPU: both NVML's Gpu and the /proc-only ProcGpu have it."""
+
+        @property
+        def index(self) -> int: ...
+        @property
+        def uuid(self) -> str: ...
+        @property
+        def bus_id(self) -> str: ...
+        @property
+        def minor(self) -> int: ...
+        @property
+        def mig_devices(self) -> tuple[MigDevice, ...]: ...
+
+
 _MIG_INDEX = r"([0-9]{1,9}):([0-9]{1,9})"
-
-
-class GpuLike(Protocol):
-    """What selection and the mount plan read of a GPU: both NVML's Gpu and the /proc-only ProcGpu have it."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def uuid(self) -> str: ...
-    @property
-    def bus_id(self) -> str: ...
-    @property
-    def minor(self) -> int: ...
-    @property
-    def mig_devices(self) -> tuple[MigDevice, ...]: ...
 
 
 class Selector(NamedTuple):

@@ -12,8 +12,9 @@ The limits file is written only here (:func:`limits_text`), in the one grammar t
 Pure: the facts it needs (the image's own ld.so.preload) are read by the caller.
 """
 
+from __future__ import annotations
+
 import os
-from typing import TYPE_CHECKING, TypeVar
 
 from nvc.containerenv.sharing import (
     CONTAINER_DIR,
@@ -27,10 +28,12 @@ from nvc.errors import ContainerError, InputError
 from nvc.plan.request import HostMount, ShareRequest
 from nvc.records import NamedTuple
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pathlib is imported where a container shares a GPU: a plain start never pays for it
     from pathlib import Path
+    from typing import TypeVar
 
-T = TypeVar("T")
+    T = TypeVar("T")
 
 # Host side: the installed shim and the per-container directories (`share status` reads them).
 HOST_LIBRARY = "/usr/lib/nvc-py/libnvc-share.so"
@@ -73,7 +76,7 @@ class ShareFiles(NamedTuple):
     bounds: str = ""  # a pod's container: its limits as granted (BOUNDS_FILE); "" = none
 
     @property
-    def directory(self) -> "Path":
+    def directory(self) -> Path:
         """The container's host directory (its id checked by :func:`files`)."""
         from pathlib import Path
 
@@ -196,7 +199,7 @@ def sched_dir_for(state_dir: str) -> str:
     return os.path.join(os.path.dirname(state_dir.rstrip("/")), "gpu-sched")
 
 
-def container_dir(container_id: str, state_dir: str = STATE_DIR) -> "Path":
+def container_dir(container_id: str, state_dir: str = STATE_DIR) -> Path:
     """The host directory of one container (its id must be a plain name)."""
     if not container_id or "/" in container_id or container_id in (".", ".."):
         raise InputError(f"container id {container_id!r} cannot name a directory")

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def exit_now(code: int) -> NoReturn:

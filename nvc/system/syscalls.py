@@ -17,7 +17,10 @@ import os
 import select
 import struct
 from collections.abc import Sequence
-from typing import NoReturn
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 # Syscall numbers that glibc does not wrap (or wraps only in recent versions): nvc-py's one table.
 # aarch64 uses the generic table; the new mount API numbers are shared by all arches. bpf(2), the
