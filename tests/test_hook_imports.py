@@ -3,7 +3,8 @@
 Where no server answers, every container start pays for the hook's interpreter start and
 imports; these tests keep out what the direct path once paid for without needing it. The
 installed launcher runs under ``-X importtime`` as runc's prestart hook of a real container
-(GPU 0, and a container asking for none), so the modules its forked helpers import count too.
+(GPU 0, and a container asking for none), so the modules its forked helpers import count too; and
+so does nvc-py-runtime's, rewriting a GPU create's spec.
 
 Nor does the direct path import typing (some 2.5 ms of a start on the CPU test host): its records
 derive from nvc.records.NamedTuple, and its modules import typing's names for type checkers only
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,37 @@ def test_direct_hook_takes_its_modules_from_the_code_cache(
     from_sources = [name for name in after if loaders[name].endswith("SourceFileLoader")]
     assert from_sources == [], from_sources
     assert {loaders[name] for name in after if name.startswith("nvc.")} == {"nvc.system.codecache._CachedLoader"}
+
+
+def test_runtime_wrappers_gpu_create_imports_only_what_it_needs(active_2gpu, tmp_path: Path) -> None:
+    """nvc-py-runtime's program rewriting a GPU create's spec with no server (then executing the runtime)
+    keeps out what the direct hook keeps out, typing too, but fnmatch: it finds the runtime with
+    shutil.which."""
+    launcher = LIBDIR / "nvc-py-runtime-python"
+    interpreter, flags = launcher.read_text().splitlines()[0][2:].split(" ", 1)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    spec = {
+        "ociVersion": "1.0.2",
+        "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/true"], "cwd": "/", "env": ["NVIDIA_VISIBLE_DEVICES=0"]},
+    }
+    (bundle / "config.json").write_text(json.dumps(spec))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {active_2gpu.root}\nruntimes: [/bin/true]\n")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "NVC_PY_CONFIG": str(config), "NVC_PY_HOOK_SOCKET": "none"}
+    for _ in range(2):  # the first call after a configuration change parses its YAML (then cached by text)
+        (bundle / "config.json").write_text(json.dumps(spec))
+        result = subprocess.run(
+            [interpreter, *flags.split(), "-X", "importtime", str(launcher), "create", "--bundle", str(bundle), "c1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+    rewritten = json.loads((bundle / "config.json").read_text())
+    assert "/dev/nvidia0" in {d["path"] for d in rewritten["linux"]["devices"]}  # the GPU create's path
+    imported = _imported(result.stderr)
+    assert "nvc.hook.oci.runtime" in imported
+    assert imported & (NEVER - {"fnmatch"}) == set()

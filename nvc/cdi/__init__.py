@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from nvc import containerenv
 from nvc.discover.driver import DriverFiles
@@ -27,6 +26,10 @@ from nvc.discover.nodes import DeviceNode
 from nvc.model.capabilities import CAPABILITIES
 from nvc.plan import mountplan
 from nvc.plan.selection import Selection
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from nvc.discover import nodes
 from nvc.discover.nodes import DeviceNode
 from nvc.plan import mountplan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CHAR_DIR = "/dev/char"  # udev's MAJOR:MINOR links to character devices
 
