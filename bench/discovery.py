@@ -11,8 +11,12 @@ compared.
 
 Rows:
   import pynvml   what the driver helper imports (nvc.rpc.driver_service, then pynvml as its
-                  import_pynvml imports it), and with NVML then loaded in the driver root
-  + nvmlInit      (its init and device count): the floor of the helper's critical path
+                  import_pynvml imports it)
+  helper alone    the driver helper's own set-up and snapshot (nvc.rpc.driver_service.serve_driver:
+                  confined, NVML started while pynvml imports, every GPU's handle) in a fresh
+                  interpreter of its own (started as the installed program starts), without the
+                  CLI, a fork or the protocol: the least an ``info`` whose NVML half is Python can
+                  take, were its helper started at once
   info            NVML through the driver helper (info always needs NVML: CUDA version, brand)
   list            default selection; /proc fast path unless MIG devices exist
   list --nvml     the same listing with NVML forced (its output must equal the fast path's)
@@ -69,6 +73,7 @@ class Case:
     socket: str  # NVC_PY_HOOK_SOCKET for the run
     served: bool = False
     env: tuple[tuple[str, str], ...] = ()  # added to the environment of its runs
+    compare: str = ""  # the reference's command it is given as a multiple of (nvc-py's rows: their own)
 
 
 def default_nvc_py() -> str:
@@ -90,7 +95,9 @@ def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> lis
         Case("python -S -c pass", "interpreter floor (baseline)", (python, "-S", "-c", "pass"), no_server),
         Case("python -c pass", "interpreter with site", (python, "-c", "pass"), no_server),
         Case("  import pynvml", "what the driver helper imports", (python, "-P", "-c", _IMPORT_PYNVML), no_server),
-        Case("  + nvmlInit", "... and NVML loaded in the root", (python, "-P", "-c", _NVML_INIT, root), no_server),
+        Case(
+            "  helper alone", "its set-up and snapshot", helper_alone(nvc_py, python, root), no_server, compare="info"
+        ),
         Case("nvc-py info", "NVML (driver helper)", (*base, "info"), no_server),
         Case("nvc-py list", "/proc fast path", (*base, "list"), no_server),
         Case("nvc-py list --nvml", "NVML (driver helper)", (*base, "list", "--nvml"), no_server),
@@ -99,10 +106,28 @@ def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> lis
     ]
 
 
-# The least the driver helper does before its first answer: pynvml (imported as the helper imports it),
-# then NVML loaded inside the driver root.
+# What the driver helper imports: pynvml, as the helper imports it.
 _IMPORT_PYNVML = "from nvc.rpc.driver_service import import_pynvml; pynvml = import_pynvml()"
-_NVML_INIT = f"import os, sys; {_IMPORT_PYNVML}; os.chroot(sys.argv[1]); os.chdir('/'); pynvml.nvmlInit(); pynvml.nvmlDeviceGetCount()"
+# The helper's set-up and snapshot by themselves. Its confinement re-arms the parent-death signal for
+# the parent a forked helper records (nvc.rpc.helper._parent_pid), here the bench.
+_HELPER_ALONE = (
+    "import os, sys; from nvc.rpc import helper; helper._parent_pid = os.getppid(); "
+    "from nvc.rpc.driver_service import overflow_ids, serve_driver; "
+    "serve_driver(sys.argv[1], *overflow_ids())['snapshot']()"
+)
+
+
+def helper_alone(nvc_py: str, python: str, root: str) -> tuple[str, ...]:
+    """The helper-alone row's command: :data:`_HELPER_ALONE` started as the installed program starts
+    (its launcher's interpreter flags, sys.path and code cache) where a launcher runs it, else by
+    ``python`` with site."""
+    from harness.hookserver import LIBDIR
+
+    launcher = LIBDIR / f"{Path(nvc_py).name}-python"
+    lines = launcher.read_text().splitlines() if launcher.is_file() else []
+    if len(lines) < 3 or lines[-2:] != ["from nvc.__main__ import run", "run()"]:
+        return (python, "-P", "-c", _HELPER_ALONE, root)
+    return (*lines[0].removeprefix("#!").split(), "-c", "\n".join([*lines[1:-2], _HELPER_ALONE]), root)
 
 
 def reference_cases(cli: Path, root: str, no_server: str) -> list[Case]:
@@ -203,7 +228,7 @@ def table(all_cases: list[Case], times: dict[str, list[float]]) -> str:
     for c in all_cases:
         t = times[c.label]
         median = statistics.median(t)
-        command = c.label.split()[1] if c.label.startswith("nvc-py ") else ""
+        command = c.compare or (c.label.split()[1] if c.label.startswith("nvc-py ") else "")
         against = times.get(f"reference {command}")
         versus = reference.ratio(median, statistics.median(against) if against else None)
         lines.append(
