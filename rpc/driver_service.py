@@ -280,6 +280,16 @@ def _warm() -> None:
     import nvc.system.confinement  # noqa: F401
 
 
+def _warm_to_confine() -> None:
+    """What a preforked driver helper imports while the options it is about to be sent come: what
+    confining it and starting NVML need, not pynvml (for the root /, :func:`serve_driver` imports it
+    once NVML is starting)."""
+    import ctypes  # noqa: F401
+    import threading  # noqa: F401
+
+    import nvc.system.confinement  # noqa: F401
+
+
 def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatch:
     """Helper setup: confine, then load NVML from the driver root; return the methods (``events``:
     also the Kubernetes device plugin's XID events and topology, nvc.rpc.nvml_events)."""
@@ -362,7 +372,7 @@ def _stamp(params: dict[str, Any]) -> object:
     return driverstamp.take(params["root"])
 
 
-_ahead = WarmHelper("driver", serve_driver, warm=_warm, failure=DriverError, stamp=_stamp)
+_ahead = WarmHelper("driver", serve_driver, failure=DriverError, stamp=_stamp)
 
 
 def prefork(argv: list[str]) -> None:
@@ -371,13 +381,14 @@ def prefork(argv: list[str]) -> None:
     Importing pynvml and loading NVML take longer in the helper than everything the CLI imports
     before it knows its options (``nvc-py info``). Where no global option comes before the command
     (``argv``, the words after the program's name), the helper is sent the configuration's root
-    and user at once, so NVML loads while the CLI imports; else it only imports until
-    :func:`open_driver` sends it the real options. Either is a guess that affects speed only:
+    and user at once (it imports what its confinement and NVML's start need while they come), so
+    NVML loads while the CLI imports; else it only imports, pynvml too, until :func:`open_driver`
+    sends it the real options. Either is a guess that affects speed only:
     open_driver closes a helper started for other options than the call's, and one never taken exits
     with this process.
     """
     guess = bool(argv) and not argv[0].startswith("-")
-    _ahead.prefork(warm=not guess)  # a helper sent its options imports in their order (serve_driver)
+    _ahead.prefork(_warm_to_confine if guess else _warm)
     if guess:
         from nvc.config.options import resolve_options
 

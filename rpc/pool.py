@@ -34,7 +34,6 @@ class WarmHelper:
         setup: Setup,
         *,
         failure: type[errors.NvcError],
-        warm: Callable[[], None] | None = None,
         journal: bool = False,
         stamp: Callable[[dict[str, Any]], object] | None = None,
         idle: Idle | None = None,
@@ -42,7 +41,6 @@ class WarmHelper:
         self.name = name
         self.setup = setup
         self.failure = failure
-        self.warm = warm  # what a preforked helper does before its parameters come (imports)
         self.journal = journal
         self.stamp = stamp  # the identity of what a set-up with these parameters loads, taken at its start
         self.idle = idle  # what a helper started ahead (prepare) does while it waits for its call
@@ -63,10 +61,10 @@ class WarmHelper:
             idle=idle,
         )
 
-    def prefork(self, warm: bool = True) -> None:
-        """Fork the helper now, before its parameters are known: it runs ``warm`` meanwhile (unless
-        ``warm`` is False: for a caller about to :meth:`begin` it), and :meth:`take` sends it the call's."""
-        self.kept = HelperClient.prefork(self.name, self.setup, warm=self.warm if warm else None, failure=self.failure)
+    def prefork(self, warm: Callable[[], None] | None = None) -> None:
+        """Fork the helper now, before its parameters are known: it runs ``warm`` (imports) until they
+        come, which :meth:`begin` or :meth:`take` sends."""
+        self.kept = HelperClient.prefork(self.name, self.setup, warm=warm, failure=self.failure)
         self._params = self._stamp = None
 
     def begin(self, **params: Any) -> None:
