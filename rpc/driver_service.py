@@ -271,15 +271,6 @@ def _find_library(name: str) -> str | None:
     return find_library(name)
 
 
-def _warm() -> None:
-    """What a preforked driver helper does before it knows its driver root: the imports."""
-    import ctypes  # noqa: F401
-
-    import_pynvml()
-
-    import nvc.system.confinement  # noqa: F401
-
-
 def _warm_to_confine() -> None:
     """What a preforked driver helper imports while the options it is about to be sent come: what
     confining it and starting NVML need, not pynvml (for the root /, :func:`serve_driver` imports it
@@ -288,6 +279,12 @@ def _warm_to_confine() -> None:
     import threading  # noqa: F401
 
     import nvc.system.confinement  # noqa: F401
+
+
+def _warm() -> None:
+    """What a preforked driver helper does before it knows its driver root: the imports."""
+    _warm_to_confine()
+    import_pynvml()
 
 
 def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatch:
