@@ -55,7 +55,7 @@ K8S_CLUSTER_CACHE := /var/cache/nvc-py-k8s
 INSTALLED_FROM := $(shell $(ENV_PYTHON) -I -c 'import importlib.metadata as m, json; \
 	print(json.loads(m.distribution("nvc-py").read_text("direct_url.json"))["url"])' 2>/dev/null)
 INSTALL_INPUTS := $(shell find nvc hook rpc -name __pycache__ -prune -o -type f -print) setup.cfg pyproject.toml \
-	README.md Makefile native/libnvc-share.so native/nvc-py-hook-client
+	README.md Makefile native/libnvc-share.so native/nvc-py-hook-client native/nvc-py-driver-snapshot
 INSTALL_CURRENT := $(and $(filter file://$(CURDIR),$(INSTALLED_FROM)),\
 	$(if $(filter-out $(INSTALL_INPUTS),$(shell cat $(INSTALL_STAMP) 2>/dev/null)),,current))
 # What the hooks, their server and the device plugin leave in RUN_DIR beside the containers' sharing
@@ -159,7 +159,7 @@ build: unpackaged native install
 
 native:
 	@$(MAKE) -s -q -C native 2>/dev/null || \
-		$(STEP) native "build: native/ (the sharing shim, the hook client)" $(MAKE) -C native
+		$(STEP) native "build: native/ (the sharing shim, the hook client, the driver helper)" $(MAKE) -C native
 
 # Every installed program lives in $(LIBDIR), which pip never writes, and the hooks.d, CDI, runtime
 # and systemd entries name it there (hook/setup/engines.py): a later `pip install -U` rewrites its console
@@ -201,6 +201,7 @@ $(INSTALL_STAMP): $(INSTALL_INPUTS) $(if $(INSTALL_CURRENT),,FORCE)
 		$(PIP) install --no-cache-dir --no-deps --no-index --no-build-isolation .
 	@install -D -m 0644 native/libnvc-share.so $(LIBDIR)/libnvc-share.so
 	@install -D -m 0755 native/nvc-py-hook-client $(LIBDIR)/nvc-py-hook-client
+	@install -D -m 0755 native/nvc-py-driver-snapshot $(LIBDIR)/nvc-py-driver-snapshot
 	@$(MAKE) -s --no-print-directory fronts
 	@$(MAKE) -s --no-print-directory code-cache
 	@echo "install: $(LIBDIR)/nvc-py, nvc-py-hook and nvc-py-runtime, linked from $(BINDIR)"
@@ -236,12 +237,12 @@ FUZZ_TARGETS ?=
 fuzz: unpackaged deps build
 	cd tests && $(ENV_PYTHON) -m harness.fuzzing --seconds $(FUZZ_SECONDS) --work $(CURDIR)/$(LOGDIR)/fuzz $(FUZZ_TARGETS)
 
-## sanitize: the shim and the hook client built with AddressSanitizer and UndefinedBehaviorSanitizer
+## sanitize: the shim, the hook client and the driver helper built with AddressSanitizer and UndefinedBehaviorSanitizer
 ## (native/sanitize/), and the native tests (SANITIZE_TESTS) run with them (tests/harness/native.py; the shim is
 ## preloaded behind the ASan runtime); `make test` runs it (tests/test_sanitize.py). Not the compute share's tests:
 ## they time the fake GPU against the shim's work, which the sanitizers slow down
 SANITIZE_TESTS ?= test_share_native.py test_share_native_memory.py test_share_native_graphmem.py \
-	test_hook_server_protocol.py test_hook_server_wedged.py test_hook_server_clients.py
+	test_hook_server_protocol.py test_hook_server_wedged.py test_hook_server_clients.py test_driver_snapshot.py
 sanitize: unpackaged deps build
 	@$(MAKE) --no-print-directory sanitize-tests
 
@@ -269,7 +270,7 @@ demo-plan:
 	else missing=$$($(ENV_PYTHON) tools/missing_deps.py); \
 		echo "  pip: $${missing:-nothing to install}$${missing:+ into $(VENV)}"; fi
 	@if [ -n "$(INSTALL_CURRENT)" ] && [ -e $(INSTALL_STAMP) ] && [ -e native/libnvc-share.so ] && \
-		[ -e native/nvc-py-hook-client ] && \
+		[ -e native/nvc-py-hook-client ] && [ -e native/nvc-py-driver-snapshot ] && \
 		[ -z "$$(find $(INSTALL_INPUTS) -newer $(INSTALL_STAMP) -print -quit 2>/dev/null)" ]; then \
 		echo "  install: nothing (nvc-py in $(LIBDIR) is this tree's)"; \
 	elif [ -z "$(PACKAGED)" ]; then \

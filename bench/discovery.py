@@ -112,7 +112,7 @@ _IMPORT_PYNVML = "from nvc.rpc.driver_service import import_pynvml; pynvml = imp
 # the parent a forked helper records (nvc.rpc.helper._parent_pid), here the bench.
 _HELPER_ALONE = (
     "import os, sys; from nvc.rpc import helper; helper._parent_pid = os.getppid(); "
-    "from nvc.rpc.driver_service import overflow_ids, serve_driver; "
+    "from nvc.rpc.driver_service import serve_driver; from nvc.rpc.driver_wire import overflow_ids; "
     "serve_driver(sys.argv[1], *overflow_ids())['snapshot']()"
 )
 

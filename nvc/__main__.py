@@ -3,14 +3,18 @@
 import sys
 
 from nvc.hook.server.handover import hand_over
+from nvc.rpc import front_snapshot
 from nvc.system.loaderenv import restart_without_unsafe_variables
 from nvc.system.stdio import reopen_closed
 
+front_snapshot.take()  # the native driver helper the front started for `info`, named in the environment
 reopen_closed()  # before anything opened (the server's socket, a helper's) could become stdout
 restart_without_unsafe_variables()  # before any import that may load a shared library
 hand_over(sys.argv)  # to a running server's warm worker (nvc-py-hook serve), when there is one
 
-if "info" in sys.argv[1:]:  # a guess that only affects speed: a wrong one costs an unused fork
+if (
+    "info" in sys.argv[1:] and not front_snapshot.handed()
+):  # a guess that only affects speed: a wrong one costs an unused fork
     from nvc.rpc import driver_service
 
     driver_service.prefork(sys.argv[1:])  # NVML loads in the helper while this process imports the rest

@@ -149,3 +149,12 @@ def proc_failure(pid: int, path: str, err: OSError, kind: type[NvcError] = Conta
     if err.errno in (errno.ENOENT, errno.ESRCH):
         return ContainerError(f"container process {pid} is gone")
     return kind(f"open failed: {path}: {err.strerror}")
+
+
+def from_kind(kind: str, message: str, code: int | None = None) -> NvcError:
+    """The error a helper reported by its class's ``kind`` (:mod:`nvc.rpc.protocol`), as that class, with
+    the service's ``code`` (an NVML return value); an unknown kind is a plain :class:`NvcError`."""
+    classes = {cls.kind: cls for cls in (NvcError, *NvcError.__subclasses__())}
+    exc = classes.get(kind, NvcError)(message)
+    exc.code = code  # type: ignore[attr-defined]
+    return exc

@@ -11,13 +11,13 @@ imported only in the child: nvc-py's own start-up never pays for it.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 
 from nvc.errors import DriverError, InitializationError, NvcError
+from nvc.rpc.driver_wire import setup_params, snapshot_from_wire
 from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, die_with_parent
 from nvc.rpc.pool import WarmHelper
 
@@ -34,36 +34,7 @@ NVML_SONAME = "libnvidia-ml.so.1"
 # Host libraries NVML needs, loaded before the chroot so a driver root that lacks them (or
 # ships other builds of them) still works: the reference preloads the same set.
 _HOST_PRELOADS = ("libm.so.6", "librt.so.1", "libpthread.so.0", "libdl.so.2")
-# nvmlBrandType_t names as the reference prints them, by pynvml constant name (values 17+,
-# added after the reference's list, print as Unknown).
-_BRAND_NAMES = {
-    "NVML_BRAND_UNKNOWN": "Unknown",
-    "NVML_BRAND_QUADRO": "Quadro",
-    "NVML_BRAND_TESLA": "Tesla",
-    "NVML_BRAND_NVS": "NVS",
-    "NVML_BRAND_GRID": "GRID",
-    "NVML_BRAND_GEFORCE": "GeForce",
-    "NVML_BRAND_TITAN": "TITAN",
-    "NVML_BRAND_NVIDIA_VAPPS": "VApps",
-    "NVML_BRAND_NVIDIA_VPC": "VPC",
-    "NVML_BRAND_NVIDIA_VCS": "VCS",
-    "NVML_BRAND_NVIDIA_VWS": "VWS",
-    "NVML_BRAND_NVIDIA_CLOUD_GAMING": "CloudGaming",
-    "NVML_BRAND_QUADRO_RTX": "QuadroRTX",
-    "NVML_BRAND_NVIDIA_RTX": "NvidiaRTX",
-    "NVML_BRAND_NVIDIA": "Nvidia",
-    "NVML_BRAND_GEFORCE_RTX": "GeForceRTX",
-    "NVML_BRAND_TITAN_RTX": "TitanRTX",
-}
-
-
 # ---- child side: runs in the confined helper ----------------------------------------------
-
-
-def brand_name(pynvml: ModuleType, value: int) -> str:
-    """The reference's name of an nvmlBrandType_t value."""
-    names = {getattr(pynvml, const): name for const, name in _BRAND_NAMES.items()}
-    return names.get(value, "Unknown")
 
 
 def bus_id(domain: int, bus: int, device: int) -> str:
@@ -146,13 +117,17 @@ class _Nvml:
         except self.nvml.NVMLError:
             pass
 
+    def failed(self, err: Exception, function: str) -> DriverError:
+        """The driver error of a failed call: NVML's text and the function, NVML's value as its code."""
+        exc = DriverError(f"{self.error_text(err)} ({function})")
+        exc.code = err.value  # type: ignore[attr-defined]
+        return exc
+
     def call(self, function: str, *args: Any) -> Any:
         try:
             return getattr(self.nvml, function)(*args)
         except self.nvml.NVMLError as err:
-            exc = DriverError(f"{self.error_text(err)} ({function})")
-            exc.code = err.value  # type: ignore[attr-defined]
-            raise exc from None
+            raise self.failed(err, function) from None
 
     def mig_mode(self, handle: Any) -> bool:
         """Current MIG mode; a GPU without MIG support answers NOT_SUPPORTED: disabled."""
@@ -161,9 +136,7 @@ class _Nvml:
         except self.nvml.NVMLError_NotSupported:
             return False
         except self.nvml.NVMLError as err:
-            exc = DriverError(f"{self.error_text(err)} (nvmlDeviceGetMigMode)")
-            exc.code = err.value  # type: ignore[attr-defined]
-            raise exc from None
+            raise self.failed(err, "nvmlDeviceGetMigMode") from None
         return bool(current == self.nvml.NVML_DEVICE_MIG_ENABLE)
 
     def mig_devices(self, handle: Any) -> list[dict[str, Any]]:
@@ -174,6 +147,8 @@ class _Nvml:
                 mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, position)
             except (self.nvml.NVMLError_NotFound, self.nvml.NVMLError_InvalidArgument):
                 break
+            except self.nvml.NVMLError as err:
+                raise self.failed(err, "nvmlDeviceGetMigDeviceHandleByIndex") from None
             found.append(
                 {
                     "index": position,
@@ -195,7 +170,7 @@ class _Nvml:
             "index": index,
             "minor": self.call("nvmlDeviceGetMinorNumber", handle),
             "model": self.call("nvmlDeviceGetName", handle),
-            "brand": brand_name(self.nvml, self.call("nvmlDeviceGetBrand", handle)),
+            "brand": self.call("nvmlDeviceGetBrand", handle),  # NVML's value: driver_wire names it
             "uuid": self.call("nvmlDeviceGetUUID", handle),
             "bus_id": bus_id(pci.domain, pci.bus, pci.device),
             "architecture": f"{major}.{minor}",
@@ -319,20 +294,6 @@ def serve_driver(root: str, uid: int, gid: int, events: bool = False) -> Dispatc
 # ---- parent side --------------------------------------------------------------------------
 
 
-def snapshot_from_wire(data: dict[str, Any]) -> DriverSnapshot:
-    """Build the snapshot's records from the helper's JSON answer."""
-    from nvc.model.devices import DriverSnapshot, Gpu, MigDevice
-
-    gpus = tuple(
-        Gpu(
-            **{key: value for key, value in gpu.items() if key != "mig_devices"},
-            mig_devices=tuple(MigDevice(**mig) for mig in gpu["mig_devices"]),
-        )
-        for gpu in data["gpus"]
-    )
-    return DriverSnapshot(data["driver_version"], data["cuda_version"], gpus)
-
-
 class DriverClient:
     """The parent's view of a running driver helper."""
 
@@ -393,7 +354,7 @@ def prefork(argv: list[str]) -> None:
             opts = resolve_options(None, None, None, False)
         except NvcError:  # the CLI says what is wrong, later and in its own words
             return
-        _ahead.begin(**_setup(opts.root, opts.user))
+        _ahead.begin(**setup_params(opts.root, opts.user))
 
 
 def prestart(root: str = "/", user: tuple[int, int] | None = None) -> WarmHelper:
@@ -401,31 +362,8 @@ def prestart(root: str = "/", user: tuple[int, int] | None = None) -> WarmHelper
     call needs it. The hook server's idle workers keep one so; :func:`open_driver` takes it
     when asked for the same, and closes it otherwise. One never taken exits with this process.
     Returns the warm helper, whose set-up report the caller may settle (:meth:`WarmHelper.settle`)."""
-    _ahead.prepare(**_setup(root, user))
+    _ahead.prepare(**setup_params(root, user))
     return _ahead
-
-
-def overflow_ids(proc: str = "/proc") -> tuple[int, int]:
-    """The kernel's overflow uid/gid (normally 65534): the reference's default helper identity.
-
-    Read by the parent: once chrooted, the helper may have no /proc to read them from.
-    (Plain strings, not pathlib: this module is on ``info``'s start-up path before the
-    helper forks, where every import delays NVML's load.)
-    """
-    ids = []
-    for name in ("overflowuid", "overflowgid"):
-        with open(f"{proc}/sys/kernel/{name}") as f:
-            ids.append(int(f.read()))
-    return ids[0], ids[1]
-
-
-def _setup(root: str, user: tuple[int, int] | None, events: bool = False) -> dict[str, Any]:
-    """serve_driver's parameters; ``user`` None: the kernel's overflow ids as root (as the
-    reference), else the caller's own identity, the only one it can keep."""
-    if user is None:
-        user = overflow_ids() if os.geteuid() == 0 else (os.geteuid(), os.getegid())
-    uid, gid = user
-    return {"root": os.path.abspath(root), "uid": uid, "gid": gid, **({"events": True} if events else {})}
 
 
 @contextmanager
@@ -443,7 +381,7 @@ def open_driver(
     import what it needs meanwhile. ``events``: the helper also serves :meth:`DriverClient.xid_events`
     and :meth:`DriverClient.topology` (the Kubernetes device plugin).
     """
-    helper = _ahead.take(_setup(root, user, events), timeout, wait)
+    helper = _ahead.take(setup_params(root, user, events), timeout, wait)
     with helper:
         yield DriverClient(helper)
 

@@ -38,7 +38,7 @@ from types import TracebackType
 import prctl
 
 from nvc import errors
-from nvc.rpc import protocol
+from nvc.rpc import DEFAULT_TIMEOUT, protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
 
 IDLE_AFTER = 0.02  # seconds a helper started ahead waits for its first call before it runs its Idle
 
-DEFAULT_TIMEOUT = 10.0  # seconds per call, as the reference client's hard-coded limit
 DEFAULT_GRACE = 0.05  # seconds a helper gets to exit after "shutdown" before SIGKILL
 _READY_ID = 0  # id of the message the child sends once its setup finished (or failed)
 _SERVICE_FD = 3  # the child's socket is moved here; everything above is closed
@@ -60,11 +59,6 @@ _journal_fd = -1  # in a journaling helper child: _JOURNAL_FD
 _parent_pid = 0  # in a helper child: the pid of the process that forked it (see die_with_parent)
 # Helpers told to exit whose reaping waits for reap_deferred() (None: close() reaps at once).
 _deferred: list[HelperClient] | None = None
-
-# kind → class, so an error raised in the child comes back as the same class.
-_ERROR_CLASSES: dict[str, type[errors.NvcError]] = {
-    cls.kind: cls for cls in (errors.NvcError, *errors.NvcError.__subclasses__())
-}
 
 
 def _remote_error(exc: BaseException, method: str, failure: type[errors.NvcError]) -> protocol.RemoteError:
@@ -80,9 +74,7 @@ def _remote_error(exc: BaseException, method: str, failure: type[errors.NvcError
 
 def raise_remote(err: protocol.RemoteError) -> NoReturn:
     """Re-raise a transported error as its nvc.errors class, keeping the service's code."""
-    exc = _ERROR_CLASSES.get(err.kind, errors.NvcError)(err.message)
-    exc.code = err.code  # type: ignore[attr-defined]
-    raise exc
+    raise errors.from_kind(err.kind, err.message, err.code)
 
 
 def describe_status(status: int) -> str:

@@ -89,12 +89,38 @@ def expected(row: Confinement, parent: dict[str, object], user: tuple[int, int] 
 
 
 def test_the_driver_helper_holds_its_row(active_2gpu) -> None:
-    from nvc.rpc.driver_service import open_driver, overflow_ids
+    from nvc.rpc.driver_service import open_driver
+    from nvc.rpc.driver_wire import overflow_ids
 
     root = str(active_2gpu.root)
     with open_driver(root=root) as driver:
         assert held(driver.pid) == expected(DRIVER_HELPER, held(os.getpid()), overflow_ids())
         assert DRIVER_HELPER.root == "chroot" and os.readlink(f"/proc/{driver.pid}/root") == os.path.realpath(root)
+
+
+def test_the_native_driver_helper_holds_the_driver_helpers_row(active_2gpu) -> None:
+    """The C driver helper the front starts for ``info`` (native/driver/confine.c), looked at while the
+    fake driver stalls its first snapshot call: what the Python driver helper holds."""
+    from harness.hookserver import LIBDIR
+    from nvc.rpc.driver_wire import overflow_ids
+
+    root, (uid, gid) = str(active_2gpu.root), overflow_ids()
+    helper = subprocess.Popen(
+        [LIBDIR / "nvc-py-driver-snapshot", root, str(uid), str(gid)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "FAKE_NVML_STALL_S": "3"},
+    )
+    try:
+        deadline = time.monotonic() + 2
+        while _status(helper.pid)["NoNewPrivs"] != "1" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # NO_NEW_PRIVS is its last step
+        assert held(helper.pid) == expected(DRIVER_HELPER, held(os.getpid()), (uid, gid))
+        assert os.readlink(f"/proc/{helper.pid}/root") == os.path.realpath(root)
+        assert _status(helper.pid)["Name"] == "nvc:[driver]"
+    finally:
+        helper.kill()
+        helper.communicate()
 
 
 def test_the_container_helper_holds_its_row() -> None:

@@ -20,7 +20,8 @@ from harness.processes import children as _children
 from harness.processes import status as _status
 from nvc import errors
 from nvc.model.devices import DriverSnapshot
-from nvc.rpc.driver_service import brand_name, bus_id, open_driver, overflow_ids, snapshot_from_wire
+from nvc.rpc.driver_service import bus_id, open_driver
+from nvc.rpc.driver_wire import brand_name, overflow_ids, snapshot_from_wire
 from nvc.system.confinement import CONTAINER_HELPER
 
 # ---- driver helper ------------------------------------------------------------------------
@@ -29,12 +30,13 @@ from nvc.system.confinement import CONTAINER_HELPER
 def test_brand_names_follow_nvml_values() -> None:
     import pynvml
 
-    assert brand_name(pynvml, pynvml.NVML_BRAND_NVIDIA) == "Nvidia"
-    assert brand_name(pynvml, 0) == "Unknown"
-    assert brand_name(pynvml, 2) == "Tesla"
-    assert brand_name(pynvml, 11) == "CloudGaming"
-    assert brand_name(pynvml, 16) == "TitanRTX"
-    assert brand_name(pynvml, pynvml.NVML_BRAND_NVIDIA_NPU) == "Unknown"
+    assert brand_name(pynvml.NVML_BRAND_NVIDIA) == "Nvidia"
+    assert brand_name(pynvml.NVML_BRAND_UNKNOWN) == "Unknown"
+    assert brand_name(pynvml.NVML_BRAND_TESLA) == "Tesla"
+    assert brand_name(pynvml.NVML_BRAND_GRID) == "GRID"
+    assert brand_name(pynvml.NVML_BRAND_NVIDIA_CLOUD_GAMING) == "CloudGaming"
+    assert brand_name(pynvml.NVML_BRAND_TITAN_RTX) == "TitanRTX"
+    assert brand_name(pynvml.NVML_BRAND_NVIDIA_NPU) == brand_name(-1) == "Unknown"
 
 
 def test_pynvml_imports_without_what_ctypes_util_imports() -> None:
@@ -73,7 +75,7 @@ def test_bus_id_is_normalised() -> None:
 
 def test_snapshot_from_wire_builds_records() -> None:
     gpu = {
-        "index": 0, "minor": 3, "model": "M", "brand": "Tesla", "uuid": "GPU-1", "bus_id": "00000000:01:00.0",
+        "index": 0, "minor": 3, "model": "M", "brand": 2, "uuid": "GPU-1", "bus_id": "00000000:01:00.0",
         "architecture": "8.0", "memory_total": 5, "mig_enabled": True,
         "mig_devices": [{"index": 0, "gpu_instance_id": 1, "compute_instance_id": 0, "uuid": "MIG-1",
                          "memory_total": 2}],
@@ -81,7 +83,8 @@ def test_snapshot_from_wire_builds_records() -> None:
     snap = snapshot_from_wire({"driver_version": "1.2", "cuda_version": 12040, "gpus": [gpu]})
     assert isinstance(snap, DriverSnapshot) and snap.cuda_version == 12040
     (only,) = snap.gpus
-    assert only.minor == 3 and only.mig_devices[0].uuid == "MIG-1" and only.mig_devices[0].gi_caps_path is None
+    assert only.minor == 3 and only.brand == "Tesla"
+    assert only.mig_devices[0].uuid == "MIG-1" and only.mig_devices[0].gi_caps_path is None
 
 
 def test_overflow_ids_are_the_kernel_values() -> None:

@@ -28,7 +28,8 @@ def test_make_sanitize_passes(tmp_path: Path) -> None:
 def test_the_sanitized_build_is_instrumented() -> None:
     """What the sanitized tests preload and run carries both sanitizers (a plain build would pass them vacuously)."""
     subprocess.run(["make", "-s", "-C", str(native.NATIVE), "sanitize"], check=True)
-    for built in (native.NATIVE / "sanitize" / "libnvc-share.so", native.NATIVE / "sanitize" / "nvc-py-hook-client"):
+    for name in ("libnvc-share.so", "nvc-py-hook-client", "nvc-py-driver-snapshot"):
+        built = native.NATIVE / "sanitize" / name
         symbols = subprocess.run(["nm", "-D", str(built)], check=True, capture_output=True, text=True).stdout
         assert "__asan_report_load" in symbols and "__ubsan_handle_" in symbols, built
 

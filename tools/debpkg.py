@@ -378,6 +378,7 @@ def stage(source: Path, root: Path, scratch: Path, pip_cache: Path) -> None:
     run(["make", "-C", source / "native"])
     shutil.copy2(source / "native/libnvc-share.so", f"{LIBDIR}/libnvc-share.so")
     shutil.copy2(source / "native/nvc-py-hook-client", f"{LIBDIR}/nvc-py-hook-client")
+    shutil.copy2(source / "native/nvc-py-driver-snapshot", f"{LIBDIR}/nvc-py-driver-snapshot")
     run(["make", "-C", source, "--no-print-directory", "fronts", f"BINDIR={root}/usr/bin", f"PYTHON={SYSTEM_PYTHON}"])
     run([python, "-I", source / "tools/debpkg.py", "files", "--source", source, "--root", root])
     elves = [p for p in sorted(Path(LIBDIR).rglob("*")) if _is_elf(p)]

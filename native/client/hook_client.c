@@ -79,6 +79,7 @@
 #define MAX_TIMEOUT_CHARS 32          /* the longest $NVC_PY_HOOK_TIMEOUT read, as handover.py's */
 #define CLIENT_NAME "nvc-py-hook-client"
 
+#include "driver_start.h"
 #include "environment.h"
 #include "message.h"
 #include "runtime_front.h"
@@ -88,10 +89,13 @@
 
 static const char *self;   /* this program's name in messages */
 static const char *target; /* the Python program: what runs when no server does */
+static int front;          /* this is the installed program's front (not nvc-py-hook-client) */
 
 /* Runs the call here, in the Python program (never this front again). */
 __attribute__((noreturn)) static void fall_back(char **argv)
 {
+    if (front)
+        driver_start(self, argv); /* `nvc-py info`: NVML starts while the program does */
     execv(target, argv);
     fprintf(stderr, "%s: cannot execute %s: %s\n", self, target, strerror(errno));
     exit(127);
@@ -353,6 +357,7 @@ static int take_call(const char *base, int *argc, char ***argv, char *program, s
             return 2;
         }
         target = program;
+        front = 1;
         (*argv)[0] = (char *)base; /* what the server runs */
     }
     return 0;

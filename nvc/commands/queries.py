@@ -14,6 +14,8 @@ from nvc.errors import TRY_WITHOUT_GPU, InitializationError, InputError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from nvc.commands.listing import Listing, ListRequest
     from nvc.config.options import GlobalOptions
 
@@ -34,18 +36,34 @@ def driver_required() -> Iterator[None]:
 
 
 def info_text(opts: GlobalOptions, fmt: str | None) -> str:
-    """``info``'s output (``fmt``: None, "csv" or "json"): the driver and every GPU and MIG device, from NVML."""
-    from nvc.rpc.driver_service import open_driver
+    """``info``'s output (``fmt``: None, "csv" or "json"): the driver and every GPU and MIG device, from NVML.
 
-    # The helper (started at start-up, see nvc.__main__; else forked here) loads NVML while
-    # this process imports the rest.
-    with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
-        from nvc.commands import infoformat
-        from nvc.discover import inventory
+    A driver helper loads NVML while this process imports what prints it: the native one the front
+    started (:mod:`nvc.rpc.front_snapshot`) where it was started for these options, else the Python
+    one (started at start-up, see nvc.__main__; else forked here)."""
+    from nvc.rpc import front_snapshot
 
-        inv = inventory.from_snapshot(drv.snapshot())
+    snap = None
+    if front_snapshot.handed():
+        infoformat, inventory = _info_modules()
+        snap = front_snapshot.snapshot(opts.root, opts.user)
+    if snap is None:
+        from nvc.rpc.driver_service import open_driver
+
+        with open_driver(root=opts.root, user=opts.user, wait=False) as drv:
+            infoformat, inventory = _info_modules()
+            snap = drv.snapshot()
+    inv = inventory.from_snapshot(snap)
     render = {None: infoformat.text, "csv": infoformat.csv_text, "json": infoformat.json_text}[fmt]
     return render(inv, inv.cuda_version)
+
+
+def _info_modules() -> tuple[ModuleType, ModuleType]:
+    """``info``'s output modules (imported while a driver helper works)."""
+    from nvc.commands import infoformat
+    from nvc.discover import inventory
+
+    return infoformat, inventory
 
 
 def list_request(

@@ -19,10 +19,11 @@ SANITIZED = bool(os.environ.get("NVC_TEST_SANITIZE"))
 BUILD = NATIVE / "sanitize" if SANITIZED else NATIVE
 SHIM = BUILD / "libnvc-share.so"
 HOOK_CLIENT = BUILD / "nvc-py-hook-client"
+DRIVER_SNAPSHOT = BUILD / "nvc-py-driver-snapshot"
 
 
 def build() -> None:
-    """The shim and the hook client as the tests run them, by native/Makefile."""
+    """The shim, the hook client and the driver helper as the tests run them, by native/Makefile."""
     subprocess.run(["make", "-s", "-C", str(NATIVE), *(["sanitize"] if SANITIZED else [])], check=True)
 
 
