@@ -33,15 +33,16 @@ _handed: tuple[int, int, int, int] | None = None  # (fd, pid, uid, gid) of the n
 
 
 def take() -> None:
-    """Take :data:`ENV` out of the environment (nothing this process starts sees it) and keep what it
-    names, for :func:`snapshot`."""
+    """Take :data:`ENV` out of the environment (nothing this process starts sees it, nor the pipe) and
+    keep what it names, for :func:`snapshot`."""
     global _handed
     value = os.environ.pop(ENV, None)
     if value is None:
         return
     try:
         fd, pid, uid, gid = (int(word) for word in value.split())
-    except ValueError:
+        os.set_inheritable(fd, False)  # no program this one starts holds the pipe
+    except (ValueError, OSError):
         return
     _handed = (fd, pid, uid, gid)
 

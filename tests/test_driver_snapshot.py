@@ -225,7 +225,7 @@ def test_a_pid_that_is_no_child_is_left_alone() -> None:
     assert front_snapshot.snapshot("/", None) is None and Path("/proc/1").exists()
 
 
-@pytest.mark.parametrize("value", ["", "3 4 5", "a b c d", "3 4 5 6 7"])
+@pytest.mark.parametrize("value", ["", "3 4 5", "a b c d", "3 4 5 6 7", "999 4 5 6"])
 def test_a_malformed_name_is_dropped(value: str) -> None:
     os.environ[front_snapshot.ENV] = value
     front_snapshot.take()
