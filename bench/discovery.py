@@ -17,7 +17,11 @@ Rows:
                   interpreter of its own (started as the installed program starts), without the
                   CLI, a fork or the protocol: the least an ``info`` whose NVML half is Python can
                   take, were its helper started at once
-  info            NVML through the driver helper (info always needs NVML: CUDA version, brand)
+  info            NVML through a driver helper (info always needs NVML: CUDA version, brand): with no
+                  option and no server, the native one the front starts (native/driver), where the
+                  driver root is /; else the Python one (nvc.rpc.driver_service)
+  info, Python    the Python program alone (LIBDIR/nvc-py-python, the front's fallback) and its Python
+                  driver helper: what ``info`` with any option takes
   list            default selection; /proc fast path unless MIG devices exist
   list --nvml     the same listing with NVML forced (its output must equal the fast path's)
   ... (server)    the same command while ``nvc-py-hook serve`` runs (started by the bench): it
@@ -98,7 +102,8 @@ def cases(nvc_py: str, python: str, root: str, sock: str, no_server: str) -> lis
         Case(
             "  helper alone", "its set-up and snapshot", helper_alone(nvc_py, python, root), no_server, compare="info"
         ),
-        Case("nvc-py info", "NVML (driver helper)", (*base, "info"), no_server),
+        Case("nvc-py info", "NVML (front's driver helper)", (*base, "info"), no_server),
+        *python_program_info(nvc_py, no_server),
         Case("nvc-py list", "/proc fast path", (*base, "list"), no_server),
         Case("nvc-py list --nvml", "NVML (driver helper)", (*base, "list", "--nvml"), no_server),
         Case("nvc-py info (server)", "server worker, NVML ready", (*base, "info"), sock, True),
@@ -117,14 +122,28 @@ _HELPER_ALONE = (
 )
 
 
+def python_program(nvc_py: str) -> Path | None:
+    """The Python program's launcher the installed front runs where no server answers (make install's)."""
+    from harness.hookserver import LIBDIR
+
+    launcher = LIBDIR / f"{Path(nvc_py).name}-python"
+    return launcher if launcher.is_file() else None
+
+
+def python_program_info(nvc_py: str, no_server: str) -> list[Case]:
+    """``info`` run by the Python program itself, where there is one."""
+    launcher = python_program(nvc_py)
+    if launcher is None:
+        return []
+    return [Case("  info, Python", "NVML (Python driver helper)", (str(launcher), "info"), no_server, compare="info")]
+
+
 def helper_alone(nvc_py: str, python: str, root: str) -> tuple[str, ...]:
     """The helper-alone row's command: :data:`_HELPER_ALONE` started as the installed program starts
     (its launcher's interpreter flags, sys.path and code cache) where a launcher runs it, else by
     ``python`` with site."""
-    from harness.hookserver import LIBDIR
-
-    launcher = LIBDIR / f"{Path(nvc_py).name}-python"
-    lines = launcher.read_text().splitlines() if launcher.is_file() else []
+    launcher = python_program(nvc_py)
+    lines = launcher.read_text().splitlines() if launcher is not None else []
     if len(lines) < 3 or lines[-2:] != ["from nvc.__main__ import run", "run()"]:
         return (python, "-P", "-c", _HELPER_ALONE, root)
     return (*lines[0].removeprefix("#!").split(), "-c", "\n".join([*lines[1:-2], _HELPER_ALONE]), root)

@@ -1,10 +1,7 @@
-"""The native driver helper (native/driver/driver_snapshot.c) and ``nvc-py info`` that the front serves
-with it (native/client/driver_start.c, nvc.rpc.front_snapshot), on the fake driver.
-
-The native helper must answer what the Python driver helper answers for the same root and identity, its
-errors included; ``nvc-py info`` through the installed front must print what the Python program prints
-alone, taking the native helper's answer where it was started for the call's options and the Python
-helper's otherwise.
+"""The native driver helper, native/driver/driver_snapshot.c (``nvc-py-driver-snapshot ROOT UID GID``), against
+the Python driver helper (nvc.rpc.driver_service) for the same root and identity: the same answer on every
+fake machine and on the real driver, the same errors. Run on the sanitized build too (``make sanitize``);
+its confinement is read back in tests/test_confinement.py, its start by the front in test_front_snapshot.py.
 """
 
 from __future__ import annotations
@@ -12,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -20,11 +16,9 @@ import pytest
 from harness import native
 from harness.hookserver import LIBDIR
 from nvc import errors
-from nvc.rpc import front_snapshot
 from nvc.rpc.driver_service import open_driver
 from nvc.rpc.driver_wire import overflow_ids, snapshot_from_wire
 
-PROGRAM = LIBDIR / "nvc-py-driver-snapshot"  # installed: what the installed front starts
 FRONT = LIBDIR / "nvc-py"
 MACHINES = ["active_2gpu", "active_3gpu", "active_local_nvidia", "active_debian"]
 
@@ -83,153 +77,6 @@ def test_the_native_helper_refuses_a_bad_command_line() -> None:
     for argv in ([], ["relative", "1", "1"], ["/", "-1", "1"], ["/", "1", "x"], ["/", "1", "1", "extra"]):
         done = subprocess.run([native.DRIVER_SNAPSHOT, *argv], capture_output=True, text=True, timeout=10)
         assert (done.returncode, done.stdout) == (2, "") and done.stderr.startswith("usage: "), argv
-
-
-def at_root(
-    fake, command: list[str], env: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """``command`` run with the fake driver's libraries where the host's loader finds them (an overlay on the
-    host's library directory, in a mount namespace of its own: the fake at the root /), with no server: its
-    result, and the programs its process's children ran (read from /proc while it ran; the overlay's mount
-    left out)."""
-    libdir = next(p.parent for p in fake.root.rglob("libnvidia-ml.so.1") if "x86_64" in str(p))
-    host = "/usr/lib/x86_64-linux-gnu"
-    script = f'mount -t overlay overlay -o lowerdir={libdir}:{host} {host} && exec "$@"'
-    proc = subprocess.Popen(
-        ["unshare", "-m", "sh", "-c", script, "sh", *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "NVC_PY_HOOK_SOCKET": "none", **(env or {})},
-    )
-    children: set[str] = set()
-    while proc.poll() is None:
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid:
-                    children.add(os.readlink(entry / "exe"))
-            except (OSError, ValueError):
-                continue
-        time.sleep(0.01)
-    out, err = proc.communicate()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), {
-        child for child in children if os.path.basename(child) != "mount"
-    }
-
-
-def test_info_through_the_front_takes_the_native_helpers_answer(active_2gpu) -> None:
-    """The installed ``nvc-py info`` with no server: the native helper answers (the front's only child, seen
-    while NVML stalls its first call), and the output is what the Python program prints alone."""
-    alone, _ = at_root(active_2gpu, [str(LIBDIR / "nvc-py-python"), "info"])
-    assert alone.returncode == 0 and "MIG UUID:" in alone.stdout, alone.stderr
-    served, children = at_root(active_2gpu, [str(FRONT), "info"], {"FAKE_NVML_STALL_S": "1"})
-    assert (served.returncode, served.stdout, served.stderr) == (0, alone.stdout, alone.stderr)
-    assert children == {str(PROGRAM)}
-
-
-def test_info_through_the_front_for_another_root_is_the_python_helpers(active_2gpu, tmp_path: Path) -> None:
-    """A configuration that names another root than the native helper was started for: the Python helper
-    answers (the native one is killed), as ``--root`` would."""
-    config = tmp_path / "config.yaml"
-    config.write_text(f"root: {active_2gpu.root}\n")
-    env = {"NVC_PY_CONFIG": str(config), "FAKE_NVML_STALL_S": "1"}
-    served, children = at_root(active_2gpu, [str(FRONT), "info"], env)
-    given, _ = at_root(active_2gpu, [str(LIBDIR / "nvc-py-python"), "--root", str(active_2gpu.root), "info"])
-    assert (served.returncode, served.stdout, served.stderr) == (0, given.stdout, given.stderr)
-    assert str(PROGRAM) in children and len(children) == 2  # the native helper, and the Python one
-
-
-def test_info_through_the_front_says_what_the_python_program_says_without_nvml(tmp_path: Path) -> None:
-    """No NVML at the root /: the native helper's error is the one the Python program prints alone."""
-    if Path("/proc/driver/nvidia").exists():
-        pytest.skip("a real NVIDIA driver is loaded")
-    env = {**os.environ, "NVC_PY_HOOK_SOCKET": "none"}
-    runs = [
-        subprocess.run([program, "info"], capture_output=True, text=True, timeout=60, env=env)
-        for program in (FRONT, LIBDIR / "nvc-py-python")
-    ]
-    assert runs[0].returncode == runs[1].returncode == errors.InitializationError.exit_code
-    assert runs[0].stderr == runs[1].stderr and "load library failed" in runs[0].stderr
-
-
-# ---- nvc.rpc.front_snapshot: what the front names, as the program takes it ------------------------------
-
-
-def hand(answer: str | None, delay: float = 0.0) -> subprocess.Popen[bytes]:
-    """A child standing for the native helper: it writes ``answer`` (None: nothing) after ``delay``
-    seconds on a pipe, which :data:`front_snapshot.ENV` names with it, as the front does; taken."""
-    read, write = os.pipe()
-    script = f'sleep "$1"; printf %s "$2" >/dev/fd/{write}' if answer is not None else 'exec sleep "$1"'
-    child = subprocess.Popen(["sh", "-c", script, "sh", str(delay), answer or ""], pass_fds=(write,))
-    os.close(write)
-    uid, gid = overflow_ids()
-    os.environ[front_snapshot.ENV] = f"{read} {child.pid} {uid} {gid}"
-    front_snapshot.take()
-    assert front_snapshot.ENV not in os.environ and front_snapshot.handed()
-    return child
-
-
-def gone(child: subprocess.Popen[bytes]) -> bool:
-    """Whether the child was reaped (by front_snapshot, not by Popen)."""
-    return not Path(f"/proc/{child.pid}").exists()
-
-
-def test_the_program_takes_the_native_helpers_result(active_2gpu) -> None:
-    answer = json.dumps(answer_of(str(active_2gpu.root)))
-    child = hand(answer)
-    snap = front_snapshot.snapshot("/", None)
-    assert snap == snapshot_from_wire(json.loads(answer)["result"]) and gone(child)
-    assert not front_snapshot.handed() and front_snapshot.snapshot("/", None) is None
-
-
-def test_the_program_raises_the_native_helpers_error() -> None:
-    error = {"kind": "driver", "message": "nvml error: gpu is lost (nvmlDeviceGetUUID)", "code": 15}
-    child = hand(json.dumps({"v": 1, "id": 0, "error": error}))
-    with pytest.raises(errors.DriverError) as raised:
-        front_snapshot.snapshot("/", None)
-    assert (raised.value.args[0], raised.value.code) == (error["message"], 15) and gone(child)  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("answer", [None, "", "not json", '{"v": 1, "id": 0}'])
-def test_no_answer_leaves_the_call_to_the_python_helper(answer: str | None) -> None:
-    child = hand(answer)
-    assert front_snapshot.snapshot("/", None) is None and gone(child)
-
-
-def test_a_helper_started_for_other_options_is_killed_at_once(tmp_path: Path) -> None:
-    child = hand(None, delay=30)
-    started = time.monotonic()
-    assert front_snapshot.snapshot(str(tmp_path), None) is None
-    assert time.monotonic() - started < 5 and gone(child)
-    child = hand(None, delay=30)
-    assert front_snapshot.snapshot("/", (12345, 12345)) is None and gone(child)
-
-
-def test_a_silent_helper_times_out_as_the_python_helpers_call() -> None:
-    child = hand(None, delay=30)
-    with pytest.raises(
-        errors.DriverError, match=r"^driver error: driver rpc error: timed out after 0\.3 s in snapshot$"
-    ):
-        front_snapshot.snapshot("/", None, timeout=0.3)
-    assert gone(child)
-
-
-def test_a_pid_that_is_no_child_is_left_alone() -> None:
-    """ENV may come from the caller: a process that is not this one's child is never signalled."""
-    read, write = os.pipe()
-    os.write(write, b"")
-    os.close(write)
-    uid, gid = overflow_ids()
-    os.environ[front_snapshot.ENV] = f"{read} 1 {uid} {gid}"
-    front_snapshot.take()
-    assert front_snapshot.snapshot("/", None) is None and Path("/proc/1").exists()
-
-
-@pytest.mark.parametrize("value", ["", "3 4 5", "a b c d", "3 4 5 6 7", "999 4 5 6"])
-def test_a_malformed_name_is_dropped(value: str) -> None:
-    os.environ[front_snapshot.ENV] = value
-    front_snapshot.take()
-    assert front_snapshot.ENV not in os.environ and not front_snapshot.handed()
 
 
 # ---- on a real driver (make test-gpu) --------------------------------------------------------------------

@@ -99,7 +99,8 @@ static void *entry(const char *symbol, const char *function)
     return fn;
 }
 
-/* CALL(function, symbol, type, args...): the call's return value, or a failed call (the end). */
+/* CALL(function, symbol, type, args...): the entry point `symbol`, of pointer type `type`, called with args; a
+ * failure ends the program with the driver error that names `function`. */
 #define CALL(function, symbol, type, ...) \
     do { \
         nvmlReturn_t ret_ = ((type)entry(symbol, function))(__VA_ARGS__); \
