@@ -73,6 +73,21 @@ def test_the_native_helper_fails_as_the_python_helper(active_2gpu, tmp_path: Pat
     )
 
 
+@pytest.mark.parametrize(("lost", "call"), [("gpu", "nvmlDeviceGetPciInfo"), ("mig", "nvmlDeviceGetGpuInstanceId")])
+def test_a_device_lost_mid_snapshot_fails_both_helpers_alike(
+    lost: str, call: str, active_2gpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake driver's GPU 0, or GPU 1's second MIG device, lost once its handle is held: the driver
+    error of the call that met it, NVML's code with it."""
+    gpus = active_2gpu.machine["gpus"]
+    uuid = gpus[0]["uuid"] if lost == "gpu" else gpus[1]["mig"]["devices"][1]["uuid"]
+    monkeypatch.setenv("FAKE_NVML_GPU_LOST", uuid)
+    root = str(active_2gpu.root)
+    response = answer_of(root)
+    assert response == {"v": 1, "id": 0, **python_helper(root)}
+    assert response["error"] == {"kind": "driver", "message": f"nvml error: gpu is lost ({call})", "code": 15}
+
+
 def test_the_native_helper_refuses_a_bad_command_line() -> None:
     for argv in ([], ["relative", "1", "1"], ["/", "-1", "1"], ["/", "1", "x"], ["/", "1", "1", "extra"]):
         done = subprocess.run([native.DRIVER_SNAPSHOT, *argv], capture_output=True, text=True, timeout=10)

@@ -73,7 +73,9 @@ int fake_initialized(void)
     return ok;
 }
 
-/* A handle is valid if it is one of ours and was visible at the last init. */
+/* A handle is valid if it is one of ours and was visible at the last init. A query of the GPU or MIG device whose
+ * UUID is $FAKE_NVML_GPU_LOST answers GPU_IS_LOST, as a GPU fallen off the bus does once its handle is held: a
+ * test's driver failing mid-snapshot. */
 static nvmlReturn_t lookup(nvmlDevice_t handle, struct nvmlDevice_st **out)
 {
     if (!fake_initialized()) return NVML_ERROR_UNINITIALIZED;
@@ -83,6 +85,9 @@ static nvmlReturn_t lookup(nvmlDevice_t handle, struct nvmlDevice_st **out)
     int in_migs = p >= m0 && p < m0 + sizeof migs && (size_t)(p - m0) % sizeof migs[0][0] == 0;
     if (!in_gpus && !in_migs) return NVML_ERROR_INVALID_ARGUMENT;
     if (!handle->visible) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *lost = getenv("FAKE_NVML_GPU_LOST");
+    if (lost != NULL && strcmp(lost, handle->mig ? handle->mig->uuid : handle->gpu->uuid) == 0)
+        return NVML_ERROR_GPU_IS_LOST;
     *out = handle;
     return NVML_SUCCESS;
 }
