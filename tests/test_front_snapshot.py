@@ -65,6 +65,17 @@ def test_info_through_the_front_takes_the_native_helpers_answer(active_2gpu) -> 
     assert children == {str(PROGRAM)}
 
 
+def test_a_caller_that_is_not_root_gets_its_answer_with_its_groups(active_2gpu) -> None:
+    """A caller that is not root runs the driver helper as itself, with the supplementary groups it cannot
+    drop: the native helper (the front's only child) and the Python one answer it alike."""
+    as_user = ["setpriv", "--reuid", "1000", "--regid", "1000", "--groups", "27"]
+    served, children = at_root(active_2gpu, [*as_user, str(FRONT), "info"], {"FAKE_NVML_STALL_S": "1"})
+    alone, _ = at_root(active_2gpu, [*as_user, str(LIBDIR / "nvc-py-python"), "info"])
+    assert served.returncode == alone.returncode == 0, (served.stderr, alone.stderr)
+    assert served.stdout == alone.stdout and "MIG UUID:" in served.stdout
+    assert children == {str(PROGRAM)}
+
+
 def test_info_through_the_front_for_another_root_is_the_python_helpers(active_2gpu, tmp_path: Path) -> None:
     """A configuration that names another root than the native helper was started for: the Python helper
     answers (the native one is killed), as ``--root`` would."""

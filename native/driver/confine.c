@@ -55,10 +55,12 @@ int confine_driver_helper(const char *root, uid_t uid, gid_t gid, pid_t parent, 
         for (int cap = 0; prctl(PR_CAPBSET_READ, cap) >= 0; cap++)
             if (prctl(PR_CAPBSET_DROP, cap) < 0)
                 return fail(failure, "initialization", "cannot limit the bounding set");
-    /* switch_identity: given, with no supplementary groups */
-    if (uid != geteuid() || gid != getegid() || getgroups(0, NULL) > 0) {
+    /* switch_identity: given, with no supplementary groups (an unprivileged caller keeps its own, groups too) */
+    int own = uid == geteuid() && gid == getegid();
+    if (!own || getgroups(0, NULL) > 0) {
         snprintf(what, sizeof what, "cannot switch to user %u:%u", (unsigned)uid, (unsigned)gid);
-        if (setgroups(0, NULL) < 0 || setresgid(gid, gid, gid) < 0 || setresuid(uid, uid, uid) < 0)
+        if ((setgroups(0, NULL) < 0 && (errno != EPERM || !own)) || setresgid(gid, gid, gid) < 0 ||
+            setresuid(uid, uid, uid) < 0)
             return fail(failure, errno == EPERM || errno == EACCES ? "permission" : "initialization", what);
     }
     die_with_parent(parent);

@@ -185,15 +185,20 @@ def limit_bounding(row: Confinement) -> None:
 def switch_identity(row: Confinement, user: tuple[int, int] | None, rearm: Callable[[], None]) -> None:
     """Become ``user`` (uid, gid) with no supplementary groups where the row says "given", then
     ``rearm`` PDEATHSIG, which the kernel clears at the switch. An unprivileged caller can only
-    keep its own identity."""
+    keep its own identity, its supplementary groups with it."""
     if row.identity != "given":
         return
     if user is None:
         raise NvcError(f"no identity given for the {row.process}")
     uid, gid = user
-    if (uid, gid) != (os.geteuid(), os.getegid()) or os.getgroups():
+    own = (uid, gid) == (os.geteuid(), os.getegid())
+    if not own or os.getgroups():
         try:
-            os.setgroups([])
+            try:
+                os.setgroups([])
+            except PermissionError:
+                if not own:
+                    raise
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
         except PermissionError as err:
