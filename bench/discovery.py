@@ -18,10 +18,10 @@ Rows:
                   CLI, a fork or the protocol: the least an ``info`` whose NVML half is Python can
                   take, were its helper started at once
   info            NVML through a driver helper (info always needs NVML: CUDA version, brand): with no
-                  option and no server, the native one the front starts (native/driver), where the
+                  global option and no server, the native one the front starts (native/driver), where the
                   driver root is /; else the Python one (nvc.rpc.driver_service)
   info, Python    the Python program alone (LIBDIR/nvc-py-python, the front's fallback) and its Python
-                  driver helper: what ``info`` with any option takes
+                  driver helper: what ``info`` after a global option takes
   list            default selection; /proc fast path unless MIG devices exist
   list --nvml     the same listing with NVML forced (its output must equal the fast path's)
   ... (server)    the same command while ``nvc-py-hook serve`` runs (started by the bench): it

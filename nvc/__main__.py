@@ -27,11 +27,14 @@ def run() -> None:
     from nvc.commands import plain
     from nvc.system.quickexit import exit_now
 
-    code = plain.run(sys.argv[1:])
-    if code is None:
-        from nvc.commands.cli import main
+    try:
+        code = plain.run(sys.argv[1:])
+        if code is None:
+            from nvc.commands.cli import main
 
-        code = main()
+            code = main()
+    finally:
+        front_snapshot.discard()  # one the command did not take (its --help, an error before it) is reaped
     exit_now(code)
 
 

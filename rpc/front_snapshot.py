@@ -1,4 +1,5 @@
-"""The driver snapshot the native front started for an ``nvc-py info`` that no server answers.
+"""The driver snapshot the native front started for an ``nvc-py info`` that no server answers (no global
+option: ``--csv`` and ``--json`` are the command's).
 
 Without a server, ``nvc-py info``'s Python program waited for its interpreter, its imports and a
 Python driver helper with pynvml before NVML could start: about twice the reference's whole ``info``
@@ -9,7 +10,8 @@ identity it took. NVML then starts while the interpreter does.
 
 The start is a guess, as the Python helper forked ahead is (:func:`nvc.rpc.driver_service.prefork`):
 where the configuration asks for another root or user, the native helper is killed and reaped, and
-the Python helper answers. One that ended without an answer (it could not be executed, a crash) is
+the Python helper answers. One the command does not take (``--help``, an error before) is
+killed and reaped as the program ends (:func:`discard`). One that ended without an answer (it could not be executed, a crash) is
 reaped, and the Python helper answers too, saying what goes wrong. A caller that sets :data:`ENV`
 itself names a descriptor and a child of its own: what it chooses is what its own ``info`` prints.
 """
@@ -79,6 +81,16 @@ def snapshot(root: str, user: tuple[int, int] | None, timeout: float = DEFAULT_T
         return snapshot_from_wire(body["result"])
     except (ValueError, KeyError, TypeError):  # no answer, or not the helper's
         return None
+
+
+def discard() -> None:
+    """End the native helper the front started where this process's command did not take it: killed
+    and reaped now, not left to PDEATHSIG and a PID 1 that may never reap it."""
+    global _handed
+    if _handed is not None:
+        fd, pid, _uid, _gid = _handed
+        _handed = None
+        _end(fd, pid)
 
 
 def _read(fd: int, timeout: float) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +64,39 @@ def test_info_through_the_front_takes_the_native_helpers_answer(active_2gpu) -> 
     served, children = at_root(active_2gpu, [str(FRONT), "info"], {"FAKE_NVML_STALL_S": "1"})
     assert (served.returncode, served.stdout, served.stderr) == (0, alone.stdout, alone.stderr)
     assert children == {str(PROGRAM)}
+
+
+@pytest.mark.parametrize("option", ["--json", "--csv"])
+def test_info_with_its_own_options_takes_the_native_helpers_answer(option: str, active_2gpu) -> None:
+    """``info``'s own options (click's path) change no driver helper: the front's is taken there too."""
+    alone, _ = at_root(active_2gpu, [str(LIBDIR / "nvc-py-python"), "info", option])
+    served, children = at_root(active_2gpu, [str(FRONT), "info", option], {"FAKE_NVML_STALL_S": "1"})
+    assert (served.returncode, served.stdout, served.stderr) == (0, alone.stdout, alone.stderr)
+    assert alone.stdout and children == {str(PROGRAM)}
+
+
+# Runs its arguments as a subreaper: a process they leave behind is reparented to it, and it says how many
+# of its children are left once the command was reaped.
+SUBREAPER = """
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+done = subprocess.run(sys.argv[1:])
+time.sleep(0.2)
+me = str(os.getpid())
+left = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me]
+print(f"left behind: {len(left)}", file=sys.stderr)
+sys.exit(done.returncode)
+"""
+
+
+def test_a_helper_the_command_does_not_take_is_reaped_by_the_program(active_2gpu) -> None:
+    """``info --help`` takes no snapshot: the program kills and reaps the native helper as it ends, while
+    NVML stalls, leaving no process to its parent's reaper."""
+    started = time.monotonic()
+    command = [sys.executable, "-c", SUBREAPER, str(FRONT), "info", "--help"]
+    done, _ = at_root(active_2gpu, command, {"FAKE_NVML_STALL_S": "20"})
+    assert done.returncode == 0 and "--json" in done.stdout and time.monotonic() - started < 10
+    assert done.stderr.endswith("left behind: 0\n"), done.stderr
 
 
 def test_a_caller_that_is_not_root_gets_its_answer_with_its_groups(active_2gpu) -> None:
@@ -174,6 +208,13 @@ def test_a_pid_that_is_no_child_is_left_alone() -> None:
     os.environ[front_snapshot.ENV] = f"{read} 1 {uid} {gid}"
     front_snapshot.take()
     assert front_snapshot.snapshot("/", None) is None and Path("/proc/1").exists()
+
+
+def test_discard_ends_a_helper_not_taken() -> None:
+    child = hand(None, delay=30)
+    front_snapshot.discard()
+    assert gone(child) and not front_snapshot.handed()
+    front_snapshot.discard()  # nothing handed: nothing to do
 
 
 @pytest.mark.parametrize("value", ["", "3 4 5", "a b c d", "3 4 5 6 7", "999 4 5 6"])

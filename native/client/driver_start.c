@@ -3,7 +3,8 @@
  * (docs/performance.md). The program takes the answer (nvc/rpc/front_snapshot.py) where its configuration
  * asks for what the helper was started with: the root / and the identity the Python helper would take (the
  * kernel's overflow user for root, else the caller's own); otherwise it kills this one and forks its own.
- * Only the form with no option at all is guessed: any option may name another root or user. */
+ * Only `info` with no global option is guessed (its own options, --csv and --json, change no driver helper's):
+ * a global option may name another root or user. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>
@@ -33,7 +34,7 @@ static int overflow_id(const char *name, unsigned *id)
 
 void driver_start(const char *base, char **argv)
 {
-    if (strcmp(base, "nvc-py") || !argv[1] || strcmp(argv[1], "info") || argv[2])
+    if (strcmp(base, "nvc-py") || !argv[1] || strcmp(argv[1], "info"))
         return;
     unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
     if (uid == 0 && (!overflow_id("overflowuid", &uid) || !overflow_id("overflowgid", &gid)))

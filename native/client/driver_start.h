@@ -6,9 +6,9 @@
 /* As nvc/rpc/front_snapshot.py's ENV: "FD PID UID GID" of the helper started. */
 #define DRIVER_SNAPSHOT_ENV "NVC_PY_DRIVER_SNAPSHOT"
 
-/* Where base is nvc-py and argv is `nvc-py info` alone: starts PROGRAM_DIR/nvc-py-driver-snapshot for the root /
- * and the default identity, its answer on a pipe this process's program inherits, and names it in
- * DRIVER_SNAPSHOT_ENV. Anything else, or any failure on the way, starts nothing: the program then forks its
+/* Where base is nvc-py and argv is `nvc-py info [OPTION...]` (no global option before the command): starts
+ * PROGRAM_DIR/nvc-py-driver-snapshot for the root / and the default identity, its answer on a pipe this process's
+ * program inherits, and names it in DRIVER_SNAPSHOT_ENV. Anything else, or any failure on the way, starts nothing: the program then forks its
  * own helper. */
 void driver_start(const char *base, char **argv);
 
