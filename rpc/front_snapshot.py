@@ -10,10 +10,11 @@ identity it took. NVML then starts while the interpreter does.
 
 The start is a guess, as the Python helper forked ahead is (:func:`nvc.rpc.driver_service.prefork`):
 where the configuration asks for another root or user, the native helper is killed and reaped, and
-the Python helper answers. One the command does not take (``--help``, an error before) is
-killed and reaped as the program ends (:func:`discard`). One that ended without an answer (it could not be executed, a crash) is
-reaped, and the Python helper answers too, saying what goes wrong. A caller that sets :data:`ENV`
-itself names a descriptor and a child of its own: what it chooses is what its own ``info`` prints.
+the Python helper answers. One that ended without an answer (it could not be executed, a crash) is
+reaped, and the Python helper answers too, saying what goes wrong. One the command does not take
+(``--help``, an error before the snapshot) is killed and reaped as the program ends (:func:`discard`).
+A caller that sets :data:`ENV` itself names a descriptor and a child of its own: what it chooses is
+what its own ``info`` prints.
 """
 
 from __future__ import annotations
