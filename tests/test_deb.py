@@ -2,7 +2,9 @@
 (a lower version to upgrade from); in a minimal Debian 12 root made by debootstrap, holding the
 distribution packages it depends on so that the install needs no network (harness.debroot),
 
-- ``apt-get install ./….deb`` installs it: ``nvc-py --version``, a fake-driver ``nvc-py info``, bash
+- ``apt-get install ./….deb`` installs it: ``nvc-py --version``, a fake-driver ``nvc-py info`` (its
+  configuration's driver root is not /: the native driver helper the front starts is set aside), the
+  packaged native driver helper's own answer there (linked against the distribution's libc), bash
   completion and a prestart hook call answer, the call served by the server the hook starts on
   demand (no systemd runs there, and postinst starts nothing);
 - an upgrade keeps the admin's configuration and the containers' sharing state, stops the server of
@@ -28,6 +30,7 @@ package's maintainer scripts look for servers in /proc, and must see the root's 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,6 +94,8 @@ say code-cache  # the modules the packaged launchers load from the cache postins
 /usr/lib/nvc-py/venv/bin/python -I -S -v /usr/lib/nvc-py/nvc-py-python --version 2>&1 | grep -c '_CachedLoader object'
 say version; nvc-py --version
 say info; NVC_PY_CONFIG=/mnt/config.yaml nvc-py info
+say native-helper; /usr/lib/nvc-py/nvc-py-driver-snapshot /mnt/fake/root "$(cat /proc/sys/kernel/overflowuid)" \
+	"$(cat /proc/sys/kernel/overflowgid)"
 say completion; COMP_WORDS="nvc-py se" COMP_CWORD=1 _NVC_PY_COMPLETE=bash_complete nvc-py
 say hook; hook; hook
 nvc-py-hook prestart < state.json  # the default configuration: its log is /var/log/nvc-py.log
@@ -304,8 +309,10 @@ def test_install_upgrade_remove_purge(debs: dict[str, Path], tmp_path: Path, sum
 
     assert f"== version\nnvc-py {version()}\n" in out
     assert int(out.split("== code-cache\n", 1)[1].split("\n", 1)[0]) >= 20, out  # nvc-py's start, from the cache
-    info = out.split("== info\n", 1)[1]
+    info = out.split("== info\n", 1)[1].split("\n== ", 1)[0]
     assert "NVIDIA H100 80GB HBM3" in info and "NVIDIA A100-SXM4-40GB" in info
+    native = json.loads(out.split("== native-helper\n", 1)[1].split("\n== ", 1)[0])
+    assert [gpu["uuid"] for gpu in native["result"]["gpus"]] == re.findall(r"GPU UUID:\s+(\S+)", info)
     assert "plain,setup" in out.split("== completion\n", 1)[1]
     log = (work / "hook.log").read_text().splitlines()
     assert len(log) == 3 and all('"outcome":"no-gpu"' in line and '"via":"server"' in line for line in log), log
