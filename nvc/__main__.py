@@ -12,9 +12,8 @@ reopen_closed()  # before anything opened (the server's socket, a helper's) coul
 restart_without_unsafe_variables()  # before any import that may load a shared library
 hand_over(sys.argv)  # to a running server's warm worker (nvc-py-hook serve), when there is one
 
-if (
-    "info" in sys.argv[1:] and not front_snapshot.handed()
-):  # a guess that only affects speed: a wrong one costs an unused fork
+# A guess that only affects speed (a wrong one costs an unused fork); none where the front started one.
+if "info" in sys.argv[1:] and not front_snapshot.handed():
     from nvc.rpc import driver_service
 
     driver_service.prefork(sys.argv[1:])  # NVML loads in the helper while this process imports the rest
