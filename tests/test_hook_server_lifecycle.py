@@ -8,6 +8,7 @@ double) is active, so its workers see the fake GPUs, as runc's hooks do.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -265,20 +266,39 @@ def test_a_spare_reaps_a_helper_that_fails_to_start_and_the_server_says_why_once
 def test_a_spare_loads_nvml_only_once_idle_for_half_a_second() -> None:
     """Calls a tenth of a second apart (a storm's pace, slowed) take or wake every spare before it
     loads NVML: none starts an NVML helper, whose failure the server would say, until the calls stop
-    and a spare has waited half a second (IDLE_BEFORE_NVML)."""
+    and a spare has waited half a second (IDLE_BEFORE_NVML). A storm the machine slowed, where a spare
+    may have waited that long after all (the oldest spare's age at the first call, or the time between
+    two calls, over 60 % of it), proves nothing where NVML was loaded, and is run again (three at most)."""
     import select
 
+    from harness.spares import spare_pids
     from nvc.hook.server.worker import IDLE_BEFORE_NVML
 
-    with _where_nvml_fails() as top, hook_server(HOOK, top / "hook.sock") as proc:
-        assert proc.stderr is not None
-        until = time.monotonic() + 4 * IDLE_BEFORE_NVML
-        while time.monotonic() < until:
-            assert call_directly(top / "hook.sock", ["/x/nvc-py-hook", "poststart"]) == ([b"ready", b"exit 0"], "")
-            time.sleep(IDLE_BEFORE_NVML / 5)
-        assert select.select([proc.stderr], [], [], 0)[0] == [], proc.stderr.readline()
-        said = select.select([proc.stderr], [], [], 10)[0] and proc.stderr.readline()
-        assert said and "idle workers keep no driver helper" in said, said
+    for _ in range(3):
+        with _where_nvml_fails() as top, hook_server(HOOK, top / "hook.sock") as proc:
+            assert proc.stderr is not None
+            calls = [min(_started_s(pid) for pid in spare_pids(proc))]
+            until = time.monotonic() + 4 * IDLE_BEFORE_NVML
+            while time.monotonic() < until:
+                calls.append(time.clock_gettime(time.CLOCK_BOOTTIME))
+                assert call_directly(top / "hook.sock", ["/x/nvc-py-hook", "poststart"]) == ([b"ready", b"exit 0"], "")
+                time.sleep(IDLE_BEFORE_NVML / 5)
+            loaded = select.select([proc.stderr], [], [], 0)[0]
+            idle = max(later - earlier for earlier, later in itertools.pairwise(calls))
+            if loaded and idle > 0.6 * IDLE_BEFORE_NVML:
+                print(f"a spare may have waited {idle:.2f} s for a call: the storm again")
+                continue
+            assert not loaded, (proc.stderr.readline(), f"longest wait for a call {idle:.2f} s")
+            said = select.select([proc.stderr], [], [], 10)[0] and proc.stderr.readline()
+            assert said and "idle workers keep no driver helper" in said, said
+            return
+    pytest.fail("three storms in a row were slowed by this machine: nothing shown")
+
+
+def _started_s(pid: int) -> float:
+    """When process ``pid`` started, in seconds of CLOCK_BOOTTIME (its /proc stat, to a clock tick)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _fails_late() -> dict:
