@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -114,6 +115,28 @@ class Podman:
             timeout=120,
             stdin=subprocess.DEVNULL,
         )
+        # A container's conmon runs `podman container cleanup` as it exits, after `run --rm` may have
+        # returned: it still writes this store's tmpdir (its events) as the work dir is deleted.
+        # Two looks 0.1 s apart find none: a conmon that exits as /proc is read has forked its cleanup.
+        deadline, seen = time.monotonic() + 30, True
+        while (users := self._store_users()) or seen:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes still use the podman store in {self.workdir} after 30 s: {users}")
+            seen = bool(users)
+            time.sleep(0.1)
+
+    def _store_users(self) -> list[str]:
+        """The command lines of the processes (conmon, podman's cleanup) that name this store."""
+        marker = os.fsencode(f"{self.workdir}/")
+        users = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:  # gone meanwhile
+                continue
+            if marker in cmdline:
+                users.append(cmdline.replace(b"\0", b" ").decode(errors="replace")[:200])
+        return users
 
     def import_tarball(self, tarball: Path, ref: str) -> str:
         """`podman import` a rootfs tarball as `ref`; returns `ref`."""
