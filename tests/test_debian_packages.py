@@ -4,8 +4,8 @@ golden/debian-nvidia-left-out.txt with its reason.
 
 The root is a cached debootstrap root (harness.debroot); apt inside it, with a sources list of its
 own (the host's is not touched), installs the packages with their maintainer scripts, so the
-alternatives links and the ld cache are Debian's. The downloads and apt's lists are cached in the
-suite's cache directory between runs. Only /proc/driver/nvidia is faked (no kernel driver here):
+alternatives links and the ld cache are Debian's. The downloads and apt's lists, and the root with the
+packages installed (for a week), are cached in the suite's cache directory between runs. Only /proc/driver/nvidia is faked (no kernel driver here):
 its version is the packages'.
 """
 
@@ -15,6 +15,7 @@ import fnmatch
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,22 +64,22 @@ OWN_PACKAGES = ("nvidia-persistenced", "libnvidia-egl-wayland1")
 
 
 @pytest.fixture(scope="module")
-def nvidia_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("debian-nvidia") / "root"
-    debroot.base_root(root, INCLUDE)
-    (root / "etc/apt/sources.list").write_text(SOURCES)
-    cache = Path(CACHE_DIR) / "debian-nvidia"
-    for sub in ("archives/partial", "lists/partial"):
-        (cache / sub).mkdir(parents=True, exist_ok=True)
-    binds = [(cache / "lists", "/var/lib/apt/lists"), (cache / "archives", "/var/cache/apt/archives")]
-    with phase("Debian's NVIDIA driver packages into a throwaway root (downloads cached)"):
-        debroot.chroot(
-            root,
-            f"apt-get update -q && apt-get install -q -y --no-install-recommends {' '.join(PACKAGES)}",
-            1200,
-            binds=binds,
-        )
-    return root
+def nvidia_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    install = f"apt-get update -q && apt-get install -q -y --no-install-recommends {' '.join(PACKAGES)}"
+
+    def packages(root: Path) -> None:
+        (root / "etc/apt/sources.list").write_text(SOURCES)
+        cache = Path(CACHE_DIR) / "debian-nvidia"
+        for sub in ("archives/partial", "lists/partial"):
+            (cache / sub).mkdir(parents=True, exist_ok=True)
+        binds = [(cache / "lists", "/var/lib/apt/lists"), (cache / "archives", "/var/cache/apt/archives")]
+        with phase("Debian's NVIDIA driver packages into a throwaway root (downloads cached)"):
+            debroot.chroot(root, install, 1200, binds=binds)
+
+    where = tmp_path_factory.mktemp("debian-nvidia")
+    what = "Debian's NVIDIA driver packages"
+    with debroot.prepared_root(where, INCLUDE, what, SOURCES + install, packages) as (root, _):
+        yield root
 
 
 def _query(root: Path, script: str) -> str:

@@ -6,13 +6,16 @@ starts, `make uninstall` removes all of it again: the root's tree is as it was b
 (apt's packages installed, the first step of `make deps`), the hook's log aside, which
 `make uninstall PURGE=1` removes too.
 
-The root comes from harness.debroot (debootstrap's result, cached); the install needs the network
-(PyPI for the Python dependencies). The chroot runs in a private mount namespace (/proc, /dev, /sys
-bound in), which vanishes with it; the root itself is in the test's temporary directory.
+The root comes from harness.debroot: debootstrap's result with `make apt-deps`' packages installed,
+cached for a week while what decides them is the same (the Makefile's package lists, tools/deps.sh);
+the install needs the network (PyPI for the Python dependencies). The chroot runs in a private mount
+namespace (/proc, /dev, /sys bound in), which vanishes with it; the root itself is in the test's
+temporary directory.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -67,15 +70,30 @@ PURGE = "cd /src/nvc-py && make -s uninstall PURGE=1\n"
 
 def test_readme_install_on_a_stock_debian_12(tmp_path: Path, summary_line) -> None:  # noqa: ANN001
     started = time.monotonic()
-    root = tmp_path / "root"
-    hit = debroot.base_root(root, INCLUDE)
-    shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
-    # The test machine's certificate authorities, added the Debian way (a network that inspects TLS
-    # has its own; PyPI is reached over it): Debian's pip trusts the system's bundle.
-    shutil.copy2(HOST_CA_BUNDLE, root / "usr/local/share/ca-certificates/nvc-test-host.crt")
-    debroot.copy_tree(root / TREE)
-    with progress.phase("make apt-deps in the Debian root (apt-get from deb.debian.org)"):
-        debroot.chroot(root, APT, 1200)
+
+    def apt_deps(root: Path) -> None:
+        shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
+        # The test machine's certificate authorities, added the Debian way (a network that inspects TLS
+        # has its own; PyPI is reached over it): Debian's pip trusts the system's bundle.
+        shutil.copy2(HOST_CA_BUNDLE, root / "usr/local/share/ca-certificates/nvc-test-host.crt")
+        debroot.copy_tree(root / TREE)
+        with progress.phase("make apt-deps in the Debian root (apt-get from deb.debian.org)"):
+            debroot.chroot(root, APT, 1200)
+
+    what = "make apt-deps' packages"
+    with debroot.prepared_root(tmp_path, INCLUDE, what, _apt_inputs(), apt_deps, (TREE,)) as (root, hit):
+        shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
+        debroot.copy_tree(root / TREE)
+        _install_and_uninstall(root)
+    line = (
+        f"DEBOOTSTRAP install+info+uninstall ok in {time.monotonic() - started:.0f} s, tree as before "
+        f"(apt-deps' root cache: {'hit' if hit else 'miss'})"
+    )
+    print(line)
+    summary_line(line)
+
+
+def _install_and_uninstall(root: Path) -> None:
     before = debroot.tree(root, (TREE,))
     # Its own pid namespace, the script its PID 1: the hook starts a server there as on a host.
     with progress.phase("make deps build, nvc-py's commands, setup, a served hook call, make uninstall in the root"):
@@ -90,9 +108,13 @@ def test_readme_install_on_a_stock_debian_12(tmp_path: Path, summary_line) -> No
     assert debroot.differences(before, debroot.tree(root, (TREE,))) == ["var/log/nvc-py.log"]
     debroot.chroot(root, PURGE, 60)
     assert debroot.differences(before, debroot.tree(root, (TREE,))) == []
-    line = (
-        f"DEBOOTSTRAP install+info+uninstall ok in {time.monotonic() - started:.0f} s, tree as before "
-        f"(cache: {'hit' if hit else 'miss'})"
-    )
-    print(line)
-    summary_line(line)
+
+
+def _apt_inputs() -> str:
+    """What decides `make apt-deps`' result in the root: the script that runs it, its rule and package
+    lists in the Makefile, tools/deps.sh, the certificate authorities added."""
+    makefile = (debroot.REPO / "Makefile").read_text()
+    rules = re.findall(r"^APT_\w+ :=(?:.*\\\n)*.*$|^apt-deps:.*\n(?:\t.*\n)*", makefile, re.MULTILINE)
+    assert len(rules) == 3, rules
+    sources = [(debroot.REPO / "tools/deps.sh").read_text(), Path(HOST_CA_BUNDLE).read_text()]
+    return "\n".join([APT, *rules, *sources])

@@ -4,7 +4,9 @@
 A root is made from the network (deb.debian.org) once per suite and package list and cached as a
 tarball in the suite's cache directory (hostcheck.CACHE_DIR: not /tmp, and ``make clean`` removes
 it), so that later runs on the same machine skip debootstrap; each test unpacks it into its own
-temporary directory. Both say on the terminal what they do and how long it took (harness.progress).
+temporary directory. A root a test installed packages into, slowly, is cached as a directory for a
+week, and each test gets an overlay over it (prepared_root). Both say on the terminal what they do and
+how long it took (harness.progress).
 Commands run chrooted in it inside a private mount namespace (/proc, /dev and /sys bound in, and
 whatever the test binds), optionally a pid namespace of their own, which vanish with them.
 """
@@ -18,17 +20,20 @@ import shlex
 import shutil
 import stat
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from hostcheck import CACHE_DIR
 
-from .progress import phase
+from .progress import phase, say
 
 REPO = Path(__file__).resolve().parent.parent.parent
 CACHE = Path(CACHE_DIR)
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
+PREPARED_DAYS = 7  # a root with packages installed is made again after a week (prepared_root)
 CHROOT_ENV = (
     "env",
     "-i",
@@ -64,14 +69,61 @@ def base_root(root: Path, include: str, suite: str = SUITE, mirror: str = MIRROR
     debootstrap = shutil.which("debootstrap") or "/usr/sbin/debootstrap"
     with phase(f"debootstrap: a minimal Debian root ({suite}: {include}) from {mirror}, cached for later runs"):
         run([debootstrap, "--variant=minbase", f"--include={include}", suite, str(root), mirror], 900)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f".{cached.name}.{os.getpid()}")
-        try:
-            run(["tar", "-cf", str(partial), "--numeric-owner", "-C", str(root), "."], 300)
-            os.replace(partial, cached)
-        finally:
-            partial.unlink(missing_ok=True)
+        _store(root, cached)
     return False
+
+
+@contextmanager
+def prepared_root(
+    where: Path, include: str, what: str, inputs: str, prepare: Callable[[Path], None], skip: Sequence[str] = ()
+) -> Iterator[tuple[Path, bool]]:
+    """The bare root of ``include`` after ``prepare`` (a test's slow first step, the packages it installs:
+    ``what``), kept in the suite's cache while ``inputs`` (what decides its result: package lists,
+    scripts) are the same, for PREPARED_DAYS (the packages stay within a week of the archive's); made
+    there where it is not, without ``skip`` (paths relative to it), in place of the root of older inputs.
+    Yields ``where``/root, an overlay over it (what the test changes goes to ``where``/upper and leaves
+    the cached root as it was, unmounted at the end), and whether the cache had it."""
+    name = f"prepared-{SUITE}-{hashlib.sha256(f'{include} {what}'.encode()).hexdigest()[:12]}"
+    cached = CACHE / f"{name}-{hashlib.sha256(inputs.encode()).hexdigest()[:12]}"
+    hit = cached.is_dir() and time.time() - cached.stat().st_mtime < PREPARED_DAYS * 86400
+    if hit:
+        say(f"  a Debian root ({SUITE}: {include}) with {what}: the suite's cache, under an overlay")
+    else:
+        for older in CACHE.glob(f"{name}-*"):
+            shutil.rmtree(older)
+        partial = CACHE / f".{cached.name}.{os.getpid()}"
+        CACHE.mkdir(parents=True, exist_ok=True)
+        try:
+            base_root(partial, include)
+            prepare(partial)
+            for path in skip:
+                shutil.rmtree(partial / path)
+            os.rename(partial, cached)
+            os.utime(cached)  # its age: from now
+        finally:
+            if partial.exists():
+                shutil.rmtree(partial)
+    root, upper, work = where / "root", where / "upper", where / "work"
+    for directory in (root, upper, work):
+        directory.mkdir(parents=True)
+    run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={cached},upperdir={upper},workdir={work}", str(root)], 60
+    )
+    try:
+        yield root, hit
+    finally:
+        run(["umount", "--lazy", str(root)], 60)  # also where the test failed with a process left in it
+
+
+def _store(root: Path, cached: Path) -> None:
+    """``root`` as the tarball ``cached`` (written aside and renamed: a run stopped midway leaves none)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}")
+    try:
+        run(["tar", "-cf", str(partial), "--numeric-owner", "-C", str(root), "."], 300)
+        os.replace(partial, cached)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def copy_tree(dest: Path) -> None:
