@@ -5,7 +5,8 @@ golden/debian-nvidia-left-out.txt with its reason.
 The root is a cached debootstrap root (harness.debroot); apt inside it, with a sources list of its
 own (the host's is not touched), installs the packages with their maintainer scripts, so the
 alternatives links and the ld cache are Debian's. The downloads and apt's lists, and the root with the
-packages installed (for a week), are cached in the suite's cache directory between runs. Only /proc/driver/nvidia is faked (no kernel driver here):
+packages installed (for a week: the test reads an overlay over it), are cached in the suite's cache
+directory between runs. Only /proc/driver/nvidia is faked (no kernel driver here):
 its version is the packages'.
 """
 

@@ -9,8 +9,8 @@ starts, `make uninstall` removes all of it again: the root's tree is as it was b
 The root comes from harness.debroot: debootstrap's result with `make apt-deps`' packages installed,
 cached for a week while what decides them is the same (the Makefile's package lists, tools/deps.sh);
 the install needs the network (PyPI for the Python dependencies). The chroot runs in a private mount
-namespace (/proc, /dev, /sys bound in), which vanishes with it; the root itself is in the test's
-temporary directory.
+namespace (/proc, /dev, /sys bound in), which vanishes with it; the test works on an overlay over the
+cached root, whose changes stay in its temporary directory.
 """
 
 from __future__ import annotations
