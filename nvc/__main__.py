@@ -3,17 +3,18 @@
 import sys
 
 from nvc.hook.server.handover import hand_over
-from nvc.rpc import front_snapshot
+from nvc.rpc import native_snapshot
 from nvc.system.loaderenv import restart_without_unsafe_variables
 from nvc.system.stdio import reopen_closed
 
-front_snapshot.take()  # the native driver helper the front started for `info`, named in the environment
+native_snapshot.take()  # the native driver helper the front started for `info`, named in the environment
 reopen_closed()  # before anything opened (the server's socket, a helper's) could become stdout
 restart_without_unsafe_variables()  # before any import that may load a shared library
 hand_over(sys.argv)  # to a running server's warm worker (nvc-py-hook serve), when there is one
 
-# A guess that only affects speed (a wrong one costs an unused fork); none where the front started one.
-if "info" in sys.argv[1:] and not front_snapshot.handed():
+# A guess that only affects speed (a wrong one costs an unused fork), for a tree without the native
+# driver helper: `info` starts that one itself once its options are known (nvc.rpc.native_snapshot).
+if "info" in sys.argv[1:] and not native_snapshot.handed() and not native_snapshot.installed():
     from nvc.rpc import driver_service
 
     driver_service.prefork(sys.argv[1:])  # NVML loads in the helper while this process imports the rest
@@ -33,7 +34,7 @@ def run() -> None:
 
             code = main()
     finally:
-        front_snapshot.discard()  # one the command did not take (its --help, an error before it) is reaped
+        native_snapshot.discard()  # one the command did not take (its --help, an error before it) is reaped
     exit_now(code)
 
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from types import ModuleType
 
 from nvc.errors import DriverError, InitializationError, NvcError
+from nvc.rpc import native_snapshot
 from nvc.rpc.driver_wire import setup_params, snapshot_from_wire
 from nvc.rpc.helper import DEFAULT_TIMEOUT, HelperClient, die_with_parent
 from nvc.rpc.pool import WarmHelper
@@ -363,6 +364,7 @@ def prestart(root: str = "/", user: tuple[int, int] | None = None) -> WarmHelper
     when asked for the same, and closes it otherwise. One never taken exits with this process.
     Returns the warm helper, whose set-up report the caller may settle (:meth:`WarmHelper.settle`)."""
     _ahead.prepare(**setup_params(root, user))
+    native_snapshot.keep_warm(_ahead.holds)  # a snapshot for the same is this helper's, NVML loaded already
     return _ahead
 
 
@@ -389,9 +391,13 @@ def open_driver(
 def inventory(
     root: str, user: tuple[int, int] | None, proc: StrPath | None = None, timeout: float = DEFAULT_TIMEOUT
 ) -> Inventory:
-    """Everything NVML reports (through a driver helper for ``root``), with each MIG device's /proc
-    access files and nvidia-caps minors added (:func:`nvc.discover.inventory.from_snapshot`)."""
+    """Everything NVML reports (through a driver helper for ``root``: the native one where no Python
+    helper is kept warm, :mod:`nvc.rpc.native_snapshot`), with each MIG device's /proc access files and
+    nvidia-caps minors added (:func:`nvc.discover.inventory.from_snapshot`)."""
     from nvc.discover import inventory as inv
 
-    with open_driver(root=root, user=user, timeout=timeout) as drv:
-        return inv.from_snapshot(drv.snapshot(), *(() if proc is None else (proc,)))
+    snap = native_snapshot.snapshot(root, user, timeout)
+    if snap is None:
+        with open_driver(root=root, user=user, timeout=timeout) as drv:
+            snap = drv.snapshot()
+    return inv.from_snapshot(snap, *(() if proc is None else (proc,)))

@@ -1,11 +1,11 @@
 """The driver helper's interface, as it travels: the parameters a helper starts with, and its
 snapshot's result turned into records.
 
-Two helpers answer the same ``snapshot``: the Python driver helper (:mod:`nvc.rpc.driver_service`) and,
-for an ``nvc-py info`` that no server answers, the native one the front starts
-(native/driver/driver_snapshot.c, taken by :mod:`nvc.rpc.front_snapshot`). Their callers build
-their parameters and records here, without the Python helper's machinery, which an ``info`` served
-by the native helper never imports.
+Two helpers answer the same ``snapshot``: the Python driver helper (:mod:`nvc.rpc.driver_service`) and
+the native one (native/driver/driver_snapshot.c, started and taken by :mod:`nvc.rpc.native_snapshot`),
+which answers every snapshot no warm Python helper does. Their callers build their parameters and
+records here, without the Python helper's machinery, which an ``info`` answered by the native helper
+never imports.
 """
 
 from __future__ import annotations

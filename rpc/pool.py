@@ -82,6 +82,10 @@ class WarmHelper:
         self._stamp = self.stamp(params) if self.stamp else None
         self.kept, self._params = self.fork(params, DEFAULT_TIMEOUT, wait=False, idle=self.idle), params
 
+    def holds(self, params: dict[str, Any]) -> bool:
+        """Whether a helper started with ``params`` is kept alive (:meth:`take` would take it)."""
+        return self.kept is not None and self._params == params and self.kept.alive
+
     def report_fd(self) -> int | None:
         """The kept helper's :meth:`HelperClient.report_fd` (None: no helper kept)."""
         return None if self.kept is None else self.kept.report_fd()

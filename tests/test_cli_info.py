@@ -203,10 +203,10 @@ def test_no_driver(tmp_path: Path) -> None:
     assert done.returncode == 2 and "invalid driver root" in done.stderr
 
 
-def _plain(command: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """``nvc-py COMMAND`` with no option, under ``-X importtime``: the run and the modules it imported."""
+def _plain(*words: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """``nvc-py WORDS…`` under ``-X importtime``: the run and the modules it imported."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "nvc", command], capture_output=True, text=True, timeout=60
+        [sys.executable, "-X", "importtime", "-m", "nvc", *words], capture_output=True, text=True, timeout=60
     )
     lines = done.stderr.splitlines(keepends=True)
     done.stderr = "".join(line for line in lines if not line.startswith("import time:"))
@@ -217,23 +217,26 @@ def _plain(command: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
 def test_info_and_list_without_options_answer_as_the_cli_without_click(
     driver: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``nvc-py info`` and ``list`` alone run without click (nvc.commands.plain) and print what the CLI
-    prints with the same options given (the configuration's root as ``--root``): output, or the error
-    line and status where no driver is loaded."""
+    """``nvc-py info`` and ``list`` alone, and ``info --csv`` and ``--json``, run without click
+    (nvc.commands.plain) and print what the CLI prints with the same options given (the configuration's
+    root as ``--root``): output, or the error line and status where no driver is loaded. Any other
+    option is click's."""
     if driver == "none" and Path("/proc/driver/nvidia").exists():
         pytest.skip("a real NVIDIA driver is loaded")
     root = str(request.getfixturevalue("active_2gpu").root) if driver == "fake" else str(tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {root}\n")
     monkeypatch.setenv("NVC_PY_CONFIG", str(config))
-    for command in ("info", "list"):
-        plain, imported = _plain(command)
-        parsed = nvc("--root", root, command)
+    for words in (["info"], ["info", "--csv"], ["info", "--json"], ["list"]):
+        plain, imported = _plain(*words)
+        parsed = nvc("--root", root, *words)
         assert (plain.returncode, plain.stdout, plain.stderr) == (parsed.returncode, parsed.stdout, parsed.stderr)
         assert plain.returncode == (0 if driver == "fake" else 3), plain.stderr
         assert "nvc.commands.plain" in imported and not {"click", "nvc.commands.cli", "typing"} & imported
-    plain, imported = _plain("--version")
-    assert plain.returncode == 0 and plain.stdout.startswith("nvc-py ") and "click" in imported
+    for words in (["--version"], ["info", "--csv", "--json"], ["list", "--json"]):
+        plain, imported = _plain(*words)
+        assert plain.returncode == (0 if words == ["--version"] or driver == "fake" else 3), plain.stderr
+        assert "click" in imported, words
 
 
 def test_list_nvml_flag_asks_nvml_for_the_same_listing(active_local_nvidia, tmp_path: Path) -> None:

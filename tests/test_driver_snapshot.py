@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,26 @@ def test_the_native_helper_refuses_a_bad_command_line() -> None:
     for argv in ([], ["relative", "1", "1"], ["/", "-1", "1"], ["/", "1", "x"], ["/", "1", "1", "extra"]):
         done = subprocess.run([native.DRIVER_SNAPSHOT, *argv], capture_output=True, text=True, timeout=10)
         assert (done.returncode, done.stdout) == (2, "") and done.stderr.startswith("usage: "), argv
+
+
+def test_the_native_helper_keeps_none_of_its_starters_files(active_2gpu, tmp_path: Path) -> None:
+    """As the Python helper keeps only its socket, NVML loaded from the driver root gets no file of its
+    starter's but the answer's pipe: standard input and error are /dev/null, an inherited directory (one
+    outside the chroot) is closed. Read while the confined helper waits in NVML's first call."""
+    uid, gid = overflow_ids()
+    outside = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    env = {**os.environ, "FAKE_NVML_STALL_S": "2", **({"ASAN_OPTIONS": "detect_leaks=0"} if native.SANITIZED else {})}
+    argv = [native.DRIVER_SNAPSHOT, str(active_2gpu.root), str(uid), str(gid)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, pass_fds=(outside,), env=env) as helper:
+        os.close(outside)
+        status = Path(f"/proc/{helper.pid}/status")
+        deadline = time.monotonic() + 10
+        while "NoNewPrivs:\t1" not in status.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fds = {int(fd.name): os.readlink(fd) for fd in Path(f"/proc/{helper.pid}/fd").iterdir()}
+        assert helper.stdout is not None and json.loads(helper.stdout.read())["result"]["gpus"]
+    assert fds[0] == fds[2] == "/dev/null" and fds[1].startswith("pipe:"), fds
+    assert not any(str(tmp_path) in target for target in fds.values()), fds
 
 
 # ---- on a real driver (make test-gpu) --------------------------------------------------------------------

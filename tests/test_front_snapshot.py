@@ -1,5 +1,5 @@
 """``nvc-py info`` with no server through the installed front (native/client/driver_start.c), which starts the
-native driver helper, and the program's side (nvc.rpc.front_snapshot), on the fake driver: the output is
+native driver helper, and the program's side (nvc.rpc.native_snapshot), on the fake driver: the output is
 what the Python program prints alone, taking the native helper's answer where it was started for the
 call's options and the Python helper's otherwise; every way the named helper can fail to answer.
 """
@@ -17,7 +17,7 @@ import pytest
 
 from harness.hookserver import LIBDIR
 from nvc import errors
-from nvc.rpc import front_snapshot
+from nvc.rpc import driver_service, native_snapshot
 from nvc.rpc.driver_wire import overflow_ids, snapshot_from_wire
 
 PROGRAM = LIBDIR / "nvc-py-driver-snapshot"  # installed: what the installed front starts
@@ -26,11 +26,11 @@ FRONT = LIBDIR / "nvc-py"
 
 def at_root(
     fake, command: list[str], env: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """``command`` run with the fake driver's libraries where the host's loader finds them (an overlay on the
     host's library directory, in a mount namespace of its own: the fake at the root /), with no server: its
-    result, and the programs its process's children ran (read from /proc while it ran; the overlay's mount
-    left out)."""
+    result, and the program each child of its process ran, sorted (read from /proc while it ran; the
+    overlay's mount left out)."""
     libdir = next(p.parent for p in fake.root.rglob("libnvidia-ml.so.1") if "x86_64" in str(p))
     host = "/usr/lib/x86_64-linux-gnu"
     script = f'mount -t overlay overlay -o lowerdir={libdir}:{host} {host} && exec "$@"'
@@ -41,19 +41,19 @@ def at_root(
         text=True,
         env={**os.environ, "NVC_PY_HOOK_SOCKET": "none", **(env or {})},
     )
-    children: set[str] = set()
+    children: dict[int, str] = {}
     while proc.poll() is None:
         for entry in Path("/proc").iterdir():
             try:
                 if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == proc.pid:
-                    children.add(os.readlink(entry / "exe"))
+                    children[int(entry.name)] = os.readlink(entry / "exe")  # the last seen: after any exec
             except (OSError, ValueError):
                 continue
         time.sleep(0.01)
     out, err = proc.communicate()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), {
-        child for child in children if os.path.basename(child) != "mount"
-    }
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), sorted(
+        child for child in children.values() if os.path.basename(child) != "mount"
+    )
 
 
 def test_info_through_the_front_takes_the_native_helpers_answer(active_2gpu) -> None:
@@ -63,7 +63,7 @@ def test_info_through_the_front_takes_the_native_helpers_answer(active_2gpu) -> 
     assert alone.returncode == 0 and "MIG UUID:" in alone.stdout, alone.stderr
     served, children = at_root(active_2gpu, [str(FRONT), "info"], {"FAKE_NVML_STALL_S": "1"})
     assert (served.returncode, served.stdout, served.stderr) == (0, alone.stdout, alone.stderr)
-    assert children == {str(PROGRAM)}
+    assert children == [str(PROGRAM)]
 
 
 @pytest.mark.parametrize("option", ["--json", "--csv"])
@@ -72,7 +72,7 @@ def test_info_with_its_own_options_takes_the_native_helpers_answer(option: str, 
     alone, _ = at_root(active_2gpu, [str(LIBDIR / "nvc-py-python"), "info", option])
     served, children = at_root(active_2gpu, [str(FRONT), "info", option], {"FAKE_NVML_STALL_S": "1"})
     assert (served.returncode, served.stdout, served.stderr) == (0, alone.stdout, alone.stderr)
-    assert alone.stdout and children == {str(PROGRAM)}
+    assert alone.stdout and children == [str(PROGRAM)]
 
 
 # Runs its arguments as a subreaper: a process they leave behind is reparented to it, and it says how many
@@ -107,19 +107,29 @@ def test_a_caller_that_is_not_root_gets_its_answer_with_its_groups(active_2gpu) 
     alone, _ = at_root(active_2gpu, [*as_user, str(LIBDIR / "nvc-py-python"), "info"])
     assert served.returncode == alone.returncode == 0, (served.stderr, alone.stderr)
     assert served.stdout == alone.stdout and "MIG UUID:" in served.stdout
-    assert children == {str(PROGRAM)}
+    assert children == [str(PROGRAM)]
 
 
-def test_info_through_the_front_for_another_root_is_the_python_helpers(active_2gpu, tmp_path: Path) -> None:
-    """A configuration that names another root than the native helper was started for: the Python helper
-    answers (the native one is killed), as ``--root`` would."""
+def test_info_through_the_front_for_another_root_is_a_native_helper_started_for_it(active_2gpu, tmp_path: Path) -> None:
+    """A configuration that names another root than the native helper was started for: the program kills
+    that one and starts the native helper for its root, whose answer is what ``--root`` prints."""
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {active_2gpu.root}\n")
     env = {"NVC_PY_CONFIG": str(config), "FAKE_NVML_STALL_S": "1"}
     served, children = at_root(active_2gpu, [str(FRONT), "info"], env)
     given, _ = at_root(active_2gpu, [str(LIBDIR / "nvc-py-python"), "--root", str(active_2gpu.root), "info"])
     assert (served.returncode, served.stdout, served.stderr) == (0, given.stdout, given.stderr)
-    assert str(PROGRAM) in children and len(children) == 2  # the native helper, and the Python one
+    assert "MIG UUID:" in served.stdout and children == [str(PROGRAM)] * 2  # the front's, and the program's
+
+
+def test_info_after_a_global_option_takes_the_native_helper_the_program_starts(active_2gpu) -> None:
+    """``--root`` before ``info``: the front starts no helper (it guesses for ``info`` alone); the program
+    starts the native one for the root given once click parsed it."""
+    root = str(active_2gpu.root)
+    given, children = at_root(active_2gpu, [str(FRONT), "--root", root, "info"], {"FAKE_NVML_STALL_S": "1"})
+    plain, _ = at_root(active_2gpu, [str(FRONT), "info"])
+    assert (given.returncode, given.stdout, given.stderr) == (0, plain.stdout, plain.stderr)
+    assert children == [str(PROGRAM)]
 
 
 def test_info_through_the_front_says_what_the_python_program_says_without_nvml(tmp_path: Path) -> None:
@@ -135,59 +145,72 @@ def test_info_through_the_front_says_what_the_python_program_says_without_nvml(t
     assert runs[0].stderr == runs[1].stderr and "load library failed" in runs[0].stderr
 
 
-# ---- nvc.rpc.front_snapshot: what the front names, as the program takes it ------------------------------
+# ---- nvc.rpc.native_snapshot: what the front names, as the program takes it ------------------------------
 
 
 def hand(answer: str | None, delay: float = 0.0) -> subprocess.Popen[bytes]:
     """A child standing for the native helper: it writes ``answer`` (None: nothing) after ``delay``
-    seconds on a pipe, which :data:`front_snapshot.ENV` names with it, as the front does; taken."""
+    seconds on a pipe, which :data:`native_snapshot.ENV` names with it, as the front does; taken."""
     read, write = os.pipe()
     script = f'sleep "$1"; printf %s "$2" >/dev/fd/{write}' if answer is not None else 'exec sleep "$1"'
     child = subprocess.Popen(["sh", "-c", script, "sh", str(delay), answer or ""], pass_fds=(write,))
     os.close(write)
     uid, gid = overflow_ids()
-    os.environ[front_snapshot.ENV] = f"{read} {child.pid} {uid} {gid}"
-    front_snapshot.take()
-    assert front_snapshot.ENV not in os.environ and front_snapshot.handed()
+    os.environ[native_snapshot.ENV] = f"{read} {child.pid} {uid} {gid}"
+    native_snapshot.take()
+    assert native_snapshot.ENV not in os.environ and native_snapshot.handed()
     return child
 
 
 def gone(child: subprocess.Popen[bytes]) -> bool:
-    """Whether the child was reaped (by front_snapshot, not by Popen)."""
+    """Whether the child was reaped (by native_snapshot, not by Popen)."""
     return not Path(f"/proc/{child.pid}").exists()
 
 
-def test_the_program_takes_the_native_helpers_result(active_2gpu) -> None:
+@pytest.fixture
+def no_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No native helper to start: what the front named is all the program has."""
+    monkeypatch.setattr(native_snapshot, "PROGRAM", "/nonexistent/nvc-py-driver-snapshot")
+
+
+def test_the_program_takes_the_native_helpers_result(active_2gpu, no_program) -> None:
     uid, gid = overflow_ids()
     argv = [PROGRAM, str(active_2gpu.root), str(uid), str(gid)]
     answer = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
     child = hand(answer)
-    snap = front_snapshot.snapshot("/", None)
+    snap = native_snapshot.snapshot("/", None)
     assert snap == snapshot_from_wire(json.loads(answer)["result"]) and gone(child)
-    assert not front_snapshot.handed() and front_snapshot.snapshot("/", None) is None
+    assert not native_snapshot.handed() and native_snapshot.snapshot("/", None) is None
 
 
 def test_the_program_raises_the_native_helpers_error() -> None:
     error = {"kind": "driver", "message": "nvml error: gpu is lost (nvmlDeviceGetUUID)", "code": 15}
     child = hand(json.dumps({"v": 1, "id": 0, "error": error}))
     with pytest.raises(errors.DriverError) as raised:
-        front_snapshot.snapshot("/", None)
+        native_snapshot.snapshot("/", None)
     assert (raised.value.args[0], raised.value.code) == (error["message"], 15) and gone(child)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("answer", [None, "", "not json", '{"v": 1, "id": 0}'])
 def test_no_answer_leaves_the_call_to_the_python_helper(answer: str | None) -> None:
     child = hand(answer)
-    assert front_snapshot.snapshot("/", None) is None and gone(child)
+    assert native_snapshot.snapshot("/", None) is None and gone(child)
 
 
-def test_a_helper_started_for_other_options_is_killed_at_once(tmp_path: Path) -> None:
+def test_a_helper_started_for_other_options_is_killed_at_once(active_2gpu, tmp_path: Path) -> None:
+    """Asked for another root or user, the helper the front named is killed at once and one started for
+    them: its answer (a root without NVML: the Python helper's error), or none where there is no program."""
     child = hand(None, delay=30)
     started = time.monotonic()
-    assert front_snapshot.snapshot(str(tmp_path), None) is None
-    assert time.monotonic() - started < 5 and gone(child)
+    with pytest.raises(errors.InitializationError, match="load library failed: libnvidia-ml.so.1: "):
+        native_snapshot.snapshot(str(tmp_path), None)
+    assert time.monotonic() - started < 5 and gone(child) and not native_snapshot.handed()
     child = hand(None, delay=30)
-    assert front_snapshot.snapshot("/", (12345, 12345)) is None and gone(child)
+    native_snapshot.PROGRAM, program = "/nonexistent/nvc-py-driver-snapshot", native_snapshot.PROGRAM
+    try:
+        assert native_snapshot.snapshot("/", (12345, 12345)) is None and gone(child)
+    finally:
+        native_snapshot.PROGRAM = program
 
 
 def test_a_silent_helper_times_out_as_the_python_helpers_call() -> None:
@@ -195,7 +218,7 @@ def test_a_silent_helper_times_out_as_the_python_helpers_call() -> None:
     with pytest.raises(
         errors.DriverError, match=r"^driver error: driver rpc error: timed out after 0\.3 s in snapshot$"
     ):
-        front_snapshot.snapshot("/", None, timeout=0.3)
+        native_snapshot.snapshot("/", None, timeout=0.3)
     assert gone(child)
 
 
@@ -205,20 +228,62 @@ def test_a_pid_that_is_no_child_is_left_alone() -> None:
     os.write(write, b"")
     os.close(write)
     uid, gid = overflow_ids()
-    os.environ[front_snapshot.ENV] = f"{read} 1 {uid} {gid}"
-    front_snapshot.take()
-    assert front_snapshot.snapshot("/", None) is None and Path("/proc/1").exists()
+    os.environ[native_snapshot.ENV] = f"{read} 1 {uid} {gid}"
+    native_snapshot.take()
+    assert native_snapshot.snapshot("/", None) is None and Path("/proc/1").exists()
 
 
 def test_discard_ends_a_helper_not_taken() -> None:
     child = hand(None, delay=30)
-    front_snapshot.discard()
-    assert gone(child) and not front_snapshot.handed()
-    front_snapshot.discard()  # nothing handed: nothing to do
+    native_snapshot.discard()
+    assert gone(child) and not native_snapshot.handed()
+    native_snapshot.discard()  # nothing handed: nothing to do
 
 
 @pytest.mark.parametrize("value", ["", "3 4 5", "a b c d", "3 4 5 6 7", "999 4 5 6"])
 def test_a_malformed_name_is_dropped(value: str) -> None:
-    os.environ[front_snapshot.ENV] = value
-    front_snapshot.take()
-    assert front_snapshot.ENV not in os.environ and not front_snapshot.handed()
+    os.environ[native_snapshot.ENV] = value
+    native_snapshot.take()
+    assert native_snapshot.ENV not in os.environ and not native_snapshot.handed()
+
+
+# ---- the program's own start: every inventory no warm Python helper answers ------------------------------
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A program standing for the native helper that answers nothing: it leaves a file saying it ran."""
+    ran, program = tmp_path / "ran", tmp_path / "stand-in"
+    program.write_text(f'#!/bin/sh\necho "$@" > {ran}\n')
+    program.chmod(0o755)
+    monkeypatch.setattr(native_snapshot, "PROGRAM", str(program))
+    return ran
+
+
+def test_an_inventory_asks_the_native_helper_first(active_2gpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``driver_service.inventory`` starts the native helper for its root and identity; it answers alone."""
+    monkeypatch.setattr(driver_service, "open_driver", None)  # a Python helper would fail the call
+    inv = driver_service.inventory(str(active_2gpu.root), None)
+    assert [len(gpu.mig_devices) for gpu in inv.gpus] == [0, 2] and not native_snapshot.handed()
+
+
+def test_without_a_native_answer_an_inventory_is_the_python_helpers(active_2gpu, stand_in: Path) -> None:
+    uid, gid = overflow_ids()
+    inv = driver_service.inventory(str(active_2gpu.root), None)
+    assert stand_in.read_text() == f"{active_2gpu.root} {uid} {gid}\n"  # started, said nothing
+    assert [len(gpu.mig_devices) for gpu in inv.gpus] == [0, 2]
+
+
+def test_a_python_helper_kept_warm_answers_before_a_native_one(
+    active_2gpu, stand_in: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook server's worker keeps a Python helper with NVML loaded: an inventory for its options takes
+    it, and starts no native helper; a snapshot for other options does."""
+    monkeypatch.setattr(native_snapshot, "_warm", None)  # what prestart registers is this test's only
+    root = str(active_2gpu.root)
+    warm = driver_service.prestart(root)
+    inv = driver_service.inventory(root, None)
+    assert not stand_in.exists() and warm.kept is None  # taken
+    assert [len(gpu.mig_devices) for gpu in inv.gpus] == [0, 2]
+    assert native_snapshot.snapshot(root, (12345, 12345)) is None
+    assert stand_in.read_text() == f"{root} 12345 12345\n"

@@ -1,8 +1,8 @@
 /* `nvc-py info` with no server: the front starts its driver helper, the native one (native/driver), before it
  * executes the Python program, so that NVML starts while the interpreter does, not after it and its imports
- * (docs/performance.md). The program takes the answer (nvc/rpc/front_snapshot.py) where its configuration
+ * (docs/performance.md). The program takes the answer (nvc/rpc/native_snapshot.py) where its configuration
  * asks for what the helper was started with: the root / and the identity the Python helper would take (the
- * kernel's overflow user for root, else the caller's own); otherwise it kills this one and forks its own.
+ * kernel's overflow user for root, else the caller's own); otherwise it kills this one and starts its own.
  * Only `info` with no global option is guessed (its own options, --csv and --json, change no driver helper's):
  * a global option may name another root or user. */
 #define _GNU_SOURCE

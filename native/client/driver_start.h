@@ -3,7 +3,7 @@
 #ifndef NVC_CLIENT_DRIVER_START_H
 #define NVC_CLIENT_DRIVER_START_H
 
-/* As nvc/rpc/front_snapshot.py's ENV: "FD PID UID GID" of the helper started. */
+/* As nvc/rpc/native_snapshot.py's ENV: "FD PID UID GID" of the helper started. */
 #define DRIVER_SNAPSHOT_ENV "NVC_PY_DRIVER_SNAPSHOT"
 
 /* Where base is nvc-py and argv is `nvc-py info [OPTION...]` (no global option before the command): starts

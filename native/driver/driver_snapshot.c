@@ -1,4 +1,4 @@
-/* nvc-py-driver-snapshot: the driver helper of an `nvc-py info` that no server answers, in C.
+/* nvc-py-driver-snapshot: the driver helper of every snapshot no warm Python helper answers, in C.
  *
  *     nvc-py-driver-snapshot ROOT UID GID
  *
@@ -11,7 +11,8 @@
  * Why C: an `info` without a server waited for a Python helper's interpreter, its imports and pynvml before
  * NVML could start, about twice the reference's whole `info` (docs/performance.md). The native front (the
  * installed `nvc-py`, native/client/driver_start.c) starts this program as it executes the Python program,
- * so NVML starts while the interpreter does; nvc/rpc/front_snapshot.py takes the answer.
+ * so NVML starts while the interpreter does; the Python program starts it itself for the snapshots it takes without a
+ * warm Python helper (another root or user, an inventory asking NVML); nvc/rpc/native_snapshot.py takes the answer.
  *
  * It confines itself first as the driver helper does (confine.c), then loads libnvidia-ml.so.1 through the
  * root's loader cache. */
@@ -19,6 +20,7 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,6 +231,16 @@ static void snapshot(void)
     exit(fflush(stdout) ? 1 : 0);
 }
 
+/* Only the answer's descriptor (standard output) is kept, as the Python driver helper keeps only its socket:
+ * NVML, loaded from the driver root, gets none of its starter's files (its terminal, a directory outside the
+ * chroot). */
+static void keep_only_stdout(void)
+{
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || dup2(null, STDIN_FILENO) < 0 || dup2(null, STDERR_FILENO) < 0 || close_range(3, ~0u, 0) < 0)
+        exit(1);
+}
+
 static int number(const char *text, unsigned long *value)
 {
     char *end;
@@ -245,6 +257,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: nvc-py-driver-snapshot ROOT UID GID\n");
         return 2;
     }
+    keep_only_stdout();
     const char *root = argv[1];
     if (strcmp(root, "/")) /* NVML's own needs, from the host: the root may lack them or ship others */
         for (size_t i = 0; i < sizeof host_preloads / sizeof *host_preloads; i++)

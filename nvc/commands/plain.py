@@ -1,9 +1,11 @@
-"""``nvc-py info`` and ``nvc-py list`` as written most, with no option at all, run without click.
+"""``nvc-py info`` and ``nvc-py list`` as written most, with no global option, run without click.
 
 Without a server, importing click and building the command tree took about a third of an
-``nvc-py list`` on the H200 (docs/performance.md). These two forms run here, on the functions the
-CLI's commands run (:mod:`nvc.commands.queries`), and print what they print; any other command
-line, ``--help`` and the global options included, is click's to parse (:mod:`nvc.commands.cli`).
+``nvc-py list`` on the H200, and about half of an ``info --json`` once NVML's half was native
+(docs/performance.md). ``info`` and ``list`` alone, and ``info`` with one of its formats, run here, on
+the functions the CLI's commands run (:mod:`nvc.commands.queries`), and print what they print; any
+other command line, ``--help`` and the global options included, is click's to parse
+(:mod:`nvc.commands.cli`).
 """
 
 from __future__ import annotations
@@ -12,21 +14,29 @@ import sys
 
 from nvc.errors import NvcError
 
-COMMANDS = ("info", "list")
+# The command lines run here, and ``info``'s format for each (as its --csv and --json give it to click).
+FORMS: dict[tuple[str, ...], str | None] = {
+    ("info",): None,
+    ("info", "--csv"): "csv",
+    ("info", "--json"): "json",
+    ("list",): None,
+}
 
 
 def run(argv: list[str]) -> int | None:
     """The exit status of ``argv`` (the words after the program's name) run here, where it is one of
-    :data:`COMMANDS` alone; None where it is anything else."""
-    if len(argv) != 1 or argv[0] not in COMMANDS:
+    :data:`FORMS`; None where it is anything else."""
+    form = tuple(argv)
+    if form not in FORMS:
         return None
     from nvc.system import stdio
 
-    return stdio.guarded("nvc-py", lambda: _run(argv[0]))
+    return stdio.guarded("nvc-py", lambda: _run(form[0], FORMS[form]))
 
 
-def _run(command: str) -> int:
-    """Run ``command`` with the configuration's options: its output, or one line and its error's status."""
+def _run(command: str, fmt: str | None) -> int:
+    """Run ``command`` (``info`` in ``fmt``) with the configuration's options: its output, or one line and
+    its error's status."""
     from nvc.commands import queries
     from nvc.config.options import resolve_options
 
@@ -34,7 +44,7 @@ def _run(command: str) -> int:
         opts = resolve_options(None, None, None, False)
         with queries.driver_required():
             if command == "info":
-                text = queries.info_text(opts, None)
+                text = queries.info_text(opts, fmt)
             else:
                 request, devices = queries.list_request()
                 text = queries.run_list(opts, request, devices).text()

@@ -38,15 +38,16 @@ def driver_required() -> Iterator[None]:
 def info_text(opts: GlobalOptions, fmt: str | None) -> str:
     """``info``'s output (``fmt``: None, "csv" or "json"): the driver and every GPU and MIG device, from NVML.
 
-    A driver helper loads NVML while this process imports what prints it: the native one the front
-    started (:mod:`nvc.rpc.front_snapshot`) where it was started for these options, else the Python
-    one (started at start-up, see nvc.__main__; else forked here)."""
-    from nvc.rpc import front_snapshot
+    A driver helper loads NVML while this process imports what prints it: the native one
+    (:mod:`nvc.rpc.native_snapshot`: the front's where it was started for these options, else one
+    started now), else the Python one (kept warm by a hook server's worker, forked at start-up by a
+    tree without the native helper, see nvc.__main__; else forked here)."""
+    from nvc.rpc import native_snapshot
 
     snap = None
-    if front_snapshot.handed():
+    if native_snapshot.start(opts.root, opts.user):
         infoformat, inventory = _info_modules()
-        snap = front_snapshot.snapshot(opts.root, opts.user)
+        snap = native_snapshot.snapshot(opts.root, opts.user)
     if snap is None:
         from nvc.rpc.driver_service import open_driver
 
