@@ -19,9 +19,10 @@ Rows:
                   take, were its helper started at once
   info            NVML through a driver helper (info always needs NVML: CUDA version, brand): with no
                   global option and no server, the native one the front starts (native/driver), where the
-                  driver root is /; else the Python one (nvc.rpc.driver_service)
-  info, Python    the Python program alone (LIBDIR/nvc-py-python, the front's fallback) and its Python
-                  driver helper: what ``info`` after a global option takes
+                  driver root is /; else the native one the program starts once it read its options
+                  (nvc.rpc.native_snapshot)
+  info, Python    the Python program alone (LIBDIR/nvc-py-python, the front's fallback), which starts
+                  the native helper itself once it read its options, as ``info`` after a global option does
   list            default selection; /proc fast path unless MIG devices exist
   list --nvml     the same listing with NVML forced (its output must equal the fast path's)
   ... (server)    the same command while ``nvc-py-hook serve`` runs (started by the bench): it
@@ -135,7 +136,7 @@ def python_program_info(nvc_py: str, no_server: str) -> list[Case]:
     launcher = python_program(nvc_py)
     if launcher is None:
         return []
-    return [Case("  info, Python", "NVML (Python driver helper)", (str(launcher), "info"), no_server, compare="info")]
+    return [Case("  info, Python", "NVML (program's native helper)", (str(launcher), "info"), no_server, compare="info")]
 
 
 def helper_alone(nvc_py: str, python: str, root: str) -> tuple[str, ...]:
