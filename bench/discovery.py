@@ -136,7 +136,9 @@ def python_program_info(nvc_py: str, no_server: str) -> list[Case]:
     launcher = python_program(nvc_py)
     if launcher is None:
         return []
-    return [Case("  info, Python", "NVML (program's native helper)", (str(launcher), "info"), no_server, compare="info")]
+    return [
+        Case("  info, Python", "NVML (program's native helper)", (str(launcher), "info"), no_server, compare="info")
+    ]
 
 
 def helper_alone(nvc_py: str, python: str, root: str) -> tuple[str, ...]:
