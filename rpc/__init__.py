@@ -10,4 +10,21 @@ driver helper's parameters and result, which ``native_snapshot`` shares: the ans
 helper (native/driver), which answers every snapshot no warm Python helper does.
 """
 
+import os
+
 DEFAULT_TIMEOUT = 10.0  # seconds per helper call, as the reference client's hard-coded limit
+
+
+def describe_status(status: int) -> str:
+    """Turn a waitpid status into words: "exited with status 1", "killed by signal SIGKILL" (both
+    helpers' clients say so of a helper that ended without its answer)."""
+    if os.WIFSIGNALED(status):
+        import signal
+
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"killed by signal {name}"
+    return f"exited with status {os.WEXITSTATUS(status)}"

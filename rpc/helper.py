@@ -38,7 +38,7 @@ from types import TracebackType
 import prctl
 
 from nvc import errors
-from nvc.rpc import DEFAULT_TIMEOUT, protocol
+from nvc.rpc import DEFAULT_TIMEOUT, describe_status, protocol
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,18 +75,6 @@ def _remote_error(exc: BaseException, method: str, failure: type[errors.NvcError
 def raise_remote(err: protocol.RemoteError) -> NoReturn:
     """Re-raise a transported error as its nvc.errors class, keeping the service's code."""
     raise errors.from_kind(err.kind, err.message, err.code)
-
-
-def describe_status(status: int) -> str:
-    """Turn a waitpid status into words: "exited with status 1", "killed by signal SIGKILL"."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        return f"killed by signal {name}"
-    return f"exited with status {os.WEXITSTATUS(status)}"
 
 
 def _isolate(name: str, sock: socket.socket, parent_pid: int, journal: int) -> socket.socket:

@@ -7,11 +7,12 @@ within a millisecond of its start, confined by the same row of :mod:`nvc.system.
 answers as the Python helper does (the same NVML calls, order and messages: one response of the
 helpers' protocol on a pipe). It starts in one of two ways:
 
-- The installed ``nvc-py`` (native/client/driver_start.c), for ``info`` with no global option that no
-  server answers, starts it for the root / and the default identity as it executes this program, and
-  names it in :data:`ENV`: ``FD PID UID GID``, the pipe its answer comes on, the child and the
-  identity it took. NVML then starts while the interpreter does. That start is a guess: where the
-  options ask for another root or user, the helper is killed and reaped and one started for them.
+- The installed ``nvc-py`` (native/client/driver_start.c), for ``info`` that no server answers, starts it
+  for the root given before the command (/ where none is: no other global option is guessed) and the
+  default identity as it executes this program, and names it in :data:`ENV`: ``FD PID UID GID ROOT``,
+  the pipe its answer comes on, the child, the identity and the root it took. NVML then starts while
+  the interpreter does. That start is a guess: where the options ask for another root or user (a
+  configuration's), the helper is killed and reaped and one started for them.
 - This program starts it (:func:`start`) as soon as it knows the options of a snapshot: a global
   option or a configuration naming another root or user, the program run without its front, and
   every inventory that asks NVML (:func:`nvc.rpc.driver_service.inventory`).
@@ -29,7 +30,7 @@ from __future__ import annotations
 import os
 
 from nvc.errors import DriverError, from_kind
-from nvc.rpc import DEFAULT_TIMEOUT
+from nvc.rpc import DEFAULT_TIMEOUT, describe_status
 from nvc.rpc.driver_wire import setup_params, snapshot_from_wire
 from nvc.system.programs import LIBDIR
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from nvc.model.devices import DriverSnapshot
 
 ENV = "NVC_PY_DRIVER_SNAPSHOT"  # as native/client/driver_start.c
+GRACE = 0.05  # seconds a helper whose answer ended gets to exit before SIGKILL (the Python helper's too)
 PROGRAM = os.path.join(LIBDIR, "nvc-py-driver-snapshot")  # as native/client/driver_start.c's
 
 _held: tuple[int, int, dict[str, Any]] | None = None  # (fd, pid, params) of the native helper started
@@ -55,11 +57,13 @@ def take() -> None:
     if value is None:
         return
     try:
-        fd, pid, uid, gid = (int(word) for word in value.split())
+        *numbers, root = value.split(" ", 4)
+        fd, pid, uid, gid = (int(word) for word in numbers)
         os.set_inheritable(fd, False)  # no program this one starts holds the pipe
     except (ValueError, OSError):
         return
-    _held = (fd, pid, {"root": "/", "uid": uid, "gid": gid})
+    if os.path.isabs(root):  # as given: a root the options spell otherwise is not this one
+        _held = (fd, pid, {"root": root, "uid": uid, "gid": gid})
 
 
 def handed() -> bool:
@@ -111,20 +115,22 @@ def start(root: str, user: tuple[int, int] | None) -> bool:
 def snapshot(root: str, user: tuple[int, int] | None, timeout: float = DEFAULT_TIMEOUT) -> DriverSnapshot | None:
     """The native helper's snapshot for ``root`` and ``user`` (as :func:`nvc.rpc.driver_service.open_driver`
     takes them), started now where none runs for them (:func:`start`); None where it cannot answer
-    (not started, or it ended without an answer), the helper gone. Raises the error it answered, or a
-    driver error when it said nothing within ``timeout`` seconds."""
+    (not started, or it exited without an answer: it could not start NVML's work), the helper gone.
+    Raises the error it answered, a driver error where a signal ended it (a crash in NVML, a kill: what
+    the Python helper's call says then), or one when it said nothing within ``timeout`` seconds."""
     global _held
     if not start(root, user) or _held is None:
         return None
     fd, pid, _params = _held
     _held = None
-    answer = b""
+    answer, grace, ended = b"", 0.0, None
     try:
         answer = _read(fd, timeout)
+        grace = GRACE  # its answer ended: it is exiting
     except OSError:  # no descriptor of this process's: nothing to take
         pass
     finally:
-        _end(fd, pid)
+        ended = _end(fd, pid, grace)
     import json
 
     try:
@@ -134,6 +140,8 @@ def snapshot(root: str, user: tuple[int, int] | None, timeout: float = DEFAULT_T
             raise from_kind(err["kind"], err["message"], err.get("code"))
         return snapshot_from_wire(body["result"])
     except (ValueError, KeyError, TypeError):  # no answer, or not the helper's
+        if ended is not None and os.WIFSIGNALED(ended):
+            raise DriverError(f"driver rpc error: helper {describe_status(ended)} in snapshot") from None
         return None
 
 
@@ -163,9 +171,11 @@ def _read(fd: int, timeout: float) -> bytes:
         chunks.append(chunk)
 
 
-def _end(fd: int, pid: int) -> None:
-    """Close the helper's pipe; kill and reap the helper where it is this process's child and still
-    runs (a pid that is no child of this one is left alone: :data:`ENV` came from the caller)."""
+def _end(fd: int, pid: int, grace: float = 0.0) -> int | None:
+    """Close the helper's pipe and reap the helper where it is this process's child (a pid that is no
+    child of this one is left alone: :data:`ENV` came from the caller), killed where it did not exit
+    within ``grace`` seconds. Returns its wait status where it ended by itself, else None."""
+    import select
     import signal
 
     try:
@@ -173,8 +183,16 @@ def _end(fd: int, pid: int) -> None:
     except OSError:
         pass
     try:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        if not ended:
+            pidfd = os.pidfd_open(pid)
+            try:
+                ended = bool(select.select([pidfd], [], [], grace)[0])
+                if not ended:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            finally:
+                os.close(pidfd)
+        status = os.waitpid(pid, 0)[1]
     except ChildProcessError:
-        pass
+        return None
+    return status if ended else None

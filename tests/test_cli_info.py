@@ -213,30 +213,65 @@ def _plain(*words: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     return done, {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
 
 
+# The CLI's click path whatever the command line (nvc.commands.cli.main), for comparison.
+_CLICK = "import sys; from nvc.commands.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _plain_forms(root: str) -> list[list[str]]:
+    """Command lines nvc.commands.plain runs: ``info`` (in its formats) and ``list``, after the global
+    options it reads, in each spelling."""
+    return [
+        ["info"],
+        ["info", "--csv"],
+        ["info", "--json"],
+        ["list"],
+        ["--root", root, "info"],
+        [f"--root={root}", "info", "--json"],
+        ["-r", root, "list"],
+        ["--ldcache", "/etc/ld.so.cache", "-r", root, "info", "--csv"],
+        ["-l", "/etc/ld.so.cache", "list"],
+        ["--ldcache=/etc/ld.so.cache", "info"],
+        ["-u", "info"],
+        ["--user=65534:65534", "--root", root, "info"],
+    ]
+
+
+# Command lines left to click: other options, other spellings, an option twice.
+_CLICK_FORMS = [
+    ["--version"],
+    ["info", "--csv", "--json"],
+    ["list", "--json"],
+    ["-r=/", "info"],
+    ["--root", "/", "--root", "/", "info"],
+    ["-d", "/dev/null", "info"],
+    ["--user", "1000", "info"],
+    ["--root", "--json", "info"],
+]
+
+
 @pytest.mark.parametrize("driver", ["fake", "none"])
-def test_info_and_list_without_options_answer_as_the_cli_without_click(
+def test_info_and_list_answer_as_the_cli_without_click(
     driver: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``nvc-py info`` and ``list`` alone, and ``info --csv`` and ``--json``, run without click
-    (nvc.commands.plain) and print what the CLI prints with the same options given (the configuration's
-    root as ``--root``): output, or the error line and status where no driver is loaded. Any other
-    option is click's."""
+    """``nvc-py info`` and ``list``, ``info --csv`` and ``--json``, after ``--root``, ``--ldcache`` and
+    ``--user`` in their spellings, run without click (nvc.commands.plain) and print what the CLI's click
+    path prints for the same words: output, or the error line and status where no driver is loaded. Any
+    other command line is click's."""
     if driver == "none" and Path("/proc/driver/nvidia").exists():
         pytest.skip("a real NVIDIA driver is loaded")
     root = str(request.getfixturevalue("active_2gpu").root) if driver == "fake" else str(tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {root}\n")
     monkeypatch.setenv("NVC_PY_CONFIG", str(config))
-    for words in (["info"], ["info", "--csv"], ["info", "--json"], ["list"]):
+    for words in _plain_forms(root) + _CLICK_FORMS:
         plain, imported = _plain(*words)
-        parsed = nvc("--root", root, *words)
+        parsed = subprocess.run([sys.executable, "-c", _CLICK, *words], capture_output=True, text=True, timeout=60)
         assert (plain.returncode, plain.stdout, plain.stderr) == (parsed.returncode, parsed.stdout, parsed.stderr)
-        assert plain.returncode == (0 if driver == "fake" else 3), plain.stderr
-        assert "nvc.commands.plain" in imported and not {"click", "nvc.commands.cli", "typing"} & imported
-    for words in (["--version"], ["info", "--csv", "--json"], ["list", "--json"]):
-        plain, imported = _plain(*words)
-        assert plain.returncode == (0 if words == ["--version"] or driver == "fake" else 3), plain.stderr
-        assert "click" in imported, words
+        if words in _CLICK_FORMS:
+            assert "click" in imported, words
+            continue
+        assert plain.returncode == (0 if driver == "fake" else 3), (words, plain.stderr)
+        assert "nvc.commands.plain" in imported and not {"click", "nvc.commands.cli", "typing"} & imported, words
 
 
 def test_list_nvml_flag_asks_nvml_for_the_same_listing(active_local_nvidia, tmp_path: Path) -> None:

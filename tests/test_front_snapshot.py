@@ -25,7 +25,7 @@ FRONT = LIBDIR / "nvc-py"
 
 
 def at_root(
-    fake, command: list[str], env: dict[str, str] | None = None
+    fake, command: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """``command`` run with the fake driver's libraries where the host's loader finds them (an overlay on the
     host's library directory, in a mount namespace of its own: the fake at the root /), with no server: its
@@ -40,6 +40,7 @@ def at_root(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NVC_PY_HOOK_SOCKET": "none", **(env or {})},
+        pass_fds=pass_fds,
     )
     children: dict[int, str] = {}
     while proc.poll() is None:
@@ -122,14 +123,37 @@ def test_info_through_the_front_for_another_root_is_a_native_helper_started_for_
     assert "MIG UUID:" in served.stdout and children == [str(PROGRAM)] * 2  # the front's, and the program's
 
 
-def test_info_after_a_global_option_takes_the_native_helper_the_program_starts(active_2gpu) -> None:
-    """``--root`` before ``info``: the front starts no helper (it guesses for ``info`` alone); the program
-    starts the native one for the root given once click parsed it."""
+@pytest.mark.parametrize(
+    ("before", "guessed"),
+    [
+        ([], True),
+        (["--root", "{root}"], True),
+        (["--root={root}"], True),
+        (["-r", "{root}", "--ldcache", "/etc/ld.so.cache"], True),
+        (["-l", "/etc/ld.so.cache", "--ldcache=/etc/ld.so.cache", "-r", "{root}"], True),
+        (["-d", "/dev/null", "--root", "{root}"], False),
+        (["--root", "{root}", "--user=65534:65534"], False),
+    ],
+)
+def test_the_front_guesses_info_after_the_root_alone(before: list[str], guessed: bool, active_2gpu) -> None:
+    """The front starts the native helper for ``info`` after ``--root`` and ``--ldcache`` (the root given),
+    in plain's spellings, and for no other global option. Told by a helper the caller names itself with
+    a canned answer: the front's own replaces it where it guesses; else the program takes the caller's."""
     root = str(active_2gpu.root)
-    given, children = at_root(active_2gpu, [str(FRONT), "--root", root, "info"], {"FAKE_NVML_STALL_S": "1"})
-    plain, _ = at_root(active_2gpu, [str(FRONT), "info"])
-    assert (given.returncode, given.stdout, given.stderr) == (0, plain.stdout, plain.stderr)
-    assert children == [str(PROGRAM)]
+    words = [word.format(root=root) for word in before]
+    canned = {"v": 1, "id": 0, "result": {"driver_version": "999.99", "cuda_version": 12000, "gpus": []}}
+    read, write = os.pipe()
+    os.write(write, json.dumps(canned).encode())
+    os.close(write)
+    uid, gid = overflow_ids()
+    env = {native_snapshot.ENV: f"{read} 1 {uid} {gid} {root}", "FAKE_NVML_STALL_S": "1"}
+    try:
+        done, children = at_root(active_2gpu, [str(FRONT), *words, "info"], env, pass_fds=(read,))
+    finally:
+        os.close(read)
+    assert done.returncode == 0, done.stderr
+    assert ("999.99" not in done.stdout and "MIG UUID:" in done.stdout) is guessed, done.stdout
+    assert children == ([str(PROGRAM)] if guessed else [])
 
 
 def test_info_through_the_front_says_what_the_python_program_says_without_nvml(tmp_path: Path) -> None:
@@ -156,7 +180,7 @@ def hand(answer: str | None, delay: float = 0.0) -> subprocess.Popen[bytes]:
     child = subprocess.Popen(["sh", "-c", script, "sh", str(delay), answer or ""], pass_fds=(write,))
     os.close(write)
     uid, gid = overflow_ids()
-    os.environ[native_snapshot.ENV] = f"{read} {child.pid} {uid} {gid}"
+    os.environ[native_snapshot.ENV] = f"{read} {child.pid} {uid} {gid} /"
     native_snapshot.take()
     assert native_snapshot.ENV not in os.environ and native_snapshot.handed()
     return child
@@ -213,6 +237,18 @@ def test_a_helper_started_for_other_options_is_killed_at_once(active_2gpu, tmp_p
         native_snapshot.PROGRAM = program
 
 
+def test_a_helper_a_signal_ended_fails_as_the_python_helpers_call(no_program) -> None:
+    """Killed (or crashed in NVML) before its answer: the Python helper's call would say so, and no
+    other helper is tried."""
+    child = hand(None, delay=30)
+    child.kill()
+    with pytest.raises(
+        errors.DriverError, match=r"^driver error: driver rpc error: helper killed by signal SIGKILL in snapshot$"
+    ):
+        native_snapshot.snapshot("/", None)
+    assert gone(child)
+
+
 def test_a_silent_helper_times_out_as_the_python_helpers_call() -> None:
     child = hand(None, delay=30)
     with pytest.raises(
@@ -228,7 +264,7 @@ def test_a_pid_that_is_no_child_is_left_alone() -> None:
     os.write(write, b"")
     os.close(write)
     uid, gid = overflow_ids()
-    os.environ[native_snapshot.ENV] = f"{read} 1 {uid} {gid}"
+    os.environ[native_snapshot.ENV] = f"{read} 1 {uid} {gid} /"
     native_snapshot.take()
     assert native_snapshot.snapshot("/", None) is None and Path("/proc/1").exists()
 
@@ -240,7 +276,7 @@ def test_discard_ends_a_helper_not_taken() -> None:
     native_snapshot.discard()  # nothing handed: nothing to do
 
 
-@pytest.mark.parametrize("value", ["", "3 4 5", "a b c d", "3 4 5 6 7", "999 4 5 6"])
+@pytest.mark.parametrize("value", ["", "3 4 5", "a b c d /", "3 4 5 6 relative", "999 4 5 6 /", "3 4 5 6"])
 def test_a_malformed_name_is_dropped(value: str) -> None:
     os.environ[native_snapshot.ENV] = value
     native_snapshot.take()
