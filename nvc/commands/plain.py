@@ -1,8 +1,8 @@
 """``nvc-py info`` and ``nvc-py list`` as written most run without click.
 
 Without a server, importing click and building the command tree took about a third of an
-``nvc-py list`` on the H200, about half of an ``info --json`` once NVML's half was native, and a third
-of an ``info`` after ``--root`` (docs/performance.md). ``info`` and ``list``, ``info`` with one of its
+``nvc-py list`` on the H200, about half of an ``info --json`` once NVML's half was native, and more
+than half of an ``info`` after ``--root`` (docs/performance.md). ``info`` and ``list``, ``info`` with one of its
 formats, after the global options that name the driver root, its ld cache and the driver helper's user
 (in the spellings :data:`VALUE_OPTIONS` and :data:`USER_OPTIONS` list), run here, on the functions the
 CLI's commands run (:mod:`nvc.commands.queries`), and print what they print; any other command line,
