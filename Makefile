@@ -61,7 +61,7 @@ INSTALL_CURRENT := $(and $(filter file://$(CURDIR),$(INSTALLED_FROM)),\
 # What the hooks, their server and the device plugin leave in RUN_DIR beside the containers' sharing
 # state (share/, gpu-sched/), for `make uninstall` (driver-files: a directory of kept discoveries).
 RUN_DIR := /run/nvc-py
-RUN_FILES := config-cache.json runtime-cache ldconfig-seccomp.bpf elf-links.json mig-minors driver-files hook.sock \
+RUN_FILES := config-cache.json runtime-cache driver-guess ldconfig-seccomp.bpf elf-links.json mig-minors driver-files hook.sock \
 	server.lock server.log device-plugin.json
 # The Debian package's state where it is installed (dpkg-query: installed, unpacked, ...): its files are
 # $(LIBDIR), which this tree's install would overwrite. Then install, uninstall and what needs this tree

@@ -8,11 +8,13 @@ answers as the Python helper does (the same NVML calls, order and messages: one 
 helpers' protocol on a pipe). It starts in one of two ways:
 
 - The installed ``nvc-py`` (native/client/driver_start.c), for ``info`` that no server answers, starts it
-  for the root given before the command (/ where none is: no other global option is guessed) and the
-  default identity as it executes this program, and names it in :data:`ENV`: ``FD PID UID GID ROOT``,
-  the pipe its answer comes on, the child, the identity and the root it took. NVML then starts while
-  the interpreter does. That start is a guess: where the options ask for another root or user (a
-  configuration's), the helper is killed and reaped and one started for them.
+  for the root given before the command (no other global option is guessed), else the configuration's
+  as root's program recorded it (:mod:`nvc.config.driverguess`), else /, and the configuration's
+  identity likewise, else the default, as it executes this program, and names it in :data:`ENV`:
+  ``FD PID UID GID ROOT``, the pipe its answer comes on, the child, the identity and the root it took.
+  NVML then starts while the interpreter does. That start is a guess: where the options ask for
+  another root or user, the helper is killed and reaped and one started for them (and root's program
+  records the configuration's for the next guess: :func:`missed`).
 - This program starts it (:func:`start`) as soon as it knows the options of a snapshot: a global
   option or a configuration naming another root or user, the program run without its front, and
   every inventory that asks NVML (:func:`nvc.rpc.driver_service.inventory`).
@@ -46,13 +48,14 @@ GRACE = 0.05  # seconds a helper whose answer ended gets to exit before SIGKILL 
 PROGRAM = os.path.join(LIBDIR, "nvc-py-driver-snapshot")  # as native/client/driver_start.c's
 
 _held: tuple[int, int, dict[str, Any]] | None = None  # (fd, pid, params) of the native helper started
+_guessed: dict[str, Any] | None = None  # what the front started its helper for (:func:`missed`)
 _warm: Callable[[dict[str, Any]], bool] | None = None  # whether a warm Python helper holds these params
 
 
 def take() -> None:
     """Take :data:`ENV` out of the environment (nothing this process starts sees it, nor the pipe) and
     keep what it names, for :func:`snapshot`."""
-    global _held
+    global _held, _guessed
     value = os.environ.pop(ENV, None)
     if value is None:
         return
@@ -63,13 +66,20 @@ def take() -> None:
     except (ValueError, OSError):
         return
     if os.path.isabs(root):  # as given: a root the options spell otherwise is not this one
-        _held = (fd, pid, {"root": root, "uid": uid, "gid": gid})
+        _guessed = {"root": root, "uid": uid, "gid": gid}
+        _held = (fd, pid, _guessed)
 
 
 def handed() -> bool:
     """Whether a native driver helper runs for this process (the front's, or one :func:`start` started),
     not taken yet."""
     return _held is not None
+
+
+def missed(root: str, user: tuple[int, int] | None) -> bool:
+    """Whether the front started its helper for other options than ``root`` and ``user`` (the
+    configuration's, which :mod:`nvc.config.driverguess` records for its next guess)."""
+    return _guessed is not None and _guessed != setup_params(root, user)
 
 
 def installed() -> bool:

@@ -11,14 +11,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.hookserver import LIBDIR
 from nvc import errors
+from nvc.config import driverguess
 from nvc.rpc import driver_service, native_snapshot
 from nvc.rpc.driver_wire import overflow_ids, snapshot_from_wire
+from nvc.system import runcache
 
 PROGRAM = LIBDIR / "nvc-py-driver-snapshot"  # installed: what the installed front starts
 FRONT = LIBDIR / "nvc-py"
@@ -154,6 +157,44 @@ def test_the_front_guesses_info_after_the_root_alone(before: list[str], guessed:
     assert done.returncode == 0, done.stderr
     assert ("999.99" not in done.stdout and "MIG UUID:" in done.stdout) is guessed, done.stdout
     assert children == ([str(PROGRAM)] if guessed else [])
+
+
+@pytest.fixture
+def no_guess() -> Iterator[Path]:
+    """The driver guess root's programs record (nvc.config.driverguess), removed before and after."""
+    cache = Path(driverguess.CACHE_PATH)
+    cache.unlink(missing_ok=True)
+    yield cache
+    cache.unlink(missing_ok=True)
+
+
+def test_the_front_guesses_the_configured_root_once_root_recorded_it(
+    active_2gpu, tmp_path: Path, no_guess: Path
+) -> None:
+    """A configuration naming another root: the first ``info``'s front guesses /, the program starts the
+    native helper for the configuration's root and records it; the next ``info``'s front guesses it. An
+    edit to the file (another identity), or a record that is not root's own, is a guess of / again."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"root: {active_2gpu.root}\n")
+    env = {"NVC_PY_CONFIG": str(config), "FAKE_NVML_STALL_S": "1"}
+
+    def helpers() -> list[str]:
+        done, children = at_root(active_2gpu, [str(FRONT), "info"], env)
+        assert done.returncode == 0 and "MIG UUID:" in done.stdout, done.stderr
+        return children
+
+    assert helpers() == [str(PROGRAM)] * 2 and no_guess.exists()
+    uid, gid = overflow_ids()
+    fields = no_guess.read_bytes().split(b"\0")
+    recorded = [str(config), runcache.identity(str(config)), str(active_2gpu.root), str(uid), str(gid), ""]
+    assert fields[1:] == [os.fsencode(field) for field in recorded]
+    assert helpers() == [str(PROGRAM)]
+    no_guess.chmod(0o644)  # another user may have written it: not believed
+    assert helpers() == [str(PROGRAM)] * 2 and no_guess.stat().st_mode & 0o777 == 0o600  # recorded anew
+    assert helpers() == [str(PROGRAM)]
+    config.write_text(f"root: {active_2gpu.root}\n# edited\n")
+    assert helpers() == [str(PROGRAM)] * 2
+    assert helpers() == [str(PROGRAM)]
 
 
 def test_info_through_the_front_says_what_the_python_program_says_without_nvml(tmp_path: Path) -> None:

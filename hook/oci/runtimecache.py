@@ -23,12 +23,6 @@ CACHE_PATH = "/run/nvc-py/runtime-cache"
 MAGIC = f"nvc-py-runtime/2 {__version__}"  # as native/client/runtime_front.c's CACHE_MAGIC
 
 
-def identity(path: str) -> str:
-    """What tells a file's content changed: device, inode, size, modification and change times (ns)."""
-    st = os.stat(path)
-    return f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns}"
-
-
 def key(config_file: str, search_path: str | None) -> list[str] | None:
     """The fields the runtime depends on, as the front computes them; None where it cannot be cached
     (no PATH, or a relative or empty entry in it: the working directory would count)."""
@@ -37,11 +31,10 @@ def key(config_file: str, search_path: str | None) -> list[str] | None:
     directories = search_path.split(":")
     if not all(d.startswith("/") for d in directories):
         return None
-    try:
-        config = identity(config_file)
-    except FileNotFoundError:
-        config = "absent"
-    except OSError:
+    from nvc.system.runcache import config_key, identity
+
+    config = config_key(config_file)
+    if config is None:
         return None
     found = []
     for directory in directories:
@@ -49,7 +42,7 @@ def key(config_file: str, search_path: str | None) -> list[str] | None:
             found.append(identity(directory))
         except OSError:
             found.append("-")
-    return [MAGIC, config_file, config, search_path, ";".join(found)]
+    return [MAGIC, *config, search_path, ";".join(found)]
 
 
 def store(config_file: str, runtime: str, about: str) -> None:

@@ -30,17 +30,13 @@
 #include <unistd.h>
 
 #include "environment.h"
+#include "runcache.h"
 #include "runtime_front.h"
-#include "socket_dir.h"
 #include "version.h"
 
-#define CACHE_DIR "/run/nvc-py"
 #define CACHE_NAME "runtime-cache"
 #define CACHE_MAGIC "nvc-py-runtime/2 " NVC_VERSION /* an upgrade's front believes no older program's */
-#define MAX_CACHE (64 * 1024)                       /* bytes: paths and a few numbers */
 #define MAX_SPEC (64ll << 20)                       /* as hook/oci/spec.py's MAX_SPEC_SIZE */
-#define CONFIG_ENV "NVC_PY_CONFIG"
-#define DEFAULT_CONFIG "/etc/nvc-py/config.yaml"
 
 /* As hook/oci/runtime.py's _GLOBAL_VALUE_OPTIONS: global options whose value is the next word. */
 static const char *const value_options[] = {"--root", "--log",      "--log-format",
@@ -48,67 +44,19 @@ static const char *const value_options[] = {"--root", "--log",      "--log-forma
 /* Words whose presence sends a create to the program (see the file's comment). */
 static const char *const gpu_words[] = {"NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "nvidia-container-devices", "\\u"};
 
-/* A growing text, for the key (NUL-separated fields). */
-struct text {
-    char buf[MAX_CACHE];
-    size_t len;
-    int full;
-};
-
-static void add(struct text *t, const char *s, size_t n)
-{
-    if (t->full || t->len + n + 1 > sizeof t->buf) {
-        t->full = 1;
-        return;
-    }
-    memcpy(t->buf + t->len, s, n);
-    t->len += n;
-}
-
-static void add_str(struct text *t, const char *s)
-{
-    add(t, s, strlen(s));
-}
-
-static void end_field(struct text *t)
-{
-    add(t, "", 1);
-}
-
-/* A file's identity as hook/oci/runtimecache.py's identity(): device, inode, size, modification and change times. */
-static void add_identity(struct text *t, const struct stat *st)
-{
-    char id[160];
-    snprintf(id, sizeof id, "%llu %llu %lld %llu %llu", (unsigned long long)st->st_dev, (unsigned long long)st->st_ino,
-             (long long)st->st_size,
-             (unsigned long long)st->st_mtim.tv_sec * 1000000000ull + (unsigned long long)st->st_mtim.tv_nsec,
-             (unsigned long long)st->st_ctim.tv_sec * 1000000000ull + (unsigned long long)st->st_ctim.tv_nsec);
-    add_str(t, id);
-}
-
 /* The key the cache must hold for this call (hook/oci/runtimecache.py's key()); 0 where there can be none. */
 static int cache_key(struct text *key)
 {
-    const char *config = getenv(CONFIG_ENV);
     const char *path = getenv("PATH");
     struct stat st;
-    if (!config || !*config)
-        config = DEFAULT_CONFIG;
     if (!path)
         return 0;
-    add_str(key, CACHE_MAGIC);
-    end_field(key);
-    add_str(key, config);
-    end_field(key);
-    if (stat(config, &st) == 0)
-        add_identity(key, &st);
-    else if (errno == ENOENT)
-        add_str(key, "absent");
-    else
+    text_add_str(key, CACHE_MAGIC);
+    text_end_field(key);
+    if (!text_add_config(key))
         return 0;
-    end_field(key);
-    add_str(key, path);
-    end_field(key);
+    text_add_str(key, path);
+    text_end_field(key);
     for (const char *dir = path;; dir++) {
         size_t n = strcspn(dir, ":");
         char name[4096];
@@ -117,16 +65,16 @@ static int cache_key(struct text *key)
         memcpy(name, dir, n);
         name[n] = '\0';
         if (dir != path)
-            add_str(key, ";");
+            text_add_str(key, ";");
         if (stat(name, &st) == 0)
-            add_identity(key, &st);
+            text_add_identity(key, &st);
         else
-            add_str(key, "-");
+            text_add_str(key, "-");
         dir += n;
         if (!*dir)
             break;
     }
-    end_field(key);
+    text_end_field(key);
     return !key->full;
 }
 
@@ -136,29 +84,16 @@ static const char *cached_runtime(const char **about)
 {
     static struct text key;
     static char cache[MAX_CACHE + 1];
-    struct stat st;
-    if (geteuid() != 0 || !cache_key(&key))
+    size_t n;
+    const char *runtime = cache_key(&key) ? runcache_values(CACHE_NAME, &key, cache, &n) : NULL;
+    if (!runtime)
         return NULL;
-    int dir = open(CACHE_DIR, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (dir < 0)
-        return NULL;
-    int ok = fstat(dir, &st) == 0 && socket_dir_is_roots(&st);
-    int fd = ok ? openat(dir, CACHE_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
-    close(dir);
-    if (fd < 0)
-        return NULL;
-    ssize_t n = -1;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 077) && st.st_size <= MAX_CACHE)
-        n = read(fd, cache, MAX_CACHE + 1);
-    close(fd);
-    if (n <= 0 || n > MAX_CACHE || (size_t)n <= key.len || memcmp(cache, key.buf, key.len) != 0 || cache[n - 1])
-        return NULL;
-    const char *runtime = cache + key.len; /* then two NUL-terminated fields: a path and a text */
+    /* two NUL-terminated fields: a path and a text */
     size_t runtime_len = strlen(runtime) + 1;
-    if (key.len + runtime_len >= (size_t)n)
+    if (runtime_len >= n)
         return NULL;
     *about = runtime + runtime_len;
-    if ((size_t)n != key.len + runtime_len + strlen(*about) + 1 || runtime[0] != '/' || access(runtime, X_OK) != 0)
+    if (n != runtime_len + strlen(*about) + 1 || runtime[0] != '/' || access(runtime, X_OK) != 0)
         return NULL;
     return runtime;
 }

@@ -47,6 +47,10 @@ def info_text(opts: GlobalOptions, fmt: str | None) -> str:
     snap = None
     if native_snapshot.start(opts.root, opts.user):
         infoformat, inventory = _info_modules()
+        if native_snapshot.missed(opts.root, opts.user):  # the configuration's for the front's next guess
+            from nvc.config import driverguess
+
+            driverguess.remember()
         snap = native_snapshot.snapshot(opts.root, opts.user)
     if snap is None:
         from nvc.rpc.driver_service import open_driver

@@ -1,5 +1,7 @@
 """Files nvc-py keeps under /run/nvc-py to skip work the next start would redo: the parsed
-configuration (:mod:`nvc.config`), ldconfig's compiled seccomp filter (:mod:`nvc.apply.ldconfig`).
+configuration (:mod:`nvc.config`), ldconfig's compiled seccomp filter (:mod:`nvc.apply.ldconfig`), and
+what the native fronts read (the runtime wrapper's runtime, the driver helper's guess), keyed by the
+configuration file's identity.
 
 Only root's own is believed: a regular file (not a symlink), owned by this user, readable by no
 one else, so that another user cannot plant one; anything else there (a FIFO, a device, a huge
@@ -15,6 +17,24 @@ import stat
 
 from nvc.errors import InputError
 from nvc.system.untrusted import read_file
+
+
+def identity(path: str) -> str:
+    """What tells a file's content changed: device, inode, size, modification and change times (ns)."""
+    st = os.stat(path)
+    return f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns}"
+
+
+def config_key(config_file: str) -> list[str] | None:
+    """The configuration file and its identity ("absent" where there is none), the first fields of the
+    caches the native fronts read (native/client/runcache.c's text_add_config); None where it cannot
+    be told."""
+    try:
+        return [config_file, identity(config_file)]
+    except FileNotFoundError:
+        return [config_file, "absent"]
+    except OSError:
+        return None
 
 
 def load(path: str, limit: int) -> bytes | None:
