@@ -122,7 +122,7 @@ void driver_start(const char *base, char **argv)
         if (getppid() != parent || dup2(answer[1], STDOUT_FILENO) < 0)
             _exit(1);
         execl(SNAPSHOT_PROGRAM, SNAPSHOT_PROGRAM, root, ids[0], ids[1], (char *)NULL);
-        _exit(127); /* no answer: the program forks its own helper, which says what is wrong */
+        _exit(127); /* no answer: the program starts its own helper, which says what is wrong */
     }
     close(answer[1]);
     char value[64 + PATH_MAX];

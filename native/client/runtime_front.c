@@ -85,7 +85,8 @@ static const char *cached_runtime(const char **about)
     static struct text key;
     static char cache[MAX_CACHE + 1];
     size_t n;
-    const char *runtime = cache_key(&key) ? runcache_values(CACHE_NAME, &key, cache, &n) : NULL;
+    /* root's alone: no key (a stat of every PATH directory) for another caller, who would find no cache */
+    const char *runtime = geteuid() == 0 && cache_key(&key) ? runcache_values(CACHE_NAME, &key, cache, &n) : NULL;
     if (!runtime)
         return NULL;
     /* two NUL-terminated fields: a path and a text */
