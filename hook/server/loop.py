@@ -17,8 +17,13 @@ from nvc.hook.server.exchange import Programs
 from nvc.hook.server.peer import own_standing
 from nvc.hook.server.sockets import listen, socket_directory
 from nvc.hook.server.worker import STATS_ENV, open_stats, spare, warm_up
+from nvc.system import immortal
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
+# Seconds without a call after which the server marks what it holds immortal (nvc.system.immortal),
+# once: the spares forked after it write fewer of the pages they share with it. Some 40-160 ms of CPU,
+# so not while a first call waits for an on-demand or socket-activated server, nor in a storm.
+MARK_QUIET = 0.5
 DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
 # Seconds a stopping server waits for the calls its workers run (a client gives one 60 s by default),
 # below systemd's stop timeout (90 s), after which KillMode=mixed kills what is left of the unit.
@@ -143,6 +148,7 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
     try:
         gc.collect()
         gc.freeze()  # keep the imported objects' pages shared with the workers
+        marked = False  # what the server holds, immortal (once quiet: see MARK_QUIET)
         print(
             f"nvc-py-hook serve: listening on {path}{' (from systemd)' if inherited else ''}",
             file=sys.stderr,
@@ -166,10 +172,14 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 # Until a spare takes a call (a byte) or dies before it (end of file), or SIGTERM; with
                 # systemd's watchdog, until its next keep-alive at the latest.
                 wait = DRAIN_QUIET if draining else ADOPTED_IDLE_EXIT if idle and _adopted() else idle
-                limit = wait
+                limit = None if wait is None else quiet_since + wait - time.monotonic()
                 if dog is not None:
                     dog.tick(queued=bool(select.select([sock], [], [], 0)[0]))
-                    limit = dog.due_in() if wait is None else min(dog.due_in(), quiet_since + wait - time.monotonic())
+                    limit = dog.due_in() if limit is None else min(dog.due_in(), limit)
+                mark = not marked and (wait is None or wait > MARK_QUIET)  # not in a server about to stop
+                if mark:
+                    due = quiet_since + MARK_QUIET - time.monotonic()
+                    limit = due if limit is None else min(limit, due)
                 ready = select.select([*spares, stop_r, notes_r], [], [], None if limit is None else max(0.0, limit))[0]
                 if stop_r in ready and signal.SIGTERM in os.read(stop_r, 64):
                     if stays and upgrade.changed():  # start-server's, after an upgrade: its successor
@@ -193,8 +203,13 @@ def _serve_in(directory_fd: int, path: str, name: str, stats: int, nice: int) ->
                 if ready:  # a call, a dead spare or another signal's byte
                     quiet_since = time.monotonic()
                     continue
-                if wait is None or (dog is not None and time.monotonic() - quiet_since < wait):
-                    continue  # the watchdog's turn, not idle yet
+                if mark and time.monotonic() - quiet_since >= MARK_QUIET:
+                    immortal.make_immortal()
+                    gc.freeze()
+                    marked = True
+                    continue
+                if wait is None or time.monotonic() - quiet_since < wait:
+                    continue  # the watchdog's or the marking's turn, not idle yet
                 if not draining:  # idle: new callers find no socket (and start a server), queued ones are served
                     adopter = f" (pid {os.getppid()} adopted this server and may wait for it)" if wait != idle else ""
                     print(f"nvc-py-hook serve: no call for {wait:g} s: stopping{adopter}", file=sys.stderr, flush=True)
