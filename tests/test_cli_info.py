@@ -233,6 +233,10 @@ def _plain_forms(root: str) -> list[list[str]]:
         ["--ldcache=/etc/ld.so.cache", "info"],
         ["-u", "info"],
         ["--user=65534:65534", "--root", root, "info"],
+        ["-d", "/dev/null", "info"],
+        ["--debug=/dev/null", "-r", root, "list"],
+        ["-k", "--root", root, "info", "--json"],
+        ["--load-kmods", "list"],
     ]
 
 
@@ -243,18 +247,26 @@ _CLICK_FORMS = [
     ["list", "--json"],
     ["-r=/", "info"],
     ["--root", "/", "--root", "/", "info"],
-    ["-d", "/dev/null", "info"],
+    ["-d", "/dev/null", "--debug=/dev/null", "info"],
+    ["-k", "-k", "info"],
+    ["--load-kmods=yes", "list"],
     ["--user", "1000", "info"],
     ["--root", "--json", "info"],
 ]
+
+
+def _warm_up(root: str) -> None:
+    """One ``list`` through click first: the driver's file lists, read from its ELF files (pyelftools,
+    which imports typing) where /run/nvc-py keeps none for this driver yet, are kept for the runs after."""
+    subprocess.run([sys.executable, "-c", _CLICK, "--root", root, "list"], capture_output=True, timeout=60)
 
 
 @pytest.mark.parametrize("driver", ["fake", "none"])
 def test_info_and_list_answer_as_the_cli_without_click(
     driver: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``nvc-py info`` and ``list``, ``info --csv`` and ``--json``, after ``--root``, ``--ldcache`` and
-    ``--user`` in their spellings, run without click (nvc.commands.plain) and print what the CLI's click
+    """``nvc-py info`` and ``list``, ``info --csv`` and ``--json``, after ``--root``, ``--ldcache``,
+    ``--user``, ``--debug`` and ``--load-kmods`` in their spellings, run without click (nvc.commands.plain) and print what the CLI's click
     path prints for the same words: output, or the error line and status where no driver is loaded. Any
     other command line is click's."""
     if driver == "none" and Path("/proc/driver/nvidia").exists():
@@ -263,6 +275,7 @@ def test_info_and_list_answer_as_the_cli_without_click(
     config = tmp_path / "config.yaml"
     config.write_text(f"root: {root}\n")
     monkeypatch.setenv("NVC_PY_CONFIG", str(config))
+    _warm_up(root)
     for words in _plain_forms(root) + _CLICK_FORMS:
         plain, imported = _plain(*words)
         parsed = subprocess.run([sys.executable, "-c", _CLICK, *words], capture_output=True, text=True, timeout=60)
@@ -272,6 +285,33 @@ def test_info_and_list_answer_as_the_cli_without_click(
             continue
         assert plain.returncode == (0 if driver == "fake" else 3), (words, plain.stderr)
         assert "nvc.commands.plain" in imported and not {"click", "nvc.commands.cli", "typing"} & imported, words
+
+
+def test_a_debug_log_without_click_is_the_clis(active_2gpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--debug FILE`` before ``info`` or ``list`` without click logs the messages the CLI's click path
+    logs, and a debug log that cannot be opened is the same error, before anything else is done."""
+    monkeypatch.setenv("NVC_PY_CONFIG", str(tmp_path / "none.yaml"))
+    root = str(active_2gpu.root)
+    _warm_up(root)  # else the first run's log has what reading the driver's files found, the second's not
+    for command in ("info", "list"):
+        logs = {}
+        for way, argv in (("plain", ["-m", "nvc"]), ("click", ["-c", _CLICK])):
+            log = tmp_path / f"{way}-{command}.log"
+            done = subprocess.run(
+                [sys.executable, *argv, "--debug", str(log), "-r", root, command],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            logs[way] = [line.split("] ", 1)[1] for line in log.read_text().splitlines()]
+        assert logs["plain"] == logs["click"] and logs["plain"], command
+    missing = str(tmp_path / "no" / "such.log")
+    words = ["-d", missing, "-r", root, "info"]
+    plain, imported = _plain(*words)
+    parsed = subprocess.run([sys.executable, "-c", _CLICK, *words], capture_output=True, text=True, timeout=60)
+    assert (plain.returncode, plain.stdout, plain.stderr) == (parsed.returncode, parsed.stdout, parsed.stderr)
+    assert plain.returncode == 2 and missing in plain.stderr and "click" not in imported
 
 
 def test_list_nvml_flag_asks_nvml_for_the_same_listing(active_local_nvidia, tmp_path: Path) -> None:

@@ -134,13 +134,15 @@ def test_info_through_the_front_for_another_root_is_a_native_helper_started_for_
         (["--root={root}"], True),
         (["-r", "{root}", "--ldcache", "/etc/ld.so.cache"], True),
         (["-l", "/etc/ld.so.cache", "--ldcache=/etc/ld.so.cache", "-r", "{root}"], True),
-        (["-d", "/dev/null", "--root", "{root}"], False),
+        (["-d", "/dev/null", "--root", "{root}"], True),
+        (["--debug=/dev/null", "-l", "/etc/ld.so.cache"], True),
+        (["-k", "--root", "{root}"], False),
         (["--root", "{root}", "--user=65534:65534"], False),
     ],
 )
 def test_the_front_guesses_info_after_the_root_alone(before: list[str], guessed: bool, active_2gpu) -> None:
-    """The front starts the native helper for ``info`` after ``--root`` and ``--ldcache`` (the root given),
-    in plain's spellings, and for no other global option. Told by a helper the caller names itself with
+    """The front starts the native helper for ``info`` after ``--root``, ``--ldcache`` and ``--debug`` (the
+    root given), in plain's spellings, and for no other global option. Told by a helper the caller names itself with
     a canned answer: the front's own replaces it where it guesses; else the program takes the caller's."""
     root = str(active_2gpu.root)
     words = [word.format(root=root) for word in before]

@@ -41,8 +41,8 @@ static int overflow_id(const char *name, unsigned *id)
     return ok;
 }
 
-/* Whether argv is `nvc-py [--root ROOT] [--ldcache PATH] info ...` in nvc/commands/plain.py's spellings; *root:
- * the root given, NULL where none is. */
+/* Whether argv is `nvc-py [--root ROOT] [--ldcache PATH] [--debug PATH] info ...` in nvc/commands/plain.py's
+ * spellings (not --load-kmods: the nodes it makes come before NVML); *root: the root given, NULL where none is. */
 static int guessed_info(char **argv, const char **root)
 {
     int i = 1;
@@ -50,11 +50,13 @@ static int guessed_info(char **argv, const char **root)
         const char *name = argv[i];
         if (!strncmp(name, "--root=", 7))
             *root = name + 7;
-        else if (!strncmp(name, "--ldcache=", 10))
+        else if (!strncmp(name, "--ldcache=", 10) || !strncmp(name, "--debug=", 8))
             continue;
         else if ((!strcmp(name, "--root") || !strcmp(name, "-r")) && argv[i + 1] && argv[i + 1][0] != '-')
             *root = argv[++i];
-        else if ((!strcmp(name, "--ldcache") || !strcmp(name, "-l")) && argv[i + 1] && argv[i + 1][0] != '-')
+        else if ((!strcmp(name, "--ldcache") || !strcmp(name, "-l") || !strcmp(name, "--debug") ||
+                  !strcmp(name, "-d")) &&
+                 argv[i + 1] && argv[i + 1][0] != '-')
             i++;
         else
             return 0;

@@ -3,11 +3,11 @@
 Without a server, importing click and building the command tree took about a third of an
 ``nvc-py list`` on the H200, about half of an ``info --json`` once NVML's half was native, and more
 than half of an ``info`` after ``--root`` (docs/performance.md). ``info`` and ``list``, ``info`` with one of its
-formats, after the global options that name the driver root, its ld cache and the driver helper's user
-(in the spellings :data:`VALUE_OPTIONS` and :data:`USER_OPTIONS` list), run here, on the functions the
-CLI's commands run (:mod:`nvc.commands.queries`), and print what they print; any other command line,
-``--help``, another global option or spelling, an option given twice, is click's to parse
-(:mod:`nvc.commands.cli`), which reads these alike.
+formats, after the global options (the driver root, its ld cache, the driver helper's user, the debug
+log and ``--load-kmods``, in the spellings :data:`VALUE_OPTIONS`, :data:`USER_OPTIONS` and
+:data:`FLAG_OPTIONS` list), run here, on the functions the CLI's commands run
+(:mod:`nvc.commands.queries`), and print what they print; any other command line, ``--help``, another
+spelling, an option given twice, is click's to parse (:mod:`nvc.commands.cli`), which reads these alike.
 """
 
 from __future__ import annotations
@@ -26,7 +26,15 @@ FORMS: dict[tuple[str, ...], str | None] = {
 }
 # Global options whose value is the next word (one that starts with "-" is left to click) or follows
 # "=" in their long spelling, by the option they give.
-VALUE_OPTIONS = {"-r": "root", "--root": "root", "-l": "ldcache", "--ldcache": "ldcache"}
+VALUE_OPTIONS = {
+    "-r": "root",
+    "--root": "root",
+    "-l": "ldcache",
+    "--ldcache": "ldcache",
+    "-d": "debug",
+    "--debug": "debug",
+}
+FLAG_OPTIONS = {"-k": "load_kmods", "--load-kmods": "load_kmods"}  # options that take no value
 # ``--user=VALUE``, and ``-u``/``--user`` alone: the effective ids (nvc.commands.cli._optional_user_value).
 USER_OPTIONS = ("-u", "--user")
 
@@ -57,6 +65,8 @@ def _global_options(argv: list[str]) -> tuple[dict[str, str], tuple[str, ...]] |
             i += 1
         elif argv[i] in USER_OPTIONS:
             option, value = "user", ""
+        elif argv[i] in FLAG_OPTIONS:
+            option, value = FLAG_OPTIONS[argv[i]], ""
         else:
             return None
         if option in given:
@@ -73,8 +83,16 @@ def _run(command: str, fmt: str | None, given: dict[str, str]) -> int:
     from nvc.config.options import resolve_options
 
     try:
-        opts = resolve_options(given.get("root"), given.get("ldcache"), given.get("user"), False)
+        if "debug" in given:
+            from nvc import debuglog
+
+            debuglog.enable(given["debug"])
+        opts = resolve_options(given.get("root"), given.get("ldcache"), given.get("user"), "load_kmods" in given)
         with queries.driver_required():
+            if opts.load_kmods:  # as the CLI's commands, before the query
+                from nvc.apply import hostnodes
+
+                hostnodes.load(opts.root)
             if command == "info":
                 text = queries.info_text(opts, fmt)
             else:
