@@ -7,9 +7,9 @@ from nvc.rpc import native_snapshot
 from nvc.system.loaderenv import restart_without_unsafe_variables
 from nvc.system.stdio import reopen_closed
 
-native_snapshot.take()  # the native driver helper the front started for `info`, named in the environment
 reopen_closed()  # before anything opened (the server's socket, a helper's) could become stdout
 restart_without_unsafe_variables()  # before any import that may load a shared library
+native_snapshot.take()  # the native driver helper the front started for `info` (after a restart: it keeps it)
 hand_over(sys.argv)  # to a running server's warm worker (nvc-py-hook serve), when there is one
 
 # A guess that only affects speed (a wrong one costs an unused fork), for a tree without the native

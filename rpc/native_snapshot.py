@@ -8,7 +8,9 @@ answers as the Python helper does (the same NVML calls, order and messages: one 
 helpers' protocol on a pipe). It starts in one of two ways:
 
 - The installed ``nvc-py`` (native/client/driver_start.c), for ``info`` that no server answers, starts it
-  for the root given before the command (no other global option is guessed), else the configuration's
+  for the root given before the command (after ``--ldcache``, ``--debug`` and ``--load-kmods`` too, whose
+  nodes, where it makes any, end it: :func:`nvc.commands.queries.load_nodes`; after no other global
+  option), else the configuration's
   as root's program recorded it (:mod:`nvc.config.driverguess`), else /, and the configuration's
   identity likewise, else the default, as it executes this program, and names it in :data:`ENV`:
   ``FD PID UID GID ROOT``, the pipe its answer comes on, the child, the identity and the root it took.

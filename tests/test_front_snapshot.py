@@ -136,13 +136,14 @@ def test_info_through_the_front_for_another_root_is_a_native_helper_started_for_
         (["-l", "/etc/ld.so.cache", "--ldcache=/etc/ld.so.cache", "-r", "{root}"], True),
         (["-d", "/dev/null", "--root", "{root}"], True),
         (["--debug=/dev/null", "-l", "/etc/ld.so.cache"], True),
-        (["-k", "--root", "{root}"], False),
+        (["-k", "--root", "{root}"], True),
+        (["--load-kmods"], True),
         (["--root", "{root}", "--user=65534:65534"], False),
     ],
 )
 def test_the_front_guesses_info_after_the_root_alone(before: list[str], guessed: bool, active_2gpu) -> None:
-    """The front starts the native helper for ``info`` after ``--root``, ``--ldcache`` and ``--debug`` (the
-    root given), in plain's spellings, and for no other global option. Told by a helper the caller names itself with
+    """The front starts the native helper for ``info`` after ``--root``, ``--ldcache``, ``--debug`` and
+    ``--load-kmods`` (the root given), in plain's spellings, and for no other global option. Told by a helper the caller names itself with
     a canned answer: the front's own replaces it where it guesses; else the program takes the caller's."""
     root = str(active_2gpu.root)
     words = [word.format(root=root) for word in before]
@@ -158,7 +159,34 @@ def test_the_front_guesses_info_after_the_root_alone(before: list[str], guessed:
         os.close(read)
     assert done.returncode == 0, done.stderr
     assert ("999.99" not in done.stdout and "MIG UUID:" in done.stdout) is guessed, done.stdout
+    assert ("999.99" in done.stdout) is not guessed, done.stdout
     assert children == ([str(PROGRAM)] if guessed else [])
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["plain", "click"])
+def test_nodes_load_kmods_makes_end_the_helper_started_before_them(twice: bool, active_2gpu, tmp_path: Path) -> None:
+    """``--load-kmods info`` for a root that lacks the driver's nodes: the helper started before them (here a
+    caller-named one with a canned answer) may have found none, so the program ends it once it made them and
+    its own answers (NVML is not in the empty root: the error); the next call makes none and takes it. Alike
+    on click's path (an option given twice)."""
+    uid, gid = overflow_ids()
+    canned = {"v": 1, "id": 0, "result": {"driver_version": "999.99", "cuda_version": 12000, "gpus": []}}
+    debug = ["-d", "/dev/null", "-d", "/dev/null"] if twice else []
+    command = [str(LIBDIR / "nvc-py-python"), *debug, "-k", "--root", str(tmp_path), "info"]
+    results = []
+    for _ in range(2):
+        read, write = os.pipe()
+        os.write(write, json.dumps(canned).encode())
+        os.close(write)
+        try:
+            env = {native_snapshot.ENV: f"{read} 1 {uid} {gid} {tmp_path}"}
+            results.append(at_root(active_2gpu, command, env, pass_fds=(read,))[0])
+        finally:
+            os.close(read)
+    made, kept = results
+    assert made.returncode != 0 and "999.99" not in made.stdout, (made.stdout, made.stderr)
+    assert (tmp_path / "dev/nvidia0").is_char_device()
+    assert kept.returncode == 0 and "999.99" in kept.stdout, kept.stderr
 
 
 @pytest.fixture

@@ -41,8 +41,9 @@ static int overflow_id(const char *name, unsigned *id)
     return ok;
 }
 
-/* Whether argv is `nvc-py [--root ROOT] [--ldcache PATH] [--debug PATH] info ...` in nvc/commands/plain.py's
- * spellings (not --load-kmods: the nodes it makes come before NVML); *root: the root given, NULL where none is. */
+/* Whether argv is `nvc-py [--root ROOT] [--ldcache PATH] [--debug PATH] [--load-kmods] info ...` in
+ * nvc/commands/plain.py's spellings (where --load-kmods makes a node, the program ends this helper and starts
+ * another after it); *root: the root given, NULL where none is. */
 static int guessed_info(char **argv, const char **root)
 {
     int i = 1;
@@ -50,7 +51,8 @@ static int guessed_info(char **argv, const char **root)
         const char *name = argv[i];
         if (!strncmp(name, "--root=", 7))
             *root = name + 7;
-        else if (!strncmp(name, "--ldcache=", 10) || !strncmp(name, "--debug=", 8))
+        else if (!strncmp(name, "--ldcache=", 10) || !strncmp(name, "--debug=", 8) || !strcmp(name, "-k") ||
+                 !strcmp(name, "--load-kmods"))
             continue;
         else if ((!strcmp(name, "--root") || !strcmp(name, "-r")) && argv[i + 1] && argv[i + 1][0] != '-')
             *root = argv[++i];

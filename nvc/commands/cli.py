@@ -105,9 +105,7 @@ def _pass_options(command: Callable[..., None]) -> Callable[..., None]:
 
     def load_now(opts: GlobalOptions) -> None:
         if opts.load_kmods:
-            from nvc.apply import hostnodes
-
-            hostnodes.load(opts.root)
+            queries.load_nodes(opts.root)
 
     return _with_options(command, load_now)
 

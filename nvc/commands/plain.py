@@ -90,9 +90,7 @@ def _run(command: str, fmt: str | None, given: dict[str, str]) -> int:
         opts = resolve_options(given.get("root"), given.get("ldcache"), given.get("user"), "load_kmods" in given)
         with queries.driver_required():
             if opts.load_kmods:  # as the CLI's commands, before the query
-                from nvc.apply import hostnodes
-
-                hostnodes.load(opts.root)
+                queries.load_nodes(opts.root)
             if command == "info":
                 text = queries.info_text(opts, fmt)
             else:

@@ -35,6 +35,18 @@ def driver_required() -> Iterator[None]:
         ) from None
 
 
+def load_nodes(root: str) -> None:
+    """``--load-kmods`` before a driver command: the driver's missing device nodes made under ``root``. A
+    native driver helper the front started before them (nvc.rpc.native_snapshot) may have found none:
+    where any node was made, that helper is ended, and the command's snapshot starts after them."""
+    from nvc.apply import hostnodes
+
+    if hostnodes.load(root):
+        from nvc.rpc import native_snapshot
+
+        native_snapshot.discard()
+
+
 def info_text(opts: GlobalOptions, fmt: str | None) -> str:
     """``info``'s output (``fmt``: None, "csv" or "json"): the driver and every GPU and MIG device, from NVML.
 
