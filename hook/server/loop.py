@@ -21,8 +21,9 @@ from nvc.system import immortal
 
 SPARE_RESPAWN_DELAY = 0.1  # seconds before replacing a spare that died without a call
 # Seconds without a call after which the server marks what it holds immortal (nvc.system.immortal),
-# once: the spares forked after it write fewer of the pages they share with it. Some 40-160 ms of CPU,
-# so not while a first call waits for an on-demand or socket-activated server, nor in a storm.
+# once: the spares forked after it write fewer of the pages they share with it. Some 80-160 ms of CPU
+# on an H200 host, so not while a first call waits for an on-demand or socket-activated server, nor in
+# a storm.
 MARK_QUIET = 0.5
 DRAIN_QUIET = 0.1  # seconds without a call, after an idle server unlinked its socket, before it exits
 # Seconds a stopping server waits for the calls its workers run (a client gives one 60 s by default),

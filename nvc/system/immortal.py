@@ -5,16 +5,18 @@ writes an object's reference count whenever code takes or drops a reference to i
 every page holding a function, a code object, a dict or a string it only reads, one copy-on-write
 fault each (about 2,200 a served call in a 64-start storm on an H200 host with Python 3.12,
 docs/performance.md). From Python 3.12 (PEP 683) an object whose count reads as immortal is never
-counted again. :func:`make_immortal` marks what the server holds once it has imported and warmed up,
-before it forks a worker: the modules, their functions, code, types and data. What it costs: none
-of them is ever freed, which the server, keeping them for its life, would not do anyway.
+counted again. :func:`make_immortal` marks what the server holds (the modules, their functions, code,
+types and data) once it has imported, warmed up and had no call for a while (hook/server/loop.py's
+MARK_QUIET): the workers it forks after that share those pages. What it costs: none of them is ever
+freed, nor what they hold, which the server, keeping them for its life, would not do anyway.
 
 Only objects whose end frees memory and does nothing else are marked (:func:`eligible`): an object
 that holds a descriptor (a file, a socket), has a finaliser, is referred to weakly, or is an instance of
 a C type not known here stays counted, so that dropping it later still closes what it holds and tells
-whoever watches it. Applied only where
-the interpreter honours it (:func:`supported`): CPython 3.12 or later with the GIL, 64-bit and
-little-endian, where a probe object, marked first, keeps its count while references to it come and go.
+whoever watches it (while a marked container, a list or a closure's cell, holds it, it lives as long as
+that one). Applied only where the interpreter honours it (:func:`supported`): CPython 3.12 or later with
+the GIL, 64-bit and little-endian, where a probe object, marked first, keeps its count while references
+to it come and go.
 """
 
 from __future__ import annotations
