@@ -25,6 +25,16 @@ Rows, in the same run and interleaved round by round so drift hits every row ali
                        0.5 s after its storm (docs/hook-server.md: served by default), and this row starts another
                        (both: the socket in the bench's own directory, so a server of the host's
                        own is never touched)
+  socket unit, no server
+                       GPU 0 as a host with systemd has it after boot: the bench plays systemd's
+                       socket unit (nvc-py-hook.socket: it binds the socket, keeps it, and starts
+                       ``nvc-py-hook serve`` on the first connection, handing it over as fd 3);
+                       no server runs when the round starts, the storm's first call starts it and
+                       every call waits in the socket's queue meanwhile (what systemd itself spends
+                       to start a unit, its fork and the unit's cgroup, is not in it)
+  socket unit, its server
+                       GPU 0, the next storm, served by the server the row above started; the
+                       bench then stops it (SIGTERM, as ``systemctl stop``; the socket stays)
   hook, no GPU asked   the hook attached but NVIDIA_VISIBLE_DEVICES unset (what podman's
                        hooks.d costs every container, since hooks.d cannot match env vars)
   hook, GPU 0          NVIDIA_VISIBLE_DEVICES=0: the full in-process configure
@@ -38,7 +48,13 @@ storm): a few rows' storms at less cost.
 
 With ``--reference PATH``, a row of NVIDIA's ``nvidia-container-cli`` at PATH in a bash prestart hook
 (bench/reference.py) follows the baseline, and a last table gives every row's p50 and p99 as multiples of
-the reference's.
+the reference's, and its p50 over the baseline's (what the hook adds) as a multiple of the reference's.
+
+``--cold``: every row's storm right after the page cache was dropped (``sync``, then
+``/proc/sys/vm/drop_caches``), as the first starts after boot find it; a server running then (setup's,
+or the one the row before started) keeps the pages it maps. With ``--containers 1``, each host's first
+container start after boot: setup's server (an init script's at boot), a server started on demand
+(``make install`` alone), systemd's socket.
 
 Fault rows (GPU 0; ``--faults`` runs only these, their healthy storms and the baseline): the server
 wedged (SIGSTOP of the server process FAULT_AT s into the storm: its idle workers still take a call
@@ -78,8 +94,10 @@ import argparse
 import json
 import os
 import resource
+import select
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -88,7 +106,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, nullcontext, suppress
+from contextlib import ExitStack, closing, nullcontext, suppress
 from pathlib import Path
 from typing import NamedTuple
 
@@ -99,7 +117,7 @@ sys.path.append(str(REPO))  # nvc, where the interpreter has none installed (har
 from harness.bundle import make_bundle  # noqa: E402
 from harness.hookserver import LIBDIR, client_hook, hook_server  # noqa: E402
 from harness.rootfs import RootfsCache, overlay_rootfs  # noqa: E402
-from harness.timing import bench_runtime, bench_workdir  # noqa: E402
+from harness.timing import bench_runtime, bench_workdir, drop_page_cache  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 import reference  # noqa: E402
@@ -116,7 +134,8 @@ ACK_TIMEOUT_MS = 2000  # the clients' hand-over timeout (nvc.hook.server.handove
 class Row(NamedTuple):
     label: str
     env: dict[str, str] | None  # the container's; None: no hook
-    via: str  # "direct", "server" (the bench's), "installed" (the front; a server it starts), "reference"
+    via: str  # "direct", "server" (the bench's), "installed" (the front; a server it starts), "socket-unit"
+    # (the front; the server the bench's socket unit starts), "reference"
     fault: str = ""  # "stop" or "kill": done to the server through the storm
     healthy: str = ""  # the row of the same hook without the fault
 
@@ -128,6 +147,8 @@ ROWS = (
     Row("installed, its server", GPU0, "installed"),
     Row("installed, server stopped", GPU0, "installed", "stop", "installed, its server"),
     Row("installed, server killed", GPU0, "installed", "kill", "installed, its server"),
+    Row("socket unit, no server", GPU0, "socket-unit"),
+    Row("socket unit, its server", GPU0, "socket-unit"),
     Row("hook, no GPU asked", {}, "direct"),
     Row("hook, GPU 0", GPU0, "direct"),
     Row("hook, all GPUs", {"NVIDIA_VISIBLE_DEVICES": "all"}, "direct"),
@@ -231,6 +252,75 @@ def start_to_stay(hook_path: str, env: list[str]) -> None:
         timeout=60,
     )
     time.sleep(SETUP_SETTLE)
+
+
+class SocketUnit:
+    """The bench as systemd's ``nvc-py-hook.socket`` (hook/setup/engines.py): it binds the socket (root's,
+    0600 in a 0700 directory, systemd's default backlog) and keeps it while servers come and go; the
+    first connection that finds no server starts ``nvc-py-hook serve`` with the listening socket as fd 3,
+    ``LISTEN_FDS=1`` and ``LISTEN_PID`` its pid, in the hooks' environment (the unit's ``Environment=``),
+    its stderr to server.log beside the socket. The server is the bench's child, so its CPU and its
+    workers' per-call figures (``stats``) are counted as the bench's own server's are."""
+
+    def __init__(self, path: Path, env: list[str], stats: Path) -> None:
+        path.parent.mkdir(mode=0o700)
+        self.path, self.stats = path, stats
+        self.env = {**dict(entry.split("=", 1) for entry in env), "NVC_PY_SERVE_STATS": str(stats)}
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o600)
+        self.sock.listen(socket.SOMAXCONN)
+        self.server: subprocess.Popen[bytes] | None = None
+        self.started = 0
+
+    def activate(self, over: threading.Event) -> None:
+        """Through a storm (``one_round``'s ``during``): start the server once a connection waits."""
+        while not over.is_set():
+            if select.select([self.sock], [], [], 0.01)[0]:
+                self.start()
+                return
+
+    def start(self) -> None:
+        """What systemd does on the first connection: the service started with the socket handed over."""
+        with open(self.path.with_name("server.log"), "ab") as log:
+            self.server = subprocess.Popen(
+                [
+                    "sh",
+                    "-c",
+                    'exec 3<&0 0</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"',
+                    "sh",
+                    str(LIBDIR / "nvc-py-hook-python"),  # the unit's ExecStart=
+                    "serve",
+                    "--socket",
+                    str(self.path),
+                ],
+                stdin=self.sock.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=self.env,
+                start_new_session=True,
+            )
+        self.started += 1
+
+    def cpu_ms(self) -> float:
+        """The running server's own CPU (0 where none runs)."""
+        return process_cpu_ms(self.server.pid) if self.server is not None else 0.0
+
+    def stop(self) -> None:
+        """``systemctl stop``: SIGTERM to the server, and wait for it (the socket stays)."""
+        if self.server is None:
+            return
+        self.server.terminate()
+        try:
+            self.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+        self.server = None
+
+    def close(self) -> None:
+        self.stop()
+        self.sock.close()
 
 
 def installed_front(hook_path: str) -> bool:
@@ -443,13 +533,16 @@ def fault_table(
 
 
 def reference_table(rows: tuple[Row, ...], times: dict[str, list[float]]) -> None:
-    """Every row's p50 and p99 as multiples of the reference's in the same storms."""
+    """Every row's p50 and p99 as multiples of the reference's in the same storms, and what it adds to
+    the baseline's p50 (the first row) as a multiple of what the reference adds."""
     p50, p99 = statistics.median(times[reference.LABEL]), percentile(times[reference.LABEL], 99)
-    print(f"\n{'against the reference':<27}{'p50':>9}{'p99':>9}")
+    baseline = statistics.median(times[rows[0].label])
+    print(f"\n{'against the reference':<27}{'p50':>9}{'p99':>9}{'p50 over the baseline':>23}")
     for row in rows:
         if row.via != "reference":
-            mine = times[row.label]
-            print(f"{row.label:<27}{statistics.median(mine) / p50:>8.2f}x{percentile(mine, 99) / p99:>8.2f}x")
+            mine = statistics.median(times[row.label])
+            added = f"{(mine - baseline) / (p50 - baseline):.2f}x" if p50 > baseline else "-"
+            print(f"{row.label:<27}{mine / p50:>8.2f}x{percentile(times[row.label], 99) / p99:>8.2f}x{added:>23}")
 
 
 def chosen(rows: tuple[Row, ...], wanted: set[str]) -> tuple[Row, ...]:
@@ -471,6 +564,7 @@ def main() -> int:
         "--faults", action="store_true", help="only the fault rows, their healthy storms and the baseline"
     )
     parser.add_argument("--reference", type=Path, help="nvidia-container-cli to time beside, in a bash hook")
+    parser.add_argument("--cold", action="store_true", help="each storm right after dropping the page cache")
     parser.add_argument(
         "--row",
         action="append",
@@ -523,7 +617,7 @@ def main() -> int:
             rows = (rows[0], Row(reference.LABEL, GPU0, "reference"), *rows[1:])
         if not installed_front(hook_path):
             print(f"(no installed rows: {hook_path} is not the native front; run `make install`)")
-            rows = tuple(row for row in rows if row.via != "installed")
+            rows = tuple(row for row in rows if row.via not in ("installed", "socket-unit"))
         fault_sock = work / "fault" / "hook.sock"  # the systemd-like fault rows' server: the bench's
         hooks = {
             "direct": hook,
@@ -534,6 +628,9 @@ def main() -> int:
         if args.reference:
             hooks["reference"] = reference.write_hook(args.reference, root, work / "reference-hook.sh")
         stats = work / "server-stats.jsonl"
+        unit_stats = work / "unit-stats.jsonl"
+        unit = SocketUnit(work / "unit" / "hook.sock", hook_env, unit_stats)
+        hooks["socket-unit"] = {**installed_hook, "env": [*hook_env, f"NVC_PY_HOOK_SOCKET={unit.path}", *stand_in]}
         base = RootfsCache(work / "cache").get("debian")
         times: dict[str, list[float]] = {row.label: [] for row in rows}
         failures: dict[str, list[str]] = {row.label: [] for row in rows}
@@ -543,7 +640,7 @@ def main() -> int:
         faulted: dict[str, list[int]] = {row.label: [] for row in rows}  # servers stopped or killed by the bench
         logged: dict[str, tuple[int, int]] = {row.label: (0, 0) for row in rows}  # (ended by a call, started) per row
         stopped = 0  # on-demand servers the bench stopped
-        with activation, hook_server(hook_path, sock, stats=stats) as server:
+        with activation, closing(unit), hook_server(hook_path, sock, stats=stats) as server:
             began = time.monotonic()
             try:
                 for round_no in range(args.rounds):
@@ -552,8 +649,14 @@ def main() -> int:
                             stopped += stop_servers(installed_sock)  # none, unless one outlived a failure
                         if row.label == "installed, setup's server":
                             start_to_stay(hook_path, installed_hook["env"])
+                        if row.label == "socket unit, no server":
+                            unit.stop()  # none, unless only this row runs: the round before started it
                         seen = len(stats.read_text().splitlines()) if stats.exists() else 0
+                        seen_unit = len(unit_stats.read_text().splitlines()) if unit_stats.exists() else 0
                         own = process_cpu_ms(server.pid)
+                        own_unit = unit.cpu_ms()
+                        if args.cold:
+                            drop_page_cache()
                         tag = f"r{round_no}-{number}"
                         if row.fault:
                             fault_at = installed_sock if row.via == "installed" else fault_sock
@@ -575,7 +678,10 @@ def main() -> int:
                                 total + a - b for total, a, b in zip(logged[row.label], after, before, strict=True)
                             )  # type: ignore[assignment]
                         else:
-                            t, f, used = one_round(runtime, work, base, row.env, hooks[row.via], args.containers, tag)
+                            activate = unit.activate if row.via == "socket-unit" and unit.server is None else None
+                            t, f, used = one_round(
+                                runtime, work, base, row.env, hooks[row.via], args.containers, tag, activate
+                            )
                         by_round[row.label].append(t)
                         times[row.label] += t
                         failures[row.label] += f
@@ -583,6 +689,11 @@ def main() -> int:
                         if row.via == "server":
                             calls[row.label] += new_lines(stats, seen, args.containers)
                             cpu[row.label] += process_cpu_ms(server.pid) - own
+                        if row.via == "socket-unit":
+                            calls[row.label] += new_lines(unit_stats, seen_unit, args.containers)
+                            cpu[row.label] += unit.cpu_ms() - own_unit
+                            if row.label == "socket unit, its server":
+                                unit.stop()
                         if row.label in ("installed, its server", "installed, setup's server"):
                             stopped += stop_servers(installed_sock)
                         print(
@@ -629,6 +740,8 @@ def main() -> int:
             f"(one per round expected) and {fault_starts} by the fault rows, {stopped} stopped by the bench, "
             f"{len(leftover)} left"
         )
+    if any(row.via == "socket-unit" for row in rows):
+        print(f"Servers started by the socket unit: {unit.started} (one per round expected)")
     if any(row.fault for row in rows):
         fault_table(rows, by_round, times, failures, faulted, logged)
     if args.reference:
