@@ -138,17 +138,18 @@ class Row(NamedTuple):
     # (the front; the server the bench's socket unit starts), "reference"
     fault: str = ""  # "stop" or "kill": done to the server through the storm
     healthy: str = ""  # the row of the same hook without the fault
+    after: str = ""  # the row whose storm started the server this one's storm finds
 
 
 ROWS = (
     Row("no hook", None, "direct"),
     Row("installed, setup's server", GPU0, "installed"),
     Row("installed, no server", GPU0, "installed"),
-    Row("installed, its server", GPU0, "installed"),
+    Row("installed, its server", GPU0, "installed", after="installed, no server"),
     Row("installed, server stopped", GPU0, "installed", "stop", "installed, its server"),
     Row("installed, server killed", GPU0, "installed", "kill", "installed, its server"),
     Row("socket unit, no server", GPU0, "socket-unit"),
-    Row("socket unit, its server", GPU0, "socket-unit"),
+    Row("socket unit, its server", GPU0, "socket-unit", after="socket unit, no server"),
     Row("hook, no GPU asked", {}, "direct"),
     Row("hook, GPU 0", GPU0, "direct"),
     Row("hook, all GPUs", {"NVIDIA_VISIBLE_DEVICES": "all"}, "direct"),
@@ -547,11 +548,12 @@ def reference_table(rows: tuple[Row, ...], times: dict[str, list[float]]) -> Non
 
 def chosen(rows: tuple[Row, ...], wanted: set[str]) -> tuple[Row, ...]:
     """``rows`` cut to the ``wanted`` labels (none: all), in their order, with the baseline (the first
-    row) and each wanted fault row's healthy storm, which its ratios need."""
+    row), each wanted fault row's healthy storm, which its ratios need, and the storm that starts the
+    server a wanted "its server" row is served by."""
     if not wanted:
         return rows
-    healthy = {row.healthy for row in rows if row.label in wanted}
-    return tuple(row for row in rows if row.label in wanted | healthy or row is rows[0])
+    needed = {row.healthy for row in rows if row.label in wanted} | {row.after for row in rows if row.label in wanted}
+    return tuple(row for row in rows if row.label in wanted | needed or row is rows[0])
 
 
 def main() -> int:

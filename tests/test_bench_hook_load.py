@@ -21,6 +21,16 @@ def test_chosen_rows_keep_the_baseline_and_a_fault_rows_healthy_storm_in_order()
     assert bench.chosen(bench.ROWS, set()) == bench.ROWS
 
 
+def test_an_its_server_row_comes_with_the_storm_that_starts_its_server() -> None:
+    bench = load("hook_load")
+    for wanted, before in (
+        ("socket unit, its server", "socket unit, no server"),
+        ("installed, its server", "installed, no server"),
+    ):
+        labels = [row.label for row in bench.chosen(bench.ROWS, {wanted})]
+        assert labels == ["no hook", before, wanted]
+
+
 def test_an_unknown_row_is_refused_before_anything_runs() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "hook_load.py"), "--row", "server, GPU 9"],
