@@ -43,6 +43,11 @@ process maps stay (a running server's interpreter and modules): what a server ga
 H200 the reference's hook took 18 ms longer in rounds spaced by 0.3 s than back to back, and the no-hook
 start no longer (docs/performance.md): what a start costs depends on what ran just before it.
 
+Every counted start follows a SPACER: a start with no hook, not counted, so that no row pays for what the
+row before it left behind. On an H200 a start with no hook right after the reference's took 13-15 ms more
+than one after another start with no hook (docs/performance.md, Session 62), and the row after the
+reference's had paid that; nvc-py's rows left the next start less than 1 ms.
+
 Stages of configure come from the CLI's own ``--debug`` log (its ``timing`` lines: discovery and
 plan, apply setup, mounts, the mounts beside ldconfig, ldconfig, cgroup; glog time stamps) and the
 hook's wall clock (bash's $EPOCHREALTIME around the nvc-py call): what comes before the first stage is interpreter start,
@@ -392,7 +397,14 @@ def main() -> int:
         floors: list[float] = []
         stages: dict[int, list[dict[str, float]]] = {row_no: [] for row_no in cli_rows}
         failures: list[str] = []
-        with activation, hook_server(hook_script, sock):
+        with activation, hook_server(hook_script, sock), ExitStack() as spacer_root:
+            spacer = work / "spacer"
+            make_bundle(
+                spacer,
+                container_root(base, spacer, spacer_root, userns_run=args.userns, mapped=False),
+                ["true"],
+                host_proc_sys=args.userns,
+            )
             for round_no in range(args.runs + 1):
                 for row_no, row in enumerate(rows):
                     tag = f"{round_no}-{row_no}"
@@ -422,6 +434,9 @@ def main() -> int:
                             id_map=ID_MAP if row.userns else None,
                             host_proc_sys=args.userns,
                         )
+                        _, error = start_container(runtime, state, spacer, "nvc-bench-spacer")
+                        if error:
+                            failures.append(f"the spacer before {row.label}: {error}")
                         time.sleep(args.spacing)
                         if row.cold:
                             drop_page_cache()

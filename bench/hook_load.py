@@ -43,6 +43,9 @@ Rows, in the same run and interleaved round by round so drift hits every row ali
   server, ...          the last three again through nvc-py-hook-client and a ``nvc-py-hook
                        serve`` the bench started (spare workers forked ahead: a storm may queue)
 
+Every counted storm follows a SPACER: a storm of as many starts with no hook, not counted, so that no
+row pays for what the row before it left behind (bench/configure.py says what the reference's did).
+
 ``--row LABEL`` (again for more) runs only those rows, with the baseline (and a fault row's healthy
 storm): a few rows' storms at less cost.
 
@@ -653,13 +656,15 @@ def main() -> int:
                             start_to_stay(hook_path, installed_hook["env"])
                         if row.label == "socket unit, no server":
                             unit.stop()  # none, unless only this row runs: the round before started it
+                        tag = f"r{round_no}-{number}"
+                        spaced = one_round(runtime, work, base, None, hook, args.containers, f"{tag}-spacer")[1]
+                        failures[row.label] += [f"the spacer storm before it: {message}" for message in spaced]
                         seen = len(stats.read_text().splitlines()) if stats.exists() else 0
                         seen_unit = len(unit_stats.read_text().splitlines()) if unit_stats.exists() else 0
                         own = process_cpu_ms(server.pid)
                         own_unit = unit.cpu_ms()
                         if args.cold:
                             drop_page_cache()
-                        tag = f"r{round_no}-{number}"
                         if row.fault:
                             fault_at = installed_sock if row.via == "installed" else fault_sock
                             before = server_log_counts(fault_at)
