@@ -61,6 +61,11 @@ say loaded-after-setup; loaded
 say doctor; nvc-py doctor || true
 say refused; refused
 say zombies; zombies
+# docs/install.md's "Driver upgrades": the server and its workers gone while the socket is stopped, then the socket back.
+say driver-upgrade; pgrep -c -f '[n]vc-py-hook-python' >/dev/null && echo serving
+systemctl stop nvc-py-hook.socket nvc-py-hook.service; systemctl is-active nvc-py-hook.socket nvc-py-hook.service || true
+pgrep -c -f '[n]vc-py-hook-python' || true  # [n]: not this script's own command line
+systemctl start nvc-py-hook.socket; systemctl is-active nvc-py-hook.socket
 for engine in podman crio containerd docker server; do
 	say "remove $engine"; nvc-py setup $engine --remove; verified setup $engine --remove
 done
@@ -79,7 +84,8 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
     """The package on a Debian root booted with systemd as PID 1 (harness.booted): its units are the
     ones systemd loads before and after every engine's setup, dpkg --verify is clean after every setup
     and remove, `setup server --remove` disables the package's socket, a GPU start without a driver is
-    refused through the socket-activated server, and neither ps nor the journal shows a zombie, a
+    refused through the socket-activated server, the commands docs/install.md gives for a driver upgrade
+    stop every server process and start the socket again, and neither ps nor the journal shows a zombie, a
     left-over process or a process killed at a stop, across setup, restart, apt remove and purge."""
     from harness.booted import booted
 
@@ -121,6 +127,7 @@ def test_a_host_with_systemd(debs: dict[str, Path], tmp_path: Path, summary_line
         line for line in out.splitlines() if line.startswith(refusal)
     ] and out.count(refusal) == 3, out
     assert section("zombies") == [] and section("zombies-at-end") == [], out
+    assert section("driver-upgrade") == ["serving", "inactive", "inactive", "0", "active"], out
     journal = section("journal")
     faults = [line for line in journal if re.search(r"left-over|remains running|defunct|killing process", line, re.I)]
     assert not faults, faults
