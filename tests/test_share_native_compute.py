@@ -376,7 +376,8 @@ def test_a_latency_critical_tenant_keeps_its_latency_beside_a_busy_batch_tenant(
     kernel, waited for, then 500 us on its host) beside a batch tenant keeping the GPU busy with 1 ms
     kernels. With no control the GPU's time-slicing slows every step of the first; with them the batch
     tenant holds while the other serves and its steps take about what they take alone; the batch tenant
-    still gets its work done, in the other's idle time (work-conserving)."""
+    still gets its work done, in the other's idle time (work-conserving). Each case runs twice and its
+    faster run counts: the steps are half host time, and what else the test host runs only slows a run."""
     gpu = tmp_path / "gpu"
 
     def pair(name: str, classes: tuple[str, str | None] | None, trainer: bool = True) -> tuple[float, float]:
@@ -392,10 +393,14 @@ def test_a_latency_critical_tenant_keeps_its_latency_beside_a_busy_batch_tenant(
         walls = [wall_s(proc, timeout=60) for proc in procs]
         return walls[0], walls[1] if trainer else 0.0
 
-    alone, _ = pair("alone", None, trainer=False)
-    plain, _ = pair("no-control", None)
-    urgent, batch = pair("classes", ("latency-critical", "batch"))
-    unclassed, _ = pair("unclassed", ("latency-critical", None))  # no class beside a latency-critical one holds too
+    def best(name: str, classes: tuple[str, str | None] | None, trainer: bool = True) -> tuple[float, float]:
+        """pair() twice: the run whose service was faster, with its trainer's wall."""
+        return min(pair(f"{name}-1", classes, trainer), pair(f"{name}-2", classes, trainer))
+
+    alone, _ = best("alone", None, trainer=False)
+    plain, _ = best("no-control", None)
+    urgent, batch = best("classes", ("latency-critical", "batch"))
+    unclassed, _ = best("unclassed", ("latency-critical", None))  # no class beside a latency-critical one holds too
     print(
         f"service steps alone {alone:.3f} s, beside the trainer {plain:.3f} s, as latency-critical "
         f"{urgent:.3f} / {unclassed:.3f} s; trainer {batch:.3f} s"
