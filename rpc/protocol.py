@@ -25,9 +25,9 @@ Encoding and decoding are pure functions; the socket helpers on top of them take
 
 from __future__ import annotations
 
+import _socket  # not socket: its module's enum conversions cost every direct hook ~1.5 ms
 import array
 import json
-import socket
 import struct
 import time
 from collections.abc import Mapping
@@ -159,25 +159,25 @@ def _remaining(deadline: float | None) -> float | None:
     return left
 
 
-def send_frame(sock: socket.socket, frame: bytes, deadline: float | None = None, fds: tuple[int, ...] = ()) -> None:
+def send_frame(sock: _socket.socket, frame: bytes, deadline: float | None = None, fds: tuple[int, ...] = ()) -> None:
     """Write one encoded frame, ``fds`` with its first byte; raise TimeoutError if the peer does
     not drain it before ``deadline``."""
     data = memoryview(frame)
     if fds:
         sock.settimeout(_remaining(deadline))
-        data = data[sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]) :]
+        data = data[sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))]) :]
     while data:
         sock.settimeout(_remaining(deadline))
         data = data[sock.send(data) :]
 
 
-def send_message(sock: socket.socket, message: Request | Response, deadline: float | None = None) -> None:
+def send_message(sock: _socket.socket, message: Request | Response, deadline: float | None = None) -> None:
     """Encode and write one message, a request's descriptors with it (see :func:`send_frame`)."""
     send_frame(sock, encode(message), deadline, message.fds if isinstance(message, Request) else ())
 
 
 def _recv_exactly(
-    sock: socket.socket, size: int, deadline: float | None, at_boundary: bool, fds: list[int] | None = None
+    sock: _socket.socket, size: int, deadline: float | None, at_boundary: bool, fds: list[int] | None = None
 ) -> bytes:
     buf = bytearray()
     while len(buf) < size:
@@ -194,20 +194,20 @@ def _recv_exactly(
     return bytes(buf)
 
 
-def _recv_with_fds(sock: socket.socket, size: int, fds: list[int]) -> bytes:
+def _recv_with_fds(sock: _socket.socket, size: int, fds: list[int]) -> bytes:
     """Up to ``size`` bytes; descriptors that came with them appended to ``fds`` (close-on-exec)."""
-    chunk, ancillary, flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC)
+    chunk, ancillary, flags, _ = sock.recvmsg(size, _socket.CMSG_SPACE(MAX_FDS * 4), _socket.MSG_CMSG_CLOEXEC)
     for level, kind, data in ancillary:
-        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+        if (level, kind) == (_socket.SOL_SOCKET, _socket.SCM_RIGHTS):
             received = array.array("i")
             received.frombytes(data[: len(data) - len(data) % received.itemsize])
             fds.extend(received)
-    if flags & socket.MSG_CTRUNC:
+    if flags & _socket.MSG_CTRUNC:
         raise ProtocolError(f"more than {MAX_FDS} descriptors sent")
     return chunk
 
 
-def recv_payload(sock: socket.socket, deadline: float | None = None, fds: list[int] | None = None) -> bytes:
+def recv_payload(sock: _socket.socket, deadline: float | None = None, fds: list[int] | None = None) -> bytes:
     """Read one frame's payload; EndOfStream on a clean close, TruncatedFrame mid-frame. With
     ``fds``, the descriptors sent with the frame are appended to it (the caller closes them, also
     on an error); without, any are dropped (the kernel closes them)."""

@@ -115,6 +115,41 @@ def test_direct_hook_imports_only_what_the_call_needs(
     assert imported & never == set()
 
 
+# What only the direct hook's helpers need (the container helper's and ldconfig sandbox's confinement,
+# with python-prctl and resource), socket's wrapper (the helpers' protocol needs only _socket), and
+# importlib's package (with warnings): imported by the hook's own process, they would add to every
+# start without a server, where the helpers import theirs while it plans.
+HELPERS_OWN = frozenset({"nvc.system.confinement", "prctl", "resource", "socket", "selectors", "importlib", "warnings"})
+_RECORD_MODULES = """import os, sys
+pid, end = os.getpid(), os._exit
+def record(code):
+    if os.getpid() == pid:
+        with open({out!r}, "w") as file:
+            file.write("\\n".join(sorted(sys.modules)))
+    end(code)
+os._exit = record
+sys.argv = sys.argv[1:]
+exec(compile(open(sys.argv[0]).read(), sys.argv[0], "exec"), {{"__name__": "__main__"}})
+"""
+
+
+def test_direct_hooks_own_process_leaves_its_helpers_modules_to_them(
+    active_2gpu, runc, debian_rootfs: Path, tmp_path: Path
+) -> None:
+    """The process that plans a GPU container's configuration (the launcher's, run as the hook by runc:
+    the modules it holds when it exits) forks the container helper and ldconfig's sandbox but imports
+    none of what only they use."""
+    out = tmp_path / "modules.txt"
+    prelude = tmp_path / "record.py"
+    prelude.write_text(_RECORD_MODULES.format(out=str(out)))
+    _direct_hook(
+        (active_2gpu, runc, debian_rootfs), tmp_path, {"NVIDIA_VISIBLE_DEVICES": "0"}, "configured", str(prelude)
+    )
+    modules = set(out.read_text().split("\n"))
+    assert {"nvc.pipeline.configure", "nvc.rpc.container_service", "nvc.apply.ldconfig"} <= modules
+    assert modules & HELPERS_OWN == set()
+
+
 def test_direct_hook_takes_its_modules_from_the_code_cache(
     active_2gpu, runc, debian_rootfs: Path, tmp_path: Path
 ) -> None:

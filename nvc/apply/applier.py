@@ -29,6 +29,8 @@ from contextlib import contextmanager
 
 from nvc.apply import cloneahead, fdmount, userns
 from nvc.apply import rootfs as inroot
+from nvc.apply.container import open_rootfs
+from nvc.apply.ldconfig import CACHE
 from nvc.errors import MountError, NvcError
 from nvc.logger import Logger
 from nvc.plan.operations import Bind, MakeDir, Operation, Plan, Seal, Symlink, Tmpfs, WriteFile
@@ -98,8 +100,6 @@ class Applier:
     def _open_container(self, handle: ContainerHandle | None) -> None:
         """The container's mount namespace and rootfs (with the capabilities prepare raised), from
         its process's handle: not looked up again by pid, whose process may be another by now."""
-        from nvc.apply.container import open_rootfs
-
         if handle is not None:
             self.ns_fd = os.dup(handle.mnt_ns)
             self.maps = handle.id_maps()
@@ -182,8 +182,6 @@ class Applier:
     def _save_for_ldconfig(self) -> None:
         """What the ldconfig that follows may replace (its cache) or add (links in the plan's
         library dirs), so that a rollback after it ran puts the rootfs back as it was."""
-        from nvc.apply.ldconfig import CACHE
-
         try:
             saved = [inroot.save_file(self.root_fd, path) for path in (CACHE, CACHE + "~")]
         except OSError as err:

@@ -33,8 +33,7 @@ from collections.abc import Sequence
 
 from nvc.errors import LdcacheError, NvcError, cut
 from nvc.records import NamedTuple
-from nvc.system import confinement, syscalls
-from nvc.system.confinement import LDCONFIG_SANDBOX as SANDBOX
+from nvc.system import syscalls
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -369,7 +368,7 @@ class _Run(NamedTuple):
 
 def _sandbox_child(run: _Run, err_w: int, go_r: int, parent_fd: int, ns_fd: int, null_fd: int, program_fd: int) -> None:
     """The forked child (pid 1 of its own pid namespace): build the mount sandbox, drop
-    everything (:data:`SANDBOX`'s steps, in their order), exec ldconfig.
+    everything (:data:`nvc.system.confinement.LDCONFIG_SANDBOX`'s steps, in their order), exec ldconfig.
 
     Never returns: it becomes ldconfig, or writes why it failed to ``err_w`` and exits.
     ``parent_fd``: a pidfd of the caller, checked once PDEATHSIG is armed (getppid() is 0 here).
@@ -377,24 +376,27 @@ def _sandbox_child(run: _Run, err_w: int, go_r: int, parent_fd: int, ns_fd: int,
     path = run.path
     try:
         syscalls.die_with_parent(parent_fd)
+        from nvc.system import confinement  # here, not in the caller: while it mounts, before the root changes
+
+        sandbox = confinement.LDCONFIG_SANDBOX
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        program = confinement.seccomp_program(SANDBOX)  # read or built while the caller mounts: loading it is quick
+        program = confinement.seccomp_program(sandbox)  # read or built while the caller mounts: loading it is quick
         if os.read(go_r, 1) != b"g":  # cancelled: the caller's mounts failed, or it is gone
             os._exit(0)
         os.close(go_r)
         if ns_fd >= 0:
             syscalls.setns(ns_fd, syscalls.CLONE_NEWNS, "container mount namespace")
         syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWIPC)
-        confinement.change_root(SANDBOX, run.rootfs, run.no_pivot)
+        confinement.change_root(sandbox, run.rootfs, run.no_pivot)
         check_files()
         for fd, target in ((null_fd, 0), (run.output_fd, 1), (run.output_fd, 2)):
             os.dup2(fd, target)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, "sandbox set-up failed"))
     try:
-        confinement.limit_bounding(SANDBOX)
-        confinement.switch_identity(SANDBOX, run.owner, rearm=lambda: syscalls.die_with_parent(parent_fd))
-        confinement.limit_caps(SANDBOX)
+        confinement.limit_bounding(sandbox)
+        confinement.switch_identity(sandbox, run.owner, rearm=lambda: syscalls.die_with_parent(parent_fd))
+        confinement.limit_caps(sandbox)
         if program_fd < 0:  # opened as the owner, with nothing left of root's power
             try:
                 program_fd, path = _open_program(path)
@@ -404,9 +406,9 @@ def _sandbox_child(run: _Run, err_w: int, go_r: int, parent_fd: int, ns_fd: int,
         os.closerange(3, keep[0])
         os.closerange(keep[0] + 1, keep[-1])
         os.closerange(keep[-1] + 1, os.sysconf("SC_OPEN_MAX"))
-        confinement.limit_resources(SANDBOX)
-        confinement.set_no_new_privs(SANDBOX)
-        confinement.limit_syscalls(SANDBOX, program)
+        confinement.limit_resources(sandbox)
+        confinement.set_no_new_privs(sandbox)
+        confinement.limit_syscalls(sandbox, program)
         syscalls.execveat(program_fd, ldconfig_argv(path, run.dirs), [], path)
     except BaseException as err:  # noqa: BLE001 - a forked child must never unwind into the caller
         _fail(err_w, _describe(err, f"cannot run {path}"))

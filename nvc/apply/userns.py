@@ -15,7 +15,7 @@ import os
 
 from nvc.errors import MountError
 from nvc.records import NamedTuple
-from nvc.system import confinement, syscalls
+from nvc.system import syscalls
 
 CLONE_NEWUSER = 0x10000000
 _MAX_MAP = 4096  # bytes of a uid_map or gid_map read: 340 lines of three numbers at most
@@ -80,6 +80,8 @@ def join_as_root(ns_fd: int, maps: IdMaps, pid: int | None) -> None:
     helper's capabilities (now those of that namespace: joining one grants them all there, and
     a full bounding set). Needs CAP_SYS_ADMIN over the namespace (host root's, in the caller's
     effective set) and a single-threaded process."""
+    from nvc.system import confinement  # the helper's, which confined itself with it: the planner needs none
+
     try:
         syscalls.setns(ns_fd, CLONE_NEWUSER, "the container's user namespace")
     except OSError as err:

@@ -19,8 +19,12 @@ import marshal
 import mmap
 import os
 import sys
+
+# importlib.machinery's classes, from the modules the interpreter starts with: importing the importlib
+# package would bring warnings too, in every launcher's start.
+from _frozen_importlib import ModuleSpec
+from _frozen_importlib_external import PathFinder, SourceFileLoader
 from collections.abc import Iterable, Sequence
-from importlib.machinery import ModuleSpec, PathFinder, SourceFileLoader
 
 FORMAT = 1
 # The header's length, then the header (marshal): the format, the interpreter, sys.path and the
