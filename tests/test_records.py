@@ -4,12 +4,26 @@ pickle finds again."""
 
 from __future__ import annotations
 
+import collections
+import copy
 import pickle
 import typing
 
 import pytest
 
 from nvc import records
+
+
+def _replace_refusal() -> type[Exception]:
+    """What this interpreter's namedtuple raises for an unknown field given to _replace (3.13 changed it)."""
+    try:
+        collections.namedtuple("Pair", "a")(1)._replace(b=2)
+    except (TypeError, ValueError) as err:
+        return type(err)
+    raise AssertionError("_replace took an unknown field")
+
+
+_UNEXPECTED = _replace_refusal()
 
 
 def _declare(base: type) -> type:
@@ -38,10 +52,15 @@ def test_a_record_is_the_class_typing_namedtuple_makes() -> None:
         assert point == (2, "y", ()) and isinstance(point, tuple)
         assert point.doubled() == 4 and point.first == 2 and cls.LIMIT == 3
         assert point._replace(y="b") == cls(2, "b") and point._asdict() == {"x": 2, "y": "y", "z": ()}
-        assert cls._make([1, "a", (3,)]).z == (3,)
+        assert cls._make([1, "a", (3,)]).z == (3,) and cls(x=1, z=(2,)) == (1, "y", (2,))
         assert repr(point) == "Point(x=2, y='y', z=())"
-        with pytest.raises(TypeError):
+        assert copy.deepcopy(point) == point and type(copy.copy(point)) is cls
+        with pytest.raises(TypeError, match=r"__new__\(\) missing 1 required positional argument: 'x'"):
             cls()
+        with pytest.raises(TypeError, match="Expected 3 arguments, got 1"):
+            cls._make([1])
+        with pytest.raises(_UNEXPECTED, match=r"Got unexpected field names: \['w'\]"):
+            point._replace(w=1)
         with pytest.raises(AttributeError):
             point.x = 3  # type: ignore[misc]
     assert ours._fields == theirs._fields and ours._field_defaults == theirs._field_defaults
@@ -59,6 +78,19 @@ class Kept(records.NamedTuple):
     size: int = 0
 
 
+def test_records_of_no_field_and_of_one_are_typing_namedtuples_too() -> None:
+    for base in (records.NamedTuple, typing.NamedTuple):
+
+        class Empty(base):  # type: ignore[valid-type, misc]
+            pass
+
+        class One(base):  # type: ignore[valid-type, misc]
+            only: int
+
+        assert Empty() == () and repr(Empty()) == "Empty()" and Empty._fields == ()
+        assert One(1) == (1,) and One(only=2).only == 2 and repr(One(3)) == "One(only=3)"
+
+
 def test_a_record_pickles_and_compares_as_a_tuple() -> None:
     kept = Kept("a", 2)
     assert pickle.loads(pickle.dumps(kept)) == kept and Kept.__qualname__ == "Kept"
@@ -72,6 +104,11 @@ def test_a_record_refuses_what_typing_namedtuple_refuses() -> None:
             class Late(base):  # type: ignore[valid-type, misc]
                 x: int = 0
                 y: int
+
+        with pytest.raises(ValueError, match="Field names cannot start with an underscore"):
+
+            class Hidden(base):  # type: ignore[valid-type, misc]
+                _x: int
 
         with pytest.raises(AttributeError, match="Cannot overwrite NamedTuple attribute _replace"):
 
