@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.bundle import make_bundle
-from harness.hookserver import LIBDIR
+from harness.hookserver import LIBDIR, hook_server
 
 LAUNCHER = LIBDIR / "nvc-py-hook-python"
 # Never on the direct hook's path: the CLI's parser, YAML, ELF parsing, NVML, logging's set-up,
@@ -148,6 +148,29 @@ def test_direct_hooks_own_process_leaves_its_helpers_modules_to_them(
     modules = set(out.read_text().split("\n"))
     assert {"nvc.pipeline.configure", "nvc.rpc.container_service", "nvc.apply.ldconfig"} <= modules
     assert modules & HELPERS_OWN == set()
+
+
+def test_a_server_has_imported_every_module_a_gpu_call_imports_in_any_of_its_processes(
+    active_2gpu, runc, debian_rootfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a direct GPU call imports, in its own process or in its helpers and ldconfig's sandbox, a
+    hook server started by the installed launcher has imported by the time it listens (its program,
+    its preload, its warm-up): a served call's worker and the helpers it forks import nothing on the
+    call's path. The server's modules are those it holds when SIGTERM ends it."""
+    imported = _imported(
+        _direct_hook(
+            (active_2gpu, runc, debian_rootfs), tmp_path, {"NVIDIA_VISIBLE_DEVICES": "0"}, "configured", "-X importtime"
+        )
+    )
+    out, prelude = tmp_path / "server-modules.txt", tmp_path / "record.py"
+    prelude.write_text(_RECORD_MODULES.format(out=str(out)))
+    interpreter, flags = LAUNCHER.read_text().splitlines()[0][2:].split(" ", 1)
+    monkeypatch.setenv("NVC_PY_CONFIG", str(tmp_path / "config.yaml"))  # _direct_hook's: the fake driver's root
+    with hook_server(LAUNCHER, tmp_path / "run" / "hook.sock", wrapper=(interpreter, flags, str(prelude))):
+        pass
+    served = set(out.read_text().split("\n"))
+    assert "nvc.hook.server.loop" in served
+    assert imported - served == set()
 
 
 def test_direct_hook_takes_its_modules_from_the_code_cache(

@@ -54,6 +54,7 @@ PRELOAD = (
     "nvc.pipeline.apply",
     "nvc.apply.applier",
     "nvc.apply.ldconfig",
+    "nvc.system.confinement",
     "nvc.apply.cgroups",
     "nvc.rpc.container_service",
     "nvc.containerenv.sharing",
