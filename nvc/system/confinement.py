@@ -23,8 +23,9 @@ does work of its own between two steps (the sandbox checks the image's files onc
 it calls the steps one by one, in that order; else :func:`confine` runs them all.
 
 Its imports are all here, not in the steps: a step after the root's change could not import from
-the host. (nvc.system.syscalls loads ctypes: the driver helper's parent, on ``nvc-py info``'s start-up
-path, leaves this module to the helper.)
+the host. The processes that fork the helpers leave this module (and python-prctl) to them: the
+driver helper's parent on ``nvc-py info``'s start-up path, the direct hook while it plans (the container
+helper imports it at set-up, ldconfig's sandbox before its root changes); a hook server preloads it.
 """
 
 import errno
