@@ -9,6 +9,11 @@ so does nvc-py-runtime's, rewriting a GPU create's spec.
 Nor does the direct path import typing (some 2.5 ms of a start on the CPU test host): its records
 derive from nvc.records.NamedTuple, and its modules import typing's names for type checkers only
 (``TYPE_CHECKING = False``, then ``if TYPE_CHECKING:``; docs/development.md).
+
+The hook's own process, which plans while its helpers start, leaves to them what only they use (their
+confinement, python-prctl, socket's wrapper): the modules it holds at its exit are recorded. A hook
+server, in turn, has imported everything any process of such a call imports before it forks a worker,
+so that no served call's helper imports on the call's path.
 """
 
 from __future__ import annotations
